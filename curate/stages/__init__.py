@@ -1,0 +1,38 @@
+"""The registry: job-file ``kind`` names to stage classes.
+
+Stage modules are imported on first use, so a job pays only for the stages it names
+(and optional dependencies fail only when their stage is used).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from curate.errors import ConfigError
+from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageContext, StageOutput
+
+_KINDS: dict[str, str] = {
+    "filter.length": "curate.stages.filters.length:LengthFilter",
+}
+
+
+def stage_kinds() -> list[str]:
+    """Every kind a job file may name."""
+    return sorted(_KINDS)
+
+
+def stage_class(kind: str, *, where: str = "") -> type[Stage]:
+    """The class registered for ``kind``; ``where`` prefixes the error (file and table)."""
+    try:
+        target = _KINDS[kind]
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(kind, _KINDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}unknown stage kind {kind!r}{hint}; known kinds: {', '.join(stage_kinds())}") from None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["Barrier", "Plan", "Stage", "StageConfig", "StageContext", "StageOutput", "stage_class", "stage_kinds"]

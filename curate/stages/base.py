@@ -1,0 +1,120 @@
+"""The stage contract.
+
+A stage takes a batch (a polars DataFrame with the row schema of ``curate.schema``) and
+returns the rows it keeps and the rows it rejects, each reject with a reason from the
+stage's closed ``reasons`` set. Counting, timing, the nothing-is-lost check and writing
+rejects live once, in the runner (``curate.pipeline``), never in a stage.
+
+Two shapes:
+
+* ``Stage`` — row-local: ``apply(batch)`` sees one batch at a time (filters, scores, clean).
+* ``Barrier`` — needs all the data (dedup, mix, order, corpus statistics). The runner calls
+
+  1. ``collect(batch)`` in every map task, on the rows reaching the stage; it returns small
+     per-row keys (hashes, lengths, scores — never the text) that the runner spills to disk
+     with an added ``_task`` column;
+  2. ``plan(keys)`` once, globally, over a lazy scan of all spills; it returns a ``Plan``
+     whose ``decision`` frame (keyed by ``id``, carrying ``_task``) the runner splits per
+     task, and may write shared artifacts into ``ctx.plan_dir``;
+  3. ``apply(batch, decision)`` in the next map phase, with that task's decision rows.
+
+A barrier's ``plan`` must be deterministic; ``collect`` and ``apply`` must be pure
+functions of the batch (and the decision), so tasks can be re-run after a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import polars as pl
+
+from curate.schema import empty_rejects
+
+
+@dataclass(kw_only=True, slots=True)
+class StageConfig:
+    """Base of every stage's config; subclasses add fields with defaults and validate in ``__post_init__``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class StageContext:
+    """Runtime facts a stage may need; built by the runner, never from the job file directly."""
+
+    stage_id: str  # stable, e.g. "03.dedup.minhash"; keys stats and folders
+    job_name: str
+    output_dir: Path  # the job's output folder; artifacts a user keeps go under artifacts_dir
+    plan_dir: Path  # a barrier's global artifacts (written in plan, read in apply)
+    sources: tuple[str, ...]  # source names declared by the job's inputs (source_field sources appear at run time)
+    seed: int = 0
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.output_dir / "artifacts" / self.stage_id
+
+
+@dataclass(slots=True)
+class StageOutput:
+    """What a stage returns for one batch."""
+
+    kept: pl.DataFrame
+    rejected: pl.DataFrame  # same columns as kept plus ``reason`` and ``duplicate_of``
+    repeats: int = 0  # extra copies in ``kept`` (up-sampling); the runner checks in + repeats == kept + rejected
+    counters: dict[str, float] = field(default_factory=dict)  # summed over batches and tasks, stable names
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a barrier's global step returns."""
+
+    decision: pl.DataFrame | None  # per-row decisions with ``id`` and ``_task``; None when apply needs none
+    report: dict[str, Any] = field(default_factory=dict)  # JSON-able, lands in the manifest under the stage id
+
+
+class Stage(ABC):
+    """A row-local stage."""
+
+    kind: ClassVar[str]
+    Config: ClassVar[type[StageConfig]] = StageConfig
+    #: Every reason this stage may give, in full (``"filter:gopher_mean_word_length"``).
+    reasons: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: StageConfig, ctx: StageContext) -> None:
+        self.config = config
+        self.ctx = ctx
+
+    @abstractmethod
+    def apply(self, batch: pl.DataFrame) -> StageOutput:
+        """Split ``batch`` into kept and rejected rows."""
+
+    # Helpers for subclasses -------------------------------------------------------------
+    @staticmethod
+    def keep_all(batch: pl.DataFrame, **counters: float) -> StageOutput:
+        return StageOutput(batch, empty_rejects(batch), counters=dict(counters))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.ctx.stage_id}, {self.config})"
+
+
+class Barrier(Stage):
+    """A stage that needs a global view: collect keys per task, plan once, apply per task."""
+
+    @abstractmethod
+    def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
+        """Small per-row keys of ``batch`` (must include ``id``), spilled by the runner."""
+
+    @abstractmethod
+    def plan(self, keys: pl.LazyFrame) -> Plan:
+        """Global decision from every task's keys (``keys`` has an added ``_task`` column)."""
+
+    @abstractmethod
+    def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
+        """Apply this task's part of the decision to ``batch``."""
+
+
+def config_fields(config_cls: type[StageConfig]) -> dict[str, dataclasses.Field]:
+    """The user-settable fields of a config class, by name."""
+    return {f.name: f for f in dataclasses.fields(config_cls) if f.init}

@@ -1,0 +1,1 @@
+"""Heuristic filters: metrics as columns, rules as named reject conditions."""
