@@ -12,7 +12,22 @@ from curate.errors import ConfigError
 from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageContext, StageOutput
 
 _KINDS: dict[str, str] = {
+    "clean": "curate.stages.clean:Clean",
     "filter.length": "curate.stages.filters.length:LengthFilter",
+    "filter.gopher_quality": "curate.stages.filters.gopher:GopherQualityFilter",
+    "filter.gopher_repetition": "curate.stages.filters.gopher_repetition:GopherRepetitionFilter",
+    "filter.c4": "curate.stages.filters.c4:C4Filter",
+    "filter.fineweb": "curate.stages.filters.fineweb:FineWebFilter",
+    "filter.language": "curate.stages.filters.language:LanguageFilter",
+    "dedup.exact": "curate.dedup.exact:ExactDedup",
+    "dedup.minhash": "curate.dedup.minhash:MinHashDedup",
+    "score.heuristic": "curate.stages.scores.heuristic:HeuristicScore",
+    "score.classifier": "curate.stages.scores.classifier:ClassifierScore",
+    "score.dsir": "curate.stages.scores.dsir:DsirScore",
+    "score.difficulty": "curate.stages.scores.difficulty:DifficultyScore",
+    "split": "curate.stages.split:Split",
+    "mix": "curate.stages.mix:Mix",
+    "order": "curate.stages.order:Order",
 }
 
 
