@@ -1,0 +1,39 @@
+"""winnow's training exceptions: one base class, a few families.
+
+``train`` never imports ``curate`` (the shard format is the only contract between them),
+so it keeps its own small hierarchy; ``pipelines`` catches both bases.
+"""
+
+from __future__ import annotations
+
+
+class TrainError(Exception):
+    """Base of every error the trainer and loader raise on purpose."""
+
+
+class ConfigError(TrainError):
+    """A ``[train]`` table or a component config is invalid; the message names the key."""
+
+
+class ShardError(TrainError):
+    """A shard is missing, corrupt, truncated, has the wrong columns or fails its checksum."""
+
+
+class CheckpointError(TrainError):
+    """A checkpoint is missing, corrupt or incompatible with the run."""
+
+
+class MissingDependencyError(TrainError, ImportError):
+    """An optional dependency is not installed; the message gives the install command."""
+
+
+def require(module: str, *, package: str | None = None, feature: str):
+    """Import an optional dependency, or fail with the command that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingDependencyError(
+            f"{feature} needs the package {package or module!r}; install it with: pip install {package or module}"
+        ) from err
