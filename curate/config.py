@@ -1,0 +1,124 @@
+"""The curation job as dataclasses: ``[job]``, ``[[inputs]]``, ``[[stages]]``, ``[output]``.
+
+These are plain, validated dataclasses; ``pipelines.jobfile`` maps a TOML file onto them
+(naming file, table and key in every error). Users of the Python API build them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from curate.errors import ConfigError
+from curate.stages.base import StageConfig
+
+INPUT_FORMATS = ("jsonl", "parquet", "webdataset", "hf", "text")
+OUTPUT_FORMATS = ("parquet", "webdataset")
+
+
+@dataclass(kw_only=True, slots=True)
+class JobSection:
+    """``[job]``: what the job is called, where it writes, how it runs."""
+
+    name: str
+    output: str = ""  # default: out/<name>
+    workers: int = 1  # local processes; 1 runs tasks in this process
+    executor: Literal["local", "ray"] = "local"
+    batch_rows: int = 8192  # rows per batch flowing through the stages
+    on_error: Literal["raise", "skip"] = "raise"  # a file that cannot be opened at all
+    seed: int = 0
+    keep_work: bool = False  # keep the intermediate _work folder after success
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in "/\\"):
+            raise ConfigError(f"name must be a non-empty name without slashes, got {self.name!r}")
+        if not self.output:
+            self.output = f"out/{self.name}"
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.batch_rows < 1:
+            raise ConfigError(f"batch_rows must be >= 1, got {self.batch_rows}")
+
+
+@dataclass(kw_only=True, slots=True)
+class InputConfig:
+    """One ``[[inputs]]`` table: a source and where its files are."""
+
+    path: str | list[str]  # file, folder or glob; local or any fsspec URL (s3://...)
+    source: str | None = None
+    source_field: str | None = None  # take each row's source from this field instead
+    format: Literal["jsonl", "parquet", "webdataset", "hf", "text"] = "jsonl"
+    text_field: str = "text"
+    id_field: str = "id"
+    hf_builder: str | None = None  # format = "hf": load local files through load_dataset(builder, ...)
+    storage_options: dict[str, Any] = field(default_factory=dict)  # passed to fsspec
+
+    def __post_init__(self) -> None:
+        if (self.source is None) == (self.source_field is None):
+            raise ConfigError("give exactly one of source (a name) or source_field (a column holding it)")
+        if self.source is not None and (not self.source or "/" in self.source):
+            raise ConfigError(f"source must be a non-empty name without '/', got {self.source!r}")
+        if isinstance(self.path, str):
+            self.path = [self.path]
+        if not self.path:
+            raise ConfigError("path must name at least one file, folder or glob")
+
+    @property
+    def paths(self) -> list[str]:
+        return list(self.path)
+
+    @property
+    def label(self) -> str:
+        return self.source or f"<{self.source_field}>"
+
+
+@dataclass(kw_only=True, slots=True)
+class OutputConfig:
+    """``[output]``: shard formats and sizes."""
+
+    formats: list[str] = field(default_factory=lambda: list(OUTPUT_FORMATS))
+    shard_rows: int = 10_000
+    shard_bytes: int | None = None  # cap on text bytes per shard (unordered output); whichever comes first
+    compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
+
+    def __post_init__(self) -> None:
+        bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
+        if bad or not self.formats:
+            raise ConfigError(f"formats must be a non-empty list from {list(OUTPUT_FORMATS)}, got {self.formats}")
+        if self.shard_rows < 1:
+            raise ConfigError(f"shard_rows must be >= 1, got {self.shard_rows}")
+        if self.shard_bytes is not None and self.shard_bytes < 1:
+            raise ConfigError(f"shard_bytes must be >= 1, got {self.shard_bytes}")
+
+
+@dataclass(kw_only=True, slots=True)
+class StageSpec:
+    """One ``[[stages]]`` table: its kind and its validated config."""
+
+    kind: str
+    config: StageConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class Job:
+    """A whole curation job."""
+
+    job: JobSection
+    inputs: list[InputConfig]
+    stages: list[StageSpec] = field(default_factory=list)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    source_file: str | None = None  # the job file, when loaded from one
+    raw: dict[str, Any] = field(default_factory=dict)  # the job file as parsed, for the manifest
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ConfigError("a job needs at least one [[inputs]] table")
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.job.output)
+
+    @property
+    def declared_sources(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(i.source for i in self.inputs if i.source is not None))

@@ -1,0 +1,151 @@
+"""Job files: TOML tables mapped one-to-one onto config dataclasses.
+
+``build_config`` is the one mapper every component uses (curation stages, the trainer's
+nested ``[train.*]`` tables): unknown keys, wrong types and values a config's
+``__post_init__`` refuses all become ``ConfigError``s naming the file, the table and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from curate.config import InputConfig, Job, JobSection, OutputConfig, StageSpec
+from curate.errors import ConfigError
+from curate.stages import stage_class
+
+_TOP_LEVEL = ("job", "inputs", "stages", "output", "train", "report", "ablate")
+
+
+def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
+    """Build dataclass ``cls`` from ``table``; ``where`` is e.g. ``"job.toml [[stages]] #2"``."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in table if k not in fields]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: unknown key {key!r}{hint}; allowed keys: {', '.join(sorted(fields))}")
+    missing = [
+        n for n, f in fields.items()
+        if n not in table and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{where}: missing required key {missing[0]!r}")
+    values = {k: _coerce(v, hints[k], f"{where} key {k!r}") for k, v in table.items()}
+    try:
+        return cls(**values)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against type ``tp`` (the supported subset), converting where TOML is looser."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{where}: {value!r} matches none of {_type_name(tp)}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        _, item = typing.get_args(tp) or (str, Any)
+        return {str(k): _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return build_config(tp, value, where)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp in (str, bool):
+        if not isinstance(value, tp):
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: type {_type_name(tp)} is not supported in job files")  # a config-author bug
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a job file, translating syntax errors into ``ConfigError``."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"job file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from err
+
+
+def load_job(path: str | Path, *, output: str | None = None, workers: int | None = None) -> Job:
+    """Read a job file into a validated ``Job``; ``output`` and ``workers`` override ``[job]``."""
+    raw = read_toml(path)
+    return job_from_dict(raw, source_file=str(path), output=output, workers=workers)
+
+
+def job_from_dict(
+    raw: dict[str, Any], *, source_file: str = "<job>", output: str | None = None, workers: int | None = None
+) -> Job:
+    """Validate a parsed job file (see ``load_job``)."""
+    name = Path(source_file).name
+    unknown = [k for k in raw if k not in _TOP_LEVEL]
+    if unknown:
+        raise ConfigError(f"{name}: unknown table [{unknown[0]}]; allowed: {', '.join(_TOP_LEVEL)}")
+    job_table = dict(raw.get("job", {}))
+    if output is not None:
+        job_table["output"] = output
+    if workers is not None:
+        job_table["workers"] = workers
+    job = build_config(JobSection, job_table, f"{name} [job]")
+    inputs = raw.get("inputs", [])
+    if not isinstance(inputs, list) or not inputs:
+        raise ConfigError(f"{name}: needs at least one [[inputs]] table")
+    input_cfgs = [build_config(InputConfig, t, f"{name} [[inputs]] #{i + 1}") for i, t in enumerate(inputs)]
+    stages = []
+    for i, table in enumerate(raw.get("stages", [])):
+        where = f"{name} [[stages]] #{i + 1}"
+        if not isinstance(table, dict) or "kind" not in table:
+            raise ConfigError(f"{where}: missing required key 'kind'")
+        params = {k: v for k, v in table.items() if k != "kind"}
+        cls = stage_class(table["kind"], where=f"{where}: ")
+        stages.append(StageSpec(kind=table["kind"], config=build_config(cls.Config, params, f"{where} ({table['kind']})")))
+    out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
+    return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
