@@ -1,0 +1,17 @@
+"""The decoder-only Mixture-of-Experts transformer.
+
+Tensor names carry their shape as a suffix (torchtitan style). Legend:
+
+    B  batch (sequences)            L  sequence length
+    T  tokens in a flat batch (B·L) D  model width
+    H  attention heads              G  key/value heads (grouped-query attention)
+    C  head width (D // H)          F  feed-forward hidden width (per expert)
+    E  routed experts               K  experts per token (top-k)
+    A  routed assignments (T·K)     V  vocabulary
+"""
+
+from train.model.config import ModelConfig
+from train.model.moe import MoE, MoEStats
+from train.model.transformer import ModelOutput, Transformer
+
+__all__ = ["ModelConfig", "MoE", "MoEStats", "ModelOutput", "Transformer"]

@@ -1,0 +1,150 @@
+"""The Mixture-of-Experts feed-forward block: an fp32 router, batched experts, balancing losses.
+
+Shape legend in ``train.model``: T tokens, D width, F expert hidden width, E experts,
+K experts per token, A routed assignments (T·K, in expert-sorted order).
+
+Tokens are sorted by expert so each expert's tokens are one contiguous slice, and all
+experts run in one grouped matmul (``torch._grouped_mm``) — no Python loop over experts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.model.config import ModelConfig
+from train.model.layers import SwiGLU
+
+
+class MoEStats(NamedTuple):
+    """What one MoE block reports per forward (returned, not stored, so activation checkpointing recomputes safely)."""
+
+    aux_loss: torch.Tensor  # Switch load-balancing loss, unweighted (1.0 = perfectly balanced)
+    z_loss: torch.Tensor  # mean squared log-partition of the router logits, unweighted
+    load_E: torch.Tensor  # assignments routed to each expert (before capacity dropping), detached
+    dropped: torch.Tensor  # assignments dropped for capacity (0 when dropless)
+    experts_TK: torch.Tensor  # chosen experts per token, detached (per-source routing histograms)
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def _grouped_mm_ok(x: torch.Tensor) -> bool:
+    # CPU: any float dtype. CUDA: the kernel needs Hopper+ and bf16 (16-byte aligned strides).
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if x.device.type == "cpu":
+        return True
+    return x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+def expert_matmul(x_AD: torch.Tensor, w_EDF: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    """Multiply each expert's contiguous slice of ``x_AD`` by that expert's weight: (A, D) -> (A, F).
+
+    The one place that chooses a kernel: ``torch._grouped_mm`` (one call, no host sync) where
+    this torch offers it for the device and dtype, else a padded batched matmul.
+    """
+    w_EDF = w_EDF.to(x_AD.dtype)
+    if _grouped_mm_ok(x_AD):
+        offsets_E = counts_E.cumsum(0).to(torch.int32)
+        return torch._grouped_mm(x_AD, w_EDF, offs=offsets_E)
+    n_experts = w_EDF.shape[0]
+    starts_E = counts_E.cumsum(0) - counts_E
+    expert_A = torch.repeat_interleave(torch.arange(n_experts, device=x_AD.device), counts_E)
+    slot_A = torch.arange(x_AD.shape[0], device=x_AD.device) - starts_E[expert_A]
+    capacity = int(counts_E.max()) if x_AD.shape[0] else 0
+    padded_ECD = x_AD.new_zeros(n_experts, capacity, x_AD.shape[1])
+    padded_ECD[expert_A, slot_A] = x_AD
+    return torch.bmm(padded_ECD, w_EDF)[expert_A, slot_A]
+
+
+class Router(nn.Module):
+    """Scores experts for each token in fp32 and picks the top k, with renormalized weights."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
+        # aux-loss-free balancing (https://arxiv.org/abs/2408.15664): a bias that only steers selection
+        self.register_buffer("expert_bias_E", torch.zeros(cfg.n_experts))
+
+    def forward(self, x_TD: torch.Tensor):
+        cfg = self.cfg
+        with torch.autocast(x_TD.device.type, enabled=False):
+            logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+            if self.training and cfg.router_noise > 0:
+                logits_TE = logits_TE + torch.randn_like(logits_TE) * cfg.router_noise
+            if cfg.score_func == "softmax":
+                scores_TE = logits_TE.softmax(-1)
+                probs_TE = scores_TE
+            else:
+                scores_TE = logits_TE.sigmoid()
+                probs_TE = scores_TE / scores_TE.sum(-1, keepdim=True)
+            select_TE = scores_TE + self.expert_bias_E if cfg.load_balance == "bias" else scores_TE
+            experts_TK = select_TE.topk(cfg.top_k, dim=-1).indices
+            weights_TK = scores_TE.gather(1, experts_TK)
+            if cfg.top_k > 1:  # with k = 1 renormalizing would make every weight 1 and starve the router of gradient
+                weights_TK = weights_TK / weights_TK.sum(-1, keepdim=True)
+        return weights_TK, experts_TK, probs_TE, logits_TE
+
+    @torch.no_grad()
+    def update_bias(self, load_E: torch.Tensor) -> None:
+        """Nudge under-loaded experts up and over-loaded ones down (the aux-loss-free update)."""
+        load_E = load_E.float()
+        self.expert_bias_E += self.cfg.bias_update_rate * torch.sign(load_E.mean() - load_E)
+
+
+class MoE(nn.Module):
+    """Routed SwiGLU experts (plus optional shared experts), dropless unless a capacity factor is set."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.router = Router(cfg)
+        E, D, F_ = cfg.n_experts, cfg.dim, cfg.ffn_hidden
+        self.w13_ED2F = nn.Parameter(torch.empty(E, D, 2 * F_))  # gate and up, side by side
+        self.w2_EFD = nn.Parameter(torch.empty(E, F_, D))
+        self.shared = SwiGLU(D, F_ * cfg.n_shared_experts) if cfg.n_shared_experts else None
+
+    def forward(self, x_BLD: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
+        cfg = self.cfg
+        x_TD = x_BLD.reshape(-1, x_BLD.shape[-1])
+        T, K, E = x_TD.shape[0], cfg.top_k, cfg.n_experts
+        weights_TK, experts_TK, probs_TE, logits_TE = self.router(x_TD)
+
+        expert_flat_A = experts_TK.reshape(-1)
+        order_A = expert_flat_A.argsort(stable=True)  # stable: earlier tokens win capacity slots
+        load_E = torch.bincount(expert_flat_A, minlength=E)
+        counts_E, dropped = load_E, load_E.new_zeros(())
+        if cfg.capacity_factor is not None:
+            capacity = math.ceil(cfg.capacity_factor * T * K / E)
+            starts_E = load_E.cumsum(0) - load_E
+            rank_A = torch.arange(T * K, device=x_TD.device) - starts_E[expert_flat_A[order_A]]
+            order_A = order_A[rank_A < capacity]
+            counts_E = load_E.clamp(max=capacity)
+            dropped = (load_E - counts_E).sum()
+        token_A = order_A // K
+
+        dtype = _autocast_dtype(x_TD)
+        x_AD = x_TD[token_A].to(dtype)
+        gate_AF, up_AF = expert_matmul(x_AD, self.w13_ED2F, counts_E).chunk(2, dim=-1)
+        y_AD = expert_matmul(F.silu(gate_AF) * up_AF, self.w2_EFD, counts_E)
+        y_AD = y_AD * weights_TK.reshape(-1)[order_A, None].to(y_AD.dtype)
+        out_TD = y_AD.new_zeros(T, x_TD.shape[1]).index_add_(0, token_A, y_AD)
+        if self.shared is not None:
+            out_TD = out_TD + self.shared(x_TD)
+
+        # Switch load balancing (https://arxiv.org/abs/2101.03961): E · Σ_e fraction_e · mean_prob_e
+        fraction_E = load_E.float() / (T * K)
+        aux_loss = E * (fraction_E * probs_TE.mean(0)).sum()
+        # router z-loss (https://arxiv.org/abs/2202.08906) keeps the logits small
+        z_loss = torch.logsumexp(logits_TE, dim=-1).pow(2).mean()
+        stats = MoEStats(aux_loss, z_loss, load_E.detach().float(), dropped, experts_TK.detach())
+        return out_TD.view_as(x_BLD).to(x_BLD.dtype), stats

@@ -1,0 +1,123 @@
+"""The decoder-only transformer: embeddings, pre-norm blocks (attention + SwiGLU or MoE), output head.
+
+Shape legend in ``train.model``: B batch, L sequence length, D width, V (padded) vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from train.model.config import ModelConfig
+from train.model.layers import Attention, RMSNorm, SwiGLU, document_mask
+from train.model.moe import MoE, MoEStats
+
+
+@dataclass(slots=True)
+class ModelOutput:
+    """Logits plus the router's losses and per-layer statistics (MoE layers only, in layer order)."""
+
+    logits_BLV: torch.Tensor
+    router_loss: torch.Tensor  # weighted aux + z losses, to add to the training loss
+    moe: list[MoEStats]
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block; its feed-forward is dense or Mixture-of-Experts."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn = MoE(cfg) if cfg.is_moe_layer(layer) else SwiGLU(cfg.dim, cfg.dense_hidden or cfg.ffn_hidden)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> tuple[torch.Tensor, MoEStats | None]:
+        x_BLD = x_BLD + self.dropout(self.attn(self.attn_norm(x_BLD), mask_B1LL))
+        if isinstance(self.ffn, MoE):
+            out_BLD, stats = self.ffn(self.ffn_norm(x_BLD))
+        else:
+            out_BLD, stats = self.ffn(self.ffn_norm(x_BLD)), None
+        return x_BLD + self.dropout(out_BLD), stats
+
+
+class Transformer(nn.Module):
+    """The language model. ``forward(tokens)`` returns a ``ModelOutput``; the loss is the trainer's business."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.padded_vocab, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.padded_vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+        self.activation_checkpointing = False
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 style init: N(0, std), residual output projections scaled by 1/sqrt(2·layers)."""
+        std = self.cfg.init_std
+        residual_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for name, param in self.named_parameters():
+            if param.ndim < 2:
+                continue
+            is_residual_out = name.endswith(("wo.weight", "w2.weight", "w2_EFD"))
+            nn.init.normal_(param, 0.0, residual_std if is_residual_out else std)
+
+    def forward(self, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None = None) -> ModelOutput:
+        mask_B1LL = document_mask(doc_ids_BL) if self.cfg.doc_mask and doc_ids_BL is not None else None
+        x_BLD = self.embed(tokens_BL)
+        moe_stats: list[MoEStats] = []
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x_BLD, stats = checkpoint(block, x_BLD, mask_B1LL, use_reentrant=False)
+            else:
+                x_BLD, stats = block(x_BLD, mask_B1LL)
+            if stats is not None:
+                moe_stats.append(stats)
+        logits_BLV = self.head(self.norm(x_BLD))
+        return ModelOutput(logits_BLV, self._router_loss(moe_stats, x_BLD), moe_stats)
+
+    def _router_loss(self, moe_stats: list[MoEStats], like: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        loss = like.new_zeros((), dtype=torch.float32)
+        for stats in moe_stats:  # summed over layers, Switch-style
+            if cfg.load_balance == "aux_loss":
+                loss = loss + cfg.aux_loss_coef * stats.aux_loss
+            loss = loss + cfg.z_loss_coef * stats.z_loss
+        return loss
+
+    def moe_layers(self) -> list[MoE]:
+        return [block.ffn for block in self.blocks if isinstance(block.ffn, MoE)]
+
+    @torch.no_grad()
+    def update_expert_bias(self, load_LE: torch.Tensor) -> None:
+        """Aux-loss-free balancing: after an optimizer step, move each layer's bias by its step's load."""
+        if self.cfg.load_balance != "bias":
+            return
+        for moe, load_E in zip(self.moe_layers(), load_LE):
+            moe.router.update_bias(load_E)
+
+    def num_params(self) -> tuple[int, int]:
+        """(total, active) parameters of the built model (active: k of the routed experts per token)."""
+        total = sum(p.numel() for p in self.parameters())
+        routed = sum(m.w13_ED2F.numel() + m.w2_EFD.numel() for m in self.moe_layers())
+        active = total - routed + routed * self.cfg.top_k // max(self.cfg.n_experts, 1)
+        return total, active
+
+
+def cross_entropy_per_token(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, *,
+                            label_smoothing: float = 0.0) -> torch.Tensor:
+    """Per-token loss (B, L) in fp32, whatever the logits' dtype."""
+    loss_T = F.cross_entropy(logits_BLV.flatten(0, 1).float(), targets_BL.flatten(),
+                             reduction="none", label_smoothing=label_smoothing)
+    return loss_T.view_as(targets_BL)
