@@ -36,9 +36,9 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def _grouped_mm_ok(x: torch.Tensor) -> bool:
-    # CPU: any float dtype. CUDA: the kernel needs Hopper+ and bf16 (16-byte aligned strides).
-    if not hasattr(torch, "_grouped_mm"):
+def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    # The kernel needs 16-byte aligned row strides; on CUDA also Hopper+ and bf16.
+    if not hasattr(torch, "_grouped_mm") or (x.shape[-1] * x.element_size()) % 16 or (w.shape[-1] * w.element_size()) % 16:
         return False
     if x.device.type == "cpu":
         return True
@@ -52,7 +52,7 @@ def expert_matmul(x_AD: torch.Tensor, w_EDF: torch.Tensor, counts_E: torch.Tenso
     this torch offers it for the device and dtype, else a padded batched matmul.
     """
     w_EDF = w_EDF.to(x_AD.dtype)
-    if _grouped_mm_ok(x_AD):
+    if _grouped_mm_ok(x_AD, w_EDF):
         offsets_E = counts_E.cumsum(0).to(torch.int32)
         return torch._grouped_mm(x_AD, w_EDF, offs=offsets_E)
     n_experts = w_EDF.shape[0]
