@@ -1,0 +1,263 @@
+"""The pipeline runner: plans a job as phases split at barriers and runs their tasks.
+
+    read → [row-local stages] → collect(barrier 1)   map phase 0, one task per input file
+         plan(barrier 1)                               global: reads only the spilled keys
+    apply(barrier 1) → [stages] → collect(barrier 2)   map phase 1, one task per phase-0 task
+         ...
+    apply(last barrier) → [stages] → shards            final map phase
+    (ordered output: write phase, one task per range of shards, reading sorted task outputs)
+
+The runner alone counts rows, times stages, writes rejects and checks the nothing-is-lost
+identity, per stage and for the whole job. Every task and every plan leaves a completion
+marker, so re-running a job after a crash or Ctrl-C skips finished work and produces
+byte-identical shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from tqdm.auto import tqdm
+
+from curate.config import Job
+from curate.errors import OutputError, StageError
+from curate.executors import run_all
+from curate.manifest import build_manifest, write_json_atomic
+from curate.readers import plan_read_tasks
+from curate.stages import Barrier
+from curate.stats import merge_stats
+from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
+from curate.writers.shards import ShardWriter
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+
+
+def plan_phases(job: Job) -> list[PhaseSpec]:
+    """Split the stage list at barriers into map phases."""
+    barriers = [i for i, s in enumerate(job.stages) if issubclass(_cls(s.kind), Barrier)]
+    phases: list[PhaseSpec] = []
+    start, apply = 0, None
+    for b in [*barriers, None]:
+        end = len(job.stages) if b is None else b
+        phases.append(PhaseSpec(index=len(phases), apply=apply, stages=tuple(range(start, end)), collect=b,
+                                final=b is None))
+        apply, start = b, (end + 1 if b is not None else end)
+    return phases
+
+
+def _cls(kind: str) -> type:
+    from curate.stages import stage_class
+
+    return stage_class(kind)
+
+
+def job_fingerprint(job: Job) -> str:
+    """What makes two runs the same job (workers, output folder and executor don't)."""
+    data = dataclasses.asdict(job)
+    data["job"] = {k: v for k, v in data["job"].items() if k not in ("workers", "output", "executor", "keep_work")}
+    data.pop("raw", None)
+    data.pop("source_file", None)
+    data["stage_classes"] = [f"{_cls(s.kind).__module__}.{_cls(s.kind).__qualname__}" for s in job.stages]
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Runner:
+    """Runs one job; ``run()`` returns the manifest it wrote."""
+
+    def __init__(self, job: Job, *, progress: bool = True) -> None:
+        job = dataclasses.replace(job, job=dataclasses.replace(job.job, output=str(Path(job.job.output).resolve())))
+        self.job = job
+        self.out = job.output_dir
+        self.work = self.out / "_work"
+        self.progress = progress
+        self.phases = plan_phases(job)
+        self.ordered = any(s.kind == "order" for s in job.stages)
+        self.stages = build_stages(job, self.work)
+        self.plan_seconds: dict[str, float] = {}
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self._prepare()
+        read_tasks = plan_read_tasks(self.job.inputs)
+        log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
+                 len(self.phases), self.out)
+        results: list[list[dict]] = []
+        for phase in self.phases:
+            specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
+            results.append(self._run_phase(phase, specs))
+            if phase.collect is not None:
+                self._plan(phase, len(read_tasks))
+        write_results = self._write_ordered(results[-1]) if self.ordered else []
+        manifest = build_manifest(
+            self.job, self.stages, results, write_results, self.plan_seconds,
+            reports={s.ctx.stage_id: self._report(s) for s in self.stages if isinstance(s, Barrier)},
+            seconds=time.perf_counter() - t0,
+        )
+        write_json_atomic(self.out / "manifest.json", manifest)
+        if not self.job.job.keep_work:
+            shutil.rmtree(self.work, ignore_errors=True)
+        return manifest
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Resume the same job's unfinished work; otherwise start from a clean output folder."""
+        fingerprint = job_fingerprint(self.job)
+        marker = self.work / "fingerprint"
+        if marker.exists() and marker.read_text() == fingerprint:
+            log.info("resuming: finished tasks in %s are kept", self.work)
+            return
+        if (self.out / "manifest.json").exists() or marker.exists():
+            log.info("clearing previous outputs in %s", self.out)
+        for name in ("_work", "shards", "rejects", "artifacts", "manifest.json"):
+            path = self.out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        self.work.mkdir(parents=True)
+        marker.write_text(fingerprint)
+
+    def _task_spec(self, phase: PhaseSpec, task: int, read_tasks: list) -> TaskSpec:
+        prev = self.work / f"phase-{phase.index - 1}" / f"task-{task:05d}"
+        decision = None
+        if phase.apply is not None:
+            decision = self.stages[phase.apply].ctx.plan_dir / "decision" / f"task-{task:05d}.parquet"
+        return TaskSpec(
+            job=self.job, phase=phase, task=task, work_dir=self.work, ordered=self.ordered,
+            read=read_tasks[task] if phase.index == 0 else None,
+            rows_path=prev / "rows.parquet" if phase.index > 0 else None,
+            decision_path=decision,
+        )
+
+    # -- phases ---------------------------------------------------------------------------
+    def _run_phase(self, phase: PhaseSpec, specs: list[TaskSpec]) -> list[dict]:
+        names = [self.stages[i].ctx.stage_id for i in ([phase.apply] if phase.apply is not None else []) + list(phase.stages)]
+        if phase.index == 0:
+            names.insert(0, "read")
+        if phase.collect is not None:
+            names.append(f"collect {self.stages[phase.collect].ctx.stage_id}")
+        if phase.final:
+            names.append("write" if not self.ordered else "sort")
+        desc = f"phase {phase.index + 1}/{len(self.phases)}: {' → '.join(names)}"
+        log.info(desc)
+        results: dict[int, dict] = {}
+        bar = tqdm(total=len(specs), desc=desc, unit="task", disable=not self.progress, leave=False)
+        try:
+            for result in run_all(_run_task_indexed, specs, workers=self.job.job.workers, executor=self.job.job.executor):
+                results[result["task"]] = result
+                bar.update(1)
+        finally:
+            bar.close()
+        return [results[i] for i in range(len(specs))]
+
+    def _plan(self, phase: PhaseSpec, n_tasks: int) -> None:
+        """A barrier's global step: plan over every task's keys, split the decision per task."""
+        stage = self.stages[phase.collect]
+        plan_dir = stage.ctx.plan_dir
+        if (plan_dir / "_SUCCESS").exists():
+            return
+        t0 = time.perf_counter()
+        shutil.rmtree(plan_dir, ignore_errors=True)
+        plan_dir.mkdir(parents=True)
+        key_files = sorted(str(p) for p in (self.work / f"phase-{phase.index}").glob("task-*/keys.parquet"))
+        keys = pl.scan_parquet(key_files) if key_files else pl.LazyFrame(schema={"id": pl.String, "_task": pl.Int32})
+        log.info("planning %s over %d key file(s)", stage.ctx.stage_id, len(key_files))
+        plan = stage.plan(keys)  # type: ignore[attr-defined]
+        if plan.decision is not None:
+            if "_task" not in plan.decision.columns:
+                raise StageError(f"stage {stage.ctx.stage_id}: the plan's decision must keep the _task column")
+            folder = plan_dir / "decision"
+            folder.mkdir()
+            parts = {k[0]: g for k, g in plan.decision.group_by("_task")}
+            empty = plan.decision.clear().drop("_task")
+            for t in range(n_tasks):
+                part = parts.get(t)
+                (part.drop("_task") if part is not None else empty).write_parquet(folder / f"task-{t:05d}.parquet")
+        write_json_atomic(plan_dir / "report.json", plan.report)
+        self.plan_seconds[stage.ctx.stage_id] = time.perf_counter() - t0
+        write_json_atomic(plan_dir / "seconds.json", {"seconds": self.plan_seconds[stage.ctx.stage_id]})
+        (plan_dir / "_SUCCESS").touch()
+
+    def _report(self, stage: Barrier) -> dict[str, Any]:
+        path = stage.ctx.plan_dir / "report.json"
+        seconds = stage.ctx.plan_dir / "seconds.json"
+        if seconds.exists():
+            self.plan_seconds.setdefault(stage.ctx.stage_id, json.loads(seconds.read_text())["seconds"])
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    # -- ordered output -------------------------------------------------------------------
+    def _write_ordered(self, final_results: list[dict]) -> list[dict]:
+        """Write train shards in ``order``: each write task takes a contiguous range of ranks."""
+        sorted_files = sorted(str(p) for p in (self.work / f"phase-{self.phases[-1].index}").glob("task-*/sorted.parquet"))
+        total = sum(r["rows_written"] for r in final_results)
+        if not total:
+            return []
+        shard_rows = self.job.output.shard_rows
+        n_shards = math.ceil(total / shard_rows)
+        n_tasks = min(n_shards, max(1, len(final_results)))
+        per_task = math.ceil(n_shards / n_tasks)
+        specs = [
+            _WriteSpec(self.job, self.work, sorted_files, w, w * per_task * shard_rows,
+                       min(total, (w + 1) * per_task * shard_rows), total)
+            for w in range(math.ceil(n_shards / per_task))
+        ]
+        out = []
+        bar = tqdm(total=len(specs), desc="write ordered shards", unit="task", disable=not self.progress, leave=False)
+        for result in run_all(_write_range, specs, workers=self.job.job.workers, executor=self.job.job.executor):
+            out.append(result)
+            bar.update(1)
+        bar.close()
+        return sorted(out, key=lambda r: r["task"])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _WriteSpec:
+    job: Job
+    work: Path
+    files: list[str]
+    task: int
+    lo: int
+    hi: int
+    total: int
+
+
+def _write_range(spec: _WriteSpec) -> dict[str, Any]:
+    """One write task of ordered output: rows with lo <= order < hi, sorted, as shards."""
+    marker = spec.work / "write" / f"task-{spec.task:05d}.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    df = pl.scan_parquet(spec.files).filter(pl.col("order").is_between(spec.lo, spec.hi, closed="left")).collect()
+    df = df.sort("order")
+    if df.height != spec.hi - spec.lo or (df.height and (df["order"][0] != spec.lo or df["order"][-1] != spec.hi - 1)):
+        raise StageError(
+            f"the order column must be a rank 0..{spec.total - 1} without gaps or ties; ranks {spec.lo}..{spec.hi - 1} "
+            f"hold {df.height} rows"
+        )
+    writer = ShardWriter(spec.job.output_dir / "shards" / "train", f"part-{spec.task:05d}", spec.job.output, split="train")
+    writer.write(df)
+    shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
+    result = {"task": spec.task, "shards": shards}
+    write_json_atomic(marker, result)
+    return result
+
+
+def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:
+    return {**run_task(spec), "task": spec.task}
+
+
+def run_job(job: Job, *, progress: bool = True) -> dict[str, Any]:
+    """Run a curation job end to end and return its manifest (also written to ``manifest.json``)."""
+    if not isinstance(job, Job):
+        raise OutputError(f"run_job expects a curate.config.Job, got {type(job).__name__}")
+    return Runner(job, progress=progress).run()

@@ -1,0 +1,55 @@
+"""Columnar inputs: Parquet files and Hugging Face ``datasets`` (saved folders or local files)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from curate.config import InputConfig
+from curate.errors import require
+from curate.readers.files import InputFile, open_binary
+from curate.readers.rows import ReadBatch, RowBuffer, rows_from_arrow
+
+
+def _convert(cfg: InputConfig, batch: pa.RecordBatch | pa.Table, label: str, offset: int) -> ReadBatch:
+    return rows_from_arrow(batch, source=cfg.source, source_field=cfg.source_field, text_field=cfg.text_field,
+                           id_field=cfg.id_field, file_label=label, row_offset=offset)
+
+
+def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
+    """Yield batches from one Parquet file, streaming row groups; a damaged file ends in one reject."""
+    offset = 0
+    with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+        try:
+            pf = pq.ParquetFile(fh)
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                yield _convert(cfg, batch, file.rel, offset)
+                offset += batch.num_rows
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            buf = RowBuffer()
+            buf.reject("read:truncated", id_=f"{file.url}#{offset}", source=cfg.source or "", raw=b"",
+                       where={"file": file.url, "row": offset, "error": f"{type(err).__name__}: {err}"})
+            yield buf.flush()
+
+
+def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
+    """Yield batches from a ``save_to_disk`` folder, or local files through ``load_dataset(hf_builder)``."""
+    datasets = require("datasets", feature="format = 'hf'")
+    if cfg.hf_builder:
+        ds = datasets.load_dataset(cfg.hf_builder, data_files=[file.url], split="train", streaming=True)
+        offset = 0
+        for rows in ds.iter(batch_size=batch_rows):
+            table = pa.Table.from_pydict(rows)
+            yield _convert(cfg, table, file.rel, offset)
+            offset += table.num_rows
+        return
+    loaded = datasets.load_from_disk(file.url)
+    splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
+    for split, ds in splits:
+        label = f"{file.rel}/{split}" if split else file.rel
+        offset = 0
+        for table in ds.with_format("arrow").iter(batch_size=batch_rows):
+            yield _convert(cfg, table, label, offset)
+            offset += table.num_rows

@@ -1,0 +1,78 @@
+"""Listing input files (local paths, folders, globs, any fsspec URL) and opening them."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import IO
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from curate.config import InputConfig
+from curate.errors import InputError
+
+_GLOB_CHARS = "*?["
+#: File name endings each format reads when a folder is given.
+EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson", ".jsonl.zstd"),
+    "parquet": (".parquet",),
+    "webdataset": (".tar", ".tar.gz", ".tgz"),
+}  # text: every file in the folder
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """One input file: its URL, its name relative to the input's root, and what we know of it."""
+
+    url: str
+    rel: str  # used in derived ids: <source>/<rel>/<line>
+    size: int
+    mtime: float | None
+
+
+def list_files(cfg: InputConfig) -> list[InputFile]:
+    """Every file an ``[[inputs]]`` table names, sorted, each once; errors name the pattern."""
+    found: dict[str, InputFile] = {}
+    for pattern in cfg.paths:
+        try:
+            fs, path = url_to_fs(pattern, **cfg.storage_options)
+        except (ImportError, ValueError) as err:
+            raise InputError(f"input {cfg.label}: cannot open {pattern!r}: {err}") from err
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        prefix = "" if protocol in ("file", "local") else f"{protocol}://"
+        if any(c in path for c in _GLOB_CHARS):
+            root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
+            paths = [p for p in fs.glob(path) if not fs.isdir(p)]
+        elif fs.isdir(path) and cfg.format == "hf" and not cfg.hf_builder:
+            root, paths = posixpath.dirname(path.rstrip("/")), [path.rstrip("/")]  # a save_to_disk folder
+        elif fs.isdir(path):
+            root = path.rstrip("/")
+            exts = EXTENSIONS.get(cfg.format)
+            paths = [p for p in fs.find(path) if exts is None or p.endswith(exts)]
+        elif fs.exists(path):
+            root, paths = posixpath.dirname(path), [path]
+        else:
+            raise InputError(f"input {cfg.label}: {pattern!r} does not exist; check the path (relative paths are from the current folder)")
+        for p in sorted(paths):
+            info = fs.info(p)
+            if info.get("type") == "directory":
+                info["size"] = sum(fs.du(p, total=False).values()) if cfg.format == "hf" else 0
+            rel = posixpath.relpath(p, root) if root else p
+            mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+            mtime = mtime.timestamp() if hasattr(mtime, "timestamp") else (float(mtime) if mtime is not None else None)
+            found.setdefault(prefix + p, InputFile(prefix + p, rel, int(info.get("size") or 0), mtime))
+    if not found:
+        raise InputError(f"input {cfg.label}: {cfg.paths} matched no files; check the path and the format ({cfg.format})")
+    return list(found.values())
+
+
+def open_binary(url: str, storage_options: dict, *, decompress: bool = True) -> IO[bytes]:
+    """Open ``url`` for reading bytes, decompressing ``.gz``/``.zst``/``.bz2``/``.xz`` by extension."""
+    compression = "infer" if decompress else None
+    if decompress and url.endswith(".zstd"):
+        compression = "zstd"
+    try:
+        return fsspec.open(url, "rb", compression=compression, **storage_options).open()
+    except (OSError, ValueError, ImportError) as err:
+        raise InputError(f"cannot open input file {url}: {err}") from err

@@ -1,0 +1,115 @@
+"""JSON Lines (plain, ``.gz``, ``.zst``): streamed in byte chunks, one record per line.
+
+Lines are parsed with orjson; a line that is not valid UTF-8 or JSON, not an object, or
+lacks a string text field becomes a reject carrying its raw bytes, file, byte offset and
+line number. A truncated compressed file keeps every complete line before the damage and
+adds one ``read:truncated`` reject at the offset where decompression failed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import orjson
+
+from curate.config import InputConfig
+from curate.readers.files import InputFile, open_binary
+from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+
+CHUNK_BYTES = 4 << 20
+
+
+class _Truncated(Exception):
+    """The compressed stream ended early or is damaged; everything before it was yielded."""
+
+
+def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
+    """Decompress by hand, so a damaged file still yields every byte before the damage."""
+    if url.endswith((".gz", ".gzip")):
+        new = lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)  # noqa: E731 - gzip header, multi-member
+    elif url.endswith((".zst", ".zstd")):
+        import zstandard
+
+        new = zstandard.ZstdDecompressor().decompressobj
+    else:
+        while chunk := fh.read(CHUNK_BYTES):
+            yield chunk
+        return
+    dec, finished = new(), True
+    while raw := fh.read(CHUNK_BYTES):
+        while raw:
+            try:
+                yield dec.decompress(raw)
+            except Exception as err:  # zlib.error / ZstdError: corrupt data
+                raise _Truncated(f"{type(err).__name__}: {err}") from err
+            finished = dec.eof
+            raw = dec.unused_data if finished else b""
+            if raw:
+                dec, finished = new(), False
+    if not finished:
+        raise _Truncated("compressed stream ended before its end marker (truncated file)")
+
+
+def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
+    """Yield batches of rows (and rejects) from one JSONL file."""
+    buf = RowBuffer()
+    line_no = 0
+    offset = 0  # uncompressed byte offset of the next line
+    tail = b""
+    with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+        try:
+            for chunk in _decompressed_chunks(file.url, fh):
+                lines = (tail + chunk).split(b"\n")
+                tail = lines.pop()
+                for line in lines:
+                    _parse_line(cfg, file, line, line_no, offset, buf)
+                    line_no, offset = line_no + 1, offset + len(line) + 1
+                    if len(buf) >= batch_rows:
+                        yield buf.flush()
+            if tail.strip():
+                _parse_line(cfg, file, tail, line_no, offset, buf)
+        except _Truncated as err:
+            # Complete lines before the damage are kept; the partial last line is the reject.
+            buf.reject("read:truncated", id_=f"{cfg.source or ''}/{file.rel}/{line_no}", source=cfg.source or "",
+                       raw=tail, where={"file": file.url, "offset": offset, "line": line_no, "error": str(err)})
+    if len(buf):
+        yield buf.flush()
+
+
+def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, line_no: int, offset: int, buf: RowBuffer) -> None:
+    if not line.strip():
+        return
+    where = {"file": file.url, "offset": offset, "line": line_no}
+    fallback_id = f"{cfg.source or ''}/{file.rel}/{line_no}"
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as err:
+        try:
+            line.decode("utf-8")
+            reason = "read:bad_json"
+        except UnicodeDecodeError:
+            reason = "read:bad_utf8"
+        buf.reject(reason, id_=fallback_id, source=cfg.source or "", raw=line, where={**where, "error": str(err)})
+        return
+    if not isinstance(record, dict):
+        buf.reject("read:not_an_object", id_=fallback_id, source=cfg.source or "", raw=line,
+                   where={**where, "error": f"a JSON {type(record).__name__}, not an object"})
+        return
+    text = record.pop(cfg.text_field, None)
+    source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
+    given_id = record.pop(cfg.id_field, None)
+    id_ = fallback_id if given_id is None else str(given_id)
+    if not isinstance(source, str) or not source:
+        buf.reject("read:missing_source", id_=id_, source="", raw=line,
+                   where={**where, "error": f"field {cfg.source_field!r} missing or not a non-empty string"})
+    elif text is None:
+        buf.reject("read:missing_text", id_=id_, source=source, raw=line,
+                   where={**where, "error": f"no field {cfg.text_field!r}"})
+    elif not isinstance(text, str):
+        buf.reject("read:text_not_string", id_=id_, source=source, raw=line,
+                   where={**where, "error": f"field {cfg.text_field!r} is a {type(text).__name__}"})
+    else:
+        if given_id is None and cfg.source_field is not None:
+            id_ = f"{source}/{file.rel}/{line_no}"
+        buf.add(id_, source, text, decode_meta(record))

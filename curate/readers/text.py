@@ -1,0 +1,32 @@
+"""Plain text files, one document per file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+
+from curate.config import InputConfig
+from curate.readers.files import InputFile, open_binary
+from curate.readers.rows import ReadBatch, RowBuffer
+
+
+def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -> Iterator[ReadBatch]:
+    """Yield batches of documents, one per file; a file that is not UTF-8 becomes a reject."""
+    buf = RowBuffer()
+    source = cfg.source or ""
+    for file in files:
+        with open_binary(file.url, cfg.storage_options) as fh:
+            raw = fh.read()
+        id_ = f"{source}/{file.rel}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            buf.reject("read:bad_utf8", id_=id_, source=source, raw=raw,
+                       where={"file": file.url, "offset": err.start, "error": str(err)})
+        else:
+            buf.add(id_, source, text, orjson.dumps({"path": file.rel}).decode())
+        if len(buf) >= batch_rows:
+            yield buf.flush()
+    if len(buf):
+        yield buf.flush()

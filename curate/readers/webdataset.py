@@ -1,0 +1,104 @@
+"""WebDataset tar shards: consecutive members sharing a key form one sample.
+
+The text comes from the ``txt`` member (or the member whose extension is ``text_field``),
+the ``json`` member's fields go to ``meta`` — unless they are winnow's own columns, which
+are kept as they are, so shards read back unchanged.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import tarfile
+from collections.abc import Iterator
+
+import orjson
+
+from curate.config import InputConfig
+from curate.readers.files import InputFile, open_binary
+from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+
+
+def _split_key(name: str) -> tuple[str, str]:
+    """``a/b/key.ext.gz`` → (``a/b/key``, ``ext.gz``), as webdataset groups members."""
+    folder, base = posixpath.split(name)
+    key, _, ext = base.partition(".")
+    return posixpath.join(folder, key), ext
+
+
+def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
+    """Yield batches from one tar shard, streaming its members."""
+    text_ext = "txt" if cfg.text_field == "text" else cfg.text_field
+    buf = RowBuffer()
+    current: str | None = None
+    parts: dict[str, bytes] = {}
+    offset = 0
+    sample_no = 0
+
+    def emit() -> None:
+        nonlocal sample_no
+        if current is not None:
+            _add_sample(cfg, file, current, parts, offset, sample_no, text_ext, buf)
+            sample_no += 1
+
+    with open_binary(file.url, cfg.storage_options) as fh:
+        try:
+            with tarfile.open(fileobj=fh, mode="r|*") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    key, ext = _split_key(member.name)
+                    if key != current:
+                        emit()
+                        if len(buf) >= batch_rows:
+                            yield buf.flush()
+                        current, parts, offset = key, {}, member.offset
+                    parts[ext] = tar.extractfile(member).read()
+            emit()
+        except (tarfile.TarError, EOFError, OSError) as err:
+            buf.reject("read:truncated", id_=f"{file.url}#{offset}", source=cfg.source or "", raw=b"",
+                       where={"file": file.url, "offset": offset, "sample": sample_no, "error": f"{type(err).__name__}: {err}"})
+    if len(buf):
+        yield buf.flush()
+
+
+def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, bytes], offset: int, sample_no: int,
+                text_ext: str, buf: RowBuffer) -> None:
+    where = {"file": file.url, "offset": offset, "sample": sample_no, "key": key}
+    raw_text = parts.get(text_ext, parts.get("text"))
+    record: dict = {}
+    if "json" in parts:
+        try:
+            record = orjson.loads(parts["json"])
+        except orjson.JSONDecodeError as err:
+            buf.reject("read:bad_json", id_=f"{cfg.source or ''}/{file.rel}/{key}", source=cfg.source or "",
+                       raw=parts["json"], where={**where, "error": str(err)})
+            return
+        if not isinstance(record, dict):
+            record = {"json": record}
+    source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
+    given_id = record.pop(cfg.id_field, None)
+    id_ = str(given_id) if given_id is not None else f"{source or cfg.source or ''}/{file.rel}/{key}"
+    if not isinstance(source, str) or not source:
+        buf.reject("read:missing_source", id_=id_, source="", raw=raw_text or b"", where={**where, "error": "no source"})
+        return
+    if raw_text is None:
+        buf.reject("read:missing_text", id_=id_, source=source, raw=parts.get("json", b""),
+                   where={**where, "error": f"no .{text_ext} member"})
+        return
+    try:
+        text = raw_text.decode("utf-8")
+    except UnicodeDecodeError as err:
+        buf.reject("read:bad_utf8", id_=id_, source=source, raw=raw_text, where={**where, "error": str(err)})
+        return
+    if "meta" in record and set(record) <= {"meta", "source", *_WINNOW_EXTRA}:
+        # A winnow shard: meta is already the JSON string (stage-added columns are recomputable).
+        meta = record["meta"] if record["meta"] is None or isinstance(record["meta"], str) else decode_meta(record["meta"])
+    else:
+        if cfg.source_field is None and record.get("source") == source:
+            record.pop("source")
+        meta = decode_meta(record)
+    buf.add(id_, source, text, meta)
+
+
+#: Optional columns winnow writes into a shard's json member besides id/source/meta.
+_WINNOW_EXTRA = {"split", "quality", "difficulty", "dsir_weight", "lang", "lang_score", "n_tokens", "order", "repeat"}

@@ -1,0 +1,259 @@
+"""Map tasks: the unit of work a worker runs, a pure function of its input and the job.
+
+A task streams batches (from its read task, or from the previous phase's rows file),
+applies the phase's stages, and writes — all under temporary names — its surviving rows
+(or, in the last phase, shards), its rejects, a barrier's keys, and its stats. It then
+renames its folder into place: the folder's presence is the completion marker, so a
+re-run skips the task, and a crashed task leaves nothing half-written under a final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from curate.config import Job
+from curate.errors import InputError, StageError
+from curate.readers import ReadTask, read_task
+from curate.schema import CORE_COLUMNS, validate_rows
+from curate.stages import Barrier, Stage, StageContext, stage_class
+from curate.stats import StageStats
+from curate.writers.shards import ShardWriter
+
+READ_STAGE_ID = "00.read"
+REJECT_COLUMNS = (*CORE_COLUMNS, "reason", "duplicate_of", "stage", "extra")
+_INTERMEDIATE_COMPRESSION = "lz4"
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpec:
+    """Which stages a map phase runs: a barrier's apply, row-local stages, the next barrier's collect."""
+
+    index: int
+    apply: int | None
+    stages: tuple[int, ...]
+    collect: int | None
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """Everything a worker needs to run one map task (picklable)."""
+
+    job: Job
+    phase: PhaseSpec
+    task: int
+    work_dir: Path
+    ordered: bool  # final rows carry an ``order`` column: train rows are sorted, not sharded, here
+    read: ReadTask | None = None  # phase 0
+    rows_path: Path | None = None  # later phases: the previous phase's rows
+    decision_path: Path | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.work_dir / f"phase-{self.phase.index}" / f"task-{self.task:05d}"
+
+
+def stage_id(index: int, kind: str) -> str:
+    return f"{index + 1:02d}.{kind}"
+
+
+def build_stages(job: Job, work_dir: Path) -> list[Stage]:
+    """Instantiate the job's stages with their contexts."""
+    stages = []
+    for i, spec in enumerate(job.stages):
+        sid = stage_id(i, spec.kind)
+        ctx = StageContext(stage_id=sid, job_name=job.job.name, output_dir=job.output_dir,
+                           plan_dir=work_dir / "plans" / sid, sources=job.declared_sources, seed=job.job.seed)
+        stages.append(stage_class(spec.kind)(spec.config, ctx))
+    return stages
+
+
+@dataclass(slots=True)
+class _Outputs:
+    """The files one task writes, opened lazily."""
+
+    spec: TaskSpec
+    tmp: Path
+    rows: pq.ParquetWriter | None = None
+    keys: pq.ParquetWriter | None = None
+    rejects: pq.ParquetWriter | None = None
+    shards: dict[str, ShardWriter] = field(default_factory=dict)
+    rows_written: int = 0
+    rejects_written: int = 0
+
+    def _writer(self, name: str, path: Path, df: pl.DataFrame, compression: str) -> pq.ParquetWriter:
+        writer = getattr(self, name)
+        table = df.to_arrow()
+        if writer is None:
+            writer = pq.ParquetWriter(path, table.schema, compression=compression)
+            setattr(self, name, writer)
+        writer.write_table(table.cast(writer.schema))
+        return writer
+
+    def write_rows(self, df: pl.DataFrame) -> None:
+        self._writer("rows", self.tmp / "rows.parquet", df, _INTERMEDIATE_COMPRESSION)
+        self.rows_written += df.height
+
+    def write_keys(self, df: pl.DataFrame) -> None:
+        self._writer("keys", self.tmp / "keys.parquet", df.with_columns(pl.lit(self.spec.task, pl.Int32).alias("_task")), "zstd")
+
+    def write_rejects(self, df: pl.DataFrame, sid: str) -> None:
+        if df.height:
+            self._writer("rejects", self.reject_tmp, normalize_rejects(df, sid), "zstd")
+            self.rejects_written += df.height
+
+    def write_shard_rows(self, df: pl.DataFrame) -> None:
+        split_col = df["split"] if "split" in df.columns else None
+        groups = {"train": df} if split_col is None else dict(
+            (k[0], g) for k, g in df.with_columns(pl.col("split").fill_null("train")).group_by("split", maintain_order=True)
+        )
+        for split, part in groups.items():
+            if split not in self.shards:
+                out = self.spec.job.output_dir / "shards" / split
+                self.shards[split] = ShardWriter(out, f"part-{self.spec.task:05d}", self.spec.job.output, split=split)
+            self.shards[split].write(part)
+
+    @property
+    def reject_name(self) -> str:
+        return f"p{self.spec.phase.index}-t{self.spec.task:05d}.parquet"
+
+    @property
+    def reject_tmp(self) -> Path:
+        folder = self.spec.job.output_dir / "rejects"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f".{self.reject_name}.tmp"
+
+
+def normalize_rejects(df: pl.DataFrame, sid: str) -> pl.DataFrame:
+    """One reject schema for every stage: core columns, reason, duplicate_of, stage, and ``extra`` (JSON)."""
+    extra_cols = [c for c in df.columns if c not in (*CORE_COLUMNS, "reason", "duplicate_of")]
+    extra = pl.struct(extra_cols).struct.json_encode() if extra_cols else pl.lit(None, dtype=pl.String)
+    return df.select(
+        *[pl.col(c).cast(pl.String) for c in CORE_COLUMNS], pl.col("reason").cast(pl.String),
+        pl.col("duplicate_of").cast(pl.String), pl.lit(sid).alias("stage"), extra.alias("extra"),
+    )
+
+
+def _batches(spec: TaskSpec, stats: dict[str, StageStats], skipped: list[dict]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame | None]]:
+    """(rows, read rejects) per batch: from the read task in phase 0, else from the previous phase."""
+    batch_rows = spec.job.job.batch_rows
+    if spec.read is not None:
+        cfg = spec.job.inputs[spec.read.input_index]
+        try:
+            for rb in read_task(cfg, spec.read, batch_rows):
+                yield rb.rows, rb.rejects
+        except InputError as err:
+            if spec.job.job.on_error != "skip":
+                raise
+            skipped.append({"task": spec.read.label, "error": str(err)})
+        return
+    if spec.rows_path is not None and spec.rows_path.exists():
+        for batch in pq.ParquetFile(spec.rows_path).iter_batches(batch_size=batch_rows):
+            yield pl.from_arrow(batch), None
+
+
+def run_task(spec: TaskSpec) -> dict[str, Any]:
+    """Run one map task to completion (or skip it if its folder is already in place)."""
+    final = spec.folder
+    if final.exists():
+        return json.loads((final / "stats.json").read_text())
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    stages = build_stages(spec.job, spec.work_dir)
+    phase = spec.phase
+    decision = pl.read_parquet(spec.decision_path) if spec.decision_path and spec.decision_path.exists() else None
+    chain = ([phase.apply] if phase.apply is not None else []) + list(phase.stages)
+    stats: dict[str, StageStats] = {}
+    skipped: list[dict] = []
+    out = _Outputs(spec, tmp)
+    for rows, read_rejects in _batches(spec, stats, skipped):
+        if read_rejects is not None:
+            read = stats.setdefault(READ_STAGE_ID, StageStats())
+            read.add_batch(pl.concat([rows.select("source"), read_rejects.select("source")]), rows, read_rejects, 0)
+            out.write_rejects(read_rejects, READ_STAGE_ID)
+        batch = rows
+        for i in chain:
+            if not batch.height:
+                break
+            batch = _apply(stages[i], batch, decision if i == phase.apply else None, stats, out)
+        if phase.collect is not None and batch.height:
+            stage = stages[phase.collect]
+            t0 = time.perf_counter()
+            out.write_keys(stage.collect(batch))  # type: ignore[attr-defined]
+            stats.setdefault(stage.ctx.stage_id, StageStats()).seconds += time.perf_counter() - t0
+        if not batch.height:
+            continue
+        if phase.final and not spec.ordered:
+            out.write_shard_rows(batch)
+        elif phase.final and "split" in batch.columns:
+            is_val = pl.col("split") == "val"
+            out.write_shard_rows(batch.filter(is_val))
+            out.write_rows(batch.filter(~is_val))
+        else:
+            out.write_rows(batch)
+    return _finish(spec, out, stats, skipped, final)
+
+
+def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, stats: dict[str, StageStats],
+           out: _Outputs) -> pl.DataFrame:
+    sid = stage.ctx.stage_id
+    t0 = time.perf_counter()
+    result = stage.apply(batch, decision) if isinstance(stage, Barrier) else stage.apply(batch)
+    elapsed = time.perf_counter() - t0
+    kept, rejected = validate_rows(result.kept, where=sid), result.rejected
+    if batch.height + result.repeats != kept.height + rejected.height:
+        raise StageError(
+            f"stage {sid} lost rows: {batch.height} in + {result.repeats} repeats != "
+            f"{kept.height} kept + {rejected.height} rejected; a stage must keep or reject every row"
+        )
+    if rejected.height:
+        bad = set(rejected["reason"].unique().to_list()) - set(stage.reasons)
+        if bad:
+            raise StageError(f"stage {sid} gave reason(s) {sorted(map(str, bad))} not declared in {type(stage).__name__}.reasons")
+    s = stats.setdefault(sid, StageStats())
+    s.add_batch(batch, kept, rejected, result.repeats)
+    s.seconds += elapsed
+    s.counters.update(result.counters)
+    out.write_rejects(rejected, sid)
+    return kept
+
+
+def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped: list[dict], final: Path) -> dict[str, Any]:
+    for name in ("rows", "keys", "rejects"):
+        if getattr(out, name) is not None:
+            getattr(out, name).close()
+    shards = []
+    for split in sorted(out.shards):
+        shards.extend(out.shards[split].close())
+    if out.rows is not None and spec.phase.final:
+        # Ordered output: sort this task's train rows by ``order`` so the write phase can read
+        # each shard's range with row-group pruning instead of scanning every task's rows.
+        unsorted = out.tmp / "rows.parquet"
+        pl.scan_parquet(unsorted).sort("order").sink_parquet(out.tmp / "sorted.parquet", row_group_size=4096,
+                                                              compression=_INTERMEDIATE_COMPRESSION)
+        unsorted.unlink()
+    rejects = []
+    if out.rejects is not None:
+        os.replace(out.reject_tmp, out.reject_tmp.with_name(out.reject_name))
+        rejects.append({"path": f"rejects/{out.reject_name}", "rows": out.rejects_written})
+    result = {
+        "stats": {k: v.to_json() for k, v in stats.items()},
+        "shards": [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in shards],
+        "rejects": rejects,
+        "skipped_files": skipped,
+        "rows_written": out.rows_written,
+    }
+    (out.tmp / "stats.json").write_text(json.dumps(result))
+    os.replace(out.tmp, final)
+    return result

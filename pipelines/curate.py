@@ -1,0 +1,43 @@
+"""``winnow curate JOB.toml``: run a curation job and print what happened to the rows."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from curate.pipeline import run_job
+from pipelines.jobfile import load_job
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("curate", help="run a job's curation stages and write shards")
+    p.add_argument("job", type=Path, help="the job file (TOML)")
+    p.add_argument("--output", help="output folder (overrides [job] output)")
+    p.add_argument("--workers", type=int, help="local worker processes (overrides [job] workers)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.job, output=args.output, workers=args.workers)
+    manifest = run_job(job, progress=not args.quiet)
+    print(summary_table(manifest))
+    print(f"\nshards:   {Path(job.job.output) / 'shards'}")
+    print(f"rejects:  {Path(job.job.output) / 'rejects'}")
+    print(f"manifest: {Path(job.job.output) / 'manifest.json'}")
+    return 0
+
+
+def summary_table(manifest: dict[str, Any]) -> str:
+    """Rows per stage and rejects by reason, as a plain-text table."""
+    lines = [f"{'stage':<28}{'in':>10}{'out':>10}{'rejected':>10}{'seconds':>9}"]
+    for st in manifest["stages"]:
+        lines.append(f"{st['id']:<28}{st['rows_in']:>10}{st['rows_out']:>10}{st['rows_rejected']:>10}{st['seconds']:>9.2f}")
+        for reason, n in st["rejected"].items():
+            lines.append(f"    {reason:<44}{n:>10}")
+    t = manifest["totals"]
+    lines.append(
+        f"total: {t['rows_read']} read, {t['rows_written']} written ({t['repeats']} repeats), "
+        f"{t['rows_rejected']} rejected, {t['seconds']:.1f} s"
+    )
+    return "\n".join(lines)
