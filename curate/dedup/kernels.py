@@ -1,0 +1,176 @@
+"""Compiled hashing kernels over Arrow string buffers: 128-bit document hashes and shingles.
+
+Every kernel takes the column's ``offsets`` (int64[n+1]) and ``data`` (uint8) buffers,
+so a batch is hashed in one call with no per-document Python. All arithmetic is on
+uint64 and wraps modulo 2**64, as the hash definitions expect.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_U64 = np.uint64
+_C1 = np.uint64(0x87C37B91114253D5)
+_C2 = np.uint64(0x4CF5AD432745937F)
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # golden ratio: spreads each word before the next is mixed in
+
+
+@njit(inline="always")
+def rotl64(x, r):
+    return (x << _U64(r)) | (x >> _U64(64 - r))
+
+
+@njit(inline="always")
+def fmix64(k):
+    """MurmurHash3's finalizer: a bijection on uint64 whose output bits each depend on every input bit."""
+    k ^= k >> _U64(33)
+    k *= _U64(0xFF51AFD7ED558CCD)
+    k ^= k >> _U64(33)
+    k *= _U64(0xC4CEB9FE1A85EC53)
+    k ^= k >> _U64(33)
+    return k
+
+
+@njit(inline="always")
+def _load64(data, p):
+    v = _U64(0)
+    for j in range(8):
+        v |= _U64(data[p + j]) << _U64(8 * j)
+    return v
+
+
+@njit(cache=True)
+def murmur3_128(data, start, end, seed):
+    """MurmurHash3 x64_128 of ``data[start:end]`` as two uint64 halves."""
+    n = end - start
+    h1 = _U64(seed)
+    h2 = _U64(seed)
+    nblocks = n // 16
+    for i in range(nblocks):
+        p = start + 16 * i
+        k1 = _load64(data, p) * _C1
+        k1 = rotl64(k1, 31) * _C2
+        h1 ^= k1
+        h1 = (rotl64(h1, 27) + h2) * _U64(5) + _U64(0x52DCE729)
+        k2 = _load64(data, p + 8) * _C2
+        k2 = rotl64(k2, 33) * _C1
+        h2 ^= k2
+        h2 = (rotl64(h2, 31) + h1) * _U64(5) + _U64(0x38495AB5)
+    p = start + 16 * nblocks
+    rem = n & 15
+    k1 = _U64(0)
+    k2 = _U64(0)
+    for j in range(8, rem):
+        k2 ^= _U64(data[p + j]) << _U64(8 * (j - 8))
+    if rem > 8:
+        k2 = rotl64(k2 * _C2, 33) * _C1
+        h2 ^= k2
+    for j in range(min(rem, 8)):
+        k1 ^= _U64(data[p + j]) << _U64(8 * j)
+    if rem > 0:
+        k1 = rotl64(k1 * _C1, 31) * _C2
+        h1 ^= k1
+    h1 ^= _U64(n)
+    h2 ^= _U64(n)
+    h1 += h2
+    h2 += h1
+    h1 = fmix64(h1)
+    h2 = fmix64(h2)
+    h1 += h2
+    h2 += h1
+    return h1, h2
+
+
+@njit(cache=True)
+def hash128_column(offsets, data, seed):
+    """MurmurHash3 x64_128 of every string: ``(hi uint64[n], lo uint64[n])``."""
+    n = offsets.shape[0] - 1
+    hi = np.empty(n, dtype=np.uint64)
+    lo = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        hi[i], lo[i] = murmur3_128(data, offsets[i], offsets[i + 1], seed)
+    return hi, lo
+
+
+@njit(inline="always")
+def _hash_bytes(data, start, end):
+    # FNV-1a over the bytes, then fmix64 so that short words still fill all 64 bits.
+    h = _FNV_OFFSET
+    for p in range(start, end):
+        h ^= _U64(data[p])
+        h *= _FNV_PRIME
+    return fmix64(h)
+
+
+@njit(cache=True)
+def count_shingles(offsets, data, ngram, chars):
+    """How many shingles each document has: ``max(units - ngram + 1, 1)``, or 0 for no units.
+
+    Units are words (runs of bytes above ASCII space) or, with ``chars``, code points.
+    """
+    n = offsets.shape[0] - 1
+    out = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        units = 0
+        in_word = False
+        for p in range(offsets[i], offsets[i + 1]):
+            b = data[p]
+            if chars:
+                units += (b & 0xC0) != 0x80
+            elif b > 32:
+                units += not in_word
+                in_word = True
+            else:
+                in_word = False
+        if units > 0:
+            out[i] = max(units - ngram + 1, 1)
+    return out
+
+
+@njit(cache=True)
+def doc_shingles(data, start, end, ngram, chars, buf, starts):
+    """Write the 64-bit shingle hashes of ``data[start:end]`` into ``buf``; return how many.
+
+    ``buf`` and ``starts`` are scratch arrays at least as long as the document has units
+    (plus one); documents with fewer than ``ngram`` units give one shingle of all of them.
+    """
+    units = 0
+    in_word = False
+    for p in range(start, end):
+        b = data[p]
+        if chars:
+            if (b & 0xC0) != 0x80:
+                starts[units] = p
+                units += 1
+        elif b > 32:
+            if not in_word:
+                starts[units] = p
+                units += 1
+            in_word = True
+        else:
+            if in_word:
+                buf[units - 1] = _hash_bytes(data, starts[units - 1], p)
+            in_word = False
+    if units == 0:
+        return 0
+    starts[units] = end
+    if chars:
+        count = max(units - ngram + 1, 1)
+        for i in range(count):
+            buf[i] = _hash_bytes(data, starts[i], starts[min(i + ngram, units)])
+        return count
+    if in_word:
+        buf[units - 1] = _hash_bytes(data, starts[units - 1], end)
+    count = max(units - ngram + 1, 1)
+    width = min(ngram, units)
+    # In place: shingle i only needs words i..i+width-1, all still unwritten.
+    for i in range(count):
+        h = _U64(ngram)
+        for j in range(width):
+            h = rotl64(h, 23) ^ buf[i + j]
+            h *= _SHINGLE_MUL
+        buf[i] = fmix64(h)
+    return count

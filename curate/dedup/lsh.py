@@ -1,0 +1,76 @@
+"""LSH banding: choosing bands x rows, and turning band keys into candidate pairs by sorting.
+
+Candidate pairs come from one band at a time: the band's keys (one uint64 per document) are
+sorted with polars together with the document index, and every document in a run of equal
+keys is paired with the run's first document and with its predecessor. That is linear in
+the run length (an all-identical corpus gives 2 pairs per document per band, not n**2), and
+the star plus chain keeps each run connected even when the exact check rejects some pairs.
+Pairs are packed as ``a << 32 | b`` (``a < b``) and kept sorted and unique across bands.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from numba import njit
+
+from curate.errors import ConfigError
+
+
+def choose_bands(threshold: float, num_perm: int, *, fp_weight: float = 0.5, fn_weight: float = 0.5) -> tuple[int, int]:
+    """``(bands, rows)`` minimizing the weighted false-positive and false-negative areas at ``threshold``."""
+    from datasketch.lsh import _optimal_param
+
+    if not 0.0 < threshold < 1.0:
+        raise ConfigError(f"LSH threshold must be in (0, 1), got {threshold}")
+    bands, rows = _optimal_param(threshold, num_perm, fp_weight, fn_weight)
+    return int(bands), int(rows)
+
+
+def candidate_probability(similarity: float | np.ndarray, bands: int, rows: int):
+    """Probability that two documents of Jaccard ``similarity`` share at least one band."""
+    return 1.0 - (1.0 - np.asarray(similarity, dtype=np.float64) ** rows) ** bands
+
+
+@njit(cache=True)
+def _run_pairs(keys, docs):
+    n = keys.shape[0]
+    out = np.empty(2 * n, dtype=np.uint64)
+    m = 0
+    first = 0
+    for i in range(1, n):
+        if keys[i] != keys[i - 1]:
+            first = i
+            continue
+        out[m] = (np.uint64(docs[first]) << np.uint64(32)) | np.uint64(docs[i])
+        m += 1
+        if i - 1 != first:
+            out[m] = (np.uint64(docs[i - 1]) << np.uint64(32)) | np.uint64(docs[i])
+            m += 1
+    return out[:m]
+
+
+def band_pairs(keys: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Sorted unique packed pairs of documents sharing a key (``keys`` uint64, ``docs`` uint32, aligned)."""
+    frame = pl.DataFrame({"k": keys, "d": docs}).sort("k", "d")
+    pairs = _run_pairs(frame["k"].to_numpy(), frame["d"].to_numpy())
+    return np.unique(pairs)
+
+
+def lsh_pairs(keys: pl.LazyFrame, band_columns: list[str], docs: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """Candidate pairs over every band column of ``keys`` (read one column at a time).
+
+    ``docs`` are the document indices of ``keys``' rows, ``usable`` masks out rows that must
+    never pair (documents without shingles).
+    """
+    pairs = np.zeros(0, dtype=np.uint64)
+    for column in band_columns:
+        band = keys.select(column).collect()[column].to_numpy()
+        found = band_pairs(band[usable], docs[usable])
+        pairs = np.union1d(pairs, found) if len(pairs) else found
+    return pairs
+
+
+def unpack_pairs(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, b)`` uint32 document indices of packed pairs."""
+    return (pairs >> np.uint64(32)).astype(np.uint32), (pairs & np.uint64(0xFFFFFFFF)).astype(np.uint32)

@@ -1,0 +1,165 @@
+"""MinHash signatures, LSH band keys and shingle sets for whole batches, in one compiled pass.
+
+Two signature schemes over the same 64-bit shingle hashes ``h``:
+
+* ``permutations``: slot ``p`` holds ``min(a_p * h + b_p mod 2**64)`` with odd ``a_p``, a
+  bijection per slot (the classic k-permutation MinHash; the inner loop over slots is
+  SIMD-friendly, so 128 slots cost about as much as hashing the shingle once).
+* ``oph``: one-permutation hashing: one mixed hash per shingle picks a bin and competes for
+  its minimum; empty bins are filled by optimal densification (Shrivastava, ICML 2017:
+  https://proceedings.mlr.press/v70/shrivastava17a.html), probing other bins in an order that
+  depends only on the bin, so equal sets still get equal signatures.
+
+Documents are processed in blocks (``block_bytes`` of text at a time) so that the scratch
+arrays and signature matrix stay bounded whatever the batch size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from curate.dedup.kernels import count_shingles, doc_shingles, fmix64, rotl64
+
+_U64 = np.uint64
+_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+_PROBE = np.uint64(0xD6E8FEB86659FD93)
+
+
+def slot_params(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-slot ``(a odd, b)`` uint64 parameters, a pure function of ``seed``."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
+    return a, b
+
+
+@njit(cache=True)
+def _signature(hashes, count, a, b, oph, sig, filled):
+    k = sig.shape[0]
+    sig[:] = _MAX
+    if not oph:
+        for i in range(count):
+            h = hashes[i]
+            for p in range(k):
+                v = a[p] * h + b[p]
+                if v < sig[p]:
+                    sig[p] = v
+        return
+    filled[:] = False
+    for i in range(count):
+        v = fmix64(hashes[i] ^ b[0])
+        j = v % _U64(k)
+        filled[j] = True
+        if v < sig[j]:
+            sig[j] = v
+    if count == 0:
+        return
+    for j in range(k):
+        if filled[j]:
+            continue
+        attempt = _U64(0)
+        while True:
+            attempt += _U64(1)
+            r = fmix64(_U64(j) * _PROBE + attempt) % _U64(k)
+            if filled[r]:
+                sig[j] = sig[r]
+                break
+
+
+@njit(cache=True)
+def _band_keys(sig, rows, bands, seed, out):
+    for bi in range(bands):
+        h = fmix64(_U64(seed) + _U64(bi))
+        for r in range(bi * rows, (bi + 1) * rows):
+            h = rotl64(h ^ sig[r], 29) * _U64(0x9E3779B97F4A7C15)
+        out[bi] = fmix64(h)
+
+
+@njit(cache=True)
+def sketch_block(offsets, data, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets):
+    """Signatures / band keys / sorted unique 32-bit shingle sets for every document of a block.
+
+    Returns ``(sigs [n, k] or [0, k], band_keys [n, bands], n_shingles [n], set_offsets [n+1], set_values)``.
+    """
+    n = offsets.shape[0] - 1
+    k = a.shape[0]
+    counts = count_shingles(offsets, data, ngram, chars)
+    longest = 1
+    for i in range(n):
+        longest = max(longest, offsets[i + 1] - offsets[i] + 1)
+    buf = np.empty(longest, dtype=np.uint64)
+    starts = np.empty(longest + 1, dtype=np.int64)
+    sig = np.empty(k, dtype=np.uint64)
+    filled = np.empty(k, dtype=np.bool_)
+    sigs = np.empty((n if want_sigs else 0, k), dtype=np.uint64)
+    keys = np.empty((n, bands), dtype=np.uint64)
+    set_offsets = np.zeros(n + 1, dtype=np.int64)
+    set_values = np.empty(counts.sum() if want_sets else 0, dtype=np.uint32)
+    cursor = 0
+    for i in range(n):
+        count = doc_shingles(data, offsets[i], offsets[i + 1], ngram, chars, buf, starts)
+        _signature(buf, count, a, b, oph, sig, filled)
+        if want_sigs:
+            sigs[i, :] = sig
+        _band_keys(sig, rows, bands, b[0], keys[i])
+        if want_sets and count > 0:
+            # The top 32 bits suffice for Jaccard: a false match needs a 2**-32 collision.
+            top = np.sort(buf[:count] >> _U64(32))
+            set_values[cursor] = top[0]
+            cursor += 1
+            for j in range(1, count):
+                if top[j] != top[j - 1]:
+                    set_values[cursor] = top[j]
+                    cursor += 1
+        set_offsets[i + 1] = cursor
+    return sigs, keys, counts, set_offsets, set_values[:cursor]
+
+
+@dataclass(slots=True)
+class Sketch:
+    """What ``sketch_texts`` computes for a batch (arrays aligned with its rows)."""
+
+    signatures: np.ndarray | None  # uint64 [n, num_perm]
+    band_keys: np.ndarray  # uint64 [n, bands]
+    n_shingles: np.ndarray  # int64 [n]; 0 for documents without a word (never near-duplicates)
+    set_offsets: np.ndarray | None  # int64 [n+1] into set_values
+    set_values: np.ndarray | None  # uint32, each document's sorted unique shingle hashes (top 32 bits)
+
+
+def sketch_buffers(
+    offsets: np.ndarray,
+    data: np.ndarray,
+    *,
+    ngram: int,
+    chars: bool,
+    num_perm: int,
+    scheme: str,
+    seed: int,
+    bands: int,
+    rows: int,
+    want_signatures: bool,
+    want_sets: bool,
+    block_bytes: int = 64 << 20,
+) -> Sketch:
+    """Sketch the strings described by Arrow ``offsets``/``data``, ``block_bytes`` of text at a time."""
+    a, b = slot_params(num_perm, seed)
+    n = len(offsets) - 1
+    parts, lo = [], 0
+    while True:
+        hi = int(np.searchsorted(offsets, offsets[lo] + block_bytes, side="right")) - 1
+        hi = min(max(hi, lo + 1), n)
+        parts.append(sketch_block(offsets[lo : hi + 1], data, ngram, chars, a, b, scheme == "oph", rows, bands, want_signatures, want_sets))
+        lo = hi
+        if lo >= n:
+            break
+    sigs = np.concatenate([p[0] for p in parts]) if want_signatures else None
+    set_offsets = set_values = None
+    if want_sets:
+        values = [p[4] for p in parts]
+        starts = np.cumsum([0] + [len(v) for v in values[:-1]])
+        set_offsets = np.concatenate([[0]] + [p[3][1:] + s for p, s in zip(parts, starts)]).astype(np.int64)
+        set_values = np.concatenate(values)
+    return Sketch(sigs, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]), set_offsets, set_values)
