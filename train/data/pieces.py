@@ -1,0 +1,94 @@
+"""The unit of work a loader worker produces: one shard's documents, tokenized, in pieces.
+
+A shard's *token stream* is its documents in file order (or shuffled within small windows,
+reseeded per epoch), each preceded by the end-of-document token, so the stream of a whole
+epoch reads ``EOS d0 EOS d1 ...``: the separator both ends the previous document and starts
+the next one. Pieces cut that stream at document boundaries every ``piece_rows`` documents;
+how it is cut never changes the stream, so neither the piece size nor the number of workers
+can change what the trainer sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from train.data.shards import ShardSet, read_shard
+from train.errors import ShardError
+
+NULL_SOURCE = "<null>"
+
+
+@dataclass(slots=True)
+class Piece:
+    """Consecutive documents of one shard, tokenized with their separators."""
+
+    epoch: int
+    shard: int
+    offset: int  # token offset of this piece within the shard's token stream
+    tokens: np.ndarray  # (N,) ids, EOS before each document
+    doc_lens: np.ndarray  # (D,) int64 tokens per document, its leading EOS included
+    rows: np.ndarray  # (D,) int64 row of each document in the shard file
+    source_codes: np.ndarray  # (D,) int32 index into source_names
+    source_names: list[str]
+
+
+@dataclass(slots=True)
+class ShardDone:
+    """End of a shard's pieces; ``error`` is set when the shard was bad and skipped."""
+
+    epoch: int
+    shard: int
+    error: str | None = None
+
+
+def window_order(n: int, window: int, seed: int, epoch: int, shard: int) -> np.ndarray | None:
+    """Row order with rows shuffled inside consecutive windows of ``window`` rows; None keeps file order."""
+    if window <= 1 or n <= 1:
+        return None
+    rng = np.random.default_rng([seed, epoch, shard])
+    # sorting by (window index, random key) permutes within windows only
+    return np.lexsort((rng.random(n), np.arange(n) // window))
+
+
+def with_separators(flat: np.ndarray, lens: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """``flat`` with ``eos`` inserted before each document, and the new lengths."""
+    out_lens = lens + 1
+    out = np.empty(len(flat) + len(lens), flat.dtype)
+    is_eos = np.zeros(len(out), bool)
+    is_eos[np.cumsum(out_lens) - out_lens] = True
+    out[is_eos] = eos
+    out[~is_eos] = flat
+    return out, out_lens
+
+
+def shard_pieces(shards: ShardSet, index: int, epoch: int, *, tokenizer, fmt: str, verify: bool,
+                 piece_rows: int, shuffle_window: int, seed: int, skip_bad: bool) -> Iterator[Piece | ShardDone]:
+    """Read, check and tokenize shard ``index`` for ``epoch``; ends with one ``ShardDone``."""
+    try:
+        table = read_shard(shards, index, fmt=fmt, verify=verify)
+    except ShardError as err:
+        if not skip_bad:
+            raise
+        yield ShardDone(epoch, index, str(err))
+        return
+    rows = np.arange(table.num_rows, dtype=np.int64)
+    order = window_order(table.num_rows, shuffle_window, seed, epoch, index)
+    if order is not None:
+        table, rows = table.take(pa.array(order)), rows[order]
+    encoded = table.column("source").combine_chunks().dictionary_encode()
+    names = [NULL_SOURCE if s is None else s for s in encoded.dictionary.to_pylist()]
+    codes = encoded.indices.fill_null(len(names)).to_numpy().astype(np.int32)
+    if encoded.indices.null_count:
+        names.append(NULL_SOURCE)
+    text, offset = table.column("text"), 0
+    for lo in range(0, table.num_rows, piece_rows):
+        hi = min(lo + piece_rows, table.num_rows)
+        flat, lens = tokenizer.encode_column(text.slice(lo, hi - lo))
+        tokens, doc_lens = with_separators(flat, lens, tokenizer.eos_id)
+        yield Piece(epoch, index, offset, tokens, doc_lens, rows[lo:hi], codes[lo:hi], names)
+        offset += len(tokens)
+    yield ShardDone(epoch, index)

@@ -1,0 +1,109 @@
+"""The shard format of DESIGN.md as the loader sees it: the manifest and one shard's rows.
+
+``open_shards`` reads ``manifest.json`` of a job folder (a local path or any fsspec URL such
+as ``s3://bucket/out/job``) and keeps the entries of one split and format, in manifest order:
+that order is the curriculum and the loader never reorders across it. ``read_shard`` fetches
+one shard whole, checks its sha256 and row count against the manifest, checks the columns,
+and returns an Arrow table; every failure is a ``ShardError`` naming the shard and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+
+import fsspec
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from train.data.tarshard import read_tar
+from train.errors import ShardError
+
+log = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("id", "source", "text")
+MANIFEST = "manifest.json"
+_FORMATS = {"parquet": "parquet", "webdataset": "webdataset"}
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One manifest entry: where the shard is and what the manifest promises about it."""
+
+    path: str  # relative to the job folder
+    rows: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(slots=True)
+class ShardSet:
+    """The shards of one split and format of a job folder, in read (curriculum) order."""
+
+    root: str
+    fs: fsspec.AbstractFileSystem
+    shards: list[ShardInfo]
+    sources: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+
+    def url(self, index: int) -> str:
+        return f"{self.root}/{self.shards[index].path}"
+
+
+def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None = None) -> ShardSet:
+    """Read ``<data>/manifest.json`` and keep the ``split`` shards in format ``fmt``."""
+    fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
+    root = root.rstrip("/")
+    where = f"{data}/{MANIFEST}"
+    try:
+        manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+    except FileNotFoundError as err:
+        raise ShardError(f"{where}: no manifest; `data` must be a job output folder written by `winnow curate`") from err
+    except orjson.JSONDecodeError as err:
+        raise ShardError(f"{where}: manifest is not valid JSON: {err}") from err
+    entries = manifest.get("shards")
+    if not isinstance(entries, list):
+        raise ShardError(f"{where}: manifest has no 'shards' list")
+    shards = [
+        ShardInfo(path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"))
+        for e in entries
+        if e.get("split", "train") == split and e.get("format") == _FORMATS[fmt]
+    ]
+    if not shards:
+        raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
+    digest = hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+    prefix = "" if protocol in ("file", "local") else f"{protocol}://"
+    return ShardSet(root=prefix + root, fs=fs, shards=shards, sources=list(manifest.get("sources") or []), fingerprint=digest)
+
+
+def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa.Table:
+    """The rows of shard ``index`` (``id``, ``source``, ``text``, ...), checked against the manifest."""
+    info, url = shard_set.shards[index], shard_set.url(index)
+    try:
+        buf = shard_set.fs.cat_file(url)
+    except FileNotFoundError as err:
+        raise ShardError(f"shard {url}: missing (listed in the manifest but not found)") from err
+    except OSError as err:
+        raise ShardError(f"shard {url}: cannot be read: {err}") from err
+    if verify and info.sha256:
+        digest = hashlib.sha256(buf).hexdigest()
+        if digest != info.sha256:
+            raise ShardError(f"shard {url}: checksum mismatch: sha256 is {digest}, the manifest says {info.sha256}")
+    if fmt == "parquet":
+        try:
+            table = pq.read_table(pa.BufferReader(buf))
+        except (pa.ArrowException, OSError) as err:
+            raise ShardError(f"shard {url}: not a readable Parquet file (truncated or corrupt?): {err}") from err
+    else:
+        table = read_tar(buf, f"shard {url}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ShardError(f"shard {url}: wrong columns: lacks {missing}; has {table.column_names}")
+    for c in REQUIRED_COLUMNS:
+        if not (pa.types.is_string(table.schema.field(c).type) or pa.types.is_large_string(table.schema.field(c).type)):
+            raise ShardError(f"shard {url}: wrong columns: {c!r} has type {table.schema.field(c).type}, expected string")
+    if info.rows is not None and table.num_rows != info.rows:
+        raise ShardError(f"shard {url}: has {table.num_rows} rows, the manifest says {info.rows} (truncated or replaced?)")
+    return table
