@@ -1,0 +1,137 @@
+"""``split``: hold out a validation set per source, chosen by a hash of the row id.
+
+A row is held out when the hash of its id falls in the lowest part of the hash range:
+below ``fraction`` of it (row-local), or among the ``rows`` smallest hashes of its source
+(a count needs a global view, so ``Split`` then runs as a barrier). The choice depends on
+nothing but the id and ``seed``: it is stable across re-runs, across changes to other
+sources, and a smaller held-out set is always a subset of a larger one. The ``split``
+column (``train`` / ``val``) routes rows to ``shards/train`` and ``shards/val``;
+``mix`` and ``order`` pass ``val`` rows through untouched, so every source keeps its own
+held-out set for the trainer's per-source held-out loss.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from curate.errors import ConfigError, StageError
+from curate.schema import empty_rejects
+from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageContext, StageOutput
+from curate.stages.mixing.hashing import hash_strings, seed_key
+
+log = logging.getLogger(__name__)
+
+_MAX = float(2**64)
+
+
+@dataclass(kw_only=True, slots=True)
+class SplitConfig(StageConfig):
+    """Per source, the first of these that names it wins: ``val_rows_by_source``,
+    ``val_fraction_by_source``, ``val_rows``, ``val_fraction``."""
+
+    val_fraction: float = 0.01
+    val_rows: int | None = None  # a row count for every source instead of a fraction
+    val_fraction_by_source: dict[str, float] = field(default_factory=dict)
+    val_rows_by_source: dict[str, int] = field(default_factory=dict)
+    seed: int = 0  # changes which rows are held out; independent of the job seed on purpose
+
+    def __post_init__(self) -> None:
+        fractions = {"val_fraction": self.val_fraction} | {f"val_fraction_by_source.{k}": v for k, v in self.val_fraction_by_source.items()}
+        for key, v in fractions.items():
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{key} must be a fraction in [0, 1], got {v}")
+        counts = {"val_rows": self.val_rows} | {f"val_rows_by_source.{k}": v for k, v in self.val_rows_by_source.items()}
+        for key, v in counts.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{key} must be a row count >= 0, got {v!r}")
+
+    @property
+    def uses_counts(self) -> bool:
+        return self.val_rows is not None or bool(self.val_rows_by_source)
+
+    def fraction_for(self, source: str) -> float:
+        return self.val_fraction_by_source.get(source, self.val_fraction)
+
+    def rows_for(self, source: str) -> int | None:
+        """The held-out row count for ``source``, or None when a fraction applies."""
+        if source in self.val_rows_by_source:
+            return self.val_rows_by_source[source]
+        return None if source in self.val_fraction_by_source else self.val_rows
+
+
+class Split(Stage):
+    """Marks each row ``train`` or ``val`` by the hash of its id (row-local when only fractions are set)."""
+
+    kind = "split"
+    Config = SplitConfig
+    reasons = ()
+    config: SplitConfig
+
+    def __new__(cls, config: SplitConfig, ctx: StageContext):
+        # Counts need the k smallest hashes of each source: the same stage, as a barrier.
+        # (Like pathlib.Path, the class picks its concrete subclass from its arguments.)
+        if cls is Split and config.uses_counts:
+            cls = SplitByCount
+        return super().__new__(cls)
+
+    def _hashes(self, ids: pl.Series) -> np.ndarray:
+        return hash_strings(ids, seed_key("split", self.config.seed))
+
+    def _fraction_val(self, batch: pl.DataFrame, h: np.ndarray) -> np.ndarray:
+        """Held out by fraction: the hash lies in the lowest ``fraction`` of the range."""
+        sources = batch["source"]
+        names = sources.unique().to_list()
+        limit = sources.replace_strict(names, [self.config.fraction_for(n) * _MAX for n in names], return_dtype=pl.Float64)
+        return h.astype(np.float64) < limit.to_numpy()
+
+    def _mark(self, batch: pl.DataFrame, is_val: np.ndarray) -> StageOutput:
+        if "split" in batch.columns:
+            log.warning("%s: rows already carry a split column; it is replaced", self.ctx.stage_id)
+        split = pl.Series("split", np.where(is_val, "val", "train"), dtype=pl.String)
+        out = batch.with_columns(split)
+        counts = out.group_by("source", "split").len()
+        counters = {f"{row['split']}_rows/{row['source']}": float(row["len"]) for row in counts.iter_rows(named=True)}
+        return StageOutput(out, empty_rejects(out), counters=counters)
+
+    def apply(self, batch: pl.DataFrame) -> StageOutput:
+        return self._mark(batch, self._fraction_val(batch, self._hashes(batch["id"])))
+
+
+class SplitByCount(Split, Barrier):
+    """``split`` with row counts: collect each row's id hash, hold out the smallest per source."""
+
+    def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
+        return batch.select("id", "source").with_columns(pl.Series("_h", self._hashes(batch["id"]), dtype=pl.UInt64))
+
+    def plan(self, keys: pl.LazyFrame) -> Plan:
+        df = keys.select("id", "source", "_h", "_task").collect()
+        names = sorted(df["source"].unique().to_list())
+        rows = {n: self.config.rows_for(n) for n in names}
+        frac = {n: self.config.fraction_for(n) * _MAX for n in names}
+        # Rank ties (equal hashes mean equal ids) fall back to the id so the plan is order-free.
+        rank = pl.struct("_h", "id").rank("ordinal").over("source") - 1
+        by_count = pl.col("source").replace_strict(rows, default=None, return_dtype=pl.Int64)
+        by_frac = pl.col("_h").cast(pl.Float64) < pl.col("source").replace_strict(frac, return_dtype=pl.Float64)
+        is_val = pl.when(by_count.is_not_null()).then(rank < by_count).otherwise(by_frac)
+        df = df.with_columns(is_val.alias("_val"))
+        per_source = df.group_by("source").agg(pl.len().alias("rows"), pl.col("_val").sum().alias("val_rows")).sort("source")
+        report = {
+            r["source"]: {"rows": r["rows"], "val_rows": r["val_rows"], "rule": "rows" if rows[r["source"]] is not None else "fraction"}
+            for r in per_source.iter_rows(named=True)
+        }
+        short = [s for s, r in report.items() if rows[s] is not None and r["val_rows"] < rows[s]]
+        if short:
+            log.warning("%s: sources %s have fewer rows than their val_rows; all of them are held out", self.ctx.stage_id, short)
+        decision = df.filter("_val").select("id", "_task")
+        return Plan(decision, {"sources": report})
+
+    def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
+        if decision is None:  # a task none of whose rows was held out
+            return self._mark(batch, np.zeros(batch.height, dtype=bool))
+        if "id" not in decision.columns:
+            raise StageError(f"{self.ctx.stage_id}: the split decision lacks the id column; re-run the plan")
+        return self._mark(batch, batch["id"].is_in(decision["id"]).to_numpy())
