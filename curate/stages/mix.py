@@ -1,0 +1,195 @@
+"""``mix``: the training mixture, as target token shares per source.
+
+``collect`` keeps per training row its id, source, a token estimate (UTF-8 bytes /
+``bytes_per_token``, or a count with a ``tokenizers`` JSON file), a stable hash of the id
+salted by (seed, source), and the score when selection is quality-aware. ``plan`` turns the
+scheme (explicit weights, temperature, UniMax) and the token budget into target tokens per
+source and then into a copy count per row (``mixing.selection``): down-sampling drops rows
+without replacement (``mix:not_selected``), up-sampling repeats whole passes plus one
+partial pass, never more than ``ceil(max_epochs)`` copies of a document. Each source's
+random stream depends only on its own rows, the seed and its name, so adding a source does
+not reshuffle the others. ``apply`` emits the copies with a ``repeat`` column (0 for the
+first copy). ``val`` rows pass through untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import polars as pl
+
+from curate.errors import ConfigError, StageError, require
+from curate.schema import make_rejects
+from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
+from curate.stages.mixing.arrays import group_indices
+from curate.stages.mixing.hashing import hash_strings, source_salts, to_unit
+from curate.stages.mixing.selection import SELECTIONS, preference_order, repeat_counts
+from curate.stages.mixing.weights import SCHEMES, plan_targets
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_SCORE = {"top": "quality", "importance": "dsir_weight"}
+
+
+@dataclass(kw_only=True, slots=True)
+class MixConfig(StageConfig):
+    """Mixture scheme, token budget, epoch cap, token estimate and in-source selection."""
+
+    scheme: Literal["explicit", "temperature", "unimax"] | None = None  # default: explicit if weights else temperature
+    weights: dict[str, float] = field(default_factory=dict)  # explicit: source -> weight (normalized); absent = 0
+    temperature: float = 1.0  # temperature: p ∝ tokens^(1/T); 1 keeps natural proportions
+    max_epochs: float = 1.0  # passes over a source at most; a document gets at most ceil(max_epochs) copies
+    total_tokens: int | None = None  # default: the largest budget no source's cap forbids (unimax: all tokens)
+    bytes_per_token: float = 4.0
+    tokenizer: str | None = None  # a tokenizers JSON file: count tokens instead of estimating from bytes
+    select: Literal["random", "top", "importance"] = "random"
+    score_column: str | None = None  # default: quality (top), dsir_weight (importance: weights exp(score))
+    seed: int | None = None  # default: the job seed
+
+    def __post_init__(self) -> None:
+        if self.scheme is None:
+            self.scheme = "explicit" if self.weights else "temperature"
+        if self.scheme not in SCHEMES:
+            raise ConfigError(f"scheme must be one of {list(SCHEMES)}, got {self.scheme!r}")
+        if self.scheme == "explicit" and not any(w > 0 for w in self.weights.values()):
+            raise ConfigError(f"scheme 'explicit' needs weights with at least one positive value, got weights={self.weights}")
+        for name, w in self.weights.items():
+            if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+                raise ConfigError(f"weights.{name} must be a finite number >= 0, got {w!r}")
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if not self.max_epochs > 0:
+            raise ConfigError(f"max_epochs must be > 0, got {self.max_epochs}")
+        if self.total_tokens is not None and self.total_tokens < 1:
+            raise ConfigError(f"total_tokens must be >= 1, got {self.total_tokens}")
+        if not self.bytes_per_token > 0:
+            raise ConfigError(f"bytes_per_token must be > 0, got {self.bytes_per_token}")
+        if self.tokenizer is not None and not Path(self.tokenizer).is_file():
+            raise ConfigError(f"tokenizer must be a tokenizers JSON file, got {self.tokenizer!r} (no such file)")
+        if self.select not in SELECTIONS:
+            raise ConfigError(f"select must be one of {list(SELECTIONS)}, got {self.select!r}")
+        if self.select != "random" and self.score_column is None:
+            self.score_column = _DEFAULT_SCORE[self.select]
+
+    @property
+    def max_copies(self) -> int:
+        return math.ceil(self.max_epochs - 1e-9)
+
+
+class Mix(Barrier):
+    """Samples each source to its target token share of the training mixture."""
+
+    kind = "mix"
+    Config = MixConfig
+    reasons = ("mix:not_selected",)
+    config: MixConfig
+
+    def __init__(self, config: MixConfig, ctx: StageContext) -> None:
+        super().__init__(config, ctx)
+        self.seed = ctx.seed if config.seed is None else config.seed
+        self._tokenizer = None
+
+    # collect ---------------------------------------------------------------------------
+    def _tokens(self, text: pl.Series) -> pl.Series:
+        if self.config.tokenizer is None:
+            return (text.str.len_bytes() / self.config.bytes_per_token).ceil().cast(pl.Int32)
+        if self._tokenizer is None:
+            tokenizers = require("tokenizers", feature="mix with tokenizer=...")
+            self._tokenizer = tokenizers.Tokenizer.from_file(self.config.tokenizer)
+        encoded = self._tokenizer.encode_batch_fast(text.to_list(), add_special_tokens=False)
+        return pl.Series([len(e) for e in encoded], dtype=pl.Int32)
+
+    def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
+        if "repeat" in batch.columns:
+            raise StageError(f"{self.ctx.stage_id}: rows already carry a repeat column; a job may mix only once")
+        train = batch.filter(pl.col("split") != "val") if "split" in batch.columns else batch
+        salts = source_salts(train["source"], "mix", self.seed)
+        keys = train.select("id", "source").with_columns(
+            self._tokens(train["text"]).alias("_tokens"),
+            pl.Series("_h", hash_strings(train["id"], salts), dtype=pl.UInt64),
+        )
+        if self.config.score_column is not None:
+            col = self.config.score_column
+            if col not in train.columns:
+                raise StageError(f"{self.ctx.stage_id}: select={self.config.select!r} needs the column {col!r}; add a score stage before mix or set score_column")
+            keys = keys.with_columns(train[col].cast(pl.Float64).alias("_score"))
+        return keys
+
+    # plan ------------------------------------------------------------------------------
+    def plan(self, keys: pl.LazyFrame) -> Plan:
+        names = sorted(keys.select(pl.col("source").unique()).collect().to_series().to_list())
+        # Pass 1 reads the numbers only; the ids are read once the counts exist (pass 2).
+        cols = [pl.col("source").replace_strict(names, range(len(names)), return_dtype=pl.Int32).alias("_code"), "_tokens", "_h"]
+        if self.config.score_column is not None:
+            cols.append("_score")
+        df = keys.select(cols).collect()
+        codes = df["_code"].to_numpy()
+        tokens = df["_tokens"].to_numpy()
+        u = to_unit(df["_h"].to_numpy())
+        score = df["_score"].to_numpy() if "_score" in df.columns else None
+        del df
+        groups = group_indices(codes, len(names))
+        available = np.array([tokens[g].sum(dtype=np.int64) for g in groups], dtype=np.float64)
+        c = self.config
+        targets = plan_targets(
+            names, available, scheme=c.scheme, weights=c.weights, temperature=c.temperature, max_epochs=c.max_epochs, total_tokens=c.total_tokens
+        )
+        counts = np.zeros(len(codes), dtype=np.int32)
+        for s, g in enumerate(groups):
+            order = preference_order(u[g], None if score is None else score[g], c.select)
+            counts[g] = repeat_counts(tokens[g], order, targets.tokens[s], c.max_copies)
+        report = self._report(names, groups, tokens, counts, available, targets)
+        del u, score, codes
+        decision = keys.select("id", "_task").collect()
+        if decision.height != len(counts):
+            raise StageError(f"{self.ctx.stage_id}: the keys changed between two reads ({len(counts)} then {decision.height} rows)")
+        return Plan(decision.with_columns(pl.Series("_count", counts, dtype=pl.Int32)), report)
+
+    def _report(self, names, groups, tokens, counts, available, targets) -> dict:
+        realized = np.array([(tokens[g].astype(np.int64) * counts[g]).sum() for g in groups], dtype=np.float64)
+        total_target, total_realized = targets.tokens.sum(), realized.sum()
+        sources = {}
+        for s, (name, g) in enumerate(zip(names, groups)):
+            k = counts[g]
+            sources[name] = {
+                "available_rows": int(len(g)),
+                "available_tokens": int(available[s]),
+                "weight": float(targets.weights[s]),
+                "target_tokens": int(round(targets.tokens[s])),
+                "target_share": float(targets.tokens[s] / total_target) if total_target else 0.0,
+                "realized_tokens": int(realized[s]),
+                "realized_share": float(realized[s] / total_realized) if total_realized else 0.0,
+                "epochs": float(realized[s] / available[s]) if available[s] else 0.0,
+                "capped": bool(targets.capped[s]),
+                "rows_dropped": int((k == 0).sum()),
+                "rows_repeated": int((k > 1).sum()),
+                "copies_added": int(np.maximum(k - 1, 0).sum()),
+                "max_copies": int(k.max()) if len(k) else 0,
+            }
+        return {"scheme": self.config.scheme, "budget_tokens": int(round(targets.budget)), "realized_tokens": int(total_realized), "sources": sources}
+
+    # apply -----------------------------------------------------------------------------
+    def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
+        is_val = (pl.col("split") == "val").fill_null(False) if "split" in batch.columns else pl.lit(False)
+        if decision is None:
+            decision = pl.DataFrame(schema={"id": pl.String, "_count": pl.Int32})
+        df = batch.join(decision.select("id", "_count"), on="id", how="left", maintain_order="left")
+        df = df.with_columns(pl.when(is_val).then(pl.lit(1, pl.Int32)).otherwise(pl.col("_count")).alias("_count"))
+        missing = df.filter(pl.col("_count").is_null())
+        if missing.height:
+            raise StageError(f"{self.ctx.stage_id}: {missing.height} training rows (e.g. id {missing['id'][0]!r}) are not in the mix plan; re-run the plan")
+        counts = df["_count"].to_numpy()
+        rejected = make_rejects(df.filter(pl.col("_count") == 0).drop("_count"), "mix:not_selected")
+        take = np.repeat(np.arange(df.height), counts)
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        kept = df.drop("_count")[take].with_columns(pl.Series("repeat", np.arange(len(take)) - first, dtype=pl.Int32))
+        dropped = df.filter(pl.col("_count") == 0).group_by("source").len()
+        extra = df.filter(pl.col("_count") > 1).group_by("source").agg((pl.col("_count") - 1).sum())
+        counters = {f"rows_dropped/{s}": float(n) for s, n in dropped.iter_rows()}
+        counters |= {f"copies_added/{s}": float(n) for s, n in extra.iter_rows()}
+        return StageOutput(kept, rejected, repeats=int(np.maximum(counts - 1, 0).sum()), counters=counters)
