@@ -1,0 +1,132 @@
+"""``filter.gopher_repetition``: the MassiveText repetition rules (Rae et al. 2021, appendix A.1.1, table A1).
+
+Line and paragraph duplicates are counted with polars (group by document and segment
+hash); n-gram fractions come from the compiled kernels in ``curate.text.repetition``.
+Every fraction is over the document's characters, as in datatrove's
+``GopherRepetitionFilter``, whose segmentation (paragraphs split on ``\\n{2,}`` of the
+stripped text, lines on ``\\n+``) this mirrors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from curate.errors import ConfigError
+from curate.stages.filters.base import FilterConfig, RuleFilter
+from curate.text.repetition import duplicate_ngram_chars, top_ngram_chars
+from curate.text.words import per_row, segment_offsets, token_table
+
+#: Table A1 of Rae et al. 2021: top n-gram character fraction thresholds, n = 2..4.
+TOP_NGRAM_DEFAULTS = {"2": 0.20, "3": 0.18, "4": 0.16}
+#: Table A1 of Rae et al. 2021: duplicate n-gram character fraction thresholds, n = 5..10.
+DUP_NGRAM_DEFAULTS = {"5": 0.15, "6": 0.14, "7": 0.13, "8": 0.12, "9": 0.11, "10": 0.10}
+_HASH_SEED = 0x5EED
+
+
+@dataclass(kw_only=True, slots=True)
+class GopherRepetitionConfig(FilterConfig):
+    """Thresholds of Rae et al. 2021, table A1; ``None`` disables a rule, and an n-gram size left out of a table is not checked."""
+
+    reject_empty: bool = True  # datatrove rejects empty text before any ratio (there are no characters to divide by)
+    max_dup_line_frac: float | None = 0.30  # duplicate line fraction
+    max_dup_para_frac: float | None = 0.30  # duplicate paragraph fraction
+    max_dup_line_char_frac: float | None = 0.20  # duplicate line character fraction
+    max_dup_para_char_frac: float | None = 0.20  # duplicate paragraph character fraction
+    max_top_ngram_char_frac: dict[str, float] = field(default_factory=lambda: dict(TOP_NGRAM_DEFAULTS))
+    max_dup_ngram_char_frac: dict[str, float] = field(default_factory=lambda: dict(DUP_NGRAM_DEFAULTS))
+
+    def __post_init__(self) -> None:
+        for name in ("max_dup_line_frac", "max_dup_para_frac", "max_dup_line_char_frac", "max_dup_para_char_frac"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ConfigError(f"filter.gopher_repetition: {name} must be a fraction in [0, 1] or unset, got {v!r}")
+        for name, allowed in (("max_top_ngram_char_frac", range(2, 5)), ("max_dup_ngram_char_frac", range(5, 11))):
+            for n, v in getattr(self, name).items():
+                if not (n.isdigit() and int(n) in allowed):
+                    raise ConfigError(
+                        f"filter.gopher_repetition: {name} key {n!r} is not an n-gram size; allowed: "
+                        f"{', '.join(str(a) for a in allowed)}"
+                    )
+                if not 0.0 <= v <= 1.0:
+                    raise ConfigError(f"filter.gopher_repetition: {name}[{n!r}] must be a fraction in [0, 1], got {v!r}")
+
+
+def _segment_duplicates(text: pl.Series, segments: pl.Expr, prefix: str) -> pl.DataFrame:
+    """Per document: number of segments, duplicate segments and their characters (first occurrences excluded)."""
+    parts = (
+        pl.DataFrame({"text": text})
+        .select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), segments.alias("seg"))
+        .explode("seg")
+        .with_columns(pl.col("seg").hash(seed=_HASH_SEED).alias("h"), pl.col("seg").str.len_chars().alias("chars"))
+    )
+    groups = parts.group_by("row", "h").agg(pl.len().alias("n"), pl.col("chars").first())
+    dup = groups.group_by("row").agg(
+        pl.col("n").sum().alias(f"{prefix}s"),
+        (pl.col("n") - 1).sum().alias(f"{prefix}_dups"),
+        ((pl.col("n") - 1) * pl.col("chars")).sum().alias(f"{prefix}_dup_chars"),
+    )
+    return per_row(dup, len(text), {f"{prefix}s": 0, f"{prefix}_dups": 0, f"{prefix}_dup_chars": 0})
+
+
+def gopher_repetition_metrics(text: pl.Series, top_ns=(2, 3, 4), dup_ns=(5, 6, 7, 8, 9, 10)) -> pl.DataFrame:
+    """Gopher repetition fractions per document; null for empty documents and n-gram sizes longer than the document."""
+    t = pl.col("text")
+    paras = _segment_duplicates(text, t.str.strip_chars().str.split(r"\n{2,}", literal=False), "para")
+    lines = _segment_duplicates(text, t.str.split(r"\n+", literal=False), "line")
+    tokens = token_table(text, hash_seed=_HASH_SEED)
+    h, chars = tokens["h"].to_numpy(), tokens["chars"].to_numpy()
+    offsets = segment_offsets(tokens["row"].to_numpy(), len(text))
+    ngrams = {f"gopher_top_{n}gram_frac": top_ngram_chars(h, chars, offsets, n) for n in top_ns}
+    ngrams |= {f"gopher_dup_{n}gram_frac": duplicate_ngram_chars(h, chars, offsets, n) for n in dup_ns}
+    frame = pl.concat([pl.DataFrame({"text": text}), paras, lines, pl.DataFrame(ngrams)], how="horizontal")
+    n_chars = t.str.len_chars().cast(pl.Float64).replace(0.0, None)
+    return frame.select(
+        (pl.col("para_dups") / pl.col("paras").cast(pl.Float64).replace(0.0, None)).alias("gopher_dup_para_frac"),
+        (pl.col("para_dup_chars") / n_chars).alias("gopher_dup_para_char_frac"),
+        (pl.col("line_dups") / pl.col("lines").cast(pl.Float64).replace(0.0, None)).alias("gopher_dup_line_frac"),
+        (pl.col("line_dup_chars") / n_chars).alias("gopher_dup_line_char_frac"),
+        # top_ngram_chars is -1 when the document has fewer than n words: no such n-gram, no rule.
+        *[(pl.col(c).replace(-1, None) / n_chars).alias(c) for c in ngrams],
+    )
+
+
+class GopherRepetitionFilter(RuleFilter):
+    """Rejects documents that repeat lines, paragraphs or n-grams too much; the reason names the rule."""
+
+    kind = "filter.gopher_repetition"
+    Config = GopherRepetitionConfig
+    reasons = (
+        "filter:gopher_repetition_empty",
+        "filter:gopher_dup_para_frac",
+        "filter:gopher_dup_para_char_frac",
+        "filter:gopher_dup_line_frac",
+        "filter:gopher_dup_line_char_frac",
+        *(f"filter:gopher_top_{n}gram_frac" for n in range(2, 5)),
+        *(f"filter:gopher_dup_{n}gram_frac" for n in range(5, 11)),
+    )
+    config: GopherRepetitionConfig
+
+    def metrics(self, batch: pl.DataFrame) -> pl.DataFrame:
+        c = self.config
+        return gopher_repetition_metrics(
+            batch["text"],
+            top_ns=tuple(sorted(int(n) for n in c.max_top_ngram_char_frac)),
+            dup_ns=tuple(sorted(int(n) for n in c.max_dup_ngram_char_frac)),
+        )
+
+    def rules(self) -> list[tuple[str, pl.Expr]]:
+        c = self.config
+        thresholds = [  # datatrove's order: paragraphs, lines, top n-grams, duplicate n-grams
+            ("gopher_dup_para_frac", c.max_dup_para_frac),
+            ("gopher_dup_para_char_frac", c.max_dup_para_char_frac),
+            ("gopher_dup_line_frac", c.max_dup_line_frac),
+            ("gopher_dup_line_char_frac", c.max_dup_line_char_frac),
+            *((f"gopher_top_{n}gram_frac", c.max_top_ngram_char_frac[n]) for n in sorted(c.max_top_ngram_char_frac, key=int)),
+            *((f"gopher_dup_{n}gram_frac", c.max_dup_ngram_char_frac[n]) for n in sorted(c.max_dup_ngram_char_frac, key=int)),
+        ]
+        rules = [(f"filter:{name}", pl.col(name) > t) for name, t in thresholds if t is not None]
+        if c.reject_empty:
+            rules.insert(0, ("filter:gopher_repetition_empty", pl.col("text").str.len_bytes() == 0))
+        return rules
