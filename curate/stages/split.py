@@ -1,8 +1,8 @@
 """``split``: hold out a validation set per source, chosen by a hash of the row id.
 
 A row is held out when the hash of its id falls in the lowest part of the hash range:
-below ``fraction`` of it (row-local), or among the ``rows`` smallest hashes of its source
-(a count needs a global view, so ``Split`` then runs as a barrier). The choice depends on
+below ``fraction`` of it, or among the ``rows`` smallest hashes of its source (a count
+needs a global view, so ``Split`` is a barrier). The choice depends on
 nothing but the id and ``seed``: it is stable across re-runs, across changes to other
 sources, and a smaller held-out set is always a subset of a larger one. The ``split``
 column (``train`` / ``val``) routes rows to ``shards/train`` and ``shards/val``;
@@ -20,7 +20,7 @@ import polars as pl
 
 from curate.errors import ConfigError, StageError
 from curate.schema import empty_rejects
-from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageContext, StageOutput
+from curate.stages.base import Barrier, Plan, StageConfig, StageOutput
 from curate.stages.mixing.hashing import hash_strings, seed_key
 
 log = logging.getLogger(__name__)
@@ -63,46 +63,29 @@ class SplitConfig(StageConfig):
         return None if source in self.val_fraction_by_source else self.val_rows
 
 
-class Split(Stage):
-    """Marks each row ``train`` or ``val`` by the hash of its id (row-local when only fractions are set)."""
+class Split(Barrier):
+    """Marks each row ``train`` or ``val`` by the hash of its id.
+
+    A barrier because row counts need the k smallest hashes of each source; with fractions
+    only, the plan is the same rule the row-local fallback in ``apply`` uses, and it still
+    reports the held-out rows per source.
+    """
 
     kind = "split"
     Config = SplitConfig
     reasons = ()
     config: SplitConfig
 
-    def __new__(cls, config: SplitConfig, ctx: StageContext):
-        # Counts need the k smallest hashes of each source: the same stage, as a barrier.
-        # (Like pathlib.Path, the class picks its concrete subclass from its arguments.)
-        if cls is Split and config.uses_counts:
-            cls = SplitByCount
-        return super().__new__(cls)
-
     def _hashes(self, ids: pl.Series) -> np.ndarray:
         return hash_strings(ids, seed_key("split", self.config.seed))
-
-    def _fraction_val(self, batch: pl.DataFrame, h: np.ndarray) -> np.ndarray:
-        """Held out by fraction: the hash lies in the lowest ``fraction`` of the range."""
-        sources = batch["source"]
-        names = sources.unique().to_list()
-        limit = sources.replace_strict(names, [self.config.fraction_for(n) * _MAX for n in names], return_dtype=pl.Float64)
-        return h.astype(np.float64) < limit.to_numpy()
 
     def _mark(self, batch: pl.DataFrame, is_val: np.ndarray) -> StageOutput:
         if "split" in batch.columns:
             log.warning("%s: rows already carry a split column; it is replaced", self.ctx.stage_id)
-        split = pl.Series("split", np.where(is_val, "val", "train"), dtype=pl.String)
-        out = batch.with_columns(split)
+        out = batch.with_columns(pl.Series("split", np.where(is_val, "val", "train"), dtype=pl.String))
         counts = out.group_by("source", "split").len()
         counters = {f"{row['split']}_rows/{row['source']}": float(row["len"]) for row in counts.iter_rows(named=True)}
         return StageOutput(out, empty_rejects(out), counters=counters)
-
-    def apply(self, batch: pl.DataFrame) -> StageOutput:
-        return self._mark(batch, self._fraction_val(batch, self._hashes(batch["id"])))
-
-
-class SplitByCount(Split, Barrier):
-    """``split`` with row counts: collect each row's id hash, hold out the smallest per source."""
 
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
         return batch.select("id", "source").with_columns(pl.Series("_h", self._hashes(batch["id"]), dtype=pl.UInt64))
@@ -126,12 +109,15 @@ class SplitByCount(Split, Barrier):
         short = [s for s, r in report.items() if rows[s] is not None and r["val_rows"] < rows[s]]
         if short:
             log.warning("%s: sources %s have fewer rows than their val_rows; all of them are held out", self.ctx.stage_id, short)
-        decision = df.filter("_val").select("id", "_task")
-        return Plan(decision, {"sources": report})
+        return Plan(df.filter("_val").select("id", "_task"), {"sources": report})
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
-        if decision is None:  # a task none of whose rows was held out
-            return self._mark(batch, np.zeros(batch.height, dtype=bool))
-        if "id" not in decision.columns:
-            raise StageError(f"{self.ctx.stage_id}: the split decision lacks the id column; re-run the plan")
-        return self._mark(batch, batch["id"].is_in(decision["id"]).to_numpy())
+        """Mark the rows the plan held out; without a plan, only the fraction rule can be applied."""
+        if decision is not None:
+            return self._mark(batch, batch["id"].is_in(decision["id"].implode()).to_numpy())
+        if self.config.uses_counts:
+            raise StageError(f"{self.ctx.stage_id}: val_rows needs the global plan; run split through the pipeline (as a barrier)")
+        sources = batch["source"]
+        names = sources.unique().to_list()
+        limit = sources.replace_strict(names, [self.config.fraction_for(n) * _MAX for n in names], return_dtype=pl.Float64)
+        return self._mark(batch, self._hashes(batch["id"]).astype(np.float64) < limit.to_numpy())
