@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curate.config import InputConfig
-from curate.errors import require
+from curate.errors import InputError, require
 from curate.readers.files import InputFile, open_binary
 from curate.readers.rows import ReadBatch, RowBuffer, rows_from_arrow
 
@@ -45,7 +45,10 @@ def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[Read
             yield _convert(cfg, table, file.rel, offset)
             offset += table.num_rows
         return
-    loaded = datasets.load_from_disk(file.url)
+    try:
+        loaded = datasets.load_from_disk(file.url)
+    except (FileNotFoundError, ValueError) as err:
+        raise InputError(f"cannot open {file.url} as a saved Hugging Face dataset: {err}") from err
     splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
     for split, ds in splits:
         label = f"{file.rel}/{split}" if split else file.rel

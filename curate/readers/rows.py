@@ -95,7 +95,6 @@ def rows_from_arrow(
     n = df.height
     index = pl.int_range(row_offset, row_offset + n, dtype=pl.Int64, eager=False).alias("__row")
     df = df.with_columns(index)
-    where = pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"))
 
     def reject_all(reason: str, error: str) -> ReadBatch:
         payload = df.drop("__row").select(pl.struct(pl.all()).struct.json_encode().alias("_raw")) if df.width > 1 else None
@@ -104,7 +103,8 @@ def rows_from_arrow(
                 "id": [f"{file_label}#{i}" for i in range(row_offset, row_offset + n)],
                 "source": [source or ""] * n,
                 "text": payload["_raw"] if payload is not None else [""] * n,
-                "meta": df.select(pl.struct(where, pl.lit(error).alias("error")).struct.json_encode())
+                "meta": df.select(pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"),
+                                            pl.lit(error).alias("error")).struct.json_encode())
                 .to_series()
                 .to_list(),
                 "reason": [reason] * n,

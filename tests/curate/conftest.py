@@ -1,0 +1,46 @@
+"""Fixtures for curation tests: tiny job runner and the nothing-is-lost check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+
+def check_nothing_lost(out: Path, input_ids: set[str] | None = None) -> dict:
+    """Assert DESIGN.md contract 2 on a finished job folder; returns the manifest."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    for st in manifest["stages"]:
+        assert st["rows_in"] + st["repeats"] == st["rows_out"] + st["rows_rejected"], st["id"]
+    t = manifest["totals"]
+    assert t["rows_read"] + t["repeats"] == t["rows_written"] + t["rows_rejected"]
+    parquet = [out / s["path"] for s in manifest["shards"] if s["format"] == "parquet"]
+    kept = pl.concat([pl.read_parquet(p, columns=["id"]) for p in parquet])["id"] if parquet else pl.Series([], dtype=pl.String)
+    reject_files = sorted((out / "rejects").glob("*.parquet"))
+    rejected = pl.concat([pl.read_parquet(p, columns=["id"]) for p in reject_files])["id"] if reject_files else pl.Series([], dtype=pl.String)
+    assert kept.len() == t["rows_written"]
+    assert rejected.len() == t["rows_rejected"]
+    kept_ids, rejected_ids = set(kept.to_list()), set(rejected.to_list())
+    assert not kept_ids & rejected_ids, sorted(kept_ids & rejected_ids)[:5]
+    if input_ids is not None:
+        assert kept_ids | rejected_ids == input_ids
+    return manifest
+
+
+@pytest.fixture
+def nothing_lost():
+    return check_nothing_lost
+
+
+@pytest.fixture
+def write_job(tmp_path):
+    """Write a job file whose [job] output points into tmp_path; returns its path."""
+
+    def write(body: str, name: str = "t") -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'[job]\nname = "{name}"\noutput = "{tmp_path / "out" / name}"\n' + body)
+        return path
+
+    return write

@@ -1,0 +1,195 @@
+"""The runner: counts, nothing-is-lost, round trips, peers reading the outputs, errors and resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import polars as pl
+import pytest
+
+from curate.errors import InputError, StageError
+from curate.pipeline import run_job
+from curate.stages.filters.length import LengthFilter
+from pipelines.jobfile import load_job
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_inputs(tmp_path: Path, n_files: int = 3, per_file: int = 40) -> set[str]:
+    ids = set()
+    for f in range(n_files):
+        lines = []
+        for i in range(per_file):
+            doc_id = f"f{f}-{i}"
+            ids.add(doc_id)
+            lines.append(orjson.dumps({"id": doc_id, "text": " ".join(["word"] * (i % 12)), "k": i}))
+        (tmp_path / f"part{f}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return ids
+
+
+JOB = """
+workers = {workers}
+batch_rows = 16
+
+[[inputs]]
+source = "web"
+path = "{path}"
+
+[[stages]]
+kind = "filter.length"
+min_words = 3
+
+[output]
+shard_rows = 25
+"""
+
+
+def test_job_counts_every_row_and_loses_none(tmp_path, write_job, nothing_lost):
+    ids = make_inputs(tmp_path)
+    job = load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl")))
+    manifest = run_job(job, progress=False)
+    nothing_lost(job.output_dir, ids)
+    length = manifest["stages"][1]
+    assert length["id"] == "01.filter.length"
+    assert length["rejected"] == {"filter:length_min_words": 3 * 12}  # i % 12 < 3: 12 of each file's 40 docs
+    assert manifest["by_source"]["web"]["read"] == 120
+    assert manifest["config"]["resolved"]["stages"][0]["min_words"] == 3
+    assert {"polars", "pyarrow", "python"} <= set(manifest["packages"])
+    assert len(manifest["inputs"][0]["files"]) == 3 and manifest["inputs"][0]["files"][0]["bytes"] > 0
+
+
+def test_outputs_load_with_datasets_polars_and_webdataset(tmp_path, write_job):
+    import datasets
+    import webdataset as wds
+
+    make_inputs(tmp_path)
+    job = load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl")))
+    manifest = run_job(job, progress=False)
+    parquet = [str(job.output_dir / s["path"]) for s in manifest["shards"] if s["format"] == "parquet"]
+    tars = [str(job.output_dir / s["path"]) for s in manifest["shards"] if s["format"] == "webdataset"]
+    n = manifest["totals"]["rows_written"]
+    assert datasets.load_dataset("parquet", data_files=parquet, split="train").num_rows == n
+    assert pl.scan_parquet(parquet).select(pl.len()).collect().item() == n
+    assert sum(1 for _ in wds.WebDataset(tars, shardshuffle=False)) == n
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_round_trip_read_write_read_gives_same_rows(tmp_path, write_job, fmt):
+    make_inputs(tmp_path)
+    first = load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"), name="first"))
+    m1 = run_job(first, progress=False)
+    ext = "parquet" if fmt == "parquet" else "tar"
+    body = f"""
+[[inputs]]
+source_field = "source"
+path = "{first.output_dir}/shards/train/*.{ext}"
+format = "{fmt}"
+"""
+    second = load_job(write_job(body, name="second"))
+    m2 = run_job(second, progress=False)
+    read = lambda job, m: pl.concat([pl.read_parquet(job.output_dir / s["path"]) for s in m["shards"] if s["format"] == "parquet"])
+    assert read(first, m1).equals(read(second, m2))
+
+
+def test_multi_worker_run_matches_single_worker(tmp_path, write_job):
+    make_inputs(tmp_path, n_files=4)
+    one = run_job(load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"), name="one")), progress=False)
+    two = run_job(load_job(write_job(JOB.format(workers=2, path=tmp_path / "*.jsonl"), name="two")), progress=False)
+    assert [s["sha256"] for s in one["shards"]] == [s["sha256"] for s in two["shards"]]
+
+
+def test_stage_that_loses_rows_is_caught(tmp_path, write_job, monkeypatch):
+    make_inputs(tmp_path, n_files=1)
+    original = LengthFilter.apply
+
+    def lossy(self, batch):
+        out = original(self, batch)
+        out.kept = out.kept.head(max(out.kept.height - 1, 0))
+        return out
+
+    monkeypatch.setattr(LengthFilter, "apply", lossy)
+    with pytest.raises(StageError, match="01.filter.length lost rows"):
+        run_job(load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"))), progress=False)
+
+
+def test_undeclared_reason_is_caught(tmp_path, write_job, monkeypatch):
+    make_inputs(tmp_path, n_files=1)
+    original = LengthFilter.apply
+
+    def rogue(self, batch):
+        out = original(self, batch)
+        out.rejected = out.rejected.with_columns(pl.lit("filter:made_up").alias("reason"))
+        return out
+
+    monkeypatch.setattr(LengthFilter, "apply", rogue)
+    with pytest.raises(StageError, match="filter:made_up"):
+        run_job(load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"))), progress=False)
+
+
+def test_unopenable_input_is_an_error_or_skipped(tmp_path, write_job):
+    (tmp_path / "notadataset").mkdir()
+    (tmp_path / "notadataset" / "x.bin").write_bytes(b"junk")
+    body = f'on_error = "{{}}"\n[[inputs]]\nsource = "s"\npath = "{tmp_path / "notadataset"}"\nformat = "hf"\n'
+    with pytest.raises(InputError, match="notadataset"):
+        run_job(load_job(write_job(body.format("raise"), name="r")), progress=False)
+    manifest = run_job(load_job(write_job(body.format("skip"), name="s")), progress=False)
+    assert len(manifest["skipped_files"]) == 1 and "notadataset" in manifest["skipped_files"][0]["task"]
+    assert manifest["totals"]["rows_read"] == 0
+
+
+def test_crash_inside_a_task_then_rerun_gives_identical_shards(tmp_path, write_job, monkeypatch):
+    make_inputs(tmp_path, n_files=4)
+    reference = run_job(load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"), name="ref")), progress=False)
+    job = load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"), name="crash"))
+    original, calls = LengthFilter.apply, {"n": 0}
+
+    def crash_on_third_batch(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise RuntimeError("simulated crash")
+        return original(self, batch)
+
+    monkeypatch.setattr(LengthFilter, "apply", crash_on_third_batch)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_job(job, progress=False)
+    done = sorted(p.name for p in (job.output_dir / "_work" / "phase-0").iterdir())
+    assert "task-00000" in done and ".task-00002.tmp" in done  # finished task kept, the crashed one not in place
+    monkeypatch.setattr(LengthFilter, "apply", original)
+    resumed = run_job(job, progress=False)
+    assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in reference["shards"]]
+    assert resumed["totals"] == {**reference["totals"], "seconds": resumed["totals"]["seconds"]}
+
+
+@pytest.mark.slow
+def test_killed_worker_process_then_rerun_gives_identical_shards(tmp_path, write_job):
+    """SIGKILL the whole `winnow curate` process mid-job, re-run, compare with a clean run."""
+    for f in range(12):
+        lines = [orjson.dumps({"id": f"{f}-{i}", "text": "some words here " * (i % 9)}) for i in range(3000)]
+        (tmp_path / f"p{f:02d}.jsonl").write_bytes(b"\n".join(lines))
+    body = JOB.format(workers=2, path=tmp_path / "*.jsonl").replace("batch_rows = 16", "batch_rows = 500").replace("shard_rows = 25", "shard_rows = 1000")
+    ref = run_job(load_job(write_job(body, name="ref")), progress=False)
+    job_file = write_job(body, name="killed")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job_file)], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    work = tmp_path / "out" / "killed" / "_work" / "phase-0"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (work.exists() and any(p.name.startswith("task-") for p in work.iterdir())):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job_file)], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads((tmp_path / "out" / "killed" / "manifest.json").read_text())
+    assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in ref["shards"]]
+    for s in manifest["shards"]:
+        assert hashlib.sha256((tmp_path / "out" / "killed" / s["path"]).read_bytes()).hexdigest() == s["sha256"]
