@@ -1,0 +1,81 @@
+"""Job files: every mistake is an error naming the file, the table and the key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from curate.errors import ConfigError
+from pipelines.cli import main
+from pipelines.jobfile import build_config, load_job
+
+BASE = '[job]\nname = "t"\n[[inputs]]\nsource = "a"\npath = "x.jsonl"\n'
+
+
+@pytest.mark.parametrize("body,message", [
+    ('[[stages]]\nkind = "filter.length"\nmin_wrods = 3\n', r"t\.toml \[\[stages\]\] #1 \(filter\.length\): unknown key 'min_wrods' \(did you mean 'min_words'\?\)"),
+    ('[[stages]]\nkind = "filter.lenght"\n', r"unknown stage kind 'filter\.lenght' \(did you mean 'filter\.length'\?\)"),
+    ('[[stages]]\nmin_words = 3\n', r"\[\[stages\]\] #1: missing required key 'kind'"),
+    ('[[stages]]\nkind = "filter.length"\nmin_words = "3"\n', r"key 'min_words': .*'3'"),
+    ('[[stages]]\nkind = "filter.length"\nmin_chars = 9\nmax_chars = 2\n', r"min_chars \(9\) is greater than max_chars \(2\)"),
+    ('[output]\nformats = ["csv"]\n', r"\[output\]: formats must be"),
+    ('[outptu]\n', r"unknown table \[outptu\]"),
+])
+def test_bad_job_files_name_file_table_and_key(tmp_path, body, message):
+    path = tmp_path / "t.toml"
+    path.write_text(BASE + body)
+    with pytest.raises(ConfigError, match=message):
+        load_job(path)
+
+
+def test_bad_types_in_job_and_inputs(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text('[job]\nname = "t"\nworkers = "2"\n[[inputs]]\nsource = "a"\npath = "x"\n')
+    with pytest.raises(ConfigError, match=r"\[job\] key 'workers': expected an integer"):
+        load_job(path)
+    path.write_text('[job]\nname = "t"\n[[inputs]]\nsource = "a"\nsource_field = "s"\npath = "x"\n')
+    with pytest.raises(ConfigError, match=r"\[\[inputs\]\] #1: give exactly one of source"):
+        load_job(path)
+
+
+def test_invalid_toml_names_the_file(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text("[job\n")
+    with pytest.raises(ConfigError, match="t.toml: not valid TOML"):
+        load_job(path)
+
+
+@dataclass(kw_only=True, slots=True)
+class Inner:
+    depth: int = 2
+
+
+@dataclass(kw_only=True, slots=True)
+class Outer:
+    mode: Literal["a", "b"] = "a"
+    rate: float = 0.1
+    weights: dict[str, float] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+    inner: Inner = field(default_factory=Inner)
+    limit: int | None = None
+
+
+def test_build_config_handles_nested_tables_and_containers():
+    cfg = build_config(Outer, {"mode": "b", "rate": 1, "weights": {"x": 2}, "names": ["p"], "inner": {"depth": 5}}, "j [train]")
+    assert cfg == Outer(mode="b", rate=1.0, weights={"x": 2.0}, names=["p"], inner=Inner(depth=5))
+    with pytest.raises(ConfigError, match=r"j \[train\] key 'inner': unknown key 'dpeth'"):
+        build_config(Outer, {"inner": {"dpeth": 1}}, "j [train]")
+    with pytest.raises(ConfigError, match=r"key 'weights'\.x: expected a number"):
+        build_config(Outer, {"weights": {"x": "heavy"}}, "j")
+    with pytest.raises(ConfigError, match=r"'c' is not one of \['a', 'b'\]"):
+        build_config(Outer, {"mode": "c"}, "j")
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
+    path = tmp_path / "t.toml"
+    path.write_text(BASE + '[[stages]]\nkind = "nope"\n')
+    assert main(["curate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "winnow curate: error:" in err and "unknown stage kind 'nope'" in err and "t.toml" in err
