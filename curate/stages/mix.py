@@ -56,11 +56,11 @@ class MixConfig(StageConfig):
             self.scheme = "explicit" if self.weights else "temperature"
         if self.scheme not in SCHEMES:
             raise ConfigError(f"scheme must be one of {list(SCHEMES)}, got {self.scheme!r}")
-        if self.scheme == "explicit" and not any(w > 0 for w in self.weights.values()):
-            raise ConfigError(f"scheme 'explicit' needs weights with at least one positive value, got weights={self.weights}")
         for name, w in self.weights.items():
             if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
                 raise ConfigError(f"weights.{name} must be a finite number >= 0, got {w!r}")
+        if self.scheme == "explicit" and not any(w > 0 for w in self.weights.values()):
+            raise ConfigError(f"scheme 'explicit' needs weights with at least one positive value, got weights={self.weights}")
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if not self.max_epochs > 0:

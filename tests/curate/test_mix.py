@@ -1,0 +1,156 @@
+"""mix: token-share targets, epoch cap, per-source seeding, quality-aware selection, apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from curate.errors import ConfigError, StageError
+from curate.stages.base import StageContext
+from curate.stages.mix import Mix, MixConfig
+
+
+def rows(counts: dict[str, int], *, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    ids, sources = [], []
+    for source, n in counts.items():
+        ids += [f"{source}/doc{i}" for i in range(n)]
+        sources += [source] * n
+    lengths = rng.integers(20, 400, len(ids))
+    return pl.DataFrame(
+        {"id": ids, "source": sources, "text": ["x" * int(k) for k in lengths], "meta": None, "quality": rng.random(len(ids))},
+        schema_overrides={"meta": pl.String},
+    )
+
+
+def stage(tmp_path: Path, **cfg) -> Mix:
+    return Mix(MixConfig(**cfg), StageContext(stage_id="m", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "p", sources=()))
+
+
+def plan(df: pl.DataFrame, tmp_path: Path, **cfg):
+    mix = stage(tmp_path, **cfg)
+    keys = mix.collect(df).with_columns(pl.lit(0, pl.Int32).alias("_task"))
+    return mix, mix.plan(keys.lazy())
+
+
+def counts_by_id(decision: pl.DataFrame) -> dict[str, int]:
+    return dict(decision.select("id", "_count").iter_rows())
+
+
+def test_explicit_weights_are_met_within_one_percent_under_the_epoch_cap(tmp_path):
+    _, p = plan(rows({"big": 6000, "mid": 2000, "small": 300}), tmp_path, weights={"big": 0.5, "mid": 0.3, "small": 0.2}, max_epochs=3)
+    sources = p.report["sources"]
+    for name, want in {"big": 0.5, "mid": 0.3, "small": 0.2}.items():
+        assert abs(sources[name]["realized_share"] - want) < 0.01, (name, sources[name])
+        assert sources[name]["epochs"] <= 3 + 1e-9
+    assert p.decision["_count"].max() <= 3
+    assert sources["small"]["epochs"] == pytest.approx(3, rel=1e-3)  # the budget is set by the smallest source's cap
+    assert sources["big"]["rows_dropped"] > 0 and sources["small"]["rows_repeated"] > 0
+
+
+def test_a_total_budget_beyond_the_cap_caps_the_source_and_says_so(tmp_path):
+    _, p = plan(rows({"a": 2000, "b": 100}), tmp_path, weights={"a": 0.5, "b": 0.5}, max_epochs=2, total_tokens=200_000)
+    b = p.report["sources"]["b"]
+    assert b["capped"] and b["max_copies"] == 2 and b["epochs"] <= 2
+    assert p.decision.filter(pl.col("id").str.starts_with("b/"))["_count"].max() == 2
+
+
+def test_unimax_is_uniform_up_to_the_epoch_cap(tmp_path):
+    df = rows({"a": 3000, "b": 3000, "tiny": 50})
+    _, p = plan(df, tmp_path, scheme="unimax", max_epochs=2, total_tokens=300_000)
+    s = p.report["sources"]
+    assert s["tiny"]["epochs"] == pytest.approx(2, rel=1e-3)
+    assert abs(s["a"]["realized_tokens"] - s["b"]["realized_tokens"]) / s["a"]["realized_tokens"] < 0.01
+    assert s["a"]["realized_tokens"] > s["tiny"]["realized_tokens"]
+
+
+def test_temperature_one_with_defaults_keeps_every_row_once(tmp_path):
+    _, p = plan(rows({"a": 500, "b": 80}), tmp_path)
+    assert p.decision["_count"].to_list() == [1] * 580
+
+
+def test_high_temperature_flattens_the_mixture(tmp_path):
+    df = rows({"a": 4000, "b": 400})
+    natural = plan(df, tmp_path / "1", temperature=1.0, max_epochs=4)[1].report["sources"]["b"]["target_share"]
+    flat = plan(df, tmp_path / "2", temperature=5.0, max_epochs=4)[1].report["sources"]["b"]["target_share"]
+    assert natural < 0.12 and flat > 0.3
+
+
+def test_adding_a_source_does_not_reshuffle_the_others(tmp_path):
+    two = {"a": 0.5, "b": 0.5}
+    _, before = plan(rows({"a": 3000, "b": 1000}), tmp_path / "1", weights=two, total_tokens=200_000, max_epochs=2)
+    df3 = pl.concat([rows({"a": 3000, "b": 1000}), rows({"c": 900}, seed=7)])
+    _, after = plan(df3, tmp_path / "2", weights={"a": 0.25, "b": 0.25, "c": 0.5}, total_tokens=400_000, max_epochs=2)
+    keep = pl.col("id").str.starts_with("c/").not_()
+    assert counts_by_id(before.decision) == counts_by_id(after.decision.filter(keep))
+
+
+def test_same_seed_same_plan_other_seed_other_plan(tmp_path):
+    df = rows({"a": 2000, "b": 500})
+    cfg = {"weights": {"a": 0.5, "b": 0.5}, "max_epochs": 3}
+    first = plan(df, tmp_path / "1", seed=1, **cfg)[1].decision
+    again = plan(df.sample(fraction=1.0, shuffle=True, seed=3), tmp_path / "2", seed=1, **cfg)[1].decision
+    other = plan(df, tmp_path / "3", seed=2, **cfg)[1].decision
+    assert counts_by_id(first) == counts_by_id(again)
+    assert counts_by_id(first) != counts_by_id(other)
+
+
+def test_top_selection_keeps_the_best_scored_rows(tmp_path):
+    df = rows({"a": 1000})
+    _, p = plan(df, tmp_path, weights={"a": 1.0}, total_tokens=50_000, select="top")
+    kept = df.join(p.decision, on="id").filter(pl.col("_count") > 0)
+    dropped = df.join(p.decision, on="id").filter(pl.col("_count") == 0)
+    assert kept["quality"].min() >= dropped["quality"].max()
+
+
+def test_importance_selection_prefers_high_weights_without_excluding_low_ones(tmp_path):
+    df = rows({"a": 4000}).with_columns(dsir_weight=pl.col("quality") * 4.0)
+    _, p = plan(df, tmp_path, weights={"a": 1.0}, total_tokens=150_000, select="importance")
+    joined = df.join(p.decision, on="id")
+    kept, dropped = joined.filter(pl.col("_count") > 0), joined.filter(pl.col("_count") == 0)
+    assert kept["dsir_weight"].mean() > dropped["dsir_weight"].mean() + 0.5
+    assert kept["dsir_weight"].min() < dropped["dsir_weight"].max()  # sampled, not a hard cut
+
+
+def test_apply_repeats_drops_and_passes_val_rows_through(tmp_path):
+    df = rows({"a": 400, "b": 40}).with_columns(split=pl.when(pl.col("id").str.ends_with("7")).then(pl.lit("val")).otherwise(pl.lit("train")))
+    mix, p = plan(df, tmp_path, weights={"a": 0.5, "b": 0.5}, max_epochs=3)
+    out = mix.apply(df, p.decision.drop("_task"))
+    assert df.height + out.repeats == out.kept.height + out.rejected.height
+    assert set(out.rejected["reason"]) == {"mix:not_selected"}
+    val = df.filter(pl.col("split") == "val")
+    assert out.kept.filter(pl.col("split") == "val").drop("repeat").equals(val)
+    copies = out.kept.group_by("id").agg(pl.len(), pl.col("repeat").sort())
+    assert all(r == list(range(n)) for n, r in copies.select("len", "repeat").iter_rows())
+    assert out.kept.schema["repeat"] == pl.Int32 and out.counters["copies_added/b"] == out.repeats
+
+
+def test_apply_refuses_training_rows_missing_from_the_plan(tmp_path):
+    df = rows({"a": 10})
+    mix, p = plan(df, tmp_path)
+    with pytest.raises(StageError, match="not in the mix plan"):
+        mix.apply(df, p.decision.head(5))
+
+
+def test_tokenizer_counts_tokens_instead_of_bytes(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tok.json"))
+    df = pl.DataFrame({"id": ["1", "2"], "source": "a", "text": ["hi hi hi", "hello"], "meta": None}, schema_overrides={"meta": pl.String})
+    keys = stage(tmp_path, tokenizer=str(tmp_path / "tok.json")).collect(df)
+    assert keys["_tokens"].to_list() == [3, 1]
+
+
+@pytest.mark.parametrize(
+    "cfg, key",
+    [({"scheme": "explicit"}, "weights"), ({"temperature": 0}, "temperature"), ({"max_epochs": 0}, "max_epochs"),
+     ({"weights": {"a": -1}}, "weights.a"), ({"tokenizer": "/nope.json"}, "tokenizer"), ({"total_tokens": 0}, "total_tokens")],
+)
+def test_bad_config_names_the_key(cfg, key):
+    with pytest.raises(ConfigError, match=key):
+        MixConfig(**cfg)
