@@ -69,30 +69,37 @@ def c4_lines(text: pl.Series, c: C4Config) -> pl.DataFrame:
         .with_columns(stripped.alias("line"))
     )
     line = pl.col("line").str.replace_all(CITATION_PATTERN, "") if c.remove_citations else pl.col("line")
-    lower = line.str.to_lowercase()
+    lines = lines.with_columns(line.alias("clean"))
+    line, lower = pl.col("clean"), pl.col("clean").str.to_lowercase()
     no_punct = ~pl.any_horizontal([line.str.ends_with(m) for m in END_MARKS]) | line.str.ends_with("...")
+    never = pl.lit(False)
     # Checked in TFDS's order; the first line rule that fires removes the line.
     line_checks = [
-        ("long_word", pl.col("line").str.contains(rf"\S{{{c.max_word_length + 1},}}") if c.max_word_length else None),
-        ("no_terminal_punct", no_punct if c.require_terminal_punct else None),
-        ("few_words", pl.col("line").str.count_matches(r"\S+") < c.min_words_per_line if c.min_words_per_line else None),
+        ("long_word", pl.col("line").str.contains(rf"\S{{{c.max_word_length + 1},}}") if c.max_word_length else never),
+        ("no_terminal_punct", no_punct if c.require_terminal_punct else never),
+        ("few_words", pl.col("line").str.count_matches(r"\S+") < c.min_words_per_line if c.min_words_per_line else never),
     ]
-    drop = pl.lit(None, dtype=pl.String)
-    for name, cond in line_checks:
-        if cond is not None:
-            drop = pl.when(drop.is_null() & cond).then(pl.lit(name)).otherwise(drop)
-    passed = drop.is_null()
-    lorem = lower.str.contains("lorem ipsum", literal=True) if c.reject_lorem_ipsum else pl.lit(False)
-    js = lower.str.contains("javascript", literal=True) if c.drop_javascript_lines else pl.lit(False)
-    curly = line.str.contains("{", literal=True) if c.reject_curly_bracket else pl.lit(False)
-    policy = pl.any_horizontal([lower.str.contains(p, literal=True) for p in POLICY_SUBSTRINGS]) if c.drop_policy_lines else pl.lit(False)
-    drop = pl.when(drop.is_null() & ~lorem & js).then(pl.lit("javascript")).otherwise(drop)
-    drop = pl.when(drop.is_null() & ~lorem & ~curly & policy).then(pl.lit("policy")).otherwise(drop)
+    lines = lines.with_columns(
+        pl.coalesce([pl.when(cond).then(pl.lit(name)) for name, cond in line_checks]).alias("drop"),
+        (lower.str.contains("lorem ipsum", literal=True) if c.reject_lorem_ipsum else never).alias("lorem"),
+        (lower.str.contains("javascript", literal=True) if c.drop_javascript_lines else never).alias("js"),
+        (line.str.contains("{", literal=True) if c.reject_curly_bracket else never).alias("curly"),
+        (pl.any_horizontal([lower.str.contains(p, literal=True) for p in POLICY_SUBSTRINGS]) if c.drop_policy_lines else never)
+        .alias("policy"),
+    )
+    passed, lorem, js, curly, policy = (pl.col(n) for n in ("drop", "lorem", "js", "curly", "policy"))
+    passed = passed.is_null()
     lorem_hit, curly_hit = passed & lorem, passed & ~lorem & ~js & curly
+    drop = (
+        pl.when(lorem_hit | curly_hit).then(pl.lit("doc_rule"))
+        .when(passed & js).then(pl.lit("javascript"))
+        .when(passed & policy).then(pl.lit("policy"))
+        .otherwise(pl.col("drop"))
+    )
     return lines.select(
         "row",
         line.alias("line"),
-        pl.when(lorem_hit | curly_hit).then(pl.lit("doc_rule")).otherwise(drop).alias("drop"),
+        drop.alias("drop"),
         lorem_hit.alias("lorem"),
         curly_hit.alias("curly"),
         (line.str.count_matches(SENTENCE_END_PATTERN) + 1).alias("sentences"),
