@@ -190,7 +190,9 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
         if phase.collect is not None and batch.height:
             stage = stages[phase.collect]
             t0 = time.perf_counter()
-            out.write_keys(stage.collect(batch))  # type: ignore[attr-defined]
+            in_scope, _ = _scope(stage, batch)
+            if in_scope.height:
+                out.write_keys(stage.collect(in_scope))  # type: ignore[attr-defined]
             stats.setdefault(stage.ctx.stage_id, StageStats()).seconds += time.perf_counter() - t0
         if not batch.height:
             continue
@@ -209,12 +211,13 @@ def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, sta
            out: _Outputs) -> pl.DataFrame:
     sid = stage.ctx.stage_id
     t0 = time.perf_counter()
-    result = stage.apply(batch, decision) if isinstance(stage, Barrier) else stage.apply(batch)
+    in_scope, passed = _scope(stage, batch)
+    result = stage.apply(in_scope, decision) if isinstance(stage, Barrier) else stage.apply(in_scope)
     elapsed = time.perf_counter() - t0
     kept, rejected = validate_rows(result.kept, where=sid), result.rejected
-    if batch.height + result.repeats != kept.height + rejected.height:
+    if in_scope.height + result.repeats != kept.height + rejected.height:
         raise StageError(
-            f"stage {sid} lost rows: {batch.height} in + {result.repeats} repeats != "
+            f"stage {sid} lost rows: {in_scope.height} in + {result.repeats} repeats != "
             f"{kept.height} kept + {rejected.height} rejected; a stage must keep or reject every row"
         )
     if rejected.height:
@@ -222,11 +225,23 @@ def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, sta
         if bad:
             raise StageError(f"stage {sid} gave reason(s) {sorted(map(str, bad))} not declared in {type(stage).__name__}.reasons")
     s = stats.setdefault(sid, StageStats())
-    s.add_batch(batch, kept, rejected, result.repeats)
+    s.add_batch(in_scope, kept, rejected, result.repeats)
     s.seconds += elapsed
     s.counters.update(result.counters)
     out.write_rejects(rejected, sid)
+    if passed is not None and passed.height:
+        s.add_batch(passed, passed, passed.head(0), 0)  # out of scope: counted as passing through
+        kept = pl.concat([kept, passed], how="diagonal_relaxed")
     return kept
+
+
+def _scope(stage: Stage, batch: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """Rows the stage is scoped to (its ``sources``), and the rest, which pass untouched."""
+    sources = stage.config.sources
+    if sources is None:
+        return batch, None
+    mask = pl.col("source").is_in(sources)
+    return batch.filter(mask), batch.filter(~mask)
 
 
 def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped: list[dict], final: Path) -> dict[str, Any]:

@@ -37,7 +37,13 @@ from curate.schema import empty_rejects
 
 @dataclass(kw_only=True, slots=True)
 class StageConfig:
-    """Base of every stage's config; subclasses add fields with defaults and validate in ``__post_init__``."""
+    """Base of every stage's config; subclasses add fields with defaults and validate in ``__post_init__``.
+
+    ``sources`` scopes a stage to some sources (e.g. prose filters on web text only); rows of
+    other sources pass it untouched. The runner applies the scope, so stages never see it.
+    """
+
+    sources: list[str] | None = None
 
 
 @dataclass(kw_only=True, slots=True)

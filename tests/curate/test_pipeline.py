@@ -193,3 +193,15 @@ def test_killed_worker_process_then_rerun_gives_identical_shards(tmp_path, write
     assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in ref["shards"]]
     for s in manifest["shards"]:
         assert hashlib.sha256((tmp_path / "out" / "killed" / s["path"]).read_bytes()).hexdigest() == s["sha256"]
+
+
+def test_stage_scoped_to_sources_passes_other_sources_untouched(tmp_path, write_job, nothing_lost):
+    ids = make_inputs(tmp_path, n_files=2)
+    body = JOB.format(workers=1, path=tmp_path / "part0.jsonl").replace(
+        'min_words = 3', 'min_words = 3\nsources = ["web"]'
+    ) + f'\n[[inputs]]\nsource = "books"\npath = "{tmp_path / "part1.jsonl"}"\n'
+    manifest = run_job(load_job(write_job(body)), progress=False)
+    nothing_lost(tmp_path / "out" / "t", ids)
+    by_source = manifest["stages"][1]["by_source"]
+    assert by_source["web"]["rejected"] == {"filter:length_min_words": 12}
+    assert by_source["books"] == {"in": 40, "out": 40, "rejected": {}}
