@@ -1,0 +1,172 @@
+"""``clean``: Unicode and whitespace normalization, optional mojibake repair, and removal of
+boilerplate lines (lines that repeat across many documents of one source).
+
+It is a barrier because boilerplate is a property of a source, not of a document:
+
+1. ``collect`` normalizes each document and emits one 64-bit hash per distinct non-blank
+   line (plus one row per document, ``h`` null, so the plan can count documents);
+2. ``plan`` counts, per source, in how many documents each line hash occurs and writes the
+   hashes at or above both thresholds to ``<plan_dir>/boilerplate.parquet``;
+3. ``apply`` normalizes again and drops those lines, reporting ``chars_removed/<source>``
+   and ``lines_removed/<source>``.
+
+Everything is polars string expressions over whole columns, including NFC/NFKC
+(``str.normalize``); only ``fix_mojibake`` runs ftfy per row, since ftfy is Python.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+
+from curate.errors import ConfigError, StageError, require
+from curate.schema import empty_rejects, make_rejects
+from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
+from curate.text.words import unify_line_breaks
+
+log = logging.getLogger(__name__)
+
+_HASH_SEED = 0xC1EA
+_BOILERPLATE_FILE = "boilerplate.parquet"
+# Zero-width space, word joiner, byte-order mark, soft hyphen: invisible and never needed.
+# ZWJ/ZWNJ (U+200C/U+200D) stay: emoji sequences and Persian or Indic spelling need them.
+_INVISIBLE = r"[\x{200b}\x{2060}\x{feff}\x{ad}]"
+
+
+@dataclass(kw_only=True, slots=True)
+class CleanConfig(StageConfig):
+    """What ``clean`` normalizes and which lines count as boilerplate."""
+
+    unicode_form: Literal["NFC", "NFKC", "none"] = "NFC"
+    remove_control: bool = True  # control characters other than newline and tab, and zero-width characters
+    normalize_whitespace: bool = True  # unify line breaks, collapse spaces, drop trailing spaces, keep paragraph breaks
+    fix_mojibake: bool = False  # repair mis-decoded text with ftfy (optional dependency)
+    boilerplate_min_docs: int | None = 10  # a line is boilerplate in >= this many documents of its source; None: off
+    boilerplate_min_fraction: float = 0.01  # ... and in >= this fraction of the source's documents
+    drop_empty: bool = True  # reject documents left empty by cleaning, as ``clean:empty``
+
+    def __post_init__(self) -> None:
+        if self.unicode_form not in ("NFC", "NFKC", "none"):
+            raise ConfigError(f"clean: unicode_form must be one of 'NFC', 'NFKC', 'none', got {self.unicode_form!r}")
+        if self.boilerplate_min_docs is not None and self.boilerplate_min_docs < 2:
+            raise ConfigError(
+                f"clean: boilerplate_min_docs must be >= 2 (a line in one document is not boilerplate) or unset, "
+                f"got {self.boilerplate_min_docs!r}"
+            )
+        if not 0.0 <= self.boilerplate_min_fraction <= 1.0:
+            raise ConfigError(f"clean: boilerplate_min_fraction must be in [0, 1], got {self.boilerplate_min_fraction!r}")
+
+
+def normalize_text(text: pl.Expr, *, unicode_form: str = "NFC", remove_control: bool = True,
+                   normalize_whitespace: bool = True) -> pl.Expr:
+    """``text`` normalized as ``clean`` does it, as one expression."""
+    if normalize_whitespace:
+        text = unify_line_breaks(text)
+    if unicode_form != "none":
+        text = text.str.normalize(unicode_form)
+    if remove_control:
+        text = text.str.replace_all(rf"[\p{{Cc}}&&[^\n\t]]|{_INVISIBLE}", "")
+    if normalize_whitespace:
+        text = (
+            text.str.replace_all(r"[^\S\n]+\n", "\n")  # trailing spaces; whitespace-only lines become blank
+            .str.replace_all(r"(\S)(?:[^\S\n]{2,}|[^\S \n])", "${1} ")  # inner runs to one space; indentation stays
+            .str.replace_all(r"\n{3,}", "\n\n")  # at most one blank line: paragraph breaks survive
+            .str.strip_chars()
+        )
+    return text
+
+
+def _line_table(batch: pl.DataFrame) -> pl.DataFrame:
+    """One row per line of the (already normalized) ``text``: ``row``, ``source``, ``line``, ``h`` (null when blank)."""
+    lines = batch.select(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "source", pl.col("text").str.split("\n").alias("line")
+    ).explode("line")
+    key = pl.col("line").str.strip_chars()
+    return lines.with_columns(pl.when(key != "").then(key.hash(seed=_HASH_SEED)).alias("h"))
+
+
+class Clean(Barrier):
+    """Normalizes text and removes lines repeated across many documents of the same source."""
+
+    kind = "clean"
+    Config = CleanConfig
+    reasons = ("clean:empty",)
+    config: CleanConfig
+
+    def __init__(self, config: CleanConfig, ctx: StageContext) -> None:
+        super().__init__(config, ctx)
+        self._ftfy = require("ftfy", package="ftfy", feature="clean's fix_mojibake") if config.fix_mojibake else None
+        self._boilerplate: pl.DataFrame | None = None
+
+    def _normalized(self, batch: pl.DataFrame) -> pl.DataFrame:
+        if self._ftfy is not None:
+            # ftfy is pure Python: the one per-row step, taken only when asked for.
+            batch = batch.with_columns(pl.col("text").map_elements(self._ftfy.fix_text, return_dtype=pl.String))
+        c = self.config
+        return batch.with_columns(
+            normalize_text(pl.col("text"), unicode_form=c.unicode_form, remove_control=c.remove_control,
+                           normalize_whitespace=c.normalize_whitespace)
+        )
+
+    def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
+        docs = batch.select("id", "source", pl.lit(None, dtype=pl.UInt64).alias("h"))
+        if self.config.boilerplate_min_docs is None:
+            return docs
+        lines = _line_table(self._normalized(batch.select("source", "text")))
+        ids = batch["id"].gather(lines["row"])
+        keys = lines.select(pl.Series("id", ids), "source", "h").drop_nulls("h").unique(["id", "h"], maintain_order=True)
+        return pl.concat([docs, keys])
+
+    def plan(self, keys: pl.LazyFrame) -> Plan:
+        c = self.config
+        docs = keys.filter(pl.col("h").is_null()).group_by("source").agg(pl.len().alias("docs"))
+        if c.boilerplate_min_docs is None:
+            return Plan(None, {"docs": dict(docs.collect().sort("source").iter_rows())})
+        freq = keys.filter(pl.col("h").is_not_null()).group_by("source", "h").agg(pl.len().alias("df"))
+        found = (
+            freq.join(docs, on="source")
+            .filter((pl.col("df") >= c.boilerplate_min_docs) & (pl.col("df") >= c.boilerplate_min_fraction * pl.col("docs")))
+            .select("source", "h")
+            .sort("source", "h")
+            .collect()
+        )
+        self.ctx.plan_dir.mkdir(parents=True, exist_ok=True)
+        found.write_parquet(self.ctx.plan_dir / _BOILERPLATE_FILE)
+        per_source = dict(found.group_by("source").len().iter_rows())
+        doc_counts = dict(docs.collect().sort("source").iter_rows())
+        log.info("clean: %d boilerplate lines across %d sources", found.height, len(per_source))
+        return Plan(None, {"docs": doc_counts, "boilerplate_lines": {s: per_source.get(s, 0) for s in doc_counts}})
+
+    def _boilerplate_lines(self) -> pl.DataFrame:
+        if self._boilerplate is None:
+            path = self.ctx.plan_dir / _BOILERPLATE_FILE
+            if not path.exists():
+                raise StageError(f"clean ({self.ctx.stage_id}): {path} is missing; plan() must run before apply()")
+            self._boilerplate = pl.read_parquet(path).with_columns(pl.lit(True).alias("boilerplate"))
+        return self._boilerplate
+
+    def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:
+        cleaned = self._normalized(batch)
+        counters: dict[str, float] = {}
+        if self.config.boilerplate_min_docs is not None:
+            lines = _line_table(cleaned).join(self._boilerplate_lines(), on=["source", "h"], how="left", maintain_order="left")
+            drop = pl.col("boilerplate").fill_null(False)
+            per_doc = lines.group_by("row", maintain_order=True).agg(
+                pl.col("line").filter(~drop).str.join("\n").alias("text"), drop.sum().alias("lines_removed")
+            ).sort("row")
+            text = per_doc.select(pl.col("text").str.replace_all(r"\n{3,}", "\n\n").str.strip_chars())["text"]
+            cleaned = cleaned.with_columns(text.alias("text"))
+            for source, n in batch.select("source", per_doc["lines_removed"]).group_by("source").sum().iter_rows():
+                counters[f"lines_removed/{source}"] = float(n)
+        removed = batch.select("source", (pl.col("text").str.len_chars() - cleaned["text"].str.len_chars()).alias("n"))
+        for source, n in removed.group_by("source").sum().iter_rows():
+            counters[f"chars_removed/{source}"] = float(n)
+        if not self.config.drop_empty:
+            return StageOutput(cleaned, empty_rejects(batch), counters=counters)
+        empty = cleaned["text"].str.len_bytes() == 0
+        # Rejects keep the original text, so a user sees what was there.
+        rejected = make_rejects(batch.filter(empty), "clean:empty")
+        return StageOutput(cleaned.filter(~empty), rejected, counters=counters)
