@@ -42,7 +42,7 @@ def _paced(u_by_rank, code, start, steps):
     admitted = 0
     out = np.empty(n, dtype=np.int64)
     for p in range(n):
-        allowed = int(math.ceil(_competence(code, (p + 1) / n, start, steps) * n - 1e-9))
+        allowed = int(math.ceil(_competence(code, p / n, start, steps) * n - 1e-9))  # progress before this row
         allowed = min(n, max(allowed, p + 1))
         while admitted < allowed:  # push, sift up
             i = size
