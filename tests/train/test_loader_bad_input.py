@@ -1,0 +1,111 @@
+"""Bad shards: a ShardError naming the shard and the problem, or, with skip_bad_shards, a warning and a counter."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.train.shards_util import make_docs, write_job
+from train.data import Loader, LoaderConfig
+from train.errors import ShardError
+
+SHARD = "shards/train/part-00000-00001"
+
+
+@pytest.fixture
+def folder(tmp_path):
+    docs = make_docs(30)
+    return write_job(tmp_path, [docs[:10], docs[10:20], docs[20:]])
+
+
+def replace_shard(folder, path, data: bytes, *, keep_manifest_sha: bool = False) -> None:
+    (folder / path).write_bytes(data)
+    if keep_manifest_sha:
+        return
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        if entry["path"] == path:
+            entry["sha256"] = hashlib.sha256(data).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def first_batches(folder, fmt="parquet", n=40, **kw):
+    loader = Loader(LoaderConfig(batch_size=2, seq_len=32, num_workers=0, format=fmt, **kw), folder)
+    return loader, [next(loader) for _ in range(n)]
+
+
+def corrupt_parquet(folder):
+    data = (folder / f"{SHARD}.parquet").read_bytes()
+    replace_shard(folder, f"{SHARD}.parquet", data[:100] + b"\x00" * 50 + data[150:])
+
+
+def truncate_tar(folder):
+    data = (folder / f"{SHARD}.tar").read_bytes()
+    replace_shard(folder, f"{SHARD}.tar", data[: len(data) // 2 + 7])
+
+
+def wrong_columns(folder):
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": ["a"], "text": ["hello"]}), sink)
+    replace_shard(folder, f"{SHARD}.parquet", sink.getvalue())
+
+
+def checksum_mismatch(folder):
+    data = bytearray((folder / f"{SHARD}.parquet").read_bytes())
+    data[-20] ^= 1
+    replace_shard(folder, f"{SHARD}.parquet", bytes(data), keep_manifest_sha=True)
+
+
+def missing(folder):
+    (folder / f"{SHARD}.parquet").unlink()
+
+
+CASES = [
+    (corrupt_parquet, "parquet", "not a readable Parquet file"),
+    (truncate_tar, "webdataset", "truncated tar"),
+    (wrong_columns, "parquet", "wrong columns: lacks \\['source'\\]"),
+    (checksum_mismatch, "parquet", "checksum mismatch"),
+    (missing, "parquet", "missing"),
+]
+
+
+@pytest.mark.parametrize(("damage", "fmt", "problem"), CASES, ids=[c[0].__name__ for c in CASES])
+def test_bad_shard_raises_shard_error_naming_shard_and_problem(folder, damage, fmt, problem):
+    damage(folder)
+    with pytest.raises(ShardError, match=f"part-00000-00001.*{problem}"):
+        first_batches(folder, fmt)
+
+
+@pytest.mark.parametrize(("damage", "fmt", "problem"), CASES, ids=[c[0].__name__ for c in CASES])
+def test_skip_bad_shards_warns_counts_and_goes_on(folder, damage, fmt, problem, caplog):
+    damage(folder)
+    with caplog.at_level(logging.WARNING, logger="train.data.loader"):
+        loader, batches = first_batches(folder, fmt, skip_bad_shards=True)
+    assert loader.stats()["bad_shards"] >= 1
+    assert any("part-00000-00001" in r.getMessage() for r in caplog.records)
+    text = b"".join(b.targets[b.loss_mask].numpy().astype("uint8").tobytes() for b in batches)
+    ids = {int(doc.split(b">")[0].split(b":")[1]) for doc in text.split(b"\0")[:-1]}
+    assert ids >= set(range(10)) | set(range(20, 30)) and not ids & set(range(10, 20))
+
+
+def test_checksums_are_only_checked_when_asked(folder):
+    checksum_mismatch(folder)
+    first_batches(folder, verify_checksums=False, n=2)
+
+
+def test_missing_manifest_is_a_shard_error(tmp_path):
+    with pytest.raises(ShardError, match="no manifest"):
+        Loader(LoaderConfig(), tmp_path)
+
+
+def test_every_shard_bad_is_an_error_even_when_skipping(tmp_path):
+    folder = write_job(tmp_path, [make_docs(3)])
+    (folder / "shards/train/part-00000-00000.parquet").unlink()
+    with pytest.raises(ShardError, match="no documents"):
+        first_batches(folder, skip_bad_shards=True, n=1)
