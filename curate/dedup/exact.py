@@ -59,8 +59,9 @@ class ExactDedup(DedupBarrier):
         return pl.concat([self.policy_columns(batch), hashes], how="horizontal")
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
-        columns = self.doc_columns(keys)
-        docs = keys.select(*columns, "_h1", "_h2").collect()
+        if not self.has_keys(keys):
+            return self.no_duplicates()
+        docs = keys.select(*self.DOC_COLUMNS, "_h1", "_h2").collect()
         members = (
             docs.filter(pl.len().over("_h1", "_h2") > 1)
             .with_columns(pl.struct("_h1", "_h2").rank("dense").alias("_cluster"))

@@ -149,7 +149,9 @@ class MinHashDedup(DedupBarrier):
         return pl.concat([self.policy_columns(batch), hashes], how="horizontal")
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
-        docs = keys.select(self.doc_columns(keys, "_nsh")).collect()
+        if not self.has_keys(keys):
+            return self.no_duplicates()
+        docs = keys.select(*self.DOC_COLUMNS, "_nsh").collect()
         usable = docs["_nsh"].to_numpy() > 0
         pairs, stats = near_duplicate_pairs(keys, docs.height, usable, self.config)
         a, b = unpack_pairs(pairs)

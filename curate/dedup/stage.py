@@ -12,7 +12,7 @@ from typing import ClassVar
 import polars as pl
 
 from curate.schema import empty_rejects, make_rejects
-from curate.stages.base import Barrier, StageOutput
+from curate.stages.base import Barrier, Plan, StageOutput
 
 
 class DedupBarrier(Barrier):
@@ -22,17 +22,27 @@ class DedupBarrier(Barrier):
 
     @staticmethod
     def policy_columns(batch: pl.DataFrame) -> pl.DataFrame:
-        """Per-row columns the keep policies read: id, source, character length, quality."""
-        columns = [pl.col("id"), pl.col("source"), pl.col("text").fill_null("").str.len_chars().cast(pl.Int64).alias("_len")]
-        if "quality" in batch.columns:
-            columns.append(pl.col("quality").cast(pl.Float64))
-        return batch.select(columns)
+        """Per-row columns the keep policies read: id, source, character length, quality.
+
+        ``quality`` is always present (null when the batch has no scores) so that every
+        task's spill has the same schema.
+        """
+        quality = pl.col("quality").cast(pl.Float64) if "quality" in batch.columns else pl.lit(None, dtype=pl.Float64)
+        length = pl.col("text").fill_null("").str.len_chars().cast(pl.Int64)
+        return batch.select(pl.col("id"), pl.col("source"), length.alias("_len"), quality.alias("quality"))
 
     @staticmethod
-    def doc_columns(keys: pl.LazyFrame, *extra: str) -> list[str]:
-        """The per-document columns ``plan`` reads besides the hashes."""
-        names = keys.collect_schema().names()
-        return ["id", "source", "_task", "_len", *extra, *(["quality"] if "quality" in names else [])]
+    def has_keys(keys: pl.LazyFrame) -> bool:
+        """False when no task spilled keys (the runner then passes a frame with only id and _task)."""
+        return "_len" in keys.collect_schema().names()
+
+    @staticmethod
+    def no_duplicates() -> Plan:
+        """The plan when there is nothing to compare."""
+        decision = pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32, "duplicate_of": pl.String})
+        return Plan(decision, {"documents": 0, "clusters": 0, "removed": 0, "removed_per_source": {}, "cross_source_duplicates": {}})
+
+    DOC_COLUMNS: ClassVar[tuple[str, ...]] = ("id", "source", "_task", "_len", "quality")
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
         if decision is None or decision.height == 0 or batch.height == 0:

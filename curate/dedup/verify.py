@@ -26,7 +26,7 @@ def _chunk_similarity(keys: pl.LazyFrame, pairs: np.ndarray) -> np.ndarray:
     sets = (
         keys.select(SETS_COLUMN)
         .with_row_index("_doc")
-        .filter(pl.col("_doc").is_in(pl.Series(need, dtype=pl.UInt32)))
+        .filter(pl.col("_doc").is_in(pl.Series(need, dtype=pl.UInt32).implode()))
         .collect()
     )
     if sets.height != len(need):
