@@ -1,0 +1,74 @@
+"""filter.gopher_quality: each rule trips on a small document made for it, and clean prose passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from curate.errors import ConfigError
+from curate.stages.base import StageContext
+from curate.stages.filters.gopher import GopherQualityConfig, GopherQualityFilter
+
+SENTENCE = "The quick brown fox jumps over the lazy dog and runs away with the bone."
+GOOD = " ".join([SENTENCE] * 6)
+
+
+def run(text: str, **cfg) -> str | None:
+    """The reject reason of ``text`` (None when kept)."""
+    ctx = StageContext(stage_id="t", job_name="t", output_dir=Path("."), plan_dir=Path("."), sources=("s",))
+    stage = GopherQualityFilter(GopherQualityConfig(**cfg), ctx)
+    batch = pl.DataFrame({"id": ["d"], "source": ["s"], "text": [text], "meta": [None]}, schema_overrides={"meta": pl.String})
+    out = stage.apply(batch)
+    assert out.kept.height + out.rejected.height == 1
+    return out.rejected["reason"][0] if out.rejected.height else None
+
+
+CASES = {
+    "min_words": ("The cat and the dog.", {}),
+    "max_words": (GOOD, {"max_words": 60}),
+    "min_mean_word_length": (" ".join(["I am a b c d e f g h and the ok."] * 6), {}),
+    "max_mean_word_length": ("the and " + " ".join(["internationalization characteristically"] * 30), {}),
+    "hash_ratio": (GOOD + " #tag" * 15, {}),
+    "ellipsis_ratio": (GOOD + " wait... then" * 25 + " " + SENTENCE, {}),
+    "bullet_lines": ("\n".join(["- " + SENTENCE] * 10), {}),
+    "ellipsis_lines": ("\n".join([SENTENCE[:-1] + "…"] * 10), {}),
+    "alpha_words": (GOOD + " 123" * 40, {}),
+    "stop_words": (" ".join(["Quick brown foxes jump over lazy dogs, running away quickly."] * 8), {}),
+}
+THRESHOLD_KEY = {
+    "min_words": "min_words", "max_words": "max_words", "min_mean_word_length": "min_mean_word_length",
+    "max_mean_word_length": "max_mean_word_length", "hash_ratio": "max_hash_ratio", "ellipsis_ratio": "max_ellipsis_ratio",
+    "bullet_lines": "max_bullet_lines", "ellipsis_lines": "max_ellipsis_lines", "alpha_words": "min_alpha_words",
+    "stop_words": "min_stop_words",
+}
+
+
+def test_clean_prose_passes():
+    assert run(GOOD) is None
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_trips_exactly_its_rule(rule):
+    text, cfg = CASES[rule]
+    assert run(text, **cfg) == f"filter:gopher_{rule}"
+    # Disabling that one rule lets the document through: no other rule fires on it.
+    assert run(text, **{**cfg, THRESHOLD_KEY[rule]: None}) is None
+
+
+def test_every_reason_is_declared():
+    assert {f"filter:gopher_{r}" for r in CASES} == set(GopherQualityFilter.reasons)
+
+
+def test_keep_metrics_keeps_columns():
+    ctx = StageContext(stage_id="t", job_name="t", output_dir=Path("."), plan_dir=Path("."), sources=("s",))
+    stage = GopherQualityFilter(GopherQualityConfig(keep_metrics=True), ctx)
+    out = stage.apply(pl.DataFrame({"id": ["d"], "source": ["s"], "text": [GOOD], "meta": [None]}, schema_overrides={"meta": pl.String}))
+    assert out.kept["gopher_stop_words"][0] == 3  # "the", "and", "with"; stop words are case-sensitive, as in Gopher
+    assert out.kept["gopher_words"][0] == 15 * 6
+
+
+def test_bad_threshold_names_key():
+    with pytest.raises(ConfigError, match="min_alpha_words"):
+        GopherQualityConfig(min_alpha_words=1.5)
