@@ -11,7 +11,11 @@ Tensor names carry their shape as a suffix (torchtitan style). Legend:
 """
 
 from train.model.config import ModelConfig
+from train.model.loss import cross_entropy_per_token, distillation_per_token
 from train.model.moe import MoE, MoEStats
 from train.model.transformer import ModelOutput, Transformer
 
-__all__ = ["ModelConfig", "MoE", "MoEStats", "ModelOutput", "Transformer"]
+__all__ = [
+    "ModelConfig",
+    "cross_entropy_per_token",
+    "distillation_per_token", "MoE", "MoEStats", "ModelOutput", "Transformer"]

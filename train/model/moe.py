@@ -121,7 +121,8 @@ class MoE(nn.Module):
 
         expert_flat_A = experts_TK.reshape(-1)
         order_A = expert_flat_A.argsort(stable=True)  # stable: earlier tokens win capacity slots
-        load_E = torch.bincount(expert_flat_A, minlength=E)
+        # index_add, not bincount: bincount reads the max back to the host on CUDA
+        load_E = torch.zeros(E, dtype=torch.long, device=x_TD.device).index_add_(0, expert_flat_A, torch.ones_like(expert_flat_A))
         counts_E, dropped = load_E, load_E.new_zeros(())
         if cfg.capacity_factor is not None:
             capacity = math.ceil(cfg.capacity_factor * T * K / E)

@@ -9,7 +9,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -114,10 +113,3 @@ class Transformer(nn.Module):
         active = total - routed + routed * self.cfg.top_k // max(self.cfg.n_experts, 1)
         return total, active
 
-
-def cross_entropy_per_token(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, *,
-                            label_smoothing: float = 0.0) -> torch.Tensor:
-    """Per-token loss (B, L) in fp32, whatever the logits' dtype."""
-    loss_T = F.cross_entropy(logits_BLV.flatten(0, 1).float(), targets_BL.flatten(),
-                             reduction="none", label_smoothing=label_smoothing)
-    return loss_T.view_as(targets_BL)

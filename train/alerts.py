@@ -1,0 +1,123 @@
+"""Anomaly detection and alerts: loss spikes, NaN/Inf, gradient norm, throughput drops, data wait.
+
+An alert goes to ``alerts.jsonl`` in the run folder, to the log, and (when configured) is
+POSTed as JSON to a webhook. A failing webhook is logged, never fatal: training goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class AlertConfig:
+    """Thresholds of the alerts and where they go (``[train.alerts]``)."""
+
+    spike_sigma: float = 6.0  # a step loss this many rolling std above the rolling mean is a spike (0: off)
+    spike_window: int = 50  # accepted steps in the rolling window
+    spike_min_history: int = 20  # no spike verdicts before this many accepted steps
+    skip_spikes: bool = True  # skip the optimizer step of a spike (not only alert)
+    grad_norm_max: float | None = None  # alert when the (pre-clip) gradient norm exceeds this
+    throughput_drop: float = 0.5  # alert when tokens/s falls below this fraction of the best seen so far (0: off)
+    data_wait_pct: float = 50.0  # alert when the trainer waited for data more than this % of a log interval
+    webhook_url: str | None = None
+    webhook_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        for key in ("spike_sigma", "throughput_drop", "data_wait_pct", "webhook_timeout"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and value >= 0):
+                raise ConfigError(f"train.alerts.{key} = {value!r} is invalid; allowed: a number >= 0")
+        if self.spike_window < 2 or not 1 < self.spike_min_history <= self.spike_window:
+            raise ConfigError(f"train.alerts.spike_min_history = {self.spike_min_history!r} is invalid; "
+                              f"allowed: 2..spike_window ({self.spike_window}), with spike_window >= 2")
+        if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
+            raise ConfigError(f"train.alerts.webhook_url = {self.webhook_url!r} is invalid; allowed: an http(s) URL")
+
+
+class SpikeDetector:
+    """Rolling mean and std of recently accepted step losses."""
+
+    def __init__(self, *, sigma: float, window: int, min_history: int) -> None:
+        self.sigma, self.min_history = sigma, min_history
+        self.history: deque[float] = deque(maxlen=window)
+
+    def is_spike(self, loss: float) -> bool:
+        if self.sigma <= 0 or len(self.history) < self.min_history:
+            return False
+        mean = sum(self.history) / len(self.history)
+        std = math.sqrt(sum((x - mean) ** 2 for x in self.history) / (len(self.history) - 1))
+        return loss > mean + self.sigma * max(std, 1e-6 * abs(mean))
+
+    def accept(self, loss: float) -> None:
+        self.history.append(loss)
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.clear()
+        self.history.extend(state["history"])
+
+
+class Alerts:
+    """Writes alerts to ``alerts.jsonl``, the log and an optional webhook; checks the per-log thresholds."""
+
+    def __init__(self, cfg: AlertConfig, run_dir: str | Path) -> None:
+        self.cfg = cfg
+        self.path = Path(run_dir) / "alerts.jsonl"
+        self.best_tokens_per_s = 0.0
+        self.count = 0
+
+    def emit(self, kind: str, step: int, message: str, **data: Any) -> None:
+        record = {"time": time.time(), "step": step, "kind": kind, "message": message, **data}
+        self.count += 1
+        log.warning("alert %s at step %d: %s", kind, step, message)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+        if self.cfg.webhook_url:
+            self._post(record)
+
+    def _post(self, record: dict) -> None:
+        body = json.dumps(record, default=str).encode()
+        request = urllib.request.Request(self.cfg.webhook_url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.cfg.webhook_timeout) as response:
+                response.read()
+        except (urllib.error.URLError, OSError) as err:
+            log.warning("alert webhook %s failed: %s", self.cfg.webhook_url, err)
+
+    def check_interval(self, step: int, *, tokens_per_s: float, data_wait_pct: float, grad_norm: float) -> None:
+        """Threshold checks made once per log step, on that interval's figures."""
+        cfg = self.cfg
+        if cfg.grad_norm_max is not None and grad_norm > cfg.grad_norm_max:
+            self.emit("grad_norm", step, f"gradient norm {grad_norm:.3g} > {cfg.grad_norm_max:.3g}", grad_norm=grad_norm)
+        if cfg.throughput_drop > 0 and tokens_per_s < cfg.throughput_drop * self.best_tokens_per_s:
+            self.emit("throughput_drop", step,
+                      f"{tokens_per_s:.0f} tokens/s < {cfg.throughput_drop:.0%} of the best {self.best_tokens_per_s:.0f}",
+                      tokens_per_s=tokens_per_s, best_tokens_per_s=self.best_tokens_per_s)
+        self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
+        if data_wait_pct > cfg.data_wait_pct:
+            self.emit("data_wait", step, f"waited for data {data_wait_pct:.0f}% of the interval (> {cfg.data_wait_pct:.0f}%)",
+                      data_wait_pct=data_wait_pct)
+
+    def state_dict(self) -> dict:
+        return {"best_tokens_per_s": self.best_tokens_per_s, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_tokens_per_s, self.count = state["best_tokens_per_s"], state["count"]

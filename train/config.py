@@ -1,0 +1,71 @@
+"""The ``[train]`` table: one dataclass composing each component's own config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from train.alerts import AlertConfig
+from train.checkpoint import CheckpointConfig
+from train.data.config import LoaderConfig
+from train.errors import ConfigError
+from train.metrics import MetricsConfig
+from train.model.config import ModelConfig
+from train.optim import OptimConfig
+
+
+def _check(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"train.{key} = {value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(kw_only=True, slots=True)
+class DistillConfig:
+    """Soft targets from a teacher checkpoint (``[train.distill]``)."""
+
+    teacher: str  # a run folder (its newest valid checkpoint) or one checkpoint folder
+    alpha: float = 0.5  # weight of the soft-target loss; 1 - alpha stays on the data
+    temperature: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.alpha <= 1:
+            raise ConfigError(f"train.distill.alpha = {self.alpha!r} is invalid; allowed: 0..1")
+        if self.temperature <= 0:
+            raise ConfigError(f"train.distill.temperature = {self.temperature!r} is invalid; allowed: > 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """A training run. Defaults train the tiny demo model on two CPU cores in a few minutes."""
+
+    output: str = "out/train"  # the run folder: metrics, alerts, checkpoints, tokenizer
+    shards: str | None = None  # a job output folder holding manifest.json (or s3://...); None: the job's output
+    tokenizer: str | None = None  # a saved tokenizer folder; None: byte-level
+    steps: int = 300
+    grad_accum: int = 1  # micro-batches per optimizer step
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast with fp32 master weights
+    activation_checkpointing: bool = False
+    label_smoothing: float = 0.0
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    eval_every: int = 100  # steps between per-source held-out evaluations (0: only at the end)
+    eval_batches: int = 16  # at most this many val batches per evaluation
+    skip_nonfinite: bool = True  # skip (and alert on) steps whose loss or gradient norm is NaN/Inf
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: LoaderConfig = field(default_factory=lambda: LoaderConfig(batch_size=8, seq_len=128, num_workers=1))
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    alerts: AlertConfig = field(default_factory=AlertConfig)
+    distill: DistillConfig | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "grad_accum", "eval_batches"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
+        _check(isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every", self.eval_every, "an integer >= 0")
+        _check(self.precision in ("fp32", "bf16", "fp16"), "precision", self.precision, "'fp32', 'bf16' or 'fp16'")
+        _check(self.device in ("auto", "cpu", "cuda"), "device", self.device, "'auto', 'cpu' or 'cuda'")
+        _check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing, "0 <= value < 1")
+        _check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len", self.data.seq_len,
+               f"at most train.model.max_seq_len ({self.model.max_seq_len})")

@@ -1,0 +1,117 @@
+"""Optimizers and learning-rate schedules: AdamW or LAMB over weight-decay groups, warm-up then decay."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from train.errors import ConfigError
+
+
+def _check(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"train.optim.{key} = {value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    """Optimizer, weight decay, clipping and the learning-rate schedule (``[train.optim]``)."""
+
+    name: Literal["adamw", "lamb"] = "adamw"
+    lr: float = 3e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_embeddings: bool = False  # embeddings are lookups: decaying them mostly shrinks rare tokens
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still measured)
+    warmup_steps: int = 20
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1  # the decay ends at lr · min_lr_ratio
+
+    def __post_init__(self) -> None:
+        _check(self.name in ("adamw", "lamb"), "name", self.name, "'adamw' or 'lamb'")
+        _check(self.lr > 0, "lr", self.lr, "> 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two values in [0, 1)")
+        _check(self.eps > 0, "eps", self.eps, "> 0")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 = no clipping)")
+        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
+        _check(self.schedule in ("cosine", "linear", "constant"), "schedule", self.schedule,
+               "'cosine', 'linear' or 'constant'")
+        _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "0..1")
+
+
+def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """Two groups: matrices decay; norms, biases (and embeddings unless asked) do not."""
+    decay, no_decay, seen = [], [], set()
+    for name, param in model.named_parameters():
+        if not param.requires_grad or id(param) in seen:  # tied weights appear twice
+            continue
+        seen.add(id(param))
+        is_embedding = name.startswith("embed.")
+        if param.ndim >= 2 and (cfg.decay_embeddings or not is_embedding):
+            decay.append(param)
+        else:
+            no_decay.append(param)
+    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (https://arxiv.org/abs/1904.00962): Adam's update rescaled per tensor by ‖w‖ / ‖update‖."""
+
+    def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = state["step"].item()
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = state["exp_avg"] / (1 - beta1**t)
+                v_hat = state["exp_avg_sq"] / (1 - beta2**t)
+                update = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * p
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg)
+    betas = (cfg.betas[0], cfg.betas[1])
+    if cfg.name == "lamb":
+        return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    fused = device.type == "cuda"  # fused kernels on GPU; foreach (multi-tensor) on CPU
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused or None, foreach=None if fused else True)
+
+
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Multiplier of ``cfg.lr`` at ``step``: linear warm-up, then cosine / linear decay to ``min_lr_ratio``."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
+    """A ``LambdaLR`` (its state_dict holds the step; the schedule itself comes from the config)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))

@@ -1,0 +1,297 @@
+"""The training loop: micro-batches → loss → stability checks → optimizer step → metrics and checkpoints.
+
+One host sync per optimizer step (the loss and gradient norm, needed to decide whether to
+skip the step); per-source sums stay on the device until a log step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from train.accounting import SourceAccounting
+from train.alerts import Alerts, SpikeDetector
+from train.checkpoint import CheckpointManager
+from train.config import TrainConfig
+from train.metrics import MetricsWriter, Throughput, memory_stats, peak_flops_basis
+from train.model import Transformer, cross_entropy_per_token, distillation_per_token
+from train.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one optimizer step did; ``skipped`` is None, ``"nonfinite"`` or ``"spike"``."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    skipped: str | None
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Trainer:
+    """Trains ``model`` on ``data`` (an endless iterable of ``Batch`` with ``state_dict``) into ``run_dir``."""
+
+    def __init__(self, cfg: TrainConfig, *, model: Transformer, data: Iterable, sources: list[str], run_dir: str | Path,
+                 device: torch.device, val_data: Callable[[], Iterable] | None = None,
+                 teacher: Transformer | None = None) -> None:
+        self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
+        self.model = model.to(device)
+        self.model.activation_checkpointing = cfg.activation_checkpointing
+        self.teacher = teacher.to(device).eval() if teacher is not None else None
+        self.data, self._batches = data, iter(data)
+        self.val_data = val_data
+        self.optimizer = build_optimizer(self.model, cfg.optim, device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.steps)
+        self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+        shape = dict(n_moe_layers=model.cfg.n_moe_layers, n_experts=model.cfg.n_experts, device=device)
+        self.sources = list(sources)
+        self.accounting = SourceAccounting(self.sources, **shape)  # since the last log step
+        self._step_accounting = SourceAccounting(self.sources, **shape)  # merged once a step is accepted
+        self._router_M3 = torch.zeros(model.cfg.n_moe_layers, 3, dtype=torch.float64, device=device)
+        self.alerts = Alerts(cfg.alerts, self.run_dir)
+        self.spikes = SpikeDetector(sigma=cfg.alerts.spike_sigma, window=cfg.alerts.spike_window,
+                                    min_history=cfg.alerts.spike_min_history)
+        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+        self.throughput = Throughput()
+        self.peak_flops, self.peak_basis = peak_flops_basis(device, cfg.metrics.peak_flops)
+        self.flops_per_token = model.cfg.flops_per_token(cfg.data.seq_len)
+        self.step, self.tokens_seen, self.micro_steps = 0, 0, 0
+        self.skipped = {"nonfinite": 0, "spike": 0}
+        self.last: StepResult | None = None
+        self._stop_signal: int | None = None
+        self._saved_step = -1
+
+    # ---- one optimizer step -------------------------------------------------------------
+    def _autocast(self):
+        dtype = _AMP_DTYPES.get(self.cfg.precision)
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+    def _next_batches(self) -> list:
+        batches = []
+        for _ in range(self.cfg.grad_accum):
+            start = time.perf_counter()
+            batches.append(next(self._batches))
+            self.throughput.wait += time.perf_counter() - start
+        return batches
+
+    def _micro_step(self, batch, n_tokens: int, n_micro: int) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its (detached) share of the step's data loss."""
+        b = batch.to(self.device)
+        with self._autocast():
+            out = self.model(b.tokens, b.doc_ids)
+            token_loss_BL = cross_entropy_per_token(out.logits_BLV, b.targets, label_smoothing=self.cfg.label_smoothing)
+            train_loss_BL = token_loss_BL
+            if self.teacher is not None:
+                with torch.no_grad():
+                    teacher_BLV = self.teacher(b.tokens, b.doc_ids).logits_BLV
+                soft_BL = distillation_per_token(out.logits_BLV, teacher_BLV, temperature=self.cfg.distill.temperature)
+                train_loss_BL = (1 - self.cfg.distill.alpha) * token_loss_BL + self.cfg.distill.alpha * soft_BL
+            data_loss = (train_loss_BL * b.loss_mask).sum() / max(n_tokens, 1)
+            loss = data_loss + out.router_loss / n_micro
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        if self.cfg.label_smoothing > 0:  # account the plain cross-entropy, comparable across runs
+            with torch.no_grad():
+                token_loss_BL = cross_entropy_per_token(out.logits_BLV.detach(), b.targets)
+        self._step_accounting.add_loss(token_loss_BL, b.source_ids, b.loss_mask)
+        if out.moe:
+            self._step_accounting.add_routing([s.experts_TK for s in out.moe], b.source_ids, b.loss_mask)
+            self._step_accounting.add_load(torch.stack([s.load_E for s in out.moe]))
+            self._router_M3 += torch.stack([torch.stack([s.aux_loss.detach(), s.z_loss.detach(), s.dropped.float()])
+                                            for s in out.moe]).double()
+        self.micro_steps += 1
+        return data_loss.detach()
+
+    def train_step(self) -> StepResult:
+        self.model.train()
+        batches = self._next_batches()
+        n_tokens = sum(b.num_tokens for b in batches)  # host-side: the batches are still on the CPU
+        loss = sum(self._micro_step(b, n_tokens, len(batches)) for b in batches)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.optim.grad_clip or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        loss_value, norm_value = torch.stack([loss.float(), grad_norm.float()]).tolist()  # the one sync per step
+        skipped = self._verdict(loss_value, norm_value, batches)
+        if skipped is None:
+            (self.scaler.step if self.scaler else lambda opt: opt.step())(self.optimizer)
+            self.spikes.accept(loss_value)
+            self.accounting.merge(self._step_accounting)
+            self.model.update_expert_bias(self._step_accounting.load_ME)
+            self.tokens_seen += n_tokens
+        if self.scaler:
+            self.scaler.update()  # after a skipped inf step too: that is how the scale comes down
+        self._step_accounting.reset()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.throughput.tokens += n_tokens
+        self.step += 1
+        self.last = StepResult(self.step, loss_value, norm_value, skipped)
+        return self.last
+
+    def _verdict(self, loss: float, grad_norm: float, batches: list) -> str | None:
+        """Decide whether to skip this step; every skip is alerted with the batch's sources and origins."""
+        if self.cfg.skip_nonfinite and not (np.isfinite(loss) and np.isfinite(grad_norm)):
+            kind = "nonfinite"
+        elif self.spikes.is_spike(loss):
+            self.alerts.emit("loss_spike", self.step + 1, f"loss {loss:.4g} is a spike", loss=loss,
+                             **self._attribution(batches))
+            if not self.cfg.alerts.skip_spikes:
+                return None
+            kind = "spike"
+        else:
+            return None
+        if kind == "nonfinite":
+            self.alerts.emit("nan", self.step + 1, f"non-finite loss {loss} or gradient norm {grad_norm}; step skipped",
+                             loss=str(loss), grad_norm=str(grad_norm), **self._attribution(batches))
+        self.skipped[kind] += 1
+        return kind
+
+    def _attribution(self, batches: list) -> dict:
+        ids = torch.cat([b.source_ids[b.loss_mask] for b in batches]).unique().tolist()
+        return {"sources": [self.sources[i] for i in ids if 0 <= i < len(self.sources)],
+                "origins": [list(o) for b in batches for o in b.origins]}
+
+    # ---- logging, evaluation, checkpoints -------------------------------------------------
+    def log_metrics(self) -> dict:
+        acct = self.accounting.flush()
+        router = (self._router_M3 / max(self.micro_steps, 1)).cpu()
+        self._router_M3.zero_()
+        self.micro_steps = 0
+        speed = self.throughput.summary(self.flops_per_token, self.peak_flops)
+        self.throughput.reset()
+        record = {"step": self.step, "loss": acct["mean_loss"], "step_loss": self.last.loss,
+                  "lr": self.scheduler.get_last_lr()[0], "grad_norm": self.last.grad_norm,
+                  "tokens_seen": self.tokens_seen, **speed, "memory": memory_stats(self.device),
+                  "aux_loss": router[:, 0].tolist(), "z_loss": router[:, 1].tolist(), "dropped": router[:, 2].tolist(),
+                  "expert_load": acct["expert_load"], "per_source": acct["per_source"], "routing": acct["routing"],
+                  "skipped_steps": dict(self.skipped)}
+        self.metrics.write(record)
+        self.alerts.check_interval(self.step, tokens_per_s=speed["tokens_per_s"],
+                                   data_wait_pct=speed["data_wait_pct"], grad_norm=self.last.grad_norm)
+        log.info("step %d loss %.4f lr %.2e %.0f tok/s mfu %.1f%%", self.step, record["loss"] or float("nan"),
+                 record["lr"], speed["tokens_per_s"], 100 * speed["mfu"])
+        return record
+
+    @torch.no_grad()
+    def evaluate(self) -> dict | None:
+        """Per-source held-out loss over the val split (at most ``eval_batches`` batches)."""
+        if self.val_data is None:
+            return None
+        start = time.perf_counter()
+        acct = SourceAccounting(self.sources, n_moe_layers=0, n_experts=0, device=self.device)
+        self.model.eval()
+        for _, batch in zip(range(self.cfg.eval_batches), self.val_data()):
+            b = batch.to(self.device)
+            with self._autocast():
+                logits_BLV = self.model(b.tokens, b.doc_ids).logits_BLV
+            acct.add_loss(cross_entropy_per_token(logits_BLV, b.targets), b.source_ids, b.loss_mask)
+        result = acct.flush()
+        record = {"step": self.step, "eval": {"loss": result["mean_loss"],
+                  "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()}}}
+        self.metrics.write(record)
+        self.throughput.exclude(time.perf_counter() - start)
+        return record
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
+                "rng": rng_state(), "data": self.data.state_dict(), "accounting": self.accounting.state_dict(),
+                "spikes": self.spikes.state_dict(), "alerts": self.alerts.state_dict(),
+                "counters": {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped)},
+                "model_config": dataclasses.asdict(self.model.cfg),
+                "sources": self.sources}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.data.load_state_dict(state["data"])
+        self._batches = iter(self.data)
+        self.accounting.load_state_dict(state["accounting"])
+        self.spikes.load_state_dict(state["spikes"])
+        self.alerts.load_state_dict(state["alerts"])
+        counters = state["counters"]
+        self.step, self.tokens_seen, self.skipped = counters["step"], counters["tokens_seen"], dict(counters["skipped"])
+        set_rng_state(state["rng"])
+
+    def save_checkpoint(self) -> Path:
+        start = time.perf_counter()
+        path = self.checkpoints.save(self.step, self.state_dict())
+        self._saved_step = self.step
+        self.throughput.exclude(time.perf_counter() - start)
+        return path
+
+    def resume(self) -> bool:
+        found = self.checkpoints.load_latest()
+        if found is None:
+            return False
+        path, state = found
+        self.load_state_dict(state)
+        log.info("resumed from %s (step %d)", path, self.step)
+        return True
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        log.warning("received signal %d: checkpointing after this step and exiting", signum)
+        self._stop_signal = signum
+
+    def fit(self) -> dict:
+        """Train to ``cfg.steps`` (resuming first when asked); returns a summary of the run."""
+        cfg = self.cfg
+        if cfg.checkpoint.resume:
+            self.resume()
+        log.info("MFU basis: %.3g FLOP/s (%s); %.3g FLOP/token", self.peak_flops, self.peak_basis, self.flops_per_token)
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.throughput.reset()
+        try:
+            while self.step < cfg.steps and self._stop_signal is None:
+                self.train_step()
+                if self.step % cfg.metrics.log_every == 0 or self.step == cfg.steps:
+                    self.log_metrics()
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                    self.evaluate()
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                    self.save_checkpoint()
+        finally:
+            for sig, previous in handlers.items():
+                signal.signal(sig, previous)
+        preempted = self._stop_signal is not None
+        final_eval = None if preempted else self.evaluate()
+        checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
+        self.metrics.close()
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped), "preempted": preempted,
+                "checkpoint": str(checkpoint), "eval": final_eval, "run_dir": str(self.run_dir)}
