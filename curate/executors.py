@@ -1,11 +1,16 @@
-"""Executors: run the same task functions in this process, on a local process pool, or on Ray."""
+"""Executors: run the same task functions in this process, on a local process pool, or on Ray.
+
+One executor lives for a whole job, so worker processes (and their imported modules and
+compiled kernels) are reused across phases instead of being started once per phase.
+"""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor as _PoolExecutor, ProcessPoolExecutor, wait
 from typing import Any, TypeVar
 
 from curate.errors import require
@@ -14,25 +19,45 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def run_all(fn: Callable[[T], Any], specs: Iterable[T], *, workers: int, executor: str) -> Iterator[Any]:
-    """Run ``fn`` over ``specs`` and yield results as tasks finish (order not guaranteed)."""
-    specs = list(specs)
-    if executor == "ray":
-        yield from _run_ray(fn, specs)
-    elif workers <= 1 or len(specs) <= 1:
-        for spec in specs:
-            yield fn(spec)
-    else:
-        yield from _run_pool(fn, specs, workers)
+class Executor:
+    """Runs task functions with ``workers`` local processes (``kind="local"``) or on Ray."""
 
+    def __init__(self, *, workers: int, kind: str = "local") -> None:
+        self.workers = workers
+        self.kind = kind
+        self._pool: _PoolExecutor | None = None
+        self._ray: Any = None
 
-def _run_pool(fn: Callable[[T], Any], specs: list[T], workers: int) -> Iterator[Any]:
-    # spawn, not fork: polars and pyarrow keep thread pools that a fork would copy in a bad state.
-    with ProcessPoolExecutor(max_workers=min(workers, len(specs)), mp_context=mp.get_context("spawn")) as pool:
-        pending = {pool.submit(fn, s) for s in specs}
+    def run(self, fn: Callable[[T], Any], specs: Iterable[T]) -> Iterator[Any]:
+        """Run ``fn`` over ``specs``, yielding results as tasks finish (order not guaranteed)."""
+        specs = list(specs)
+        if self.kind == "ray":
+            yield from self._run_ray(fn, specs)
+        elif self.workers <= 1 or len(specs) <= 1:
+            for spec in specs:
+                yield fn(spec)
+        else:
+            yield from self._run_pool(fn, specs)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run_pool(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
+        if self._pool is None:
+            # spawn, not fork: polars and pyarrow keep thread pools that a fork copies in a bad state.
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
+        pending = {self._pool.submit(fn, s) for s in specs}
         try:
             while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     yield fut.result()  # re-raises a task's exception here
         except BaseException:
@@ -40,19 +65,14 @@ def _run_pool(fn: Callable[[T], Any], specs: list[T], workers: int) -> Iterator[
                 fut.cancel()
             raise
 
-
-def _run_ray(fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
-    ray = require("ray", package="ray", feature="executor = 'ray'")
-    if not ray.is_initialized():
-        ray.init(address="auto" if _has_cluster(ray) else None, log_to_driver=False)
-    remote = ray.remote(fn)
-    pending = [remote.remote(s) for s in specs]
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        yield ray.get(done[0])
-
-
-def _has_cluster(ray: Any) -> bool:
-    import os
-
-    return bool(os.environ.get("RAY_ADDRESS"))
+    def _run_ray(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
+        if self._ray is None:
+            self._ray = require("ray", package="ray", feature="executor = 'ray'")
+            if not self._ray.is_initialized():
+                self._ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+        ray = self._ray
+        remote = ray.remote(fn)
+        pending = [remote.remote(s) for s in specs]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from curate.config import Job
 from curate.errors import OutputError, StageError
-from curate.executors import run_all
+from curate.executors import Executor
 from curate.manifest import build_manifest, write_json_atomic
 from curate.readers import plan_read_tasks
 from curate.stages import Barrier
@@ -93,12 +93,13 @@ class Runner:
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
                  len(self.phases), self.out)
         results: list[list[dict]] = []
-        for phase in self.phases:
-            specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
-            results.append(self._run_phase(phase, specs))
-            if phase.collect is not None:
-                self._plan(phase, len(read_tasks))
-        write_results = self._write_ordered(results[-1]) if self.ordered else []
+        with Executor(workers=self.job.job.workers, kind=self.job.job.executor) as self.executor:
+            for phase in self.phases:
+                specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
+                results.append(self._run_phase(phase, specs))
+                if phase.collect is not None:
+                    self._plan(phase, len(read_tasks))
+            write_results = self._write_ordered(results[-1]) if self.ordered else []
         manifest = build_manifest(
             self.job, self.stages, results, write_results, self.plan_seconds,
             reports={s.ctx.stage_id: self._report(s) for s in self.stages if isinstance(s, Barrier)},
@@ -154,7 +155,7 @@ class Runner:
         results: dict[int, dict] = {}
         bar = tqdm(total=len(specs), desc=desc, unit="task", disable=not self.progress, leave=False)
         try:
-            for result in run_all(_run_task_indexed, specs, workers=self.job.job.workers, executor=self.job.job.executor):
+            for result in self.executor.run(_run_task_indexed, specs):
                 results[result["task"]] = result
                 bar.update(1)
         finally:
@@ -214,7 +215,7 @@ class Runner:
         ]
         out = []
         bar = tqdm(total=len(specs), desc="write ordered shards", unit="task", disable=not self.progress, leave=False)
-        for result in run_all(_write_range, specs, workers=self.job.job.workers, executor=self.job.job.executor):
+        for result in self.executor.run(_write_range, specs):
             out.append(result)
             bar.update(1)
         bar.close()

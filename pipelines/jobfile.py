@@ -66,7 +66,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(f"{where}: {value!r} matches none of {_type_name(tp)}")
+        if len(errors) == 1:
+            raise ConfigError(errors[0])
+        raise ConfigError(f"{where}: {value!r} fits none of: " + "; ".join(e.split(": ", 1)[-1] for e in errors))
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
