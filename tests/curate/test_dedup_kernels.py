@@ -1,0 +1,84 @@
+"""Hashing, normalization, shingling, LSH grouping and clustering kernels of curate.dedup."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from curate.dedup.clusters import connected_components, pair_jaccard
+from curate.dedup.exact import text_hashes
+from curate.dedup.kernels import count_shingles, murmur3_128
+from curate.dedup.lsh import band_pairs, choose_bands, unpack_pairs
+from curate.dedup.text import normalize_expr, normalized_buffers
+
+
+@pytest.mark.parametrize(
+    ("data", "seed", "h1", "h2"),
+    [  # reference values from the mmh3 package (hash128, unsigned: h1 low, h2 high)
+        (b"", 0, 0x0, 0x0),
+        (b"hello", 0, 0xCBD8A7B341BD9B02, 0x5B1E906A48AE1D19),
+        (b"The quick brown fox jumps over the lazy dog", 0, 0xE34BBC7BBC071B6C, 0x7A433CA9C49A9347),
+        (b"0123456789abcdef0123", 42, 0x081E6D1FD710E499, 0xB7F785C1DFD99B8D),
+    ],
+)
+def test_murmur3_matches_reference(data, seed, h1, h2):
+    buf = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, dtype=np.uint8)
+    assert murmur3_128(buf, 0, len(data), seed) == (h1, h2)
+
+
+def test_text_hashes_slice_rows_out_of_one_buffer():
+    hashes = text_hashes(pl.Series(["hello", "", "hello", "Hello"]), normalize="none")
+    rows = hashes.rows()
+    assert rows[0] == rows[2] and rows[0] != rows[3] and rows[1] == (0, 0)
+    assert rows[0] == (0xCBD8A7B341BD9B02, 0x5B1E906A48AE1D19)
+
+
+@pytest.mark.parametrize("mode", ["whitespace", "lower", "words"])
+def test_fast_normalization_equals_the_expressions(mode):
+    texts = pl.Series(["  Hello,   World!\tfoo_bar ", "ÀBC déf, GHI!", "", None, "a\u00a0b  c", "x--y...z", "MiXeD\n\ncase", "ß Straße «q»"])
+    offsets, data = normalized_buffers(texts, mode)
+    got = [bytes(data[offsets[i] : offsets[i + 1]]).decode() for i in range(len(texts))]
+    assert got == pl.select(normalize_expr(pl.lit(texts), mode)).to_series().to_list()
+
+
+def _buffers(texts):
+    return normalized_buffers(pl.Series(texts), "none")
+
+
+def test_short_documents_get_one_shingle_and_empty_ones_none():
+    offsets, data = _buffers(["a b c d e f g", "a b", "", "   ", "a b c d e"])
+    assert count_shingles(offsets, data, 5, False).tolist() == [3, 1, 0, 0, 1]
+
+
+def test_char_shingles_count_code_points():
+    offsets, data = _buffers(["abcdé", "日本語", "ab"])
+    assert count_shingles(offsets, data, 3, True).tolist() == [3, 1, 1]
+
+
+def test_choose_bands_uses_datasketch_search():
+    from datasketch.lsh import _optimal_param
+
+    assert choose_bands(0.8, 128) == tuple(_optimal_param(0.8, 128, 0.5, 0.5))
+
+
+def test_band_pairs_star_and_chain_per_run():
+    keys = np.array([7, 3, 7, 7, 3, 9], dtype=np.uint64)
+    docs = np.arange(6, dtype=np.uint32)
+    a, b = unpack_pairs(band_pairs(keys, docs))
+    # run of key 3: {1, 4}; run of key 7: {0, 2, 3} -> star from 0 plus chain 2-3
+    assert sorted(zip(a.tolist(), b.tolist())) == [(0, 2), (0, 3), (1, 4), (2, 3)]
+
+
+def test_components_are_labelled_by_their_lowest_member():
+    labels = connected_components(6, np.array([5, 1], dtype=np.uint32), np.array([4, 2], dtype=np.uint32))
+    assert labels.tolist() == [0, 1, 1, 3, 4, 4]
+    labels = connected_components(6, np.array([5, 4, 1], dtype=np.uint32), np.array([1, 2, 2], dtype=np.uint32))
+    assert labels.tolist() == [0, 1, 1, 3, 1, 1]
+
+
+def test_pair_jaccard_of_sorted_sets():
+    values = np.array([1, 2, 3, 4, 2, 3, 4, 5, 9], dtype=np.uint32)
+    offsets = np.array([0, 4, 8, 9, 9], dtype=np.int64)
+    got = pair_jaccard(np.array([0, 0, 2, 3]), np.array([1, 2, 3, 3]), offsets, values)
+    assert got.tolist() == [3 / 5, 0.0, 0.0, 0.0]
