@@ -46,9 +46,14 @@ class ShardSet:
     shards: list[ShardInfo]
     sources: list[str] = field(default_factory=list)
     fingerprint: str = ""
+    storage_options: dict = field(default_factory=dict)
 
     def url(self, index: int) -> str:
         return f"{self.root}/{self.shards[index].path}"
+
+    def reopen(self) -> None:
+        """Replace the filesystem with a new one; a worker process must (async ones such as s3fs are not fork-safe)."""
+        self.fs = fsspec.core.url_to_fs(self.root, **self.storage_options)[0]
 
 
 def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None = None) -> ShardSet:
@@ -75,7 +80,8 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     digest = hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-    return ShardSet(root=prefix + root, fs=fs, shards=shards, sources=list(manifest.get("sources") or []), fingerprint=digest)
+    return ShardSet(root=prefix + root, fs=fs, shards=shards, sources=list(manifest.get("sources") or []),
+                    fingerprint=digest, storage_options=dict(storage_options or {}))
 
 
 def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa.Table:

@@ -43,6 +43,7 @@ def _visits(p0: int, stop: int | None, worker: int, n_workers: int) -> Iterator[
 def _worker_main(worker, n_workers, p0, stop, shards, kwargs, out, halt) -> None:
     n_shards = len(shards.shards)
     try:
+        shards.reopen()
         for p in _visits(p0, stop, worker, n_workers):
             epoch, index = divmod(p, n_shards)
             for msg in shard_pieces(shards, index, epoch, **kwargs):

@@ -1,0 +1,45 @@
+"""Reading a job folder from S3: a real S3-compatible server (moto) on 127.0.0.1, not a client mock."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.train.shards_util import make_docs, write_job
+from train.data import Loader, LoaderConfig
+from train.errors import ShardError
+
+
+@pytest.fixture(scope="module")
+def s3_job(s3_server, tmp_path_factory):
+    import s3fs
+
+    local = write_job(tmp_path_factory.mktemp("job"), [make_docs(12)[:6], make_docs(12)[6:]])
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir("winnow-test")
+    fs.put(str(local) + "/", "winnow-test/out/job", recursive=True)
+    return local, "s3://winnow-test/out/job"
+
+
+def batches(folder, n, **kw):
+    with Loader(LoaderConfig(**{"batch_size": 2, "seq_len": 32, "num_workers": 0, **kw}), folder) as loader:
+        return [next(loader) for _ in range(n)]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_s3_gives_the_same_batches_as_local(s3_job, fmt):
+    local, url = s3_job
+    got, expected = batches(url, 12, format=fmt), batches(local, 12, format=fmt)
+    assert all((a.tokens == b.tokens).all() and (a.source_ids == b.source_ids).all() for a, b in zip(got, expected))
+    assert got[0].origins == expected[0].origins
+
+
+@pytest.mark.slow
+def test_s3_with_worker_processes(s3_job):
+    local, url = s3_job
+    got, expected = batches(url, 12, num_workers=2), batches(local, 12)
+    assert all((a.targets == b.targets).all() for a, b in zip(got, expected))
+
+
+def test_s3_missing_job_folder_is_a_shard_error(s3_job):
+    with pytest.raises(ShardError, match="no manifest"):
+        Loader(LoaderConfig(num_workers=0), "s3://winnow-test/out/absent")
