@@ -1,0 +1,73 @@
+"""Checkpoints: kill and resume reproduces the loss trajectory; corrupt checkpoints are skipped; pruning."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from train.checkpoint import CheckpointManager
+from train.errors import CheckpointError
+from tests.train.test_trainer_loop import SyntheticBatches, make_trainer, tiny_config
+
+
+def _recorded_fit(trainer) -> tuple[dict, list[float]]:
+    losses, step = [], trainer.train_step
+
+    def recording():
+        result = step()
+        losses.append(result.loss)
+        return result
+
+    trainer.train_step = recording
+    return trainer.fit(), losses
+
+
+def test_sigterm_checkpoints_and_resume_gives_identical_losses(tmp_path):
+    kw = dict(steps=8, metrics={"log_every": 3}, checkpoint={"every": 0}, model={"router_noise": 0.1, "dropout": 0.1})
+    _, reference = _recorded_fit(make_trainer(tiny_config(tmp_path / "ref", **kw)))
+
+    def kill_at_fourth_batch(position):
+        if position == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    cfg = tiny_config(tmp_path / "run", **kw)
+    summary, first = _recorded_fit(make_trainer(cfg, SyntheticBatches(on_batch=kill_at_fourth_batch)))
+    assert summary["preempted"] and summary["step"] == 4
+    resumed = make_trainer(cfg)
+    resumed.model.reset_parameters()  # whatever the fresh weights, the checkpoint must win
+    summary, second = _recorded_fit(resumed)
+    assert not summary["preempted"] and summary["step"] == 8
+    assert first + second == reference  # exact: fp32 on CPU, RNG and data position restored
+
+
+def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    manager.save(1, {"x": torch.ones(3)})
+    newest = manager.save(2, {"x": torch.zeros(3)})
+    data = bytearray((newest / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (newest / "state.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum"):
+        manager.load(newest)
+    path, state = manager.load_latest()
+    assert path.name == "step-00000001" and torch.equal(state["x"], torch.ones(3))
+
+
+def test_keep_last_prunes_and_stale_temp_folders_are_removed(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    (tmp_path / ".tmp-step-00000009-123").mkdir(parents=True)
+    for step in (1, 2, 3):
+        manager.save(step, {"step": step})
+    assert [p.name for p in manager.checkpoints()] == ["step-00000003", "step-00000002"]
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_resume_restores_counters_and_optimizer_state(tmp_path):
+    cfg = tiny_config(tmp_path, steps=3, checkpoint={"every": 3})
+    first = make_trainer(cfg)
+    first.fit()
+    again = make_trainer(cfg)
+    assert again.resume() and again.step == 3 and again.data.position == 3
+    for a, b in zip(first.optimizer.state_dict()["state"].values(), again.optimizer.state_dict()["state"].values()):
+        torch.testing.assert_close(a["exp_avg"], b["exp_avg"])
