@@ -73,7 +73,7 @@ def test_fineweb_prose_passes():
     ("line_punct_ratio", PROSE.replace(".", ""), {"min_line_punct_ratio": None}),
     ("short_line_ratio", PROSE + "\n" + "\n".join(f"Item {i} is short." for i in range(13)), {"max_short_line_ratio": None}),
     ("char_dup_ratio", PROSE + "\n" + PROSE.splitlines()[0], {"max_char_dup_ratio": None}),
-    ("list_ratio", "\n\n\n\n".join(f"Entry {w} is a much longer line that ends right here." for w in "abcdefghij"),
+    ("list_ratio", "\n\n\n\n\n".join(f"Entry {w} is a much longer line that ends right here." for w in "abcdefghij"),
      {"max_list_ratio": None}),
 ])
 def test_fineweb_rules(rule, text, off):
