@@ -12,6 +12,7 @@ costs ~0.1 ms for a page of text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import polars as pl
 
@@ -40,6 +41,13 @@ class LanguageConfig(FilterConfig):
             raise ConfigError(f"filter.language: languages must be ISO 639 codes such as 'en' or 'de', got {bad!r}")
 
 
+@lru_cache(maxsize=1)
+def _identifier():
+    """The py3langid model, loaded once per process (unpickling it takes about a second)."""
+    langid = require("py3langid.langid", package="py3langid", feature="filter.language")
+    return langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
+
+
 class LanguageFilter(RuleFilter):
     """Identifies each document's language and rejects those outside ``languages`` or below ``min_score``."""
 
@@ -50,8 +58,7 @@ class LanguageFilter(RuleFilter):
 
     def __init__(self, config: LanguageConfig, ctx: StageContext) -> None:
         super().__init__(config, ctx)
-        langid = require("py3langid.langid", package="py3langid", feature="filter.language")
-        self._identifier = langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
+        self._identifier = _identifier()
 
     def metrics(self, batch: pl.DataFrame) -> pl.DataFrame:
         texts = batch["text"].str.slice(0, self.config.max_chars).to_list()

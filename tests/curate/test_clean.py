@@ -1,0 +1,71 @@
+"""clean: normalization as columns, per-source boilerplate lines, counters and the empty reason."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import polars as pl
+import pytest
+
+from curate.errors import ConfigError
+from curate.stages.base import StageContext
+from curate.stages.clean import Clean, CleanConfig
+
+
+def frame(texts: list[str], sources: list[str] | None = None) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"id": [str(i) for i in range(len(texts))], "source": sources or ["s"] * len(texts), "text": texts,
+         "meta": [None] * len(texts)},
+        schema_overrides={"meta": pl.String},
+    )
+
+
+def run(tmp_path, batch: pl.DataFrame, **cfg):
+    """collect -> plan -> apply, as the runner does it, on one task."""
+    ctx = StageContext(stage_id="c", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("s", "t"))
+    stage = Clean(CleanConfig(**cfg), ctx)
+    plan = stage.plan(stage.collect(batch).with_columns(pl.lit(0).alias("_task")).lazy())
+    return stage.apply(batch, plan.decision), plan
+
+
+def test_normalization(tmp_path):
+    out, _ = run(tmp_path, frame(["Cafe\u0301  au\u00a0lait\u200b.\t \r\n\n\n\nNext\x07 para.  "]), boilerplate_min_docs=None)
+    assert out.kept["text"][0] == "Caf\u00e9 au lait.\n\nNext para."
+
+
+def test_nfkc_and_indentation(tmp_path):
+    out, _ = run(tmp_path, frame(["\ufb01ne\n    indented  line"]), unicode_form="NFKC", boilerplate_min_docs=None)
+    assert out.kept["text"][0] == "fine\n    indented line"
+
+
+def test_boilerplate_lines_removed_per_source(tmp_path):
+    banner = "We use cookies to improve your experience."
+    texts = [f"{banner}\nStory number {i} is unique." for i in range(4)] + [f"{banner}\nOther source {i}." for i in range(2)]
+    out, plan = run(tmp_path, frame(texts, ["s"] * 4 + ["t"] * 2), boilerplate_min_docs=3, boilerplate_min_fraction=0.5)
+    kept = dict(zip(out.kept["id"], out.kept["text"]))
+    assert kept["0"] == "Story number 0 is unique."
+    assert kept["4"].startswith(banner)  # only 2 documents of source t carry it: below min_docs
+    assert plan.report["boilerplate_lines"] == {"s": 1, "t": 0}
+    assert out.counters["lines_removed/s"] == 4 and out.counters["lines_removed/t"] == 0
+    assert out.counters["chars_removed/s"] == 4 * (len(banner) + 1)
+
+
+def test_empty_after_cleaning_is_rejected_with_reason(tmp_path):
+    out, _ = run(tmp_path, frame([" \t\n\u200b ", "kept"]), boilerplate_min_docs=None)
+    assert out.rejected["reason"].to_list() == ["clean:empty"]
+    assert out.rejected["text"][0] == " \t\n\u200b "  # the reject keeps what was there
+    out, _ = run(tmp_path, frame([" \t\n\u200b "]), boilerplate_min_docs=None, drop_empty=False)
+    assert out.kept["text"].to_list() == [""]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ftfy") is None, reason="ftfy not installed (pip install ftfy)")
+def test_fix_mojibake(tmp_path):
+    out, _ = run(tmp_path, frame(["The Mona Lisa doesnâ€™t have eyebrows."]), fix_mojibake=True, boilerplate_min_docs=None)
+    assert out.kept["text"][0] == "The Mona Lisa doesn't have eyebrows."
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="unicode_form"):
+        CleanConfig(unicode_form="NFD")
+    with pytest.raises(ConfigError, match="boilerplate_min_docs"):
+        CleanConfig(boilerplate_min_docs=1)
