@@ -87,11 +87,10 @@ def sketch_block(offsets, data, ngram, chars, a, b, oph, rows, bands, want_sigs,
     n = offsets.shape[0] - 1
     k = a.shape[0]
     counts = count_shingles(offsets, data, ngram, chars)
-    longest = 1
-    for i in range(n):
-        longest = max(longest, offsets[i + 1] - offsets[i] + 1)
+    # A document has at most count + ngram - 1 units (words or code points); scratch holds the longest.
+    longest = (counts.max() if n else 0) + ngram + 1
     buf = np.empty(longest, dtype=np.uint64)
-    starts = np.empty(longest + 1, dtype=np.int64)
+    starts = np.empty(longest, dtype=np.int64)
     sig = np.empty(k, dtype=np.uint64)
     filled = np.empty(k, dtype=np.bool_)
     sigs = np.empty((n if want_sigs else 0, k), dtype=np.uint64)
