@@ -1,0 +1,72 @@
+"""Tokenizers: byte-level default, BPE trained on shards, save/load round trips, the CLI command."""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.train.shards_util import make_docs, write_job
+from train.errors import ConfigError
+from train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+
+TEXTS = ["the cat sat on the mat", "", "héllo wörld", "the dog sat on the log"] * 20
+
+
+def test_byte_tokenizer_ids_are_utf8_bytes_and_specials_follow():
+    tok = load_tokenizer(None)
+    assert (tok.vocab_size, tok.eos_id, tok.pad_id) == (258, 256, 257)
+    ids = tok.encode_batch(["hé", ""])
+    assert [a.tolist() for a in ids] == [[104, 195, 169], []] and ids[0].dtype == np.int32
+    assert tok.decode(np.array([104, 256, 195, 169, 257])) == "hé"
+
+
+def test_byte_encode_column_reads_sliced_and_null_arrow_strings():
+    arr = pa.array(["zz", "ab", None, "c"]).slice(1)
+    flat, lens = ByteTokenizer().encode_column(arr)
+    assert flat.tolist() == list(b"abc") and lens.tolist() == [2, 0, 1]
+
+
+def test_bpe_trains_with_specials_round_trips_and_compresses():
+    tok = train_bpe([TEXTS], vocab_size=300, min_frequency=1)
+    assert tok.vocab_size <= 300 and {tok.eos_id, tok.pad_id} < set(range(tok.vocab_size))
+    ids = tok.encode_batch(["the cat sat on the log", "héllo"])
+    assert tok.decode(ids[0]) == "the cat sat on the log" and tok.decode(ids[1]) == "héllo"
+    assert len(ids[0]) < len("the cat sat on the log")
+    assert tok.encode_batch(["ünseen ✓ text"])[0].size > 0  # byte fallback: nothing is out of vocabulary
+
+
+def test_bpe_save_load_and_pickle_give_the_same_ids(tmp_path):
+    tok = train_bpe([TEXTS], vocab_size=280, min_frequency=1)
+    tok.save(tmp_path / "tok")
+    for other in (load_tokenizer(tmp_path / "tok"), load_tokenizer(tmp_path / "tok" / "tokenizer.json"), pickle.loads(pickle.dumps(tok))):
+        assert [a.tolist() for a in other.encode_batch(TEXTS[:4])] == [a.tolist() for a in tok.encode_batch(TEXTS[:4])]
+        assert other.name == tok.name
+
+
+def test_byte_tokenizer_saves_and_reloads(tmp_path):
+    ByteTokenizer().save(tmp_path)
+    assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
+
+
+def test_bad_tokenizer_path_and_tiny_vocab_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="tokenizer_meta.json"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(ConfigError, match="vocab_size"):
+        train_bpe([TEXTS], vocab_size=100)
+
+
+def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path):
+    from pipelines import tokenizer as command
+
+    folder = write_job(tmp_path / "job", [make_docs(40)[:20], make_docs(40)[20:]])
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tmp_path / "tok")])
+    args.quiet = True
+    assert args.func(args) == 0
+    tok = load_tokenizer(tmp_path / "tok")
+    assert tok.kind == "bpe" and tok.decode(tok.encode_batch(["<web:3>xx"])[0]) == "<web:3>xx"
