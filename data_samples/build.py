@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-sys.dont_write_bytecode = True  # keep data_samples/ free of __pycache__
+if __name__ == "__main__":
+    sys.dont_write_bytecode = True  # keep data_samples/ free of __pycache__ (tests importing this module keep theirs)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sample_dirt import DirtPlan, Planter, cross_copy  # noqa: E402
 from sample_sources import (  # noqa: E402
