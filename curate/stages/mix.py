@@ -52,6 +52,8 @@ class MixConfig(StageConfig):
     seed: int | None = None  # default: the job seed
 
     def __post_init__(self) -> None:
+        if self.sources is not None:
+            raise ConfigError(f"sources cannot scope this stage (mix sets the shares of the whole mixture), got sources={self.sources}")
         if self.scheme is None:
             self.scheme = "explicit" if self.weights else "temperature"
         if self.scheme not in SCHEMES:

@@ -51,6 +51,8 @@ class OrderConfig(StageConfig):
     report_windows: int = 3  # first and last windows listed in the report
 
     def __post_init__(self) -> None:
+        if self.sources is not None:
+            raise ConfigError(f"sources cannot scope this stage (order ranks every training row), got sources={self.sources}")
         if not self.by:
             raise ConfigError("by must name a numeric column or 'length', got ''")
         if self.direction not in ("easy_to_hard", "hard_to_easy"):
