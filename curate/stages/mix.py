@@ -126,7 +126,7 @@ class Mix(Barrier):
     def plan(self, keys: pl.LazyFrame) -> Plan:
         names = sorted(keys.select(pl.col("source").unique()).collect().to_series().to_list())
         # Pass 1 reads the numbers only; the ids are read once the counts exist (pass 2).
-        cols = [pl.col("source").replace_strict(names, range(len(names)), return_dtype=pl.Int32).alias("_code"), "_tokens", "_h"]
+        cols = [pl.col("source").cast(pl.Enum(names)).to_physical().alias("_code"), "_tokens", "_h"]
         if self.config.score_column is not None:
             cols.append("_score")
         df = keys.select(cols).collect()

@@ -23,8 +23,7 @@ import polars as pl
 from curate.errors import ConfigError, StageError
 from curate.schema import empty_rejects
 from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
-from curate.stages.mixing.arrays import group_indices
-from curate.stages.mixing.hashing import hash_strings, rehash, seed_key, source_salts, to_unit
+from curate.stages.mixing.hashing import hash_strings, seed_key, source_salts, to_unit
 from curate.stages.mixing.pacing import PACINGS, paced_order
 from curate.stages.mixing.stratify import interleave, shuffle_windows, window_counts
 
@@ -110,7 +109,7 @@ class Order(Barrier):
             if unknown:
                 log.warning("%s: source_order names sources with no training rows: %s", self.ctx.stage_id, sorted(unknown))
         # Pass 1 reads the numbers only; the ids are read once the ranks exist (pass 2).
-        code_expr = pl.col("source").replace_strict(names, range(len(names)), return_dtype=pl.Int32).alias("_code")
+        code_expr = pl.col("source").cast(pl.Enum(names)).to_physical().alias("_code")
         df = keys.select(code_expr, "_value", "_h").collect()
         codes, value, h = df["_code"].to_numpy(), df["_value"].to_numpy(), df["_h"].to_numpy()
         del df
@@ -126,14 +125,20 @@ class Order(Barrier):
         return Plan(decision.with_columns(pl.Series("order", rank, dtype=pl.Int64)), report)
 
     def _sequence(self, codes: np.ndarray, value: np.ndarray, h: np.ndarray, n_groups: int) -> np.ndarray:
-        """Row indices in reading order."""
+        """Row indices in reading order (one int64 array, reordered in place group by group)."""
         c = self.config
-        key = -value if c.direction == "hard_to_easy" else value
-        u = to_unit(h)
-        groups = [g[paced_order(key[g], u[g], pacing=c.pacing, start=c.start, steps=c.steps)] for g in group_indices(codes, n_groups)]
-        seq = interleave(groups) if c.stratify else (np.concatenate(groups) if groups else np.zeros(0, np.int64))
+        seq = np.argsort(codes, kind="stable")
+        sizes = np.bincount(codes, minlength=n_groups).tolist()
+        start = 0
+        for n in sizes:
+            rows = seq[start : start + n]
+            key = -value[rows] if c.direction == "hard_to_easy" else value[rows]
+            rows[:] = rows[paced_order(key, to_unit(h[rows]), pacing=c.pacing, start=c.start, steps=c.steps)]
+            start += n
+        if c.stratify:
+            seq = interleave(seq, sizes)
         if c.shuffle_within_window:
-            seq = shuffle_windows(seq, rehash(h, seed_key("order.shuffle", self.seed)), c.window)
+            shuffle_windows(seq, h, seed_key("order.shuffle", self.seed), c.window)
         return seq
 
     def _report(self, names: list[str], codes_in_order: np.ndarray, value_in_order: np.ndarray) -> dict:

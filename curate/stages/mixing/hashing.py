@@ -76,15 +76,3 @@ def source_salts(sources: pl.Series, *parts: object) -> np.ndarray:
     keys = [seed_key(*parts, name) for name in names]
     return sources.replace_strict(names, keys, return_dtype=pl.UInt64).to_numpy()
 
-
-@njit(cache=True)
-def _rehash(h, salt, out):
-    for i in range(h.shape[0]):
-        out[i] = _splitmix64(h[i] ^ salt)
-
-
-def rehash(h: np.ndarray, salt: int) -> np.ndarray:
-    """A second, independent uint64 stream from hashes ``h`` (e.g. for a shuffle after a draw)."""
-    out = np.empty(h.shape[0], dtype=np.uint64)
-    _rehash(np.ascontiguousarray(h, dtype=np.uint64), np.uint64(salt), out)
-    return out
