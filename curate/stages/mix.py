@@ -109,7 +109,7 @@ class Mix(Barrier):
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
         if "repeat" in batch.columns:
             raise StageError(f"{self.ctx.stage_id}: rows already carry a repeat column; a job may mix only once")
-        train = batch.filter(pl.col("split") != "val") if "split" in batch.columns else batch
+        train = batch.filter(pl.col("split").ne_missing("val")) if "split" in batch.columns else batch
         salts = source_salts(train["source"], "mix", self.seed)
         keys = train.select("id", "source").with_columns(
             self._tokens(train["text"]).alias("_tokens"),

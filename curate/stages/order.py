@@ -85,7 +85,7 @@ class Order(Barrier):
         self.seed = ctx.seed if config.seed is None else config.seed
 
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
-        train = batch.filter(pl.col("split") != "val") if "split" in batch.columns else batch
+        train = batch.filter(pl.col("split").ne_missing("val")) if "split" in batch.columns else batch
         by = self.config.by
         if by == "length":
             value = train["text"].str.len_bytes().cast(pl.Float64)

@@ -154,3 +154,10 @@ def test_tokenizer_counts_tokens_instead_of_bytes(tmp_path):
 def test_bad_config_names_the_key(cfg, key):
     with pytest.raises(ConfigError, match=key):
         MixConfig(**cfg)
+
+
+def test_rows_without_a_split_value_are_training_rows(tmp_path):
+    df = rows({"a": 20}).with_columns(split=pl.when(pl.col("id") == "a/doc1").then(pl.lit("val")).otherwise(pl.lit(None, pl.String)))
+    mix, p = plan(df, tmp_path)
+    assert p.decision.height == 19
+    assert mix.apply(df, p.decision).kept.height == 20

@@ -23,7 +23,8 @@ _TWO_POW_53 = float(2**53)
 
 
 @njit(cache=True)
-def _splitmix64(x):
+def splitmix64(x):
+    """The splitmix64 finalizer (Steele et al. 2014): every input bit moves every output bit."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -35,7 +36,7 @@ def _hash_utf8(offsets, data, salts, out):
         h = _FNV_OFFSET
         for j in range(offsets[i], offsets[i + 1]):
             h = (h ^ np.uint64(data[j])) * _FNV_PRIME
-        out[i] = _splitmix64(h ^ salts[i])
+        out[i] = splitmix64(h ^ salts[i])
 
 
 def seed_key(*parts: object) -> int:
