@@ -124,7 +124,11 @@ class Mix(Barrier):
 
     # plan ------------------------------------------------------------------------------
     def plan(self, keys: pl.LazyFrame) -> Plan:
+        if "source" not in keys.collect_schema().names():  # no rows reached the stage
+            return Plan(pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32, "_count": pl.Int32}), {"sources": {}})
         names = sorted(keys.select(pl.col("source").unique()).collect().to_series().to_list())
+        if not names:
+            return Plan(keys.select("id", "_task").collect().with_columns(pl.lit(0, pl.Int32).alias("_count")), {"sources": {}})
         # Pass 1 reads the numbers only; the ids are read once the counts exist (pass 2).
         cols = [pl.col("source").cast(pl.Enum(names)).to_physical().alias("_code"), "_tokens", "_h"]
         if self.config.score_column is not None:

@@ -102,6 +102,10 @@ class Order(Barrier):
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
         c = self.config
+        schema = keys.collect_schema().names()
+        id_cols = ["id", "repeat"] if "repeat" in schema else ["id"]
+        if "source" not in schema:  # no rows reached the stage
+            return Plan(pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32, "order": pl.Int64}), {"rows": 0})
         names = sorted(keys.select(pl.col("source").unique()).collect().to_series().to_list())
         if not c.stratify and c.source_order:
             unknown = set(c.source_order) - set(names)
@@ -118,7 +122,6 @@ class Order(Barrier):
         rank[seq] = np.arange(len(seq), dtype=np.int64)
         report = self._report(names, codes[seq], value[seq])
         del seq, codes, value, h
-        id_cols = ["id", "repeat"] if "repeat" in keys.collect_schema().names() else ["id"]
         decision = keys.select(*id_cols, "_task").collect()
         if decision.height != len(rank):
             raise StageError(f"{self.ctx.stage_id}: the keys changed between two reads ({len(rank)} then {decision.height} rows)")

@@ -91,6 +91,8 @@ class Split(Barrier):
         return batch.select("id", "source").with_columns(pl.Series("_h", self._hashes(batch["id"]), dtype=pl.UInt64))
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
+        if "source" not in keys.collect_schema().names():  # no rows reached the stage
+            return Plan(pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32}), {"sources": {}})
         df = keys.select("id", "source", "_h", "_task").collect()
         names = sorted(df["source"].unique().to_list())
         rows = {n: self.config.rows_for(n) for n in names}

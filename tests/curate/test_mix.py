@@ -161,3 +161,13 @@ def test_rows_without_a_split_value_are_training_rows(tmp_path):
     mix, p = plan(df, tmp_path)
     assert p.decision.height == 19
     assert mix.apply(df, p.decision).kept.height == 20
+
+
+def test_plans_over_no_rows_are_empty(tmp_path):
+    from curate.stages.order import Order, OrderConfig
+    from curate.stages.split import Split, SplitConfig
+
+    ctx = StageContext(stage_id="x", job_name="t", output_dir=tmp_path, plan_dir=tmp_path, sources=())
+    nothing = pl.LazyFrame(schema={"id": pl.String, "_task": pl.Int32})  # what the runner scans when no task wrote keys
+    for stage in (Mix(MixConfig(), ctx), Order(OrderConfig(), ctx), Split(SplitConfig(), ctx)):
+        assert stage.plan(nothing).decision.height == 0
