@@ -30,7 +30,10 @@ Where the definitions differ (the reason agreement can fall short of 100%):
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -56,14 +59,26 @@ def sample_texts(limit: int) -> list[str]:
         if ".build-tmp" in path.parts:
             continue
         try:
-            df = pl.read_parquet(path) if path.suffix == ".parquet" else pl.read_ndjson(path)
-        except Exception:  # compressed or malformed sample files are skipped; the bench only needs text
+            df = pl.read_parquet(path) if path.suffix == ".parquet" else pl.read_ndjson(io.BytesIO(_decompressed(path)))
+        except Exception:  # malformed sample rows are planted on purpose; the bench only needs text
             continue
         if "text" in df.columns:
             texts.extend(t for t in df["text"].to_list() if isinstance(t, str))
     if len(texts) < limit:
         texts.extend(stdlib_docstrings())
+    random.Random(0).shuffle(texts)  # a mix of every source whatever the size of the run
     return texts[:limit]
+
+
+def _decompressed(path: Path) -> bytes:
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        return gzip.decompress(data)
+    if path.suffix == ".zst":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read()
+    return data
 
 
 def stdlib_docstrings() -> list[str]:
