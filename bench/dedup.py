@@ -1,0 +1,306 @@
+"""MinHash near-duplicate removal, end to end: winnow vs datasketch vs datatrove on the same corpus.
+
+Each system reads the same JSONL files, removes near-duplicates (word 5-grams, 128
+permutations, threshold 0.8) and writes the kept documents; each run is a fresh subprocess
+that reports wall time, peak RSS and the removed ids. Runs are interleaved A B C A B C.
+Precision and recall are measured against exact Jaccard of the normalized word 5-grams,
+per duplicate cluster (a cluster of k documents should lose k - 1 of them, whichever).
+
+    python bench/dedup.py --docs 20000 --reps 2          # generated corpus with planted duplicates
+    python bench/dedup.py --samples                      # data_samples/ (5.6k real documents)
+    python bench/dedup.py --docs 1000000 --systems winnow,datasketch
+
+Peers are benchmark-only: ``pip install datatrove[processing] spacy`` (datasketch is a winnow dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "bench" / "_data" / "dedup"
+THRESHOLD, NGRAM, NUM_PERM = 0.8, 5, 128
+
+
+# -- corpora --------------------------------------------------------------------------------
+def generate(n_docs: int, folder: Path, *, seed: int = 0, per_file: int = 50_000) -> dict[str, list[str]]:
+    """Random-word documents; 10% are edited or extended copies of earlier ones. Returns planted groups."""
+    rng = np.random.default_rng(seed)
+    vocab = np.array([f"w{i}" for i in range(50_000)])
+    lengths = rng.integers(80, 300, size=n_docs)
+    groups: dict[str, list[str]] = {}
+    root_of: dict[int, int] = {}  # planted copy -> the original its group started from
+    folder.mkdir(parents=True)
+    texts: list[str] = []
+    for i in range(n_docs):
+        if i > 10 and rng.random() < 0.1:
+            src = int(rng.integers(0, i))
+            words = texts[src].split()
+            if rng.random() < 0.5:
+                for j in rng.choice(len(words), size=max(1, int(len(words) * rng.uniform(0.002, 0.05))), replace=False):
+                    words[j] = vocab[rng.integers(len(vocab))]
+            else:
+                at = int(rng.integers(len(words)))
+                words[at:at] = vocab[rng.integers(len(vocab), size=int(len(words) * rng.uniform(0.02, 0.3)))].tolist()
+            root = root_of.setdefault(i, root_of.get(src, src))
+            groups.setdefault(f"g{root:08d}", [f"g{root:08d}"]).append(f"g{i:08d}")
+            texts.append(" ".join(words))
+        else:
+            texts.append(" ".join(vocab[rng.integers(len(vocab), size=lengths[i])]))
+    _write_jsonl(folder, [f"g{i:08d}" for i in range(n_docs)], texts, per_file)
+    return groups
+
+
+def prepare_samples(folder: Path) -> None:
+    """data_samples/ as plain JSONL (one format for every system)."""
+    import polars as pl
+    import zstandard
+
+    ids, texts = [], []
+    for path in sorted((ROOT / "data_samples").glob("*/*")):
+        if path.suffix == ".parquet":
+            df = pl.read_parquet(path, columns=["id", "text"])
+            ids += df["id"].to_list()
+            texts += df["text"].to_list()
+        elif path.suffix in (".gz", ".zst", ".jsonl"):
+            raw = path.read_bytes()
+            raw = gzip.decompress(raw) if path.suffix == ".gz" else zstandard.ZstdDecompressor().decompressobj().decompress(raw) if path.suffix == ".zst" else raw
+            for line in raw.splitlines():
+                row = orjson.loads(line)
+                ids.append(row["id"])
+                texts.append(row["text"])
+        elif path.parent.name == "legal":
+            ids.append(f"legal/{path.name}")
+            texts.append(path.read_text())
+    folder.mkdir(parents=True)
+    _write_jsonl(folder, ids, texts, 2000)
+
+
+def _write_jsonl(folder: Path, ids: list[str], texts: list[str], per_file: int) -> None:
+    for k in range(0, len(ids), per_file):
+        lines = (orjson.dumps({"id": i, "text": t}) for i, t in zip(ids[k : k + per_file], texts[k : k + per_file]))
+        (folder / f"part-{k // per_file:05d}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+
+
+def _read_jsonl(folder: Path):
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_bytes().splitlines():
+            yield orjson.loads(line)
+
+
+# -- ground truth: exact Jaccard ------------------------------------------------------------
+def _shingle_sets(texts: list[str]) -> list[set]:
+    import polars as pl
+
+    from curate.dedup.text import normalize_expr
+
+    norm = pl.select(normalize_expr(pl.lit(pl.Series(texts, dtype=pl.String)), "words")).to_series().to_list()
+    out = []
+    for t in norm:
+        w = t.split()
+        out.append({tuple(w[i : i + NGRAM]) for i in range(max(len(w) - NGRAM + 1, 1))} if w else set())
+    return out
+
+
+def truth_components(folder: Path, groups: dict[str, list[str]] | None) -> list[set[str]]:
+    """Connected components (size >= 2) of the pairs with exact Jaccard >= THRESHOLD."""
+    rows = {r["id"]: r["text"] for r in _read_jsonl(folder)}
+    if groups is None:  # all pairs sharing a shingle (small corpora)
+        candidates = [list(rows)]
+    else:  # generated corpus: random 5-grams over 50k words never collide across groups
+        candidates = list(groups.values())
+    parent: dict[str, str] = {}
+
+    def find(x):
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for ids in candidates:
+        sets = dict(zip(ids, _shingle_sets([rows[i] for i in ids])))
+        index: dict[tuple, list[str]] = {}
+        for i, s in sets.items():
+            for g in s:
+                index.setdefault(g, []).append(i)
+        pairs = {(a, b) for docs in index.values() for k, a in enumerate(docs) for b in docs[k + 1 :]}
+        for a, b in pairs:
+            sa, sb = sets[a], sets[b]
+            if len(sa & sb) >= THRESHOLD * len(sa | sb):
+                ra, rb = find(a), find(b)
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+    comps: dict[str, set[str]] = {}
+    for x in list(parent):
+        comps.setdefault(find(x), set()).add(x)
+    for root, members in comps.items():
+        members.add(root)
+    return [c for c in comps.values() if len(c) > 1]
+
+
+def score(removed: set[str], comps: list[set[str]]) -> tuple[float, float]:
+    """Cluster-wise precision and recall: a cluster of k documents should lose exactly k - 1."""
+    tp = sum(min(len(removed & c), len(c) - 1) for c in comps)
+    should = sum(len(c) - 1 for c in comps)
+    return tp / max(len(removed), 1), tp / max(should, 1)
+
+
+# -- the systems (each runs in its own subprocess) --------------------------------------------
+def run_winnow(data: Path, work: Path) -> set[str]:
+    import polars as pl
+
+    from curate.pipeline import run_job
+    from pipelines.jobfile import load_job
+
+    job_file = work / "job.toml"
+    job_file.write_text(
+        f'[job]\nname = "bench"\noutput = "{work / "out"}"\nworkers = 2\n\n[[inputs]]\nsource = "bench"\npath = "{data}/*.jsonl"\n\n'
+        f'[[stages]]\nkind = "dedup.minhash"\nthreshold = {THRESHOLD}\nngram = {NGRAM}\nnum_perm = {NUM_PERM}\n\n[output]\nformats = ["parquet"]\n'
+    )
+    run_job(load_job(job_file), progress=False)
+    return set(pl.read_parquet(work / "out" / "rejects" / "*.parquet")["id"].to_list())
+
+
+def run_datasketch(data: Path, work: Path) -> set[str]:
+    import re
+
+    import polars as pl
+    from datasketch import MinHash, MinHashLSH
+
+    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
+    splitter = re.compile(r"[\W_]+")
+    removed, kept = set(), []
+    for row in _read_jsonl(data):
+        words = splitter.split(row["text"].lower())
+        words = [w for w in words if w]
+        if not words:
+            kept.append(row)
+            continue
+        m = MinHash(num_perm=NUM_PERM)
+        m.update_batch([" ".join(words[i : i + NGRAM]).encode() for i in range(max(len(words) - NGRAM + 1, 1))])
+        if lsh.query(m):  # a near-duplicate of a document already kept
+            removed.add(row["id"])
+        else:
+            lsh.insert(row["id"], m)
+            kept.append(row)
+    pl.DataFrame(kept).write_parquet(work / "kept.parquet")
+    return removed
+
+
+def _patch_datatrove_xxhash() -> None:
+    # datatrove 0.10.1 hands str to xxhash, which since xxhash 3.5 wants bytes; encode as older xxhash did.
+    import xxhash
+    from datatrove.utils.hashes import xxhash as dt_xxhash
+
+    dt_xxhash.xxhash64 = lambda text: xxhash.xxh64_intdigest(text.encode() if isinstance(text, str) else text)
+    dt_xxhash.xxhash32 = lambda text: xxhash.xxh32_intdigest(text.encode() if isinstance(text, str) else text)
+
+
+def run_datatrove(data: Path, work: Path) -> set[str]:
+    from datasketch.lsh import _optimal_param
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature,
+    )  # fmt: skip
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+
+    _patch_datatrove_xxhash()
+    bands, rows = _optimal_param(THRESHOLD, NUM_PERM, 0.5, 0.5)
+    config = MinhashConfig(n_grams=NGRAM, num_buckets=bands, hashes_per_bucket=rows)
+    tasks = len(list(data.glob("*.jsonl")))
+    logs = str(work / "logs")
+    LocalPipelineExecutor([JsonlReader(str(data)), MinhashDedupSignature(str(work / "sigs"), config=config)], tasks=tasks, workers=2, logging_dir=f"{logs}/1").run()
+    LocalPipelineExecutor([MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config)], tasks=bands, workers=2, logging_dir=f"{logs}/2").run()
+    LocalPipelineExecutor([MinhashDedupCluster(str(work / "buckets"), str(work / "remove"), config=config)], tasks=1, logging_dir=f"{logs}/3").run()
+    LocalPipelineExecutor(
+        [JsonlReader(str(data)), MinhashDedupFilter(str(work / "remove"), exclusion_writer=JsonlWriter(str(work / "removed"))), JsonlWriter(str(work / "kept"))],
+        tasks=tasks, workers=2, logging_dir=f"{logs}/4",
+    ).run()  # fmt: skip
+    removed = set()
+    for path in (work / "removed").glob("*.jsonl.gz"):
+        removed |= {orjson.loads(line)["id"] for line in gzip.decompress(path.read_bytes()).splitlines()}
+    return removed
+
+
+SYSTEMS = {"winnow": run_winnow, "datasketch": run_datasketch, "datatrove": run_datatrove}
+
+
+def child(system: str, data: Path, work: Path) -> None:
+    """Run one system and print its measurements as JSON (the last line of stdout)."""
+    t0 = time.perf_counter()
+    removed = SYSTEMS[system](data, work)
+    seconds = time.perf_counter() - t0
+    # VmHWM, not ru_maxrss: the latter survives exec and would report the parent bench's own peak.
+    hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM"))
+    peak = max(hwm, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+    (work / "removed.json").write_text(json.dumps(sorted(removed)))
+    print(json.dumps({"seconds": seconds, "peak_rss": peak}))
+
+
+def measure(system: str, data: Path, n_docs: int, comps: list[set[str]]) -> dict:
+    work = DATA / "work" / system
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--child", system, "--data", str(data), "--work", str(work)], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{system} failed:\n{proc.stderr[-3000:]}")
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    precision, recall = score(set(json.loads((work / "removed.json").read_text())), comps)
+    return {"system": system, "docs_per_s": n_docs / wall, "wall_s": wall, "peak_rss_mb": stats["peak_rss"] / 2**20,
+            "rss_kb_per_doc": stats["peak_rss"] / 1024 / n_docs, "precision": precision, "recall": recall}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=1_000_000, help="generated corpus size (default 1M, as the issue asks)")
+    ap.add_argument("--samples", action="store_true", help="use data_samples/ instead of a generated corpus")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--systems", default="winnow,datasketch,datatrove")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    if args.child:
+        return child(args.child, args.data, args.work)
+
+    data = DATA / ("samples" if args.samples else f"gen-{args.docs}")
+    groups = None
+    if not data.exists():
+        print(f"writing corpus to {data} ...", flush=True)
+        if args.samples:
+            prepare_samples(data)
+        else:
+            groups = generate(args.docs, data)
+            (data / "groups.json").write_text(json.dumps(groups))
+    elif not args.samples:
+        groups = json.loads((data / "groups.json").read_text())
+    n_docs = sum(1 for _ in _read_jsonl(data))
+    comps = truth_components(data, groups)
+    print(f"{n_docs} documents, {sum(len(c) - 1 for c in comps)} to remove by exact Jaccard >= {THRESHOLD} (machine shared: ratios are paired per round)")
+    systems = args.systems.split(",")
+    rounds = [[measure(s, data, n_docs, comps) for s in systems] for _ in range(args.reps)]  # interleaved A B C A B C
+    print(f"{'system':<11} {'docs/s':>10} {'wall s':>8} {'peak MB':>9} {'KB/doc':>8} {'precision':>9} {'recall':>7}")
+    for r in (r for rnd in rounds for r in rnd):
+        print(f"{r['system']:<11} {r['docs_per_s']:>10.0f} {r['wall_s']:>8.2f} {r['peak_rss_mb']:>9.0f} {r['rss_kb_per_doc']:>8.2f} {r['precision']:>9.4f} {r['recall']:>7.4f}")
+    if "winnow" in systems:
+        for peer in (s for s in systems if s != "winnow"):
+            ratios = [rnd[systems.index("winnow")]["docs_per_s"] / rnd[systems.index(peer)]["docs_per_s"] for rnd in rounds]
+            print(f"winnow / {peer} docs/s: " + ", ".join(f"{x:.1f}x" for x in ratios) + f" (median {np.median(ratios):.1f}x)")
+
+
+if __name__ == "__main__":
+    main()
