@@ -18,7 +18,7 @@ from curate.dedup.clusters import connected_components
 from curate.dedup.lsh import unpack_pairs
 from curate.dedup.minhash import MinHashConfig, minhash_keys, near_duplicate_pairs
 from curate.dedup.signatures import sketch_buffers
-from curate.dedup.text import check_normalization, normalized_buffers
+from curate.dedup.text import normalized_buffers
 
 
 def _as_series(texts: Iterable[str] | pl.Series) -> pl.Series:
@@ -40,8 +40,8 @@ def minhash_signatures(
     The share of equal slots between two rows estimates the Jaccard similarity of their
     shingle sets. Documents without a word get all slots at the uint64 maximum.
     """
+    # Validated like the stage's options (bands/rows given so that no LSH search runs).
     config = MinHashConfig(ngram=ngram, num_perm=num_perm, scheme=scheme, shingle=shingle, normalize=normalize, seed=seed, bands=1, rows=1)
-    check_normalization("normalize", normalize)
     offsets, data = normalized_buffers(_as_series(texts), config.normalize)
     sketch = sketch_buffers(
         offsets, data, ngram=ngram, chars=shingle == "chars", num_perm=num_perm, scheme=scheme, seed=seed,

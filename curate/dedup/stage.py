@@ -1,7 +1,7 @@
 """``DedupBarrier``: what exact and MinHash dedup share as barriers.
 
 ``collect`` starts from the columns every keep policy needs (``id``, ``source``, ``_len``
-and ``quality`` when the batch has it); ``apply`` rejects this task's dropped ids with the
+and ``quality``, null when the batch has no scores); ``apply`` rejects this task's dropped ids with the
 stage's single reason and ``duplicate_of`` set, keeping row order.
 """
 
