@@ -150,7 +150,7 @@ class Mix(Barrier):
             order = preference_order(u[g], None if score is None else score[g], c.select)
             counts[g] = repeat_counts(tokens[g], order, targets.tokens[s], c.max_copies)
         report = self._report(names, groups, tokens, counts, available, targets)
-        del u, score, codes
+        del u, score, codes, tokens, groups  # pass 2 holds only the ids and the counts
         decision = keys.select("id", "_task").collect()
         if decision.height != len(counts):
             raise StageError(f"{self.ctx.stage_id}: the keys changed between two reads ({len(counts)} then {decision.height} rows)")
