@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from curate.stages.mixing.hashing import _splitmix64
+from curate.stages.mixing.hashing import splitmix64
 
 
 def _preceding(k: np.ndarray, n_self: int, n_other: int, other_first: bool) -> np.ndarray:
@@ -57,7 +57,7 @@ def _shuffle_windows(sequence, h, salt, window):
         b = min(a + window, n)
         keys = np.empty(b - a, dtype=np.uint64)
         for i in range(a, b):
-            keys[i - a] = _splitmix64(h[sequence[i]] ^ salt)
+            keys[i - a] = splitmix64(h[sequence[i]] ^ salt)
         sequence[a:b] = sequence[a:b][np.argsort(keys)]
 
 
