@@ -1,0 +1,129 @@
+"""``winnow train JOB.toml`` and ``winnow plan``: build a run from a job's ``[train]`` table, or size one."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from pipelines.jobfile import build_config, read_toml
+from train.checkpoint import CheckpointManager
+from train.config import TrainConfig
+from train.data import Loader
+from train.errors import CheckpointError, ConfigError, ShardError
+from train.metrics import peak_flops_basis
+from train.model import ModelConfig, Transformer
+from train.planner import Budget, estimate_run, plan_budget
+from train.tokenizer import load_tokenizer
+from train.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train the MoE model on a job's shards ([train] table)")
+    p.add_argument("job", type=Path, help="the job file (TOML) with a [train] table")
+    p.add_argument("--steps", type=int, help="override [train] steps")
+    p.add_argument("--output", help="override [train] output (the run folder)")
+    p.set_defaults(func=run_train)
+    q = sub.add_parser("plan", help="size a run from a compute budget, or estimate a job's [train] run")
+    q.add_argument("job", type=Path, nargs="?", help="a job file: estimate its [train] run's time and memory")
+    q.add_argument("--hours", type=float, default=8.0, help="accelerator-hours in the budget")
+    q.add_argument("--peak-flops", type=float, help="peak FLOP/s per device (default: this machine's basis)")
+    q.add_argument("--utilization", type=float, default=0.35, help="expected MFU (default 0.35)")
+    q.add_argument("--experts", type=int, default=8, help="routed experts (for total parameters)")
+    q.add_argument("--top-k", type=int, default=2, help="experts per token")
+    q.set_defaults(func=run_plan)
+
+
+def load_train_config(job: Path, **overrides) -> TrainConfig:
+    """The job's ``[train]`` table as a ``TrainConfig``; ``shards`` defaults to the job's output folder."""
+    raw = read_toml(job)
+    table = dict(raw.get("train") or {})
+    table.setdefault("shards", (raw.get("job") or {}).get("output"))
+    table.setdefault("output", str(Path(table["shards"] or "out") / "train"))
+    table.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return build_config(TrainConfig, table, f"{job} [train]")
+    except ConfigError as err:  # the trainer's own ConfigError (train never imports curate's)
+        raise ConfigError(f"{job} [train]: {err}") from None
+
+
+def build_trainer(cfg: TrainConfig) -> Trainer:
+    """Tokenizer, loaders, model (and teacher) from the config, composed into a ``Trainer``."""
+    if cfg.shards is None:
+        raise ConfigError("train.shards is not set and the job has no [job] output to train on")
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)
+    torch.manual_seed(cfg.seed)
+    run_dir = Path(cfg.output)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    tokenizer.save(run_dir)
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
+    data = Loader(cfg.data, cfg.shards, split="train", tokenizer=tokenizer)
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
+
+    def val_data():
+        return Loader(cfg.data, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources)
+
+    try:
+        Loader(cfg.data, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources).close()
+        has_val = True
+    except ShardError as err:
+        log.warning("no held-out evaluation: %s", err)
+        has_val = False
+    teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
+    return Trainer(cfg, model=Transformer(model_cfg), data=data, sources=data.sources, run_dir=run_dir,
+                   device=device, val_data=val_data if has_val else None, teacher=teacher)
+
+
+def load_teacher(path: str) -> Transformer:
+    """A trained model from a run folder (its newest valid checkpoint) or one checkpoint folder."""
+    folder = Path(path)
+    manager = CheckpointManager(folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder)
+    state = manager.load(folder) if (folder / "meta.json").exists() else (manager.load_latest() or (None, None))[1]
+    if state is None:
+        raise CheckpointError(f"train.distill.teacher = {path!r}: no valid checkpoint there")
+    model = Transformer(ModelConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def run_train(args: argparse.Namespace) -> int:
+    cfg = load_train_config(args.job, steps=args.steps, output=args.output)
+    trainer = build_trainer(cfg)
+    total, active = trainer.model.num_params()
+    print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
+          f"FLOP/s ({trainer.peak_basis})")
+    summary = trainer.fit()
+    trainer.data.close()
+    state = "preempted (re-run the same command to resume)" if summary["preempted"] else "done"
+    print(f"training {state} at step {summary['step']}: {summary['tokens_seen']} tokens, skipped {summary['skipped']}")
+    print(f"metrics:     {Path(cfg.output) / 'metrics.jsonl'}")
+    print(f"checkpoint:  {summary['checkpoint']}")
+    return 0
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    peak = args.peak_flops
+    if peak is None:
+        peak, basis = peak_flops_basis(torch.device("cuda" if torch.cuda.is_available() else "cpu"), None)
+        print(f"peak FLOP/s basis: {peak:.3g} ({basis})")
+    if args.job is not None:
+        est = estimate_run(load_train_config(args.job), peak_flops=peak, utilization=args.utilization)
+        print(f"[train] run: {est['total_params'] / 1e6:.2f}M total / {est['active_params'] / 1e6:.2f}M active params, "
+              f"{est['tokens'] / 1e6:.2f}M tokens ({est['tokens_per_param']:.1f} per active param), "
+              f"{est['flops']:.3g} FLOPs ≈ {est['hours']:.2f} h, ≈ {est['memory_gib_per_device']:.2f} GiB per device")
+        return 0
+    plan = plan_budget(Budget(device_hours=args.hours, peak_flops=peak, utilization=args.utilization,
+                              n_experts=args.experts, top_k=args.top_k))
+    print(f"budget {args.hours:g} device-hours at {args.utilization:.0%} of {peak:.3g} FLOP/s = {plan['compute_flops']:.3g} FLOPs")
+    print(f"compute-optimal (Chinchilla, 6·N_active·D, D = 20·N): {plan['active_params'] / 1e6:.1f}M active, "
+          f"{plan['total_params'] / 1e6:.1f}M total params ({args.experts} experts, top-{args.top_k}), "
+          f"{plan['tokens'] / 1e9:.2f}B tokens")
+    return 0
