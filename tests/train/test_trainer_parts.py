@@ -1,0 +1,88 @@
+"""Trainer parts: webhook alerts, LAMB, the LR schedule, weight-decay groups, the planner."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+import torch
+
+from train.alerts import AlertConfig, Alerts
+from train.config import TrainConfig
+from train.errors import ConfigError
+from train.model import ModelConfig, Transformer
+from train.optim import Lamb, OptimConfig, lr_factor, param_groups
+from train.planner import Budget, estimate_run, plan_budget
+
+
+def test_alert_is_written_and_posted_to_webhook(tmp_path):
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    alerts = Alerts(AlertConfig(webhook_url=f"http://127.0.0.1:{server.server_port}/hook"), tmp_path)
+    alerts.emit("nan", 7, "non-finite loss", sources=["code"])
+    thread.join(timeout=10)
+    server.server_close()
+    assert received and received[0]["kind"] == "nan" and received[0]["step"] == 7
+    assert json.loads((tmp_path / "alerts.jsonl").read_text())["sources"] == ["code"]
+
+
+def test_throughput_drop_and_data_wait_alerts(tmp_path):
+    alerts = Alerts(AlertConfig(throughput_drop=0.5, data_wait_pct=20), tmp_path)
+    alerts.check_interval(10, tokens_per_s=1000, data_wait_pct=5, grad_norm=1.0)
+    alerts.check_interval(20, tokens_per_s=400, data_wait_pct=30, grad_norm=1.0)
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert kinds == ["throughput_drop", "data_wait"]
+
+
+def test_lamb_update_is_scaled_by_trust_ratio():
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    opt = Lamb([w], lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    w.grad = torch.full((4,), 0.5)
+    opt.step()
+    # first Adam step is sign(grad) = 1 per element; trust = ‖w‖/‖update‖ = 4/2 = 2
+    torch.testing.assert_close(w.detach(), torch.full((4,), 2.0 - 0.1 * 2.0))
+
+
+def test_lr_warms_up_then_decays_to_the_floor():
+    cfg = OptimConfig(warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    assert lr_factor(0, cfg, 100) == pytest.approx(0.1)
+    assert lr_factor(9, cfg, 100) == pytest.approx(1.0)
+    assert lr_factor(55, cfg, 100) == pytest.approx(0.55)
+    assert lr_factor(100, cfg, 100) == pytest.approx(0.1)
+    linear = OptimConfig(warmup_steps=0, schedule="linear", min_lr_ratio=0.0)
+    assert lr_factor(25, linear, 100) == pytest.approx(0.75)
+
+
+def test_weight_decay_groups_exclude_norms_and_embeddings():
+    model = Transformer(ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=8, n_experts=2, top_k=1))
+    decay, no_decay = param_groups(model, OptimConfig())
+    assert any(p is model.embed.weight for p in no_decay["params"])
+    assert all(p.ndim >= 2 for p in decay["params"]) and any(p.ndim == 1 for p in no_decay["params"])
+
+
+def test_planner_is_chinchilla_optimal():
+    plan = plan_budget(Budget(device_hours=1.0, peak_flops=1e15, utilization=0.5, n_experts=8, top_k=2))
+    assert 6 * plan["active_params"] * plan["tokens"] == pytest.approx(plan["compute_flops"])
+    assert plan["tokens"] == pytest.approx(20 * plan["active_params"])
+    assert plan["total_params"] == pytest.approx(plan["active_params"] * (1 / 3 + 2 / 3 * 4))
+    est = estimate_run(TrainConfig(steps=10), peak_flops=1e12, utilization=0.5)
+    assert est["tokens"] == 10 * 8 * 128 and est["hours"] > 0 and est["memory_gib_per_device"] > 0
+
+
+def test_train_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"train\.precision = 'fp8'"):
+        TrainConfig(precision="fp8")
+    with pytest.raises(ConfigError, match=r"train\.optim\.schedule"):
+        OptimConfig(schedule="step")
