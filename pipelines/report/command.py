@@ -1,0 +1,29 @@
+"""``winnow report DIR [--diagnose] [--output PATH]``: write the report page, optionally print the diagnosis."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipelines.report.diagnose import DiagnoseConfig, diagnose, format_findings
+from pipelines.report.page import locate, write_report
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write report.html for a job folder, a run folder, or both")
+    p.add_argument("dir", type=Path, help="a curation job folder (manifest.json) or a training run folder (metrics.jsonl)")
+    p.add_argument("--output", type=Path, help="where to write the page (default: DIR/report.html)")
+    p.add_argument("--diagnose", action="store_true", help="also print the diagnosis of the training run")
+    p.add_argument("--memory-limit-gib", type=float, help="device memory for the memory rule (default: logged, or host RAM)")
+    p.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    cfg = DiagnoseConfig(memory_limit_gib=args.memory_limit_gib)
+    path = write_report(args.dir, output=args.output, diagnose_cfg=cfg)
+    if args.diagnose:
+        _, run = locate(args.dir)
+        print(format_findings(diagnose(run, cfg)) if run is not None else
+              f"diagnosis: {args.dir} holds no training run (metrics.jsonl); nothing to diagnose")
+    print(f"report: {path}")
+    return 0

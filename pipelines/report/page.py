@@ -1,0 +1,189 @@
+"""The report page: one self-contained HTML file (PNG plots embedded as data URIs) for a job, a run, or both.
+
+A tiny inline script records on ``<body>`` whether every image decoded and whether any script
+error happened (``data-images-ok``, ``data-errors``), so a headless browser can check the page
+with ``--dump-dom`` alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from curate.errors import InputError
+from pipelines.report import plots
+from pipelines.report.curation import CurationJob, is_job_dir, load_job
+from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
+from pipelines.report.training import TrainingRun, is_run_dir, load_run
+
+log = logging.getLogger(__name__)
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:.5em 0}
+.finding{border-left:4px solid #e0a000;padding:.3em 1em;margin:1em 0;background:#fffbea}
+.critical{border-color:#c00;background:#fff0f0}.muted{color:#777}code{background:#f4f4f4;padding:0 .2em}"""
+
+# Records script errors, console.error calls, failed resources and image decoding into <body> attributes that --dump-dom shows.
+_CHECK_JS = """window.__errors=[];var __consoleError=console.error;
+console.error=function(){window.__errors.push(Array.prototype.join.call(arguments,' '));
+document.body&&document.body.setAttribute('data-errors',window.__errors.length);__consoleError.apply(console,arguments);};
+window.addEventListener('error',function(e){window.__errors.push(String(e.message||e.type));
+document.body&&document.body.setAttribute('data-errors',window.__errors.length);},true);
+window.addEventListener('load',function(){var imgs=document.images,ok=0;
+for(var i=0;i<imgs.length;i++){if(imgs[i].complete&&imgs[i].naturalWidth>0){ok++;}}
+document.body.setAttribute('data-images-total',imgs.length);document.body.setAttribute('data-images-ok',ok);
+document.body.setAttribute('data-errors',window.__errors.length);document.body.setAttribute('data-loaded','1');});"""
+
+
+def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None]:
+    """The job and/or run a folder holds: a run folder (and the job it trained on), or a job folder
+    (and its default run folder ``<job>/train``)."""
+    path = Path(path)
+    job = run = None
+    if is_run_dir(path):
+        run = load_run(path)
+        if run.shards_dir is not None:
+            job = load_job(run.shards_dir)
+    if is_job_dir(path):
+        job = load_job(path)
+        if run is None and is_run_dir(path / "train"):
+            run = load_run(path / "train")
+    if job is None and run is None:
+        raise InputError(f"{path} holds neither a curation job (manifest.json) nor a training run (metrics.jsonl)")
+    return job, run
+
+
+def _img(png: bytes | None, alt: str) -> str:
+    if not png:
+        return ""
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return "" if np.isnan(v) else f"{v:.4g}"
+        return html.escape("" if v is None else str(v))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _findings(findings: list[Finding]) -> str:
+    if not findings:
+        return "<p>Nothing found: loss, throughput, memory, expert load and held-out losses look normal.</p>"
+    parts = []
+    for f in findings:
+        items = "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
+        fixes = "".join(f"<li><code>{html.escape(s)}</code></li>" for s in f.settings)
+        parts.append(f'<div class="finding {f.severity}"><h3>{html.escape(f.title)}</h3>'
+                     f"<p>Evidence:</p><ul>{items}</ul><p>What to change:</p><ul>{fixes}</ul></div>")
+    return "".join(parts)
+
+
+def curation_section(job: CurationJob) -> str:
+    totals = job.manifest.get("totals") or {}
+    by_source = job.manifest.get("by_source") or {}
+    rows = [[s, f.get("read"), f.get("written"), sum((f.get("rejected") or {}).values())] for s, f in by_source.items()]
+    parts = [f"<h2>Curation: job {html.escape(job.name)}</h2>",
+             f"<p class=muted>{html.escape(str(job.path))} — {totals.get('rows_read', '?')} rows read, "
+             f"{totals.get('rows_written', '?')} written, {totals.get('rows_rejected', '?')} rejected, "
+             f"{totals.get('repeats', 0)} repeats, {totals.get('seconds', '?')} s</p>",
+             _table(["source", "read", "written", "rejected"], rows),
+             "<h3>Funnel</h3>", _img(plots.funnel(job), "rows per stage and rejects by reason")]
+    mix = job.mix_report()
+    if mix:
+        parts += ["<h3>Mix</h3>", _img(plots.mix_shares(job), "target vs realized shares"),
+                  _table(["source", "target share", "realized share", "epochs", "rows dropped", "copies added"],
+                         [[s, r.get("target_share"), r.get("realized_share"), r.get("epochs"), r.get("rows_dropped"),
+                           r.get("copies_added")] for s, r in mix.get("sources", {}).items()])]
+    scores = job.score_columns()
+    if scores is not None:
+        parts += ["<h3>Scores</h3>", _img(plots.score_histograms(scores, job.sources), "score histograms")]
+    column = job.ordering_column()
+    if column:
+        parts += ["<h3>Curriculum</h3>", _img(plots.curriculum(job.shard_means(column), column), "curriculum")]
+    return "".join(parts)
+
+
+def _run_summary(run: TrainingRun) -> str:
+    last = run.logs[-1] if run.logs else {}
+    final_eval = (run.evals[-1]["eval"].get("per_source") or {}) if run.evals else {}
+    rows = []
+    for source in run.sources:
+        figures = (last.get("per_source") or {}).get(source) or {}
+        rows.append([source, figures.get("mean_loss"), final_eval.get(source), figures.get("token_share"),
+                     figures.get("loss_share")])
+    skipped = last.get("skipped_steps") or {}
+    return (f"<p class=muted>{html.escape(str(run.path))} — step {last.get('step', '?')}, "
+            f"{last.get('tokens_seen', '?')} tokens, skipped steps {html.escape(str(skipped))}, "
+            f"precision {html.escape(str(run.config.get('precision', '?')))}</p>"
+            + _table(["source", "train loss (last interval)", "held-out loss (last eval)", "token share", "loss share"],
+                     rows))
+
+
+def training_section(run: TrainingRun, findings: list[Finding]) -> str:
+    parts = [f"<h2>Training: run {html.escape(run.path.name)}</h2>", _run_summary(run),
+             "<h3>Diagnosis</h3>", _findings(findings)]
+    if run.logs:
+        parts += ["<h3>Loss</h3>", _img(plots.loss_curves(run), "loss curves"),
+                  "<h3>Optimizer</h3>", _img(plots.optimizer(run), "learning rate and gradient norm"),
+                  "<h3>Throughput and memory</h3>", _img(plots.throughput(run), "throughput, data wait, memory")]
+        experts = plots.expert_load(run)
+        if experts:
+            parts += ["<h3>Experts</h3>", _img(experts, "expert load and routing")]
+    if run.attribution is not None:
+        attr = run.attribution
+        parts += ["<h3>Attribution</h3>",
+                  "<p>Estimated change of each held-out source's loss (columns) from the updates on each training "
+                  "source (rows), first order, accumulated over training; negative is better.</p>",
+                  _img(plots.attribution(attr), "attribution matrix"),
+                  _table(["trained on", "on its own held-out set", "on all held-out sets"],
+                         [[s, float(d), float(r)] for s, d, r in zip(attr.sources, attr.diagonal, attr.row_sums)])]
+    if run.logs or run.alerts:
+        parts += ["<h3>Alerts and skipped steps</h3>", _img(plots.timeline(run), "alerts timeline")]
+        parts.append(_table(["step", "kind", "message"], [[a.get("step"), a.get("kind"), a.get("message")]
+                                                          for a in run.alerts[:200]]) if run.alerts
+                     else "<p>No alerts.</p>")
+    if run.ablation is not None:
+        frame = run.ablation
+        parts += ["<h3>Ablation</h3>", _table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
+                  _img(plots.ablation_heatmap(frame), "ablation heatmap")]
+        parts += [_img(p.read_bytes(), p.stem) for p in run.ablation_images]
+    return "".join(parts)
+
+
+def render(job: CurationJob | None, run: TrainingRun | None, *, diagnose_cfg: DiagnoseConfig | None = None) -> str:
+    """The whole page as a string."""
+    title = "winnow report: " + " / ".join(x for x in (job and job.name, run and run.path.name) if x)
+    body = []
+    if run is not None:
+        body.append(training_section(run, diagnose(run, diagnose_cfg)))
+    if job is not None:
+        body.append(curation_section(job))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style><script>{_CHECK_JS}</script></head><body><h1>{html.escape(title)}</h1>"
+            f"<p class=muted>generated {stamp}</p>{''.join(body)}</body></html>")
+
+
+def write_report(path: str | Path, *, output: str | Path | None = None,
+                 diagnose_cfg: DiagnoseConfig | None = None) -> Path:
+    """Write ``report.html`` for the job and/or run in folder ``path``; returns where it went."""
+    job, run = locate(path)
+    target = Path(output) if output is not None else Path(path) / "report.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(render(job, run, diagnose_cfg=diagnose_cfg), encoding="utf-8")
+    tmp.replace(target)  # a reader never sees half a page
+    log.info("report written to %s", target)
+    return target

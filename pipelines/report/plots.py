@@ -1,0 +1,249 @@
+"""The report's figures: matplotlib (Agg) PNGs, one function per figure, one colour per source throughout.
+
+Every function takes plain arrays or the readers' objects and returns PNG bytes, so the page
+can embed them and tests can decode them; nothing here reads files.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: CI and `winnow run` have no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pipelines.report.curation import CurationJob  # noqa: E402
+from pipelines.report.training import Attribution, TrainingRun  # noqa: E402
+
+_ALERT_COLORS = {"loss_spike": "tab:red", "nan": "black", "grad_norm": "tab:orange", "throughput_drop": "tab:purple",
+                 "data_wait": "tab:brown"}
+
+
+def palette(sources: list[str]) -> dict[str, tuple]:
+    """A fixed colour per source name (sorted, so a source keeps its colour across pages)."""
+    cmap = plt.get_cmap("tab10")
+    return {name: cmap(i % 10) for i, name in enumerate(sorted(sources))}
+
+
+def _subplots(*args, **kw):
+    # constrained layout: long tick labels (reject reasons, stage ids) never overlap a neighbouring panel
+    return plt.subplots(*args, layout="constrained", **kw)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# ---- curation -------------------------------------------------------------------------------
+def funnel(job: CurationJob) -> bytes:
+    """Rows after each stage, and the rows each reject reason removed (stacked by source)."""
+    stages = job.funnel()
+    reasons = job.rejects_by_reason()
+    colors = palette(job.sources)
+    fig, (ax1, ax2) = _subplots(1, 2, figsize=(13, max(3.5, 0.3 * max(len(stages), len(reasons)) + 1)))
+    names = [s["id"] for s in stages][::-1]
+    ax1.barh(names, [s["rows_out"] for s in stages][::-1], color="tab:blue", label="rows out")
+    ax1.barh(names, [s["rows_rejected"] for s in stages][::-1], left=[s["rows_out"] for s in stages][::-1],
+             color="tab:gray", alpha=0.6, label="rejected")
+    ax1.set(title="Rows per stage", xlabel="rows")
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
+    labels = list(reasons)[::-1]
+    left = np.zeros(len(labels))
+    for source in job.sources:
+        counts = np.asarray([reasons[r].get(source, 0) for r in labels], dtype=float)
+        ax2.barh(labels, counts, left=left, color=colors[source], label=source)
+        left += counts
+    ax2.set(title="Rejected rows by reason", xlabel="rows")
+    ax2.tick_params(axis="y", labelsize=7)
+    ax2.legend(loc="lower right", fontsize=8)
+    return _png(fig)
+
+
+def mix_shares(job: CurationJob) -> bytes | None:
+    """Target vs realized share of training tokens per source (the mix stage's report)."""
+    report = job.mix_report()
+    if not report or not report.get("sources"):
+        return None
+    sources = list(report["sources"])
+    colors = palette(job.sources or sources)
+    x = np.arange(len(sources))
+    target = [report["sources"][s].get("target_share", np.nan) for s in sources]
+    realized = [report["sources"][s].get("realized_share", np.nan) for s in sources]
+    fig, ax = _subplots(figsize=(6.5, 3.5))
+    ax.bar(x - 0.2, target, 0.4, color=[colors[s] for s in sources], alpha=0.45, edgecolor="black", label="target")
+    ax.bar(x + 0.2, realized, 0.4, color=[colors[s] for s in sources], edgecolor="black", hatch="//", label="realized")
+    ax.set_xticks(x, sources)
+    ax.set(title=f"Mix: share of training tokens ({report.get('scheme', '')})", ylabel="share")
+    ax.legend()
+    return _png(fig)
+
+
+def score_histograms(frame, sources: list[str]) -> bytes | None:
+    """One panel per score column, a step histogram per source."""
+    columns = [c for c in frame.columns if c != "source"] if frame is not None else []
+    if not columns:
+        return None
+    colors = palette(sources)
+    fig, axes = _subplots(1, len(columns), figsize=(5.5 * len(columns), 3.5), squeeze=False)
+    for ax, column in zip(axes[0], columns):
+        values = frame.get_column(column).to_numpy()
+        finite = values[np.isfinite(values)]
+        edges = np.histogram_bin_edges(finite, bins=30) if finite.size else np.linspace(0, 1, 31)
+        src = frame.get_column("source").to_numpy()
+        for source in sources:
+            part = values[(src == source) & np.isfinite(values)]
+            if part.size:
+                ax.hist(part, bins=edges, histtype="step", linewidth=1.5, color=colors[source], label=source)
+        ax.set(title=f"{column} by source", xlabel=column, ylabel="documents")
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def curriculum(means: list[tuple[str, float]], column: str) -> bytes | None:
+    """Mean of the ordering column per training shard, in the order the loader reads them."""
+    if not means:
+        return None
+    fig, ax = _subplots(figsize=(6.5, 3.2))
+    ax.plot(np.arange(len(means)), [m for _, m in means], marker="o")
+    ax.set(title=f"Curriculum: mean {column} by shard", xlabel="training shard (read order)", ylabel=f"mean {column}")
+    return _png(fig)
+
+
+# ---- training -------------------------------------------------------------------------------
+def loss_curves(run: TrainingRun) -> bytes:
+    """Training (solid) and held-out (dashed) loss, overall and per source."""
+    colors = palette(run.sources)
+    fig, ax = _subplots(figsize=(8, 4))
+    ax.plot(*run.column("loss"), color="black", linewidth=2, label="train (all)")
+    steps, held = run.eval_column()
+    if steps.size:
+        ax.plot(steps, held, color="black", linestyle="--", marker="o", label="held-out (all)")
+    for source in run.sources:
+        ax.plot(*run.per_source(source), color=colors[source], linewidth=1, label=f"train {source}")
+        steps, held = run.eval_column(source)
+        if steps.size:
+            ax.plot(steps, held, color=colors[source], linestyle="--", marker=".", label=f"held-out {source}")
+    ax.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats/token)")
+    ax.legend(fontsize=7, ncol=2)
+    return _png(fig)
+
+
+def optimizer(run: TrainingRun) -> bytes:
+    """Learning rate and (pre-clip) gradient norm."""
+    fig, (ax1, ax2) = _subplots(1, 2, figsize=(11, 3.2))
+    ax1.plot(*run.column("lr"), color="tab:blue")
+    ax1.set(title="Learning rate", xlabel="step", ylabel="lr")
+    ax2.plot(*run.column("grad_norm"), color="tab:orange")
+    clip = (run.config.get("optim") or {}).get("grad_clip")
+    if clip:
+        ax2.axhline(clip, color="gray", linestyle=":", label=f"grad_clip = {clip:g}")
+        ax2.legend()
+    ax2.set(title="Gradient norm (before clipping)", xlabel="step", ylabel="global L2 norm")
+    return _png(fig)
+
+
+def throughput(run: TrainingRun) -> bytes:
+    """Tokens/s, the share of time spent waiting for data, and memory."""
+    fig, (ax1, ax2, ax3) = _subplots(1, 3, figsize=(13, 3.2))
+    ax1.plot(*run.column("tokens_per_s"), color="tab:green")
+    ax1.set(title="Throughput", xlabel="step", ylabel="tokens/s")
+    ax2.plot(*run.column("data_wait_pct"), color="tab:brown", label="data wait")
+    steps, comm = run.column("comm_pct")
+    if steps.size:
+        ax2.plot(steps, comm, color="tab:purple", label="communication")
+    ax2.set(title="Time waiting", xlabel="step", ylabel="% of interval", ylim=(0, 100))
+    ax2.legend()
+    steps, gib, what = run.memory()
+    ax3.plot(steps, gib, color="tab:red")
+    ax3.set(title=f"Memory ({what or 'not logged'})", xlabel="step", ylabel="GiB")
+    return _png(fig)
+
+
+def expert_load(run: TrainingRun) -> bytes | None:
+    """Mean load share per expert per layer, and each source's routing per layer."""
+    load_ME = run.expert_load()
+    routing_SME = run.routing()
+    if not load_ME.size:
+        return None
+    n_layers, n_experts = load_ME.shape
+    fig, axes = _subplots(1, 1 + n_layers, figsize=(4.5 + 3.2 * n_layers, 3.4), squeeze=False)
+    ax = axes[0, 0]
+    image = ax.imshow(load_ME * n_experts, cmap="viridis", vmin=0, vmax=max(2.0, float(load_ME.max() * n_experts)),
+                      aspect="auto")
+    ax.set(title="Expert load (1 = uniform)", xlabel="expert", ylabel="MoE layer")
+    ax.set_yticks(np.arange(n_layers))
+    ax.set_xticks(np.arange(n_experts))
+    fig.colorbar(image, ax=ax)
+    if routing_SME.size:
+        share_SME = routing_SME / np.maximum(routing_SME.sum(axis=2, keepdims=True), 1)
+        for layer in range(n_layers):
+            ax = axes[0, 1 + layer]
+            image = ax.imshow(share_SME[:, layer, :], cmap="magma", vmin=0, aspect="auto")
+            ax.set(title=f"Routing, layer {layer}", xlabel="expert")
+            ax.set_xticks(np.arange(n_experts))
+            ax.set_yticks(np.arange(len(run.sources)), run.sources, fontsize=8)
+            fig.colorbar(image, ax=ax, label="share of the source's assignments")
+    return _png(fig)
+
+
+def attribution(attr: Attribution) -> bytes:
+    """The source x source matrix: rows train on, columns held-out sets, blue = loss lowered."""
+    matrix = attr.matrix
+    limit = float(np.nanmax(np.abs(matrix))) or 1.0
+    fig, ax = _subplots(figsize=(1.2 * len(attr.sources) + 3, 1.0 * len(attr.sources) + 2))
+    image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    ticks = np.arange(len(attr.sources))
+    ax.set_xticks(ticks, attr.sources, rotation=30)
+    ax.set_yticks(ticks, attr.sources)
+    for i in ticks:
+        for j in ticks:
+            ax.text(j, i, f"{matrix[i, j]:+.3g}", ha="center", va="center", fontsize=8)
+    ax.set(title=f"Attribution at step {attr.step}: held-out loss change (nats)", xlabel="held-out source",
+           ylabel="trained on")
+    fig.colorbar(image, ax=ax)
+    return _png(fig)
+
+
+def timeline(run: TrainingRun) -> bytes:
+    """Step loss with every alert and skipped step marked where it happened."""
+    fig, ax = _subplots(figsize=(10, 3.5))
+    ax.plot(*run.column("step_loss"), color="gray", linewidth=1, label="step loss")
+    seen = set()
+    for alert in run.alerts:
+        kind = alert.get("kind", "?")
+        ax.axvline(alert.get("step", 0), color=_ALERT_COLORS.get(kind, "tab:olive"), alpha=0.6, linewidth=1,
+                   label=None if kind in seen else f"alert: {kind}")
+        seen.add(kind)
+    skipped = run.skipped_steps()
+    if skipped:
+        ymax = np.nanmax(run.column("step_loss")[1]) if run.logs else 1.0
+        ax.scatter([s for s, _ in skipped], [ymax] * len(skipped), marker="x", color="red", zorder=3,
+                   label="skipped step")
+    ax.set(title="Alerts and skipped steps", xlabel="step", ylabel="loss")
+    ax.legend(fontsize=7, loc="upper right")
+    return _png(fig)
+
+
+def ablation_heatmap(frame) -> bytes | None:
+    """Variants x sources of the held-out loss difference from the baseline (``delta_*`` / ``diff_*`` columns)."""
+    if frame is None or frame.is_empty():
+        return None
+    columns = [c for c in frame.columns if c.startswith(("delta_", "diff_"))]
+    label = "variant" if "variant" in frame.columns else frame.columns[0]
+    if not columns:
+        return None
+    matrix = frame.select(columns).cast(float).to_numpy()
+    limit = float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0
+    fig, ax = _subplots(figsize=(1.1 * len(columns) + 3, 0.5 * frame.height + 2))
+    image = ax.imshow(matrix, cmap="RdBu_r", vmin=-(limit or 1.0), vmax=limit or 1.0, aspect="auto")
+    ax.set_xticks(np.arange(len(columns)), [c.split("_", 1)[1] for c in columns], rotation=30)
+    ax.set_yticks(np.arange(frame.height), [str(v) for v in frame.get_column(label)])
+    ax.set(title="Ablation: held-out loss minus baseline (nats)", xlabel="held-out source")
+    fig.colorbar(image, ax=ax)
+    return _png(fig)

@@ -1,0 +1,198 @@
+"""Reading a training run folder: ``metrics.jsonl``, ``alerts.jsonl``, ``config.json`` and an ablation table.
+
+``metrics.jsonl`` mixes three kinds of records (``train/metrics.py``, ``train/trainer.py``):
+log records (``loss``, ``lr``, ``grad_norm``, ``per_source``, ``expert_load``, ``routing``, ...),
+evaluation records (``{"step", "eval": {"loss", "per_source"}}``) and attribution records
+(``{"step", "attribution": ...}``, a source x source matrix of held-out loss changes). They are
+split here once, so plots and diagnosis work on plain arrays and never re-parse JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from curate.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Attribution:
+    """Accumulated first-order attribution: ``matrix[i, j]`` = change of held-out loss on ``sources[j]``
+    (nats) credited to training on ``sources[i]``; negative means training on i helped j."""
+
+    step: int
+    sources: list[str]
+    matrix: np.ndarray  # (S, S)
+
+    @property
+    def diagonal(self) -> np.ndarray:
+        return np.diag(self.matrix)
+
+    @property
+    def row_sums(self) -> np.ndarray:
+        return self.matrix.sum(axis=1)
+
+
+@dataclass(slots=True)
+class TrainingRun:
+    """Everything the report reads from one run folder, already split by record kind."""
+
+    path: Path
+    logs: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    attribution: Attribution | None = None
+    alerts: list[dict] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+    ablation: pl.DataFrame | None = None
+    ablation_images: list[Path] = field(default_factory=list)
+    bad_lines: int = 0
+
+    @property
+    def sources(self) -> list[str]:
+        """Source names in the order the trainer reported them."""
+        for record in self.logs:
+            if record.get("per_source"):
+                return list(record["per_source"])
+        for record in self.evals:
+            return list(record["eval"].get("per_source") or {})
+        return []
+
+    def column(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of a scalar log field; records without it are left out, None becomes NaN."""
+        rows = [(r["step"], r[key]) for r in self.logs if key in r]
+        return _arrays(rows)
+
+    def per_source(self, source: str, key: str = "mean_loss") -> tuple[np.ndarray, np.ndarray]:
+        rows = [(r["step"], (r.get("per_source") or {}).get(source, {}).get(key)) for r in self.logs]
+        return _arrays(rows)
+
+    def eval_column(self, source: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, held-out loss) overall (``source=None``) or for one source."""
+        if source is None:
+            rows = [(r["step"], r["eval"].get("loss")) for r in self.evals]
+        else:
+            rows = [(r["step"], (r["eval"].get("per_source") or {}).get(source)) for r in self.evals]
+        return _arrays(rows)
+
+    def memory(self) -> tuple[np.ndarray, np.ndarray, str]:
+        """(steps, GiB, what the figure is): peak GPU memory when logged, else peak host RSS."""
+        for key in ("peak_gib", "allocated_gib", "peak_rss_gib"):
+            rows = [(r["step"], r["memory"][key]) for r in self.logs if key in (r.get("memory") or {})]
+            if rows:
+                return (*_arrays(rows), key)
+        return np.zeros(0), np.zeros(0), ""
+
+    def expert_load(self) -> np.ndarray:
+        """Mean expert load share over the run, (layers, experts); empty for a dense model."""
+        loads = [np.asarray(r["expert_load"], dtype=float) for r in self.logs if r.get("expert_load")]
+        loads = [x for x in loads if x.ndim == 2 and x.size]
+        return np.mean(np.stack(loads), axis=0) if loads else np.zeros((0, 0))
+
+    def routing(self) -> np.ndarray:
+        """Token-to-expert assignments summed over the run, (sources, layers, experts)."""
+        sources = self.sources
+        total = None
+        for record in self.logs:
+            routing = record.get("routing")
+            if not routing:
+                continue
+            counts = np.asarray([routing.get(s, []) for s in sources], dtype=float)
+            if counts.ndim != 3:
+                continue
+            total = counts if total is None else total + counts
+        return total if total is not None else np.zeros((len(sources), 0, 0))
+
+    def skipped_steps(self) -> list[tuple[int, str]]:
+        """(step, kind) of every skipped optimizer step the alerts name."""
+        return [(int(a["step"]), "spike" if a["kind"] == "loss_spike" else "nonfinite")
+                for a in self.alerts if a.get("kind") in ("loss_spike", "nan")]
+
+    @property
+    def shards_dir(self) -> Path | None:
+        """The curation job folder this run trained on, when the run recorded it and it is local."""
+        shards = self.config.get("shards")
+        if not shards or "://" in str(shards):
+            return None
+        path = Path(shards)
+        if not path.is_absolute() and not path.exists():
+            path = self.path / path
+        return path if (path / "manifest.json").is_file() else None
+
+
+def _arrays(rows: list[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    steps, values = zip(*rows)
+    return np.asarray(steps, dtype=np.int64), np.asarray([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict], int]:
+    """Records of a JSON-lines file; a torn last line (a run killed mid-write) is counted, not fatal."""
+    records, bad = [], 0
+    if not path.is_file():
+        return records, bad
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    if bad:
+        log.warning("%s: %d unreadable line(s) skipped", path, bad)
+    return records, bad
+
+
+def parse_attribution(record: dict) -> Attribution | None:
+    """An attribution record as a matrix: ``{"sources", "matrix"}`` or ``{train: {heldout: value}}``."""
+    value = record.get("attribution")
+    if isinstance(value, dict) and "matrix" in value:
+        sources = list(value.get("sources") or [])
+        matrix = np.asarray(value["matrix"], dtype=float)
+    elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        sources = list(value)
+        matrix = np.asarray([[value[a].get(b, np.nan) for b in sources] for a in sources], dtype=float)
+    else:
+        return None
+    if matrix.shape != (len(sources), len(sources)):
+        log.warning("attribution record at step %s: matrix %s does not match %d sources; ignored",
+                    record.get("step"), matrix.shape, len(sources))
+        return None
+    return Attribution(step=int(record.get("step", 0)), sources=sources, matrix=matrix)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "metrics.jsonl").is_file()
+
+
+def load_run(path: str | Path) -> TrainingRun:
+    """Read a run folder (one holding ``metrics.jsonl``)."""
+    path = Path(path)
+    if not is_run_dir(path):
+        raise InputError(f"{path} is not a training run folder: no metrics.jsonl there")
+    records, bad = _read_jsonl(path / "metrics.jsonl")
+    alerts, bad_alerts = _read_jsonl(path / "alerts.jsonl")
+    run = TrainingRun(path=path, alerts=alerts, bad_lines=bad + bad_alerts)
+    for record in records:
+        if "eval" in record:
+            run.evals.append(record)
+        elif "attribution" in record:
+            run.attribution = parse_attribution(record) or run.attribution  # accumulated: the last one wins
+        elif "loss" in record:
+            run.logs.append(record)
+    if (path / "config.json").is_file():
+        run.config = json.loads((path / "config.json").read_text())
+    ablation = path / "ablation"
+    if (ablation / "table.csv").is_file():
+        run.ablation = pl.read_csv(ablation / "table.csv")
+        run.ablation_images = sorted(ablation.glob("*.png"))
+    return run
