@@ -1,0 +1,115 @@
+"""The report page: which sections a job folder, a run folder or both produce; embedded PNGs; the command."""
+
+import argparse
+import base64
+import json
+import re
+
+import pytest
+
+from curate.errors import InputError
+from pipelines.report import locate, render, write_report
+from pipelines.report.command import register
+from tests.pipelines.report_util import alert, healthy_records, write_job, write_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def images(page: str) -> dict[str, bytes]:
+    return {alt: base64.b64decode(data) for alt, data in
+            re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)">', page)}
+
+
+def test_job_folder_shows_funnel_mix_scores_and_curriculum(tmp_path):
+    page = write_report(write_job(tmp_path / "job")).read_text()
+    found = images(page)
+    assert set(found) == {"rows per stage and rejects by reason", "target vs realized shares", "score histograms",
+                          "curriculum"}
+    assert all(png.startswith(PNG) for png in found.values())
+    assert "<h2>Curation: job tiny</h2>" in page and "Training:" not in page
+
+
+def test_job_without_order_stage_has_no_curriculum(tmp_path):
+    assert "curriculum" not in images(render(*locate(write_job(tmp_path / "job", order_by=None))))
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """A run (with attribution, ablation and alerts) that records the job it trained on; its page, rendered once."""
+    tmp_path = tmp_path_factory.mktemp("full")
+    job = write_job(tmp_path / "job")
+    alerts = [alert("loss_spike", 25, loss=9.0, sources=["code"], origins=[["a.parquet", 1]]),
+              alert("data_wait", 5, message="<script>x</script>")]
+    run = write_run(tmp_path / "run", healthy_records(), alerts=alerts, config={"shards": str(job), "precision": "fp32"})
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 50, "attribution": {"prose": {"prose": -0.25, "code": 0.0},
+                                                        "code": {"prose": 0.05, "code": -0.5}}}) + "\n")
+    (run / "ablation").mkdir()
+    (run / "ablation" / "table.csv").write_text("variant,code,prose,delta_code,delta_prose\n"
+                                                "baseline,2.0,2.1,0.0,0.0\nno_code,2.6,2.05,0.6,-0.05\n")
+    return job, run, write_report(run).read_text()
+
+
+def test_run_folder_links_to_the_job_it_trained_on(full):
+    job, run, page = full
+    found_job, found_run = locate(run)
+    assert found_job.path == job and found_run.path == run
+    assert "<h2>Training: run run</h2>" in page and "<h2>Curation: job tiny</h2>" in page
+    assert {"loss curves", "learning rate and gradient norm", "throughput, data wait, memory",
+            "expert load and routing", "alerts timeline", "curriculum"} <= set(images(page))
+    assert all(png.startswith(PNG) for png in images(page).values())
+
+
+def test_job_folder_finds_its_default_run_folder(tmp_path):
+    job = write_job(tmp_path / "job")
+    write_run(job / "train", healthy_records())
+    assert locate(job)[1] is not None
+
+
+def test_attribution_and_ablation_render_when_present(full):
+    page = full[2]
+    assert {"attribution matrix", "ablation heatmap"} <= set(images(page))
+    assert "<tr><td>prose</td><td>-0.25</td><td>-0.25</td></tr>" in page  # diagonal, row sum
+    assert "<td>no_code</td><td>2.6</td>" in page
+
+
+def test_run_without_attribution_ablation_or_alerts(tmp_path):
+    page = render(*locate(write_run(tmp_path / "run", healthy_records())))
+    assert not {"attribution matrix", "ablation heatmap"} & set(images(page))
+    assert "<h3>Attribution</h3>" not in page and "<h3>Ablation</h3>" not in page and "<p>No alerts.</p>" in page
+
+
+def test_alerts_are_listed_and_diagnosed_on_the_page(full):
+    page = full[2]
+    assert "<td>25</td><td>loss_spike</td>" in page
+    assert '<div class="finding warning"><h3>Loss spikes</h3>' in page
+
+
+def test_text_from_the_run_is_escaped(full):
+    page = full[2]
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+
+
+def test_torn_last_metrics_line_is_skipped(tmp_path):
+    run = write_run(tmp_path / "run", healthy_records())
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 55, "loss": 1.')
+    _, found = locate(run)
+    assert found.bad_lines == 1 and found.logs[-1]["step"] == 50
+
+
+def test_empty_folder_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="neither a curation job"):
+        write_report(tmp_path)
+
+
+def test_command_writes_the_page_and_prints_the_diagnosis(tmp_path, capsys):
+    run = write_run(tmp_path / "run", healthy_records(),
+                    alerts=[alert("loss_spike", 25, loss=9.0, sources=["code"], origins=[])])
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["report", str(run), "--diagnose", "--output", str(tmp_path / "out" / "page.html")])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "[warning] Loss spikes" in out and f"report: {tmp_path / 'out' / 'page.html'}" in out
+    assert (tmp_path / "out" / "page.html").is_file() and not (run / "report.html").exists()
