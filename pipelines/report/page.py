@@ -31,7 +31,7 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}img{max-widt
 .critical{border-color:#c00;background:#fff0f0}.muted{color:#777}code{background:#f4f4f4;padding:0 .2em}"""
 
 # Records script errors, console.error calls, failed resources and image decoding into <body> attributes that --dump-dom shows.
-_CHECK_JS = """window.__errors=[];var __consoleError=console.error;
+CHECK_SCRIPT = """window.__errors=[];var __consoleError=console.error;
 console.error=function(){window.__errors.push(Array.prototype.join.call(arguments,' '));
 document.body&&document.body.setAttribute('data-errors',window.__errors.length);__consoleError.apply(console,arguments);};
 window.addEventListener('error',function(e){window.__errors.push(String(e.message||e.type));
@@ -172,7 +172,7 @@ def render(job: CurationJob | None, run: TrainingRun | None, *, diagnose_cfg: Di
         body.append(curation_section(job))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style><script>{_CHECK_JS}</script></head><body><h1>{html.escape(title)}</h1>"
+            f"<style>{_CSS}</style><script>{CHECK_SCRIPT}</script></head><body><h1>{html.escape(title)}</h1>"
             f"<p class=muted>generated {stamp}</p>{''.join(body)}</body></html>")
 
 
