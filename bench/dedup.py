@@ -292,10 +292,14 @@ def main() -> None:
     comps = truth_components(data, groups)
     print(f"{n_docs} documents, {sum(len(c) - 1 for c in comps)} to remove by exact Jaccard >= {THRESHOLD} (machine shared: ratios are paired per round)")
     systems = args.systems.split(",")
-    rounds = [[measure(s, data, n_docs, comps) for s in systems] for _ in range(args.reps)]  # interleaved A B C A B C
     print(f"{'system':<11} {'docs/s':>10} {'wall s':>8} {'peak MB':>9} {'KB/doc':>8} {'precision':>9} {'recall':>7}")
-    for r in (r for rnd in rounds for r in rnd):
-        print(f"{r['system']:<11} {r['docs_per_s']:>10.0f} {r['wall_s']:>8.2f} {r['peak_rss_mb']:>9.0f} {r['rss_kb_per_doc']:>8.2f} {r['precision']:>9.4f} {r['recall']:>7.4f}")
+    rounds = []
+    for _ in range(args.reps):  # interleaved A B C A B C
+        rounds.append([])
+        for system in systems:
+            r = measure(system, data, n_docs, comps)
+            rounds[-1].append(r)
+            print(f"{r['system']:<11} {r['docs_per_s']:>10.0f} {r['wall_s']:>8.2f} {r['peak_rss_mb']:>9.0f} {r['rss_kb_per_doc']:>8.2f} {r['precision']:>9.4f} {r['recall']:>7.4f}", flush=True)
     if "winnow" in systems:
         for peer in (s for s in systems if s != "winnow"):
             ratios = [rnd[systems.index("winnow")]["docs_per_s"] / rnd[systems.index(peer)]["docs_per_s"] for rnd in rounds]
