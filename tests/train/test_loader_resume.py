@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import numpy as np
 import pytest
 
@@ -91,6 +93,7 @@ def test_worker_processes_give_the_inline_order_and_resume_exactly(folder):
     with Loader(cfg(num_workers=3), folder) as loader:
         loader.load_state_dict(state)
         assert global_rows([loader], 75) == reference[90:]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("winnow-loader")]
 
 
 def test_same_seed_same_order_other_seed_other_order_with_window_shuffle(folder):

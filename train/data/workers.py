@@ -119,14 +119,9 @@ class PieceStream:
         """Stop the workers; safe to call twice."""
         if not self._procs:
             return
+        # Workers see the halt at their next put and exit without flushing (cancel_join_thread).
+        # Nothing is read here: a message cut short by a worker's exit would block a reader forever.
         self._halt.set()
-        for q in self._queues:
-            # drain so a worker blocked on a full pipe can see the halt and exit
-            try:
-                while True:
-                    q.get_nowait()
-            except (queue.Empty, OSError, ValueError):
-                pass
         for proc in self._procs:
             proc.join(timeout=2.0)
             if proc.is_alive():
