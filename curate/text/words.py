@@ -20,10 +20,12 @@ import polars as pl
 TOKEN_PATTERN = (
     r"(?:https?://|www\.)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]}]"  # URL; trailing punctuation splits off
     r"|(?:\p{L}\.){2,}"  # acronyms: e.g. / U.S.
-    r"|\p{N}+(?:[.,:/]\p{N}+)+"  # numbers with separators: 3.5, 1,000, 12:30
     r"|(?i:['’](?:s|re|ve|ll|d|m|t))\b"  # contraction suffixes: 's 're 've 'll 'd 'm 't
-    r"|\w+"  # a run of word characters (letters, marks, digits, underscore)
-    r"|\.{2,}"  # an ellipsis is one token
+    # A word keeps inner punctuation (self.rawdata, 1,000, 2**32, 1.5.2b2) except spaCy's infixes
+    # (- ' = / : < >), which split it only when a letter follows (e-mail, a=b; not utf-8, 12:30, n=1).
+    r"|\w+(?:[^\s\w'’\-=/:<>]+\w+|[\-=/:<>]\p{N}\w*)*"
+    r"|[+.]\w+"  # a leading plus or dot stays on its word: +0200, .py
+    r"|\.{2,}|-{2,}|={2,}|'{2,}|\*{2,}|#{2,}|~{2,}|\+{2,}|\):"  # runs spaCy keeps whole: ... -- == '' ):
     r"|[^\w\s]"  # any other symbol is a token of its own
 )
 #: A token with none of these is a "symbol word" (Gopher's non-symbol words have at least one).
