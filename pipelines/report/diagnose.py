@@ -168,7 +168,7 @@ def memory_pressure(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
 
 def expert_imbalance(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     """Uneven expert load: the busiest expert's share over uniform, per layer, and who routes to it."""
-    load_ME = run.expert_load()
+    load_ME = run.expert_load(skip=cfg.skip_first)  # routing right after initialisation is noise
     if not load_ME.size:
         return None
     ratio_ME = load_ME * load_ME.shape[1]

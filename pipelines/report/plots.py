@@ -181,7 +181,9 @@ def expert_load(run: TrainingRun) -> bytes | None:
     ax.set_xticks(np.arange(n_experts))
     fig.colorbar(image, ax=ax)
     if routing_SME.size:
-        share_SME = routing_SME / np.maximum(routing_SME.sum(axis=2, keepdims=True), 1)
+        total_SM1 = routing_SME.sum(axis=2, keepdims=True)
+        # a source with no tokens yet is blank, not "routed nowhere"
+        share_SME = np.where(total_SM1 > 0, routing_SME / np.maximum(total_SM1, 1), np.nan)
         for layer in range(n_layers):
             ax = axes[0, 1 + layer]
             image = ax.imshow(share_SME[:, layer, :], cmap="magma", vmin=0, aspect="auto")

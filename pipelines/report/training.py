@@ -90,9 +90,11 @@ class TrainingRun:
                 return (*_arrays(rows), key)
         return np.zeros(0), np.zeros(0), ""
 
-    def expert_load(self) -> np.ndarray:
-        """Mean expert load share over the run, (layers, experts); empty for a dense model."""
-        loads = [np.asarray(r["expert_load"], dtype=float) for r in self.logs if r.get("expert_load")]
+    def expert_load(self, *, skip: int = 0) -> np.ndarray:
+        """Mean expert load share over the run after the first ``skip`` log records (while any remain),
+        (layers, experts); empty for a dense model."""
+        logs = self.logs[skip:] if len(self.logs) > skip else self.logs
+        loads = [np.asarray(r["expert_load"], dtype=float) for r in logs if r.get("expert_load")]
         loads = [x for x in loads if x.ndim == 2 and x.size]
         return np.mean(np.stack(loads), axis=0) if loads else np.zeros((0, 0))
 

@@ -76,6 +76,12 @@ def test_expert_imbalance_names_layer_expert_and_source(tmp_path):
     assert found.settings[0].startswith("train.model.aux_loss_coef = 0.001")
 
 
+def test_imbalance_right_after_initialisation_is_ignored(tmp_path):
+    records = [log_record(s, loss=3.0, expert_load=[[0.25] * 4, [0.9, 0.0, 0.05, 0.05] if s == 5 else [0.25] * 4])
+               for s in range(5, 30, 5)]
+    assert "expert_imbalance" not in rules(tmp_path, records)
+
+
 def test_source_whose_held_out_loss_rises_while_others_fall(tmp_path):
     records = [log_record(s, loss=3.0) for s in range(10, 50, 10)]
     records += [eval_record(10, {"prose": 3.0, "code": 3.0}), eval_record(20, {"prose": 2.6, "code": 2.8}),
