@@ -19,7 +19,7 @@ from curate.errors import InputError
 from pipelines.report import plots
 from pipelines.report.curation import CurationJob, is_job_dir, load_job
 from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
-from pipelines.report.training import TrainingRun, is_run_dir, load_run
+from pipelines.report.training import TrainingRun, has_ablation, is_run_dir, load_ablation, load_run
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ document.body.setAttribute('data-errors',window.__errors.length);document.body.s
 
 
 def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None]:
-    """The job and/or run a folder holds: a run folder (and the job it trained on), or a job folder
-    (and its default run folder ``<job>/train``)."""
+    """The job and/or run a folder holds: a run folder (and the job it trained on), a job folder
+    (and its default run folder ``<job>/train``), or an ablation study folder (``ablation/table.csv``)."""
     path = Path(path)
     job = run = None
     if is_run_dir(path):
@@ -55,6 +55,8 @@ def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None]:
         job = load_job(path)
         if run is None and is_run_dir(path / "train"):
             run = load_run(path / "train")
+    if job is None and run is None and has_ablation(path):  # an ablation study folder on its own
+        run = load_ablation(TrainingRun(path=path))
     if job is None and run is None:
         raise InputError(f"{path} holds neither a curation job (manifest.json) nor a training run (metrics.jsonl)")
     return job, run

@@ -193,8 +193,18 @@ def load_run(path: str | Path) -> TrainingRun:
             run.logs.append(record)
     if (path / "config.json").is_file():
         run.config = json.loads((path / "config.json").read_text())
-    ablation = path / "ablation"
-    if (ablation / "table.csv").is_file():
-        run.ablation = pl.read_csv(ablation / "table.csv")
-        run.ablation_images = sorted(ablation.glob("*.png"))
+    load_ablation(run)
+    return run
+
+
+def has_ablation(path: Path) -> bool:
+    return (path / "ablation" / "table.csv").is_file()
+
+
+def load_ablation(run: TrainingRun) -> TrainingRun:
+    """Attach ``<run>/ablation/table.csv`` and the study's PNGs beside it, when the study has run."""
+    folder = run.path / "ablation"
+    if (folder / "table.csv").is_file():
+        run.ablation = pl.read_csv(folder / "table.csv")
+        run.ablation_images = sorted(folder.glob("*.png"))
     return run

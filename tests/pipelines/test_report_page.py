@@ -79,6 +79,13 @@ def test_run_without_attribution_ablation_or_alerts(tmp_path):
     assert "<h3>Attribution</h3>" not in page and "<h3>Ablation</h3>" not in page and "<p>No alerts.</p>" in page
 
 
+def test_ablation_study_folder_on_its_own(tmp_path):
+    (tmp_path / "study" / "ablation").mkdir(parents=True)
+    (tmp_path / "study" / "ablation" / "table.csv").write_text("variant,delta_code\nbaseline,0.0\nno_code,0.4\n")
+    page = render(*locate(tmp_path / "study"))
+    assert "<h3>Ablation</h3>" in page and set(images(page)) == {"ablation heatmap"}
+
+
 def test_alerts_are_listed_and_diagnosed_on_the_page(full):
     page = full[2]
     assert "<td>25</td><td>loss_spike</td>" in page
