@@ -39,6 +39,14 @@ def _as_large_strings(texts: pa.Array | pa.ChunkedArray | list[str]) -> pa.Large
     return texts
 
 
+def null_mask(arr: pa.Array) -> np.ndarray:
+    """True where ``arr`` is null, from its validity bitmap (``is_null().to_numpy()`` imports pandas)."""
+    if not arr.null_count:
+        return np.zeros(len(arr), bool)
+    bits = np.unpackbits(np.frombuffer(arr.buffers()[0], np.uint8), bitorder="little")
+    return bits[arr.offset : arr.offset + len(arr)] == 0
+
+
 class Tokenizer(ABC):
     """Common interface: ``vocab_size``, ``eos_id``, ``pad_id``, encode, decode, save."""
 
@@ -97,7 +105,7 @@ class ByteTokenizer(Tokenizer):
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
         lens = np.diff(offsets)
         if arr.null_count:
-            lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, lens)
+            lens = np.where(null_mask(arr), 0, lens)
             keep = np.repeat(lens > 0, np.diff(offsets))
             flat = data[offsets[0] : offsets[-1]][keep]
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,25 @@ def test_origins_name_shard_and_row_of_first_document(job):
     # document 0 ("<web:0>") is EOS + 7 bytes: both sequences of step 0 start inside it
     assert first.origins == [("shards/train/part-00000-00000.parquet", 0)] * 2
     assert second.origins == [("shards/train/part-00000-00000.parquet", 1)] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_worker_path_does_not_import_pandas(tmp_path, fmt):
+    """pyarrow's pa.array/pa.table/fill_null import pandas lazily: ~1 s added to each worker's first batch."""
+    import subprocess
+    import sys
+
+    docs = make_docs(10)
+    docs[3]["source"] = None
+    folder = write_job(tmp_path, [docs], sources=["web"])
+    code = (
+        "import sys\nfrom train.data.shards import open_shards\nfrom train.data.pieces import shard_pieces\n"
+        "from train.tokenizer import ByteTokenizer\n"
+        f"s = open_shards({str(folder)!r}, split='train', fmt={fmt!r})\n"
+        f"list(shard_pieces(s, 0, 0, tokenizer=ByteTokenizer(), fmt={fmt!r}, verify=True, piece_rows=4, "
+        "shuffle_window=3, seed=0, skip_bad=False))\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == "False"

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from train.data.shards import ShardSet, read_shard
 from train.errors import ShardError
+from train.tokenizer import null_mask
 
 NULL_SOURCE = "<null>"
 
@@ -78,11 +79,15 @@ def shard_pieces(shards: ShardSet, index: int, epoch: int, *, tokenizer, fmt: st
     rows = np.arange(table.num_rows, dtype=np.int64)
     order = window_order(table.num_rows, shuffle_window, seed, epoch, index)
     if order is not None:
-        table, rows = table.take(pa.array(order)), rows[order]
+        # from_buffers, not pa.array: that imports pandas (~1 s in each fresh worker)
+        indices = pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order.astype(np.int64))])
+        table, rows = table.take(indices), rows[order]
     encoded = table.column("source").combine_chunks().dictionary_encode()
     names = [NULL_SOURCE if s is None else s for s in encoded.dictionary.to_pylist()]
-    codes = encoded.indices.fill_null(len(names)).to_numpy().astype(np.int32)
-    if encoded.indices.null_count:
+    indices = encoded.indices  # int32; read from its buffer: fill_null would import pandas in a fresh worker
+    codes = np.frombuffer(indices.buffers()[1], np.int32, count=len(indices), offset=indices.offset * 4).copy()
+    if indices.null_count:
+        codes[null_mask(indices)] = len(names)
         names.append(NULL_SOURCE)
     text, offset = table.column("text"), 0
     for lo in range(0, table.num_rows, piece_rows):

@@ -79,8 +79,18 @@ def _gather_strings(buf: bytes, starts: np.ndarray, sizes: np.ndarray) -> pa.Lar
     return pa.LargeStringArray.from_buffers(len(sizes), pa.py_buffer(offsets), pa.py_buffer(data))
 
 
+def _string_array(values: list[str | None]) -> pa.LargeStringArray:
+    """Strings to Arrow without ``pa.array``, which imports pandas (~1 s in each fresh worker)."""
+    encoded = [b"" if v is None else v.encode() for v in values]
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, count=len(encoded)), out=offsets[1:])
+    valid = np.fromiter((v is not None for v in values), bool, count=len(values))
+    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)), bitmap)
+
+
 def read_tar(buf: bytes, where: str) -> pa.Table:
-    """Rows of a WebDataset shard: ``id``, ``source``, ``text`` and ``meta``, in file order."""
+    """Rows of a WebDataset shard: ``id``, ``source`` and ``text`` (what training reads), in file order."""
     members = tar_members(buf, where)
     texts: dict[str, tuple[int, int]] = {}
     order: list[str] = []
@@ -98,7 +108,7 @@ def read_tar(buf: bytes, where: str) -> pa.Table:
     missing = [k for k in order if k not in infos] or [k for k in infos if k not in texts]
     if missing:
         raise ShardError(f"{where}: sample {missing[0]!r} lacks its .txt or .json member; each row needs both")
-    ids, sources, metas = [], [], []
+    ids, sources = [], []
     for key in order:
         at, size = infos[key]
         try:
@@ -109,16 +119,10 @@ def read_tar(buf: bytes, where: str) -> pa.Table:
             raise ShardError(f"{where}: sample {key!r}: .json member lacks the column 'source' (wrong columns?)")
         ids.append(obj.get("id", key))
         sources.append(obj["source"])
-        metas.append(obj.get("meta"))
     spans = np.array([texts[k] for k in order], np.int64).reshape(-1, 2)
     text = _gather_strings(buf, spans[:, 0], spans[:, 1])
     try:
         text.validate(full=True)
     except pa.ArrowInvalid as err:
         raise ShardError(f"{where}: a .txt member is not valid UTF-8: {err}") from err
-    return pa.table({
-        "id": pa.array(ids, pa.large_string()),
-        "source": pa.array(sources, pa.large_string()),
-        "text": text,
-        "meta": pa.array([m if m is None or isinstance(m, str) else orjson.dumps(m).decode() for m in metas], pa.large_string()),
-    })
+    return pa.Table.from_arrays([_string_array(ids), _string_array(sources), text], names=["id", "source", "text"])
