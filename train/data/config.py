@@ -38,6 +38,7 @@ class LoaderConfig:
     seq_len_warmup_steps: int = 0  # >0: sequence length grows linearly over these many steps
     seq_len_warmup_start: int = 64
     seq_len_warmup_multiple: int = 16  # warm-up lengths are rounded down to a multiple of this
+    mix_weights: list[float] = field(default_factory=list)  # one token weight per data set; [] = equal
     pin_memory: bool | None = None  # None: pin when CUDA is available
     storage_options: dict[str, str] = field(default_factory=dict)  # passed to fsspec (e.g. endpoint_url)
 
@@ -51,6 +52,8 @@ class LoaderConfig:
         _check(self.start_method in ("fork", "spawn", "forkserver"), "start_method", self.start_method, '"fork", "spawn" or "forkserver"')
         _check(self.format in ("parquet", "webdataset"), "format", self.format, '"parquet" or "webdataset"')
         _check(self.epoch_end in ("pad", "carry"), "epoch_end", self.epoch_end, '"pad" or "carry"')
+        _check(all(isinstance(w, (int, float)) and w > 0 for w in self.mix_weights), "mix_weights", self.mix_weights,
+               "positive numbers, one per data set")
         if self.seq_len_warmup_steps:
             _check(self.seq_len_warmup_start <= self.seq_len, "seq_len_warmup_start", self.seq_len_warmup_start,
                    f"at most seq_len ({self.seq_len})")

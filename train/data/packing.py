@@ -38,6 +38,12 @@ class SourceIds:
                 self._ids[name] = len(self.names)
                 self.names.append(name)
 
+    def restore(self, saved: list[str]) -> None:
+        """Ids as saved with a run, then names known here but not there (in place: streams share this object)."""
+        names = list(saved) + [n for n in self.names if n not in saved]
+        self.names, self._ids = [], {}
+        self.extend(names)
+
     def lookup(self, names: list[str]) -> np.ndarray:
         self.extend(names)
         return np.array([self._ids[n] for n in names], np.int32)
