@@ -45,7 +45,7 @@ FORMAT_VERSION = 1
 
 def plan_phases(job: Job) -> list[PhaseSpec]:
     """Split the stage list at barriers into map phases."""
-    barriers = [i for i, s in enumerate(job.stages) if issubclass(_cls(s.kind), Barrier)]
+    barriers = [i for i, s in enumerate(job.stages) if _cls(s.kind).is_barrier(s.config)]
     phases: list[PhaseSpec] = []
     start, apply = 0, None
     for b in [*barriers, None]:

@@ -186,7 +186,7 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
         for i in chain:
             if not batch.height:
                 break
-            batch = _apply(stages[i], batch, decision if i == phase.apply else None, stats, out)
+            batch = _apply(stages[i], batch, decision if i == phase.apply else None, i == phase.apply, stats, out)
         if phase.collect is not None and batch.height:
             stage = stages[phase.collect]
             t0 = time.perf_counter()
@@ -207,12 +207,12 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
     return _finish(spec, out, stats, skipped, final)
 
 
-def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, stats: dict[str, StageStats],
-           out: _Outputs) -> pl.DataFrame:
+def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, planned: bool,
+           stats: dict[str, StageStats], out: _Outputs) -> pl.DataFrame:
     sid = stage.ctx.stage_id
     t0 = time.perf_counter()
     in_scope, passed = _scope(stage, batch)
-    result = stage.apply(in_scope, decision) if isinstance(stage, Barrier) else stage.apply(in_scope)
+    result = stage.apply(in_scope, decision) if planned else stage.apply(in_scope)
     elapsed = time.perf_counter() - t0
     kept, rejected = validate_rows(result.kept, where=sid), result.rejected
     if in_scope.height + result.repeats != kept.height + rejected.height:

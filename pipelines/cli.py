@@ -8,11 +8,11 @@ import logging
 import sys
 
 #: Modules that add subcommands; each has ``register(subparsers)`` setting ``func``.
-COMMANDS = ("pipelines.curate",)
+COMMANDS = ("pipelines.curate", "pipelines.train", "pipelines.report.command")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="winnow", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="winnow", description="Curate multi-source text into training shards; train and report.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -43,10 +43,19 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
     values = {k: _coerce(v, hints[k], f"{where} key {k!r}") for k, v in table.items()}
     try:
         return cls(**values)
-    except ConfigError as err:
+    except _config_errors() as err:
         raise ConfigError(f"{where}: {err}") from None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from err
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """Both packages' ConfigError: the trainer's configs raise train's own (it never imports curate)."""
+    try:
+        from train.errors import ConfigError as TrainConfigError
+    except ImportError:  # curation-only installs
+        return (ConfigError,)
+    return (ConfigError, TrainConfigError)
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:

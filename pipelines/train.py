@@ -47,10 +47,7 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
     table.setdefault("shards", (raw.get("job") or {}).get("output"))
     table.setdefault("output", str(Path(table["shards"] or "out") / "train"))
     table.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return build_config(TrainConfig, table, f"{job} [train]")
-    except ConfigError as err:  # the trainer's own ConfigError (train never imports curate's)
-        raise ConfigError(f"{job} [train]: {err}") from None
+    return build_config(TrainConfig, table, f"{job} [train]")
 
 
 def build_trainer(cfg: TrainConfig) -> Trainer:
@@ -68,11 +65,15 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     data = Loader(cfg.data, cfg.shards, split="train", tokenizer=tokenizer)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
 
+    # Held-out batches are read inline: a few batches per eval, and forking loader workers
+    # after training has started its thread pools is how forked children deadlock.
+    val_cfg = dataclasses.replace(cfg.data, num_workers=0)
+
     def val_data():
-        return Loader(cfg.data, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources)
+        return Loader(val_cfg, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources)
 
     try:
-        Loader(cfg.data, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources).close()
+        Loader(val_cfg, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources).close()
         has_val = True
     except ShardError as err:
         log.warning("no held-out evaluation: %s", err)

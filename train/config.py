@@ -49,7 +49,7 @@ class TrainConfig:
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     eval_every: int = 100  # steps between per-source held-out evaluations (0: only at the end)
-    eval_batches: int = 16  # at most this many val batches per evaluation
+    eval_batches: int | None = None  # cap on val batches per evaluation; None: the whole val split (every source)
     skip_nonfinite: bool = True  # skip (and alert on) steps whose loss or gradient norm is NaN/Inf
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -62,6 +62,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("steps", "grad_accum", "eval_batches"):
             value = getattr(self, key)
+            if key == "eval_batches" and value is None:
+                continue
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
         _check(isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every", self.eval_every, "an integer >= 0")
         _check(self.precision in ("fp32", "bf16", "fp16"), "precision", self.precision, "'fp32', 'bf16' or 'fp16'")

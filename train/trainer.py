@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import random
 import signal
@@ -204,17 +205,28 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict | None:
-        """Per-source held-out loss over the val split (at most ``eval_batches`` batches)."""
+        """Per-source held-out loss over the val split (all of it, or at most ``eval_batches`` batches).
+
+        Val shards are per source, so a cap reads the first sources only; leave it unset to
+        report every source.
+        """
         if self.val_data is None:
             return None
         start = time.perf_counter()
         acct = SourceAccounting(self.sources, n_moe_layers=0, n_experts=0, device=self.device)
         self.model.eval()
-        for _, batch in zip(range(self.cfg.eval_batches), self.val_data()):
-            b = batch.to(self.device)
-            with self._autocast():
-                logits_BLV = self.model(b.tokens, b.doc_ids).logits_BLV
-            acct.add_loss(cross_entropy_per_token(logits_BLV, b.targets), b.source_ids, b.loss_mask)
+        loader = self.val_data()
+        try:
+            with torch.no_grad():
+                for _, batch in zip(itertools.count() if self.cfg.eval_batches is None else range(self.cfg.eval_batches), loader):
+                    b = batch.to(self.device)
+                    with self._autocast():
+                        logits_BLV = self.model(b.tokens, b.doc_ids).logits_BLV
+                    acct.add_loss(cross_entropy_per_token(logits_BLV, b.targets), b.source_ids, b.loss_mask)
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+        self.model.train()
         result = acct.flush()
         record = {"step": self.step, "eval": {"loss": result["mean_loss"],
                   "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()}}}

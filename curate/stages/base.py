@@ -92,6 +92,11 @@ class Stage(ABC):
         self.config = config
         self.ctx = ctx
 
+    @classmethod
+    def is_barrier(cls, config: StageConfig) -> bool:
+        """Whether this configuration needs the collect → plan → apply protocol."""
+        return False
+
     @abstractmethod
     def apply(self, batch: pl.DataFrame) -> StageOutput:
         """Split ``batch`` into kept and rejected rows."""
@@ -106,7 +111,15 @@ class Stage(ABC):
 
 
 class Barrier(Stage):
-    """A stage that needs a global view: collect keys per task, plan once, apply per task."""
+    """A stage that needs a global view: collect keys per task, plan once, apply per task.
+
+    A barrier class may answer ``is_barrier(config) = False`` for configurations that need
+    no global view; the runner then calls ``apply(batch)`` with no decision, as for any stage.
+    """
+
+    @classmethod
+    def is_barrier(cls, config: StageConfig) -> bool:
+        return True
 
     @abstractmethod
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:

@@ -66,15 +66,20 @@ class SplitConfig(StageConfig):
 class Split(Barrier):
     """Marks each row ``train`` or ``val`` by the hash of its id.
 
-    A barrier because row counts need the k smallest hashes of each source; with fractions
-    only, the plan is the same rule the row-local fallback in ``apply`` uses, and it still
-    reports the held-out rows per source.
+    A barrier when row counts are asked for (they need the k smallest hashes of each
+    source); with fractions only it runs row-local, and the held-out rows per source are
+    in its counters (``val_rows/<source>``).
     """
 
     kind = "split"
     Config = SplitConfig
     reasons = ()
     config: SplitConfig
+
+    @classmethod
+    def is_barrier(cls, config: SplitConfig) -> bool:  # type: ignore[override]
+        """Only row counts need the global view; fractions are decided row by row (one pass fewer)."""
+        return config.uses_counts
 
     def _hashes(self, ids: pl.Series) -> np.ndarray:
         return hash_strings(ids, seed_key("split", self.config.seed))
