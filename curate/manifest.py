@@ -79,7 +79,7 @@ def build_manifest(
         raise StageError(
             f"job {job.job.name}: {read.rows_in} rows read + {repeats} repeats != {rows_out} written + {rejected} rejected"
         )
-    last = stats.get(order[-1], read)
+    last = stats.get(order[-1], StageStats())  # a stage no row reached has no stats: it kept nothing
     if last.rows_out != rows_out:
         raise StageError(f"job {job.job.name}: the last stage kept {last.rows_out} rows but {rows_out} were written")
     sources = sorted({src for s in shards for src in s["sources"]} | set(read.source_in) | set(job.declared_sources))

@@ -205,3 +205,12 @@ def test_stage_scoped_to_sources_passes_other_sources_untouched(tmp_path, write_
     by_source = manifest["stages"][1]["by_source"]
     assert by_source["web"]["rejected"] == {"filter:length_min_words": 12}
     assert by_source["books"] == {"in": 40, "out": 40, "rejected": {}}
+
+
+def test_job_where_an_early_stage_rejects_everything(tmp_path, write_job, nothing_lost):
+    ids = make_inputs(tmp_path, n_files=1)
+    body = JOB.format(workers=1, path=tmp_path / "*.jsonl").replace("min_words = 3", "min_words = 1000")
+    body += '\n[[stages]]\nkind = "filter.length"\nmax_chars = 5\n'
+    manifest = run_job(load_job(write_job(body)), progress=False)
+    nothing_lost(tmp_path / "out" / "t", ids)
+    assert manifest["totals"]["rows_written"] == 0 and manifest["stages"][2]["rows_in"] == 0
