@@ -85,7 +85,7 @@ def test_bad_shard_raises_shard_error_naming_shard_and_problem(folder, damage, f
 @pytest.mark.parametrize(("damage", "fmt", "problem"), CASES, ids=[c[0].__name__ for c in CASES])
 def test_skip_bad_shards_warns_counts_and_goes_on(folder, damage, fmt, problem, caplog):
     damage(folder)
-    with caplog.at_level(logging.WARNING, logger="train.data.loader"):
+    with caplog.at_level(logging.WARNING, logger="train.data.stream"):
         loader, batches = first_batches(folder, fmt, skip_bad_shards=True)
     assert loader.stats()["bad_shards"] >= 1
     assert any("part-00000-00001" in r.getMessage() for r in caplog.records)
@@ -109,3 +109,15 @@ def test_every_shard_bad_is_an_error_even_when_skipping(tmp_path):
     (folder / "shards/train/part-00000-00000.parquet").unlink()
     with pytest.raises(ShardError, match="no documents"):
         first_batches(folder, skip_bad_shards=True, n=1)
+
+
+def test_resume_into_a_shard_that_turned_bad_starts_the_next_shard_whole(folder):
+    loader = Loader(LoaderConfig(batch_size=1, seq_len=16, num_workers=0, skip_bad_shards=True), folder)
+    while loader.state_dict()["sets"][0]["shard"] != 1 or loader.state_dict()["sets"][0]["offset"] == 0:
+        next(loader)
+    state = loader.state_dict()
+    checksum_mismatch(folder)  # same manifest, damaged file
+    resumed = Loader(LoaderConfig(batch_size=1, seq_len=16, num_workers=0, skip_bad_shards=True), folder)
+    resumed.load_state_dict(state)
+    first = next(resumed).tokens[0].numpy()
+    assert first[0] == 256 and first[1:].astype("uint8").tobytes().startswith(b"<books:20>")

@@ -108,6 +108,10 @@ class Packer:
         }
         self._append(piece.tokens[drop:], np.repeat(numbers, piece.doc_lens)[drop:], valid, docs, int(numbers[0]))
 
+    def skip_done(self) -> None:
+        """The shard the resume offset points into is over: skip nothing further."""
+        self._skip = 0
+
     def _pad(self, count: int, *, closing: bool) -> None:
         """Append ``count`` tokens of padding, the first an EOS that is a real target when ``closing``."""
         if count <= 0:

@@ -53,7 +53,10 @@ class SetStream:
         if isinstance(msg, Piece):
             packer.push(msg)
             self._epoch_docs += len(msg.doc_lens)
-        elif isinstance(msg, ShardDone) and msg.error:
+        elif isinstance(msg, ShardDone):
+            packer.skip_done()  # the resume offset is within the first shard only, even if it turned bad
+            if not msg.error:
+                return
             self.bad_shards += 1
             if msg.error not in self._bad_seen:
                 self._bad_seen.add(msg.error)
