@@ -1,0 +1,42 @@
+"""Curation inputs on S3: a real S3-compatible server (moto) on 127.0.0.1, read through fsspec."""
+
+from __future__ import annotations
+
+import gzip
+
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from curate.pipeline import run_job
+from pipelines.jobfile import load_job
+
+
+def test_jobs_read_jsonl_and_parquet_from_s3_globs(s3_server, tmp_path, write_job, nothing_lost):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir("winnow-inputs")
+    ids = set()
+    for part in range(2):
+        records = [{"id": f"w{part}-{i}", "text": f"web page {part} {i} " * 5} for i in range(30)]
+        ids |= {r["id"] for r in records}
+        with fs.open(f"winnow-inputs/web/part-{part}.jsonl.gz", "wb") as fh:
+            fh.write(gzip.compress(b"\n".join(orjson.dumps(r) for r in records), mtime=0))
+    table = pa.table({"id": [f"b{i}" for i in range(20)], "text": [f"book {i} " * 8 for i in range(20)]})
+    ids |= set(table["id"].to_pylist())
+    with fs.open("winnow-inputs/books/a.parquet", "wb") as fh:
+        pq.write_table(table, fh)
+    body = (
+        '[[inputs]]\nsource = "web"\npath = "s3://winnow-inputs/web/*.jsonl.gz"\n'
+        '[[inputs]]\nsource = "books"\npath = "s3://winnow-inputs/books"\nformat = "parquet"\n'
+    )
+    job = load_job(write_job(body))
+    manifest = run_job(job, progress=False)
+    nothing_lost(job.output_dir, ids)
+    assert manifest["by_source"]["web"]["written"] == 60 and manifest["by_source"]["books"]["written"] == 20
+    assert [f["path"] for f in manifest["inputs"][0]["files"]] == [
+        "s3://winnow-inputs/web/part-0.jsonl.gz", "s3://winnow-inputs/web/part-1.jsonl.gz"]
+    rows = pl.read_parquet([job.output_dir / s["path"] for s in manifest["shards"] if s["format"] == "parquet"])
+    assert rows.filter(pl.col("id") == "w1-3")["text"][0] == "web page 1 3 " * 5
