@@ -112,6 +112,14 @@ class MoE(nn.Module):
         self.w13_ED2F = nn.Parameter(torch.empty(E, D, 2 * F_))  # gate and up, side by side
         self.w2_EFD = nn.Parameter(torch.empty(E, F_, D))
         self.shared = SwiGLU(D, F_ * cfg.n_shared_experts) if cfg.n_shared_experts else None
+        # expert parallelism installs a callable (x_AD, counts_E, compute) -> y_AD that runs the experts on
+        # the ranks holding them (train.parallel.expert_parallel); None: every expert is local
+        self.dispatch = None
+
+    def compute_experts(self, x_AD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """This module's experts on their expert-sorted assignments: (A, D) -> (A, D)."""
+        gate_AF, up_AF = expert_matmul(x_AD, self.w13_ED2F, counts_E).chunk(2, dim=-1)
+        return expert_matmul(F.silu(gate_AF) * up_AF, self.w2_EFD, counts_E)
 
     def forward(self, x_BLD: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
         cfg = self.cfg
@@ -135,8 +143,10 @@ class MoE(nn.Module):
 
         dtype = _autocast_dtype(x_TD)
         x_AD = x_TD[token_A].to(dtype)
-        gate_AF, up_AF = expert_matmul(x_AD, self.w13_ED2F, counts_E).chunk(2, dim=-1)
-        y_AD = expert_matmul(F.silu(gate_AF) * up_AF, self.w2_EFD, counts_E)
+        if self.dispatch is None:
+            y_AD = self.compute_experts(x_AD, counts_E)
+        else:
+            y_AD = self.dispatch(x_AD, counts_E, self.compute_experts)
         y_AD = y_AD * weights_TK.reshape(-1)[order_A, None].to(y_AD.dtype)
         out_TD = y_AD.new_zeros(T, x_TD.shape[1]).index_add_(0, token_A, y_AD)
         if self.shared is not None:
