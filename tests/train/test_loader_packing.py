@@ -121,8 +121,7 @@ def test_origins_name_shard_and_row_of_first_document(job):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
-def test_worker_path_does_not_import_pandas(tmp_path, fmt):
+def test_worker_path_does_not_import_pandas(tmp_path):
     """pyarrow's pa.array/pa.table/fill_null import pandas lazily: ~1 s added to each worker's first batch."""
     import subprocess
     import sys
@@ -133,10 +132,11 @@ def test_worker_path_does_not_import_pandas(tmp_path, fmt):
     code = (
         "import sys\nfrom train.data.shards import open_shards\nfrom train.data.pieces import shard_pieces\n"
         "from train.tokenizer import ByteTokenizer\n"
-        f"s = open_shards({str(folder)!r}, split='train', fmt={fmt!r})\n"
-        f"list(shard_pieces(s, 0, 0, tokenizer=ByteTokenizer(), fmt={fmt!r}, verify=True, piece_rows=4, "
+        "for fmt in ('parquet', 'webdataset'):\n"
+        f"    s = open_shards({str(folder)!r}, split='train', fmt=fmt)\n"
+        "    list(shard_pieces(s, 0, 0, tokenizer=ByteTokenizer(), fmt=fmt, verify=True, piece_rows=4, "
         "shuffle_window=3, seed=0, skip_bad=False))\n"
-        "print('pandas' in sys.modules)\n"
+        "    print(fmt, 'pandas' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["parquet", "False", "webdataset", "False"]

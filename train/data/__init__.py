@@ -1,7 +1,18 @@
-"""The training data path: job shards -> tokens -> packed batches with per-token source ids."""
+"""The training data path: job shards -> tokens -> packed batches with per-token source ids.
 
-from train.data.batch import Batch
-from train.data.config import LoaderConfig
-from train.data.loader import Loader
+Exports are resolved lazily so that loader worker processes started with ``spawn`` or
+``forkserver`` import only the reading and tokenizing modules, not torch.
+"""
 
-__all__ = ["Batch", "Loader", "LoaderConfig"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {"Batch": "train.data.batch", "Loader": "train.data.loader", "LoaderConfig": "train.data.config"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'train.data' has no attribute {name!r}")
