@@ -25,9 +25,10 @@ from train.accounting import SourceAccounting
 from train.alerts import Alerts, SpikeDetector
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
-from train.metrics import MetricsWriter, Throughput, memory_stats, peak_flops_basis
+from train.metrics import Throughput, memory_stats, peak_flops_basis
 from train.model import Transformer, cross_entropy_per_token, distillation_per_token
 from train.optim import build_optimizer, build_scheduler
+from train.parallel import Parallel
 
 log = logging.getLogger(__name__)
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -63,10 +64,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, model: Transformer, data: Iterable, sources: list[str], run_dir: str | Path,
                  device: torch.device, val_data: Callable[[], Iterable] | None = None,
-                 teacher: Transformer | None = None) -> None:
+                 teacher: Transformer | None = None, parallel: Parallel | None = None) -> None:
         self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
         self.model = model.to(device)
         self.model.activation_checkpointing = cfg.activation_checkpointing
+        self.parallel = parallel or Parallel.local(device)
+        self.net = self.parallel.wrap(self.model)  # what forward runs through (DDP/FSDP2); self.model stays bare
         self.teacher = teacher.to(device).eval() if teacher is not None else None
         self.data, self._batches = data, iter(data)
         self.val_data = val_data
@@ -75,13 +78,13 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
         shape = dict(n_moe_layers=model.cfg.n_moe_layers, n_experts=model.cfg.n_experts, device=device)
         self.sources = list(sources)
-        self.accounting = SourceAccounting(self.sources, **shape)  # since the last log step
+        self.accounting = SourceAccounting(self.sources, **shape, reduce=self.parallel.reduce_sum)  # since the last log step
         self._step_accounting = SourceAccounting(self.sources, **shape)  # merged once a step is accepted
         self._router_M3 = torch.zeros(model.cfg.n_moe_layers, 3, dtype=torch.float64, device=device)
         self.alerts = Alerts(cfg.alerts, self.run_dir)
         self.spikes = SpikeDetector(sigma=cfg.alerts.spike_sigma, window=cfg.alerts.spike_window,
                                     min_history=cfg.alerts.spike_min_history)
-        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard)
+        self.metrics = self.parallel.metrics_writer(self.run_dir, tensorboard=cfg.metrics.tensorboard)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
         self.throughput = Throughput()
         self.peak_flops, self.peak_basis = peak_flops_basis(device, cfg.metrics.peak_flops)
@@ -109,7 +112,7 @@ class Trainer:
         """Forward and backward of one micro-batch; returns its (detached) share of the step's data loss."""
         b = batch.to(self.device)
         with self._autocast():
-            out = self.model(b.tokens, b.doc_ids)
+            out = self.net(b.tokens, b.doc_ids)
             token_loss_BL = cross_entropy_per_token(out.logits_BLV, b.targets, label_smoothing=self.cfg.label_smoothing)
             train_loss_BL = token_loss_BL
             if self.teacher is not None:
@@ -118,7 +121,7 @@ class Trainer:
                 soft_BL = distillation_per_token(out.logits_BLV, teacher_BLV, temperature=self.cfg.distill.temperature)
                 train_loss_BL = (1 - self.cfg.distill.alpha) * token_loss_BL + self.cfg.distill.alpha * soft_BL
             data_loss = (train_loss_BL * b.loss_mask).sum() / max(n_tokens, 1)
-            loss = data_loss + out.router_loss / n_micro
+            loss = data_loss * self.parallel.grad_scale + out.router_loss / n_micro
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         if self.cfg.label_smoothing > 0:  # account the plain cross-entropy, comparable across runs
             with torch.no_grad():
@@ -135,19 +138,20 @@ class Trainer:
     def train_step(self) -> StepResult:
         self.model.train()
         batches = self._next_batches()
-        n_tokens = sum(b.num_tokens for b in batches)  # host-side: the batches are still on the CPU
+        # host-side (the batches are still on the CPU), summed over ranks: the global-batch mean's denominator
+        n_tokens = self.parallel.global_tokens(sum(b.num_tokens for b in batches))
         loss = sum(self._micro_step(b, n_tokens, len(batches)) for b in batches)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.cfg.optim.grad_clip or float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        loss_value, norm_value = torch.stack([loss.float(), grad_norm.float()]).tolist()  # the one sync per step
+        grad_norm = self.parallel.clip_grad_norm(self.model, clip)
+        loss_value, norm_value = self.parallel.step_values(loss, grad_norm)  # the one sync per step
         skipped = self._verdict(loss_value, norm_value, batches)
         if skipped is None:
             (self.scaler.step if self.scaler else lambda opt: opt.step())(self.optimizer)
             self.spikes.accept(loss_value)
             self.accounting.merge(self._step_accounting)
-            self.model.update_expert_bias(self._step_accounting.load_ME)
+            self.model.update_expert_bias(self.parallel.global_load(self._step_accounting.load_ME))
             self.tokens_seen += n_tokens
         if self.scaler:
             self.scaler.update()  # after a skipped inf step too: that is how the scale comes down
@@ -235,7 +239,8 @@ class Trainer:
         return record
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.parallel.model_state(self.model),
+                "optimizer": self.parallel.optim_state(self.model, self.optimizer),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": rng_state(), "data": self.data.state_dict(), "accounting": self.accounting.state_dict(),
                 "spikes": self.spikes.state_dict(), "alerts": self.alerts.state_dict(),
@@ -244,8 +249,8 @@ class Trainer:
                 "sources": self.sources}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.parallel.load_model_state(self.model, state["model"])
+        self.parallel.load_optim_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
@@ -260,7 +265,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         start = time.perf_counter()
-        path = self.checkpoints.save(self.step, self.state_dict())
+        path = self.parallel.save_checkpoint(self.checkpoints, self.step, self.state_dict())
         self._saved_step = self.step
         self.throughput.exclude(time.perf_counter() - start)
         return path

@@ -1,0 +1,101 @@
+"""Data parallelism on PyTorch's own wrappers: DDP (optionally PowerSGD-compressed) and FSDP2.
+
+Both average gradients over the data-parallel ranks; the trainer scales its data loss by the
+world size and normalizes by the global token count so the average is the global-batch mean.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from train.parallel.comm import CommTimer
+from train.parallel.config import ParallelConfig
+from train.parallel.mesh import World
+
+log = logging.getLogger(__name__)
+
+
+def _timed_allreduce(timer: CommTimer):
+    """DDP's default hook (all-reduce then divide by the world), with its time and bytes counted."""
+
+    def hook(group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        world = dist.get_world_size(group)
+        buffer = bucket.buffer()
+        nbytes, start = buffer.numel() * buffer.element_size(), time.perf_counter()
+
+        def done(fut):
+            timer.add_interval(start, time.perf_counter(), nbytes, nbytes)
+            return fut.value()[0].div_(world)
+
+        return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
+
+    return hook
+
+
+def _timed_powersgd(timer: CommTimer):
+    """torch's PowerSGD hook; counts the bytes it sends against those plain all-reduce would send."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    def hook(state: psgd.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        size = buffer.element_size()
+        uncompressed = buffer.numel() * size
+        sent = uncompressed
+        if state.iter >= state.start_powerSGD_iter:  # before that the hook is a plain all-reduce
+            sent = 0
+            for grad in bucket.gradients():
+                # the hook's own rule: matrices are compressed to P (n x r) and Q (m x r) when that pays
+                rows = grad.shape[0] if grad.ndim > 1 else 0
+                cols = grad.numel() // rows if rows else 0
+                compress, _, compressed = psgd._should_compress(rows, cols, state.matrix_approximation_rank,
+                                                                state.min_compression_rate) if rows else (False, 0, 0)
+                sent += (compressed if compress else grad.numel()) * size
+        start = time.perf_counter()
+
+        def done(fut):
+            timer.add_interval(start, time.perf_counter(), sent, uncompressed)
+            value = fut.value()
+            return value[0] if isinstance(value, list) else value
+
+        return psgd.powerSGD_hook(state, bucket).then(done)
+
+    return hook
+
+
+def wrap_ddp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
+             ignore: list[str] = ()) -> DistributedDataParallel:
+    """DDP over every rank; ``ignore`` names parameters it must not all-reduce (expert shards)."""
+    if ignore:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
+    device_ids = [world.device.index] if world.device.type == "cuda" else None
+    # broadcast_buffers=False: the only mutable buffer (the router bias) is updated from globally reduced loads
+    ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb, broadcast_buffers=False)
+    if cfg.powersgd_rank:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
+                                   start_powerSGD_iter=max(cfg.powersgd_start_iter, 2), use_error_feedback=True,
+                                   warm_start=True, random_seed=0)
+        ddp.register_comm_hook(state, _timed_powersgd(timer))
+        log.info("DDP with PowerSGD rank %d from iteration %d", cfg.powersgd_rank, state.start_powerSGD_iter)
+    else:
+        ddp.register_comm_hook(None, _timed_allreduce(timer))
+    return ddp
+
+
+def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig) -> nn.Module:
+    """Shard every block, then the root, with FSDP2 (``fully_shard``), in place; CPU offload when asked."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    mesh = world.mesh["dp"]
+    policy = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
+    return model

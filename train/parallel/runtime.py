@@ -1,0 +1,153 @@
+"""``Parallel``: everything the trainer asks of the distributed setup, behind one object.
+
+The trainer stays layout-agnostic: it lets ``Parallel`` wrap the model, turn local token counts
+and losses into global ones, clip on the global gradient norm, reduce its accounting, write
+metrics and checkpoints on rank 0 only, and save/load the one-process state from any layout.
+``Parallel.local(device)`` is the one-process case, where every call is the plain operation.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from train.checkpoint import CheckpointManager
+from train.errors import ConfigError
+from train.metrics import MetricsWriter
+from train.parallel import checkpoint as ckpt
+from train.parallel.comm import CommTimer
+from train.parallel.config import ParallelConfig
+from train.parallel.data_parallel import apply_fsdp, wrap_ddp
+from train.parallel.expert_parallel import expert_parameters, shard_experts, sync_expert_grads
+from train.parallel.mesh import World, init_world
+from train.parallel.reduce import Reducer
+
+log = logging.getLogger(__name__)
+
+
+class _NoMetrics:
+    """Metrics sink of ranks other than 0: rank 0 writes the (globally reduced) records."""
+
+    def write(self, record: dict) -> None:
+        del record
+
+    def close(self) -> None:
+        return None
+
+
+class Parallel:
+    """The run's layout (``ParallelConfig``) on its ``World``; built once per process."""
+
+    def __init__(self, cfg: ParallelConfig, world: World) -> None:
+        if world.distributed and cfg.mode == "none":
+            raise ConfigError(f"train.parallel.mode = 'none' under torchrun with {world.size} processes: every rank "
+                              "would train its own model; use 'ddp' or 'fsdp'")
+        self.cfg, self.world = cfg, world
+        self.comm = CommTimer()
+        self.reducer = Reducer(world, self.comm)
+        self.experts: list[str] = []  # names of parameters sharded over the ep group
+        self._expert_params: list[nn.Parameter] = []
+        self._reduce_load = False
+
+    @classmethod
+    def local(cls, device: torch.device) -> Parallel:
+        return cls(ParallelConfig(mode="none"), World(rank=0, size=1, local_rank=0, device=device))
+
+    @classmethod
+    def from_env(cls, cfg: ParallelConfig, *, device: str = "auto", n_experts: int = 0) -> Parallel:
+        """Join the ``torchrun`` launch described by the environment (one process when there is none)."""
+        return cls(cfg, init_world(cfg, device=device, n_experts=n_experts))
+
+    @property
+    def is_main(self) -> bool:
+        return self.world.is_main
+
+    @property
+    def fsdp(self) -> bool:
+        return self.world.distributed and self.cfg.mode == "fsdp"
+
+    @property
+    def grad_scale(self) -> float:
+        """Factor on the data loss that undoes the wrappers' gradient averaging over the ranks."""
+        return float(self.world.size)
+
+    # ---- model ------------------------------------------------------------------------------
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Shard experts, then DDP or FSDP2; returns the module to call forward on (``model`` stays the bare one).
+
+        Call before building the optimizer: sharding replaces the expert parameters.
+        """
+        self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and self.world.distributed
+        if not self.world.distributed:
+            return model
+        if self.world.ep_size > 1:
+            self.experts = shard_experts(model, self.world, self.comm)
+            self._expert_params = expert_parameters(model, self.experts)
+        if self.cfg.mode == "fsdp":
+            return apply_fsdp(model, self.world, self.cfg)
+        return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
+
+    def global_tokens(self, local_tokens: int) -> int:
+        """Loss tokens of the step over every rank: the denominator of the global-batch mean."""
+        return self.reducer.sum_int(local_tokens)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Finish the expert gradients, then clip every gradient by the global norm; returns the norm."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        if not self.world.distributed:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if self._expert_params:
+            sync_expert_grads(self._expert_params, self.world, self.comm)
+        sharded = {id(p) for p in self._expert_params}
+        dense = [p.grad for p in params if id(p) not in sharded]
+        norm = torch.nn.utils.get_total_norm(dense)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a partial DTensor norm, summed over the shards
+            norm = norm.full_tensor()
+        if self._expert_params:
+            expert_sq = torch.nn.utils.get_total_norm([p.grad for p in self._expert_params]).pow(2)
+            with self.comm.blocking(expert_sq.element_size()):
+                dist.all_reduce(expert_sq, group=self.world.ep_group)
+            norm = (norm.pow(2) + expert_sq).sqrt()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    def step_values(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+        return self.reducer.step_values(loss, grad_norm)
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Per-source sums, routing counts and loads over the ranks (the accounting's ``reduce``)."""
+        return self.reducer.sum(tensor)
+
+    def global_load(self, load_ME: torch.Tensor) -> torch.Tensor:
+        """The step's expert load over every rank, for the aux-loss-free bias update (only then a collective)."""
+        return self.reducer.sum(load_ME) if self._reduce_load else load_ME
+
+    # ---- outputs ----------------------------------------------------------------------------
+    def metrics_writer(self, run_dir: str | Path, *, tensorboard: bool):
+        return MetricsWriter(run_dir, tensorboard=tensorboard) if self.is_main else _NoMetrics()
+
+    def model_state(self, model: nn.Module) -> dict:
+        return ckpt.model_state(model, self.world, fsdp=self.fsdp, experts=self.experts)
+
+    def optim_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        return ckpt.optim_state(model, optimizer, self.world, fsdp=self.fsdp, experts=self.experts)
+
+    def load_model_state(self, model: nn.Module, state: dict) -> None:
+        ckpt.load_model_state(model, state, self.world, fsdp=self.fsdp, experts=self.experts)
+
+    def load_optim_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        ckpt.load_optim_state(model, optimizer, state, self.world, fsdp=self.fsdp, experts=self.experts)
+
+    def save_checkpoint(self, manager: CheckpointManager, step: int, state: dict) -> Path:
+        return ckpt.save_on_main(manager, step, state, self.world)
+
+    def comm_report(self) -> dict:
+        """Communication since the last call: seconds, bytes sent, and bytes saved by compression."""
+        report = self.comm.state_dict()
+        report["bytes_saved"] = report["bytes_uncompressed"] - report["bytes_sent"]
+        self.comm.reset()
+        return report
