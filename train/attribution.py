@@ -1,0 +1,195 @@
+"""First-order per-source attribution: how much training on each source moved each source's held-out loss.
+
+Every ``every`` steps the trainer hands over the step's batches. For each training source ``a``
+we take the gradient ``g_a`` of *its part* of the step's data loss (its tokens' cross-entropy
+summed and divided by all of the step's loss tokens, so ``g_a`` already carries ``a``'s token
+share and ``sum_a g_a`` is the step's data gradient: one forward, one backward per source with the
+graph kept). For each held-out source ``b`` we take the gradient ``h_b`` of its mean held-out loss
+over a held-out batch of that source (a pool of batches per source, cycled so each estimate sees a
+fresh one). A step ``θ -= lr·u`` changes held-out loss ``b`` by ``≈ -lr · h_b·u`` to first order, and
+the update is linear in the sources' gradients, so
+
+    A[a, b] = -lr · every · c · h_b · P(g_a)      (nats; negative = training on ``a`` lowered loss on ``b``)
+
+where ``c`` is the gradient-clipping factor of the step and ``P`` the optimizer's preconditioner.
+For SGD ``P`` is the identity. For AdamW (and LAMB, whose per-tensor trust ratio we leave out) we
+use Adam's diagonal ``P = 1 / (sqrt(v̂) + eps)`` from the optimizer's second moments, held fixed:
+a gradient enters the momentum with weight ``1 - β1`` and leaves it geometrically, so its total
+effect on the parameters over the following steps is ``lr·P(g)`` (the preconditioned direction
+of TracIn-style estimates for Adam, e.g. LESS, Xia et al. 2024, https://arxiv.org/abs/2402.04333).
+Weight decay and router losses belong to no source and are left out; the estimate stands for the
+``every`` steps since the last one, and the matrices add up over training.
+Shape legend: S sources, P parameters (flattened), B batch, L sequence length.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from train.errors import CheckpointError, ConfigError
+from train.model import cross_entropy_per_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class AttributionConfig:
+    """When and how to estimate per-source attribution (``[train.attribution]``); off unless ``every`` > 0."""
+
+    every: int = 0  # steps between estimates; 0 turns attribution off
+    heldout_batches: int = 1  # held-out batches per source in one estimate
+    pool_batches: int = 8  # held-out batches per source kept in memory and cycled through
+    precondition: Literal["optimizer", "none"] = "optimizer"  # "none": plain gradient dot products (SGD)
+
+    def __post_init__(self) -> None:
+        for key, low in (("every", 0), ("heldout_batches", 1), ("pool_batches", 1)):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= low):
+                raise ConfigError(f"train.attribution.{key} = {value!r} is invalid; allowed: an integer >= {low}")
+        if self.precondition not in ("optimizer", "none"):
+            raise ConfigError(f"train.attribution.precondition = {self.precondition!r} is invalid; "
+                              "allowed: 'optimizer' or 'none'")
+        if self.heldout_batches > self.pool_batches:
+            raise ConfigError(f"train.attribution.heldout_batches = {self.heldout_batches!r} is invalid; "
+                              f"allowed: at most pool_batches ({self.pool_batches})")
+
+
+def _flat_grad(loss: torch.Tensor, params: Sequence[torch.Tensor], *, retain: bool) -> torch.Tensor:
+    grads = torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)])
+
+
+class SourceAttribution:
+    """Accumulates the source x source first-order attribution matrix over a training run."""
+
+    def __init__(self, cfg: AttributionConfig, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 sources: Sequence[str], val_data: Callable[[], Iterable], device: torch.device) -> None:
+        self.cfg, self.model, self.optimizer, self.device = cfg, model, optimizer, device
+        self.sources = list(sources)
+        self.val_data = val_data
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        S = len(self.sources)
+        self.total_SS = np.zeros((S, S))
+        self.steps_covered = 0
+        self._pools: list[list] | None = None  # per source: held-out batches holding its tokens
+        self._cursor = np.zeros(S, np.int64)
+
+    # ---- held-out side ----------------------------------------------------------------------
+    def _fill_pools(self) -> None:
+        """Read the held-out split once, keeping up to ``pool_batches`` batches per source."""
+        S, cap = len(self.sources), self.cfg.pool_batches
+        pools: list[list] = [[] for _ in range(S)]
+        loader = self.val_data()
+        try:
+            for batch in loader:
+                ids = batch.source_ids[batch.loss_mask].unique().tolist()
+                for s in ids:
+                    if 0 <= s < S and len(pools[s]) < cap:
+                        pools[s].append(batch)
+                if all(len(p) >= cap for p in pools):
+                    break
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+        missing = [self.sources[s] for s in range(S) if not pools[s]]
+        if missing:
+            log.warning("attribution: no held-out tokens for %s; their columns stay 0", ", ".join(missing))
+        self._pools = pools
+
+    def _heldout_grads(self) -> torch.Tensor:
+        """(S, P): gradient of each source's mean held-out loss on its next held-out batches."""
+        if self._pools is None:
+            self._fill_pools()
+        rows = []
+        was_training = self.model.training
+        self.model.eval()  # held-out loss is measured in eval mode (no dropout)
+        try:
+            for s, pool in enumerate(self._pools):
+                if not pool:
+                    rows.append(torch.zeros(sum(p.numel() for p in self.params), device=self.device))
+                    continue
+                picks = [pool[(self._cursor[s] + i) % len(pool)] for i in range(self.cfg.heldout_batches)]
+                self._cursor[s] = (self._cursor[s] + self.cfg.heldout_batches) % len(pool)
+                loss_sum, count = 0.0, 0
+                for batch in picks:
+                    b = batch.to(self.device)
+                    mask_BL = b.loss_mask & (b.source_ids == s)
+                    token_loss_BL = cross_entropy_per_token(self.model(b.tokens, b.doc_ids).logits_BLV, b.targets)
+                    loss_sum = loss_sum + (token_loss_BL * mask_BL).sum()
+                    count += int(mask_BL.sum())
+                rows.append(_flat_grad(loss_sum / max(count, 1), self.params, retain=False))
+        finally:
+            self.model.train(was_training)
+        return torch.stack(rows)
+
+    # ---- training side ----------------------------------------------------------------------
+    def _train_grads(self, batches: Sequence) -> torch.Tensor:
+        """(S, P): gradient of each source's part of the step's data loss (all sources' rows sum to it)."""
+        S = len(self.sources)
+        n_tokens = max(sum(b.num_tokens for b in batches), 1)
+        grads_SP = torch.zeros(S, sum(p.numel() for p in self.params), device=self.device)
+        for batch in batches:
+            b = batch.to(self.device)
+            token_loss_BL = cross_entropy_per_token(self.model(b.tokens, b.doc_ids).logits_BLV, b.targets)
+            loss_S = torch.zeros(S, device=self.device).index_add(
+                0, b.source_ids.reshape(-1).clamp(min=0), (token_loss_BL * b.loss_mask).reshape(-1)) / n_tokens
+            present = b.source_ids[b.loss_mask].unique().tolist()
+            for i, s in enumerate(present):
+                grads_SP[s] += _flat_grad(loss_S[s], self.params, retain=i < len(present) - 1)
+        return grads_SP
+
+    def _preconditioner(self) -> torch.Tensor | None:
+        """Adam's diagonal ``1 / (sqrt(v̂) + eps)`` over the flattened parameters, or None (identity)."""
+        if self.cfg.precondition == "none":
+            return None
+        parts = []
+        for group in self.optimizer.param_groups:
+            beta2, eps = group.get("betas", (0.0, 0.0))[1], group.get("eps", 0.0)
+            for p in group["params"]:
+                state = self.optimizer.state.get(p, {})
+                if "exp_avg_sq" not in state:
+                    return None  # not an Adam-family optimizer, or no step taken yet
+                t = float(state["step"])
+                v_hat = state["exp_avg_sq"] / (1 - beta2**t)
+                parts.append((p, (1.0 / (v_hat.sqrt() + eps)).reshape(-1).float()))
+        by_param = {id(p): d for p, d in parts}
+        return torch.cat([by_param[id(p)] if id(p) in by_param else torch.ones(p.numel(), device=self.device)
+                          for p in self.params])
+
+    # ---- one estimate -------------------------------------------------------------------------
+    def update(self, batches: Sequence, *, step: int, lr: float, clip_coef: float = 1.0) -> dict:
+        """Estimate the attribution of the last ``every`` steps from this step's ``batches``; returns the
+        ``metrics.jsonl`` record (``matrix`` is the running total, ``interval`` this estimate)."""
+        train_SP = self._train_grads(batches)
+        heldout_SP = self._heldout_grads()
+        precond = self._preconditioner()
+        if precond is not None:
+            train_SP = train_SP * precond
+        interval_SS = (-lr * self.cfg.every * clip_coef * (train_SP @ heldout_SP.T)).double().cpu().numpy()
+        self.total_SS += interval_SS
+        self.steps_covered += self.cfg.every
+        record = {"step": step, "attribution": {
+            "sources": self.sources, "matrix": self.total_SS.tolist(), "interval": interval_SS.tolist(),
+            "diagonal": np.diag(self.total_SS).tolist(), "row_sums": self.total_SS.sum(axis=1).tolist(),
+            "steps_covered": self.steps_covered, "precondition": "adam" if precond is not None else "none"}}
+        log.info("attribution at step %d: own held-out change %s; on all held-out sets %s", step,
+                 dict(zip(self.sources, np.round(np.diag(self.total_SS), 4).tolist())),
+                 dict(zip(self.sources, np.round(self.total_SS.sum(axis=1), 4).tolist())))
+        return record
+
+    def state_dict(self) -> dict:
+        return {"sources": self.sources, "total": self.total_SS.tolist(), "steps_covered": self.steps_covered,
+                "cursor": self._cursor.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["sources"]) != self.sources:
+            raise CheckpointError(f"attribution state has sources {state['sources']}, this run has {self.sources}")
+        self.total_SS = np.asarray(state["total"], dtype=np.float64).reshape(len(self.sources), len(self.sources))
+        self.steps_covered = int(state["steps_covered"])
+        self._cursor = np.asarray(state["cursor"], np.int64)
