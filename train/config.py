@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from train.alerts import AlertConfig
+from train.attribution import AttributionConfig
 from train.checkpoint import CheckpointConfig
 from train.data.config import LoaderConfig
 from train.errors import ConfigError
@@ -58,6 +59,7 @@ class TrainConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     distill: DistillConfig | None = None
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)  # per-source first-order attribution
 
     def __post_init__(self) -> None:
         for key in ("steps", "grad_accum", "eval_batches"):
