@@ -23,6 +23,7 @@ import torch
 
 from train.accounting import SourceAccounting
 from train.alerts import Alerts, SpikeDetector
+from train.attribution import SourceAttribution
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
 from train.metrics import Throughput, memory_stats, peak_flops_basis
@@ -94,6 +95,10 @@ class Trainer:
         self.last: StepResult | None = None
         self._stop_signal: int | None = None
         self._saved_step = -1
+        self.attribution = (SourceAttribution(cfg.attribution, model=self.model, optimizer=self.optimizer, sources=self.sources,
+                                              val_data=val_data, device=device)
+                            if cfg.attribution.every and val_data is not None else None)
+        self._step_batches: list = []  # the last step's batches, for attribution
 
     # ---- one optimizer step -------------------------------------------------------------
     def _autocast(self):
@@ -138,6 +143,7 @@ class Trainer:
     def train_step(self) -> StepResult:
         self.model.train()
         batches = self._next_batches()
+        self._step_batches = batches
         # host-side (the batches are still on the CPU), summed over ranks: the global-batch mean's denominator
         n_tokens = self.parallel.global_tokens(sum(b.num_tokens for b in batches))
         loss = sum(self._micro_step(b, n_tokens, len(batches)) for b in batches)
@@ -207,6 +213,18 @@ class Trainer:
                  record["lr"], speed["tokens_per_s"], 100 * speed["mfu"])
         return record
 
+    def attribute(self) -> dict:
+        """Estimate per-source attribution from the last step's batches and log it (``train.attribution``)."""
+        start = time.perf_counter()
+        clip = self.cfg.optim.grad_clip
+        clip_coef = min(1.0, clip / max(self.last.grad_norm, 1e-12)) if clip else 1.0
+        record = self.attribution.update(self._step_batches, step=self.step, lr=self.scheduler.get_last_lr()[0],
+                                         clip_coef=clip_coef)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.metrics.write(record)
+        self.throughput.exclude(time.perf_counter() - start)
+        return record
+
     @torch.no_grad()
     def evaluate(self) -> dict | None:
         """Per-source held-out loss over the val split (all of it, or at most ``eval_batches`` batches).
@@ -244,6 +262,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": rng_state(), "data": self.data.state_dict(), "accounting": self.accounting.state_dict(),
                 "spikes": self.spikes.state_dict(), "alerts": self.alerts.state_dict(),
+                "attribution": self.attribution.state_dict() if self.attribution else None,
                 "counters": {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped)},
                 "model_config": dataclasses.asdict(self.model.cfg),
                 "sources": self.sources}
@@ -259,6 +278,8 @@ class Trainer:
         self.accounting.load_state_dict(state["accounting"])
         self.spikes.load_state_dict(state["spikes"])
         self.alerts.load_state_dict(state["alerts"])
+        if self.attribution is not None and state.get("attribution"):
+            self.attribution.load_state_dict(state["attribution"])
         counters = state["counters"]
         self.step, self.tokens_seen, self.skipped = counters["step"], counters["tokens_seen"], dict(counters["skipped"])
         set_rng_state(state["rng"])
@@ -297,6 +318,8 @@ class Trainer:
         try:
             while self.step < cfg.steps and self._stop_signal is None:
                 self.train_step()
+                if self.attribution is not None and self.step % cfg.attribution.every == 0 and self.last.skipped is None:
+                    self.attribute()
                 if self.step % cfg.metrics.log_every == 0 or self.step == cfg.steps:
                     self.log_metrics()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
