@@ -27,10 +27,12 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import xxhash
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "_data" / "dedup"
 THRESHOLD, NGRAM, NUM_PERM = 0.8, 5, 128
+WORKERS = 2
 
 
 # -- corpora --------------------------------------------------------------------------------
@@ -164,7 +166,7 @@ def run_winnow(data: Path, work: Path) -> set[str]:
 
     job_file = work / "job.toml"
     job_file.write_text(
-        f'[job]\nname = "bench"\noutput = "{work / "out"}"\nworkers = 2\n\n[[inputs]]\nsource = "bench"\npath = "{data}/*.jsonl"\n\n'
+        f'[job]\nname = "bench"\noutput = "{work / "out"}"\nworkers = {WORKERS}\n\n[[inputs]]\nsource = "bench"\npath = "{data}/*.jsonl"\n\n'
         f'[[stages]]\nkind = "dedup.minhash"\nthreshold = {THRESHOLD}\nngram = {NGRAM}\nnum_perm = {NUM_PERM}\n\n[output]\nformats = ["parquet"]\n'
     )
     run_job(load_job(job_file), progress=False)
@@ -197,13 +199,24 @@ def run_datasketch(data: Path, work: Path) -> set[str]:
     return removed
 
 
+def _xxhash64_text(text: str | bytes) -> int:
+    return xxhash.xxh64_intdigest(text.encode() if isinstance(text, str) else text)
+
+
+def _xxhash32_text(text: str | bytes) -> int:
+    return xxhash.xxh32_intdigest(text.encode() if isinstance(text, str) else text)
+
+
 def _patch_datatrove_xxhash() -> None:
-    # datatrove 0.10.1 hands str to xxhash, which since xxhash 3.5 wants bytes; encode as older xxhash did.
-    import xxhash
+    """datatrove 0.10.1 hands ``str`` to xxhash, which (xxhash >= 3.5) only takes bytes: encode first, as before.
+
+    The workers are forked (``start_method="fork"``) so they inherit this patch; under datatrove's
+    default forkserver they would re-import the unpatched module.
+    """
     from datatrove.utils.hashes import xxhash as dt_xxhash
 
-    dt_xxhash.xxhash64 = lambda text: xxhash.xxh64_intdigest(text.encode() if isinstance(text, str) else text)
-    dt_xxhash.xxhash32 = lambda text: xxhash.xxh32_intdigest(text.encode() if isinstance(text, str) else text)
+    dt_xxhash.xxhash64 = _xxhash64_text
+    dt_xxhash.xxhash32 = _xxhash32_text
 
 
 def run_datatrove(data: Path, work: Path) -> set[str]:
@@ -220,13 +233,16 @@ def run_datatrove(data: Path, work: Path) -> set[str]:
     config = MinhashConfig(n_grams=NGRAM, num_buckets=bands, hashes_per_bucket=rows)
     tasks = len(list(data.glob("*.jsonl")))
     logs = str(work / "logs")
-    LocalPipelineExecutor([JsonlReader(str(data)), MinhashDedupSignature(str(work / "sigs"), config=config)], tasks=tasks, workers=2, logging_dir=f"{logs}/1").run()
-    LocalPipelineExecutor([MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config)], tasks=bands, workers=2, logging_dir=f"{logs}/2").run()
-    LocalPipelineExecutor([MinhashDedupCluster(str(work / "buckets"), str(work / "remove"), config=config)], tasks=1, logging_dir=f"{logs}/3").run()
-    LocalPipelineExecutor(
-        [JsonlReader(str(data)), MinhashDedupFilter(str(work / "remove"), exclusion_writer=JsonlWriter(str(work / "removed"))), JsonlWriter(str(work / "kept"))],
-        tasks=tasks, workers=2, logging_dir=f"{logs}/4",
-    ).run()  # fmt: skip
+
+    def run(steps: list, n_tasks: int, stage: int) -> None:
+        LocalPipelineExecutor(steps, tasks=n_tasks, workers=WORKERS, logging_dir=f"{logs}/{stage}", start_method="fork").run()
+
+    # The four steps of datatrove's MinHash dedup, each a full executor run as its docs show.
+    run([JsonlReader(str(data)), MinhashDedupSignature(str(work / "sigs"), config=config)], tasks, 1)
+    run([MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config)], bands, 2)
+    run([MinhashDedupCluster(str(work / "buckets"), str(work / "remove"), config=config)], 1, 3)
+    removed_writer = JsonlWriter(str(work / "removed"))
+    run([JsonlReader(str(data)), MinhashDedupFilter(str(work / "remove"), exclusion_writer=removed_writer), JsonlWriter(str(work / "kept"))], tasks, 4)
     removed = set()
     for path in (work / "removed").glob("*.jsonl.gz"):
         removed |= {orjson.loads(line)["id"] for line in gzip.decompress(path.read_bytes()).splitlines()}
