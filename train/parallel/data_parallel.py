@@ -4,8 +4,7 @@ Both average gradients over the data-parallel ranks; the trainer scales its data
 world size and normalizes by the global token count so the average is the global-batch mean.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime
 import logging
 import time
 
@@ -74,8 +73,8 @@ def wrap_ddp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTim
     if ignore:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
     device_ids = [world.device.index] if world.device.type == "cuda" else None
-    # broadcast_buffers=False: the only mutable buffer (the router bias) is updated from globally reduced loads
-    ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb, broadcast_buffers=False)
+    # no per-forward buffer sync: the only mutable buffer (the router bias) is updated from globally reduced loads
+    ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb, forward_sync_buffers=False)
     if cfg.powersgd_rank:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
