@@ -70,7 +70,12 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         parallel = Parallel.from_env(ParallelConfig(**job.get("parallel", {})), device="cpu", n_experts=4)
         trainer = build(Path(job["run_dir"]), parallel=parallel, world=world, grad_accum=1, steps=job["steps"],
                         model=job.get("model"), resume=job.get("resume", False))
-        result = fit(trainer)
+        if job.get("stop_after"):  # train part of the schedule, checkpoint, leave (a preempted run)
+            losses = [trainer.train_step().loss for _ in range(job["stop_after"])]
+            trainer.save_checkpoint()
+            result = {"losses": losses, "positions": [trainer.data.position]}
+        else:
+            result = fit(trainer)
         if rank == 0:
             Path(out).write_text(json.dumps(result, default=str))
     finally:

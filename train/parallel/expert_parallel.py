@@ -76,7 +76,7 @@ def shard_experts(model: nn.Module, world: World, timer: CommTimer) -> list[str]
         for pname in EXPERT_PARAMS:
             full = getattr(module, pname)
             setattr(module, pname, nn.Parameter(full.detach()[lo:lo + local].clone()))
-            names.append(f"{name}.{pname}")
+            names.append(f"{name}.{pname}" if name else pname)
         module.dispatch = ExpertDispatch(group=world.ep_group, ep_size=world.ep_size, n_experts=n_experts, timer=timer)
     return names
 
