@@ -4,12 +4,24 @@ import numpy as np
 import pytest
 import torch
 
+from pipelines.report.training import load_run
 from train.attribution import AttributionConfig, SourceAttribution
-from train.data import Batch
+from train.config import TrainConfig
+from train.data import Batch, LoaderConfig
 from train.errors import CheckpointError, ConfigError
 from train.model import ModelConfig, Transformer, cross_entropy_per_token
+from train.trainer import Trainer
 
 SOURCES = ["target", "copy", "noise"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids spin-waiting on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 L = 32
 
 
@@ -37,10 +49,32 @@ def _setting(seed: int = 0):
     return heldout, train
 
 
+_MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=16, n_experts=4, top_k=2, max_seq_len=64)
+
+
 def _model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(ModelConfig(vocab_size=40, dim=32, n_layers=2, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2,
-                                   max_seq_len=64))
+    return Transformer(_MODEL)
+
+
+class _Repeat:
+    """An endless, resumable stand-in for the Loader: the same training batch every step."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch, self.position = batch, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        self.position += 1
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
 
 
 def _attribution(model, optimizer, heldout, **cfg) -> SourceAttribution:
@@ -89,7 +123,8 @@ def test_predicts_the_heldout_change_of_a_small_sgd_step():
     lr = 1e-2
     predicted = np.asarray(_attribution(model, None, heldout, precondition="none")
                            .update([train], step=1, lr=lr)["attribution"]["matrix"])[:, 0].sum()
-    before = float(_data_loss(model, heldout, 0))
+    with torch.no_grad():
+        before = float(_data_loss(model, heldout, 0))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     optimizer.zero_grad()
     _data_loss(model, train).backward()
@@ -132,3 +167,20 @@ def test_state_dict_round_trip_and_source_mismatch():
 def test_config_errors_name_the_key(key, value):
     with pytest.raises(ConfigError, match=f"train.attribution.{key}"):
         AttributionConfig(**{key: value})
+
+
+def test_trainer_logs_attribution_records_the_report_reads(tmp_path):
+    heldout, train = _setting(5)
+    cfg = TrainConfig(output=str(tmp_path), steps=4, eval_every=0, model=_MODEL,
+                      data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0), attribution=AttributionConfig(every=2))
+    trainer = Trainer(cfg, model=_model(5), data=_Repeat(train), sources=SOURCES, run_dir=tmp_path,
+                      device=torch.device("cpu"), val_data=lambda: [heldout])
+    losses = [trainer.train_step().loss for _ in range(2)]
+    trainer.attribute()
+    assert [trainer.train_step().loss for _ in range(1)][0] < losses[0]  # attribution left the training intact
+    assert trainer.state_dict()["attribution"]["steps_covered"] == 2
+    trainer.fit()
+    run = load_run(tmp_path)
+    assert run.attribution is not None and run.attribution.sources == SOURCES
+    assert run.attribution.step == 4
+    assert run.attribution.matrix[1, 0] < 0  # the near copy helped the held-out source
