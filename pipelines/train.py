@@ -11,12 +11,14 @@ from pathlib import Path
 import torch
 
 from pipelines.jobfile import build_config, read_toml
+from pipelines.provenance import write_provenance
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
 from train.data import Loader
 from train.errors import CheckpointError, ConfigError, ShardError
 from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer
+from train.parallel import Parallel, shutdown
 from train.planner import Budget, estimate_run, plan_budget
 from train.tokenizer import load_tokenizer
 from train.trainer import Trainer
@@ -50,20 +52,27 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
     return build_config(TrainConfig, table, f"{job} [train]")
 
 
-def build_trainer(cfg: TrainConfig) -> Trainer:
-    """Tokenizer, loaders, model (and teacher) from the config, composed into a ``Trainer``."""
+def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None) -> Trainer:
+    """Tokenizer, loaders, model (and teacher) from the config, composed into a ``Trainer``.
+
+    ``train_data`` replaces ``cfg.shards`` for the train split only (several folders mixed by
+    ``train.data.mix_weights``; held-out data stays ``cfg.shards``); ``sources`` fixes the source ids.
+    """
     if cfg.shards is None:
         raise ConfigError("train.shards is not set and the job has no [job] output to train on")
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
+    # under torchrun: join the process group; each rank reads its own part of the loader's global order
+    parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
+    device, world = parallel.world.device, parallel.world
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output)
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(cfg.tokenizer)
-    tokenizer.save(run_dir)
+    if world.is_main:  # one writer per run folder
+        tokenizer.save(run_dir)
     model_cfg = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
-    data = Loader(cfg.data, cfg.shards, split="train", tokenizer=tokenizer)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
+    data = Loader(cfg.data, train_data or cfg.shards, split="train", tokenizer=tokenizer, rank=world.rank, world_size=world.size, sources=sources)
+    if world.is_main:
+        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
 
     # Held-out batches are read inline: a few batches per eval, and forking loader workers
     # after training has started its thread pools is how forked children deadlock.
@@ -80,7 +89,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         has_val = False
     teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
     return Trainer(cfg, model=Transformer(model_cfg), data=data, sources=data.sources, run_dir=run_dir,
-                   device=device, val_data=val_data if has_val else None, teacher=teacher)
+                   device=device, val_data=val_data if has_val else None, teacher=teacher, parallel=parallel)
 
 
 def load_teacher(path: str) -> Transformer:
@@ -98,11 +107,15 @@ def load_teacher(path: str) -> Transformer:
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output)
     trainer = build_trainer(cfg)
+    write_provenance(cfg.output, job_file=args.job, data=[cfg.shards])
     total, active = trainer.model.num_params()
     print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
           f"FLOP/s ({trainer.peak_basis})")
     summary = trainer.fit()
     trainer.data.close()
+    shutdown()
+    if not trainer.parallel.is_main:
+        return 0
     state = "preempted (re-run the same command to resume)" if summary["preempted"] else "done"
     print(f"training {state} at step {summary['step']}: {summary['tokens_seen']} tokens, skipped {summary['skipped']}")
     print(f"metrics:     {Path(cfg.output) / 'metrics.jsonl'}")

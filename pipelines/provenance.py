@@ -1,0 +1,90 @@
+"""Provenance of a run folder: the job file, the data manifest's sha256, package versions and the git commit.
+
+Every figure in a report comes from a run folder; ``provenance.json`` beside ``metrics.jsonl``
+ties it to the exact job file, the exact curated data (the manifest lists every shard's
+sha256, so its own hash pins all of them) and the code that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import logging
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import fsspec
+
+from curate.errors import InputError
+
+log = logging.getLogger(__name__)
+
+FILE = "provenance.json"
+_PACKAGES = ("torch", "numpy", "polars", "pyarrow", "numba", "datasketch", "webdataset", "tokenizers", "fsspec",
+             "matplotlib")
+
+
+def manifest_sha256(data: str | Path) -> str:
+    """sha256 of ``<data>/manifest.json`` (a job output folder, local or any fsspec URL)."""
+    url = f"{str(data).rstrip('/')}/manifest.json"
+    try:
+        with fsspec.open(url, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except FileNotFoundError as err:
+        raise InputError(f"{url}: no data manifest to record; train on a job output folder written by `winnow curate`") from err
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_commit(where: str | Path | None = None) -> dict[str, object] | None:
+    """The commit of the checkout holding this code (and whether it had local changes); None outside git."""
+    cwd = Path(where) if where is not None else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def provenance(*, job_file: str | Path | None, data: Sequence[str | Path], extra: dict | None = None) -> dict:
+    """What ``write_provenance`` records, as a dict."""
+    job = None
+    if job_file is not None:
+        path = Path(job_file)
+        job = {"path": str(path.resolve()), "text": path.read_text(encoding="utf-8")}
+    return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": sys.argv, "job_file": job,
+            "data": [{"path": str(d), "manifest_sha256": manifest_sha256(d)} for d in data],
+            "packages": package_versions(), "git": git_commit(), **(extra or {})}
+
+
+def write_provenance(run_dir: str | Path, *, job_file: str | Path | None, data: Sequence[str | Path],
+                     extra: dict | None = None) -> Path:
+    """Write ``<run_dir>/provenance.json`` (and a copy of the job file beside it); returns its path."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = provenance(job_file=job_file, data=data, extra=extra)
+    if record["job_file"] is not None:
+        (run_dir / "job.toml").write_text(record["job_file"]["text"], encoding="utf-8")
+    target = run_dir / FILE
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    tmp.replace(target)
+    log.info("provenance written to %s", target)
+    return target
