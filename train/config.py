@@ -13,6 +13,7 @@ from train.errors import ConfigError
 from train.metrics import MetricsConfig
 from train.model.config import ModelConfig
 from train.optim import OptimConfig
+from train.parallel.config import ParallelConfig
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -59,6 +60,7 @@ class TrainConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     distill: DistillConfig | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # under torchrun: DDP/FSDP2, experts
     attribution: AttributionConfig = field(default_factory=AttributionConfig)  # per-source first-order attribution
 
     def __post_init__(self) -> None:
