@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from pipelines.jobfile import build_config, read_toml
+from pipelines.provenance import write_provenance
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
 from train.data import Loader
@@ -51,8 +52,12 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
     return build_config(TrainConfig, table, f"{job} [train]")
 
 
-def build_trainer(cfg: TrainConfig) -> Trainer:
-    """Tokenizer, loaders, model (and teacher) from the config, composed into a ``Trainer``."""
+def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None) -> Trainer:
+    """Tokenizer, loaders, model (and teacher) from the config, composed into a ``Trainer``.
+
+    ``train_data`` replaces ``cfg.shards`` for the train split only (several folders mixed by
+    ``train.data.mix_weights``; held-out data stays ``cfg.shards``); ``sources`` fixes the source ids.
+    """
     if cfg.shards is None:
         raise ConfigError("train.shards is not set and the job has no [job] output to train on")
     # under torchrun: join the process group; each rank reads its own part of the loader's global order
@@ -65,7 +70,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if world.is_main:  # one writer per run folder
         tokenizer.save(run_dir)
     model_cfg = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
-    data = Loader(cfg.data, cfg.shards, split="train", tokenizer=tokenizer, rank=world.rank, world_size=world.size)
+    data = Loader(cfg.data, train_data or cfg.shards, split="train", tokenizer=tokenizer, rank=world.rank, world_size=world.size, sources=sources)
     if world.is_main:
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
 
@@ -102,6 +107,7 @@ def load_teacher(path: str) -> Transformer:
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output)
     trainer = build_trainer(cfg)
+    write_provenance(cfg.output, job_file=args.job, data=[cfg.shards])
     total, active = trainer.model.num_params()
     print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
           f"FLOP/s ({trainer.peak_basis})")
