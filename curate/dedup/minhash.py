@@ -2,7 +2,7 @@
 
 collect (per task): normalized text -> word (or character) n-gram shingles -> MinHash
 signature -> one uint64 key per LSH band (columns ``_band_0..``), plus each document's
-sorted unique shingle hashes (``_shingles``) when candidates are verified.
+32-bit shingle hashes (``_shingles``, one binary value per document) when candidates are verified.
 plan (once): candidate pairs band by band, sort-based (``curate.dedup.lsh``); exact Jaccard
 of each candidate (``curate.dedup.verify``); connected components; one kept row per cluster.
 
@@ -20,14 +20,13 @@ from typing import Literal
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, connected_components, decision_frame
 from curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs, unpack_pairs
 from curate.dedup.signatures import sketch_buffers
 from curate.dedup.stage import DedupBarrier
 from curate.dedup.text import Normalization, check_normalization, normalized_buffers
-from curate.dedup.verify import SETS_COLUMN, sampled_false_positive_rate, verify_pairs
+from curate.dedup.verify import SETS_COLUMN, pack_sets, sampled_false_positive_rate, verify_pairs
 from curate.errors import ConfigError
 from curate.stages.base import Plan, StageConfig
 
@@ -108,8 +107,7 @@ def minhash_keys(texts: pl.Series, config: MinHashConfig, *, with_sets: bool) ->
     for i, name in enumerate(band_columns(bands)):
         columns[name] = pl.Series(sketch.band_keys[:, i])
     if with_sets:
-        sets = pa.LargeListArray.from_arrays(pa.array(sketch.set_offsets), pa.array(sketch.set_values))
-        columns[SETS_COLUMN] = pl.Series(sets)
+        columns[SETS_COLUMN] = pl.Series(pack_sets(sketch.set_offsets, sketch.set_values))
     return pl.DataFrame(columns)
 
 

@@ -36,6 +36,13 @@ def slot_params(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
+@njit(inline="always")
+def _bin(v, k):
+    # Lemire's multiply-shift range reduction of the top 32 bits: a uniform bin in [0, k)
+    # without a 64-bit division (which cost more than the rest of the per-shingle work).
+    return ((v >> _U64(32)) * _U64(k)) >> _U64(32)
+
+
 @njit(cache=True)
 def _signature(hashes, count, a, b, oph, sig, filled):
     k = sig.shape[0]
@@ -51,7 +58,7 @@ def _signature(hashes, count, a, b, oph, sig, filled):
     filled[:] = False
     for i in range(count):
         v = fmix64(hashes[i] ^ b[0])
-        j = v % _U64(k)
+        j = _bin(v, k)
         filled[j] = True
         if v < sig[j]:
             sig[j] = v
@@ -63,7 +70,7 @@ def _signature(hashes, count, a, b, oph, sig, filled):
         attempt = _U64(0)
         while True:
             attempt += _U64(1)
-            r = fmix64(_U64(j) * _PROBE + attempt) % _U64(k)
+            r = _bin(fmix64(_U64(j) * _PROBE + attempt), k)
             if filled[r]:
                 sig[j] = sig[r]
                 break
@@ -80,7 +87,7 @@ def _band_keys(sig, rows, bands, seed, out):
 
 @njit(cache=True)
 def sketch_block(offsets, data, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets):
-    """Signatures / band keys / sorted unique 32-bit shingle sets for every document of a block.
+    """Signatures / band keys / 32-bit shingle hashes (unsorted, see below) for every document of a block.
 
     Returns ``(sigs [n, k] or [0, k], band_keys [n, bands], n_shingles [n], set_offsets [n+1], set_values)``.
     """
@@ -105,14 +112,17 @@ def sketch_block(offsets, data, ngram, chars, a, b, oph, rows, bands, want_sigs,
             sigs[i, :] = sig
         _band_keys(sig, rows, bands, b[0], keys[i])
         if want_sets and count > 0:
-            # The top 32 bits suffice for Jaccard: a false match needs a 2**-32 collision.
-            top = np.sort(buf[:count] >> _U64(32))
-            set_values[cursor] = top[0]
-            cursor += 1
-            for j in range(1, count):
-                if top[j] != top[j - 1]:
-                    set_values[cursor] = top[j]
+            # The top 32 bits suffice for Jaccard (a false match needs a 2**-32 collision). Sets are
+            # sorted only when a candidate pair needs them (curate.dedup.verify): most documents are
+            # in no pair, and sorting here doubled this kernel's time. Runs of one value (a repeated
+            # word) are collapsed so that such a document spills one value, not one per shingle.
+            last = _MAX
+            for j in range(count):
+                top = buf[j] >> _U64(32)
+                if top != last:
+                    set_values[cursor] = top
                     cursor += 1
+                    last = top
         set_offsets[i + 1] = cursor
     return sigs, keys, counts, set_offsets, set_values[:cursor]
 
@@ -125,7 +135,7 @@ class Sketch:
     band_keys: np.ndarray  # uint64 [n, bands]
     n_shingles: np.ndarray  # int64 [n]; 0 for documents without a word (never near-duplicates)
     set_offsets: np.ndarray | None  # int64 [n+1] into set_values
-    set_values: np.ndarray | None  # uint32, each document's sorted unique shingle hashes (top 32 bits)
+    set_values: np.ndarray | None  # uint32, each document's shingle hashes (top 32 bits), in text order
 
 
 def sketch_buffers(

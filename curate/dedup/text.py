@@ -58,12 +58,29 @@ def string_buffers(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return offsets, data
 
 
-_MODE_CODES = {"none": 0, "whitespace": 1, "lower": 2, "words": 3}
+def _byte_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-byte ``(kind, lowered)`` tables of the ASCII fast path: kind 0 keep, 1 space, 2 non-ASCII."""
+    kind = np.zeros(256, dtype=np.uint8)
+    kind[128:] = 2
+    kind[[9, 10, 11, 12, 13, 32]] = 1
+    if mode == "words":
+        punct = [b for b in range(33, 127) if not chr(b).isalnum()]
+        kind[punct] = 1
+    lowered = np.arange(256, dtype=np.uint8)
+    if mode in ("lower", "words"):
+        lowered[65:91] += 32
+    return kind, lowered
+
+
+_TABLES = {mode: _byte_tables(mode) for mode in ("whitespace", "lower", "words")}
 
 
 @njit(cache=True)
-def _ascii_normalize(offsets, data, mode):
-    """Normalize the ASCII-only rows (others come out empty and flagged): the fast path of ``normalize_expr``."""
+def _ascii_normalize(offsets, data, kind, lowered):
+    """Normalize the ASCII-only rows (others come out empty and flagged): the fast path of ``normalize_expr``.
+
+    Byte classes come from lookup tables, so the inner loop has one data-dependent branch.
+    """
     n = offsets.shape[0] - 1
     out = np.empty(offsets[n] - offsets[0], dtype=np.uint8)
     out_offsets = np.zeros(n + 1, dtype=np.int64)
@@ -74,23 +91,19 @@ def _ascii_normalize(offsets, data, mode):
         pending = False
         for p in range(offsets[i], offsets[i + 1]):
             b = data[p]
-            if b >= 128:
+            k = kind[b]
+            if k == 0:
+                if pending:
+                    out[cursor] = 32
+                    cursor += 1
+                    pending = False
+                out[cursor] = lowered[b]
+                cursor += 1
+            elif k == 1:
+                pending = cursor > start
+            else:
                 non_ascii[i] = True
                 break
-            space = b == 32 or 9 <= b <= 13
-            if mode == 3 and (33 <= b <= 47 or 58 <= b <= 64 or 91 <= b <= 96 or 123 <= b <= 126):
-                space = True
-            if space:
-                pending = cursor > start
-                continue
-            if mode >= 2 and 65 <= b <= 90:
-                b += 32
-            if pending:
-                out[cursor] = 32
-                cursor += 1
-                pending = False
-            out[cursor] = b
-            cursor += 1
         if non_ascii[i]:
             cursor = start
         out_offsets[i + 1] = cursor
@@ -129,7 +142,7 @@ def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndar
     offsets, data = string_buffers(texts)
     if mode == "none":
         return offsets, data
-    ascii_offsets, ascii_data, non_ascii = _ascii_normalize(offsets, data, _MODE_CODES[mode])
+    ascii_offsets, ascii_data, non_ascii = _ascii_normalize(offsets, data, *_TABLES[mode])
     if not non_ascii.any():
         return ascii_offsets, ascii_data
     others = pl.select(normalize_expr(pl.lit(texts.filter(pl.Series(non_ascii))), mode)).to_series()
