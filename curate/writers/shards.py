@@ -9,9 +9,7 @@ re-run after a crash reproduce identical shards.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
-import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curate.config import OutputConfig
+from curate.writers.tar import TarWriter
 
 
 def safe_keys(df: pl.DataFrame) -> pl.Series:
@@ -44,7 +43,7 @@ class _OpenShard:
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     parquet: pq.ParquetWriter | None = None
-    tar: tarfile.TarFile | None = None
+    tar: TarWriter | None = None
 
 
 class ShardWriter:
@@ -106,7 +105,7 @@ class ShardWriter:
             shard.parquet.write_table(table.cast(self._schema))
         if "webdataset" in self.output.formats:
             if shard.tar is None:
-                shard.tar = tarfile.open(self._tmp(shard, "tar"), "w", format=tarfile.PAX_FORMAT)
+                shard.tar = TarWriter(self._tmp(shard, "tar").open("wb"))
             _add_samples(shard.tar, df)
 
     def _tmp(self, shard: _OpenShard, ext: str) -> Path:
@@ -131,13 +130,10 @@ class ShardWriter:
             })
 
 
-def _add_samples(tar: tarfile.TarFile, df: pl.DataFrame) -> None:
+def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:
     """Two members per row: ``<key>.txt`` and ``<key>.json`` (every column but the text)."""
     keys = safe_keys(df).to_list()
-    texts = df["text"].to_list()
     jsons = df.drop("text").select(pl.struct(pl.all()).struct.json_encode()).to_series().to_list()
-    for key, text, meta in zip(keys, texts, jsons):
-        for ext, payload in (("txt", text.encode("utf-8", "surrogatepass")), ("json", meta.encode())):
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size, info.mode, info.mtime = len(payload), 0o644, 0
-            tar.addfile(info, io.BytesIO(payload))
+    names = [name for key in keys for name in (f"{key}.txt", f"{key}.json")]
+    payloads = [p for text, meta in zip(df["text"].to_list(), jsons) for p in (text.encode(), meta.encode())]
+    tar.add(names, payloads)
