@@ -1,0 +1,85 @@
+"""``winnow run JOB.toml``: the whole flow — curate, train on the shards, write the report — in one command.
+
+Ends by printing the report's path and a short per-source table (tokens trained on, training
+and held-out loss, and the attribution headline figures when ``[train.attribution]`` is on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from curate.pipeline import run_job
+from pipelines.jobfile import load_job
+from pipelines.provenance import write_provenance
+from pipelines.report.page import write_report
+from pipelines.report.training import TrainingRun, load_run
+from pipelines.train import build_trainer, load_train_config
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="curate, train (when the job has [train]) and write the report")
+    p.add_argument("job", type=Path, help="the job file (TOML)")
+    p.add_argument("--steps", type=int, help="override [train] steps (e.g. a short check)")
+    p.add_argument("--output", help="override [job] output (the run folder becomes OUTPUT/train unless [train] sets it)")
+    p.add_argument("--workers", type=int, help="local curation processes (overrides [job] workers)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.job, output=args.output, workers=args.workers)
+    print(f"[1/3] curate {args.job} -> {job.job.output}")
+    run_job(job, progress=not args.quiet)
+    report_dir = Path(job.job.output)
+    if "train" in job.raw:
+        overrides = {"steps": args.steps, "shards": job.job.output}
+        if args.output is not None:
+            overrides["output"] = str(Path(args.output) / "train")
+        cfg = load_train_config(args.job, **overrides)
+        print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
+        trainer = build_trainer(cfg)
+        write_provenance(cfg.output, job_file=args.job, data=[cfg.shards])
+        try:
+            summary = trainer.fit()
+        finally:
+            trainer.data.close()
+        if summary["preempted"]:
+            print(f"training preempted at step {summary['step']}; re-run the same command to resume")
+            return 1
+        report_dir = Path(cfg.output)
+    else:
+        print("[2/3] no [train] table: nothing to train")
+    path = write_report(report_dir)
+    print("[3/3] report written")
+    if (report_dir / "metrics.jsonl").is_file():
+        print(source_table(load_run(report_dir)))
+    print(f"report: {path}")
+    return 0
+
+
+def source_table(run: TrainingRun) -> str:
+    """Per source: tokens trained on, mean training loss, final held-out loss and attribution headlines."""
+    tokens: dict[str, int] = {}
+    for record in run.logs:
+        for source, figures in (record.get("per_source") or {}).items():
+            tokens[source] = tokens.get(source, 0) + int(figures.get("tokens") or 0)
+    last = (run.logs[-1].get("per_source") or {}) if run.logs else {}
+    held = (run.evals[-1]["eval"].get("per_source") or {}) if run.evals else {}
+    attr = run.attribution
+    own = dict(zip(attr.sources, attr.diagonal)) if attr else {}
+    total = dict(zip(attr.sources, attr.row_sums)) if attr else {}
+
+    def num(value, width: int, fmt: str = ".3f") -> str:
+        return f"{value:>{width}{fmt}}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+    lines = [f"{'source':<14}{'tokens':>10}{'train loss':>12}{'held-out':>10}{'attr own':>10}{'attr all':>10}"]
+    for source in run.sources:
+        lines.append(f"{source:<14}{tokens.get(source, 0):>10}{num((last.get(source) or {}).get('mean_loss'), 12)}"
+                     f"{num(held.get(source), 10)}{num(own.get(source), 10, '+.4f')}{num(total.get(source), 10, '+.4f')}")
+    if attr:
+        lines.append("attr own / all: first-order change of held-out loss (nats) from training on the source, "
+                     "on its own held-out set / summed over all (negative = helped)")
+    return "\n".join(lines)

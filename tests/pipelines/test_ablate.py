@@ -1,0 +1,137 @@
+"""``winnow ablate``: the [ablate] table, per-source shard sets, variants, the study table and its comparison."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from curate.errors import ConfigError
+from pipelines.ablate import AblateConfig, compare_with_attribution, split_by_source, variants, write_study
+from pipelines.cli import main
+from pipelines.jobfile import build_config
+from pipelines.report.training import load_run
+from tests.train.shards_util import write_job
+from train.data.shards import open_shards, read_shard
+
+SOURCES = ["code", "prose"]
+
+
+def _docs(n: int, offset: int = 0) -> list[dict]:
+    return [{"id": f"{s}/{i}", "source": s, "text": (f"def f{i}(x): return x + {i}\n" if s == "code" else
+                                                     f"The {i}th sentence of plain prose, and some more words. ") * 4,
+             "meta": None} for i in range(offset, offset + n) for s in SOURCES]
+
+
+@pytest.fixture
+def job(tmp_path) -> Path:
+    return write_job(tmp_path / "job", [_docs(6), _docs(6, 6)], val=[_docs(2, 100)[0::2], _docs(2, 100)[1::2]],
+                     sources=SOURCES)
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="ablate.kind"):
+        AblateConfig(kind="drop_everything")
+    with pytest.raises(ConfigError, match="ablate.factors"):
+        AblateConfig(kind="weights", factors=[1.0])
+    with pytest.raises(ConfigError, match="ablate.mixes"):
+        AblateConfig(kind="mixes")
+    with pytest.raises(ConfigError, match="unknown key 'seeds'"):
+        build_config(AblateConfig, {"seeds": 2}, "job.toml [ablate]")
+
+
+def test_variants_per_kind():
+    base = {"code": 0.25, "prose": 0.75}
+    loo = variants(AblateConfig(noise_seeds=2), base, seed=3)
+    assert [v["name"] for v in loo] == ["baseline", "baseline_seed4", "without_code", "without_prose"]
+    assert loo[2]["weights"] == {"prose": 0.75} and loo[2]["seed"] == 3
+    up = variants(AblateConfig(kind="weights", sources=["code"], factors=[2.0]), base, seed=0)[-1]
+    assert up["name"] == "code_x2" and up["weights"] == {"code": 0.5, "prose": 0.75}
+    mixed = variants(AblateConfig(kind="mixes", mixes={"code_only": {"code": 1.0, "prose": 0.0}}), base, seed=0)[-1]
+    assert mixed["weights"] == {"code": 1.0}
+    with pytest.raises(ConfigError, match="unknown source 'web'"):
+        variants(AblateConfig(sources=["web"]), base, seed=0)
+
+
+def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
+    folders, shares = split_by_source(str(job), tmp_path / "views")
+    assert sorted(folders) == SOURCES and sum(shares.values()) == pytest.approx(1.0)
+    assert shares["prose"] > shares["code"]  # prose documents are longer
+    for source, folder in folders.items():
+        view = open_shards(folder, split="train", fmt="parquet")
+        ids = [i for k in range(len(view.shards)) for i in read_shard(view, k, fmt="parquet", verify=True)["id"].to_pylist()]
+        assert ids == [f"{source}/{i}" for i in range(12)]  # the curriculum order of the job, one source only
+    again, _ = split_by_source(str(job), tmp_path / "views")  # reused, not rewritten
+    assert again == folders
+
+
+def test_prediction_matches_measured_deltas():
+    matrix = np.array([[-0.2, 0.0], [-0.05, -0.3]])  # code helps code; prose helps both
+    base = {"code": 0.5, "prose": 0.5}
+    results = [{"name": "baseline", "kind": "baseline", "seed": 0, "weights": base, "held_out": {"code": 2.0, "prose": 3.0}},
+               {"name": "baseline_seed1", "kind": "noise", "seed": 1, "weights": base,
+                "held_out": {"code": 2.01, "prose": 3.01}},
+               {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 0.5},
+                "held_out": {"code": 2.15, "prose": 2.75}},
+               {"name": "without_prose", "kind": "leave_one_out", "seed": 0, "weights": {"code": 0.5},
+                "held_out": {"code": 1.9, "prose": 3.4}}]
+    summary = compare_with_attribution(results, ["code", "prose"], matrix, base)
+    cells = summary["cells"]
+    predicted = dict(zip(cells["variant"] + "/" + cells["source"], cells["predicted"]))
+    assert predicted["without_code/code"] == pytest.approx(0.2 - 0.05)  # -A[code, code] + A[prose, code]
+    assert predicted["without_prose/prose"] == pytest.approx(0.3)  # r = (2, 0): +A[code, prose] - A[prose, prose]
+    assert summary["noise"] == pytest.approx({"code": 0.01, "prose": 0.01})
+    assert summary["spearman"] > 0.7 and summary["sign_agree"] == summary["above_noise"]
+
+
+def test_write_study_table_the_report_reads(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(
+        {"step": 10, "attribution": {"sources": SOURCES, "matrix": [[-0.1, 0.0], [0.0, -0.2]]}}) + "\n")
+    results = [{"name": "baseline", "kind": "baseline", "seed": 0, "weights": {"code": 1, "prose": 1},
+                "held_out": {"code": 2.0, "prose": 3.0}},
+               {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 1},
+                "held_out": {"code": 2.5, "prose": 2.9}}]
+    markdown = write_study(tmp_path, results, SOURCES, {"code": 0.5, "prose": 0.5})
+    table = pl.read_csv(tmp_path / "ablation" / "table.csv")
+    assert table.filter(pl.col("variant") == "without_code")["delta_code"].item() == pytest.approx(0.5)
+    assert "| without_code |" in markdown and (tmp_path / "heatmap.png").stat().st_size > 0
+    assert (tmp_path / "ablation" / "attribution_vs_ablation.csv").is_file()
+    assert load_run(tmp_path).ablation is not None
+
+
+@pytest.mark.slow
+def test_ablate_command_end_to_end(job, tmp_path, capsys):
+    toml = tmp_path / "study.toml"
+    toml.write_text(f"""[job]
+output = "{job}"
+[train]
+steps = 3
+[train.model]
+dim = 16
+n_layers = 1
+n_heads = 2
+ffn_hidden = 16
+n_experts = 2
+top_k = 1
+[train.data]
+batch_size = 2
+seq_len = 32
+num_workers = 0
+[ablate]
+output = "{tmp_path / 'study'}"
+noise_seeds = 2
+attribution_every = 1
+""")
+    assert main(["ablate", str(toml)]) == 0
+    study = tmp_path / "study"
+    table = pl.read_csv(study / "ablation" / "table.csv")
+    assert table["variant"].to_list() == ["baseline", "baseline_seed1", "without_code", "without_prose"]
+    assert table.filter(pl.col("variant") == "baseline")["delta_code"].item() == 0.0
+    assert all(table[f"loss_{s}"].is_not_null().all() for s in SOURCES)
+    assert json.loads((study / "ablation" / "correlation.json").read_text())["n_cells"] == 4
+    assert json.loads((study / "provenance.json").read_text())["data"][0]["manifest_sha256"]
+    assert (study / "report.html").is_file() and "report:" in capsys.readouterr().out
+    mtime = (study / "variants" / "without_code" / "result.json").stat().st_mtime
+    assert main(["ablate", str(toml)]) == 0  # a re-run reuses finished variants
+    assert (study / "variants" / "without_code" / "result.json").stat().st_mtime == mtime
