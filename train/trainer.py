@@ -205,7 +205,7 @@ class Trainer:
                   "tokens_seen": self.tokens_seen, **speed, "memory": memory_stats(self.device),
                   "aux_loss": router[:, 0].tolist(), "z_loss": router[:, 1].tolist(), "dropped": router[:, 2].tolist(),
                   "expert_load": acct["expert_load"], "per_source": acct["per_source"], "routing": acct["routing"],
-                  "skipped_steps": dict(self.skipped)}
+                  "skipped_steps": dict(self.skipped), "comm": self.parallel.comm_report()}
         self.metrics.write(record)
         self.alerts.check_interval(self.step, tokens_per_s=speed["tokens_per_s"],
                                    data_wait_pct=speed["data_wait_pct"], grad_norm=self.last.grad_norm)
