@@ -76,7 +76,7 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
 
     # Held-out batches are read inline: a few batches per eval, and forking loader workers
     # after training has started its thread pools is how forked children deadlock.
-    val_cfg = dataclasses.replace(cfg.data, num_workers=0)
+    val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[])  # one folder: no load-time mixing
 
     def val_data():
         return Loader(val_cfg, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources)
