@@ -66,26 +66,43 @@ def sort_unique_sets(offsets, values):
     return out_offsets, out[:cursor]
 
 
-def _chunk_similarity(keys: pl.LazyFrame, pairs: np.ndarray) -> np.ndarray:
+def _read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique shingle sets ``(offsets, values)`` of rows ``need`` (ascending), ``window_rows`` rows at a time.
+
+    A window is read, its needed rows are taken and compacted at once, and it is dropped: memory
+    holds one window plus the compact sets kept, never the whole column (a filtered collect
+    materialized all of it first).
+    """
+    offsets, values, total = [np.zeros(1, dtype=np.int64)], [], 0
+    first = int(need[0]) // window_rows * window_rows
+    for lo in range(first, int(need[-1]) + 1, window_rows):
+        picked = need[np.searchsorted(need, lo) : np.searchsorted(need, lo + window_rows)]
+        if len(picked) == 0:
+            continue
+        window = keys.select(SETS_COLUMN).slice(lo, window_rows).collect()[SETS_COLUMN].to_arrow()
+        if isinstance(window, pa.ChunkedArray):
+            window = window.combine_chunks()
+        part_offsets, part_values = sort_unique_sets(*unpack_sets(window.take(pa.array(picked - lo))))
+        offsets.append(part_offsets[1:] + total)
+        values.append(part_values)
+        total += len(part_values)
+    return np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, dtype=np.uint32)
+
+
+def _chunk_similarity(keys: pl.LazyFrame, pairs: np.ndarray, window_rows: int) -> np.ndarray:
     a, b = unpack_pairs(pairs)
     need = np.unique(np.concatenate([a, b]))
-    sets = (
-        keys.select(SETS_COLUMN)
-        .with_row_index("_doc")
-        .filter(pl.col("_doc").is_in(pl.Series(need, dtype=pl.UInt32).implode()))
-        .collect()
-    )
-    if sets.height != len(need):
-        raise AssertionError(f"spill returned {sets.height} shingle sets for {len(need)} documents")
-    offsets, values = sort_unique_sets(*unpack_sets(sets[SETS_COLUMN].to_arrow()))
+    offsets, values = _read_sets(keys, need, window_rows)
+    if len(offsets) != len(need) + 1:
+        raise AssertionError(f"spill returned {len(offsets) - 1} shingle sets for {len(need)} documents")
     return pair_jaccard(np.searchsorted(need, a), np.searchsorted(need, b), offsets, values)
 
 
-def pair_similarities(keys: pl.LazyFrame, pairs: np.ndarray, *, chunk_pairs: int) -> np.ndarray:
+def pair_similarities(keys: pl.LazyFrame, pairs: np.ndarray, *, chunk_pairs: int, window_rows: int = 1 << 13) -> np.ndarray:
     """Exact Jaccard (on 32-bit shingle hashes) of every packed pair, in chunks."""
     out = np.empty(len(pairs), dtype=np.float64)
     for lo in range(0, len(pairs), chunk_pairs):
-        out[lo : lo + chunk_pairs] = _chunk_similarity(keys, pairs[lo : lo + chunk_pairs])
+        out[lo : lo + chunk_pairs] = _chunk_similarity(keys, pairs[lo : lo + chunk_pairs], window_rows)
     return out
 
 
