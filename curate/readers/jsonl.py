@@ -8,10 +8,14 @@ adds one ``read:truncated`` reject at the offset where decompression failed.
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Iterator
 
 import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.json as pa_json
 
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
@@ -60,9 +64,17 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[R
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
         try:
             for chunk in _decompressed_chunks(file.url, fh):
-                lines = (tail + chunk).split(b"\n")
-                tail = lines.pop()
-                for line in lines:
+                data = tail + chunk
+                cut = data.rfind(b"\n") + 1
+                complete, tail = data[:cut], data[cut:]
+                fast = _read_columnar(cfg, file, complete, line_no) if complete else None
+                if fast is not None:
+                    if len(buf):
+                        yield buf.flush()
+                    yield fast
+                    line_no, offset = line_no + fast.rows.height, offset + len(complete)
+                    continue
+                for line in complete.split(b"\n")[:-1]:
                     _parse_line(cfg, file, line, line_no, offset, buf)
                     line_no, offset = line_no + 1, offset + len(line) + 1
                     if len(buf) >= batch_rows:
@@ -75,6 +87,65 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[R
                        raw=tail, where={"file": file.url, "offset": offset, "line": line_no, "error": str(err)})
     if len(buf):
         yield buf.flush()
+
+
+def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, first_line: int) -> ReadBatch | None:
+    """Arrow's multithreaded JSON parser for a block of complete lines, when the result is exact.
+
+    It is taken only when every line is a record with a string text, a present id (or none
+    at all), and flat, never-null other fields: then ``meta`` re-encoded from the columns
+    equals the record's other fields. Anything else (a bad line, nested or missing fields,
+    blank lines) returns None and the block is parsed line by line, with per-line rejects.
+    """
+    if b"\n\n" in lines or lines.startswith(b"\n") or cfg.source_field is not None:
+        return None
+    try:
+        table = pa_json.read_json(io.BytesIO(lines), read_options=pa_json.ReadOptions(block_size=len(lines) + 1))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    names = table.column_names
+    text = cfg.text_field
+    if text not in names or not pa.types.is_string(table.schema.field(text).type) or table.column(text).null_count:
+        return None
+    rest = [n for n in names if n not in (text, cfg.id_field)]
+    if cfg.id_field in names and not _scalar(table.schema.field(cfg.id_field).type):
+        return None
+    if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
+        return None
+    df = pl.from_arrow(table)
+    n = df.height
+    source = pl.lit(cfg.source, dtype=pl.String)
+    if cfg.id_field in names:
+        ids = pl.col(cfg.id_field).cast(pl.String)
+    else:
+        ids = pl.format("{}/{}/{}", source, pl.lit(file.rel), pl.int_range(first_line, first_line + n))
+    meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
+    rows = df.select(ids.alias("id"), source.alias("source"), pl.col(text).alias("text"), meta.alias("meta"))
+    return ReadBatch(rows, RowBuffer().flush().rejects)
+
+
+def _scalar(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)
+
+
+def _exact(arr: pa.Array) -> bool:
+    """True when re-encoding ``arr`` as JSON gives back exactly what was parsed.
+
+    A null where a record had no such key (Arrow fills missing keys with nulls, at any
+    depth) would add a key, so nulls in fields and struct members rule the fast path out;
+    nulls inside lists are real JSON nulls and are fine.
+    """
+    t = arr.type
+    if arr.null_count:
+        return False
+    if _scalar(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        values = arr.flatten()
+        return not pa.types.is_struct(values.type) or _exact(values)
+    if pa.types.is_struct(t):
+        return all(_exact(arr.field(i)) for i in range(t.num_fields))
+    return False
 
 
 def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, line_no: int, offset: int, buf: RowBuffer) -> None:

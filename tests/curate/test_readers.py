@@ -176,3 +176,20 @@ def test_hf_reader_load_from_disk_and_builder(tmp_path):
     (tmp_path / "x.csv").write_text("text,k\nhello,1\nworld,2\n")
     rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "x.csv"), format="hf", hf_builder="csv"))
     assert rows["text"].to_list() == ["hello", "world"]
+
+
+def test_columnar_fast_path_and_line_path_give_identical_rows(tmp_path):
+    """Uniform blocks go through Arrow's JSON parser; a block with a missing key must not gain a null."""
+    uniform = [{"id": f"u{i}", "text": f"t{i}", "url": f"https://x/{i}", "n": i, "tags": ["a"] * (i % 3),
+                "nested": {"k": i}} for i in range(50)]
+    ragged = uniform[:10] + [{"id": "r", "text": "t", "url": "https://y"}] + uniform[10:20]
+    (tmp_path / "u.jsonl").write_bytes(jsonl_bytes(uniform))
+    (tmp_path / "r.jsonl").write_bytes(jsonl_bytes(ragged))
+    rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "u.jsonl")))
+    assert [json.loads(m) for m in rows["meta"]] == [{k: v for k, v in r.items() if k not in ("id", "text")} for r in uniform]
+    rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "r.jsonl")))
+    assert json.loads(rows["meta"][10]) == {"url": "https://y"}  # no "n": null, no "tags": null
+    no_ids = [{"text": f"t{i}", "n": i} for i in range(5)]
+    (tmp_path / "n.jsonl").write_bytes(jsonl_bytes(no_ids))
+    rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "n.jsonl")))
+    assert rows["id"].to_list() == [f"s/n.jsonl/{i}" for i in range(5)]
