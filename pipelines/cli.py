@@ -8,7 +8,14 @@ import logging
 import sys
 
 #: Modules that add subcommands; each has ``register(subparsers)`` setting ``func``.
-COMMANDS = ("pipelines.curate", "pipelines.train", "pipelines.run", "pipelines.ablate", "pipelines.report.command")
+COMMANDS = (
+    "pipelines.curate",
+    "pipelines.train",
+    "pipelines.run",
+    "pipelines.ablate",
+    "pipelines.report.command",
+    "pipelines.tokenizer",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
