@@ -72,13 +72,13 @@ def source_table(run: TrainingRun) -> str:
     own = dict(zip(attr.sources, attr.diagonal)) if attr else {}
     total = dict(zip(attr.sources, attr.row_sums)) if attr else {}
 
-    def num(value, width: int, fmt: str = ".3f") -> str:
-        return f"{value:>{width}{fmt}}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+    def num(value, width: int, sign: str = "", digits: int = 3) -> str:
+        return f"{value:>{sign}{width}.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
 
     lines = [f"{'source':<14}{'tokens':>10}{'train loss':>12}{'held-out':>10}{'attr own':>10}{'attr all':>10}"]
     for source in run.sources:
         lines.append(f"{source:<14}{tokens.get(source, 0):>10}{num((last.get(source) or {}).get('mean_loss'), 12)}"
-                     f"{num(held.get(source), 10)}{num(own.get(source), 10, '+.4f')}{num(total.get(source), 10, '+.4f')}")
+                     f"{num(held.get(source), 10)}{num(own.get(source), 10, '+', 4)}{num(total.get(source), 10, '+', 4)}")
     if attr:
         lines.append("attr own / all: first-order change of held-out loss (nats) from training on the source, "
                      "on its own held-out set / summed over all (negative = helped)")

@@ -1,0 +1,67 @@
+"""``winnow run``: the main job end to end (curate -> train -> report), provenance and the per-source table."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.provenance import manifest_sha256, provenance
+from pipelines.report.training import TrainingRun, load_run
+from pipelines.run import source_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_folder(tmp_path: Path, *, attribution: bool) -> TrainingRun:
+    records = [{"step": 10, "loss": 3.0, "per_source": {"code": {"tokens": 600, "mean_loss": 2.5},
+                                                       "prose": {"tokens": 400, "mean_loss": 3.5}}},
+               {"step": 10, "eval": {"loss": 3.1, "per_source": {"code": 2.6, "prose": 3.7}}}]
+    if attribution:
+        records.append({"step": 10, "attribution": {"sources": ["code", "prose"], "matrix": [[-0.2, 0.01], [-0.03, -0.4]]}})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return load_run(tmp_path)
+
+
+def test_source_table_lists_tokens_losses_and_attribution(tmp_path):
+    table = source_table(_run_folder(tmp_path, attribution=True)).splitlines()
+    code = next(line for line in table if line.startswith("code"))
+    assert code.split() == ["code", "600", "2.500", "2.600", "-0.2000", "-0.1900"]
+    prose = next(line for line in table if line.startswith("prose"))
+    assert prose.split()[-2:] == ["-0.4000", "-0.4300"]
+
+
+def test_source_table_without_attribution_shows_dashes(tmp_path):
+    table = source_table(_run_folder(tmp_path, attribution=False)).splitlines()
+    assert table[1].split()[-2:] == ["-", "-"] and "attr own / all" not in "\n".join(table)
+
+
+def test_provenance_pins_job_data_and_code(tmp_path):
+    data = tmp_path / "job"
+    data.mkdir()
+    (data / "manifest.json").write_text('{"shards": []}')
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nname = "x"\n')
+    record = provenance(job_file=job, data=[data])
+    assert record["job_file"]["text"] == '[job]\nname = "x"\n'
+    assert record["data"][0]["manifest_sha256"] == manifest_sha256(data)
+    assert "torch" in record["packages"] and "python" in record["packages"]
+    (data / "manifest.json").write_text('{"shards": [1]}')
+    assert manifest_sha256(data) != record["data"][0]["manifest_sha256"]
+
+
+@pytest.mark.slow
+def test_winnow_run_demo_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)  # the demo job's input paths are relative to the repository root
+    assert main(["-q", "run", "pipelines/demo.toml", "--output", str(tmp_path / "demo"), "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "demo" / "train"
+    report = run_dir / "report.html"
+    assert f"report: {report}" in out
+    assert report.stat().st_size > 10_000 and "Curation: job demo" in report.read_text()
+    for source in ("docs", "code", "legal", "changelog"):
+        assert any(line.startswith(source) for line in out.splitlines()), source
+    record = json.loads((run_dir / "provenance.json").read_text())
+    assert record["data"][0]["manifest_sha256"] == manifest_sha256(tmp_path / "demo")
+    assert (run_dir / "job.toml").read_text() == (ROOT / "pipelines" / "demo.toml").read_text()
+    assert load_run(run_dir).evals, "the run ends with a held-out evaluation"
