@@ -4,7 +4,8 @@ Shape legend in ``train.model``: T tokens, D width, F expert hidden width, E exp
 K experts per token, A routed assignments (T·K, in expert-sorted order).
 
 Tokens are sorted by expert so each expert's tokens are one contiguous slice, and all
-experts run in one grouped matmul (``torch._grouped_mm``) — no Python loop over experts.
+experts run in one grouped matmul (``torch._grouped_mm``) or one padded ``bmm`` (see
+``expert_ffn``) — no Python loop over experts.
 """
 
 from __future__ import annotations
@@ -45,24 +46,49 @@ def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
-def expert_matmul(x_AD: torch.Tensor, w_EDF: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
-    """Multiply each expert's contiguous slice of ``x_AD`` by that expert's weight: (A, D) -> (A, F).
+_PAD_ROWS = 32  # padded expert slices grow in steps of this, so step after step sees the same few shapes
+_MAX_PADDED_RATIO = 2.0  # above this many padded rows per real row, bmm's speed-up is spent on zeros
 
-    The one place that chooses a kernel: ``torch._grouped_mm`` (one call, no host sync) where
-    this torch offers it for the device and dtype, else a padded batched matmul.
-    """
-    w_EDF = w_EDF.to(x_AD.dtype)
-    if _grouped_mm_ok(x_AD, w_EDF):
-        offsets_E = counts_E.cumsum(0).to(torch.int32)
-        return torch._grouped_mm(x_AD, w_EDF, offs=offsets_E)
-    n_experts = w_EDF.shape[0]
+
+def _padded_capacity(counts_E: torch.Tensor) -> int:
+    return -(-int(counts_E.max()) // _PAD_ROWS) * _PAD_ROWS if counts_E.numel() else 0
+
+
+def _padded_rows(counts_E: torch.Tensor, capacity: int, n_rows: int) -> torch.Tensor:
+    """Row of each expert-sorted assignment in an (E·capacity) buffer whose expert e starts at row e·capacity."""
     starts_E = counts_E.cumsum(0) - counts_E
-    expert_A = torch.repeat_interleave(torch.arange(n_experts, device=x_AD.device), counts_E)
-    slot_A = torch.arange(x_AD.shape[0], device=x_AD.device) - starts_E[expert_A]
-    capacity = int(counts_E.max()) if x_AD.shape[0] else 0
-    padded_ECD = x_AD.new_zeros(n_experts, capacity, x_AD.shape[1])
-    padded_ECD[expert_A, slot_A] = x_AD
-    return torch.bmm(padded_ECD, w_EDF)[expert_A, slot_A]
+    shift_E = torch.arange(counts_E.shape[0], device=counts_E.device) * capacity - starts_E
+    return torch.arange(n_rows, device=counts_E.device) + shift_E.repeat_interleave(counts_E, output_size=n_rows)
+
+
+def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    """Each expert's SwiGLU on its contiguous slice of the expert-sorted rows: (A, D) -> (A, D).
+
+    The one place that chooses the kernel. ``torch._grouped_mm`` runs all experts in one call on
+    the compact rows (on CUDA: Hopper, bf16). Elsewhere the slices are padded to one length
+    and run as one ``bmm``: on CPU that measured 2.5x faster than ``_grouped_mm`` (which loops
+    over the groups) for 8 experts x 512 rows, 256 -> 1024, forward and backward, even with a
+    quarter of the rows padding. When routing is so uneven that padding would more than double
+    the rows (a collapsed router), the compact grouped kernel is used on CPU too.
+    """
+    w13_ED2F, w2_EFD = w13_ED2F.to(x_AD.dtype), w2_EFD.to(x_AD.dtype)
+    n_rows, n_experts = x_AD.shape[0], w13_ED2F.shape[0]
+    grouped = _grouped_mm_ok(x_AD, w13_ED2F)
+    if grouped and x_AD.device.type != "cpu":  # decided without reading counts back to the host
+        capacity = 0
+    else:
+        capacity = _padded_capacity(counts_E)
+        grouped = grouped and n_experts * capacity > _MAX_PADDED_RATIO * n_rows
+    if grouped:
+        offsets_E = counts_E.cumsum(0).to(torch.int32)
+        gate_AF, up_AF = torch._grouped_mm(x_AD, w13_ED2F, offs=offsets_E).chunk(2, dim=-1)
+        return torch._grouped_mm(F.silu(gate_AF) * up_AF, w2_EFD, offs=offsets_E)
+    rows_A = _padded_rows(counts_E, capacity, n_rows)
+    # out-of-place index_copy / index_select: autograd's backward of each is the other, no scatter-add of the padding
+    x_ECD = x_AD.new_zeros(n_experts * capacity, x_AD.shape[1]).index_copy(0, rows_A, x_AD).view(n_experts, capacity, -1)
+    gate_ECF, up_ECF = torch.bmm(x_ECD, w13_ED2F).chunk(2, dim=-1)
+    y_ECD = torch.bmm(F.silu(gate_ECF) * up_ECF, w2_EFD)
+    return y_ECD.view(n_experts * capacity, -1).index_select(0, rows_A)
 
 
 class Router(nn.Module):
@@ -118,8 +144,7 @@ class MoE(nn.Module):
 
     def compute_experts(self, x_AD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """This module's experts on their expert-sorted assignments: (A, D) -> (A, D)."""
-        gate_AF, up_AF = expert_matmul(x_AD, self.w13_ED2F, counts_E).chunk(2, dim=-1)
-        return expert_matmul(F.silu(gate_AF) * up_AF, self.w2_EFD, counts_E)
+        return expert_ffn(x_AD, self.w13_ED2F, self.w2_EFD, counts_E)
 
     def forward(self, x_BLD: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
         cfg = self.cfg
