@@ -1,11 +1,23 @@
 """Benchmark: winnow's MoE training step vs Hugging Face Mixtral, same shape, same batch (CPU, fp32).
 
     pip install transformers          # bench-only peer; not a winnow dependency
-    python bench/trainer.py --rounds 3 --steps 5         # CPU: tokens/s of both and the ratio
-    python bench/trainer.py --gpu                        # one GPU: bf16 ~0.9B-total MoE, tokens/s and MFU
+    python bench/trainer.py --rounds 5 --steps 3       # CPU: tokens/s of each contender and the ratios
+    python bench/trainer.py --gpu                      # one GPU: bf16 ~0.9B-total MoE, tokens/s and MFU
 
-Rounds interleave winnow and Mixtral (A B A B) so machine noise hits both alike; the ratio
-of the medians is printed. The shapes follow PERF_NOTES.md (13.8M total / 4.3M active).
+Three contenders train the same Mixtral-shaped model (PERF_NOTES.md: 13.8M total / 4.3M
+active, seq 256, batch 8) with the same AdamW (foreach) and gradient clipping at 1.0:
+
+- ``winnow model``: the bare ``Transformer``, cross-entropy + router loss, backward, step;
+- ``winnow trainer``: ``Trainer.train_step`` — the same plus per-source loss and routing
+  accounting, the NaN/spike check (one host sync), weight-decay groups, the LR schedule;
+- ``HF Mixtral``: ``MixtralForCausalLM`` built from a config (no download), its own loss
+  with the router auxiliary loss.
+
+Every round runs each contender once, in an order that alternates between rounds
+(A B C, C B A, ...), with one untimed warm-up step before each timing so the caches the
+previous contender left are not charged to the next. The ratio printed is the median of
+the per-round ratios (each against the Mixtral timing of the same round), which is what
+stays meaningful on a shared, noisy machine.
 """
 
 from __future__ import annotations
@@ -13,33 +25,87 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from train.config import TrainConfig
+from train.data import Batch, LoaderConfig
 from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer, cross_entropy_per_token
+from train.optim import OptimConfig
+from train.trainer import Trainer
 
 CPU_SHAPE = dict(vocab_size=320, dim=256, n_layers=4, n_heads=4, ffn_hidden=512, n_experts=8, top_k=2)
 GPU_SHAPE = dict(vocab_size=32768, dim=1024, n_layers=16, n_heads=16, ffn_hidden=1024, n_experts=16, top_k=2)
+AUX_COEF, CLIP, LR = 0.01, 1.0, 1e-4
+
+
+def _model_config(shape: dict, seq: int) -> ModelConfig:
+    return ModelConfig(**shape, max_seq_len=seq, aux_loss_coef=AUX_COEF, z_loss_coef=0.0)  # Mixtral has no z-loss
 
 
 def winnow_step_fn(shape: dict, seq: int, device: torch.device, dtype: torch.dtype | None):
-    cfg = ModelConfig(**shape, max_seq_len=seq, aux_loss_coef=0.01, z_loss_coef=0.0)
+    """The bare model's training step (no accounting); returns (step(tokens, targets), config)."""
+    cfg = _model_config(shape, seq)
     model = Transformer(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
+    fused = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=fused or None, foreach=None if fused else True)
 
     def step(tokens, targets):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             out = model(tokens)
             loss = cross_entropy_per_token(out.logits_BLV, targets).mean() + out.router_loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     return step, cfg
+
+
+class _SameBatch:
+    """An endless, resumable loader stand-in that yields one batch of two sources (half the rows each)."""
+
+    def __init__(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
+        B, L = tokens.shape
+        source_ids = (torch.arange(B) % 2)[:, None].expand(B, L).contiguous()
+        self.batch = Batch(tokens, targets, source_ids, torch.ones(B, L, dtype=torch.bool),
+                           torch.zeros(B, L, dtype=torch.int32), [("bench", b) for b in range(B)])
+        self.position = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        self.position += 1
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+def trainer_step_fn(shape: dict, seq: int, batch_size: int, run_dir: str):
+    """winnow's full ``Trainer.train_step`` on the CPU, fp32; the step ignores its arguments (the loader has the batch)."""
+    model_cfg = _model_config(shape, seq)
+    cfg = TrainConfig(output=run_dir, model=model_cfg, steps=10**6, eval_every=0,
+                      optim=OptimConfig(lr=LR, grad_clip=CLIP, warmup_steps=0),
+                      data=LoaderConfig(batch_size=batch_size, seq_len=seq, num_workers=0))
+    holder: dict = {}
+
+    def step(tokens, targets):
+        if "trainer" not in holder:  # built on first use so the loader stand-in holds this batch
+            holder["trainer"] = Trainer(cfg, model=Transformer(model_cfg), data=_SameBatch(tokens, targets),
+                                        sources=["a", "b"], run_dir=run_dir, device=torch.device("cpu"))
+        holder["trainer"].train_step()
+
+    return step
 
 
 def mixtral_step_fn(shape: dict, seq: int):
@@ -49,13 +115,14 @@ def mixtral_step_fn(shape: dict, seq: int):
                         num_hidden_layers=shape["n_layers"], num_attention_heads=shape["n_heads"],
                         num_key_value_heads=shape["n_heads"], num_local_experts=shape["n_experts"],
                         num_experts_per_tok=shape["top_k"], max_position_embeddings=seq, output_router_logits=True,
-                        router_aux_loss_coef=0.01, attn_implementation="sdpa")
+                        router_aux_loss_coef=AUX_COEF, attn_implementation="sdpa")
     model = MixtralForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
 
     def step(tokens, targets):
-        loss = model(input_ids=tokens, labels=tokens).loss
+        loss = model(input_ids=tokens, labels=tokens).loss  # shifts internally
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -63,30 +130,43 @@ def mixtral_step_fn(shape: dict, seq: int):
 
 
 def timed(step, batch, steps: int, sync=lambda: None) -> float:
-    step(*batch)  # warm-up: allocator, kernels
+    """Tokens/s over ``steps`` steps after one untimed warm-up step."""
+    step(*batch)
     sync()
     start = time.perf_counter()
     for _ in range(steps):
         step(*batch)
     sync()
-    tokens = batch[0].numel() * steps
-    return tokens / (time.perf_counter() - start)
+    return batch[0].numel() * steps / (time.perf_counter() - start)
 
 
 def run_cpu(args) -> None:
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokens = torch.randint(0, CPU_SHAPE["vocab_size"], (args.batch, args.seq + 1))
     batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
-    ours, _ = winnow_step_fn(CPU_SHAPE, args.seq, torch.device("cpu"), None)
-    theirs = mixtral_step_fn(CPU_SHAPE, args.seq)
-    results = {"winnow": [], "mixtral": []}
+    run_dir = tempfile.mkdtemp(prefix="winnow-bench-trainer-")
+    contenders = {"mixtral": mixtral_step_fn(CPU_SHAPE, args.seq)}
+    if args.mode in ("model", "both"):
+        contenders["winnow model"] = winnow_step_fn(CPU_SHAPE, args.seq, torch.device("cpu"), None)[0]
+    if args.mode in ("trainer", "both"):
+        contenders["winnow trainer"] = trainer_step_fn(CPU_SHAPE, args.seq, args.batch, run_dir)
+    for step in contenders.values():
+        step(*batch)  # first-call setup (allocator, kernel selection) stays out of every round
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
     for r in range(args.rounds):
-        results["winnow"].append(timed(ours, batch, args.steps))
-        results["mixtral"].append(timed(theirs, batch, args.steps))
-        print(f"round {r + 1}: winnow {results['winnow'][-1]:,.0f} tok/s, mixtral {results['mixtral'][-1]:,.0f} tok/s")
-    w, m = statistics.median(results["winnow"]), statistics.median(results["mixtral"])
-    print(f"median tokens/s  winnow {w:,.0f}  HF Mixtral {m:,.0f}  ratio {w / m:.2f}x "
-          f"(batch {args.batch} x seq {args.seq}, fp32, {torch.get_num_threads()} threads; shared machine: noisy)")
+        for name in names if r % 2 == 0 else names[::-1]:
+            rates[name].append(timed(contenders[name], batch, args.steps))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in names) + " tok/s", flush=True)
+    print(f"batch {args.batch} x seq {args.seq}, fp32, {torch.get_num_threads()} threads, {args.rounds} rounds x "
+          f"{args.steps} steps (shared machine: noisy; the per-round ratios are the figure to trust)")
+    for name in names:
+        line = f"  {name:15s} median {statistics.median(rates[name]):9,.0f} tok/s"
+        if name != "mixtral":
+            ratios = [w / m for w, m in zip(rates[name], rates["mixtral"])]
+            line += f"   vs HF Mixtral: median {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f}x)"
+        print(line)
 
 
 def run_gpu(args) -> None:
@@ -108,8 +188,11 @@ def run_gpu(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", action="store_true", help="measure the bf16 ~0.9B-total MoE on one GPU instead")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per round (the size flag)")
+    p.add_argument("--mode", choices=("model", "trainer", "both"), default="both",
+                   help="CPU: time the bare model step, the full Trainer step, or both (against Mixtral)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per contender and round (the size flag)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (CPU)")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--peak-flops", type=float, default=None, help="MFU basis (GPU mode); default from the device name")
