@@ -87,6 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 # ---- per-source shard sets --------------------------------------------------------------------
 def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, float]]:
     """One train shard set per source from the job's Parquet train shards; returns folders and byte shares."""
+    if not (Path(job_dir) / "manifest.json").is_file():
+        raise ConfigError(f"{job_dir}/manifest.json does not exist: curate the job first (`winnow curate JOB.toml` "
+                          "or `winnow run JOB.toml`); an ablation re-mixes curated shards and never re-curates")
     manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
     entries = [e for e in manifest["shards"] if e.get("split") == "train" and e.get("format") == "parquet"]
     if not entries:
@@ -195,7 +198,9 @@ def run_ablate(args: argparse.Namespace) -> int:
     if acfg.parallel > 1 and len(todo) > 1:
         threads = max(1, (os.cpu_count() or 1) // acfg.parallel)
         with concurrent.futures.ProcessPoolExecutor(acfg.parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(train_variant, *zip(*[(c, folders, sources, v, str(args.job), threads) for c, v in todo])))
+            futures = [pool.submit(train_variant, c, folders, sources, v, str(args.job), threads) for c, v in todo]
+            for done in concurrent.futures.as_completed(futures):
+                print(f"  trained {done.result()['name']}")
     else:
         for c, v in todo:
             print(f"  training {v['name']} ({', '.join(f'{k}={w:.3f}' for k, w in v['weights'].items())})")

@@ -135,3 +135,8 @@ attribution_every = 1
     mtime = (study / "variants" / "without_code" / "result.json").stat().st_mtime
     assert main(["ablate", str(toml)]) == 0  # a re-run reuses finished variants
     assert (study / "variants" / "without_code" / "result.json").stat().st_mtime == mtime
+
+
+def test_uncurated_job_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="curate the job first"):
+        split_by_source(str(tmp_path / "nothing"), tmp_path / "views")
