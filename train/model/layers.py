@@ -26,23 +26,48 @@ class RMSNorm(nn.Module):
         return (normed * self.weight.float()).to(x_BLD.dtype)
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    # half-split layout (GPT-NeoX / Llama): (x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin), with the minus folded into sin
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin_signed)
+
+
+class _Rotation(torch.autograd.Function):
+    """The rotary rotation with its inverse as the backward: three kernels each way instead of autograd's dozen.
+
+    A rotation's adjoint is the rotation by the opposite angle, so the gradient is the same
+    function with the sine negated (nothing but the tables is saved for backward).
+    """
+
+    @staticmethod
+    def forward(ctx, x, cos, sin_signed):
+        ctx.save_for_backward(cos, sin_signed)
+        return _rotate(x, cos, sin_signed)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin_signed = ctx.saved_tensors
+        return _rotate(grad, cos, -sin_signed), None, None
+
+
 class Rotary(nn.Module):
     """Rotary position embeddings (https://arxiv.org/abs/2104.09864), cos/sin tables cached as buffers."""
 
     def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles_LC = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-        # non-persistent: derived from the config, so checkpoints stay small and portable
-        self.register_buffer("cos_LC", angles_LC.cos().float(), persistent=False)
-        self.register_buffer("sin_LC", angles_LC.sin().float(), persistent=False)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+        cos, sin = angles.cos(), angles.sin()
+        # (L, 1, C): broadcast over the heads of a (B, L, H, C) tensor; non-persistent: derived from the
+        # config, so checkpoints stay small and portable
+        self.register_buffer("cos_L1C", torch.cat((cos, cos), -1).float()[:, None], persistent=False)
+        self.register_buffer("sin_L1C", torch.cat((-sin, sin), -1).float()[:, None], persistent=False)
 
-    def forward(self, x_BHLC: torch.Tensor) -> torch.Tensor:
-        seq = x_BHLC.shape[-2]
-        cos, sin = self.cos_LC[:seq], self.sin_LC[:seq]
-        x1, x2 = x_BHLC.float().chunk(2, dim=-1)  # half-split layout (GPT-NeoX / Llama)
-        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return rotated.to(x_BHLC.dtype)
+    def forward(self, x_BLHC: torch.Tensor) -> torch.Tensor:
+        """Rotate queries or keys laid out (B, L, H, C), in fp32 whatever the autocast dtype."""
+        seq = x_BLHC.shape[1]
+        rotated = _Rotation.apply(x_BLHC.float(), self.cos_L1C[:seq], self.sin_L1C[:seq])
+        return rotated.to(x_BLHC.dtype)
 
 
 def document_mask(doc_ids_BL: torch.Tensor) -> torch.Tensor:
@@ -68,10 +93,10 @@ class Attention(nn.Module):
 
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> torch.Tensor:
         B, L, _ = x_BLD.shape
-        q_BHLC = self.wq(x_BLD).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
+        # rotate in the (B, L, H, C) layout the projections produce: contiguous elementwise work
+        q_BLHC = self.rotary(self.wq(x_BLD).view(B, L, self.n_heads, self.head_dim))
         k_BLGC, v_BLGC = self.wkv(x_BLD).view(B, L, 2, self.n_kv, self.head_dim).unbind(2)
-        q_BHLC, k_BGLC = self.rotary(q_BHLC), self.rotary(k_BLGC.transpose(1, 2))
-        v_BGLC = v_BLGC.transpose(1, 2)
+        q_BHLC, k_BGLC, v_BGLC = q_BLHC.transpose(1, 2), self.rotary(k_BLGC).transpose(1, 2), v_BLGC.transpose(1, 2)
         if self.n_kv != self.n_heads:
             repeat = self.n_heads // self.n_kv
             k_BGLC, v_BGLC = k_BGLC.repeat_interleave(repeat, 1), v_BGLC.repeat_interleave(repeat, 1)
