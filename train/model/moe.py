@@ -73,7 +73,8 @@ def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor,
     """
     w13_ED2F, w2_EFD = w13_ED2F.to(x_AD.dtype), w2_EFD.to(x_AD.dtype)
     n_rows, n_experts = x_AD.shape[0], w13_ED2F.shape[0]
-    grouped = _grouped_mm_ok(x_AD, w13_ED2F)
+    # the second matmul's input rows are F wide, as the rows of w2's transpose are
+    grouped = _grouped_mm_ok(x_AD, w13_ED2F) and _grouped_mm_ok(w2_EFD.transpose(1, 2), w2_EFD)
     if grouped and x_AD.device.type != "cpu":  # decided without reading counts back to the host
         capacity = 0
     else:
@@ -85,10 +86,11 @@ def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor,
         return torch._grouped_mm(F.silu(gate_AF) * up_AF, w2_EFD, offs=offsets_E)
     rows_A = _padded_rows(counts_E, capacity, n_rows)
     # out-of-place index_copy / index_select: autograd's backward of each is the other, no scatter-add of the padding
-    x_ECD = x_AD.new_zeros(n_experts * capacity, x_AD.shape[1]).index_copy(0, rows_A, x_AD).view(n_experts, capacity, -1)
+    dim = x_AD.shape[1]
+    x_ECD = x_AD.new_zeros(n_experts * capacity, dim).index_copy(0, rows_A, x_AD).view(n_experts, capacity, dim)
     gate_ECF, up_ECF = torch.bmm(x_ECD, w13_ED2F).chunk(2, dim=-1)
     y_ECD = torch.bmm(F.silu(gate_ECF) * up_ECF, w2_EFD)
-    return y_ECD.view(n_experts * capacity, -1).index_select(0, rows_A)
+    return y_ECD.view(n_experts * capacity, dim).index_select(0, rows_A)
 
 
 class Router(nn.Module):
