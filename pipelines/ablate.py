@@ -165,6 +165,8 @@ def train_variant(cfg: TrainConfig, folders: dict[str, str], sources: list[str],
         summary = trainer.fit()
     finally:
         trainer.data.close()
+    if summary["preempted"]:  # no result.json: the next `winnow ablate` resumes this run from its checkpoint
+        raise KeyboardInterrupt(f"variant {variant['name']} stopped at step {summary['step']}")
     held = (summary["eval"] or {}).get("eval", {}).get("per_source") or {}
     result = {**variant, "held_out": held, "steps": summary["step"], "tokens_seen": summary["tokens_seen"]}
     Path(cfg.output, "result.json").write_text(json.dumps(result, indent=1))
@@ -238,8 +240,8 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
     heatmap = plots.ablation_heatmap(frame.filter(pl.col("variant") != "baseline"))
     if heatmap:
         (study / "heatmap.png").write_bytes(heatmap)  # beside ablation/: the report draws its own from table.csv
-    run = load_run(study)
-    if run.attribution is not None:
+    run = load_run(study) if (study / "metrics.jsonl").is_file() else None
+    if run is not None and run.attribution is not None:
         summary = compare_with_attribution(results, run.attribution.sources, run.attribution.matrix, base)
         summary.pop("cells").write_csv(study / "ablation" / "attribution_vs_ablation.csv")
         (study / "ablation" / "correlation.json").write_text(json.dumps(summary, indent=1))

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipelines.cli import main
 from pipelines.provenance import manifest_sha256, provenance
@@ -50,8 +51,17 @@ def test_provenance_pins_job_data_and_code(tmp_path):
     assert manifest_sha256(data) != record["data"][0]["manifest_sha256"]
 
 
+@pytest.fixture
+def one_thread():
+    """The tiny models here train faster on one intra-op thread than on two fighting a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
-def test_winnow_run_demo_end_to_end(tmp_path, monkeypatch, capsys):
+def test_winnow_run_demo_end_to_end(tmp_path, monkeypatch, capsys, one_thread):
     monkeypatch.chdir(ROOT)  # the demo job's input paths are relative to the repository root
     assert main(["-q", "run", "pipelines/demo.toml", "--output", str(tmp_path / "demo"), "--steps", "2"]) == 0
     out = capsys.readouterr().out
