@@ -18,6 +18,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import multiprocessing
@@ -243,12 +244,37 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
     run = load_run(study) if (study / "metrics.jsonl").is_file() else None
     if run is not None and run.attribution is not None:
         summary = compare_with_attribution(results, run.attribution.sources, run.attribution.matrix, base)
-        summary.pop("cells").write_csv(study / "ablation" / "attribution_vs_ablation.csv")
+        cells = summary.pop("cells")
+        cells.write_csv(study / "ablation" / "attribution_vs_ablation.csv")
+        (study / "ablation" / "attribution_vs_ablation.png").write_bytes(scatter(cells, summary["spearman"]))
         (study / "ablation" / "correlation.json").write_text(json.dumps(summary, indent=1))
         markdown += (f"\n\nSpearman rank correlation, first-order prediction vs measured delta: {summary['spearman']:.3f} "
                      f"over {summary['n_cells']} cells; signs agree on {summary['sign_agree']}/{summary['above_noise']} "
                      f"cells whose |delta| exceeds the seed-to-seed noise")
     return markdown
+
+
+def scatter(cells: pl.DataFrame, spearman: float) -> bytes:
+    """Predicted vs measured held-out loss change per (variant, source); hollow markers are within the noise."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+    fig = Figure(figsize=(6, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, source in enumerate(cells["source"].unique(maintain_order=True).to_list()):
+        part = cells.filter(pl.col("source") == source)
+        for above, face in ((True, f"C{i}"), (False, "none")):
+            sel = part.filter(pl.col("above_noise") == above)
+            if sel.height:
+                ax.scatter(sel["predicted"], sel["measured"], label=source if above else None, edgecolors=f"C{i}",
+                           facecolors=face)
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.axvline(0, color="gray", linewidth=0.8)
+    ax.set(title=f"Attribution vs ablation (Spearman {spearman:.2f})", xlabel="first-order prediction (nats)",
+           ylabel="measured change vs baseline (nats)")
+    ax.legend(fontsize=8, title="held-out source")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return buf.getvalue()
 
 
 def compare_with_attribution(results: list[dict], sources: list[str], matrix: np.ndarray,

@@ -98,6 +98,7 @@ def test_write_study_table_the_report_reads(tmp_path):
     assert table.filter(pl.col("variant") == "without_code")["delta_code"].item() == pytest.approx(0.5)
     assert "| without_code |" in markdown and (tmp_path / "heatmap.png").stat().st_size > 0
     assert (tmp_path / "ablation" / "attribution_vs_ablation.csv").is_file()
+    assert (tmp_path / "ablation" / "attribution_vs_ablation.png").read_bytes()[:4] == b"\x89PNG"
     assert load_run(tmp_path).ablation is not None
 
 
