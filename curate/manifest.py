@@ -34,9 +34,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(names: tuple[str, ...] = _PACKAGES) -> dict[str, str]:
+    """Installed versions of ``names`` (those that are installed) and of Python."""
     versions = {"python": platform.python_version()}
-    for name in _PACKAGES:
+    for name in names:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import importlib.metadata
 import json
 import logging
-import platform
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -21,6 +19,7 @@ from pathlib import Path
 import fsspec
 
 from curate.errors import InputError
+from curate.manifest import package_versions
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +36,6 @@ def manifest_sha256(data: str | Path) -> str:
             return hashlib.sha256(fh.read()).hexdigest()
     except FileNotFoundError as err:
         raise InputError(f"{url}: no data manifest to record; train on a job output folder written by `winnow curate`") from err
-
-
-def package_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in _PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
 
 
 def git_commit(where: str | Path | None = None) -> dict[str, object] | None:
@@ -71,7 +60,7 @@ def provenance(*, job_file: str | Path | None, data: Sequence[str | Path], extra
     return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": sys.argv, "job_file": job,
             "data": [{"path": str(d), "manifest_sha256": manifest_sha256(d)} for d in data],
-            "packages": package_versions(), "git": git_commit(), **(extra or {})}
+            "packages": package_versions(_PACKAGES), "git": git_commit(), **(extra or {})}
 
 
 def write_provenance(run_dir: str | Path, *, job_file: str | Path | None, data: Sequence[str | Path],
