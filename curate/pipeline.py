@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -35,7 +34,6 @@ from curate.executors import Executor
 from curate.manifest import build_manifest, write_json_atomic
 from curate.readers import plan_read_tasks
 from curate.stages import Barrier
-from curate.stats import merge_stats
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
 from curate.writers.shards import ShardWriter
 

@@ -25,7 +25,7 @@ from curate.config import Job
 from curate.errors import InputError, StageError
 from curate.readers import ReadTask, read_task
 from curate.schema import CORE_COLUMNS, validate_rows
-from curate.stages import Barrier, Stage, StageContext, stage_class
+from curate.stages import Stage, StageContext, stage_class
 from curate.stats import StageStats
 from curate.writers.shards import ShardWriter
 
