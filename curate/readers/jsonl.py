@@ -71,7 +71,8 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[R
                 if fast is not None:
                     if len(buf):
                         yield buf.flush()
-                    yield fast
+                    for start in range(0, fast.rows.height, batch_rows):
+                        yield ReadBatch(fast.rows.slice(start, batch_rows), fast.rejects)
                     line_no, offset = line_no + fast.rows.height, offset + len(complete)
                     continue
                 for line in complete.split(b"\n")[:-1]:
