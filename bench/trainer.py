@@ -51,6 +51,7 @@ def _model_config(shape: dict, seq: int) -> ModelConfig:
 def winnow_step_fn(shape: dict, seq: int, device: torch.device, dtype: torch.dtype | None):
     """The bare model's training step (no accounting); returns (step(tokens, targets), config)."""
     cfg = _model_config(shape, seq)
+    torch.manual_seed(0)  # both winnow contenders start from the same weights, so route alike
     model = Transformer(cfg).to(device)
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=fused or None, foreach=None if fused else True)
@@ -101,6 +102,7 @@ def trainer_step_fn(shape: dict, seq: int, batch_size: int, run_dir: str):
 
     def step(tokens, targets):
         if "trainer" not in holder:  # built on first use so the loader stand-in holds this batch
+            torch.manual_seed(0)
             holder["trainer"] = Trainer(cfg, model=Transformer(model_cfg), data=_SameBatch(tokens, targets),
                                         sources=["a", "b"], run_dir=run_dir, device=torch.device("cpu"))
         holder["trainer"].train_step()

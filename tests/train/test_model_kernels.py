@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from train.model import moe as moe_module
-from train.model.layers import Rotary
+from train.model.layers import RMSNorm, Rotary
 
 
 def _rotary_reference(x_BLHC: torch.Tensor, theta: float) -> torch.Tensor:
@@ -73,3 +73,19 @@ def test_expert_ffn_paths_match_per_expert_reference(monkeypatch, path, counts):
 def test_padded_rows_start_each_expert_at_a_multiple_of_capacity():
     rows = moe_module._padded_rows(torch.tensor([2, 0, 3]), 4, 5)
     assert rows.tolist() == [0, 1, 8, 9, 10]
+
+
+def test_rmsnorm_matches_autograd_definition_values_and_gradients():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    norm = RMSNorm(16, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+    grad = torch.randn(3, 5, 16)
+    out = norm(x)
+    got = torch.autograd.grad(out, (x, norm.weight), grad)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    want = torch.autograd.grad(ref, (x, norm.weight), grad)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

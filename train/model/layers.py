@@ -12,6 +12,31 @@ from torch import nn
 from train.model.config import ModelConfig
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm with a hand-derived backward: 3 + 6 passes over the activations instead of autograd's ~15.
+
+    With n = x·r, r = 1/sqrt(mean(x²) + eps), y = n·w and gn = g·w:
+    dL/dw = Σ_rows g·n and dL/dx = r·(gn - n·mean(gn·n)).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        dim = x.shape[-1]
+        rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(dim).add_(eps))
+        normed = x * rstd
+        ctx.save_for_backward(normed, rstd, weight)
+        return normed * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        normed, rstd, weight = ctx.saved_tensors
+        grad_w = (grad * normed).reshape(-1, normed.shape[-1]).sum(0)
+        grad_n = grad * weight
+        mean_dot = torch.linalg.vecdot(grad_n, normed, dim=-1).unsqueeze(-1).div_(normed.shape[-1])
+        grad_x = torch.addcmul(grad_n, normed, mean_dot, value=-1).mul_(rstd)
+        return grad_x, grad_w, None
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in fp32 whatever the autocast dtype (it is cheap and range-sensitive)."""
 
@@ -21,9 +46,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
-        x32 = x_BLD.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x_BLD.dtype)
+        return _RMSNormFunction.apply(x_BLD.float(), self.weight.float(), self.eps).to(x_BLD.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
