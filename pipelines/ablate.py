@@ -193,7 +193,8 @@ def run_ablate(args: argparse.Namespace) -> int:
         out = study if v["name"] == "baseline" else study / "variants" / v["name"]
         if (out / "result.json").is_file():
             continue
-        attribution = AttributionConfig(every=acfg.attribution_every) if v["name"] == "baseline" else AttributionConfig()
+        attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every)
+                       if v["name"] == "baseline" else AttributionConfig())
         data = dataclasses.replace(train_cfg.data, format="parquet", seed=v["seed"],
                                    mix_weights=[v["weights"][s] for s in sources if s in v["weights"]])
         todo.append((dataclasses.replace(train_cfg, output=str(out), seed=v["seed"], data=data, eval_every=0,

@@ -47,12 +47,13 @@ class AttributionConfig:
     """When and how to estimate per-source attribution (``[train.attribution]``); off unless ``every`` > 0."""
 
     every: int = 0  # steps between estimates; 0 turns attribution off
+    start: int = 0  # no estimates before this step (warm-up steps over-predict most; see the module docstring)
     heldout_batches: int = 1  # held-out batches per source in one estimate
     pool_batches: int = 8  # held-out batches per source kept in memory and cycled through
     precondition: Literal["optimizer", "none"] = "optimizer"  # "none": plain gradient dot products (SGD)
 
     def __post_init__(self) -> None:
-        for key, low in (("every", 0), ("heldout_batches", 1), ("pool_batches", 1)):
+        for key, low in (("every", 0), ("start", 0), ("heldout_batches", 1), ("pool_batches", 1)):
             value = getattr(self, key)
             if not (isinstance(value, int) and value >= low):
                 raise ConfigError(f"train.attribution.{key} = {value!r} is invalid; allowed: an integer >= {low}")
@@ -83,6 +84,10 @@ class SourceAttribution:
         self.steps_covered = 0
         self._pools: list[list] | None = None  # per source: held-out batches holding its tokens
         self._cursor = np.zeros(S, np.int64)
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` (just finished) gets an estimate."""
+        return self.cfg.every > 0 and step >= self.cfg.start and step % self.cfg.every == 0
 
     # ---- held-out side ----------------------------------------------------------------------
     def _fill_pools(self) -> None:

@@ -318,7 +318,7 @@ class Trainer:
         try:
             while self.step < cfg.steps and self._stop_signal is None:
                 self.train_step()
-                if self.attribution is not None and self.step % cfg.attribution.every == 0 and self.last.skipped is None:
+                if self.attribution is not None and self.attribution.due(self.step) and self.last.skipped is None:
                     self.attribute()
                 if self.step % cfg.metrics.log_every == 0 or self.step == cfg.steps:
                     self.log_metrics()

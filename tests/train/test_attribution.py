@@ -184,3 +184,10 @@ def test_trainer_logs_attribution_records_the_report_reads(tmp_path):
     assert run.attribution is not None and run.attribution.sources == SOURCES
     assert run.attribution.step == 4
     assert run.attribution.matrix[1, 0] < 0  # the near copy helped the held-out source
+
+
+def test_estimates_start_after_the_configured_step():
+    heldout, _ = _setting(6)
+    attr = SourceAttribution(AttributionConfig(every=5, start=12), model=_model(6), optimizer=None, sources=SOURCES,
+                             val_data=lambda: [heldout], device=torch.device("cpu"))
+    assert [s for s in range(1, 31) if attr.due(s)] == [15, 20, 25, 30]
