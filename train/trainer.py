@@ -43,6 +43,7 @@ class StepResult:
     loss: float
     grad_norm: float
     skipped: str | None
+    lr: float = 0.0  # the learning rate the step used
 
 
 def rng_state() -> dict:
@@ -163,10 +164,11 @@ class Trainer:
             self.scaler.update()  # after a skipped inf step too: that is how the scale comes down
         self._step_accounting.reset()
         self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.throughput.tokens += n_tokens
         self.step += 1
-        self.last = StepResult(self.step, loss_value, norm_value, skipped)
+        self.last = StepResult(self.step, loss_value, norm_value, skipped, lr)
         return self.last
 
     def _verdict(self, loss: float, grad_norm: float, batches: list) -> str | None:
@@ -214,16 +216,19 @@ class Trainer:
         return record
 
     def attribute(self) -> dict:
-        """Estimate per-source attribution from the last step's batches and log it (``train.attribution``)."""
+        """Estimate per-source attribution of the steps since the last estimate and log it (``train.attribution``)."""
         start = time.perf_counter()
-        clip = self.cfg.optim.grad_clip
-        clip_coef = min(1.0, clip / max(self.last.grad_norm, 1e-12)) if clip else 1.0
-        record = self.attribution.update(self._step_batches, step=self.step, lr=self.scheduler.get_last_lr()[0],
-                                         clip_coef=clip_coef)
+        record = self.attribution.update(step=self.step)
         self.optimizer.zero_grad(set_to_none=True)
         self.metrics.write(record)
         self.throughput.exclude(time.perf_counter() - start)
         return record
+
+    def _observe_step(self) -> None:
+        """Hand an accepted step's batches, learning rate and clipping factor to the attribution."""
+        clip = self.cfg.optim.grad_clip
+        clip_coef = min(1.0, clip / max(self.last.grad_norm, 1e-12)) if clip else 1.0
+        self.attribution.observe(self._step_batches, lr=self.last.lr, clip_coef=clip_coef)
 
     @torch.no_grad()
     def evaluate(self) -> dict | None:
@@ -318,8 +323,10 @@ class Trainer:
         try:
             while self.step < cfg.steps and self._stop_signal is None:
                 self.train_step()
-                if self.attribution is not None and self.attribution.due(self.step) and self.last.skipped is None:
-                    self.attribute()
+                if self.attribution is not None and self.last.skipped is None:
+                    self._observe_step()
+                    if self.attribution.due(self.step):
+                        self.attribute()
                 if self.step % cfg.metrics.log_every == 0 or self.step == cfg.steps:
                     self.log_metrics()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:

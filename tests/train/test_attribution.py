@@ -96,7 +96,9 @@ def test_near_copy_of_heldout_ranks_above_noise():
         optimizer.zero_grad()
         _data_loss(model, train).backward()
         optimizer.step()
-    record = _attribution(model, optimizer, heldout).update([train], step=3, lr=3e-3)
+    attr = _attribution(model, optimizer, heldout)
+    attr.observe([train], lr=3e-3)
+    record = attr.update(step=3)
     matrix = np.asarray(record["attribution"]["matrix"])
     assert record["attribution"]["precondition"] == "adam"
     assert matrix[1, 0] < 0, "training on a near copy of the held-out set must lower its loss"
@@ -108,7 +110,9 @@ def test_rows_add_up_to_the_whole_step_gradient():
     heldout, train = _setting(1)
     model = _model(1)
     lr = 0.05
-    record = _attribution(model, None, heldout, precondition="none").update([train], step=1, lr=lr)
+    attr = _attribution(model, None, heldout, precondition="none")
+    attr.observe([train], lr=lr)
+    record = attr.update(step=1)
     column = np.asarray(record["attribution"]["matrix"])[:, 0]
     params = [p for p in model.parameters()]
     g = torch.autograd.grad(_data_loss(model, train), params, allow_unused=True)
@@ -121,8 +125,9 @@ def test_predicts_the_heldout_change_of_a_small_sgd_step():
     heldout, train = _setting(2)
     model = _model(2)
     lr = 1e-2
-    predicted = np.asarray(_attribution(model, None, heldout, precondition="none")
-                           .update([train], step=1, lr=lr)["attribution"]["matrix"])[:, 0].sum()
+    attr = _attribution(model, None, heldout, precondition="none")
+    attr.observe([train], lr=lr)
+    predicted = np.asarray(attr.update(step=1)["attribution"]["matrix"])[:, 0].sum()
     with torch.no_grad():
         before = float(_data_loss(model, heldout, 0))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -135,28 +140,45 @@ def test_predicts_the_heldout_change_of_a_small_sgd_step():
     assert after - before == pytest.approx(predicted, rel=0.1)
 
 
-def test_estimates_accumulate_and_scale_with_every():
+def test_estimates_weigh_every_observed_step():
     heldout, train = _setting(3)
     model = _model(3)
     attr = _attribution(model, None, heldout, precondition="none")
-    first = np.asarray(attr.update([train], step=1, lr=0.01)["attribution"]["interval"])
-    second = attr.update([train], step=2, lr=0.01)["attribution"]
+    attr.observe([train], lr=0.01)
+    first = np.asarray(attr.update(step=1)["attribution"]["interval"])
+    attr.observe([train], lr=0.01)
+    second = attr.update(step=2)["attribution"]
     np.testing.assert_allclose(second["matrix"], 2 * first, rtol=1e-6)
-    five = SourceAttribution(AttributionConfig(every=5, precondition="none"), model=model, optimizer=None,
-                             sources=SOURCES, val_data=lambda: [heldout], device=torch.device("cpu"))
-    np.testing.assert_allclose(five.update([train], step=5, lr=0.01)["attribution"]["matrix"], 5 * first, rtol=1e-5)
-    assert second["steps_covered"] == 2 and second["row_sums"] == pytest.approx(np.sum(second["matrix"], axis=1))
+    for lr in (0.01, 0.01, 0.02, 0.01):  # four steps, one at twice the learning rate, one clipped to half
+        attr.observe([train], lr=lr, clip_coef=0.5 if lr == 0.02 else 1.0)
+    third = attr.update(step=6)["attribution"]
+    np.testing.assert_allclose(third["interval"], 4 * first, rtol=1e-5)
+    assert third["steps_covered"] == 6 and third["row_sums"] == pytest.approx(np.sum(third["matrix"], axis=1))
+
+
+def test_a_source_seen_in_an_earlier_step_keeps_its_share():
+    heldout, train = _setting(7)
+    rows = [r + [t] for r, t in zip(train.tokens.tolist(), train.targets[:, -1].tolist())]
+    copy_only, noise_only = _batch(rows[:4], [1] * 4), _batch(rows[4:], [2] * 4)
+    attr = _attribution(_model(7), None, heldout, precondition="none")
+    attr.observe([copy_only], lr=0.01)
+    attr.observe([noise_only], lr=0.01)  # the copy source is absent from the last step, not from the interval
+    matrix = np.asarray(attr.update(step=2)["attribution"]["matrix"])
+    assert matrix[1, 0] < 0 and matrix[2, 0] != 0
 
 
 def test_state_dict_round_trip_and_source_mismatch():
     heldout, train = _setting(4)
     model = _model(4)
     attr = _attribution(model, None, heldout, precondition="none")
-    attr.update([train], step=1, lr=0.01)
+    attr.observe([train], lr=0.01)
+    attr.update(step=1)
+    attr.observe([train], lr=0.01)
     fresh = _attribution(model, None, heldout, precondition="none")
     fresh.load_state_dict(attr.state_dict())
     np.testing.assert_array_equal(fresh.total_SS, attr.total_SS)
-    assert fresh.steps_covered == 1
+    assert fresh.steps_covered == 1 and fresh._observed == 1
+    np.testing.assert_array_equal(fresh._weight_S, attr._weight_S)
     other = SourceAttribution(AttributionConfig(every=1), model=model, optimizer=None, sources=["a", "b", "c"],
                               val_data=lambda: [heldout], device=torch.device("cpu"))
     with pytest.raises(CheckpointError, match="sources"):
@@ -171,23 +193,20 @@ def test_config_errors_name_the_key(key, value):
 
 def test_trainer_logs_attribution_records_the_report_reads(tmp_path):
     heldout, train = _setting(5)
-    cfg = TrainConfig(output=str(tmp_path), steps=4, eval_every=0, model=_MODEL,
-                      data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0), attribution=AttributionConfig(every=2))
-    trainer = Trainer(cfg, model=_model(5), data=_Repeat(train), sources=SOURCES, run_dir=tmp_path,
-                      device=torch.device("cpu"), val_data=lambda: [heldout])
-    losses = [trainer.train_step().loss for _ in range(2)]
-    trainer.attribute()
-    assert [trainer.train_step().loss for _ in range(1)][0] < losses[0]  # attribution left the training intact
-    assert trainer.state_dict()["attribution"]["steps_covered"] == 2
-    trainer.fit()
-    run = load_run(tmp_path)
+
+    def fit(folder, every: int) -> Trainer:
+        cfg = TrainConfig(output=str(folder), steps=4, eval_every=0, model=_MODEL,
+                          data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0),
+                          attribution=AttributionConfig(every=every))
+        trainer = Trainer(cfg, model=_model(5), data=_Repeat(train), sources=SOURCES, run_dir=folder,
+                          device=torch.device("cpu"), val_data=lambda: [heldout])
+        trainer.fit()
+        return trainer
+
+    with_attr, without = fit(tmp_path / "a", 2), fit(tmp_path / "b", 0)
+    assert with_attr.last.loss == without.last.loss  # attribution leaves the training untouched
+    assert with_attr.attribution.steps_covered == 4
+    run = load_run(tmp_path / "a")
     assert run.attribution is not None and run.attribution.sources == SOURCES
     assert run.attribution.step == 4
     assert run.attribution.matrix[1, 0] < 0  # the near copy helped the held-out source
-
-
-def test_estimates_start_after_the_configured_step():
-    heldout, _ = _setting(6)
-    attr = SourceAttribution(AttributionConfig(every=5, start=12), model=_model(6), optimizer=None, sources=SOURCES,
-                             val_data=lambda: [heldout], device=torch.device("cpu"))
-    assert [s for s in range(1, 31) if attr.due(s)] == [15, 20, 25, 30]
