@@ -58,8 +58,13 @@ def fit(trainer: Trainer) -> dict:
 
     trainer.train_step = recording
     summary = trainer.fit()
-    return {"losses": losses, "norms": norms, "positions": origins, "summary": summary,
-            "comm": trainer.parallel.comm_report()}
+    # Each logged metrics record carries the communication since the previous one; add them up.
+    comm = trainer.parallel.comm_report()
+    metrics = trainer.run_dir / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        for key, value in json.loads(line).get("comm", {}).items():
+            comm[key] = comm.get(key, 0) + value
+    return {"losses": losses, "norms": norms, "positions": origins, "summary": summary, "comm": comm}
 
 
 def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
