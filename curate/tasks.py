@@ -95,7 +95,8 @@ class _Outputs:
         writer = getattr(self, name)
         table = df.to_arrow()
         if writer is None:
-            writer = pq.ParquetWriter(path, table.schema, compression=compression)
+            # Spilled keys are mostly random 64-bit hashes: a dictionary only costs time there.
+            writer = pq.ParquetWriter(path, table.schema, compression=compression, use_dictionary=name != "keys")
             setattr(self, name, writer)
         writer.write_table(table.cast(writer.schema))
         return writer
