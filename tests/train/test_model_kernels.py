@@ -52,13 +52,11 @@ def _experts_reference(x_AD, w13_ED2F, w2_EFD, counts_E):
 def test_expert_ffn_paths_match_per_expert_reference(monkeypatch, path, counts):
     if path == "padded":
         monkeypatch.setattr(moe_module, "_grouped_mm_ok", lambda x, w: False)
-    else:  # the compact grouped kernel even where padding would be cheap
-        monkeypatch.setattr(moe_module, "_MAX_PADDED_RATIO", 0.0)
     torch.manual_seed(0)
     counts_E = torch.tensor(counts)
     x = torch.randn(int(counts_E.sum()), 8, requires_grad=True)
-    w13 = (0.3 * torch.randn(4, 8, 12)).requires_grad_()
-    w2 = (0.3 * torch.randn(4, 6, 8)).requires_grad_()
+    w13 = (0.3 * torch.randn(4, 8, 16)).requires_grad_()  # F = 8: 32-byte rows, as the grouped kernel needs
+    w2 = (0.3 * torch.randn(4, 8, 8)).requires_grad_()
     grad = torch.randn(x.shape[0], 8)
     out = moe_module.expert_ffn(x, w13, w2, counts_E)
     ref = _experts_reference(x, w13, w2, counts_E)
