@@ -17,7 +17,8 @@ Every round runs each contender once, in an order that alternates between rounds
 (A B C, C B A, ...), with one untimed warm-up step before each timing so the caches the
 previous contender left are not charged to the next. The ratio printed is the median of
 the per-round ratios (each against the Mixtral timing of the same round), which is what
-stays meaningful on a shared, noisy machine.
+stays meaningful on a shared, noisy machine; tokens per CPU-second of the process is printed
+beside tokens per wall-second, as the figure that time spent descheduled does not distort.
 """
 
 from __future__ import annotations
@@ -131,15 +132,27 @@ def mixtral_step_fn(shape: dict, seq: int):
     return step
 
 
-def timed(step, batch, steps: int, sync=lambda: None) -> float:
-    """Tokens/s over ``steps`` steps after one untimed warm-up step."""
+def timed(step, batch, steps: int, sync=lambda: None) -> tuple[float, float]:
+    """(tokens per wall second, tokens per CPU second of this process) over ``steps`` steps after one warm-up step.
+
+    CPU time is the steadier figure on a shared machine: time spent descheduled is not counted.
+    """
     step(*batch)
     sync()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step(*batch)
     sync()
-    return batch[0].numel() * steps / (time.perf_counter() - start)
+    tokens = batch[0].numel() * steps
+    return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
+
+
+def _summary(name: str, rates: dict[str, list[float]]) -> str:
+    line = f"{statistics.median(rates[name]):9,.0f}"
+    if name != "mixtral":
+        ratios = [w / m for w, m in zip(rates[name], rates["mixtral"])]
+        line += f"  ratio {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f}x)"
+    return line
 
 
 def run_cpu(args) -> None:
@@ -155,20 +168,20 @@ def run_cpu(args) -> None:
         contenders["winnow trainer"] = trainer_step_fn(CPU_SHAPE, args.seq, args.batch, run_dir)
     for step in contenders.values():
         step(*batch)  # first-call setup (allocator, kernel selection) stays out of every round
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    wall: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            rates[name].append(timed(contenders[name], batch, args.steps))
-        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in names) + " tok/s", flush=True)
+            w, c = timed(contenders[name], batch, args.steps)
+            wall[name].append(w)
+            cpu[name].append(c)
+        print(f"round {r + 1}: " + ", ".join(f"{n} {wall[n][-1]:,.0f} ({cpu[n][-1]:,.0f})" for n in names)
+              + " tok/s (per CPU-s)", flush=True)
     print(f"batch {args.batch} x seq {args.seq}, fp32, {torch.get_num_threads()} threads, {args.rounds} rounds x "
-          f"{args.steps} steps (shared machine: noisy; the per-round ratios are the figure to trust)")
+          f"{args.steps} steps; ratios are medians of per-round ratios against HF Mixtral (shared machine: noisy)")
     for name in names:
-        line = f"  {name:15s} median {statistics.median(rates[name]):9,.0f} tok/s"
-        if name != "mixtral":
-            ratios = [w / m for w, m in zip(rates[name], rates["mixtral"])]
-            line += f"   vs HF Mixtral: median {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f}x)"
-        print(line)
+        print(f"  {name:15s} tokens/s {_summary(name, wall)}   tokens/CPU-s {_summary(name, cpu)}")
 
 
 def run_gpu(args) -> None:
@@ -179,7 +192,7 @@ def run_gpu(args) -> None:
     step, cfg = winnow_step_fn(GPU_SHAPE, args.seq, device, torch.bfloat16)
     total, active = cfg.param_counts()
     peak, basis = peak_flops_basis(device, args.peak_flops)
-    rates = [timed(step, batch, args.steps, torch.cuda.synchronize) for _ in range(args.rounds)]
+    rates = [timed(step, batch, args.steps, torch.cuda.synchronize)[0] for _ in range(args.rounds)]
     rate = statistics.median(rates)
     mfu = rate * cfg.flops_per_token(args.seq) / peak
     print(f"{total / 1e6:.0f}M total / {active / 1e6:.0f}M active params, bf16, batch {args.batch} x seq {args.seq}: "
