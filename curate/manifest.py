@@ -22,6 +22,7 @@ from curate.stages import Stage
 from curate.stats import StageStats, merge_stats
 from curate.tasks import READ_STAGE_ID
 
+FORMAT_VERSION = 1  # of manifest.json and the shard layout: bump it when either changes
 _PACKAGES = ("winnow", "polars", "pyarrow", "numpy", "numba", "orjson", "datasketch", "webdataset", "datasets", "fsspec")
 
 
@@ -85,7 +86,7 @@ def build_manifest(
         raise StageError(f"job {job.job.name}: the last stage kept {last.rows_out} rows but {rows_out} were written")
     sources = sorted({src for s in shards for src in s["sources"]} | set(read.source_in) | set(job.declared_sources))
     return {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "job": job.job.name,
         "job_file": job.source_file,
         "sources": sources,

@@ -33,17 +33,16 @@ from curate.errors import OutputError, StageError
 from curate.executors import Executor
 from curate.manifest import build_manifest, write_json_atomic
 from curate.readers import plan_read_tasks
-from curate.stages import Barrier
+from curate.stages import Barrier, stage_class
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
 from curate.writers.shards import ShardWriter
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
 
 
 def plan_phases(job: Job) -> list[PhaseSpec]:
     """Split the stage list at barriers into map phases."""
-    barriers = [i for i, s in enumerate(job.stages) if _cls(s.kind).is_barrier(s.config)]
+    barriers = [i for i, s in enumerate(job.stages) if stage_class(s.kind).is_barrier(s.config)]
     phases: list[PhaseSpec] = []
     start, apply = 0, None
     for b in [*barriers, None]:
@@ -54,19 +53,13 @@ def plan_phases(job: Job) -> list[PhaseSpec]:
     return phases
 
 
-def _cls(kind: str) -> type:
-    from curate.stages import stage_class
-
-    return stage_class(kind)
-
-
 def job_fingerprint(job: Job) -> str:
     """What makes two runs the same job (workers, output folder and executor don't)."""
     data = dataclasses.asdict(job)
     data["job"] = {k: v for k, v in data["job"].items() if k not in ("workers", "output", "executor", "keep_work")}
     data.pop("raw", None)
     data.pop("source_file", None)
-    data["stage_classes"] = [f"{_cls(s.kind).__module__}.{_cls(s.kind).__qualname__}" for s in job.stages]
+    data["stage_classes"] = [f"{stage_class(s.kind).__module__}.{stage_class(s.kind).__qualname__}" for s in job.stages]
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
