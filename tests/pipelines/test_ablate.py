@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import torch
 
 from curate.errors import ConfigError
 from pipelines.ablate import AblateConfig, compare_with_attribution, split_by_source, variants, write_study
@@ -100,15 +99,6 @@ def test_write_study_table_the_report_reads(tmp_path):
     assert (tmp_path / "ablation" / "attribution_vs_ablation.csv").is_file()
     assert (tmp_path / "ablation" / "attribution_vs_ablation.png").read_bytes()[:4] == b"\x89PNG"
     assert load_run(tmp_path).ablation is not None
-
-
-@pytest.fixture
-def one_thread():
-    """The tiny models here train faster on one intra-op thread than on two fighting a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import torch
 
 from pipelines.cli import main
 
@@ -19,15 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_attribution_sign_matches_leave_one_out_above_noise(tmp_path, monkeypatch):
+def test_attribution_sign_matches_leave_one_out_above_noise(tmp_path, monkeypatch, one_thread):
     monkeypatch.chdir(ROOT)  # the demo job's input paths are relative to the repository root
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        job = tmp_path / "demo"
-        assert main(["-q", "curate", "pipelines/demo.toml", "--output", str(job)]) == 0
-        study = tmp_path / "study.toml"
-        study.write_text(f"""[job]
+    job = tmp_path / "demo"
+    assert main(["-q", "curate", "pipelines/demo.toml", "--output", str(job)]) == 0
+    study = tmp_path / "study.toml"
+    study.write_text(f"""[job]
 output = "{job}"
 [train]
 steps = 60
@@ -48,9 +44,7 @@ noise_seeds = 2
 attribution_every = 10
 parallel = 2
 """)
-        assert main(["-q", "ablate", str(study)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert main(["-q", "ablate", str(study)]) == 0
     cells = pl.read_csv(tmp_path / "study" / "ablation" / "attribution_vs_ablation.csv")
     own = cells.filter(pl.col("variant") == pl.format("without_{}", pl.col("source")))
     assert own.height == 4, own

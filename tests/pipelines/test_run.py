@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from pipelines.cli import main
 from pipelines.provenance import manifest_sha256, provenance
@@ -49,15 +48,6 @@ def test_provenance_pins_job_data_and_code(tmp_path):
     assert "torch" in record["packages"] and "python" in record["packages"]
     (data / "manifest.json").write_text('{"shards": [1]}')
     assert manifest_sha256(data) != record["data"][0]["manifest_sha256"]
-
-
-@pytest.fixture
-def one_thread():
-    """The tiny models here train faster on one intra-op thread than on two fighting a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.slow
