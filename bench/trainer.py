@@ -37,7 +37,7 @@ from train.config import TrainConfig
 from train.data import Batch, LoaderConfig
 from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer, cross_entropy_per_token
-from train.optim import OptimConfig
+from train.optim import OptimConfig, build_optimizer
 from train.trainer import Trainer
 
 CPU_SHAPE = dict(vocab_size=320, dim=256, n_layers=4, n_heads=4, ffn_hidden=512, n_experts=8, top_k=2)
@@ -54,8 +54,7 @@ def winnow_step_fn(shape: dict, seq: int, device: torch.device, dtype: torch.dty
     cfg = _model_config(shape, seq)
     torch.manual_seed(0)  # both winnow contenders start from the same weights, so route alike
     model = Transformer(cfg).to(device)
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=fused or None, foreach=None if fused else True)
+    opt = build_optimizer(model, OptimConfig(lr=LR))
 
     def step(tokens, targets):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):

@@ -75,7 +75,7 @@ class Trainer:
         self.teacher = teacher.to(device).eval() if teacher is not None else None
         self.data, self._batches = data, iter(data)
         self.val_data = val_data
-        self.optimizer = build_optimizer(self.model, cfg.optim, device)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.steps)
         self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
         shape = dict(n_moe_layers=model.cfg.n_moe_layers, n_experts=model.cfg.n_experts, device=device)

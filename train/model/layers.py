@@ -49,47 +49,58 @@ class RMSNorm(nn.Module):
         return _RMSNormFunction.apply(x_BLD.float(), self.weight.float(), self.eps).to(x_BLD.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    # half-split layout (GPT-NeoX / Llama): (x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin), with the minus folded into sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool) -> torch.Tensor:
+    """Rotate each (x1, x2) pair of the half-split layout (GPT-NeoX / Llama) by +angle, or by -angle if ``inverse``.
+
+    Written into the two halves of one output buffer: each product broadcasts the (L, 1, R)
+    tables once, where ``torch.cat((x2, x1))`` plus full-width products cost ~10x the time.
+    """
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin_signed)
+    out = torch.empty_like(x)
+    out1, out2 = out.chunk(2, dim=-1)
+    sign = -1 if inverse else 1
+    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-sign)  # x1·cos - x2·sin
+    torch.mul(x2, cos, out=out2).addcmul_(x1, sin, value=sign)  # x2·cos + x1·sin
+    return out
 
 
 class _Rotation(torch.autograd.Function):
-    """The rotary rotation with its inverse as the backward: three kernels each way instead of autograd's dozen.
+    """The rotary rotation with its inverse as the backward (nothing but the tables is saved).
 
     A rotation's adjoint is the rotation by the opposite angle, so the gradient is the same
-    function with the sine negated (nothing but the tables is saved for backward).
+    function with the sine negated.
     """
 
     @staticmethod
-    def forward(ctx, x, cos, sin_signed):
-        ctx.save_for_backward(cos, sin_signed)
-        return _rotate(x, cos, sin_signed)
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin, inverse=False)
 
     @staticmethod
     def backward(ctx, grad):
-        cos, sin_signed = ctx.saved_tensors
-        return _rotate(grad, cos, -sin_signed), None, None
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, inverse=True), None, None
 
 
 class Rotary(nn.Module):
-    """Rotary position embeddings (https://arxiv.org/abs/2104.09864), cos/sin tables cached as buffers."""
+    """Rotary position embeddings (https://arxiv.org/abs/2104.09864), cos/sin tables cached as buffers.
+
+    R below is the number of rotated pairs per head (C // 2).
+    """
 
     def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-        cos, sin = angles.cos(), angles.sin()
-        # (L, 1, C): broadcast over the heads of a (B, L, H, C) tensor; non-persistent: derived from the
-        # config, so checkpoints stay small and portable
-        self.register_buffer("cos_L1C", torch.cat((cos, cos), -1).float()[:, None], persistent=False)
-        self.register_buffer("sin_L1C", torch.cat((-sin, sin), -1).float()[:, None], persistent=False)
+        inv_freq_R = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles_LR = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq_R)
+        # (L, 1, R): broadcast over the heads of a (B, L, H, C) tensor's halves; non-persistent: derived
+        # from the config, so checkpoints stay small and portable
+        self.register_buffer("cos_L1R", angles_LR.cos().float()[:, None], persistent=False)
+        self.register_buffer("sin_L1R", angles_LR.sin().float()[:, None], persistent=False)
 
     def forward(self, x_BLHC: torch.Tensor) -> torch.Tensor:
         """Rotate queries or keys laid out (B, L, H, C), in fp32 whatever the autocast dtype."""
         seq = x_BLHC.shape[1]
-        rotated = _Rotation.apply(x_BLHC.float(), self.cos_L1C[:seq], self.sin_L1C[:seq])
+        rotated = _Rotation.apply(x_BLHC.float(), self.cos_L1R[:seq], self.sin_L1R[:seq])
         return rotated.to(x_BLHC.dtype)
 
 
@@ -131,6 +142,35 @@ class Attention(nn.Module):
         return self.wo(out_BHLC.transpose(1, 2).reshape(B, L, -1))
 
 
+class _SwiGLUActivation(torch.autograd.Function):
+    """silu(gate)·up over the two halves of one projection, with both halves' gradients written into one buffer.
+
+    Autograd's version would build the gradient of ``chunk`` with a ``cat`` of the two halves:
+    a full extra copy of the widest activation in the block.
+    """
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (h,) = ctx.saved_tensors
+        gate, up = h.chunk(2, dim=-1)
+        grad_h = torch.empty_like(h)
+        grad_gate, grad_up = grad_h.chunk(2, dim=-1)
+        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=grad_gate)
+        torch.mul(F.silu(gate), grad, out=grad_up)
+        return grad_h
+
+
+def swiglu(h_2F: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU activation of a fused gate-and-up projection (gate first): (..., 2F) -> (..., F)."""
+    return _SwiGLUActivation.apply(h_2F)
+
+
 class SwiGLU(nn.Module):
     """The gated feed-forward block (https://arxiv.org/abs/2002.05202): w2(silu(w1 x) * w3 x)."""
 
@@ -140,5 +180,4 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        gate_TF, up_TF = self.w13(x_TD).chunk(2, dim=-1)
-        return self.w2(F.silu(gate_TF) * up_TF)
+        return self.w2(swiglu(self.w13(x_TD)))

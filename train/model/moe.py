@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.model.config import ModelConfig
-from train.model.layers import SwiGLU
+from train.model.layers import SwiGLU, swiglu
 
 
 class MoEStats(NamedTuple):
@@ -74,15 +74,13 @@ def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor,
     # the second matmul's input rows are F wide, as the rows of w2's transpose are
     if _grouped_mm_ok(x_AD, w13_ED2F) and _grouped_mm_ok(w2_EFD.transpose(1, 2), w2_EFD):
         offsets_E = counts_E.cumsum(0).to(torch.int32)
-        gate_AF, up_AF = torch._grouped_mm(x_AD, w13_ED2F, offs=offsets_E).chunk(2, dim=-1)
-        return torch._grouped_mm(F.silu(gate_AF) * up_AF, w2_EFD, offs=offsets_E)
+        return torch._grouped_mm(swiglu(torch._grouped_mm(x_AD, w13_ED2F, offs=offsets_E)), w2_EFD, offs=offsets_E)
     n_rows, n_experts, dim = x_AD.shape[0], w13_ED2F.shape[0], x_AD.shape[1]
     capacity = _padded_capacity(counts_E)
     rows_A = _padded_rows(counts_E, capacity, n_rows)
     # out-of-place index_copy / index_select: autograd's backward of each is the other, no scatter-add of the padding
     x_ECD = x_AD.new_zeros(n_experts * capacity, dim).index_copy(0, rows_A, x_AD).view(n_experts, capacity, dim)
-    gate_ECF, up_ECF = torch.bmm(x_ECD, w13_ED2F).chunk(2, dim=-1)
-    y_ECD = torch.bmm(F.silu(gate_ECF) * up_ECF, w2_EFD)
+    y_ECD = torch.bmm(swiglu(torch.bmm(x_ECD, w13_ED2F)), w2_EFD)
     return y_ECD.view(n_experts * capacity, dim).index_select(0, rows_A)
 
 
@@ -162,7 +160,7 @@ class MoE(nn.Module):
         token_A = order_A // K
 
         dtype = _autocast_dtype(x_TD)
-        x_AD = x_TD[token_A].to(dtype)
+        x_AD = x_TD.index_select(0, token_A).to(dtype)  # backward: index_add, cheaper than index_put
         if self.dispatch is None:
             y_AD = self.compute_experts(x_AD, counts_E)
         else:
