@@ -147,7 +147,10 @@ class Trainer:
         self._step_batches = batches
         # host-side (the batches are still on the CPU), summed over ranks: the global-batch mean's denominator
         n_tokens = self.parallel.global_tokens(sum(b.num_tokens for b in batches))
-        loss = sum(self._micro_step(b, n_tokens, len(batches)) for b in batches)
+        loss = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            with self.parallel.grad_sync(self.net, last=i == len(batches) - 1):
+                loss += self._micro_step(batch, n_tokens, len(batches))
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.cfg.optim.grad_clip or float("inf")

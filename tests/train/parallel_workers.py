@@ -73,7 +73,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     torch.set_num_threads(1)
     try:
         parallel = Parallel.from_env(ParallelConfig(**job.get("parallel", {})), device="cpu", n_experts=4)
-        trainer = build(Path(job["run_dir"]), parallel=parallel, world=world, grad_accum=1, steps=job["steps"],
+        trainer = build(Path(job["run_dir"]), parallel=parallel, world=world, grad_accum=job.get("grad_accum", 1), steps=job["steps"],
                         model=job.get("model"), resume=job.get("resume", False))
         if job.get("stop_after"):  # train part of the schedule, checkpoint, leave (a preempted run)
             losses = [trainer.train_step().loss for _ in range(job["stop_after"])]

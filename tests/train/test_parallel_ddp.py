@@ -11,9 +11,9 @@ from train.parallel import Parallel
 pytestmark = pytest.mark.slow
 
 
-def _reference(tmp_path, steps: int, **kw) -> dict:
+def _reference(tmp_path, steps: int, grad_accum: int = 2, **kw) -> dict:
     torch.set_num_threads(1)
-    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), world=1, grad_accum=2,
+    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), world=1, grad_accum=grad_accum,
                      steps=steps, **kw))
 
 
@@ -30,6 +30,20 @@ def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path
     for mine, theirs in zip(_per_source(tmp_path / "ddp"), _per_source(tmp_path / "ref"), strict=True):
         assert mine == pytest.approx(theirs, rel=1e-5)
     assert got["comm"]["bytes_sent"] > 0 and got["comm"]["seconds"] > 0
+
+
+def test_ddp_accumulating_micro_batches_all_reduces_once_per_step(tmp_path):
+    # 2 ranks x 2 micro-batches = the one-process run with 4; gradients cross ranks only on each step's last micro-batch
+    ref = _reference(tmp_path, 3, grad_accum=4)
+    got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 3, "grad_accum": 2, "parallel": {"mode": "ddp"}},
+                tmp_path / "out.json")
+    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
+    records = [json.loads(x) for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    grad_bytes = 4 * sum(p.numel() for p in build(tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")),
+                                                   world=1, grad_accum=1, steps=1).model.parameters())
+    sent = [r["comm"]["bytes_sent"] for r in records if "comm" in r]  # one record per step (log_every = 1)
+    assert len(sent) == 3 and all(grad_bytes <= b < 2 * grad_bytes for b in sent)
 
 
 def test_fsdp2_matches_the_run_ddp_matches(tmp_path):

@@ -8,12 +8,14 @@ metrics and checkpoints on rank 0 only, and save/load the one-process state from
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from train.checkpoint import CheckpointManager
 from train.errors import ConfigError
@@ -90,6 +92,17 @@ class Parallel:
         if self.cfg.mode == "fsdp":
             return apply_fsdp(model, self.world, self.cfg)
         return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
+
+    def grad_sync(self, net: nn.Module, *, last: bool):
+        """Context for one micro-batch's forward and backward: DDP all-reduces only on the ``last`` one.
+
+        The micro-batches before it accumulate their gradients locally (``no_sync``), so a step
+        with k micro-batches communicates once, not k times. FSDP2 keeps reduce-scattering every
+        micro-batch: skipping it would hold full unsharded gradients, the memory FSDP is for.
+        """
+        if last or not isinstance(net, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return net.no_sync()
 
     def global_tokens(self, local_tokens: int) -> int:
         """Loss tokens of the step over every rank: the denominator of the global-batch mean."""
