@@ -5,13 +5,19 @@
     python bench/trainer.py --gpu                      # one GPU: bf16 ~0.9B-total MoE, tokens/s and MFU
 
 Three contenders train the same Mixtral-shaped model (PERF_NOTES.md: 13.8M total / 4.3M
-active, seq 256, batch 8) with the same AdamW (foreach) and gradient clipping at 1.0:
+active, seq 256, batch 8) with AdamW and gradient clipping at 1.0:
 
-- ``winnow model``: the bare ``Transformer``, cross-entropy + router loss, backward, step;
+- ``winnow model``: the bare ``Transformer``, cross-entropy + router loss, backward, winnow's
+  optimizer (torch's fused AdamW kernel);
 - ``winnow trainer``: ``Trainer.train_step`` — the same plus per-source loss and routing
   accounting, the NaN/spike check (one host sync), weight-decay groups, the LR schedule;
 - ``HF Mixtral``: ``MixtralForCausalLM`` built from a config (no download), its own loss
-  with the router auxiliary loss.
+  with the router auxiliary loss, ``torch.optim.AdamW(foreach=True)`` (torch's default choice).
+
+The last line is a roofline: the CPU's fp32 matmul rate on the model's widest shape, the share
+of it each contender's training FLOPs reach, and the ratio over Mixtral that a step running
+every FLOP at that rate (and nothing else: no attention softmax, no routing, no optimizer)
+would have. It bounds what any implementation of the same math can show on this machine.
 
 Every round runs each contender once, in an order that alternates between rounds
 (A B C, C B A, ...), with one untimed warm-up step before each timing so the caches the
@@ -146,6 +152,17 @@ def timed(step, batch, steps: int, sync=lambda: None) -> tuple[float, float]:
     return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
 
 
+def matmul_peak(rows: int, dim: int, hidden: int, repeats: int = 20) -> float:
+    """This CPU's fp32 matmul rate (FLOP/s, best of ``repeats``) on the model's widest shape: the roofline."""
+    x, w = torch.randn(rows, dim), torch.randn(hidden, dim)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        best = min(best, time.perf_counter() - start)
+    return 2 * rows * dim * hidden / best
+
+
 def _summary(name: str, rates: dict[str, list[float]]) -> str:
     line = f"{statistics.median(rates[name]):9,.0f}"
     if name != "mixtral":
@@ -181,6 +198,13 @@ def run_cpu(args) -> None:
           f"{args.steps} steps; ratios are medians of per-round ratios against HF Mixtral (shared machine: noisy)")
     for name in names:
         print(f"  {name:15s} tokens/s {_summary(name, wall)}   tokens/CPU-s {_summary(name, cpu)}")
+    # How far any implementation of this math can go here: every training FLOP at the matmul peak, nothing else
+    peak = matmul_peak(args.batch * args.seq * CPU_SHAPE["top_k"], CPU_SHAPE["dim"], 2 * CPU_SHAPE["ffn_hidden"])
+    flops = _model_config(CPU_SHAPE, args.seq).flops_per_token(args.seq)
+    used = {name: statistics.median(wall[name]) * flops / peak for name in names}
+    print(f"roofline: fp32 matmul peak here {peak / 1e9:.0f} GFLOP/s; share of it each contender's {flops / 1e6:.1f} "
+          "MFLOP/token reach: " + ", ".join(f"{n} {100 * u:.0f}%" for n, u in used.items())
+          + f"; a step running every FLOP at that peak and nothing else would be {1 / used['mixtral']:.2f}x Mixtral")
 
 
 def run_gpu(args) -> None:
