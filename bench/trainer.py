@@ -12,7 +12,7 @@ active, seq 256, batch 8) with AdamW and gradient clipping at 1.0:
 - ``winnow trainer``: ``Trainer.train_step`` — the same plus per-source loss and routing
   accounting, the NaN/spike check (one host sync), weight-decay groups, the LR schedule;
 - ``HF Mixtral``: ``MixtralForCausalLM`` built from a config (no download), its own loss
-  with the router auxiliary loss, ``torch.optim.AdamW(foreach=True)`` (torch's default choice).
+  with the router auxiliary loss, ``torch.optim.AdamW(foreach=True)`` (the multi-tensor path; faster here than the default loop).
 
 The last line is a roofline: the CPU's fp32 matmul rate on the model's widest shape, the share
 of it each contender's training FLOPs reach, and the ratio over Mixtral that a step running
