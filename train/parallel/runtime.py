@@ -24,11 +24,7 @@ from train.parallel import checkpoint as ckpt
 from train.parallel.comm import CommTimer
 from train.parallel.config import ParallelConfig
 from train.parallel.data_parallel import apply_fsdp, wrap_ddp
-from train.parallel.expert_parallel import (
-    expert_parameters,
-    shard_experts,
-    sync_expert_grads,
-)
+from train.parallel.expert_parallel import expert_parameters, shard_experts, sync_expert_grads
 from train.parallel.mesh import World, init_world
 from train.parallel.reduce import Reducer
 
