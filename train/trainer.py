@@ -14,6 +14,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,7 +169,9 @@ class Trainer:
         self._step_accounting.reset()
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        with warnings.catch_warnings():  # the schedule advances on skipped steps too, on purpose
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         self.throughput.tokens += n_tokens
         self.step += 1
         self.last = StepResult(self.step, loss_value, norm_value, skipped, lr)
