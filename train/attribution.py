@@ -23,7 +23,11 @@ belong to no source and are left out; the matrices add up over training. Read ra
 more than magnitudes: the linear term ignores curvature and applies a gradient's momentum tail at
 the parameters where it was taken, so it over-predicts the measured change of held-out loss
 several-fold (10x and more on the demo job), and benefits that saturate (generic statistics any
-source teaches) add up instead of overlapping.
+source teaches) add up instead of overlapping. Those dominate the first steps, which is why
+``start`` leaves them out: in the shipped leave-one-out study (100 steps), attributing only the
+steps after 30 rather than all of them moved the Spearman correlation with the measured effects
+from 0.47 to 0.59 and the median over-prediction from ~39x to ~15x (signs: 7 of the 10 cells above
+the seed noise agreed, against 8 before).
 Shape legend: S sources, P parameters (flattened), B batch, L sequence length.
 """
 
@@ -48,7 +52,7 @@ class AttributionConfig:
     """When and how to estimate per-source attribution (``[train.attribution]``); off unless ``every`` > 0."""
 
     every: int = 0  # steps between estimates; 0 turns attribution off
-    start: int = 0  # no estimates before this step (warm-up steps over-predict most; see the module docstring)
+    start: int = 0  # steps up to this one are not attributed (early, generic learning over-predicts most; see above)
     heldout_batches: int = 1  # held-out batches per source in one estimate
     pool_batches: int = 8  # held-out batches per source kept in memory and cycled through
     precondition: Literal["optimizer", "none"] = "optimizer"  # "none": plain gradient dot products (SGD)
@@ -89,9 +93,13 @@ class SourceAttribution:
         self._latest: list[list | None] = [None] * S  # each source's most recent batches
         self._observed = 0  # steps observed since the last estimate
 
+    def covers(self, step: int) -> bool:
+        """Whether ``step`` (just finished) is attributed: every step after ``start``."""
+        return step > self.cfg.start
+
     def due(self, step: int) -> bool:
         """Whether ``step`` (just finished) gets an estimate."""
-        return self.cfg.every > 0 and step >= self.cfg.start and step % self.cfg.every == 0
+        return self.cfg.every > 0 and self.covers(step) and step % self.cfg.every == 0
 
     # ---- held-out side ----------------------------------------------------------------------
     def _fill_pools(self) -> None:

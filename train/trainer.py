@@ -329,7 +329,7 @@ class Trainer:
         try:
             while self.step < cfg.steps and self._stop_signal is None:
                 self.train_step()
-                if self.attribution is not None and self.last.skipped is None:
+                if self.attribution is not None and self.last.skipped is None and self.attribution.covers(self.step):
                     self._observe_step()
                     if self.attribution.due(self.step):
                         self.attribute()

@@ -1,5 +1,7 @@
 """First-order per-source attribution on a tiny model with hand-made batches (``train/attribution.py``)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -194,10 +196,10 @@ def test_config_errors_name_the_key(key, value):
 def test_trainer_logs_attribution_records_the_report_reads(tmp_path):
     heldout, train = _setting(5)
 
-    def fit(folder, every: int) -> Trainer:
+    def fit(folder, every: int, start: int = 0) -> Trainer:
         cfg = TrainConfig(output=str(folder), steps=4, eval_every=0, model=_MODEL,
                           data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0),
-                          attribution=AttributionConfig(every=every))
+                          attribution=AttributionConfig(every=every, start=start))
         trainer = Trainer(cfg, model=_model(5), data=_Repeat(train), sources=SOURCES, run_dir=folder,
                           device=torch.device("cpu"), val_data=lambda: [heldout])
         trainer.fit()
@@ -210,3 +212,7 @@ def test_trainer_logs_attribution_records_the_report_reads(tmp_path):
     assert run.attribution is not None and run.attribution.sources == SOURCES
     assert run.attribution.step == 4
     assert run.attribution.matrix[1, 0] < 0  # the near copy helped the held-out source
+    late = fit(tmp_path / "c", 1, start=2)  # steps 1-2 are left out, not folded into the first estimate
+    assert late.attribution.steps_covered == 2
+    records = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "attribution" in r] == [3, 4]
