@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import polars as pl
 import pytest
+
+SAMPLES = Path(__file__).resolve().parents[2] / "data_samples"
+
+
+def sample_rows(path: Path, source: str, n: int) -> pl.DataFrame:
+    """The first ``n`` records of a sample JSONL file as a batch of the row schema (no meta)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        recs = [json.loads(line) for _, line in zip(range(n), f)]
+    return pl.DataFrame(
+        {"id": [r["id"] for r in recs], "source": [source] * len(recs), "text": [r["text"] for r in recs], "meta": [None] * len(recs)},
+        schema={c: pl.String for c in ("id", "source", "text", "meta")},
+    )
+
+
+@pytest.fixture(scope="session")
+def pool() -> list[pl.DataFrame]:
+    """Two scoring batches of real text: 300 docs (the reference) and 300 changelog entries (the noise)."""
+    return [sample_rows(SAMPLES / "docs/part-00000.jsonl.gz", "docs", 300),
+            sample_rows(SAMPLES / "changelog/part-00000.jsonl", "changelog", 300)]
 
 
 def check_nothing_lost(out: Path, input_ids: set[str] | None = None) -> dict:

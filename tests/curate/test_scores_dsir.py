@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,24 +12,6 @@ from curate.errors import ConfigError, StageError
 from curate.stages.base import StageContext
 from curate.stages.scores.dsir import MODEL_FILES, DsirScore, DsirScoreConfig
 from curate.stages.scores.tokens import hash_tokens
-
-SAMPLES = Path(__file__).resolve().parents[2] / "data_samples"
-
-
-def sample_rows(path: Path, source: str, n: int) -> pl.DataFrame:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        recs = [json.loads(line) for _, line in zip(range(n), f)]
-    return pl.DataFrame(
-        {"id": [r["id"] for r in recs], "source": [source] * len(recs), "text": [r["text"] for r in recs], "meta": [None] * len(recs)},
-        schema={c: pl.String for c in ("id", "source", "text", "meta")},
-    )
-
-
-@pytest.fixture(scope="module")
-def pool() -> list[pl.DataFrame]:
-    return [sample_rows(SAMPLES / "docs/part-00000.jsonl.gz", "docs", 300), sample_rows(SAMPLES / "changelog/part-00000.jsonl", "changelog", 300)]
-
 
 def run(tmp_path: Path, batches: list[pl.DataFrame], **kw) -> tuple[DsirScore, dict, pl.DataFrame]:
     ctx = StageContext(stage_id="06.score.dsir", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("docs", "changelog"))
