@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from train.config import TrainConfig
-from train.data import Batch, LoaderConfig
+from train.data import Batch, LoaderConfig, RepeatBatch
 from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer, cross_entropy_per_token
 from train.optim import OptimConfig, build_optimizer
@@ -74,28 +74,12 @@ def winnow_step_fn(shape: dict, seq: int, device: torch.device, dtype: torch.dty
     return step, cfg
 
 
-class _SameBatch:
-    """An endless, resumable loader stand-in that yields one batch of two sources (half the rows each)."""
-
-    def __init__(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
-        B, L = tokens.shape
-        source_ids = (torch.arange(B) % 2)[:, None].expand(B, L).contiguous()
-        self.batch = Batch(tokens, targets, source_ids, torch.ones(B, L, dtype=torch.bool),
-                           torch.zeros(B, L, dtype=torch.int32), [("bench", b) for b in range(B)])
-        self.position = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Batch:
-        self.position += 1
-        return self.batch
-
-    def state_dict(self) -> dict:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.position = state["position"]
+def _two_source_batch(tokens: torch.Tensor, targets: torch.Tensor) -> Batch:
+    """The timed batch for the trainer, half of its rows from each of two sources."""
+    B, L = tokens.shape
+    source_ids = (torch.arange(B) % 2)[:, None].expand(B, L).contiguous()
+    return Batch(tokens, targets, source_ids, torch.ones(B, L, dtype=torch.bool),
+                 torch.zeros(B, L, dtype=torch.int32), [("bench", b) for b in range(B)])
 
 
 def trainer_step_fn(shape: dict, seq: int, batch_size: int, run_dir: str):
@@ -109,7 +93,8 @@ def trainer_step_fn(shape: dict, seq: int, batch_size: int, run_dir: str):
     def step(tokens, targets):
         if "trainer" not in holder:  # built on first use so the loader stand-in holds this batch
             torch.manual_seed(0)
-            holder["trainer"] = Trainer(cfg, model=Transformer(model_cfg), data=_SameBatch(tokens, targets),
+            batches = RepeatBatch(_two_source_batch(tokens, targets))
+            holder["trainer"] = Trainer(cfg, model=Transformer(model_cfg), data=batches,
                                         sources=["a", "b"], run_dir=run_dir, device=torch.device("cpu"))
         holder["trainer"].train_step()
 

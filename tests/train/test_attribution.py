@@ -9,7 +9,7 @@ import torch
 from pipelines.report.training import load_run
 from train.attribution import AttributionConfig, SourceAttribution
 from train.config import TrainConfig
-from train.data import Batch, LoaderConfig
+from train.data import Batch, LoaderConfig, RepeatBatch
 from train.errors import CheckpointError, ConfigError
 from train.model import ModelConfig, Transformer, cross_entropy_per_token
 from train.trainer import Trainer
@@ -57,26 +57,6 @@ _MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=16
 def _model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(_MODEL)
-
-
-class _Repeat:
-    """An endless, resumable stand-in for the Loader: the same training batch every step."""
-
-    def __init__(self, batch: Batch) -> None:
-        self.batch, self.position = batch, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Batch:
-        self.position += 1
-        return self.batch
-
-    def state_dict(self) -> dict:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.position = state["position"]
 
 
 def _attribution(model, optimizer, heldout, **cfg) -> SourceAttribution:
@@ -200,7 +180,7 @@ def test_trainer_logs_attribution_records_the_report_reads(tmp_path):
         cfg = TrainConfig(output=str(folder), steps=4, eval_every=0, model=_MODEL,
                           data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0),
                           attribution=AttributionConfig(every=every, start=start))
-        trainer = Trainer(cfg, model=_model(5), data=_Repeat(train), sources=SOURCES, run_dir=folder,
+        trainer = Trainer(cfg, model=_model(5), data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
                           device=torch.device("cpu"), val_data=lambda: [heldout])
         trainer.fit()
         return trainer

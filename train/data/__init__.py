@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"Batch": "train.data.batch", "Loader": "train.data.loader", "LoaderConfig": "train.data.config"}
+_EXPORTS = {"Batch": "train.data.batch", "Loader": "train.data.loader", "LoaderConfig": "train.data.config",
+            "RepeatBatch": "train.data.batch"}
 __all__ = sorted(_EXPORTS)
 
 

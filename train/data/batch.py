@@ -51,3 +51,27 @@ class Batch:
     def __repr__(self) -> str:
         kinds = ", ".join(f.name for f in fields(self))
         return f"Batch(shape={self.shape}, num_tokens={self.num_tokens}; {kinds})"
+
+
+class RepeatBatch:
+    """An endless, resumable stand-in for the ``Loader`` that yields one batch every step.
+
+    For overfitting a single batch while debugging, for benchmarks that time the trainer without
+    the data path, and for tests; ``position`` counts the batches handed out.
+    """
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch, self.position = batch, 0
+
+    def __iter__(self) -> RepeatBatch:
+        return self
+
+    def __next__(self) -> Batch:
+        self.position += 1
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
