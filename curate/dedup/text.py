@@ -45,15 +45,22 @@ def normalize_expr(expr: pl.Expr, mode: str) -> pl.Expr:
     return expr.str.replace_all(pattern, " ").str.strip_chars(" ")
 
 
-def string_buffers(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
-    """``(offsets int64[n+1], data uint8[...])`` of a string Series, without copying the text when possible."""
-    arr = values.to_arrow()
+def large_buffers(arr: pa.Array | pa.ChunkedArray, large_type: pa.DataType) -> tuple[np.ndarray, pa.Buffer | None]:
+    """``(byte offsets int64[n+1], data buffer)`` of a variable-length Arrow array, as ``large_type``.
+
+    Copies only when the array is chunked or has 32-bit offsets.
+    """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    if arr.type != pa.large_string():
-        arr = arr.cast(pa.large_string())
+    if arr.type != large_type:
+        arr = arr.cast(large_type)
     _, off_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(off_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    return np.frombuffer(off_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1], data_buf
+
+
+def string_buffers(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets int64[n+1], data uint8[...])`` of a string Series, without copying the text when possible."""
+    offsets, data_buf = large_buffers(values.to_arrow(), pa.large_string())
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
     return offsets, data
 

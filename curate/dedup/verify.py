@@ -20,6 +20,7 @@ from numba import njit
 
 from curate.dedup.clusters import pair_jaccard
 from curate.dedup.lsh import unpack_pairs
+from curate.dedup.text import large_buffers
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,7 @@ def pack_sets(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
 
 def unpack_sets(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets int64[n+1], values uint32)`` of a ``_shingles`` column (inverse of ``pack_sets``)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if column.type != pa.large_binary():
-        column = column.cast(pa.large_binary())
-    _, off_buf, data_buf = column.buffers()
-    offsets = np.frombuffer(off_buf, dtype=np.int64)[column.offset : column.offset + len(column) + 1]
+    offsets, data_buf = large_buffers(column, pa.large_binary())
     data = np.frombuffer(data_buf, dtype="<u4") if data_buf is not None and len(data_buf) >= 4 else np.zeros(0, dtype=np.uint32)
     return offsets // 4, data
 
