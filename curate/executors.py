@@ -22,9 +22,13 @@ T = TypeVar("T")
 class Executor:
     """Runs task functions with ``workers`` local processes (``kind="local"``) or on Ray."""
 
-    def __init__(self, *, workers: int, kind: str = "local") -> None:
+    def __init__(self, *, workers: int, kind: str = "local", initializer: Callable[..., None] | None = None,
+                 initargs: tuple = (), gpus_per_task: float = 0.0) -> None:
         self.workers = workers
         self.kind = kind
+        # local pool: run once in each worker process before its first task (e.g. to claim a GPU)
+        self.initializer, self.initargs = initializer, initargs
+        self.gpus_per_task = gpus_per_task  # Ray: GPUs each task reserves, where the cluster has any
         self._pool: _PoolExecutor | None = None
         self._ray: Any = None
 
@@ -53,7 +57,8 @@ class Executor:
     def _run_pool(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
         if self._pool is None:
             # spawn, not fork: polars and pyarrow keep thread pools that a fork copies in a bad state.
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                             initializer=self.initializer, initargs=self.initargs)
         pending = {self._pool.submit(fn, s) for s in specs}
         try:
             while pending:
@@ -71,7 +76,8 @@ class Executor:
             if not self._ray.is_initialized():
                 self._ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
         ray = self._ray
-        remote = ray.remote(fn)
+        gpus = self.gpus_per_task if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        remote = ray.remote(num_gpus=gpus)(fn) if gpus else ray.remote(fn)  # Ray sets CUDA_VISIBLE_DEVICES
         pending = [remote.remote(s) for s in specs]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

@@ -22,7 +22,7 @@ def run_report(args: argparse.Namespace) -> int:
     cfg = DiagnoseConfig(memory_limit_gib=args.memory_limit_gib)
     path = write_report(args.dir, output=args.output, diagnose_cfg=cfg)
     if args.diagnose:
-        _, run = locate(args.dir)
+        _, run, _ = locate(args.dir)
         print(format_findings(diagnose(run, cfg)) if run is not None else
               f"diagnosis: {args.dir} holds no training run (metrics.jsonl); nothing to diagnose")
     print(f"report: {path}")

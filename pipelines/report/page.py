@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from curate.errors import InputError
+from pipelines.ablate.layout import Study, load_study
 from pipelines.report import plots
 from pipelines.report.curation import CurationJob, is_job_dir, load_job
 from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
-from pipelines.report.training import TrainingRun, has_ablation, is_run_dir, load_ablation, load_run
+from pipelines.report.training import TrainingRun, is_run_dir, load_run
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,12 @@ document.body.setAttribute('data-images-total',imgs.length);document.body.setAtt
 document.body.setAttribute('data-errors',window.__errors.length);document.body.setAttribute('data-loaded','1');});"""
 
 
-def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None]:
-    """The job and/or run a folder holds: a run folder (and the job it trained on), a job folder
-    (and its default run folder ``<job>/train``), or an ablation study folder (``ablation/table.csv``)."""
+def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None, Study | None]:
+    """The job, run and/or ablation study a folder holds: a run folder (and the job it trained on), a job
+    folder (and its default run folder ``<job>/train``), a study folder (whose baseline run is at its top)."""
     path = Path(path)
     job = run = None
+    study = load_study(path)
     if is_run_dir(path):
         run = load_run(path)
         if run.shards_dir is not None:
@@ -55,11 +57,10 @@ def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None]:
         job = load_job(path)
         if run is None and is_run_dir(path / "train"):
             run = load_run(path / "train")
-    if job is None and run is None and has_ablation(path):  # an ablation study folder on its own
-        run = load_ablation(TrainingRun(path=path))
-    if job is None and run is None:
-        raise InputError(f"{path} holds neither a curation job (manifest.json) nor a training run (metrics.jsonl)")
-    return job, run
+    if job is None and run is None and study is None:
+        raise InputError(f"{path} holds neither a curation job (manifest.json), a training run (metrics.jsonl) "
+                         "nor an ablation study")
+    return job, run, study
 
 
 def _img(png: bytes | None, alt: str) -> str:
@@ -156,20 +157,26 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
         parts.append(_table(["step", "kind", "message"], [[a.get("step"), a.get("kind"), a.get("message")]
                                                           for a in run.alerts[:200]]) if run.alerts
                      else "<p>No alerts.</p>")
-    if run.ablation is not None:
-        frame = run.ablation
-        parts += ["<h3>Ablation</h3>", _table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
-                  _img(plots.ablation_heatmap(frame), "ablation heatmap")]
-        parts += [_img(p.read_bytes(), p.stem) for p in run.ablation_images]
     return "".join(parts)
 
 
-def render(job: CurationJob | None, run: TrainingRun | None, *, diagnose_cfg: DiagnoseConfig | None = None) -> str:
+def study_section(study: Study) -> str:
+    frame = study.table
+    parts = ["<h3>Ablation</h3>", _table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
+             _img(plots.ablation_heatmap(frame), "ablation heatmap")]
+    parts += [_img(p.read_bytes(), p.stem) for p in study.images]
+    return "".join(parts)
+
+
+def render(job: CurationJob | None, run: TrainingRun | None, study: Study | None = None, *,
+           diagnose_cfg: DiagnoseConfig | None = None) -> str:
     """The whole page as a string."""
-    title = "winnow report: " + " / ".join(x for x in (job and job.name, run and run.path.name) if x)
+    title = "winnow report: " + " / ".join(x for x in (job and job.name, (run or study) and (run or study).path.name) if x)
     body = []
     if run is not None:
         body.append(training_section(run, diagnose(run, diagnose_cfg)))
+    if study is not None:
+        body.append(study_section(study))
     if job is not None:
         body.append(curation_section(job))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -181,11 +188,11 @@ def render(job: CurationJob | None, run: TrainingRun | None, *, diagnose_cfg: Di
 def write_report(path: str | Path, *, output: str | Path | None = None,
                  diagnose_cfg: DiagnoseConfig | None = None) -> Path:
     """Write ``report.html`` for the job and/or run in folder ``path``; returns where it went."""
-    job, run = locate(path)
+    job, run, study = locate(path)
     target = Path(output) if output is not None else Path(path) / "report.html"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(render(job, run, diagnose_cfg=diagnose_cfg), encoding="utf-8")
+    tmp.write_text(render(job, run, study, diagnose_cfg=diagnose_cfg), encoding="utf-8")
     tmp.replace(target)  # a reader never sees half a page
     log.info("report written to %s", target)
     return target

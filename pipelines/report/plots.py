@@ -249,3 +249,22 @@ def ablation_heatmap(frame) -> bytes | None:
     ax.set(title="Ablation: held-out loss minus baseline (nats)", xlabel="held-out source")
     fig.colorbar(image, ax=ax)
     return _png(fig)
+
+
+def attribution_scatter(cells, spearman: float) -> bytes:
+    """Predicted vs measured held-out loss change per (variant, source); hollow markers are within the noise."""
+    fig, ax = _subplots(figsize=(6, 4.5))
+    colors = palette(cells["source"].unique().to_list())
+    for source in cells["source"].unique(maintain_order=True).to_list():
+        part = cells.filter(cells["source"] == source)
+        for above in (True, False):
+            sel = part.filter(part["above_noise"] == above)
+            if sel.height:
+                ax.scatter(sel["predicted"], sel["measured"], label=source if above else None,
+                           edgecolors=[colors[source]], facecolors=[colors[source]] if above else "none")
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.axvline(0, color="gray", linewidth=0.8)
+    ax.set(title=f"Attribution vs ablation (Spearman {spearman:.2f})", xlabel="first-order prediction (nats)",
+           ylabel="measured change vs baseline (nats)")
+    ax.legend(fontsize=8, title="held-out source")
+    return _png(fig)

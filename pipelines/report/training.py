@@ -1,4 +1,4 @@
-"""Reading a training run folder: ``metrics.jsonl``, ``alerts.jsonl``, ``config.json`` and an ablation table.
+"""Reading a training run folder: ``metrics.jsonl``, ``alerts.jsonl`` and ``config.json``.
 
 ``metrics.jsonl`` mixes three kinds of records (``train/metrics.py``, ``train/trainer.py``):
 log records (``loss``, ``lr``, ``grad_norm``, ``per_source``, ``expert_load``, ``routing``, ...),
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 
 from curate.errors import InputError
 
@@ -51,8 +50,6 @@ class TrainingRun:
     attribution: Attribution | None = None
     alerts: list[dict] = field(default_factory=list)
     config: dict = field(default_factory=dict)
-    ablation: pl.DataFrame | None = None
-    ablation_images: list[Path] = field(default_factory=list)
     bad_lines: int = 0
 
     @property
@@ -193,18 +190,4 @@ def load_run(path: str | Path) -> TrainingRun:
             run.logs.append(record)
     if (path / "config.json").is_file():
         run.config = json.loads((path / "config.json").read_text())
-    load_ablation(run)
-    return run
-
-
-def has_ablation(path: Path) -> bool:
-    return (path / "ablation" / "table.csv").is_file()
-
-
-def load_ablation(run: TrainingRun) -> TrainingRun:
-    """Attach ``<run>/ablation/table.csv`` and the study's PNGs beside it, when the study has run."""
-    folder = run.path / "ablation"
-    if (folder / "table.csv").is_file():
-        run.ablation = pl.read_csv(folder / "table.csv")
-        run.ablation_images = sorted(folder.glob("*.png"))
     return run

@@ -8,10 +8,14 @@ import polars as pl
 import pytest
 
 from curate.errors import ConfigError
-from pipelines.ablate import AblateConfig, compare_with_attribution, split_by_source, variants, write_study
+from pipelines.ablate.config import AblateConfig
+from pipelines.ablate.correlation import compare_with_attribution
+from pipelines.ablate.layout import StudyLayout, load_study
+from pipelines.ablate.plan import variants
+from pipelines.ablate.sources import split_by_source
+from pipelines.ablate.table import write_study
 from pipelines.cli import main
 from pipelines.jobfile import build_config
-from pipelines.report.training import load_run
 from tests.train.shards_util import write_job
 from train.data.shards import open_shards, read_shard
 
@@ -93,12 +97,12 @@ def test_write_study_table_the_report_reads(tmp_path):
                {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 1},
                 "held_out": {"code": 2.5, "prose": 2.9}}]
     markdown = write_study(tmp_path, results, SOURCES, {"code": 0.5, "prose": 0.5})
-    table = pl.read_csv(tmp_path / "ablation" / "table.csv")
+    table = pl.read_csv(StudyLayout(tmp_path).table_csv)
     assert table.filter(pl.col("variant") == "without_code")["delta_code"].item() == pytest.approx(0.5)
-    assert "| without_code |" in markdown and (tmp_path / "heatmap.png").stat().st_size > 0
-    assert (tmp_path / "ablation" / "attribution_vs_ablation.csv").is_file()
-    assert (tmp_path / "ablation" / "attribution_vs_ablation.png").read_bytes()[:4] == b"\x89PNG"
-    assert load_run(tmp_path).ablation is not None
+    assert "| without_code |" in markdown and StudyLayout(tmp_path).heatmap_png.stat().st_size > 0
+    assert StudyLayout(tmp_path).cells_csv.is_file()
+    assert StudyLayout(tmp_path).scatter_png.read_bytes()[:4] == b"\x89PNG"
+    assert load_study(tmp_path) is not None
 
 
 @pytest.mark.slow
@@ -126,16 +130,17 @@ attribution_every = 1
 """)
     assert main(["ablate", str(toml)]) == 0
     study = tmp_path / "study"
-    table = pl.read_csv(study / "ablation" / "table.csv")
+    layout = StudyLayout(study)
+    table = pl.read_csv(layout.table_csv)
     assert table["variant"].to_list() == ["baseline", "baseline_seed1", "without_code", "without_prose"]
     assert table.filter(pl.col("variant") == "baseline")["delta_code"].item() == 0.0
     assert all(table[f"loss_{s}"].is_not_null().all() for s in SOURCES)
-    assert json.loads((study / "ablation" / "correlation.json").read_text())["n_cells"] == 4
+    assert json.loads(layout.correlation_json.read_text())["n_cells"] == 4
     assert json.loads((study / "provenance.json").read_text())["data"][0]["manifest_sha256"]
     assert (study / "report.html").is_file() and "report:" in capsys.readouterr().out
-    mtime = (study / "variants" / "without_code" / "result.json").stat().st_mtime
+    mtime = layout.result_path("without_code").stat().st_mtime
     assert main(["ablate", str(toml)]) == 0  # a re-run reuses finished variants
-    assert (study / "variants" / "without_code" / "result.json").stat().st_mtime == mtime
+    assert layout.result_path("without_code").stat().st_mtime == mtime
 
 
 def test_uncurated_job_is_a_clear_error(tmp_path):

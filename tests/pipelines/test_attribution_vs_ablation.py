@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from pipelines.ablate.layout import StudyLayout
 from pipelines.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ attribution_every = 10
 parallel = 2
 """)
     assert main(["-q", "ablate", str(study)]) == 0
-    cells = pl.read_csv(tmp_path / "study" / "ablation" / "attribution_vs_ablation.csv")
+    cells = pl.read_csv(StudyLayout(tmp_path / "study").cells_csv)
     own = cells.filter(pl.col("variant") == pl.format("without_{}", pl.col("source")))
     assert own.height == 4, own
     records = [json.loads(line) for line in (tmp_path / "study" / "metrics.jsonl").read_text().splitlines()]

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from curate.errors import InputError
+from pipelines.ablate.layout import StudyLayout
 from pipelines.report import locate, render, write_report
 from pipelines.report.command import register
 from tests.pipelines.report_util import alert, healthy_records, write_job, write_run
@@ -44,15 +45,15 @@ def full(tmp_path_factory):
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 50, "attribution": {"prose": {"prose": -0.25, "code": 0.0},
                                                         "code": {"prose": 0.05, "code": -0.5}}}) + "\n")
-    (run / "ablation").mkdir()
-    (run / "ablation" / "table.csv").write_text("variant,code,prose,delta_code,delta_prose\n"
+    StudyLayout(run).tables.mkdir()
+    StudyLayout(run).table_csv.write_text("variant,code,prose,delta_code,delta_prose\n"
                                                 "baseline,2.0,2.1,0.0,0.0\nno_code,2.6,2.05,0.6,-0.05\n")
     return job, run, write_report(run).read_text()
 
 
 def test_run_folder_links_to_the_job_it_trained_on(full):
     job, run, page = full
-    found_job, found_run = locate(run)
+    found_job, found_run, _ = locate(run)
     assert found_job.path == job and found_run.path == run
     assert "<h2>Training: run run</h2>" in page and "<h2>Curation: job tiny</h2>" in page
     assert {"loss curves", "learning rate and gradient norm", "throughput, data wait, memory",
@@ -80,8 +81,8 @@ def test_run_without_attribution_ablation_or_alerts(tmp_path):
 
 
 def test_ablation_study_folder_on_its_own(tmp_path):
-    (tmp_path / "study" / "ablation").mkdir(parents=True)
-    (tmp_path / "study" / "ablation" / "table.csv").write_text("variant,delta_code\nbaseline,0.0\nno_code,0.4\n")
+    StudyLayout(tmp_path / "study").tables.mkdir(parents=True)
+    StudyLayout(tmp_path / "study").table_csv.write_text("variant,delta_code\nbaseline,0.0\nno_code,0.4\n")
     page = render(*locate(tmp_path / "study"))
     assert "<h3>Ablation</h3>" in page and set(images(page)) == {"ablation heatmap"}
 
@@ -101,7 +102,7 @@ def test_torn_last_metrics_line_is_skipped(tmp_path):
     run = write_run(tmp_path / "run", healthy_records())
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 55, "loss": 1.')
-    _, found = locate(run)
+    _, found, _ = locate(run)
     assert found.bad_lines == 1 and found.logs[-1]["step"] == 50
 
 

@@ -55,7 +55,7 @@ def test_report_reads_a_real_trainer_run(tmp_path):
     trainer.fit()
     # what pipelines/train.py writes beside the metrics
     (tmp_path / "run" / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), default=str))
-    job, run = locate(tmp_path / "run")
+    job, run, _ = locate(tmp_path / "run")
     assert job is None and run.sources == SOURCES
     assert [r["step"] for r in run.logs] == [2, 4, 6] and [r["step"] for r in run.evals] == [3, 6]
     assert run.expert_load().shape == (2, 4) and run.routing().shape == (2, 2, 4)

@@ -1,0 +1,46 @@
+"""The ``[ablate]`` table of a study job file: which variants of the mix to train, and how."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from curate.errors import ConfigError
+
+KINDS = ("leave_one_out", "weights", "mixes")
+
+
+@dataclass(kw_only=True, slots=True)
+class AblateConfig:
+    """The ``[ablate]`` table: which variants of the mix to train and how."""
+
+    kind: Literal["leave_one_out", "weights", "mixes"] = "leave_one_out"
+    sources: list[str] = field(default_factory=list)  # leave_one_out / weights: sources to vary; [] = all
+    factors: list[float] = field(default_factory=lambda: [0.5, 2.0])  # weights: multipliers of a source's weight
+    mixes: dict[str, dict[str, float]] = field(default_factory=dict)  # mixes: variant name -> {source: weight}
+    output: str | None = None  # the study folder; None: <[job] output>/ablate
+    steps: int | None = None  # steps per run; None: [train] steps
+    noise_seeds: int = 1  # extra baseline runs with seeds seed+1.. to measure run-to-run noise
+    attribution_every: int = 10  # first-order attribution on the baseline run every N steps (0: off)
+    parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
+    executor: Literal["local", "ray"] = "local"  # local processes, or Ray tasks (RAY_ADDRESS for a cluster)
+    threads: int = 0  # torch threads per run; 0: this machine's cores / parallel
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, key: str, value: object, allowed: str) -> None:
+            if not ok:
+                raise ConfigError(f"ablate.{key} = {value!r} is invalid; allowed: {allowed}")
+
+        check(self.kind in KINDS, "kind", self.kind, " or ".join(repr(k) for k in KINDS))
+        check(all(f >= 0 and f != 1 for f in self.factors) and bool(self.factors), "factors", self.factors,
+              "non-negative numbers other than 1")
+        check(self.kind != "mixes" or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
+        for name, mix in self.mixes.items():
+            check(name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
+                  f"mixes.{name}", mix, "a name other than 'baseline' and non-negative weights, one of them > 0")
+        check(self.steps is None or self.steps >= 1, "steps", self.steps, "an integer >= 1")
+        check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
+        check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
+        check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
+        check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")
+        check(self.threads >= 0, "threads", self.threads, "an integer >= 0 (0: cores / parallel)")

@@ -1,0 +1,149 @@
+"""The study folder of ``winnow ablate``: where each file lives, written and read through one owner.
+
+::
+
+    <study>/                      the baseline run (seed = [train] seed): metrics.jsonl, checkpoints/, ...
+      result.json                 the baseline's held-out losses: its "done" marker
+      variants/<name>/            one run per other variant (noise seeds, left-out sources, mixes), each
+        result.json               with its own result.json; a variant without one is (re)run
+      sources/<source>/           the curated train shards split once per source (own manifest.json)
+      ablation/                   the study's tables and figures:
+        table.csv, table.md       held-out loss per variant and source, delta_<source> = variant - baseline
+        attribution_vs_ablation.csv / .png   predicted vs measured delta per (variant, source)
+        correlation.json          Spearman, sign agreement above the seed noise, noise vs effect sizes
+        mixes.json                random_mixes: the regression, its fit quality and the proposed mix
+      heatmap.png                 variants x sources of the measured deltas
+      report.html                 the study's page (``winnow report <study>``)
+
+``result.json`` is written atomically (temp file, fsync, rename): a crash mid-write leaves
+either no marker or a valid one, never a truncated file that looks finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+log = logging.getLogger(__name__)
+
+BASELINE = "baseline"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader sees the old file or the whole new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class StudyLayout:
+    """Paths of one study folder; the only code that knows them."""
+
+    root: Path
+
+    def run_dir(self, variant: str) -> Path:
+        return self.root if variant == BASELINE else self.root / "variants" / variant
+
+    def result_path(self, variant: str) -> Path:
+        return self.run_dir(variant) / "result.json"
+
+    def source_dir(self, source: str) -> Path:
+        return self.root / "sources" / source
+
+    @property
+    def sources_root(self) -> Path:
+        return self.root / "sources"
+
+    @property
+    def tables(self) -> Path:
+        return self.root / "ablation"
+
+    @property
+    def table_csv(self) -> Path:
+        return self.tables / "table.csv"
+
+    @property
+    def table_md(self) -> Path:
+        return self.tables / "table.md"
+
+    @property
+    def cells_csv(self) -> Path:
+        return self.tables / "attribution_vs_ablation.csv"
+
+    @property
+    def scatter_png(self) -> Path:
+        return self.tables / "attribution_vs_ablation.png"
+
+    @property
+    def correlation_json(self) -> Path:
+        return self.tables / "correlation.json"
+
+    @property
+    def mixes_json(self) -> Path:
+        return self.tables / "mixes.json"
+
+    @property
+    def heatmap_png(self) -> Path:
+        return self.root / "heatmap.png"  # beside ablation/: the report draws its own from table.csv
+
+    def read_result(self, variant: str) -> dict | None:
+        """A finished variant's result, or None when it has not finished (no marker, or one that is not JSON)."""
+        path = self.result_path(variant)
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            log.warning("%s is not valid JSON (written by an older winnow that crashed mid-write?); "
+                        "variant %s is run again", path, variant)
+            return None
+
+    def write_result(self, variant: str, result: dict) -> None:
+        write_atomic(self.result_path(variant), json.dumps(result, indent=1))
+
+
+@dataclass(slots=True)
+class Study:
+    """What the report reads from a study folder: the table, the comparison and the figures."""
+
+    layout: StudyLayout
+    table: pl.DataFrame
+    correlation: dict | None = None
+    mixes: dict | None = None
+    images: list[Path] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.layout.root
+
+
+def is_study(path: str | Path) -> bool:
+    return StudyLayout(Path(path)).table_csv.is_file()
+
+
+def load_study(path: str | Path) -> Study | None:
+    """The study in ``path`` once its table is written, else None."""
+    layout = StudyLayout(Path(path))
+    if not layout.table_csv.is_file():
+        return None
+
+    def optional_json(p: Path) -> dict | None:
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    return Study(layout=layout, table=pl.read_csv(layout.table_csv), correlation=optional_json(layout.correlation_json),
+                 mixes=optional_json(layout.mixes_json), images=sorted(layout.tables.glob("*.png")))

@@ -1,0 +1,114 @@
+"""Training a study's variants: one run per variant, in this process, a local process pool, or Ray tasks.
+
+Runs go through ``curate.executors.Executor``, the executor curation uses. In a local pool each
+worker process claims one GPU for its lifetime (``CUDA_VISIBLE_DEVICES``, round-robin when there
+are more workers than GPUs) and ``threads`` intra-op threads; Ray reserves one GPU per task where
+the cluster has GPUs. A variant's ``result.json`` is written atomically after its run finishes,
+so a crash leaves no marker and the next ``winnow ablate`` runs it again (resuming from its
+checkpoint when the trainer left one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from curate.executors import Executor
+from pipelines.ablate.config import AblateConfig
+from pipelines.ablate.layout import BASELINE, StudyLayout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class VariantTask:
+    """Everything one worker needs to train one variant (picklable: it crosses process boundaries)."""
+
+    cfg: object  # the variant's TrainConfig (output = its run folder, seed, mix weights)
+    folders: dict[str, str]  # source -> its shard set
+    sources: list[str]  # the job's source ids, in order
+    variant: dict
+    job_file: str
+    study: str
+    threads: int = 0  # torch intra-op threads; 0: leave as is
+
+
+def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: dict, sources: list[str]):
+    """The ``TrainConfig`` of one variant: the study's [train] with its folder, seed and mix weights."""
+    from train.attribution import AttributionConfig
+
+    attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every)
+                   if variant["name"] == BASELINE else AttributionConfig())
+    data = dataclasses.replace(train_cfg.data, format="parquet", seed=variant["seed"],
+                               mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]])
+    return dataclasses.replace(train_cfg, output=str(layout.run_dir(variant["name"])), seed=variant["seed"], data=data,
+                               eval_every=0, attribution=attribution)
+
+
+def train_variant(task: VariantTask) -> dict:
+    """Train one variant into its run folder; returns (and saves as ``result.json``) its held-out losses."""
+    import torch
+
+    from pipelines.provenance import write_provenance
+    from pipelines.train import build_trainer
+
+    before = torch.get_num_threads()
+    if task.threads:
+        torch.set_num_threads(task.threads)
+    try:
+        cfg, variant = task.cfg, task.variant
+        names = [s for s in task.sources if s in variant["weights"]]
+        trainer = build_trainer(cfg, train_data=[task.folders[s] for s in names], sources=task.sources)
+        write_provenance(cfg.output, job_file=task.job_file, data=[cfg.shards], extra={"variant": variant})
+        try:
+            summary = trainer.fit()
+        finally:
+            trainer.data.close()
+    finally:
+        torch.set_num_threads(before)
+    if summary["preempted"]:  # no result.json: the next `winnow ablate` resumes this run from its checkpoint
+        raise KeyboardInterrupt(f"variant {variant['name']} stopped at step {summary['step']}")
+    held = (summary["eval"] or {}).get("eval", {}).get("per_source") or {}
+    result = {**variant, "held_out": held, "steps": summary["step"], "tokens_seen": summary["tokens_seen"]}
+    StudyLayout(Path(task.study)).write_result(variant["name"], result)
+    return result
+
+
+def _claim_device(gpus, threads: int) -> None:
+    """Pool initializer: pin this worker to one GPU (before CUDA starts in it) and set its threads."""
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus.get())
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def run_variants(tasks: list[VariantTask], acfg: AblateConfig,
+                 announce: Callable[[dict], None] = lambda result: None) -> Iterator[dict]:
+    """Train ``tasks`` ``acfg.parallel`` at a time (local processes or Ray), yielding results as they finish."""
+    workers = min(acfg.parallel, len(tasks)) if acfg.executor == "local" else acfg.parallel
+    gpus = _gpu_count()
+    queue = None
+    if acfg.executor == "local" and workers > 1 and gpus:
+        import multiprocessing
+
+        queue = multiprocessing.get_context("spawn").Queue()
+        for i in range(workers):
+            queue.put(i % gpus)
+    threads = tasks[0].threads if tasks else 0
+    with Executor(workers=workers, kind=acfg.executor, initializer=_claim_device, initargs=(queue, threads),
+                  gpus_per_task=1.0) as executor:
+        for result in executor.run(train_variant, tasks):
+            announce(result)
+            yield result
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
