@@ -11,6 +11,7 @@ from fsspec.core import url_to_fs
 
 from curate.config import InputConfig
 from curate.errors import InputError
+from curate.readers.utf8 import printable
 
 _GLOB_CHARS = "*?["
 #: File name endings each format reads when a folder is given.
@@ -58,7 +59,7 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
             info = fs.info(p)
             if info.get("type") == "directory":
                 info["size"] = sum(fs.du(p, total=False).values()) if cfg.format == "hf" else 0
-            rel = posixpath.relpath(p, root) if root else p
+            rel = printable(posixpath.relpath(p, root) if root else p)  # ids and rejects need valid UTF-8
             mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
             mtime = mtime.timestamp() if hasattr(mtime, "timestamp") else (float(mtime) if mtime is not None else None)
             found.setdefault(prefix + p, InputFile(prefix + p, rel, int(info.get("size") or 0), mtime))

@@ -2,8 +2,10 @@
 
 Lines are parsed with orjson; a line that is not valid UTF-8 or JSON, not an object, or
 lacks a string text field becomes a reject carrying its raw bytes, file, byte offset and
-line number. A truncated compressed file keeps every complete line before the damage and
-adds one ``read:truncated`` reject at the offset where decompression failed.
+line number. UTF-8 is checked before Arrow's block parser sees a block (it does not check),
+and a ``\\ud800``-style escape, which no UTF-8 text can hold, is ``read:bad_utf8`` too.
+A truncated compressed file keeps every complete line before the damage and adds one
+``read:truncated`` reject at the offset where decompression failed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pyarrow.json as pa_json
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+from curate.readers.utf8 import first_bad_byte, valid_utf8
 
 CHUNK_BYTES = 4 << 20
 
@@ -100,6 +103,8 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, first_line: 
     """
     if b"\n\n" in lines or lines.startswith(b"\n") or cfg.source_field is not None:
         return None
+    if not valid_utf8(lines):  # Arrow's parser does not check; the lines path rejects the bad lines
+        return None
     try:
         table = pa_json.read_json(io.BytesIO(lines), read_options=pa_json.ReadOptions(block_size=len(lines) + 1))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -157,12 +162,15 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, line_no: int, of
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as err:
-        try:
-            line.decode("utf-8")
-            reason = "read:bad_json"
-        except UnicodeDecodeError:
-            reason = "read:bad_utf8"
-        buf.reject(reason, id_=fallback_id, source=cfg.source or "", raw=line, where={**where, "error": str(err)})
+        reason, error = "read:bad_json", str(err)
+        if not valid_utf8(line):
+            at, why = first_bad_byte(line)
+            reason, error = "read:bad_utf8", f"byte {offset + at} of the file is not UTF-8 ({why})"
+            where["byte"] = offset + at
+            fallback_id = _given_id(cfg, line) or fallback_id
+        elif "surrogate" in error:  # a \ud800-style escape: valid JSON, but no UTF-8 text can hold it
+            reason, error = "read:bad_utf8", f"a JSON \\u escape decodes to a lone surrogate, which UTF-8 cannot hold ({err})"
+        buf.reject(reason, id_=fallback_id, source=cfg.source or "", raw=line, where={**where, "error": error})
         return
     if not isinstance(record, dict):
         buf.reject("read:not_an_object", id_=fallback_id, source=cfg.source or "", raw=line,
@@ -185,3 +193,15 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, line_no: int, of
         if given_id is None and cfg.source_field is not None:
             id_ = f"{source}/{file.rel}/{line_no}"
         buf.add(id_, source, text, decode_meta(record))
+
+
+def _given_id(cfg: InputConfig, line: bytes) -> str | None:
+    """The id a line that is not UTF-8 names, when the bad bytes are elsewhere in the line."""
+    try:
+        record = orjson.loads(line.decode("utf-8", errors="replace"))
+    except orjson.JSONDecodeError:
+        return None
+    given = record.get(cfg.id_field) if isinstance(record, dict) else None
+    if given is None or isinstance(given, (dict, list)) or "\ufffd" in str(given):
+        return None
+    return str(given)

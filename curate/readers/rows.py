@@ -8,6 +8,7 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
+from curate.readers.utf8 import cell_text, invalid_rows, printable
 from curate.schema import CORE_COLUMNS, CORE_SCHEMA, OPTIONAL_COLUMNS
 
 #: Read-error reasons (``read:<error>``), a closed set.
@@ -21,6 +22,9 @@ READ_REASONS: tuple[str, ...] = (
     "read:bad_schema",
     "read:truncated",
     "read:bad_record",
+    "read:link_member",
+    "read:special_member",
+    "read:duplicate_id",
 )
 
 
@@ -53,8 +57,12 @@ class RowBuffer:
 
     def reject(self, reason: str, *, id_: str, source: str, raw: bytes | str, where: dict) -> None:
         """Keep an unreadable record: its raw content as text, where it was and why in meta."""
-        text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
-        for col, value in zip((*CORE_COLUMNS, "reason"), (id_, source, text, orjson.dumps(where).decode(), reason)):
+        text = printable(raw) if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
+        try:
+            meta = orjson.dumps(where).decode()
+        except TypeError:  # a file or member name Python decoded with surrogateescape
+            meta = orjson.dumps({k: printable(v) if isinstance(v, str) else v for k, v in where.items()}).decode()
+        for col, value in zip((*CORE_COLUMNS, "reason"), (printable(id_), source, text, meta, reason)):
             self.bad[col].append(value)
 
     def flush(self) -> ReadBatch:
@@ -89,18 +97,18 @@ def rows_from_arrow(
     A batch that already has winnow's core columns keeps them verbatim (so shards read back
     unchanged); otherwise every column besides text, id and the source field goes into ``meta``.
     """
+    table, unreadable = _split_invalid_utf8(table, source=source, text_field=text_field, id_field=id_field,
+                                            file_label=file_label, row_offset=row_offset)
     df = pl.from_arrow(table)
     if isinstance(df, pl.Series):
         df = df.to_frame()
     n = df.height
-    index = pl.int_range(row_offset, row_offset + n, dtype=pl.Int64, eager=False).alias("__row")
-    df = df.with_columns(index)
 
     def reject_all(reason: str, error: str) -> ReadBatch:
         payload = df.drop("__row").select(pl.struct(pl.all()).struct.json_encode().alias("_raw")) if df.width > 1 else None
         bad = pl.DataFrame(
             {
-                "id": [f"{file_label}#{i}" for i in range(row_offset, row_offset + n)],
+                "id": [f"{file_label}#{i}" for i in df["__row"].to_list()],
                 "source": [source or ""] * n,
                 "text": payload["_raw"] if payload is not None else [""] * n,
                 "meta": df.select(pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"),
@@ -112,7 +120,7 @@ def rows_from_arrow(
             },
             schema={**CORE_SCHEMA, "reason": pl.String, "duplicate_of": pl.String},
         )
-        return ReadBatch(_empty_rows(), bad)
+        return ReadBatch(_empty_rows(), _with_unreadable(bad, unreadable))
 
     if text_field not in df.columns:
         return reject_all("read:bad_schema", f"no column {text_field!r}; columns are {df.columns[:-1]}")
@@ -158,7 +166,49 @@ def rows_from_arrow(
         ).select(*CORE_COLUMNS, "reason", "duplicate_of")
     else:
         bad = bad.select(*CORE_COLUMNS, "reason").with_columns(pl.lit(None, dtype=pl.String).alias("duplicate_of"))
-    return ReadBatch(good, bad)
+    return ReadBatch(good, _with_unreadable(bad, unreadable))
+
+
+def _split_invalid_utf8(table: pa.Table | pa.RecordBatch, *, source: str | None, text_field: str, id_field: str,
+                        file_label: str, row_offset: int) -> tuple[pa.Table, pl.DataFrame | None]:
+    """Number the rows (``__row``) and take out those holding invalid UTF-8 as ``read:bad_utf8`` rejects."""
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    table = table.append_column("__row", pa.array(range(row_offset, row_offset + table.num_rows), pa.int64()))
+    bad = invalid_rows(table)
+    if not bad:
+        return table, None
+
+    def cells(name: str) -> list:
+        if name not in table.column_names:
+            return [None] * len(bad)
+        col = table.column(name).take(bad)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = col.cast(pa.large_binary())  # no validation, so the bytes can be read back
+        try:
+            return col.to_pylist()
+        except (UnicodeDecodeError, pa.ArrowInvalid):  # invalid bytes nested inside the column
+            return [None] * len(bad)
+
+    ids, texts = cells(id_field), cells(text_field)
+    rejects = pl.DataFrame(
+        {
+            "id": [cell_text(i) if i is not None else f"{file_label}#{row_offset + r}" for i, r in zip(ids, bad)],
+            "source": [source or ""] * len(bad),
+            "text": [cell_text(t) if t is not None else "" for t in texts],
+            "meta": [orjson.dumps({"file": file_label, "row": row_offset + r,
+                                   "error": "a string column holds bytes that are not valid UTF-8"}).decode() for r in bad],
+            "reason": ["read:bad_utf8"] * len(bad),
+            "duplicate_of": [None] * len(bad),
+        },
+        schema={**CORE_SCHEMA, "reason": pl.String, "duplicate_of": pl.String},
+    )
+    bad_set = set(bad)
+    return table.filter(pa.array([i not in bad_set for i in range(table.num_rows)])), rejects
+
+
+def _with_unreadable(bad: pl.DataFrame, unreadable: pl.DataFrame | None) -> pl.DataFrame:
+    return bad if unreadable is None else pl.concat([bad, unreadable.select(bad.columns)])
 
 
 def _empty_rows() -> pl.DataFrame:

@@ -16,6 +16,7 @@ import orjson
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+from curate.readers.utf8 import printable
 
 
 def _split_key(name: str) -> tuple[str, str]:
@@ -45,8 +46,9 @@ def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int) -> Itera
             with tarfile.open(fileobj=fh, mode="r|*") as tar:
                 for member in tar:
                     if not member.isfile():
+                        _reject_member(cfg, file, member, buf)
                         continue
-                    key, ext = _split_key(member.name)
+                    key, ext = _split_key(printable(member.name))
                     if key != current:
                         emit()
                         if len(buf) >= batch_rows:
@@ -59,6 +61,26 @@ def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int) -> Itera
                        where={"file": file.url, "offset": offset, "sample": sample_no, "error": f"{type(err).__name__}: {err}"})
     if len(buf):
         yield buf.flush()
+
+
+def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, buf: RowBuffer) -> None:
+    """A link or special member holds no sample bytes: it becomes a reject, so it is counted, not lost.
+
+    Folders carry nothing and are skipped. Links are never followed: a link member may
+    point anywhere (``/etc/passwd``, another sample) and a reader must not go there.
+    """
+    if member.isdir():
+        return
+    name = printable(member.name)
+    where = {"file": file.url, "offset": member.offset, "member": name}
+    if member.issym() or member.islnk():
+        kind = "symbolic" if member.issym() else "hard"
+        buf.reject("read:link_member", id_=f"{cfg.source or ''}/{file.rel}/{name}", source=cfg.source or "",
+                   raw=printable(member.linkname),
+                   where={**where, "error": f"a {kind} link to {printable(member.linkname)!r}; links are not followed"})
+    else:
+        buf.reject("read:special_member", id_=f"{cfg.source or ''}/{file.rel}/{name}", source=cfg.source or "", raw=b"",
+                   where={**where, "error": f"a special member (tar type {member.type!r}), not a regular file"})
 
 
 def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, bytes], offset: int, sample_no: int,

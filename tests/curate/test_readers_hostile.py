@@ -1,0 +1,112 @@
+"""Regression tests for the reader bugs of issue #14: invalid UTF-8 (1) and tar link members (9).
+
+Each failed before its fix: invalid bytes crashed polars (``PanicException``) or reached a
+shard polars and ``datasets`` could not open; link members vanished without a reject.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from curate.config import InputConfig
+from curate.pipeline import run_job
+from curate.readers import plan_read_tasks, read_task
+from pipelines.jobfile import load_job
+
+
+def read_all(cfg: InputConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    batches = [b for t in plan_read_tasks([cfg]) for b in read_task(cfg, t, 1000)]
+    return pl.concat([b.rows for b in batches]), pl.concat([b.rejects for b in batches])
+
+
+def good_lines(n: int) -> bytes:
+    return b"".join(orjson.dumps({"id": f"g{i}", "text": f"good text {i}"}) + b"\n" for i in range(n))
+
+
+def test_invalid_byte_in_a_block_of_good_lines_is_a_bad_utf8_reject_with_its_byte_offset(tmp_path):
+    head = good_lines(50)
+    (tmp_path / "a.jsonl").write_bytes(head + b'{"id": "bad", "text": "caf\xe9"}\n' + good_lines(3))
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+    assert rows.height == 53
+    assert rejects["reason"].to_list() == ["read:bad_utf8"] and rejects["id"].to_list() == ["bad"]
+    where = json.loads(rejects["meta"][0])
+    assert where["file"].endswith("a.jsonl") and where["offset"] == len(head) and where["line"] == 50
+    assert where["byte"] == len(head) + len(b'{"id": "bad", "text": "caf')
+    assert "caf" in rejects["text"][0]
+
+
+def test_escaped_lone_surrogate_is_a_bad_utf8_reject(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(good_lines(2) + b'{"id": "s", "text": "x\\ud800y"}\n')
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+    assert rows.height == 2
+    assert rejects["reason"].to_list() == ["read:bad_utf8"]
+    assert "surrogate" in json.loads(rejects["meta"][0])["error"]
+
+
+def test_parquet_string_column_with_invalid_bytes_rejects_only_that_row(tmp_path):
+    raw = pa.array([b"fine", b"caf\xe9", b"also fine"], pa.binary())
+    text = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # a writer that did not validate
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": text}), tmp_path / "a.parquet")
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet"))
+    assert rows["id"].to_list() == ["a", "c"]
+    assert rejects["reason"].to_list() == ["read:bad_utf8"] and rejects["id"].to_list() == ["b"]
+    assert json.loads(rejects["meta"][0])["row"] == 1
+
+
+def test_job_with_invalid_utf8_writes_shards_polars_and_datasets_open(tmp_path, write_job, nothing_lost):
+    import datasets
+
+    (tmp_path / "a.jsonl").write_bytes(good_lines(20) + b'{"id": "bad", "text": "caf\xe9 au lait"}\n')
+    job = load_job(write_job(f'[[inputs]]\nsource = "s"\npath = "{tmp_path / "a.jsonl"}"\n[output]\nformats = ["parquet"]\n'))
+    manifest = run_job(job, progress=False)
+    nothing_lost(job.output_dir, {f"g{i}" for i in range(20)} | {"bad"})
+    assert manifest["by_source"]["s"]["rejected"] == {"read:bad_utf8": 1}
+    files = [str(job.output_dir / s["path"]) for s in manifest["shards"]]
+    assert pl.read_parquet(files).height == 20
+    assert datasets.load_dataset("parquet", data_files=files, split="train").num_rows == 20
+
+
+def tar_with_links(path) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, payload in (("a.txt", b"first sample"), ("b.txt", b"second sample")):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+        sym = tarfile.TarInfo("c.txt")
+        sym.type, sym.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(sym)
+        hard = tarfile.TarInfo("d.txt")
+        hard.type, hard.linkname = tarfile.LNKTYPE, "a.txt"
+        tar.addfile(hard)
+        fifo = tarfile.TarInfo("e.txt")
+        fifo.type = tarfile.FIFOTYPE
+        tar.addfile(fifo)
+
+
+def test_tar_link_members_are_link_member_rejects(tmp_path):
+    tar_with_links(tmp_path / "a.tar")
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset"))
+    assert rows["text"].to_list() == ["first sample", "second sample"]
+    assert rejects["reason"].to_list() == ["read:link_member", "read:link_member", "read:special_member"]
+    assert rejects["id"].to_list() == ["s/a.tar/c.txt", "s/a.tar/d.txt", "s/a.tar/e.txt"]
+    assert "/etc/passwd" in json.loads(rejects["meta"][0])["error"]
+
+
+def test_tar_member_and_file_names_with_invalid_bytes_give_readable_ids(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    path = bytes(folder) + b"/caf\xe9.tar"
+    with tarfile.open(path.decode("utf-8", "surrogateescape"), "w", encoding="utf-8", errors="surrogateescape") as tar:
+        info = tarfile.TarInfo(b"k\xff.txt".decode("utf-8", "surrogateescape"))
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"text"))
+    rows, rejects = read_all(InputConfig(source="s", path=str(folder), format="webdataset"))
+    assert rows["id"].to_list() == ["s/caf\\xe9.tar/k\\xff"]
+    assert rejects.height == 0
