@@ -60,7 +60,7 @@ def make_job(folder: Path, docs: int, shard_rows: int, seed: int = 0) -> Path:
     texts = [" ".join(chunk) for chunk in np.split(words, cuts)]
     df = pl.DataFrame({"id": [f"doc/{i}" for i in range(docs)], "source": [SOURCES[i % 4] for i in rng.integers(0, 4, docs)],
                        "text": texts, "meta": [None] * docs}, schema={"id": pl.String, "source": pl.String, "text": pl.String, "meta": pl.String})
-    writer = ShardWriter(folder / "shards" / "train", "part-00000", OutputConfig(shard_rows=shard_rows), split="train")
+    writer = ShardWriter(folder, "part-00000", OutputConfig(shard_rows=shard_rows), split="train")
     writer.write(df)
     entries = writer.close()
     for e in entries:

@@ -78,18 +78,22 @@ class OutputConfig:
     """``[output]``: shard formats and sizes."""
 
     formats: list[str] = field(default_factory=lambda: list(OUTPUT_FORMATS))
-    shard_rows: int = 10_000
-    shard_bytes: int | None = None  # cap on text bytes per shard (unordered output); whichever comes first
+    # A shard holds about this many uncompressed row bytes (as `datasets`' max_shard_size counts):
+    # ~tar size; zstd Parquet files come out several times smaller.
+    shard_bytes: int = 256 * 2**20
+    shard_rows: int | None = None  # also cap rows per shard; whichever limit comes first
+    row_group_bytes: int = 32 * 2**20  # Parquet row groups of about this many uncompressed bytes
     compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
 
     def __post_init__(self) -> None:
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
         if bad or not self.formats:
             raise ConfigError(f"formats must be a non-empty list from {list(OUTPUT_FORMATS)}, got {self.formats}")
-        if self.shard_rows < 1:
+        if self.shard_rows is not None and self.shard_rows < 1:
             raise ConfigError(f"shard_rows must be >= 1, got {self.shard_rows}")
-        if self.shard_bytes is not None and self.shard_bytes < 1:
-            raise ConfigError(f"shard_bytes must be >= 1, got {self.shard_bytes}")
+        for key in ("shard_bytes", "row_group_bytes"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1 (bytes), got {getattr(self, key)}")
 
 
 @dataclass(kw_only=True, slots=True)

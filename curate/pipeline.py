@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import shutil
 import time
 from pathlib import Path
@@ -35,6 +34,8 @@ from curate.manifest import build_manifest, write_json_atomic
 from curate.readers import plan_read_tasks
 from curate.stages import Barrier, stage_class
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
+from curate.writers.gather import plan_val_writes, write_val_group
+from curate.writers.layout import write_ranges
 from curate.writers.shards import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Runner:
                 if phase.collect is not None:
                     self._plan(phase, len(read_tasks))
             write_results = self._write_ordered(results[-1]) if self.ordered else []
+            write_results += self._write_val(results[-1])
         manifest = build_manifest(
             self.job, self.stages, results, write_results, self.plan_seconds,
             reports={s.ctx.stage_id: self._report(s) for s in self.stages if isinstance(s, Barrier)},
@@ -193,17 +195,11 @@ class Runner:
         """Write train shards in ``order``: each write task takes a contiguous range of ranks."""
         sorted_files = sorted(str(p) for p in (self.work / f"phase-{self.phases[-1].index}").glob("task-*/sorted.parquet"))
         total = sum(r["rows_written"] for r in final_results)
-        if not total:
+        total_bytes = sum(r.get("rows_bytes", 0) for r in final_results)
+        ranges = write_ranges(total, total_bytes, len(final_results), self.job.output)
+        specs = [_WriteSpec(self.job, self.work, sorted_files, w, lo, hi, total) for w, (lo, hi) in enumerate(ranges)]
+        if not specs:
             return []
-        shard_rows = self.job.output.shard_rows
-        n_shards = math.ceil(total / shard_rows)
-        n_tasks = min(n_shards, max(1, len(final_results)))
-        per_task = math.ceil(n_shards / n_tasks)
-        specs = [
-            _WriteSpec(self.job, self.work, sorted_files, w, w * per_task * shard_rows,
-                       min(total, (w + 1) * per_task * shard_rows), total)
-            for w in range(math.ceil(n_shards / per_task))
-        ]
         out = []
         bar = tqdm(total=len(specs), desc="write ordered shards", unit="task", disable=not self.progress, leave=False)
         for result in self.executor.run(_write_range, specs):
@@ -211,6 +207,11 @@ class Runner:
             bar.update(1)
         bar.close()
         return sorted(out, key=lambda r: r["task"])
+
+    def _write_val(self, final_results: list[dict]) -> list[dict]:
+        """Validation rows of every task, gathered into shards of about ``shard_bytes``."""
+        specs = plan_val_writes(self.job, self.work, self.work / f"phase-{self.phases[-1].index}", final_results)
+        return sorted(self.executor.run(write_val_group, specs), key=lambda r: r["task"])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -236,7 +237,7 @@ def _write_range(spec: _WriteSpec) -> dict[str, Any]:
             f"the order column must be a rank 0..{spec.total - 1} without gaps or ties; ranks {spec.lo}..{spec.hi - 1} "
             f"hold {df.height} rows"
         )
-    writer = ShardWriter(spec.job.output_dir / "shards" / "train", f"part-{spec.task:05d}", spec.job.output, split="train")
+    writer = ShardWriter(spec.job.output_dir, f"part-{spec.task:05d}", spec.job.output, split="train")
     writer.write(df)
     shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
     result = {"task": spec.task, "shards": shards}

@@ -27,6 +27,8 @@ from curate.readers import ReadTask, read_task
 from curate.schema import CORE_COLUMNS, validate_rows
 from curate.stages import Stage, StageContext, stage_class
 from curate.stats import StageStats
+from curate.writers.gather import VAL_ROWS
+from curate.writers.layout import row_bytes
 from curate.writers.shards import ShardWriter
 
 READ_STAGE_ID = "00.read"
@@ -87,8 +89,12 @@ class _Outputs:
     rows: pq.ParquetWriter | None = None
     keys: pq.ParquetWriter | None = None
     rejects: pq.ParquetWriter | None = None
+    val: pq.ParquetWriter | None = None  # final phase: validation rows, gathered across tasks into shards later
     shards: dict[str, ShardWriter] = field(default_factory=dict)
     rows_written: int = 0
+    rows_bytes: int = 0
+    val_rows: int = 0
+    val_bytes: int = 0
     rejects_written: int = 0
 
     def _writer(self, name: str, path: Path, df: pl.DataFrame, compression: str) -> pq.ParquetWriter:
@@ -104,6 +110,8 @@ class _Outputs:
     def write_rows(self, df: pl.DataFrame) -> None:
         self._writer("rows", self.tmp / "rows.parquet", df, _INTERMEDIATE_COMPRESSION)
         self.rows_written += df.height
+        if self.spec.phase.final:
+            self.rows_bytes += int(row_bytes(df).sum())
 
     def write_keys(self, df: pl.DataFrame) -> None:
         self._writer("keys", self.tmp / "keys.parquet", df.with_columns(pl.lit(self.spec.task, pl.Int32).alias("_task")), "zstd")
@@ -119,9 +127,13 @@ class _Outputs:
             (k[0], g) for k, g in df.with_columns(pl.col("split").fill_null("train")).group_by("split", maintain_order=True)
         )
         for split, part in groups.items():
+            if split == "val":
+                self._writer("val", self.tmp / VAL_ROWS, part, _INTERMEDIATE_COMPRESSION)
+                self.val_rows += part.height
+                self.val_bytes += int(row_bytes(part).sum())
+                continue
             if split not in self.shards:
-                out = self.spec.job.output_dir / "shards" / split
-                self.shards[split] = ShardWriter(out, f"part-{self.spec.task:05d}", self.spec.job.output, split=split)
+                self.shards[split] = ShardWriter(self.spec.job.output_dir, f"part-{self.spec.task:05d}", self.spec.job.output, split=split)
             self.shards[split].write(part)
 
     @property
@@ -246,7 +258,7 @@ def _scope(stage: Stage, batch: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFram
 
 
 def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped: list[dict], final: Path) -> dict[str, Any]:
-    for name in ("rows", "keys", "rejects"):
+    for name in ("rows", "keys", "rejects", "val"):
         if getattr(out, name) is not None:
             getattr(out, name).close()
     shards = []
@@ -269,6 +281,8 @@ def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped
         "rejects": rejects,
         "skipped_files": skipped,
         "rows_written": out.rows_written,
+        "rows_bytes": out.rows_bytes,
+        "val": {"rows": out.val_rows, "bytes": out.val_bytes},
     }
     (out.tmp / "stats.json").write_text(json.dumps(result))
     os.replace(out.tmp, final)

@@ -5,7 +5,7 @@ below ``fraction`` of it, or among the ``rows`` smallest hashes of its source (a
 needs a global view, so ``Split`` is a barrier). The choice depends on
 nothing but the id and ``seed``: it is stable across re-runs, across changes to other
 sources, and a smaller held-out set is always a subset of a larger one. The ``split``
-column (``train`` / ``val``) routes rows to ``shards/train`` and ``shards/val``;
+column (``train`` / ``val``) routes rows to ``shards/<format>/train`` and ``shards/<format>/val``;
 ``mix`` and ``order`` pass ``val`` rows through untouched, so every source keeps its own
 held-out set for the trainer's per-source held-out loss.
 """

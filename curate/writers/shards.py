@@ -1,6 +1,8 @@
-"""Shards: the same rows written to Parquet and WebDataset tar, rotated by rows or bytes.
+"""Shards: the same rows written to Parquet and WebDataset tar, rotated by bytes (or rows).
 
-Every file is written under a temporary name and renamed once complete, so a crash never
+Each format goes to its own folder (``curate.writers.layout``). Parquet files get row groups
+of about ``row_group_bytes`` and page statistics (a column index) on every column but the
+text and ``meta``, so readers can prune by ``source``, ``quality`` or ``order``. Every file is written under a temporary name and renamed once complete, so a crash never
 leaves a half-written shard under its final name. Both formats are byte-for-byte
 deterministic for the same rows (fixed tar metadata, no timestamps), which is what lets a
 re-run after a crash reproduce identical shards.
@@ -20,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curate.config import OutputConfig
+from curate.writers.layout import EXTENSIONS, row_bytes, shard_dir
 from curate.writers.tar import TarWriter
 
 
@@ -38,23 +41,27 @@ def safe_keys(df: pl.DataFrame) -> pl.Series:
 class _OpenShard:
     name: str
     rows: int = 0
-    text_bytes: int = 0
+    bytes: int = 0  # uncompressed row bytes (layout.row_bytes)
     sources: Counter = field(default_factory=Counter)
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     parquet: pq.ParquetWriter | None = None
     tar: TarWriter | None = None
+    pending: list[pa.Table] = field(default_factory=list)  # the Parquet row group being filled
+    pending_bytes: int = 0
 
 
 class ShardWriter:
-    """Writes one split's rows as numbered shards in every configured format."""
+    """Writes one split's rows as numbered shards in every configured format under the job folder ``root``."""
 
-    def __init__(self, folder: Path, prefix: str, output: OutputConfig, *, split: str) -> None:
-        self.folder = Path(folder)
+    def __init__(self, root: Path, prefix: str, output: OutputConfig, *, split: str) -> None:
+        self.root = Path(root)
         self.prefix = prefix
         self.output = output
         self.split = split
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folders = {fmt: shard_dir(self.root, fmt, split) for fmt in output.formats}
+        for folder in self.folders.values():
+            folder.mkdir(parents=True, exist_ok=True)
         self._shard: _OpenShard | None = None
         self._index = 0
         self._schema: pa.Schema | None = None
@@ -62,16 +69,16 @@ class ShardWriter:
 
     def write(self, df: pl.DataFrame) -> None:
         """Append rows, starting a new shard whenever the current one is full."""
+        sizes = row_bytes(df)
         while df.height:
             shard = self._shard or self._open()
-            room = self.output.shard_rows - shard.rows
-            if self.output.shard_bytes is not None:
-                lengths = df["text"].str.len_bytes().cum_sum()
-                fits = int((lengths <= self.output.shard_bytes - shard.text_bytes).sum())
-                room = min(room, max(fits, 1 if shard.rows == 0 else 0))
+            room = df.height if self.output.shard_rows is None else self.output.shard_rows - shard.rows
+            fits = int((sizes.cum_sum() <= self.output.shard_bytes - shard.bytes).sum())
+            room = min(room, max(fits, 1 if shard.rows == 0 else 0))
             part, df = df.head(room), df.slice(room)
             if part.height:
-                self._append(shard, part)
+                self._append(shard, part, int(sizes.head(room).sum()))
+                sizes = sizes.slice(room)
             if df.height:
                 self._close()
 
@@ -87,9 +94,9 @@ class ShardWriter:
         self._index += 1
         return self._shard
 
-    def _append(self, shard: _OpenShard, df: pl.DataFrame) -> None:
+    def _append(self, shard: _OpenShard, df: pl.DataFrame, nbytes: int) -> None:
         shard.rows += df.height
-        shard.text_bytes += int(df["text"].str.len_bytes().sum())
+        shard.bytes += nbytes
         shard.sources.update(dict(df["source"].value_counts().iter_rows()))
         for name, dtype in df.schema.items():
             if dtype.is_numeric() and name != "repeat":
@@ -98,34 +105,49 @@ class ShardWriter:
                 shard.counts[name] = shard.counts.get(name, 0) + col.len() - col.null_count()
         if "parquet" in self.output.formats:
             table = df.to_arrow()
-            if shard.parquet is None:
-                self._schema = self._schema or table.schema
-                compression = None if self.output.compression == "none" else self.output.compression
-                shard.parquet = pq.ParquetWriter(self._tmp(shard, "parquet"), self._schema, compression=compression)
-            shard.parquet.write_table(table.cast(self._schema))
+            self._schema = self._schema or table.schema
+            shard.pending.append(table.cast(self._schema))
+            shard.pending_bytes += nbytes
+            if shard.pending_bytes >= self.output.row_group_bytes:
+                self._flush_row_group(shard)
         if "webdataset" in self.output.formats:
             if shard.tar is None:
-                shard.tar = TarWriter(self._tmp(shard, "tar").open("wb"))
+                shard.tar = TarWriter(self._tmp(shard, "webdataset").open("wb"))
             _add_samples(shard.tar, df)
 
-    def _tmp(self, shard: _OpenShard, ext: str) -> Path:
-        return self.folder / f".{shard.name}.{ext}.tmp"
+    def _flush_row_group(self, shard: _OpenShard) -> None:
+        """Write the pending rows as one row group (batches arrive smaller than a good row group)."""
+        if not shard.pending:
+            return
+        assert self._schema is not None
+        if shard.parquet is None:
+            compression = None if self.output.compression == "none" else self.output.compression
+            stats = [n for n in self._schema.names if n not in ("text", "meta")]  # min/max of documents: useless and big
+            shard.parquet = pq.ParquetWriter(self._tmp(shard, "parquet"), self._schema, compression=compression,
+                                             write_statistics=stats, write_page_index=True)
+        table = pa.concat_tables(shard.pending)
+        shard.parquet.write_table(table, row_group_size=max(1, table.num_rows))
+        shard.pending, shard.pending_bytes = [], 0
+
+    def _tmp(self, shard: _OpenShard, fmt: str) -> Path:
+        return self.folders[fmt] / f".{shard.name}.{EXTENSIONS[fmt]}.tmp"
 
     def _close(self) -> None:
         shard, self._shard = self._shard, None
         assert shard is not None
         means = {k: shard.sums[k] / shard.counts[k] for k in shard.sums if shard.counts[k]}
-        for fmt, ext, handle in (("parquet", "parquet", shard.parquet), ("webdataset", "tar", shard.tar)):
+        self._flush_row_group(shard)
+        for fmt, handle in (("parquet", shard.parquet), ("webdataset", shard.tar)):
             if handle is None:
                 continue
             handle.close()
-            tmp, final = self._tmp(shard, ext), self.folder / f"{shard.name}.{ext}"
+            tmp, final = self._tmp(shard, fmt), self.folders[fmt] / f"{shard.name}.{EXTENSIONS[fmt]}"
             with tmp.open("rb") as fh:
                 digest = hashlib.file_digest(fh, "sha256").hexdigest()
             os.replace(tmp, final)
             self.written.append({
                 "split": self.split, "format": fmt, "path": final, "rows": shard.rows,
-                "bytes": final.stat().st_size, "sha256": digest, "sources": dict(sorted(shard.sources.items())),
+                "bytes": final.stat().st_size, "row_bytes": shard.bytes, "sha256": digest, "sources": dict(sorted(shard.sources.items())),
                 "means": means,
             })
 

@@ -61,7 +61,7 @@ def _two_sources(root: Path) -> set[str]:
 
 
 def _kept(job) -> list[str]:
-    return sorted(pl.read_parquet(job.output_dir / "shards" / "train" / "*.parquet")["id"].to_list())
+    return sorted(pl.read_parquet(job.output_dir / "shards" / "parquet" / "train")["id"].to_list())
 
 
 @pytest.mark.slow

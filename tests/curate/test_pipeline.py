@@ -90,7 +90,7 @@ def test_round_trip_read_write_read_gives_same_rows(tmp_path, write_job, fmt):
     body = f"""
 [[inputs]]
 source_field = "source"
-path = "{first.output_dir}/shards/train/*.{ext}"
+path = "{first.output_dir}/shards/{fmt}/train/*.{ext}"
 format = "{fmt}"
 """
     second = load_job(write_job(body, name="second"))

@@ -19,7 +19,7 @@ def curate_job(tmp_path):
     texts = [f"doc {i} " + "ü" * (i % 4) + "y" * (i * 13 % 70) for i in range(40)]
     df = pl.DataFrame({"id": [f"s/{i}.x" for i in range(40)], "source": ["a", "b", "c", "a"] * 10, "text": texts,
                        "meta": ['{"k": 1}'] * 40, "quality": np.linspace(0, 1, 40), "repeat": pl.Series([0] * 39 + [1], dtype=pl.Int32)})
-    writer = ShardWriter(tmp_path / "shards" / "train", "part-00000", OutputConfig(shard_rows=15), split="train")
+    writer = ShardWriter(tmp_path, "part-00000", OutputConfig(shard_rows=15), split="train")
     writer.write(df)
     entries = writer.close()
     for e in entries:

@@ -1,0 +1,59 @@
+"""Validation shards gathered across tasks, so a small validation set is not one tiny file per task.
+
+The final map phase spills each task's validation rows to ``val.parquet`` in its task folder
+(they are few: a fraction of every task). Afterwards consecutive tasks' spills are grouped up
+to ``shard_bytes`` and each group is written as shards by one write task, in task order, so
+the validation shards are the same for the same job whatever the worker count.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import polars as pl
+
+from curate.config import Job
+from curate.writers.layout import group_small_files
+from curate.writers.shards import ShardWriter
+
+VAL_ROWS = "val.parquet"
+
+
+@dataclass(frozen=True, slots=True)
+class ValWriteSpec:
+    """One group of task spills written as validation shards (picklable)."""
+
+    job: Job
+    marker: Path
+    files: tuple[Path, ...]
+    first_task: int
+
+
+def plan_val_writes(job: Job, work: Path, phase_dir: Path, results: list[dict[str, Any]]) -> list[ValWriteSpec]:
+    """Write groups over the final phase's task results (index = task), each within ``shard_bytes``."""
+    sizes = [(r.get("val") or {}).get("bytes", 0) if (r.get("val") or {}).get("rows") else 0 for r in results]
+    return [
+        ValWriteSpec(job, work / "write-val" / f"task-{group[0]:05d}.json",
+                     tuple(phase_dir / f"task-{t:05d}" / VAL_ROWS for t in group), group[0])
+        for group in group_small_files(sizes, job.output.shard_bytes)
+    ]
+
+
+def write_val_group(spec: ValWriteSpec) -> dict[str, Any]:
+    """Stream one group's spilled rows into shards; a marker makes a re-run skip a finished group."""
+    from curate.manifest import write_json_atomic  # the manifest module imports the task module, which imports this
+
+    if spec.marker.exists():
+        return json.loads(spec.marker.read_text())
+    writer = ShardWriter(spec.job.output_dir, f"part-{spec.first_task:05d}", spec.job.output, split="val")
+    for path in spec.files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=spec.job.job.batch_rows):
+            writer.write(pl.from_arrow(batch))
+    shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
+    result = {"task": spec.first_task, "shards": shards}
+    write_json_atomic(spec.marker, result)
+    return result

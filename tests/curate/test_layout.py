@@ -1,0 +1,93 @@
+"""The shard layout: one folder per format and split, sized by bytes, that tools open as a folder."""
+
+from __future__ import annotations
+
+import orjson
+import polars as pl
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from curate.config import OutputConfig
+from curate.pipeline import run_job
+from curate.writers.layout import group_small_files, write_ranges
+from pipelines.jobfile import load_job
+
+JOB = """
+workers = 1
+batch_rows = 16
+
+[[inputs]]
+source = "web"
+path = "{path}"
+
+[[stages]]
+kind = "split"
+val_fraction = 0.1
+
+[output]
+row_group_bytes = 2000
+"""
+
+
+def make_inputs(tmp_path, n_files=4, per_file=50):
+    for f in range(n_files):
+        lines = [orjson.dumps({"id": f"f{f}-{i}", "text": f"document {i} " + "word " * (i % 9), "k": i}) for i in range(per_file)]
+        (tmp_path / f"part{f}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_formats_and_splits_have_their_own_folders_that_tools_open(tmp_path, write_job, nothing_lost):
+    make_inputs(tmp_path)
+    job = load_job(write_job(JOB.format(path=tmp_path / "*.jsonl")))
+    manifest = run_job(job, progress=False)
+    nothing_lost(job.output_dir, {f"f{f}-{i}" for f in range(4) for i in range(50)})
+    shards = job.output_dir / "shards"
+    assert sorted(p.relative_to(shards).parent.as_posix() for p in shards.rglob("part-*")) == sorted(
+        f"{s['format']}/{s['split']}" for s in manifest["shards"])
+    train, val = shards / "parquet" / "train", shards / "parquet" / "val"
+    n_train = sum(s["rows"] for s in manifest["shards"] if s["split"] == "train" and s["format"] == "parquet")
+    n_val = sum(s["rows"] for s in manifest["shards"] if s["split"] == "val" and s["format"] == "parquet")
+    assert n_train + n_val == 200 and n_val > 0
+    assert pl.scan_parquet(train).select(pl.len()).collect().item() == n_train
+    assert ds.dataset(val, format="parquet").count_rows() == n_val
+    assert {p.suffix for p in (shards / "webdataset" / "train").iterdir()} == {".tar"}
+    # four tasks' few validation rows are one shard per format, not four tiny ones
+    assert [s["format"] for s in manifest["shards"] if s["split"] == "val"] == ["parquet", "webdataset"]
+
+
+def test_parquet_row_groups_follow_row_group_bytes_and_carry_page_statistics(tmp_path, write_job):
+    make_inputs(tmp_path, n_files=1, per_file=200)
+    job = load_job(write_job(JOB.format(path=tmp_path / "*.jsonl")))
+    manifest = run_job(job, progress=False)
+    entry = next(s for s in manifest["shards"] if s["split"] == "train" and s["format"] == "parquet")
+    meta = pq.ParquetFile(job.output_dir / entry["path"]).metadata
+    assert meta.num_row_groups > 1  # ~2000 bytes each, not one per 16-row batch nor one per file
+    assert meta.num_row_groups < entry["rows"] / 16
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    group = meta.row_group(0)
+    stats = {n: group.column(i).is_stats_set for i, n in enumerate(names)}
+    assert stats["source"] and stats["id"] and not stats["text"] and not stats["meta"]
+    assert group.column(names.index("source")).has_column_index  # page statistics, for page pruning
+
+
+def test_shard_bytes_rotates_shards(tmp_path, write_job):
+    make_inputs(tmp_path, n_files=1, per_file=200)
+    body = JOB.format(path=tmp_path / "*.jsonl").replace("row_group_bytes = 2000", "shard_bytes = 3000")
+    job = load_job(write_job(body))
+    manifest = run_job(job, progress=False)
+    train = [s for s in manifest["shards"] if s["split"] == "train" and s["format"] == "parquet"]
+    assert len(train) > 2
+    assert all(s["row_bytes"] <= 3000 for s in train)
+    assert all(s["row_bytes"] > 3000 - 200 for s in train[:-1])  # full up to the last row that fits
+
+
+def test_write_ranges_cover_every_rank_once():
+    out = OutputConfig(shard_bytes=100)
+    assert write_ranges(10, 50, 4, out) == [(0, 10)]  # one shard's worth: one write task, one file
+    assert write_ranges(10, 1000, 4, out) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert write_ranges(10, 50, 4, OutputConfig(shard_rows=4)) == [(0, 4), (4, 8), (8, 10)]
+    assert write_ranges(0, 0, 4, out) == []
+
+
+def test_small_files_are_grouped_up_to_the_target():
+    assert group_small_files([10, 0, 10, 10, 30, 5], 25) == [[0, 2], [3], [4], [5]]
+    assert group_small_files([0, 0], 25) == []
