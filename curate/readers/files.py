@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass
 from typing import IO
@@ -53,10 +54,13 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
             paths = [p for p in fs.find(path) if exts is None or p.endswith(exts)]
         elif fs.exists(path):
             root, paths = posixpath.dirname(path), [path]
+        elif prefix == "" and os.path.islink(path):
+            raise InputError(f"input {cfg.label}: {pattern!r} is a symbolic link to nothing or into a loop "
+                             f"({os.readlink(path)!r}); point the path at the real file")
         else:
             raise InputError(f"input {cfg.label}: {pattern!r} does not exist; check the path (relative paths are from the current folder)")
         for p in sorted(paths):
-            info = fs.info(p)
+            info = _info(fs, p, cfg)
             if info.get("type") == "directory":
                 info["size"] = sum(fs.du(p, total=False).values()) if cfg.format == "hf" else 0
             rel = printable(posixpath.relpath(p, root) if root else p)  # ids and rejects need valid UTF-8
@@ -66,6 +70,20 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
     if not found:
         raise InputError(f"input {cfg.label}: {cfg.paths} matched no files; check the path and the format ({cfg.format})")
     return list(found.values())
+
+
+def _info(fs, path: str, cfg: InputConfig) -> dict:
+    """``fs.info(path)`` for a file a reader can stream, or an error saying what the entry is instead."""
+    try:
+        info = fs.info(path)
+    except OSError as err:  # ELOOP, EACCES, a link that points nowhere, found through a glob or a folder
+        raise InputError(f"input {cfg.label}: cannot read {printable(path)!r}: {err.strerror or err}; "
+                         f"fix or remove it, or narrow the input's path") from err
+    if info.get("type") not in ("file", "directory"):
+        # A FIFO or a device would block or never end; only regular files are inputs.
+        raise InputError(f"input {cfg.label}: {printable(path)!r} is not a regular file (type {info.get('type')!r}); "
+                         f"remove it from the input's folder or narrow the input's path")
+    return info
 
 
 def open_binary(url: str, storage_options: dict, *, decompress: bool = True) -> IO[bytes]:

@@ -25,6 +25,7 @@ from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
 from curate.readers.utf8 import first_bad_byte, valid_utf8
 
 CHUNK_BYTES = 4 << 20
+_BOM = b"\xef\xbb\xbf"
 
 
 class _Truncated(Exception):
@@ -68,6 +69,9 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[R
         try:
             for chunk in _decompressed_chunks(file.url, fh):
                 data = tail + chunk
+                if offset == 0 and line_no == 0 and data.startswith(_BOM):
+                    # Windows tools start files with one; Arrow skips it but orjson refuses the line.
+                    data, offset = data[len(_BOM):], len(_BOM)
                 cut = data.rfind(b"\n") + 1
                 complete, tail = data[:cut], data[cut:]
                 fast = _read_columnar(cfg, file, complete, line_no) if complete else None
