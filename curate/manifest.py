@@ -22,7 +22,7 @@ from curate.stages import Stage
 from curate.stats import StageStats, merge_stats
 from curate.tasks import READ_STAGE_ID
 
-FORMAT_VERSION = 1  # of manifest.json and the shard layout: bump it when either changes
+FORMAT_VERSION = 2  # 2: shards/<format>/<split>/ folders, row_bytes; of manifest.json and the shard layout: bump it when either changes
 _PACKAGES = ("winnow", "polars", "pyarrow", "numpy", "numba", "orjson", "datasketch", "webdataset", "datasets", "fsspec")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import polars as pl
 from tqdm.auto import tqdm
 
+from curate.card import remove_card, write_card
 from curate.config import Job
 from curate.errors import OutputError, StageError
 from curate.executors import Executor
@@ -99,6 +100,7 @@ class Runner:
             seconds=time.perf_counter() - t0,
         )
         write_json_atomic(self.out / "manifest.json", manifest)
+        write_card(self.out, manifest)
         if not self.job.job.keep_work:
             shutil.rmtree(self.work, ignore_errors=True)
         return manifest
@@ -113,6 +115,7 @@ class Runner:
             return
         if (self.out / "manifest.json").exists() or marker.exists():
             log.info("clearing previous outputs in %s", self.out)
+        remove_card(self.out)
         for name in ("_work", "shards", "rejects", "artifacts", "manifest.json"):
             path = self.out / name
             if path.is_dir():

@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nshards:   {Path(job.job.output) / 'shards'}")
     print(f"rejects:  {Path(job.job.output) / 'rejects'}")
     print(f"manifest: {Path(job.job.output) / 'manifest.json'}")
+    if (Path(job.job.output) / "README.md").is_file():
+        print(f"card:     {Path(job.job.output) / 'README.md'} (dataset card: sources, stages, features)")
     return 0
 
 

@@ -91,3 +91,36 @@ def test_write_ranges_cover_every_rank_once():
 def test_small_files_are_grouped_up_to_the_target():
     assert group_small_files([10, 0, 10, 10, 30, 5], 25) == [[0, 2], [3], [4], [5]]
     assert group_small_files([0, 0], 25) == []
+
+
+def test_dataset_card_lists_sources_stages_and_typed_features(tmp_path, write_job):
+    import datasets
+    import yaml
+
+    make_inputs(tmp_path)
+    job = load_job(write_job(JOB.format(path=tmp_path / "*.jsonl").replace("[output]", '[[stages]]\nkind = "filter.length"\nmin_words = 3\n\n[output]')))
+    manifest = run_job(job, progress=False)
+    card = (job.output_dir / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert header["configs"][0]["data_files"] == [{"split": "train", "path": "shards/parquet/train/*.parquet"},
+                                                 {"split": "validation", "path": "shards/parquet/val/*.parquet"}]
+    features = {f["name"]: f["dtype"] for f in header["dataset_info"]["features"]}
+    assert features == {"id": "string", "source": "string", "text": "string", "meta": "string", "split": "string"}
+    sizes = {s["name"]: s["num_examples"] for s in header["dataset_info"]["splits"]}
+    assert sizes["train"] + sizes["validation"] == manifest["totals"]["rows_written"]
+    rejected = manifest["stages"][2]["rows_rejected"]
+    assert rejected > 0 and f"| `02.filter.length` | {manifest['stages'][2]['rows_in']} |" in card
+    assert "`filter:length_min_words`" in card and "| web | jsonl | 4 | 200 |" in card
+    # the card's header is what `datasets` reads to load the folder (as the Hub does)
+    loaded = datasets.load_dataset(str(job.output_dir))
+    assert loaded["train"].num_rows == sizes["train"] and loaded["validation"].num_rows == sizes["validation"]
+
+
+def test_a_readme_winnow_did_not_write_is_left_alone(tmp_path, write_job):
+    make_inputs(tmp_path, n_files=1)
+    path = write_job(JOB.format(path=tmp_path / "*.jsonl"))
+    job = load_job(path)
+    job.output_dir.mkdir(parents=True)
+    (job.output_dir / "README.md").write_text("my notes")
+    run_job(job, progress=False)
+    assert (job.output_dir / "README.md").read_text() == "my notes"
