@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import json
-import os
 import platform
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from curate.config import Job
@@ -24,15 +20,6 @@ from curate.tasks import READ_STAGE_ID
 
 FORMAT_VERSION = 2  # 2: shards/<format>/<split>/ folders, row_bytes; of manifest.json and the shard layout: bump it when either changes
 _PACKAGES = ("winnow", "polars", "pyarrow", "numpy", "numba", "orjson", "datasketch", "webdataset", "datasets", "fsspec")
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON under a temporary name in the same folder, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, default=str)
-    os.replace(tmp, path)
 
 
 def package_versions(names: tuple[str, ...] = _PACKAGES) -> dict[str, str]:

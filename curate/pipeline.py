@@ -31,13 +31,14 @@ from curate.card import remove_card, write_card
 from curate.config import Job
 from curate.errors import OutputError, StageError
 from curate.executors import Executor
-from curate.manifest import build_manifest, write_json_atomic
+from curate.atomic import write_json_atomic, write_text_atomic
+from curate.manifest import build_manifest
+from curate.ordered import plan_writes, write_range
 from curate.readers import plan_read_tasks
 from curate.stages import Barrier, stage_class
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
+from curate.workdir import WorkDir
 from curate.writers.gather import plan_val_writes, write_val_group
-from curate.writers.layout import write_ranges
-from curate.writers.shards import ShardWriter
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,10 @@ class Runner:
         job = dataclasses.replace(job, job=dataclasses.replace(job.job, output=str(Path(job.job.output).resolve())))
         self.job = job
         self.out = job.output_dir
-        self.work = self.out / "_work"
+        self.work = WorkDir(self.out / "_work")
         self.progress = progress
         self.phases = plan_phases(job)
-        self.ordered = any(s.kind == "order" for s in job.stages)
+        self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
         self.stages = build_stages(job, self.work)
         self.plan_seconds: dict[str, float] = {}
 
@@ -102,16 +103,16 @@ class Runner:
         write_json_atomic(self.out / "manifest.json", manifest)
         write_card(self.out, manifest)
         if not self.job.job.keep_work:
-            shutil.rmtree(self.work, ignore_errors=True)
+            shutil.rmtree(self.work.root, ignore_errors=True)
         return manifest
 
     # -- set-up ---------------------------------------------------------------------------
     def _prepare(self) -> None:
         """Resume the same job's unfinished work; otherwise start from a clean output folder."""
         fingerprint = job_fingerprint(self.job)
-        marker = self.work / "fingerprint"
+        marker = self.work.fingerprint
         if marker.exists() and marker.read_text() == fingerprint:
-            log.info("resuming: finished tasks in %s are kept", self.work)
+            log.info("resuming: finished tasks in %s are kept", self.work.root)
             return
         if (self.out / "manifest.json").exists() or marker.exists():
             log.info("clearing previous outputs in %s", self.out)
@@ -122,24 +123,23 @@ class Runner:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-        self.work.mkdir(parents=True)
-        marker.write_text(fingerprint)
+        self.work.root.mkdir(parents=True)
+        write_text_atomic(marker, fingerprint)
 
     def _task_spec(self, phase: PhaseSpec, task: int, read_tasks: list) -> TaskSpec:
-        prev = self.work / f"phase-{phase.index - 1}" / f"task-{task:05d}"
         decision = None
         if phase.apply is not None:
-            decision = self.stages[phase.apply].ctx.plan_dir / "decision" / f"task-{task:05d}.parquet"
+            decision = self.work.decision(self.stages[phase.apply].ctx.stage_id, task)
         return TaskSpec(
-            job=self.job, phase=phase, task=task, work_dir=self.work, ordered=self.ordered,
+            job=self.job, phase=phase, task=task, work=self.work, ordered=self.ordered,
             read=read_tasks[task] if phase.index == 0 else None,
-            rows_path=prev / "rows.parquet" if phase.index > 0 else None,
+            rows_path=self.work.task(phase.index - 1, task) / "rows.parquet" if phase.index > 0 else None,
             decision_path=decision,
         )
 
     # -- phases ---------------------------------------------------------------------------
     def _run_phase(self, phase: PhaseSpec, specs: list[TaskSpec]) -> list[dict]:
-        names = [self.stages[i].ctx.stage_id for i in ([phase.apply] if phase.apply is not None else []) + list(phase.stages)]
+        names = [self.stages[i].ctx.stage_id for i in phase.chain]
         if phase.index == 0:
             names.insert(0, "read")
         if phase.collect is not None:
@@ -161,30 +161,31 @@ class Runner:
     def _plan(self, phase: PhaseSpec, n_tasks: int) -> None:
         """A barrier's global step: plan over every task's keys, split the decision per task."""
         stage = self.stages[phase.collect]
-        plan_dir = stage.ctx.plan_dir
-        if (plan_dir / "_SUCCESS").exists():
+        sid = stage.ctx.stage_id
+        plan_dir = self.work.plan(sid)
+        if self.work.plan_done(sid):
             return
         t0 = time.perf_counter()
         shutil.rmtree(plan_dir, ignore_errors=True)
         plan_dir.mkdir(parents=True)
-        key_files = sorted(str(p) for p in (self.work / f"phase-{phase.index}").glob("task-*/keys.parquet"))
+        key_files = self.work.task_files(phase.index, "keys.parquet")
         keys = pl.scan_parquet(key_files) if key_files else pl.LazyFrame(schema={"id": pl.String, "_task": pl.Int32})
-        log.info("planning %s over %d key file(s)", stage.ctx.stage_id, len(key_files))
+        log.info("planning %s over %d key file(s)", sid, len(key_files))
         plan = stage.plan(keys)  # type: ignore[attr-defined]
         if plan.decision is not None:
             if "_task" not in plan.decision.columns:
-                raise StageError(f"stage {stage.ctx.stage_id}: the plan's decision must keep the _task column")
-            folder = plan_dir / "decision"
-            folder.mkdir()
+                raise StageError(f"stage {sid}: the plan's decision must keep the _task column")
             parts = {k[0]: g for k, g in plan.decision.group_by("_task")}
             empty = plan.decision.clear().drop("_task")
             for t in range(n_tasks):
                 part = parts.get(t)
-                (part.drop("_task") if part is not None else empty).write_parquet(folder / f"task-{t:05d}.parquet")
+                path = self.work.decision(sid, t)
+                path.parent.mkdir(exist_ok=True)
+                (part.drop("_task") if part is not None else empty).write_parquet(path)
         write_json_atomic(plan_dir / "report.json", plan.report)
-        self.plan_seconds[stage.ctx.stage_id] = time.perf_counter() - t0
-        write_json_atomic(plan_dir / "seconds.json", {"seconds": self.plan_seconds[stage.ctx.stage_id]})
-        (plan_dir / "_SUCCESS").touch()
+        self.plan_seconds[sid] = time.perf_counter() - t0
+        write_json_atomic(plan_dir / "seconds.json", {"seconds": self.plan_seconds[sid]})
+        self.work.mark_plan_done(sid)
 
     def _report(self, stage: Barrier) -> dict[str, Any]:
         path = stage.ctx.plan_dir / "report.json"
@@ -195,17 +196,11 @@ class Runner:
 
     # -- ordered output -------------------------------------------------------------------
     def _write_ordered(self, final_results: list[dict]) -> list[dict]:
-        """Write train shards in ``order``: each write task takes a contiguous range of ranks."""
-        sorted_files = sorted(str(p) for p in (self.work / f"phase-{self.phases[-1].index}").glob("task-*/sorted.parquet"))
-        total = sum(r["rows_written"] for r in final_results)
-        total_bytes = sum(r.get("rows_bytes", 0) for r in final_results)
-        ranges = write_ranges(total, total_bytes, len(final_results), self.job.output)
-        specs = [_WriteSpec(self.job, self.work, sorted_files, w, lo, hi, total) for w, (lo, hi) in enumerate(ranges)]
-        if not specs:
-            return []
+        """Write train shards in rank order (``curate.ordered``), one write task per range of shards."""
+        specs = plan_writes(self.job, self.work, self.phases[-1].index, final_results)
         out = []
         bar = tqdm(total=len(specs), desc="write ordered shards", unit="task", disable=not self.progress, leave=False)
-        for result in self.executor.run(_write_range, specs):
+        for result in self.executor.run(write_range, specs):
             out.append(result)
             bar.update(1)
         bar.close()
@@ -213,39 +208,8 @@ class Runner:
 
     def _write_val(self, final_results: list[dict]) -> list[dict]:
         """Validation rows of every task, gathered into shards of about ``shard_bytes``."""
-        specs = plan_val_writes(self.job, self.work, self.work / f"phase-{self.phases[-1].index}", final_results)
+        specs = plan_val_writes(self.job, self.work, self.phases[-1].index, final_results)
         return sorted(self.executor.run(write_val_group, specs), key=lambda r: r["task"])
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _WriteSpec:
-    job: Job
-    work: Path
-    files: list[str]
-    task: int
-    lo: int
-    hi: int
-    total: int
-
-
-def _write_range(spec: _WriteSpec) -> dict[str, Any]:
-    """One write task of ordered output: rows with lo <= order < hi, sorted, as shards."""
-    marker = spec.work / "write" / f"task-{spec.task:05d}.json"
-    if marker.exists():
-        return json.loads(marker.read_text())
-    df = pl.scan_parquet(spec.files).filter(pl.col("order").is_between(spec.lo, spec.hi, closed="left")).collect()
-    df = df.sort("order")
-    if df.height != spec.hi - spec.lo or (df.height and (df["order"][0] != spec.lo or df["order"][-1] != spec.hi - 1)):
-        raise StageError(
-            f"the order column must be a rank 0..{spec.total - 1} without gaps or ties; ranks {spec.lo}..{spec.hi - 1} "
-            f"hold {df.height} rows"
-        )
-    writer = ShardWriter(spec.job.output_dir, f"part-{spec.task:05d}", spec.job.output, split="train")
-    writer.write(df)
-    shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
-    result = {"task": spec.task, "shards": shards}
-    write_json_atomic(marker, result)
-    return result
 
 
 def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:

@@ -10,8 +10,6 @@ re-run skips the task, and a crashed task leaves nothing half-written under a fi
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,18 +19,20 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
+from curate.atomic import rename_into_place, write_json_atomic
 from curate.config import Job
 from curate.errors import InputError, StageError
+from curate.ordered import sort_task_rows
 from curate.readers import ReadTask, read_task
 from curate.schema import CORE_COLUMNS, validate_rows
 from curate.stages import Stage, StageContext, stage_class
 from curate.stats import StageStats
+from curate.workdir import WorkDir, fresh_tmp, reject_name
 from curate.writers.gather import VAL_ROWS
 from curate.writers.layout import row_bytes
 from curate.writers.shards import ShardWriter
 
 READ_STAGE_ID = "00.read"
-REJECT_COLUMNS = (*CORE_COLUMNS, "reason", "duplicate_of", "stage", "extra")
 _INTERMEDIATE_COMPRESSION = "lz4"
 
 
@@ -46,6 +46,11 @@ class PhaseSpec:
     collect: int | None
     final: bool
 
+    @property
+    def chain(self) -> tuple[int, ...]:
+        """The stages a task applies to each batch, in order: the barrier's apply, then the row-local ones."""
+        return ((self.apply,) if self.apply is not None else ()) + self.stages
+
 
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
@@ -54,7 +59,7 @@ class TaskSpec:
     job: Job
     phase: PhaseSpec
     task: int
-    work_dir: Path
+    work: WorkDir
     ordered: bool  # final rows carry an ``order`` column: train rows are sorted, not sharded, here
     read: ReadTask | None = None  # phase 0
     rows_path: Path | None = None  # later phases: the previous phase's rows
@@ -62,20 +67,20 @@ class TaskSpec:
 
     @property
     def folder(self) -> Path:
-        return self.work_dir / f"phase-{self.phase.index}" / f"task-{self.task:05d}"
+        return self.work.task(self.phase.index, self.task)
 
 
 def stage_id(index: int, kind: str) -> str:
     return f"{index + 1:02d}.{kind}"
 
 
-def build_stages(job: Job, work_dir: Path) -> list[Stage]:
+def build_stages(job: Job, work: WorkDir) -> list[Stage]:
     """Instantiate the job's stages with their contexts."""
     stages = []
     for i, spec in enumerate(job.stages):
         sid = stage_id(i, spec.kind)
         ctx = StageContext(stage_id=sid, job_name=job.job.name, output_dir=job.output_dir,
-                           plan_dir=work_dir / "plans" / sid, sources=job.declared_sources, seed=job.job.seed)
+                           plan_dir=work.plan(sid), sources=job.declared_sources, seed=job.job.seed)
         stages.append(stage_class(spec.kind)(spec.config, ctx))
     return stages
 
@@ -138,7 +143,7 @@ class _Outputs:
 
     @property
     def reject_name(self) -> str:
-        return f"p{self.spec.phase.index}-t{self.spec.task:05d}.parquet"
+        return reject_name(self.spec.phase.index, self.spec.task)
 
     @property
     def reject_tmp(self) -> Path:
@@ -180,13 +185,10 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
     final = spec.folder
     if final.exists():
         return json.loads((final / "stats.json").read_text())
-    tmp = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    stages = build_stages(spec.job, spec.work_dir)
+    tmp = fresh_tmp(final)
+    stages = build_stages(spec.job, spec.work)
     phase = spec.phase
     decision = pl.read_parquet(spec.decision_path) if spec.decision_path and spec.decision_path.exists() else None
-    chain = ([phase.apply] if phase.apply is not None else []) + list(phase.stages)
     stats: dict[str, StageStats] = {}
     skipped: list[dict] = []
     out = _Outputs(spec, tmp)
@@ -196,7 +198,7 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
             read.add_batch(pl.concat([rows.select("source"), read_rejects.select("source")]), rows, read_rejects, 0)
             out.write_rejects(read_rejects, READ_STAGE_ID)
         batch = rows
-        for i in chain:
+        for i in phase.chain:
             if not batch.height:
                 break
             batch = _apply(stages[i], batch, decision if i == phase.apply else None, i == phase.apply, stats, out)
@@ -265,15 +267,10 @@ def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped
     for split in sorted(out.shards):
         shards.extend(out.shards[split].close())
     if out.rows is not None and spec.phase.final:
-        # Ordered output: sort this task's train rows by ``order`` so the write phase can read
-        # each shard's range with row-group pruning instead of scanning every task's rows.
-        unsorted = out.tmp / "rows.parquet"
-        pl.scan_parquet(unsorted).sort("order").sink_parquet(out.tmp / "sorted.parquet", row_group_size=4096,
-                                                              compression=_INTERMEDIATE_COMPRESSION)
-        unsorted.unlink()
+        sort_task_rows(out.tmp / "rows.parquet", _INTERMEDIATE_COMPRESSION)  # ordered output (curate.ordered)
     rejects = []
     if out.rejects is not None:
-        os.replace(out.reject_tmp, out.reject_tmp.with_name(out.reject_name))
+        rename_into_place(out.reject_tmp, out.reject_tmp.with_name(out.reject_name))
         rejects.append({"path": f"rejects/{out.reject_name}", "rows": out.rejects_written})
     result = {
         "stats": {k: v.to_json() for k, v in stats.items()},
@@ -284,6 +281,6 @@ def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped
         "rows_bytes": out.rows_bytes,
         "val": {"rows": out.val_rows, "bytes": out.val_bytes},
     }
-    (out.tmp / "stats.json").write_text(json.dumps(result))
-    os.replace(out.tmp, final)
+    write_json_atomic(out.tmp / "stats.json", result, indent=None)
+    rename_into_place(out.tmp, final)
     return result

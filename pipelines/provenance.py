@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import logging
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import fsspec
 
+from curate.atomic import write_json_atomic
 from curate.errors import InputError
 from curate.manifest import package_versions
 
@@ -72,8 +72,6 @@ def write_provenance(run_dir: str | Path, *, job_file: str | Path | None, data: 
     if record["job_file"] is not None:
         (run_dir / "job.toml").write_text(record["job_file"]["text"], encoding="utf-8")
     target = run_dir / FILE
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    tmp.replace(target)
+    write_json_atomic(target, record)
     log.info("provenance written to %s", target)
     return target

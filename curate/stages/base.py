@@ -87,6 +87,9 @@ class Stage(ABC):
     Config: ClassVar[type[StageConfig]] = StageConfig
     #: Every reason this stage may give, in full (``"filter:gopher_mean_word_length"``).
     reasons: ClassVar[tuple[str, ...]] = ()
+    #: Whether this stage ranks the train rows (an ``order`` column, 0..N-1): the runner then
+    #: writes train shards in that rank (``curate.ordered``) instead of per task.
+    orders_output: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, ctx: StageContext) -> None:
         self.config = config

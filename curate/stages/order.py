@@ -76,6 +76,7 @@ class Order(Barrier):
     """Ranks the training rows into a curriculum; the runner writes train shards in that order."""
 
     kind = "order"
+    orders_output = True
     Config = OrderConfig
     reasons = ()
     config: OrderConfig

@@ -16,7 +16,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import polars as pl
 
+from curate.atomic import write_json_atomic
 from curate.config import Job
+from curate.workdir import WorkDir
 from curate.writers.layout import group_small_files
 from curate.writers.shards import ShardWriter
 
@@ -33,20 +35,18 @@ class ValWriteSpec:
     first_task: int
 
 
-def plan_val_writes(job: Job, work: Path, phase_dir: Path, results: list[dict[str, Any]]) -> list[ValWriteSpec]:
+def plan_val_writes(job: Job, work: WorkDir, final_phase: int, results: list[dict[str, Any]]) -> list[ValWriteSpec]:
     """Write groups over the final phase's task results (index = task), each within ``shard_bytes``."""
     sizes = [(r.get("val") or {}).get("bytes", 0) if (r.get("val") or {}).get("rows") else 0 for r in results]
     return [
-        ValWriteSpec(job, work / "write-val" / f"task-{group[0]:05d}.json",
-                     tuple(phase_dir / f"task-{t:05d}" / VAL_ROWS for t in group), group[0])
+        ValWriteSpec(job, work.val_write_marker(group[0]),
+                     tuple(work.task(final_phase, t) / VAL_ROWS for t in group), group[0])
         for group in group_small_files(sizes, job.output.shard_bytes)
     ]
 
 
 def write_val_group(spec: ValWriteSpec) -> dict[str, Any]:
     """Stream one group's spilled rows into shards; a marker makes a re-run skip a finished group."""
-    from curate.manifest import write_json_atomic  # the manifest module imports the task module, which imports this
-
     if spec.marker.exists():
         return json.loads(spec.marker.read_text())
     writer = ShardWriter(spec.job.output_dir, f"part-{spec.first_task:05d}", spec.job.output, split="val")

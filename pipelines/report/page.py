@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from curate.atomic import write_text_atomic
 from curate.errors import InputError
 from pipelines.ablate.layout import Study, load_study
 from pipelines.report import plots
@@ -190,9 +191,6 @@ def write_report(path: str | Path, *, output: str | Path | None = None,
     """Write ``report.html`` for the job and/or run in folder ``path``; returns where it went."""
     job, run, study = locate(path)
     target = Path(output) if output is not None else Path(path) / "report.html"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(render(job, run, study, diagnose_cfg=diagnose_cfg), encoding="utf-8")
-    tmp.replace(target)  # a reader never sees half a page
+    write_text_atomic(target, render(job, run, study, diagnose_cfg=diagnose_cfg))  # a reader never sees half a page
     log.info("report written to %s", target)
     return target

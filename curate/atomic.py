@@ -1,0 +1,75 @@
+"""Atomic writes: a file another process reads, or whose presence marks work done, is never half-written.
+
+Each helper writes under a temporary name in the target's own folder (so the rename stays
+on one file system), flushes the data to disk (``fsync``), and renames it into place; a
+crash leaves either the old file, no file, or a ``.<name>.*.tmp`` that nothing reads.
+
+This module is the one implementation for ``curate`` and ``pipelines`` (which may import
+``curate``). ``train`` may not import ``curate``; it renames whole folders into place instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder, fsync'd, then renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a published file gets the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``write_bytes_atomic`` for UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 1) -> None:
+    """``write_bytes_atomic`` for a JSON document (``default=str`` for paths and the like)."""
+    write_text_atomic(path, json.dumps(data, indent=indent, default=str))
+
+
+def rename_into_place(tmp: Path, final: Path) -> None:
+    """Publish a finished temporary file or folder under its final name (same folder), durably."""
+    os.replace(tmp, final)
+    _fsync_dir(Path(final).parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename itself is durable only once the folder's entry is on disk; not every OS
+    # (or file system) lets a folder be opened for fsync, and then there is nothing to do.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; read once, at import, before any thread starts
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()

@@ -1,0 +1,78 @@
+"""Ordered output: train shards written in the rank a stage gave each row (its ``order`` column).
+
+A stage whose class sets ``orders_output`` (``order``) ranks the train rows 0..N-1 without
+gaps. The final map phase then does not write train shards itself: each task sorts its own
+train rows by rank (``sort_task_rows``), and a write phase gives each write task a contiguous
+range of ranks (``plan_writes``), which it reads from every task's sorted file with row-group
+pruning (``write_range``) — so shards follow the curriculum and no process holds the whole job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from curate.atomic import write_json_atomic
+from curate.config import Job
+from curate.errors import StageError
+from curate.workdir import WorkDir
+from curate.writers.layout import write_ranges
+from curate.writers.shards import ShardWriter
+
+ORDER_COLUMN = "order"
+SORTED_ROWS = "sorted.parquet"
+_SORTED_ROW_GROUP = 4096  # small groups: a write task's range prunes most of every file
+
+
+def sort_task_rows(unsorted: Path, compression: str) -> None:
+    """Replace a task's rows file by ``sorted.parquet`` beside it, sorted by rank (streaming)."""
+    pl.scan_parquet(unsorted).sort(ORDER_COLUMN).sink_parquet(
+        unsorted.with_name(SORTED_ROWS), row_group_size=_SORTED_ROW_GROUP, compression=compression)
+    unsorted.unlink()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriteSpec:
+    """One write task: the rows ranked ``lo <= order < hi`` of ``files``, as train shards."""
+
+    job: Job
+    work: WorkDir
+    files: list[str]
+    task: int
+    lo: int
+    hi: int
+    total: int
+
+
+def plan_writes(job: Job, work: WorkDir, final_phase: int, final_results: list[dict]) -> list[WriteSpec]:
+    """Contiguous rank ranges of whole shards (``writers.layout.write_ranges``), one write task each."""
+    files = work.task_files(final_phase, SORTED_ROWS)
+    total = sum(r["rows_written"] for r in final_results)
+    total_bytes = sum(r.get("rows_bytes", 0) for r in final_results)
+    ranges = write_ranges(total, total_bytes, len(final_results), job.output)
+    return [WriteSpec(job, work, files, w, lo, hi, total) for w, (lo, hi) in enumerate(ranges)]
+
+
+def write_range(spec: WriteSpec) -> dict[str, Any]:
+    """Run one write task (or return its result if its marker is in place)."""
+    marker = spec.work.write_marker(spec.task)
+    if marker.exists():
+        return json.loads(marker.read_text())
+    in_range = pl.col(ORDER_COLUMN).is_between(spec.lo, spec.hi, closed="left")
+    df = pl.scan_parquet(spec.files).filter(in_range).collect().sort(ORDER_COLUMN)
+    ranks = df[ORDER_COLUMN]
+    if df.height != spec.hi - spec.lo or (df.height and (ranks[0] != spec.lo or ranks[-1] != spec.hi - 1)):
+        raise StageError(
+            f"the order column must be a rank 0..{spec.total - 1} without gaps or ties; ranks {spec.lo}..{spec.hi - 1} "
+            f"hold {df.height} rows"
+        )
+    writer = ShardWriter(spec.job.output_dir, f"part-{spec.task:05d}", spec.job.output, split="train")
+    writer.write(df)
+    shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
+    result = {"task": spec.task, "shards": shards}
+    write_json_atomic(marker, result)
+    return result

@@ -1,0 +1,62 @@
+"""Atomic writes and the work-folder layout: nothing half-written under a final name."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from curate.atomic import rename_into_place, write_json_atomic, write_text_atomic
+from curate.workdir import WorkDir, fresh_tmp
+
+
+def test_json_lands_whole_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "sub" / "result.json"
+    write_json_atomic(target, {"a": 1, "path": tmp_path})
+    assert json.loads(target.read_text()) == {"a": 1, "path": str(tmp_path)}
+    assert os.listdir(target.parent) == ["result.json"]
+
+
+def test_failed_write_keeps_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "manifest.json"
+    write_json_atomic(target, {"v": 1})
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        write_json_atomic(target, {"v": 2})
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert os.listdir(tmp_path) == ["manifest.json"]
+
+
+def test_published_file_gets_the_umask_mode_not_mkstemps_0600(tmp_path):
+    write_text_atomic(tmp_path / "page.html", "<p>")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "page.html").stat().st_mode) == 0o666 & ~mask
+
+
+def test_task_folder_counts_only_once_renamed_into_place(tmp_path):
+    work = WorkDir(tmp_path / "_work")
+    final = work.task(0, 3)
+    assert final == tmp_path / "_work" / "phase-0" / "task-00003"
+    tmp = fresh_tmp(final)
+    (tmp / "rows.parquet").write_bytes(b"x")
+    assert work.task_files(0, "rows.parquet") == []  # a temporary folder is not a finished task
+    assert fresh_tmp(final) == tmp and not any(tmp.iterdir())  # a crashed attempt's left-overs are cleared
+    (tmp / "rows.parquet").write_bytes(b"x")
+    rename_into_place(tmp, final)
+    assert work.task_files(0, "rows.parquet") == [str(final / "rows.parquet")]
+
+
+def test_plan_marker_and_decision_paths(tmp_path):
+    work = WorkDir(tmp_path)
+    assert not work.plan_done("02.dedup.exact")
+    work.plan("02.dedup.exact").mkdir(parents=True)
+    work.mark_plan_done("02.dedup.exact")
+    assert work.plan_done("02.dedup.exact")
+    assert work.decision("02.dedup.exact", 7) == tmp_path / "plans" / "02.dedup.exact" / "decision" / "task-00007.parquet"
