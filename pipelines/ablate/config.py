@@ -7,21 +7,26 @@ from typing import Literal
 
 from curate.errors import ConfigError
 
-KINDS = ("leave_one_out", "weights", "mixes")
+KINDS = ("leave_one_out", "weights", "mixes", "random_mixes")
 
 
 @dataclass(kw_only=True, slots=True)
 class AblateConfig:
     """The ``[ablate]`` table: which variants of the mix to train and how."""
 
-    kind: Literal["leave_one_out", "weights", "mixes"] = "leave_one_out"
+    kind: Literal["leave_one_out", "weights", "mixes", "random_mixes"] = "leave_one_out"
     sources: list[str] = field(default_factory=list)  # leave_one_out / weights: sources to vary; [] = all
     factors: list[float] = field(default_factory=lambda: [0.5, 2.0])  # weights: multipliers of a source's weight
     mixes: dict[str, dict[str, float]] = field(default_factory=dict)  # mixes: variant name -> {source: weight}
+    n_mixes: int = 16  # random_mixes: mixtures drawn from a Dirichlet around the baseline's shares
+    concentration: float = 8.0  # random_mixes: Dirichlet alpha = concentration x baseline share (higher: closer)
+    mix_steps: int | None = None  # random_mixes: steps of each random-mix run; None: the study's steps
+    target: str = "mean"  # random_mixes: what the proposed mix minimises: "mean" held-out loss, or a source's
     output: str | None = None  # the study folder; None: <[job] output>/ablate
     steps: int | None = None  # steps per run; None: [train] steps
     noise_seeds: int = 1  # extra baseline runs with seeds seed+1.. to measure run-to-run noise
     attribution_every: int = 10  # first-order attribution on the baseline run every N steps (0: off)
+    attribution_seeds: int = 1  # baseline seeds whose attribution is averaged (<= noise_seeds): less sampling noise
     parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
     executor: Literal["local", "ray"] = "local"  # local processes, or Ray tasks (RAY_ADDRESS for a cluster)
     threads: int = 0  # torch threads per run; 0: this machine's cores / parallel
@@ -39,6 +44,11 @@ class AblateConfig:
             check(name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
                   f"mixes.{name}", mix, "a name other than 'baseline' and non-negative weights, one of them > 0")
         check(self.steps is None or self.steps >= 1, "steps", self.steps, "an integer >= 1")
+        check(self.n_mixes >= 2, "n_mixes", self.n_mixes, "an integer >= 2 (more than the sources to fit well)")
+        check(self.concentration > 0, "concentration", self.concentration, "a number > 0")
+        check(self.mix_steps is None or self.mix_steps >= 1, "mix_steps", self.mix_steps, "an integer >= 1")
+        check(1 <= self.attribution_seeds <= self.noise_seeds, "attribution_seeds", self.attribution_seeds,
+              f"an integer from 1 to noise_seeds ({self.noise_seeds})")
         check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
         check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")

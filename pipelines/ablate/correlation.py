@@ -43,5 +43,19 @@ def compare_with_attribution(results: list[dict], sources: list[str], matrix: np
     spearman = float(np.corrcoef(ranks.T)[0, 1]) if frame.height > 2 else float("nan")
     strong = frame.filter(pl.col("above_noise"))
     agree = int((np.sign(strong["measured"].to_numpy()) == np.sign(strong["predicted"].to_numpy())).sum())
+    seeds = 1 + sum(r["kind"] == "noise" for r in results)
+    ratio = _effect_to_noise(frame)
     return {"spearman": spearman, "n_cells": frame.height, "above_noise": strong.height, "sign_agree": agree,
-            "noise": noise, "cells": frame}
+            "noise": noise, "seeds": seeds, "effect_to_noise": ratio,
+            "noise_ok": bool(seeds >= 3 and ratio is not None and ratio >= NOISE_MARGIN), "cells": frame}
+
+
+NOISE_MARGIN = 3.0  # "well below": the median cell's effect is at least this many times its source's seed noise
+
+
+def _effect_to_noise(cells: pl.DataFrame) -> float | None:
+    """Median over cells of |measured delta| / the seed noise of its source (None without a noise estimate)."""
+    noisy = cells.filter(pl.col("noise") > 0)
+    if noisy.is_empty():
+        return None
+    return float((noisy["measured"].abs() / noisy["noise"]).median())

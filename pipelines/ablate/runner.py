@@ -41,12 +41,15 @@ def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: 
     """The ``TrainConfig`` of one variant: the study's [train] with its folder, seed and mix weights."""
     from train.attribution import AttributionConfig
 
-    attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every)
-                   if variant["name"] == BASELINE else AttributionConfig())
+    # the baseline, and the first attribution_seeds - 1 noise seeds: their matrices are averaged
+    attribute = variant["name"] == BASELINE or (variant["kind"] == "noise" and
+                                                variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
+    attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every) if attribute
+                   else AttributionConfig())
     data = dataclasses.replace(train_cfg.data, format="parquet", seed=variant["seed"],
                                mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]])
     return dataclasses.replace(train_cfg, output=str(layout.run_dir(variant["name"])), seed=variant["seed"], data=data,
-                               eval_every=0, attribution=attribution)
+                               steps=variant.get("steps", train_cfg.steps), eval_every=0, attribution=attribution)
 
 
 def train_variant(task: VariantTask) -> dict:

@@ -1,4 +1,9 @@
-"""``winnow ablate``: plan the study, split the shards per source, train what is not finished, tabulate."""
+"""``winnow ablate``: plan the study, check it, split the shards per source, train what is not finished, tabulate.
+
+A ``random_mixes`` study trains in two rounds: the baseline, its noise seeds and the random
+mixes; then the regression over their results proposes a mix, which is trained like the baseline
+and reported next to it. Both rounds skip variants whose ``result.json`` is already there.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,41 @@ import os
 from pathlib import Path
 
 from curate.errors import ConfigError
+from pipelines.ablate.checks import check_references, finished
 from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.layout import StudyLayout
-from pipelines.ablate.plan import variants
+from pipelines.ablate.layout import BASELINE, StudyLayout
+from pipelines.ablate.plan import check_runnable, variants
 from pipelines.ablate.runner import VariantTask, run_variants, variant_config
 from pipelines.ablate.sources import split_by_source
 from pipelines.ablate.table import write_study
 from pipelines.jobfile import build_config, read_toml
+
+
+@dataclasses.dataclass(slots=True)
+class _Study:
+    acfg: AblateConfig
+    train_cfg: object
+    layout: StudyLayout
+    folders: dict[str, str]
+    sources: list[str]
+    job_file: str
+
+    def train(self, runs: list[dict]) -> list[dict]:
+        """Train the runs not finished yet; every run's result, in plan order."""
+        threads = self.acfg.threads or (max(1, (os.cpu_count() or 1) // self.acfg.parallel) if self.acfg.parallel > 1
+                                        else 0)
+        configs = {v["name"]: variant_config(self.train_cfg, self.acfg, self.layout, v, self.sources) for v in runs}
+        done = {v["name"]: finished(self.layout, v, configs[v["name"]]) for v in runs}
+        todo = [VariantTask(cfg=configs[v["name"]], folders=self.folders, sources=self.sources, variant=v,
+                            job_file=self.job_file, study=str(self.layout.root), threads=threads)
+                for v in runs if done[v["name"]] is None]
+        for task in todo:
+            weights = ", ".join(f"{k}={w:.3f}" for k, w in task.variant["weights"].items())
+            print(f"  training {task.variant['name']} ({weights})")
+        for result in run_variants(todo, self.acfg):
+            print(f"  trained {result['name']}")
+            done[result["name"]] = result
+        return [done[v["name"]] for v in runs]
 
 
 def run_ablate(args: argparse.Namespace) -> int:
@@ -32,20 +65,27 @@ def run_ablate(args: argparse.Namespace) -> int:
     layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
     folders, base = split_by_source(train_cfg.shards, layout.sources_root)
     sources = json.loads((Path(train_cfg.shards) / "manifest.json").read_text())["sources"]
-    runs = variants(acfg, base, train_cfg.seed)
+    runs = variants(acfg, base, train_cfg.seed, sources=sources)
+    check_references(train_cfg, sources, BASELINE)
+    study = _Study(acfg, train_cfg, layout, folders, sources, str(args.job))
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
-    threads = acfg.threads or (max(1, (os.cpu_count() or 1) // acfg.parallel) if acfg.parallel > 1 else 0)
-    todo = [VariantTask(cfg=variant_config(train_cfg, acfg, layout, v, sources), folders=folders, sources=sources,
-                        variant=v, job_file=str(args.job), study=str(layout.root), threads=threads)
-            for v in runs if layout.read_result(v["name"]) is None]
-    for task in todo:
-        weights = ", ".join(f"{k}={w:.3f}" for k, w in task.variant["weights"].items())
-        print(f"  training {task.variant['name']} ({weights})")
-    for result in run_variants(todo, acfg):
-        print(f"  trained {result['name']}")
-    results = [layout.read_result(v["name"]) for v in runs]
-    table = write_study(layout.root, results, sources, base)
+    results = study.train(runs)
+    if acfg.kind == "random_mixes":
+        results += study.train([_proposal(acfg, results, base, train_cfg)])
+    table = write_study(layout.root, results, sources, base, target=acfg.target)
     print(table)
     print(f"table:  {layout.table_csv}")
     print(f"report: {write_report(layout.root)}")
     return 0
+
+
+def _proposal(acfg: AblateConfig, results: list[dict], base: dict[str, float], train_cfg) -> dict:
+    """The mix the regression over the random-mix runs proposes, as a variant trained like the baseline."""
+    from pipelines.ablate.mixes import fit_mixes, propose
+
+    fit = fit_mixes(results, list(base), steps=acfg.mix_steps or train_cfg.steps)
+    weights = propose(fit, base, target=acfg.target, concentration=acfg.concentration, seed=train_cfg.seed)
+    variant = {"name": "proposed", "kind": "proposed", "seed": train_cfg.seed, "weights": weights}
+    check_runnable(variant, base)
+    print(f"  proposed mix for target {acfg.target!r}: " + ", ".join(f"{k}={w:.3f}" for k, w in weights.items()))
+    return variant

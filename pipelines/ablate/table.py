@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from pipelines.ablate.correlation import compare_with_attribution
@@ -34,10 +35,27 @@ def markdown_table(frame: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def write_study(study: Path, results: list[dict], sources: list[str], base: dict[str, float]) -> str:
-    """Write the table (CSV, Markdown), heatmap and attribution comparison; returns the Markdown table."""
-    from pipelines.report import plots
+def baseline_attribution(layout: StudyLayout, results: list[dict]):
+    """The attribution of the baseline, averaged over the baseline seeds that recorded one (None: none did)."""
     from pipelines.report.training import is_run_dir, load_run
+
+    found = []
+    for r in results:
+        folder = layout.run_dir(r["name"])
+        if r["kind"] in ("baseline", "noise") and is_run_dir(folder):
+            attribution = load_run(folder).attribution
+            if attribution is not None and (not found or attribution.sources == found[0].sources):
+                found.append(attribution)
+    if not found:
+        return None
+    return found[0].sources, np.mean([a.matrix for a in found], axis=0), len(found)
+
+
+def write_study(study: Path, results: list[dict], sources: list[str], base: dict[str, float], *,
+                target: str = "mean") -> str:
+    """Write the table (CSV, Markdown), heatmap, attribution comparison and (random mixes) the regression and
+    proposal; returns the Markdown table and its summary lines."""
+    from pipelines.report import plots
 
     layout = StudyLayout(Path(study))
     frame = results_frame(results, sources)
@@ -48,14 +66,51 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
     heatmap = plots.ablation_heatmap(frame.filter(pl.col("variant") != "baseline"))
     if heatmap:
         layout.heatmap_png.write_bytes(heatmap)
-    run = load_run(layout.root) if is_run_dir(layout.root) else None
-    if run is not None and run.attribution is not None:
-        summary = compare_with_attribution(results, run.attribution.sources, run.attribution.matrix, base)
+    attribution = baseline_attribution(layout, results)
+    if attribution is not None:
+        summary = compare_with_attribution(results, attribution[0], attribution[1], base) | {"attribution_runs":
+                                                                                              attribution[2]}
         cells = summary.pop("cells")
+        summary["note"] = noise_note(summary)
         cells.write_csv(layout.cells_csv)
         layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"]))
         write_atomic(layout.correlation_json, json.dumps(summary, indent=1))
         markdown += (f"\n\nSpearman rank correlation, first-order prediction vs measured delta: {summary['spearman']:.3f} "
                      f"over {summary['n_cells']} cells; signs agree on {summary['sign_agree']}/{summary['above_noise']} "
                      f"cells whose |delta| exceeds the seed-to-seed noise")
+        markdown += "\n" + summary["note"]
+    if any(r["kind"] == "random_mix" for r in results):
+        markdown += "\n\n" + write_mixes(layout, results, base, target)
     return markdown
+
+
+def noise_note(summary: dict) -> str:
+    """One sentence on whether the seed noise is well below the effects the study compares."""
+    seeds, ratio = summary["seeds"], summary["effect_to_noise"]
+    if summary["noise_ok"]:
+        return (f"Noise from {seeds} baseline seeds is well below the effects (median |delta| / noise = {ratio:.1f}).")
+    why = (f"only {seeds} baseline seed(s) (at least 3 give a noise estimate; [ablate] noise_seeds)"
+           if seeds < 3 or ratio is None else f"the median |delta| is only {ratio:.1f}x the noise (longer runs: [ablate] steps)")
+    return f"Warning: the seed noise is not well below the effects: {why}; read the agreement figures with care."
+
+
+def write_mixes(layout: StudyLayout, results: list[dict], base: dict[str, float], target: str) -> str:
+    """``mixes.json`` for a random_mixes study; returns its Markdown summary."""
+    from pipelines.ablate.mixes import fit_mixes, summarize
+
+    steps = next(r["steps"] for r in results if r["kind"] == "random_mix")
+    sources = list(base)
+    summary = summarize(fit_mixes(results, sources, steps=steps), results, base, target)
+    fit = summary["fit"]
+    lines = [f"Regression over {len(fit['runs'])} runs of {steps} steps: R² "
+             + ", ".join(f"{s} {fit['r2'][s]:.2f}" for s in sources) + "; leave-one-out error "
+             + ", ".join(f"{s} {fit['cv_rmse'][s]:.4f}" for s in sources) + " nats."]
+    if "proposed" in summary:
+        p, b, noise = summary["proposed"], summary["baseline"], summary["noise"]
+        lines.append(f"Proposed mix for target {target!r}: " + ", ".join(f"{k}={w:.3f}" for k, w in p["weights"].items())
+                     + f"; held-out {target} loss {p['measured']:.4f} vs baseline {b['measured']:.4f} "
+                     f"({-summary['improvement']:+.4f} nats; seed noise "
+                     + (f"{noise:.4f})" if noise is not None else "not measured: noise_seeds = 1)"))
+    summary["summary"] = lines
+    write_atomic(layout.mixes_json, json.dumps(summary, indent=1))
+    return "\n".join(lines)

@@ -165,7 +165,14 @@ def study_section(study: Study) -> str:
     frame = study.table
     parts = ["<h3>Ablation</h3>", _table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
              _img(plots.ablation_heatmap(frame), "ablation heatmap")]
+    if study.correlation:
+        c = study.correlation
+        parts.append(f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
+                     f"on {c['sign_agree']} of the {c['above_noise']} cells above the seed noise. "
+                     f"{html.escape(c.get('note', ''))}</p>")
     parts += [_img(p.read_bytes(), p.stem) for p in study.images]
+    if study.mixes:
+        parts += ["<h3>Random mixes</h3>"] + [f"<p>{html.escape(line)}</p>" for line in study.mixes.get("summary", [])]
     return "".join(parts)
 
 

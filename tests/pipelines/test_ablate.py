@@ -16,22 +16,13 @@ from pipelines.ablate.sources import split_by_source
 from pipelines.ablate.table import write_study
 from pipelines.cli import main
 from pipelines.jobfile import build_config
-from tests.train.shards_util import write_job
+from tests.pipelines.ablate_util import SOURCES, study_toml, tiny_job
 from train.data.shards import open_shards, read_shard
-
-SOURCES = ["code", "prose"]
-
-
-def _docs(n: int, offset: int = 0) -> list[dict]:
-    return [{"id": f"{s}/{i}", "source": s, "text": (f"def f{i}(x): return x + {i}\n" if s == "code" else
-                                                     f"The {i}th sentence of plain prose, and some more words. ") * 4,
-             "meta": None} for i in range(offset, offset + n) for s in SOURCES]
 
 
 @pytest.fixture
 def job(tmp_path) -> Path:
-    return write_job(tmp_path / "job", [_docs(6), _docs(6, 6)], val=[_docs(2, 100)[0::2], _docs(2, 100)[1::2]],
-                     sources=SOURCES)
+    return tiny_job(tmp_path / "job")
 
 
 def test_config_errors_name_the_key():
@@ -107,27 +98,7 @@ def test_write_study_table_the_report_reads(tmp_path):
 
 @pytest.mark.slow
 def test_ablate_command_end_to_end(job, tmp_path, capsys, one_thread):
-    toml = tmp_path / "study.toml"
-    toml.write_text(f"""[job]
-output = "{job}"
-[train]
-steps = 3
-[train.model]
-dim = 16
-n_layers = 1
-n_heads = 2
-ffn_hidden = 16
-n_experts = 2
-top_k = 1
-[train.data]
-batch_size = 2
-seq_len = 32
-num_workers = 0
-[ablate]
-output = "{tmp_path / 'study'}"
-noise_seeds = 2
-attribution_every = 1
-""")
+    toml = study_toml(tmp_path / "study.toml", job, tmp_path / "study", noise_seeds=2, attribution_every=1)
     assert main(["ablate", str(toml)]) == 0
     study = tmp_path / "study"
     layout = StudyLayout(study)

@@ -1,0 +1,94 @@
+"""What a study checks before it trains: reference runs it builds on, and finished results it reuses.
+
+A reference run (a distillation teacher, a run to continue from) trained on other sources or
+with another tokenizer would make every variant's numbers meaningless; a finished variant in the
+study folder that was trained with other settings than the plan now asks for would be compared
+with runs it does not match. Both fail before anything trains, naming the variant and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+from curate.errors import ConfigError
+from pipelines.ablate.layout import StudyLayout
+
+#: [train] keys that point at a run folder the variants build on (read with getattr: dotted paths).
+REFERENCE_KEYS = ("distill.teacher", "init_from")
+#: [train] keys that do not change what a run learns: a finished run is reused across changes of these.
+_NOT_RESULTS = ("output", "data.num_workers", "metrics.", "alerts.", "checkpoint.")
+
+
+def _get(cfg: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part, None)
+        if cfg is None:
+            return None
+    return cfg
+
+
+def _tokenizer_files(tokenizer) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(tmp)
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
+
+
+def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
+    """Every reference run in [train] was trained on the study's sources with the study's tokenizer."""
+    from pipelines.report.training import is_run_dir, load_run
+    from train.tokenizer import load_tokenizer
+
+    ours = None
+    for key in REFERENCE_KEYS:
+        path = _get(train_cfg, key)
+        if not isinstance(path, str):
+            continue
+        run = Path(path)
+        where = f"every variant (first: {first_variant!r}): train.{key} = {path!r}"
+        if is_run_dir(run):
+            theirs = load_run(run).sources
+            if theirs and theirs != sources:
+                raise ConfigError(f"ablate: {where} was trained on sources {theirs}, the study trains on {sources}; "
+                                  f"point train.{key} at a run on the same curated sources")
+        folder = run if (run / "tokenizer_meta.json").is_file() or (run / "tokenizer.json").is_file() else None
+        if folder is not None:
+            ours = ours or _tokenizer_files(load_tokenizer(train_cfg.tokenizer))
+            if _tokenizer_files(load_tokenizer(folder)) != ours:
+                raise ConfigError(f"ablate: {where} was trained with another tokenizer than train.tokenizer = "
+                                  f"{train_cfg.tokenizer!r}; use the reference run's tokenizer or another reference")
+
+
+def _flat(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out |= _flat(v, f"{prefix}{k}.")
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
+    """The variant's saved result when it finished with the settings the plan asks for; None when it has not
+    finished; a ``ConfigError`` naming the variant and key when it finished with other settings."""
+    result = layout.read_result(variant["name"])
+    if result is None:
+        return None
+    where = f"ablate: variant {variant['name']!r} in {layout.run_dir(variant['name'])} finished with"
+    fix = "use a new [ablate] output folder for the changed study, or remove that variant's folder"
+    if set(result["weights"]) != set(variant["weights"]) or any(
+            abs(result["weights"][s] - w) > 1e-9 * max(1.0, abs(w)) for s, w in variant["weights"].items()):
+        raise ConfigError(f"{where} mix weights {result['weights']}, the study now plans {variant['weights']} "
+                          f"(the curated shares or the [ablate] table changed); {fix}")
+    saved = layout.run_dir(variant["name"]) / "config.json"
+    if saved.is_file():
+        planned = _flat(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+        stored = _flat(json.loads(saved.read_text()))
+        for key in sorted(planned.keys() | stored.keys()):
+            if key.startswith(_NOT_RESULTS) or planned.get(key) == stored.get(key):
+                continue
+            raise ConfigError(f"{where} train.{key} = {stored.get(key)!r}, the study now asks for "
+                              f"{planned.get(key)!r}; {fix}")
+    return result

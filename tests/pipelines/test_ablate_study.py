@@ -1,0 +1,162 @@
+"""``winnow ablate`` as a whole: parallel and resumed studies match a serial one, random mixes, bad input."""
+
+import json
+import os
+
+import numpy as np
+import polars as pl
+import pytest
+
+import pipelines.ablate.layout as layout_module
+from pipelines.ablate import runner
+from pipelines.ablate.config import AblateConfig
+from pipelines.ablate.layout import StudyLayout
+from pipelines.ablate.mixes import fit_mixes, propose, summarize
+from pipelines.ablate.plan import variants
+from pipelines.cli import main
+from tests.pipelines.ablate_util import SOURCES, study_toml, tiny_job
+
+
+@pytest.fixture
+def job(tmp_path):
+    return tiny_job(tmp_path / "job")
+
+
+def _table(study) -> pl.DataFrame:
+    return pl.read_csv(StudyLayout(study).table_csv)
+
+
+@pytest.mark.slow
+def test_parallel_and_resumed_studies_give_the_serial_table(job, tmp_path, monkeypatch, one_thread):
+    keys = {"noise_seeds": 2, "attribution_every": 1, "threads": 1}
+    serial = study_toml(tmp_path / "serial.toml", job, tmp_path / "serial", **keys)
+    assert main(["-q", "ablate", str(serial)]) == 0
+    parallel = study_toml(tmp_path / "parallel.toml", job, tmp_path / "parallel", parallel=2, **keys)
+    assert main(["-q", "ablate", str(parallel)]) == 0
+    assert _table(tmp_path / "parallel").equals(_table(tmp_path / "serial"))
+
+    resumed = study_toml(tmp_path / "resumed.toml", job, tmp_path / "resumed", **keys)
+    train = runner.train_variant
+
+    class DiesBeforeRename:  # the process dies between writing result.json's temp file and renaming it
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def replace(self, *args):
+            raise RuntimeError("killed")
+
+    def crash_on_prose(task):  # the last variant trains, then dies while writing its result
+        if task.variant["name"] == "without_prose":
+            monkeypatch.setattr(layout_module, "os", DiesBeforeRename())
+        return train(task)
+
+    monkeypatch.setattr(runner, "train_variant", crash_on_prose)
+    with pytest.raises(RuntimeError, match="killed"):
+        main(["-q", "ablate", str(resumed)])
+    layout = StudyLayout(tmp_path / "resumed")
+    assert layout.read_result("without_prose") is None and not layout.result_path("without_prose").exists()
+    assert not list(layout.run_dir("without_prose").glob(".result.json.*"))  # no temp file left behind
+    finished = {v: layout.result_path(v).stat().st_mtime_ns for v in ("baseline", "baseline_seed1", "without_code")}
+    monkeypatch.undo()
+    assert main(["-q", "ablate", str(resumed)]) == 0
+    assert {v: layout.result_path(v).stat().st_mtime_ns for v in finished} == finished  # not run again
+    assert _table(tmp_path / "resumed").equals(_table(tmp_path / "serial"))
+
+
+def _synthetic(beta: np.ndarray, n: int = 12) -> tuple[list[dict], dict]:
+    """Runs whose held-out losses are exactly linear in their mix shares: loss = w @ beta."""
+    base = {"code": 0.4, "prose": 0.6}
+    mixes = [v for v in variants(AblateConfig(kind="random_mixes", n_mixes=n, noise_seeds=2), base, seed=0)]
+    results = []
+    for v in mixes:
+        w = np.array([v["weights"].get(s, 0.0) for s in SOURCES])
+        loss = (w / w.sum()) @ beta + (0.003 if v["kind"] == "noise" else 0.0)
+        results.append(v | {"held_out": dict(zip(SOURCES, loss.tolist())), "steps": 5})
+    return results, base
+
+
+def test_random_mixes_regression_recovers_the_mixing_law_and_proposes_better():
+    beta = np.array([[2.0, 3.4], [2.6, 2.9]])  # rows: all code / all prose; columns: held-out code, prose
+    results, base = _synthetic(beta)
+    assert sum(r["kind"] == "random_mix" for r in results) == 12
+    fit = fit_mixes(results, SOURCES, steps=5)
+    assert np.asarray(fit["beta"]) == pytest.approx(beta, abs=0.01)
+    assert min(fit["r2"].values()) > 0.99 and max(fit["cv_rmse"].values()) < 0.01
+    for target, better in (("code", "code"), ("prose", "prose")):
+        proposed = propose(fit, base, target=target, concentration=8.0, seed=0)
+        assert sum(proposed.values()) == pytest.approx(1.0)
+        assert proposed[better] > base[better]  # more of the source that lowers the target, within the region
+    proposed = propose(fit, base, target="mean", concentration=8.0, seed=0)
+    w = np.array([proposed[s] for s in SOURCES])
+    measured = (w @ beta).tolist()
+    summary = summarize(fit, results + [{"name": "proposed", "kind": "proposed", "seed": 0, "weights": proposed,
+                                         "held_out": dict(zip(SOURCES, measured)), "steps": 5}], base, "mean")
+    assert summary["improvement"] > 0 and summary["noise"] == pytest.approx(0.003)
+    assert summary["proposed"]["predicted"] == pytest.approx(summary["proposed"]["measured"], abs=0.01)
+
+
+@pytest.mark.slow
+def test_random_mixes_study_trains_the_proposal_next_to_the_baseline(job, tmp_path, one_thread):
+    toml = study_toml(tmp_path / "study.toml", job, tmp_path / "study", kind='"random_mixes"', n_mixes=3,
+                      mix_steps=2, noise_seeds=2, attribution_every=0, target='"prose"')
+    assert main(["-q", "ablate", str(toml)]) == 0
+    layout = StudyLayout(tmp_path / "study")
+    table = _table(layout.root)
+    assert table["variant"].to_list() == ["baseline", "baseline_seed1", "mix_00", "mix_01", "mix_02", "proposed"]
+    mixes = json.loads(layout.mixes_json.read_text())
+    assert mixes["fit"]["runs"] == ["mix_00", "mix_01", "mix_02"]  # 2-step runs; the 3-step baselines are not fitted
+    assert mixes["proposed"]["weights"] == layout.read_result("proposed")["weights"]
+    assert mixes["baseline"]["measured"] == pytest.approx(table["loss_prose"][0])
+    assert "Proposed mix for target 'prose'" in (layout.table_md.read_text() + "".join(mixes["summary"]))
+    assert layout.read_result("mix_00")["steps"] == 2 and layout.read_result("proposed")["steps"] == 3
+    before = layout.result_path("proposed").stat().st_mtime_ns
+    assert main(["-q", "ablate", str(toml)]) == 0  # nothing left to train: the proposal is reused
+    assert layout.result_path("proposed").stat().st_mtime_ns == before
+
+
+# ---- bad input: refused before anything trains, naming the variant and the key ----------------------------
+def _refused(tmp_path, capsys, job, **ablate) -> str:
+    toml = study_toml(tmp_path / "bad.toml", job, tmp_path / "bad", **ablate)
+    assert main(["ablate", str(toml)]) == 2
+    assert not StudyLayout(tmp_path / "bad").result_path("baseline").exists()
+    return capsys.readouterr().err
+
+
+def test_a_source_without_train_rows_is_refused(tmp_path, capsys):
+    job = tiny_job(tmp_path / "job", sources=["code", "prose", "web"])  # web: in the manifest, no rows
+    err = _refused(tmp_path, capsys, job, sources='["web"]')
+    assert "variant 'without_web' (ablate.sources)" in err and "no train rows" in err
+    err = _refused(tmp_path, capsys, job, kind='"mixes"', mixes='{web_heavy = {web = 2.0, code = 1.0}}')
+    assert "variant 'web_heavy' (ablate.mixes.web_heavy)" in err and "'web'" in err
+
+
+def test_weights_that_sum_to_zero_are_refused():
+    with pytest.raises(Exception, match=r"variant 'without_code' \(ablate.sources\) has mix weights that sum to 0"):
+        variants(AblateConfig(), {"code": 1.0}, seed=0)
+    with pytest.raises(Exception, match=r"variant 'code_x0' \(ablate.factors\) has mix weights that sum to 0"):
+        variants(AblateConfig(kind="weights", factors=[0.0]), {"code": 1.0}, seed=0)
+
+
+def test_a_reference_run_on_other_sources_or_tokenizer_is_refused(job, tmp_path, capsys):
+    from train.tokenizer import train_bpe
+
+    other = tmp_path / "teacher"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0, "per_source": {"web": {}}}) + "\n")
+    err = _refused(tmp_path, capsys, job, train=f'[train.distill]\nteacher = "{other}"')
+    assert "every variant (first: 'baseline'): train.distill.teacher" in err and "sources ['web']" in err
+    (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0, "per_source": {"code": {}, "prose": {}}})
+                                         + "\n")
+    train_bpe([["some text to learn a few merges from", "more text"] * 20], vocab_size=270, min_frequency=1).save(other)
+    err = _refused(tmp_path, capsys, job, train=f'[train.distill]\nteacher = "{other}"')
+    assert "train.distill.teacher" in err and "another tokenizer" in err
+
+
+def test_a_finished_variant_with_other_settings_is_refused(job, tmp_path, capsys):
+    layout = StudyLayout(tmp_path / "bad")
+    layout.write_result("baseline", {"name": "baseline", "kind": "baseline", "seed": 0,
+                                     "weights": {"code": 0.9, "prose": 0.1}, "held_out": {}, "steps": 3})
+    toml = study_toml(tmp_path / "bad.toml", job, layout.root)
+    assert main(["ablate", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert "variant 'baseline'" in err and "mix weights" in err and "new [ablate] output folder" in err
