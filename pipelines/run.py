@@ -15,7 +15,7 @@ from pipelines.jobfile import load_job
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
 from pipelines.report.training import TrainingRun, load_run
-from pipelines.train import build_trainer, load_train_config
+from pipelines.train import build_trainer, load_train_config, run_inputs
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,15 @@ def run(args: argparse.Namespace) -> int:
     run_job(job, progress=not args.quiet)
     report_dir = Path(job.job.output)
     if "train" in job.raw:
-        overrides = {"steps": args.steps, "shards": job.job.output}
+        overrides = {"steps": args.steps}
+        if not isinstance((job.raw.get("train") or {}).get("shards"), list):  # a list names its own folders
+            overrides["shards"] = job.job.output
         if args.output is not None:
             overrides["output"] = str(Path(args.output) / "train")
         cfg = load_train_config(args.job, **overrides)
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
         trainer = build_trainer(cfg)
-        write_provenance(cfg.output, job_file=args.job, data=[cfg.shards])
+        write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
         try:
             summary = trainer.fit()
         finally:

@@ -10,12 +10,16 @@ from pathlib import Path
 
 import torch
 
+from curate.errors import ConfigError
 from pipelines.jobfile import build_config, read_toml
 from pipelines.provenance import write_provenance
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
 from train.data import Loader
-from train.errors import CheckpointError, ConfigError, ShardError
+from train.data.sets import HeldOut, eval_sets, training_sets
+from train.data.shards import open_shards
+from train.errors import CheckpointError, ShardError
+from train.init import load_init
 from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer
 from train.parallel import Parallel, shutdown
@@ -47,7 +51,15 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
     raw = read_toml(job)
     table = dict(raw.get("train") or {})
     table.setdefault("shards", (raw.get("job") or {}).get("output"))
-    table.setdefault("output", str(Path(table["shards"] or "out") / "train"))
+    first = table["shards"][0].get("path") if isinstance(table["shards"], list) and table["shards"] and \
+        isinstance(table["shards"][0], dict) else table["shards"]
+    table.setdefault("output", str(Path(first if isinstance(first, str) else "out") / "train"))
+    replay = table.get("replay")
+    if isinstance(replay, dict):  # `from` is a Python keyword: ReplayConfig names the field `path`
+        if "path" in replay or "from" not in replay:
+            raise ConfigError(f"{job} [train] key 'replay': needs 'from' (the base job folder) and 'share'; "
+                              f"got keys {sorted(replay)}")
+        table["replay"] = {("path" if k == "from" else k): v for k, v in replay.items()}
     table.update({k: v for k, v in overrides.items() if v is not None})
     return build_config(TrainConfig, table, f"{job} [train]")
 
@@ -57,9 +69,14 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
 
     ``train_data`` replaces ``cfg.shards`` for the train split only (several folders mixed by
     ``train.data.mix_weights``; held-out data stays ``cfg.shards``); ``sources`` fixes the source ids.
+    Otherwise the training sets are ``cfg.shards`` and ``cfg.replay`` with their weights, and the
+    held-out sets ``cfg.eval`` (default: the training folders); see ``train/data/sets.py``.
     """
-    if cfg.shards is None:
-        raise ConfigError("train.shards is not set and the job has no [job] output to train on")
+    if train_data is None:
+        folders, weights = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
+        held_out = eval_sets(cfg.eval, folders, cfg.replay)
+    else:
+        folders, weights, held_out = list(train_data), cfg.data.mix_weights, eval_sets(cfg.eval, [cfg.shards], None)
     # under torchrun: join the process group; each rank reads its own part of the loader's global order
     parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
     device, world = parallel.world.device, parallel.world
@@ -70,7 +87,14 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     if world.is_main:  # one writer per run folder
         tokenizer.save(run_dir)
     model_cfg = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)
-    data = Loader(cfg.data, train_data or cfg.shards, split="train", tokenizer=tokenizer, rank=world.rank, world_size=world.size, sources=sources)
+    init = None
+    if cfg.init_from is not None:
+        init = load_init(cfg.init_from, optimizer=cfg.init_optimizer, storage_options=cfg.data.storage_options)
+        init.check(model_cfg, tokenizer)
+    held_out, names = _held_out_sets(cfg, folders, held_out, sources)
+    train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [])
+    data = Loader(train_cfg, folders if len(folders) > 1 else folders[0], split="train", tokenizer=tokenizer,
+                  rank=world.rank, world_size=world.size, sources=names)
     if world.is_main:
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
 
@@ -79,17 +103,39 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[])  # one folder: no load-time mixing
 
     def val_data():
-        return Loader(val_cfg, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources)
+        return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources))
 
-    try:
-        Loader(val_cfg, cfg.shards, split="val", tokenizer=tokenizer, sources=data.sources).close()
-        has_val = True
-    except ShardError as err:
-        log.warning("no held-out evaluation: %s", err)
-        has_val = False
     teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
     return Trainer(cfg, model=Transformer(model_cfg), data=data, sources=data.sources, run_dir=run_dir,
-                   device=device, val_data=val_data if has_val else None, teacher=teacher, parallel=parallel)
+                   device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init)
+
+
+def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str],
+                   sources: list[str] | None) -> tuple[list[str], list[str]]:
+    """The held-out folders that have a val split, and every source name (training sets' first) so
+    sources only evaluated still get an id before the trainer sizes its per-source sums."""
+    names = list(sources or [])
+    opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
+    for folder in train:
+        names += open_shards(str(folder), split="train", **opts).sources
+    kept = []
+    for folder in held_out:
+        try:
+            names += open_shards(str(folder), split="val", **opts).sources
+            kept.append(folder)
+        except ShardError as err:
+            log.warning("no held-out evaluation on %s: %s", folder, err)
+    return kept, list(dict.fromkeys(names))
+
+
+def run_inputs(cfg: TrainConfig, trainer: Trainer) -> dict:
+    """``write_provenance`` keywords for a run: every job folder it reads and what it was initialized from."""
+    folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights) if not isinstance(cfg.shards, str) \
+        else ([cfg.shards], None)
+    if cfg.replay is not None and cfg.replay.path not in folders:
+        folders.append(cfg.replay.path)
+    data = list(dict.fromkeys(folders + list(cfg.eval)))
+    return {"data": data, "extra": {"init_from": trainer.init.provenance()} if trainer.init is not None else None}
 
 
 def load_teacher(path: str) -> Transformer:
@@ -107,7 +153,7 @@ def load_teacher(path: str) -> Transformer:
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output)
     trainer = build_trainer(cfg)
-    write_provenance(cfg.output, job_file=args.job, data=[cfg.shards])
+    write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
     total, active = trainer.model.num_params()
     print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
           f"FLOP/s ({trainer.peak_basis})")
@@ -116,7 +162,8 @@ def run_train(args: argparse.Namespace) -> int:
     shutdown()
     if not trainer.parallel.is_main:
         return 0
-    state = "preempted (re-run the same command to resume)" if summary["preempted"] else "done"
+    state = "preempted (re-run the same command to resume)" if summary["preempted"] else \
+        f"stopped early ({summary['stopped']})" if summary.get("stopped") else "done"
     print(f"training {state} at step {summary['step']}: {summary['tokens_seen']} tokens, skipped {summary['skipped']}")
     print(f"metrics:     {Path(cfg.output) / 'metrics.jsonl'}")
     print(f"checkpoint:  {summary['checkpoint']}")

@@ -9,11 +9,13 @@ from train.alerts import AlertConfig
 from train.attribution import AttributionConfig
 from train.checkpoint import CheckpointConfig
 from train.data.config import LoaderConfig
+from train.data.sets import ReplayConfig, ShardSetConfig
 from train.errors import ConfigError
 from train.metrics import MetricsConfig
 from train.model.config import ModelConfig
 from train.optim import OptimConfig
 from train.parallel.config import ParallelConfig
+from train.stopping import StopConfig
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -41,7 +43,12 @@ class TrainConfig:
     """A training run. Defaults train the tiny demo model on two CPU cores in a few minutes."""
 
     output: str = "out/train"  # the run folder: metrics, alerts, checkpoints, tokenizer
-    shards: str | None = None  # a job output folder holding manifest.json (or s3://...); None: the job's output
+    shards: str | list[ShardSetConfig] | None = None  # a job output folder holding manifest.json (or s3://...),
+    # or a list of {path, weight} tables mixed at load time (train/data/sets.py); None: the job's output
+    replay: ReplayConfig | None = None  # {from = "out/base", share = 0.05}: the base data back at that share
+    eval: list[str] = field(default_factory=list)  # job folders whose val splits are held out; []: the training ones
+    init_from: str | None = None  # start from this run folder or checkpoint (train/init.py); local or fsspec URL
+    init_optimizer: bool = False  # with init_from: also keep the base run's optimizer state (moments, step counts)
     tokenizer: str | None = None  # a saved tokenizer folder; None: byte-level
     steps: int = 300
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -62,6 +69,7 @@ class TrainConfig:
     distill: DistillConfig | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # under torchrun: DDP/FSDP2, experts
     attribution: AttributionConfig = field(default_factory=AttributionConfig)  # per-source first-order attribution
+    stop: StopConfig = field(default_factory=StopConfig)  # early stopping on held-out loss (train/stopping.py)
 
     def __post_init__(self) -> None:
         for key in ("steps", "grad_accum", "eval_batches"):
@@ -73,5 +81,9 @@ class TrainConfig:
         _check(self.precision in ("fp32", "bf16", "fp16"), "precision", self.precision, "'fp32', 'bf16' or 'fp16'")
         _check(self.device in ("auto", "cpu", "cuda"), "device", self.device, "'auto', 'cpu' or 'cuda'")
         _check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing, "0 <= value < 1")
+        _check(not self.init_optimizer or self.init_from is not None, "init_optimizer", self.init_optimizer,
+               "true only together with train.init_from")
+        _check(not self.stop.active or self.eval_every > 0, "stop", "patience/thresholds",
+               "needs train.eval_every > 0 (the stop rules read the periodic evaluations)")
         _check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len", self.data.seq_len,
                f"at most train.model.max_seq_len ({self.model.max_seq_len})")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,6 +9,7 @@ import torch
 from torch import nn
 
 from train.errors import ConfigError
+from train.schedules import lr_factor
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -29,8 +29,11 @@ class OptimConfig:
     decay_embeddings: bool = False  # embeddings are lookups: decaying them mostly shrinks rare tokens
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still measured)
     warmup_steps: int = 20
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"  # see train/schedules.py
     min_lr_ratio: float = 0.1  # the decay ends at lr · min_lr_ratio
+    decay_fraction: float = 0.2  # wsd: the decay takes the last this much of the steps
+    decay_shape: Literal["linear", "cosine", "sqrt"] = "sqrt"  # wsd: the decay's shape (sqrt: 1 - √progress)
+    rewarm_from: Literal["zero", "current"] = "zero"  # "current": a continued run warms up from the LR its init_from run ended at
 
     def __post_init__(self) -> None:
         _check(self.name in ("adamw", "lamb"), "name", self.name, "'adamw' or 'lamb'")
@@ -40,9 +43,13 @@ class OptimConfig:
         _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
         _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 = no clipping)")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
-        _check(self.schedule in ("cosine", "linear", "constant"), "schedule", self.schedule,
-               "'cosine', 'linear' or 'constant'")
+        _check(self.schedule in ("cosine", "linear", "constant", "wsd"), "schedule", self.schedule,
+               "'cosine', 'linear', 'constant' or 'wsd'")
         _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "0..1")
+        _check(0 < self.decay_fraction <= 1, "decay_fraction", self.decay_fraction, "0 < value <= 1")
+        _check(self.decay_shape in ("linear", "cosine", "sqrt"), "decay_shape", self.decay_shape,
+               "'linear', 'cosine' or 'sqrt'")
+        _check(self.rewarm_from in ("zero", "current"), "rewarm_from", self.rewarm_from, "'zero' or 'current'")
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
@@ -102,17 +109,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=True)
 
 
-def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """Multiplier of ``cfg.lr`` at ``step``: linear warm-up, then cosine / linear decay to ``min_lr_ratio``."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, *, start_factor: float = 0.0):
+    """A ``LambdaLR`` (its state_dict holds the step; the schedule itself comes from the config).
 
-
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
-    """A ``LambdaLR`` (its state_dict holds the step; the schedule itself comes from the config)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+    ``start_factor``: where the warm-up starts, as a fraction of ``cfg.lr`` (re-warming a continued run).
+    """
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg, total_steps, start_factor=start_factor))

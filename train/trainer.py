@@ -27,10 +27,12 @@ from train.alerts import Alerts, SpikeDetector
 from train.attribution import SourceAttribution
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
+from train.init import Initialization
 from train.metrics import Throughput, memory_stats, peak_flops_basis
 from train.model import Transformer, cross_entropy_per_token, distillation_per_token
 from train.optim import build_optimizer, build_scheduler
 from train.parallel import Parallel
+from train.stopping import EarlyStopping
 
 log = logging.getLogger(__name__)
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -67,7 +69,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, model: Transformer, data: Iterable, sources: list[str], run_dir: str | Path,
                  device: torch.device, val_data: Callable[[], Iterable] | None = None,
-                 teacher: Transformer | None = None, parallel: Parallel | None = None) -> None:
+                 teacher: Transformer | None = None, parallel: Parallel | None = None,
+                 init: Initialization | None = None) -> None:
         self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
         self.model = model.to(device)
         self.model.activation_checkpointing = cfg.activation_checkpointing
@@ -77,7 +80,12 @@ class Trainer:
         self.data, self._batches = data, iter(data)
         self.val_data = val_data
         self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.steps)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.steps,
+                                         start_factor=init.start_factor(cfg.optim) if init else 0.0)
+        self.init = init  # a continued run: the base's weights now; a resume below replaces them with its own
+        if init is not None:
+            init.apply(self.model, self.optimizer, self.scheduler, self.parallel)
+        self.stopping = EarlyStopping(cfg.stop)
         self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
         shape = dict(n_moe_layers=model.cfg.n_moe_layers, n_experts=model.cfg.n_experts, device=device)
         self.sources = list(sources)
@@ -274,6 +282,7 @@ class Trainer:
                 "rng": rng_state(), "data": self.data.state_dict(), "accounting": self.accounting.state_dict(),
                 "spikes": self.spikes.state_dict(), "alerts": self.alerts.state_dict(),
                 "attribution": self.attribution.state_dict() if self.attribution else None,
+                "stopping": self.stopping.state_dict(),
                 "counters": {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped)},
                 "model_config": dataclasses.asdict(self.model.cfg),
                 "sources": self.sources}
@@ -291,6 +300,8 @@ class Trainer:
         self.alerts.load_state_dict(state["alerts"])
         if self.attribution is not None and state.get("attribution"):
             self.attribution.load_state_dict(state["attribution"])
+        if state.get("stopping"):
+            self.stopping.load_state_dict(state["stopping"])
         counters = state["counters"]
         self.step, self.tokens_seen, self.skipped = counters["step"], counters["tokens_seen"], dict(counters["skipped"])
         set_rng_state(state["rng"])
@@ -326,8 +337,11 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.throughput.reset()
+        final_eval = None
+        if self.init is not None and self.step == 0:
+            final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
         try:
-            while self.step < cfg.steps and self._stop_signal is None:
+            while self.step < cfg.steps and self._stop_signal is None and self.stopping.reason is None:
                 self.train_step()
                 if self.attribution is not None and self.last.skipped is None and self.attribution.covers(self.step):
                     self._observe_step()
@@ -336,15 +350,32 @@ class Trainer:
                 if self.step % cfg.metrics.log_every == 0 or self.step == cfg.steps:
                     self.log_metrics()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                    self.evaluate()
+                    final_eval = self.evaluate()
+                    if final_eval is not None and cfg.stop.active and self._should_stop(final_eval):
+                        break
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save_checkpoint()
         finally:
             for sig, previous in handlers.items():
                 signal.signal(sig, previous)
         preempted = self._stop_signal is not None
-        final_eval = None if preempted else self.evaluate()
+        stopped = self.stopping.reason
+        if preempted:
+            final_eval = None
+        elif stopped is None or final_eval is None or final_eval["step"] != self.step:
+            final_eval = self.evaluate()
         checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
         self.metrics.close()
         return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped), "preempted": preempted,
-                "checkpoint": str(checkpoint), "eval": final_eval, "run_dir": str(self.run_dir)}
+                "stopped": stopped, "checkpoint": str(checkpoint), "eval": final_eval, "run_dir": str(self.run_dir)}
+
+    def _should_stop(self, eval_record: dict) -> bool:
+        """Early stopping (``[train.stop]``): log and record the reason; the loop then ends with a final checkpoint."""
+        reason = self.stopping.update(eval_record)
+        if reason is None:
+            return False
+        if self.step % self.cfg.metrics.log_every:
+            self.log_metrics()  # the interval's training figures up to the stopping step
+        self.metrics.write({"step": self.step, "stop": {"reason": reason}})
+        log.warning("stopping early at step %d: %s", self.step, reason)
+        return True

@@ -118,6 +118,8 @@ class TrainingRun:
     def shards_dir(self) -> Path | None:
         """The curation job folder this run trained on, when the run recorded it and it is local."""
         shards = self.config.get("shards")
+        if isinstance(shards, list):  # several training sets: the report shows the first one's curation
+            shards = shards[0].get("path") if shards and isinstance(shards[0], dict) else None
         if not shards or "://" in str(shards):
             return None
         path = Path(shards)

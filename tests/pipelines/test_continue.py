@@ -1,0 +1,105 @@
+"""Continued pretraining: start from a run, check it fits, mix several data sets, hold out other jobs' sources."""
+
+import dataclasses
+import json
+
+import pytest
+
+from curate.errors import ConfigError as JobFileError
+from pipelines.train import build_trainer, load_train_config
+from tests.pipelines.continue_util import make_job, tiny_config
+from train.data.sets import ReplayConfig, ShardSetConfig
+from train.errors import ConfigError
+from train.init import load_init
+from train.tokenizer import train_bpe
+
+
+def _fit(cfg):
+    trainer = build_trainer(cfg)
+    try:
+        return trainer, trainer.fit()
+    finally:
+        trainer.data.close()
+
+
+def _records(run_dir, key):
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if key in r]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A base job (prose, legal), a new-domain job (code) and a short base run on the first."""
+    root = tmp_path_factory.mktemp("continue")
+    jobs = {"base": make_job(root / "base", ("prose", "legal")), "new": make_job(root / "new", ("code",))}
+    _, summary = _fit(tiny_config(root / "base" / "train", str(jobs["base"]), steps=6))
+    return root, jobs, summary
+
+
+def test_step_zero_losses_are_the_base_runs_exactly(base, one_thread):
+    root, jobs, base_summary = base
+    cfg = tiny_config(root / "cont", str(jobs["new"]), steps=2, init_from=str(root / "base" / "train"),
+                      eval=[str(jobs["base"]), str(jobs["new"])])
+    trainer, _ = _fit(cfg)
+    first = _records(root / "cont", "eval")[0]
+    assert first["step"] == 0
+    base_losses = base_summary["eval"]["eval"]["per_source"]
+    assert {s: first["eval"]["per_source"][s] for s in base_losses} == base_losses  # exact, not approximate
+    assert first["eval"]["per_source"]["code"] is not None  # the new source is measured from step 0 too
+    prov = trainer.init.provenance()
+    assert prov["step"] == 6 and prov["run_dir"] == str(root / "base" / "train") and len(prov["sha256"]) == 64
+
+
+def test_mismatched_model_or_tokenizer_is_refused_naming_the_key(base):
+    root, jobs, _ = base
+    run = str(root / "base" / "train")
+    cfg = tiny_config(root / "bad", str(jobs["new"]), init_from=run)
+    wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=3, dim=64))
+    with pytest.raises(ConfigError, match=r"n_layers \(base 2, this run 3\)") as err:
+        build_trainer(wider)
+    assert "dim (base 32, this run 64)" in str(err.value)
+    bpe = train_bpe([["def f(x): return x"] * 20], vocab_size=300)
+    bpe.save(root / "bpe")
+    with pytest.raises(ConfigError, match="tokenizer 'byte-258', this run 'bpe-"):
+        build_trainer(dataclasses.replace(cfg, tokenizer=str(root / "bpe")))
+
+
+def test_init_from_a_checkpoint_file_or_url_and_bad_paths(base):
+    root, _, _ = base
+    run = root / "base" / "train"
+    (checkpoint,) = sorted((run / "checkpoints").iterdir())
+    by_file = load_init(str(checkpoint / "state.pt"))
+    by_url = load_init(f"file://{run}")
+    assert by_file.sha256 == by_url.sha256 and by_file.step == by_url.step == 6
+    assert by_url.run_dir == f"file://{run}" and by_file.run_dir == str(run)
+    with pytest.raises(ConfigError, match="train.init_from = .* does not exist"):
+        load_init(str(root / "nowhere"))
+    with pytest.raises(ConfigError, match="holds no checkpoints"):
+        load_init(str(root / "base"))
+
+
+def test_two_data_sets_mix_at_the_given_weights(base, one_thread):
+    root, jobs, _ = base
+    cfg = tiny_config(root / "mixed", [ShardSetConfig(path=str(jobs["base"]), weight=0.3),
+                                       ShardSetConfig(path=str(jobs["new"]), weight=0.7)], steps=12)
+    _fit(cfg)
+    tokens = {}
+    for record in _records(root / "mixed", "per_source"):
+        for source, figures in record["per_source"].items():
+            tokens[source] = tokens.get(source, 0) + figures["tokens"]
+    share = tokens["code"] / sum(tokens.values())
+    assert share == pytest.approx(0.7, abs=0.01)
+
+
+def test_replay_shorthand_and_job_file_keys(base, tmp_path):
+    root, jobs, _ = base
+    job = tmp_path / "job.toml"
+    job.write_text(f'[train]\neval_every = 0\nshards = "{jobs["new"]}"\ninit_from = "{root}/base/train"\n'
+                   f'replay = {{from = "{jobs["base"]}", share = 0.25}}\n[train.optim]\nschedule = "wsd"\n'
+                   '[train.stop]\npatience = 2\n')
+    with pytest.raises(JobFileError, match="train.stop"):  # stop rules read periodic evaluations
+        load_train_config(job)
+    cfg = load_train_config(job, eval_every=5)
+    assert cfg.replay == ReplayConfig(path=str(jobs["base"]), share=0.25) and cfg.stop.patience == 2
+    job.write_text('[train]\nreplay = {path = "x", share = 0.1}\n')
+    with pytest.raises(JobFileError, match="needs 'from'"):
+        load_train_config(job)

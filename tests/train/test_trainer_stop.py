@@ -1,0 +1,33 @@
+"""Early stopping inside ``Trainer.fit``: it stops at the right evaluation, checkpoints, and writes why."""
+
+import dataclasses
+import json
+
+from tests.train.test_trainer_loop import make_trainer, tiny_config
+from train.stopping import StopConfig
+
+
+def test_fit_stops_at_the_right_eval_and_writes_its_reason(tmp_path):
+    cfg = dataclasses.replace(tiny_config(tmp_path, steps=40, checkpoint={"every": 0}, metrics={"log_every": 10}),
+                              eval_every=4, stop=StopConfig(patience=2, min_delta=0.05))
+    trainer = make_trainer(cfg)
+    script = iter([3.0, 2.5, 2.48, 2.6, 2.0])  # evals at steps 4, 8, 12, 16: no 0.05 gain at 12 and 16 -> stop at 16
+
+    def evaluate():
+        record = {"step": trainer.step, "eval": {"loss": next(script), "per_source": {}}}
+        trainer.metrics.write(record)
+        return record
+
+    trainer.evaluate = evaluate  # the scripted held-out losses stand in for a val split
+    summary = trainer.fit()
+    assert summary["step"] == 16 and "not improved by 0.05 for 2 evaluations" in summary["stopped"]
+    assert summary["checkpoint"].endswith("step-00000016")  # the run ends with a final checkpoint
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    stops = [r for r in records if "stop" in r]
+    assert stops == [{"step": 16, "stop": {"reason": summary["stopped"]}}]
+    assert [r["step"] for r in records if "eval" in r] == [4, 8, 12, 16]  # no extra final evaluation
+    assert any(r.get("step") == 16 and "loss" in r for r in records)  # the last interval's training figures
+
+    resumed = make_trainer(cfg)  # a re-run finds the stopped checkpoint and does not train on
+    resumed.evaluate = lambda: None
+    assert resumed.fit()["step"] == 16

@@ -1,0 +1,103 @@
+"""Several data sets in one run: weighted training sets, a replay share, and held-out sets from other jobs.
+
+``[train] shards`` is one job folder or a list of ``{path, weight}`` tables; ``replay = {from,
+share}`` adds a job folder (usually the base run's data) at ``share`` of the training tokens and
+scales the others to fill the rest. The weights become the loader's load-time mixing weights
+(``train.data.mix_weights``). ``[train] eval`` lists the job folders whose ``val`` splits are
+evaluated (default: every training folder), so a continued run keeps measuring the sources it
+no longer trains on. ``HeldOut`` reads those val splits one after the other as one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from train.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class ShardSetConfig:
+    """One training data set: a job output folder and its share of the training tokens (relative)."""
+
+    path: str
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.weight, (int, float)) and self.weight > 0):
+            raise ConfigError(f"train.shards[].weight = {self.weight!r} for {self.path!r} is invalid; allowed: > 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplayConfig:
+    """``replay = {from = "out/base", share = 0.05}``: mix the base data back in at ``share`` of the tokens.
+
+    The TOML key ``from`` is a Python keyword; the job-file reader maps it onto ``path``.
+    """
+
+    path: str
+    share: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.share, (int, float)) and 0 <= self.share < 1):
+            raise ConfigError(f"train.replay.share = {self.share!r} is invalid; allowed: 0 <= share < 1")
+
+
+def training_sets(shards: str | list[ShardSetConfig] | None, replay: ReplayConfig | None,
+                  mix_weights: list[float]) -> tuple[list[str], list[float]]:
+    """(folders, token weights summing to 1) of the training data; a 0 replay share adds nothing."""
+    if shards is None:
+        raise ConfigError("train.shards is not set and the job has no [job] output to train on")
+    sets = [ShardSetConfig(path=shards)] if isinstance(shards, str) else list(shards)
+    if not sets:
+        raise ConfigError("train.shards = [] is invalid; allowed: a job folder or a list of {path, weight} tables")
+    folders = [s.path for s in sets]
+    if len(set(folders)) != len(folders):
+        raise ConfigError(f"train.shards lists a folder twice: {folders}; give each data set once with its weight")
+    if mix_weights and not isinstance(shards, str):
+        raise ConfigError("train.data.mix_weights and weights in train.shards are both set; keep the weights in train.shards")
+    weights = list(mix_weights) if mix_weights else [s.weight for s in sets]
+    if len(weights) != len(folders):
+        raise ConfigError(f"train.data.mix_weights = {mix_weights!r} is invalid; allowed: one weight per data set ({len(folders)})")
+    total = sum(weights)
+    weights = [w / total for w in weights]
+    if replay is not None and replay.share > 0:
+        if replay.path in folders:
+            raise ConfigError(f"train.replay.from = {replay.path!r} is also in train.shards; give its share once")
+        weights = [w * (1 - replay.share) for w in weights] + [replay.share]
+        folders = folders + [replay.path]
+    return folders, weights
+
+
+def eval_sets(eval_folders: list[str], train_folders: list[str], replay: ReplayConfig | None) -> list[str]:
+    """The job folders whose val splits are evaluated: ``eval`` when given, else every training folder."""
+    if eval_folders:
+        return list(dict.fromkeys(eval_folders))
+    folders = list(train_folders)
+    if replay is not None and replay.path not in folders:  # a 0 share still measures the base data
+        folders.append(replay.path)
+    return folders
+
+
+class HeldOut:
+    """One pass over the val splits of several job folders, one loader after the other.
+
+    ``make(folder)`` builds that folder's val ``Loader``; iteration ends when the last one does.
+    """
+
+    def __init__(self, folders: list[str], make) -> None:
+        self.folders, self._make = list(folders), make
+        self._current = None
+
+    def __iter__(self) -> Iterator:
+        for folder in self.folders:
+            self._current = self._make(folder)
+            try:
+                yield from self._current
+            finally:
+                self.close()
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
+            self._current = None

@@ -1,0 +1,163 @@
+"""Starting a run from another run's checkpoint (``[train] init_from``): find it, check it fits, load it.
+
+``init_from`` is a run folder (its newest checkpoint that verifies), its ``checkpoints/`` folder,
+one checkpoint folder (``step-N/`` with ``meta.json``) or a ``state.pt`` file; local or any fsspec
+URL. The model config and the tokenizer must be the base run's: a continued run that silently
+re-shaped the model or re-tokenized the data would not be continuing anything. The weights are
+always loaded; the optimizer's moments only with ``init_optimizer`` (its hyperparameters stay
+this run's). What was loaded — run folder, checkpoint, step, sha256 — goes into provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import posixpath
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+import torch
+
+from train.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+_STATE, _META, _PREFIX = "state.pt", "meta.json", "step-"
+
+
+@dataclass(slots=True)
+class Initialization:
+    """A loaded checkpoint a run starts from, with where it came from."""
+
+    given: str  # the init_from value
+    checkpoint: str  # the checkpoint folder (or state file) read
+    run_dir: str | None  # the run folder holding it, when there is one
+    step: int
+    sha256: str  # of state.pt
+    state: dict
+    optimizer: bool = False  # also load the optimizer state
+
+    @property
+    def last_lr(self) -> float | None:
+        """The learning rate the base run's next step would have used."""
+        lrs = (self.state.get("scheduler") or {}).get("_last_lr")
+        return float(lrs[0]) if lrs else None
+
+    def start_factor(self, optim_cfg) -> float:
+        """Where this run's warm-up starts, as a fraction of its peak LR (``rewarm_from``)."""
+        if optim_cfg.rewarm_from != "current" or self.last_lr is None:
+            return 0.0
+        return max(0.0, self.last_lr / optim_cfg.lr)
+
+    def provenance(self) -> dict:
+        return {"given": self.given, "run_dir": self.run_dir, "checkpoint": self.checkpoint, "step": self.step,
+                "sha256": self.sha256, "init_optimizer": self.optimizer}
+
+    def check(self, model_cfg, tokenizer) -> None:
+        """ConfigError naming what differs when this run's tokenizer or model config is not the base's."""
+        where = f"train.init_from = {self.given!r}"
+        saved_tok = (self.state.get("data") or {}).get("tokenizer")
+        if saved_tok is not None and saved_tok != tokenizer.name:
+            raise ConfigError(f"{where}: the base run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
+                              "set train.tokenizer to the base run's (its run folder holds it)")
+        if self.run_dir is not None:
+            mine = _tokenizer_files(tokenizer)
+            theirs = self._run_files(list(mine))
+            differ = sorted(k for k in theirs if theirs[k] != mine[k])
+            if differ:
+                raise ConfigError(f"{where}: this run's tokenizer differs from the base run's ({', '.join(differ)} "
+                                  f"in {self.run_dir}); set train.tokenizer = {self.run_dir!r}")
+        saved = self.state.get("model_config")
+        if saved is None:
+            raise CheckpointError(f"{where}: checkpoint {self.checkpoint} records no model_config")
+        mine = dataclasses.asdict(model_cfg)
+        differ = [k for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+        if differ:
+            detail = ", ".join(f"{k} (base {saved.get(k)!r}, this run {mine.get(k)!r})" for k in differ)
+            raise ConfigError(f"{where}: [train.model] differs from the base run's model in {detail}; "
+                              "set those keys to the base run's values")
+
+    def _run_files(self, names: list[str]) -> dict[str, str]:
+        """sha256 of those of ``names`` the base run folder holds."""
+        fs, root = fsspec.core.url_to_fs(self.run_dir)
+        paths = {n: posixpath.join(root, n) for n in names}
+        return {n: hashlib.sha256(fs.cat_file(p)).hexdigest() for n, p in paths.items() if fs.exists(p)}
+
+    def apply(self, model, optimizer, scheduler, parallel) -> None:
+        """Load the weights (and optimizer moments) into a freshly built run."""
+        parallel.load_model_state(model, self.state["model"])
+        if self.optimizer:
+            # the moments and step counts are the base's; lr, betas, weight decay stay this run's
+            mine = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            parallel.load_optim_state(model, optimizer, self.state["optimizer"])
+            for group, hyper in zip(optimizer.param_groups, mine):
+                group.update(hyper)
+            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+                group["lr"] = lr
+        log.info("initialized from %s (step %d%s)", self.checkpoint, self.step, ", with optimizer state" * self.optimizer)
+
+
+def _tokenizer_files(tokenizer) -> dict[str, str]:
+    """sha256 of each file ``tokenizer.save`` writes: the same files the base run folder holds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(tmp)
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(tmp).iterdir() if p.is_file()}
+
+
+def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
+    """(state, sha256, step) of one checkpoint; CheckpointError when it does not verify."""
+    try:
+        data = fs.cat_file(state_file)
+    except (OSError, FileNotFoundError) as err:
+        raise CheckpointError(f"checkpoint {state_file} cannot be read: {err}") from err
+    digest = hashlib.sha256(data).hexdigest()
+    step = -1
+    meta_path = posixpath.join(folder, _META)
+    if fs.exists(meta_path):
+        meta = json.loads(fs.cat_file(meta_path))
+        if meta.get("bytes") != len(data) or meta.get("sha256") != digest:
+            raise CheckpointError(f"checkpoint {folder} fails its checksum (corrupt or truncated)")
+        step = int(meta.get("step", -1))
+    # weights_only=False: the state holds loader and RNG state; checksummed files winnow wrote
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    step = int((state.get("counters") or {}).get("step", step))
+    return state, digest, step
+
+
+def load_init(given: str, *, optimizer: bool = False, storage_options: dict | None = None) -> Initialization:
+    """Find and load the checkpoint ``given`` names (see the module docstring)."""
+    fs, root = fsspec.core.url_to_fs(given, **(storage_options or {}))
+    root = root.rstrip("/")
+    unstrip = (lambda p: fs.unstrip_protocol(p)) if "://" in given else (lambda p: p)
+    if not fs.exists(root):
+        raise ConfigError(f"train.init_from = {given!r} does not exist; give a run folder or a checkpoint")
+    if fs.isfile(root):
+        candidates, run_dir = [(posixpath.dirname(root), root)], None
+    elif fs.exists(posixpath.join(root, _META)):
+        candidates, run_dir = [(root, posixpath.join(root, _STATE))], None
+    else:
+        folder = posixpath.join(root, "checkpoints") if fs.isdir(posixpath.join(root, "checkpoints")) else root
+        steps = sorted((p for p in fs.ls(folder, detail=False) if posixpath.basename(p).startswith(_PREFIX)), reverse=True)
+        if not steps:
+            raise ConfigError(f"train.init_from = {given!r} holds no checkpoints (checkpoints/step-*/); train the base run first")
+        candidates = [(p, posixpath.join(p, _STATE)) for p in steps]
+        run_dir = posixpath.dirname(folder) if folder != root else None
+    if run_dir is None and posixpath.basename(posixpath.dirname(candidates[0][0])) == "checkpoints":
+        run_dir = posixpath.dirname(posixpath.dirname(candidates[0][0]))
+    for i, (folder, state_file) in enumerate(candidates):
+        try:
+            state, digest, step = _read_checkpoint(fs, folder, state_file)
+        except CheckpointError as err:
+            if i == len(candidates) - 1 or len(candidates) == 1:
+                raise
+            log.warning("init_from: skipping checkpoint: %s", err)
+            continue
+        return Initialization(given=given, checkpoint=unstrip(folder if fs.isdir(folder) else state_file),
+                              run_dir=unstrip(run_dir) if run_dir else None, step=step, sha256=digest, state=state,
+                              optimizer=optimizer)
+    raise CheckpointError(f"train.init_from = {given!r}: no checkpoint there verifies")  # unreachable: the loop raises

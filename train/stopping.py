@@ -1,0 +1,91 @@
+"""When to stop training early: patience on held-out loss, or a per-source loss threshold (``[train.stop]``).
+
+Fed one evaluation record at a time (``{"step", "eval": {"loss", "per_source"}}``, what
+``Trainer.evaluate`` writes). The watched value is the total held-out loss, or the mean over
+``sources`` when named; a run stops after ``patience`` evaluations in a row without an
+improvement of at least ``min_delta`` over the best so far, or as soon as a source named in
+``thresholds`` is at or below its threshold. The reason is a sentence the trainer logs and
+writes to ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from train.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class StopConfig:
+    """Early stopping (``[train.stop]``); with no keys set it never stops a run."""
+
+    patience: int = 0  # evaluations without improvement before stopping; 0: no patience rule
+    min_delta: float = 0.0  # an improvement smaller than this (nats) does not count
+    sources: list[str] = field(default_factory=list)  # watch the mean held-out loss of these; []: the total
+    thresholds: dict[str, float] = field(default_factory=dict)  # source -> stop once its held-out loss <= value
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.patience, int) and self.patience >= 0):
+            raise ConfigError(f"train.stop.patience = {self.patience!r} is invalid; allowed: an integer >= 0")
+        if not self.min_delta >= 0:
+            raise ConfigError(f"train.stop.min_delta = {self.min_delta!r} is invalid; allowed: >= 0")
+        for source, value in self.thresholds.items():
+            if not math.isfinite(value):
+                raise ConfigError(f"train.stop.thresholds.{source} = {value!r} is invalid; allowed: a finite number")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.patience or self.thresholds)
+
+
+class EarlyStopping:
+    """Decides after each evaluation whether the run should stop; ``reason`` says why once it has."""
+
+    def __init__(self, cfg: StopConfig) -> None:
+        self.cfg = cfg
+        self.best = math.inf
+        self.best_step = -1
+        self.bad_evals = 0
+        self.reason: str | None = None
+
+    def _watched(self, per_source: dict[str, float | None], total: float | None) -> float | None:
+        if not self.cfg.sources:
+            return total
+        missing = [s for s in self.cfg.sources if per_source.get(s) is None]
+        if missing:
+            raise ConfigError(f"train.stop.sources: no held-out loss for {missing} (held-out sources: {sorted(per_source)})")
+        return sum(per_source[s] for s in self.cfg.sources) / len(self.cfg.sources)
+
+    def update(self, record: dict) -> str | None:
+        """Take one evaluation record; returns the reason to stop, or None to go on."""
+        step, result = record["step"], record["eval"]
+        per_source = result.get("per_source") or {}
+        for source, threshold in self.cfg.thresholds.items():
+            loss = per_source.get(source)
+            if loss is None:
+                raise ConfigError(f"train.stop.thresholds.{source}: no held-out loss for {source!r} "
+                                  f"(held-out sources: {sorted(per_source)})")
+            if loss <= threshold:
+                self.reason = f"held-out loss of {source} is {loss:.4f} at step {step}, at or below its threshold {threshold:g}"
+                return self.reason
+        if not self.cfg.patience:
+            return None
+        value = self._watched(per_source, result.get("loss"))
+        what = "held-out loss" if not self.cfg.sources else f"mean held-out loss of {', '.join(self.cfg.sources)}"
+        if value is not None and value < self.best - self.cfg.min_delta:
+            self.best, self.best_step, self.bad_evals = value, step, 0
+            return None
+        self.bad_evals += 1
+        if self.bad_evals >= self.cfg.patience:
+            now = "none" if value is None else f"{value:.4f}"
+            self.reason = (f"{what} has not improved by {self.cfg.min_delta:g} for {self.bad_evals} evaluations "
+                           f"(best {self.best:.4f} at step {self.best_step}, now {now} at step {step})")
+        return self.reason
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals, "reason": self.reason}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_step = state["best"], state["best_step"]
+        self.bad_evals, self.reason = state["bad_evals"], state["reason"]
