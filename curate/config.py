@@ -29,6 +29,9 @@ class JobSection:
     on_error: Literal["raise", "skip"] = "raise"  # a file that cannot be opened at all
     seed: int = 0
     keep_work: bool = False  # keep the intermediate _work folder after success
+    # Ids given by two rows: "reject" keeps the first and rejects later copies (read:duplicate_id,
+    # one more map phase); "allow" skips the check, for inputs whose ids are known to be unique.
+    duplicate_ids: Literal["reject", "allow"] = "reject"
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\"):

@@ -36,6 +36,7 @@ from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
 from curate.readers import plan_read_tasks
 from curate.stages import Barrier, stage_class
+from curate.stages.ids import job_stages
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
 from curate.workdir import WorkDir
 from curate.writers.gather import plan_val_writes, write_val_group
@@ -45,11 +46,12 @@ log = logging.getLogger(__name__)
 
 def plan_phases(job: Job) -> list[PhaseSpec]:
     """Split the stage list at barriers into map phases."""
-    barriers = [i for i, s in enumerate(job.stages) if stage_class(s.kind).is_barrier(s.config)]
+    stages = job_stages(job)
+    barriers = [i for i, (_, cls, config) in enumerate(stages) if cls.is_barrier(config)]
     phases: list[PhaseSpec] = []
     start, apply = 0, None
     for b in [*barriers, None]:
-        end = len(job.stages) if b is None else b
+        end = len(stages) if b is None else b
         phases.append(PhaseSpec(index=len(phases), apply=apply, stages=tuple(range(start, end)), collect=b,
                                 final=b is None))
         apply, start = b, (end + 1 if b is not None else end)

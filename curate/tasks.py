@@ -25,7 +25,8 @@ from curate.errors import InputError, StageError
 from curate.ordered import sort_task_rows
 from curate.readers import ReadTask, read_task
 from curate.schema import CORE_COLUMNS, validate_rows
-from curate.stages import Stage, StageContext, stage_class
+from curate.stages import Stage, StageContext
+from curate.stages.ids import job_stages
 from curate.stats import StageStats
 from curate.workdir import WorkDir, fresh_tmp, reject_name
 from curate.writers.gather import VAL_ROWS
@@ -70,18 +71,13 @@ class TaskSpec:
         return self.work.task(self.phase.index, self.task)
 
 
-def stage_id(index: int, kind: str) -> str:
-    return f"{index + 1:02d}.{kind}"
-
-
 def build_stages(job: Job, work: WorkDir) -> list[Stage]:
     """Instantiate the job's stages with their contexts."""
     stages = []
-    for i, spec in enumerate(job.stages):
-        sid = stage_id(i, spec.kind)
+    for sid, cls, config in job_stages(job):
         ctx = StageContext(stage_id=sid, job_name=job.job.name, output_dir=job.output_dir,
                            plan_dir=work.plan(sid), sources=job.declared_sources, seed=job.job.seed)
-        stages.append(stage_class(spec.kind)(spec.config, ctx))
+        stages.append(cls(config, ctx))
     return stages
 
 

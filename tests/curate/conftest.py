@@ -40,11 +40,20 @@ def check_nothing_lost(out: Path, input_ids: set[str] | None = None) -> dict:
     parquet = [out / s["path"] for s in manifest["shards"] if s["format"] == "parquet"]
     kept = pl.concat([pl.read_parquet(p, columns=["id"]) for p in parquet])["id"] if parquet else pl.Series([], dtype=pl.String)
     reject_files = sorted((out / "rejects").glob("*.parquet"))
-    rejected = pl.concat([pl.read_parquet(p, columns=["id"]) for p in reject_files])["id"] if reject_files else pl.Series([], dtype=pl.String)
+    columns = ["id", "reason", "duplicate_of"]
+    all_rejects = (pl.concat([pl.read_parquet(p, columns=columns) for p in reject_files]) if reject_files
+                   else pl.DataFrame(schema={c: pl.String for c in columns}))
     assert kept.len() == t["rows_written"]
-    assert rejected.len() == t["rows_rejected"]
+    assert all_rejects.height == t["rows_rejected"]
+    # A later copy of an id is rejected as read:duplicate_id and points at the id it repeats;
+    # over the other rows, every id is in the output or in the rejects, never both.
+    copies = all_rejects.filter(pl.col("reason") == "read:duplicate_id")
+    rejected = all_rejects.filter(pl.col("reason") != "read:duplicate_id")["id"]
     kept_ids, rejected_ids = set(kept.to_list()), set(rejected.to_list())
+    assert kept.n_unique() == kept.len() or "repeat" in pl.read_parquet_schema(parquet[0]), "ids repeat in the output"
     assert not kept_ids & rejected_ids, sorted(kept_ids & rejected_ids)[:5]
+    assert copies["duplicate_of"].to_list() == copies["id"].to_list()
+    assert set(copies["id"].to_list()) <= kept_ids | rejected_ids
     if input_ids is not None:
         assert kept_ids | rejected_ids == input_ids
     return manifest

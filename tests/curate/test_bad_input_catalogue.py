@@ -236,6 +236,8 @@ CASES: list[Case] = [
     Case("tar_bad_json_member", tar_case([("a.txt", b"one"), ("a.json", b"{nope")], {"s/a.tar/a"}), {"read:bad_json": 1}, kept=0),
     Case("tar_sample_without_text", tar_case([("a.json", b'{"id": "j"}'), ("b.txt", b"two")], {"j", "s/a.tar/b"}),
          {"read:missing_text": 1}, kept=1),
+    # -- ids -----------------------------------------------------------------------------------
+    Case("duplicate_ids_across_inputs", two_inputs_same_ids, {"read:duplicate_id": 1}, kept=4),
     # -- the file system -----------------------------------------------------------------------
     Case("symlink_loop_in_folder", symlink_loop, error="Too many levels of symbolic links"),
     Case("dangling_symlink", dangling_link, error="symbolic link to nothing or into a loop"),

@@ -57,8 +57,8 @@ def test_job_counts_every_row_and_loses_none(tmp_path, write_job, nothing_lost):
     job = load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl")))
     manifest = run_job(job, progress=False)
     nothing_lost(job.output_dir, ids)
-    length = manifest["stages"][1]
-    assert length["id"] == "01.filter.length"
+    assert [st["id"] for st in manifest["stages"]] == ["00.read", "00.ids", "01.filter.length"]
+    length = manifest["stages"][2]
     assert length["rejected"] == {"filter:length_min_words": 3 * 12}  # i % 12 < 3: 12 of each file's 40 docs
     assert manifest["by_source"]["web"]["read"] == 120
     assert manifest["config"]["resolved"]["stages"][0]["min_words"] == 3
@@ -160,7 +160,7 @@ def test_crash_inside_a_task_then_rerun_gives_identical_shards(tmp_path, write_j
     monkeypatch.setattr(LengthFilter, "apply", crash_on_third_batch)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_job(job, progress=False)
-    done = sorted(p.name for p in (job.output_dir / "_work" / "phase-0").iterdir())
+    done = sorted(p.name for p in (job.output_dir / "_work" / "phase-1").iterdir())  # phase 0 checks the ids
     assert "task-00000" in done and ".task-00002.tmp" in done  # finished task kept, the crashed one not in place
     monkeypatch.setattr(LengthFilter, "apply", original)
     resumed = run_job(job, progress=False)
@@ -202,7 +202,7 @@ def test_stage_scoped_to_sources_passes_other_sources_untouched(tmp_path, write_
     ) + f'\n[[inputs]]\nsource = "books"\npath = "{tmp_path / "part1.jsonl"}"\n'
     manifest = run_job(load_job(write_job(body)), progress=False)
     nothing_lost(tmp_path / "out" / "t", ids)
-    by_source = manifest["stages"][1]["by_source"]
+    by_source = manifest["stages"][2]["by_source"]
     assert by_source["web"]["rejected"] == {"filter:length_min_words": 12}
     assert by_source["books"] == {"in": 40, "out": 40, "rejected": {}}
 
@@ -213,7 +213,7 @@ def test_job_where_an_early_stage_rejects_everything(tmp_path, write_job, nothin
     body += '\n[[stages]]\nkind = "filter.length"\nmax_chars = 5\n'
     manifest = run_job(load_job(write_job(body)), progress=False)
     nothing_lost(tmp_path / "out" / "t", ids)
-    assert manifest["totals"]["rows_written"] == 0 and manifest["stages"][2]["rows_in"] == 0
+    assert manifest["totals"]["rows_written"] == 0 and manifest["stages"][3]["rows_in"] == 0
 
 
 @pytest.mark.slow

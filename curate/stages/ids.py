@@ -1,0 +1,76 @@
+"""``00.ids``: the job-wide check that every row's id is unique, run before any other stage.
+
+Inputs often give ids (``id_field``), and two inputs — or two lines of one file — may give
+the same one (a document crawled twice, a source exported into two folders). Then "every
+input id is in the output or in the rejects, never both" cannot be checked, and a later
+stage that keys decisions by id (dedup drops *ids*) would act on both copies. So the first
+copy of each id, in input order (inputs as listed in the job, files sorted, rows in file
+order), is kept and every later copy becomes a ``read:duplicate_id`` reject whose
+``duplicate_of`` is that id.
+
+It is a barrier ahead of the job's own stages, so it costs one more map phase (the read
+rows are spilled once more, as lz4 Parquet) — ``[job] duplicate_ids = "allow"`` skips it
+when the ids are known to be unique. The keys it spills are the ids and row numbers only.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from curate.config import Job
+from curate.schema import make_rejects
+from curate.stages import stage_class
+from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageOutput
+
+IDS_STAGE_ID = "00.ids"
+REASON = "read:duplicate_id"
+
+
+class DuplicateIds(Barrier):
+    """Keeps the first row of each id and rejects the later copies."""
+
+    kind = "ids"
+    reasons = (REASON,)
+
+    def __init__(self, config: StageConfig, ctx) -> None:
+        super().__init__(config, ctx)
+        # Row numbers within the task: collect (phase 0) and apply (phase 1) see the same rows
+        # in the same order, because phase 0 runs no stage before this one.
+        self._collected = 0
+        self._applied = 0
+
+    def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
+        start, self._collected = self._collected, self._collected + batch.height
+        return batch.select("id", pl.int_range(start, self._collected, dtype=pl.Int64).alias("_row"))
+
+    def plan(self, keys: pl.LazyFrame) -> Plan:
+        empty = pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32, "_row": pl.Int64})
+        if "_row" not in keys.collect_schema().names():
+            return Plan(empty, {"rows": 0, "ids_with_copies": 0, "removed": 0})
+        repeated = keys.group_by("id").agg(pl.len().alias("_n")).filter(pl.col("_n") > 1).select("id")
+        copies = keys.join(repeated, on="id", how="semi").select("id", "_task", "_row").collect().sort("_task", "_row")
+        later = copies.filter(pl.int_range(pl.len()).over("id") > 0)
+        rows = keys.select(pl.len()).collect().item()
+        report = {"rows": rows, "ids_with_copies": copies["id"].n_unique() if copies.height else 0, "removed": later.height}
+        return Plan(later if later.height else empty, report)
+
+    def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
+        start, self._applied = self._applied, self._applied + batch.height
+        if decision is None or decision.height == 0:
+            return self.keep_all(batch)
+        later = pl.int_range(start, self._applied, dtype=pl.Int64).is_in(decision["_row"].implode())
+        marked = batch.with_columns(later.alias("__later"))
+        kept = marked.filter(~pl.col("__later")).drop("__later")
+        rejected = make_rejects(marked.filter(pl.col("__later")).drop("__later"), REASON, pl.col("id"))
+        return StageOutput(kept, rejected)
+
+
+def job_stages(job: Job) -> list[tuple[str, type[Stage], StageConfig]]:
+    """``(stage id, class, config)`` of every stage a job runs: the id check first (unless allowed off), then the job's own.
+
+    The check is not a ``kind`` a job file can name: the runner adds it, with the id ``00.ids``.
+    """
+    own = [(f"{i + 1:02d}.{spec.kind}", stage_class(spec.kind), spec.config) for i, spec in enumerate(job.stages)]
+    if job.job.duplicate_ids == "allow":
+        return own
+    return [(IDS_STAGE_ID, DuplicateIds, StageConfig()), *own]
