@@ -18,7 +18,7 @@ import numpy as np
 from curate.atomic import write_text_atomic
 from curate.errors import InputError
 from pipelines.ablate.layout import Study, load_study
-from pipelines.report import plots
+from pipelines.report import continued, plots
 from pipelines.report.curation import CurationJob, is_job_dir, load_job
 from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
 from pipelines.report.training import TrainingRun, is_run_dir, load_run
@@ -136,8 +136,17 @@ def _run_summary(run: TrainingRun) -> str:
 
 
 def training_section(run: TrainingRun, findings: list[Finding]) -> str:
-    parts = [f"<h2>Training: run {html.escape(run.path.name)}</h2>", _run_summary(run),
-             "<h3>Diagnosis</h3>", _findings(findings)]
+    parts = [f"<h2>Training: run {html.escape(run.path.name)}</h2>", _run_summary(run)]
+    if run.stop_reason:
+        parts.append(f"<p><b>Stopped early</b>: {html.escape(run.stop_reason)}</p>")
+    changes = continued.source_changes(run)
+    if changes:
+        parts += ["<h3>Forgetting and gain</h3>",
+                  "<p>Held-out loss per source at step 0 (the model this run started from, before any update) "
+                  "and now; the slope is a line through the last evaluations: an interval that holds 0 means "
+                  "the source has flattened.</p>", _table(*continued.table_rows(changes)),
+                  _img(continued.plot(run, changes), "forgetting and gain per source")]
+    parts += ["<h3>Diagnosis</h3>", _findings(findings)]
     if run.logs:
         parts += ["<h3>Loss</h3>", _img(plots.loss_curves(run), "loss curves"),
                   "<h3>Optimizer</h3>", _img(plots.optimizer(run), "learning rate and gradient norm"),

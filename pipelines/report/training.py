@@ -51,6 +51,7 @@ class TrainingRun:
     alerts: list[dict] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     bad_lines: int = 0
+    stop_reason: str | None = None  # why [train.stop] ended the run early
 
     @property
     def sources(self) -> list[str]:
@@ -190,6 +191,8 @@ def load_run(path: str | Path) -> TrainingRun:
             run.attribution = parse_attribution(record) or run.attribution  # accumulated: the last one wins
         elif "loss" in record:
             run.logs.append(record)
+        elif "stop" in record:
+            run.stop_reason = (record["stop"] or {}).get("reason")
     if (path / "config.json").is_file():
         run.config = json.loads((path / "config.json").read_text())
     return run
