@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from curate.errors import ConfigError
+from curate.writers.layout import shard_dir
 from pipelines.ablate.layout import write_atomic
 from pipelines.provenance import manifest_sha256
 
@@ -61,14 +62,15 @@ def _reusable_view(folder: Path, digest: str) -> dict | None:
 def _write_view(job_dir: str, manifest: dict, entries: list[dict], source: str, folder: Path,
                 digest: str) -> dict | None:
     shards, text_bytes = [], 0
-    (folder / "shards" / "train").mkdir(parents=True, exist_ok=True)
+    out = shard_dir(folder, "parquet", "train")  # the job folders' own layout
+    out.mkdir(parents=True, exist_ok=True)
     for i, entry in enumerate(entries):
         if not (entry.get("sources") or {}).get(source, 1):
             continue
         rows = pl.read_parquet(Path(job_dir) / entry["path"]).filter(pl.col("source") == source)
         if rows.is_empty():
             continue
-        path = f"shards/train/part-{i:05d}.parquet"
+        path = (out / f"part-{i:05d}.parquet").relative_to(folder).as_posix()
         rows.write_parquet(folder / path)
         data = (folder / path).read_bytes()
         shards.append({"split": "train", "format": "parquet", "path": path, "rows": rows.height,

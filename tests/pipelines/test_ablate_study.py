@@ -2,12 +2,13 @@
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
-import pipelines.ablate.layout as layout_module
+from curate import atomic
 from pipelines.ablate import runner
 from pipelines.ablate.config import AblateConfig
 from pipelines.ablate.layout import StudyLayout
@@ -42,12 +43,14 @@ def test_parallel_and_resumed_studies_give_the_serial_table(job, tmp_path, monke
         def __getattr__(self, name):
             return getattr(os, name)
 
-        def replace(self, *args):
-            raise RuntimeError("killed")
+        def replace(self, src, dst):
+            if Path(dst).name == "result.json":
+                raise RuntimeError("killed")
+            return os.replace(src, dst)
 
     def crash_on_prose(task):  # the last variant trains, then dies while writing its result
         if task.variant["name"] == "without_prose":
-            monkeypatch.setattr(layout_module, "os", DiesBeforeRename())
+            monkeypatch.setattr(atomic, "os", DiesBeforeRename())
         return train(task)
 
     monkeypatch.setattr(runner, "train_variant", crash_on_prose)
