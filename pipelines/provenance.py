@@ -38,6 +38,14 @@ def manifest_sha256(data: str | Path) -> str:
         raise InputError(f"{url}: no data manifest to record; train on a job output folder written by `winnow curate`") from err
 
 
+def _data_record(data: str | Path) -> dict[str, object]:
+    """The data folder and its manifest's sha256; a folder without one was trained on through a view."""
+    try:
+        return {"path": str(data), "manifest_sha256": manifest_sha256(data)}
+    except InputError:
+        return {"path": str(data), "manifest_sha256": None, "view": "data_view.json (no manifest.json in the folder)"}
+
+
 def git_commit(where: str | Path | None = None) -> dict[str, object] | None:
     """The commit of the checkout holding this code (and whether it had local changes); None outside git."""
     cwd = Path(where) if where is not None else Path(__file__).resolve().parent
@@ -59,7 +67,7 @@ def provenance(*, job_file: str | Path | None, data: Sequence[str | Path], extra
         job = {"path": str(path.resolve()), "text": path.read_text(encoding="utf-8")}
     return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": sys.argv, "job_file": job,
-            "data": [{"path": str(d), "manifest_sha256": manifest_sha256(d)} for d in data],
+            "data": [_data_record(d) for d in data],
             "packages": package_versions(_PACKAGES), "git": git_commit(), **(extra or {})}
 
 

@@ -26,18 +26,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="override [train] steps (e.g. a short check)")
     p.add_argument("--output", help="override [job] output (the run folder becomes OUTPUT/train unless [train] sets it)")
     p.add_argument("--workers", type=int, help="local curation processes (overrides [job] workers)")
+    p.add_argument("--shards", help="skip curation and train on this folder or URL (a curated job folder, or any "
+                   "folder of Parquet files with a `text` column), then write the report")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     job = load_job(args.job, output=args.output, workers=args.workers)
-    print(f"[1/3] curate {args.job} -> {job.job.output}")
-    run_job(job, progress=not args.quiet)
+    if args.shards is None:
+        print(f"[1/3] curate {args.job} -> {job.job.output}")
+        run_job(job, progress=not args.quiet)
+    else:
+        print(f"[1/3] curate: skipped, training on --shards {args.shards}")
     report_dir = Path(job.job.output)
     if "train" in job.raw:
-        overrides = {"steps": args.steps}
-        if not isinstance((job.raw.get("train") or {}).get("shards"), list):  # a list names its own folders
-            overrides["shards"] = job.job.output
+        overrides = {"steps": args.steps, "shards": args.shards}
+        if args.shards is None and not isinstance((job.raw.get("train") or {}).get("shards"), list):
+            overrides["shards"] = job.job.output  # a list names its own folders
         if args.output is not None:
             overrides["output"] = str(Path(args.output) / "train")
         cfg = load_train_config(args.job, **overrides)

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the MoE model on a job's shards ([train] table)")
     p.add_argument("job", type=Path, help="the job file (TOML) with a [train] table")
+    p.add_argument("--shards", help="train on this folder or URL instead of [train] shards: a `winnow curate` "
+                   "output, or any folder of Parquet files with a `text` (and optional `source`) column")
     p.add_argument("--steps", type=int, help="override [train] steps")
     p.add_argument("--output", help="override [train] output (the run folder)")
     p.set_defaults(func=run_train)
@@ -47,21 +49,35 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def load_train_config(job: Path, **overrides) -> TrainConfig:
-    """The job's ``[train]`` table as a ``TrainConfig``; ``shards`` defaults to the job's output folder."""
+    """The job's ``[train]`` table as a ``TrainConfig``; ``shards`` defaults to the job's output folder.
+
+    The run folder defaults to ``<shards>/train`` for a folder ``winnow curate`` wrote, and to
+    ``out/<folder name>/train`` for any other (winnow writes nothing into data it did not make).
+    """
     raw = read_toml(job)
     table = dict(raw.get("train") or {})
+    table.update({k: v for k, v in overrides.items() if v is not None and k != "output"})
     table.setdefault("shards", (raw.get("job") or {}).get("output"))
     first = table["shards"][0].get("path") if isinstance(table["shards"], list) and table["shards"] and \
         isinstance(table["shards"][0], dict) else table["shards"]
-    table.setdefault("output", str(Path(first if isinstance(first, str) else "out") / "train"))
+    table.setdefault("output", default_run_folder(first if isinstance(first, str) else None))
     replay = table.get("replay")
     if isinstance(replay, dict):  # `from` is a Python keyword: ReplayConfig names the field `path`
         if "path" in replay or "from" not in replay:
             raise ConfigError(f"{job} [train] key 'replay': needs 'from' (the base job folder) and 'share'; "
                               f"got keys {sorted(replay)}")
         table["replay"] = {("path" if k == "from" else k): v for k, v in replay.items()}
-    table.update({k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("output") is not None:
+        table["output"] = overrides["output"]
     return build_config(TrainConfig, table, f"{job} [train]")
+
+
+def default_run_folder(shards: str | None) -> str:
+    if shards is None:
+        return "out/train"
+    if "://" not in str(shards) and (Path(shards) / "manifest.json").is_file():
+        return str(Path(shards) / "train")
+    return str(Path("out") / (str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
 
 
 def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None) -> Trainer:
@@ -97,6 +113,7 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
                   rank=world.rank, world_size=world.size, sources=names)
     if world.is_main:
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
+        save_views(data, run_dir)
 
     # Held-out batches are read inline: a few batches per eval, and forking loader workers
     # after training has started its thread pools is how forked children deadlock.
@@ -150,8 +167,19 @@ def load_teacher(path: str) -> Transformer:
     return model.eval()
 
 
+def save_views(data: Loader, run_dir: Path) -> None:
+    """Record the view made of each folder without a manifest beside the run, and say so."""
+    views = [v for v in data.views if v is not None]
+    if views:
+        path = run_dir / "data_view.json"
+        path.write_text(json.dumps(views, indent=1))
+        for v in views:
+            print(f"{v['view_of']}: no manifest.json, so winnow made its view of the folder: {len(v['shards'])} "
+                  f"Parquet file(s), {sum(s['rows'] for s in v['shards'])} rows, sources {v['sources']} (saved in {path})")
+
+
 def run_train(args: argparse.Namespace) -> int:
-    cfg = load_train_config(args.job, steps=args.steps, output=args.output)
+    cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
     trainer = build_trainer(cfg)
     write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
     total, active = trainer.model.num_params()

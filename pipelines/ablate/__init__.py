@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="override the steps of every run")
     p.add_argument("--parallel", type=int, help="override [ablate] parallel")
     p.add_argument("--output", help="override [ablate] output (the study folder)")
+    p.add_argument("--shards", help="the curated job folder to re-mix (overrides [train] shards)")
     p.set_defaults(func=_run)
 
 

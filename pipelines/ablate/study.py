@@ -61,7 +61,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     acfg = build_config(AblateConfig, raw["ablate"], f"{args.job} [ablate]")
     acfg = dataclasses.replace(acfg, **{k: v for k, v in (("steps", args.steps), ("parallel", args.parallel),
                                                           ("output", args.output)) if v is not None})
-    train_cfg = load_train_config(args.job, steps=acfg.steps)
+    train_cfg = load_train_config(args.job, steps=acfg.steps, shards=getattr(args, "shards", None))
     layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
     folders, base = split_by_source(train_cfg.shards, layout.sources_root)
     sources = json.loads((Path(train_cfg.shards) / "manifest.json").read_text())["sources"]

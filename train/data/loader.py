@@ -68,6 +68,11 @@ class Loader:
         return list(self._ids.names)
 
     @property
+    def views(self) -> list[dict | None]:
+        """Per data set: the view made of a folder without manifest.json (``foreign.folder_view``), else None."""
+        return [stream.shards.view for stream in self._sets]
+
+    @property
     def epoch(self) -> int:
         return self._sets[0].position[0]
 

@@ -2,7 +2,9 @@
 
 ``open_shards`` reads ``manifest.json`` of a job folder (a local path or any fsspec URL such
 as ``s3://bucket/out/job``) and keeps the entries of one split and format, in manifest order:
-that order is the curriculum and the loader never reorders across it. ``read_shard`` fetches
+that order is the curriculum and the loader never reorders across it. A folder without a
+manifest is any folder of Parquet files with a ``text`` column: ``foreign.folder_view`` makes
+the manifest-shaped view of it (and says so). ``read_shard`` fetches
 one shard whole, checks its sha256 and row count against the manifest, checks the columns,
 and returns an Arrow table; every failure is a ``ShardError`` naming the shard and the problem.
 """
@@ -18,6 +20,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from train.data.foreign import folder_view, view_fingerprint
 from train.data.tarshard import read_tar
 from train.errors import ShardError
 
@@ -35,6 +38,7 @@ class ShardInfo:
     path: str  # relative to the job folder
     rows: int | None = None
     sha256: str | None = None
+    source: str | None = None  # a viewed file without a ``source`` column: every row's source
 
 
 @dataclass(slots=True)
@@ -47,6 +51,7 @@ class ShardSet:
     sources: list[str] = field(default_factory=list)
     fingerprint: str = ""
     storage_options: dict = field(default_factory=dict)
+    view: dict | None = None  # the view made of a folder without manifest.json (foreign.folder_view)
 
     def url(self, index: int) -> str:
         return f"{self.root}/{self.shards[index].path}"
@@ -61,27 +66,28 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
     root = root.rstrip("/")
     where = f"{data}/{MANIFEST}"
+    view = None
     try:
         manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
-    except FileNotFoundError as err:
-        raise ShardError(f"{where}: no manifest; `data` must be a job output folder written by `winnow curate`") from err
+    except FileNotFoundError:
+        manifest = view = folder_view(fs, root, str(data), split=split, fmt=fmt)
     except orjson.JSONDecodeError as err:
         raise ShardError(f"{where}: manifest is not valid JSON: {err}") from err
     entries = manifest.get("shards")
     if not isinstance(entries, list):
         raise ShardError(f"{where}: manifest has no 'shards' list")
     shards = [
-        ShardInfo(path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"))
+        ShardInfo(path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"), source=e.get("source"))
         for e in entries
         if e.get("split", "train") == split and e.get("format") == _FORMATS[fmt]
     ]
     if not shards:
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
-    digest = hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
+    digest = view_fingerprint(view) if view else hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     prefix = "" if protocol in ("file", "local") else f"{protocol}://"
     return ShardSet(root=prefix + root, fs=fs, shards=shards, sources=list(manifest.get("sources") or []),
-                    fingerprint=digest, storage_options=dict(storage_options or {}))
+                    fingerprint=digest, storage_options=dict(storage_options or {}), view=view)
 
 
 def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa.Table:
@@ -105,10 +111,13 @@ def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa
             raise ShardError(f"shard {url}: not a readable Parquet file (truncated or corrupt?): {err}") from err
     else:
         table = read_tar(buf, f"shard {url}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if info.source is not None and "source" not in table.column_names:
+        table = table.append_column("source", pa.repeat(pa.scalar(info.source, pa.string()), table.num_rows))
+    required = REQUIRED_COLUMNS if shard_set.view is None else ("source", "text")  # foreign files need no id
+    missing = [c for c in required if c not in table.column_names]
     if missing:
         raise ShardError(f"shard {url}: wrong columns: lacks {missing}; has {table.column_names}")
-    for c in REQUIRED_COLUMNS:
+    for c in required:
         if not (pa.types.is_string(table.schema.field(c).type) or pa.types.is_large_string(table.schema.field(c).type)):
             raise ShardError(f"shard {url}: wrong columns: {c!r} has type {table.schema.field(c).type}, expected string")
     if info.rows is not None and table.num_rows != info.rows:

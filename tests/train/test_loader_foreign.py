@@ -1,0 +1,95 @@
+"""Training on Parquet folders no ``winnow curate`` wrote: the loader makes its own view of the folder."""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from train.data import Loader, LoaderConfig
+from train.data.foreign import find_split_files
+from train.errors import ShardError
+
+CFG = LoaderConfig(batch_size=2, seq_len=64, num_workers=0)
+
+
+def write(path, texts, sources=None, **extra):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = {"text": texts, **({"source": sources} if sources is not None else {}), **extra}
+    pq.write_table(pa.table(cols), path)
+
+
+def docs_read(loader, n_batches):
+    batches = [next(loader) for _ in range(n_batches)]
+    toks = np.concatenate([b.targets[b.loss_mask].numpy() for b in batches])
+    srcs = np.concatenate([b.source_ids[b.loss_mask].numpy() for b in batches])
+    ends = np.flatnonzero(toks == 256)
+    docs = [toks[s:e].astype(np.uint8).tobytes().decode() for s, e in zip(np.r_[0, ends[:-1] + 1], ends)]
+    return docs, [loader.sources[i] for i in srcs[ends]]
+
+
+def test_hub_style_folder_trains_in_natural_order_with_sources_from_the_column(tmp_path):
+    texts = {i: [f"doc {i}-{j}" for j in range(3)] for i in (1, 2, 10)}
+    for i, t in texts.items():  # natural order: 1, 2, 10 (not 1, 10, 2)
+        write(tmp_path / "data" / f"train-{i:d}-of-10.parquet", t, ["web", "code", "web"], url=["u"] * 3)
+    write(tmp_path / "data" / "validation-0.parquet", ["held out"], ["web"])
+    loader = Loader(CFG, tmp_path)
+    assert loader.sources == ["web", "code"]
+    (view,) = loader.views
+    assert [s["path"] for s in view["shards"]] == ["data/train-1-of-10.parquet", "data/train-2-of-10.parquet",
+                                                   "data/train-10-of-10.parquet"]
+    docs, srcs = docs_read(loader, 4)
+    assert docs[:9] == texts[1] + texts[2] + texts[10]
+    assert srcs[:3] == ["web", "code", "web"]
+    val = Loader(CFG, tmp_path, split="val", sources=loader.sources)
+    assert docs_read(val, 1)[0][0] == "held out"
+
+
+def test_folder_without_source_column_is_one_source_named_after_it(tmp_path):
+    write(tmp_path / "mycorpus" / "a.parquet", ["x" * 10, "y" * 10])
+    loader = Loader(CFG, tmp_path / "mycorpus")
+    assert loader.sources == ["mycorpus"]
+    docs, srcs = docs_read(loader, 1)
+    assert docs[:2] == ["x" * 10, "y" * 10] and set(srcs) == {"mycorpus"}
+    with pytest.raises(ShardError, match="no manifest.json and no Parquet files for split 'val'"):
+        Loader(CFG, tmp_path / "mycorpus", split="val")
+
+
+def test_split_folders_and_winnow_layout_are_found(tmp_path):
+    fs = fsspec.filesystem("file")
+    for rel in ("train/b.parquet", "train/a.parquet", "validation/v.parquet", "_work/x.parquet", ".tmp.parquet"):
+        write(tmp_path / "hub" / rel, ["t"])
+    assert find_split_files(fs, str(tmp_path / "hub"), "train") == ["train/a.parquet", "train/b.parquet"]
+    assert find_split_files(fs, str(tmp_path / "hub"), "val") == ["validation/v.parquet"]
+    for rel in ("shards/parquet/train/part-00000-00000.parquet", "shards/parquet/val/part-00000-00000.parquet"):
+        write(tmp_path / "job" / rel, ["t"], ["s"])
+    assert find_split_files(fs, str(tmp_path / "job"), "val") == ["shards/parquet/val/part-00000-00000.parquet"]
+    write(tmp_path / "flat" / "x.parquet", ["t"])
+    write(tmp_path / "flat" / "val_0.parquet", ["t"])
+    assert find_split_files(fs, str(tmp_path / "flat"), "train") == ["x.parquet"]  # the val file is not train data
+
+
+def test_bad_folders_say_what_to_do(tmp_path):
+    with pytest.raises(ShardError, match=r"no such folder.*--shards"):
+        Loader(CFG, tmp_path / "missing")
+    write(tmp_path / "notext" / "a.parquet", ["t"], content=["c"])
+    pq.write_table(pa.table({"content": ["c"]}), tmp_path / "notext" / "a.parquet")
+    with pytest.raises(ShardError, match=r"a\.parquet: no 'text' column \(has \['content'\]\)"):
+        Loader(CFG, tmp_path / "notext")
+    (tmp_path / "half" / "_work").mkdir(parents=True)
+    with pytest.raises(ShardError, match="has not finished"):
+        Loader(CFG, tmp_path / "half")
+
+
+def test_manifest_folders_are_still_read_through_the_manifest(tmp_path):
+    from tests.train.shards_util import make_docs, write_job
+
+    folder = write_job(tmp_path / "job", [make_docs(6)])  # the layout before shards/<format>/ folders
+    loader = Loader(CFG, folder)
+    assert loader.views == [None]
+    assert json.loads((folder / "manifest.json").read_text())["shards"][0]["path"].startswith("shards/train/")
+    assert docs_read(loader, 6)[0][:6] == [d["text"] for d in make_docs(6)]

@@ -1,0 +1,100 @@
+"""A view of a folder of Parquet files that no ``winnow curate`` wrote: shards without a manifest.
+
+Any folder (local or fsspec URL) of Parquet files with a ``text`` column can be trained on; a
+``source`` column, if there is one, gives the per-source accounting, otherwise every row belongs
+to one source named after the folder. The split's files are found the way Hub datasets lay them
+out, first match wins:
+
+* a split folder: ``<root>/<split>/``, ``<root>/shards/parquet/<split>/`` (winnow's own layout)
+  or ``<root>/shards/<split>/`` — for ``val`` also ``validation/``, ``valid/`` and ``dev/``;
+* split-named files anywhere below the root: ``train-00000-of-00004.parquet``, ``val_0.parquet``;
+* for ``train`` only: every ``*.parquet`` file below the root.
+
+Files are read in natural path order (``part-2`` before ``part-10``). The view records each file's
+row count (from its footer) and size; there is no checksum to verify. The source names are read
+from the ``source`` column alone (Parquet reads one column without the rest), once, when the view
+is made, because the trainer sizes its per-source tables before the first batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+
+import fsspec
+import orjson
+import pyarrow.parquet as pq
+
+from train.errors import ShardError
+
+log = logging.getLogger(__name__)
+
+SPLIT_NAMES = {"train": ("train",), "val": ("val", "validation", "valid", "dev")}
+
+
+def _natural(path: str) -> list:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
+
+
+def find_split_files(fs: fsspec.AbstractFileSystem, root: str, split: str) -> list[str]:
+    """Paths (relative to ``root``) of the split's Parquet files, in natural order; [] when none."""
+    names = SPLIT_NAMES.get(split, (split,))
+    every = sorted((p[len(root) + 1:] for p in fs.find(root) if p.endswith(".parquet")), key=_natural)
+    every = [p for p in every if not any(part.startswith((".", "_")) for part in p.split("/"))]  # temp and work files
+    for name in names:
+        for prefix in (f"{name}/", f"shards/parquet/{name}/", f"shards/{name}/"):
+            found = [p for p in every if p.startswith(prefix)]
+            if found:
+                return found
+    pattern = re.compile(rf"(^|/)({'|'.join(names)})[-_.][^/]*\.parquet$")
+    named = [p for p in every if pattern.search(p)]
+    if named or split != "train":
+        return named
+    others = {n for ns in SPLIT_NAMES.values() for n in ns} - set(names)
+    return [p for p in every if not any(re.search(rf"(^|/){o}(/|[-_.][^/]*$)", p) for o in others)]
+
+
+def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: str, fmt: str) -> dict:
+    """A manifest-shaped view of ``root``'s ``split`` files: ``{"sources", "shards", "view_of"}``."""
+    if fmt != "parquet":
+        raise ShardError(f"{data}: no manifest.json; a folder without one is read as Parquet files, so set "
+                         "train.data.format = \"parquet\" (tar shards need the manifest `winnow curate` writes)")
+    if not fs.isdir(root):
+        raise ShardError(f"{data}: no such folder; train.shards (or --shards DIR) must be a job folder written by "
+                         "`winnow curate` or any folder of Parquet files with a 'text' column (curated with "
+                         "`--output X`? then train with `--shards X`)")
+    if fs.exists(f"{root}/_work"):
+        raise ShardError(f"{data}: a `winnow curate` job that has not finished (_work/ but no manifest.json); "
+                         "re-run the same curate command to finish it")
+    paths = find_split_files(fs, root, split)
+    if not paths:
+        raise ShardError(f"{data}: no manifest.json and no Parquet files for split {split!r} "
+                         f"(looked for {', '.join(f'{n}/' for n in SPLIT_NAMES.get(split, (split,)))} and "
+                         f"{split}-*.parquet{'' if split != 'train' else ', then any *.parquet'})")
+    default = root.rstrip("/").rsplit("/", 1)[-1] or "data"
+    shards, sources = [], {}
+    for rel in paths:
+        with fs.open(f"{root}/{rel}", "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            names = pf.schema_arrow.names
+            if "text" not in names:
+                raise ShardError(f"{data}/{rel}: no 'text' column (has {names}); every file needs the document text "
+                                 "in a string column named 'text'")
+            if "source" in names:
+                for name in pf.read(columns=["source"]).column("source").unique().to_pylist():
+                    sources.setdefault(name, None)
+            else:
+                sources.setdefault(default, None)
+            shards.append({"split": split, "format": "parquet", "path": rel, "rows": pf.metadata.num_rows,
+                           "bytes": fs.size(f"{root}/{rel}"), "sha256": None,
+                           "source": None if "source" in names else default})
+    view = {"format_version": 2, "view_of": data, "sources": [s for s in sources if s is not None], "shards": shards}
+    log.info("%s has no manifest.json: made a view of its %d Parquet file(s) for split %r (%d rows; sources %s)",
+             data, len(shards), split, sum(s["rows"] for s in shards), view["sources"])
+    return view
+
+
+def view_fingerprint(view: dict) -> str:
+    """What identifies the viewed files (paths, rows, sizes) for resuming."""
+    return hashlib.sha256(orjson.dumps([[s["path"], s["rows"], s["bytes"]] for s in view["shards"]])).hexdigest()[:16]
