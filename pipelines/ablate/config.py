@@ -14,7 +14,7 @@ KINDS = ("leave_one_out", "weights", "mixes", "random_mixes")
 class AblateConfig:
     """The ``[ablate]`` table: which variants of the mix to train and how."""
 
-    kind: Literal["leave_one_out", "weights", "mixes", "random_mixes"] = "leave_one_out"
+    kind: str | list[str] = "leave_one_out"  # one of KINDS, or a list of them (one baseline, all their variants)
     sources: list[str] = field(default_factory=list)  # leave_one_out / weights: sources to vary; [] = all
     factors: list[float] = field(default_factory=lambda: [0.5, 2.0])  # weights: multipliers of a source's weight
     mixes: dict[str, dict[str, float]] = field(default_factory=dict)  # mixes: variant name -> {source: weight}
@@ -36,10 +36,12 @@ class AblateConfig:
             if not ok:
                 raise ConfigError(f"ablate.{key} = {value!r} is invalid; allowed: {allowed}")
 
-        check(self.kind in KINDS, "kind", self.kind, " or ".join(repr(k) for k in KINDS))
+        kinds = [self.kind] if isinstance(self.kind, str) else self.kind
+        check(bool(kinds) and all(k in KINDS for k in kinds) and len(set(kinds)) == len(kinds), "kind", self.kind,
+              " or ".join(repr(k) for k in KINDS) + ", or a list of them without repeats")
         check(all(f >= 0 and f != 1 for f in self.factors) and bool(self.factors), "factors", self.factors,
               "non-negative numbers other than 1")
-        check(self.kind != "mixes" or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
+        check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
         for name, mix in self.mixes.items():
             check(name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
                   f"mixes.{name}", mix, "a name other than 'baseline' and non-negative weights, one of them > 0")
@@ -54,3 +56,7 @@ class AblateConfig:
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")
         check(self.threads >= 0, "threads", self.threads, "an integer >= 0 (0: cores / parallel)")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.kind,) if isinstance(self.kind, str) else tuple(self.kind)

@@ -25,33 +25,52 @@ def variants(cfg: AblateConfig, base: dict[str, float], seed: int, *, sources: l
     unknown = [s for s in chosen + [s for mix in cfg.mixes.values() for s in mix] if s not in sources]
     if unknown:
         raise ConfigError(f"ablate: unknown source {unknown[0]!r}; the shards hold {sorted(sources)}")
-    if cfg.target != "mean" and cfg.target not in sources:
-        raise ConfigError(f"ablate.target = {cfg.target!r} is invalid; allowed: 'mean' or a source of {sorted(sources)}")
+    if cfg.target != "mean" and cfg.target not in base:
+        raise ConfigError(f"ablate.target = {cfg.target!r} is invalid; allowed: 'mean' or a source with train rows "
+                          f"({sorted(base)})")
     missing = [s for s in chosen if s not in base]
-    if missing and cfg.kind in ("leave_one_out", "weights"):
-        name = f"without_{missing[0]}" if cfg.kind == "leave_one_out" else f"{missing[0]}_x{cfg.factors[0]:g}"
+    if missing and {"leave_one_out", "weights"} & set(cfg.kinds):
+        name = f"without_{missing[0]}" if "leave_one_out" in cfg.kinds else f"{missing[0]}_x{cfg.factors[0]:g}"
         raise ConfigError(f"ablate: variant {name!r} (ablate.sources) varies source {missing[0]!r}, which has no train "
                           f"rows in the curated shards (only {sorted(base)} do); drop it from ablate.sources")
-    if cfg.kind == "leave_one_out":
-        out += [{"name": f"without_{s}", "kind": "leave_one_out", "seed": seed,
-                 "weights": {k: w for k, w in base.items() if k != s}} for s in chosen]
-    elif cfg.kind == "weights":
-        out += [{"name": f"{s}_x{f:g}", "kind": "weights", "seed": seed,
-                 "weights": {k: w * (f if k == s else 1.0) for k, w in base.items() if k != s or f > 0}}
-                for s in chosen for f in cfg.factors]
-    elif cfg.kind == "random_mixes":
-        if cfg.n_mixes <= len(base):
-            raise ConfigError(f"ablate.n_mixes = {cfg.n_mixes} is invalid; allowed: more than the {len(base)} sources "
-                              "with train rows (the regression fits one coefficient per source)")
-        out += [{"name": f"mix_{i:02d}", "kind": "random_mix", "seed": seed, "weights": w}
-                | ({"steps": cfg.mix_steps} if cfg.mix_steps else {})
-                for i, w in enumerate(draw_mixes(base, cfg.n_mixes, cfg.concentration, seed))]
-    else:
-        out += [{"name": name, "kind": "mix", "seed": seed, "weights": {k: w for k, w in mix.items() if w > 0}}
-                for name, mix in cfg.mixes.items()]
+    for kind in cfg.kinds:
+        out += PLANNERS[kind](cfg, base, seed, chosen)
+    names = [v["name"] for v in out]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"ablate.mixes.{twice}: the name {twice!r} is taken by another variant of the study; rename it")
     for v in out:
         check_runnable(v, base)
     return out
+
+
+def _leave_one_out(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
+    return [{"name": f"without_{s}", "kind": "leave_one_out", "seed": seed,
+             "weights": {k: w for k, w in base.items() if k != s}} for s in chosen]
+
+
+def _weights(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
+    return [{"name": f"{s}_x{f:g}", "kind": "weights", "seed": seed,
+             "weights": {k: w * (f if k == s else 1.0) for k, w in base.items() if k != s or f > 0}}
+            for s in chosen for f in cfg.factors]
+
+
+def _mixes(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
+    return [{"name": name, "kind": "mix", "seed": seed, "weights": {k: w for k, w in mix.items() if w > 0}}
+            for name, mix in cfg.mixes.items()]
+
+
+def _random_mixes(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
+    if cfg.n_mixes <= len(base):
+        raise ConfigError(f"ablate.n_mixes = {cfg.n_mixes} is invalid; allowed: more than the {len(base)} sources "
+                          "with train rows (the regression fits one coefficient per source)")
+    return [{"name": f"mix_{i:02d}", "kind": "random_mix", "seed": seed, "weights": w}
+            | ({"steps": cfg.mix_steps} if cfg.mix_steps else {})
+            for i, w in enumerate(draw_mixes(base, cfg.n_mixes, cfg.concentration, seed))]
+
+
+#: kind -> its variants (after the baseline and noise seeds), in plan order
+PLANNERS = {"leave_one_out": _leave_one_out, "weights": _weights, "mixes": _mixes, "random_mixes": _random_mixes}
 
 
 def draw_mixes(base: dict[str, float], n: int, concentration: float, seed: int) -> list[dict[str, float]]:

@@ -70,7 +70,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     study = _Study(acfg, train_cfg, layout, folders, sources, str(args.job))
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
     results = study.train(runs)
-    if acfg.kind == "random_mixes":
+    if "random_mixes" in acfg.kinds:
         results += study.train([_proposal(acfg, results, base, train_cfg)])
     table = write_study(layout.root, results, sources, base, target=acfg.target)
     print(table)

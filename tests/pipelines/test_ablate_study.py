@@ -66,6 +66,20 @@ def test_parallel_and_resumed_studies_give_the_serial_table(job, tmp_path, monke
     assert _table(tmp_path / "resumed").equals(_table(tmp_path / "serial"))
 
 
+def test_one_study_of_several_kinds_shares_its_baseline():
+    base = {"code": 0.4, "prose": 0.6}
+    runs = variants(AblateConfig(kind=["leave_one_out", "random_mixes"], n_mixes=3, noise_seeds=3), base, seed=0)
+    assert [v["name"] for v in runs] == ["baseline", "baseline_seed1", "baseline_seed2", "without_code",
+                                         "without_prose", "mix_00", "mix_01", "mix_02"]
+    assert all(sum(v["weights"].values()) == pytest.approx(1.0) for v in runs if v["kind"] == "random_mix")
+    again = variants(AblateConfig(kind=["leave_one_out", "random_mixes"], n_mixes=3, noise_seeds=3), base, seed=0)
+    assert again == runs  # seeded: a resumed study plans the same mixes
+    with pytest.raises(Exception, match="ablate.kind"):
+        AblateConfig(kind=["leave_one_out", "leave_one_out"])
+    with pytest.raises(Exception, match="ablate.mixes.mix_00"):
+        variants(AblateConfig(kind=["mixes", "random_mixes"], n_mixes=3, mixes={"mix_00": {"code": 1.0}}), base, seed=0)
+
+
 def _synthetic(beta: np.ndarray, n: int = 12) -> tuple[list[dict], dict]:
     """Runs whose held-out losses are exactly linear in their mix shares: loss = w @ beta."""
     base = {"code": 0.4, "prose": 0.6}
