@@ -5,6 +5,11 @@ every stateful part of the run) and ``meta.json`` (step, size and sha256 of ``st
 A folder only gets its final name once both files are complete and synced, so a crash or
 preemption mid-write leaves at most a ``.tmp-*`` folder, which the next save removes.
 Resuming walks checkpoints newest first and skips any whose checksum does not match.
+
+Loading never runs code: ``torch.load(weights_only=True)`` accepts tensors and plain data
+only (the state is built of nothing else), so a hostile ``state.pt`` is refused with a
+``CheckpointError`` naming it. Pruning counts only checkpoints that verify, so a run that
+restarts next to corrupt ones never deletes its own fresh checkpoint.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 
 from train.errors import CheckpointError, ConfigError
@@ -25,6 +32,12 @@ from train.errors import CheckpointError, ConfigError
 log = logging.getLogger(__name__)
 
 STATE_FILE, META_FILE, PREFIX = "state.pt", "meta.json", "step-"
+
+# What checkpoints written before the RNG state became tensors hold besides tensors: NumPy
+# arrays rebuilt from dtype, shape and bytes (no code runs; object arrays' items go through the
+# same restricted unpickler). Allowed while loading only, never registered process-wide.
+_LEGACY_SAFE = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct,
+                (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,8 +47,13 @@ class CheckpointConfig:
     every: int = 100  # steps between checkpoints; 0: only at the end and on SIGTERM/SIGINT
     keep_last: int = 3
     resume: bool = True  # start from the newest valid checkpoint in the run folder, if any
+    mode: int | None = None  # file mode of checkpoint files, e.g. 0o600 (TOML: mode = 0o600); None: the umask
 
     def __post_init__(self) -> None:
+        if self.mode is not None and not (isinstance(self.mode, int) and 0o600 <= self.mode <= 0o777
+                                          and self.mode & 0o600 == 0o600):
+            raise ConfigError(f"train.checkpoint.mode = {self.mode!r} is invalid; allowed: a file mode such as 0o600 "
+                              "or 0o640 (TOML octal) that lets the owner read and write")
         if not (isinstance(self.every, int) and self.every >= 0):
             raise ConfigError(f"train.checkpoint.every = {self.every!r} is invalid; allowed: an integer >= 0")
         if not (isinstance(self.keep_last, int) and self.keep_last >= 1):
@@ -50,6 +68,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def load_state_file(path: str | Path | BinaryIO, *, name: str | None = None) -> Any:
+    """``torch.load`` of a file winnow wrote (checkpoint state, teacher, ``init_from``), refusing anything but data.
+
+    A pickle that would import or call anything besides tensors and plain containers is a
+    ``CheckpointError`` naming the file (``name`` when ``path`` is an open file); nothing in it runs.
+    """
+    try:
+        with torch.serialization.safe_globals(_LEGACY_SAFE):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        lines = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line or "but got" in line]
+        found = lines[0].split(". Please")[0] if lines else type(err).__name__
+        raise CheckpointError(f"{name or path}: refused: it holds pickled objects other than tensors and plain data, and "
+                              f"loading them could run code ({found}); only load checkpoints winnow wrote") from err
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -61,9 +95,17 @@ def _fsync_dir(path: Path) -> None:
 class CheckpointManager:
     """Saves and finds the run's checkpoints under ``folder``."""
 
-    def __init__(self, folder: str | Path, *, keep_last: int = 3) -> None:
+    def __init__(self, folder: str | Path, *, keep_last: int = 3, mode: int | None = None) -> None:
         self.folder = Path(folder)
         self.keep_last = keep_last
+        self.mode = mode  # None: files and folders follow the umask
+        self._verified: set[str] = set()  # checkpoints this process saved or checksummed
+        self._corrupt: set[str] = set()
+
+    def _open(self, path: Path):
+        if self.mode is None:
+            return open(path, "wb")
+        return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.mode), "wb")
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -71,18 +113,22 @@ class CheckpointManager:
             shutil.rmtree(stale, ignore_errors=True)
         final = self.folder / f"{PREFIX}{step:08d}"
         tmp = self.folder / f".tmp-{final.name}-{os.getpid()}"
-        tmp.mkdir()
+        # owner-only folder while private (the x bits of the file mode), so nothing is readable in between
+        tmp.mkdir(mode=0o777 if self.mode is None else self.mode | (self.mode & 0o444) >> 2)
         state_path = tmp / STATE_FILE
-        with open(state_path, "wb") as f:
+        with self._open(state_path) as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         meta = {"format_version": 1, "step": step, "bytes": state_path.stat().st_size, "sha256": _sha256(state_path)}
-        (tmp / META_FILE).write_text(json.dumps(meta))
+        with self._open(tmp / META_FILE) as f:
+            f.write(json.dumps(meta).encode())
         if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(self.folder)
+        self._verified.add(final.name)
+        self._corrupt.discard(final.name)
         self._prune()
         log.info("checkpoint saved: %s", final)
         return final
@@ -101,13 +147,15 @@ class CheckpointManager:
             state_path = path / STATE_FILE
             if state_path.stat().st_size != meta["bytes"] or _sha256(state_path) != meta["sha256"]:
                 raise CheckpointError(f"checkpoint {path} fails its checksum (corrupt or truncated)")
-            # weights_only=False: the state holds loader and RNG state (plain Python/numpy objects);
-            # we only load files whose checksum we wrote ourselves
-            return torch.load(state_path, map_location="cpu", weights_only=False)
+            state = load_state_file(state_path)
         except CheckpointError:
+            self._corrupt.add(path.name)
             raise
-        except (OSError, ValueError, KeyError, RuntimeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+            self._corrupt.add(path.name)
             raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from err
+        self._verified.add(path.name)
+        return state
 
     def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that verifies; corrupt ones are logged and skipped."""
@@ -118,6 +166,30 @@ class CheckpointManager:
                 log.warning("skipping checkpoint: %s", err)
         return None
 
+    def _looks_valid(self, path: Path) -> bool:
+        """Verified here, or (without reading it whole) complete: its meta parses and the size matches."""
+        if path.name in self._verified:
+            return True
+        if path.name in self._corrupt:
+            return False
+        try:
+            meta = json.loads((path / META_FILE).read_text())
+            return (path / STATE_FILE).stat().st_size == meta["bytes"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
     def _prune(self) -> None:
-        for old in self.checkpoints()[self.keep_last:]:
-            shutil.rmtree(old, ignore_errors=True)
+        """Keep the ``keep_last`` newest valid checkpoints; older ones of any kind go.
+
+        Invalid checkpoints newer than those (e.g. an earlier run's, all corrupt) are left for
+        inspection and never counted: counting them would delete the checkpoint just written.
+        """
+        found = self.checkpoints()
+        valid = [p for p in found if self._looks_valid(p)]
+        if not valid:
+            return
+        keep = set(valid[:self.keep_last])
+        oldest_kept = min(keep)
+        for old in found:
+            if old not in keep and (old in valid or old < oldest_kept):
+                shutil.rmtree(old, ignore_errors=True)

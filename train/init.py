@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fsspec
-import torch
 
+from train.checkpoint import load_state_file
 from train.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,7 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
         if meta.get("bytes") != len(data) or meta.get("sha256") != digest:
             raise CheckpointError(f"checkpoint {folder} fails its checksum (corrupt or truncated)")
         step = int(meta.get("step", -1))
-    # weights_only=False: the state holds loader and RNG state; checksummed files winnow wrote
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    state = load_state_file(io.BytesIO(data), name=state_file)  # tensors and plain data only: runs no code
     step = int((state.get("counters") or {}).get("step", step))
     return state, digest, step
 

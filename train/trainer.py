@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import random
 import signal
 import threading
 import time
@@ -32,6 +31,7 @@ from train.metrics import Throughput, memory_stats, peak_flops_basis
 from train.model import Transformer, cross_entropy_per_token, distillation_per_token
 from train.optim import build_optimizer, build_scheduler
 from train.parallel import Parallel
+from train.rng import rng_state, set_rng_state
 from train.stopping import EarlyStopping
 
 log = logging.getLogger(__name__)
@@ -47,21 +47,6 @@ class StepResult:
     grad_norm: float
     skipped: str | None
     lr: float = 0.0  # the learning rate the step used
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class Trainer:
@@ -96,7 +81,8 @@ class Trainer:
         self.spikes = SpikeDetector(sigma=cfg.alerts.spike_sigma, window=cfg.alerts.spike_window,
                                     min_history=cfg.alerts.spike_min_history)
         self.metrics = self.parallel.metrics_writer(self.run_dir, tensorboard=cfg.metrics.tensorboard)
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last,
+                                             mode=cfg.checkpoint.mode)
         self.throughput = Throughput()
         self.peak_flops, self.peak_basis = peak_flops_basis(device, cfg.metrics.peak_flops)
         self.flops_per_token = model.cfg.flops_per_token(cfg.data.seq_len)

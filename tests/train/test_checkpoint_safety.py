@@ -1,0 +1,110 @@
+"""Checkpoint safety: loading runs no code, pruning never eats the fresh checkpoint, file modes."""
+
+import hashlib
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.train import load_teacher
+from train.checkpoint import META_FILE, STATE_FILE, CheckpointConfig, CheckpointManager
+from train.errors import CheckpointError, ConfigError
+from train.rng import rng_state, set_rng_state
+
+
+class _Payload:
+    """Unpickling this creates a file: what a hostile checkpoint would do with os.system instead."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant(folder, state) -> None:
+    """A checkpoint folder whose meta.json matches its state.pt, as an attacker who can write both makes it."""
+    folder.mkdir(parents=True)
+    torch.save(state, folder / STATE_FILE)
+    data = (folder / STATE_FILE).read_bytes()
+    meta = {"format_version": 1, "step": 5, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / META_FILE).write_text(json.dumps(meta))
+
+
+def test_hostile_checkpoint_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000005"
+    _plant(ckpt, {"model": {"w": torch.ones(2)}, "x": _Payload(marker)})
+    manager = CheckpointManager(ckpt.parent)
+    with pytest.raises(CheckpointError, match=f"{ckpt / STATE_FILE}.*refused"):
+        manager.load(ckpt)
+    assert manager.load_latest() is None  # skipped like a corrupt one, with a warning
+    with pytest.raises(CheckpointError):  # a teacher (or init_from) goes through the same loader
+        load_teacher(str(ckpt))
+    assert not marker.exists()
+
+
+def test_trainer_state_loads_weights_only_and_rng_round_trips(tmp_path):
+    np.random.seed(3)
+    state = rng_state()
+    expected = np.random.rand(4)
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"rng": state, "counters": {"step": 1}, "sources": ["a"], "t": torch.arange(3)})
+    _, loaded = manager.load_latest()
+    set_rng_state(loaded["rng"])
+    assert np.array_equal(np.random.rand(4), expected)
+
+
+def test_checkpoint_from_before_tensor_rng_state_still_loads(tmp_path):
+    folder = tmp_path / "step-00000001"
+    np.random.seed(5)
+    _plant(folder, {"rng": {"numpy": np.random.get_state()}})  # NumPy's own tuple, as older winnow saved it
+    expected = np.random.rand(3)
+    state = CheckpointManager(tmp_path).load(folder)
+    np.random.set_state(state["rng"]["numpy"])
+    assert np.array_equal(np.random.rand(3), expected)
+
+
+def _corrupt(path) -> None:
+    data = bytearray((path / STATE_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / STATE_FILE).write_bytes(bytes(data[:-7]))  # truncated too: the cheap size check sees it
+
+
+def test_pruning_counts_only_valid_checkpoints(tmp_path):
+    old = CheckpointManager(tmp_path, keep_last=3)
+    for step in (30, 40, 50):
+        _corrupt(old.save(step, {"step": step}))
+    manager = CheckpointManager(tmp_path, keep_last=3)  # a restart: nothing verified yet in this process
+    assert manager.load_latest() is None
+    fresh = manager.save(10, {"step": 10})
+    assert fresh.is_dir()
+    path, state = manager.load_latest()
+    assert path == fresh and state["step"] == 10
+    for step in (20, 60, 70, 80):
+        manager.save(step, {"step": step})
+    names = [p.name for p in manager.checkpoints()]
+    assert names == ["step-00000080", "step-00000070", "step-00000060"]  # corrupt 30-50 were older: gone too
+
+
+def test_checkpoints_follow_the_umask_or_the_configured_mode(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        plain = CheckpointManager(tmp_path / "plain").save(1, {"x": 1})
+        private = CheckpointManager(tmp_path / "private", mode=0o600).save(1, {"x": 1})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((plain / STATE_FILE).stat().st_mode) == 0o640
+    assert stat.S_IMODE(plain.stat().st_mode) == 0o750
+    for path in (private / STATE_FILE, private / META_FILE):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o400, 0o1777, "0600", -1])
+def test_bad_checkpoint_mode_names_the_key(mode):
+    with pytest.raises(ConfigError, match="train.checkpoint.mode"):
+        CheckpointConfig(mode=mode)
