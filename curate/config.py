@@ -56,6 +56,8 @@ class InputConfig:
     id_field: str = "id"
     hf_builder: str | None = None  # format = "hf": load local files through load_dataset(builder, ...)
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to fsspec
+    # fields moved out of meta into typed columns: names (types inferred) or {name = "string"|"int64"|...}
+    keep_fields: list[str] | dict[str, str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if (self.source is None) == (self.source_field is None):
@@ -66,6 +68,10 @@ class InputConfig:
             self.path = [self.path]
         if not self.path:
             raise ConfigError("path must name at least one file, folder or glob")
+        from curate.fields import check_fields  # curate.fields needs this module's Job type
+        from curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS, REJECT_COLUMNS
+
+        check_fields(self.keep_fields, (*CORE_COLUMNS, *OPTIONAL_COLUMNS, *REJECT_COLUMNS, "stage", "extra"))
 
     @property
     def paths(self) -> list[str]:

@@ -34,7 +34,8 @@ from curate.executors import Executor
 from curate.atomic import write_json_atomic, write_text_atomic
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
-from curate.readers import plan_read_tasks
+from curate.fields import resolve_field_types
+from curate.readers import plan_read_tasks, read_task
 from curate.stages import Barrier, stage_class
 from curate.stages.ids import job_stages
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
@@ -86,6 +87,8 @@ class Runner:
         t0 = time.perf_counter()
         self._prepare()
         read_tasks = plan_read_tasks(self.job.inputs)
+        if any(i.keep_fields for i in self.job.inputs):
+            self.job = resolve_field_types(self.job, read_tasks, lambda index: _first_batch(self.job, read_tasks, index))
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
                  len(self.phases), self.out)
         results: list[list[dict]] = []
@@ -212,6 +215,12 @@ class Runner:
         """Validation rows of every task, gathered into shards of about ``shard_bytes``."""
         specs = plan_val_writes(self.job, self.work, self.phases[-1].index, final_results)
         return sorted(self.executor.run(write_val_group, specs), key=lambda r: r["task"])
+
+
+def _first_batch(job: Job, read_tasks: list, index: int) -> pl.DataFrame | None:
+    """The first batch of input ``index`` (to infer ``keep_fields`` types), or None if it has no rows."""
+    task = next((t for t in read_tasks if t.input_index == index), None)
+    return None if task is None else next((rb.rows for rb in read_task(job.inputs[index], task, 1000) if rb.rows.height), None)
 
 
 def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from curate.atomic import rename_into_place, write_json_atomic
 from curate.config import Job
 from curate.errors import InputError, StageError
+from curate.fields import extract_fields, job_fields
 from curate.ordered import sort_task_rows
 from curate.readers import ReadTask, read_task
 from curate.schema import CORE_COLUMNS, validate_rows
@@ -163,9 +164,10 @@ def _batches(spec: TaskSpec, stats: dict[str, StageStats], skipped: list[dict]) 
     batch_rows = spec.job.job.batch_rows
     if spec.read is not None:
         cfg = spec.job.inputs[spec.read.input_index]
+        fields, every = cfg.keep_fields if isinstance(cfg.keep_fields, dict) else {}, job_fields(spec.job)
         try:
             for rb in read_task(cfg, spec.read, batch_rows):
-                yield rb.rows, rb.rejects
+                yield extract_fields(rb.rows, fields, every), rb.rejects
         except InputError as err:
             if spec.job.job.on_error != "skip":
                 raise

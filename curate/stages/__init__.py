@@ -1,7 +1,8 @@
 """The registry: job-file ``kind`` names to stage classes.
 
 Stage modules are imported on first use, so a job pays only for the stages it names
-(and optional dependencies fail only when their stage is used).
+(and optional dependencies fail only when their stage is used). Installed packages add
+kinds through the ``winnow.stages`` entry-point group (``curate.stages.plugins``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib
 
 from curate.errors import ConfigError
 from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageContext, StageOutput
+from curate.stages.plugins import GROUP, load_plugin, plugin_entry_points
 
 _KINDS: dict[str, str] = {
     "clean": "curate.stages.clean:Clean",
@@ -19,6 +21,7 @@ _KINDS: dict[str, str] = {
     "filter.c4": "curate.stages.filters.c4:C4Filter",
     "filter.fineweb": "curate.stages.filters.fineweb:FineWebFilter",
     "filter.language": "curate.stages.filters.language:LanguageFilter",
+    "filter.expr": "curate.stages.filters.expr:ExprFilter",
     "dedup.exact": "curate.dedup.exact:ExactDedup",
     "dedup.minhash": "curate.dedup.minhash:MinHashDedup",
     "score.heuristic": "curate.stages.scores.heuristic:HeuristicScore",
@@ -32,19 +35,24 @@ _KINDS: dict[str, str] = {
 
 
 def stage_kinds() -> list[str]:
-    """Every kind a job file may name."""
-    return sorted(_KINDS)
+    """Every kind a job file may name: the built-in ones and those installed packages register."""
+    return sorted(set(_KINDS) | set(plugin_entry_points()))
 
 
 def stage_class(kind: str, *, where: str = "") -> type[Stage]:
     """The class registered for ``kind``; ``where`` prefixes the error (file and table)."""
-    try:
-        target = _KINDS[kind]
-    except KeyError:
+    target = _KINDS.get(kind)
+    if target is None:
+        plugin = load_plugin(kind, _KINDS)
+        if plugin is not None:
+            return plugin
         import difflib
 
-        close = difflib.get_close_matches(kind, _KINDS, n=1)
+        close = difflib.get_close_matches(kind, stage_kinds(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if ":" in kind or "/" in kind:
+            hint += (f"; a job file names registered kinds only, never import paths: package your stage and register "
+                     f"it in the {GROUP!r} entry-point group")
         raise ConfigError(f"{where}unknown stage kind {kind!r}{hint}; known kinds: {', '.join(stage_kinds())}") from None
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)

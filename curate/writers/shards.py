@@ -153,9 +153,22 @@ class ShardWriter:
 
 
 def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:
-    """Two members per row: ``<key>.txt`` and ``<key>.json`` (every column but the text)."""
+    """Two members per row: ``<key>.txt`` and ``<key>.json`` (every column but the text).
+
+    ``meta`` is already a JSON object: it goes into the json member as that object, not as a
+    string holding JSON (which readers would have to decode twice).
+    """
     keys = safe_keys(df).to_list()
-    jsons = df.drop("text").select(pl.struct(pl.all()).struct.json_encode()).to_series().to_list()
+    rest = df.drop("text", "meta", strict=False).select(pl.struct(pl.all()).struct.json_encode()).to_series()
+    if "meta" in df.columns:
+        meta = pl.col("meta")
+        is_object = meta.str.starts_with("{") & meta.str.ends_with("}")
+        as_string = pl.struct(meta.alias("m")).struct.json_encode().str.slice(5).str.head(-1)  # '{"m":"..."}' -> '"..."'
+        embedded = pl.when(meta.is_null()).then(pl.lit("null")).when(is_object).then(meta).otherwise(as_string)
+        tail = df.select(embedded).to_series()
+        jsons = (rest.str.head(-1) + ',"meta":' + tail + "}").to_list()
+    else:
+        jsons = rest.to_list()
     names = [name for key in keys for name in (f"{key}.txt", f"{key}.json")]
     payloads = [p for text, meta in zip(df["text"].to_list(), jsons) for p in (text.encode(), meta.encode())]
     tar.add(names, payloads)

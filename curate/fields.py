@@ -1,0 +1,154 @@
+"""``keep_fields``: input fields a user names become typed top-level columns instead of ``meta`` keys.
+
+``[[inputs]] keep_fields = ["url", "language_score", "dump"]`` (types inferred) or
+``keep_fields = {url = "string", language_score = "float64"}`` (types given). Every reader puts
+a record's other fields into the ``meta`` JSON string; this step, right after reading, moves the
+named ones out of it into columns of one fixed dtype per field for the whole job, so Parquet
+shards have a stable schema and ``filter.expr`` can compare them as numbers.
+
+Inferred types come from the first batch of each input's first file, before any task runs, so
+every task (and a re-run) agrees. A value that does not fit its field's type (a string where a
+number was inferred) stays in ``meta`` and the column is null there: nothing is lost.
+
+Moving keys out of ``meta`` parses each row's meta with orjson. That is per-row Python, but on
+the small ``meta`` strings only (never the text) and only when ``keep_fields`` is set: ~2 µs a
+row here, against ~50 µs a row for the gopher filters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import polars as pl
+
+from curate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from curate.config import Job
+
+log = logging.getLogger(__name__)
+
+FIELD_TYPES: dict[str, pl.DataType] = {"string": pl.String(), "int64": pl.Int64(), "float64": pl.Float64(),
+                                       "bool": pl.Boolean(), "json": pl.String()}
+
+
+def check_fields(fields: list[str] | dict[str, str], reserved: tuple[str, ...]) -> None:
+    """Refuse empty names, names of winnow's own columns and unknown types (ConfigError)."""
+    for name in fields:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"keep_fields: field names must be non-empty strings, got {name!r}")
+        if name in reserved:
+            raise ConfigError(f"keep_fields: {name!r} is one of winnow's own columns ({', '.join(reserved)}); "
+                              "rename it in the input or leave it in meta")
+    if isinstance(fields, dict):
+        bad = {k: v for k, v in fields.items() if v not in FIELD_TYPES}
+        if bad:
+            k, v = next(iter(bad.items()))
+            raise ConfigError(f"keep_fields.{k} = {v!r} is not a type; allowed: {', '.join(FIELD_TYPES)}")
+
+
+def infer_type(values: list[Any]) -> str:
+    """The type most sampled values have (numbers: int64 if all are integers, else float64).
+
+    A minority of values of another kind (a stray ``"n/a"`` among scores) does not turn the
+    column into strings: those values stay in ``meta``.
+    """
+    kinds: dict[str, int] = {}
+    for v in values:
+        if v is None:
+            continue
+        kind = "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else \
+            "string" if isinstance(v, str) else "json"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if not kinds:
+        return "string"
+    kind = max(kinds, key=lambda k: (kinds[k], k))
+    if kind == "number":
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return "int64" if all(isinstance(v, int) for v in numbers) else "float64"
+    return kind
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind == "json":
+        return True
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int64":
+        return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
+    if kind == "float64":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def job_fields(job: Job) -> dict[str, str]:
+    """Every kept field of the job with its type: each input's rows get all of them (null where not its own)."""
+    out: dict[str, str] = {}
+    for cfg in job.inputs:
+        if isinstance(cfg.keep_fields, dict):
+            out.update(cfg.keep_fields)
+    return out
+
+
+def extract_fields(rows: pl.DataFrame, fields: dict[str, str], every: dict[str, str] | None = None) -> pl.DataFrame:
+    """``rows`` with each field of ``fields`` moved from ``meta`` into a column of its type, and null
+    columns for the rest of ``every`` (the job's kept fields), so all rows share one schema."""
+    others = [pl.lit(None, FIELD_TYPES[t]).alias(f) for f, t in (every or {}).items() if f not in fields]
+    if not fields or not rows.height:
+        return rows.with_columns(*others, *[pl.lit(None, FIELD_TYPES[t]).alias(f) for f, t in fields.items()]) \
+            if fields or others else rows
+    columns: dict[str, list[Any]] = {f: [] for f in fields}
+    metas: list[str | None] = []
+    for meta in rows["meta"].to_list():
+        record = orjson.loads(meta) if meta else None
+        if not isinstance(record, dict):
+            metas.append(meta)
+            for values in columns.values():
+                values.append(None)
+            continue
+        moved = False
+        for name, kind in fields.items():
+            value = record.get(name)
+            if value is not None and _fits(value, kind):
+                del record[name]
+                moved = True
+                columns[name].append(orjson.dumps(value).decode() if kind == "json" else value)
+            else:
+                if value is None and name in record:
+                    del record[name]  # an explicit null is the column's null
+                    moved = True
+                columns[name].append(None)
+        metas.append((orjson.dumps(record).decode() if record else None) if moved else meta)
+    return rows.with_columns(pl.Series("meta", metas, pl.String), *others,
+                             *[pl.Series(name, columns[name], FIELD_TYPES[kind]) for name, kind in fields.items()])
+
+
+def resolve_field_types(job: Job, read_tasks: list, sample: Any) -> Job:
+    """The job with every input's ``keep_fields`` as ``{name: type}``, one type per name over the job.
+
+    ``sample(input_index) -> DataFrame | None`` reads the first batch of that input (the runner
+    passes a function over its read tasks, so this module needs no reader).
+    """
+    resolved: dict[str, str] = {}
+    inputs = []
+    for index, cfg in enumerate(job.inputs):
+        fields = cfg.keep_fields
+        if isinstance(fields, dict):
+            for name, kind in fields.items():
+                if resolved.setdefault(name, kind) != kind:
+                    raise ConfigError(f"keep_fields.{name}: input #{index + 1} says {kind!r}, an earlier input "
+                                      f"{resolved[name]!r}; a column has one type over the job")
+        elif fields:
+            missing = [f for f in fields if f not in resolved]
+            if missing:
+                batch = sample(index)
+                records = [orjson.loads(m) for m in (batch["meta"].to_list() if batch is not None else []) if m]
+                for name in missing:
+                    resolved[name] = infer_type([r.get(name) for r in records if isinstance(r, dict)])
+                log.info("keep_fields of input #%d (%s): types %s", index + 1, cfg.label,
+                         {f: resolved[f] for f in fields})
+        inputs.append(dataclasses.replace(cfg, keep_fields={f: resolved[f] for f in (fields or [])}))
+    return dataclasses.replace(job, inputs=inputs)

@@ -1,0 +1,68 @@
+"""``filter.expr``: keep the rows a SQL predicate holds for, e.g. ``where = "language_score > 0.8"``.
+
+The predicate is parsed by polars' SQL parser into an expression and evaluated on whole
+columns: it is data, never Python, so a job file cannot run code through it. It sees every
+column of the batch: the core columns, the ones stages added (``quality``, ``lang``...) and the
+input fields named in ``keep_fields``. As in SQL's ``WHERE``, a row is kept only when the
+predicate is true; false or null (a missing value) rejects it as ``filter:expr`` (or
+``filter:expr_<name>`` with ``name``, so two such stages give two reasons).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import polars as pl
+from polars.exceptions import ColumnNotFoundError, ComputeError, InvalidOperationError, SQLInterfaceError, SQLSyntaxError
+
+from curate.errors import ConfigError, StageError
+from curate.schema import make_rejects
+from curate.stages.base import Stage, StageConfig, StageContext, StageOutput
+
+
+@dataclass(kw_only=True, slots=True)
+class ExprConfig(StageConfig):
+    """``where``: a polars SQL predicate over the batch's columns; ``name``: the reason's suffix."""
+
+    where: str
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.where.strip():
+            raise ConfigError("where must be a SQL predicate, e.g. \"language_score > 0.8 AND dump LIKE 'CC-MAIN-2024%'\"")
+        if self.name and not re.fullmatch(r"[a-z0-9_]+", self.name):
+            raise ConfigError(f"name must be lower-case letters, digits and _, got {self.name!r}")
+        try:
+            pl.sql_expr(self.where)
+        except (SQLInterfaceError, SQLSyntaxError, ComputeError) as err:
+            raise ConfigError(f"where = {self.where!r} is not a SQL predicate polars can parse: {err}") from None
+
+
+class ExprFilter(Stage):
+    """Rejects rows for which ``where`` is not true."""
+
+    kind = "filter.expr"
+    Config = ExprConfig
+    config: ExprConfig
+
+    def __init__(self, config: ExprConfig, ctx: StageContext) -> None:
+        super().__init__(config, ctx)
+        self.reason = f"filter:expr_{config.name}" if config.name else "filter:expr"
+        self.reasons = (self.reason,)
+        self.predicate = pl.sql_expr(config.where)
+
+    def apply(self, batch: pl.DataFrame) -> StageOutput:
+        try:
+            keep = batch.select(self.predicate.alias("keep")).to_series()
+        except ColumnNotFoundError as err:
+            raise StageError(f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} names a column the "
+                             f"rows lack: {err}; columns here: {batch.columns} (input fields need [[inputs]] keep_fields)") from None
+        except (InvalidOperationError, ComputeError) as err:
+            raise StageError(f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} fails on "
+                             f"these columns: {err}") from None
+        if keep.dtype != pl.Boolean:
+            raise StageError(f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} gives {keep.dtype} "
+                             "values, not true/false; write a comparison such as `quality > 0.5`")
+        keep = keep.fill_null(False)
+        return StageOutput(batch.filter(keep), make_rejects(batch.filter(~keep), self.reason))
