@@ -1,4 +1,9 @@
-"""The ``winnow`` command: one subcommand per module, each registering its own parser."""
+"""The ``winnow`` command: one subcommand per module, each registering its own parser.
+
+Only the module of the command being run is imported (``winnow curate`` never loads torch or
+matplotlib; ``winnow --help`` loads none of them): the other commands appear in the parser
+as stand-ins carrying their one-line help from ``COMMANDS``.
+"""
 
 from __future__ import annotations
 
@@ -6,49 +11,84 @@ import argparse
 import importlib
 import logging
 import sys
-
-#: Modules that add subcommands; each has ``register(subparsers)`` setting ``func``.
-COMMANDS = (
-    "pipelines.curate",
-    "pipelines.train",
-    "pipelines.run",
-    "pipelines.ablate",
-    "pipelines.report.command",
-    "pipelines.tokenizer",
-)
+from typing import NamedTuple
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Command(NamedTuple):
+    module: str  # has ``register(subparsers)``, which adds this command (and maybe others) and sets ``func``
+    help: str  # the module's own help text for it (tests/pipelines/test_cli.py keeps the two equal)
+    extra: str | None = None  # the pip extra its dependencies come with, named when one is missing
+
+
+COMMANDS: dict[str, Command] = {
+    "curate": Command("pipelines.curate", "run a job's curation stages and write shards"),
+    "train": Command("pipelines.train", "train the MoE model on a job's shards ([train] table)", "train"),
+    "plan": Command("pipelines.train", "size a run from a compute budget, or estimate a job's [train] run", "train"),
+    "run": Command("pipelines.run", "curate, train (when the job has [train]) and write the report", "train"),
+    "ablate": Command("pipelines.ablate", "train mix variants ([ablate]) from a job's shards and tabulate their effect",
+                      "train"),
+    "report": Command("pipelines.report.command", "write report.html for a job folder, a run folder, or both", "report"),
+    "tokenizer": Command("pipelines.tokenizer", "tokenizer tools", "train"),
+}
+#: What each extra installs (pyproject.toml), to tell a missing optional package from a bug.
+EXTRA_PACKAGES = {"train": ("torch", "matplotlib", "tokenizers"), "report": ("matplotlib",)}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with full arguments for ``command`` (every command when None)."""
     parser = argparse.ArgumentParser(prog="winnow", description="Curate multi-source text into training shards; train and report.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(name).register(sub)
+    for name, cmd in COMMANDS.items():
+        if name in sub.choices:
+            continue  # registered by an earlier command's module
+        if command is None or name == command:
+            importlib.import_module(cmd.module).register(sub)
+        else:
+            sub.add_parser(name, help=cmd.help, add_help=False)
     return parser
 
 
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the global options take no values)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    name = chosen_command(argv)
+    try:
+        parser = build_parser(name if name in COMMANDS else "")
+        args = parser.parse_args(argv)
+    except ModuleNotFoundError as err:
+        return _missing(name, err)
     level = logging.WARNING if args.quiet else (logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from curate.errors import WinnowError
+    from train.errors import TrainError  # no dependencies: importable in a curation-only install
 
-    errors: tuple[type[BaseException], ...] = (WinnowError,)
-    try:
-        from train.errors import TrainError
-
-        errors += (TrainError,)
-    except ImportError:  # the trainer's dependencies are optional for curation-only installs
-        pass
     try:
         return int(args.func(args) or 0)
-    except errors as err:
+    except (WinnowError, TrainError) as err:
         print(f"winnow {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:
+        return _missing(args.command, err)
     except KeyboardInterrupt:
         print(f"winnow {args.command}: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
+
+
+def _missing(name: str | None, err: ModuleNotFoundError) -> int:
+    """A command whose optional dependencies are not installed: say which extra brings them."""
+    extra = COMMANDS[name].extra if name in COMMANDS else None
+    package = (err.name or "").split(".")[0]
+    if extra is None or package not in EXTRA_PACKAGES.get(extra, ()):
+        raise err
+    print(f"winnow {name}: error: this command needs {package!r}, which is not installed; "
+          f"install winnow's {extra} extra: pip install 'winnow[{extra}]'", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

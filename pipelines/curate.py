@@ -6,9 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from curate.pipeline import run_job
-from pipelines.jobfile import load_job
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("curate", help="run a job's curation stages and write shards")
@@ -19,6 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from curate.pipeline import run_job  # here, not at import: `winnow curate --help` stays instant
+    from pipelines.jobfile import load_job
+
     job = load_job(args.job, output=args.output, workers=args.workers)
     manifest = run_job(job, progress=not args.quiet)
     print(summary_table(manifest))

@@ -18,12 +18,12 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 _SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # golden ratio: spreads each word before the next is mixed in
 
 
-@njit(inline="always")
+@njit(cache=True, inline="always")
 def rotl64(x, r):
     return (x << _U64(r)) | (x >> _U64(64 - r))
 
 
-@njit(inline="always")
+@njit(cache=True, inline="always")
 def fmix64(k):
     """MurmurHash3's finalizer: a bijection on uint64 whose output bits each depend on every input bit."""
     k ^= k >> _U64(33)
@@ -34,7 +34,7 @@ def fmix64(k):
     return k
 
 
-@njit(inline="always")
+@njit(cache=True, inline="always")
 def _load64(data, p):
     v = _U64(0)
     for j in range(8):
@@ -95,7 +95,7 @@ def hash128_column(offsets, data, seed):
     return hi, lo
 
 
-@njit(inline="always")
+@njit(cache=True, inline="always")
 def _hash_bytes(data, start, end):
     # FNV-1a over the bytes, then fmix64 so that short words still fill all 64 bits.
     h = _FNV_OFFSET

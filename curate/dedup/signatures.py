@@ -36,7 +36,7 @@ def slot_params(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-@njit(inline="always")
+@njit(cache=True, inline="always")
 def _bin(v, k):
     # Lemire's multiply-shift range reduction of the top 32 bits: a uniform bin in [0, k)
     # without a 64-bit division (which cost more than the rest of the per-shingle work).

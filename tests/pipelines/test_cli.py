@@ -1,0 +1,130 @@
+"""The ``winnow`` command: each command imports only what it runs, and says which extra a missing package needs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import COMMANDS, EXTRA_PACKAGES, build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A tiny job through the demo's stage kinds (inline: workers = 1), then what the process loaded.
+CURATE_AND_REPORT = """
+import json, sys
+from pipelines.cli import main
+from curate.stages import stage_class, stage_kinds
+rc = main(["-q", "curate", sys.argv[1]])
+for kind in stage_kinds():
+    stage_class(kind)  # every stage module, not only the job's
+import numba.core.registry as reg
+misses = {f"{name}.{attr}": sum(obj.stats.cache_misses.values())
+          for name, mod in list(sys.modules.items()) if name.startswith("curate") and mod is not None
+          for attr, obj in vars(mod).items() if isinstance(obj, reg.CPUDispatcher) and obj.signatures}
+print(json.dumps({"rc": rc, "heavy": sorted(m for m in ("torch", "matplotlib", "tensorboard", "datasets", "ray")
+                                            if m in sys.modules), "misses": misses}))
+"""
+
+JOB = """[job]
+name = "tiny"
+output = "{out}"
+workers = 1
+[[inputs]]
+source = "a"
+path = "{data}"
+[[stages]]
+kind = "clean"
+[[stages]]
+kind = "filter.length"
+min_words = 2
+[[stages]]
+kind = "filter.gopher_repetition"
+[[stages]]
+kind = "dedup.exact"
+[[stages]]
+kind = "dedup.minhash"
+[[stages]]
+kind = "score.heuristic"
+[[stages]]
+kind = "score.difficulty"
+[[stages]]
+kind = "split"
+val_fraction = 0.2
+[[stages]]
+kind = "mix"
+[[stages]]
+kind = "order"
+"""
+
+
+def _curate_in_subprocess(tmp_path: Path) -> dict:
+    tmp_path.mkdir()
+    data = tmp_path / "a.jsonl"
+    words = [f"w{k}" for k in range(300)]
+    texts = [" ".join(words[(i * 37 + j * 11) % 300] for j in range(30)) for i in range(40)]
+    data.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
+    job = tmp_path / "tiny.toml"
+    job.write_text(JOB.format(out=tmp_path / "out", data=data))
+    proc = subprocess.run([sys.executable, "-c", CURATE_AND_REPORT, str(job)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_curate_path_loads_no_training_or_plotting_and_compiles_nothing_twice(tmp_path):
+    first = _curate_in_subprocess(tmp_path / "1")
+    assert first["rc"] == 0 and first["heavy"] == []
+    second = _curate_in_subprocess(tmp_path / "2")
+    assert second["heavy"] == []
+    assert second["misses"], "no compiled kernel ran: the job no longer exercises the numba paths"
+    compiled = {k: v for k, v in second["misses"].items() if v}
+    assert not compiled, f"numba kernels compiled again (cache=True missing?): {compiled}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["curate", "--help"]])
+def test_help_imports_neither_torch_nor_polars(argv):
+    code = f"import sys\nfrom pipelines.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n" \
+           "print(sorted(m for m in ('torch', 'matplotlib', 'polars', 'pyarrow', 'numba') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_command_table_matches_what_each_module_registers():
+    registered: dict[str, str] = {}
+    for module in {c.module for c in COMMANDS.values()}:
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(module).register(sub)
+        registered.update({a.dest: a.help for a in sub._choices_actions})
+    assert registered == {name: c.help for name, c in COMMANDS.items()}
+    assert set(build_parser()._subparsers._group_actions[0].choices) == set(COMMANDS)
+
+
+def test_training_command_without_torch_names_the_extra(monkeypatch, capsys):
+    def no_torch(name, *args, **kwargs):
+        if name == "pipelines.train":
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return importlib.import_module(name, *args, **kwargs)
+
+    monkeypatch.setattr("pipelines.cli.importlib.import_module", no_torch)
+    assert main(["train", "job.toml"]) == 2
+    err = capsys.readouterr().err
+    assert "winnow train: error:" in err and "'torch'" in err and "pip install 'winnow[train]'" in err
+    assert "torch" in EXTRA_PACKAGES["train"]
+
+
+def test_a_missing_module_that_no_extra_brings_is_a_bug_not_a_hint(monkeypatch):
+    def broken(name, *args, **kwargs):
+        raise ModuleNotFoundError("No module named 'pipelines.trian'", name="pipelines.trian")
+
+    monkeypatch.setattr("pipelines.cli.importlib.import_module", broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["train", "job.toml"])
