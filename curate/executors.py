@@ -72,7 +72,7 @@ class Executor:
 
     def _run_ray(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
         if self._ray is None:
-            self._ray = require("ray", package="ray", feature="executor = 'ray'")
+            self._ray = require("ray", extra="ray", feature="executor = 'ray'")
             if not self._ray.is_initialized():
                 self._ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
         ray = self._ray

@@ -51,10 +51,8 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
 
 def _config_errors() -> tuple[type[Exception], ...]:
     """Both packages' ConfigError: the trainer's configs raise train's own (it never imports curate)."""
-    try:
-        from train.errors import ConfigError as TrainConfigError
-    except ImportError:  # curation-only installs
-        return (ConfigError,)
+    from train.errors import ConfigError as TrainConfigError  # no dependencies: always importable
+
     return (ConfigError, TrainConfigError)
 
 

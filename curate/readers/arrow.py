@@ -36,7 +36,7 @@ def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator
 
 def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
     """Yield batches from a ``save_to_disk`` folder, or local files through ``load_dataset(hf_builder)``."""
-    datasets = require("datasets", feature="format = 'hf'")
+    datasets = require("datasets", extra="hf", feature="format = 'hf'")
     if cfg.hf_builder:
         ds = datasets.load_dataset(cfg.hf_builder, data_files=[file.url], split="train", streaming=True)
         offset = 0

@@ -98,7 +98,7 @@ class Clean(Barrier):
 
     def __init__(self, config: CleanConfig, ctx: StageContext) -> None:
         super().__init__(config, ctx)
-        self._ftfy = require("ftfy", package="ftfy", feature="clean's fix_mojibake") if config.fix_mojibake else None
+        self._ftfy = require("ftfy", package="ftfy", extra="mojibake", feature="clean's fix_mojibake") if config.fix_mojibake else None
         self._boilerplate: pl.DataFrame | None = None
 
     def _normalized(self, batch: pl.DataFrame) -> pl.DataFrame:

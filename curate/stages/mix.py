@@ -101,7 +101,7 @@ class Mix(Barrier):
         if self.config.tokenizer is None:
             return (text.str.len_bytes() / self.config.bytes_per_token).ceil().cast(pl.Int32)
         if self._tokenizer is None:
-            tokenizers = require("tokenizers", feature="mix with tokenizer=...")
+            tokenizers = require("tokenizers", extra="tokenizers", feature="mix with tokenizer=...")
             self._tokenizer = tokenizers.Tokenizer.from_file(self.config.tokenizer)
         encoded = self._tokenizer.encode_batch_fast(text.to_list(), add_special_tokens=False)
         return pl.Series([len(e) for e in encoded], dtype=pl.Int32)

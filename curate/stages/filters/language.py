@@ -44,7 +44,7 @@ class LanguageConfig(FilterConfig):
 @lru_cache(maxsize=1)
 def _identifier():
     """The py3langid model, loaded once per process (unpickling it takes about a second)."""
-    langid = require("py3langid.langid", package="py3langid", feature="filter.language")
+    langid = require("py3langid.langid", package="py3langid", extra="lang", feature="filter.language")
     return langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
 
 
