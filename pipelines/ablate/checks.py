@@ -86,8 +86,11 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
     if saved.is_file():
         planned = _flat(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
         stored = _flat(json.loads(saved.read_text()))
+        ignore = _NOT_RESULTS
+        if not planned.get("attribution.every") and not stored.get("attribution.every"):
+            ignore += ("attribution.",)  # attribution off in both: its other settings change nothing
         for key in sorted(planned.keys() | stored.keys()):
-            if key.startswith(_NOT_RESULTS) or planned.get(key) == stored.get(key):
+            if key.startswith(ignore) or planned.get(key) == stored.get(key):
                 continue
             raise ConfigError(f"{where} train.{key} = {stored.get(key)!r}, the study now asks for "
                               f"{planned.get(key)!r}; {fix}")

@@ -44,7 +44,7 @@ class _Study:
                 for v in runs if done[v["name"]] is None]
         for task in todo:
             weights = ", ".join(f"{k}={w:.3f}" for k, w in task.variant["weights"].items())
-            print(f"  training {task.variant['name']} ({weights})")
+            print(f"  to train: {task.variant['name']} ({weights})")
         for result in run_variants(todo, self.acfg):
             print(f"  trained {result['name']}")
             done[result["name"]] = result

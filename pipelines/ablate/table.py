@@ -35,8 +35,8 @@ def markdown_table(frame: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def baseline_attribution(layout: StudyLayout, results: list[dict]):
-    """The attribution of the baseline, averaged over the baseline seeds that recorded one (None: none did)."""
+def baseline_attributions(layout: StudyLayout, results: list[dict]) -> list:
+    """The attribution of each baseline seed that recorded one (same sources as the first)."""
     from pipelines.report.training import is_run_dir, load_run
 
     found = []
@@ -46,9 +46,22 @@ def baseline_attribution(layout: StudyLayout, results: list[dict]):
             attribution = load_run(folder).attribution
             if attribution is not None and (not found or attribution.sources == found[0].sources):
                 found.append(attribution)
-    if not found:
+    return found
+
+
+def efficiency(attributions: list) -> dict | None:
+    """How the attributed changes add up to the measured ones (records that carry ``measured``): per held-out
+    source the measured change, the part credited to sources, and the quadrature residual relative to it."""
+    rows = [a for a in attributions if getattr(a, "measured", None) is not None]
+    if not rows:
         return None
-    return found[0].sources, np.mean([a.matrix for a in found], axis=0), len(found)
+    measured = np.mean([a.measured for a in rows], axis=0)
+    attributed = np.mean([a.matrix.sum(axis=0) for a in rows], axis=0)
+    residual = np.mean([a.residual if a.residual is not None else np.zeros_like(a.measured) for a in rows], axis=0)
+    scale = np.where(np.abs(measured) > 0, np.abs(measured), np.nan)
+    return {"sources": rows[0].sources, "measured": measured.tolist(), "attributed": attributed.tolist(),
+            "residual": residual.tolist(), "residual_relative_max": float(np.nanmax(np.abs(residual) / scale)),
+            "attributed_share": (attributed / np.where(measured == 0, np.nan, measured)).tolist()}
 
 
 def write_study(study: Path, results: list[dict], sources: list[str], base: dict[str, float], *,
@@ -66,10 +79,11 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
     heatmap = plots.ablation_heatmap(frame.filter(pl.col("variant") != "baseline"))
     if heatmap:
         layout.heatmap_png.write_bytes(heatmap)
-    attribution = baseline_attribution(layout, results)
-    if attribution is not None:
-        summary = compare_with_attribution(results, attribution[0], attribution[1], base) | {"attribution_runs":
-                                                                                              attribution[2]}
+    attributions = baseline_attributions(layout, results)
+    if attributions:
+        matrix = np.mean([a.matrix for a in attributions], axis=0)  # seeds averaged: less sampling noise
+        summary = compare_with_attribution(results, attributions[0].sources, matrix, base)
+        summary |= {"attribution_runs": len(attributions), "efficiency": efficiency(attributions)}
         cells = summary.pop("cells")
         summary["note"] = noise_note(summary)
         cells.write_csv(layout.cells_csv)

@@ -177,3 +177,37 @@ def test_a_finished_variant_with_other_settings_is_refused(job, tmp_path, capsys
     assert main(["ablate", str(toml)]) == 2
     err = capsys.readouterr().err
     assert "variant 'baseline'" in err and "mix weights" in err and "new [ablate] output folder" in err
+
+
+def test_local_workers_claim_one_gpu_each_and_ray_tasks_reserve_one(monkeypatch):
+    seen = {}
+
+    class Recorder:  # stands in for curate.executors.Executor: records how run_variants builds it
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, fn, specs):
+            return iter([s.variant for s in specs])
+
+    def tasks(*names):
+        return [runner.VariantTask(cfg=None, folders={}, sources=[], variant={"name": n}, job_file="", study="")
+                for n in names]
+
+    monkeypatch.setattr(runner, "Executor", Recorder)
+    monkeypatch.setattr(runner, "_gpu_count", lambda: 2)
+    assert [r["name"] for r in runner.run_variants(tasks("a", "b", "c"), AblateConfig(parallel=3))] == ["a", "b", "c"]
+    queue, threads = seen["initargs"]
+    assert seen["workers"] == 3 and seen["initializer"] is runner._claim_device
+    assert [queue.get(timeout=5) for _ in range(3)] == [0, 1, 0]  # round-robin over the GPUs
+    queue.put(1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    runner._claim_device(queue, 0)  # what each worker runs first
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    list(runner.run_variants(tasks("a"), AblateConfig(parallel=4, executor="ray")))
+    assert seen["kind"] == "ray" and seen["gpus_per_task"] == 1.0 and seen["workers"] == 4
