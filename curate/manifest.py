@@ -12,13 +12,15 @@ import platform
 from typing import Any
 
 from curate.config import Job
-from curate.errors import StageError
+from curate.errors import InputError, StageError
 from curate.readers import list_files
 from curate.stages import Stage
-from curate.stats import StageStats, merge_stats
+from curate.stats import StageStats, merge_stats, nest
 from curate.tasks import READ_STAGE_ID
 
-FORMAT_VERSION = 2  # 2: shards/<format>/<split>/ folders, row_bytes; of manifest.json and the shard layout: bump it when either changes
+# Of manifest.json and the shard layout: bump it when either changes, and teach ``upgrade`` the old one.
+# 2: shards/<format>/<split>/ folders, row_bytes. 3: stage counters nested by key ({"lines_removed": {"docs": 4}}).
+FORMAT_VERSION = 3
 _PACKAGES = ("winnow", "polars", "pyarrow", "numpy", "numba", "orjson", "datasketch", "webdataset", "datasets", "fsspec")
 
 
@@ -94,6 +96,19 @@ def build_manifest(
     }
 
 
+def upgrade(manifest: dict[str, Any], *, where: str = "manifest.json") -> dict[str, Any]:
+    """A manifest of any format version this winnow reads, in the current shape (``format_version`` kept)."""
+    version = manifest.get("format_version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise InputError(f"{where}: format_version {version!r} is newer than this winnow reads (up to "
+                         f"{FORMAT_VERSION}); upgrade winnow")
+    if version < 3:  # counters were flat "name/qualifier" strings
+        for stage in manifest.get("stages") or []:
+            flat = stage.get("counters") or {}
+            stage["counters"] = nest({tuple(k.split("/", 1)) if "/" in k else k: v for k, v in flat.items()})
+    return manifest
+
+
 def check_identity(sid: str, s: StageStats) -> None:
     if s.rows_in + s.repeats != s.rows_out + s.rows_rejected:
         raise StageError(
@@ -108,8 +123,7 @@ def _by_source(read: StageStats, stats: dict[str, StageStats], shards: list[dict
         written = sum(s["sources"].get(src, 0) for s in shards if s["format"] == fmt)
         rejected: dict[str, int] = {}
         for s in stats.values():
-            for key, n in s.source_rejected.items():
-                k_src, reason = key.split("\t", 1)
+            for (k_src, reason), n in s.source_rejected.items():
                 if k_src == src:
                     rejected[reason] = rejected.get(reason, 0) + n
         out[src] = {"read": read.source_in.get(src, 0), "written": written, "rejected": dict(sorted(rejected.items()))}

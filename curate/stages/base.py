@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import polars as pl
 
 from curate.schema import empty_rejects
+from curate.stats import CounterKey
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,7 +70,7 @@ class StageOutput:
     kept: pl.DataFrame
     rejected: pl.DataFrame  # same columns as kept plus ``reason`` and ``duplicate_of``
     repeats: int = 0  # extra copies in ``kept`` (up-sampling); the runner checks in + repeats == kept + rejected
-    counters: dict[str, float] = field(default_factory=dict)  # summed over batches and tasks, stable names
+    counters: dict[CounterKey, float] = field(default_factory=dict)  # summed over batches and tasks; keys are data
 
 
 @dataclass(slots=True)

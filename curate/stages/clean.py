@@ -7,8 +7,8 @@ It is a barrier because boilerplate is a property of a source, not of a document
    line (plus one row per document, ``h`` null, so the plan can count documents);
 2. ``plan`` counts, per source, in how many documents each line hash occurs and writes the
    hashes at or above both thresholds to ``<plan_dir>/boilerplate.parquet``;
-3. ``apply`` normalizes again and drops those lines, reporting ``chars_removed/<source>``
-   and ``lines_removed/<source>``.
+3. ``apply`` normalizes again and drops those lines, reporting the counters
+   ``("chars_removed", source)`` and ``("lines_removed", source)``.
 
 Everything is polars string expressions over whole columns, including NFC/NFKC
 (``str.normalize``); only ``fix_mojibake`` runs ftfy per row, since ftfy is Python.
@@ -25,6 +25,7 @@ import polars as pl
 from curate.errors import ConfigError, StageError, require
 from curate.schema import empty_rejects, make_rejects
 from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
+from curate.stats import CounterKey
 from curate.text.words import unify_line_breaks
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class Clean(Barrier):
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:
         cleaned = self._normalized(batch)
-        counters: dict[str, float] = {}
+        counters: dict[CounterKey, float] = {}
         if self.config.boilerplate_min_docs is not None:
             lines = _line_table(cleaned).join(self._boilerplate_lines(), on=["source", "h"], how="left", maintain_order="left")
             drop = pl.col("boilerplate").fill_null(False)
@@ -160,10 +161,10 @@ class Clean(Barrier):
             text = per_doc.select(pl.col("text").str.replace_all(r"\n{3,}", "\n\n").str.strip_chars())["text"]
             cleaned = cleaned.with_columns(text.alias("text"))
             for source, n in batch.select("source", per_doc["lines_removed"]).group_by("source").sum().iter_rows():
-                counters[f"lines_removed/{source}"] = float(n)
+                counters[("lines_removed", source)] = float(n)
         removed = batch.select("source", (pl.col("text").str.len_chars() - cleaned["text"].str.len_chars()).alias("n"))
         for source, n in removed.group_by("source").sum().iter_rows():
-            counters[f"chars_removed/{source}"] = float(n)
+            counters[("chars_removed", source)] = float(n)
         if not self.config.drop_empty:
             return StageOutput(cleaned, empty_rejects(batch), counters=counters)
         empty = cleaned["text"].str.len_bytes() == 0

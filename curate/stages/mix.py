@@ -196,6 +196,6 @@ class Mix(Barrier):
         kept = df.drop("_count")[take].with_columns(pl.Series("repeat", np.arange(len(take)) - first, dtype=pl.Int32))
         dropped = df.filter(pl.col("_count") == 0).group_by("source").len()
         extra = df.filter(pl.col("_count") > 1).group_by("source").agg((pl.col("_count") - 1).sum())
-        counters = {f"rows_dropped/{s}": float(n) for s, n in dropped.iter_rows()}
-        counters |= {f"copies_added/{s}": float(n) for s, n in extra.iter_rows()}
+        counters = {("rows_dropped", s): float(n) for s, n in dropped.iter_rows()}
+        counters |= {("copies_added", s): float(n) for s, n in extra.iter_rows()}
         return StageOutput(kept, rejected, repeats=int(np.maximum(counts - 1, 0).sum()), counters=counters)

@@ -68,7 +68,7 @@ class Split(Barrier):
 
     A barrier when row counts are asked for (they need the k smallest hashes of each
     source); with fractions only it runs row-local, and the held-out rows per source are
-    in its counters (``val_rows/<source>``).
+    in its counters (``("val_rows", source)``).
     """
 
     kind = "split"
@@ -89,7 +89,7 @@ class Split(Barrier):
             log.warning("%s: rows already carry a split column; it is replaced", self.ctx.stage_id)
         out = batch.with_columns(pl.Series("split", np.where(is_val, "val", "train"), dtype=pl.String))
         counts = out.group_by("source", "split").len()
-        counters = {f"{row['split']}_rows/{row['source']}": float(row["len"]) for row in counts.iter_rows(named=True)}
+        counters = {(f"{row['split']}_rows", row["source"]): float(row["len"]) for row in counts.iter_rows(named=True)}
         return StageOutput(out, empty_rejects(out), counters=counters)
 
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:

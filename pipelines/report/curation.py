@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from curate.errors import InputError
+from curate.manifest import upgrade
 
 log = logging.getLogger(__name__)
 
@@ -107,4 +108,4 @@ def load_job(path: str | Path) -> CurationJob:
         manifest = json.loads((path / "manifest.json").read_text())
     except json.JSONDecodeError as err:
         raise InputError(f"{path / 'manifest.json'} is not valid JSON ({err}); re-run the curation job") from err
-    return CurationJob(path=path, manifest=manifest)
+    return CurationJob(path=path, manifest=upgrade(manifest, where=str(path / "manifest.json")))

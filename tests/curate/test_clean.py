@@ -46,8 +46,8 @@ def test_boilerplate_lines_removed_per_source(tmp_path):
     assert kept["0"] == "Story number 0 is unique."
     assert kept["4"].startswith(banner)  # only 2 documents of source t carry it: below min_docs
     assert plan.report["boilerplate_lines"] == {"s": 1, "t": 0}
-    assert out.counters["lines_removed/s"] == 4 and out.counters["lines_removed/t"] == 0
-    assert out.counters["chars_removed/s"] == 4 * (len(banner) + 1)
+    assert out.counters[("lines_removed", "s")] == 4 and out.counters[("lines_removed", "t")] == 0
+    assert out.counters[("chars_removed", "s")] == 4 * (len(banner) + 1)
 
 
 def test_empty_after_cleaning_is_rejected_with_reason(tmp_path):

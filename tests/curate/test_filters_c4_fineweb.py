@@ -54,7 +54,7 @@ def test_c4_line_rules_remove_lines(rule, line):
     out = run(C4Filter, C4Config(), PROSE + "\n" + line)
     assert reason(out) is None
     assert out.kept["text"][0] == PROSE
-    assert out.counters == {f"c4_lines_removed/{rule}": 1.0}
+    assert out.counters == {("c4_lines_removed", rule): 1.0}
 
 
 def test_c4_citations_removed_and_rejects_keep_original_text():

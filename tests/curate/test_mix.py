@@ -125,7 +125,7 @@ def test_apply_repeats_drops_and_passes_val_rows_through(tmp_path):
     assert out.kept.filter(pl.col("split") == "val").drop("repeat").equals(val)
     copies = out.kept.group_by("id").agg(pl.len(), pl.col("repeat").sort())
     assert all(r == list(range(n)) for n, r in copies.select("len", "repeat").iter_rows())
-    assert out.kept.schema["repeat"] == pl.Int32 and out.counters["copies_added/b"] == out.repeats
+    assert out.kept.schema["repeat"] == pl.Int32 and out.counters[("copies_added", "b")] == out.repeats
 
 
 def test_apply_refuses_training_rows_missing_from_the_plan(tmp_path):

@@ -5,7 +5,7 @@ C4 works line by line: lines failing a line rule are removed from the text (the 
 rewrites ``text`` to the kept lines, as C4 did, unless ``remove_lines = false``), and a
 document is rejected when a kept-so-far line holds "lorem ipsum" or a curly bracket, or
 when fewer than ``min_sentences`` sentences remain. Removed lines are counted per rule as
-``c4_lines_removed/<rule>``. The bad-words rule of the paper is not included: it needs a
+``("c4_lines_removed", rule)``. The bad-words rule of the paper is not included: it needs a
 word list the paper links to rather than ships.
 
 Sentences are counted with a regex (a run of ``.!?`` closing a word, optional closing
@@ -117,7 +117,7 @@ def c4_metrics(text: pl.Series, c: C4Config) -> tuple[pl.DataFrame, pl.Series, d
         pl.col("line").filter(kept).str.join("\n").str.strip_chars().alias("c4_text"),
     ).sort("row")
     removed = lines.filter(pl.col("drop").is_in(LINE_RULES) & (pl.col("line") != "")).group_by("drop").len()
-    counters = {f"c4_lines_removed/{r}": float(n) for r, n in removed.iter_rows()}
+    counters = {("c4_lines_removed", r): float(n) for r, n in removed.iter_rows()}
     return per_doc.drop("row", "c4_text"), per_doc["c4_text"], counters
 
 
