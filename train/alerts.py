@@ -14,12 +14,34 @@ import urllib.error
 import urllib.request
 from collections import deque
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+class AlertKind(StrEnum):
+    """Every ``kind`` an alert record may have: the trainer emits them, the report and diagnosis read them."""
+
+    LOSS_SPIKE = "loss_spike"
+    NONFINITE = "nan"  # a non-finite loss or gradient norm
+    GRAD_NORM = "grad_norm"
+    THROUGHPUT_DROP = "throughput_drop"
+    DATA_WAIT = "data_wait"
+
+
+class SkipReason(StrEnum):
+    """Why the trainer skipped an optimizer step (``StepResult.skipped``, ``skipped_steps`` counts)."""
+
+    NONFINITE = "nonfinite"
+    SPIKE = "spike"
+
+
+#: The alert that marks each skipped step, by skip reason.
+SKIP_ALERT = {SkipReason.NONFINITE: AlertKind.NONFINITE, SkipReason.SPIKE: AlertKind.LOSS_SPIKE}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,8 +104,8 @@ class Alerts:
         self.best_tokens_per_s = 0.0
         self.count = 0
 
-    def emit(self, kind: str, step: int, message: str, **data: Any) -> None:
-        record = {"time": time.time(), "step": step, "kind": kind, "message": message, **data}
+    def emit(self, kind: AlertKind, step: int, message: str, **data: Any) -> None:
+        record = {"time": time.time(), "step": step, "kind": AlertKind(kind).value, "message": message, **data}
         self.count += 1
         log.warning("alert %s at step %d: %s", kind, step, message)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,14 +128,14 @@ class Alerts:
         """Threshold checks made once per log step, on that interval's figures."""
         cfg = self.cfg
         if cfg.grad_norm_max is not None and grad_norm > cfg.grad_norm_max:
-            self.emit("grad_norm", step, f"gradient norm {grad_norm:.3g} > {cfg.grad_norm_max:.3g}", grad_norm=grad_norm)
+            self.emit(AlertKind.GRAD_NORM, step, f"gradient norm {grad_norm:.3g} > {cfg.grad_norm_max:.3g}", grad_norm=grad_norm)
         if cfg.throughput_drop > 0 and tokens_per_s < cfg.throughput_drop * self.best_tokens_per_s:
-            self.emit("throughput_drop", step,
+            self.emit(AlertKind.THROUGHPUT_DROP, step,
                       f"{tokens_per_s:.0f} tokens/s < {cfg.throughput_drop:.0%} of the best {self.best_tokens_per_s:.0f}",
                       tokens_per_s=tokens_per_s, best_tokens_per_s=self.best_tokens_per_s)
         self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
         if data_wait_pct > cfg.data_wait_pct:
-            self.emit("data_wait", step, f"waited for data {data_wait_pct:.0f}% of the interval (> {cfg.data_wait_pct:.0f}%)",
+            self.emit(AlertKind.DATA_WAIT, step, f"waited for data {data_wait_pct:.0f}% of the interval (> {cfg.data_wait_pct:.0f}%)",
                       data_wait_pct=data_wait_pct)
 
     def state_dict(self) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from train.accounting import SourceAccounting
-from train.alerts import Alerts, SpikeDetector
+from train.alerts import AlertKind, Alerts, SkipReason, SpikeDetector
 from train.attribution import SourceAttribution
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
@@ -40,12 +40,12 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(slots=True)
 class StepResult:
-    """What one optimizer step did; ``skipped`` is None, ``"nonfinite"`` or ``"spike"``."""
+    """What one optimizer step did; ``skipped`` is None or why the step was skipped."""
 
     step: int
     loss: float
     grad_norm: float
-    skipped: str | None
+    skipped: SkipReason | None
     lr: float = 0.0  # the learning rate the step used
 
 
@@ -87,7 +87,7 @@ class Trainer:
         self.peak_flops, self.peak_basis = peak_flops_basis(device, cfg.metrics.peak_flops)
         self.flops_per_token = model.cfg.flops_per_token(cfg.data.seq_len)
         self.step, self.tokens_seen, self.micro_steps = 0, 0, 0
-        self.skipped = {"nonfinite": 0, "spike": 0}
+        self.skipped = {r.value: 0 for r in SkipReason}  # plain str keys: they go into checkpoints and JSON
         self.last: StepResult | None = None
         self._stop_signal: int | None = None
         self._saved_step = -1
@@ -171,23 +171,23 @@ class Trainer:
         self.last = StepResult(self.step, loss_value, norm_value, skipped, lr)
         return self.last
 
-    def _verdict(self, loss: float, grad_norm: float, batches: list) -> str | None:
+    def _verdict(self, loss: float, grad_norm: float, batches: list) -> SkipReason | None:
         """Decide whether to skip this step; every skip is alerted with the batch's sources and origins."""
         if self.cfg.skip_nonfinite and not (np.isfinite(loss) and np.isfinite(grad_norm)):
-            kind = "nonfinite"
+            self.alerts.emit(AlertKind.NONFINITE, self.step + 1,
+                             f"non-finite loss {loss} or gradient norm {grad_norm}; step skipped",
+                             loss=str(loss), grad_norm=str(grad_norm), **self._attribution(batches))
+            reason = SkipReason.NONFINITE
         elif self.spikes.is_spike(loss):
-            self.alerts.emit("loss_spike", self.step + 1, f"loss {loss:.4g} is a spike", loss=loss,
+            self.alerts.emit(AlertKind.LOSS_SPIKE, self.step + 1, f"loss {loss:.4g} is a spike", loss=loss,
                              **self._attribution(batches))
             if not self.cfg.alerts.skip_spikes:
                 return None
-            kind = "spike"
+            reason = SkipReason.SPIKE
         else:
             return None
-        if kind == "nonfinite":
-            self.alerts.emit("nan", self.step + 1, f"non-finite loss {loss} or gradient norm {grad_norm}; step skipped",
-                             loss=str(loss), grad_norm=str(grad_norm), **self._attribution(batches))
-        self.skipped[kind] += 1
-        return kind
+        self.skipped[reason] += 1
+        return reason
 
     def _attribution(self, batches: list) -> dict:
         ids = torch.cat([b.source_ids[b.loss_mask] for b in batches]).unique().tolist()

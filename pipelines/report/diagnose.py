@@ -15,6 +15,7 @@ import numpy as np
 
 from curate.errors import ConfigError
 from pipelines.report.training import TrainingRun
+from train.alerts import SKIP_ALERT, AlertKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ def _steady(values: np.ndarray, skip: int) -> np.ndarray:
 
 def loss_spikes(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     """Loss spikes and non-finite steps: which sources and shards were in those batches; precision."""
-    events = [a for a in run.alerts if a.get("kind") in ("loss_spike", "nan")]
+    events = [a for a in run.alerts if a.get("kind") in SKIP_ALERT.values()]
     if not events:
         return None
     sources = Counter(s for a in events for s in set(a.get("sources") or []))
@@ -97,7 +98,7 @@ def loss_spikes(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     if len(events) >= 2 and len(always) == 1:
         settings.append(f"source {always[0]!r} is in every spiking batch: inspect its shards above, filter it "
                         f"harder, or lower its weight in the mix stage")
-    nonfinite = sum(a["kind"] == "nan" for a in events)
+    nonfinite = sum(a["kind"] == AlertKind.NONFINITE for a in events)
     return Finding(rule="loss_spike", title="Loss spikes" + (" and non-finite losses" if nonfinite else ""),
                    evidence=evidence, settings=settings, severity="critical" if nonfinite else "warning")
 
@@ -106,7 +107,7 @@ def slow_input(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     """Throughput below expectation because the trainer waits for batches: the loader."""
     steps, wait = run.column("data_wait_pct")
     steady = _steady(wait, cfg.skip_first)
-    alerts = [a for a in run.alerts if a.get("kind") == "data_wait"]
+    alerts = [a for a in run.alerts if a.get("kind") == AlertKind.DATA_WAIT]
     if not (steady.size and steady.mean() > cfg.data_wait_pct) and not alerts:
         return None
     evidence = [f"mean data wait {steady.mean():.0f}% of step time (threshold {cfg.data_wait_pct:.0f}%), "

@@ -17,9 +17,11 @@ import numpy as np  # noqa: E402
 
 from pipelines.report.curation import CurationJob  # noqa: E402
 from pipelines.report.training import Attribution, TrainingRun  # noqa: E402
+from train.alerts import AlertKind  # noqa: E402
 
-_ALERT_COLORS = {"loss_spike": "tab:red", "nan": "black", "grad_norm": "tab:orange", "throughput_drop": "tab:purple",
-                 "data_wait": "tab:brown"}
+#: One colour per alert kind; tests/pipelines/test_report_alerts.py fails when a kind has none.
+ALERT_COLORS = {AlertKind.LOSS_SPIKE: "tab:red", AlertKind.NONFINITE: "black", AlertKind.GRAD_NORM: "tab:orange",
+                AlertKind.THROUGHPUT_DROP: "tab:purple", AlertKind.DATA_WAIT: "tab:brown"}
 
 
 def palette(sources: list[str]) -> dict[str, tuple]:
@@ -219,7 +221,7 @@ def timeline(run: TrainingRun) -> bytes:
     seen = set()
     for alert in run.alerts:
         kind = alert.get("kind", "?")
-        ax.axvline(alert.get("step", 0), color=_ALERT_COLORS.get(kind, "tab:olive"), alpha=0.6, linewidth=1,
+        ax.axvline(alert.get("step", 0), color=ALERT_COLORS.get(kind, "tab:olive"), alpha=0.6, linewidth=1,
                    label=None if kind in seen else f"alert: {kind}")
         seen.add(kind)
     skipped = run.skipped_steps()

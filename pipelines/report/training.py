@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from curate.errors import InputError
+from train.alerts import SKIP_ALERT, AlertKind
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,8 @@ class TrainingRun:
 
     def skipped_steps(self) -> list[tuple[int, str]]:
         """(step, kind) of every skipped optimizer step the alerts name."""
-        return [(int(a["step"]), "spike" if a["kind"] == "loss_spike" else "nonfinite")
-                for a in self.alerts if a.get("kind") in ("loss_spike", "nan")]
+        reason = {alert: skip for skip, alert in SKIP_ALERT.items()}
+        return [(int(a["step"]), reason[a["kind"]]) for a in self.alerts if a.get("kind") in reason]
 
     @property
     def shards_dir(self) -> Path | None:
@@ -183,6 +184,10 @@ def load_run(path: str | Path) -> TrainingRun:
         raise InputError(f"{path} is not a training run folder: no metrics.jsonl there")
     records, bad = _read_jsonl(path / "metrics.jsonl")
     alerts, bad_alerts = _read_jsonl(path / "alerts.jsonl")
+    unknown = sorted({str(a.get("kind")) for a in alerts} - set(AlertKind))
+    if unknown:  # written by a newer trainer, or by hand: shown as they are, without a colour or a diagnosis
+        log.warning("%s: alert kind(s) %s unknown to this report; known: %s", path / "alerts.jsonl", unknown,
+                    ", ".join(AlertKind))
     run = TrainingRun(path=path, alerts=alerts, bad_lines=bad + bad_alerts)
     for record in records:
         if "eval" in record:

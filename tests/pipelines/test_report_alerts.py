@@ -1,0 +1,40 @@
+"""Alert kinds are one closed set (train.alerts.AlertKind): the report knows every kind the trainer emits."""
+
+from __future__ import annotations
+
+import logging
+
+from pipelines.report import plots
+from pipelines.report.diagnose import diagnose
+from pipelines.report.training import load_run
+from tests.pipelines.report_util import healthy_records, write_run
+from train.alerts import SKIP_ALERT, AlertConfig, AlertKind, Alerts, SkipReason
+
+
+def _emit_every_kind(run_dir) -> None:
+    alerts = Alerts(AlertConfig(), run_dir)
+    for step, kind in enumerate(AlertKind, start=3):
+        alerts.emit(kind, step, f"a {kind} alert", sources=["prose"])
+
+
+def test_every_kind_the_trainer_emits_is_known_to_the_report(tmp_path, caplog):
+    run_dir = write_run(tmp_path / "run", healthy_records())
+    _emit_every_kind(run_dir)
+    with caplog.at_level(logging.WARNING, logger="pipelines.report.training"):
+        run = load_run(run_dir)
+    assert not [r for r in caplog.records if "unknown to this report" in r.getMessage()]
+    assert {a["kind"] for a in run.alerts} == {k.value for k in AlertKind}
+    assert set(plots.ALERT_COLORS) == set(AlertKind)  # a new kind needs its colour in the timeline
+    assert plots.timeline(run)[:4] == b"\x89PNG"
+    assert sorted(run.skipped_steps()) == sorted((3 + list(AlertKind).index(a), s) for s, a in SKIP_ALERT.items())
+    assert set(SKIP_ALERT) == set(SkipReason)
+    assert "loss_spike" in {f.rule for f in diagnose(run)}
+
+
+def test_an_unknown_kind_is_reported_not_silently_drawn(tmp_path, caplog):
+    run_dir = write_run(tmp_path / "run", healthy_records(),
+                        alerts=[{"time": 0.0, "step": 4, "kind": "gpu_on_fire", "message": "?"}])
+    with caplog.at_level(logging.WARNING, logger="pipelines.report.training"):
+        run = load_run(run_dir)
+    assert any("'gpu_on_fire'" in r.getMessage() and "unknown to this report" in r.getMessage() for r in caplog.records)
+    assert run.skipped_steps() == []
