@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from curate.crashpoints import crash_point
+
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder, fsync'd, then renamed."""
@@ -28,11 +30,13 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a published file gets the usual mode
+        crash_point(path.name, "before")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+    crash_point(path.name, "after")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -47,8 +51,10 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 1) -> None:
 
 def rename_into_place(tmp: Path, final: Path) -> None:
     """Publish a finished temporary file or folder under its final name (same folder), durably."""
+    crash_point(Path(final).name, "before")
     os.replace(tmp, final)
     _fsync_dir(Path(final).parent)
+    crash_point(Path(final).name, "after")
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -38,6 +38,11 @@ class JobSection:
             raise ConfigError(f"name must be a non-empty name without slashes, got {self.name!r}")
         if not self.output:
             self.output = f"out/{self.name}"
+        if "://" in self.output:  # Path("s3://b/x") is the local folder s3:/b/x: never make one from a URL
+            raise ConfigError(
+                f"output {self.output!r} is a URL; curation writes its outputs to a local (or mounted) folder only: "
+                f"write to a local folder and copy it (e.g. `aws s3 sync out/{self.name} {self.output}`), or mount the bucket"
+            )
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.batch_rows < 1:
@@ -93,8 +98,12 @@ class OutputConfig:
     shard_rows: int | None = None  # also cap rows per shard; whichever limit comes first
     row_group_bytes: int = 32 * 2**20  # Parquet row groups of about this many uncompressed bytes
     compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
+    mode: int | None = None  # e.g. 0o640: permission bits of every file written (folders add search bits); default: the umask
 
     def __post_init__(self) -> None:
+        if self.mode is not None and not (0 <= self.mode <= 0o777 and self.mode & 0o600 == 0o600):
+            raise ConfigError(f"mode must be permission bits from 0o600 to 0o777 that let the owner read and write "
+                              f"(e.g. 0o640), got {oct(self.mode)}")
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
         if bad or not self.formats:
             raise ConfigError(f"formats must be a non-empty list from {list(OUTPUT_FORMATS)}, got {self.formats}")

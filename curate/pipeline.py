@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -27,14 +28,16 @@ from typing import Any
 import polars as pl
 from tqdm.auto import tqdm
 
+from curate.atomic import write_json_atomic, write_text_atomic
 from curate.card import remove_card, write_card
 from curate.config import Job
 from curate.errors import OutputError, StageError
 from curate.executors import Executor
-from curate.atomic import write_json_atomic, write_text_atomic
+from curate.fields import resolve_field_types
+from curate.fingerprint import invalidate, record_inputs, stale_tasks, task_fingerprints
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
-from curate.fields import resolve_field_types
+from curate.outdir import claim, clear_own_entries, restrict_mode
 from curate.readers import plan_read_tasks, read_task
 from curate.stages import Barrier, stage_class
 from curate.stages.ids import job_stages
@@ -84,11 +87,23 @@ class Runner:
         self.plan_seconds: dict[str, float] = {}
 
     def run(self) -> dict[str, Any]:
+        mode = self.job.output.mode
+        umask = os.umask(0o777 & ~mode) if mode is not None else None  # local workers inherit it
+        try:
+            manifest = self._run()
+        finally:
+            if umask is not None:
+                os.umask(umask)
+        if mode is not None:
+            restrict_mode(self.out, mode)  # also what Ray workers and the atomic writer made
+        return manifest
+
+    def _run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        self._prepare()
-        read_tasks = plan_read_tasks(self.job.inputs)
+        read_tasks = plan_read_tasks(self.job.inputs)  # a bad input is reported before the output is touched
         if any(i.keep_fields for i in self.job.inputs):
             self.job = resolve_field_types(self.job, read_tasks, lambda index: _first_batch(self.job, read_tasks, index))
+        self._prepare(read_tasks)
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
                  len(self.phases), self.out)
         results: list[list[dict]] = []
@@ -112,23 +127,30 @@ class Runner:
         return manifest
 
     # -- set-up ---------------------------------------------------------------------------
-    def _prepare(self) -> None:
-        """Resume the same job's unfinished work; otherwise start from a clean output folder."""
+    def _prepare(self, read_tasks: list) -> None:
+        """Resume the same job's unfinished work (redoing what changed inputs touch); otherwise start afresh."""
+        had_outputs = claim(self.out, self.job.job.name)  # refuses a folder winnow did not make
         fingerprint = job_fingerprint(self.job)
         marker = self.work.fingerprint
+        prints = task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
         if marker.exists() and marker.read_text() == fingerprint:
-            log.info("resuming: finished tasks in %s are kept", self.work.root)
+            stale, changes = stale_tasks(self.work, prints)
+            if not stale:
+                log.info("resuming: finished tasks in %s are kept", self.work.root)
+                return
+            log.warning("resuming, but inputs changed since this job's work began: %s%s; redoing %d read task(s) "
+                        "and every phase after the first", "; ".join(changes[:3]),
+                        f" (+{len(changes) - 3} more)" if len(changes) > 3 else "", len(stale))
+            invalidate(self.out, self.work, stale, n_tasks=len(read_tasks), single_phase=len(self.phases) == 1)
+            remove_card(self.out)
+            record_inputs(self.work, prints)
             return
-        if (self.out / "manifest.json").exists() or marker.exists():
+        if had_outputs:
             log.info("clearing previous outputs in %s", self.out)
         remove_card(self.out)
-        for name in ("_work", "shards", "rejects", "artifacts", "manifest.json"):
-            path = self.out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+        clear_own_entries(self.out)
         self.work.root.mkdir(parents=True)
+        record_inputs(self.work, prints)  # before the fingerprint: without both, a re-run starts afresh
         write_text_atomic(marker, fingerprint)
 
     def _task_spec(self, phase: PhaseSpec, task: int, read_tasks: list) -> TaskSpec:

@@ -11,7 +11,6 @@ re-run after a crash reproduce identical shards.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from curate.atomic import rename_into_place
 from curate.config import OutputConfig
 from curate.writers.layout import EXTENSIONS, row_bytes, shard_dir
 from curate.writers.tar import TarWriter
@@ -144,7 +144,7 @@ class ShardWriter:
             tmp, final = self._tmp(shard, fmt), self.folders[fmt] / f"{shard.name}.{EXTENSIONS[fmt]}"
             with tmp.open("rb") as fh:
                 digest = hashlib.file_digest(fh, "sha256").hexdigest()
-            os.replace(tmp, final)
+            rename_into_place(tmp, final)
             self.written.append({
                 "split": self.split, "format": fmt, "path": final, "rows": shard.rows,
                 "bytes": final.stat().st_size, "row_bytes": shard.bytes, "sha256": digest, "sources": dict(sorted(shard.sources.items())),

@@ -39,6 +39,7 @@ class Case:
     error: str | None = None  # the job fails: a fragment of its message
     check: Callable[[Path, Path], None] | None = None  # more assertions on (input folder, output folder)
     skip: str | None = None
+    output: Callable[[Path], str] | None = None  # the --output to give, made by the case (default: a new folder)
 
 
 def inputs(path: Path, fmt: str = "jsonl", source: str = "s") -> str:
@@ -180,6 +181,22 @@ def nothing_outside(folder: Path, out: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["a.tar", "job.toml"]
 
 
+def good_input(folder: Path) -> tuple[str, set[str]]:
+    (folder / "a.jsonl").write_bytes(jl(*GOOD))
+    return inputs(folder / "a.jsonl"), GOOD_IDS
+
+
+def _file(path: Path) -> str:
+    path.write_text("a file, not a folder")
+    return str(path)
+
+
+def _foreign(tmp: Path) -> str:
+    (tmp / "theirs" / "shards").mkdir(parents=True)
+    (tmp / "theirs" / "shards" / "my.parquet").write_bytes(b"the user's own data")
+    return str(tmp / "theirs")
+
+
 BIG = "w" * (30 << 20)
 
 CASES: list[Case] = [
@@ -247,6 +264,13 @@ CASES: list[Case] = [
          skip="root reads a chmod 000 file; the FIFO, loop and dangling-link cases cover what root cannot read"
          if os.geteuid() == 0 else None),
     Case("missing_path", lambda folder: (inputs(folder / "nope.jsonl"), set()), error="does not exist"),
+    # -- the output folder ---------------------------------------------------------------------
+    Case("output_is_a_file", good_input, error="is a file, not a folder", output=lambda tmp: _file(tmp / "afile")),
+    Case("output_under_a_file", good_input, error="cannot write the output folder",
+         output=lambda tmp: _file(tmp / "afile") + "/sub"),
+    Case("output_not_writable", good_input, error="cannot write the output folder", output=lambda tmp: "/sys/winnow-catalogue"),
+    Case("output_is_a_url", good_input, error="is a URL", output=lambda tmp: "s3://bucket/out"),
+    Case("output_holds_foreign_data", good_input, error="holds files winnow did not write", output=_foreign),
 ]
 
 
@@ -256,18 +280,19 @@ def test_bad_input(case: Case, tmp_path: Path, capsys, nothing_lost) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
     tables, ids = case.build(folder)
-    out = tmp_path / "out"
+    output = case.output(tmp_path) if case.output else str(tmp_path / "out")  # a str: Path() would eat "//"
+    out = Path(output)
     job = folder / "job.toml"
-    job.write_text(f'[job]\nname = "cat"\noutput = "{out}"\n' + tables + '[output]\nshard_rows = 4\n')
-    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and os.access(p, os.R_OK)
-              and not p.is_fifo()}
-    rc = main(["-q", "curate", str(job)])
+    job.write_text(f'[job]\nname = "cat"\noutput = "{tmp_path / "out"}"\n' + tables + '[output]\nshard_rows = 4\n')
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
+              and os.access(p, os.R_OK) and not p.is_fifo()}
+    rc = main(["-q", "curate", str(job), "--output", output])
     err = capsys.readouterr().err
     assert {p: p.read_bytes() for p in before} == before  # inputs are never touched
     if case.error is not None:
         assert rc == 2, err
         assert err.startswith("winnow curate: error: ") and case.error in err, err
-        assert not (out / "manifest.json").exists()
+        assert not (out / "manifest.json").exists() and not Path("s3:").exists()
         return
     assert rc == 0, err
     manifest = nothing_lost(out, ids)

@@ -1,0 +1,118 @@
+"""Input fingerprints: a resumed job notices an input that changed since its finished work was done.
+
+Each read task's fingerprint covers its files' URLs, sizes, modification times and a
+SHA-256 of their first and last 64 KiB (two range reads per file, however large it is).
+``_work/inputs.json`` keeps them from the run that started the work folder. On resume,
+a task whose fingerprint differs — or that no longer exists, because a glob now matches
+other files — is stale. Only phase 0 reads inputs; every later phase and the ordered and
+validation writes depend on the global plans, which depend on every task of phase 0. So
+exactly the stale phase-0 tasks (with their rejects and, in a one-phase job, their shards)
+and everything after phase 0 are redone; the other phase-0 tasks are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from curate.atomic import write_json_atomic
+from curate.readers import ReadTask
+from curate.workdir import WorkDir
+
+log = logging.getLogger(__name__)
+
+BLOCK = 64 << 10
+
+
+def file_fingerprint(url: str, size: int, mtime: float | None, storage_options: dict) -> dict[str, Any]:
+    """Size, mtime and the hash of the first and last ``BLOCK`` bytes of one input file."""
+    digest = hashlib.sha256()
+    try:
+        with fsspec.open(url, "rb", **storage_options) as fh:
+            digest.update(fh.read(BLOCK))
+            if size > 2 * BLOCK:
+                fh.seek(size - BLOCK)
+            digest.update(fh.read(BLOCK))
+    except (IsADirectoryError, FileNotFoundError, PermissionError):
+        pass  # a saved HF dataset is a folder: size and mtime speak for it; a vanished file fails at read time
+    return {"url": url, "size": size, "mtime": mtime, "head_tail_sha256": digest.hexdigest()[:32]}
+
+
+def task_fingerprints(tasks: list[ReadTask], storage_options: list[dict]) -> list[list[dict[str, Any]]]:
+    """Per read task, its files' fingerprints (``storage_options`` by input index)."""
+    return [[file_fingerprint(f.url, f.size, f.mtime, storage_options[t.input_index]) for f in t.files] for t in tasks]
+
+
+def record_inputs(work: WorkDir, prints: list[list[dict[str, Any]]]) -> None:
+    """Keep the fingerprints the work folder's tasks are computed from."""
+    write_json_atomic(inputs_file(work), prints, indent=None)
+
+
+def inputs_file(work: WorkDir) -> Path:
+    return work.root / "inputs.json"
+
+
+def stale_tasks(work: WorkDir, prints: list[list[dict[str, Any]]]) -> tuple[set[int], list[str]]:
+    """Read tasks whose inputs differ from those the work folder was started with, and what changed."""
+    path = inputs_file(work)
+    if not path.exists():  # a work folder from before fingerprints: nothing to compare, trust nothing
+        return set(range(len(prints))), [f"{path} is missing (a work folder from an older winnow)"]
+    old = json.loads(path.read_text())
+    stale, changes = set(), []
+    for i in range(max(len(old), len(prints))):
+        before = old[i] if i < len(old) else None
+        now = prints[i] if i < len(prints) else None
+        if before == now:
+            continue
+        stale.add(i)
+        changes.append(_describe(before, now))
+    return stale, changes
+
+
+def _describe(before: list[dict] | None, now: list[dict] | None) -> str:
+    if before is None:
+        return f"new input task {now[0]['url']}"
+    if now is None:
+        return f"input {before[0]['url']} is no longer listed"
+    for b, n in zip(before, now):
+        if b["url"] != n["url"]:
+            return f"input files changed: {b['url']} is now {n['url']}"
+        if b != n:
+            what = [k for k in ("size", "mtime", "head_tail_sha256") if b[k] != n[k]]
+            return f"input {n['url']} changed ({', '.join(f'{k} {b[k]} -> {n[k]}' for k in what)})"
+    return f"input files of {now[0]['url']} changed in number ({len(before)} -> {len(now)})"
+
+
+def invalidate(out: Path, work: WorkDir, stale: set[int], *, n_tasks: int, single_phase: bool) -> None:
+    """Remove what depends on the stale read tasks: their phase-0 work, and everything after phase 0.
+
+    Kept: the other phase-0 task folders and the files they list (their rejects; in a one-phase
+    job their shards too). Everything else the job wrote is removed, so it is rewritten.
+    """
+    keep: set[Path] = set()
+    phase0 = work.phase(0)
+    for folder in sorted(phase0.glob("task-*")) if phase0.is_dir() else []:
+        task = int(folder.name.split("-")[1])
+        if task in stale or task >= n_tasks:
+            shutil.rmtree(folder)
+            continue
+        stats = json.loads((folder / "stats.json").read_text())
+        keep.update(out / r["path"] for r in stats["rejects"])
+        if single_phase:
+            keep.update(out / s["path"] for s in stats["shards"])
+    for tmp in phase0.glob(".task-*.tmp") if phase0.is_dir() else []:
+        shutil.rmtree(tmp)
+    for entry in work.root.iterdir():
+        if entry.name not in ("phase-0", "fingerprint", inputs_file(work).name):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for folder in ("shards", "rejects", "artifacts"):
+        for path in sorted((out / folder).rglob("*"), reverse=True) if (out / folder).is_dir() else []:
+            if path.is_file() and path not in keep:
+                path.unlink()
+    (out / "manifest.json").unlink(missing_ok=True)

@@ -1,0 +1,106 @@
+"""Regression tests for the output-folder bugs of issue #14 (4, 7, 10, 11).
+
+Before the fixes: a fresh run deleted the user's own ``shards/my.parquet`` in ``--output``;
+``--output s3://b/x`` made a local folder ``s3:``; an output path that is a file gave a raw
+``NotADirectoryError``; ``manifest.json`` was always 0600 while the shards followed the umask.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import orjson
+import pytest
+
+from curate.outdir import MARKER
+from pipelines.cli import main
+
+
+def job_file(tmp_path: Path, body: str = "") -> Path:
+    data = tmp_path / "a.jsonl"
+    data.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"doc {i}"}) + b"\n" for i in range(5)))
+    path = tmp_path / "job.toml"
+    path.write_text(f'[job]\nname = "o"\noutput = "{tmp_path / "unused"}"\n[[inputs]]\nsource = "s"\npath = "{data}"\n{body}')
+    return path
+
+
+def curate(job: Path, output: Path | str, capsys) -> tuple[int, str]:
+    rc = main(["-q", "curate", str(job), "--output", str(output)])
+    return rc, capsys.readouterr().err
+
+
+def test_foreign_data_in_the_output_folder_is_refused_not_deleted(tmp_path, capsys):
+    out = tmp_path / "mine"
+    (out / "shards").mkdir(parents=True)
+    (out / "shards" / "my.parquet").write_bytes(b"the user's own data")
+    rc, err = curate(job_file(tmp_path), out, capsys)
+    assert rc == 2 and "winnow curate: error:" in err and "did not write" in err and "shards" in err
+    assert (out / "shards" / "my.parquet").read_bytes() == b"the user's own data"
+    assert sorted(p.name for p in out.iterdir()) == ["shards"]
+
+
+def test_a_folder_winnow_made_is_cleared_for_another_job(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert curate(job_file(tmp_path), out, capsys)[0] == 0
+    assert (out / MARKER).is_file()
+    stale = out / "shards" / "parquet" / "train" / "part-99999-00000.parquet"
+    stale.write_bytes(b"left by an earlier run")
+    assert curate(job_file(tmp_path, '[output]\nformats = ["parquet"]\n'), out, capsys)[0] == 0  # another job
+    assert not stale.exists()
+
+
+def test_url_output_is_refused_and_makes_no_local_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, err = curate(job_file(tmp_path), "s3://bucket/x", capsys)
+    assert rc == 2 and err.startswith("winnow curate: error:") and "is a URL" in err and "aws s3 sync" in err
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_output_that_is_a_file_is_an_error_naming_it(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    rc, err = curate(job_file(tmp_path), tmp_path / "afile", capsys)
+    assert rc == 2 and f"output {tmp_path / 'afile'} is a file" in err
+    rc, err = curate(job_file(tmp_path), tmp_path / "afile" / "sub", capsys)
+    assert rc == 2 and "cannot write the output folder" in err and "afile/sub" in err
+    assert "Traceback" not in err
+
+
+def test_output_that_cannot_be_written_is_an_error_naming_it(tmp_path, capsys):
+    # /sys refuses new entries even to root (tests run as root, so chmod cannot make a folder unwritable)
+    rc, err = curate(job_file(tmp_path), "/sys/winnow-test-output", capsys)
+    assert rc == 2 and "cannot write the output folder /sys/winnow-test-output" in err and "permissions" in err
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def modes(out: Path) -> dict[str, int]:
+    return {str(p.relative_to(out)): stat.S_IMODE(p.stat().st_mode) for p in out.rglob("*")}
+
+
+def test_manifest_follows_the_umask_like_the_shards(tmp_path, capsys, umask_022):
+    out = tmp_path / "out"
+    assert curate(job_file(tmp_path), out, capsys)[0] == 0
+    files = {k: v for k, v in modes(out).items() if (out / k).is_file()}
+    assert files["manifest.json"] == 0o644
+    assert set(files.values()) == {0o644}, files
+
+
+def test_output_mode_restricts_every_file_and_folder(tmp_path, capsys, umask_022):
+    out = tmp_path / "out"
+    assert curate(job_file(tmp_path, "[output]\nmode = 0o640\n"), out, capsys)[0] == 0
+    got = modes(out)
+    assert {v for k, v in got.items() if (out / k).is_file()} == {0o640}
+    assert {v for k, v in got.items() if (out / k).is_dir()} == {0o750}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+
+
+def test_output_mode_must_let_the_owner_read_and_write(tmp_path, capsys):
+    rc, err = curate(job_file(tmp_path, "[output]\nmode = 0o444\n"), tmp_path / "out", capsys)
+    assert rc == 2 and "[output]" in err and "mode" in err and "0o444" in err

@@ -1,0 +1,90 @@
+"""Regression test for issue #14 bug 3: a resumed job notices inputs that changed since its work began.
+
+Before the fix, a job killed after phase 0, re-run after an input was edited, reused the
+old rows silently. Now the changed input's read task and everything after phase 0 are
+redone — and only those: the unchanged inputs' phase-0 tasks are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+from curate.pipeline import run_job
+from curate.stages.filters.length import LengthFilter
+from pipelines.jobfile import load_job
+
+BODY = """keep_work = true
+
+[[inputs]]
+source = "s"
+path = "{path}"
+
+[[stages]]
+kind = "filter.length"
+min_words = 2
+"""
+
+
+def write_inputs(folder: Path, edited: bool = False) -> None:
+    for f in range(3):
+        texts = [f"file {f} words number {i}" for i in range(6)]
+        if edited and f == 0:
+            texts[2] = texts[2].replace("words", "WORDS")  # same size: only the content hash sees it
+        (folder / f"p{f}.jsonl").write_bytes(b"".join(orjson.dumps({"id": f"{f}-{i}", "text": t}) + b"\n"
+                                                      for i, t in enumerate(texts)))
+        os.utime(folder / f"p{f}.jsonl", ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+
+
+def crashed_after_phase_0(tmp_path: Path, write_job, monkeypatch, name: str):
+    """Write the inputs, run the job until its first stage (phase 1) crashes; returns (job, data folder)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_inputs(data)
+    job = load_job(write_job(BODY.format(path=data / "*.jsonl"), name=name))
+    original = LengthFilter.apply
+
+    def crash(self, batch):
+        raise RuntimeError("simulated crash after phase 0")
+
+    monkeypatch.setattr(LengthFilter, "apply", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_job(job, progress=False)
+    monkeypatch.setattr(LengthFilter, "apply", original)
+    return job, data
+
+
+def shard_texts(manifest: dict, out: Path) -> list[str]:
+    import polars as pl
+
+    files = [out / s["path"] for s in manifest["shards"] if s["format"] == "parquet"]
+    return sorted(pl.read_parquet(files)["text"].to_list())
+
+
+def test_edited_input_is_reread_on_resume_and_only_its_task_is_redone(tmp_path, write_job, monkeypatch):
+    job, data = crashed_after_phase_0(tmp_path, write_job, monkeypatch, "edit")
+    phase0 = job.output_dir / "_work" / "phase-0"
+    before = {p.name: (p / "stats.json").stat().st_mtime_ns for p in phase0.glob("task-*")}
+    assert sorted(before) == ["task-00000", "task-00001", "task-00002"]
+
+    write_inputs(data, edited=True)
+    resumed = run_job(job, progress=False)
+    assert any("WORDS" in t for t in shard_texts(resumed, job.output_dir))  # the edit is in the output
+    after = {p.name: (p / "stats.json").stat().st_mtime_ns for p in phase0.glob("task-*")}
+    assert after["task-00001"] == before["task-00001"] and after["task-00002"] == before["task-00002"]
+    assert after["task-00000"] != before["task-00000"]
+
+    clean = run_job(load_job(write_job(BODY.format(path=data / "*.jsonl"), name="clean")), progress=False)
+    assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in clean["shards"]]
+    assert resumed["totals"] == {**clean["totals"], "seconds": resumed["totals"]["seconds"]}
+
+
+def test_a_file_added_to_a_glob_is_read_on_resume(tmp_path, write_job, monkeypatch, nothing_lost):
+    job, data = crashed_after_phase_0(tmp_path, write_job, monkeypatch, "add")
+    (data / "p0a.jsonl").write_bytes(orjson.dumps({"id": "new", "text": "a new document here"}) + b"\n")
+    resumed = run_job(job, progress=False)
+    nothing_lost(job.output_dir, {f"{f}-{i}" for f in range(3) for i in range(6)} | {"new"})
+    assert "a new document here" in shard_texts(resumed, job.output_dir)
