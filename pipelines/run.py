@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             overrides["output"] = str(Path(args.output) / "train")
         cfg = load_train_config(args.job, **overrides)
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
-        trainer = build_trainer(cfg)
+        trainer = build_trainer(cfg, progress=not args.quiet)
         write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
         try:
             summary = trainer.fit()

@@ -24,6 +24,7 @@ from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer
 from train.parallel import Parallel, shutdown
 from train.planner import Budget, estimate_run, plan_budget
+from train.progress import TrainProgress
 from train.tokenizer import load_tokenizer
 from train.trainer import Trainer
 
@@ -80,13 +81,15 @@ def default_run_folder(shards: str | None) -> str:
     return str(Path("out") / (str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
 
 
-def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None) -> Trainer:
+def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,
+                  progress: bool = False) -> Trainer:
     """Tokenizer, loaders, model (and teacher) from the config, composed into a ``Trainer``.
 
     ``train_data`` replaces ``cfg.shards`` for the train split only (several folders mixed by
     ``train.data.mix_weights``; held-out data stays ``cfg.shards``); ``sources`` fixes the source ids.
     Otherwise the training sets are ``cfg.shards`` and ``cfg.replay`` with their weights, and the
     held-out sets ``cfg.eval`` (default: the training folders); see ``train/data/sets.py``.
+    ``progress`` shows the progress bar (``train/progress.py``) on rank 0.
     """
     if train_data is None:
         folders, weights = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
@@ -124,7 +127,8 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
 
     teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
     return Trainer(cfg, model=Transformer(model_cfg), data=data, sources=data.sources, run_dir=run_dir,
-                   device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init)
+                   device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init,
+                   progress=TrainProgress(total=cfg.steps, enabled=progress))
 
 
 def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str],
@@ -180,7 +184,7 @@ def save_views(data: Loader, run_dir: Path) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(cfg, progress=not args.quiet)
     write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
     total, active = trainer.model.num_params()
     print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "

@@ -1,4 +1,4 @@
-"""Run metrics: ``metrics.jsonl`` (one object per logged step), optional TensorBoard, throughput and MFU.
+"""Run metrics: ``metrics.jsonl`` (one object per logged step), optional trackers, throughput and MFU.
 
 MFU counts active parameters only (6·N_active per token plus causal attention) against a
 peak FLOP/s basis that is configurable and printed at the start of the run.
@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from train.errors import ConfigError, require
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,21 @@ class MetricsConfig:
     """What is logged and how often (``[train.metrics]``)."""
 
     log_every: int = 10
-    tensorboard: bool = False  # needs the optional ``tensorboard`` package
+    tensorboard: bool = False  # the same as "tensorboard" in trackers
+    trackers: list[str] = field(default_factory=list)  # any of "tensorboard", "mlflow", "wandb" (train/trackers.py)
+    project: str = "winnow"  # the MLflow experiment / W&B project
+    mlflow_tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a file store in <run>/mlruns
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None  # None: WANDB_MODE or W&B's default
     peak_flops: float | None = None  # per device, for MFU; None: looked up from the device name
 
     def __post_init__(self) -> None:
+        from train.trackers import TRACKERS
+
+        bad = [t for t in self.trackers if t not in TRACKERS]
+        if bad:
+            raise ConfigError(f"train.metrics.trackers = {self.trackers!r} is invalid; allowed: any of {list(TRACKERS)}")
+        if self.tensorboard and "tensorboard" not in self.trackers:
+            self.trackers = ["tensorboard", *self.trackers]
         if not (isinstance(self.log_every, int) and self.log_every >= 1):
             raise ConfigError(f"train.metrics.log_every = {self.log_every!r} is invalid; allowed: an integer >= 1")
         if self.peak_flops is not None and self.peak_flops <= 0:
@@ -87,40 +98,27 @@ class Throughput:
                 "mfu": tokens_per_s * flops_per_token / peak, "data_wait_pct": 100.0 * self.wait / elapsed}
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
-    if isinstance(value, dict):
-        for key, sub in value.items():
-            _flatten(f"{prefix}/{key}" if prefix else str(key), sub, out)
-    elif isinstance(value, (list, tuple)):
-        for i, sub in enumerate(value):
-            _flatten(f"{prefix}/{i}", sub, out)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        out[prefix] = float(value)
-
-
 class MetricsWriter:
-    """Appends one JSON object per logged step; mirrors scalars to TensorBoard when enabled."""
+    """Appends one JSON object per logged step to ``metrics.jsonl`` and hands it to each tracker."""
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool) -> None:
+    def __init__(self, run_dir: str | Path, config: MetricsConfig | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self._tb = None
-        if tensorboard:
-            require("tensorboard", feature="TensorBoard metrics (train.metrics.tensorboard = true)")
-            from torch.utils.tensorboard import SummaryWriter
+        self.trackers: list = []
+        if config is not None and config.trackers:
+            from train.trackers import open_trackers
 
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self.trackers = open_trackers(config.trackers, self.run_dir, project=config.project,
+                                          mlflow_uri=config.mlflow_tracking_uri, wandb_mode=config.wandb_mode)
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            scalars: dict[str, float] = {}
-            _flatten("", {k: v for k, v in record.items() if k not in ("step", "routing")}, scalars)
-            for name, value in scalars.items():
-                self._tb.add_scalar(name, value, record["step"])
+        for tracker in self.trackers:
+            tracker.log(record)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []

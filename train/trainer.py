@@ -30,6 +30,7 @@ from train.init import Initialization
 from train.metrics import Throughput, memory_stats, peak_flops_basis
 from train.model import Transformer, cross_entropy_per_token, distillation_per_token
 from train.optim import build_optimizer, build_scheduler
+from train.progress import TrainProgress
 from train.parallel import Parallel
 from train.rng import rng_state, set_rng_state
 from train.stopping import EarlyStopping
@@ -55,7 +56,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, model: Transformer, data: Iterable, sources: list[str], run_dir: str | Path,
                  device: torch.device, val_data: Callable[[], Iterable] | None = None,
                  teacher: Transformer | None = None, parallel: Parallel | None = None,
-                 init: Initialization | None = None) -> None:
+                 init: Initialization | None = None, progress: TrainProgress | None = None) -> None:
         self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
         self.model = model.to(device)
         self.model.activation_checkpointing = cfg.activation_checkpointing
@@ -80,7 +81,9 @@ class Trainer:
         self.alerts = Alerts(cfg.alerts, self.run_dir)
         self.spikes = SpikeDetector(sigma=cfg.alerts.spike_sigma, window=cfg.alerts.spike_window,
                                     min_history=cfg.alerts.spike_min_history)
-        self.metrics = self.parallel.metrics_writer(self.run_dir, tensorboard=cfg.metrics.tensorboard)
+        self.metrics = self.parallel.metrics_writer(self.run_dir, cfg.metrics)
+        # a bar only where someone reads it: the caller's choice, and rank 0
+        self.progress = progress if progress is not None and self.parallel.is_main else TrainProgress(total=cfg.steps, enabled=False)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last,
                                              mode=cfg.checkpoint.mode)
         self.throughput = Throughput()
@@ -245,7 +248,8 @@ class Trainer:
         loader = self.val_data()
         try:
             with torch.no_grad():
-                for _, batch in zip(itertools.count() if self.cfg.eval_batches is None else range(self.cfg.eval_batches), loader):
+                batches = self.progress.evaluating(loader, total=self.cfg.eval_batches)
+                for _, batch in zip(itertools.count() if self.cfg.eval_batches is None else range(self.cfg.eval_batches), batches):
                     b = batch.to(self.device)
                     with self._autocast():
                         logits_BLV = self.model(b.tokens, b.doc_ids).logits_BLV
@@ -323,12 +327,14 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.throughput.reset()
+        self.progress.open(self.step, self.tokens_seen)
         final_eval = None
         if self.init is not None and self.step == 0:
             final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
         try:
             while self.step < cfg.steps and self._stop_signal is None and self.stopping.reason is None:
                 self.train_step()
+                self.progress.step(self.step, self.tokens_seen, self.last.loss)
                 if self.attribution is not None and self.last.skipped is None and self.attribution.covers(self.step):
                     self._observe_step()
                     if self.attribution.due(self.step):
@@ -341,6 +347,9 @@ class Trainer:
                         break
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save_checkpoint()
+        except BaseException:
+            self.progress.close()
+            raise
         finally:
             for sig, previous in handlers.items():
                 signal.signal(sig, previous)
@@ -351,6 +360,7 @@ class Trainer:
         elif stopped is None or final_eval is None or final_eval["step"] != self.step:
             final_eval = self.evaluate()
         checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
+        self.progress.close()
         self.metrics.close()
         return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped), "preempted": preempted,
                 "stopped": stopped, "checkpoint": str(checkpoint), "eval": final_eval, "run_dir": str(self.run_dir)}

@@ -9,25 +9,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.cli import main
+from tests.pipelines.tiny import TINY_MODEL
 
 TRAIN = """
 [train]
 steps = 2
 eval_every = 2
-[train.model]
-dim = 16
-n_layers = 1
-n_heads = 2
-ffn_hidden = 16
-n_experts = 2
-top_k = 1
 [train.metrics]
 log_every = 1
-[train.data]
-batch_size = 2
-seq_len = 32
-num_workers = 0
-"""
+""" + TINY_MODEL
 
 
 def test_train_on_a_foreign_parquet_folder(tmp_path, monkeypatch, capsys, one_thread):

@@ -30,6 +30,7 @@ from train.errors import ShardError
 
 log = logging.getLogger(__name__)
 
+_VIEWS: dict[tuple, dict] = {}
 SPLIT_NAMES = {"train": ("train",), "val": ("val", "validation", "valid", "dev")}
 
 
@@ -68,6 +69,9 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
         raise ShardError(f"{data}: a `winnow curate` job that has not finished (_work/ but no manifest.json); "
                          "re-run the same curate command to finish it")
     paths = find_split_files(fs, root, split)
+    key = (data, split, tuple((p, fs.size(f"{root}/{p}")) for p in paths))
+    if key in _VIEWS:  # held-out loaders are rebuilt for every evaluation: view an unchanged folder once
+        return _VIEWS[key]
     if not paths:
         raise ShardError(f"{data}: no manifest.json and no Parquet files for split {split!r} "
                          f"(looked for {', '.join(f'{n}/' for n in SPLIT_NAMES.get(split, (split,)))} and "
@@ -92,6 +96,7 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
     view = {"format_version": 2, "view_of": data, "sources": [s for s in sources if s is not None], "shards": shards}
     log.info("%s has no manifest.json: made a view of its %d Parquet file(s) for split %r (%d rows; sources %s)",
              data, len(shards), split, sum(s["rows"] for s in shards), view["sources"])
+    _VIEWS[key] = view
     return view
 
 

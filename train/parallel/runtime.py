@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from train.checkpoint import CheckpointManager
 from train.errors import ConfigError
-from train.metrics import MetricsWriter
+from train.metrics import MetricsConfig, MetricsWriter
 from train.parallel import checkpoint as ckpt
 from train.parallel.comm import CommTimer
 from train.parallel.config import ParallelConfig
@@ -140,8 +140,8 @@ class Parallel:
         return self.reducer.sum(load_ME) if self._reduce_load else load_ME
 
     # ---- outputs ----------------------------------------------------------------------------
-    def metrics_writer(self, run_dir: str | Path, *, tensorboard: bool):
-        return MetricsWriter(run_dir, tensorboard=tensorboard) if self.is_main else _NoMetrics()
+    def metrics_writer(self, run_dir: str | Path, config: MetricsConfig | None = None):
+        return MetricsWriter(run_dir, config) if self.is_main else _NoMetrics()
 
     def model_state(self, model: nn.Module) -> dict:
         return ckpt.model_state(model, self.world, fsdp=self.fsdp, experts=self.experts)
