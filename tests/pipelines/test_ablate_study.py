@@ -2,13 +2,15 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
-from curate import atomic
 from pipelines.ablate import runner
 from pipelines.ablate.config import AblateConfig
 from pipelines.ablate.layout import StudyLayout
@@ -16,6 +18,8 @@ from pipelines.ablate.mixes import fit_mixes, propose, summarize
 from pipelines.ablate.plan import variants
 from pipelines.cli import main
 from tests.pipelines.ablate_util import SOURCES, study_toml, tiny_job
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -27,40 +31,33 @@ def _table(study) -> pl.DataFrame:
     return pl.read_csv(StudyLayout(study).table_csv)
 
 
+def _ablate_process(toml, crash: str) -> subprocess.CompletedProcess:
+    """``winnow ablate`` in its own process, with a crash point (curate/crashpoints.py) armed."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "WINNOW_CRASH_AT": crash}
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "ablate", str(toml)], env=env, cwd=ROOT, check=False,
+                          capture_output=True, text=True, timeout=900)
+
+
 @pytest.mark.slow
-def test_parallel_and_resumed_studies_give_the_serial_table(job, tmp_path, monkeypatch, one_thread):
+def test_parallel_and_killed_then_resumed_studies_give_the_serial_table(job, tmp_path, one_thread):
     keys = {"noise_seeds": 2, "attribution_every": 1, "threads": 1}
     serial = study_toml(tmp_path / "serial.toml", job, tmp_path / "serial", **keys)
-    assert main(["-q", "ablate", str(serial)]) == 0
+    points = tmp_path / "points.tsv"
+    assert _ablate_process(serial, f"count:{points}").returncode == 0  # and list every durable write it made
     parallel = study_toml(tmp_path / "parallel.toml", job, tmp_path / "parallel", parallel=2, **keys)
     assert main(["-q", "ablate", str(parallel)]) == 0
     assert _table(tmp_path / "parallel").equals(_table(tmp_path / "serial"))
 
+    # SIGKILL the same study just before the third variant's result.json is renamed into place
+    markers = [int(n) for n, label in (line.split("\t") for line in points.read_text().splitlines())
+               if label == "result.json"]
     resumed = study_toml(tmp_path / "resumed.toml", job, tmp_path / "resumed", **keys)
-    train = runner.train_variant
-
-    class DiesBeforeRename:  # the process dies between writing result.json's temp file and renaming it
-        def __getattr__(self, name):
-            return getattr(os, name)
-
-        def replace(self, src, dst):
-            if Path(dst).name == "result.json":
-                raise RuntimeError("killed")
-            return os.replace(src, dst)
-
-    def crash_on_prose(task):  # the last variant trains, then dies while writing its result
-        if task.variant["name"] == "without_prose":
-            monkeypatch.setattr(atomic, "os", DiesBeforeRename())
-        return train(task)
-
-    monkeypatch.setattr(runner, "train_variant", crash_on_prose)
-    with pytest.raises(RuntimeError, match="killed"):
-        main(["-q", "ablate", str(resumed)])
+    assert _ablate_process(resumed, f"before:{markers[2]}").returncode == -signal.SIGKILL
     layout = StudyLayout(tmp_path / "resumed")
-    assert layout.read_result("without_prose") is None and not layout.result_path("without_prose").exists()
-    assert not list(layout.run_dir("without_prose").glob(".result.json.*"))  # no temp file left behind
-    finished = {v: layout.result_path(v).stat().st_mtime_ns for v in ("baseline", "baseline_seed1", "without_code")}
-    monkeypatch.undo()
+    done = [v for v in ("baseline", "baseline_seed1", "without_code", "without_prose") if layout.read_result(v)]
+    assert done == ["baseline", "baseline_seed1"]  # the killed one left no marker, valid or not
+    assert not layout.result_path("without_code").exists()
+    finished = {v: layout.result_path(v).stat().st_mtime_ns for v in done}
     assert main(["-q", "ablate", str(resumed)]) == 0
     assert {v: layout.result_path(v).stat().st_mtime_ns for v in finished} == finished  # not run again
     assert _table(tmp_path / "resumed").equals(_table(tmp_path / "serial"))
@@ -202,7 +199,7 @@ def test_local_workers_claim_one_gpu_each_and_ray_tasks_reserve_one(monkeypatch)
     monkeypatch.setattr(runner, "Executor", Recorder)
     monkeypatch.setattr(runner, "_gpu_count", lambda: 2)
     assert [r["name"] for r in runner.run_variants(tasks("a", "b", "c"), AblateConfig(parallel=3))] == ["a", "b", "c"]
-    queue, threads = seen["initargs"]
+    queue, _ = seen["initargs"]
     assert seen["workers"] == 3 and seen["initializer"] is runner._claim_device
     assert [queue.get(timeout=5) for _ in range(3)] == [0, 1, 0]  # round-robin over the GPUs
     queue.put(1)
