@@ -47,12 +47,9 @@ def run(args: argparse.Namespace) -> int:
             overrides["output"] = str(Path(args.output) / "train")
         cfg = load_train_config(args.job, **overrides)
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
-        trainer = build_trainer(cfg, progress=not args.quiet)
-        write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
-        try:
+        with build_trainer(cfg, progress=not args.quiet) as trainer:
+            write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
             summary = trainer.fit()
-        finally:
-            trainer.data.close()
         if summary["preempted"]:
             print(f"training preempted at step {summary['step']}; re-run the same command to resume")
             return 1

@@ -126,7 +126,9 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
         return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources))
 
     teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
-    return Trainer(cfg, model=Transformer(model_cfg), data=data, sources=data.sources, run_dir=run_dir,
+    model = Transformer(model_cfg, activation_checkpointing=cfg.activation_checkpointing,
+                        experts=parallel.expert_shard(model_cfg.n_experts))
+    return Trainer(cfg, model=model, data=data, sources=data.sources, run_dir=run_dir,
                    device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init,
                    progress=TrainProgress(total=cfg.steps, enabled=progress))
 
@@ -184,13 +186,12 @@ def save_views(data: Loader, run_dir: Path) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
-    trainer = build_trainer(cfg, progress=not args.quiet)
-    write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
-    total, active = trainer.model.num_params()
-    print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
-          f"FLOP/s ({trainer.peak_basis})")
-    summary = trainer.fit()
-    trainer.data.close()
+    with build_trainer(cfg, progress=not args.quiet) as trainer:
+        write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
+        total, active = trainer.model.num_params()
+        print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
+              f"FLOP/s ({trainer.peak_basis})")
+        summary = trainer.fit()
     shutdown()
     if not trainer.parallel.is_main:
         return 0

@@ -26,6 +26,7 @@ from train.alerts import AlertKind, Alerts, SkipReason, SpikeDetector
 from train.attribution import SourceAttribution
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
+from train.errors import CheckpointError, ConfigError
 from train.init import Initialization
 from train.metrics import Throughput, memory_stats, peak_flops_basis
 from train.model import Transformer, cross_entropy_per_token, distillation_per_token
@@ -58,8 +59,11 @@ class Trainer:
                  teacher: Transformer | None = None, parallel: Parallel | None = None,
                  init: Initialization | None = None, progress: TrainProgress | None = None) -> None:
         self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
+        if model.activation_checkpointing != cfg.activation_checkpointing:
+            raise ConfigError(f"train.activation_checkpointing = {cfg.activation_checkpointing} but the model was built "
+                              f"with {model.activation_checkpointing}; build it with Transformer(model_cfg, "
+                              f"activation_checkpointing=cfg.activation_checkpointing)")
         self.model = model.to(device)
-        self.model.activation_checkpointing = cfg.activation_checkpointing
         self.parallel = parallel or Parallel.local(device)
         self.net = self.parallel.wrap(self.model)  # what forward runs through (DDP/FSDP2); self.model stays bare
         self.teacher = teacher.to(device).eval() if teacher is not None else None
@@ -179,11 +183,11 @@ class Trainer:
         if self.cfg.skip_nonfinite and not (np.isfinite(loss) and np.isfinite(grad_norm)):
             self.alerts.emit(AlertKind.NONFINITE, self.step + 1,
                              f"non-finite loss {loss} or gradient norm {grad_norm}; step skipped",
-                             loss=str(loss), grad_norm=str(grad_norm), **self._attribution(batches))
+                             loss=str(loss), grad_norm=str(grad_norm), **self._batch_provenance(batches))
             reason = SkipReason.NONFINITE
         elif self.spikes.is_spike(loss):
             self.alerts.emit(AlertKind.LOSS_SPIKE, self.step + 1, f"loss {loss:.4g} is a spike", loss=loss,
-                             **self._attribution(batches))
+                             **self._batch_provenance(batches))
             if not self.cfg.alerts.skip_spikes:
                 return None
             reason = SkipReason.SPIKE
@@ -192,7 +196,8 @@ class Trainer:
         self.skipped[reason] += 1
         return reason
 
-    def _attribution(self, batches: list) -> dict:
+    def _batch_provenance(self, batches: list) -> dict:
+        """Which sources and shard rows a batch held: what an alert about it names."""
         ids = torch.cat([b.source_ids[b.loss_mask] for b in batches]).unique().tolist()
         return {"sources": [self.sources[i] for i in ids if 0 <= i < len(self.sources)],
                 "origins": [list(o) for b in batches for o in b.origins]}
@@ -278,6 +283,9 @@ class Trainer:
                 "sources": self.sources}
 
     def load_state_dict(self, state: dict) -> None:
+        if list(state["sources"]) != self.sources:  # per-source sums and ids would be mixed up
+            raise CheckpointError(f"the checkpoint was trained on sources {list(state['sources'])}, this run has "
+                                  f"{self.sources}; resume with the same data, or start a new run (another output)")
         self.parallel.load_model_state(self.model, state["model"])
         self.parallel.load_optim_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -311,6 +319,19 @@ class Trainer:
         self.load_state_dict(state)
         log.info("resumed from %s (step %d)", path, self.step)
         return True
+
+    # ---- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the training loader's worker processes (a later ``fit`` would restart them)."""
+        close = getattr(self.data, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ---- the loop -----------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:

@@ -65,12 +65,9 @@ def train_variant(task: VariantTask) -> dict:
     try:
         cfg, variant = task.cfg, task.variant
         names = [s for s in task.sources if s in variant["weights"]]
-        trainer = build_trainer(cfg, train_data=[task.folders[s] for s in names], sources=task.sources)
-        write_provenance(cfg.output, job_file=task.job_file, data=[cfg.shards], extra={"variant": variant})
-        try:
+        with build_trainer(cfg, train_data=[task.folders[s] for s in names], sources=task.sources) as trainer:
+            write_provenance(cfg.output, job_file=task.job_file, data=[cfg.shards], extra={"variant": variant})
             summary = trainer.fit()
-        finally:
-            trainer.data.close()
     finally:
         torch.set_num_threads(before)
     if summary["preempted"]:  # no result.json: the next `winnow ablate` resumes this run from its checkpoint

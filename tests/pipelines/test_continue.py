@@ -15,11 +15,8 @@ from train.tokenizer import train_bpe
 
 
 def _fit(cfg):
-    trainer = build_trainer(cfg)
-    try:
+    with build_trainer(cfg) as trainer:
         return trainer, trainer.fit()
-    finally:
-        trainer.data.close()
 
 
 def _records(run_dir, key):

@@ -41,7 +41,8 @@ def build(run_dir: Path, *, parallel: Parallel, world: int, grad_accum: int, ste
                       checkpoint={"every": 0, "resume": resume}, model=model or {})
     torch.manual_seed(cfg.seed)
     data = RankBatches(rank=parallel.world.rank, world=world)
-    return Trainer(cfg, model=Transformer(cfg.model), data=data, sources=SOURCES, run_dir=run_dir,
+    model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts))
+    return Trainer(cfg, model=model, data=data, sources=SOURCES, run_dir=run_dir,
                    device=torch.device("cpu"), parallel=parallel)
 
 

@@ -9,9 +9,9 @@ from train.model import ModelConfig, Transformer
 TINY = dict(vocab_size=50, dim=32, n_layers=2, n_heads=4, ffn_hidden=16, n_experts=4, top_k=2, max_seq_len=32)
 
 
-def _model(**kw) -> Transformer:
+def _model(*, activation_checkpointing: bool = False, **kw) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(**{**TINY, **kw})).eval()
+    return Transformer(ModelConfig(**{**TINY, **kw}), activation_checkpointing=activation_checkpointing).eval()
 
 
 def test_future_tokens_do_not_change_past_logits():
@@ -40,8 +40,7 @@ def test_activation_checkpointing_gives_identical_gradients():
     tokens = torch.randint(0, 50, (2, 10))
     grads = []
     for ckpt in (False, True):
-        model = _model().train()
-        model.activation_checkpointing = ckpt
+        model = _model(activation_checkpointing=ckpt).train()
         out = model(tokens)
         (out.logits_BLV.float().pow(2).mean() + out.router_loss).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))

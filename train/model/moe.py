@@ -11,6 +11,8 @@ experts run in one grouped matmul (``torch._grouped_mm``) or one padded ``bmm`` 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -29,6 +31,20 @@ class MoEStats(NamedTuple):
     load_E: torch.Tensor  # assignments routed to each expert (before capacity dropping), detached
     dropped: torch.Tensor  # assignments dropped for capacity (0 when dropless)
     experts_TK: torch.Tensor  # chosen experts per token, detached (per-source routing histograms)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertShard:
+    """Expert parallelism, given to the model at construction (``train.parallel.Parallel.expert_shard``).
+
+    This rank holds experts ``[rank·X, (rank+1)·X)`` of every MoE layer (X = E / size), and
+    ``dispatch(x_AD, counts_E, compute) -> y_AD`` runs each routed assignment on the rank holding
+    its expert (``train.parallel.expert_parallel.ExpertDispatch``).
+    """
+
+    rank: int
+    size: int
+    dispatch: Callable[[torch.Tensor, torch.Tensor, Callable], torch.Tensor]
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
@@ -123,17 +139,29 @@ class Router(nn.Module):
 class MoE(nn.Module):
     """Routed SwiGLU experts (plus optional shared experts), dropless unless a capacity factor is set."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, experts: ExpertShard | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.shard = experts
         self.router = Router(cfg)
         E, D, F_ = cfg.n_experts, cfg.dim, cfg.ffn_hidden
         self.w13_ED2F = nn.Parameter(torch.empty(E, D, 2 * F_))  # gate and up, side by side
         self.w2_EFD = nn.Parameter(torch.empty(E, F_, D))
         self.shared = SwiGLU(D, F_ * cfg.n_shared_experts) if cfg.n_shared_experts else None
-        # expert parallelism installs a callable (x_AD, counts_E, compute) -> y_AD that runs the experts on
-        # the ranks holding them (train.parallel.expert_parallel); None: every expert is local
-        self.dispatch = None
+        # under expert parallelism (x_AD, counts_E, compute) -> y_AD runs the experts on the ranks
+        # holding them; None: every expert is local
+        self.dispatch = experts.dispatch if experts is not None else None
+
+    @torch.no_grad()
+    def keep_local_experts(self) -> None:
+        """Drop the experts other ranks hold. The owning model calls it once, after initializing every
+        expert, so a sharded model starts from the same weights as the unsharded one."""
+        if self.shard is None or self.w13_ED2F.shape[0] != self.cfg.n_experts:
+            return
+        local = self.cfg.n_experts // self.shard.size
+        lo = self.shard.rank * local
+        self.w13_ED2F = nn.Parameter(self.w13_ED2F[lo:lo + local].clone())
+        self.w2_EFD = nn.Parameter(self.w2_EFD[lo:lo + local].clone())
 
     def compute_experts(self, x_AD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """This module's experts on their expert-sorted assignments: (A, D) -> (A, D)."""

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from train.model.config import ModelConfig
 from train.model.layers import Attention, RMSNorm, SwiGLU, document_mask
-from train.model.moe import MoE, MoEStats
+from train.model.moe import ExpertShard, MoE, MoEStats
 
 
 @dataclass(slots=True)
@@ -29,12 +29,12 @@ class ModelOutput:
 class Block(nn.Module):
     """One pre-norm transformer block; its feed-forward is dense or Mixture-of-Experts."""
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, *, experts: ExpertShard | None = None) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn = MoE(cfg) if cfg.is_moe_layer(layer) else SwiGLU(cfg.dim, cfg.dense_hidden or cfg.ffn_hidden)
+        self.ffn = MoE(cfg, experts=experts) if cfg.is_moe_layer(layer) else SwiGLU(cfg.dim, cfg.dense_hidden or cfg.ffn_hidden)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> tuple[torch.Tensor, MoEStats | None]:
@@ -47,19 +47,26 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The language model. ``forward(tokens)`` returns a ``ModelOutput``; the loss is the trainer's business."""
+    """The language model. ``forward(tokens)`` returns a ``ModelOutput``; the loss is the trainer's business.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    ``activation_checkpointing`` recomputes each block's activations in the backward pass (training
+    only); ``experts`` shards every MoE layer's experts over the expert-parallel ranks.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, activation_checkpointing: bool = False,
+                 experts: ExpertShard | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.activation_checkpointing = activation_checkpointing
         self.embed = nn.Embedding(cfg.padded_vocab, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, experts=experts) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
-        self.activation_checkpointing = False
         self.reset_parameters()
+        for moe in self.moe_layers():
+            moe.keep_local_experts()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -99,11 +106,11 @@ class Transformer(nn.Module):
         return [block.ffn for block in self.blocks if isinstance(block.ffn, MoE)]
 
     @torch.no_grad()
-    def update_expert_bias(self, load_LE: torch.Tensor) -> None:
+    def update_expert_bias(self, load_ME: torch.Tensor) -> None:
         """Aux-loss-free balancing: after an optimizer step, move each layer's bias by its step's load."""
         if self.cfg.load_balance != "bias":
             return
-        for moe, load_E in zip(self.moe_layers(), load_LE):
+        for moe, load_E in zip(self.moe_layers(), load_ME):
             moe.router.update_bias(load_E)
 
     def num_params(self) -> tuple[int, int]:

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from train.errors import ConfigError
+from train.model.moe import ExpertShard, MoE
 from train.parallel.comm import CommTimer
 from train.parallel.mesh import World
 
@@ -42,7 +44,7 @@ class _AllToAll(torch.autograd.Function):
 
 
 class ExpertDispatch:
-    """The MoE block's dispatch hook under expert parallelism (see ``MoE.dispatch``)."""
+    """The MoE block's dispatch under expert parallelism (``ExpertShard.dispatch``)."""
 
     def __init__(self, *, group, ep_size: int, n_experts: int, timer: CommTimer) -> None:
         self.group, self.ep_size, self.n_local, self.timer = group, ep_size, n_experts // ep_size, timer
@@ -64,20 +66,25 @@ class ExpertDispatch:
         return _AllToAll.apply(y_sorted_AD[inverse_A], send_splits, recv_splits, self.group, self.timer)
 
 
-def shard_experts(model: nn.Module, world: World, timer: CommTimer) -> list[str]:
-    """Keep only this rank's slice of every MoE layer's experts and install the dispatch; returns their names."""
+def expert_shard(world: World, timer: CommTimer, n_experts: int) -> ExpertShard | None:
+    """What a model built on this rank passes to ``Transformer(..., experts=)``; None without expert parallelism."""
+    if world.ep_size <= 1:
+        return None
+    dispatch = ExpertDispatch(group=world.ep_group, ep_size=world.ep_size, n_experts=n_experts, timer=timer)
+    return ExpertShard(rank=world.ep_rank, size=world.ep_size, dispatch=dispatch)
+
+
+def sharded_expert_names(model: nn.Module, world: World) -> list[str]:
+    """Names of the sharded expert parameters; refuses a model built without this rank's ``ExpertShard``."""
     names = []
     for name, module in model.named_modules():
-        if not hasattr(module, "dispatch") or not hasattr(module, "w13_ED2F"):
+        if not isinstance(module, MoE):
             continue
-        n_experts = module.cfg.n_experts
-        local = n_experts // world.ep_size
-        lo = world.ep_rank * local
-        for pname in EXPERT_PARAMS:
-            full = getattr(module, pname)
-            setattr(module, pname, nn.Parameter(full.detach()[lo:lo + local].clone()))
-            names.append(f"{name}.{pname}" if name else pname)
-        module.dispatch = ExpertDispatch(group=world.ep_group, ep_size=world.ep_size, n_experts=n_experts, timer=timer)
+        if module.shard is None or module.shard.size != world.ep_size or module.shard.rank != world.ep_rank:
+            raise ConfigError(f"train.parallel.expert_parallel = {world.ep_size}: the model's MoE layer {name!r} was "
+                              f"not built for it; build the model with Transformer(cfg, "
+                              f"experts=parallel.expert_shard(cfg.n_experts))")
+        names += [f"{name}.{pname}" if name else pname for pname in EXPERT_PARAMS]
     return names
 
 

@@ -20,11 +20,12 @@ from torch.nn.parallel import DistributedDataParallel
 from train.checkpoint import CheckpointManager
 from train.errors import ConfigError
 from train.metrics import MetricsConfig, MetricsWriter
+from train.model.moe import ExpertShard
 from train.parallel import checkpoint as ckpt
 from train.parallel.comm import CommTimer
 from train.parallel.config import ParallelConfig
 from train.parallel.data_parallel import apply_fsdp, wrap_ddp
-from train.parallel.expert_parallel import expert_parameters, shard_experts, sync_expert_grads
+from train.parallel.expert_parallel import expert_parameters, expert_shard, sharded_expert_names, sync_expert_grads
 from train.parallel.mesh import World, init_world
 from train.parallel.reduce import Reducer
 
@@ -78,16 +79,20 @@ class Parallel:
         return float(self.world.size)
 
     # ---- model ------------------------------------------------------------------------------
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """Shard experts, then DDP or FSDP2; returns the module to call forward on (``model`` stays the bare one).
+    def expert_shard(self, n_experts: int) -> ExpertShard | None:
+        """This rank's share of the experts, for ``Transformer(cfg, experts=...)``; None without expert parallelism."""
+        return expert_shard(self.world, self.comm, n_experts)
 
-        Call before building the optimizer: sharding replaces the expert parameters.
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """DDP or FSDP2; returns the module to call forward on (``model`` stays the bare one).
+
+        Under expert parallelism the model must have been built with ``experts=self.expert_shard(...)``.
         """
         self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and self.world.distributed
         if not self.world.distributed:
             return model
         if self.world.ep_size > 1:
-            self.experts = shard_experts(model, self.world, self.comm)
+            self.experts = sharded_expert_names(model, self.world)
             self._expert_params = expert_parameters(model, self.experts)
         if self.cfg.mode == "fsdp":
             return apply_fsdp(model, self.world, self.cfg)
