@@ -13,7 +13,6 @@ from typing import Any, Literal
 from curate.errors import ConfigError
 from curate.stages.base import StageConfig
 
-INPUT_FORMATS = ("jsonl", "parquet", "webdataset", "hf", "text")
 OUTPUT_FORMATS = ("parquet", "webdataset")
 
 

@@ -126,7 +126,7 @@ def extract_fields(rows: pl.DataFrame, fields: dict[str, str], every: dict[str, 
                              *[pl.Series(name, columns[name], FIELD_TYPES[kind]) for name, kind in fields.items()])
 
 
-def resolve_field_types(job: Job, read_tasks: list, sample: Any) -> Job:
+def resolve_field_types(job: Job, sample: Any) -> Job:
     """The job with every input's ``keep_fields`` as ``{name: type}``, one type per name over the job.
 
     ``sample(input_index) -> DataFrame | None`` reads the first batch of that input (the runner

@@ -102,7 +102,7 @@ class Runner:
         t0 = time.perf_counter()
         read_tasks = plan_read_tasks(self.job.inputs)  # a bad input is reported before the output is touched
         if any(i.keep_fields for i in self.job.inputs):
-            self.job = resolve_field_types(self.job, read_tasks, lambda index: _first_batch(self.job, read_tasks, index))
+            self.job = resolve_field_types(self.job, lambda index: _first_batch(self.job, read_tasks, index))
         self._prepare(read_tasks)
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
                  len(self.phases), self.out)

@@ -9,7 +9,6 @@ Rejected rows carry the same columns plus ``reason`` and ``duplicate_of``.
 from __future__ import annotations
 
 import polars as pl
-import pyarrow as pa
 
 from curate.errors import StageError
 
@@ -18,8 +17,6 @@ REJECT_COLUMNS: tuple[str, ...] = ("reason", "duplicate_of")
 
 #: polars dtypes of the core columns.
 CORE_SCHEMA: dict[str, pl.DataType] = {c: pl.String() for c in CORE_COLUMNS}
-#: Arrow types of the core columns (large_string: polars' native string layout, no copy on export).
-CORE_ARROW_SCHEMA = pa.schema([pa.field(c, pa.large_string(), nullable=c == "meta") for c in CORE_COLUMNS])
 
 #: Columns that stages add, with their dtypes; a stage that writes one must use this dtype.
 OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
@@ -33,15 +30,6 @@ OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
     "order": pl.Int64(),
     "repeat": pl.Int32(),
 }
-
-#: Split names the writers know; rows without a ``split`` column go to ``train``.
-SPLITS: tuple[str, ...] = ("train", "val")
-
-
-def empty_frame(extra: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
-    """A zero-row frame with the core columns (and ``extra``)."""
-    return pl.DataFrame(schema={**CORE_SCHEMA, **(extra or {})})
-
 
 def validate_rows(df: pl.DataFrame, *, where: str) -> pl.DataFrame:
     """Check that ``df`` has the core columns with string types; ``where`` names the producer."""

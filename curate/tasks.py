@@ -159,7 +159,7 @@ def normalize_rejects(df: pl.DataFrame, sid: str) -> pl.DataFrame:
     )
 
 
-def _batches(spec: TaskSpec, stats: dict[str, StageStats], skipped: list[dict]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame | None]]:
+def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame | None]]:
     """(rows, read rejects) per batch: from the read task in phase 0, else from the previous phase."""
     batch_rows = spec.job.job.batch_rows
     if spec.read is not None:
@@ -190,7 +190,7 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
     stats: dict[str, StageStats] = {}
     skipped: list[dict] = []
     out = _Outputs(spec, tmp)
-    for rows, read_rejects in _batches(spec, stats, skipped):
+    for rows, read_rejects in _batches(spec, skipped):
         if read_rejects is not None:
             read = stats.setdefault(READ_STAGE_ID, StageStats())
             read.add_batch(pl.concat([rows.select("source"), read_rejects.select("source")]), rows, read_rejects, 0)

@@ -24,7 +24,6 @@ functions of the batch (and the decision), so tasks can be re-run after a crash.
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,8 +135,3 @@ class Barrier(Stage):
     @abstractmethod
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
         """Apply this task's part of the decision to ``batch``."""
-
-
-def config_fields(config_cls: type[StageConfig]) -> dict[str, dataclasses.Field]:
-    """The user-settable fields of a config class, by name."""
-    return {f.name: f for f in dataclasses.fields(config_cls) if f.init}

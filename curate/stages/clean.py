@@ -1,7 +1,8 @@
 """``clean``: Unicode and whitespace normalization, optional mojibake repair, and removal of
 boilerplate lines (lines that repeat across many documents of one source).
 
-It is a barrier because boilerplate is a property of a source, not of a document:
+With boilerplate removal on (``boilerplate_min_docs``) it is a barrier, because boilerplate is
+a property of a source, not of a document; without it, a row-local stage:
 
 1. ``collect`` normalizes each document and emits one 64-bit hash per distinct non-blank
    line (plus one row per document, ``h`` null, so the plan can count documents);
@@ -11,7 +12,9 @@ It is a barrier because boilerplate is a property of a source, not of a document
    ``("chars_removed", source)`` and ``("lines_removed", source)``.
 
 Everything is polars string expressions over whole columns, including NFC/NFKC
-(``str.normalize``); only ``fix_mojibake`` runs ftfy per row, since ftfy is Python.
+(``str.normalize``); only ``fix_mojibake`` runs ftfy per row, since ftfy is Python — once per
+row, in ``apply``: lines are hashed before the repair (in ``collect`` and ``apply`` alike), and
+the kept lines are repaired and normalized after the boilerplate is gone.
 """
 
 from __future__ import annotations
@@ -102,10 +105,17 @@ class Clean(Barrier):
         self._ftfy = require("ftfy", package="ftfy", extra="mojibake", feature="clean's fix_mojibake") if config.fix_mojibake else None
         self._boilerplate: pl.DataFrame | None = None
 
+    @classmethod
+    def is_barrier(cls, config: CleanConfig) -> bool:  # type: ignore[override]
+        return config.boilerplate_min_docs is not None
+
+    def _repaired(self, batch: pl.DataFrame) -> pl.DataFrame:
+        """ftfy's mojibake repair: pure Python, the one per-row step, taken only when asked for."""
+        if self._ftfy is None:
+            return batch
+        return batch.with_columns(pl.col("text").map_elements(self._ftfy.fix_text, return_dtype=pl.String))
+
     def _normalized(self, batch: pl.DataFrame) -> pl.DataFrame:
-        if self._ftfy is not None:
-            # ftfy is pure Python: the one per-row step, taken only when asked for.
-            batch = batch.with_columns(pl.col("text").map_elements(self._ftfy.fix_text, return_dtype=pl.String))
         c = self.config
         return batch.with_columns(
             normalize_text(pl.col("text"), unicode_form=c.unicode_form, remove_control=c.remove_control,
@@ -150,9 +160,11 @@ class Clean(Barrier):
         return self._boilerplate
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:
-        cleaned = self._normalized(batch)
         counters: dict[CounterKey, float] = {}
-        if self.config.boilerplate_min_docs is not None:
+        if self.config.boilerplate_min_docs is None:
+            cleaned = self._normalized(self._repaired(batch))
+        else:
+            cleaned = self._normalized(batch)  # the text collect hashed lines of
             lines = _line_table(cleaned).join(self._boilerplate_lines(), on=["source", "h"], how="left", maintain_order="left")
             drop = pl.col("boilerplate").fill_null(False)
             per_doc = lines.group_by("row", maintain_order=True).agg(
@@ -162,6 +174,8 @@ class Clean(Barrier):
             cleaned = cleaned.with_columns(text.alias("text"))
             for source, n in batch.select("source", per_doc["lines_removed"]).group_by("source").sum().iter_rows():
                 counters[("lines_removed", source)] = float(n)
+            if self._ftfy is not None:
+                cleaned = self._normalized(self._repaired(cleaned))
         removed = batch.select("source", (pl.col("text").str.len_chars() - cleaned["text"].str.len_chars()).alias("n"))
         for source, n in removed.group_by("source").sum().iter_rows():
             counters[("chars_removed", source)] = float(n)

@@ -99,7 +99,7 @@ def is_job_dir(path: Path) -> bool:
     return (path / "manifest.json").is_file()
 
 
-def load_job(path: str | Path) -> CurationJob:
+def read_job_folder(path: str | Path) -> CurationJob:
     """Read a curation job folder (one holding ``manifest.json``)."""
     path = Path(path)
     if not is_job_dir(path):

@@ -19,7 +19,7 @@ from curate.atomic import write_text_atomic
 from curate.errors import InputError
 from pipelines.ablate.layout import Study, load_study
 from pipelines.report import continued, plots
-from pipelines.report.curation import CurationJob, is_job_dir, load_job
+from pipelines.report.curation import CurationJob, is_job_dir, read_job_folder
 from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
 from pipelines.report.training import TrainingRun, is_run_dir, load_run
 
@@ -53,9 +53,9 @@ def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None, St
     if is_run_dir(path):
         run = load_run(path)
         if run.shards_dir is not None:
-            job = load_job(run.shards_dir)
+            job = read_job_folder(run.shards_dir)
     if is_job_dir(path):
-        job = load_job(path)
+        job = read_job_folder(path)
         if run is None and is_run_dir(path / "train"):
             run = load_run(path / "train")
     if job is None and run is None and study is None:

@@ -69,3 +69,29 @@ def test_config_errors_name_the_key():
         CleanConfig(unicode_form="NFD")
     with pytest.raises(ConfigError, match="boilerplate_min_docs"):
         CleanConfig(boilerplate_min_docs=1)
+
+
+def test_barrier_only_with_boilerplate_removal():
+    assert Clean.is_barrier(CleanConfig())
+    assert not Clean.is_barrier(CleanConfig(boilerplate_min_docs=None))
+
+
+def test_mojibake_repair_runs_once_per_row_after_boilerplate_is_gone(tmp_path):
+    calls = []
+
+    class FakeFtfy:
+        @staticmethod
+        def fix_text(text: str) -> str:
+            calls.append(text)
+            return text.replace("doesnâ€™t", "doesn't")
+
+    banner = "Subscribe to our newsletter"
+    texts = [f"{banner}\nDoc {i} doesnâ€™t repeat." for i in range(4)]
+    ctx = StageContext(stage_id="c", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("s",))
+    stage = Clean(CleanConfig(boilerplate_min_docs=3), ctx)
+    stage._ftfy = FakeFtfy()
+    batch = frame(texts)
+    plan = stage.plan(stage.collect(batch).with_columns(pl.lit(0).alias("_task")).lazy())
+    out = stage.apply(batch, plan.decision)
+    assert out.kept["text"].to_list() == [f"Doc {i} doesn't repeat." for i in range(4)]
+    assert calls == [f"Doc {i} doesnâ€™t repeat." for i in range(4)]  # once per row, on the kept lines only
