@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +23,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder, fsync'd, then renamed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    # O_EXCL on a fresh random name, mode 0o666 less the process umask at this moment (mkstemp
+    # would make it 0600, which is not what a published file should have)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a published file gets the usual mode
         crash_point(path.name, "before")
         os.replace(tmp, path)
     except BaseException:
@@ -70,12 +72,3 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)  # the only way to read it; read once, at import, before any thread starts
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()

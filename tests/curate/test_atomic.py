@@ -60,3 +60,12 @@ def test_plan_marker_and_decision_paths(tmp_path):
     work.mark_plan_done("02.dedup.exact")
     assert work.plan_done("02.dedup.exact")
     assert work.decision("02.dedup.exact", 7) == tmp_path / "plans" / "02.dedup.exact" / "decision" / "task-00007.parquet"
+
+
+def test_the_umask_at_write_time_applies(tmp_path):
+    old = os.umask(0o077)  # what [output] mode = 0o600 sets for a job
+    try:
+        write_json_atomic(tmp_path / "manifest.json", {})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "manifest.json").stat().st_mode) == 0o600
