@@ -39,8 +39,10 @@ def file_fingerprint(url: str, size: int, mtime: float | None, storage_options: 
             if size > 2 * BLOCK:
                 fh.seek(size - BLOCK)
             digest.update(fh.read(BLOCK))
-    except (IsADirectoryError, FileNotFoundError, PermissionError):
-        pass  # a saved HF dataset is a folder: size and mtime speak for it; a vanished file fails at read time
+    except IsADirectoryError:
+        pass  # a saved HF dataset is a folder: its size and mtime speak for it
+    except OSError as err:  # unreadable: the read task reports it (or skips it, with on_error = "skip")
+        digest.update(f"unreadable: {err}".encode())
     return {"url": url, "size": size, "mtime": mtime, "head_tail_sha256": digest.hexdigest()[:32]}
 
 

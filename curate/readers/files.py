@@ -94,4 +94,5 @@ def open_binary(url: str, storage_options: dict, *, decompress: bool = True) -> 
     try:
         return fsspec.open(url, "rb", compression=compression, **storage_options).open()
     except (OSError, ValueError, ImportError) as err:
-        raise InputError(f"cannot open input file {url}: {err}") from err
+        raise InputError(f"cannot open input file {printable(url)}: {err}; check that it is a readable regular file, "
+                         f"or set [job] on_error = \"skip\" to go on without it") from err

@@ -160,6 +160,11 @@ def unreadable(folder: Path) -> tuple[str, set[str]]:
     return inputs(folder / "a.jsonl"), set()
 
 
+def kernel_refuses_reads(folder: Path) -> tuple[str, set[str]]:
+    os.symlink("/proc/self/mem", folder / "a.jsonl")  # even root cannot read it as a stream
+    return inputs(folder / "a.jsonl"), set()
+
+
 def empty_and_good(folder: Path) -> tuple[str, set[str]]:
     (folder / "in").mkdir()
     (folder / "in" / "a.jsonl").write_bytes(b"")
@@ -261,8 +266,9 @@ CASES: list[Case] = [
     Case("fifo_in_folder", fifo_in_folder, error="is not a regular file"),
     Case("folder_named_like_a_file", folder_named_like_a_file, error="matched no files"),
     Case("unreadable_file", unreadable, error="Permission denied",
-         skip="root reads a chmod 000 file; the FIFO, loop and dangling-link cases cover what root cannot read"
+         skip="root reads a chmod 000 file; file_nobody_can_read covers an unreadable file for root"
          if os.geteuid() == 0 else None),
+    Case("file_nobody_can_read", kernel_refuses_reads, error="cannot open input file"),
     Case("missing_path", lambda folder: (inputs(folder / "nope.jsonl"), set()), error="does not exist"),
     # -- the output folder ---------------------------------------------------------------------
     Case("output_is_a_file", good_input, error="is a file, not a folder", output=lambda tmp: _file(tmp / "afile")),
