@@ -7,7 +7,7 @@ from typing import Literal
 
 from curate.errors import ConfigError
 
-KINDS = ("leave_one_out", "weights", "mixes", "random_mixes")
+KINDS = ("leave_one_out", "weights", "mixes", "random_mixes", "replay")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -22,6 +22,7 @@ class AblateConfig:
     concentration: float = 8.0  # random_mixes: Dirichlet alpha = concentration x baseline share (higher: closer)
     mix_steps: int | None = None  # random_mixes: steps of each random-mix run; None: the study's steps
     target: str = "mean"  # random_mixes: what the proposed mix minimises: "mean" held-out loss, or a source's
+    shares: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.25])  # replay: [train] replay shares
     output: str | None = None  # the study folder; None: <[job] output>/ablate
     steps: int | None = None  # steps per run; None: [train] steps
     noise_seeds: int = 1  # extra baseline runs with seeds seed+1.. to measure run-to-run noise
@@ -42,6 +43,10 @@ class AblateConfig:
         check(all(f >= 0 and f != 1 for f in self.factors) and bool(self.factors), "factors", self.factors,
               "non-negative numbers other than 1")
         check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
+        check(len(self.shares) >= 2 and len(set(self.shares)) == len(self.shares) and all(0 <= x < 1 for x in self.shares),
+              "shares", self.shares, "two or more distinct replay shares in [0, 1)")
+        check("replay" not in kinds or len(kinds) == 1, "kind", self.kind,
+              "'replay' on its own (its runs continue a base run; the mix kinds re-mix one job)")
         for name, mix in self.mixes.items():
             check(name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
                   f"mixes.{name}", mix, "a name other than 'baseline' and non-negative weights, one of them > 0")

@@ -89,8 +89,10 @@ def _claim_device(gpus, threads: int) -> None:
 
 
 def run_variants(tasks: list[VariantTask], acfg: AblateConfig,
-                 announce: Callable[[dict], None] = lambda result: None) -> Iterator[dict]:
-    """Train ``tasks`` ``acfg.parallel`` at a time (local processes or Ray), yielding results as they finish."""
+                 announce: Callable[[dict], None] = lambda result: None, *,
+                 train: Callable[[VariantTask], dict] = train_variant) -> Iterator[dict]:
+    """Train ``tasks`` ``acfg.parallel`` at a time (local processes or Ray), yielding results as they finish;
+    ``train`` runs one task in a worker (a module-level function: it is pickled by reference)."""
     workers = min(acfg.parallel, len(tasks)) if acfg.executor == "local" else acfg.parallel
     gpus = _gpu_count()
     queue = None
@@ -103,7 +105,7 @@ def run_variants(tasks: list[VariantTask], acfg: AblateConfig,
     threads = tasks[0].threads if tasks else 0
     with Executor(workers=workers, kind=acfg.executor, initializer=_claim_device, initargs=(queue, threads),
                   gpus_per_task=1.0) as executor:
-        for result in executor.run(train_variant, tasks):
+        for result in executor.run(train, tasks):
             announce(result)
             yield result
 

@@ -62,6 +62,10 @@ def run_ablate(args: argparse.Namespace) -> int:
     acfg = dataclasses.replace(acfg, **{k: v for k, v in (("steps", args.steps), ("parallel", args.parallel),
                                                           ("output", args.output)) if v is not None})
     train_cfg = load_train_config(args.job, steps=acfg.steps, shards=getattr(args, "shards", None))
+    if "replay" in ([acfg.kind] if isinstance(acfg.kind, str) else acfg.kind):  # one continued run per replay share from the same base: a study of its own
+        from pipelines.ablate.replay import run_replay_study
+
+        return run_replay_study(args, acfg, train_cfg)
     layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
     folders, base = split_by_source(train_cfg.shards, layout.sources_root)
     sources = json.loads((Path(train_cfg.shards) / "manifest.json").read_text())["sources"]
