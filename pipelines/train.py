@@ -16,7 +16,7 @@ from pipelines.provenance import write_provenance
 from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
 from train.data import Loader
-from train.data.sets import HeldOut, eval_sets, training_sets
+from train.data.sets import HeldOut, ShardSetConfig, eval_sets, training_sets
 from train.data.shards import open_shards
 from train.errors import CheckpointError, ShardError
 from train.init import load_init
@@ -92,8 +92,9 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     ``progress`` shows the progress bar (``train/progress.py``) on rank 0.
     """
     if train_data is None:
-        folders, weights = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
-        held_out = eval_sets(cfg.eval, folders, cfg.replay)
+        folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
+        held_out = eval_sets(cfg.eval, folders, cfg.replay)  # the job folders: per-source views hold no val split
+        folders, weights = training_sets(_per_source_sets(cfg.shards, Path(cfg.output)), cfg.replay, cfg.data.mix_weights)
     else:
         folders, weights, held_out = list(train_data), cfg.data.mix_weights, eval_sets(cfg.eval, [cfg.shards], None)
     # under torchrun: join the process group; each rank reads its own part of the loader's global order
@@ -131,6 +132,28 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     return Trainer(cfg, model=model, data=data, sources=data.sources, run_dir=run_dir,
                    device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init,
                    progress=TrainProgress(total=cfg.steps, enabled=progress))
+
+
+def _per_source_sets(shards, run_dir: Path):
+    """``[train] shards`` with each entry that has per-source weights replaced by one set per source
+    (split once under ``<run>/sources/set-<i>/``, reused while the job's manifest is unchanged)."""
+    if isinstance(shards, str) or not any(entry.sources for entry in shards):
+        return shards
+    from pipelines.ablate.sources import split_by_source
+
+    out = []
+    for i, entry in enumerate(shards):
+        if not entry.sources:
+            out.append(entry)
+            continue
+        folders, _ = split_by_source(entry.path, run_dir / "sources" / f"set-{i}")
+        missing = [s for s, w in entry.sources.items() if w > 0 and s not in folders]
+        if missing:
+            raise ConfigError(f"train.shards[{i}].sources: {missing[0]!r} has no train rows in {entry.path} "
+                              f"(sources there: {sorted(folders)})")
+        total = sum(entry.sources.values())
+        out += [ShardSetConfig(path=folders[s], weight=entry.weight * w / total) for s, w in entry.sources.items() if w > 0]
+    return out
 
 
 def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str],

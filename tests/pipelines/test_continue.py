@@ -100,3 +100,18 @@ def test_replay_shorthand_and_job_file_keys(base, tmp_path):
     job.write_text('[train]\nreplay = {path = "x", share = 0.1}\n')
     with pytest.raises(JobFileError, match="needs 'from'"):
         load_train_config(job)
+
+
+def test_per_source_weights_within_a_data_set(base, one_thread):
+    root, jobs, _ = base
+    cfg = tiny_config(root / "per_source", [ShardSetConfig(path=str(jobs["base"]), weight=0.5, sources={"prose": 1.0, "legal": 0.0}),
+                                            ShardSetConfig(path=str(jobs["new"]), weight=0.5)], steps=8)
+    _fit(cfg)
+    tokens = {}
+    for record in _records(root / "per_source", "per_source"):
+        for source, figures in record["per_source"].items():
+            tokens[source] = tokens.get(source, 0) + figures["tokens"]
+    assert tokens["legal"] == 0 and tokens["prose"] / sum(tokens.values()) == pytest.approx(0.5, abs=0.01)
+    assert (root / "per_source" / "sources" / "set-0" / "prose" / "manifest.json").is_file()
+    with pytest.raises(JobFileError, match=r"train.shards\[0\].sources: 'web' has no train rows"):
+        build_trainer(tiny_config(root / "bad_source", [ShardSetConfig(path=str(jobs["base"]), sources={"web": 1.0})]))

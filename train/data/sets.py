@@ -11,21 +11,30 @@ no longer trains on. ``HeldOut`` reads those val splits one after the other as o
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from train.errors import ConfigError
 
 
 @dataclass(kw_only=True, slots=True)
 class ShardSetConfig:
-    """One training data set: a job output folder and its share of the training tokens (relative)."""
+    """One training data set: a job output folder and its share of the training tokens (relative).
+
+    ``sources`` (per-source weights within the set, relative) trains on those sources only, at those
+    shares of the set's weight; the job's train shards are then split once per source under the
+    run folder (``sources/``), as ``winnow ablate`` does.
+    """
 
     path: str
     weight: float = 1.0
+    sources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.weight, (int, float)) and self.weight > 0):
             raise ConfigError(f"train.shards[].weight = {self.weight!r} for {self.path!r} is invalid; allowed: > 0")
+        if self.sources and not (all(w >= 0 for w in self.sources.values()) and any(w > 0 for w in self.sources.values())):
+            raise ConfigError(f"train.shards[].sources = {self.sources!r} for {self.path!r} is invalid; "
+                              "allowed: non-negative weights per source, one of them > 0")
 
 
 @dataclass(kw_only=True, slots=True)
