@@ -34,18 +34,18 @@ class JobSection:
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\"):
-            raise ConfigError(f"name must be a non-empty name without slashes, got {self.name!r}")
+            raise ConfigError(f"job.name = {self.name!r} is invalid; allowed: a non-empty name without slashes")
         if not self.output:
             self.output = f"out/{self.name}"
         if "://" in self.output:  # Path("s3://b/x") is the local folder s3:/b/x: never make one from a URL
             raise ConfigError(
-                f"output {self.output!r} is a URL; curation writes its outputs to a local (or mounted) folder only: "
+                f"job.output = {self.output!r} is a URL; curation writes its outputs to a local (or mounted) folder only: "
                 f"write to a local folder and copy it (e.g. `aws s3 sync out/{self.name} {self.output}`), or mount the bucket"
             )
         if self.workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"job.workers = {self.workers!r} is invalid; allowed: an integer >= 1")
         if self.batch_rows < 1:
-            raise ConfigError(f"batch_rows must be >= 1, got {self.batch_rows}")
+            raise ConfigError(f"job.batch_rows = {self.batch_rows!r} is invalid; allowed: an integer >= 1")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,13 +65,14 @@ class InputConfig:
 
     def __post_init__(self) -> None:
         if (self.source is None) == (self.source_field is None):
-            raise ConfigError("give exactly one of source (a name) or source_field (a column holding it)")
+            raise ConfigError("inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
+                              "(a column holding it)")
         if self.source is not None and (not self.source or "/" in self.source):
-            raise ConfigError(f"source must be a non-empty name without '/', got {self.source!r}")
+            raise ConfigError(f"inputs.source = {self.source!r} is invalid; allowed: a non-empty name without '/'")
         if isinstance(self.path, str):
             self.path = [self.path]
         if not self.path:
-            raise ConfigError("path must name at least one file, folder or glob")
+            raise ConfigError("inputs.path = [] is invalid; allowed: at least one file, folder or glob")
         from curate.fields import check_fields  # curate.fields needs this module's Job type
         from curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS, REJECT_COLUMNS
 
@@ -101,16 +102,16 @@ class OutputConfig:
 
     def __post_init__(self) -> None:
         if self.mode is not None and not (0 <= self.mode <= 0o777 and self.mode & 0o600 == 0o600):
-            raise ConfigError(f"mode must be permission bits from 0o600 to 0o777 that let the owner read and write "
-                              f"(e.g. 0o640), got {oct(self.mode)}")
+            raise ConfigError(f"output.mode = {oct(self.mode)} is invalid; allowed: permission bits from 0o600 to 0o777 "
+                              f"that let the owner read and write (e.g. 0o640)")
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
         if bad or not self.formats:
-            raise ConfigError(f"formats must be a non-empty list from {list(OUTPUT_FORMATS)}, got {self.formats}")
+            raise ConfigError(f"output.formats = {self.formats!r} is invalid; allowed: a non-empty list from {list(OUTPUT_FORMATS)}")
         if self.shard_rows is not None and self.shard_rows < 1:
-            raise ConfigError(f"shard_rows must be >= 1, got {self.shard_rows}")
+            raise ConfigError(f"output.shard_rows = {self.shard_rows!r} is invalid; allowed: an integer >= 1 or unset")
         for key in ("shard_bytes", "row_group_bytes"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"{key} must be >= 1 (bytes), got {getattr(self, key)}")
+                raise ConfigError(f"output.{key} = {getattr(self, key)!r} is invalid; allowed: an integer >= 1 (bytes)")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -54,14 +54,14 @@ class CleanConfig(StageConfig):
 
     def __post_init__(self) -> None:
         if self.unicode_form not in ("NFC", "NFKC", "none"):
-            raise ConfigError(f"clean: unicode_form must be one of 'NFC', 'NFKC', 'none', got {self.unicode_form!r}")
+            raise ConfigError(f"clean.unicode_form = {self.unicode_form!r} is invalid; allowed: one of 'NFC', 'NFKC', 'none'")
         if self.boilerplate_min_docs is not None and self.boilerplate_min_docs < 2:
             raise ConfigError(
-                f"clean: boilerplate_min_docs must be >= 2 (a line in one document is not boilerplate) or unset, "
-                f"got {self.boilerplate_min_docs!r}"
+                f"clean.boilerplate_min_docs = {self.boilerplate_min_docs!r} is invalid; allowed: an integer >= 2 "
+                f"(a line in one document is not boilerplate) or unset"
             )
         if not 0.0 <= self.boilerplate_min_fraction <= 1.0:
-            raise ConfigError(f"clean: boilerplate_min_fraction must be in [0, 1], got {self.boilerplate_min_fraction!r}")
+            raise ConfigError(f"clean.boilerplate_min_fraction = {self.boilerplate_min_fraction!r} is invalid; allowed: in [0, 1]")
 
 
 def normalize_text(text: pl.Expr, *, unicode_form: str = "NFC", remove_control: bool = True,

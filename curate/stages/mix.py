@@ -57,24 +57,24 @@ class MixConfig(StageConfig):
         if self.scheme is None:
             self.scheme = "explicit" if self.weights else "temperature"
         if self.scheme not in SCHEMES:
-            raise ConfigError(f"scheme must be one of {list(SCHEMES)}, got {self.scheme!r}")
+            raise ConfigError(f"mix.scheme = {self.scheme!r} is invalid; allowed: one of {list(SCHEMES)}")
         for name, w in self.weights.items():
             if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
-                raise ConfigError(f"weights.{name} must be a finite number >= 0, got {w!r}")
+                raise ConfigError(f"mix.weights.{name} = {w!r} is invalid; allowed: a finite number >= 0")
         if self.scheme == "explicit" and not any(w > 0 for w in self.weights.values()):
             raise ConfigError(f"scheme 'explicit' needs weights with at least one positive value, got weights={self.weights}")
         if not self.temperature > 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+            raise ConfigError(f"mix.temperature = {self.temperature!r} is invalid; allowed: > 0")
         if not self.max_epochs > 0:
-            raise ConfigError(f"max_epochs must be > 0, got {self.max_epochs}")
+            raise ConfigError(f"mix.max_epochs = {self.max_epochs!r} is invalid; allowed: > 0")
         if self.total_tokens is not None and self.total_tokens < 1:
-            raise ConfigError(f"total_tokens must be >= 1, got {self.total_tokens}")
+            raise ConfigError(f"mix.total_tokens = {self.total_tokens!r} is invalid; allowed: >= 1")
         if not self.bytes_per_token > 0:
-            raise ConfigError(f"bytes_per_token must be > 0, got {self.bytes_per_token}")
+            raise ConfigError(f"mix.bytes_per_token = {self.bytes_per_token!r} is invalid; allowed: > 0")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
-            raise ConfigError(f"tokenizer must be a tokenizers JSON file, got {self.tokenizer!r} (no such file)")
+            raise ConfigError(f"mix.tokenizer = {self.tokenizer!r} is invalid (no such file); allowed: a tokenizers JSON file")
         if self.select not in SELECTIONS:
-            raise ConfigError(f"select must be one of {list(SELECTIONS)}, got {self.select!r}")
+            raise ConfigError(f"mix.select = {self.select!r} is invalid; allowed: one of {list(SELECTIONS)}")
         if self.select != "random" and self.score_column is None:
             self.score_column = _DEFAULT_SCORE[self.select]
 

@@ -55,19 +55,19 @@ class OrderConfig(StageConfig):
         if not self.by:
             raise ConfigError("by must name a numeric column or 'length', got ''")
         if self.direction not in ("easy_to_hard", "hard_to_easy"):
-            raise ConfigError(f"direction must be 'easy_to_hard' or 'hard_to_easy', got {self.direction!r}")
+            raise ConfigError(f"order.direction = {self.direction!r} is invalid; allowed: 'easy_to_hard' or 'hard_to_easy'")
         if self.pacing not in PACINGS:
-            raise ConfigError(f"pacing must be one of {list(PACINGS)}, got {self.pacing!r}")
+            raise ConfigError(f"order.pacing = {self.pacing!r} is invalid; allowed: one of {list(PACINGS)}")
         if not 0.0 <= self.start <= 1.0:
-            raise ConfigError(f"start must be a fraction in [0, 1], got {self.start}")
+            raise ConfigError(f"order.start = {self.start!r} is invalid; allowed: a fraction in [0, 1]")
         if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+            raise ConfigError(f"order.steps = {self.steps!r} is invalid; allowed: >= 1")
         if self.window < 1:
-            raise ConfigError(f"window must be >= 1, got {self.window}")
+            raise ConfigError(f"order.window = {self.window!r} is invalid; allowed: >= 1")
         if not 0.0 < self.tolerance <= 1.0:
-            raise ConfigError(f"tolerance must be in (0, 1], got {self.tolerance}")
+            raise ConfigError(f"order.tolerance = {self.tolerance!r} is invalid; allowed: in (0, 1]")
         if self.report_windows < 0:
-            raise ConfigError(f"report_windows must be >= 0, got {self.report_windows}")
+            raise ConfigError(f"order.report_windows = {self.report_windows!r} is invalid; allowed: >= 0")
         if self.source_order and self.stratify:
             raise ConfigError("source_order applies only with stratify = false")
 

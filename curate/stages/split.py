@@ -43,11 +43,11 @@ class SplitConfig(StageConfig):
         fractions = {"val_fraction": self.val_fraction} | {f"val_fraction_by_source.{k}": v for k, v in self.val_fraction_by_source.items()}
         for key, v in fractions.items():
             if not 0.0 <= v <= 1.0:
-                raise ConfigError(f"{key} must be a fraction in [0, 1], got {v}")
+                raise ConfigError(f"split.{key} = {v!r} is invalid; allowed: a fraction in [0, 1]")
         counts = {"val_rows": self.val_rows} | {f"val_rows_by_source.{k}": v for k, v in self.val_rows_by_source.items()}
         for key, v in counts.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ConfigError(f"{key} must be a row count >= 0, got {v!r}")
+                raise ConfigError(f"split.{key} = {v!r} is invalid; allowed: a row count >= 0")
 
     @property
     def uses_counts(self) -> bool:

@@ -54,9 +54,9 @@ class C4Config(FilterConfig):
         for name in ("min_words_per_line", "min_sentences"):
             v = getattr(self, name)
             if v is not None and v < 0:
-                raise ConfigError(f"filter.c4: {name} must be >= 0 or unset, got {v!r}")
+                raise ConfigError(f"filter.c4.{name} = {v!r} is invalid; allowed: >= 0 or unset")
         if self.max_word_length is not None and not 1 <= self.max_word_length <= 10_000:
-            raise ConfigError(f"filter.c4: max_word_length must be in [1, 10000] or unset, got {self.max_word_length!r}")
+            raise ConfigError(f"filter.c4.max_word_length = {self.max_word_length!r} is invalid; allowed: in [1, 10000] or unset")
 
 
 def c4_lines(text: pl.Series, c: C4Config) -> pl.DataFrame:

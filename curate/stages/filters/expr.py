@@ -32,7 +32,7 @@ class ExprConfig(StageConfig):
         if not self.where.strip():
             raise ConfigError("where must be a SQL predicate, e.g. \"language_score > 0.8 AND dump LIKE 'CC-MAIN-2024%'\"")
         if self.name and not re.fullmatch(r"[a-z0-9_]+", self.name):
-            raise ConfigError(f"name must be lower-case letters, digits and _, got {self.name!r}")
+            raise ConfigError(f"filter.expr.name = {self.name!r} is invalid; allowed: lower-case letters, digits and _")
         try:
             pl.sql_expr(self.where)
         except (SQLInterfaceError, SQLSyntaxError, ComputeError) as err:

@@ -36,11 +36,11 @@ class FineWebConfig(FilterConfig):
         for name in ("min_line_punct_ratio", "max_short_line_ratio", "max_char_dup_ratio"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
-                raise ConfigError(f"filter.fineweb: {name} must be a fraction in [0, 1] or unset, got {v!r}")
+                raise ConfigError(f"filter.fineweb.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset")
         if self.max_list_ratio is not None and self.max_list_ratio < 0:
-            raise ConfigError(f"filter.fineweb: max_list_ratio must be >= 0 or unset, got {self.max_list_ratio!r}")
+            raise ConfigError(f"filter.fineweb.max_list_ratio = {self.max_list_ratio!r} is invalid; allowed: >= 0 or unset")
         if self.short_line_length < 0:
-            raise ConfigError(f"filter.fineweb: short_line_length must be >= 0, got {self.short_line_length!r}")
+            raise ConfigError(f"filter.fineweb.short_line_length = {self.short_line_length!r} is invalid; allowed: >= 0")
 
 
 def fineweb_metrics(text: pl.Series, *, short_line_length: int = 30) -> pl.DataFrame:

@@ -41,11 +41,11 @@ class GopherQualityConfig(FilterConfig):
         for name in ("min_words", "max_words", "min_mean_word_length", "max_mean_word_length", "min_stop_words"):
             v = getattr(self, name)
             if v is not None and v < 0:
-                raise ConfigError(f"filter.gopher_quality: {name} must be >= 0 or unset, got {v!r}")
+                raise ConfigError(f"filter.gopher_quality.{name} = {v!r} is invalid; allowed: >= 0 or unset")
         for name in ("max_hash_ratio", "max_ellipsis_ratio", "max_bullet_lines", "max_ellipsis_lines", "min_alpha_words"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
-                raise ConfigError(f"filter.gopher_quality: {name} must be a fraction in [0, 1] or unset, got {v!r}")
+                raise ConfigError(f"filter.gopher_quality.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset")
         for lo, hi in (("min_words", "max_words"), ("min_mean_word_length", "max_mean_word_length")):
             a, b = getattr(self, lo), getattr(self, hi)
             if a is not None and b is not None and a > b:

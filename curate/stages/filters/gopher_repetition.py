@@ -41,7 +41,7 @@ class GopherRepetitionConfig(FilterConfig):
         for name in ("max_dup_line_frac", "max_dup_para_frac", "max_dup_line_char_frac", "max_dup_para_char_frac"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
-                raise ConfigError(f"filter.gopher_repetition: {name} must be a fraction in [0, 1] or unset, got {v!r}")
+                raise ConfigError(f"filter.gopher_repetition.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset")
         for name, allowed in (("max_top_ngram_char_frac", range(2, 5)), ("max_dup_ngram_char_frac", range(5, 11))):
             for n, v in getattr(self, name).items():
                 if not (n.isdigit() and int(n) in allowed):
@@ -50,7 +50,7 @@ class GopherRepetitionConfig(FilterConfig):
                         f"{', '.join(str(a) for a in allowed)}"
                     )
                 if not 0.0 <= v <= 1.0:
-                    raise ConfigError(f"filter.gopher_repetition: {name}[{n!r}] must be a fraction in [0, 1], got {v!r}")
+                    raise ConfigError(f"filter.gopher_repetition.{name}[{n!r}] = {v!r} is invalid; allowed: a fraction in [0, 1]")
 
 
 def _segment_duplicates(text: pl.Series, segments: pl.Expr, prefix: str) -> pl.DataFrame:

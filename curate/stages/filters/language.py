@@ -33,12 +33,12 @@ class LanguageConfig(FilterConfig):
 
     def __post_init__(self) -> None:
         if self.min_score is not None and not 0.0 <= self.min_score <= 1.0:
-            raise ConfigError(f"filter.language: min_score must be a probability in [0, 1] or unset, got {self.min_score!r}")
+            raise ConfigError(f"filter.language.min_score = {self.min_score!r} is invalid; allowed: a probability in [0, 1] or unset")
         if self.max_chars < 1:
-            raise ConfigError(f"filter.language: max_chars must be >= 1, got {self.max_chars!r}")
+            raise ConfigError(f"filter.language.max_chars = {self.max_chars!r} is invalid; allowed: >= 1")
         bad = [code for code in self.languages if not (isinstance(code, str) and 2 <= len(code) <= 3 and code.isalpha())]
         if bad:
-            raise ConfigError(f"filter.language: languages must be ISO 639 codes such as 'en' or 'de', got {bad!r}")
+            raise ConfigError(f"filter.language.languages = {bad!r} is invalid; allowed: ISO 639 codes such as 'en' or 'de'")
 
 
 @lru_cache(maxsize=1)

@@ -26,7 +26,7 @@ class LengthConfig(FilterConfig):
             lo, hi = getattr(self, f"min_{unit}"), getattr(self, f"max_{unit}")
             for name, v in ((f"min_{unit}", lo), (f"max_{unit}", hi)):
                 if v is not None and v < 0:
-                    raise ConfigError(f"{name} must be >= 0, got {v}")
+                    raise ConfigError(f"filter.length.{name} = {v!r} is invalid; allowed: >= 0")
             if lo is not None and hi is not None and lo > hi:
                 raise ConfigError(f"min_{unit} ({lo}) is greater than max_{unit} ({hi})")
 

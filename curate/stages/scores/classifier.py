@@ -69,11 +69,11 @@ class ClassifierScoreConfig(StageConfig):
         check_positive_int("folds", self.folds, low=2, high=20)
         check_positive_int("epochs", self.epochs, high=1000)
         if not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+            raise ConfigError(f"score.classifier.learning_rate = {self.learning_rate!r} is invalid; allowed: > 0")
         if not self.l2 >= 0:
-            raise ConfigError(f"l2 must be >= 0, got {self.l2}")
+            raise ConfigError(f"score.classifier.l2 = {self.l2!r} is invalid; allowed: >= 0")
         if self.min_quality is not None and not 0.0 <= self.min_quality <= 1.0:
-            raise ConfigError(f"min_quality must be in [0, 1] or unset, got {self.min_quality}")
+            raise ConfigError(f"score.classifier.min_quality = {self.min_quality!r} is invalid; allowed: in [0, 1] or unset")
 
 
 class ClassifierScore(Barrier):

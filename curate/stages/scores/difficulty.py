@@ -67,7 +67,7 @@ class DifficultyScoreConfig(StageConfig):
         if unknown:
             raise ConfigError(f"weights: unknown measure(s) {unknown}; allowed: {list(MEASURES)}")
         if any(not v >= 0 for v in self.weights.values()) or sum(self.weights.values()) <= 0:
-            raise ConfigError(f"weights: must be >= 0 with a positive sum, got {self.weights}")
+            raise ConfigError(f"score.difficulty.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum")
         check_positive_int("buckets", self.buckets, low=2)
         check_positive_int("max_tokens", self.max_tokens)
         check_positive_int("calibration_docs", self.calibration_docs)
@@ -75,7 +75,7 @@ class DifficultyScoreConfig(StageConfig):
         for name in ("common_mass", "bigram_weight"):
             v = getattr(self, name)
             if not 0.0 < v < 1.0:
-                raise ConfigError(f"{name} must be in (0, 1), got {v}")
+                raise ConfigError(f"score.difficulty.{name} = {v!r} is invalid; allowed: in (0, 1)")
 
 
 class DifficultyScore(Barrier):

@@ -62,7 +62,7 @@ class DsirScoreConfig(StageConfig):
         check_positive_int("buckets", self.buckets, low=2)
         check_positive_int("max_tokens", self.max_tokens)
         if not self.smoothing > 0:
-            raise ConfigError(f"smoothing must be > 0, got {self.smoothing}")
+            raise ConfigError(f"score.dsir.smoothing = {self.smoothing!r} is invalid; allowed: > 0")
 
 
 class DsirScore(Barrier):

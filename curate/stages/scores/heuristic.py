@@ -53,9 +53,9 @@ class HeuristicScoreConfig(StageConfig):
             raise ConfigError(f"weights: unknown component(s) {unknown}; allowed: {list(COMPONENTS)}")
         bad = {k: v for k, v in self.weights.items() if not v >= 0}
         if bad or sum(self.weights.values()) <= 0:
-            raise ConfigError(f"weights: must be >= 0 with a positive sum, got {self.weights}")
+            raise ConfigError(f"score.heuristic.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum")
         if self.min_quality is not None and not 0.0 <= self.min_quality <= 1.0:
-            raise ConfigError(f"min_quality must be in [0, 1] or unset, got {self.min_quality}")
+            raise ConfigError(f"score.heuristic.min_quality = {self.min_quality!r} is invalid; allowed: in [0, 1] or unset")
         check_column(self.column)
 
 
