@@ -89,10 +89,12 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[R
                         yield buf.flush()
             if tail.strip():
                 _parse_line(cfg, file, tail, line_no, offset, buf)
-        except _Truncated as err:
-            # Complete lines before the damage are kept; the partial last line is the reject.
+        except (_Truncated, OSError) as err:
+            # Complete lines before the damage (or the failed read: a bad disk, a dropped connection)
+            # are kept; the partial last line is the reject.
+            error = str(err) if isinstance(err, _Truncated) else f"reading failed: {type(err).__name__}: {err}"
             buf.reject("read:truncated", id_=f"{cfg.source or ''}/{file.rel}/{line_no}", source=cfg.source or "",
-                       raw=tail, where={"file": file.url, "offset": offset, "line": line_no, "error": str(err)})
+                       raw=tail, where={"file": file.url, "offset": offset, "line": line_no, "error": error})
     if len(buf):
         yield buf.flush()
 

@@ -110,3 +110,23 @@ def test_tar_member_and_file_names_with_invalid_bytes_give_readable_ids(tmp_path
     rows, rejects = read_all(InputConfig(source="s", path=str(folder), format="webdataset"))
     assert rows["id"].to_list() == ["s/caf\\xe9.tar/k\\xff"]
     assert rejects.height == 0
+
+
+def test_a_read_that_fails_midway_keeps_the_lines_before_and_one_truncated_reject(tmp_path, monkeypatch):
+    import errno
+
+    import curate.readers.jsonl as jsonl
+
+    (tmp_path / "a.jsonl").write_bytes(good_lines(3))
+
+    class FailingDisk(io.BytesIO):
+        def read(self, n=-1):
+            if self.tell():
+                raise OSError(errno.EIO, "Input/output error")
+            return super().read(40)  # the first line (34 bytes) and part of the second
+
+    monkeypatch.setattr(jsonl, "open_binary", lambda url, options, decompress: FailingDisk(good_lines(3)))
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+    assert rows["id"].to_list() == ["g0"]
+    assert rejects["reason"].to_list() == ["read:truncated"]
+    assert "Input/output error" in json.loads(rejects["meta"][0])["error"]
