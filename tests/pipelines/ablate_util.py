@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from tests.pipelines.tiny import TINY_MODEL
 from tests.train.shards_util import write_job
 
 SOURCES = ["code", "prose"]
@@ -26,17 +27,7 @@ output = "{job}"
 [train]
 steps = {steps}
 {train}
-[train.model]
-dim = 16
-n_layers = 1
-n_heads = 2
-ffn_hidden = 16
-n_experts = 2
-top_k = 1
-[train.data]
-batch_size = 2
-seq_len = 32
-num_workers = 0
+{TINY_MODEL.strip()}
 [ablate]
 output = "{study}"
 {keys}

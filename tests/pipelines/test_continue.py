@@ -19,6 +19,15 @@ def _fit(cfg):
         return trainer, trainer.fit()
 
 
+def _tokens_by_source(run_dir) -> dict[str, int]:
+    """Training tokens per source over every logged step of a run."""
+    tokens: dict[str, int] = {}
+    for record in _records(run_dir, "per_source"):
+        for source, figures in record["per_source"].items():
+            tokens[source] = tokens.get(source, 0) + figures["tokens"]
+    return tokens
+
+
 def _records(run_dir, key):
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if key in r]
 
@@ -79,10 +88,7 @@ def test_two_data_sets_mix_at_the_given_weights(base, one_thread):
     cfg = tiny_config(root / "mixed", [ShardSetConfig(path=str(jobs["base"]), weight=0.3),
                                        ShardSetConfig(path=str(jobs["new"]), weight=0.7)], steps=12)
     _fit(cfg)
-    tokens = {}
-    for record in _records(root / "mixed", "per_source"):
-        for source, figures in record["per_source"].items():
-            tokens[source] = tokens.get(source, 0) + figures["tokens"]
+    tokens = _tokens_by_source(root / "mixed")
     share = tokens["code"] / sum(tokens.values())
     assert share == pytest.approx(0.7, abs=0.01)
 
@@ -107,10 +113,7 @@ def test_per_source_weights_within_a_data_set(base, one_thread):
     cfg = tiny_config(root / "per_source", [ShardSetConfig(path=str(jobs["base"]), weight=0.5, sources={"prose": 1.0, "legal": 0.0}),
                                             ShardSetConfig(path=str(jobs["new"]), weight=0.5)], steps=8)
     _fit(cfg)
-    tokens = {}
-    for record in _records(root / "per_source", "per_source"):
-        for source, figures in record["per_source"].items():
-            tokens[source] = tokens.get(source, 0) + figures["tokens"]
+    tokens = _tokens_by_source(root / "per_source")
     assert tokens["legal"] == 0 and tokens["prose"] / sum(tokens.values()) == pytest.approx(0.5, abs=0.01)
     assert (root / "per_source" / "sources" / "set-0" / "prose" / "manifest.json").is_file()
     with pytest.raises(JobFileError, match=r"train.shards\[0\].sources: 'web' has no train rows"):
