@@ -23,7 +23,8 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "curate": Command("pipelines.curate", "run a job's curation stages and write shards"),
     "train": Command("pipelines.train", "train the MoE model on a job's shards ([train] table)", "train"),
-    "plan": Command("pipelines.train", "size a run from a compute budget, or estimate a job's [train] run", "train"),
+    "plan": Command("pipelines.plan", "size a run from a compute budget, or estimate a job's [train] run", "train"),
+    "config": Command("pipelines.config", "show a stage's or table's keys with defaults and docs; the job file's JSON schema"),
     "run": Command("pipelines.run", "curate, train (when the job has [train]) and write the report", "train"),
     "ablate": Command("pipelines.ablate", "train mix variants ([ablate]) from a job's shards and tabulate their effect",
                       "train"),

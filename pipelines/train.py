@@ -20,10 +20,8 @@ from train.data.sets import HeldOut, ShardSetConfig, eval_sets, training_sets
 from train.data.shards import open_shards
 from train.errors import CheckpointError, ShardError
 from train.init import load_init
-from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer
 from train.parallel import Parallel, shutdown
-from train.planner import Budget, estimate_run, plan_budget
 from train.progress import TrainProgress
 from train.tokenizer import load_tokenizer
 from train.trainer import Trainer
@@ -39,14 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="override [train] steps")
     p.add_argument("--output", help="override [train] output (the run folder)")
     p.set_defaults(func=run_train)
-    q = sub.add_parser("plan", help="size a run from a compute budget, or estimate a job's [train] run")
-    q.add_argument("job", type=Path, nargs="?", help="a job file: estimate its [train] run's time and memory")
-    q.add_argument("--hours", type=float, default=8.0, help="accelerator-hours in the budget")
-    q.add_argument("--peak-flops", type=float, help="peak FLOP/s per device (default: this machine's basis)")
-    q.add_argument("--utilization", type=float, default=0.35, help="expected MFU (default 0.35)")
-    q.add_argument("--experts", type=int, default=8, help="routed experts (for total parameters)")
-    q.add_argument("--top-k", type=int, default=2, help="experts per token")
-    q.set_defaults(func=run_plan)
 
 
 def load_train_config(job: Path, **overrides) -> TrainConfig:
@@ -223,24 +213,4 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"training {state} at step {summary['step']}: {summary['tokens_seen']} tokens, skipped {summary['skipped']}")
     print(f"metrics:     {Path(cfg.output) / 'metrics.jsonl'}")
     print(f"checkpoint:  {summary['checkpoint']}")
-    return 0
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    peak = args.peak_flops
-    if peak is None:
-        peak, basis = peak_flops_basis(torch.device("cuda" if torch.cuda.is_available() else "cpu"), None)
-        print(f"peak FLOP/s basis: {peak:.3g} ({basis})")
-    if args.job is not None:
-        est = estimate_run(load_train_config(args.job), peak_flops=peak, utilization=args.utilization)
-        print(f"[train] run: {est['total_params'] / 1e6:.2f}M total / {est['active_params'] / 1e6:.2f}M active params, "
-              f"{est['tokens'] / 1e6:.2f}M tokens ({est['tokens_per_param']:.1f} per active param), "
-              f"{est['flops']:.3g} FLOPs ≈ {est['hours']:.2f} h, ≈ {est['memory_gib_per_device']:.2f} GiB per device")
-        return 0
-    plan = plan_budget(Budget(device_hours=args.hours, peak_flops=peak, utilization=args.utilization,
-                              n_experts=args.experts, top_k=args.top_k))
-    print(f"budget {args.hours:g} device-hours at {args.utilization:.0%} of {peak:.3g} FLOP/s = {plan['compute_flops']:.3g} FLOPs")
-    print(f"compute-optimal (Chinchilla, 6·N_active·D, D = 20·N): {plan['active_params'] / 1e6:.1f}M active, "
-          f"{plan['total_params'] / 1e6:.1f}M total params ({args.experts} experts, top-{args.top_k}), "
-          f"{plan['tokens'] / 1e9:.2f}B tokens")
     return 0

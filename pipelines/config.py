@@ -1,0 +1,223 @@
+"""``winnow config show KIND`` and ``winnow config schema``: what a job file may say, from the code itself.
+
+``show`` prints a stage's (``dedup.minhash``, a plugin's kind) or a table's (``job``, ``inputs``,
+``output``, ``train``, ``train.model``, ``ablate``...) keys with their types, defaults and the
+comment the config dataclass gives them. ``schema`` writes a JSON Schema (draft 2020-12) of the
+whole job file for editors (VS Code's Even Better TOML, taplo): unknown keys are errors there
+as they are in winnow, and ``[[stages]]`` tables are checked against their kind's keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from curate.config import InputConfig, JobSection, OutputConfig
+from curate.errors import ConfigError
+from curate.stages import stage_class, stage_kinds
+
+_TABLES = {"job": JobSection, "inputs": InputConfig, "output": OutputConfig}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="show a stage's or table's keys with defaults and docs; the job file's JSON schema")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="keys of a stage kind or a table, with types, defaults and docs")
+    show.add_argument("kind", nargs="?", help="a stage kind (dedup.minhash) or a table (job, inputs, output, train, "
+                      "train.model, ...); without one, list them")
+    show.set_defaults(func=run_show)
+    schema = actions.add_parser("schema", help="the job file's JSON Schema, for editors")
+    schema.add_argument("-o", "--output", type=Path, help="write it to this file (default: print it)")
+    schema.set_defaults(func=run_schema)
+
+
+def tables() -> dict[str, type]:
+    """Every table a job file may hold, by dotted name (the trainer's only when it is installed)."""
+    out = dict(_TABLES)
+    try:
+        from pipelines.ablate.config import AblateConfig
+        from train.config import TrainConfig
+    except ImportError:  # a curation-only install
+        return out
+    out["ablate"] = AblateConfig
+
+    def nested(prefix: str, cls: type) -> None:
+        out[prefix] = cls
+        for f in dataclasses.fields(cls):
+            inner = _dataclass_in(typing.get_type_hints(cls)[f.name])
+            if inner is not None:
+                nested(f"{prefix}.{f.name}", inner)
+
+    nested("train", TrainConfig)
+    return out
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The trailing ``# comment`` of each field in the class source (and its base classes)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        for name, comment in re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, re.M):
+            docs[name] = comment.strip()
+    return docs
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(json.dumps(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None)) + " (optional)" \
+            if type(None) in typing.get_args(tp) else " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (list, tuple):
+        return f"list of {_type_name(typing.get_args(tp)[0])}" if typing.get_args(tp) else "list"
+    if origin is dict:
+        return f"table of {_type_name(typing.get_args(tp)[1])}" if typing.get_args(tp) else "table"
+    if dataclasses.is_dataclass(tp):
+        return f"table ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "(required)"
+    if dataclasses.is_dataclass(value):
+        return "(its own table)"
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+def describe(cls: type, title: str) -> str:
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    doc = (inspect.getdoc(cls) or "").split("\n\n")[0]
+    rows = [(f.name, _type_name(hints[f.name]), _default(f), docs.get(f.name, "")) for f in dataclasses.fields(cls) if f.init]
+    width = [max(len(r[i]) for r in rows + [("key", "type", "default", "")]) for i in range(3)]
+    lines = [f"{title}: {doc}".rstrip(": "), ""]
+    lines.append(f"{'key':<{width[0]}}  {'type':<{width[1]}}  {'default':<{width[2]}}  doc")
+    lines += [f"{n:<{width[0]}}  {t:<{width[1]}}  {d:<{width[2]}}  {c}".rstrip() for n, t, d, c in rows]
+    return "\n".join(lines)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    known = tables()
+    if args.kind is None:
+        print("stage kinds: " + ", ".join(stage_kinds()))
+        print("tables:      " + ", ".join(known))
+        return 0
+    if args.kind in known:
+        print(describe(known[args.kind], f"[{args.kind}]"))
+        return 0
+    try:
+        cls = stage_class(args.kind)
+    except ConfigError as err:
+        raise ConfigError(f"{err}; tables: {', '.join(known)}") from None
+    print(describe(cls.Config, f"[[stages]] kind = {args.kind!r} ({(inspect.getdoc(cls) or '').splitlines()[0]})"))
+    return 0
+
+
+# ---- JSON Schema ----------------------------------------------------------------------------
+def type_schema(tp: Any) -> dict[str, Any]:
+    """The JSON Schema of a config field's type (TOML has no null: optional means "may be left out")."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return {}
+    if origin is Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if origin in (Union, types.UnionType):
+        options = [type_schema(a) for a in typing.get_args(tp) if a is not type(None)]
+        return options[0] if len(options) == 1 else {"anyOf": options}
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        return {"type": "array", **({"items": type_schema(args[0])} if args else {})}
+    if origin is dict:
+        args = typing.get_args(tp)
+        return {"type": "object", **({"additionalProperties": type_schema(args[1])} if args else {})}
+    if dataclasses.is_dataclass(tp):
+        return object_schema(tp)
+    return {int: {"type": "integer"}, float: {"type": "number"}, str: {"type": "string"},
+            bool: {"type": "boolean"}}.get(tp, {})
+
+
+def object_schema(cls: type, *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    props: dict[str, Any] = dict(extra or {})
+    required = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        prop = type_schema(hints[f.name])
+        if f.name in docs:
+            prop["description"] = docs[f.name]
+        if f.default is not dataclasses.MISSING and isinstance(f.default, (int, float, str, bool)):
+            prop["default"] = f.default
+        props[f.name] = prop
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+    out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+    if (inspect.getdoc(cls) or "").strip():
+        out["description"] = inspect.getdoc(cls).split("\n\n")[0]
+    if required:
+        out["required"] = required
+    return out
+
+
+def job_schema() -> dict[str, Any]:
+    """The JSON Schema of a whole job file."""
+    stages = []
+    for kind in stage_kinds():
+        try:
+            cls = stage_class(kind)
+        except (ConfigError, ImportError):  # a stage whose optional package is missing still has its kind
+            stages.append({"type": "object", "properties": {"kind": {"const": kind}}, "required": ["kind"]})
+            continue
+        schema = object_schema(cls.Config, extra={"kind": {"const": kind}})
+        schema["required"] = ["kind", *schema.get("required", [])]
+        stages.append({"if": {"properties": {"kind": {"const": kind}}}, "then": schema})
+    known = tables()
+    props: dict[str, Any] = {
+        "job": object_schema(JobSection), "inputs": {"type": "array", "items": object_schema(InputConfig)},
+        "stages": {"type": "array", "items": {"type": "object", "required": ["kind"],
+                                              "properties": {"kind": {"enum": stage_kinds()}}, "allOf": stages}},
+        "output": object_schema(OutputConfig), "report": {"type": "object"},
+    }
+    for name in ("train", "ablate"):
+        if name in known:
+            props[name] = object_schema(known[name])
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "winnow job file",
+            "type": "object", "properties": props, "additionalProperties": False}
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    text = json.dumps(job_schema(), indent=1)
+    if args.output is None:
+        sys.stdout.write(text + "\n")
+    else:
+        args.output.write_text(text + "\n")
+        print(f"schema: {args.output} (point your editor's TOML schema setting at it)")
+    return 0

@@ -1,0 +1,91 @@
+"""``winnow plan``: model, tokens and layout from a budget; memory per device checked against hand arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from train.model import ModelConfig
+from train.plan.budget import duration, measured_mfu, plan_run
+from train.plan.hardware import device
+from train.plan.layout import memory_per_device
+
+GiB = 2**30
+
+
+def small_moe() -> ModelConfig:
+    return ModelConfig(vocab_size=32768, dim=1024, n_layers=8, n_heads=8, ffn_hidden=1024, n_experts=8, top_k=2)
+
+
+def test_memory_per_device_matches_hand_arithmetic():
+    cfg = small_moe()
+    # by hand: embeddings 2·32768·1024 = 67,108,864; per layer attention 4·1024² = 4,194,304, two norms 2,048,
+    # router 8,192, experts 8·3·1024·1024 = 25,165,824 -> 29,370,368; 8 layers + embeddings + final norm:
+    P = 8 * 29_370_368 + 67_108_864 + 1024
+    assert cfg.param_counts()[0] == P == 302_072_832
+    mem = memory_per_device(cfg, gpus=8, tp=2, pp=1, ep=2, seq_len=2048, checkpointing=False)
+    assert mem["states"] == 16 * P / 8                      # 604,145,664: sharded over all 8 devices
+    assert mem["activations"] == 8 * 34 * 2048 * 1024 / 2   # 285,212,672: L·34·s·d / tp
+    assert mem["logits"] == 2048 * 32768 * 6 / 2            # 201,326,592
+    # one block gathered plus one prefetched, bf16: dense part 4,204,672 (incl. 1/8 of the final norm), experts / ep
+    assert mem["gathered"] == pytest.approx(2 * 2 * (4_204_672 + 25_165_824 / 2) / 2)
+    ckpt = memory_per_device(cfg, gpus=8, tp=2, pp=1, ep=2, seq_len=2048, checkpointing=True)
+    assert ckpt["activations"] == 2 * 2048 * 1024 * 8 + 34 * 2048 * 1024 / 2
+
+
+@pytest.mark.parametrize(("gpu", "gpus", "hours", "memory_gib"), [
+    ("l4", 1, 2, None),          # one small GPU: a ~60M-active model, nothing to split
+    ("a100", 16, 12, None),      # two nodes
+    ("h100", 64, 24, 16),        # memory-bound: 16 GiB per device forces splitting activations
+])
+def test_budget_layouts_fit_and_their_memory_is_the_formula(gpu, gpus, hours, memory_gib):
+    dev = device(gpu, memory_gib=memory_gib)
+    plan = plan_run(dev, gpus=gpus, hours=hours)
+    lay = plan.layout
+    assert lay is not None and lay.dp * lay.tp * lay.pp == gpus and lay.dp % lay.ep == 0
+    cfg, s = plan.model, plan.seq_len
+    total = cfg.param_counts()[0]
+    hand = 16 * total / gpus + s * cfg.padded_vocab * 6 / lay.tp + (
+        2 * s * cfg.dim * cfg.n_layers + 34 * s * cfg.dim / lay.tp if lay.checkpointing else cfg.n_layers * 34 * s * cfg.dim / lay.tp)
+    assert lay.memory_bytes - lay.memory["gathered"] == pytest.approx(hand)
+    assert lay.memory_bytes <= 0.9 * dev.memory_gib * GiB
+    # compute-optimal: the budget's FLOPs are what the model's tokens cost
+    assert plan.tokens * cfg.flops_per_token(s) == pytest.approx(plan.compute_flops)
+    assert plan.compute_flops == pytest.approx(gpus * hours * 3600 * dev.peak_flops * 0.35)
+    assert plan.hours >= hours * 0.99  # communication and bubbles only add time to the MFU's estimate
+
+
+def test_memory_bound_budget_splits_and_costs_communication():
+    roomy = plan_run(device("h100"), gpus=64, hours=24)
+    tight = plan_run(device("h100", memory_gib=16), gpus=64, hours=24)
+    assert (roomy.layout.tp, roomy.layout.pp) == (1, 1)
+    assert tight.layout.tp * tight.layout.pp > 1 or tight.layout.checkpointing
+    assert tight.layout.step_s > roomy.layout.step_s
+
+
+def test_nothing_fits_says_so():
+    plan = plan_run(device("l4", memory_gib=1), gpus=1, hours=100)
+    assert plan.layout is None
+
+
+def test_mfu_from_a_previous_run(tmp_path):
+    records = [{"step": 10, "mfu": 0.9}, {"step": 20, "mfu": 0.41}, {"step": 30, "mfu": 0.43}, {"step": 30, "eval": {}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert measured_mfu(tmp_path) == pytest.approx(0.42)  # the first log step (warm-up) left out
+    a, b = plan_run(device("h100"), gpus=8, hours=10, mfu=0.42), plan_run(device("h100"), gpus=8, hours=10)
+    assert a.compute_flops == pytest.approx(b.compute_flops * 0.42 / 0.35)
+
+
+def test_durations_never_read_zero_hours():
+    assert duration(0.004) == "14.4 s" and duration(1e-7) == "0.36 ms" and duration(0.5) == "30.0 min"
+    assert duration(30) == "30.0 h" and duration(100) == "4.2 days"
+
+
+def test_plan_command_prints_a_plan(capsys):
+    from pipelines.cli import main
+
+    assert main(["plan", "--gpu", "a100", "--gpus", "16", "--hours", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "layout: dp 16 x tp 1 x pp 1" in out and "memory:" in out and "communication" in out
+    assert "0.00 h" not in out and "time:   12.0 h on 16 devices" in out
