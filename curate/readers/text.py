@@ -16,9 +16,14 @@ def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -
     buf = RowBuffer()
     source = cfg.source or ""
     for file in files:
-        with open_binary(file.url, cfg.storage_options) as fh:
-            raw = fh.read()
         id_ = f"{source}/{file.rel}"
+        try:
+            with open_binary(file.url, cfg.storage_options) as fh:
+                raw = fh.read()
+        except (OSError, EOFError) as err:  # a failed read, a damaged .gz: the document is incomplete
+            buf.reject("read:truncated", id_=id_, source=source, raw=b"",
+                       where={"file": file.url, "offset": 0, "error": f"{type(err).__name__}: {err}"})
+            continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:

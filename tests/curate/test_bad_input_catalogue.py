@@ -160,6 +160,13 @@ def unreadable(folder: Path) -> tuple[str, set[str]]:
     return inputs(folder / "a.jsonl"), set()
 
 
+def truncated_text_file(folder: Path) -> tuple[str, set[str]]:
+    (folder / "docs").mkdir()
+    (folder / "docs" / "a.txt").write_text("a whole document")
+    (folder / "docs" / "b.txt.gz").write_bytes(gzip.compress(b"a long document " * 500, mtime=0)[:60])
+    return inputs(folder / "docs", "text"), {"s/a.txt", "s/b.txt.gz"}
+
+
 def kernel_refuses_reads(folder: Path) -> tuple[str, set[str]]:
     os.symlink("/proc/self/mem", folder / "a.jsonl")  # even root cannot read it as a stream
     return inputs(folder / "a.jsonl"), set()
@@ -237,6 +244,7 @@ CASES: list[Case] = [
     Case("gzip_that_is_not_gzip", jsonl_case(b"this is not gzip data at all\n", {"s/a.jsonl.gz/0"}, name="a.jsonl.gz"),
          {"read:truncated": 1}, kept=0),
     Case("truncated_tar", truncated_tar, {"read:truncated": 1}),
+    Case("truncated_gzip_text_file", truncated_text_file, {"read:truncated": 1}, kept=1),
     Case("parquet_truncated", parquet_case(pa.table({"id": ["p0"], "text": ["a"]}), set(), cut=slice(0, 40)),
          {"read:truncated": 1}, kept=0),
     Case("parquet_corrupt_footer", corrupt_footer, {"read:truncated": 1}, kept=0),
