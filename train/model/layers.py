@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.model.config import ModelConfig
+from train.model.split import norm_weight_parts, project, tracking
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -20,7 +21,8 @@ class _RMSNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, eps):
+    def forward(ctx, x, weight, eps, split=None, key=0):
+        ctx.split, ctx.key = split, key  # a GradSplit: the scale's gradient per source (train.model.split)
         dim = x.shape[-1]
         rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(dim).add_(eps))
         normed = x * rstd
@@ -30,11 +32,12 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         normed, rstd, weight = ctx.saved_tensors
-        grad_w = (grad * normed).reshape(-1, normed.shape[-1]).sum(0)
+        rows = (grad * normed).reshape(-1, normed.shape[-1])
+        grad_w = rows.sum(0) if ctx.split is None else norm_weight_parts(ctx.split, ctx.key, rows)
         grad_n = grad * weight
         mean_dot = torch.linalg.vecdot(grad_n, normed, dim=-1).unsqueeze(-1).div_(normed.shape[-1])
         grad_x = torch.addcmul(grad_n, normed, mean_dot, value=-1).mul_(rstd)
-        return grad_x, grad_w, None
+        return grad_x, grad_w, None, None, None
 
 
 class RMSNorm(nn.Module):
@@ -46,7 +49,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFunction.apply(x_BLD.float(), self.weight.float(), self.eps).to(x_BLD.dtype)
+        split = tracking(self.weight)
+        return _RMSNormFunction.apply(x_BLD.float(), self.weight.float(), self.eps, split, id(self.weight)).to(x_BLD.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool) -> torch.Tensor:
@@ -128,8 +132,8 @@ class Attention(nn.Module):
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> torch.Tensor:
         B, L, _ = x_BLD.shape
         # rotate in the (B, L, H, C) layout the projections produce: contiguous elementwise work
-        q_BLHC = self.rotary(self.wq(x_BLD).view(B, L, self.n_heads, self.head_dim))
-        k_BLGC, v_BLGC = self.wkv(x_BLD).view(B, L, 2, self.n_kv, self.head_dim).unbind(2)
+        q_BLHC = self.rotary(project(self.wq, x_BLD).view(B, L, self.n_heads, self.head_dim))
+        k_BLGC, v_BLGC = project(self.wkv, x_BLD).view(B, L, 2, self.n_kv, self.head_dim).unbind(2)
         q_BHLC, k_BGLC, v_BGLC = q_BLHC.transpose(1, 2), self.rotary(k_BLGC).transpose(1, 2), v_BLGC.transpose(1, 2)
         if self.n_kv != self.n_heads:
             repeat = self.n_heads // self.n_kv
@@ -139,7 +143,7 @@ class Attention(nn.Module):
             attn_mask=mask_B1LL, is_causal=mask_B1LL is None,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return self.wo(out_BHLC.transpose(1, 2).reshape(B, L, -1))
+        return project(self.wo, out_BHLC.transpose(1, 2).reshape(B, L, -1))
 
 
 class _SwiGLUActivation(torch.autograd.Function):
@@ -180,4 +184,4 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        return self.w2(swiglu(self.w13(x_TD)))
+        return project(self.w2, swiglu(project(self.w13, x_TD)))

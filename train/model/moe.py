@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from train.model.config import ModelConfig
 from train.model.layers import SwiGLU, swiglu
+from train.model.split import active, expert_mm, linear, tracking
 
 
 class MoEStats(NamedTuple):
@@ -76,7 +76,20 @@ def _padded_rows(counts_E: torch.Tensor, capacity: int, n_rows: int) -> torch.Te
     return torch.arange(n_rows, device=counts_E.device) + shift_E.repeat_interleave(counts_E, output_size=n_rows)
 
 
-def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+def _expert_mm(x_AI: torch.Tensor, w_EIO: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    """One matmul per expert on its slice of the expert-sorted rows: (A, I) -> (A, O), the kernel as below."""
+    w_EIO = w_EIO.to(x_AI.dtype)
+    if _grouped_mm_ok(x_AI, w_EIO):
+        return torch._grouped_mm(x_AI, w_EIO, offs=counts_E.cumsum(0).to(torch.int32))
+    capacity = _padded_capacity(counts_E)
+    rows_A = _padded_rows(counts_E, capacity, x_AI.shape[0])
+    x_ECI = x_AI.new_zeros(w_EIO.shape[0] * capacity, x_AI.shape[1]).index_copy(0, rows_A, x_AI)
+    y_ECO = torch.bmm(x_ECI.view(w_EIO.shape[0], capacity, -1), w_EIO)
+    return y_ECO.view(-1, w_EIO.shape[2]).index_select(0, rows_A)
+
+
+def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor, counts_E: torch.Tensor,
+               source_A: torch.Tensor | None = None) -> torch.Tensor:
     """Each expert's SwiGLU on its contiguous slice of the expert-sorted rows: (A, D) -> (A, D).
 
     The one place that chooses the kernel. ``torch._grouped_mm`` runs all experts in one call
@@ -85,7 +98,12 @@ def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor,
     On CPU the two kernels cost the same CPU time per row (1 thread, 8 experts x 512 rows,
     256 -> 1024, forward and backward), so the compact kernel wins by the padding it avoids —
     up to ~1.9x the rows with a fresh router's uneven load.
+    While a ``GradSplit`` tracks the weights (``source_A``: each row's source), each matmul runs on
+    its own so its weight gradient is split by source (``train.model.split``).
     """
+    if source_A is not None and tracking(w13_ED2F) is not None:
+        h_A2F = expert_mm(_expert_mm, x_AD, w13_ED2F, counts_E, source_A)
+        return expert_mm(_expert_mm, swiglu(h_A2F), w2_EFD, counts_E, source_A)
     w13_ED2F, w2_EFD = w13_ED2F.to(x_AD.dtype), w2_EFD.to(x_AD.dtype)
     # the second matmul's input rows are F wide, as the rows of w2's transpose are
     if _grouped_mm_ok(x_AD, w13_ED2F) and _grouped_mm_ok(w2_EFD.transpose(1, 2), w2_EFD):
@@ -113,7 +131,7 @@ class Router(nn.Module):
     def forward(self, x_TD: torch.Tensor):
         cfg = self.cfg
         with torch.autocast(x_TD.device.type, enabled=False):
-            logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+            logits_TE = linear(x_TD.float(), self.gate.weight.float())
             if self.training and cfg.router_noise > 0:
                 logits_TE = logits_TE + torch.randn_like(logits_TE) * cfg.router_noise
             if cfg.score_func == "softmax":
@@ -163,9 +181,10 @@ class MoE(nn.Module):
         self.w13_ED2F = nn.Parameter(self.w13_ED2F[lo:lo + local].clone())
         self.w2_EFD = nn.Parameter(self.w2_EFD[lo:lo + local].clone())
 
-    def compute_experts(self, x_AD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    def compute_experts(self, x_AD: torch.Tensor, counts_E: torch.Tensor,
+                        source_A: torch.Tensor | None = None) -> torch.Tensor:
         """This module's experts on their expert-sorted assignments: (A, D) -> (A, D)."""
-        return expert_ffn(x_AD, self.w13_ED2F, self.w2_EFD, counts_E)
+        return expert_ffn(x_AD, self.w13_ED2F, self.w2_EFD, counts_E, source_A)
 
     def forward(self, x_BLD: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
         cfg = self.cfg
@@ -190,7 +209,8 @@ class MoE(nn.Module):
         dtype = _autocast_dtype(x_TD)
         x_AD = x_TD.index_select(0, token_A).to(dtype)  # backward: index_add, cheaper than index_put
         if self.dispatch is None:
-            y_AD = self.compute_experts(x_AD, counts_E)
+            split = active()  # splitting gradients by source: each assignment's source
+            y_AD = self.compute_experts(x_AD, counts_E, None if split is None else split.src_T.index_select(0, token_A))
         else:
             y_AD = self.dispatch(x_AD, counts_E, self.compute_experts)
         y_AD = y_AD * weights_TK.reshape(-1)[order_A, None].to(y_AD.dtype)

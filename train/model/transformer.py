@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from train.model.config import ModelConfig
 from train.model.layers import Attention, RMSNorm, SwiGLU, document_mask
 from train.model.moe import ExpertShard, MoE, MoEStats
+from train.model.split import hook_embedding, project
 
 
 @dataclass(slots=True)
@@ -82,6 +83,7 @@ class Transformer(nn.Module):
     def forward(self, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None = None) -> ModelOutput:
         mask_B1LL = document_mask(doc_ids_BL) if self.cfg.doc_mask and doc_ids_BL is not None else None
         x_BLD = self.embed(tokens_BL)
+        hook_embedding(self.embed.weight, tokens_BL, x_BLD)  # per-source gradient rows while a split is active
         moe_stats: list[MoEStats] = []
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
@@ -90,7 +92,7 @@ class Transformer(nn.Module):
                 x_BLD, stats = block(x_BLD, mask_B1LL)
             if stats is not None:
                 moe_stats.append(stats)
-        logits_BLV = self.head(self.norm(x_BLD))
+        logits_BLV = project(self.head, self.norm(x_BLD))
         return ModelOutput(logits_BLV, self._router_loss(moe_stats, x_BLD), moe_stats)
 
     def _router_loss(self, moe_stats: list[MoEStats], like: torch.Tensor) -> torch.Tensor:

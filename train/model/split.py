@@ -1,0 +1,193 @@
+"""Weight gradients split by the source of each token position, inside the one backward pass.
+
+A weight's gradient is a sum over the rows (token positions) it was applied to: ``δᵀx`` for a
+matmul, ``Σ_rows δ·n`` for a norm's scale, a scatter of rows for an embedding. While a
+``GradSplit`` is active, the model's layers compute that sum per source of the row (the same
+matmuls on the rows grouped by source, so the FLOPs are unchanged), add each source's part to the
+split's buffers and hand autograd the total. So one forward and one backward give every source's
+gradient; with attention kept inside documents (``doc_mask``) that is exactly the gradient of each
+source's share of the loss, router losses included at the tokens they are computed on.
+Rows whose source is out of range (padding) are grouped separately and left in the total only.
+Shape legend: T rows (tokens), A expert-sorted assignments, E experts, S sources, I/O in/out width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+_ACTIVE: list[GradSplit] = []
+
+
+class GradSplit:
+    """Per-source gradient buffers (``id(param)`` -> (S, *param.shape)) and each row's source."""
+
+    def __init__(self, source_T: torch.Tensor, n_sources: int, buffers: dict[int, torch.Tensor], *,
+                 scale: float = 1.0) -> None:
+        src = source_T.reshape(-1).long()
+        self.S, self.buffers, self.scale = n_sources, buffers, scale
+        self.src_T = torch.where((src >= 0) & (src < n_sources), src, n_sources)  # S: no source
+        self._groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
+
+    def tracks(self, param: torch.Tensor) -> bool:
+        return id(param) in self.buffers
+
+    def groups(self, src: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """(rows sorted by source, S + 2 group bounds); cached for the token rows every layer shares."""
+        key = id(src)
+        if key not in self._groups:
+            order = src.argsort(stable=True)
+            counts = torch.bincount(src, minlength=self.S + 1)
+            self._groups[key] = (order, [0, *counts.cumsum(0).tolist()])
+        return self._groups[key]
+
+    def add(self, param: torch.Tensor | int, parts: torch.Tensor) -> None:
+        """Add (S + 1, *shape) parts (the last: rows of no source) to ``param``'s buffer (or ``id(param)``'s)."""
+        key = param if isinstance(param, int) else id(param)
+        self.buffers[key].add_(parts[: self.S].to(torch.float32), alpha=self.scale)
+
+
+def active() -> GradSplit | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def tracking(param: torch.Tensor) -> GradSplit | None:
+    """The active split if it tracks ``param``, else None."""
+    split = active()
+    return split if split is not None and split.tracks(param) else None
+
+
+@contextlib.contextmanager
+def splitting(split: GradSplit):
+    """Keep ``split`` active over a micro-batch's forward and backward (activation recomputation included)."""
+    _ACTIVE.append(split)
+    try:
+        yield split
+    finally:
+        _ACTIVE.remove(split)
+
+
+def _row_parts(split: GradSplit, x_TI: torch.Tensor, g_TO: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """(S + 1, O, I): ``g_sᵀ x_s`` over the rows of each source s."""
+    order, bounds = split.groups(src)
+    xs, gs = x_TI.index_select(0, order), g_TO.index_select(0, order)
+    parts = x_TI.new_zeros(split.S + 1, g_TO.shape[1], x_TI.shape[1])
+    for s in range(split.S + 1):
+        lo, hi = bounds[s], bounds[s + 1]
+        if hi > lo:
+            torch.mm(gs[lo:hi].t(), xs[lo:hi], out=parts[s])
+    return parts
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
+
+class _SplitLinear(torch.autograd.Function):
+    """``F.linear`` whose weight gradient is computed per source of each row."""
+
+    @staticmethod
+    def forward(ctx, x, weight, split):
+        dtype = _compute_dtype(x)
+        xc, wc = x.to(dtype), weight.to(dtype)
+        ctx.save_for_backward(xc, wc)
+        ctx.split, ctx.key, ctx.src, ctx.x_dtype, ctx.w_dtype = split, id(weight), split.src_T, x.dtype, weight.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(xc, wc)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xc, wc = ctx.saved_tensors
+        g_TO = grad.reshape(-1, grad.shape[-1]).to(wc.dtype)
+        grad_x = (g_TO @ wc).view(xc.shape).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        parts = _row_parts(ctx.split, xc.reshape(-1, xc.shape[-1]), g_TO, ctx.src)
+        ctx.split.add(ctx.key, parts)
+        return grad_x, parts.sum(0).to(ctx.w_dtype), None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` (no bias); splits the weight's gradient by source while a split tracks it."""
+    split = tracking(weight)
+    if split is None or not torch.is_grad_enabled():
+        return F.linear(x, weight)
+    return _SplitLinear.apply(x, weight, split)
+
+
+def project(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for a bias-free ``nn.Linear`` (its hooks run as usual), split by source while a split tracks it."""
+    split = tracking(layer.weight)
+    if split is None or not torch.is_grad_enabled():
+        return layer(x)
+    return _SplitLinear.apply(x, layer.weight, split)
+
+
+def norm_weight_parts(split: GradSplit, key: int, rows_TD: torch.Tensor) -> torch.Tensor:
+    """A norm's scale gradient ``Σ_rows δ·n`` per source; adds the parts and returns the total (D,)."""
+    parts = rows_TD.new_zeros(split.S + 1, rows_TD.shape[-1]).index_add_(0, split.src_T, rows_TD)
+    split.add(key, parts)
+    return parts.sum(0)
+
+
+def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.Tensor) -> None:
+    """Add each source's part of an embedding table's gradient (rows scattered by token) when ``x_BLD``'s
+    gradient arrives; autograd still accumulates the whole table's gradient itself."""
+    split = tracking(weight)
+    if split is None or not x_BLD.requires_grad:
+        return
+    key, src, tokens = id(weight), split.src_T, tokens_BL.reshape(-1)
+    vocab = weight.shape[0]
+
+    def hook(grad_BLD: torch.Tensor) -> None:
+        keep = src < split.S  # rows of no source stay in autograd's total only
+        flat = (src * vocab + tokens)[keep]
+        rows = grad_BLD.reshape(-1, grad_BLD.shape[-1])[keep].float()
+        split.buffers[key].view(-1, rows.shape[1]).index_add_(0, flat, rows, alpha=split.scale)
+
+    x_BLD.register_hook(hook)
+
+
+def _group_parts(x_AI: torch.Tensor, g_AO: torch.Tensor, group_A: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """(n_groups, I, O): ``x_gᵀ g_g`` over the rows of each group (one grouped matmul where the kernel allows)."""
+    order = group_A.argsort(stable=True)
+    counts = torch.bincount(group_A, minlength=n_groups)
+    xs, gs = x_AI.index_select(0, order), g_AO.index_select(0, order)
+    aligned = (xs.shape[1] * xs.element_size()) % 16 == 0 and (gs.shape[1] * gs.element_size()) % 16 == 0
+    if hasattr(torch, "_grouped_mm") and xs.device.type == "cpu" and aligned:
+        return torch._grouped_mm(xs.t(), gs, offs=counts.cumsum(0).to(torch.int32))
+    parts = xs.new_zeros(n_groups, xs.shape[1], gs.shape[1])
+    bounds = [0, *counts.cumsum(0).tolist()]
+    for k in range(n_groups):
+        if bounds[k + 1] > bounds[k]:
+            torch.mm(xs[bounds[k]:bounds[k + 1]].t(), gs[bounds[k]:bounds[k + 1]], out=parts[k])
+    return parts
+
+
+class _SplitExpertMM(torch.autograd.Function):
+    """Each expert's matmul on its slice of the expert-sorted rows (``mm``), weight gradient per (expert, source)."""
+
+    @staticmethod
+    def forward(ctx, x_AI, w_EIO, counts_E, src_A, split, mm):
+        ctx.save_for_backward(x_AI, w_EIO, counts_E, src_A)
+        ctx.split, ctx.key, ctx.mm = split, id(w_EIO), mm
+        return mm(x_AI, w_EIO, counts_E)
+
+    @staticmethod
+    def backward(ctx, grad_AO):
+        x_AI, w_EIO, counts_E, src_A = ctx.saved_tensors
+        split, (E, I, O) = ctx.split, w_EIO.shape
+        grad_x = ctx.mm(grad_AO, w_EIO.transpose(1, 2).contiguous(), counts_E) if ctx.needs_input_grad[0] else None
+        expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AI.shape[0])
+        parts = _group_parts(x_AI, grad_AO.to(x_AI.dtype), expert_A * (split.S + 1) + src_A, E * (split.S + 1))
+        parts_SEIO = parts.view(E, split.S + 1, I, O).transpose(0, 1)
+        split.add(ctx.key, parts_SEIO)
+        return grad_x, parts_SEIO.sum(0).to(w_EIO.dtype), None, None, None, None
+
+
+def expert_mm(mm, x_AI: torch.Tensor, w_EIO: torch.Tensor, counts_E: torch.Tensor, src_A: torch.Tensor | None):
+    """``mm(x_AI, w_EIO, counts_E)``, its weight gradient split by source while a split tracks ``w_EIO``."""
+    split = tracking(w_EIO)
+    if split is None or src_A is None or not torch.is_grad_enabled():
+        return mm(x_AI, w_EIO, counts_E)
+    return _SplitExpertMM.apply(x_AI, w_EIO, counts_E, src_A, split, mm)
