@@ -99,9 +99,9 @@ class Trainer:
         self._stop_signal: int | None = None
         self._saved_step = -1
         self.attribution = (SourceAttribution(cfg.attribution, model=self.model, optimizer=self.optimizer, sources=self.sources,
-                                              val_data=val_data, device=device)
+                                              val_data=val_data, device=device, parallel=self.parallel)
                             if cfg.attribution.every and val_data is not None else None)
-        self._step_batches: list = []  # the last step's batches, for attribution
+        self._attr_split = False  # whether this step's gradients are split per source
 
     # ---- one optimizer step -------------------------------------------------------------
     def _autocast(self):
@@ -129,6 +129,8 @@ class Trainer:
                 soft_BL = distillation_per_token(out.logits_BLV, teacher_BLV, temperature=self.cfg.distill.temperature)
                 train_loss_BL = (1 - self.cfg.distill.alpha) * token_loss_BL + self.cfg.distill.alpha * soft_BL
             data_loss = (train_loss_BL * b.loss_mask).sum() / max(n_tokens, 1)
+            if self._attr_split:  # per-source parts of this gradient, from the same forward pass
+                self.attribution.add_micro_batch(train_loss_BL * b.loss_mask / max(n_tokens, 1), b.source_ids)
             loss = data_loss * self.parallel.grad_scale + out.router_loss / n_micro
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         if self.cfg.label_smoothing > 0:  # account the plain cross-entropy, comparable across runs
@@ -143,15 +145,22 @@ class Trainer:
         self.micro_steps += 1
         return data_loss.detach()
 
+    def _split(self, batch):
+        """While attributing: each source's part of the micro-batch's gradients (``train.attribution``)."""
+        if not self._attr_split:
+            return contextlib.nullcontext()
+        scale = self.parallel.grad_scale * (self.scaler.get_scale() if self.scaler else 1.0)
+        return self.attribution.micro_batch(batch.source_ids, loss_scale=scale)
+
     def train_step(self) -> StepResult:
         self.model.train()
+        self._attr_split = self.attribution is not None and self.attribution.begin_step(self.step)
         batches = self._next_batches()
-        self._step_batches = batches
         # host-side (the batches are still on the CPU), summed over ranks: the global-batch mean's denominator
         n_tokens = self.parallel.global_tokens(sum(b.num_tokens for b in batches))
         loss = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
-            with self.parallel.grad_sync(self.net, last=i == len(batches) - 1):
+            with self.parallel.grad_sync(self.net, last=i == len(batches) - 1), self._split(batch):
                 loss += self._micro_step(batch, n_tokens, len(batches))
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -160,11 +169,17 @@ class Trainer:
         loss_value, norm_value = self.parallel.step_values(loss, grad_norm)  # the one sync per step
         skipped = self._verdict(loss_value, norm_value, batches)
         if skipped is None:
+            if self._attr_split:
+                self.attribution.before_optimizer_step()
             (self.scaler.step if self.scaler else lambda opt: opt.step())(self.optimizer)
+            if self._attr_split:  # torch's clipping factor, from the same global norm
+                self.attribution.after_optimizer_step(min(1.0, clip / (norm_value + 1e-6)))
             self.spikes.accept(loss_value)
             self.accounting.merge(self._step_accounting)
             self.model.update_expert_bias(self.parallel.global_load(self._step_accounting.load_ME))
             self.tokens_seen += n_tokens
+        elif self._attr_split:
+            self.attribution.skip_step()
         if self.scaler:
             self.scaler.update()  # after a skipped inf step too: that is how the scale comes down
         self._step_accounting.reset()
@@ -224,19 +239,13 @@ class Trainer:
         return record
 
     def attribute(self) -> dict:
-        """Estimate per-source attribution of the steps since the last estimate and log it (``train.attribution``)."""
+        """Close the attributed stretch that ends at this step and log its record (``train.attribution``)."""
         start = time.perf_counter()
-        record = self.attribution.update(step=self.step)
+        record = self.attribution.close(step=self.step)
         self.optimizer.zero_grad(set_to_none=True)
         self.metrics.write(record)
         self.throughput.exclude(time.perf_counter() - start)
         return record
-
-    def _observe_step(self) -> None:
-        """Hand an accepted step's batches, learning rate and clipping factor to the attribution."""
-        clip = self.cfg.optim.grad_clip
-        clip_coef = min(1.0, clip / max(self.last.grad_norm, 1e-12)) if clip else 1.0
-        self.attribution.observe(self._step_batches, lr=self.last.lr, clip_coef=clip_coef)
 
     @torch.no_grad()
     def evaluate(self) -> dict | None:
@@ -356,10 +365,8 @@ class Trainer:
             while self.step < cfg.steps and self._stop_signal is None and self.stopping.reason is None:
                 self.train_step()
                 self.progress.step(self.step, self.tokens_seen, self.last.loss)
-                if self.attribution is not None and self.last.skipped is None and self.attribution.covers(self.step):
-                    self._observe_step()
-                    if self.attribution.due(self.step):
-                        self.attribute()
+                if self.attribution is not None and self.attribution.due(self.step):
+                    self.attribute()
                 if self.step % cfg.metrics.log_every == 0 or self.step == cfg.steps:
                     self.log_metrics()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
@@ -376,6 +383,8 @@ class Trainer:
                 signal.signal(sig, previous)
         preempted = self._stop_signal is not None
         stopped = self.stopping.reason
+        if not preempted and self.attribution is not None and self.attribution.open_at not in (None, self.step):
+            self.attribute()  # the last, shorter stretch: the final record covers every attributed step
         if preempted:
             final_eval = None
         elif stopped is None or final_eval is None or final_eval["step"] != self.step:

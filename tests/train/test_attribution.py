@@ -1,5 +1,6 @@
-"""First-order per-source attribution on a tiny model with hand-made batches (``train/attribution.py``)."""
+"""Per-source attribution on a tiny model with hand-made batches (``train/attribution/``)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -7,14 +8,17 @@ import pytest
 import torch
 
 from pipelines.report.training import load_run
-from train.attribution import AttributionConfig, SourceAttribution
+from train.attribution import AttributionConfig
+from train.checkpoint import CheckpointConfig
 from train.config import TrainConfig
 from train.data import Batch, LoaderConfig, RepeatBatch
 from train.errors import CheckpointError, ConfigError
-from train.model import ModelConfig, Transformer, cross_entropy_per_token
+from train.model import ModelConfig, Transformer
+from train.optim import OptimConfig
 from train.trainer import Trainer
 
 SOURCES = ["target", "copy", "noise"]
+L = 32
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +28,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-L = 32
 
 
 def _batch(rows: list[list[int]], source: list[int]) -> Batch:
@@ -41,158 +44,170 @@ def _pattern(start: int, n: int = L + 1) -> list[int]:
 
 
 def _setting(seed: int = 0):
-    """Held-out 'target' text, a training source that nearly copies it, and one of uniform noise."""
+    """Held-out text of every source; training on a near copy of 'target' (as 'copy') and on uniform noise."""
     g = torch.Generator().manual_seed(seed)
-    heldout = _batch([_pattern(s) for s in range(4)], [0] * 4)
+    noise = lambda n: torch.randint(0, 40, (n, L + 1), generator=g).tolist()
+    heldout = [_batch([_pattern(s) for s in range(4)], [0] * 4), _batch([_pattern(s) for s in range(8, 10)], [1] * 2),
+               _batch(noise(2), [2] * 2)]
     copy_rows = [_pattern(s) for s in range(4, 8)]
     copy_rows[0][5] = 7  # a near copy, not an exact one
-    noise_rows = torch.randint(0, 40, (4, L + 1), generator=g).tolist()
-    train = _batch(copy_rows + noise_rows, [1] * 4 + [2] * 4)
+    train = _batch(copy_rows + noise(4), [1] * 4 + [2] * 4)
     return heldout, train
 
 
 _MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=16, n_experts=4, top_k=2, max_seq_len=64)
 
 
-def _model(seed: int = 0) -> Transformer:
+def _trainer(folder, train: Batch, heldout: list[Batch], *, steps: int, seed: int = 0, model=_MODEL,
+             optim: OptimConfig | None = None, **attribution) -> Trainer:
+    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=model,
+                      data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0), optim=optim or OptimConfig(),
+                      checkpoint=CheckpointConfig(every=0), attribution=AttributionConfig(**attribution))
     torch.manual_seed(seed)
-    return Transformer(_MODEL)
+    return Trainer(cfg, model=Transformer(model), data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
+                   device=torch.device("cpu"), val_data=lambda: list(heldout))
 
 
-def _attribution(model, optimizer, heldout, **cfg) -> SourceAttribution:
-    return SourceAttribution(AttributionConfig(every=1, **cfg), model=model, optimizer=optimizer, sources=SOURCES,
-                             val_data=lambda: [heldout], device=torch.device("cpu"))
+def _records(folder) -> list[dict]:
+    return [json.loads(x)["attribution"] for x in (folder / "metrics.jsonl").read_text().splitlines() if "attribution" in x]
 
 
-def _data_loss(model, batch: Batch, source: int | None = None) -> torch.Tensor:
-    loss_BL = cross_entropy_per_token(model(batch.tokens, batch.doc_ids).logits_BLV, batch.targets)
-    mask = batch.loss_mask if source is None else batch.loss_mask & (batch.source_ids == source)
-    return (loss_BL * mask).sum() / mask.sum()
+def test_columns_add_up_to_the_measured_change_within_the_residual(tmp_path):
+    heldout, train = _setting(5)
+    _trainer(tmp_path, train, heldout, steps=20, every=5).fit()
+    records = _records(tmp_path)
+    assert len(records) == 4
+    last = records[-1]
+    matrix, measured = np.asarray(last["matrix"]), np.asarray(last["measured"])
+    unattributed, residual = np.asarray(last["unattributed"]), np.asarray(last["residual"])
+    assert np.all(np.abs(measured) > 0.01), "every held-out source's loss moved"
+    np.testing.assert_allclose(matrix.sum(0) + unattributed + residual, measured, rtol=0, atol=1e-9)
+    assert np.all(np.abs(residual) < 0.1 * np.abs(measured)), (residual, measured)
+    parts = last["unattributed_parts"]
+    np.testing.assert_allclose(sum(np.asarray(v) for v in parts.values()), unattributed, atol=1e-9)
+    assert np.all(np.abs(parts["rounding"]) < 1e-4 * np.abs(measured)), "the optimizer split is exact"
+    # cumulative: the last record is the sum of the stretches, and measured telescopes over them
+    np.testing.assert_allclose(sum(np.asarray(r["interval"]["matrix"]) for r in records), matrix, atol=1e-12)
+    assert [r["interval"]["steps"] for r in records] == [[1, 5], [6, 10], [11, 15], [16, 20]]
 
 
-def test_near_copy_of_heldout_ranks_above_noise():
-    heldout, train = _setting()
-    model = _model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(3):  # a few real steps so the Adam preconditioner exists
-        optimizer.zero_grad()
-        _data_loss(model, train).backward()
-        optimizer.step()
-    attr = _attribution(model, optimizer, heldout)
-    attr.observe([train], lr=3e-3)
-    record = attr.update(step=3)
-    matrix = np.asarray(record["attribution"]["matrix"])
-    assert record["attribution"]["precondition"] == "adam"
+def test_split_sums_to_the_real_adamw_update_with_clipping_and_decay(tmp_path):
+    """With router losses off, the sources' parts plus weight decay are the optimizer's whole update."""
+    heldout, train = _setting(6)
+    model = dataclasses.replace(_MODEL, load_balance="none", z_loss_coef=0.0)
+    trainer = _trainer(tmp_path, train, heldout, steps=6, model=model, every=100,
+                       optim=OptimConfig(grad_clip=0.05, weight_decay=0.1, warmup_steps=2))
+    attr = trainer.attribution
+    theta0 = None
+    for _ in range(6):
+        trainer.train_step()
+        theta0 = theta0 if theta0 is not None else attr._theta0
+        assert trainer.last.grad_norm > 0.05  # every step was clipped
+    sources, parts = attr.split.parts()
+    for i, p in enumerate(attr.params):
+        moved = p.detach() - theta0[i]
+        explained = sources[i].sum(0) + parts["weight_decay"][i]
+        assert float(parts["router"][i].abs().max()) <= 1e-4 * float(moved.abs().max())  # float rounding only
+        torch.testing.assert_close(explained, moved, rtol=2e-5, atol=2e-5 * float(moved.abs().max()) + 1e-9)
+        torch.testing.assert_close(attr.split.moments()[i], trainer.optimizer.state[p]["exp_avg"], rtol=1e-5, atol=1e-9)
+    assert float(sum(s[0].abs().sum() for s in sources)) == 0, "no training tokens of 'target', no part"
+
+
+def test_router_losses_and_weight_decay_are_their_own_rows(tmp_path):
+    heldout, train = _setting(7)
+    for split in ("losses", "tokens"):
+        _trainer(tmp_path / split, train, heldout, steps=6, every=3, optim=OptimConfig(weight_decay=0.5),
+                 split=split).fit()
+    by_loss, by_token = (_records(tmp_path / s)[-1]["unattributed_parts"] for s in ("losses", "tokens"))
+    assert np.all(np.abs(by_loss["router"]) > 1e-6) and np.all(np.abs(by_loss["weight_decay"]) > 1e-6)
+    assert by_loss["momentum_before"] == [0.0, 0.0, 0.0], "attributed from step 1: no momentum from before"
+    # split by token, a router loss goes with the tokens it is computed on: nothing is left for its own row
+    assert np.all(np.abs(by_token["router"]) < 1e-3 * np.abs(by_loss["router"]).max())
+
+
+def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_documents(tmp_path):
+    """One backward split by token position gives the same parts as one backward per source's loss."""
+    heldout, train = _setting(11)
+    model = dataclasses.replace(_MODEL, load_balance="none", z_loss_coef=0.0, doc_mask=True)
+    splits = {}
+    for split in ("losses", "tokens"):
+        trainer = _trainer(tmp_path / split, train, heldout, steps=3, model=model, every=100, split=split)
+        for _ in range(3):
+            trainer.train_step()
+        splits[split] = trainer.attribution.split
+    for a, b in zip(splits["losses"].m_S, splits["tokens"].m_S):  # the moments: linear in the gradients
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()) + 1e-12)
+
+
+def test_near_copy_of_heldout_ranks_above_noise(tmp_path):
+    heldout, train = _setting(0)
+    _trainer(tmp_path, train, heldout, steps=8, every=4).fit()
+    matrix = np.asarray(_records(tmp_path)[-1]["matrix"])
     assert matrix[1, 0] < 0, "training on a near copy of the held-out set must lower its loss"
     assert matrix[1, 0] < matrix[2, 0], "the near copy must rank above pure noise for the held-out source"
-    assert np.all(matrix[0] == 0), "a source with no training tokens in the batch contributes nothing"
+    assert np.all(matrix[0] == 0), "a source with no training tokens contributes nothing"
 
 
-def test_rows_add_up_to_the_whole_step_gradient():
-    heldout, train = _setting(1)
-    model = _model(1)
-    lr = 0.05
-    attr = _attribution(model, None, heldout, precondition="none")
-    attr.observe([train], lr=lr)
-    record = attr.update(step=1)
-    column = np.asarray(record["attribution"]["matrix"])[:, 0]
-    params = [p for p in model.parameters()]
-    g = torch.autograd.grad(_data_loss(model, train), params, allow_unused=True)
-    h = torch.autograd.grad(_data_loss(model, heldout, 0), params, allow_unused=True)
-    expected = -lr * sum(float((a * b).sum()) for a, b in zip(g, h) if a is not None and b is not None)
-    assert column.sum() == pytest.approx(expected, rel=1e-4, abs=1e-9)
+def test_start_leaves_steps_out_and_their_momentum_is_its_own_row(tmp_path):
+    heldout, train = _setting(8)
+    trainer = _trainer(tmp_path, train, heldout, steps=9, every=3, start=2)
+    trainer.fit()
+    records = _records(tmp_path)
+    assert [r["interval"]["steps"] for r in records] == [[3, 5], [6, 8], [9, 9]]  # the last, shorter stretch too
+    assert records[-1]["steps_covered"] == 7 == trainer.attribution.steps_covered
+    assert np.all(np.abs(records[-1]["unattributed_parts"]["momentum_before"]) > 0)
+    run = load_run(tmp_path)
+    assert run.attribution.sources == SOURCES and run.attribution.step == 9
+    np.testing.assert_allclose(run.attribution.measured, records[-1]["measured"])
 
 
-def test_predicts_the_heldout_change_of_a_small_sgd_step():
-    heldout, train = _setting(2)
-    model = _model(2)
-    lr = 1e-2
-    attr = _attribution(model, None, heldout, precondition="none")
-    attr.observe([train], lr=lr)
-    predicted = np.asarray(attr.update(step=1)["attribution"]["matrix"])[:, 0].sum()
-    with torch.no_grad():
-        before = float(_data_loss(model, heldout, 0))
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    optimizer.zero_grad()
-    _data_loss(model, train).backward()
-    optimizer.step()
-    with torch.no_grad():
-        after = float(_data_loss(model, heldout, 0))
-    assert predicted < 0
-    assert after - before == pytest.approx(predicted, rel=0.1)
+@pytest.mark.parametrize("split,tolerance", [("losses", 0.0), ("tokens", 1e-6)])
+def test_attribution_leaves_the_training_untouched(tmp_path, split, tolerance):
+    """Split by loss, training is bit-identical; split by token, the weight gradients are the same sums
+    in another order (float rounding)."""
+    heldout, train = _setting(9)
+    with_attr = _trainer(tmp_path / "a", train, heldout, steps=4, every=2, split=split)
+    with_attr.fit()
+    without = _trainer(tmp_path / "b", train, heldout, steps=4, every=0)
+    without.fit()
+    assert with_attr.last.loss == pytest.approx(without.last.loss, rel=tolerance, abs=0)
+    for p, q in zip(with_attr.model.parameters(), without.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=tolerance, atol=tolerance * 1e-2)
 
 
-def test_estimates_weigh_every_observed_step():
-    heldout, train = _setting(3)
-    model = _model(3)
-    attr = _attribution(model, None, heldout, precondition="none")
-    attr.observe([train], lr=0.01)
-    first = np.asarray(attr.update(step=1)["attribution"]["interval"])
-    attr.observe([train], lr=0.01)
-    second = attr.update(step=2)["attribution"]
-    np.testing.assert_allclose(second["matrix"], 2 * first, rtol=1e-6)
-    for lr in (0.01, 0.01, 0.02, 0.01):  # four steps, one at twice the learning rate, one clipped to half
-        attr.observe([train], lr=lr, clip_coef=0.5 if lr == 0.02 else 1.0)
-    third = attr.update(step=6)["attribution"]
-    np.testing.assert_allclose(third["interval"], 4 * first, rtol=1e-5)
-    assert third["steps_covered"] == 6 and third["row_sums"] == pytest.approx(np.sum(third["matrix"], axis=1))
+def test_run_resumed_mid_stretch_gives_the_same_record(tmp_path):
+    heldout, train = _setting(10)
+    _trainer(tmp_path / "whole", train, heldout, steps=6, every=2).fit()
+    cut = _trainer(tmp_path / "cut", train, heldout, steps=6, every=2)
+    for _ in range(3):  # killed after a checkpoint at step 3, inside the stretch of steps 3-4
+        cut.train_step()
+        if cut.attribution.due(cut.step):
+            cut.attribute()
+    cut.save_checkpoint()
+    _trainer(tmp_path / "cut", train, heldout, steps=6, every=2).fit()
+    whole, resumed = _records(tmp_path / "whole"), _records(tmp_path / "cut")
+    assert [r["interval"]["steps"] for r in resumed] == [r["interval"]["steps"] for r in whole]
+    for key in ("matrix", "unattributed", "measured", "residual"):
+        np.testing.assert_allclose(resumed[-1][key], whole[-1][key], rtol=1e-4, atol=1e-7)
 
 
-def test_a_source_seen_in_an_earlier_step_keeps_its_share():
-    heldout, train = _setting(7)
-    rows = [r + [t] for r, t in zip(train.tokens.tolist(), train.targets[:, -1].tolist())]
-    copy_only, noise_only = _batch(rows[:4], [1] * 4), _batch(rows[4:], [2] * 4)
-    attr = _attribution(_model(7), None, heldout, precondition="none")
-    attr.observe([copy_only], lr=0.01)
-    attr.observe([noise_only], lr=0.01)  # the copy source is absent from the last step, not from the interval
-    matrix = np.asarray(attr.update(step=2)["attribution"]["matrix"])
-    assert matrix[1, 0] < 0 and matrix[2, 0] != 0
-
-
-def test_state_dict_round_trip_and_source_mismatch():
+def test_state_dict_round_trip_and_source_mismatch(tmp_path):
     heldout, train = _setting(4)
-    model = _model(4)
-    attr = _attribution(model, None, heldout, precondition="none")
-    attr.observe([train], lr=0.01)
-    attr.update(step=1)
-    attr.observe([train], lr=0.01)
-    fresh = _attribution(model, None, heldout, precondition="none")
-    fresh.load_state_dict(attr.state_dict())
-    np.testing.assert_array_equal(fresh.total_SS, attr.total_SS)
-    assert fresh.steps_covered == 1 and fresh._observed == 1
-    np.testing.assert_array_equal(fresh._weight_S, attr._weight_S)
-    other = SourceAttribution(AttributionConfig(every=1), model=model, optimizer=None, sources=["a", "b", "c"],
-                              val_data=lambda: [heldout], device=torch.device("cpu"))
+    trainer = _trainer(tmp_path, train, heldout, steps=3, every=2)
+    trainer.fit()
+    state = trainer.attribution.state_dict()
+    fresh = _trainer(tmp_path / "fresh", train, heldout, steps=3, every=2).attribution
+    fresh.load_state_dict(state)
+    assert fresh.open_at == trainer.attribution.open_at and fresh.steps_covered == 3
+    np.testing.assert_array_equal(fresh.total["matrix"], trainer.attribution.total["matrix"])
+    for a, b in zip(fresh.split.m_S, trainer.attribution.split.m_S):
+        torch.testing.assert_close(a, b)
+    state["sources"] = ["a", "b", "c"]
     with pytest.raises(CheckpointError, match="sources"):
-        other.load_state_dict(attr.state_dict())
+        fresh.load_state_dict(state)
 
 
-@pytest.mark.parametrize("key,value", [("every", -1), ("heldout_batches", 0), ("precondition", "lion")])
+@pytest.mark.parametrize("key,value", [("every", -1), ("heldout_batches", 0), ("start", 1.5), ("split", "rows")])
 def test_config_errors_name_the_key(key, value):
     with pytest.raises(ConfigError, match=f"train.attribution.{key}"):
         AttributionConfig(**{key: value})
-
-
-def test_trainer_logs_attribution_records_the_report_reads(tmp_path):
-    heldout, train = _setting(5)
-
-    def fit(folder, every: int, start: int = 0) -> Trainer:
-        cfg = TrainConfig(output=str(folder), steps=4, eval_every=0, model=_MODEL,
-                          data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0),
-                          attribution=AttributionConfig(every=every, start=start))
-        trainer = Trainer(cfg, model=_model(5), data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
-                          device=torch.device("cpu"), val_data=lambda: [heldout])
-        trainer.fit()
-        return trainer
-
-    with_attr, without = fit(tmp_path / "a", 2), fit(tmp_path / "b", 0)
-    assert with_attr.last.loss == without.last.loss  # attribution leaves the training untouched
-    assert with_attr.attribution.steps_covered == 4
-    run = load_run(tmp_path / "a")
-    assert run.attribution is not None and run.attribution.sources == SOURCES
-    assert run.attribution.step == 4
-    assert run.attribution.matrix[1, 0] < 0  # the near copy helped the held-out source
-    late = fit(tmp_path / "c", 1, start=2)  # steps 1-2 are left out, not folded into the first estimate
-    assert late.attribution.steps_covered == 2
-    records = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "attribution" in r] == [3, 4]

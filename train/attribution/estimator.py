@@ -1,0 +1,223 @@
+"""Per-source attribution of what training actually did to each source's held-out loss.
+
+Training is cut into stretches of ``every`` steps. At both ends of a stretch the held-out probe
+(fixed batches per source, ``probe.py``) is evaluated, so each held-out source ``b`` has a measured
+change ``ℓ_b(θ1) - ℓ_b(θ0)``. The loss change along any path is the line integral of its gradient
+``h_b``; along the chord θ0 → θ1 Simpson's rule gives
+
+    ℓ_b(θ1) - ℓ_b(θ0) ≈ w_b · (θ1 - θ0),   w_b = (h_b(θ0) + 4·h_b((θ0+θ1)/2) + h_b(θ1)) / 6
+
+and ``θ1 - θ0`` is split exactly into what each training source's gradients moved the parameters
+by through the optimizer (``split.py``: AdamW's momentum, bias correction, learning rate, clipping),
+plus weight decay, router losses, momentum from before the stretches began and rounding. So
+
+    matrix[a][b] = w_b · Δθ_a          (nats; negative = training on a lowered b's held-out loss)
+    unattributed[b] = w_b · (Δθ_wd + Δθ_router + Δθ_before + rounding)
+    measured[b] = Σ_a matrix[a][b] + unattributed[b] + residual[b]
+
+where ``residual`` is the quadrature's error (curvature beyond a cubic along the chord), reported,
+not hidden. Each source's gradient is its share of the step's loss (its tokens' loss over the
+step's token count), taken from the trainer's own forward pass, so the parts add up to the
+gradient the optimizer used. Records are cumulative over the stretches.
+Shape legend: S sources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from train.attribution.config import AttributionConfig
+from train.attribution.probe import HeldoutProbe
+from train.attribution.split import PARTS, MomentSplit
+from train.errors import CheckpointError, ConfigError
+from train.model.split import GradSplit, splitting
+
+log = logging.getLogger(__name__)
+
+
+def _dots(vectors: Sequence[torch.Tensor], weights: Sequence[torch.Tensor]) -> np.ndarray:
+    """Σ over parameters of ⟨vectors[a], weights[b]⟩: (R, S) for per-parameter (R, ...) and (S, ...) stacks."""
+    total = None
+    for v, w in zip(vectors, weights):
+        d = v.reshape(v.shape[0], -1).double() @ w.reshape(w.shape[0], -1).double().T
+        total = d if total is None else total + d
+    return total.cpu().numpy()
+
+
+class SourceAttribution:
+    """Accumulates the source x source attribution over a run, with what is measured and what is not attributed."""
+
+    def __init__(self, cfg: AttributionConfig, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 sources: Sequence[str], val_data: Callable[[], Iterable], device: torch.device,
+                 parallel=None) -> None:
+        if parallel is not None and (parallel.fsdp or parallel.experts):
+            raise ConfigError("train.attribution needs every rank to hold all parameters: use train.parallel.mode = "
+                              "'ddp' without expert parallelism, or set train.attribution.every = 0")
+        self.cfg, self.model, self.device = cfg, model, device
+        self.sources = list(sources)
+        self._val_data = val_data
+        self._reduce = parallel.reduce_sum if parallel is not None and parallel.world.distributed else None
+        self._rank = parallel.world.rank if parallel is not None else 0
+        self.split = MomentSplit(optimizer, len(self.sources), world_size=parallel.world.size if parallel else 1)
+        self.params = self.split.params
+        self._probe: HeldoutProbe | None = None
+        S = len(self.sources)
+        self.total = {"matrix": np.zeros((S, S)), "unattributed": np.zeros(S), "measured": np.zeros(S),
+                      "residual": np.zeros(S), **{k: np.zeros(S) for k in (*PARTS, "rounding")}}
+        self.steps_covered = 0
+        self.first_step: int | None = None  # the first attributed step
+        self.open_at: int | None = None  # the step a stretch began after (None: no stretch open)
+        self._theta0: list[torch.Tensor] = []
+        self._h0: list[torch.Tensor] = []  # per parameter (S, ...): held-out gradients at θ0
+        self._loss0 = np.zeros(S)
+        self._splitting = False
+
+    # ---- the schedule ------------------------------------------------------------------------
+    def begin_step(self, step: int) -> bool:
+        """Before optimizer step ``step + 1``: open a stretch when one is due; True if the step is attributed."""
+        if step < self.cfg.start:
+            self._splitting = False
+            return False
+        if self.open_at is None:
+            self._open(step)
+        self._splitting = True
+        return True
+
+    def due(self, step: int) -> bool:
+        """Whether the stretch closes after step ``step`` (just finished)."""
+        return self.open_at is not None and step - self.open_at >= self.cfg.every
+
+    # ---- the training side -------------------------------------------------------------------
+    def micro_batch(self, source_ids_BL: torch.Tensor, *, loss_scale: float = 1.0):
+        """Context for one micro-batch's forward and backward: with ``split = "tokens"`` the model's layers
+        add each source's part of every weight gradient to the split (``loss_scale``: the factor the
+        backward's loss carries beyond the data loss's mean, e.g. the data-parallel ``grad_scale``)."""
+        if not self._splitting or self.cfg.split != "tokens":
+            return contextlib.nullcontext()
+        buffers = {id(p): g for p, g in zip(self.params, self.split.grad_S)}
+        return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), buffers, scale=1.0 / loss_scale))
+
+    def add_micro_batch(self, weighted_loss_BL: torch.Tensor, source_ids_BL: torch.Tensor) -> None:
+        """With ``split = "losses"``: per-source gradients of one micro-batch's data loss
+        (``weighted_loss_BL``: each token's loss times its loss mask over the step's token count), before
+        the trainer's own backward; the graph is kept for it."""
+        if not self._splitting or self.cfg.split != "losses":
+            return
+        present = source_ids_BL[weighted_loss_BL.detach() != 0].unique().tolist()
+        for s in present:
+            if not 0 <= s < len(self.sources):
+                continue
+            loss = (weighted_loss_BL * (source_ids_BL == s)).sum()
+            self.split.add_grads(s, torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True))
+
+    def before_optimizer_step(self) -> None:
+        if self._splitting:
+            self.split.before_step()
+
+    def after_optimizer_step(self, clip_coef: float) -> None:
+        if self._splitting:
+            self.split.after_step(clip_coef)
+            self.steps_covered += 1
+
+    def skip_step(self) -> None:
+        """The step was not applied (non-finite or spike): its gradients moved nothing."""
+        self.split.drop_step()
+
+    # ---- stretches --------------------------------------------------------------------------
+    def _evaluate(self) -> tuple[np.ndarray, list[torch.Tensor]]:
+        if self._probe is None:
+            self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_batches, self.device)
+            if self._probe.missing:
+                log.warning("attribution: no held-out tokens for %s; their columns stay 0",
+                            ", ".join(self.sources[s] for s in self._probe.missing))
+        losses_S, grads = self._probe.evaluate(self.model, self.params)
+        return losses_S.numpy(), [torch.stack(per_source) for per_source in zip(*grads)]
+
+    @torch.no_grad()
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [p.detach().float().clone() for p in self.params]
+
+    def _open(self, step: int) -> None:
+        self.split.begin_stretch()
+        self.first_step = step + 1 if self.first_step is None else self.first_step
+        self._theta0 = self._snapshot()
+        self._loss0, self._h0 = self._evaluate()
+        self.open_at = step
+
+    def close(self, step: int) -> dict:
+        """Close the stretch after step ``step``; returns the ``metrics.jsonl`` record (cumulative) and
+        opens the next stretch at the current parameters."""
+        theta1 = self._snapshot()
+        loss1, h1 = self._evaluate()
+        with torch.no_grad():
+            for p, a, b in zip(self.params, self._theta0, theta1):
+                p.copy_((a + b) / 2)
+        try:
+            _, h_mid = self._evaluate()
+        finally:
+            with torch.no_grad():
+                for p, b in zip(self.params, theta1):
+                    p.copy_(b)
+        weights = [(a + 4 * m + b) / 6 for a, m, b in zip(self._h0, h_mid, h1)]
+        disp_S, parts = self.split.parts()
+        local = np.concatenate([_dots(disp_S, weights), _dots([d[None] for d in parts["router"]], weights)])
+        if self._reduce is not None:  # each rank's source and router parts come from its own gradients
+            local = self._reduce(torch.from_numpy(local).to(self.device)).cpu().numpy()
+        matrix, router = local[:-1], local[-1]
+        total = _dots([(b - a)[None] for a, b in zip(self._theta0, theta1)], weights)[0]
+        interval = {"matrix": matrix, "router": router, "measured": loss1 - self._loss0,
+                    "weight_decay": _dots([d[None] for d in parts["weight_decay"]], weights)[0],
+                    "momentum_before": _dots([d[None] for d in parts["momentum_before"]], weights)[0]}
+        interval["rounding"] = total - matrix.sum(0) - router - interval["weight_decay"] - interval["momentum_before"]
+        interval["unattributed"] = total - matrix.sum(0)
+        interval["residual"] = interval["measured"] - total
+        for key, value in interval.items():
+            self.total[key] += value
+        record = self._record(step, interval)
+        self._theta0, self._h0, self._loss0 = theta1, h1, loss1
+        self.split.begin_stretch()
+        self.open_at = step
+        return record
+
+    def _record(self, step: int, interval: dict) -> dict:
+        t = self.total
+        measured = t["measured"]
+        explained = np.where(np.abs(measured) > 0, t["matrix"].sum(0) / np.where(measured == 0, 1, measured), np.nan)
+        attribution = {
+            "sources": self.sources, "matrix": t["matrix"].tolist(), "unattributed": t["unattributed"].tolist(),
+            "measured": measured.tolist(), "residual": t["residual"].tolist(),
+            "unattributed_parts": {k: t[k].tolist() for k in (*PARTS, "rounding")},
+            "attributed_share": [None if np.isnan(x) else float(x) for x in explained],
+            "diagonal": np.diag(t["matrix"]).tolist(), "row_sums": t["matrix"].sum(axis=1).tolist(),
+            "steps": [self.first_step, step], "steps_covered": self.steps_covered, "quadrature": "simpson",
+            "interval": {"steps": [self.open_at + 1, step], "matrix": interval["matrix"].tolist(),
+                         "unattributed": interval["unattributed"].tolist(),
+                         "measured": interval["measured"].tolist(), "residual": interval["residual"].tolist()}}
+        log.info("attribution at step %d: measured held-out change %s, attributed %s, residual %s", step,
+                 np.round(measured, 4).tolist(), np.round(t["matrix"].sum(0), 4).tolist(),
+                 np.round(t["residual"], 4).tolist())
+        return {"step": step, "attribution": attribution}
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything but the probe's batches (read again from the held-out split on resume)."""
+        return {"sources": self.sources, "total": {k: v.tolist() for k, v in self.total.items()},
+                "steps_covered": self.steps_covered, "first_step": self.first_step, "open_at": self.open_at,
+                "theta0": [t.cpu() for t in self._theta0], "h0": [h.cpu() for h in self._h0],
+                "loss0": self._loss0.tolist(), "split": self.split.state_dict(self._reduce)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["sources"]) != self.sources:
+            raise CheckpointError(f"attribution state has sources {state['sources']}, this run has {self.sources}")
+        self.total = {k: np.asarray(v, dtype=np.float64) for k, v in state["total"].items()}
+        self.steps_covered = int(state["steps_covered"])
+        self.open_at, self.first_step = state["open_at"], state["first_step"]
+        self._theta0 = [t.to(self.device) for t in state["theta0"]]
+        self._h0 = [h.to(self.device) for h in state["h0"]]
+        self._loss0 = np.asarray(state["loss0"], dtype=np.float64)
+        self.split.load_state_dict(state["split"], rank=self._rank)

@@ -1,0 +1,167 @@
+"""The optimizer's actual update, split exactly into the part each training source caused.
+
+AdamW's first moment is linear in the gradients it has seen, ``m_t = β1·m_{t-1} + (1-β1)·c_t·g_t``
+with ``c_t`` the step's clipping factor, and the step it applies is ``-lr_t/(1-β1^t) · m_t / d_t``
+with ``d_t = sqrt(v_t/(1-β2^t)) + eps`` the same for every part. So with ``g_t = Σ_a g_{a,t} + r_t``
+(``r``: router losses, and whatever else the data loss does not explain) a first moment per source,
+``m_{a,t}``, sharing the optimizer's second moment, splits each step exactly:
+
+    Δθ_t = Σ_a -lr_t/(1-β1^t)·m_{a,t}/d_t        (training on source a)
+         + -lr_t/(1-β1^t)·m_{r,t}/d_t             (router losses)
+         + -lr_t/(1-β1^t)·β1^k·m_before/d_t       (momentum carried from steps before the stretch began)
+         + -lr_t·wd·θ_{t-1}                       (decoupled weight decay)
+
+LAMB multiplies each tensor's Adam update (weight decay included) by a trust ratio, one scalar per
+tensor and step, so the same parts scaled by it split LAMB's step as exactly. The displacement of
+each part is summed over a stretch of steps; what the formulas miss (floating-point rounding) is
+the difference to the parameters' real change and is reported, never folded into a part.
+Under data parallelism each rank's source and router parts come from its own gradients: partial
+sums, linear, added over the ranks by the caller; weight decay and the carried momentum are global.
+Shape legend: S sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from train.errors import ConfigError
+
+PARTS = ("weight_decay", "router", "momentum_before")  # the unattributed rows, besides rounding
+
+
+class MomentSplit:
+    """Per-source first moments and per-part displacements of one optimizer's parameters."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, n_sources: int, *, world_size: int = 1) -> None:
+        self.optimizer, self.S, self.world_size = optimizer, n_sources, world_size
+        self.params: list[torch.Tensor] = []
+        self._group: list[int] = []  # index into param_groups: loading optimizer state replaces the group dicts
+        for gi, group in enumerate(optimizer.param_groups):
+            if "betas" not in group:
+                raise ConfigError(f"train.attribution needs an Adam-family optimizer; {type(optimizer).__name__} "
+                                  "has no first moment to split")
+            for p in group["params"]:
+                self.params.append(p)
+                self._group.append(gi)
+        self.lamb = not isinstance(optimizer, torch.optim.AdamW)
+        S = n_sources
+        z = self._zeros
+        self.grad_S = z(S)  # this step's per-source gradients, summed over its micro-batches
+        self.m_S, self.disp_S = z(S), z(S)  # per-source first moment; displacement since the stretch began
+        self.m_router, self.disp_router = z(), z()
+        self.m_before, self.disp_before = z(), z()
+        self.disp_wd = z()
+        self._old: list[torch.Tensor] | None = None  # LAMB: the parameters before the step
+        self._steps: list[float] = []
+        self.started = False  # whether the moments have been split since the optimizer's first attributed step
+
+    @property
+    def _hyper(self) -> list[dict]:
+        groups = self.optimizer.param_groups
+        return [groups[gi] for gi in self._group]
+
+    def _zeros(self, *lead: int) -> list[torch.Tensor]:
+        return [torch.zeros(*lead, *p.shape, dtype=torch.float32, device=p.device) for p in self.params]
+
+    # ---- one step --------------------------------------------------------------------------
+    def add_grads(self, source: int, grads: Sequence[torch.Tensor | None]) -> None:
+        """Add one micro-batch's gradient of source ``source``'s share of the step's data loss."""
+        for buf, g in zip(self.grad_S, grads):
+            if g is not None:
+                buf[source].add_(g.float())
+
+    @torch.no_grad()
+    def before_step(self) -> None:
+        """Weight decay uses the parameters the step starts from; call right before ``optimizer.step()``."""
+        self._steps = [float(self.optimizer.state.get(p, {}).get("step", 0)) for p in self.params]
+        if self.lamb:
+            self._old = [p.detach().clone() for p in self.params]
+            return
+        for p, h, wd in zip(self.params, self._hyper, self.disp_wd):
+            if p.grad is not None and h["weight_decay"]:
+                wd.add_(p.detach().float(), alpha=-h["lr"] * h["weight_decay"])
+
+    @torch.no_grad()
+    def after_step(self, clip_coef: float) -> None:
+        """Advance every moment by the step just taken and add each part's displacement."""
+        for i, (p, h) in enumerate(zip(self.params, self._hyper)):
+            state = self.optimizer.state.get(p, {})
+            if "exp_avg_sq" not in state or float(state["step"]) == self._steps[i]:
+                continue  # the optimizer did not step this parameter (no gradient)
+            beta1, beta2 = h["betas"]
+            t = float(state["step"])
+            denom = (state["exp_avg_sq"].float() / (1 - beta2**t)).sqrt_().add_(h["eps"])
+            scale = h["lr"] / (1 - beta1**t)
+            g_S = self.grad_S[i]
+            router = p.grad.float() / self.world_size - clip_coef * g_S.sum(0) if p.grad is not None else None
+            m_S = self.m_S[i].mul_(beta1).add_(g_S, alpha=(1 - beta1) * clip_coef)
+            self.m_router[i].mul_(beta1)
+            if router is not None:
+                self.m_router[i].add_(router, alpha=1 - beta1)
+            self.m_before[i].mul_(beta1)
+            if self.lamb:
+                old = self._old[i].float()
+                adam = state["exp_avg"].float() / (1 - beta1**t) / denom + h["weight_decay"] * old
+                w_norm, u_norm = old.norm(), adam.norm()
+                trust = float(w_norm / u_norm) if w_norm > 0 and u_norm > 0 else 1.0
+                scale *= trust
+                self.disp_wd[i].add_(old, alpha=-h["lr"] * trust * h["weight_decay"])
+            self.disp_S[i].addcdiv_(m_S, denom, value=-scale)
+            self.disp_router[i].addcdiv_(self.m_router[i], denom, value=-scale)
+            self.disp_before[i].addcdiv_(self.m_before[i], denom, value=-scale)
+        self.drop_step()
+
+    def drop_step(self) -> None:
+        """Forget this step's gradients (after it was applied, or when it was skipped)."""
+        for buf in self.grad_S:
+            buf.zero_()
+        self._old = None
+
+    # ---- stretches -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def begin_stretch(self) -> None:
+        """Zero the displacements; at the very first stretch the optimizer's momentum so far is 'before'."""
+        if not self.started:
+            for p, before in zip(self.params, self.m_before):
+                state = self.optimizer.state.get(p, {})
+                if "exp_avg" in state:
+                    before.copy_(state["exp_avg"].float())
+            self.started = True
+        for bufs in (self.disp_S, self.disp_router, self.disp_before, self.disp_wd):
+            for b in bufs:
+                b.zero_()
+
+    def parts(self) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
+        """Per parameter: (S, ...) source displacements, and the unattributed parts' displacements."""
+        return self.disp_S, {"weight_decay": self.disp_wd, "router": self.disp_router,
+                             "momentum_before": self.disp_before}
+
+    def moments(self) -> list[torch.Tensor]:
+        """Per parameter the sum of the split first moments (equals the optimizer's ``exp_avg`` on one rank)."""
+        return [m_S.sum(0) + r + b for m_S, r, b in zip(self.m_S, self.m_router, self.m_before)]
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    _STATE = ("m_S", "disp_S", "m_router", "disp_router", "m_before", "disp_before", "disp_wd")
+    _LOCAL = ("m_S", "disp_S", "m_router", "disp_router")  # partial sums of each rank's gradients
+
+    def state_dict(self, reduce=None) -> dict:
+        """Tensors on CPU; ``reduce`` (a sum over ranks) turns the ranks' partial sums into totals."""
+        out = {}
+        for key in self._STATE:
+            bufs = getattr(self, key)
+            if reduce is not None and key in self._LOCAL:
+                bufs = [reduce(b.clone()) for b in bufs]
+            out[key] = [b.detach().cpu() for b in bufs]
+        out["started"] = self.started
+        return out
+
+    def load_state_dict(self, state: dict, *, rank: int = 0) -> None:
+        self.started = bool(state["started"])
+        for key in self._STATE:
+            for buf, saved in zip(getattr(self, key), state[key]):
+                if key in self._LOCAL and rank != 0:
+                    buf.zero_()  # the totals live on rank 0; the sum over ranks is unchanged
+                else:
+                    buf.copy_(saved.to(buf.device))
