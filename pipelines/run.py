@@ -14,7 +14,7 @@ from curate.pipeline import run_job
 from pipelines.jobfile import load_job
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
-from pipelines.report.training import TrainingRun, load_run
+from pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
 from pipelines.train import build_trainer, load_train_config, run_inputs
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,24 @@ def source_table(run: TrainingRun) -> str:
         lines.append(f"{source:<14}{tokens.get(source, 0):>10}{num((last.get(source) or {}).get('mean_loss'), 12)}"
                      f"{num(held.get(source), 10)}{num(own.get(source), 10, '+', 4)}{num(total.get(source), 10, '+', 4)}")
     if attr:
-        lines.append("attr own / all: first-order change of held-out loss (nats) from training on the source, "
+        lines.append("attr own / all: change of held-out loss (nats) attributed to training on the source, "
                      "on its own held-out set / summed over all (negative = helped)")
+    if attr is not None and attr.measured is not None:
+        lines += ["", _attribution_text(attr)]
+    return "\n".join(lines)
+
+
+def _attribution_text(attr: Attribution) -> str:
+    """Per held-out source: measured change, the part attributed to sources, the rest, and the quadrature residual."""
+    steps = f"steps {attr.steps[0]}-{attr.steps[1]}" if attr.steps else f"up to step {attr.step}"
+    lines = [f"held-out loss change, {steps} (nats; negative = lowered):",
+             f"{'held-out':<14}{'measured':>10}{'sources':>10}{'other':>10}{'residual':>10}{'attributed':>12}"
+             "  helped most by"]
+    for row in attribution_rows(attr):
+        share = f"{100 * row['share']:.0f}%" if row["share"] is not None else "-"
+        helper = f"{row['helped_most_by']} ({row['helped_most']:+.4f})" if row["helped_most_by"] else "-"
+        lines.append(f"{row['source']:<14}{row['measured']:>+10.4f}{row['attributed']:>+10.4f}"
+                     f"{row['unattributed']:>+10.4f}{row['residual']:>+10.4f}{share:>12}  {helper}")
+    lines.append("sources + other + residual = measured; other: weight decay, router losses, momentum from before "
+                 "the first attributed step; residual: the quadrature's error")
     return "\n".join(lines)

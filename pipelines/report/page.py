@@ -21,7 +21,7 @@ from pipelines.ablate.layout import Study, load_study
 from pipelines.report import continued, plots
 from pipelines.report.curation import CurationJob, is_job_dir, read_job_folder
 from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
-from pipelines.report.training import TrainingRun, is_run_dir, load_run
+from pipelines.report.training import TrainingRun, attribution_rows, is_run_dir, load_run
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,35 @@ def _run_summary(run: TrainingRun) -> str:
                      rows))
 
 
+def _attribution(attr) -> str:
+    """The matrix, and per held-out source the measured change beside what the sources explain."""
+    parts = []
+    if attr.measured is None:  # a record of the older contract: an estimate with nothing to check it against
+        parts.append("<p>Estimated change of each held-out source's loss (columns) from the updates on each "
+                     "training source (rows); this run's records carry no measured change to check it against.</p>")
+    else:
+        steps = f"steps {attr.steps[0]}-{attr.steps[1]}" if attr.steps else f"the steps up to {attr.step}"
+        parts.append(f"<p>Change of each held-out source's loss over {steps}, measured on fixed held-out batches, "
+                     "and the part of it each training source's updates caused (the optimizer's actual steps, "
+                     "split by source; the held-out gradient integrated along them). What no source explains "
+                     "(weight decay, router losses, momentum from before the first attributed step) is "
+                     "<i>other</i>; <i>residual</i> is the integration's error: sources + other + residual = "
+                     "measured. Negative is better.</p>")
+        rows = [[r["source"], r["measured"], r["attributed"], r["unattributed"], r["residual"],
+                 "" if r["share"] is None else f"{100 * r['share']:.0f}%",
+                 "" if r["helped_most_by"] is None else f"{r['helped_most_by']} ({r['helped_most']:+.3g})"]
+                for r in attribution_rows(attr)]
+        parts.append(_table(["held-out source", "measured", "sources", "other", "residual", "attributed",
+                             "helped most by"], rows))
+        if attr.parts:
+            parts.append(_table(["other, by part", *attr.sources],
+                                [[k, *map(float, v)] for k, v in attr.parts.items()]))
+    parts += [_img(plots.attribution(attr), "attribution matrix"),
+              _table(["trained on", "on its own held-out set", "on all held-out sets"],
+                     [[s, float(d), float(r)] for s, d, r in zip(attr.sources, attr.diagonal, attr.row_sums)])]
+    return "".join(parts)
+
+
 def training_section(run: TrainingRun, findings: list[Finding]) -> str:
     parts = [f"<h2>Training: run {html.escape(run.path.name)}</h2>", _run_summary(run)]
     if run.stop_reason:
@@ -155,13 +184,7 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
         if experts:
             parts += ["<h3>Experts</h3>", _img(experts, "expert load and routing")]
     if run.attribution is not None:
-        attr = run.attribution
-        parts += ["<h3>Attribution</h3>",
-                  "<p>Estimated change of each held-out source's loss (columns) from the updates on each training "
-                  "source (rows), first order, accumulated over training; negative is better.</p>",
-                  _img(plots.attribution(attr), "attribution matrix"),
-                  _table(["trained on", "on its own held-out set", "on all held-out sets"],
-                         [[s, float(d), float(r)] for s, d, r in zip(attr.sources, attr.diagonal, attr.row_sums)])]
+        parts += ["<h3>Attribution</h3>", _attribution(run.attribution)]
     if run.logs or run.alerts:
         parts += ["<h3>Alerts and skipped steps</h3>", _img(plots.timeline(run), "alerts timeline")]
         parts.append(_table(["step", "kind", "message"], [[a.get("step"), a.get("kind"), a.get("message")]

@@ -197,16 +197,22 @@ def expert_load(run: TrainingRun) -> bytes | None:
 
 
 def attribution(attr: Attribution) -> bytes:
-    """The source x source matrix: rows train on, columns held-out sets, blue = loss lowered."""
-    matrix = attr.matrix
+    """The source x source matrix (rows train on, columns held-out sets, blue = loss lowered), with the
+    unattributed rest and the measured change as two more rows when the record has them."""
+    labels, rows = list(attr.sources), [attr.matrix]
+    if attr.measured is not None and attr.unattributed is not None:
+        labels += ["(other)", "= measured"]
+        rows += [attr.unattributed[None], attr.measured[None]]
+    matrix = np.concatenate(rows)
     limit = float(np.nanmax(np.abs(matrix))) or 1.0
-    fig, ax = _subplots(figsize=(1.2 * len(attr.sources) + 3, 1.0 * len(attr.sources) + 2))
+    fig, ax = _subplots(figsize=(1.2 * len(attr.sources) + 3, 1.0 * len(labels) + 2))
     image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit)
-    ticks = np.arange(len(attr.sources))
-    ax.set_xticks(ticks, attr.sources, rotation=30)
-    ax.set_yticks(ticks, attr.sources)
-    for i in ticks:
-        for j in ticks:
+    ax.set_xticks(np.arange(len(attr.sources)), attr.sources, rotation=30)
+    ax.set_yticks(np.arange(len(labels)), labels)
+    if len(labels) > len(attr.sources):
+        ax.axhline(len(attr.sources) - 0.5, color="black", linewidth=1)
+    for i in range(len(labels)):
+        for j in range(len(attr.sources)):
             ax.text(j, i, f"{matrix[i, j]:+.3g}", ha="center", va="center", fontsize=8)
     ax.set(title=f"Attribution at step {attr.step}: held-out loss change (nats)", xlabel="held-out source",
            ylabel="trained on")

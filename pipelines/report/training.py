@@ -25,12 +25,36 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Attribution:
-    """Accumulated first-order attribution: ``matrix[i, j]`` = change of held-out loss on ``sources[j]``
-    (nats) credited to training on ``sources[i]``; negative means training on i helped j."""
+    """Accumulated attribution: ``matrix[i, j]`` = change of held-out loss on ``sources[j]`` (nats)
+    credited to training on ``sources[i]``; negative means training on i helped j.
+
+    Records of the current contract also carry, per held-out source, the ``measured`` change over
+    the same steps, the ``unattributed`` part and the quadrature's ``residual`` (``matrix.sum(0) +
+    unattributed + residual = measured``); older records hold only the matrix (these stay None).
+    """
 
     step: int
     sources: list[str]
     matrix: np.ndarray  # (S, S)
+    measured: np.ndarray | None = None  # (S,)
+    unattributed: np.ndarray | None = None  # (S,)
+    residual: np.ndarray | None = None  # (S,)
+    parts: dict[str, np.ndarray] = field(default_factory=dict)  # the unattributed part's rows
+    steps: tuple[int, int] | None = None  # first and last attributed step
+
+    @property
+    def attributed(self) -> np.ndarray:
+        """Per held-out source: the sum over training sources (the column sums)."""
+        return self.matrix.sum(axis=0)
+
+    @property
+    def attributed_share(self) -> np.ndarray | None:
+        """Per held-out source: the attributed part of the measured change (1.0 = all of it); NaN where
+        nothing was measured to move."""
+        if self.measured is None:
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.measured != 0, self.attributed / self.measured, np.nan)
 
     @property
     def diagonal(self) -> np.ndarray:
@@ -170,7 +194,33 @@ def parse_attribution(record: dict) -> Attribution | None:
         log.warning("attribution record at step %s: matrix %s does not match %d sources; ignored",
                     record.get("step"), matrix.shape, len(sources))
         return None
-    return Attribution(step=int(record.get("step", 0)), sources=sources, matrix=matrix)
+    columns = {}
+    for key in ("measured", "unattributed", "residual"):
+        column = np.asarray(value.get(key, []), dtype=float) if "matrix" in value else np.zeros(0)
+        columns[key] = column if column.shape == (len(sources),) else None
+    parts = {k: np.asarray(v, dtype=float) for k, v in (value.get("unattributed_parts") or {}).items()
+             if np.shape(v) == (len(sources),)} if "matrix" in value else {}
+    steps = value.get("steps") if "matrix" in value else None
+    steps = (int(steps[0]), int(steps[1])) if isinstance(steps, list) and len(steps) == 2 and None not in steps else None
+    return Attribution(step=int(record.get("step", 0)), sources=sources, matrix=matrix, parts=parts, steps=steps,
+                       **columns)
+
+
+def attribution_rows(attr: Attribution) -> list[dict]:
+    """Per held-out source: the measured change beside the estimate and how much of it is attributed
+    (``measured`` etc. are None for records of the older, matrix-only contract)."""
+    rows = []
+    share = attr.attributed_share
+    for j, source in enumerate(attr.sources):
+        column = attr.matrix[:, j]
+        top = int(np.argmin(column)) if np.isfinite(column).any() and column.min() < 0 else None
+        pick = (lambda v: None if v is None else float(v[j]))
+        rows.append({"source": source, "measured": pick(attr.measured), "attributed": float(attr.attributed[j]),
+                     "unattributed": pick(attr.unattributed), "residual": pick(attr.residual),
+                     "share": None if share is None or np.isnan(share[j]) else float(share[j]),
+                     "helped_most_by": None if top is None else attr.sources[top],
+                     "helped_most": None if top is None else float(column[top])})
+    return rows
 
 
 def is_run_dir(path: Path) -> bool:

@@ -74,6 +74,21 @@ def test_attribution_and_ablation_render_when_present(full):
     assert "<td>no_code</td><td>2.6</td>" in page
 
 
+def test_attribution_shows_the_measured_change_and_what_is_attributed(tmp_path):
+    run = write_run(tmp_path / "run", healthy_records())
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 40, "attribution": {
+            "sources": ["prose", "code"], "matrix": [[-0.3, 0.02], [-0.05, -0.4]], "steps": [11, 40],
+            "unattributed": [0.01, 0.03], "measured": [-0.33, -0.36], "residual": [-0.01, -0.01],
+            "unattributed_parts": {"weight_decay": [0.01, 0.02], "router": [0.0, 0.01]}}}) + "\n")
+    page = render(*locate(run))
+    assert "over steps 11-40" in page
+    # held-out prose: measured, the sources' part (-0.35), other, residual, attributed share, top helper
+    assert "<tr><td>prose</td><td>-0.33</td><td>-0.35</td><td>0.01</td><td>-0.01</td><td>106%</td>" in page
+    assert "<tr><td>weight_decay</td><td>0.01</td><td>0.02</td></tr>" in page
+    assert "attribution matrix" in images(page)
+
+
 def test_run_without_attribution_ablation_or_alerts(tmp_path):
     page = render(*locate(write_run(tmp_path / "run", healthy_records())))
     assert not {"attribution matrix", "ablation heatmap"} & set(images(page))

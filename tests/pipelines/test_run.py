@@ -31,6 +31,21 @@ def test_source_table_lists_tokens_losses_and_attribution(tmp_path):
     assert prose.split()[-2:] == ["-0.4000", "-0.4300"]
 
 
+def test_source_table_shows_the_measured_change_beside_the_attribution(tmp_path):
+    run = _run_folder(tmp_path, attribution=False)
+    record = {"step": 20, "attribution": {
+        "sources": ["code", "prose"], "matrix": [[-0.2, 0.01], [-0.03, -0.4]], "steps": [11, 20],
+        "unattributed": [0.02, -0.01], "measured": [-0.22, -0.41], "residual": [-0.01, -0.01]}}
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    table = source_table(load_run(tmp_path))
+    assert "held-out loss change, steps 11-20" in table
+    code = [line for line in table.splitlines() if line.startswith("code")][-1].split()
+    # measured, the sources' part, other, residual, attributed share, the source that helped most
+    assert code == ["code", "-0.2200", "-0.2300", "+0.0200", "-0.0100", "105%", "code", "(-0.2000)"]
+    assert run.attribution is None
+
+
 def test_source_table_without_attribution_shows_dashes(tmp_path):
     table = source_table(_run_folder(tmp_path, attribution=False)).splitlines()
     assert table[1].split()[-2:] == ["-", "-"] and "attr own / all" not in "\n".join(table)
