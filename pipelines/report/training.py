@@ -214,7 +214,9 @@ def attribution_rows(attr: Attribution) -> list[dict]:
     for j, source in enumerate(attr.sources):
         column = attr.matrix[:, j]
         top = int(np.argmin(column)) if np.isfinite(column).any() and column.min() < 0 else None
-        pick = (lambda v: None if v is None else float(v[j]))
+        def pick(v: np.ndarray | None, j: int = j) -> float | None:
+            return None if v is None else float(v[j])
+
         rows.append({"source": source, "measured": pick(attr.measured), "attributed": float(attr.attributed[j]),
                      "unattributed": pick(attr.unattributed), "residual": pick(attr.residual),
                      "share": None if share is None or np.isnan(share[j]) else float(share[j]),
