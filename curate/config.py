@@ -13,7 +13,8 @@ from typing import Any, Literal
 from curate.errors import ConfigError
 from curate.stages.base import StageConfig
 
-OUTPUT_FORMATS = ("parquet", "webdataset")
+OUTPUT_FORMATS = ("parquet", "webdataset", "tokens")
+DEFAULT_FORMATS = ("parquet", "webdataset")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,10 +89,25 @@ class InputConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class TokensConfig:
+    """``[output.tokens]``: the tokenizer the ``tokens`` format writes with (see ``curate.tokenize``)."""
+
+    tokenizer: str = "byte"  # "byte" or the path of a Hugging Face tokenizer.json
+    eos_token: str | None = None  # end-of-document token; None: the first of curate.tokenize.EOS_CANDIDATES
+
+    def __post_init__(self) -> None:
+        if not self.tokenizer:
+            raise ConfigError("output.tokens.tokenizer must be 'byte' or the path of a tokenizer.json, got ''")
+        from curate.writers.tokens import shard_tokenizer  # loads it once: a bad file fails here, not in a worker
+
+        shard_tokenizer(self.tokenizer, self.eos_token)
+
+
+@dataclass(kw_only=True, slots=True)
 class OutputConfig:
     """``[output]``: shard formats and sizes."""
 
-    formats: list[str] = field(default_factory=lambda: list(OUTPUT_FORMATS))
+    formats: list[str] = field(default_factory=lambda: list(DEFAULT_FORMATS))
     # A shard holds about this many uncompressed row bytes (as `datasets`' max_shard_size counts):
     # ~tar size; zstd Parquet files come out several times smaller.
     shard_bytes: int = 256 * 2**20
@@ -99,6 +115,7 @@ class OutputConfig:
     row_group_bytes: int = 32 * 2**20  # Parquet row groups of about this many uncompressed bytes
     compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
     mode: int | None = None  # e.g. 0o640: permission bits of every file written (folders add search bits); default: the umask
+    tokens: TokensConfig = field(default_factory=TokensConfig)  # used when "tokens" is in formats
 
     def __post_init__(self) -> None:
         if self.mode is not None and not (0 <= self.mode <= 0o777 and self.mode & 0o600 == 0o600):

@@ -82,6 +82,7 @@ def build_manifest(
         "totals": {"rows_read": read.rows_in, "rows_written": rows_out, "rows_rejected": rejected,
                    "repeats": repeats, "seconds": round(seconds, 3)},
         "by_source": _by_source(read, stats, shards),
+        **({"tokens": token_totals(shards)} if any(s["format"] == "tokens" for s in shards) else {}),
         "stages": stage_entries,
         "shards": shards,
         "rejects": [rj for r in all_results for rj in r["rejects"]],
@@ -107,6 +108,20 @@ def upgrade(manifest: dict[str, Any], *, where: str = "manifest.json") -> dict[s
             flat = stage.get("counters") or {}
             stage["counters"] = nest({tuple(k.split("/", 1)) if "/" in k else k: v for k, v in flat.items()})
     return manifest
+
+
+def token_totals(shards: list[dict]) -> dict[str, Any]:
+    """Tokens written per split and source, the tokenizer, and the tokenizing rate (summed over workers)."""
+    tok = [s for s in shards if s["format"] == "tokens"]
+    by_split: dict[str, dict[str, int]] = {}
+    for s in tok:
+        split = by_split.setdefault(s["split"], {})
+        for src, n in s["tokens_by_source"].items():
+            split[src] = split.get(src, 0) + n
+    total, seconds = sum(s["tokens"] for s in tok), sum(s["tokenize_seconds"] for s in tok)
+    return {"tokenizer": tok[0]["tokenizer"], "dtype": tok[0]["dtype"], "total": total,
+            "by_split": {k: dict(sorted(v.items())) for k, v in sorted(by_split.items())},
+            "tokenize_seconds": round(seconds, 3), "tokens_per_second": round(total / seconds) if seconds else None}
 
 
 def check_identity(sid: str, s: StageStats) -> None:

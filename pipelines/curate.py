@@ -22,6 +22,10 @@ def run(args: argparse.Namespace) -> int:
     job = load_job(args.job, output=args.output, workers=args.workers)
     manifest = run_job(job, progress=not args.quiet)
     print(summary_table(manifest))
+    if "tokens" in manifest:
+        t = manifest["tokens"]
+        rate = f", {t['tokens_per_second'] / 1e6:.1f}M tokens/s per worker" if t["tokens_per_second"] else ""
+        print(f"\ntokens:   {t['total']} ({t['tokenizer']['kind']}, {t['dtype']}){rate}")
     print(f"\nshards:   {Path(job.job.output) / 'shards'}")
     print(f"rejects:  {Path(job.job.output) / 'rejects'}")
     print(f"manifest: {Path(job.job.output) / 'manifest.json'}")

@@ -24,6 +24,7 @@ from curate.atomic import rename_into_place
 from curate.config import OutputConfig
 from curate.writers.layout import EXTENSIONS, row_bytes, shard_dir
 from curate.writers.tar import TarWriter
+from curate.writers.tokens import TokenShardWriter, shard_tokenizer
 
 
 def safe_keys(df: pl.DataFrame) -> pl.Series:
@@ -49,6 +50,7 @@ class _OpenShard:
     tar: TarWriter | None = None
     pending: list[pa.Table] = field(default_factory=list)  # the Parquet row group being filled
     pending_bytes: int = 0
+    tokens: TokenShardWriter | None = None
 
 
 class ShardWriter:
@@ -114,6 +116,11 @@ class ShardWriter:
             if shard.tar is None:
                 shard.tar = TarWriter(self._tmp(shard, "webdataset").open("wb"))
             _add_samples(shard.tar, df)
+        if "tokens" in self.output.formats:
+            if shard.tokens is None:
+                tok = shard_tokenizer(self.output.tokens.tokenizer, self.output.tokens.eos_token)
+                shard.tokens = TokenShardWriter(self.folders["tokens"], shard.name, tok, split=self.split)
+            shard.tokens.add(df)
 
     def _flush_row_group(self, shard: _OpenShard) -> None:
         """Write the pending rows as one row group (batches arrive smaller than a good row group)."""
@@ -150,6 +157,8 @@ class ShardWriter:
                 "bytes": final.stat().st_size, "row_bytes": shard.bytes, "sha256": digest, "sources": dict(sorted(shard.sources.items())),
                 "means": means,
             })
+        if shard.tokens is not None:
+            self.written.append(shard.tokens.close())
 
 
 def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:

@@ -1,0 +1,135 @@
+"""Token shards: the Megatron-Core indexed dataset (``.bin`` + ``.idx``) plus winnow's per-document array.
+
+One token shard is written beside each Parquet shard, from the same rows in the same order, so
+document ``j`` of ``part-X.bin`` is row ``j`` of ``part-X.parquet`` (the curriculum order).
+
+* ``part-X.bin``: every document's ids followed by one end-of-document id (Megatron's
+  ``--append-eod``), in the smallest dtype Megatron has a code for (``curate.tokenize.token_dtype``).
+* ``part-X.idx``: Megatron-Core's ``MMIDIDX`` index exactly as ``megatron.core.datasets.
+  indexed_dataset._IndexWriter`` writes it: the 9-byte magic, version ``<Q`` 1, dtype code ``<B``,
+  sequence count ``<Q``, document count ``<Q``, then sizes (int32, tokens per document with its
+  EOS), pointers (int64 byte offsets into ``.bin``) and document indices (int64, ``0..n``: one
+  sequence per document). Megatron-LM, NeMo and GPT-NeoX read the pair through the prefix ``part-X``.
+* ``part-X.doc.npy``: per document ``source`` (uint32 index into the manifest entry's
+  ``source_names``) and ``row`` (uint32, the row in the Parquet shard).
+
+Files are written under temporary names and renamed when complete, like every other shard.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from curate.tokenize import ShardTokenizer
+
+INDEX_MAGIC = b"MMIDIDX\x00\x00"
+INDEX_VERSION = 1
+# megatron.core.datasets.indexed_dataset.DType
+DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
+               np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+DOC_DTYPE = np.dtype([("source", "<u4"), ("row", "<u4")])
+SUFFIXES = (".bin", ".idx", ".doc.npy")
+TOKENIZER_FILE = "tokenizer.json"  # shards/tokens/tokenizer.json, beside the split folders
+
+
+@functools.lru_cache(maxsize=4)
+def shard_tokenizer(spec: str, eos_token: str | None) -> ShardTokenizer:
+    """One loaded tokenizer per worker process (a large tokenizer.json takes a while to parse)."""
+    return ShardTokenizer(spec, eos_token=eos_token)
+
+
+def index_bytes(sizes: np.ndarray, dtype: np.dtype) -> bytes:
+    """The ``.idx`` file of documents with ``sizes`` tokens each (one sequence per document)."""
+    sizes = np.asarray(sizes, np.int32)
+    pointers = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+    header = INDEX_MAGIC + struct.pack("<Q", INDEX_VERSION) + struct.pack("<B", DTYPE_CODES[dtype])
+    header += struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(sizes) + 1)
+    return header + sizes.tobytes() + pointers.tobytes() + np.arange(len(sizes) + 1, dtype=np.int64).tobytes()
+
+
+def _digest(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+class TokenShardWriter:
+    """Tokenizes and appends the rows of one shard; ``close`` writes the index and returns the manifest entry."""
+
+    def __init__(self, folder: Path, name: str, tokenizer: ShardTokenizer, *, split: str) -> None:
+        self.folder, self.name, self.tok, self.split = Path(folder), name, tokenizer, split
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._bin = self._tmp(".bin").open("wb")
+        self._sizes: list[np.ndarray] = []
+        self._codes: list[np.ndarray] = []
+        self._names: dict[str, int] = {}
+        self.rows = 0
+        self.seconds = 0.0
+        copy = self.folder.parent / TOKENIZER_FILE
+        if tokenizer.json is not None and not copy.exists():
+            # the job folder carries the tokenizer its token shards were written with
+            tmp = copy.with_name(f".{TOKENIZER_FILE}.{os.getpid()}.tmp")
+            tmp.write_text(tokenizer.json)
+            os.replace(tmp, copy)
+
+    def _tmp(self, suffix: str) -> Path:
+        return self.folder / f".{self.name}{suffix}.tmp"
+
+    def add(self, df: pl.DataFrame) -> None:
+        """Append the documents of ``df`` (columns ``text`` and ``source``), one EOS after each."""
+        t0 = time.perf_counter()
+        flat, lens = self.tok.encode(df["text"].to_arrow())
+        sizes = lens + 1
+        out = np.empty(int(sizes.sum()), self.tok.dtype)
+        is_eos = np.zeros(len(out), bool)
+        is_eos[np.cumsum(sizes) - 1] = True
+        out[is_eos] = self.tok.eos_id
+        out[~is_eos] = flat
+        self.seconds += time.perf_counter() - t0
+        self._bin.write(out.tobytes())
+        sources = df["source"].fill_null("<null>")
+        for s in sources.unique(maintain_order=True).to_list():
+            self._names.setdefault(s, len(self._names))
+        self._codes.append(sources.replace_strict(self._names, return_dtype=pl.UInt32).to_numpy())
+        self._sizes.append(sizes)
+        self.rows += df.height
+
+    def close(self) -> dict[str, Any]:
+        """Rename the three files into place; the manifest entry of the ``.bin`` (sidecars share its prefix)."""
+        self._bin.close()
+        sizes = np.concatenate(self._sizes) if self._sizes else np.empty(0, np.int64)
+        if len(sizes) and sizes.max() > np.iinfo(np.int32).max:
+            raise ValueError(f"{self.name}: a document of {sizes.max()} tokens does not fit the index's int32 sizes")
+        self._tmp(".idx").write_bytes(index_bytes(sizes, self.tok.dtype))
+        codes = np.concatenate(self._codes) if self._codes else np.empty(0, np.uint32)
+        docs = np.empty(len(sizes), DOC_DTYPE)
+        docs["source"], docs["row"] = codes, np.arange(len(sizes), dtype=np.uint32)
+        with self._tmp(".doc.npy").open("wb") as fh:
+            np.save(fh, docs, allow_pickle=False)
+        finals = {}
+        for suffix in SUFFIXES:
+            final = self.folder / f"{self.name}{suffix}"
+            os.replace(self._tmp(suffix), final)
+            finals[suffix] = final
+        names = list(self._names)
+        by_source = np.bincount(codes, weights=sizes, minlength=len(names)).astype(np.int64) if len(sizes) else np.zeros(len(names), np.int64)
+        rows_by_source = np.bincount(codes, minlength=len(names)) if len(sizes) else np.zeros(len(names), np.int64)
+        binf, idx, doc = finals[".bin"], finals[".idx"], finals[".doc.npy"]
+        return {
+            "split": self.split, "format": "tokens", "path": binf, "rows": self.rows, "bytes": binf.stat().st_size,
+            "sha256": _digest(binf), "sources": {n: int(rows_by_source[i]) for i, n in sorted(enumerate(names), key=lambda x: x[1])},
+            "means": {}, "tokens": int(sizes.sum()), "dtype": self.tok.dtype.name, "source_names": names,
+            "tokens_by_source": {n: int(by_source[i]) for i, n in sorted(enumerate(names), key=lambda x: x[1])},
+            "index_sha256": _digest(idx), "index_bytes": idx.stat().st_size,
+            "docs_sha256": _digest(doc), "docs_bytes": doc.stat().st_size,
+            "tokenizer": self.tok.describe(), "tokenize_seconds": round(self.seconds, 6),
+        }

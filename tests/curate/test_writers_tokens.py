@@ -1,0 +1,151 @@
+"""The tokens output format: Megatron-Core's indexed dataset plus winnow's per-document array."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import warnings
+
+import numpy as np
+import polars as pl
+import pytest
+
+from curate.config import OutputConfig, TokensConfig
+from curate.errors import ConfigError
+from curate.tokenize import BYTE_EOS, ShardTokenizer, token_dtype
+from curate.writers.shards import ShardWriter
+
+
+def rows(n: int) -> pl.DataFrame:
+    return pl.DataFrame({
+        "id": [f"s/{i}" for i in range(n)],
+        "source": ["web" if i % 3 else "code" for i in range(n)],
+        "text": [("héllo " * (i % 5)) + f"doc {i}" if i != 4 else "" for i in range(n)],
+        "meta": [None] * n,
+    })
+
+
+def write(folder, df: pl.DataFrame, **tokens) -> list[dict]:
+    writer = ShardWriter(folder / "shards" / "train", "part-00000", OutputConfig(
+        formats=["parquet", "tokens"], shard_rows=8, tokens=TokensConfig(**tokens)), split="train")
+    for chunk in df.iter_slices(5):
+        writer.write(chunk)
+    return writer.close()
+
+
+def read_idx(path):
+    """The .idx as Megatron-Core's _IndexReader defines it: header, sizes, pointers, document indices."""
+    buf = path.read_bytes()
+    assert buf[:9] == b"MMIDIDX\x00\x00"
+    version, code, n_seq, n_doc = struct.unpack_from("<QBQQ", buf, 9)
+    off = 9 + 8 + 1 + 8 + 8
+    sizes = np.frombuffer(buf, np.int32, n_seq, off)
+    pointers = np.frombuffer(buf, np.int64, n_seq, off + 4 * n_seq)
+    docs = np.frombuffer(buf, np.int64, n_doc, off + 12 * n_seq)
+    assert len(buf) == off + 12 * n_seq + 8 * n_doc
+    return version, code, sizes, pointers, docs
+
+
+def gpt2_style_tokenizer(path, texts):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([texts], trainer=trainer)
+    tok.save(str(path))
+    return tok
+
+
+def test_byte_token_shards_hold_each_rows_utf8_bytes_and_one_eos(tmp_path):
+    df = rows(19)
+    entries = write(tmp_path, df)
+    tokens = [e for e in entries if e["format"] == "tokens"]
+    assert [e["rows"] for e in tokens] == [8, 8, 3] and tokens[0]["dtype"] == "uint16"
+    texts, start = df["text"].to_list(), 0
+    for e in tokens:
+        version, code, sizes, pointers, docs = read_idx(e["path"].with_suffix(".idx"))
+        assert (version, code) == (1, 8)  # uint16
+        ids = np.fromfile(e["path"], np.uint16)
+        expected = [list(t.encode()) + [BYTE_EOS] for t in texts[start : start + e["rows"]]]
+        assert sizes.tolist() == [len(x) for x in expected] and docs.tolist() == list(range(e["rows"] + 1))
+        assert pointers.tolist() == (np.cumsum([0] + sizes.tolist()[:-1]) * 2).tolist()
+        assert ids.tolist() == [i for x in expected for i in x]
+        doc = np.load(str(e["path"]).replace(".bin", ".doc.npy"))
+        names = e["source_names"]
+        assert [names[c] for c in doc["source"]] == df["source"][start : start + e["rows"]].to_list()
+        assert doc["row"].tolist() == list(range(e["rows"]))  # row j of the Parquet shard of the same name
+        assert e["tokens"] == len(ids) == sum(e["tokens_by_source"].values())
+        assert e["sha256"] == hashlib.sha256(e["path"].read_bytes()).hexdigest()
+        start += e["rows"]
+    assert not list(tmp_path.rglob(".*.tmp"))
+
+
+def test_hf_tokenizer_json_ids_match_the_tokenizers_library(tmp_path):
+    df = rows(12)
+    tok = gpt2_style_tokenizer(tmp_path / "tokenizer.json", df["text"].to_list())
+    entries = [e for e in write(tmp_path, df, tokenizer=str(tmp_path / "tokenizer.json")) if e["format"] == "tokens"]
+    eos = tok.token_to_id("<|endoftext|>")
+    got = np.concatenate([np.fromfile(e["path"], np.uint16) for e in entries]).tolist()
+    assert got == [i for t in df["text"].to_list() for i in tok.encode(t, add_special_tokens=False).ids + [eos]]
+    assert entries[0]["tokenizer"]["kind"] == "hf" and entries[0]["tokenizer"]["eos_id"] == eos
+    copy = tmp_path / "shards" / "tokens" / "tokenizer.json"  # the job folder keeps the tokenizer
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() == entries[0]["tokenizer"]["sha256"]
+
+
+def test_megatron_cores_own_indexed_dataset_reads_winnows_files(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    df = rows(10)
+    entry = [e for e in write(tmp_path, df) if e["format"] == "tokens"][0]
+    prefix = str(entry["path"])[: -len(".bin")]
+    ds = indexed.IndexedDataset(prefix)
+    assert len(ds) == entry["rows"]
+    for i, text in enumerate(df["text"].to_list()[: entry["rows"]]):
+        assert ds[i].tolist() == list(text.encode()) + [BYTE_EOS]
+    # and Megatron's own builder writes the same index bytes for the same documents
+    builder = indexed.IndexedDatasetBuilder(str(tmp_path / "mc.bin"), dtype=np.uint16)
+    for i in range(len(ds)):
+        builder.add_document(ds[i].tolist(), [len(ds[i])])
+    builder.finalize(str(tmp_path / "mc.idx"))
+    assert (tmp_path / "mc.idx").read_bytes() == (tmp_path / f"{prefix}.idx").read_bytes()
+    assert (tmp_path / "mc.bin").read_bytes() == entry["path"].read_bytes()
+
+
+def test_dtype_is_the_smallest_megatron_has_a_code_for():
+    assert [token_dtype(v).name for v in (200, 256, 258, 50257, 65536, 128256)] == \
+        ["uint8", "uint8", "uint16", "uint16", "uint16", "int32"]
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"model": {"type": "Nope"}}'])
+def test_a_tokenizer_that_cannot_load_names_path_and_key(tmp_path, content):
+    path = tmp_path / "tok.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=r"output\.tokens\.tokenizer = .*tok\.json"):
+        TokensConfig(tokenizer=str(path))
+
+
+def test_missing_eos_token_is_a_config_error_naming_the_key(tmp_path):
+    gpt2_style_tokenizer(tmp_path / "tokenizer.json", ["some text here"])
+    with pytest.raises(ConfigError, match="eos_token"):
+        ShardTokenizer(str(tmp_path / "tokenizer.json"), eos_token="</s>")
+
+
+def test_job_file_output_tokens_table(tmp_path):
+    from pipelines.jobfile import job_from_dict
+
+    raw = {"job": {"name": "t", "output": str(tmp_path / "out")}, "inputs": [{"source": "a", "path": "x.jsonl"}],
+           "output": {"formats": ["parquet", "tokens"], "tokens": {"tokenizer": "byte"}}}
+    assert job_from_dict(raw).output.tokens.tokenizer == "byte"
+    raw["output"]["tokens"] = {"tokenizer": str(tmp_path / "missing.json")}
+    with pytest.raises(ConfigError, match=r"\[output\].*tokens.*missing\.json"):
+        job_from_dict(raw)
+    raw["output"]["tokens"] = {"tokeniser": "byte"}
+    with pytest.raises(ConfigError, match="did you mean 'tokenizer'"):
+        job_from_dict(raw)
+    assert json.dumps(job_from_dict({**raw, "output": {"formats": ["tokens"]}}).output.formats) == '["tokens"]'
