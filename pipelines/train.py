@@ -18,6 +18,7 @@ from train.config import TrainConfig
 from train.data import Loader
 from train.data.sets import HeldOut, ShardSetConfig, eval_sets, training_sets
 from train.data.shards import open_shards
+from train.data.tokenshards import shards_tokenizer
 from train.errors import CheckpointError, ShardError
 from train.init import load_init
 from train.model import ModelConfig, Transformer
@@ -93,7 +94,8 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = load_tokenizer(cfg.tokenizer)
+    # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any)
+    tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(folders[0], cfg.data.storage_options))
     if world.is_main:  # one writer per run folder
         tokenizer.save(run_dir)
     model_cfg = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)

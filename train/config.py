@@ -16,6 +16,7 @@ from train.model.config import ModelConfig
 from train.optim import OptimConfig
 from train.parallel.config import ParallelConfig
 from train.stopping import StopConfig
+from train.tokenizer import TokenizerConfig
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -49,7 +50,7 @@ class TrainConfig:
     eval: list[str] = field(default_factory=list)  # job folders whose val splits are held out; []: the training ones
     init_from: str | None = None  # start from this run folder or checkpoint (train/init.py); local or fsspec URL
     init_optimizer: bool = False  # with init_from: also keep the base run's optimizer state (moments, step counts)
-    tokenizer: str | None = None  # a saved tokenizer folder; None: byte-level
+    tokenizer: str | TokenizerConfig | None = None  # [train.tokenizer], or just its path; None: the token shards' own, else byte
     steps: int = 300
     grad_accum: int = 1  # micro-batches per optimizer step
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast with fp32 master weights

@@ -9,8 +9,11 @@ and ``load_tokenizer`` reloads it from there; nothing is ever downloaded.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
+from dataclasses import dataclass
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +29,9 @@ META_FILE = "tokenizer_meta.json"
 BPE_FILE = "tokenizer.json"
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
+# End-of-document tokens of common model families, looked up in this order (the same list as
+# curate.tokenize.EOS_CANDIDATES: both sides must pick the same id for the same tokenizer.json).
+EOS_CANDIDATES = (EOS_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
 
 
 def _as_large_strings(texts: pa.Array | pa.ChunkedArray | list[str]) -> pa.LargeStringArray:
@@ -63,6 +69,10 @@ class Tokenizer(ABC):
     def dtype(self) -> np.dtype:
         """Smallest unsigned dtype holding every id: halves what workers send for byte/BPE vocabularies."""
         return np.dtype(np.uint16) if self.vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+    def describe(self) -> dict:
+        """What the manifest of token shards records about the tokenizer they were written with."""
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
 
     @abstractmethod
     def encode_column(self, texts: pa.Array | pa.ChunkedArray | list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -117,32 +127,61 @@ class ByteTokenizer(Tokenizer):
         return ids[ids < 256].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
-class BPETokenizer(Tokenizer):
-    """A byte-level BPE from the ``tokenizers`` library, trained on the shards by ``train_bpe``."""
+class HFTokenizer(Tokenizer):
+    """Any Hugging Face ``tokenizer.json`` (GPT-2, Llama-3, Mistral, ...), through the ``tokenizers`` library.
 
-    kind = "bpe"
+    Documents are encoded with ``add_special_tokens=False`` (no BOS/EOS templates: packing puts one
+    end-of-document token between documents). ``eos_token`` defaults to the first of
+    ``EOS_CANDIDATES`` the vocabulary has; the padding id is ``pad_token``'s, or ``pad_id``, or
+    winnow's ``<|pad|>`` when present, else the EOS id: padding is never a target (its loss is
+    masked), so any id does as filler.
+    """
 
-    def __init__(self, tok) -> None:
-        self._tok = tok
+    kind = "hf"
+
+    def __init__(self, tok, *, eos_token: str | None = None, pad_token: str | None = None, pad_id: int | None = None,
+                 where: str = "train.tokenizer") -> None:
+        self._tok, self._spec = tok, {"eos_token": eos_token, "pad_token": pad_token, "pad_id": pad_id}
         self.vocab_size = tok.get_vocab_size()
-        eos, pad = tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)
-        if eos is None or pad is None:
-            raise ConfigError(f"BPE tokenizer lacks the special tokens {EOS_TOKEN!r} / {PAD_TOKEN!r}; train it with `winnow tokenizer train`")
-        self.eos_id, self.pad_id = eos, pad
+        names = [eos_token] if eos_token is not None else list(EOS_CANDIDATES)
+        found = [tok.token_to_id(n) for n in names if tok.token_to_id(n) is not None]
+        if not found:
+            what = f"has no token {eos_token!r}" if eos_token else f"has none of the usual end-of-document tokens {list(EOS_CANDIDATES)}"
+            raise ConfigError(f"{where}: the tokenizer {what}; set {where}.eos_token to its end-of-document token")
+        self.eos_id = found[0]
+        if pad_token is not None:
+            if tok.token_to_id(pad_token) is None:
+                raise ConfigError(f"{where}.pad_token = {pad_token!r}: no such token; give another, pad_id, or neither (pads with EOS)")
+            self.pad_id = tok.token_to_id(pad_token)
+        elif pad_id is not None:
+            if not 0 <= pad_id < self.vocab_size:
+                raise ConfigError(f"{where}.pad_id = {pad_id!r} is invalid; allowed: 0..{self.vocab_size - 1}")
+            self.pad_id = pad_id
+        else:
+            own = tok.token_to_id(PAD_TOKEN)
+            self.pad_id = self.eos_id if own is None else own
+        self.sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.vocab_size}-{self.sha256[:12]}"
+
+    def describe(self) -> dict:
+        return {"kind": "hf", "vocab_size": self.vocab_size, "eos_id": self.eos_id, "sha256": self.sha256}
 
     def __getstate__(self):
-        return {"json": self._tok.to_str()}
+        return {"json": self._tok.to_str(), "spec": self._spec}
 
     def __setstate__(self, state):
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as RustTokenizer
 
-        self.__init__(HFTokenizer.from_str(state["json"]))
+        self.__init__(RustTokenizer.from_str(state["json"]), **state["spec"])
 
     def encode_column(self, texts):
         arr = _as_large_strings(texts).fill_null("")
         encs = self._tok.encode_batch_fast(arr.to_pylist(), add_special_tokens=False)
         lens = np.fromiter((len(e.ids) for e in encs), np.int64, count=len(encs))
-        flat = np.fromiter((i for e in encs for i in e.ids), self.dtype, count=int(lens.sum()))
+        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), self.dtype, count=int(lens.sum()))
         return flat, lens
 
     def decode(self, ids) -> str:
@@ -150,8 +189,27 @@ class BPETokenizer(Tokenizer):
 
     def save(self, folder):
         folder = super().save(folder)
+        meta_file = Path(folder) / META_FILE
+        meta = json.loads(meta_file.read_text())
+        meta.update({k: v for k, v in self._spec.items() if v is not None})
+        meta_file.write_text(json.dumps(meta, indent=2) + "\n")
         self._tok.save(str(Path(folder) / BPE_FILE))
         return folder
+
+
+class BPETokenizer(HFTokenizer):
+    """A byte-level BPE trained on the shards by ``train_bpe`` (``<|endoftext|>`` and ``<|pad|>`` built in)."""
+
+    kind = "bpe"
+
+    def __init__(self, tok, **spec) -> None:
+        if tok.token_to_id(EOS_TOKEN) is None or tok.token_to_id(PAD_TOKEN) is None:
+            raise ConfigError(f"BPE tokenizer lacks the special tokens {EOS_TOKEN!r} / {PAD_TOKEN!r}; train it with `winnow tokenizer train`")
+        super().__init__(tok, **{"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN, **spec})
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.vocab_size}"
 
 
 def train_bpe(texts: Iterable[list[str]], *, vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
@@ -177,21 +235,44 @@ def train_bpe(texts: Iterable[list[str]], *, vocab_size: int, min_frequency: int
     return BPETokenizer(tok)
 
 
-def load_tokenizer(path: str | Path | None) -> Tokenizer:
-    """The tokenizer saved in ``path`` (a folder from ``save`` or a ``tokenizer.json``); ``None`` is byte-level."""
-    if path is None or str(path) == "byte":
-        return ByteTokenizer()
-    path = Path(path)
-    if path.is_file():
-        folder, bpe_file = path.parent, path
-    else:
-        folder, bpe_file = path, path / BPE_FILE
-    meta_file = folder / META_FILE
-    kind = json.loads(meta_file.read_text())["kind"] if meta_file.exists() else ("bpe" if bpe_file.exists() else None)
-    if kind == "byte":
-        return ByteTokenizer()
-    if kind == "bpe" and bpe_file.exists():
-        from tokenizers import Tokenizer as HFTokenizer
+@dataclass(kw_only=True, slots=True)
+class TokenizerConfig:
+    """``[train.tokenizer]``: which tokenizer, and its end-of-document and padding tokens."""
 
-        return BPETokenizer(HFTokenizer.from_file(str(bpe_file)))
-    raise ConfigError(f"tokenizer path {str(path)!r} holds no {META_FILE} or {BPE_FILE}; give a folder written by `winnow tokenizer train` or omit it for byte-level")
+    path: str = "byte"  # "byte", a Hugging Face tokenizer.json, or a folder holding one (a run folder, `winnow tokenizer train`)
+    eos_token: str | None = None  # None: the first of EOS_CANDIDATES in the vocabulary
+    pad_token: str | None = None  # None: pad_id, else winnow's <|pad|> if present, else the EOS id (padding is loss-masked)
+    pad_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pad_token is not None and self.pad_id is not None:
+            raise ConfigError("train.tokenizer: give pad_token or pad_id, not both")
+        if self.path == "byte" and (self.eos_token, self.pad_token, self.pad_id) != (None, None, None):
+            raise ConfigError("train.tokenizer.path = 'byte' has fixed ids (EOS 256, pad 257); drop eos_token/pad_token/pad_id")
+
+
+def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "train.tokenizer") -> Tokenizer:
+    """The tokenizer ``spec`` names: a ``TokenizerConfig``, a path (tokenizer.json or a folder from ``save``), or byte-level."""
+    cfg = spec if isinstance(spec, TokenizerConfig) else TokenizerConfig(path="byte" if spec is None else str(spec))
+    if cfg.path == "byte":
+        return ByteTokenizer()
+    path = Path(cfg.path)
+    file = path if path.is_file() else path / BPE_FILE
+    meta_file = file.parent / META_FILE
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    if meta.get("kind") == "byte":
+        return ByteTokenizer()
+    if not file.is_file():
+        raise ConfigError(f"{where}.path = {cfg.path!r}: no {BPE_FILE} there (nor {META_FILE}); give a Hugging Face "
+                          "tokenizer.json, a folder holding one (e.g. from `winnow tokenizer train`), or 'byte'")
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        tok = RustTokenizer.from_file(str(file))
+    except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
+        raise ConfigError(f"{where}.path = {cfg.path!r}: {file} is not a tokenizer.json the tokenizers library can load: {err}") from err
+    given = {k: getattr(cfg, k) for k in ("eos_token", "pad_token", "pad_id") if getattr(cfg, k) is not None}
+    if not given and (meta.get("kind") == "bpe" or (not meta and None not in (tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)))):
+        return BPETokenizer(tok)
+    saved = {k: meta[k] for k in ("eos_token", "pad_token", "pad_id") if k in meta}
+    return HFTokenizer(tok, **(given or saved), where=where)

@@ -29,7 +29,7 @@ class LoaderConfig:
     piece_rows: int = 512  # documents per piece a worker sends (latency vs overhead)
     start_method: Literal["fork", "spawn", "forkserver"] = "fork"
     seed: int = 0
-    format: Literal["parquet", "webdataset"] = "parquet"
+    format: Literal["auto", "tokens", "parquet", "webdataset"] = "auto"  # auto: token shards when the job has them
     verify_checksums: bool = True
     skip_bad_shards: bool = False  # True: warn, count and go on instead of raising ShardError
     boundary_mask: bool = True  # doc_ids mark documents so attention can stay within them
@@ -50,7 +50,8 @@ class LoaderConfig:
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 0, key, value, "an integer >= 0")
         _check(self.start_method in ("fork", "spawn", "forkserver"), "start_method", self.start_method, '"fork", "spawn" or "forkserver"')
-        _check(self.format in ("parquet", "webdataset"), "format", self.format, '"parquet" or "webdataset"')
+        _check(self.format in ("auto", "tokens", "parquet", "webdataset"), "format", self.format,
+               '"auto", "tokens", "parquet" or "webdataset"')
         _check(self.epoch_end in ("pad", "carry"), "epoch_end", self.epoch_end, '"pad" or "carry"')
         _check(all(isinstance(w, (int, float)) and w > 0 for w in self.mix_weights), "mix_weights", self.mix_weights,
                "positive numbers, one per data set")

@@ -12,6 +12,8 @@ number of ranks or workers continues the same global order.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from pathlib import Path
 
@@ -24,9 +26,12 @@ from train.data.mixing import MixSchedule
 from train.data.packing import SourceIds
 from train.data.shards import open_shards
 from train.data.stream import SetStream
-from train.errors import CheckpointError, ConfigError
+from train.data.tokenshards import open_token_shards
+from train.data.tokenstream import TokenStream
+from train.errors import CheckpointError, ConfigError, ShardError
 from train.tokenizer import ByteTokenizer, Tokenizer
 
+log = logging.getLogger(__name__)
 STATE_VERSION = 1
 _KEYS = ("tokens", "targets", "source_ids", "loss_mask", "doc_ids", "origin_shard", "origin_row")
 
@@ -51,16 +56,34 @@ class Loader:
         self.config, self.split, self.rank, self.world_size = config, split, rank, world_size
         self.tokenizer = tokenizer or ByteTokenizer()
         self._ids = SourceIds(sources)
-        self._sets: list[SetStream] = []
-        for folder in folders:
-            shards = open_shards(str(folder), split=split, fmt=config.format, storage_options=config.storage_options)
-            self._ids.extend(shards.sources)
-            self._sets.append(SetStream(shards, config=config, tokenizer=self.tokenizer, ids=self._ids, finite=split != "train"))
+        self._sets: list[SetStream | TokenStream] = [self._open_set(str(folder), split) for folder in folders]
         self._mix = MixSchedule(weights)
         self._pin = torch.cuda.is_available() if config.pin_memory is None else config.pin_memory
         self._step = 0
         self.wait_seconds = 0.0
         self._counters = {"batches": 0, "tokens": 0, "wait_seconds": 0.0}
+
+    def _open_set(self, folder: str, split: str) -> SetStream | TokenStream:
+        """Token shards when the folder has them (``format`` "auto" or "tokens"), else text shards tokenized on the fly."""
+        cfg, finite = self.config, split != "train"
+        if cfg.format in ("auto", "tokens"):
+            try:
+                tokens = open_token_shards(folder, split=split, tokenizer=self.tokenizer.describe(), storage_options=cfg.storage_options)
+            except ConfigError as err:
+                if cfg.format == "tokens":
+                    raise
+                log.warning("%s; reading the Parquet shards and tokenizing on the fly instead", err)
+                tokens = None
+            if tokens is not None:
+                self._ids.extend(tokens.sources)
+                return TokenStream(tokens, config=cfg, tokenizer=self.tokenizer, ids=self._ids, finite=finite)
+            if cfg.format == "tokens":
+                raise ShardError(f"{folder}/manifest.json lists no 'tokens' shards for split {split!r}; curate with "
+                                 '[output] formats = [..., "tokens"] or set train.data.format = "parquet"')
+        text_cfg = cfg if cfg.format in ("parquet", "webdataset") else dataclasses.replace(cfg, format="parquet")
+        shards = open_shards(folder, split=split, fmt=text_cfg.format, storage_options=cfg.storage_options)
+        self._ids.extend(shards.sources)
+        return SetStream(shards, config=text_cfg, tokenizer=self.tokenizer, ids=self._ids, finite=finite)
 
     @property
     def sources(self) -> list[str]:
@@ -149,8 +172,14 @@ class Loader:
         self._counters.update({k: saved[k] for k in self._counters if k in saved})
 
     def stats(self) -> dict:
-        """Counters for the metrics: batches, loss tokens, bad shards skipped, total wait seconds, epoch, step."""
-        return {**self._counters, "bad_shards": sum(s.bad_shards for s in self._sets), "epoch": self.epoch, "step": self._step}
+        """Counters for the metrics: batches, loss tokens, bad shards skipped, total wait seconds, epoch, step.
+
+        Plus this process's data-path work since it started: ``tokens_read`` and ``bytes_read`` (ids read
+        from token shards, or every shard's bytes for text shards), ``bytes_hashed`` (checksums) and
+        ``tokens_tokenized`` (text tokenized on the fly, in this rank's workers).
+        """
+        io = {k: sum(s.counters[k] for s in self._sets) for k in ("tokens_read", "bytes_read", "bytes_hashed", "tokens_tokenized")}
+        return {**self._counters, "bad_shards": sum(s.bad_shards for s in self._sets), "epoch": self.epoch, "step": self._step, **io}
 
     def close(self) -> None:
         """Stop the worker processes (iteration restarts them from the current position)."""

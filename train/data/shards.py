@@ -39,6 +39,7 @@ class ShardInfo:
     rows: int | None = None
     sha256: str | None = None
     source: str | None = None  # a viewed file without a ``source`` column: every row's source
+    bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -77,7 +78,8 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     if not isinstance(entries, list):
         raise ShardError(f"{where}: manifest has no 'shards' list")
     shards = [
-        ShardInfo(path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"), source=e.get("source"))
+        ShardInfo(path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"), source=e.get("source"),
+                  bytes=e.get("bytes"))
         for e in entries
         if e.get("split", "train") == split and e.get("format") == _FORMATS[fmt]
     ]

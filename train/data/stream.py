@@ -30,6 +30,8 @@ class SetStream:
         self.shards, self.config, self.tokenizer, self.ids, self.finite = shards, config, tokenizer, ids, finite
         self.position: tuple[int, int, int] = (0, 0, 0)
         self.bad_shards = 0
+        # every rank reads and tokenizes every shard of the global stream (token shards avoid that)
+        self.counters = {"tokens_read": 0, "bytes_read": 0, "bytes_hashed": 0, "tokens_tokenized": 0}
         self._bad_seen: set[str] = set()
         self._pieces: PieceStream | None = None
         self._packer: Packer | None = None
@@ -52,10 +54,15 @@ class SetStream:
         packer = self._packer
         if isinstance(msg, Piece):
             packer.push(msg)
+            self.counters["tokens_tokenized"] += len(msg.tokens)
+            self.counters["tokens_read"] += len(msg.tokens)
             self._epoch_docs += len(msg.doc_lens)
         elif isinstance(msg, ShardDone):
             packer.skip_done()  # the resume offset is within the first shard only, even if it turned bad
             if not msg.error:
+                size = self.shards.shards[msg.shard].bytes or 0
+                self.counters["bytes_read"] += size
+                self.counters["bytes_hashed"] += size if self.config.verify_checksums else 0
                 return
             self.bad_shards += 1
             if msg.error not in self._bad_seen:

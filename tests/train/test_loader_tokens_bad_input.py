@@ -1,0 +1,132 @@
+"""Bad token shards and tokenizers: a clear error naming the file (or skipped and counted)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.train.shards_util import make_docs, write_token_job
+from train.data import Loader, LoaderConfig
+from train.errors import ConfigError, ShardError
+from train.tokenizer import TokenizerConfig, load_tokenizer
+
+
+@pytest.fixture
+def job(tmp_path):
+    docs = make_docs(30)
+    return write_token_job(tmp_path / "job", [docs[:10], docs[10:20], docs[20:]])
+
+
+def cfg(**kw) -> LoaderConfig:
+    return LoaderConfig(**{"batch_size": 2, "seq_len": 16, "num_workers": 0, "format": "tokens", **kw})
+
+
+def shard_file(job: Path, index: int, suffix: str) -> Path:
+    entries = [e for e in json.loads((job / "manifest.json").read_text())["shards"] if e["format"] == "tokens"]
+    return job / entries[index]["path"].replace(".bin", suffix)
+
+
+def truncate(path: Path, n: int = 6) -> None:
+    path.write_bytes(path.read_bytes()[:-n])
+
+
+def drain(loader, n=200):
+    return [next(loader) for _ in range(n)]
+
+
+def test_a_truncated_bin_names_the_file_and_the_sizes(job):
+    path = shard_file(job, 1, ".bin")
+    truncate(path)
+    with pytest.raises(ShardError, match=rf"{path.name}: \d+ bytes, its index says \d+ tokens of uint16"):
+        drain(Loader(cfg(), job))
+
+
+def test_a_skipped_bad_shard_is_counted_and_the_rest_is_read(job):
+    path = shard_file(job, 1, ".bin")
+    truncate(path)
+    loader = Loader(cfg(skip_bad_shards=True), job)
+    drain(loader, 100)
+    assert loader.stats()["bad_shards"] >= 1
+
+
+def test_a_changed_byte_is_a_checksum_mismatch_when_verifying(job):
+    path = shard_file(job, 0, ".bin")
+    data = bytearray(path.read_bytes())
+    data[3] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=rf"{path.name}: checksum mismatch"):
+        drain(Loader(cfg(), job))
+    drain(Loader(cfg(verify_checksums=False), job), 20)  # same size: only the checksum can tell
+
+
+def test_an_index_that_disagrees_with_the_manifest(job):
+    path = shard_file(job, 2, ".idx")
+    truncate(path, 8)
+    with pytest.raises(ShardError, match=rf"{path.name}"):
+        drain(Loader(cfg(), job))
+
+
+def test_a_missing_index_names_it(job):
+    path = shard_file(job, 0, ".idx")
+    path.unlink()
+    with pytest.raises(ShardError, match=rf"{path.name}: missing"):
+        drain(Loader(cfg(), job))
+
+
+def test_a_dtype_too_small_for_the_vocabulary(job):
+    # rewrite shard 0 consistently as uint8: every file and the manifest agree, but 258 ids do not fit
+    manifest_path = job / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    entry = [e for e in manifest["shards"] if e["format"] == "tokens"][0]
+    bin_path, idx_path = job / entry["path"], shard_file(job, 0, ".idx")
+    ids = np.fromfile(bin_path, np.uint16).astype(np.uint8)
+    ids.tofile(bin_path)
+    idx = bytearray(idx_path.read_bytes())
+    idx[17] = 1  # the dtype code: uint8
+    n = int.from_bytes(idx[18:26], "little")
+    sizes = np.frombuffer(bytes(idx), np.int32, n, 34)
+    idx[34 + 4 * n : 34 + 12 * n] = (np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)).tobytes()
+    idx_path.write_bytes(bytes(idx))
+    entry.update(dtype="uint8", sha256=hashlib.sha256(bin_path.read_bytes()).hexdigest(),
+                 index_sha256=hashlib.sha256(bytes(idx)).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=rf"{bin_path.stem}\.idx: dtype uint8 cannot hold the tokenizer's 258 ids"):
+        drain(Loader(cfg(), job))
+
+
+def test_shards_from_another_tokenizer_are_refused_or_read_as_text(job, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([["abc abd " * 20]], trainers.BpeTrainer(vocab_size=280, special_tokens=["</s>"], show_progress=False,
+                                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    other = load_tokenizer(TokenizerConfig(path=str(tmp_path / "tokenizer.json")))
+    with pytest.raises(ConfigError, match="written with tokenizer .*'kind': 'byte'"):
+        Loader(cfg(), job, tokenizer=other)
+    auto = Loader(cfg(format="auto"), job, tokenizer=other)  # falls back to tokenizing the Parquet shards
+    assert type(auto._sets[0]).__name__ == "SetStream" and next(auto).tokens.max() < other.vocab_size
+
+
+def test_no_token_shards_with_format_tokens(tmp_path):
+    from tests.train.shards_util import write_job
+
+    folder = write_job(tmp_path, [make_docs(5)])
+    with pytest.raises(ShardError, match="lists no 'tokens' shards"):
+        Loader(cfg(), folder)
+    assert type(Loader(cfg(format="auto"), folder)._sets[0]).__name__ == "SetStream"
+
+
+@pytest.mark.parametrize("content", [None, "{broken", '{"model": {"type": "Nope"}}'])
+def test_a_tokenizer_file_that_cannot_load_names_path_and_key(tmp_path, content):
+    path = tmp_path / "sub" / "tokenizer.json"
+    if content is not None:
+        path.parent.mkdir()
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=r"train\.tokenizer\.path = .*sub"):
+        load_tokenizer(TokenizerConfig(path=str(path.parent if content is None else path)))

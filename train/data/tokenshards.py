@@ -1,0 +1,227 @@
+"""Token shards as the loader sees them: the manifest's ``tokens`` entries, each memory-mapped on demand.
+
+A token shard is Megatron-Core's indexed dataset (``part-X.bin`` + ``part-X.idx``) plus winnow's
+``part-X.doc.npy`` (per document: source code, row in the Parquet shard); the layout is written
+by ``curate.writers.tokens`` and described in docs/design.md. This module reads it from that
+description alone (``train`` never imports ``curate``): the ``.idx`` header and arrays, checked
+against the manifest (sha256, documents, tokens, dtype) and against the ``.bin``'s size, before a
+single token is used. The ``.bin`` is memory-mapped (local files) or read by byte range (any
+other fsspec file system), so a rank touches only the token ranges it asks for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import struct
+from dataclasses import dataclass, field
+
+import fsspec
+import numpy as np
+import orjson
+
+from train.data.shards import MANIFEST
+from train.errors import ConfigError, ShardError
+
+log = logging.getLogger(__name__)
+
+INDEX_MAGIC = b"MMIDIDX\x00\x00"
+# megatron.core.datasets.indexed_dataset.DType
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+_HEADER = len(INDEX_MAGIC) + 8 + 1 + 8 + 8
+
+
+@dataclass(frozen=True, slots=True)
+class TokenShardInfo:
+    """One manifest ``tokens`` entry; ``path`` is the Parquet shard of the same rows (for tracing)."""
+
+    bin_path: str
+    path: str
+    rows: int
+    tokens: int
+    dtype: str
+    sha256: str | None
+    index_sha256: str | None
+    docs_sha256: str | None
+    source_names: tuple[str, ...]
+
+    def sidecar(self, suffix: str) -> str:
+        return self.bin_path[: -len(".bin")] + suffix
+
+
+@dataclass(slots=True)
+class TokenShardSet:
+    """The token shards of one split of a job folder, in manifest (curriculum) order."""
+
+    root: str
+    fs: fsspec.AbstractFileSystem
+    shards: list[TokenShardInfo]
+    tokenizer: dict
+    sources: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+    local: bool = True
+
+
+def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str, dict]:
+    """The job folder's manifest; ``{}`` when there is none (a folder of text shards has no token shards)."""
+    fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
+    root = root.rstrip("/")
+    try:
+        manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+    except FileNotFoundError:
+        return fs, root, {}
+    except orjson.JSONDecodeError as err:
+        raise ShardError(f"{data}/{MANIFEST}: manifest is not valid JSON: {err}") from err
+    return fs, root, manifest
+
+
+def token_entries(manifest: dict, split: str) -> list[dict]:
+    return [e for e in manifest.get("shards") or [] if e.get("format") == "tokens" and e.get("split", "train") == split]
+
+
+def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options: dict | None = None) -> TokenShardSet | None:
+    """The ``split``'s token shards of job folder ``data``; None when it has none.
+
+    ``tokenizer`` is the loader's tokenizer description (``Tokenizer.describe()``); shards written
+    with another tokenizer are a ``ConfigError`` (their ids would mean other tokens).
+    """
+    fs, root, manifest = read_manifest(data, storage_options)
+    entries = token_entries(manifest, split)
+    if not entries:
+        return None
+    written = entries[0].get("tokenizer") or {}
+    if {k: written.get(k) for k in tokenizer} != tokenizer:
+        raise ConfigError(f"{data}: its token shards were written with tokenizer {written}, this run's tokenizer is "
+                          f"{tokenizer}; set [train.tokenizer] to the one the shards were made with "
+                          "(the job folder keeps it as shards/tokens/tokenizer.json), or train.data.format = \"parquet\"")
+    parquet = {_stem(e["path"]): e["path"] for e in manifest["shards"] if e.get("format") == "parquet" and e.get("split", "train") == split}
+    shards = [TokenShardInfo(bin_path=e["path"], path=parquet.get(_stem(e["path"]), e["path"]), rows=int(e["rows"]),
+                             tokens=int(e["tokens"]), dtype=e["dtype"], sha256=e.get("sha256"),
+                             index_sha256=e.get("index_sha256"), docs_sha256=e.get("docs_sha256"),
+                             source_names=tuple(e.get("source_names") or ())) for e in entries]
+    digest = hashlib.sha256(orjson.dumps([[s.bin_path, s.tokens, s.sha256] for s in shards])).hexdigest()[:16]
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+    local = protocol in ("file", "local")
+    return TokenShardSet(root=("" if local else f"{protocol}://") + root, fs=fs, shards=shards, tokenizer=written,
+                         sources=list(manifest.get("sources") or []), fingerprint=digest, local=local)
+
+
+def shards_tokenizer(data: str, storage_options: dict | None = None) -> str | None:
+    """The tokenizer a job folder's token shards were written with: "byte", its tokenizer.json, or None.
+
+    None when the folder has no token shards (or is not a local job folder): the caller's default applies.
+    """
+    fs, root, manifest = read_manifest(data, storage_options)
+    entries = token_entries(manifest, "train")
+    if not entries:
+        return None
+    if (entries[0].get("tokenizer") or {}).get("kind") == "byte":
+        return "byte"
+    # shards/tokens/<split>/part-X.bin -> shards/tokens/tokenizer.json, copied there by the curation
+    path = f"{root}/{entries[0]['path'].rsplit('/', 2)[0]}/tokenizer.json"
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+    if protocol not in ("file", "local") or not fs.exists(path):
+        log.warning("%s: its token shards' tokenizer.json is not a local file; set [train.tokenizer] path", data)
+        return None
+    return path
+
+
+def _stem(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    return name.split(".", 1)[0]
+
+
+def _check_sha(where: str, data: bytes, expected: str | None) -> None:
+    if expected:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != expected:
+            raise ShardError(f"{where}: checksum mismatch: sha256 is {digest}, the manifest says {expected}")
+
+
+class TokenShard:
+    """One opened, checked token shard: document sizes, file-order token offsets, sources, rows; ids by range."""
+
+    def __init__(self, shard_set: TokenShardSet, index: int, *, vocab_size: int, verify: bool) -> None:
+        info = self.info = shard_set.shards[index]
+        self._fs, self.bytes_read, self.bytes_hashed = shard_set.fs, 0, 0
+        self.url = f"{shard_set.root}/{info.bin_path}"
+        idx_url, doc_url = f"{shard_set.root}/{info.sidecar('.idx')}", f"{shard_set.root}/{info.sidecar('.doc.npy')}"
+        idx, docs = self._cat(idx_url), self._cat(doc_url)
+        _check_sha(f"token shard {idx_url}", idx, info.index_sha256)
+        _check_sha(f"token shard {doc_url}", docs, info.docs_sha256)
+        self.dtype, self.sizes = self._parse_index(idx_url, idx)
+        if self.dtype.name != info.dtype:
+            raise ShardError(f"token shard {idx_url}: dtype {self.dtype.name}, the manifest says {info.dtype}")
+        if vocab_size > np.iinfo(self.dtype).max + 1:
+            raise ShardError(f"token shard {idx_url}: dtype {self.dtype.name} cannot hold the tokenizer's {vocab_size} ids")
+        n_tok = int(self.sizes.sum())
+        if len(self.sizes) != info.rows or n_tok != info.tokens:
+            raise ShardError(f"token shard {idx_url}: {len(self.sizes)} documents / {n_tok} tokens, the manifest says "
+                             f"{info.rows} / {info.tokens} (truncated or replaced?)")
+        try:
+            size = self._fs.size(self.url)
+        except FileNotFoundError as err:
+            raise ShardError(f"token shard {self.url}: missing (listed in the manifest but not found)") from err
+        if size != n_tok * self.dtype.itemsize:
+            raise ShardError(f"token shard {self.url}: {size} bytes, its index says {n_tok} tokens of {self.dtype.name} "
+                             f"= {n_tok * self.dtype.itemsize} bytes (truncated or replaced?)")
+        try:
+            table = np.load(io.BytesIO(docs), allow_pickle=False)
+        except ValueError as err:
+            raise ShardError(f"token shard {doc_url}: not a readable .npy file: {err}") from err
+        if table.dtype.names != ("source", "row") or len(table) != len(self.sizes):
+            raise ShardError(f"token shard {doc_url}: {len(table)} documents with fields {table.dtype.names}, "
+                             f"expected {len(self.sizes)} with ('source', 'row')")
+        self.source_codes, self.rows = table["source"].astype(np.int64), table["row"].astype(np.int64)
+        if len(self.source_codes) and self.source_codes.max() >= len(info.source_names):
+            raise ShardError(f"token shard {doc_url}: source code {self.source_codes.max()} but the manifest names "
+                             f"{len(info.source_names)} sources")
+        self.starts = np.zeros(len(self.sizes), np.int64)  # file-order token offset of each document
+        np.cumsum(self.sizes[:-1], out=self.starts[1:])
+        if verify and info.sha256:
+            self._hash_bin()
+        self._map = np.memmap(self.url, self.dtype, mode="r") if shard_set.local and n_tok else None
+
+    def _cat(self, url: str) -> bytes:
+        try:
+            data = self._fs.cat_file(url)
+        except FileNotFoundError as err:
+            raise ShardError(f"token shard {url}: missing (listed in the manifest but not found)") from err
+        except OSError as err:
+            raise ShardError(f"token shard {url}: cannot be read: {err}") from err
+        self.bytes_read += len(data)
+        return data
+
+    def _parse_index(self, url: str, idx: bytes) -> tuple[np.dtype, np.ndarray]:
+        if len(idx) < _HEADER or idx[: len(INDEX_MAGIC)] != INDEX_MAGIC:
+            raise ShardError(f"token shard {url}: not a Megatron indexed-dataset index (no MMIDIDX header)")
+        version, code, n_seq, n_doc = struct.unpack_from("<QBQQ", idx, len(INDEX_MAGIC))
+        if version != 1 or code not in DTYPES:
+            raise ShardError(f"token shard {url}: index version {version}, dtype code {code}; expected version 1 and a known code")
+        if len(idx) != _HEADER + n_seq * 12 + n_doc * 8:
+            raise ShardError(f"token shard {url}: {len(idx)} bytes, its header promises {_HEADER + n_seq * 12 + n_doc * 8} (truncated?)")
+        dtype = np.dtype(DTYPES[code])
+        sizes = np.frombuffer(idx, np.int32, n_seq, _HEADER).astype(np.int64)
+        pointers = np.frombuffer(idx, np.int64, n_seq, _HEADER + 4 * n_seq)
+        docs = np.frombuffer(idx, np.int64, n_doc, _HEADER + 12 * n_seq)
+        expected = np.concatenate([[0], np.cumsum(sizes[:-1])]) * dtype.itemsize if n_seq else pointers
+        if not np.array_equal(pointers, expected) or not np.array_equal(docs, np.arange(n_seq + 1)) or (sizes < 1).any():
+            raise ShardError(f"token shard {url}: index pointers or document indices are not one contiguous sequence "
+                             "per document (not written by winnow's tokens format?)")
+        return dtype, sizes
+
+    def _hash_bin(self) -> None:
+        with self._fs.open(self.url, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        self.bytes_hashed += int(self.sizes.sum()) * self.dtype.itemsize
+        if digest != self.info.sha256:
+            raise ShardError(f"token shard {self.url}: checksum mismatch: sha256 is {digest}, the manifest says {self.info.sha256}")
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """File-order tokens ``[lo, hi)``."""
+        self.bytes_read += (hi - lo) * self.dtype.itemsize
+        if self._map is not None:
+            return self._map[lo:hi]
+        size = self.dtype.itemsize
+        return np.frombuffer(self._fs.cat_file(self.url, start=lo * size, end=hi * size), self.dtype)
