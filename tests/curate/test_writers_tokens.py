@@ -27,7 +27,7 @@ def rows(n: int) -> pl.DataFrame:
 
 
 def write(folder, df: pl.DataFrame, **tokens) -> list[dict]:
-    writer = ShardWriter(folder / "shards" / "train", "part-00000", OutputConfig(
+    writer = ShardWriter(folder, "part-00000", OutputConfig(
         formats=["parquet", "tokens"], shard_rows=8, tokens=TokensConfig(**tokens)), split="train")
     for chunk in df.iter_slices(5):
         writer.write(chunk)
