@@ -17,8 +17,7 @@ from train.checkpoint import CheckpointManager
 from train.config import TrainConfig
 from train.data import Loader
 from train.data.sets import HeldOut, ShardSetConfig, eval_sets, training_sets
-from train.data.shards import open_shards
-from train.data.tokenshards import shards_tokenizer
+from train.data.tokenshards import shards_tokenizer, split_sources
 from train.errors import CheckpointError, ShardError
 from train.init import load_init
 from train.model import ModelConfig, Transformer
@@ -155,11 +154,11 @@ def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str],
     names = list(sources or [])
     opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
     for folder in train:
-        names += open_shards(str(folder), split="train", **opts).sources
+        names += split_sources(str(folder), split="train", **opts)
     kept = []
     for folder in held_out:
         try:
-            names += open_shards(str(folder), split="val", **opts).sources
+            names += split_sources(str(folder), split="val", **opts)
             kept.append(folder)
         except ShardError as err:
             log.warning("no held-out evaluation on %s: %s", folder, err)

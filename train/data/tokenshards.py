@@ -21,7 +21,7 @@ import fsspec
 import numpy as np
 import orjson
 
-from train.data.shards import MANIFEST
+from train.data.shards import MANIFEST, open_shards
 from train.errors import ConfigError, ShardError
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class TokenShardSet:
     sources: list[str] = field(default_factory=list)
     fingerprint: str = ""
     local: bool = True
+    view: None = None  # token shards always come with a manifest (ShardSet.view is for folders without one)
 
 
 def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str, dict]:
@@ -105,6 +106,18 @@ def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options
     local = protocol in ("file", "local")
     return TokenShardSet(root=("" if local else f"{protocol}://") + root, fs=fs, shards=shards, tokenizer=written,
                          sources=list(manifest.get("sources") or []), fingerprint=digest, local=local)
+
+
+def split_sources(data: str, *, split: str, fmt: str, storage_options: dict | None = None) -> list[str]:
+    """Source names of a folder's ``split`` in the shards ``fmt`` reads (as the loader picks them); ShardError if none."""
+    if fmt in ("auto", "tokens"):
+        _, _, manifest = read_manifest(data, storage_options)
+        if token_entries(manifest, split):
+            return list(manifest.get("sources") or [])
+        if fmt == "tokens":
+            raise ShardError(f"{data}/{MANIFEST} lists no 'tokens' shards for split {split!r}")
+        fmt = "parquet"
+    return open_shards(data, split=split, fmt=fmt, storage_options=storage_options).sources
 
 
 def shards_tokenizer(data: str, storage_options: dict | None = None) -> str | None:
