@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import struct
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from curate.atomic import rename_into_place, write_text_atomic
 from curate.tokenize import ShardTokenizer
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -76,10 +76,7 @@ class TokenShardWriter:
         self.seconds = 0.0
         copy = self.folder.parent / TOKENIZER_FILE
         if tokenizer.json is not None and not copy.exists():
-            # the job folder carries the tokenizer its token shards were written with
-            tmp = copy.with_name(f".{TOKENIZER_FILE}.{os.getpid()}.tmp")
-            tmp.write_text(tokenizer.json)
-            os.replace(tmp, copy)
+            write_text_atomic(copy, tokenizer.json)  # the job folder carries the tokenizer its shards were written with
 
     def _tmp(self, suffix: str) -> Path:
         return self.folder / f".{self.name}{suffix}.tmp"
@@ -118,7 +115,7 @@ class TokenShardWriter:
         finals = {}
         for suffix in SUFFIXES:
             final = self.folder / f"{self.name}{suffix}"
-            os.replace(self._tmp(suffix), final)
+            rename_into_place(self._tmp(suffix), final)
             finals[suffix] = final
         names = list(self._names)
         by_source = np.bincount(codes, weights=sizes, minlength=len(names)).astype(np.int64) if len(sizes) else np.zeros(len(names), np.int64)
