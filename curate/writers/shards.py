@@ -2,7 +2,9 @@
 
 Each format goes to its own folder (``curate.writers.layout``). Parquet files get row groups
 of about ``row_group_bytes`` and page statistics (a column index) on every column but the
-text and ``meta``, so readers can prune by ``source``, ``quality`` or ``order``. Every file is written under a temporary name and renamed once complete, so a crash never
+text and ``meta``, so readers can prune by ``source``, ``quality`` or ``order``.
+
+Every file is written under a temporary name and renamed once complete, so a crash never
 leaves a half-written shard under its final name. Both formats are byte-for-byte
 deterministic for the same rows (fixed tar metadata, no timestamps), which is what lets a
 re-run after a crash reproduce identical shards.

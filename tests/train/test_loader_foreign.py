@@ -74,7 +74,7 @@ def test_split_folders_and_winnow_layout_are_found(tmp_path):
 
 
 def test_bad_folders_say_what_to_do(tmp_path):
-    with pytest.raises(ShardError, match=r"no such folder.*--shards"):
+    with pytest.raises(ShardError, match=r"no manifest.json, and no such folder.*--shards"):
         Loader(CFG, tmp_path / "missing")
     write(tmp_path / "notext" / "a.parquet", ["t"], content=["c"])
     pq.write_table(pa.table({"content": ["c"]}), tmp_path / "notext" / "a.parquet")

@@ -43,3 +43,17 @@ def test_s3_with_worker_processes(s3_job):
 def test_s3_missing_job_folder_is_a_shard_error(s3_job):
     with pytest.raises(ShardError, match="no manifest"):
         Loader(LoaderConfig(num_workers=0), "s3://winnow-test/out/absent")
+
+
+def test_s3_parquet_folder_without_manifest(s3_server, tmp_path):
+    """A folder of Parquet files on S3 that no winnow wrote trains through the loader's own view."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import s3fs
+
+    pq.write_table(pa.table({"text": [f"doc {i}" for i in range(8)], "source": ["a", "b"] * 4}), tmp_path / "train-0.parquet")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir("winnow-foreign")
+    fs.put(str(tmp_path / "train-0.parquet"), "winnow-foreign/corpus/train-0.parquet")
+    got, expected = batches("s3://winnow-foreign/corpus", 2), batches(tmp_path, 2)
+    assert all((a.tokens == b.tokens).all() and (a.source_ids == b.source_ids).all() for a, b in zip(got, expected))

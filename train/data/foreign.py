@@ -62,9 +62,9 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
         raise ShardError(f"{data}: no manifest.json; a folder without one is read as Parquet files, so set "
                          "train.data.format = \"parquet\" (tar shards need the manifest `winnow curate` writes)")
     if not fs.isdir(root):
-        raise ShardError(f"{data}: no such folder; train.shards (or --shards DIR) must be a job folder written by "
-                         "`winnow curate` or any folder of Parquet files with a 'text' column (curated with "
-                         "`--output X`? then train with `--shards X`)")
+        raise ShardError(f"{data}: no manifest.json, and no such folder; train.shards (or --shards DIR) must be a "
+                         "job folder written by `winnow curate` or any folder of Parquet files with a 'text' column "
+                         "(curated with `--output X`? then train with `--shards X`)")
     if fs.exists(f"{root}/_work"):
         raise ShardError(f"{data}: a `winnow curate` job that has not finished (_work/ but no manifest.json); "
                          "re-run the same curate command to finish it")
