@@ -64,14 +64,17 @@ def shard_texts(manifest: dict, out: Path) -> list[str]:
     return sorted(pl.read_parquet(files)["text"].to_list())
 
 
-def test_edited_input_is_reread_on_resume_and_only_its_task_is_redone(tmp_path, write_job, monkeypatch):
+def test_edited_input_is_reread_on_resume_and_only_its_task_is_redone(tmp_path, write_job, monkeypatch, caplog):
     job, data = crashed_after_phase_0(tmp_path, write_job, monkeypatch, "edit")
     phase0 = job.output_dir / "_work" / "phase-0"
     before = {p.name: (p / "stats.json").stat().st_mtime_ns for p in phase0.glob("task-*")}
     assert sorted(before) == ["task-00000", "task-00001", "task-00002"]
 
     write_inputs(data, edited=True)
-    resumed = run_job(job, progress=False)
+    with caplog.at_level("WARNING", logger="curate.pipeline"):
+        resumed = run_job(job, progress=False)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"input {data / 'p0.jsonl'} changed (head_tail_sha256" in said and "redoing 1 read task(s)" in said
     assert any("WORDS" in t for t in shard_texts(resumed, job.output_dir))  # the edit is in the output
     after = {p.name: (p / "stats.json").stat().st_mtime_ns for p in phase0.glob("task-*")}
     assert after["task-00001"] == before["task-00001"] and after["task-00002"] == before["task-00002"]
