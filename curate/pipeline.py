@@ -39,7 +39,7 @@ from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
 from curate.outdir import claim, clear_own_entries, restrict_mode
 from curate.readers import plan_read_tasks, read_task
-from curate.stages import Barrier, stage_class
+from curate.stages import Barrier, Plan, stage_class
 from curate.stages.ids import job_stages
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
 from curate.workdir import WorkDir
@@ -196,9 +196,12 @@ class Runner:
         shutil.rmtree(plan_dir, ignore_errors=True)
         plan_dir.mkdir(parents=True)
         key_files = self.work.task_files(phase.index, "keys.parquet")
-        keys = pl.scan_parquet(key_files) if key_files else pl.LazyFrame(schema={"id": pl.String, "_task": pl.Int32})
-        log.info("planning %s over %d key file(s)", sid, len(key_files))
-        plan = stage.plan(keys)  # type: ignore[attr-defined]
+        if key_files:
+            log.info("planning %s over %d key file(s)", sid, len(key_files))
+            plan = stage.plan(pl.scan_parquet(key_files))  # type: ignore[attr-defined]
+        else:  # no row reached the stage, so no task will apply it to one: there is nothing to plan
+            log.info("planning %s: no rows reached it", sid)
+            plan = Plan(None, {})
         if plan.decision is not None:
             if "_task" not in plan.decision.columns:
                 raise StageError(f"stage {sid}: the plan's decision must keep the _task column")

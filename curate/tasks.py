@@ -225,6 +225,9 @@ def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, pla
     sid = stage.ctx.stage_id
     t0 = time.perf_counter()
     in_scope, passed = _scope(stage, batch)
+    if not in_scope.height and passed is not None:  # every row is out of the stage's scope: it sees none
+        stats.setdefault(sid, StageStats()).add_batch(passed, passed, passed.head(0), 0)
+        return passed
     result = stage.apply(in_scope, decision) if planned else stage.apply(in_scope)
     elapsed = time.perf_counter() - t0
     kept, rejected = validate_rows(result.kept, where=sid), result.rejected

@@ -229,3 +229,20 @@ def test_ray_executor_writes_the_same_shards_as_local_processes(tmp_path, write_
     finally:
         ray.shutdown()
     assert [s["sha256"] for s in on_ray["shards"]] == [s["sha256"] for s in local["shards"]]
+
+
+def test_barriers_no_row_reaches_are_not_planned_and_nothing_is_lost(tmp_path, write_job, nothing_lost):
+    """All rows filtered before the score barriers, and a scope with no rows: the job still runs."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"id": f"a{i}", "text": "short"}) + "\n" for i in range(5)))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"id": f"b{i}", "text": f"word {i} " * 30}) + "\n"
+                                              for i in range(5)))
+    body = (f'[[inputs]]\nsource = "a"\npath = "{tmp_path / "a.jsonl"}"\n'
+            f'[[inputs]]\nsource = "b"\npath = "{tmp_path / "b.jsonl"}"\n'
+            '[[stages]]\nkind = "filter.length"\nmin_words = 5\nsources = ["a"]\n'
+            '[[stages]]\nkind = "score.difficulty"\nsources = ["a"]\n'
+            '[[stages]]\nkind = "filter.length"\nmin_words = 1000\n'
+            '[[stages]]\nkind = "score.difficulty"\n[[stages]]\nkind = "dedup.minhash"\n')
+    job = load_job(write_job(body))
+    manifest = run_job(job, progress=False)
+    assert manifest["totals"]["rows_written"] == 0 and manifest["totals"]["rows_rejected"] == 10
+    nothing_lost(job.output_dir, {f"{s}{i}" for s in "ab" for i in range(5)})
