@@ -16,7 +16,7 @@ import orjson
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
-from curate.readers.utf8 import printable
+from curate.readers.utf8 import printable, valid_utf8
 
 
 def _split_key(name: str) -> tuple[str, str]:
@@ -92,8 +92,10 @@ def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, by
         try:
             record = orjson.loads(parts["json"])
         except orjson.JSONDecodeError as err:
-            buf.reject("read:bad_json", id_=f"{cfg.source or ''}/{file.rel}/{key}", source=cfg.source or "",
-                       raw=parts["json"], where={**where, "error": str(err)})
+            # Bytes that are not UTF-8, or a \ud800-style escape, are bad UTF-8 as in JSONL; the rest bad JSON.
+            not_utf8 = not valid_utf8(parts["json"]) or "surrogate" in str(err)
+            buf.reject("read:bad_utf8" if not_utf8 else "read:bad_json", id_=f"{cfg.source or ''}/{file.rel}/{key}",
+                       source=cfg.source or "", raw=parts["json"], where={**where, "error": str(err)})
             return
         if not isinstance(record, dict):
             record = {"json": record}

@@ -264,6 +264,9 @@ CASES: list[Case] = [
     Case("tar_member_name_not_utf8", tar_case([(b"k\xff.txt".decode("utf-8", "surrogateescape"), b"text")], {"s/a.tar/k\\xff"}),
          kept=1),
     Case("tar_bad_json_member", tar_case([("a.txt", b"one"), ("a.json", b"{nope")], {"s/a.tar/a"}), {"read:bad_json": 1}, kept=0),
+    Case("tar_json_member_not_utf8", tar_case([("a.txt", b"one"), ("a.json", b'{"lang": "caf\xe9"}'),
+                                               ("b.txt", b"two"), ("b.json", b'{"lang": "\\udc00"}')], {"s/a.tar/a", "s/a.tar/b"}),
+         {"read:bad_utf8": 2}, kept=0),
     Case("tar_sample_without_text", tar_case([("a.json", b'{"id": "j"}'), ("b.txt", b"two")], {"j", "s/a.tar/b"}),
          {"read:missing_text": 1}, kept=1),
     # -- ids -----------------------------------------------------------------------------------
