@@ -41,7 +41,7 @@ def test_s3_with_worker_processes(s3_job):
 
 
 def test_s3_missing_job_folder_is_a_shard_error(s3_job):
-    with pytest.raises(ShardError, match="absent: no such folder"):
+    with pytest.raises(ShardError, match="no manifest"):
         Loader(LoaderConfig(num_workers=0), "s3://winnow-test/out/absent")
 
 
