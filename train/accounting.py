@@ -12,6 +12,24 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from train.errors import ShardError
+
+
+def check_source_ids(source_ids_BL: torch.Tensor, sources: Sequence[str], known: Sequence[str] | None = None) -> None:
+    """ShardError unless every id in a (host-side) batch names one of the run's ``sources``.
+
+    The per-source sums are sized when the run starts; a source the manifest did not list (or
+    a manifest listing none) would otherwise surface as an IndexError deep in ``index_add_``.
+    """
+    top = int(source_ids_BL.max()) if source_ids_BL.numel() else -1
+    if top < len(sources):
+        return
+    unknown = list(known[len(sources):]) if known is not None and len(known) > len(sources) else [f"id {top}"]
+    listed = f"the run's sources are {list(sources)}" if sources else "the shards' manifest lists no sources"
+    raise ShardError(f"a batch holds documents of source(s) {unknown}, but {listed}: every source must be named "
+                     "before training starts; list them all under \"sources\" in the shards' manifest.json (winnow "
+                     "curate writes them) or re-curate")
+
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t

@@ -113,6 +113,23 @@ class CheckpointManager:
             shutil.rmtree(stale, ignore_errors=True)
         final = self.folder / f"{PREFIX}{step:08d}"
         tmp = self.folder / f".tmp-{final.name}-{os.getpid()}"
+        try:
+            self._write(tmp, step, state)
+        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"cannot write checkpoint {final}: {err}; the previous checkpoint stands "
+                                  "(free disk space or fix the folder's permissions, then re-run to resume)") from err
+        if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.folder)
+        self._verified.add(final.name)
+        self._corrupt.discard(final.name)
+        self._prune()
+        log.info("checkpoint saved: %s", final)
+        return final
+
+    def _write(self, tmp: Path, step: int, state: dict[str, Any]) -> None:
         # owner-only folder while private (the x bits of the file mode), so nothing is readable in between
         tmp.mkdir(mode=0o777 if self.mode is None else self.mode | (self.mode & 0o444) >> 2)
         state_path = tmp / STATE_FILE
@@ -123,15 +140,6 @@ class CheckpointManager:
         meta = {"format_version": 1, "step": step, "bytes": state_path.stat().st_size, "sha256": _sha256(state_path)}
         with self._open(tmp / META_FILE) as f:
             f.write(json.dumps(meta).encode())
-        if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(self.folder)
-        self._verified.add(final.name)
-        self._corrupt.discard(final.name)
-        self._prune()
-        log.info("checkpoint saved: %s", final)
-        return final
 
     def checkpoints(self) -> list[Path]:
         """Final-named checkpoint folders, newest first."""

@@ -23,6 +23,10 @@ class CheckpointError(TrainError):
     """A checkpoint is missing, corrupt or incompatible with the run."""
 
 
+class Interrupted(TrainError):
+    """A stop signal arrived where the run could not reach a consistent point to checkpoint; it ended without one."""
+
+
 class MissingDependencyError(TrainError, ImportError):
     """An optional dependency is not installed; the message gives the install command."""
 

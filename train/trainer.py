@@ -10,8 +10,6 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -21,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.accounting import SourceAccounting
+from train.accounting import SourceAccounting, check_source_ids
 from train.alerts import AlertKind, Alerts, SkipReason, SpikeDetector
 from train.attribution import SourceAttribution
 from train.checkpoint import CheckpointManager
@@ -34,6 +32,8 @@ from train.optim import build_optimizer, build_scheduler
 from train.progress import TrainProgress
 from train.parallel import Parallel
 from train.rng import rng_state, set_rng_state
+from train.runfolder import continue_run_folder
+from train.shutdown import on_stop_signals, stop_requested
 from train.stopping import EarlyStopping
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class Trainer:
         for _ in range(self.cfg.grad_accum):
             start = time.perf_counter()
             batches.append(next(self._batches))
+            check_source_ids(batches[-1].source_ids, self.sources, getattr(self.data, "sources", None))
             self.throughput.wait += time.perf_counter() - start
         return batches
 
@@ -264,6 +265,8 @@ class Trainer:
             with torch.no_grad():
                 batches = self.progress.evaluating(loader, total=self.cfg.eval_batches)
                 for _, batch in zip(itertools.count() if self.cfg.eval_batches is None else range(self.cfg.eval_batches), batches):
+                    if stop_requested() is not None:  # preempted: the checkpoint matters more than this pass
+                        break
                     b = batch.to(self.device)
                     with self._autocast():
                         logits_BLV = self.model(b.tokens, b.doc_ids).logits_BLV
@@ -272,6 +275,9 @@ class Trainer:
             if hasattr(loader, "close"):
                 loader.close()
         self.model.train()
+        if stop_requested() is not None:
+            log.warning("evaluation at step %d abandoned: a stop was requested", self.step)
+            return None
         result = acct.flush()
         record = {"step": self.step, "eval": {"loss": result["mean_loss"],
                   "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()}}}
@@ -343,25 +349,28 @@ class Trainer:
         self.close()
 
     # ---- the loop -----------------------------------------------------------------------
-    def _on_signal(self, signum, frame) -> None:
-        log.warning("received signal %d: checkpointing after this step and exiting", signum)
+    def _on_signal(self, signum: int) -> None:
+        log.warning("received signal %d: checkpointing after this step and exiting (again: stop now)", signum)
         self._stop_signal = signum
 
     def fit(self) -> dict:
-        """Train to ``cfg.steps`` (resuming first when asked); returns a summary of the run."""
+        """Train to ``cfg.steps`` (resuming first when asked); returns a summary of the run.
+
+        SIGTERM/SIGINT at any point of the loop (a step, an evaluation, a checkpoint save) ends the
+        run after the current step with a checkpoint; a second one stops at once (``train.shutdown``).
+        """
         cfg = self.cfg
         if cfg.checkpoint.resume:
             self.resume()
+        if self.parallel.is_main:  # metrics from the resumed step on are written once; a fresh start, apart
+            continue_run_folder(self.run_dir, self.step)
         log.info("MFU basis: %.3g FLOP/s (%s); %.3g FLOP/token", self.peak_flops, self.peak_basis, self.flops_per_token)
-        handlers = {}
-        if threading.current_thread() is threading.main_thread():
-            handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.throughput.reset()
         self.progress.open(self.step, self.tokens_seen)
         final_eval = None
         if self.init is not None and self.step == 0:
             final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
-        try:
+        with on_stop_signals(self._on_signal), contextlib.closing(self.progress):  # the bar closes on errors too
             while self.step < cfg.steps and self._stop_signal is None and self.stopping.reason is None:
                 self.train_step()
                 self.progress.step(self.step, self.tokens_seen, self.last.loss)
@@ -375,22 +384,15 @@ class Trainer:
                         break
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save_checkpoint()
-        except BaseException:
-            self.progress.close()
-            raise
-        finally:
-            for sig, previous in handlers.items():
-                signal.signal(sig, previous)
-        preempted = self._stop_signal is not None
-        stopped = self.stopping.reason
-        if not preempted and self.attribution is not None and self.attribution.open_at not in (None, self.step):
-            self.attribute()  # the last, shorter stretch: the final record covers every attributed step
-        if preempted:
-            final_eval = None
-        elif stopped is None or final_eval is None or final_eval["step"] != self.step:
-            final_eval = self.evaluate()
-        checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
-        self.progress.close()
+            stopped = self.stopping.reason
+            if self._stop_signal is None and self.attribution is not None and self.attribution.open_at not in (None, self.step):
+                self.attribute()  # the last, shorter stretch: the final record covers every attributed step
+            if self._stop_signal is None and (stopped is None or final_eval is None or final_eval["step"] != self.step):
+                final_eval = self.evaluate()
+            preempted = self._stop_signal is not None  # also when the signal came during that last evaluation
+            if preempted:
+                final_eval = None
+            checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
         self.metrics.close()
         return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped), "preempted": preempted,
                 "stopped": stopped, "checkpoint": str(checkpoint), "eval": final_eval, "run_dir": str(self.run_dir)}

@@ -179,6 +179,35 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     return records, bad
 
 
+def _each_step_once(records: list[dict]) -> list[dict]:
+    """Records as the trainer would have left them after a resume: each (kind, step) once, in step order.
+
+    The trainer cuts ``metrics.jsonl`` back to the checkpoint when it resumes; a file written
+    before it did (or copied mid-run) can still hold a killed stretch followed by its redo. A
+    record whose step does not advance past the last one of its kind starts such a redo, so
+    every earlier record from that step on is dropped: the latest attempt wins.
+    """
+    def kind(record: dict) -> str:
+        return next((k for k in ("eval", "attribution", "stop") if k in record), "log")
+
+    kept: list[dict] = []
+    last: dict[str, int] = {}
+    for record in records:
+        step = record.get("step")
+        if not isinstance(step, int):
+            kept.append(record)
+            continue
+        if step <= last.get(kind(record), -1):
+            kept = [r for r in kept if not (isinstance(r.get("step"), int) and r["step"] >= step)]
+            last = {}
+            for r in kept:
+                if isinstance(r.get("step"), int):
+                    last[kind(r)] = r["step"]
+        kept.append(record)
+        last[kind(record)] = step
+    return kept
+
+
 def parse_attribution(record: dict) -> Attribution | None:
     """An attribution record as a matrix: ``{"sources", "matrix"}`` or ``{train: {heldout: value}}``."""
     value = record.get("attribution")
@@ -235,6 +264,7 @@ def load_run(path: str | Path) -> TrainingRun:
     if not is_run_dir(path):
         raise InputError(f"{path} is not a training run folder: no metrics.jsonl there")
     records, bad = _read_jsonl(path / "metrics.jsonl")
+    records = _each_step_once(records)
     alerts, bad_alerts = _read_jsonl(path / "alerts.jsonl")
     unknown = sorted({str(a.get("kind")) for a in alerts} - set(AlertKind))
     if unknown:  # written by a newer trainer, or by hand: shown as they are, without a colour or a diagnosis

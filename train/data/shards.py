@@ -62,6 +62,18 @@ class ShardSet:
         self.fs = fsspec.core.url_to_fs(self.root, **self.storage_options)[0]
 
 
+def _manifest_sources(manifest: dict) -> list[str]:
+    """The manifest's ``sources``; without that key, the sources its shard entries count, in order of appearance."""
+    listed = manifest.get("sources")
+    if listed:
+        return list(listed)
+    found: dict[str, None] = {}
+    for entry in manifest.get("shards") or []:
+        for name in entry.get("sources") or ([entry["source"]] if entry.get("source") else []):
+            found.setdefault(name, None)
+    return list(found)
+
+
 def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None = None) -> ShardSet:
     """Read ``<data>/manifest.json`` and keep the ``split`` shards in format ``fmt``."""
     fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
@@ -88,7 +100,7 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     digest = view_fingerprint(view) if view else hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-    return ShardSet(root=prefix + root, fs=fs, shards=shards, sources=list(manifest.get("sources") or []),
+    return ShardSet(root=prefix + root, fs=fs, shards=shards, sources=_manifest_sources(manifest),
                     fingerprint=digest, storage_options=dict(storage_options or {}), view=view)
 
 

@@ -13,13 +13,22 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing as mp
+import os
+import pickle
 import queue
+import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from train.data.pieces import Piece, ShardDone, shard_pieces
 from train.data.shards import ShardSet
-from train.errors import TrainError
+from train.errors import Interrupted, TrainError
+from train.shutdown import WORKER_PREFIX, parent_alive, stop_processes, stop_requested, worker_init
+
+# After a stop signal, how long to keep waiting for a worker's next piece before giving up
+# (the step cannot finish, so there is nothing consistent to checkpoint; the last checkpoint stands).
+STOP_WAIT_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -33,31 +42,50 @@ class EpochEnd:
 
 @dataclass(slots=True)
 class _Failed:
-    error: BaseException
+    """A worker's exception, with its traceback as text (tracebacks do not pickle)."""
+
+    error: BaseException | None  # None when the exception itself cannot be pickled
+    message: str
+    trace: str
+
+
+def _failure(err: BaseException) -> _Failed:
+    trace = "".join(traceback.format_exception(err))
+    try:
+        pickle.dumps(err)  # Queue pickles in a feeder thread, where a failure would just drop the message
+    except Exception:  # noqa: BLE001 - any pickling failure: send the text only
+        return _Failed(None, f"{type(err).__name__}: {err}", trace)
+    return _Failed(err, f"{type(err).__name__}: {err}", trace)
 
 
 def _visits(p0: int, stop: int | None, worker: int, n_workers: int) -> Iterator[int]:
     return iter(range(p0 + worker, stop, n_workers)) if stop is not None else itertools.count(p0 + worker, n_workers)
 
 
-def _worker_main(worker, n_workers, p0, stop, shards, kwargs, out, halt) -> None:
+def _send(out, msg, halt, parent: int) -> bool:
+    """Put ``msg`` on the bounded queue; False once the consumer is gone (halted, or the parent died)."""
+    while not halt.is_set() and parent_alive(parent):
+        try:
+            out.put(msg, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    out.cancel_join_thread()  # no one will read: don't block exit on a full pipe
+    return False
+
+
+def _worker_main(worker, n_workers, p0, stop, shards, kwargs, out, halt, expected_parent) -> None:
+    parent = worker_init(expected_parent)
     n_shards = len(shards.shards)
     try:
         shards.reopen()
         for p in _visits(p0, stop, worker, n_workers):
             epoch, index = divmod(p, n_shards)
             for msg in shard_pieces(shards, index, epoch, **kwargs):
-                while not halt.is_set():
-                    try:
-                        out.put(msg, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if halt.is_set():
-                    out.cancel_join_thread()  # the consumer is gone: don't block exit on a full pipe
+                if not _send(out, msg, halt, parent):
                     return
     except BaseException as err:  # noqa: BLE001 - forwarded to the consumer, which re-raises it
-        out.put(_Failed(err))
+        _send(out, _failure(err), halt, parent)
 
 
 class PieceStream:
@@ -77,22 +105,32 @@ class PieceStream:
             self._halt = ctx.Event()
             for w in range(num_workers):
                 q = ctx.Queue(maxsize=prefetch)
-                proc = ctx.Process(target=_worker_main, name=f"winnow-loader-{w}", daemon=True,
-                                   args=(w, num_workers, self.p0, self.stop, shards, kwargs, q, self._halt))
+                proc = ctx.Process(target=_worker_main, name=f"{WORKER_PREFIX}-{w}", daemon=True,
+                                   args=(w, num_workers, self.p0, self.stop, shards, kwargs, q, self._halt,
+                                         None if start_method == "forkserver" else os.getpid()))
                 proc.start()
                 self._procs.append(proc)
                 self._queues.append(q)
 
     def _get(self, worker: int):
         q, proc = self._queues[worker], self._procs[worker]
+        stop_seen = None
         while True:
             try:
                 msg = q.get(timeout=1.0)
             except queue.Empty:
                 if not proc.is_alive():
                     raise TrainError(f"loader worker {worker} died (exit code {proc.exitcode}); see its log above") from None
+                if stop_requested() is not None:
+                    stop_seen = stop_seen or time.monotonic()
+                    if time.monotonic() - stop_seen > STOP_WAIT_S:
+                        raise Interrupted(f"stopped by signal {stop_requested()} while waiting for loader worker {worker}; "
+                                          "the step could not finish, so the last checkpoint stands") from None
                 continue
             if isinstance(msg, _Failed):
+                if msg.error is None:
+                    raise TrainError(f"loader worker {worker} failed: {msg.message}\n{msg.trace}")
+                msg.error.add_note(f"raised in loader worker {worker}:\n{msg.trace}")
                 raise msg.error
             return msg
 
@@ -122,11 +160,7 @@ class PieceStream:
         # Workers see the halt at their next put and exit without flushing (cancel_join_thread).
         # Nothing is read here: a message cut short by a worker's exit would block a reader forever.
         self._halt.set()
-        for proc in self._procs:
-            proc.join(timeout=2.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=1.0)
+        stop_processes(self._procs, grace=2.0)
         for q in self._queues:
             q.close()
             q.cancel_join_thread()

@@ -1,0 +1,95 @@
+"""The run folder across restarts: after a resume each step is logged once, and a fresh start never mixes runs.
+
+``metrics.jsonl`` and ``alerts.jsonl`` grow as a run goes. A run killed after its last
+checkpoint has logged steps it will redo once resumed, so ``continue_run_folder`` cuts both
+back to the checkpoint's step (a temporary file renamed over the old one: a kill during the cut
+leaves the old file or the new one, never a mix). A run starting from step 0 in a folder that
+holds an earlier run's logs or checkpoints (``resume = false``, or every checkpoint corrupt)
+first moves them into ``previous-<k>/``: its metrics start at step 1, and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LOGS = ("metrics.jsonl", "alerts.jsonl")
+# one run's history; not tensorboard/: its writer (opened with the trainer) already holds a file there
+RUN_STATE = ("metrics.jsonl", "alerts.jsonl", "checkpoints")
+
+
+def _record_step(line: str) -> int | None:
+    """The record's step; None for a line to keep as it is (no step); -1 for a torn or unreadable line."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return -1
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else None
+
+
+def truncate_jsonl(path: Path, step: int) -> int:
+    """Drop the records of steps after ``step`` (and torn lines) from ``path``; returns how many went."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            s = _record_step(line)
+            if s == -1 or (s is not None and s > step):
+                dropped += 1
+            else:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return dropped
+
+
+def _has_history(run_dir: Path) -> list[Path]:
+    found = []
+    for name in RUN_STATE:
+        path = run_dir / name
+        if (path.is_file() and path.stat().st_size) or (path.is_dir() and any(path.iterdir())):
+            found.append(path)
+    return found
+
+
+def archive_previous(run_dir: Path) -> Path | None:
+    """Move an earlier run's logs and checkpoints into ``previous-<k>/`` (k = 1, 2, ...); None if there were none."""
+    found = _has_history(run_dir)
+    if not found:
+        return None
+    k = 1
+    while (run_dir / f"previous-{k}").exists():
+        k += 1
+    target = run_dir / f"previous-{k}"
+    target.mkdir()
+    for path in found:
+        os.replace(path, target / path.name)
+    log.warning("%s held an earlier run (%s) and this one starts from step 0: moved it to %s", run_dir,
+                ", ".join(p.name for p in found), target)
+    return target
+
+
+def continue_run_folder(run_dir: str | Path, step: int) -> None:
+    """Before the first step: cut the logs back to ``step`` (a resume), or archive an earlier run (step 0)."""
+    run_dir = Path(run_dir)
+    if step == 0:
+        archive_previous(run_dir)
+        return
+    for name in LOGS:
+        dropped = truncate_jsonl(run_dir / name, step)
+        if dropped:
+            log.info("%s: dropped %d record(s) after step %d (logged before the run was stopped; redone now)",
+                     run_dir / name, dropped, step)
