@@ -52,12 +52,12 @@ def _finish(proc: subprocess.Popen, folder: Path) -> tuple[int, str]:
         out, _ = proc.communicate(timeout=LIMIT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
         for pid in (folder / "pids").read_text().split() if (folder / "pids").exists() else []:
-            try:
+            try:  # first: an orphaned worker holds the output pipe open
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        out, _ = proc.communicate()
         pytest.fail(f"the run did not exit within {LIMIT_S} s (hung):\n{out[-3000:]}")
     _assert_no_orphans(folder)
     return proc.returncode, out
