@@ -16,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from curate.atomic import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 CARD = "README.md"
@@ -61,7 +63,7 @@ def write_card(out: Path, manifest: dict[str, Any]) -> Path | None:
     if path.exists() and MARK not in path.read_text(errors="replace"):
         log.warning("%s exists and was not written by winnow; the dataset card is not written", path)
         return None
-    path.write_text(render_card(out, manifest))
+    write_text_atomic(path, render_card(out, manifest))
     return path
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import fsspec
 
-from curate.atomic import write_json_atomic
+from curate.atomic import write_json_atomic, write_text_atomic
 from curate.errors import InputError
 from curate.manifest import package_versions
 
@@ -78,7 +78,7 @@ def write_provenance(run_dir: str | Path, *, job_file: str | Path | None, data: 
     run_dir.mkdir(parents=True, exist_ok=True)
     record = provenance(job_file=job_file, data=data, extra=extra)
     if record["job_file"] is not None:
-        (run_dir / "job.toml").write_text(record["job_file"]["text"], encoding="utf-8")
+        write_text_atomic(run_dir / "job.toml", record["job_file"]["text"])
     target = run_dir / FILE
     write_json_atomic(target, record)
     log.info("provenance written to %s", target)

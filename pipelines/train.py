@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 from pathlib import Path
 
 import torch
 
+from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
 from pipelines.jobfile import build_config, read_toml
 from pipelines.provenance import write_provenance
@@ -107,7 +107,7 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     data = Loader(train_cfg, folders if len(folders) > 1 else folders[0], split="train", tokenizer=tokenizer,
                   rank=world.rank, world_size=world.size, sources=names)
     if world.is_main:
-        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str))
+        write_json_atomic(run_dir / "config.json", dataclasses.asdict(cfg))  # the report reads it during the run
         save_views(data, run_dir)
 
     # Held-out batches are read inline: a few batches per eval, and forking loader workers
@@ -192,7 +192,7 @@ def save_views(data: Loader, run_dir: Path) -> None:
     views = [v for v in data.views if v is not None]
     if views:
         path = run_dir / "data_view.json"
-        path.write_text(json.dumps(views, indent=1))
+        write_json_atomic(path, views)
         for v in views:
             print(f"{v['view_of']}: no manifest.json, so winnow made its view of the folder: {len(v['shards'])} "
                   f"Parquet file(s), {sum(s['rows'] for s in v['shards'])} rows, sources {v['sources']} (saved in {path})")
