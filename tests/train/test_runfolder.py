@@ -1,6 +1,8 @@
 """The run folder across restarts: metrics hold each step once after a resume; a fresh start archives an older run."""
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -53,3 +55,14 @@ def test_truncate_keeps_records_up_to_the_step_and_lines_without_one(tmp_path):
     assert truncate_jsonl(path, 2) == 2
     assert [json.loads(line) for line in path.read_text().splitlines()] == lines[:3]
     assert truncate_jsonl(path, 2) == 0
+
+
+def test_run_folder_files_follow_the_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        run = tmp_path / "run"  # pytest makes tmp_path itself 0700
+        make_trainer(tiny_config(run, steps=2, metrics={"log_every": 1}, checkpoint={"every": 1})).fit()
+    finally:
+        os.umask(previous)
+    for path in [run, *run.rglob("*")]:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o750 if path.is_dir() else 0o640), path
