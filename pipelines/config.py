@@ -41,13 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def tables() -> dict[str, type]:
     """Every table a job file may hold, by dotted name (the trainer's only when it is installed)."""
-    out = dict(_TABLES)
-    try:
-        from pipelines.ablate.config import AblateConfig
-        from train.config import TrainConfig
-    except ImportError:  # a curation-only install
-        return out
-    out["ablate"] = AblateConfig
+    out: dict[str, type] = {}
 
     def nested(prefix: str, cls: type) -> None:
         out[prefix] = cls
@@ -56,6 +50,14 @@ def tables() -> dict[str, type]:
             if inner is not None:
                 nested(f"{prefix}.{f.name}", inner)
 
+    for name, cls in _TABLES.items():
+        nested(name, cls)
+    try:
+        from pipelines.ablate.config import AblateConfig
+        from train.config import TrainConfig
+    except ImportError:  # a curation-only install
+        return out
+    nested("ablate", AblateConfig)
     nested("train", TrainConfig)
     return out
 
