@@ -70,16 +70,18 @@ def on_stop_signals(callback: Callable[[int], None]) -> Iterator[None]:
         _stop["signum"] = None
 
 
-def worker_init(expected_parent: int | None) -> int:
+def worker_init(expected_parent: int | None, *, kernel_watch: bool = True) -> int:
     """First thing in a loader worker: default SIGTERM, ignore SIGINT (the parent stops us), die with the parent.
 
     Returns the parent's pid for ``parent_alive``; ``expected_parent`` (the main process, for fork
     and spawn; None under forkserver, whose server is the parent) catches a parent that died first.
+    ``kernel_watch``: ask for SIGKILL when the parent goes; the kernel sends it when the *thread*
+    that started the worker ends, so only workers started from the main thread ask.
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the trainer handles it
     _stop["signum"] = None
-    if sys.platform.startswith("linux"):
+    if kernel_watch and sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl: parent_alive() still ends the worker at its next put

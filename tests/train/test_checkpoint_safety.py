@@ -12,6 +12,7 @@ import torch
 from pipelines.train import load_teacher
 from train.checkpoint import META_FILE, STATE_FILE, CheckpointConfig, CheckpointManager
 from train.errors import CheckpointError, ConfigError
+from train.init import load_init
 from train.rng import rng_state, set_rng_state
 
 
@@ -42,8 +43,10 @@ def test_hostile_checkpoint_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(CheckpointError, match=f"{ckpt / STATE_FILE}.*refused"):
         manager.load(ckpt)
     assert manager.load_latest() is None  # skipped like a corrupt one, with a warning
-    with pytest.raises(CheckpointError):  # a teacher (or init_from) goes through the same loader
+    with pytest.raises(CheckpointError, match="refused"):  # a teacher goes through the same loader
         load_teacher(str(ckpt))
+    with pytest.raises(CheckpointError, match="refused"):  # and so does init_from, from a run folder or one checkpoint
+        load_init(str(tmp_path / "run"))
     assert not marker.exists()
 
 

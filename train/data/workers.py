@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -74,8 +75,8 @@ def _send(out, msg, halt, parent: int) -> bool:
     return False
 
 
-def _worker_main(worker, n_workers, p0, stop, shards, kwargs, out, halt, expected_parent) -> None:
-    parent = worker_init(expected_parent)
+def _worker_main(worker, n_workers, p0, stop, shards, kwargs, out, halt, expected_parent, kernel_watch) -> None:
+    parent = worker_init(expected_parent, kernel_watch=kernel_watch)
     n_shards = len(shards.shards)
     try:
         shards.reopen()
@@ -107,7 +108,8 @@ class PieceStream:
                 q = ctx.Queue(maxsize=prefetch)
                 proc = ctx.Process(target=_worker_main, name=f"{WORKER_PREFIX}-{w}", daemon=True,
                                    args=(w, num_workers, self.p0, self.stop, shards, kwargs, q, self._halt,
-                                         None if start_method == "forkserver" else os.getpid()))
+                                         None if start_method == "forkserver" else os.getpid(),
+                                         threading.current_thread() is threading.main_thread()))
                 proc.start()
                 self._procs.append(proc)
                 self._queues.append(q)
