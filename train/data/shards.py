@@ -104,15 +104,20 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
                     fingerprint=digest, storage_options=dict(storage_options or {}), view=view)
 
 
+def cat_shard(fs, url: str, *, what: str = "shard") -> bytes:
+    """The bytes of one file a manifest lists, or a ShardError naming it."""
+    try:
+        return fs.cat_file(url)
+    except FileNotFoundError as err:
+        raise ShardError(f"{what} {url}: missing (listed in the manifest but not found)") from err
+    except OSError as err:
+        raise ShardError(f"{what} {url}: cannot be read: {err}") from err
+
+
 def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa.Table:
     """The rows of shard ``index`` (``id``, ``source``, ``text``, ...), checked against the manifest."""
     info, url = shard_set.shards[index], shard_set.url(index)
-    try:
-        buf = shard_set.fs.cat_file(url)
-    except FileNotFoundError as err:
-        raise ShardError(f"shard {url}: missing (listed in the manifest but not found)") from err
-    except OSError as err:
-        raise ShardError(f"shard {url}: cannot be read: {err}") from err
+    buf = cat_shard(shard_set.fs, url)
     if verify and info.sha256:
         digest = hashlib.sha256(buf).hexdigest()
         if digest != info.sha256:

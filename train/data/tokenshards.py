@@ -21,7 +21,7 @@ import fsspec
 import numpy as np
 import orjson
 
-from train.data.shards import MANIFEST, open_shards
+from train.data.shards import MANIFEST, cat_shard, open_shards
 from train.errors import ConfigError, ShardError
 
 log = logging.getLogger(__name__)
@@ -197,12 +197,7 @@ class TokenShard:
         self._map = np.memmap(self.url, self.dtype, mode="r") if shard_set.local and n_tok else None
 
     def _cat(self, url: str) -> bytes:
-        try:
-            data = self._fs.cat_file(url)
-        except FileNotFoundError as err:
-            raise ShardError(f"token shard {url}: missing (listed in the manifest but not found)") from err
-        except OSError as err:
-            raise ShardError(f"token shard {url}: cannot be read: {err}") from err
+        data = cat_shard(self._fs, url, what="token shard")
         self.bytes_read += len(data)
         return data
 
