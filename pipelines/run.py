@@ -10,8 +10,9 @@ import argparse
 import logging
 from pathlib import Path
 
+from curate.errors import ConfigError
 from curate.pipeline import run_job
-from pipelines.jobfile import load_job
+from pipelines.jobfile import load_job, read_toml
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
 from pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
@@ -32,16 +33,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_job(args.job, output=args.output, workers=args.workers)
     if args.shards is None:
+        job = load_job(args.job, output=args.output, workers=args.workers)
         print(f"[1/3] curate {args.job} -> {job.job.output}")
         run_job(job, progress=not args.quiet)
-    else:
+        raw, report_dir = job.raw, Path(job.job.output)
+    else:  # nothing to curate: the job file needs no [job] or [[inputs]], only [train]
+        raw = read_toml(args.job)
+        if "train" not in raw:
+            raise ConfigError(f"{args.job}: --shards skips curation and trains, so the job file needs a [train] table")
         print(f"[1/3] curate: skipped, training on --shards {args.shards}")
-    report_dir = Path(job.job.output)
-    if "train" in job.raw:
+        report_dir = Path(".")  # replaced by the run folder below
+    if "train" in raw:
         overrides = {"steps": args.steps, "shards": args.shards}
-        if args.shards is None and not isinstance((job.raw.get("train") or {}).get("shards"), list):
+        if args.shards is None and not isinstance((raw.get("train") or {}).get("shards"), list):
             overrides["shards"] = job.job.output  # a list names its own folders
         if args.output is not None:
             overrides["output"] = str(Path(args.output) / "train")

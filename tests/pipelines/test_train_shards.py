@@ -61,3 +61,17 @@ def test_train_without_shards_names_the_override(tmp_path, monkeypatch, capsys):
     assert main(["-q", "train", "job.toml"]) != 0
     err = capsys.readouterr().err
     assert "--shards" in err and "`data`" not in err
+
+
+def test_run_with_shards_skips_curation_and_reports(tmp_path, monkeypatch, capsys, one_thread):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    pq.write_table(pa.table({"text": [f"words of document {i} " * 3 for i in range(30)]}), tmp_path / "corpus" / "part-0.parquet")
+    (tmp_path / "job.toml").write_text(TRAIN)  # no [job] and no [[inputs]]: nothing to curate
+    assert main(["-q", "run", "job.toml", "--shards", "corpus", "--output", "study"]) == 0
+    out = capsys.readouterr().out
+    assert "[1/3] curate: skipped" in out and "report: study/train/report.html" in out
+    assert any(line.startswith("corpus") for line in out.splitlines())  # the one source, named after the folder
+    (tmp_path / "curate_only.toml").write_text('[job]\nname = "x"\n')
+    assert main(["-q", "run", "curate_only.toml", "--shards", "corpus"]) == 2
+    assert "needs a [train] table" in capsys.readouterr().err
