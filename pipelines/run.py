@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         if summary["preempted"]:
             print(f"training preempted at step {summary['step']}; re-run the same command to resume")
             return 1
+        if summary.get("stopped"):
+            print(f"stopped early at step {summary['step']}: {summary['stopped']}")
         report_dir = Path(cfg.output)
     else:
         print("[2/3] no [train] table: nothing to train")

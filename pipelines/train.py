@@ -112,7 +112,10 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
 
     # Held-out batches are read inline: a few batches per eval, and forking loader workers
     # after training has started its thread pools is how forked children deadlock.
-    val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[])  # one folder: no load-time mixing
+    # one folder at a time: no load-time mixing; and the same batches in every run whatever its seed,
+    # shuffling or sequence-length warm-up, so held-out losses compare across runs (step 0 of a continued
+    # run is its base's last evaluation exactly; a study's seeds differ in training only)
+    val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[], shuffle_window=0, seq_len_warmup_steps=0)
 
     def val_data():
         return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources))

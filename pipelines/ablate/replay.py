@@ -66,14 +66,11 @@ def train_replay(task: VariantTask) -> dict:
     if task.threads:
         torch.set_num_threads(task.threads)
     cfg, variant = task.cfg, task.variant
-    trainer = build_trainer(cfg)
-    inputs = run_inputs(cfg, trainer)
-    write_provenance(cfg.output, job_file=task.job_file, data=inputs["data"],
-                     extra={**(inputs["extra"] or {}), "variant": variant})
-    try:
+    with build_trainer(cfg, progress=False) as trainer:
+        inputs = run_inputs(cfg, trainer)
+        write_provenance(cfg.output, job_file=task.job_file, data=inputs["data"],
+                         extra={**(inputs["extra"] or {}), "variant": variant})
         summary = trainer.fit()
-    finally:
-        trainer.data.close()
     if summary["preempted"]:
         raise KeyboardInterrupt(f"variant {variant['name']} stopped at step {summary['step']}")
     evals = load_run(cfg.output).evals
