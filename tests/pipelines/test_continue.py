@@ -120,3 +120,16 @@ def test_per_source_weights_within_a_data_set(base, one_thread):
     assert (root / "per_source" / "sources" / "set-0" / "prose" / "manifest.json").is_file()
     with pytest.raises(JobFileError, match=r"train.shards\[0\].sources: 'web' has no train rows"):
         build_trainer(tiny_config(root / "bad_source", [ShardSetConfig(path=str(jobs["base"]), sources={"web": 1.0})]))
+
+
+def test_the_shipped_job_pair_parses():
+    from pipelines.ablate.config import AblateConfig
+    from pipelines.jobfile import build_config, load_job, read_toml
+
+    for name in ("continue_base", "continue"):
+        load_job(f"pipelines/{name}.toml")
+        cfg = load_train_config(f"pipelines/{name}.toml")
+    assert cfg.init_from == "out/cpt-base/train" and cfg.replay == ReplayConfig(path="out/cpt-base", share=0.05)
+    assert cfg.optim.schedule == "wsd" and cfg.optim.rewarm_from == "current" and cfg.stop.sources == ["code"]
+    study = build_config(AblateConfig, read_toml("pipelines/continue.toml")["ablate"], "continue.toml [ablate]")
+    assert study.kind == "replay" and study.shares == [0.0, 0.01, 0.05, 0.25]
