@@ -133,3 +133,25 @@ def test_the_shipped_job_pair_parses():
     assert cfg.optim.schedule == "wsd" and cfg.optim.rewarm_from == "current" and cfg.stop.sources == ["code"]
     study = build_config(AblateConfig, read_toml("pipelines/continue.toml")["ablate"], "continue.toml [ablate]")
     assert study.kind == "replay" and study.shares == [0.0, 0.01, 0.05, 0.25]
+
+
+def test_init_optimizer_keeps_the_moments_not_the_hyperparameters(base):
+    import torch
+
+    from train.optim import OptimConfig
+
+    root, jobs, _ = base
+    run = root / "base" / "train"
+    saved = load_init(str(run)).state
+    cfg = tiny_config(root / "opt", str(jobs["new"]), init_from=str(run), init_optimizer=True,
+                      optim=OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=4, rewarm_from="current"))
+    with build_trainer(cfg) as trainer:
+        opt = trainer.optimizer
+        moments = [opt.state[p]["exp_avg"] for group in opt.param_groups for p in group["params"]]
+        saved_moments = [s["exp_avg"] for s in saved["optimizer"]["state"].values()]
+        assert all(torch.equal(a, b) for a, b in zip(moments, saved_moments)) and len(moments) == len(saved_moments)
+        assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.0]  # this run's, not the base's 0.1
+        base_lr = saved["scheduler"]["_last_lr"][0]
+        start = base_lr / 1e-3
+        assert trainer.init.start_factor(cfg.optim) == pytest.approx(start)
+        assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * (start + (1 - start) / 4))  # re-warm from there
