@@ -75,6 +75,7 @@ def test_mlflow_file_store_reads_back_the_same_scalars(tmp_path, monkeypatch):
     assert len([p for p in images if p.endswith(".png")]) == 2
 
 
+@pytest.mark.slow  # starts W&B's service process
 def test_wandb_offline_run_reads_back_the_same_scalars(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from wandb.proto import wandb_internal_pb2
