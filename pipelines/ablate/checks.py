@@ -72,14 +72,13 @@ def _flat(value: object, prefix: str = "") -> dict[str, object]:
 
 def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
     """The variant's saved result when it finished with the settings the plan asks for; None when it has not
-    finished; a ``ConfigError`` naming the variant and key when it finished with other settings."""
+    finished; a ``ConfigError`` naming the variant and key when it finished, or started, with other settings."""
     result = layout.read_result(variant["name"])
-    if result is None:
-        return None
-    where = f"ablate: variant {variant['name']!r} in {layout.run_dir(variant['name'])} finished with"
+    state = "finished" if result is not None else "was started (and would resume from its checkpoint)"
+    where = f"ablate: variant {variant['name']!r} in {layout.run_dir(variant['name'])} {state} with"
     fix = "use a new [ablate] output folder for the changed study, or remove that variant's folder"
-    if set(result["weights"]) != set(variant["weights"]) or any(
-            abs(result["weights"][s] - w) > 1e-9 * max(1.0, abs(w)) for s, w in variant["weights"].items()):
+    if result is not None and (set(result["weights"]) != set(variant["weights"]) or any(
+            abs(result["weights"][s] - w) > 1e-9 * max(1.0, abs(w)) for s, w in variant["weights"].items())):
         raise ConfigError(f"{where} mix weights {result['weights']}, the study now plans {variant['weights']} "
                           f"(the curated shares or the [ablate] table changed); {fix}")
     saved = layout.run_dir(variant["name"]) / "config.json"

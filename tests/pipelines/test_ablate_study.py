@@ -208,3 +208,13 @@ def test_local_workers_claim_one_gpu_each_and_ray_tasks_reserve_one(monkeypatch)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
     list(runner.run_variants(tasks("a"), AblateConfig(parallel=4, executor="ray")))
     assert seen["kind"] == "ray" and seen["gpus_per_task"] == 1.0 and seen["workers"] == 4
+
+
+def test_a_started_variant_with_other_settings_is_not_resumed(job, tmp_path, capsys):
+    layout = StudyLayout(tmp_path / "bad")
+    layout.root.mkdir(parents=True)
+    (layout.run_dir("baseline") / "config.json").write_text(json.dumps({"steps": 99, "seed": 5}))  # no result.json
+    toml = study_toml(tmp_path / "bad.toml", job, layout.root)
+    assert main(["ablate", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert "variant 'baseline'" in err and "was started (and would resume from its checkpoint)" in err
