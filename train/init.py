@@ -17,7 +17,7 @@ import json
 import logging
 import posixpath
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import fsspec
@@ -41,6 +41,7 @@ class Initialization:
     sha256: str  # of state.pt
     state: dict
     optimizer: bool = False  # also load the optimizer state
+    storage_options: dict = field(default_factory=dict)  # fsspec options for reading the base run folder
 
     @property
     def last_lr(self) -> float | None:
@@ -84,7 +85,7 @@ class Initialization:
 
     def _run_files(self, names: list[str]) -> dict[str, str]:
         """sha256 of those of ``names`` the base run folder holds."""
-        fs, root = fsspec.core.url_to_fs(self.run_dir)
+        fs, root = fsspec.core.url_to_fs(self.run_dir, **self.storage_options)
         paths = {n: posixpath.join(root, n) for n in names}
         return {n: hashlib.sha256(fs.cat_file(p)).hexdigest() for n, p in paths.items() if fs.exists(p)}
 
@@ -158,5 +159,5 @@ def load_init(given: str, *, optimizer: bool = False, storage_options: dict | No
             continue
         return Initialization(given=given, checkpoint=unstrip(folder if fs.isdir(folder) else state_file),
                               run_dir=unstrip(run_dir) if run_dir else None, step=step, sha256=digest, state=state,
-                              optimizer=optimizer)
+                              optimizer=optimizer, storage_options=dict(storage_options or {}))
     raise CheckpointError(f"train.init_from = {given!r}: no checkpoint there verifies")  # unreachable: the loop raises

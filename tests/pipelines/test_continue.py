@@ -155,3 +155,16 @@ def test_init_optimizer_keeps_the_moments_not_the_hyperparameters(base):
         start = base_lr / 1e-3
         assert trainer.init.start_factor(cfg.optim) == pytest.approx(start)
         assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * (start + (1 - start) / 4))  # re-warm from there
+
+
+def test_init_from_an_s3_run_folder(base, s3_server):
+    import s3fs
+
+    root, _, _ = base
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir("winnow-cpt")
+    fs.put(str(root / "base" / "train") + "/", "winnow-cpt/runs/base", recursive=True)
+    remote, local = load_init("s3://winnow-cpt/runs/base"), load_init(str(root / "base" / "train"))
+    assert remote.sha256 == local.sha256 and remote.step == 6
+    assert remote.run_dir == "s3://winnow-cpt/runs/base" and remote.checkpoint.startswith("s3://winnow-cpt/runs/base/checkpoints/")
+    assert remote._run_files(["tokenizer_meta.json"]) == local._run_files(["tokenizer_meta.json"])  # the tokenizer check reads it
