@@ -23,6 +23,7 @@ import fsspec
 
 from curate.atomic import write_json_atomic
 from curate.readers import ReadTask
+from curate.stages.ids import EXACT_MARKER
 from curate.workdir import WorkDir
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def invalidate(out: Path, work: WorkDir, stale: set[int], *, n_tasks: int, singl
     for tmp in phase0.glob(".task-*.tmp") if phase0.is_dir() else []:
         shutil.rmtree(tmp)
     for entry in work.root.iterdir():
-        if entry.name not in ("phase-0", "fingerprint", inputs_file(work).name):
+        if entry.name not in ("phase-0", "fingerprint", inputs_file(work).name, EXACT_MARKER):
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     for folder in ("shards", "rejects", "artifacts"):
         for path in sorted((out / folder).rglob("*"), reverse=True) if (out / folder).is_dir() else []:

@@ -63,11 +63,11 @@ def claim(out: Path, job_name: str) -> bool:
     return bool(existing)
 
 
-def clear_own_entries(out: Path) -> None:
-    """Remove a previous run's outputs from a folder winnow owns (``claim`` checked the marker)."""
+def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES) -> None:
+    """Remove a previous run's outputs (``only`` some of them) from a folder winnow owns (``claim`` checked the marker)."""
     import shutil
 
-    for name in OWN_ENTRIES:
+    for name in only:
         path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

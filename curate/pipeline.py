@@ -37,10 +37,10 @@ from curate.fields import resolve_field_types
 from curate.fingerprint import invalidate, record_inputs, stale_tasks, task_fingerprints
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
-from curate.outdir import claim, clear_own_entries, restrict_mode
+from curate.outdir import OWN_ENTRIES, claim, clear_own_entries, restrict_mode
 from curate.readers import plan_read_tasks, read_task
 from curate.stages import Barrier, Plan, stage_class
-from curate.stages.ids import job_stages
+from curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
 from curate.workdir import WorkDir
 from curate.writers.gather import plan_val_writes, write_val_group
@@ -81,10 +81,16 @@ class Runner:
         self.out = job.output_dir
         self.work = WorkDir(self.out / "_work")
         self.progress = progress
-        self.phases = plan_phases(job)
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
-        self.stages = build_stages(job, self.work)
+        self._layout()
         self.plan_seconds: dict[str, float] = {}
+
+    def _layout(self) -> None:
+        """Phases and stages of the job as planned now: optimistic (no id barrier) until an id repeats."""
+        self.plan_job = optimistic_job(self.job, self.work.root)
+        self.optimistic = self.plan_job is not self.job
+        self.phases = plan_phases(self.plan_job)
+        self.stages = build_stages(self.plan_job, self.work)
 
     def run(self) -> dict[str, Any]:
         mode = self.job.output.mode
@@ -104,22 +110,31 @@ class Runner:
         if any(i.keep_fields for i in self.job.inputs):
             self.job = resolve_field_types(self.job, lambda index: _first_batch(self.job, read_tasks, index))
         self._prepare(read_tasks)
+        self._layout()
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
                  len(self.phases), self.out)
         results: list[list[dict]] = []
+        switched = False
         with Executor(workers=self.job.job.workers, kind=self.job.job.executor) as self.executor:
             for phase in self.phases:
                 specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
                 results.append(self._run_phase(phase, specs))
+                if self.optimistic and phase.index == 0 and not self._ids_unique(results[0]):
+                    switched = True
+                    break
                 if phase.collect is not None:
                     self._plan(phase, len(read_tasks))
-            write_results = self._write_ordered(results[-1]) if self.ordered else []
-            write_results += self._write_val(results[-1])
-        manifest = build_manifest(
-            self.job, self.stages, results, write_results, self.plan_seconds,
-            reports={s.ctx.stage_id: self._report(s) for s in self.stages if isinstance(s, Barrier)},
-            seconds=time.perf_counter() - t0,
-        )
+            else:
+                write_results = self._write_ordered(results[-1]) if self.ordered else []
+                write_results += self._write_val(results[-1])
+        if switched:  # an id repeats: once more, with the id barrier first (the work folder now says so)
+            return self._run()
+        stages, reports = self.stages, {s.ctx.stage_id: self._report(s) for s in self.stages if isinstance(s, Barrier)}
+        if self.optimistic and self.job.job.duplicate_ids == "reject":
+            ids = build_stages(self.job, self.work)[0]  # for the manifest: the check ran, and found no repeat
+            stages, reports[IDS_STAGE_ID] = [ids, *stages], {"rows": self._ids_rows, "ids_with_copies": 0, "removed": 0}
+        manifest = build_manifest(self.job, stages, results, write_results, self.plan_seconds, reports=reports,
+                                  seconds=time.perf_counter() - t0)
         write_json_atomic(self.out / "manifest.json", manifest)
         write_card(self.out, manifest)
         if not self.job.job.keep_work:
@@ -153,15 +168,34 @@ class Runner:
         record_inputs(self.work, prints)  # before the fingerprint: without both, a re-run starts afresh
         write_text_atomic(marker, fingerprint)
 
+    def _ids_unique(self, phase0: list[dict]) -> bool:
+        """After an optimistic phase 0: True when no id repeats; else switch to the exact plan (ids barrier first)."""
+        if self.job.job.duplicate_ids == "allow":
+            return True
+        repeated = repeated_ids(self.work.task_files(0, "ids.parquet"))
+        if not repeated:
+            for r in phase0:
+                r["stats"][IDS_STAGE_ID] = checked_stats(r["stats"])
+            self._ids_rows = sum(r["stats"][IDS_STAGE_ID]["rows_in"] for r in phase0)
+            return True
+        log.info("%d id(s) occur more than once: running the job again with the id check first", repeated)
+        # What phase 0 wrote (rejects; shards in a one-phase job), and its work, go.
+        clear_own_entries(self.out, only=tuple(name for name in OWN_ENTRIES if name != "_work"))
+        for entry in self.work.root.iterdir():
+            if entry.name not in ("fingerprint", "inputs.json"):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        write_text_atomic(self.work.root / EXACT_MARKER, "an id repeats: the id barrier runs first\n")
+        return False
+
     def _task_spec(self, phase: PhaseSpec, task: int, read_tasks: list) -> TaskSpec:
         decision = None
         if phase.apply is not None:
             decision = self.work.decision(self.stages[phase.apply].ctx.stage_id, task)
         return TaskSpec(
-            job=self.job, phase=phase, task=task, work=self.work, ordered=self.ordered,
+            job=self.plan_job, phase=phase, task=task, work=self.work, ordered=self.ordered,
             read=read_tasks[task] if phase.index == 0 else None,
             rows_path=self.work.task(phase.index - 1, task) / "rows.parquet" if phase.index > 0 else None,
-            decision_path=decision,
+            decision_path=decision, spill_ids=self.optimistic and phase.index == 0,
         )
 
     # -- phases ---------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class TaskSpec:
     read: ReadTask | None = None  # phase 0
     rows_path: Path | None = None  # later phases: the previous phase's rows
     decision_path: Path | None = None
+    spill_ids: bool = False  # phase 0 of an optimistic run: also write the read rows' ids (curate.stages.ids)
 
     @property
     def folder(self) -> Path:
@@ -92,6 +93,7 @@ class _Outputs:
     keys: pq.ParquetWriter | None = None
     rejects: pq.ParquetWriter | None = None
     val: pq.ParquetWriter | None = None  # final phase: validation rows, gathered across tasks into shards later
+    ids: pq.ParquetWriter | None = None  # optimistic phase 0: the read rows' ids
     shards: dict[str, ShardWriter] = field(default_factory=dict)
     rows_written: int = 0
     rows_bytes: int = 0
@@ -104,7 +106,7 @@ class _Outputs:
         table = df.to_arrow()
         if writer is None:
             # Spilled keys are mostly random 64-bit hashes: a dictionary only costs time there.
-            writer = pq.ParquetWriter(path, table.schema, compression=compression, use_dictionary=name != "keys")
+            writer = pq.ParquetWriter(path, table.schema, compression=compression, use_dictionary=name not in ("keys", "ids"))
             setattr(self, name, writer)
         writer.write_table(table.cast(writer.schema))
         return writer
@@ -195,6 +197,8 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
             read = stats.setdefault(READ_STAGE_ID, StageStats())
             read.add_batch(pl.concat([rows.select("source"), read_rejects.select("source")]), rows, read_rejects, 0)
             out.write_rejects(read_rejects, READ_STAGE_ID)
+        if spec.spill_ids and rows.height:
+            out._writer("ids", tmp / "ids.parquet", rows.select("id"), "zstd")
         batch = rows
         for i in phase.chain:
             if not batch.height:
@@ -261,7 +265,7 @@ def _scope(stage: Stage, batch: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFram
 
 
 def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped: list[dict], final: Path) -> dict[str, Any]:
-    for name in ("rows", "keys", "rejects", "val"):
+    for name in ("rows", "keys", "rejects", "val", "ids"):
         if getattr(out, name) is not None:
             getattr(out, name).close()
     shards = []

@@ -8,12 +8,21 @@ copy of each id, in input order (inputs as listed in the job, files sorted, rows
 order), is kept and every later copy becomes a ``read:duplicate_id`` reject whose
 ``duplicate_of`` is that id.
 
-It is a barrier ahead of the job's own stages, so it costs one more map phase (the read
-rows are spilled once more, as lz4 Parquet) — ``[job] duplicate_ids = "allow"`` skips it
-when the ids are known to be unique. The keys it spills are the ids and row numbers only.
+As a barrier ahead of the job's own stages it would cost one more map phase for every
+job (the read rows spilled once more: 2x on a job that only reads and writes). So the
+runner first runs optimistically: the job's own phases, phase 0 also spilling the read
+rows' ids (``ids.parquet`` per task). If no id repeats — the usual case — that is all, and
+the manifest's ``00.ids`` entry records the check. If one does, the runner discards that
+work, leaves ``_work/ids-exact``, and runs the job with this barrier first; the result is
+the same as if it had done so from the start. ``[job] duplicate_ids = "allow"`` skips the
+check when the ids are known to be unique. The keys spilled are ids and row numbers only.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -24,6 +33,7 @@ from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageOutput
 
 IDS_STAGE_ID = "00.ids"
 REASON = "read:duplicate_id"
+EXACT_MARKER = "ids-exact"  # in _work: an id repeats, so this job runs with the barrier first
 
 
 class DuplicateIds(Barrier):
@@ -63,6 +73,29 @@ class DuplicateIds(Barrier):
         kept = marked.filter(~pl.col("__later")).drop("__later")
         rejected = make_rejects(marked.filter(pl.col("__later")).drop("__later"), REASON, pl.col("id"))
         return StageOutput(kept, rejected)
+
+
+def optimistic_job(job: Job, work_root: Path) -> Job:
+    """The job the runner plans: without the barrier while no repeated id has been seen (see the module doc)."""
+    if job.job.duplicate_ids == "allow" or (work_root / EXACT_MARKER).exists():
+        return job
+    return dataclasses.replace(job, job=dataclasses.replace(job.job, duplicate_ids="allow"))
+
+
+def repeated_ids(files: list[str]) -> int:
+    """How many ids occur more than once in the phase-0 id spills."""
+    if not files:
+        return 0
+    counts = pl.scan_parquet(files).group_by("id").agg(pl.len().alias("_n"))
+    return counts.filter(pl.col("_n") > 1).select(pl.len()).collect().item()
+
+
+def checked_stats(task_stats: dict[str, dict]) -> dict[str, Any]:
+    """The ``00.ids`` stats of an optimistic phase-0 task whose ids all turned out unique: every read row passed."""
+    read = task_stats.get("00.read", {})
+    rows, sources = read.get("rows_out", 0), read.get("source_out", {})
+    return {"rows_in": rows, "rows_out": rows, "repeats": 0, "seconds": 0.0, "rejected": {}, "source_in": sources,
+            "source_out": sources, "source_rejected": {}, "counters": {}}
 
 
 def job_stages(job: Job) -> list[tuple[str, type[Stage], StageConfig]]:

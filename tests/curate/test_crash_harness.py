@@ -1,7 +1,8 @@
 """The curation crash harness (issue #14): SIGKILL a job at points chosen from its own progress.
 
-A tiny job (three inputs with a bad line each, the id check's barrier, a filter, a
-validation split gathered across tasks, both shard formats) runs once with
+A tiny job (three inputs with a bad line each and an id given twice — so the optimistic
+run switches to the id barrier midway — a filter, a validation split gathered across
+tasks, both shard formats) runs once with
 ``WINNOW_CRASH_AT=count:<file>`` to list its crash points — every durable write, before and
 after its rename (``curate.crashpoints``). Then, for at least 20 of them spread over the
 whole run, a fresh ``winnow curate`` process is SIGKILLed at that point, the same command
@@ -58,7 +59,7 @@ def write_inputs(data: Path) -> None:
     for f in range(2):
         recs = [{"id": f"w{f}-{i}", "text": f"web page {i % 9} about things" if i % 5 else "x"} for i in range(20)]
         (data / f"web-{f}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b"{broken\n")
-    recs = [{"id": f"b{i}", "text": f"a book chapter number {i}"} for i in range(15)]
+    recs = [{"id": f"b{i}", "text": f"a book chapter number {i}"} for i in range(15)] + [{"id": "w0-3", "text": "an id again"}]
     (data / "books.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
 
 

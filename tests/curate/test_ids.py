@@ -53,3 +53,21 @@ def test_allow_skips_the_check_and_its_phase(tmp_path, write_job):
     manifest = run_job(job, progress=False)
     assert [st["id"] for st in manifest["stages"]] == ["00.read"]
     assert sorted(kept(manifest, job.output_dir)["text"].to_list()) == ["one", "two"]
+
+
+def test_a_job_without_stages_checks_ids_in_its_one_pass_and_redoes_it_when_one_repeats(tmp_path, write_job, nothing_lost):
+    jsonl(tmp_path / "a.jsonl", [{"id": "x", "text": "one"}, {"id": "y", "text": "two"}])
+    jsonl(tmp_path / "b.jsonl", [{"id": "z", "text": "three"}])
+    body = f'keep_work = true\n[[inputs]]\nsource = "a"\npath = "{tmp_path / "*.jsonl"}"\n'
+    unique = load_job(write_job(body, name="unique"))
+    manifest = run_job(unique, progress=False)
+    assert not (unique.output_dir / "_work" / "phase-1").exists()  # one pass: no phase for the check
+    assert next(st for st in manifest["stages"] if st["id"] == "00.ids")["report"]["removed"] == 0
+
+    jsonl(tmp_path / "b.jsonl", [{"id": "z", "text": "three"}, {"id": "x", "text": "again"}])
+    repeated = load_job(write_job(body, name="repeated"))
+    manifest = run_job(repeated, progress=False)
+    nothing_lost(repeated.output_dir, {"x", "y", "z"})
+    assert (repeated.output_dir / "_work" / "ids-exact").exists()
+    assert sorted(kept(manifest, repeated.output_dir)["text"].to_list()) == ["one", "three", "two"]
+    assert rejects(repeated.output_dir).select("id", "reason").rows() == [("x", "read:duplicate_id")]

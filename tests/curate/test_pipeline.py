@@ -160,7 +160,7 @@ def test_crash_inside_a_task_then_rerun_gives_identical_shards(tmp_path, write_j
     monkeypatch.setattr(LengthFilter, "apply", crash_on_third_batch)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_job(job, progress=False)
-    done = sorted(p.name for p in (job.output_dir / "_work" / "phase-1").iterdir())  # phase 0 checks the ids
+    done = sorted(p.name for p in (job.output_dir / "_work" / "phase-0").iterdir())
     assert "task-00000" in done and ".task-00002.tmp" in done  # finished task kept, the crashed one not in place
     monkeypatch.setattr(LengthFilter, "apply", original)
     resumed = run_job(job, progress=False)
