@@ -121,9 +121,12 @@ class Loader:
             order.append(members[local])
         self._mix.advance(assigned)
         self._step += 1
-        rank_order = np.argsort(np.concatenate(order), kind="stable")
-        arrays = {k: np.concatenate([a[k] for _, a in parts])[rank_order] for k in _KEYS}
-        set_of_row = np.concatenate([np.full(len(a["tokens"]), s) for s, a in parts])[rank_order]
+        if len(parts) == 1:  # one set: its rows are already in this rank's order
+            arrays, set_of_row = parts[0][1], np.full(cfg.batch_size, parts[0][0])
+        else:
+            rank_order = np.argsort(np.concatenate(order), kind="stable")
+            arrays = {k: np.concatenate([a[k] for _, a in parts])[rank_order] for k in _KEYS}
+            set_of_row = np.concatenate([np.full(len(a["tokens"]), s) for s, a in parts])[rank_order]
         origins = [self._origin(int(s), int(k), int(r)) for s, k, r in zip(set_of_row, arrays["origin_shard"], arrays["origin_row"])]
         batch = Batch.from_numpy(arrays, origins, pin=self._pin)
         self.wait_seconds = time.perf_counter() - t0

@@ -228,8 +228,13 @@ class TokenShard:
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         """File-order tokens ``[lo, hi)``."""
-        self.bytes_read += (hi - lo) * self.dtype.itemsize
         if self._map is not None:
             return self._map[lo:hi]
         size = self.dtype.itemsize
         return np.frombuffer(self._fs.cat_file(self.url, start=lo * size, end=hi * size), self.dtype)
+
+    def take(self, pos_BT: np.ndarray) -> np.ndarray:
+        """File-order tokens at ``pos_BT``, each row a contiguous range (one read per row off a memory map)."""
+        if self._map is not None:
+            return self._map[pos_BT]
+        return np.stack([self.read(int(r[0]), int(r[-1]) + 1) for r in pos_BT])

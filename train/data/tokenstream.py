@@ -47,6 +47,22 @@ class _Segment:
         return self.start + self.length
 
 
+def _doc_of(cum: np.ndarray, q_BT: np.ndarray) -> np.ndarray:
+    """Document of each position of rows of consecutive positions: ``searchsorted(cum, q) - 1``, in O(B*T).
+
+    Only the rows' first and last positions are searched; the documents starting inside a row mark
+    their first position, and a running count along the row numbers the rest.
+    """
+    j0 = np.searchsorted(cum, q_BT[:, 0], side="right") - 1
+    j1 = np.searchsorted(cum, q_BT[:, -1], side="right") - 1
+    n = j1 - j0  # documents starting inside each row
+    row = np.repeat(np.arange(len(n)), n)
+    k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(j0 + 1, n)
+    marks = np.zeros(q_BT.shape, np.int64)
+    marks[row, cum[k] - q_BT[row, 0]] = 1
+    return j0[:, None] + np.cumsum(marks, axis=1)
+
+
 class TokenStream:
     """Packed sequences of one token-shard set: the ``SetStream`` interface (``fill``, ``take``, ``position``)."""
 
@@ -162,55 +178,89 @@ class TokenStream:
         return True
 
     # -- reading ------------------------------------------------------------------------
-    def _gather(self, pos: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Per stream position: token, document number, valid target, source id, shard, row."""
-        tok = np.empty(len(pos), np.int64)
-        doc, valid = np.empty(len(pos), np.int64), np.ones(len(pos), bool)
-        src, shard_of, row = np.zeros(len(pos), np.int64), np.full(len(pos), -1, np.int64), np.full(len(pos), -1, np.int64)
-        starts = np.array([s.start for s in self._segments], np.int64)
-        which = np.searchsorted(starts, pos, side="right") - 1
-        for k in np.unique(which):
-            seg, at = self._segments[k], np.flatnonzero(which == k)
-            q = pos[at] - seg.start
-            if seg.shard is None:
-                tok[at], doc[at] = self.tokenizer.pad_id, seg.doc0
-                valid[at] = seg.closing & (q == 0)
-                if seg.closing:
-                    tok[at[q == 0]] = self.tokenizer.eos_id
-                continue
-            q = q + seg.skip  # position within the shard's stream
-            j = np.searchsorted(seg.cum, q, side="right") - 1  # document in stream order
+    def _fill(self, seg: _Segment, lo: int, hi: int, out: tuple[np.ndarray, ...]) -> None:
+        """Write stream positions ``[lo, hi)`` (all inside ``seg``) into the views ``out``."""
+        tok, doc, valid, src, shard_of, row = out
+        q0, q1 = lo - seg.start, hi - seg.start
+        if seg.shard is None:
+            tok[:], doc[:], valid[:], src[:], shard_of[:], row[:] = self.tokenizer.pad_id, seg.doc0, False, 0, -1, -1
+            if seg.closing and q0 == 0:
+                tok[0], valid[0] = self.tokenizer.eos_id, True
+            return
+        q = np.arange(q0 + seg.skip, q1 + seg.skip)  # positions within the shard's stream
+        j = np.searchsorted(seg.cum, q, side="right") - 1  # document in stream order
+        if seg.order is None:
+            # the stream is the .bin shifted right by one behind a leading EOS: one contiguous read
+            a = int(q[0])
+            if a == 0:
+                tok[0] = self.tokenizer.eos_id
+            tok[int(a == 0):] = self._read(seg, max(a - 1, 0), int(q[-1]))
+            file_doc = j
+        else:
             within = q - seg.cum[j]
-            file_doc = j if seg.order is None else seg.order[j]
-            t = np.full(len(q), self.tokenizer.eos_id, np.int64)
-            body = within > 0
-            # stream token (doc, k>0) is file token starts[doc] + k - 1; k = 0 is the leading EOS
-            t[body] = self._read(seg, seg.shard.starts[file_doc[body]] + within[body] - 1)
-            tok[at], doc[at], src[at] = t, seg.doc0 + j, seg.src[j]
-            shard_of[at], row[at] = seg.index, seg.shard.rows[file_doc]
-            if seg.mask_first:
-                valid[at[q == 0]] = False
-        return tok, doc, valid, src, shard_of, row
+            file_doc = seg.order[j]
+            body = within > 0  # a document's first stream token is its leading EOS
+            tok[~body] = self.tokenizer.eos_id
+            tok[body] = self._take(seg, seg.shard.starts[file_doc[body]] + within[body] - 1)
+        doc[:], src[:], shard_of[:] = seg.doc0 + j, seg.src[j], seg.index
+        row[0] = seg.shard.rows[file_doc[0]]
+        valid[:] = True
+        if seg.mask_first and q[0] == 0:
+            valid[0] = False
 
-    def _read(self, seg: _Segment, file_pos: np.ndarray) -> np.ndarray:
-        """Tokens at file positions ``file_pos`` of ``seg``'s shard, reading each contiguous run once."""
+    def _read(self, seg: _Segment, lo: int, hi: int) -> np.ndarray:
+        """File tokens ``[lo, hi)`` of ``seg``'s shard."""
+        self.counters["tokens_read"] += hi - lo
+        self.counters["bytes_read"] += (hi - lo) * seg.shard.dtype.itemsize
+        return seg.shard.read(lo, hi)
+
+    def _take(self, seg: _Segment, file_pos: np.ndarray) -> np.ndarray:
+        """File tokens at ``file_pos`` (shuffled documents), reading each contiguous run once."""
         if not len(file_pos):
             return np.empty(0, np.int64)
-        breaks = np.flatnonzero(np.diff(file_pos) != 1) + 1
-        runs = np.split(file_pos, breaks)
-        out = np.concatenate([seg.shard.read(int(r[0]), int(r[-1]) + 1) for r in runs]).astype(np.int64)
-        self.counters["tokens_read"] += len(out)
-        self.counters["bytes_read"] += len(out) * seg.shard.dtype.itemsize
-        return out
+        runs = np.split(file_pos, np.flatnonzero(np.diff(file_pos) != 1) + 1)
+        return np.concatenate([self._read(seg, int(r[0]), int(r[-1]) + 1) for r in runs])
+
+    def _take_within(self, seg: _Segment, rows: np.ndarray, seq_len: int, out: tuple[np.ndarray, ...]) -> None:
+        """The common case, vectorized: the whole step inside one shard in file order, past its leading EOS."""
+        tok, doc, valid, src, shard_of, row = out
+        q = (self._base - seg.start + seg.skip) + rows[:, None] * seq_len + np.arange(seq_len + 1)  # shard stream positions
+        tok[:] = seg.shard.take(q - 1)  # stream position q is file position q - 1
+        j = _doc_of(seg.cum, q)
+        doc[:], src[:], shard_of[:], valid[:] = seg.doc0 + j, seg.src[j], seg.index, True
+        row[:, 0] = seg.shard.rows[j[:, 0]]
+        self.counters["tokens_read"] += q.size
+        self.counters["bytes_read"] += q.size * seg.shard.dtype.itemsize
+
+    def _take_rows(self, rows: np.ndarray, seq_len: int, out: tuple[np.ndarray, ...]) -> None:
+        """Row by row, each split where it crosses a segment (shard, padding or epoch) boundary."""
+        width = seq_len + 1
+        starts = np.array([s.start for s in self._segments], np.int64)
+        for b, r in enumerate(rows):
+            lo = self._base + int(r) * seq_len  # row b reads stream positions [lo, lo + T]
+            k = int(np.searchsorted(starts, lo, side="right")) - 1
+            at = lo
+            while at < lo + width:  # usually one segment; a row can span shard or epoch boundaries
+                seg = self._segments[k]
+                end = min(seg.end, lo + width)
+                self._fill(seg, at, end, tuple(a[b, at - lo : end - lo] for a in out))
+                at, k = end, k + 1
 
     def take(self, seq_len: int, n_seqs: int, rows: np.ndarray, *, boundary: bool) -> dict[str, np.ndarray]:
         """This rank's ``rows`` of the step's ``n_seqs`` sequences; the stream moves past all of them."""
         assert self.available() >= n_seqs * seq_len + 1, "take() before the step was filled"
-        pos_BT1 = self._base + np.asarray(rows, np.int64)[:, None] * seq_len + np.arange(seq_len + 1)
-        shape = pos_BT1.shape
-        tok, doc, valid, src, shard_of, row = (a.reshape(shape) for a in self._gather(pos_BT1.ravel()))
+        n_rows, width = len(rows), seq_len + 1
+        out = (np.empty((n_rows, width), np.int64), np.empty((n_rows, width), np.int64), np.empty((n_rows, width), bool),
+               np.empty((n_rows, width), np.int64), np.empty((n_rows, width), np.int64), np.full((n_rows, width), -1, np.int64))
+        first = self._segments[0]
+        if first.shard is not None and first.order is None and first.end >= self._base + n_seqs * seq_len + 1 \
+                and self._base - first.start + first.skip > 0:
+            self._take_within(first, np.asarray(rows, np.int64), seq_len, out)
+        else:
+            self._take_rows(np.asarray(rows, np.int64), seq_len, out)
+        tok, doc, valid, src, shard_of, row = out
         doc_BT = doc[:, :-1]
-        out = {
+        arrays = {
             "tokens": tok[:, :-1], "targets": tok[:, 1:],
             "source_ids": src[:, :-1],  # a target belongs to the document whose context predicts it
             "loss_mask": valid[:, 1:],
@@ -220,7 +270,7 @@ class TokenStream:
         self._base += n_seqs * seq_len
         self._segments = [s for s in self._segments if s.end > self._base]
         self._update_position()
-        return out
+        return arrays
 
     def _update_position(self) -> None:
         seg = self._segments[0]  # take() leaves at least one token past the base
