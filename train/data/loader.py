@@ -107,7 +107,6 @@ class Loader:
         cfg = self.config
         seq_len, n_seqs = cfg.seq_len_at(self._step), cfg.batch_size * self.world_size
         assigned = self._mix.assign(n_seqs)  # set of each global sequence of this step
-        mine = self.rank + self.world_size * np.arange(cfg.batch_size)  # this rank's global sequences
         parts, order = [], []
         for s, stream in enumerate(self._sets):
             members = np.flatnonzero(assigned == s)
@@ -116,7 +115,7 @@ class Loader:
             if not stream.fill(seq_len, len(members)):
                 self._end_of_pass()
                 raise StopIteration
-            local = np.flatnonzero(np.isin(members, mine))  # which of the set's sequences are this rank's
+            local = np.flatnonzero(members % self.world_size == self.rank)  # which of the set's sequences are this rank's
             parts.append((s, stream.take(seq_len, len(members), local, boundary=cfg.boundary_mask)))
             order.append(members[local])
         self._mix.advance(assigned)

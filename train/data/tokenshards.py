@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import mmap
 import struct
 from dataclasses import dataclass, field
 
@@ -232,6 +233,12 @@ class TokenShard:
             return self._map[lo:hi]
         size = self.dtype.itemsize
         return np.frombuffer(self._fs.cat_file(self.url, start=lo * size, end=hi * size), self.dtype)
+
+    def release(self) -> None:
+        """Drop this process's mapped pages of the shard (the stream has moved past it); they stay in the page cache."""
+        mapping = getattr(self._map, "_mmap", None)
+        if mapping is not None and hasattr(mapping, "madvise"):
+            mapping.madvise(mmap.MADV_DONTNEED)
 
     def take(self, pos_BT: np.ndarray) -> np.ndarray:
         """File-order tokens at ``pos_BT``, each row a contiguous range (one read per row off a memory map)."""

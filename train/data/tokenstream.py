@@ -268,6 +268,9 @@ class TokenStream:
             "origin_shard": shard_of[:, 0], "origin_row": row[:, 0],
         }
         self._base += n_seqs * seq_len
+        for seg in self._segments:
+            if seg.end <= self._base and seg.shard is not None:
+                seg.shard.release()  # keeps resident memory flat however much data a pass reads
         self._segments = [s for s in self._segments if s.end > self._base]
         self._update_position()
         return arrays
