@@ -1,17 +1,28 @@
-"""Benchmark: winnow's loader vs ``webdataset.WebLoader`` vs a map-style ``torch.utils.data.DataLoader``.
+"""Benchmark: winnow's loaders (token shards, text shards) vs litdata, MosaicML streaming, webdataset, torch.
 
-All three read the same shards (written with curate's shard writer), use the same byte-level
-tokenizer and the same number of worker processes, and yield ``(B, T)`` batches of packed
-token ids with per-token source ids. The two peers share one tokenize-and-pack function
-(``tokenize_and_pack``); winnow uses its own loader. Printed per contender: tokens/s (after
-the first batch), time to first batch (construction included), peak RSS of the process tree,
-and ratios against winnow. Rounds alternate A B C A B C because the machine may be shared.
+Text contenders read the same shards (written with curate's shard writer) with the same byte-level
+tokenizer: winnow's text loader, ``webdataset.WebLoader`` and a map-style ``torch.utils.data.DataLoader``
+(the two peers share one tokenize-and-pack function, ``tokenize_and_pack``). Pre-tokenized contenders
+read the same token ids: winnow's token shards (Megatron ``.bin``/``.idx`` from curate's ``tokens``
+format), litdata (``litdata.optimize`` of those documents into token chunks, then ``StreamingDataset``
+with ``TokensLoader`` + ``StreamingDataLoader``) and MosaicML streaming (the stream packed into
+``seq_len + 1`` windows in MDS shards, as llm-foundry's concat-tokens recipe writes them, then
+``StreamingDataset`` + ``DataLoader``). All yield ``(B, T)`` int64 batches with the same batch size,
+sequence length and worker count; winnow's also carry per-token source ids, loss and document
+masks. The peers' preprocessing runs once, before timing. Printed per contender: tokens/s (after
+the first batch), time to first batch (construction included), peak RSS of the process tree, and
+ratios. Rounds alternate A B C ... A B C ... because the machine may be shared.
 
-    python bench/loader.py --docs 4000 --rounds 2          # small: about a minute
-    python bench/loader.py --docs 40000 --batches 400      # larger
+    python bench/loader.py --docs 4000 --rounds 2          # small: a few minutes
+    python bench/loader.py --docs 40000 --batches 400      # larger (RSS should not grow with it)
+    python bench/loader.py --only tokens,litdata,mds       # just the pre-tokenized contenders
+    python bench/loader.py --bpe-vocab 8192                # a trained byte-level BPE instead of byte ids
     python bench/loader.py --sample out/demo               # also time the first batch on the demo shards
 
-Needs only the project's dependencies (webdataset is one of them).
+Peers: ``pip install litdata mosaicml-streaming`` (a contender whose package is missing is skipped
+with a note). MosaicML streaming pins numpy < 2.2 and imports transformers and torchvision at
+import time for its text/vision datasets; the bench stubs those two packages when they are not
+importable, since the MDS reader it times uses neither.
 """
 
 from __future__ import annotations
@@ -36,7 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from train.data import Loader, LoaderConfig  # noqa: E402
 from train.data.pieces import with_separators  # noqa: E402
-from train.tokenizer import ByteTokenizer  # noqa: E402
+from train.tokenizer import ByteTokenizer, load_tokenizer  # noqa: E402
+
+import loader_peers  # noqa: E402  (bench/ is on sys.path when this file runs)
 
 SOURCES = ["web", "code", "books", "forum"]
 WORDS = np.array("the of and to in is was for that with as on by at from this be are or an it which not".split()
@@ -44,11 +57,15 @@ WORDS = np.array("the of and to in is was for that with as on by at from this be
 
 
 # -- data ---------------------------------------------------------------------------------------
-def make_job(folder: Path, docs: int, shard_rows: int, seed: int = 0) -> Path:
-    """A job folder of synthetic multi-source documents, both shard formats, written by curate."""
+def make_job(folder: Path, docs: int, shard_rows: int, seed: int = 0, bpe_vocab: int = 0) -> Path:
+    """A job folder of synthetic multi-source documents in every shard format, written by curate.
+
+    ``bpe_vocab``: token shards (and ``folder/tokenizer/``) from a byte-level BPE trained on the
+    documents, instead of byte ids.
+    """
     import polars as pl
 
-    from curate.config import OutputConfig
+    from curate.config import OutputConfig, TokensConfig
     from curate.writers.shards import ShardWriter
 
     if (folder / "manifest.json").exists():
@@ -60,7 +77,14 @@ def make_job(folder: Path, docs: int, shard_rows: int, seed: int = 0) -> Path:
     texts = [" ".join(chunk) for chunk in np.split(words, cuts)]
     df = pl.DataFrame({"id": [f"doc/{i}" for i in range(docs)], "source": [SOURCES[i % 4] for i in rng.integers(0, 4, docs)],
                        "text": texts, "meta": [None] * docs}, schema={"id": pl.String, "source": pl.String, "text": pl.String, "meta": pl.String})
-    writer = ShardWriter(folder, "part-00000", OutputConfig(shard_rows=shard_rows), split="train")
+    tokens = TokensConfig()
+    if bpe_vocab:
+        from train.tokenizer import train_bpe
+
+        tok_dir = train_bpe([texts[i : i + 500] for i in range(0, min(len(texts), 4000), 500)], vocab_size=bpe_vocab).save(folder / "tokenizer")
+        tokens = TokensConfig(tokenizer=str(tok_dir / "tokenizer.json"))
+    output = OutputConfig(formats=["parquet", "webdataset", "tokens"], shard_rows=shard_rows, tokens=tokens)
+    writer = ShardWriter(folder, "part-00000", output, split="train")
     writer.write(df)
     entries = writer.close()
     for e in entries:
@@ -162,10 +186,20 @@ def make_torch(folder, args):
                                             persistent_workers=False, prefetch_factor=4 if args.workers else None))
 
 
+def job_tokenizer(folder):
+    return load_tokenizer(folder / "tokenizer" if (folder / "tokenizer").is_dir() else None)
+
+
+def make_winnow_tokens(folder, args):
+    """The token-shard loader reads by offset in this process: no tokenizing, so no worker processes to feed."""
+    cfg = LoaderConfig(batch_size=args.batch_size, seq_len=args.seq_len, num_workers=0, format="tokens", verify_checksums=True)
+    return Loader(cfg, folder, tokenizer=job_tokenizer(folder))
+
+
 def make_winnow(folder, args, fmt="parquet"):
     cfg = LoaderConfig(batch_size=args.batch_size, seq_len=args.seq_len, num_workers=args.workers, format=fmt,
                        verify_checksums=True)
-    return Loader(cfg, folder)
+    return Loader(cfg, folder, tokenizer=job_tokenizer(folder))
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -220,30 +254,57 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=600, help="batches timed after the first")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--sample", type=Path, default=None, help="a job folder (e.g. out/demo) to time winnow's first batch on")
+    p.add_argument("--bpe-vocab", type=int, default=0, help="tokenize with a byte-level BPE of this many ids (trained on the data) instead of bytes")
+    p.add_argument("--only", default="", help="comma-separated contenders: tokens,parquet,tar,webdataset,torch,litdata,mds")
     args = p.parse_args()
-    folder = make_job(Path(__file__).parent / "_data" / f"loader-{args.docs}", args.docs, args.shard_rows)
+    suffix = f"-bpe{args.bpe_vocab}" if args.bpe_vocab else ""
+    folder = make_job(Path(__file__).parent / "_data" / f"loader-{args.docs}-tokens{suffix}", args.docs, args.shard_rows,
+                      bpe_vocab=args.bpe_vocab)
+    if args.bpe_vocab and not args.only:
+        args.only = "tokens,parquet,tar,litdata,mds"  # webdataset and torch contenders tokenize bytes only
     contenders = {
-        "winnow (parquet)": make_winnow,
-        "winnow (tar)": partial(make_winnow, fmt="webdataset"),
-        "webdataset.WebLoader": make_webdataset,
-        "torch DataLoader (map-style)": make_torch,
+        "tokens": ("winnow (token shards)", make_winnow_tokens, folder),
+        "parquet": ("winnow (parquet)", make_winnow, folder),
+        "tar": ("winnow (tar)", partial(make_winnow, fmt="webdataset"), folder),
+        "webdataset": ("webdataset.WebLoader", make_webdataset, folder),
+        "torch": ("torch DataLoader (map-style)", make_torch, folder),
+        "litdata": ("litdata StreamingDataLoader", loader_peers.make_litdata, None),
+        "mds": ("MosaicML streaming (MDS)", loader_peers.make_mds, None),
     }
+    chosen = [k.strip() for k in args.only.split(",")] if args.only else list(contenders)
+    unknown = [k for k in chosen if k not in contenders]
+    if unknown:
+        p.error(f"--only: unknown contender(s) {unknown}; choose from {list(contenders)}")
+    prepare = {"litdata": loader_peers.prepare_litdata, "mds": loader_peers.prepare_mds}
+    for key in [k for k in chosen if k in prepare]:
+        t0 = time.perf_counter()
+        data = prepare[key](folder, args.seq_len)
+        if data is None:
+            print(f"{contenders[key][0]}: not installed, skipped (pip install {'litdata' if key == 'litdata' else 'mosaicml-streaming'})")
+            chosen.remove(key)
+            continue
+        name, make, _ = contenders[key]
+        contenders[key] = (name, make, data)
+        print(f"{name}: data prepared in {time.perf_counter() - t0:.1f} s (once; reused by later runs)")
     print(f"{args.docs} docs in {len(shard_files(folder, 'parquet'))} shards, {args.workers} workers, "
-          f"batch {args.batch_size} x {args.seq_len}, {args.batches} timed batches, {args.rounds} rounds (A B C D A B C D)")
-    results: dict[str, list[dict]] = {name: [] for name in contenders}
+          f"batch {args.batch_size} x {args.seq_len}, {args.batches} timed batches, {args.rounds} rounds, alternating")
+    results: dict[str, list[dict]] = {k: [] for k in chosen}
     for _ in range(args.rounds):
-        for name, make in contenders.items():
-            results[name].append(measure(make, folder, args))
-    base = statistics.median(r["tokens_s"] for r in results["winnow (parquet)"])
-    print(f"{'contender':<30}{'tokens/s':>12}{'first batch s':>15}{'peak RSS MiB':>14}{'winnow/peer':>13}")
-    for name, rs in results.items():
+        for key in chosen:
+            _, make, data = contenders[key]
+            results[key].append(measure(make, data, args))
+    ref = "tokens" if "tokens" in results else chosen[0]
+    base = statistics.median(r["tokens_s"] for r in results[ref])
+    print(f"{'contender':<32}{'tokens/s':>14}{'first batch s':>15}{'peak RSS MiB':>14}{contenders[ref][0].split(' (')[0] + ' ' + ref + '/peer':>22}")
+    for key, rs in results.items():
         tps = statistics.median(r["tokens_s"] for r in rs)
         first = statistics.median(r["first_s"] for r in rs)
         rss = max(r["rss"] for r in rs) / 2**20
-        print(f"{name:<30}{tps:>12,.0f}{first:>15.3f}{rss:>14.0f}{base / tps:>12.2f}x")
-    same_input = statistics.median(r["tokens_s"] for r in results["winnow (tar)"]) / statistics.median(
-        r["tokens_s"] for r in results["webdataset.WebLoader"])
-    print(f"same tar shards: winnow (tar) / webdataset.WebLoader = {same_input:.2f}x tokens/s")
+        print(f"{contenders[key][0]:<32}{tps:>14,.0f}{first:>15.3f}{rss:>14.0f}{base / tps:>21.2f}x")
+    if "tar" in results and "webdataset" in results:
+        same_input = statistics.median(r["tokens_s"] for r in results["tar"]) / statistics.median(
+            r["tokens_s"] for r in results["webdataset"])
+        print(f"same tar shards: winnow (tar) / webdataset.WebLoader = {same_input:.2f}x tokens/s")
     if args.sample is not None:
         firsts = []
         for _ in range(args.rounds):
