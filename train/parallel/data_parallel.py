@@ -93,7 +93,9 @@ def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig) -> nn.Module
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     mesh = world.mesh["dp"]
-    policy = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    # Pinned host memory only speeds up copies to an accelerator, and pinning needs one: without it
+    # ``pin_memory`` raises, so a CPU-only (gloo) run offloads to plain memory.
+    policy = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available()) if cfg.cpu_offload else OffloadPolicy()
     for block in model.blocks:
         fully_shard(block, mesh=mesh, offload_policy=policy)
     fully_shard(model, mesh=mesh, offload_policy=policy)
