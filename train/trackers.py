@@ -70,10 +70,14 @@ class TensorBoardTracker:
         require("tensorboard", feature="TensorBoard logging ([train.metrics] trackers = [\"tensorboard\"])")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        self._folder, self._writer_class = str(run_dir / "tensorboard"), SummaryWriter
+        self.writer = None
 
     def log(self, record: dict[str, Any]) -> None:
         step = record["step"]
+        if self.writer is None:  # opened at the first step logged: TensorBoard drops what an earlier attempt
+            # logged from there on (a resumed run redoes those steps), as metrics.jsonl is cut back
+            self.writer = self._writer_class(self._folder, purge_step=step)
         for name, value in scalars(record).items():
             self.writer.add_scalar(name, value, step)
         image = load_image(record.get("expert_load"))
@@ -81,7 +85,8 @@ class TensorBoardTracker:
             self.writer.add_image("expert_load", image[None], step, dataformats="CHW")
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 class MlflowTracker:

@@ -59,6 +59,24 @@ def test_tensorboard_reads_back_the_same_scalars(tmp_path):
     assert not [t for t in events.Tags()["scalars"] if t.startswith("expert_load")]  # one image, not scalars
 
 
+def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def log(step, loss):
+        return {"step": step, "loss": loss}
+
+    for records in ([log(1, 3.0), log(2, 2.9), log(3, 2.8)], [log(2, 2.5), log(3, 2.4), log(4, 2.3)]):
+        writer = MetricsWriter(tmp_path, MetricsConfig(trackers=["tensorboard"]))  # killed after 3, resumed from 1
+        for r in records:
+            writer.write(r)
+        writer.close()
+        time.sleep(1.1)  # event files are named by the second they were opened
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("loss")] == [(1, 3.0), (2, 2.5), (3, 2.4), (4, 2.3)]
+
+
 def test_mlflow_file_store_reads_back_the_same_scalars(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     import mlflow
