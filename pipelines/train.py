@@ -118,7 +118,8 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[], shuffle_window=0, seq_len_warmup_steps=0)
 
     def val_data():
-        return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources))
+        return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources),
+                       max_batches=cfg.eval_batches)
 
     teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
     model = Transformer(model_cfg, activation_checkpointing=cfg.activation_checkpointing,

@@ -10,6 +10,7 @@ no longer trains on. ``HeldOut`` reads those val splits one after the other as o
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -92,17 +93,19 @@ class HeldOut:
     """One pass over the val splits of several job folders, one loader after the other.
 
     ``make(folder)`` builds that folder's val ``Loader``; iteration ends when the last one does.
+    ``max_batches`` (``[train] eval_batches``) is shared out evenly, so a cap still reads every folder.
     """
 
-    def __init__(self, folders: list[str], make) -> None:
+    def __init__(self, folders: list[str], make, *, max_batches: int | None = None) -> None:
         self.folders, self._make = list(folders), make
+        self._per_folder = None if max_batches is None else max(1, max_batches // max(1, len(self.folders)))
         self._current = None
 
     def __iter__(self) -> Iterator:
         for folder in self.folders:
             self._current = self._make(folder)
             try:
-                yield from self._current
+                yield from itertools.islice(self._current, self._per_folder)
             finally:
                 self.close()
 
