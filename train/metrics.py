@@ -77,25 +77,46 @@ def memory_stats(device: torch.device) -> dict[str, float]:
 
 
 class Throughput:
-    """Tokens, wall time and data-wait time since the last log step; eval and checkpoint time excluded."""
+    """Tokens, wall time, data-wait and communication time since the last log step; eval and checkpoint time excluded.
 
-    def __init__(self) -> None:
+    ``comm`` is the run's ``CommTimer`` (anything with a never-reset ``total_seconds``); its
+    share of the wall time is ``comm_pct``, 0 for one process.
+    """
+
+    def __init__(self, comm=None) -> None:
+        self.comm = comm
         self.reset()
+
+    def _comm_total(self) -> float:
+        return self.comm.total_seconds if self.comm is not None else 0.0
 
     def reset(self) -> None:
         self.start = time.perf_counter()
         self.tokens = 0
         self.wait = 0.0
         self.excluded = 0.0
+        self.comm_start = self._comm_total()
+        self.comm_excluded = 0.0
 
     def exclude(self, seconds: float) -> None:
         self.excluded += seconds
 
+    def mark(self) -> tuple[float, float]:
+        """Start of a stretch to leave out (evaluation, checkpoint): hand it back to ``exclude_since``."""
+        return time.perf_counter(), self._comm_total()
+
+    def exclude_since(self, mark: tuple[float, float]) -> None:
+        """Leave out the wall time since ``mark`` and the communication in it (e.g. FSDP2's all-gathers in eval)."""
+        self.excluded += time.perf_counter() - mark[0]
+        self.comm_excluded += self._comm_total() - mark[1]
+
     def summary(self, flops_per_token: float, peak: float) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.start - self.excluded, 1e-9)
         tokens_per_s = self.tokens / elapsed
+        comm = max(self._comm_total() - self.comm_start - self.comm_excluded, 0.0)
         return {"tokens_per_s": tokens_per_s, "flops_per_s": tokens_per_s * flops_per_token,
-                "mfu": tokens_per_s * flops_per_token / peak, "data_wait_pct": 100.0 * self.wait / elapsed}
+                "mfu": tokens_per_s * flops_per_token / peak, "data_wait_pct": 100.0 * self.wait / elapsed,
+                "comm_pct": min(100.0 * comm / elapsed, 100.0)}
 
 
 class MetricsWriter:

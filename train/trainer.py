@@ -90,7 +90,7 @@ class Trainer:
         self.progress = progress if progress is not None and self.parallel.is_main else TrainProgress(total=cfg.steps, enabled=False)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last,
                                              mode=cfg.checkpoint.mode)
-        self.throughput = Throughput()
+        self.throughput = Throughput(self.parallel.comm)
         self.peak_flops, self.peak_basis = peak_flops_basis(device, cfg.metrics.peak_flops)
         self.flops_per_token = model.cfg.flops_per_token(cfg.data.seq_len)
         self.step, self.tokens_seen, self.micro_steps = 0, 0, 0
@@ -241,11 +241,11 @@ class Trainer:
 
     def attribute(self) -> dict:
         """Close the attributed stretch that ends at this step and log its record (``train.attribution``)."""
-        start = time.perf_counter()
+        mark = self.throughput.mark()
         record = self.attribution.close(step=self.step)
         self.optimizer.zero_grad(set_to_none=True)
         self.metrics.write(record)
-        self.throughput.exclude(time.perf_counter() - start)
+        self.throughput.exclude_since(mark)
         return record
 
     @torch.no_grad()
@@ -257,7 +257,7 @@ class Trainer:
         """
         if self.val_data is None:
             return None
-        start = time.perf_counter()
+        mark = self.throughput.mark()
         acct = SourceAccounting(self.sources, n_moe_layers=0, n_experts=0, device=self.device)
         self.model.eval()
         loader = self.val_data()
@@ -282,7 +282,7 @@ class Trainer:
         record = {"step": self.step, "eval": {"loss": result["mean_loss"],
                   "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()}}}
         self.metrics.write(record)
-        self.throughput.exclude(time.perf_counter() - start)
+        self.throughput.exclude_since(mark)
         return record
 
     def state_dict(self) -> dict:
@@ -320,10 +320,10 @@ class Trainer:
         set_rng_state(state["rng"])
 
     def save_checkpoint(self) -> Path:
-        start = time.perf_counter()
+        mark = self.throughput.mark()
         path = self.parallel.save_checkpoint(self.checkpoints, self.step, self.state_dict())
         self._saved_step = self.step
-        self.throughput.exclude(time.perf_counter() - start)
+        self.throughput.exclude_since(mark)
         return path
 
     def resume(self) -> bool:

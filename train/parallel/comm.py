@@ -2,7 +2,10 @@
 
 Blocking collectives are timed around the call. DDP's bucket all-reduces run asynchronously
 while backward continues, so for them the timer keeps the union of ``[launch, completion]``
-intervals: the wall time during which some gradient communication was in flight.
+intervals: the wall time during which some gradient communication was in flight. FSDP2's
+all-gathers and reduce-scatters are timed the same way (``TimedAllGather``/``TimedReduceScatter``
+in ``data_parallel``). ``total_seconds`` never resets, so the step timer can take differences
+of it (``Throughput``'s ``comm_pct``) whatever the resets in between.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ class CommTimer:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.total_seconds = 0.0  # since construction; not reset, not checkpointed (a process-local clock)
         self.reset()
 
     def reset(self) -> None:
@@ -38,7 +42,9 @@ class CommTimer:
     def add_interval(self, start: float, end: float, nbytes: int, uncompressed: int) -> None:
         """Count ``[start, end]`` once even where it overlaps an interval already counted."""
         with self._lock:
-            self.seconds += max(0.0, end - max(start, self._busy_until))
+            added = max(0.0, end - max(start, self._busy_until))
+            self.seconds += added
+            self.total_seconds += added
             self._busy_until = max(self._busy_until, end)
             self.bytes_sent += nbytes
             self.bytes_uncompressed += uncompressed

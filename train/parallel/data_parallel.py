@@ -88,7 +88,38 @@ def wrap_ddp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTim
     return ddp
 
 
-def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig) -> nn.Module:
+def _timed_fsdp_comms(timer: CommTimer):
+    """FSDP2's default all-gather and reduce-scatter, with their time and bytes counted.
+
+    They subclass FSDP2's defaults so FSDP keeps treating them as the default comms. An
+    asynchronous call (FSDP issues them on a side stream on GPU) is counted from launch to
+    the completion of its future, as DDP's buckets are; a blocking one around the call.
+    """
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    def timed(work, start: float, nbytes: int):
+        if work is None:
+            timer.add_interval(start, time.perf_counter(), nbytes, nbytes)
+        else:
+            work.get_future().then(lambda _: timer.add_interval(start, time.perf_counter(), nbytes, nbytes))
+        return work
+
+    class TimedAllGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            start = time.perf_counter()
+            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            return timed(work, start, input_tensor.numel() * input_tensor.element_size())
+
+    class TimedReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            start = time.perf_counter()
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            return timed(work, start, input_tensor.numel() * input_tensor.element_size())
+
+    return TimedAllGather(), TimedReduceScatter()
+
+
+def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer) -> nn.Module:
     """Shard every block, then the root, with FSDP2 (``fully_shard``), in place; CPU offload when asked."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
@@ -96,7 +127,9 @@ def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig) -> nn.Module
     # Pinned host memory only speeds up copies to an accelerator, and pinning needs one: without it
     # ``pin_memory`` raises, so a CPU-only (gloo) run offloads to plain memory.
     policy = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available()) if cfg.cpu_offload else OffloadPolicy()
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, offload_policy=policy)
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+    all_gather, reduce_scatter = _timed_fsdp_comms(timer)
+    for module in [*model.blocks, model]:
+        fully_shard(module, mesh=mesh, offload_policy=policy)
+        module.set_custom_all_gather(all_gather)
+        module.set_custom_reduce_scatter(reduce_scatter)
     return model

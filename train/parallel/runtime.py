@@ -95,7 +95,7 @@ class Parallel:
             self.experts = sharded_expert_names(model, self.world)
             self._expert_params = expert_parameters(model, self.experts)
         if self.cfg.mode == "fsdp":
-            return apply_fsdp(model, self.world, self.cfg)
+            return apply_fsdp(model, self.world, self.cfg, self.comm)
         return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
 
     def grad_sync(self, net: nn.Module, *, last: bool):
