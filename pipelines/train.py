@@ -93,8 +93,10 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any)
-    tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(folders[0], cfg.data.storage_options))
+    # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any);
+    # the job folder decides even when train_data replaces it (ablation variants' per-source views)
+    job_folder = cfg.shards if isinstance(cfg.shards, str) else folders[0]
+    tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options))
     if world.is_main:  # one writer per run folder
         tokenizer.save(run_dir)
     model_cfg = dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)

@@ -92,3 +92,17 @@ def test_training_tokenizer_gives_the_ids_curation_wrote(tmp_path, kind):
         for _ in range(60):
             a, b = next(text), next(tokens)
             assert np.array_equal(a.tokens.numpy(), b.tokens.numpy()) and np.array_equal(a.loss_mask.numpy(), b.loss_mask.numpy())
+
+
+def test_a_job_folder_names_the_tokenizer_its_token_shards_were_written_with(tmp_path):
+    from tests.train.shards_util import write_job
+    from train.data.tokenshards import shards_tokenizer
+
+    docs = make_docs(6)
+    assert shards_tokenizer(str(write_job(tmp_path / "text", [docs]))) is None  # no token shards: caller's default
+    assert shards_tokenizer(str(write_token_job(tmp_path / "byte", [docs]))) == "byte"
+    make_tokenizer(tmp_path / "tokenizer.json", ["<|endoftext|>"])
+    hf = write_token_job(tmp_path / "hf", [docs], tokenizer=str(tmp_path / "tokenizer.json"))
+    path = shards_tokenizer(str(hf))
+    assert path.endswith("shards/tokens/tokenizer.json")
+    assert load_tokenizer(path).describe() == load_tokenizer(str(tmp_path / "tokenizer.json")).describe()
