@@ -112,3 +112,18 @@ def test_each_rank_reads_only_its_share_and_the_ranks_make_the_global_batch(job,
         union = [per_rank[i % world][i // world] for i in range(world * b)]
         assert union == rows_of(next(whole))
     assert whole.stats()["tokens_tokenized"] >= 12 * world * b * seq  # the text path tokenizes the whole stream
+
+
+def test_token_shards_on_another_file_system_are_read_by_byte_range(job):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for path in job.rglob("*"):
+        if path.is_file():
+            fs.pipe(f"/tokjob/{path.relative_to(job)}", path.read_bytes())
+    for window in (0, 3):  # file order (one read per row) and shuffled documents (one read per run)
+        kw = dict(batch_size=2, seq_len=24, num_workers=0, format="tokens", shuffle_window=window)
+        local = batches(LoaderConfig(**kw), job, 60, rank=1, world_size=2)
+        remote_loader = Loader(LoaderConfig(**kw), "memory://tokjob", rank=1, world_size=2)
+        assert_same(local, [next(remote_loader) for _ in range(60)])
+        assert not remote_loader._sets[0].shards.local
