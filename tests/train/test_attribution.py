@@ -59,13 +59,13 @@ _MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=16
 
 
 def _trainer(folder, train: Batch, heldout: list[Batch], *, steps: int, seed: int = 0, model=_MODEL,
-             optim: OptimConfig | None = None, **attribution) -> Trainer:
-    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=model,
+             optim: OptimConfig | None = None, grad_accum: int = 1, parallel=None, **attribution) -> Trainer:
+    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=model, grad_accum=grad_accum,
                       data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0), optim=optim or OptimConfig(),
                       checkpoint=CheckpointConfig(every=0), attribution=AttributionConfig(**attribution))
     torch.manual_seed(seed)
     return Trainer(cfg, model=Transformer(model), data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
-                   device=torch.device("cpu"), val_data=lambda: list(heldout))
+                   device=torch.device("cpu"), val_data=lambda: list(heldout), parallel=parallel)
 
 
 def _records(folder) -> list[dict]:
@@ -207,7 +207,7 @@ def test_state_dict_round_trip_and_source_mismatch(tmp_path):
         fresh.load_state_dict(state)
 
 
-@pytest.mark.parametrize("key,value", [("every", -1), ("heldout_batches", 0), ("start", 1.5), ("split", "rows")])
+@pytest.mark.parametrize("key,value", [("every", -1), ("heldout_rows", 0), ("start", 1.5), ("split", "rows")])
 def test_config_errors_name_the_key(key, value):
     with pytest.raises(ConfigError, match=f"train.attribution.{key}"):
         AttributionConfig(**{key: value})

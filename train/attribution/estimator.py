@@ -131,7 +131,7 @@ class SourceAttribution:
     # ---- stretches --------------------------------------------------------------------------
     def _evaluate(self) -> tuple[np.ndarray, list[torch.Tensor]]:
         if self._probe is None:
-            self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_batches, self.device)
+            self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_rows, self.device)
             if self._probe.missing:
                 log.warning("attribution: no held-out tokens for %s; their columns stay 0",
                             ", ".join(self.sources[s] for s in self._probe.missing))

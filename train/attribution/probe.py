@@ -13,34 +13,36 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from train.data import Batch
 from train.model import cross_entropy_per_token
 
 log = logging.getLogger(__name__)
 
 
 class HeldoutProbe:
-    """``heldout_batches`` held-out batches per source, read once from ``val_data``."""
+    """``rows`` held-out sequences per source (the first that hold its tokens), read once from ``val_data``."""
 
-    def __init__(self, val_data: Callable[[], Iterable], n_sources: int, batches: int, device: torch.device) -> None:
+    def __init__(self, val_data: Callable[[], Iterable], n_sources: int, rows: int, device: torch.device) -> None:
         self.n_sources, self.device = n_sources, device
-        self.pools = self._read(val_data, n_sources, batches)
+        self.pools = self._read(val_data, n_sources, rows)
         self.missing = [s for s in range(n_sources) if not self.pools[s]]
 
     @staticmethod
     def _read(val_data: Callable[[], Iterable], n_sources: int, cap: int) -> list[list]:
-        pools: list[list] = [[] for _ in range(n_sources)]
+        picked: list[list[tuple]] = [[] for _ in range(n_sources)]  # per source: (batch, row)
         loader = val_data()
         try:
             for batch in loader:
-                for s in batch.source_ids[batch.loss_mask].unique().tolist():
-                    if 0 <= s < n_sources and len(pools[s]) < cap:
-                        pools[s].append(batch)
-                if all(len(p) >= cap for p in pools):
+                for row in range(batch.tokens.shape[0]):
+                    for s in batch.source_ids[row][batch.loss_mask[row]].unique().tolist():
+                        if 0 <= s < n_sources and len(picked[s]) < cap:
+                            picked[s].append((batch, row))
+                if all(len(p) >= cap for p in picked):
                     break
         finally:
             if hasattr(loader, "close"):
                 loader.close()
-        return pools
+        return [[_stack(rows)] if rows else [] for rows in picked]
 
     def evaluate(self, model: torch.nn.Module, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[list]]:
         """At the model's current parameters: (S,) mean held-out loss per source (float64, CPU) and,
@@ -68,3 +70,9 @@ class HeldoutProbe:
         finally:
             model.train(was_training)
         return losses_S, grads
+
+
+def _stack(rows: list[tuple]) -> Batch:
+    """One batch of the picked (batch, row) sequences."""
+    keys = ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")
+    return Batch(*(torch.stack([getattr(b, k)[r] for b, r in rows]) for k in keys))
