@@ -1,0 +1,136 @@
+"""Benchmark: what attribution costs on the demo's training run, and how well its estimates add up.
+
+    winnow curate pipelines/demo.toml            # once: the demo's shards in out/demo
+    python bench/attribution.py --rounds 2 --steps 50
+    python bench/attribution.py --study out/demo/ablate    # also the rank agreement of a finished study
+
+Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8 experts, batch
+8 x 128) on the demo's shards for the same steps from the same seed:
+
+- ``off``: no attribution (the peer every ratio is against);
+- ``tokens``: attribution every ``--every`` steps (the demo's 25), per-source gradients split by
+  token inside the trainer's one backward (``[train.attribution] split = "tokens"``);
+- ``losses``: the same with one extra backward per source (``split = "losses"``).
+
+Every round runs each contender once, the order alternating between rounds (A B C, C B A), and
+the overhead printed is the median over rounds of each contender's time over the ``off`` time of
+the same round, in wall seconds and in CPU seconds of the process (the figure a shared machine's
+descheduling distorts least). Every attributed step is counted: the demo attributes steps 51-300,
+so its whole-run overhead is 250/300 of the figure printed. Each attributed run then prints the
+efficiency of its last record: per held-out source the measured change, the sources' column sum,
+their ratio and the quadrature residual as a share of the measured change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipelines.train import build_trainer, load_train_config  # noqa: E402
+from train.attribution import AttributionConfig  # noqa: E402
+from train.checkpoint import CheckpointConfig  # noqa: E402
+
+
+def _config(shards: Path, out: Path, *, steps: int, every: int, split: str | None):
+    cfg = load_train_config(ROOT / "pipelines" / "demo.toml", steps=steps, output=str(out), shards=str(shards))
+    attribution = AttributionConfig(every=every, start=0, split=split) if split else AttributionConfig()
+    data = dataclasses.replace(cfg.data, num_workers=0)  # tokenizing inline: the same work in every contender
+    return dataclasses.replace(cfg, eval_every=0, attribution=attribution, data=data,
+                               checkpoint=CheckpointConfig(every=0, resume=False))
+
+
+def _run(cfg) -> tuple[float, float, dict | None]:
+    """(wall s, process CPU s, last attribution record) of the training loop: the trainer's steps and
+    the attribution's work (its probe read and evaluated included), not the loader's start or evaluation."""
+    torch.manual_seed(0)
+    trainer = build_trainer(cfg)
+    next(trainer._batches)  # the loader's start-up (reading shards, first tokenizing) is no one's cost
+    record = None
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(cfg.steps):
+        trainer.train_step()
+        if trainer.attribution is not None and trainer.attribution.due(trainer.step):
+            record = trainer.attribute()["attribution"]
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    trainer.metrics.close()
+    trainer.data.close()
+    return wall, cpu, record
+
+
+def _efficiency(name: str, record: dict) -> None:
+    measured, columns = np.asarray(record["measured"]), np.asarray(record["matrix"]).sum(0)
+    residual = np.asarray(record["residual"])
+    print(f"{name}: steps {record['steps'][0]}-{record['steps'][1]}, per held-out source "
+          "(measured change, sources' column sum, sum / measured, |residual| / |measured|):")
+    for s, m, c, r in zip(record["sources"], measured, columns, residual):
+        print(f"  {s:<12} {m:+.4f} {c:+.4f}  {c / m:5.2f}x  {abs(r) / abs(m):6.1%}")
+
+
+def _study(folder: Path) -> None:
+    path = folder / "ablation" / "correlation.json"
+    if not path.is_file():
+        print(f"no {path}: run `winnow ablate` on a study first")
+        return
+    c = json.loads(path.read_text())
+    print(f"study {folder}: Spearman {c.get('spearman')} over {c.get('n_cells')} cells; signs agree on "
+          f"{c.get('sign_agree')} of {c.get('above_noise')} cells above the seed noise")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=Path, default=ROOT / "out" / "demo", help="the demo's curated job folder")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--every", type=int, default=25, help="[train.attribution] every (the demo's 25)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contenders", default="off,tokens,losses")
+    parser.add_argument("--study", type=Path, help="a finished ablation study folder: print its rank agreement")
+    args = parser.parse_args()
+    if not (args.shards / "manifest.json").is_file():
+        print(f"{args.shards} holds no curated job: run `winnow curate pipelines/demo.toml` first")
+        return 1
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    names = args.contenders.split(",")
+    times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    last: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                cfg = _config(args.shards, Path(tmp) / f"{name}-{r}", steps=args.steps, every=args.every,
+                              split=None if name == "off" else name)
+                wall, cpu, record = _run(cfg)
+                times[name].append((wall, cpu))
+                if record is not None:
+                    last[name] = record
+                print(f"round {r + 1} {name:<7} {wall:7.1f} s wall {cpu:7.1f} s CPU")
+    if "off" in times:
+        for name in names:
+            if name == "off":
+                continue
+            wall = statistics.median(b[0] / a[0] for a, b in zip(times["off"], times[name]))
+            cpu = statistics.median(b[1] / a[1] for a, b in zip(times["off"], times[name]))
+            print(f"{name}: {wall:.3f} x off in wall time ({wall - 1:+.1%}), {cpu:.3f} x off in CPU time "
+                  f"({cpu - 1:+.1%}), attribution every {args.every} of {args.steps} steps")
+    for name, record in last.items():
+        _efficiency(name, record)
+    if args.study is not None:
+        _study(args.study)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
