@@ -35,19 +35,27 @@ def compare_with_attribution(results: list[dict], sources: list[str], matrix: np
             if r["held_out"].get(s) is None or baseline.get(s) is None:
                 continue
             measured = r["held_out"][s] - baseline[s]
-            cells.append({"variant": r["name"], "source": s, "measured": measured, "predicted": float(predicted[j]),
+            cells.append({"variant": r["name"], "kind": r["kind"], "source": s, "measured": measured,
+                          "predicted": float(predicted[j]),
                           "noise": noise[s], "above_noise": abs(measured) > noise[s]})
-    frame = pl.DataFrame(cells, schema={"variant": pl.String, "source": pl.String, "measured": pl.Float64,
+    frame = pl.DataFrame(cells, schema={"variant": pl.String, "kind": pl.String, "source": pl.String,
+                                        "measured": pl.Float64,
                                         "predicted": pl.Float64, "noise": pl.Float64, "above_noise": pl.Boolean})
-    ranks = frame.select(pl.col("measured").rank(), pl.col("predicted").rank()).to_numpy()
-    spearman = float(np.corrcoef(ranks.T)[0, 1]) if frame.height > 2 else float("nan")
-    strong = frame.filter(pl.col("above_noise"))
-    agree = int((np.sign(strong["measured"].to_numpy()) == np.sign(strong["predicted"].to_numpy())).sum())
     seeds = 1 + sum(r["kind"] == "noise" for r in results)
     ratio = _effect_to_noise(frame)
-    return {"spearman": spearman, "n_cells": frame.height, "above_noise": strong.height, "sign_agree": agree,
+    by_kind = {kind: _agreement(frame.filter(pl.col("kind") == kind)) for kind in frame["kind"].unique(maintain_order=True)}
+    return {**_agreement(frame), "by_kind": by_kind if len(by_kind) > 1 else {},
             "noise": noise, "seeds": seeds, "effect_to_noise": ratio,
             "noise_ok": bool(seeds >= 3 and ratio is not None and ratio >= NOISE_MARGIN), "cells": frame}
+
+
+def _agreement(cells: pl.DataFrame) -> dict:
+    """Spearman over the cells, and sign agreement on those above the seed noise."""
+    ranks = cells.select(pl.col("measured").rank(), pl.col("predicted").rank()).to_numpy()
+    spearman = float(np.corrcoef(ranks.T)[0, 1]) if cells.height > 2 else float("nan")
+    strong = cells.filter(pl.col("above_noise"))
+    agree = int((np.sign(strong["measured"].to_numpy()) == np.sign(strong["predicted"].to_numpy())).sum())
+    return {"spearman": spearman, "n_cells": cells.height, "above_noise": strong.height, "sign_agree": agree}
 
 
 NOISE_MARGIN = 3.0  # "well below": the median cell's effect is at least this many times its source's seed noise

@@ -92,6 +92,9 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
         markdown += (f"\n\nSpearman rank correlation, first-order prediction vs measured delta: {summary['spearman']:.3f} "
                      f"over {summary['n_cells']} cells; signs agree on {summary['sign_agree']}/{summary['above_noise']} "
                      f"cells whose |delta| exceeds the seed-to-seed noise")
+        for kind, part in summary["by_kind"].items():
+            markdown += (f"\n  {kind}: Spearman {part['spearman']:.3f} over {part['n_cells']} cells, signs agree on "
+                         f"{part['sign_agree']}/{part['above_noise']} above noise")
         markdown += "\n" + summary["note"]
     if any(r["kind"] == "random_mix" for r in results):
         markdown += "\n\n" + write_mixes(layout, results, base, target)
