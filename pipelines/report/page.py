@@ -202,6 +202,10 @@ def study_section(study: Study) -> str:
         parts.append(f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
                      f"on {c['sign_agree']} of the {c['above_noise']} cells above the seed noise. "
                      f"{html.escape(c.get('note', ''))}</p>")
+        if c.get("by_kind"):
+            parts.append(_table(["variants", "cells", "Spearman", "signs agree above noise"],
+                                [[k, p["n_cells"], p["spearman"], f"{p['sign_agree']} / {p['above_noise']}"]
+                                 for k, p in c["by_kind"].items()]))
     parts += [_img(p.read_bytes(), p.stem) for p in study.images]
     if study.mixes:
         parts += ["<h3>Random mixes</h3>"] + [f"<p>{html.escape(line)}</p>" for line in study.mixes.get("summary", [])]
