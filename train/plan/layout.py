@@ -82,7 +82,7 @@ def evaluate(cfg: ModelConfig, dev: Device, *, gpus: int, tp: int, pp: int, ep: 
     dp = gpus // (tp * pp)
     m = max(1, global_seqs // dp)
     tokens_replica = m * seq_len
-    s, d = seq_len, cfg.dim
+    d = cfg.dim
     flops = cfg.flops_per_token(seq_len) * global_seqs * seq_len * (4 / 3 if checkpointing else 1)
     compute = flops / (gpus * dev.peak_flops * mfu)
     gb = 1e9
