@@ -30,9 +30,11 @@ COMMANDS: dict[str, Command] = {
                       "train"),
     "report": Command("pipelines.report.command", "write report.html for a job folder, a run folder, or both", "report"),
     "tokenizer": Command("pipelines.tokenizer", "tokenizer tools", "train"),
+    "export": Command("pipelines.export", "write a run's model as safetensors (and a Hugging Face Mixtral where it maps)",
+                      "train"),
 }
 #: What each extra installs (pyproject.toml), to tell a missing optional package from a bug.
-EXTRA_PACKAGES = {"train": ("torch", "matplotlib", "tokenizers"), "report": ("matplotlib",)}
+EXTRA_PACKAGES = {"train": ("torch", "matplotlib", "tokenizers", "safetensors"), "report": ("matplotlib",)}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -13,12 +13,12 @@ from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
 from pipelines.jobfile import build_config, read_toml
 from pipelines.provenance import write_provenance
-from train.checkpoint import CheckpointManager
+from train.checkpoint import load_checkpoint
 from train.config import TrainConfig
 from train.data import Loader
 from train.data.sets import HeldOut, ShardSetConfig, eval_sets, training_sets
 from train.data.tokenshards import shards_tokenizer, split_sources
-from train.errors import CheckpointError, ShardError
+from train.errors import ShardError
 from train.init import load_init
 from train.model import ModelConfig, Transformer
 from train.parallel import Parallel, shutdown
@@ -183,11 +183,7 @@ def run_inputs(cfg: TrainConfig, trainer: Trainer) -> dict:
 
 def load_teacher(path: str) -> Transformer:
     """A trained model from a run folder (its newest valid checkpoint) or one checkpoint folder."""
-    folder = Path(path)
-    manager = CheckpointManager(folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder)
-    state = manager.load(folder) if (folder / "meta.json").exists() else (manager.load_latest() or (None, None))[1]
-    if state is None:
-        raise CheckpointError(f"train.distill.teacher = {path!r}: no valid checkpoint there")
+    _, state = load_checkpoint(path, what=f"train.distill.teacher = {path!r}")
     model = Transformer(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
     return model.eval()

@@ -201,3 +201,19 @@ class CheckpointManager:
         for old in found:
             if old not in keep and (old in valid or old < oldest_kept):
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(path: str | Path, *, what: str = "checkpoint") -> tuple[Path, dict[str, Any]]:
+    """(folder, state) of a run folder's newest valid checkpoint, or of one checkpoint folder (``step-N/``).
+
+    ``what`` names the setting in the error when there is none, e.g. ``train.distill.teacher = '...'``.
+    """
+    folder = Path(path)
+    if (folder / META_FILE).exists():
+        return folder, CheckpointManager(folder.parent).load(folder)
+    manager = CheckpointManager(folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder)
+    found = manager.load_latest()
+    if found is None:
+        raise CheckpointError(f"{what}: no valid checkpoint in {folder} (give a run folder or one of its "
+                              "checkpoints/step-N folders)")
+    return found
