@@ -1,0 +1,41 @@
+"""bench/gpu.sh walks its whole path on a CPU: the shell script, the driver, the Trainer in bf16, the figures it prints."""
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from train.model import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _driver():
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_runs_a_tiny_bf16_model_on_cpu_and_prints_the_trainers_figures():
+    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--preset", "tiny", "--device", "cpu", "--steps", "3",
+                          "--warmup", "2", "--peak-flops", "1e12"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    assert "tokens/s, MFU" in out
+    assert r["precision"] == "bf16" and r["timed_steps"] == 3 and r["step"] == 5  # the record is the last step's
+    assert r["tokens_per_s"] > 0 and r["memory"]["peak_rss_gib"] > 0
+    shape, (batch, seq) = _driver().PRESETS["tiny"]
+    assert (r["batch"], r["seq"]) == (batch, seq)
+    cfg = ModelConfig(**shape, max_seq_len=seq)
+    assert (r["total_params"], r["active_params"]) == cfg.param_counts()
+    # MFU on active parameters: the trainer's tokens/s x FLOPs per token over the given peak
+    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * cfg.flops_per_token(seq) / 1e12, rel=1e-6)
+
+
+def test_the_h200_preset_is_about_one_billion_parameters():
+    shape, (_, seq) = _driver().PRESETS["h200"]
+    total, active = ModelConfig(**shape, max_seq_len=seq).param_counts()
+    assert 0.95e9 < total < 1.1e9 and active < total / 3
