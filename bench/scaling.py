@@ -66,8 +66,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                       MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
     try:
-        pcfg = ParallelConfig(mode=args.mode if world > 1 else "none", expert_parallel=args.expert_parallel if world > 1 else 1,
-                              powersgd_rank=args.powersgd_rank if world > 1 else 0)
+        pcfg = ParallelConfig(dp_shard=-1 if args.mode == "fsdp" and world > 1 else 1,
+                              ep=args.expert_parallel if world > 1 else 1, powersgd_rank=args.powersgd_rank if world > 1 else 0)
         parallel = Parallel.from_env(pcfg, device=args.device, n_experts=args.experts)
         model = ModelConfig(vocab_size=512, dim=args.dim, n_layers=args.layers, n_heads=4, ffn_hidden=2 * args.dim,
                             n_experts=args.experts, top_k=2, max_seq_len=args.seq)

@@ -29,6 +29,9 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in table if k not in fields]
+    removed = getattr(cls, "REMOVED_KEYS", {})  # keys a config no longer has, with what to write instead
+    if unknown and unknown[0] in removed:
+        raise ConfigError(f"{where}: {removed[unknown[0]]}")
     if unknown:
         key = unknown[0]
         close = difflib.get_close_matches(key, fields, n=1)

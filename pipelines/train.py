@@ -87,7 +87,8 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
         folders, weights = training_sets(_per_source_sets(cfg.shards, Path(cfg.output)), cfg.replay, cfg.data.mix_weights)
     else:
         folders, weights, held_out = list(train_data), cfg.data.mix_weights, eval_sets(cfg.eval, [cfg.shards], None)
-    # under torchrun: join the process group; each rank reads its own part of the loader's global order
+    # under torchrun: join the process group; each data-parallel rank reads its own part of the loader's global
+    # order (the tensor- and pipeline-parallel ranks of one dp rank read the same batches)
     parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
     device, world = parallel.world.device, parallel.world
     torch.manual_seed(cfg.seed)
@@ -107,7 +108,7 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     held_out, names = _held_out_sets(cfg, folders, held_out, sources)
     train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [])
     data = Loader(train_cfg, folders if len(folders) > 1 else folders[0], split="train", tokenizer=tokenizer,
-                  rank=world.rank, world_size=world.size, sources=names)
+                  rank=world.dp_rank, world_size=world.dp_size, sources=names)
     if world.is_main:
         write_json_atomic(run_dir / "config.json", dataclasses.asdict(cfg))  # the report reads it during the run
         save_views(data, run_dir)

@@ -35,12 +35,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def build(run_dir: Path, *, parallel: Parallel, world: int, grad_accum: int, steps: int, model: dict | None = None,
+def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, model: dict | None = None,
           resume: bool = False) -> Trainer:
+    """A tiny trainer on ``parallel``; each data-parallel rank reads its own batches (tp/pp ranks share theirs)."""
     cfg = tiny_config(run_dir, steps=steps, grad_accum=grad_accum, metrics={"log_every": 1},
                       checkpoint={"every": 0, "resume": resume}, model=model or {})
     torch.manual_seed(cfg.seed)
-    data = RankBatches(rank=parallel.world.rank, world=world)
+    data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size)
     model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts))
     return Trainer(cfg, model=model, data=data, sources=SOURCES, run_dir=run_dir,
                    device=torch.device("cpu"), parallel=parallel)
@@ -74,7 +75,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     torch.set_num_threads(1)
     try:
         parallel = Parallel.from_env(ParallelConfig(**job.get("parallel", {})), device="cpu", n_experts=4)
-        trainer = build(Path(job["run_dir"]), parallel=parallel, world=world, grad_accum=job.get("grad_accum", 1), steps=job["steps"],
+        trainer = build(Path(job["run_dir"]), parallel=parallel, grad_accum=job.get("grad_accum", 1), steps=job["steps"],
                         model=job.get("model"), resume=job.get("resume", False))
         if job.get("stop_after"):  # train part of the schedule, checkpoint, leave (a preempted run)
             losses = [trainer.train_step().loss for _ in range(job["stop_after"])]

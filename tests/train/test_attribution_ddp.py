@@ -30,7 +30,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, split: str) -> None:
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     try:
-        parallel = Parallel.from_env(ParallelConfig(mode="ddp"), device="cpu", n_experts=4)
+        parallel = Parallel.from_env(ParallelConfig(), device="cpu", n_experts=4)
         heldout, train = _setting(12)
         half = _rows(train, [0, 1, 4, 5] if rank == 0 else [2, 3, 6, 7])  # both sources on each rank
         trainer = _trainer(Path(run_dir), half, heldout, steps=4, every=2, split=split, grad_accum=2,

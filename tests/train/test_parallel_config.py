@@ -1,41 +1,80 @@
-"""``[train.parallel]`` validation, refusals of tensor/pipeline parallelism, and the one-process Parallel."""
+"""``[train.parallel]`` validation: the mesh degrees, what fits a launch, the removed keys, and the one-process Parallel."""
 
 import pytest
 import torch
 
+from pipelines.jobfile import build_config
 from train.errors import ConfigError
 from train.parallel import Parallel, ParallelConfig, init_world
+from train.parallel.config import MeshDims
+from train.parallel.mesh import World
 
 
-@pytest.mark.parametrize("kw, key", [({"mode": "zero3"}, "mode"), ({"expert_parallel": 0}, "expert_parallel"),
-                                     ({"cpu_offload": True}, "cpu_offload"),
-                                     ({"mode": "fsdp", "powersgd_rank": 2}, "powersgd_rank"),
-                                     ({"mode": "fsdp", "expert_parallel": 2}, "expert_parallel"),
+@pytest.mark.parametrize("kw, key", [({"dp_shard": 0}, "dp_shard"), ({"tp": 0}, "tp"), ({"ep": -1}, "ep"),
+                                     ({"dp_replicate": -2}, "dp_replicate"), ({"cpu_offload": True}, "cpu_offload"),
+                                     ({"dp_shard": 2, "powersgd_rank": 2}, "powersgd_rank"),
                                      ({"backend": "mpi"}, "backend")])
 def test_bad_values_name_the_key(kw, key):
     with pytest.raises(ConfigError, match=f"train.parallel.{key}"):
         ParallelConfig(**kw)
 
 
-@pytest.mark.parametrize("key, why", [("tensor_parallel", "nn.Linear"), ("pipeline_parallel", "only tensors")])
-def test_tensor_and_pipeline_parallel_are_refused_with_the_reason(key, why):
-    with pytest.raises(ConfigError, match=why):
-        ParallelConfig(**{key: 2})
+@pytest.mark.parametrize("kw, world, want", [
+    ({}, 4, MeshDims(dp_replicate=4)),  # the default: DDP over every rank
+    ({"dp_shard": -1}, 4, MeshDims(dp_shard=4)),  # FSDP2 over every rank
+    ({"dp_shard": -1, "dp_replicate": 2}, 8, MeshDims(dp_replicate=2, dp_shard=4)),  # HSDP
+    ({"tp": 2}, 4, MeshDims(dp_replicate=2, tp=2)),  # DDP x TP
+    ({"tp": 2, "pp": 2, "dp_shard": -1}, 8, MeshDims(dp_shard=2, tp=2, pp=2)),
+    ({"ep": 2}, 4, MeshDims(dp_replicate=4, ep=2)),  # ep borrows from the dp ranks
+    ({"dp_replicate": 1}, 1, MeshDims()),
+])
+def test_degrees_resolve_to_the_world(kw, world, want):
+    assert ParallelConfig(**kw).resolve(world, n_experts=8) == want
 
 
-def test_world_checks_divisibility_of_ranks_and_experts():
-    cfg = ParallelConfig(expert_parallel=2)
-    cfg.check_world(4, 8)
-    with pytest.raises(ConfigError, match="divisor of the number of processes"):
-        cfg.check_world(3, 8)
-    with pytest.raises(ConfigError, match="n_experts"):
-        cfg.check_world(2, 3)
+def test_a_product_that_misses_the_world_says_so():
+    with pytest.raises(ConfigError, match=r"dp_replicate \(1\) x dp_shard \(2\) x tp \(2\) x pp \(1\) does not make "
+                                          r"this launch's 2 processes"):
+        ParallelConfig(dp_replicate=1, dp_shard=2, tp=2).resolve(2)
+    with pytest.raises(ConfigError, match=r"dp_replicate \(-1\) x dp_shard \(1\) x tp \(2\) .* 3 processes"):
+        ParallelConfig(tp=2).resolve(3)
 
 
-def test_expert_parallel_without_torchrun_is_refused(monkeypatch):
+@pytest.mark.parametrize("kw, world, experts, why", [
+    ({"ep": 2, "tp": 2}, 2, 4, r"divisor of the data-parallel degree"),
+    ({"ep": 3}, 4, 6, r"divisor of the data-parallel degree"),
+    ({"ep": 2}, 2, 3, r"divisor of train.model.n_experts \(3\)"),
+    ({"ep": 2}, 2, 1, r"n_experts"),
+    ({"ep": 2, "dp_shard": -1}, 2, 4, r"FSDP2 x expert parallel"),
+])
+def test_expert_parallel_must_fit_the_dp_ranks_and_the_experts(kw, world, experts, why):
+    with pytest.raises(ConfigError, match=f"train.parallel.ep = {kw['ep']} .*{why}"):
+        ParallelConfig(**kw).resolve(world, n_experts=experts)
+
+
+def test_tensor_parallel_without_torchrun_is_refused(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ConfigError, match="torchrun"):
-        init_world(ParallelConfig(expert_parallel=2), device="cpu")
+        init_world(ParallelConfig(tp=2), device="cpu")
+
+
+@pytest.mark.parametrize("key, value, says", [("mode", "fsdp", "dp_shard = -1"), ("expert_parallel", 2, "ep = N"),
+                                              ("tensor_parallel", 2, "tp = N"), ("pipeline_parallel", 2, "pp = N")])
+def test_removed_keys_say_what_to_write_instead(key, value, says):
+    with pytest.raises(Exception, match=f"job.toml \\[train.parallel\\]: train.parallel.{key} .*{says}"):
+        build_config(ParallelConfig, {key: value}, "job.toml [train.parallel]")
+
+
+def test_coordinates_follow_the_dense_layout():
+    # (pp, dp_replicate, dp_shard, tp) = (1, 2, 2, 2), tp fastest; ep = 2 groups consecutive dp ranks
+    dims = MeshDims(dp_replicate=2, dp_shard=2, tp=2, ep=2)
+    worlds = [World(rank=r, size=8, local_rank=r, device=torch.device("cpu"), dims=dims) for r in range(8)]
+    assert [w.tp_rank for w in worlds] == [0, 1] * 4
+    assert [w.dp_rank for w in worlds] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [w.dp_shard_rank for w in worlds] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [w.ep_rank for w in worlds] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [w.edp_rank for w in worlds] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert (worlds[0].dp_size, worlds[0].edp_size, worlds[0].pp_rank) == (4, 2, 0)
 
 
 def test_one_process_parallel_is_the_plain_operations():

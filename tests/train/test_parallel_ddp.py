@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def _reference(tmp_path, steps: int, grad_accum: int = 2, **kw) -> dict:
     torch.set_num_threads(1)
-    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), world=1, grad_accum=grad_accum,
+    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum,
                      steps=steps, **kw))
 
 
@@ -27,7 +27,7 @@ def _per_source(run_dir) -> list[dict]:
 
 def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path):
     ref = _reference(tmp_path, 5)
-    got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 5, "parallel": {"mode": "ddp"}}, tmp_path / "out.json")
+    got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 5, "parallel": {}}, tmp_path / "out.json")
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
     for mine, theirs in zip(_per_source(tmp_path / "ddp"), _per_source(tmp_path / "ref"), strict=True):
@@ -41,13 +41,13 @@ def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path
 def test_ddp_accumulating_micro_batches_all_reduces_once_per_step(tmp_path):
     # 2 ranks x 2 micro-batches = the one-process run with 4; gradients cross ranks only on each step's last micro-batch
     ref = _reference(tmp_path, 3, grad_accum=4)
-    got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 3, "grad_accum": 2, "parallel": {"mode": "ddp"}},
+    got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 3, "grad_accum": 2, "parallel": {}},
                 tmp_path / "out.json")
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
     records = [json.loads(x) for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     grad_bytes = 4 * sum(p.numel() for p in build(tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")),
-                                                   world=1, grad_accum=1, steps=1).model.parameters())
+                                                   grad_accum=1, steps=1).model.parameters())
     sent = [r["comm"]["bytes_sent"] for r in records if "comm" in r]  # one record per step (log_every = 1)
     assert len(sent) == 3 and all(grad_bytes <= b < 2 * grad_bytes for b in sent)
 
@@ -55,12 +55,12 @@ def test_ddp_accumulating_micro_batches_all_reduces_once_per_step(tmp_path):
 def test_fsdp2_matches_the_run_ddp_matches(tmp_path):
     # DDP equals this one-process run (test above); FSDP2 is held to the same trajectory, one spawn instead of two
     ref = _reference(tmp_path, 4)
-    fsdp = spawn({"run_dir": str(tmp_path / "fsdp"), "steps": 4, "parallel": {"mode": "fsdp"}}, tmp_path / "fsdp.json")
+    fsdp = spawn({"run_dir": str(tmp_path / "fsdp"), "steps": 4, "parallel": {"dp_shard": -1}}, tmp_path / "fsdp.json")
     assert fsdp["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert fsdp["norms"] == pytest.approx(ref["norms"], rel=1e-4)
     # FSDP2's all-gathers and reduce-scatters are timed: each step moves more than the model's fp32 bytes
     param_bytes = 4 * sum(p.numel() for p in build(tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")),
-                                                    world=1, grad_accum=1, steps=1).model.parameters())
+                                                    grad_accum=1, steps=1).model.parameters())
     records = [r for r in _records(tmp_path / "fsdp") if "loss" in r]
     assert len(records) == 4 and all(r["comm"]["bytes_sent"] > param_bytes for r in records)
     assert all(0 < r["comm_pct"] < 100 for r in records)
@@ -68,7 +68,7 @@ def test_fsdp2_matches_the_run_ddp_matches(tmp_path):
 
 def test_powersgd_trains_and_reports_bytes_saved(tmp_path):
     got = spawn({"run_dir": str(tmp_path / "psgd"), "steps": 5,
-                 "parallel": {"mode": "ddp", "powersgd_rank": 1, "powersgd_start_iter": 2}}, tmp_path / "psgd.json")
+                 "parallel": {"powersgd_rank": 1, "powersgd_start_iter": 2}}, tmp_path / "psgd.json")
     assert all(map(lambda x: x == x and x < 10, got["losses"]))  # finite
     records = [json.loads(x) for x in (tmp_path / "psgd" / "metrics.jsonl").read_text().splitlines()]
     comm = [r["comm"] for r in records if "comm" in r]  # one record per step (log_every = 1)

@@ -22,7 +22,7 @@ def _moe_worker(rank: int, world: int, port: int) -> None:
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        w = init_world(ParallelConfig(expert_parallel=2), device="cpu", n_experts=4)
+        w = init_world(ParallelConfig(ep=2), device="cpu", n_experts=4)
         torch.manual_seed(0)
         cfg = ModelConfig(dim=32, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2)
         ref = MoE(cfg)
@@ -62,8 +62,8 @@ def test_sharded_moe_forward_and_backward_match_the_unsharded_block():
 
 def test_expert_parallel_training_matches_one_process(tmp_path):
     torch.set_num_threads(1)
-    ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), world=1, grad_accum=2, steps=4))
-    got = spawn({"run_dir": str(tmp_path / "ep"), "steps": 4, "parallel": {"mode": "ddp", "expert_parallel": 2}},
+    ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=2, steps=4))
+    got = spawn({"run_dir": str(tmp_path / "ep"), "steps": 4, "parallel": {"ep": 2}},
                 tmp_path / "ep.json")
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)

@@ -36,8 +36,7 @@ num_workers = 0
 [train.metrics]
 log_every = 1
 [train.parallel]
-mode = "ddp"
-expert_parallel = 2
+ep = 2
 """)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "pipelines.cli",

@@ -11,6 +11,7 @@ from train.errors import CheckpointError, ConfigError
 from train.model import ModelConfig, Transformer
 from train.model.moe import ExpertShard
 from train.parallel.expert_parallel import sharded_expert_names
+from train.parallel.config import MeshDims
 from train.parallel.mesh import World
 from train.trainer import Trainer
 
@@ -61,13 +62,13 @@ def test_checkpoint_of_other_sources_is_refused(tmp_path):
 
 
 def test_expert_parallel_refuses_a_model_built_without_its_shard():
-    world = World(rank=1, size=2, local_rank=1, device=torch.device("cpu"), ep_size=2)
-    with pytest.raises(ConfigError, match=r"expert_parallel = 2: the model's MoE layer 'blocks.0.ffn' was not built"):
+    world = World(rank=1, size=2, local_rank=1, device=torch.device("cpu"), dims=MeshDims(dp_replicate=2, ep=2))
+    with pytest.raises(ConfigError, match=r"ep = 2: the model's MoE layer 'blocks.0.ffn' was not built"):
         sharded_expert_names(Transformer(MODEL), world)
 
 
 def test_a_sharded_model_starts_from_its_slice_of_the_unsharded_weights():
-    world = World(rank=1, size=2, local_rank=1, device=torch.device("cpu"), ep_size=2)
+    world = World(rank=1, size=2, local_rank=1, device=torch.device("cpu"), dims=MeshDims(dp_replicate=2, ep=2))
     torch.manual_seed(0)
     full = Transformer(MODEL)
     torch.manual_seed(0)

@@ -56,14 +56,14 @@ class SourceAttribution:
                  sources: Sequence[str], val_data: Callable[[], Iterable], device: torch.device,
                  parallel=None) -> None:
         if parallel is not None and (parallel.fsdp or parallel.experts):
-            raise ConfigError("train.attribution needs every rank to hold all parameters: use train.parallel.mode = "
-                              "'ddp' without expert parallelism, or set train.attribution.every = 0")
+            raise ConfigError("train.attribution needs every rank to hold all parameters: use data parallelism "
+                              "without dp_shard or expert parallelism (train.parallel.dp_shard = 1, ep = 1), or set train.attribution.every = 0")
         self.cfg, self.model, self.device = cfg, model, device
         self.sources = list(sources)
         self._val_data = val_data
         self._reduce = parallel.reduce_sum if parallel is not None and parallel.world.distributed else None
         self._rank = parallel.world.rank if parallel is not None else 0
-        self.split = MomentSplit(optimizer, len(self.sources), world_size=parallel.world.size if parallel else 1)
+        self.split = MomentSplit(optimizer, len(self.sources), world_size=parallel.world.dp_size if parallel else 1)
         self.params = self.split.params
         self._probe: HeldoutProbe | None = None
         S = len(self.sources)

@@ -1,9 +1,9 @@
-"""The ``[train.parallel]`` table: how a run under ``torchrun`` splits its work over processes."""
+"""The ``[train.parallel]`` table: the degrees of the run's one device mesh, and how each is carried out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from train.errors import ConfigError
 
@@ -13,62 +13,119 @@ def _check(ok: bool, key: str, value: object, allowed: str) -> None:
         raise ConfigError(f"train.parallel.{key} = {value!r} is invalid; allowed: {allowed}")
 
 
-# Why tensor and pipeline parallelism are refused (see README "Distributed training"):
-TENSOR_PARALLEL_REFUSAL = (
-    "train.parallel.tensor_parallel = {value!r}: tensor parallelism is not offered. "
-    "torch.distributed.tensor.parallel shards nn.Linear weights (Colwise/Rowwise plans); the MoE experts are "
-    "grouped (E, D, F) parameters run by one grouped matmul, so a plan would only cover attention and leave the "
-    "experts replicated, and DTensor's CPU/gloo path lacks the grouped-matmul and scaled-dot-product sharding "
-    "rules. Shard the experts with train.parallel.expert_parallel instead (works on gloo and NCCL).")
-PIPELINE_PARALLEL_REFUSAL = (
-    "train.parallel.pipeline_parallel = {value!r}: pipeline parallelism is not offered. "
-    "torch.distributed.pipelining passes only tensors between stages, while every MoE block returns router "
-    "statistics (load, aux and z losses, chosen experts) that the trainer needs on the last stage for the "
-    "router loss and per-source expert accounting. Use data, fully-sharded or expert parallelism.")
+@dataclass(frozen=True, slots=True)
+class MeshDims:
+    """The resolved degrees of the mesh ``(pp, dp_replicate, dp_shard, tp)``; ``ep`` borrows from the dp ranks.
+
+    The data-parallel degree ``dp = dp_replicate · dp_shard`` is what reads different data;
+    ``tp`` and ``pp`` ranks of one data-parallel rank read the same batches. Expert parallelism
+    (as in torchtitan) does not multiply the world: the experts of each MoE layer are split
+    over ``ep`` of the ``dp`` ranks, and ``edp = dp / ep`` ranks hold the same experts.
+    """
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def edp(self) -> int:
+        return self.dp // self.ep
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def describe(self) -> str:
+        return (f"pp={self.pp} x dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp} "
+                f"(ep={self.ep} of the dp ranks)")
+
+
+# keys of the table before the mesh degrees replaced them; build_config reports these texts (pipelines/jobfile.py)
+_REMOVED = {
+    "mode": "train.parallel.mode was replaced by the mesh degrees: mode = 'ddp' is dp_replicate = -1 (the default: "
+            "every rank replicates), mode = 'fsdp' is dp_shard = -1 (every rank shards), mode = 'none' is one "
+            "process without torchrun (leave [train.parallel] out)",
+    "expert_parallel": "train.parallel.expert_parallel was renamed: write ep = N (experts split over N of the "
+                       "data-parallel ranks)",
+    "tensor_parallel": "train.parallel.tensor_parallel was renamed: write tp = N",
+    "pipeline_parallel": "train.parallel.pipeline_parallel was renamed: write pp = N",
+}
 
 
 @dataclass(kw_only=True, slots=True)
 class ParallelConfig:
-    """Data, fully-sharded and expert parallelism of one run (``[train.parallel]``).
+    """How a ``torchrun`` launch splits its work (``[train.parallel]``).
 
-    The number of processes comes from ``torchrun`` (``WORLD_SIZE``), not from here:
-    ``expert_parallel`` of them share one copy of the experts, and the world is a 2-D
-    mesh ``(dp, ep)`` with ``dp = world / expert_parallel``.
+    The product ``dp_replicate · dp_shard · tp · pp`` is the number of processes (``WORLD_SIZE``);
+    one of ``dp_replicate``/``dp_shard`` may be -1 to take what the others leave (``dp_replicate``
+    by default, so a bare ``torchrun`` run is DDP over every rank; when both are -1, ``dp_shard``
+    takes it). ``ep`` divides the data-parallel degree. See ``MeshDims``.
     """
 
-    mode: Literal["none", "ddp", "fsdp"] = "ddp"  # dense parameters: replicated (DDP) or sharded (FSDP2)
-    cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state live on the CPU
-    expert_parallel: int = 1  # ranks the experts of each MoE layer are sharded over (1: every rank holds all)
-    powersgd_rank: int = 0  # ddp only: >0 compresses gradients with PowerSGD at this rank
+    REMOVED_KEYS: ClassVar[dict[str, str]] = _REMOVED
+
+    dp_replicate: int = -1  # ranks holding a full copy of the dense parameters (DDP; HSDP's replicas with dp_shard)
+    dp_shard: int = 1  # ranks the dense parameters are sharded over (FSDP2)
+    tp: int = 1  # tensor parallel: attention heads, FFN and expert hidden widths split over these ranks
+    pp: int = 1  # pipeline parallel: the layers split into this many stages
+    ep: int = 1  # expert parallel: each MoE layer's experts split over this many of the dp ranks
+    cpu_offload: bool = False  # dp_shard > 1 only: parameters, gradients and optimizer state live on the CPU
+    powersgd_rank: int = 0  # DDP only: >0 compresses gradients with PowerSGD at this rank
     powersgd_start_iter: int = 10  # plain all-reduce for the first steps (PowerSGD's warm start)
     bucket_mb: int = 25  # DDP bucket size
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
-    tensor_parallel: int = 1  # refused when > 1 (see TENSOR_PARALLEL_REFUSAL)
-    pipeline_parallel: int = 1  # refused when > 1 (see PIPELINE_PARALLEL_REFUSAL)
 
     def __post_init__(self) -> None:
-        _check(self.mode in ("none", "ddp", "fsdp"), "mode", self.mode, "'none', 'ddp' or 'fsdp'")
         _check(self.backend in ("auto", "gloo", "nccl"), "backend", self.backend, "'auto', 'gloo' or 'nccl'")
-        for key in ("expert_parallel", "bucket_mb", "tensor_parallel", "pipeline_parallel"):
+        for key in ("dp_replicate", "dp_shard"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and (value >= 1 or value == -1), key, value,
+                   "an integer >= 1, or -1 (whatever the world size leaves)")
+        for key in ("tp", "pp", "ep", "bucket_mb"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
         for key in ("powersgd_rank", "powersgd_start_iter"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 0, key, value, "an integer >= 0")
-        _check(not self.cpu_offload or self.mode == "fsdp", "cpu_offload", self.cpu_offload,
-               "true only with mode = 'fsdp' (FSDP2's CPUOffloadPolicy)")
-        _check(not self.powersgd_rank or self.mode == "ddp", "powersgd_rank", self.powersgd_rank,
-               "0 unless mode = 'ddp' (PowerSGD is a DDP communication hook)")
-        _check(self.expert_parallel == 1 or self.mode != "fsdp", "expert_parallel", self.expert_parallel,
-               "1 with mode = 'fsdp' (expert parallelism composes with mode = 'ddp')")
-        if self.tensor_parallel > 1:
-            raise ConfigError(TENSOR_PARALLEL_REFUSAL.format(value=self.tensor_parallel))
-        if self.pipeline_parallel > 1:
-            raise ConfigError(PIPELINE_PARALLEL_REFUSAL.format(value=self.pipeline_parallel))
+        _check(not self.cpu_offload or self.dp_shard != 1, "cpu_offload", self.cpu_offload,
+               "true only with dp_shard > 1 or -1 (FSDP2's CPUOffloadPolicy)")
+        _check(not self.powersgd_rank or self.dp_shard == 1, "powersgd_rank", self.powersgd_rank,
+               "0 unless dp_shard = 1 (PowerSGD is a DDP communication hook)")
 
-    def check_world(self, world_size: int, n_experts: int) -> None:
-        """Validate against the launched world and the model (known only at start-up)."""
-        ep = self.expert_parallel
-        _check(world_size % ep == 0, "expert_parallel", ep, f"a divisor of the number of processes ({world_size})")
-        _check(ep == 1 or (n_experts > 1 and n_experts % ep == 0), "expert_parallel", ep,
-               f"a divisor of train.model.n_experts ({n_experts})")
+    def resolve(self, world_size: int, *, n_experts: int = 0) -> MeshDims:
+        """The degrees for a launch of ``world_size`` processes; ConfigErrors say what does not fit and what would."""
+        fixed = self.tp * self.pp
+        rep, shard = self.dp_replicate, self.dp_shard
+        if rep == -1 and shard == -1:
+            rep = 1
+        known = fixed * max(rep, 1) * max(shard, 1)
+        if (rep == -1 or shard == -1) and world_size % known == 0:
+            rep, shard = (world_size // known, shard) if rep == -1 else (rep, world_size // known)
+        dims = MeshDims(dp_replicate=rep, dp_shard=shard, tp=self.tp, pp=self.pp, ep=self.ep)
+        if dims.world != world_size:
+            launch = "one process (no torchrun)" if world_size == 1 else f"{world_size} processes"
+            raise ConfigError(f"train.parallel: dp_replicate ({rep}) x dp_shard ({shard}) x tp ({self.tp}) x "
+                              f"pp ({self.pp}) does not make this launch's {launch}; the product must equal the "
+                              f"number of processes (torchrun --nproc_per_node N), where -1 takes what the other "
+                              f"degrees leave if they divide it")
+        self._check_ep(dims, n_experts)
+        return dims
+
+    def _check_ep(self, dims: MeshDims, n_experts: int) -> None:
+        ep = dims.ep
+        if ep == 1:
+            return
+        _check(dims.dp % ep == 0, "ep", ep, f"a divisor of the data-parallel degree dp_replicate x dp_shard "
+               f"({dims.dp_replicate} x {dims.dp_shard} = {dims.dp}): expert parallelism borrows data-parallel ranks")
+        _check(dims.dp_shard % ep == 0 or ep % dims.dp_shard == 0, "ep", ep,
+               f"a divisor or a multiple of dp_shard ({dims.dp_shard}), so each expert group nests inside or "
+               "contains whole FSDP groups")
+        _check(n_experts > 1 and n_experts % ep == 0, "ep", ep, f"a divisor of train.model.n_experts ({n_experts})")
+        _check(dims.dp_shard == 1, "ep", ep, f"1 with dp_shard = {dims.dp_shard} (FSDP2 x expert parallel is not "
+               "offered yet); expert parallelism composes with dp_replicate (DDP)")

@@ -1,7 +1,7 @@
 """Data parallelism on PyTorch's own wrappers: DDP (optionally PowerSGD-compressed) and FSDP2.
 
 Both average gradients over the data-parallel ranks; the trainer scales its data loss by the
-world size and normalizes by the global token count so the average is the global-batch mean.
+data-parallel degree and normalizes by the global token count so the average is the global-batch mean.
 """
 
 # no `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime
@@ -69,22 +69,23 @@ def _timed_powersgd(timer: CommTimer):
 
 def wrap_ddp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
              ignore: list[str] = ()) -> DistributedDataParallel:
-    """DDP over every rank; ``ignore`` names parameters it must not all-reduce (expert shards)."""
+    """DDP over the data-parallel ranks; ``ignore`` names parameters it must not all-reduce (expert shards)."""
     if ignore:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
     device_ids = [world.device.index] if world.device.type == "cuda" else None
     # no per-forward buffer sync: the only mutable buffer (the router bias) is updated from globally reduced loads
-    ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb, forward_sync_buffers=False)
+    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=world.dp_group, bucket_cap_mb=cfg.bucket_mb,
+                                  forward_sync_buffers=False)
     if cfg.powersgd_rank:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
+        state = psgd.PowerSGDState(process_group=world.dp_group, matrix_approximation_rank=cfg.powersgd_rank,
                                    start_powerSGD_iter=max(cfg.powersgd_start_iter, 2), use_error_feedback=True,
                                    warm_start=True, random_seed=0)
         ddp.register_comm_hook(state, _timed_powersgd(timer))
         log.info("DDP with PowerSGD rank %d from iteration %d", cfg.powersgd_rank, state.start_powerSGD_iter)
     else:
-        ddp.register_comm_hook(None, _timed_allreduce(timer))
+        ddp.register_comm_hook(world.dp_group, _timed_allreduce(timer))
     return ddp
 
 
@@ -123,7 +124,7 @@ def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommT
     """Shard every block, then the root, with FSDP2 (``fully_shard``), in place; CPU offload when asked."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    mesh = world.mesh["dp"]
+    mesh = world.fsdp_mesh
     # Pinned host memory only speeds up copies to an accelerator, and pinning needs one: without it
     # ``pin_memory`` raises, so a CPU-only (gloo) run offloads to plain memory.
     policy = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available()) if cfg.cpu_offload else OffloadPolicy()

@@ -81,7 +81,7 @@ def sharded_expert_names(model: nn.Module, world: World) -> list[str]:
         if not isinstance(module, MoE):
             continue
         if module.shard is None or module.shard.size != world.ep_size or module.shard.rank != world.ep_rank:
-            raise ConfigError(f"train.parallel.expert_parallel = {world.ep_size}: the model's MoE layer {name!r} was "
+            raise ConfigError(f"train.parallel.ep = {world.ep_size}: the model's MoE layer {name!r} was "
                               f"not built for it; build the model with Transformer(cfg, "
                               f"experts=parallel.expert_shard(cfg.n_experts))")
         names += [f"{name}.{pname}" if name else pname for pname in EXPERT_PARAMS]
@@ -95,19 +95,19 @@ def expert_parameters(model: nn.Module, names: list[str]) -> list[nn.Parameter]:
 
 @torch.no_grad()
 def sync_expert_grads(params: list[nn.Parameter], world: World, timer: CommTimer) -> None:
-    """Expert gradients to the global-batch mean: DDP's 1/world, and a sum over ranks holding the same experts.
+    """Expert gradients to the global-batch mean: DDP's 1/dp, and a sum over the ranks holding the same experts.
 
-    The all-to-all backward already added every ep rank's contribution; ranks along ``dp``
+    The all-to-all backward already added every ep rank's contribution; the ``edp`` ranks
     hold the same experts and saw different tokens.
     """
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     for p, g in zip(params, grads):
         p.grad = g
     flat = torch.cat([g.reshape(-1) for g in grads])
-    flat.div_(world.size)
-    if world.size // world.ep_size > 1:
+    flat.div_(world.dp_size)
+    if world.edp_size > 1:
         with timer.blocking(flat.numel() * flat.element_size()):
-            dist.all_reduce(flat, group=world.dp_group)
+            dist.all_reduce(flat, group=world.edp_group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))

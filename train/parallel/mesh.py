@@ -1,39 +1,54 @@
-"""The process group and device mesh of a ``torchrun`` launch: gloo on CPU, NCCL on GPU, a 2-D ``(dp, ep)`` mesh.
+"""The process group and the one device mesh of a ``torchrun`` launch: gloo on CPU, NCCL on GPU.
 
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``;
-without them the run is one process and no process group is created. Expert parallelism
-borrows from data parallelism (as in torchtitan): every rank reads its own part of the data,
-the ``ep`` dimension holds the ranks that share one copy of the experts and the ``dp``
-dimension the ranks that hold the same experts (whose expert gradients are averaged).
+without them the run is one process and no process group is created.
+
+As in torchtitan (``ParallelDims.build_mesh``), one 1-D world mesh is unflattened into the
+views each feature needs, so every group is a slice of the same ranks:
+
+* dense ``("pp", "dp_replicate", "dp_shard", "tp")``, ``tp`` fastest: a rank is
+  ``((pp·R + r)·S + s)·T + t``; ``"dp"`` flattens ``dp_replicate × dp_shard`` (data sharding,
+  gradient and metric reductions), ``dp_shard`` (or ``dp_replicate × dp_shard``, HSDP) is FSDP2's
+  mesh and ``tp`` the tensor-parallel one;
+* sparse ``("pp", "edp", "ep", "tp")`` splits the same ``dp`` ranks into expert groups: ``ep``
+  consecutive dp ranks share one copy of the experts (all-to-all), ``edp`` ranks hold the same
+  experts (their gradients are averaged).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from train.errors import ConfigError
-from train.parallel.config import ParallelConfig
+from train.parallel.config import MeshDims, ParallelConfig
 
 log = logging.getLogger(__name__)
+
+DENSE_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+SPARSE_DIMS = ("pp", "edp", "ep", "tp")
 
 
 @dataclass(slots=True)
 class World:
-    """Where this process stands: rank, size, device and the mesh's process groups (None when alone)."""
+    """Where this process stands: rank, size, device, the mesh's degrees, coordinates and groups (None when alone).
+
+    Coordinates follow from ``rank`` and ``dims`` alone (the layout of ``DENSE_DIMS``), so a World
+    built by hand for a test has the same ranks a launched one would.
+    """
 
     rank: int
     size: int
     local_rank: int
     device: torch.device
-    mesh: object | None = None  # torch.distributed.device_mesh.DeviceMesh, dims ("dp", "ep")
-    dp_group: object | None = None
-    ep_group: object | None = None
-    ep_size: int = 1
+    dims: MeshDims = field(default_factory=MeshDims)
+    mesh: object | None = None  # torch.distributed.device_mesh.DeviceMesh over DENSE_DIMS
+    sparse_mesh: object | None = None  # the same ranks over SPARSE_DIMS
+    dp_mesh: object | None = None  # "dp": dp_replicate x dp_shard flattened
 
     @property
     def distributed(self) -> bool:
@@ -43,9 +58,90 @@ class World:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    # ---- coordinates ----------------------------------------------------------------------
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.dims.tp
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the ranks reading different data (dp_replicate-major, then dp_shard)."""
+        return (self.rank // self.dims.tp) % self.dims.dp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // (self.dims.tp * self.dims.dp)
+
+    @property
+    def dp_shard_rank(self) -> int:
+        return self.dp_rank % self.dims.dp_shard
+
     @property
     def ep_rank(self) -> int:
-        return self.rank % self.ep_size
+        return self.dp_rank % self.dims.ep
+
+    @property
+    def edp_rank(self) -> int:
+        return self.dp_rank // self.dims.ep
+
+    # ---- sizes ----------------------------------------------------------------------------
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    @property
+    def tp_size(self) -> int:
+        return self.dims.tp
+
+    @property
+    def pp_size(self) -> int:
+        return self.dims.pp
+
+    @property
+    def ep_size(self) -> int:
+        return self.dims.ep
+
+    @property
+    def edp_size(self) -> int:
+        return self.dims.edp
+
+    # ---- groups (None in one process) ----------------------------------------------------
+    def _group(self, mesh, name: str):
+        return None if mesh is None else mesh[name].get_group()
+
+    @property
+    def dp_group(self):
+        """Ranks reading different data: gradients, token counts, losses and per-source sums reduce over it."""
+        return None if self.dp_mesh is None else self.dp_mesh.get_group()
+
+    @property
+    def tp_group(self):
+        return self._group(self.mesh, "tp")
+
+    @property
+    def pp_group(self):
+        return self._group(self.mesh, "pp")
+
+    @property
+    def ep_group(self):
+        """Ranks sharing one copy of the experts (the all-to-all's group)."""
+        return self._group(self.sparse_mesh, "ep")
+
+    @property
+    def edp_group(self):
+        """Ranks holding the same experts: the expert gradients are summed over it."""
+        return self._group(self.sparse_mesh, "edp")
+
+    @property
+    def tp_mesh(self):
+        return None if self.mesh is None else self.mesh["tp"]
+
+    @property
+    def fsdp_mesh(self):
+        """FSDP2's mesh: ``dp_shard``, or ``(dp_replicate, dp_shard)`` (HSDP) when both are > 1."""
+        if self.mesh is None:
+            return None
+        return self.mesh["dp_replicate", "dp_shard"] if self.dims.dp_replicate > 1 else self.mesh["dp_shard"]
 
 
 def launched_world_size() -> int:
@@ -64,29 +160,34 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def build_meshes(device_type: str, dims: MeshDims):
+    """(dense, sparse, dp) DeviceMeshes over the current process group, all unflattened from one world mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = init_device_mesh(device_type, (dims.world,), mesh_dim_names=("world",))
+    dense = world._unflatten(0, (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp), DENSE_DIMS)
+    sparse = world._unflatten(0, (dims.pp, dims.edp, dims.ep, dims.tp), SPARSE_DIMS)
+    dp = dense["dp_replicate", "dp_shard"]._flatten("dp")
+    return dense, sparse, dp
+
+
 def init_world(cfg: ParallelConfig, *, device: str = "auto", n_experts: int = 0) -> World:
-    """Join the ``torchrun`` process group (once) and build the ``(dp, ep)`` mesh; a one-process World otherwise."""
+    """Join the ``torchrun`` process group (once) and build the mesh; a one-process World otherwise."""
     size = launched_world_size()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
+    dims = cfg.resolve(size, n_experts=n_experts)
     if size == 1:
-        if cfg.expert_parallel > 1:
-            raise ConfigError(f"train.parallel.expert_parallel = {cfg.expert_parallel} needs as many processes; "
-                              "launch with torchrun --nproc_per_node N")
-        return World(rank=0, size=1, local_rank=0, device=dev)
-    cfg.check_world(size, n_experts)
+        return World(rank=0, size=1, local_rank=0, device=dev, dims=dims)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if dev.type == "cuda" else "gloo")
     if backend == "nccl" and dev.type != "cuda":
         raise ConfigError("train.parallel.backend = 'nccl' needs CUDA devices; use 'gloo' (or 'auto') on CPU")
     if not dist.is_initialized():
         dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    ep = cfg.expert_parallel
-    mesh = init_device_mesh(dev.type, (size // ep, ep), mesh_dim_names=("dp", "ep"))
-    log.info("rank %d/%d on %s (%s): mesh dp=%d x ep=%d", rank, size, dev, backend, size // ep, ep)
-    return World(rank=rank, size=size, local_rank=local_rank, device=dev, mesh=mesh,
-                 dp_group=mesh["dp"].get_group(), ep_group=mesh["ep"].get_group(), ep_size=ep)
+    dense, sparse, dp = build_meshes(dev.type, dims)
+    log.info("rank %d/%d on %s (%s): mesh %s", rank, size, dev, backend, dims.describe())
+    return World(rank=rank, size=size, local_rank=local_rank, device=dev, dims=dims, mesh=dense, sparse_mesh=sparse,
+                 dp_mesh=dp)
 
 
 def shutdown() -> None:

@@ -14,23 +14,26 @@ from train.parallel.mesh import World
 
 
 class Reducer:
-    """All-reduce (sum) over every rank of ``world``; the identity when the world is one process."""
+    """All-reduce (sum) over the data-parallel ranks of ``world``; the identity when the world is one process.
+
+    Tensor-parallel ranks of one data-parallel rank hold the same figures, so only ``dp`` is summed.
+    """
 
     def __init__(self, world: World, timer: CommTimer) -> None:
         self.world, self.timer = world, timer
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A new tensor holding the sum of ``tensor`` over the ranks (``tensor`` is left unchanged)."""
-        if not self.world.distributed:
+        """A new tensor holding the sum of ``tensor`` over the dp ranks (``tensor`` is left unchanged)."""
+        if self.world.dp_size == 1:
             return tensor
         out = tensor.detach().clone()
         with self.timer.blocking(out.numel() * out.element_size()):
-            dist.all_reduce(out)
+            dist.all_reduce(out, group=self.world.dp_group)
         return out
 
     def sum_int(self, value: int) -> int:
         """An integer summed over the ranks (e.g. a step's loss tokens)."""
-        if not self.world.distributed:
+        if self.world.dp_size == 1:
             return value
         return int(self.sum(torch.tensor([value], dtype=torch.int64, device=self.world.device)).item())
 
@@ -41,8 +44,8 @@ class Reducer:
         so the sum is the global loss; the norm is already global and identical on every rank.
         """
         pair = torch.stack([loss.detach().float(), grad_norm.detach().float()])
-        if self.world.distributed:
-            pair = self.sum(pair.double()) * torch.tensor([1.0, 1.0 / self.world.size], dtype=torch.float64,
+        if self.world.dp_size > 1:
+            pair = self.sum(pair.double()) * torch.tensor([1.0, 1.0 / self.world.dp_size], dtype=torch.float64,
                                                           device=pair.device)
         loss_value, norm_value = pair.tolist()
         return loss_value, norm_value

@@ -46,9 +46,6 @@ class Parallel:
     """The run's layout (``ParallelConfig``) on its ``World``; built once per process."""
 
     def __init__(self, cfg: ParallelConfig, world: World) -> None:
-        if world.distributed and cfg.mode == "none":
-            raise ConfigError(f"train.parallel.mode = 'none' under torchrun with {world.size} processes: every rank "
-                              "would train its own model; use 'ddp' or 'fsdp'")
         self.cfg, self.world = cfg, world
         self.comm = CommTimer()
         self.reducer = Reducer(world, self.comm)
@@ -58,7 +55,7 @@ class Parallel:
 
     @classmethod
     def local(cls, device: torch.device) -> Parallel:
-        return cls(ParallelConfig(mode="none"), World(rank=0, size=1, local_rank=0, device=device))
+        return cls(ParallelConfig(), World(rank=0, size=1, local_rank=0, device=device))
 
     @classmethod
     def from_env(cls, cfg: ParallelConfig, *, device: str = "auto", n_experts: int = 0) -> Parallel:
@@ -71,12 +68,12 @@ class Parallel:
 
     @property
     def fsdp(self) -> bool:
-        return self.world.distributed and self.cfg.mode == "fsdp"
+        return self.world.dims.dp_shard > 1
 
     @property
     def grad_scale(self) -> float:
-        """Factor on the data loss that undoes the wrappers' gradient averaging over the ranks."""
-        return float(self.world.size)
+        """Factor on the data loss that undoes the wrappers' gradient averaging over the data-parallel ranks."""
+        return float(self.world.dp_size)
 
     # ---- model ------------------------------------------------------------------------------
     def expert_shard(self, n_experts: int) -> ExpertShard | None:
@@ -88,13 +85,18 @@ class Parallel:
 
         Under expert parallelism the model must have been built with ``experts=self.expert_shard(...)``.
         """
-        self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and self.world.distributed
+        self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and self.world.dp_size > 1
         if not self.world.distributed:
             return model
+        dims = self.world.dims
+        for key, degree in (("tp", dims.tp), ("pp", dims.pp)):
+            if degree > 1:
+                raise ConfigError(f"train.parallel.{key} = {degree}: this build's trainer does not wrap the model for "
+                                  f"it yet; leave {key} = 1")
         if self.world.ep_size > 1:
             self.experts = sharded_expert_names(model, self.world)
             self._expert_params = expert_parameters(model, self.experts)
-        if self.cfg.mode == "fsdp":
+        if self.fsdp:
             return apply_fsdp(model, self.world, self.cfg, self.comm)
         return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
 
