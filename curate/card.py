@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curate.atomic import write_text_atomic
+from curate.workdir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,16 @@ def hf_dtype(t: pa.DataType) -> str:
 _ARROW_TO_HF = {"double": "float64", "float": "float32", "halffloat": "float16"}
 
 
-def remove_card(out: Path) -> None:
-    """Remove a card an earlier run wrote (never a README the user put there)."""
+def remove_card(out: Path, *, work: WorkDir | None = None) -> None:
+    """Remove a card an earlier run wrote (never a README the user put there); ``work``: also from its store."""
     path = Path(out) / CARD
+    if work is not None and work.remote:
+        work.fetch(path, missing_ok=True)
     if path.is_file() and MARK in path.read_text(errors="replace"):
-        path.unlink()
+        if work is not None:
+            work.remove(path)
+        else:
+            path.unlink()
 
 
 def write_card(out: Path, manifest: dict[str, Any]) -> Path | None:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from curate.errors import ConfigError
 from curate.stages.base import StageConfig
+from curate.workdir import check_url, is_url, local_root
 
 OUTPUT_FORMATS = ("parquet", "webdataset", "tokens")
 DEFAULT_FORMATS = ("parquet", "webdataset")
@@ -32,17 +33,23 @@ class JobSection:
     # Ids given by two rows: "reject" keeps the first and rejects later copies (read:duplicate_id,
     # one more map phase); "allow" skips the check, for inputs whose ids are known to be unique.
     duplicate_ids: Literal["reject", "allow"] = "reject"
+    # executor = "ray": the cluster to join ("host:port", "ray://host:port", "auto"); "" joins RAY_ADDRESS if set,
+    # else starts a local Ray
+    ray_address: str = ""
+    # fsspec options for an output URL (s3://...: endpoint_url, key, secret, ...), as inputs' storage_options
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\"):
             raise ConfigError(f"job.name = {self.name!r} is invalid; allowed: a non-empty name without slashes")
         if not self.output:
             self.output = f"out/{self.name}"
-        if "://" in self.output:  # Path("s3://b/x") is the local folder s3:/b/x: never make one from a URL
-            raise ConfigError(
-                f"job.output = {self.output!r} is a URL; curation writes its outputs to a local (or mounted) folder only: "
-                f"write to a local folder and copy it (e.g. `aws s3 sync out/{self.name} {self.output}`), or mount the bucket"
-            )
+        if is_url(self.output):  # an object store (s3://...): checked here so a missing driver fails before any work
+            self.output = self.output.rstrip("/")
+            check_url(self.output, "job.output", self.storage_options)
+        if self.ray_address and self.executor != "ray":
+            raise ConfigError(f"job.ray_address = {self.ray_address!r} is set but job.executor = {self.executor!r}; "
+                              f"set executor = \"ray\" to run on that cluster, or remove ray_address")
         if self.workers < 1:
             raise ConfigError(f"job.workers = {self.workers!r} is invalid; allowed: an integer >= 1")
         if self.batch_rows < 1:
@@ -153,10 +160,15 @@ class Job:
     def __post_init__(self) -> None:
         if not self.inputs:
             raise ConfigError("a job needs at least one [[inputs]] table")
+        if is_url(self.job.output) and self.output.mode is not None:
+            raise ConfigError(f"output.mode = {oct(self.output.mode)} applies to local folders; job.output = "
+                              f"{self.job.output!r} is on an object store, whose access the bucket's policy sets: "
+                              f"remove output.mode")
 
     @property
     def output_dir(self) -> Path:
-        return Path(self.job.output)
+        """The output folder as this process sees it: ``[job] output``, or for a URL its local mirror (``curate.workdir``)."""
+        return local_root(self.job.output)
 
     @property
     def declared_sources(self) -> tuple[str, ...]:

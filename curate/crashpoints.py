@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import signal
 
-_SPEC = os.environ.get("WINNOW_CRASH_AT", "")
+CRASH_ENV = "WINNOW_CRASH_AT"
+_SPEC = os.environ.get(CRASH_ENV, "")
 _MODE, _, _ARG = _SPEC.partition(":")
 _reached = 0
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import socket
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor as _PoolExecutor, ProcessPoolExecutor, wait
 from typing import Any, TypeVar
 
-from curate.errors import require
+from curate.crashpoints import CRASH_ENV
+from curate.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -23,9 +26,10 @@ class Executor:
     """Runs task functions with ``workers`` local processes (``kind="local"``) or on Ray."""
 
     def __init__(self, *, workers: int, kind: str = "local", initializer: Callable[..., None] | None = None,
-                 initargs: tuple = (), gpus_per_task: float = 0.0) -> None:
+                 initargs: tuple = (), gpus_per_task: float = 0.0, address: str = "") -> None:
         self.workers = workers
         self.kind = kind
+        self.address = address  # Ray: the cluster to join ([job] ray_address); "" = RAY_ADDRESS, else a local Ray
         # local pool: run once in each worker process before its first task (e.g. to claim a GPU)
         self.initializer, self.initargs = initializer, initargs
         self.gpus_per_task = gpus_per_task  # Ray: GPUs each task reserves, where the cluster has any
@@ -72,13 +76,57 @@ class Executor:
 
     def _run_ray(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
         if self._ray is None:
-            self._ray = require("ray", extra="ray", feature="executor = 'ray'")
-            if not self._ray.is_initialized():
-                self._ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+            self._ray = _connect(self.address)
         ray = self._ray
         gpus = self.gpus_per_task if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        remote = ray.remote(num_gpus=gpus)(fn) if gpus else ray.remote(fn)  # Ray sets CUDA_VISIBLE_DEVICES
+        options: dict[str, Any] = {"num_gpus": gpus} if gpus else {}  # Ray sets CUDA_VISIBLE_DEVICES
+        if os.environ.get(CRASH_ENV):  # the crash harness reaches the workers too (curate.crashpoints)
+            options["runtime_env"] = {"env_vars": {CRASH_ENV: os.environ[CRASH_ENV]}}
+        remote = ray.remote(fn).options(**options) if options else ray.remote(fn)
         pending = [remote.remote(s) for s in specs]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             yield ray.get(done[0])
+
+
+def _connect(address: str) -> Any:
+    """Import Ray and join the cluster at ``address`` (or RAY_ADDRESS, or start a local one); errors name the key."""
+    ray = require("ray", extra="ray", feature="executor = 'ray'")
+    key, address = ("job.ray_address", address) if address else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS", ""))
+    if address and address != "auto":
+        _check_reachable(key, address)
+    if ray.is_initialized():
+        return ray
+    try:
+        ray.init(address=address or None, log_to_driver=False)
+    except (ConnectionError, TimeoutError) as err:
+        raise ConfigError(f"{key} = {address!r}: no Ray cluster could be joined ({err}); start one (`ray start "
+                          f"--head`) and give its address, or leave {key} unset to start a local Ray") from err
+    return ray
+
+
+def _check_reachable(key: str, address: str, timeout: float = 5.0) -> None:
+    """A Ray address (``host:port`` or ``ray://host:port``) must accept a connection; fail fast instead of Ray's retries."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{key} = {address!r} is invalid; allowed: host:port, ray://host:port or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConfigError(f"{key} = {address!r} cannot be reached ({err.strerror or err}); start the cluster "
+                          f"(`ray start --head --port {port}`), fix the address, or leave {key} unset to start a "
+                          f"local Ray (pip install 'winnow[ray]')") from err
+
+
+def worker_info() -> dict[str, Any]:
+    """Where the calling task runs: host and pid, and under Ray its task, worker and node ids (for its marker)."""
+    info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        task_id = ctx.get_task_id()
+        if task_id is not None:  # None in the driver: the task runs in this process, not in a Ray worker
+            info["ray"] = {"task_id": task_id, "worker_id": ctx.get_worker_id(), "node_id": ctx.get_node_id(),
+                           "job_id": ctx.get_job_id()}
+    return info

@@ -55,6 +55,7 @@ def task_fingerprints(tasks: list[ReadTask], storage_options: list[dict]) -> lis
 def record_inputs(work: WorkDir, prints: list[list[dict[str, Any]]]) -> None:
     """Keep the fingerprints the work folder's tasks are computed from."""
     write_json_atomic(inputs_file(work), prints, indent=None)
+    work.publish_file(inputs_file(work))
 
 
 def inputs_file(work: WorkDir) -> Path:

@@ -19,7 +19,7 @@ import polars as pl
 from curate.atomic import write_json_atomic
 from curate.config import Job
 from curate.errors import StageError
-from curate.workdir import WorkDir
+from curate.workdir import WorkDir, task_scratch
 from curate.writers.layout import write_ranges
 from curate.writers.shards import ShardWriter
 
@@ -41,7 +41,7 @@ class WriteSpec:
 
     job: Job
     work: WorkDir
-    files: list[str]
+    files: list[str]  # the sorted task files, relative to the output folder (resolved where the task runs)
     task: int
     lo: int
     hi: int
@@ -50,7 +50,7 @@ class WriteSpec:
 
 def plan_writes(job: Job, work: WorkDir, final_phase: int, final_results: list[dict]) -> list[WriteSpec]:
     """Contiguous rank ranges of whole shards (``writers.layout.write_ranges``), one write task each."""
-    files = work.task_files(final_phase, SORTED_ROWS)
+    files = [Path(f).relative_to(work.out).as_posix() for f in work.task_files(final_phase, SORTED_ROWS)]
     total = sum(r["rows_written"] for r in final_results)
     total_bytes = sum(r.get("rows_bytes", 0) for r in final_results)
     ranges = write_ranges(total, total_bytes, len(final_results), job.output)
@@ -59,11 +59,20 @@ def plan_writes(job: Job, work: WorkDir, final_phase: int, final_results: list[d
 
 def write_range(spec: WriteSpec) -> dict[str, Any]:
     """Run one write task (or return its result if its marker is in place)."""
-    marker = spec.work.write_marker(spec.task)
-    if marker.exists():
-        return json.loads(marker.read_text())
+    with task_scratch(spec.work.output):
+        return _write_range(spec)
+
+
+def _write_range(spec: WriteSpec) -> dict[str, Any]:
+    work = spec.work
+    marker = work.write_marker(spec.task)
+    if work.exists(marker):
+        return json.loads(work.read_text(marker))
+    files = [work.out / f for f in spec.files]
+    for path in files:  # on a store: whole files (the row-group pruning then runs on the local copies)
+        work.fetch(path)
     in_range = pl.col(ORDER_COLUMN).is_between(spec.lo, spec.hi, closed="left")
-    df = pl.scan_parquet(spec.files).filter(in_range).collect().sort(ORDER_COLUMN)
+    df = pl.scan_parquet([str(f) for f in files]).filter(in_range).collect().sort(ORDER_COLUMN)
     ranks = df[ORDER_COLUMN]
     if df.height != spec.hi - spec.lo or (df.height and (ranks[0] != spec.lo or ranks[-1] != spec.hi - 1)):
         raise StageError(
@@ -74,5 +83,7 @@ def write_range(spec: WriteSpec) -> dict[str, Any]:
     writer.write(df)
     shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
     result = {"task": spec.task, "shards": shards}
+    work.publish_outputs(("shards",))
     write_json_atomic(marker, result)
+    work.publish_file(marker)
     return result

@@ -8,8 +8,9 @@ with a message, never emptied. Other files (a README of the user's) are never to
 such a folder is adopted. Folders an older winnow wrote (a ``manifest.json`` with winnow's
 keys, or a ``_work/fingerprint``) are recognised and adopted.
 
-Output paths are local folders: a URL (``s3://...``) is refused before any path is made
-from it (``Path("s3://b/x")`` would be the local folder ``s3:/b/x``). ``[output] mode``
+The output may be an fsspec URL (``s3://bucket/job``): the same rules hold for the objects
+under its prefix (the marker is an object ``<prefix>/.winnow-output``, the entries are the
+prefix's children), checked and cleared through ``curate.workdir.WorkDir``. ``[output] mode``
 restricts every file the job wrote (folders get the matching search bits) once it ends;
 otherwise files follow the umask like any other program's.
 """
@@ -22,18 +23,22 @@ from pathlib import Path
 
 from curate.atomic import write_json_atomic
 from curate.errors import OutputError
+from curate.workdir import WorkDir
 
 MARKER = ".winnow-output"
 #: Entries a winnow job writes in its output folder; a fresh run removes these and nothing else.
 OWN_ENTRIES = ("_work", "shards", "rejects", "artifacts", "manifest.json")
 
 
-def claim(out: Path, job_name: str) -> bool:
+def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
     """Make ``out`` winnow's: create it with its marker, or check the marker is there.
 
     Returns whether the folder already held a previous run's outputs. Raises ``OutputError``
-    when ``out`` is a file, cannot be written, or holds data winnow did not write.
+    when ``out`` is a file, cannot be written, or holds data winnow did not write. With a
+    ``work`` whose output is a URL, the same checks run on the store's objects.
     """
+    if work is not None and work.remote:
+        return _claim_remote(work, job_name)
     if out.exists() and not out.is_dir():
         raise OutputError(f"output {out} is a file, not a folder; give a folder path (it is created if missing)")
     marker = out / MARKER
@@ -63,10 +68,38 @@ def claim(out: Path, job_name: str) -> bool:
     return bool(existing)
 
 
-def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES) -> None:
-    """Remove a previous run's outputs (``only`` some of them) from a folder winnow owns (``claim`` checked the marker)."""
+def _claim_remote(work: WorkDir, job_name: str) -> bool:
+    out = work.out
+    if work.fs.isfile(work.url(out)):
+        raise OutputError(f"output {work.output} is an object, not a prefix; give a folder-like URL (s3://bucket/job)")
+    existing = [name for name in work.listdir(out) if not (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))]
+    has_marker = MARKER in existing
+    if existing and not has_marker:
+        old = work.exists(work.root / "fingerprint") or (work.fetch(out / "manifest.json", missing_ok=True)
+                                                         and _written_by_old_winnow(out))
+        clash = [name for name in existing if name in OWN_ENTRIES]
+        if clash and not old:
+            raise OutputError(
+                f"output {work.output} holds objects winnow did not write ({', '.join(clash)}); winnow clears only "
+                f"prefixes it made (they carry {MARKER}). Choose a new or empty prefix with --output, or move them away"
+            )
+    if not has_marker:
+        write_json_atomic(out / MARKER, {"written_by": "winnow", "job": job_name})
+        work.publish_file(out / MARKER)
+    return bool(set(existing) - {MARKER})
+
+
+def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: WorkDir | None = None) -> None:
+    """Remove a previous run's outputs (``only`` some of them) from a folder winnow owns (``claim`` checked the marker).
+
+    With a ``work`` whose output is a URL, they are removed from the store too.
+    """
     import shutil
 
+    if work is not None and work.remote:
+        for name in only:
+            work.remove(out / name)
+        return
     for name in only:
         path = out / name
         if path.is_dir() and not path.is_symlink():

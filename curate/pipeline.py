@@ -29,12 +29,12 @@ import polars as pl
 from tqdm.auto import tqdm
 
 from curate.atomic import write_json_atomic, write_text_atomic
-from curate.card import remove_card, write_card
+from curate.card import CARD, remove_card, write_card
 from curate.config import Job
 from curate.errors import OutputError, StageError
 from curate.executors import Executor
 from curate.fields import resolve_field_types
-from curate.fingerprint import invalidate, record_inputs, stale_tasks, task_fingerprints
+from curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
 from curate.outdir import OWN_ENTRIES, claim, clear_own_entries, restrict_mode
@@ -42,7 +42,7 @@ from curate.readers import plan_read_tasks, read_task
 from curate.stages import Barrier, Plan, stage_class
 from curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
-from curate.workdir import WorkDir
+from curate.workdir import WorkDir, drop_root, is_url
 from curate.writers.gather import plan_val_writes, write_val_group
 
 log = logging.getLogger(__name__)
@@ -76,10 +76,11 @@ class Runner:
     """Runs one job; ``run()`` returns the manifest it wrote."""
 
     def __init__(self, job: Job, *, progress: bool = True) -> None:
-        job = dataclasses.replace(job, job=dataclasses.replace(job.job, output=str(Path(job.job.output).resolve())))
+        if not is_url(job.job.output):
+            job = dataclasses.replace(job, job=dataclasses.replace(job.job, output=str(Path(job.job.output).resolve())))
         self.job = job
-        self.out = job.output_dir
-        self.work = WorkDir(self.out / "_work")
+        self.work = WorkDir(job.job.output, job.job.storage_options)  # a URL: every task publishes to the store
+        self.out = self.work.out
         self.progress = progress
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
         self._layout()
@@ -100,6 +101,7 @@ class Runner:
         finally:
             if umask is not None:
                 os.umask(umask)
+            drop_root(self.job.job.output)  # a URL output's local mirror: the store holds everything
         if mode is not None:
             restrict_mode(self.out, mode)  # also what Ray workers and the atomic writer made
         return manifest
@@ -115,7 +117,8 @@ class Runner:
                  len(self.phases), self.out)
         results: list[list[dict]] = []
         switched = False
-        with Executor(workers=self.job.job.workers, kind=self.job.job.executor) as self.executor:
+        with Executor(workers=self.job.job.workers, kind=self.job.job.executor,
+                      address=self.job.job.ray_address) as self.executor:
             for phase in self.phases:
                 specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
                 results.append(self._run_phase(phase, specs))
@@ -136,37 +139,57 @@ class Runner:
         manifest = build_manifest(self.job, stages, results, write_results, self.plan_seconds, reports=reports,
                                   seconds=time.perf_counter() - t0)
         write_json_atomic(self.out / "manifest.json", manifest)
-        write_card(self.out, manifest)
+        self.work.publish_file(self.out / "manifest.json")
+        if self.work.remote:  # the card reads the first Parquet shard's schema, and keeps a README of the user's
+            self.work.fetch(self.out / CARD, missing_ok=True)
+            first = next((s["path"] for s in manifest["shards"] if s["format"] == "parquet"), None)
+            if first is not None:
+                self.work.fetch(self.out / first)
+        if write_card(self.out, manifest) is not None:
+            self.work.publish_file(self.out / CARD)
         if not self.job.job.keep_work:
-            shutil.rmtree(self.work.root, ignore_errors=True)
+            self.work.remove(self.work.root)
+        self.work.sweep_tmp()
         return manifest
 
     # -- set-up ---------------------------------------------------------------------------
     def _prepare(self, read_tasks: list) -> None:
         """Resume the same job's unfinished work (redoing what changed inputs touch); otherwise start afresh."""
-        had_outputs = claim(self.out, self.job.job.name)  # refuses a folder winnow did not make
+        work = self.work
+        had_outputs = claim(self.out, self.job.job.name, work=work)  # refuses a folder winnow did not make
         fingerprint = job_fingerprint(self.job)
-        marker = self.work.fingerprint
+        marker = work.fingerprint
         prints = task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
-        if marker.exists() and marker.read_text() == fingerprint:
-            stale, changes = stale_tasks(self.work, prints)
+        if work.exists(marker) and work.read_text(marker) == fingerprint:
+            if work.remote:  # what the resumed run reads of the work folder's control files
+                work.fetch(inputs_file(work), missing_ok=True)
+                work.fetch(work.root / EXACT_MARKER, missing_ok=True)
+            stale, changes = stale_tasks(work, prints)
             if not stale:
-                log.info("resuming: finished tasks in %s are kept", self.work.root)
+                log.info("resuming: finished tasks in %s are kept", work.output if work.remote else work.root)
                 return
-            log.warning("resuming, but inputs changed since this job's work began: %s%s; redoing %d read task(s) "
-                        "and every phase after the first", "; ".join(changes[:3]),
-                        f" (+{len(changes) - 3} more)" if len(changes) > 3 else "", len(stale))
-            invalidate(self.out, self.work, stale, n_tasks=len(read_tasks), single_phase=len(self.phases) == 1)
-            remove_card(self.out)
-            record_inputs(self.work, prints)
-            return
+            if work.remote:  # on a store: no partial invalidation, the job starts afresh (correct, just slower)
+                log.warning("inputs changed since this job's work began: %s; starting afresh in %s", changes[0], work.output)
+            else:
+                self._invalidate(stale, changes, len(read_tasks), prints)
+                return
         if had_outputs:
-            log.info("clearing previous outputs in %s", self.out)
-        remove_card(self.out)
-        clear_own_entries(self.out)
-        self.work.root.mkdir(parents=True)
-        record_inputs(self.work, prints)  # before the fingerprint: without both, a re-run starts afresh
+            log.info("clearing previous outputs in %s", work.output)
+        remove_card(self.out, work=work)
+        clear_own_entries(self.out, work=work)
+        work.root.mkdir(parents=True, exist_ok=True)
+        record_inputs(work, prints)  # before the fingerprint: without both, a re-run starts afresh
         write_text_atomic(marker, fingerprint)
+        work.publish_file(marker)
+
+    def _invalidate(self, stale: set[int], changes: list[str], n_tasks: int, prints: list) -> None:
+        """Resume a local work folder whose inputs changed: redo only what the changed read tasks touch."""
+        log.warning("resuming, but inputs changed since this job's work began: %s%s; redoing %d read task(s) "
+                    "and every phase after the first", "; ".join(changes[:3]),
+                    f" (+{len(changes) - 3} more)" if len(changes) > 3 else "", len(stale))
+        invalidate(self.out, self.work, stale, n_tasks=n_tasks, single_phase=len(self.phases) == 1)
+        remove_card(self.out)
+        record_inputs(self.work, prints)
 
     def _ids_unique(self, phase0: list[dict]) -> bool:
         """After an optimistic phase 0: True when no id repeats; else switch to the exact plan (ids barrier first)."""
@@ -180,22 +203,20 @@ class Runner:
             return True
         log.info("%d id(s) occur more than once: running the job again with the id check first", repeated)
         # What phase 0 wrote (rejects; shards in a one-phase job), and its work, go.
-        clear_own_entries(self.out, only=tuple(name for name in OWN_ENTRIES if name != "_work"))
-        for entry in self.work.root.iterdir():
-            if entry.name not in ("fingerprint", "inputs.json"):
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        clear_own_entries(self.out, only=tuple(name for name in OWN_ENTRIES if name != "_work"), work=self.work)
+        for name in self.work.listdir(self.work.root):
+            if name not in ("fingerprint", "inputs.json"):
+                self.work.remove(self.work.root / name)
         write_text_atomic(self.work.root / EXACT_MARKER, "an id repeats: the id barrier runs first\n")
+        self.work.publish_file(self.work.root / EXACT_MARKER)
         return False
 
     def _task_spec(self, phase: PhaseSpec, task: int, read_tasks: list) -> TaskSpec:
-        decision = None
-        if phase.apply is not None:
-            decision = self.work.decision(self.stages[phase.apply].ctx.stage_id, task)
         return TaskSpec(
             job=self.plan_job, phase=phase, task=task, work=self.work, ordered=self.ordered,
             read=read_tasks[task] if phase.index == 0 else None,
-            rows_path=self.work.task(phase.index - 1, task) / "rows.parquet" if phase.index > 0 else None,
-            decision_path=decision, spill_ids=self.optimistic and phase.index == 0,
+            decision_stage=self.stages[phase.apply].ctx.stage_id if phase.apply is not None else None,
+            spill_ids=self.optimistic and phase.index == 0,
         )
 
     # -- phases ---------------------------------------------------------------------------
@@ -227,7 +248,7 @@ class Runner:
         if self.work.plan_done(sid):
             return
         t0 = time.perf_counter()
-        shutil.rmtree(plan_dir, ignore_errors=True)
+        self.work.remove(plan_dir)  # what an interrupted plan left (here and, for a URL, on the store)
         plan_dir.mkdir(parents=True)
         key_files = self.work.task_files(phase.index, "keys.parquet")
         if key_files:
@@ -249,11 +270,15 @@ class Runner:
         write_json_atomic(plan_dir / "report.json", plan.report)
         self.plan_seconds[sid] = time.perf_counter() - t0
         write_json_atomic(plan_dir / "seconds.json", {"seconds": self.plan_seconds[sid]})
+        self.work.publish_outputs(("artifacts",))  # what the plan keeps for the user (models, lists)
         self.work.mark_plan_done(sid)
 
     def _report(self, stage: Barrier) -> dict[str, Any]:
         path = stage.ctx.plan_dir / "report.json"
         seconds = stage.ctx.plan_dir / "seconds.json"
+        if self.work.remote:  # a resumed run planned it in an earlier process
+            self.work.fetch(path, missing_ok=True)
+            self.work.fetch(seconds, missing_ok=True)
         if seconds.exists():
             self.plan_seconds.setdefault(stage.ctx.stage_id, json.loads(seconds.read_text())["seconds"])
         return json.loads(path.read_text()) if path.exists() else {}

@@ -29,7 +29,8 @@ from curate.schema import CORE_COLUMNS, validate_rows
 from curate.stages import Stage, StageContext
 from curate.stages.ids import job_stages
 from curate.stats import StageStats
-from curate.workdir import WorkDir, fresh_tmp, reject_name
+from curate.executors import worker_info
+from curate.workdir import TASK_MARKER, WorkDir, fresh_tmp, reject_name, task_scratch
 from curate.writers.gather import VAL_ROWS
 from curate.writers.layout import row_bytes
 from curate.writers.shards import ShardWriter
@@ -64,13 +65,22 @@ class TaskSpec:
     work: WorkDir
     ordered: bool  # final rows carry an ``order`` column: train rows are sorted, not sharded, here
     read: ReadTask | None = None  # phase 0
-    rows_path: Path | None = None  # later phases: the previous phase's rows
-    decision_path: Path | None = None
+    decision_stage: str | None = None  # later phases: the barrier whose decision this task applies
     spill_ids: bool = False  # phase 0 of an optimistic run: also write the read rows' ids (curate.stages.ids)
 
+    # Paths are computed where the task runs (on a store, in its own scratch folder: curate.workdir).
     @property
     def folder(self) -> Path:
         return self.work.task(self.phase.index, self.task)
+
+    @property
+    def rows_path(self) -> Path | None:
+        """Later phases: the previous phase's rows of this task."""
+        return self.work.task(self.phase.index - 1, self.task) / "rows.parquet" if self.phase.index > 0 else None
+
+    @property
+    def decision_path(self) -> Path | None:
+        return self.work.decision(self.decision_stage, self.task) if self.decision_stage is not None else None
 
 
 def build_stages(job: Job, work: WorkDir) -> list[Stage]:
@@ -181,10 +191,25 @@ def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame
 
 
 def run_task(spec: TaskSpec) -> dict[str, Any]:
-    """Run one map task to completion (or skip it if its folder is already in place)."""
+    """Run one map task to completion (or skip it if its folder is already in place).
+
+    For an output on a store the task runs in a private scratch folder: it fetches the
+    previous phase's rows and the applied plan, and publishes its outputs, marker last.
+    """
+    with task_scratch(spec.work.output):
+        return _run_task(spec)
+
+
+def _run_task(spec: TaskSpec) -> dict[str, Any]:
     final = spec.folder
-    if final.exists():
-        return json.loads((final / "stats.json").read_text())
+    work = spec.work
+    if work.task_done(spec.phase.index, spec.task):
+        return json.loads(work.read_text(final / TASK_MARKER))
+    if work.remote:
+        if spec.rows_path is not None and work.task_done(spec.phase.index - 1, spec.task):
+            work.fetch(spec.rows_path, missing_ok=True)
+        if spec.decision_stage is not None:
+            work.fetch_plan(spec.decision_stage, task=spec.task)
     tmp = fresh_tmp(final)
     stages = build_stages(spec.job, spec.work)
     phase = spec.phase
@@ -286,6 +311,10 @@ def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped
         "rows_bytes": out.rows_bytes,
         "val": {"rows": out.val_rows, "bytes": out.val_bytes},
     }
-    write_json_atomic(out.tmp / "stats.json", result, indent=None)
+    result["worker"] = worker_info()  # where it ran: host, pid, and under Ray its task, worker and node ids
+    write_json_atomic(out.tmp / TASK_MARKER, result, indent=None)
     rename_into_place(out.tmp, final)
+    if spec.work.remote:  # shards and rejects first, the task folder with its marker last
+        spec.work.publish_outputs()
+        spec.work.publish_folder(final, marker=TASK_MARKER)
     return result

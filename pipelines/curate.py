@@ -26,11 +26,12 @@ def run(args: argparse.Namespace) -> int:
         t = manifest["tokens"]
         rate = f", {t['tokens_per_second'] / 1e6:.1f}M tokens/s per worker" if t["tokens_per_second"] else ""
         print(f"\ntokens:   {t['total']} ({t['tokenizer']['kind']}, {t['dtype']}){rate}")
-    print(f"\nshards:   {Path(job.job.output) / 'shards'}")
-    print(f"rejects:  {Path(job.job.output) / 'rejects'}")
-    print(f"manifest: {Path(job.job.output) / 'manifest.json'}")
-    if (Path(job.job.output) / "README.md").is_file():
-        print(f"card:     {Path(job.job.output) / 'README.md'} (dataset card: sources, stages, features)")
+    out = job.job.output.rstrip("/")  # a folder or a URL (s3://...)
+    print(f"\nshards:   {out}/shards")
+    print(f"rejects:  {out}/rejects")
+    print(f"manifest: {out}/manifest.json")
+    if "://" in out or (Path(out) / "README.md").is_file():
+        print(f"card:     {out}/README.md (dataset card: sources, stages, features)")
     return 0
 
 

@@ -18,7 +18,7 @@ import polars as pl
 
 from curate.atomic import write_json_atomic
 from curate.config import Job
-from curate.workdir import WorkDir
+from curate.workdir import WorkDir, task_scratch
 from curate.writers.layout import group_small_files
 from curate.writers.shards import ShardWriter
 
@@ -30,30 +30,44 @@ class ValWriteSpec:
     """One group of task spills written as validation shards (picklable)."""
 
     job: Job
-    marker: Path
-    files: tuple[Path, ...]
-    first_task: int
+    work: WorkDir
+    final_phase: int
+    tasks: tuple[int, ...]  # their spills (paths are made where the write task runs)
+
+    @property
+    def first_task(self) -> int:
+        return self.tasks[0]
 
 
 def plan_val_writes(job: Job, work: WorkDir, final_phase: int, results: list[dict[str, Any]]) -> list[ValWriteSpec]:
     """Write groups over the final phase's task results (index = task), each within ``shard_bytes``."""
     sizes = [(r.get("val") or {}).get("bytes", 0) if (r.get("val") or {}).get("rows") else 0 for r in results]
     return [
-        ValWriteSpec(job, work.val_write_marker(group[0]),
-                     tuple(work.task(final_phase, t) / VAL_ROWS for t in group), group[0])
+        ValWriteSpec(job, work, final_phase, tuple(group))
         for group in group_small_files(sizes, job.output.shard_bytes)
     ]
 
 
 def write_val_group(spec: ValWriteSpec) -> dict[str, Any]:
     """Stream one group's spilled rows into shards; a marker makes a re-run skip a finished group."""
-    if spec.marker.exists():
-        return json.loads(spec.marker.read_text())
+    with task_scratch(spec.work.output):
+        return _write_val_group(spec)
+
+
+def _write_val_group(spec: ValWriteSpec) -> dict[str, Any]:
+    work = spec.work
+    marker = work.val_write_marker(spec.first_task)
+    if work.exists(marker):
+        return json.loads(work.read_text(marker))
     writer = ShardWriter(spec.job.output_dir, f"part-{spec.first_task:05d}", spec.job.output, split="val")
-    for path in spec.files:
+    for t in spec.tasks:
+        path = work.task(spec.final_phase, t) / VAL_ROWS
+        work.fetch(path)
         for batch in pq.ParquetFile(path).iter_batches(batch_size=spec.job.job.batch_rows):
             writer.write(pl.from_arrow(batch))
     shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
     result = {"task": spec.first_task, "shards": shards}
-    write_json_atomic(spec.marker, result)
+    work.publish_outputs(("shards",))
+    write_json_atomic(marker, result)
+    work.publish_file(marker)
     return result

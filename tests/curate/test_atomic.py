@@ -41,7 +41,7 @@ def test_published_file_gets_the_umask_mode_not_mkstemps_0600(tmp_path):
 
 
 def test_task_folder_counts_only_once_renamed_into_place(tmp_path):
-    work = WorkDir(tmp_path / "_work")
+    work = WorkDir(str(tmp_path))
     final = work.task(0, 3)
     assert final == tmp_path / "_work" / "phase-0" / "task-00003"
     tmp = fresh_tmp(final)
@@ -54,12 +54,12 @@ def test_task_folder_counts_only_once_renamed_into_place(tmp_path):
 
 
 def test_plan_marker_and_decision_paths(tmp_path):
-    work = WorkDir(tmp_path)
+    work = WorkDir(str(tmp_path))
     assert not work.plan_done("02.dedup.exact")
     work.plan("02.dedup.exact").mkdir(parents=True)
     work.mark_plan_done("02.dedup.exact")
     assert work.plan_done("02.dedup.exact")
-    assert work.decision("02.dedup.exact", 7) == tmp_path / "plans" / "02.dedup.exact" / "decision" / "task-00007.parquet"
+    assert work.decision("02.dedup.exact", 7) == tmp_path / "_work" / "plans" / "02.dedup.exact" / "decision" / "task-00007.parquet"
 
 
 def test_the_umask_at_write_time_applies(tmp_path):

@@ -51,13 +51,6 @@ def test_a_folder_winnow_made_is_cleared_for_another_job(tmp_path, capsys):
     assert not stale.exists()
 
 
-def test_url_output_is_refused_and_makes_no_local_folder(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    rc, err = curate(job_file(tmp_path), "s3://bucket/x", capsys)
-    assert rc == 2 and err.startswith("winnow curate: error:") and "is a URL" in err and "aws s3 sync" in err
-    assert not (tmp_path / "s3:").exists()
-
-
 def test_output_that_is_a_file_is_an_error_naming_it(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     rc, err = curate(job_file(tmp_path), tmp_path / "afile", capsys)
