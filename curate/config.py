@@ -36,6 +36,7 @@ class JobSection:
     # executor = "ray": the cluster to join ("host:port", "ray://host:port", "auto"); "" joins RAY_ADDRESS if set,
     # else starts a local Ray
     ray_address: str = ""
+    ray_max_retries: int = 3  # executor = "ray": re-runs of a task whose worker died (0: a re-run of the job resumes it)
     # fsspec options for an output URL (s3://...: endpoint_url, key, secret, ...), as inputs' storage_options
     storage_options: dict[str, Any] = field(default_factory=dict)
 
@@ -50,6 +51,8 @@ class JobSection:
         if self.ray_address and self.executor != "ray":
             raise ConfigError(f"job.ray_address = {self.ray_address!r} is set but job.executor = {self.executor!r}; "
                               f"set executor = \"ray\" to run on that cluster, or remove ray_address")
+        if self.ray_max_retries < 0:
+            raise ConfigError(f"job.ray_max_retries = {self.ray_max_retries!r} is invalid; allowed: an integer >= 0")
         if self.workers < 1:
             raise ConfigError(f"job.workers = {self.workers!r} is invalid; allowed: an integer >= 1")
         if self.batch_rows < 1:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor as _PoolExecutor, ProcessPoolExecutor, wait
 from typing import Any, TypeVar
 
-from curate.crashpoints import CRASH_ENV
+from curate.crashpoints import CRASH_ENV, ONCE_ENV
 from curate.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,11 @@ class Executor:
     """Runs task functions with ``workers`` local processes (``kind="local"``) or on Ray."""
 
     def __init__(self, *, workers: int, kind: str = "local", initializer: Callable[..., None] | None = None,
-                 initargs: tuple = (), gpus_per_task: float = 0.0, address: str = "") -> None:
+                 initargs: tuple = (), gpus_per_task: float = 0.0, address: str = "", max_retries: int = 3) -> None:
         self.workers = workers
         self.kind = kind
         self.address = address  # Ray: the cluster to join ([job] ray_address); "" = RAY_ADDRESS, else a local Ray
+        self.max_retries = max_retries  # Ray: re-runs of a task whose worker died ([job] ray_max_retries)
         # local pool: run once in each worker process before its first task (e.g. to claim a GPU)
         self.initializer, self.initargs = initializer, initargs
         self.gpus_per_task = gpus_per_task  # Ray: GPUs each task reserves, where the cluster has any
@@ -79,14 +80,29 @@ class Executor:
             self._ray = _connect(self.address)
         ray = self._ray
         gpus = self.gpus_per_task if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        options: dict[str, Any] = {"num_gpus": gpus} if gpus else {}  # Ray sets CUDA_VISIBLE_DEVICES
-        if os.environ.get(CRASH_ENV):  # the crash harness reaches the workers too (curate.crashpoints)
-            options["runtime_env"] = {"env_vars": {CRASH_ENV: os.environ[CRASH_ENV]}}
-        remote = ray.remote(fn).options(**options) if options else ray.remote(fn)
+        options: dict[str, Any] = {"max_retries": self.max_retries}
+        if gpus:
+            options["num_gpus"] = gpus  # Ray sets CUDA_VISIBLE_DEVICES
+        crash = {k: os.environ[k] for k in (CRASH_ENV, ONCE_ENV) if os.environ.get(k)}
+        if crash:  # the crash harness reaches the workers too (curate.crashpoints)
+            options["runtime_env"] = {"env_vars": crash}
+        remote = ray.remote(fn).options(**options)
         pending = [remote.remote(s) for s in specs]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                yield ray.get(done[0])  # re-raises a task's exception (or its worker's death) here
+        except BaseException:
+            # Stop the job's other tasks too, so none is still writing when this run returns or is re-run.
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            ray.wait(pending, num_returns=len(pending), timeout=60)
+            raise
+
+    def start(self) -> None:
+        """Connect now (Ray), so a cluster that cannot be joined is reported before any output is written."""
+        if self.kind == "ray" and self._ray is None:
+            self._ray = _connect(self.address)
 
 
 def _connect(address: str) -> Any:

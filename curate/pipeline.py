@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -62,10 +61,14 @@ def plan_phases(job: Job) -> list[PhaseSpec]:
     return phases
 
 
+# [job] keys that say where and how a job runs, not what it computes
+_NOT_THE_JOB = ("workers", "output", "executor", "keep_work", "ray_address", "ray_max_retries", "storage_options")
+
+
 def job_fingerprint(job: Job) -> str:
     """What makes two runs the same job (workers, output folder and executor don't)."""
     data = dataclasses.asdict(job)
-    data["job"] = {k: v for k, v in data["job"].items() if k not in ("workers", "output", "executor", "keep_work")}
+    data["job"] = {k: v for k, v in data["job"].items() if k not in _NOT_THE_JOB}
     data.pop("raw", None)
     data.pop("source_file", None)
     data["stage_classes"] = [f"{stage_class(s.kind).__module__}.{stage_class(s.kind).__qualname__}" for s in job.stages]
@@ -111,14 +114,16 @@ class Runner:
         read_tasks = plan_read_tasks(self.job.inputs)  # a bad input is reported before the output is touched
         if any(i.keep_fields for i in self.job.inputs):
             self.job = resolve_field_types(self.job, lambda index: _first_batch(self.job, read_tasks, index))
+        executor = Executor(workers=self.job.job.workers, kind=self.job.job.executor,
+                            address=self.job.job.ray_address, max_retries=self.job.job.ray_max_retries)
+        executor.start()  # a Ray cluster that cannot be joined fails here, before the output is touched
         self._prepare(read_tasks)
         self._layout()
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
                  len(self.phases), self.out)
         results: list[list[dict]] = []
         switched = False
-        with Executor(workers=self.job.job.workers, kind=self.job.job.executor,
-                      address=self.job.job.ray_address) as self.executor:
+        with executor as self.executor:
             for phase in self.phases:
                 specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
                 results.append(self._run_phase(phase, specs))

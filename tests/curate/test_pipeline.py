@@ -216,21 +216,6 @@ def test_job_where_an_early_stage_rejects_everything(tmp_path, write_job, nothin
     assert manifest["totals"]["rows_written"] == 0 and manifest["stages"][3]["rows_in"] == 0
 
 
-@pytest.mark.slow
-def test_ray_executor_writes_the_same_shards_as_local_processes(tmp_path, write_job):
-    ray = pytest.importorskip("ray")
-    make_inputs(tmp_path, n_files=3)
-    local = run_job(load_job(write_job(JOB.format(workers=2, path=tmp_path / "*.jsonl"), name="local")), progress=False)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
-        body = JOB.format(workers=2, path=tmp_path / "*.jsonl").replace("workers = 2", 'workers = 2\nexecutor = "ray"')
-        on_ray = run_job(load_job(write_job(body, name="ray")), progress=False)
-    finally:
-        ray.shutdown()
-    assert [s["sha256"] for s in on_ray["shards"]] == [s["sha256"] for s in local["shards"]]
-
-
 def test_barriers_no_row_reaches_are_not_planned_and_nothing_is_lost(tmp_path, write_job, nothing_lost):
     """All rows filtered before the score barriers, and a scope with no rows: the job still runs."""
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"id": f"a{i}", "text": "short"}) + "\n" for i in range(5)))
