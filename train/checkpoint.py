@@ -1,14 +1,18 @@
 """Atomic, checksummed checkpoints: write to a temporary folder, rename, keep the last N.
 
-A checkpoint is ``checkpoints/step-00000100/`` holding ``state.pt`` (one ``torch.save`` of
-every stateful part of the run) and ``meta.json`` (step, size and sha256 of ``state.pt``).
-A folder only gets its final name once both files are complete and synced, so a crash or
+A checkpoint is ``checkpoints/step-00000100/`` holding ``shards/`` (a ``torch.distributed.checkpoint``
+folder: the model's weights and the optimizer's moments, each rank writing its own shards, see
+``train.dcp``), ``state.pt`` (one ``torch.save`` of every other stateful part of the run, written
+by rank 0) and ``meta.json`` (step, and the size and sha256 of ``state.pt`` and of every shard
+file). A folder only gets its final name once every file is complete and synced, so a crash or
 preemption mid-write leaves at most a ``.tmp-*`` folder, which the next save removes.
-Resuming walks checkpoints newest first and skips any whose checksum does not match.
+Resuming walks checkpoints newest first and skips any whose checksums do not match.
+Checkpoints from before the shards (weights inside ``state.pt``) still load.
 
 Loading never runs code: ``torch.load(weights_only=True)`` accepts tensors and plain data
-only (the state is built of nothing else), so a hostile ``state.pt`` is refused with a
-``CheckpointError`` naming it. Pruning counts only checkpoints that verify, so a run that
+only (the state is built of nothing else), and the shards' metadata pickle is read by an
+unpickler that builds DCP's records only, so a hostile checkpoint is refused with a
+``CheckpointError`` naming the file. Pruning counts only checkpoints that verify, so a run that
 restarts next to corrupt ones never deletes its own fresh checkpoint.
 """
 
@@ -31,7 +35,7 @@ from train.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
-STATE_FILE, META_FILE, PREFIX = "state.pt", "meta.json", "step-"
+STATE_FILE, META_FILE, PREFIX, SHARDS_DIR = "state.pt", "meta.json", "step-", "shards"
 
 # What checkpoints written before the RNG state became tensors hold besides tensors: NumPy
 # arrays rebuilt from dtype, shape and bytes (no code runs; object arrays' items go through the
@@ -84,6 +88,20 @@ def load_state_file(path: str | Path | BinaryIO, *, name: str | None = None) -> 
                               f"loading them could run code ({found}); only load checkpoints winnow wrote") from err
 
 
+def has_shards(path: str | Path) -> bool:
+    """Whether a checkpoint folder keeps its weights in ``shards/`` (else all is in ``state.pt``)."""
+    return (Path(path) / SHARDS_DIR / ".metadata").is_file()
+
+
+def merge_shards(state: dict, shards: dict) -> None:
+    """Nest the shards' tensors into the plain state (``optimizer``: its ``state`` beside ``param_groups``)."""
+    for key, value in shards.items():
+        if isinstance(value, dict) and isinstance(state.get(key), dict):
+            merge_shards(state[key], value)
+        else:
+            state[key] = value
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -107,18 +125,37 @@ class CheckpointManager:
             return open(path, "wb")
         return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.mode), "wb")
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        for stale in self.folder.glob(".tmp-*"):  # a previous crash mid-write
-            shutil.rmtree(stale, ignore_errors=True)
+    def tmp_path(self, step: int) -> Path:
+        """Where step ``step``'s checkpoint is written before it gets its name (the same on every rank)."""
+        return self.folder / f".tmp-{PREFIX}{step:08d}"
+
+    def begin(self, step: int) -> Path:
+        """Rank 0, before anyone writes: a fresh, empty temporary folder (stale ones of earlier crashes go)."""
+        tmp = self.tmp_path(step)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for stale in self.folder.glob(".tmp-*"):  # a previous crash mid-write
+                shutil.rmtree(stale, ignore_errors=True)
+            # owner-only folder while private (the x bits of the file mode), so nothing is readable in between
+            tmp.mkdir(mode=0o777 if self.mode is None else self.mode | (self.mode & 0o444) >> 2)
+        except OSError as err:
+            raise self.failed(step, err) from err
+        return tmp
+
+    def failed(self, step: int, err: Exception) -> CheckpointError:
+        """The error to raise when writing step's checkpoint failed; its temporary folder goes."""
+        shutil.rmtree(self.tmp_path(step), ignore_errors=True)
+        return CheckpointError(f"cannot write checkpoint {self.folder / f'{PREFIX}{step:08d}'}: {err}; the previous "
+                               "checkpoint stands (free disk space or fix the folder's permissions, then re-run to resume)")
+
+    def commit(self, step: int, state: dict[str, Any]) -> Path:
+        """Rank 0, once every rank's shards are in ``tmp_path(step)``: write ``state``, checksum, rename, prune."""
         final = self.folder / f"{PREFIX}{step:08d}"
-        tmp = self.folder / f".tmp-{final.name}-{os.getpid()}"
+        tmp = self.tmp_path(step)
         try:
             self._write(tmp, step, state)
         except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"cannot write checkpoint {final}: {err}; the previous checkpoint stands "
-                                  "(free disk space or fix the folder's permissions, then re-run to resume)") from err
+            raise self.failed(step, err) from err
         if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -129,15 +166,33 @@ class CheckpointManager:
         log.info("checkpoint saved: %s", final)
         return final
 
+    def save(self, step: int, state: dict[str, Any], *, shards: dict | None = None) -> Path:
+        """One process: ``state`` into ``state.pt`` and the tensors of ``shards`` (if any) into ``shards/``."""
+        tmp = self.begin(step)
+        if shards is not None:
+            from train import dcp
+
+            try:
+                dcp.save(shards, tmp / SHARDS_DIR)
+            except (OSError, RuntimeError) as err:
+                raise self.failed(step, err) from err
+        return self.commit(step, state)
+
     def _write(self, tmp: Path, step: int, state: dict[str, Any]) -> None:
-        # owner-only folder while private (the x bits of the file mode), so nothing is readable in between
-        tmp.mkdir(mode=0o777 if self.mode is None else self.mode | (self.mode & 0o444) >> 2)
         state_path = tmp / STATE_FILE
         with self._open(state_path) as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        meta = {"format_version": 1, "step": step, "bytes": state_path.stat().st_size, "sha256": _sha256(state_path)}
+        files = {}
+        for path in sorted(p for p in (tmp / SHARDS_DIR).rglob("*") if p.is_file()):  # DCP synced them
+            if self.mode is not None:
+                os.chmod(path, self.mode)
+            files[str(path.relative_to(tmp))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        if self.mode is not None and (tmp / SHARDS_DIR).is_dir():
+            os.chmod(tmp / SHARDS_DIR, self.mode | (self.mode & 0o444) >> 2)
+        meta = {"format_version": 2, "step": step, "bytes": state_path.stat().st_size, "sha256": _sha256(state_path),
+                "files": files}
         with self._open(tmp / META_FILE) as f:
             f.write(json.dumps(meta).encode())
 
@@ -147,15 +202,25 @@ class CheckpointManager:
             return []
         return sorted((p for p in self.folder.glob(f"{PREFIX}*") if p.is_dir()), reverse=True)
 
-    def load(self, path: str | Path) -> dict[str, Any]:
-        """Load one checkpoint after checking its size and checksum; CheckpointError if it is corrupt."""
+    def load(self, path: str | Path, *, full: bool = True) -> dict[str, Any]:
+        """Load one checkpoint after checking its sizes and checksums; CheckpointError if it is corrupt.
+
+        ``full``: the shards' tensors are read into the state as one-process tensors (``model``,
+        ``optimizer.state``); otherwise they stay on disk for ``Parallel.load_shards`` to read
+        each rank's part (``has_shards`` says whether there are any).
+        """
         path = Path(path)
         try:
             meta = json.loads((path / META_FILE).read_text())
-            state_path = path / STATE_FILE
-            if state_path.stat().st_size != meta["bytes"] or _sha256(state_path) != meta["sha256"]:
-                raise CheckpointError(f"checkpoint {path} fails its checksum (corrupt or truncated)")
-            state = load_state_file(state_path)
+            for name, expected in {STATE_FILE: meta, **meta.get("files", {})}.items():
+                file = path / name
+                if file.stat().st_size != expected["bytes"] or _sha256(file) != expected["sha256"]:
+                    raise CheckpointError(f"checkpoint {path} fails its checksum ({name}: corrupt or truncated)")
+            state = load_state_file(path / STATE_FILE)
+            if full and meta.get("files"):
+                from train import dcp
+
+                merge_shards(state, dcp.read_full(path / SHARDS_DIR))
         except CheckpointError:
             self._corrupt.add(path.name)
             raise
@@ -165,11 +230,11 @@ class CheckpointManager:
         self._verified.add(path.name)
         return state
 
-    def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
+    def load_latest(self, *, full: bool = True) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that verifies; corrupt ones are logged and skipped."""
         for path in self.checkpoints():
             try:
-                return path, self.load(path)
+                return path, self.load(path, full=full)
             except CheckpointError as err:
                 log.warning("skipping checkpoint: %s", err)
         return None
@@ -182,7 +247,7 @@ class CheckpointManager:
             return False
         try:
             meta = json.loads((path / META_FILE).read_text())
-            return (path / STATE_FILE).stat().st_size == meta["bytes"]
+            return all((path / name).stat().st_size == m["bytes"] for name, m in {STATE_FILE: meta, **meta.get("files", {})}.items())
         except (OSError, ValueError, KeyError, TypeError):
             return False
 

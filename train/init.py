@@ -117,7 +117,7 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
     except (OSError, FileNotFoundError) as err:
         raise CheckpointError(f"checkpoint {state_file} cannot be read: {err}") from err
     digest = hashlib.sha256(data).hexdigest()
-    step = -1
+    step, meta = -1, {}
     meta_path = posixpath.join(folder, _META)
     if fs.exists(meta_path):
         meta = json.loads(fs.cat_file(meta_path))
@@ -125,6 +125,18 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
             raise CheckpointError(f"checkpoint {folder} fails its checksum (corrupt or truncated)")
         step = int(meta.get("step", -1))
     state = load_state_file(io.BytesIO(data), name=state_file)  # tensors and plain data only: runs no code
+    if meta.get("files"):  # the weights and moments are in the checkpoint's shards: fetch, verify, read whole
+        with tempfile.TemporaryDirectory(prefix="winnow-init-") as tmp:
+            for name, expected in meta["files"].items():
+                blob = fs.cat_file(posixpath.join(folder, name))
+                if len(blob) != expected["bytes"] or hashlib.sha256(blob).hexdigest() != expected["sha256"]:
+                    raise CheckpointError(f"checkpoint {folder} fails its checksum ({name}: corrupt or truncated)")
+                (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / name).write_bytes(blob)
+            from train import dcp
+            from train.checkpoint import SHARDS_DIR, merge_shards
+
+            merge_shards(state, dcp.read_full(Path(tmp) / SHARDS_DIR))
     step = int((state.get("counters") or {}).get("step", step))
     return state, digest, step
 

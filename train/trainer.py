@@ -22,7 +22,7 @@ import torch
 from train.accounting import SourceAccounting, check_source_ids
 from train.alerts import AlertKind, Alerts, SkipReason, SpikeDetector
 from train.attribution import SourceAttribution
-from train.checkpoint import CheckpointManager
+from train.checkpoint import SHARDS_DIR, CheckpointManager, has_shards
 from train.config import TrainConfig
 from train.errors import CheckpointError, ConfigError
 from train.init import Initialization
@@ -286,9 +286,13 @@ class Trainer:
         return record
 
     def state_dict(self) -> dict:
+        """The whole run in the one-process format (checkpoints keep weights and moments sharded instead)."""
         return {"model": self.parallel.model_state(self.model),
-                "optimizer": self.parallel.optim_state(self.model, self.optimizer),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
+                "optimizer": self.parallel.optim_state(self.model, self.optimizer), **self._run_state()}
+
+    def _run_state(self) -> dict:
+        """Everything but the weights and the optimizer's moments."""
+        return {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rng": rng_state(), "data": self.data.state_dict(), "accounting": self.accounting.state_dict(),
                 "spikes": self.spikes.state_dict(), "alerts": self.alerts.state_dict(),
                 "attribution": self.attribution.state_dict() if self.attribution else None,
@@ -297,12 +301,16 @@ class Trainer:
                 "model_config": dataclasses.asdict(self.model.cfg),
                 "sources": self.sources}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, *, shards: Path | None = None) -> None:
+        """Restore the run; ``shards``: a checkpoint's DCP folder holding the weights and moments ``state`` lacks."""
         if list(state["sources"]) != self.sources:  # per-source sums and ids would be mixed up
             raise CheckpointError(f"the checkpoint was trained on sources {list(state['sources'])}, this run has "
                                   f"{self.sources}; resume with the same data, or start a new run (another output)")
-        self.parallel.load_model_state(self.model, state["model"])
-        self.parallel.load_optim_state(self.model, self.optimizer, state["optimizer"])
+        if shards is not None:
+            self.parallel.load_shards(self.model, self.optimizer, shards, state["optimizer"]["param_groups"])
+        else:
+            self.parallel.load_model_state(self.model, state["model"])
+            self.parallel.load_optim_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
@@ -321,17 +329,17 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         mark = self.throughput.mark()
-        path = self.parallel.save_checkpoint(self.checkpoints, self.step, self.state_dict())
+        path = self.parallel.save_checkpoint(self.checkpoints, self.step, self._run_state(), self.model, self.optimizer)
         self._saved_step = self.step
         self.throughput.exclude_since(mark)
         return path
 
     def resume(self) -> bool:
-        found = self.checkpoints.load_latest()
+        found = self.checkpoints.load_latest(full=False)  # each rank reads its own part of the shards below
         if found is None:
             return False
         path, state = found
-        self.load_state_dict(state)
+        self.load_state_dict(state, shards=path / SHARDS_DIR if has_shards(path) else None)
         log.info("resumed from %s (step %d)", path, self.step)
         return True
 

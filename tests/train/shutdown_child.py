@@ -106,10 +106,13 @@ def _in_eval(action) -> None:
 
 
 def _in_save(action) -> None:
-    save = torch.save
+    """``action`` once, at the first ``torch.save`` of a checkpoint (a shard's tensor or state.pt)."""
+    save, done = torch.save, []
 
     def wrapped(obj, f, *args, **kwargs):
-        action()
+        if not done:
+            done.append(True)
+            action()
         return save(obj, f, *args, **kwargs)
 
     train.checkpoint.torch.save = wrapped  # the module's own reference: torch.save itself
@@ -130,7 +133,8 @@ def _kill_in_save(step: int) -> None:
     save = torch.save
 
     def wrapped(obj, f, *args, **kwargs):
-        if obj["counters"]["step"] == step:  # half the file on disk, synced, then the process is gone
+        # state.pt (the shards' tensors go through torch.save too, before it): half on disk, synced, then gone
+        if isinstance(obj, dict) and obj.get("counters", {}).get("step") == step:
             buf = io.BytesIO()
             save(obj, buf, *args, **kwargs)
             data = buf.getvalue()

@@ -1,10 +1,16 @@
-"""Full (unsharded) model and optimizer state from any layout, and back, so N-rank checkpoints resume on M ranks.
+"""Model and optimizer state in any layout, saved so that N-rank checkpoints resume on M ranks.
 
-Whatever the layout (one process, DDP, FSDP2, experts sharded over ``ep``), the state saved is
-the one-process model's: parameter names without wrapper prefixes, full expert tensors, and
-the optimizer state keyed by parameter name (``torch.distributed.checkpoint.state_dict``).
-Rank 0 writes it with the run's ``CheckpointManager`` (atomic, checksummed); every rank reads
-it back and keeps its own part.
+Checkpoints (``save_sharded``/``load_shards``): every rank writes the shards it holds into the
+checkpoint's DCP folder (``train.dcp``) under the one-process model's names — FSDP2's and
+tensor parallelism's DTensors as they are, the experts an expert-parallel rank holds as a
+DTensor sharded along the expert dimension over ``ep`` (replicated over the ranks holding the
+same experts), replicated tensors once. Loading builds the same state dict for the new layout and
+lets DCP read each rank's part of every global tensor, so a run saved on one mesh resumes on
+another. Rank 0 writes the rest (``state.pt``) and commits the folder (atomic, checksummed).
+
+The full (one-process) state (``model_state``/``optim_state``, and back) stays for
+``Trainer.state_dict`` and ``init_from``: parameter names without wrapper prefixes, full expert
+tensors, the optimizer state keyed by parameter name.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from train.checkpoint import PREFIX, CheckpointManager
+from train import dcp
+from train.checkpoint import PREFIX, SHARDS_DIR, CheckpointManager
+from train.errors import CheckpointError
 from train.parallel.expert_parallel import gather_experts, local_slice
 from train.parallel.mesh import World
 
@@ -89,11 +97,76 @@ def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
     set_optimizer_state_dict(model, optimizer, state)
 
 
-def save_on_main(manager: CheckpointManager, step: int, state: dict, world: World) -> Path:
-    """Rank 0 writes; the others wait for it, so a checkpoint is complete before anyone goes on."""
-    path = manager.folder / f"{PREFIX}{step:08d}"
-    if world.is_main:
-        path = manager.save(step, state)
+# ---- sharded checkpoints (DCP) -------------------------------------------------------------
+def _expert_dtensor(local: torch.Tensor, world: World):
+    """This rank's experts as the global (E, ...) tensor's Shard(0) over ep, replicated over dp (shares storage)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    return DTensor.from_local(local, world.mesh, [Replicate(), Shard(0)], run_check=False)
+
+
+def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *,
+                experts: list[str]) -> tuple[dict, list]:
+    """(this rank's tensors for the DCP folder: ``model`` and ``optimizer.state``; the optimizer's param groups).
+
+    The tensors share storage with the model and optimizer, so ``dcp.load`` into them loads in place.
+    """
+    model_sd = get_model_state_dict(model)
+    optim_sd = get_optimizer_state_dict(model, optimizer)  # creates the moments of a fresh optimizer (DCP needs targets)
+    for name in experts:
+        model_sd[name] = _expert_dtensor(model_sd[name], world)
+        per_param = optim_sd["state"].get(name, {})
+        for key, value in per_param.items():
+            if _is_sharded(value):
+                per_param[key] = _expert_dtensor(value, world)
+    return {"model": model_sd, "optimizer": {"state": optim_sd["state"]}}, optim_sd["param_groups"]
+
+
+def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, param_groups: list, world: World, *,
+                experts: list[str]) -> None:
+    """Read this rank's part of a checkpoint's shards (saved on any mesh) into the model and optimizer."""
+    shards, _ = shard_state(model, optimizer, world, experts=experts)
+    dcp.load(shards, folder)
+    for name in experts:  # the expert DTensors wrap the local tensors: unwrap before handing them back
+        shards["model"][name] = shards["model"][name].to_local()
+        per_param = shards["optimizer"]["state"].get(name, {})
+        for key, value in per_param.items():
+            if _is_sharded(value):
+                per_param[key] = value.to_local()
+    set_model_state_dict(model, shards["model"])
+    set_optimizer_state_dict(model, optimizer, {"state": shards["optimizer"]["state"], "param_groups": param_groups})
+
+
+def _agree(world: World, error: str | None) -> None:
+    """Rank 0's outcome to every rank, so none waits forever in a collective after rank 0 failed."""
     if world.distributed:
-        dist.barrier()
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise CheckpointError(error)
+
+
+def save_sharded(manager: CheckpointManager, step: int, state: dict, shards: dict, world: World) -> Path:
+    """Every rank writes its shards into the step's temporary folder, then rank 0 writes ``state`` and commits it."""
+    tmp = manager.tmp_path(step)
+    error = None
+    if world.is_main:
+        try:
+            manager.begin(step)
+        except CheckpointError as err:
+            error = str(err)
+    _agree(world, error)
+    try:  # a collective: returns (or raises, on every rank) once every rank's files and the metadata are written
+        dcp.save(shards, tmp / SHARDS_DIR)
+    except (OSError, RuntimeError) as err:
+        failed = manager.failed(step, err) if world.is_main else CheckpointError(f"checkpoint {step}: {err}")
+        raise failed from err
+    path, error = manager.folder / f"{PREFIX}{step:08d}", None
+    if world.is_main:
+        try:
+            path = manager.commit(step, state)
+        except CheckpointError as err:
+            error = str(err)
+    _agree(world, error)
     return path

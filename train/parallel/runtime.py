@@ -162,8 +162,16 @@ class Parallel:
     def load_optim_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
         ckpt.load_optim_state(model, optimizer, state, self.world, fsdp=self.fsdp, experts=self.experts)
 
-    def save_checkpoint(self, manager: CheckpointManager, step: int, state: dict) -> Path:
-        return ckpt.save_on_main(manager, step, state, self.world)
+    def save_checkpoint(self, manager: CheckpointManager, step: int, state: dict, model: nn.Module,
+                        optimizer: torch.optim.Optimizer) -> Path:
+        """``state`` (the run's other parts) and the model's and optimizer's shards, each rank writing its own."""
+        shards, groups = ckpt.shard_state(model, optimizer, self.world, experts=self.experts)
+        state = {**state, "optimizer": {"param_groups": groups}}
+        return ckpt.save_sharded(manager, step, state, shards, self.world)
+
+    def load_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, param_groups: list) -> None:
+        """This rank's part of a checkpoint's shards, saved on any mesh."""
+        ckpt.load_shards(model, optimizer, folder, param_groups, self.world, experts=self.experts)
 
     def comm_report(self) -> dict:
         """Communication since the last call: seconds, bytes sent, and bytes saved by compression."""
