@@ -111,3 +111,35 @@ def test_checkpoints_follow_the_umask_or_the_configured_mode(tmp_path):
 def test_bad_checkpoint_mode_names_the_key(mode):
     with pytest.raises(ConfigError, match="train.checkpoint.mode"):
         CheckpointConfig(mode=mode)
+
+
+def test_hostile_shard_metadata_is_refused_and_runs_nothing(tmp_path):
+    import pickle
+
+    from train.checkpoint import SHARDS_DIR
+
+    marker = tmp_path / "pwned"
+    manager = CheckpointManager(tmp_path / "run" / "checkpoints")
+    ckpt = manager.save(5, {"counters": {"step": 5}}, shards={"model": {"w": torch.ones(2)}})
+    (ckpt / SHARDS_DIR / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    meta = json.loads((ckpt / META_FILE).read_text())  # the attacker rewrites the checksums too
+    data = (ckpt / SHARDS_DIR / ".metadata").read_bytes()
+    meta["files"][f"{SHARDS_DIR}/.metadata"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"\.metadata: refused"):
+        CheckpointManager(ckpt.parent).load(ckpt)
+    with pytest.raises(CheckpointError, match="refused"):
+        load_init(str(tmp_path / "run"))
+    assert not marker.exists()
+
+
+def test_a_corrupt_shard_fails_the_checksum(tmp_path):
+    from train.checkpoint import SHARDS_DIR
+
+    ckpt = CheckpointManager(tmp_path).save(1, {"counters": {"step": 1}}, shards={"model": {"w": torch.arange(8.0)}})
+    (shard,) = (ckpt / SHARDS_DIR).glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:-3])
+    with pytest.raises(CheckpointError, match="distcp: corrupt or truncated"):
+        CheckpointManager(tmp_path).load(ckpt)
+    state = CheckpointManager(tmp_path).save(2, {"x": 1}, shards={"model": {"w": torch.arange(8.0)}})
+    assert torch.equal(CheckpointManager(tmp_path).load(state)["model"]["w"], torch.arange(8.0))

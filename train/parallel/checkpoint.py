@@ -102,7 +102,7 @@ def _expert_dtensor(local: torch.Tensor, world: World):
     """This rank's experts as the global (E, ...) tensor's Shard(0) over ep, replicated over dp (shares storage)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    return DTensor.from_local(local, world.mesh, [Replicate(), Shard(0)], run_check=False)
+    return DTensor.from_local(local, world.sparse_mesh["edp", "ep"], [Replicate(), Shard(0)], run_check=False)
 
 
 def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *,
