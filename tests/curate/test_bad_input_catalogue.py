@@ -286,7 +286,8 @@ CASES: list[Case] = [
     Case("output_under_a_file", good_input, error="cannot write the output folder",
          output=lambda tmp: _file(tmp / "afile") + "/sub"),
     Case("output_not_writable", good_input, error="cannot write the output folder", output=lambda tmp: "/sys/winnow-catalogue"),
-    Case("output_is_a_url", good_input, error="is a URL", output=lambda tmp: "s3://bucket/out"),
+    Case("output_url_without_a_driver", good_input, error="no fsspec driver for nosuchscheme://",
+         output=lambda tmp: "nosuchscheme://bucket/out"),
     Case("output_holds_foreign_data", good_input, error="holds files winnow did not write", output=_foreign),
 ]
 
