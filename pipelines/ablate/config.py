@@ -26,6 +26,9 @@ class AblateConfig:
     output: str | None = None  # the study folder; None: <[job] output>/ablate
     steps: int | None = None  # steps per run; None: [train] steps
     noise_seeds: int = 1  # extra baseline runs with seeds seed+1.. to measure run-to-run noise
+    # leave_one_out / weights / mixes: each variant is also trained with seeds seed+1.., and its measured
+    # delta is the mean over its seeds minus the mean over the baseline seeds (less noise per cell)
+    variant_seeds: int = 1
     attribution_every: int = 10  # first-order attribution on the baseline run every N steps (0: off)
     attribution_seeds: int = 1  # baseline seeds whose attribution is averaged (<= noise_seeds): less sampling noise
     parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
@@ -57,6 +60,7 @@ class AblateConfig:
         check(1 <= self.attribution_seeds <= self.noise_seeds, "attribution_seeds", self.attribution_seeds,
               f"an integer from 1 to noise_seeds ({self.noise_seeds})")
         check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
+        check(self.variant_seeds >= 1, "variant_seeds", self.variant_seeds, "an integer >= 1 (1: seed only)")
         check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")

@@ -6,11 +6,26 @@ import numpy as np
 import polars as pl
 
 
-def seed_noise(results: list[dict], sources: list[str]) -> dict[str, float]:
-    """Per held-out source, the largest distance of a noise-seed baseline from the baseline (0 without one)."""
-    baseline = results[0]["held_out"]
-    return {s: max([abs(r["held_out"][s] - baseline[s]) for r in results if r["kind"] == "noise"], default=0.0)
-            for s in sources}
+def _baselines(results: list[dict]) -> list[dict]:
+    return [r for r in results if r["kind"] in ("baseline", "noise")]
+
+
+def _mean_held_out(runs: list[dict], source: str) -> float | None:
+    values = [r["held_out"][source] for r in runs if r["held_out"].get(source) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def seed_noise(results: list[dict], sources: list[str], variant_seeds: int = 1) -> dict[str, float]:
+    """Per held-out source, two standard errors of a measured delta (the mean of ``variant_seeds`` runs of a
+    variant minus the mean of the ``n`` baseline seeds): ``2 · sd · sqrt(1/variant_seeds + 1/n)``, ``sd``
+    the baseline seeds' standard deviation; 0 without a second baseline seed (no estimate)."""
+    runs = _baselines(results)
+    out = {}
+    for s in sources:
+        values = np.array([r["held_out"][s] for r in runs if r["held_out"].get(s) is not None])
+        sd = float(values.std(ddof=1)) if len(values) >= 2 else 0.0
+        out[s] = 2 * sd * float(np.sqrt(1 / variant_seeds + 1 / max(len(values), 1)))
+    return out
 
 
 def compare_with_attribution(results: list[dict], sources: list[str], matrix: np.ndarray,
@@ -19,33 +34,39 @@ def compare_with_attribution(results: list[dict], sources: list[str], matrix: np
 
     The attribution is linear in each source's token share, so a variant that scales source
     ``a``'s share by ``r_a`` (0 when left out; the others grow to fill) is predicted to change
-    held-out loss on ``b`` by ``sum_a (r_a - 1) · A[a, b]``.
+    held-out loss on ``b`` by ``sum_a (r_a - 1) · A[a, b]``. The measured delta of a variant is the
+    mean over its seeds (``[ablate] variant_seeds``) minus the mean over the baseline's seeds.
     """
-    baseline = results[0]["held_out"]
-    noise = seed_noise(results, sources)
+    reference = {s: _mean_held_out(_baselines(results), s) for s in sources}
     base_share = np.array([base.get(s, 0.0) for s in sources])
-    cells = []
+    groups: dict[str, list[dict]] = {}
     for r in results:
-        if r["kind"] in ("baseline", "noise"):
-            continue
-        w = np.array([r["weights"].get(s, 0.0) for s in sources])
+        if r["kind"] not in ("baseline", "noise"):
+            groups.setdefault(r.get("group", r["name"]), []).append(r)
+    repeats = max([len(g) for g in groups.values()], default=1)
+    noise = seed_noise(results, sources, repeats)
+    cells = []
+    for name, runs in groups.items():
+        w = np.array([runs[0]["weights"].get(s, 0.0) for s in sources])
         ratio = np.divide(w / w.sum(), base_share, out=np.ones_like(w), where=base_share > 0)
         predicted = (ratio - 1) @ matrix
         for j, s in enumerate(sources):
-            if r["held_out"].get(s) is None or baseline.get(s) is None:
+            mean = _mean_held_out(runs, s)
+            if mean is None or reference[s] is None:
                 continue
-            measured = r["held_out"][s] - baseline[s]
-            cells.append({"variant": r["name"], "kind": r["kind"], "source": s, "measured": measured,
-                          "predicted": float(predicted[j]),
+            measured = mean - reference[s]
+            cells.append({"variant": name, "kind": runs[0]["kind"], "source": s, "seeds": len(runs),
+                          "measured": measured, "predicted": float(predicted[j]),
                           "noise": noise[s], "above_noise": abs(measured) > noise[s]})
     frame = pl.DataFrame(cells, schema={"variant": pl.String, "kind": pl.String, "source": pl.String,
-                                        "measured": pl.Float64,
-                                        "predicted": pl.Float64, "noise": pl.Float64, "above_noise": pl.Boolean})
-    seeds = 1 + sum(r["kind"] == "noise" for r in results)
+                                        "seeds": pl.Int64, "measured": pl.Float64, "predicted": pl.Float64,
+                                        "noise": pl.Float64, "above_noise": pl.Boolean})
+    seeds = len(_baselines(results))
     ratio = _effect_to_noise(frame)
     by_kind = {kind: _agreement(frame.filter(pl.col("kind") == kind)) for kind in frame["kind"].unique(maintain_order=True)}
     return {**_agreement(frame), "by_kind": by_kind if len(by_kind) > 1 else {},
-            "noise": noise, "seeds": seeds, "effect_to_noise": ratio,
+            "noise": noise, "noise_rule": "2 standard errors of a delta (baseline seeds' sd)",
+            "seeds": seeds, "variant_seeds": repeats, "effect_to_noise": ratio,
             "noise_ok": bool(seeds >= 3 and ratio is not None and ratio >= NOISE_MARGIN), "cells": frame}
 
 
@@ -58,7 +79,7 @@ def _agreement(cells: pl.DataFrame) -> dict:
     return {"spearman": spearman, "n_cells": cells.height, "above_noise": strong.height, "sign_agree": agree}
 
 
-NOISE_MARGIN = 3.0  # "well below": the median cell's effect is at least this many times its source's seed noise
+NOISE_MARGIN = 2.0  # "well below": the median cell's |delta| is at least twice its noise (so >= 4 standard errors)
 
 
 def _effect_to_noise(cells: pl.DataFrame) -> float | None:

@@ -34,7 +34,8 @@ def variants(cfg: AblateConfig, base: dict[str, float], seed: int, *, sources: l
         raise ConfigError(f"ablate: variant {name!r} (ablate.sources) varies source {missing[0]!r}, which has no train "
                           f"rows in the curated shards (only {sorted(base)} do); drop it from ablate.sources")
     for kind in cfg.kinds:
-        out += PLANNERS[kind](cfg, base, seed, chosen)
+        planned = PLANNERS[kind](cfg, base, seed, chosen)
+        out += planned + (_reseeded(planned, seed, cfg.variant_seeds) if kind in SEEDED else [])
     names = [v["name"] for v in out]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice is not None:
@@ -68,6 +69,15 @@ def _random_mixes(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: 
             | ({"steps": cfg.mix_steps} if cfg.mix_steps else {})
             for i, w in enumerate(draw_mixes(base, cfg.n_mixes, cfg.concentration, seed))]
 
+
+def _reseeded(planned: list[dict], seed: int, n: int) -> list[dict]:
+    """Each variant again with seeds ``seed + 1 .. seed + n - 1``: ``group`` names the variant they repeat."""
+    return [{**v, "name": f"{v['name']}_seed{seed + k}", "seed": seed + k, "group": v["name"]}
+            for k in range(1, n) for v in planned]
+
+
+#: the kinds whose variants ``variant_seeds`` repeats (random mixes are many runs already, each a fit point)
+SEEDED = ("leave_one_out", "weights", "mixes")
 
 #: kind -> its variants (after the baseline and noise seeds), in plan order
 PLANNERS = {"leave_one_out": _leave_one_out, "weights": _weights, "mixes": _mixes, "random_mixes": _random_mixes}

@@ -104,10 +104,14 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
 def noise_note(summary: dict) -> str:
     """One sentence on whether the seed noise is well below the effects the study compares."""
     seeds, ratio = summary["seeds"], summary["effect_to_noise"]
+    repeats = summary.get("variant_seeds", 1)
+    runs = f"{seeds} baseline seeds and {repeats} seed(s) per variant"
     if summary["noise_ok"]:
-        return (f"Noise from {seeds} baseline seeds is well below the effects (median |delta| / noise = {ratio:.1f}).")
+        return f"Noise from {runs} is well below the effects (median |delta| / noise = {ratio:.1f})."
     why = (f"only {seeds} baseline seed(s) (at least 3 give a noise estimate; [ablate] noise_seeds)"
-           if seeds < 3 or ratio is None else f"the median |delta| is only {ratio:.1f}x the noise (longer runs: [ablate] steps)")
+           if seeds < 3 or ratio is None else
+           f"with {runs}, the median |delta| is only {ratio:.1f}x the noise (2 standard errors of a delta; "
+           "more seeds: [ablate] variant_seeds, or longer runs: [ablate] steps)")
     return f"Warning: the seed noise is not well below the effects: {why}; read the agreement figures with care."
 
 

@@ -47,6 +47,11 @@ def test_variants_per_kind():
     assert mixed["weights"] == {"code": 1.0}
     with pytest.raises(ConfigError, match="unknown source 'web'"):
         variants(AblateConfig(sources=["web"]), base, seed=0)
+    seeded = variants(AblateConfig(noise_seeds=2, variant_seeds=2), base, seed=3)
+    assert [v["name"] for v in seeded][2:] == ["without_code", "without_prose", "without_code_seed4", "without_prose_seed4"]
+    assert seeded[4]["seed"] == 4 and seeded[4]["group"] == "without_code" and seeded[4]["weights"] == {"prose": 0.75}
+    with pytest.raises(ConfigError, match="ablate.variant_seeds"):
+        AblateConfig(variant_seeds=0)
 
 
 def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
@@ -76,8 +81,27 @@ def test_prediction_matches_measured_deltas():
     predicted = dict(zip(cells["variant"] + "/" + cells["source"], cells["predicted"]))
     assert predicted["without_code/code"] == pytest.approx(0.2 - 0.05)  # -A[code, code] + A[prose, code]
     assert predicted["without_prose/prose"] == pytest.approx(0.3)  # r = (2, 0): +A[code, prose] - A[prose, prose]
-    assert summary["noise"] == pytest.approx({"code": 0.01, "prose": 0.01})
+    # two standard errors of a delta: 2 · sd(2.0, 2.01) · sqrt(1/1 + 1/2); deltas are from the baseline seeds' mean
+    assert summary["noise"] == pytest.approx({"code": 2 * 0.01 / 2 ** 0.5 * 1.5 ** 0.5, "prose": 2 * 0.01 / 2 ** 0.5 * 1.5 ** 0.5})
+    measured = dict(zip(cells["variant"] + "/" + cells["source"], cells["measured"]))
+    assert measured["without_code/code"] == pytest.approx(2.15 - 2.005)
     assert summary["spearman"] > 0.7 and summary["sign_agree"] == summary["above_noise"]
+
+
+def test_a_variant_measured_with_several_seeds_is_one_cell_of_their_mean():
+    base = {"code": 0.5, "prose": 0.5}
+    run = lambda name, kind, seed, weights, code, prose, **kw: {"name": name, "kind": kind, "seed": seed,  # noqa: E731
+                                                               "weights": weights, "held_out": {"code": code, "prose": prose}, **kw}
+    results = [run("baseline", "baseline", 0, base, 2.0, 3.0), run("baseline_seed1", "noise", 1, base, 2.02, 3.0),
+               run("baseline_seed2", "noise", 2, base, 2.04, 3.03),
+               run("without_code", "leave_one_out", 0, {"prose": 0.5}, 2.3, 2.9),
+               run("without_code_seed1", "leave_one_out", 1, {"prose": 0.5}, 2.4, 2.8, group="without_code")]
+    summary = compare_with_attribution(results, ["code", "prose"], np.array([[-0.2, 0.0], [-0.05, -0.3]]), base)
+    cells = summary["cells"]
+    assert cells["variant"].to_list() == ["without_code", "without_code"] and cells["seeds"].to_list() == [2, 2]
+    assert cells["measured"].to_list() == pytest.approx([2.35 - 2.02, 2.85 - 3.01])
+    sd = np.std([2.0, 2.02, 2.04], ddof=1)
+    assert summary["noise"]["code"] == pytest.approx(2 * sd * np.sqrt(1 / 2 + 1 / 3)) and summary["variant_seeds"] == 2
 
 
 def test_write_study_table_the_report_reads(tmp_path):

@@ -1,8 +1,9 @@
 """The attribution agrees with a real leave-one-out ablation on the demo data: own-source signs, and ranks.
 
 For each source whose removal changes its own held-out loss by more than the run-to-run noise
-(measured with a second baseline seed), the baseline's attribution entry for that source
-(training on it → its own held-out loss) must have the matching sign: removing a source that
+(two standard errors of a delta, from three baseline seeds; each left-out source trained with two
+seeds), the baseline's attribution entry for that source (training on it → its own held-out loss)
+must have the matching sign: removing a source that
 helped itself (negative entry) raises its held-out loss.
 """
 
@@ -41,8 +42,10 @@ num_workers = 0
 [ablate]
 kind = "leave_one_out"
 output = "{tmp_path / 'study'}"
-noise_seeds = 2
+noise_seeds = 3
+variant_seeds = 2
 attribution_every = 10
+attribution_seeds = 2
 parallel = 2
 """)
     assert main(["-q", "ablate", str(study)]) == 0
@@ -57,7 +60,8 @@ parallel = 2
     for source, measured in strong.select("source", "measured").iter_rows():
         assert (measured > 0) == (entry[source] < 0), (source, measured, entry[source])
     # Over all 16 cells the rank agreement reached here is below the issue's target (0.8 and 90%): measured
-    # Spearman 0.57 and signs on 10 of the 14 cells above noise; asserted with a margin for other machines.
+    # Spearman 0.66 and signs on 10 of the 12 cells above noise; asserted with a margin for other machines.
     summary = json.loads(StudyLayout(tmp_path / "study").correlation_json.read_text())
-    assert summary["n_cells"] == 16 and summary["spearman"] >= 0.4, summary
-    assert summary["sign_agree"] >= 0.6 * summary["above_noise"], summary
+    assert summary["n_cells"] == 16 and summary["variant_seeds"] == 2 and summary["seeds"] == 3, summary
+    assert summary["spearman"] >= 0.5, summary
+    assert summary["sign_agree"] >= 0.7 * summary["above_noise"], summary
