@@ -98,6 +98,112 @@ def prepare_samples(folder: Path) -> None:
     _write_jsonl(folder, ids, texts, 2000)
 
 
+# Real long text on this machine: Python sources, package docs and licences, man pages.
+_LONG_ROOTS = ("stdlib", "purelib", "/usr/lib/python3", "/usr/share/doc", "/usr/share/man", "/usr/share/common-licenses")
+_TEXT_SUFFIXES = {".py", ".pyi", ".rst", ".md", ".txt", ".html", ".c", ".h", ".pl", ".cfg", ".toml"}
+_TEXT_NAMES = {"copyright", "METADATA", "LICENSE", "README", "NEWS", "changelog", "changelog.Debian", "AUTHORS"}
+
+
+def _long_candidates():
+    """Text files under ``_LONG_ROOTS`` (hard links and symlinks once), in a fixed order."""
+    import os
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    seen = set()
+    for root in (Path(paths.get(r, r)) for r in _LONG_ROOTS):
+        if not root.is_dir():
+            continue
+        for dirpath, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                path = Path(dirpath) / name
+                base = name[:-3] if name.endswith(".gz") else name
+                if not (Path(base).suffix in _TEXT_SUFFIXES or base in _TEXT_NAMES or root.name in ("man", "common-licenses")):
+                    continue
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                if path.is_symlink() or st.st_size < 200 or (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                yield path
+
+
+def _read_text_file(path: Path) -> str | None:
+    try:
+        raw = path.read_bytes()
+        raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
+        return None if b"\0" in raw[:4096] else raw.decode("utf-8")
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError):
+        return None
+
+
+def _mutate(text: str, other: str, rng: np.random.Generator) -> str:
+    """A realistic near-copy of ``text``: word edits, a block inserted from ``other``, a block deleted, a version bump."""
+    import re
+
+    kind = rng.choice(["edit", "insert", "delete", "version", "mixed"])
+    if kind in ("version", "mixed"):
+        def bump(m: re.Match) -> str:
+            return f"{m.group(1)}.{int(m.group(2)) + 1}"
+        text = re.sub(r"\b(\d+)\.(\d+)\b", bump, text, count=int(rng.integers(1, 20)))
+        text = text.replace("Copyright", f"Copyright {2000 + int(rng.integers(0, 26))}", 1)
+    if kind in ("edit", "mixed"):
+        parts = re.split(r"(\s+)", text)
+        words = [i for i in range(0, len(parts), 2) if parts[i]]
+        for i in rng.choice(words, size=max(1, int(len(words) * rng.uniform(0.001, 0.06))), replace=True) if words else []:
+            parts[i] = parts[words[int(rng.integers(len(words)))]]
+        text = "".join(parts)
+    if kind in ("insert", "delete", "mixed"):
+        lines = text.splitlines(keepends=True)
+        size = max(1, int(len(lines) * rng.uniform(0.01, 0.25)))
+        at = int(rng.integers(0, len(lines) + 1))
+        if kind == "delete" and len(lines) > 1:
+            del lines[at : at + size]
+        else:
+            donor = other.splitlines(keepends=True)
+            start = int(rng.integers(0, max(len(donor) - size, 0) + 1))
+            lines[at:at] = donor[start : start + size]
+        text = "".join(lines)
+    return text
+
+
+def prepare_long(folder: Path, *, target_bytes: int = 73_000_000, copies: float = 0.16, seed: int = 0) -> None:
+    """Real long documents from this machine, plus near-copies made by mutating some of them.
+
+    Files are taken in an order fixed by a hash of their path until ``target_bytes``; files over
+    16 KB are kept with probability 0.2 (and none over 600 KB), which gives a heavy tail like a
+    technical web corpus (mean ~5 KB, a few hundred over 50 KB). ``copies`` of the documents get
+    a mutated copy (edits, insertions from another document, deletions, version bumps; some
+    copies of copies), appended in a shuffled order, so some end up above and some below the
+    threshold. The corpus also holds the machine's natural near-duplicates (vendored sources,
+    shared licence texts, man pages in several packages).
+    """
+    paths = sorted(_long_candidates(), key=lambda p: xxhash.xxh64_intdigest(str(p).encode()))
+    ids, texts, total = [], [], 0
+    for path in paths:
+        text = _read_text_file(path)
+        size = len(text.encode()) if text else 0
+        if not text or size > 600_000 or (size > 16_000 and xxhash.xxh64_intdigest(str(path).encode(), seed=1) % 100 >= 20):
+            continue
+        ids.append(f"file:{path}")
+        texts.append(text)
+        total += size
+        if total >= target_bytes:
+            break
+    rng = np.random.default_rng(seed)
+    n_orig = len(texts)
+    for k in range(int(n_orig * copies)):
+        src = int(rng.integers(0, len(texts)))
+        texts.append(_mutate(texts[src], texts[int(rng.integers(0, n_orig))], rng))
+        ids.append(f"copy:{k:05d}")
+    order = rng.permutation(len(texts))
+    folder.mkdir(parents=True)
+    _write_jsonl(folder, [ids[i] for i in order], [texts[i] for i in order], -(-len(texts) // 8))
+
+
 def _write_jsonl(folder: Path, ids: list[str], texts: list[str], per_file: int) -> None:
     for k in range(0, len(ids), per_file):
         lines = (orjson.dumps({"id": i, "text": t}) for i, t in zip(ids[k : k + per_file], texts[k : k + per_file]))
@@ -122,6 +228,96 @@ def _shingle_sets(texts: list[str]) -> list[set]:
         w = t.split()
         out.append({tuple(w[i : i + NGRAM]) for i in range(max(len(w) - NGRAM + 1, 1))} if w else set())
     return out
+
+
+def _shingle_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each document's sorted unique word-5-gram hashes: ``(offsets int64[n+1], values uint64)``.
+
+    Independent of winnow's kernels: words come from polars' split of the normalized text, word
+    hashes from polars' ``hash``, 5-grams from a numpy polynomial over them (64-bit: collisions
+    are ~1e-10 likely over the whole corpus). A document of fewer than 5 words is one shingle.
+    """
+    import polars as pl
+
+    from curate.dedup.text import normalize_expr
+
+    words = pl.select(normalize_expr(pl.lit(pl.Series(texts, dtype=pl.String)), "words").str.split(" ").alias("w"))
+    words = words.with_columns(pl.col("w").list.eval(pl.element().filter(pl.element() != "")))
+    n_words = words["w"].list.len().to_numpy().astype(np.int64)
+    wh = words["w"].explode().drop_nulls().hash(seed=7).to_numpy()
+    doc = np.repeat(np.arange(len(texts)), n_words)
+    starts = np.concatenate([[0], np.cumsum(n_words)])
+    pos = np.arange(len(wh)) - starts[doc]
+    valid = pos <= np.maximum(n_words[doc] - NGRAM, 0)  # shingle starts
+    h = np.full(len(wh), np.uint64(NGRAM))
+    with np.errstate(over="ignore"):
+        for k in range(NGRAM):
+            nxt = np.zeros(len(wh), dtype=np.uint64)
+            inside = pos + k < n_words[doc]
+            idx = np.flatnonzero(inside)
+            nxt[idx] = wh[idx + k]
+            h = (h ^ nxt) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(k + 1)
+            h ^= h >> np.uint64(29)
+    h, doc = h[valid], doc[valid]
+    order = np.lexsort((h, doc))
+    h, doc = h[order], doc[order]
+    keep = np.ones(len(h), dtype=bool)
+    keep[1:] = (h[1:] != h[:-1]) | (doc[1:] != doc[:-1])
+    h, doc = h[keep], doc[keep]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(doc, minlength=len(texts)))]).astype(np.int64)
+    return offsets, h
+
+
+def exact_components(ids: list[str], texts: list[str]) -> list[set[str]]:
+    """Connected components (size >= 2) of every pair with exact Jaccard >= THRESHOLD, found without LSH.
+
+    All-pairs prefix filtering (Bayardo et al., WWW 2007): with tokens ordered rarest first, two
+    sets with Jaccard >= t share a token among the first ``n - ceil(t n) + 1`` of each, so the
+    pairs sharing such a prefix token are a superset of the true pairs; each is then checked
+    exactly (intersection of the sorted hash sets) with the size filter ``|B| >= t |A|``.
+    """
+    offsets, values = _shingle_hashes(texts)
+    sizes = np.diff(offsets)
+    uniq, inverse, freq = np.unique(values, return_inverse=True, return_counts=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.lexsort((uniq, freq))] = np.arange(len(uniq))
+    token_rank = rank[inverse]
+    doc = np.repeat(np.arange(len(texts)), sizes)
+    by_rank = np.lexsort((token_rank, doc))  # each document's tokens, rarest first
+    pos = np.arange(len(values)) - offsets[doc]
+    prefix = sizes - np.ceil(THRESHOLD * sizes - 1e-9).astype(np.int64) + 1
+    in_prefix = by_rank[pos < prefix[doc]]
+    tok, who = token_rank[in_prefix], doc[in_prefix]
+    order = np.lexsort((who, tok))
+    tok, who = tok[order], who[order]
+    shared = np.zeros(len(tok), dtype=bool)  # tokens in two or more prefixes
+    shared[1:] |= tok[1:] == tok[:-1]
+    shared[:-1] |= tok[:-1] == tok[1:]
+    tok, who = tok[shared], who[shared]
+    candidates = set()
+    for group in np.split(who, np.flatnonzero(np.diff(tok)) + 1) if len(tok) else []:
+        g = group.tolist()
+        candidates.update((a, b) for k, a in enumerate(g) for b in g[k + 1 :])
+    parent = list(range(len(texts)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in candidates:
+        sa, sb = int(sizes[a]), int(sizes[b])
+        if min(sa, sb) < THRESHOLD * max(sa, sb) or sa == 0:
+            continue
+        common = len(np.intersect1d(values[offsets[a] : offsets[a + 1]], values[offsets[b] : offsets[b + 1]], assume_unique=True))
+        if common >= THRESHOLD * (sa + sb - common):
+            ra, rb = find(a), find(b)
+            parent[max(ra, rb)] = min(ra, rb)
+    comps: dict[int, set[str]] = {}
+    for x in range(len(texts)):
+        comps.setdefault(find(x), set()).add(ids[x])
+    return [c for c in comps.values() if len(c) > 1]
 
 
 def truth_components(folder: Path, groups: dict[str, list[str]] | None) -> list[set[str]]:

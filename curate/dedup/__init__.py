@@ -16,9 +16,8 @@ import polars as pl
 
 from curate.dedup.clusters import connected_components
 from curate.dedup.lsh import unpack_pairs
-from curate.dedup.minhash import MinHashConfig, minhash_keys, near_duplicate_pairs
+from curate.dedup.minhash import MinHashConfig, minhash_keys, near_duplicate_pairs, text_buffers
 from curate.dedup.signatures import sketch_buffers
-from curate.dedup.text import normalized_buffers
 
 
 def _as_series(texts: Iterable[str] | pl.Series) -> pl.Series:
@@ -42,10 +41,10 @@ def minhash_signatures(
     """
     # Validated like the stage's options (bands/rows given so that no LSH search runs).
     config = MinHashConfig(ngram=ngram, num_perm=num_perm, scheme=scheme, shingle=shingle, normalize=normalize, seed=seed, bands=1, rows=1)
-    offsets, data = normalized_buffers(_as_series(texts), config.normalize)
+    offsets, data, tables = text_buffers(_as_series(texts), config)
     sketch = sketch_buffers(
         offsets, data, ngram=ngram, chars=shingle == "chars", num_perm=num_perm, scheme=scheme, seed=seed,
-        bands=1, rows=1, want_signatures=True, want_sets=False,
+        bands=1, rows=1, want_signatures=True, want_sets=False, tables=tables,
     )  # fmt: skip
     return sketch.signatures
 

@@ -95,21 +95,28 @@ def hash128_column(offsets, data, seed):
     return hi, lo
 
 
+# Byte tables of the word kernels: ``sep[b]`` is 1 where byte ``b`` ends a word, ``low[b]`` the
+# byte hashed in its place. These two read plain bytes (words are runs of bytes above ASCII
+# space); curate.dedup.text builds the tables that normalize ASCII text on the fly.
+PLAIN_SEP = (np.arange(256) <= 32).astype(np.uint8)
+IDENTITY = np.arange(256, dtype=np.uint8)
+
+
 @njit(cache=True, inline="always")
-def _hash_bytes(data, start, end):
-    # FNV-1a over the bytes, then fmix64 so that short words still fill all 64 bits.
+def _hash_bytes(data, start, end, low):
+    # FNV-1a over the (mapped) bytes, then fmix64 so that short words still fill all 64 bits.
     h = _FNV_OFFSET
     for p in range(start, end):
-        h ^= _U64(data[p])
+        h ^= _U64(low[data[p]])
         h *= _FNV_PRIME
     return fmix64(h)
 
 
 @njit(cache=True)
-def count_shingles(offsets, data, ngram, chars):
+def count_shingles(offsets, data, ngram, chars, sep):
     """How many shingles each document has: ``max(units - ngram + 1, 1)``, or 0 for no units.
 
-    Units are words (runs of bytes above ASCII space) or, with ``chars``, code points.
+    Units are words (runs of bytes ``b`` with ``sep[b] == 0``) or, with ``chars``, code points.
     """
     n = offsets.shape[0] - 1
     out = np.zeros(n, dtype=np.int64)
@@ -120,7 +127,7 @@ def count_shingles(offsets, data, ngram, chars):
             b = data[p]
             if chars:
                 units += (b & 0xC0) != 0x80
-            elif b > 32:
+            elif sep[b] == 0:
                 units += not in_word
                 in_word = True
             else:
@@ -131,11 +138,13 @@ def count_shingles(offsets, data, ngram, chars):
 
 
 @njit(cache=True)
-def doc_shingles(data, start, end, ngram, chars, buf, starts):
+def doc_shingles(data, start, end, ngram, chars, sep, low, buf, starts):
     """Write the 64-bit shingle hashes of ``data[start:end]`` into ``buf``; return how many.
 
-    ``buf`` and ``starts`` are scratch arrays at least as long as the document has units
-    (plus one); documents with fewer than ``ngram`` units give one shingle of all of them.
+    Words are runs of bytes with ``sep[b] == 0``, hashed as ``low[b]`` (see ``PLAIN_SEP``);
+    ``chars`` shingles hash the bytes of ``ngram`` code points as they are. ``buf`` and
+    ``starts`` are scratch arrays at least as long as the document has units (plus one);
+    documents with fewer than ``ngram`` units give one shingle of all of them.
     """
     units = 0
     in_word = False
@@ -145,14 +154,14 @@ def doc_shingles(data, start, end, ngram, chars, buf, starts):
             if (b & 0xC0) != 0x80:
                 starts[units] = p
                 units += 1
-        elif b > 32:
+        elif sep[b] == 0:
             if not in_word:
                 starts[units] = p
                 units += 1
             in_word = True
         else:
             if in_word:
-                buf[units - 1] = _hash_bytes(data, starts[units - 1], p)
+                buf[units - 1] = _hash_bytes(data, starts[units - 1], p, low)
             in_word = False
     if units == 0:
         return 0
@@ -160,10 +169,10 @@ def doc_shingles(data, start, end, ngram, chars, buf, starts):
     if chars:
         count = max(units - ngram + 1, 1)
         for i in range(count):
-            buf[i] = _hash_bytes(data, starts[i], starts[min(i + ngram, units)])
+            buf[i] = _hash_bytes(data, starts[i], starts[min(i + ngram, units)], IDENTITY)
         return count
     if in_word:
-        buf[units - 1] = _hash_bytes(data, starts[units - 1], end)
+        buf[units - 1] = _hash_bytes(data, starts[units - 1], end, low)
     count = max(units - ngram + 1, 1)
     width = min(ngram, units)
     # In place: shingle i only needs words i..i+width-1, all still unwritten.

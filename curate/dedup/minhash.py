@@ -25,8 +25,9 @@ from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, clu
 from curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs, unpack_pairs
 from curate.dedup.signatures import sketch_buffers
 from curate.dedup.stage import DedupBarrier
-from curate.dedup.text import Normalization, check_normalization, normalized_buffers
-from curate.dedup.verify import SETS_COLUMN, pack_sets, sampled_false_positive_rate, verify_pairs
+from curate.dedup.kernels import IDENTITY, PLAIN_SEP
+from curate.dedup.text import Normalization, check_normalization, normalized_buffers, word_buffers
+from curate.dedup.verify import SETS_COLUMN, SIG8_COLUMN, pack_sets, pack_sig8, sampled_false_positive_rate, verify_pairs
 from curate.errors import ConfigError
 from curate.stages.base import Plan, StageConfig
 
@@ -95,19 +96,27 @@ def band_columns(bands: int) -> list[str]:
     return [f"_band_{i}" for i in range(bands)]
 
 
+def text_buffers(texts: pl.Series, config: MinHashConfig) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """What the sketch kernels read: word shingles normalize ASCII text on the fly, character shingles need it normalized."""
+    if config.shingle == "words":
+        return word_buffers(texts, config.normalize)
+    return *normalized_buffers(texts, config.normalize), (PLAIN_SEP, IDENTITY)
+
+
 def minhash_keys(texts: pl.Series, config: MinHashConfig, *, with_sets: bool) -> pl.DataFrame:
     """The hash columns of ``texts``: ``_nsh`` (shingle count), ``_band_*`` and optionally ``_shingles``."""
     bands, rows = config.lsh_shape()
-    offsets, data = normalized_buffers(texts, config.normalize)
+    offsets, data, tables = text_buffers(texts, config)
     sketch = sketch_buffers(
         offsets, data, ngram=config.ngram, chars=config.shingle == "chars", num_perm=config.num_perm, scheme=config.scheme,
-        seed=config.seed, bands=bands, rows=rows, want_signatures=False, want_sets=with_sets,
+        seed=config.seed, bands=bands, rows=rows, want_signatures=False, want_sets=with_sets, tables=tables,
     )  # fmt: skip
     columns = {"_nsh": pl.Series(sketch.n_shingles, dtype=pl.UInt32)}
     for i, name in enumerate(band_columns(bands)):
         columns[name] = pl.Series(sketch.band_keys[:, i])
     if with_sets:
         columns[SETS_COLUMN] = pl.Series(pack_sets(sketch.set_offsets, sketch.set_values))
+        columns[SIG8_COLUMN] = pl.Series(pack_sig8(sketch.sig8))
     return pl.DataFrame(columns)
 
 

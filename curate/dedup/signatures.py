@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from curate.dedup.kernels import count_shingles, doc_shingles, fmix64, rotl64
+from curate.dedup.kernels import IDENTITY, PLAIN_SEP, count_shingles, doc_shingles, fmix64, rotl64
 
 _U64 = np.uint64
 _MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -86,14 +86,15 @@ def _band_keys(sig, rows, bands, seed, out):
 
 
 @njit(cache=True)
-def sketch_block(offsets, data, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets):
+def sketch_block(offsets, data, sep, low, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets):
     """Signatures / band keys / 32-bit shingle hashes (unsorted, see below) for every document of a block.
 
-    Returns ``(sigs [n, k] or [0, k], band_keys [n, bands], n_shingles [n], set_offsets [n+1], set_values)``.
+    Returns ``(sigs [n, k] or [0, k], band_keys [n, bands], n_shingles [n], set_offsets [n+1], set_values,
+    sig8 [n, k] uint8 or [0, k])``.
     """
     n = offsets.shape[0] - 1
     k = a.shape[0]
-    counts = count_shingles(offsets, data, ngram, chars)
+    counts = count_shingles(offsets, data, ngram, chars, sep)
     # A document has at most count + ngram - 1 units (words or code points); scratch holds the longest.
     longest = (counts.max() if n else 0) + ngram + 1
     buf = np.empty(longest, dtype=np.uint64)
@@ -101,15 +102,19 @@ def sketch_block(offsets, data, ngram, chars, a, b, oph, rows, bands, want_sigs,
     sig = np.empty(k, dtype=np.uint64)
     filled = np.empty(k, dtype=np.bool_)
     sigs = np.empty((n if want_sigs else 0, k), dtype=np.uint64)
+    sig8 = np.empty((n if want_sets else 0, k), dtype=np.uint8)
     keys = np.empty((n, bands), dtype=np.uint64)
     set_offsets = np.zeros(n + 1, dtype=np.int64)
     set_values = np.empty(counts.sum() if want_sets else 0, dtype=np.uint32)
     cursor = 0
     for i in range(n):
-        count = doc_shingles(data, offsets[i], offsets[i + 1], ngram, chars, buf, starts)
+        count = doc_shingles(data, offsets[i], offsets[i + 1], ngram, chars, sep, low, buf, starts)
         _signature(buf, count, a, b, oph, sig, filled)
         if want_sigs:
             sigs[i, :] = sig
+        if want_sets:
+            for p in range(k):  # low 8 bits of each slot: the cheap similarity estimate that screens candidates
+                sig8[i, p] = np.uint8(sig[p] & _U64(0xFF))
         _band_keys(sig, rows, bands, b[0], keys[i])
         if want_sets and count > 0:
             # The top 32 bits suffice for Jaccard (a false match needs a 2**-32 collision). Sets are
@@ -124,7 +129,7 @@ def sketch_block(offsets, data, ngram, chars, a, b, oph, rows, bands, want_sigs,
                     cursor += 1
                     last = top
         set_offsets[i + 1] = cursor
-    return sigs, keys, counts, set_offsets, set_values[:cursor]
+    return sigs, keys, counts, set_offsets, set_values[:cursor], sig8
 
 
 @dataclass(slots=True)
@@ -136,6 +141,7 @@ class Sketch:
     n_shingles: np.ndarray  # int64 [n]; 0 for documents without a word (never near-duplicates)
     set_offsets: np.ndarray | None  # int64 [n+1] into set_values
     set_values: np.ndarray | None  # uint32, each document's shingle hashes (top 32 bits), in text order
+    sig8: np.ndarray | None = None  # uint8 [n, num_perm]: each slot's low 8 bits (with the sets)
 
 
 def sketch_buffers(
@@ -152,23 +158,29 @@ def sketch_buffers(
     want_signatures: bool,
     want_sets: bool,
     block_bytes: int = 64 << 20,
+    tables: tuple[np.ndarray, np.ndarray] = (PLAIN_SEP, IDENTITY),
 ) -> Sketch:
-    """Sketch the strings described by Arrow ``offsets``/``data``, ``block_bytes`` of text at a time."""
+    """Sketch the strings described by Arrow ``offsets``/``data``, ``block_bytes`` of text at a time.
+
+    ``tables`` are the word kernels' ``(sep, low)`` byte tables (``curate.dedup.text.word_buffers``).
+    """
+    sep, low = tables
     a, b = slot_params(num_perm, seed)
     n = len(offsets) - 1
     parts, lo = [], 0
     while True:
         hi = int(np.searchsorted(offsets, offsets[lo] + block_bytes, side="right")) - 1
         hi = min(max(hi, lo + 1), n)
-        parts.append(sketch_block(offsets[lo : hi + 1], data, ngram, chars, a, b, scheme == "oph", rows, bands, want_signatures, want_sets))
+        parts.append(sketch_block(offsets[lo : hi + 1], data, sep, low, ngram, chars, a, b, scheme == "oph", rows, bands, want_signatures, want_sets))
         lo = hi
         if lo >= n:
             break
     sigs = np.concatenate([p[0] for p in parts]) if want_signatures else None
-    set_offsets = set_values = None
+    set_offsets = set_values = sig8 = None
     if want_sets:
+        sig8 = np.concatenate([p[5] for p in parts])
         values = [p[4] for p in parts]
         starts = np.cumsum([0] + [len(v) for v in values[:-1]])
         set_offsets = np.concatenate([[0]] + [p[3][1:] + s for p, s in zip(parts, starts)]).astype(np.int64)
         set_values = np.concatenate(values)
-    return Sketch(sigs, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]), set_offsets, set_values)
+    return Sketch(sigs, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]), set_offsets, set_values, sig8)

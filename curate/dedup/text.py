@@ -1,13 +1,16 @@
 """Text normalization before hashing, and zero-copy access to a string column's bytes.
 
-Normalization runs as polars expressions (Rust regex and Unicode case folding over the
-whole column); the hashing kernels then read the normalized column's Arrow buffers
-(``offsets`` + ``data``) directly, so Python never touches a document. ASCII-only rows are
-normalized by a compiled byte pass with the same result as the expressions.
+Normalization is defined by polars expressions (``normalize_expr``: Rust regex and Unicode
+case folding); a compiled pass over the bytes gives the same result (its per-code-point
+tables are built by running the expression over every code point), and the hashing kernels
+read the Arrow buffers (``offsets`` + ``data``) directly, so Python never touches a document.
+Word shingles need no normalized copy of ASCII rows at all (``word_buffers``): byte tables
+split and lowercase them while they are hashed.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import numpy as np
@@ -82,76 +85,237 @@ def _byte_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
 _TABLES = {mode: _byte_tables(mode) for mode in ("whitespace", "lower", "words")}
 
 
-@njit(cache=True)
-def _ascii_normalize(offsets, data, kind, lowered):
-    """Normalize the ASCII-only rows (others come out empty and flagged): the fast path of ``normalize_expr``.
+_TABLE_CODE_POINTS = 0x20000  # planes 0 and 1: every script in use, and the emoji
 
-    Byte classes come from lookup tables, so the inner loop has one data-dependent branch.
+
+@functools.lru_cache(maxsize=None)
+def _code_point_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per code point of planes 0 and 1: ``(class, lowered)`` as ``normalize_expr`` treats it.
+
+    Built by running the expression itself over every code point once (~0.2 s, in a process
+    whose batches have non-ASCII text), so the compiled pass agrees with it by construction. Class 0:
+    kept as ``lowered``; 1: a separator (becomes part of one space); 2: not handled here (the
+    row goes through the expression): a lowercase of several code points, surrogates, and
+    the capital sigma, whose lowercase depends on its neighbours.
+    """
+    cps = np.arange(_TABLE_CODE_POINTS)
+    surrogate = (cps >= 0xD800) & (cps < 0xE000)
+    text = "".join(map(chr, np.where(surrogate, 0x20, cps).tolist())).encode()
+    widths = np.where(surrogate, 1, 1 + (cps >= 0x80) + (cps >= 0x800) + (cps >= 0x10000))
+    offsets = np.concatenate([[0], np.cumsum(widths)]).astype(np.int32)
+    chars = pl.Series(pa.StringArray.from_buffers(len(cps), pa.py_buffer(offsets), pa.py_buffer(text)))
+    out = pl.select(normalize_expr(pl.lit(chars), mode)).to_series()
+    lengths = out.str.len_chars().to_numpy()
+    lowered = _first_code_points(*string_buffers(out))
+    cls = np.where(lengths == 0, 1, np.where(lengths == 1, 0, 2)).astype(np.uint8)
+    cls[(lowered >= _TABLE_CODE_POINTS) | surrogate | (cps == 0x03A3)] = 2
+    return cls, lowered
+
+
+@njit(cache=True)
+def _first_code_points(offsets, data):
+    n = offsets.shape[0] - 1
+    out = np.zeros(n, dtype=np.int32)
+    for i in range(n):
+        p = offsets[i]
+        if p == offsets[i + 1]:
+            continue
+        b = np.int32(data[p])
+        if b < 0x80:
+            out[i] = b
+        elif b < 0xE0:
+            out[i] = ((b & 0x1F) << 6) | (np.int32(data[p + 1]) & 0x3F)
+        elif b < 0xF0:
+            out[i] = ((b & 0x0F) << 12) | ((np.int32(data[p + 1]) & 0x3F) << 6) | (np.int32(data[p + 2]) & 0x3F)
+        else:
+            out[i] = ((b & 0x07) << 18) | ((np.int32(data[p + 1]) & 0x3F) << 12) | ((np.int32(data[p + 2]) & 0x3F) << 6) | (np.int32(data[p + 3]) & 0x3F)
+    return out
+
+
+_NO_CODE_POINTS = (np.full(1, 2, dtype=np.uint8), np.zeros(1, dtype=np.int32))
+
+
+@njit(cache=True)
+def _normalize_rows(offsets, data, rows, kind, lowered, cp_class, cp_lowered):
+    """``normalize_expr`` of the ``rows`` (mask) of a string column, compiled; other rows come out empty.
+
+    ASCII bytes go by the byte tables, other code points by the per-code-point tables
+    (``_code_point_tables``); a row with a code point they do not handle comes out empty and
+    flagged, for the expression to do. The output is at most 1.5x the input (a lowercase
+    may take 3 UTF-8 bytes where its capital took 2).
     """
     n = offsets.shape[0] - 1
-    out = np.empty(offsets[n] - offsets[0], dtype=np.uint8)
+    out = np.empty((offsets[n] - offsets[0]) * 3 // 2 + 4, dtype=np.uint8)
     out_offsets = np.zeros(n + 1, dtype=np.int64)
-    non_ascii = np.zeros(n, dtype=np.bool_)
+    flagged = np.zeros(n, dtype=np.bool_)
+    limit = cp_class.shape[0]
     cursor = 0
     for i in range(n):
         start = cursor
-        pending = False
-        for p in range(offsets[i], offsets[i + 1]):
-            b = data[p]
-            k = kind[b]
-            if k == 0:
-                if pending:
-                    out[cursor] = 32
-                    cursor += 1
-                    pending = False
-                out[cursor] = lowered[b]
-                cursor += 1
-            elif k == 1:
-                pending = cursor > start
-            else:
-                non_ascii[i] = True
-                break
-        if non_ascii[i]:
+        if rows[i]:
+            pending = False
+            p, end = offsets[i], offsets[i + 1]
+            while p < end:
+                b = data[p]
+                if b < 128:
+                    k = kind[b]
+                    c = np.int32(lowered[b])
+                    p += 1
+                else:
+                    if p + 1 >= end:
+                        flagged[i] = True
+                        break
+                    if b >= 0xF0:
+                        if p + 3 >= end:
+                            flagged[i] = True
+                            break
+                        cp = ((np.int32(b) & 0x07) << 18) | ((np.int32(data[p + 1]) & 0x3F) << 12) | ((np.int32(data[p + 2]) & 0x3F) << 6) | (np.int32(data[p + 3]) & 0x3F)
+                        p += 4
+                    elif b >= 0xE0:
+                        if p + 2 >= end:
+                            flagged[i] = True
+                            break
+                        cp = ((np.int32(b) & 0x0F) << 12) | ((np.int32(data[p + 1]) & 0x3F) << 6) | (np.int32(data[p + 2]) & 0x3F)
+                        p += 3
+                    else:
+                        cp = ((np.int32(b) & 0x1F) << 6) | (np.int32(data[p + 1]) & 0x3F)
+                        p += 2
+                    if cp >= limit or cp_class[cp] == 2:
+                        flagged[i] = True
+                        break
+                    k = cp_class[cp]
+                    c = cp_lowered[cp]
+                if k == 0:
+                    if pending:
+                        out[cursor] = 32
+                        cursor += 1
+                        pending = False
+                    if c < 0x80:
+                        out[cursor] = c
+                        cursor += 1
+                    elif c < 0x800:
+                        out[cursor] = 0xC0 | (c >> 6)
+                        out[cursor + 1] = 0x80 | (c & 0x3F)
+                        cursor += 2
+                    elif c < 0x10000:
+                        out[cursor] = 0xE0 | (c >> 12)
+                        out[cursor + 1] = 0x80 | ((c >> 6) & 0x3F)
+                        out[cursor + 2] = 0x80 | (c & 0x3F)
+                        cursor += 3
+                    else:
+                        out[cursor] = 0xF0 | (c >> 18)
+                        out[cursor + 1] = 0x80 | ((c >> 12) & 0x3F)
+                        out[cursor + 2] = 0x80 | ((c >> 6) & 0x3F)
+                        out[cursor + 3] = 0x80 | (c & 0x3F)
+                        cursor += 4
+                else:
+                    pending = cursor > start
+        if flagged[i]:
             cursor = start
         out_offsets[i + 1] = cursor
-    return out_offsets, out[:cursor], non_ascii
+    return out_offsets, out[:cursor], flagged
 
 
 @njit(cache=True)
-def _merge_rows(offsets, data, non_ascii, sub_offsets, sub_data):
-    # Rows flagged non_ascii take the next row of the sub buffers, the others their own bytes.
-    n = offsets.shape[0] - 1
+def _assemble(source, offsets0, data0, offsets1, data1, offsets2, data2):
+    """Row ``i`` from buffers 0 or 1 (row-indexed) or the next row of buffers 2, as ``source[i]`` says."""
+    n = source.shape[0]
     out_offsets = np.zeros(n + 1, dtype=np.int64)
-    out = np.empty(data.shape[0] + sub_data.shape[0], dtype=np.uint8)
+    total = 0
+    k = 0
+    for i in range(n):
+        if source[i] == 0:
+            total += offsets0[i + 1] - offsets0[i]
+        elif source[i] == 1:
+            total += offsets1[i + 1] - offsets1[i]
+        else:
+            total += offsets2[k + 1] - offsets2[k]
+            k += 1
+    out = np.empty(total, dtype=np.uint8)
     cursor = 0
     k = 0
     for i in range(n):
-        if non_ascii[i]:
-            lo, hi = sub_offsets[k], sub_offsets[k + 1]
-            out[cursor : cursor + hi - lo] = sub_data[lo:hi]
-            k += 1
+        if source[i] == 0:
+            lo, hi = offsets0[i], offsets0[i + 1]
+            out[cursor : cursor + hi - lo] = data0[lo:hi]
+        elif source[i] == 1:
+            lo, hi = offsets1[i], offsets1[i + 1]
+            out[cursor : cursor + hi - lo] = data1[lo:hi]
         else:
-            lo, hi = offsets[i], offsets[i + 1]
-            out[cursor : cursor + hi - lo] = data[lo:hi]
+            lo, hi = offsets2[k], offsets2[k + 1]
+            out[cursor : cursor + hi - lo] = data2[lo:hi]
+            k += 1
         cursor += hi - lo
         out_offsets[i + 1] = cursor
     return out_offsets, out
 
 
+def _normalized(texts: pl.Series, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, non_ascii: np.ndarray, mode: str, raw_rest: bool):
+    """Buffers with the ``rows`` normalized (compiled, or by the expression where it must) and the rest raw or empty."""
+    cp_tables = _code_point_tables(mode) if (non_ascii & rows).any() else _NO_CODE_POINTS
+    norm_offsets, norm, flagged = _normalize_rows(offsets, data, rows, *_TABLES[mode], *cp_tables)
+    if not flagged.any() and not (raw_rest and not rows.all()):
+        return norm_offsets, norm
+    source = np.where(flagged, 2, np.where(rows, 1, 0)).astype(np.uint8)
+    sub_offsets, sub = string_buffers(pl.select(normalize_expr(pl.lit(texts.filter(pl.Series(flagged))), mode)).to_series())
+    return _assemble(source, offsets, data, norm_offsets, norm, sub_offsets, sub)
+
+
 def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Normalize ``texts`` by ``mode`` and return its Arrow buffers (see ``string_buffers``).
 
-    ASCII-only rows are normalized by a compiled pass over the bytes (10x faster than the
-    regex); rows with other characters go through ``normalize_expr``, which gives the same
-    result on ASCII and handles Unicode case and punctuation.
+    A compiled pass over the bytes (10x faster than the regex, ASCII or not) gives the same
+    result as ``normalize_expr``; the few rows it cannot do (see ``_code_point_tables``) go
+    through the expression.
     """
     texts = texts.fill_null("")
     offsets, data = string_buffers(texts)
     if mode == "none":
         return offsets, data
-    ascii_offsets, ascii_data, non_ascii = _ascii_normalize(offsets, data, *_TABLES[mode])
-    if not non_ascii.any():
-        return ascii_offsets, ascii_data
-    others = pl.select(normalize_expr(pl.lit(texts.filter(pl.Series(non_ascii))), mode)).to_series()
-    sub_offsets, sub_data = string_buffers(others)
-    return _merge_rows(ascii_offsets, ascii_data, non_ascii, sub_offsets, sub_data)
+    every = np.ones(len(offsets) - 1, dtype=np.bool_)
+    return _normalized(texts, offsets, data, every, _non_ascii_rows(offsets, data), mode, raw_rest=False)
+
+
+@njit(cache=True)
+def _non_ascii_rows(offsets, data):
+    n = offsets.shape[0] - 1
+    out = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        for p in range(offsets[i], offsets[i + 1]):
+            if data[p] >= 128:
+                out[i] = True
+                break
+    return out
+
+
+def _word_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(sep, low)`` tables under which raw ASCII text has the words of its normalized form.
+
+    Normalized text keeps control bytes other than whitespace, which the word kernels then
+    split on like any byte up to ASCII space; ``words`` also splits on ASCII punctuation and
+    symbols and ``lower``/``words`` hash ASCII letters lowercased. On text that is already
+    normalized the tables change nothing, so normalized non-ASCII rows can share a buffer
+    with raw ASCII ones.
+    """
+    kind, lowered = _byte_tables(mode) if mode != "none" else (np.zeros(256, dtype=np.uint8), np.arange(256, dtype=np.uint8))
+    sep = ((np.arange(256) <= 32) | (kind == 1)).astype(np.uint8)
+    return sep, lowered
+
+
+_WORD_TABLES = {mode: _word_tables(mode) for mode in NORMALIZATIONS}
+
+
+def word_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """``(offsets, data, (sep, low))`` from which the word kernels read the words of ``normalized_buffers``.
+
+    ASCII-only rows are passed as they are (no normalized copy: the tables normalize them
+    while they are hashed); rows with other bytes are normalized by ``normalize_expr`` and
+    merged in. The words, and so every shingle hash, equal those of the normalized text.
+    """
+    texts = texts.fill_null("")
+    offsets, data = string_buffers(texts)
+    if mode != "none":
+        non_ascii = _non_ascii_rows(offsets, data)
+        if non_ascii.any():
+            offsets, data = _normalized(texts, offsets, data, non_ascii, non_ascii, mode, raw_rest=True)
+    return offsets, data, _WORD_TABLES[mode]

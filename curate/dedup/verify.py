@@ -62,27 +62,83 @@ def sort_unique_sets(offsets, values):
     return out_offsets, out[:cursor]
 
 
-def _read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique shingle sets ``(offsets, values)`` of rows ``need`` (ascending), ``window_rows`` rows at a time.
+SIG8_COLUMN = "_sig8"
+
+
+def pack_sig8(sig8: np.ndarray) -> pa.Array:
+    """The ``_sig8`` column: each row's ``num_perm`` low signature bytes as one binary value."""
+    n, k = sig8.shape
+    offsets = np.arange(n + 1, dtype=np.int64) * k
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(sig8))])
+
+
+def read_rows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, bytes)`` of the binary ``column``'s values at rows ``need`` (ascending), ``window_rows`` rows at a time.
 
     A window is read, its needed rows are taken and compacted at once, and it is dropped: memory
-    holds one window plus the compact sets kept, never the whole column (a filtered collect
-    materialized all of it first).
+    holds one window plus the rows taken, never the whole column.
     """
     offsets, values, total = [np.zeros(1, dtype=np.int64)], [], 0
+    if len(need) == 0:
+        return offsets[0], np.zeros(0, dtype=np.uint8)
     first = int(need[0]) // window_rows * window_rows
     for lo in range(first, int(need[-1]) + 1, window_rows):
         picked = need[np.searchsorted(need, lo) : np.searchsorted(need, lo + window_rows)]
         if len(picked) == 0:
             continue
-        window = keys.select(SETS_COLUMN).slice(lo, window_rows).collect()[SETS_COLUMN].to_arrow()
+        window = keys.select(column).slice(lo, window_rows).collect()[column].to_arrow()
         if isinstance(window, pa.ChunkedArray):
             window = window.combine_chunks()
-        part_offsets, part_values = sort_unique_sets(*unpack_sets(window.take(pa.array(picked - lo))))
-        offsets.append(part_offsets[1:] + total)
-        values.append(part_values)
-        total += len(part_values)
-    return np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, dtype=np.uint32)
+        part_offsets, data_buf = large_buffers(window.take(pa.array(picked - lo)), pa.large_binary())
+        data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
+        offsets.append(part_offsets[1:] - part_offsets[0] + total)
+        values.append(data[part_offsets[0] : part_offsets[-1]])
+        total += int(part_offsets[-1] - part_offsets[0])
+    return np.concatenate(offsets), np.concatenate(values)
+
+
+def _read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique shingle sets ``(offsets, values)`` of rows ``need`` (ascending)."""
+    offsets, data = read_rows(keys, SETS_COLUMN, need, window_rows)
+    values = data.view("<u4") if len(data) else np.zeros(0, dtype=np.uint32)
+    return sort_unique_sets(offsets // 4, values)
+
+
+@njit(cache=True)
+def _sig8_similarity(a_pos, b_pos, sigs):
+    out = np.empty(a_pos.shape[0], dtype=np.float64)
+    k = sigs.shape[1]
+    for t in range(a_pos.shape[0]):
+        same = 0
+        for p in range(k):
+            same += sigs[a_pos[t], p] == sigs[b_pos[t], p]
+        out[t] = same / k
+    return out
+
+
+def screen_margin(threshold: float, num_perm: int) -> float:
+    """How far below ``threshold`` a pair's 8-bit signature estimate may fall and still be checked exactly.
+
+    Seven standard deviations of the estimate at the threshold (``sqrt(t (1 - t) / k)``): a pair
+    at the threshold falls further below with probability ~1e-12, so screening loses no
+    duplicate in practice; most LSH candidates of a loose search are far below and go.
+    """
+    return 7.0 * float(np.sqrt(threshold * (1.0 - threshold) / num_perm))
+
+
+def screen_pairs(keys: pl.LazyFrame, pairs: np.ndarray, *, threshold: float, window_rows: int) -> np.ndarray:
+    """The candidate pairs whose signature estimate (equal low bytes of the slots) is within ``screen_margin``.
+
+    Collisions of 8-bit values add ``(1 - J) / 256`` to the estimate, which only lets more pairs through.
+    """
+    if len(pairs) == 0 or SIG8_COLUMN not in keys.collect_schema().names():
+        return pairs
+    a, b = unpack_pairs(pairs)
+    need = np.unique(np.concatenate([a, b]))
+    offsets, data = read_rows(keys, SIG8_COLUMN, need, window_rows)
+    k = int(offsets[1] - offsets[0])
+    estimate = _sig8_similarity(np.searchsorted(need, a), np.searchsorted(need, b), data.reshape(len(need), k))
+    return pairs[estimate >= threshold - screen_margin(threshold, k)]
 
 
 def _chunk_similarity(keys: pl.LazyFrame, pairs: np.ndarray, window_rows: int) -> np.ndarray:
@@ -102,13 +158,14 @@ def pair_similarities(keys: pl.LazyFrame, pairs: np.ndarray, *, chunk_pairs: int
     return out
 
 
-def verify_pairs(keys: pl.LazyFrame, pairs: np.ndarray, *, threshold: float, chunk_pairs: int) -> np.ndarray:
-    """The candidate pairs whose exact Jaccard reaches ``threshold``."""
+def verify_pairs(keys: pl.LazyFrame, pairs: np.ndarray, *, threshold: float, chunk_pairs: int, window_rows: int = 1 << 13) -> np.ndarray:
+    """The candidate pairs whose exact Jaccard reaches ``threshold`` (screened by the signature estimate first)."""
     if len(pairs) == 0:
         return pairs
-    similarity = pair_similarities(keys, pairs, chunk_pairs=chunk_pairs)
-    kept = pairs[similarity >= threshold]
-    log.info("verified %d of %d candidate pairs at Jaccard >= %.2f", len(kept), len(pairs), threshold)
+    screened = screen_pairs(keys, pairs, threshold=threshold, window_rows=window_rows)
+    similarity = pair_similarities(keys, screened, chunk_pairs=chunk_pairs, window_rows=window_rows)
+    kept = screened[similarity >= threshold]
+    log.info("verified %d of %d candidate pairs (%d screened in) at Jaccard >= %.2f", len(kept), len(pairs), len(screened), threshold)
     return kept
 
 
@@ -120,5 +177,5 @@ def sampled_false_positive_rate(
         return 0, None
     rng = np.random.default_rng(seed)
     picked = np.sort(rng.choice(len(pairs), size=min(sample, len(pairs)), replace=False))
-    similarity = pair_similarities(keys, pairs[picked], chunk_pairs=chunk_pairs)
+    similarity = pair_similarities(keys, pairs[picked], chunk_pairs=chunk_pairs)  # unscreened: the LSH's own rate
     return len(picked), float(np.mean(similarity < threshold))

@@ -8,7 +8,7 @@ import pytest
 
 from curate.dedup.clusters import connected_components, pair_jaccard
 from curate.dedup.exact import text_hashes
-from curate.dedup.kernels import count_shingles, murmur3_128
+from curate.dedup.kernels import PLAIN_SEP, count_shingles, murmur3_128
 from curate.dedup.lsh import band_pairs, choose_bands, unpack_pairs
 from curate.dedup.text import normalize_expr, normalized_buffers
 
@@ -48,18 +48,22 @@ def _buffers(texts):
 
 def test_short_documents_get_one_shingle_and_empty_ones_none():
     offsets, data = _buffers(["a b c d e f g", "a b", "", "   ", "a b c d e"])
-    assert count_shingles(offsets, data, 5, False).tolist() == [3, 1, 0, 0, 1]
+    assert count_shingles(offsets, data, 5, False, PLAIN_SEP).tolist() == [3, 1, 0, 0, 1]
 
 
 def test_char_shingles_count_code_points():
     offsets, data = _buffers(["abcdé", "日本語", "ab"])
-    assert count_shingles(offsets, data, 3, True).tolist() == [3, 1, 1]
+    assert count_shingles(offsets, data, 3, True, PLAIN_SEP).tolist() == [3, 1, 1]
 
 
-def test_choose_bands_uses_datasketch_search():
+def test_choose_bands_matches_datasketch_search():
     from datasketch.lsh import _optimal_param
 
-    assert choose_bands(0.8, 128) == tuple(_optimal_param(0.8, 128, 0.5, 0.5))
+    for num_perm in (32, 128):
+        for threshold in (0.05, 0.3, 0.5, 0.62, 0.8, 0.95):
+            for fp in (0.5, 0.3):
+                got = choose_bands(threshold, num_perm, fp_weight=fp, fn_weight=1 - fp)
+                assert got == tuple(_optimal_param(threshold, num_perm, fp, 1 - fp)), (threshold, num_perm, fp)
 
 
 def test_band_pairs_star_and_chain_per_run():
@@ -82,3 +86,22 @@ def test_pair_jaccard_of_sorted_sets():
     offsets = np.array([0, 4, 8, 9, 9], dtype=np.int64)
     got = pair_jaccard(np.array([0, 0, 2, 3]), np.array([1, 2, 3, 3]), offsets, values)
     assert got.tolist() == [3 / 5, 0.0, 0.0, 0.0]
+
+
+def test_word_buffers_give_the_normalized_words():
+    """Raw ASCII rows read through the tables, non-ASCII rows normalized by the compiled pass: the same shingles."""
+    from curate.dedup.signatures import sketch_buffers
+    from curate.dedup.text import string_buffers, word_buffers
+
+    rng = np.random.default_rng(0)
+    texts = ["Hello,\x01World! ÉTÉ été", "a\tb\x0bc\x1fd  ,;  ", "", None, "ΣΑΣ σας. İi ǅ ﬁ", "ẞtraße Ⱥ K 😀x𐐀", "\u00a0a\u2003b\u3000c"]
+    texts += ["".join(chr(c) for c in rng.integers(32, 0x2FFFF, size=60) if not 0xD800 <= c < 0xE000) for _ in range(50)]
+    series = pl.Series(texts, dtype=pl.String)
+    kw = dict(ngram=3, chars=False, num_perm=32, scheme="oph", seed=1, bands=8, rows=4, want_signatures=True, want_sets=True)
+    for mode in ("none", "whitespace", "lower", "words"):
+        reference = pl.select(normalize_expr(pl.lit(series), mode)).to_series()
+        assert normalized_buffers(series, mode)[1].tobytes() == string_buffers(reference)[1].tobytes(), mode
+        want = sketch_buffers(*string_buffers(reference), **kw)
+        offsets, data, tables = word_buffers(series, mode)
+        got = sketch_buffers(offsets, data, tables=tables, **kw)
+        assert np.array_equal(want.signatures, got.signatures) and np.array_equal(want.set_values, got.set_values), mode
