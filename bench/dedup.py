@@ -17,6 +17,7 @@ and says so. Rounds interleave the systems (A B C A B C) because the machine is 
     python bench/dedup.py --docs 200000 --peer-docs 20000 --reps 2
     python bench/dedup.py --docs 1000000 --systems winnow,datasketch --reps 1
     python bench/dedup.py --samples                      # data_samples/ (5.6k real documents)
+    python bench/dedup.py --long --reps 2                # ~17k long real documents of this machine, every system on all
     python bench/dedup.py --docs 20000 --peer-docs 20000 # small and quick: every system on the same 20k
 
 Peers are benchmark-only: ``pip install datatrove[processing] spacy`` (datasketch is a winnow dependency).
@@ -31,6 +32,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -204,9 +206,20 @@ def prepare_long(folder: Path, *, target_bytes: int = 73_000_000, copies: float 
     _write_jsonl(folder, [ids[i] for i in order], [texts[i] for i in order], -(-len(texts) // 8))
 
 
+# Line breaks to Python's str.splitlines (which datatrove's reader uses) that JSON leaves unescaped.
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def _jsonl_line(row: dict) -> bytes:
+    line = orjson.dumps(row)
+    for raw, escaped in _LINE_BREAKS:
+        line = line.replace(raw, escaped)
+    return line
+
+
 def _write_jsonl(folder: Path, ids: list[str], texts: list[str], per_file: int) -> None:
     for k in range(0, len(ids), per_file):
-        lines = (orjson.dumps({"id": i, "text": t}) for i, t in zip(ids[k : k + per_file], texts[k : k + per_file]))
+        lines = (_jsonl_line({"id": i, "text": t}) for i, t in zip(ids[k : k + per_file], texts[k : k + per_file]))
         (folder / f"part-{k // per_file:05d}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
 
 
@@ -475,6 +488,36 @@ def child(system: str, data: Path, work: Path) -> None:
     print(json.dumps({"seconds": seconds, "peak_rss": (hwm + WORKERS * worker) * 1024, "main_rss": hwm * 1024, "worker_rss": worker * 1024}))
 
 
+class _TreeRss(threading.Thread):
+    """Samples the summed RSS of a process and all its descendants every 20 ms; ``peak`` is the largest sum seen."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def _tree_rss(self) -> int:
+        parents: dict[int, int] = {}
+        rss: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2 :].split()
+                parents[int(entry.name)], rss[int(entry.name)] = int(fields[1]), int(fields[21]) * 4096
+            except (OSError, ValueError, IndexError):
+                continue
+        tree, frontier = {self.pid}, [self.pid]
+        while frontier:
+            frontier = [p for p, parent in parents.items() if parent in frontier and p not in tree]
+            tree.update(frontier)
+        return sum(rss.get(p, 0) for p in tree)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            self.peak = max(self.peak, self._tree_rss())
+
+
 def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
     """Run ``system`` on ``data`` in a fresh subprocess: docs/s over its wall time, peak RSS, precision, recall."""
     n_docs = sum(1 for _ in _read_jsonl(data))
@@ -482,14 +525,20 @@ def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", system, "--data", str(data), "--work", str(work)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, __file__, "--child", system, "--data", str(data), "--work", str(work)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    sampler = _TreeRss(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
     wall = time.perf_counter() - t0
+    sampler.stop.set()
+    sampler.join()
     if proc.returncode != 0:
-        raise SystemExit(f"{system} failed:\n{proc.stderr[-3000:]}")
-    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"{system} failed:\n{err[-3000:]}")
+    stats = json.loads(out.strip().splitlines()[-1])
     precision, recall = score(set(json.loads((work / "removed.json").read_text())), comps)
     return {"system": system, "docs": n_docs, "docs_per_s": n_docs / wall, "wall_s": wall, "peak_rss_mb": stats["peak_rss"] / 2**20,
-            "main_mb": stats["main_rss"] / 2**20, "worker_mb": stats["worker_rss"] / 2**20,
+            "tree_mb": sampler.peak / 2**20, "main_mb": stats["main_rss"] / 2**20, "worker_mb": stats["worker_rss"] / 2**20,
             "rss_kb_per_doc": stats["peak_rss"] / 1024 / n_docs, "precision": precision, "recall": recall}  # fmt: skip
 
 
@@ -514,20 +563,36 @@ def subsample(data: Path, groups: dict[str, list[str]] | None, n_docs: int, file
 
 
 def _load(args) -> tuple[Path, dict | None]:
-    data = DATA / ("samples" if args.samples else f"gen-{args.docs}")
+    data = DATA / ("samples" if args.samples else "long" if args.long else f"gen-{args.docs}")
     if not data.exists():
         print(f"writing corpus to {data} ...", flush=True)
         if args.samples:
             prepare_samples(data)
-            return data, None
-        groups = generate(args.docs, data)
-        (data / "groups.json").write_text(json.dumps(groups))
-        return data, groups
-    return data, None if args.samples else json.loads((data / "groups.json").read_text())
+        elif args.long:
+            prepare_long(data)
+        else:
+            groups = generate(args.docs, data)
+            (data / "groups.json").write_text(json.dumps(groups))
+            return data, groups
+    return data, None if args.samples or args.long else json.loads((data / "groups.json").read_text())
+
+
+def _truth(data: Path, groups: dict | None, exact: bool) -> list[set[str]]:
+    """Ground-truth clusters, cached beside the corpus (the all-pairs check takes ~40 s on the long corpus)."""
+    cache = data / "truth.json"
+    if cache.exists():
+        return [set(c) for c in json.loads(cache.read_text())]
+    if exact:
+        rows = list(_read_jsonl(data))
+        comps = exact_components([r["id"] for r in rows], [r["text"] for r in rows])
+    else:
+        comps = truth_components(data, groups)
+    cache.write_text(json.dumps([sorted(c) for c in comps]))
+    return comps
 
 
 def _row(r: dict) -> str:
-    return (f"{r['system']:<11} {r['docs']:>9} {r['docs_per_s']:>10.0f} {r['wall_s']:>8.1f} {r['peak_rss_mb']:>9.0f} "
+    return (f"{r['system']:<11} {r['docs']:>9} {r['docs_per_s']:>10.0f} {r['wall_s']:>8.1f} {r['tree_mb']:>8.0f} {r['peak_rss_mb']:>9.0f} "
             f"{r['main_mb']:>8.0f} {r['worker_mb']:>8.0f} {r['rss_kb_per_doc']:>8.2f} {r['precision']:>9.4f} {r['recall']:>7.4f}")  # fmt: skip
 
 
@@ -536,6 +601,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=200_000, help="generated corpus size winnow runs on (use 1000000 for the issue's 1M)")
     ap.add_argument("--peer-docs", type=int, default=20_000, help="peers (and winnow, for a like-for-like ratio) also run on the first this many docs")
     ap.add_argument("--samples", action="store_true", help="use data_samples/ (every system on all of it)")
+    ap.add_argument("--long", action="store_true", help="long real documents from this machine (prepare_long; every system on all of it)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--systems", default="winnow,datasketch,datatrove")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -547,9 +613,9 @@ def main() -> None:
         return child(args.child, args.data, args.work)
 
     data, groups = _load(args)
-    full = (data, truth_components(data, groups))
+    full = (data, _truth(data, groups, exact=args.samples or args.long))
     small = full
-    if not args.samples and args.peer_docs < args.docs:
+    if not args.samples and not args.long and args.peer_docs < args.docs:
         sub, sub_groups = subsample(data, groups, args.peer_docs)
         small = (sub, truth_components(sub, sub_groups))
     systems = args.systems.split(",")
@@ -558,8 +624,8 @@ def main() -> None:
         n = sum(1 for _ in _read_jsonl(folder))
         print(f"{name}: {n} documents in {folder.relative_to(ROOT)}, {sum(len(c) - 1 for c in comps)} to remove by exact Jaccard >= {THRESHOLD}")
     print(f"machine shared with other work: rows interleave the systems A B C A B C; compare ratios within a round\n")
-    print("peak MB = main + workers x largest worker (an upper bound); main holds the global phase, a worker one task at a time")
-    print(f"{'system':<11} {'docs':>9} {'docs/s':>10} {'wall s':>8} {'peak MB':>9} {'main MB':>8} {'wrk MB':>8} {'KB/doc':>8} {'precision':>9} {'recall':>7}")
+    print("tree MB = the largest sum of RSS over the process tree (sampled every 20 ms); bound MB = main + workers x largest worker")
+    print(f"{'system':<11} {'docs':>9} {'docs/s':>10} {'wall s':>8} {'tree MB':>8} {'bound MB':>9} {'main MB':>8} {'wrk MB':>8} {'KB/doc':>8} {'precision':>9} {'recall':>7}")
     rounds = []
     for _ in range(args.reps):
         rnd = {}

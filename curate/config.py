@@ -39,6 +39,9 @@ class JobSection:
     ray_max_retries: int = 3  # executor = "ray": re-runs of a task whose worker died (0: a re-run of the job resumes it)
     # fsspec options for an output URL (s3://...: endpoint_url, key, secret, ...), as inputs' storage_options
     storage_options: dict[str, Any] = field(default_factory=dict)
+    # Memory the global phases (dedup grouping, components) may use for their data, in GB; they
+    # split their work into as many partitions as that takes (see curate/dedup/budget.py).
+    memory_gb: float = 4.0
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\"):
@@ -57,6 +60,8 @@ class JobSection:
             raise ConfigError(f"job.workers = {self.workers!r} is invalid; allowed: an integer >= 1")
         if self.batch_rows < 1:
             raise ConfigError(f"job.batch_rows = {self.batch_rows!r} is invalid; allowed: an integer >= 1")
+        if not isinstance(self.memory_gb, (int, float)) or isinstance(self.memory_gb, bool) or not self.memory_gb > 0:
+            raise ConfigError(f"job.memory_gb = {self.memory_gb!r} is invalid; allowed: a number of GB > 0 (e.g. 4)")
 
 
 @dataclass(kw_only=True, slots=True)

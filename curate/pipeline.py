@@ -62,7 +62,7 @@ def plan_phases(job: Job) -> list[PhaseSpec]:
 
 
 # [job] keys that say where and how a job runs, not what it computes
-_NOT_THE_JOB = ("workers", "output", "executor", "keep_work", "ray_address", "ray_max_retries", "storage_options")
+_NOT_THE_JOB = ("workers", "output", "executor", "keep_work", "ray_address", "ray_max_retries", "storage_options", "memory_gb")
 
 
 def job_fingerprint(job: Job) -> str:

@@ -88,7 +88,8 @@ def build_stages(job: Job, work: WorkDir) -> list[Stage]:
     stages = []
     for sid, cls, config in job_stages(job):
         ctx = StageContext(stage_id=sid, job_name=job.job.name, output_dir=job.output_dir,
-                           plan_dir=work.plan(sid), sources=job.declared_sources, seed=job.job.seed)
+                           plan_dir=work.plan(sid), sources=job.declared_sources, seed=job.job.seed,
+                           memory_gb=job.job.memory_gb)
         stages.append(cls(config, ctx))
     return stages
 

@@ -1,8 +1,9 @@
 """``dedup.exact``: drop documents whose normalized text is identical to another's, across all sources.
 
 Each row is keyed by the 128-bit MurmurHash3 of its normalized text (two uint64 columns);
-``plan`` groups the keys of every task with polars and keeps one row per group by the
-keep policy. With 10**9 documents the chance of any 128-bit collision is about 10**-21.
+``plan`` groups the keys of every task with polars, one hash partition (``_h1 % parts``,
+as many as ``[job] memory_gb`` needs: ``curate.dedup.budget``) at a time, and keeps one row
+per group by the keep policy. With 10**9 documents the chance of any 128-bit collision is about 10**-21.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from curate.dedup.budget import EXACT_BYTES, partitions
 from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
 from curate.dedup.kernels import hash128_column
 from curate.dedup.stage import DedupBarrier
@@ -61,14 +63,17 @@ class ExactDedup(DedupBarrier):
     def plan(self, keys: pl.LazyFrame) -> Plan:
         if not self.has_keys(keys):
             return self.no_duplicates()
-        docs = keys.select(*self.DOC_COLUMNS, "_h1", "_h2").collect()
-        members = (
-            docs.filter(pl.len().over("_h1", "_h2") > 1)
-            .with_columns(pl.struct("_h1", "_h2").rank("dense").alias("_cluster"))
-            .drop("_h1", "_h2")
-        )
-        dropped = choose_keepers(members, self.config.keep)
-        n_clusters = members["_cluster"].n_unique() if members.height else 0
-        report = cluster_report(dropped, n_clusters, docs.height)
-        log.info("%s: %d exact duplicates in %d groups over %d documents", self.ctx.stage_id, dropped.height, n_clusters, docs.height)
+        n_docs = keys.select(pl.len()).collect().item()
+        # Groups are wholly inside one hash partition, so partitioning changes nothing but memory.
+        parts = partitions(n_docs, EXACT_BYTES, self.ctx.memory_gb, what=f"{self.ctx.stage_id}'s groups over {n_docs} documents")
+        dropped, n_clusters = [], 0
+        for part in range(parts):
+            scan = keys.filter(pl.col("_h1") % parts == part) if parts > 1 else keys
+            docs = scan.select(*self.DOC_COLUMNS, "_h1", "_h2").filter(pl.len().over("_h1", "_h2") > 1).collect()
+            members = docs.with_columns(pl.struct("_h1", "_h2").rank("dense").alias("_cluster")).drop("_h1", "_h2")
+            n_clusters += members["_cluster"].n_unique() if members.height else 0
+            dropped.append(choose_keepers(members, self.config.keep))
+        dropped = pl.concat(dropped).sort("id")
+        report = {**cluster_report(dropped, n_clusters, n_docs), "partitions": parts}
+        log.info("%s: %d exact duplicates in %d groups over %d documents", self.ctx.stage_id, dropped.height, n_clusters, n_docs)
         return Plan(decision_frame(dropped), report)

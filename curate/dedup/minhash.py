@@ -21,8 +21,9 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, connected_components, decision_frame
-from curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs, unpack_pairs
+from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
+from curate.dedup.grouping import group
+from curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs
 from curate.dedup.signatures import sketch_buffers
 from curate.dedup.stage import DedupBarrier
 from curate.dedup.kernels import IDENTITY, PLAIN_SEP
@@ -158,16 +159,22 @@ class MinHashDedup(DedupBarrier):
     def plan(self, keys: pl.LazyFrame) -> Plan:
         if not self.has_keys(keys):
             return self.no_duplicates()
-        docs = keys.select(*self.DOC_COLUMNS, "_nsh").collect()
-        usable = docs["_nsh"].to_numpy() > 0
-        pairs, stats = near_duplicate_pairs(keys, docs.height, usable, self.config)
-        a, b = unpack_pairs(pairs)
-        labels = connected_components(docs.height, a, b)
-        sizes = np.bincount(labels, minlength=docs.height)
-        in_cluster = sizes[labels] > 1
-        members = docs.with_columns(_cluster=pl.Series(labels)).filter(pl.Series(in_cluster))
-        dropped = choose_keepers(members, self.config.keep)
-        n_clusters = int(np.count_nonzero((sizes > 1)))
-        report = {**cluster_report(dropped, n_clusters, docs.height), **stats}
-        log.info("%s: %d near-duplicates in %d clusters over %d documents", self.ctx.stage_id, dropped.height, n_clusters, docs.height)
-        return Plan(decision_frame(dropped), report)
+        config = self.config
+        bands, rows = config.lsh_shape()
+        grouped = group(
+            keys, band_columns(bands), verify=config.verify, threshold=config.threshold, chunk_pairs=config.verify_chunk_pairs,
+            sample=config.verify_sample, seed=config.seed, memory_gb=self.ctx.memory_gb, folder=self.ctx.plan_dir / "minhash",
+            stage=self.ctx.stage_id,
+        )  # fmt: skip
+        n_docs = keys.select(pl.len()).collect().item()
+        members = (
+            keys.select(*self.DOC_COLUMNS).with_row_index("_row")
+            .join(grouped.labels.lazy(), on="_row", how="inner").drop("_row").collect()
+        )  # fmt: skip
+        dropped = choose_keepers(members, config.keep)
+        n_clusters = members["_cluster"].n_unique() if members.height else 0
+        stats = {"bands": bands, "rows": rows, "candidate_probability_at_threshold": float(candidate_probability(config.threshold, bands, rows)),
+                 **grouped.stats}  # fmt: skip
+        report = {**cluster_report(dropped, n_clusters, n_docs), **stats}
+        log.info("%s: %d near-duplicates in %d clusters over %d documents", self.ctx.stage_id, dropped.height, n_clusters, n_docs)
+        return Plan(decision_frame(dropped).sort("id"), report)

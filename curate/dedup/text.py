@@ -88,16 +88,47 @@ _TABLES = {mode: _byte_tables(mode) for mode in ("whitespace", "lower", "words")
 _TABLE_CODE_POINTS = 0x20000  # planes 0 and 1: every script in use, and the emoji
 
 
+# Unicode's White_Space property: what the regex engine's \s matches (str.isspace differs on 0x1C-0x1F).
+_WHITE_SPACE = frozenset([*range(9, 14), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+
+
 @functools.lru_cache(maxsize=None)
 def _code_point_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Per code point of planes 0 and 1: ``(class, lowered)`` as ``normalize_expr`` treats it.
 
-    Built by running the expression itself over every code point once (~0.2 s, in a process
-    whose batches have non-ASCII text), so the compiled pass agrees with it by construction. Class 0:
-    kept as ``lowered``; 1: a separator (becomes part of one space); 2: not handled here (the
-    row goes through the expression): a lowercase of several code points, surrogates, and
-    the capital sigma, whose lowercase depends on its neighbours.
+    Class 0: kept as ``lowered``; 1: a separator (becomes part of one space); 2: not handled
+    here (the row goes through the expression): code points this Python's Unicode database
+    does not assign (the regex engine's may be newer), lowercases of several code points,
+    surrogates, and the capital sigma, whose lowercase depends on its neighbours. Built from
+    ``unicodedata`` (~0.1 s, a few MB: running the expression over every code point held
+    ~90 MB of regex state in each worker); a test checks it against the expression itself.
     """
+    import unicodedata
+
+    cls = np.full(_TABLE_CODE_POINTS, 2, dtype=np.uint8)
+    lowered = np.zeros(_TABLE_CODE_POINTS, dtype=np.int32)
+    words, lower = mode == "words", mode in ("lower", "words")
+    for cp in range(_TABLE_CODE_POINTS):
+        if 0xD800 <= cp < 0xE000 or cp == 0x03A3:
+            continue
+        char = chr(cp)
+        category = unicodedata.category(char)
+        if category == "Cn":
+            continue
+        if cp in _WHITE_SPACE or (words and category[0] in "PS"):
+            cls[cp] = 1
+            continue
+        low = char.lower() if lower else char
+        if len(low) != 1:
+            continue
+        if words and unicodedata.category(low)[0] in "PS":
+            continue  # lowercased into a separator: leave it to the expression
+        cls[cp], lowered[cp] = 0, ord(low)
+    return cls, lowered
+
+
+def _expression_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """``_code_point_tables`` as the expression itself computes them (for tests: slow, and heavy on memory)."""
     cps = np.arange(_TABLE_CODE_POINTS)
     surrogate = (cps >= 0xD800) & (cps < 0xE000)
     text = "".join(map(chr, np.where(surrogate, 0x20, cps).tolist())).encode()
@@ -108,8 +139,8 @@ def _code_point_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
     lengths = out.str.len_chars().to_numpy()
     lowered = _first_code_points(*string_buffers(out))
     cls = np.where(lengths == 0, 1, np.where(lengths == 1, 0, 2)).astype(np.uint8)
-    cls[(lowered >= _TABLE_CODE_POINTS) | surrogate | (cps == 0x03A3)] = 2
-    return cls, lowered
+    cls[surrogate | (cps == 0x03A3)] = 2
+    return cls, np.where(cls == 0, lowered, 0).astype(np.int32)
 
 
 @njit(cache=True)

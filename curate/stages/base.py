@@ -56,6 +56,7 @@ class StageContext:
     plan_dir: Path  # a barrier's global artifacts (written in plan, read in apply)
     sources: tuple[str, ...]  # source names declared by the job's inputs (source_field sources appear at run time)
     seed: int = 0
+    memory_gb: float = 4.0  # [job] memory_gb: what a barrier's plan may hold (curate.dedup.budget)
 
     @property
     def artifacts_dir(self) -> Path:

@@ -105,3 +105,17 @@ def test_word_buffers_give_the_normalized_words():
         offsets, data, tables = word_buffers(series, mode)
         got = sketch_buffers(offsets, data, tables=tables, **kw)
         assert np.array_equal(want.signatures, got.signatures) and np.array_equal(want.set_values, got.set_values), mode
+
+
+def test_code_point_tables_agree_with_the_expression():
+    """The compiled normalization's per-code-point tables (from unicodedata) never disagree with polars' own."""
+    from curate.dedup.text import _code_point_tables, _expression_tables
+
+    for mode in ("lower", "words"):
+        cls, lowered = _code_point_tables(mode)
+        want_cls, want_lowered = _expression_tables(mode)
+        handled = cls != 2
+        assert handled.sum() > 80_000  # every assigned code point of planes 0-1 but a few
+        assert np.array_equal(cls[handled], want_cls[handled]), mode
+        kept = cls == 0
+        assert np.array_equal(lowered[kept], want_lowered[kept]), mode

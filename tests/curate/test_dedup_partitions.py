@@ -1,0 +1,118 @@
+"""The dedup plans within [job] memory_gb: 1 and 8 partitions give the same decisions; a budget too small is an error."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import polars as pl
+import pytest
+
+import curate.dedup.exact
+import curate.dedup.grouping
+from curate.dedup.budget import partitions
+from curate.dedup.components import components
+from curate.dedup.clusters import connected_components
+from curate.errors import ConfigError
+from curate.pipeline import run_job
+from pipelines.jobfile import load_job
+
+JOB = """
+batch_rows = 16
+memory_gb = {memory_gb}
+
+[[inputs]]
+source = "web"
+path = "{root}/*.jsonl"
+
+[[stages]]
+kind = "dedup.exact"
+
+[[stages]]
+kind = "dedup.minhash"
+
+[output]
+formats = ["parquet"]
+"""
+
+
+def _corpus(root) -> None:
+    """120 documents: exact copies, chains of one-word edits (a-b-c... linked only through neighbours), unrelated ones."""
+    rng = np.random.default_rng(3)
+    texts = [" ".join(f"w{j}" for j in rng.integers(0, 10**5, size=150)) for _ in range(60)]
+    for i in range(0, 20):
+        texts.append(texts[i])  # exact copies
+    for start in (20, 30):
+        words = texts[start].split()
+        for step in range(10):  # a chain: each edit is near the previous one, the ends are not
+            words = list(words)
+            for k in rng.choice(len(words), size=4, replace=False):
+                words[k] = f"e{step}x{k}"
+            texts.append(" ".join(words))
+    texts += ["", "   ", "one"] * 5 + ["x " * 3] * 5
+    order = rng.permutation(len(texts))
+    root.mkdir()
+    for part in range(4):
+        rows = [{"id": f"d{i:03d}", "text": texts[i]} for i in order[part::4]]
+        (root / f"p{part}.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+
+
+def _rejects(out) -> pl.DataFrame:
+    return pl.read_parquet(out / "rejects" / "*.parquet").select("id", "reason", "duplicate_of").sort("id")
+
+
+def test_one_and_eight_partitions_give_the_same_decisions(tmp_path, write_job, monkeypatch):
+    _corpus(tmp_path / "in")
+    results, reports = [], []
+    for parts in (1, 8):
+        fixed = lambda items, bytes_per_item, memory_gb, *, what, _p=parts: _p  # noqa: E731
+        monkeypatch.setattr(curate.dedup.grouping, "partitions", fixed)
+        monkeypatch.setattr(curate.dedup.exact, "partitions", fixed)
+        job = load_job(write_job(JOB.format(root=tmp_path / "in", memory_gb=4), name=f"p{parts}"))
+        manifest = run_job(job, progress=False)
+        results.append(_rejects(job.output_dir))
+        reports.append({s["id"]: s.get("report", {}) for s in manifest["stages"]})
+    assert results[0].height > 30 and set(results[0]["reason"]) == {"dedup:exact", "dedup:minhash"}
+    assert results[0].equals(results[1])
+    minhash = [r["02.dedup.minhash"] for r in reports]
+    assert minhash[1]["partitions"] == {"bands": 8, "verify": 8, "components": 8}
+    for key in ("clusters", "removed", "candidate_pairs", "verified_pairs"):
+        assert minhash[0][key] == minhash[1][key], key
+    assert reports[1]["01.dedup.exact"]["partitions"] == 8
+
+
+def test_a_budget_too_small_for_one_band_names_the_key(tmp_path, write_job):
+    _corpus(tmp_path / "in")
+    job = load_job(write_job(JOB.format(root=tmp_path / "in", memory_gb=1e-12), name="tiny"))
+    with pytest.raises(ConfigError, match=r"job\.memory_gb = 1e-12 is too small .* set job\.memory_gb to at least"):
+        run_job(job, progress=False)
+
+
+def test_memory_gb_must_be_positive(tmp_path, write_job):
+    with pytest.raises(ConfigError, match=r"job\.memory_gb = 0"):
+        load_job(write_job(JOB.format(root=tmp_path, memory_gb=0), name="zero"))
+
+
+def test_partition_count_follows_the_model():
+    assert partitions(10**6, 48, 4.0, what="x") == 1
+    assert partitions(10**9, 48, 4.0, what="x") == 12  # 48 GB over 4 GB
+    with pytest.raises(ConfigError, match="at least"):
+        partitions(10**9, 48, 1e-6, what="x")
+
+
+@pytest.mark.parametrize("parts", [1, 2, 5])
+def test_star_components_equal_union_find(tmp_path, parts):
+    rng = np.random.default_rng(parts)
+    n = 3000
+    a, b = rng.integers(0, n, 2500), rng.integers(0, n, 2500)
+    chain = np.arange(1000, 1600)  # a long path: the case label propagation needs many rounds for
+    a, b = np.r_[a, chain[:-1]], np.r_[b, chain[1:]]
+    lo, hi = np.minimum(a, b).astype(np.uint32), np.maximum(a, b).astype(np.uint32)
+    lo, hi = lo[lo != hi], hi[lo != hi]
+    files = []
+    for k, half in enumerate(np.array_split(np.arange(len(lo)), 3)):
+        files.append(str(tmp_path / f"e{k}.parquet"))
+        pl.DataFrame({"a": lo[half], "b": hi[half]}).write_parquet(files[-1])
+    labels = components(files, parts, tmp_path / "cc")
+    nodes = np.unique(np.r_[lo, hi])
+    assert np.array_equal(labels["node"].to_numpy(), nodes)
+    assert np.array_equal(labels["label"].to_numpy(), connected_components(n, lo, hi)[nodes])
