@@ -50,7 +50,7 @@ class WriteSpec:
 
 def plan_writes(job: Job, work: WorkDir, final_phase: int, final_results: list[dict]) -> list[WriteSpec]:
     """Contiguous rank ranges of whole shards (``writers.layout.write_ranges``), one write task each."""
-    files = [Path(f).relative_to(work.out).as_posix() for f in work.task_files(final_phase, SORTED_ROWS)]
+    files = [Path(f).relative_to(work.out).as_posix() for f in work.task_files(final_phase, SORTED_ROWS, fetch=False)]
     total = sum(r["rows_written"] for r in final_results)
     total_bytes = sum(r.get("rows_bytes", 0) for r in final_results)
     ranges = write_ranges(total, total_bytes, len(final_results), job.output)
@@ -69,10 +69,17 @@ def _write_range(spec: WriteSpec) -> dict[str, Any]:
     if work.exists(marker):
         return json.loads(work.read_text(marker))
     files = [work.out / f for f in spec.files]
-    for path in files:  # on a store: whole files (the row-group pruning then runs on the local copies)
-        work.fetch(path)
-    in_range = pl.col(ORDER_COLUMN).is_between(spec.lo, spec.hi, closed="left")
-    df = pl.scan_parquet([str(f) for f in files]).filter(in_range).collect().sort(ORDER_COLUMN)
+    if work.remote:  # read in place: the row groups' statistics prune what is fetched
+        import pyarrow.dataset as ds
+
+        filesystem, keys = work.arrow_files(files)
+        order = ds.field(ORDER_COLUMN)
+        table = ds.dataset(keys, format="parquet", filesystem=filesystem).to_table(
+            filter=(order >= spec.lo) & (order < spec.hi))
+        df = pl.from_arrow(table).sort(ORDER_COLUMN)
+    else:
+        in_range = pl.col(ORDER_COLUMN).is_between(spec.lo, spec.hi, closed="left")
+        df = pl.scan_parquet([str(f) for f in files]).filter(in_range).collect().sort(ORDER_COLUMN)
     ranks = df[ORDER_COLUMN]
     if df.height != spec.hi - spec.lo or (df.height and (ranks[0] != spec.lo or ranks[-1] != spec.hi - 1)):
         raise StageError(

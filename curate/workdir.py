@@ -190,10 +190,11 @@ class WorkDir:
         """A finished map task's folder; it exists only once the task is complete."""
         return self.phase(phase) / task_name(task)
 
-    def task_files(self, phase: int, name: str) -> list[str]:
+    def task_files(self, phase: int, name: str, *, fetch: bool = True) -> list[str]:
         """Every finished task's ``name`` file of a phase, in task order (for ``pl.scan_parquet``).
 
-        On a store: only the files of marked task folders, fetched into the local folder.
+        On a store: only the files of marked task folders, fetched into the local folder (unless
+        ``fetch`` is false: the caller reads them in place, e.g. through ``arrow_files``).
         """
         if not self.remote:
             return sorted(str(p) for p in self.phase(phase).glob(f"task-*/{name}"))
@@ -201,7 +202,7 @@ class WorkDir:
         done = {rel.split("/")[0] for rel in listed if rel.endswith(f"/{TASK_MARKER}") and rel.count("/") == 1}
         files = [self.phase(phase) / rel for rel in listed if rel.count("/") == 1 and rel.split("/")[0] in done
                  and rel.split("/")[1] == name and rel.startswith("task-")]
-        for path in files:
+        for path in files if fetch else ():
             self.fetch(path)
         return sorted(str(p) for p in files)
 
@@ -325,6 +326,15 @@ class WorkDir:
                 self._get(f"{self.url(plan)}/{rel}", plan / rel)
         if task is not None:
             self.fetch(self.decision(stage_id, task), missing_ok=True)
+
+    def arrow_files(self, paths: list[Path]) -> tuple[Any, list[str]]:
+        """A pyarrow filesystem and the paths to open ``paths`` through it in place (reads ranges, not whole files)."""
+        if not self.remote:
+            return None, [str(p) for p in paths]
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+        fs = self.fs
+        return PyFileSystem(FSSpecHandler(fs)), [fs._strip_protocol(self.url(p)) for p in paths]
 
     def remove(self, path: Path) -> None:
         """Delete a file or folder here and, on a store, under its key (a missing one is fine)."""
