@@ -126,7 +126,7 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
 
     teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
     model = Transformer(model_cfg, activation_checkpointing=cfg.activation_checkpointing,
-                        experts=parallel.expert_shard(model_cfg.n_experts))
+                        experts=parallel.expert_shard(model_cfg.n_experts), tensor=parallel.tensor_shard(model_cfg))
     return Trainer(cfg, model=model, data=data, sources=data.sources, run_dir=run_dir,
                    device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init,
                    progress=TrainProgress(total=cfg.steps, enabled=progress))

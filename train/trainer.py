@@ -66,6 +66,9 @@ class Trainer:
         self.model = model.to(device)
         self.parallel = parallel or Parallel.local(device)
         self.net = self.parallel.wrap(self.model)  # what forward runs through (DDP/FSDP2); self.model stays bare
+        if cfg.optim.name == "lamb" and self.parallel.tp_layouts:
+            raise ConfigError("train.optim.name = 'lamb' with train.parallel.tp > 1: LAMB's trust ratio needs each "
+                              "whole parameter's norm and every tp rank holds a part of the split ones; use 'adamw'")
         self.teacher = teacher.to(device).eval() if teacher is not None else None
         self.data, self._batches = data, iter(data)
         self.val_data = val_data

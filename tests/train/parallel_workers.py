@@ -42,7 +42,8 @@ def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, mod
                       checkpoint={"every": 0, "resume": resume}, model=model or {})
     torch.manual_seed(cfg.seed)
     data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size)
-    model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts))
+    model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts),
+                        tensor=parallel.tensor_shard(cfg.model))
     return Trainer(cfg, model=model, data=data, sources=SOURCES, run_dir=run_dir,
                    device=torch.device("cpu"), parallel=parallel)
 

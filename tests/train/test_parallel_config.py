@@ -24,7 +24,8 @@ def test_bad_values_name_the_key(kw, key):
     ({"dp_shard": -1}, 4, MeshDims(dp_shard=4)),  # FSDP2 over every rank
     ({"dp_shard": -1, "dp_replicate": 2}, 8, MeshDims(dp_replicate=2, dp_shard=4)),  # HSDP
     ({"tp": 2}, 4, MeshDims(dp_replicate=2, tp=2)),  # DDP x TP
-    ({"tp": 2, "pp": 2, "dp_shard": -1}, 8, MeshDims(dp_shard=2, tp=2, pp=2)),
+    ({"tp": 2, "pp": 2}, 8, MeshDims(dp_replicate=2, tp=2, pp=2)),
+    ({"tp": 2, "ep": 2}, 8, MeshDims(dp_replicate=4, tp=2, ep=2)),
     ({"ep": 2}, 4, MeshDims(dp_replicate=4, ep=2)),  # ep borrows from the dp ranks
     ({"dp_replicate": 1}, 1, MeshDims()),
 ])
@@ -50,6 +51,11 @@ def test_a_product_that_misses_the_world_says_so():
 def test_expert_parallel_must_fit_the_dp_ranks_and_the_experts(kw, world, experts, why):
     with pytest.raises(ConfigError, match=f"train.parallel.ep = {kw['ep']} .*{why}"):
         ParallelConfig(**kw).resolve(world, n_experts=experts)
+
+
+def test_fsdp_by_tensor_parallel_is_refused_for_now():
+    with pytest.raises(ConfigError, match=r"train.parallel.tp = 2 .*dp_shard = 2 \(FSDP2 x tensor parallel"):
+        ParallelConfig(tp=2, dp_shard=-1).resolve(4)
 
 
 def test_tensor_parallel_without_torchrun_is_refused(monkeypatch):

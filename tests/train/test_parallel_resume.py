@@ -21,6 +21,11 @@ def _reference(tmp_path):
     return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=2, steps=6))
 
 
+def _job(layout: dict) -> dict:
+    """The 2-process job for ``layout``; under tp = 2 the one dp rank accumulates both micro-batches."""
+    return {"parallel": layout, "grad_accum": 2 if layout.get("tp", 1) == 2 else 1}
+
+
 def _first_half(tmp_path, layout) -> list[float]:
     """Train 3 of 6 steps on ``layout`` and checkpoint (a preempted run); its losses."""
     if layout is LOCAL:
@@ -28,7 +33,7 @@ def _first_half(tmp_path, layout) -> list[float]:
         losses = [trainer.train_step().loss for _ in range(3)]
         trainer.save_checkpoint()
         return losses
-    return spawn({"run_dir": str(tmp_path / "run"), "steps": 6, "stop_after": 3, "parallel": layout},
+    return spawn({"run_dir": str(tmp_path / "run"), "steps": 6, "stop_after": 3, **_job(layout)},
                  tmp_path / "first.json")["losses"]
 
 
@@ -38,7 +43,7 @@ def _second_half(tmp_path, layout) -> dict:
                         resume=True)
         resumed.model.reset_parameters()  # the checkpoint must win over fresh weights
         return fit(resumed)
-    return spawn({"run_dir": str(tmp_path / "run"), "steps": 6, "resume": True, "parallel": layout},
+    return spawn({"run_dir": str(tmp_path / "run"), "steps": 6, "resume": True, **_job(layout)},
                  tmp_path / "second.json")
 
 
@@ -47,7 +52,9 @@ def _second_half(tmp_path, layout) -> dict:
     ({"dp_shard": -1}, LOCAL),  # FSDP2 on 2 -> 1
     (LOCAL, {"dp_shard": -1}),  # 1 -> FSDP2 on 2
     ({"dp_shard": -1}, {"ep": 2}),  # FSDP2 -> DDP x EP: full-shard DTensors read back as expert shards
-], ids=["ddp+ep-to-1", "fsdp-to-1", "1-to-fsdp", "fsdp-to-ddp+ep"])
+    ({"tp": 2}, LOCAL),  # TP 2 -> 1: the split weights were saved whole
+    (LOCAL, {"tp": 2}),  # 1 -> TP 2: each rank keeps its part of the whole tensors
+], ids=["ddp+ep-to-1", "fsdp-to-1", "1-to-fsdp", "fsdp-to-ddp+ep", "tp-to-1", "1-to-tp"])
 def test_a_checkpoint_resumes_on_another_mesh_with_the_uninterrupted_losses(tmp_path, saved, resumed):
     torch.set_num_threads(1)
     ref = _reference(tmp_path)

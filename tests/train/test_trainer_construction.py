@@ -10,9 +10,14 @@ from train.data.batch import Batch
 from train.errors import CheckpointError, ConfigError
 from train.model import ModelConfig, Transformer
 from train.model.moe import ExpertShard
-from train.parallel.expert_parallel import sharded_expert_names
+from train.model.tensor_shard import TensorShard
+from train.optim import OptimConfig
+from train.parallel import Parallel, ParallelConfig
+from train.parallel.comm import CommTimer
 from train.parallel.config import MeshDims
+from train.parallel.expert_parallel import sharded_expert_names
 from train.parallel.mesh import World
+from train.parallel.tensor_parallel import split_layouts, tensor_shard
 from train.trainer import Trainer
 
 MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=8, n_experts=4, top_k=1, max_seq_len=16)
@@ -77,3 +82,59 @@ def test_a_sharded_model_starts_from_its_slice_of_the_unsharded_weights():
     torch.testing.assert_close(sharded.blocks[0].ffn.w13_ED2F, full.blocks[0].ffn.w13_ED2F[2:4])
     torch.testing.assert_close(sharded.blocks[0].ffn.w2_EFD, full.blocks[0].ffn.w2_EFD[2:4])
     torch.testing.assert_close(sharded.blocks[0].attn.wq.weight, full.blocks[0].attn.wq.weight)
+
+
+def _tp_world(rank: int = 1, tp: int = 2) -> World:
+    return World(rank=rank, size=tp, local_rank=rank, device=torch.device("cpu"), dims=MeshDims(dp_replicate=1, tp=tp))
+
+
+def test_tensor_parallel_refuses_a_model_built_without_its_shard():
+    with pytest.raises(ConfigError, match=r"tp = 2: the model's Attention 'blocks.0.attn' was not built for it"):
+        split_layouts(Transformer(MODEL), _tp_world())
+
+
+def test_tensor_parallel_must_divide_heads_and_hidden_widths():
+    with pytest.raises(ConfigError, match=r"train.parallel.tp = 4 does not divide train.model.n_heads = 2"):
+        tensor_shard(_tp_world(tp=4), CommTimer(), MODEL)
+
+
+def test_a_tensor_parallel_model_starts_from_its_part_of_the_unsplit_weights():
+    shard = TensorShard(rank=1, size=2, enter=lambda x: x, leave=lambda x: x)
+    torch.manual_seed(0)
+    full = Transformer(MODEL)
+    torch.manual_seed(0)
+    split = Transformer(MODEL, tensor=shard)
+    assert sorted(split_layouts(split, _tp_world())) == ["blocks.0.attn.wkv.weight", "blocks.0.attn.wo.weight",
+                                                         "blocks.0.attn.wq.weight", "blocks.0.ffn.w13_ED2F",
+                                                         "blocks.0.ffn.w2_EFD"]
+    a, b = full.blocks[0], split.blocks[0]
+    torch.testing.assert_close(b.attn.wq.weight, a.attn.wq.weight[8:])  # the second of 2 heads (width 8)
+    k, v = a.attn.wkv.weight.chunk(2)
+    torch.testing.assert_close(b.attn.wkv.weight, torch.cat([k[8:], v[8:]]))
+    torch.testing.assert_close(b.attn.wo.weight, a.attn.wo.weight[:, 8:])
+    gate, up = a.ffn.w13_ED2F.chunk(2, dim=2)  # every expert keeps its second half of the gate and of the up columns
+    torch.testing.assert_close(b.ffn.w13_ED2F, torch.cat([gate[..., 4:], up[..., 4:]], dim=2))
+    torch.testing.assert_close(b.ffn.w2_EFD, a.ffn.w2_EFD[:, 4:])
+    torch.testing.assert_close(b.ffn.router.gate.weight, a.ffn.router.gate.weight)  # the router stays whole
+
+
+def test_lamb_is_refused_under_tensor_parallelism(tmp_path):
+    shard = TensorShard(rank=1, size=2, enter=lambda x: x, leave=lambda x: x)
+    cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0, optim=OptimConfig(name="lamb"),
+                      data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0))
+    parallel = Parallel(ParallelConfig(tp=2), _tp_world())
+    with pytest.raises(ConfigError, match=r"train.optim.name = 'lamb' with train.parallel.tp > 1"):
+        Trainer(cfg, model=Transformer(MODEL, tensor=shard), data=ClosingBatches(_batch()), sources=["a"],
+                run_dir=tmp_path, device=torch.device("cpu"), parallel=parallel)
+
+
+def test_attribution_is_refused_under_tensor_parallelism():
+    from train.attribution import AttributionConfig
+    from train.attribution.estimator import SourceAttribution
+
+    model = Transformer(MODEL, tensor=TensorShard(rank=1, size=2, enter=lambda x: x, leave=lambda x: x))
+    parallel = Parallel(ParallelConfig(tp=2), _tp_world())
+    parallel.wrap(model)
+    with pytest.raises(ConfigError, match=r"train.attribution needs every rank to hold all parameters.*tp = 1"):
+        SourceAttribution(AttributionConfig(), model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                          sources=["a"], val_data=lambda: [], device=torch.device("cpu"), parallel=parallel)

@@ -55,9 +55,10 @@ class SourceAttribution:
     def __init__(self, cfg: AttributionConfig, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  sources: Sequence[str], val_data: Callable[[], Iterable], device: torch.device,
                  parallel=None) -> None:
-        if parallel is not None and (parallel.fsdp or parallel.experts):
+        if parallel is not None and (parallel.fsdp or parallel.experts or parallel.tp_layouts):
             raise ConfigError("train.attribution needs every rank to hold all parameters: use data parallelism "
-                              "without dp_shard or expert parallelism (train.parallel.dp_shard = 1, ep = 1), or set train.attribution.every = 0")
+                              "without dp_shard, expert or tensor parallelism (train.parallel.dp_shard = 1, ep = 1, "
+                              "tp = 1), or set train.attribution.every = 0")
         self.cfg, self.model, self.device = cfg, model, device
         self.sources = list(sources)
         self._val_data = val_data

@@ -11,6 +11,7 @@ from torch import nn
 
 from train.model.config import ModelConfig
 from train.model.split import norm_weight_parts, project, tracking
+from train.model.tensor_shard import ATTENTION_LAYOUT, SWIGLU_LAYOUT, TensorShard, keep_local
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -117,20 +118,32 @@ def document_mask(doc_ids_BL: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Causal multi-head (optionally grouped-query) attention through ``scaled_dot_product_attention``."""
+    """Causal multi-head (optionally grouped-query) attention through ``scaled_dot_product_attention``.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    Under tensor parallelism (``tensor``) this rank runs H / size query heads and G / size kv heads:
+    the weights are built whole (so initialization matches the unsplit model) and cut to this rank's
+    heads by ``keep_local_shards``.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, tensor: TensorShard | None = None) -> None:
         super().__init__()
-        self.n_heads, self.n_kv = cfg.n_heads, cfg.kv_heads
+        self.tp = tensor if tensor is not None and tensor.size > 1 else None
+        split = self.tp.size if self.tp else 1
         self.head_dim = cfg.dim // cfg.n_heads
-        self.wq = nn.Linear(cfg.dim, self.n_heads * self.head_dim, bias=False)
-        self.wkv = nn.Linear(cfg.dim, 2 * self.n_kv * self.head_dim, bias=False)
-        self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=False)
+        self.n_heads, self.n_kv = cfg.n_heads // split, cfg.kv_heads // split  # this rank's heads
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
+        self.wkv = nn.Linear(cfg.dim, 2 * cfg.kv_heads * self.head_dim, bias=False)  # [k heads | v heads]
+        self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
         self.rotary = Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.dropout = cfg.dropout
 
+    def keep_local_shards(self) -> None:
+        keep_local(self, ATTENTION_LAYOUT, self.tp)
+
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> torch.Tensor:
         B, L, _ = x_BLD.shape
+        if self.tp is not None:
+            x_BLD = self.tp.enter(x_BLD)
         # rotate in the (B, L, H, C) layout the projections produce: contiguous elementwise work
         q_BLHC = self.rotary(project(self.wq, x_BLD).view(B, L, self.n_heads, self.head_dim))
         k_BLGC, v_BLGC = project(self.wkv, x_BLD).view(B, L, 2, self.n_kv, self.head_dim).unbind(2)
@@ -143,7 +156,8 @@ class Attention(nn.Module):
             attn_mask=mask_B1LL, is_causal=mask_B1LL is None,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return project(self.wo, out_BHLC.transpose(1, 2).reshape(B, L, -1))
+        out_BLD = project(self.wo, out_BHLC.transpose(1, 2).reshape(B, L, -1))
+        return out_BLD if self.tp is None else self.tp.leave(out_BLD)
 
 
 class _SwiGLUActivation(torch.autograd.Function):
@@ -176,12 +190,22 @@ def swiglu(h_2F: torch.Tensor) -> torch.Tensor:
 
 
 class SwiGLU(nn.Module):
-    """The gated feed-forward block (https://arxiv.org/abs/2002.05202): w2(silu(w1 x) * w3 x)."""
+    """The gated feed-forward block (https://arxiv.org/abs/2002.05202): w2(silu(w1 x) * w3 x).
 
-    def __init__(self, dim: int, hidden: int) -> None:
+    Under tensor parallelism each rank keeps hidden / size columns of the gate and the up projection
+    and the matching rows of w2 (``keep_local_shards``); the partial outputs are summed on ``leave``.
+    """
+
+    def __init__(self, dim: int, hidden: int, *, tensor: TensorShard | None = None) -> None:
         super().__init__()
-        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)  # one matmul for gate and up
+        self.tp = tensor if tensor is not None and tensor.size > 1 else None
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)  # one matmul for gate and up: [gate | up]
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
+    def keep_local_shards(self) -> None:
+        keep_local(self, SWIGLU_LAYOUT, self.tp)
+
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        return project(self.w2, swiglu(project(self.w13, x_TD)))
+        if self.tp is None:
+            return project(self.w2, swiglu(project(self.w13, x_TD)))
+        return self.tp.leave(project(self.w2, swiglu(project(self.w13, self.tp.enter(x_TD)))))

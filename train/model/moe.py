@@ -21,6 +21,7 @@ from torch import nn
 from train.model.config import ModelConfig
 from train.model.layers import SwiGLU, swiglu
 from train.model.split import active, expert_mm, linear, tracking
+from train.model.tensor_shard import EXPERTS_LAYOUT, TensorShard, keep_local
 
 
 class MoEStats(NamedTuple):
@@ -157,15 +158,19 @@ class Router(nn.Module):
 class MoE(nn.Module):
     """Routed SwiGLU experts (plus optional shared experts), dropless unless a capacity factor is set."""
 
-    def __init__(self, cfg: ModelConfig, *, experts: ExpertShard | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, *, experts: ExpertShard | None = None,
+                 tensor: TensorShard | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.shard = experts
+        # tensor parallel: every expert's hidden width F split over the ranks (each runs its columns of
+        # every expert; the partial outputs are summed on ``leave``); the router sees the full hidden state
+        self.tp = tensor if tensor is not None and tensor.size > 1 else None
         self.router = Router(cfg)
         E, D, F_ = cfg.n_experts, cfg.dim, cfg.ffn_hidden
         self.w13_ED2F = nn.Parameter(torch.empty(E, D, 2 * F_))  # gate and up, side by side
         self.w2_EFD = nn.Parameter(torch.empty(E, F_, D))
-        self.shared = SwiGLU(D, F_ * cfg.n_shared_experts) if cfg.n_shared_experts else None
+        self.shared = SwiGLU(D, F_ * cfg.n_shared_experts, tensor=tensor) if cfg.n_shared_experts else None
         # under expert parallelism (x_AD, counts_E, compute) -> y_AD runs the experts on the ranks
         # holding them; None: every expert is local
         self.dispatch = experts.dispatch if experts is not None else None
@@ -180,6 +185,10 @@ class MoE(nn.Module):
         lo = self.shard.rank * local
         self.w13_ED2F = nn.Parameter(self.w13_ED2F[lo:lo + local].clone())
         self.w2_EFD = nn.Parameter(self.w2_EFD[lo:lo + local].clone())
+
+    def keep_local_shards(self) -> None:
+        """Keep this rank's columns of every expert under tensor parallelism (after ``keep_local_experts``)."""
+        keep_local(self, EXPERTS_LAYOUT, self.tp)
 
     def compute_experts(self, x_AD: torch.Tensor, counts_E: torch.Tensor,
                         source_A: torch.Tensor | None = None) -> torch.Tensor:
@@ -207,14 +216,20 @@ class MoE(nn.Module):
         token_A = order_A // K
 
         dtype = _autocast_dtype(x_TD)
-        x_AD = x_TD.index_select(0, token_A).to(dtype)  # backward: index_add, cheaper than index_put
+        # the experts' input crosses into the tensor-parallel region; the router's does not (it is replicated)
+        x_in_TD = x_TD if self.tp is None else self.tp.enter(x_TD)
+        x_AD = x_in_TD.index_select(0, token_A).to(dtype)  # backward: index_add, cheaper than index_put
         if self.dispatch is None:
             split = active()  # splitting gradients by source: each assignment's source
             y_AD = self.compute_experts(x_AD, counts_E, None if split is None else split.src_T.index_select(0, token_A))
         else:
             y_AD = self.dispatch(x_AD, counts_E, self.compute_experts)
+        if self.tp is not None:  # y_AD is this rank's partial sum: the weights' gradient is summed over the ranks
+            weights_TK = self.tp.enter(weights_TK)
         y_AD = y_AD * weights_TK.reshape(-1)[order_A, None].to(y_AD.dtype)
         out_TD = y_AD.new_zeros(T, x_TD.shape[1]).index_add_(0, token_A, y_AD)
+        if self.tp is not None:  # sum the ranks' partial expert outputs: (T, D), cheaper than (A, D)
+            out_TD = self.tp.leave(out_TD)
         if self.shared is not None:
             out_TD = out_TD + self.shared(x_TD)
 

@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from train.model.config import ModelConfig
 from train.model.layers import Attention, RMSNorm, SwiGLU, document_mask
 from train.model.moe import ExpertShard, MoE, MoEStats
+from train.model.tensor_shard import TensorShard
 from train.model.split import hook_embedding, project
 
 
@@ -30,12 +31,14 @@ class ModelOutput:
 class Block(nn.Module):
     """One pre-norm transformer block; its feed-forward is dense or Mixture-of-Experts."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, *, experts: ExpertShard | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, *, experts: ExpertShard | None = None,
+                 tensor: TensorShard | None = None) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, tensor=tensor)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn = MoE(cfg, experts=experts) if cfg.is_moe_layer(layer) else SwiGLU(cfg.dim, cfg.dense_hidden or cfg.ffn_hidden)
+        self.ffn = (MoE(cfg, experts=experts, tensor=tensor) if cfg.is_moe_layer(layer)
+                    else SwiGLU(cfg.dim, cfg.dense_hidden or cfg.ffn_hidden, tensor=tensor))
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> tuple[torch.Tensor, MoEStats | None]:
@@ -51,16 +54,20 @@ class Transformer(nn.Module):
     """The language model. ``forward(tokens)`` returns a ``ModelOutput``; the loss is the trainer's business.
 
     ``activation_checkpointing`` recomputes each block's activations in the backward pass (training
-    only); ``experts`` shards every MoE layer's experts over the expert-parallel ranks.
+    only); ``experts`` shards every MoE layer's experts over the expert-parallel ranks and ``tensor``
+    splits attention heads, FFN and expert hidden widths over the tensor-parallel ranks. Either way
+    the full model is initialized first and each rank keeps its part, so every layout starts from
+    the one-process weights.
     """
 
     def __init__(self, cfg: ModelConfig, *, activation_checkpointing: bool = False,
-                 experts: ExpertShard | None = None) -> None:
+                 experts: ExpertShard | None = None, tensor: TensorShard | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.activation_checkpointing = activation_checkpointing
+        self.tensor = tensor if tensor is not None and tensor.size > 1 else None
         self.embed = nn.Embedding(cfg.padded_vocab, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg, i, experts=experts) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, experts=experts, tensor=tensor) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
@@ -68,6 +75,9 @@ class Transformer(nn.Module):
         self.reset_parameters()
         for moe in self.moe_layers():
             moe.keep_local_experts()
+        for module in self.modules():
+            if hasattr(module, "keep_local_shards"):
+                module.keep_local_shards()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -1,8 +1,8 @@
 """Model and optimizer state in any layout, saved so that N-rank checkpoints resume on M ranks.
 
 Checkpoints (``save_sharded``/``load_shards``): every rank writes the shards it holds into the
-checkpoint's DCP folder (``train.dcp``) under the one-process model's names — FSDP2's and
-tensor parallelism's DTensors as they are, the experts an expert-parallel rank holds as a
+checkpoint's DCP folder (``train.dcp``) under the one-process model's names — FSDP2's DTensors
+as they are, tensor parallelism's split weights joined into whole tensors, the experts an expert-parallel rank holds as a
 DTensor sharded along the expert dimension over ``ep`` (replicated over the ranks holding the
 same experts), replicated tensors once. Loading builds the same state dict for the new layout and
 lets DCP read each rank's part of every global tensor, so a run saved on one mesh resumes on
@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from train import dcp
 from train.checkpoint import PREFIX, SHARDS_DIR, CheckpointManager
 from train.errors import CheckpointError
+from train.parallel import tensor_parallel
 from train.parallel.expert_parallel import gather_experts, local_slice
 from train.parallel.mesh import World
 
@@ -36,27 +37,48 @@ def _is_sharded(value) -> bool:
     return isinstance(value, torch.Tensor) and value.ndim > 0
 
 
-def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str]) -> dict:
+def _full(name: str, tensor: torch.Tensor, world: World, experts: list[str], tp: dict) -> torch.Tensor:
+    """The one-process tensor from this rank's part: joined over ``tp`` (its layout), then over ``ep`` (rows)."""
+    if name in tp:
+        tensor = tensor_parallel.gather(tensor, tp[name], world)
+    return gather_experts(tensor, world) if name in experts else tensor
+
+
+def _part(name: str, tensor: torch.Tensor, world: World, experts: list[str], tp: dict) -> torch.Tensor:
+    """This rank's part of a one-process tensor (the inverse of ``_full``)."""
+    if name in experts:
+        tensor = local_slice(tensor, world)
+    return tensor_parallel.local(tensor, tp[name], world) if name in tp else tensor
+
+
+def _map_optim(state: dict, names, fn) -> None:
+    """Apply ``fn(name, tensor)`` to every non-scalar optimizer entry of the parameters ``names``, in place."""
+    for name in dict.fromkeys(names):
+        per_param = state["state"].get(name, {})
+        for key, value in per_param.items():
+            if _is_sharded(value):
+                per_param[key] = fn(name, value)
+
+
+def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str], tp: dict | None = None) -> dict:
     """The one-process model's state dict, on the CPU (complete on rank 0 at least)."""
     if fsdp:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    tp = tp or {}
     state = model.state_dict()
-    for name in experts:
-        state[name] = gather_experts(state[name], world)
+    for name in dict.fromkeys([*experts, *tp]):
+        state[name] = _full(name, state[name], world, experts, tp)
     return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, fsdp: bool,
-                experts: list[str]) -> dict:
+                experts: list[str], tp: dict | None = None) -> dict:
     """The optimizer state keyed by parameter name, full tensors, on the CPU."""
     if fsdp:
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    tp = tp or {}
     state = get_optimizer_state_dict(model, optimizer)
-    for name in experts:
-        per_param = state["state"].get(name, {})
-        for key, value in per_param.items():
-            if _is_sharded(value):
-                per_param[key] = gather_experts(value, world)
+    _map_optim(state, [*experts, *tp], lambda name, value: _full(name, value, world, experts, tp))
     return _to_cpu(state)
 
 
@@ -70,30 +92,29 @@ def _to_cpu(obj):
     return obj
 
 
-def load_model_state(model: nn.Module, state: dict, world: World, *, fsdp: bool, experts: list[str]) -> None:
+def load_model_state(model: nn.Module, state: dict, world: World, *, fsdp: bool, experts: list[str],
+                     tp: dict | None = None) -> None:
     if fsdp:
         set_model_state_dict(model, state, options=_FULL)
         return
+    tp = tp or {}
     state = dict(state)
-    for name in experts:
-        state[name] = local_slice(state[name], world)
+    for name in dict.fromkeys([*experts, *tp]):
+        state[name] = _part(name, state[name], world, experts, tp)
     model.load_state_dict(state)
 
 
 def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, world: World, *, fsdp: bool,
-                     experts: list[str]) -> None:
+                     experts: list[str], tp: dict | None = None) -> None:
     if state.get("state") and all(isinstance(k, int) for k in state["state"]):
         optimizer.load_state_dict(state)  # saved by a one-process run before name-keyed optimizer state
         return
     if fsdp:
         set_optimizer_state_dict(model, optimizer, state, options=_FULL)
         return
+    tp = tp or {}
     state = {"state": {k: dict(v) for k, v in state["state"].items()}, "param_groups": state["param_groups"]}
-    for name in experts:
-        per_param = state["state"].get(name, {})
-        for key, value in per_param.items():
-            if _is_sharded(value):
-                per_param[key] = local_slice(value, world)
+    _map_optim(state, [*experts, *tp], lambda name, value: _part(name, value, world, experts, tp))
     set_optimizer_state_dict(model, optimizer, state)
 
 
@@ -106,13 +127,20 @@ def _expert_dtensor(local: torch.Tensor, world: World):
 
 
 def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *,
-                experts: list[str]) -> tuple[dict, list]:
+                experts: list[str], tp: dict | None = None) -> tuple[dict, list]:
     """(this rank's tensors for the DCP folder: ``model`` and ``optimizer.state``; the optimizer's param groups).
 
-    The tensors share storage with the model and optimizer, so ``dcp.load`` into them loads in place.
+    The tensors share storage with the model and optimizer, so ``dcp.load`` into them loads in place;
+    except the tensor-parallel ones, joined over ``tp`` into whole (new) tensors (``load_shards``
+    keeps this rank's part): the fused projections' parts are no single block of the whole tensor,
+    which a DCP chunk must be, and whole tensors resume on any tp degree.
     """
+    tp = tp or {}
     model_sd = get_model_state_dict(model)
     optim_sd = get_optimizer_state_dict(model, optimizer)  # creates the moments of a fresh optimizer (DCP needs targets)
+    for name in tp:
+        model_sd[name] = tensor_parallel.gather(model_sd[name], tp[name], world)
+    _map_optim(optim_sd, tp, lambda name, value: tensor_parallel.gather(value, tp[name], world))
     for name in experts:
         model_sd[name] = _expert_dtensor(model_sd[name], world)
         per_param = optim_sd["state"].get(name, {})
@@ -123,9 +151,10 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World
 
 
 def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, param_groups: list, world: World, *,
-                experts: list[str]) -> None:
+                experts: list[str], tp: dict | None = None) -> None:
     """Read this rank's part of a checkpoint's shards (saved on any mesh) into the model and optimizer."""
-    shards, _ = shard_state(model, optimizer, world, experts=experts)
+    tp = tp or {}
+    shards, _ = shard_state(model, optimizer, world, experts=experts, tp=tp)
     dcp.load(shards, folder)
     for name in experts:  # the expert DTensors wrap the local tensors: unwrap before handing them back
         shards["model"][name] = shards["model"][name].to_local()
@@ -133,6 +162,9 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
         for key, value in per_param.items():
             if _is_sharded(value):
                 per_param[key] = value.to_local()
+    for name in tp:  # whole tensors: keep this tp rank's part
+        shards["model"][name] = tensor_parallel.local(shards["model"][name], tp[name], world)
+    _map_optim(shards["optimizer"], tp, lambda name, value: tensor_parallel.local(value, tp[name], world))
     set_model_state_dict(model, shards["model"])
     set_optimizer_state_dict(model, optimizer, {"state": shards["optimizer"]["state"], "param_groups": param_groups})
 

@@ -20,7 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 from train.checkpoint import CheckpointManager
 from train.errors import ConfigError
 from train.metrics import MetricsConfig, MetricsWriter
+from train.model import ModelConfig
 from train.model.moe import ExpertShard
+from train.model.tensor_shard import TensorShard
 from train.parallel import checkpoint as ckpt
 from train.parallel.comm import CommTimer
 from train.parallel.config import ParallelConfig
@@ -28,6 +30,7 @@ from train.parallel.data_parallel import apply_fsdp, wrap_ddp
 from train.parallel.expert_parallel import expert_parameters, expert_shard, sharded_expert_names, sync_expert_grads
 from train.parallel.mesh import World, init_world
 from train.parallel.reduce import Reducer
+from train.parallel.tensor_parallel import split_layouts, tensor_shard
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ class Parallel:
         self.reducer = Reducer(world, self.comm)
         self.experts: list[str] = []  # names of parameters sharded over the ep group
         self._expert_params: list[nn.Parameter] = []
+        self.tp_layouts: dict[str, tuple[int, int]] = {}  # parameters split over the tp group -> (dim, parts)
+        self._tp_params: list[nn.Parameter] = []
         self._reduce_load = False
 
     @classmethod
@@ -80,24 +85,34 @@ class Parallel:
         """This rank's share of the experts, for ``Transformer(cfg, experts=...)``; None without expert parallelism."""
         return expert_shard(self.world, self.comm, n_experts)
 
+    def tensor_shard(self, cfg: ModelConfig) -> TensorShard | None:
+        """This rank's tensor-parallel part, for ``Transformer(cfg, tensor=...)``; None without tensor parallelism."""
+        return tensor_shard(self.world, self.comm, cfg)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """DDP or FSDP2; returns the module to call forward on (``model`` stays the bare one).
 
-        Under expert parallelism the model must have been built with ``experts=self.expert_shard(...)``.
+        Under expert parallelism the model must have been built with ``experts=self.expert_shard(...)``,
+        under tensor parallelism with ``tensor=self.tensor_shard(cfg)``. DDP runs over the ``dp`` group
+        (none when it is one rank): ranks of one tp group hold different parts and share their batches.
         """
         self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and self.world.dp_size > 1
         if not self.world.distributed:
             return model
         dims = self.world.dims
-        for key, degree in (("tp", dims.tp), ("pp", dims.pp)):
-            if degree > 1:
-                raise ConfigError(f"train.parallel.{key} = {degree}: this build's trainer does not wrap the model for "
-                                  f"it yet; leave {key} = 1")
+        if dims.pp > 1:
+            raise ConfigError(f"train.parallel.pp = {dims.pp}: this build's trainer does not wrap the model for "
+                              "it yet; leave pp = 1")
         if self.world.ep_size > 1:
             self.experts = sharded_expert_names(model, self.world)
             self._expert_params = expert_parameters(model, self.experts)
+        if self.world.tp_size > 1:
+            self.tp_layouts = split_layouts(model, self.world)
+            self._tp_params = expert_parameters(model, list(self.tp_layouts))
         if self.fsdp:
             return apply_fsdp(model, self.world, self.cfg, self.comm)
+        if self.world.dp_size == 1:
+            return model
         return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
 
     def grad_sync(self, net: nn.Module, *, last: bool):
@@ -122,18 +137,39 @@ class Parallel:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
         if self._expert_params:
             sync_expert_grads(self._expert_params, self.world, self.comm)
-        sharded = {id(p) for p in self._expert_params}
-        dense = [p.grad for p in params if id(p) not in sharded]
-        norm = torch.nn.utils.get_total_norm(dense)
-        if hasattr(norm, "full_tensor"):  # FSDP2: a partial DTensor norm, summed over the shards
-            norm = norm.full_tensor()
-        if self._expert_params:
-            expert_sq = torch.nn.utils.get_total_norm([p.grad for p in self._expert_params]).pow(2)
-            with self.comm.blocking(expert_sq.element_size()):
-                dist.all_reduce(expert_sq, group=self.world.ep_group)
-            norm = (norm.pow(2) + expert_sq).sqrt()
+        norm = self._grad_norm_sq(params).sqrt()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return norm
+
+    def _grad_norm_sq(self, params: list[nn.Parameter]) -> torch.Tensor:
+        """The squared global gradient norm: each part's squares summed over the groups it is split over.
+
+        Parameters fall into four kinds: whole on every rank, split over ``ep`` (experts), over ``tp``,
+        or over both; FSDP2's sharded gradients give a partial DTensor norm, summed by ``full_tensor``.
+        """
+        on_ep, on_tp = {id(p) for p in self._expert_params}, {id(p) for p in self._tp_params}
+        kinds: dict[tuple[bool, bool], list[torch.Tensor]] = {(e, t): [] for e in (False, True) for t in (False, True)}
+        for p in params:
+            kinds[id(p) in on_ep, id(p) in on_tp].append(p.grad)
+
+        def squares(grads: list[torch.Tensor]) -> torch.Tensor:
+            if not grads:
+                return torch.zeros((), device=self.world.device)
+            norm = torch.nn.utils.get_total_norm(grads)
+            return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float().pow(2)
+
+        whole, tp_sq, ep_sq, both_sq = (squares(kinds[k]) for k in ((False, False), (False, True), (True, False),
+                                                                     (True, True)))
+        if self.world.ep_size > 1:
+            ep_sq, both_sq = self._sum_over(torch.stack([ep_sq, both_sq]), self.world.ep_group).unbind()
+        if self.world.tp_size > 1:
+            tp_sq, both_sq = self._sum_over(torch.stack([tp_sq, both_sq]), self.world.tp_group).unbind()
+        return whole + tp_sq + ep_sq + both_sq
+
+    def _sum_over(self, tensor: torch.Tensor, group) -> torch.Tensor:
+        with self.comm.blocking(tensor.numel() * tensor.element_size()):
+            dist.all_reduce(tensor, group=group)
+        return tensor
 
     def step_values(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
         return self.reducer.step_values(loss, grad_norm)
@@ -151,27 +187,28 @@ class Parallel:
         return MetricsWriter(run_dir, config) if self.is_main else _NoMetrics()
 
     def model_state(self, model: nn.Module) -> dict:
-        return ckpt.model_state(model, self.world, fsdp=self.fsdp, experts=self.experts)
+        return ckpt.model_state(model, self.world, fsdp=self.fsdp, experts=self.experts, tp=self.tp_layouts)
 
     def optim_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        return ckpt.optim_state(model, optimizer, self.world, fsdp=self.fsdp, experts=self.experts)
+        return ckpt.optim_state(model, optimizer, self.world, fsdp=self.fsdp, experts=self.experts, tp=self.tp_layouts)
 
     def load_model_state(self, model: nn.Module, state: dict) -> None:
-        ckpt.load_model_state(model, state, self.world, fsdp=self.fsdp, experts=self.experts)
+        ckpt.load_model_state(model, state, self.world, fsdp=self.fsdp, experts=self.experts, tp=self.tp_layouts)
 
     def load_optim_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        ckpt.load_optim_state(model, optimizer, state, self.world, fsdp=self.fsdp, experts=self.experts)
+        ckpt.load_optim_state(model, optimizer, state, self.world, fsdp=self.fsdp, experts=self.experts, tp=self.tp_layouts)
 
     def save_checkpoint(self, manager: CheckpointManager, step: int, state: dict, model: nn.Module,
                         optimizer: torch.optim.Optimizer) -> Path:
         """``state`` (the run's other parts) and the model's and optimizer's shards, each rank writing its own."""
-        shards, groups = ckpt.shard_state(model, optimizer, self.world, experts=self.experts)
+        shards, groups = ckpt.shard_state(model, optimizer, self.world, experts=self.experts, tp=self.tp_layouts)
         state = {**state, "optimizer": {"param_groups": groups}}
         return ckpt.save_sharded(manager, step, state, shards, self.world)
 
     def load_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, param_groups: list) -> None:
         """This rank's part of a checkpoint's shards, saved on any mesh."""
-        ckpt.load_shards(model, optimizer, folder, param_groups, self.world, experts=self.experts)
+        ckpt.load_shards(model, optimizer, folder, param_groups, self.world, experts=self.experts,
+                         tp=self.tp_layouts)
 
     def comm_report(self) -> dict:
         """Communication since the last call: seconds, bytes sent, and bytes saved by compression."""
