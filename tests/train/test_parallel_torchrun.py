@@ -12,7 +12,8 @@ from tests.train.shards_util import make_docs, write_job
 pytestmark = pytest.mark.slow
 
 
-def test_winnow_train_under_torchrun_two_processes(tmp_path):
+@pytest.mark.parametrize("layout", ["ep = 2", "tp = 2"])
+def test_winnow_train_under_torchrun_two_processes(tmp_path, layout):
     docs = make_docs(60)
     write_job(tmp_path / "job", [docs[:30], docs[30:]], val=[docs[:6]])
     run = tmp_path / "run"
@@ -36,7 +37,7 @@ num_workers = 0
 [train.metrics]
 log_every = 1
 [train.parallel]
-ep = 2
+{layout}
 """)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "pipelines.cli",
