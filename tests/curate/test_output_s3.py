@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUCKET = "winnow-out"
 
 # Every kind of durable write: a barrier with a plan artifact (clean's boilerplate list), exact
-# dedup, a validation split gathered across tasks, ordered train shards (the write phase), and
+# and MinHash dedup, a validation split gathered across tasks, ordered train shards (the write phase), and
 # all three shard formats.
 JOB = """[job]
 name = "{name}"
@@ -49,6 +49,9 @@ boilerplate_min_docs = 3
 
 [[stages]]
 kind = "dedup.exact"
+
+[[stages]]
+kind = "dedup.minhash"
 
 [[stages]]
 kind = "score.heuristic"
