@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -97,26 +96,29 @@ def invalidate(out: Path, work: WorkDir, stale: set[int], *, n_tasks: int, singl
     """Remove what depends on the stale read tasks: their phase-0 work, and everything after phase 0.
 
     Kept: the other phase-0 task folders and the files they list (their rejects; in a one-phase
-    job their shards too). Everything else the job wrote is removed, so it is rewritten.
+    job their shards too). Everything else the job wrote is removed, so it is rewritten. Works
+    through ``work`` on a local folder and on a store alike (there, an unmarked task folder goes too).
     """
     keep: set[Path] = set()
     phase0 = work.phase(0)
-    for folder in sorted(phase0.glob("task-*")) if phase0.is_dir() else []:
-        task = int(folder.name.split("-")[1])
-        if task in stale or task >= n_tasks:
-            shutil.rmtree(folder)
+    for name in work.listdir(phase0):
+        folder = phase0 / name
+        if not name.startswith("task-"):  # a crashed attempt's .task-N.tmp
+            work.remove(folder)
             continue
-        stats = json.loads((folder / "stats.json").read_text())
+        task = int(name.split("-")[1])
+        if task in stale or task >= n_tasks or not work.task_done(0, task):
+            work.remove(folder)
+            continue
+        stats = json.loads(work.read_text(folder / "stats.json"))
         keep.update(out / r["path"] for r in stats["rejects"])
         if single_phase:
             keep.update(out / s["path"] for s in stats["shards"])
-    for tmp in phase0.glob(".task-*.tmp") if phase0.is_dir() else []:
-        shutil.rmtree(tmp)
-    for entry in work.root.iterdir():
-        if entry.name not in ("phase-0", "fingerprint", inputs_file(work).name, EXACT_MARKER):
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for name in work.listdir(work.root):
+        if name not in ("phase-0", "fingerprint", inputs_file(work).name, EXACT_MARKER):
+            work.remove(work.root / name)
     for folder in ("shards", "rejects", "artifacts"):
-        for path in sorted((out / folder).rglob("*"), reverse=True) if (out / folder).is_dir() else []:
-            if path.is_file() and path not in keep:
-                path.unlink()
-    (out / "manifest.json").unlink(missing_ok=True)
+        for path in work.files(out / folder):
+            if path not in keep:
+                work.remove(path)
+    work.remove(out / "manifest.json")

@@ -173,11 +173,8 @@ class Runner:
             if not stale:
                 log.info("resuming: finished tasks in %s are kept", work.output if work.remote else work.root)
                 return
-            if work.remote:  # on a store: no partial invalidation, the job starts afresh (correct, just slower)
-                log.warning("inputs changed since this job's work began: %s; starting afresh in %s", changes[0], work.output)
-            else:
-                self._invalidate(stale, changes, len(read_tasks), prints)
-                return
+            self._invalidate(stale, changes, len(read_tasks), prints)
+            return
         if had_outputs:
             log.info("clearing previous outputs in %s", work.output)
         remove_card(self.out, work=work)
@@ -188,12 +185,12 @@ class Runner:
         work.publish_file(marker)
 
     def _invalidate(self, stale: set[int], changes: list[str], n_tasks: int, prints: list) -> None:
-        """Resume a local work folder whose inputs changed: redo only what the changed read tasks touch."""
+        """Resume a work folder whose inputs changed: redo only what the changed read tasks touch."""
         log.warning("resuming, but inputs changed since this job's work began: %s%s; redoing %d read task(s) "
                     "and every phase after the first", "; ".join(changes[:3]),
                     f" (+{len(changes) - 3} more)" if len(changes) > 3 else "", len(stale))
         invalidate(self.out, self.work, stale, n_tasks=n_tasks, single_phase=len(self.phases) == 1)
-        remove_card(self.out)
+        remove_card(self.out, work=self.work)
         record_inputs(self.work, prints)
 
     def _ids_unique(self, phase0: list[dict]) -> bool:

@@ -361,6 +361,13 @@ class WorkDir:
                 self._call(self.fs.rm, url)
         return len(stale)
 
+    def files(self, folder: Path) -> list[Path]:
+        """Every file under ``folder`` (on a store: every object under its prefix), as local paths."""
+        folder = Path(folder)
+        if not self.remote:
+            return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+        return [folder / rel for rel in self._find(folder)]
+
     def listdir(self, folder: Path) -> list[str]:
         """Names of the entries of ``folder`` (on a store: of its prefix); [] when it does not exist."""
         if not self.remote:

@@ -242,3 +242,26 @@ def test_a_store_that_refuses_access_is_an_output_error_naming_the_url(tmp_path,
     job = load_job(job_file(tmp_path, "job", "s3://no-such-bucket-here/x"))
     with pytest.raises(OutputError, match=r"job\.output = 's3://no-such-bucket-here/x'"):
         run_job(job, progress=False)
+
+
+@pytest.mark.slow
+def test_an_input_edited_since_the_work_began_redoes_only_its_task_on_s3(tmp_path, s3):
+    write_inputs(tmp_path / "data")
+    prefix = f"{BUCKET}/edited"
+    path = job_file(tmp_path, "job", f"s3://{prefix}")
+    path.write_text(path.read_text().replace("batch_rows = 16", "batch_rows = 16\nkeep_work = true"))
+    run_job(load_job(path), progress=False)
+
+    def phase0() -> dict[str, object]:  # when each phase-0 marker was written
+        return {k.split("/")[-2]: s3.info(k)["LastModified"] for k in s3.glob(f"{prefix}/_work/phase-0/task-*/stats.json")}
+    before = phase0()
+    books = tmp_path / "data" / "books.jsonl"
+    books.write_bytes(books.read_bytes().replace(b"a book chapter", b"an edited chapter"))
+    run_job(load_job(path), progress=False)
+    after = phase0()
+    assert sorted(after) == sorted(before) == ["task-00000", "task-00001", "task-00002"]
+    assert after["task-00000"] == before["task-00000"] and after["task-00001"] == before["task-00001"]  # kept
+    assert after["task-00002"] > before["task-00002"]  # redone: books is the third read task
+    fresh = tmp_path / "fresh"
+    run_job(load_job(job_file(tmp_path, "fresh", str(fresh))), progress=False)
+    assert store_outputs(s3, prefix) == local_outputs(fresh)
