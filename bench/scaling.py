@@ -1,15 +1,20 @@
-"""Scaling report: the same training job on 1, 2, ... processes (torchrun-style, gloo on CPU / NCCL on GPU).
+"""Scaling report per parallel layout: the same training job on 1 process and on 2 (gloo on CPU / NCCL on GPU).
 
-Prints tokens/s, scaling efficiency (tokens/s on N processes / (N x tokens/s on 1)) and the share
-of step time spent in communication (timers around the collectives; DDP's overlapped bucket
-all-reduces count as the wall time some all-reduce was in flight). Weak scaling: every process
-keeps the per-rank batch, so the global batch grows with N — the "knee" is where efficiency drops.
+For each layout it prints tokens/s, the scaling efficiency (tokens/s on N processes / (N x
+tokens/s on 1)) and the communication share — the ``comm_pct`` the trainer itself logs (its
+``CommTimer`` around every collective: DDP buckets, FSDP2 all-gathers and reduce-scatters, expert
+all-to-alls, pipeline sends and receives, winnow's own all-reduces), read from the run's
+``metrics.jsonl``, not measured again here. Every run trains ``--warmup`` untimed steps, then
+``--steps`` steps through ``Trainer.fit``, whose one log record covers exactly the timed steps.
 
-    python bench/scaling.py --procs 1 2 --steps 12 --dim 64       # a couple of minutes on 2 cores
-    python bench/scaling.py --procs 1 2 4 --mode fsdp --experts 8 --expert-parallel 2
+    python bench/scaling.py                                  # every layout this checkout offers, 2 processes
+    python bench/scaling.py --layouts ddp fsdp --steps 20 --dim 128
 
-Runs are interleaved (1, 2, 1, 2 with --repeat 2) because the machine may be shared; treat the
-ratios as indicative when other work runs at the same time.
+Layouts whose config this checkout refuses (or that fail to start) are listed with the reason
+instead of a row. Data-parallel layouts keep the per-rank batch (weak scaling: the global batch
+grows with N); model-parallel ones (tp, pp) split one batch's work (dp = 1), so their tokens/s is
+of the same global batch. Runs are interleaved (base, layouts, base, ... with --repeat 2) because
+the machine may be shared; treat the ratios as indicative when other work runs at the same time.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import socket
 import sys
 import tempfile
-import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -28,121 +33,135 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu import RandomBatches  # noqa: E402
 from train.checkpoint import CheckpointConfig  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
-from train.data import Batch, LoaderConfig  # noqa: E402
+from train.data import LoaderConfig  # noqa: E402
+from train.errors import ConfigError  # noqa: E402
 from train.metrics import MetricsConfig  # noqa: E402
 from train.model import ModelConfig, Transformer  # noqa: E402
 from train.parallel import Parallel, ParallelConfig, shutdown  # noqa: E402
 from train.trainer import Trainer  # noqa: E402
 
-
-class RandomBatches:
-    """Synthetic token batches (the loader is benchmarked in bench/loader.py); global batch g to rank g % world."""
-
-    def __init__(self, *, rank: int, world: int, batch: int, seq: int, vocab: int) -> None:
-        self.rank, self.world, self.batch, self.seq, self.vocab, self.position = rank, world, batch, seq, vocab, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Batch:
-        g = torch.Generator().manual_seed(self.position + self.rank)
-        self.position += self.world
-        seq = torch.randint(0, self.vocab, (self.batch, self.seq + 1), generator=g)
-        shape = (self.batch, self.seq)
-        return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), torch.zeros(shape, dtype=torch.long),
-                     torch.ones(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.int32), [])
-
-    def state_dict(self) -> dict:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.position = state["position"]
+# [train.parallel] keys of each layout on 2 processes (the base run is one process, no table)
+LAYOUTS = {
+    "ddp": {},
+    "fsdp": {"dp_shard": -1},
+    "ddp+ep": {"ep": 2},
+    "fsdp+ep": {"dp_shard": -1, "ep": 2},
+    "tp": {"tp": 2},
+    "pp": {"pp": 2},
+}
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+def _model(args) -> ModelConfig:
+    return ModelConfig(vocab_size=512, dim=args.dim, n_layers=args.layers, n_heads=4, ffn_hidden=2 * args.dim,
+                       n_experts=args.experts, top_k=2, max_seq_len=args.seq)
+
+
+def _worker(rank: int, world: int, port: int, layout: dict, args: argparse.Namespace, run_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
     try:
-        pcfg = ParallelConfig(dp_shard=-1 if args.mode == "fsdp" and world > 1 else 1,
-                              ep=args.expert_parallel if world > 1 else 1, powersgd_rank=args.powersgd_rank if world > 1 else 0)
+        pcfg = ParallelConfig(**layout)
         parallel = Parallel.from_env(pcfg, device=args.device, n_experts=args.experts)
-        model = ModelConfig(vocab_size=512, dim=args.dim, n_layers=args.layers, n_heads=4, ffn_hidden=2 * args.dim,
-                            n_experts=args.experts, top_k=2, max_seq_len=args.seq)
-        with tempfile.TemporaryDirectory() as run_dir:
-            cfg = TrainConfig(output=run_dir, steps=args.steps + args.warmup, model=model, eval_every=0,
-                              data=LoaderConfig(batch_size=args.batch, seq_len=args.seq, num_workers=0),
-                              metrics=MetricsConfig(log_every=10**9), parallel=pcfg,
-                              checkpoint=CheckpointConfig(every=0, resume=False))
-            torch.manual_seed(0)
-            data = RandomBatches(rank=rank, world=world, batch=args.batch, seq=args.seq, vocab=512)
-            trainer = Trainer(cfg, model=Transformer(model), data=data, sources=["synthetic"], run_dir=run_dir,
-                              device=parallel.world.device, parallel=parallel)
-            for _ in range(args.warmup):
-                trainer.train_step()
-            parallel.comm_report()
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                trainer.train_step()
-            elapsed = time.perf_counter() - start
-            comm = parallel.comm_report()
-        if rank == 0:
-            tokens = args.steps * args.batch * args.seq * world
-            Path(out).write_text(json.dumps({"tokens_per_s": tokens / elapsed, "step_s": elapsed / args.steps,
-                                             "comm_share": comm["seconds"] / elapsed, "bytes_saved": comm["bytes_saved"]}))
+        model = _model(args)
+        cfg = TrainConfig(output=run_dir, steps=args.steps + args.warmup, model=model, eval_every=0,
+                          data=LoaderConfig(batch_size=args.batch, seq_len=args.seq, num_workers=0),
+                          metrics=MetricsConfig(log_every=args.steps + args.warmup), parallel=pcfg,
+                          checkpoint=CheckpointConfig(every=0, resume=False))
+        torch.manual_seed(0)
+        data = RandomBatches(batch=args.batch, seq=args.seq, vocab=512, device=parallel.world.device,
+                             rank=parallel.world.dp_rank, world=parallel.world.dp_size)
+        trainer = Trainer(cfg, model=Transformer(model, experts=parallel.expert_shard(model.n_experts)), data=data,
+                          sources=["a", "b"], run_dir=run_dir, device=parallel.world.device, parallel=parallel)
+        for _ in range(args.warmup):
+            trainer.train_step()
+        trainer.fit()  # restarts the throughput clock: its one record covers the timed steps
+    except Exception:
+        Path(run_dir, f"error-{rank}.txt").write_text(traceback.format_exc())
+        raise
     finally:
         shutdown()
 
 
-def run(world: int, args: argparse.Namespace) -> dict:
+def run(layout: dict, world: int, args: argparse.Namespace) -> dict:
+    """The trainer's last metrics record of ``layout`` on ``world`` processes (``error``: why it did not run)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    mp.spawn(_worker, args=(world, port, args, out), nprocs=world, join=True)
-    result = json.loads(Path(out).read_text())
-    os.unlink(out)
-    return result
+    with tempfile.TemporaryDirectory(prefix="winnow-scaling-") as run_dir:
+        try:
+            mp.spawn(_worker, args=(world, port, layout, args, run_dir), nprocs=world, join=True)
+        except Exception as err:  # noqa: BLE001  (a layout that fails to start is reported, not fatal)
+            errors = sorted(Path(run_dir).glob("error-*.txt"))
+            text = errors[0].read_text().strip().splitlines()[-1] if errors else str(err)
+            return {"error": text}
+        records = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "tokens_per_s" in r][-1]
+    return {"tokens_per_s": last["tokens_per_s"], "comm_pct": last["comm_pct"]}
 
 
-def main() -> None:
+def offered(names: list[str], world: int, n_experts: int) -> tuple[list[str], dict[str, str]]:
+    """The layouts this checkout's config accepts for ``world`` processes, and why the others are refused."""
+    ok, refused = [], {}
+    for name in names:
+        try:
+            ParallelConfig(**LAYOUTS[name]).resolve(world, n_experts=n_experts)
+            ok.append(name)
+        except ConfigError as err:
+            refused[name] = str(err)
+    return ok, refused
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--procs", type=int, nargs="+", default=[1, 2], help="process counts to compare (first is the base)")
-    p.add_argument("--mode", choices=["ddp", "fsdp"], default="ddp")
-    p.add_argument("--expert-parallel", type=int, default=1)
-    p.add_argument("--powersgd-rank", type=int, default=0)
+    p.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
+    p.add_argument("--procs", type=int, default=2, help="processes of each layout's run (the base run has 1)")
     p.add_argument("--steps", type=int, default=12, help="timed steps per run (size flag)")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=2, help="interleaved repetitions (A B A B)")
+    p.add_argument("--repeat", type=int, default=2, help="interleaved repetitions")
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--experts", type=int, default=4)
-    p.add_argument("--batch", type=int, default=4, help="sequences per rank")
+    p.add_argument("--batch", type=int, default=4, help="sequences per data-parallel rank")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    results: dict[int, list[dict]] = {n: [] for n in args.procs}
+    names, refused = offered(args.layouts, args.procs, args.experts)
+    base: list[float] = []
+    results: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.repeat):
-        for n in args.procs:
-            r = run(n, args)
-            results[n].append(r)
-            print(f"rep {rep} procs {n}: {r['tokens_per_s']:.0f} tok/s, step {1000 * r['step_s']:.0f} ms, "
-                  f"comm {100 * r['comm_share']:.1f}%", flush=True)
-    base_n = args.procs[0]
-    base = max(r["tokens_per_s"] for r in results[base_n]) / base_n  # per-process rate of the base run
-    print(f"\n{'procs':>5} {'tokens/s':>10} {'speed-up':>9} {'efficiency':>10} {'comm share':>10}  (best of {args.repeat})")
-    for n in args.procs:
-        best = max(results[n], key=lambda r: r["tokens_per_s"])
-        print(f"{n:>5} {best['tokens_per_s']:>10.0f} {best['tokens_per_s'] / (base * base_n):>8.2f}x "
-              f"{best['tokens_per_s'] / (base * n):>9.0%} {best['comm_share']:>9.1%}")
-    print(f"(mode {args.mode}, ep {args.expert_parallel}, powersgd rank {args.powersgd_rank}, "
-          f"{os.cpu_count()} CPUs visible; shared machines make these ratios indicative only)")
+        one = run({}, 1, args)
+        if "error" in one:
+            raise SystemExit(f"the one-process base run failed: {one['error']}")
+        base.append(one["tokens_per_s"])
+        print(f"rep {rep} 1 process: {one['tokens_per_s']:.0f} tok/s", flush=True)
+        for name in names:
+            r = run(LAYOUTS[name], args.procs, args)
+            results[name].append(r)
+            print(f"rep {rep} {name} on {args.procs}: " + (f"failed: {r['error']}" if "error" in r else
+                  f"{r['tokens_per_s']:.0f} tok/s, comm {r['comm_pct']:.1f}%"), flush=True)
+    rate1 = max(base)
+    print(f"\n{'layout':>8} {'procs':>5} {'tokens/s':>10} {'speed-up':>9} {'efficiency':>10} {'comm_pct':>9}"
+          f"  (best of {args.repeat}; base: 1 process, {rate1:.0f} tok/s)")
+    for name in names:
+        ran = [r for r in results[name] if "error" not in r]
+        if not ran:
+            print(f"{name:>8} {args.procs:>5}  failed to run: {results[name][-1]['error']}")
+            continue
+        best = max(ran, key=lambda r: r["tokens_per_s"])
+        print(f"{name:>8} {args.procs:>5} {best['tokens_per_s']:>10.0f} {best['tokens_per_s'] / rate1:>8.2f}x "
+              f"{best['tokens_per_s'] / (args.procs * rate1):>9.0%} {best['comm_pct']:>8.1f}%")
+    for name, why in refused.items():
+        print(f"{name:>8}  not offered by this checkout: {why}")
+    print(f"({os.cpu_count()} CPUs visible, {args.threads} thread(s) per process; comm_pct is the trainer's own "
+          "metric; shared machines make these ratios indicative only)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
