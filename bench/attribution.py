@@ -1,7 +1,7 @@
 """Benchmark: what attribution costs on the demo's training run, and how well its estimates add up.
 
     winnow curate pipelines/demo.toml            # once: the demo's shards in out/demo
-    python bench/attribution.py --rounds 2 --steps 50
+    python bench/attribution.py --rounds 2            # the demo's settings: 300 steps, 51-300 attributed, every 25
     python bench/attribution.py --study out/demo/ablate    # also the rank agreement of a finished study
 
 Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8 experts, batch
@@ -10,13 +10,14 @@ Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8
 - ``off``: no attribution (the peer every ratio is against);
 - ``tokens``: attribution every ``--every`` steps (the demo's 25), per-source gradients split by
   token inside the trainer's one backward (``[train.attribution] split = "tokens"``);
-- ``losses``: the same with one extra backward per source (``split = "losses"``).
+- ``losses``: the same with one extra backward per source (``split = "losses"``; `--contenders off,tokens,losses`).
 
 Every round runs each contender once, the order alternating between rounds (A B C, C B A), and
 the overhead printed is the median over rounds of each contender's time over the ``off`` time of
 the same round, in wall seconds and in CPU seconds of the process (the figure a shared machine's
-descheduling distorts least). Every attributed step is counted: the demo attributes steps 51-300,
-so its whole-run overhead is 250/300 of the figure printed. Each attributed run then prints the
+descheduling distorts least). The defaults are the demo's: 300 steps, steps 51-300 attributed in
+stretches of 25 (``--steps 60 --start 10`` keeps the share of attributed steps in a fifth of the
+time, with one probe evaluation more per 300 steps). Each attributed run then prints the
 efficiency of its last record: per held-out source the measured change, the sources' column sum,
 their ratio and the quadrature residual as a share of the measured change.
 """
@@ -44,9 +45,9 @@ from train.attribution import AttributionConfig  # noqa: E402
 from train.checkpoint import CheckpointConfig  # noqa: E402
 
 
-def _config(shards: Path, out: Path, *, steps: int, every: int, split: str | None):
+def _config(shards: Path, out: Path, *, steps: int, every: int, start: int, split: str | None):
     cfg = load_train_config(ROOT / "pipelines" / "demo.toml", steps=steps, output=str(out), shards=str(shards))
-    attribution = AttributionConfig(every=every, start=0, split=split) if split else AttributionConfig()
+    attribution = AttributionConfig(every=every, start=start, split=split) if split else AttributionConfig()
     data = dataclasses.replace(cfg.data, num_workers=0)  # tokenizing inline: the same work in every contender
     return dataclasses.replace(cfg, eval_every=0, attribution=attribution, data=data,
                                checkpoint=CheckpointConfig(every=0, resume=False))
@@ -92,11 +93,12 @@ def _study(folder: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=Path, default=ROOT / "out" / "demo", help="the demo's curated job folder")
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=300, help="the demo's 300; 60 with --start 10 keeps its share")
     parser.add_argument("--every", type=int, default=25, help="[train.attribution] every (the demo's 25)")
+    parser.add_argument("--start", type=int, default=50, help="[train.attribution] start (the demo's 50)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--contenders", default="off,tokens,losses")
+    parser.add_argument("--contenders", default="off,tokens")
     parser.add_argument("--study", type=Path, help="a finished ablation study folder: print its rank agreement")
     args = parser.parse_args()
     if not (args.shards / "manifest.json").is_file():
@@ -111,7 +113,7 @@ def main() -> int:
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
                 cfg = _config(args.shards, Path(tmp) / f"{name}-{r}", steps=args.steps, every=args.every,
-                              split=None if name == "off" else name)
+                              start=args.start, split=None if name == "off" else name)
                 wall, cpu, record = _run(cfg)
                 times[name].append((wall, cpu))
                 if record is not None:
@@ -124,7 +126,7 @@ def main() -> int:
             wall = statistics.median(b[0] / a[0] for a, b in zip(times["off"], times[name]))
             cpu = statistics.median(b[1] / a[1] for a, b in zip(times["off"], times[name]))
             print(f"{name}: {wall:.3f} x off in wall time ({wall - 1:+.1%}), {cpu:.3f} x off in CPU time "
-                  f"({cpu - 1:+.1%}), attribution every {args.every} of {args.steps} steps")
+                  f"({cpu - 1:+.1%}), steps {args.start + 1}-{args.steps} of {args.steps} attributed, every {args.every}")
     for name, record in last.items():
         _efficiency(name, record)
     if args.study is not None:

@@ -161,7 +161,7 @@ def test_start_leaves_steps_out_and_their_momentum_is_its_own_row(tmp_path):
     np.testing.assert_allclose(run.attribution.measured, records[-1]["measured"])
 
 
-@pytest.mark.parametrize("split,tolerance", [("losses", 0.0), ("tokens", 1e-6)])
+@pytest.mark.parametrize("split,tolerance", [("losses", 0.0), ("tokens", 1e-5)])
 def test_attribution_leaves_the_training_untouched(tmp_path, split, tolerance):
     """Split by loss, training is bit-identical; split by token, the weight gradients are the same sums
     in another order (float rounding)."""

@@ -101,7 +101,8 @@ class SourceAttribution:
         if not self._splitting or self.cfg.split != "tokens":
             return contextlib.nullcontext()
         buffers = {id(p): g for p, g in zip(self.params, self.split.grad_S)}
-        return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), buffers, scale=1.0 / loss_scale))
+        return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), buffers, scale=1.0 / loss_scale,
+                                   written=self.split.written))
 
     def add_micro_batch(self, weighted_loss_BL: torch.Tensor, source_ids_BL: torch.Tensor) -> None:
         """With ``split = "losses"``: per-source gradients of one micro-batch's data loss
@@ -137,7 +138,7 @@ class SourceAttribution:
                 log.warning("attribution: no held-out tokens for %s; their columns stay 0",
                             ", ".join(self.sources[s] for s in self._probe.missing))
         losses_S, grads = self._probe.evaluate(self.model, self.params)
-        return losses_S.numpy(), [torch.stack(per_source) for per_source in zip(*grads)]
+        return losses_S.numpy(), grads
 
     @torch.no_grad()
     def _snapshot(self) -> list[torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 
 from train.data import Batch
 from train.model import cross_entropy_per_token
+from train.model.split import GradSplit, splitting
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class HeldoutProbe:
         self.n_sources, self.device = n_sources, device
         self.pools = self._read(val_data, n_sources, rows)
         self.missing = [s for s in range(n_sources) if not self.pools[s]]
+        self._all = None  # every source's rows as one batch, and each row's source (built on first use)
+        self._batched: bool | None = None  # whether the one-pass evaluation splits every gradient (None: untried)
 
     @staticmethod
     def _read(val_data: Callable[[], Iterable], n_sources: int, cap: int) -> list[list]:
@@ -44,32 +47,75 @@ class HeldoutProbe:
                 loader.close()
         return [[_stack(rows)] if rows else [] for rows in picked]
 
-    def evaluate(self, model: torch.nn.Module, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[list]]:
-        """At the model's current parameters: (S,) mean held-out loss per source (float64, CPU) and,
-        per source, the gradient of that loss for every parameter (zeros for a source with no probe)."""
-        losses_S = torch.zeros(self.n_sources, dtype=torch.float64)
-        grads: list[list] = []
+    def evaluate(self, model: torch.nn.Module, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """At the model's current parameters: (S,) mean held-out loss per source (float64, CPU) and, per
+        parameter, the (S, ...) gradients of those losses (zeros for a source with no probe).
+
+        All sources' rows go through one forward and one backward, each weight gradient split by the
+        source whose probe the row belongs to (``train.model.split``): rows are separate sequences, so
+        each source's part is exactly the gradient of its own loss, at the FLOPs of one pass."""
         was_training = model.training
         model.eval()  # held-out loss is measured in eval mode (no dropout, no router noise)
         try:
-            for s, pool in enumerate(self.pools):
-                if not pool:
-                    grads.append([torch.zeros_like(p) for p in params])
-                    continue
-                loss_sum, count = 0.0, 0
-                for batch in pool:
-                    b = batch.to(self.device)
-                    mask_BL = b.loss_mask & (b.source_ids == s)
-                    token_loss_BL = cross_entropy_per_token(model(b.tokens, b.doc_ids).logits_BLV, b.targets)
-                    loss_sum = loss_sum + (token_loss_BL.float() * mask_BL).sum()
-                    count += int(mask_BL.sum())
-                loss = loss_sum / max(count, 1)
-                found = torch.autograd.grad(loss, params, allow_unused=True)
-                grads.append([g if g is not None else torch.zeros_like(p) for g, p in zip(found, params)])
-                losses_S[s] = float(loss.detach())
+            if self._batched is not False:
+                found = self._evaluate_batched(model, params)
+                if found is not None:
+                    self._batched = True
+                    return found
+                self._batched = False  # a parameter the model does not split by row: one pass per source
+                log.info("attribution probe: the model does not split every gradient by row; one pass per source")
+            return self._evaluate_each(model, params)
         finally:
             model.train(was_training)
-        return losses_S, grads
+
+    def _evaluate_batched(self, model, params):
+        S, present = self.n_sources, [s for s, pool in enumerate(self.pools) if pool]
+        if not present:
+            return torch.zeros(S, dtype=torch.float64), [torch.zeros(S, *p.shape, device=p.device) for p in params]
+        if self._all is None:
+            batches = [self.pools[s][0] for s in present]
+            label_B = torch.cat([torch.full((b.tokens.shape[0],), s) for s, b in zip(present, batches)])
+            keys = ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")
+            self._all = (Batch(*(torch.cat([getattr(b, k) for b in batches]) for k in keys)).to(self.device),
+                         label_B.to(self.device))
+        b, label_B = self._all
+        mask_BL = b.loss_mask & (b.source_ids == label_B[:, None])
+        count_S = torch.zeros(S, device=self.device).index_add_(0, label_B, mask_BL.sum(1).float())
+        buffers = {id(p): torch.empty(S, *p.shape, dtype=torch.float32, device=p.device) for p in params}
+        split = GradSplit(label_B[:, None].expand_as(b.tokens), S, buffers)
+        with splitting(split):
+            token_loss_BL = cross_entropy_per_token(model(b.tokens, b.doc_ids).logits_BLV, b.targets)
+            loss_S = torch.zeros(S, device=self.device).index_add_(0, label_B, (token_loss_BL.float() * mask_BL).sum(1))
+            mean_S = loss_S / count_S.clamp(min=1)
+            found = torch.autograd.grad(mean_S.sum(), params, allow_unused=True)
+        grads = []
+        for p, g in zip(params, found):
+            if id(p) not in split.written:
+                if g is not None and bool(g.any()):
+                    return None  # its gradient was not split
+                buffers[id(p)].zero_()
+            grads.append(buffers[id(p)])
+        return mean_S.detach().double().cpu(), grads
+
+    def _evaluate_each(self, model, params):
+        losses_S = torch.zeros(self.n_sources, dtype=torch.float64)
+        grads: list[list] = []
+        for s, pool in enumerate(self.pools):
+            if not pool:
+                grads.append([torch.zeros_like(p) for p in params])
+                continue
+            loss_sum, count = 0.0, 0
+            for batch in pool:
+                b = batch.to(self.device)
+                mask_BL = b.loss_mask & (b.source_ids == s)
+                token_loss_BL = cross_entropy_per_token(model(b.tokens, b.doc_ids).logits_BLV, b.targets)
+                loss_sum = loss_sum + (token_loss_BL.float() * mask_BL).sum()
+                count += int(mask_BL.sum())
+            loss = loss_sum / max(count, 1)
+            found = torch.autograd.grad(loss, params, allow_unused=True)
+            grads.append([g if g is not None else torch.zeros_like(p) for g, p in zip(found, params)])
+            losses_S[s] = float(loss.detach())
+        return losses_S, [torch.stack(per_source) for per_source in zip(*grads)]
 
 
 def _stack(rows: list[tuple]) -> Batch:

@@ -49,6 +49,7 @@ class MomentSplit:
         S = n_sources
         z = self._zeros
         self.grad_S = z(S)  # this step's per-source gradients, summed over its micro-batches
+        self.written: set[int] = set()  # ids of the parameters whose grad_S holds this step's parts (others: 0)
         self.m_S, self.disp_S = z(S), z(S)  # per-source first moment; displacement since the stretch began
         self.m_router, self.disp_router = z(), z()
         self.m_before, self.disp_before = z(), z()
@@ -56,6 +57,7 @@ class MomentSplit:
         self._old: list[torch.Tensor] | None = None  # LAMB: the parameters before the step
         self._steps: list[float] = []
         self.started = False  # whether the moments have been split since the optimizer's first attributed step
+        self._before = False  # whether any momentum from before the first stretch is carried (else skip its rows)
 
     @property
     def _hyper(self) -> list[dict]:
@@ -68,9 +70,13 @@ class MomentSplit:
     # ---- one step --------------------------------------------------------------------------
     def add_grads(self, source: int, grads: Sequence[torch.Tensor | None]) -> None:
         """Add one micro-batch's gradient of source ``source``'s share of the step's data loss."""
-        for buf, g in zip(self.grad_S, grads):
-            if g is not None:
-                buf[source].add_(g.float())
+        for p, buf, g in zip(self.params, self.grad_S, grads):
+            if g is None:
+                continue
+            if id(p) not in self.written:
+                buf.zero_()
+                self.written.add(id(p))
+            buf[source].add_(g.float())
 
     @torch.no_grad()
     def before_step(self) -> None:
@@ -94,13 +100,22 @@ class MomentSplit:
             t = float(state["step"])
             denom = (state["exp_avg_sq"].float() / (1 - beta2**t)).sqrt_().add_(h["eps"])
             scale = h["lr"] / (1 - beta1**t)
-            g_S = self.grad_S[i]
-            router = p.grad.float() / self.world_size - clip_coef * g_S.sum(0) if p.grad is not None else None
-            m_S = self.m_S[i].mul_(beta1).add_(g_S, alpha=(1 - beta1) * clip_coef)
+            g_S = self.grad_S[i] if id(p) in self.written else None  # None: no source's tokens reached it
+            router = p.grad.float() / self.world_size if p.grad is not None else None
+            if router is not None and g_S is not None:
+                router = router.sub_(g_S.sum(0), alpha=clip_coef)
+            m_S = self.m_S[i]
+            if g_S is None:
+                m_S.mul_(beta1)
+            elif clip_coef == 1.0:
+                m_S.lerp_(g_S, 1 - beta1)  # one pass: β1·m + (1-β1)·g
+            else:
+                m_S.mul_(beta1).add_(g_S, alpha=(1 - beta1) * clip_coef)
             self.m_router[i].mul_(beta1)
             if router is not None:
                 self.m_router[i].add_(router, alpha=1 - beta1)
-            self.m_before[i].mul_(beta1)
+            if self._before:
+                self.m_before[i].mul_(beta1)
             if self.lamb:
                 old = self._old[i].float()
                 adam = state["exp_avg"].float() / (1 - beta1**t) / denom + h["weight_decay"] * old
@@ -110,13 +125,13 @@ class MomentSplit:
                 self.disp_wd[i].add_(old, alpha=-h["lr"] * trust * h["weight_decay"])
             self.disp_S[i].addcdiv_(m_S, denom, value=-scale)
             self.disp_router[i].addcdiv_(self.m_router[i], denom, value=-scale)
-            self.disp_before[i].addcdiv_(self.m_before[i], denom, value=-scale)
+            if self._before:
+                self.disp_before[i].addcdiv_(self.m_before[i], denom, value=-scale)
         self.drop_step()
 
     def drop_step(self) -> None:
-        """Forget this step's gradients (after it was applied, or when it was skipped)."""
-        for buf in self.grad_S:
-            buf.zero_()
+        """Forget this step's gradients (after it was applied, or when it was skipped): the next parts overwrite them."""
+        self.written.clear()
         self._old = None
 
     # ---- stretches -----------------------------------------------------------------------------
@@ -129,6 +144,7 @@ class MomentSplit:
                 if "exp_avg" in state:
                     before.copy_(state["exp_avg"].float())
             self.started = True
+            self._before = any(bool(b.any()) for b in self.m_before)
         for bufs in (self.disp_S, self.disp_router, self.disp_before, self.disp_wd):
             for b in bufs:
                 b.zero_()
@@ -165,3 +181,4 @@ class MomentSplit:
                     buf.zero_()  # the totals live on rank 0; the sum over ranks is unchanged
                 else:
                     buf.copy_(saved.to(buf.device))
+        self._before = any(bool(b.any()) for b in self.m_before)

@@ -25,10 +25,14 @@ class GradSplit:
     """Per-source gradient buffers (``id(param)`` -> (S, *param.shape)) and each row's source."""
 
     def __init__(self, source_T: torch.Tensor, n_sources: int, buffers: dict[int, torch.Tensor], *,
-                 scale: float = 1.0) -> None:
+                 scale: float = 1.0, written: set[int] | None = None) -> None:
         src = source_T.reshape(-1).long()
         self.S, self.buffers, self.scale = n_sources, buffers, scale
+        # the keys whose buffer already holds a part this step: the others are overwritten, not added to,
+        # so the owner never zeroes its buffers (the caller clears the set between steps)
+        self.written = set() if written is None else written
         self.src_T = torch.where((src >= 0) & (src < n_sources), src, n_sources)  # S: no source
+        self.unsourced = bool((self.src_T == n_sources).any())  # whether any row has no source (padding)
         self._groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
 
     def tracks(self, param: torch.Tensor) -> bool:
@@ -44,9 +48,18 @@ class GradSplit:
         return self._groups[key]
 
     def add(self, param: torch.Tensor | int, parts: torch.Tensor) -> None:
-        """Add (S + 1, *shape) parts (the last: rows of no source) to ``param``'s buffer (or ``id(param)``'s)."""
+        """Add (S or S + 1, *shape) parts (an S + 1st: rows of no source, left out) to ``param``'s buffer (or
+        ``id(param)``'s); the first part of a step overwrites the buffer (``written``)."""
         key = param if isinstance(param, int) else id(param)
-        self.buffers[key].add_(parts[: self.S].to(torch.float32), alpha=self.scale)
+        buf, parts = self.buffers[key], parts[: self.S]
+        if key in self.written:
+            buf.add_(parts.to(torch.float32), alpha=self.scale)
+        elif self.scale == 1.0:
+            buf.copy_(parts)
+            self.written.add(key)
+        else:
+            torch.mul(parts.to(torch.float32), self.scale, out=buf)
+            self.written.add(key)
 
 
 def active() -> GradSplit | None:
@@ -73,11 +86,13 @@ def _row_parts(split: GradSplit, x_TI: torch.Tensor, g_TO: torch.Tensor, src: to
     """(S + 1, O, I): ``g_sᵀ x_s`` over the rows of each source s."""
     order, bounds = split.groups(src)
     xs, gs = x_TI.index_select(0, order), g_TO.index_select(0, order)
-    parts = x_TI.new_zeros(split.S + 1, g_TO.shape[1], x_TI.shape[1])
+    parts = x_TI.new_empty(split.S + 1, g_TO.shape[1], x_TI.shape[1])
     for s in range(split.S + 1):
         lo, hi = bounds[s], bounds[s + 1]
         if hi > lo:
             torch.mm(gs[lo:hi].t(), xs[lo:hi], out=parts[s])
+        else:
+            parts[s].zero_()
     return parts
 
 
@@ -125,7 +140,9 @@ def project(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def norm_weight_parts(split: GradSplit, key: int, rows_TD: torch.Tensor) -> torch.Tensor:
     """A norm's scale gradient ``Σ_rows δ·n`` per source; adds the parts and returns the total (D,)."""
-    parts = rows_TD.new_zeros(split.S + 1, rows_TD.shape[-1]).index_add_(0, split.src_T, rows_TD)
+    order, bounds = split.groups(split.src_T)  # slice sums of the source-sorted rows: index_add_ is serial here
+    rows = rows_TD.index_select(0, order)
+    parts = torch.stack([rows[lo:hi].sum(0) for lo, hi in zip(bounds[:-1], bounds[1:])])
     split.add(key, parts)
     return parts.sum(0)
 
@@ -143,7 +160,11 @@ def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.T
         keep = src < split.S  # rows of no source stay in autograd's total only
         flat = (src * vocab + tokens)[keep]
         rows = grad_BLD.reshape(-1, grad_BLD.shape[-1])[keep].float()
-        split.buffers[key].view(-1, rows.shape[1]).index_add_(0, flat, rows, alpha=split.scale)
+        buf = split.buffers[key]
+        if key not in split.written:
+            buf.zero_()
+            split.written.add(key)
+        buf.view(-1, rows.shape[1]).index_add_(0, flat, rows, alpha=split.scale)
 
     x_BLD.register_hook(hook)
 
@@ -179,8 +200,9 @@ class _SplitExpertMM(torch.autograd.Function):
         split, (E, I, O) = ctx.split, w_EIO.shape
         grad_x = ctx.mm(grad_AO, w_EIO.transpose(1, 2).contiguous(), counts_E) if ctx.needs_input_grad[0] else None
         expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AI.shape[0])
-        parts = _group_parts(x_AI, grad_AO.to(x_AI.dtype), expert_A * (split.S + 1) + src_A, E * (split.S + 1))
-        parts_SEIO = parts.view(E, split.S + 1, I, O).transpose(0, 1)
+        G = split.S + 1 if split.unsourced else split.S  # no empty no-source groups: they cost a zero fill each
+        parts = _group_parts(x_AI, grad_AO.to(x_AI.dtype), expert_A * G + src_A, E * G)
+        parts_SEIO = parts.view(E, G, I, O).transpose(0, 1)
         split.add(ctx.key, parts_SEIO)
         return grad_x, parts_SEIO.sum(0).to(w_EIO.dtype), None, None, None, None
 
