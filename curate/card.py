@@ -25,7 +25,7 @@ CARD = "README.md"
 MARK = "<!-- dataset card written by winnow curate; it is rewritten on every run -->"
 _HF_SPLITS = {"train": "train", "val": "validation"}
 _DOCS = {
-    "id": "stable, unique id (the input's id field, else `<source>/<file>/<line>`)",
+    "id": "stable, unique id (the input's id field, else `<source>/<file>@<byte offset>`, or `/<row>` for Parquet)",
     "source": "the source name from the job file",
     "text": "the document text after cleaning",
     "meta": "JSON object: the input's other fields, verbatim",

@@ -15,6 +15,7 @@ from curate.stages.base import StageConfig
 from curate.workdir import check_url, is_url, local_root
 
 OUTPUT_FORMATS = ("parquet", "webdataset", "tokens")
+MIN_TASK_BYTES = 1 << 20
 DEFAULT_FORMATS = ("parquet", "webdataset")
 
 
@@ -27,6 +28,9 @@ class JobSection:
     workers: int = 1  # local processes; 1 runs tasks in this process
     executor: Literal["local", "ray"] = "local"
     batch_rows: int = 8192  # rows per batch flowing through the stages
+    # A file larger than this (as stored) is read as several tasks: JSONL byte ranges, Parquet row
+    # groups, tar members, zstd frames (curate.readers.ranges); gzip and single-frame zstd stay one task.
+    task_bytes: int = 256 << 20
     on_error: Literal["raise", "skip"] = "raise"  # a file that cannot be opened at all
     seed: int = 0
     keep_work: bool = False  # keep the intermediate _work folder after success
@@ -62,6 +66,10 @@ class JobSection:
             raise ConfigError(f"job.batch_rows = {self.batch_rows!r} is invalid; allowed: an integer >= 1")
         if not isinstance(self.memory_gb, (int, float)) or isinstance(self.memory_gb, bool) or not self.memory_gb > 0:
             raise ConfigError(f"job.memory_gb = {self.memory_gb!r} is invalid; allowed: a number of GB > 0 (e.g. 4)")
+        if not isinstance(self.task_bytes, int) or self.task_bytes < MIN_TASK_BYTES:
+            raise ConfigError(
+                f"job.task_bytes = {self.task_bytes!r} is invalid; allowed: an integer >= {MIN_TASK_BYTES} (1 MiB). "
+                "Tasks that small spend their time starting up; the default, 268435456 (256 MiB), suits most jobs")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -47,8 +47,20 @@ def file_fingerprint(url: str, size: int, mtime: float | None, storage_options: 
 
 
 def task_fingerprints(tasks: list[ReadTask], storage_options: list[dict]) -> list[list[dict[str, Any]]]:
-    """Per read task, its files' fingerprints (``storage_options`` by input index)."""
-    return [[file_fingerprint(f.url, f.size, f.mtime, storage_options[t.input_index]) for f in t.files] for t in tasks]
+    """Per read task, its files' fingerprints (``storage_options`` by input index), and its span of the file.
+
+    A file split into several tasks is read (head and tail) once.
+    """
+    cache: dict[str, dict[str, Any]] = {}
+    prints = []
+    for t in tasks:
+        files = []
+        for f in t.files:
+            if f.url not in cache:
+                cache[f.url] = file_fingerprint(f.url, f.size, f.mtime, storage_options[t.input_index])
+            files.append(cache[f.url] if t.span is None else {**cache[f.url], "span": str(t.span)})
+        prints.append(files)
+    return prints
 
 
 def record_inputs(work: WorkDir, prints: list[list[dict[str, Any]]]) -> None:

@@ -111,7 +111,7 @@ class Runner:
 
     def _run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        read_tasks = plan_read_tasks(self.job.inputs)  # a bad input is reported before the output is touched
+        read_tasks = plan_read_tasks(self.job.inputs, self.job.job.task_bytes)  # a bad input is reported before the output is touched
         if any(i.keep_fields for i in self.job.inputs):
             self.job = resolve_field_types(self.job, lambda index: _first_batch(self.job, read_tasks, index))
         executor = Executor(workers=self.job.job.workers, kind=self.job.job.executor,

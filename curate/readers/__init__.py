@@ -1,7 +1,8 @@
 """Readers: every input format streamed as batches of rows plus the records that could not be read.
 
-``plan_read_tasks`` turns the job's ``[[inputs]]`` into read tasks (one per file; plain text
-files grouped), and ``read_task`` streams one task. Read errors become rejects with a
+``plan_read_tasks`` turns the job's ``[[inputs]]`` into read tasks (one per file, a large file
+split into spans of about ``[job] task_bytes`` by ``curate.readers.ranges``; plain text files
+grouped), and ``read_task`` streams one task. Read errors become rejects with a
 ``read:<error>`` reason (``READ_REASONS``); only a file that cannot be opened at all raises.
 """
 
@@ -14,39 +15,46 @@ from curate.config import InputConfig
 from curate.readers.arrow import read_hf, read_parquet
 from curate.readers.files import InputFile, list_files
 from curate.readers.jsonl import read_jsonl
+from curate.readers.ranges import Span, split_file
 from curate.readers.rows import READ_REASONS, ReadBatch
 from curate.readers.text import read_text_files
 from curate.readers.webdataset import read_webdataset
 
 _PER_FILE = {"jsonl": read_jsonl, "parquet": read_parquet, "webdataset": read_webdataset, "hf": read_hf}
-TEXT_TASK_FILES = 2000  # plain text inputs: files per task
-TEXT_TASK_BYTES = 64 << 20
+TEXT_TASK_FILES = 2000  # plain text inputs: files per task (and at most task_bytes of them)
 
 
 @dataclass(frozen=True, slots=True)
 class ReadTask:
-    """One unit of reading: an input and the files (one, or a group of text files) it covers."""
+    """One unit of reading: an input and the files (one, or a group of text files) it covers.
+
+    ``span`` is the part of a single file the task reads (None: all of it).
+    """
 
     input_index: int
     files: tuple[InputFile, ...]
+    span: Span | None = None
 
     @property
     def label(self) -> str:
-        return self.files[0].url if len(self.files) == 1 else f"{self.files[0].url} (+{len(self.files) - 1} files)"
+        if len(self.files) > 1:
+            return f"{self.files[0].url} (+{len(self.files) - 1} files)"
+        return self.files[0].url if self.span is None else f"{self.files[0].url} [{self.span}]"
 
 
-def plan_read_tasks(inputs: list[InputConfig]) -> list[ReadTask]:
-    """List every input's files and group them into read tasks, in a stable order."""
+def plan_read_tasks(inputs: list[InputConfig], task_bytes: int = 256 << 20) -> list[ReadTask]:
+    """List every input's files and cut them into read tasks, in a stable order (file, then span)."""
     tasks: list[ReadTask] = []
     for index, cfg in enumerate(inputs):
         files = list_files(cfg)
         if cfg.format != "text":
-            tasks.extend(ReadTask(index, (f,)) for f in files)
+            for f in files:
+                tasks.extend(ReadTask(index, (f,), span) for span in split_file(cfg.format, f, task_bytes, cfg.storage_options))
             continue
         group: list[InputFile] = []
         size = 0
         for f in files:
-            if group and (len(group) >= TEXT_TASK_FILES or size + f.size > TEXT_TASK_BYTES):
+            if group and (len(group) >= TEXT_TASK_FILES or size + f.size > task_bytes):
                 tasks.append(ReadTask(index, tuple(group)))
                 group, size = [], 0
             group.append(f)
@@ -62,7 +70,7 @@ def read_task(cfg: InputConfig, task: ReadTask, batch_rows: int) -> Iterator[Rea
         yield from read_text_files(cfg, list(task.files), batch_rows)
         return
     for file in task.files:
-        yield from _PER_FILE[cfg.format](cfg, file, batch_rows)
+        yield from _PER_FILE[cfg.format](cfg, file, batch_rows, task.span)
 
 
-__all__ = ["READ_REASONS", "InputFile", "ReadBatch", "ReadTask", "list_files", "plan_read_tasks", "read_task"]
+__all__ = ["READ_REASONS", "InputFile", "ReadBatch", "ReadTask", "Span", "list_files", "plan_read_tasks", "read_task"]

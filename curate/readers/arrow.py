@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 from curate.config import InputConfig
 from curate.errors import InputError, require
 from curate.readers.files import InputFile, open_binary
+from curate.readers.ranges import Span
 from curate.readers.rows import ReadBatch, RowBuffer, rows_from_arrow
 
 
@@ -18,13 +19,18 @@ def _convert(cfg: InputConfig, batch: pa.RecordBatch | pa.Table, label: str, off
                            id_field=cfg.id_field, file_label=label, row_offset=offset)
 
 
-def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
-    """Yield batches from one Parquet file, streaming row groups; a damaged file ends in one reject."""
-    offset = 0
+def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
+    """Yield batches from one Parquet file (or a span of its row groups); a damaged file ends in one reject.
+
+    Rows are numbered by their index in the file (``<source>/<file>/<row>`` where they name
+    no id), so a span's ids are those the whole file's read gives.
+    """
+    offset = 0 if span is None else span.base
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
         try:
             pf = pq.ParquetFile(fh)
-            for batch in pf.iter_batches(batch_size=batch_rows):
+            groups = None if span is None else range(span.start, pf.num_row_groups if span.stop < 0 else span.stop)
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
                 yield _convert(cfg, batch, file.rel, offset)
                 offset += batch.num_rows
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
@@ -34,8 +40,8 @@ def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator
             yield buf.flush()
 
 
-def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
-    """Yield batches from a ``save_to_disk`` folder, or local files through ``load_dataset(hf_builder)``."""
+def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
+    """Yield batches from a ``save_to_disk`` folder, or local files through ``load_dataset(hf_builder)`` (never split)."""
     datasets = require("datasets", extra="hf", feature="format = 'hf'")
     if cfg.hf_builder:
         ds = datasets.load_dataset(cfg.hf_builder, data_files=[file.url], split="train", streaming=True)

@@ -28,7 +28,7 @@ class InputFile:
     """One input file: its URL, its name relative to the input's root, and what we know of it."""
 
     url: str
-    rel: str  # used in derived ids: <source>/<rel>/<line>
+    rel: str  # used in derived ids: <source>/<rel>@<byte offset>, <source>/<rel>/<row or key>
     size: int
     mtime: float | None
 

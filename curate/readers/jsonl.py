@@ -1,8 +1,9 @@
 """JSON Lines (plain, ``.gz``, ``.zst``): streamed in byte chunks, one record per line.
 
 Lines are parsed with orjson; a line that is not valid UTF-8 or JSON, not an object, or
-lacks a string text field becomes a reject carrying its raw bytes, file, byte offset and
-line number. UTF-8 is checked before Arrow's block parser sees a block (it does not check),
+lacks a string text field becomes a reject carrying its raw bytes, file and byte offset. A
+line that names no id is ``<source>/<file>@<offset>``, by the uncompressed byte offset of the
+line, so ids do not depend on how the file is split into tasks. UTF-8 is checked before Arrow's block parser sees a block (it does not check),
 and a ``\\ud800``-style escape, which no UTF-8 text can hold, is ``read:bad_utf8`` too.
 A truncated compressed file keeps every complete line before the damage and adds one
 ``read:truncated`` reject at the offset where decompression failed.
@@ -14,6 +15,7 @@ import io
 import zlib
 from collections.abc import Iterator
 
+import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
@@ -21,6 +23,7 @@ import pyarrow.json as pa_json
 
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
+from curate.readers.ranges import Span
 from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
 from curate.readers.utf8 import first_bad_byte, valid_utf8
 
@@ -59,47 +62,85 @@ def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
         raise _Truncated("compressed stream ended before its end marker (truncated file)")
 
 
-def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
-    """Yield batches of rows (and rejects) from one JSONL file."""
+def _owned(chunks: Iterator[bytes], pos: int, span: Span | None) -> Iterator[tuple[int, bytes]]:
+    """``(offset, bytes)`` of the lines a span owns, from chunks of the uncompressed stream starting at ``pos``.
+
+    A span ``[a, b)`` owns the bytes after the first newline at or after ``a`` (from the
+    start when ``a`` is 0) through the first newline at or after ``b`` (to the end when ``b``
+    is -1): whole lines, each in exactly one span (``curate.readers.ranges``).
+    """
+    start, stop = (0, -1) if span is None else ((span.base, span.base_stop) if span.unit == "frames" else (span.start, span.stop))
+    skipping = start > 0
+    for chunk in chunks:
+        if skipping:
+            nl = chunk.find(b"\n", max(start - pos, 0)) if pos + len(chunk) > start else -1
+            if nl < 0:
+                pos += len(chunk)
+                continue
+            chunk, pos, skipping = chunk[nl + 1:], pos + nl + 1, False
+            if 0 <= stop < pos:  # the first line starting in the span starts after it: it owns nothing
+                return
+        if stop >= 0 and pos + len(chunk) > stop:
+            nl = chunk.find(b"\n", max(stop - pos, 0))
+            if nl >= 0:
+                yield pos, chunk[:nl + 1]
+                return
+        if chunk:
+            yield pos, chunk
+        pos += len(chunk)
+
+
+def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
+    """Yield batches of rows (and rejects) from one JSONL file, or the span of it a read task covers."""
     buf = RowBuffer()
-    line_no = 0
     offset = 0  # uncompressed byte offset of the next line
     tail = b""
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+        pos = 0
+        if span is not None:
+            fh.seek(span.start)
+            pos = span.base if span.unit == "frames" else span.start
         try:
-            for chunk in _decompressed_chunks(file.url, fh):
+            for at, chunk in _owned(_decompressed_chunks(file.url, fh), pos, span):
                 data = tail + chunk
-                if offset == 0 and line_no == 0 and data.startswith(_BOM):
+                if not tail:
+                    offset = at
+                if at == 0 and data.startswith(_BOM):
                     # Windows tools start files with one; Arrow skips it but orjson refuses the line.
                     data, offset = data[len(_BOM):], len(_BOM)
                 cut = data.rfind(b"\n") + 1
                 complete, tail = data[:cut], data[cut:]
-                fast = _read_columnar(cfg, file, complete, line_no) if complete else None
+                fast = _read_columnar(cfg, file, complete, offset) if complete else None
                 if fast is not None:
                     if len(buf):
                         yield buf.flush()
                     for start in range(0, fast.rows.height, batch_rows):
                         yield ReadBatch(fast.rows.slice(start, batch_rows), fast.rejects)
-                    line_no, offset = line_no + fast.rows.height, offset + len(complete)
+                    offset += len(complete)
                     continue
                 for line in complete.split(b"\n")[:-1]:
-                    _parse_line(cfg, file, line, line_no, offset, buf)
-                    line_no, offset = line_no + 1, offset + len(line) + 1
+                    _parse_line(cfg, file, line, offset, buf)
+                    offset += len(line) + 1
                     if len(buf) >= batch_rows:
                         yield buf.flush()
             if tail.strip():
-                _parse_line(cfg, file, tail, line_no, offset, buf)
+                _parse_line(cfg, file, tail, offset, buf)
         except (_Truncated, OSError) as err:
             # Complete lines before the damage (or the failed read: a bad disk, a dropped connection)
             # are kept; the partial last line is the reject.
             error = str(err) if isinstance(err, _Truncated) else f"reading failed: {type(err).__name__}: {err}"
-            buf.reject("read:truncated", id_=f"{cfg.source or ''}/{file.rel}/{line_no}", source=cfg.source or "",
-                       raw=tail, where={"file": file.url, "offset": offset, "line": line_no, "error": error})
+            buf.reject("read:truncated", id_=derived_id(cfg.source, file, offset), source=cfg.source or "",
+                       raw=tail, where={"file": file.url, "offset": offset, "error": error})
     if len(buf):
         yield buf.flush()
 
 
-def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, first_line: int) -> ReadBatch | None:
+def derived_id(source: str | None, file: InputFile, offset: int) -> str:
+    """The id of a line that names none: ``<source>/<file>@<byte offset of the line>``, whatever the task split."""
+    return f"{source or ''}/{file.rel}@{offset}"
+
+
+def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int) -> ReadBatch | None:
     """Arrow's multithreaded JSON parser for a block of complete lines, when the result is exact.
 
     It is taken only when every line is a record with a string text, a present id (or none
@@ -125,12 +166,15 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, first_line: 
     if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
         return None
     df = pl.from_arrow(table)
-    n = df.height
     source = pl.lit(cfg.source, dtype=pl.String)
     if cfg.id_field in names:
         ids = pl.col(cfg.id_field).cast(pl.String)
     else:
-        ids = pl.format("{}/{}/{}", source, pl.lit(file.rel), pl.int_range(first_line, first_line + n))
+        ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 10)
+        if len(ends) != df.height:  # a whitespace-only line Arrow skipped: the lines path numbers them right
+            return None
+        starts = np.concatenate(([0], ends[:-1] + 1)) + offset
+        ids = pl.format("{}/{}@{}", source, pl.lit(file.rel), pl.Series(starts, dtype=pl.Int64))
     meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
     rows = df.select(ids.alias("id"), source.alias("source"), pl.col(text).alias("text"), meta.alias("meta"))
     return ReadBatch(rows, RowBuffer().flush().rejects)
@@ -160,11 +204,11 @@ def _exact(arr: pa.Array) -> bool:
     return False
 
 
-def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, line_no: int, offset: int, buf: RowBuffer) -> None:
+def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf: RowBuffer) -> None:
     if not line.strip():
         return
-    where = {"file": file.url, "offset": offset, "line": line_no}
-    fallback_id = f"{cfg.source or ''}/{file.rel}/{line_no}"
+    where = {"file": file.url, "offset": offset}
+    fallback_id = derived_id(cfg.source, file, offset)
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as err:
@@ -197,7 +241,7 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, line_no: int, of
                    where={**where, "error": f"field {cfg.text_field!r} is a {type(text).__name__}"})
     else:
         if given_id is None and cfg.source_field is not None:
-            id_ = f"{source}/{file.rel}/{line_no}"
+            id_ = derived_id(source, file, offset)
         buf.add(id_, source, text, decode_meta(record))
 
 

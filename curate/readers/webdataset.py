@@ -15,55 +15,59 @@ import orjson
 
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
+from curate.readers.ranges import Span
 from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
 from curate.readers.utf8 import printable, valid_utf8
 
 
-def _split_key(name: str) -> tuple[str, str]:
+def split_key(name: str) -> tuple[str, str]:
     """``a/b/key.ext.gz`` → (``a/b/key``, ``ext.gz``), as webdataset groups members."""
     folder, base = posixpath.split(name)
     key, _, ext = base.partition(".")
     return posixpath.join(folder, key), ext
 
 
-def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int) -> Iterator[ReadBatch]:
-    """Yield batches from one tar shard, streaming its members."""
+def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
+    """Yield batches from one tar shard (or a span of its members, from one header offset to another), streaming."""
     text_ext = "txt" if cfg.text_field == "text" else cfg.text_field
     buf = RowBuffer()
     current: str | None = None
     parts: dict[str, bytes] = {}
-    offset = 0
-    sample_no = 0
+    base = 0 if span is None else span.start  # tarfile counts member offsets from where the stream starts
+    offset = base  # of the current sample's first member, in the file
 
     def emit() -> None:
-        nonlocal sample_no
         if current is not None:
-            _add_sample(cfg, file, current, parts, offset, sample_no, text_ext, buf)
-            sample_no += 1
+            _add_sample(cfg, file, current, parts, offset, text_ext, buf)
 
-    with open_binary(file.url, cfg.storage_options) as fh:
+    with open_binary(file.url, cfg.storage_options, decompress=span is None) as fh:
         try:
-            with tarfile.open(fileobj=fh, mode="r|*") as tar:
+            if base:
+                fh.seek(base)
+            with tarfile.open(fileobj=fh, mode="r|*" if span is None else "r|") as tar:
                 for member in tar:
+                    at = base + member.offset
+                    if span is not None and 0 <= span.stop <= at:
+                        break
                     if not member.isfile():
-                        _reject_member(cfg, file, member, buf)
+                        _reject_member(cfg, file, member, at, buf)
                         continue
-                    key, ext = _split_key(printable(member.name))
+                    key, ext = split_key(printable(member.name))
                     if key != current:
                         emit()
                         if len(buf) >= batch_rows:
                             yield buf.flush()
-                        current, parts, offset = key, {}, member.offset
+                        current, parts, offset = key, {}, at
                     parts[ext] = tar.extractfile(member).read()
             emit()
         except (tarfile.TarError, EOFError, OSError) as err:
             buf.reject("read:truncated", id_=f"{file.url}#{offset}", source=cfg.source or "", raw=b"",
-                       where={"file": file.url, "offset": offset, "sample": sample_no, "error": f"{type(err).__name__}: {err}"})
+                       where={"file": file.url, "offset": offset, "error": f"{type(err).__name__}: {err}"})
     if len(buf):
         yield buf.flush()
 
 
-def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, buf: RowBuffer) -> None:
+def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, at: int, buf: RowBuffer) -> None:
     """A link or special member holds no sample bytes: it becomes a reject, so it is counted, not lost.
 
     Folders carry nothing and are skipped. Links are never followed: a link member may
@@ -72,7 +76,7 @@ def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, b
     if member.isdir():
         return
     name = printable(member.name)
-    where = {"file": file.url, "offset": member.offset, "member": name}
+    where = {"file": file.url, "offset": at, "member": name}
     if member.issym() or member.islnk():
         kind = "symbolic" if member.issym() else "hard"
         buf.reject("read:link_member", id_=f"{cfg.source or ''}/{file.rel}/{name}", source=cfg.source or "",
@@ -83,9 +87,9 @@ def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, b
                    where={**where, "error": f"a special member (tar type {member.type!r}), not a regular file"})
 
 
-def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, bytes], offset: int, sample_no: int,
-                text_ext: str, buf: RowBuffer) -> None:
-    where = {"file": file.url, "offset": offset, "sample": sample_no, "key": key}
+def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, bytes], offset: int, text_ext: str,
+                buf: RowBuffer) -> None:
+    where = {"file": file.url, "offset": offset, "key": key}
     raw_text = parts.get(text_ext, parts.get("text"))
     record: dict = {}
     if "json" in parts:

@@ -52,6 +52,7 @@ def jl(*records: dict | bytes) -> bytes:
 
 GOOD = [{"id": f"g{i}", "text": f"good document {i}"} for i in range(3)]
 GOOD_IDS = {r["id"] for r in GOOD}
+AFTER_GOOD = f"s/a.jsonl@{len(jl(*GOOD))}"  # the derived id of the line after GOOD's (by its byte offset)
 
 
 def jsonl_case(data: bytes, ids: set[str], name: str = "a.jsonl") -> Callable[[Path], tuple[str, set[str]]]:
@@ -215,22 +216,22 @@ CASES: list[Case] = [
     # -- encoding ------------------------------------------------------------------------------
     Case("raw_invalid_utf8", jsonl_case(jl(*GOOD, b'{"id": "u", "text": "caf\xe9"}\n'), GOOD_IDS | {"u"}),
          {"read:bad_utf8": 1}, kept=3),
-    Case("escaped_lone_surrogate", jsonl_case(jl(*GOOD, b'{"id": "u", "text": "x\\ud800"}\n'), GOOD_IDS | {"s/a.jsonl/3"}),
+    Case("escaped_lone_surrogate", jsonl_case(jl(*GOOD, b'{"id": "u", "text": "x\\ud800"}\n'), GOOD_IDS | {AFTER_GOOD}),
          {"read:bad_utf8": 1}, kept=3),
     Case("parquet_invalid_utf8", parquet_case(pa.table({"id": ["p0", "p1"], "text": invalid_string([b"ok", b"caf\xe9"])}),
                                               {"p0", "p1"}), {"read:bad_utf8": 1}, kept=1),
-    Case("raw_nul_byte", jsonl_case(jl(*GOOD, b'{"id": "n", "text": "a\x00b"}\n'), GOOD_IDS | {"s/a.jsonl/3"}),
+    Case("raw_nul_byte", jsonl_case(jl(*GOOD, b'{"id": "n", "text": "a\x00b"}\n'), GOOD_IDS | {AFTER_GOOD}),
          {"read:bad_json": 1}, kept=3),
     Case("escaped_nul_is_kept", jsonl_case(jl({"id": "n", "text": "a\u0000b"}), {"n"}), kept=1, check=kept_text(["a\x00b"])),
-    Case("bom", jsonl_case(b"\xef\xbb\xbf" + jl(*GOOD, b"{not json\n"), GOOD_IDS | {"s/a.jsonl/3"}), {"read:bad_json": 1}, kept=3),
+    Case("bom", jsonl_case(b"\xef\xbb\xbf" + jl(*GOOD, b"{not json\n"), GOOD_IDS | {f"s/a.jsonl@{len(jl(*GOOD)) + 3}"}), {"read:bad_json": 1}, kept=3),
     Case("crlf_line_ends", jsonl_case(jl(*GOOD).replace(b"\n", b"\r\n"), GOOD_IDS), kept=3,
          check=kept_text([r["text"] for r in GOOD])),
     # -- structure -----------------------------------------------------------------------------
-    Case("bad_json", jsonl_case(jl(*GOOD, b'{"id": "b", "text": \n'), GOOD_IDS | {"s/a.jsonl/3"}), {"read:bad_json": 1}, kept=3),
-    Case("top_level_array", jsonl_case(b'[{"id": "a", "text": "x"}, {"id": "b", "text": "y"}]\n', {"s/a.jsonl/0"}),
+    Case("bad_json", jsonl_case(jl(*GOOD, b'{"id": "b", "text": \n'), GOOD_IDS | {AFTER_GOOD}), {"read:bad_json": 1}, kept=3),
+    Case("top_level_array", jsonl_case(b'[{"id": "a", "text": "x"}, {"id": "b", "text": "y"}]\n', {"s/a.jsonl@0"}),
          {"read:not_an_object": 1}, kept=0),
     Case("non_object_lines", jsonl_case(jl(*GOOD, b'"a string"\n42\nnull\ntrue\n'),
-                                        GOOD_IDS | {f"s/a.jsonl/{i}" for i in range(3, 7)}), {"read:not_an_object": 4}, kept=3),
+                                        GOOD_IDS | {f"s/a.jsonl@{len(jl(*GOOD)) + o}" for o in (0, 11, 14, 19)}), {"read:not_an_object": 4}, kept=3),
     Case("wrong_text_types", jsonl_case(jl(*GOOD, *({"id": f"t{i}", "text": v} for i, v in enumerate([5, 1.5, ["x"], {"a": 1}, True]))),
                                         GOOD_IDS | {f"t{i}" for i in range(5)}), {"read:text_not_string": 5}, kept=3),
     Case("missing_or_null_text", jsonl_case(jl(*GOOD, {"id": "m0"}, {"id": "m1", "text": None}), GOOD_IDS | {"m0", "m1"}),
@@ -241,7 +242,7 @@ CASES: list[Case] = [
     # -- damaged files -------------------------------------------------------------------------
     Case("truncated_gzip", compressed_truncated("gz"), {"read:truncated": 1}),
     Case("truncated_zstd", compressed_truncated("zst"), {"read:truncated": 1}),
-    Case("gzip_that_is_not_gzip", jsonl_case(b"this is not gzip data at all\n", {"s/a.jsonl.gz/0"}, name="a.jsonl.gz"),
+    Case("gzip_that_is_not_gzip", jsonl_case(b"this is not gzip data at all\n", {"s/a.jsonl.gz@0"}, name="a.jsonl.gz"),
          {"read:truncated": 1}, kept=0),
     Case("truncated_tar", truncated_tar, {"read:truncated": 1}),
     Case("truncated_gzip_text_file", truncated_text_file, {"read:truncated": 1}, kept=1),
