@@ -3,7 +3,8 @@
 A reference run (a distillation teacher, a run to continue from) trained on other sources or
 with another tokenizer would make every variant's numbers meaningless; a finished variant in the
 study folder that was trained with other settings than the plan now asks for would be compared
-with runs it does not match. Both fail before anything trains, naming the variant and the key.
+with runs it does not match (a [train] setting added since, at its default, or removed since is
+not a difference: an older study still resumes). Both fail before anything trains, naming the variant and the key.
 """
 
 from __future__ import annotations
@@ -70,6 +71,23 @@ def _flat(value: object, prefix: str = "") -> dict[str, object]:
     return {prefix.rstrip("."): value}
 
 
+def _unchanged_by_version(cfg: object, key: str, planned: dict, stored: dict) -> bool:
+    """A key only one side has, from a [train] setting added (at its default) or removed since the run was
+    trained: not a difference in what the run learned."""
+    if key in stored and key not in planned:
+        return True  # a setting that no longer exists cannot be asked for
+    if key not in stored and key in planned:
+        *path, name = key.split(".")
+        owner = _get(cfg, ".".join(path)) if path else cfg
+        field = next((f for f in dataclasses.fields(owner) if f.name == name), None) \
+            if dataclasses.is_dataclass(owner) else None
+        if field is None or (field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING):
+            return False
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        return json.loads(json.dumps(default, default=str)) == planned[key]
+    return False
+
+
 def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
     """The variant's saved result when it finished with the settings the plan asks for; None when it has not
     finished; a ``ConfigError`` naming the variant and key when it finished, or started, with other settings."""
@@ -89,7 +107,8 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
         if not planned.get("attribution.every") and not stored.get("attribution.every"):
             ignore += ("attribution.",)  # attribution off in both: its other settings change nothing
         for key in sorted(planned.keys() | stored.keys()):
-            if key.startswith(ignore) or planned.get(key) == stored.get(key):
+            if key.startswith(ignore) or planned.get(key) == stored.get(key) or \
+                    _unchanged_by_version(cfg, key, planned, stored):
                 continue
             raise ConfigError(f"{where} train.{key} = {stored.get(key)!r}, the study now asks for "
                               f"{planned.get(key)!r}; {fix}")

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from curate.errors import ConfigError
 from pipelines.ablate import runner
 from pipelines.ablate.config import AblateConfig
 from pipelines.ablate.layout import StudyLayout
@@ -174,6 +175,33 @@ def test_a_finished_variant_with_other_settings_is_refused(job, tmp_path, capsys
     assert main(["ablate", str(toml)]) == 2
     err = capsys.readouterr().err
     assert "variant 'baseline'" in err and "mix weights" in err and "new [ablate] output folder" in err
+
+
+def test_a_variant_trained_before_a_setting_was_added_or_removed_still_counts_as_finished(tmp_path):
+    import dataclasses
+
+    from pipelines.ablate.checks import finished
+
+    @dataclasses.dataclass
+    class Parallel:
+        mode: str = "ddp"
+        replicas: int = -1  # added after the run below was trained
+
+    @dataclasses.dataclass
+    class Train:
+        output: str = "x"
+        parallel: Parallel = dataclasses.field(default_factory=Parallel)
+
+    layout = StudyLayout(tmp_path)
+    variant = {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 1.0}}
+    layout.write_result("without_code", {**variant, "held_out": {"prose": 3.0}, "steps": 3})
+    (layout.run_dir("without_code") / "config.json").write_text(json.dumps(
+        {"output": "x", "parallel": {"mode": "ddp", "experts": 1}}))  # "experts": removed since
+    assert finished(layout, variant, Train())["held_out"] == {"prose": 3.0}
+    with pytest.raises(ConfigError, match=r"train.parallel.replicas = None, the study now asks for 4"):
+        finished(layout, variant, Train(parallel=Parallel(replicas=4)))  # a new setting away from its default
+    with pytest.raises(ConfigError, match=r"train.parallel.mode = 'ddp', the study now asks for 'fsdp'"):
+        finished(layout, variant, Train(parallel=Parallel(mode="fsdp")))
 
 
 def test_local_workers_claim_one_gpu_each_and_ray_tasks_reserve_one(monkeypatch):
