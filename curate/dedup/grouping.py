@@ -32,6 +32,8 @@ from curate.dedup.verify import SETS_COLUMN, pair_similarities, screen_pairs
 
 log = logging.getLogger(__name__)
 
+WINDOW_BYTES = 8 << 20
+
 
 @dataclass(slots=True)
 class Grouped:
@@ -76,7 +78,9 @@ def edge_files(keys: pl.LazyFrame, candidates: list[str], n_candidates: int, *, 
         set_bytes = 4.0 * float(shingles["mean"][0] or 0)
         check_fits(8 * int(shingles["max"][0] or 0), memory_gb, what="the shingle set of the longest document (dedup.minhash verification)")
     buckets = partitions(n_candidates, PAIR_BYTES + 2 * set_bytes, memory_gb, what="the candidate pairs of dedup.minhash")
-    window_rows = int(min(1 << 16, max(1 << 10, memory_gb * GB / 16 / max(set_bytes, 64.0))))
+    # Sets are read in windows of about WINDOW_BYTES (less on a small budget): larger windows save
+    # little time and the plan's peak grows with them.
+    window_rows = int(min(1 << 16, max(1 << 8, min(WINDOW_BYTES, memory_gb * GB / 16) / max(set_bytes, 64.0))))
     stats = {"candidate_pairs": 0, "partitions": {"verify": buckets}}
     sampled, wrong = 0, 0
     files = []
