@@ -461,11 +461,11 @@ def run_datatrove(data: Path, work: Path) -> set[str]:
         LocalPipelineExecutor(steps, tasks=n_tasks, workers=WORKERS, logging_dir=f"{logs}/{stage}", start_method="fork").run()
 
     # The four steps of datatrove's MinHash dedup, each a full executor run as its docs show.
-    run([JsonlReader(str(data)), MinhashDedupSignature(str(work / "sigs"), config=config)], tasks, 1)
+    run([JsonlReader(str(data), glob_pattern="*.jsonl"), MinhashDedupSignature(str(work / "sigs"), config=config)], tasks, 1)
     run([MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config)], bands, 2)
     run([MinhashDedupCluster(str(work / "buckets"), str(work / "remove"), config=config)], 1, 3)
     removed_writer = JsonlWriter(str(work / "removed"))
-    run([JsonlReader(str(data)), MinhashDedupFilter(str(work / "remove"), exclusion_writer=removed_writer), JsonlWriter(str(work / "kept"))], tasks, 4)
+    run([JsonlReader(str(data), glob_pattern="*.jsonl"), MinhashDedupFilter(str(work / "remove"), exclusion_writer=removed_writer), JsonlWriter(str(work / "kept"))], tasks, 4)
     removed = set()
     for path in (work / "removed").glob("*.jsonl.gz"):
         removed |= {orjson.loads(line)["id"] for line in gzip.decompress(path.read_bytes()).splitlines()}
