@@ -79,7 +79,7 @@ class Trainer:
         if init is not None:
             init.apply(self.model, self.optimizer, self.scheduler, self.parallel)
         self.stopping = EarlyStopping(cfg.stop)
-        self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+        self.scaler = self.parallel.grad_scaler() if cfg.precision == "fp16" else None
         shape = dict(n_moe_layers=model.cfg.n_moe_layers, n_experts=model.cfg.n_experts, device=device)
         self.sources = list(sources)
         self.accounting = SourceAccounting(self.sources, **shape, reduce=self.parallel.reduce_sum)  # since the last log step

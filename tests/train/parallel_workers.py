@@ -36,10 +36,10 @@ def free_port() -> int:
 
 
 def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, model: dict | None = None,
-          resume: bool = False) -> Trainer:
+          resume: bool = False, config: dict | None = None) -> Trainer:
     """A tiny trainer on ``parallel``; each data-parallel rank reads its own batches (tp/pp ranks share theirs)."""
     cfg = tiny_config(run_dir, steps=steps, grad_accum=grad_accum, metrics={"log_every": 1},
-                      checkpoint={"every": 0, "resume": resume}, model=model or {})
+                      checkpoint={"every": 0, "resume": resume}, model=model or {}, **(config or {}))
     torch.manual_seed(cfg.seed)
     data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size)
     model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts),
@@ -70,6 +70,56 @@ def fit(trainer: Trainer) -> dict:
     return {"losses": losses, "norms": norms, "positions": origins, "summary": summary, "comm": comm}
 
 
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def per_source(run_dir: Path) -> list[dict]:
+    """Each logged record's per-source loss sums."""
+    return [{k: v["loss_sum"] for k, v in r["per_source"].items()} for r in records(run_dir) if "per_source" in r]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def layouts(model: torch.nn.Module) -> dict:
+    """Per parameter: its class, DTensor mesh dims and placements (empty when plain), local and dtype."""
+    out = {}
+    for name, p in model.named_parameters():
+        mesh = getattr(p, "device_mesh", None)
+        out[name] = {"dtensor": mesh is not None, "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
+                     "mesh_size": mesh.size() if mesh is not None else 1,
+                     "placements": [str(x) for x in getattr(p, "placements", ())],
+                     "local_shape": list(_local(p).shape), "dtype": str(p.dtype)}
+    return out
+
+
+def overflow_steps(trainer: Trainer, *, rank: int, steps: list[int], param: str) -> list[dict]:
+    """Run ``trainer``'s schedule, making ``rank``'s part of ``param``'s gradient overflow on ``steps`` (1-based).
+
+    The inf goes into this rank's local part of a gradient after backward, before the scaler
+    checks it: an fp16 overflow that only this rank sees. Returns this rank's view of every step.
+    """
+    scaler, unscale = trainer.scaler, trainer.scaler.unscale_
+    target = dict(trainer.model.named_parameters())[param]
+
+    def inject(optimizer):
+        if trainer.parallel.world.rank == rank and trainer.step + 1 in steps:
+            _local(target.grad).view(-1)[0] = float("inf")
+        return unscale(optimizer)
+
+    scaler.unscale_ = inject
+    seen = []
+    for _ in range(trainer.cfg.steps):
+        before = [_local(p).detach().clone() for p in trainer.model.parameters()]
+        result = trainer.train_step()
+        moved = any(not torch.equal(b, _local(p)) for b, p in zip(before, trainer.model.parameters()))
+        seen.append({"step": result.step, "loss": result.loss, "skipped": result.skipped, "stepped": moved,
+                     "scale": float(scaler.get_scale())})
+    return seen
+
+
 def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -77,13 +127,19 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     try:
         parallel = Parallel.from_env(ParallelConfig(**job.get("parallel", {})), device="cpu", n_experts=4)
         trainer = build(Path(job["run_dir"]), parallel=parallel, grad_accum=job.get("grad_accum", 1), steps=job["steps"],
-                        model=job.get("model"), resume=job.get("resume", False))
-        if job.get("stop_after"):  # train part of the schedule, checkpoint, leave (a preempted run)
+                        model=job.get("model"), resume=job.get("resume", False), config=job.get("config"))
+        if job.get("overflow"):  # every rank reports: what each one decided is the point
+            result = {"steps": overflow_steps(trainer, **job["overflow"]), "layouts": layouts(trainer.model)}
+            Path(f"{out}.{rank}").write_text(json.dumps(result, default=str))
+        elif job.get("stop_after"):  # train part of the schedule, checkpoint, leave (a preempted run)
             losses = [trainer.train_step().loss for _ in range(job["stop_after"])]
             trainer.save_checkpoint()
             result = {"losses": losses, "positions": [trainer.data.position]}
         else:
             result = fit(trainer)
+            result["layouts"] = layouts(trainer.model)
+            result["optim_dtypes"] = sorted({str(v.dtype) for state in trainer.optimizer.state.values()
+                                             for v in state.values() if isinstance(v, torch.Tensor) and v.ndim})
         if rank == 0:
             Path(out).write_text(json.dumps(result, default=str))
     finally:
@@ -91,7 +147,9 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
 
 
 def spawn(job: dict, out: Path, *, world: int = 2) -> dict:
-    """Run ``job`` on ``world`` gloo processes; returns rank 0's record."""
+    """Run ``job`` on ``world`` gloo processes; returns rank 0's record (every rank's, ``ranks``, for ``overflow``)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     mp.spawn(_worker, args=(world, free_port(), job, str(out)), nprocs=world, join=True)
+    if job.get("overflow"):
+        return {"ranks": [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]}
     return json.loads(Path(out).read_text())

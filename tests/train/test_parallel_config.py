@@ -46,7 +46,7 @@ def test_a_product_that_misses_the_world_says_so():
     ({"ep": 3}, 4, 6, r"divisor of the data-parallel degree"),
     ({"ep": 2}, 2, 3, r"divisor of train.model.n_experts \(3\)"),
     ({"ep": 2}, 2, 1, r"n_experts"),
-    ({"ep": 2, "dp_shard": -1}, 2, 4, r"FSDP2 x expert parallel"),
+    ({"ep": 2, "dp_replicate": 2, "dp_shard": 3}, 6, 4, r"a divisor or a multiple of dp_shard \(3\)"),
 ])
 def test_expert_parallel_must_fit_the_dp_ranks_and_the_experts(kw, world, experts, why):
     with pytest.raises(ConfigError, match=f"train.parallel.ep = {kw['ep']} .*{why}"):

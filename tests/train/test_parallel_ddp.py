@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tests.train.parallel_workers import build, fit, spawn
+from tests.train.parallel_workers import build, fit, per_source, records, spawn
 from train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
@@ -17,25 +17,17 @@ def _reference(tmp_path, steps: int, grad_accum: int = 2, **kw) -> dict:
                      steps=steps, **kw))
 
 
-def _records(run_dir) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _per_source(run_dir) -> list[dict]:
-    return [{k: v["loss_sum"] for k, v in r["per_source"].items()} for r in _records(run_dir) if "per_source" in r]
-
-
 def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path):
     ref = _reference(tmp_path, 5)
     got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 5, "parallel": {}}, tmp_path / "out.json")
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
-    for mine, theirs in zip(_per_source(tmp_path / "ddp"), _per_source(tmp_path / "ref"), strict=True):
+    for mine, theirs in zip(per_source(tmp_path / "ddp"), per_source(tmp_path / "ref"), strict=True):
         assert mine == pytest.approx(theirs, rel=1e-5)
     assert got["comm"]["bytes_sent"] > 0 and got["comm"]["seconds"] > 0
-    comm_pct = [r["comm_pct"] for r in _records(tmp_path / "ddp") if "loss" in r]  # what the diagnosis reads
+    comm_pct = [r["comm_pct"] for r in records(tmp_path / "ddp") if "loss" in r]  # what the diagnosis reads
     assert len(comm_pct) == 5 and all(0 < pct < 100 for pct in comm_pct)
-    assert all(r["comm_pct"] == 0 for r in _records(tmp_path / "ref") if "loss" in r)  # one process: no collectives
+    assert all(r["comm_pct"] == 0 for r in records(tmp_path / "ref") if "loss" in r)  # one process: no collectives
 
 
 def test_ddp_accumulating_micro_batches_all_reduces_once_per_step(tmp_path):
@@ -61,9 +53,9 @@ def test_fsdp2_matches_the_run_ddp_matches(tmp_path):
     # FSDP2's all-gathers and reduce-scatters are timed: each step moves more than the model's fp32 bytes
     param_bytes = 4 * sum(p.numel() for p in build(tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")),
                                                     grad_accum=1, steps=1).model.parameters())
-    records = [r for r in _records(tmp_path / "fsdp") if "loss" in r]
-    assert len(records) == 4 and all(r["comm"]["bytes_sent"] > param_bytes for r in records)
-    assert all(0 < r["comm_pct"] < 100 for r in records)
+    steps = [r for r in records(tmp_path / "fsdp") if "loss" in r]
+    assert len(steps) == 4 and all(r["comm"]["bytes_sent"] > param_bytes for r in steps)
+    assert all(0 < r["comm_pct"] < 100 for r in steps)
 
 
 def test_powersgd_trains_and_reports_bytes_saved(tmp_path):

@@ -54,7 +54,9 @@ def _second_half(tmp_path, layout) -> dict:
     ({"dp_shard": -1}, {"ep": 2}),  # FSDP2 -> DDP x EP: full-shard DTensors read back as expert shards
     ({"tp": 2}, LOCAL),  # TP 2 -> 1: the split weights were saved whole
     (LOCAL, {"tp": 2}),  # 1 -> TP 2: each rank keeps its part of the whole tensors
-], ids=["ddp+ep-to-1", "fsdp-to-1", "1-to-fsdp", "fsdp-to-ddp+ep", "tp-to-1", "1-to-tp"])
+    ({"dp_shard": -1, "ep": 2}, LOCAL),  # FSDP2 x EP on 2 -> 1: experts gathered over edp, saved over ep
+    (LOCAL, {"dp_shard": -1, "ep": 2}),  # 1 -> FSDP2 x EP: each rank's experts re-sharded over edp
+], ids=["ddp+ep-to-1", "fsdp-to-1", "1-to-fsdp", "fsdp-to-ddp+ep", "tp-to-1", "1-to-tp", "fsdp+ep-to-1", "1-to-fsdp+ep"])
 def test_a_checkpoint_resumes_on_another_mesh_with_the_uninterrupted_losses(tmp_path, saved, resumed):
     torch.set_num_threads(1)
     ref = _reference(tmp_path)

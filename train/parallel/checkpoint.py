@@ -62,10 +62,11 @@ def _map_optim(state: dict, names, fn) -> None:
 
 def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str], tp: dict | None = None) -> dict:
     """The one-process model's state dict, on the CPU (complete on rank 0 at least)."""
-    if fsdp:
+    if fsdp and not experts:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tp = tp or {}
-    state = model.state_dict()
+    # FSDP2 x EP: full over each mesh's FSDP shards on every rank, then the experts gathered over ep
+    state = get_model_state_dict(model, options=_FULL) if fsdp else model.state_dict()
     for name in dict.fromkeys([*experts, *tp]):
         state[name] = _full(name, state[name], world, experts, tp)
     return {k: v.detach().cpu() for k, v in state.items()}
@@ -74,10 +75,10 @@ def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str
 def optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, fsdp: bool,
                 experts: list[str], tp: dict | None = None) -> dict:
     """The optimizer state keyed by parameter name, full tensors, on the CPU."""
-    if fsdp:
+    if fsdp and not experts:
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tp = tp or {}
-    state = get_optimizer_state_dict(model, optimizer)
+    state = get_optimizer_state_dict(model, optimizer, options=_FULL if fsdp else None)
     _map_optim(state, [*experts, *tp], lambda name, value: _full(name, value, world, experts, tp))
     return _to_cpu(state)
 
@@ -94,14 +95,14 @@ def _to_cpu(obj):
 
 def load_model_state(model: nn.Module, state: dict, world: World, *, fsdp: bool, experts: list[str],
                      tp: dict | None = None) -> None:
-    if fsdp:
-        set_model_state_dict(model, state, options=_FULL)
-        return
     tp = tp or {}
     state = dict(state)
     for name in dict.fromkeys([*experts, *tp]):
         state[name] = _part(name, state[name], world, experts, tp)
-    model.load_state_dict(state)
+    if fsdp:  # each rank passes the full tensors (its experts' rows); FSDP2 keeps its shard
+        set_model_state_dict(model, state, options=_FULL)
+    else:
+        model.load_state_dict(state)
 
 
 def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, world: World, *, fsdp: bool,
@@ -109,13 +110,10 @@ def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
     if state.get("state") and all(isinstance(k, int) for k in state["state"]):
         optimizer.load_state_dict(state)  # saved by a one-process run before name-keyed optimizer state
         return
-    if fsdp:
-        set_optimizer_state_dict(model, optimizer, state, options=_FULL)
-        return
     tp = tp or {}
     state = {"state": {k: dict(v) for k, v in state["state"].items()}, "param_groups": state["param_groups"]}
     _map_optim(state, [*experts, *tp], lambda name, value: _part(name, value, world, experts, tp))
-    set_optimizer_state_dict(model, optimizer, state)
+    set_optimizer_state_dict(model, optimizer, state, options=_FULL if fsdp else None)
 
 
 # ---- sharded checkpoints (DCP) -------------------------------------------------------------
@@ -124,6 +122,21 @@ def _expert_dtensor(local: torch.Tensor, world: World):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     return DTensor.from_local(local, world.sparse_mesh["edp", "ep"], [Replicate(), Shard(0)], run_check=False)
+
+
+def _rank_experts(value: torch.Tensor) -> torch.Tensor:
+    """All of this rank's experts: under FSDP2 x EP they are a DTensor sharded over ``edp`` (gathered here, a copy)."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def _as_param(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's experts laid out as ``like`` (FSDP2's DTensor over ``edp``, or a plain tensor)."""
+    if not hasattr(like, "device_mesh"):
+        return local
+    from torch.distributed.tensor import distribute_tensor
+
+    # every edp rank holds the same experts after the load, so each keeps its own chunk
+    return distribute_tensor(local, like.device_mesh, like.placements)
 
 
 def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *,
@@ -142,11 +155,11 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World
         model_sd[name] = tensor_parallel.gather(model_sd[name], tp[name], world)
     _map_optim(optim_sd, tp, lambda name, value: tensor_parallel.gather(value, tp[name], world))
     for name in experts:
-        model_sd[name] = _expert_dtensor(model_sd[name], world)
+        model_sd[name] = _expert_dtensor(_rank_experts(model_sd[name]), world)
         per_param = optim_sd["state"].get(name, {})
         for key, value in per_param.items():
             if _is_sharded(value):
-                per_param[key] = _expert_dtensor(value, world)
+                per_param[key] = _expert_dtensor(_rank_experts(value), world)
     return {"model": model_sd, "optimizer": {"state": optim_sd["state"]}}, optim_sd["param_groups"]
 
 
@@ -156,12 +169,13 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
     tp = tp or {}
     shards, _ = shard_state(model, optimizer, world, experts=experts, tp=tp)
     dcp.load(shards, folder)
-    for name in experts:  # the expert DTensors wrap the local tensors: unwrap before handing them back
-        shards["model"][name] = shards["model"][name].to_local()
+    params = dict(model.named_parameters())
+    for name in experts:  # the expert DTensors wrap the local tensors: unwrap (and re-shard over edp) before handing back
+        shards["model"][name] = _as_param(shards["model"][name].to_local(), params[name])
         per_param = shards["optimizer"]["state"].get(name, {})
         for key, value in per_param.items():
             if _is_sharded(value):
-                per_param[key] = value.to_local()
+                per_param[key] = _as_param(value.to_local(), params[name])
     for name in tp:  # whole tensors: keep this tp rank's part
         shards["model"][name] = tensor_parallel.local(shards["model"][name], tp[name], world)
     _map_optim(shards["optimizer"], tp, lambda name, value: tensor_parallel.local(value, tp[name], world))

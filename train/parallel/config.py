@@ -129,5 +129,3 @@ class ParallelConfig:
                f"a divisor or a multiple of dp_shard ({dims.dp_shard}), so each expert group nests inside or "
                "contains whole FSDP groups")
         _check(n_experts > 1 and n_experts % ep == 0, "ep", ep, f"a divisor of train.model.n_experts ({n_experts})")
-        _check(dims.dp_shard == 1, "ep", ep, f"1 with dp_shard = {dims.dp_shard} (FSDP2 x expert parallel is not "
-               "offered yet); expert parallelism composes with dp_replicate (DDP)")

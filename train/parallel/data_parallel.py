@@ -7,6 +7,7 @@ data-parallel degree and normalizes by the global token count so the average is 
 # no `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime
 import logging
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -121,16 +122,50 @@ def _timed_fsdp_comms(timer: CommTimer):
 
 
 def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer) -> nn.Module:
-    """Shard every block, then the root, with FSDP2 (``fully_shard``), in place; CPU offload when asked."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    """Shard every block, then the root, with FSDP2 (``fully_shard``), in place; CPU offload when asked.
 
-    mesh = world.fsdp_mesh
+    Under expert parallelism (as torchtitan's ``apply_fsdp`` for MoE) the dense parameters are
+    sharded over FSDP's mesh (``dp_shard``, ep ranks included; HSDP's two dims when replicated), and each MoE layer's local experts
+    over the ``edp`` ranks that hold the same experts (the sparse mesh's ``edp`` dimension):
+    the router and shared experts become FSDP units of their own on the dense mesh first, so the
+    MoE module's unit holds only the expert weights. Expert gradients arrive summed over the ep
+    ranks by the all-to-all's backward; their reduce-scatter divides by the data-parallel degree,
+    as the dense one does, so both are the global-batch mean.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+
+    from train.model.moe import MoE
+
+    dense_mesh = world.fsdp_mesh
     # Pinned host memory only speeds up copies to an accelerator, and pinning needs one: without it
     # ``pin_memory`` raises, so a CPU-only (gloo) run offloads to plain memory.
     policy = CPUOffloadPolicy(pin_memory=torch.accelerator.is_available()) if cfg.cpu_offload else OffloadPolicy()
     all_gather, reduce_scatter = _timed_fsdp_comms(timer)
-    for module in [*model.blocks, model]:
-        fully_shard(module, mesh=mesh, offload_policy=policy)
+
+    def shard(module: nn.Module, mesh, **kw) -> None:
+        fully_shard(module, mesh=mesh, offload_policy=policy, **kw)
         module.set_custom_all_gather(all_gather)
         module.set_custom_reduce_scatter(reduce_scatter)
+
+    # The MoE block returns a view of its output; FSDP2 warns that an in-place op on it would skip its
+    # pre-backward hook. ``Block`` adds it out of place, so the warning does not apply.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPMoE\) returned a view tensor")
+    for block in model.blocks:
+        moe = block.ffn
+        if world.ep_size > 1 and isinstance(moe, MoE):
+            for sub in (moe.router, moe.shared):
+                if sub is not None:
+                    shard(sub, dense_mesh)
+            expert_mesh = world.sparse_mesh["edp"]
+            # fewer local experts than ranks to shard them over: shard the next dimension instead
+            dim = 0 if moe.w13_ED2F.shape[0] >= expert_mesh.size() else 1
+            shard(moe, expert_mesh, shard_placement_fn=lambda _p, dim=dim: Shard(dim))
+            moe.set_gradient_divide_factor(float(world.dp_size))
+            # gloo has no PREMUL_SUM: sum, then divide. Not on one rank, where FSDP2 (torch 2.13) already
+            # divides by the factor when it copies instead of reduce-scattering, and would divide twice.
+            if expert_mesh.size() > 1 and dist.get_backend(expert_mesh.get_group()) != "nccl":
+                moe.set_force_sum_reduction_for_comms(True)
+        shard(block, dense_mesh)
+    shard(model, dense_mesh)
     return model

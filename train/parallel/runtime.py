@@ -29,6 +29,7 @@ from train.parallel.config import ParallelConfig
 from train.parallel.data_parallel import apply_fsdp, wrap_ddp
 from train.parallel.expert_parallel import expert_parameters, expert_shard, sharded_expert_names, sync_expert_grads
 from train.parallel.mesh import World, init_world
+from train.parallel.precision import AgreedGradScaler
 from train.parallel.reduce import Reducer
 from train.parallel.tensor_parallel import split_layouts, tensor_shard
 
@@ -110,7 +111,10 @@ class Parallel:
             self.tp_layouts = split_layouts(model, self.world)
             self._tp_params = expert_parameters(model, list(self.tp_layouts))
         if self.fsdp:
-            return apply_fsdp(model, self.world, self.cfg, self.comm)
+            net = apply_fsdp(model, self.world, self.cfg, self.comm)
+            # fully_shard replaced the parameters (DTensors now); FSDP2 reduces the expert gradients itself
+            self._expert_params = expert_parameters(model, self.experts)
+            return net
         if self.world.dp_size == 1:
             return model
         return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
@@ -126,6 +130,13 @@ class Parallel:
             return contextlib.nullcontext()
         return net.no_sync()
 
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """fp16's loss scaler; across ranks one whose overflow check every rank agrees on (``precision``)."""
+        device = self.world.device.type
+        if not self.world.distributed:
+            return torch.amp.GradScaler(device)
+        return AgreedGradScaler(device, timer=self.comm)
+
     def global_tokens(self, local_tokens: int) -> int:
         """Loss tokens of the step over every rank: the denominator of the global-batch mean."""
         return self.reducer.sum_int(local_tokens)
@@ -135,10 +146,13 @@ class Parallel:
         params = [p for p in model.parameters() if p.grad is not None]
         if not self.world.distributed:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if self._expert_params:
+        if self._expert_params and not self.fsdp:
             sync_expert_grads(self._expert_params, self.world, self.comm)
         norm = self._grad_norm_sq(params).sqrt()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        # one call per mesh: under FSDP2 x EP the dense and expert gradients are DTensors on different meshes
+        on_ep = {id(p) for p in self._expert_params}
+        for group in ([p for p in params if id(p) not in on_ep], [p for p in params if id(p) in on_ep]):
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
         return norm
 
     def _grad_norm_sq(self, params: list[nn.Parameter]) -> torch.Tensor:
