@@ -65,9 +65,11 @@ def peak_flops_basis(device: torch.device, configured: float | None) -> tuple[fl
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
+    """Memory in use and at peak; on a GPU also the device's own limit (``limit_gib``, what the diagnosis compares to)."""
     if device.type == "cuda":
+        _free, total = torch.cuda.mem_get_info(device)  # the driver's figure: what this process can have at most
         return {"allocated_gib": torch.cuda.memory_allocated(device) / 2**30,
-                "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+                "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30, "limit_gib": total / 2**30}
     try:
         import resource
 
