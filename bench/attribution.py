@@ -77,7 +77,7 @@ def _efficiency(name: str, record: dict) -> None:
     print(f"{name}: steps {record['steps'][0]}-{record['steps'][1]}, per held-out source "
           "(measured change, sources' column sum, sum / measured, |residual| / |measured|):")
     for s, m, c, r in zip(record["sources"], measured, columns, residual):
-        print(f"  {s:<12} {m:+.4f} {c:+.4f}  {c / m:5.2f}x  {abs(r) / abs(m):6.1%}")
+        print(f"  {s:<12} {m:+.4f} {c:+.4f}  {c / m:5.2f}x  {abs(r) / abs(m):6.1%}", flush=True)
 
 
 def _study(folder: Path) -> None:
@@ -116,9 +116,10 @@ def main() -> int:
                               start=args.start, split=None if name == "off" else name)
                 wall, cpu, record = _run(cfg)
                 times[name].append((wall, cpu))
-                if record is not None:
+                print(f"round {r + 1} {name:<7} {wall:7.1f} s wall {cpu:7.1f} s CPU", flush=True)
+                if record is not None and name not in last:
+                    _efficiency(name, record)  # the same every round: same seed, same steps
                     last[name] = record
-                print(f"round {r + 1} {name:<7} {wall:7.1f} s wall {cpu:7.1f} s CPU")
     if "off" in times:
         for name in names:
             if name == "off":
@@ -127,8 +128,6 @@ def main() -> int:
             cpu = statistics.median(b[1] / a[1] for a, b in zip(times["off"], times[name]))
             print(f"{name}: {wall:.3f} x off in wall time ({wall - 1:+.1%}), {cpu:.3f} x off in CPU time "
                   f"({cpu - 1:+.1%}), steps {args.start + 1}-{args.steps} of {args.steps} attributed, every {args.every}")
-    for name, record in last.items():
-        _efficiency(name, record)
     if args.study is not None:
         _study(args.study)
     return 0
