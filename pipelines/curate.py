@@ -10,7 +10,7 @@ from typing import Any
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("curate", help="run a job's curation stages and write shards")
     p.add_argument("job", type=Path, help="the job file (TOML)")
-    p.add_argument("--output", help="output folder (overrides [job] output)")
+    p.add_argument("--output", help="output folder or fsspec URL, e.g. s3://bucket/job (overrides [job] output)")
     p.add_argument("--workers", type=int, help="local worker processes (overrides [job] workers)")
     p.set_defaults(func=run)
 
