@@ -5,8 +5,10 @@
 # bf16 peak: 989 TFLOP/s) and peak memory. Installs nothing: it runs from this checkout with the
 # torch already in the environment. Extra arguments go to bench/gpu.py (e.g. --steps 100, or
 # --preset tiny --device cpu to walk the same path on a CPU, as tests/bench/test_gpu_check.py does).
+# PYTHON names the interpreter (default: the first python on PATH, e.g. an activated venv's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c "import torch; print(f'torch {torch.__version__}, cuda available: {torch.cuda.is_available()}', (torch.cuda.get_device_name(0) if torch.cuda.is_available() else ''))"
-timeout "${WINNOW_GPU_TIMEOUT:-460}" python bench/gpu.py "$@"
+PYTHON="${PYTHON:-python}"
+"$PYTHON" -c "import torch; print(f'torch {torch.__version__}, cuda available: {torch.cuda.is_available()}', (torch.cuda.get_device_name(0) if torch.cuda.is_available() else ''))"
+timeout "${WINNOW_GPU_TIMEOUT:-460}" "$PYTHON" bench/gpu.py "$@"

@@ -2,7 +2,9 @@
 
 import importlib.util
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,8 @@ def _driver():
 def test_gpu_check_runs_a_tiny_bf16_model_on_cpu_and_prints_the_trainers_figures():
     out = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--preset", "tiny", "--device", "cpu", "--steps", "3",
                           "--warmup", "2", "--peak-flops", "1e12"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
+                         capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, "PYTHON": sys.executable}).stdout  # the venv's, activated or not
     r = json.loads(out.strip().splitlines()[-1])
     assert "tokens/s, MFU" in out
     assert r["precision"] == "bf16" and r["timed_steps"] == 3 and r["step"] == 5  # the record is the last step's
