@@ -58,17 +58,20 @@ class SourceAccounting:
         self.tokens_S.index_add_(0, src_T, mask_T.to(torch.int64))
 
     def add_routing(self, experts_per_layer: Sequence[torch.Tensor], source_ids_BL: torch.Tensor,
-                    loss_mask_BL: torch.Tensor) -> None:
-        """Count which experts each source's (unmasked) tokens were routed to, per MoE layer."""
+                    loss_mask_BL: torch.Tensor, *, first_layer: int = 0) -> None:
+        """Count which experts each source's (unmasked) tokens were routed to, per MoE layer.
+
+        ``experts_per_layer`` are MoE layers ``first_layer, first_layer + 1, ...`` (a pipeline stage's).
+        """
         src_T = source_ids_BL.reshape(-1).clamp(min=0)
         mask_T = loss_mask_BL.reshape(-1).to(torch.int64)
         for layer, experts_TK in enumerate(experts_per_layer):
             cell_TK = src_T[:, None] * self.n_experts + experts_TK
             weight_TK = mask_T[:, None].expand_as(experts_TK)
-            self.routing_MSE[layer].view(-1).index_add_(0, cell_TK.reshape(-1), weight_TK.reshape(-1))
+            self.routing_MSE[first_layer + layer].view(-1).index_add_(0, cell_TK.reshape(-1), weight_TK.reshape(-1))
 
-    def add_load(self, load_ME: torch.Tensor) -> None:
-        self.load_ME += load_ME.to(torch.float64)
+    def add_load(self, load_ME: torch.Tensor, *, first_layer: int = 0) -> None:
+        self.load_ME[first_layer:first_layer + load_ME.shape[0]] += load_ME.to(torch.float64)
 
     def merge(self, other: SourceAccounting) -> None:
         """Add another accumulator's sums (a finished step's) into this one, on the device."""

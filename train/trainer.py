@@ -65,10 +65,15 @@ class Trainer:
                               f"activation_checkpointing=cfg.activation_checkpointing)")
         self.model = model.to(device)
         self.parallel = parallel or Parallel.local(device)
-        self.net = self.parallel.wrap(self.model)  # what forward runs through (DDP/FSDP2); self.model stays bare
+        self.net = self.parallel.wrap(self.model, grad_accum=cfg.grad_accum)  # DDP/FSDP2; self.model stays bare
         if cfg.optim.name == "lamb" and self.parallel.tp_layouts:
             raise ConfigError("train.optim.name = 'lamb' with train.parallel.tp > 1: LAMB's trust ratio needs each "
                               "whole parameter's norm and every tp rank holds a part of the split ones; use 'adamw'")
+        self.pipeline = self.parallel.pipeline  # pipeline parallel: self.model holds this rank's stages only
+        if self.pipeline is not None:
+            from train.parallel.pipeline import check_pipeline_run
+
+            check_pipeline_run(cfg, teacher=teacher, attribution=bool(cfg.attribution.every and val_data is not None))
         self.teacher = teacher.to(device).eval() if teacher is not None else None
         self.data, self._batches = data, iter(data)
         self.val_data = val_data
@@ -142,12 +147,40 @@ class Trainer:
                 token_loss_BL = cross_entropy_per_token(out.logits_BLV.detach(), b.targets)
         self._step_accounting.add_loss(token_loss_BL, b.source_ids, b.loss_mask)
         if out.moe:
-            self._step_accounting.add_routing([s.experts_TK for s in out.moe], b.source_ids, b.loss_mask)
-            self._step_accounting.add_load(torch.stack([s.load_E for s in out.moe]))
-            self._router_M3 += torch.stack([torch.stack([s.aux_loss.detach(), s.z_loss.detach(), s.dropped.float()])
-                                            for s in out.moe]).double()
+            self._record_moe(0, out.moe, b.source_ids, b.loss_mask)
         self.micro_steps += 1
         return data_loss.detach()
+
+    def _record_moe(self, first: int, moe: list, source_ids_BL: torch.Tensor, loss_mask_BL: torch.Tensor) -> None:
+        """Routing, load and router losses of MoE layers ``first, first + 1, ...`` (all of them, or a pipeline stage's)."""
+        self._step_accounting.add_routing([s.experts_TK for s in moe], source_ids_BL, loss_mask_BL, first_layer=first)
+        self._step_accounting.add_load(torch.stack([s.load_E for s in moe]), first_layer=first)
+        self._router_M3[first:first + len(moe)] += torch.stack(
+            [torch.stack([s.aux_loss.detach(), s.z_loss.detach(), s.dropped.float()]) for s in moe]).double()
+
+    def _pipeline_step(self, batches: list, n_tokens: int) -> torch.Tensor:
+        """The step's micro-batches through the pipeline schedule; returns this dp rank's share of the data loss.
+
+        The loss is the one ``_micro_step`` differentiates, computed on the last stage; the router
+        losses join each stage's backward (``train.parallel.pipeline``). Every pp rank returns the
+        share, summed over the pipeline.
+        """
+        total = torch.zeros((), device=self.device)
+
+        def loss(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL):
+            nonlocal total
+            token_loss_BL = cross_entropy_per_token(logits_BLV, targets_BL, label_smoothing=self.cfg.label_smoothing)
+            data_loss = (token_loss_BL * loss_mask_BL).sum() / max(n_tokens, 1)
+            if self.cfg.label_smoothing > 0:
+                with torch.no_grad():
+                    token_loss_BL = cross_entropy_per_token(logits_BLV.detach(), targets_BL)
+            self._step_accounting.add_loss(token_loss_BL, source_ids_BL, loss_mask_BL)
+            total += data_loss.detach()
+            return data_loss * self.parallel.grad_scale
+
+        self.pipeline.run([b.to(self.device) for b in batches], loss=loss, record=self._record_moe, autocast=self._autocast)
+        self.micro_steps += len(batches)
+        return self.parallel.reduce_pp(total)  # every stage then decides the same skip
 
     def _split(self, batch):
         """While attributing: each source's part of the micro-batch's gradients (``train.attribution``)."""
@@ -163,9 +196,12 @@ class Trainer:
         # host-side (the batches are still on the CPU), summed over ranks: the global-batch mean's denominator
         n_tokens = self.parallel.global_tokens(sum(b.num_tokens for b in batches))
         loss = torch.zeros((), device=self.device)
-        for i, batch in enumerate(batches):
-            with self.parallel.grad_sync(self.net, last=i == len(batches) - 1), self._split(batch):
-                loss += self._micro_step(batch, n_tokens, len(batches))
+        if self.pipeline is not None:
+            loss = self._pipeline_step(batches, n_tokens)
+        else:
+            for i, batch in enumerate(batches):
+                with self.parallel.grad_sync(self.net, last=i == len(batches) - 1), self._split(batch):
+                    loss += self._micro_step(batch, n_tokens, len(batches))
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.cfg.optim.grad_clip or float("inf")
@@ -224,7 +260,7 @@ class Trainer:
     # ---- logging, evaluation, checkpoints -------------------------------------------------
     def log_metrics(self) -> dict:
         acct = self.accounting.flush()
-        router = (self._router_M3 / max(self.micro_steps, 1)).cpu()
+        router = (self.parallel.reduce_pp(self._router_M3) / max(self.micro_steps, 1)).cpu()  # stages: their layers
         self._router_M3.zero_()
         self.micro_steps = 0
         speed = self.throughput.summary(self.flops_per_token, self.peak_flops)
@@ -261,19 +297,23 @@ class Trainer:
         if self.val_data is None:
             return None
         mark = self.throughput.mark()
-        acct = SourceAccounting(self.sources, n_moe_layers=0, n_experts=0, device=self.device)
+        # under pipeline parallelism the sums arise on the last stage and rank 0 writes them
+        acct = SourceAccounting(self.sources, n_moe_layers=0, n_experts=0, device=self.device, reduce=self.parallel.reduce_pp)
         self.model.eval()
         loader = self.val_data()
         try:
             with torch.no_grad():
                 batches = self.progress.evaluating(loader, total=self.cfg.eval_batches)
-                for _, batch in zip(itertools.count() if self.cfg.eval_batches is None else range(self.cfg.eval_batches), batches):
-                    if stop_requested() is not None:  # preempted: the checkpoint matters more than this pass
-                        break
-                    b = batch.to(self.device)
-                    with self._autocast():
-                        logits_BLV = self.model(b.tokens, b.doc_ids).logits_BLV
-                    acct.add_loss(cross_entropy_per_token(logits_BLV, b.targets), b.source_ids, b.loss_mask)
+                capped = zip(itertools.count() if self.cfg.eval_batches is None else range(self.cfg.eval_batches), batches)
+                # preempted: the checkpoint matters more than this pass
+                held_out = (batch.to(self.device) for _, batch in itertools.takewhile(lambda _: stop_requested() is None, capped))
+                if self.pipeline is not None:
+                    self._pipeline_evaluate(held_out, acct)
+                else:
+                    for b in held_out:
+                        with self._autocast():
+                            logits_BLV = self.model(b.tokens, b.doc_ids).logits_BLV
+                        acct.add_loss(cross_entropy_per_token(logits_BLV, b.targets), b.source_ids, b.loss_mask)
         finally:
             if hasattr(loader, "close"):
                 loader.close()
@@ -287,6 +327,14 @@ class Trainer:
         self.metrics.write(record)
         self.throughput.exclude_since(mark)
         return record
+
+    def _pipeline_evaluate(self, held_out: Iterable, acct: SourceAccounting) -> None:
+        def loss(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL):
+            acct.add_loss(cross_entropy_per_token(logits_BLV, targets_BL), source_ids_BL, loss_mask_BL)
+            return logits_BLV.new_zeros(())  # nothing to differentiate
+
+        self.pipeline.evaluate(held_out, loss=loss, rows=self.cfg.data.batch_size, cols=self.cfg.data.seq_len,
+                               autocast=self._autocast)
 
     def state_dict(self) -> dict:
         """The whole run in the one-process format (checkpoints keep weights and moments sharded instead)."""

@@ -36,7 +36,7 @@ def free_port() -> int:
 
 
 def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, model: dict | None = None,
-          resume: bool = False, config: dict | None = None) -> Trainer:
+          resume: bool = False, config: dict | None = None, val_batches: int = 0) -> Trainer:
     """A tiny trainer on ``parallel``; each data-parallel rank reads its own batches (tp/pp ranks share theirs)."""
     cfg = tiny_config(run_dir, steps=steps, grad_accum=grad_accum, metrics={"log_every": 1},
                       checkpoint={"every": 0, "resume": resume}, model=model or {}, **(config or {}))
@@ -44,8 +44,10 @@ def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, mod
     data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size)
     model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts),
                         tensor=parallel.tensor_shard(cfg.model))
+    held_out = SyntheticBatches(seed=7)  # the same held-out batches on every rank
+    val_data = (lambda: (held_out.make(i) for i in range(val_batches))) if val_batches else None
     return Trainer(cfg, model=model, data=data, sources=SOURCES, run_dir=run_dir,
-                   device=torch.device("cpu"), parallel=parallel)
+                   device=torch.device("cpu"), parallel=parallel, val_data=val_data)
 
 
 def fit(trainer: Trainer) -> dict:
@@ -127,7 +129,8 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     try:
         parallel = Parallel.from_env(ParallelConfig(**job.get("parallel", {})), device="cpu", n_experts=4)
         trainer = build(Path(job["run_dir"]), parallel=parallel, grad_accum=job.get("grad_accum", 1), steps=job["steps"],
-                        model=job.get("model"), resume=job.get("resume", False), config=job.get("config"))
+                        model=job.get("model"), resume=job.get("resume", False), config=job.get("config"),
+                        val_batches=job.get("val_batches", 0))
         if job.get("overflow"):  # every rank reports: what each one decided is the point
             result = {"steps": overflow_steps(trainer, **job["overflow"]), "layouts": layouts(trainer.model)}
             Path(f"{out}.{rank}").write_text(json.dumps(result, default=str))

@@ -13,7 +13,10 @@ from train.parallel.mesh import World
 @pytest.mark.parametrize("kw, key", [({"dp_shard": 0}, "dp_shard"), ({"tp": 0}, "tp"), ({"ep": -1}, "ep"),
                                      ({"dp_replicate": -2}, "dp_replicate"), ({"cpu_offload": True}, "cpu_offload"),
                                      ({"dp_shard": 2, "powersgd_rank": 2}, "powersgd_rank"),
-                                     ({"backend": "mpi"}, "backend")])
+                                     ({"backend": "mpi"}, "backend"),
+                                     ({"pp_schedule": "zb"}, "pp_schedule"),
+                                     ({"pp_stages_per_rank": 2}, "pp_stages_per_rank"),
+                                     ({"pp_schedule": "interleaved_1f1b"}, "pp_stages_per_rank")])
 def test_bad_values_name_the_key(kw, key):
     with pytest.raises(ConfigError, match=f"train.parallel.{key}"):
         ParallelConfig(**kw)

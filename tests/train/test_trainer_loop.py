@@ -59,8 +59,8 @@ class SyntheticBatches:
 
 
 def tiny_config(tmp_path, **kw) -> TrainConfig:
-    model = ModelConfig(vocab_size=40, dim=32, n_layers=2, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2,
-                        max_seq_len=64, **kw.pop("model", {}))
+    model = ModelConfig(**{**dict(vocab_size=40, dim=32, n_layers=2, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2,
+                                  max_seq_len=64), **kw.pop("model", {})})
     kw.setdefault("steps", 20)
     for key, cls in SUBCONFIGS.items():
         if key in kw:

@@ -91,21 +91,34 @@ class Transformer(nn.Module):
             nn.init.normal_(param, 0.0, residual_std if is_residual_out else std)
 
     def forward(self, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None = None) -> ModelOutput:
-        mask_B1LL = document_mask(doc_ids_BL) if self.cfg.doc_mask and doc_ids_BL is not None else None
-        x_BLD = self.embed(tokens_BL)
-        hook_embedding(self.embed.weight, tokens_BL, x_BLD)  # per-source gradient rows while a split is active
+        mask_B1LL = self.attention_mask(doc_ids_BL)
+        x_BLD = self.embed_tokens(tokens_BL)
         moe_stats: list[MoEStats] = []
         for block in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x_BLD, stats = checkpoint(block, x_BLD, mask_B1LL, use_reentrant=False)
-            else:
-                x_BLD, stats = block(x_BLD, mask_B1LL)
+            x_BLD, stats = self.run_block(block, x_BLD, mask_B1LL)
             if stats is not None:
                 moe_stats.append(stats)
-        logits_BLV = project(self.head, self.norm(x_BLD))
-        return ModelOutput(logits_BLV, self._router_loss(moe_stats, x_BLD), moe_stats)
+        return ModelOutput(self.output(x_BLD), self.router_loss(moe_stats, x_BLD), moe_stats)
 
-    def _router_loss(self, moe_stats: list[MoEStats], like: torch.Tensor) -> torch.Tensor:
+    # the pieces of ``forward``, which a pipeline stage (``train.parallel.pipeline``) runs a part of
+    def attention_mask(self, doc_ids_BL: torch.Tensor | None) -> torch.Tensor | None:
+        return document_mask(doc_ids_BL) if self.cfg.doc_mask and doc_ids_BL is not None else None
+
+    def embed_tokens(self, tokens_BL: torch.Tensor) -> torch.Tensor:
+        x_BLD = self.embed(tokens_BL)
+        hook_embedding(self.embed.weight, tokens_BL, x_BLD)  # per-source gradient rows while a split is active
+        return x_BLD
+
+    def run_block(self, block: Block, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None):
+        if self.activation_checkpointing and self.training:
+            return checkpoint(block, x_BLD, mask_B1LL, use_reentrant=False)
+        return block(x_BLD, mask_B1LL)
+
+    def output(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        return project(self.head, self.norm(x_BLD))
+
+    def router_loss(self, moe_stats: list[MoEStats], like: torch.Tensor) -> torch.Tensor:
+        """The weighted aux + z losses of ``moe_stats``, to add to the training loss."""
         cfg = self.cfg
         loss = like.new_zeros((), dtype=torch.float32)
         for stats in moe_stats:  # summed over layers, Switch-style
@@ -114,16 +127,31 @@ class Transformer(nn.Module):
             loss = loss + cfg.z_loss_coef * stats.z_loss
         return loss
 
+    def keep_stage(self, layers: set[int], *, embed: bool, head: bool) -> None:
+        """Drop the blocks (and the embedding or the norm and head) that other pipeline stages hold.
+
+        The dropped entries become None, so the parameter names stay the one-process model's.
+        """
+        for i in range(len(self.blocks)):
+            if i not in layers:
+                self.blocks[i] = None
+        if not embed:
+            self.embed = None
+        if not head:
+            self.norm, self.head = None, None
+
     def moe_layers(self) -> list[MoE]:
-        return [block.ffn for block in self.blocks if isinstance(block.ffn, MoE)]
+        return [block.ffn for block in self.blocks if block is not None and isinstance(block.ffn, MoE)]
 
     @torch.no_grad()
     def update_expert_bias(self, load_ME: torch.Tensor) -> None:
         """Aux-loss-free balancing: after an optimizer step, move each layer's bias by its step's load."""
         if self.cfg.load_balance != "bias":
             return
-        for moe, load_E in zip(self.moe_layers(), load_ME):
-            moe.router.update_bias(load_E)
+        moe_blocks = [block for i, block in enumerate(self.blocks) if self.cfg.is_moe_layer(i)]
+        for block, load_E in zip(moe_blocks, load_ME, strict=True):  # rows: every MoE layer, held here or not
+            if block is not None:
+                block.ffn.router.update_bias(load_E)
 
     def num_params(self) -> tuple[int, int]:
         """(total, active) parameters of the built model (active: k of the routed experts per token)."""

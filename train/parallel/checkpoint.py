@@ -11,6 +11,9 @@ another. Rank 0 writes the rest (``state.pt``) and commits the folder (atomic, c
 The full (one-process) state (``model_state``/``optim_state``, and back) stays for
 ``Trainer.state_dict`` and ``init_from``: parameter names without wrapper prefixes, full expert
 tensors, the optimizer state keyed by parameter name.
+Under pipeline parallelism each rank holds some layers (under the one-process names): the DCP
+folder gets every stage's tensors from the rank holding them, and the one-process state gathers
+them over the ``pp`` group; each rank loads its layers'.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str
     state = get_model_state_dict(model, options=_FULL) if fsdp else model.state_dict()
     for name in dict.fromkeys([*experts, *tp]):
         state[name] = _full(name, state[name], world, experts, tp)
-    return {k: v.detach().cpu() for k, v in state.items()}
+    return _gather_stages({k: v.detach().cpu() for k, v in state.items()}, world)
 
 
 def optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, fsdp: bool,
@@ -80,7 +83,30 @@ def optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World
     tp = tp or {}
     state = get_optimizer_state_dict(model, optimizer, options=_FULL if fsdp else None)
     _map_optim(state, [*experts, *tp], lambda name, value: _full(name, value, world, experts, tp))
-    return _to_cpu(state)
+    state = _to_cpu(state)
+    if world.pp_size > 1:
+        parts = _gather_objects(state, world)
+        state = {"state": {k: v for part in parts for k, v in part["state"].items()},
+                 "param_groups": [{**group, "params": [n for part in parts for n in part["param_groups"][i]["params"]]}
+                                  for i, group in enumerate(parts[0]["param_groups"])]}
+    return state
+
+
+def _gather_objects(obj, world: World) -> list:
+    parts = [None] * world.pp_size
+    dist.all_gather_object(parts, obj, group=world.pp_group)
+    return parts
+
+
+def _gather_stages(state: dict, world: World) -> dict:
+    """The union of the pipeline stages' state dicts (their names are the one-process model's)."""
+    if world.pp_size == 1:
+        return state
+    return {k: v for part in _gather_objects(state, world) for k, v in part.items()}
+
+
+def _own(state: dict, names) -> dict:
+    return {k: v for k, v in state.items() if k in names}
 
 
 def _to_cpu(obj):
@@ -96,7 +122,7 @@ def _to_cpu(obj):
 def load_model_state(model: nn.Module, state: dict, world: World, *, fsdp: bool, experts: list[str],
                      tp: dict | None = None) -> None:
     tp = tp or {}
-    state = dict(state)
+    state = _own(state, model.state_dict()) if world.pp_size > 1 else dict(state)  # this stage's layers
     for name in dict.fromkeys([*experts, *tp]):
         state[name] = _part(name, state[name], world, experts, tp)
     if fsdp:  # each rank passes the full tensors (its experts' rows); FSDP2 keeps its shard
@@ -112,6 +138,10 @@ def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
         return
     tp = tp or {}
     state = {"state": {k: dict(v) for k, v in state["state"].items()}, "param_groups": state["param_groups"]}
+    if world.pp_size > 1:  # this stage's parameters
+        names = {name for name, _ in model.named_parameters()}
+        state = {"state": _own(state["state"], names),
+                 "param_groups": [{**g, "params": [n for n in g["params"] if n in names]} for g in state["param_groups"]]}
     _map_optim(state, [*experts, *tp], lambda name, value: _part(name, value, world, experts, tp))
     set_optimizer_state_dict(model, optimizer, state, options=_FULL if fsdp else None)
 
@@ -180,7 +210,10 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
         shards["model"][name] = tensor_parallel.local(shards["model"][name], tp[name], world)
     _map_optim(shards["optimizer"], tp, lambda name, value: tensor_parallel.local(value, tp[name], world))
     set_model_state_dict(model, shards["model"])
-    set_optimizer_state_dict(model, optimizer, {"state": shards["optimizer"]["state"], "param_groups": param_groups})
+    # the saved groups' settings over this rank's own parameters: a pipeline stage holds only some of them
+    own = get_optimizer_state_dict(model, optimizer)["param_groups"]
+    groups = [{**saved, "params": mine["params"]} for saved, mine in zip(param_groups, own, strict=True)]
+    set_optimizer_state_dict(model, optimizer, {"state": shards["optimizer"]["state"], "param_groups": groups})
 
 
 def _agree(world: World, error: str | None) -> None:

@@ -74,6 +74,8 @@ class ParallelConfig:
     dp_shard: int = 1  # ranks the dense parameters are sharded over (FSDP2)
     tp: int = 1  # tensor parallel: attention heads, FFN and expert hidden widths split over these ranks
     pp: int = 1  # pipeline parallel: the layers split into this many stages
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"  # micro-batches = train.grad_accum
+    pp_stages_per_rank: int = 1  # > 1 only with "interleaved_1f1b" (virtual stages, looped placement)
     ep: int = 1  # expert parallel: each MoE layer's experts split over this many of the dp ranks
     cpu_offload: bool = False  # dp_shard > 1 only: parameters, gradients and optimizer state live on the CPU
     powersgd_rank: int = 0  # DDP only: >0 compresses gradients with PowerSGD at this rank
@@ -87,12 +89,16 @@ class ParallelConfig:
             value = getattr(self, key)
             _check(isinstance(value, int) and (value >= 1 or value == -1), key, value,
                    "an integer >= 1, or -1 (whatever the world size leaves)")
-        for key in ("tp", "pp", "ep", "bucket_mb"):
+        for key in ("tp", "pp", "ep", "bucket_mb", "pp_stages_per_rank"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
         for key in ("powersgd_rank", "powersgd_start_iter"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 0, key, value, "an integer >= 0")
+        _check(self.pp_schedule in ("gpipe", "1f1b", "interleaved_1f1b"), "pp_schedule", self.pp_schedule,
+               "'gpipe', '1f1b' or 'interleaved_1f1b'")
+        _check((self.pp_schedule == "interleaved_1f1b") == (self.pp_stages_per_rank > 1), "pp_stages_per_rank",
+               self.pp_stages_per_rank, "1 with pp_schedule 'gpipe' or '1f1b', 2 or more with 'interleaved_1f1b'")
         _check(not self.cpu_offload or self.dp_shard != 1, "cpu_offload", self.cpu_offload,
                "true only with dp_shard > 1 or -1 (FSDP2's CPUOffloadPolicy)")
         _check(not self.powersgd_rank or self.dp_shard == 1, "powersgd_rank", self.powersgd_rank,

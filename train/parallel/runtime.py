@@ -58,6 +58,7 @@ class Parallel:
         self.tp_layouts: dict[str, tuple[int, int]] = {}  # parameters split over the tp group -> (dim, parts)
         self._tp_params: list[nn.Parameter] = []
         self._reduce_load = False
+        self.pipeline = None  # train.parallel.pipeline.Pipeline of this rank's stages, once ``wrap`` built it
 
     @classmethod
     def local(cls, device: torch.device) -> Parallel:
@@ -90,20 +91,21 @@ class Parallel:
         """This rank's tensor-parallel part, for ``Transformer(cfg, tensor=...)``; None without tensor parallelism."""
         return tensor_shard(self.world, self.comm, cfg)
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, *, grad_accum: int = 1) -> nn.Module:
         """DDP or FSDP2; returns the module to call forward on (``model`` stays the bare one).
 
         Under expert parallelism the model must have been built with ``experts=self.expert_shard(...)``,
         under tensor parallelism with ``tensor=self.tensor_shard(cfg)``. DDP runs over the ``dp`` group
         (none when it is one rank): ranks of one tp group hold different parts and share their batches.
+        Under pipeline parallelism ``model`` keeps only this rank's stages and ``self.pipeline`` runs
+        them, ``grad_accum`` micro-batches per step.
         """
         self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and self.world.dp_size > 1
         if not self.world.distributed:
             return model
         dims = self.world.dims
         if dims.pp > 1:
-            raise ConfigError(f"train.parallel.pp = {dims.pp}: this build's trainer does not wrap the model for "
-                              "it yet; leave pp = 1")
+            return self._wrap_pipeline(model, grad_accum)
         if self.world.ep_size > 1:
             self.experts = sharded_expert_names(model, self.world)
             self._expert_params = expert_parameters(model, self.experts)
@@ -118,6 +120,20 @@ class Parallel:
         if self.world.dp_size == 1:
             return model
         return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
+
+    def _wrap_pipeline(self, model: nn.Module, grad_accum: int) -> nn.Module:
+        """This rank's pipeline stages (``self.pipeline``), each under DDP over the dp ranks when there are several."""
+        from train.parallel.pipeline import Pipeline
+
+        dims = self.world.dims
+        if dims.dp_shard > 1 or dims.ep > 1 or dims.tp > 1:
+            raise ConfigError(f"train.parallel.pp = {dims.pp} with dp_shard = {dims.dp_shard}, ep = {dims.ep}, tp = {dims.tp}: "
+                              "pipeline parallelism composes with dp_replicate (DDP) only so far; set dp_shard, ep and tp to 1")
+        wrap = (lambda stage: wrap_ddp(stage, self.world, self.cfg, self.comm)) if dims.dp_replicate > 1 else None
+        self.pipeline = Pipeline(model, rank=self.world.pp_rank, size=dims.pp, group=self.world.pp_group,
+                                 schedule=self.cfg.pp_schedule, n_microbatches=grad_accum, device=self.world.device,
+                                 timer=self.comm, stages_per_rank=self.cfg.pp_stages_per_rank, wrap=wrap)
+        return model
 
     def grad_sync(self, net: nn.Module, *, last: bool):
         """Context for one micro-batch's forward and backward: DDP all-reduces only on the ``last`` one.
@@ -146,6 +162,11 @@ class Parallel:
         params = [p for p in model.parameters() if p.grad is not None]
         if not self.world.distributed:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if self.pipeline is not None:  # each stage holds its own parameters: the norm's squares add up over pp
+            norm_sq = torch.nn.utils.get_total_norm([p.grad for p in params]).pow(2)
+            norm = self.reduce_pp(norm_sq).sqrt()
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+            return norm
         if self._expert_params and not self.fsdp:
             sync_expert_grads(self._expert_params, self.world, self.comm)
         norm = self._grad_norm_sq(params).sqrt()
@@ -189,8 +210,21 @@ class Parallel:
         return self.reducer.step_values(loss, grad_norm)
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Per-source sums, routing counts and loads over the ranks (the accounting's ``reduce``)."""
-        return self.reducer.sum(tensor)
+        """Per-source sums, routing counts and loads over the ranks (the accounting's ``reduce``).
+
+        Under pipeline parallelism each figure arises on one stage (the losses on the last, a layer's
+        routing where it lives), so the dp sums are summed over the pipeline too.
+        """
+        return self.reduce_pp(self.reducer.sum(tensor))
+
+    def reduce_pp(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the ranks of one pipeline: stage-local figures (router losses per layer, held-out sums) made whole."""
+        if self.pipeline is None:
+            return tensor
+        out = tensor.detach().clone()
+        with self.comm.blocking(out.numel() * out.element_size()):
+            dist.all_reduce(out, group=self.world.pp_group)
+        return out
 
     def global_load(self, load_ME: torch.Tensor) -> torch.Tensor:
         """The step's expert load over every rank, for the aux-loss-free bias update (only then a collective)."""
