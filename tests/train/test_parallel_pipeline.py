@@ -86,3 +86,17 @@ def test_pipeline_checkpoints_hold_the_whole_model_and_resume_across_layouts(tmp
     second = spawn({"run_dir": str(tmp_path / "one"), "steps": 6, "resume": True, "grad_accum": 2, "parallel": pp},
                    tmp_path / "second.json")
     assert second["losses"] == pytest.approx(ref["losses"][3:], abs=1e-5)
+
+
+def test_pipeline_under_ddp_four_processes_matches_one_process(tmp_path):
+    # dp_replicate 2 x pp 2: each pipeline's stages are DDP over the 2 dp ranks; one process takes all 4 batches
+    torch.set_num_threads(1)
+    ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=4, steps=3))
+    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 3, "grad_accum": 2,
+                 "parallel": {"pp": 2, "dp_replicate": 2, "pp_schedule": "1f1b"}}, tmp_path / "out.json", world=4)
+    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
+    for a, b in zip(_records(tmp_path / "pp"), _records(tmp_path / "ref"), strict=True):
+        assert {k: v["loss_sum"] for k, v in a["per_source"].items()} == pytest.approx(
+            {k: v["loss_sum"] for k, v in b["per_source"].items()}, rel=1e-6)
+        assert a["routing"] == b["routing"]
