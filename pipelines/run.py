@@ -12,6 +12,7 @@ from pathlib import Path
 
 from curate.errors import ConfigError
 from curate.pipeline import run_job
+from curate.workdir import is_url
 from pipelines.jobfile import load_job, read_toml
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         job = load_job(args.job, output=args.output, workers=args.workers)
         print(f"[1/3] curate {args.job} -> {job.job.output}")
         run_job(job, progress=not args.quiet)
-        raw, report_dir = job.raw, Path(job.job.output)
+        raw, report_dir = job.raw, job.job.output  # a folder, or a URL the report reads in place
     else:  # nothing to curate: the job file needs no [job] or [[inputs]], only [train]
         raw = read_toml(args.job)
         if "train" not in raw:
@@ -63,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
         report_dir = Path(cfg.output)
     else:
         print("[2/3] no [train] table: nothing to train")
-    path = write_report(report_dir)
+    storage = job.job.storage_options if args.shards is None else None
+    path = write_report(report_dir, storage_options=storage)
     print("[3/3] report written")
-    if (report_dir / "metrics.jsonl").is_file():
+    if not is_url(report_dir) and (Path(report_dir) / "metrics.jsonl").is_file():
         print(source_table(load_run(report_dir)))
     print(f"report: {path}")
     return 0

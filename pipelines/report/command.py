@@ -11,7 +11,8 @@ from pipelines.report.page import locate, write_report
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write report.html for a job folder, a run folder, or both")
-    p.add_argument("dir", type=Path, help="a curation job folder (manifest.json) or a training run folder (metrics.jsonl)")
+    p.add_argument("dir", help="a curation job folder (manifest.json), a training run folder (metrics.jsonl), "
+                   "or a job's output URL (s3://...; the page is written there)")
     p.add_argument("--output", type=Path, help="where to write the page (default: DIR/report.html)")
     p.add_argument("--diagnose", action="store_true", help="also print the diagnosis of the training run")
     p.add_argument("--memory-limit-gib", type=float, help="device memory for the memory rule (default: logged, or host RAM)")

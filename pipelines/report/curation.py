@@ -1,7 +1,8 @@
 """Reading a curation job folder for the report: the funnel, the mix, the curriculum and score columns.
 
 Everything but the score histograms comes from ``manifest.json`` (``docs/design.md``); the
-histograms read only the ``source`` and score columns of the Parquet shards, lazily.
+histograms read only the ``source`` and score columns of the Parquet shards, lazily. A job
+whose output is an fsspec URL (``s3://bucket/job``) is read in place through its filesystem.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from curate.errors import InputError
 from curate.manifest import upgrade
+from curate.workdir import is_url
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +27,15 @@ SCORE_COLUMNS = ("quality", "difficulty")
 
 @dataclass(slots=True)
 class CurationJob:
-    """A curation job folder and its manifest."""
+    """A curation job folder (a local ``Path``, or a URL read through ``fs``) and its manifest."""
 
-    path: Path
+    path: Path | str
     manifest: dict
+    fs: Any = None  # the fsspec filesystem of a URL job; None for a local folder
 
     @property
     def name(self) -> str:
-        return str(self.manifest.get("job") or self.path.name)
+        return str(self.manifest.get("job") or str(self.path).rstrip("/").rsplit("/", 1)[-1])
 
     @property
     def sources(self) -> list[str]:
@@ -78,34 +82,64 @@ class CurationJob:
                     out.append((shard["path"], float(mean)))
         return out
 
-    def shard_paths(self) -> list[Path]:
-        paths = [self.path / s["path"] for s in self.manifest.get("shards", []) if s.get("format") == "parquet"]
-        return [p for p in paths if p.is_file()]
+    def shard_paths(self) -> list[Path | str]:
+        names = [s["path"] for s in self.manifest.get("shards", []) if s.get("format") == "parquet"]
+        if self.fs is not None:
+            return [p for p in (f"{str(self.path).rstrip('/')}/{n}" for n in names) if self.fs.isfile(p)]
+        return [p for p in (self.path / n for n in names) if p.is_file()]
 
     def score_columns(self) -> pl.DataFrame | None:
         """``source`` plus the score columns present in the shards (train and val); None without shards."""
         paths = self.shard_paths()
         if not paths:
             return None
-        frame = pl.scan_parquet(paths)
-        present = [c for c in SCORE_COLUMNS if c in frame.collect_schema()]
-        if not present:
-            return None
+        if self.fs is not None:  # read only the needed columns through the store's filesystem
+            import pyarrow.dataset as ds
+
+            dataset = ds.dataset(paths, format="parquet", filesystem=self.fs)
+            present = [c for c in SCORE_COLUMNS if c in dataset.schema.names]
+            if not present:
+                return None
+            frame = pl.from_arrow(dataset.to_table(columns=["id", "source", *present])).lazy()
+        else:
+            frame = pl.scan_parquet(paths)
+            present = [c for c in SCORE_COLUMNS if c in frame.collect_schema()]
+            if not present:
+                return None
         # repeats are copies of the same document: the histograms describe distinct rows
         return frame.select("id", "source", *present).unique("id").drop("id").collect()
 
 
-def is_job_dir(path: Path) -> bool:
-    return (path / "manifest.json").is_file()
+def is_job_dir(path: Path | str, storage_options: dict[str, Any] | None = None) -> bool:
+    if is_url(path):
+        fs = _url_fs(str(path), storage_options)
+        return fs.isfile(f"{str(path).rstrip('/')}/manifest.json")
+    return (Path(path) / "manifest.json").is_file()
 
 
-def read_job_folder(path: str | Path) -> CurationJob:
-    """Read a curation job folder (one holding ``manifest.json``)."""
-    path = Path(path)
-    if not is_job_dir(path):
-        raise InputError(f"{path} is not a curation job folder: no manifest.json there")
+def read_job_folder(path: str | Path, storage_options: dict[str, Any] | None = None) -> CurationJob:
+    """Read a curation job folder (one holding ``manifest.json``): a local folder or an fsspec URL."""
+    fs = None
+    if is_url(path):
+        fs, path = _url_fs(str(path), storage_options), str(path).rstrip("/")
+        where = f"{path}/manifest.json"
+        if not fs.isfile(where):
+            raise InputError(f"{path} is not a curation job folder: no manifest.json there")
+        text = fs.cat_file(where).decode("utf-8")
+    else:
+        path = Path(path)
+        where = str(path / "manifest.json")
+        if not is_job_dir(path):
+            raise InputError(f"{path} is not a curation job folder: no manifest.json there")
+        text = (path / "manifest.json").read_text()
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputError(f"{path / 'manifest.json'} is not valid JSON ({err}); re-run the curation job") from err
-    return CurationJob(path=path, manifest=upgrade(manifest, where=str(path / "manifest.json")))
+        raise InputError(f"{where} is not valid JSON ({err}); re-run the curation job") from err
+    return CurationJob(path=path, manifest=upgrade(manifest, where=where), fs=fs)
+
+
+def _url_fs(url: str, storage_options: dict[str, Any] | None) -> Any:
+    import fsspec
+
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))[0]

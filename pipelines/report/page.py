@@ -17,6 +17,7 @@ import numpy as np
 
 from curate.atomic import write_text_atomic
 from curate.errors import InputError
+from curate.workdir import is_url
 from pipelines.ablate.layout import Study, load_study
 from pipelines.report import continued, plots
 from pipelines.report.curation import CurationJob, is_job_dir, read_job_folder
@@ -44,9 +45,15 @@ document.body.setAttribute('data-images-total',imgs.length);document.body.setAtt
 document.body.setAttribute('data-errors',window.__errors.length);document.body.setAttribute('data-loaded','1');});"""
 
 
-def locate(path: str | Path) -> tuple[CurationJob | None, TrainingRun | None, Study | None]:
+def locate(path: str | Path, storage_options: dict | None = None,
+           ) -> tuple[CurationJob | None, TrainingRun | None, Study | None]:
     """The job, run and/or ablation study a folder holds: a run folder (and the job it trained on), a job
-    folder (and its default run folder ``<job>/train``), a study folder (whose baseline run is at its top)."""
+    folder (and its default run folder ``<job>/train``), a study folder (whose baseline run is at its top).
+    A URL (``s3://...``) names a curation job on an object store, read in place."""
+    if is_url(path):
+        if not is_job_dir(path, storage_options):
+            raise InputError(f"{path} holds no curation job (manifest.json); give the job's [job] output URL")
+        return read_job_folder(path, storage_options), None, None
     path = Path(path)
     job = run = None
     study = load_study(path)
@@ -230,10 +237,19 @@ def render(job: CurationJob | None, run: TrainingRun | None, study: Study | None
 
 
 def write_report(path: str | Path, *, output: str | Path | None = None,
-                 diagnose_cfg: DiagnoseConfig | None = None) -> Path:
-    """Write ``report.html`` for the job and/or run in folder ``path``; returns where it went."""
-    job, run, study = locate(path)
-    target = Path(output) if output is not None else Path(path) / "report.html"
-    write_text_atomic(target, render(job, run, study, diagnose_cfg=diagnose_cfg))  # a reader never sees half a page
+                 diagnose_cfg: DiagnoseConfig | None = None, storage_options: dict | None = None) -> Path | str:
+    """Write ``report.html`` for the job and/or run in folder ``path``; returns where it went.
+
+    For a job on an object store (``path`` a URL) the page goes to ``<path>/report.html`` on the
+    store unless ``output`` names a local file; one PUT, so a reader never sees half a page there either.
+    """
+    job, run, study = locate(path, storage_options)
+    page = render(job, run, study, diagnose_cfg=diagnose_cfg)
+    if output is None and is_url(path):
+        target = f"{str(path).rstrip('/')}/report.html"
+        job.fs.pipe_file(target, page.encode("utf-8"))
+    else:
+        target = Path(output) if output is not None else Path(path) / "report.html"
+        write_text_atomic(target, page)  # a reader never sees half a page
     log.info("report written to %s", target)
     return target

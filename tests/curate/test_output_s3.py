@@ -135,7 +135,7 @@ def local_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_job_on_s3_writes_the_same_bytes_as_a_local_run(tmp_path, s3, local_run, nothing_lost):
+def test_a_job_on_s3_writes_the_same_bytes_as_a_local_run(tmp_path, s3, local_run, nothing_lost, monkeypatch, capsys):
     out, local = local_run
     nothing_lost(out)
     prefix = f"{BUCKET}/same"
@@ -149,6 +149,15 @@ def test_a_job_on_s3_writes_the_same_bytes_as_a_local_run(tmp_path, s3, local_ru
     names = [k.rsplit("/", 1)[-1] for k in s3.find(prefix)]
     assert not [n for n in names if n.endswith(".tmp")], "temporary keys left behind"
     assert not s3.exists(f"{prefix}/_work") and s3.exists(f"{prefix}/.winnow-output") and s3.exists(f"{prefix}/README.md")
+    # the report reads the manifest and the shards' score columns in place, and goes next to them
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main(["-q", "report", f"s3://{prefix}"]) == 0
+    assert f"report: s3://{prefix}/report.html" in capsys.readouterr().out
+    page = s3.cat_file(f"{prefix}/report.html").decode()
+    assert "winnow report: job" in page and "score histograms" in page
+    assert list(cwd.iterdir()) == []  # no local folder named after the URL
     # a re-run of the finished job starts afresh in the prefix winnow owns, and writes the same bytes again
     run_job(load_job(job_file(tmp_path, "job", f"s3://{prefix}")), progress=False)
     assert store_outputs(s3, prefix) == expected
@@ -265,3 +274,4 @@ def test_an_input_edited_since_the_work_began_redoes_only_its_task_on_s3(tmp_pat
     fresh = tmp_path / "fresh"
     run_job(load_job(job_file(tmp_path, "fresh", str(fresh))), progress=False)
     assert store_outputs(s3, prefix) == local_outputs(fresh)
+
