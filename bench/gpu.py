@@ -10,6 +10,12 @@ per token over the device's dense bf16 peak: 989 TFLOP/s on an H200) and the pea
 from the run's one ``metrics.jsonl`` record, which covers the timed steps only (``fit`` restarts
 the throughput clock, so the warm-up steps before it — allocator growth, kernel selection — stay out). The last line is one
 JSON object with the same figures, for scripts.
+
+When ``import torchtitan`` works (it is not a project dependency: ``pip install torchtitan``, which on
+0.3.0 also imports ``triton``), the same process then trains torchtitan's MoE at the same size on the
+same batches (``bench/gpu_torchtitan.py``) and prints its figures and "winnow N x torchtitan" ratios;
+``--peer none`` skips it. On a CPU the two peak-memory figures are the process's peak RSS, which the
+second run cannot go below, so only the GPU's per-run allocator peaks compare.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from train.checkpoint import CheckpointConfig  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
 from train.data import Batch, LoaderConfig  # noqa: E402
-from train.metrics import MetricsConfig  # noqa: E402
+from train.metrics import MetricsConfig, peak_flops_basis  # noqa: E402
 from train.model import ModelConfig, Transformer  # noqa: E402
 from train.trainer import Trainer  # noqa: E402
 
@@ -72,8 +78,7 @@ def measure(*, preset: str, device: str, steps: int, warmup: int, precision: str
     batch, seq = batch or default_batch, seq or default_seq
     dev = torch.device(device)
     model_cfg = ModelConfig(**shape, max_seq_len=seq)
-    if dev.type == "cuda" and peak_flops is None and "H200" in torch.cuda.get_device_name(dev):
-        peak_flops = H200_PEAK
+    peak_flops = resolve_peak(dev, peak_flops)
     with tempfile.TemporaryDirectory(prefix="winnow-gpu-") as run_dir:
         cfg = TrainConfig(output=run_dir, steps=warmup + steps, model=model_cfg, precision=precision, eval_every=0,
                           data=LoaderConfig(batch_size=batch, seq_len=seq, num_workers=0),
@@ -90,14 +95,62 @@ def measure(*, preset: str, device: str, steps: int, warmup: int, precision: str
             for _ in range(warmup):  # fit() starts its throughput clock afresh: these stay out of the record
                 trainer.train_step()
             trainer.fit()
-            basis = trainer.peak_basis if peak_flops is None else f"{peak_flops:.3g} FLOP/s (given)"
+            basis, peak = trainer.peak_basis, trainer.peak_flops
         wall = time.perf_counter() - start
         records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if "tokens_per_s" in r][-1]
     return {"preset": preset, "device": str(dev), "precision": precision, "total_params": total,
             "active_params": active, "batch": batch, "seq": seq, "timed_steps": steps, "step": last["step"],
             "tokens_per_s": last["tokens_per_s"], "mfu": last["mfu"], "mfu_basis": basis,
+            "peak_flops": peak,
             "memory": last["memory"], "loss": last["loss"], "wall_s": wall}
+
+
+def resolve_peak(dev: torch.device, given: float | None) -> float | None:
+    """The MFU basis: the given figure, 989 TFLOP/s on an H200, else None (the trainer's table decides)."""
+    if given is None and dev.type == "cuda" and "H200" in torch.cuda.get_device_name(dev):
+        return H200_PEAK
+    return given
+
+
+def _billions(n: int) -> str:
+    return f"{n / 1e9:.3f}B" if n >= 1e8 else f"{n / 1e6:.3f}M"
+
+
+def _peak_memory(mem: dict) -> str:
+    return f"{mem['peak_gib']:.1f} GiB allocated" if "peak_gib" in mem else f"{mem.get('peak_rss_gib', 0):.2f} GiB RSS"
+
+
+def measure_peer(args, winnow: dict) -> dict | None:
+    """torchtitan's MoE at the preset's size on the same batches; None (and a line saying why) when it is absent."""
+    import bench.gpu_torchtitan as peer
+
+    why = peer.available()
+    if why is not None:
+        print(f"torchtitan: not measured, its MoE model does not import here ({why}); "
+              "pip install torchtitan to add the peer")
+        return None
+    shape, _ = PRESETS[args.preset]
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    batches = RandomBatches(batch=winnow["batch"], seq=winnow["seq"], vocab=shape["vocab_size"], device=dev)
+    r = peer.measure(shape=shape, batch=winnow["batch"], seq=winnow["seq"], device=args.device, steps=args.steps,
+                     warmup=args.warmup, precision=args.precision, peak_flops=winnow["peak_flops"], batches=batches,
+                     attn=args.tt_attn)
+    print(f"torchtitan {_billions(r['total_params'])} total / {_billions(r['active_params'])} active "
+          f"(winnow: {_billions(winnow['total_params'])} / {_billions(winnow['active_params'])}), {args.precision}, "
+          f"{r['attention']} attention, same batches: {r['tokens_per_s']:,.0f} tokens/s, "
+          f"MFU {100 * r['mfu']:.1f}% on active parameters, peak memory {_peak_memory(r['memory'])}, "
+          f"loss {r['loss']:.3f}, wall {r['wall_s']:.0f} s")
+    ratio = {"tokens_per_s": winnow["tokens_per_s"] / r["tokens_per_s"], "mfu": winnow["mfu"] / r["mfu"]}
+    mem_w, mem_t = winnow["memory"], r["memory"]
+    if "peak_gib" in mem_w and "peak_gib" in mem_t:
+        ratio["peak_memory"] = mem_w["peak_gib"] / mem_t["peak_gib"]
+    print(f"winnow {ratio['tokens_per_s']:.2f} x torchtitan tokens/s, {ratio['mfu']:.2f} x torchtitan MFU"
+          + (f", {ratio['peak_memory']:.2f} x torchtitan peak memory" if "peak_memory" in ratio else
+             " (peak memory: process RSS on CPU, not comparable)"))
+    return {**r, "ratio": ratio}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,17 +163,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, help="sequences per step (default: the preset's)")
     p.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
     p.add_argument("--peak-flops", type=float, help="MFU basis; default: 989e12 on an H200, else the trainer's table")
+    p.add_argument("--peer", choices=("auto", "none"), default="auto",
+                   help="auto: also train torchtitan's MoE at the same size when torchtitan imports")
+    p.add_argument("--tt-attn", choices=("sdpa", "flex"), default="sdpa",
+                   help="torchtitan's attention: causal SDPA (winnow's kernel) or its FlexAttention (no CPU backward)")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: this torch sees no CUDA device (use --device cpu with --preset tiny to check the path)")
     r = measure(preset=args.preset, device=args.device, steps=args.steps, warmup=args.warmup, precision=args.precision,
                 peak_flops=args.peak_flops, batch=args.batch, seq=args.seq)
-    mem = r["memory"]
-    peak = f"{mem['peak_gib']:.1f} GiB allocated" if "peak_gib" in mem else f"{mem.get('peak_rss_gib', 0):.2f} GiB RSS"
-    print(f"winnow {r['total_params'] / 1e9:.3f}B total / {r['active_params'] / 1e9:.3f}B active, {r['precision']}, "
+    peak = _peak_memory(r["memory"])
+    print(f"winnow {_billions(r['total_params'])} total / {_billions(r['active_params'])} active, {r['precision']}, "
           f"batch {r['batch']} x seq {r['seq']}, {r['timed_steps']} timed steps on {r['device']}: "
           f"{r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f}% on active parameters "
           f"(basis {r['mfu_basis']}), peak memory {peak}, loss {r['loss']:.3f}, wall {r['wall_s']:.0f} s")
+    if args.peer == "auto":
+        r["torchtitan"] = measure_peer(args, r)
     print(json.dumps(r))
     return 0
 
