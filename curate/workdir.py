@@ -42,6 +42,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -101,11 +102,39 @@ def local_root(output: str | Path) -> Path:
     url = str(output)
     root = _ROOTS.get(url)
     if root is None:
-        base = os.environ.get("WINNOW_SCRATCH") or None
-        root = Path(tempfile.mkdtemp(prefix=f"winnow-{hashlib.sha256(url.encode()).hexdigest()[:8]}-", dir=base))
+        root = _scratch(f"winnow-{hashlib.sha256(url.encode()).hexdigest()[:8]}")
         _ROOTS[url] = root
         atexit.register(shutil.rmtree, root, True)
     return root
+
+
+_SCRATCH_NAME = re.compile(r"winnow-(?:task|[0-9a-f]{8})-pid(\d+)-[A-Za-z0-9_]{8}")
+
+
+def _scratch(kind: str) -> Path:
+    """A new private scratch folder ``<kind>-pid<PID>-<random>``, after removing those of dead processes.
+
+    A process killed with SIGKILL never runs its cleanup, so its folder would stay in the
+    scratch base (``WINNOW_SCRATCH`` or the system's temporary folder) for ever. Each folder
+    carries its owner's pid; one whose owner no longer runs on this machine is removed here.
+    Only names of this form are touched, and never a live process's.
+    """
+    base = Path(os.environ.get("WINNOW_SCRATCH") or tempfile.gettempdir())
+    for stale in base.glob("winnow-*-pid*-*"):
+        match = _SCRATCH_NAME.fullmatch(stale.name)
+        if match and stale.is_dir() and int(match[1]) != os.getpid() and not _alive(int(match[1])):
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-pid{os.getpid()}-", dir=base))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def drop_root(output: str | Path) -> None:
@@ -127,7 +156,7 @@ def task_scratch(output: str | Path) -> Iterator[None]:
         return
     url = str(output)
     saved = _ROOTS.get(url)
-    root = Path(tempfile.mkdtemp(prefix="winnow-task-", dir=os.environ.get("WINNOW_SCRATCH") or None))
+    root = _scratch("winnow-task")
     _ROOTS[url] = root
     try:
         yield

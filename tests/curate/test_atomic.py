@@ -69,3 +69,26 @@ def test_the_umask_at_write_time_applies(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "manifest.json").stat().st_mode) == 0o600
+
+
+def test_a_killed_processs_scratch_folder_is_removed_by_the_next_one_and_nothing_else(tmp_path, monkeypatch):
+    """SIGKILL skips cleanup: the next task sweeps scratch folders of dead pids, never a live one's or the user's."""
+    import subprocess
+    import sys
+
+    from curate.workdir import task_scratch
+
+    monkeypatch.setenv("WINNOW_SCRATCH", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = [tmp_path / f"winnow-task-pid{dead_pid}-abcd1234", tmp_path / f"winnow-0123abcd-pid{dead_pid}-x_y9z8w7"]
+    live = tmp_path / f"winnow-task-pid{os.getppid()}-live0000"
+    users = [tmp_path / f"winnow-notes-pid{dead_pid}-mine", tmp_path / "winnow-task-keep"]
+    for folder in stale + [live] + users:
+        folder.mkdir()
+        (folder / "rows.parquet").write_bytes(b"x")
+    with task_scratch("s3://bucket/job"):
+        mine = [p for p in tmp_path.iterdir() if p.name.startswith(f"winnow-task-pid{os.getpid()}-")]
+        assert len(mine) == 1
+    assert not any(p.exists() for p in stale) and not mine[0].exists()
+    assert live.exists() and all(p.exists() for p in users)
