@@ -166,6 +166,9 @@ class Trainer:
         share, summed over the pipeline.
         """
         total = torch.zeros((), device=self.device)
+        # fp16: the scaler's factor on the data loss and on the router losses; ``scale`` (not ``get_scale``)
+        # also starts the scaler on the stages that never call the loss
+        scale = float(self.scaler.scale(torch.ones((), device=self.device))) if self.scaler else 1.0
 
         def loss(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL):
             nonlocal total
@@ -176,9 +179,11 @@ class Trainer:
                     token_loss_BL = cross_entropy_per_token(logits_BLV.detach(), targets_BL)
             self._step_accounting.add_loss(token_loss_BL, source_ids_BL, loss_mask_BL)
             total += data_loss.detach()
-            return data_loss * self.parallel.grad_scale
+            differentiated = data_loss * self.parallel.grad_scale
+            return self.scaler.scale(differentiated) if self.scaler else differentiated
 
-        self.pipeline.run([b.to(self.device) for b in batches], loss=loss, record=self._record_moe, autocast=self._autocast)
+        self.pipeline.run([b.to(self.device) for b in batches], loss=loss, record=self._record_moe,
+                          autocast=self._autocast, loss_scale=scale)
         self.micro_steps += len(batches)
         return self.parallel.reduce_pp(total)  # every stage then decides the same skip
 

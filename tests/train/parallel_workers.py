@@ -104,7 +104,10 @@ def overflow_steps(trainer: Trainer, *, rank: int, steps: list[int], param: str)
     checks it: an fp16 overflow that only this rank sees. Returns this rank's view of every step.
     """
     scaler, unscale = trainer.scaler, trainer.scaler.unscale_
-    target = dict(trainer.model.named_parameters())[param]
+    # under pipeline parallelism only the ranks of ``param``'s stage hold it
+    target = dict(trainer.model.named_parameters()).get(param)
+    if trainer.parallel.world.rank == rank and target is None:
+        raise KeyError(f"rank {rank} does not hold {param!r}")
 
     def inject(optimizer):
         if trainer.parallel.world.rank == rank and trainer.step + 1 in steps:

@@ -65,10 +65,11 @@ def _map_optim(state: dict, names, fn) -> None:
 
 def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str], tp: dict | None = None) -> dict:
     """The one-process model's state dict, on the CPU (complete on rank 0 at least)."""
-    if fsdp and not experts:
+    if fsdp and not experts and world.pp_size == 1:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tp = tp or {}
-    # FSDP2 x EP: full over each mesh's FSDP shards on every rank, then the experts gathered over ep
+    # FSDP2 x EP (or x PP): full over each mesh's FSDP shards on every rank, then the experts gathered over ep
+    # and the stages over pp
     state = get_model_state_dict(model, options=_FULL) if fsdp else model.state_dict()
     for name in dict.fromkeys([*experts, *tp]):
         state[name] = _full(name, state[name], world, experts, tp)
@@ -78,7 +79,7 @@ def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str
 def optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, fsdp: bool,
                 experts: list[str], tp: dict | None = None) -> dict:
     """The optimizer state keyed by parameter name, full tensors, on the CPU."""
-    if fsdp and not experts:
+    if fsdp and not experts and world.pp_size == 1:
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tp = tp or {}
     state = get_optimizer_state_dict(model, optimizer, options=_FULL if fsdp else None)

@@ -121,8 +121,15 @@ def _timed_fsdp_comms(timer: CommTimer):
     return TimedAllGather(), TimedReduceScatter()
 
 
-def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer) -> nn.Module:
+def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
+               reshard_after_forward: bool = True) -> nn.Module:
     """Shard every block, then the root, with FSDP2 (``fully_shard``), in place; CPU offload when asked.
+
+    ``model`` is the whole transformer or one pipeline stage (``StageModule``, its blocks in a
+    ``ModuleDict``). Under pipeline parallelism, as in torchtitan, the parameters stay gathered
+    from forward to backward (``reshard_after_forward=False``): every micro-batch's backward
+    would otherwise all-gather them again; the stage (``PipelineStage``) skips the reduce-scatter
+    on all but the step's last backward.
 
     Under expert parallelism (as torchtitan's ``apply_fsdp`` for MoE) the dense parameters are
     sharded over FSDP's mesh (``dp_shard``, ep ranks included; HSDP's two dims when replicated), and each MoE layer's local experts
@@ -144,14 +151,15 @@ def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommT
     all_gather, reduce_scatter = _timed_fsdp_comms(timer)
 
     def shard(module: nn.Module, mesh, **kw) -> None:
-        fully_shard(module, mesh=mesh, offload_policy=policy, **kw)
+        fully_shard(module, mesh=mesh, offload_policy=policy, reshard_after_forward=reshard_after_forward, **kw)
         module.set_custom_all_gather(all_gather)
         module.set_custom_reduce_scatter(reduce_scatter)
 
     # The MoE block returns a view of its output; FSDP2 warns that an in-place op on it would skip its
     # pre-backward hook. ``Block`` adds it out of place, so the warning does not apply.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPMoE\) returned a view tensor")
-    for block in model.blocks:
+    blocks = model.blocks.values() if isinstance(model.blocks, nn.ModuleDict) else model.blocks
+    for block in blocks:
         moe = block.ffn
         if world.ep_size > 1 and isinstance(moe, MoE):
             for sub in (moe.router, moe.shared):

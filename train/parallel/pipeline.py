@@ -50,9 +50,6 @@ def check_pipeline_run(cfg, *, teacher, attribution: bool) -> None:
         why = "train.distill: the teacher's logits would have to be computed by a pipeline of their own"
     elif attribution:
         why = "train.attribution: per-source gradient splits are not carried through the pipeline stages"
-    elif cfg.precision == "fp16":
-        why = ("train.precision = 'fp16': the gradient scaler's overflow check is per stage; use 'bf16' (no scaler) "
-               "or 'fp32'")
     elif cfg.data.seq_len_warmup_steps:
         why = ("train.data.seq_len_warmup_steps: the stages' receive buffers have one micro-batch shape; set it to 0")
     if why is not None:
@@ -228,10 +225,12 @@ class Pipeline:
         return self._loss_fn(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL.bool())
 
     def run(self, batches: list, *, loss: LossFn, record: Record | None, train: bool = True,
-            autocast: Callable = contextlib.nullcontext) -> None:
+            autocast: Callable = contextlib.nullcontext, loss_scale: float = 1.0) -> None:
         """One schedule step over ``batches`` (one per micro-batch, already on the device).
 
         ``loss`` runs on the last stage per micro-batch; ``record`` on every stage with MoE layers.
+        ``loss_scale`` is fp16's loss scale: ``loss`` applies it to the data loss, the stages to
+        their router losses.
         """
         if len(batches) != self.n_microbatches:
             raise ValueError(f"{len(batches)} batches for a schedule of {self.n_microbatches} micro-batches")
@@ -247,6 +246,7 @@ class Pipeline:
         target = torch.stack([cat["targets"], cat["source_ids"], cat["loss_mask"].long()], dim=-1)
         for module in self.modules:
             module.record, module.autocast = record, autocast
+            module.router_scale = loss_scale / self.n_microbatches
         self._loss_fn = loss
         kwargs = {"doc_ids_BL": cat["doc_ids"], "source_ids_BL": cat["source_ids"], "loss_mask_BL": cat["loss_mask"]}
         args = (cat["tokens"],) if 0 in self._where["indices"] else ()

@@ -106,12 +106,7 @@ class Parallel:
         dims = self.world.dims
         if dims.pp > 1:
             return self._wrap_pipeline(model, grad_accum)
-        if self.world.ep_size > 1:
-            self.experts = sharded_expert_names(model, self.world)
-            self._expert_params = expert_parameters(model, self.experts)
-        if self.world.tp_size > 1:
-            self.tp_layouts = split_layouts(model, self.world)
-            self._tp_params = expert_parameters(model, list(self.tp_layouts))
+        self._find_split_parameters(model)
         if self.fsdp:
             net = apply_fsdp(model, self.world, self.cfg, self.comm)
             # fully_shard replaced the parameters (DTensors now); FSDP2 reduces the expert gradients itself
@@ -122,18 +117,37 @@ class Parallel:
         return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
 
     def _wrap_pipeline(self, model: nn.Module, grad_accum: int) -> nn.Module:
-        """This rank's pipeline stages (``self.pipeline``), each under DDP over the dp ranks when there are several."""
+        """This rank's pipeline stages (``self.pipeline``), composed with the mesh's other dimensions.
+
+        As in torchtitan, each stage is a model of its own for the other parallelisms: its experts
+        split over ``ep`` and its heads and hidden widths over ``tp`` (the model was built for this
+        rank), then the stage module is FSDP2-sharded over ``dp_shard`` (``PipelineStage`` defers
+        the reduce-scatter to the step's last micro-batch) or under DDP over the ``dp`` ranks.
+        """
         from train.parallel.pipeline import Pipeline
 
-        dims = self.world.dims
-        if dims.dp_shard > 1 or dims.ep > 1 or dims.tp > 1:
-            raise ConfigError(f"train.parallel.pp = {dims.pp} with dp_shard = {dims.dp_shard}, ep = {dims.ep}, tp = {dims.tp}: "
-                              "pipeline parallelism composes with dp_replicate (DDP) only so far; set dp_shard, ep and tp to 1")
-        wrap = (lambda stage: wrap_ddp(stage, self.world, self.cfg, self.comm)) if dims.dp_replicate > 1 else None
-        self.pipeline = Pipeline(model, rank=self.world.pp_rank, size=dims.pp, group=self.world.pp_group,
-                                 schedule=self.cfg.pp_schedule, n_microbatches=grad_accum, device=self.world.device,
+        world = self.world
+        ddp = world.dp_size > 1 and not self.fsdp
+        wrap = (lambda stage: wrap_ddp(stage, world, self.cfg, self.comm, ignore=self.experts)) if ddp else None
+        self.pipeline = Pipeline(model, rank=world.pp_rank, size=world.pp_size, group=world.pp_group,
+                                 schedule=self.cfg.pp_schedule, n_microbatches=grad_accum, device=world.device,
                                  timer=self.comm, stages_per_rank=self.cfg.pp_stages_per_rank, wrap=wrap)
+        # the stage's parameters keep the one-process names (``StageModule`` mirrors the model's)
+        self._find_split_parameters(model)
+        if self.fsdp:
+            for stage in self.pipeline.modules:
+                apply_fsdp(stage, world, self.cfg, self.comm, reshard_after_forward=False)
+            self._find_split_parameters(model)  # fully_shard replaced them
         return model
+
+    def _find_split_parameters(self, model: nn.Module) -> None:
+        """The parameters split over ``ep`` (experts) and over ``tp``, by name, for the norm and the checkpoints."""
+        if self.world.ep_size > 1:
+            self.experts = sharded_expert_names(model, self.world)
+            self._expert_params = expert_parameters(model, self.experts)
+        if self.world.tp_size > 1:
+            self.tp_layouts = split_layouts(model, self.world)
+            self._tp_params = expert_parameters(model, list(self.tp_layouts))
 
     def grad_sync(self, net: nn.Module, *, last: bool):
         """Context for one micro-batch's forward and backward: DDP all-reduces only on the ``last`` one.
@@ -162,14 +176,10 @@ class Parallel:
         params = [p for p in model.parameters() if p.grad is not None]
         if not self.world.distributed:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if self.pipeline is not None:  # each stage holds its own parameters: the norm's squares add up over pp
-            norm_sq = torch.nn.utils.get_total_norm([p.grad for p in params]).pow(2)
-            norm = self.reduce_pp(norm_sq).sqrt()
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-            return norm
         if self._expert_params and not self.fsdp:
             sync_expert_grads(self._expert_params, self.world, self.comm)
-        norm = self._grad_norm_sq(params).sqrt()
+        # under pipeline parallelism each stage holds its own parameters: the squares add up over pp
+        norm = self.reduce_pp(self._grad_norm_sq(params)).sqrt()
         # one call per mesh: under FSDP2 x EP the dense and expert gradients are DTensors on different meshes
         on_ep = {id(p) for p in self._expert_params}
         for group in ([p for p in params if id(p) not in on_ep], [p for p in params if id(p) in on_ep]):
