@@ -74,3 +74,16 @@ def test_fp16_under_pipeline_parallel_skips_the_same_steps_on_every_rank_when_on
     ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=2, steps=5,
                     config={"precision": "fp16", "skip_nonfinite": False}))
     assert [s["loss"] for s in ranks[0]["steps"][:2]] == pytest.approx(ref["losses"][:2], abs=5e-3)
+
+
+@pytest.mark.parametrize("dp", ["dp_shard", "dp_replicate"])
+def test_pipeline_with_expert_parallel_four_processes_matches_one_process(tmp_path, dp):
+    # pp 2 x dp 2, the experts split over the 2 dp ranks of each stage (ep 2): FSDP2 x EP or DDP x EP per stage
+    ref = _reference(tmp_path, 4)
+    other = "dp_replicate" if dp == "dp_shard" else "dp_shard"
+    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
+                 "parallel": {"pp": 2, dp: 2, other: 1, "ep": 2, "pp_schedule": "1f1b"}}, tmp_path / "out.json", world=4)
+    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    expert, dense = got["layouts"]["blocks.0.ffn.w13_ED2F"], got["layouts"]["blocks.0.attn.wq.weight"]
+    assert expert["local_shape"] == [2, 32, 64]  # rank 0 holds experts 0 and 1 of stage 0's layer
+    assert dense["dtensor"] == (dp == "dp_shard")
