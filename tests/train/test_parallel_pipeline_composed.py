@@ -87,3 +87,24 @@ def test_pipeline_with_expert_parallel_four_processes_matches_one_process(tmp_pa
     expert, dense = got["layouts"]["blocks.0.ffn.w13_ED2F"], got["layouts"]["blocks.0.attn.wq.weight"]
     assert expert["local_shape"] == [2, 32, 64]  # rank 0 holds experts 0 and 1 of stage 0's layer
     assert dense["dtensor"] == (dp == "dp_shard")
+
+
+def test_pipeline_under_fsdp2_checkpoints_resume_on_one_process_and_back(tmp_path):
+    torch.set_num_threads(1)
+    local = Parallel.local(torch.device("cpu"))
+    layout = {"pp": 2, "dp_shard": 2, "dp_replicate": 1}
+    ref = fit(build(tmp_path / "ref", parallel=local, grad_accum=4, steps=6))
+    # pp 2 x dp_shard 2 saves each stage's FSDP2 shards (DCP); one process reads them all back
+    first = spawn({"run_dir": str(tmp_path / "pp"), "steps": 6, "stop_after": 3, "grad_accum": 2, "parallel": layout},
+                  tmp_path / "first.json", world=4)
+    assert first["losses"] == pytest.approx(ref["losses"][:3], abs=1e-5)
+    resumed = build(tmp_path / "pp", parallel=local, grad_accum=4, steps=6, resume=True)
+    resumed.model.reset_parameters()  # the checkpoint must win over fresh weights
+    assert fit(resumed)["losses"] == pytest.approx(ref["losses"][3:], abs=1e-5)
+    # one process -> pp 2 x dp_shard 2: each rank reads its stage's shard of every tensor
+    one = build(tmp_path / "one", parallel=local, grad_accum=4, steps=6)
+    [one.train_step() for _ in range(3)]
+    one.save_checkpoint()
+    second = spawn({"run_dir": str(tmp_path / "one"), "steps": 6, "resume": True, "grad_accum": 2, "parallel": layout},
+                   tmp_path / "second.json", world=4)
+    assert second["losses"] == pytest.approx(ref["losses"][3:], abs=1e-5)
