@@ -97,6 +97,13 @@ def layouts(model: torch.nn.Module) -> dict:
     return out
 
 
+def full_state(trainer: Trainer) -> dict:
+    """``trainer.state_dict()``'s model tensors (as sums) and the parameters its optimizer state covers."""
+    state = trainer.state_dict()
+    return {"model": {k: v.double().sum().item() for k, v in state["model"].items()},
+            "optimizer": sorted(state["optimizer"]["state"])}
+
+
 def overflow_steps(trainer: Trainer, *, rank: int, steps: list[int], param: str) -> list[dict]:
     """Run ``trainer``'s schedule, making ``rank``'s part of ``param``'s gradient overflow on ``steps`` (1-based).
 
@@ -144,6 +151,8 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         else:
             result = fit(trainer)
             result["layouts"] = layouts(trainer.model)
+            if job.get("full_state"):  # the one-process state, gathered from every rank (a collective)
+                result["full_state"] = full_state(trainer)
             result["optim_dtypes"] = sorted({str(v.dtype) for state in trainer.optimizer.state.values()
                                              for v in state.values() if isinstance(v, torch.Tensor) and v.ndim})
         if rank == 0:

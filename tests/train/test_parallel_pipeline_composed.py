@@ -9,7 +9,7 @@ makes every stage skip the step.
 import pytest
 import torch
 
-from tests.train.parallel_workers import build, fit, per_source, spawn
+from tests.train.parallel_workers import build, fit, full_state, per_source, spawn
 from train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
@@ -32,11 +32,17 @@ def _assert_same_run(got: dict, ref: dict, got_dir, ref_dir) -> None:
 
 def test_pipeline_under_fsdp2_four_processes_matches_one_process(tmp_path):
     # pp 2 x dp_shard 2: ranks 0, 1 hold stage 0 (sharded over them), ranks 2, 3 stage 1; 2 micro-batches per dp rank
-    ref = _reference(tmp_path, 4)
-    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
+    torch.set_num_threads(1)
+    one = build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=4, steps=5)
+    ref = fit(one)
+    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2, "full_state": True,
                  "parallel": {"pp": 2, "dp_shard": 2, "dp_replicate": 1, "pp_schedule": "1f1b"}},
                 tmp_path / "out.json", world=4)
     _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    # the one-process state (Trainer.state_dict): every stage's FSDP2 shards gathered, under one-process names
+    mine, theirs = got["full_state"], full_state(one)
+    assert mine["optimizer"] == theirs["optimizer"]
+    assert mine["model"] == pytest.approx(theirs["model"], rel=1e-4, abs=1e-5)
     layouts = got["layouts"]  # rank 0: stage 0's layer and the embedding, each a DTensor sharded over dp_shard
     assert set(layouts) and all(n.startswith(("embed.", "blocks.0.")) for n in layouts)
     assert all(x["dtensor"] and x["mesh"] == ["dp_shard"] and x["mesh_size"] == 2 for x in layouts.values())
