@@ -14,7 +14,8 @@ runs, each in a fresh process so peak memory is its own:
   ``interleave_datasets`` with the same shares (probabilistic mixing) then ``sort`` by
   difficulty (a global sort, no pacing or stratification).
 
-Prints rows/s and plan memory (peak RSS during the plan minus RSS before it, per row; the
+The winnow side includes writing every task's decision file, one task at a time, as the
+runner does. Prints rows/s and plan memory (peak RSS during the plan minus RSS before it, per row; the
 issue's target is under 100 bytes/row), interleaved A B A B. The machine may be shared:
 read ratios as paired comparisons within one run. ``datasets`` is a winnow test
 dependency already; nothing else is needed.
@@ -85,11 +86,18 @@ def child_winnow(folder: Path, rows: int, which: str) -> dict:
     else:
         stage = Order(OrderConfig(by="difficulty", pacing="sqrt", window=1000, shuffle_within_window=True), ctx)
     files = sorted(folder.glob(f"{which}-*.parquet"))
-    stage.plan(pl.scan_parquet(files[:1]).head(1000))  # load the numba kernels outside the measurement
+    warm = stage.plan(pl.scan_parquet(files[:1]).head(1000))  # load the numba kernels outside the measurement
+    warm.per_task(0, pl.scan_parquet(files[:1]).head(1000))
     before, t0 = _rss(), time.perf_counter()
     plan = stage.plan(pl.scan_parquet(files))
+    decision_rows = 0
+    (folder / "plan").mkdir(exist_ok=True)
+    for t, f in enumerate(files):  # what the runner then does: each task's decision, one task at a time
+        part = plan.per_task(t, pl.scan_parquet(f))
+        part.write_parquet(folder / "plan" / f"decision-{t:04d}.parquet")
+        decision_rows += part.height
     seconds = time.perf_counter() - t0
-    return {which: {"seconds": seconds, "rows_per_s": rows / seconds, "bytes_per_row": (_peak() - before) / rows, "decision_rows": plan.decision.height}}
+    return {which: {"seconds": seconds, "rows_per_s": rows / seconds, "bytes_per_row": (_peak() - before) / rows, "decision_rows": decision_rows}}
 
 
 def child_peer(folder: Path, rows: int) -> dict:

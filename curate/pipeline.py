@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from curate.readers import plan_read_tasks, read_task
 from curate.stages import Barrier, Plan, stage_class
 from curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
-from curate.workdir import WorkDir, drop_root, is_url
+from curate.workdir import WorkDir, drop_root, is_url, task_name
 from curate.writers.gather import plan_val_writes, write_val_group
 
 log = logging.getLogger(__name__)
@@ -259,7 +260,16 @@ class Runner:
         else:  # no row reached the stage, so no task will apply it to one: there is nothing to plan
             log.info("planning %s: no rows reached it", sid)
             plan = Plan(None, {})
-        if plan.decision is not None:
+        if plan.per_task is not None:
+            files = {Path(f).parent.name: f for f in key_files}
+            for t in range(n_tasks):
+                path = self.work.decision(sid, t)
+                path.parent.mkdir(exist_ok=True)
+                own = files.get(task_name(t))
+                plan.per_task(t, pl.scan_parquet(own) if own is not None else None).write_parquet(path)
+            if plan.spill is not None:
+                shutil.rmtree(plan.spill, ignore_errors=True)
+        elif plan.decision is not None:
             if "_task" not in plan.decision.columns:
                 raise StageError(f"stage {sid}: the plan's decision must keep the _task column")
             parts = {k[0]: g for k, g in plan.decision.group_by("_task")}

@@ -27,6 +27,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import polars as pl
@@ -73,12 +74,31 @@ class StageOutput:
     counters: dict[CounterKey, float] = field(default_factory=dict)  # summed over batches and tasks; keys are data
 
 
+#: One task's decision rows (without ``_task``), made from that task's keys (None: the task spilled none).
+TaskDecision = Callable[[int, "pl.LazyFrame | None"], pl.DataFrame]
+
+
 @dataclass(slots=True)
 class Plan:
-    """What a barrier's global step returns."""
+    """What a barrier's global step returns.
+
+    A plan whose decision has a row per document (mix, order) gives ``per_task`` instead of
+    ``decision``: the runner calls it task by task with that task's keys, so no process holds
+    the decision of the whole job.
+    """
 
     decision: pl.DataFrame | None  # per-row decisions with ``id`` and ``_task``; None when apply needs none
     report: dict[str, Any] = field(default_factory=dict)  # JSON-able, lands in the manifest under the stage id
+    per_task: TaskDecision | None = None
+    spill: Path | None = None  # scratch that ``per_task`` reads; the runner removes it once every task's part is written
+
+    def gather(self, keys: pl.LazyFrame) -> pl.DataFrame | None:
+        """The whole decision with ``_task`` (for small jobs and tests): ``per_task`` over every task of ``keys``."""
+        if self.per_task is None:
+            return self.decision
+        tasks = keys.select(pl.col("_task").unique().sort()).collect().to_series().to_list()
+        parts = [self.per_task(t, keys.filter(pl.col("_task") == t)).with_columns(pl.lit(t, pl.Int32).alias("_task")) for t in tasks]
+        return pl.concat(parts) if parts else self.per_task(0, None).with_columns(pl.lit(0, pl.Int32).alias("_task"))
 
 
 class Stage(ABC):

@@ -10,6 +10,11 @@ partial pass, never more than ``ceil(max_epochs)`` copies of a document. Each so
 random stream depends only on its own rows, the seed and its name, so adding a source does
 not reshuffle the others. ``apply`` emits the copies with a ``repeat`` column (0 for the
 first copy). ``val`` rows pass through untouched.
+
+The plan holds no per-row state: totals per source give the whole passes, and a partial
+pass is "every row before a cut-off in preference order", found in one key range
+(``mixing.external``, sized by ``[job] memory_gb``); each task then compares its own rows
+with the cut-offs. Any budget gives the same copies and report.
 """
 
 from __future__ import annotations
@@ -26,14 +31,16 @@ import polars as pl
 from curate.errors import ConfigError, StageError, require
 from curate.schema import make_rejects
 from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
-from curate.stages.mixing.arrays import group_indices
-from curate.stages.mixing.hashing import hash_strings, source_salts, to_unit
-from curate.stages.mixing.selection import SELECTIONS, preference_order, repeat_counts
+from curate.stages.mixing.external import ROW, before, key_ranges, rows_within, task_offsets
+from curate.stages.mixing.hashing import hash_strings, source_salts
+from curate.stages.mixing.selection import SELECTIONS, Share, cut, preference_keys, share
 from curate.stages.mixing.weights import SCHEMES, plan_targets
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_SCORE = {"top": "quality", "importance": "dsir_weight"}
+_EMPTY = pl.DataFrame(schema={"id": pl.String, "_count": pl.Int32})
+MIX_BYTES = 64  # per row of a key range in the plan: code, keys, position, tokens, their sorted copy
 
 
 @dataclass(kw_only=True, slots=True)
@@ -124,46 +131,77 @@ class Mix(Barrier):
 
     # plan ------------------------------------------------------------------------------
     def plan(self, keys: pl.LazyFrame) -> Plan:
+        """Per source: whole passes from the token totals, and a partial pass's cut-off key; each task applies them."""
         if "source" not in keys.collect_schema().names():  # no rows reached the stage
-            return Plan(pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32, "_count": pl.Int32}), {"sources": {}})
-        names = sorted(keys.select(pl.col("source").unique()).collect().to_series().to_list())
-        if not names:
-            return Plan(keys.select("id", "_task").collect().with_columns(pl.lit(0, pl.Int32).alias("_count")), {"sources": {}})
-        # Pass 1 reads the numbers only; the ids are read once the counts exist (pass 2).
-        cols = [pl.col("source").cast(pl.Enum(names)).to_physical().alias("_code"), "_tokens", "_h"]
-        if self.config.score_column is not None:
-            cols.append("_score")
-        df = keys.select(cols).collect()
-        codes = df["_code"].to_numpy()
-        tokens = df["_tokens"].to_numpy()
-        u = to_unit(df["_h"].to_numpy())
-        score = df["_score"].to_numpy() if "_score" in df.columns else None
-        del df
-        groups = group_indices(codes, len(names))
-        available = np.array([tokens[g].sum(dtype=np.int64) for g in groups], dtype=np.float64)
+            return Plan(None, {"sources": {}}, per_task=lambda task, own: _EMPTY)
         c = self.config
+        totals = keys.group_by("source").agg(pl.len().alias("rows"), pl.col("_tokens").cast(pl.Int64).sum().alias("tokens"))
+        totals = totals.collect(engine="streaming").sort("source")
+        names = totals["source"].to_list()
+        rows, available = totals["rows"].to_numpy(), totals["tokens"].to_numpy().astype(np.float64)
         targets = plan_targets(
             names, available, scheme=c.scheme, weights=c.weights, temperature=c.temperature, max_epochs=c.max_epochs, total_tokens=c.total_tokens
-        )
-        counts = np.zeros(len(codes), dtype=np.int32)
-        for s, g in enumerate(groups):
-            order = preference_order(u[g], None if score is None else score[g], c.select)
-            counts[g] = repeat_counts(tokens[g], order, targets.tokens[s], c.max_copies)
-        report = self._report(names, groups, tokens, counts, available, targets)
-        del u, score, codes, tokens, groups  # pass 2 holds only the ids and the counts
-        decision = keys.select("id", "_task").collect()
-        if decision.height != len(counts):
-            raise StageError(f"{self.ctx.stage_id}: the keys changed between two reads ({len(counts)} then {decision.height} rows)")
-        return Plan(decision.with_columns(pl.Series("_count", counts, dtype=pl.Int32)), report)
+        ) if names else None
+        shares = [share(available[s], int(rows[s]), targets.tokens[s], c.max_copies) for s in range(len(names))]
+        offsets = task_offsets(keys)
+        by = ["_code", *(e.meta.output_name() for e in preference_keys(c.select)), ROW]
+        indexed = self._sort_keys(keys.with_row_index(ROW), names)
+        cuts, ranges = self._cuts(indexed, by, names, rows, shares)
+        report = self._report(names, rows, available, targets, shares, cuts, ranges) if names else {"sources": {}}
 
-    def _report(self, names, groups, tokens, counts, available, targets) -> dict:
-        realized = np.array([(tokens[g].astype(np.int64) * counts[g]).sum() for g in groups], dtype=np.float64)
+        def per_task(task: int, own: pl.LazyFrame | None) -> pl.DataFrame:
+            if own is None:
+                return _EMPTY
+            frame = self._sort_keys(own.with_row_index(ROW, offset=offsets.get(task, 0)), names)
+            count = pl.col("_code").replace_strict(list(range(len(names))), [sh.passes for sh in shares], return_dtype=pl.Int32)
+            for s, (bound, inclusive, _, _) in cuts.items():
+                taken = pl.lit(True) if bound is None else before(by, bound, inclusive=inclusive)
+                count = count + ((pl.col("_code") == s) & taken).cast(pl.Int32)
+            return frame.select("id", count.alias("_count")).collect()
+
+        return Plan(None, report, per_task=per_task)
+
+    def _sort_keys(self, keys: pl.LazyFrame, names: list[str]) -> pl.LazyFrame:
+        code = pl.col("source").cast(pl.Enum(names)).to_physical().cast(pl.UInt32).alias("_code")
+        return keys.with_columns(code, *preference_keys(self.config.select))
+
+    def _cuts(self, indexed: pl.LazyFrame, by: list[str], names: list[str], rows: np.ndarray, shares: list[Share]):
+        """Each partial pass's cut-off: (key, inclusive, rows taken, tokens taken); key None = every row."""
+        partial = [s for s, sh in enumerate(shares) if sh.rest is not None]
+        if not partial:
+            return {}, 1
+        frame = indexed.filter(pl.col("_code").is_in(partial))
+        n = int(rows[partial].sum())
+        ranges = key_ranges(frame, by, n, rows_within(self.ctx.memory_gb, MIX_BYTES, n, what=f"{self.ctx.stage_id}'s partial passes over {n} rows"))
+        sums = frame.group_by(ranges.index().alias("_range"), "_code").agg(pl.len().alias("n"), pl.col("_tokens").cast(pl.Int64).sum().alias("t"))
+        sums = sums.collect(engine="streaming").sort("_code", "_range")
+        cuts = {}
+        for s in partial:
+            rest = shares[s].rest
+            mine = sums.filter(pl.col("_code") == s)
+            total = np.cumsum(mine["t"].to_numpy())
+            past = np.flatnonzero(total > rest)  # float compare, as the running totals of one sort would be
+            if not len(past):
+                cuts[s] = (None, True, int(rows[s]), float(total[-1]))
+                continue
+            j = int(past[0])
+            tokens_before = int(total[j - 1]) if j else 0
+            rows_before = int(mine["n"][:j].sum())
+            part = frame.filter(ranges.where(int(mine["_range"][j])) & (pl.col("_code") == s)).select(*by, "_tokens")
+            part = part.collect(engine="streaming").sort(by)
+            running = tokens_before + np.cumsum(part["_tokens"].to_numpy(), dtype=np.int64)
+            k, inclusive, taken = cut(running, float(tokens_before), rest)
+            cuts[s] = (part.select(by).row(k - 1 if inclusive else k), inclusive, rows_before + k, taken)
+        return cuts, len(ranges)
+
+    def _report(self, names, rows, available, targets, shares, cuts, ranges) -> dict:
+        realized = np.array([available[s] * sh.passes + (cuts[s][3] if s in cuts else 0.0) for s, sh in enumerate(shares)])
         total_target, total_realized = targets.tokens.sum(), realized.sum()
         sources = {}
-        for s, (name, g) in enumerate(zip(names, groups)):
-            k = counts[g]
+        for s, (name, sh) in enumerate(zip(names, shares)):
+            n, k = int(rows[s]), (cuts[s][2] if s in cuts else 0)
             sources[name] = {
-                "available_rows": int(len(g)),
+                "available_rows": n,
                 "available_tokens": int(available[s]),
                 "weight": float(targets.weights[s]),
                 "target_tokens": int(round(targets.tokens[s])),
@@ -172,12 +210,13 @@ class Mix(Barrier):
                 "realized_share": float(realized[s] / total_realized) if total_realized else 0.0,
                 "epochs": float(realized[s] / available[s]) if available[s] else 0.0,
                 "capped": bool(targets.capped[s]),
-                "rows_dropped": int((k == 0).sum()),
-                "rows_repeated": int((k > 1).sum()),
-                "copies_added": int(np.maximum(k - 1, 0).sum()),
-                "max_copies": int(k.max()) if len(k) else 0,
+                "rows_dropped": n - k if sh.passes == 0 else 0,
+                "rows_repeated": n if sh.passes >= 2 else (k if sh.passes == 1 else 0),
+                "copies_added": n * (sh.passes - 1) + k if sh.passes >= 1 else 0,
+                "max_copies": sh.passes + (1 if k else 0),
             }
-        return {"scheme": self.config.scheme, "budget_tokens": int(round(targets.budget)), "realized_tokens": int(total_realized), "sources": sources}
+        return {"scheme": self.config.scheme, "budget_tokens": int(round(targets.budget)), "realized_tokens": int(total_realized),
+                "sources": sources, "key_ranges": ranges}
 
     # apply -----------------------------------------------------------------------------
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]

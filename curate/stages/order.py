@@ -9,11 +9,17 @@ shares (``mixing.stratify``), or lays them out source by source when ``stratify 
 optionally shuffles inside each window, so local order is random while the curriculum
 holds at the window scale. The result is an ``order`` column (Int64 rank over training
 rows; null for ``val`` rows) by which the runner writes the train shards.
+
+The plan works within ``[job] memory_gb``: it reads the keys in key ranges
+(``mixing.external``), spills each row's place and then its rank to Parquet under the plan
+folder, and gives each task its ranks on demand; any budget gives the same ranks and report.
+A paced curriculum draws from a pool that spans a source, so one source's rows must fit.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,13 +29,16 @@ import polars as pl
 from curate.errors import ConfigError, StageError
 from curate.schema import empty_rejects
 from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
-from curate.stages.mixing.hashing import hash_strings, seed_key, source_salts, to_unit
-from curate.stages.mixing.pacing import PACINGS, paced_order
-from curate.stages.mixing.stratify import interleave, shuffle_windows, window_counts
+from curate.stages.mixing.external import ROW, key_ranges, rows_within, task_offsets
+from curate.stages.mixing.hashing import hash_strings, seed_key, source_salts, unit
+from curate.stages.mixing.pacing import PACINGS, Paced
+from curate.stages.mixing.stratify import Curve, positions, shuffle_windows
 
 log = logging.getLogger(__name__)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # spreads repeat indices over the salt's bits
+ORDER_BYTES = 96  # per row of a key range or a range of places: keys, hash, value, position, the sorted copy
+_SPILL_GROUP = 16384  # rows per row group of the spills: a range's filtered scan prunes the rest
 
 
 @dataclass(kw_only=True, slots=True)
@@ -102,79 +111,108 @@ class Order(Barrier):
         return train.select(*keys, "source").with_columns(value.alias("_value"), pl.Series("_h", hash_strings(train["id"], salts), dtype=pl.UInt64))
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
+        """Three passes, each over pieces within ``[job] memory_gb``; the result does not depend on the pieces.
+
+        1. key ranges of (source, ordering value, hash, position): each source's curriculum, so
+           every row gets its place in the whole order (``stratify.positions``), spilled by place;
+        2. ranges of places (whole windows): the window shuffle, the report, and each row's rank,
+           spilled by position;
+        3. per task (``per_task``): the ranks of that task's rows, read back by position.
+        """
         c = self.config
         schema = keys.collect_schema().names()
         id_cols = ["id", "repeat"] if "repeat" in schema else ["id"]
+        empty = pl.DataFrame(schema={"id": pl.String, "repeat": pl.Int32, "order": pl.Int64}).select(*id_cols, "order")
         if "source" not in schema:  # no rows reached the stage
-            return Plan(pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32, "order": pl.Int64}), {"rows": 0})
-        names = sorted(keys.select(pl.col("source").unique()).collect().to_series().to_list())
+            return Plan(None, {"rows": 0}, per_task=lambda task, own: empty)
+        totals = dict(keys.group_by("source").len().collect(engine="streaming").iter_rows())
+        names = sorted(totals)
         if not c.stratify and c.source_order:
             unknown = set(c.source_order) - set(names)
             names = [n for n in c.source_order if n in names] + [n for n in names if n not in c.source_order]
             if unknown:
                 log.warning("%s: source_order names sources with no training rows: %s", self.ctx.stage_id, sorted(unknown))
-        # Pass 1 reads the numbers only; the ids are read once the ranks exist (pass 2).
-        code_expr = pl.col("source").cast(pl.Enum(names)).to_physical().alias("_code")
-        df = keys.select(code_expr, "_value", "_h").collect()
-        codes, value, h = df["_code"].to_numpy(), df["_value"].to_numpy(), df["_h"].to_numpy()
-        del df
-        seq = self._sequence(codes, value, h, len(names))
-        rank = np.empty(len(seq), dtype=np.int64)
-        rank[seq] = np.arange(len(seq), dtype=np.int64)
-        report = self._report(names, codes[seq], value[seq])
-        del seq, codes, value, h
-        decision = keys.select(*id_cols, "_task").collect()
-        if decision.height != len(rank):
-            raise StageError(f"{self.ctx.stage_id}: the keys changed between two reads ({len(rank)} then {decision.height} rows)")
-        return Plan(decision.with_columns(pl.Series("order", rank, dtype=pl.Int64)), report)
+        sizes = [int(totals[n]) for n in names]
+        n = sum(sizes)
+        max_rows = rows_within(self.ctx.memory_gb, ORDER_BYTES, n, what=f"{self.ctx.stage_id}'s order over {n} rows")
+        offsets = task_offsets(keys)
+        spill = self.ctx.plan_dir / "spill"
+        shutil.rmtree(spill, ignore_errors=True)
+        spill.mkdir(parents=True)
+        ranges = self._place(keys.with_row_index(ROW), names, sizes, max_rows, spill / "place")
+        report = self._rank(names, sizes, max_rows, spill)
+        report["key_ranges"] = ranges
 
-    def _sequence(self, codes: np.ndarray, value: np.ndarray, h: np.ndarray, n_groups: int) -> np.ndarray:
-        """Row indices in reading order (one int64 array, reordered in place group by group)."""
-        c = self.config
-        seq = np.argsort(codes, kind="stable")
-        sizes = np.bincount(codes, minlength=n_groups).tolist()
-        start = 0
-        for n in sizes:
-            rows = seq[start : start + n]
-            key = -value[rows] if c.direction == "hard_to_easy" else value[rows]
-            rows[:] = rows[paced_order(key, to_unit(h[rows]), pacing=c.pacing, start=c.start, steps=c.steps)]
-            start += n
-        if c.stratify:
-            seq = interleave(seq, sizes)
-        if c.shuffle_within_window:
-            shuffle_windows(seq, h, seed_key("order.shuffle", self.seed), c.window)
-        return seq
+        def per_task(task: int, own: pl.LazyFrame | None) -> pl.DataFrame:
+            if own is None:
+                return empty
+            ids = own.select(*id_cols).collect()
+            lo = offsets.get(task, 0)
+            ranks = pl.scan_parquet(spill / "rank" / "*.parquet").filter(pl.col(ROW).is_between(lo, lo + ids.height, closed="left"))
+            ranks = ranks.collect().sort(ROW)
+            if ranks.height != ids.height:
+                raise StageError(f"{self.ctx.stage_id}: task {task} has {ids.height} rows but {ranks.height} ranks; re-run the plan")
+            return ids.with_columns(ranks["order"])
 
-    def _report(self, names: list[str], codes_in_order: np.ndarray, value_in_order: np.ndarray) -> dict:
+        return Plan(None, report, per_task=per_task, spill=spill)
+
+    def _place(self, indexed: pl.LazyFrame, names: list[str], sizes: list[int], max_rows: int, folder) -> int:
+        """Pass 1: rows in each source's curriculum, range by range; spills (row, place, source, value, hash) sorted by place."""
         c = self.config
-        n = len(codes_in_order)
-        counts = window_counts(codes_in_order, len(names), c.window)
-        overall = counts.sum(axis=0) / max(n, 1)
-        full = counts[: n // c.window] / c.window  # the last, partial window is not held to the shares
-        deviation = np.abs(full - overall) if len(full) else np.zeros((0, len(names)))
-        over = int((deviation.max(axis=1) > c.tolerance).sum()) if len(full) else 0
-        if over and c.stratify:
-            log.warning("%s: %d of %d windows deviate from the source shares by more than %s", self.ctx.stage_id, over, len(full), c.tolerance)
-        picks = sorted(set(range(min(c.report_windows, len(counts)))) | set(range(max(len(counts) - c.report_windows, 0), len(counts))))
-        table = [{"window": w, **{s: int(counts[w, i]) for i, s in enumerate(names)}} for w in picks]
-        value_mean = np.where(np.isfinite(value_in_order), value_in_order, np.nan)
-        points = np.array_split(value_mean, min(20, n)) if n else []
-        return {
-            "by": c.by,
-            "direction": c.direction,
-            "pacing": c.pacing,
-            "stratify": c.stratify,
-            "rows": n,
-            "window": c.window,
-            "windows": len(counts),
-            "source_shares": {s: float(overall[i]) for i, s in enumerate(names)},
-            "max_share_deviation": float(deviation.max()) if deviation.size else 0.0,
-            "windows_over_tolerance": over,
-            "window_rows": table,
-            # Mean of the ordering column over 20 equal slices of the order: the curriculum's curve.
-            "curve": [float(np.nanmean(p)) if np.isfinite(p).any() else None for p in points],
-            "null_values": int(np.isnan(value_in_order).sum()),
-        }
+        folder.mkdir()
+        value = -pl.col("_value") if c.direction == "hard_to_easy" else pl.col("_value")
+        value = pl.when(value.is_null() | value.is_nan()).then(float("inf")).otherwise(value) + 0.0  # NaN: the hardest
+        code = pl.col("source").cast(pl.Enum(names)).to_physical().cast(pl.UInt32).alias("_code")
+        frame = indexed.with_columns(code, value.alias("_v"), unit("_h").alias("_u"))
+        by = ["_code", "_v", "_u", ROW]
+        ranges = key_ranges(frame, by, sum(sizes), max_rows)
+        paced = Paced(c, sizes, self.ctx.memory_gb) if c.pacing != "sorted" else None
+        rank = [0] * len(names)  # rows of each source placed so far
+        for i, part in enumerate(ranges.sorted(frame, [*by, "_value", "_h"])):
+            pieces = part.partition_by("_code", maintain_order=True, as_dict=True) if part.height else {}
+            for (g,), rows in pieces.items():
+                k = np.arange(rank[g], rank[g] + rows.height, dtype=np.int64)
+                rank[g] += rows.height
+                if paced is not None:  # a paced source is placed once all its rows are in
+                    rows = paced.add(g, rows, done=rank[g] == sizes[g])
+                    if rows is None:
+                        continue
+                    k = paced.within(g)
+                self._spill(folder / f"{i:05d}-{g:03d}.parquet", rows, positions(k, g, sizes, c.stratify), g)
+        return len(ranges)
+
+    @staticmethod
+    def _spill(path, rows: pl.DataFrame, place: np.ndarray, g: int) -> None:
+        out = rows.select(ROW, "_value", "_h").with_columns(pl.Series("_place", place), pl.lit(g, pl.UInt32).alias("_code"))
+        out.sort("_place").write_parquet(path, row_group_size=_SPILL_GROUP)
+
+    def _rank(self, names: list[str], sizes: list[int], max_rows: int, spill) -> dict:
+        """Pass 2: whole windows of places at a time: shuffle inside windows, rank, report; spills (row, rank) by row."""
+        c = self.config
+        n = sum(sizes)
+        (spill / "rank").mkdir()
+        span = (max_rows // c.window) * c.window
+        if span == 0:
+            raise ConfigError(f"job.memory_gb = {self.ctx.memory_gb} is too small for one window of {self.ctx.stage_id} "
+                              f"({c.window} rows x {ORDER_BYTES} B); set job.memory_gb to at least {2 * c.window * ORDER_BYTES / 1e9:.3g} or lower order.window")
+        report = Curve(names, sizes, c)
+        places = pl.scan_parquet(spill / "place" / "*.parquet") if n else None
+        for lo in range(0, n, span):
+            hi = min(lo + span, n)
+            part = places.filter(pl.col("_place").is_between(lo, hi, closed="left")).collect().sort("_place")
+            if part.height != hi - lo:
+                raise StageError(f"{self.ctx.stage_id}: places {lo}..{hi - 1} hold {part.height} rows; the plan is inconsistent")
+            seq = np.arange(part.height, dtype=np.int64)
+            if c.shuffle_within_window:
+                shuffle_windows(seq, part["_h"].to_numpy(), seed_key("order.shuffle", self.seed), c.window)
+            report.add(lo, part["_code"].to_numpy()[seq], part["_value"].to_numpy()[seq])
+            ranked = pl.DataFrame({ROW: part[ROW].gather(seq), "order": np.arange(lo, hi, dtype=np.int64)})
+            ranked.sort(ROW).write_parquet(spill / "rank" / f"{lo // span:05d}.parquet", row_group_size=_SPILL_GROUP)
+        out = report.finish()
+        if out["windows_over_tolerance"] and c.stratify:
+            log.warning("%s: %d of %d windows deviate from the source shares by more than %s", self.ctx.stage_id,
+                        out["windows_over_tolerance"], n // c.window, c.tolerance)
+        return out
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
         is_val = (pl.col("split") == "val").fill_null(False) if "split" in batch.columns else pl.lit(False)

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from curate.errors import ConfigError, StageError
-from curate.stages.base import StageContext
+from curate.stages.base import Plan, StageContext
 from curate.stages.mix import Mix, MixConfig
 
 
@@ -31,9 +31,11 @@ def stage(tmp_path: Path, **cfg) -> Mix:
 
 
 def plan(df: pl.DataFrame, tmp_path: Path, **cfg):
+    """The plan, with its per-task decisions gathered into ``decision`` (one task)."""
     mix = stage(tmp_path, **cfg)
-    keys = mix.collect(df).with_columns(pl.lit(0, pl.Int32).alias("_task"))
-    return mix, mix.plan(keys.lazy())
+    keys = mix.collect(df).with_columns(pl.lit(0, pl.Int32).alias("_task")).lazy()
+    p = mix.plan(keys)
+    return mix, Plan(p.gather(keys), p.report)
 
 
 def counts_by_id(decision: pl.DataFrame) -> dict[str, int]:
@@ -170,4 +172,4 @@ def test_plans_over_no_rows_are_empty(tmp_path):
     ctx = StageContext(stage_id="x", job_name="t", output_dir=tmp_path, plan_dir=tmp_path, sources=())
     nothing = pl.LazyFrame(schema={"id": pl.String, "_task": pl.Int32})  # what the runner scans when no task wrote keys
     for stage in (Mix(MixConfig(), ctx), Order(OrderConfig(), ctx), Split(SplitConfig(), ctx)):
-        assert stage.plan(nothing).decision.height == 0
+        assert stage.plan(nothing).gather(nothing).height == 0

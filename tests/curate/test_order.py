@@ -33,7 +33,8 @@ def ordered(df: pl.DataFrame, tmp_path: Path, *, tasks: int = 2, **cfg) -> pl.Da
     parts = [df[i * df.height // tasks : (i + 1) * df.height // tasks] for i in range(tasks)]
     keys = pl.concat([stage.collect(p).with_columns(pl.lit(i, pl.Int32).alias("_task")) for i, p in enumerate(parts)])
     plan = stage.plan(keys.lazy())
-    out = [stage.apply(p, plan.decision.filter(pl.col("_task") == i).drop("_task")).kept for i, p in enumerate(parts)]
+    decision = plan.gather(keys.lazy())
+    out = [stage.apply(p, decision.filter(pl.col("_task") == i).drop("_task")).kept for i, p in enumerate(parts)]
     return pl.concat(out).sort("order", nulls_last=True)
 
 

@@ -77,3 +77,8 @@ def source_salts(sources: pl.Series, *parts: object) -> np.ndarray:
     keys = [seed_key(*parts, name) for name in names]
     return sources.replace_strict(names, keys, return_dtype=pl.UInt64).to_numpy()
 
+
+
+def unit(column: str) -> pl.Expr:
+    """``to_unit`` as a polars expression over a uint64 column (the same floats, exactly)."""
+    return (pl.col(column) // 2048).cast(pl.Float64) / _TWO_POW_53

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import polars as pl
 from numba import njit
 
-from curate.stages.mixing.arrays import argsort_by
+from curate.errors import ConfigError
 
 PACINGS = ("sorted", "linear", "sqrt", "step")
 _CODE = {name: i for i, name in enumerate(PACINGS)}
@@ -73,14 +74,41 @@ def _paced(u_by_rank, code, start, steps):
     return out
 
 
-def paced_order(value: np.ndarray, u: np.ndarray, *, pacing: str, start: float = 0.1, steps: int = 4) -> np.ndarray:
-    """Row indices in reading order: easy (small ``value``) to hard under ``pacing``.
 
-    ``u`` (uniform per row, from stable hashes) breaks ties in ``value`` and draws rows
-    from the admitted pool; NaN values count as the hardest.
-    """
-    value = np.where(np.isnan(value), np.inf, value)
-    by_rank = argsort_by(value, u)  # easiest first; ties by the seeded hash
-    if pacing == "sorted" or len(by_rank) < 2:
-        return by_rank
-    return by_rank[_paced(u[by_rank], _CODE[pacing], float(start), int(steps))]
+
+PACE_BYTES = 64  # per row of a paced source, held whole: keys, hash, value, the heap and both permutations
+
+
+class Paced:
+    """Paced curricula, source by source: a source's rows are gathered (in difficulty order) until all
+    are in, then drawn from the admitted pool; the pool spans the whole source, so one source's rows
+    (``PACE_BYTES`` each) must fit in ``[job] memory_gb``."""
+
+    def __init__(self, config, sizes: list[int], memory_gb: float) -> None:
+        self.c = config
+        largest = max(sizes, default=0)
+        if largest * PACE_BYTES > memory_gb * 1e9:
+            raise ConfigError(
+                f"job.memory_gb = {memory_gb} is too small for order.pacing = {config.pacing!r}: its pool spans a whole source "
+                f"({largest} rows x {PACE_BYTES} B); set job.memory_gb to at least {largest * PACE_BYTES / 1e9:.3g} or use pacing = 'sorted'"
+            )
+        self.pending: dict[int, list[pl.DataFrame]] = {}
+        self.place: dict[int, np.ndarray] = {}
+
+    def add(self, g: int, rows: pl.DataFrame, *, done: bool) -> pl.DataFrame | None:
+        """Take the next rows of source ``g`` (in difficulty order); once ``done``, return all of them."""
+        self.pending.setdefault(g, []).append(rows)
+        if not done:
+            return None
+        rows = pl.concat(self.pending.pop(g))
+        c, n = self.c, rows.height
+        place = np.arange(n, dtype=np.int64)
+        if n >= 2:
+            by_place = _paced(rows["_u"].to_numpy(), _CODE[c.pacing], float(c.start), int(c.steps))
+            place[by_place] = np.arange(n, dtype=np.int64)
+        self.place[g] = place
+        return rows
+
+    def within(self, g: int) -> np.ndarray:
+        """Each row's place in its source's reading order, for the rows ``add`` returned."""
+        return self.place.pop(g)

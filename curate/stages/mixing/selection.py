@@ -7,46 +7,70 @@ order (``top``), or importance resampling without replacement (``importance``: G
 over log-weights, which draws rows with probability proportional to ``exp(dsir_weight)``
 without replacement, as in DSIR, https://arxiv.org/abs/2302.03169). No row gets more than
 ``max_copies`` copies.
+
+The preference order is a sort key (``preference_keys``, most preferred first, ties by the
+row's position), so the partial pass is "every row before a cut-off key": the plan finds that
+key in one key range (``curate.stages.mixing.external``) and each task compares its own rows.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
 
-from curate.stages.mixing.arrays import argsort_by
+import numpy as np
+import polars as pl
+
+from curate.stages.mixing.hashing import unit
 
 SELECTIONS = ("random", "top", "importance")
 
 
-def preference_order(u: np.ndarray, score: np.ndarray | None, select: str) -> np.ndarray:
-    """Row indices, most preferred first; ``u`` are per-row uniforms in [0, 1) from stable hashes."""
+def preference_keys(select: str) -> list[pl.Expr]:
+    """Sort keys ``_k1`` (, ``_k2``) of a row's preference, ascending = most preferred, from ``_h`` and ``_score``.
+
+    NaN and null scores count as the least preferred; ``+ 0.0`` folds -0.0 into 0.0, so sorting
+    and comparing agree on every key.
+    """
+    u = unit("_h")
     if select == "random":
-        return np.argsort(u, kind="stable")
-    assert score is not None, "top/importance selection needs a score"
-    score = np.where(np.isnan(score), -np.inf, score)
+        return [u.alias("_k1")]
+    score = pl.col("_score")
+    score = pl.when(score.is_null() | score.is_nan()).then(float("-inf")).otherwise(score)
     if select == "top":
-        return argsort_by(-score, u)  # ties in score fall back to the seeded random order
+        return [(-score + 0.0).alias("_k1"), u.alias("_k2")]  # ties in score fall back to the seeded random order
     # Gumbel-top-k: key = log w + G with G = -log(-log u) draws without replacement ∝ w.
-    gumbel = -np.log(-np.log(np.clip(u, 1e-300, 1.0 - 1e-16)))
-    return np.argsort(-(score + gumbel), kind="stable")
+    gumbel = -(-(u.clip(1e-300, 1.0 - 1e-16).log())).log()
+    return [(-(score + gumbel) + 0.0).alias("_k1")]
 
 
-def repeat_counts(tokens: np.ndarray, order: np.ndarray, target: float, max_copies: int) -> np.ndarray:
-    """Copies of each row (0 = dropped) so the source contributes about ``target`` tokens."""
-    n = len(tokens)
-    counts = np.zeros(n, dtype=np.int32)
-    available = float(tokens.sum())
-    if n == 0 or available <= 0 or target <= 0:
-        return counts
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What one source gives the mixture: every row ``passes`` times, plus ``rest`` tokens of a partial pass (None: no partial pass)."""
+
+    passes: int
+    rest: float | None
+
+
+def share(available: float, rows: int, target: float, max_copies: int) -> Share:
+    """Whole passes and the partial pass's token target for a source with ``available`` tokens in ``rows`` rows."""
+    if rows == 0 or available <= 0 or target <= 0:
+        return Share(0, None)
     passes = min(int(target // available), max_copies)
-    counts[:] = passes
     rest = target - passes * available
-    if passes >= max_copies or rest <= 0:
-        return counts
-    cum = np.cumsum(tokens[order], dtype=np.int64)
-    k = int(np.searchsorted(cum, rest, side="right"))  # rows whose running total stays <= rest
-    below = float(cum[k - 1]) if k else 0.0
-    if k < n and cum[k] - rest < rest - below:  # the next document lands closer to the target
-        k += 1
-    counts[order[:k]] += 1
-    return counts
+    return Share(passes, None if passes >= max_copies or rest <= 0 else rest)
+
+
+def cut(running: np.ndarray, before: float, rest: float) -> tuple[int, bool, float]:
+    """Where a partial pass of ``rest`` tokens ends, inside the key range where the running total first passes ``rest``.
+
+    ``running``: the running token total (int64) over the range's rows in preference order,
+    counting the rows before the range (whose total, ``before``, is at most ``rest``).
+    Returns how many of the range's rows are taken, whether the last one taken is the first
+    whose total passes ``rest`` (the next document lands closer to the target), and the
+    tokens the partial pass takes in all.
+    """
+    k = int(np.searchsorted(running, rest, side="right"))  # rows whose running total stays <= rest
+    below = float(running[k - 1]) if k else before
+    if running[k] - rest < rest - below:
+        return k + 1, True, float(running[k])
+    return k, False, below
