@@ -64,30 +64,58 @@ def _ramp(x: pl.Expr, zero_at: float, one_at: float) -> pl.Expr:
     return ((x - zero_at) / (one_at - zero_at)).clip(0.0, 1.0)
 
 
-def component_exprs() -> dict[str, pl.Expr]:
-    """Each component as a polars expression over ``text``, in [0, 1]."""
+def metric_exprs() -> list[pl.Expr]:
+    """The text metrics every component is made of, one column each (``_m_*``), computed once per batch.
+
+    Each regex count and the per-line list is evaluated once here rather than inside every
+    component that uses it: the word count alone feeds five components, and a Unicode class
+    count costs about as much as the rest of the stage.
+    """
     text = pl.col("text").fill_null("")
-    n_words = text.str.count_matches(r"\S+").cast(pl.Float64)
-    non_space = (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64)
-    letters = text.str.count_matches(r"\p{L}").cast(pl.Float64)
-    symbols = (text.str.count_matches("#") + text.str.count_matches(r"\.\.\.|…")).cast(pl.Float64)
     lines = text.str.split("\n").list.eval(pl.element().str.strip_chars()).list.eval(pl.element().filter(pl.element() != ""))
-    n_lines = lines.list.len().cast(pl.Float64)
-    punct_lines = lines.list.eval(pl.element().str.contains(r"[.!?\"'”’)]$")).list.sum().cast(pl.Float64)
-    dup_lines = n_lines - lines.list.n_unique().cast(pl.Float64)
+    return [
+        text.str.count_matches(r"\S+").cast(pl.Float64).alias("_m_words"),
+        (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_m_non_space"),
+        text.str.count_matches(r"\p{L}").cast(pl.Float64).alias("_m_letters"),
+        (text.str.count_matches("#") + text.str.count_matches(r"\.\.\.|…")).cast(pl.Float64).alias("_m_symbols"),
+        text.str.count_matches(_STOP_WORDS).cast(pl.Float64).alias("_m_stop_words"),
+        lines.alias("_m_lines"),
+    ]
+
+
+def line_exprs() -> list[pl.Expr]:
+    """Line counts from the ``_m_lines`` list: non-empty lines, those ending in punctuation, distinct ones."""
+    lines = pl.col("_m_lines")
+    return [
+        lines.list.len().cast(pl.Float64).alias("_m_n_lines"),
+        lines.list.eval(pl.element().str.contains(r"[.!?\"'”’)]$")).list.sum().cast(pl.Float64).alias("_m_punct_lines"),
+        lines.list.n_unique().cast(pl.Float64).alias("_m_unique_lines"),
+    ]
+
+
+def component_exprs() -> dict[str, pl.Expr]:
+    """Each component as a polars expression over the metric columns (``metric_exprs``, ``line_exprs``), in [0, 1]."""
+    n_words, non_space, n_lines = pl.col("_m_words"), pl.col("_m_non_space"), pl.col("_m_n_lines")
     mean_len = non_space / n_words
-    has_words = n_words > 0
     exprs = {
         "length": _ramp(n_words, 0.0, 50.0),
         "word_length": pl.min_horizontal(_ramp(mean_len, 1.0, 3.0), _ramp(mean_len, 20.0, 10.0)),
-        "alpha": _ramp(letters / non_space, 0.4, 0.8),
-        "symbols": _ramp(symbols / n_words, 0.1, 0.0),
-        "stop_words": _ramp(text.str.count_matches(_STOP_WORDS).cast(pl.Float64), 0.0, 2.0),
-        "line_punct": _ramp(punct_lines / n_lines, 0.0, 0.12),
-        "dup_lines": _ramp(dup_lines / n_lines, 0.3, 0.0),
+        "alpha": _ramp(pl.col("_m_letters") / non_space, 0.4, 0.8),
+        "symbols": _ramp(pl.col("_m_symbols") / n_words, 0.1, 0.0),
+        "stop_words": _ramp(pl.col("_m_stop_words"), 0.0, 2.0),
+        "line_punct": _ramp(pl.col("_m_punct_lines") / n_lines, 0.0, 0.12),
+        "dup_lines": _ramp((n_lines - pl.col("_m_unique_lines")) / n_lines, 0.3, 0.0),
     }
     # No words: every ratio is undefined; such a document is worth nothing as prose.
-    return {k: pl.when(has_words).then(e.fill_nan(0.0)).otherwise(0.0) for k, e in exprs.items()}
+    return {k: pl.when(n_words > 0).then(e.fill_nan(0.0)).otherwise(0.0) for k, e in exprs.items()}
+
+
+def with_components(batch: pl.DataFrame, names: list[str], prefix: str = "heuristic_") -> pl.DataFrame:
+    """``batch`` plus a ``<prefix><name>`` column per component in ``names``."""
+    exprs = component_exprs()
+    df = batch.with_columns(metric_exprs()).with_columns(line_exprs())
+    metrics = [c for c in df.columns if c.startswith("_m_") and c not in batch.columns]
+    return df.with_columns([exprs[k].alias(f"{prefix}{k}") for k in names]).drop(metrics)
 
 
 class HeuristicScore(Stage):
@@ -100,11 +128,10 @@ class HeuristicScore(Stage):
 
     def apply(self, batch: pl.DataFrame) -> StageOutput:
         cfg = self.config
-        exprs = component_exprs()
         used = {k: w for k, w in cfg.weights.items() if w > 0}
         total = sum(used.values())
         metric_cols = [f"heuristic_{k}" for k in used]
-        df = batch.with_columns([exprs[k].alias(f"heuristic_{k}") for k in used])
+        df = with_components(batch, list(used))
         score = pl.sum_horizontal([pl.col(f"heuristic_{k}") * (w / total) for k, w in used.items()]).clip(0.0, 1.0)
         df = df.with_columns(score.cast(pl.Float64).alias(cfg.column))
         if not cfg.keep_metrics:
