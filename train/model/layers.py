@@ -141,9 +141,9 @@ class Attention(nn.Module):
         keep_local(self, ATTENTION_LAYOUT, self.tp)
 
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> torch.Tensor:
+        if self.tp is not None:  # under sequence parallelism this gathers the whole sequence
+            x_BLD = self.tp.open(x_BLD)
         B, L, _ = x_BLD.shape
-        if self.tp is not None:
-            x_BLD = self.tp.enter(x_BLD)
         # rotate in the (B, L, H, C) layout the projections produce: contiguous elementwise work
         q_BLHC = self.rotary(project(self.wq, x_BLD).view(B, L, self.n_heads, self.head_dim))
         k_BLGC, v_BLGC = project(self.wkv, x_BLD).view(B, L, 2, self.n_kv, self.head_dim).unbind(2)
@@ -157,7 +157,7 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
         )
         out_BLD = project(self.wo, out_BHLC.transpose(1, 2).reshape(B, L, -1))
-        return out_BLD if self.tp is None else self.tp.leave(out_BLD)
+        return out_BLD if self.tp is None else self.tp.close(out_BLD)
 
 
 class _SwiGLUActivation(torch.autograd.Function):
@@ -207,5 +207,9 @@ class SwiGLU(nn.Module):
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         if self.tp is None:
-            return project(self.w2, swiglu(project(self.w13, x_TD)))
-        return self.tp.leave(project(self.w2, swiglu(project(self.w13, self.tp.enter(x_TD)))))
+            return self.partial(x_TD)
+        return self.tp.close(self.partial(self.tp.open(x_TD)))
+
+    def partial(self, x_TD: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of the block on an input already inside the split region: a partial sum under tp."""
+        return project(self.w2, swiglu(project(self.w13, x_TD)))

@@ -197,6 +197,12 @@ class MoE(nn.Module):
 
     def forward(self, x_BLD: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
         cfg = self.cfg
+        x_in_TD = None  # the experts' input inside the tensor-parallel region
+        if self.tp is not None and self.tp.sequence_parallel:
+            # x_BLD is this rank's part of the sequence: gather it once, the router routes every token
+            # (as in one process) on a replicated copy, the experts run this rank's columns on the other
+            x_in_BLD, x_BLD = self.tp.gather_both(x_BLD)
+            x_in_TD = x_in_BLD.reshape(-1, x_BLD.shape[-1])
         x_TD = x_BLD.reshape(-1, x_BLD.shape[-1])
         T, K, E = x_TD.shape[0], cfg.top_k, cfg.n_experts
         weights_TK, experts_TK, probs_TE, logits_TE = self.router(x_TD)
@@ -217,7 +223,8 @@ class MoE(nn.Module):
 
         dtype = _autocast_dtype(x_TD)
         # the experts' input crosses into the tensor-parallel region; the router's does not (it is replicated)
-        x_in_TD = x_TD if self.tp is None else self.tp.enter(x_TD)
+        if x_in_TD is None:
+            x_in_TD = x_TD if self.tp is None else self.tp.enter(x_TD)
         x_AD = x_in_TD.index_select(0, token_A).to(dtype)  # backward: index_add, cheaper than index_put
         if self.dispatch is None:
             split = active()  # splitting gradients by source: each assignment's source
@@ -228,10 +235,11 @@ class MoE(nn.Module):
             weights_TK = self.tp.enter(weights_TK)
         y_AD = y_AD * weights_TK.reshape(-1)[order_A, None].to(y_AD.dtype)
         out_TD = y_AD.new_zeros(T, x_TD.shape[1]).index_add_(0, token_A, y_AD)
-        if self.tp is not None:  # sum the ranks' partial expert outputs: (T, D), cheaper than (A, D)
-            out_TD = self.tp.leave(out_TD)
-        if self.shared is not None:
-            out_TD = out_TD + self.shared(x_TD)
+        if self.shared is not None:  # under tp its columns' partial sum joins the experts' before the one sum
+            out_TD = out_TD + (self.shared(x_TD) if self.tp is None else self.shared.partial(x_in_TD))
+        out_BLD = out_TD.view_as(x_BLD)
+        if self.tp is not None:  # sum the ranks' partial outputs: (T, D), cheaper than (A, D)
+            out_BLD = self.tp.close(out_BLD)  # sequence parallel: summed and cut to this rank's part of the sequence
 
         # Switch load balancing (https://arxiv.org/abs/2101.03961): E · Σ_e fraction_e · mean_prob_e
         fraction_E = load_E.float() / (T * K)
@@ -239,4 +247,4 @@ class MoE(nn.Module):
         # router z-loss (https://arxiv.org/abs/2202.08906) keeps the logits small
         z_loss = torch.logsumexp(logits_TE, dim=-1).pow(2).mean()
         stats = MoEStats(aux_loss, z_loss, load_E.detach().float(), dropped, experts_TK.detach())
-        return out_TD.view_as(x_BLD).to(x_BLD.dtype), stats
+        return out_BLD.to(x_BLD.dtype), stats

@@ -7,6 +7,17 @@ local heads and columns with no collective inside; ``enter`` (identity forward, 
 input gradient backward) opens each split region and ``leave`` (all-reduce of the partial outputs
 forward, identity backward) closes it. The router, norms, embedding and head stay replicated.
 
+With sequence parallelism (Megatron-LM's, https://arxiv.org/abs/2205.05198) the activations between
+the split regions are cut along the sequence instead of being replicated: each rank holds (B, L/size,
+D) of the residual stream, so the norms, residual adds and dropout run on 1/size of the tokens.
+``open`` is then an all-gather along the sequence (backward: reduce-scatter) and ``close`` a
+reduce-scatter (backward: all-gather). The embedding's output is cut (``split``), the final norm's
+output gathered for the replicated head (``gather_replicated``: its backward keeps this rank's part
+of a gradient that is the same on every rank). The MoE router routes after the gather, so it sees
+every token as in one process (``gather_both``: one all-gather, one copy for the experts' split region
+and one for the replicated router). The norm weights then see only their rank's tokens: their
+gradients are summed over the group (``train.parallel.Parallel.clip_grad_norm``).
+
 A layout ``(dim, parts)`` says how a full weight maps onto the ranks: the full tensor is cut along
 ``dim`` into ``parts`` blocks (2 for the fused [k | v] and [gate | up] projections, 1 otherwise)
 and each block into ``size`` slices; rank r keeps slice r of every block, side by side. The same
@@ -30,13 +41,32 @@ EXPERTS_LAYOUT = {"w13_ED2F": (2, 2), "w2_EFD": (1, 1)}
 class TensorShard:
     """Tensor parallelism, given to the model at construction (``train.parallel.Parallel.tensor_shard``).
 
-    ``enter(x)`` and ``leave(x)`` are the two crossings of the tensor-parallel group (see above).
+    ``enter(x)`` and ``leave(x)`` are the two crossings of the tensor-parallel group (see above);
+    ``open``/``close`` are the crossings of the activations, which sequence parallelism (the four
+    optional sequence ops, all along dim 1 of a (B, L, D) tensor) turns into gathers and scatters.
     """
 
     rank: int
     size: int
     enter: Callable[[torch.Tensor], torch.Tensor]
     leave: Callable[[torch.Tensor], torch.Tensor]
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None  # (B, L/size, D) -> (B, L, D); bwd reduce-scatter
+    scatter: Callable[[torch.Tensor], torch.Tensor] | None = None  # partial (B, L, D) -> summed (B, L/size, D)
+    split: Callable[[torch.Tensor], torch.Tensor] | None = None  # replicated (B, L, D) -> this rank's (B, L/size, D)
+    gather_replicated: Callable[[torch.Tensor], torch.Tensor] | None = None  # for replicated consumers
+    gather_both: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None  # (split region, replicated)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.gather is not None
+
+    def open(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        """Into a split region: the whole sequence, its input gradient summed over the ranks."""
+        return self.gather(x_BLD) if self.gather is not None else self.enter(x_BLD)
+
+    def close(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        """Out of a split region: the ranks' partial outputs summed (and cut to this rank's part of the sequence)."""
+        return self.scatter(x_BLD) if self.scatter is not None else self.leave(x_BLD)
 
 
 def local_part(full: torch.Tensor, layout: tuple[int, int], rank: int, size: int) -> torch.Tensor:

@@ -55,7 +55,8 @@ class Transformer(nn.Module):
 
     ``activation_checkpointing`` recomputes each block's activations in the backward pass (training
     only); ``experts`` shards every MoE layer's experts over the expert-parallel ranks and ``tensor``
-    splits attention heads, FFN and expert hidden widths over the tensor-parallel ranks. Either way
+    splits attention heads, FFN and expert hidden widths over the tensor-parallel ranks (and, with
+    sequence parallelism, cuts the residual stream between them along the sequence). Either way
     the full model is initialized first and each rank keeps its part, so every layout starts from
     the one-process weights.
     """
@@ -107,6 +108,8 @@ class Transformer(nn.Module):
     def embed_tokens(self, tokens_BL: torch.Tensor) -> torch.Tensor:
         x_BLD = self.embed(tokens_BL)
         hook_embedding(self.embed.weight, tokens_BL, x_BLD)  # per-source gradient rows while a split is active
+        if self.tensor is not None and self.tensor.sequence_parallel:  # the blocks run on this rank's part
+            x_BLD = self.tensor.split(x_BLD)
         return x_BLD
 
     def run_block(self, block: Block, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None):
@@ -115,7 +118,10 @@ class Transformer(nn.Module):
         return block(x_BLD, mask_B1LL)
 
     def output(self, x_BLD: torch.Tensor) -> torch.Tensor:
-        return project(self.head, self.norm(x_BLD))
+        x_BLD = self.norm(x_BLD)
+        if self.tensor is not None and self.tensor.sequence_parallel:  # the replicated head sees every position
+            x_BLD = self.tensor.gather_replicated(x_BLD)
+        return project(self.head, x_BLD)
 
     def router_loss(self, moe_stats: list[MoEStats], like: torch.Tensor) -> torch.Tensor:
         """The weighted aux + z losses of ``moe_stats``, to add to the training loss."""

@@ -73,6 +73,7 @@ class ParallelConfig:
     dp_replicate: int = -1  # ranks holding a full copy of the dense parameters (DDP; HSDP's replicas with dp_shard)
     dp_shard: int = 1  # ranks the dense parameters are sharded over (FSDP2)
     tp: int = 1  # tensor parallel: attention heads, FFN and expert hidden widths split over these ranks
+    sequence_parallel: bool = False  # tp > 1: activations between the split regions cut along the sequence
     pp: int = 1  # pipeline parallel: the layers split into this many stages
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"  # micro-batches = train.grad_accum
     pp_stages_per_rank: int = 1  # > 1 only with "interleaved_1f1b" (virtual stages, looped placement)
@@ -99,6 +100,11 @@ class ParallelConfig:
                "'gpipe', '1f1b' or 'interleaved_1f1b'")
         _check((self.pp_schedule == "interleaved_1f1b") == (self.pp_stages_per_rank > 1), "pp_stages_per_rank",
                self.pp_stages_per_rank, "1 with pp_schedule 'gpipe' or '1f1b', 2 or more with 'interleaved_1f1b'")
+        _check(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel, "true or false")
+        _check(not self.sequence_parallel or self.tp > 1, "sequence_parallel", self.sequence_parallel,
+               "true only with tp > 1 (it cuts the activations along the sequence over the tp ranks)")
+        _check(not self.sequence_parallel or self.pp == 1, "sequence_parallel", self.sequence_parallel,
+               f"false with pp = {self.pp}: pipeline stages exchange whole-sequence activations (set one of them off)")
         _check(not self.cpu_offload or self.dp_shard != 1, "cpu_offload", self.cpu_offload,
                "true only with dp_shard > 1 or -1 (FSDP2's CPUOffloadPolicy)")
         _check(not self.powersgd_rank or self.dp_shard == 1, "powersgd_rank", self.powersgd_rank,

@@ -31,7 +31,8 @@ from train.parallel.expert_parallel import expert_parameters, expert_shard, shar
 from train.parallel.mesh import World, init_world
 from train.parallel.precision import AgreedGradScaler
 from train.parallel.reduce import Reducer
-from train.parallel.tensor_parallel import split_layouts, tensor_shard
+from train.parallel.tensor_parallel import (sequence_parallel_parameters, split_layouts,
+                                            sync_sequence_parallel_grads, tensor_shard)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Parallel:
         self._expert_params: list[nn.Parameter] = []
         self.tp_layouts: dict[str, tuple[int, int]] = {}  # parameters split over the tp group -> (dim, parts)
         self._tp_params: list[nn.Parameter] = []
+        self._sp_params: list[nn.Parameter] = []  # sequence parallel: norm scales with per-rank partial gradients
         self._reduce_load = False
         self.pipeline = None  # train.parallel.pipeline.Pipeline of this rank's stages, once ``wrap`` built it
 
@@ -89,7 +91,7 @@ class Parallel:
 
     def tensor_shard(self, cfg: ModelConfig) -> TensorShard | None:
         """This rank's tensor-parallel part, for ``Transformer(cfg, tensor=...)``; None without tensor parallelism."""
-        return tensor_shard(self.world, self.comm, cfg)
+        return tensor_shard(self.world, self.comm, cfg, sequence_parallel=self.cfg.sequence_parallel)
 
     def wrap(self, model: nn.Module, *, grad_accum: int = 1) -> nn.Module:
         """DDP or FSDP2; returns the module to call forward on (``model`` stays the bare one).
@@ -148,6 +150,13 @@ class Parallel:
         if self.world.tp_size > 1:
             self.tp_layouts = split_layouts(model, self.world)
             self._tp_params = expert_parameters(model, list(self.tp_layouts))
+            built = getattr(getattr(model, "tensor", None), "sequence_parallel", False)
+            if built != self.cfg.sequence_parallel:
+                raise ConfigError(f"train.parallel.sequence_parallel = {str(self.cfg.sequence_parallel).lower()} but "
+                                  f"the model was built {'with' if built else 'without'} it; build the model with "
+                                  "Transformer(cfg, tensor=parallel.tensor_shard(cfg))")
+            if self.cfg.sequence_parallel:
+                self._sp_params = sequence_parallel_parameters(model)
 
     def grad_sync(self, net: nn.Module, *, last: bool):
         """Context for one micro-batch's forward and backward: DDP all-reduces only on the ``last`` one.
@@ -178,6 +187,8 @@ class Parallel:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
         if self._expert_params and not self.fsdp:
             sync_expert_grads(self._expert_params, self.world, self.comm)
+        if self._sp_params:
+            sync_sequence_parallel_grads(self._sp_params, self.world, self.comm)
         # under pipeline parallelism each stage holds its own parameters: the squares add up over pp
         norm = self.reduce_pp(self._grad_norm_sq(params)).sqrt()
         # one call per mesh: under FSDP2 x EP the dense and expert gradients are DTensors on different meshes

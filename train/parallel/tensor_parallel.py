@@ -10,7 +10,9 @@ split on its own); ``gather``/``local`` convert to and from the one-process chec
 The collectives are hand-written autograd functions on the ``tp`` group rather than DTensor's
 ``parallelize_module`` styles: the fused projections and the grouped ``(E, D, F)`` expert weights
 have no ``ColwiseParallel`` equivalent, DDP does not take DTensor parameters, and going through
-``CommTimer`` counts the all-reduces in ``comm_pct``.
+``CommTimer`` counts the all-reduces in ``comm_pct``. Sequence parallelism
+(``[train.parallel] sequence_parallel``) swaps the activations' crossings for all-gathers and
+reduce-scatters along the sequence (``train.model.tensor_shard``), timed the same way.
 """
 
 from __future__ import annotations
@@ -61,7 +63,111 @@ class _Leave(torch.autograd.Function):
         return grad, None, None
 
 
-def tensor_shard(world: World, timer: CommTimer, cfg: ModelConfig) -> TensorShard | None:
+# ---- sequence parallelism: the activations' crossings along the sequence (dim 1 of (B, L, D)) -------------
+def _seq_all_gather(x: torch.Tensor, group, size: int, timer: CommTimer) -> torch.Tensor:
+    """(B, L/size, D) from every rank -> (B, L, D), rank order along the sequence."""
+    x = x.contiguous()
+    out = x.new_empty((size * x.shape[0], *x.shape[1:]))  # the ranks' parts one after another along dim 0
+    with timer.blocking(x.numel() * x.element_size() * (size - 1)):
+        dist.all_gather_into_tensor(out, x, group=group)
+    return out.view(size, *x.shape).movedim(0, 1).reshape(x.shape[0], size * x.shape[1], *x.shape[2:])
+
+
+def _seq_reduce_scatter(x: torch.Tensor, group, size: int, timer: CommTimer) -> torch.Tensor:
+    """Partial (B, L, D) on every rank -> this rank's part of the sum, (B, L/size, D)."""
+    B, L = x.shape[:2]
+    parts = x.reshape(B, size, L // size, *x.shape[2:]).movedim(1, 0).contiguous()  # rank r's part at parts[r]
+    out = parts.new_empty(parts.shape[1:])
+    with timer.blocking(out.numel() * out.element_size() * (size - 1)):
+        dist.reduce_scatter_tensor(out, parts.view(size * B, *parts.shape[2:]), group=group)
+    return out
+
+
+def _seq_part(x: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    length = x.shape[1]
+    if length % size:
+        raise ConfigError(f"train.parallel.sequence_parallel: a batch of sequence length {length} does not split "
+                          f"over tp = {size} ranks; make train.data.seq_len (and any sequence-length warm-up "
+                          "lengths) a multiple of tp")
+    return x.narrow(1, rank * (length // size), length // size).contiguous()
+
+
+class _Gather(torch.autograd.Function):
+    """f under sequence parallelism: all-gather the sequence; backward reduce-scatters the partial input gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size, timer):
+        ctx.args = group, size, timer
+        return _seq_all_gather(x, group, size, timer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_reduce_scatter(grad, *ctx.args), None, None, None, None
+
+
+class _GatherReplicated(torch.autograd.Function):
+    """All-gather for a replicated consumer (the head): its gradient is the same on every rank, keep this rank's part."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size, timer):
+        ctx.rank, ctx.size = rank, size
+        return _seq_all_gather(x, group, size, timer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_part(grad, ctx.rank, ctx.size), None, None, None, None
+
+
+class _GatherBoth(torch.autograd.Function):
+    """One all-gather, two copies: one into the split region (partial gradients, reduce-scattered) and one for
+    the replicated router (its gradient the same on every rank: this rank's part is kept)."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size, timer):
+        ctx.args, ctx.rank = (group, size, timer), rank
+        full = _seq_all_gather(x, group, size, timer)
+        return full, full.clone()
+
+    @staticmethod
+    def backward(ctx, grad_split, grad_replicated):
+        group, size, timer = ctx.args
+        grad = _seq_part(grad_replicated, ctx.rank, size) if grad_replicated is not None else None
+        if grad_split is not None:
+            scattered = _seq_reduce_scatter(grad_split, group, size, timer)
+            grad = scattered if grad is None else grad + scattered
+        return grad, None, None, None, None
+
+
+class _Scatter(torch.autograd.Function):
+    """g under sequence parallelism: reduce-scatter the partial outputs; backward all-gathers the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size, timer):
+        if x.shape[1] % size:
+            _seq_part(x, rank, size)  # raises the error naming the key
+        ctx.args = group, size, timer
+        return _seq_reduce_scatter(x, group, size, timer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_all_gather(grad, *ctx.args), None, None, None, None
+
+
+class _Split(torch.autograd.Function):
+    """A replicated activation (the embedding's output) cut to this rank's part; backward all-gathers the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank, size, timer):
+        ctx.args = group, size, timer
+        return _seq_part(x, rank, size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_all_gather(grad, *ctx.args), None, None, None, None
+
+
+def tensor_shard(world: World, timer: CommTimer, cfg: ModelConfig, *,
+                 sequence_parallel: bool = False) -> TensorShard | None:
     """What a model built on this rank passes to ``Transformer(..., tensor=)``; None without tensor parallelism."""
     tp = world.tp_size
     if tp <= 1:
@@ -74,9 +180,33 @@ def tensor_shard(world: World, timer: CommTimer, cfg: ModelConfig) -> TensorShar
         if value % tp:
             raise ConfigError(f"train.parallel.tp = {tp} does not divide {key} = {value}: tensor parallelism splits "
                               "heads and hidden widths evenly over the tp ranks; pick a tp that divides it")
-    group = world.tp_group
-    return TensorShard(rank=world.tp_rank, size=tp, enter=lambda x: _Enter.apply(x, group, timer),
-                       leave=lambda x: _Leave.apply(x, group, timer))
+    group, rank = world.tp_group, world.tp_rank
+    seq = {}
+    if sequence_parallel:
+        seq = {name: (lambda x, fn=fn: fn.apply(x, group, rank, tp, timer)) for name, fn in (
+            ("gather", _Gather), ("scatter", _Scatter), ("split", _Split), ("gather_replicated", _GatherReplicated),
+            ("gather_both", _GatherBoth))}
+    return TensorShard(rank=rank, size=tp, enter=lambda x: _Enter.apply(x, group, timer),
+                       leave=lambda x: _Leave.apply(x, group, timer), **seq)
+
+
+def sequence_parallel_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The replicated weights that see only this rank's part of the sequence: every RMSNorm's scale."""
+    from train.model.layers import RMSNorm
+
+    return [m.weight for m in model.modules() if isinstance(m, RMSNorm)]
+
+
+def sync_sequence_parallel_grads(params: list[nn.Parameter], world: World, timer: CommTimer) -> None:
+    """Sum the norms' partial gradients over the tp group (one flat all-reduce), so every rank holds the whole one."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    with timer.blocking(flat.numel() * flat.element_size()):
+        dist.all_reduce(flat, group=world.tp_group)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        g.copy_(part.view_as(g))
 
 
 _LAYOUTS = ((Attention, ATTENTION_LAYOUT), (SwiGLU, SWIGLU_LAYOUT), (MoE, EXPERTS_LAYOUT))
