@@ -6,13 +6,15 @@ import argparse
 from pathlib import Path
 
 from train.plan.budget import DEFAULT_MFU, describe, duration, measured_mfu, plan_run
-from train.plan.hardware import DEVICES, LINKS_GBPS, device
+from train.plan import hardware
+from train.plan.hardware import DEVICES, LINKS_GBPS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser("plan", help="size a run from a compute budget, or estimate a job's [train] run")
     q.add_argument("job", type=Path, nargs="?", help="a job file: estimate its [train] run's time and memory instead")
-    q.add_argument("--gpu", default="h100", help=f"device type, one of: {', '.join(DEVICES)} (default h100)")
+    q.add_argument("--gpu", help=f"device type, one of: {', '.join(DEVICES)} (default: this machine's accelerator, "
+                   "with the memory the driver reports, when it has one; else h100)")
     q.add_argument("--gpus", type=int, default=8, help="number of devices (default 8)")
     q.add_argument("--hours", type=float, help="wall-clock hours on those devices (the budget)")
     q.add_argument("--flops", type=float, help="the budget in FLOPs instead of hours")
@@ -22,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     q.add_argument("--seq-len", type=int, default=4096, help="sequence length (default 4096)")
     q.add_argument("--vocab", type=int, default=32768, help="vocabulary size (default 32768)")
-    q.add_argument("--memory-gib", type=float, help="override the device's memory")
+    q.add_argument("--memory-gib", type=float, help="override the device's memory (default: the local device's "
+                   "when it is the one planned for, else the table's)")
     q.add_argument("--peak-tflops", type=float, help="override the device's dense bf16 peak")
     q.add_argument("--intra", help=f"link inside a node: GB/s or one of {', '.join(LINKS_GBPS)}")
     q.add_argument("--inter", help="link across nodes, per device: GB/s or a link name")
@@ -31,8 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    dev = device(args.gpu, memory_gib=args.memory_gib, peak_tflops=args.peak_tflops, intra=args.intra,
-                 inter=args.inter, per_node=args.gpus_per_node)
+    dev, memory_basis = hardware.resolve(args.gpu, memory_gib=args.memory_gib, peak_tflops=args.peak_tflops,
+                                         intra=args.intra, inter=args.inter, per_node=args.gpus_per_node,
+                                         local=hardware.local_device())
+    print(f"device memory: {dev.memory_gib:g} GiB per device, {memory_basis}")
     mfu, basis = (args.mfu, "given") if args.mfu is not None else (DEFAULT_MFU, "assumed; --from RUN uses a measured one")
     if args.from_run is not None and args.mfu is None:
         mfu, basis = measured_mfu(args.from_run), f"measured in {args.from_run}"

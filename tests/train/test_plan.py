@@ -89,3 +89,44 @@ def test_plan_command_prints_a_plan(capsys):
     out = capsys.readouterr().out
     assert "layout: dp 16 x tp 1 x pp 1" in out and "memory:" in out and "communication" in out
     assert "0.00 h" not in out and "time:   12.0 h on 16 devices" in out
+
+
+def test_the_plan_reads_the_local_devices_memory_and_says_so(capsys, monkeypatch):
+    import torch
+
+    from pipelines.cli import main
+    from train.plan import hardware
+
+    # what torch reports on a machine with an H200 (the driver's total is below the 141 GB on the box)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=0: (int(130.5 * GiB), int(139.8 * GiB)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    local = hardware.local_device()
+    assert local == hardware.LocalDevice("NVIDIA H200", pytest.approx(139.8), pytest.approx(130.5))
+
+    assert main(["plan", "--gpus", "8", "--hours", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "device memory: 139.8 GiB per device, this machine's NVIDIA H200: 139.8 GiB total, 130.5 GiB free" in out
+    assert "on 8 x NVIDIA H200 (139.8 GiB, 989 TFLOP/s" in out and "of 139.8 GiB per device" in out
+
+    # naming another device plans for the table's one, and says the local figure exists
+    dev, basis = hardware.resolve("a100", local=local)
+    assert dev.memory_gib == 80 and "table's figure" in basis and "NVIDIA H200 has 139.8 GiB" in basis
+    # naming the same device type still takes the driver's figure; --memory-gib beats both
+    assert hardware.resolve("h200", local=local)[0].memory_gib == 139.8
+    assert hardware.resolve(None, memory_gib=40, local=local) == (hardware.device("h200", memory_gib=40),
+                                                                   "given (--memory-gib)")
+    # a device the table lacks: its memory, the h100 entry's peak, and a line saying so
+    dev, basis = hardware.resolve(None, local=hardware.LocalDevice("NVIDIA B300", 270.0, 270.0))
+    assert dev.memory_gib == 270.0 and dev.peak_flops == hardware.DEVICES["h100"].peak_flops and "--peak-tflops" in basis
+
+
+def test_without_a_local_device_the_plan_uses_the_table_and_says_so(capsys, monkeypatch):
+    import torch
+
+    from pipelines.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["plan", "--gpu", "a100", "--gpus", "16", "--hours", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "device memory: 80 GiB per device, the table's figure for A100 80GB SXM (no accelerator" in out
