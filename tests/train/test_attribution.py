@@ -64,7 +64,9 @@ def _trainer(folder, train: Batch, heldout: list[Batch], *, steps: int, seed: in
                       data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0), optim=optim or OptimConfig(),
                       checkpoint=CheckpointConfig(every=0), attribution=AttributionConfig(**attribution))
     torch.manual_seed(seed)
-    return Trainer(cfg, model=Transformer(model), data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
+    net = Transformer(model, experts=parallel.expert_shard(model.n_experts) if parallel else None,
+                      tensor=parallel.tensor_shard(model) if parallel else None)
+    return Trainer(cfg, model=net, data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
                    device=torch.device("cpu"), val_data=lambda: list(heldout), parallel=parallel)
 
 

@@ -77,7 +77,7 @@ def test_a_sharded_model_starts_from_its_slice_of_the_unsharded_weights():
     torch.manual_seed(0)
     full = Transformer(MODEL)
     torch.manual_seed(0)
-    sharded = Transformer(MODEL, experts=ExpertShard(rank=1, size=2, dispatch=lambda x, counts, compute: compute(x, counts)))
+    sharded = Transformer(MODEL, experts=ExpertShard(rank=1, size=2, dispatch=lambda x, counts, compute, source=None: compute(x, counts)))
     assert sharded_expert_names(sharded, world) == ["blocks.0.ffn.w13_ED2F", "blocks.0.ffn.w2_EFD"]
     torch.testing.assert_close(sharded.blocks[0].ffn.w13_ED2F, full.blocks[0].ffn.w13_ED2F[2:4])
     torch.testing.assert_close(sharded.blocks[0].ffn.w2_EFD, full.blocks[0].ffn.w2_EFD[2:4])
@@ -128,13 +128,22 @@ def test_lamb_is_refused_under_tensor_parallelism(tmp_path):
                 run_dir=tmp_path, device=torch.device("cpu"), parallel=parallel)
 
 
-def test_attribution_is_refused_under_tensor_parallelism():
+def test_attribution_counts_each_tensor_parallel_piece_once_and_refuses_lamb_there():
     from train.attribution import AttributionConfig
     from train.attribution.estimator import SourceAttribution
+    from train.optim import Lamb
 
     model = Transformer(MODEL, tensor=TensorShard(rank=1, size=2, enter=lambda x: x, leave=lambda x: x))
     parallel = Parallel(ParallelConfig(tp=2), _tp_world())
     parallel.wrap(model)
-    with pytest.raises(ConfigError, match=r"train.attribution needs every rank to hold all parameters.*tp = 1"):
-        SourceAttribution(AttributionConfig(), model=model, optimizer=torch.optim.AdamW(model.parameters()),
-                          sources=["a"], val_data=lambda: [], device=torch.device("cpu"), parallel=parallel)
+    kw = dict(model=model, sources=["a"], val_data=lambda: [], device=torch.device("cpu"), parallel=parallel)
+    attribution = SourceAttribution(AttributionConfig(every=2), optimizer=torch.optim.AdamW(model.parameters()), **kw)
+    names = [name for name, _ in model.named_parameters()]
+    pieces = attribution.pieces
+    weights = dict(zip(names, pieces.global_w))
+    # a tp slice is held by one rank; the replicated router, norms and embedding by both tp ranks
+    assert weights["blocks.0.attn.wq.weight"] == weights["blocks.0.ffn.w13_ED2F"] == 1.0
+    assert weights["blocks.0.ffn.router.gate.weight"] == weights["embed.weight"] == 0.5
+    assert pieces.partial_w == pieces.global_w and not pieces.whole  # one data-parallel rank: whole data
+    with pytest.raises(ConfigError, match=r"train.attribution with train.optim.name = 'lamb'.*use"):
+        SourceAttribution(AttributionConfig(every=2), optimizer=Lamb(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0), **kw)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from train.attribution.config import AttributionConfig
+from train.attribution.pieces import local
 from train.attribution.probe import HeldoutProbe
 from train.attribution.split import PARTS, MomentSplit
 from train.errors import CheckpointError, ConfigError
@@ -40,11 +41,13 @@ from train.model.split import GradSplit, splitting
 log = logging.getLogger(__name__)
 
 
-def _dots(vectors: Sequence[torch.Tensor], weights: Sequence[torch.Tensor]) -> np.ndarray:
-    """Σ over parameters of ⟨vectors[a], weights[b]⟩: (R, S) for per-parameter (R, ...) and (S, ...) stacks."""
+def _dots(vectors: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], counts: Sequence[float]) -> np.ndarray:
+    """Σ over parameters of counts[p]·⟨vectors[a], weights[b]⟩: (R, S) for per-parameter (R, ...) and (S, ...)
+    stacks (``counts``: how much this rank's piece of each parameter counts, ``pieces.py``)."""
     total = None
-    for v, w in zip(vectors, weights):
+    for v, w, c in zip(vectors, weights, counts):
         d = v.reshape(v.shape[0], -1).double() @ w.reshape(w.shape[0], -1).double().T
+        d = d if c == 1.0 else d * c
         total = d if total is None else total + d
     return total.cpu().numpy()
 
@@ -55,16 +58,21 @@ class SourceAttribution:
     def __init__(self, cfg: AttributionConfig, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  sources: Sequence[str], val_data: Callable[[], Iterable], device: torch.device,
                  parallel=None) -> None:
-        if parallel is not None and (parallel.fsdp or parallel.experts or parallel.tp_layouts):
-            raise ConfigError("train.attribution needs every rank to hold all parameters: use data parallelism "
-                              "without dp_shard, expert or tensor parallelism (train.parallel.dp_shard = 1, ep = 1, "
-                              "tp = 1), or set train.attribution.every = 0")
+        if parallel is not None and cfg.every and not isinstance(optimizer, torch.optim.AdamW) and (
+                parallel.fsdp or parallel.experts or parallel.tp_layouts):
+            raise ConfigError("train.attribution with train.optim.name = 'lamb' and dp_shard, ep or tp > 1: LAMB's "
+                              "trust ratio is one scalar per whole parameter and each rank holds a piece; use "
+                              "train.optim.name = 'adamw'")
         self.cfg, self.model, self.device = cfg, model, device
         self.sources = list(sources)
         self._val_data = val_data
-        self._reduce = parallel.reduce_sum if parallel is not None and parallel.world.distributed else None
+        distributed = parallel is not None and parallel.world.distributed
+        self._reduce = parallel.reduce_sum if distributed else None
         self._rank = parallel.world.rank if parallel is not None else 0
-        self.split = MomentSplit(optimizer, len(self.sources), world_size=parallel.world.dp_size if parallel else 1)
+        # each source's losses backward through a collective (expert all-to-all) on every rank alike
+        self._every_source = distributed and parallel.world.ep_size > 1
+        self.split = MomentSplit(optimizer, len(self.sources), model=model, parallel=parallel)
+        self.pieces = self.split.pieces
         self.params = self.split.params
         self._probe: HeldoutProbe | None = None
         S = len(self.sources)
@@ -100,9 +108,8 @@ class SourceAttribution:
         backward's loss carries beyond the data loss's mean, e.g. the data-parallel ``grad_scale``)."""
         if not self._splitting or self.cfg.split != "tokens":
             return contextlib.nullcontext()
-        buffers = {id(p): g for p, g in zip(self.params, self.split.grad_S)}
-        return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), buffers, scale=1.0 / loss_scale,
-                                   written=self.split.written))
+        return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), self.split.buffers(),
+                                   scale=1.0 / loss_scale, written=self.split.written))
 
     def add_micro_batch(self, weighted_loss_BL: torch.Tensor, source_ids_BL: torch.Tensor) -> None:
         """With ``split = "losses"``: per-source gradients of one micro-batch's data loss
@@ -111,11 +118,14 @@ class SourceAttribution:
         if not self._splitting or self.cfg.split != "losses":
             return
         present = source_ids_BL[weighted_loss_BL.detach() != 0].unique().tolist()
+        if self._every_source:  # the same backwards on every rank, whichever sources its batch holds
+            present = range(len(self.sources))
+        inputs = self.pieces.inputs()
         for s in present:
             if not 0 <= s < len(self.sources):
                 continue
             loss = (weighted_loss_BL * (source_ids_BL == s)).sum()
-            self.split.add_grads(s, torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True))
+            self.split.add_grads(s, torch.autograd.grad(loss, inputs, retain_graph=True, allow_unused=True))
 
     def before_optimizer_step(self) -> None:
         if self._splitting:
@@ -137,12 +147,12 @@ class SourceAttribution:
             if self._probe.missing:
                 log.warning("attribution: no held-out tokens for %s; their columns stay 0",
                             ", ".join(self.sources[s] for s in self._probe.missing))
-        losses_S, grads = self._probe.evaluate(self.model, self.params)
-        return losses_S.numpy(), grads
+        losses_S, grads = self._probe.evaluate(self.model, self.pieces.inputs())
+        return losses_S.numpy(), self.pieces.heldout(grads)
 
     @torch.no_grad()
     def _snapshot(self) -> list[torch.Tensor]:
-        return [p.detach().float().clone() for p in self.params]
+        return [local(p).detach().float().clone() for p in self.params]
 
     def _open(self, step: int) -> None:
         self.split.begin_stretch()
@@ -158,23 +168,27 @@ class SourceAttribution:
         loss1, h1 = self._evaluate()
         with torch.no_grad():
             for p, a, b in zip(self.params, self._theta0, theta1):
-                p.copy_((a + b) / 2)
+                local(p).copy_((a + b) / 2)
         try:
             _, h_mid = self._evaluate()
         finally:
             with torch.no_grad():
                 for p, b in zip(self.params, theta1):
-                    p.copy_(b)
+                    local(p).copy_(b)
         weights = [(a + 4 * m + b) / 6 for a, m, b in zip(self._h0, h_mid, h1)]
         disp_S, parts = self.split.parts()
-        local = np.concatenate([_dots(disp_S, weights), _dots([d[None] for d in parts["router"]], weights)])
-        if self._reduce is not None:  # each rank's source and router parts come from its own gradients
-            local = self._reduce(torch.from_numpy(local).to(self.device)).cpu().numpy()
-        matrix, router = local[:-1], local[-1]
-        total = _dots([(b - a)[None] for a, b in zip(self._theta0, theta1)], weights)[0]
+        pieces, S = self.pieces, len(self.sources)
+        # each rank's dots over its pieces (``pieces.py``): the per-source and router parts are partial sums
+        # of the ranks' own tokens, the rest whole on each copy; one all-reduce adds them up
+        partial = np.concatenate([_dots(disp_S, weights, pieces.partial_w),
+                                  _dots([d[None] for d in parts["router"]], weights, pieces.partial_w)])
+        whole = np.concatenate([_dots([d[None] for d in part], weights, pieces.global_w) for part in
+                                ([b - a for a, b in zip(self._theta0, theta1)], parts["weight_decay"],
+                                 parts["momentum_before"])])
+        summed = pieces.sum(torch.from_numpy(np.concatenate([partial, whole])).to(self.device)).cpu().numpy()
+        matrix, router, (total, decay, before) = summed[:S], summed[S], summed[S + 1:]
         interval = {"matrix": matrix, "router": router, "measured": loss1 - self._loss0,
-                    "weight_decay": _dots([d[None] for d in parts["weight_decay"]], weights)[0],
-                    "momentum_before": _dots([d[None] for d in parts["momentum_before"]], weights)[0]}
+                    "weight_decay": decay, "momentum_before": before}
         interval["rounding"] = total - matrix.sum(0) - router - interval["weight_decay"] - interval["momentum_before"]
         interval["unattributed"] = total - matrix.sum(0)
         interval["residual"] = interval["measured"] - total
@@ -207,18 +221,29 @@ class SourceAttribution:
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything but the probe's batches (read again from the held-out split on resume)."""
-        return {"sources": self.sources, "total": {k: v.tolist() for k, v in self.total.items()},
-                "steps_covered": self.steps_covered, "first_step": self.first_step, "open_at": self.open_at,
-                "theta0": [t.cpu() for t in self._theta0], "h0": [h.cpu() for h in self._h0],
-                "loss0": self._loss0.tolist(), "split": self.split.state_dict(self._reduce)}
+        """Everything but the probe's batches (read again from the held-out split on resume).
+
+        When ranks hold pieces of the parameters (FSDP2, expert or tensor parallel) the open stretch's
+        pieces stay out: the totals (the same on every rank) are kept, and a resumed run opens a new
+        stretch at its first step, the momentum it resumes with reported as ``momentum_before``."""
+        state = {"sources": self.sources, "total": {k: v.tolist() for k, v in self.total.items()},
+                 "steps_covered": self.steps_covered, "first_step": self.first_step, "open_at": None}
+        if self.pieces.whole:
+            state.update(open_at=self.open_at, theta0=[t.cpu() for t in self._theta0],
+                         h0=[h.cpu() for h in self._h0], loss0=self._loss0.tolist(),
+                         split=self.split.state_dict(self._reduce))
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if list(state["sources"]) != self.sources:
             raise CheckpointError(f"attribution state has sources {state['sources']}, this run has {self.sources}")
         self.total = {k: np.asarray(v, dtype=np.float64) for k, v in state["total"].items()}
         self.steps_covered = int(state["steps_covered"])
-        self.open_at, self.first_step = state["open_at"], state["first_step"]
+        self.first_step = state["first_step"]
+        if state["open_at"] is None or not self.pieces.whole:  # no open stretch to continue: the next step opens one
+            self.open_at = None
+            return
+        self.open_at = state["open_at"]
         self._theta0 = [t.to(self.device) for t in state["theta0"]]
         self._h0 = [h.to(self.device) for h in state["h0"]]
         self._loss0 = np.asarray(state["loss0"], dtype=np.float64)

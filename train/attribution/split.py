@@ -17,6 +17,8 @@ each part is summed over a stretch of steps; what the formulas miss (floating-po
 the difference to the parameters' real change and is reported, never folded into a part.
 Under data parallelism each rank's source and router parts come from its own gradients: partial
 sums, linear, added over the ranks by the caller; weight decay and the carried momentum are global.
+Each rank keeps the moments of the pieces it holds (``pieces.py``: FSDP2 shards, its experts, its
+tensor-parallel slices); an FSDP2 shard's per-source gradients are summed over the ranks first.
 Shape legend: S sources.
 """
 
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
+from train.attribution.pieces import Pieces, local
 from train.errors import ConfigError
 
 PARTS = ("weight_decay", "router", "momentum_before")  # the unattributed rows, besides rounding
@@ -34,8 +37,9 @@ PARTS = ("weight_decay", "router", "momentum_before")  # the unattributed rows, 
 class MomentSplit:
     """Per-source first moments and per-part displacements of one optimizer's parameters."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, n_sources: int, *, world_size: int = 1) -> None:
-        self.optimizer, self.S, self.world_size = optimizer, n_sources, world_size
+    def __init__(self, optimizer: torch.optim.Optimizer, n_sources: int, *, pieces=None, model=None,
+                 parallel=None) -> None:
+        self.optimizer, self.S = optimizer, n_sources
         self.params: list[torch.Tensor] = []
         self._group: list[int] = []  # index into param_groups: loading optimizer state replaces the group dicts
         for gi, group in enumerate(optimizer.param_groups):
@@ -46,10 +50,14 @@ class MomentSplit:
                 self.params.append(p)
                 self._group.append(gi)
         self.lamb = not isinstance(optimizer, torch.optim.AdamW)
+        self.pieces = pieces if pieces is not None else Pieces(self.params, model=model, parallel=parallel)
         S = n_sources
         z = self._zeros
-        self.grad_S = z(S)  # this step's per-source gradients, summed over its micro-batches
-        self.written: set[int] = set()  # ids of the parameters whose grad_S holds this step's parts (others: 0)
+        # this step's per-source gradients, summed over its micro-batches, at the size the forward uses
+        self.grad_S = [torch.zeros(S, *shape, dtype=torch.float32, device=p.device)
+                       for p, shape in zip(self.params, self.pieces.full_shapes())]
+        self._keys: list[int] | None = None  # what the model's split knows each parameter by (made on first use)
+        self.written: set[int] = set()  # keys of the parameters whose grad_S holds this step's parts (others: 0)
         self.m_S, self.disp_S = z(S), z(S)  # per-source first moment; displacement since the stretch began
         self.m_router, self.disp_router = z(), z()
         self.m_before, self.disp_before = z(), z()
@@ -65,17 +73,29 @@ class MomentSplit:
         return [groups[gi] for gi in self._group]
 
     def _zeros(self, *lead: int) -> list[torch.Tensor]:
-        return [torch.zeros(*lead, *p.shape, dtype=torch.float32, device=p.device) for p in self.params]
+        """Per parameter a zero (*lead, *piece) buffer: this rank's piece of it."""
+        return [torch.zeros(*lead, *shape, dtype=torch.float32, device=p.device)
+                for p, shape in zip(self.params, self.pieces.local_shapes())]
+
+    @property
+    def keys(self) -> list[int]:
+        if self._keys is None:
+            self._keys = self.pieces.keys()
+        return self._keys
+
+    def buffers(self) -> dict[int, torch.Tensor]:
+        """The per-source gradient buffers by the key the model's split looks them up with."""
+        return dict(zip(self.keys, self.grad_S))
 
     # ---- one step --------------------------------------------------------------------------
     def add_grads(self, source: int, grads: Sequence[torch.Tensor | None]) -> None:
         """Add one micro-batch's gradient of source ``source``'s share of the step's data loss."""
-        for p, buf, g in zip(self.params, self.grad_S, grads):
+        for key, buf, g in zip(self.keys, self.grad_S, grads):
             if g is None:
                 continue
-            if id(p) not in self.written:
+            if key not in self.written:
                 buf.zero_()
-                self.written.add(id(p))
+                self.written.add(key)
             buf[source].add_(g.float())
 
     @torch.no_grad()
@@ -83,25 +103,29 @@ class MomentSplit:
         """Weight decay uses the parameters the step starts from; call right before ``optimizer.step()``."""
         self._steps = [float(self.optimizer.state.get(p, {}).get("step", 0)) for p in self.params]
         if self.lamb:
-            self._old = [p.detach().clone() for p in self.params]
+            self._old = [local(p).detach().clone() for p in self.params]
             return
         for p, h, wd in zip(self.params, self._hyper, self.disp_wd):
             if p.grad is not None and h["weight_decay"]:
-                wd.add_(p.detach().float(), alpha=-h["lr"] * h["weight_decay"])
+                wd.add_(local(p).detach().float(), alpha=-h["lr"] * h["weight_decay"])
 
     @torch.no_grad()
     def after_step(self, clip_coef: float) -> None:
         """Advance every moment by the step just taken and add each part's displacement."""
+        pieces = self.pieces
         for i, (p, h) in enumerate(zip(self.params, self._hyper)):
             state = self.optimizer.state.get(p, {})
             if "exp_avg_sq" not in state or float(state["step"]) == self._steps[i]:
                 continue  # the optimizer did not step this parameter (no gradient)
             beta1, beta2 = h["betas"]
             t = float(state["step"])
-            denom = (state["exp_avg_sq"].float() / (1 - beta2**t)).sqrt_().add_(h["eps"])
+            denom = (local(state["exp_avg_sq"]).float() / (1 - beta2**t)).sqrt_().add_(h["eps"])
             scale = h["lr"] / (1 - beta1**t)
-            g_S = self.grad_S[i] if id(p) in self.written else None  # None: no source's tokens reached it
-            router = p.grad.float() / self.world_size if p.grad is not None else None
+            g_S = self.grad_S[i] if self.keys[i] in self.written else None  # None: no source's tokens reached it
+            if pieces.sharded[i]:  # FSDP2: the shard's global per-source gradient (a collective: every rank)
+                g_S = pieces.reduce_grads(i, g_S if g_S is not None else self.grad_S[i].zero_())
+            # the parts are partial sums over the D ranks holding this piece with other data; the gradient is whole
+            router = local(p.grad).float() / pieces.data_ranks[i] if p.grad is not None else None
             if router is not None and g_S is not None:
                 router = router.sub_(g_S.sum(0), alpha=clip_coef)
             m_S = self.m_S[i]
@@ -118,7 +142,7 @@ class MomentSplit:
                 self.m_before[i].mul_(beta1)
             if self.lamb:
                 old = self._old[i].float()
-                adam = state["exp_avg"].float() / (1 - beta1**t) / denom + h["weight_decay"] * old
+                adam = local(state["exp_avg"]).float() / (1 - beta1**t) / denom + h["weight_decay"] * old
                 w_norm, u_norm = old.norm(), adam.norm()
                 trust = float(w_norm / u_norm) if w_norm > 0 and u_norm > 0 else 1.0
                 scale *= trust
@@ -142,7 +166,7 @@ class MomentSplit:
             for p, before in zip(self.params, self.m_before):
                 state = self.optimizer.state.get(p, {})
                 if "exp_avg" in state:
-                    before.copy_(state["exp_avg"].float())
+                    before.copy_(local(state["exp_avg"]).float())
             self.started = True
             self._before = any(bool(b.any()) for b in self.m_before)
         for bufs in (self.disp_S, self.disp_router, self.disp_before, self.disp_wd):

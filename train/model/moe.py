@@ -39,13 +39,13 @@ class ExpertShard:
     """Expert parallelism, given to the model at construction (``train.parallel.Parallel.expert_shard``).
 
     This rank holds experts ``[rank·X, (rank+1)·X)`` of every MoE layer (X = E / size), and
-    ``dispatch(x_AD, counts_E, compute) -> y_AD`` runs each routed assignment on the rank holding
-    its expert (``train.parallel.expert_parallel.ExpertDispatch``).
+    ``dispatch(x_AD, counts_E, compute, source_A) -> y_AD`` runs each routed assignment on the rank holding
+    its expert (``source_A``: each assignment's source while gradients are split by source, else None) (``train.parallel.expert_parallel.ExpertDispatch``).
     """
 
     rank: int
     size: int
-    dispatch: Callable[[torch.Tensor, torch.Tensor, Callable], torch.Tensor]
+    dispatch: Callable[[torch.Tensor, torch.Tensor, Callable, torch.Tensor | None], torch.Tensor]
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
@@ -171,7 +171,7 @@ class MoE(nn.Module):
         self.w13_ED2F = nn.Parameter(torch.empty(E, D, 2 * F_))  # gate and up, side by side
         self.w2_EFD = nn.Parameter(torch.empty(E, F_, D))
         self.shared = SwiGLU(D, F_ * cfg.n_shared_experts, tensor=tensor) if cfg.n_shared_experts else None
-        # under expert parallelism (x_AD, counts_E, compute) -> y_AD runs the experts on the ranks
+        # under expert parallelism (x_AD, counts_E, compute, source_A) -> y_AD runs the experts on the ranks
         # holding them; None: every expert is local
         self.dispatch = experts.dispatch if experts is not None else None
 
@@ -226,11 +226,12 @@ class MoE(nn.Module):
         if x_in_TD is None:
             x_in_TD = x_TD if self.tp is None else self.tp.enter(x_TD)
         x_AD = x_in_TD.index_select(0, token_A).to(dtype)  # backward: index_add, cheaper than index_put
+        split = active()  # splitting gradients by source: each assignment's source (sent along under ep)
+        source_A = None if split is None else split.src_T.index_select(0, token_A)
         if self.dispatch is None:
-            split = active()  # splitting gradients by source: each assignment's source
-            y_AD = self.compute_experts(x_AD, counts_E, None if split is None else split.src_T.index_select(0, token_A))
+            y_AD = self.compute_experts(x_AD, counts_E, source_A)
         else:
-            y_AD = self.dispatch(x_AD, counts_E, self.compute_experts)
+            y_AD = self.dispatch(x_AD, counts_E, self.compute_experts, source_A)
         if self.tp is not None:  # y_AD is this rank's partial sum: the weights' gradient is summed over the ranks
             weights_TK = self.tp.enter(weights_TK)
         y_AD = y_AD * weights_TK.reshape(-1)[order_A, None].to(y_AD.dtype)

@@ -200,7 +200,8 @@ class _SplitExpertMM(torch.autograd.Function):
         split, (E, I, O) = ctx.split, w_EIO.shape
         grad_x = ctx.mm(grad_AO, w_EIO.transpose(1, 2).contiguous(), counts_E) if ctx.needs_input_grad[0] else None
         expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AI.shape[0])
-        G = split.S + 1 if split.unsourced else split.S  # no empty no-source groups: they cost a zero fill each
+        # no empty no-source groups: they cost a zero fill each (rows from other ep ranks may have no source)
+        G = split.S + 1 if split.unsourced or bool((src_A >= split.S).any()) else split.S
         parts = _group_parts(x_AI, grad_AO.to(x_AI.dtype), expert_A * G + src_A, E * G)
         parts_SEIO = parts.view(E, G, I, O).transpose(0, 1)
         split.add(ctx.key, parts_SEIO)

@@ -49,7 +49,8 @@ class ExpertDispatch:
     def __init__(self, *, group, ep_size: int, n_experts: int, timer: CommTimer) -> None:
         self.group, self.ep_size, self.n_local, self.timer = group, ep_size, n_experts // ep_size, timer
 
-    def __call__(self, x_AD: torch.Tensor, counts_E: torch.Tensor, compute) -> torch.Tensor:
+    def __call__(self, x_AD: torch.Tensor, counts_E: torch.Tensor, compute,
+                 source_A: torch.Tensor | None = None) -> torch.Tensor:
         R, X = self.ep_size, self.n_local
         send_RX = counts_E.view(R, X)  # assignments for each (destination rank, its local expert)
         recv_RX = torch.empty_like(send_RX)  # rows: source rank
@@ -60,7 +61,13 @@ class ExpertDispatch:
         # arrivals are grouped by source rank, then expert; the local experts want them grouped by expert
         local_expert_A = torch.repeat_interleave(torch.arange(R * X, device=x_AD.device) % X, recv_RX.reshape(-1))
         order_A = local_expert_A.argsort(stable=True)
-        y_sorted_AD = compute(x_recv_AD[order_A], recv_RX.sum(0))
+        if source_A is None:
+            y_sorted_AD = compute(x_recv_AD[order_A], recv_RX.sum(0))
+        else:  # splitting gradients by source: each arriving assignment's source travels with it
+            source_recv_A = source_A.new_empty(sum(recv_splits))
+            with self.timer.blocking(source_A.numel() * source_A.element_size()):
+                dist.all_to_all_single(source_recv_A, source_A.contiguous(), recv_splits, send_splits, group=self.group)
+            y_sorted_AD = compute(x_recv_AD[order_A], recv_RX.sum(0), source_recv_A[order_A])
         inverse_A = torch.empty_like(order_A)
         inverse_A[order_A] = torch.arange(len(order_A), device=order_A.device)
         return _AllToAll.apply(y_sorted_AD[inverse_A], send_splits, recv_splits, self.group, self.timer)
