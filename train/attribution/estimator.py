@@ -63,6 +63,9 @@ class SourceAttribution:
             raise ConfigError("train.attribution with train.optim.name = 'lamb' and dp_shard, ep or tp > 1: LAMB's "
                               "trust ratio is one scalar per whole parameter and each rank holds a piece; use "
                               "train.optim.name = 'adamw'")
+        if parallel is not None and cfg.every and getattr(parallel.cfg, "sequence_parallel", False):
+            raise ConfigError("train.attribution with train.parallel.sequence_parallel = true: the norms' per-source "
+                              "gradients are not split on a part of the sequence yet; set sequence_parallel = false")
         self.cfg, self.model, self.device = cfg, model, device
         self.sources = list(sources)
         self._val_data = val_data
