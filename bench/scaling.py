@@ -50,6 +50,7 @@ LAYOUTS = {
     "ddp+ep": {"ep": 2},
     "fsdp+ep": {"dp_shard": -1, "ep": 2},
     "tp": {"tp": 2},
+    "tp+sp": {"tp": 2, "sequence_parallel": True},
     "pp": {"pp": 2},
 }
 
