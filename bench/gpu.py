@@ -132,8 +132,6 @@ def measure_peer(args, winnow: dict) -> dict | None:
         return None
     shape, _ = PRESETS[args.preset]
     dev = torch.device(args.device)
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
     batches = RandomBatches(batch=winnow["batch"], seq=winnow["seq"], vocab=shape["vocab_size"], device=dev)
     r = peer.measure(shape=shape, batch=winnow["batch"], seq=winnow["seq"], device=args.device, steps=args.steps,
                      warmup=args.warmup, precision=args.precision, peak_flops=winnow["peak_flops"], batches=batches,

@@ -20,6 +20,7 @@ peer's own parameter counts, so both MFU figures share one convention.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 
@@ -88,6 +89,10 @@ def measure(*, shape: dict, batch: int, seq: int, device: str, steps: int, warmu
     """Train torchtitan's model ``warmup + steps`` steps on ``batches``; the timed steps' figures."""
     dev = torch.device(device)
     cfg = build(shape, seq, attn=attn)
+    if dev.type == "cuda":  # the peak covers this run only, as winnow's covers its own (reset before its build)
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
     torch.manual_seed(0)
     with torch.device(dev):
         model = cfg.build()
@@ -120,8 +125,6 @@ def measure(*, shape: dict, batch: int, seq: int, device: str, steps: int, warmu
     for _ in range(warmup):
         step()
     sync()
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
     start = time.perf_counter()
     for _ in range(steps):
         loss = step()
