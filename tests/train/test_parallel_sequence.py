@@ -87,3 +87,12 @@ def test_sequence_parallel_needs_tp_and_refuses_pp():
     with pytest.raises(ConfigError, match="train.parallel.sequence_parallel.*pp = 2"):
         ParallelConfig(tp=2, pp=2, sequence_parallel=True)
     assert ParallelConfig(tp=2, sequence_parallel=True).sequence_parallel
+
+
+def test_a_sequence_length_tp_does_not_divide_is_an_error_naming_the_key():
+    from train.parallel.tensor_parallel import _seq_part
+
+    x = torch.arange(2 * 6 * 3.0).view(2, 6, 3)
+    assert torch.equal(_seq_part(x, 1, 2), x[:, 3:])  # rank 1 holds the second half of every sequence
+    with pytest.raises(ConfigError, match="train.data.seq_len"):
+        _seq_part(torch.zeros(2, 15, 3), 0, 2)
