@@ -14,13 +14,16 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.train.parallel_workers import free_port
-from tests.train.test_attribution import _records, _setting, _trainer
+from tests.train.test_attribution import L, _records, _trainer
+from tests.train.test_attribution import _setting as _base_setting
 from tests.train.test_attribution_ddp import MODEL, _rows
+from train.data import Batch
 from train.parallel import Parallel, ParallelConfig, shutdown
 
 pytestmark = pytest.mark.slow
 
-LAYOUTS = {"fsdp": {"dp_shard": -1}, "ep": {"ep": 2}, "fsdp_ep": {"dp_shard": -1, "ep": 2}, "tp": {"tp": 2}}
+LAYOUTS = {"fsdp": {"dp_shard": -1}, "ep": {"ep": 2}, "fsdp_ep": {"dp_shard": -1, "ep": 2}, "tp": {"tp": 2},
+           "tp_sp": {"tp": 2, "sequence_parallel": True}}
 STEPS, EVERY = 4, 2
 
 
@@ -30,7 +33,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, layout: dict, split:
     torch.set_num_threads(1)
     try:
         parallel = Parallel.from_env(ParallelConfig(**layout), device="cpu", n_experts=MODEL.n_experts)
-        heldout, train = _setting(12)
+        heldout, train = _setting(12, mixed=layout.get("sequence_parallel", False))
         if parallel.world.dp_size > 1:  # both sources on each data-parallel rank; tp ranks share the batch
             train = _rows(train, [0, 1, 4, 5] if parallel.world.dp_rank == 0 else [2, 3, 6, 7])
         trainer = _trainer(Path(run_dir), train, heldout, steps=STEPS, every=EVERY, split=split, grad_accum=2,
@@ -38,6 +41,17 @@ def _worker(rank: int, world: int, port: int, run_dir: str, layout: dict, split:
         trainer.fit()
     finally:
         shutdown()
+
+
+def _setting(seed: int, *, mixed: bool = False):
+    """The attribution tests' data; ``mixed``: two rows' second halves from another source, so a rank's part of
+    the sequence (sequence parallelism) holds other sources than the whole row."""
+    heldout, train = _base_setting(seed)
+    if mixed:
+        ids = train.source_ids.clone()
+        ids[:, L // 2:] = ids.roll(1, 0)[:, L // 2:]  # rows 0 and 4 now hold two sources each
+        train = Batch(train.tokens, train.targets, ids, train.loss_mask, train.doc_ids)
+    return heldout, train
 
 
 def _run(tmp_path, name: str, split: str) -> dict:
@@ -66,23 +80,28 @@ def _assert_same_records(got: list[dict], ref: list[dict]) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The one-process run of each split (the same for every layout)."""
+    """One-process runs by (split, mixed data), made once for every layout."""
     torch.set_num_threads(1)
-    heldout, train = _setting(12)
     out = {}
-    for split in ("tokens", "losses"):
-        folder = tmp_path_factory.mktemp(f"one-{split}")
-        _trainer(folder, train, heldout, steps=STEPS, every=EVERY, split=split, grad_accum=2, model=MODEL).fit()
-        out[split] = _records(folder)
-    return out
+
+    def get(split: str, mixed: bool = False) -> list[dict]:
+        if (split, mixed) not in out:
+            heldout, train = _setting(12, mixed=mixed)
+            folder = tmp_path_factory.mktemp(f"one-{split}")
+            _trainer(folder, train, heldout, steps=STEPS, every=EVERY, split=split, grad_accum=2, model=MODEL).fit()
+            out[split, mixed] = _records(folder)
+        return out[split, mixed]
+
+    return get
 
 
 # the experts' layouts with the default split; FSDP2 and EP alone with one backward per source
-# (held-out and per-source gradients taken through FSDP2's unsharded parameters, the all-to-all on every rank)
+# (held-out and per-source gradients taken through FSDP2's unsharded parameters, the all-to-all on every rank);
+# sequence parallel on rows whose halves hold different sources (the norms split this rank's half by source)
 @pytest.mark.parametrize("name, split", [("fsdp_ep", "tokens"), ("tp", "tokens"), ("fsdp", "losses"),
-                                         ("ep", "losses")])
+                                         ("ep", "losses"), ("tp_sp", "tokens")])
 def test_sharded_layouts_give_the_one_process_attribution(tmp_path, reference, name, split):
     got = _run(tmp_path, name, split)
-    _assert_same_records(got, reference[split])
+    _assert_same_records(got, reference(split, mixed=LAYOUTS[name].get("sequence_parallel", False)))
     matrix, measured = np.abs(got[-1]["matrix"]), np.abs(got[-1]["measured"])
     assert matrix.max() > 0.1 * measured.max(), "the sources moved the held-out losses"

@@ -63,9 +63,6 @@ class SourceAttribution:
             raise ConfigError("train.attribution with train.optim.name = 'lamb' and dp_shard, ep or tp > 1: LAMB's "
                               "trust ratio is one scalar per whole parameter and each rank holds a piece; use "
                               "train.optim.name = 'adamw'")
-        if parallel is not None and cfg.every and getattr(parallel.cfg, "sequence_parallel", False):
-            raise ConfigError("train.attribution with train.parallel.sequence_parallel = true: the norms' per-source "
-                              "gradients are not split on a part of the sequence yet; set sequence_parallel = false")
         self.cfg, self.model, self.device = cfg, model, device
         self.sources = list(sources)
         self._val_data = val_data
@@ -112,7 +109,7 @@ class SourceAttribution:
         if not self._splitting or self.cfg.split != "tokens":
             return contextlib.nullcontext()
         return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), self.split.buffers(),
-                                   scale=1.0 / loss_scale, written=self.split.written))
+                                   scale=1.0 / loss_scale, written=self.split.written, seq_part=self.pieces.seq_part))
 
     def add_micro_batch(self, weighted_loss_BL: torch.Tensor, source_ids_BL: torch.Tensor) -> None:
         """With ``split = "losses"``: per-source gradients of one micro-batch's data loss
@@ -146,7 +143,8 @@ class SourceAttribution:
     # ---- stretches --------------------------------------------------------------------------
     def _evaluate(self) -> tuple[np.ndarray, list[torch.Tensor]]:
         if self._probe is None:
-            self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_rows, self.device)
+            self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_rows, self.device,
+                                       seq_part=self.pieces.seq_part)
             if self._probe.missing:
                 log.warning("attribution: no held-out tokens for %s; their columns stay 0",
                             ", ".join(self.sources[s] for s in self._probe.missing))

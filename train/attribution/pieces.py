@@ -16,7 +16,9 @@ parameter itself, or under FSDP2 the unsharded parameter FSDP2 all-gathers into 
 made at the first all-gather and reused). Held-out gradients are taken with respect to those
 tensors (full size) and cut to this rank's piece. Under expert parallelism every ep rank sends
 the same held-out rows to each expert, so an expert's held-out gradient arrives ``ep`` times
-and is divided by it.
+and is divided by it. Under sequence parallelism a norm's scale sees this tp rank's part of each
+sequence: its per-source parts are partial sums over the tp ranks too, its held-out gradient is
+summed over them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ class Pieces:
         self.timer = parallel.comm if parallel is not None else None
         self.distributed = self.world is not None and self.world.distributed
         names = {id(p): name for name, p in model.named_parameters()} if model is not None else {}
+        self.seq_part: tuple[int, int] | None = None  # sequence parallel: (tp rank, tp) of the norms' rows
+        seq_partial: set[int] = set()  # the norms' scales: each tp rank sees its part of the sequence
+        if parallel is not None and getattr(parallel.cfg, "sequence_parallel", False) and parallel.world.tp_size > 1:
+            from train.parallel.tensor_parallel import sequence_parallel_parameters
+
+            self.seq_part = (parallel.world.tp_rank, parallel.world.tp_size)
+            seq_partial = {id(p) for p in sequence_parallel_parameters(model)}
+        self.heldout_tp_sum = [id(p) in seq_partial for p in self.params]
         experts = set(parallel.experts) if parallel is not None else set()
         tp_split = set(parallel.tp_layouts) if parallel is not None else set()
         self.sharded = [hasattr(p, "device_mesh") for p in self.params]  # FSDP2 DTensor shards
@@ -58,7 +68,9 @@ class Pieces:
             name = names.get(id(p), "")
             expert = name in experts
             self.whole = self.whole and not (expert or name in tp_split or self.sharded[i])
-            same_data = 1 if name in tp_split else w.tp_size  # R: tp ranks hold a replicated weight, same batch
+            # R: the tp ranks hold a replicated weight and see the same batch (a norm under sequence parallelism:
+            # each its part of the sequence, so they are data ranks too)
+            same_data = 1 if name in tp_split or id(p) in seq_partial else w.tp_size
             if self.sharded[i]:
                 replicas = 1
                 for dim, placement in enumerate(p.placements):
@@ -67,7 +79,7 @@ class Pieces:
                 copies, self.data_ranks[i] = replicas * same_data, 1
                 self.grad_group[i] = (w.edp_group if w.edp_size > 1 else None) if expert else w.dp_group
             else:
-                self.data_ranks[i] = w.edp_size if expert else w.dp_size
+                self.data_ranks[i] = (w.edp_size if expert else w.dp_size) * (w.tp_size if id(p) in seq_partial else 1)
                 copies = self.data_ranks[i] * same_data
             self.global_w[i] = 1.0 / copies
             self.partial_w[i] = self.data_ranks[i] / copies
@@ -127,6 +139,10 @@ class Pieces:
         """Full-size held-out gradients (S, ...) to this rank's pieces, each counted once."""
         out = []
         for i, g in enumerate(grads):
+            if self.heldout_tp_sum[i]:  # sequence parallel: each tp rank's part of the sequence
+                g = g.clone()
+                with self.timer.blocking(g.numel() * g.element_size()):
+                    dist.all_reduce(g, group=self.world.tp_group)
             g = self.cut(i, g)
             out.append(g * self.heldout_scale[i] if self.heldout_scale[i] != 1.0 else g)
         return out

@@ -23,8 +23,10 @@ log = logging.getLogger(__name__)
 class HeldoutProbe:
     """``rows`` held-out sequences per source (the first that hold its tokens), read once from ``val_data``."""
 
-    def __init__(self, val_data: Callable[[], Iterable], n_sources: int, rows: int, device: torch.device) -> None:
+    def __init__(self, val_data: Callable[[], Iterable], n_sources: int, rows: int, device: torch.device, *,
+                 seq_part: tuple[int, int] | None = None) -> None:
         self.n_sources, self.device = n_sources, device
+        self.seq_part = seq_part  # sequence parallel: this tp rank's part of each row, where the norms run
         self.pools = self._read(val_data, n_sources, rows)
         self.missing = [s for s in range(n_sources) if not self.pools[s]]
         self._all = None  # every source's rows as one batch, and each row's source (built on first use)
@@ -82,7 +84,7 @@ class HeldoutProbe:
         mask_BL = b.loss_mask & (b.source_ids == label_B[:, None])
         count_S = torch.zeros(S, device=self.device).index_add_(0, label_B, mask_BL.sum(1).float())
         buffers = {id(p): torch.empty(S, *p.shape, dtype=torch.float32, device=p.device) for p in params}
-        split = GradSplit(label_B[:, None].expand_as(b.tokens), S, buffers)
+        split = GradSplit(label_B[:, None].expand_as(b.tokens), S, buffers, seq_part=self.seq_part)
         with splitting(split):
             token_loss_BL = cross_entropy_per_token(model(b.tokens, b.doc_ids).logits_BLV, b.targets)
             loss_S = torch.zeros(S, device=self.device).index_add_(0, label_B, (token_loss_BL.float() * mask_BL).sum(1))

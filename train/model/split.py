@@ -25,8 +25,11 @@ class GradSplit:
     """Per-source gradient buffers (``id(param)`` -> (S, *param.shape)) and each row's source."""
 
     def __init__(self, source_T: torch.Tensor, n_sources: int, buffers: dict[int, torch.Tensor], *,
-                 scale: float = 1.0, written: set[int] | None = None) -> None:
+                 scale: float = 1.0, written: set[int] | None = None, seq_part: tuple[int, int] | None = None) -> None:
         src = source_T.reshape(-1).long()
+        # sequence parallel: (rank, size) of this rank's part of every (B, L) row, where the norms run
+        self._seq_part, self._width = seq_part, source_T.shape[-1]
+        self._part_T: torch.Tensor | None = None
         self.S, self.buffers, self.scale = n_sources, buffers, scale
         # the keys whose buffer already holds a part this step: the others are overwritten, not added to,
         # so the owner never zeroes its buffers (the caller clears the set between steps)
@@ -34,6 +37,17 @@ class GradSplit:
         self.src_T = torch.where((src >= 0) & (src < n_sources), src, n_sources)  # S: no source
         self.unsourced = bool((self.src_T == n_sources).any())  # whether any row has no source (padding)
         self._groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
+
+    def sources(self, n_rows: int) -> torch.Tensor:
+        """Each row's source for a layer on ``n_rows`` rows: every token, or under sequence parallelism this
+        rank's part of each sequence (``train.parallel.tensor_parallel``'s cut along L)."""
+        if n_rows == self.src_T.shape[0] or self._seq_part is None:
+            return self.src_T
+        if self._part_T is None:
+            rank, size = self._seq_part
+            part = self._width // size
+            self._part_T = self.src_T.view(-1, self._width)[:, rank * part:(rank + 1) * part].reshape(-1)
+        return self._part_T
 
     def tracks(self, param: torch.Tensor) -> bool:
         return id(param) in self.buffers
@@ -140,7 +154,8 @@ def project(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def norm_weight_parts(split: GradSplit, key: int, rows_TD: torch.Tensor) -> torch.Tensor:
     """A norm's scale gradient ``Σ_rows δ·n`` per source; adds the parts and returns the total (D,)."""
-    order, bounds = split.groups(split.src_T)  # slice sums of the source-sorted rows: index_add_ is serial here
+    # slice sums of the source-sorted rows: index_add_ is serial here
+    order, bounds = split.groups(split.sources(rows_TD.shape[0]))
     rows = rows_TD.index_select(0, order)
     parts = torch.stack([rows[lo:hi].sum(0) for lo, hi in zip(bounds[:-1], bounds[1:])])
     split.add(key, parts)
