@@ -19,12 +19,15 @@ from train.trainer import Trainer
 class RankBatches(SyntheticBatches):
     """Global batch ``g`` goes to rank ``g % world``: one rank with ``grad_accum = world`` sees the same global batches."""
 
-    def __init__(self, *, rank: int = 0, world: int = 1, **kw) -> None:
+    def __init__(self, *, rank: int = 0, world: int = 1, lengths: list[int] | None = None, **kw) -> None:
         super().__init__(**kw)
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.lengths = rank, world, lengths
 
     def __next__(self):
-        batch = self.make(self.position + self.rank)
+        g = self.position + self.rank
+        if self.lengths:  # global batch g's sequence length (the last one from there on): a warm-up's growth
+            self.seq_len = self.lengths[min(g, len(self.lengths) - 1)]
+        batch = self.make(g)
         self.position += self.world
         return batch
 
@@ -36,12 +39,13 @@ def free_port() -> int:
 
 
 def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, model: dict | None = None,
-          resume: bool = False, config: dict | None = None, val_batches: int = 0) -> Trainer:
+          resume: bool = False, config: dict | None = None, val_batches: int = 0,
+          lengths: list[int] | None = None) -> Trainer:
     """A tiny trainer on ``parallel``; each data-parallel rank reads its own batches (tp/pp ranks share theirs)."""
     cfg = tiny_config(run_dir, steps=steps, grad_accum=grad_accum, metrics={"log_every": 1},
                       checkpoint={"every": 0, "resume": resume}, model=model or {}, **(config or {}))
     torch.manual_seed(cfg.seed)
-    data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size)
+    data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size, lengths=lengths)
     model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts),
                         tensor=parallel.tensor_shard(cfg.model))
     held_out = SyntheticBatches(seed=7)  # the same held-out batches on every rank
@@ -140,7 +144,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         parallel = Parallel.from_env(ParallelConfig(**job.get("parallel", {})), device="cpu", n_experts=4)
         trainer = build(Path(job["run_dir"]), parallel=parallel, grad_accum=job.get("grad_accum", 1), steps=job["steps"],
                         model=job.get("model"), resume=job.get("resume", False), config=job.get("config"),
-                        val_batches=job.get("val_batches", 0))
+                        val_batches=job.get("val_batches", 0), lengths=job.get("lengths"))
         if job.get("overflow"):  # every rank reports: what each one decided is the point
             result = {"steps": overflow_steps(trainer, **job["overflow"]), "layouts": layouts(trainer.model)}
             Path(f"{out}.{rank}").write_text(json.dumps(result, default=str))

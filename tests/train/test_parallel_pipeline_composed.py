@@ -3,7 +3,8 @@
 pp 2 x dp_shard 2 (each stage FSDP2-sharded over its 2 dp ranks) and pp 2 x tp 2 (each stage's
 heads and hidden widths split over its 2 tp ranks): five fp32 steps give the one-process run's
 losses, gradient norms and per-source sums. fp16 under pipeline parallelism: one stage's overflow
-makes every stage skip the step.
+makes every stage skip the step. Micro-batch shapes that change (a sequence-length warm-up) get a
+schedule each.
 """
 
 import pytest
@@ -114,3 +115,19 @@ def test_pipeline_under_fsdp2_checkpoints_resume_on_one_process_and_back(tmp_pat
     second = spawn({"run_dir": str(tmp_path / "one"), "steps": 6, "resume": True, "grad_accum": 2, "parallel": layout},
                    tmp_path / "second.json", world=4)
     assert second["losses"] == pytest.approx(ref["losses"][3:], abs=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_pipeline_with_growing_sequence_lengths_matches_one_process(tmp_path, schedule):
+    # a sequence-length warm-up's batches: 8 tokens, then 16 from the 4th batch on, so step 2's two
+    # micro-batches differ (one schedule step each, breadth-first); one schedule per shape
+    lengths = [8, 8, 8, 16]
+    model = {"n_layers": 4} if schedule == "interleaved_1f1b" else None
+    torch.set_num_threads(1)
+    ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=2, steps=5,
+                    lengths=lengths, model=model, val_batches=3))
+    parallel = {"pp": 2, "pp_schedule": schedule, "pp_stages_per_rank": 2 if model else 1}
+    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2, "lengths": lengths, "model": model,
+                 "val_batches": 3, "parallel": parallel}, tmp_path / "out.json")
+    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert got["summary"]["eval"]["eval"]["loss"] == pytest.approx(ref["summary"]["eval"]["eval"]["loss"], rel=1e-5)

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                         ScheduleLoopedBFS)
 
 from train.errors import ConfigError
 from train.model.moe import MoEStats
@@ -50,8 +51,6 @@ def check_pipeline_run(cfg, *, teacher, attribution: bool) -> None:
         why = "train.distill: the teacher's logits would have to be computed by a pipeline of their own"
     elif attribution:
         why = "train.attribution: per-source gradient splits are not carried through the pipeline stages"
-    elif cfg.data.seq_len_warmup_steps:
-        why = ("train.data.seq_len_warmup_steps: the stages' receive buffers have one micro-batch shape; set it to 0")
     if why is not None:
         raise ConfigError(f"{why} — not available with train.parallel pipeline parallelism (pp > 1)")
 
@@ -195,30 +194,47 @@ class Pipeline:
                         for s in mine]
         self._where = dict(indices=mine, n_stages=n_stages, device=device, group=group, timer=timer, wrap=wrap)
         self._cls, self._interleaved, self.dim, self.vocab = SCHEDULES[schedule], interleaved, model.cfg.dim, model.cfg.padded_vocab
-        self.stages: list[_TimedStage] = []
-        self.schedule = None  # built at the first step, from its micro-batch shape
-        self.shape: tuple[int, int] | None = None
+        self._submodules: list[nn.Module] | None = None  # the stage modules, wrapped (DDP) at the first step
+        self._schedules: dict[tuple, object] = {}  # (rows, cols, micro-batches, logits dtype) -> its schedule
+        self.shape: tuple[int, int] | None = None  # the last training step's micro-batch shape
         self._clock, self._loss_fn = [0.0], None
 
-    def _build(self, rows: int, cols: int, logits_dtype: torch.dtype) -> None:
-        """Stages with static shapes: (rows, cols) tokens in, (rows, cols, D) fp32 activations between stages.
+    def _schedule(self, rows: int, cols: int, n: int, logits_dtype: torch.dtype):
+        """The schedule of ``n`` micro-batches of (rows, cols) tokens, built the first time that shape comes.
 
-        Static metadata spares torch's runtime shape inference, which would run the forward and the
-        loss on uninitialized tensors (and so call the trainer's accounting with them).
+        Its stages have static shapes: (rows, cols) tokens in, (rows, cols, D) fp32 activations between
+        stages; static metadata spares torch's runtime shape inference, which would run the forward and
+        the loss on uninitialized tensors (and so call the trainer's accounting with them). A sequence
+        length warm-up brings a few shapes, each its own set of stages over the same modules. A group
+        the configured schedule cannot take (1F1B with fewer micro-batches than pp ranks, interleaved
+        with a number that pp does not divide) runs breadth-first: GPipe, or looped BFS for several
+        stages per rank; the arithmetic, and so the gradients, are the same.
         """
+        key = (rows, cols, n, logits_dtype)
+        if key in self._schedules:
+            return self._schedules[key]
         w = self._where
+        if self._submodules is None:  # DDP over the dp ranks: the stage syncs it (FSDP2 was applied in place)
+            self._submodules = [w["wrap"](module) if w["wrap"] else module for module in self.modules]
         meta = torch.device("meta")
-        for module, s in zip(self.modules, w["indices"]):
+        stages = []
+        for submodule, s in zip(self._submodules, w["indices"]):
             x_in = (torch.zeros(rows, cols, dtype=torch.long, device=meta) if s == 0
                     else torch.zeros(rows, cols, self.dim, device=meta, requires_grad=True))
             x_out = (torch.zeros(rows, cols, self.vocab, dtype=logits_dtype, device=meta) if s == w["n_stages"] - 1
                      else torch.zeros(rows, cols, self.dim, device=meta, requires_grad=True))
-            submodule = w["wrap"](module) if w["wrap"] else module  # DDP over the dp ranks: the stage syncs it
-            self.stages.append(_TimedStage(submodule, s, w["n_stages"], w["device"], input_args=x_in, output_args=x_out,
-                                           group=w["group"], timer=w["timer"], clock=self._clock))
-        stages = self.stages if self._interleaved else self.stages[0]
-        self.schedule = self._cls(stages, n_microbatches=self.n_microbatches, loss_fn=self._loss, scale_grads=False)
-        self.shape = (rows, cols)
+            stages.append(_TimedStage(submodule, s, w["n_stages"], w["device"], input_args=x_in, output_args=x_out,
+                                      group=w["group"], timer=w["timer"], clock=self._clock))
+        size = w["n_stages"] // len(stages)
+        cls = self._cls
+        if self._interleaved and (n < size or n % size):
+            cls = ScheduleLoopedBFS
+        elif cls is Schedule1F1B and n < size:
+            cls = ScheduleGPipe
+        schedule = cls(stages if self._interleaved else stages[0], n_microbatches=n, loss_fn=self._loss,
+                       scale_grads=False)
+        self._schedules[key] = schedule
+        return schedule
 
     def _loss(self, logits_BLV: torch.Tensor, target_BL3: torch.Tensor) -> torch.Tensor:
         targets_BL, source_ids_BL, loss_mask_BL = target_BL3.unbind(-1)
@@ -234,39 +250,45 @@ class Pipeline:
         """
         if len(batches) != self.n_microbatches:
             raise ValueError(f"{len(batches)} batches for a schedule of {self.n_microbatches} micro-batches")
-        rows, cols = batches[0].tokens.shape
-        if self.schedule is None:
-            with autocast():
-                dtype = torch.get_autocast_dtype(self._where["device"].type) if torch.is_autocast_enabled(self._where["device"].type) else torch.float32
-            self._build(rows, cols, dtype)
-        if any(b.tokens.shape != self.shape for b in batches):
-            raise ValueError(f"micro-batches of shape {[tuple(b.tokens.shape) for b in batches]}; this pipeline's "
-                             f"stages were built for {self.shape} (every step's batches must have one shape)")
-        cat = {k: torch.cat([getattr(b, k) for b in batches]) for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")}
-        target = torch.stack([cat["targets"], cat["source_ids"], cat["loss_mask"].long()], dim=-1)
+        device = self._where["device"].type
+        with autocast():
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
         for module in self.modules:
             module.record, module.autocast = record, autocast
-            module.router_scale = loss_scale / self.n_microbatches
+            module.router_scale = loss_scale / self.n_microbatches  # the whole step's factor, as in one process
         self._loss_fn = loss
+        try:
+            # one schedule step per run of equal-shape micro-batches (a warm-up's length may change mid-step);
+            # the gradients accumulate over them (DDP and FSDP2 reduce sums of already-reduced parts)
+            for group in _runs(batches):
+                rows, cols = group[0].tokens.shape
+                self._step(self._schedule(rows, cols, len(group), dtype), group, train=train)
+                if train:
+                    self.shape = (rows, cols)
+        finally:
+            for module in self.modules:
+                module.record = None
+            self._loss_fn = None
+
+    def _step(self, schedule, batches: list, *, train: bool) -> None:
+        cat = {k: torch.cat([getattr(b, k) for b in batches]) for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")}
+        target = torch.stack([cat["targets"], cat["source_ids"], cat["loss_mask"].long()], dim=-1)
         kwargs = {"doc_ids_BL": cat["doc_ids"], "source_ids_BL": cat["source_ids"], "loss_mask_BL": cat["loss_mask"]}
         args = (cat["tokens"],) if 0 in self._where["indices"] else ()
         self._clock[0] = time.perf_counter()
         try:
             if train:
-                self.schedule.step(*args, target=target, return_outputs=False, **kwargs)
+                schedule.step(*args, target=target, return_outputs=False, **kwargs)
             else:
-                self.schedule.eval(*args, target=target, **kwargs)
+                schedule.eval(*args, target=target, **kwargs)
         finally:
             self._where["timer"].add_interval(self._clock[0], time.perf_counter(), 0, 0)  # the last wait
-            for module in self.modules:
-                module.record = None
-            self._loss_fn = None
 
     def evaluate(self, batches: Iterable, *, loss: LossFn, rows: int, cols: int, autocast: Callable = contextlib.nullcontext) -> None:
         """Forward-only schedule steps over held-out ``batches``, ``n_microbatches`` at a time.
 
-        The stages' receive buffers have the training micro-batch's shape, so each batch is padded to
-        ``rows`` sequences of ``cols`` tokens (the training micro-batch's shape) (padding is masked) and the last group is filled
+        Each batch is padded (masked) to the last training micro-batch's shape when it fits, else to
+        ``rows`` sequences of ``cols`` tokens, so the training stages serve; the last group is filled
         with fully masked copies. Every pp rank must pass the same batches.
         """
         group = []
@@ -279,13 +301,25 @@ class Pipeline:
             self._evaluate_group(group, loss, rows, cols, autocast)
 
     def _evaluate_group(self, group: list, loss: LossFn, rows: int, cols: int, autocast: Callable) -> None:
-        rows, cols = self.shape or (rows, cols)
+        if self.shape and all(b.tokens.shape[0] <= self.shape[0] and b.tokens.shape[1] <= self.shape[1] for b in group):
+            rows, cols = self.shape
         padded = [_pad(b, rows, cols) for b in group]
         while len(padded) < self.n_microbatches:
             filler = _pad(group[0], rows, cols)
             filler.loss_mask = torch.zeros_like(filler.loss_mask)
             padded.append(filler)
         self.run(padded, loss=loss, record=None, train=False, autocast=autocast)
+
+
+def _runs(batches: list) -> list[list]:
+    """``batches`` cut into runs of consecutive equal-shape batches."""
+    runs: list[list] = []
+    for batch in batches:
+        if runs and runs[-1][0].tokens.shape == batch.tokens.shape:
+            runs[-1].append(batch)
+        else:
+            runs.append([batch])
+    return runs
 
 
 def _pad(batch, rows: int, cols: int):
