@@ -31,8 +31,9 @@ from tqdm.auto import tqdm
 from curate.atomic import write_json_atomic, write_text_atomic
 from curate.card import CARD, remove_card, write_card
 from curate.config import Job
+from curate.crashpoints import CRASH_ENV
 from curate.errors import OutputError, StageError
-from curate.executors import Executor
+from curate.executors import Executor, release_memory
 from curate.fields import resolve_field_types
 from curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
 from curate.manifest import build_manifest
@@ -60,6 +61,12 @@ def plan_phases(job: Job) -> list[PhaseSpec]:
                                 final=b is None))
         apply, start = b, (end + 1 if b is not None else end)
     return phases
+
+
+# Readers and shard writers whose work is Arrow's or polars' (the GIL released): a phase that only
+# reads these, runs stages that declare ``releases_gil`` and writes these runs its tasks as threads.
+THREADED_INPUTS = ("jsonl", "parquet")
+THREADED_OUTPUTS = ("parquet",)
 
 
 # [job] keys that say where and how a job runs, not what it computes
@@ -236,12 +243,27 @@ class Runner:
         results: dict[int, dict] = {}
         bar = tqdm(total=len(specs), desc=desc, unit="task", disable=not self.progress, leave=False)
         try:
-            for result in self.executor.run(_run_task_indexed, specs):
+            for result in self.executor.run(_run_task_indexed, specs, threads=self.threaded(phase)):
                 results[result["task"]] = result
                 bar.update(1)
         finally:
             bar.close()
         return [results[i] for i in range(len(specs))]
+
+    def threaded(self, phase: PhaseSpec) -> bool:
+        """Whether a local run may run ``phase``'s tasks as threads (``curate.executors``): all its work releases the GIL.
+
+        Not for an output on a store (a task's scratch folder is per process) nor under the
+        crash harness (it kills a process at its n-th write, counted per process).
+        """
+        if self.work.remote or os.environ.get(CRASH_ENV):
+            return False
+        ids = [*phase.chain, *(() if phase.collect is None else (phase.collect,))]
+        if not all(type(self.stages[i]).releases_gil for i in ids):
+            return False
+        if phase.index == 0 and any(i.format not in THREADED_INPUTS for i in self.plan_job.inputs):
+            return False
+        return not phase.final or all(f in THREADED_OUTPUTS for f in self.job.output.formats)
 
     def _plan(self, phase: PhaseSpec, n_tasks: int) -> None:
         """A barrier's global step: plan over every task's keys, split the decision per task."""
@@ -320,7 +342,10 @@ def _first_batch(job: Job, read_tasks: list, index: int) -> pl.DataFrame | None:
 
 
 def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:
-    return {**run_task(spec), "task": spec.task}
+    try:
+        return {**run_task(spec), "task": spec.task}
+    finally:
+        release_memory()  # workers (and threads) live for the whole job
 
 
 def run_job(job: Job, *, progress: bool = True) -> dict[str, Any]:

@@ -188,7 +188,9 @@ def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame
         return
     if spec.rows_path is not None and spec.rows_path.exists():
         for batch in pq.ParquetFile(spec.rows_path).iter_batches(batch_size=batch_rows):
-            yield pl.from_arrow(batch), None
+            rows = pl.from_arrow(batch)
+            del batch  # not held (a copy of the text) while the stages run on the rows
+            yield rows, None
 
 
 def run_task(spec: TaskSpec) -> dict[str, Any]:
@@ -225,7 +227,7 @@ def _run_task(spec: TaskSpec) -> dict[str, Any]:
             out.write_rejects(read_rejects, READ_STAGE_ID)
         if spec.spill_ids and rows.height:
             out._writer("ids", tmp / "ids.parquet", rows.select("id"), "zstd")
-        batch = rows
+        batch, rows = rows, None  # the stages' output replaces the read rows in memory
         for i in phase.chain:
             if not batch.height:
                 break

@@ -13,13 +13,13 @@ from typing import Literal
 
 import numpy as np
 import polars as pl
-from numba import njit
+from curate.dedup.jit import njit
 
 KeepPolicy = Literal["first", "longest", "quality"]
 KEEP_POLICIES: tuple[str, ...] = ("first", "longest", "quality")
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _find(parent, x):
     root = x
     while parent[root] != root:
@@ -29,7 +29,7 @@ def _find(parent, x):
     return root
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def connected_components(n, a, b):
     """Component label of each of ``n`` nodes given edges ``a[i]-b[i]``: the lowest node index in it."""
     parent = np.arange(n, dtype=np.int64)
@@ -45,7 +45,7 @@ def connected_components(n, a, b):
     return parent
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def pair_jaccard(a_pos, b_pos, offsets, values):
     """Exact Jaccard of sorted unique sets ``values[offsets[i]:offsets[i+1]]`` for each pair."""
     out = np.empty(a_pos.shape[0], dtype=np.float64)

@@ -8,7 +8,7 @@ uint64 and wraps modulo 2**64, as the hash definitions expect.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from curate.dedup.jit import njit
 
 _U64 = np.uint64
 _C1 = np.uint64(0x87C37B91114253D5)
@@ -42,7 +42,7 @@ def _load64(data, p):
     return v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def murmur3_128(data, start, end, seed):
     """MurmurHash3 x64_128 of ``data[start:end]`` as two uint64 halves."""
     n = end - start
@@ -84,7 +84,7 @@ def murmur3_128(data, start, end, seed):
     return h1, h2
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def hash128_column(offsets, data, seed):
     """MurmurHash3 x64_128 of every string: ``(hi uint64[n], lo uint64[n])``."""
     n = offsets.shape[0] - 1
@@ -112,7 +112,7 @@ def _hash_bytes(data, start, end, low):
     return fmix64(h)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def count_shingles(offsets, data, ngram, chars, sep):
     """How many shingles each document has: ``max(units - ngram + 1, 1)``, or 0 for no units.
 
@@ -137,7 +137,7 @@ def count_shingles(offsets, data, ngram, chars, sep):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def doc_shingles(data, start, end, ngram, chars, sep, low, buf, starts):
     """Write the 64-bit shingle hashes of ``data[start:end]`` into ``buf``; return how many.
 

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 import polars as pl
-from numba import njit
+from curate.dedup.jit import njit
 
 from curate.errors import ConfigError
 
@@ -50,7 +50,7 @@ def candidate_probability(similarity: float | np.ndarray, bands: int, rows: int)
     return 1.0 - (1.0 - np.asarray(similarity, dtype=np.float64) ** rows) ** bands
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _run_pairs(keys, docs):
     n = keys.shape[0]
     out = np.empty(2 * n, dtype=np.uint64)

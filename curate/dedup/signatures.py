@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from curate.dedup.jit import njit
 
 from curate.dedup.kernels import IDENTITY, PLAIN_SEP, count_shingles, doc_shingles, fmix64, rotl64
 
@@ -43,7 +43,7 @@ def _bin(v, k):
     return ((v >> _U64(32)) * _U64(k)) >> _U64(32)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _signature(hashes, count, a, b, oph, sig, filled):
     k = sig.shape[0]
     sig[:] = _MAX
@@ -76,7 +76,7 @@ def _signature(hashes, count, a, b, oph, sig, filled):
                 break
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _band_keys(sig, rows, bands, seed, out):
     for bi in range(bands):
         h = fmix64(_U64(seed) + _U64(bi))
@@ -85,7 +85,7 @@ def _band_keys(sig, rows, bands, seed, out):
         out[bi] = fmix64(h)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sketch_block(offsets, data, sep, low, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets):
     """Signatures / band keys / 32-bit shingle hashes (unsorted, see below) for every document of a block.
 

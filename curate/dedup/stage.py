@@ -19,6 +19,7 @@ class DedupBarrier(Barrier):
     """Base of the dedup stages: subclasses add their hash columns and the global grouping."""
 
     reason: ClassVar[str]
+    releases_gil = True  # hashing in nogil numba kernels, grouping and joins in polars
 
     @staticmethod
     def policy_columns(batch: pl.DataFrame) -> pl.DataFrame:
@@ -47,8 +48,12 @@ class DedupBarrier(Barrier):
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
         if decision is None or decision.height == 0 or batch.height == 0:
             return StageOutput(batch, empty_rejects(batch))
-        marked = batch.join(decision.select("id", pl.col("duplicate_of").alias("__dup")), on="id", how="left", maintain_order="left")
-        dropped = pl.col("__dup").is_not_null()
-        kept = marked.filter(~dropped).drop("__dup")
-        rejected = make_rejects(marked.filter(dropped), self.reason, pl.col("__dup")).drop("__dup")
+        # A mask, not a join of the whole batch: the text is copied once (into the kept rows).
+        dropped = batch["id"].is_in(decision["id"].implode())
+        if not dropped.any():
+            return StageOutput(batch, empty_rejects(batch))
+        kept = batch.filter(~dropped)
+        marked = batch.filter(dropped).join(decision.select("id", pl.col("duplicate_of").alias("__dup")), on="id", how="left",
+                                            maintain_order="left")  # fmt: skip
+        rejected = make_rejects(marked, self.reason, pl.col("__dup")).drop("__dup")
         return StageOutput(kept, rejected)

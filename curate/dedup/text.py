@@ -10,13 +10,13 @@ split and lowercase them while they are hashed.
 
 from __future__ import annotations
 
-import functools
+import threading
 from typing import Literal
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from numba import njit
+from curate.dedup.jit import njit
 
 from curate.errors import ConfigError
 
@@ -92,23 +92,13 @@ _TABLE_CODE_POINTS = 0x20000  # planes 0 and 1: every script in use, and the emo
 _WHITE_SPACE = frozenset([*range(9, 14), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
 
 
-@functools.lru_cache(maxsize=None)
-def _code_point_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per code point of planes 0 and 1: ``(class, lowered)`` as ``normalize_expr`` treats it.
-
-    Class 0: kept as ``lowered``; 1: a separator (becomes part of one space); 2: not handled
-    here (the row goes through the expression): code points this Python's Unicode database
-    does not assign (the regex engine's may be newer), lowercases of several code points,
-    surrogates, and the capital sigma, whose lowercase depends on its neighbours. Built from
-    ``unicodedata`` (~0.1 s, a few MB: running the expression over every code point held
-    ~90 MB of regex state in each worker); a test checks it against the expression itself.
-    """
+def _classify(code_points, mode: str, cls: np.ndarray, lowered: np.ndarray) -> None:
+    """Fill ``cls`` / ``lowered`` (see ``_code_point_tables``) at ``code_points``; others are left as they are."""
     import unicodedata
 
-    cls = np.full(_TABLE_CODE_POINTS, 2, dtype=np.uint8)
-    lowered = np.zeros(_TABLE_CODE_POINTS, dtype=np.int32)
     words, lower = mode == "words", mode in ("lower", "words")
-    for cp in range(_TABLE_CODE_POINTS):
+    for cp in code_points:
+        cp = int(cp)
         if 0xD800 <= cp < 0xE000 or cp == 0x03A3:
             continue
         char = chr(cp)
@@ -124,7 +114,86 @@ def _code_point_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
         if words and unicodedata.category(low)[0] in "PS":
             continue  # lowercased into a separator: leave it to the expression
         cls[cp], lowered[cp] = 0, ord(low)
+
+
+def _code_point_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per code point of planes 0 and 1: ``(class, lowered)`` as ``normalize_expr`` treats it.
+
+    Class 0: kept as ``lowered``; 1: a separator (becomes part of one space); 2: not handled
+    here (the row goes through the expression): code points this Python's Unicode database
+    does not assign (the regex engine's may be newer), lowercases of several code points,
+    surrogates, and the capital sigma, whose lowercase depends on its neighbours. Built from
+    ``unicodedata`` (running the expression over every code point held ~90 MB of regex state
+    in each worker); a test checks it against the expression itself. The kernels use
+    ``_tables_for``, which fills only the code points a batch holds.
+    """
+    cls = np.full(_TABLE_CODE_POINTS, 2, dtype=np.uint8)
+    lowered = np.zeros(_TABLE_CODE_POINTS, dtype=np.int32)
+    _classify(range(_TABLE_CODE_POINTS), mode, cls, lowered)
     return cls, lowered
+
+
+class _LazyTables:
+    """``_code_point_tables(mode)``, filled only at the code points seen so far.
+
+    Classifying all 128k code points in Python cost each process ~0.15 s; a batch of real text
+    holds a few hundred distinct ones. Entries not filled yet read as class 2, which sends a
+    row through the expression (the same result, slower), so a reader never sees a wrong entry;
+    a lock keeps two threads from classifying the same code points twice.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.cls = np.full(_TABLE_CODE_POINTS, 2, dtype=np.uint8)
+        self.lowered = np.zeros(_TABLE_CODE_POINTS, dtype=np.int32)
+        self.known = np.zeros(_TABLE_CODE_POINTS, dtype=np.bool_)
+        self.lock = threading.Lock()
+
+    def cover(self, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tables, with every code point where ``seen`` (bool per code point) is true filled."""
+        missing = np.flatnonzero(seen & ~self.known)
+        if len(missing):
+            with self.lock:
+                missing = missing[~self.known[missing]]
+                _classify(missing, self.mode, self.cls, self.lowered)
+                self.known[missing] = True
+        return self.cls, self.lowered
+
+
+_LAZY_TABLES = {mode: _LazyTables(mode) for mode in ("whitespace", "lower", "words")}
+
+
+@njit(cache=True, nogil=True)
+def _seen_code_points(offsets, data, rows, limit):
+    """Which code points below ``limit`` occur in the ``rows`` (mask) of a valid UTF-8 string column."""
+    seen = np.zeros(limit, dtype=np.bool_)
+    for i in range(offsets.shape[0] - 1):
+        if not rows[i]:
+            continue
+        p, end = offsets[i], offsets[i + 1]
+        while p < end:
+            b = np.int32(data[p])
+            if b < 0x80:
+                p += 1
+                continue
+            width = 4 if b >= 0xF0 else 3 if b >= 0xE0 else 2
+            if p + width > end:  # cannot happen in valid UTF-8; the normalizer flags such a row
+                break
+            if width == 4:
+                cp = ((b & 0x07) << 18) | ((np.int32(data[p + 1]) & 0x3F) << 12) | ((np.int32(data[p + 2]) & 0x3F) << 6) | (np.int32(data[p + 3]) & 0x3F)
+            elif width == 3:
+                cp = ((b & 0x0F) << 12) | ((np.int32(data[p + 1]) & 0x3F) << 6) | (np.int32(data[p + 2]) & 0x3F)
+            else:
+                cp = ((b & 0x1F) << 6) | (np.int32(data[p + 1]) & 0x3F)
+            p += width
+            if cp < limit:
+                seen[cp] = True
+    return seen
+
+
+def _tables_for(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Code point tables covering every code point of the ``rows`` (``_code_point_tables`` where it matters)."""
+    return _LAZY_TABLES[mode].cover(_seen_code_points(offsets, data, rows, _TABLE_CODE_POINTS))
 
 
 def _expression_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +212,7 @@ def _expression_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
     return cls, np.where(cls == 0, lowered, 0).astype(np.int32)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _first_code_points(offsets, data):
     n = offsets.shape[0] - 1
     out = np.zeros(n, dtype=np.int32)
@@ -166,7 +235,7 @@ def _first_code_points(offsets, data):
 _NO_CODE_POINTS = (np.full(1, 2, dtype=np.uint8), np.zeros(1, dtype=np.int32))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _normalize_rows(offsets, data, rows, kind, lowered, cp_class, cp_lowered):
     """``normalize_expr`` of the ``rows`` (mask) of a string column, compiled; other rows come out empty.
 
@@ -247,7 +316,7 @@ def _normalize_rows(offsets, data, rows, kind, lowered, cp_class, cp_lowered):
     return out_offsets, out[:cursor], flagged
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _assemble(source, offsets0, data0, offsets1, data1, offsets2, data2):
     """Row ``i`` from buffers 0 or 1 (row-indexed) or the next row of buffers 2, as ``source[i]`` says."""
     n = source.shape[0]
@@ -283,7 +352,8 @@ def _assemble(source, offsets0, data0, offsets1, data1, offsets2, data2):
 
 def _normalized(texts: pl.Series, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, non_ascii: np.ndarray, mode: str, raw_rest: bool):
     """Buffers with the ``rows`` normalized (compiled, or by the expression where it must) and the rest raw or empty."""
-    cp_tables = _code_point_tables(mode) if (non_ascii & rows).any() else _NO_CODE_POINTS
+    todo = non_ascii & rows
+    cp_tables = _tables_for(offsets, data, todo, mode) if todo.any() else _NO_CODE_POINTS
     norm_offsets, norm, flagged = _normalize_rows(offsets, data, rows, *_TABLES[mode], *cp_tables)
     if not flagged.any() and not (raw_rest and not rows.all()):
         return norm_offsets, norm
@@ -307,7 +377,7 @@ def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndar
     return _normalized(texts, offsets, data, every, _non_ascii_rows(offsets, data), mode, raw_rest=False)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _non_ascii_rows(offsets, data):
     n = offsets.shape[0] - 1
     out = np.zeros(n, dtype=np.bool_)

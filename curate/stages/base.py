@@ -111,6 +111,11 @@ class Stage(ABC):
     #: Whether this stage ranks the train rows (an ``order`` column, 0..N-1): the runner then
     #: writes train shards in that rank (``curate.ordered``) instead of per task.
     orders_output: ClassVar[bool] = False
+    #: Whether the stage's per-batch work (``apply``, a barrier's ``collect``) runs outside the
+    #: GIL (compiled kernels with ``nogil``, polars, Arrow) and its instances share no mutable
+    #: state: a local job may then run a phase made of such stages as threads of one process
+    #: instead of worker processes (``curate.pipeline.Runner.threaded``).
+    releases_gil: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, ctx: StageContext) -> None:
         self.config = config

@@ -41,6 +41,7 @@ class DuplicateIds(Barrier):
 
     kind = "ids"
     reasons = (REASON,)
+    releases_gil = True  # polars only; the row counters belong to the task's own instance
 
     def __init__(self, config: StageConfig, ctx) -> None:
         super().__init__(config, ctx)

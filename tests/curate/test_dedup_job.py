@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +12,9 @@ import orjson
 import polars as pl
 import pytest
 
+import curate.pipeline
 from curate.dedup.minhash import MinHashDedup
-from curate.pipeline import run_job
+from curate.pipeline import Runner, run_job
 from pipelines.jobfile import load_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +81,44 @@ def test_job_dedups_across_sources_and_loses_nothing(tmp_path, write_job, nothin
     assert near["report"]["removed_per_source"] == {"news": 5}
     rejects = pl.read_parquet(job.output_dir / "rejects" / "*.parquet")
     assert sorted(rejects.filter(pl.col("reason") == "dedup:minhash")["duplicate_of"].to_list()) == [f"b{i:02d}" for i in range(5, 10)]
+
+
+@pytest.mark.slow
+def test_a_dedup_job_runs_its_tasks_as_threads_and_writes_the_shards_worker_processes_write(tmp_path, write_job, monkeypatch):
+    root = tmp_path / "in"
+    _two_sources(root)
+    ran = []
+    run_task = curate.pipeline.run_task
+
+    def recorded(spec):
+        ran.append((spec.phase.index, os.getpid(), threading.current_thread().name))
+        return run_task(spec)
+
+    monkeypatch.setattr(curate.pipeline, "run_task", recorded)
+    threads = load_job(write_job(JOB.format(workers=2, root=root), name="threads"))
+    shards = run_job(threads, progress=False)["shards"]
+    # Every task of the three phases ran in this process, on the executor's threads: no worker process started.
+    assert len(ran) == 3 * 4 and {pid for _, pid, _ in ran} == {os.getpid()}
+    assert all(name.startswith("winnow-task") for _, _, name in ran)
+
+    monkeypatch.setattr(Runner, "threaded", lambda self, phase: False)
+    processes = load_job(write_job(JOB.format(workers=2, root=root), name="processes"))
+    assert run_job(processes, progress=False)["shards"] == shards  # same paths, rows and sha256
+    assert len(ran) == 3 * 4  # the process pool's tasks ran elsewhere
+    assert _kept(threads) == _kept(processes) and len(_kept(threads)) == 70
+
+
+def test_only_phases_that_release_the_gil_run_as_threads(tmp_path, write_job):
+    root = tmp_path / "in"
+    _two_sources(root)
+    dedup = Runner(load_job(write_job(JOB.format(workers=2, root=root), name="dedup")))
+    assert [dedup.threaded(p) for p in dedup.phases] == [True, True, True]
+    webdataset = JOB.format(workers=2, root=root).replace('formats = ["parquet"]', 'formats = ["parquet", "webdataset"]')
+    tar = Runner(load_job(write_job(webdataset, name="tar")))
+    assert [tar.threaded(p) for p in tar.phases] == [True, True, False]  # tar shards are written row by row in Python
+    cleaned = JOB.format(workers=2, root=root).replace('[[stages]]\nkind = "dedup.exact"', '[[stages]]\nkind = "filter.length"\nmin_words = 2\n\n[[stages]]\nkind = "dedup.exact"')
+    filtered = Runner(load_job(write_job(cleaned, name="filtered")))
+    assert [filtered.threaded(p) for p in filtered.phases] == [False, True, True]  # filters run per-row Python
 
 
 @pytest.mark.slow
