@@ -131,3 +131,13 @@ def test_pipeline_with_growing_sequence_lengths_matches_one_process(tmp_path, sc
                  "val_batches": 3, "parallel": parallel}, tmp_path / "out.json")
     _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     assert got["summary"]["eval"]["eval"]["loss"] == pytest.approx(ref["summary"]["eval"]["eval"]["loss"], rel=1e-5)
+
+
+def test_pipeline_with_sequence_parallel_four_processes_matches_one_process(tmp_path):
+    # pp 2 x tp 2 with sequence parallel: the stages exchange each tp rank's half of the sequence
+    ref = _reference(tmp_path, 2)
+    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
+                 "parallel": {"pp": 2, "tp": 2, "sequence_parallel": True, "pp_schedule": "1f1b"}},
+                tmp_path / "out.json", world=4)
+    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert got["comm"]["bytes_sent"] > 0

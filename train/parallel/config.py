@@ -103,8 +103,6 @@ class ParallelConfig:
         _check(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel, "true or false")
         _check(not self.sequence_parallel or self.tp > 1, "sequence_parallel", self.sequence_parallel,
                "true only with tp > 1 (it cuts the activations along the sequence over the tp ranks)")
-        _check(not self.sequence_parallel or self.pp == 1, "sequence_parallel", self.sequence_parallel,
-               f"false with pp = {self.pp}: pipeline stages exchange whole-sequence activations (set one of them off)")
         _check(not self.cpu_offload or self.dp_shard != 1, "cpu_offload", self.cpu_offload,
                "true only with dp_shard > 1 or -1 (FSDP2's CPUOffloadPolicy)")
         _check(not self.powersgd_rank or self.dp_shard == 1, "powersgd_rank", self.powersgd_rank,

@@ -194,6 +194,9 @@ class Pipeline:
                         for s in mine]
         self._where = dict(indices=mine, n_stages=n_stages, device=device, group=group, timer=timer, wrap=wrap)
         self._cls, self._interleaved, self.dim, self.vocab = SCHEDULES[schedule], interleaved, model.cfg.dim, model.cfg.padded_vocab
+        # sequence parallel: the activations between stages are this tp rank's part of the sequence
+        tensor = getattr(model, "tensor", None)
+        self._seq_parts = tensor.size if tensor is not None and tensor.sequence_parallel else 1
         self._submodules: list[nn.Module] | None = None  # the stage modules, wrapped (DDP) at the first step
         self._schedules: dict[tuple, object] = {}  # (rows, cols, micro-batches, logits dtype) -> its schedule
         self.shape: tuple[int, int] | None = None  # the last training step's micro-batch shape
@@ -203,7 +206,7 @@ class Pipeline:
         """The schedule of ``n`` micro-batches of (rows, cols) tokens, built the first time that shape comes.
 
         Its stages have static shapes: (rows, cols) tokens in, (rows, cols, D) fp32 activations between
-        stages; static metadata spares torch's runtime shape inference, which would run the forward and
+        stages (cols / tp of them under sequence parallel); static metadata spares torch's runtime shape inference, which would run the forward and
         the loss on uninitialized tensors (and so call the trainer's accounting with them). A sequence
         length warm-up brings a few shapes, each its own set of stages over the same modules. A group
         the configured schedule cannot take (1F1B with fewer micro-batches than pp ranks, interleaved
@@ -218,11 +221,12 @@ class Pipeline:
             self._submodules = [w["wrap"](module) if w["wrap"] else module for module in self.modules]
         meta = torch.device("meta")
         stages = []
+        part = cols // self._seq_parts
         for submodule, s in zip(self._submodules, w["indices"]):
             x_in = (torch.zeros(rows, cols, dtype=torch.long, device=meta) if s == 0
-                    else torch.zeros(rows, cols, self.dim, device=meta, requires_grad=True))
+                    else torch.zeros(rows, part, self.dim, device=meta, requires_grad=True))
             x_out = (torch.zeros(rows, cols, self.vocab, dtype=logits_dtype, device=meta) if s == w["n_stages"] - 1
-                     else torch.zeros(rows, cols, self.dim, device=meta, requires_grad=True))
+                     else torch.zeros(rows, part, self.dim, device=meta, requires_grad=True))
             stages.append(_TimedStage(submodule, s, w["n_stages"], w["device"], input_args=x_in, output_args=x_out,
                                       group=w["group"], timer=w["timer"], clock=self._clock))
         size = w["n_stages"] // len(stages)
