@@ -32,6 +32,7 @@ from train.attribution.pieces import Pieces, local
 from train.errors import ConfigError
 
 PARTS = ("weight_decay", "router", "momentum_before")  # the unattributed rows, besides rounding
+_TINY = torch.finfo(torch.float32).tiny
 
 
 class MomentSplit:
@@ -58,6 +59,8 @@ class MomentSplit:
                        for p, shape in zip(self.params, self.pieces.full_shapes())]
         self._keys: list[int] | None = None  # what the model's split knows each parameter by (made on first use)
         self.written: set[int] = set()  # keys of the parameters whose grad_S holds this step's parts (others: 0)
+        self._by_key: dict[int, torch.Tensor] | None = None  # the buffers by key (``buffers()``)
+        self._tmp: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per parameter: two scratch tensors
         self.m_S, self.disp_S = z(S), z(S)  # per-source first moment; displacement since the stretch began
         self.m_router, self.disp_router = z(), z()
         self.m_before, self.disp_before = z(), z()
@@ -84,15 +87,23 @@ class MomentSplit:
         return self._keys
 
     def buffers(self) -> dict[int, torch.Tensor]:
-        """The per-source gradient buffers by the key the model's split looks them up with."""
-        return dict(zip(self.keys, self.grad_S))
+        """The per-source gradient buffers by the key the model's split looks them up with: one dict for the
+        whole run, in which the split may replace a buffer by a step's first part instead of copying it."""
+        if self._by_key is None:
+            self._by_key = dict(zip(self.keys, self.grad_S))
+        return self._by_key
+
+    def _grad(self, i: int) -> torch.Tensor:
+        return self.buffers()[self.keys[i]]
 
     # ---- one step --------------------------------------------------------------------------
     def add_grads(self, source: int, grads: Sequence[torch.Tensor | None]) -> None:
         """Add one micro-batch's gradient of source ``source``'s share of the step's data loss."""
-        for key, buf, g in zip(self.keys, self.grad_S, grads):
+        buffers = self.buffers()
+        for key, g in zip(self.keys, grads):
             if g is None:
                 continue
+            buf = buffers[key]
             if key not in self.written:
                 buf.zero_()
                 self.written.add(key)
@@ -111,7 +122,13 @@ class MomentSplit:
 
     @torch.no_grad()
     def after_step(self, clip_coef: float) -> None:
-        """Advance every moment by the step just taken and add each part's displacement."""
+        """Advance every moment by the step just taken and add each part's displacement.
+
+        Per parameter one pass each over the (S, ...) moments and displacements (the bulk of the work,
+        S times the optimizer's), the rest in (...) scratch tensors reused step after step. torch's
+        AdamW divides by ``sqrt(v)/sqrt(1-β2^t) + eps``; the same quotient is taken here as
+        ``sqrt(1-β2^t)·m / (sqrt(v) + sqrt(1-β2^t)·eps)``, ``v`` clamped to the smallest normal float
+        (0 where a weight never had a gradient: ``sqrt(0)`` takes a slow path on CPU, ~5x a normal one)."""
         pieces = self.pieces
         for i, (p, h) in enumerate(zip(self.params, self._hyper)):
             state = self.optimizer.state.get(p, {})
@@ -119,15 +136,27 @@ class MomentSplit:
                 continue  # the optimizer did not step this parameter (no gradient)
             beta1, beta2 = h["betas"]
             t = float(state["step"])
-            denom = (local(state["exp_avg_sq"]).float() / (1 - beta2**t)).sqrt_().add_(h["eps"])
-            scale = h["lr"] / (1 - beta1**t)
-            g_S = self.grad_S[i] if self.keys[i] in self.written else None  # None: no source's tokens reached it
+            root2 = (1 - beta2**t) ** 0.5
+            v = local(state["exp_avg_sq"])
+            if i not in self._tmp:
+                self._tmp[i] = (torch.empty_like(v, dtype=torch.float32), torch.empty_like(v, dtype=torch.float32))
+            denom, router = self._tmp[i]
+            torch.clamp_min(v.float(), _TINY, out=denom).sqrt_().add_(root2 * h["eps"])
+            scale = h["lr"] / (1 - beta1**t) * root2
+            g_S = self._grad(i) if self.keys[i] in self.written else None  # None: no source's tokens reached it
             if pieces.sharded[i]:  # FSDP2: the shard's global per-source gradient (a collective: every rank)
-                g_S = pieces.reduce_grads(i, g_S if g_S is not None else self.grad_S[i].zero_())
+                g_S = pieces.reduce_grads(i, g_S if g_S is not None else self._grad(i).zero_())
             # the parts are partial sums over the D ranks holding this piece with other data; the gradient is whole
-            router = local(p.grad).float() / pieces.data_ranks[i] if p.grad is not None else None
-            if router is not None and g_S is not None:
-                router = router.sub_(g_S.sum(0), alpha=clip_coef)
+            ranks = pieces.data_ranks[i]
+            if p.grad is None:
+                router = None
+            elif g_S is None:
+                router.copy_(local(p.grad))
+            else:  # what the sources' gradients (as clipped) leave of this rank's share of the gradient
+                torch.sum(g_S, 0, out=router)
+                torch.add(local(p.grad).float(), router, alpha=-clip_coef * ranks, out=router)
+            if router is not None and ranks != 1:
+                router.div_(ranks)
             m_S = self.m_S[i]
             if g_S is None:
                 m_S.mul_(beta1)
@@ -135,14 +164,15 @@ class MomentSplit:
                 m_S.lerp_(g_S, 1 - beta1)  # one pass: β1·m + (1-β1)·g
             else:
                 m_S.mul_(beta1).add_(g_S, alpha=(1 - beta1) * clip_coef)
-            self.m_router[i].mul_(beta1)
-            if router is not None:
-                self.m_router[i].add_(router, alpha=1 - beta1)
+            if router is None:
+                self.m_router[i].mul_(beta1)
+            else:
+                self.m_router[i].lerp_(router, 1 - beta1)
             if self._before:
                 self.m_before[i].mul_(beta1)
             if self.lamb:
                 old = self._old[i].float()
-                adam = local(state["exp_avg"]).float() / (1 - beta1**t) / denom + h["weight_decay"] * old
+                adam = local(state["exp_avg"]).float() / (1 - beta1**t) / (denom / root2) + h["weight_decay"] * old
                 w_norm, u_norm = old.norm(), adam.norm()
                 trust = float(w_norm / u_norm) if w_norm > 0 and u_norm > 0 else 1.0
                 scale *= trust

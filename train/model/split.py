@@ -52,11 +52,12 @@ class GradSplit:
     def tracks(self, param: torch.Tensor) -> bool:
         return id(param) in self.buffers
 
-    def groups(self, src: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """(rows sorted by source, S + 2 group bounds); cached for the token rows every layer shares."""
+    def groups(self, src: torch.Tensor) -> tuple[torch.Tensor | None, list[int]]:
+        """(rows sorted by source, or None when they already are, S + 2 group bounds); cached for the
+        token rows every layer shares (the probe's rows come grouped by source: no gather)."""
         key = id(src)
         if key not in self._groups:
-            order = src.argsort(stable=True)
+            order = None if _sorted(src) else src.argsort(stable=True)
             counts = torch.bincount(src, minlength=self.S + 1)
             self._groups[key] = (order, [0, *counts.cumsum(0).tolist()])
         return self._groups[key]
@@ -65,15 +66,19 @@ class GradSplit:
         """Add (S or S + 1, *shape) parts (an S + 1st: rows of no source, left out) to ``param``'s buffer (or
         ``id(param)``'s); the first part of a step overwrites the buffer (``written``)."""
         key = param if isinstance(param, int) else id(param)
-        buf, parts = self.buffers[key], parts[: self.S]
+        parts = parts[: self.S]
         if key in self.written:
-            buf.add_(parts.to(torch.float32), alpha=self.scale)
-        elif self.scale == 1.0:
-            buf.copy_(parts)
-            self.written.add(key)
-        else:
-            torch.mul(parts.to(torch.float32), self.scale, out=buf)
-            self.written.add(key)
+            self.buffers[key].add_(parts.to(torch.float32), alpha=self.scale)
+            return
+        # the step's first part becomes the buffer itself (no copy): the caller only reads ``parts`` after
+        if parts.dtype != torch.float32 or self.scale != 1.0:
+            parts = torch.mul(parts.to(torch.float32), self.scale)
+        self.buffers[key] = parts
+        self.written.add(key)
+
+
+def _sorted(ids: torch.Tensor) -> bool:
+    return ids.numel() < 2 or bool((ids[1:] >= ids[:-1]).all())
 
 
 def active() -> GradSplit | None:
@@ -99,7 +104,9 @@ def splitting(split: GradSplit):
 def _row_parts(split: GradSplit, x_TI: torch.Tensor, g_TO: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """(S + 1, O, I): ``g_sᵀ x_s`` over the rows of each source s."""
     order, bounds = split.groups(src)
-    xs, gs = x_TI.index_select(0, order), g_TO.index_select(0, order)
+    xs, gs = (x_TI, g_TO) if order is None else (x_TI.index_select(0, order), g_TO.index_select(0, order))
+    if _grouped_ok(gs, xs):  # every source's slice in one call
+        return torch._grouped_mm(gs.t(), xs, offs=torch.tensor(bounds[1:], dtype=torch.int32, device=xs.device))
     parts = x_TI.new_empty(split.S + 1, g_TO.shape[1], x_TI.shape[1])
     for s in range(split.S + 1):
         lo, hi = bounds[s], bounds[s + 1]
@@ -108,6 +115,13 @@ def _row_parts(split: GradSplit, x_TI: torch.Tensor, g_TO: torch.Tensor, src: to
         else:
             parts[s].zero_()
     return parts
+
+
+def _grouped_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` takes the row-grouped (offsets along the rows) product ``aᵀ b`` here: on
+    CPU, with 16-byte aligned rows (CUDA's kernel wants bf16 on Hopper: elsewhere one matmul per group)."""
+    return (hasattr(torch, "_grouped_mm") and a.device.type == "cpu"
+            and (a.shape[1] * a.element_size()) % 16 == 0 and (b.shape[1] * b.element_size()) % 16 == 0)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -156,7 +170,7 @@ def norm_weight_parts(split: GradSplit, key: int, rows_TD: torch.Tensor) -> torc
     """A norm's scale gradient ``Σ_rows δ·n`` per source; adds the parts and returns the total (D,)."""
     # slice sums of the source-sorted rows: index_add_ is serial here
     order, bounds = split.groups(split.sources(rows_TD.shape[0]))
-    rows = rows_TD.index_select(0, order)
+    rows = rows_TD if order is None else rows_TD.index_select(0, order)
     parts = torch.stack([rows[lo:hi].sum(0) for lo, hi in zip(bounds[:-1], bounds[1:])])
     split.add(key, parts)
     return parts.sum(0)
@@ -186,11 +200,13 @@ def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.T
 
 def _group_parts(x_AI: torch.Tensor, g_AO: torch.Tensor, group_A: torch.Tensor, n_groups: int) -> torch.Tensor:
     """(n_groups, I, O): ``x_gᵀ g_g`` over the rows of each group (one grouped matmul where the kernel allows)."""
-    order = group_A.argsort(stable=True)
     counts = torch.bincount(group_A, minlength=n_groups)
-    xs, gs = x_AI.index_select(0, order), g_AO.index_select(0, order)
-    aligned = (xs.shape[1] * xs.element_size()) % 16 == 0 and (gs.shape[1] * gs.element_size()) % 16 == 0
-    if hasattr(torch, "_grouped_mm") and xs.device.type == "cpu" and aligned:
+    if _sorted(group_A):  # the probe's rows: by expert, then by source already
+        xs, gs = x_AI, g_AO
+    else:
+        order = group_A.argsort(stable=True)
+        xs, gs = x_AI.index_select(0, order), g_AO.index_select(0, order)
+    if _grouped_ok(xs, gs):
         return torch._grouped_mm(xs.t(), gs, offs=counts.cumsum(0).to(torch.int32))
     parts = xs.new_zeros(n_groups, xs.shape[1], gs.shape[1])
     bounds = [0, *counts.cumsum(0).tolist()]
