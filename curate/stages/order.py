@@ -147,6 +147,8 @@ class Order(Barrier):
             if own is None:
                 return empty
             ids = own.select(*id_cols).collect()
+            if not ids.height:
+                return empty
             lo = offsets.get(task, 0)
             ranks = pl.scan_parquet(spill / "rank" / "*.parquet").filter(pl.col(ROW).is_between(lo, lo + ids.height, closed="left"))
             ranks = ranks.collect().sort(ROW)

@@ -173,3 +173,8 @@ def test_plans_over_no_rows_are_empty(tmp_path):
     nothing = pl.LazyFrame(schema={"id": pl.String, "_task": pl.Int32})  # what the runner scans when no task wrote keys
     for stage in (Mix(MixConfig(), ctx), Order(OrderConfig(), ctx), Split(SplitConfig(), ctx)):
         assert stage.plan(nothing).gather(nothing).height == 0
+    empty = rows({"a": 1}).clear().with_columns(difficulty=pl.lit(0.5))  # keys with every column but no row (an empty task)
+    for stage in (Mix(MixConfig(), ctx), Order(OrderConfig(), ctx)):
+        keys = stage.collect(empty).with_columns(pl.lit(0, pl.Int32).alias("_task")).lazy()
+        plan = stage.plan(keys)
+        assert plan.gather(keys).height == 0 and plan.per_task(0, keys).height == 0
