@@ -33,7 +33,7 @@ from curate.schema import make_rejects
 from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
 from curate.stages.mixing.external import ROW, before, key_ranges, rows_within, task_offsets
 from curate.stages.mixing.hashing import hash_strings, source_salts
-from curate.stages.mixing.selection import SELECTIONS, Share, cut, preference_keys, share
+from curate.stages.mixing.selection import SELECTIONS, Cut, Share, cut, preference_keys, share
 from curate.stages.mixing.weights import SCHEMES, plan_targets
 
 log = logging.getLogger(__name__)
@@ -154,8 +154,8 @@ class Mix(Barrier):
                 return _EMPTY
             frame = self._sort_keys(own.with_row_index(ROW, offset=offsets.get(task, 0)), names)
             count = pl.col("_code").replace_strict(list(range(len(names))), [sh.passes for sh in shares], return_dtype=pl.Int32)
-            for s, (bound, inclusive, _, _) in cuts.items():
-                taken = pl.lit(True) if bound is None else before(by, bound, inclusive=inclusive)
+            for s, c in cuts.items():
+                taken = pl.lit(True) if c.key is None else before(by, c.key, inclusive=c.inclusive)
                 count = count + ((pl.col("_code") == s) & taken).cast(pl.Int32)
             return frame.select("id", count.alias("_count")).collect()
 
@@ -166,7 +166,7 @@ class Mix(Barrier):
         return keys.with_columns(code, *preference_keys(self.config.select))
 
     def _cuts(self, indexed: pl.LazyFrame, by: list[str], names: list[str], rows: np.ndarray, shares: list[Share]):
-        """Each partial pass's cut-off: (key, inclusive, rows taken, tokens taken); key None = every row."""
+        """Each partial pass's ``Cut``, by source code; and how many key ranges were read."""
         partial = [s for s, sh in enumerate(shares) if sh.rest is not None]
         if not partial:
             return {}, 1
@@ -182,7 +182,7 @@ class Mix(Barrier):
             total = np.cumsum(mine["t"].to_numpy())
             past = np.flatnonzero(total > rest)  # float compare, as the running totals of one sort would be
             if not len(past):
-                cuts[s] = (None, True, int(rows[s]), float(total[-1]))
+                cuts[s] = Cut(None, True, int(rows[s]), float(total[-1]))
                 continue
             j = int(past[0])
             tokens_before = int(total[j - 1]) if j else 0
@@ -191,15 +191,15 @@ class Mix(Barrier):
             part = part.collect(engine="streaming").sort(by)
             running = tokens_before + np.cumsum(part["_tokens"].to_numpy(), dtype=np.int64)
             k, inclusive, taken = cut(running, float(tokens_before), rest)
-            cuts[s] = (part.select(by).row(k - 1 if inclusive else k), inclusive, rows_before + k, taken)
+            cuts[s] = Cut(part.select(by).row(k - 1 if inclusive else k), inclusive, rows_before + k, taken)
         return cuts, len(ranges)
 
     def _report(self, names, rows, available, targets, shares, cuts, ranges) -> dict:
-        realized = np.array([available[s] * sh.passes + (cuts[s][3] if s in cuts else 0.0) for s, sh in enumerate(shares)])
+        realized = np.array([available[s] * sh.passes + (cuts[s].tokens if s in cuts else 0.0) for s, sh in enumerate(shares)])
         total_target, total_realized = targets.tokens.sum(), realized.sum()
         sources = {}
         for s, (name, sh) in enumerate(zip(names, shares)):
-            n, k = int(rows[s]), (cuts[s][2] if s in cuts else 0)
+            n, k = int(rows[s]), (cuts[s].rows if s in cuts else 0)
             sources[name] = {
                 "available_rows": n,
                 "available_tokens": int(available[s]),

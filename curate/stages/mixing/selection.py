@@ -16,6 +16,7 @@ key in one key range (``curate.stages.mixing.external``) and each task compares 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -49,6 +50,15 @@ class Share:
 
     passes: int
     rest: float | None
+
+
+class Cut(NamedTuple):
+    """Where a source's partial pass ends: rows whose key sorts before ``key`` (or equals it, ``inclusive``) are taken."""
+
+    key: tuple | None  # None: every row of the source
+    inclusive: bool
+    rows: int  # rows taken
+    tokens: float  # tokens taken
 
 
 def share(available: float, rows: int, target: float, max_copies: int) -> Share:
