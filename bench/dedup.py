@@ -388,7 +388,8 @@ def run_winnow(data: Path, work: Path) -> set[str]:
         f'[[stages]]\nkind = "dedup.minhash"\nthreshold = {THRESHOLD}\nngram = {NGRAM}\nnum_perm = {NUM_PERM}\n\n[output]\nformats = ["parquet"]\n'
     )
     run_job(load_job(job_file), progress=False)
-    return set(pl.read_parquet(work / "out" / "rejects" / "*.parquet")["id"].to_list())
+    rejects = sorted((work / "out" / "rejects").glob("*.parquet"))
+    return set(pl.read_parquet(rejects)["id"].to_list()) if rejects else set()
 
 
 def run_datasketch(data: Path, work: Path) -> set[str]:
@@ -623,6 +624,12 @@ def main() -> None:
     for name, (folder, comps) in {"full": full, "subsample": small}.items():
         n = sum(1 for _ in _read_jsonl(folder))
         print(f"{name}: {n} documents in {folder.relative_to(ROOT)}, {sum(len(c) - 1 for c in comps)} to remove by exact Jaccard >= {THRESHOLD}")
+    if "winnow" in systems:
+        # numba compiles winnow's kernels once per machine (cached under __pycache__): a first run after
+        # an install or an edit pays ~10-60 s for it. The timed runs are the ones after that.
+        tiny, _ = subsample(full[0], None, 200, files=2)
+        warm = measure("winnow", tiny, [])
+        print(f"winnow warm-up on 200 documents (compiles the kernels if the numba cache is cold): {warm['wall_s']:.1f} s")
     print(f"machine shared with other work: rows interleave the systems A B C A B C; compare ratios within a round\n")
     print("tree MB = the largest sum of RSS over the process tree (sampled every 20 ms); bound MB = main + workers x largest worker")
     print(f"{'system':<11} {'docs':>9} {'docs/s':>10} {'wall s':>8} {'tree MB':>8} {'bound MB':>9} {'main MB':>8} {'wrk MB':>8} {'KB/doc':>8} {'precision':>9} {'recall':>7}")

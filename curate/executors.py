@@ -170,10 +170,9 @@ def release_memory() -> None:
     global _LIBC
     if _LIBC is None:
         import ctypes
-        import ctypes.util
 
-        try:
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        try:  # the C library already loaded (ctypes.util.find_library would fork a subprocess)
+            _LIBC = ctypes.CDLL(None)
             _LIBC.malloc_trim  # noqa: B018 - glibc only
         except (OSError, AttributeError):
             _LIBC = False
