@@ -1,4 +1,4 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and how the suite is spread over pytest-xdist workers (``-n 2``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,47 @@ import os
 import socket
 
 import pytest
+
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # Each worker gets one core's share: torch's and BLAS's thread pools sized for the whole
+    # machine would fight the other worker's (set before anything imports torch or numpy).
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture built once per module (or class, or package)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return bool(info) and any(defs and defs[-1].scope in ("module", "class", "package")
+                              for defs in info.name2fixturedefs.values())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Keep a module's tests on one worker when they share a module-scoped fixture, and start
+    the slow tests first.
+
+    Under ``--dist loadgroup`` each xdist_group runs on one worker, in collection order; a
+    module-scoped fixture (a Ray instance, a trained run) is then built once, not once per worker
+    and again each time the worker comes back to that module. Slow tests go first (stably: the
+    order inside a module is kept) so that no 100-second test starts while the other worker
+    idles at the end (run with ``--no-loadscope-reorder``, as pyproject's addopts do).
+    """
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    grouped = {module(item) for item in items if _module_scoped(item)}
+    for item in items:
+        if module(item) in grouped:
+            item.add_marker(pytest.mark.xdist_group(module(item)))
+    slow_groups = {module(item) for item in items if module(item) in grouped and item.get_closest_marker("slow")}
+
+    def later(item: pytest.Item) -> bool:
+        if module(item) in grouped:
+            return module(item) not in slow_groups
+        return item.get_closest_marker("slow") is None
+
+    items.sort(key=later)
 
 
 @pytest.fixture(scope="session")

@@ -40,8 +40,10 @@ log_every = 1
 {layout}
 """)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "pipelines.cli",
-                           "train", str(tmp_path / "job.toml")], env=env, capture_output=True, text=True, timeout=240)
+    # --standalone: a rendezvous on a free port (the default 29500 would clash with a concurrent test)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "pipelines.cli", "train", str(tmp_path / "job.toml")],
+                          env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("training done at step 3") == 1  # rank 0 prints the summary
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
