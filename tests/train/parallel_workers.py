@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import socket
 from pathlib import Path
@@ -30,6 +31,17 @@ class RankBatches(SyntheticBatches):
         batch = self.make(g)
         self.position += self.world
         return batch
+
+
+def start(fn, args: tuple, nprocs: int) -> None:
+    """``mp.spawn(fn, args, nprocs)``, the processes forked from a server that imported torch and these helpers.
+
+    A spawned process imports torch and the trainer afresh (seconds of CPU each, two to four
+    processes per test); the forkserver does it once per test process and forks each rank from
+    there (still a separate process, on gloo, with its own environment set by ``fn``).
+    """
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
 def free_port() -> int:
@@ -168,7 +180,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
 def spawn(job: dict, out: Path, *, world: int = 2) -> dict:
     """Run ``job`` on ``world`` gloo processes; returns rank 0's record (every rank's, ``ranks``, for ``overflow``)."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    mp.spawn(_worker, args=(world, free_port(), job, str(out)), nprocs=world, join=True)
+    start(_worker, (world, free_port(), job, str(out)), world)
     if job.get("overflow"):
         return {"ranks": [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]}
     return json.loads(Path(out).read_text())

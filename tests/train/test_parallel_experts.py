@@ -3,9 +3,8 @@
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.train.parallel_workers import free_port
+from tests.train.parallel_workers import free_port, start
 from train.model import ModelConfig
 from train.model.moe import MoE
 from train.parallel import ParallelConfig, init_world, shutdown
@@ -57,4 +56,4 @@ def _moe_worker(rank: int, world: int, port: int) -> None:
 
 
 def test_sharded_moe_forward_and_backward_match_the_unsharded_block():
-    mp.spawn(_moe_worker, args=(2, free_port()), nprocs=2, join=True)
+    start(_moe_worker, (2, free_port()), 2)
