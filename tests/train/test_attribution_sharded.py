@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.train.parallel_workers import free_port
+from tests.train.parallel_workers import free_port, start
 from tests.train.test_attribution import L, _records, _trainer
 from tests.train.test_attribution import _setting as _base_setting
 from tests.train.test_attribution_ddp import MODEL, _rows
@@ -56,7 +55,7 @@ def _setting(seed: int, *, mixed: bool = False):
 
 def _run(tmp_path, name: str, split: str) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path / name), LAYOUTS[name], split), nprocs=2, join=True)
+    start(_worker, (2, free_port(), str(tmp_path / name), LAYOUTS[name], split), 2)
     return _records(tmp_path / name)
 
 

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.train.parallel_workers import free_port, spawn
+from tests.train.parallel_workers import free_port, spawn, start
 from tests.train.test_parallel_tensor import _assert_same_run, _reference
 from tests.train.test_trainer_loop import SyntheticBatches, tiny_config
 from train.errors import ConfigError
@@ -66,7 +65,7 @@ def _saved_worker(rank: int, world: int, port: int, sequence_parallel: bool, out
 
 def _saved(tmp_path, sequence_parallel: bool) -> list[dict]:
     out = tmp_path / f"saved-{sequence_parallel}.json"
-    mp.spawn(_saved_worker, args=(2, free_port(), sequence_parallel, str(out)), nprocs=2, join=True)
+    start(_saved_worker, (2, free_port(), sequence_parallel, str(out)), 2)
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
 
 
