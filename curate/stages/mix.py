@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_SCORE = {"top": "quality", "importance": "dsir_weight"}
 _EMPTY = pl.DataFrame(schema={"id": pl.String, "_count": pl.Int32})
-MIX_BYTES = 64  # per row of a key range in the plan: code, keys, position, tokens, their sorted copy
+MIX_BYTES = 128  # per row of a key range in the plan: code, keys, position, tokens, their sorted copy
 
 
 @dataclass(kw_only=True, slots=True)

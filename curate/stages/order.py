@@ -37,7 +37,7 @@ from curate.stages.mixing.stratify import Curve, positions, shuffle_windows
 log = logging.getLogger(__name__)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # spreads repeat indices over the salt's bits
-ORDER_BYTES = 96  # per row of a key range or a range of places: keys, hash, value, position, the sorted copy
+ORDER_BYTES = 160  # per row of a key range or a range of places: keys, hash, value, position, the sorted copy
 _SPILL_GROUP = 16384  # rows per row group of the spills: a range's filtered scan prunes the rest
 
 
@@ -134,7 +134,12 @@ class Order(Barrier):
                 log.warning("%s: source_order names sources with no training rows: %s", self.ctx.stage_id, sorted(unknown))
         sizes = [int(totals[n]) for n in names]
         n = sum(sizes)
-        max_rows = rows_within(self.ctx.memory_gb, ORDER_BYTES, n, what=f"{self.ctx.stage_id}'s order over {n} rows")
+        ranges_gb = self.ctx.memory_gb / 2 if c.pacing != "sorted" else self.ctx.memory_gb  # a paced pool takes the other half
+        max_rows = rows_within(ranges_gb, ORDER_BYTES, n, what=f"{self.ctx.stage_id}'s order over {n} rows")
+        if max_rows < c.window:
+            least = c.window * ORDER_BYTES * 2 * (self.ctx.memory_gb / ranges_gb) / 1e9
+            raise ConfigError(f"job.memory_gb = {self.ctx.memory_gb} is too small for one window of {self.ctx.stage_id} "
+                              f"({c.window} rows x {ORDER_BYTES} B); set job.memory_gb to at least {least:.3g} or lower order.window")
         offsets = task_offsets(keys)
         spill = self.ctx.plan_dir / "spill"
         shutil.rmtree(spill, ignore_errors=True)
@@ -193,10 +198,7 @@ class Order(Barrier):
         c = self.config
         n = sum(sizes)
         (spill / "rank").mkdir()
-        span = (max_rows // c.window) * c.window
-        if span == 0:
-            raise ConfigError(f"job.memory_gb = {self.ctx.memory_gb} is too small for one window of {self.ctx.stage_id} "
-                              f"({c.window} rows x {ORDER_BYTES} B); set job.memory_gb to at least {2 * c.window * ORDER_BYTES / 1e9:.3g} or lower order.window")
+        span = (max_rows // c.window) * c.window  # whole windows (plan checked that one fits)
         report = Curve(names, sizes, c)
         places = pl.scan_parquet(spill / "place" / "*.parquet") if n else None
         for lo in range(0, n, span):

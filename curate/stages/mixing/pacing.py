@@ -76,21 +76,22 @@ def _paced(u_by_rank, code, start, steps):
 
 
 
-PACE_BYTES = 64  # per row of a paced source, held whole: keys, hash, value, the heap and both permutations
+PACE_BYTES = 128  # per row of a paced source, held whole: keys, hash, value, the heap and both permutations
 
 
 class Paced:
     """Paced curricula, source by source: a source's rows are gathered (in difficulty order) until all
     are in, then drawn from the admitted pool; the pool spans the whole source, so one source's rows
-    (``PACE_BYTES`` each) must fit in ``[job] memory_gb``."""
+    (``PACE_BYTES`` each) must fit in half of ``[job] memory_gb`` (the key ranges get the other half)."""
 
     def __init__(self, config, sizes: list[int], memory_gb: float) -> None:
         self.c = config
         largest = max(sizes, default=0)
-        if largest * PACE_BYTES > memory_gb * 1e9:
+        if largest * PACE_BYTES > memory_gb * 1e9 / 2:  # half the budget: the key ranges read next to it take the rest
             raise ConfigError(
                 f"job.memory_gb = {memory_gb} is too small for order.pacing = {config.pacing!r}: its pool spans a whole source "
-                f"({largest} rows x {PACE_BYTES} B); set job.memory_gb to at least {largest * PACE_BYTES / 1e9:.3g} or use pacing = 'sorted'"
+                f"({largest} rows x {PACE_BYTES} B, in half the budget); set job.memory_gb to at least "
+                f"{2 * largest * PACE_BYTES / 1e9:.3g} or use pacing = 'sorted'"
             )
         self.pending: dict[int, list[pl.DataFrame]] = {}
         self.place: dict[int, np.ndarray] = {}
