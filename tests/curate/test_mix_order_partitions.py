@@ -61,8 +61,8 @@ def test_a_budget_below_one_window_names_the_key(tmp_path):
 def test_a_paced_source_larger_than_the_budget_names_the_key(tmp_path):
     make_inputs(tmp_path)
     body = JOB.replace('window = 50', 'window = 50\npacing = "linear"')
-    with pytest.raises(ConfigError, match=r"job.memory_gb = 2e-05 is too small for order.pacing = 'linear'.*pacing = 'sorted'"):
-        _run(tmp_path, memory_gb=2e-5, out="paced", body=body)
+    with pytest.raises(ConfigError, match=r"job.memory_gb = 5e-05 is too small for order.pacing = 'linear'.*pacing = 'sorted'"):
+        _run(tmp_path, memory_gb=5e-5, out="paced", body=body)  # one window fits, the pool does not
 
 
 def test_more_key_ranges_than_allowed_is_an_error_with_the_least_budget():
