@@ -56,9 +56,8 @@ def test_expert_parallel_must_fit_the_dp_ranks_and_the_experts(kw, world, expert
         ParallelConfig(**kw).resolve(world, n_experts=experts)
 
 
-def test_fsdp_by_tensor_parallel_is_refused_for_now():
-    with pytest.raises(ConfigError, match=r"train.parallel.tp = 2 .*dp_shard = 2 \(FSDP2 x tensor parallel"):
-        ParallelConfig(tp=2, dp_shard=-1).resolve(4)
+def test_fsdp_by_tensor_parallel_resolves():  # each tp rank's parts sharded over its dp_shard ranks
+    assert ParallelConfig(tp=2, dp_shard=-1).resolve(4) == MeshDims(dp_replicate=1, dp_shard=2, tp=2)
 
 
 def test_tensor_parallel_without_torchrun_is_refused(monkeypatch):

@@ -65,7 +65,7 @@ def _map_optim(state: dict, names, fn) -> None:
 
 def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str], tp: dict | None = None) -> dict:
     """The one-process model's state dict, on the CPU (complete on rank 0 at least)."""
-    if fsdp and not experts and world.pp_size == 1:
+    if fsdp and not experts and not tp and world.pp_size == 1:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tp = tp or {}
     # FSDP2 x EP (or x PP): full over each mesh's FSDP shards on every rank, then the experts gathered over ep
@@ -79,7 +79,7 @@ def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str
 def optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, fsdp: bool,
                 experts: list[str], tp: dict | None = None) -> dict:
     """The optimizer state keyed by parameter name, full tensors, on the CPU."""
-    if fsdp and not experts and world.pp_size == 1:
+    if fsdp and not experts and not tp and world.pp_size == 1:
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tp = tp or {}
     state = get_optimizer_state_dict(model, optimizer, options=_FULL if fsdp else None)
@@ -156,12 +156,12 @@ def _expert_dtensor(local: torch.Tensor, world: World):
 
 
 def _rank_experts(value: torch.Tensor) -> torch.Tensor:
-    """All of this rank's experts: under FSDP2 x EP they are a DTensor sharded over ``edp`` (gathered here, a copy)."""
+    """All of this rank's experts (or tp part): under FSDP2 a DTensor sharded over ``edp`` or ``dp_shard`` (gathered here, a copy)."""
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 def _as_param(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """This rank's experts laid out as ``like`` (FSDP2's DTensor over ``edp``, or a plain tensor)."""
+    """This rank's experts (or tp part) laid out as ``like`` (FSDP2's DTensor over its mesh, or a plain tensor)."""
     if not hasattr(like, "device_mesh"):
         return local
     from torch.distributed.tensor import distribute_tensor
@@ -182,9 +182,9 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World
     tp = tp or {}
     model_sd = get_model_state_dict(model)
     optim_sd = get_optimizer_state_dict(model, optimizer)  # creates the moments of a fresh optimizer (DCP needs targets)
-    for name in tp:
-        model_sd[name] = tensor_parallel.gather(model_sd[name], tp[name], world)
-    _map_optim(optim_sd, tp, lambda name, value: tensor_parallel.gather(value, tp[name], world))
+    for name in tp:  # under FSDP2 this tp rank's part is first gathered over dp_shard
+        model_sd[name] = tensor_parallel.gather(_rank_experts(model_sd[name]), tp[name], world)
+    _map_optim(optim_sd, tp, lambda name, value: tensor_parallel.gather(_rank_experts(value), tp[name], world))
     for name in experts:
         model_sd[name] = _expert_dtensor(_rank_experts(model_sd[name]), world)
         per_param = optim_sd["state"].get(name, {})
@@ -201,15 +201,19 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
     shards, _ = shard_state(model, optimizer, world, experts=experts, tp=tp)
     dcp.load(shards, folder)
     params = dict(model.named_parameters())
-    for name in experts:  # the expert DTensors wrap the local tensors: unwrap (and re-shard over edp) before handing back
-        shards["model"][name] = _as_param(shards["model"][name].to_local(), params[name])
-        per_param = shards["optimizer"]["state"].get(name, {})
-        for key, value in per_param.items():
-            if _is_sharded(value):
-                per_param[key] = _as_param(value.to_local(), params[name])
-    for name in tp:  # whole tensors: keep this tp rank's part
-        shards["model"][name] = tensor_parallel.local(shards["model"][name], tp[name], world)
-    _map_optim(shards["optimizer"], tp, lambda name, value: tensor_parallel.local(value, tp[name], world))
+
+    def as_mine(name: str, value: torch.Tensor) -> torch.Tensor:
+        """The loaded tensor as this rank's parameter: its experts (the DTensor's local rows), its tp part of
+        a whole tensor, then laid out as the parameter (re-sharded over FSDP2's mesh)."""
+        if name in experts:
+            value = value.to_local()
+        if name in tp:
+            value = tensor_parallel.local(value, tp[name], world)
+        return _as_param(value, params[name])
+
+    for name in dict.fromkeys([*experts, *tp]):
+        shards["model"][name] = as_mine(name, shards["model"][name])
+    _map_optim(shards["optimizer"], [*experts, *tp], as_mine)
     set_model_state_dict(model, shards["model"])
     # the saved groups' settings over this rank's own parameters: a pipeline stage holds only some of them
     own = get_optimizer_state_dict(model, optimizer)["param_groups"]

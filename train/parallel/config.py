@@ -124,8 +124,6 @@ class ParallelConfig:
                               f"pp ({self.pp}) does not make this launch's {launch}; the product must equal the "
                               f"number of processes (torchrun --nproc_per_node N), where -1 takes what the other "
                               f"degrees leave if they divide it")
-        _check(dims.tp == 1 or dims.dp_shard == 1, "tp", dims.tp, f"1 with dp_shard = {dims.dp_shard} (FSDP2 x tensor "
-               "parallel is not offered yet); tensor parallelism composes with dp_replicate (DDP)")
         self._check_ep(dims, n_experts)
         return dims
 

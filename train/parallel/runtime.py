@@ -112,7 +112,7 @@ class Parallel:
         if self.fsdp:
             net = apply_fsdp(model, self.world, self.cfg, self.comm)
             # fully_shard replaced the parameters (DTensors now); FSDP2 reduces the expert gradients itself
-            self._expert_params = expert_parameters(model, self.experts)
+            self._find_split_parameters(model)
             return net
         if self.world.dp_size == 1:
             return model
