@@ -24,7 +24,7 @@ def _module_scoped(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Keep a module's tests on one worker when they share a module-scoped fixture, and start
-    the slow tests first.
+    the slow tests (and those groups) first.
 
     Under ``--dist loadgroup`` each xdist_group runs on one worker, in collection order; a
     module-scoped fixture (a Ray instance, a trained run) is then built once, not once per worker
@@ -39,12 +39,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if module(item) in grouped:
             item.add_marker(pytest.mark.xdist_group(module(item)))
-    slow_groups = {module(item) for item in items if module(item) in grouped and item.get_closest_marker("slow")}
 
-    def later(item: pytest.Item) -> bool:
-        if module(item) in grouped:
-            return module(item) not in slow_groups
-        return item.get_closest_marker("slow") is None
+    def later(item: pytest.Item) -> bool:  # a group is one unit as long as its whole module: it starts early too
+        return module(item) not in grouped and item.get_closest_marker("slow") is None
 
     items.sort(key=later)
 

@@ -21,6 +21,7 @@ def _driver():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_a_tiny_bf16_model_on_cpu_and_prints_the_trainers_figures():
     out = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--preset", "tiny", "--device", "cpu", "--steps", "3",
                           "--warmup", "2", "--peak-flops", "1e12", "--peer", "none"],

@@ -48,6 +48,7 @@ def ragged_jsonl(n: int = 60) -> bytes:
     return b"\n".join(lines)
 
 
+@pytest.mark.slow  # ~10,000 tasks read
 def test_jsonl_byte_ranges_read_every_line_once_whatever_the_cut(tmp_path):
     data = ragged_jsonl()
     (tmp_path / "a.jsonl").write_bytes(data)
@@ -202,6 +203,7 @@ def shard_rows(out: Path) -> pl.DataFrame:
     return pl.concat([pl.read_parquet(f) for f in sorted((out / "shards" / "parquet" / "train").glob("*.parquet"))])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["", '\n[[stages]]\nkind = "order"\nby = "length"\n'])
 def test_a_job_gives_the_same_ids_and_shards_whatever_task_bytes_is(tmp_path, write_job, order):
     docs, legal = big_inputs(tmp_path)

@@ -7,6 +7,7 @@ import json
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from pipelines.cli import main
 from tests.pipelines.tiny import TINY_MODEL
@@ -63,6 +64,7 @@ def test_train_without_shards_names_the_override(tmp_path, monkeypatch, capsys):
     assert "--shards" in err and "`data`" not in err
 
 
+@pytest.mark.slow
 def test_run_with_shards_skips_curation_and_reports(tmp_path, monkeypatch, capsys, one_thread):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus").mkdir()
