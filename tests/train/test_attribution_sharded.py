@@ -22,7 +22,8 @@ from train.parallel import Parallel, ParallelConfig, shutdown
 pytestmark = pytest.mark.slow
 
 LAYOUTS = {"fsdp": {"dp_shard": -1}, "ep": {"ep": 2}, "fsdp_ep": {"dp_shard": -1, "ep": 2}, "tp": {"tp": 2},
-           "tp_sp": {"tp": 2, "sequence_parallel": True}}
+           "tp_sp": {"tp": 2, "sequence_parallel": True}, "fsdp_tp": {"dp_shard": 2, "dp_replicate": 1, "tp": 2}}
+WORLD = {"fsdp_tp": 4}  # processes of a layout (2 when not named)
 STEPS, EVERY = 4, 2
 
 
@@ -55,7 +56,8 @@ def _setting(seed: int, *, mixed: bool = False):
 
 def _run(tmp_path, name: str, split: str) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"
-    start(_worker, (2, free_port(), str(tmp_path / name), LAYOUTS[name], split), 2)
+    world = WORLD.get(name, 2)
+    start(_worker, (world, free_port(), str(tmp_path / name), LAYOUTS[name], split), world)
     return _records(tmp_path / name)
 
 
@@ -96,9 +98,10 @@ def reference(tmp_path_factory):
 
 # the experts' layouts with the default split; FSDP2 and EP alone with one backward per source
 # (held-out and per-source gradients taken through FSDP2's unsharded parameters, the all-to-all on every rank);
-# sequence parallel on rows whose halves hold different sources (the norms split this rank's half by source)
+# sequence parallel on rows whose halves hold different sources (the norms split this rank's half by source); FSDP2 x TP
+# on 4 processes (each tp part's pieces sharded over dp_shard)
 @pytest.mark.parametrize("name, split", [("fsdp_ep", "tokens"), ("tp", "tokens"), ("fsdp", "losses"),
-                                         ("ep", "losses"), ("tp_sp", "tokens")])
+                                         ("ep", "losses"), ("tp_sp", "tokens"), ("fsdp_tp", "tokens")])
 def test_sharded_layouts_give_the_one_process_attribution(tmp_path, reference, name, split):
     got = _run(tmp_path, name, split)
     _assert_same_records(got, reference(split, mixed=LAYOUTS[name].get("sequence_parallel", False)))
