@@ -107,7 +107,9 @@ class Trainer:
         self._stop_signal: int | None = None
         self._saved_step = -1
         self.attribution = (SourceAttribution(cfg.attribution, model=self.model, optimizer=self.optimizer, sources=self.sources,
-                                              val_data=val_data, device=device, parallel=self.parallel)
+                                              val_data=val_data, device=device, parallel=self.parallel,
+                                              micro_batch_shape=(cfg.data.batch_size, cfg.data.seq_len),
+                                              autocast=self._autocast)
                             if cfg.attribution.every and val_data is not None else None)
         self._attr_split = False  # whether this step's gradients are split per source
 
@@ -182,8 +184,10 @@ class Trainer:
             differentiated = data_loss * self.parallel.grad_scale
             return self.scaler.scale(differentiated) if self.scaler else differentiated
 
+        def split(source_ids_BL):  # each stage splits its micro-batches' weight gradients by source (attribution)
+            return self.attribution.micro_batch(source_ids_BL, loss_scale=self.parallel.grad_scale * scale)
         self.pipeline.run([b.to(self.device) for b in batches], loss=loss, record=self._record_moe,
-                          autocast=self._autocast, loss_scale=scale)
+                          autocast=self._autocast, loss_scale=scale, split=split if self._attr_split else None)
         self.micro_steps += len(batches)
         return self.parallel.reduce_pp(total)  # every stage then decides the same skip
 

@@ -5,6 +5,7 @@ slices) and the dot products are summed over the ranks, each piece counted once
 (``train/attribution/pieces.py``); every record must be the one-process run's up to fp32 rounding.
 """
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -22,8 +23,10 @@ from train.parallel import Parallel, ParallelConfig, shutdown
 pytestmark = pytest.mark.slow
 
 LAYOUTS = {"fsdp": {"dp_shard": -1}, "ep": {"ep": 2}, "fsdp_ep": {"dp_shard": -1, "ep": 2}, "tp": {"tp": 2},
-           "tp_sp": {"tp": 2, "sequence_parallel": True}, "fsdp_tp": {"dp_shard": 2, "dp_replicate": 1, "tp": 2}}
+           "tp_sp": {"tp": 2, "sequence_parallel": True}, "fsdp_tp": {"dp_shard": 2, "dp_replicate": 1, "tp": 2},
+           "pp": {"pp": 2, "pp_schedule": "1f1b"}}
 WORLD = {"fsdp_tp": 4}  # processes of a layout (2 when not named)
+DEEP = dataclasses.replace(MODEL, n_layers=2)  # a block per pipeline stage
 STEPS, EVERY = 4, 2
 
 
@@ -37,7 +40,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, layout: dict, split:
         if parallel.world.dp_size > 1:  # both sources on each data-parallel rank; tp ranks share the batch
             train = _rows(train, [0, 1, 4, 5] if parallel.world.dp_rank == 0 else [2, 3, 6, 7])
         trainer = _trainer(Path(run_dir), train, heldout, steps=STEPS, every=EVERY, split=split, grad_accum=2,
-                           parallel=parallel, model=MODEL)
+                           parallel=parallel, model=DEEP if "pp" in layout else MODEL)
         trainer.fit()
     finally:
         shutdown()
@@ -85,13 +88,14 @@ def reference(tmp_path_factory):
     torch.set_num_threads(1)
     out = {}
 
-    def get(split: str, mixed: bool = False) -> list[dict]:
-        if (split, mixed) not in out:
+    def get(split: str, mixed: bool = False, model=MODEL) -> list[dict]:
+        key = split, mixed, model.n_layers
+        if key not in out:
             heldout, train = _setting(12, mixed=mixed)
             folder = tmp_path_factory.mktemp(f"one-{split}")
-            _trainer(folder, train, heldout, steps=STEPS, every=EVERY, split=split, grad_accum=2, model=MODEL).fit()
-            out[split, mixed] = _records(folder)
-        return out[split, mixed]
+            _trainer(folder, train, heldout, steps=STEPS, every=EVERY, split=split, grad_accum=2, model=model).fit()
+            out[key] = _records(folder)
+        return out[key]
 
     return get
 
@@ -99,11 +103,13 @@ def reference(tmp_path_factory):
 # the experts' layouts with the default split; FSDP2 and EP alone with one backward per source
 # (held-out and per-source gradients taken through FSDP2's unsharded parameters, the all-to-all on every rank);
 # sequence parallel on rows whose halves hold different sources (the norms split this rank's half by source); FSDP2 x TP
-# on 4 processes (each tp part's pieces sharded over dp_shard)
+# on 4 processes (each tp part's pieces sharded over dp_shard); PP 2 (the probe through the stages)
 @pytest.mark.parametrize("name, split", [("fsdp_ep", "tokens"), ("tp", "tokens"), ("fsdp", "losses"),
-                                         ("ep", "losses"), ("tp_sp", "tokens"), ("fsdp_tp", "tokens")])
+                                         ("ep", "losses"), ("tp_sp", "tokens"), ("fsdp_tp", "tokens"),
+                                         ("pp", "tokens")])
 def test_sharded_layouts_give_the_one_process_attribution(tmp_path, reference, name, split):
     got = _run(tmp_path, name, split)
-    _assert_same_records(got, reference(split, mixed=LAYOUTS[name].get("sequence_parallel", False)))
+    _assert_same_records(got, reference(split, mixed=LAYOUTS[name].get("sequence_parallel", False),
+                                        model=DEEP if name == "pp" else MODEL))
     matrix, measured = np.abs(got[-1]["matrix"]), np.abs(got[-1]["measured"])
     assert matrix.max() > 0.1 * measured.max(), "the sources moved the held-out losses"

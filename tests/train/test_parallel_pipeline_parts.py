@@ -85,3 +85,15 @@ def test_runs_a_pipeline_does_not_offer_are_refused(tmp_path):
     cfg = tiny_config(tmp_path)  # a schedule per micro-batch shape
     cfg.data = LoaderConfig(num_workers=0, batch_size=4, seq_len=16, seq_len_warmup_steps=5, seq_len_warmup_start=8)
     check_pipeline_run(cfg, teacher=None, attribution=False)
+
+
+def test_attribution_under_a_pipeline_refuses_only_what_cannot_cross_the_stages(tmp_path):
+    from train.attribution import AttributionConfig as A
+
+    check_pipeline_run(tiny_config(tmp_path, attribution=A(every=2)), teacher=None, attribution=True)
+    with pytest.raises(ConfigError, match=r"train.attribution.split = 'losses'.*use split = 'tokens'"):
+        check_pipeline_run(tiny_config(tmp_path, attribution=A(every=2, split="losses")), teacher=None,
+                           attribution=True)
+    with pytest.raises(ConfigError, match=r"train.attribution with train.activation_checkpointing"):
+        check_pipeline_run(tiny_config(tmp_path, attribution=A(every=2), activation_checkpointing=True),
+                           teacher=None, attribution=True)

@@ -57,7 +57,8 @@ class SourceAttribution:
 
     def __init__(self, cfg: AttributionConfig, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  sources: Sequence[str], val_data: Callable[[], Iterable], device: torch.device,
-                 parallel=None) -> None:
+                 parallel=None, micro_batch_shape: tuple[int, int] | None = None,
+                 autocast: Callable | None = None) -> None:
         if parallel is not None and cfg.every and not isinstance(optimizer, torch.optim.AdamW) and (
                 parallel.fsdp or parallel.experts or parallel.tp_layouts):
             raise ConfigError("train.attribution with train.optim.name = 'lamb' and dp_shard, ep or tp > 1: LAMB's "
@@ -71,6 +72,10 @@ class SourceAttribution:
         self._rank = parallel.world.rank if parallel is not None else 0
         # each source's losses backward through a collective (expert all-to-all) on every rank alike
         self._every_source = distributed and parallel.world.ep_size > 1
+        # pipeline parallel: the probe runs through the stages, in micro-batches of the training's shape
+        self._pipeline = parallel.pipeline if parallel is not None else None
+        # (the stages' buffers have the training's dtype: there the probe runs under its autocast)
+        self._micro_shape, self._parallel, self._autocast = micro_batch_shape, parallel, autocast
         self.split = MomentSplit(optimizer, len(self.sources), model=model, parallel=parallel)
         self.pieces = self.split.pieces
         self.params = self.split.params
@@ -148,8 +153,26 @@ class SourceAttribution:
             if self._probe.missing:
                 log.warning("attribution: no held-out tokens for %s; their columns stay 0",
                             ", ".join(self.sources[s] for s in self._probe.missing))
-        losses_S, grads = self._probe.evaluate(self.model, self.pieces.inputs())
+        if self._pipeline is not None:
+            losses_S, grads = self._evaluate_staged()
+        else:
+            losses_S, grads = self._probe.evaluate(self.model, self.pieces.inputs())
         return losses_S.numpy(), self.pieces.heldout(grads)
+
+    def _evaluate_staged(self):
+        from train.attribution.staged import evaluate_staged
+
+        was_training = self.model.training
+        self.model.eval()  # as the one-process probe: no dropout, no router noise
+        try:
+            found = evaluate_staged(self._pipeline, self._probe.pools, self.pieces.inputs(), n_sources=len(self.sources),
+                                    shape=self._pipeline.shape or self._micro_shape,
+                                    reduce_pp=self._parallel.reduce_pp, device=self.device, autocast=self._autocast)
+        finally:
+            self.model.train(was_training)
+            for p in self.params:  # the schedule's backward accumulated the probe's gradients there
+                p.grad = None
+        return found
 
     @torch.no_grad()
     def _snapshot(self) -> list[torch.Tensor]:

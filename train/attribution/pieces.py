@@ -60,10 +60,11 @@ class Pieces:
         self.heldout_scale = [1.0] * n
         self.grad_group: list = [None] * n  # FSDP2: the group the per-source gradients are summed over
         self._fsdp: dict[int, object] = {}  # index -> FSDPParam (the sharded and unsharded parameter)
-        self.whole = True  # whether every rank holds every parameter whole (one process, DDP)
+        self.whole = True  # whether every rank holds every parameter whole (one process, DDP; not a pipeline stage)
         if not self.distributed:
             return
         w = self.world
+        self.whole = w.pp_size == 1  # under pipeline parallelism a rank holds its stages only
         for i, p in enumerate(self.params):
             name = names.get(id(p), "")
             expert = name in experts
@@ -86,12 +87,13 @@ class Pieces:
             if expert:
                 self.heldout_scale[i] = 1.0 / w.ep_size
         if any(self.sharded):
-            self._find_fsdp_params(model)
+            stages = parallel.pipeline.modules if getattr(parallel, "pipeline", None) is not None else []
+            self._find_fsdp_params([model, *stages])  # a pipeline stage's own FSDP2 unit holds its embedding, head
 
     # ---- what the forward uses ---------------------------------------------------------------
-    def _find_fsdp_params(self, model: torch.nn.Module) -> None:
+    def _find_fsdp_params(self, roots: list[torch.nn.Module]) -> None:
         index = {id(p): i for i, p in enumerate(self.params)}
-        for module in model.modules():
+        for module in {id(m): m for root in roots for m in root.modules()}.values():
             state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
             for group in getattr(state, "_fsdp_param_groups", ()) if state is not None else ():
                 for fp in group.fsdp_params:

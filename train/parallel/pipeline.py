@@ -49,8 +49,12 @@ def check_pipeline_run(cfg, *, teacher, attribution: bool) -> None:
     why = None
     if teacher is not None:
         why = "train.distill: the teacher's logits would have to be computed by a pipeline of their own"
-    elif attribution:
-        why = "train.attribution: per-source gradient splits are not carried through the pipeline stages"
+    elif attribution and cfg.attribution.split == "losses":
+        why = ("train.attribution.split = 'losses': one backward per source cannot cross the stages; "
+               "use split = 'tokens' (the default)")
+    elif attribution and cfg.activation_checkpointing:
+        why = ("train.attribution with train.activation_checkpointing: a stage recomputes its forward in a backward "
+               "that runs outside the micro-batch's source split; set activation_checkpointing = false")
     if why is not None:
         raise ConfigError(f"{why} — not available with train.parallel pipeline parallelism (pp > 1)")
 
@@ -98,11 +102,14 @@ class StageModule(nn.Module):
         self.first, self.last, self.router_scale = first, last, router_scale
         self.first_moe = sum(model.cfg.is_moe_layer(i) for i in range(layers.start))  # global index of its first MoE layer
         self.record: Record | None = None  # set by ``Pipeline`` for each schedule step
+        # likewise: (source_ids_BL) -> a context splitting the forward's weight gradients by source (attribution)
+        self.split: Callable | None = None
         self.autocast: Callable = contextlib.nullcontext  # likewise: the forward's autocast (never the backward's)
 
     def forward(self, h: torch.Tensor, doc_ids_BL: torch.Tensor, source_ids_BL: torch.Tensor,
                 loss_mask_BL: torch.Tensor) -> torch.Tensor:
-        with self.autocast():
+        split = self.split(source_ids_BL) if self.split is not None else contextlib.nullcontext()
+        with self.autocast(), split:  # the layers keep the split for their backward (train.model.split)
             return self._forward(h, doc_ids_BL, source_ids_BL, loss_mask_BL)
 
     def _forward(self, h, doc_ids_BL, source_ids_BL, loss_mask_BL):
@@ -245,12 +252,13 @@ class Pipeline:
         return self._loss_fn(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL.bool())
 
     def run(self, batches: list, *, loss: LossFn, record: Record | None, train: bool = True,
-            autocast: Callable = contextlib.nullcontext, loss_scale: float = 1.0) -> None:
+            autocast: Callable = contextlib.nullcontext, loss_scale: float = 1.0, split: Callable | None = None) -> None:
         """One schedule step over ``batches`` (one per micro-batch, already on the device).
 
         ``loss`` runs on the last stage per micro-batch; ``record`` on every stage with MoE layers.
         ``loss_scale`` is fp16's loss scale: ``loss`` applies it to the data loss, the stages to
-        their router losses.
+        their router losses (0: none). ``split(source_ids_BL)``: a context each stage's forward of a
+        micro-batch runs in (attribution's per-source split of the weight gradients).
         """
         if len(batches) != self.n_microbatches:
             raise ValueError(f"{len(batches)} batches for a schedule of {self.n_microbatches} micro-batches")
@@ -258,7 +266,7 @@ class Pipeline:
         with autocast():
             dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
         for module in self.modules:
-            module.record, module.autocast = record, autocast
+            module.record, module.autocast, module.split = record, autocast, split
             module.router_scale = loss_scale / self.n_microbatches  # the whole step's factor, as in one process
         self._loss_fn = loss
         try:
@@ -271,7 +279,7 @@ class Pipeline:
                     self.shape = (rows, cols)
         finally:
             for module in self.modules:
-                module.record = None
+                module.record, module.split = None, None
             self._loss_fn = None
 
     def _step(self, schedule, batches: list, *, train: bool) -> None:
@@ -305,6 +313,11 @@ class Pipeline:
             self._evaluate_group(group, loss, rows, cols, autocast)
 
     def _evaluate_group(self, group: list, loss: LossFn, rows: int, cols: int, autocast: Callable) -> None:
+        self.run(self.padded(group, rows, cols), loss=loss, record=None, train=False, autocast=autocast)
+
+    def padded(self, group: list, rows: int, cols: int) -> list:
+        """Up to ``n_microbatches`` batches padded to (rows, cols) (the training's shape where they fit it), the
+        missing ones fully masked copies."""
         if self.shape and all(b.tokens.shape[0] <= self.shape[0] and b.tokens.shape[1] <= self.shape[1] for b in group):
             rows, cols = self.shape
         padded = [_pad(b, rows, cols) for b in group]
@@ -312,7 +325,7 @@ class Pipeline:
             filler = _pad(group[0], rows, cols)
             filler.loss_mask = torch.zeros_like(filler.loss_mask)
             padded.append(filler)
-        self.run(padded, loss=loss, record=None, train=False, autocast=autocast)
+        return padded
 
 
 def _runs(batches: list) -> list[list]:
