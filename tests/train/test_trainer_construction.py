@@ -145,5 +145,13 @@ def test_attribution_counts_each_tensor_parallel_piece_once_and_refuses_lamb_the
     assert weights["blocks.0.attn.wq.weight"] == weights["blocks.0.ffn.w13_ED2F"] == 1.0
     assert weights["blocks.0.ffn.router.gate.weight"] == weights["embed.weight"] == 0.5
     assert pieces.partial_w == pieces.global_w and not pieces.whole  # one data-parallel rank: whole data
+    # its checkpoint keeps the totals (the same on every rank), not this rank's pieces of the open stretch
+    attribution.total["matrix"][0, 0], attribution.open_at, attribution.first_step = -0.5, 4, 3
+    state = attribution.state_dict()
+    assert state["open_at"] is None and "theta0" not in state and "split" not in state
+    resumed = SourceAttribution(AttributionConfig(every=2), optimizer=torch.optim.AdamW(model.parameters()), **kw)
+    resumed.load_state_dict(state)
+    assert resumed.total["matrix"][0, 0] == -0.5 and resumed.first_step == 3
+    assert resumed.open_at is None  # the next attributed step opens a new stretch
     with pytest.raises(ConfigError, match=r"train.attribution with train.optim.name = 'lamb'.*use"):
         SourceAttribution(AttributionConfig(every=2), optimizer=Lamb(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0), **kw)
