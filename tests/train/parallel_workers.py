@@ -97,6 +97,25 @@ def per_source(run_dir: Path) -> list[dict]:
     return [{k: v["loss_sum"] for k, v in r["per_source"].items()} for r in records(run_dir) if "per_source" in r]
 
 
+def reference_run(tmp_path: Path, *, steps: int, grad_accum: int, **kw) -> dict:
+    """The one-process run (in ``tmp_path / "ref"``) a parallel layout is compared with."""
+    torch.set_num_threads(1)
+    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum,
+                     steps=steps, **kw))
+
+
+def assert_same_run(got: dict, ref: dict, got_dir: Path, ref_dir: Path) -> None:
+    """A layout's run equals the one-process run: losses within 1e-5, norms 1e-4, every record's per-source sums."""
+    import pytest
+
+    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
+    mine, theirs = per_source(got_dir), per_source(ref_dir)
+    assert len(mine) == len(theirs) == len(ref["losses"])
+    for a, b in zip(mine, theirs, strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 

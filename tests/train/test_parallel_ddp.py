@@ -5,20 +5,16 @@ import json
 import pytest
 import torch
 
-from tests.train.parallel_workers import build, fit, per_source, records, spawn
+from tests.train.parallel_workers import build, per_source, records, reference_run, spawn
 from train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
 
 
-def _reference(tmp_path, steps: int, grad_accum: int = 2, **kw) -> dict:
-    torch.set_num_threads(1)
-    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum,
-                     steps=steps, **kw))
 
 
 def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path):
-    ref = _reference(tmp_path, 5)
+    ref = reference_run(tmp_path, steps=5, grad_accum=2)
     got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 5, "parallel": {}}, tmp_path / "out.json")
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
@@ -32,7 +28,7 @@ def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path
 
 def test_ddp_accumulating_micro_batches_all_reduces_once_per_step(tmp_path):
     # 2 ranks x 2 micro-batches = the one-process run with 4; gradients cross ranks only on each step's last micro-batch
-    ref = _reference(tmp_path, 3, grad_accum=4)
+    ref = reference_run(tmp_path, steps=3, grad_accum=4)
     got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 3, "grad_accum": 2, "parallel": {}},
                 tmp_path / "out.json")
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
@@ -46,7 +42,7 @@ def test_ddp_accumulating_micro_batches_all_reduces_once_per_step(tmp_path):
 
 def test_fsdp2_matches_the_run_ddp_matches(tmp_path):
     # DDP equals this one-process run (test above); FSDP2 is held to the same trajectory, one spawn instead of two
-    ref = _reference(tmp_path, 4)
+    ref = reference_run(tmp_path, steps=4, grad_accum=2)
     fsdp = spawn({"run_dir": str(tmp_path / "fsdp"), "steps": 4, "parallel": {"dp_shard": -1}}, tmp_path / "fsdp.json")
     assert fsdp["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert fsdp["norms"] == pytest.approx(ref["norms"], rel=1e-4)

@@ -6,10 +6,8 @@ run's losses and per-source sums. fp16's overflow check must be agreed by every 
 """
 
 import pytest
-import torch
 
-from tests.train.parallel_workers import build, fit, per_source, spawn
-from train.parallel import Parallel
+from tests.train.parallel_workers import assert_same_run, reference_run, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -18,27 +16,16 @@ DENSE = "blocks.0.attn.wq.weight"
 LAYOUTS = {"fsdp": {"dp_shard": -1, "ep": 2}, "ddp": {"ep": 2}}  # FSDP2 x EP, DDP x EP
 
 
-def _reference(tmp_path, grad_accum: int, **kw) -> dict:
-    torch.set_num_threads(1)
-    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum,
-                     steps=5, **kw))
 
 
-def _assert_same_run(got: dict, ref: dict, got_dir, ref_dir) -> None:
-    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
-    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
-    mine, theirs = per_source(got_dir), per_source(ref_dir)
-    assert len(mine) == len(theirs) == 5
-    for a, b in zip(mine, theirs, strict=True):
-        assert a == pytest.approx(b, rel=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["fsdp", "ddp"])
 def test_expert_parallel_on_two_processes_matches_one_process(tmp_path, mode):
-    ref = _reference(tmp_path, 2)
+    ref = reference_run(tmp_path, steps=5, grad_accum=2)
     got = spawn({"run_dir": str(tmp_path / mode), "steps": 5, "parallel": LAYOUTS[mode]},
                 tmp_path / "out.json")
-    _assert_same_run(got, ref, tmp_path / mode, tmp_path / "ref")
+    assert_same_run(got, ref, tmp_path / mode, tmp_path / "ref")
     expert, dense = got["layouts"][EXPERT], got["layouts"][DENSE]
     assert expert["local_shape"] == [2, 32, 64]  # rank 0 holds experts 0 and 1
     if mode == "fsdp":  # dense over both ranks; the experts over the ranks sharing them (here: one)
@@ -49,10 +36,10 @@ def test_expert_parallel_on_two_processes_matches_one_process(tmp_path, mode):
 
 def test_fsdp2_with_expert_parallel_on_a_two_by_two_mesh_matches_one_process(tmp_path):
     # 4 ranks: ep = 2 (experts 0-1 on ranks 0 and 2, 2-3 on ranks 1 and 3), dp = 2 over the ranks sharing experts
-    ref = _reference(tmp_path, 4)
+    ref = reference_run(tmp_path, steps=5, grad_accum=4)
     got = spawn({"run_dir": str(tmp_path / "fsdp"), "steps": 5, "parallel": {"dp_shard": -1, "ep": 2}},
                 tmp_path / "out.json", world=4)
-    _assert_same_run(got, ref, tmp_path / "fsdp", tmp_path / "ref")
+    assert_same_run(got, ref, tmp_path / "fsdp", tmp_path / "ref")
     expert = got["layouts"][EXPERT]  # rank 0's two experts, sharded over the 2 ranks holding them: one each
     assert expert["mesh"] == ["edp"] and expert["mesh_size"] == 2 and expert["local_shape"] == [1, 32, 64]
     assert got["layouts"][DENSE]["mesh_size"] == 4
@@ -83,7 +70,7 @@ def test_fp16_under_fsdp2_skips_the_same_steps_on_every_rank_when_one_rank_overf
 
 
 def test_bf16_under_fsdp2_with_expert_parallel_keeps_fp32_master_weights_and_tracks_one_process(tmp_path):
-    ref = _reference(tmp_path, 2, config={"precision": "bf16"})
+    ref = reference_run(tmp_path, steps=5, grad_accum=2, config={"precision": "bf16"})
     got = spawn({"run_dir": str(tmp_path / "bf16"), "steps": 5, "parallel": {"dp_shard": -1, "ep": 2},
                  "config": {"precision": "bf16"}}, tmp_path / "out.json")
     assert {x["dtype"] for x in got["layouts"].values()} == {"torch.float32"}

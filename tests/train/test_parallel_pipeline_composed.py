@@ -10,25 +10,14 @@ schedule each.
 import pytest
 import torch
 
-from tests.train.parallel_workers import build, fit, full_state, per_source, spawn
+from tests.train.parallel_workers import assert_same_run, build, fit, full_state, reference_run, spawn
 from train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
 
 
-def _reference(tmp_path, grad_accum: int, **kw) -> dict:
-    torch.set_num_threads(1)
-    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum,
-                     steps=5, **kw))
 
 
-def _assert_same_run(got: dict, ref: dict, got_dir, ref_dir) -> None:
-    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
-    assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
-    mine, theirs = per_source(got_dir), per_source(ref_dir)
-    assert len(mine) == len(theirs) == 5
-    for a, b in zip(mine, theirs, strict=True):
-        assert a == pytest.approx(b, rel=1e-5)
 
 
 def test_pipeline_under_fsdp2_four_processes_matches_one_process(tmp_path):
@@ -39,7 +28,7 @@ def test_pipeline_under_fsdp2_four_processes_matches_one_process(tmp_path):
     got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2, "full_state": True,
                  "parallel": {"pp": 2, "dp_shard": 2, "dp_replicate": 1, "pp_schedule": "1f1b"}},
                 tmp_path / "out.json", world=4)
-    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     # the one-process state (Trainer.state_dict): every stage's FSDP2 shards gathered, under one-process names
     mine, theirs = got["full_state"], full_state(one)
     assert mine["optimizer"] == theirs["optimizer"]
@@ -52,10 +41,10 @@ def test_pipeline_under_fsdp2_four_processes_matches_one_process(tmp_path):
 
 def test_pipeline_with_tensor_parallel_four_processes_matches_one_process(tmp_path):
     # pp 2 x tp 2: ranks 0, 1 hold stage 0 (its heads and hidden widths split over them), ranks 2, 3 stage 1
-    ref = _reference(tmp_path, 2)
+    ref = reference_run(tmp_path, steps=5, grad_accum=2)
     got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
                  "parallel": {"pp": 2, "tp": 2, "pp_schedule": "gpipe"}}, tmp_path / "out.json", world=4)
-    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     layouts = got["layouts"]
     assert all(n.startswith(("embed.", "blocks.0.")) for n in layouts)
     assert layouts["blocks.0.attn.wq.weight"]["local_shape"] == [32 // 2, 32]  # one of the 2 heads
@@ -86,11 +75,11 @@ def test_fp16_under_pipeline_parallel_skips_the_same_steps_on_every_rank_when_on
 @pytest.mark.parametrize("dp", ["dp_shard", "dp_replicate"])
 def test_pipeline_with_expert_parallel_four_processes_matches_one_process(tmp_path, dp):
     # pp 2 x dp 2, the experts split over the 2 dp ranks of each stage (ep 2): FSDP2 x EP or DDP x EP per stage
-    ref = _reference(tmp_path, 4)
+    ref = reference_run(tmp_path, steps=5, grad_accum=4)
     other = "dp_replicate" if dp == "dp_shard" else "dp_shard"
     got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
                  "parallel": {"pp": 2, dp: 2, other: 1, "ep": 2, "pp_schedule": "1f1b"}}, tmp_path / "out.json", world=4)
-    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     expert, dense = got["layouts"]["blocks.0.ffn.w13_ED2F"], got["layouts"]["blocks.0.attn.wq.weight"]
     assert expert["local_shape"] == [2, 32, 64]  # rank 0 holds experts 0 and 1 of stage 0's layer
     assert dense["dtensor"] == (dp == "dp_shard")
@@ -129,15 +118,15 @@ def test_pipeline_with_growing_sequence_lengths_matches_one_process(tmp_path, sc
     parallel = {"pp": 2, "pp_schedule": schedule, "pp_stages_per_rank": 2 if model else 1}
     got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2, "lengths": lengths, "model": model,
                  "val_batches": 3, "parallel": parallel}, tmp_path / "out.json")
-    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     assert got["summary"]["eval"]["eval"]["loss"] == pytest.approx(ref["summary"]["eval"]["eval"]["loss"], rel=1e-5)
 
 
 def test_pipeline_with_sequence_parallel_four_processes_matches_one_process(tmp_path):
     # pp 2 x tp 2 with sequence parallel: the stages exchange each tp rank's half of the sequence
-    ref = _reference(tmp_path, 2)
+    ref = reference_run(tmp_path, steps=5, grad_accum=2)
     got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
                  "parallel": {"pp": 2, "tp": 2, "sequence_parallel": True, "pp_schedule": "1f1b"}},
                 tmp_path / "out.json", world=4)
-    _assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     assert got["comm"]["bytes_sent"] > 0

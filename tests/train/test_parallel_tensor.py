@@ -5,17 +5,13 @@ import json
 import pytest
 import torch
 
-from tests.train.parallel_workers import build, fit, spawn
+from tests.train.parallel_workers import build, fit, reference_run, spawn
 from train.model.tensor_shard import join_parts, local_part
 from train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
 
 
-def _reference(tmp_path, steps: int, grad_accum: int, **kw) -> dict:
-    torch.set_num_threads(1)
-    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum,
-                     steps=steps, **kw))
 
 
 def _per_source(run_dir) -> list[dict]:
@@ -48,7 +44,7 @@ def test_layout_parts_join_back_to_the_full_tensor():
 def test_tensor_parallel_two_processes_match_one_process(tmp_path):
     # tp = 2, dp = 1: both ranks read the one-process batches; a shared expert exercises the split SwiGLU in MoE
     model = {"n_shared_experts": 1}
-    ref = _reference(tmp_path, 5, grad_accum=1, model=model)
+    ref = reference_run(tmp_path, steps=5, grad_accum=1, model=model)
     got = spawn({"run_dir": str(tmp_path / "tp"), "steps": 5, "model": model, "parallel": {"tp": 2}},
                 tmp_path / "out.json")
     _assert_same_run(got, ref, tmp_path / "tp", tmp_path / "ref")
@@ -57,7 +53,7 @@ def test_tensor_parallel_two_processes_match_one_process(tmp_path):
 
 def test_ddp_by_tensor_parallel_four_processes_match_one_process(tmp_path):
     # dp_replicate = 2 x tp = 2: the two tp groups read different batches, so one process accumulates 2
-    ref = _reference(tmp_path, 5, grad_accum=2)
+    ref = reference_run(tmp_path, steps=5, grad_accum=2)
     got = spawn({"run_dir": str(tmp_path / "ddp_tp"), "steps": 5, "parallel": {"tp": 2}}, tmp_path / "out.json",
                 world=4)
     _assert_same_run(got, ref, tmp_path / "ddp_tp", tmp_path / "ref")
@@ -67,7 +63,7 @@ def test_ddp_by_tensor_parallel_four_processes_match_one_process(tmp_path):
 def test_expert_by_tensor_parallel_four_processes_match_one_process(tmp_path):
     # tp = 2 inside each of 2 dp ranks, the experts split over both dp ranks (ep = 2): a rank runs its
     # tp columns of its ep rank's experts on tokens that came from the other dp rank's tp peer
-    ref = _reference(tmp_path, 5, grad_accum=2)
+    ref = reference_run(tmp_path, steps=5, grad_accum=2)
     got = spawn({"run_dir": str(tmp_path / "ep_tp"), "steps": 5, "parallel": {"tp": 2, "ep": 2}},
                 tmp_path / "out.json", world=4)
     _assert_same_run(got, ref, tmp_path / "ep_tp", tmp_path / "ref")
@@ -77,7 +73,7 @@ def test_expert_by_tensor_parallel_four_processes_match_one_process(tmp_path):
 def test_fsdp2_by_tensor_parallel_four_processes_match_one_process(tmp_path, ep):
     # dp_shard = 2 x tp = 2: each tp rank's parts are FSDP2-sharded over the 2 ranks holding the same part
     # (torchtitan's 2-D layout); with ep = 2 the experts are also split over the 2 dp ranks
-    ref = _reference(tmp_path, 5, grad_accum=2)
+    ref = reference_run(tmp_path, steps=5, grad_accum=2)
     got = spawn({"run_dir": str(tmp_path / "fsdp_tp"), "steps": 5,
                  "parallel": {"tp": 2, "dp_shard": 2, "dp_replicate": 1, "ep": ep}}, tmp_path / "out.json", world=4)
     _assert_same_run(got, ref, tmp_path / "fsdp_tp", tmp_path / "ref")
