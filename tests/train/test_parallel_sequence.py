@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train.parallel_workers import free_port, spawn, start
-from tests.train.test_parallel_tensor import _assert_same_run, _reference
+from tests.train.parallel_workers import free_port, reference_run, spawn, start
+from tests.train.test_parallel_tensor import _assert_same_run
 from tests.train.test_trainer_loop import SyntheticBatches, tiny_config
 from train.errors import ConfigError
 from train.model import Transformer
@@ -22,7 +22,7 @@ MODEL = {"n_shared_experts": 1, "n_dense_layers": 1, "n_layers": 3}
 
 
 def test_sequence_parallel_two_processes_match_one_process(tmp_path):
-    ref = _reference(tmp_path, 5, grad_accum=1, model=MODEL)
+    ref = reference_run(tmp_path, steps=5, grad_accum=1, model=MODEL)
     got = spawn({"run_dir": str(tmp_path / "sp"), "steps": 5, "model": MODEL,
                  "parallel": {"tp": 2, "sequence_parallel": True}}, tmp_path / "out.json")
     _assert_same_run(got, ref, tmp_path / "sp", tmp_path / "ref")  # losses 1e-5, per-source sums, norms
