@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
+from train.attribution.kernels import adam_parts
 from train.attribution.pieces import Pieces, local
 from train.errors import ConfigError
 
@@ -124,8 +125,9 @@ class MomentSplit:
     def after_step(self, clip_coef: float) -> None:
         """Advance every moment by the step just taken and add each part's displacement.
 
-        Per parameter one pass each over the (S, ...) moments and displacements (the bulk of the work,
-        S times the optimizer's), the rest in (...) scratch tensors reused step after step. torch's
+        The bulk of the work, S times the optimizer's, is memory-bound: on CPU one fused pass per parameter
+        (``kernels.py``); elsewhere one torch op each over the (S, ...) moments and displacements, the rest
+        in (...) scratch tensors reused step after step. torch's
         AdamW divides by ``sqrt(v)/sqrt(1-β2^t) + eps``; the same quotient is taken here as
         ``sqrt(1-β2^t)·m / (sqrt(v) + sqrt(1-β2^t)·eps)``, ``v`` clamped to the smallest normal float
         (0 where a weight never had a gradient: ``sqrt(0)`` takes a slow path on CPU, ~5x a normal one)."""
@@ -138,16 +140,25 @@ class MomentSplit:
             t = float(state["step"])
             root2 = (1 - beta2**t) ** 0.5
             v = local(state["exp_avg_sq"])
-            if i not in self._tmp:
-                self._tmp[i] = (torch.empty_like(v, dtype=torch.float32), torch.empty_like(v, dtype=torch.float32))
-            denom, router = self._tmp[i]
-            torch.clamp_min(v.float(), _TINY, out=denom).sqrt_().add_(root2 * h["eps"])
-            scale = h["lr"] / (1 - beta1**t) * root2
             g_S = self._grad(i) if self.keys[i] in self.written else None  # None: no source's tokens reached it
             if pieces.sharded[i]:  # FSDP2: the shard's global per-source gradient (a collective: every rank)
                 g_S = pieces.reduce_grads(i, g_S if g_S is not None else self._grad(i).zero_())
             # the parts are partial sums over the D ranks holding this piece with other data; the gradient is whole
             ranks = pieces.data_ranks[i]
+            scale = h["lr"] / (1 - beta1**t) * root2
+            g_flat = self._fused(v, g_S, p.grad)
+            if g_flat is not False:
+                adam_parts(g_flat, self.m_S[i].view(self.S, -1).numpy(), self.disp_S[i].view(self.S, -1).numpy(),
+                           v.view(-1).numpy(), None if p.grad is None else local(p.grad).view(-1).numpy(),
+                           *(b[i].view(-1).numpy() for b in (self.m_router, self.disp_router, self.m_before,
+                                                             self.disp_before)),
+                           beta1=beta1, clip=clip_coef, ranks=ranks, scale=scale, root2_eps=root2 * h["eps"],
+                           tiny=_TINY, before=self._before)
+                continue
+            if i not in self._tmp:
+                self._tmp[i] = (torch.empty_like(v, dtype=torch.float32), torch.empty_like(v, dtype=torch.float32))
+            denom, router = self._tmp[i]
+            torch.clamp_min(v.float(), _TINY, out=denom).sqrt_().add_(root2 * h["eps"])
             if p.grad is None:
                 router = None
             elif g_S is None:
@@ -182,6 +193,17 @@ class MomentSplit:
             if self._before:
                 self.disp_before[i].addcdiv_(self.m_before[i], denom, value=-scale)
         self.drop_step()
+
+    def _fused(self, v: torch.Tensor, g_S: torch.Tensor | None, grad: torch.Tensor | None):
+        """The per-source gradient as an (S, n) numpy view for the fused CPU kernel (``kernels.py``; None when
+        no source's tokens reached the parameter), or False where the torch ops below run instead: LAMB, a
+        GPU (there they are as fast), other dtypes or layouts."""
+        if self.lamb or v.device.type != "cpu":
+            return False
+        tensors = (v, None if grad is None else local(grad), g_S)
+        if not all(x is None or (x.dtype == torch.float32 and x.is_contiguous()) for x in tensors):
+            return False
+        return None if g_S is None else g_S.view(self.S, -1).numpy()
 
     def drop_step(self) -> None:
         """Forget this step's gradients (after it was applied, or when it was skipped): the next parts overwrite them."""

@@ -201,7 +201,7 @@ def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.T
 def _group_parts(x_AI: torch.Tensor, g_AO: torch.Tensor, group_A: torch.Tensor, n_groups: int) -> torch.Tensor:
     """(n_groups, I, O): ``x_gᵀ g_g`` over the rows of each group (one grouped matmul where the kernel allows)."""
     counts = torch.bincount(group_A, minlength=n_groups)
-    if _sorted(group_A):  # the probe's rows: by expert, then by source already
+    if _sorted(group_A):  # rows already grouped (one source's rows, in expert order)
         xs, gs = x_AI, g_AO
     else:
         order = group_A.argsort(stable=True)
@@ -233,8 +233,8 @@ class _SplitExpertMM(torch.autograd.Function):
         expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AI.shape[0])
         # no empty no-source groups: they cost a zero fill each (rows from other ep ranks may have no source)
         G = split.S + 1 if split.unsourced or bool((src_A >= split.S).any()) else split.S
-        parts = _group_parts(x_AI, grad_AO.to(x_AI.dtype), expert_A * G + src_A, E * G)
-        parts_SEIO = parts.view(E, G, I, O).transpose(0, 1)
+        # groups source-major, so each source's parts are one contiguous (E, I, O) block of the buffer
+        parts_SEIO = _group_parts(x_AI, grad_AO.to(x_AI.dtype), src_A * E + expert_A, G * E).view(G, E, I, O)
         split.add(ctx.key, parts_SEIO)
         return grad_x, parts_SEIO.sum(0).to(w_EIO.dtype), None, None, None, None
 
