@@ -22,7 +22,7 @@ def _build():
 
     @nb.njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
     def adam_parts(g, m, disp, v, grad, m_r, disp_r, m_b, disp_b, beta1, one_minus, clip, clip_ranks, inv_ranks,
-                   scale, root2_eps, tiny, has_g, has_grad, before):
+                   scale, root2_eps, tiny, before):
         """Advance each source's first moment ``m`` (S, n) by its gradient ``g`` (S, n) and add its displacement
         ``-scale·m/d`` to ``disp``, ``d = sqrt(max(v, tiny)) + root2_eps``; the router part
         ``(grad - clip_ranks·Σ_s g_s)·inv_ranks`` and the momentum from before the stretches (``m_b``) likewise."""
@@ -39,32 +39,18 @@ def _build():
                 st[k] = neg / (np.sqrt(max(vb[k], tiny)) + root2_eps)
                 tt[k] = 0
             for s in range(S):
-                ms, ds = m[s, lo:hi], disp[s, lo:hi]
-                if has_g:
-                    gs = g[s, lo:hi]
-                    for k in range(w):
-                        x = gs[k]
-                        tt[k] += x
-                        mk = beta1 * ms[k] + gain * x
-                        ms[k] = mk
-                        ds[k] += mk * st[k]
-                else:
-                    for k in range(w):
-                        mk = beta1 * ms[k]
-                        ms[k] = mk
-                        ds[k] += mk * st[k]
-            mr, dr = m_r[lo:hi], disp_r[lo:hi]
-            if has_grad:
-                gr = grad[lo:hi]
+                ms, ds, gs = m[s, lo:hi], disp[s, lo:hi], g[s, lo:hi]
                 for k in range(w):
-                    mk = beta1 * mr[k] + one_minus * ((gr[k] - clip_ranks * tt[k]) * inv_ranks)
-                    mr[k] = mk
-                    dr[k] += mk * st[k]
-            else:
-                for k in range(w):
-                    mk = beta1 * mr[k]
-                    mr[k] = mk
-                    dr[k] += mk * st[k]
+                    x = gs[k]
+                    tt[k] += x
+                    mk = beta1 * ms[k] + gain * x
+                    ms[k] = mk
+                    ds[k] += mk * st[k]
+            mr, dr, gr = m_r[lo:hi], disp_r[lo:hi], grad[lo:hi]
+            for k in range(w):
+                mk = beta1 * mr[k] + one_minus * ((gr[k] - clip_ranks * tt[k]) * inv_ranks)
+                mr[k] = mk
+                dr[k] += mk * st[k]
             if before:
                 mb, db = m_b[lo:hi], disp_b[lo:hi]
                 for k in range(w):
@@ -84,8 +70,10 @@ def adam_parts(g, m, disp, v, grad, m_r, disp_r, m_b, disp_b, *, beta1: float, c
     if _KERNEL is None:
         _KERNEL = _build()
     f32 = np.float32
-    empty2, empty1 = np.zeros((m.shape[0], 0), dtype=np.float32), np.zeros(0, dtype=np.float32)
-    _KERNEL(g if g is not None else empty2, m, disp, v, grad if grad is not None else empty1, m_r, disp_r,
-            m_b if before else empty1, disp_b if before else empty1, f32(beta1), f32(1 - beta1), f32(clip),
-            f32(clip * ranks), f32(1.0 / ranks), f32(scale), f32(root2_eps), f32(tiny), g is not None,
-            grad is not None, before)
+    # rare (no token reached the parameter / it has no gradient): zeros give the same steps as the moments' decay
+    g = np.zeros(m.shape, dtype=np.float32) if g is None else g
+    grad = np.zeros(m.shape[1], dtype=np.float32) if grad is None else grad
+    empty = np.zeros(0, dtype=np.float32)
+    _KERNEL(g, m, disp, v, grad, m_r, disp_r, m_b if before else empty, disp_b if before else empty, f32(beta1),
+            f32(1 - beta1), f32(clip), f32(clip * ranks), f32(1.0 / ranks), f32(scale), f32(root2_eps), f32(tiny),
+            before)
