@@ -107,6 +107,8 @@ def _describe(before: list[dict] | None, now: list[dict] | None) -> str:
 def invalidate(out: Path, work: WorkDir, stale: set[int], *, n_tasks: int, single_phase: bool) -> None:
     """Remove what depends on the stale read tasks: their phase-0 work, and everything after phase 0.
 
+    A phase-0 task whose spill was released (``WorkDir.release``) is redone as well: its rows are gone.
+
     Kept: the other phase-0 task folders and the files they list (their rejects; in a one-phase
     job their shards too). Everything else the job wrote is removed, so it is rewritten. Works
     through ``work`` on a local folder and on a store alike (there, an unmarked task folder goes too).
@@ -119,7 +121,7 @@ def invalidate(out: Path, work: WorkDir, stale: set[int], *, n_tasks: int, singl
             work.remove(folder)
             continue
         task = int(name.split("-")[1])
-        if task in stale or task >= n_tasks or not work.task_done(0, task):
+        if task in stale or task >= n_tasks or not work.task_done(0, task) or work.released(0, task):
             work.remove(folder)
             continue
         stats = json.loads(work.read_text(folder / "stats.json"))

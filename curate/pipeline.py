@@ -135,6 +135,9 @@ class Runner:
             for phase in self.phases:
                 specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
                 results.append(self._run_phase(phase, specs))
+                if phase.index > 0 and not self.job.job.keep_work:
+                    freed = self.work.release(phase.index - 1)
+                    log.debug("phase %d read: %.1f MB of its spill deleted", phase.index, freed / 1e6)
                 if self.optimistic and phase.index == 0 and not self._ids_unique(results[0]):
                     switched = True
                     break

@@ -8,11 +8,15 @@
         val.parquet                            final phase: validation rows, gathered into shards afterwards
         keys.parquet                           the next barrier's spilled keys (with ``_task``)
         stats.json                             the task's stats and outputs (what a re-run returns)
+        released                               rows, keys and ids deleted: the next phase has read them
     _work/plans/<stage id>/                    a barrier's global step
         decision/task-<NNNNN>.parquet          that task's rows of the decision
         report.json, seconds.json, _SUCCESS    _SUCCESS is written last
     _work/write/task-<NNNNN>.json              an ordered-write task's result (its presence marks it done)
     _work/write-val/task-<NNNNN>.json          a validation write group's result, named by its first task
+
+A non-final phase's rows, keys and ids are deleted once every task of the next phase has finished
+(``release``; not with ``[job] keep_work``), so the folder holds about two phases of rows at a time.
 
 Rejects and shards go to the output folder itself, not here (``rejects/p<k>-t<NNNNN>.parquet``).
 A folder or file is final only under its final name; everything is first written under a
@@ -51,11 +55,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curate.atomic import write_text_atomic
 from curate.crashpoints import crash_point
 from curate.errors import ConfigError, OutputError
 
 _DONE = "_SUCCESS"
 TASK_MARKER = "stats.json"  # a task folder's marker on an object store (written last); locally the folder's rename
+RELEASED = "released"  # in a task folder whose spill was deleted once the next phase had read it (``release``)
+SPILL = ("rows.parquet", "keys.parquet", "ids.parquet")  # what a later phase reads of a non-final task folder
 WORK = "_work"
 
 
@@ -234,6 +241,34 @@ class WorkDir:
         for path in files if fetch else ():
             self.fetch(path)
         return sorted(str(p) for p in files)
+
+    def release(self, phase: int) -> int:
+        """Delete phase ``phase``'s spill (``SPILL``) once every task of the next phase has read it; bytes freed.
+
+        Each task folder gets its ``released`` marker first, then loses its spill: a resume after a
+        crash in between finds the marker, and ``curate.fingerprint.invalidate`` redoes such a task
+        from its input should its inputs change. Its ``stats.json`` stays (the manifest reads it).
+        """
+        freed = 0
+        for name in self.listdir(self.phase(phase)):
+            if not name.startswith("task-"):
+                continue
+            folder = self.phase(phase) / name
+            marker = folder / RELEASED
+            if not self.exists(marker):
+                folder.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(marker, "its spill was deleted once the next phase had read it\n")
+                self.publish_file(marker)
+            for spill in SPILL:
+                path = folder / spill
+                if not self.remote and path.exists():
+                    freed += path.stat().st_size
+                self.remove(path)
+        return freed
+
+    def released(self, phase: int, task: int) -> bool:
+        """Whether a finished task's spill was deleted (``release``)."""
+        return self.exists(self.task(phase, task) / RELEASED)
 
     def task_done(self, phase: int, task: int) -> bool:
         """Whether a map task is complete (its folder renamed into place; on a store: its marker there)."""
