@@ -14,10 +14,12 @@ under ``bench/_data/scale/<n>/``.
 
 Job: ``pipelines/demo.toml``'s stages as shipped (clean, four filters, exact and MinHash
 dedup, scores, split, mix, order) on that corpus, run as ``winnow curate`` in a subprocess
-with the demo's 2 workers. Printed per size: docs/s over the wall time, peak RSS of the whole
-process tree (the sum over the driver and its workers, sampled from ``/proc`` every 0.2 s),
-spill bytes per document (the ``_work`` folder at the end, kept with ``keep_work``), the exact
-and MinHash dedup removals against the planted copies; then the ratio of the largest to the smallest size
+with the demo's 2 workers, writing Parquet and token shards (``--formats``; the demo's WebDataset
+copy adds 2.4 KB per document, which at 10M documents would not fit this machine's disk). Printed
+per size: docs/s over the wall time, peak RSS of the whole process tree (the sum over the driver
+and its workers, sampled from ``/proc`` every 0.2 s), the peak bytes per document of the ``_work``
+folder while the job ran (the spill; sampled every second), the output's bytes per document, the
+exact and MinHash dedup removals against the planted copies; then the ratio of the largest to the smallest size
 in time (near-linear: ≤ 1.1x the ratio of sizes) and in peak RSS (flat: within the budget).
 
 Peer (``--peer``, default datatrove if it imports): its MinHash pipeline (signatures, buckets,
@@ -158,14 +160,18 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run_measured(cmd: list[str], *, env: dict | None = None) -> dict:
-    """Run ``cmd``; wall seconds and the peak of its process tree's summed RSS."""
+def run_measured(cmd: list[str], *, env: dict | None = None, watch: Path | None = None) -> dict:
+    """Run ``cmd``; wall seconds, the peak of its process tree's summed RSS and (``watch``) of a folder's bytes."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak = [0]
+    peak, peak_disk = [0], [0]
 
     def sample() -> None:
+        tick = 0
         while proc.poll() is None:
             peak[0] = max(peak[0], _tree_rss(proc.pid))
+            if watch is not None and tick % 5 == 0:  # a folder walk each second
+                peak_disk[0] = max(peak_disk[0], folder_bytes(watch))
+            tick += 1
             time.sleep(0.2)
 
     t0 = time.perf_counter()
@@ -176,16 +182,26 @@ def run_measured(cmd: list[str], *, env: dict | None = None) -> dict:
     sampler.join()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-4000:]}")
-    return {"seconds": seconds, "peak_rss": peak[0], "stdout": out}
+    return {"seconds": seconds, "peak_rss": peak[0], "peak_disk": peak_disk[0], "stdout": out}
 
 
 def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    """Bytes of the files under ``folder`` (0 when missing; files removed while it walks are skipped)."""
+    total = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 # -- the runs -----------------------------------------------------------------------------------------
-def demo_job(corpus: Path, out: Path, *, stages_only: str | None = None, memory_gb: float | None = None) -> Path:
-    """``pipelines/demo.toml`` with its inputs replaced by the corpus (or only ``stages_only``'s stage)."""
+def demo_job(corpus: Path, out: Path, *, stages_only: str | None = None, memory_gb: float | None = None,
+             formats: list[str] | None = None) -> Path:
+    """``pipelines/demo.toml`` with its inputs replaced by the corpus (or only ``stages_only``'s stage), and
+    its shard ``formats`` replaced when given."""
     text = (ROOT / "pipelines" / "demo.toml").read_text()
     head, _, rest = text.partition("[[inputs]]")
     stages = "[[stages]]" + rest.split("[[stages]]", 1)[1]
@@ -193,7 +209,10 @@ def demo_job(corpus: Path, out: Path, *, stages_only: str | None = None, memory_
     if stages_only:
         stages = f'[[stages]]\nkind = "{stages_only}"\n\n[output]\nformats = ["parquet"]\n'
     head = re.sub(r'output = ".*"', f'output = "{out}"', head)
-    head = head.replace("[job]\n", "[job]\nkeep_work = true\n" + (f"memory_gb = {memory_gb}\n" if memory_gb else ""), 1)
+    if memory_gb:
+        head = head.replace("[job]\n", f"[job]\nmemory_gb = {memory_gb}\n", 1)
+    if formats:
+        stages = re.sub(r"\nformats = \[[^\]]*\]", "\nformats = " + json.dumps(formats), stages, count=1)
     sources = sorted({p.name.rsplit("-", 1)[0] for p in corpus.glob("*.jsonl")})
     inputs = "".join(f'[[inputs]]\nsource = "{s}"\npath = "{corpus}/{s}-*.jsonl"\n\n' for s in sources)
     job = out.parent / f"{out.name}.toml"
@@ -202,13 +221,16 @@ def demo_job(corpus: Path, out: Path, *, stages_only: str | None = None, memory_
 
 
 def curate(job: Path, out: Path) -> dict:
+    """Run the job; its time, peak RSS, peak bytes of its work folder (the spill), and the output's bytes.
+    The output (this bench's own folder) is deleted afterwards: at 10M documents it would fill the disk."""
     shutil.rmtree(out, ignore_errors=True)
-    measured = run_measured([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job)])
+    measured = run_measured([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job)], watch=out / "_work")
     manifest = json.loads((out / "manifest.json").read_text())
-    measured["spill"] = folder_bytes(out / "_work")
+    measured["spill"] = measured["peak_disk"]
+    measured["output_bytes"] = folder_bytes(out)
     measured["dedup_removed"] = sum(s["rows_rejected"] for s in manifest["stages"] if s["kind"].startswith("dedup."))
     measured["rows_out"] = manifest["totals"].get("rows_written")
-    shutil.rmtree(out / "_work", ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
     return measured
 
 
@@ -234,8 +256,13 @@ def main() -> None:
     ap.add_argument("--peer", default="datatrove", choices=["datatrove", "none"])
     ap.add_argument("--peer-docs", type=int, default=50_000)
     ap.add_argument("--memory-gb", type=float, default=None, help="[job] memory_gb for the global phases")
+    ap.add_argument("--formats", default="parquet,tokens",
+                    help="[output] formats (the demo's also has webdataset: 2.4 KB of tar headers and text per "
+                         "document, which at 10M documents does not fit this machine's disk)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    formats = args.formats.split(",")
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; shards: {', '.join(formats)}", flush=True)
     rows = []
     for n in sizes:
         corpus = DATA / f"{n}"
@@ -244,12 +271,13 @@ def main() -> None:
               f"{summary['planted_copies']:,} planted copies (built in {summary['build_seconds']} s)", flush=True)
         out = DATA / "work" / f"demo-{n}"
         out.parent.mkdir(parents=True, exist_ok=True)
-        r = curate(demo_job(corpus, out, memory_gb=args.memory_gb), out)
+        r = curate(demo_job(corpus, out, memory_gb=args.memory_gb, formats=formats), out)
         r.update(docs=n, planted=summary["planted_copies"])
         rows.append(r)
         print(f"  {n:>11,} docs  {n / r['seconds']:8,.0f} docs/s  {r['seconds']:8.1f} s  peak RSS (tree) "
-              f"{r['peak_rss'] / 2**20:7,.0f} MiB  spill {r['spill'] / n:6,.0f} B/doc  dedup removed {r['dedup_removed']:,} "
-              f"(planted {r['planted']:,}; some copies fall to a filter first)", flush=True)
+              f"{r['peak_rss'] / 2**20:7,.0f} MiB  spill (peak) {r['spill'] / n:6,.0f} B/doc  output {r['output_bytes'] / n:6,.0f} B/doc  "
+              f"dedup removed {r['dedup_removed']:,} (planted {r['planted']:,}; some copies fall to a filter first)  "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
     if len(rows) > 1:
         a, b = rows[0], rows[-1]
         print(f"{b['docs']:,} vs {a['docs']:,} docs ({b['docs'] / a['docs']:.0f}x): time {b['seconds'] / a['seconds']:.2f}x "
