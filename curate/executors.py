@@ -17,6 +17,8 @@ import multiprocessing as mp
 import os
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor as _PoolExecutor, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
@@ -79,7 +81,8 @@ class Executor:
         if self._pool is None:
             # spawn, not fork: polars and pyarrow keep thread pools that a fork copies in a bad state.
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                                             initializer=self.initializer, initargs=self.initargs)
+                                             initializer=_worker_start,
+                                             initargs=(os.getpid(), self.initializer, self.initargs))
         yield from _wait_all(self._pool, fn, specs)
 
     def _run_ray(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
@@ -110,6 +113,25 @@ class Executor:
         """Connect now (Ray), so a cluster that cannot be joined is reported before any output is written."""
         if self.kind == "ray" and self._ray is None:
             self._ray = _connect(self.address)
+
+
+def _worker_start(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    """A pool worker's first step: exit when the job's process is gone, then the caller's initializer.
+
+    A driver killed outright (SIGKILL, or SIGTERM, whose default action skips the pool's shutdown)
+    would otherwise leave its workers running their tasks for nobody, holding CPU and memory. What a
+    worker wrote is safe to abandon: every output is published by rename or marker (``curate.atomic``).
+    """
+    threading.Thread(target=_exit_with, args=(parent,), name="winnow-parent-watch", daemon=True).start()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _exit_with(parent: int, every: float = 1.0) -> None:
+    while os.getppid() == parent:
+        time.sleep(every)
+    log.warning("worker %d: the job's process %d is gone; exiting", os.getpid(), parent)
+    os._exit(1)
 
 
 def _wait_all(pool: _PoolExecutor, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
