@@ -12,6 +12,7 @@ Pairs are checked ``chunk_pairs`` at a time and only the documents a chunk needs
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import polars as pl
@@ -64,17 +65,18 @@ def _radix_sort_u32(a, b):
 
 
 @njit(cache=True, nogil=True)
-def sort_unique_sets(offsets, values):
-    """Each document's values sorted and unique: ``(offsets, values)`` as ``pair_jaccard`` reads them."""
+def sort_unique_into(offsets, values, out, out_offsets, cursor):
+    """Each document's values sorted and unique (as ``pair_jaccard`` reads them), written to ``out`` from ``cursor``.
+
+    Returns the new cursor; ``out_offsets[i + 1]`` is set to where document ``i`` ends in ``out``,
+    which must have room for ``offsets[-1] - offsets[0]`` more values (a set only shrinks).
+    """
     n = offsets.shape[0] - 1
-    out = np.empty(offsets[n] - offsets[0], dtype=np.uint32)
-    out_offsets = np.zeros(n + 1, dtype=np.int64)
     longest = 0
     for i in range(n):
         longest = max(longest, offsets[i + 1] - offsets[i])
     part = np.empty(longest, dtype=np.uint32)
     scratch = np.empty(longest, dtype=np.uint32)
-    cursor = 0
     for i in range(n):
         lo, hi = offsets[i], offsets[i + 1]
         m = hi - lo
@@ -93,7 +95,7 @@ def sort_unique_sets(offsets, values):
                 out[cursor] = part[j]
                 cursor += 1
         out_offsets[i + 1] = cursor
-    return out_offsets, out[:cursor]
+    return cursor
 
 
 SIG8_COLUMN = "_sig8"
@@ -106,42 +108,61 @@ def pack_sig8(sig8: np.ndarray) -> pa.Array:
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(sig8))])
 
 
-def _int64_array(values: np.ndarray) -> pa.Array:
-    """``values`` as an Arrow int64 array, from numpy's buffer (``pa.array`` of numpy data imports pandas)."""
-    data = np.ascontiguousarray(values, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
+def _windows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(offsets, bytes)`` of the binary ``column``'s values at rows ``need`` (ascending), one read window at a time.
 
-
-def read_rows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(offsets, bytes)`` of the binary ``column``'s values at rows ``need`` (ascending), ``window_rows`` rows at a time.
-
-    A window is read, its needed rows are taken and compacted at once, and it is dropped: memory
-    holds one window plus the rows taken, never the whole column.
+    A window of ``window_rows`` rows is read and only its needed rows are converted to Arrow
+    (gathered first, so the rest of the window is never copied); offsets start at 0 in each part.
     """
-    offsets, values, total = [np.zeros(1, dtype=np.int64)], [], 0
     if len(need) == 0:
-        return offsets[0], np.zeros(0, dtype=np.uint8)
+        return
     first = int(need[0]) // window_rows * window_rows
     for lo in range(first, int(need[-1]) + 1, window_rows):
         picked = need[np.searchsorted(need, lo) : np.searchsorted(need, lo + window_rows)]
         if len(picked) == 0:
             continue
-        window = keys.select(column).slice(lo, window_rows).collect()[column].to_arrow()
-        if isinstance(window, pa.ChunkedArray):
-            window = window.combine_chunks()
-        part_offsets, data_buf = large_buffers(window.take(_int64_array(picked - lo)), pa.large_binary())
+        window = keys.select(column).slice(lo, window_rows).collect()[column]
+        part = window.gather(pl.Series(picked - lo, dtype=pl.UInt32)).to_arrow()
+        del window
+        part_offsets, data_buf = large_buffers(part, pa.large_binary())
         data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
-        offsets.append(part_offsets[1:] - part_offsets[0] + total)
-        values.append(data[part_offsets[0] : part_offsets[-1]])
-        total += int(part_offsets[-1] - part_offsets[0])
-    return np.concatenate(offsets), np.concatenate(values)
+        yield part_offsets - part_offsets[0], data[part_offsets[0] : part_offsets[-1]]
+
+
+def read_rows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, bytes)`` of the binary ``column``'s values at rows ``need`` (ascending), ``window_rows`` rows at a time.
+
+    Memory holds one window plus the rows taken, never the whole column.
+    """
+    offsets, values, total = [np.zeros(1, dtype=np.int64)], [], 0
+    for part_offsets, data in _windows(keys, column, need, window_rows):
+        offsets.append(part_offsets[1:] + total)
+        values.append(data)
+        total += int(part_offsets[-1])
+    return np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, dtype=np.uint8)
 
 
 def _read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique shingle sets ``(offsets, values)`` of rows ``need`` (ascending)."""
-    offsets, data = read_rows(keys, SETS_COLUMN, need, window_rows)
-    values = data.view("<u4") if len(data) else np.zeros(0, dtype=np.uint32)
-    return sort_unique_sets(offsets // 4, values)
+    """Sorted unique shingle sets ``(offsets, values)`` of rows ``need`` (ascending).
+
+    Each window's sets are sorted straight into one output buffer, sized by the rows' shingle
+    counts (a set holds at most ``_nsh`` values; pages past the unique values are never
+    touched), so the raw sets are never held all at once next to the sorted ones.
+    """
+    counts = keys.select("_nsh").collect()["_nsh"].to_numpy()[need] if len(need) else np.zeros(0, dtype=np.uint32)
+    out = np.empty(int(counts.sum(dtype=np.int64)), dtype=np.uint32)
+    out_offsets = np.zeros(len(need) + 1, dtype=np.int64)
+    done = cursor = 0
+    for part_offsets, data in _windows(keys, SETS_COLUMN, need, window_rows):
+        values = data.view("<u4") if len(data) else np.zeros(0, dtype=np.uint32)
+        if len(values) > len(out) - cursor:  # never with this module's spills (_nsh counts every value); grow, not overrun
+            grown = np.empty(cursor + len(values), dtype=np.uint32)
+            grown[:cursor] = out[:cursor]
+            out = grown
+        n = len(part_offsets) - 1
+        cursor = sort_unique_into(part_offsets // 4, values, out, out_offsets[done : done + n + 1], cursor)
+        done += n
+    return out_offsets, out[:cursor]
 
 
 @njit(cache=True, nogil=True)
