@@ -187,10 +187,20 @@ def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame
             skipped.append({"task": spec.read.label, "error": str(err)})
         return
     if spec.rows_path is not None and spec.rows_path.exists():
-        for batch in pq.ParquetFile(spec.rows_path).iter_batches(batch_size=batch_rows):
-            rows = pl.from_arrow(batch)
-            del batch  # not held (a copy of the text) while the stages run on the rows
+        for rows in read_batches(spec.rows_path, batch_rows):
             yield rows, None
+
+
+def read_batches(path: Path, batch_rows: int) -> Iterator[pl.DataFrame]:
+    """A rows file in batches of ``batch_rows`` rows (the last one shorter), each in one chunk.
+
+    polars reads each batch straight into its own buffers (one copy of the text, where Arrow's
+    reader and ``from_arrow`` held two), and only the row groups the batch spans. One chunk per
+    batch as before: shards are written chunk by chunk and Parquet pages follow chunk boundaries.
+    """
+    rows = pq.ParquetFile(path).metadata.num_rows
+    for lo in range(0, rows, batch_rows):
+        yield pl.scan_parquet(path).slice(lo, batch_rows).collect().rechunk()
 
 
 def run_task(spec: TaskSpec) -> dict[str, Any]:
@@ -249,6 +259,7 @@ def _run_task(spec: TaskSpec) -> dict[str, Any]:
             out.write_rows(batch.filter(~is_val))
         else:
             out.write_rows(batch)
+    batch = None  # the last batch's rows (and the text they hold) are not kept while the shards are flushed
     return _finish(spec, out, stats, skipped, final)
 
 
