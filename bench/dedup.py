@@ -377,10 +377,11 @@ def score(removed: set[str], comps: list[set[str]]) -> tuple[float, float]:
 
 # -- the systems (each runs in its own subprocess) --------------------------------------------
 def run_winnow(data: Path, work: Path) -> set[str]:
-    import polars as pl
-
+    # curate before polars, as the winnow command imports them: curate sets polars' allocator options (curate/__init__.py)
     from curate.pipeline import run_job
     from pipelines.jobfile import load_job
+
+    import polars as pl
 
     job_file = work / "job.toml"
     job_file.write_text(
