@@ -19,7 +19,8 @@ copy adds 2.4 KB per document, which at 10M documents would not fit this machine
 per size: docs/s over the wall time, peak RSS of the whole process tree (the sum over the driver
 and its workers, sampled from ``/proc`` every 0.2 s), the peak bytes per document of the ``_work``
 folder while the job ran (the spill; sampled every second), the output's bytes per document, the
-exact and MinHash dedup removals against the planted copies; then the ratio of the largest to the smallest size
+exact and MinHash dedup removals against the planted copies, the MinHash plan's seconds and partitions
+(from the job's ``-v`` log); then the ratio of the largest to the smallest size
 in time (near-linear: ≤ 1.1x the ratio of sizes) and in peak RSS (flat: within the budget).
 
 Peer (``--peer``, default datatrove if it imports): its MinHash pipeline (signatures, buckets,
@@ -182,7 +183,7 @@ def run_measured(cmd: list[str], *, env: dict | None = None, watch: Path | None 
     sampler.join()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-4000:]}")
-    return {"seconds": seconds, "peak_rss": peak[0], "peak_disk": peak_disk[0], "stdout": out}
+    return {"seconds": seconds, "peak_rss": peak[0], "peak_disk": peak_disk[0], "stdout": out, "stderr": err}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -224,14 +225,23 @@ def curate(job: Path, out: Path) -> dict:
     """Run the job; its time, peak RSS, peak bytes of its work folder (the spill), and the output's bytes.
     The output (this bench's own folder) is deleted afterwards: at 10M documents it would fill the disk."""
     shutil.rmtree(out, ignore_errors=True)
-    measured = run_measured([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job)], watch=out / "_work")
+    measured = run_measured([sys.executable, "-m", "pipelines.cli", "-v", "curate", str(job)], watch=out / "_work")
     manifest = json.loads((out / "manifest.json").read_text())
+    measured.update(minhash_plan(measured["stderr"]))
     measured["spill"] = measured["peak_disk"]
     measured["output_bytes"] = folder_bytes(out)
     measured["dedup_removed"] = sum(s["rows_rejected"] for s in manifest["stages"] if s["kind"].startswith("dedup."))
     measured["rows_out"] = manifest["totals"].get("rows_written")
     shutil.rmtree(out, ignore_errors=True)
     return measured
+
+
+def minhash_plan(log: str) -> dict:
+    """The MinHash plan's seconds and partitions, from the job's log (``winnow -v``: ``planned <stage> in <s> s``)."""
+    seconds = re.search(r"planned \S*dedup\.minhash in ([\d.]+) s", log)
+    parts = re.search(r"dedup\.minhash: \d+ candidate pairs, \d+ edges, partitions (\{.*\})", log)
+    return {"minhash_plan_s": float(seconds.group(1)) if seconds else None,
+            "minhash_partitions": parts.group(1).replace("'", "") if parts else "?"}
 
 
 def subset(corpus: Path, n_docs: int) -> Path:
@@ -277,6 +287,7 @@ def main() -> None:
         print(f"  {n:>11,} docs  {n / r['seconds']:8,.0f} docs/s  {r['seconds']:8.1f} s  peak RSS (tree) "
               f"{r['peak_rss'] / 2**20:7,.0f} MiB  spill (peak) {r['spill'] / n:6,.0f} B/doc  output {r['output_bytes'] / n:6,.0f} B/doc  "
               f"dedup removed {r['dedup_removed']:,} (planted {r['planted']:,}; some copies fall to a filter first)  "
+              f"MinHash plan {r['minhash_plan_s']} s, partitions {r['minhash_partitions']}  "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
     if len(rows) > 1:
         a, b = rows[0], rows[-1]

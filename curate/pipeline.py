@@ -306,6 +306,7 @@ class Runner:
                 (part.drop("_task") if part is not None else empty).write_parquet(path)
         write_json_atomic(plan_dir / "report.json", plan.report)
         self.plan_seconds[sid] = time.perf_counter() - t0
+        log.info("planned %s in %.1f s", sid, self.plan_seconds[sid])
         write_json_atomic(plan_dir / "seconds.json", {"seconds": self.plan_seconds[sid]})
         self.work.publish_outputs(("artifacts",))  # what the plan keeps for the user (models, lists)
         self.work.mark_plan_done(sid)
