@@ -15,6 +15,8 @@ band grouping (one band)       48           usable document (u64 key + u32 row, 
                                             the run's pairs)
 pair verification              40 + sets    candidate pair (packed u64, unique/screen copies)
                                             plus the shingle sets of its documents
+routing to the buckets         32           (document, bucket) need: the spill is read once
+                                            per this many needs over the budget (rounds)
 components (one star step)     64           directed edge (two u32 + sort keys + output)
 exact grouping                 96           document (two u64 hashes + the policy columns)
 =============================  ==========  ==================================================
@@ -31,6 +33,7 @@ from curate.errors import ConfigError
 
 BAND_BYTES = 48
 PAIR_BYTES = 40
+NEED_BYTES = 32  # packed u64 key + sort copy, then the document (i64) and bucket (u32) columns
 EDGE_BYTES = 64
 EXACT_BYTES = 96
 MAX_PARTITIONS = 4096  # each band partition is a scan of the band column: beyond this the budget is unreasonable

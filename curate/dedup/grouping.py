@@ -7,9 +7,12 @@ previous step's files one partition at a time:
    documents whose key falls in partition ``P`` (``key % parts``) are sorted by key and each
    run of equal keys is linked as a star plus a chain (``curate.dedup.lsh``). Bands are
    independent and equal keys share a partition, so the pairs do not depend on ``parts``.
-2. ``edges/bucket-QQQQQ.parquet`` (``a``, ``b`` u32): the candidates with ``a % buckets == Q``,
-   made unique, screened by their 8-bit signature estimate and checked by exact Jaccard on
-   the spilled shingle sets (``curate.dedup.verify``), reading only the sets they need.
+2. ``edges/bucket-QQQQQ.parquet`` (``a``, ``b`` u32): the candidates with ``a % buckets == Q``
+   (split into one file per bucket in one pass over step 1's files), made unique, screened by
+   their 8-bit signature estimate and checked by exact Jaccard on the spilled shingle sets
+   (``curate.dedup.verify``). Each bucket gets the values of its documents from
+   ``curate.dedup.routing``, which reads each spilled column once for all the buckets, so the
+   step's reading does not grow with the number of buckets.
 3. ``curate.dedup.components``: large-star / small-star over those edges, in partitions by node.
 
 How many partitions each step takes comes from ``[job] memory_gb`` and the data (``curate.dedup.budget``).
@@ -26,9 +29,11 @@ import numpy as np
 import polars as pl
 
 from curate.dedup.budget import BAND_BYTES, EDGE_BYTES, GB, PAIR_BYTES, check_fits, partitions
+from curate.dedup.clusters import pair_jaccard
 from curate.dedup.components import _mix, components
 from curate.dedup.lsh import _run_pairs, unpack_pairs
-from curate.dedup.verify import SETS_COLUMN, pair_similarities, screen_pairs
+from curate.dedup.routing import Router
+from curate.dedup.verify import SETS_COLUMN, SIG8_COLUMN, pair_similarities, screen_margin, sig8_similarity, sort_unique_into
 
 log = logging.getLogger(__name__)
 
@@ -61,57 +66,142 @@ def candidate_files(keys: pl.LazyFrame, columns: list[str], parts: int, folder: 
     return files, total
 
 
-def _bucket(files: list[str], bucket: int, buckets: int) -> np.ndarray:
-    scan = pl.scan_parquet(files)
-    if buckets > 1:
-        scan = scan.filter((pl.col("pair") // 2**32) % buckets == bucket)
-    return np.unique(scan.collect()["pair"].to_numpy())
+def split_pairs(candidates: list[str], buckets: int, folder: Path) -> list[Path]:
+    """Step 2a: every candidate file's pairs appended to the file of their bucket (``a % buckets``), in one pass."""
+    folder.mkdir(parents=True)
+    paths = [folder / f"bucket-{q:05d}.u64" for q in range(buckets)]
+    for file in candidates:
+        pairs = pl.read_parquet(file)["pair"].to_numpy()
+        owner = (pairs >> np.uint64(32)) % np.uint64(buckets)
+        order = np.argsort(owner, kind="stable")
+        pairs, owner = pairs[order], owner[order]
+        cuts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True])
+        for s, e in zip(cuts[:-1], cuts[1:]):
+            with open(paths[int(owner[s])], "ab") as fh:
+                pairs[s:e].tofile(fh)
+    return paths
+
+
+def _read_pairs(path: Path) -> np.ndarray:
+    return np.fromfile(path, dtype=np.uint64) if path.exists() else np.zeros(0, dtype=np.uint64)
+
+
+def _write_pairs(path: Path, pairs: np.ndarray) -> None:
+    path.unlink(missing_ok=True)
+    if len(pairs):
+        pairs.tofile(path)
+
+
+def _docs(pairs: np.ndarray) -> np.ndarray:
+    return np.unique(np.concatenate(unpack_pairs(pairs)))
+
+
+def screen_buckets(keys: pl.LazyFrame, paths: list[Path], *, threshold: float, window_rows: int, memory_gb: float,
+                   folder: Path) -> tuple[int, int]:
+    """Step 2b: each bucket's pairs whose 8-bit signature estimate is within ``screen_margin``; returns (kept, passes over the spill)."""
+    if SIG8_COLUMN not in keys.collect_schema().names():  # a spill without signature bytes: every pair goes on
+        return sum(len(_read_pairs(p)) for p in paths), 0
+    router = Router(folder, len(paths))
+    for q, path in enumerate(paths):
+        router.need(q, _docs(_read_pairs(path)))
+    passes = router.route(keys, SIG8_COLUMN, window_rows=window_rows, memory_gb=memory_gb)
+    kept = 0
+    for q, path in enumerate(paths):
+        pairs, routed = _read_pairs(path), router.read(q)
+        if len(pairs):
+            k = int(routed.offsets[1] - routed.offsets[0])
+            a, b = unpack_pairs(pairs)
+            estimate = sig8_similarity(routed.positions(a), routed.positions(b), routed.data.reshape(len(routed.docs), k))
+            pairs = pairs[estimate >= threshold - screen_margin(threshold, k)]
+            _write_pairs(path, pairs)
+        kept += len(pairs)
+    return kept, passes
+
+
+def _sorted_sets(offsets: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Raw ``_shingles`` values -> sorted unique sets (as ``pair_jaccard`` reads them), as bytes: done once per document."""
+    values = data.view("<u4") if len(data) else np.zeros(0, dtype=np.uint32)
+    out, out_offsets = np.empty(len(values), dtype=np.uint32), np.zeros(len(offsets), dtype=np.int64)
+    cursor = sort_unique_into(offsets // 4, values, out, out_offsets, 0)
+    return out_offsets * 4, out[:cursor].view(np.uint8)
+
+
+def verify_buckets(keys: pl.LazyFrame, paths: list[Path], *, threshold: float, chunk_pairs: int, window_rows: int,
+                   memory_gb: float, folder: Path) -> tuple[int, int]:
+    """Step 2c: each bucket's pairs whose exact Jaccard reaches ``threshold``; returns (kept, passes over the spill)."""
+    router = Router(folder, len(paths))
+    for q, path in enumerate(paths):
+        router.need(q, _docs(_read_pairs(path)))
+    passes = router.route(keys, SETS_COLUMN, window_rows=window_rows, memory_gb=memory_gb, transform=_sorted_sets)
+    kept = 0
+    for q, path in enumerate(paths):
+        pairs, routed = _read_pairs(path), router.read(q)
+        if len(pairs):
+            a, b = unpack_pairs(pairs)
+            offsets, values = routed.offsets // 4, routed.data.view("<u4")
+            similarity = np.concatenate([
+                pair_jaccard(routed.positions(a[lo : lo + chunk_pairs]), routed.positions(b[lo : lo + chunk_pairs]), offsets, values)
+                for lo in range(0, len(pairs), chunk_pairs)
+            ])  # fmt: skip
+            pairs = pairs[similarity >= threshold]
+            _write_pairs(path, pairs)
+        kept += len(pairs)
+    return kept, passes
+
+
+def _sample_wrong(keys: pl.LazyFrame, paths: list[Path], *, n_candidates: int, threshold: float, sample: int, seed: int,
+                  chunk_pairs: int, window_rows: int) -> tuple[int, int]:
+    """(pairs sampled, how many are below ``threshold``): a hash-chosen sample, the same pairs whatever the bucketing."""
+    share = min(1.0, sample / max(n_candidates, 1))
+    cut = np.uint64(min(int(share * 2**64), 2**64 - 1))
+    chosen = [pairs[_mix(pairs ^ np.uint64(seed % 2**64)) <= cut] for pairs in map(_read_pairs, paths)]
+    chosen = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.uint64)
+    if not len(chosen):
+        return 0, 0
+    similarity = pair_similarities(keys, chosen, chunk_pairs=chunk_pairs, window_rows=window_rows)
+    return len(chosen), int(np.count_nonzero(similarity < threshold))
+
+
+def _set_bytes(keys: pl.LazyFrame, verify: str, memory_gb: float) -> float:
+    """Mean bytes of a document's spilled shingle set (0 when nothing is verified); raises when the longest does not fit."""
+    if verify == "none":
+        return 0.0
+    shingles = keys.select(pl.col("_nsh").mean().alias("mean"), pl.col("_nsh").max().alias("max")).collect()
+    check_fits(8 * int(shingles["max"][0] or 0), memory_gb, what="the shingle set of the longest document (dedup.minhash verification)")
+    return 4.0 * float(shingles["mean"][0] or 0)
 
 
 def edge_files(keys: pl.LazyFrame, candidates: list[str], n_candidates: int, *, verify: str, threshold: float, chunk_pairs: int,
                sample: int, seed: int, memory_gb: float, folder: Path) -> tuple[list[str], dict]:
     """Step 2: unique candidates per bucket, verified as configured, written as edges; returns the files and counts."""
     folder.mkdir(parents=True)
-    set_bytes = 0.0
-    if verify != "none":
-        shingles = keys.select(pl.col("_nsh").mean().alias("mean"), pl.col("_nsh").max().alias("max")).collect()
-        set_bytes = 4.0 * float(shingles["mean"][0] or 0)
-        check_fits(8 * int(shingles["max"][0] or 0), memory_gb, what="the shingle set of the longest document (dedup.minhash verification)")
+    set_bytes = _set_bytes(keys, verify, memory_gb)
     buckets = partitions(n_candidates, PAIR_BYTES + 2 * set_bytes, memory_gb, what="the candidate pairs of dedup.minhash")
     # Sets are read in windows of about WINDOW_BYTES (less on a small budget): larger windows save
     # little time and the plan's peak grows with them.
     window_rows = int(min(1 << 16, max(1 << 8, min(WINDOW_BYTES, memory_gb * GB / 16) / max(set_bytes, 64.0))))
-    stats = {"candidate_pairs": 0, "partitions": {"verify": buckets}}
-    sampled, wrong = 0, 0
-    files = []
-    for bucket in range(buckets):
-        pairs = _bucket(candidates, bucket, buckets) if candidates else np.zeros(0, dtype=np.uint64)
+    paths = split_pairs(candidates, buckets, folder / "pairs")
+    stats: dict = {"candidate_pairs": 0, "partitions": {"verify": buckets}}
+    for path in paths:
+        pairs = np.unique(_read_pairs(path))
+        _write_pairs(path, pairs)
         stats["candidate_pairs"] += len(pairs)
-        if verify == "all" and len(pairs):
-            screened = screen_pairs(keys, pairs, threshold=threshold, window_rows=window_rows)
-            stats["screened_pairs"] = stats.get("screened_pairs", 0) + len(screened)
-            similarity = pair_similarities(keys, screened, chunk_pairs=chunk_pairs, window_rows=window_rows)
-            pairs = screened[similarity >= threshold]
-        elif verify == "sample" and len(pairs) and n_candidates:
-            # A hash-chosen sample (the same pairs whatever the bucketing), about `sample` of all candidates.
-            share = min(1.0, sample / n_candidates)
-            cut = np.uint64(min(int(share * 2**64), 2**64 - 1))
-            chosen = pairs[_mix(pairs ^ np.uint64(seed % 2**64)) <= cut]
-            if len(chosen):
-                sampled += len(chosen)
-                wrong += int(np.count_nonzero(pair_similarities(keys, chosen, chunk_pairs=chunk_pairs, window_rows=window_rows) < threshold))
-        if len(pairs):
-            a, b = unpack_pairs(pairs)
-            path = folder / f"bucket-{bucket:05d}.parquet"
-            pl.DataFrame({"a": a, "b": b}).write_parquet(path, compression="lz4")
-            files.append(str(path))
-            stats["edges"] = stats.get("edges", 0) + len(pairs)
     if verify == "all":
-        stats["verified_pairs"] = stats.pop("edges", 0)
-    else:
-        stats.pop("edges", None)
-    if verify == "sample":
+        route = {"window_rows": window_rows, "memory_gb": memory_gb}
+        stats["screened_pairs"], sig_passes = screen_buckets(keys, paths, threshold=threshold, folder=folder / "sig8", **route)
+        stats["verified_pairs"], set_passes = verify_buckets(keys, paths, threshold=threshold, chunk_pairs=chunk_pairs,
+                                                             folder=folder / "sets", **route)
+        stats["spill_passes"] = {"signatures": sig_passes, "sets": set_passes}
+    elif verify == "sample":
+        sampled, wrong = _sample_wrong(keys, paths, n_candidates=n_candidates, threshold=threshold, sample=sample, seed=seed,
+                                       chunk_pairs=chunk_pairs, window_rows=window_rows)
         stats.update(sampled_pairs=sampled, estimated_false_positive_rate=wrong / sampled if sampled else None)
+    files = []
+    for q, path in enumerate(paths):
+        a, b = unpack_pairs(_read_pairs(path))
+        if len(a):
+            files.append(str(folder / f"bucket-{q:05d}.parquet"))
+            pl.DataFrame({"a": a, "b": b}).write_parquet(files[-1], compression="lz4")
     return files, stats
 
 

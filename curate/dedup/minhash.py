@@ -52,7 +52,7 @@ class MinHashConfig(StageConfig):
     false_negative_weight: float = 0.5
     verify: Literal["all", "sample", "none"] = "all"  # exact Jaccard of all candidates, a sample (reports FP rate), none
     verify_sample: int = 10_000  # pairs checked when verify = "sample"
-    verify_chunk_pairs: int = 1_000_000  # pairs checked per read of the shingle sets (bounds memory)
+    verify_chunk_pairs: int = 1_000_000  # pairs checked at a time (the Python API reads their shingle sets per chunk)
     keep: KeepPolicy = "first"  # first (lowest id) | longest | quality (highest score, then lowest id)
     seed: int = 1
 

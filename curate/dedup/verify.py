@@ -7,6 +7,8 @@ of one per shingle, which made writing the spill 20x cheaper. Sets are sorted an
 here, for the documents a candidate pair needs only.
 Pairs are checked ``chunk_pairs`` at a time and only the documents a chunk needs are read
 (a filtered scan of that one column), so memory is bounded by the chunk, not the corpus.
+A job's plan does not read per chunk: ``curate.dedup.routing`` hands every verification bucket
+its documents' values in one pass over each column (``read_window`` is the one read of the spill).
 """
 
 from __future__ import annotations
@@ -108,25 +110,29 @@ def pack_sig8(sig8: np.ndarray) -> pa.Array:
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(sig8))])
 
 
-def _windows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(offsets, bytes)`` of the binary ``column``'s values at rows ``need`` (ascending), one read window at a time.
+def read_window(keys: pl.LazyFrame, column: str, lo: int, window_rows: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, bytes)`` of the binary ``column``'s values at rows ``lo + positions`` of the window ``[lo, lo + window_rows)``.
 
-    A window of ``window_rows`` rows is read and only its needed rows are converted to Arrow
-    (gathered first, so the rest of the window is never copied); offsets start at 0 in each part.
+    Every read of the spill goes through here. Only the picked rows are converted to Arrow
+    (gathered first, so the rest of the window is never copied); offsets start at 0.
     """
+    window = keys.select(column).slice(lo, window_rows).collect()[column]
+    part = window.gather(pl.Series(positions, dtype=pl.UInt32)).to_arrow()
+    del window
+    part_offsets, data_buf = large_buffers(part, pa.large_binary())
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
+    return part_offsets - part_offsets[0], data[part_offsets[0] : part_offsets[-1]]
+
+
+def _windows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(offsets, bytes)`` of the binary ``column``'s values at rows ``need`` (ascending), one read window at a time."""
     if len(need) == 0:
         return
     first = int(need[0]) // window_rows * window_rows
     for lo in range(first, int(need[-1]) + 1, window_rows):
         picked = need[np.searchsorted(need, lo) : np.searchsorted(need, lo + window_rows)]
-        if len(picked) == 0:
-            continue
-        window = keys.select(column).slice(lo, window_rows).collect()[column]
-        part = window.gather(pl.Series(picked - lo, dtype=pl.UInt32)).to_arrow()
-        del window
-        part_offsets, data_buf = large_buffers(part, pa.large_binary())
-        data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
-        yield part_offsets - part_offsets[0], data[part_offsets[0] : part_offsets[-1]]
+        if len(picked):
+            yield read_window(keys, column, lo, window_rows, picked - lo)
 
 
 def read_rows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +172,8 @@ def _read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[
 
 
 @njit(cache=True, nogil=True)
-def _sig8_similarity(a_pos, b_pos, sigs):
+def sig8_similarity(a_pos, b_pos, sigs):
+    """Share of equal 8-bit slots of each pair's rows ``sigs[a_pos[t]]``, ``sigs[b_pos[t]]`` (the screening estimate)."""
     out = np.empty(a_pos.shape[0], dtype=np.float64)
     k = sigs.shape[1]
     for t in range(a_pos.shape[0]):
@@ -198,7 +205,7 @@ def screen_pairs(keys: pl.LazyFrame, pairs: np.ndarray, *, threshold: float, win
     need = np.unique(np.concatenate([a, b]))
     offsets, data = read_rows(keys, SIG8_COLUMN, need, window_rows)
     k = int(offsets[1] - offsets[0])
-    estimate = _sig8_similarity(np.searchsorted(need, a), np.searchsorted(need, b), data.reshape(len(need), k))
+    estimate = sig8_similarity(np.searchsorted(need, a), np.searchsorted(need, b), data.reshape(len(need), k))
     return pairs[estimate >= threshold - screen_margin(threshold, k)]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import orjson
 import polars as pl
@@ -9,6 +11,7 @@ import pytest
 
 import curate.dedup.exact
 import curate.dedup.grouping
+import curate.dedup.routing
 from curate.dedup.budget import partitions
 from curate.dedup.components import components
 from curate.dedup.clusters import connected_components
@@ -62,11 +65,19 @@ def _rejects(out) -> pl.DataFrame:
 
 def test_one_and_eight_partitions_give_the_same_decisions(tmp_path, write_job, monkeypatch):
     _corpus(tmp_path / "in")
+    reads = Counter()  # (partitions, spilled column) -> windows of the spill read
+    real = curate.dedup.routing.read_window
     results, reports = [], []
     for parts in (1, 8):
         fixed = lambda items, bytes_per_item, memory_gb, *, what, _p=parts: _p  # noqa: E731
         monkeypatch.setattr(curate.dedup.grouping, "partitions", fixed)
         monkeypatch.setattr(curate.dedup.exact, "partitions", fixed)
+
+        def counted(keys, column, *args, _p=parts):
+            reads[_p, column] += 1
+            return real(keys, column, *args)
+
+        monkeypatch.setattr(curate.dedup.routing, "read_window", counted)
         job = load_job(write_job(JOB.format(root=tmp_path / "in", memory_gb=4), name=f"p{parts}"))
         manifest = run_job(job, progress=False)
         results.append(_rejects(job.output_dir))
@@ -78,6 +89,10 @@ def test_one_and_eight_partitions_give_the_same_decisions(tmp_path, write_job, m
     for key in ("clusters", "removed", "candidate_pairs", "verified_pairs"):
         assert minhash[0][key] == minhash[1][key], key
     assert reports[1]["01.dedup.exact"]["partitions"] == 8
+    # The spill is read once whatever the partitions: one pass per column, each window at most once.
+    assert minhash[0]["spill_passes"] == minhash[1]["spill_passes"] == {"signatures": 1, "sets": 1}
+    for column in ("_sig8", "_shingles"):
+        assert reads[1, column] == reads[8, column] == 1, (column, reads)
 
 
 def test_a_budget_too_small_for_one_band_names_the_key(tmp_path, write_job):
