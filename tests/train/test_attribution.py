@@ -116,21 +116,20 @@ def test_split_sums_to_the_real_adamw_update_with_clipping_and_decay(tmp_path):
 
 
 @pytest.mark.parametrize("clip", [1.0, 0.3])
-def test_fused_cpu_step_equals_the_torch_ops(monkeypatch, clip):
-    """The fused CPU kernel (``kernels.py``) advances every moment and displacement as the torch ops do:
-    a plain weight, an expert weight whose per-source parts leave the no-source group out, a parameter no
-    source reached, clipping, the momentum from before and two data ranks."""
+def test_the_backwards_source_sums_give_the_same_step(clip):
+    """The router part takes the sources' sum the backward kept (``GradSplit.sums``) or, without one, sums the
+    parts itself: the same moments and displacements either way (a plain weight, an expert weight whose
+    per-source parts leave the no-source group out, a parameter no source reached, clipping, the momentum
+    from before and two data ranks)."""
     from train.attribution.split import MomentSplit
 
-    def one(fused: bool):
+    def one(kept: bool):
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(6, 5)), torch.nn.Parameter(torch.randn(4, 3, 7)),
                   torch.nn.Parameter(torch.randn(9))]
         opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
         split = MomentSplit(opt, 3)
         split.pieces.data_ranks = [2, 1, 1]
-        if not fused:
-            monkeypatch.setattr(split, "_fused", lambda *a: False)
         for p in params:
             p.grad = torch.randn_like(p) * 0.1
         opt.step()  # momentum from before the stretch
@@ -138,23 +137,23 @@ def test_fused_cpu_step_equals_the_torch_ops(monkeypatch, clip):
         for _ in range(3):
             for p in params:
                 p.grad = torch.randn_like(p) * 0.1
-            split.buffers()[split.keys[0]] = torch.randn(3, 6, 5) * 0.03
-            split.buffers()[split.keys[1]] = (torch.randn(4, 4, 3, 7) * 0.03)[:3]  # (S + 1, E, ...) expert parts
-            split.written.update(split.keys[:2])  # the last parameter: no source's tokens
+            parts = [torch.randn(3, 6, 5) * 0.03, (torch.randn(4, 4, 3, 7) * 0.03)[:3]]  # (S + 1, E, ...) experts
+            for key, part in zip(split.keys, parts):  # the last parameter: no source's tokens
+                split.buffers()[key] = part
+                split.written.add(key)
+                if kept:
+                    split.sums[key] = part.sum(0)
             split.before_step()
             opt.step()
-            if fused:  # the expert parts and the parameter without sources take the kernel too
-                assert all(split._fused(opt.state[p]["exp_avg_sq"], split._grad(i) if i < 2 else None, p.grad)
-                           is not False for i, p in enumerate(params))
             split.after_step(clip)
         return split
 
-    fused, ops = one(True), one(False)
-    assert fused._before
+    kept, summed = one(True), one(False)
+    assert kept._before
     for name in ("m_S", "disp_S", "m_router", "disp_router", "m_before", "disp_before", "disp_wd"):
-        for a, b in zip(getattr(fused, name), getattr(ops, name)):
+        for a, b in zip(getattr(kept, name), getattr(summed, name)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7 * float(b.abs().max()) + 1e-12)
-    assert float(fused.disp_S[1].abs().max()) > 0 and float(fused.disp_router[2].abs().max()) > 0
+    assert float(kept.disp_S[1].abs().max()) > 0 and float(kept.disp_router[2].abs().max()) > 0
 
 
 def test_router_losses_and_weight_decay_are_their_own_rows(tmp_path):

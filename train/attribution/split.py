@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import torch
 
-from train.attribution.kernels import adam_parts
 from train.attribution.pieces import Pieces, local
 from train.errors import ConfigError
 
@@ -60,6 +59,7 @@ class MomentSplit:
                        for p, shape in zip(self.params, self.pieces.full_shapes())]
         self._keys: list[int] | None = None  # what the model's split knows each parameter by (made on first use)
         self.written: set[int] = set()  # keys of the parameters whose grad_S holds this step's parts (others: 0)
+        self.sums: dict[int, torch.Tensor] = {}  # by key: Σ_s grad_S[s], where the backward took it (``GradSplit``)
         self._by_key: dict[int, torch.Tensor] | None = None  # the buffers by key (``buffers()``)
         self._tmp: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per parameter: two scratch tensors
         self.m_S, self.disp_S = z(S), z(S)  # per-source first moment; displacement since the stretch began
@@ -108,7 +108,9 @@ class MomentSplit:
             if key not in self.written:
                 buf.zero_()
                 self.written.add(key)
+                self.sums[key] = torch.zeros_like(buf[0])
             buf[source].add_(g.float())
+            self.sums[key].add_(g.float())
 
     @torch.no_grad()
     def before_step(self) -> None:
@@ -125,9 +127,13 @@ class MomentSplit:
     def after_step(self, clip_coef: float) -> None:
         """Advance every moment by the step just taken and add each part's displacement.
 
-        The bulk of the work, S times the optimizer's, is memory-bound: on CPU one fused pass per parameter
-        (``kernels.py``); elsewhere one torch op each over the (S, ...) moments and displacements, the rest
-        in (...) scratch tensors reused step after step. torch's
+        The bulk of the work, S times the optimizer's, is memory-bound: two torch ops over the (S, ...)
+        moments and displacements (a lerp, an addcdiv: six passes), the rest in (...) scratch tensors
+        reused step after step. The ops run on torch's own threads, which spin for some milliseconds
+        after each parallel op: a kernel on threads of its own (numba, tried) found the second core
+        busy there and streamed at half the bandwidth (12-14 ms against 6-7 ms on the demo's 3.5M
+        parameters x 4 sources). The sources' sum the router part needs comes from the backward
+        (``sums``), where the parts are still in cache. torch's
         AdamW divides by ``sqrt(v)/sqrt(1-β2^t) + eps``; the same quotient is taken here as
         ``sqrt(1-β2^t)·m / (sqrt(v) + sqrt(1-β2^t)·eps)``, ``v`` clamped to the smallest normal float
         (0 where a weight never had a gradient: ``sqrt(0)`` takes a slow path on CPU, ~5x a normal one)."""
@@ -140,21 +146,14 @@ class MomentSplit:
             t = float(state["step"])
             root2 = (1 - beta2**t) ** 0.5
             v = local(state["exp_avg_sq"])
-            g_S = self._grad(i) if self.keys[i] in self.written else None  # None: no source's tokens reached it
+            key = self.keys[i]
+            g_S = self._grad(i) if key in self.written else None  # None: no source's tokens reached it
+            sum_S = self.sums.get(key) if g_S is not None else None
             if pieces.sharded[i]:  # FSDP2: the shard's global per-source gradient (a collective: every rank)
-                g_S = pieces.reduce_grads(i, g_S if g_S is not None else self._grad(i).zero_())
+                g_S, sum_S = pieces.reduce_grads(i, g_S if g_S is not None else self._grad(i).zero_()), None
             # the parts are partial sums over the D ranks holding this piece with other data; the gradient is whole
             ranks = pieces.data_ranks[i]
             scale = h["lr"] / (1 - beta1**t) * root2
-            g_flat = self._fused(v, g_S, p.grad)
-            if g_flat is not False:
-                adam_parts(g_flat, self.m_S[i].view(self.S, -1).numpy(), self.disp_S[i].view(self.S, -1).numpy(),
-                           v.view(-1).numpy(), None if p.grad is None else local(p.grad).view(-1).numpy(),
-                           *(b[i].view(-1).numpy() for b in (self.m_router, self.disp_router, self.m_before,
-                                                             self.disp_before)),
-                           beta1=beta1, clip=clip_coef, ranks=ranks, scale=scale, root2_eps=root2 * h["eps"],
-                           tiny=_TINY, before=self._before)
-                continue
             if i not in self._tmp:
                 self._tmp[i] = (torch.empty_like(v, dtype=torch.float32), torch.empty_like(v, dtype=torch.float32))
             denom, router = self._tmp[i]
@@ -164,8 +163,9 @@ class MomentSplit:
             elif g_S is None:
                 router.copy_(local(p.grad))
             else:  # what the sources' gradients (as clipped) leave of this rank's share of the gradient
-                torch.sum(g_S, 0, out=router)
-                torch.add(local(p.grad).float(), router, alpha=-clip_coef * ranks, out=router)
+                if sum_S is None:
+                    sum_S = torch.sum(g_S, 0, out=router)
+                torch.add(local(p.grad).float(), sum_S, alpha=-clip_coef * ranks, out=router)
             if router is not None and ranks != 1:
                 router.div_(ranks)
             m_S = self.m_S[i]
@@ -194,20 +194,10 @@ class MomentSplit:
                 self.disp_before[i].addcdiv_(self.m_before[i], denom, value=-scale)
         self.drop_step()
 
-    def _fused(self, v: torch.Tensor, g_S: torch.Tensor | None, grad: torch.Tensor | None):
-        """The per-source gradient as an (S, n) numpy view for the fused CPU kernel (``kernels.py``; None when
-        no source's tokens reached the parameter), or False where the torch ops below run instead: LAMB, a
-        GPU (there they are as fast), other dtypes or layouts."""
-        if self.lamb or v.device.type != "cpu":
-            return False
-        tensors = (v, None if grad is None else local(grad), g_S)
-        if not all(x is None or (x.dtype == torch.float32 and x.is_contiguous()) for x in tensors):
-            return False
-        return None if g_S is None else g_S.view(self.S, -1).numpy()
-
     def drop_step(self) -> None:
         """Forget this step's gradients (after it was applied, or when it was skipped): the next parts overwrite them."""
         self.written.clear()
+        self.sums.clear()
         self._old = None
 
     # ---- stretches -----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ class GradSplit:
     """Per-source gradient buffers (``id(param)`` -> (S, *param.shape)) and each row's source."""
 
     def __init__(self, source_T: torch.Tensor, n_sources: int, buffers: dict[int, torch.Tensor], *,
-                 scale: float = 1.0, written: set[int] | None = None, seq_part: tuple[int, int] | None = None) -> None:
+                 scale: float = 1.0, written: set[int] | None = None, sums: dict[int, torch.Tensor] | None = None,
+                 seq_part: tuple[int, int] | None = None) -> None:
         src = source_T.reshape(-1).long()
         # sequence parallel: (rank, size) of this rank's part of every (B, L) row, where the norms run
         self._seq_part, self._width = seq_part, source_T.shape[-1]
@@ -34,6 +35,7 @@ class GradSplit:
         # the keys whose buffer already holds a part this step: the others are overwritten, not added to,
         # so the owner never zeroes its buffers (the caller clears the set between steps)
         self.written = set() if written is None else written
+        self.sums = sums  # by key, Σ_s of the step's parts (None: not kept)
         self.src_T = torch.where((src >= 0) & (src < n_sources), src, n_sources)  # S: no source
         self.unsourced = bool((self.src_T == n_sources).any())  # whether any row has no source (padding)
         self._groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
@@ -62,19 +64,27 @@ class GradSplit:
             self._groups[key] = (order, [0, *counts.cumsum(0).tolist()])
         return self._groups[key]
 
-    def add(self, param: torch.Tensor | int, parts: torch.Tensor) -> None:
+    def add(self, param: torch.Tensor | int, parts: torch.Tensor) -> torch.Tensor:
         """Add (S or S + 1, *shape) parts (an S + 1st: rows of no source, left out) to ``param``'s buffer (or
-        ``id(param)``'s); the first part of a step overwrites the buffer (``written``)."""
+        ``id(param)``'s) and their sum over the sources to ``sums``; returns the gradient of all rows, the
+        total autograd gets. The first part of a step overwrites the buffer (``written``)."""
         key = param if isinstance(param, int) else id(param)
-        parts = parts[: self.S]
+        src = parts[: self.S]
+        sum_src = src.sum(0)  # while the parts are in cache: the moment split needs it for the router part
+        total = sum_src + parts[self.S] if parts.shape[0] > self.S else sum_src.clone()
+        if src.dtype != torch.float32 or self.scale != 1.0:
+            src, sum_src = (torch.mul(x.to(torch.float32), self.scale) for x in (src, sum_src))
         if key in self.written:
-            self.buffers[key].add_(parts.to(torch.float32), alpha=self.scale)
-            return
+            self.buffers[key].add_(src)
+            if self.sums is not None and key in self.sums:
+                self.sums[key].add_(sum_src)
+            return total
         # the step's first part becomes the buffer itself (no copy): the caller only reads ``parts`` after
-        if parts.dtype != torch.float32 or self.scale != 1.0:
-            parts = torch.mul(parts.to(torch.float32), self.scale)
-        self.buffers[key] = parts
+        self.buffers[key] = src
+        if self.sums is not None:
+            self.sums[key] = sum_src
         self.written.add(key)
+        return total
 
 
 def _sorted(ids: torch.Tensor) -> bool:
@@ -146,8 +156,7 @@ class _SplitLinear(torch.autograd.Function):
         g_TO = grad.reshape(-1, grad.shape[-1]).to(wc.dtype)
         grad_x = (g_TO @ wc).view(xc.shape).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         parts = _row_parts(ctx.split, xc.reshape(-1, xc.shape[-1]), g_TO, ctx.src)
-        ctx.split.add(ctx.key, parts)
-        return grad_x, parts.sum(0).to(ctx.w_dtype), None
+        return grad_x, ctx.split.add(ctx.key, parts).to(ctx.w_dtype), None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -172,8 +181,7 @@ def norm_weight_parts(split: GradSplit, key: int, rows_TD: torch.Tensor) -> torc
     order, bounds = split.groups(split.sources(rows_TD.shape[0]))
     rows = rows_TD if order is None else rows_TD.index_select(0, order)
     parts = torch.stack([rows[lo:hi].sum(0) for lo, hi in zip(bounds[:-1], bounds[1:])])
-    split.add(key, parts)
-    return parts.sum(0)
+    return split.add(key, parts)
 
 
 def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.Tensor) -> None:
@@ -235,8 +243,7 @@ class _SplitExpertMM(torch.autograd.Function):
         G = split.S + 1 if split.unsourced or bool((src_A >= split.S).any()) else split.S
         # groups source-major, so each source's parts are one contiguous (E, I, O) block of the buffer
         parts_SEIO = _group_parts(x_AI, grad_AO.to(x_AI.dtype), src_A * E + expert_A, G * E).view(G, E, I, O)
-        split.add(ctx.key, parts_SEIO)
-        return grad_x, parts_SEIO.sum(0).to(w_EIO.dtype), None, None, None, None
+        return grad_x, split.add(ctx.key, parts_SEIO).to(w_EIO.dtype), None, None, None, None
 
 
 def expert_mm(mm, x_AI: torch.Tensor, w_EIO: torch.Tensor, counts_E: torch.Tensor, src_A: torch.Tensor | None):
