@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from curate.dedup.budget import GB, NEED_BYTES
-from curate.dedup.text import large_buffers
+from curate.dedup.jit import njit
 from curate.dedup.verify import read_window
 
 # (offsets int64[n+1], data uint8) -> the same for the values as a bucket should see them
@@ -95,8 +94,7 @@ class Router:
             offsets, data = transform(offsets, data)
         order = np.argsort(owners, kind="stable")  # by bucket, documents still ascending within one
         owners, docs = owners[order], docs[order]
-        taken = _binary(offsets, data).take(pa.array(np.searchsorted(picked, docs)))
-        offsets, data = _buffers(taken)
+        offsets, data = _gather(offsets, data, np.searchsorted(picked, docs))
         cuts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1], True])
         for s, e in zip(cuts[:-1], cuts[1:]):
             q = int(owners[s])
@@ -125,14 +123,21 @@ def _rounds(counts: np.ndarray, cap: int) -> list[range]:
     return rounds
 
 
-def _binary(offsets: np.ndarray, data: np.ndarray) -> pa.LargeBinaryArray:
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+@njit(cache=True, nogil=True)
+def _gather(offsets, data, rows):
+    """Values ``rows`` (repeats allowed) of ``data[offsets[i]:offsets[i+1]]``, concatenated: ``(offsets, data)``.
 
-
-def _buffers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    offsets, data_buf = large_buffers(values, pa.large_binary())
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
-    return offsets - offsets[0], data[offsets[0] : offsets[-1]]
+    Compiled, not Arrow's ``take``: that imports ``pyarrow.compute``, ~20 MB of Python objects
+    that the long-document bench's peak would then carry to the end.
+    """
+    out_offsets = np.empty(rows.shape[0] + 1, dtype=np.int64)
+    out_offsets[0] = 0
+    for t in range(rows.shape[0]):
+        out_offsets[t + 1] = out_offsets[t] + offsets[rows[t] + 1] - offsets[rows[t]]
+    out = np.empty(out_offsets[-1], dtype=np.uint8)
+    for t in range(rows.shape[0]):
+        out[out_offsets[t] : out_offsets[t + 1]] = data[offsets[rows[t]] : offsets[rows[t] + 1]]
+    return out_offsets, out
 
 
 def _append(path: Path, array: np.ndarray) -> None:
