@@ -3,6 +3,8 @@
     winnow curate pipelines/demo.toml            # once: the demo's shards in out/demo
     python bench/attribution.py --rounds 2            # the demo's settings: 300 steps, 51-300 attributed, every 25
     python bench/attribution.py --study out/demo/ablate    # also the rank agreement of a finished study
+    python bench/attribution.py --rounds 0 --breakdown     # where an attributed step's time goes
+    python bench/attribution.py --batch 32 --rows 1        # the same run at 4096 tokens per step, a 1-row probe
 
 Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8 experts, batch
 8 x 128) on the demo's shards for the same steps from the same seed:
@@ -45,10 +47,13 @@ from train.attribution import AttributionConfig  # noqa: E402
 from train.checkpoint import CheckpointConfig  # noqa: E402
 
 
-def _config(shards: Path, out: Path, *, steps: int, every: int, start: int, split: str | None):
+def _config(shards: Path, out: Path, *, steps: int, every: int, start: int, split: str | None, batch: int | None = None,
+            rows: int = 4):
     cfg = load_train_config(ROOT / "pipelines" / "demo.toml", steps=steps, output=str(out), shards=str(shards))
-    attribution = AttributionConfig(every=every, start=start, split=split) if split else AttributionConfig()
-    data = dataclasses.replace(cfg.data, num_workers=0)  # tokenizing inline: the same work in every contender
+    attribution = (AttributionConfig(every=every, start=start, split=split, heldout_rows=rows) if split
+                   else AttributionConfig())
+    data = dataclasses.replace(cfg.data, num_workers=0,  # tokenizing inline: the same work in every contender
+                               batch_size=batch or cfg.data.batch_size)
     return dataclasses.replace(cfg, eval_every=0, attribution=attribution, data=data,
                                checkpoint=CheckpointConfig(every=0, resume=False))
 
@@ -90,6 +95,67 @@ def _study(folder: Path) -> None:
           f"{c.get('sign_agree')} of {c.get('above_noise')} cells above the seed noise")
 
 
+def _breakdown(args) -> None:
+    """Median times of one off step and one attributed step in alternating blocks of 10 (the second's extra
+    split into the moment step, ``MomentSplit.after_step``, and the rest: the backward's per-source parts),
+    and of one probe evaluation and one stretch's close; then the overhead per attributed step they imply."""
+    from train.attribution import split as moment_split
+
+    def trainer(split):
+        cfg = _config(args.shards, Path(tmp) / f"breakdown-{split}", steps=10**6, every=args.every, start=0, split=split,
+                      batch=args.batch, rows=args.rows)
+        torch.manual_seed(0)
+        t = build_trainer(cfg)
+        for _ in range(3):  # the loader's start, the first steps' allocations
+            t.train_step()
+        return t
+
+    moments: list[float] = []
+    after_step = moment_split.MomentSplit.after_step
+
+    def timed(self, clip):
+        start = time.perf_counter()
+        after_step(self, clip)
+        moments.append(time.perf_counter() - start)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        off, on = trainer(None), trainer("tokens")
+        moment_split.MomentSplit.after_step = timed
+        try:
+            steps = {"off": [], "on": []}
+            for r in range(8):
+                for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                    t = off if name == "off" else on
+                    for _ in range(10):
+                        start = time.perf_counter()
+                        t.train_step()
+                        steps[name].append(time.perf_counter() - start)
+            probes = []
+            for _ in range(4):
+                start = time.perf_counter()
+                on.attribution._evaluate()
+                probes.append(time.perf_counter() - start)
+            closes = []
+            for _ in range(3):
+                on.train_step()
+                start = time.perf_counter()
+                on.attribute()
+                closes.append(time.perf_counter() - start)
+        finally:
+            moment_split.MomentSplit.after_step = after_step
+        for t in (off, on):
+            t.metrics.close()
+            t.data.close()
+    ms = {k: 1e3 * statistics.median(v) for k, v in
+          (("off", steps["off"]), ("on", steps["on"]), ("moments", moments), ("probe", probes), ("close", closes))}
+    extra = ms["on"] - ms["off"]
+    per_step = extra + ms["close"] / args.every
+    print(f"breakdown (batch {args.batch or 'as the demo'}, {args.rows} probe rows per source, every {args.every}): "
+          f"step {ms['off']:.1f} ms off, {ms['on']:.1f} ms attributed (+{extra:.1f}: moment step {ms['moments']:.1f}, "
+          f"backward's per-source parts {extra - ms['moments']:.1f}); probe evaluation {ms['probe']:.0f} ms, stretch "
+          f"close {ms['close']:.0f} ms; per attributed step {per_step:.1f} ms = {per_step / ms['off']:.1%} of an off step")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=Path, default=ROOT / "out" / "demo", help="the demo's curated job folder")
@@ -99,6 +165,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contenders", default="off,tokens")
+    parser.add_argument("--batch", type=int, help="[train.data] batch_size (default: the demo's 8)")
+    parser.add_argument("--rows", type=int, default=4, help="[train.attribution] heldout_rows (default 4)")
+    parser.add_argument("--breakdown", action="store_true", help="also time the parts of an attributed step")
     parser.add_argument("--study", type=Path, help="a finished ablation study folder: print its rank agreement")
     args = parser.parse_args()
     if not (args.shards / "manifest.json").is_file():
@@ -113,14 +182,14 @@ def main() -> int:
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
                 cfg = _config(args.shards, Path(tmp) / f"{name}-{r}", steps=args.steps, every=args.every,
-                              start=args.start, split=None if name == "off" else name)
+                              start=args.start, split=None if name == "off" else name, batch=args.batch, rows=args.rows)
                 wall, cpu, record = _run(cfg)
                 times[name].append((wall, cpu))
                 print(f"round {r + 1} {name:<7} {wall:7.1f} s wall {cpu:7.1f} s CPU", flush=True)
                 if record is not None and name not in last:
                     _efficiency(name, record)  # the same every round: same seed, same steps
                     last[name] = record
-    if "off" in times:
+    if args.rounds and "off" in times:
         for name in names:
             if name == "off":
                 continue
@@ -128,6 +197,8 @@ def main() -> int:
             cpu = statistics.median(b[1] / a[1] for a, b in zip(times["off"], times[name]))
             print(f"{name}: {wall:.3f} x off in wall time ({wall - 1:+.1%}), {cpu:.3f} x off in CPU time "
                   f"({cpu - 1:+.1%}), steps {args.start + 1}-{args.steps} of {args.steps} attributed, every {args.every}")
+    if args.breakdown:
+        _breakdown(args)
     if args.study is not None:
         _study(args.study)
     return 0
