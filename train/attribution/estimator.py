@@ -203,7 +203,8 @@ class SourceAttribution:
             with torch.no_grad():
                 for p, b in zip(self.params, theta1):
                     local(p).copy_(b)
-        weights = [(a + 4 * m + b) / 6 for a, m, b in zip(self._h0, h_mid, h1)]
+        # in place in the midpoint's gradients (needed no more): no (S, ...) temporaries per parameter
+        weights = [m.mul_(4).add_(a).add_(b).div_(6) for a, m, b in zip(self._h0, h_mid, h1)]
         disp_S, parts = self.split.parts()
         pieces, S = self.pieces, len(self.sources)
         # each rank's dots over its pieces (``pieces.py``): the per-source and router parts are partial sums
