@@ -491,33 +491,43 @@ def child(system: str, data: Path, work: Path) -> None:
 
 
 class _TreeRss(threading.Thread):
-    """Samples the summed RSS of a process and all its descendants every 20 ms; ``peak`` is the largest sum seen."""
+    """Samples the summed RSS of a process and all its descendants every 20 ms; ``peak`` is the largest sum seen.
+
+    ``peak_anon`` is the largest sum of their private (anonymous) pages: RSS also counts the
+    shared libraries' pages each process has mapped, and how many of those are mapped depends on
+    the page cache, not on the run (Linux 6.18 maps a library's cached large folios whole; the
+    long bench's winnow run measured 335-363 MB or 390-404 MB with the same code and 172-178 MB
+    of private memory, depending on how the libraries had been read into the cache).
+    """
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
-        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+        self.pid, self.peak, self.peak_anon, self.stop = pid, 0, 0, threading.Event()
 
-    def _tree_rss(self) -> int:
+    def _tree_rss(self) -> tuple[int, int]:
         parents: dict[int, int] = {}
-        rss: dict[int, int] = {}
+        rss: dict[int, tuple[int, int]] = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 stat = (entry / "stat").read_text()
                 fields = stat[stat.rindex(")") + 2 :].split()
-                parents[int(entry.name)], rss[int(entry.name)] = int(fields[1]), int(fields[21]) * 4096
+                resident, shared = (int(x) for x in (entry / "statm").read_text().split()[1:3])
+                parents[int(entry.name)], rss[int(entry.name)] = int(fields[1]), (resident * 4096, (resident - shared) * 4096)
             except (OSError, ValueError, IndexError):
                 continue
         tree, frontier = {self.pid}, [self.pid]
         while frontier:
             frontier = [p for p, parent in parents.items() if parent in frontier and p not in tree]
             tree.update(frontier)
-        return sum(rss.get(p, 0) for p in tree)
+        found = [rss[p] for p in tree if p in rss]
+        return sum(r for r, _ in found), sum(a for _, a in found)
 
     def run(self) -> None:
         while not self.stop.wait(0.02):
-            self.peak = max(self.peak, self._tree_rss())
+            total, anon = self._tree_rss()
+            self.peak, self.peak_anon = max(self.peak, total), max(self.peak_anon, anon)
 
 
 def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
@@ -540,7 +550,7 @@ def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
     stats = json.loads(out.strip().splitlines()[-1])
     precision, recall = score(set(json.loads((work / "removed.json").read_text())), comps)
     return {"system": system, "docs": n_docs, "docs_per_s": n_docs / wall, "wall_s": wall, "peak_rss_mb": stats["peak_rss"] / 2**20,
-            "tree_mb": sampler.peak / 2**20, "main_mb": stats["main_rss"] / 2**20, "worker_mb": stats["worker_rss"] / 2**20,
+            "tree_mb": sampler.peak / 2**20, "anon_mb": sampler.peak_anon / 2**20, "main_mb": stats["main_rss"] / 2**20, "worker_mb": stats["worker_rss"] / 2**20,
             "rss_kb_per_doc": stats["peak_rss"] / 1024 / n_docs, "precision": precision, "recall": recall}  # fmt: skip
 
 
@@ -594,7 +604,7 @@ def _truth(data: Path, groups: dict | None, exact: bool) -> list[set[str]]:
 
 
 def _row(r: dict) -> str:
-    return (f"{r['system']:<11} {r['docs']:>9} {r['docs_per_s']:>10.0f} {r['wall_s']:>8.1f} {r['tree_mb']:>8.0f} {r['peak_rss_mb']:>9.0f} "
+    return (f"{r['system']:<11} {r['docs']:>9} {r['docs_per_s']:>10.0f} {r['wall_s']:>8.1f} {r['tree_mb']:>8.0f} {r['anon_mb']:>8.0f} {r['peak_rss_mb']:>9.0f} "
             f"{r['main_mb']:>8.0f} {r['worker_mb']:>8.0f} {r['rss_kb_per_doc']:>8.2f} {r['precision']:>9.4f} {r['recall']:>7.4f}")  # fmt: skip
 
 
@@ -632,8 +642,9 @@ def main() -> None:
         warm = measure("winnow", tiny, [])
         print(f"winnow warm-up on 200 documents (compiles the kernels if the numba cache is cold): {warm['wall_s']:.1f} s")
     print(f"machine shared with other work: rows interleave the systems A B C A B C; compare ratios within a round\n")
-    print("tree MB = the largest sum of RSS over the process tree (sampled every 20 ms); bound MB = main + workers x largest worker")
-    print(f"{'system':<11} {'docs':>9} {'docs/s':>10} {'wall s':>8} {'tree MB':>8} {'bound MB':>9} {'main MB':>8} {'wrk MB':>8} {'KB/doc':>8} {'precision':>9} {'recall':>7}")
+    print("tree MB = the largest sum of RSS over the process tree (sampled every 20 ms); anon MB = the same for private pages only "
+          "(RSS less the shared libraries' mapped pages, which vary with the page cache); bound MB = main + workers x largest worker")
+    print(f"{'system':<11} {'docs':>9} {'docs/s':>10} {'wall s':>8} {'tree MB':>8} {'anon MB':>8} {'bound MB':>9} {'main MB':>8} {'wrk MB':>8} {'KB/doc':>8} {'precision':>9} {'recall':>7}")
     rounds = []
     for _ in range(args.reps):
         rnd = {}
