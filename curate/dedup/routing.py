@@ -63,6 +63,8 @@ class Router:
 
     def route(self, keys: pl.LazyFrame, column: str, *, window_rows: int, memory_gb: float, transform: Transform | None = None) -> int:
         """Copy every needed value of ``column`` to its buckets' files; returns the passes made over the column."""
+        if not self.counts.any():
+            return 0
         rounds = _rounds(self.counts, max(1, int(memory_gb * GB / NEED_BYTES)))
         for buckets in rounds:
             self._route_round(keys, column, buckets, window_rows, transform)
