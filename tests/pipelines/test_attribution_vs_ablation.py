@@ -1,10 +1,13 @@
 """The attribution agrees with a real leave-one-out ablation on the demo data: own-source signs, and ranks.
 
-For each source whose removal changes its own held-out loss by more than the run-to-run noise
-(two standard errors of a delta, from three baseline seeds; each left-out source trained with two
-seeds), the baseline's attribution entry for that source (training on it → its own held-out loss)
-must have the matching sign: removing a source that
-helped itself (negative entry) raises its held-out loss.
+The study is the shipped one's leave-one-out half (``pipelines/ablation.toml``: the demo's model,
+200-step runs, attribution in stretches of 10 after step 30, averaged over two baseline seeds) with
+fewer seeds: three baseline seeds and two per left-out source (11 runs). For each source whose
+removal changes its own held-out loss by more than the run-to-run noise (two standard errors of a
+delta), the baseline's attribution entry for that source (training on it → its own held-out loss)
+must have the matching sign: removing a source that helped itself (negative entry) raises its
+held-out loss. Over all 16 cells the prediction must rank like the measured deltas (Spearman ≥ 0.8)
+and agree in sign on ≥ 90% of the cells above the noise: the issue's targets.
 """
 
 import json
@@ -28,17 +31,19 @@ def test_attribution_sign_matches_leave_one_out_above_noise(tmp_path, monkeypatc
     study.write_text(f"""[job]
 output = "{job}"
 [train]
-steps = 60
+steps = 200
 seed = 0
 [train.model]
-dim = 64
-n_layers = 2
-n_experts = 4
+dim = 128
+n_layers = 4
+n_experts = 8
 top_k = 2
 [train.data]
 batch_size = 8
 seq_len = 128
 num_workers = 0
+[train.attribution]
+start = 30
 [ablate]
 kind = "leave_one_out"
 output = "{tmp_path / 'study'}"
@@ -59,10 +64,10 @@ parallel = 2
     assert strong.height >= 2, f"too few sources above the noise to compare: {own}"
     for source, measured in strong.select("source", "measured").iter_rows():
         assert (measured > 0) == (entry[source] < 0), (source, measured, entry[source])
-    # Over all 16 cells the rank agreement reached here is below the issue's target (0.8 and 90%): measured
-    # Spearman 0.66-0.67 and signs on 10 of 12 / 9 of 13 cells above noise (the probe's one-pass rounding moves
-    # cells near the noise across it); asserted with a margin for other machines.
+    # measured here: Spearman 0.847 over the 16 cells, signs on 12 of 12 cells above the noise (the same runs
+    # with the shipped study's four baseline and three variant seeds: 0.856, 11 of 11)
     summary = json.loads(StudyLayout(tmp_path / "study").correlation_json.read_text())
     assert summary["n_cells"] == 16 and summary["variant_seeds"] == 2 and summary["seeds"] == 3, summary
-    assert summary["spearman"] >= 0.5, summary
-    assert summary["sign_agree"] >= 0.6 * summary["above_noise"], summary
+    assert summary["spearman"] >= 0.8, summary
+    assert summary["sign_agree"] >= 0.9 * summary["above_noise"], summary
+    assert summary["noise_ok"], summary
