@@ -71,7 +71,9 @@ class GradSplit:
         key = param if isinstance(param, int) else id(param)
         src = parts[: self.S]
         sum_src = src.sum(0)  # while the parts are in cache: the moment split needs it for the router part
-        total = sum_src + parts[self.S] if parts.shape[0] > self.S else sum_src.clone()
+        total = sum_src + parts[self.S] if parts.shape[0] > self.S else sum_src
+        if total is sum_src and self.sums is not None:  # autograd's gradient is clipped in place later
+            total = sum_src.clone()
         if src.dtype != torch.float32 or self.scale != 1.0:
             src, sum_src = (torch.mul(x.to(torch.float32), self.scale) for x in (src, sum_src))
         if key in self.written:
