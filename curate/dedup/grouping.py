@@ -48,21 +48,39 @@ class Grouped:
     stats: dict
 
 
-def candidate_files(keys: pl.LazyFrame, columns: list[str], parts: int, folder: Path) -> tuple[list[str], int]:
-    """Step 1: each band's candidate pairs, ``parts`` key partitions at a time; returns the files and their pair count."""
+def candidate_files(keys: pl.LazyFrame, columns: list[str], parts: int, folder: Path, *,
+                    bands_per_pass: int = 1) -> tuple[list[str], int]:
+    """Step 1: each band's candidate pairs, ``parts`` key partitions at a time; returns the files and their pair count.
+
+    With one partition, ``bands_per_pass`` bands are read in one scan of the keys (as many as the
+    budget holds: a small job reads its 25 band columns once instead of 25 times); the pairs of
+    each band are the same either way.
+    """
     folder.mkdir(parents=True)
     files, total = [], 0
+
+    def emit(j: int, part: int, band: pl.DataFrame, column: str) -> None:
+        nonlocal total
+        pairs = np.unique(_run_pairs(band[column].to_numpy(), band["_row"].to_numpy()))
+        if len(pairs):
+            path = folder / f"band-{j:03d}-part-{part:05d}.parquet"
+            pl.DataFrame({"pair": pairs}).write_parquet(path, compression="lz4")
+            files.append(str(path))
+            total += len(pairs)
+
+    if parts == 1 and bands_per_pass > 1:
+        for lo in range(0, len(columns), bands_per_pass):
+            chosen = columns[lo:lo + bands_per_pass]
+            frame = keys.select("_nsh", *chosen).with_row_index("_row").filter(pl.col("_nsh") > 0).collect()
+            for j, column in enumerate(chosen, start=lo):
+                emit(j, 0, frame.select(column, "_row").sort(column, "_row"), column)
+            del frame
+        return files, total
     for j, column in enumerate(columns):
         scan = keys.select("_nsh", column).with_row_index("_row").filter(pl.col("_nsh") > 0)
         for part in range(parts):
             chunk = scan.filter(pl.col(column) % parts == part) if parts > 1 else scan
-            band = chunk.select(column, "_row").sort(column, "_row").collect()
-            pairs = np.unique(_run_pairs(band[column].to_numpy(), band["_row"].to_numpy()))
-            if len(pairs):
-                path = folder / f"band-{j:03d}-part-{part:05d}.parquet"
-                pl.DataFrame({"pair": pairs}).write_parquet(path, compression="lz4")
-                files.append(str(path))
-                total += len(pairs)
+            emit(j, part, chunk.select(column, "_row").sort(column, "_row").collect(), column)
     return files, total
 
 
@@ -211,7 +229,8 @@ def group(keys: pl.LazyFrame, columns: list[str], *, verify: str, threshold: flo
     shutil.rmtree(folder, ignore_errors=True)
     n_usable = keys.filter(pl.col("_nsh") > 0).select(pl.len()).collect().item()
     band_parts = partitions(n_usable, BAND_BYTES, memory_gb, what=f"one band of {stage} over {n_usable} documents")
-    candidates, n_candidates = candidate_files(keys, columns, band_parts, folder / "candidates")
+    per_pass = max(1, int(memory_gb * GB // max(n_usable * BAND_BYTES, 1))) if band_parts == 1 else 1
+    candidates, n_candidates = candidate_files(keys, columns, band_parts, folder / "candidates", bands_per_pass=per_pass)
     edges, stats = edge_files(keys, candidates, n_candidates, verify=verify, threshold=threshold, chunk_pairs=chunk_pairs,
                               sample=sample, seed=seed, memory_gb=memory_gb, folder=folder / "edges")
     n_edges = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in edges)

@@ -131,3 +131,23 @@ def test_star_components_equal_union_find(tmp_path, parts):
     nodes = np.unique(np.r_[lo, hi])
     assert np.array_equal(labels["node"].to_numpy(), nodes)
     assert np.array_equal(labels["label"].to_numpy(), connected_components(n, lo, hi)[nodes])
+
+
+@pytest.mark.parametrize("per_pass", [2, 5, 64])
+def test_bands_read_together_give_each_bands_pairs(tmp_path, per_pass):
+    """Step 1 reading several band columns per scan of the keys writes the same pairs, band by band, as one per scan."""
+    rng = np.random.default_rng(7)
+    n, bands = 400, 5
+    keys = pl.DataFrame({"_nsh": rng.integers(0, 3, size=n).astype(np.int32),  # 0: no shingles, never a candidate
+                         **{f"b{j}": rng.integers(0, 60, size=n).astype(np.uint64) for j in range(bands)}}).lazy()
+    columns = [f"b{j}" for j in range(bands)]
+
+    def pairs(folder, **kw):
+        files, total = curate.dedup.grouping.candidate_files(keys, columns, 1, folder, **kw)
+        found = {f.rsplit("/", 1)[-1]: pl.read_parquet(f)["pair"].to_list() for f in files}
+        assert total == sum(map(len, found.values()))
+        return found
+
+    one = pairs(tmp_path / "one")
+    assert len(one) == bands and all(one.values())
+    assert pairs(tmp_path / "many", bands_per_pass=per_pass) == one
