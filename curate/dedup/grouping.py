@@ -68,9 +68,10 @@ def candidate_files(keys: pl.LazyFrame, columns: list[str], parts: int, folder: 
             files.append(str(path))
             total += len(pairs)
 
-    if parts == 1 and bands_per_pass > 1:
-        for lo in range(0, len(columns), bands_per_pass):
-            chosen = columns[lo:lo + bands_per_pass]
+    if parts == 1:
+        per = max(1, bands_per_pass)
+        for lo in range(0, len(columns), per):
+            chosen = columns[lo:lo + per]
             frame = keys.select("_nsh", *chosen).with_row_index("_row").filter(pl.col("_nsh") > 0).collect()
             for j, column in enumerate(chosen, start=lo):
                 emit(j, 0, frame.select(column, "_row").sort(column, "_row"), column)
@@ -79,7 +80,7 @@ def candidate_files(keys: pl.LazyFrame, columns: list[str], parts: int, folder: 
     for j, column in enumerate(columns):
         scan = keys.select("_nsh", column).with_row_index("_row").filter(pl.col("_nsh") > 0)
         for part in range(parts):
-            chunk = scan.filter(pl.col(column) % parts == part) if parts > 1 else scan
+            chunk = scan.filter(pl.col(column) % parts == part)
             emit(j, part, chunk.select(column, "_row").sort(column, "_row").collect(), column)
     return files, total
 
