@@ -168,9 +168,23 @@ def test_router_losses_and_weight_decay_are_their_own_rows(tmp_path):
     assert np.all(np.abs(by_token["router"]) < 1e-3 * np.abs(by_loss["router"]).max())
 
 
-def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_documents(tmp_path):
-    """One backward split by token position gives the same parts as one backward per source's loss."""
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_documents(tmp_path, monkeypatch,
+                                                                                   interleaved):
+    """One backward split by token position gives the same parts as one backward per source's loss; the
+    MoE hands each expert's rows to the backward grouped by source, even when the batch interleaves the
+    sources, so the per-(source, expert) weight gradients are slices of them (no gather)."""
+    from train.model import split as model_split
+
     heldout, train = _setting(11)
+    if interleaved:  # rows of the two sources alternating
+        order = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])
+        train = Batch(**{f.name: getattr(train, f.name)[order] for f in dataclasses.fields(Batch)
+                         if isinstance(getattr(train, f.name), torch.Tensor)})
+    grouped = []
+    group_parts = model_split._group_parts
+    monkeypatch.setattr(model_split, "_group_parts", lambda x, g, group_A, n: (
+        grouped.append(model_split._sorted(group_A)), group_parts(x, g, group_A, n))[1])
     model = dataclasses.replace(_MODEL, load_balance="none", z_loss_coef=0.0, doc_mask=True)
     splits = {}
     for split in ("losses", "tokens"):
@@ -180,6 +194,7 @@ def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_docum
         splits[split] = trainer.attribution.split
     for a, b in zip(splits["losses"].m_S, splits["tokens"].m_S):  # the moments: linear in the gradients
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()) + 1e-12)
+    assert grouped and all(grouped)
 
 
 def test_near_copy_of_heldout_ranks_above_noise(tmp_path):

@@ -208,7 +208,14 @@ class MoE(nn.Module):
         weights_TK, experts_TK, probs_TE, logits_TE = self.router(x_TD)
 
         expert_flat_A = experts_TK.reshape(-1)
-        order_A = expert_flat_A.argsort(stable=True)  # stable: earlier tokens win capacity slots
+        split = active()  # splitting gradients by source: each assignment's source (sent along under ep)
+        if split is not None and cfg.capacity_factor is None:
+            # each expert's rows grouped by source, so the backward's per-(source, expert) weight gradients are
+            # contiguous slices of them (no gather); capacity dropping keeps the token order below
+            src_A = split.src_T.repeat_interleave(K, output_size=T * K)
+            order_A = (expert_flat_A * (split.S + 1) + src_A).argsort(stable=True)
+        else:
+            order_A = expert_flat_A.argsort(stable=True)  # stable: earlier tokens win capacity slots
         # index_add, not bincount: bincount reads the max back to the host on CUDA
         load_E = torch.zeros(E, dtype=torch.long, device=x_TD.device).index_add_(0, expert_flat_A, torch.ones_like(expert_flat_A))
         counts_E, dropped = load_E, load_E.new_zeros(())
@@ -226,7 +233,6 @@ class MoE(nn.Module):
         if x_in_TD is None:
             x_in_TD = x_TD if self.tp is None else self.tp.enter(x_TD)
         x_AD = x_in_TD.index_select(0, token_A).to(dtype)  # backward: index_add, cheaper than index_put
-        split = active()  # splitting gradients by source: each assignment's source (sent along under ep)
         source_A = None if split is None else split.src_T.index_select(0, token_A)
         if self.dispatch is None:
             y_AD = self.compute_experts(x_AD, counts_E, source_A)

@@ -244,9 +244,13 @@ class _SplitExpertMM(torch.autograd.Function):
         expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AI.shape[0])
         # no empty no-source groups: they cost a zero fill each (rows from other ep ranks may have no source)
         G = split.S + 1 if split.unsourced or bool((src_A >= split.S).any()) else split.S
-        # groups source-major, so each source's parts are one contiguous (E, I, O) block of the buffer
-        parts_SEIO = _group_parts(x_AI, grad_AO.to(x_AI.dtype), src_A * E + expert_A, G * E).view(G, E, I, O)
-        return grad_x, split.add(ctx.key, parts_SEIO).to(w_EIO.dtype), None, None, None, None
+        grad_AO = grad_AO.to(x_AI.dtype)
+        group_A = expert_A * G + src_A
+        if _sorted(group_A):  # the MoE sorted each expert's rows by source: its slices are the groups, no gather
+            parts_GEIO = _group_parts(x_AI, grad_AO, group_A, E * G).view(E, G, I, O).transpose(0, 1)
+        else:  # rows from other ep ranks, capacity dropping: grouped source-major, each source one (E, I, O) block
+            parts_GEIO = _group_parts(x_AI, grad_AO, src_A * E + expert_A, G * E).view(G, E, I, O)
+        return grad_x, split.add(ctx.key, parts_GEIO).to(w_EIO.dtype), None, None, None, None
 
 
 def expert_mm(mm, x_AI: torch.Tensor, w_EIO: torch.Tensor, counts_E: torch.Tensor, src_A: torch.Tensor | None):
