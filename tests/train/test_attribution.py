@@ -197,6 +197,20 @@ def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_docum
     assert grouped and all(grouped)
 
 
+def test_tied_embeddings_split_adds_up(tmp_path):
+    """A head tied to the embedding gets per-source parts from both uses; the sources' sum the router part is
+    taken against holds both, so nothing lands in the router row (or its opposite in rounding)."""
+    heldout, train = _setting(3)
+    trainer = _trainer(tmp_path, train, heldout, steps=6, model=dataclasses.replace(_MODEL, tie_embeddings=True),
+                       every=3)
+    for _ in range(3):
+        trainer.train_step()
+    record = trainer.attribute()["attribution"]
+    scale = np.abs(record["measured"]).max()
+    for part in ("router", "rounding"):
+        assert np.abs(record["unattributed_parts"][part]).max() < 1e-5 * scale, part
+
+
 def test_near_copy_of_heldout_ranks_above_noise(tmp_path):
     heldout, train = _setting(0)
     _trainer(tmp_path, train, heldout, steps=8, every=4).fit()
