@@ -115,6 +115,47 @@ def test_split_sums_to_the_real_adamw_update_with_clipping_and_decay(tmp_path):
     assert float(sum(s[0].abs().sum() for s in sources)) == 0, "no training tokens of 'target', no part"
 
 
+class _Alternate(RepeatBatch):
+    """``RepeatBatch`` that hands out its batches in turn."""
+
+    def __init__(self, *batches: Batch) -> None:
+        super().__init__(batches[0])
+        self.batches = batches
+
+    def __next__(self) -> Batch:
+        self.position += 1
+        return self.batches[(self.position - 1) % len(self.batches)]
+
+
+def test_rows_of_no_source_go_to_the_router_row_and_the_parts_still_add_up(tmp_path):
+    """Steps whose batch has rows of no source (id -1) alternate with steps without: the router part, not
+    formed while every row has a source (the split's sum is then the whole gradient), holds what those rows
+    did, and sources + router + weight decay are still the optimizer's whole update."""
+    heldout, train = _setting(8)
+    ids = train.source_ids.clone()
+    ids[6:] = -1
+    unsourced = dataclasses.replace(train, source_ids=ids)
+    model = dataclasses.replace(_MODEL, load_balance="none", z_loss_coef=0.0, doc_mask=True)
+    cfg = TrainConfig(output=str(tmp_path), steps=8, eval_every=0, model=model,
+                      data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0),
+                      optim=OptimConfig(weight_decay=0.1), checkpoint=CheckpointConfig(every=0),
+                      attribution=AttributionConfig(every=100))
+    torch.manual_seed(0)
+    trainer = Trainer(cfg, model=Transformer(model), data=_Alternate(train, train, unsourced), sources=SOURCES,
+                      run_dir=tmp_path, device=torch.device("cpu"), val_data=lambda: list(heldout))
+    attr = trainer.attribution
+    for _ in range(8):
+        trainer.train_step()
+    assert any(attr.split._captured), "steps without rows of no source skip the router part"
+    sources, parts = attr.split.parts()
+    router = max(float(r.abs().max()) for r in parts["router"])
+    assert router > 1e-4 * max(float(s.abs().max()) for s in sources), "the unsourced rows moved the parameters"
+    for i, p in enumerate(attr.params):
+        moved = p.detach() - attr._theta0[i]
+        explained = sources[i].sum(0) + parts["router"][i] + parts["weight_decay"][i]
+        torch.testing.assert_close(explained, moved, rtol=2e-5, atol=2e-5 * float(moved.abs().max()) + 1e-9)
+
+
 @pytest.mark.parametrize("clip", [1.0, 0.3])
 def test_the_backwards_source_sums_give_the_same_step(clip):
     """The router part takes the sources' sum the backward kept (``GradSplit.sums``) or, without one, sums the

@@ -118,7 +118,7 @@ class SourceAttribution:
             return contextlib.nullcontext()
         return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), self.split.buffers(),
                                    scale=1.0 / loss_scale, written=self.split.written, sums=self.split.sums,
-                                   seq_part=self.pieces.seq_part))
+                                   partial=self.split.partial, seq_part=self.pieces.seq_part))
 
     def add_micro_batch(self, weighted_loss_BL: torch.Tensor, source_ids_BL: torch.Tensor) -> None:
         """With ``split = "losses"``: per-source gradients of one micro-batch's data loss

@@ -60,6 +60,11 @@ class MomentSplit:
         self._keys: list[int] | None = None  # what the model's split knows each parameter by (made on first use)
         self.written: set[int] = set()  # keys of the parameters whose grad_S holds this step's parts (others: 0)
         self.sums: dict[int, torch.Tensor] = {}  # by key: Σ_s grad_S[s], where the backward took it (``GradSplit``)
+        self.partial: set[int] = set()  # keys whose gradient this step had rows of no source (``GradSplit``)
+        # per parameter: whether all of its gradient came through the sources' parts when last checked (None:
+        # check this step), so its router part is rounding and is not formed; and whether m_router is nonzero
+        self._captured: list[bool | None] = [None] * len(self.params)
+        self._router_live = [False] * len(self.params)
         self._by_key: dict[int, torch.Tensor] | None = None  # the buffers by key (``buffers()``)
         self._tmp: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per parameter: two scratch tensors
         self.m_S, self.disp_S = z(S), z(S)  # per-source first moment; displacement since the stretch began
@@ -133,7 +138,10 @@ class MomentSplit:
         after each parallel op: a kernel on threads of its own (numba, tried) found the second core
         busy there and streamed at half the bandwidth (12-14 ms against 6-7 ms on the demo's 3.5M
         parameters x 4 sources). The sources' sum the router part needs comes from the backward
-        (``sums``), where the parts are still in cache. torch's
+        (``sums``), where the parts are still in cache; a parameter all of whose gradient came through the
+        sources' parts (checked once a stretch) forms no router part in steps whose rows all have a source
+        (``partial``: the keys that had rows of no source), and its router moment is not stepped while it is
+        0. torch's
         AdamW divides by ``sqrt(v)/sqrt(1-β2^t) + eps``; the same quotient is taken here as
         ``sqrt(1-β2^t)·m / (sqrt(v) + sqrt(1-β2^t)·eps)``, ``v`` clamped to the smallest normal float
         (0 where a weight never had a gradient: ``sqrt(0)`` takes a slow path on CPU, ~5x a normal one)."""
@@ -162,10 +170,15 @@ class MomentSplit:
                 router = None
             elif g_S is None:
                 router.copy_(local(p.grad))
+            elif self._captured[i] and key not in self.partial:
+                router = None  # every row had a source and nothing else reached the gradient: the part is 0
             else:  # what the sources' gradients (as clipped) leave of this rank's share of the gradient
                 if sum_S is None:
                     sum_S = torch.sum(g_S, 0, out=router)
-                torch.add(local(p.grad).float(), sum_S, alpha=-clip_coef * ranks, out=router)
+                grad = local(p.grad).float()
+                torch.add(grad, sum_S, alpha=-clip_coef * ranks, out=router)
+                if self._captured[i] is None and key not in self.partial:  # once per stretch: rounding only?
+                    self._captured[i] = bool(router.abs().max() <= 1e-5 * grad.abs().max())
             if router is not None and ranks != 1:
                 router.div_(ranks)
             m_S = self.m_S[i]
@@ -176,9 +189,11 @@ class MomentSplit:
             else:
                 m_S.mul_(beta1).add_(g_S, alpha=(1 - beta1) * clip_coef)
             if router is None:
-                self.m_router[i].mul_(beta1)
+                if self._router_live[i]:
+                    self.m_router[i].mul_(beta1)
             else:
                 self.m_router[i].lerp_(router, 1 - beta1)
+                self._router_live[i] = True
             if self._before:
                 self.m_before[i].mul_(beta1)
             if self.lamb:
@@ -189,7 +204,8 @@ class MomentSplit:
                 scale *= trust
                 self.disp_wd[i].add_(old, alpha=-h["lr"] * trust * h["weight_decay"])
             self.disp_S[i].addcdiv_(m_S, denom, value=-scale)
-            self.disp_router[i].addcdiv_(self.m_router[i], denom, value=-scale)
+            if self._router_live[i]:
+                self.disp_router[i].addcdiv_(self.m_router[i], denom, value=-scale)
             if self._before:
                 self.disp_before[i].addcdiv_(self.m_before[i], denom, value=-scale)
         self.drop_step()
@@ -198,6 +214,7 @@ class MomentSplit:
         """Forget this step's gradients (after it was applied, or when it was skipped): the next parts overwrite them."""
         self.written.clear()
         self.sums.clear()
+        self.partial.clear()
         self._old = None
 
     # ---- stretches -----------------------------------------------------------------------------
@@ -211,9 +228,17 @@ class MomentSplit:
                     before.copy_(local(state["exp_avg"]).float())
             self.started = True
             self._before = any(bool(b.any()) for b in self.m_before)
+        elif self._before and max((float(b.abs().max()) for b in self.m_before if b.numel()), default=0.0) <= 1e-7 * max(
+                (float(m.abs().max()) for m in self.m_S if m.numel()), default=0.0):
+            # the momentum from before has decayed (β1 a step) to a rounding-level share of the moments: its
+            # rows would add nothing from here on but two passes a step (what is left goes to rounding)
+            for before in self.m_before:
+                before.zero_()
+            self._before = False
         for bufs in (self.disp_S, self.disp_router, self.disp_before, self.disp_wd):
             for b in bufs:
                 b.zero_()
+        self._captured = [None] * len(self.params)  # checked again on the stretch's first step
 
     def parts(self) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
         """Per parameter: (S, ...) source displacements, and the unattributed parts' displacements."""
@@ -248,3 +273,5 @@ class MomentSplit:
                 else:
                     buf.copy_(saved.to(buf.device))
         self._before = any(bool(b.any()) for b in self.m_before)
+        self._router_live = [bool(m.any()) for m in self.m_router]
+        self._captured = [None] * len(self.params)

@@ -26,7 +26,7 @@ class GradSplit:
 
     def __init__(self, source_T: torch.Tensor, n_sources: int, buffers: dict[int, torch.Tensor], *,
                  scale: float = 1.0, written: set[int] | None = None, sums: dict[int, torch.Tensor] | None = None,
-                 seq_part: tuple[int, int] | None = None) -> None:
+                 partial: set[int] | None = None, seq_part: tuple[int, int] | None = None) -> None:
         src = source_T.reshape(-1).long()
         # sequence parallel: (rank, size) of this rank's part of every (B, L) row, where the norms run
         self._seq_part, self._width = seq_part, source_T.shape[-1]
@@ -36,6 +36,8 @@ class GradSplit:
         # so the owner never zeroes its buffers (the caller clears the set between steps)
         self.written = set() if written is None else written
         self.sums = sums  # by key, Σ_s of the step's parts (None: not kept)
+        # the keys whose gradient this step had rows of no source: their total holds more than the sources' sum
+        self.partial = set() if partial is None else partial
         self.src_T = torch.where((src >= 0) & (src < n_sources), src, n_sources)  # S: no source
         self.unsourced = bool((self.src_T == n_sources).any())  # whether any row has no source (padding)
         self._groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
@@ -55,13 +57,14 @@ class GradSplit:
         return id(param) in self.buffers
 
     def groups(self, src: torch.Tensor) -> tuple[torch.Tensor | None, list[int]]:
-        """(rows sorted by source, or None when they already are, S + 2 group bounds); cached for the
-        token rows every layer shares (the probe's rows come grouped by source: no gather)."""
+        """(rows sorted by source, or None when they already are, group bounds: S + 2 of them when some rows
+        have no source, else S + 1); cached for the token rows every layer shares (the probe's rows come
+        grouped by source: no gather)."""
         key = id(src)
         if key not in self._groups:
             order = None if _sorted(src) else src.argsort(stable=True)
-            counts = torch.bincount(src, minlength=self.S + 1)
-            self._groups[key] = (order, [0, *counts.cumsum(0).tolist()])
+            bounds = [0, *torch.bincount(src, minlength=self.S + 1).cumsum(0).tolist()]
+            self._groups[key] = (order, bounds if bounds[-1] > bounds[-2] else bounds[:-1])
         return self._groups[key]
 
     def add(self, param: torch.Tensor | int, parts: torch.Tensor) -> torch.Tensor:
@@ -69,6 +72,8 @@ class GradSplit:
         ``id(param)``'s) and their sum over the sources to ``sums``; returns the gradient of all rows, the
         total autograd gets. The first part of a step overwrites the buffer (``written``)."""
         key = param if isinstance(param, int) else id(param)
+        if parts.shape[0] > self.S:
+            self.partial.add(key)
         src = parts[: self.S]
         sum_src = src.sum(0)  # while the parts are in cache: the moment split needs it for the router part
         total = sum_src + parts[self.S] if parts.shape[0] > self.S else sum_src
@@ -114,13 +119,13 @@ def splitting(split: GradSplit):
 
 
 def _row_parts(split: GradSplit, x_TI: torch.Tensor, g_TO: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """(S + 1, O, I): ``g_sᵀ x_s`` over the rows of each source s."""
+    """(S or S + 1, O, I): ``g_sᵀ x_s`` over the rows of each source s (and of the rows of no source, if any)."""
     order, bounds = split.groups(src)
     xs, gs = (x_TI, g_TO) if order is None else (x_TI.index_select(0, order), g_TO.index_select(0, order))
     if _grouped_ok(gs, xs):  # every source's slice in one call
         return torch._grouped_mm(gs.t(), xs, offs=torch.tensor(bounds[1:], dtype=torch.int32, device=xs.device))
-    parts = x_TI.new_empty(split.S + 1, g_TO.shape[1], x_TI.shape[1])
-    for s in range(split.S + 1):
+    parts = x_TI.new_empty(len(bounds) - 1, g_TO.shape[1], x_TI.shape[1])
+    for s in range(len(bounds) - 1):
         lo, hi = bounds[s], bounds[s + 1]
         if hi > lo:
             torch.mm(gs[lo:hi].t(), xs[lo:hi], out=parts[s])
@@ -197,6 +202,8 @@ def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.T
 
     def hook(grad_BLD: torch.Tensor) -> None:
         keep = src < split.S  # rows of no source stay in autograd's total only
+        if split.unsourced:
+            split.partial.add(key)
         flat = (src * vocab + tokens)[keep]
         rows = grad_BLD.reshape(-1, grad_BLD.shape[-1])[keep].float()
         buf = split.buffers[key]
