@@ -1,13 +1,13 @@
 """Benchmark: what attribution costs on the demo's training run, and how well its estimates add up.
 
     winnow curate pipelines/demo.toml            # once: the demo's shards in out/demo
-    python bench/attribution.py --rounds 2            # the demo's settings: 300 steps, 51-300 attributed, every 25
+    python bench/attribution.py --rounds 4            # the demo's settings: 150 steps, 26-150 attributed, every 25
     python bench/attribution.py --study out/demo/ablate    # also the rank agreement of a finished study
     python bench/attribution.py --rounds 0 --breakdown     # where an attributed step's time goes
-    python bench/attribution.py --batch 32 --rows 1        # the same run at 4096 tokens per step, a 1-row probe
+    python bench/attribution.py --batch 8 --rows 1         # the same run at 1,024 tokens per step, a 1-row probe
 
 Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8 experts, batch
-8 x 128) on the demo's shards for the same steps from the same seed:
+32 x 128) on the demo's shards for the same steps from the same seed:
 
 - ``off``: no attribution (the peer every ratio is against);
 - ``tokens``: attribution every ``--every`` steps (the demo's 25), per-source gradients split by
@@ -17,9 +17,9 @@ Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8
 Every round runs each contender once, the order alternating between rounds (A B C, C B A), and
 the overhead printed is the median over rounds of each contender's time over the ``off`` time of
 the same round, in wall seconds and in CPU seconds of the process (the figure a shared machine's
-descheduling distorts least). The defaults are the demo's: 300 steps, steps 51-300 attributed in
-stretches of 25 (``--steps 60 --start 10`` keeps the share of attributed steps in a fifth of the
-time, with one probe evaluation more per 300 steps). Each attributed run then prints the
+descheduling distorts least). The defaults are the demo job's ``[train]`` settings (150 steps of
+64 x 128 tokens, steps 26-150 attributed in stretches of 25); ``--batch``, ``--steps``, ``--start``,
+``--every`` and ``--rows`` change them. Each attributed run then prints the
 efficiency of its last record: per held-out source the measured change, the sources' column sum,
 their ratio and the quadrature residual as a share of the measured change.
 """
@@ -159,17 +159,21 @@ def _breakdown(args) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=Path, default=ROOT / "out" / "demo", help="the demo's curated job folder")
-    parser.add_argument("--steps", type=int, default=300, help="the demo's 300; 60 with --start 10 keeps its share")
-    parser.add_argument("--every", type=int, default=25, help="[train.attribution] every (the demo's 25)")
-    parser.add_argument("--start", type=int, default=50, help="[train.attribution] start (the demo's 50)")
+    parser.add_argument("--steps", type=int, help="[train] steps (default: the demo's)")
+    parser.add_argument("--every", type=int, help="[train.attribution] every (default: the demo's)")
+    parser.add_argument("--start", type=int, help="[train.attribution] start (default: the demo's)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contenders", default="off,tokens")
-    parser.add_argument("--batch", type=int, help="[train.data] batch_size (default: the demo's 8)")
+    parser.add_argument("--batch", type=int, help="[train.data] batch_size (default: the demo's)")
     parser.add_argument("--rows", type=int, default=4, help="[train.attribution] heldout_rows (default 4)")
     parser.add_argument("--breakdown", action="store_true", help="also time the parts of an attributed step")
     parser.add_argument("--study", type=Path, help="a finished ablation study folder: print its rank agreement")
     args = parser.parse_args()
+    demo = load_train_config(ROOT / "pipelines" / "demo.toml")
+    args.steps = args.steps or demo.steps
+    args.every = args.every or demo.attribution.every
+    args.start = demo.attribution.start if args.start is None else args.start
     if not (args.shards / "manifest.json").is_file():
         print(f"{args.shards} holds no curated job: run `winnow curate pipelines/demo.toml` first")
         return 1
