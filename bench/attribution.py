@@ -4,10 +4,10 @@
     python bench/attribution.py --rounds 4            # the demo's settings: 150 steps, 26-150 attributed, every 25
     python bench/attribution.py --study out/demo/ablate    # also the rank agreement of a finished study
     python bench/attribution.py --rounds 0 --breakdown     # where an attributed step's time goes
-    python bench/attribution.py --batch 8 --rows 1         # the same run at 1,024 tokens per step, a 1-row probe
+    python bench/attribution.py --batch 8 --steps 300 --start 50   # the demo's settings before: 1,024 tokens a step
 
 Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8 experts, batch
-32 x 128) on the demo's shards for the same steps from the same seed:
+64 x 128) on the demo's shards for the same steps from the same seed:
 
 - ``off``: no attribution (the peer every ratio is against);
 - ``tokens``: attribution every ``--every`` steps (the demo's 25), per-source gradients split by
