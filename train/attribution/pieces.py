@@ -153,7 +153,7 @@ class Pieces:
         """FSDP2: the global per-source gradient of parameter ``i``'s shard from this rank's full-size part."""
         group = self.grad_group[i]
         if group is not None:
-            grad_S = grad_S.clone(memory_format=torch.contiguous_format)  # a view of the parts: one block for the collective
+            grad_S = grad_S.clone(memory_format=torch.contiguous_format)  # parts may be a strided view: one block
             with self.timer.blocking(grad_S.numel() * grad_S.element_size()):
                 dist.all_reduce(grad_S, group=group)
         return self.cut(i, grad_S).contiguous()

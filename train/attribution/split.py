@@ -35,6 +35,11 @@ PARTS = ("weight_decay", "router", "momentum_before")  # the unattributed rows, 
 _TINY = torch.finfo(torch.float32).tiny
 
 
+def _largest(tensors: Sequence[torch.Tensor]) -> float:
+    """The largest magnitude in any of ``tensors`` (0 for none)."""
+    return max((float(t.abs().max()) for t in tensors if t.numel()), default=0.0)
+
+
 class MomentSplit:
     """Per-source first moments and per-part displacements of one optimizer's parameters."""
 
@@ -228,8 +233,7 @@ class MomentSplit:
                     before.copy_(local(state["exp_avg"]).float())
             self.started = True
             self._before = any(bool(b.any()) for b in self.m_before)
-        elif self._before and max((float(b.abs().max()) for b in self.m_before if b.numel()), default=0.0) <= 1e-7 * max(
-                (float(m.abs().max()) for m in self.m_S if m.numel()), default=0.0):
+        elif self._before and _largest(self.m_before) <= 1e-7 * _largest(self.m_S):
             # the momentum from before has decayed (β1 a step) to a rounding-level share of the moments: its
             # rows would add nothing from here on but two passes a step (what is left goes to rounding)
             for before in self.m_before:

@@ -211,7 +211,7 @@ def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.T
             buf.zero_()
             split.written.add(key)
         buf.view(-1, rows.shape[1]).index_add_(0, flat, rows, alpha=split.scale)
-        if split.sums is not None and key in split.sums:  # a tied head's parts came first: their sum gets these rows too
+        if split.sums is not None and key in split.sums:  # a tied head's parts came first: their sum gets these too
             split.sums[key].index_add_(0, tokens[keep], rows, alpha=split.scale)
 
     x_BLD.register_hook(hook)
