@@ -230,7 +230,7 @@ def group(keys: pl.LazyFrame, columns: list[str], *, verify: str, threshold: flo
     shutil.rmtree(folder, ignore_errors=True)
     n_usable = keys.filter(pl.col("_nsh") > 0).select(pl.len()).collect().item()
     band_parts = partitions(n_usable, BAND_BYTES, memory_gb, what=f"one band of {stage} over {n_usable} documents")
-    per_pass = max(1, int(memory_gb * GB // max(n_usable * BAND_BYTES, 1))) if band_parts == 1 else 1
+    per_pass = max(1, int(memory_gb * GB // max(n_usable * BAND_BYTES, 1)))  # bands one scan can hold (one partition)
     candidates, n_candidates = candidate_files(keys, columns, band_parts, folder / "candidates", bands_per_pass=per_pass)
     edges, stats = edge_files(keys, candidates, n_candidates, verify=verify, threshold=threshold, chunk_pairs=chunk_pairs,
                               sample=sample, seed=seed, memory_gb=memory_gb, folder=folder / "edges")

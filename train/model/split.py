@@ -220,7 +220,7 @@ def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.T
 def _group_parts(x_AI: torch.Tensor, g_AO: torch.Tensor, group_A: torch.Tensor, n_groups: int) -> torch.Tensor:
     """(n_groups, I, O): ``x_gᵀ g_g`` over the rows of each group (one grouped matmul where the kernel allows)."""
     counts = torch.bincount(group_A, minlength=n_groups)
-    if _sorted(group_A):  # rows already grouped (one source's rows, in expert order)
+    if _sorted(group_A):  # rows already grouped (the MoE sorts each expert's rows by source)
         xs, gs = x_AI, g_AO
     else:
         order = group_A.argsort(stable=True)
@@ -253,13 +253,11 @@ class _SplitExpertMM(torch.autograd.Function):
         expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AI.shape[0])
         # no empty no-source groups: they cost a zero fill each (rows from other ep ranks may have no source)
         G = split.S + 1 if split.unsourced or bool((src_A >= split.S).any()) else split.S
-        grad_AO = grad_AO.to(x_AI.dtype)
-        group_A = expert_A * G + src_A
-        if _sorted(group_A):  # the MoE sorted each expert's rows by source: its slices are the groups, no gather
-            parts_GEIO = _group_parts(x_AI, grad_AO, group_A, E * G).view(E, G, I, O).transpose(0, 1)
-        else:  # rows from other ep ranks, capacity dropping: grouped source-major, each source one (E, I, O) block
-            parts_GEIO = _group_parts(x_AI, grad_AO, src_A * E + expert_A, G * E).view(G, E, I, O)
-        return grad_x, split.add(ctx.key, parts_GEIO).to(w_EIO.dtype), None, None, None, None
+        # groups expert-major: the MoE sorted each expert's rows by source, so they are slices of the rows (rows
+        # from other ep ranks, or kept in token order for capacity dropping, are sorted into them first); the
+        # buffer is the (S, E, I, O) view of the (E, S, I, O) parts
+        parts_EGIO = _group_parts(x_AI, grad_AO.to(x_AI.dtype), expert_A * G + src_A, E * G).view(E, G, I, O)
+        return grad_x, split.add(ctx.key, parts_EGIO.transpose(0, 1)).to(w_EIO.dtype), None, None, None, None
 
 
 def expert_mm(mm, x_AI: torch.Tensor, w_EIO: torch.Tensor, counts_E: torch.Tensor, src_A: torch.Tensor | None):
