@@ -95,3 +95,26 @@ def test_one_process_parallel_is_the_plain_operations():
     assert norm > 1 and torch.linalg.vector_norm(torch.cat([q.grad.flatten() for q in model.parameters()])) == \
         pytest.approx(1.0, rel=1e-5)
     assert p.step_values(torch.tensor(2.5), norm) == (2.5, pytest.approx(float(norm)))
+
+
+def test_shutdown_meets_the_other_ranks_first_unless_leaving_on_an_error(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from train.parallel import shutdown
+
+    met = []
+    barrier = dist.barrier
+    monkeypatch.setattr(dist, "barrier", lambda *a, **kw: (met.append(True), barrier(*a, **kw)))
+    for failing in (False, True):
+        met.clear()
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store-{failing}", rank=0, world_size=1)
+        try:
+            try:
+                if failing:
+                    raise RuntimeError("a rank's step failed")
+            finally:
+                shutdown()  # a barrier here would wait for ranks that may never come
+        except RuntimeError:
+            pass
+        assert not dist.is_initialized()
+        assert met == ([] if failing else [True])
