@@ -13,6 +13,7 @@ from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
 from pipelines.jobfile import build_config, read_toml
 from pipelines.provenance import write_provenance
+from train.adaptive import AdaptiveMix, MixingConfig
 from train.checkpoint import load_checkpoint
 from train.config import TrainConfig
 from train.data import Loader
@@ -84,7 +85,8 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     if train_data is None:
         folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
         held_out = eval_sets(cfg.eval, folders, cfg.replay)  # the job folders: per-source views hold no val split
-        folders, weights = training_sets(_per_source_sets(cfg.shards, Path(cfg.output)), cfg.replay, cfg.data.mix_weights)
+        shards = _adaptive_sets(cfg) if cfg.mixing.active and isinstance(cfg.shards, str) else cfg.shards
+        folders, weights = training_sets(_per_source_sets(shards, Path(cfg.output)), cfg.replay, cfg.data.mix_weights)
     else:
         folders, weights, held_out = list(train_data), cfg.data.mix_weights, eval_sets(cfg.eval, [cfg.shards], None)
     # under torchrun: join the process group; each data-parallel rank reads its own part of the loader's global
@@ -125,11 +127,50 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
                        max_batches=cfg.eval_batches)
 
     teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
+    mixer = build_mixer(cfg.mixing, data, tokenizer, device) if cfg.mixing.active else None
     model = Transformer(model_cfg, activation_checkpointing=cfg.activation_checkpointing,
                         experts=parallel.expert_shard(model_cfg.n_experts), tensor=parallel.tensor_shard(model_cfg))
     return Trainer(cfg, model=model, data=data, sources=data.sources, run_dir=run_dir,
                    device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init,
-                   progress=TrainProgress(total=cfg.steps, enabled=progress))
+                   progress=TrainProgress(total=cfg.steps, enabled=progress), mixer=mixer)
+
+
+def _adaptive_sets(cfg: TrainConfig) -> list[ShardSetConfig]:
+    """Adaptive mixing reweights sources, so a job folder is trained as one set per source, starting from the
+    shares its train shards hold (split once under ``<run>/sources/``)."""
+    from pipelines.ablate.sources import split_by_source
+
+    _, shares = split_by_source(cfg.shards, Path(cfg.output) / "sources" / "set-0")
+    return [ShardSetConfig(path=cfg.shards, sources=shares)]
+
+
+def build_mixer(cfg: MixingConfig, data: Loader, tokenizer, device: torch.device) -> AdaptiveMix:
+    """The adaptive mix over the loader's training sets, scored against ``cfg.reference``; a ConfigError names
+    the key when the reference cannot score this run's data (other tokenizer, vocabulary or sources)."""
+    where = f"train.mixing.reference = {cfg.reference!r}"
+    _, state = load_checkpoint(cfg.reference, what=where)
+    saved_tok = (state.get("data") or {}).get("tokenizer")
+    if saved_tok is not None and saved_tok != tokenizer.name:
+        raise ConfigError(f"{where}: the reference run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
+                          "train the reference with this run's tokenizer")
+    reference_cfg = ModelConfig(**state["model_config"])
+    if reference_cfg.vocab_size != tokenizer.vocab_size:
+        raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
+                          f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
+    held = data.set_sources
+    if any(len(names) != 1 for names in held):
+        many = next(names for names in held if len(names) != 1)
+        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but a training set holds "
+                          f"{many}; give [train] shards per source, e.g. shards = [{{path = 'out/job', sources = "
+                          "{a = 1, b = 1}}] (and no replay set)")
+    unknown = [names[0] for names in held if names[0] not in state.get("sources", [])]
+    if unknown:
+        raise ConfigError(f"{where}: the reference run was trained on sources {state.get('sources')}, without "
+                          f"{unknown[0]!r}, which this run trains on; use a reference trained on this run's sources")
+    reference = Transformer(reference_cfg)
+    reference.load_state_dict(state["model"])
+    return AdaptiveMix(cfg, reference=reference, set_sources=[data.sources.index(names[0]) for names in held],
+                       weights=data.mix_weights, n_sources=len(data.sources), device=device)
 
 
 def _per_source_sets(shards, run_dir: Path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from train.adaptive import MixingConfig
 from train.alerts import AlertConfig
 from train.attribution import AttributionConfig
 from train.checkpoint import CheckpointConfig
@@ -71,6 +72,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # under torchrun: DDP/FSDP2, experts
     attribution: AttributionConfig = field(default_factory=AttributionConfig)  # per-source first-order attribution
     stop: StopConfig = field(default_factory=StopConfig)  # early stopping on held-out loss (train/stopping.py)
+    mixing: MixingConfig = field(default_factory=MixingConfig)  # adaptive (DoReMi-style) mix weights (train/adaptive.py)
 
     def __post_init__(self) -> None:
         for key in ("steps", "grad_accum", "eval_batches"):

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from train.accounting import SourceAccounting, check_source_ids
+from train.adaptive import AdaptiveMix
 from train.alerts import AlertKind, Alerts, SkipReason, SpikeDetector
 from train.attribution import SourceAttribution
 from train.checkpoint import SHARDS_DIR, CheckpointManager, has_shards
@@ -57,7 +58,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, model: Transformer, data: Iterable, sources: list[str], run_dir: str | Path,
                  device: torch.device, val_data: Callable[[], Iterable] | None = None,
                  teacher: Transformer | None = None, parallel: Parallel | None = None,
-                 init: Initialization | None = None, progress: TrainProgress | None = None) -> None:
+                 init: Initialization | None = None, progress: TrainProgress | None = None,
+                 mixer: AdaptiveMix | None = None) -> None:
         self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
         if model.activation_checkpointing != cfg.activation_checkpointing:
             raise ConfigError(f"train.activation_checkpointing = {cfg.activation_checkpointing} but the model was built "
@@ -112,6 +114,10 @@ class Trainer:
                                               autocast=self._autocast)
                             if cfg.attribution.every and val_data is not None else None)
         self._attr_split = False  # whether this step's gradients are split per source
+        self.mixer = mixer  # [train.mixing] adaptive: reweights self.data's sets (train/adaptive.py)
+        if mixer is not None:
+            mixer.reference.to(device)
+        self._mixing = False  # whether this step's batch updates the mix weights
 
     # ---- one optimizer step -------------------------------------------------------------
     def _autocast(self):
@@ -142,6 +148,8 @@ class Trainer:
             data_loss = (train_loss_BL * b.loss_mask).sum() / max(n_tokens, 1)
             if self._attr_split:  # per-source parts of this gradient, from the same forward pass
                 self.attribution.add_micro_batch(train_loss_BL * b.loss_mask / max(n_tokens, 1), b.source_ids)
+            if self._mixing:
+                self.mixer.add(token_loss_BL, b.tokens, b.doc_ids, b.targets, b.source_ids, b.loss_mask)
             loss = data_loss * self.parallel.grad_scale + out.router_loss / n_micro
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         if self.cfg.label_smoothing > 0:  # account the plain cross-entropy, comparable across runs
@@ -201,6 +209,7 @@ class Trainer:
     def train_step(self) -> StepResult:
         self.model.train()
         self._attr_split = self.attribution is not None and self.attribution.begin_step(self.step)
+        self._mixing = self.mixer is not None and self.mixer.due(self.step)
         batches = self._next_batches()
         # host-side (the batches are still on the CPU), summed over ranks: the global-batch mean's denominator
         n_tokens = self.parallel.global_tokens(sum(b.num_tokens for b in batches))
@@ -227,8 +236,13 @@ class Trainer:
             self.accounting.merge(self._step_accounting)
             self.model.update_expert_bias(self.parallel.global_load(self._step_accounting.load_ME))
             self.tokens_seen += n_tokens
-        elif self._attr_split:
-            self.attribution.skip_step()
+            if self._mixing:  # the next batches are drawn by the new weights
+                self.data.reweight(self.mixer.update(self.parallel.reduce_sum))
+        else:
+            if self._attr_split:
+                self.attribution.skip_step()
+            if self._mixing:
+                self.mixer.discard()
         if self.scaler:
             self.scaler.update()  # after a skipped inf step too: that is how the scale comes down
         self._step_accounting.reset()
@@ -280,6 +294,8 @@ class Trainer:
                   "aux_loss": router[:, 0].tolist(), "z_loss": router[:, 1].tolist(), "dropped": router[:, 2].tolist(),
                   "expert_load": acct["expert_load"], "per_source": acct["per_source"], "routing": acct["routing"],
                   "skipped_steps": dict(self.skipped), "comm": self.parallel.comm_report()}
+        if self.mixer is not None:
+            record |= self.mixer.report(self.sources)
         self.metrics.write(record)
         self.alerts.check_interval(self.step, tokens_per_s=speed["tokens_per_s"],
                                    data_wait_pct=speed["data_wait_pct"], grad_norm=self.last.grad_norm)
@@ -356,6 +372,7 @@ class Trainer:
                 "rng": rng_state(), "data": self.data.state_dict(), "accounting": self.accounting.state_dict(),
                 "spikes": self.spikes.state_dict(), "alerts": self.alerts.state_dict(),
                 "attribution": self.attribution.state_dict() if self.attribution else None,
+                "mixing": self.mixer.state_dict() if self.mixer else None,
                 "stopping": self.stopping.state_dict(),
                 "counters": {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped)},
                 "model_config": dataclasses.asdict(self.model.cfg),
@@ -383,6 +400,11 @@ class Trainer:
             self.attribution.load_state_dict(state["attribution"])
         if state.get("stopping"):
             self.stopping.load_state_dict(state["stopping"])
+        if self.mixer is not None:
+            if not state.get("mixing"):
+                raise CheckpointError("the checkpoint was trained without [train.mixing] adaptive; resume without it, "
+                                      "or start a new run (another output)")
+            self.mixer.load_state_dict(state["mixing"])
         counters = state["counters"]
         self.step, self.tokens_seen, self.skipped = counters["step"], counters["tokens_seen"], dict(counters["skipped"])
         set_rng_state(state["rng"])
@@ -463,7 +485,8 @@ class Trainer:
             checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
         self.metrics.close()
         return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": dict(self.skipped), "preempted": preempted,
-                "stopped": stopped, "checkpoint": str(checkpoint), "eval": final_eval, "run_dir": str(self.run_dir)}
+                "stopped": stopped, "checkpoint": str(checkpoint), "eval": final_eval, "run_dir": str(self.run_dir),
+                "mixing": self.mixer.report(self.sources) if self.mixer is not None else None}
 
     def _should_stop(self, eval_record: dict) -> bool:
         """Early stopping (``[train.stop]``): log and record the reason; the loop then ends with a final checkpoint."""

@@ -96,6 +96,19 @@ class Loader:
         return [stream.shards.view for stream in self._sets]
 
     @property
+    def set_sources(self) -> list[list[str]]:
+        """The sources each training set holds, in set order."""
+        return [list(stream.shards.sources) for stream in self._sets]
+
+    @property
+    def mix_weights(self) -> list[float]:
+        return self._mix.weights.tolist()
+
+    def reweight(self, weights: list[float]) -> None:
+        """Draw the sequences of the next steps by ``weights``, one per set (adaptive mixing; same on every rank)."""
+        self._mix.reweight(weights)
+
+    @property
     def epoch(self) -> int:
         return self._sets[0].position[0]
 

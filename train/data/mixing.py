@@ -6,6 +6,12 @@ Global sequence ``g`` goes to the set with the largest deficit ``w_s * (g + 1) -
 depends only on the weights and the sequence counter — not on ranks, workers or seeds —
 and after any prefix every set is within one sequence of its share. The state is the
 per-set counts.
+
+``reweight`` changes the weights mid-run (adaptive mixing, ``train/adaptive.py``): deficits then
+count from that point on, plus each set's deficit carried over (within one sequence), so the
+new shares take over at once without catching up on the old ones. The state then also holds
+the weights, the point of the change and the carried deficits; every rank reweights at the
+same step with the same weights, so the assignment stays identical across ranks.
 """
 
 from __future__ import annotations
@@ -24,15 +30,29 @@ class MixSchedule:
             raise ConfigError(f"train.data.mix_weights = {list(weights)!r} is invalid; allowed: one positive number per data set")
         self.weights = w / w.sum()
         self.counts = np.zeros(len(w), np.int64)
+        self._counts_then = np.zeros(len(w), np.int64)  # per-set counts at the last reweight
+        self._carry = np.zeros(len(w), np.float64)  # each set's deficit at the last reweight
+        self.reweighted = False
+
+    def reweight(self, weights) -> None:
+        """Use ``weights`` (one positive number per set) for the sequences from now on."""
+        w = np.asarray(weights, np.float64)
+        if w.shape != self.weights.shape or not np.all(np.isfinite(w)) or (w <= 0).any():
+            raise ConfigError(f"mix weights {list(weights)!r} are invalid; allowed: {len(self.weights)} positive numbers")
+        counts = self.counts - self._counts_then
+        self._carry = self._carry + self.weights * int(counts.sum()) - counts  # each set's deficit now
+        self._counts_then = self.counts.copy()
+        self.weights = w / w.sum()
+        self.reweighted = True
 
     def assign(self, n: int) -> np.ndarray:
         """Set index of each of the next ``n`` global sequences (does not advance)."""
         if len(self.weights) == 1:
             return np.zeros(n, np.int64)
-        counts, out = self.counts.copy(), np.empty(n, np.int64)
+        counts, out = self.counts - self._counts_then, np.empty(n, np.int64)
         total = int(counts.sum())
-        for j in range(n):
-            s = int(np.argmax(self.weights * (total + j + 1) - counts))
+        for j in range(n):  # (carry 0 and nothing before: w * (g + 1) - count, exactly as without reweighting)
+            s = int(np.argmax(self._carry + self.weights * (total + j + 1) - counts))
             out[j] = s
             counts[s] += 1
         return out
@@ -41,10 +61,19 @@ class MixSchedule:
         self.counts += np.bincount(assigned, minlength=len(self.counts))
 
     def state_dict(self) -> dict:
-        return {"counts": self.counts.tolist()}
+        state = {"counts": self.counts.tolist()}
+        if self.reweighted:  # the current weights, and where they took over
+            state |= {"weights": self.weights.tolist(), "counts_then": self._counts_then.tolist(),
+                      "carry": self._carry.tolist()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         counts = np.asarray(state["counts"], np.int64)
         if counts.shape != self.counts.shape:
             raise CheckpointError(f"mixing state has {len(counts)} data sets, this run has {len(self.counts)}")
         self.counts = counts
+        if "weights" in state:
+            self.weights = np.asarray(state["weights"], np.float64)
+            self._counts_then = np.asarray(state["counts_then"], np.int64)
+            self._carry = np.asarray(state["carry"], np.float64)
+            self.reweighted = True

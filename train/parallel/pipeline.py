@@ -52,6 +52,9 @@ def check_pipeline_run(cfg, *, teacher, attribution: bool) -> None:
     elif attribution and cfg.attribution.split == "losses":
         why = ("train.attribution.split = 'losses': one backward per source cannot cross the stages; "
                "use split = 'tokens' (the default)")
+    elif cfg.mixing.active:
+        why = ("train.mixing.adaptive: the reference model's per-token loss would need a pipeline of its own, "
+               "like a distillation teacher's")
     elif attribution and cfg.activation_checkpointing:
         why = ("train.attribution with train.activation_checkpointing: a stage recomputes its forward in a backward "
                "that runs outside the micro-batch's source split; set activation_checkpointing = false")

@@ -1,0 +1,149 @@
+"""``[train.mixing] adaptive = "doremi"``: the mix moves toward the sources with excess loss, resumes exactly, and
+refuses a reference that cannot score the run's data before training."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from curate.errors import ConfigError as JobConfigError
+from pipelines.train import build_trainer
+from tests.pipelines.continue_util import make_job, tiny_config
+from train.adaptive import AdaptiveMix, MixingConfig
+from train.data.mixing import MixSchedule
+from train.data.sets import ShardSetConfig
+from train.errors import CheckpointError, ConfigError
+from train.model import ModelOutput
+
+
+def test_reweighting_takes_over_at_once_and_resumes_exactly():
+    mix = MixSchedule([1, 1, 1])
+    first = mix.assign(9)
+    assert np.bincount(first, minlength=3).tolist() == [3, 3, 3]
+    mix.advance(first)
+    mix.reweight([0.8, 0.1, 0.1])
+    state = json.loads(json.dumps(mix.state_dict()))  # checkpoints hold it as JSON
+    after = mix.assign(40)
+    counts = np.bincount(after, minlength=3)
+    assert np.all(np.abs(counts - np.array([0.8, 0.1, 0.1]) * 40) <= 1)  # the new shares from the first sequence on,
+    # with no catching up on the 3 sequences each set had before
+    again = MixSchedule([1, 1, 1])
+    again.load_state_dict(state)
+    assert again.assign(40).tolist() == after.tolist()
+    with pytest.raises(ConfigError, match="3 positive numbers"):
+        mix.reweight([1, 0, 1])
+
+
+def test_constant_weights_assign_as_before():  # w * (g + 1) - count, the schedule every existing run follows
+    weights = np.array([0.5, 0.3, 0.2])
+    mix, counts, expected = MixSchedule(weights.tolist()), np.zeros(3), []
+    for g in range(50):
+        s = int(np.argmax(weights * (g + 1) - counts))
+        expected.append(s)
+        counts[s] += 1
+    assert mix.assign(50).tolist() == expected
+
+
+class _Reference(torch.nn.Module):
+    """Logits that give every token the same loss per source id (the token's value is its source id)."""
+
+    def __init__(self, losses: list[float], vocab: int = 8) -> None:
+        super().__init__()
+        self.losses, self.vocab = losses, vocab
+
+    def forward(self, tokens_BL, doc_ids_BL=None):
+        # target 0 everywhere: loss = logsumexp - logit_0; make logit_0 = 0 and the rest equal to hit each loss
+        loss = torch.tensor(self.losses)[tokens_BL]
+        rest = torch.log((torch.exp(loss) - 1) / (self.vocab - 1))
+        logits = rest[..., None].expand(*tokens_BL.shape, self.vocab).clone()
+        logits[..., 0] = 0
+        return ModelOutput(logits_BLV=logits, router_loss=torch.zeros(()), moe=[])
+
+
+def _batch(sources: list[int]):
+    ids = torch.tensor([sources])
+    return ids, torch.zeros_like(ids), ids, torch.ones_like(ids, dtype=torch.bool)
+
+
+def test_the_source_with_more_excess_loss_gains_weight_and_an_absent_one_keeps_its_last_excess():
+    cfg = MixingConfig(adaptive="doremi", reference="unused", every=1, step_size=1.0, smoothing=0.0)
+    mix = AdaptiveMix(cfg, reference=_Reference([1.0, 1.0, 1.0]), set_sources=[0, 1, 2], weights=[1, 1, 1],
+                      n_sources=3, device=torch.device("cpu"))
+    tokens, doc_ids, source_ids, mask = _batch([0, 0, 1, 1, 2, 2])
+    model_loss = torch.tensor([[3.0, 3.0, 1.5, 1.5, 0.5, 0.5]])  # excess 2, 0.5, and 0 (clipped: below the reference)
+    mix.add(model_loss, tokens, doc_ids, torch.zeros_like(tokens), source_ids, mask)
+    weights = mix.update()
+    expected = torch.softmax(torch.tensor([2.0, 0.5, 0.0], dtype=torch.float64), 0)
+    torch.testing.assert_close(torch.tensor(weights, dtype=torch.float64), expected, atol=1e-5, rtol=1e-5)
+    tokens, doc_ids, source_ids, mask = _batch([1, 1, 2, 2])  # source 0 absent: its excess stays 2
+    mix.add(torch.tensor([[1.0, 1.0, 1.0, 1.0]]), tokens, doc_ids, torch.zeros_like(tokens), source_ids, mask)
+    second = mix.update()
+    assert mix.excess.tolist() == pytest.approx([2.0, 0.0, 0.0], abs=1e-5)
+    assert second[0] > weights[0]
+    report = mix.report(["a", "b", "c"])
+    assert report["mix_weights_mean"]["a"] == pytest.approx((weights[0] + second[0]) / 2)
+    floor = MixingConfig(adaptive="doremi", reference="unused", every=1, step_size=50.0, smoothing=0.3)
+    starved = AdaptiveMix(floor, reference=_Reference([1.0] * 3), set_sources=[0, 1, 2], weights=[1, 1, 1],
+                          n_sources=3, device=torch.device("cpu"))
+    tokens, doc_ids, source_ids, mask = _batch([0, 1, 2])
+    starved.add(torch.tensor([[5.0, 1.0, 1.0]]), tokens, doc_ids, torch.zeros_like(tokens), source_ids, mask)
+    assert min(starved.update()) == pytest.approx(0.1)  # smoothing / k: no source is starved however large the excess
+
+
+def _reference_run(tmp_path, job):
+    cfg = tiny_config(tmp_path / "reference", str(job), steps=6)
+    with build_trainer(cfg) as trainer:
+        trainer.fit()
+    return cfg.output
+
+
+def _adaptive(tmp_path, job, reference, *, steps, name="run", **kw):
+    mixing = MixingConfig(adaptive="doremi", reference=reference, every=2, step_size=2.0, smoothing=0.05)
+    return tiny_config(tmp_path / name, str(job), steps=steps, mixing=mixing, **kw)
+
+
+def test_a_run_moves_its_mix_logs_it_and_resumes_to_the_same_weights_and_losses(tmp_path):
+    job = make_job(tmp_path / "job", ("prose", "legal", "code"))
+    reference = _reference_run(tmp_path, job)
+    with build_trainer(_adaptive(tmp_path, job, reference, steps=8)) as trainer:
+        start = list(trainer.data.mix_weights)
+        straight = [trainer.train_step().loss for _ in range(8)]
+        weights = trainer.mixer.report(trainer.sources)
+        assert trainer.data.mix_weights != start and trainer.mixer.updates == 4
+        assert trainer.data.mix_weights == pytest.approx([weights["mix_weights"][s] for s in ("prose", "legal", "code")])
+
+    cfg = _adaptive(tmp_path, job, reference, steps=4, name="resumed")  # fit() leaves a checkpoint at its end
+    with build_trainer(cfg) as trainer:
+        summary = trainer.fit()
+    assert set(summary["mixing"]["mix_weights"]) == {"prose", "legal", "code"}
+    records = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert any("mix_weights" in r and "mix_weights_mean" in r for r in records)
+    with build_trainer(dataclasses.replace(cfg, steps=8)) as trainer:
+        assert trainer.resume()
+        resumed = [trainer.train_step().loss for _ in range(4)]
+        assert trainer.mixer.report(trainer.sources) == weights
+    assert resumed == pytest.approx(straight[4:], rel=1e-5)
+
+
+def test_a_reference_that_cannot_score_the_run_is_refused_before_training(tmp_path):
+    job = make_job(tmp_path / "job", ("prose", "legal"))
+    other = make_job(tmp_path / "other", ("prose",))
+    reference = _reference_run(tmp_path, other)  # never saw 'legal'
+    with pytest.raises(JobConfigError, match=r"train.mixing.reference = .*without 'legal'"):
+        build_trainer(_adaptive(tmp_path, job, reference, steps=2))
+    with pytest.raises(CheckpointError, match="train.mixing.reference = .*no valid checkpoint"):
+        build_trainer(_adaptive(tmp_path, job, str(tmp_path / "nothing-here"), steps=2))
+    sets = [ShardSetConfig(path=str(job)), ShardSetConfig(path=str(other))]  # each set holds several sources
+    cfg = dataclasses.replace(_adaptive(tmp_path, job, reference, steps=2), shards=sets)
+    with pytest.raises(JobConfigError, match=r"train.mixing.adaptive = 'doremi' reweights sources, but a training set holds"):
+        build_trainer(cfg)
+
+
+@pytest.mark.parametrize("kw, key", [({"adaptive": "odm"}, "adaptive"), ({"adaptive": "doremi"}, "reference"),
+                                     ({"every": 0}, "every"), ({"step_size": 0}, "step_size"),
+                                     ({"smoothing": 1.0}, "smoothing")])
+def test_bad_mixing_values_name_the_key(kw, key):
+    with pytest.raises(ConfigError, match=f"train.mixing.{key}"):
+        MixingConfig(**kw)
