@@ -34,6 +34,11 @@ class AblateConfig:
     parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
     executor: Literal["local", "ray"] = "local"  # local processes, or Ray tasks (RAY_ADDRESS for a cluster)
     threads: int = 0  # torch threads per run; 0: this machine's cores / parallel
+    # "doremi": also train one run that starts from the baseline's mix and reweights it online by each
+    # source's excess loss against the finished baseline run ([train.mixing], train/adaptive.py); "": no such run
+    adaptive: str = ""
+    adaptive_every: int = 5  # steps between the adaptive run's weight updates
+    adaptive_step_size: float = 1.0  # its exponentiated-gradient step per nat of excess loss
 
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -65,6 +70,11 @@ class AblateConfig:
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")
         check(self.threads >= 0, "threads", self.threads, "an integer >= 0 (0: cores / parallel)")
+        check(self.adaptive in ("", "doremi"), "adaptive", self.adaptive, "'' (no adaptive run) or 'doremi'")
+        check(not self.adaptive or "replay" not in kinds, "adaptive", self.adaptive,
+              "'' with kind = 'replay' (the adaptive run re-mixes the job's sources)")
+        check(self.adaptive_every >= 1, "adaptive_every", self.adaptive_every, "an integer >= 1")
+        check(self.adaptive_step_size > 0, "adaptive_step_size", self.adaptive_step_size, "a number > 0")
 
     @property
     def kinds(self) -> tuple[str, ...]:

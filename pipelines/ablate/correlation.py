@@ -41,7 +41,7 @@ def compare_with_attribution(results: list[dict], sources: list[str], matrix: np
     base_share = np.array([base.get(s, 0.0) for s in sources])
     groups: dict[str, list[dict]] = {}
     for r in results:
-        if r["kind"] not in ("baseline", "noise"):
+        if r["kind"] not in ("baseline", "noise", "adaptive"):  # an adaptive run has no fixed mix to predict from
             groups.setdefault(r.get("group", r["name"]), []).append(r)
     repeats = max([len(g) for g in groups.values()], default=1)
     noise = seed_noise(results, sources, repeats)

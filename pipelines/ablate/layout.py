@@ -12,6 +12,7 @@
         attribution_vs_ablation.csv / .png   predicted vs measured delta per (variant, source)
         correlation.json          Spearman, sign agreement above the seed noise, noise vs effect sizes
         mixes.json                random_mixes: the regression, its fit quality and the proposed mix
+        adaptive.json             adaptive = "doremi": the adaptive run's mix and loss beside the baseline's
       heatmap.png                 variants x sources of the measured deltas
       report.html                 the study's page (``winnow report <study>``)
 
@@ -83,6 +84,10 @@ class StudyLayout:
         return self.tables / "mixes.json"
 
     @property
+    def adaptive_json(self) -> Path:
+        return self.tables / "adaptive.json"
+
+    @property
     def heatmap_png(self) -> Path:
         return self.root / "heatmap.png"  # beside ablation/: the report draws its own from table.csv
 
@@ -110,6 +115,7 @@ class Study:
     table: pl.DataFrame
     correlation: dict | None = None
     mixes: dict | None = None
+    adaptive: dict | None = None
     images: list[Path] = field(default_factory=list)
 
     @property
@@ -131,4 +137,4 @@ def load_study(path: str | Path) -> Study | None:
         return json.loads(p.read_text()) if p.is_file() else None
 
     return Study(layout=layout, table=pl.read_csv(layout.table_csv), correlation=optional_json(layout.correlation_json),
-                 mixes=optional_json(layout.mixes_json), images=sorted(layout.tables.glob("*.png")))
+                 mixes=optional_json(layout.mixes_json), adaptive=optional_json(layout.adaptive_json), images=sorted(layout.tables.glob("*.png")))

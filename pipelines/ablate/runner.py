@@ -39,6 +39,7 @@ class VariantTask:
 
 def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: dict, sources: list[str]):
     """The ``TrainConfig`` of one variant: the study's [train] with its folder, seed and mix weights."""
+    from train.adaptive import MixingConfig
     from train.attribution import AttributionConfig
 
     # the baseline, and the first attribution_seeds - 1 noise seeds: their matrices are averaged
@@ -48,8 +49,11 @@ def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: 
                    else AttributionConfig())
     data = dataclasses.replace(train_cfg.data, format="parquet", seed=variant["seed"],
                                mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]])
+    mixing = (MixingConfig(adaptive=acfg.adaptive, reference=str(layout.run_dir(BASELINE)), every=acfg.adaptive_every,
+                           step_size=acfg.adaptive_step_size) if variant["kind"] == "adaptive" else MixingConfig())
     return dataclasses.replace(train_cfg, output=str(layout.run_dir(variant["name"])), seed=variant["seed"], data=data,
-                               steps=variant.get("steps", train_cfg.steps), eval_every=0, attribution=attribution)
+                               steps=variant.get("steps", train_cfg.steps), eval_every=0, attribution=attribution,
+                               mixing=mixing)
 
 
 def train_variant(task: VariantTask) -> dict:
@@ -74,6 +78,8 @@ def train_variant(task: VariantTask) -> dict:
         raise KeyboardInterrupt(f"variant {variant['name']} stopped at step {summary['step']}")
     held = (summary["eval"] or {}).get("eval", {}).get("per_source") or {}
     result = {**variant, "held_out": held, "steps": summary["step"], "tokens_seen": summary["tokens_seen"]}
+    if summary["mixing"]:  # an adaptive run: the weights it moved to, and their mean (DoReMi's output mix)
+        result["mixing"] = summary["mixing"]
     StudyLayout(Path(task.study)).write_result(variant["name"], result)
     return result
 

@@ -2,7 +2,9 @@
 
 A ``random_mixes`` study trains in two rounds: the baseline, its noise seeds and the random
 mixes; then the regression over their results proposes a mix, which is trained like the baseline
-and reported next to it. Both rounds skip variants whose ``result.json`` is already there.
+and reported next to it. With ``adaptive = "doremi"`` the second round also trains the adaptive
+run, whose reference is the finished baseline. Both rounds skip variants whose ``result.json`` is
+already there.
 """
 
 from __future__ import annotations
@@ -74,8 +76,11 @@ def run_ablate(args: argparse.Namespace) -> int:
     study = _Study(acfg, train_cfg, layout, folders, sources, str(args.job))
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
     results = study.train(runs)
-    if "random_mixes" in acfg.kinds:
-        results += study.train([_proposal(acfg, results, base, train_cfg)])
+    second = [_proposal(acfg, results, base, train_cfg)] if "random_mixes" in acfg.kinds else []
+    if acfg.adaptive:  # after the baseline: it is the reference
+        second.append({"name": acfg.adaptive, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(base)})
+    if second:
+        results += study.train(second)
     table = write_study(layout.root, results, sources, base, target=acfg.target)
     print(table)
     print(f"table:  {layout.table_csv}")

@@ -17,8 +17,9 @@ def results_frame(results: list[dict], sources: list[str]) -> pl.DataFrame:
     baseline = results[0]["held_out"]
     rows = []
     for r in results:
+        weights = (r.get("mixing") or {}).get("mix_weights_mean") or r["weights"]  # an adaptive run: its mean mix
         row = {"variant": r["name"], "kind": r["kind"], "seed": r["seed"],
-               "weights": " ".join(f"{k}={w / sum(r['weights'].values()):.3f}" for k, w in r["weights"].items())}
+               "weights": " ".join(f"{k}={w / sum(weights.values()):.3f}" for k, w in weights.items())}
         row |= {f"loss_{s}": r["held_out"].get(s) for s in sources}
         row |= {f"delta_{s}": (r["held_out"][s] - baseline[s]) if r["held_out"].get(s) is not None and
                 baseline.get(s) is not None else None for s in sources}
@@ -98,6 +99,8 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
         markdown += "\n" + summary["note"]
     if any(r["kind"] == "random_mix" for r in results):
         markdown += "\n\n" + write_mixes(layout, results, base, target)
+    if any(r["kind"] == "adaptive" for r in results):
+        markdown += "\n\n" + write_adaptive(layout, results, list(base), target)
     return markdown
 
 
@@ -135,3 +138,30 @@ def write_mixes(layout: StudyLayout, results: list[dict], base: dict[str, float]
     summary["summary"] = lines
     write_atomic(layout.mixes_json, json.dumps(summary, indent=1))
     return "\n".join(lines)
+
+
+def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str], target: str) -> str:
+    """``adaptive.json``: the adaptive run's mix and its held-out target loss beside the baseline's (and the
+    regression's proposal, when the study has one), with the seed noise; returns its Markdown summary."""
+    from pipelines.ablate.mixes import target_of
+
+    def measured(r: dict) -> float:
+        return float(target_of(np.array([r["held_out"][s] for s in sources]), sources, target))
+
+    by_kind = {r["kind"]: r for r in results if r["kind"] in ("baseline", "proposed", "adaptive")}
+    baseline, run = by_kind["baseline"], by_kind["adaptive"]
+    noise = max([abs(measured(r) - measured(baseline)) for r in results if r["kind"] == "noise"], default=None)
+    mean = run.get("mixing", {}).get("mix_weights_mean", {})
+    out = {"target": target, "noise": noise, "run": run["name"], "mix_weights_mean": mean,
+           "mix_weights_final": run.get("mixing", {}).get("mix_weights", {}),
+           "measured": {k: measured(r) for k, r in by_kind.items()}}
+    noise_text = f"seed noise {noise:.4f}" if noise is not None else "seed noise not measured: noise_seeds = 1"
+    line = (f"Adaptive mix ({run['name']}, reference: the baseline run): held-out {target} loss "
+            f"{out['measured']['adaptive']:.4f} vs baseline {out['measured']['baseline']:.4f} "
+            f"({out['measured']['adaptive'] - out['measured']['baseline']:+.4f} nats")
+    if "proposed" in out["measured"]:
+        line += f"; the regression's proposed mix {out['measured']['proposed'] - out['measured']['baseline']:+.4f}"
+    line += f"; {noise_text}). Its mean weights over the run: " + ", ".join(f"{k}={w:.3f}" for k, w in mean.items())
+    out["summary"] = [line]
+    write_atomic(layout.adaptive_json, json.dumps(out, indent=1))
+    return line

@@ -216,6 +216,8 @@ def study_section(study: Study) -> str:
     parts += [_img(p.read_bytes(), p.stem) for p in study.images]
     if study.mixes:
         parts += ["<h3>Random mixes</h3>"] + [f"<p>{html.escape(line)}</p>" for line in study.mixes.get("summary", [])]
+    if study.adaptive:
+        parts += ["<h3>Adaptive mix</h3>"] + [f"<p>{html.escape(line)}</p>" for line in study.adaptive.get("summary", [])]
     return "".join(parts)
 
 

@@ -129,6 +129,28 @@ def test_random_mixes_study_trains_the_proposal_next_to_the_baseline(job, tmp_pa
     assert layout.result_path("proposed").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
+def test_the_adaptive_run_trains_against_the_baseline_next_to_the_proposal(job, tmp_path, one_thread):
+    toml = study_toml(tmp_path / "study.toml", job, tmp_path / "study", kind='"random_mixes"', n_mixes=3,
+                      noise_seeds=2, attribution_every=0, adaptive='"doremi"', adaptive_every=1)
+    assert main(["-q", "ablate", str(toml)]) == 0
+    layout = StudyLayout(tmp_path / "study")
+    assert _table(layout.root)["variant"].to_list()[-2:] == ["proposed", "doremi"]
+    result = layout.read_result("doremi")
+    config = json.loads((layout.run_dir("doremi") / "config.json").read_text())
+    assert config["mixing"]["reference"] == str(layout.root) and config["mixing"]["adaptive"] == "doremi"
+    assert json.loads((layout.root / "config.json").read_text())["mixing"]["adaptive"] == ""  # the baseline: fixed mix
+    assert set(result["mixing"]["mix_weights_mean"]) == set(SOURCES)
+    assert result["mixing"]["mix_weights_mean"] != pytest.approx(result["weights"])  # 3 updates moved it
+    adaptive = json.loads(layout.adaptive_json.read_text())
+    assert adaptive["measured"]["adaptive"] == pytest.approx(float(np.mean([result["held_out"][s] for s in SOURCES])))
+    assert set(adaptive["measured"]) == {"baseline", "proposed", "adaptive"}
+    assert adaptive["summary"][0].startswith("Adaptive mix (doremi, reference: the baseline run)")
+    before = layout.result_path("doremi").stat().st_mtime_ns
+    assert main(["-q", "ablate", str(toml)]) == 0  # finished: not trained again
+    assert layout.result_path("doremi").stat().st_mtime_ns == before
+
+
 # ---- bad input: refused before anything trains, naming the variant and the key ----------------------------
 def _refused(tmp_path, capsys, job, **ablate) -> str:
     toml = study_toml(tmp_path / "bad.toml", job, tmp_path / "bad", **ablate)
