@@ -34,6 +34,12 @@ def test_config_errors_name_the_key():
         AblateConfig(kind="mixes")
     with pytest.raises(ConfigError, match="unknown key 'seeds'"):
         build_config(AblateConfig, {"seeds": 2}, "job.toml [ablate]")
+    with pytest.raises(ConfigError, match="ablate.adaptive = 'odm' is invalid"):
+        AblateConfig(adaptive="odm")
+    with pytest.raises(ConfigError, match="ablate.adaptive = 'doremi' is invalid.*replay"):
+        AblateConfig(kind="replay", adaptive="doremi")
+    with pytest.raises(ConfigError, match="ablate.adaptive_every"):
+        AblateConfig(adaptive="doremi", adaptive_every=0)
 
 
 def test_variants_per_kind():

@@ -81,6 +81,11 @@ def test_runs_a_pipeline_does_not_offer_are_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="train.distill"):
         check_pipeline_run(tiny_config(tmp_path), teacher=object(), attribution=False)
+    from train.adaptive import MixingConfig
+
+    with pytest.raises(ConfigError, match="train.mixing.adaptive: the reference model's"):
+        check_pipeline_run(tiny_config(tmp_path, mixing=MixingConfig(adaptive="doremi", reference="run")), teacher=None,
+                           attribution=False)
     check_pipeline_run(tiny_config(tmp_path, precision="fp16"), teacher=None, attribution=False)  # an agreed scaler
     cfg = tiny_config(tmp_path)  # a schedule per micro-batch shape
     cfg.data = LoaderConfig(num_workers=0, batch_size=4, seq_len=16, seq_len_warmup_steps=5, seq_len_warmup_start=8)

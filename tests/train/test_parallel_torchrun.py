@@ -50,3 +50,35 @@ log_every = 1
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]  # one record per step, not one per rank
     assert steps[-1]["tokens_seen"] > 0 and (run / "checkpoints" / "step-00000003" / "state.pt").exists()
+
+
+def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_global_batch(tmp_path):
+    """Two DDP ranks sum their excess losses before the weights move: the mix and the losses follow the
+    one-process run that takes the same global batch as two micro-batches."""
+    from tests.pipelines.continue_util import make_job
+
+    job = make_job(tmp_path / "job", ("prose", "legal", "code"))
+    model = "[train.model]\ndim = 32\nn_layers = 2\nn_heads = 2\nffn_hidden = 32\nn_experts = 4\nmax_seq_len = 64\n"
+    data = "[train.data]\nbatch_size = 2\nseq_len = 32\nnum_workers = 0\n[train.metrics]\nlog_every = 1\n"
+
+    def toml(name: str, extra: str) -> str:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'[job]\noutput = "{job}"\n[train]\noutput = "{tmp_path / name}"\nsteps = 6\neval_every = 0\n'
+                        f"{extra}\n{model}{data}")
+        return str(path)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-m", "pipelines.cli", "-q", "train"]
+    subprocess.run(cli + [toml("reference", "")], env=env, check=True, capture_output=True, timeout=240)
+    mixing = f'[train.mixing]\nadaptive = "doremi"\nreference = "{tmp_path / "reference"}"\nevery = 2\nstep_size = 3.0\n'
+    subprocess.run(cli + [toml("one", "grad_accum = 2\n" + mixing)], env=env, check=True, capture_output=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "pipelines.cli", "-q", "train", toml("two", mixing)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = ([r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+                 if "mix_weights" in r] for name in ("one", "two"))
+    weights = [[w for r in run for w in r["mix_weights"].values()] for run in (one, two)]
+    assert len(two) == 6 and weights[1] == pytest.approx(weights[0], abs=2e-4)  # fp32 sums in another order
+    assert two[-1]["mix_weights"] != two[0]["mix_weights"]  # three updates moved it
+    assert [r["step_loss"] for r in two] == pytest.approx([r["step_loss"] for r in one], rel=1e-4)
