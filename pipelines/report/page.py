@@ -187,6 +187,13 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
         parts += ["<h3>Loss</h3>", _img(plots.loss_curves(run), "loss curves"),
                   "<h3>Optimizer</h3>", _img(plots.optimizer(run), "learning rate and gradient norm"),
                   "<h3>Throughput and memory</h3>", _img(plots.throughput(run), "throughput, data wait, memory")]
+        mix = plots.mix_weights(run)
+        if mix:
+            last = next(r for r in reversed(run.logs) if r.get("mix_weights"))
+            parts += ["<h3>Adaptive mix</h3>", _img(mix, "adaptive mix weights"),
+                      _table(["source", "weight now", "mean over the run", "excess loss (nats)"],
+                             [[s, w, last["mix_weights_mean"].get(s), (last.get("excess_loss") or {}).get(s)]
+                              for s, w in last["mix_weights"].items()])]
         experts = plots.expert_load(run)
         if experts:
             parts += ["<h3>Experts</h3>", _img(experts, "expert load and routing")]

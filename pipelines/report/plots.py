@@ -136,6 +136,24 @@ def loss_curves(run: TrainingRun) -> bytes:
     return _png(fig)
 
 
+def mix_weights(run: TrainingRun) -> bytes | None:
+    """An adaptive run's mix weights per source (solid) and their running mean (dotted); None without them."""
+    rows = [r for r in run.logs if r.get("mix_weights")]
+    if not rows:
+        return None
+    colors = palette(run.sources)
+    fig, ax = _subplots(figsize=(8, 3.2))
+    steps = [r["step"] for r in rows]
+    for source in rows[-1]["mix_weights"]:
+        color = colors.get(source)
+        ax.plot(steps, [r["mix_weights"].get(source) for r in rows], color=color, label=source)
+        ax.plot(steps, [(r.get("mix_weights_mean") or {}).get(source) for r in rows], color=color, linestyle=":")
+    ax.set(title="Adaptive mix: weight per source (dotted: mean so far)", xlabel="step", ylabel="share of sequences",
+           ylim=(0, 1))
+    ax.legend(fontsize=7, ncol=2)
+    return _png(fig)
+
+
 def optimizer(run: TrainingRun) -> bytes:
     """Learning rate and (pre-clip) gradient norm."""
     fig, (ax1, ax2) = _subplots(1, 2, figsize=(11, 3.2))

@@ -120,6 +120,10 @@ def test_a_run_moves_its_mix_logs_it_and_resumes_to_the_same_weights_and_losses(
     assert set(summary["mixing"]["mix_weights"]) == {"prose", "legal", "code"}
     records = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert any("mix_weights" in r and "mix_weights_mean" in r for r in records)
+    from pipelines.report.page import write_report
+
+    page = write_report(tmp_path / "resumed").read_text()
+    assert '<h3>Adaptive mix</h3><img alt="adaptive mix weights"' in page and "<th>mean over the run</th>" in page
     with build_trainer(dataclasses.replace(cfg, steps=8)) as trainer:
         assert trainer.resume()
         resumed = [trainer.train_step().loss for _ in range(4)]
