@@ -220,7 +220,10 @@ def run_inputs(cfg: TrainConfig, trainer: Trainer) -> dict:
     if cfg.replay is not None and cfg.replay.path not in folders:
         folders.append(cfg.replay.path)
     data = list(dict.fromkeys(folders + list(cfg.eval)))
-    return {"data": data, "extra": {"init_from": trainer.init.provenance()} if trainer.init is not None else None}
+    extra = {"init_from": trainer.init.provenance()} if trainer.init is not None else {}
+    if cfg.mixing.active:  # the run its excess losses were measured against
+        extra["mixing_reference"] = cfg.mixing.reference
+    return {"data": data, "extra": extra or None}
 
 
 def load_teacher(path: str) -> Transformer:
@@ -257,5 +260,8 @@ def run_train(args: argparse.Namespace) -> int:
         f"stopped early ({summary['stopped']})" if summary.get("stopped") else "done"
     print(f"training {state} at step {summary['step']}: {summary['tokens_seen']} tokens, skipped {summary['skipped']}")
     print(f"metrics:     {Path(cfg.output) / 'metrics.jsonl'}")
+    if summary["mixing"]:
+        mean = summary["mixing"]["mix_weights_mean"]
+        print("adaptive mix, mean over the run: " + ", ".join(f"{k}={w:.3f}" for k, w in mean.items()))
     print(f"checkpoint:  {summary['checkpoint']}")
     return 0

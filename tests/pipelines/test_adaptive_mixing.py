@@ -151,3 +151,38 @@ def test_a_reference_that_cannot_score_the_run_is_refused_before_training(tmp_pa
 def test_bad_mixing_values_name_the_key(kw, key):
     with pytest.raises(ConfigError, match=f"train.mixing.{key}"):
         MixingConfig(**kw)
+
+
+def test_winnow_train_splits_a_job_folder_per_source_and_records_the_reference(tmp_path, capsys):
+    from pipelines.cli import main
+
+    job = make_job(tmp_path / "job", ("prose", "legal", "code"))
+    reference = _reference_run(tmp_path, job)
+    toml = tmp_path / "job.toml"
+    toml.write_text(f'''[job]
+output = "{job}"
+[train]
+output = "{tmp_path / 'run'}"
+steps = 4
+eval_every = 0
+[train.model]
+dim = 32
+n_layers = 2
+n_heads = 2
+ffn_hidden = 32
+n_experts = 4
+max_seq_len = 64
+[train.data]
+batch_size = 4
+seq_len = 32
+num_workers = 0
+[train.mixing]
+adaptive = "doremi"
+reference = "{reference}"
+every = 2
+''')
+    assert main(["-q", "train", str(toml)]) == 0
+    assert "adaptive mix, mean over the run: prose=" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "run" / "sources" / "set-0").iterdir()) == ["code", "legal", "prose"]
+    provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert provenance["mixing_reference"] == reference
