@@ -114,6 +114,10 @@ class Trainer:
                                               autocast=self._autocast)
                             if cfg.attribution.every and val_data is not None else None)
         self._attr_split = False  # whether this step's gradients are split per source
+        if cfg.mixing.active != (mixer is not None):
+            raise ConfigError(f"train.mixing.adaptive = {cfg.mixing.adaptive!r} but the trainer was given "
+                              f"{'no' if mixer is None else 'an'} adaptive mix; build it with "
+                              "pipelines.train.build_mixer(cfg.mixing, loader, tokenizer, device), or pass none")
         self.mixer = mixer  # [train.mixing] adaptive: reweights self.data's sets (train/adaptive.py)
         if mixer is not None:
             mixer.reference.to(device)

@@ -137,4 +137,5 @@ def load_study(path: str | Path) -> Study | None:
         return json.loads(p.read_text()) if p.is_file() else None
 
     return Study(layout=layout, table=pl.read_csv(layout.table_csv), correlation=optional_json(layout.correlation_json),
-                 mixes=optional_json(layout.mixes_json), adaptive=optional_json(layout.adaptive_json), images=sorted(layout.tables.glob("*.png")))
+                 mixes=optional_json(layout.mixes_json), adaptive=optional_json(layout.adaptive_json),
+                 images=sorted(layout.tables.glob("*.png")))

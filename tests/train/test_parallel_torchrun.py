@@ -69,9 +69,10 @@ def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_globa
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cli = [sys.executable, "-m", "pipelines.cli", "-q", "train"]
-    subprocess.run(cli + [toml("reference", "")], env=env, check=True, capture_output=True, timeout=240)
     mixing = f'[train.mixing]\nadaptive = "doremi"\nreference = "{tmp_path / "reference"}"\nevery = 2\nstep_size = 3.0\n'
-    subprocess.run(cli + [toml("one", "grad_accum = 2\n" + mixing)], env=env, check=True, capture_output=True, timeout=240)
+    for name, extra in (("reference", ""), ("one", "grad_accum = 2\n" + mixing)):
+        proc = subprocess.run(cli + [toml(name, extra)], env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "-m", "pipelines.cli", "-q", "train", toml("two", mixing)],
                           env=env, capture_output=True, text=True, timeout=240)

@@ -155,3 +155,14 @@ def test_attribution_counts_each_tensor_parallel_piece_once_and_refuses_lamb_the
     assert resumed.open_at is None  # the next attributed step opens a new stretch
     with pytest.raises(ConfigError, match=r"train.attribution with train.optim.name = 'lamb'.*use"):
         SourceAttribution(AttributionConfig(every=2), optimizer=Lamb(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0), **kw)
+
+
+def test_adaptive_mixing_in_the_config_needs_the_mixer_built_for_it(tmp_path):
+    from train.adaptive import MixingConfig
+
+    cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0,
+                      data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0),
+                      mixing=MixingConfig(adaptive="doremi", reference="some/run"))
+    with pytest.raises(ConfigError, match=r"train.mixing.adaptive = 'doremi' but the trainer was given no adaptive mix"):
+        Trainer(cfg, model=Transformer(MODEL), data=ClosingBatches(_batch()), sources=["a"], run_dir=tmp_path,
+                device=torch.device("cpu"))
