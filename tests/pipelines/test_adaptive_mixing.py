@@ -11,6 +11,7 @@ import torch
 from curate.errors import ConfigError as JobConfigError
 from pipelines.train import build_trainer
 from tests.pipelines.continue_util import make_job, tiny_config
+from tests.pipelines.tiny import TINY_MODEL
 from train.adaptive import AdaptiveMix, MixingConfig
 from train.data.mixing import MixSchedule
 from train.data.sets import ShardSetConfig
@@ -165,17 +166,7 @@ output = "{job}"
 output = "{tmp_path / 'run'}"
 steps = 4
 eval_every = 0
-[train.model]
-dim = 32
-n_layers = 2
-n_heads = 2
-ffn_hidden = 32
-n_experts = 4
-max_seq_len = 64
-[train.data]
-batch_size = 4
-seq_len = 32
-num_workers = 0
+{TINY_MODEL}
 [train.mixing]
 adaptive = "doremi"
 reference = "{reference}"

@@ -56,15 +56,14 @@ def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_globa
     """Two DDP ranks sum their excess losses before the weights move: the mix and the losses follow the
     one-process run that takes the same global batch as two micro-batches."""
     from tests.pipelines.continue_util import make_job
+    from tests.pipelines.tiny import TINY_MODEL
 
     job = make_job(tmp_path / "job", ("prose", "legal", "code"))
-    model = "[train.model]\ndim = 32\nn_layers = 2\nn_heads = 2\nffn_hidden = 32\nn_experts = 4\nmax_seq_len = 64\n"
-    data = "[train.data]\nbatch_size = 2\nseq_len = 32\nnum_workers = 0\n[train.metrics]\nlog_every = 1\n"
 
     def toml(name: str, extra: str) -> str:
         path = tmp_path / f"{name}.toml"
         path.write_text(f'[job]\noutput = "{job}"\n[train]\noutput = "{tmp_path / name}"\nsteps = 6\neval_every = 0\n'
-                        f"{extra}\n{model}{data}")
+                        f"{extra}\n{TINY_MODEL}[train.metrics]\nlog_every = 1\n")
         return str(path)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
