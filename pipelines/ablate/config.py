@@ -34,9 +34,8 @@ class AblateConfig:
     parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
     executor: Literal["local", "ray"] = "local"  # local processes, or Ray tasks (RAY_ADDRESS for a cluster)
     threads: int = 0  # torch threads per run; 0: this machine's cores / parallel
-    # "doremi": also train one run that starts from the baseline's mix and reweights it online by each
-    # source's excess loss against the finished baseline run ([train.mixing], train/adaptive.py); "": no such run
-    adaptive: str = ""
+    # one more run from the baseline's mix, reweighted online by excess loss against the finished baseline
+    adaptive: Literal["", "doremi"] = ""  # "doremi": also train the adaptive run ([train.mixing]); "": none
     adaptive_every: int = 5  # steps between the adaptive run's weight updates
     adaptive_step_size: float = 1.0  # its exponentiated-gradient step per nat of excess loss
 
