@@ -86,9 +86,12 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
         folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
         held_out = eval_sets(cfg.eval, folders, cfg.replay)  # the job folders: per-source views hold no val split
         shards = _adaptive_sets(cfg) if cfg.mixing.active and isinstance(cfg.shards, str) else cfg.shards
-        folders, weights = training_sets(_per_source_sets(shards, Path(cfg.output)), cfg.replay, cfg.data.mix_weights)
+        sets = _per_source_sets(shards, Path(cfg.output))
+        views = sets is not cfg.shards  # per-source sets: Parquet and token shards, no WebDataset tars
+        folders, weights = training_sets(sets, cfg.replay, cfg.data.mix_weights)
     else:
         folders, weights, held_out = list(train_data), cfg.data.mix_weights, eval_sets(cfg.eval, [cfg.shards], None)
+        views = True
     # under torchrun: join the process group; each data-parallel rank reads its own part of the loader's global
     # order (the tensor- and pipeline-parallel ranks of one dp rank read the same batches)
     parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
@@ -107,8 +110,9 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     if cfg.init_from is not None:
         init = load_init(cfg.init_from, optimizer=cfg.init_optimizer, storage_options=cfg.data.storage_options)
         init.check(model_cfg, tokenizer)
-    held_out, names = _held_out_sets(cfg, folders, held_out, sources)
-    train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [])
+    fmt = "auto" if views and cfg.data.format == "webdataset" else cfg.data.format  # the same rows, as Parquet
+    held_out, names = _held_out_sets(cfg, folders, held_out, sources, train_format=fmt)
+    train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [], format=fmt)
     data = Loader(train_cfg, folders if len(folders) > 1 else folders[0], split="train", tokenizer=tokenizer,
                   rank=world.dp_rank, world_size=world.dp_size, sources=names)
     if world.is_main:
@@ -195,14 +199,14 @@ def _per_source_sets(shards, run_dir: Path):
     return out
 
 
-def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str],
-                   sources: list[str] | None) -> tuple[list[str], list[str]]:
+def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str], sources: list[str] | None, *,
+                   train_format: str) -> tuple[list[str], list[str]]:
     """The held-out folders that have a val split, and every source name (training sets' first) so
     sources only evaluated still get an id before the trainer sizes its per-source sums."""
     names = list(sources or [])
     opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
     for folder in train:
-        names += split_sources(str(folder), split="train", **opts)
+        names += split_sources(str(folder), split="train", **{**opts, "fmt": train_format})
     kept = []
     for folder in held_out:
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import struct
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from curate.atomic import rename_into_place, write_text_atomic
+from curate.atomic import rename_into_place, write_bytes_atomic, write_text_atomic
+from curate.errors import OutputError
 from curate.tokenize import ShardTokenizer
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -130,3 +132,56 @@ class TokenShardWriter:
             "docs_sha256": _digest(doc), "docs_bytes": doc.stat().st_size,
             "tokenizer": self.tok.describe(), "tokenize_seconds": round(self.seconds, 6),
         }
+
+
+def _checked(path: Path, expected: str | None, what: str) -> bytes:
+    data = path.read_bytes()
+    if expected and hashlib.sha256(data).hexdigest() != expected:
+        raise OutputError(f"token shard {path}: {what} sha256 differs from the manifest's {expected}; the job folder "
+                          "was changed after curation: curate the job again")
+    return data
+
+
+def subset_token_shard(job_dir: Path, entry: dict, source: str, root: Path, path: str) -> dict | None:
+    """The documents of ``source`` in the token shard of manifest ``entry`` as a token shard of their own.
+
+    Written as ``root/path`` (a ``.bin`` path relative to ``root``) and its sidecars, in the same order (the curriculum), so document ``j``
+    is row ``j`` of the same source's rows of the Parquet shard; the three files are checked against
+    the entry's sha256 first. Returns the new manifest entry, or None when the shard holds none of
+    ``source``'s documents.
+    """
+    prefix = Path(job_dir) / entry["path"][: -len(".bin")]
+    names = list(entry.get("source_names") or [])
+    if source not in names:
+        return None
+    idx = _checked(prefix.with_name(prefix.name + ".idx"), entry.get("index_sha256"), "index")
+    docs = np.load(io.BytesIO(_checked(prefix.with_name(prefix.name + ".doc.npy"), entry.get("docs_sha256"),
+                                       "document array")), allow_pickle=False)
+    n_seq = struct.unpack_from("<Q", idx, len(INDEX_MAGIC) + 9)[0]
+    sizes = np.frombuffer(idx, np.int32, n_seq, len(INDEX_MAGIC) + 25)
+    keep = docs["source"] == names.index(source)
+    if not keep.any():
+        return None
+    dtype = np.dtype(entry["dtype"])
+    tokens = np.frombuffer(_checked(prefix.with_name(prefix.name + ".bin"), entry.get("sha256"), "token"), dtype)
+    if len(docs) != n_seq or int(sizes.sum(dtype=np.int64)) != len(tokens):
+        raise OutputError(f"token shard {prefix}.bin: {len(tokens)} tokens and {len(docs)} documents do not match its "
+                          f"index ({n_seq} documents); curate the job again")
+    out = Path(root) / path[: -len(".bin")]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept_sizes = sizes[keep]
+    files = {".bin": tokens[np.repeat(keep, sizes)].tobytes(), ".idx": index_bytes(kept_sizes, dtype)}
+    out_docs = np.empty(len(kept_sizes), DOC_DTYPE)
+    out_docs["source"], out_docs["row"] = 0, np.arange(len(kept_sizes), dtype=np.uint32)
+    buf = io.BytesIO()
+    np.save(buf, out_docs, allow_pickle=False)
+    files[".doc.npy"] = buf.getvalue()
+    for suffix, data in files.items():
+        write_bytes_atomic(out.with_name(out.name + suffix), data)
+    n_tokens = int(kept_sizes.sum(dtype=np.int64))
+    sha = {suffix: hashlib.sha256(data).hexdigest() for suffix, data in files.items()}
+    return {"split": entry.get("split", "train"), "format": "tokens", "path": path, "rows": len(kept_sizes),
+            "bytes": len(files[".bin"]), "sha256": sha[".bin"], "sources": {source: len(kept_sizes)}, "means": {},
+            "tokens": n_tokens, "dtype": dtype.name, "source_names": [source], "tokens_by_source": {source: n_tokens},
+            "index_sha256": sha[".idx"], "index_bytes": len(files[".idx"]),
+            "docs_sha256": sha[".doc.npy"], "docs_bytes": len(files[".doc.npy"]), "tokenizer": entry.get("tokenizer")}

@@ -19,8 +19,9 @@ from pipelines.ablate.layout import StudyLayout
 
 #: [train] keys that point at a run folder the variants build on (read with getattr: dotted paths).
 REFERENCE_KEYS = ("distill.teacher", "init_from")
-#: [train] keys that do not change what a run learns: a finished run is reused across changes of these.
-_NOT_RESULTS = ("output", "data.num_workers", "metrics.", "alerts.", "checkpoint.")
+#: [train] keys that do not change what a run learns: a finished run is reused across changes of these
+#: (token shards and Parquet tokenized on the fly give the same batches: docs/design.md, "Token shards").
+_NOT_RESULTS = ("output", "data.num_workers", "data.format", "metrics.", "alerts.", "checkpoint.")
 
 
 def _get(cfg: object, dotted: str) -> object:

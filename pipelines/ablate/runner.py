@@ -47,7 +47,7 @@ def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: 
                                                 variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
     attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every) if attribute
                    else AttributionConfig())
-    data = dataclasses.replace(train_cfg.data, format="parquet", seed=variant["seed"],
+    data = dataclasses.replace(train_cfg.data, seed=variant["seed"],
                                mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]])
     mixing = (MixingConfig(adaptive=acfg.adaptive, reference=str(layout.run_dir(BASELINE)), every=acfg.adaptive_every,
                            step_size=acfg.adaptive_step_size) if variant["kind"] == "adaptive" else MixingConfig())

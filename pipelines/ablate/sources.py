@@ -17,60 +17,80 @@ import polars as pl
 
 from curate.errors import ConfigError
 from curate.writers.layout import shard_dir
+from curate.writers.tokens import TOKENIZER_FILE, subset_token_shard
 from pipelines.ablate.layout import write_atomic
 from pipelines.provenance import manifest_sha256
 
 log = logging.getLogger(__name__)
 
+#: the shard formats a per-source set is made of (WebDataset tars are not read by training)
+VIEW_FORMATS = ("parquet", "tokens")
+
 
 def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, float]]:
-    """One train shard set per source from the job's Parquet train shards; returns folders and byte shares.
+    """One train shard set per source from the job's train shards; returns folders and shares.
 
-    A source with no train rows gets no folder and no share; the study's plan refuses variants
-    that need it.
+    Each set holds the formats the job has (Parquet, tokens or both), each shard the source's rows
+    of the job's shard of the same name in the same order. Shares are bytes of text where the job has
+    Parquet shards, tokens where it has token shards only. A source with no train rows gets no folder
+    and no share; the study's plan refuses variants that need it.
     """
     if not (Path(job_dir) / "manifest.json").is_file():
         raise ConfigError(f"{job_dir}/manifest.json does not exist: curate the job first (`winnow curate JOB.toml` "
                           "or `winnow run JOB.toml`); an ablation re-mixes curated shards and never re-curates")
     manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
-    entries = [e for e in manifest["shards"] if e.get("split") == "train" and e.get("format") == "parquet"]
+    entries = [e for e in manifest["shards"] if e.get("split") == "train" and e.get("format") in VIEW_FORMATS]
     if not entries:
-        raise ConfigError(f"{job_dir}/manifest.json lists no Parquet train shards; [output] formats must include 'parquet'")
+        raise ConfigError(f"{job_dir}/manifest.json lists no Parquet or token train shards; [output] formats must "
+                          "include 'parquet' or 'tokens'")
+    formats = sorted({e["format"] for e in entries})
     digest = manifest_sha256(job_dir)
     folders, sizes = {}, {}
     for source in manifest["sources"]:
         folder = out / source
-        view = _reusable_view(folder, digest)
+        view = _reusable_view(folder, digest, formats)
         if view is None:
             view = _write_view(job_dir, manifest, entries, source, folder, digest)
         if view is None:
             log.warning("source %s has no train rows in %s", source, job_dir)
             continue
-        folders[source], sizes[source] = str(folder), view["bytes_of_text"]
+        folders[source] = str(folder)
+        sizes[source] = view["bytes_of_text"] if "parquet" in formats else view["tokens_of_source"]
     total = sum(sizes.values())
     return folders, {s: b / total for s, b in sizes.items()}
 
 
-def _reusable_view(folder: Path, digest: str) -> dict | None:
+def _reusable_view(folder: Path, digest: str, formats: list[str]) -> dict | None:
     path = folder / "manifest.json"
     if not path.is_file():
         return None
     view = json.loads(path.read_text())
-    return view if view.get("derived_from", {}).get("manifest_sha256") == digest else None
+    same = view.get("derived_from", {}).get("manifest_sha256") == digest
+    return view if same and view.get("formats", ["parquet"]) == formats else None
 
 
 def _write_view(job_dir: str, manifest: dict, entries: list[dict], source: str, folder: Path,
                 digest: str) -> dict | None:
-    shards, text_bytes = [], 0
-    out = shard_dir(folder, "parquet", "train")  # the job folders' own layout
-    out.mkdir(parents=True, exist_ok=True)
-    for i, entry in enumerate(entries):
+    """The view of one source: per job shard (by name, in manifest order) its rows of ``source`` in every format."""
+    stems = list(dict.fromkeys(_stem(e["path"]) for e in entries))
+    shards, text_bytes, n_tokens = [], 0, 0
+    for entry in entries:
         if not (entry.get("sources") or {}).get(source, 1):
+            continue
+        name = f"part-{stems.index(_stem(entry['path'])):05d}"
+        if entry["format"] == "tokens":
+            path = (shard_dir(folder, "tokens", "train") / f"{name}.bin").relative_to(folder).as_posix()
+            written = subset_token_shard(Path(job_dir), entry, source, folder, path)
+            if written is not None:
+                shards.append(written)
+                n_tokens += written["tokens"]
             continue
         rows = pl.read_parquet(Path(job_dir) / entry["path"]).filter(pl.col("source") == source)
         if rows.is_empty():
             continue
-        path = (out / f"part-{i:05d}.parquet").relative_to(folder).as_posix()
+        out = shard_dir(folder, "parquet", "train")  # the job folders' own layout
+        out.mkdir(parents=True, exist_ok=True)
+        path = (out / f"{name}.parquet").relative_to(folder).as_posix()
         rows.write_parquet(folder / path)
         data = (folder / path).read_bytes()
         shards.append({"split": "train", "format": "parquet", "path": path, "rows": rows.height,
@@ -78,7 +98,23 @@ def _write_view(job_dir: str, manifest: dict, entries: list[dict], source: str, 
         text_bytes += int(rows.get_column("text").str.len_bytes().sum())
     if not shards:
         return None
+    tokenizer = _tokenizer_file(job_dir, entries)
+    if tokenizer is not None:  # a tokenizer.json beside the token shards, as in the job folder
+        write_atomic(shard_dir(folder, "tokens", "train").parent / tokenizer.name, tokenizer.read_text())
     view = {"format_version": 1, "job": f"{manifest.get('job')}:{source}", "sources": [source], "shards": shards,
-            "bytes_of_text": text_bytes, "derived_from": {"path": str(job_dir), "manifest_sha256": digest}}
+            "formats": sorted({e["format"] for e in entries}), "bytes_of_text": text_bytes, "tokens_of_source": n_tokens,
+            "derived_from": {"path": str(job_dir), "manifest_sha256": digest}}
     write_atomic(folder / "manifest.json", json.dumps(view, indent=1))
     return view
+
+
+def _stem(path: str) -> str:
+    return path.rsplit("/", 1)[-1].split(".", 1)[0]
+
+
+def _tokenizer_file(job_dir: str, entries: list[dict]) -> Path | None:
+    tokens = [e for e in entries if e["format"] == "tokens"]
+    if not tokens:
+        return None
+    path = Path(job_dir) / tokens[0]["path"].rsplit("/", 2)[0] / TOKENIZER_FILE
+    return path if path.is_file() else None

@@ -66,22 +66,24 @@ def write_job(folder: Path, shards: list[list[dict]], *, split: str = "train", v
 
 
 def write_token_job(folder: Path, shards: list[list[dict]], *, val: list[list[dict]] | None = None,
-                    tokenizer: str = "byte", eos_token: str | None = None) -> Path:
-    """``write_job``'s shards written by curation's own writer as Parquet plus token shards (``.bin``/``.idx``)."""
+                    tokenizer: str = "byte", eos_token: str | None = None,
+                    formats: tuple[str, ...] = ("parquet", "tokens"), sources: list[str] | None = None) -> Path:
+    """``write_job``'s shards written by curation's own writer as Parquet plus token shards (``.bin``/``.idx``),
+    or in ``formats``."""
     from curate.config import OutputConfig, TokensConfig
     from curate.writers.shards import ShardWriter
 
     import polars as pl
 
     folder = Path(folder)
-    output = OutputConfig(formats=["parquet", "tokens"], tokens=TokensConfig(tokenizer=tokenizer, eos_token=eos_token))
+    output = OutputConfig(formats=list(formats), tokens=TokensConfig(tokenizer=tokenizer, eos_token=eos_token))
     entries = []
     for split, groups in (("train", shards), ("val", val or [])):
         for i, rows in enumerate(groups):
             writer = ShardWriter(folder, f"part-{i:05d}", output, split=split)
             writer.write(pl.DataFrame(rows, schema={c: pl.String for c in ("id", "source", "text", "meta")}))
             entries += [{**e, "path": str(Path(e["path"]).relative_to(folder))} for e in writer.close()]
-    sources = sorted({r["source"] for g in shards for r in g})
+    sources = sources if sources is not None else sorted({r["source"] for g in shards for r in g})
     manifest = {"format_version": 1, "job": folder.name, "sources": sources, "shards": entries, "stages": []}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return folder
