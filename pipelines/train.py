@@ -14,7 +14,6 @@ from curate.errors import ConfigError
 from pipelines.jobfile import build_config, read_toml
 from pipelines.provenance import write_provenance
 from train.adaptive import AdaptiveMix, MixingConfig
-from train.checkpoint import load_checkpoint
 from train.config import TrainConfig
 from train.data import Loader
 from train.data.sets import HeldOut, ShardSetConfig, eval_sets, training_sets
@@ -130,8 +129,9 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
         return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources),
                        max_batches=cfg.eval_batches)
 
-    teacher = load_teacher(cfg.distill.teacher) if cfg.distill else None
-    mixer = build_mixer(cfg.mixing, data, tokenizer, device) if cfg.mixing.active else None
+    teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options) if cfg.distill else None
+    mixer = (build_mixer(cfg.mixing, data, tokenizer, device, storage_options=cfg.data.storage_options)
+             if cfg.mixing.active else None)
     model = Transformer(model_cfg, activation_checkpointing=cfg.activation_checkpointing,
                         experts=parallel.expert_shard(model_cfg.n_experts), tensor=parallel.tensor_shard(model_cfg))
     return Trainer(cfg, model=model, data=data, sources=data.sources, run_dir=run_dir,
@@ -148,16 +148,14 @@ def _adaptive_sets(cfg: TrainConfig) -> list[ShardSetConfig]:
     return [ShardSetConfig(path=cfg.shards, sources=shares)]
 
 
-def build_mixer(cfg: MixingConfig, data: Loader, tokenizer, device: torch.device) -> AdaptiveMix:
+def build_mixer(cfg: MixingConfig, data: Loader, tokenizer, device: torch.device, *,
+                storage_options: dict | None = None) -> AdaptiveMix:
     """The adaptive mix over the loader's training sets, scored against ``cfg.reference``; a ConfigError names
     the key when the reference cannot score this run's data (other tokenizer, vocabulary or sources)."""
-    where = f"train.mixing.reference = {cfg.reference!r}"
-    _, state = load_checkpoint(cfg.reference, what=where)
-    saved_tok = (state.get("data") or {}).get("tokenizer")
-    if saved_tok is not None and saved_tok != tokenizer.name:
-        raise ConfigError(f"{where}: the reference run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
-                          "train the reference with this run's tokenizer")
-    reference_cfg = ModelConfig(**state["model_config"])
+    found = load_init(cfg.reference, key="train.mixing.reference", storage_options=storage_options)
+    where, state = found.where, found.state
+    found.check_tokenizer(tokenizer)
+    reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
     if reference_cfg.vocab_size != tokenizer.vocab_size:
         raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
                           f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
@@ -230,11 +228,11 @@ def run_inputs(cfg: TrainConfig, trainer: Trainer) -> dict:
     return {"data": data, "extra": extra or None}
 
 
-def load_teacher(path: str) -> Transformer:
-    """A trained model from a run folder (its newest valid checkpoint) or one checkpoint folder."""
-    _, state = load_checkpoint(path, what=f"train.distill.teacher = {path!r}")
-    model = Transformer(ModelConfig(**state["model_config"]))
-    model.load_state_dict(state["model"])
+def load_teacher(path: str, storage_options: dict | None = None) -> Transformer:
+    """A trained model from a run folder (its newest checkpoint that verifies) or one checkpoint, local or fsspec."""
+    found = load_init(path, key="train.distill.teacher", storage_options=storage_options)
+    model = Transformer(ModelConfig(**found.model_config()))
+    model.load_state_dict(found.state["model"])
     return model.eval()
 
 

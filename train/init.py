@@ -6,6 +6,8 @@ URL. The model config and the tokenizer must be the base run's: a continued run 
 re-shaped the model or re-tokenized the data would not be continuing anything. The weights are
 always loaded; the optimizer's moments only with ``init_optimizer`` (its hyperparameters stay
 this run's). What was loaded — run folder, checkpoint, step, sha256 — goes into provenance.
+The other runs a run reads a model from, the adaptive mix's ``train.mixing.reference`` and the
+distillation teacher ``train.distill.teacher``, are found and verified the same way (``key``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class Initialization:
     state: dict
     optimizer: bool = False  # also load the optimizer state
     storage_options: dict = field(default_factory=dict)  # fsspec options for reading the base run folder
+    key: str = "train.init_from"  # the setting that named it, for messages
+
+    @property
+    def where(self) -> str:
+        return f"{self.key} = {self.given!r}"
 
     @property
     def last_lr(self) -> float | None:
@@ -61,27 +68,36 @@ class Initialization:
 
     def check(self, model_cfg, tokenizer) -> None:
         """ConfigError naming what differs when this run's tokenizer or model config is not the base's."""
-        where = f"train.init_from = {self.given!r}"
+        self.check_tokenizer(tokenizer)
+        saved = self.model_config()
+        mine = dataclasses.asdict(model_cfg)
+        differ = [k for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+        if differ:
+            detail = ", ".join(f"{k} (base {saved.get(k)!r}, this run {mine.get(k)!r})" for k in differ)
+            raise ConfigError(f"{self.where}: [train.model] differs from the base run's model in {detail}; "
+                              "set those keys to the base run's values")
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """ConfigError when this run's tokenizer is not the one the checkpoint's run trained with: its name in the
+        checkpoint, and every file ``tokenizer.save`` writes against the run folder's copy."""
         saved_tok = (self.state.get("data") or {}).get("tokenizer")
         if saved_tok is not None and saved_tok != tokenizer.name:
-            raise ConfigError(f"{where}: the base run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
-                              "set train.tokenizer to the base run's (its run folder holds it)")
+            raise ConfigError(f"{self.where}: that run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
+                              "set train.tokenizer to that run's (its run folder holds it)")
         if self.run_dir is not None:
             mine = _tokenizer_files(tokenizer)
             theirs = self._run_files(list(mine))
             differ = sorted(k for k in theirs if theirs[k] != mine[k])
             if differ:
-                raise ConfigError(f"{where}: this run's tokenizer differs from the base run's ({', '.join(differ)} "
+                raise ConfigError(f"{self.where}: this run's tokenizer differs from that run's ({', '.join(differ)} "
                                   f"in {self.run_dir}); set train.tokenizer = {self.run_dir!r}")
+
+    def model_config(self) -> dict:
+        """The checkpoint's ``[train.model]``; CheckpointError when it records none."""
         saved = self.state.get("model_config")
         if saved is None:
-            raise CheckpointError(f"{where}: checkpoint {self.checkpoint} records no model_config")
-        mine = dataclasses.asdict(model_cfg)
-        differ = [k for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
-        if differ:
-            detail = ", ".join(f"{k} (base {saved.get(k)!r}, this run {mine.get(k)!r})" for k in differ)
-            raise ConfigError(f"{where}: [train.model] differs from the base run's model in {detail}; "
-                              "set those keys to the base run's values")
+            raise CheckpointError(f"{self.where}: checkpoint {self.checkpoint} records no model_config")
+        return saved
 
     def _run_files(self, names: list[str]) -> dict[str, str]:
         """sha256 of those of ``names`` the base run folder holds."""
@@ -141,13 +157,15 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
     return state, digest, step
 
 
-def load_init(given: str, *, optimizer: bool = False, storage_options: dict | None = None) -> Initialization:
-    """Find and load the checkpoint ``given`` names (see the module docstring)."""
+def load_init(given: str, *, optimizer: bool = False, storage_options: dict | None = None,
+              key: str = "train.init_from") -> Initialization:
+    """Find and load the checkpoint ``given`` names (see the module docstring); ``key`` is the setting that
+    named it (``train.mixing.reference`` and ``train.distill.teacher`` are found the same way)."""
     fs, root = fsspec.core.url_to_fs(given, **(storage_options or {}))
     root = root.rstrip("/")
     unstrip = (lambda p: fs.unstrip_protocol(p)) if "://" in given else (lambda p: p)
     if not fs.exists(root):
-        raise ConfigError(f"train.init_from = {given!r} does not exist; give a run folder or a checkpoint")
+        raise ConfigError(f"{key} = {given!r} does not exist; give a run folder or a checkpoint")
     if fs.isfile(root):
         candidates, run_dir = [(posixpath.dirname(root), root)], None
     elif fs.exists(posixpath.join(root, _META)):
@@ -156,7 +174,7 @@ def load_init(given: str, *, optimizer: bool = False, storage_options: dict | No
         folder = posixpath.join(root, "checkpoints") if fs.isdir(posixpath.join(root, "checkpoints")) else root
         steps = sorted((p for p in fs.ls(folder, detail=False) if posixpath.basename(p).startswith(_PREFIX)), reverse=True)
         if not steps:
-            raise ConfigError(f"train.init_from = {given!r} holds no checkpoints (checkpoints/step-*/); train the base run first")
+            raise ConfigError(f"{key} = {given!r} holds no checkpoints (checkpoints/step-*/); train that run first")
         candidates = [(p, posixpath.join(p, _STATE)) for p in steps]
         run_dir = posixpath.dirname(folder) if folder != root else None
     if run_dir is None and posixpath.basename(posixpath.dirname(candidates[0][0])) == "checkpoints":
@@ -167,9 +185,9 @@ def load_init(given: str, *, optimizer: bool = False, storage_options: dict | No
         except CheckpointError as err:
             if i == len(candidates) - 1 or len(candidates) == 1:
                 raise
-            log.warning("init_from: skipping checkpoint: %s", err)
+            log.warning("%s: skipping checkpoint: %s", key, err)
             continue
         return Initialization(given=given, checkpoint=unstrip(folder if fs.isdir(folder) else state_file),
                               run_dir=unstrip(run_dir) if run_dir else None, step=step, sha256=digest, state=state,
-                              optimizer=optimizer, storage_options=dict(storage_options or {}))
-    raise CheckpointError(f"train.init_from = {given!r}: no checkpoint there verifies")  # unreachable: the loop raises
+                              optimizer=optimizer, storage_options=dict(storage_options or {}), key=key)
+    raise CheckpointError(f"{key} = {given!r}: no checkpoint there verifies")  # unreachable: the loop raises

@@ -132,14 +132,35 @@ def test_a_run_moves_its_mix_logs_it_and_resumes_to_the_same_weights_and_losses(
     assert resumed == pytest.approx(straight[4:], rel=1e-5)
 
 
+def test_a_reference_is_read_from_any_fsspec_url_and_verified(tmp_path):
+    import fsspec
+
+    job = make_job(tmp_path / "job", ("prose", "legal"))
+    reference = _reference_run(tmp_path, job)
+    fs = fsspec.filesystem("memory")
+    fs.put(reference, "/ref", recursive=True)
+    try:
+        with build_trainer(_adaptive(tmp_path, job, "memory://ref", steps=2)) as trainer:
+            assert trainer.fit()["mixing"]["mix_weights"]
+        state = next(iter(fs.glob("/ref/checkpoints/step-*/state.pt")))
+        fs.pipe(state, fs.cat(state)[:-16])  # truncated: fails its checksum, and it is the only checkpoint
+        with pytest.raises(CheckpointError, match="train.mixing.reference|fails its checksum"):
+            build_trainer(_adaptive(tmp_path, job, "memory://ref", steps=2, name="again"))
+    finally:
+        fs.rm("/ref", recursive=True)
+
+
 def test_a_reference_that_cannot_score_the_run_is_refused_before_training(tmp_path):
     job = make_job(tmp_path / "job", ("prose", "legal"))
     other = make_job(tmp_path / "other", ("prose",))
     reference = _reference_run(tmp_path, other)  # never saw 'legal'
     with pytest.raises(JobConfigError, match=r"train.mixing.reference = .*without 'legal'"):
         build_trainer(_adaptive(tmp_path, job, reference, steps=2))
-    with pytest.raises(CheckpointError, match="train.mixing.reference = .*no valid checkpoint"):
+    with pytest.raises(ConfigError, match="train.mixing.reference = .*does not exist"):
         build_trainer(_adaptive(tmp_path, job, str(tmp_path / "nothing-here"), steps=2))
+    (tmp_path / "untrained" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="train.mixing.reference = .*holds no checkpoints"):
+        build_trainer(_adaptive(tmp_path, job, str(tmp_path / "untrained"), steps=2))
     sets = [ShardSetConfig(path=str(job)), ShardSetConfig(path=str(other))]  # each set holds several sources
     cfg = dataclasses.replace(_adaptive(tmp_path, job, reference, steps=2), shards=sets)
     with pytest.raises(JobConfigError, match=r"train.mixing.adaptive = 'doremi' reweights sources, but a training set holds"):
