@@ -75,7 +75,7 @@ class Trainer:
         if self.pipeline is not None:
             from train.parallel.pipeline import check_pipeline_run
 
-            check_pipeline_run(cfg, teacher=teacher, attribution=bool(cfg.attribution.every and val_data is not None))
+            check_pipeline_run(cfg, attribution=bool(cfg.attribution.every and val_data is not None))
         self.teacher = teacher.to(device).eval() if teacher is not None else None
         self.data, self._batches = data, iter(data)
         self.val_data = val_data
@@ -152,13 +152,14 @@ class Trainer:
             data_loss = (train_loss_BL * b.loss_mask).sum() / max(n_tokens, 1)
             if self._attr_split:  # per-source parts of this gradient, from the same forward pass
                 self.attribution.add_micro_batch(train_loss_BL * b.loss_mask / max(n_tokens, 1), b.source_ids)
-            if self._mixing:
-                self.mixer.add(token_loss_BL, b.tokens, b.doc_ids, b.targets, b.source_ids, b.loss_mask)
             loss = data_loss * self.parallel.grad_scale + out.router_loss / n_micro
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         if self.cfg.label_smoothing > 0:  # account the plain cross-entropy, comparable across runs
             with torch.no_grad():
                 token_loss_BL = cross_entropy_per_token(out.logits_BLV.detach(), b.targets)
+        if self._mixing:  # the plain cross-entropy, like the reference's
+            with self._autocast():
+                self.mixer.add(token_loss_BL, b.tokens, b.doc_ids, b.targets, b.source_ids, b.loss_mask)
         self._step_accounting.add_loss(token_loss_BL, b.source_ids, b.loss_mask)
         if out.moe:
             self._record_moe(0, out.moe, b.source_ids, b.loss_mask)
@@ -184,13 +185,22 @@ class Trainer:
         # also starts the scaler on the stages that never call the loss
         scale = float(self.scaler.scale(torch.ones((), device=self.device))) if self.scaler else 1.0
 
-        def loss(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL):
+        def loss(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL, tokens_BL=None, doc_ids_BL=None):
             nonlocal total
             token_loss_BL = cross_entropy_per_token(logits_BLV, targets_BL, label_smoothing=self.cfg.label_smoothing)
-            data_loss = (token_loss_BL * loss_mask_BL).sum() / max(n_tokens, 1)
+            train_loss_BL = token_loss_BL
+            if self.teacher is not None:  # the whole teacher on the last stage, on the micro-batch's inputs
+                with torch.no_grad(), self._autocast():
+                    teacher_BLV = self.teacher(tokens_BL, doc_ids_BL).logits_BLV
+                soft_BL = distillation_per_token(logits_BLV, teacher_BLV, temperature=self.cfg.distill.temperature)
+                train_loss_BL = (1 - self.cfg.distill.alpha) * token_loss_BL + self.cfg.distill.alpha * soft_BL
+            data_loss = (train_loss_BL * loss_mask_BL).sum() / max(n_tokens, 1)
             if self.cfg.label_smoothing > 0:
                 with torch.no_grad():
                     token_loss_BL = cross_entropy_per_token(logits_BLV.detach(), targets_BL)
+            if self._mixing:  # the last stage scores its micro-batches with the whole reference model
+                with self._autocast():
+                    self.mixer.add(token_loss_BL, tokens_BL, doc_ids_BL, targets_BL, source_ids_BL, loss_mask_BL)
             self._step_accounting.add_loss(token_loss_BL, source_ids_BL, loss_mask_BL)
             total += data_loss.detach()
             differentiated = data_loss * self.parallel.grad_scale
@@ -199,7 +209,8 @@ class Trainer:
         def split(source_ids_BL):  # each stage splits its micro-batches' weight gradients by source (attribution)
             return self.attribution.micro_batch(source_ids_BL, loss_scale=self.parallel.grad_scale * scale)
         self.pipeline.run([b.to(self.device) for b in batches], loss=loss, record=self._record_moe,
-                          autocast=self._autocast, loss_scale=scale, split=split if self._attr_split else None)
+                          autocast=self._autocast, loss_scale=scale, split=split if self._attr_split else None,
+                          inputs=self._mixing or self.teacher is not None)
         self.micro_steps += len(batches)
         return self.parallel.reduce_pp(total)  # every stage then decides the same skip
 

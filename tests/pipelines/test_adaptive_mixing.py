@@ -198,3 +198,15 @@ every = 2
     assert sorted(p.name for p in (tmp_path / "run" / "sources" / "set-0").iterdir()) == ["code", "legal", "prose"]
     provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert provenance["mixing_reference"] == reference
+
+
+def test_excess_compares_plain_cross_entropy_when_the_run_smooths_its_labels(tmp_path):
+    """A reference with the model's own weights has no excess on any source, label smoothing or not."""
+    job = make_job(tmp_path / "job", ("prose", "legal"))
+    reference = _reference_run(tmp_path, job)
+    with build_trainer(_adaptive(tmp_path, job, reference, steps=2, label_smoothing=0.2)) as trainer:
+        trainer.train_step()  # every = 2: the second step is scored
+        trainer.mixer.reference.load_state_dict(trainer.model.state_dict())
+        trainer.train_step()
+        excess = trainer.mixer.report(trainer.sources)["excess_loss"]
+    assert trainer.mixer.updates == 1 and max(excess.values()) < 1e-6

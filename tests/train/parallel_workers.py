@@ -56,6 +56,10 @@ def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, mod
     """A tiny trainer on ``parallel``; each data-parallel rank reads its own batches (tp/pp ranks share theirs)."""
     cfg = tiny_config(run_dir, steps=steps, grad_accum=grad_accum, metrics={"log_every": 1},
                       checkpoint={"every": 0, "resume": resume}, model=model or {}, **(config or {}))
+    teacher = None
+    if cfg.distill is not None:  # a fixed random teacher of the student's shape, the same on every rank
+        torch.manual_seed(cfg.seed + 1)
+        teacher = Transformer(cfg.model)
     torch.manual_seed(cfg.seed)
     data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size, lengths=lengths)
     model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts),
@@ -63,7 +67,7 @@ def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, mod
     held_out = SyntheticBatches(seed=7)  # the same held-out batches on every rank
     val_data = (lambda: (held_out.make(i) for i in range(val_batches))) if val_batches else None
     return Trainer(cfg, model=model, data=data, sources=SOURCES, run_dir=run_dir,
-                   device=torch.device("cpu"), parallel=parallel, val_data=val_data)
+                   device=torch.device("cpu"), parallel=parallel, val_data=val_data, teacher=teacher)
 
 
 def fit(trainer: Trainer) -> dict:

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.train.parallel_workers import build, fit, spawn
+from tests.train.parallel_workers import assert_same_run, build, fit, reference_run, spawn
 from train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
@@ -65,6 +65,16 @@ def test_interleaved_1f1b_two_stages_per_rank_matches_one_process(tmp_path):
             {k: v["loss_sum"] for k, v in b["per_source"].items()}, rel=1e-6)
         assert a["routing"] == b["routing"]
     _held_out_matches(got, ref)
+
+
+def test_distillation_runs_the_teacher_on_the_last_stage_and_matches_one_process(tmp_path):
+    config = {"distill": {"teacher": "a fixed random model", "alpha": 0.5, "temperature": 2.0}}
+    ref = reference_run(tmp_path, steps=4, grad_accum=2, config=config)
+    plain = reference_run(tmp_path / "plain", steps=4, grad_accum=2)
+    assert ref["losses"] != pytest.approx(plain["losses"], abs=1e-3)  # the soft targets are in the loss
+    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 4, "grad_accum": 2, "config": config,
+                 "parallel": {"pp": 2, "pp_schedule": "1f1b"}}, tmp_path / "out.json")
+    assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
 
 
 def test_pipeline_checkpoints_hold_the_whole_model_and_resume_across_layouts(tmp_path):

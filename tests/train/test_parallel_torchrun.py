@@ -52,18 +52,21 @@ log_every = 1
     assert steps[-1]["tokens_seen"] > 0 and (run / "checkpoints" / "step-00000003" / "state.pt").exists()
 
 
-def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_global_batch(tmp_path):
-    """Two DDP ranks sum their excess losses before the weights move: the mix and the losses follow the
-    one-process run that takes the same global batch as two micro-batches."""
+@pytest.mark.parametrize("layout", ["dp", "pp"])
+def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_global_batch(tmp_path, layout):
+    """Two DDP ranks sum their excess losses before the weights move; under two pipeline stages the last one
+    scores the micro-batches and every stage moves to its weights. Either way the mix and the losses follow
+    the one-process run that takes the same global batch as two micro-batches."""
     from tests.pipelines.continue_util import make_job
     from tests.pipelines.tiny import TINY_MODEL
 
     job = make_job(tmp_path / "job", ("prose", "legal", "code"))
+    model = TINY_MODEL.replace("n_layers = 1", "n_layers = 2")  # a stage each
 
     def toml(name: str, extra: str) -> str:
         path = tmp_path / f"{name}.toml"
         path.write_text(f'[job]\noutput = "{job}"\n[train]\noutput = "{tmp_path / name}"\nsteps = 6\neval_every = 0\n'
-                        f"{extra}\n{TINY_MODEL}[train.metrics]\nlog_every = 1\n")
+                        f"{extra}\n{model}[train.metrics]\nlog_every = 1\n")
         return str(path)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -72,8 +75,9 @@ def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_globa
     for name, extra in (("reference", ""), ("one", "grad_accum = 2\n" + mixing)):
         proc = subprocess.run(cli + [toml(name, extra)], env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-3000:]
+    two = mixing if layout == "dp" else "grad_accum = 2\n" + mixing + '[train.parallel]\npp = 2\npp_schedule = "1f1b"\n'
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "pipelines.cli", "-q", "train", toml("two", mixing)],
+                           "-m", "pipelines.cli", "-q", "train", toml("two", two)],
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = ([r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())

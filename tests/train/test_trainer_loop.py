@@ -8,7 +8,7 @@ import torch
 
 from train.alerts import AlertConfig
 from train.checkpoint import CheckpointConfig
-from train.config import TrainConfig
+from train.config import DistillConfig, TrainConfig
 from train.data import Batch, LoaderConfig
 from train.model import ModelConfig, Transformer, cross_entropy_per_token
 from train.metrics import MetricsConfig
@@ -17,7 +17,8 @@ from train.trainer import Trainer
 
 GOLDEN = Path(__file__).parent / "golden" / "trainer_tiny_fp32.json"
 SOURCES = ["prose", "code"]
-SUBCONFIGS = {"optim": OptimConfig, "alerts": AlertConfig, "metrics": MetricsConfig, "checkpoint": CheckpointConfig}
+SUBCONFIGS = {"optim": OptimConfig, "alerts": AlertConfig, "metrics": MetricsConfig, "checkpoint": CheckpointConfig,
+              "distill": DistillConfig}
 
 
 class SyntheticBatches:

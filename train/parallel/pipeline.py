@@ -40,21 +40,17 @@ from train.parallel.comm import CommTimer
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 # (first MoE layer's index, its stats and the following layers', source ids, loss mask) per stage forward
 Record = Callable[[int, list[MoEStats], torch.Tensor, torch.Tensor], None]
-# (logits_BLV, targets_BL, source_ids_BL, loss_mask_BL) -> the micro-batch's loss to differentiate
-LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (logits_BLV, targets_BL, source_ids_BL, loss_mask_BL) -> the micro-batch's loss to differentiate; with
+# ``run(inputs=True)`` also the keywords tokens_BL and doc_ids_BL (the micro-batch's inputs, on the last stage)
+LossFn = Callable[..., torch.Tensor]
 
 
-def check_pipeline_run(cfg, *, teacher, attribution: bool) -> None:
+def check_pipeline_run(cfg, *, attribution: bool) -> None:
     """ConfigError for the parts of a ``[train]`` run that a pipeline-parallel run does not offer, and why."""
     why = None
-    if teacher is not None:
-        why = "train.distill: the teacher's logits would have to be computed by a pipeline of their own"
-    elif attribution and cfg.attribution.split == "losses":
+    if attribution and cfg.attribution.split == "losses":
         why = ("train.attribution.split = 'losses': one backward per source cannot cross the stages; "
                "use split = 'tokens' (the default)")
-    elif cfg.mixing.active:
-        why = ("train.mixing.adaptive: the reference model's per-token loss would need a pipeline of its own, "
-               "like a distillation teacher's")
     elif attribution and cfg.activation_checkpointing:
         why = ("train.attribution with train.activation_checkpointing: a stage recomputes its forward in a backward "
                "that runs outside the micro-batch's source split; set activation_checkpointing = false")
@@ -250,18 +246,22 @@ class Pipeline:
         self._schedules[key] = schedule
         return schedule
 
-    def _loss(self, logits_BLV: torch.Tensor, target_BL3: torch.Tensor) -> torch.Tensor:
-        targets_BL, source_ids_BL, loss_mask_BL = target_BL3.unbind(-1)
-        return self._loss_fn(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL.bool())
+    def _loss(self, logits_BLV: torch.Tensor, target_BLC: torch.Tensor) -> torch.Tensor:
+        targets_BL, source_ids_BL, loss_mask_BL, *inputs = target_BLC.unbind(-1)
+        extra = dict(zip(("tokens_BL", "doc_ids_BL"), inputs))
+        return self._loss_fn(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL.bool(), **extra)
 
     def run(self, batches: list, *, loss: LossFn, record: Record | None, train: bool = True,
-            autocast: Callable = contextlib.nullcontext, loss_scale: float = 1.0, split: Callable | None = None) -> None:
+            autocast: Callable = contextlib.nullcontext, loss_scale: float = 1.0, split: Callable | None = None,
+            inputs: bool = False) -> None:
         """One schedule step over ``batches`` (one per micro-batch, already on the device).
 
         ``loss`` runs on the last stage per micro-batch; ``record`` on every stage with MoE layers.
         ``loss_scale`` is fp16's loss scale: ``loss`` applies it to the data loss, the stages to
         their router losses (0: none). ``split(source_ids_BL)``: a context each stage's forward of a
-        micro-batch runs in (attribution's per-source split of the weight gradients).
+        micro-batch runs in (attribution's per-source split of the weight gradients). ``inputs``: the
+        schedule's target also carries each micro-batch's tokens and document ids to ``loss`` (keywords
+        ``tokens_BL``, ``doc_ids_BL``): the last stage never sees the tokens otherwise.
         """
         if len(batches) != self.n_microbatches:
             raise ValueError(f"{len(batches)} batches for a schedule of {self.n_microbatches} micro-batches")
@@ -277,7 +277,7 @@ class Pipeline:
             # the gradients accumulate over them (DDP and FSDP2 reduce sums of already-reduced parts)
             for group in _runs(batches):
                 rows, cols = group[0].tokens.shape
-                self._step(self._schedule(rows, cols, len(group), dtype), group, train=train)
+                self._step(self._schedule(rows, cols, len(group), dtype), group, train=train, inputs=inputs)
                 if train:
                     self.shape = (rows, cols)
         finally:
@@ -285,9 +285,10 @@ class Pipeline:
                 module.record, module.split = None, None
             self._loss_fn = None
 
-    def _step(self, schedule, batches: list, *, train: bool) -> None:
+    def _step(self, schedule, batches: list, *, train: bool, inputs: bool = False) -> None:
         cat = {k: torch.cat([getattr(b, k) for b in batches]) for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")}
-        target = torch.stack([cat["targets"], cat["source_ids"], cat["loss_mask"].long()], dim=-1)
+        columns = [cat["targets"], cat["source_ids"], cat["loss_mask"]] + ([cat["tokens"], cat["doc_ids"]] if inputs else [])
+        target = torch.stack([c.long() for c in columns], dim=-1)
         kwargs = {"doc_ids_BL": cat["doc_ids"], "source_ids_BL": cat["source_ids"], "loss_mask_BL": cat["loss_mask"]}
         args = (cat["tokens"],) if 0 in self._where["indices"] else ()
         self._clock[0] = time.perf_counter()
