@@ -84,7 +84,7 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     if train_data is None:
         folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
         held_out = eval_sets(cfg.eval, folders, cfg.replay)  # the job folders: per-source views hold no val split
-        shards = _adaptive_sets(cfg) if cfg.mixing.active and isinstance(cfg.shards, str) else cfg.shards
+        shards = _adaptive_sets(cfg) if cfg.mixing.active else cfg.shards
         sets = _per_source_sets(shards, Path(cfg.output))
         views = sets is not cfg.shards  # per-source sets: Parquet and token shards, no WebDataset tars
         folders, weights = training_sets(sets, cfg.replay, cfg.data.mix_weights)
@@ -140,12 +140,19 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
 
 
 def _adaptive_sets(cfg: TrainConfig) -> list[ShardSetConfig]:
-    """Adaptive mixing reweights sources, so a job folder is trained as one set per source, starting from the
-    shares its train shards hold (split once under ``<run>/sources/``)."""
+    """Adaptive mixing reweights sources, so every training set is trained as one set per source: a job folder,
+    or a ``[train] shards`` entry without ``sources``, starts from the shares its train shards hold (split once
+    under ``<run>/sources/set-<i>/``, where ``_per_source_sets`` finds the split again)."""
     from pipelines.ablate.sources import split_by_source
 
-    _, shares = split_by_source(cfg.shards, Path(cfg.output) / "sources" / "set-0")
-    return [ShardSetConfig(path=cfg.shards, sources=shares)]
+    entries = [ShardSetConfig(path=cfg.shards)] if isinstance(cfg.shards, str) else list(cfg.shards)
+    out = []
+    for i, entry in enumerate(entries):
+        if not entry.sources:
+            _, shares = split_by_source(entry.path, Path(cfg.output) / "sources" / f"set-{i}")
+            entry = dataclasses.replace(entry, sources=shares)
+        out.append(entry)
+    return out
 
 
 def build_mixer(cfg: MixingConfig, data: Loader, tokenizer, device: torch.device, *,
@@ -160,11 +167,16 @@ def build_mixer(cfg: MixingConfig, data: Loader, tokenizer, device: torch.device
         raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
                           f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
     held = data.set_sources
-    if any(len(names) != 1 for names in held):
-        many = next(names for names in held if len(names) != 1)
-        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but a training set holds "
-                          f"{many}; give [train] shards per source, e.g. shards = [{{path = 'out/job', sources = "
-                          "{a = 1, b = 1}}] (and no replay set)")
+    many = next((names for names in held if len(names) != 1), None)
+    if many is not None:  # the replay set: every [train] shards entry was split per source
+        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but the replay set holds "
+                          f"{many} at a fixed share; drop train.replay and list its job folder under [train] shards, "
+                          "e.g. shards = [{path = 'out/job'}, {path = 'out/base'}]: the mix then moves its sources too")
+    names = [n[0] for n in held]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but source {twice!r} is in "
+                          "two [train] shards entries; give each source once (an entry's sources = {...} picks them)")
     unknown = [names[0] for names in held if names[0] not in state.get("sources", [])]
     if unknown:
         raise ConfigError(f"{where}: the reference run was trained on sources {state.get('sources')}, without "

@@ -14,7 +14,7 @@ from tests.pipelines.continue_util import make_job, tiny_config
 from tests.pipelines.tiny import TINY_MODEL
 from train.adaptive import AdaptiveMix, MixingConfig
 from train.data.mixing import MixSchedule
-from train.data.sets import ShardSetConfig
+from train.data.sets import ReplayConfig, ShardSetConfig
 from train.errors import CheckpointError, ConfigError
 from train.model import ModelOutput
 
@@ -161,10 +161,27 @@ def test_a_reference_that_cannot_score_the_run_is_refused_before_training(tmp_pa
     (tmp_path / "untrained" / "checkpoints").mkdir(parents=True)
     with pytest.raises(ConfigError, match="train.mixing.reference = .*holds no checkpoints"):
         build_trainer(_adaptive(tmp_path, job, str(tmp_path / "untrained"), steps=2))
-    sets = [ShardSetConfig(path=str(job)), ShardSetConfig(path=str(other))]  # each set holds several sources
+    sets = [ShardSetConfig(path=str(job)), ShardSetConfig(path=str(other))]  # 'prose' in both
     cfg = dataclasses.replace(_adaptive(tmp_path, job, reference, steps=2), shards=sets)
-    with pytest.raises(JobConfigError, match=r"train.mixing.adaptive = 'doremi' reweights sources, but a training set holds"):
+    with pytest.raises(JobConfigError, match=r"reweights sources, but source 'prose' is in two \[train\] shards entries"):
         build_trainer(cfg)
+    cfg = _adaptive(tmp_path, other, reference, steps=2, replay=ReplayConfig(path=str(job), share=0.1))
+    with pytest.raises(JobConfigError, match=r"reweights sources, but the replay set holds \['prose', 'legal'\]"):
+        build_trainer(cfg)
+
+
+def test_every_shards_entry_is_split_per_source_for_the_mix(tmp_path):
+    reference = _reference_run(tmp_path, make_job(tmp_path / "all", ("prose", "legal", "code")))
+    sets = [ShardSetConfig(path=str(make_job(tmp_path / "a", ("prose", "legal")))),
+            ShardSetConfig(path=str(make_job(tmp_path / "b", ("code",))), weight=0.5)]
+    cfg = dataclasses.replace(_adaptive(tmp_path, tmp_path / "a", reference, steps=4), shards=sets)
+    with build_trainer(cfg) as trainer:
+        assert sorted(trainer.data.set_sources) == [["code"], ["legal"], ["prose"]]
+        weights = dict(zip([n[0] for n in trainer.data.set_sources], trainer.data.mix_weights))
+        assert weights["code"] == pytest.approx(1 / 3)  # the entry's weight, 0.5 of 1.5
+        assert weights["prose"] + weights["legal"] == pytest.approx(2 / 3)  # split by their bytes
+        summary = trainer.fit()
+    assert summary["mixing"]["mix_weights"] != pytest.approx(weights)  # two updates moved it
 
 
 @pytest.mark.parametrize("kw, key", [({"adaptive": "odm"}, "adaptive"), ({"adaptive": "doremi"}, "reference"),
