@@ -40,7 +40,7 @@ from train.data import LoaderConfig  # noqa: E402
 from train.errors import ConfigError  # noqa: E402
 from train.metrics import MetricsConfig  # noqa: E402
 from train.model import ModelConfig, Transformer  # noqa: E402
-from train.parallel import Parallel, ParallelConfig, shutdown  # noqa: E402
+from train.parallel import Parallel, ParallelConfig, exit_process, shutdown  # noqa: E402
 from train.trainer import Trainer  # noqa: E402
 
 # [train.parallel] keys of each layout on 2 processes (the base run is one process, no table)
@@ -86,6 +86,7 @@ def _worker(rank: int, world: int, port: int, layout: dict, args: argparse.Names
         raise
     finally:
         shutdown()
+    exit_process(0)  # a spawned rank that finished: no finalization for gloo's threads to race
 
 
 def run(layout: dict, world: int, args: argparse.Namespace) -> dict:

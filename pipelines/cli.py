@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         return _missing(name, err)
     level = logging.WARNING if args.quiet else (logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    code = _run(args)
+    mesh = sys.modules.get("train.parallel.mesh")  # imported only by the commands that train
+    return mesh.exit_process(code) if mesh is not None else code  # a torchrun worker ends here (see there)
+
+
+def _run(args: argparse.Namespace) -> int:
     from curate.errors import WinnowError
     from train.errors import TrainError  # no dependencies: importable in a curation-only install
 

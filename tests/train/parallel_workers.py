@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from tests.train.test_trainer_loop import SOURCES, SyntheticBatches, tiny_config
 from train.model import Transformer
-from train.parallel import Parallel, ParallelConfig, shutdown
+from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
 from train.trainer import Trainer
 
 
@@ -198,6 +198,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
             Path(out).write_text(json.dumps(result, default=str))
     finally:
         shutdown()
+    exit_process(0)  # a spawned rank that finished: no finalization for gloo's threads to race
 
 
 def spawn(job: dict, out: Path, *, world: int = 2) -> dict:

@@ -12,7 +12,7 @@ import torch
 from tests.train.parallel_workers import free_port, start
 from tests.train.test_attribution import _MODEL, _records, _setting, _trainer
 from train.data import Batch
-from train.parallel import Parallel, ParallelConfig, shutdown
+from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
 
 pytestmark = pytest.mark.slow
 # the router's balancing loss is a mean over each rank's own tokens under data parallelism, so a run with
@@ -37,6 +37,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, split: str) -> None:
         trainer.fit()
     finally:
         shutdown()
+    exit_process(0)  # a spawned rank that finished: no finalization for gloo's threads to race
 
 
 @pytest.mark.parametrize("split", ["tokens", "losses"])

@@ -18,7 +18,7 @@ from tests.train.test_attribution import L, _records, _trainer
 from tests.train.test_attribution import _setting as _base_setting
 from tests.train.test_attribution_ddp import MODEL, _rows
 from train.data import Batch
-from train.parallel import Parallel, ParallelConfig, shutdown
+from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +44,7 @@ def _worker(rank: int, world: int, port: int, run_dir: str, layout: dict, split:
         trainer.fit()
     finally:
         shutdown()
+    exit_process(0)  # a spawned rank that finished: no finalization for gloo's threads to race
 
 
 def _setting(seed: int, *, mixed: bool = False):

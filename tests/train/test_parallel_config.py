@@ -1,5 +1,8 @@
 """``[train.parallel]`` validation: the mesh degrees, what fits a launch, the removed keys, and the one-process Parallel."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -118,3 +121,26 @@ def test_shutdown_meets_the_other_ranks_first_unless_leaving_on_an_error(tmp_pat
             pass
         assert not dist.is_initialized()
         assert met == ([] if failing else [True])
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_a_rank_that_left_its_group_exits_without_finalization(tmp_path, left):
+    """Flushed output and the exit code survive; Python's exit handlers (finalization) do not run."""
+    import subprocess
+    import sys
+
+    script = f"""
+import atexit, pathlib, sys
+import torch.distributed as dist
+from train.parallel import exit_process, shutdown
+atexit.register(lambda: pathlib.Path({str(tmp_path / "finalized")!r}).touch())
+if {left}:
+    dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+    shutdown()
+print("trained", flush=False)
+sys.exit(exit_process(3))
+"""
+    env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 3 and proc.stdout.strip() == "trained", proc.stderr
+    assert (tmp_path / "finalized").exists() is not left

@@ -1,7 +1,7 @@
 """Distributed training on torch.distributed: DDP / FSDP2, expert parallelism, PowerSGD, launched by torchrun."""
 
 from train.parallel.config import ParallelConfig
-from train.parallel.mesh import World, init_world, shutdown
+from train.parallel.mesh import World, exit_process, init_world, shutdown
 from train.parallel.runtime import Parallel
 
-__all__ = ["Parallel", "ParallelConfig", "World", "init_world", "shutdown"]
+__all__ = ["Parallel", "ParallelConfig", "World", "exit_process", "init_world", "shutdown"]
