@@ -1,16 +1,18 @@
 """What a study checks before it trains: reference runs it builds on, and finished results it reuses.
 
-A reference run (a distillation teacher, a run to continue from) trained on other sources or
-with another tokenizer would make every variant's numbers meaningless; a finished variant in the
-study folder that was trained with other settings than the plan now asks for would be compared
-with runs it does not match (a [train] setting added since, at its default, or removed since is
-not a difference: an older study still resumes). Both fail before anything trains, naming the variant and the key.
+A reference run (a distillation teacher, a run to continue from, an adaptive mix's reference) that
+does not exist, or was trained on other sources or with another tokenizer, would make every variant's
+numbers meaningless; a finished variant in the study folder that was trained with other settings
+than the plan now asks for would be compared with runs it does not match (a [train] setting added
+since, at its default, or removed since is not a difference: an older study still resumes). Both
+fail before anything trains, naming the variant and the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import tempfile
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from curate.errors import ConfigError
 from pipelines.ablate.layout import StudyLayout
 
 #: [train] keys that point at a run folder the variants build on (read with getattr: dotted paths).
-REFERENCE_KEYS = ("distill.teacher", "init_from")
+REFERENCE_KEYS = ("distill.teacher", "init_from", "mixing.reference")
 #: [train] keys that do not change what a run learns: a finished run is reused across changes of these
 #: (token shards and Parquet tokenized on the fly give the same batches: docs/design.md, "Token shards").
 _NOT_RESULTS = ("output", "data.num_workers", "data.format", "metrics.", "alerts.", "checkpoint.")
@@ -39,28 +41,85 @@ def _tokenizer_files(tokenizer) -> dict[str, bytes]:
 
 
 def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
-    """Every reference run in [train] was trained on the study's sources with the study's tokenizer."""
-    from pipelines.report.training import is_run_dir, load_run
-    from train.tokenizer import load_tokenizer
+    """Every reference run in [train] exists, was trained on the study's sources and with the study's tokenizer.
+
+    A reference is a run folder, its ``checkpoints`` folder, one checkpoint, or a state file, on any
+    filesystem fsspec reads (``train.data.storage_options``), as the trainer finds it; only the run's
+    ``metrics.jsonl`` and tokenizer files are read, not its weights."""
+    import fsspec
 
     ours = None
+    options = dict(getattr(train_cfg.data, "storage_options", None) or {})
     for key in REFERENCE_KEYS:
-        path = _get(train_cfg, key)
-        if not isinstance(path, str):
+        given = _get(train_cfg, key)
+        if not isinstance(given, str):
             continue
-        run = Path(path)
-        where = f"every variant (first: {first_variant!r}): train.{key} = {path!r}"
-        if is_run_dir(run):
-            theirs = load_run(run).sources
-            if theirs and theirs != sources:
-                raise ConfigError(f"ablate: {where} was trained on sources {theirs}, the study trains on {sources}; "
-                                  f"point train.{key} at a run on the same curated sources")
-        folder = run if (run / "tokenizer_meta.json").is_file() or (run / "tokenizer.json").is_file() else None
-        if folder is not None:
+        where = f"every variant (first: {first_variant!r}): train.{key} = {given!r}"
+        fs, root = fsspec.core.url_to_fs(given, **options)
+        root = root.rstrip("/")
+        if not fs.exists(root):
+            raise ConfigError(f"ablate: {where} does not exist; give a run folder or a checkpoint (train that run first)")
+        run = _run_folder(fs, root)
+        if run is None:
+            continue  # a bare checkpoint outside any run folder: the trainer checks its tokenizer name
+        theirs = _run_sources(fs, run)
+        if theirs and theirs != sources:
+            raise ConfigError(f"ablate: {where} was trained on sources {theirs}, the study trains on {sources}; "
+                              f"point train.{key} at a run on the same curated sources")
+        with tempfile.TemporaryDirectory(prefix="winnow-reference-") as tmp:
+            if not _fetch_tokenizer(fs, run, Path(tmp)):
+                continue
+            from train.tokenizer import load_tokenizer
+
             ours = ours or _tokenizer_files(load_tokenizer(train_cfg.tokenizer))
-            if _tokenizer_files(load_tokenizer(folder)) != ours:
+            if _tokenizer_files(load_tokenizer(tmp)) != ours:
                 raise ConfigError(f"ablate: {where} was trained with another tokenizer than train.tokenizer = "
                                   f"{train_cfg.tokenizer!r}; use the reference run's tokenizer or another reference")
+
+
+def _run_folder(fs, root: str) -> str | None:
+    """The run folder ``root`` is or lies in (one holding ``metrics.jsonl``), up to ``checkpoints/step-*/state.pt``."""
+    for folder in (root, *_parents(root, 3)):
+        if fs.exists(posixpath.join(folder, "metrics.jsonl")):
+            return folder
+    return None
+
+
+def _parents(path: str, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        path = posixpath.dirname(path)
+        out.append(path)
+    return out
+
+
+def _run_sources(fs, run: str) -> list[str]:
+    """The sources the run reported: its first training record's ``per_source`` (an eval's when none has one)."""
+    evaluated: list[str] = []
+    with fs.open(posixpath.join(run, "metrics.jsonl"), "rt") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn line of a killed run
+            if isinstance(record.get("per_source"), dict) and record["per_source"]:
+                return list(record["per_source"])
+            if not evaluated and isinstance(record.get("eval"), dict):
+                evaluated = list(record["eval"].get("per_source") or {})
+    return evaluated
+
+
+def _fetch_tokenizer(fs, run: str, into: Path) -> bool:
+    """Copy the run folder's tokenizer files into ``into``; False when it holds none."""
+    from train.tokenizer import BPE_FILE, META_FILE
+
+    found = False
+    for name in (BPE_FILE, META_FILE):
+        path = posixpath.join(run, name)
+        if fs.exists(path):
+            (into / name).write_bytes(fs.cat_file(path))
+            found = True
+    return found
 
 
 def _flat(value: object, prefix: str = "") -> dict[str, object]:

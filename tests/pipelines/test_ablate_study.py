@@ -189,6 +189,24 @@ def test_a_reference_run_on_other_sources_or_tokenizer_is_refused(job, tmp_path,
     assert "train.distill.teacher" in err and "another tokenizer" in err
 
 
+def test_a_reference_anywhere_fsspec_reads_is_checked_and_a_missing_one_refused(job, tmp_path, capsys):
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/teacher-run/metrics.jsonl", (json.dumps({"step": 1, "loss": 3.0, "per_source": {"web": {}}})
+                                               + "\n").encode())
+    memory.pipe("/teacher-run/checkpoints/step-00000001/state.pt", b"weights are not read by the check")
+    try:
+        for given in ("memory://teacher-run", "memory://teacher-run/checkpoints/step-00000001",
+                      "memory://teacher-run/checkpoints/step-00000001/state.pt"):
+            err = _refused(tmp_path, capsys, job, train=f'[train.distill]\nteacher = "{given}"')
+            assert f"train.distill.teacher = {given!r}" in err and "sources ['web']" in err, err
+    finally:
+        memory.rm("/teacher-run", recursive=True)
+    err = _refused(tmp_path, capsys, job, train=f'init_from = "{tmp_path / "no-such-run"}"')
+    assert "every variant (first: 'baseline'): train.init_from" in err and "does not exist" in err, err
+
+
 def test_a_finished_variant_with_other_settings_is_refused(job, tmp_path, capsys):
     layout = StudyLayout(tmp_path / "bad")
     layout.write_result("baseline", {"name": "baseline", "kind": "baseline", "seed": 0,
