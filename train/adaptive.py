@@ -72,7 +72,9 @@ class AdaptiveMix:
             raise ConfigError("train.mixing.adaptive: each training set must hold exactly one source, a different one "
                               f"each (set sources {set_sources}); give [train] shards as one table with per-source "
                               "weights, e.g. shards = [{path = 'out/job', sources = {a = 1, b = 1}}]")
-        self.cfg, self.reference, self.device = cfg, reference.eval(), device
+        self.cfg, self.device = cfg, device
+        # the model that scores; None on a pipeline stage that never scores (the trainer drops it there)
+        self.reference: torch.nn.Module | None = reference.eval()
         self.set_sources = torch.tensor(set_sources, dtype=torch.long)
         w = torch.tensor(weights, dtype=torch.float64)
         self.weights = w / w.sum()

@@ -76,7 +76,10 @@ class Trainer:
             from train.parallel.pipeline import check_pipeline_run
 
             check_pipeline_run(cfg, attribution=bool(cfg.attribution.every and val_data is not None))
-        self.teacher = teacher.to(device).eval() if teacher is not None else None
+        # under pipeline parallelism only the last stage scores with a teacher or a mix's reference: the
+        # other stages drop theirs rather than hold a whole model on the device for nothing
+        self._scores = self.pipeline is None or self.pipeline.is_last
+        self.teacher = teacher.to(device).eval() if teacher is not None and self._scores else None
         self.data, self._batches = data, iter(data)
         self.val_data = val_data
         self.optimizer = build_optimizer(self.model, cfg.optim)
@@ -120,7 +123,7 @@ class Trainer:
                               "pipelines.train.build_mixer(cfg.mixing, loader, tokenizer, device), or pass none")
         self.mixer = mixer  # [train.mixing] adaptive: reweights self.data's sets (train/adaptive.py)
         if mixer is not None:
-            mixer.reference.to(device)
+            mixer.reference = mixer.reference.to(device) if self._scores else None
         self._mixing = False  # whether this step's batch updates the mix weights
 
     # ---- one optimizer step -------------------------------------------------------------
@@ -210,7 +213,7 @@ class Trainer:
             return self.attribution.micro_batch(source_ids_BL, loss_scale=self.parallel.grad_scale * scale)
         self.pipeline.run([b.to(self.device) for b in batches], loss=loss, record=self._record_moe,
                           autocast=self._autocast, loss_scale=scale, split=split if self._attr_split else None,
-                          inputs=self._mixing or self.teacher is not None)
+                          inputs=self._mixing or self.cfg.distill is not None)
         self.micro_steps += len(batches)
         return self.parallel.reduce_pp(total)  # every stage then decides the same skip
 

@@ -190,6 +190,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         else:
             result = fit(trainer)
             result["layouts"] = layouts(trainer.model)
+            result["holds_teacher"] = trainer.teacher is not None
             if job.get("full_state"):  # the one-process state, gathered from every rank (a collective)
                 result["full_state"] = full_state(trainer)
             result["optim_dtypes"] = sorted({str(v.dtype) for state in trainer.optimizer.state.values()

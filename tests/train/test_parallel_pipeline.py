@@ -75,6 +75,7 @@ def test_distillation_runs_the_teacher_on_the_last_stage_and_matches_one_process
     got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 4, "grad_accum": 2, "config": config,
                  "parallel": {"pp": 2, "pp_schedule": "1f1b"}}, tmp_path / "out.json")
     assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
+    assert not got["holds_teacher"]  # rank 0, the first stage, dropped it: only the last stage scores
 
 
 def test_pipeline_checkpoints_hold_the_whole_model_and_resume_across_layouts(tmp_path):
