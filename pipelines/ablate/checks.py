@@ -78,19 +78,15 @@ def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
 
 
 def _run_folder(fs, root: str) -> str | None:
-    """The run folder ``root`` is or lies in (one holding ``metrics.jsonl``), up to ``checkpoints/step-*/state.pt``."""
-    for folder in (root, *_parents(root, 3)):
-        if fs.exists(posixpath.join(folder, "metrics.jsonl")):
-            return folder
-    return None
-
-
-def _parents(path: str, n: int) -> list[str]:
-    out = []
-    for _ in range(n):
-        path = posixpath.dirname(path)
-        out.append(path)
-    return out
+    """The run folder (one holding ``metrics.jsonl``) that ``root`` is, or holds as ``checkpoints/``,
+    ``checkpoints/step-*/`` or ``checkpoints/step-*/state.pt``: where the trainer looks for its files."""
+    folder = posixpath.dirname(root) if fs.isfile(root) else root
+    candidates = [folder]
+    if posixpath.basename(folder) == "checkpoints":
+        candidates.append(posixpath.dirname(folder))
+    if posixpath.basename(posixpath.dirname(folder)) == "checkpoints":
+        candidates.append(posixpath.dirname(posixpath.dirname(folder)))
+    return next((c for c in candidates if fs.exists(posixpath.join(c, "metrics.jsonl"))), None)
 
 
 def _run_sources(fs, run: str) -> list[str]:

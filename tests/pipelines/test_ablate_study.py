@@ -197,7 +197,8 @@ def test_a_reference_anywhere_fsspec_reads_is_checked_and_a_missing_one_refused(
                                                + "\n").encode())
     memory.pipe("/teacher-run/checkpoints/step-00000001/state.pt", b"weights are not read by the check")
     try:
-        for given in ("memory://teacher-run", "memory://teacher-run/checkpoints/step-00000001",
+        for given in ("memory://teacher-run", "memory://teacher-run/checkpoints",
+                      "memory://teacher-run/checkpoints/step-00000001",
                       "memory://teacher-run/checkpoints/step-00000001/state.pt"):
             err = _refused(tmp_path, capsys, job, train=f'[train.distill]\nteacher = "{given}"')
             assert f"train.distill.teacher = {given!r}" in err and "sources ['web']" in err, err
