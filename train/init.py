@@ -85,9 +85,7 @@ class Initialization:
             raise ConfigError(f"{self.where}: that run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
                               "set train.tokenizer to that run's (its run folder holds it)")
         if self.run_dir is not None:
-            mine = _tokenizer_files(tokenizer)
-            theirs = self._run_files(list(mine))
-            differ = sorted(k for k in theirs if theirs[k] != mine[k])
+            differ = tokenizer_differences(*fsspec.core.url_to_fs(self.run_dir, **self.storage_options), tokenizer)
             if differ:
                 raise ConfigError(f"{self.where}: this run's tokenizer differs from that run's ({', '.join(differ)} "
                                   f"in {self.run_dir}); set train.tokenizer = {self.run_dir!r}")
@@ -101,9 +99,7 @@ class Initialization:
 
     def _run_files(self, names: list[str]) -> dict[str, str]:
         """sha256 of those of ``names`` the base run folder holds."""
-        fs, root = fsspec.core.url_to_fs(self.run_dir, **self.storage_options)
-        paths = {n: posixpath.join(root, n) for n in names}
-        return {n: hashlib.sha256(fs.cat_file(p)).hexdigest() for n, p in paths.items() if fs.exists(p)}
+        return _files_sha256(*fsspec.core.url_to_fs(self.run_dir, **self.storage_options), names)
 
     def apply(self, model, optimizer, scheduler, parallel) -> None:
         """Load the weights (and optimizer moments) into a freshly built run."""
@@ -117,6 +113,19 @@ class Initialization:
             for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
                 group["lr"] = lr
         log.info("initialized from %s (step %d%s)", self.checkpoint, self.step, ", with optimizer state" * self.optimizer)
+
+
+def tokenizer_differences(fs, run_dir: str, tokenizer) -> list[str]:
+    """The files ``tokenizer.save`` writes that run folder ``run_dir`` (on ``fs``) holds with other bytes."""
+    mine = _tokenizer_files(tokenizer)
+    theirs = _files_sha256(fs, run_dir, list(mine))
+    return sorted(k for k in theirs if theirs[k] != mine[k])
+
+
+def _files_sha256(fs, folder: str, names: list[str]) -> dict[str, str]:
+    """sha256 of those of ``names`` that ``folder`` holds."""
+    paths = {n: posixpath.join(folder, n) for n in names}
+    return {n: hashlib.sha256(fs.cat_file(p)).hexdigest() for n, p in paths.items() if fs.exists(p)}
 
 
 def _tokenizer_files(tokenizer) -> dict[str, str]:

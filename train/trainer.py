@@ -146,28 +146,39 @@ class Trainer:
         with self._autocast():
             out = self.net(b.tokens, b.doc_ids)
             token_loss_BL = cross_entropy_per_token(out.logits_BLV, b.targets, label_smoothing=self.cfg.label_smoothing)
-            train_loss_BL = token_loss_BL
-            if self.teacher is not None:
-                with torch.no_grad():
-                    teacher_BLV = self.teacher(b.tokens, b.doc_ids).logits_BLV
-                soft_BL = distillation_per_token(out.logits_BLV, teacher_BLV, temperature=self.cfg.distill.temperature)
-                train_loss_BL = (1 - self.cfg.distill.alpha) * token_loss_BL + self.cfg.distill.alpha * soft_BL
+            train_loss_BL = self._train_loss(out.logits_BLV, token_loss_BL, b.tokens, b.doc_ids)
             data_loss = (train_loss_BL * b.loss_mask).sum() / max(n_tokens, 1)
             if self._attr_split:  # per-source parts of this gradient, from the same forward pass
                 self.attribution.add_micro_batch(train_loss_BL * b.loss_mask / max(n_tokens, 1), b.source_ids)
             loss = data_loss * self.parallel.grad_scale + out.router_loss / n_micro
         (self.scaler.scale(loss) if self.scaler else loss).backward()
-        if self.cfg.label_smoothing > 0:  # account the plain cross-entropy, comparable across runs
-            with torch.no_grad():
-                token_loss_BL = cross_entropy_per_token(out.logits_BLV.detach(), b.targets)
-        if self._mixing:  # the plain cross-entropy, like the reference's
-            with self._autocast():
-                self.mixer.add(token_loss_BL, b.tokens, b.doc_ids, b.targets, b.source_ids, b.loss_mask)
-        self._step_accounting.add_loss(token_loss_BL, b.source_ids, b.loss_mask)
+        self._account_loss(out.logits_BLV, token_loss_BL, b.tokens, b.doc_ids, b.targets, b.source_ids, b.loss_mask)
         if out.moe:
             self._record_moe(0, out.moe, b.source_ids, b.loss_mask)
         self.micro_steps += 1
         return data_loss.detach()
+
+    def _train_loss(self, logits_BLV, token_loss_BL, tokens_BL, doc_ids_BL) -> torch.Tensor:
+        """The per-token loss to differentiate: ``token_loss_BL``, mixed with the teacher's soft targets under
+        ``[train.distill]`` (the whole teacher, on the micro-batch's inputs)."""
+        if self.teacher is None:
+            return token_loss_BL
+        with torch.no_grad(), self._autocast():
+            teacher_BLV = self.teacher(tokens_BL, doc_ids_BL).logits_BLV
+        soft_BL = distillation_per_token(logits_BLV, teacher_BLV, temperature=self.cfg.distill.temperature)
+        return (1 - self.cfg.distill.alpha) * token_loss_BL + self.cfg.distill.alpha * soft_BL
+
+    def _account_loss(self, logits_BLV, token_loss_BL, tokens_BL, doc_ids_BL, targets_BL, source_ids_BL,
+                      loss_mask_BL) -> None:
+        """The micro-batch's plain cross-entropy (without label smoothing: comparable across runs, and with
+        the reference's) into the per-source sums and, on a mixing step, the adaptive mix."""
+        if self.cfg.label_smoothing > 0:
+            with torch.no_grad():
+                token_loss_BL = cross_entropy_per_token(logits_BLV.detach(), targets_BL)
+        if self._mixing:
+            with self._autocast():
+                self.mixer.add(token_loss_BL, tokens_BL, doc_ids_BL, targets_BL, source_ids_BL, loss_mask_BL)
+        self._step_accounting.add_loss(token_loss_BL, source_ids_BL, loss_mask_BL)
 
     def _record_moe(self, first: int, moe: list, source_ids_BL: torch.Tensor, loss_mask_BL: torch.Tensor) -> None:
         """Routing, load and router losses of MoE layers ``first, first + 1, ...`` (all of them, or a pipeline stage's)."""
@@ -191,20 +202,10 @@ class Trainer:
         def loss(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL, tokens_BL=None, doc_ids_BL=None):
             nonlocal total
             token_loss_BL = cross_entropy_per_token(logits_BLV, targets_BL, label_smoothing=self.cfg.label_smoothing)
-            train_loss_BL = token_loss_BL
-            if self.teacher is not None:  # the whole teacher on the last stage, on the micro-batch's inputs
-                with torch.no_grad(), self._autocast():
-                    teacher_BLV = self.teacher(tokens_BL, doc_ids_BL).logits_BLV
-                soft_BL = distillation_per_token(logits_BLV, teacher_BLV, temperature=self.cfg.distill.temperature)
-                train_loss_BL = (1 - self.cfg.distill.alpha) * token_loss_BL + self.cfg.distill.alpha * soft_BL
+            # the last stage runs the whole teacher and reference on the micro-batch's inputs
+            train_loss_BL = self._train_loss(logits_BLV, token_loss_BL, tokens_BL, doc_ids_BL)
             data_loss = (train_loss_BL * loss_mask_BL).sum() / max(n_tokens, 1)
-            if self.cfg.label_smoothing > 0:
-                with torch.no_grad():
-                    token_loss_BL = cross_entropy_per_token(logits_BLV.detach(), targets_BL)
-            if self._mixing:  # the last stage scores its micro-batches with the whole reference model
-                with self._autocast():
-                    self.mixer.add(token_loss_BL, tokens_BL, doc_ids_BL, targets_BL, source_ids_BL, loss_mask_BL)
-            self._step_accounting.add_loss(token_loss_BL, source_ids_BL, loss_mask_BL)
+            self._account_loss(logits_BLV, token_loss_BL, tokens_BL, doc_ids_BL, targets_BL, source_ids_BL, loss_mask_BL)
             total += data_loss.detach()
             differentiated = data_loss * self.parallel.grad_scale
             return self.scaler.scale(differentiated) if self.scaler else differentiated

@@ -35,6 +35,7 @@ from curate.tokenize import ShardTokenizer
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
+_INDEX_HEADER = "<QBQQ"  # after the magic: version, dtype code, sequences, documents + 1
 # megatron.core.datasets.indexed_dataset.DType
 DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
                np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
@@ -54,9 +55,14 @@ def index_bytes(sizes: np.ndarray, dtype: np.dtype) -> bytes:
     sizes = np.asarray(sizes, np.int32)
     pointers = np.zeros(len(sizes), np.int64)
     np.cumsum(sizes[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
-    header = INDEX_MAGIC + struct.pack("<Q", INDEX_VERSION) + struct.pack("<B", DTYPE_CODES[dtype])
-    header += struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(sizes) + 1)
+    header = INDEX_MAGIC + struct.pack(_INDEX_HEADER, INDEX_VERSION, DTYPE_CODES[dtype], len(sizes), len(sizes) + 1)
     return header + sizes.tobytes() + pointers.tobytes() + np.arange(len(sizes) + 1, dtype=np.int64).tobytes()
+
+
+def index_sizes(idx: bytes) -> np.ndarray:
+    """The per-document token counts of an ``.idx`` file ``index_bytes`` wrote (its inverse, for the sizes)."""
+    _, _, n_seq, _ = struct.unpack_from(_INDEX_HEADER, idx, len(INDEX_MAGIC))
+    return np.frombuffer(idx, np.int32, n_seq, len(INDEX_MAGIC) + struct.calcsize(_INDEX_HEADER))
 
 
 def _digest(path: Path) -> str:
@@ -157,16 +163,15 @@ def subset_token_shard(job_dir: Path, entry: dict, source: str, root: Path, path
     idx = _checked(prefix.with_name(prefix.name + ".idx"), entry.get("index_sha256"), "index")
     docs = np.load(io.BytesIO(_checked(prefix.with_name(prefix.name + ".doc.npy"), entry.get("docs_sha256"),
                                        "document array")), allow_pickle=False)
-    n_seq = struct.unpack_from("<Q", idx, len(INDEX_MAGIC) + 9)[0]
-    sizes = np.frombuffer(idx, np.int32, n_seq, len(INDEX_MAGIC) + 25)
+    sizes = index_sizes(idx)
     keep = docs["source"] == names.index(source)
     if not keep.any():
         return None
     dtype = np.dtype(entry["dtype"])
     tokens = np.frombuffer(_checked(prefix.with_name(prefix.name + ".bin"), entry.get("sha256"), "token"), dtype)
-    if len(docs) != n_seq or int(sizes.sum(dtype=np.int64)) != len(tokens):
+    if len(docs) != len(sizes) or int(sizes.sum(dtype=np.int64)) != len(tokens):
         raise OutputError(f"token shard {prefix}.bin: {len(tokens)} tokens and {len(docs)} documents do not match its "
-                          f"index ({n_seq} documents); curate the job again")
+                          f"index ({len(sizes)} documents); curate the job again")
     out = Path(root) / path[: -len(".bin")]
     out.parent.mkdir(parents=True, exist_ok=True)
     kept_sizes = sizes[keep]

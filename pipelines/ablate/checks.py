@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-import tempfile
-from pathlib import Path
 
 from curate.errors import ConfigError
 from pipelines.ablate.layout import StudyLayout
@@ -34,12 +32,6 @@ def _get(cfg: object, dotted: str) -> object:
     return cfg
 
 
-def _tokenizer_files(tokenizer) -> dict[str, bytes]:
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save(tmp)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
-
-
 def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
     """Every reference run in [train] exists, was trained on the study's sources and with the study's tokenizer.
 
@@ -48,7 +40,9 @@ def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
     ``metrics.jsonl`` and tokenizer files are read, not its weights."""
     import fsspec
 
-    ours = None
+    from train.init import tokenizer_differences
+
+    tokenizer = None
     options = dict(getattr(train_cfg.data, "storage_options", None) or {})
     for key in REFERENCE_KEYS:
         given = _get(train_cfg, key)
@@ -66,15 +60,13 @@ def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
         if theirs and theirs != sources:
             raise ConfigError(f"ablate: {where} was trained on sources {theirs}, the study trains on {sources}; "
                               f"point train.{key} at a run on the same curated sources")
-        with tempfile.TemporaryDirectory(prefix="winnow-reference-") as tmp:
-            if not _fetch_tokenizer(fs, run, Path(tmp)):
-                continue
+        if tokenizer is None:
             from train.tokenizer import load_tokenizer
 
-            ours = ours or _tokenizer_files(load_tokenizer(train_cfg.tokenizer))
-            if _tokenizer_files(load_tokenizer(tmp)) != ours:
-                raise ConfigError(f"ablate: {where} was trained with another tokenizer than train.tokenizer = "
-                                  f"{train_cfg.tokenizer!r}; use the reference run's tokenizer or another reference")
+            tokenizer = load_tokenizer(train_cfg.tokenizer)
+        if tokenizer_differences(fs, run, tokenizer):
+            raise ConfigError(f"ablate: {where} was trained with another tokenizer than train.tokenizer = "
+                              f"{train_cfg.tokenizer!r}; use the reference run's tokenizer or another reference")
 
 
 def _run_folder(fs, root: str) -> str | None:
@@ -103,19 +95,6 @@ def _run_sources(fs, run: str) -> list[str]:
             if not evaluated and isinstance(record.get("eval"), dict):
                 evaluated = list(record["eval"].get("per_source") or {})
     return evaluated
-
-
-def _fetch_tokenizer(fs, run: str, into: Path) -> bool:
-    """Copy the run folder's tokenizer files into ``into``; False when it holds none."""
-    from train.tokenizer import BPE_FILE, META_FILE
-
-    found = False
-    for name in (BPE_FILE, META_FILE):
-        path = posixpath.join(run, name)
-        if fs.exists(path):
-            (into / name).write_bytes(fs.cat_file(path))
-            found = True
-    return found
 
 
 def _flat(value: object, prefix: str = "") -> dict[str, object]:
