@@ -13,7 +13,7 @@ from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
 from pipelines.jobfile import build_config, read_toml
 from pipelines.provenance import write_provenance
-from train.adaptive import AdaptiveMix, MixingConfig
+from train.adaptive import AdaptiveMix, CounterfactualMix, MixingConfig
 from train.config import TrainConfig
 from train.data import Loader
 from train.data.sets import HeldOut, ShardSetConfig, eval_sets, training_sets
@@ -156,16 +156,10 @@ def _adaptive_sets(cfg: TrainConfig) -> list[ShardSetConfig]:
 
 
 def build_mixer(cfg: MixingConfig, data: Loader, tokenizer, device: torch.device, *,
-                storage_options: dict | None = None) -> AdaptiveMix:
-    """The adaptive mix over the loader's training sets, scored against ``cfg.reference``; a ConfigError names
-    the key when the reference cannot score this run's data (other tokenizer, vocabulary or sources)."""
-    found = load_init(cfg.reference, key="train.mixing.reference", storage_options=storage_options)
-    where, state = found.where, found.state
-    found.check_tokenizer(tokenizer)
-    reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
-    if reference_cfg.vocab_size != tokenizer.vocab_size:
-        raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
-                          f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
+                storage_options: dict | None = None) -> AdaptiveMix | CounterfactualMix:
+    """The adaptive mix over the loader's training sets: scored against ``cfg.reference`` (doremi; a ConfigError
+    names the key when the reference cannot score this run's data: other tokenizer, vocabulary or sources), or
+    following the run's counterfactual."""
     held = data.set_sources
     many = next((names for names in held if len(names) != 1), None)
     if many is not None:  # the replay set: every [train] shards entry was split per source
@@ -177,14 +171,24 @@ def build_mixer(cfg: MixingConfig, data: Loader, tokenizer, device: torch.device
     if twice is not None:
         raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but source {twice!r} is in "
                           "two [train] shards entries; give each source once (an entry's sources = {...} picks them)")
+    set_sources = [data.sources.index(n) for n in names]
+    if cfg.adaptive == "counterfactual":
+        return CounterfactualMix(cfg, set_sources=set_sources, weights=data.mix_weights, names=data.sources)
+    found = load_init(cfg.reference, key="train.mixing.reference", storage_options=storage_options)
+    where, state = found.where, found.state
+    found.check_tokenizer(tokenizer)
+    reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
+    if reference_cfg.vocab_size != tokenizer.vocab_size:
+        raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
+                          f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
     unknown = [names[0] for names in held if names[0] not in state.get("sources", [])]
     if unknown:
         raise ConfigError(f"{where}: the reference run was trained on sources {state.get('sources')}, without "
                           f"{unknown[0]!r}, which this run trains on; use a reference trained on this run's sources")
     reference = Transformer(reference_cfg)
     reference.load_state_dict(state["model"])
-    return AdaptiveMix(cfg, reference=reference, set_sources=[data.sources.index(names[0]) for names in held],
-                       weights=data.mix_weights, n_sources=len(data.sources), device=device)
+    return AdaptiveMix(cfg, reference=reference, set_sources=set_sources, weights=data.mix_weights,
+                       n_sources=len(data.sources), device=device)
 
 
 def _per_source_sets(shards, run_dir: Path):

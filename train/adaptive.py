@@ -1,4 +1,11 @@
-"""Adaptive mixing (``[train.mixing]``): the training mix reweighted online by each source's excess loss.
+"""Adaptive mixing (``[train.mixing]``): the training mix reweighted online during the run.
+
+Two methods. ``"doremi"``: by each source's excess loss against a reference run. ``"counterfactual"``:
+along the run's own counterfactual, the predicted change of held-out loss per unit of log-share
+(``train/attribution/counterfactual.py``), toward the sources whose larger share would lower the
+held-out loss most; it needs no reference run, only ``[train.attribution]``.
+
+``"doremi"``:
 
 After DoReMi (Xie et al. 2023, https://arxiv.org/abs/2305.10429, Algorithm 1), applied online to
 the run's own sampling weights instead of to a proxy model's loss. Every ``every`` steps the
@@ -28,18 +35,23 @@ import torch
 from train.errors import CheckpointError, ConfigError
 from train.model import cross_entropy_per_token
 
-METHODS = ("doremi",)
+METHODS = ("doremi", "counterfactual")
 
 
 @dataclass(kw_only=True, slots=True)
 class MixingConfig:
     """The ``[train.mixing]`` table: reweight the training sources during the run (off by default)."""
 
-    adaptive: Literal["", "doremi"] = ""  # "doremi": excess loss against `reference`; "": the configured weights throughout
-    reference: str | None = None  # a finished run folder (its newest checkpoint) or one checkpoint folder
-    every: int = 5  # steps between updates (each scores that step's batch with the reference: one more forward)
-    step_size: float = 1.0  # DoReMi's eta: how far one update moves the log-weights per nat of excess
+    # "doremi": excess loss against `reference`; "counterfactual": down the run's predicted held-out loss (needs
+    # [train.attribution]); "": the configured weights throughout
+    adaptive: Literal["", "doremi", "counterfactual"] = ""
+    reference: str | None = None  # doremi: a finished run folder (its newest checkpoint) or one checkpoint folder
+    every: int = 5  # steps between updates (doremi: one more forward of the step's batch; counterfactual: the probe's)
+    # how far one update moves the log-weights: per nat of excess (doremi), per nat of predicted held-out loss per
+    # unit of log-share (counterfactual)
+    step_size: float = 1.0
     smoothing: float = 1e-3  # DoReMi's c: the share of the uniform mix kept in the weights (no source starves)
+    target: str = "mean"  # counterfactual: the held-out loss it lowers: "mean" over the held-out sets, or one set's
 
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -47,8 +59,10 @@ class MixingConfig:
                 raise ConfigError(f"train.mixing.{key} = {value!r} is invalid; allowed: {allowed}")
 
         check(self.adaptive in ("",) + METHODS, "adaptive", self.adaptive, "'' (off) or " + ", ".join(map(repr, METHODS)))
-        check(not self.adaptive or bool(self.reference), "reference", self.reference,
+        check(self.adaptive != "doremi" or bool(self.reference), "reference", self.reference,
               "a finished run folder or checkpoint (the model the excess loss is measured against)")
+        check(isinstance(self.target, str) and bool(self.target), "target", self.target,
+              "'mean' or the name of a held-out set")
         check(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an integer >= 1")
         check(self.step_size > 0 and math.isfinite(self.step_size), "step_size", self.step_size, "a number > 0")
         check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "0 <= value < 1")
@@ -125,13 +139,102 @@ class AdaptiveMix:
 
     def state_dict(self) -> dict:
         return {"weights": self.weights.tolist(), "excess": self.excess.tolist(), "weight_sum": self.weight_sum.tolist(),
-                "updates": self.updates, "set_sources": self.set_sources.tolist()}
+                "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "doremi"}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("method", "doremi") != "doremi":
+            raise CheckpointError(f"the checkpoint's adaptive mix is {state['method']!r}, this run's 'doremi'; resume "
+                                  "with the same [train.mixing]")
         if state["set_sources"] != self.set_sources.tolist():
             raise CheckpointError(f"the checkpoint's adaptive mix is over sources {state['set_sources']}, this run's over "
                                   f"{self.set_sources.tolist()}; resume with the same [train] shards")
         self.weights = torch.tensor(state["weights"], dtype=torch.float64)
         self.excess = torch.tensor(state["excess"], dtype=torch.float64)
+        self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
+        self.updates = int(state["updates"])
+
+
+class CounterfactualMix:
+    """Weights over the training sets, one source each, moved down the run's own counterfactual.
+
+    Every ``every`` steps (once attribution has started) the attribution component reads each source's slope
+    (the derivative of every held-out loss by the source's log-share, ``SourceAttribution.slope``: one pass of
+    its probe, summed over the ranks, so every rank takes the same step) and the log-weights take a step down
+    the target's slope, ``alpha <- softmax(log alpha - step_size · slope)``, mixed with ``smoothing`` of the
+    uniform mix; the loader draws the next sequences by them. The same interface as ``AdaptiveMix``.
+    """
+
+    reference = None  # nothing to score the batch with: the probe is the attribution's
+
+    def __init__(self, cfg: MixingConfig, *, set_sources: list[int], weights: list[float], names: list[str]) -> None:
+        if len(set(set_sources)) != len(set_sources) or len(weights) != len(set_sources):
+            raise ConfigError("train.mixing.adaptive = 'counterfactual': each training set must hold exactly one "
+                              f"source, a different one each (set sources {set_sources})")
+        self.cfg, self.names = cfg, list(names)
+        self.set_sources = torch.tensor(set_sources, dtype=torch.long)
+        w = torch.tensor(weights, dtype=torch.float64)
+        self.weights = w / w.sum()
+        self.slope = torch.zeros(len(set_sources), dtype=torch.float64)  # the target's slope per set, last read
+        self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)
+        self.updates = 0
+        self.attribution = None  # the trainer's SourceAttribution (``attach``)
+
+    def attach(self, attribution) -> None:
+        """The attribution component whose counterfactual the weights follow (the trainer's)."""
+        if attribution is None:
+            raise ConfigError("train.mixing.adaptive = 'counterfactual' follows the run's counterfactual: turn on "
+                              "[train.attribution] (every = 10, say), with held-out data")
+        held_out = attribution.sources
+        if self.cfg.target != "mean" and self.cfg.target not in held_out:
+            raise ConfigError(f"train.mixing.target = {self.cfg.target!r} is invalid; allowed: 'mean' or a held-out "
+                              f"set of this run ({sorted(held_out)})")
+        self.attribution = attribution
+
+    def due(self, step: int) -> bool:
+        return (step + 1) % self.cfg.every == 0 and self.attribution is not None and self.attribution.started(step)
+
+    def add(self, *args) -> None:
+        """Nothing to score per micro-batch: the update reads the probe."""
+
+    def update(self, reduce=lambda t: t) -> list[float]:
+        """The step was taken: read the slope and move the weights; returns them."""
+        slope_SB, held_out = self.attribution.slope()
+        if slope_SB is None:  # no attributed step yet
+            return self.weights.tolist()
+        if self.cfg.target == "mean":
+            target = slope_SB.mean(1)
+        else:
+            target = slope_SB[:, held_out.index(self.cfg.target)] if self.cfg.target in held_out else None
+        if target is None:  # the target set has no probe rows: nothing to follow
+            return self.weights.tolist()
+        self.slope = torch.as_tensor(target, dtype=torch.float64)[self.set_sources]
+        logits = self.weights.log() - self.cfg.step_size * self.slope
+        alpha = torch.softmax(logits, dim=0)
+        self.weights = (1 - self.cfg.smoothing) * alpha + self.cfg.smoothing / len(alpha)
+        self.weight_sum += self.weights
+        self.updates += 1
+        return self.weights.tolist()
+
+    def discard(self) -> None:
+        """The step was skipped: the next due step reads the slope again."""
+
+    def report(self, names: list[str]) -> dict:
+        by_name = [names[int(i)] for i in self.set_sources]
+        mean = self.weight_sum / self.updates if self.updates else self.weights
+        return {"mix_weights": dict(zip(by_name, self.weights.tolist())),
+                "mix_weights_mean": dict(zip(by_name, mean.tolist())),
+                "mix_slope": dict(zip(by_name, self.slope.tolist()))}
+
+    def state_dict(self) -> dict:
+        return {"weights": self.weights.tolist(), "slope": self.slope.tolist(), "weight_sum": self.weight_sum.tolist(),
+                "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "counterfactual"}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("method") != "counterfactual" or state["set_sources"] != self.set_sources.tolist():
+            raise CheckpointError(f"the checkpoint's adaptive mix ({state.get('method', 'doremi')}, sources "
+                                  f"{state['set_sources']}) is not this run's (counterfactual, sources "
+                                  f"{self.set_sources.tolist()}); resume with the same [train.mixing] and shards")
+        self.weights = torch.tensor(state["weights"], dtype=torch.float64)
+        self.slope = torch.tensor(state["slope"], dtype=torch.float64)
         self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
         self.updates = int(state["updates"])

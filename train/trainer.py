@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from train.accounting import SourceAccounting, check_source_ids
-from train.adaptive import AdaptiveMix
+from train.adaptive import AdaptiveMix, CounterfactualMix
 from train.alerts import AlertKind, Alerts, SkipReason, SpikeDetector
 from train.attribution import SourceAttribution
 from train.checkpoint import SHARDS_DIR, CheckpointManager, has_shards
@@ -59,7 +59,7 @@ class Trainer:
                  device: torch.device, val_data: Callable[[], Iterable] | None = None,
                  teacher: Transformer | None = None, parallel: Parallel | None = None,
                  init: Initialization | None = None, progress: TrainProgress | None = None,
-                 mixer: AdaptiveMix | None = None) -> None:
+                 mixer: AdaptiveMix | CounterfactualMix | None = None) -> None:
         self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
         if model.activation_checkpointing != cfg.activation_checkpointing:
             raise ConfigError(f"train.activation_checkpointing = {cfg.activation_checkpointing} but the model was built "
@@ -122,7 +122,9 @@ class Trainer:
                               f"{'no' if mixer is None else 'an'} adaptive mix; build it with "
                               "pipelines.train.build_mixer(cfg.mixing, loader, tokenizer, device), or pass none")
         self.mixer = mixer  # [train.mixing] adaptive: reweights self.data's sets (train/adaptive.py)
-        if mixer is not None:
+        if isinstance(mixer, CounterfactualMix):
+            mixer.attach(self.attribution)
+        elif mixer is not None:
             mixer.reference = mixer.reference.to(device) if self._scores else None
         self._mixing = False  # whether this step's batch updates the mix weights
 
@@ -331,6 +333,21 @@ class Trainer:
         self.throughput.exclude_since(mark)
         return record
 
+    def counterfactual(self) -> dict | None:
+        """What scaling each source's share would do to each held-out loss, read at the current step and logged
+        (``train.attribution.counterfactual``); None when no stretch was attributed yet."""
+        mark = self.throughput.mark()
+        record = self.attribution.counterfactual(self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        if record is None:
+            log.warning("attribution: the run ended at step %d before its first attributed stretch closed "
+                        "(train.attribution start = %d, every = %d): no attribution and no counterfactual", self.step,
+                        self.cfg.attribution.start, self.cfg.attribution.every)
+        else:
+            self.metrics.write(record)
+        self.throughput.exclude_since(mark)
+        return record
+
     @torch.no_grad()
     def evaluate(self) -> dict | None:
         """Per-source held-out loss over the val split (all of it, or at most ``eval_batches`` batches).
@@ -496,6 +513,8 @@ class Trainer:
             stopped = self.stopping.reason
             if self._stop_signal is None and self.attribution is not None and self.attribution.open_at not in (None, self.step):
                 self.attribute()  # the last, shorter stretch: the final record covers every attributed step
+            if self._stop_signal is None and self.attribution is not None:
+                self.counterfactual()
             if self._stop_signal is None and (stopped is None or final_eval is None or final_eval["step"] != self.step):
                 final_eval = self.evaluate()
             preempted = self._stop_signal is not None  # also when the signal came during that last evaluation

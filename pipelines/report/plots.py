@@ -214,8 +214,18 @@ def expert_load(run: TrainingRun) -> bytes | None:
     return _png(fig)
 
 
+def _signed_heatmap(ax, matrix: np.ndarray, limit: float):
+    """A diverging map centred on 0 (blue = lower loss) with each cell's value in a colour that reads on it."""
+    image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    for (i, j), value in np.ndenumerate(matrix):
+        if np.isfinite(value):
+            dark = abs(value) > 0.55 * limit  # the map's ends are dark: white text there, black elsewhere
+            ax.text(j, i, f"{value:+.3g}", ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    return image
+
+
 def attribution(attr: Attribution) -> bytes:
-    """The source x source matrix (rows train on, columns held-out sets, blue = loss lowered), with the
+    """The decomposition matrix (rows train on, columns held-out sets, blue = loss lowered), with the
     unattributed rest and the measured change as two more rows when the record has them."""
     labels, rows = list(attr.sources), [attr.matrix]
     if attr.measured is not None and attr.unattributed is not None:
@@ -223,18 +233,37 @@ def attribution(attr: Attribution) -> bytes:
         rows += [attr.unattributed[None], attr.measured[None]]
     matrix = np.concatenate(rows)
     limit = float(np.nanmax(np.abs(matrix))) or 1.0
-    fig, ax = _subplots(figsize=(1.2 * len(attr.sources) + 3, 1.0 * len(labels) + 2))
-    image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    fig, ax = _subplots(figsize=(1.2 * len(attr.sources) + 3, 0.6 * len(labels) + 2))
+    image = _signed_heatmap(ax, matrix, limit)
     ax.set_xticks(np.arange(len(attr.sources)), attr.sources, rotation=30)
     ax.set_yticks(np.arange(len(labels)), labels)
     if len(labels) > len(attr.sources):
         ax.axhline(len(attr.sources) - 0.5, color="black", linewidth=1)
-    for i in range(len(labels)):
-        for j in range(len(attr.sources)):
-            ax.text(j, i, f"{matrix[i, j]:+.3g}", ha="center", va="center", fontsize=8)
-    ax.set(title=f"Attribution at step {attr.step}: held-out loss change (nats)", xlabel="held-out source",
-           ylabel="trained on")
-    fig.colorbar(image, ax=ax)
+    ax.set(title=f"Decomposition at step {attr.step}: held-out loss change by cause", xlabel="held-out set",
+           ylabel="caused by training on")
+    fig.colorbar(image, ax=ax, label="nats (negative: lowered)")
+    return _png(fig)
+
+
+def counterfactual(cf) -> bytes:
+    """Per training source, the predicted change of each held-out loss if it were left out (bars, with the
+    interval as error bars; the mean over the held-out sets hatched)."""
+    factor = 0.0 if 0.0 in cf.predicted else cf.factors[0]
+    S, B = len(cf.sources), len(cf.held_out)
+    fig, ax = _subplots(figsize=(max(6.0, 1.3 * S + 3), 4))
+    width = 0.8 / B
+    colors = palette([h for h in cf.held_out if h != "mean"])
+    for j, held_out in enumerate(cf.held_out):
+        x = np.arange(S) + (j - (B - 1) / 2) * width
+        ax.bar(x, cf.predicted[factor][:, j], width, yerr=cf.interval[factor][:, j], capsize=2,
+               color=colors.get(held_out, "white"), edgecolor="black", hatch="//" if held_out == "mean" else None,
+               label="mean of the held-out sets" if held_out == "mean" else held_out)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(S), cf.sources)
+    name = "left out" if factor == 0 else f"share x {factor:g}"
+    ax.set(title=f"Each training source {name}: predicted change of held-out loss (above 0: the source helps)",
+           xlabel="training source", ylabel="nats")
+    ax.legend(fontsize=7, title="held-out set", ncols=2)
     return _png(fig)
 
 
