@@ -91,7 +91,7 @@ def measure(*, preset: str, device: str, steps: int, warmup: int, precision: str
         start = time.perf_counter()
         with Trainer(cfg, model=Transformer(model_cfg), data=data, sources=["a", "b"], run_dir=run_dir,
                      device=dev) as trainer:
-            total, active = trainer.model.num_params()
+            total, active = trainer.model.cfg.param_counts()
             for _ in range(warmup):  # fit() starts its throughput clock afresh: these stay out of the record
                 trainer.train_step()
             trainer.fit()

@@ -75,7 +75,7 @@ def _worker(rank: int, world: int, port: int, layout: dict, args: argparse.Names
         torch.manual_seed(0)
         data = RandomBatches(batch=args.batch, seq=args.seq, vocab=512, device=parallel.world.device,
                              rank=parallel.world.dp_rank, world=parallel.world.dp_size)
-        net = Transformer(model, experts=parallel.expert_shard(model.n_experts), tensor=parallel.tensor_shard(model))
+        net = Transformer(model)
         trainer = Trainer(cfg, model=net, data=data,
                           sources=["a", "b"], run_dir=run_dir, device=parallel.world.device, parallel=parallel)
         for _ in range(args.warmup):

@@ -132,8 +132,7 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options) if cfg.distill else None
     mixer = (build_mixer(cfg.mixing, data, tokenizer, device, storage_options=cfg.data.storage_options)
              if cfg.mixing.active else None)
-    model = Transformer(model_cfg, activation_checkpointing=cfg.activation_checkpointing,
-                        experts=parallel.expert_shard(model_cfg.n_experts), tensor=parallel.tensor_shard(model_cfg))
+    model = Transformer(model_cfg)
     return Trainer(cfg, model=model, data=data, sources=data.sources, run_dir=run_dir,
                    device=device, val_data=val_data if held_out else None, teacher=teacher, parallel=parallel, init=init,
                    progress=TrainProgress(total=cfg.steps, enabled=progress), mixer=mixer)
@@ -267,7 +266,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
     with build_trainer(cfg, progress=not args.quiet) as trainer:
         write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
-        total, active = trainer.model.num_params()
+        total, active = trainer.model.cfg.param_counts()
         print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
               f"FLOP/s ({trainer.peak_basis})")
         summary = trainer.fit()

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,30 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Parameter names checkpoints of earlier versions hold, and this model's: the experts became a module of
+# their own (``blocks.N.ffn.w13_ED2F`` is now ``blocks.N.ffn.experts.w13_ED2F``). Such checkpoints load as they are.
+_EARLIER = re.compile(r"(blocks\.\d+\.ffn\.)(w13_ED2F|w2_EFD)\b")
+_NOW = re.compile(r"(blocks\.\d+\.ffn\.)experts\.(w13_ED2F|w2_EFD)\b")
+
+
+def earlier_names(keys) -> bool:
+    """Whether any of ``keys`` (parameter names or state keys) is an earlier version's parameter name."""
+    return any(_EARLIER.search(k) for k in keys if isinstance(k, str))
+
+
+def renamed(obj: Any, *, earlier: bool = False) -> Any:
+    """``obj`` (nested dicts and lists, e.g. a state: its keys and the optimizer's lists of names) with earlier
+    versions' parameter names as this model's, or with ``earlier`` the other way; tensors are not copied."""
+    pattern, repl = (_NOW, r"\1\2") if earlier else (_EARLIER, r"\1experts.\2")
+    if isinstance(obj, str):
+        return pattern.sub(repl, obj)
+    if isinstance(obj, dict):
+        return {renamed(k, earlier=earlier): renamed(v, earlier=earlier) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [renamed(v, earlier=earlier) for v in obj]
+    return obj
+
+
 def load_state_file(path: str | Path | BinaryIO, *, name: str | None = None) -> Any:
     """``torch.load`` of a file winnow wrote (checkpoint state, teacher, ``init_from``), refusing anything but data.
 
@@ -80,7 +105,7 @@ def load_state_file(path: str | Path | BinaryIO, *, name: str | None = None) -> 
     """
     try:
         with torch.serialization.safe_globals(_LEGACY_SAFE):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return renamed(torch.load(path, map_location="cpu", weights_only=True))
     except pickle.UnpicklingError as err:
         lines = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line or "but got" in line]
         found = lines[0].split(". Please")[0] if lines else type(err).__name__

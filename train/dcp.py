@@ -27,6 +27,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
+from train.checkpoint import earlier_names, renamed
 from train.errors import CheckpointError
 
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
@@ -115,9 +116,15 @@ def save(state: dict, folder: Path, *, process_group=None) -> None:
 
 
 def load(state: dict, folder: Path, *, process_group=None) -> None:
-    """Fill ``state`` (this layout's tensors, DTensor shards included) in place from ``folder``; every rank calls it."""
+    """Fill ``state`` (this layout's tensors, DTensor shards included) in place from ``folder``; every rank calls it.
+
+    A folder an earlier version wrote under its own parameter names (``train.checkpoint.renamed``) is read
+    into the same tensors under those names."""
+    reader = SafeReader(str(folder))
+    if earlier_names(reader.read_metadata().state_dict_metadata):
+        state = renamed(state, earlier=True)
     with _quiet_alone():
-        dcp.load(state, storage_reader=SafeReader(str(folder)), process_group=process_group, no_dist=_alone())
+        dcp.load(state, storage_reader=reader, process_group=process_group, no_dist=_alone())
 
 
 def read_full(folder: Path) -> dict:
@@ -133,4 +140,4 @@ def read_full(folder: Path) -> dict:
         node[path[-1]] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with _quiet_alone():
         dcp.load(state, storage_reader=SafeReader(str(folder)), no_dist=True)
-    return state
+    return renamed(state)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from train.checkpoint import renamed
 from train.errors import CheckpointError
 from train.model import ModelConfig, Transformer
 
@@ -85,7 +86,7 @@ def mixtral_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str,
         moe = dst + "block_sparse_moe."
         if cfg.is_moe:
             out[moe + "gate.weight"] = state[src + "ffn.router.gate.weight"]
-            w13_ED2F, w2_EFD = state[src + "ffn.w13_ED2F"], state[src + "ffn.w2_EFD"]
+            w13_ED2F, w2_EFD = state[src + "ffn.experts.w13_ED2F"], state[src + "ffn.experts.w2_EFD"]
             F_ = cfg.ffn_hidden
             for e in range(cfg.n_experts):  # nn.Linear weights are (out, in): the transposes of x @ W
                 out[f"{moe}experts.{e}.w1.weight"] = w13_ED2F[e, :, :F_].T
@@ -144,7 +145,7 @@ def load_exported(path: str | Path) -> tuple[Transformer, dict]:
         raise CheckpointError(f"{path}: not a winnow export (no winnow model_config in its metadata); "
                               "write one with `winnow export RUN`")
     cfg = ModelConfig(**json.loads(meta["model_config"]))
-    state = st.load_file(str(path))
+    state = renamed(st.load_file(str(path)))  # an earlier version's export: its expert names as today's
     if cfg.tie_embeddings:
         state["head.weight"] = state["embed.weight"]
     model = Transformer(cfg)

@@ -61,13 +61,11 @@ class Trainer:
                  init: Initialization | None = None, progress: TrainProgress | None = None,
                  mixer: AdaptiveMix | CounterfactualMix | None = None) -> None:
         self.cfg, self.device, self.run_dir = cfg, device, Path(run_dir)
-        if model.activation_checkpointing != cfg.activation_checkpointing:
-            raise ConfigError(f"train.activation_checkpointing = {cfg.activation_checkpointing} but the model was built "
-                              f"with {model.activation_checkpointing}; build it with Transformer(model_cfg, "
-                              f"activation_checkpointing=cfg.activation_checkpointing)")
         self.model = model.to(device)
         self.parallel = parallel or Parallel.local(device)
-        self.net = self.parallel.wrap(self.model, grad_accum=cfg.grad_accum)  # DDP/FSDP2; self.model stays bare
+        # the layout applied to the plain model in place; self.net is what forward is called on (DDP's wrapper)
+        self.net = self.parallel.parallelize(self.model, grad_accum=cfg.grad_accum,
+                                             activation_checkpointing=cfg.activation_checkpointing)
         if cfg.optim.name == "lamb" and self.parallel.tp_layouts:
             raise ConfigError("train.optim.name = 'lamb' with train.parallel.tp > 1: LAMB's trust ratio needs each "
                               "whole parameter's norm and every tp rank holds a part of the split ones; use 'adamw'")

@@ -62,8 +62,7 @@ def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, mod
         teacher = Transformer(cfg.model)
     torch.manual_seed(cfg.seed)
     data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size, lengths=lengths)
-    model = Transformer(cfg.model, experts=parallel.expert_shard(cfg.model.n_experts),
-                        tensor=parallel.tensor_shard(cfg.model))
+    model = Transformer(cfg.model)
     held_out = SyntheticBatches(seed=7)  # the same held-out batches on every rank
     val_data = (lambda: (held_out.make(i) for i in range(val_batches))) if val_batches else None
     return Trainer(cfg, model=model, data=data, sources=SOURCES, run_dir=run_dir,

@@ -64,9 +64,7 @@ def _trainer(folder, train: Batch, heldout: list[Batch], *, steps: int, seed: in
                       data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0), optim=optim or OptimConfig(),
                       checkpoint=CheckpointConfig(every=0), attribution=AttributionConfig(**attribution))
     torch.manual_seed(seed)
-    net = Transformer(model, experts=parallel.expert_shard(model.n_experts) if parallel else None,
-                      tensor=parallel.tensor_shard(model) if parallel else None)
-    return Trainer(cfg, model=net, data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
+    return Trainer(cfg, model=Transformer(model), data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
                    device=torch.device("cpu"), val_data=lambda: list(heldout), parallel=parallel)
 
 
@@ -215,7 +213,7 @@ def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_docum
     """One backward split by token position gives the same parts as one backward per source's loss; the
     MoE hands each expert's rows to the backward grouped by source, even when the batch interleaves the
     sources, so the per-(source, expert) weight gradients are slices of them (no gather)."""
-    from train.model import split as model_split
+    from train.attribution import hooks
 
     heldout, train = _setting(11)
     if interleaved:  # rows of the two sources alternating
@@ -223,9 +221,9 @@ def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_docum
         train = Batch(**{f.name: getattr(train, f.name)[order] for f in dataclasses.fields(Batch)
                          if isinstance(getattr(train, f.name), torch.Tensor)})
     grouped = []
-    group_parts = model_split._group_parts
-    monkeypatch.setattr(model_split, "_group_parts", lambda x, g, group_A, n: (
-        grouped.append(model_split._sorted(group_A)), group_parts(x, g, group_A, n))[1])
+    group_parts = hooks._group_parts
+    monkeypatch.setattr(hooks, "_group_parts", lambda x, g, group_A, n: (
+        grouped.append(hooks._sorted(group_A)), group_parts(x, g, group_A, n))[1])
     model = dataclasses.replace(_MODEL, load_balance="none", z_loss_coef=0.0, doc_mask=True)
     splits = {}
     for split in ("losses", "tokens"):

@@ -13,8 +13,8 @@ def _moe(**kw) -> MoE:
     torch.manual_seed(0)
     cfg = ModelConfig(**{"dim": 16, "n_heads": 2, "ffn_hidden": 8, "n_experts": 4, "top_k": 2, **kw})
     block = MoE(cfg)
-    torch.nn.init.normal_(block.w13_ED2F, 0, 0.3)
-    torch.nn.init.normal_(block.w2_EFD, 0, 0.3)
+    torch.nn.init.normal_(block.experts.w13_ED2F, 0, 0.3)
+    torch.nn.init.normal_(block.experts.w2_EFD, 0, 0.3)
     return block
 
 
@@ -26,8 +26,8 @@ def _reference(block: MoE, x_TD: torch.Tensor) -> torch.Tensor:
     for t in range(x_TD.shape[0]):
         for k in range(experts_TK.shape[1]):
             e = experts_TK[t, k]
-            h = x_TD[t] @ block.w13_ED2F[e]
-            y = (torch.nn.functional.silu(h[:F_]) * h[F_:]) @ block.w2_EFD[e]
+            h = x_TD[t] @ block.experts.w13_ED2F[e]
+            y = (torch.nn.functional.silu(h[:F_]) * h[F_:]) @ block.experts.w2_EFD[e]
             out[t] += weights_TK[t, k] * y
     return out
 

@@ -1,17 +1,24 @@
-"""The transformer: causality, document masking, activation checkpointing, parameter counts, config errors."""
+"""The transformer: causality, document masking, activation checkpointing, parameter counts, config errors, and
+that it is plain PyTorch."""
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from train.errors import ConfigError
 from train.model import ModelConfig, Transformer
+from train.parallel.parallelize import apply_activation_checkpointing
 
 TINY = dict(vocab_size=50, dim=32, n_layers=2, n_heads=4, ffn_hidden=16, n_experts=4, top_k=2, max_seq_len=32)
 
 
 def _model(*, activation_checkpointing: bool = False, **kw) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(**{**TINY, **kw}), activation_checkpointing=activation_checkpointing).eval()
+    model = Transformer(ModelConfig(**{**TINY, **kw}))
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    return model.eval()
 
 
 def test_future_tokens_do_not_change_past_logits():
@@ -67,3 +74,13 @@ def test_config_error_names_key_value_and_allowed():
         ModelConfig(n_experts=4, top_k=9)
     with pytest.raises(ConfigError, match="n_kv_heads"):
         ModelConfig(n_heads=4, n_kv_heads=3)
+
+
+def test_the_model_package_imports_no_parallel_or_attribution_code():
+    import train.model
+
+    for path in Path(train.model.__file__).parent.glob("*.py"):
+        imports = [line.strip() for line in path.read_text().splitlines() if line.strip().startswith(("import ", "from "))]
+        found = [line for line in imports if any(name in line for name in ("train.parallel", "train.attribution",
+                                                                              "torch.distributed"))]
+        assert not found, f"{path.name}: {found}"

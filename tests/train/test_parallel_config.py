@@ -92,7 +92,7 @@ def test_one_process_parallel_is_the_plain_operations():
     p = Parallel.local(torch.device("cpu"))
     model = torch.nn.Linear(3, 2)
     model.cfg = None
-    assert p.wrap(model) is model and p.grad_scale == 1.0 and p.global_tokens(7) == 7
+    assert p.parallelize(model) is model and p.grad_scale == 1.0 and p.global_tokens(7) == 7
     model(torch.ones(1, 3)).sum().mul(100).backward()
     norm = p.clip_grad_norm(model, 1.0)
     assert norm > 1 and torch.linalg.vector_norm(torch.cat([q.grad.flatten() for q in model.parameters()])) == \

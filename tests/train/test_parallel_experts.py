@@ -9,7 +9,7 @@ from train.model import ModelConfig
 from train.model.moe import MoE
 from train.parallel import ParallelConfig, exit_process, init_world, shutdown
 from train.parallel.comm import CommTimer
-from train.parallel.expert_parallel import EXPERT_PARAMS, expert_shard
+from train.parallel.expert_parallel import EXPERT_PARAMS, apply_expert_parallel
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +32,9 @@ def _moe_worker(rank: int, world: int, port: int) -> None:
         out_ref, stats_ref = ref(x_full)
         (out_ref * probe).sum().backward()
 
-        moe = MoE(cfg, experts=expert_shard(w, CommTimer(), cfg.n_experts))
+        moe = MoE(cfg)
         moe.load_state_dict(ref.state_dict())
-        moe.keep_local_experts()
+        apply_expert_parallel(moe, w, CommTimer())
         names = EXPERT_PARAMS
         x = x_full.detach()[rank:rank + 1].clone().requires_grad_()
         out, stats = moe(x)
@@ -43,8 +43,8 @@ def _moe_worker(rank: int, world: int, port: int) -> None:
         torch.testing.assert_close(out, out_ref[rank:rank + 1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(x.grad, x_full.grad[rank:rank + 1], atol=1e-5, rtol=1e-5)
         for name in names:  # each rank's expert slice got every rank's tokens' gradient
-            full = getattr(ref, name).grad
-            torch.testing.assert_close(getattr(moe, name).grad, full[2 * rank:2 * rank + 2], atol=1e-5, rtol=1e-5)
+            full = ref.get_parameter(name).grad
+            torch.testing.assert_close(moe.get_parameter(name).grad, full[2 * rank:2 * rank + 2], atol=1e-5, rtol=1e-5)
         gate = moe.router.gate.weight.grad.clone()
         dist.all_reduce(gate)
         torch.testing.assert_close(gate, ref.router.gate.weight.grad, atol=1e-5, rtol=1e-5)

@@ -11,7 +11,7 @@ from tests.train.parallel_workers import assert_same_run, reference_run, spawn
 
 pytestmark = pytest.mark.slow
 
-EXPERT = "blocks.0.ffn.w13_ED2F"  # (E, D, 2F) = (4, 32, 64) in the one-process model
+EXPERT = "blocks.0.ffn.experts.w13_ED2F"  # (E, D, 2F) = (4, 32, 64) in the one-process model
 DENSE = "blocks.0.attn.wq.weight"
 LAYOUTS = {"fsdp": {"dp_shard": -1, "ep": 2}, "ddp": {"ep": 2}}  # FSDP2 x EP, DDP x EP
 

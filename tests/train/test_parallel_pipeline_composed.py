@@ -48,7 +48,7 @@ def test_pipeline_with_tensor_parallel_four_processes_matches_one_process(tmp_pa
     layouts = got["layouts"]
     assert all(n.startswith(("embed.", "blocks.0.")) for n in layouts)
     assert layouts["blocks.0.attn.wq.weight"]["local_shape"] == [32 // 2, 32]  # one of the 2 heads
-    assert layouts["blocks.0.ffn.w13_ED2F"]["local_shape"] == [4, 32, 64 // 2]  # every expert, half of F
+    assert layouts["blocks.0.ffn.experts.w13_ED2F"]["local_shape"] == [4, 32, 64 // 2]  # every expert, half of F
     assert not any(x["dtensor"] for x in layouts.values())  # plain tensors: the crossings are the trainer's own
 
 
@@ -80,7 +80,7 @@ def test_pipeline_with_expert_parallel_four_processes_matches_one_process(tmp_pa
     got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
                  "parallel": {"pp": 2, dp: 2, other: 1, "ep": 2, "pp_schedule": "1f1b"}}, tmp_path / "out.json", world=4)
     assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
-    expert, dense = got["layouts"]["blocks.0.ffn.w13_ED2F"], got["layouts"]["blocks.0.attn.wq.weight"]
+    expert, dense = got["layouts"]["blocks.0.ffn.experts.w13_ED2F"], got["layouts"]["blocks.0.attn.wq.weight"]
     assert expert["local_shape"] == [2, 32, 64]  # rank 0 holds experts 0 and 1 of stage 0's layer
     assert dense["dtensor"] == (dp == "dp_shard")
 

@@ -38,7 +38,8 @@ def _saved_worker(rank: int, world: int, port: int, sequence_parallel: bool, out
                                      n_experts=4)
         cfg = tiny_config(Path(out).parent, model=MODEL)
         torch.manual_seed(cfg.seed)
-        model = Transformer(cfg.model, tensor=parallel.tensor_shard(cfg.model))
+        model = Transformer(cfg.model)
+        parallel.parallelize(model)
         batch = SyntheticBatches().make(0)
         norm_lengths = []
         for m in model.modules():

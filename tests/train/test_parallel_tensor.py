@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests.train.parallel_workers import build, fit, reference_run, spawn
-from train.model.tensor_shard import join_parts, local_part
 from train.parallel import Parallel
+from train.parallel.tensor_parallel import join_parts, local_part
 
 pytestmark = pytest.mark.slow
 

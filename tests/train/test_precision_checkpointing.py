@@ -11,6 +11,7 @@ from train.model import ModelConfig, Transformer
 from train.model.layers import RMSNorm
 from train.model.loss import cross_entropy_per_token
 from train.model.moe import Router
+from train.parallel.parallelize import apply_activation_checkpointing
 
 TINY = {"vocab_size": 50, "dim": 32, "n_heads": 4, "ffn_hidden": 16, "n_experts": 4, "top_k": 2, "max_seq_len": 32}
 B, L = 2, 10
@@ -18,7 +19,10 @@ B, L = 2, 10
 
 def _model(n_layers: int = 2, *, activation_checkpointing: bool = False) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(**TINY, n_layers=n_layers), activation_checkpointing=activation_checkpointing).train()
+    model = Transformer(ModelConfig(**TINY, n_layers=n_layers))
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    return model.train()
 
 
 def _saved_for_backward(model: Transformer, tokens: torch.Tensor) -> tuple[list[int], torch.Tensor]:

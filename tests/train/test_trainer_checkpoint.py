@@ -1,6 +1,7 @@
 """Checkpoints: kill and resume reproduces the loss trajectory; corrupt checkpoints are skipped; pruning."""
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -71,3 +72,25 @@ def test_resume_restores_counters_and_optimizer_state(tmp_path):
     assert again.resume() and again.step == 3 and again.data.position == 3
     for a, b in zip(first.optimizer.state_dict()["state"].values(), again.optimizer.state_dict()["state"].values()):
         torch.testing.assert_close(a["exp_avg"], b["exp_avg"])
+
+
+def test_a_checkpoint_written_under_the_earlier_expert_names_resumes_and_loads_whole(tmp_path):
+    from train import dcp
+    from train.checkpoint import SHARDS_DIR, earlier_names, renamed
+
+    kw = dict(metrics={"log_every": 1}, checkpoint={"every": 2})
+    _, reference = _recorded_fit(make_trainer(tiny_config(tmp_path / "ref", steps=4, **kw)))
+    make_trainer(tiny_config(tmp_path / "run", steps=2, **kw)).fit()
+    # the checkpoint as an earlier version wrote it: the experts' weights and moments under their old names
+    manager = CheckpointManager(tmp_path / "run" / "checkpoints")
+    path, state = manager.load_latest()
+    shards = {"model": state.pop("model"), "optimizer": {"state": state["optimizer"].pop("state")}}
+    for old in manager.checkpoints():
+        shutil.rmtree(old)
+    path = manager.save(2, renamed(state, earlier=True), shards=renamed(shards, earlier=True))
+    saved = dcp.SafeReader(str(path / SHARDS_DIR)).read_metadata().state_dict_metadata
+    assert earlier_names(saved) and "model.blocks.0.ffn.w13_ED2F" in saved
+    whole = manager.load(path)  # init_from, a teacher, export: the one-process state under today's names
+    assert "blocks.0.ffn.experts.w13_ED2F" in whole["model"] and not earlier_names(whole["model"])
+    _, resumed = _recorded_fit(make_trainer(tiny_config(tmp_path / "run", steps=4, **kw)))
+    assert resumed == reference[2:]

@@ -1,5 +1,5 @@
-"""The trainer is built, not patched: the model carries its own settings, the trainer closes its loader,
-and a checkpoint of other sources is refused."""
+"""The trainer is built, not patched: the layout is applied to the plain model from outside, the trainer
+closes its loader, and a checkpoint of other sources is refused."""
 
 import pytest
 import torch
@@ -9,15 +9,13 @@ from train.data import LoaderConfig, RepeatBatch
 from train.data.batch import Batch
 from train.errors import CheckpointError, ConfigError
 from train.model import ModelConfig, Transformer
-from train.model.moe import ExpertShard
-from train.model.tensor_shard import TensorShard
 from train.optim import OptimConfig
 from train.parallel import Parallel, ParallelConfig
 from train.parallel.comm import CommTimer
 from train.parallel.config import MeshDims
-from train.parallel.expert_parallel import sharded_expert_names
+from train.parallel.expert_parallel import apply_expert_parallel, sharded_expert_names
 from train.parallel.mesh import World
-from train.parallel.tensor_parallel import split_layouts, tensor_shard
+from train.parallel.tensor_parallel import apply_tensor_parallel, check_divides
 from train.trainer import Trainer
 
 MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=8, n_experts=4, top_k=1, max_seq_len=16)
@@ -39,7 +37,7 @@ def _batch() -> Batch:
 def _trainer(tmp_path, sources, *, checkpointing=False, model=None, data=None) -> Trainer:
     cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0, activation_checkpointing=checkpointing,
                       data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0))
-    model = model or Transformer(MODEL, activation_checkpointing=checkpointing)
+    model = model or Transformer(MODEL)
     return Trainer(cfg, model=model, data=data or ClosingBatches(_batch()), sources=sources, run_dir=tmp_path,
                    device=torch.device("cpu"))
 
@@ -52,11 +50,14 @@ def test_trainer_as_context_manager_closes_its_loader(tmp_path):
     assert data.closed == 1
 
 
-def test_activation_checkpointing_comes_with_the_model_not_set_on_it(tmp_path):
-    trainer = _trainer(tmp_path / "on", ["a"], checkpointing=True)
-    assert trainer.model.activation_checkpointing
-    with pytest.raises(ConfigError, match=r"train.activation_checkpointing = True but the model was built with False"):
-        _trainer(tmp_path / "off", ["a"], checkpointing=True, model=Transformer(MODEL))
+def test_activation_checkpointing_is_applied_to_the_plain_model_by_the_layout(tmp_path):
+    calls = {}
+    for checkpointing in (False, True):
+        trainer = _trainer(tmp_path / str(checkpointing), ["a"], checkpointing=checkpointing)
+        counted = calls.setdefault(checkpointing, [])
+        trainer.model.blocks[0].attn.register_forward_pre_hook(lambda *_, counted=counted: counted.append(1))
+        trainer.train_step()
+    assert len(calls[False]) == 1 and len(calls[True]) == 2  # the block's forward again in the backward
 
 
 def test_checkpoint_of_other_sources_is_refused(tmp_path):
@@ -66,21 +67,17 @@ def test_checkpoint_of_other_sources_is_refused(tmp_path):
         _trainer(tmp_path / "ba", ["b", "a"]).load_state_dict(state)
 
 
-def test_expert_parallel_refuses_a_model_built_without_its_shard():
-    world = World(rank=1, size=2, local_rank=1, device=torch.device("cpu"), dims=MeshDims(dp_replicate=2, ep=2))
-    with pytest.raises(ConfigError, match=r"ep = 2: the model's MoE layer 'blocks.0.ffn' was not built"):
-        sharded_expert_names(Transformer(MODEL), world)
-
-
 def test_a_sharded_model_starts_from_its_slice_of_the_unsharded_weights():
     world = World(rank=1, size=2, local_rank=1, device=torch.device("cpu"), dims=MeshDims(dp_replicate=2, ep=2))
     torch.manual_seed(0)
     full = Transformer(MODEL)
     torch.manual_seed(0)
-    sharded = Transformer(MODEL, experts=ExpertShard(rank=1, size=2, dispatch=lambda x, counts, compute, source=None: compute(x, counts)))
-    assert sharded_expert_names(sharded, world) == ["blocks.0.ffn.w13_ED2F", "blocks.0.ffn.w2_EFD"]
-    torch.testing.assert_close(sharded.blocks[0].ffn.w13_ED2F, full.blocks[0].ffn.w13_ED2F[2:4])
-    torch.testing.assert_close(sharded.blocks[0].ffn.w2_EFD, full.blocks[0].ffn.w2_EFD[2:4])
+    sharded = Transformer(MODEL)
+    apply_expert_parallel(sharded, world, CommTimer())
+    assert sharded_expert_names(sharded) == ["blocks.0.ffn.experts.w13_ED2F", "blocks.0.ffn.experts.w2_EFD"]
+    a, b = full.blocks[0].ffn.experts, sharded.blocks[0].ffn.experts
+    torch.testing.assert_close(b.w13_ED2F, a.w13_ED2F[2:4])
+    torch.testing.assert_close(b.w2_EFD, a.w2_EFD[2:4])
     torch.testing.assert_close(sharded.blocks[0].attn.wq.weight, full.blocks[0].attn.wq.weight)
 
 
@@ -88,43 +85,36 @@ def _tp_world(rank: int = 1, tp: int = 2) -> World:
     return World(rank=rank, size=tp, local_rank=rank, device=torch.device("cpu"), dims=MeshDims(dp_replicate=1, tp=tp))
 
 
-def test_tensor_parallel_refuses_a_model_built_without_its_shard():
-    with pytest.raises(ConfigError, match=r"tp = 2: the model's Attention 'blocks.0.attn' was not built for it"):
-        split_layouts(Transformer(MODEL), _tp_world())
-
-
 def test_tensor_parallel_must_divide_heads_and_hidden_widths():
     with pytest.raises(ConfigError, match=r"train.parallel.tp = 4 does not divide train.model.n_heads = 2"):
-        tensor_shard(_tp_world(tp=4), CommTimer(), MODEL)
+        check_divides(MODEL, 4)
 
 
 def test_a_tensor_parallel_model_starts_from_its_part_of_the_unsplit_weights():
-    shard = TensorShard(rank=1, size=2, enter=lambda x: x, leave=lambda x: x)
     torch.manual_seed(0)
     full = Transformer(MODEL)
     torch.manual_seed(0)
-    split = Transformer(MODEL, tensor=shard)
-    assert sorted(split_layouts(split, _tp_world())) == ["blocks.0.attn.wkv.weight", "blocks.0.attn.wo.weight",
-                                                         "blocks.0.attn.wq.weight", "blocks.0.ffn.w13_ED2F",
-                                                         "blocks.0.ffn.w2_EFD"]
+    split = Transformer(MODEL)
+    layouts = apply_tensor_parallel(split, _tp_world(), CommTimer())
+    assert sorted(layouts) == ["blocks.0.attn.wkv.weight", "blocks.0.attn.wo.weight", "blocks.0.attn.wq.weight",
+                               "blocks.0.ffn.experts.w13_ED2F", "blocks.0.ffn.experts.w2_EFD"]
     a, b = full.blocks[0], split.blocks[0]
     torch.testing.assert_close(b.attn.wq.weight, a.attn.wq.weight[8:])  # the second of 2 heads (width 8)
     k, v = a.attn.wkv.weight.chunk(2)
     torch.testing.assert_close(b.attn.wkv.weight, torch.cat([k[8:], v[8:]]))
     torch.testing.assert_close(b.attn.wo.weight, a.attn.wo.weight[:, 8:])
-    gate, up = a.ffn.w13_ED2F.chunk(2, dim=2)  # every expert keeps its second half of the gate and of the up columns
-    torch.testing.assert_close(b.ffn.w13_ED2F, torch.cat([gate[..., 4:], up[..., 4:]], dim=2))
-    torch.testing.assert_close(b.ffn.w2_EFD, a.ffn.w2_EFD[:, 4:])
+    gate, up = a.ffn.experts.w13_ED2F.chunk(2, dim=2)  # every expert keeps its second half of the gate and up columns
+    torch.testing.assert_close(b.ffn.experts.w13_ED2F, torch.cat([gate[..., 4:], up[..., 4:]], dim=2))
+    torch.testing.assert_close(b.ffn.experts.w2_EFD, a.ffn.experts.w2_EFD[:, 4:])
     torch.testing.assert_close(b.ffn.router.gate.weight, a.ffn.router.gate.weight)  # the router stays whole
 
 
 def test_lamb_is_refused_under_tensor_parallelism(tmp_path):
-    shard = TensorShard(rank=1, size=2, enter=lambda x: x, leave=lambda x: x)
     cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0, optim=OptimConfig(name="lamb"),
                       data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0))
     parallel = Parallel(ParallelConfig(tp=2), _tp_world())
     with pytest.raises(ConfigError, match=r"train.optim.name = 'lamb' with train.parallel.tp > 1"):
-        Trainer(cfg, model=Transformer(MODEL, tensor=shard), data=ClosingBatches(_batch()), sources=["a"],
+        Trainer(cfg, model=Transformer(MODEL), data=ClosingBatches(_batch()), sources=["a"],
                 run_dir=tmp_path, device=torch.device("cpu"), parallel=parallel)
 
 
@@ -133,16 +123,16 @@ def test_attribution_counts_each_tensor_parallel_piece_once_and_refuses_lamb_the
     from train.attribution.estimator import SourceAttribution
     from train.optim import Lamb
 
-    model = Transformer(MODEL, tensor=TensorShard(rank=1, size=2, enter=lambda x: x, leave=lambda x: x))
+    model = Transformer(MODEL)
     parallel = Parallel(ParallelConfig(tp=2), _tp_world())
-    parallel.wrap(model)
+    parallel.parallelize(model)
     kw = dict(model=model, sources=["a"], val_data=lambda: [], device=torch.device("cpu"), parallel=parallel)
     attribution = SourceAttribution(AttributionConfig(every=2), optimizer=torch.optim.AdamW(model.parameters()), **kw)
     names = [name for name, _ in model.named_parameters()]
     pieces = attribution.pieces
     weights = dict(zip(names, pieces.global_w))
     # a tp slice is held by one rank; the replicated router, norms and embedding by both tp ranks
-    assert weights["blocks.0.attn.wq.weight"] == weights["blocks.0.ffn.w13_ED2F"] == 1.0
+    assert weights["blocks.0.attn.wq.weight"] == weights["blocks.0.ffn.experts.w13_ED2F"] == 1.0
     assert weights["blocks.0.ffn.router.gate.weight"] == weights["embed.weight"] == 0.5
     assert pieces.partial_w == pieces.global_w and not pieces.whole  # one data-parallel rank: whole data
     # its checkpoint keeps the totals (the same on every rank), not this rank's pieces of the open stretch

@@ -33,11 +33,11 @@ import torch
 
 from train.attribution import counterfactual
 from train.attribution.config import AttributionConfig
+from train.attribution.hooks import GradSplit, Splitter
 from train.attribution.pieces import local
 from train.attribution.probe import HeldoutProbe
 from train.attribution.split import PARTS, MomentSplit
 from train.errors import CheckpointError, ConfigError
-from train.model.split import GradSplit, splitting
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ class SourceAttribution:
         # (the stages' buffers have the training's dtype: there the probe runs under its autocast)
         self._micro_shape, self._parallel, self._autocast = micro_batch_shape, parallel, autocast
         self.split = MomentSplit(optimizer, len(self.sources), model=model, parallel=parallel, horizon=cfg.horizon)
+        # the per-source split of the weight gradients, hooked onto the model from here (``hooks.py``)
+        self.splitter = Splitter(model, parallel.dispatches if parallel is not None else None)
         self.pieces = self.split.pieces
         self.params = self.split.params
         self._probe: HeldoutProbe | None = None
@@ -121,9 +123,9 @@ class SourceAttribution:
         backward's loss carries beyond the data loss's mean, e.g. the data-parallel ``grad_scale``)."""
         if not self._splitting or self.cfg.split != "tokens":
             return contextlib.nullcontext()
-        return splitting(GradSplit(source_ids_BL.to(self.device), len(self.sources), self.split.buffers(),
-                                   scale=1.0 / loss_scale, written=self.split.written, sums=self.split.sums,
-                                   partial=self.split.partial, seq_part=self.pieces.seq_part))
+        return self.splitter.active(GradSplit(source_ids_BL.to(self.device), len(self.sources), self.split.buffers(),
+                                              scale=1.0 / loss_scale, written=self.split.written, sums=self.split.sums,
+                                              partial=self.split.partial, seq_part=self.pieces.seq_part))
 
     def add_micro_batch(self, weighted_loss_BL: torch.Tensor, source_ids_BL: torch.Tensor) -> None:
         """With ``split = "losses"``: per-source gradients of one micro-batch's data loss
@@ -168,7 +170,7 @@ class SourceAttribution:
         if self._pipeline is not None:
             losses_S, grads = self._evaluate_staged(probe)
         else:
-            losses_S, grads = probe.evaluate(self.model, self.pieces.inputs())
+            losses_S, grads = probe.evaluate(self.model, self.pieces.inputs(), self.splitter)
         return losses_S.numpy(), self.pieces.heldout(grads)
 
     def _evaluate_staged(self, probe: HeldoutProbe):
@@ -179,7 +181,8 @@ class SourceAttribution:
         try:
             found = evaluate_staged(self._pipeline, probe.pools, self.pieces.inputs(), n_sources=probe.n_sources,
                                     shape=self._pipeline.shape or self._micro_shape,
-                                    reduce_pp=self._parallel.reduce_pp, device=self.device, autocast=self._autocast)
+                                    reduce_pp=self._parallel.reduce_pp, device=self.device, autocast=self._autocast,
+                                    splitter=self.splitter)
         finally:
             self.model.train(was_training)
             for p in self.params:  # the schedule's backward accumulated the probe's gradients there

@@ -112,7 +112,7 @@ class Pieces:
         return [self._unsharded(i) if i in self._fsdp else p for i, p in enumerate(self.params)]
 
     def keys(self) -> list[int]:
-        """What the model's gradient split knows each parameter by (``train.model.split``)."""
+        """What the gradient split knows each parameter by (``hooks.py``)."""
         return [id(t) for t in self.inputs()]
 
     def full_shapes(self) -> list[torch.Size]:

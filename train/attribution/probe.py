@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from train.attribution.hooks import GradSplit, Splitter
 from train.data import Batch
 from train.model import cross_entropy_per_token
-from train.model.split import GradSplit, splitting
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +68,19 @@ class HeldoutProbe:
                 loader.close()
         return [[_stack(rows)] if rows else [] for rows in picked]
 
-    def evaluate(self, model: torch.nn.Module, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def evaluate(self, model: torch.nn.Module, params: Sequence[torch.Tensor],
+                 splitter: Splitter) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """At the model's current parameters: (S,) mean held-out loss per source (float64, CPU) and, per
         parameter, the (S, ...) gradients of those losses (zeros for a source with no probe).
 
         All sources' rows go through one forward and one backward, each weight gradient split by the
-        source whose probe the row belongs to (``train.model.split``): rows are separate sequences, so
+        source whose probe the row belongs to (``splitter``, ``hooks.py``): rows are separate sequences, so
         each source's part is exactly the gradient of its own loss, at the FLOPs of one pass."""
         was_training = model.training
         model.eval()  # held-out loss is measured in eval mode (no dropout, no router noise)
         try:
             if self._batched is not False:
-                found = self._evaluate_batched(model, params)
+                found = self._evaluate_batched(model, params, splitter)
                 if found is not None:
                     self._batched = True
                     return found
@@ -89,7 +90,7 @@ class HeldoutProbe:
         finally:
             model.train(was_training)
 
-    def _evaluate_batched(self, model, params):
+    def _evaluate_batched(self, model, params, splitter: Splitter):
         S, present = self.n_sources, [s for s, pool in enumerate(self.pools) if pool]
         if not present:
             return torch.zeros(S, dtype=torch.float64), [torch.zeros(S, *p.shape, device=p.device) for p in params]
@@ -104,7 +105,7 @@ class HeldoutProbe:
         count_S = torch.zeros(S, device=self.device).index_add_(0, label_B, mask_BL.sum(1).float())
         buffers = {id(p): torch.empty(S, *p.shape, dtype=torch.float32, device=p.device) for p in params}
         split = GradSplit(label_B[:, None].expand_as(b.tokens), S, buffers, seq_part=self.seq_part)
-        with splitting(split):
+        with splitter.active(split):
             token_loss_BL = cross_entropy_per_token(model(b.tokens, b.doc_ids).logits_BLV, b.targets)
             loss_S = torch.zeros(S, device=self.device).index_add_(0, label_B, (token_loss_BL.float() * mask_BL).sum(1))
             mean_S = loss_S / count_S.clamp(min=1)

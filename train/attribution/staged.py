@@ -3,7 +3,7 @@
 Under pipeline parallelism a rank holds only its stages, so the probe's rows run through the
 schedule like a training step (forward and backward, the stages' router losses weighted 0): each
 row's source travels as the micro-batch's source ids, every stage splits its weight gradients by
-it (``train.model.split``), and the last stage's loss is each source's mean held-out loss, summed
+it (``hooks.py``), and the last stage's loss is each source's mean held-out loss, summed
 over the sources. The rows are cut into micro-batches of the training's shape (padding masked) and run under the
 training's autocast: the stages' buffers have its shape and dtype.
 Each stage's gradients are then its part of the held-out gradient; the dot products add up over
@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from train.attribution.hooks import GradSplit, Splitter
 from train.data import Batch
 from train.model import cross_entropy_per_token
-from train.model.split import GradSplit, splitting
 
 
 def probe_rows(pools: list[list[Batch]], n_sources: int) -> tuple[Batch, torch.Tensor]:
@@ -36,7 +36,8 @@ def probe_rows(pools: list[list[Batch]], n_sources: int) -> tuple[Batch, torch.T
 
 
 def evaluate_staged(pipeline, pools: list[list[Batch]], inputs: Sequence[torch.Tensor], *, n_sources: int,
-                    shape: tuple[int, int], reduce_pp: Callable, device: torch.device, autocast: Callable | None = None):
+                    shape: tuple[int, int], reduce_pp: Callable, device: torch.device, splitter: Splitter,
+                    autocast: Callable | None = None):
     """(S,) mean held-out loss per source (float64, CPU; every rank) and, per parameter of this rank's stages,
     the (S, ...) gradients of those losses (full size: the tensors the forward uses)."""
     S = n_sources
@@ -56,7 +57,7 @@ def evaluate_staged(pipeline, pools: list[list[Batch]], inputs: Sequence[torch.T
         return (row_B / count_S.clamp(min=1)[label_B]).sum()
 
     def split(source_ids_BL):
-        return splitting(GradSplit(source_ids_BL, S, buffers, written=written))
+        return splitter.active(GradSplit(source_ids_BL, S, buffers, written=written))
 
     rows = shape[0]
     micro = [Batch(*(getattr(batch, k)[lo:lo + rows] for k in ("tokens", "targets", "source_ids", "loss_mask",

@@ -1,4 +1,4 @@
-"""The decoder-only Mixture-of-Experts transformer.
+"""The decoder-only Mixture-of-Experts transformer, in plain PyTorch.
 
 Tensor names carry their shape as a suffix (torchtitan style). Legend:
 

@@ -8,10 +8,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import wrap_torch_function
 
 from train.model.config import ModelConfig
-from train.model.split import norm_weight_parts, project, tracking
-from train.model.tensor_shard import ATTENTION_LAYOUT, SWIGLU_LAYOUT, TensorShard, keep_local
+
+
+def rms_norm_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x·r, r) with r = 1/sqrt(mean(x²) + eps) over the last dimension."""
+    rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps))
+    return x * rstd, rstd
+
+
+def rms_norm_input_grad(grad: torch.Tensor, normed: torch.Tensor, rstd: torch.Tensor,
+                        weight: torch.Tensor) -> torch.Tensor:
+    """dL/dx = r·(gn - n·mean(gn·n)) with gn = g·w (see ``_RMSNormFunction``)."""
+    grad_n = grad * weight
+    mean_dot = torch.linalg.vecdot(grad_n, normed, dim=-1).unsqueeze(-1).div_(normed.shape[-1])
+    return torch.addcmul(grad_n, normed, mean_dot, value=-1).mul_(rstd)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -22,23 +35,23 @@ class _RMSNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, eps, split=None, key=0):
-        ctx.split, ctx.key = split, key  # a GradSplit: the scale's gradient per source (train.model.split)
-        dim = x.shape[-1]
-        rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(dim).add_(eps))
-        normed = x * rstd
+    def forward(ctx, x, weight, eps):
+        normed, rstd = rms_norm_forward(x, eps)
         ctx.save_for_backward(normed, rstd, weight)
         return normed * weight
 
     @staticmethod
     def backward(ctx, grad):
         normed, rstd, weight = ctx.saved_tensors
-        rows = (grad * normed).reshape(-1, normed.shape[-1])
-        grad_w = rows.sum(0) if ctx.split is None else norm_weight_parts(ctx.split, ctx.key, rows)
-        grad_n = grad * weight
-        mean_dot = torch.linalg.vecdot(grad_n, normed, dim=-1).unsqueeze(-1).div_(normed.shape[-1])
-        grad_x = torch.addcmul(grad_n, normed, mean_dot, value=-1).mul_(rstd)
-        return grad_x, grad_w, None, None, None
+        grad_w = (grad * normed).reshape(-1, normed.shape[-1]).sum(0)
+        return rms_norm_input_grad(grad, normed, rstd, weight), grad_w, None
+
+
+# overridable by a torch function mode (the attribution's per-source split, train/attribution/hooks.py)
+@wrap_torch_function(lambda x, weight, eps: (x, weight))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x`` scaled by ``weight``, in fp32 whatever the autocast dtype, returned in ``x``'s dtype."""
+    return _RMSNormFunction.apply(x.float(), weight.float(), eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -50,8 +63,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
-        split = tracking(self.weight)
-        return _RMSNormFunction.apply(x_BLD.float(), self.weight.float(), self.eps, split, id(self.weight)).to(x_BLD.dtype)
+        return rms_norm(x_BLD, self.weight, self.eps)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool) -> torch.Tensor:
@@ -95,12 +107,23 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
         super().__init__()
-        inv_freq_R = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles_LR = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq_R)
+        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
         # (L, 1, R): broadcast over the heads of a (B, L, H, C) tensor's halves; non-persistent: derived
         # from the config, so checkpoints stay small and portable
-        self.register_buffer("cos_L1R", angles_LR.cos().float()[:, None], persistent=False)
-        self.register_buffer("sin_L1R", angles_LR.sin().float()[:, None], persistent=False)
+        self.register_buffer("cos_L1R", torch.empty(max_seq_len, 1, head_dim // 2), persistent=False)
+        self.register_buffer("sin_L1R", torch.empty(max_seq_len, 1, head_dim // 2), persistent=False)
+        self.reset_tables()
+
+    @torch.no_grad()
+    def reset_tables(self) -> None:
+        """Compute the tables (in float64, stored fp32) where the buffers are: at construction, and after
+        a model built on the meta device is given memory."""
+        if self.cos_L1R.is_meta:
+            return
+        inv_freq_R = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        angles_LR = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64), inv_freq_R)
+        self.cos_L1R.copy_(angles_LR.cos()[:, None])
+        self.sin_L1R.copy_(angles_LR.sin()[:, None])
 
     def forward(self, x_BLHC: torch.Tensor) -> torch.Tensor:
         """Rotate queries or keys laid out (B, L, H, C), in fp32 whatever the autocast dtype."""
@@ -120,44 +143,35 @@ def document_mask(doc_ids_BL: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Causal multi-head (optionally grouped-query) attention through ``scaled_dot_product_attention``.
 
-    Under tensor parallelism (``tensor``) this rank runs H / size query heads and G / size kv heads:
-    the weights are built whole (so initialization matches the unsplit model) and cut to this rank's
-    heads by ``keep_local_shards``.
+    The head counts come from the projections' shapes, so the module runs whatever heads its
+    weights hold (all of them, or a tensor-parallel rank's share: ``train.parallel.tensor_parallel``).
     """
 
-    def __init__(self, cfg: ModelConfig, *, tensor: TensorShard | None = None) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.tp = tensor if tensor is not None and tensor.size > 1 else None
-        split = self.tp.size if self.tp else 1
         self.head_dim = cfg.dim // cfg.n_heads
-        self.n_heads, self.n_kv = cfg.n_heads // split, cfg.kv_heads // split  # this rank's heads
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
         self.wkv = nn.Linear(cfg.dim, 2 * cfg.kv_heads * self.head_dim, bias=False)  # [k heads | v heads]
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
         self.rotary = Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.dropout = cfg.dropout
 
-    def keep_local_shards(self) -> None:
-        keep_local(self, ATTENTION_LAYOUT, self.tp)
-
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> torch.Tensor:
-        if self.tp is not None:  # under sequence parallelism this gathers the whole sequence
-            x_BLD = self.tp.open(x_BLD)
         B, L, _ = x_BLD.shape
+        C = self.head_dim
         # rotate in the (B, L, H, C) layout the projections produce: contiguous elementwise work
-        q_BLHC = self.rotary(project(self.wq, x_BLD).view(B, L, self.n_heads, self.head_dim))
-        k_BLGC, v_BLGC = project(self.wkv, x_BLD).view(B, L, 2, self.n_kv, self.head_dim).unbind(2)
+        q_BLHC = self.rotary(self.wq(x_BLD).view(B, L, -1, C))
+        k_BLGC, v_BLGC = self.wkv(x_BLD).view(B, L, 2, -1, C).unbind(2)
         q_BHLC, k_BGLC, v_BGLC = q_BLHC.transpose(1, 2), self.rotary(k_BLGC).transpose(1, 2), v_BLGC.transpose(1, 2)
-        if self.n_kv != self.n_heads:
-            repeat = self.n_heads // self.n_kv
+        if k_BGLC.shape[1] != q_BHLC.shape[1]:
+            repeat = q_BHLC.shape[1] // k_BGLC.shape[1]
             k_BGLC, v_BGLC = k_BGLC.repeat_interleave(repeat, 1), v_BGLC.repeat_interleave(repeat, 1)
         out_BHLC = F.scaled_dot_product_attention(
             q_BHLC, k_BGLC, v_BGLC,
             attn_mask=mask_B1LL, is_causal=mask_B1LL is None,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        out_BLD = project(self.wo, out_BHLC.transpose(1, 2).reshape(B, L, -1))
-        return out_BLD if self.tp is None else self.tp.close(out_BLD)
+        return self.wo(out_BHLC.transpose(1, 2).reshape(B, L, -1))
 
 
 class _SwiGLUActivation(torch.autograd.Function):
@@ -190,26 +204,12 @@ def swiglu(h_2F: torch.Tensor) -> torch.Tensor:
 
 
 class SwiGLU(nn.Module):
-    """The gated feed-forward block (https://arxiv.org/abs/2002.05202): w2(silu(w1 x) * w3 x).
+    """The gated feed-forward block (https://arxiv.org/abs/2002.05202): w2(silu(w1 x) * w3 x)."""
 
-    Under tensor parallelism each rank keeps hidden / size columns of the gate and the up projection
-    and the matching rows of w2 (``keep_local_shards``); the partial outputs are summed on ``leave``.
-    """
-
-    def __init__(self, dim: int, hidden: int, *, tensor: TensorShard | None = None) -> None:
+    def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
-        self.tp = tensor if tensor is not None and tensor.size > 1 else None
         self.w13 = nn.Linear(dim, 2 * hidden, bias=False)  # one matmul for gate and up: [gate | up]
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
-    def keep_local_shards(self) -> None:
-        keep_local(self, SWIGLU_LAYOUT, self.tp)
-
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        if self.tp is None:
-            return self.partial(x_TD)
-        return self.tp.close(self.partial(self.tp.open(x_TD)))
-
-    def partial(self, x_TD: torch.Tensor) -> torch.Tensor:
-        """This rank's columns of the block on an input already inside the split region: a partial sum under tp."""
-        return project(self.w2, swiglu(project(self.w13, x_TD)))
+        return self.w2(swiglu(self.w13(x_TD)))

@@ -1,5 +1,8 @@
 """The decoder-only transformer: embeddings, pre-norm blocks (attention + SwiGLU or MoE), output head.
 
+Plain PyTorch: the parallelisms (tensor, sequence, expert, data, pipeline), activation
+checkpointing and compilation are applied to a built model from outside
+(``train.parallel.parallelize``), and extras such as attribution attach through hooks.
 Shape legend in ``train.model``: B batch, L sequence length, D width, V (padded) vocabulary.
 """
 
@@ -10,13 +13,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from train.model.config import ModelConfig
 from train.model.layers import Attention, RMSNorm, SwiGLU, document_mask
-from train.model.moe import ExpertShard, MoE, MoEStats
-from train.model.tensor_shard import TensorShard
-from train.model.split import hook_embedding, project
+from train.model.moe import MoE, MoEStats
 
 
 @dataclass(slots=True)
@@ -31,14 +31,12 @@ class ModelOutput:
 class Block(nn.Module):
     """One pre-norm transformer block; its feed-forward is dense or Mixture-of-Experts."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, *, experts: ExpertShard | None = None,
-                 tensor: TensorShard | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attn = Attention(cfg, tensor=tensor)
+        self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn = (MoE(cfg, experts=experts, tensor=tensor) if cfg.is_moe_layer(layer)
-                    else SwiGLU(cfg.dim, cfg.dense_hidden or cfg.ffn_hidden, tensor=tensor))
+        self.ffn = MoE(cfg) if cfg.is_moe_layer(layer) else SwiGLU(cfg.dim, cfg.dense_hidden or cfg.ffn_hidden)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None) -> tuple[torch.Tensor, MoEStats | None]:
@@ -51,34 +49,18 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The language model. ``forward(tokens)`` returns a ``ModelOutput``; the loss is the trainer's business.
+    """The language model. ``forward(tokens)`` returns a ``ModelOutput``; the loss is the trainer's business."""
 
-    ``activation_checkpointing`` recomputes each block's activations in the backward pass (training
-    only); ``experts`` shards every MoE layer's experts over the expert-parallel ranks and ``tensor``
-    splits attention heads, FFN and expert hidden widths over the tensor-parallel ranks (and, with
-    sequence parallelism, cuts the residual stream between them along the sequence). Either way
-    the full model is initialized first and each rank keeps its part, so every layout starts from
-    the one-process weights.
-    """
-
-    def __init__(self, cfg: ModelConfig, *, activation_checkpointing: bool = False,
-                 experts: ExpertShard | None = None, tensor: TensorShard | None = None) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.activation_checkpointing = activation_checkpointing
-        self.tensor = tensor if tensor is not None and tensor.size > 1 else None
         self.embed = nn.Embedding(cfg.padded_vocab, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg, i, experts=experts, tensor=tensor) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
         self.reset_parameters()
-        for moe in self.moe_layers():
-            moe.keep_local_experts()
-        for module in self.modules():
-            if hasattr(module, "keep_local_shards"):
-                module.keep_local_shards()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -93,35 +75,16 @@ class Transformer(nn.Module):
 
     def forward(self, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None = None) -> ModelOutput:
         mask_B1LL = self.attention_mask(doc_ids_BL)
-        x_BLD = self.embed_tokens(tokens_BL)
+        x_BLD = self.embed(tokens_BL)
         moe_stats: list[MoEStats] = []
         for block in self.blocks:
-            x_BLD, stats = self.run_block(block, x_BLD, mask_B1LL)
+            x_BLD, stats = block(x_BLD, mask_B1LL)
             if stats is not None:
                 moe_stats.append(stats)
-        return ModelOutput(self.output(x_BLD), self.router_loss(moe_stats, x_BLD), moe_stats)
+        return ModelOutput(self.head(self.norm(x_BLD)), self.router_loss(moe_stats, x_BLD), moe_stats)
 
-    # the pieces of ``forward``, which a pipeline stage (``train.parallel.pipeline``) runs a part of
     def attention_mask(self, doc_ids_BL: torch.Tensor | None) -> torch.Tensor | None:
         return document_mask(doc_ids_BL) if self.cfg.doc_mask and doc_ids_BL is not None else None
-
-    def embed_tokens(self, tokens_BL: torch.Tensor) -> torch.Tensor:
-        x_BLD = self.embed(tokens_BL)
-        hook_embedding(self.embed.weight, tokens_BL, x_BLD)  # per-source gradient rows while a split is active
-        if self.tensor is not None and self.tensor.sequence_parallel:  # the blocks run on this rank's part
-            x_BLD = self.tensor.split(x_BLD)
-        return x_BLD
-
-    def run_block(self, block: Block, x_BLD: torch.Tensor, mask_B1LL: torch.Tensor | None):
-        if self.activation_checkpointing and self.training:
-            return checkpoint(block, x_BLD, mask_B1LL, use_reentrant=False)
-        return block(x_BLD, mask_B1LL)
-
-    def output(self, x_BLD: torch.Tensor) -> torch.Tensor:
-        x_BLD = self.norm(x_BLD)
-        if self.tensor is not None and self.tensor.sequence_parallel:  # the replicated head sees every position
-            x_BLD = self.tensor.gather_replicated(x_BLD)
-        return project(self.head, x_BLD)
 
     def router_loss(self, moe_stats: list[MoEStats], like: torch.Tensor) -> torch.Tensor:
         """The weighted aux + z losses of ``moe_stats``, to add to the training loss."""
@@ -133,20 +96,8 @@ class Transformer(nn.Module):
             loss = loss + cfg.z_loss_coef * stats.z_loss
         return loss
 
-    def keep_stage(self, layers: set[int], *, embed: bool, head: bool) -> None:
-        """Drop the blocks (and the embedding or the norm and head) that other pipeline stages hold.
-
-        The dropped entries become None, so the parameter names stay the one-process model's.
-        """
-        for i in range(len(self.blocks)):
-            if i not in layers:
-                self.blocks[i] = None
-        if not embed:
-            self.embed = None
-        if not head:
-            self.norm, self.head = None, None
-
     def moe_layers(self) -> list[MoE]:
+        """The MoE blocks this model holds (a pipeline stage's model holds some of its layers)."""
         return [block.ffn for block in self.blocks if block is not None and isinstance(block.ffn, MoE)]
 
     @torch.no_grad()
@@ -160,9 +111,8 @@ class Transformer(nn.Module):
                 block.ffn.router.update_bias(load_E)
 
     def num_params(self) -> tuple[int, int]:
-        """(total, active) parameters of the built model (active: k of the routed experts per token)."""
+        """(total, active) parameters this module holds (active: k of the routed experts per token)."""
         total = sum(p.numel() for p in self.parameters())
-        routed = sum(m.w13_ED2F.numel() + m.w2_EFD.numel() for m in self.moe_layers())
+        routed = sum(m.experts.w13_ED2F.numel() + m.experts.w2_EFD.numel() for m in self.moe_layers())
         active = total - routed + routed * self.cfg.top_k // max(self.cfg.n_experts, 1)
         return total, active
-

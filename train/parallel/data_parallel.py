@@ -133,9 +133,8 @@ def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommT
 
     Under expert parallelism (as torchtitan's ``apply_fsdp`` for MoE) the dense parameters are
     sharded over FSDP's mesh (``dp_shard``, ep ranks included; HSDP's two dims when replicated), and each MoE layer's local experts
-    over the ``edp`` ranks that hold the same experts (the sparse mesh's ``edp`` dimension):
-    the router and shared experts become FSDP units of their own on the dense mesh first, so the
-    MoE module's unit holds only the expert weights. Expert gradients arrive summed over the ep
+    over the ``edp`` ranks that hold the same experts (the sparse mesh's ``edp`` dimension), as
+    an FSDP unit of their own (the block's ``experts`` module). Expert gradients arrive summed over the ep
     ranks by the all-to-all's backward; their reduce-scatter divides by the data-parallel degree,
     as the dense one does, so both are the global-batch mean.
     """
@@ -157,23 +156,20 @@ def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommT
 
     # The MoE block returns a view of its output; FSDP2 warns that an in-place op on it would skip its
     # pre-backward hook. ``Block`` adds it out of place, so the warning does not apply.
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPMoE\) returned a view tensor")
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP\w+\) returned a view tensor")
     blocks = model.blocks.values() if isinstance(model.blocks, nn.ModuleDict) else model.blocks
     for block in blocks:
         moe = block.ffn
         if world.ep_size > 1 and isinstance(moe, MoE):
-            for sub in (moe.router, moe.shared):
-                if sub is not None:
-                    shard(sub, dense_mesh)
             expert_mesh = world.sparse_mesh["edp"]
             # fewer local experts than ranks to shard them over: shard the next dimension instead
-            dim = 0 if moe.w13_ED2F.shape[0] >= expert_mesh.size() else 1
-            shard(moe, expert_mesh, shard_placement_fn=lambda _p, dim=dim: Shard(dim))
-            moe.set_gradient_divide_factor(float(world.dp_size))
+            dim = 0 if moe.experts.w13_ED2F.shape[0] >= expert_mesh.size() else 1
+            shard(moe.experts, expert_mesh, shard_placement_fn=lambda _p, dim=dim: Shard(dim))
+            moe.experts.set_gradient_divide_factor(float(world.dp_size))
             # gloo has no PREMUL_SUM: sum, then divide. Not on one rank, where FSDP2 (torch 2.13) already
             # divides by the factor when it copies instead of reduce-scattering, and would divide twice.
             if expert_mesh.size() > 1 and dist.get_backend(expert_mesh.get_group()) != "nccl":
-                moe.set_force_sum_reduction_for_comms(True)
+                moe.experts.set_force_sum_reduction_for_comms(True)
         shard(block, dense_mesh)
     shard(model, dense_mesh)
     return model

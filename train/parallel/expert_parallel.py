@@ -1,10 +1,11 @@
-"""Expert parallelism: each MoE layer's experts sharded over the ``ep`` ranks, tokens moved with all-to-all.
+"""Expert parallelism: each MoE layer's experts sharded over the ``ep`` ranks, rows moved with all-to-all.
 
-Every rank routes its own tokens over all E experts; ``ExpertDispatch`` sends each routed
-assignment to the rank that holds its expert (``all_to_all_single`` with variable splits),
-runs the local experts on what arrived, and sends the results back the same way. The
-all-to-all is its own autograd function (backward is the reverse all-to-all), so gradients
-of the local experts gather every rank's tokens, exactly as the unsharded model's would.
+Every rank routes its own tokens over all E experts; ``ExpertDispatch``, hooked onto each MoE
+block's ``experts`` module (as torchtitan's ``ExpertParallel`` hooks ``distribute_module``'s input
+and output functions there), sends each routed row to the rank that holds its expert
+(``all_to_all_single`` with variable splits) before the experts run, and sends the results back the
+same way after. The all-to-all is its own autograd function (backward is the reverse all-to-all),
+so gradients of the local experts gather every rank's tokens, exactly as the unsharded model's would.
 
 Shape legend in ``train.model``, plus R ranks of the ep group and X local experts (E / R).
 """
@@ -15,12 +16,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.errors import ConfigError
-from train.model.moe import ExpertShard, MoE
+from train.model.moe import MoE
 from train.parallel.comm import CommTimer
 from train.parallel.mesh import World
 
-EXPERT_PARAMS = ("w13_ED2F", "w2_EFD")
+EXPERT_PARAMS = ("experts.w13_ED2F", "experts.w2_EFD")
 
 
 class _AllToAll(torch.autograd.Function):
@@ -44,55 +44,70 @@ class _AllToAll(torch.autograd.Function):
 
 
 class ExpertDispatch:
-    """The MoE block's dispatch under expert parallelism (``ExpertShard.dispatch``)."""
+    """One MoE block's row exchange under expert parallelism: a forward pre-hook and a forward hook on its experts.
+
+    ``dispatch`` (before the experts run) sends each row to the rank holding its expert and sorts what
+    arrived by local expert; ``combine`` (after) puts the outputs back in the order the rows left and
+    returns them. The routing of the call in flight is kept between the two (and for ``route``).
+    """
 
     def __init__(self, *, group, ep_size: int, n_experts: int, timer: CommTimer) -> None:
         self.group, self.ep_size, self.n_local, self.timer = group, ep_size, n_experts // ep_size, timer
+        self._splits: tuple[list[int], list[int]] | None = None  # (send, recv) rows per rank of the call in flight
+        self._order: torch.Tensor | None = None  # arrivals sorted by local expert
 
-    def __call__(self, x_AD: torch.Tensor, counts_E: torch.Tensor, compute,
-                 source_A: torch.Tensor | None = None) -> torch.Tensor:
+    def dispatch(self, _module: nn.Module, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        x_AD, counts_E = args
         R, X = self.ep_size, self.n_local
         send_RX = counts_E.view(R, X)  # assignments for each (destination rank, its local expert)
         recv_RX = torch.empty_like(send_RX)  # rows: source rank
         with self.timer.blocking(send_RX.numel() * send_RX.element_size()):
             dist.all_to_all_single(recv_RX, send_RX.contiguous(), group=self.group)
-        send_splits, recv_splits = send_RX.sum(1).tolist(), recv_RX.sum(1).tolist()  # split sizes live on the host
-        x_recv_AD = _AllToAll.apply(x_AD, recv_splits, send_splits, self.group, self.timer)
+        self._splits = send_RX.sum(1).tolist(), recv_RX.sum(1).tolist()  # split sizes live on the host
+        x_recv_AD = _AllToAll.apply(x_AD, self._splits[1], self._splits[0], self.group, self.timer)
         # arrivals are grouped by source rank, then expert; the local experts want them grouped by expert
         local_expert_A = torch.repeat_interleave(torch.arange(R * X, device=x_AD.device) % X, recv_RX.reshape(-1))
-        order_A = local_expert_A.argsort(stable=True)
-        if source_A is None:
-            y_sorted_AD = compute(x_recv_AD[order_A], recv_RX.sum(0))
-        else:  # splitting gradients by source: each arriving assignment's source travels with it
-            source_recv_A = source_A.new_empty(sum(recv_splits))
-            with self.timer.blocking(source_A.numel() * source_A.element_size()):
-                dist.all_to_all_single(source_recv_A, source_A.contiguous(), recv_splits, send_splits, group=self.group)
-            y_sorted_AD = compute(x_recv_AD[order_A], recv_RX.sum(0), source_recv_A[order_A])
+        self._order = local_expert_A.argsort(stable=True)
+        return x_recv_AD[self._order], recv_RX.sum(0)
+
+    def combine(self, _module: nn.Module, _args: tuple, y_sorted_AD: torch.Tensor) -> torch.Tensor:
+        order_A = self._order
         inverse_A = torch.empty_like(order_A)
         inverse_A[order_A] = torch.arange(len(order_A), device=order_A.device)
-        return _AllToAll.apply(y_sorted_AD[inverse_A], send_splits, recv_splits, self.group, self.timer)
+        send, recv = self._splits
+        return _AllToAll.apply(y_sorted_AD[inverse_A], send, recv, self.group, self.timer)
+
+    def route(self, values_A: torch.Tensor) -> torch.Tensor:
+        """Per-row values (e.g. each row's source) sent where the call in flight sent its rows, in the order
+        the local experts see them; call between ``dispatch`` and ``combine``."""
+        send, recv = self._splits
+        out = values_A.new_empty(sum(recv))
+        with self.timer.blocking(values_A.numel() * values_A.element_size()):
+            dist.all_to_all_single(out, values_A.contiguous(), recv, send, group=self.group)
+        return out[self._order]
 
 
-def expert_shard(world: World, timer: CommTimer, n_experts: int) -> ExpertShard | None:
-    """What a model built on this rank passes to ``Transformer(..., experts=)``; None without expert parallelism."""
-    if world.ep_size <= 1:
-        return None
-    dispatch = ExpertDispatch(group=world.ep_group, ep_size=world.ep_size, n_experts=n_experts, timer=timer)
-    return ExpertShard(rank=world.ep_rank, size=world.ep_size, dispatch=dispatch)
+def apply_expert_parallel(model: nn.Module, world: World, timer: CommTimer) -> dict[int, ExpertDispatch]:
+    """Keep this rank's experts of every MoE block in ``model`` and hook the row exchange onto them, in place;
+    returns each block's dispatch by ``id`` of its ``experts`` module."""
+    dispatches = {}
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        n_experts, experts = moe.cfg.n_experts, moe.experts  # ep divides n_experts (ParallelConfig.resolve)
+        lo, local = world.ep_rank * (n_experts // world.ep_size), n_experts // world.ep_size
+        with torch.no_grad():
+            for pname in ("w13_ED2F", "w2_EFD"):
+                setattr(experts, pname, nn.Parameter(getattr(experts, pname)[lo:lo + local].clone()))
+        dispatch = ExpertDispatch(group=world.ep_group, ep_size=world.ep_size, n_experts=n_experts, timer=timer)
+        experts.register_forward_pre_hook(dispatch.dispatch)
+        experts.register_forward_hook(dispatch.combine)
+        dispatches[id(experts)] = dispatch
+    return dispatches
 
 
-def sharded_expert_names(model: nn.Module, world: World) -> list[str]:
-    """Names of the sharded expert parameters; refuses a model built without this rank's ``ExpertShard``."""
-    names = []
-    for name, module in model.named_modules():
-        if not isinstance(module, MoE):
-            continue
-        if module.shard is None or module.shard.size != world.ep_size or module.shard.rank != world.ep_rank:
-            raise ConfigError(f"train.parallel.ep = {world.ep_size}: the model's MoE layer {name!r} was "
-                              f"not built for it; build the model with Transformer(cfg, "
-                              f"experts=parallel.expert_shard(cfg.n_experts))")
-        names += [f"{name}.{pname}" if name else pname for pname in EXPERT_PARAMS]
-    return names
+def sharded_expert_names(model: nn.Module) -> list[str]:
+    """Names of the expert parameters (sharded over ``ep`` once ``apply_expert_parallel`` ran)."""
+    return [f"{name}.{pname}" for name, module in model.named_modules() if isinstance(module, MoE)
+            for pname in EXPERT_PARAMS]
 
 
 def expert_parameters(model: nn.Module, names: list[str]) -> list[nn.Parameter]:

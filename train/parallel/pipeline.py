@@ -108,23 +108,37 @@ class StageModule(nn.Module):
     def forward(self, h: torch.Tensor, doc_ids_BL: torch.Tensor, source_ids_BL: torch.Tensor,
                 loss_mask_BL: torch.Tensor) -> torch.Tensor:
         split = self.split(source_ids_BL) if self.split is not None else contextlib.nullcontext()
-        with self.autocast(), split:  # the layers keep the split for their backward (train.model.split)
+        with self.autocast(), split:  # the split ops keep it for their backward (train.attribution.hooks)
             return self._forward(h, doc_ids_BL, source_ids_BL, loss_mask_BL)
 
     def _forward(self, h, doc_ids_BL, source_ids_BL, loss_mask_BL):
         model = self._owner[0]
         mask_B1LL = model.attention_mask(doc_ids_BL)
-        x_BLD = model.embed_tokens(h) if self.first else h
+        x_BLD = model.embed(h) if self.first else h
         moe_stats = []
         for block in self.blocks.values():
-            x_BLD, stats = model.run_block(block, x_BLD, mask_B1LL)
+            x_BLD, stats = block(x_BLD, mask_B1LL)
             if stats is not None:
                 moe_stats.append(stats)
         if moe_stats and torch.is_grad_enabled():
             x_BLD = _RouterLossGrad.apply(x_BLD, model.router_loss(moe_stats, x_BLD), self.router_scale)
         if moe_stats and self.record is not None:
             self.record(self.first_moe, moe_stats, source_ids_BL, loss_mask_BL)
-        return model.output(x_BLD) if self.last else x_BLD
+        return model.head(model.norm(x_BLD)) if self.last else x_BLD
+
+
+def keep_stage(model: Transformer, layers: set[int], *, embed: bool, head: bool) -> None:
+    """Drop the blocks (and the embedding or the norm and head) that other pipeline stages hold.
+
+    The dropped entries become None, so the parameter names stay the one-process model's.
+    """
+    for i in range(len(model.blocks)):
+        if i not in layers:
+            model.blocks[i] = None
+    if not embed:
+        model.embed = None
+    if not head:
+        model.norm, model.head = None, None
 
 
 class _TimedStage(PipelineStage):
@@ -175,7 +189,7 @@ class Pipeline:
 
     def __init__(self, model: Transformer, *, rank: int, size: int, group, schedule: str, n_microbatches: int,
                  device: torch.device, timer: CommTimer, stages_per_rank: int = 1,
-                 wrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
+                 wrap: Callable[[nn.Module], nn.Module] | None = None, seq_parts: int = 1) -> None:
         if schedule not in SCHEDULES:
             raise ConfigError(f"train.parallel.pp_schedule = {schedule!r} is invalid; allowed: {sorted(SCHEDULES)}")
         interleaved = schedule == "interleaved_1f1b"
@@ -194,15 +208,13 @@ class Pipeline:
                               "first stage and the head on the last; untie them (tie_embeddings = false)")
         layers = stage_layers(model.cfg.n_layers, n_stages)
         mine = [rank + k * size for k in range(stages_per_rank)]  # torch's "loop" placement of virtual stages
-        model.keep_stage({i for s in mine for i in layers[s]}, embed=0 in mine, head=n_stages - 1 in mine)
+        keep_stage(model, {i for s in mine for i in layers[s]}, embed=0 in mine, head=n_stages - 1 in mine)
         self.n_microbatches, self.is_last = n_microbatches, n_stages - 1 in mine
         self.modules = [StageModule(model, layers[s], first=s == 0, last=s == n_stages - 1, router_scale=1 / n_microbatches)
                         for s in mine]
         self._where = dict(indices=mine, n_stages=n_stages, device=device, group=group, timer=timer, wrap=wrap)
         self._cls, self._interleaved, self.dim, self.vocab = SCHEDULES[schedule], interleaved, model.cfg.dim, model.cfg.padded_vocab
-        # sequence parallel: the activations between stages are this tp rank's part of the sequence
-        tensor = getattr(model, "tensor", None)
-        self._seq_parts = tensor.size if tensor is not None and tensor.sequence_parallel else 1
+        self._seq_parts = seq_parts  # sequence parallel: the activations between stages are a tp rank's part
         self._submodules: list[nn.Module] | None = None  # the stage modules, wrapped (DDP) at the first step
         self._schedules: dict[tuple, object] = {}  # (rows, cols, micro-batches, logits dtype) -> its schedule
         self.shape: tuple[int, int] | None = None  # the last training step's micro-batch shape

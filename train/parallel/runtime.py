@@ -1,6 +1,6 @@
 """``Parallel``: everything the trainer asks of the distributed setup, behind one object.
 
-The trainer stays layout-agnostic: it lets ``Parallel`` wrap the model, turn local token counts
+The trainer stays layout-agnostic: it lets ``Parallel`` apply the layout to the model, turn local token counts
 and losses into global ones, clip on the global gradient norm, reduce its accounting, write
 metrics and checkpoints on rank 0 only, and save/load the one-process state from any layout.
 ``Parallel.local(device)`` is the one-process case, where every call is the plain operation.
@@ -18,21 +18,19 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from train.checkpoint import CheckpointManager
-from train.errors import ConfigError
 from train.metrics import MetricsConfig, MetricsWriter
-from train.model import ModelConfig
-from train.model.moe import ExpertShard
-from train.model.tensor_shard import TensorShard
 from train.parallel import checkpoint as ckpt
 from train.parallel.comm import CommTimer
 from train.parallel.config import ParallelConfig
-from train.parallel.data_parallel import apply_fsdp, wrap_ddp
-from train.parallel.expert_parallel import expert_parameters, expert_shard, sharded_expert_names, sync_expert_grads
+from train.parallel.data_parallel import wrap_ddp
+from train.parallel.expert_parallel import expert_parameters, sync_expert_grads
 from train.parallel.mesh import World, init_world
 from train.parallel.precision import AgreedGradScaler
 from train.parallel.reduce import Reducer
-from train.parallel.tensor_parallel import (sequence_parallel_parameters, split_layouts,
-                                            sync_sequence_parallel_grads, tensor_shard)
+from train.parallel.tensor_parallel import (
+    sequence_parallel_parameters,
+    sync_sequence_parallel_grads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +58,8 @@ class Parallel:
         self._tp_params: list[nn.Parameter] = []
         self._sp_params: list[nn.Parameter] = []  # sequence parallel: norm scales with per-rank partial gradients
         self._reduce_load = False
-        self.pipeline = None  # train.parallel.pipeline.Pipeline of this rank's stages, once ``wrap`` built it
+        self.dispatches: dict = {}  # id(MoE.experts) -> its ExpertDispatch (expert parallelism)
+        self.pipeline = None  # train.parallel.pipeline.Pipeline of this rank's stages, once ``parallelize`` built it
 
     @classmethod
     def local(cls, device: torch.device) -> Parallel:
@@ -85,78 +84,53 @@ class Parallel:
         return float(self.world.dp_size)
 
     # ---- model ------------------------------------------------------------------------------
-    def expert_shard(self, n_experts: int) -> ExpertShard | None:
-        """This rank's share of the experts, for ``Transformer(cfg, experts=...)``; None without expert parallelism."""
-        return expert_shard(self.world, self.comm, n_experts)
+    def parallelize(self, model: nn.Module, *, grad_accum: int = 1, activation_checkpointing: bool = False) -> nn.Module:
+        """Apply this run's layout to the plain ``model`` in place; returns the module to call forward on.
 
-    def tensor_shard(self, cfg: ModelConfig) -> TensorShard | None:
-        """This rank's tensor-parallel part, for ``Transformer(cfg, tensor=...)``; None without tensor parallelism."""
-        return tensor_shard(self.world, self.comm, cfg, sequence_parallel=self.cfg.sequence_parallel)
-
-    def wrap(self, model: nn.Module, *, grad_accum: int = 1) -> nn.Module:
-        """DDP or FSDP2; returns the module to call forward on (``model`` stays the bare one).
-
-        Under expert parallelism the model must have been built with ``experts=self.expert_shard(...)``,
-        under tensor parallelism with ``tensor=self.tensor_shard(cfg)``. DDP runs over the ``dp`` group
-        (none when it is one rank): ranks of one tp group hold different parts and share their batches.
-        Under pipeline parallelism ``model`` keeps only this rank's stages and ``self.pipeline`` runs
-        them, ``grad_accum`` micro-batches per step.
+        Under pipeline parallelism ``model`` is first cut to this rank's stages and ``self.pipeline``
+        runs them, ``grad_accum`` micro-batches per step (as in torchtitan, each stage is then a model
+        of its own for the other parallelisms). Then ``train.parallel.parallelize``: TP/SP, EP,
+        activation checkpointing, FSDP2. DDP, when the data-parallel ranks replicate, wraps the model
+        last (the stages at their first step): its ``dp`` group leaves out the tp ranks, which hold
+        different parts and share their batches.
         """
-        self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and self.world.dp_size > 1
-        if not self.world.distributed:
-            return model
-        dims = self.world.dims
-        if dims.pp > 1:
-            return self._wrap_pipeline(model, grad_accum)
+        from train.parallel.parallelize import parallelize
+
+        world = self.world
+        self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and world.dp_size > 1
+        stages = None
+        if world.pp_size > 1:
+            stages = self._pipeline(model, grad_accum).modules
+        layout = parallelize(model, world, self.cfg, self.comm, activation_checkpointing=activation_checkpointing,
+                             stages=stages)
+        self.experts, self.tp_layouts, self.dispatches = layout.experts, layout.tp_layouts, layout.dispatches
         self._find_split_parameters(model)
-        if self.fsdp:
-            net = apply_fsdp(model, self.world, self.cfg, self.comm)
-            # fully_shard replaced the parameters (DTensors now); FSDP2 reduces the expert gradients itself
-            self._find_split_parameters(model)
-            return net
-        if self.world.dp_size == 1:
+        if self.fsdp or world.dp_size == 1 or self.pipeline is not None:
             return model
-        return wrap_ddp(model, self.world, self.cfg, self.comm, ignore=self.experts)
+        return wrap_ddp(model, world, self.cfg, self.comm, ignore=self.experts)
 
-    def _wrap_pipeline(self, model: nn.Module, grad_accum: int) -> nn.Module:
-        """This rank's pipeline stages (``self.pipeline``), composed with the mesh's other dimensions.
-
-        As in torchtitan, each stage is a model of its own for the other parallelisms: its experts
-        split over ``ep`` and its heads and hidden widths over ``tp`` (the model was built for this
-        rank), then the stage module is FSDP2-sharded over ``dp_shard`` (``PipelineStage`` defers
-        the reduce-scatter to the step's last micro-batch) or under DDP over the ``dp`` ranks.
-        """
+    def _pipeline(self, model: nn.Module, grad_accum: int):
+        """This rank's pipeline stages of ``model`` (which keeps only their layers), under DDP over the ``dp``
+        ranks when they replicate (FSDP2 shards the stage modules in ``parallelize``)."""
         from train.parallel.pipeline import Pipeline
 
         world = self.world
         ddp = world.dp_size > 1 and not self.fsdp
         wrap = (lambda stage: wrap_ddp(stage, world, self.cfg, self.comm, ignore=self.experts)) if ddp else None
+        seq_parts = world.tp_size if self.cfg.sequence_parallel else 1
         self.pipeline = Pipeline(model, rank=world.pp_rank, size=world.pp_size, group=world.pp_group,
                                  schedule=self.cfg.pp_schedule, n_microbatches=grad_accum, device=world.device,
-                                 timer=self.comm, stages_per_rank=self.cfg.pp_stages_per_rank, wrap=wrap)
-        # the stage's parameters keep the one-process names (``StageModule`` mirrors the model's)
-        self._find_split_parameters(model)
-        if self.fsdp:
-            for stage in self.pipeline.modules:
-                apply_fsdp(stage, world, self.cfg, self.comm, reshard_after_forward=False)
-            self._find_split_parameters(model)  # fully_shard replaced them
-        return model
+                                 timer=self.comm, stages_per_rank=self.cfg.pp_stages_per_rank, wrap=wrap,
+                                 seq_parts=seq_parts)
+        return self.pipeline
 
     def _find_split_parameters(self, model: nn.Module) -> None:
-        """The parameters split over ``ep`` (experts) and over ``tp``, by name, for the norm and the checkpoints."""
-        if self.world.ep_size > 1:
-            self.experts = sharded_expert_names(model, self.world)
-            self._expert_params = expert_parameters(model, self.experts)
-        if self.world.tp_size > 1:
-            self.tp_layouts = split_layouts(model, self.world)
-            self._tp_params = expert_parameters(model, list(self.tp_layouts))
-            built = getattr(getattr(model, "tensor", None), "sequence_parallel", False)
-            if built != self.cfg.sequence_parallel:
-                raise ConfigError(f"train.parallel.sequence_parallel = {str(self.cfg.sequence_parallel).lower()} but "
-                                  f"the model was built {'with' if built else 'without'} it; build the model with "
-                                  "Transformer(cfg, tensor=parallel.tensor_shard(cfg))")
-            if self.cfg.sequence_parallel:
-                self._sp_params = sequence_parallel_parameters(model)
+        """The parameters split over ``ep`` (experts) and over ``tp``, and the norms under sequence parallelism
+        (FSDP2 replaced them by DTensors: found by name)."""
+        self._expert_params = expert_parameters(model, self.experts)
+        self._tp_params = expert_parameters(model, list(self.tp_layouts))
+        if self.cfg.sequence_parallel and self.world.tp_size > 1:
+            self._sp_params = sequence_parallel_parameters(model)
 
     def grad_sync(self, net: nn.Module, *, last: bool):
         """Context for one micro-batch's forward and backward: DDP all-reduces only on the ``last`` one.

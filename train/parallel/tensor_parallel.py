@@ -1,18 +1,42 @@
-"""Tensor parallelism over the mesh's ``tp`` group: the two crossings (f and g) and the weights' layouts.
+"""Tensor and sequence parallelism over the mesh's ``tp`` group, applied to a built model from outside.
 
-Each rank holds its part of the split weights as ordinary parameters (``train.model.tensor_shard``),
-so DDP over the ``dp`` group, the optimizer and the accounting see plain tensors of this rank's
-shape; the ranks of one ``tp`` group read the same batches. In DTensor terms a split weight's
-placement on the ``tp`` mesh is ``Shard(dim)`` for the plain column/row splits and
-``_StridedShard(dim, split_factor=2)`` for the fused [k | v] and [gate | up] projections (each half
-split on its own); ``gather``/``local`` convert to and from the one-process checkpoint format.
+Megatron-LM's split (https://arxiv.org/abs/1909.08053): attention by heads (q/k/v column-wise, the
+output row-wise), the SwiGLU blocks and every expert by hidden width (gate/up column-wise, down
+row-wise), so attention and the activations run on local heads and columns with no collective
+inside. ``apply_tensor_parallel`` cuts each split weight to this rank's part and hooks the
+crossings onto the modules: ``enter`` (identity forward, all-reduce of the input gradient backward)
+opens each split region and ``leave`` (all-reduce of the partial outputs forward, identity backward)
+closes it. The router, norms, embedding and head stay replicated.
 
-The collectives are hand-written autograd functions on the ``tp`` group rather than DTensor's
-``parallelize_module`` styles: the fused projections and the grouped ``(E, D, F)`` expert weights
-have no ``ColwiseParallel`` equivalent, DDP does not take DTensor parameters, and going through
-``CommTimer`` counts the all-reduces in ``comm_pct``. Sequence parallelism
-(``[train.parallel] sequence_parallel``) swaps the activations' crossings for all-gathers and
-reduce-scatters along the sequence (``train.model.tensor_shard``), timed the same way.
+With sequence parallelism (Megatron-LM's, https://arxiv.org/abs/2205.05198) the activations between
+the split regions are cut along the sequence instead of being replicated: each rank holds (B, L/size,
+D) of the residual stream, so the norms, residual adds and dropout run on 1/size of the tokens.
+Opening a region is then an all-gather along the sequence (backward: reduce-scatter) and closing it
+a reduce-scatter (backward: all-gather). The embedding's output is cut, the final norm's output
+gathered for the replicated head (its backward keeps this rank's part of a gradient that is the same
+on every rank). The MoE block gathers its input the same way, so the router routes every token as
+in one process. The norm weights then see only their rank's tokens: their gradients are summed over
+the group (``train.parallel.Parallel.clip_grad_norm``).
+
+Inside an MoE block (as torchtitan's ``TensorParallel`` for experts does) the routed rows enter the
+experts' region (their gradient summed over the ranks), the shared experts' input enters theirs, and
+the block's output, the sum of both partial outputs, leaves once; the routing weights multiply a
+partial output, so their gradient is summed over the ranks too.
+
+A layout ``(dim, parts)`` says how a full weight maps onto the ranks: the full tensor is cut along
+``dim`` into ``parts`` blocks (2 for the fused [k | v] and [gate | up] projections, 1 otherwise)
+and each block into ``size`` slices; rank r keeps slice r of every block, side by side. The same
+layout turns a full checkpoint tensor into this rank's part and the ranks' parts back into it.
+
+Why not DTensor's ``parallelize_module`` styles (``ColwiseParallel``, ``RowwiseParallel``,
+``SequenceParallel``): their parameters become DTensors, which DDP does not take (DDP x TP is a layout
+winnow offers), the fused projections' two-block layout and the grouped (E, D, 2F) experts have no
+built-in style, and the per-source gradient split (``train.attribution.hooks``) and the comm timer
+work on plain tensors. So each split weight stays an ordinary parameter of this rank's shape (DDP
+over ``dp``, the optimizer and the accounting see plain tensors), and the crossings are autograd
+functions on the ``tp`` group, hooked onto the modules the way those styles hook theirs. In DTensor
+terms a split weight's placement on the ``tp`` mesh is ``Shard(dim)`` for the plain column/row splits
+and ``_StridedShard(dim, split_factor=2)`` for the fused projections.
 """
 
 from __future__ import annotations
@@ -23,12 +47,15 @@ from torch import nn
 
 from train.errors import ConfigError
 from train.model import ModelConfig
-from train.model.layers import Attention, SwiGLU
+from train.model.layers import Attention, RMSNorm, SwiGLU
 from train.model.moe import MoE
-from train.model.tensor_shard import (ATTENTION_LAYOUT, EXPERTS_LAYOUT, SWIGLU_LAYOUT, TensorShard, join_parts,
-                                      local_part)
 from train.parallel.comm import CommTimer
 from train.parallel.mesh import World
+
+# per module class: parameter name -> (dim, parts) of its tensor-parallel layout
+ATTENTION_LAYOUT = {"wq.weight": (0, 1), "wkv.weight": (0, 2), "wo.weight": (1, 1)}
+SWIGLU_LAYOUT = {"w13.weight": (0, 2), "w2.weight": (1, 1)}
+EXPERTS_LAYOUT = {"experts.w13_ED2F": (2, 2), "experts.w2_EFD": (1, 1)}
 
 
 def _all_reduce(x: torch.Tensor, group, timer: CommTimer) -> torch.Tensor:
@@ -118,26 +145,6 @@ class _GatherReplicated(torch.autograd.Function):
         return _seq_part(grad, ctx.rank, ctx.size), None, None, None, None
 
 
-class _GatherBoth(torch.autograd.Function):
-    """One all-gather, two copies: one into the split region (partial gradients, reduce-scattered) and one for
-    the replicated router (its gradient the same on every rank: this rank's part is kept)."""
-
-    @staticmethod
-    def forward(ctx, x, group, rank, size, timer):
-        ctx.args, ctx.rank = (group, size, timer), rank
-        full = _seq_all_gather(x, group, size, timer)
-        return full, full.clone()
-
-    @staticmethod
-    def backward(ctx, grad_split, grad_replicated):
-        group, size, timer = ctx.args
-        grad = _seq_part(grad_replicated, ctx.rank, size) if grad_replicated is not None else None
-        if grad_split is not None:
-            scattered = _seq_reduce_scatter(grad_split, group, size, timer)
-            grad = scattered if grad is None else grad + scattered
-        return grad, None, None, None, None
-
-
 class _Scatter(torch.autograd.Function):
     """g under sequence parallelism: reduce-scatter the partial outputs; backward all-gathers the gradient."""
 
@@ -166,12 +173,39 @@ class _Split(torch.autograd.Function):
         return _seq_all_gather(grad, *ctx.args), None, None, None, None
 
 
-def tensor_shard(world: World, timer: CommTimer, cfg: ModelConfig, *,
-                 sequence_parallel: bool = False) -> TensorShard | None:
-    """What a model built on this rank passes to ``Transformer(..., tensor=)``; None without tensor parallelism."""
-    tp = world.tp_size
-    if tp <= 1:
-        return None
+class Crossings:
+    """The autograd crossings of this rank's ``tp`` group (see above), as functions of one activation."""
+
+    def __init__(self, world: World, timer: CommTimer, *, sequence_parallel: bool) -> None:
+        self.group, self.rank, self.size, self.timer = world.tp_group, world.tp_rank, world.tp_size, timer
+        self.sequence_parallel = sequence_parallel
+
+    def _seq(self, fn, x: torch.Tensor) -> torch.Tensor:
+        return fn.apply(x, self.group, self.rank, self.size, self.timer)
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        return _Enter.apply(x, self.group, self.timer)
+
+    def open(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        """Into a split region: the whole sequence, its input gradient summed over the ranks."""
+        return self._seq(_Gather, x_BLD) if self.sequence_parallel else self.enter(x_BLD)
+
+    def close(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        """Out of a split region: the ranks' partial outputs summed (and cut to this rank's part of the sequence)."""
+        return self._seq(_Scatter, x_BLD) if self.sequence_parallel else _Leave.apply(x_BLD, self.group, self.timer)
+
+    def replicate(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        """For a replicated consumer: the whole sequence under sequence parallelism (its gradient the same on
+        every rank, this rank keeps its part), ``x`` itself otherwise."""
+        return self._seq(_GatherReplicated, x_BLD) if self.sequence_parallel else x_BLD
+
+    def cut(self, x_BLD: torch.Tensor) -> torch.Tensor:
+        """A replicated activation cut to this rank's part of the sequence (sequence parallel only)."""
+        return self._seq(_Split, x_BLD) if self.sequence_parallel else x_BLD
+
+
+def check_divides(cfg: ModelConfig, tp: int) -> None:
+    """ConfigError naming the model key tensor parallelism cannot split evenly over ``tp`` ranks."""
     hidden = {"train.model.n_heads": cfg.n_heads, "train.model.n_kv_heads": cfg.kv_heads,
               "train.model.ffn_hidden": cfg.ffn_hidden}
     if cfg.dense_hidden:
@@ -180,20 +214,66 @@ def tensor_shard(world: World, timer: CommTimer, cfg: ModelConfig, *,
         if value % tp:
             raise ConfigError(f"train.parallel.tp = {tp} does not divide {key} = {value}: tensor parallelism splits "
                               "heads and hidden widths evenly over the tp ranks; pick a tp that divides it")
-    group, rank = world.tp_group, world.tp_rank
-    seq = {}
+
+
+@torch.no_grad()
+def keep_local(module: nn.Module, layout: dict[str, tuple[int, int]], rank: int, size: int) -> None:
+    """Replace each parameter named in ``layout`` by this rank's part (on the meta device: its shape)."""
+    for name, spec in layout.items():
+        owner_name, _, pname = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        setattr(owner, pname, nn.Parameter(local_part(getattr(owner, pname), spec, rank, size)))
+
+
+def _in(fn):
+    """A forward pre-hook applying ``fn`` to the module's first input."""
+    return lambda _module, args: (fn(args[0]), *args[1:])
+
+
+def _out(fn):
+    """A forward hook applying ``fn`` to the module's output (the first element of a tuple output)."""
+    return lambda _module, _args, out: (fn(out[0]), *out[1:]) if isinstance(out, tuple) else fn(out)
+
+
+def apply_tensor_parallel(model: nn.Module, world: World, timer: CommTimer, *,
+                          sequence_parallel: bool = False) -> dict[str, tuple[int, int]]:
+    """Split ``model`` over the ``tp`` ranks in place; returns parameter name -> ``(dim, parts)`` of every split weight.
+
+    ``model`` is the whole transformer or a pipeline stage's pruned one (blocks it does not hold are None).
+    """
+    check_divides(model.cfg, world.tp_size)
+    tp = Crossings(world, timer, sequence_parallel=sequence_parallel)
+    rank, size = world.tp_rank, world.tp_size
+    layouts: dict[str, tuple[int, int]] = {}
+
+    def split(name: str, module: nn.Module, layout: dict) -> None:
+        keep_local(module, layout, rank, size)
+        layouts.update({f"{name}.{p}": spec for p, spec in layout.items()})
+
+    for name, module in model.named_modules():
+        if isinstance(module, Attention) or (isinstance(module, SwiGLU) and not name.endswith(".shared")):
+            split(name, module, ATTENTION_LAYOUT if isinstance(module, Attention) else SWIGLU_LAYOUT)
+            module.register_forward_pre_hook(_in(tp.open))
+            module.register_forward_hook(_out(tp.close))
+        elif isinstance(module, MoE):
+            split(name, module, EXPERTS_LAYOUT)
+            module.register_forward_pre_hook(_in(tp.replicate))  # the router routes every token
+            module.register_forward_hook(_out(tp.close))  # experts' and shared experts' partial sums, once
+            module.experts.register_forward_pre_hook(_in(tp.enter))
+            module.router.register_forward_hook(_out(tp.enter))  # the routing weights scale a partial output
+            if module.shared is not None:  # its partial output joins the experts' before the block's close
+                split(f"{name}.shared", module.shared, SWIGLU_LAYOUT)
+                module.shared.register_forward_pre_hook(_in(tp.enter))
     if sequence_parallel:
-        seq = {name: (lambda x, fn=fn: fn.apply(x, group, rank, tp, timer)) for name, fn in (
-            ("gather", _Gather), ("scatter", _Scatter), ("split", _Split), ("gather_replicated", _GatherReplicated),
-            ("gather_both", _GatherBoth))}
-    return TensorShard(rank=rank, size=tp, enter=lambda x: _Enter.apply(x, group, timer),
-                       leave=lambda x: _Leave.apply(x, group, timer), **seq)
+        if model.embed is not None:  # the blocks run on this rank's part of the sequence
+            model.embed.register_forward_hook(_out(tp.cut))
+        if model.head is not None:  # the replicated head sees every position
+            model.head.register_forward_pre_hook(_in(tp.replicate))
+    return layouts
 
 
 def sequence_parallel_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The replicated weights that see only this rank's part of the sequence: every RMSNorm's scale."""
-    from train.model.layers import RMSNorm
-
     return [m.weight for m in model.modules() if isinstance(m, RMSNorm)]
 
 
@@ -209,23 +289,18 @@ def sync_sequence_parallel_grads(params: list[nn.Parameter], world: World, timer
         g.copy_(part.view_as(g))
 
 
-_LAYOUTS = ((Attention, ATTENTION_LAYOUT), (SwiGLU, SWIGLU_LAYOUT), (MoE, EXPERTS_LAYOUT))
+def local_part(full: torch.Tensor, layout: tuple[int, int], rank: int, size: int) -> torch.Tensor:
+    """This rank's part of a full tensor (a copy), laid out as ``layout`` says."""
+    dim, parts = layout
+    blocks = full.chunk(parts, dim)
+    return torch.cat([block.chunk(size, dim)[rank] for block in blocks], dim).clone()
 
 
-def split_layouts(model: nn.Module, world: World) -> dict[str, tuple[int, int]]:
-    """Parameter name -> ``(dim, parts)`` of every tensor-parallel weight; refuses a model not built for this rank."""
-    layouts = {}
-    for name, module in model.named_modules():
-        for cls, layout in _LAYOUTS:
-            if not isinstance(module, cls):
-                continue
-            tp = module.tp
-            if tp is None or tp.size != world.tp_size or tp.rank != world.tp_rank:
-                raise ConfigError(f"train.parallel.tp = {world.tp_size}: the model's {cls.__name__} {name!r} was not "
-                                  "built for it; build the model with Transformer(cfg, "
-                                  "tensor=parallel.tensor_shard(cfg))")
-            layouts.update({f"{name}.{p}" if name else p: spec for p, spec in layout.items()})
-    return layouts
+def join_parts(locals_: list[torch.Tensor], layout: tuple[int, int]) -> torch.Tensor:
+    """The full tensor from every rank's part (in rank order): the inverse of ``local_part``."""
+    dim, parts = layout
+    pieces = [local.chunk(parts, dim) for local in locals_]
+    return torch.cat([torch.cat([p[b] for p in pieces], dim) for b in range(parts)], dim)
 
 
 def gather(tensor: torch.Tensor, layout: tuple[int, int], world: World) -> torch.Tensor:

@@ -2,12 +2,19 @@
 
 A weight's gradient is a sum over the rows (token positions) it was applied to: ``δᵀx`` for a
 matmul, ``Σ_rows δ·n`` for a norm's scale, a scatter of rows for an embedding. While a
-``GradSplit`` is active, the model's layers compute that sum per source of the row (the same
-matmuls on the rows grouped by source, so the FLOPs are unchanged), add each source's part to the
-split's buffers and hand autograd the total. So one forward and one backward give every source's
-gradient; with attention kept inside documents (``doc_mask``) that is exactly the gradient of each
-source's share of the loss, router losses included at the tokens they are computed on.
-Rows whose source is out of range (padding) are grouped separately and left in the total only.
+``GradSplit`` is active, the model's weight-applying ops run as their per-source versions here (the
+same matmuls on the rows grouped by source, so the FLOPs are unchanged): each adds every source's
+part to the split's buffers and hands autograd the total. So one forward and one backward give every
+source's gradient; with attention kept inside documents (``doc_mask``) that is exactly the gradient of
+each source's share of the loss, router losses included at the tokens they are computed on. Rows
+whose source is out of range (padding) are grouped separately and left in the total only.
+
+The model knows nothing of this: ``Splitter`` attaches from outside. While a split is active it
+enters a torch function mode (``SplitMode``) that runs ``F.linear``, ``F.embedding``, the model's
+``rms_norm`` and ``expert_ffn`` (both overridable torch functions) on a tracked weight as their split
+versions, and its forward hooks on each MoE block tell the experts which source each of their rows
+is (the router's choices, the block's own ``assign``, and under expert parallelism the rows'
+all-to-all, ``train.parallel.expert_parallel``).
 Shape legend: T rows (tokens), A expert-sorted assignments, E experts, S sources, I/O in/out width.
 """
 
@@ -17,8 +24,11 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
-_ACTIVE: list[GradSplit] = []
+from train.model.layers import rms_norm, rms_norm_forward, rms_norm_input_grad, swiglu
+from train.model.moe import MoE, expert_ffn
+from train.model.moe import expert_mm as _expert_mm
 
 
 class GradSplit:
@@ -41,6 +51,7 @@ class GradSplit:
         self.src_T = torch.where((src >= 0) & (src < n_sources), src, n_sources)  # S: no source
         self.unsourced = bool((self.src_T == n_sources).any())  # whether any row has no source (padding)
         self._groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
+        self.rows_A: torch.Tensor | None = None  # the source of each row the next experts call runs on
 
     def sources(self, n_rows: int) -> torch.Tensor:
         """Each row's source for a layer on ``n_rows`` rows: every token, or under sequence parallelism this
@@ -98,26 +109,6 @@ def _sorted(ids: torch.Tensor) -> bool:
     return ids.numel() < 2 or bool((ids[1:] >= ids[:-1]).all())
 
 
-def active() -> GradSplit | None:
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
-def tracking(param: torch.Tensor) -> GradSplit | None:
-    """The active split if it tracks ``param``, else None."""
-    split = active()
-    return split if split is not None and split.tracks(param) else None
-
-
-@contextlib.contextmanager
-def splitting(split: GradSplit):
-    """Keep ``split`` active over a micro-batch's forward and backward (activation recomputation included)."""
-    _ACTIVE.append(split)
-    try:
-        yield split
-    finally:
-        _ACTIVE.remove(split)
-
-
 def _row_parts(split: GradSplit, x_TI: torch.Tensor, g_TO: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """(S or S + 1, O, I): ``g_sᵀ x_s`` over the rows of each source s (and of the rows of no source, if any)."""
     order, bounds = split.groups(src)
@@ -166,22 +157,6 @@ class _SplitLinear(torch.autograd.Function):
         return grad_x, ctx.split.add(ctx.key, parts).to(ctx.w_dtype), None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` (no bias); splits the weight's gradient by source while a split tracks it."""
-    split = tracking(weight)
-    if split is None or not torch.is_grad_enabled():
-        return F.linear(x, weight)
-    return _SplitLinear.apply(x, weight, split)
-
-
-def project(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` for a bias-free ``nn.Linear`` (its hooks run as usual), split by source while a split tracks it."""
-    split = tracking(layer.weight)
-    if split is None or not torch.is_grad_enabled():
-        return layer(x)
-    return _SplitLinear.apply(x, layer.weight, split)
-
-
 def norm_weight_parts(split: GradSplit, key: int, rows_TD: torch.Tensor) -> torch.Tensor:
     """A norm's scale gradient ``Σ_rows δ·n`` per source; adds the parts and returns the total (D,)."""
     # slice sums of the source-sorted rows: index_add_ is serial here
@@ -191,11 +166,27 @@ def norm_weight_parts(split: GradSplit, key: int, rows_TD: torch.Tensor) -> torc
     return split.add(key, parts)
 
 
-def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.Tensor) -> None:
+class _SplitRMSNorm(torch.autograd.Function):
+    """The model's RMSNorm (``train.model.layers``) with its scale's gradient ``Σ_rows g·n`` per source."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, split, key):
+        normed, rstd = rms_norm_forward(x, eps)
+        ctx.save_for_backward(normed, rstd, weight)
+        ctx.split, ctx.key = split, key
+        return normed * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        normed, rstd, weight = ctx.saved_tensors
+        grad_w = norm_weight_parts(ctx.split, ctx.key, (grad * normed).reshape(-1, normed.shape[-1]))
+        return rms_norm_input_grad(grad, normed, rstd, weight), grad_w, None, None, None
+
+
+def _hook_embedding(split: GradSplit, weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.Tensor) -> None:
     """Add each source's part of an embedding table's gradient (rows scattered by token) when ``x_BLD``'s
     gradient arrives; autograd still accumulates the whole table's gradient itself."""
-    split = tracking(weight)
-    if split is None or not x_BLD.requires_grad:
+    if not x_BLD.requires_grad:
         return
     key, src, tokens = id(weight), split.src_T, tokens_BL.reshape(-1)
     vocab = weight.shape[0]
@@ -220,7 +211,7 @@ def hook_embedding(weight: torch.Tensor, tokens_BL: torch.Tensor, x_BLD: torch.T
 def _group_parts(x_AI: torch.Tensor, g_AO: torch.Tensor, group_A: torch.Tensor, n_groups: int) -> torch.Tensor:
     """(n_groups, I, O): ``x_gᵀ g_g`` over the rows of each group (one grouped matmul where the kernel allows)."""
     counts = torch.bincount(group_A, minlength=n_groups)
-    if _sorted(group_A):  # rows already grouped (the MoE sorts each expert's rows by source)
+    if _sorted(group_A):  # rows already grouped (``_split_experts`` sorts each expert's rows by source)
         xs, gs = x_AI, g_AO
     else:
         order = group_A.argsort(stable=True)
@@ -253,16 +244,88 @@ class _SplitExpertMM(torch.autograd.Function):
         expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AI.shape[0])
         # no empty no-source groups: they cost a zero fill each (rows from other ep ranks may have no source)
         G = split.S + 1 if split.unsourced or bool((src_A >= split.S).any()) else split.S
-        # groups expert-major: the MoE sorted each expert's rows by source, so they are slices of the rows (rows
-        # from other ep ranks, or kept in token order for capacity dropping, are sorted into them first); the
-        # buffer is the (S, E, I, O) view of the (E, S, I, O) parts
+        # groups expert-major: ``_split_experts`` sorted each expert's rows by source, so they are slices of the
+        # rows; the buffer is the (S, E, I, O) view of the (E, S, I, O) parts
         parts_EGIO = _group_parts(x_AI, grad_AO.to(x_AI.dtype), expert_A * G + src_A, E * G).view(E, G, I, O)
         return grad_x, split.add(ctx.key, parts_EGIO.transpose(0, 1)).to(w_EIO.dtype), None, None, None, None
 
 
-def expert_mm(mm, x_AI: torch.Tensor, w_EIO: torch.Tensor, counts_E: torch.Tensor, src_A: torch.Tensor | None):
-    """``mm(x_AI, w_EIO, counts_E)``, its weight gradient split by source while a split tracks ``w_EIO``."""
-    split = tracking(w_EIO)
-    if split is None or src_A is None or not torch.is_grad_enabled():
-        return mm(x_AI, w_EIO, counts_E)
-    return _SplitExpertMM.apply(x_AI, w_EIO, counts_E, src_A, split, mm)
+def _split_experts(split: GradSplit, x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor,
+                   counts_E: torch.Tensor) -> torch.Tensor:
+    """``expert_ffn`` with each matmul's weight gradient split by (expert, source).
+
+    Each expert's rows are put in source order first (and the outputs back after), so in the backward
+    every (source, expert) part is a slice of the rows the experts already hold.
+    """
+    src_A = split.rows_A
+    E = counts_E.shape[0]
+    expert_A = torch.repeat_interleave(torch.arange(E, device=counts_E.device), counts_E, output_size=x_AD.shape[0])
+    order_A = (expert_A * (split.S + 1) + src_A).argsort(stable=True)
+    x_AD, src_A = x_AD.index_select(0, order_A), src_A.index_select(0, order_A)
+    h_A2F = _SplitExpertMM.apply(x_AD, w13_ED2F, counts_E, src_A, split, _expert_mm)
+    y_AD = _SplitExpertMM.apply(swiglu(h_A2F), w2_EFD, counts_E, src_A, split, _expert_mm)
+    return y_AD.new_empty(y_AD.shape).index_copy(0, order_A, y_AD)  # backward: index_select
+
+
+class SplitMode(TorchFunctionMode):
+    """Runs the weight-applying ops on the weights ``split`` tracks as their per-source versions."""
+
+    def __init__(self, split: GradSplit) -> None:
+        super().__init__()
+        self.split = split
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        split = self.split
+        if not torch.is_grad_enabled():
+            return func(*args, **kwargs)
+        if func is F.linear and split.tracks(args[1]) and (args[2:] + (kwargs.get("bias"),))[0] is None:
+            return _SplitLinear.apply(args[0], args[1], split)
+        if func is rms_norm and split.tracks(args[1]):
+            x, weight, eps = args
+            return _SplitRMSNorm.apply(x.float(), weight.float(), eps, split, id(weight)).to(x.dtype)
+        if func is expert_ffn and split.tracks(args[1]) and split.rows_A is not None:
+            return _split_experts(split, *args)
+        out = func(*args, **kwargs)
+        if func is F.embedding and split.tracks(args[1]):
+            _hook_embedding(split, args[1], args[0], out)
+        return out
+
+
+class Splitter:
+    """Attaches the per-source split to a model: forward hooks on its MoE blocks, and ``active(split)``.
+
+    ``dispatches``: under expert parallelism each MoE block's row exchange by ``id`` of its experts
+    module (``Parallel.dispatches``): the rows' sources travel with the rows.
+    """
+
+    def __init__(self, model: torch.nn.Module, dispatches: dict | None = None) -> None:
+        self.split: GradSplit | None = None
+        self._dispatches = dispatches or {}
+        for module in model.modules():
+            if isinstance(module, MoE):
+                module.router.register_forward_hook(self._routed(module))
+                module.experts.register_forward_pre_hook(self._arriving)
+
+    def _routed(self, moe: MoE):
+        def hook(_router, _args, out) -> None:
+            if self.split is not None:  # the source of each expert-sorted row, as the block will sort them
+                self.split.rows_A = self.split.src_T.index_select(0, moe.assign(out[1]).token_A)
+        return hook
+
+    def _arriving(self, experts, _args) -> None:
+        split = self.split
+        if split is not None and split.rows_A is not None and id(experts) in self._dispatches:
+            split.rows_A = self._dispatches[id(experts)].route(split.rows_A)
+
+    @contextlib.contextmanager
+    def active(self, split: GradSplit):
+        """Keep ``split`` active over a micro-batch's forward and backward (activation recomputation included)."""
+        before, self.split = self.split, split
+        try:
+            with SplitMode(split):
+                yield split
+        finally:
+            self.split = before
+
+
