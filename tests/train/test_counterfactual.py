@@ -106,3 +106,109 @@ def test_slope_error_uses_the_groups_that_hold_rows():
     np.testing.assert_allclose(slope, [[2.0, 2.0]])
     np.testing.assert_allclose(probe, [[1.0, 0.0]])  # sd 1.414 / sqrt(2)
     np.testing.assert_allclose(error, probe)  # equal halves: the batches' draw adds nothing
+
+
+# ---- known answers on a tiny model ------------------------------------------------------------------------------
+from train.attribution import AttributionConfig  # noqa: E402
+from train.checkpoint import CheckpointConfig  # noqa: E402
+from train.config import TrainConfig  # noqa: E402
+from train.data import Batch, LoaderConfig  # noqa: E402
+from train.model import ModelConfig, Transformer  # noqa: E402
+from train.trainer import Trainer  # noqa: E402
+
+L, V = 32, 40
+MODEL = ModelConfig(vocab_size=V, dim=32, n_layers=1, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2, max_seq_len=64)
+
+
+def _rows(kind: str, n: int, g: torch.Generator) -> list[list[int]]:
+    """``n`` sequences of L + 1 tokens: counting by 1 ("easy"), by 3 ("a"), by 7 ("b"), or uniform noise."""
+    if kind == "noise":
+        return torch.randint(0, V, (n, L + 1), generator=g).tolist()
+    step = {"easy": 1, "a": 3, "b": 7}[kind]
+    starts = torch.randint(0, V, (n,), generator=g).tolist()
+    return [[(s + step * i) % V for i in range(L + 1)] for s in starts]
+
+
+def _batch(rows: list[list[int]], sources: list[int]) -> Batch:
+    seq = torch.tensor(rows)
+    B = len(rows)
+    return Batch(tokens=seq[:, :-1].contiguous(), targets=seq[:, 1:].contiguous(),
+                 source_ids=torch.tensor(sources)[:, None].expand(B, L).contiguous(),
+                 loss_mask=torch.ones(B, L, dtype=torch.bool), doc_ids=torch.zeros(B, L, dtype=torch.int32))
+
+
+class _Fresh:
+    """Batches of new rows every step: ``counts[s]`` rows of source ``s``'s kind (its name before any '_')."""
+
+    def __init__(self, names: list[str], counts: dict[str, int], seed: int) -> None:
+        self.names, self.counts, self.g = names, counts, torch.Generator().manual_seed(100 + seed)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        rows, ids = [], []
+        for s, n in enumerate(self.names):
+            rows += _rows(n.split("_")[0], self.counts.get(n, 0), self.g)
+            ids += [s] * self.counts.get(n, 0)
+        return _batch(rows, ids)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _run(folder, counts: dict[str, int], names: list[str], *, seed: int, steps: int = 150):
+    """Train on new rows every step, ``counts`` rows per source; every source's held-out rows are the same
+    draws of its kind in every run. Returns the trainer after fit() and its final held-out loss per source."""
+    held = torch.Generator().manual_seed(7)
+    heldout = [_batch(_rows(n.split("_")[0], 8, held), [s] * 8) for s, n in enumerate(names)]
+    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=MODEL,
+                      data=LoaderConfig(batch_size=sum(counts.values()), seq_len=L, num_workers=0),
+                      checkpoint=CheckpointConfig(every=0),
+                      attribution=AttributionConfig(every=10, start=5, counterfactual_rows=8))
+    torch.manual_seed(seed)
+    trainer = Trainer(cfg, model=Transformer(MODEL), data=_Fresh(names, counts, seed), sources=names,
+                      run_dir=folder, device=torch.device("cpu"), val_data=lambda: list(heldout))
+    summary = trainer.fit()
+    return trainer, summary["eval"]["eval"]["per_source"]
+
+
+def _record(folder) -> dict:
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return next(json.loads(x)["counterfactual"] for x in reversed(lines) if '"counterfactual"' in x)
+
+
+@pytest.mark.slow
+def test_a_source_duplicated_under_two_names_gets_equal_values(tmp_path):
+    """The same stream of documents under two names: equal slopes within their intervals, and leaving one copy
+    out costs far less than leaving out a source of the same share that nothing else teaches; its predicted
+    cost has the sign and size of the measured one (the other copy keeps teaching, at a smaller share)."""
+    names = ["easy", "easy_copy", "b", "noise"]
+    counts = {"easy": 4, "easy_copy": 4, "b": 4, "noise": 4}
+    _, base = _run(tmp_path / "base", counts, names, seed=0)
+    cf = _record(tmp_path / "base")
+    slope, se = np.asarray(cf["slope"]), np.asarray(cf["slope_se"])
+    assert np.all(np.abs(slope[0] - slope[1]) <= 2 * np.hypot(se[0], se[1])), (slope[:2], se[:2])
+    left_out = np.asarray(cf["predicted"]["0"])
+    copy_out, unique_out = left_out[1, 0], left_out[2, 2]  # on easy's held-out loss / b's on its own
+    assert 0 < copy_out < 0.5 * unique_out, left_out
+    _, without = _run(tmp_path / "without", {**counts, "easy_copy": 0}, names, seed=0)
+    measured = without["easy"] - base["easy"]
+    assert measured > 0 and 0.5 < copy_out / measured < 2, (copy_out, measured)
+
+
+@pytest.mark.slow
+def test_a_planted_source_of_random_tokens_is_predicted_to_hurt_and_leaving_it_out_helps(tmp_path):
+    names = ["a", "b", "noise"]
+    _run(tmp_path / "base", {"a": 4, "b": 4, "noise": 8}, names, seed=0, steps=100)
+    cf = _record(tmp_path / "base")
+    left_out, half = np.asarray(cf["predicted"]["0"]), np.asarray(cf["interval"]["0"])
+    assert np.all(left_out[2, :2] < -half[2, :2]), (left_out[2], half[2])  # leaving it out lowers a's and b's loss
+    # measured: the same budget without it (its rows given to a and b), from the same seed
+    _, with_noise = _run(tmp_path / "with", {"a": 4, "b": 4, "noise": 8}, names, seed=1, steps=100)
+    _, without = _run(tmp_path / "without", {"a": 8, "b": 8}, names, seed=1, steps=100)
+    for source in ("a", "b"):
+        assert without[source] < with_noise[source] - 0.05, (source, with_noise, without)
