@@ -220,13 +220,20 @@ def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str], sour
     opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
     for folder in train:
         names += split_sources(str(folder), split="train", **{**opts, "fmt": train_format})
-    kept = []
+    kept, evaluated = [], []
     for folder in held_out:
         try:
-            names += split_sources(str(folder), split="val", **opts)
+            found = split_sources(str(folder), split="val", **opts)
+            names += found
+            evaluated += found
             kept.append(folder)
         except ShardError as err:
             log.warning("no held-out evaluation on %s: %s", folder, err)
+    asked = [s for s in cfg.attribution.held_out if s not in evaluated]
+    if cfg.attribution.every and asked:
+        raise ConfigError(f"train.attribution.held_out names {asked[0]!r}, which has no held-out rows in "
+                          f"{[str(f) for f in held_out]} (held-out sets: {sorted(set(evaluated))}); give a source with "
+                          "a val split (the split stage's val_fraction), or leave held_out empty for all of them")
     return kept, list(dict.fromkeys(names))
 
 

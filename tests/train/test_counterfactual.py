@@ -212,3 +212,19 @@ def test_a_planted_source_of_random_tokens_is_predicted_to_hurt_and_leaving_it_o
     _, without = _run(tmp_path / "without", {"a": 8, "b": 8}, names, seed=1, steps=100)
     for source in ("a", "b"):
         assert without[source] < with_noise[source] - 0.05, (source, with_noise, without)
+
+
+def test_bad_settings_are_refused_naming_the_key():
+    with pytest.raises(Exception, match="train.attribution.factors"):
+        AttributionConfig(every=5, factors=[0.0, -0.5])
+    with pytest.raises(Exception, match="train.attribution.saturation"):
+        AttributionConfig(every=5, saturation=0.0)
+    with pytest.raises(Exception, match="train.attribution.counterfactual_rows"):
+        AttributionConfig(every=5, counterfactual_rows=2)
+
+
+def test_a_run_too_short_for_any_stretch_says_so(tmp_path, caplog):
+    names = ["a", "b"]
+    trainer, _ = _run(tmp_path, {"a": 2, "b": 2}, names, seed=0, steps=3)  # attribution starts after step 5
+    assert not (tmp_path / "metrics.jsonl").read_text().count('"counterfactual"')
+    assert "before its first attributed stretch" in caplog.text

@@ -255,7 +255,7 @@ class SourceAttribution:
             p.grad = None
         halves = [c.reshape(2 * S, *c.shape[2:]) for c in self.split.counterfactual()]  # (odd | even steps) x S
         dots = self.pieces.sum(torch.from_numpy(_dots(halves, grads, self.pieces.partial_w)).to(self.device))
-        present = [b for b in range(S) if big.pools[b]]
+        present = [b for b in range(S) if big.pools[b] and (not self.cfg.held_out or self.sources[b] in self.cfg.held_out)]
         dots = dots.cpu().numpy().reshape(2, S, S, G)[:, :, present]
         has = np.array([[bool(grouped.pools[b * G + g]) for g in range(G)] for b in present]).reshape(len(present), G)
         slope, error, probe_error = counterfactual.slope_and_error(dots, has)

@@ -85,6 +85,7 @@ class MomentSplit:
         self.horizon = horizon
         self.v_S, self.cf_S = (z(S), z(2, S)) if horizon else ([], [])
         self.cf_scale = 1.0
+        self.v_scale = 1.0  # v_S is kept divided by β2^(steps): its decay is a scalar too
         self.cf_steps = 0  # steps summed into cf_S
         self.cf_log = 0.0  # ln of the decay so far: a step summed at cf_log = x weighs exp(x_now - x) now
         self._old: list[torch.Tensor] | None = None  # LAMB: the parameters before the step
@@ -231,16 +232,20 @@ class MomentSplit:
         self.drop_step()
 
     def _decay(self) -> None:
-        """Every earlier step's weight times ``exp(-lr/(lr_peak·horizon))``, as one scalar."""
+        """Every earlier step's weight times ``exp(-lr/(lr_peak·horizon))``, and the second moments' parts times
+        β2, each as one scalar (folded into the buffers before it would underflow)."""
         group = self.optimizer.param_groups[0]
         peak = group.get("initial_lr", group["lr"])
         decay = -group["lr"] / (peak * self.horizon) if peak > 0 else 0.0
         self.cf_scale *= math.exp(decay)
         self.cf_log += decay
-        if self.cf_scale < 1e-20:  # fold the scale into the buffers before it underflows
-            for buf in self.cf_S:
-                buf.mul_(self.cf_scale)
-            self.cf_scale = 1.0
+        self.v_scale *= group["betas"][1]
+        for name in ("cf", "v"):
+            scale = getattr(self, f"{name}_scale")
+            if scale < 1e-20:
+                for buf in getattr(self, f"{name}_S"):
+                    buf.mul_(scale)
+                setattr(self, f"{name}_scale", 1.0)
         self.cf_steps += 1
 
     def _counterfactual_step(self, i: int, state: dict, g_S: torch.Tensor | None, denom: torch.Tensor, scale: float,
@@ -248,16 +253,14 @@ class MomentSplit:
         """Parameter ``i``'s sources' parts of the second moment, and the step's derivative by each share."""
         v_S, cf_S = self.v_S[i], self.cf_S[i]
         p = self.params[i]
-        if g_S is None or p.grad is None:
-            v_S.mul_(beta2)
-        else:  # g · c·g_a: the clipped gradient (as the optimizer saw it) times the source's clipped part
-            v_S.mul_(beta2).addcmul_(local(p.grad).float().unsqueeze(0), g_S, value=(1 - beta2) * clip_coef)
+        if g_S is not None and p.grad is not None:  # g · c·g_a: the clipped gradient times the source's clipped part
+            v_S.addcmul_(local(p.grad).float().unsqueeze(0), g_S, value=(1 - beta2) * clip_coef / self.v_scale)
         scale /= self.cf_scale
         cf_S = cf_S[self.cf_steps % 2]
         cf_S.addcdiv_(self.m_S[i], denom, value=-scale)
         # + scale · m · v_a / (sqrt(v) · d²): the second moment's part (denom = sqrt(v) + sqrt(1-β2^t)·eps = d)
         root = torch.clamp_min(local(state["exp_avg_sq"]).float(), _TINY).sqrt_()
-        k = local(state["exp_avg"]).float().div(root).div_(denom).div_(denom).mul_(scale)
+        k = local(state["exp_avg"]).float().div(root).div_(denom).div_(denom).mul_(scale * self.v_scale)
         cf_S.addcmul_(v_S, k.unsqueeze(0))
 
     def counterfactual(self) -> list[torch.Tensor]:
@@ -316,13 +319,14 @@ class MomentSplit:
                 bufs = [reduce(b.clone()) for b in bufs]
             out[key] = [b.detach().cpu() for b in bufs]
         out["started"] = self.started
-        out["cf_scale"], out["cf_steps"], out["cf_log"] = self.cf_scale, self.cf_steps, self.cf_log
+        out["cf_scale"], out["cf_steps"], out["cf_log"], out["v_scale"] = (self.cf_scale, self.cf_steps, self.cf_log,
+                                                                           self.v_scale)
         return out
 
     def load_state_dict(self, state: dict, *, rank: int = 0) -> None:
         self.started = bool(state["started"])
         self.cf_scale, self.cf_steps = float(state.get("cf_scale", 1.0)), int(state.get("cf_steps", 0))
-        self.cf_log = float(state.get("cf_log", 0.0))
+        self.cf_log, self.v_scale = float(state.get("cf_log", 0.0)), float(state.get("v_scale", 1.0))
         for key in self._STATE:
             for buf, saved in zip(getattr(self, key), state.get(key, ())):
                 if key in self._LOCAL and rank != 0:
