@@ -57,9 +57,30 @@ def tables() -> dict[str, type]:
         from train.config import TrainConfig
     except ImportError:  # a curation-only install
         return out
-    nested("ablate", AblateConfig)
     nested("train", TrainConfig)
+    nested("ablate", AblateConfig)
     return out
+
+
+def homes(key: str, *, near: str = "") -> list[str]:
+    """Every table that has ``key``, as a job file writes its header: tables first (those under ``near``'s
+    top-level table before others, then shallower before deeper, then in job-file order), then stage kinds."""
+    root = near.split(".")[0]
+    found = sorted((name.split(".")[0] != root, name.count("."), i, name) for i, (name, cls) in enumerate(tables().items())
+                   if name != near and key in _keys(cls))
+    out = [f"[{name}]" for *_, name in found]
+    for kind in stage_kinds():
+        try:
+            config = stage_class(kind).Config
+        except (ConfigError, ImportError):  # a stage whose optional package is missing
+            continue
+        if key in _keys(config):
+            out.append(f"[[stages]] kind = {json.dumps(kind)}")
+    return out
+
+
+def _keys(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
 def _dataclass_in(tp: Any) -> type | None:

@@ -42,8 +42,13 @@ class StageConfig:
 
     ``sources`` scopes a stage to some sources (e.g. prose filters on web text only); rows of
     other sources pass it untouched. The runner applies the scope, so stages never see it.
+
+    ``SOURCE_KEYS`` names the keys whose values (or table keys) are source names: the job file
+    checks each against the sources its inputs declare, so a misspelt name is an error, not a
+    stage that silently never runs.
     """
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources",)
     sources: list[str] | None = None
 
 

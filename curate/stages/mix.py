@@ -23,7 +23,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -46,6 +46,8 @@ MIX_BYTES = 128  # per row of a key range in the plan: code, keys, position, tok
 @dataclass(kw_only=True, slots=True)
 class MixConfig(StageConfig):
     """Mixture scheme, token budget, epoch cap, token estimate and in-source selection."""
+
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "weights")
 
     scheme: Literal["explicit", "temperature", "unimax"] | None = None  # default: explicit if weights else temperature
     weights: dict[str, float] = field(default_factory=dict)  # explicit: source -> weight (normalized); absent = 0

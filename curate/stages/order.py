@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -44,6 +44,8 @@ _SPILL_GROUP = 16384  # rows per row group of the spills: a range's filtered sca
 @dataclass(kw_only=True, slots=True)
 class OrderConfig(StageConfig):
     """What to order by, how fast harder rows enter, and how sources share each window."""
+
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "source_order")
 
     by: str = "difficulty"  # any numeric column, or "length" (text bytes: short documents first)
     direction: Literal["easy_to_hard", "hard_to_easy"] = "easy_to_hard"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -32,6 +33,8 @@ _MAX = float(2**64)
 class SplitConfig(StageConfig):
     """Per source, the first of these that names it wins: ``val_rows_by_source``,
     ``val_fraction_by_source``, ``val_rows``, ``val_fraction``."""
+
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "val_fraction_by_source", "val_rows_by_source")
 
     val_fraction: float = 0.01
     val_rows: int | None = None  # a row count for every source instead of a fraction

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -47,6 +48,8 @@ MODEL_FILE = "classifier.npz"
 @dataclass(kw_only=True, slots=True)
 class ClassifierScoreConfig(StageConfig):
     """The reference source, the features, the training budget and an optional minimum."""
+
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "positive_source")
 
     positive_source: str | None = None  # required: the source whose documents are the positives
     column: str = "quality"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -46,6 +47,8 @@ MODEL_FILES = {"target": "dsir_target.npz", "raw": "dsir_raw.npz"}
 @dataclass(kw_only=True, slots=True)
 class DsirScoreConfig(StageConfig):
     """The target source, the hashed feature space, smoothing and an optional minimum."""
+
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "target_source")
 
     target_source: str | None = None  # required: the source whose distribution to resample toward
     column: str = "dsir_weight"
