@@ -18,7 +18,7 @@ from pipelines.check import validate
 from pipelines.jobfile import read_toml
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
-from pipelines.runfolder import removed_on_failure
+from pipelines.cleanup import removed_on_failure
 from pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
 from pipelines.train import build_trainer, load_train_config, run_inputs
 
