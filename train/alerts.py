@@ -62,8 +62,8 @@ class AlertConfig:
     throughput_window: int = 20  # log intervals whose median tokens/s is the recent rate
     throughput_patience: int = 3  # consecutive log intervals below it before the alert (one slow interval is noise)
     data_wait_pct: float = 50.0  # alert when the trainer waited for data more than this % of a log interval
-    webhook_url: str | None = None
-    webhook_timeout: float = 5.0
+    webhook_url: str | None = None  # POST each alert as JSON to this http(s) URL too
+    webhook_timeout: float = 5.0  # seconds to wait for the webhook
 
     def __post_init__(self) -> None:
         for key in ("spike_sigma", "throughput_drop", "data_wait_pct", "webhook_timeout"):

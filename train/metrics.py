@@ -33,9 +33,9 @@ MATMUL_SECONDS = 0.25
 class MetricsConfig:
     """What is logged and how often (``[train.metrics]``)."""
 
-    log_every: int = 10
+    log_every: int = 10  # steps between metrics.jsonl records (and progress lines in a log file)
     tensorboard: bool = False  # the same as "tensorboard" in trackers
-    trackers: list[str] = field(default_factory=list)  # any of "tensorboard", "mlflow", "wandb" (train/trackers.py)
+    trackers: list[str] = field(default_factory=list)  # any of "tensorboard", "mlflow", "wandb"
     project: str = "winnow"  # the MLflow experiment / W&B project
     mlflow_tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a file store in <run>/mlruns
     wandb_mode: Literal["online", "offline", "disabled"] | None = None  # None: WANDB_MODE or W&B's default

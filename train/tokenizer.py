@@ -286,9 +286,9 @@ class TokenizerConfig:
     """``[train.tokenizer]``: which tokenizer, and its end-of-document and padding tokens."""
 
     path: str = "byte"  # "byte", a Hugging Face tokenizer.json, or a folder holding one (a run folder, `winnow tokenizer train`)
-    eos_token: str | None = None  # None: the first of EOS_CANDIDATES in the vocabulary
+    eos_token: str | None = None  # None: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> in the vocabulary
     pad_token: str | None = None  # None: pad_id, else winnow's <|pad|> if present, else the EOS id (padding is loss-masked)
-    pad_id: int | None = None
+    pad_id: int | None = None  # the padding token by id, instead of pad_token
 
     def __post_init__(self) -> None:
         if self.pad_token is not None and self.pad_id is not None:

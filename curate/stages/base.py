@@ -49,6 +49,7 @@ class StageConfig:
     """
 
     SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources",)
+    # run the stage on these sources only (rows of others pass it untouched); None: every source
     sources: list[str] | None = None
 
 

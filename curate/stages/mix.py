@@ -54,8 +54,9 @@ class MixConfig(StageConfig):
     temperature: float = 1.0  # temperature: p ∝ tokens^(1/T); 1 keeps natural proportions
     max_epochs: float = 1.0  # passes over a source at most; a document gets at most ceil(max_epochs) copies
     total_tokens: int | None = None  # default: the largest budget no source's cap forbids (unimax: all tokens)
-    bytes_per_token: float = 4.0
+    bytes_per_token: float = 4.0  # text bytes per token, to estimate token counts without a tokenizer
     tokenizer: str | None = None  # a tokenizers JSON file: count tokens instead of estimating from bytes
+    # which rows a down-sampled source keeps: random, the top by score_column, or by importance weight
     select: Literal["random", "top", "importance"] = "random"
     score_column: str | None = None  # default: quality (top), dsir_weight (importance: weights exp(score))
     seed: int | None = None  # default: the job seed

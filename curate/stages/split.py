@@ -36,10 +36,10 @@ class SplitConfig(StageConfig):
 
     SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "val_fraction_by_source", "val_rows_by_source")
 
-    val_fraction: float = 0.01
+    val_fraction: float = 0.01  # share of each source's rows held out as val
     val_rows: int | None = None  # a row count for every source instead of a fraction
-    val_fraction_by_source: dict[str, float] = field(default_factory=dict)
-    val_rows_by_source: dict[str, int] = field(default_factory=dict)
+    val_fraction_by_source: dict[str, float] = field(default_factory=dict)  # source -> its own val fraction
+    val_rows_by_source: dict[str, int] = field(default_factory=dict)  # source -> its own val row count
     seed: int = 0  # changes which rows are held out; independent of the job seed on purpose
 
     def __post_init__(self) -> None:

@@ -25,8 +25,8 @@ from curate.stages.base import Stage, StageConfig, StageContext, StageOutput
 class ExprConfig(StageConfig):
     """``where``: a polars SQL predicate over the batch's columns; ``name``: the reason's suffix."""
 
-    where: str
-    name: str = ""
+    where: str  # required: a SQL predicate over the batch's columns, e.g. "quality > 0.5 AND lang = 'en'"
+    name: str = ""  # suffix of the reject reason (filter:expr_<name>), so two such stages give two reasons
 
     def __post_init__(self) -> None:
         if not self.where.strip():

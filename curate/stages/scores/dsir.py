@@ -51,7 +51,7 @@ class DsirScoreConfig(StageConfig):
     SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "target_source")
 
     target_source: str | None = None  # required: the source whose distribution to resample toward
-    column: str = "dsir_weight"
+    column: str = "dsir_weight"  # the column the log importance weight is written to
     buckets: int = 10_000  # Xie et al. 2023, section 4
     max_tokens: int = 1024  # tokens per document used to fit the models
     smoothing: float = 1.0  # add-alpha counts, so unseen n-grams have finite log-probability
