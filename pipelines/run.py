@@ -13,12 +13,12 @@ from pathlib import Path
 from curate.errors import ConfigError
 from curate.pipeline import run_job
 from curate.workdir import is_url
-from pipelines.curate import print_summary
 from pipelines.check import validate
+from pipelines.cleanup import removed_on_failure
+from pipelines.curate import print_summary
 from pipelines.jobfile import read_toml
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
-from pipelines.cleanup import removed_on_failure
 from pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
 from pipelines.train import build_trainer, load_train_config, run_inputs
 

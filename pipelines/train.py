@@ -11,9 +11,9 @@ import torch
 
 from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
+from pipelines.cleanup import removed_on_failure
 from pipelines.jobfile import build_config, check_top_level, read_toml
 from pipelines.provenance import write_provenance
-from pipelines.cleanup import removed_on_failure
 from train.adaptive import AdaptiveMix, MixingConfig
 from train.config import TrainConfig
 from train.data import Loader

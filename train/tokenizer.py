@@ -13,9 +13,9 @@ import hashlib
 import itertools
 import json
 import logging
-from dataclasses import dataclass
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

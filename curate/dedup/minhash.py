@@ -23,12 +23,19 @@ import polars as pl
 
 from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
 from curate.dedup.grouping import group
+from curate.dedup.kernels import IDENTITY, PLAIN_SEP
 from curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs
 from curate.dedup.signatures import sketch_buffers
 from curate.dedup.stage import DedupBarrier
-from curate.dedup.kernels import IDENTITY, PLAIN_SEP
 from curate.dedup.text import Normalization, check_normalization, normalized_buffers, word_buffers
-from curate.dedup.verify import SETS_COLUMN, SIG8_COLUMN, pack_sets, pack_sig8, sampled_false_positive_rate, verify_pairs
+from curate.dedup.verify import (
+    SETS_COLUMN,
+    SIG8_COLUMN,
+    pack_sets,
+    pack_sig8,
+    sampled_false_positive_rate,
+    verify_pairs,
+)
 from curate.errors import ConfigError
 from curate.stages.base import Plan, StageConfig
 

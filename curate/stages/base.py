@@ -25,9 +25,9 @@ functions of the batch (and the decision), so tasks can be re-run after a crash.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import polars as pl

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from curate.errors import ConfigError
+from pipelines.cleanup import removed_on_failure
 from pipelines.cli import main
 from pipelines.jobfile import load_job
-from pipelines.cleanup import removed_on_failure
 
 BASE = '[job]\nname = "t"\n[[inputs]]\nsource = "docs"\npath = "d.jsonl"\n[[inputs]]\nsource = "web"\npath = "w.jsonl"\n'
 

@@ -14,7 +14,13 @@ import re
 from dataclasses import dataclass
 
 import polars as pl
-from polars.exceptions import ColumnNotFoundError, ComputeError, InvalidOperationError, SQLInterfaceError, SQLSyntaxError
+from polars.exceptions import (
+    ColumnNotFoundError,
+    ComputeError,
+    InvalidOperationError,
+    SQLInterfaceError,
+    SQLSyntaxError,
+)
 
 from curate.errors import ConfigError, StageError
 from curate.schema import make_rejects

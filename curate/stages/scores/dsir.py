@@ -87,7 +87,7 @@ class DsirScore(Barrier):
     def plan(self, keys: pl.LazyFrame) -> Plan:
         cfg = self.config
         counts = {name: np.zeros(cfg.buckets, dtype=np.float64) for name in MODEL_FILES}
-        docs = {name: 0 for name in MODEL_FILES}
+        docs = dict.fromkeys(MODEL_FILES, 0)
         for chunk in iter_spill(keys, ["source", "feats"]):
             indptr, feats = list_csr(chunk["feats"])
             counts["raw"] += np.bincount(feats, minlength=cfg.buckets)
