@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from tqdm.auto import tqdm
 
 from curate.atomic import write_json_atomic, write_text_atomic
 from curate.card import CARD, remove_card, write_card
@@ -39,6 +38,7 @@ from curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tas
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
 from curate.outdir import OWN_ENTRIES, claim, clear_own_entries, restrict_mode
+from curate.progress import PhaseProgress
 from curate.readers import plan_read_tasks, read_task
 from curate.stages import Barrier, Plan, stage_class
 from curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
@@ -244,13 +244,10 @@ class Runner:
         desc = f"phase {phase.index + 1}/{len(self.phases)}: {' → '.join(names)}"
         log.info(desc)
         results: dict[int, dict] = {}
-        bar = tqdm(total=len(specs), desc=desc, unit="task", disable=not self.progress, leave=False)
-        try:
+        with PhaseProgress(desc, len(specs), enabled=self.progress) as progress:
             for result in self.executor.run(_run_task_indexed, specs, threads=self.threaded(phase)):
                 results[result["task"]] = result
-                bar.update(1)
-        finally:
-            bar.close()
+                progress.update()
         return [results[i] for i in range(len(specs))]
 
     def threaded(self, phase: PhaseSpec) -> bool:
@@ -326,11 +323,10 @@ class Runner:
         """Write train shards in rank order (``curate.ordered``), one write task per range of shards."""
         specs = plan_writes(self.job, self.work, self.phases[-1].index, final_results)
         out = []
-        bar = tqdm(total=len(specs), desc="write ordered shards", unit="task", disable=not self.progress, leave=False)
-        for result in self.executor.run(write_range, specs):
-            out.append(result)
-            bar.update(1)
-        bar.close()
+        with PhaseProgress("write ordered shards", len(specs), enabled=self.progress) as progress:
+            for result in self.executor.run(write_range, specs):
+                out.append(result)
+                progress.update()
         return sorted(out, key=lambda r: r["task"])
 
     def _write_val(self, final_results: list[dict]) -> list[dict]:

@@ -14,7 +14,10 @@ from pathlib import Path
 from curate.errors import ConfigError
 from curate.pipeline import run_job
 from curate.workdir import is_url
-from pipelines.jobfile import load_job, read_toml
+from pipelines.check import validate
+from pipelines.cleanup import removed_on_failure
+from pipelines.curate import print_summary
+from pipelines.jobfile import read_toml
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
 from pipelines.report import counterfactual as cf_text
@@ -36,10 +39,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    overrides = {"steps": args.steps, "shards": args.shards}
+    if args.output is not None:
+        overrides["output"] = str(Path(args.output) / "train")
     if args.shards is None:
-        job = load_job(args.job, output=args.output, workers=args.workers)
+        checked = validate(args.job, output=args.output, workers=args.workers, train_overrides=overrides)  # [train] too
+        job = checked.job
+        if job is None:
+            raise ConfigError(f"{args.job}: no [[inputs]] to curate; give --shards to train on curated data")
         print(f"[1/3] curate {args.job} -> {job.job.output}")
-        run_job(job, progress=not args.quiet)
+        print_summary(run_job(job, progress=not args.quiet), job.job.output)
         raw, report_dir = job.raw, job.job.output  # a folder, or a URL the report reads in place
     else:  # nothing to curate: the job file needs no [job] or [[inputs]], only [train]
         raw = read_toml(args.job)
@@ -48,14 +57,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"[1/3] curate: skipped, training on --shards {args.shards}")
         report_dir = Path(".")  # replaced by the run folder below
     if "train" in raw:
-        overrides = {"steps": args.steps, "shards": args.shards}
         if args.shards is None and not isinstance((raw.get("train") or {}).get("shards"), list):
             overrides["shards"] = job.job.output  # a list names its own folders
-        if args.output is not None:
-            overrides["output"] = str(Path(args.output) / "train")
-        cfg = load_train_config(args.job, **overrides)
+        cfg = load_train_config(args.job, **overrides)  # again: the run folder's default depends on what curation wrote
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
-        with build_trainer(cfg, progress=not args.quiet) as trainer:
+        with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
             write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
             summary = trainer.fit()
         if summary["preempted"]:

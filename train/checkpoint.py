@@ -50,7 +50,7 @@ class CheckpointConfig:
     """When to checkpoint and how many to keep (``[train.checkpoint]``)."""
 
     every: int = 100  # steps between checkpoints; 0: only at the end and on SIGTERM/SIGINT
-    keep_last: int = 3
+    keep_last: int = 3  # checkpoints kept; older ones are pruned
     resume: bool = True  # start from the newest valid checkpoint in the run folder, if any
     mode: int | None = None  # file mode of checkpoint files, e.g. 0o600 (TOML: mode = 0o600); None: the umask
 

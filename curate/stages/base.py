@@ -25,9 +25,9 @@ functions of the batch (and the decision), so tasks can be re-run after a crash.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import polars as pl
@@ -42,8 +42,14 @@ class StageConfig:
 
     ``sources`` scopes a stage to some sources (e.g. prose filters on web text only); rows of
     other sources pass it untouched. The runner applies the scope, so stages never see it.
+
+    ``SOURCE_KEYS`` names the keys whose values (or table keys) are source names: the job file
+    checks each against the sources its inputs declare, so a misspelt name is an error, not a
+    stage that silently never runs.
     """
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources",)
+    # run the stage on these sources only (rows of others pass it untouched); None: every source
     sources: list[str] | None = None
 
 

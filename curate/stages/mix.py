@@ -23,7 +23,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -47,13 +47,16 @@ MIX_BYTES = 128  # per row of a key range in the plan: code, keys, position, tok
 class MixConfig(StageConfig):
     """Mixture scheme, token budget, epoch cap, token estimate and in-source selection."""
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "weights")
+
     scheme: Literal["explicit", "temperature", "unimax"] | None = None  # default: explicit if weights else temperature
     weights: dict[str, float] = field(default_factory=dict)  # explicit: source -> weight (normalized); absent = 0
     temperature: float = 1.0  # temperature: p ∝ tokens^(1/T); 1 keeps natural proportions
     max_epochs: float = 1.0  # passes over a source at most; a document gets at most ceil(max_epochs) copies
     total_tokens: int | None = None  # default: the largest budget no source's cap forbids (unimax: all tokens)
-    bytes_per_token: float = 4.0
+    bytes_per_token: float = 4.0  # text bytes per token, to estimate token counts without a tokenizer
     tokenizer: str | None = None  # a tokenizers JSON file: count tokens instead of estimating from bytes
+    # which rows a down-sampled source keeps: random, the top by score_column, or by importance weight
     select: Literal["random", "top", "importance"] = "random"
     score_column: str | None = None  # default: quality (top), dsir_weight (importance: weights exp(score))
     seed: int | None = None  # default: the job seed

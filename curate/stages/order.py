@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -45,14 +45,19 @@ _SPILL_GROUP = 16384  # rows per row group of the spills: a range's filtered sca
 class OrderConfig(StageConfig):
     """What to order by, how fast harder rows enter, and how sources share each window."""
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "source_order")
+
     by: str = "difficulty"  # any numeric column, or "length" (text bytes: short documents first)
+    # easy_to_hard: the lowest values are read first
     direction: Literal["easy_to_hard", "hard_to_easy"] = "easy_to_hard"
+    # how fast harder rows are admitted: sorted (plain sort), linear, sqrt or step competence
     pacing: Literal["sorted", "linear", "sqrt", "step"] = "sorted"
     start: float = 0.1  # linear/sqrt: fraction of the easiest rows admitted from the first position
     steps: int = 4  # step: number of stages
     stratify: bool = True  # keep source shares in every window; false: source by source
     source_order: list[str] = field(default_factory=list)  # stratify = false: source sequence (default: by name)
     window: int = 1000  # rows per window, for stratification, shuffling and the report
+    # shuffle the rows inside each window: random local order, the curriculum kept across windows
     shuffle_within_window: bool = False
     tolerance: float = 0.02  # windows whose shares deviate more are counted and logged
     seed: int | None = None  # default: the job seed

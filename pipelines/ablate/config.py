@@ -14,7 +14,8 @@ KINDS = ("leave_one_out", "weights", "mixes", "random_mixes", "replay")
 class AblateConfig:
     """The ``[ablate]`` table: which variants of the mix to train and how."""
 
-    kind: str | list[str] = "leave_one_out"  # one of KINDS, or a list of them (one baseline, all their variants)
+    # leave_one_out, weights, mixes, random_mixes or replay, or a list of them (one baseline, all their variants)
+    kind: str | list[str] = "leave_one_out"
     sources: list[str] = field(default_factory=list)  # leave_one_out / weights: sources to vary; [] = all
     factors: list[float] = field(default_factory=lambda: [0.5, 2.0])  # weights: multipliers of a source's weight
     mixes: dict[str, dict[str, float]] = field(default_factory=dict)  # mixes: variant name -> {source: weight}

@@ -110,8 +110,11 @@ def curation_section(job: CurationJob) -> str:
              f"<p class=muted>{html.escape(str(job.path))} — {totals.get('rows_read', '?')} rows read, "
              f"{totals.get('rows_written', '?')} written, {totals.get('rows_rejected', '?')} rejected, "
              f"{totals.get('repeats', 0)} repeats, {totals.get('seconds', '?')} s</p>",
-             _table(["source", "read", "written", "rejected"], rows),
-             "<h3>Funnel</h3>", _img(plots.funnel(job), "rows per stage and rejects by reason")]
+             _table(["source", "read", "written", "rejected"], rows), "<h3>Funnel</h3>"]
+    if job.rejects_by_reason():
+        parts.append(_img(plots.funnel(job), "rows per stage and rejects by reason"))
+    else:
+        parts += ["<p>No rejects: every row read reached the output.</p>", _img(plots.funnel(job), "rows per stage")]
     mix = job.mix_report()
     if mix:
         parts += ["<h3>Mix</h3>", _img(plots.mix_shares(job), "target vs realized shares"),

@@ -14,6 +14,7 @@ matplotlib.use("Agg")  # headless: CI and `winnow run` have no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipelines.report.curation import CurationJob  # noqa: E402
 from pipelines.report.training import Attribution, TrainingRun  # noqa: E402
@@ -44,17 +45,24 @@ def _png(fig) -> bytes:
 
 # ---- curation -------------------------------------------------------------------------------
 def funnel(job: CurationJob) -> bytes:
-    """Rows after each stage, and the rows each reject reason removed (stacked by source)."""
+    """Rows after each stage, and the rows each reject reason removed (stacked by source; no panel without rejects)."""
     stages = job.funnel()
     reasons = job.rejects_by_reason()
     colors = palette(job.sources)
-    fig, (ax1, ax2) = _subplots(1, 2, figsize=(13, max(3.5, 0.3 * max(len(stages), len(reasons)) + 1)))
+    height = max(3.5, 0.3 * max(len(stages), len(reasons)) + 1)
+    if not reasons:  # a chart of nothing would only show empty axes
+        fig, ax1 = _subplots(figsize=(6.5, height))
+        ax2 = None
+    else:
+        fig, (ax1, ax2) = _subplots(1, 2, figsize=(13, height))
     names = [s["id"] for s in stages][::-1]
     ax1.barh(names, [s["rows_out"] for s in stages][::-1], color="tab:blue", label="rows out")
     ax1.barh(names, [s["rows_rejected"] for s in stages][::-1], left=[s["rows_out"] for s in stages][::-1],
              color="tab:gray", alpha=0.6, label="rejected")
     ax1.set(title="Rows per stage", xlabel="rows")
     ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
+    if ax2 is None:
+        return _png(fig)
     labels = list(reasons)[::-1]
     left = np.zeros(len(labels))
     for source in job.sources:
@@ -113,6 +121,7 @@ def curriculum(means: list[tuple[str, float]], column: str) -> bytes | None:
         return None
     fig, ax = _subplots(figsize=(6.5, 3.2))
     ax.plot(np.arange(len(means)), [m for _, m in means], marker="o")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # shards are counted: no tick at shard 0.5
     ax.set(title=f"Curriculum: mean {column} by shard", xlabel="training shard (read order)", ylabel=f"mean {column}")
     return _png(fig)
 

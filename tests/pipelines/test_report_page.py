@@ -136,3 +136,25 @@ def test_command_writes_the_page_and_prints_the_diagnosis(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[warning] Loss spikes" in out and f"report: {tmp_path / 'out' / 'page.html'}" in out
     assert (tmp_path / "out" / "page.html").is_file() and not (run / "report.html").exists()
+
+
+def test_a_job_without_rejects_says_so_instead_of_drawing_an_empty_chart(tmp_path):
+    folder = write_job(tmp_path / "job")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for stage in manifest["stages"]:
+        stage["rows_rejected"], stage["rejected"] = 0, {}
+    for figures in manifest["by_source"].values():
+        figures["rejected"] = {}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    page = render(*locate(folder))
+    assert "No rejects: every row read reached the output." in page
+    assert "rows per stage" in images(page) and "rows per stage and rejects by reason" not in images(page)
+
+
+def test_the_curriculum_plot_ticks_whole_shards(monkeypatch):
+    from pipelines.report import plots
+
+    monkeypatch.setattr(plots, "_png", lambda fig: fig)
+    fig = plots.curriculum([(f"shard-{i}", 0.1 * i) for i in range(3)], "difficulty")
+    ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 2]
+    assert ticks == [0, 1, 2]
