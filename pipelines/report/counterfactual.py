@@ -67,7 +67,7 @@ def _verb(factor: float) -> str:
 
 
 def _where(held_out: str) -> str:
-    return "on the held-out sets' mean" if held_out == "mean" else f"on `{held_out}`"
+    return "on the mean of the held-out sets" if held_out == "mean" else f"on `{held_out}`"
 
 
 def sentence(cf: Counterfactual, factor: float, source: str, held_out: str) -> str:
