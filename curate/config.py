@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curate.errors import ConfigError
+from curate.names import path_name
 from curate.stages.base import StageConfig
 from curate.workdir import check_url, is_url, local_root
 
@@ -24,7 +25,7 @@ class JobSection:
     """``[job]``: what the job is called, where it writes, how it runs."""
 
     name: str
-    output: str = ""  # default: out/<name>
+    output: str = ""  # default: out/<name> (the name made a safe folder name: curate.names)
     workers: int = 1  # local processes; 1 runs tasks in this process
     executor: Literal["local", "ray"] = "local"
     batch_rows: int = 8192  # rows per batch flowing through the stages
@@ -51,7 +52,7 @@ class JobSection:
         if not self.name or any(c in self.name for c in "/\\"):
             raise ConfigError(f"job.name = {self.name!r} is invalid; allowed: a non-empty name without slashes")
         if not self.output:
-            self.output = f"out/{self.name}"
+            self.output = f"out/{path_name(self.name)}"
         if is_url(self.output):  # an object store (s3://...): checked here so a missing driver fails before any work
             self.output = self.output.rstrip("/")
             check_url(self.output, "job.output", self.storage_options)

@@ -11,6 +11,7 @@ import torch
 
 from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
+from curate.names import path_name
 from pipelines.jobfile import build_config, read_toml
 from pipelines.provenance import write_provenance
 from train.adaptive import AdaptiveMix, MixingConfig
@@ -68,7 +69,7 @@ def default_run_folder(shards: str | None) -> str:
         return "out/train"
     if "://" not in str(shards) and (Path(shards) / "manifest.json").is_file():
         return str(Path(shards) / "train")
-    return str(Path("out") / (str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
+    return str(Path("out") / path_name(str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
 
 
 def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,
