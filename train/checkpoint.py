@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from train.errors import CheckpointError, ConfigError
+from train.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,9 @@ class CheckpointManager:
         try:
             meta = json.loads((path / META_FILE).read_text())
             for name, expected in {STATE_FILE: meta, **meta.get("files", {})}.items():
+                if not inside(name):
+                    raise CheckpointError(f"checkpoint {path}: its meta lists the file {name!r}, which is not inside "
+                                          "the checkpoint folder; the checkpoint is corrupt or not winnow's")
                 file = path / name
                 if file.stat().st_size != expected["bytes"] or _sha256(file) != expected["sha256"]:
                     raise CheckpointError(f"checkpoint {path} fails its checksum ({name}: corrupt or truncated)")

@@ -26,6 +26,7 @@ import fsspec
 
 from train.checkpoint import load_state_file
 from train.errors import CheckpointError, ConfigError
+from train.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,9 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
     if meta.get("files"):  # the weights and moments are in the checkpoint's shards: fetch, verify, read whole
         with tempfile.TemporaryDirectory(prefix="winnow-init-") as tmp:
             for name, expected in meta["files"].items():
+                if not inside(name):  # a damaged or hostile meta: never write outside the temporary folder
+                    raise CheckpointError(f"checkpoint {folder}: its meta lists the file {name!r}, which is not "
+                                          "inside the checkpoint folder; the checkpoint is corrupt or not winnow's")
                 blob = fs.cat_file(posixpath.join(folder, name))
                 if len(blob) != expected["bytes"] or hashlib.sha256(blob).hexdigest() != expected["sha256"]:
                     raise CheckpointError(f"checkpoint {folder} fails its checksum ({name}: corrupt or truncated)")
