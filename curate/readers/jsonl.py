@@ -12,6 +12,7 @@ A truncated compressed file keeps every complete line before the damage and adds
 from __future__ import annotations
 
 import io
+import json
 import zlib
 from collections.abc import Iterator
 
@@ -24,7 +25,7 @@ import pyarrow.json as pa_json
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.ranges import Span
-from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+from curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from curate.readers.utf8 import first_bad_byte, valid_utf8
 
 CHUNK_BYTES = 4 << 20
@@ -161,8 +162,8 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     if text not in names or not pa.types.is_string(table.schema.field(text).type) or table.column(text).null_count:
         return None
     rest = [n for n in names if n not in (text, cfg.id_field)]
-    if cfg.id_field in names and not _scalar(table.schema.field(cfg.id_field).type):
-        return None
+    if cfg.id_field in names and not _exact_text(table.schema.field(cfg.id_field).type):
+        return None  # a float id (1e3, or an integer past 64 bits that Arrow read as one): the lines path keeps its text
     if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
         return None
     df = pl.from_arrow(table)
@@ -184,16 +185,26 @@ def _scalar(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)
 
 
+def _exact_text(t: pa.DataType) -> bool:
+    """Whether a column of this type, cast to text, is what the lines said (strings, and integers Arrow parsed)."""
+    return pa.types.is_string(t) or pa.types.is_integer(t)
+
+
 def _exact(arr: pa.Array) -> bool:
     """True when re-encoding ``arr`` as JSON gives back exactly what was parsed.
 
-    A null where a record had no such key (Arrow fills missing keys with nulls, at any
+    Floats must all be fractions (an integral one may have been an integer). A null where a record had no such key (Arrow fills missing keys with nulls, at any
     depth) would add a key, so nulls in fields and struct members rule the fast path out;
     nulls inside lists are real JSON nulls and are fine.
     """
     t = arr.type
     if arr.null_count:
         return False
+    if pa.types.is_floating(t):
+        # Arrow reads a column holding any float as floats: an integer beside one (7 -> 7.0) or past 64 bits
+        # (rounded) would change. Only columns of true fractions re-encode to the numbers the lines held.
+        values = arr.to_numpy(zero_copy_only=False)
+        return not (np.isfinite(values) & (values == np.floor(values))).any()
     if _scalar(t):
         return True
     if pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -210,8 +221,8 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
     where = {"file": file.url, "offset": offset}
     fallback_id = derived_id(cfg.source, file, offset)
     try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError as err:
+        record = loads_exact(line)
+    except (orjson.JSONDecodeError, json.JSONDecodeError) as err:
         reason, error = "read:bad_json", str(err)
         if not valid_utf8(line):
             at, why = first_bad_byte(line)
@@ -229,7 +240,7 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
     text = record.pop(cfg.text_field, None)
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
-    id_ = fallback_id if given_id is None else str(given_id)
+    id_ = fallback_id if given_id is None else id_text(given_id, cfg.id_field, line)
     if not isinstance(source, str) or not source:
         buf.reject("read:missing_source", id_=id_, source="", raw=line,
                    where={**where, "error": f"field {cfg.source_field!r} missing or not a non-empty string"})
@@ -247,11 +258,12 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
 
 def _given_id(cfg: InputConfig, line: bytes) -> str | None:
     """The id a line that is not UTF-8 names, when the bad bytes are elsewhere in the line."""
+    text = line.decode("utf-8", errors="replace").encode()
     try:
-        record = orjson.loads(line.decode("utf-8", errors="replace"))
-    except orjson.JSONDecodeError:
+        record = loads_exact(text)
+    except (orjson.JSONDecodeError, json.JSONDecodeError):
         return None
     given = record.get(cfg.id_field) if isinstance(record, dict) else None
     if given is None or isinstance(given, (dict, list)) or "\ufffd" in str(given):
         return None
-    return str(given)
+    return id_text(given, cfg.id_field, text)

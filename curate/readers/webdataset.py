@@ -7,6 +7,7 @@ are kept as they are, so shards read back unchanged.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import tarfile
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import orjson
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.ranges import Span
-from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+from curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from curate.readers.utf8 import printable, valid_utf8
 
 
@@ -94,8 +95,8 @@ def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, by
     record: dict = {}
     if "json" in parts:
         try:
-            record = orjson.loads(parts["json"])
-        except orjson.JSONDecodeError as err:
+            record = loads_exact(parts["json"])
+        except (orjson.JSONDecodeError, json.JSONDecodeError) as err:
             # Bytes that are not UTF-8, or a \ud800-style escape, are bad UTF-8 as in JSONL; the rest bad JSON.
             not_utf8 = not valid_utf8(parts["json"]) or "surrogate" in str(err)
             buf.reject("read:bad_utf8" if not_utf8 else "read:bad_json", id_=f"{cfg.source or ''}/{file.rel}/{key}",
@@ -105,7 +106,7 @@ def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, by
             record = {"json": record}
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
-    id_ = str(given_id) if given_id is not None else f"{source or cfg.source or ''}/{file.rel}/{key}"
+    id_ = id_text(given_id, cfg.id_field, parts["json"]) if given_id is not None else f"{source or cfg.source or ''}/{file.rel}/{key}"
     if not isinstance(source, str) or not source:
         buf.reject("read:missing_source", id_=id_, source="", raw=raw_text or b"", where={**where, "error": "no source"})
         return

@@ -212,6 +212,25 @@ def _foreign(tmp: Path) -> str:
 
 BIG = "w" * (30 << 20)
 
+HUGE = [2**64 - 1, 2**64 - 2, 2**70, 2**70 + 1]  # hash ids: past 2**53 a float would merge them
+
+
+def kept_meta(expected: dict[str, str | None]) -> Callable[[Path, Path], None]:
+    """The kept rows' ids and their meta, byte for byte."""
+    def check(folder: Path, out: Path) -> None:
+        rows = pl.read_parquet(sorted((out / "shards").rglob("*.parquet")))
+        assert dict(zip(rows["id"].to_list(), rows["meta"].to_list())) == expected
+    return check
+
+
+def raw_jsonl(*lines: str) -> bytes:
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def parquet_text(array: pa.Array, **extra: pa.Array) -> Callable[[Path], tuple[str, set[str]]]:
+    ids = [f"p{i}" for i in range(len(array))]
+    return parquet_case(pa.table({"id": ids, "text": array, **extra}), set(ids))
+
 CASES: list[Case] = [
     # -- encoding ------------------------------------------------------------------------------
     Case("raw_invalid_utf8", jsonl_case(jl(*GOOD, b'{"id": "u", "text": "caf\xe9"}\n'), GOOD_IDS | {"u"}),
@@ -272,6 +291,35 @@ CASES: list[Case] = [
          {"read:missing_text": 1}, kept=1),
     # -- ids -----------------------------------------------------------------------------------
     Case("duplicate_ids_across_inputs", two_inputs_same_ids, {"read:duplicate_id": 1}, kept=4),
+    Case("integer_ids_past_2_53", jsonl_case(raw_jsonl(*(f'{{"id": {i}, "text": "doc {i}"}}' for i in HUGE)), {str(i) for i in HUGE}),
+         kept=4, check=kept_meta({str(i): None for i in HUGE})),
+    Case("int_id_beside_float_id", jsonl_case(raw_jsonl('{"id": 7, "text": "a"}', '{"id": 1.5, "text": "b"}',
+                                                        '{"id": 1e3, "text": "c"}', '{"id": 0.10, "text": "d"}'),
+                                              {"7", "1.5", "1e3", "0.10"}), kept=4),
+    Case("meta_numbers_exact", jsonl_case(raw_jsonl('{"id": "a", "text": "x", "n": 12345678901234567890123, "f": 1.5}',
+                                                    '{"id": "b", "text": "y", "n": 1, "f": 2}',
+                                                    '{"id": "c", "text": "z", "n": 18446744073709551615, "f": 0.1}'),
+                                          {"a", "b", "c"}), kept=3,
+         check=kept_meta({"a": '{"n":12345678901234567890123,"f":1.5}', "b": '{"n":1,"f":2}',
+                          "c": '{"n":18446744073709551615,"f":0.1}'})),
+    Case("tar_json_integer_ids_past_2_53", tar_case([("a.txt", b"one"), ("a.json", f'{{"id": {2**70}}}'.encode()),
+                                                     ("b.txt", b"two"), ("b.json", f'{{"id": {2**70 + 1}}}'.encode())],
+                                                    {str(2**70), str(2**70 + 1)}), kept=2),
+    Case("parquet_ids_uint64", parquet_case(pa.table({"id": pa.array(HUGE[:2], pa.uint64()), "text": ["a", "b"]}),
+                                            {str(i) for i in HUGE[:2]}), kept=2),
+    # -- Parquet text columns: every Arrow encoding a writer may choose -----------------------------------
+    Case("parquet_text_binary", parquet_text(pa.array([b"one", b"caf\xc3\xa9"], pa.binary())), kept=2,
+         check=kept_text(["one", "café"])),
+    Case("parquet_text_large_binary", parquet_text(pa.array([b"one", b"two"], pa.large_binary())), kept=2),
+    Case("parquet_text_fixed_size_binary", parquet_text(pa.array([b"ab", b"cd"], pa.binary(2))), kept=2),
+    Case("parquet_text_dictionary", parquet_text(pa.array(["one", "one", "two"]).dictionary_encode()), kept=3),
+    Case("parquet_text_large_string", parquet_text(pa.array(["one", "two"], pa.large_string())), kept=2),
+    Case("parquet_binary_text_not_utf8", parquet_text(pa.array([b"ok", b"caf\xe9"], pa.binary())),
+         {"read:bad_utf8": 1}, kept=1),
+    Case("parquet_binary_meta_column", parquet_text(pa.array(["one", "two"]), blob=pa.array([b"\x00\xff", None])),
+         kept=2, check=kept_meta({"p0": '{"blob":"AP8="}', "p1": '{"blob":null}'})),
+    Case("parquet_id_column_nested", parquet_case(pa.table({"id": pa.array([[1], [2]]), "text": ["a", "b"]}),
+                                                  {"a.parquet#0", "a.parquet#1"}), {"read:bad_schema": 2}, kept=0),
     # -- the file system -----------------------------------------------------------------------
     Case("symlink_loop_in_folder", symlink_loop, error="Too many levels of symbolic links"),
     Case("dangling_symlink", dangling_link, error="symbolic link to nothing or into a loop"),
