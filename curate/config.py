@@ -87,8 +87,14 @@ class InputConfig:
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to fsspec
     # fields moved out of meta into typed columns: names (types inferred) or {name = "string"|"int64"|...}
     keep_fields: list[str] | dict[str, str] = field(default_factory=list)
+    # A record (JSONL line, text file, tar member, Parquet text) longer than this is a read:too_long reject,
+    # read past without holding it: memory stays bounded whatever one line holds.
+    max_record_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_record_bytes, bool) or not isinstance(self.max_record_bytes, int) or self.max_record_bytes < 1:
+            raise ConfigError(f"inputs.max_record_bytes = {self.max_record_bytes!r} is invalid; allowed: an integer >= 1 "
+                              f"(bytes; the default, {64 << 20}, is 64 MiB)")
         if (self.source is None) == (self.source_field is None):
             raise ConfigError("inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
                               "(a column holding it)")

@@ -1,4 +1,4 @@
-"""Paths read from data (a manifest's shard entries, a checkpoint's file list) stay inside their folder.
+"""Paths and files read from data: listed paths stay inside their folder, whole files are read under a cap.
 
 ``train`` never imports ``curate`` (whose ``curate.names`` turns names into path components); the
 trainer builds no path from a name, but it follows relative paths that a manifest or a checkpoint's
@@ -16,3 +16,26 @@ def inside(rel: object) -> bool:
         return False
     path = PurePosixPath(rel)
     return not path.is_absolute() and ".." not in path.parts and "://" not in rel
+
+
+MiB = 1 << 20
+JSON_BYTES = 1024 * MiB  # a manifest, a checkpoint's meta.json, a tokenizer's files
+
+
+def read_capped(fs, path: str, *, limit: int, what: str, error: type[Exception]) -> bytes:
+    """The bytes of ``path`` on ``fs``, refusing anything but a regular file and anything over ``limit`` bytes.
+
+    A link to ``/dev/zero`` read whole runs until the OOM killer ends the run; this reads at most
+    ``limit + 1`` bytes and raises ``error`` naming ``what``, the file and the cap instead.
+    FileNotFoundError passes through, for the caller's own "missing" message.
+    """
+    info = fs.info(path)
+    if info.get("type") != "file":
+        raise error(f"{what} {path} is not a regular file (a folder, device, FIFO or socket); give the file itself")
+    if info.get("size") is not None and info["size"] > limit:
+        raise error(f"{what} {path} is {info['size']} bytes, over winnow's cap of {limit} for it; is it the right file?")
+    with fs.open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{what} {path} holds more than winnow's cap of {limit} bytes for it; is it the right file?")
+    return data

@@ -15,6 +15,7 @@ import io
 import json
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -30,6 +31,11 @@ from curate.readers.utf8 import first_bad_byte, valid_utf8
 
 CHUNK_BYTES = 4 << 20
 _BOM = b"\xef\xbb\xbf"
+# Compressed bytes fed to zstd per call: a zstd block of >= 4 bytes expands to at most 128 KiB, so one
+# call yields at most 8 KiB x 32768 = 256 MiB however hostile the file (python-zstandard has no
+# max_length); gzip is bounded exactly by zlib's max_length.
+_ZSTD_PIECE = 8 << 10
+PREVIEW = 1 << 10  # bytes of a too-long record kept in its reject
 
 
 class _Truncated(Exception):
@@ -37,28 +43,48 @@ class _Truncated(Exception):
 
 
 def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
-    """Decompress by hand, so a damaged file still yields every byte before the damage."""
+    """Decompress by hand, so a damaged file still yields every byte before the damage.
+
+    Chunks are about ``CHUNK_BYTES`` whatever the compression ratio: a small file that expands
+    to gigabytes (one huge line) is read in bounded pieces, never at once.
+    """
     if url.endswith((".gz", ".gzip")):
-        new = lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)  # noqa: E731 - gzip header, multi-member
+        new, gzip = (lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)), True  # noqa: E731 - gzip, multi-member
     elif url.endswith((".zst", ".zstd")):
         import zstandard
 
-        new = zstandard.ZstdDecompressor().decompressobj
+        new, gzip = zstandard.ZstdDecompressor().decompressobj, False
     else:
         while chunk := fh.read(CHUNK_BYTES):
             yield chunk
         return
-    dec, finished = new(), True
+    dec, finished, out, held = new(), True, [], 0
     while raw := fh.read(CHUNK_BYTES):
-        while raw:
+        full = False  # zlib stopped at max_length: it may hold more output even when all input is in
+        while raw or full:
             try:
-                yield dec.decompress(raw)
+                if gzip:  # zlib: at most CHUNK_BYTES out per call, the rest waits in unconsumed_tail
+                    part = dec.decompress(raw, CHUNK_BYTES)
+                    rest, full = dec.unconsumed_tail, len(part) == CHUNK_BYTES
+                else:  # zstd: a piece at a time, through a view (slicing bytes would copy the rest each time)
+                    view = memoryview(raw)
+                    part, rest = dec.decompress(view[:_ZSTD_PIECE]), view[_ZSTD_PIECE:]
             except Exception as err:  # zlib.error / ZstdError: corrupt data
+                yield b"".join(out)
                 raise _Truncated(f"{type(err).__name__}: {err}") from err
+            out.append(part)
+            held += len(part)
+            if held >= CHUNK_BYTES:
+                yield b"".join(out)
+                out, held = [], 0
             finished = dec.eof
-            raw = dec.unused_data if finished else b""
-            if raw:
-                dec, finished = new(), False
+            if finished:  # the next gzip member or zstd frame; zlib's unconsumed_tail repeats its unused_data then
+                raw, full = dec.unused_data + (b"" if gzip else bytes(rest)), False
+                if raw:
+                    dec, finished = new(), False
+            else:
+                raw = rest
+    yield b"".join(out)
     if not finished:
         raise _Truncated("compressed stream ended before its end marker (truncated file)")
 
@@ -96,6 +122,7 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
     buf = RowBuffer()
     offset = 0  # uncompressed byte offset of the next line
     tail = b""
+    long: _LongLine | None = None  # a line past max_record_bytes, skipped to its end without holding it
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
         pos = 0
         if span is not None:
@@ -103,6 +130,15 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
             pos = span.base if span.unit == "frames" else span.start
         try:
             for at, chunk in _owned(_decompressed_chunks(file.url, fh), pos, span):
+                if long is not None:
+                    nl = chunk.find(b"\n")
+                    long.size += len(chunk) if nl < 0 else nl
+                    if nl < 0:
+                        continue
+                    long.reject(cfg, file, buf)
+                    long, chunk, at = None, chunk[nl + 1:], at + nl + 1
+                    if not chunk:
+                        continue
                 data = tail + chunk
                 if not tail:
                     offset = at
@@ -118,13 +154,17 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                     for start in range(0, fast.rows.height, batch_rows):
                         yield ReadBatch(fast.rows.slice(start, batch_rows), fast.rejects)
                     offset += len(complete)
-                    continue
-                for line in complete.split(b"\n")[:-1]:
-                    _parse_line(cfg, file, line, offset, buf)
-                    offset += len(line) + 1
-                    if len(buf) >= batch_rows:
-                        yield buf.flush()
-            if tail.strip():
+                else:
+                    for line in complete.split(b"\n")[:-1]:
+                        _parse_line(cfg, file, line, offset, buf)
+                        offset += len(line) + 1
+                        if len(buf) >= batch_rows:
+                            yield buf.flush()
+                if len(tail) > cfg.max_record_bytes:  # no end in sight: keep its start and size only
+                    long, tail = _LongLine(offset, len(tail), tail[:PREVIEW]), b""
+            if long is not None:
+                long.reject(cfg, file, buf)
+            elif tail.strip():
                 _parse_line(cfg, file, tail, offset, buf)
         except (_Truncated, OSError) as err:
             # Complete lines before the damage (or the failed read: a bad disk, a dropped connection)
@@ -134,6 +174,26 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                        raw=tail, where={"file": file.url, "offset": offset, "error": error})
     if len(buf):
         yield buf.flush()
+
+
+@dataclass(slots=True)
+class _LongLine:
+    """A record longer than ``[[inputs]] max_record_bytes``: where it starts, its size so far, its first bytes."""
+
+    offset: int
+    size: int
+    preview: bytes
+
+    def reject(self, cfg: InputConfig, file: InputFile, buf: RowBuffer) -> None:
+        too_long(cfg, file, self.offset, self.size, self.preview, buf)
+
+
+def too_long(cfg: InputConfig, file: InputFile, offset: int, size: int, preview: bytes, buf: RowBuffer) -> None:
+    """A ``read:too_long`` reject: the record's first ``PREVIEW`` bytes, where it is and how long."""
+    buf.reject("read:too_long", id_=derived_id(cfg.source, file, offset), source=cfg.source or "", raw=preview[:PREVIEW],
+               where={"file": file.url, "offset": offset, "bytes": size,
+                      "error": f"a record of {size} bytes, over [[inputs]] max_record_bytes = {cfg.max_record_bytes}; "
+                               "raise it to read such records"})
 
 
 def derived_id(source: str | None, file: InputFile, offset: int) -> str:
@@ -151,6 +211,10 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     """
     if b"\n\n" in lines or lines.startswith(b"\n") or cfg.source_field is not None:
         return None
+    if len(lines) > cfg.max_record_bytes:  # a line past the limit may be in the block: the lines path rejects it
+        ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 10)
+        if np.diff(ends, prepend=-1).max() - 1 > cfg.max_record_bytes:
+            return None
     if not valid_utf8(lines):  # Arrow's parser does not check; the lines path rejects the bad lines
         return None
     try:
@@ -216,6 +280,9 @@ def _exact(arr: pa.Array) -> bool:
 
 
 def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf: RowBuffer) -> None:
+    if len(line) > cfg.max_record_bytes:
+        too_long(cfg, file, offset, len(line), line, buf)
+        return
     if not line.strip():
         return
     where = {"file": file.url, "offset": offset}

@@ -13,6 +13,7 @@ import pyarrow as pa
 from curate.readers.utf8 import cell_text, invalid_rows, printable
 from curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS
 
+_PREVIEW_CHARS = 1024  # of a read:too_long record's text, kept in its reject
 _EXACT_FLOAT = float(2**53)  # from here on a float cannot tell integers apart
 
 #: Read-error reasons (``read:<error>``), a closed set.
@@ -25,6 +26,7 @@ READ_REASONS: tuple[str, ...] = (
     "read:missing_source",
     "read:bad_schema",
     "read:truncated",
+    "read:too_long",
     "read:bad_record",
     "read:link_member",
     "read:special_member",
@@ -134,6 +136,7 @@ def rows_from_arrow(
     id_field: str,
     file_label: str,
     row_offset: int,
+    max_record_bytes: int | None = None,
 ) -> ReadBatch:
     """Columnar conversion of an Arrow batch (Parquet, HF datasets) to rows and rejects.
 
@@ -201,9 +204,11 @@ def rows_from_arrow(
         meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
         out = df.select(id_expr.alias("id"), src_expr.alias("source"), pl.col(text_field).cast(pl.String).alias("text"),
                         meta.alias("meta"), pl.col("__row"))
+    too_long = pl.col("text").str.len_bytes() > max_record_bytes if max_record_bytes is not None else pl.lit(False)
     problem = (
         pl.when(pl.col("text").is_null()).then(pl.lit("read:missing_text"))
         .when(pl.col("source").is_null() | (pl.col("source") == "")).then(pl.lit("read:missing_source"))
+        .when(too_long).then(pl.lit("read:too_long"))
         .otherwise(pl.lit(None, dtype=pl.String))
     )
     out = out.with_columns(problem.alias("reason"))
@@ -213,7 +218,8 @@ def rows_from_arrow(
         bad = bad.with_columns(
             pl.col("id").fill_null(pl.format("{}#{}", pl.lit(file_label), pl.col("__row"))),
             pl.col("source").fill_null(pl.lit(source or "")),
-            pl.col("text").fill_null(""),
+            pl.when(pl.col("reason") == "read:too_long").then(pl.col("text").str.slice(0, _PREVIEW_CHARS))
+            .otherwise(pl.col("text")).fill_null(""),
             pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"), pl.col("meta").alias("meta"))
             .struct.json_encode().alias("meta"),
             pl.lit(None, dtype=pl.String).alias("duplicate_of"),

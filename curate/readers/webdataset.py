@@ -17,6 +17,7 @@ import orjson
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.ranges import Span
+from curate.readers.jsonl import PREVIEW
 from curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from curate.readers.utf8 import printable, valid_utf8
 
@@ -38,7 +39,7 @@ def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int, span: Sp
     offset = base  # of the current sample's first member, in the file
 
     def emit() -> None:
-        if current is not None:
+        if current is not None and parts is not None:
             _add_sample(cfg, file, current, parts, offset, text_ext, buf)
 
     with open_binary(file.url, cfg.storage_options, decompress=span is None) as fh:
@@ -59,7 +60,15 @@ def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int, span: Sp
                         if len(buf) >= batch_rows:
                             yield buf.flush()
                         current, parts, offset = key, {}, at
-                    parts[ext] = tar.extractfile(member).read()
+                    if member.size > cfg.max_record_bytes:  # a header may promise gigabytes: never read them
+                        buf.reject("read:too_long", id_=f"{cfg.source or ''}/{file.rel}/{key}", source=cfg.source or "",
+                                   raw=tar.extractfile(member).read(PREVIEW),
+                                   where={"file": file.url, "offset": at, "member": printable(member.name),
+                                          "bytes": member.size, "error": f"a member of {member.size} bytes, over "
+                                          f"[[inputs]] max_record_bytes = {cfg.max_record_bytes}; raise it to read it"})
+                        parts = None  # the sample's other members go with it: one reject per sample
+                    if parts is not None:
+                        parts[ext] = tar.extractfile(member).read()
             emit()
         except (tarfile.TarError, EOFError, OSError) as err:
             buf.reject("read:truncated", id_=f"{file.url}#{offset}", source=cfg.source or "", raw=b"",

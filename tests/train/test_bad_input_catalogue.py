@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,8 +22,10 @@ import torch
 from tests.train.shards_util import make_docs, write_job, write_token_job
 from train.checkpoint import META_FILE, STATE_FILE
 from train.data import Loader, LoaderConfig
-from train.errors import CheckpointError, ShardError
+from train.errors import CheckpointError, ConfigError, ShardError
 from train.init import load_init
+from train.tokenizer import META_FILE as META
+from train.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,52 @@ def checkpoint_lists_a_file_outside(tmp: Path) -> None:
         assert not target.exists()
     finally:
         target.unlink(missing_ok=True)
+
+
+# -- files read whole: a regular file under a cap -------------------------------------------------------------
+@kind
+def manifest_linked_to_dev_zero(tmp: Path) -> None:
+    folder = write_job(tmp / "job", [make_docs(4)])
+    (folder / "manifest.json").unlink()
+    os.symlink("/dev/zero", folder / "manifest.json")
+    with pytest.raises(ShardError, match="manifest .*not a regular file"):
+        loader(folder)
+
+
+@kind
+def shard_larger_than_the_manifest_says(tmp: Path) -> None:
+    folder = write_job(tmp / "job", [make_docs(4), make_docs(4)])
+    path = folder / manifest_of(folder)["shards"][0]["path"]
+    path.write_bytes(path.read_bytes() + b"\0" * 4096)  # replaced by something bigger: never read past its size
+    with pytest.raises(ShardError, match="part-00000-00000.parquet is .* bytes, over"):
+        next(loader(folder))
+
+
+@kind
+def tokenizer_meta_linked_to_dev_zero(tmp: Path) -> None:
+    (tmp / "tok").mkdir()
+    os.symlink("/dev/zero", tmp / "tok" / META)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_tokenizer(str(tmp / "tok"))
+
+
+@kind
+def checkpoint_meta_linked_to_dev_zero(tmp: Path) -> None:
+    ckpt = tmp / "run" / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    torch.save({"model": {}}, ckpt / STATE_FILE)
+    os.symlink("/dev/zero", ckpt / META_FILE)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_init(str(ckpt))
+
+
+@kind
+def checkpoint_state_linked_to_dev_zero(tmp: Path) -> None:
+    ckpt = tmp / "run" / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    os.symlink("/dev/zero", ckpt / STATE_FILE)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_init(str(tmp / "run"))
 
 
 @pytest.mark.parametrize("case", [pytest.param(k, id=k.name) for k in KINDS])

@@ -23,11 +23,12 @@ import pyarrow.parquet as pq
 from train.data.foreign import folder_view, view_fingerprint
 from train.data.tarshard import read_tar
 from train.errors import ShardError
-from train.paths import inside
+from train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("id", "source", "text")
+SHARD_BYTES = 16 << 30  # a shard is read whole; one the manifest gives no size for may be at most this
 MANIFEST = "manifest.json"
 _FORMATS = {"parquet": "parquet", "webdataset": "webdataset"}
 
@@ -87,7 +88,7 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     where = f"{data}/{MANIFEST}"
     view = None
     try:
-        manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+        manifest = orjson.loads(read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError))
     except FileNotFoundError:
         manifest = view = folder_view(fs, root, str(data), split=split, fmt=fmt)
     except orjson.JSONDecodeError as err:
@@ -135,10 +136,11 @@ def check_listed(fs: fsspec.AbstractFileSystem, root: str, paths: list[str], whe
         log.warning("%s (skip_bad_shards: skipped when the loader reaches it)", message)
 
 
-def cat_shard(fs, url: str, *, what: str = "shard") -> bytes:
-    """The bytes of one file a manifest lists, or a ShardError naming it."""
+def cat_shard(fs, url: str, *, what: str = "shard", size: int | None = None) -> bytes:
+    """The bytes of one file a manifest lists, or a ShardError naming it; never more than the manifest's ``size``
+    (a shorter file goes on to the checks that say what is wrong with it)."""
     try:
-        return fs.cat_file(url)
+        return read_capped(fs, url, limit=SHARD_BYTES if size is None else size, what=what, error=ShardError)
     except FileNotFoundError as err:
         raise ShardError(f"{what} {url}: missing (listed in the manifest but not found)") from err
     except OSError as err:
@@ -148,7 +150,7 @@ def cat_shard(fs, url: str, *, what: str = "shard") -> bytes:
 def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa.Table:
     """The rows of shard ``index`` (``id``, ``source``, ``text``, ...), checked against the manifest."""
     info, url = shard_set.shards[index], shard_set.url(index)
-    buf = cat_shard(shard_set.fs, url)
+    buf = cat_shard(shard_set.fs, url, size=info.bytes)
     if verify and info.sha256:
         digest = hashlib.sha256(buf).hexdigest()
         if digest != info.sha256:

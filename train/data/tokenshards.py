@@ -24,6 +24,7 @@ import orjson
 
 from train.data.shards import MANIFEST, cat_shard, check_listed, open_shards
 from train.errors import ConfigError, ShardError
+from train.paths import JSON_BYTES, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspe
     fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
     root = root.rstrip("/")
     try:
-        manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+        manifest = orjson.loads(read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError))
     except FileNotFoundError:
         return fs, root, {}
     except orjson.JSONDecodeError as err:
