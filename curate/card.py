@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curate.atomic import write_text_atomic
+from curate.errors import WinnowError
+from curate.wholefile import README_BYTES, read_whole
 from curate.workdir import WorkDir
 
 log = logging.getLogger(__name__)
@@ -61,17 +63,27 @@ def remove_card(out: Path, *, work: WorkDir | None = None) -> None:
     path = Path(out) / CARD
     if work is not None and work.remote:
         work.fetch(path, missing_ok=True)
-    if path.is_file() and MARK in path.read_text(errors="replace"):
+    if _ours(path):
         if work is not None:
             work.remove(path)
         else:
             path.unlink()
 
 
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a card winnow wrote (a README of the user's, a link, a huge file: never)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        return MARK in read_whole(str(path), limit=README_BYTES, what="README").decode("utf-8", errors="replace")
+    except WinnowError:
+        return False
+
+
 def write_card(out: Path, manifest: dict[str, Any]) -> Path | None:
     """Write ``<out>/README.md`` from the manifest; leaves a README winnow did not write alone."""
     path = Path(out) / CARD
-    if path.exists() and MARK not in path.read_text(errors="replace"):
+    if (path.exists() or path.is_symlink()) and not _ours(path):
         log.warning("%s exists and was not written by winnow; the dataset card is not written", path)
         return None
     write_text_atomic(path, render_card(out, manifest))

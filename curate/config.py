@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curate.errors import ConfigError
+from curate.names import path_name
 from curate.stages.base import StageConfig
 from curate.workdir import check_url, is_url, local_root
 
@@ -24,7 +25,7 @@ class JobSection:
     """``[job]``: what the job is called, where it writes, how it runs."""
 
     name: str  # the job's name: the default output folder is out/<name>
-    output: str = ""  # default: out/<name>
+    output: str = ""  # default: out/<name> (the name made a safe folder name: curate.names)
     workers: int = 1  # local processes; 1 runs tasks in this process
     # local: a process pool on this machine; ray: the same tasks on a Ray cluster
     executor: Literal["local", "ray"] = "local"
@@ -52,7 +53,7 @@ class JobSection:
         if not self.name or any(c in self.name for c in "/\\"):
             raise ConfigError(f"job.name = {self.name!r} is invalid; allowed: a non-empty name without slashes")
         if not self.output:
-            self.output = f"out/{self.name}"
+            self.output = f"out/{path_name(self.name)}"
         if is_url(self.output):  # an object store (s3://...): checked here so a missing driver fails before any work
             self.output = self.output.rstrip("/")
             check_url(self.output, "job.output", self.storage_options)
@@ -88,8 +89,14 @@ class InputConfig:
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to fsspec
     # fields moved out of meta into typed columns: names (types inferred) or {name = "string"|"int64"|...}
     keep_fields: list[str] | dict[str, str] = field(default_factory=list)
+    # A record (JSONL line, text file, tar member, Parquet text) longer than this is a read:too_long reject,
+    # read past without holding it: memory stays bounded whatever one line holds.
+    max_record_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_record_bytes, bool) or not isinstance(self.max_record_bytes, int) or self.max_record_bytes < 1:
+            raise ConfigError(f"inputs.max_record_bytes = {self.max_record_bytes!r} is invalid; allowed: an integer >= 1 "
+                              f"(bytes; the default, {64 << 20}, is 64 MiB)")
         if (self.source is None) == (self.source_field is None):
             raise ConfigError("inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
                               "(a column holding it)")

@@ -58,6 +58,7 @@ from typing import Any
 from curate.atomic import write_text_atomic
 from curate.crashpoints import crash_point
 from curate.errors import ConfigError, OutputError
+from curate.names import path_name
 
 _DONE = "_SUCCESS"
 TASK_MARKER = "stats.json"  # a task folder's marker on an object store (written last); locally the folder's rename
@@ -276,7 +277,7 @@ class WorkDir:
         return self.exists(folder / TASK_MARKER) if self.remote else folder.exists()
 
     def plan(self, stage_id: str) -> Path:
-        return self.root / "plans" / stage_id
+        return self.root / "plans" / path_name(stage_id)
 
     def decision(self, stage_id: str, task: int) -> Path:
         return self.plan(stage_id) / "decision" / f"{task_name(task)}.parquet"

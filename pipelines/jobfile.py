@@ -20,6 +20,7 @@ from typing import Any, Literal, Union
 from curate.config import InputConfig, Job, JobSection, OutputConfig, StageSpec
 from curate.errors import ConfigError
 from curate.stages import stage_class
+from curate.wholefile import JOB_FILE_BYTES, read_whole
 
 log = logging.getLogger(__name__)
 _TOP_LEVEL = ("job", "inputs", "stages", "output", "train", "report", "ablate")
@@ -138,11 +139,11 @@ def _type_name(tp: Any) -> str:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Parse a job file, translating syntax errors into ``ConfigError``."""
     path = Path(path)
+    data = read_whole(str(path), limit=JOB_FILE_BYTES, what="job file", error=ConfigError)
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"job file {path} does not exist") from None
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); a job file is TOML") from err
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from err
 

@@ -11,6 +11,7 @@ import torch
 
 from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
+from curate.names import path_name
 from pipelines.cleanup import removed_on_failure
 from pipelines.jobfile import build_config, check_top_level, read_toml
 from pipelines.provenance import write_provenance
@@ -73,7 +74,7 @@ def default_run_folder(shards: str | None) -> str:
         return "out/train"
     if "://" not in str(shards) and (Path(shards) / "manifest.json").is_file():
         return str(Path(shards) / "train")
-    return str(Path("out") / (str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
+    return str(Path("out") / path_name(str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
 
 
 def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from train.errors import ConfigError
+from train.paths import JSON_BYTES, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,7 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
     path = Path(cfg.path)
     file = path if path.is_file() else path / BPE_FILE
     meta_file = file.parent / META_FILE
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    meta = json.loads(_read(meta_file, where)) if meta_file.exists() else {}
     if meta.get("kind") == "byte":
         return ByteTokenizer()
     if not file.is_file():
@@ -314,7 +315,9 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
     from tokenizers import Tokenizer as RustTokenizer
 
     try:
-        tok = RustTokenizer.from_file(str(file))
+        tok = RustTokenizer.from_str(_read(file, where).decode("utf-8", errors="replace"))
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
         raise ConfigError(f"{where}.path = {cfg.path!r}: {file} is not a tokenizer.json the tokenizers library can load: {err}") from err
     given = {k: getattr(cfg, k) for k in ("eos_token", "pad_token", "pad_id") if getattr(cfg, k) is not None}
@@ -322,3 +325,11 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
         return BPETokenizer(tok)
     saved = {k: meta[k] for k in ("eos_token", "pad_token", "pad_id") if k in meta}
     return HFTokenizer(tok, **(given or saved), where=where)
+
+
+def _read(path: Path, where: str) -> bytes:
+    """A tokenizer file, whole, under a cap (a link to /dev/zero is an error, not an endless read)."""
+    import fsspec
+
+    return read_capped(fsspec.filesystem("file"), str(path), limit=JSON_BYTES, what=f"{where}.path: the file",
+                       error=ConfigError)

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from curate.names import path_name
 from curate.schema import empty_rejects
 from curate.stats import CounterKey
 
@@ -67,7 +68,7 @@ class StageContext:
 
     @property
     def artifacts_dir(self) -> Path:
-        return self.output_dir / "artifacts" / self.stage_id
+        return self.output_dir / "artifacts" / path_name(self.stage_id)  # a plugin's kind may be any entry-point name
 
 
 @dataclass(slots=True)

@@ -16,6 +16,9 @@
       heatmap.png                 variants x sources of the measured deltas
       report.html                 the study's page (``winnow report <study>``)
 
+Variant and source names are folder names only through ``curate.names.path_name`` (``..``,
+``a/b`` or a 300-character domain stay one folder inside the study); tables show them as given.
+
 ``result.json`` is written atomically (temp file, fsync, rename): a crash mid-write leaves
 either no marker or a valid one, never a truncated file that looks finished.
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from curate.atomic import write_text_atomic as write_atomic  # the one implementation; re-exported for the study
+from curate.names import path_name
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +47,13 @@ class StudyLayout:
     root: Path
 
     def run_dir(self, variant: str) -> Path:
-        return self.root if variant == BASELINE else self.root / "variants" / variant
+        return self.root if variant == BASELINE else self.root / "variants" / path_name(variant)
 
     def result_path(self, variant: str) -> Path:
         return self.run_dir(variant) / "result.json"
 
     def source_dir(self, source: str) -> Path:
-        return self.root / "sources" / source
+        return source_folder(self.sources_root, source)
 
     @property
     def sources_root(self) -> Path:
@@ -105,6 +109,11 @@ class StudyLayout:
 
     def write_result(self, variant: str, result: dict) -> None:
         write_atomic(self.result_path(variant), json.dumps(result, indent=1))
+
+
+def source_folder(sources_root: Path, source: str) -> Path:
+    """A source's shard set under ``sources_root``: a name from the data is a path component, never a path."""
+    return sources_root / path_name(source)
 
 
 @dataclass(slots=True)
