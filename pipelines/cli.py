@@ -29,7 +29,7 @@ COMMANDS: dict[str, Command] = {
     "check": Command("pipelines.check", "validate a job file (every table, the inputs' paths) without running anything"),
     "config": Command("pipelines.config", "show a stage's or table's keys with defaults and docs; the job file's JSON schema"),
     "run": Command("pipelines.run", "curate, train (when the job has [train]) and write the report", "train"),
-    "ablate": Command("pipelines.ablate", "train mix variants ([ablate]) from a job's shards and tabulate their effect",
+    "ablate": Command("pipelines.ablate", "train variants of the mix or the curation ([ablate]) and tabulate their effect",
                       "train"),
     "report": Command("pipelines.report.command", "write report.html for a job folder, a run folder, or both", "report"),
     "tokenizer": Command("pipelines.tokenizer", "tokenizer tools", "train"),

@@ -5,27 +5,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-
-def _baselines(results: list[dict]) -> list[dict]:
-    return [r for r in results if r["kind"] in ("baseline", "noise")]
-
-
-def _mean_held_out(runs: list[dict], source: str) -> float | None:
-    values = [r["held_out"][source] for r in runs if r["held_out"].get(source) is not None]
-    return float(np.mean(values)) if values else None
-
-
-def seed_noise(results: list[dict], sources: list[str], variant_seeds: int = 1) -> dict[str, float]:
-    """Per held-out source, two standard errors of a measured delta (the mean of ``variant_seeds`` runs of a
-    variant minus the mean of the ``n`` baseline seeds): ``2 · sd · sqrt(1/variant_seeds + 1/n)``, ``sd``
-    the baseline seeds' standard deviation; 0 without a second baseline seed (no estimate)."""
-    runs = _baselines(results)
-    out = {}
-    for s in sources:
-        values = np.array([r["held_out"][s] for r in runs if r["held_out"].get(s) is not None])
-        sd = float(values.std(ddof=1)) if len(values) >= 2 else 0.0
-        out[s] = 2 * sd * float(np.sqrt(1 / variant_seeds + 1 / max(len(values), 1)))
-    return out
+from pipelines.ablate.compare import baselines as _baselines
+from pipelines.ablate.compare import mean_held_out as _mean_held_out
+from pipelines.ablate.compare import seed_noise
+from pipelines.ablate.plan import CURATION_KINDS_PLANNED
 
 
 def compare_with_attribution(results: list[dict], sources: list[str], matrix: np.ndarray,
@@ -41,7 +24,8 @@ def compare_with_attribution(results: list[dict], sources: list[str], matrix: np
     base_share = np.array([base.get(s, 0.0) for s in sources])
     groups: dict[str, list[dict]] = {}
     for r in results:
-        if r["kind"] not in ("baseline", "noise", "adaptive"):  # an adaptive run has no fixed mix to predict from
+        # an adaptive run has no fixed mix to predict from; a curation variant changes the data, not the mix
+        if r["kind"] not in ("baseline", "noise", "adaptive", *CURATION_KINDS_PLANNED):
             groups.setdefault(r.get("group", r["name"]), []).append(r)
     repeats = max([len(g) for g in groups.values()], default=1)
     noise = seed_noise(results, sources, repeats)

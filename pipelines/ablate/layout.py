@@ -4,11 +4,19 @@
 
     <study>/                      the baseline run (seed = [train] seed): metrics.jsonl, checkpoints/, ...
       result.json                 the baseline's held-out losses: its "done" marker
-      variants/<name>/            one run per other variant (noise seeds, left-out sources, mixes), each
-        result.json               with its own result.json; a variant without one is (re)run
+      variants/<name>/            one run per other variant (noise seeds, left-out sources, mixes, curation
+        result.json               variants), each with its own result.json; a variant without one is (re)run
       sources/<source>/           the curated train shards split once per source (own manifest.json)
+      curated/<name>/             a curation variant (drop, settings, order): the job re-curated with its change
+        job/                      its job folder (shards, rejects, manifest.json), phases before the change reused
+        sources/<source>/         its train shards split per source, as sources/ for the baseline
+        curation.json             what was curated (job fingerprint, manifest sha256): its "done" marker
       ablation/                   the study's tables and figures:
-        table.csv, table.md       held-out loss per variant and source, delta_<source> = variant - baseline
+        effects.csv, .md, .json   one row per variant: held-out deltas with the seed noise and a verdict,
+                                  the held-out curve's area and first step at the baseline's final loss,
+                                  the curation side (rows and tokens kept, rejects by reason)
+        curves.png                mean held-out loss over training per variant (runs with eval_every)
+        table.csv, table.md       held-out loss per run and source, delta_<source> = run - baseline
         attribution_vs_ablation.csv / .png   predicted vs measured delta per (variant, source)
         correlation.json          Spearman, sign agreement above the seed noise, noise vs effect sizes
         mixes.json                random_mixes: the regression, its fit quality and the proposed mix
@@ -55,6 +63,19 @@ class StudyLayout:
     def source_dir(self, source: str) -> Path:
         return source_folder(self.sources_root, source)
 
+    def curated_dir(self, variant: str) -> Path:
+        return self.root / "curated" / variant
+
+    def curated_job(self, variant: str) -> Path:
+        """The job folder of a curation variant (the baseline's is the study's job output)."""
+        return self.curated_dir(variant) / "job"
+
+    def curated_sources(self, variant: str) -> Path:
+        return self.curated_dir(variant) / "sources"
+
+    def curation_marker(self, variant: str) -> Path:
+        return self.curated_dir(variant) / "curation.json"
+
     @property
     def sources_root(self) -> Path:
         return self.root / "sources"
@@ -70,6 +91,22 @@ class StudyLayout:
     @property
     def table_md(self) -> Path:
         return self.tables / "table.md"
+
+    @property
+    def effects_csv(self) -> Path:
+        return self.tables / "effects.csv"
+
+    @property
+    def effects_md(self) -> Path:
+        return self.tables / "effects.md"
+
+    @property
+    def effects_json(self) -> Path:
+        return self.tables / "effects.json"
+
+    @property
+    def curves_png(self) -> Path:
+        return self.tables / "curves.png"
 
     @property
     def cells_csv(self) -> Path:
@@ -122,6 +159,8 @@ class Study:
 
     layout: StudyLayout
     table: pl.DataFrame
+    effects: pl.DataFrame | None = None  # one row per variant (effects.csv), when the study wrote it
+    summary: list[str] = field(default_factory=list)  # its sentences, one per variant
     correlation: dict | None = None
     mixes: dict | None = None
     adaptive: dict | None = None
@@ -145,6 +184,9 @@ def load_study(path: str | Path) -> Study | None:
     def optional_json(p: Path) -> dict | None:
         return json.loads(p.read_text()) if p.is_file() else None
 
-    return Study(layout=layout, table=pl.read_csv(layout.table_csv), correlation=optional_json(layout.correlation_json),
+    effects = optional_json(layout.effects_json)
+    return Study(layout=layout, table=pl.read_csv(layout.table_csv),
+                 effects=pl.read_csv(layout.effects_csv) if layout.effects_csv.is_file() else None,
+                 summary=(effects or {}).get("summary", []), correlation=optional_json(layout.correlation_json),
                  mixes=optional_json(layout.mixes_json), adaptive=optional_json(layout.adaptive_json),
                  images=sorted(layout.tables.glob("*.png")))

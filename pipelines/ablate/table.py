@@ -1,4 +1,5 @@
-"""The study's results: the table (CSV, Markdown), the heatmap and the comparison with the attribution."""
+"""The study's results: the effects per variant, the per-run table (CSV, Markdown), the heatmap, the curves and the
+comparison with the attribution."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from pipelines.ablate.compare import Effect, effects
 from pipelines.ablate.correlation import compare_with_attribution
 from pipelines.ablate.layout import StudyLayout, write_atomic
 
@@ -66,17 +68,21 @@ def efficiency(attributions: list) -> dict | None:
 
 
 def write_study(study: Path, results: list[dict], sources: list[str], base: dict[str, float], *,
-                target: str = "mean") -> str:
-    """Write the table (CSV, Markdown), heatmap, attribution comparison and (random mixes) the regression and
-    proposal; returns the Markdown table and its summary lines."""
+                target: str = "mean", curation: dict[str, dict] | None = None) -> str:
+    """Write the effects (one row per variant), the per-run table (CSV, Markdown), heatmap, curves, attribution
+    comparison and (random mixes) the regression and proposal; returns the effects and the per-run table in
+    Markdown with their summary lines. ``curation``: what each curated job kept (``prepare.summary``)."""
     from pipelines.report import plots
 
     layout = StudyLayout(Path(study))
     frame = results_frame(results, sources)
     layout.tables.mkdir(parents=True, exist_ok=True)
+    found = effects(results, sources, curation)
+    summary = write_effects(layout, found, sources)
     frame.write_csv(layout.table_csv)
     markdown = markdown_table(frame)
-    write_atomic(layout.table_md, markdown + "\n")
+    write_atomic(layout.table_md, summary + "\n\n" + markdown + "\n")
+    markdown = summary + "\n\n" + markdown
     heatmap = plots.ablation_heatmap(frame.filter(pl.col("variant") != "baseline"))
     if heatmap:
         layout.heatmap_png.write_bytes(heatmap)
@@ -102,6 +108,69 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
     if any(r["kind"] == "adaptive" for r in results):
         markdown += "\n\n" + write_adaptive(layout, results, list(base), target)
     return markdown
+
+
+def write_effects(layout: StudyLayout, found: list[Effect], sources: list[str]) -> str:
+    """``effects.csv`` / ``.json`` / ``.md`` and ``curves.png``; returns the Markdown (a table, then one sentence each)."""
+    frame = pl.DataFrame([e.row(sources) for e in found], infer_schema_length=None)
+    frame.write_csv(layout.effects_csv)
+    sentences = [e.sentence() for e in found[1:]]
+    write_atomic(layout.effects_json, json.dumps({"sources": sources, "effects": [e.to_json() for e in found],
+                                                  "summary": sentences}, indent=1))
+    curves = curves_plot(found)
+    if curves is not None:
+        layout.curves_png.write_bytes(curves)
+    else:
+        layout.curves_png.unlink(missing_ok=True)
+    markdown = effects_markdown(found, sources) + "\n\n" + "\n".join(f"- {line}" for line in sentences)
+    write_atomic(layout.effects_md, markdown + "\n")
+    return markdown
+
+
+def effects_markdown(found: list[Effect], sources: list[str]) -> str:
+    """One row per variant: the mean held-out delta with its noise and verdict, the curve, the curation, per source."""
+    def measured(m) -> str:
+        return "" if m is None else f"{m.value:+.4f}" + (f" ± {m.noise:.4f}" if m.noise is not None else "")
+
+    curves = any(e.curve is not None for e in found)
+    curated = any(e.curation is not None for e in found)
+    header = ["variant", "change", "seeds", "mean held-out Δ", "verdict"]
+    header += ["curve area Δ", "first step at baseline final"] if curves else []
+    header += ["train rows (Δ)", "train tokens (Δ)"] if curated else []
+    header += [f"Δ {s}" for s in sources]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for i, e in enumerate(found):
+        # the baseline's row: its own mean held-out loss, against which every Δ is measured
+        mean = f"loss {np.mean(list(e.held_out.values())):.4f}" if i == 0 else measured(e.mean)
+        cells = [e.variant, e.describe, str(e.seeds), mean, "" if i == 0 else e.mean.verdict]
+        if curves:
+            c = e.curve
+            cells += ["" if c is None or i == 0 else f"{measured(c.area)} ({c.area.verdict})",
+                      "" if c is None else str(c.first_step if c.first_step is not None else "never")]
+        if curated:
+            c = e.curation
+            cells += ["", ""] if c is None else [f"{c.rows} ({c.rows_change:+.1%})", f"{c.tokens} {c.unit} ({c.tokens_change:+.1%})"]
+        cells += ["" if i == 0 else measured(e.delta.get(s)) for s in sources]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def curves_plot(found: list[Effect]) -> bytes | None:
+    """Mean held-out loss over training: the baseline (its seeds' mean) and each variant with a curve."""
+    drawn = [e for e in found if e.curve is not None]
+    if not drawn:
+        return None
+    from pipelines.report import plots
+
+    fig, ax = plots._subplots(figsize=(8, 4.5))
+    for e in drawn:
+        ax.plot(e.curve.steps, e.curve.loss, label=e.variant, linewidth=2.5 if e.kind == "baseline" else 1.2,
+                color="black" if e.kind == "baseline" else None)
+    if drawn[0].kind == "baseline":  # the final loss every variant's "first step" is measured against
+        ax.axhline(drawn[0].curve.loss[-1], color="gray", linestyle=":", linewidth=1)
+    ax.set(title="mean held-out loss over training (mean over seeds)", xlabel="step", ylabel="nats")
+    ax.legend(fontsize=7)
+    return plots._png(fig)
 
 
 def noise_note(summary: dict) -> str:

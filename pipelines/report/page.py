@@ -251,8 +251,15 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
 
 def study_section(study: Study) -> str:
     frame = study.table
-    parts = ["<h3>Ablation</h3>", _table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
-             _img(plots.ablation_heatmap(frame), "ablation heatmap")]
+    parts = ["<h3>Ablation</h3>"]
+    if study.effects is not None:  # one row per variant, noise and verdict included; then one sentence each
+        effects = study.effects
+        parts += ["<h4>Effect of each variant (against the baseline's seeds)</h4>",
+                  _table(list(effects.columns), [list(r) for r in effects.iter_rows()])]
+        parts += ["<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in study.summary) + "</ul>"]
+        parts.append("<h4>Every run</h4>")
+    parts += [_table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
+              _img(plots.ablation_heatmap(frame), "ablation heatmap")]
     if study.correlation:
         c = study.correlation
         parts.append(f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
