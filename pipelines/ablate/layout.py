@@ -162,6 +162,7 @@ class Study:
     effects: pl.DataFrame | None = None  # one row per variant (effects.csv), when the study wrote it
     summary: list[str] = field(default_factory=list)  # its sentences, one per variant
     correlation: dict | None = None
+    cells: pl.DataFrame | None = None  # the counterfactual's prediction beside each measured cell
     mixes: dict | None = None
     adaptive: dict | None = None
     images: list[Path] = field(default_factory=list)
@@ -188,5 +189,6 @@ def load_study(path: str | Path) -> Study | None:
     return Study(layout=layout, table=pl.read_csv(layout.table_csv),
                  effects=pl.read_csv(layout.effects_csv) if layout.effects_csv.is_file() else None,
                  summary=(effects or {}).get("summary", []), correlation=optional_json(layout.correlation_json),
+                 cells=pl.read_csv(layout.cells_csv) if layout.cells_csv.is_file() else None,
                  mixes=optional_json(layout.mixes_json), adaptive=optional_json(layout.adaptive_json),
                  images=sorted(layout.tables.glob("*.png")))

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.ablate.compare import Effect, effects
-from pipelines.ablate.correlation import compare_with_attribution
+from pipelines.ablate.correlation import compare_with_counterfactual
 from pipelines.ablate.layout import StudyLayout, write_atomic
 
 
@@ -38,18 +38,23 @@ def markdown_table(frame: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def baseline_attributions(layout: StudyLayout, results: list[dict]) -> list:
-    """The attribution of each baseline seed that recorded one (same sources as the first)."""
+def baseline_attributions(layout: StudyLayout, results: list[dict]) -> tuple[list, list]:
+    """The decomposition and the counterfactual of each baseline seed that recorded them (same sources as the first)."""
     from pipelines.report.training import is_run_dir, load_run
 
-    found = []
+    found, counterfactuals = [], []
     for r in results:
         folder = layout.run_dir(r["name"])
         if r["kind"] in ("baseline", "noise") and is_run_dir(folder):
-            attribution = load_run(folder).attribution
-            if attribution is not None and (not found or attribution.sources == found[0].sources):
-                found.append(attribution)
-    return found
+            run = load_run(folder)
+            if run.attribution is not None and (not found or run.attribution.sources == found[0].sources):
+                found.append(run.attribution)
+            cf = run.counterfactual
+            if cf is not None and cf.slope is not None and (not counterfactuals or (
+                    cf.sources, cf.held_out) == (counterfactuals[0]["sources"], counterfactuals[0]["held_out"])):
+                counterfactuals.append({"sources": cf.sources, "held_out": cf.held_out, "slope": cf.slope,
+                                        "slope_se": cf.slope_se, "saturation": cf.saturation})
+    return found, counterfactuals
 
 
 def efficiency(attributions: list) -> dict | None:
@@ -86,28 +91,33 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
     heatmap = plots.ablation_heatmap(frame.filter(pl.col("variant") != "baseline"))
     if heatmap:
         layout.heatmap_png.write_bytes(heatmap)
-    attributions = baseline_attributions(layout, results)
-    if attributions:
-        matrix = np.mean([a.matrix for a in attributions], axis=0)  # seeds averaged: less sampling noise
-        summary = compare_with_attribution(results, attributions[0].sources, matrix, base)
+    attributions, counterfactuals = baseline_attributions(layout, results)
+    if counterfactuals:
+        summary = compare_with_counterfactual(results, counterfactuals, base)
         summary |= {"attribution_runs": len(attributions), "efficiency": efficiency(attributions)}
         cells = summary.pop("cells")
         summary["note"] = noise_note(summary)
         cells.write_csv(layout.cells_csv)
         layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"]))
         write_atomic(layout.correlation_json, json.dumps(summary, indent=1))
-        markdown += (f"\n\nSpearman rank correlation, first-order prediction vs measured delta: {summary['spearman']:.3f} "
-                     f"over {summary['n_cells']} cells; signs agree on {summary['sign_agree']}/{summary['above_noise']} "
-                     f"cells whose |delta| exceeds the seed-to-seed noise")
-        for kind, part in summary["by_kind"].items():
-            markdown += (f"\n  {kind}: Spearman {part['spearman']:.3f} over {part['n_cells']} cells, signs agree on "
-                         f"{part['sign_agree']}/{part['above_noise']} above noise")
-        markdown += "\n" + summary["note"]
+        markdown += "\n\n" + agreement_text(summary)
     if any(r["kind"] == "random_mix" for r in results):
         markdown += "\n\n" + write_mixes(layout, results, base, target)
     if any(r["kind"] == "adaptive" for r in results):
         markdown += "\n\n" + write_adaptive(layout, results, list(base), target)
     return markdown
+
+
+def agreement_text(summary: dict) -> str:
+    """The counterfactual against the study's measurements, in a few lines."""
+    lines = [f"Counterfactual (the baseline's, {summary['counterfactual_runs']} seed(s)) against the measured deltas: "
+             f"signs agree on {summary['sign_agree']}/{summary['above_noise']} cells above the seed noise, sizes within "
+             f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {summary['spearman']:.3f} over "
+             f"all {summary['n_cells']} cells"]
+    for kind, part in summary["by_kind"].items():
+        lines.append(f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
+                     f"{part['above_noise']}, Spearman {part['spearman']:.3f} over {part['n_cells']} cells")
+    return "\n".join([*lines, summary["note"]])
 
 
 def write_effects(layout: StudyLayout, found: list[Effect], sources: list[str]) -> str:

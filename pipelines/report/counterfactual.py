@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+MEAN = "mean"  # the column averaging the held-out sets
+
 
 @dataclass(slots=True)
 class Counterfactual:
@@ -26,6 +28,8 @@ class Counterfactual:
     steps: tuple[int, int] | None = None
     saturation: float | None = None
     horizon: float | None = None
+    slope: np.ndarray | None = None  # (S, B): held-out loss by ln(share), nats
+    slope_se: np.ndarray | None = None
     measured: dict[tuple[str, float], dict[str, tuple[float, float]]] = field(default_factory=dict)
     # (source, factor) -> {held-out set: (measured change, its noise)}, from a study
 
@@ -53,7 +57,16 @@ def parse(record: dict) -> Counterfactual | None:
                           factors=sorted(predicted), predicted=predicted, interval=interval,
                           steps=(int(steps[0]), int(steps[1])) if isinstance(steps, list) and len(steps) == 2
                           and None not in steps else None,
-                          saturation=value.get("saturation"), horizon=value.get("horizon"))
+                          saturation=value.get("saturation"), horizon=value.get("horizon"),
+                          slope=_matrix(value.get("slope"), shape), slope_se=_matrix(value.get("slope_se"), shape))
+
+
+def _matrix(value, shape: tuple[int, int]) -> np.ndarray | None:
+    try:
+        found = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        return None
+    return found if found.shape == shape else None
 
 
 def _verb(factor: float) -> str:
@@ -111,3 +124,21 @@ def text(cf: Counterfactual) -> str:
         lines.append(f"  {'mean over the held-out sets' if held_out == 'mean' else held_out}:")
         lines += [f"    {s}" for s in said]
     return "\n".join(lines)
+
+
+def attach_measured(cf: Counterfactual, cells) -> None:
+    """Put a study's measurements (``attribution_vs_ablation.csv``: one row per variant and held-out set) beside
+    the predictions they test: each variant that scaled one source by one of the record's factors."""
+    for row in cells.iter_rows(named=True):
+        varied, factor = row.get("varied"), row.get("factor")
+        if varied is None or factor is None:
+            continue
+        match = next((f for f in cf.factors if abs(f - factor) < 1e-6), None)
+        if match is None or varied not in cf.sources or row["source"] not in cf.held_out:
+            continue
+        cf.measured.setdefault((varied, match), {})[row["source"]] = (float(row["measured"]), float(row["noise"]))
+    sets = [h for h in cf.held_out if h != MEAN]
+    for found in cf.measured.values():
+        if MEAN in cf.held_out and all(h in found for h in sets):
+            values = np.array([found[h] for h in sets])
+            found[MEAN] = (float(values[:, 0].mean()), float(np.sqrt((values[:, 1] ** 2).sum()) / len(sets)))

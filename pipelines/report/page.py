@@ -283,6 +283,8 @@ def render(job: CurationJob | None, run: TrainingRun | None, study: Study | None
     title = "winnow report: " + " / ".join(x for x in (job and job.name, (run or study) and (run or study).path.name) if x)
     body = []
     counterfactual = run.counterfactual if run is not None else None
+    if counterfactual is not None and study is not None and study.cells is not None:
+        cf_text.attach_measured(counterfactual, study.cells)
     if counterfactual is not None:
         body.append(counterfactual_section(counterfactual, study))
     elif run is not None and run.attribution is None and (run.config.get("attribution") or {}).get("every"):
