@@ -123,12 +123,17 @@ def agreement(cells: pl.DataFrame) -> dict:
             "within_2x": int(within.sum())}
 
 
-NOISE_MARGIN = 2.0  # "well below": the median cell's |delta| is at least twice its noise (so >= 4 standard errors)
+NOISE_MARGIN = 2.0  # "well below": the median variant's effect is at least twice its noise (so >= 4 standard errors)
 
 
 def _effect_to_noise(cells: pl.DataFrame) -> float | None:
-    """Median over cells of |measured delta| / the seed noise of its source (None without a noise estimate)."""
-    noisy = cells.filter(pl.col("noise") > 0)
+    """Median over the variants of |effect| / its seed noise (None without a noise estimate). A variant's effect is
+    the one it is designed to move: the varied source's own held-out loss, or for a mix of several changes its
+    largest one. A study of small changes (shares x 1.5) has most of its cross cells within the noise by nature;
+    they still count in the agreement figures, not here."""
+    noisy = cells.filter(pl.col("noise") > 0).with_columns(ratio=pl.col("measured").abs() / pl.col("noise"))
     if noisy.is_empty():
         return None
-    return float((noisy["measured"].abs() / noisy["noise"]).median())
+    own = noisy.filter(pl.col("varied") == pl.col("source")).group_by("variant").agg(pl.col("ratio").first())
+    rest = noisy.filter(~pl.col("variant").is_in(own["variant"].implode())).group_by("variant").agg(pl.col("ratio").max())
+    return float(pl.concat([own, rest])["ratio"].median())

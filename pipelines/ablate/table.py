@@ -189,10 +189,12 @@ def noise_note(summary: dict) -> str:
     repeats = summary.get("variant_seeds", 1)
     runs = f"{seeds} baseline seeds and {repeats} seed(s) per variant"
     if summary["noise_ok"]:
-        return f"Noise from {runs} is well below the effects (median |delta| / noise = {ratio:.1f})."
+        return (f"Noise from {runs} is well below the effects (the median variant's effect on what it varied is "
+                f"{ratio:.1f}x its noise).")
     why = (f"only {seeds} baseline seed(s) (at least 3 give a noise estimate; [ablate] noise_seeds)"
            if seeds < 3 or ratio is None else
-           f"with {runs}, the median |delta| is only {ratio:.1f}x the noise (2 standard errors of a delta; "
+           f"with {runs}, the median variant's effect on what it varied is only {ratio:.1f}x the noise (2 standard "
+           "errors of a delta; "
            "more seeds: [ablate] variant_seeds, or longer runs: [ablate] steps)")
     return f"Warning: the seed noise is not well below the effects: {why}; read the agreement figures with care."
 
