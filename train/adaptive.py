@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from train.errors import CheckpointError, ConfigError
+from train.hooks import TrainHook
 from train.model import cross_entropy_per_token
 
 METHODS = ("doremi",)
@@ -58,16 +59,22 @@ class MixingConfig:
         return bool(self.adaptive)
 
 
-class AdaptiveMix:
-    """DoReMi-style weights over the training sets, one source each.
+class AdaptiveMix(TrainHook):
+    """DoReMi-style weights over the training sets, one source each: a trainer hook (``train.hooks``).
 
     ``set_sources[i]`` is the source id set ``i`` holds; ``weights`` the starting mix (one per set).
-    Call ``add`` on the micro-batches of a step ``due`` says is an update step, then ``update``
-    once the step is taken (``discard`` when it is skipped); ``update`` returns the new weights.
+    On a step ``due`` says is an update step, ``add`` takes each micro-batch's losses, then ``update``
+    (once the step is applied; ``discard`` when it is skipped) moves the weights and ``data`` (the
+    loader, ``reweight``) draws the next batches by them; ``reduce`` sums over the data-parallel ranks.
+    ``names`` are the run's source names, by id (for ``report``).
     """
 
+    name = "mixing"
+    inputs = True  # a pipeline's last stage scores the micro-batch's tokens
+
     def __init__(self, cfg: MixingConfig, *, reference: torch.nn.Module, set_sources: list[int], weights: list[float],
-                 n_sources: int, device: torch.device) -> None:
+                 n_sources: int, device: torch.device, data=None, names: list[str] | None = None,
+                 reduce=lambda t: t) -> None:
         if len(set(set_sources)) != len(set_sources) or len(weights) != len(set_sources):
             raise ConfigError("train.mixing.adaptive: each training set must hold exactly one source, a different one "
                               f"each (set sources {set_sources}); give [train] shards as one table with per-source "
@@ -82,10 +89,30 @@ class AdaptiveMix:
         self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)  # over the updates: their mean
         self.updates = 0
         self._sums = torch.zeros(2, n_sources, dtype=torch.float64, device=device)  # (excess, tokens) per source id
+        self.data, self.names, self.reduce = data, names or [str(i) for i in range(n_sources)], reduce
+        self._due = False
 
     def due(self, step: int) -> bool:
         """Whether the step after ``step`` updates the weights."""
         return (step + 1) % self.cfg.every == 0
+
+    # ---- the hook --------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self._due = self.due(step)
+
+    def loss(self, batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor,
+             n_tokens: int) -> torch.Tensor:
+        if self._due:  # the plain cross-entropy, comparable with the reference's
+            self.add(plain_BL, batch.tokens, batch.doc_ids, batch.targets, batch.source_ids, batch.loss_mask)
+        return loss_BL
+
+    def end_step(self, applied: bool, clip_coef: float) -> None:
+        if not self._due:
+            return
+        if applied:  # the next batches are drawn by the new weights
+            self.data.reweight(self.update(self.reduce))
+        else:
+            self.discard()
 
     @torch.no_grad()
     def add(self, loss_BL: torch.Tensor, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None,
@@ -115,9 +142,9 @@ class AdaptiveMix:
         """The step was skipped: forget what its batch measured."""
         self._sums.zero_()
 
-    def report(self, names: list[str]) -> dict:
+    def report(self) -> dict:
         """The current weights and their mean over the updates, by source name."""
-        by_name = [names[int(i)] for i in self.set_sources]
+        by_name = [self.names[int(i)] for i in self.set_sources]
         mean = self.weight_sum / self.updates if self.updates else self.weights
         return {"mix_weights": dict(zip(by_name, self.weights.tolist())),
                 "mix_weights_mean": dict(zip(by_name, mean.tolist())),
@@ -127,7 +154,10 @@ class AdaptiveMix:
         return {"weights": self.weights.tolist(), "excess": self.excess.tolist(), "weight_sum": self.weight_sum.tolist(),
                 "updates": self.updates, "set_sources": self.set_sources.tolist()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | None) -> None:
+        if not state:
+            raise CheckpointError("the checkpoint was trained without [train.mixing] adaptive; resume without it, "
+                                  "or start a new run (another output)")
         if state["set_sources"] != self.set_sources.tolist():
             raise CheckpointError(f"the checkpoint's adaptive mix is over sources {state['set_sources']}, this run's over "
                                   f"{self.set_sources.tolist()}; resume with the same [train] shards")
