@@ -35,8 +35,9 @@ from train.checkpoint import CheckpointConfig  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
 from train.data import Batch, LoaderConfig  # noqa: E402
 from train.metrics import MetricsConfig, peak_flops_basis  # noqa: E402
-from train.model import ModelConfig, Transformer  # noqa: E402
-from train.trainer import Trainer  # noqa: E402
+from train.build import build_trainer  # noqa: E402
+from train.model import ModelConfig  # noqa: E402
+from train.parallel import Parallel  # noqa: E402
 
 PRESETS = {  # ModelConfig keys, then (batch, seq)
     "h200": (dict(vocab_size=32768, dim=1024, n_layers=16, n_heads=16, ffn_hidden=1152, n_experts=16, top_k=2), (8, 2048)),
@@ -89,8 +90,7 @@ def measure(*, preset: str, device: str, steps: int, warmup: int, precision: str
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         start = time.perf_counter()
-        with Trainer(cfg, model=Transformer(model_cfg), data=data, sources=["a", "b"], run_dir=run_dir,
-                     device=dev) as trainer:
+        with build_trainer(cfg, data=data, sources=["a", "b"], parallel=Parallel.local(dev)) as trainer:
             total, active = trainer.model.cfg.param_counts()
             for _ in range(warmup):  # fit() starts its throughput clock afresh: these stay out of the record
                 trainer.train_step()

@@ -39,9 +39,9 @@ from train.config import TrainConfig  # noqa: E402
 from train.data import LoaderConfig  # noqa: E402
 from train.errors import ConfigError  # noqa: E402
 from train.metrics import MetricsConfig  # noqa: E402
-from train.model import ModelConfig, Transformer  # noqa: E402
+from train.model import ModelConfig  # noqa: E402
 from train.parallel import Parallel, ParallelConfig, exit_process, shutdown  # noqa: E402
-from train.trainer import Trainer  # noqa: E402
+from train.build import build_trainer  # noqa: E402
 
 # [train.parallel] keys of each layout on 2 processes (the base run is one process, no table)
 LAYOUTS = {
@@ -75,9 +75,7 @@ def _worker(rank: int, world: int, port: int, layout: dict, args: argparse.Names
         torch.manual_seed(0)
         data = RandomBatches(batch=args.batch, seq=args.seq, vocab=512, device=parallel.world.device,
                              rank=parallel.world.dp_rank, world=parallel.world.dp_size)
-        net = Transformer(model)
-        trainer = Trainer(cfg, model=net, data=data,
-                          sources=["a", "b"], run_dir=run_dir, device=parallel.world.device, parallel=parallel)
+        trainer = build_trainer(cfg, data=data, sources=["a", "b"], parallel=parallel)
         for _ in range(args.warmup):
             trainer.train_step()
         trainer.fit()  # restarts the throughput clock: its one record covers the timed steps

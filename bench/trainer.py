@@ -44,7 +44,7 @@ from train.data import Batch, LoaderConfig, RepeatBatch
 from train.metrics import peak_flops_basis
 from train.model import ModelConfig, Transformer, cross_entropy_per_token
 from train.optim import OptimConfig, build_optimizer
-from train.trainer import Trainer
+from train.build import build_trainer
 
 CPU_SHAPE = dict(vocab_size=320, dim=256, n_layers=4, n_heads=4, ffn_hidden=512, n_experts=8, top_k=2)
 GPU_SHAPE = dict(vocab_size=32768, dim=1024, n_layers=16, n_heads=16, ffn_hidden=1024, n_experts=16, top_k=2)
@@ -92,10 +92,8 @@ def trainer_step_fn(shape: dict, seq: int, batch_size: int, run_dir: str):
 
     def step(tokens, targets):
         if "trainer" not in holder:  # built on first use so the loader stand-in holds this batch
-            torch.manual_seed(0)
             batches = RepeatBatch(_two_source_batch(tokens, targets))
-            holder["trainer"] = Trainer(cfg, model=Transformer(model_cfg), data=batches,
-                                        sources=["a", "b"], run_dir=run_dir, device=torch.device("cpu"))
+            holder["trainer"] = build_trainer(cfg, data=batches, sources=["a", "b"])
         holder["trainer"].train_step()
 
     return step

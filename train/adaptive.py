@@ -1,9 +1,11 @@
-"""Adaptive mixing (``[train.mixing]``): the training mix reweighted online during the run.
+"""Adaptive mixing (``[train.mixing]``): the training mix reweighted during the run.
 
-Two methods. ``"doremi"``: by each source's excess loss against a reference run. ``"counterfactual"``:
-along the run's own counterfactual, the predicted change of held-out loss per unit of log-share
-(``train/attribution/counterfactual.py``), toward the sources whose larger share would lower the
-held-out loss most; it needs no reference run, only ``[train.attribution]``.
+Two methods. ``"doremi"``: online, by each source's excess loss against a reference run.
+``"counterfactual"``: from a finished run's counterfactual (``train/attribution/counterfactual.py``,
+its record in the reference's ``metrics.jsonl``): the run starts at the mix its slopes favour for
+the ``target`` held-out loss, every source's share moved by at most ``max_factor``, and then follows
+its own counterfactual (``[train.attribution]`` on), a step of ``step_size`` per nat of slope every
+``every`` steps.
 
 ``"doremi"``:
 
@@ -33,6 +35,7 @@ from typing import Literal
 import torch
 
 from train.errors import CheckpointError, ConfigError
+from train.hooks import TrainHook
 from train.model import cross_entropy_per_token
 
 METHODS = ("doremi", "counterfactual")
@@ -42,16 +45,17 @@ METHODS = ("doremi", "counterfactual")
 class MixingConfig:
     """The ``[train.mixing]`` table: reweight the training sources during the run (off by default)."""
 
-    # "doremi": excess loss against `reference`; "counterfactual": down the run's predicted held-out loss (needs
-    # [train.attribution]); "": the configured weights throughout
+    # "doremi": excess loss against `reference`'s model; "counterfactual": from `reference`'s counterfactual, then the
+    # run's own; "": the configured weights throughout
     adaptive: Literal["", "doremi", "counterfactual"] = ""
-    reference: str | None = None  # doremi: a finished run folder (its newest checkpoint) or one checkpoint folder
+    reference: str | None = None  # a finished run folder (doremi: its newest checkpoint, or one checkpoint folder)
     every: int = 5  # steps between updates (doremi: one more forward of the step's batch; counterfactual: the probe's)
-    # how far one update moves the log-weights: per nat of excess (doremi), per nat of predicted held-out loss per
-    # unit of log-share (counterfactual)
+    # how far one update moves the log-weights: per nat of excess (doremi), per nat of slope (counterfactual; 0: the
+    # reference's mix throughout)
     step_size: float = 1.0
     smoothing: float = 1e-3  # DoReMi's c: the share of the uniform mix kept in the weights (no source starves)
-    target: str = "mean"  # counterfactual: the held-out loss it lowers: "mean" over the held-out sets, or one set's
+    target: str = "mean"  # counterfactual: the held-out loss to lower: "mean" over the held-out sets, or one set's
+    max_factor: float = 2.0  # counterfactual: the start moves each share by at most this factor (the slope's range)
 
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -59,10 +63,12 @@ class MixingConfig:
                 raise ConfigError(f"train.mixing.{key} = {value!r} is invalid; allowed: {allowed}")
 
         check(self.adaptive in ("",) + METHODS, "adaptive", self.adaptive, "'' (off) or " + ", ".join(map(repr, METHODS)))
-        check(self.adaptive != "doremi" or bool(self.reference), "reference", self.reference,
-              "a finished run folder or checkpoint (the model the excess loss is measured against)")
+        check(not self.adaptive or bool(self.reference), "reference", self.reference,
+              "a finished run folder or checkpoint (doremi: the model the excess loss is measured against; "
+              "counterfactual: a run trained with [train.attribution], whose counterfactual sets the start)")
         check(isinstance(self.target, str) and bool(self.target), "target", self.target,
               "'mean' or the name of a held-out set")
+        check(self.max_factor > 1 and math.isfinite(self.max_factor), "max_factor", self.max_factor, "a number > 1")
         check(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an integer >= 1")
         check(self.step_size > 0 and math.isfinite(self.step_size), "step_size", self.step_size, "a number > 0")
         check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "0 <= value < 1")
@@ -72,16 +78,22 @@ class MixingConfig:
         return bool(self.adaptive)
 
 
-class AdaptiveMix:
-    """DoReMi-style weights over the training sets, one source each.
+class AdaptiveMix(TrainHook):
+    """DoReMi-style weights over the training sets, one source each: a trainer hook (``train.hooks``).
 
     ``set_sources[i]`` is the source id set ``i`` holds; ``weights`` the starting mix (one per set).
-    Call ``add`` on the micro-batches of a step ``due`` says is an update step, then ``update``
-    once the step is taken (``discard`` when it is skipped); ``update`` returns the new weights.
+    On a step ``due`` says is an update step, ``add`` takes each micro-batch's losses, then ``update``
+    (once the step is applied; ``discard`` when it is skipped) moves the weights and ``data`` (the
+    loader, ``reweight``) draws the next batches by them; ``reduce`` sums over the data-parallel ranks.
+    ``names`` are the run's source names, by id (for ``report``).
     """
 
+    name = "mixing"
+    inputs = True  # a pipeline's last stage scores the micro-batch's tokens
+
     def __init__(self, cfg: MixingConfig, *, reference: torch.nn.Module, set_sources: list[int], weights: list[float],
-                 n_sources: int, device: torch.device) -> None:
+                 n_sources: int, device: torch.device, data=None, names: list[str] | None = None,
+                 reduce=lambda t: t) -> None:
         if len(set(set_sources)) != len(set_sources) or len(weights) != len(set_sources):
             raise ConfigError("train.mixing.adaptive: each training set must hold exactly one source, a different one "
                               f"each (set sources {set_sources}); give [train] shards as one table with per-source "
@@ -96,10 +108,30 @@ class AdaptiveMix:
         self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)  # over the updates: their mean
         self.updates = 0
         self._sums = torch.zeros(2, n_sources, dtype=torch.float64, device=device)  # (excess, tokens) per source id
+        self.data, self.names, self.reduce = data, names or [str(i) for i in range(n_sources)], reduce
+        self._due = False
 
     def due(self, step: int) -> bool:
         """Whether the step after ``step`` updates the weights."""
         return (step + 1) % self.cfg.every == 0
+
+    # ---- the hook --------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self._due = self.due(step)
+
+    def loss(self, batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor,
+             n_tokens: int) -> torch.Tensor:
+        if self._due:  # the plain cross-entropy, comparable with the reference's
+            self.add(plain_BL, batch.tokens, batch.doc_ids, batch.targets, batch.source_ids, batch.loss_mask)
+        return loss_BL
+
+    def end_step(self, applied: bool, clip_coef: float) -> None:
+        if not self._due:
+            return
+        if applied:  # the next batches are drawn by the new weights
+            self.data.reweight(self.update(self.reduce))
+        else:
+            self.discard()
 
     @torch.no_grad()
     def add(self, loss_BL: torch.Tensor, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None,
@@ -129,9 +161,9 @@ class AdaptiveMix:
         """The step was skipped: forget what its batch measured."""
         self._sums.zero_()
 
-    def report(self, names: list[str]) -> dict:
+    def report(self) -> dict:
         """The current weights and their mean over the updates, by source name."""
-        by_name = [names[int(i)] for i in self.set_sources]
+        by_name = [self.names[int(i)] for i in self.set_sources]
         mean = self.weight_sum / self.updates if self.updates else self.weights
         return {"mix_weights": dict(zip(by_name, self.weights.tolist())),
                 "mix_weights_mean": dict(zip(by_name, mean.tolist())),
@@ -141,7 +173,10 @@ class AdaptiveMix:
         return {"weights": self.weights.tolist(), "excess": self.excess.tolist(), "weight_sum": self.weight_sum.tolist(),
                 "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "doremi"}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | None) -> None:
+        if not state:
+            raise CheckpointError("the checkpoint was trained without [train.mixing] adaptive; resume without it, "
+                                  "or start a new run (another output)")
         if state.get("method", "doremi") != "doremi":
             raise CheckpointError(f"the checkpoint's adaptive mix is {state['method']!r}, this run's 'doremi'; resume "
                                   "with the same [train.mixing]")
@@ -154,72 +189,89 @@ class AdaptiveMix:
         self.updates = int(state["updates"])
 
 
-class CounterfactualMix:
-    """Weights over the training sets, one source each, moved down the run's own counterfactual.
+def proposal(slope_SB, held_out: list[str], sources: list[str], weights: dict[str, float], *, target: str,
+             max_factor: float) -> dict[str, float]:
+    """The mix a run's counterfactual favours for ``target``: each source's log-share moved against its slope
+    (the slopes sum to about 0, so only their differences count), the largest move ``ln max_factor``, within the
+    range of factors the first-order prediction is checked over; sources without a weight keep none."""
+    column = [h for h in held_out if h != "mean"]
+    slope = torch.as_tensor(slope_SB, dtype=torch.float64)
+    g = slope[:, [held_out.index(h) for h in column]].mean(1) if target == "mean" else slope[:, held_out.index(target)]
+    names = [s for s in sources if weights.get(s, 0) > 0]
+    g = g[[sources.index(s) for s in names]]
+    centred = g - g.mean()
+    top = float(centred.abs().max())
+    step = -centred / top * math.log(max_factor) if top > 0 else torch.zeros_like(centred)
+    w = torch.tensor([weights[s] for s in names], dtype=torch.float64) * step.exp()
+    return dict(zip(names, (w / w.sum()).tolist()))
 
-    Every ``every`` steps (once attribution has started) the attribution component reads each source's slope
-    (the derivative of every held-out loss by the source's log-share, ``SourceAttribution.slope``: one pass of
-    its probe, summed over the ranks, so every rank takes the same step) and the log-weights take a step down
-    the target's slope, ``alpha <- softmax(log alpha - step_size · slope)``, mixed with ``smoothing`` of the
-    uniform mix; the loader draws the next sequences by them. The same interface as ``AdaptiveMix``.
+
+class CounterfactualMix(TrainHook):
+    """Weights over the training sets, one source each, from the counterfactual: a trainer hook (``train.hooks``).
+
+    ``weights`` is the start (``proposal`` of the reference run's counterfactual). Every ``every`` steps once
+    attribution has started (``attach``: the run's ``SourceAttribution``), the slope of the target at the
+    current parameters (its probe, summed over the ranks: the same on every rank) moves the log-weights,
+    ``alpha <- softmax(log alpha - step_size · slope)``, mixed with ``smoothing`` of the uniform mix, and the
+    loader draws the next sequences by them.
     """
 
-    reference = None  # nothing to score the batch with: the probe is the attribution's
+    name = "mixing"
 
-    def __init__(self, cfg: MixingConfig, *, set_sources: list[int], weights: list[float], names: list[str]) -> None:
+    def __init__(self, cfg: MixingConfig, *, set_sources: list[int], weights: list[float], data=None,
+                 names: list[str] | None = None) -> None:
         if len(set(set_sources)) != len(set_sources) or len(weights) != len(set_sources):
             raise ConfigError("train.mixing.adaptive = 'counterfactual': each training set must hold exactly one "
                               f"source, a different one each (set sources {set_sources})")
-        self.cfg, self.names = cfg, list(names)
+        self.cfg, self.data = cfg, data
+        self.names = names or [str(i) for i in range(max(set_sources) + 1)]
         self.set_sources = torch.tensor(set_sources, dtype=torch.long)
         w = torch.tensor(weights, dtype=torch.float64)
         self.weights = w / w.sum()
         self.slope = torch.zeros(len(set_sources), dtype=torch.float64)  # the target's slope per set, last read
         self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)
         self.updates = 0
-        self.attribution = None  # the trainer's SourceAttribution (``attach``)
+        self.attribution = None
+        self._due = False
 
     def attach(self, attribution) -> None:
-        """The attribution component whose counterfactual the weights follow (the trainer's)."""
-        if attribution is None:
-            raise ConfigError("train.mixing.adaptive = 'counterfactual' follows the run's counterfactual: turn on "
-                              "[train.attribution] (every = 10, say), with held-out data")
-        held_out = attribution.sources
-        if self.cfg.target != "mean" and self.cfg.target not in held_out:
+        """The attribution component whose counterfactual the weights follow (the run's own)."""
+        if attribution is None and self.cfg.step_size > 0:
+            raise ConfigError("train.mixing.adaptive = 'counterfactual' with step_size > 0 follows the run's own "
+                              "counterfactual: turn on [train.attribution] (every = 10, say), or set step_size = 0 "
+                              "to train at the reference's mix throughout")
+        if attribution is not None and self.cfg.target != "mean" and self.cfg.target not in attribution.sources:
             raise ConfigError(f"train.mixing.target = {self.cfg.target!r} is invalid; allowed: 'mean' or a held-out "
-                              f"set of this run ({sorted(held_out)})")
+                              f"set of this run ({sorted(attribution.sources)})")
         self.attribution = attribution
 
-    def due(self, step: int) -> bool:
-        return (step + 1) % self.cfg.every == 0 and self.attribution is not None and self.attribution.started(step)
+    def begin_step(self, step: int) -> None:
+        self._due = (self.cfg.step_size > 0 and self.attribution is not None and (step + 1) % self.cfg.every == 0
+                     and self.attribution.started(step))
 
-    def add(self, *args) -> None:
-        """Nothing to score per micro-batch: the update reads the probe."""
+    def end_step(self, applied: bool, clip_coef: float) -> None:
+        if self._due and applied:  # the next batches are drawn by the new weights
+            self.data.reweight(self.update())
 
-    def update(self, reduce=lambda t: t) -> list[float]:
-        """The step was taken: read the slope and move the weights; returns them."""
+    def update(self) -> list[float]:
+        """Read the slope at the current parameters and move the weights; returns them."""
         slope_SB, held_out = self.attribution.slope()
-        if slope_SB is None:  # no attributed step yet
-            return self.weights.tolist()
-        if self.cfg.target == "mean":
+        target = None
+        if slope_SB is not None and self.cfg.target == "mean":
             target = slope_SB.mean(1)
-        else:
-            target = slope_SB[:, held_out.index(self.cfg.target)] if self.cfg.target in held_out else None
-        if target is None:  # the target set has no probe rows: nothing to follow
+        elif slope_SB is not None and self.cfg.target in held_out:
+            target = slope_SB[:, held_out.index(self.cfg.target)]
+        if target is None:  # no split step yet, or no probe rows of the target: nothing to follow
             return self.weights.tolist()
         self.slope = torch.as_tensor(target, dtype=torch.float64)[self.set_sources]
-        logits = self.weights.log() - self.cfg.step_size * self.slope
-        alpha = torch.softmax(logits, dim=0)
+        alpha = torch.softmax(self.weights.log() - self.cfg.step_size * self.slope, dim=0)
         self.weights = (1 - self.cfg.smoothing) * alpha + self.cfg.smoothing / len(alpha)
         self.weight_sum += self.weights
         self.updates += 1
         return self.weights.tolist()
 
-    def discard(self) -> None:
-        """The step was skipped: the next due step reads the slope again."""
-
-    def report(self, names: list[str]) -> dict:
-        by_name = [names[int(i)] for i in self.set_sources]
+    def report(self) -> dict:
+        by_name = [self.names[int(i)] for i in self.set_sources]
         mean = self.weight_sum / self.updates if self.updates else self.weights
         return {"mix_weights": dict(zip(by_name, self.weights.tolist())),
                 "mix_weights_mean": dict(zip(by_name, mean.tolist())),
@@ -229,10 +281,9 @@ class CounterfactualMix:
         return {"weights": self.weights.tolist(), "slope": self.slope.tolist(), "weight_sum": self.weight_sum.tolist(),
                 "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "counterfactual"}
 
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("method") != "counterfactual" or state["set_sources"] != self.set_sources.tolist():
-            raise CheckpointError(f"the checkpoint's adaptive mix ({state.get('method', 'doremi')}, sources "
-                                  f"{state['set_sources']}) is not this run's (counterfactual, sources "
+    def load_state_dict(self, state: dict | None) -> None:
+        if not state or state.get("method") != "counterfactual" or state["set_sources"] != self.set_sources.tolist():
+            raise CheckpointError("the checkpoint's adaptive mix is not this run's (counterfactual, sources "
                                   f"{self.set_sources.tolist()}); resume with the same [train.mixing] and shards")
         self.weights = torch.tensor(state["weights"], dtype=torch.float64)
         self.slope = torch.tensor(state["slope"], dtype=torch.float64)

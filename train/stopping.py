@@ -1,7 +1,7 @@
 """When to stop training early: patience on held-out loss, or a per-source loss threshold (``[train.stop]``).
 
-Fed one evaluation record at a time (``{"step", "eval": {"loss", "per_source"}}``, what
-``Trainer.evaluate`` writes). The watched value is the total held-out loss, or the mean over
+A trainer hook (``train.hooks``), fed one evaluation record at a time (``{"step", "eval": {"loss",
+"per_source"}}``, what ``Trainer.evaluate`` writes). The watched value is the total held-out loss, or the mean over
 ``sources`` when named; a run stops after ``patience`` evaluations in a row without an
 improvement of at least ``min_delta`` over the best so far, or as soon as a source named in
 ``thresholds`` is at or below its threshold. The reason is a sentence the trainer logs and
@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from train.errors import ConfigError
+from train.hooks import TrainHook
 
 
 @dataclass(kw_only=True, slots=True)
@@ -39,8 +40,10 @@ class StopConfig:
         return bool(self.patience or self.thresholds)
 
 
-class EarlyStopping:
+class EarlyStopping(TrainHook):
     """Decides after each evaluation whether the run should stop; ``reason`` says why once it has."""
+
+    name = "stopping"
 
     def __init__(self, cfg: StopConfig) -> None:
         self.cfg = cfg
@@ -56,6 +59,10 @@ class EarlyStopping:
         if missing:
             raise ConfigError(f"train.stop.sources: no held-out loss for {missing} (held-out sources: {sorted(per_source)})")
         return sum(per_source[s] for s in self.cfg.sources) / len(self.cfg.sources)
+
+    def after_eval(self, record: dict) -> str | None:
+        """Take one evaluation record; returns the reason to stop, or None to go on."""
+        return self.update(record) if self.cfg.active else None
 
     def update(self, record: dict) -> str | None:
         """Take one evaluation record; returns the reason to stop, or None to go on."""
@@ -83,9 +90,14 @@ class EarlyStopping:
                            f"(best {self.best:.4f} at step {self.best_step}, now {now} at step {step})")
         return self.reason
 
+    def report(self) -> dict:
+        return {"stopped": self.reason} if self.reason else {}
+
     def state_dict(self) -> dict:
         return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals, "reason": self.reason}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is None:
+            return
         self.best, self.best_step = state["best"], state["best_step"]
         self.bad_evals, self.reason = state["bad_evals"], state["reason"]

@@ -71,7 +71,7 @@ def _batch(sources: list[int]):
 def test_the_source_with_more_excess_loss_gains_weight_and_an_absent_one_keeps_its_last_excess():
     cfg = MixingConfig(adaptive="doremi", reference="unused", every=1, step_size=1.0, smoothing=0.0)
     mix = AdaptiveMix(cfg, reference=_Reference([1.0, 1.0, 1.0]), set_sources=[0, 1, 2], weights=[1, 1, 1],
-                      n_sources=3, device=torch.device("cpu"))
+                      n_sources=3, device=torch.device("cpu"), names=["a", "b", "c"])
     tokens, doc_ids, source_ids, mask = _batch([0, 0, 1, 1, 2, 2])
     model_loss = torch.tensor([[3.0, 3.0, 1.5, 1.5, 0.5, 0.5]])  # excess 2, 0.5, and 0 (clipped: below the reference)
     mix.add(model_loss, tokens, doc_ids, torch.zeros_like(tokens), source_ids, mask)
@@ -83,7 +83,7 @@ def test_the_source_with_more_excess_loss_gains_weight_and_an_absent_one_keeps_i
     second = mix.update()
     assert mix.excess.tolist() == pytest.approx([2.0, 0.0, 0.0], abs=1e-5)
     assert second[0] > weights[0]
-    report = mix.report(["a", "b", "c"])
+    report = mix.report()
     assert report["mix_weights_mean"]["a"] == pytest.approx((weights[0] + second[0]) / 2)
     floor = MixingConfig(adaptive="doremi", reference="unused", every=1, step_size=50.0, smoothing=0.3)
     starved = AdaptiveMix(floor, reference=_Reference([1.0] * 3), set_sources=[0, 1, 2], weights=[1, 1, 1],
@@ -111,8 +111,8 @@ def test_a_run_moves_its_mix_logs_it_and_resumes_to_the_same_weights_and_losses(
     with build_trainer(_adaptive(tmp_path, job, reference, steps=8)) as trainer:
         start = list(trainer.data.mix_weights)
         straight = [trainer.train_step().loss for _ in range(8)]
-        weights = trainer.mixer.report(trainer.sources)
-        assert trainer.data.mix_weights != start and trainer.mixer.updates == 4
+        weights = trainer.hook("mixing").report()
+        assert trainer.data.mix_weights != start and trainer.hook("mixing").updates == 4
         assert trainer.data.mix_weights == pytest.approx([weights["mix_weights"][s] for s in ("prose", "legal", "code")])
 
     cfg = _adaptive(tmp_path, job, reference, steps=4, name="resumed")  # fit() leaves a checkpoint at its end
@@ -128,7 +128,7 @@ def test_a_run_moves_its_mix_logs_it_and_resumes_to_the_same_weights_and_losses(
     with build_trainer(dataclasses.replace(cfg, steps=8)) as trainer:
         assert trainer.resume()
         resumed = [trainer.train_step().loss for _ in range(4)]
-        assert trainer.mixer.report(trainer.sources) == weights
+        assert trainer.hook("mixing").report() == weights
     assert resumed == pytest.approx(straight[4:], rel=1e-5)
 
 
@@ -223,7 +223,7 @@ def test_excess_compares_plain_cross_entropy_when_the_run_smooths_its_labels(tmp
     reference = _reference_run(tmp_path, job)
     with build_trainer(_adaptive(tmp_path, job, reference, steps=2, label_smoothing=0.2)) as trainer:
         trainer.train_step()  # every = 2: the second step is scored
-        trainer.mixer.reference.load_state_dict(trainer.model.state_dict())
+        trainer.hook("mixing").reference.load_state_dict(trainer.model.state_dict())
         trainer.train_step()
-        excess = trainer.mixer.report(trainer.sources)["excess_loss"]
-    assert trainer.mixer.updates == 1 and max(excess.values()) < 1e-6
+        excess = trainer.hook("mixing").report()["excess_loss"]
+    assert trainer.hook("mixing").updates == 1 and max(excess.values()) < 1e-6

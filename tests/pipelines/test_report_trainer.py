@@ -13,8 +13,8 @@ from train.alerts import AlertConfig  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
 from train.data import Batch, LoaderConfig  # noqa: E402
 from train.metrics import MetricsConfig  # noqa: E402
-from train.model import ModelConfig, Transformer  # noqa: E402
-from train.trainer import Trainer  # noqa: E402
+from train.model import ModelConfig  # noqa: E402
+from train.build import build_trainer  # noqa: E402
 
 SOURCES = ["prose", "code"]
 
@@ -49,9 +49,7 @@ def test_report_reads_a_real_trainer_run(tmp_path):
     cfg = TrainConfig(output=str(tmp_path / "run"), model=model, steps=6, eval_every=3, eval_batches=2,
                       data=LoaderConfig(batch_size=4, seq_len=16, num_workers=0),
                       metrics=MetricsConfig(log_every=2), alerts=AlertConfig(spike_min_history=5, spike_window=10))
-    torch.manual_seed(0)
-    trainer = Trainer(cfg, model=Transformer(model), data=Counting(), sources=SOURCES, run_dir=cfg.output,
-                      device=torch.device("cpu"), val_data=lambda: Counting(seed=1))
+    trainer = build_trainer(cfg, data=Counting(), sources=SOURCES, val_data=lambda: Counting(seed=1))
     trainer.fit()
     # what pipelines/train.py writes beside the metrics
     (tmp_path / "run" / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), default=str))

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from tests.train.test_trainer_loop import SOURCES, SyntheticBatches, tiny_config
 from train.model import Transformer
 from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
+from train.build import build_trainer
 from train.trainer import Trainer
 
 
@@ -60,13 +61,10 @@ def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, mod
     if cfg.distill is not None:  # a fixed random teacher of the student's shape, the same on every rank
         torch.manual_seed(cfg.seed + 1)
         teacher = Transformer(cfg.model)
-    torch.manual_seed(cfg.seed)
     data = RankBatches(rank=parallel.world.dp_rank, world=parallel.world.dp_size, lengths=lengths)
-    model = Transformer(cfg.model)
     held_out = SyntheticBatches(seed=7)  # the same held-out batches on every rank
     val_data = (lambda: (held_out.make(i) for i in range(val_batches))) if val_batches else None
-    return Trainer(cfg, model=model, data=data, sources=SOURCES, run_dir=run_dir,
-                   device=torch.device("cpu"), parallel=parallel, val_data=val_data, teacher=teacher)
+    return build_trainer(cfg, data=data, sources=SOURCES, parallel=parallel, val_data=val_data, teacher=teacher)
 
 
 def fit(trainer: Trainer) -> dict:
@@ -189,7 +187,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         else:
             result = fit(trainer)
             result["layouts"] = layouts(trainer.model)
-            result["holds_teacher"] = trainer.teacher is not None
+            result["holds_teacher"] = trainer.hook("distill") is not None and trainer.hook("distill").teacher is not None
             if job.get("full_state"):  # the one-process state, gathered from every rank (a collective)
                 result["full_state"] = full_state(trainer)
             result["optim_dtypes"] = sorted({str(v.dtype) for state in trainer.optimizer.state.values()

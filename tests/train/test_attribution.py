@@ -13,7 +13,8 @@ from train.checkpoint import CheckpointConfig
 from train.config import TrainConfig
 from train.data import Batch, LoaderConfig, RepeatBatch
 from train.errors import CheckpointError, ConfigError
-from train.model import ModelConfig, Transformer
+from train.build import build_trainer
+from train.model import ModelConfig
 from train.optim import OptimConfig
 from train.trainer import Trainer
 
@@ -60,12 +61,16 @@ _MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=16
 
 def _trainer(folder, train: Batch, heldout: list[Batch], *, steps: int, seed: int = 0, model=_MODEL,
              optim: OptimConfig | None = None, grad_accum: int = 1, parallel=None, **attribution) -> Trainer:
-    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=model, grad_accum=grad_accum,
+    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=model, grad_accum=grad_accum, seed=seed,
                       data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0), optim=optim or OptimConfig(),
                       checkpoint=CheckpointConfig(every=0), attribution=AttributionConfig(**attribution))
-    torch.manual_seed(seed)
-    return Trainer(cfg, model=Transformer(model), data=RepeatBatch(train), sources=SOURCES, run_dir=folder,
-                   device=torch.device("cpu"), val_data=lambda: list(heldout), parallel=parallel)
+    return build_trainer(cfg, data=RepeatBatch(train), sources=SOURCES, val_data=lambda: list(heldout),
+                         parallel=parallel)
+
+
+def _attribution(trainer: Trainer):
+    """The run's estimator (``train.attribution.SourceAttribution``)."""
+    return trainer.hook("attribution").attribution
 
 
 def _records(folder) -> list[dict]:
@@ -97,7 +102,7 @@ def test_split_sums_to_the_real_adamw_update_with_clipping_and_decay(tmp_path):
     model = dataclasses.replace(_MODEL, load_balance="none", z_loss_coef=0.0)
     trainer = _trainer(tmp_path, train, heldout, steps=6, model=model, every=100,
                        optim=OptimConfig(grad_clip=0.05, weight_decay=0.1, warmup_steps=2))
-    attr = trainer.attribution
+    attr = _attribution(trainer)
     theta0 = None
     for _ in range(6):
         trainer.train_step()
@@ -138,10 +143,9 @@ def test_rows_of_no_source_go_to_the_router_row_and_the_parts_still_add_up(tmp_p
                       data=LoaderConfig(batch_size=8, seq_len=L, num_workers=0),
                       optim=OptimConfig(weight_decay=0.1), checkpoint=CheckpointConfig(every=0),
                       attribution=AttributionConfig(every=100))
-    torch.manual_seed(0)
-    trainer = Trainer(cfg, model=Transformer(model), data=_Alternate(train, train, unsourced), sources=SOURCES,
-                      run_dir=tmp_path, device=torch.device("cpu"), val_data=lambda: list(heldout))
-    attr = trainer.attribution
+    trainer = build_trainer(cfg, data=_Alternate(train, train, unsourced), sources=SOURCES,
+                            val_data=lambda: list(heldout))
+    attr = _attribution(trainer)
     for _ in range(8):
         trainer.train_step()
     assert any(attr.split._captured), "steps without rows of no source skip the router part"
@@ -230,7 +234,7 @@ def test_token_split_is_each_sources_loss_gradient_when_attention_stays_in_docum
         trainer = _trainer(tmp_path / split, train, heldout, steps=3, model=model, every=100, split=split)
         for _ in range(3):
             trainer.train_step()
-        splits[split] = trainer.attribution.split
+        splits[split] = _attribution(trainer).split
     for a, b in zip(splits["losses"].m_S, splits["tokens"].m_S):  # the moments: linear in the gradients
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()) + 1e-12)
     assert grouped and all(grouped)
@@ -244,7 +248,7 @@ def test_tied_embeddings_split_adds_up(tmp_path):
                        every=3)
     for _ in range(3):
         trainer.train_step()
-    record = trainer.attribute()["attribution"]
+    record = trainer.after_step()[0]["attribution"]
     scale = np.abs(record["measured"]).max()
     for part in ("router", "rounding"):
         assert np.abs(record["unattributed_parts"][part]).max() < 1e-5 * scale, part
@@ -265,7 +269,7 @@ def test_start_leaves_steps_out_and_their_momentum_is_its_own_row(tmp_path):
     trainer.fit()
     records = _records(tmp_path)
     assert [r["interval"]["steps"] for r in records] == [[3, 5], [6, 8], [9, 9]]  # the last, shorter stretch too
-    assert records[-1]["steps_covered"] == 7 == trainer.attribution.steps_covered
+    assert records[-1]["steps_covered"] == 7 == _attribution(trainer).steps_covered
     assert np.all(np.abs(records[-1]["unattributed_parts"]["momentum_before"]) > 0)
     run = load_run(tmp_path)
     assert run.attribution.sources == SOURCES and run.attribution.step == 9
@@ -292,8 +296,7 @@ def test_run_resumed_mid_stretch_gives_the_same_record(tmp_path):
     cut = _trainer(tmp_path / "cut", train, heldout, steps=6, every=2)
     for _ in range(3):  # killed after a checkpoint at step 3, inside the stretch of steps 3-4
         cut.train_step()
-        if cut.attribution.due(cut.step):
-            cut.attribute()
+        cut.after_step()
     cut.save_checkpoint()
     _trainer(tmp_path / "cut", train, heldout, steps=6, every=2).fit()
     whole, resumed = _records(tmp_path / "whole"), _records(tmp_path / "cut")
@@ -306,12 +309,12 @@ def test_state_dict_round_trip_and_source_mismatch(tmp_path):
     heldout, train = _setting(4)
     trainer = _trainer(tmp_path, train, heldout, steps=3, every=2)
     trainer.fit()
-    state = trainer.attribution.state_dict()
-    fresh = _trainer(tmp_path / "fresh", train, heldout, steps=3, every=2).attribution
+    state = _attribution(trainer).state_dict()
+    fresh = _attribution(_trainer(tmp_path / "fresh", train, heldout, steps=3, every=2))
     fresh.load_state_dict(state)
-    assert fresh.open_at == trainer.attribution.open_at and fresh.steps_covered == 3
-    np.testing.assert_array_equal(fresh.total["matrix"], trainer.attribution.total["matrix"])
-    for a, b in zip(fresh.split.m_S, trainer.attribution.split.m_S):
+    assert fresh.open_at == _attribution(trainer).open_at and fresh.steps_covered == 3
+    np.testing.assert_array_equal(fresh.total["matrix"], _attribution(trainer).total["matrix"])
+    for a, b in zip(fresh.split.m_S, _attribution(trainer).split.m_S):
         torch.testing.assert_close(a, b)
     state["sources"] = ["a", "b", "c"]
     with pytest.raises(CheckpointError, match="sources"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.train import load_teacher
+from train.build import load_teacher
 from train.checkpoint import META_FILE, STATE_FILE, CheckpointConfig, CheckpointManager
 from train.errors import CheckpointError, ConfigError
 from train.init import load_init

@@ -113,8 +113,8 @@ from train.attribution import AttributionConfig  # noqa: E402
 from train.checkpoint import CheckpointConfig  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
 from train.data import Batch, LoaderConfig  # noqa: E402
-from train.model import ModelConfig, Transformer  # noqa: E402
-from train.trainer import Trainer  # noqa: E402
+from train.build import build_trainer  # noqa: E402
+from train.model import ModelConfig  # noqa: E402
 
 L, V = 32, 40
 MODEL = ModelConfig(vocab_size=V, dim=32, n_layers=1, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2, max_seq_len=64)
@@ -165,13 +165,11 @@ def _run(folder, counts: dict[str, int], names: list[str], *, seed: int, steps: 
     draws of its kind in every run. Returns the trainer after fit() and its final held-out loss per source."""
     held = torch.Generator().manual_seed(7)
     heldout = [_batch(_rows(n.split("_")[0], 8, held), [s] * 8) for s, n in enumerate(names)]
-    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=MODEL,
+    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=MODEL, seed=seed,
                       data=LoaderConfig(batch_size=sum(counts.values()), seq_len=L, num_workers=0),
                       checkpoint=CheckpointConfig(every=0),
                       attribution=AttributionConfig(every=10, start=5, counterfactual_rows=8))
-    torch.manual_seed(seed)
-    trainer = Trainer(cfg, model=Transformer(MODEL), data=_Fresh(names, counts, seed), sources=names,
-                      run_dir=folder, device=torch.device("cpu"), val_data=lambda: list(heldout))
+    trainer = build_trainer(cfg, data=_Fresh(names, counts, seed), sources=names, val_data=lambda: list(heldout))
     summary = trainer.fit()
     return trainer, summary["eval"]["eval"]["per_source"]
 

@@ -16,6 +16,7 @@ from train.parallel.config import MeshDims
 from train.parallel.expert_parallel import apply_expert_parallel, sharded_expert_names
 from train.parallel.mesh import World
 from train.parallel.tensor_parallel import apply_tensor_parallel, check_divides
+from train.build import build_trainer
 from train.trainer import Trainer
 
 MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=8, n_experts=4, top_k=1, max_seq_len=16)
@@ -34,12 +35,10 @@ def _batch() -> Batch:
                  loss_mask=torch.ones(2, 8, dtype=torch.bool), doc_ids=torch.zeros(2, 8, dtype=torch.int32))
 
 
-def _trainer(tmp_path, sources, *, checkpointing=False, model=None, data=None) -> Trainer:
+def _trainer(tmp_path, sources, *, checkpointing=False, data=None) -> Trainer:
     cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0, activation_checkpointing=checkpointing,
                       data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0))
-    model = model or Transformer(MODEL)
-    return Trainer(cfg, model=model, data=data or ClosingBatches(_batch()), sources=sources, run_dir=tmp_path,
-                   device=torch.device("cpu"))
+    return build_trainer(cfg, data=data or ClosingBatches(_batch()), sources=sources)
 
 
 def test_trainer_as_context_manager_closes_its_loader(tmp_path):
@@ -114,8 +113,7 @@ def test_lamb_is_refused_under_tensor_parallelism(tmp_path):
                       data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0))
     parallel = Parallel(ParallelConfig(tp=2), _tp_world())
     with pytest.raises(ConfigError, match=r"train.optim.name = 'lamb' with train.parallel.tp > 1"):
-        Trainer(cfg, model=Transformer(MODEL), data=ClosingBatches(_batch()), sources=["a"],
-                run_dir=tmp_path, device=torch.device("cpu"), parallel=parallel)
+        build_trainer(cfg, data=ClosingBatches(_batch()), sources=["a"], parallel=parallel)
 
 
 def test_attribution_counts_each_tensor_parallel_piece_once_and_refuses_lamb_there():
@@ -153,6 +151,5 @@ def test_adaptive_mixing_in_the_config_needs_the_mixer_built_for_it(tmp_path):
     cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0,
                       data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0),
                       mixing=MixingConfig(adaptive="doremi", reference="some/run"))
-    with pytest.raises(ConfigError, match=r"train.mixing.adaptive = 'doremi' but the trainer was given no adaptive mix"):
-        Trainer(cfg, model=Transformer(MODEL), data=ClosingBatches(_batch()), sources=["a"], run_dir=tmp_path,
-                device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"train.mixing.adaptive = 'doremi' but no adaptive mix was given"):
+        build_trainer(cfg, data=ClosingBatches(_batch()), sources=["a"])

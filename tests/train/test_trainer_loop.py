@@ -10,7 +10,8 @@ from train.alerts import AlertConfig
 from train.checkpoint import CheckpointConfig
 from train.config import DistillConfig, TrainConfig
 from train.data import Batch, LoaderConfig
-from train.model import ModelConfig, Transformer, cross_entropy_per_token
+from train.build import build_trainer
+from train.model import ModelConfig, cross_entropy_per_token
 from train.metrics import MetricsConfig
 from train.optim import OptimConfig
 from train.trainer import Trainer
@@ -71,10 +72,7 @@ def tiny_config(tmp_path, **kw) -> TrainConfig:
 
 
 def make_trainer(cfg: TrainConfig, data=None, **kw) -> Trainer:
-    torch.manual_seed(cfg.seed)
-    model = Transformer(cfg.model)
-    return Trainer(cfg, model=model, data=data or SyntheticBatches(), sources=SOURCES, run_dir=cfg.output,
-                   device=torch.device("cpu"), **kw)
+    return build_trainer(cfg, data=data or SyntheticBatches(), sources=SOURCES, **kw)
 
 
 def run_losses(trainer: Trainer, steps: int) -> list[float]:
@@ -149,7 +147,7 @@ def test_injected_nan_is_skipped_and_alerted(tmp_path):
             before = [p.detach().clone() for p in trainer.model.parameters()]
         results.append(trainer.train_step())
     assert [r.skipped for r in results] == [None, None, "nonfinite", None]
-    assert trainer.skipped["nonfinite"] == 1
+    assert trainer.hook("stability").skipped["nonfinite"] == 1
     alert = json.loads((tmp_path / "alerts.jsonl").read_text().splitlines()[0])
     assert alert["kind"] == "nan" and alert["step"] == 3 and set(alert["sources"]) == set(SOURCES)
     assert alert["origins"][0] == ["synthetic.parquet", 8]
@@ -162,9 +160,9 @@ def test_injected_nan_is_skipped_and_alerted(tmp_path):
 def test_loss_spike_is_skipped_with_attribution(tmp_path):
     cfg = tiny_config(tmp_path, alerts={"spike_sigma": 3.0, "spike_window": 10, "spike_min_history": 5})
     trainer = make_trainer(cfg)
-    trainer.spikes.history.extend([1.0, 1.01, 0.99, 1.0, 1.02])
+    trainer.hook("stability").spikes.history.extend([1.0, 1.01, 0.99, 1.0, 1.02])
     result = trainer.train_step()  # the untrained loss (~ln 40 = 3.7) is far above the planted history
-    assert result.skipped == "spike" and trainer.skipped["spike"] == 1
+    assert result.skipped == "spike" and trainer.hook("stability").skipped["spike"] == 1
     alert = json.loads((tmp_path / "alerts.jsonl").read_text().splitlines()[0])
     assert alert["kind"] == "loss_spike" and alert["origins"]
 

@@ -82,3 +82,24 @@ def record(*, sources: list[str], held_out: list[str], slope_SB: np.ndarray, err
     if probe_error_SB is not None:
         out["slope_se_probe"] = probe_error_SB.tolist()
     return out
+
+
+def read_record(run: str, storage_options: dict | None = None) -> dict | None:
+    """The last counterfactual record in a run folder's ``metrics.jsonl`` (local or fsspec), or None."""
+    import json
+
+    import fsspec
+
+    path = f"{str(run).rstrip('/')}/metrics.jsonl"
+    try:
+        with fsspec.open(path, "rt", **(storage_options or {})) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        if '"counterfactual"' in line:
+            try:
+                return json.loads(line)["counterfactual"]
+            except (json.JSONDecodeError, KeyError):
+                continue
+    return None

@@ -1,0 +1,269 @@
+"""Building a run from its ``[train]`` config: the model (parallelized, then initialised), the optimizer, the
+extras as hooks, and the loaders, composed into a ``Trainer``.
+
+``build_trainer`` takes the data as given (any iterable of batches: tests, benchmarks); ``build_run``
+reads everything else from the config (tokenizer, loaders over the shards, the process group of a
+``torchrun`` launch, ``init_from``, the distillation teacher, the adaptive mix's reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from train.adaptive import AdaptiveMix, CounterfactualMix, MixingConfig, proposal
+from train.alerts import Alerts
+from train.attribution import SourceAttribution
+from train.attribution.hook import AttributionHook, CounterfactualHook
+from train.config import TrainConfig
+from train.distill import Distillation
+from train.errors import ConfigError
+from train.hooks import TrainHook
+from train.init import Initialization, load_init
+from train.model import ModelConfig, Transformer
+from train.optim import build_optimizer, build_scheduler
+from train.parallel import Parallel
+from train.parallel.mesh import pick_device
+from train.progress import TrainProgress
+from train.stability import Stability
+from train.stopping import EarlyStopping
+from train.trainer import Trainer, autocast
+
+log = logging.getLogger(__name__)
+
+
+def build_model(cfg: TrainConfig, parallel: Parallel) -> tuple[Transformer, torch.nn.Module]:
+    """(this rank's model, what forward is called on): the plain model with the run's layout applied."""
+    model = Transformer(cfg.model).to(parallel.world.device)
+    net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing)
+    return model, net
+
+
+def build_trainer(cfg: TrainConfig, *, data: Iterable, sources: list[str], val_data: Callable[[], Iterable] | None = None,
+                  parallel: Parallel | None = None, teacher: torch.nn.Module | None = None,
+                  mixer: AdaptiveMix | None = None, init: Initialization | None = None,
+                  progress: TrainProgress | None = None) -> Trainer:
+    """A ``Trainer`` on ``data`` (an endless iterable of ``Batch`` with ``state_dict``) from ``cfg``.
+
+    ``parallel``: the layout (one process on ``cfg.device`` when None). ``teacher``: the distillation
+    teacher (loaded from ``cfg.distill.teacher`` when None); ``mixer``: the adaptive mix ``cfg.mixing``
+    asks for (``build_mixer``); ``init``: the checkpoint ``init_from`` found (``train.init.load_init``).
+    """
+    parallel = parallel or Parallel.local(pick_device(cfg.device, 0))
+    torch.manual_seed(cfg.seed)
+    model, net = build_model(cfg, parallel)
+    if cfg.optim.name == "lamb" and parallel.tp_layouts:
+        raise ConfigError("train.optim.name = 'lamb' with train.parallel.tp > 1: LAMB's trust ratio needs each "
+                          "whole parameter's norm and every tp rank holds a part of the split ones; use 'adamw'")
+    attributing = bool(cfg.attribution.every and val_data is not None)
+    if parallel.pipeline is not None:
+        from train.parallel.pipeline import check_pipeline_run
+
+        check_pipeline_run(cfg, attribution=attributing)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps, start_factor=init.start_factor(cfg.optim) if init else 0.0)
+    if init is not None:  # a continued run: the base's weights now; a resume replaces them with its own
+        init.apply(model, optimizer, scheduler, parallel)
+    alerts = Alerts(cfg.alerts, cfg.output)
+    hooks = _hooks(cfg, model=model, optimizer=optimizer, parallel=parallel, sources=list(sources), alerts=alerts,
+                   val_data=val_data if attributing else None, teacher=teacher, mixer=mixer)
+    return Trainer(cfg, model=model, net=net, parallel=parallel, optimizer=optimizer, scheduler=scheduler, data=data,
+                   sources=sources, alerts=alerts, hooks=hooks, val_data=val_data, init=init, progress=progress,
+                   scaler=parallel.grad_scaler() if cfg.precision == "fp16" else None)
+
+
+def _hooks(cfg: TrainConfig, *, model, optimizer, parallel: Parallel, sources: list[str], alerts: Alerts, val_data,
+           teacher, mixer: AdaptiveMix | CounterfactualMix | None) -> list[TrainHook]:
+    """The run's extras, in the order the step calls them: skipping, distillation, mixing, attribution, stopping."""
+    if cfg.mixing.active != (mixer is not None):
+        raise ConfigError(f"train.mixing.adaptive = {cfg.mixing.adaptive!r} but no adaptive mix was given; build it "
+                          "with train.build.build_mixer(cfg.mixing, loader, tokenizer, device), or pass none")
+    device = parallel.world.device
+    # under pipeline parallelism only the last stage scores with a teacher or a mix's reference: the
+    # other stages drop theirs rather than hold a whole model on the device for nothing
+    scores = parallel.pipeline is None or parallel.pipeline.is_last
+    hooks: list[TrainHook] = [Stability(cfg.alerts, alerts, sources, skip_nonfinite=cfg.skip_nonfinite)]
+    if cfg.distill is not None:
+        if teacher is None:
+            teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options)
+        hooks.append(Distillation(teacher.to(device).eval() if scores else None, alpha=cfg.distill.alpha,
+                                  temperature=cfg.distill.temperature))
+    if isinstance(mixer, AdaptiveMix):
+        mixer.reference = mixer.reference.to(device) if scores else None
+        hooks.append(mixer)
+    attribution = None
+    if val_data is not None:
+        attribution = SourceAttribution(cfg.attribution, model=model, optimizer=optimizer, sources=sources,
+                                        val_data=val_data, device=device, parallel=parallel,
+                                        micro_batch_shape=(cfg.data.batch_size, cfg.data.seq_len),
+                                        autocast=autocast(device, cfg.precision))
+        hooks += [AttributionHook(attribution), CounterfactualHook(attribution)]
+    if isinstance(mixer, CounterfactualMix):  # after attribution: it reads the step attribution just took in
+        mixer.attach(attribution)
+        hooks.append(mixer)
+    return hooks + [EarlyStopping(cfg.stop)]
+
+
+def load_teacher(path: str, storage_options: dict | None = None) -> Transformer:
+    """A trained model from a run folder (its newest checkpoint that verifies) or one checkpoint, local or fsspec."""
+    found = load_init(path, key="train.distill.teacher", storage_options=storage_options)
+    model = Transformer(ModelConfig(**found.model_config()))
+    model.load_state_dict(found.state["model"])
+    return model.eval()
+
+
+def build_mixer(cfg: MixingConfig, data, tokenizer, device: torch.device, *, storage_options: dict | None = None,
+                reduce=lambda t: t) -> AdaptiveMix | CounterfactualMix:
+    """The adaptive mix over the loader's training sets: scored against ``cfg.reference``'s model (doremi), or
+    starting where the reference's counterfactual points (counterfactual); a ConfigError names the key when the
+    reference cannot serve this run's data (other tokenizer, vocabulary or sources, no counterfactual)."""
+    held = data.set_sources
+    many = next((names for names in held if len(names) != 1), None)
+    if many is not None:  # the replay set: every [train] shards entry was split per source
+        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but the replay set holds "
+                          f"{many} at a fixed share; drop train.replay and list its job folder under [train] shards, "
+                          "e.g. shards = [{path = 'out/job'}, {path = 'out/base'}]: the mix then moves its sources too")
+    names = [n[0] for n in held]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but source {twice!r} is in "
+                          "two [train] shards entries; give each source once (an entry's sources = {...} picks them)")
+    set_sources = [data.sources.index(n) for n in names]
+    if cfg.adaptive == "counterfactual":
+        return _counterfactual_mix(cfg, data, names, set_sources, storage_options)
+    found = load_init(cfg.reference, key="train.mixing.reference", storage_options=storage_options)
+    where, state = found.where, found.state
+    found.check_tokenizer(tokenizer)
+    reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
+    if reference_cfg.vocab_size != tokenizer.vocab_size:
+        raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
+                          f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
+    unknown = [name for name in names if name not in state.get("sources", [])]
+    if unknown:
+        raise ConfigError(f"{where}: the reference run was trained on sources {state.get('sources')}, without "
+                          f"{unknown[0]!r}, which this run trains on; use a reference trained on this run's sources")
+    reference = Transformer(reference_cfg)
+    reference.load_state_dict(state["model"])
+    return AdaptiveMix(cfg, reference=reference, set_sources=set_sources, weights=data.mix_weights,
+                       n_sources=len(data.sources), device=device, data=data, names=list(data.sources), reduce=reduce)
+
+
+def _counterfactual_mix(cfg: MixingConfig, data, names: list[str], set_sources: list[int],
+                        storage_options: dict | None) -> CounterfactualMix:
+    """Start at the mix the reference run's counterfactual favours (``train.adaptive.proposal``)."""
+    from train.attribution.counterfactual import read_record
+
+    record = read_record(cfg.reference, storage_options)
+    if record is None:
+        raise ConfigError(f"train.mixing.reference = {cfg.reference!r}: no counterfactual record in its metrics.jsonl; "
+                          "give a run folder trained with [train.attribution] on to the end")
+    missing = [n for n in names if n not in record["sources"]]
+    if missing or (cfg.target != "mean" and cfg.target not in record["held_out"]):
+        what = f"source {missing[0]!r}" if missing else f"held-out set {cfg.target!r} (train.mixing.target)"
+        raise ConfigError(f"train.mixing.reference = {cfg.reference!r}: its counterfactual has no {what} (it covers "
+                          f"{record['sources']}, held out {record['held_out']}); use a reference trained on this "
+                          "run's sources")
+    start = proposal(record["slope"], record["held_out"], record["sources"], dict(zip(names, data.mix_weights)),
+                     target=cfg.target, max_factor=cfg.max_factor)
+    log.info("counterfactual mix: starting at %s (from %s)", ", ".join(f"{k}={w:.3f}" for k, w in start.items()),
+             cfg.reference)
+    weights = [start[n] for n in names]
+    data.reweight(weights)
+    return CounterfactualMix(cfg, set_sources=set_sources, weights=weights, data=data, names=list(data.sources))
+
+
+def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None = None,
+              sources: list[str] | None = None, progress: bool = False) -> Trainer:
+    """Tokenizer, loaders, model (and teacher, adaptive mix) from the config, composed into a ``Trainer``.
+
+    ``train_sets`` replaces ``cfg.shards`` as the training sets (e.g. split one per source); ``train_data``
+    replaces both for the train split only (several folders mixed by ``train.data.mix_weights``; held-out
+    data stays ``cfg.shards``), ``sources`` then fixes the source ids. Otherwise the training sets are
+    ``cfg.shards`` and ``cfg.replay`` with their weights, and the held-out sets ``cfg.eval`` (default: the
+    training folders); see ``train/data/sets.py``. ``progress`` shows the progress bar on rank 0.
+    Under ``torchrun`` this joins the process group; each data-parallel rank reads its own part of the
+    loader's global order (the tensor- and pipeline-parallel ranks of one dp rank read the same batches).
+    """
+    from train.data import Loader
+    from train.data.sets import HeldOut, eval_sets, training_sets
+    from train.data.tokenshards import shards_tokenizer
+    from train.tokenizer import load_tokenizer
+
+    sets = cfg.shards if train_sets is None else train_sets
+    if train_data is None:
+        folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
+        held_out = eval_sets(cfg.eval, folders, cfg.replay)  # the job folders: per-source views hold no val split
+        views = sets is not cfg.shards  # per-source sets: Parquet and token shards, no WebDataset tars
+        folders, weights = training_sets(sets, cfg.replay, cfg.data.mix_weights)
+    else:
+        folders, weights, held_out = list(train_data), cfg.data.mix_weights, eval_sets(cfg.eval, [cfg.shards], None)
+        views = True
+    parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
+    device, world = parallel.world.device, parallel.world
+    run_dir = Path(cfg.output)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any);
+    # the job folder decides even when train_data replaces it (ablation variants' per-source views)
+    job_folder = cfg.shards if isinstance(cfg.shards, str) else folders[0]
+    tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options))
+    if world.is_main:  # one writer per run folder
+        tokenizer.save(run_dir)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+    init = None
+    if cfg.init_from is not None:
+        init = load_init(cfg.init_from, optimizer=cfg.init_optimizer, storage_options=cfg.data.storage_options)
+        init.check(cfg.model, tokenizer)
+    fmt = "auto" if views and cfg.data.format == "webdataset" else cfg.data.format  # the same rows, as Parquet
+    held_out, names = _held_out_sets(cfg, folders, held_out, sources, train_format=fmt)
+    train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [], format=fmt)
+    data = Loader(train_cfg, folders if len(folders) > 1 else folders[0], split="train", tokenizer=tokenizer,
+                  rank=world.dp_rank, world_size=world.dp_size, sources=names)
+    # Held-out batches are read inline: a few batches per eval, and forking loader workers
+    # after training has started its thread pools is how forked children deadlock.
+    # one folder at a time: no load-time mixing; and the same batches in every run whatever its seed,
+    # shuffling or sequence-length warm-up, so held-out losses compare across runs (step 0 of a continued
+    # run is its base's last evaluation exactly; a study's seeds differ in training only)
+    val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[], shuffle_window=0, seq_len_warmup_steps=0)
+
+    def val_data():
+        return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer,
+                                                       sources=data.sources), max_batches=cfg.eval_batches)
+
+    teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options) if cfg.distill else None
+    mixer = (build_mixer(cfg.mixing, data, tokenizer, device, storage_options=cfg.data.storage_options,
+                         reduce=parallel.reduce_sum) if cfg.mixing.active else None)
+    return build_trainer(cfg, data=data, sources=data.sources, val_data=val_data if held_out else None,
+                         parallel=parallel, teacher=teacher, mixer=mixer, init=init,
+                         progress=TrainProgress(total=cfg.steps, enabled=progress))
+
+
+def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str], sources: list[str] | None, *,
+                   train_format: str) -> tuple[list[str], list[str]]:
+    """The held-out folders that have a val split, and every source name (training sets' first) so
+    sources only evaluated still get an id before the trainer sizes its per-source sums."""
+    from train.data.tokenshards import split_sources
+    from train.errors import ShardError
+
+    names = list(sources or [])
+    opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
+    for folder in train:
+        names += split_sources(str(folder), split="train", **{**opts, "fmt": train_format})
+    kept, evaluated = [], []
+    for folder in held_out:
+        try:
+            found = split_sources(str(folder), split="val", **opts)
+            names += found
+            evaluated += found
+            kept.append(folder)
+        except ShardError as err:
+            log.warning("no held-out evaluation on %s: %s", folder, err)
+    asked = [s for s in cfg.attribution.held_out if s not in evaluated]
+    if cfg.attribution.every and asked:
+        raise ConfigError(f"train.attribution.held_out names {asked[0]!r}, which has no held-out rows in "
+                          f"{[str(f) for f in held_out]} (held-out sets: {sorted(set(evaluated))}); give a source with "
+                          "a val split (the split stage's val_fraction), or leave held_out empty for all of them")
+    return kept, list(dict.fromkeys(names))
