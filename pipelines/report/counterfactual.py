@@ -102,13 +102,14 @@ def sentence(cf: Counterfactual, factor: float, source: str, held_out: str) -> s
 
 
 def sentences(cf: Counterfactual, *, factors: tuple[float, ...] = (0.0, 2.0)) -> list[tuple[str, list[str]]]:
-    """Per held-out set, the mean first: the predictions for ``factors`` (those the record has), largest first."""
-    chosen = [f for f in factors if f in cf.predicted] or cf.factors[:1]
+    """Per held-out set, the mean first: leaving each source out, largest first; for the mean also the other
+    ``factors`` the record has (doubling, by default)."""
     order = ["mean", *[h for h in cf.held_out if h != "mean"]]
     out = []
     for held_out in order:
         if held_out not in cf.held_out:
             continue
+        chosen = [f for f in (factors if held_out == "mean" else factors[:1]) if f in cf.predicted] or cf.factors[:1]
         items = [(abs(cf.cell(f, s, held_out)[0]), f, s) for f in chosen for s in cf.sources]
         items.sort(key=lambda item: (chosen.index(item[1]), -item[0]))
         out.append((held_out, [sentence(cf, f, s, held_out) for _, f, s in items]))
