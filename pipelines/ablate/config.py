@@ -39,10 +39,12 @@ class AblateConfig:
     parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
     executor: Literal["local", "ray"] = "local"  # local processes, or Ray tasks (RAY_ADDRESS for a cluster)
     threads: int = 0  # torch threads per run; 0: this machine's cores / parallel
-    # one more run from the baseline's mix, reweighted online by excess loss against the finished baseline
-    adaptive: Literal["", "doremi"] = ""  # "doremi": also train the adaptive run ([train.mixing]); "": none
-    adaptive_every: int = 5  # steps between the adaptive run's weight updates
-    adaptive_step_size: float = 1.0  # its exponentiated-gradient step per nat of excess loss
+    # one more run per method, its mix moved with the finished baseline as [train.mixing]'s reference: "doremi" (by
+    # excess loss against the baseline's model), "counterfactual" (from the baseline's counterfactual); "": none
+    adaptive: str | list[str] = ""
+    adaptive_every: int = 5  # steps between the adaptive runs' weight updates
+    adaptive_step_size: float = 1.0  # doremi: its exponentiated-gradient step per nat of excess loss
+    counterfactual_step_size: float = 0.0  # counterfactual: its step per nat of its own slope (0: the start's mix)
     job: str | None = None  # drop / settings / order: the curation job file they change; None: this file's own
     # one variant per entry: the job without that stage (kind, id "04.filter.fineweb" or [[stages]] number) or
     # without every stage of a list (["filter.gopher_quality", "filter.fineweb"])
@@ -81,7 +83,11 @@ class AblateConfig:
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")
         check(self.threads >= 0, "threads", self.threads, "an integer >= 0 (0: cores / parallel)")
-        check(self.adaptive in ("", "doremi"), "adaptive", self.adaptive, "'' (no adaptive run) or 'doremi'")
+        check(all(m in ("doremi", "counterfactual") for m in self.adaptive_methods) and len(set(self.adaptive_methods))
+              == len(self.adaptive_methods), "adaptive", self.adaptive,
+              "'' (no adaptive run), 'doremi', 'counterfactual', or a list of them")
+        check(self.counterfactual_step_size >= 0, "counterfactual_step_size", self.counterfactual_step_size,
+              "a number >= 0 (0: the mix the baseline's counterfactual favours, throughout)")
         check(not self.adaptive or "replay" not in kinds, "adaptive", self.adaptive,
               "'' with kind = 'replay' (the adaptive run re-mixes the job's sources)")
         check(self.adaptive_every >= 1, "adaptive_every", self.adaptive_every, "an integer >= 1")
@@ -98,6 +104,10 @@ class AblateConfig:
               "orders", self.orders, " and/or ".join(repr(o) for o in ORDERS) + ", without repeats")
         check(self.eval_every is None or self.eval_every >= 0, "eval_every", self.eval_every,
               "an integer >= 0 (0: evaluate at the end only)")
+
+    @property
+    def adaptive_methods(self) -> tuple[str, ...]:
+        return tuple(m for m in ([self.adaptive] if isinstance(self.adaptive, str) else self.adaptive) if m)
 
     @property
     def kinds(self) -> tuple[str, ...]:

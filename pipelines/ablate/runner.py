@@ -42,15 +42,20 @@ def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: 
     from train.adaptive import MixingConfig
     from train.attribution import AttributionConfig
 
-    # the baseline, and the first attribution_seeds - 1 noise seeds: their matrices are averaged
-    attribute = variant["name"] == BASELINE or (variant["kind"] == "noise" and
-                                                variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
+    # the baseline, and the first attribution_seeds - 1 noise seeds: their counterfactuals are averaged; a
+    # counterfactual mix that follows its own counterfactual
+    following = variant["kind"] == "adaptive" and variant["name"] == "counterfactual" and acfg.counterfactual_step_size
+    attribute = variant["name"] == BASELINE or bool(following) or (
+        variant["kind"] == "noise" and variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
     attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every) if attribute
                    else AttributionConfig())
     data = dataclasses.replace(train_cfg.data, seed=variant["seed"],
                                mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]])
-    mixing = (MixingConfig(adaptive=acfg.adaptive, reference=str(layout.run_dir(BASELINE)), every=acfg.adaptive_every,
-                           step_size=acfg.adaptive_step_size) if variant["kind"] == "adaptive" else MixingConfig())
+    mixing = MixingConfig()
+    if variant["kind"] == "adaptive":  # its name is the method
+        step = acfg.counterfactual_step_size if variant["name"] == "counterfactual" else acfg.adaptive_step_size
+        mixing = MixingConfig(adaptive=variant["name"], reference=str(layout.run_dir(BASELINE)),
+                              every=acfg.adaptive_every, step_size=step, target=acfg.target)
     # every run evaluates on the same schedule, so their held-out curves compare step by step
     return dataclasses.replace(train_cfg, output=str(layout.run_dir(variant["name"])), seed=variant["seed"], data=data,
                                steps=variant.get("steps", train_cfg.steps), eval_every=acfg.eval_steps(train_cfg.steps),

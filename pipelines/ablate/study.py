@@ -95,8 +95,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
     results = study.train(runs)
     second = [_proposal(acfg, results, data.base, train_cfg)] if "random_mixes" in acfg.kinds else []
-    if acfg.adaptive:  # after the baseline: it is the reference
-        second.append({"name": acfg.adaptive, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(data.base)})
+    for method in acfg.adaptive_methods:  # after the baseline: it is the reference
+        second.append({"name": method, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(data.base)})
     if second:
         for run in second:
             if data.identity is not None:  # trained on the baseline's curated shards, like the first round

@@ -222,27 +222,31 @@ def write_mixes(layout: StudyLayout, results: list[dict], base: dict[str, float]
 
 
 def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str], target: str) -> str:
-    """``adaptive.json``: the adaptive run's mix and its held-out target loss beside the baseline's (and the
+    """``adaptive.json``: each adaptive run's mix and its held-out target loss beside the baseline's (and the
     regression's proposal, when the study has one), with the seed noise; returns its Markdown summary."""
     from pipelines.ablate.mixes import target_of
 
     def measured(r: dict) -> float:
         return float(target_of(np.array([r["held_out"][s] for s in sources]), sources, target))
 
-    by_kind = {r["kind"]: r for r in results if r["kind"] in ("baseline", "proposed", "adaptive")}
-    baseline, run = by_kind["baseline"], by_kind["adaptive"]
+    baseline = next(r for r in results if r["kind"] == "baseline")
+    proposed = next((r for r in results if r["kind"] == "proposed"), None)
     noise = max([abs(measured(r) - measured(baseline)) for r in results if r["kind"] == "noise"], default=None)
-    mean = run.get("mixing", {}).get("mix_weights_mean", {})
-    out = {"target": target, "noise": noise, "run": run["name"], "mix_weights_mean": mean,
-           "mix_weights_final": run.get("mixing", {}).get("mix_weights", {}),
-           "measured": {k: measured(r) for k, r in by_kind.items()}}
     noise_text = f"seed noise {noise:.4f}" if noise is not None else "seed noise not measured: noise_seeds = 1"
-    line = (f"Adaptive mix ({run['name']}, reference: the baseline run): held-out {target} loss "
-            f"{out['measured']['adaptive']:.4f} vs baseline {out['measured']['baseline']:.4f} "
-            f"({out['measured']['adaptive'] - out['measured']['baseline']:+.4f} nats")
-    if "proposed" in out["measured"]:
-        line += f"; the regression's proposed mix {out['measured']['proposed'] - out['measured']['baseline']:+.4f}"
-    line += f"; {noise_text}). Its mean weights over the run: " + ", ".join(f"{k}={w:.3f}" for k, w in mean.items())
-    out["summary"] = [line]
+    out = {"target": target, "noise": noise, "measured": {"baseline": measured(baseline)}, "runs": {}}
+    if proposed is not None:
+        out["measured"]["proposed"] = measured(proposed)
+    lines = []
+    for run in (r for r in results if r["kind"] == "adaptive"):
+        mean = run.get("mixing", {}).get("mix_weights_mean", {})
+        out["runs"][run["name"]] = {"mix_weights_mean": mean, "mix_weights_final": run.get("mixing", {}).get("mix_weights", {})}
+        out["measured"][run["name"]] = measured(run)
+        line = (f"Adaptive mix ({run['name']}, reference: the baseline run): held-out {target} loss "
+                f"{measured(run):.4f} vs baseline {measured(baseline):.4f} ({measured(run) - measured(baseline):+.4f} nats")
+        if proposed is not None:
+            line += f"; the regression's proposed mix {measured(proposed) - measured(baseline):+.4f}"
+        lines.append(line + f"; {noise_text}). Its mean weights over the run: "
+                     + ", ".join(f"{k}={w:.3f}" for k, w in mean.items()))
+    out["summary"] = lines
     write_atomic(layout.adaptive_json, json.dumps(out, indent=1))
-    return line
+    return "\n".join(lines)
