@@ -36,6 +36,9 @@ class AblateConfig:
     variant_seeds: int = 1
     attribution_every: int = 10  # first-order attribution on the baseline run every N steps (0: off)
     attribution_seeds: int = 1  # baseline seeds whose attribution is averaged (<= noise_seeds): less sampling noise
+    # the counterfactual's interval in the comparison: "seeds" (the attributed seeds' spread: needs 2 or more),
+    # "run" (the baseline run's own, from its probe and batches), "auto" (seeds when there are 2 or more)
+    interval: Literal["auto", "seeds", "run"] = "auto"
     parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
     executor: Literal["local", "ray"] = "local"  # local processes, or Ray tasks (RAY_ADDRESS for a cluster)
     threads: int = 0  # torch threads per run; 0: this machine's cores / parallel
@@ -78,6 +81,9 @@ class AblateConfig:
         check(1 <= self.attribution_seeds <= self.noise_seeds, "attribution_seeds", self.attribution_seeds,
               f"an integer from 1 to noise_seeds ({self.noise_seeds})")
         check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
+        check(self.interval in ("auto", "seeds", "run"), "interval", self.interval, "'auto', 'seeds' or 'run'")
+        check(self.interval != "seeds" or self.attribution_seeds >= 2, "attribution_seeds", self.attribution_seeds,
+              "2 or more with interval = 'seeds' (the interval is the attributed seeds' spread), or interval = 'run'")
         check(self.variant_seeds >= 1, "variant_seeds", self.variant_seeds, "an integer >= 1 (1: seed only)")
         check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")

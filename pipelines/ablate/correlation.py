@@ -31,15 +31,17 @@ _SCHEMA = {"variant": pl.String, "kind": pl.String, "varied": pl.String, "factor
            "noise": pl.Float64, "above_noise": pl.Boolean}
 
 
-def slope_of(counterfactuals: list) -> tuple[np.ndarray, np.ndarray, list[str], list[str], float]:
-    """The mean slope over the baseline seeds' counterfactuals (``pipelines.report.counterfactual`` records read
-    raw: dicts), its standard error, the training sources, the held-out sets and the saturation ``q``."""
+def slope_of(counterfactuals: list, interval: str = "auto") -> tuple[np.ndarray, np.ndarray, list[str], list[str], float]:
+    """The mean slope over the baseline seeds' counterfactuals (dicts: ``sources``, ``held_out``, ``slope``,
+    ``slope_se``, ``saturation``), its standard error (``interval``: "seeds", their spread; "run", the runs' own
+    errors; "auto", the spread when there are two or more), the training sources, the held-out sets and ``q``."""
     first = counterfactuals[0]
     slopes = np.array([np.asarray(c["slope"], dtype=float) for c in counterfactuals])
-    if len(slopes) >= 2:
+    if len(slopes) >= 2 and interval != "run":
         error = slopes.std(0, ddof=1) / np.sqrt(len(slopes))
     else:
-        error = np.asarray(first["slope_se"], dtype=float)
+        error = np.sqrt(np.mean([np.asarray(c["slope_se"], dtype=float) ** 2 for c in counterfactuals], 0)
+                        / len(counterfactuals))
     return slopes.mean(0), error, list(first["sources"]), list(first["held_out"]), float(first["saturation"])
 
 
@@ -63,9 +65,10 @@ def _prediction(ratio: np.ndarray, slope: np.ndarray, error: np.ndarray, q: floa
     return None, None, logs @ slope, 2 * np.sqrt((logs[:, None] ** 2 * error**2).sum(0))
 
 
-def compare_with_counterfactual(results: list[dict], counterfactuals: list[dict], base: dict[str, float]) -> dict:
+def compare_with_counterfactual(results: list[dict], counterfactuals: list[dict], base: dict[str, float], *,
+                                interval: str = "auto") -> dict:
     """Each variant's predicted delta per held-out set against the measured one, and how well they agree."""
-    slope, error, sources, held_out, q = slope_of(counterfactuals)
+    slope, error, sources, held_out, q = slope_of(counterfactuals, interval)
     held = [h for h in held_out if h != "mean"]
     reference = {s: _mean_held_out(_baselines(results), s) for s in held}
     base_share = np.array([base.get(s, 0.0) for s in sources])

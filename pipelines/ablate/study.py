@@ -102,7 +102,8 @@ def run_ablate(args: argparse.Namespace) -> int:
             if data.identity is not None:  # trained on the baseline's curated shards, like the first round
                 run["curation"] = data.identity
         results += study.train(second)
-    table = write_study(layout.root, results, sources, data.base, target=acfg.target, curation=data.curation)
+    table = write_study(layout.root, results, sources, data.base, target=acfg.target, curation=data.curation,
+                        interval=acfg.interval)
     print(table)
     print(f"effects: {layout.effects_md}")
     print(f"table:   {layout.table_csv}")

@@ -73,7 +73,7 @@ def efficiency(attributions: list) -> dict | None:
 
 
 def write_study(study: Path, results: list[dict], sources: list[str], base: dict[str, float], *,
-                target: str = "mean", curation: dict[str, dict] | None = None) -> str:
+                target: str = "mean", curation: dict[str, dict] | None = None, interval: str = "auto") -> str:
     """Write the effects (one row per variant), the per-run table (CSV, Markdown), heatmap, curves, attribution
     comparison and (random mixes) the regression and proposal; returns the effects and the per-run table in
     Markdown with their summary lines. ``curation``: what each curated job kept (``prepare.summary``)."""
@@ -93,7 +93,7 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
         layout.heatmap_png.write_bytes(heatmap)
     attributions, counterfactuals = baseline_attributions(layout, results)
     if counterfactuals:
-        summary = compare_with_counterfactual(results, counterfactuals, base)
+        summary = compare_with_counterfactual(results, counterfactuals, base, interval=interval)
         summary |= {"attribution_runs": len(attributions), "efficiency": efficiency(attributions)}
         cells = summary.pop("cells")
         summary["note"] = noise_note(summary)

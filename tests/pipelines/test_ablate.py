@@ -181,3 +181,15 @@ def test_ablate_command_end_to_end(job, tmp_path, capsys, one_thread):
 def test_uncurated_job_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="curate the job first"):
         split_by_source(str(tmp_path / "nothing"), tmp_path / "views")
+
+
+def test_counterfactual_bad_settings_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="ablate.attribution_seeds = 1 is invalid; allowed: 2 or more with interval"):
+        AblateConfig(interval="seeds", attribution_seeds=1)
+    with pytest.raises(ConfigError, match="ablate.factors"):
+        AblateConfig(kind="weights", factors=[-0.5])  # a factor that makes a weight negative
+    with pytest.raises(ConfigError, match="ablate.adaptive"):
+        AblateConfig(adaptive=["doremi", "regmix"])
+    with pytest.raises(ConfigError, match="ablate.counterfactual_step_size"):
+        AblateConfig(adaptive="counterfactual", counterfactual_step_size=-1.0)
+    assert AblateConfig(adaptive=["doremi", "counterfactual"]).adaptive_methods == ("doremi", "counterfactual")
