@@ -110,10 +110,10 @@ def test_slope_error_uses_the_groups_that_hold_rows():
 
 # ---- known answers on a tiny model ------------------------------------------------------------------------------
 from train.attribution import AttributionConfig  # noqa: E402
+from train.build import build_trainer  # noqa: E402
 from train.checkpoint import CheckpointConfig  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
 from train.data import Batch, LoaderConfig  # noqa: E402
-from train.build import build_trainer  # noqa: E402
 from train.model import ModelConfig  # noqa: E402
 
 L, V = 32, 40

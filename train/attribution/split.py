@@ -24,9 +24,8 @@ Shape legend: S sources.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
+from collections.abc import Sequence
 
 import torch
 
