@@ -68,8 +68,10 @@ def _run(cfg) -> tuple[float, float, dict | None]:
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(cfg.steps):
         trainer.train_step()
-        if trainer.attribution is not None and trainer.attribution.due(trainer.step):
-            record = trainer.attribute()["attribution"]
+        records = trainer.after_step()  # a stretch closes when it is due (the hooks: train/hooks.py)
+        if trainer.step == cfg.steps:
+            records += trainer.after_step(last=True)  # the last stretch and the counterfactual's probe
+        record = next((r["attribution"] for r in records if "attribution" in r), record)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     trainer.metrics.close()
     trainer.data.close()
@@ -131,16 +133,17 @@ def _breakdown(args) -> None:
                         start = time.perf_counter()
                         t.train_step()
                         steps[name].append(time.perf_counter() - start)
+            attribution = on.hook("attribution").attribution
             probes = []
             for _ in range(4):
                 start = time.perf_counter()
-                on.attribution._evaluate()
+                attribution._evaluate()
                 probes.append(time.perf_counter() - start)
             closes = []
             for _ in range(3):
                 on.train_step()
                 start = time.perf_counter()
-                on.attribute()
+                attribution.close(step=on.step)
                 closes.append(time.perf_counter() - start)
         finally:
             moment_split.MomentSplit.after_step = after_step
