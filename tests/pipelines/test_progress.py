@@ -63,7 +63,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "stderr.log", "w") as err:  # a file, as on a cluster: not a terminal
         proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "job.toml", *args], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=err, text=True, timeout=300)
+                              stdout=subprocess.PIPE, stderr=err, text=True, timeout=1800)
     return proc, (tmp_path / "stderr.log").read_text()
 
 
@@ -81,6 +81,7 @@ def test_a_log_file_gets_plain_step_lines_and_quiet_after_the_command_silences_t
     assert "eval at step 3: " in log
     assert re.search(r"curate\.progress: phase 1/\d: read .* done, 2 task\(s\)", log)
     assert "total: 80 read" in proc.stdout  # the curation summary, as `winnow curate` prints it
+    assert "MFU basis" in proc.stdout and "(this CPU, measured: " in proc.stdout
     quiet, log = _run(tmp_path, "--output", "quiet", "-q")
     assert quiet.returncode == 0, log
     assert "progress" not in log and not ESCAPES.search(log)
