@@ -37,8 +37,13 @@ class CheckedJob:
     unchecked: str | None = None  # a table that needs a package this install lacks
 
 
-def validate(path: str | Path, *, output: str | None = None, workers: int | None = None,
-             train_overrides: dict[str, Any] | None = None) -> CheckedJob:
+def validate(
+    path: str | Path,
+    *,
+    output: str | None = None,
+    workers: int | None = None,
+    train_overrides: dict[str, Any] | None = None,
+) -> CheckedJob:
     """Build every table of the job file; a ``ConfigError`` names the first mistake (file, table, key)."""
     raw = read_toml(path)
     check_top_level(raw, Path(path).name)
@@ -78,9 +83,11 @@ def run_check(args: argparse.Namespace) -> int:
         job = checked.job
         files = [len(list_files(cfg)) for cfg in job.inputs]  # a wrong path fails here, naming the input
         inputs = ", ".join(f"{cfg.label} ({n} file{'s' * (n != 1)})" for cfg, n in zip(job.inputs, files))
-        lines += [f"inputs:  {inputs}",
-                  f"stages:  {' -> '.join(s.kind for s in job.stages) or '(none)'}",
-                  f"output:  {job.job.output} ({', '.join(job.output.formats)})"]
+        lines += [
+            f"inputs:  {inputs}",
+            f"stages:  {' -> '.join(s.kind for s in job.stages) or '(none)'}",
+            f"output:  {job.job.output} ({', '.join(job.output.formats)})",
+        ]
     if checked.train is not None:
         t = checked.train
         lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {t.output}")
