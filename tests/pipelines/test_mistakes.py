@@ -26,22 +26,25 @@ def _load(tmp_path, body: str, base: str = BASE):
     return load_job(path)
 
 
-def test_a_stage_scoped_to_a_source_no_input_has_is_an_error(tmp_path):
-    with pytest.raises(
-        ConfigError,
-        match=r"t\.toml \[\[stages\]\] #1 \(filter\.length\) key 'sources': no input has "
-        r"source 'doc' \(did you mean 'docs'\?\); the inputs' sources: docs, web",
-    ):
-        _load(tmp_path, '[[stages]]\nkind = "filter.length"\nsources = ["doc"]\n')
-
-
-def test_mix_weights_naming_a_source_no_input_has_is_an_error(tmp_path):
-    with pytest.raises(
-        ConfigError,
-        match=r"t\.toml \[\[stages\]\] #1 \(mix\) key 'weights': no input has source "
-        r"'wbe' \(did you mean 'web'\?\)",
-    ):
-        _load(tmp_path, '[[stages]]\nkind = "mix"\nweights = { docs = 1.0, wbe = 2.0 }\n')
+@pytest.mark.parametrize(
+    ("stage", "message"),
+    [
+        (
+            'kind = "filter.length"\nsources = ["doc"]',
+            r"\(filter\.length\) key 'sources': no input has source 'doc' \(did you mean 'docs'\?\); the inputs' "
+            r"sources: docs, web",
+        ),
+        (
+            'kind = "mix"\nweights = { docs = 1.0, wbe = 2.0 }',
+            r"\(mix\) key 'weights': no input has source 'wbe' "
+            r"\(did you mean 'web'\?\)",
+        ),
+    ],
+    ids=["stage-scope", "mix-weights"],
+)
+def test_a_stage_key_naming_a_source_no_input_has_is_an_error(tmp_path, stage, message):
+    with pytest.raises(ConfigError, match=r"t\.toml \[\[stages\]\] #1 " + message):
+        _load(tmp_path, f"[[stages]]\n{stage}\n")
 
 
 def test_an_unknown_source_is_only_a_warning_when_an_input_reads_sources_from_a_column(tmp_path, caplog):
