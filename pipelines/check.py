@@ -17,7 +17,7 @@ from typing import Any
 
 from curate.config import Job, JobSection
 from curate.errors import ConfigError
-from pipelines.jobfile import build_config, check_top_level, load_job, read_toml
+from pipelines.jobfile import build_config, check_sources, check_top_level, load_job, read_toml
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,7 +71,20 @@ def validate(
         checked.train = load_train_config(Path(path), **overrides)
     if "ablate" in raw:
         checked.ablate = build_config(AblateConfig, raw["ablate"], f"{path} [ablate]")
+    if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
+        _check_training_sources(checked, Path(path).name)
     return checked
+
+
+def _check_training_sources(checked: CheckedJob, name: str) -> None:
+    """The training tables that name sources, when they train on the job's own shards: the sources its inputs declare."""
+    inputs, stop = checked.job.inputs, checked.train.stop
+    check_sources(stop.sources, inputs, f"{name} [train.stop] key 'sources'")
+    check_sources(stop.thresholds, inputs, f"{name} [train.stop] key 'thresholds'")
+    if checked.ablate is not None:
+        check_sources(checked.ablate.sources, inputs, f"{name} [ablate] key 'sources'")
+        for variant, mix in checked.ablate.mixes.items():
+            check_sources(mix, inputs, f"{name} [ablate] key 'mixes.{variant}'")
 
 
 def run_check(args: argparse.Namespace) -> int:

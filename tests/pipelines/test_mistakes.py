@@ -47,6 +47,16 @@ def test_a_stage_key_naming_a_source_no_input_has_is_an_error(tmp_path, stage, m
         _load(tmp_path, f"[[stages]]\n{stage}\n")
 
 
+def test_training_tables_naming_a_source_the_job_does_not_curate_are_errors(tmp_path, capsys):
+    path = tmp_path / "t.toml"
+    path.write_text(BASE + "[train]\nsteps = 5\neval_every = 1\n[train.stop]\nthresholds = { dcos = 2.0 }\n")
+    assert main(["check", str(path)]) == 2
+    assert (
+        "t.toml [train.stop] key 'thresholds': no input has source 'dcos' (did you mean 'docs'?)"
+        in capsys.readouterr().err
+    )
+
+
 def test_an_unknown_source_is_only_a_warning_when_an_input_reads_sources_from_a_column(tmp_path, caplog):
     base = BASE + '[[inputs]]\nsource_field = "site"\npath = "s.jsonl"\n'
     with caplog.at_level(logging.WARNING):
