@@ -150,13 +150,18 @@ def save_views(data: Loader, run_dir: Path) -> None:
                   f"Parquet file(s), {sum(s['rows'] for s in v['shards'])} rows, sources {v['sources']} (saved in {path})")
 
 
+def model_line(trainer: Trainer) -> str:
+    """The model's size and the peak FLOP/s its MFU is measured against, with where that figure comes from."""
+    total, active = trainer.model.cfg.param_counts()
+    return (f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
+            f"FLOP/s ({trainer.peak_basis})")
+
+
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
     with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
         write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
-        total, active = trainer.model.cfg.param_counts()
-        print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
-              f"FLOP/s ({trainer.peak_basis})")
+        print(model_line(trainer))
         summary = trainer.fit()
     shutdown()
     if not trainer.parallel.is_main:
