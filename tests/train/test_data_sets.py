@@ -35,3 +35,21 @@ def test_held_out_reads_every_folder_once_and_shares_a_cap():
     assert list(HeldOut(["x", "y"], make)) == ["x0", "x1", "x2", "x3", "y0", "y1", "y2", "y3"]
     assert all(v.closed for v in made.values())
     assert list(HeldOut(["x", "y"], make, max_batches=4)) == ["x0", "x1", "y0", "y1"]  # a cap still reads y
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tokens"])
+def test_a_capped_held_out_pass_reads_every_source_of_a_shard(tmp_path, fmt):
+    from tests.train.shards_util import write_job, write_token_job
+    from train.data import Loader, LoaderConfig
+
+    # one val shard whose first rows (2,000 tokens) are all one source's: more than the 3 batches of 2 x 64 read
+    rows = [{"id": f"a/{i}", "source": "a", "text": "a" * 100, "meta": None} for i in range(20)]
+    rows += [{"id": f"b/{i}", "source": "b", "text": "b" * 200, "meta": None} for i in range(5)]
+    train = [[{"id": "t/0", "source": "a", "text": "x" * 100, "meta": None}]]
+    folder = (write_job if fmt == "parquet" else write_token_job)(tmp_path / "job", train, val=[rows])
+    cfg = LoaderConfig(batch_size=2, seq_len=64, num_workers=0, format=fmt)
+    first = list(HeldOut([str(folder)], lambda f: Loader(cfg, f, split="val"), max_batches=3))
+    seen = {int(s) for batch in first for s in batch.source_ids[batch.loss_mask].unique()}
+    assert len(first) == 3 and len(seen) == 2  # a and b within the first 3 batches of 2 x 64 tokens
+    full = list(Loader(cfg, str(folder), split="val"))
+    assert sum(int(b.loss_mask.sum()) for b in full) >= 20 * 100 + 5 * 200  # the whole pass reads every row

@@ -55,6 +55,23 @@ def window_order(n: int, window: int, seed: int, epoch: int, shard: int) -> np.n
     return np.lexsort((rng.random(n), np.arange(n) // window))
 
 
+def interleave_order(codes: np.ndarray) -> np.ndarray | None:
+    """Row order taking one row of each source in turn (a source's rows keep their order); None when one source.
+
+    A held-out pass reads its shards in this order, so the first batches of a capped evaluation
+    (``[train] eval_batches``) hold every source of a shard, not the first source's rows alone."""
+    if len(codes) <= 1:
+        return None
+    by_source = np.argsort(codes, kind="stable")
+    sorted_codes = codes[by_source]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+    if len(starts) <= 1:
+        return None
+    rank = np.empty(len(codes), np.int64)  # a row's position among its source's rows
+    rank[by_source] = np.arange(len(codes)) - np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
+    return np.lexsort((codes, rank))
+
+
 def with_separators(flat: np.ndarray, lens: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
     """``flat`` with ``eos`` inserted before each document, and the new lengths."""
     out_lens = lens + 1
@@ -67,8 +84,11 @@ def with_separators(flat: np.ndarray, lens: np.ndarray, eos: int) -> tuple[np.nd
 
 
 def shard_pieces(shards: ShardSet, index: int, epoch: int, *, tokenizer, fmt: str, verify: bool,
-                 piece_rows: int, shuffle_window: int, seed: int, skip_bad: bool) -> Iterator[Piece | ShardDone]:
-    """Read, check and tokenize shard ``index`` for ``epoch``; ends with one ``ShardDone``."""
+                 piece_rows: int, shuffle_window: int, seed: int, skip_bad: bool,
+                 interleave: bool = False) -> Iterator[Piece | ShardDone]:
+    """Read, check and tokenize shard ``index`` for ``epoch``; ends with one ``ShardDone``.
+
+    ``interleave`` (held-out passes) reads the shard's rows one source at a time in turn (``interleave_order``)."""
     try:
         table = read_shard(shards, index, fmt=fmt, verify=verify)
     except ShardError as err:
@@ -77,11 +97,6 @@ def shard_pieces(shards: ShardSet, index: int, epoch: int, *, tokenizer, fmt: st
         yield ShardDone(epoch, index, str(err))
         return
     rows = np.arange(table.num_rows, dtype=np.int64)
-    order = window_order(table.num_rows, shuffle_window, seed, epoch, index)
-    if order is not None:
-        # from_buffers, not pa.array: that imports pandas (~1 s in each fresh worker)
-        indices = pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order.astype(np.int64))])
-        table, rows = table.take(indices), rows[order]
     encoded = table.column("source").combine_chunks().dictionary_encode()
     names = [NULL_SOURCE if s is None else s for s in encoded.dictionary.to_pylist()]
     indices = encoded.indices  # int32; read from its buffer: fill_null would import pandas in a fresh worker
@@ -89,6 +104,11 @@ def shard_pieces(shards: ShardSet, index: int, epoch: int, *, tokenizer, fmt: st
     if indices.null_count:
         codes[null_mask(indices)] = len(names)
         names.append(NULL_SOURCE)
+    order = interleave_order(codes) if interleave else window_order(table.num_rows, shuffle_window, seed, epoch, index)
+    if order is not None:
+        # from_buffers, not pa.array: that imports pandas (~1 s in each fresh worker)
+        indices = pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order.astype(np.int64))])
+        table, rows, codes = table.take(indices), rows[order], codes[order]
     text, offset = table.column("text"), 0
     for lo in range(0, table.num_rows, piece_rows):
         hi = min(lo + piece_rows, table.num_rows)

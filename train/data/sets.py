@@ -93,7 +93,8 @@ class HeldOut:
     """One pass over the val splits of several job folders, one loader after the other.
 
     ``make(folder)`` builds that folder's val ``Loader``; iteration ends when the last one does.
-    ``max_batches`` (``[train] eval_batches``) is shared out evenly, so a cap still reads every folder.
+    ``max_batches`` (``[train] eval_batches``) is shared out evenly, so a cap still reads every folder, and a
+    val pass reads each shard's sources in turn (``pieces.interleave_order``), so it reads every source too.
     """
 
     def __init__(self, folders: list[str], make, *, max_batches: int | None = None) -> None:

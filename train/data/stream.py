@@ -44,6 +44,7 @@ class SetStream:
             num_workers=cfg.num_workers, prefetch=cfg.prefetch, start_method=cfg.start_method,
             tokenizer=self.tokenizer, fmt=cfg.format, verify=cfg.verify_checksums, piece_rows=cfg.piece_rows,
             shuffle_window=cfg.shuffle_window, seed=cfg.seed, skip_bad=cfg.skip_bad_shards,
+            interleave=self.finite,  # a held-out pass: sources in turn, so a capped evaluation reads every one
         )
         self._messages = iter(self._pieces)
         self._packer = Packer(eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, dtype=self.tokenizer.dtype,

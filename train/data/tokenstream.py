@@ -19,7 +19,7 @@ import numpy as np
 
 from train.data.config import LoaderConfig
 from train.data.packing import SourceIds
-from train.data.pieces import window_order
+from train.data.pieces import interleave_order, window_order
 from train.data.tokenshards import TokenShard, TokenShardSet
 from train.errors import ShardError
 from train.tokenizer import Tokenizer
@@ -114,7 +114,9 @@ class TokenStream:
         self._epoch_docs += n
         if shard.info.tokens - skip <= 0:
             return
-        order = window_order(n, self.config.shuffle_window, self.config.seed, epoch, index)
+        # a held-out pass reads sources in turn, so a capped evaluation reads every one
+        order = interleave_order(shard.source_codes) if self.finite else \
+            window_order(n, self.config.shuffle_window, self.config.seed, epoch, index)
         sizes = shard.sizes if order is None else shard.sizes[order]
         cum = np.zeros(n + 1, np.int64)
         np.cumsum(sizes, out=cum[1:])
