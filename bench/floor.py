@@ -160,10 +160,21 @@ def run_job(job: dict, label: str) -> dict:
 def phase_times(result: dict) -> list[tuple[str, float]]:
     """(what, seconds) for imports and each logged phase/plan, from the child's events."""
     marks = [(0.0, "start"), (result["imports"], "imports")] + [(t, m) for t, m in result["events"]] + [(result["end"], "end")]
-    out = [("start python + imports", result["imports"])]
+    out = [("import curate and pipelines", result["imports"])]
     for (t, msg), (t_next, _) in zip(marks[1:-1], marks[2:]):
-        out.append((msg.split(":")[0] if msg.startswith("phase") else msg.split(" over ")[0].replace("planned", "plan"), t_next - t))
+        out.append((_phase_label(msg), t_next - t))
     return out
+
+
+def _phase_label(msg: str) -> str:
+    """What the time from the log line ``msg`` to the next one was spent on."""
+    if msg == "imports":
+        return "job file, inputs listed, tasks made"
+    if msg.startswith("phase"):
+        return msg.split(":")[0]
+    if msg.startswith("planning"):
+        return "plan " + msg.split()[1].rstrip(":")
+    return "after plan " + msg.split()[1]  # "planned X in ..": until the next phase starts
 
 
 def jobs_section(corpus: Path, workers: list[int], rounds: int, only: list[str] | None) -> None:
