@@ -300,9 +300,9 @@ print(time.perf_counter() - t0)
 def per_family(frame, rounds: int) -> None:
     """Each family's own time (winnow's stage on the batch, datatrove's filter per document), one thread, A B A B."""
     os.environ["POLARS_MAX_THREADS"] = "1"  # children and this process's later imports; the jobs above use what they use
-    from filters import families as filter_families, run_datatrove, run_winnow
-
     import polars as pl
+    from filters import families as filter_families
+    from filters import run_datatrove, run_winnow
 
     texts = frame["text"].to_list()
     batch = pl.DataFrame({"id": [str(i) for i in range(len(texts))], "source": "bench", "text": texts, "meta": None},

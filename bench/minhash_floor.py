@@ -139,7 +139,8 @@ def kernel_section(corpus: Path, rounds: int, datasketch_docs: int) -> None:
 
 # -- end to end -----------------------------------------------------------------------------
 def run_winnow(corpus: Path, work: Path, workers: int) -> set[str]:
-    from curate.pipeline import run_job
+    # curate before polars, as the winnow command imports them: curate sets polars' allocator options (curate/__init__.py)
+    from curate.pipeline import run_job  # noqa: I001
     from pipelines.jobfile import job_from_dict
 
     import polars as pl
