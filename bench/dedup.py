@@ -530,15 +530,10 @@ class _TreeRss(threading.Thread):
             self.peak, self.peak_anon = max(self.peak, total), max(self.peak_anon, anon)
 
 
-def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
-    """Run ``system`` on ``data`` in a fresh subprocess: docs/s over its wall time, peak RSS, precision, recall."""
-    n_docs = sum(1 for _ in _read_jsonl(data))
-    work = DATA / "work" / system
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+def run_sampled(cmd: list[str], label: str, **popen) -> tuple[float, _TreeRss, str]:
+    """Run ``cmd`` while sampling its process tree's RSS: ``(wall seconds, the sampler, stdout)``; exits with its stderr on failure."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", system, "--data", str(data), "--work", str(work)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **popen)
     sampler = _TreeRss(proc.pid)
     sampler.start()
     out, err = proc.communicate()
@@ -546,7 +541,17 @@ def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
     sampler.stop.set()
     sampler.join()
     if proc.returncode != 0:
-        raise SystemExit(f"{system} failed:\n{err[-3000:]}")
+        raise SystemExit(f"{label} failed:\n{err[-3000:]}")
+    return wall, sampler, out
+
+
+def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
+    """Run ``system`` on ``data`` in a fresh subprocess: docs/s over its wall time, peak RSS, precision, recall."""
+    n_docs = sum(1 for _ in _read_jsonl(data))
+    work = DATA / "work" / system
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    wall, sampler, out = run_sampled([sys.executable, __file__, "--child", system, "--data", str(data), "--work", str(work)], system)
     stats = json.loads(out.strip().splitlines()[-1])
     precision, recall = score(set(json.loads((work / "removed.json").read_text())), comps)
     return {"system": system, "docs": n_docs, "docs_per_s": n_docs / wall, "wall_s": wall, "peak_rss_mb": stats["peak_rss"] / 2**20,

@@ -13,7 +13,6 @@ per document, which changes a decision only for documents sitting on a threshold
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 #: One token per match; alternatives are tried left to right at each position.
@@ -53,14 +52,6 @@ def token_table(text: pl.Series, *, hash_seed: int | None = None) -> pl.DataFram
     if hash_seed is not None:
         cols.append(pl.col("tok").hash(seed=hash_seed).alias("h"))
     return tokens.with_columns(cols)
-
-
-def segment_offsets(row: np.ndarray, n_docs: int) -> np.ndarray:
-    """CSR offsets (length ``n_docs + 1``) of a sorted ``row`` index array."""
-    counts = np.bincount(row, minlength=n_docs) if len(row) else np.zeros(n_docs, dtype=np.int64)
-    offsets = np.zeros(n_docs + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return offsets
 
 
 def per_row(values: pl.DataFrame, n_docs: int, fill: dict[str, object]) -> pl.DataFrame:

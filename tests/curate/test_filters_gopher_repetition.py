@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 
 from curate.errors import ConfigError
 from curate.stages.base import StageContext
 from curate.stages.filters.gopher_repetition import GopherRepetitionConfig, GopherRepetitionFilter
-from curate.text.repetition import duplicate_ngram_chars, top_ngram_chars
 
 UNIQUE = [
     "Rivers carve valleys over millions of years.", "Bakers knead dough before dawn each morning.",
@@ -72,19 +70,6 @@ def test_rule_trips(rule):
 def test_empty_text_rejected_by_name():
     assert run("") == "filter:gopher_repetition_empty"
     assert run("", reject_empty=False) is None
-
-
-def test_kernels_match_reference_definitions():
-    words = "a b a b c a b c d a b".split()
-    h = np.array([hash(w) & (2**63 - 1) for w in words], dtype=np.uint64)
-    chars = np.array([len(w) for w in words], dtype=np.int64)
-    offsets = np.array([0, len(words)], dtype=np.int64)
-    # "a b" occurs 4 times; " ".join length 3 -> 12 characters.
-    assert top_ngram_chars(h, chars, offsets, 2)[0] == 12
-    # 2-grams scanned greedily: (a b) new, (b a) new, (a b) dup -> skip 2, (c a) new, (a b) dup -> skip, (c d) new,
-    # (d a) new, (a b) dup -> 3 duplicates of 2 characters each.
-    assert duplicate_ngram_chars(h, chars, offsets, 2)[0] == 6
-    assert top_ngram_chars(h, chars, np.array([0, 1], dtype=np.int64), 2)[0] == -1
 
 
 def test_bad_ngram_key_names_it():

@@ -1,10 +1,10 @@
 """``filter.gopher_repetition``: the MassiveText repetition rules (Rae et al. 2021, appendix A.1.1, table A1).
 
-Line and paragraph duplicates are counted with polars (group by document and segment
-hash); n-gram fractions come from the compiled kernels in ``curate.text.repetition``.
-Every fraction is over the document's characters, as in datatrove's
-``GopherRepetitionFilter``, whose segmentation (paragraphs split on ``\\n{2,}`` of the
-stripped text, lines on ``\\n+``) this mirrors.
+Every count comes from one compiled pass per document (``curate.text.repetition``):
+duplicate lines and paragraphs, and the top and duplicate word n-grams. Every fraction is
+over the document's characters, as in datatrove's ``GopherRepetitionFilter``, whose
+segmentation (paragraphs split on ``\\n{2,}`` of the stripped text, lines on ``\\n+``) this
+mirrors.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from curate.errors import ConfigError
+from curate.dedup.text import string_buffers
+from curate.errors import ConfigError, StageError
 from curate.stages.filters.base import FilterConfig, RuleFilter
-from curate.text.repetition import duplicate_ngram_chars, top_ngram_chars
-from curate.text.words import per_row, segment_offsets, token_table
+from curate.text.codepoints import TABLE
+from curate.text.repetition import DUP_NS, MAX_WORDS, SEGMENT_COUNTS, TOP_NS, repetition_counts
 
 #: Table A1 of Rae et al. 2021: top n-gram character fraction thresholds, n = 2..4.
 TOP_NGRAM_DEFAULTS = {"2": 0.20, "3": 0.18, "4": 0.16}
 #: Table A1 of Rae et al. 2021: duplicate n-gram character fraction thresholds, n = 5..10.
 DUP_NGRAM_DEFAULTS = {"5": 0.15, "6": 0.14, "7": 0.13, "8": 0.12, "9": 0.11, "10": 0.10}
-_HASH_SEED = 0x5EED
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,41 +55,31 @@ class GopherRepetitionConfig(FilterConfig):
                     raise ConfigError(f"filter.gopher_repetition.{name}[{n!r}] = {v!r} is invalid; allowed: a fraction in [0, 1]")
 
 
-def _segment_duplicates(text: pl.Series, segments: pl.Expr, prefix: str) -> pl.DataFrame:
-    """Per document: number of segments, duplicate segments and their characters (first occurrences excluded)."""
-    parts = (
-        pl.DataFrame({"text": text})
-        .select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), segments.alias("seg"))
-        .explode("seg")
-        .with_columns(pl.col("seg").hash(seed=_HASH_SEED).alias("h"), pl.col("seg").str.len_chars().alias("chars"))
-    )
-    groups = parts.group_by("row", "h").agg(pl.len().alias("n"), pl.col("chars").first())
-    dup = groups.group_by("row").agg(
-        pl.col("n").sum().alias(f"{prefix}s"),
-        (pl.col("n") - 1).sum().alias(f"{prefix}_dups"),
-        ((pl.col("n") - 1) * pl.col("chars")).sum().alias(f"{prefix}_dup_chars"),
-    )
-    return per_row(dup, len(text), {f"{prefix}s": 0, f"{prefix}_dups": 0, f"{prefix}_dup_chars": 0})
-
-
-def gopher_repetition_metrics(text: pl.Series, top_ns=(2, 3, 4), dup_ns=(5, 6, 7, 8, 9, 10)) -> pl.DataFrame:
+def gopher_repetition_metrics(text: pl.Series, top_ns=TOP_NS, dup_ns=DUP_NS) -> pl.DataFrame:
     """Gopher repetition fractions per document; null for empty documents and n-gram sizes longer than the document."""
-    t = pl.col("text")
-    paras = _segment_duplicates(text, t.str.strip_chars().str.split(r"\n{2,}", literal=False), "para")
-    lines = _segment_duplicates(text, t.str.split(r"\n+", literal=False), "line")
-    tokens = token_table(text, hash_seed=_HASH_SEED)
-    h, chars = tokens["h"].to_numpy(), tokens["chars"].to_numpy()
-    offsets = segment_offsets(tokens["row"].to_numpy(), len(text))
-    ngrams = {f"gopher_top_{n}gram_frac": top_ngram_chars(h, chars, offsets, n) for n in top_ns}
-    ngrams |= {f"gopher_dup_{n}gram_frac": duplicate_ngram_chars(h, chars, offsets, n) for n in dup_ns}
-    frame = pl.concat([pl.DataFrame({"text": text}), paras, lines, pl.DataFrame(ngrams)], how="horizontal")
-    n_chars = t.str.len_chars().cast(pl.Float64).replace(0.0, None)
-    return frame.select(
+    text = text.fill_null("")
+    offsets, data = string_buffers(text)
+    longest = int((offsets[1:] - offsets[:-1]).max()) if len(text) else 0
+    if longest >= MAX_WORDS:
+        row = int((offsets[1:] - offsets[:-1]).argmax())
+        raise StageError(f"filter.gopher_repetition: document at row {row} of the batch holds {longest} bytes; "
+                         f"documents of {MAX_WORDS} bytes or more are not supported: split it first")
+    segments, top, dup = repetition_counts(offsets, data, *TABLE.cover(offsets, data))
+    counts = {name: segments[i] for i, name in enumerate(SEGMENT_COUNTS)}
+    ngrams = {f"gopher_top_{n}gram_frac": top[TOP_NS.index(n)] for n in top_ns}
+    ngrams |= {f"gopher_dup_{n}gram_frac": dup[DUP_NS.index(n)] for n in dup_ns}
+    return repetition_fractions(pl.DataFrame({"text": text, **counts, **ngrams}), list(ngrams))
+
+
+def repetition_fractions(counts: pl.DataFrame, ngrams: list[str]) -> pl.DataFrame:
+    """The metric columns from per-document counts (``text``, ``SEGMENT_COUNTS`` and the n-gram character columns)."""
+    n_chars = pl.col("text").str.len_chars().cast(pl.Float64).replace(0.0, None)
+    return counts.select(
         (pl.col("para_dups") / pl.col("paras").cast(pl.Float64).replace(0.0, None)).alias("gopher_dup_para_frac"),
         (pl.col("para_dup_chars") / n_chars).alias("gopher_dup_para_char_frac"),
         (pl.col("line_dups") / pl.col("lines").cast(pl.Float64).replace(0.0, None)).alias("gopher_dup_line_frac"),
         (pl.col("line_dup_chars") / n_chars).alias("gopher_dup_line_char_frac"),
-        # top_ngram_chars is -1 when the document has fewer than n words: no such n-gram, no rule.
+        # a top n-gram count of -1: the document has fewer than n words, so no such n-gram and no rule.
         *[(pl.col(c).replace(-1, None) / n_chars).alias(c) for c in ngrams],
     )
 
