@@ -23,12 +23,26 @@ from pathlib import Path
 
 from curate.atomic import write_json_atomic
 from curate.errors import OutputError, WinnowError
+from curate.lock import LOCK
 from curate.wholefile import MANIFEST_BYTES, read_whole
 from curate.workdir import WorkDir
 
 MARKER = ".winnow-output"
 #: Entries a winnow job writes in its output folder; a fresh run removes these and nothing else.
 OWN_ENTRIES = ("_work", "shards", "rejects", "artifacts", "manifest.json")
+
+
+def make_folder(out: Path) -> None:
+    """Create the output folder (and its parents); ``OutputError`` when it is a file or cannot be written."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output {out} is a file, not a folder; give a folder path (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(
+            f"cannot write the output folder {out}: {err.strerror or err}; choose a folder you can write "
+            f"(--output or [job] output) or fix its permissions"
+        ) from err
 
 
 def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
@@ -40,10 +54,9 @@ def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
     """
     if work is not None and work.remote:
         return _claim_remote(work, job_name)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"output {out} is a file, not a folder; give a folder path (it is created if missing)")
+    make_folder(out)
     marker = out / MARKER
-    existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    existing = sorted(p.name for p in out.iterdir() if p.name != LOCK)
     if existing and all(name.startswith(f".{MARKER}.") and name.endswith(".tmp") for name in existing):
         for name in existing:  # a run killed while writing the marker itself: the folder is still new
             (out / name).unlink()
@@ -73,7 +86,8 @@ def _claim_remote(work: WorkDir, job_name: str) -> bool:
     out = work.out
     if work.fs.isfile(work.url(out)):
         raise OutputError(f"output {work.output} is an object, not a prefix; give a folder-like URL (s3://bucket/job)")
-    existing = [name for name in work.listdir(out) if not (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))]
+    existing = [name for name in work.listdir(out)
+                if name != LOCK and not (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))]
     has_marker = MARKER in existing
     if existing and not has_marker:
         old = work.exists(work.root / "fingerprint") or (work.fetch(out / "manifest.json", missing_ok=True)

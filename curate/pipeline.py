@@ -36,9 +36,10 @@ from curate.errors import OutputError, StageError
 from curate.executors import Executor, release_memory
 from curate.fields import resolve_field_types
 from curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
+from curate.lock import FolderLock
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
-from curate.outdir import OWN_ENTRIES, claim, clear_own_entries, restrict_mode
+from curate.outdir import OWN_ENTRIES, claim, clear_own_entries, make_folder, restrict_mode
 from curate.progress import PhaseProgress
 from curate.readers import plan_read_tasks, read_task
 from curate.reuse import adopt_phase, adopt_plan, reused, write_key
@@ -123,6 +124,7 @@ class Runner:
                                                              else str(Path(reuse_from).resolve()))
         self.out = self.work.out
         self.progress = progress
+        self.lock: FolderLock | None = None  # one run per output folder, taken before the folder is touched
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
         self._layout()
         self.plan_seconds: dict[str, float] = {}
@@ -142,6 +144,9 @@ class Runner:
         finally:
             if umask is not None:
                 os.umask(umask)
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
             drop_root(self.job.job.output)  # a URL output's local mirror: the store holds everything
         if mode is not None:
             restrict_mode(self.out, mode)  # also what Ray workers and the atomic writer made
@@ -155,6 +160,11 @@ class Runner:
         executor = Executor(workers=self.job.job.workers, kind=self.job.job.executor,
                             address=self.job.job.ray_address, max_retries=self.job.job.ray_max_retries)
         executor.start()  # a Ray cluster that cannot be joined fails here, before the output is touched
+        if self.lock is None:
+            if not self.work.remote:
+                make_folder(self.out)  # a file, or a folder nobody may write: said before the lock goes in
+            self.lock = FolderLock(self.job.job.output, what="output folder", setting="job.output",
+                                   storage_options=self.job.job.storage_options).acquire()
         self._prepare(read_tasks)
         self._layout()
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
@@ -164,6 +174,7 @@ class Runner:
         keys = phase_keys(self.plan_job, self.phases, self.prints, spill_ids=self.optimistic)
         with executor as self.executor:
             for phase in self.phases:
+                self.lock.check()  # on a store: stop if a stall let another run take the folder over
                 if self.reuse is not None and not phase.final:
                     adopt_phase(self.work, self.reuse, phase.index, len(read_tasks), keys[phase.index])
                 write_key(self.work.phase_prefix(phase.index), keys[phase.index])
