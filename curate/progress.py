@@ -26,8 +26,9 @@ class PhaseProgress:
         self._start = 0.0
 
     def __enter__(self) -> PhaseProgress:
-        self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, leave=False,
-                         disable=None if self.enabled else True)
+        self._bar = tqdm(
+            total=self.total, desc=self.desc, unit=self.unit, leave=False, disable=None if self.enabled else True
+        )
         self._start = time.perf_counter()
         if self.lines:
             log.info("%s: %d %s(s)", self.desc, self.total, self.unit)

@@ -17,7 +17,7 @@ from typing import Any
 
 from curate.config import Job, JobSection
 from curate.errors import ConfigError
-from pipelines.jobfile import build_config, check_top_level, load_job, read_toml
+from pipelines.jobfile import build_config, check_sources, check_top_level, load_job, read_toml
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,8 +37,13 @@ class CheckedJob:
     unchecked: str | None = None  # a table that needs a package this install lacks
 
 
-def validate(path: str | Path, *, output: str | None = None, workers: int | None = None,
-             train_overrides: dict[str, Any] | None = None) -> CheckedJob:
+def validate(
+    path: str | Path,
+    *,
+    output: str | None = None,
+    workers: int | None = None,
+    train_overrides: dict[str, Any] | None = None,
+) -> CheckedJob:
     """Build every table of the job file; a ``ConfigError`` names the first mistake (file, table, key)."""
     raw = read_toml(path)
     check_top_level(raw, Path(path).name)
@@ -66,7 +71,20 @@ def validate(path: str | Path, *, output: str | None = None, workers: int | None
         checked.train = load_train_config(Path(path), **overrides)
     if "ablate" in raw:
         checked.ablate = build_config(AblateConfig, raw["ablate"], f"{path} [ablate]")
+    if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
+        _check_training_sources(checked, Path(path).name)
     return checked
+
+
+def _check_training_sources(checked: CheckedJob, name: str) -> None:
+    """The training tables that name sources, when they train on the job's own shards: the sources its inputs declare."""
+    inputs, stop = checked.job.inputs, checked.train.stop
+    check_sources(stop.sources, inputs, f"{name} [train.stop] key 'sources'")
+    check_sources(stop.thresholds, inputs, f"{name} [train.stop] key 'thresholds'")
+    if checked.ablate is not None:
+        check_sources(checked.ablate.sources, inputs, f"{name} [ablate] key 'sources'")
+        for variant, mix in checked.ablate.mixes.items():
+            check_sources(mix, inputs, f"{name} [ablate] key 'mixes.{variant}'")
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -78,9 +96,11 @@ def run_check(args: argparse.Namespace) -> int:
         job = checked.job
         files = [len(list_files(cfg)) for cfg in job.inputs]  # a wrong path fails here, naming the input
         inputs = ", ".join(f"{cfg.label} ({n} file{'s' * (n != 1)})" for cfg, n in zip(job.inputs, files))
-        lines += [f"inputs:  {inputs}",
-                  f"stages:  {' -> '.join(s.kind for s in job.stages) or '(none)'}",
-                  f"output:  {job.job.output} ({', '.join(job.output.formats)})"]
+        lines += [
+            f"inputs:  {inputs}",
+            f"stages:  {' -> '.join(s.kind for s in job.stages) or '(none)'}",
+            f"output:  {job.job.output} ({', '.join(job.output.formats)})",
+        ]
     if checked.train is not None:
         t = checked.train
         lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {t.output}")

@@ -213,21 +213,26 @@ def check_source_names(inputs: list[InputConfig], stages: list[StageSpec], name:
     When an input takes its sources from a column (``source_field``), other names may appear at
     run time: then an unknown name is a warning, not an error.
     """
-    declared = [i.source for i in inputs if i.source is not None]
-    dynamic = [i.source_field for i in inputs if i.source_field is not None]
-    if not declared:
-        return
     for i, spec in enumerate(stages):
         for key in type(spec.config).SOURCE_KEYS:
-            value = getattr(spec.config, key, None)
-            names = [value] if isinstance(value, str) else list(value or [])  # a list, or a table's keys
-            for source in names:
-                if source in declared:
-                    continue
-                close = difflib.get_close_matches(source, declared, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                message = (f"{name} [[stages]] #{i + 1} ({spec.kind}) key {key!r}: no input has source {source!r}{hint}; "
-                           f"the inputs' sources: {', '.join(declared)}")
-                if not dynamic:
-                    raise ConfigError(message)
-                log.warning("%s (it may still come from the source_field column %r)", message, dynamic[0])
+            check_sources(getattr(spec.config, key, None), inputs, f"{name} [[stages]] #{i + 1} ({spec.kind}) key {key!r}")
+
+
+def check_sources(value: Any, inputs: list[InputConfig], where: str) -> None:
+    """``value`` (a source name, a list of them, or a table keyed by them) names only sources ``inputs`` declare.
+
+    An unknown name is a ``ConfigError`` naming ``where`` with a did-you-mean; when an input takes its
+    sources from a column (``source_field``), other names may appear at run time, so it is a warning.
+    """
+    declared = [i.source for i in inputs if i.source is not None]
+    dynamic = [i.source_field for i in inputs if i.source_field is not None]
+    names = [value] if isinstance(value, str) else list(value or [])  # a list, or a table's keys
+    for source in names if declared else []:
+        if source in declared:
+            continue
+        close = difflib.get_close_matches(source, declared, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        message = f"{where}: no input has source {source!r}{hint}; the inputs' sources: {', '.join(declared)}"
+        if not dynamic:
+            raise ConfigError(message)
+        log.warning("%s (it may still come from the source_field column %r)", message, dynamic[0])

@@ -19,10 +19,10 @@ from pipelines.cleanup import removed_on_failure
 from pipelines.curate import print_summary
 from pipelines.jobfile import read_toml
 from pipelines.provenance import write_provenance
-from pipelines.report.page import write_report
 from pipelines.report import counterfactual as cf_text
+from pipelines.report.page import write_report
 from pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
-from pipelines.train import build_trainer, load_train_config, run_inputs
+from pipelines.train import build_trainer, load_train_config, model_line, run_inputs
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
         with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
             write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
+            print(model_line(trainer))
             summary = trainer.fit()
         if summary["preempted"]:
             print(f"training preempted at step {summary['step']}; re-run the same command to resume")

@@ -12,7 +12,9 @@ from pathlib import Path
 from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
 from curate.lock import FolderLock
-from pipelines.jobfile import build_config, read_toml
+from curate.names import path_name
+from pipelines.cleanup import removed_on_failure
+from pipelines.jobfile import build_config, check_top_level, read_toml
 from pipelines.provenance import write_provenance
 from train.build import build_run
 from train.config import TrainConfig
@@ -41,7 +43,11 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
     ``out/<folder name>/train`` for any other (winnow writes nothing into data it did not make).
     """
     raw = read_toml(job)
-    table = dict(raw.get("train") or {})
+    check_top_level(raw, Path(job).name)
+    if "train" not in raw:
+        raise ConfigError(f"{job}: no [train] table, so there is nothing to say how to train; add one (a [train] header "
+                          "with e.g. steps = 300; `winnow config show train` lists its keys)")
+    table = dict(raw["train"])
     table.update({k: v for k, v in overrides.items() if v is not None and k != "output"})
     table.setdefault("shards", (raw.get("job") or {}).get("output"))
     first = table["shards"][0].get("path") if isinstance(table["shards"], list) and table["shards"] and \
@@ -63,7 +69,7 @@ def default_run_folder(shards: str | None) -> str:
         return "out/train"
     if "://" not in str(shards) and (Path(shards) / "manifest.json").is_file():
         return str(Path(shards) / "train")
-    return str(Path("out") / (str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
+    return str(Path("out") / path_name(str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
 
 
 def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,
@@ -166,13 +172,18 @@ def save_views(data: Loader, run_dir: Path) -> None:
                   f"Parquet file(s), {sum(s['rows'] for s in v['shards'])} rows, sources {v['sources']} (saved in {path})")
 
 
+def model_line(trainer: Trainer) -> str:
+    """The model's size and the peak FLOP/s its MFU is measured against, with where that figure comes from."""
+    total, active = trainer.model.cfg.param_counts()
+    return (f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
+            f"FLOP/s ({trainer.peak_basis})")
+
+
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
-    with build_trainer(cfg, progress=not args.quiet) as trainer:
+    with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
         write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
-        total, active = trainer.model.cfg.param_counts()
-        print(f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
-              f"FLOP/s ({trainer.peak_basis})")
+        print(model_line(trainer))
         summary = trainer.fit()
     shutdown()
     if not trainer.parallel.is_main:

@@ -238,7 +238,7 @@ def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None
                          reduce=parallel.reduce_sum) if cfg.mixing.active else None)
     return build_trainer(cfg, data=data, sources=data.sources, val_data=val_data if held_out else None,
                          parallel=parallel, teacher=teacher, mixer=mixer, init=init,
-                         progress=TrainProgress(total=cfg.steps, enabled=progress))
+                         progress=TrainProgress(total=cfg.steps, every=cfg.metrics.log_every, enabled=progress))
 
 
 def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str], sources: list[str] | None, *,

@@ -86,7 +86,7 @@ def measured_peak(device: str, threads: int = 0) -> tuple[float, str]:
     torch.mm(a, b)  # warm-up: kernel selection, thread pool start
     sync()
     best, repeats, start = float("inf"), 0, time.perf_counter()
-    while repeats < 3 or time.perf_counter() - start < MATMUL_SECONDS:
+    while repeats < 5 or time.perf_counter() - start < MATMUL_SECONDS:
         t0 = time.perf_counter()
         torch.mm(a, b)
         sync()

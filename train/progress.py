@@ -49,8 +49,15 @@ class TrainProgress:
             return
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=self.total, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=None,
-                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+        bar = tqdm(
+            total=self.total,
+            initial=step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=None,
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
+        )
         if bar.disable:
             self._lines = True
         else:
@@ -78,8 +85,16 @@ class TrainProgress:
         elif step % self.every == 0 or step >= self.total:
             steps_per_s = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else 0.0
             eta = _interval((self.total - step) / steps_per_s) if steps_per_s else "-"
-            log.info("step %d/%d (%d%%) loss %s tokens/s %s elapsed %s eta %s", step, self.total,
-                     100 * step // max(self.total, 1), loss_text, self._rate, _interval(now - self._start), eta)
+            log.info(
+                "step %d/%d (%d%%) loss %s tokens/s %s elapsed %s eta %s",
+                step,
+                self.total,
+                100 * step // max(self.total, 1),
+                loss_text,
+                self._rate,
+                _interval(now - self._start),
+                eta,
+            )
 
     def evaluating(self, batches: Iterable, *, total: int | None) -> Iterator:
         """``batches`` unchanged, counted on a second bar (or in one log line) while the held-out set is evaluated."""
@@ -88,8 +103,16 @@ class TrainProgress:
             return
         from tqdm.auto import tqdm
 
-        bar = tqdm(batches, total=total, desc="eval", unit="batch", leave=False, position=1 if self._bar else 0,
-                   dynamic_ncols=True, disable=None)
+        bar = tqdm(
+            batches,
+            total=total,
+            desc="eval",
+            unit="batch",
+            leave=False,
+            position=1 if self._bar else 0,
+            dynamic_ncols=True,
+            disable=None,
+        )
         start, count = time.perf_counter(), 0
         try:
             for batch in bar:

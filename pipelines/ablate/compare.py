@@ -130,11 +130,12 @@ class Effect:
 
     def row(self, sources: list[str]) -> dict:
         """A flat table row (``effects.csv``)."""
-        c, curve = self.curation, self.curve
+        c, curve, own = self.curation, self.curve, self.kind != "baseline"  # the baseline: deltas 0, no verdict
         row = {"variant": self.variant, "kind": self.kind, "change": self.describe, "seeds": self.seeds,
-               "mean_delta": self.mean.value, "mean_noise": self.mean.noise, "verdict": self.mean.verdict,
+               "mean_held_out": float(np.mean(list(self.held_out.values()))) if self.held_out else None,
+               "mean_delta": self.mean.value, "mean_noise": self.mean.noise, "verdict": self.mean.verdict if own else None,
                "area_delta": curve.area.value if curve else None, "area_noise": curve.area.noise if curve else None,
-               "area_verdict": curve.area.verdict if curve else None,
+               "area_verdict": curve.area.verdict if curve and own else None,
                "first_step_at_baseline_final": curve.first_step if curve else None,
                "train_rows": c.rows if c else None, "rows_change": c.rows_change if c else None,
                "train_tokens": c.tokens if c else None, "tokens_unit": c.unit if c else None,
@@ -163,6 +164,7 @@ def effects(results: list[dict], sources: list[str], curation: dict[str, dict] |
     """The baseline (its seeds' mean, every delta 0) and then one ``Effect`` per variant, in plan order."""
     curation = curation or {}
     base_runs = baselines(results)
+    sources = [s for s in sources if any(r["held_out"].get(s) is not None for r in base_runs)]  # those held out
     steps = base_runs[0].get("steps")
     groups: dict[str, list[dict]] = {}
     for r in results:

@@ -49,11 +49,18 @@ def _response(r: float, q: float) -> float:
     return (r**q - 1) / q
 
 
-def _prediction(ratio: np.ndarray, slope: np.ndarray, error: np.ndarray, q: float, sources: list[str]
+def _prediction(ratio: np.ndarray, slope: np.ndarray, error: np.ndarray, q: float, sources: list[str],
+                varied_source: str | None = None
                 ) -> tuple[str | None, float | None, np.ndarray | None, np.ndarray | None]:
-    """(varied source, factor, predicted (B,), interval (B,)) of a mix given as share ratios to the baseline's."""
+    """(varied source, factor, predicted (B,), interval (B,)) of a mix given as share ratios to the baseline's.
+
+    ``varied_source`` is the source a leave-one-out or weights variant scaled; without it, a mix where one source's
+    ratio differs and the others' agree is read as that source scaled (of two sources either could be: such a
+    mix is predicted as a mix, from its log ratios)."""
     varied = np.flatnonzero(~np.isclose(ratio, np.median(ratio)))
-    if len(ratio) > 2 and len(varied) == 1:  # one source scaled against the others, which moved alike
+    if varied_source in sources:
+        varied = np.array([sources.index(varied_source)])
+    if len(varied) == 1 and (len(ratio) > 2 or varied_source in sources):  # one scaled, the others moved alike
         a = int(varied[0])
         others = np.delete(ratio, a).mean()
         r = float(ratio[a] / others)
@@ -87,7 +94,7 @@ def compare_with_counterfactual(results: list[dict], counterfactuals: list[dict]
         if w.sum() <= 0:
             continue
         ratio = np.divide(w / w.sum(), base_share, out=np.ones_like(w), where=base_share > 0)
-        varied, factor, predicted, interval = _prediction(ratio, slope, error, q, sources)
+        varied, factor, predicted, interval = _prediction(ratio, slope, error, q, sources, runs[0].get("varied"))
         if predicted is None:
             continue
         for j, s in enumerate(held):

@@ -77,12 +77,12 @@ def curation_variants(cfg: AblateConfig, seed: int, job: CurationJob | None) -> 
 
 
 def _leave_one_out(c: PlanContext) -> list[dict]:
-    return [{"name": f"without_{s}", "kind": "leave_one_out", "seed": c.seed,
+    return [{"name": f"without_{s}", "kind": "leave_one_out", "seed": c.seed, "varied": s,
              "weights": {k: w for k, w in c.base.items() if k != s}} for s in c.chosen]
 
 
 def _weights(c: PlanContext) -> list[dict]:
-    return [{"name": f"{s}_x{f:g}", "kind": "weights", "seed": c.seed,
+    return [{"name": f"{s}_x{f:g}", "kind": "weights", "seed": c.seed, "varied": s,
              "weights": {k: w * (f if k == s else 1.0) for k, w in c.base.items() if k != s or f > 0}}
             for s in c.chosen for f in c.cfg.factors]
 

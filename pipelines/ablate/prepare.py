@@ -168,18 +168,23 @@ def _train_sources(job_dir: Path) -> set[str]:
     return {src for s in manifest["shards"] if s["split"] == "train" for src, n in s["sources"].items() if n}
 
 
-def _held_out_ids(job_dir: str) -> pl.Series:
+def _parquet(job_dir: str | Path, split: str) -> list[Path]:
     manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
-    paths = [Path(job_dir) / s["path"] for s in manifest["shards"] if s["split"] == "val" and s["format"] == "parquet"]
-    return pl.concat([pl.read_parquet(p, columns=["id"]) for p in paths])["id"] if paths else pl.Series("id", [], pl.String)
+    return [Path(job_dir) / s["path"] for s in manifest["shards"] if s["split"] == split and s["format"] == "parquet"]
 
 
-def _check_held_out(job_dir: str, held_out: pl.Series, name: str, key: str) -> None:
-    """No train row of the variant is a held-out row of the baseline."""
-    manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
-    paths = [Path(job_dir) / s["path"] for s in manifest["shards"] if s["split"] == "train" and s["format"] == "parquet"]
-    ids = pl.concat([pl.read_parquet(p, columns=["id"]) for p in paths])["id"] if paths else held_out.clear()
-    leaked = ids.filter(ids.is_in(held_out.implode())).unique(maintain_order=True)
+def _held_out_ids(job_dir: str) -> pl.DataFrame:
+    """The ids of the baseline's val rows (a small split: held in memory)."""
+    return pl.scan_parquet(_parquet(job_dir, "val")).select("id").unique().collect()
+
+
+def _check_held_out(job_dir: str, held_out: pl.DataFrame, name: str, key: str) -> None:
+    """No train row of the variant is a held-out row of the baseline (its train ids are scanned, not held)."""
+    paths = _parquet(job_dir, "train")
+    if not paths:
+        return
+    leaked = pl.scan_parquet(paths).select("id").join(held_out.lazy(), on="id", how="semi").unique() \
+        .collect(engine="streaming")["id"].sort()
     if leaked.len():
         raise ConfigError(f"ablate: variant {name!r} ({key}) trains on {leaked.len()} row(s) of the baseline's held-out "
                           f"split (e.g. {leaked[0]!r}), on which every run is measured; allowed: changes that keep the "

@@ -126,7 +126,7 @@ def test_a_tokenizer_that_cannot_load_names_path_and_key(tmp_path, content):
     path = tmp_path / "tok.json"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(ConfigError, match=r"output\.tokens\.tokenizer = .*tok\.json"):
+    with pytest.raises(ConfigError, match=r"output\.tokens\.tokenizer\b.*tok\.json"):
         TokensConfig(tokenizer=str(path))
 
 

@@ -197,6 +197,41 @@ def test_a_variant_whose_curation_fails_stops_the_study_and_the_finished_ones_ar
     assert marker.stat().st_mtime_ns == before  # curated once: kept, not curated again
 
 
+def test_effects_have_the_seed_noise_a_verdict_the_curve_and_the_curation_side():
+    from pipelines.ablate.compare import effects
+
+    def run(name, kind, seed, losses, group=None, **extra):
+        curve = [{"step": 10 * (i + 1), "held_out": {"a": v, "b": v}} for i, v in enumerate(losses)]
+        return {"name": name, "kind": kind, "seed": seed, "weights": {"a": 1.0}, "steps": 30, "curve": curve,
+                "held_out": {"a": losses[-1], "b": losses[-1]}, **({"group": group} if group else {}), **extra}
+
+    results = [run("baseline", "baseline", 0, [3.0, 2.6, 2.40]), run("baseline_seed1", "noise", 1, [3.0, 2.6, 2.42]),
+               run("baseline_seed2", "noise", 2, [3.0, 2.6, 2.44]),
+               run("order_shuffled", "order", 0, [3.0, 2.8, 2.60], describe="shuffled"),
+               run("order_shuffled_seed1", "order", 1, [3.0, 2.8, 2.62], group="order_shuffled"),
+               run("drop_x", "drop", 0, [2.9, 2.41, 2.415], describe="without x"),
+               run("mix_00", "random_mix", 0, [3.0, 2.4], steps=20)]  # another length: not compared
+    summary = {"rows": 100, "tokens": 1000, "unit": "tokens", "rejected": {"filter:x": 10, "dedup:minhash": 5}}
+    curation = {"baseline": summary, "drop_x": {**summary, "rows": 110, "tokens": 1120, "rejected": {"dedup:minhash": 5}}}
+    found = effects(results, ["a", "b"], curation)
+    assert [e.variant for e in found] == ["baseline", "order_shuffled", "drop_x"]
+    shuffled, drop = found[1], found[2]
+    noise = 2 * 0.02 * (1 / 2 + 1 / 3) ** 0.5  # sd of (2.40, 2.42, 2.44) is 0.02
+    assert shuffled.mean.value == pytest.approx(2.61 - 2.42) and shuffled.mean.noise == pytest.approx(noise)
+    assert shuffled.delta["a"].verdict == "higher" and shuffled.seeds == 2
+    assert drop.mean.value == pytest.approx(-0.005) and drop.mean.verdict == "can't tell"  # within 2 SE
+    # the baseline's final mean loss is 2.42: drop_x is there at step 20, the baseline at 30, shuffled never
+    assert (found[0].curve.first_step, drop.curve.first_step, shuffled.curve.first_step) == (30, 20, None)
+    assert drop.curve.area.value == pytest.approx((26.55 + 24.125) / 20 - (28 + 25.1) / 20)
+    assert (drop.curve.area.verdict, shuffled.curve.area.verdict) == ("lower", "higher")
+    assert (drop.curation.rows_change, drop.curation.tokens_change) == (pytest.approx(0.1), pytest.approx(0.12))
+    assert drop.curation.rejected_change == {"filter:x": -10}
+    assert drop.sentence().startswith("drop_x (without x, 1 seed(s)): kept +12.0% tokens and +10.0% rows "
+                                      "(rejects filter:x -10); mean held-out loss -0.005 ± ")
+    one_seed = effects([results[0], results[3]], ["a", "b"])
+    assert one_seed[1].mean.noise is None and one_seed[1].mean.verdict == "no noise estimate"
+
+
 # ---- whole studies (they train) ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_curation_study_compares_every_variant_on_the_baselines_held_out_rows(tmp_path, one_thread):

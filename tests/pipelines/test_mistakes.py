@@ -15,7 +15,9 @@ from pipelines.cleanup import removed_on_failure
 from pipelines.cli import main
 from pipelines.jobfile import load_job
 
-BASE = '[job]\nname = "t"\n[[inputs]]\nsource = "docs"\npath = "d.jsonl"\n[[inputs]]\nsource = "web"\npath = "w.jsonl"\n'
+BASE = (
+    '[job]\nname = "t"\n[[inputs]]\nsource = "docs"\npath = "d.jsonl"\n[[inputs]]\nsource = "web"\npath = "w.jsonl"\n'
+)
 
 
 def _load(tmp_path, body: str, base: str = BASE):
@@ -24,16 +26,35 @@ def _load(tmp_path, body: str, base: str = BASE):
     return load_job(path)
 
 
-def test_a_stage_scoped_to_a_source_no_input_has_is_an_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"t\.toml \[\[stages\]\] #1 \(filter\.length\) key 'sources': no input has "
-                                          r"source 'doc' \(did you mean 'docs'\?\); the inputs' sources: docs, web"):
-        _load(tmp_path, '[[stages]]\nkind = "filter.length"\nsources = ["doc"]\n')
+@pytest.mark.parametrize(
+    ("stage", "message"),
+    [
+        (
+            'kind = "filter.length"\nsources = ["doc"]',
+            r"\(filter\.length\) key 'sources': no input has source 'doc' \(did you mean 'docs'\?\); the inputs' "
+            r"sources: docs, web",
+        ),
+        (
+            'kind = "mix"\nweights = { docs = 1.0, wbe = 2.0 }',
+            r"\(mix\) key 'weights': no input has source 'wbe' "
+            r"\(did you mean 'web'\?\)",
+        ),
+    ],
+    ids=["stage-scope", "mix-weights"],
+)
+def test_a_stage_key_naming_a_source_no_input_has_is_an_error(tmp_path, stage, message):
+    with pytest.raises(ConfigError, match=r"t\.toml \[\[stages\]\] #1 " + message):
+        _load(tmp_path, f"[[stages]]\n{stage}\n")
 
 
-def test_mix_weights_naming_a_source_no_input_has_is_an_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"t\.toml \[\[stages\]\] #1 \(mix\) key 'weights': no input has source "
-                                          r"'wbe' \(did you mean 'web'\?\)"):
-        _load(tmp_path, '[[stages]]\nkind = "mix"\nweights = { docs = 1.0, wbe = 2.0 }\n')
+def test_training_tables_naming_a_source_the_job_does_not_curate_are_errors(tmp_path, capsys):
+    path = tmp_path / "t.toml"
+    path.write_text(BASE + "[train]\nsteps = 5\neval_every = 1\n[train.stop]\nthresholds = { dcos = 2.0 }\n")
+    assert main(["check", str(path)]) == 2
+    assert (
+        "t.toml [train.stop] key 'thresholds': no input has source 'dcos' (did you mean 'docs'?)"
+        in capsys.readouterr().err
+    )
 
 
 def test_an_unknown_source_is_only_a_warning_when_an_input_reads_sources_from_a_column(tmp_path, caplog):
@@ -44,14 +65,23 @@ def test_an_unknown_source_is_only_a_warning_when_an_input_reads_sources_from_a_
     assert "no input has source 'forum'" in caplog.text and "source_field column 'site'" in caplog.text
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ('[job]\nname = "t"\nsteps = 10\n', r"\[job\]: unknown key 'steps' \(it belongs in \[train\]"),
-    ('[train]\nbatch_size = 4\n', r"\[train\]: unknown key 'batch_size' \(it belongs in \[train\.data\]\)"),
-    ('[output]\nthreshold = 0.8\n', r"\[output\]: unknown key 'threshold' \(it belongs in \[\[stages\]\] kind = \"dedup\.minhash\"\)"),
-], ids=["job-train", "train-data", "output-stage"])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('[job]\nname = "t"\nsteps = 10\n', r"\[job\]: unknown key 'steps' \(it belongs in \[train\]"),
+        ("[train]\nbatch_size = 4\n", r"\[train\]: unknown key 'batch_size' \(it belongs in \[train\.data\]\)"),
+        (
+            "[output]\nthreshold = 0.8\n",
+            r"\[output\]: unknown key 'threshold' \(it belongs in \[\[stages\]\] kind = \"dedup\.minhash\"\)",
+        ),
+    ],
+    ids=["job-train", "train-data", "output-stage"],
+)
 def test_a_key_in_the_wrong_table_says_where_it_belongs(tmp_path, capsys, body, message):
     path = tmp_path / "t.toml"
-    path.write_text(body + '[[inputs]]\nsource = "a"\npath = "x"\n' + ('[job]\nname = "t"\n' if "[job]" not in body else ""))
+    path.write_text(
+        body + '[[inputs]]\nsource = "a"\npath = "x"\n' + ('[job]\nname = "t"\n' if "[job]" not in body else "")
+    )
     assert main(["check", str(path)]) == 2
     assert re.search(r"t\.toml " + message, capsys.readouterr().err)
 
@@ -90,8 +120,10 @@ def _shards(folder):
 def _failing_train_job(tmp_path, output):
     """A [train] table that passes validation and fails while the trainer is built (its tokenizer is missing)."""
     path = tmp_path / "t.toml"
-    path.write_text(f'[train]\nshards = "{_shards(tmp_path / "corpus")}"\noutput = "{output}"\n'
-                    f'[train.tokenizer]\npath = "{tmp_path / "no-tokenizer"}"\n')
+    path.write_text(
+        f'[train]\nshards = "{_shards(tmp_path / "corpus")}"\noutput = "{output}"\n'
+        f'[train.tokenizer]\npath = "{tmp_path / "no-tokenizer"}"\n'
+    )
     return path
 
 
@@ -122,8 +154,10 @@ def test_a_run_folder_with_a_recorded_step_is_kept_after_a_failure(tmp_path):
 def test_run_validates_train_before_curating(tmp_path, capsys):
     (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
     path = tmp_path / "t.toml"
-    path.write_text(f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\n'
-                    f'path = "{tmp_path / "d.jsonl"}"\n[train]\nstesp = 3\n')
+    path.write_text(
+        f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\n'
+        f'path = "{tmp_path / "d.jsonl"}"\n[train]\nstesp = 3\n'
+    )
     assert main(["run", str(path)]) == 2
     assert "[train]: unknown key 'stesp' (did you mean 'steps'?)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing was curated
@@ -131,15 +165,17 @@ def test_run_validates_train_before_curating(tmp_path, capsys):
 
 def test_check_validates_every_table_and_writes_nothing(tmp_path, capsys):
     (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
-    job = (f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\npath = "{tmp_path / "d.jsonl"}"\n'
-           '[[stages]]\nkind = "dedup.exact"\n[train]\nsteps = 5\n[ablate]\nkind = "leave_one_out"\n')
+    job = (
+        f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\npath = "{tmp_path / "d.jsonl"}"\n'
+        '[[stages]]\nkind = "dedup.exact"\n[train]\nsteps = 5\n[ablate]\nkind = "leave_one_out"\n'
+    )
     path = tmp_path / "t.toml"
     path.write_text(job)
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "t.toml: ok" in out and "docs (1 file)" in out and "5 steps" in out and "leave_one_out" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "t.toml"]
-    path.write_text(job.replace("kind = \"leave_one_out\"", "kind = \"leave_one_out\"\nseeds = 2"))
+    path.write_text(job.replace('kind = "leave_one_out"', 'kind = "leave_one_out"\nseeds = 2'))
     assert main(["check", str(path)]) == 2
     assert "[ablate]: unknown key 'seeds'" in capsys.readouterr().err
     path.write_text(job.replace(str(tmp_path / "d.jsonl"), str(tmp_path / "missing.jsonl")))

@@ -16,7 +16,8 @@ from tests.pipelines.tiny import TINY_MODEL
 from train.progress import TrainProgress
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = """
+JOB = (
+    """
 [job]
 name = "tiny"
 output = "out"
@@ -34,7 +35,9 @@ steps = 6
 eval_every = 3
 [train.metrics]
 log_every = 2
-""" + TINY_MODEL
+"""
+    + TINY_MODEL
+)
 ESCAPES = re.compile(r"\r|\x1b")
 
 
@@ -62,16 +65,24 @@ def test_on_a_terminal_the_bar_reaches_100_percent_with_loss_and_tokens_per_seco
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "stderr.log", "w") as err:  # a file, as on a cluster: not a terminal
-        proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "job.toml", *args], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=err, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "run", "job.toml", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=1800,
+        )
     return proc, (tmp_path / "stderr.log").read_text()
 
 
 @pytest.mark.slow
 def test_a_log_file_gets_plain_step_lines_and_quiet_after_the_command_silences_them(tmp_path):
     for source in "ab":
-        (tmp_path / f"{source}.jsonl").write_text("".join(json.dumps({"text": f"{source} text {i} " * 8}) + "\n"
-                                                          for i in range(40)))
+        (tmp_path / f"{source}.jsonl").write_text(
+            "".join(json.dumps({"text": f"{source} text {i} " * 8}) + "\n" for i in range(40))
+        )
     (tmp_path / "job.toml").write_text(JOB)
     proc, log = _run(tmp_path)
     assert proc.returncode == 0, log
@@ -81,6 +92,7 @@ def test_a_log_file_gets_plain_step_lines_and_quiet_after_the_command_silences_t
     assert "eval at step 3: " in log
     assert re.search(r"curate\.progress: phase 1/\d: read .* done, 2 task\(s\)", log)
     assert "total: 80 read" in proc.stdout  # the curation summary, as `winnow curate` prints it
+    assert "MFU basis" in proc.stdout and "(this CPU, measured: " in proc.stdout
     quiet, log = _run(tmp_path, "--output", "quiet", "-q")
     assert quiet.returncode == 0, log
     assert "progress" not in log and not ESCAPES.search(log)

@@ -3,52 +3,57 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.cli import main
 from pipelines.provenance import manifest_sha256, provenance
 from pipelines.report.training import TrainingRun, load_run
 from pipelines.run import source_table
+from train.attribution.counterfactual import record
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run_folder(tmp_path: Path, *, attribution: bool) -> TrainingRun:
+def _run_folder(tmp_path: Path, *, counterfactual: bool, attribution: bool = False) -> TrainingRun:
     records = [{"step": 10, "loss": 3.0, "per_source": {"code": {"tokens": 600, "mean_loss": 2.5},
                                                        "prose": {"tokens": 400, "mean_loss": 3.5}}},
                {"step": 10, "eval": {"loss": 3.1, "per_source": {"code": 2.6, "prose": 3.7}}}]
     if attribution:
-        records.append({"step": 10, "attribution": {"sources": ["code", "prose"], "matrix": [[-0.2, 0.01], [-0.03, -0.4]]}})
+        records.append({"step": 10, "attribution": {
+            "sources": ["code", "prose"], "matrix": [[-0.2, 0.01], [-0.03, -0.4]], "steps": [1, 10],
+            "unattributed": [0.02, -0.01], "measured": [-0.22, -0.41], "residual": [-0.01, -0.01]}})
+    if counterfactual:  # code lowers its own held-out loss by 0.2 per unit of log share; prose barely matters to code
+        slope = np.array([[-0.2, 0.01], [0.02, -0.4]])
+        records.append({"step": 10, "counterfactual": record(
+            sources=["code", "prose"], held_out=["code", "prose"], slope_SB=slope, error_SB=np.full((2, 2), 0.01),
+            factors=[0.0, 2.0], saturation=0.5, steps=(1, 10), horizon=6.0, rows=32)})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return load_run(tmp_path)
 
 
-def test_source_table_lists_tokens_losses_and_attribution(tmp_path):
-    table = source_table(_run_folder(tmp_path, attribution=True)).splitlines()
-    code = next(line for line in table if line.startswith("code"))
-    assert code.split() == ["code", "600", "2.500", "2.600", "-0.2000", "-0.1900"]
-    prose = next(line for line in table if line.startswith("prose"))
-    assert prose.split()[-2:] == ["-0.4000", "-0.4300"]
+def test_source_table_lists_tokens_losses_and_what_leaving_each_source_out_would_do(tmp_path):
+    table = source_table(_run_folder(tmp_path, counterfactual=True))
+    assert "Leaving out" in table  # the sentences lead
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.startswith(("code", "prose"))}
+    # f_0.5(0) = -2: leaving code out raises its own held-out loss by 2 x 0.2 = 0.4 nats
+    assert rows["code"][:4] == ["code", "600", "2.500", "2.600"]
+    assert rows["code"][4] == "+0.400" and rows["prose"][4] == "+0.800"
+    assert "without: own" in table
 
 
-def test_source_table_shows_the_measured_change_beside_the_attribution(tmp_path):
-    run = _run_folder(tmp_path, attribution=False)
-    record = {"step": 20, "attribution": {
-        "sources": ["code", "prose"], "matrix": [[-0.2, 0.01], [-0.03, -0.4]], "steps": [11, 20],
-        "unattributed": [0.02, -0.01], "measured": [-0.22, -0.41], "residual": [-0.01, -0.01]}}
-    with open(tmp_path / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(record) + "\n")
-    table = source_table(load_run(tmp_path))
-    assert "held-out loss change, steps 11-20" in table
+def test_source_table_puts_the_decomposition_after_the_counterfactual(tmp_path):
+    table = source_table(_run_folder(tmp_path, counterfactual=True, attribution=True))
+    assert table.index("Leaving out") < table.index("(decomposition), steps 1-10")
     code = [line for line in table.splitlines() if line.startswith("code")][-1].split()
-    # measured, the sources' part, other, residual, attributed share, the source that helped most
-    assert code == ["code", "-0.2200", "-0.2300", "+0.0200", "-0.0100", "105%", "code", "(-0.2000)"]
-    assert run.attribution is None
+    # measured, the sources' part, other, residual, attributed share
+    assert code == ["code", "-0.2200", "-0.2300", "+0.0200", "-0.0100", "105%"]
 
 
-def test_source_table_without_attribution_shows_dashes(tmp_path):
-    table = source_table(_run_folder(tmp_path, attribution=False)).splitlines()
-    assert table[1].split()[-2:] == ["-", "-"] and "attr own / all" not in "\n".join(table)
+def test_source_table_without_attribution_has_no_prediction_columns(tmp_path):
+    table = source_table(_run_folder(tmp_path, counterfactual=False)).splitlines()
+    assert table[0].split() == ["source", "tokens", "train", "loss", "held-out"]
+    assert table[1].split() == ["code", "600", "2.500", "2.600"]
 
 
 def test_provenance_pins_job_data_and_code(tmp_path):

@@ -38,6 +38,11 @@ def test_no_tracked_file_names_a_path_outside_the_repository():
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     outside = ("PERF_NOTES", "shared/DESIGN.md", "shared/STYLE.md", "/work/")
     mine = str(Path(__file__).relative_to(ROOT))
-    found = [f"{name}: {word}" for name in files if name.endswith((".py", ".md", ".toml")) and name != mine
-             for word in outside if word in (ROOT / name).read_text(errors="replace")]
+    found = [
+        f"{name}: {word}"
+        for name in files
+        if name.endswith((".py", ".md", ".toml")) and name != mine
+        for word in outside
+        if word in (ROOT / name).read_text(errors="replace")
+    ]
     assert found == []
