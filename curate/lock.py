@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from curate.errors import OutputError
+from curate.errors import FolderInUseError, OutputError
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,8 @@ class FolderLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def _refuse(self, info: dict | None) -> OutputError:
-        return OutputError(
+    def _refuse(self, info: dict | None) -> FolderInUseError:
+        return FolderInUseError(
             f"{self.what} {self.folder} is in use by another winnow run ({_describe(info)}): one run writes a folder "
             f"at a time. Wait for that run to end (or stop it), or give this one another folder; a lock left by a run "
             f"that died is taken over by the next run by itself"

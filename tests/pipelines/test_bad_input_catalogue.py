@@ -77,6 +77,34 @@ def second_train_into_a_running_run_folder(tmp: Path) -> None:
     assert not (tmp / "run" / "checkpoints").exists()  # the refused run wrote nothing there
 
 
+def _lock_holder(folder: str, ready, done) -> None:
+    from curate.lock import FolderLock
+
+    FolderLock(folder, what="run folder").acquire()  # creates the folder, as a starting run does
+    ready.set()
+    done.wait(60)
+
+
+@kind("training")
+def second_train_started_as_the_first_creates_the_folder(tmp: Path) -> None:
+    from curate.errors import FolderInUseError
+    from curate.lock import FolderLock
+    from pipelines.cleanup import removed_on_failure
+
+    fork = multiprocessing.get_context("fork")
+    ready, done = fork.Event(), fork.Event()
+    first = fork.Process(target=_lock_holder, args=(str(tmp / "run"), ready, done))
+    try:
+        with pytest.raises(FolderInUseError), removed_on_failure(tmp / "run"):  # the folder is missing here...
+            first.start()
+            assert ready.wait(60)  # ...and made by the first run before this one's lock is refused
+            FolderLock(tmp / "run", what="run folder").acquire()
+        assert (tmp / "run" / ".winnow-lock").exists()  # the refused run removed nothing of the first's
+    finally:
+        done.set()
+        first.join()
+
+
 # -- studies -----------------------------------------------------------------------------------------------------
 @kind("study")
 def source_names_that_are_paths(tmp: Path) -> None:
