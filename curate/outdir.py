@@ -104,6 +104,46 @@ def _claim_remote(work: WorkDir, job_name: str) -> bool:
     return bool(set(existing) - {MARKER})
 
 
+def owner(out: Path, *, work: WorkDir | None = None) -> dict:
+    """What the folder's marker says of the job whose outputs it holds (``job``, ``fingerprint``); {} if nothing."""
+    if work is not None and work.remote:
+        work.fetch(out / MARKER, missing_ok=True)
+    try:
+        found = json.loads(read_whole(str(out / MARKER), limit=1 << 20, what="output marker"))
+    except (WinnowError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def check_owner(out: Path, job_name: str, fingerprint: str, *, finished: bool, where: str,
+                work: WorkDir | None = None) -> None:
+    """Refuse to start afresh over another job's outputs, or over a finished run of this job made with another config.
+
+    ``where`` is the output as the user gave it. Re-running the same job (same fingerprint), or a
+    run that never finished, goes on as before; ``--overwrite`` skips this check.
+    """
+    found = owner(out, work=work)
+    before = found.get("job")
+    if before is not None and before != job_name:
+        raise OutputError(
+            f"output {where} holds the {'finished ' if finished else ''}outputs of job {before!r}, and this is job "
+            f"{job_name!r}: starting here would clear them. Give job {job_name!r} a folder of its own (--output or "
+            f"[job] output), or re-run with --overwrite to replace job {before!r}'s outputs")
+    if finished and found.get("fingerprint") not in (None, fingerprint):
+        raise OutputError(
+            f"output {where} holds the finished outputs of job {job_name!r} made with another configuration (the job "
+            f"file changed since; fingerprint {found['fingerprint']} -> {fingerprint}): starting here would replace "
+            f"them. Give the changed job a new folder (--output or [job] output), or re-run with --overwrite to "
+            f"replace them")
+
+
+def mark_owner(out: Path, job_name: str, fingerprint: str, *, work: WorkDir | None = None) -> None:
+    """Record in the marker which job (and configuration) the folder's outputs now belong to."""
+    write_json_atomic(out / MARKER, {"written_by": "winnow", "job": job_name, "fingerprint": fingerprint})
+    if work is not None and work.remote:
+        work.publish_file(out / MARKER)
+
+
 def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: WorkDir | None = None) -> None:
     """Remove a previous run's outputs (``only`` some of them) from a folder winnow owns (``claim`` checked the marker).
 
