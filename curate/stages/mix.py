@@ -146,6 +146,12 @@ class Mix(Barrier):
         totals = totals.collect(engine="streaming").sort("source")
         names = totals["source"].to_list()
         rows, available = totals["rows"].to_numpy(), totals["tokens"].to_numpy().astype(np.float64)
+        present = set(names)
+        without_rows = sorted(n for n, w in c.weights.items() if w > 0 and n not in present)
+        if without_rows:  # its share goes to the others: say so, never rescale silently
+            log.warning("%s: sources %s have a weight but no rows left when the mix is planned (check the stages "
+                        "before it, or the source names); the other sources' shares are scaled up to fill the mixture",
+                        self.ctx.stage_id, without_rows)
         targets = plan_targets(
             names, available, scheme=c.scheme, weights=c.weights, temperature=c.temperature, max_epochs=c.max_epochs, total_tokens=c.total_tokens
         ) if names else None
@@ -157,6 +163,7 @@ class Mix(Barrier):
         cuts = find_cuts(self._sort_keys(keys.with_row_index(ROW), names), by, rows, rest,
                          lambda n: rows_within(self.ctx.memory_gb, MIX_BYTES, n, what=f"{what} over {n} rows"))
         report = self._report(names, rows, available, targets, shares, cuts) if names else {"sources": {}}
+        report["weights_without_rows"] = without_rows
         passes = np.array([sh.passes for sh in shares], dtype=np.int32)
         sorted_names = pl.Series(names, dtype=pl.String)  # sorted: a task's sources find their codes by search
 

@@ -200,3 +200,10 @@ def test_many_sources_cut_the_same_in_one_key_range_and_in_many(tmp_path):
         s = whole.report["sources"][source]
         if not s["capped"]:
             assert abs(s["realized_tokens"] - s["target_tokens"]) <= n + 1, (source, s)
+
+
+def test_a_weight_for_a_source_with_no_rows_left_is_said_not_silently_rescaled(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="curate.stages.mix"):
+        _, p = plan(rows({"a": 300, "b": 300}), tmp_path, weights={"a": 0.5, "b": 0.3, "gone": 0.2})
+    assert p.report["weights_without_rows"] == ["gone"]
+    assert any("['gone'] have a weight but no rows" in r.getMessage() for r in caplog.records)
