@@ -157,7 +157,7 @@ def test_plugin_stage_is_used_by_kind_with_the_runners_checks(tmp_path, write_jo
         load_job(write_job(body.replace("max_upper", "max_uper")))
     leaky = load_job(write_job(body.replace("acme.shout", "acme.leaky").replace("max_upper = 0.6\n", "")))
     with pytest.raises(StageError, match="lost rows"):
-        run_job(leaky, progress=False)
+        run_job(leaky, progress=False, overwrite=True)  # the same folder, on purpose
 
 
 def test_import_paths_in_job_files_stay_refused(plugin):
