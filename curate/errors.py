@@ -27,6 +27,10 @@ class OutputError(WinnowError):
     """Outputs cannot be written, or a previous run's outputs are inconsistent."""
 
 
+class FolderInUseError(OutputError):
+    """Another winnow run holds the folder's lock (``curate.lock``): nothing of the folder may be touched."""
+
+
 class MissingDependencyError(WinnowError, ImportError):
     """An optional dependency a component needs is not installed; the message gives the install command."""
 

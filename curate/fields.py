@@ -44,6 +44,9 @@ def check_fields(fields: list[str] | dict[str, str], reserved: tuple[str, ...]) 
         if name in reserved:
             raise ConfigError(f"keep_fields: {name!r} is one of winnow's own columns ({', '.join(reserved)}); "
                               "rename it in the input or leave it in meta")
+        if name.startswith("_"):  # stages' internal columns (_count, _tokens, _h, ...) must never meet a user's
+            raise ConfigError(f"keep_fields: {name!r} starts with '_', which winnow reserves for its internal "
+                              "columns; rename it in the input or leave it in meta")
     if isinstance(fields, dict):
         bad = {k: v for k, v in fields.items() if v not in FIELD_TYPES}
         if bad:

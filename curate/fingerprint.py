@@ -1,7 +1,12 @@
 """Input fingerprints: a resumed job notices an input that changed since its finished work was done.
 
-Each read task's fingerprint covers its files' URLs, sizes, modification times and a
-SHA-256 of their first and last 64 KiB (two range reads per file, however large it is).
+Each read task's fingerprint covers its files' URLs, sizes, modification times, a SHA-256 of
+their first and last 64 KiB, and what the storage says of the file's identity: a local file's
+inode and change time (``st_ctime``, which any write moves and ``os.utime`` cannot set back), an
+object's ETag, generation or version. Where the storage gives no identity, a SHA-256 of 16 blocks
+of 4 KiB spread between the head and the tail stands in. So an edit is noticed even when it keeps
+the size and the mtime: locally always (any rewrite counts, even of the same bytes), on a store
+whenever it keeps an ETag (S3, GCS, Azure all do), and elsewhere when it touches a sampled block.
 ``_work/inputs.json`` keeps them from the run that started the work folder. On resume,
 a task whose fingerprint differs — or that no longer exists, because a glob now matches
 other files — is stale. Only phase 0 reads inputs; every later phase and the ordered and
@@ -15,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +34,44 @@ from curate.workdir import WorkDir
 log = logging.getLogger(__name__)
 
 BLOCK = 64 << 10
+SAMPLES, SAMPLE = 16, 4 << 10  # blocks hashed between the head and the tail
+_IDENTITY = ("ETag", "etag", "md5Hash", "generation", "VersionId", "version_id", "content_md5")  # fsspec info keys
 
 
 def file_fingerprint(url: str, size: int, mtime: float | None, storage_options: dict) -> dict[str, Any]:
-    """Size, mtime and the hash of the first and last ``BLOCK`` bytes of one input file."""
-    digest = hashlib.sha256()
+    """Size, mtime, identity and a hash of the first and last ``BLOCK`` bytes of one input file (and of sampled
+    blocks between them where the storage gives no identity)."""
+    digest, blocks = hashlib.sha256(), hashlib.sha256()
+    identity = _identity(url, storage_options)
     try:
         with fsspec.open(url, "rb", **storage_options) as fh:
             digest.update(fh.read(BLOCK))
             if size > 2 * BLOCK:
+                samples = 0 if identity else SAMPLES
+                for i in range(1, samples + 1):  # evenly spaced between the head and the tail
+                    fh.seek(BLOCK + (size - 2 * BLOCK - SAMPLE) * i // (SAMPLES + 1))
+                    blocks.update(fh.read(SAMPLE))
                 fh.seek(size - BLOCK)
             digest.update(fh.read(BLOCK))
     except IsADirectoryError:
         pass  # a saved HF dataset is a folder: its size and mtime speak for it
     except OSError as err:  # unreadable: the read task reports it (or skips it, with on_error = "skip")
         digest.update(f"unreadable: {err}".encode())
-    return {"url": url, "size": size, "mtime": mtime, "head_tail_sha256": digest.hexdigest()[:32]}
+    return {"url": url, "size": size, "mtime": mtime, "head_tail_sha256": digest.hexdigest()[:32],
+            "blocks_sha256": blocks.hexdigest()[:32], "identity": identity}
+
+
+def _identity(url: str, storage_options: dict) -> dict[str, Any]:
+    """What changes whenever the file's bytes are rewritten: a local inode and change time, an object's ETag."""
+    try:
+        if "://" not in url or url.startswith("file://"):
+            st = os.stat(url.removeprefix("file://"))
+            return {"dev": st.st_dev, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        info = fs.info(path)
+    except OSError:
+        return {}
+    return {k: str(info[k]) for k in _IDENTITY if info.get(k) is not None}
 
 
 def task_fingerprints(tasks: list[ReadTask], storage_options: list[dict]) -> list[list[dict[str, Any]]]:
@@ -99,8 +127,8 @@ def _describe(before: list[dict] | None, now: list[dict] | None) -> str:
         if b["url"] != n["url"]:
             return f"input files changed: {b['url']} is now {n['url']}"
         if b != n:
-            what = [k for k in ("size", "mtime", "head_tail_sha256") if b[k] != n[k]]
-            return f"input {n['url']} changed ({', '.join(f'{k} {b[k]} -> {n[k]}' for k in what)})"
+            what = [k for k in ("size", "mtime", "head_tail_sha256", "blocks_sha256", "identity") if b.get(k) != n.get(k)]
+            return f"input {n['url']} changed ({', '.join(f'{k} {b.get(k)} -> {n.get(k)}' for k in what)})"
     return f"input files of {now[0]['url']} changed in number ({len(before)} -> {len(now)})"
 
 

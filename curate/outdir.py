@@ -23,12 +23,26 @@ from pathlib import Path
 
 from curate.atomic import write_json_atomic
 from curate.errors import OutputError, WinnowError
+from curate.lock import LOCK
 from curate.wholefile import MANIFEST_BYTES, read_whole
 from curate.workdir import WorkDir
 
 MARKER = ".winnow-output"
 #: Entries a winnow job writes in its output folder; a fresh run removes these and nothing else.
 OWN_ENTRIES = ("_work", "shards", "rejects", "artifacts", "manifest.json")
+
+
+def make_folder(out: Path) -> None:
+    """Create the output folder (and its parents); ``OutputError`` when it is a file or cannot be written."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output {out} is a file, not a folder; give a folder path (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(
+            f"cannot write the output folder {out}: {err.strerror or err}; choose a folder you can write "
+            f"(--output or [job] output) or fix its permissions"
+        ) from err
 
 
 def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
@@ -40,10 +54,9 @@ def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
     """
     if work is not None and work.remote:
         return _claim_remote(work, job_name)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"output {out} is a file, not a folder; give a folder path (it is created if missing)")
+    make_folder(out)
     marker = out / MARKER
-    existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    existing = sorted(p.name for p in out.iterdir() if p.name != LOCK)
     if existing and all(name.startswith(f".{MARKER}.") and name.endswith(".tmp") for name in existing):
         for name in existing:  # a run killed while writing the marker itself: the folder is still new
             (out / name).unlink()
@@ -73,7 +86,8 @@ def _claim_remote(work: WorkDir, job_name: str) -> bool:
     out = work.out
     if work.fs.isfile(work.url(out)):
         raise OutputError(f"output {work.output} is an object, not a prefix; give a folder-like URL (s3://bucket/job)")
-    existing = [name for name in work.listdir(out) if not (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))]
+    existing = [name for name in work.listdir(out)
+                if name != LOCK and not (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))]
     has_marker = MARKER in existing
     if existing and not has_marker:
         old = work.exists(work.root / "fingerprint") or (work.fetch(out / "manifest.json", missing_ok=True)
@@ -88,6 +102,46 @@ def _claim_remote(work: WorkDir, job_name: str) -> bool:
         write_json_atomic(out / MARKER, {"written_by": "winnow", "job": job_name})
         work.publish_file(out / MARKER)
     return bool(set(existing) - {MARKER})
+
+
+def owner(out: Path, *, work: WorkDir | None = None) -> dict:
+    """What the folder's marker says of the job whose outputs it holds (``job``, ``fingerprint``); {} if nothing."""
+    if work is not None and work.remote:
+        work.fetch(out / MARKER, missing_ok=True)
+    try:
+        found = json.loads(read_whole(str(out / MARKER), limit=1 << 20, what="output marker"))
+    except (WinnowError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def check_owner(out: Path, job_name: str, fingerprint: str, *, finished: bool, where: str,
+                work: WorkDir | None = None) -> None:
+    """Refuse to start afresh over another job's outputs, or over a finished run of this job made with another config.
+
+    ``where`` is the output as the user gave it. Re-running the same job (same fingerprint), or a
+    run that never finished, goes on as before; ``--overwrite`` skips this check.
+    """
+    found = owner(out, work=work)
+    before = found.get("job")
+    if before is not None and before != job_name:
+        raise OutputError(
+            f"output {where} holds the {'finished ' if finished else ''}outputs of job {before!r}, and this is job "
+            f"{job_name!r}: starting here would clear them. Give job {job_name!r} a folder of its own (--output or "
+            f"[job] output), or re-run with --overwrite to replace job {before!r}'s outputs")
+    if finished and found.get("fingerprint") not in (None, fingerprint):
+        raise OutputError(
+            f"output {where} holds the finished outputs of job {job_name!r} made with another configuration (the job "
+            f"file changed since; fingerprint {found['fingerprint']} -> {fingerprint}): starting here would replace "
+            f"them. Give the changed job a new folder (--output or [job] output), or re-run with --overwrite to "
+            f"replace them")
+
+
+def mark_owner(out: Path, job_name: str, fingerprint: str, *, work: WorkDir | None = None) -> None:
+    """Record in the marker which job (and configuration) the folder's outputs now belong to."""
+    write_json_atomic(out / MARKER, {"written_by": "winnow", "job": job_name, "fingerprint": fingerprint})
+    if work is not None and work.remote:
+        work.publish_file(out / MARKER)
 
 
 def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: WorkDir | None = None) -> None:

@@ -36,9 +36,10 @@ from curate.errors import OutputError, StageError
 from curate.executors import Executor, release_memory
 from curate.fields import resolve_field_types
 from curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
+from curate.lock import FolderLock
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
-from curate.outdir import OWN_ENTRIES, claim, clear_own_entries, restrict_mode
+from curate.outdir import OWN_ENTRIES, check_owner, claim, clear_own_entries, make_folder, mark_owner, restrict_mode
 from curate.progress import PhaseProgress
 from curate.readers import plan_read_tasks, read_task
 from curate.reuse import adopt_phase, adopt_plan, reused, write_key
@@ -114,7 +115,8 @@ class Runner:
     prefix keys are the same (``curate.reuse``).
     """
 
-    def __init__(self, job: Job, *, progress: bool = True, reuse_from: str | Path | None = None) -> None:
+    def __init__(self, job: Job, *, progress: bool = True, reuse_from: str | Path | None = None,
+                 overwrite: bool = False) -> None:
         if not is_url(job.job.output):
             job = dataclasses.replace(job, job=dataclasses.replace(job.job, output=str(Path(job.job.output).resolve())))
         self.job = job
@@ -123,6 +125,8 @@ class Runner:
                                                              else str(Path(reuse_from).resolve()))
         self.out = self.work.out
         self.progress = progress
+        self.overwrite = overwrite  # replace another job's outputs, or a finished run made with another config
+        self.lock: FolderLock | None = None  # one run per output folder, taken before the folder is touched
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
         self._layout()
         self.plan_seconds: dict[str, float] = {}
@@ -142,6 +146,9 @@ class Runner:
         finally:
             if umask is not None:
                 os.umask(umask)
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
             drop_root(self.job.job.output)  # a URL output's local mirror: the store holds everything
         if mode is not None:
             restrict_mode(self.out, mode)  # also what Ray workers and the atomic writer made
@@ -155,6 +162,11 @@ class Runner:
         executor = Executor(workers=self.job.job.workers, kind=self.job.job.executor,
                             address=self.job.job.ray_address, max_retries=self.job.job.ray_max_retries)
         executor.start()  # a Ray cluster that cannot be joined fails here, before the output is touched
+        if self.lock is None:
+            if not self.work.remote:
+                make_folder(self.out)  # a file, or a folder nobody may write: said before the lock goes in
+            self.lock = FolderLock(self.job.job.output, what="output folder", setting="job.output",
+                                   storage_options=self.job.job.storage_options).acquire()
         self._prepare(read_tasks)
         self._layout()
         log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
@@ -164,6 +176,7 @@ class Runner:
         keys = phase_keys(self.plan_job, self.phases, self.prints, spill_ids=self.optimistic)
         with executor as self.executor:
             for phase in self.phases:
+                self.lock.check()  # on a store: stop if a stall let another run take the folder over
                 if self.reuse is not None and not phase.final:
                     adopt_phase(self.work, self.reuse, phase.index, len(read_tasks), keys[phase.index])
                 write_key(self.work.phase_prefix(phase.index), keys[phase.index])
@@ -225,12 +238,16 @@ class Runner:
                 return
             self._invalidate(stale, changes, len(read_tasks), prints)
             return
+        if had_outputs and not self.overwrite:  # another job's outputs, or a finished run of another config
+            check_owner(self.out, self.job.job.name, fingerprint, where=work.output, work=work,
+                        finished=work.exists(self.out / "manifest.json"))
         if had_outputs:
             log.info("clearing previous outputs in %s", work.output)
         remove_card(self.out, work=work)
         clear_own_entries(self.out, work=work)
         work.root.mkdir(parents=True, exist_ok=True)
         record_inputs(work, prints)  # before the fingerprint: without both, a re-run starts afresh
+        mark_owner(self.out, self.job.job.name, fingerprint, work=work)
         write_text_atomic(marker, fingerprint)
         work.publish_file(marker)
 
@@ -388,12 +405,15 @@ def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:
         release_memory()  # workers (and threads) live for the whole job
 
 
-def run_job(job: Job, *, progress: bool = True, reuse_from: str | Path | None = None) -> dict[str, Any]:
+def run_job(job: Job, *, progress: bool = True, reuse_from: str | Path | None = None,
+            overwrite: bool = False) -> dict[str, Any]:
     """Run a curation job end to end and return its manifest (also written to ``manifest.json``).
 
     ``reuse_from``: the output folder of a job curated with ``keep_work``, whose phases and plans
-    this job adopts where they depend on the same job prefix (``curate.reuse``).
+    this job adopts where they depend on the same job prefix (``curate.reuse``). ``overwrite``: start
+    afresh even over another job's outputs, or over a finished run of this job made with another
+    configuration (both are refused otherwise).
     """
     if not isinstance(job, Job):
         raise OutputError(f"run_job expects a curate.config.Job, got {type(job).__name__}")
-    return Runner(job, progress=progress, reuse_from=reuse_from).run()
+    return Runner(job, progress=progress, reuse_from=reuse_from, overwrite=overwrite).run()

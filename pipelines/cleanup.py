@@ -16,6 +16,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from curate.errors import FolderInUseError
+
 log = logging.getLogger(__name__)
 
 #: What makes a run folder worth keeping after a failure.
@@ -36,6 +38,8 @@ def removed_on_failure(folder: str | Path) -> Iterator[None]:
         created.append(path)
     try:
         yield
+    except FolderInUseError:
+        raise  # another run holds the folder: what is there is its, even when it made the folder a moment ago
     except BaseException:
         if created and _is_rank_zero() and folder.is_dir() and not any((folder / name).exists() for name in RESULTS):
             shutil.rmtree(folder, ignore_errors=True)

@@ -12,6 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", type=Path, help="the job file (TOML)")
     p.add_argument("--output", help="output folder or fsspec URL, e.g. s3://bucket/job (overrides [job] output)")
     p.add_argument("--workers", type=int, help="local worker processes (overrides [job] workers)")
+    p.add_argument("--overwrite", action="store_true", help="replace the outputs of another job, or of a finished run "
+                   "made with another configuration, in the output folder (refused otherwise)")
     p.set_defaults(func=run)
 
 
@@ -20,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.jobfile import load_job
 
     job = load_job(args.job, output=args.output, workers=args.workers)
-    manifest = run_job(job, progress=not args.quiet)
+    manifest = run_job(job, progress=not args.quiet, overwrite=args.overwrite)
     print_summary(manifest, job.job.output)
     return 0
 

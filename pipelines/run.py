@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="override [train] steps (e.g. a short check)")
     p.add_argument("--output", help="override [job] output (the run folder becomes OUTPUT/train unless [train] sets it)")
     p.add_argument("--workers", type=int, help="local curation processes (overrides [job] workers)")
+    p.add_argument("--overwrite", action="store_true", help="replace another job's outputs, or a finished curation "
+                   "made with another configuration, in the output folder (refused otherwise)")
     p.add_argument("--shards", help="skip curation and train on this folder or URL (a curated job folder, or any "
                    "folder of Parquet files with a `text` column), then write the report")
     p.set_defaults(func=run)
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         if job is None:
             raise ConfigError(f"{args.job}: no [[inputs]] to curate; give --shards to train on curated data")
         print(f"[1/3] curate {args.job} -> {job.job.output}")
-        print_summary(run_job(job, progress=not args.quiet), job.job.output)
+        print_summary(run_job(job, progress=not args.quiet, overwrite=args.overwrite), job.job.output)
         raw, report_dir = job.raw, job.job.output  # a folder, or a URL the report reads in place
     else:  # nothing to curate: the job file needs no [job] or [[inputs]], only [train]
         raw = read_toml(args.job)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import weakref
 from pathlib import Path
 
 from curate.atomic import write_json_atomic
 from curate.errors import ConfigError
+from curate.lock import FolderLock
 from curate.names import path_name
 from pipelines.cleanup import removed_on_failure
 from pipelines.jobfile import build_config, check_top_level, read_toml
@@ -71,6 +74,25 @@ def default_run_folder(shards: str | None) -> str:
 
 def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,
                   progress: bool = False) -> Trainer:
+    """``_build_trainer`` holding the run folder's lock (``curate.lock``) while the trainer lives.
+
+    One run per run folder: a second ``winnow train`` into it is refused, naming the first, before it
+    reads or writes anything there (the first rank of a torchrun job holds it for all).
+    """
+    lock = FolderLock(cfg.output, what="run folder").acquire() if os.environ.get("RANK", "0") == "0" else None
+    try:
+        trainer = _build_trainer(cfg, train_data=train_data, sources=sources, progress=progress)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    if lock is not None:
+        weakref.finalize(trainer, lock.release)  # released once the trainer is gone (or at exit)
+    return trainer
+
+
+def _build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,
+                   progress: bool = False) -> Trainer:
     """The run ``cfg`` describes (``train.build.build_run``), its training sets split per source first where
     ``[train] shards`` or adaptive mixing asks for it; rank 0 records the config and the folders' views.
 

@@ -31,9 +31,10 @@ import polars as pl
 from curate.errors import ConfigError, StageError, require
 from curate.schema import make_rejects
 from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
-from curate.stages.mixing.external import ROW, before, key_ranges, rows_within, task_offsets
+from curate.stages.mixing.cuts import Cuts, find_cuts
+from curate.stages.mixing.external import ROW, rows_within, task_offsets
 from curate.stages.mixing.hashing import hash_strings, source_salts
-from curate.stages.mixing.selection import SELECTIONS, Cut, Share, cut, preference_keys, share
+from curate.stages.mixing.selection import SELECTIONS, preference_keys, share
 from curate.stages.mixing.weights import SCHEMES, plan_targets
 from curate.wholefile import TOKENIZER_BYTES, read_whole
 
@@ -145,25 +146,35 @@ class Mix(Barrier):
         totals = totals.collect(engine="streaming").sort("source")
         names = totals["source"].to_list()
         rows, available = totals["rows"].to_numpy(), totals["tokens"].to_numpy().astype(np.float64)
+        present = set(names)
+        without_rows = sorted(n for n, w in c.weights.items() if w > 0 and n not in present)
+        if without_rows:  # its share goes to the others: say so, never rescale silently
+            log.warning("%s: sources %s have a weight but no rows left when the mix is planned (check the stages "
+                        "before it, or the source names); the other sources' shares are scaled up to fill the mixture",
+                        self.ctx.stage_id, without_rows)
         targets = plan_targets(
             names, available, scheme=c.scheme, weights=c.weights, temperature=c.temperature, max_epochs=c.max_epochs, total_tokens=c.total_tokens
         ) if names else None
         shares = [share(available[s], int(rows[s]), targets.tokens[s], c.max_copies) for s in range(len(names))]
         offsets = task_offsets(keys)
         by = ["_code", *(e.meta.output_name() for e in preference_keys(c.select)), ROW]
-        indexed = self._sort_keys(keys.with_row_index(ROW), names)
-        cuts, ranges = self._cuts(indexed, by, names, rows, shares)
-        report = self._report(names, rows, available, targets, shares, cuts, ranges) if names else {"sources": {}}
+        rest = np.array([np.nan if sh.rest is None else sh.rest for sh in shares], dtype=np.float64)
+        what = f"{self.ctx.stage_id}'s partial passes"
+        cuts = find_cuts(self._sort_keys(keys.with_row_index(ROW), names), by, rows, rest,
+                         lambda n: rows_within(self.ctx.memory_gb, MIX_BYTES, n, what=f"{what} over {n} rows"))
+        report = self._report(names, rows, available, targets, shares, cuts) if names else {"sources": {}}
+        report["weights_without_rows"] = without_rows
+        passes = np.array([sh.passes for sh in shares], dtype=np.int32)
+        sorted_names = pl.Series(names, dtype=pl.String)  # sorted: a task's sources find their codes by search
 
         def per_task(task: int, own: pl.LazyFrame | None) -> pl.DataFrame:
             if own is None:
                 return _EMPTY
-            frame = self._sort_keys(own.with_row_index(ROW, offset=offsets.get(task, 0)), names)
-            count = pl.col("_code").replace_strict(list(range(len(names))), [sh.passes for sh in shares], return_dtype=pl.Int32)
-            for s, c in cuts.items():
-                taken = pl.lit(True) if c.key is None else before(by, c.key, inclusive=c.inclusive)
-                count = count + ((pl.col("_code") == s) & taken).cast(pl.Int32)
-            return frame.select("id", count.alias("_count")).collect()
+            frame = own.with_row_index(ROW, offset=offsets.get(task, 0)).with_columns(*preference_keys(c.select))
+            frame = frame.select("id", "source", *by[1:]).collect()
+            code = sorted_names.search_sorted(frame["source"]).to_numpy().astype(np.int64)
+            count = passes[code] + cuts.taken(code, frame)
+            return frame.select("id", pl.Series("_count", count, dtype=pl.Int32))
 
         return Plan(None, report, per_task=per_task)
 
@@ -171,58 +182,28 @@ class Mix(Barrier):
         code = pl.col("source").cast(pl.Enum(names)).to_physical().cast(pl.UInt32).alias("_code")
         return keys.with_columns(code, *preference_keys(self.config.select))
 
-    def _cuts(self, indexed: pl.LazyFrame, by: list[str], names: list[str], rows: np.ndarray, shares: list[Share]):
-        """Each partial pass's ``Cut``, by source code; and how many key ranges were read."""
-        partial = [s for s, sh in enumerate(shares) if sh.rest is not None]
-        if not partial:
-            return {}, 1
-        frame = indexed.filter(pl.col("_code").is_in(partial))
-        n = int(rows[partial].sum())
-        ranges = key_ranges(frame, by, n, rows_within(self.ctx.memory_gb, MIX_BYTES, n, what=f"{self.ctx.stage_id}'s partial passes over {n} rows"))
-        sums = frame.group_by(ranges.index().alias("_range"), "_code").agg(pl.len().alias("n"), pl.col("_tokens").cast(pl.Int64).sum().alias("t"))
-        sums = sums.collect(engine="streaming").sort("_code", "_range")
-        cuts = {}
-        for s in partial:
-            rest = shares[s].rest
-            mine = sums.filter(pl.col("_code") == s)
-            total = np.cumsum(mine["t"].to_numpy())
-            past = np.flatnonzero(total > rest)  # float compare, as the running totals of one sort would be
-            if not len(past):
-                cuts[s] = Cut(None, True, int(rows[s]), float(total[-1]))
-                continue
-            j = int(past[0])
-            tokens_before = int(total[j - 1]) if j else 0
-            rows_before = int(mine["n"][:j].sum())
-            part = frame.filter(ranges.where(int(mine["_range"][j])) & (pl.col("_code") == s)).select(*by, "_tokens")
-            part = part.collect(engine="streaming").sort(by)
-            running = tokens_before + np.cumsum(part["_tokens"].to_numpy(), dtype=np.int64)
-            k, inclusive, taken = cut(running, float(tokens_before), rest)
-            cuts[s] = Cut(part.select(by).row(k - 1 if inclusive else k), inclusive, rows_before + k, taken)
-        return cuts, len(ranges)
-
-    def _report(self, names, rows, available, targets, shares, cuts, ranges) -> dict:
-        realized = np.array([available[s] * sh.passes + (cuts[s].tokens if s in cuts else 0.0) for s, sh in enumerate(shares)])
+    def _report(self, names, rows, available, targets, shares, cuts: Cuts) -> dict:
+        passes = np.array([sh.passes for sh in shares], dtype=np.int64)
+        k = cuts.rows
+        realized = available * passes + cuts.tokens
         total_target, total_realized = targets.tokens.sum(), realized.sum()
-        sources = {}
-        for s, (name, sh) in enumerate(zip(names, shares)):
-            n, k = int(rows[s]), (cuts[s].rows if s in cuts else 0)
-            sources[name] = {
-                "available_rows": n,
-                "available_tokens": int(available[s]),
-                "weight": float(targets.weights[s]),
-                "target_tokens": int(round(targets.tokens[s])),
-                "target_share": float(targets.tokens[s] / total_target) if total_target else 0.0,
-                "realized_tokens": int(realized[s]),
-                "realized_share": float(realized[s] / total_realized) if total_realized else 0.0,
-                "epochs": float(realized[s] / available[s]) if available[s] else 0.0,
-                "capped": bool(targets.capped[s]),
-                "rows_dropped": n - k if sh.passes == 0 else 0,
-                "rows_repeated": n if sh.passes >= 2 else (k if sh.passes == 1 else 0),
-                "copies_added": n * (sh.passes - 1) + k if sh.passes >= 1 else 0,
-                "max_copies": sh.passes + (1 if k else 0),
-            }
+        target_share = targets.tokens / total_target if total_target else np.zeros(len(names))
+        realized_share = realized / total_realized if total_realized else np.zeros(len(names))
+        epochs = np.divide(realized, available, out=np.zeros(len(names)), where=available > 0)
+        dropped = np.where(passes == 0, rows - k, 0)
+        repeated = np.where(passes >= 2, rows, np.where(passes == 1, k, 0))
+        added = np.where(passes >= 1, rows * (passes - 1) + k, 0)
+        copies = passes + (k > 0)
+        sources = {
+            name: {"available_rows": int(rows[s]), "available_tokens": int(available[s]), "weight": float(targets.weights[s]),
+                   "target_tokens": int(round(targets.tokens[s])), "target_share": float(target_share[s]),
+                   "realized_tokens": int(realized[s]), "realized_share": float(realized_share[s]), "epochs": float(epochs[s]),
+                   "capped": bool(targets.capped[s]), "rows_dropped": int(dropped[s]), "rows_repeated": int(repeated[s]),
+                   "copies_added": int(added[s]), "max_copies": int(copies[s])}
+            for s, name in enumerate(names)
+        }
         return {"scheme": self.config.scheme, "budget_tokens": int(round(targets.budget)), "realized_tokens": int(total_realized),
-                "sources": sources, "key_ranges": ranges}
+                "sources": sources, "key_ranges": cuts.ranges}
 
     # apply -----------------------------------------------------------------------------
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]

@@ -34,7 +34,15 @@ from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOu
 from curate.stages.mixing.external import ROW, key_ranges, rows_within, task_offsets
 from curate.stages.mixing.hashing import hash_strings, seed_key, source_salts, unit
 from curate.stages.mixing.pacing import PACINGS, Paced
-from curate.stages.mixing.stratify import Curve, positions, shuffle_windows
+from curate.stages.mixing.stratify import (
+    CLOSED_FORM_SOURCES,
+    MAX_MERGE_ROWS,
+    Curve,
+    merge_key,
+    positions,
+    shuffle_windows,
+    within_source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +131,8 @@ class Order(Barrier):
         """Three passes, each over pieces within ``[job] memory_gb``; the result does not depend on the pieces.
 
         1. key ranges of (source, ordering value, hash, position): each source's curriculum, so
-           every row gets its place in the whole order (``stratify.positions``), spilled by place;
+           every row gets its place in the whole order (``stratify.positions``; past a few sources a
+           merge key and one more pass of key ranges sorting by it), spilled by place;
         2. ranges of places (whole windows): the window shuffle, the report, and each row's rank,
            spilled by position;
         3. per task (``per_task``): the ranks of that task's rows, read back by position.
@@ -153,7 +162,7 @@ class Order(Barrier):
         spill = self.ctx.plan_dir / "spill"
         shutil.rmtree(spill, ignore_errors=True)
         spill.mkdir(parents=True)
-        ranges = self._place(keys.with_row_index(ROW), names, sizes, max_rows, spill / "place")
+        ranges = self._place(keys.with_row_index(ROW), names, sizes, max_rows, spill)
         report = self._rank(names, sizes, max_rows, spill)
         report["key_ranges"] = ranges
 
@@ -172,35 +181,75 @@ class Order(Barrier):
 
         return Plan(None, report, per_task=per_task, spill=spill)
 
-    def _place(self, indexed: pl.LazyFrame, names: list[str], sizes: list[int], max_rows: int, folder) -> int:
-        """Pass 1: rows in each source's curriculum, range by range; spills (row, place, source, value, hash) sorted by place."""
+    def _place(self, indexed: pl.LazyFrame, names: list[str], sizes: list[int], max_rows: int, spill) -> int:
+        """Pass 1: rows in each source's curriculum, range by range; spills (row, place, source, value, hash).
+
+        Each key range's rows get their rank in their source (vectorized over all sources), then their
+        place: by the closed form for a few sources, else by a merge key and a sort pass (``_merge``).
+        """
         c = self.config
-        folder.mkdir()
         value = -pl.col("_value") if c.direction == "hard_to_easy" else pl.col("_value")
         value = pl.when(value.is_null() | value.is_nan()).then(float("inf")).otherwise(value) + 0.0  # NaN: the hardest
         code = pl.col("source").cast(pl.Enum(names)).to_physical().cast(pl.UInt32).alias("_code")
         frame = indexed.with_columns(code, value.alias("_v"), unit("_h").alias("_u"))
         by = ["_code", "_v", "_u", ROW]
-        ranges = key_ranges(frame, by, sum(sizes), max_rows)
+        n, counts = sum(sizes), np.asarray(sizes, dtype=np.int64)
+        merge = c.stratify and len(names) > CLOSED_FORM_SOURCES
+        if merge and counts.max(initial=0) > MAX_MERGE_ROWS:
+            raise StageError(f"{self.ctx.stage_id}: a source has {counts.max()} rows; stratified order merges sources "
+                             f"of up to {MAX_MERGE_ROWS} rows each (split the source, or set order.stratify = false)")
+        folder = spill / ("merge" if merge else "place")
+        folder.mkdir()
+        ranges = key_ranges(frame, by, n, max_rows)
         paced = Paced(c, sizes, self.ctx.memory_gb) if c.pacing != "sorted" else None
-        rank = [0] * len(names)  # rows of each source placed so far
+        rank = np.zeros(len(names), np.int64)  # rows of each source placed so far
         for i, part in enumerate(ranges.sorted(frame, [*by, "_value", "_h"])):
-            pieces = part.partition_by("_code", maintain_order=True, as_dict=True) if part.height else {}
-            for (g,), rows in pieces.items():
-                k = np.arange(rank[g], rank[g] + rows.height, dtype=np.int64)
-                rank[g] += rows.height
-                if paced is not None:  # a paced source is placed once all its rows are in
-                    rows = paced.add(g, rows, done=rank[g] == sizes[g])
-                    if rows is None:
-                        continue
-                    k = paced.within(g)
-                self._spill(folder / f"{i:05d}-{g:03d}.parquet", rows, positions(k, g, sizes, c.stratify), g)
+            if not part.height:
+                continue
+            if paced is None:
+                rows, g = part, part["_code"].to_numpy().astype(np.int64)
+                k = within_source(g, rank)
+            else:  # a paced source is placed once all its rows are in
+                rows, g, k = self._paced(part, paced, rank, counts)
+                if rows is None:
+                    continue
+            out = rows.select(ROW, "_value", "_h").with_columns(pl.Series("_code", g, dtype=pl.UInt32))
+            if merge:
+                out = out.with_columns(pl.Series("_q", merge_key(k, counts[g]))).sort("_q", "_code")
+            else:
+                out = out.with_columns(pl.Series("_place", positions(k, g, counts, c.stratify))).sort("_place")
+            out.write_parquet(folder / f"{i:05d}.parquet", row_group_size=_SPILL_GROUP)
+        if merge:
+            self._merge(spill, n, max_rows)
         return len(ranges)
 
     @staticmethod
-    def _spill(path, rows: pl.DataFrame, place: np.ndarray, g: int) -> None:
-        out = rows.select(ROW, "_value", "_h").with_columns(pl.Series("_place", place), pl.lit(g, pl.UInt32).alias("_code"))
-        out.sort("_place").write_parquet(path, row_group_size=_SPILL_GROUP)
+    def _paced(part: pl.DataFrame, paced: Paced, rank: np.ndarray, counts: np.ndarray):
+        """A key range's rows of the paced sources completed in it: (rows, source codes, ranks in source), or Nones."""
+        done = []
+        for (g,), rows in part.partition_by("_code", maintain_order=True, as_dict=True).items():
+            rank[g] += rows.height
+            rows = paced.add(g, rows, done=rank[g] == counts[g])
+            if rows is not None:
+                done.append((rows, g, paced.within(g)))
+        if not done:
+            return None, None, None
+        return (pl.concat([r for r, _, _ in done]), np.concatenate([np.full(r.height, g, np.int64) for r, g, _ in done]),
+                np.concatenate([k for _, _, k in done]))
+
+    @staticmethod
+    def _merge(spill, n: int, max_rows: int) -> None:
+        """Pass 1b, for many sources: sort every row by (merge key, source), range by range; its position is its place."""
+        keys = pl.scan_parquet(spill / "merge" / "*.parquet")
+        (spill / "place").mkdir()
+        ranges = key_ranges(keys, ["_q", "_code", ROW], n, max_rows)
+        lo = 0
+        for j, part in enumerate(ranges.sorted(keys, [ROW, "_value", "_h", "_code", "_q"])):
+            part = part.select(ROW, "_value", "_h", "_code").with_columns(
+                pl.Series("_place", np.arange(lo, lo + part.height, dtype=np.int64)))
+            part.write_parquet(spill / "place" / f"{j:05d}.parquet", row_group_size=_SPILL_GROUP)
+            lo += part.height
+        shutil.rmtree(spill / "merge")
 
     def _rank(self, names: list[str], sizes: list[int], max_rows: int, spill) -> dict:
         """Pass 2: whole windows of places at a time: shuffle inside windows, rank, report; spills (row, rank) by row."""

@@ -47,6 +47,9 @@ class SplitConfig(StageConfig):
         for key, v in fractions.items():
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"split.{key} = {v!r} is invalid; allowed: a fraction in [0, 1]")
+        if self.val_fraction == 1.0 and self.val_rows is None and not self.val_fraction_by_source:
+            raise ConfigError("split.val_fraction = 1.0 holds out every row of every source, leaving no training rows; "
+                              "to hold out whole sources set val_fraction_by_source.<source> = 1.0, or lower val_fraction")
         counts = {"val_rows": self.val_rows} | {f"val_rows_by_source.{k}": v for k, v in self.val_rows_by_source.items()}
         for key, v in counts.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):

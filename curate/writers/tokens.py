@@ -82,6 +82,7 @@ class TokenShardWriter:
         self._names: dict[str, int] = {}
         self.rows = 0
         self.seconds = 0.0
+        self.max_id = -1  # recorded in the manifest: a loader reading the shard remotely checks ids against it
         copy = self.folder.parent / TOKENIZER_FILE
         if tokenizer.json is not None and not copy.exists():
             write_text_atomic(copy, tokenizer.json)  # the job folder carries the tokenizer its shards were written with
@@ -100,6 +101,7 @@ class TokenShardWriter:
         out[is_eos] = self.tok.eos_id
         out[~is_eos] = flat
         self.seconds += time.perf_counter() - t0
+        self.max_id = max(self.max_id, int(out.max())) if len(out) else self.max_id
         self._bin.write(out.tobytes())
         sources = df["source"].fill_null("<null>")
         for s in sources.unique(maintain_order=True).to_list():
@@ -132,7 +134,7 @@ class TokenShardWriter:
         return {
             "split": self.split, "format": "tokens", "path": binf, "rows": self.rows, "bytes": binf.stat().st_size,
             "sha256": _digest(binf), "sources": {n: int(rows_by_source[i]) for i, n in sorted(enumerate(names), key=lambda x: x[1])},
-            "means": {}, "tokens": int(sizes.sum()), "dtype": self.tok.dtype.name, "source_names": names,
+            "means": {}, "tokens": int(sizes.sum()), "dtype": self.tok.dtype.name, "source_names": names, "max_id": self.max_id,
             "tokens_by_source": {n: int(by_source[i]) for i, n in sorted(enumerate(names), key=lambda x: x[1])},
             "index_sha256": _digest(idx), "index_bytes": idx.stat().st_size,
             "docs_sha256": _digest(doc), "docs_bytes": doc.stat().st_size,
@@ -188,5 +190,6 @@ def subset_token_shard(job_dir: Path, entry: dict, source: str, root: Path, path
     return {"split": entry.get("split", "train"), "format": "tokens", "path": path, "rows": len(kept_sizes),
             "bytes": len(files[".bin"]), "sha256": sha[".bin"], "sources": {source: len(kept_sizes)}, "means": {},
             "tokens": n_tokens, "dtype": dtype.name, "source_names": [source], "tokens_by_source": {source: n_tokens},
+            "max_id": int(tokens[np.repeat(keep, sizes)].max()) if n_tokens else -1,
             "index_sha256": sha[".idx"], "index_bytes": len(files[".idx"]),
             "docs_sha256": sha[".doc.npy"], "docs_bytes": len(files[".doc.npy"]), "tokenizer": entry.get("tokenizer")}

@@ -11,6 +11,7 @@ import io
 import matplotlib
 
 matplotlib.use("Agg")  # headless: CI and `winnow run` have no display
+matplotlib.rcParams["text.parse_math"] = False  # labels are names from data (`$\foo{x}$`): plain text, never math
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402

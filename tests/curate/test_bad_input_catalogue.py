@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import tarfile
 from collections import Counter
@@ -473,7 +474,106 @@ def test_bad_input(case: Case, tmp_path: Path, capsys, nothing_lost) -> None:
         case.check(folder, out)
 
 
+# -- kinds that are not one job's inputs: the output folder's owner, a second writer, the job file ------------
+@dataclass(frozen=True)
+class Kind:
+    """One bad input or fault around a job: ``run(tmp_path, capsys)`` builds it and asserts what happens."""
+
+    name: str
+    run: Callable[[Path, pytest.CaptureFixture], None]
+
+
+KINDS: list[Kind] = []
+
+
+def kind(fn: Callable[[Path, pytest.CaptureFixture], None]) -> Callable[[Path, pytest.CaptureFixture], None]:
+    KINDS.append(Kind(fn.__name__, fn))
+    return fn
+
+
+def job_file(tmp: Path, name: str, out: Path, extra: str = "") -> Path:
+    (tmp / "a.jsonl").write_bytes(jl(*GOOD))
+    path = tmp / f"{name}-{len(list(tmp.glob('*.toml')))}.toml"
+    path.write_text(f'[job]\nname = "{name}"\noutput = "{out}"\n' + inputs(tmp / "a.jsonl") + extra)
+    return path
+
+
+def curate(capsys, job: Path, *args: str) -> tuple[int, str]:
+    rc = main(["-q", "curate", str(job), *args])
+    return rc, capsys.readouterr().err
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "shards").rglob("*")) if p.is_file()}
+
+
+@kind
+def another_jobs_finished_output(tmp: Path, capsys) -> None:
+    out = tmp / "out"
+    assert curate(capsys, job_file(tmp, "alpha", out))[0] == 0
+    before = shard_bytes(out)
+    rc, err = curate(capsys, job_file(tmp, "beta", out))
+    assert rc == 2 and "job 'alpha'" in err and "job 'beta'" in err and "--overwrite" in err, err
+    assert shard_bytes(out) == before and json.loads((out / ".winnow-output").read_text())["job"] == "alpha"
+    assert curate(capsys, job_file(tmp, "beta", out), "--overwrite")[0] == 0  # the way on, when meant
+    assert json.loads((out / ".winnow-output").read_text())["job"] == "beta"
+
+
+@kind
+def changed_config_on_a_finished_output(tmp: Path, capsys) -> None:
+    out = tmp / "out"
+    assert curate(capsys, job_file(tmp, "alpha", out))[0] == 0
+    before = shard_bytes(out)
+    assert curate(capsys, job_file(tmp, "alpha", out))[0] == 0 and shard_bytes(out) == before  # the same job: as before
+    rc, err = curate(capsys, job_file(tmp, "alpha", out, '[[stages]]\nkind = "filter.length"\nmin_words = 2\n'))
+    assert rc == 2 and "another configuration" in err and "--overwrite" in err, err
+    assert shard_bytes(out) == before
+
+
+def _hold_lock(folder: str, ready, done) -> None:
+    from curate.lock import FolderLock
+
+    FolderLock(folder, what="output folder").acquire()
+    ready.set()
+    done.wait(60)
+
+
+@kind
+def second_curate_on_a_running_output(tmp: Path, capsys) -> None:
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    ready, done = fork.Event(), fork.Event()
+    holder = fork.Process(target=_hold_lock, args=(str(tmp / "out"), ready, done))  # the first run, mid-job
+    holder.start()
+    try:
+        assert ready.wait(60)
+        rc, err = curate(capsys, job_file(tmp, "alpha", tmp / "out"))
+        assert rc == 2 and f"pid {holder.pid}" in err and "in use by another winnow run" in err, err
+        assert "Traceback" not in err and not (tmp / "out" / "manifest.json").exists()
+    finally:
+        done.set()
+        holder.join()
+
+
+@kind
+def job_file_linked_to_dev_zero(tmp: Path, capsys) -> None:
+    os.symlink("/dev/zero", tmp / "job.toml")
+    rc, err = curate(capsys, tmp / "job.toml")
+    assert rc == 2 and "not a regular file" in err, err
+
+
+@pytest.mark.parametrize("case", [pytest.param(k, id=k.name) for k in KINDS])
+def test_kind(case: Kind, tmp_path: Path, capsys) -> None:
+    case.run(tmp_path, capsys)
+
+
 def test_catalogue_size() -> None:
-    """Issue #14 asks for at least 25 kinds; the README's reliability section quotes this count."""
-    assert len(CASES) >= 25
-    assert len({c.name for c in CASES}) == len(CASES)
+    """Every kind has its own name, and the README's reliability section gives the catalogue's true size."""
+    from tests.pipelines.test_bad_input_catalogue import KINDS as PIPELINE_KINDS
+    from tests.train.test_bad_input_catalogue import KINDS as TRAIN_KINDS
+
+    names = [c.name for c in CASES] + [k.name for k in KINDS] + [k.name for k in TRAIN_KINDS + PIPELINE_KINDS]
+    assert len(set(names)) == len(names)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"{len(CASES) + len(KINDS)} kinds, " in readme and f"holds {len(names)} named kinds" in readme, len(names)

@@ -178,3 +178,32 @@ def test_plans_over_no_rows_are_empty(tmp_path):
         keys = stage.collect(empty).with_columns(pl.lit(0, pl.Int32).alias("_task")).lazy()
         plan = stage.plan(keys)
         assert plan.gather(keys).height == 0 and plan.per_task(0, keys).height == 0
+
+
+def test_many_sources_cut_the_same_in_one_key_range_and_in_many(tmp_path):
+    """Sources from a field number 10^4-10^5: every source's cut-off is found at once (``mixing.cuts``), and a budget
+    that splits the keys into many ranges (several crossings in one range, sources across ranges) changes nothing."""
+    rng = np.random.default_rng(3)
+    df = rows({f"site-{i:03d}": int(n) for i, n in enumerate(rng.integers(1, 40, 300))})
+    cfg = {"scheme": "temperature", "temperature": 2.0, "max_epochs": 2.0}
+    _, whole = plan(df, tmp_path / "whole", **cfg)
+    mix = Mix(MixConfig(**cfg), StageContext(stage_id="m", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "tiny",
+                                             sources=(), memory_gb=2e-5))
+    keys = mix.collect(df).with_columns(pl.lit(0, pl.Int32).alias("_task")).lazy()
+    tiny = mix.plan(keys)
+    assert whole.report["key_ranges"] == 1 and tiny.report["key_ranges"] > 5
+    assert counts_by_id(tiny.gather(keys)) == counts_by_id(whole.decision)
+    assert {k: v for k, v in tiny.report.items() if k != "key_ranges"} == {k: v for k, v in whole.report.items()
+                                                                             if k != "key_ranges"}
+    longest = df.with_columns(n=pl.col("text").str.len_bytes()).group_by("source").agg(pl.col("n").max())
+    for source, n in longest.iter_rows():  # a partial pass ends within one document of its target
+        s = whole.report["sources"][source]
+        if not s["capped"]:
+            assert abs(s["realized_tokens"] - s["target_tokens"]) <= n + 1, (source, s)
+
+
+def test_a_weight_for_a_source_with_no_rows_left_is_said_not_silently_rescaled(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="curate.stages.mix"):
+        _, p = plan(rows({"a": 300, "b": 300}), tmp_path, weights={"a": 0.5, "b": 0.3, "gone": 0.2})
+    assert p.report["weights_without_rows"] == ["gone"]
+    assert any("['gone'] have a weight but no rows" in r.getMessage() for r in caplog.records)

@@ -165,3 +165,16 @@ def test_missing_ordering_column_is_an_error_that_names_it(tmp_path):
 def test_bad_config_names_the_key(cfg, key):
     with pytest.raises(ConfigError, match=key):
         OrderConfig(**cfg)
+
+
+def test_many_sources_merge_by_key_into_the_closed_forms_order(tmp_path, monkeypatch):
+    """Past ``CLOSED_FORM_SOURCES`` sources the stratified places come from a merge key and a sort (O(rows log rows)
+    whatever the source count), which must give exactly the closed form's order, ties included."""
+    import curate.stages.order as order
+
+    rng = np.random.default_rng(5)
+    df = rows({f"site-{i:03d}": int(n) for i, n in enumerate(rng.integers(1, 30, 90))}, seed=1)
+    merged = ordered(df, tmp_path / "merge", window=50)
+    monkeypatch.setattr(order, "CLOSED_FORM_SOURCES", 10**9)
+    closed = ordered(df, tmp_path / "closed", window=50)
+    assert merged["id"].to_list() == closed["id"].to_list()

@@ -26,8 +26,8 @@ def job_file(tmp_path: Path, body: str = "") -> Path:
     return path
 
 
-def curate(job: Path, output: Path | str, capsys) -> tuple[int, str]:
-    rc = main(["-q", "curate", str(job), "--output", str(output)])
+def curate(job: Path, output: Path | str, capsys, *args: str) -> tuple[int, str]:
+    rc = main(["-q", "curate", str(job), "--output", str(output), *args])
     return rc, capsys.readouterr().err
 
 
@@ -47,7 +47,9 @@ def test_a_folder_winnow_made_is_cleared_for_another_job(tmp_path, capsys):
     assert (out / MARKER).is_file()
     stale = out / "shards" / "parquet" / "train" / "part-99999-00000.parquet"
     stale.write_bytes(b"left by an earlier run")
-    assert curate(job_file(tmp_path, '[output]\nformats = ["parquet"]\n'), out, capsys)[0] == 0  # another job
+    job = job_file(tmp_path, '[output]\nformats = ["parquet"]\n')  # another configuration: refused unless meant
+    assert curate(job, out, capsys)[0] == 2 and stale.exists()
+    assert curate(job, out, capsys, "--overwrite")[0] == 0
     assert not stale.exists()
 
 

@@ -29,21 +29,25 @@ min_words = 2
 """
 
 
-def write_inputs(folder: Path, edited: bool = False) -> None:
-    for f in range(3):
+def write_inputs(folder: Path, edited: bool = False, *, middle: bool = False) -> None:
+    """Three input files; ``edited``: rewrite only the first, with a same-size edit (any rewrite is a change)."""
+    for f in ([0] if edited else range(3)):
         texts = [f"file {f} words number {i}" for i in range(6)]
+        if middle and f == 0:  # 300 KiB: the edit below is far from the first and last 64 KiB
+            texts = [f"file {f} words number {i} " + "filler " * 150 for i in range(300)]
         if edited and f == 0:
-            texts[2] = texts[2].replace("words", "WORDS")  # same size: only the content hash sees it
+            at = 150 if middle else 2
+            texts[at] = texts[at].replace("words", "WORDS")  # same size: only the content hash sees it
         (folder / f"p{f}.jsonl").write_bytes(b"".join(orjson.dumps({"id": f"{f}-{i}", "text": t}) + b"\n"
                                                       for i, t in enumerate(texts)))
         os.utime(folder / f"p{f}.jsonl", ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
 
 
-def crashed_in_the_last_task(tmp_path: Path, write_job, monkeypatch, name: str):
+def crashed_in_the_last_task(tmp_path: Path, write_job, monkeypatch, name: str, *, middle: bool = False):
     """Write the inputs, run the job until its stage crashes on the last file's rows; returns (job, data folder)."""
     data = tmp_path / "data"
     data.mkdir()
-    write_inputs(data)
+    write_inputs(data, middle=middle)
     job = load_job(write_job(BODY.format(path=data / "*.jsonl"), name=name))
     original = LengthFilter.apply
 
@@ -92,3 +96,33 @@ def test_a_file_added_to_a_glob_is_read_on_resume(tmp_path, write_job, monkeypat
     resumed = run_job(job, progress=False)
     nothing_lost(job.output_dir, {f"{f}-{i}" for f in range(3) for i in range(6)} | {"new"})
     assert "a new document here" in shard_texts(resumed, job.output_dir)
+
+
+def test_an_edit_in_the_middle_keeping_size_and_mtime_is_noticed(tmp_path, write_job, monkeypatch, caplog):
+    """The README's claim: an edit "even to the same size and mtime" is noticed, here past the head and tail hashed."""
+    job, data = crashed_in_the_last_task(tmp_path, write_job, monkeypatch, "middle", middle=True)
+    size = (data / "p0.jsonl").stat().st_size
+    write_inputs(data, edited=True, middle=True)  # same size, and write_inputs sets the mtime back
+    assert (data / "p0.jsonl").stat().st_size == size and size > 4 * (64 << 10)
+    with caplog.at_level("WARNING", logger="curate.pipeline"):
+        resumed = run_job(job, progress=False)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"input {data / 'p0.jsonl'} changed (" in said and "redoing 1 read task(s)" in said
+    assert "head_tail_sha256" not in said  # the head and tail are the same: the change time and the sampled blocks saw it
+    assert any("WORDS" in t for t in shard_texts(resumed, job.output_dir))
+
+
+def test_where_the_storage_gives_no_identity_sampled_blocks_see_a_middle_edit(tmp_path, monkeypatch):
+    """An HTTP or FTP input has no ETag or change time: 16 blocks between the head and the tail are hashed instead."""
+    import curate.fingerprint as fingerprint
+
+    monkeypatch.setattr(fingerprint, "_identity", lambda url, options: {})
+    path = tmp_path / "big.jsonl"
+    data = bytearray(b"x" * (1 << 20))
+    path.write_bytes(data)
+    before = fingerprint.file_fingerprint(str(path), len(data), 1.0, {})
+    at = 64 * 1024 + (len(data) - 2 * 64 * 1024 - 4096) * 8 // 17  # inside the 8th sampled block
+    data[at + 10] = ord("y")
+    path.write_bytes(data)
+    after = fingerprint.file_fingerprint(str(path), len(data), 1.0, {})
+    assert after["head_tail_sha256"] == before["head_tail_sha256"] and after["blocks_sha256"] != before["blocks_sha256"]

@@ -80,3 +80,9 @@ def test_apply_without_plan_uses_the_fraction_rule_and_refuses_counts(tmp_path):
 def test_bad_config_names_the_key(cfg):
     with pytest.raises(ConfigError, match=next(iter(cfg))):
         SplitConfig(**cfg)
+
+
+def test_a_val_fraction_of_one_that_leaves_no_training_rows_is_refused():
+    with pytest.raises(ConfigError, match=r"split.val_fraction = 1.0 holds out every row.*val_fraction_by_source"):
+        SplitConfig(val_fraction=1.0)
+    SplitConfig(val_fraction=1.0, val_fraction_by_source={"web": 0.01})  # every source but one held out: meant

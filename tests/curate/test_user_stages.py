@@ -61,6 +61,8 @@ def test_keep_fields_become_typed_columns_and_leave_meta(tmp_path, write_job):
 def test_keep_fields_refuse_winnow_columns_and_unknown_types(tmp_path, write_job):
     with pytest.raises(ConfigError, match=r"keep_fields: 'quality' is one of winnow's own columns"):
         load_job(write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"quality"]')))
+    with pytest.raises(ConfigError, match=r"keep_fields: '_count' starts with '_', which winnow reserves"):
+        load_job(write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"_count"]')))  # the mix's column
     with pytest.raises(ConfigError, match=r"keep_fields.url = 'text' is not a type; allowed: string, int64"):
         load_job(write_job(JOB.format(path=tmp_path).replace('["url", "language_score", "dump", "tokens"]', '{url = "text"}')))
 
@@ -155,7 +157,7 @@ def test_plugin_stage_is_used_by_kind_with_the_runners_checks(tmp_path, write_jo
         load_job(write_job(body.replace("max_upper", "max_uper")))
     leaky = load_job(write_job(body.replace("acme.shout", "acme.leaky").replace("max_upper = 0.6\n", "")))
     with pytest.raises(StageError, match="lost rows"):
-        run_job(leaky, progress=False)
+        run_job(leaky, progress=False, overwrite=True)  # the same folder, on purpose
 
 
 def test_import_paths_in_job_files_stay_refused(plugin):

@@ -203,3 +203,12 @@ def test_no_sentence_says_a_source_hurts_everything_when_leaving_it_out_raises_t
     assert "Leaving out <code>prose</code> would raise held-out loss on <code>code</code>" in page
     assert "Leaving out <code>prose</code> would lower" not in page
     assert "Leaving out <code>prose</code>: can&#x27;t tell" not in page
+
+
+def test_source_names_with_math_text_are_plain_labels(tmp_path):
+    """A source named like TeX (``$\\foo{x}$``) is a label, not math text for matplotlib's parser to fail on."""
+    name = r"$\foo{x}$"
+    records = json.loads(json.dumps(healthy_records()).replace('"code"', json.dumps(name)))
+    page = render(*locate(write_run(tmp_path / "run", records)))
+    assert images(page) and all(png.startswith(PNG) for png in images(page).values())
+    assert name in page

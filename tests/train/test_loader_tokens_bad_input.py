@@ -56,7 +56,7 @@ def test_a_skipped_bad_shard_is_counted_and_the_rest_is_read(job):
 def test_a_changed_byte_is_a_checksum_mismatch_when_verifying(job):
     path = shard_file(job, 0, ".bin")
     data = bytearray(path.read_bytes())
-    data[3] ^= 1
+    data[2] ^= 1  # the low byte of a uint16 id: still an id of the vocabulary
     path.write_bytes(bytes(data))
     with pytest.raises(ShardError, match=rf"{path.name}: checksum mismatch"):
         drain(Loader(cfg(), job))
@@ -130,3 +130,16 @@ def test_a_tokenizer_file_that_cannot_load_names_path_and_key(tmp_path, content)
         path.write_text(content)
     with pytest.raises(ConfigError, match=r"train\.tokenizer\.path = .*sub"):
         load_tokenizer(TokenizerConfig(path=str(path.parent if content is None else path)))
+
+
+def test_a_token_id_past_the_vocabulary_names_the_shard_the_id_and_its_document(job):
+    """An id >= the tokenizer's vocabulary would index past the embedding (a device-side assert on a GPU)."""
+    entry = [e for e in json.loads((job / "manifest.json").read_text())["shards"] if e["format"] == "tokens"][1]
+    assert 0 <= entry["max_id"] < 258  # the writer records the largest id it wrote
+    path = shard_file(job, 1, ".bin")
+    ids = np.fromfile(path, np.uint16)
+    ids[5] = 300  # the byte tokenizer has 258 ids; uint16 holds this one
+    ids.tofile(path)
+    with pytest.raises(ShardError, match=rf"{path.name}: token id 300 at token 5 \(document 0, row \d+ of .*\) is "
+                                         r"outside this run's tokenizer's 258 ids"):
+        drain(Loader(cfg(verify_checksums=False), job))

@@ -32,6 +32,7 @@ INDEX_MAGIC = b"MMIDIDX\x00\x00"
 # megatron.core.datasets.indexed_dataset.DType
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
 _HEADER = len(INDEX_MAGIC) + 8 + 1 + 8 + 8
+_SCAN_BYTES = 64 << 20  # of a .bin per piece of the pass that hashes it and checks its ids
 
 
 def sidecar(bin_path: str, suffix: str) -> str:
@@ -52,6 +53,7 @@ class TokenShardInfo:
     index_sha256: str | None
     docs_sha256: str | None
     source_names: tuple[str, ...]
+    max_id: int | None = None  # the largest id, as the writer recorded it
 
     def sidecar(self, suffix: str) -> str:
         return sidecar(self.bin_path, suffix)
@@ -110,7 +112,7 @@ def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options
     shards = [TokenShardInfo(bin_path=e["path"], path=parquet.get(_stem(e["path"]), e["path"]), rows=int(e["rows"]),
                              tokens=int(e["tokens"]), dtype=e["dtype"], sha256=e.get("sha256"),
                              index_sha256=e.get("index_sha256"), docs_sha256=e.get("docs_sha256"),
-                             source_names=tuple(e.get("source_names") or ())) for e in entries]
+                             source_names=tuple(e.get("source_names") or ()), max_id=e.get("max_id")) for e in entries]
     digest = hashlib.sha256(orjson.dumps([[s.bin_path, s.tokens, s.sha256] for s in shards])).hexdigest()[:16]
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     local = protocol in ("file", "local")
@@ -202,9 +204,13 @@ class TokenShard:
                              f"{len(info.source_names)} sources")
         self.starts = np.zeros(len(self.sizes), np.int64)  # file-order token offset of each document
         np.cumsum(self.sizes[:-1], out=self.starts[1:])
-        if verify and info.sha256:
-            self._hash_bin()
+        self._local = shard_set.local
         self._map = np.memmap(self.url, self.dtype, mode="r") if shard_set.local and n_tok else None
+        hash_it = bool(verify and info.sha256)
+        if hash_it or shard_set.local or info.max_id is None:  # remote and unverified: the writer's max_id will do
+            self._scan(vocab_size, hash_it=hash_it)
+        elif info.max_id >= vocab_size:
+            self._bad_id(vocab_size)
 
     def _cat(self, url: str) -> bytes:
         data = cat_shard(self._fs, url, what="token shard")
@@ -229,12 +235,44 @@ class TokenShard:
                              "per document (not written by winnow's tokens format?)")
         return dtype, sizes
 
-    def _hash_bin(self) -> None:
+    def _scan(self, vocab_size: int, *, hash_it: bool) -> None:
+        """One pass over the ``.bin``: its sha256 (``hash_it``) and every id in ``[0, vocab_size)``.
+
+        An id past the vocabulary would index past the embedding (a device-side assert on a GPU), so it is
+        a ShardError naming the shard, the id and its document, here, not a crash at some later step.
+        """
+        digest, at, bad = hashlib.sha256(), 0, None
         with self._fs.open(self.url, "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        self.bytes_hashed += int(self.sizes.sum()) * self.dtype.itemsize
-        if digest != self.info.sha256:
-            raise ShardError(f"token shard {self.url}: checksum mismatch: sha256 is {digest}, the manifest says {self.info.sha256}")
+            while chunk := fh.read(_SCAN_BYTES):
+                if hash_it:
+                    digest.update(chunk)
+                ids = np.frombuffer(chunk, self.dtype)
+                if bad is None and len(ids) and (ids.max() >= vocab_size or (self.dtype.kind != "u" and ids.min() < 0)):
+                    first = int(np.flatnonzero((ids >= vocab_size) | (ids < 0))[0])
+                    bad = (at + first, int(ids[first]))
+                    if not hash_it:
+                        break
+                at += len(ids)
+        if not self._local:
+            self.bytes_read += at * self.dtype.itemsize
+        if hash_it:
+            self.bytes_hashed += at * self.dtype.itemsize
+            if digest.hexdigest() != self.info.sha256:  # a damaged shard: said before the ids it damaged
+                raise ShardError(f"token shard {self.url}: checksum mismatch: sha256 is {digest.hexdigest()}, the manifest "
+                                 f"says {self.info.sha256}")
+        if bad is not None:
+            self._bad_id(vocab_size, *bad)
+
+    def _bad_id(self, vocab_size: int, at: int | None = None, value: int | None = None) -> None:
+        """Raise the ShardError for id ``value`` at token ``at`` (None: the manifest's ``max_id`` is past the vocabulary)."""
+        if at is None:
+            what = f"token id {self.info.max_id} (the manifest's max_id)"
+        else:
+            doc = int(np.searchsorted(self.starts, at, side="right")) - 1
+            what = f"token id {value} at token {at} (document {doc}, row {int(self.rows[doc])} of {self.info.path})"
+        raise ShardError(f"token shard {self.url}: {what} is outside this run's tokenizer's {vocab_size} ids; the shard "
+                         "was written with another tokenizer or is damaged: curate it again with the run's tokenizer "
+                         "([output.tokens] tokenizer), or set [train.tokenizer] to the shard's")
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         """File-order tokens ``[lo, hi)``."""

@@ -9,16 +9,14 @@ without replacement, as in DSIR, https://arxiv.org/abs/2302.03169). No row gets 
 ``max_copies`` copies.
 
 The preference order is a sort key (``preference_keys``, most preferred first, ties by the
-row's position), so the partial pass is "every row before a cut-off key": the plan finds that
-key in one key range (``curate.stages.mixing.external``) and each task compares its own rows.
+row's position), so the partial pass is "every row before a cut-off key": the plan finds every
+source's key at once (``curate.stages.mixing.cuts``) and each task compares its own rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
-import numpy as np
 import polars as pl
 
 from curate.stages.mixing.hashing import unit
@@ -52,15 +50,6 @@ class Share:
     rest: float | None
 
 
-class Cut(NamedTuple):
-    """Where a source's partial pass ends: rows whose key sorts before ``key`` (or equals it, ``inclusive``) are taken."""
-
-    key: tuple | None  # None: every row of the source
-    inclusive: bool
-    rows: int  # rows taken
-    tokens: float  # tokens taken
-
-
 def share(available: float, rows: int, target: float, max_copies: int) -> Share:
     """Whole passes and the partial pass's token target for a source with ``available`` tokens in ``rows`` rows."""
     if rows == 0 or available <= 0 or target <= 0:
@@ -68,19 +57,3 @@ def share(available: float, rows: int, target: float, max_copies: int) -> Share:
     passes = min(int(target // available), max_copies)
     rest = target - passes * available
     return Share(passes, None if passes >= max_copies or rest <= 0 else rest)
-
-
-def cut(running: np.ndarray, before: float, rest: float) -> tuple[int, bool, float]:
-    """Where a partial pass of ``rest`` tokens ends, inside the key range where the running total first passes ``rest``.
-
-    ``running``: the running token total (int64) over the range's rows in preference order,
-    counting the rows before the range (whose total, ``before``, is at most ``rest``).
-    Returns how many of the range's rows are taken, whether the last one taken is the first
-    whose total passes ``rest`` (the next document lands closer to the target), and the
-    tokens the partial pass takes in all.
-    """
-    k = int(np.searchsorted(running, rest, side="right"))  # rows whose running total stays <= rest
-    below = float(running[k - 1]) if k else before
-    if running[k] - rest < rest - below:
-        return k + 1, True, float(running[k])
-    return k, False, below

@@ -7,10 +7,14 @@ contributed within one row of p times its share; a window of W rows is then with
 of every share. Each source thus follows its own easy-to-hard curve at the same pace
 (difficulty is compared within a source, where the scorer's scale means the same thing).
 
-The merge needs no sort: a row's global position is its rank in its own source plus, for
-every other source, how many of that source's positions precede it, which is a closed
-form in integers (exact, no float ties, ``positions``), so it costs O(rows x sources) and
-each piece of a source is placed on its own, without holding the others.
+With few sources the merge needs no sort: a row's global position is its rank in its own
+source plus, for every other source, how many of that source's positions precede it, a closed
+form in integers (exact, no float ties, ``positions``) that costs O(rows x sources) and places
+each piece of a source on its own. Sources taken from a field number 10^4-10^5, so past
+``CLOSED_FORM_SOURCES`` the order plan sorts instead: each row gets the integer ``merge_key``
+floor((k + 0.5) / n * 2^62), which orders rows exactly as the fractions do (equal fractions, equal
+keys; for sources up to 2^30 rows distinct fractions differ by at least one), and a sort by
+(key, source) gives the same places in O(rows log rows) whatever the source count.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from curate.stages.mixing.arrays import ExactSum
 from curate.stages.mixing.hashing import splitmix64
 
 
-def _preceding(k: np.ndarray, n_self: int, n_other: int, other_first: bool) -> np.ndarray:
+def _preceding(k: np.ndarray, n_self: np.ndarray | int, n_other: int, other_first: np.ndarray | bool) -> np.ndarray:
     """How many positions (j + 0.5) / n_other come before (k + 0.5) / n_self.
 
     (j + 0.5) / n_other < (k + 0.5) / n_self  <=>  (2j + 1) * n_self < (2k + 1) * n_other =: m,
@@ -30,7 +34,7 @@ def _preceding(k: np.ndarray, n_self: int, n_other: int, other_first: bool) -> n
     the other source wins ties.
     """
     m = (2 * k + 1) * n_other
-    count = (m // n_self + 1) // 2 if other_first else (-(-m // n_self)) // 2
+    count = np.where(other_first, (m // n_self + 1) // 2, (-(-m // n_self)) // 2)
     return np.minimum(count, n_other)
 
 
@@ -51,16 +55,40 @@ def shuffle_windows(sequence: np.ndarray, h: np.ndarray, salt: int, window: int)
     _shuffle_windows(sequence, np.ascontiguousarray(h, dtype=np.uint64), np.uint64(salt), int(window))
 
 
-def positions(k: np.ndarray, g: int, sizes: list[int], stratify: bool) -> np.ndarray:
-    """Places in the whole reading order of the ``k``-th rows of source ``g`` (``interleave`` row by row:
-    a closed form, so each piece of a source is placed without the others)."""
+CLOSED_FORM_SOURCES = 64  # up to this many sources the closed form beats a sort pass
+MAX_MERGE_ROWS = 2**30  # per source: merge keys stay exact up to here
+
+
+def positions(k: np.ndarray, code: np.ndarray, sizes: np.ndarray, stratify: bool) -> np.ndarray:
+    """Places in the whole reading order of the ``k``-th rows of sources ``code`` (``interleave`` row by row:
+    a closed form, so each piece is placed without the others; O(rows x sources), for few sources)."""
     if not stratify:  # source by source, in the order of ``sizes``
-        return k + sum(sizes[:g])
+        return k + (np.cumsum(sizes) - sizes)[code]
     place = k.copy()
+    n_self = sizes[code]
     for r, n_other in enumerate(sizes):
-        if r != g and n_other:
-            place += _preceding(k, sizes[g], n_other, other_first=r < g)
+        if n_other:
+            others = code != r
+            place[others] += _preceding(k[others], n_self[others], int(n_other), other_first=r < code[others])
     return place
+
+
+def merge_key(k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """floor((2k + 1) / (2n) * 2^62) exactly, in int64 (``n`` <= ``MAX_MERGE_ROWS``): the fraction's order as integers."""
+    k, n = k.astype(np.int64), n.astype(np.int64)
+    a, b = (1 << 61) // n, (1 << 61) % n  # 2^61 = a n + b, so (2k+1) 2^61 / n = (2k+1) a + (2k+1) b / n
+    odd = 2 * k + 1
+    return odd * a + (odd * b) // n
+
+
+def within_source(code: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Each row's rank in its source, for rows sorted by source (one run per source), after ``rank`` earlier rows;
+    ``rank`` is advanced past them."""
+    starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
+    lengths = np.diff(np.r_[starts, len(code)])
+    k = rank[code] + np.arange(len(code)) - np.repeat(starts, lengths)
+    rank[code[starts]] += lengths
+    return k
 
 
 class Curve:
@@ -74,6 +102,9 @@ class Curve:
         self.names, self.c = names, config
         self.n = sum(sizes)
         self.overall = np.asarray(sizes, dtype=np.int64) / max(self.n, 1)
+        self.by_share = np.argsort(-self.overall, kind="stable")  # sources, largest share first
+        self.rank_of = np.empty(len(sizes), np.int64)
+        self.rank_of[self.by_share] = np.arange(len(sizes))
         self.n_windows = -(-self.n // config.window)
         self.full = self.n // config.window  # the last, partial window is not held to the shares
         keep = config.report_windows
@@ -85,24 +116,52 @@ class Curve:
         self.slices = [ExactSum() for _ in range(m)]
 
     def add(self, lo: int, codes: np.ndarray, values: np.ndarray) -> None:
-        """Places ``lo .. lo + len(codes) - 1``: their sources and ordering values, in order."""
+        """Places ``lo .. lo + len(codes) - 1``: their sources and ordering values, in order.
+
+        Counts are kept per (window, source) present, never as a windows x sources table: a source
+        missing from a window deviates by its whole share, and the largest such share is found from
+        the sources ranked by share (O(rows log rows) per piece, whatever the source count).
+        """
         window, groups = self.c.window, len(self.names)
         first = lo // window
+        codes = codes.astype(np.int64)
         local = np.arange(len(codes), dtype=np.int64) // window
-        counts = np.bincount(local * groups + codes, minlength=(-(-len(codes) // window)) * groups).reshape(-1, groups)
-        full = counts[: max(0, min(len(counts), self.full - first))] / window
-        if len(full):
-            deviation = np.abs(full - self.overall)
+        pair, count = np.unique(local * groups + codes, return_counts=True)
+        w_of, c_of = pair // groups, pair % groups
+        n_full = max(0, min(int(local[-1]) + 1 if len(local) else 0, self.full - first))
+        if n_full:
+            full = w_of < n_full
+            present = np.zeros(n_full)
+            np.maximum.at(present, w_of[full], np.abs(count[full] / window - self.overall[c_of[full]]))
+            deviation = np.maximum(present, self._largest_absent(w_of[full], c_of[full], n_full))
             self.deviation = max(self.deviation, float(deviation.max()))
-            self.over += int((deviation.max(axis=1) > self.c.tolerance).sum())
+            self.over += int((deviation > self.c.tolerance).sum())
         for w in self.picks:
-            if first <= w < first + len(counts):
-                self.rows[w] = {"window": w, **{s: int(counts[w - first, i]) for i, s in enumerate(self.names)}}
+            if first <= w < first + (int(local[-1]) + 1 if len(local) else 0):
+                mine = w_of == w - first
+                counts = dict(zip(c_of[mine].tolist(), count[mine].tolist()))
+                self.rows[w] = {"window": w, **{s: int(counts.get(i, 0)) for i, s in enumerate(self.names)}}
         self.nulls += int(np.isnan(values).sum())
         bounds = np.searchsorted(self.slice_ends, np.arange(lo, lo + len(values)), side="right")
         finite = np.isfinite(values)
         for s in np.unique(bounds):
             self.slices[s].add(values[(bounds == s) & finite])
+
+    def _largest_absent(self, w: np.ndarray, c: np.ndarray, n_windows: int) -> np.ndarray:
+        """Per window, the largest share of a source with no row in it (0 when every source has one)."""
+        rank = self.rank_of[c]  # sources ranked by share, largest first
+        order = np.lexsort((rank, w))
+        w, rank = w[order], rank[order]
+        starts = np.flatnonzero(np.r_[True, w[1:] != w[:-1]])
+        pos = np.arange(len(w)) - np.repeat(starts, np.diff(np.r_[starts, len(w)]))
+        first_gap = np.full(n_windows, -1, np.int64)  # the smallest rank missing from each window
+        gaps = np.flatnonzero(rank != pos)
+        uniq, at = np.unique(w[gaps], return_index=True)
+        first_gap[uniq] = pos[gaps[at]]
+        seen = np.bincount(w, minlength=n_windows)
+        first_gap = np.where(first_gap >= 0, first_gap, seen)  # no gap: the first rank after those present
+        shares = np.r_[self.overall[self.by_share], 0.0]
+        return shares[np.minimum(first_gap, len(self.by_share))]
 
     def finish(self) -> dict:
         c = self.c

@@ -1,0 +1,122 @@
+"""The catalogue of bad inputs, around training runs, studies, exports and reports.
+
+Each kind builds a tiny bad input or fault and asserts the clear outcome. The curation kinds are
+in ``tests/curate/test_bad_input_catalogue.py``, which counts every area's kinds.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from curate.errors import OutputError
+from pipelines.ablate.sources import split_by_source
+from pipelines.jobfile import build_config
+from tests.pipelines.tiny import TINY_MODEL
+from tests.train.shards_util import make_docs, write_job
+from train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One bad input or fault: ``run(tmp_path)`` builds it and asserts what happens."""
+
+    name: str
+    area: str  # training, study, export, report
+    run: Callable[[Path], None]
+
+
+KINDS: list[Kind] = []
+
+
+def kind(area: str) -> Callable[[Callable[[Path], None]], Callable[[Path], None]]:
+    def register(fn: Callable[[Path], None]) -> Callable[[Path], None]:
+        KINDS.append(Kind(fn.__name__, area, fn))
+        return fn
+    return register
+
+
+def tiny_cfg(shards: Path, run: Path, **train) -> TrainConfig:
+    import tomllib
+
+    table = {"shards": str(shards), "output": str(run), "steps": 2, **train,
+             **tomllib.loads(TINY_MODEL)["train"]}
+    return build_config(TrainConfig, table, "test [train]")
+
+
+# -- training --------------------------------------------------------------------------------------------------
+def _train_holder(cfg: TrainConfig, ready, done) -> None:
+    from pipelines.train import build_trainer
+
+    trainer = build_trainer(cfg)  # noqa: F841 - held while it lives
+    ready.set()
+    done.wait(120)
+
+
+@kind("training")
+def second_train_into_a_running_run_folder(tmp: Path) -> None:
+    from pipelines.train import build_trainer
+
+    job = write_job(tmp / "job", [make_docs(12)], val=[make_docs(4)])
+    cfg = tiny_cfg(job, tmp / "run")
+    fork = multiprocessing.get_context("fork")
+    ready, done = fork.Event(), fork.Event()
+    first = fork.Process(target=_train_holder, args=(cfg, ready, done))
+    first.start()
+    try:
+        assert ready.wait(120)
+        with pytest.raises(OutputError, match=rf"run folder .* in use by another winnow run \(host .*, pid {first.pid}"):
+            build_trainer(cfg)
+    finally:
+        done.set()
+        first.join()
+    assert not (tmp / "run" / "checkpoints").exists()  # the refused run wrote nothing there
+
+
+def _lock_holder(folder: str, ready, done) -> None:
+    from curate.lock import FolderLock
+
+    FolderLock(folder, what="run folder").acquire()  # creates the folder, as a starting run does
+    ready.set()
+    done.wait(60)
+
+
+@kind("training")
+def second_train_started_as_the_first_creates_the_folder(tmp: Path) -> None:
+    from curate.errors import FolderInUseError
+    from curate.lock import FolderLock
+    from pipelines.cleanup import removed_on_failure
+
+    fork = multiprocessing.get_context("fork")
+    ready, done = fork.Event(), fork.Event()
+    first = fork.Process(target=_lock_holder, args=(str(tmp / "run"), ready, done))
+    try:
+        with pytest.raises(FolderInUseError), removed_on_failure(tmp / "run"):  # the folder is missing here...
+            first.start()
+            assert ready.wait(60)  # ...and made by the first run before this one's lock is refused
+            FolderLock(tmp / "run", what="run folder").acquire()
+        assert (tmp / "run" / ".winnow-lock").exists()  # the refused run removed nothing of the first's
+    finally:
+        done.set()
+        first.join()
+
+
+# -- studies -----------------------------------------------------------------------------------------------------
+@kind("study")
+def source_names_that_are_paths(tmp: Path) -> None:
+    names = ["..", "../../escape", "/abs", "a/b"]
+    rows = [{"id": f"{n}-{i}", "source": n, "text": f"text {i}", "meta": None} for i in range(2) for n in names]
+    job = write_job(tmp / "study" / "job", [rows])
+    folders, _ = split_by_source(str(job), tmp / "study" / "sources")
+    assert sorted(folders) == sorted(names)
+    assert all((tmp / "study" / "sources") in Path(f).parents for f in folders.values())
+    assert not (tmp / "escape").exists() and not (tmp / "study" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("case", [pytest.param(k, id=f"{k.area}:{k.name}") for k in KINDS])
+def test_bad_input(case: Kind, tmp_path: Path) -> None:
+    case.run(tmp_path)
