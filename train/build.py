@@ -37,9 +37,12 @@ log = logging.getLogger(__name__)
 
 
 def build_model(cfg: TrainConfig, parallel: Parallel) -> tuple[Transformer, torch.nn.Module]:
-    """(this rank's model, what forward is called on): the plain model with the run's layout applied."""
-    model = Transformer(cfg.model).to(parallel.world.device)
-    net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing)
+    """(this rank's model, what forward is called on): the plain model built on the meta device, the run's
+    layout applied, then only this rank's parts given memory and initialised (``Parallel.parallelize``)."""
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing,
+                               seed=cfg.seed)
     return model, net
 
 

@@ -84,8 +84,13 @@ class Parallel:
         return float(self.world.dp_size)
 
     # ---- model ------------------------------------------------------------------------------
-    def parallelize(self, model: nn.Module, *, grad_accum: int = 1, activation_checkpointing: bool = False) -> nn.Module:
+    def parallelize(self, model: nn.Module, *, grad_accum: int = 1, activation_checkpointing: bool = False,
+                    seed: int = 0) -> nn.Module:
         """Apply this run's layout to the plain ``model`` in place; returns the module to call forward on.
+
+        A model built on the meta device is then given memory for this rank's parts only and initialised
+        (``Transformer.init_weights`` with ``seed``, each parameter's part taken by ``write_part``), so
+        every layout starts from the one-process model's weights without any rank holding them whole.
 
         Under pipeline parallelism ``model`` is first cut to this rank's stages and ``self.pipeline``
         runs them, ``grad_accum`` micro-batches per step (as in torchtitan, each stage is then a model
@@ -104,10 +109,20 @@ class Parallel:
         layout = parallelize(model, world, self.cfg, self.comm, activation_checkpointing=activation_checkpointing,
                              stages=stages)
         self.experts, self.tp_layouts, self.dispatches = layout.experts, layout.tp_layouts, layout.dispatches
+        if any(p.is_meta for p in model.parameters()):  # FSDP2 shards with offload live on the CPU
+            model.to_empty(device="cpu" if self.cfg.cpu_offload else world.device)
+            model.init_weights(seed, write=self.write_part)
         self._find_split_parameters(model)
         if self.fsdp or world.dp_size == 1 or self.pipeline is not None:
             return model
         return wrap_ddp(model, world, self.cfg, self.comm, ignore=self.experts)
+
+    @torch.no_grad()
+    def write_part(self, name: str, param: nn.Parameter, full: torch.Tensor) -> None:
+        """Copy this rank's part of the one-process tensor ``full`` into parameter ``name``: its experts, its
+        tensor-parallel part, its FSDP2 shard."""
+        part = ckpt.shard_of(param, ckpt.part(name, full, self.world, self.experts, self.tp_layouts))
+        (param.to_local() if hasattr(param, "to_local") else param).copy_(part)
 
     def _pipeline(self, model: nn.Module, grad_accum: int):
         """This rank's pipeline stages of ``model`` (which keeps only their layers), under DDP over the ``dp``
