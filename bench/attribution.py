@@ -2,7 +2,7 @@
 
     winnow curate pipelines/demo.toml            # once: the demo's shards in out/demo
     python bench/attribution.py --rounds 4            # the demo's settings: 150 steps, 26-150 attributed, every 25
-    python bench/attribution.py --study out/demo/ablate    # also the rank agreement of a finished study
+    python bench/attribution.py --study out/demo/ablate    # also a finished study's check of the counterfactual
     python bench/attribution.py --rounds 0 --breakdown     # where an attributed step's time goes
     python bench/attribution.py --batch 8 --steps 300 --start 50   # the demo's settings before: 1,024 tokens a step
 
@@ -68,8 +68,10 @@ def _run(cfg) -> tuple[float, float, dict | None]:
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(cfg.steps):
         trainer.train_step()
-        if trainer.attribution is not None and trainer.attribution.due(trainer.step):
-            record = trainer.attribute()["attribution"]
+        records = trainer.after_step()  # a stretch closes when it is due (the hooks: train/hooks.py)
+        if trainer.step == cfg.steps:
+            records += trainer.after_step(last=True)  # the last stretch and the counterfactual's probe
+        record = next((r["attribution"] for r in records if "attribution" in r), record)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     trainer.metrics.close()
     trainer.data.close()
@@ -91,8 +93,9 @@ def _study(folder: Path) -> None:
         print(f"no {path}: run `winnow ablate` on a study first")
         return
     c = json.loads(path.read_text())
-    print(f"study {folder}: Spearman {c.get('spearman')} over {c.get('n_cells')} cells; signs agree on "
-          f"{c.get('sign_agree')} of {c.get('above_noise')} cells above the seed noise")
+    print(f"study {folder}: the counterfactual against the measured deltas: signs agree on {c.get('sign_agree')} of "
+          f"{c.get('above_noise')} cells above the seed noise, sizes within 2x on {c.get('within_2x')}; Spearman "
+          f"{c.get('spearman')} over {c.get('n_cells')} cells")
 
 
 def _breakdown(args) -> None:
@@ -130,16 +133,17 @@ def _breakdown(args) -> None:
                         start = time.perf_counter()
                         t.train_step()
                         steps[name].append(time.perf_counter() - start)
+            attribution = on.hook("attribution").attribution
             probes = []
             for _ in range(4):
                 start = time.perf_counter()
-                on.attribution._evaluate()
+                attribution._evaluate()
                 probes.append(time.perf_counter() - start)
             closes = []
             for _ in range(3):
                 on.train_step()
                 start = time.perf_counter()
-                on.attribute()
+                attribution.close(step=on.step)
                 closes.append(time.perf_counter() - start)
         finally:
             moment_split.MomentSplit.after_step = after_step
@@ -168,7 +172,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, help="[train.data] batch_size (default: the demo's)")
     parser.add_argument("--rows", type=int, default=4, help="[train.attribution] heldout_rows (default 4)")
     parser.add_argument("--breakdown", action="store_true", help="also time the parts of an attributed step")
-    parser.add_argument("--study", type=Path, help="a finished ablation study folder: print its rank agreement")
+    parser.add_argument("--study", type=Path, help="a finished ablation study folder: print how its counterfactual did")
     args = parser.parse_args()
     demo = load_train_config(ROOT / "pipelines" / "demo.toml")
     args.steps = args.steps or demo.steps

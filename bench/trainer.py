@@ -4,7 +4,7 @@
     python bench/trainer.py --rounds 5 --steps 3       # CPU: tokens/s of each contender and the ratios
     python bench/trainer.py --gpu                      # one GPU: bf16 ~0.9B-total MoE, tokens/s and MFU
 
-Three contenders train the same Mixtral-shaped model (PERF_NOTES.md: 13.8M total / 4.3M
+Three contenders train the same Mixtral-shaped model (13.8M total / 4.3M
 active, seq 256, batch 8) with AdamW and gradient clipping at 1.0:
 
 - ``winnow model``: the bare ``Transformer``, cross-entropy + router loss, backward, winnow's

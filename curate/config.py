@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curate.errors import ConfigError
+from curate.names import path_name
 from curate.stages.base import StageConfig
 from curate.workdir import check_url, is_url, local_root
 
@@ -23,16 +24,17 @@ DEFAULT_FORMATS = ("parquet", "webdataset")
 class JobSection:
     """``[job]``: what the job is called, where it writes, how it runs."""
 
-    name: str
-    output: str = ""  # default: out/<name>
+    name: str  # the job's name: the default output folder is out/<name>
+    output: str = ""  # default: out/<name> (the name made a safe folder name: curate.names)
     workers: int = 1  # local processes; 1 runs tasks in this process
+    # local: a process pool on this machine; ray: the same tasks on a Ray cluster
     executor: Literal["local", "ray"] = "local"
     batch_rows: int = 8192  # rows per batch flowing through the stages
     # A file larger than this (as stored) is read as several tasks: JSONL byte ranges, Parquet row
-    # groups, tar members, zstd frames (curate.readers.ranges); gzip and single-frame zstd stay one task.
+    # groups, tar members, zstd frames; gzip and single-frame zstd stay one task.
     task_bytes: int = 256 << 20
     on_error: Literal["raise", "skip"] = "raise"  # a file that cannot be opened at all
-    seed: int = 0
+    seed: int = 0  # the default seed of every stage that samples or shuffles (mix, order)
     keep_work: bool = False  # keep the intermediate _work folder after success
     # Ids given by two rows: "reject" keeps the first and rejects later copies (read:duplicate_id,
     # one more map phase); "allow" skips the check, for inputs whose ids are known to be unique.
@@ -44,14 +46,14 @@ class JobSection:
     # fsspec options for an output URL (s3://...: endpoint_url, key, secret, ...), as inputs' storage_options
     storage_options: dict[str, Any] = field(default_factory=dict)
     # Memory the global phases (dedup grouping, components) may use for their data, in GB; they
-    # split their work into as many partitions as that takes (see curate/dedup/budget.py).
+    # split their work into as many partitions as that takes.
     memory_gb: float = 4.0
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\"):
             raise ConfigError(f"job.name = {self.name!r} is invalid; allowed: a non-empty name without slashes")
         if not self.output:
-            self.output = f"out/{self.name}"
+            self.output = f"out/{path_name(self.name)}"
         if is_url(self.output):  # an object store (s3://...): checked here so a missing driver fails before any work
             self.output = self.output.rstrip("/")
             check_url(self.output, "job.output", self.storage_options)
@@ -77,17 +79,24 @@ class InputConfig:
     """One ``[[inputs]]`` table: a source and where its files are."""
 
     path: str | list[str]  # file, folder or glob; local or any fsspec URL (s3://...)
-    source: str | None = None
+    source: str | None = None  # the source name every row of these files gets (or give source_field)
     source_field: str | None = None  # take each row's source from this field instead
+    # how the files are read; hf: a datasets save_to_disk folder or hf_builder files
     format: Literal["jsonl", "parquet", "webdataset", "hf", "text"] = "jsonl"
-    text_field: str = "text"
-    id_field: str = "id"
+    text_field: str = "text"  # the field holding the document text
+    id_field: str = "id"  # the field holding a row's id; rows without one get <source>/<file>@<offset>
     hf_builder: str | None = None  # format = "hf": load local files through load_dataset(builder, ...)
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to fsspec
     # fields moved out of meta into typed columns: names (types inferred) or {name = "string"|"int64"|...}
     keep_fields: list[str] | dict[str, str] = field(default_factory=list)
+    # A record (JSONL line, text file, tar member, Parquet text) longer than this is a read:too_long reject,
+    # read past without holding it: memory stays bounded whatever one line holds.
+    max_record_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_record_bytes, bool) or not isinstance(self.max_record_bytes, int) or self.max_record_bytes < 1:
+            raise ConfigError(f"inputs.max_record_bytes = {self.max_record_bytes!r} is invalid; allowed: an integer >= 1 "
+                              f"(bytes; the default, {64 << 20}, is 64 MiB)")
         if (self.source is None) == (self.source_field is None):
             raise ConfigError("inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
                               "(a column holding it)")
@@ -116,7 +125,8 @@ class TokensConfig:
     """``[output.tokens]``: the tokenizer the ``tokens`` format writes with (see ``curate.tokenize``)."""
 
     tokenizer: str = "byte"  # "byte" or the path of a Hugging Face tokenizer.json
-    eos_token: str | None = None  # end-of-document token; None: the first of curate.tokenize.EOS_CANDIDATES
+    # end-of-document token; None: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> the vocabulary has
+    eos_token: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
@@ -130,13 +140,14 @@ class TokensConfig:
 class OutputConfig:
     """``[output]``: shard formats and sizes."""
 
+    # any of parquet, webdataset, tokens (Megatron .bin/.idx token shards)
     formats: list[str] = field(default_factory=lambda: list(DEFAULT_FORMATS))
     # A shard holds about this many uncompressed row bytes (as `datasets`' max_shard_size counts):
     # ~tar size; zstd Parquet files come out several times smaller.
     shard_bytes: int = 256 * 2**20
     shard_rows: int | None = None  # also cap rows per shard; whichever limit comes first
     row_group_bytes: int = 32 * 2**20  # Parquet row groups of about this many uncompressed bytes
-    compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
+    compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"  # Parquet compression codec
     mode: int | None = None  # e.g. 0o640: permission bits of every file written (folders add search bits); default: the umask
     tokens: TokensConfig = field(default_factory=TokensConfig)  # used when "tokens" is in formats
 

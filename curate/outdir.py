@@ -22,7 +22,8 @@ import os
 from pathlib import Path
 
 from curate.atomic import write_json_atomic
-from curate.errors import OutputError
+from curate.errors import OutputError, WinnowError
+from curate.wholefile import MANIFEST_BYTES, read_whole
 from curate.workdir import WorkDir
 
 MARKER = ".winnow-output"
@@ -112,8 +113,8 @@ def _written_by_old_winnow(out: Path) -> bool:
     if (out / "_work" / "fingerprint").is_file():
         return True
     try:
-        manifest = json.loads((out / "manifest.json").read_text())
-    except (OSError, ValueError):
+        manifest = json.loads(read_whole(str(out / "manifest.json"), limit=MANIFEST_BYTES, what="manifest"))
+    except (WinnowError, ValueError):
         return False
     return isinstance(manifest, dict) and {"format_version", "shards", "stages"} <= set(manifest)
 

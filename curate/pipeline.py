@@ -10,7 +10,8 @@
 The runner alone counts rows, times stages, writes rejects and checks the nothing-is-lost
 identity, per stage and for the whole job. Every task and every plan leaves a completion
 marker, so re-running a job after a crash or Ctrl-C skips finished work and produces
-byte-identical shards.
+byte-identical shards. Each phase and plan also records the key of the job prefix it depends
+on (``phase_keys``), so another job that shares that prefix adopts it (``curate.reuse``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from tqdm.auto import tqdm
 
 from curate.atomic import write_json_atomic, write_text_atomic
 from curate.card import CARD, remove_card, write_card
@@ -39,7 +39,9 @@ from curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tas
 from curate.manifest import build_manifest
 from curate.ordered import plan_writes, write_range
 from curate.outdir import OWN_ENTRIES, claim, clear_own_entries, restrict_mode
+from curate.progress import PhaseProgress
 from curate.readers import plan_read_tasks, read_task
+from curate.reuse import adopt_phase, adopt_plan, reused, write_key
 from curate.stages import Barrier, Plan, stage_class
 from curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
 from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
@@ -83,14 +85,42 @@ def job_fingerprint(job: Job) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class Runner:
-    """Runs one job; ``run()`` returns the manifest it wrote."""
+def phase_keys(job: Job, phases: list[PhaseSpec], prints: list, *, spill_ids: bool) -> list[str]:
+    """Per phase, the key of the job prefix its task outputs (and its barrier's plan) depend on.
 
-    def __init__(self, job: Job, *, progress: bool = True) -> None:
+    The inputs with their files' fingerprints, the ``[job]`` settings ``job_fingerprint`` counts,
+    and every stage up to the barrier the phase collects for (the final phase: all of them, and
+    ``[output]``); ``spill_ids``: an optimistic run's phase 0 also writes the ids (``curate.stages.ids``).
+    """
+    stages = job_stages(job)
+    base = {"job": {k: v for k, v in dataclasses.asdict(job.job).items() if k not in _NOT_THE_JOB},
+            "inputs": [dataclasses.asdict(i) for i in job.inputs], "files": prints}
+    keys = []
+    for phase in phases:
+        last = len(stages) - 1 if phase.collect is None else phase.collect
+        prefix = {**base, "spill_ids": spill_ids and phase.index == 0,
+                  "stages": [[sid, f"{cls.__module__}.{cls.__qualname__}", dataclasses.asdict(config)]
+                             for sid, cls, config in stages[:last + 1]]}
+        if phase.final:
+            prefix["output"] = dataclasses.asdict(job.output)
+        keys.append(hashlib.sha256(json.dumps(prefix, sort_keys=True, default=str).encode()).hexdigest()[:32])
+    return keys
+
+
+class Runner:
+    """Runs one job; ``run()`` returns the manifest it wrote.
+
+    ``reuse_from``: another job's output folder whose phases and plans this job adopts where their
+    prefix keys are the same (``curate.reuse``).
+    """
+
+    def __init__(self, job: Job, *, progress: bool = True, reuse_from: str | Path | None = None) -> None:
         if not is_url(job.job.output):
             job = dataclasses.replace(job, job=dataclasses.replace(job.job, output=str(Path(job.job.output).resolve())))
         self.job = job
         self.work = WorkDir(job.job.output, job.job.storage_options)  # a URL: every task publishes to the store
+        self.reuse = None if reuse_from is None else WorkDir(str(reuse_from) if is_url(reuse_from)
+                                                             else str(Path(reuse_from).resolve()))
         self.out = self.work.out
         self.progress = progress
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
@@ -131,8 +161,13 @@ class Runner:
                  len(self.phases), self.out)
         results: list[list[dict]] = []
         switched = False
+        keys = phase_keys(self.plan_job, self.phases, self.prints, spill_ids=self.optimistic)
         with executor as self.executor:
             for phase in self.phases:
+                if self.reuse is not None and not phase.final:
+                    adopt_phase(self.work, self.reuse, phase.index, len(read_tasks), keys[phase.index])
+                write_key(self.work.phase_prefix(phase.index), keys[phase.index])
+                self.work.publish_file(self.work.phase_prefix(phase.index))
                 specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
                 results.append(self._run_phase(phase, specs))
                 if phase.index > 0 and not self.job.job.keep_work:
@@ -142,7 +177,7 @@ class Runner:
                     switched = True
                     break
                 if phase.collect is not None:
-                    self._plan(phase, len(read_tasks))
+                    self._plan(phase, len(read_tasks), keys[phase.index])
             else:
                 write_results = self._write_ordered(results[-1]) if self.ordered else []
                 write_results += self._write_val(results[-1])
@@ -154,6 +189,10 @@ class Runner:
             stages, reports[IDS_STAGE_ID] = [ids, *stages], {"rows": self._ids_rows, "ids_with_copies": 0, "removed": 0}
         manifest = build_manifest(self.job, stages, results, write_results, self.plan_seconds, reports=reports,
                                   seconds=time.perf_counter() - t0)
+        if self.reuse is not None:
+            adopted = reused(self.work, [p.index for p in self.phases if not p.final], len(read_tasks), list(reports))
+            if adopted["phases"] or adopted["plans"]:
+                manifest["reused"] = {"from": self.reuse.output, **adopted}
         write_json_atomic(self.out / "manifest.json", manifest)
         self.work.publish_file(self.out / "manifest.json")
         if self.work.remote:  # the card reads the first Parquet shard's schema, and keeps a README of the user's
@@ -175,7 +214,7 @@ class Runner:
         had_outputs = claim(self.out, self.job.job.name, work=work)  # refuses a folder winnow did not make
         fingerprint = job_fingerprint(self.job)
         marker = work.fingerprint
-        prints = task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
+        prints = self.prints = task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
         if work.exists(marker) and work.read_text(marker) == fingerprint:
             if work.remote:  # what the resumed run reads of the work folder's control files
                 work.fetch(inputs_file(work), missing_ok=True)
@@ -244,13 +283,10 @@ class Runner:
         desc = f"phase {phase.index + 1}/{len(self.phases)}: {' → '.join(names)}"
         log.info(desc)
         results: dict[int, dict] = {}
-        bar = tqdm(total=len(specs), desc=desc, unit="task", disable=not self.progress, leave=False)
-        try:
+        with PhaseProgress(desc, len(specs), enabled=self.progress) as progress:
             for result in self.executor.run(_run_task_indexed, specs, threads=self.threaded(phase)):
                 results[result["task"]] = result
-                bar.update(1)
-        finally:
-            bar.close()
+                progress.update()
         return [results[i] for i in range(len(specs))]
 
     def threaded(self, phase: PhaseSpec) -> bool:
@@ -268,12 +304,12 @@ class Runner:
             return False
         return not phase.final or all(f in THREADED_OUTPUTS for f in self.job.output.formats)
 
-    def _plan(self, phase: PhaseSpec, n_tasks: int) -> None:
+    def _plan(self, phase: PhaseSpec, n_tasks: int, key: str) -> None:
         """A barrier's global step: plan over every task's keys, split the decision per task."""
         stage = self.stages[phase.collect]
         sid = stage.ctx.stage_id
         plan_dir = self.work.plan(sid)
-        if self.work.plan_done(sid):
+        if self.work.plan_done(sid) or (self.reuse is not None and adopt_plan(self.work, self.reuse, sid, key)):
             return
         t0 = time.perf_counter()
         self.work.remove(plan_dir)  # what an interrupted plan left (here and, for a URL, on the store)
@@ -308,6 +344,7 @@ class Runner:
         self.plan_seconds[sid] = time.perf_counter() - t0
         log.info("planned %s in %.1f s", sid, self.plan_seconds[sid])
         write_json_atomic(plan_dir / "seconds.json", {"seconds": self.plan_seconds[sid]})
+        write_key(self.work.plan_prefix(sid), key)
         self.work.publish_outputs(("artifacts",))  # what the plan keeps for the user (models, lists)
         self.work.mark_plan_done(sid)
 
@@ -326,11 +363,10 @@ class Runner:
         """Write train shards in rank order (``curate.ordered``), one write task per range of shards."""
         specs = plan_writes(self.job, self.work, self.phases[-1].index, final_results)
         out = []
-        bar = tqdm(total=len(specs), desc="write ordered shards", unit="task", disable=not self.progress, leave=False)
-        for result in self.executor.run(write_range, specs):
-            out.append(result)
-            bar.update(1)
-        bar.close()
+        with PhaseProgress("write ordered shards", len(specs), enabled=self.progress) as progress:
+            for result in self.executor.run(write_range, specs):
+                out.append(result)
+                progress.update()
         return sorted(out, key=lambda r: r["task"])
 
     def _write_val(self, final_results: list[dict]) -> list[dict]:
@@ -352,8 +388,12 @@ def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:
         release_memory()  # workers (and threads) live for the whole job
 
 
-def run_job(job: Job, *, progress: bool = True) -> dict[str, Any]:
-    """Run a curation job end to end and return its manifest (also written to ``manifest.json``)."""
+def run_job(job: Job, *, progress: bool = True, reuse_from: str | Path | None = None) -> dict[str, Any]:
+    """Run a curation job end to end and return its manifest (also written to ``manifest.json``).
+
+    ``reuse_from``: the output folder of a job curated with ``keep_work``, whose phases and plans
+    this job adopts where they depend on the same job prefix (``curate.reuse``).
+    """
     if not isinstance(job, Job):
         raise OutputError(f"run_job expects a curate.config.Job, got {type(job).__name__}")
-    return Runner(job, progress=progress).run()
+    return Runner(job, progress=progress, reuse_from=reuse_from).run()

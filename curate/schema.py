@@ -15,6 +15,10 @@ from curate.errors import StageError
 CORE_COLUMNS: tuple[str, ...] = ("id", "source", "text", "meta")
 REJECT_COLUMNS: tuple[str, ...] = ("reason", "duplicate_of")
 
+#: Columns a stage or the runner adds for itself (``_count``, ``_tokens``, ``_h``, ``_task``...) start with this;
+#: no user field may (``keep_fields`` refuses it), so they never collide with a user's column.
+INTERNAL_PREFIX = "_"
+
 #: polars dtypes of the core columns.
 CORE_SCHEMA: dict[str, pl.DataType] = {c: pl.String() for c in CORE_COLUMNS}
 

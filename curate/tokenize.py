@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from curate.errors import ConfigError, require
+from curate.wholefile import TOKENIZER_BYTES, read_whole
 
 BYTE_VOCAB, BYTE_EOS, BYTE_PAD = 258, 256, 257
 # End-of-document tokens of common model families, in the order they are looked up:
@@ -50,12 +50,12 @@ class ShardTokenizer:
             self.kind, self.vocab_size, self.eos_id, self.sha256, self.json = "byte", BYTE_VOCAB, BYTE_EOS, None, None
             return
         tokenizers = require("tokenizers", extra="tokenizers", feature=f"{key} = <tokenizer.json>")
-        path = Path(spec)
+        data = read_whole(spec, limit=TOKENIZER_BYTES, what=f"{key}: the tokenizer file", error=ConfigError)
         try:
-            tok = tokenizers.Tokenizer.from_file(str(path))
+            tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
-            hint = "no such file" if not path.is_file() else f"not a tokenizer.json the tokenizers library can load ({err})"
-            raise ConfigError(f"{key} = {spec!r}: {hint}; give 'byte' or the path of a Hugging Face tokenizer.json") from err
+            raise ConfigError(f"{key} = {spec!r}: not a tokenizer.json the tokenizers library can load ({err}); give "
+                              "'byte' or the path of a Hugging Face tokenizer.json") from err
         self._tok, self.kind, self.vocab_size = tok, "hf", tok.get_vocab_size(with_added_tokens=True)
         self.json = tok.to_str()
         self.sha256 = hashlib.sha256(self.json.encode()).hexdigest()

@@ -3,13 +3,15 @@
 ::
 
     _work/fingerprint                          the job's fingerprint; another job clears the folder
+    _work/phase-<k>/prefix                     the key of the job prefix the phase depends on (curate.reuse)
     _work/phase-<k>/task-<NNNNN>/              one map task's outputs, renamed from .task-<NNNNN>.tmp/
         rows.parquet | sorted.parquet          kept rows (lz4; sorted by ``order`` in an ordered final phase)
         val.parquet                            final phase: validation rows, gathered into shards afterwards
         keys.parquet                           the next barrier's spilled keys (with ``_task``)
         stats.json                             the task's stats and outputs (what a re-run returns)
         released                               rows, keys and ids deleted: the next phase has read them
-    _work/plans/<stage id>/                    a barrier's global step
+        reused.json                            adopted from another job's work folder (curate.reuse)
+    _work/plans/<stage id>/                    a barrier's global step (prefix and reused.json as a phase's)
         decision/task-<NNNNN>.parquet          that task's rows of the decision
         report.json, seconds.json, _SUCCESS    _SUCCESS is written last
     _work/write/task-<NNNNN>.json              an ordered-write task's result (its presence marks it done)
@@ -58,11 +60,14 @@ from typing import Any
 from curate.atomic import write_text_atomic
 from curate.crashpoints import crash_point
 from curate.errors import ConfigError, OutputError
+from curate.names import path_name
 
 _DONE = "_SUCCESS"
 TASK_MARKER = "stats.json"  # a task folder's marker on an object store (written last); locally the folder's rename
 RELEASED = "released"  # in a task folder whose spill was deleted once the next phase had read it (``release``)
 SPILL = ("rows.parquet", "keys.parquet", "ids.parquet")  # what a later phase reads of a non-final task folder
+PREFIX = "prefix"  # in a phase's or plan's folder: the key of the job prefix its outputs depend on (curate.reuse)
+REUSED = "reused.json"  # in a task's or plan's folder adopted from another job's work (curate.reuse)
 WORK = "_work"
 
 
@@ -222,6 +227,9 @@ class WorkDir:
     def phase(self, phase: int) -> Path:
         return self.root / f"phase-{phase}"
 
+    def phase_prefix(self, phase: int) -> Path:
+        return self.phase(phase) / PREFIX
+
     def task(self, phase: int, task: int) -> Path:
         """A finished map task's folder; it exists only once the task is complete."""
         return self.phase(phase) / task_name(task)
@@ -276,7 +284,10 @@ class WorkDir:
         return self.exists(folder / TASK_MARKER) if self.remote else folder.exists()
 
     def plan(self, stage_id: str) -> Path:
-        return self.root / "plans" / stage_id
+        return self.root / "plans" / path_name(stage_id)
+
+    def plan_prefix(self, stage_id: str) -> Path:
+        return self.plan(stage_id) / PREFIX
 
     def decision(self, stage_id: str, task: int) -> Path:
         return self.plan(stage_id) / "decision" / f"{task_name(task)}.parquet"

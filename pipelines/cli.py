@@ -13,6 +13,8 @@ import logging
 import sys
 from typing import NamedTuple
 
+from pipelines import __version__
+
 
 class Command(NamedTuple):
     module: str  # has ``register(subparsers)``, which adds this command (and maybe others) and sets ``func``
@@ -24,15 +26,18 @@ COMMANDS: dict[str, Command] = {
     "curate": Command("pipelines.curate", "run a job's curation stages and write shards"),
     "train": Command("pipelines.train", "train the MoE model on a job's shards ([train] table)", "train"),
     "plan": Command("pipelines.plan", "size a run from a compute budget, or estimate a job's [train] run", "train"),
+    "check": Command("pipelines.check", "validate a job file (every table, the inputs' paths) without running anything"),
     "config": Command("pipelines.config", "show a stage's or table's keys with defaults and docs; the job file's JSON schema"),
     "run": Command("pipelines.run", "curate, train (when the job has [train]) and write the report", "train"),
-    "ablate": Command("pipelines.ablate", "train mix variants ([ablate]) from a job's shards and tabulate their effect",
+    "ablate": Command("pipelines.ablate", "train variants of the mix or the curation ([ablate]) and tabulate their effect",
                       "train"),
     "report": Command("pipelines.report.command", "write report.html for a job folder, a run folder, or both", "report"),
     "tokenizer": Command("pipelines.tokenizer", "tokenizer tools", "train"),
     "export": Command("pipelines.export", "write a run's model as safetensors (and a Hugging Face Mixtral where it maps)",
                       "train"),
 }
+#: The loggers of progress lines (a progress bar's stand-in when stderr is not a terminal): shown unless ``-q``.
+PROGRESS_LOGGERS = ("curate.progress", "train.progress")
 #: What each extra installs (pyproject.toml), to tell a missing optional package from a bug.
 EXTRA_PACKAGES = {"train": ("torch", "matplotlib", "tokenizers", "safetensors"), "report": ("matplotlib",)}
 
@@ -40,8 +45,8 @@ EXTRA_PACKAGES = {"train": ("torch", "matplotlib", "tokenizers", "safetensors"),
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with full arguments for ``command`` (every command when None)."""
     parser = argparse.ArgumentParser(prog="winnow", description="Curate multi-source text into training shards; train and report.")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only")
+    parser.add_argument("-V", "--version", action="version", version=f"winnow {__version__}")
+    _logging_options(parser, "verbose", "quiet", default=0)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, cmd in COMMANDS.items():
         if name in sub.choices:
@@ -50,7 +55,36 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(cmd.module).register(sub)
         else:
             sub.add_parser(name, help=cmd.help, add_help=False)
+    for child in _subparsers(parser):
+        _logging_options(child, "sub_verbose", "sub_quiet", default=argparse.SUPPRESS)
     return parser
+
+
+def _logging_options(parser: argparse.ArgumentParser, verbose: str, quiet: str, *, default) -> None:
+    """``-v`` / ``-q``, on the top parser and again on every subcommand's: they work before or after the command.
+
+    A subcommand's copies write other names (``sub_verbose``), so its parser, which argparse runs on
+    a namespace of its own, never resets what was given before the command (``verbosity`` adds them).
+    """
+    parser.add_argument("-v", "--verbose", dest=verbose, action="count", default=default,
+                        help="more logging (-vv for debug)")
+    parser.add_argument("-q", "--quiet", dest=quiet, action="store_true", default=default,
+                        help="no progress bars or progress lines, warnings only")
+
+
+def _subparsers(parser: argparse.ArgumentParser):
+    """Every subcommand's parser under ``parser``, nested ones (``config show``) included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                if child.add_help:  # not a stand-in for a command that is not being run
+                    yield child
+                    yield from _subparsers(child)
+
+
+def verbosity(args: argparse.Namespace) -> tuple[int, bool]:
+    """(``-v`` count, ``-q`` given) over both places the options may be written."""
+    return args.verbose + getattr(args, "sub_verbose", 0), args.quiet or getattr(args, "sub_quiet", False)
 
 
 def chosen_command(argv: list[str]) -> str | None:
@@ -66,11 +100,20 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except ModuleNotFoundError as err:
         return _missing(name, err)
-    level = logging.WARNING if args.quiet else (logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    verbose, args.quiet = verbosity(args)
+    configure_logging(verbose=verbose, quiet=args.quiet)
     code = _run(args)
     mesh = sys.modules.get("train.parallel.mesh")  # imported only by the commands that train
     return mesh.exit_process(code) if mesh is not None else code  # a torchrun worker ends here (see there)
+
+
+def configure_logging(*, verbose: int, quiet: bool) -> None:
+    """Plain log lines on stderr: warnings only with ``-q``; progress lines (``PROGRESS_LOGGERS``) unless ``-q``;
+    INFO with ``-v``, DEBUG with ``-vv``."""
+    level = logging.WARNING if quiet or not verbose else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for name in PROGRESS_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else min(level, logging.INFO))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,11 +10,15 @@ as they are in winnow, and ``[[stages]]`` tables are checked against their kind'
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import inspect
+import io
 import json
 import re
 import sys
+import textwrap
+import tokenize
 import types
 import typing
 from pathlib import Path
@@ -57,9 +61,30 @@ def tables() -> dict[str, type]:
         from train.config import TrainConfig
     except ImportError:  # a curation-only install
         return out
-    nested("ablate", AblateConfig)
     nested("train", TrainConfig)
+    nested("ablate", AblateConfig)
     return out
+
+
+def homes(key: str, *, near: str = "") -> list[str]:
+    """Every table that has ``key``, as a job file writes its header: tables first (those under ``near``'s
+    top-level table before others, then shallower before deeper, then in job-file order), then stage kinds."""
+    root = near.split(".")[0]
+    found = sorted((name.split(".")[0] != root, name.count("."), i, name) for i, (name, cls) in enumerate(tables().items())
+                   if name != near and key in _keys(cls))
+    out = [f"[{name}]" for *_, name in found]
+    for kind in stage_kinds():
+        try:
+            config = stage_class(kind).Config
+        except (ConfigError, ImportError):  # a stage whose optional package is missing
+            continue
+        if key in _keys(config):
+            out.append(f"[[stages]] kind = {json.dumps(kind)}")
+    return out
+
+
+def _keys(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
 def _dataclass_in(tp: Any) -> type | None:
@@ -72,16 +97,65 @@ def _dataclass_in(tp: Any) -> type | None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The trailing ``# comment`` of each field in the class source (and its base classes)."""
+    """Each field's comment in the class source (and its base classes'), as one plain sentence or more.
+
+    A field's comment is the one at the end of its line, continued on the comment-only lines
+    under it when it ends unfinished (with ``,`` ``;`` ``:`` or ``(``); otherwise comment-only lines
+    above a field are its comment (and come before its trailing one). RST's double backquotes
+    become single ones. A field without a comment whose value is a table of its own takes the
+    first paragraph of that table's docstring.
+    """
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         try:
-            source = inspect.getsource(klass)
+            source = textwrap.dedent(inspect.getsource(klass))
         except (OSError, TypeError):
             continue
-        for name, comment in re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, re.M):
-            docs[name] = comment.strip()
+        docs |= _class_comments(source)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        inner = _dataclass_in(hints[f.name])
+        if f.name not in docs and inner is not None and class_doc(inner):
+            docs[f.name] = class_doc(inner)
     return docs
+
+
+def _class_comments(source: str) -> dict[str, str]:
+    """``{field: comment}`` of the first class in ``source`` (see ``field_docs``)."""
+    body = ast.parse(source).body[0].body
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, alone on its line)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = (tok.string.lstrip("#").strip(), not tok.line[: tok.start[1]].strip())
+    fields = [(node.target.id, node.lineno, node.end_lineno) for node in body
+              if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+              and "ClassVar" not in ast.unparse(node.annotation)]
+    trailing = {name: comments[end][0] for name, _, end in fields if end in comments and not comments[end][1]}
+    docs: dict[str, list[str]] = {name: [] for name, *_ in fields}  # each field's comments, one text per comment
+    for i, (name, start, end) in enumerate(fields):
+        before = fields[i - 1] if i else None
+        lines = [comments[n][0] for n in range((before[2] + 1) if before else 1, start) if comments.get(n, ("", False))[1]]
+        if before is not None and trailing.get(before[0], "").endswith((",", ";", ":", "(")):
+            docs[before[0]][-1] = " ".join([docs[before[0]][-1], *lines])  # the previous field's comment, continued
+        elif lines:
+            docs[name].append(" ".join(lines))
+        if name in trailing:
+            docs[name].append(trailing[name])
+    return {name: _plain(texts) for name, texts in docs.items() if texts}
+
+
+def class_doc(cls: type) -> str:
+    """The first paragraph of a class's docstring, on one line, plain."""
+    first = (inspect.getdoc(cls) or "").split("\n\n")[0].strip()
+    return _plain([" ".join(first.split())]) if first else ""
+
+
+def _plain(texts: list[str]) -> str:
+    """A field's comments as one text (a comment above and the one beside it apart by ';'), RST's ``x`` as `x`."""
+    text = texts[0]
+    for more in texts[1:]:
+        text += (" " if text.endswith((".", "!", "?")) else "; ") + more
+    return re.sub(r"``(.+?)``", r"`\1`", text)
 
 
 def _type_name(tp: Any) -> str:
@@ -117,7 +191,7 @@ def _default(f: dataclasses.Field) -> str:
 
 def describe(cls: type, title: str) -> str:
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
-    doc = (inspect.getdoc(cls) or "").split("\n\n")[0]
+    doc = class_doc(cls)
     rows = [(f.name, _type_name(hints[f.name]), _default(f), docs.get(f.name, "")) for f in dataclasses.fields(cls) if f.init]
     width = [max(len(r[i]) for r in rows + [("key", "type", "default", "")]) for i in range(3)]
     lines = [f"{title}: {doc}".rstrip(": "), ""]
@@ -139,7 +213,7 @@ def run_show(args: argparse.Namespace) -> int:
         cls = stage_class(args.kind)
     except ConfigError as err:
         raise ConfigError(f"{err}; tables: {', '.join(known)}") from None
-    print(describe(cls.Config, f"[[stages]] kind = {args.kind!r} ({(inspect.getdoc(cls) or '').splitlines()[0]})"))
+    print(describe(cls.Config, f"[[stages]] kind = {args.kind!r} ({class_doc(cls).split('. ')[0].rstrip('.')})"))
     return 0
 
 
@@ -182,8 +256,8 @@ def object_schema(cls: type, *, extra: dict[str, Any] | None = None) -> dict[str
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(f.name)
     out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
-    if (inspect.getdoc(cls) or "").strip():
-        out["description"] = inspect.getdoc(cls).split("\n\n")[0]
+    if class_doc(cls):
+        out["description"] = class_doc(cls)
     if required:
         out["required"] = required
     return out

@@ -21,18 +21,23 @@ def run(args: argparse.Namespace) -> int:
 
     job = load_job(args.job, output=args.output, workers=args.workers)
     manifest = run_job(job, progress=not args.quiet)
+    print_summary(manifest, job.job.output)
+    return 0
+
+
+def print_summary(manifest: dict[str, Any], output: str) -> None:
+    """What ``winnow curate`` (and ``winnow run``) prints after curating: rows per stage, tokens, where things are."""
     print(summary_table(manifest))
     if "tokens" in manifest:
         t = manifest["tokens"]
         rate = f", {t['tokens_per_second'] / 1e6:.1f}M tokens/s per worker" if t["tokens_per_second"] else ""
         print(f"\ntokens:   {t['total']} ({t['tokenizer']['kind']}, {t['dtype']}){rate}")
-    out = job.job.output.rstrip("/")  # a folder or a URL (s3://...)
+    out = output.rstrip("/")  # a folder or a URL (s3://...)
     print(f"\nshards:   {out}/shards")
     print(f"rejects:  {out}/rejects")
     print(f"manifest: {out}/manifest.json")
     if "://" in out or (Path(out) / "README.md").is_file():
         print(f"card:     {out}/README.md (dataset card: sources, stages, features)")
-    return 0
 
 
 def summary_table(manifest: dict[str, Any]) -> str:

@@ -1,4 +1,8 @@
-"""``winnow export RUN``: a run's trained model as one safetensors file, and as a Hugging Face Mixtral where it maps."""
+"""``winnow export RUN``: a run's trained model as one safetensors file, and as a Hugging Face Mixtral where it maps.
+
+The run folder's tokenizer (``tokenizer_meta.json``, and ``tokenizer.json`` for BPE) goes with
+the model, into both; a checkpoint outside its run folder has none, and the export says so.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +25,30 @@ def run_export(args: argparse.Namespace) -> int:
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     out = args.output or run_dir / "export"
     step = (state.get("counters") or {}).get("step")
-    written = export_model(state, out, step=step, sources=state.get("sources"))
+    tokenizer = run_tokenizer(run_dir, state)
+    written = export_model(state, out, step=step, sources=state.get("sources"), tokenizer=tokenizer)
     print(f"exported {checkpoint} (step {step}): {written['winnow']}")
+    if tokenizer is None:
+        print(f"no tokenizer: {run_dir} holds no tokenizer_meta.json; the export has the model only")
     if written["hf"]:
-        print(f"Hugging Face Mixtral (AutoModelForCausalLM.from_pretrained): {written['hf']}")
+        print(f"Hugging Face Mixtral with its tokenizer (AutoModelForCausalLM / AutoTokenizer / "
+              f"pipeline('text-generation')): {written['hf']}")
     else:
         print("no Hugging Face Mixtral: this model does not map onto it exactly:\n  " + "\n  ".join(written["hf_blockers"]))
     return 0
+
+
+def run_tokenizer(run_dir: Path, state: dict):
+    """The tokenizer the run folder holds (None when it holds none); a CheckpointError when it is not the one
+    the checkpoint was trained with."""
+    from train.errors import CheckpointError
+    from train.tokenizer import META_FILE, load_tokenizer
+
+    if not (run_dir / META_FILE).is_file():
+        return None
+    tokenizer = load_tokenizer(run_dir, where=f"{run_dir}: the run's tokenizer")
+    trained = (state.get("data") or {}).get("tokenizer")
+    if trained is not None and trained != tokenizer.name:
+        raise CheckpointError(f"{run_dir} holds tokenizer {tokenizer.name!r}, but its checkpoint was trained with "
+                              f"{trained!r}; export the checkpoint from its own run folder")
+    return tokenizer

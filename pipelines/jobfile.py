@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
+import re
 import tomllib
 import types
 import typing
@@ -18,7 +20,9 @@ from typing import Any, Literal, Union
 from curate.config import InputConfig, Job, JobSection, OutputConfig, StageSpec
 from curate.errors import ConfigError
 from curate.stages import stage_class
+from curate.wholefile import JOB_FILE_BYTES, read_whole
 
+log = logging.getLogger(__name__)
 _TOP_LEVEL = ("job", "inputs", "stages", "output", "train", "report", "ablate")
 
 
@@ -34,9 +38,8 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {removed[unknown[0]]}")
     if unknown:
         key = unknown[0]
-        close = difflib.get_close_matches(key, fields, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{where}: unknown key {key!r}{hint}; allowed keys: {', '.join(sorted(fields))}")
+        raise ConfigError(f"{where}: unknown key {key!r}{_key_hint(key, fields, where)}; "
+                          f"allowed keys: {', '.join(sorted(fields))}")
     missing = [
         n for n, f in fields.items()
         if n not in table and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -50,6 +53,24 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {err}") from None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from err
+
+
+def _key_hint(key: str, allowed, where: str) -> str:
+    """`` (belongs in [train])`` when another table has the key, else `` (did you mean 'x'?)`` for a near spelling."""
+    from pipelines.config import homes  # the registry of every table; only read on this error path
+
+    found = homes(key, near=_table_of(where))
+    if found:
+        also = f"; also a key of {', '.join(found[1:3])}" if len(found) > 1 else ""
+        return f" (it belongs in {found[0]}{also})"
+    close = difflib.get_close_matches(key, allowed, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _table_of(where: str) -> str:
+    """``"train"`` of ``"job.toml [train] key 'data'"``, ``"stages"`` of ``"job.toml [[stages]] #2 (clean)"``."""
+    found = re.search(r"\[\[?([\w.]+)\]", where)
+    return found.group(1) if found else ""
 
 
 def _config_errors() -> tuple[type[Exception], ...]:
@@ -118,11 +139,11 @@ def _type_name(tp: Any) -> str:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Parse a job file, translating syntax errors into ``ConfigError``."""
     path = Path(path)
+    data = read_whole(str(path), limit=JOB_FILE_BYTES, what="job file", error=ConfigError)
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"job file {path} does not exist") from None
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); a job file is TOML") from err
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from err
 
@@ -138,9 +159,7 @@ def job_from_dict(
 ) -> Job:
     """Validate a parsed job file (see ``load_job``)."""
     name = Path(source_file).name
-    unknown = [k for k in raw if k not in _TOP_LEVEL]
-    if unknown:
-        raise ConfigError(f"{name}: unknown table [{unknown[0]}]; allowed: {', '.join(_TOP_LEVEL)}")
+    check_top_level(raw, name)
     job_table = dict(raw.get("job", {}))
     if output is not None:
         job_table["output"] = output
@@ -148,16 +167,67 @@ def job_from_dict(
         job_table["workers"] = workers
     job = build_config(JobSection, job_table, f"{name} [job]")
     inputs = raw.get("inputs", [])
-    if not isinstance(inputs, list) or not inputs:
+    if not inputs:
         raise ConfigError(f"{name}: needs at least one [[inputs]] table")
     input_cfgs = [build_config(InputConfig, t, f"{name} [[inputs]] #{i + 1}") for i, t in enumerate(inputs)]
     stages = []
     for i, table in enumerate(raw.get("stages", [])):
         where = f"{name} [[stages]] #{i + 1}"
-        if not isinstance(table, dict) or "kind" not in table:
-            raise ConfigError(f"{where}: missing required key 'kind'")
+        if "kind" not in table:
+            raise ConfigError(f"{where}: missing required key 'kind' (the stage to run, e.g. kind = \"dedup.minhash\"; "
+                              f"`winnow config show` lists them)")
         params = {k: v for k, v in table.items() if k != "kind"}
         cls = stage_class(table["kind"], where=f"{where}: ")
         stages.append(StageSpec(kind=table["kind"], config=build_config(cls.Config, params, f"{where} ({table['kind']})")))
+    check_source_names(input_cfgs, stages, name)
     out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
     return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
+
+
+#: The top level of a job file: which names are one table (``[job]``) and which an array of tables (``[[stages]]``).
+_ARRAYS = ("inputs", "stages")
+
+
+def check_top_level(raw: dict[str, Any], name: str) -> None:
+    """Every top-level name is a known table, written with the right brackets; a stray key says where it belongs."""
+    for key, value in raw.items():
+        if key not in _TOP_LEVEL:
+            if not isinstance(value, dict | list):  # a key above the first table header
+                raise ConfigError(f"{name}: key {key!r} is outside every table{_key_hint(key, _TOP_LEVEL, '')}; "
+                                  "a key goes under its table's header")
+            close = difflib.get_close_matches(key, _TOP_LEVEL, n=1)
+            hint = f" (did you mean [{close[0]}]?)" if close else ""
+            raise ConfigError(f"{name}: unknown table [{key}]{hint}; allowed: {', '.join(_TOP_LEVEL)}")
+        if key in _ARRAYS and not (isinstance(value, list) and all(isinstance(t, dict) for t in value)):
+            raise ConfigError(f"{name}: [{key}] must be written [[{key}]] (two brackets): each [[{key}]] header starts "
+                              f"one more table of the list")
+        if key not in _ARRAYS and not isinstance(value, dict):
+            shape = f"[[{key}]] (a list of tables)" if isinstance(value, list) else f"a plain key {key!r}"
+            raise ConfigError(f"{name}: {key!r} must be one [{key}] table; found {shape}")
+
+
+def check_source_names(inputs: list[InputConfig], stages: list[StageSpec], name: str) -> None:
+    """Each stage key that names sources (``StageConfig.SOURCE_KEYS``) names sources the inputs declare.
+
+    A misspelt name would otherwise scope a stage to nothing, or weigh a source that never comes.
+    When an input takes its sources from a column (``source_field``), other names may appear at
+    run time: then an unknown name is a warning, not an error.
+    """
+    declared = [i.source for i in inputs if i.source is not None]
+    dynamic = [i.source_field for i in inputs if i.source_field is not None]
+    if not declared:
+        return
+    for i, spec in enumerate(stages):
+        for key in type(spec.config).SOURCE_KEYS:
+            value = getattr(spec.config, key, None)
+            names = [value] if isinstance(value, str) else list(value or [])  # a list, or a table's keys
+            for source in names:
+                if source in declared:
+                    continue
+                close = difflib.get_close_matches(source, declared, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                message = (f"{name} [[stages]] #{i + 1} ({spec.kind}) key {key!r}: no input has source {source!r}{hint}; "
+                           f"the inputs' sources: {', '.join(declared)}")
+                if not dynamic:
+                    raise ConfigError(message)
+                log.warning("%s (it may still come from the source_field column %r)", message, dynamic[0])

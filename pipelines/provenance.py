@@ -20,6 +20,7 @@ import fsspec
 from curate.atomic import write_json_atomic, write_text_atomic
 from curate.errors import InputError
 from curate.manifest import package_versions
+from curate.wholefile import JOB_FILE_BYTES, MANIFEST_BYTES, read_whole
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,13 @@ def manifest_sha256(data: str | Path) -> str:
     """sha256 of ``<data>/manifest.json`` (a job output folder, local or any fsspec URL)."""
     url = f"{str(data).rstrip('/')}/manifest.json"
     try:
-        with fsspec.open(url, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
-    except FileNotFoundError as err:
-        raise InputError(f"{url}: no data manifest to record; train on a job output folder written by `winnow curate`") from err
+        fs, path = fsspec.core.url_to_fs(url)
+        exists = fs.exists(path)
+    except (OSError, ValueError):
+        exists = False
+    if not exists:
+        raise InputError(f"{url}: no data manifest to record; train on a job output folder written by `winnow curate`")
+    return hashlib.sha256(read_whole(url, limit=MANIFEST_BYTES, what="manifest")).hexdigest()
 
 
 def _data_record(data: str | Path) -> dict[str, object]:
@@ -64,7 +68,8 @@ def provenance(*, job_file: str | Path | None, data: Sequence[str | Path], extra
     job = None
     if job_file is not None:
         path = Path(job_file)
-        job = {"path": str(path.resolve()), "text": path.read_text(encoding="utf-8")}
+        text = read_whole(str(path), limit=JOB_FILE_BYTES, what="job file").decode("utf-8", errors="replace")
+        job = {"path": str(path.resolve()), "text": text}
     return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": sys.argv, "job_file": job,
             "data": [_data_record(d) for d in data],

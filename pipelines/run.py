@@ -1,7 +1,8 @@
 """``winnow run JOB.toml``: the whole flow — curate, train on the shards, write the report — in one command.
 
-Ends by printing the report's path and a short per-source table (tokens trained on, training
-and held-out loss, and the attribution headline figures when ``[train.attribution]`` is on).
+Ends by printing the report's path and, when ``[train.attribution]`` is on, what a change of the mix is
+predicted to do (the counterfactual, in sentences), then a short per-source table (tokens trained on,
+training and held-out loss, the predicted change without the source) and the decomposition.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from pathlib import Path
 from curate.errors import ConfigError
 from curate.pipeline import run_job
 from curate.workdir import is_url
-from pipelines.jobfile import load_job, read_toml
+from pipelines.check import validate
+from pipelines.cleanup import removed_on_failure
+from pipelines.curate import print_summary
+from pipelines.jobfile import read_toml
 from pipelines.provenance import write_provenance
 from pipelines.report.page import write_report
+from pipelines.report import counterfactual as cf_text
 from pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
 from pipelines.train import build_trainer, load_train_config, run_inputs
 
@@ -34,10 +39,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    overrides = {"steps": args.steps, "shards": args.shards}
+    if args.output is not None:
+        overrides["output"] = str(Path(args.output) / "train")
     if args.shards is None:
-        job = load_job(args.job, output=args.output, workers=args.workers)
+        checked = validate(args.job, output=args.output, workers=args.workers, train_overrides=overrides)  # [train] too
+        job = checked.job
+        if job is None:
+            raise ConfigError(f"{args.job}: no [[inputs]] to curate; give --shards to train on curated data")
         print(f"[1/3] curate {args.job} -> {job.job.output}")
-        run_job(job, progress=not args.quiet)
+        print_summary(run_job(job, progress=not args.quiet), job.job.output)
         raw, report_dir = job.raw, job.job.output  # a folder, or a URL the report reads in place
     else:  # nothing to curate: the job file needs no [job] or [[inputs]], only [train]
         raw = read_toml(args.job)
@@ -46,14 +57,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"[1/3] curate: skipped, training on --shards {args.shards}")
         report_dir = Path(".")  # replaced by the run folder below
     if "train" in raw:
-        overrides = {"steps": args.steps, "shards": args.shards}
         if args.shards is None and not isinstance((raw.get("train") or {}).get("shards"), list):
             overrides["shards"] = job.job.output  # a list names its own folders
-        if args.output is not None:
-            overrides["output"] = str(Path(args.output) / "train")
-        cfg = load_train_config(args.job, **overrides)
+        cfg = load_train_config(args.job, **overrides)  # again: the run folder's default depends on what curation wrote
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
-        with build_trainer(cfg, progress=not args.quiet) as trainer:
+        with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
             write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
             summary = trainer.fit()
         if summary["preempted"]:
@@ -74,43 +82,53 @@ def run(args: argparse.Namespace) -> int:
 
 
 def source_table(run: TrainingRun) -> str:
-    """Per source: tokens trained on, mean training loss, final held-out loss and attribution headlines."""
+    """What a change of the mix would do, in sentences, then per source: tokens trained on, mean training loss,
+    final held-out loss, and the predicted change of its own and the mean held-out loss if it were left out."""
     tokens: dict[str, int] = {}
     for record in run.logs:
         for source, figures in (record.get("per_source") or {}).items():
             tokens[source] = tokens.get(source, 0) + int(figures.get("tokens") or 0)
     last = (run.logs[-1].get("per_source") or {}) if run.logs else {}
     held = (run.evals[-1]["eval"].get("per_source") or {}) if run.evals else {}
-    attr = run.attribution
-    own = dict(zip(attr.sources, attr.diagonal)) if attr else {}
-    total = dict(zip(attr.sources, attr.row_sums)) if attr else {}
+    cf = run.counterfactual
+    left_out = cf is not None and 0.0 in cf.predicted
 
     def num(value, width: int, sign: str = "", digits: int = 3) -> str:
         return f"{value:>{sign}{width}.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
 
-    lines = [f"{'source':<14}{'tokens':>10}{'train loss':>12}{'held-out':>10}{'attr own':>10}{'attr all':>10}"]
+    def without(source: str, column: str) -> str:
+        if not left_out or source not in cf.sources or column not in cf.held_out:
+            return f"{'-':>16}"
+        value, half = cf.cell(0.0, source, column)
+        return f"{value:>+9.3f} ±{half:<6.3f}"
+
+    lines = [cf_text.text(cf), ""] if cf is not None else []
+    if cf is None and run.attribution is None and (run.config.get("attribution") or {}).get("every"):
+        lines += ["attribution: the run ended before its first attributed stretch closed; nothing to predict from", ""]
+    lines.append(f"{'source':<14}{'tokens':>10}{'train loss':>12}{'held-out':>10}"
+                 + (f"{'without: own':>16}{'without: mean':>16}" if left_out else ""))
     for source in run.sources:
         lines.append(f"{source:<14}{tokens.get(source, 0):>10}{num((last.get(source) or {}).get('mean_loss'), 12)}"
-                     f"{num(held.get(source), 10)}{num(own.get(source), 10, '+', 4)}{num(total.get(source), 10, '+', 4)}")
-    if attr:
-        lines.append("attr own / all: change of held-out loss (nats) attributed to training on the source, "
-                     "on its own held-out set / summed over all (negative = helped)")
-    if attr is not None and attr.measured is not None:
-        lines += ["", _attribution_text(attr)]
+                     f"{num(held.get(source), 10)}"
+                     + (f"{without(source, source)}{without(source, 'mean')}" if left_out else ""))
+    if left_out:
+        lines.append("without: the predicted change (nats, ± two standard errors) of the source's own held-out loss "
+                     "and of the held-out sets' mean if it were left out (above 0: the source helps)")
+    if run.attribution is not None and run.attribution.measured is not None:
+        lines += ["", _attribution_text(run.attribution)]
     return "\n".join(lines)
 
 
 def _attribution_text(attr: Attribution) -> str:
-    """Per held-out source: measured change, the part attributed to sources, the rest, and the quadrature residual."""
+    """The decomposition per held-out source: measured change, the part attributed to sources, the rest, and
+    the quadrature residual."""
     steps = f"steps {attr.steps[0]}-{attr.steps[1]}" if attr.steps else f"up to step {attr.step}"
-    lines = [f"held-out loss change, {steps} (nats; negative = lowered):",
-             f"{'held-out':<14}{'measured':>10}{'sources':>10}{'other':>10}{'residual':>10}{'attributed':>12}"
-             "  helped most by"]
+    lines = [f"where the held-out loss change came from (decomposition), {steps} (nats; negative = lowered):",
+             f"{'held-out':<14}{'measured':>10}{'sources':>10}{'other':>10}{'residual':>10}{'attributed':>12}"]
     for row in attribution_rows(attr):
         share = f"{100 * row['share']:.0f}%" if row["share"] is not None else "-"
-        helper = f"{row['helped_most_by']} ({row['helped_most']:+.4f})" if row["helped_most_by"] else "-"
         lines.append(f"{row['source']:<14}{row['measured']:>+10.4f}{row['attributed']:>+10.4f}"
-                     f"{row['unattributed']:>+10.4f}{row['residual']:>+10.4f}{share:>12}  {helper}")
+                     f"{row['unattributed']:>+10.4f}{row['residual']:>+10.4f}{share:>12}")
     lines.append("sources + other + residual = measured; other: weight decay, router losses, momentum from before "
                  "the first attributed step; residual: the quadrature's error")
     return "\n".join(lines)

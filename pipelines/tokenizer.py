@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from tqdm import tqdm
-
+from curate.progress import PhaseProgress
 from train.data.shards import ShardSet, open_shards, read_shard
 from train.errors import ShardError
 from train.tokenizer import train_bpe
@@ -49,14 +49,16 @@ def shard_texts(shards: ShardSet, fmt: str, *, max_docs: int | None, progress: b
                 batch_rows: int = 1000) -> Iterator[list[str]]:
     """Batches of texts of every shard in manifest order, up to ``max_docs`` documents."""
     left = max_docs if max_docs is not None else 1 << 62
-    for index in tqdm(range(len(shards.shards)), desc="tokenizer: shards", unit="shard", disable=not progress):
-        text = read_shard(shards, index, fmt=fmt, verify=True).column("text")
-        text = text.slice(0, min(left, len(text)))
-        for lo in range(0, len(text), batch_rows):
-            yield [t for t in text.slice(lo, batch_rows).to_pylist() if t]
-        left -= len(text)
-        if left <= 0:
-            return
+    with PhaseProgress("tokenizer: read shards", len(shards.shards), enabled=progress, unit="shard") as bar:
+        for index in range(len(shards.shards)):
+            text = read_shard(shards, index, fmt=fmt, verify=True).column("text")
+            text = text.slice(0, min(left, len(text)))
+            for lo in range(0, len(text), batch_rows):
+                yield [t for t in text.slice(lo, batch_rows).to_pylist() if t]
+            left -= len(text)
+            bar.update()
+            if left <= 0:
+                return
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,5 +67,6 @@ def run(args: argparse.Namespace) -> int:
     tok = train_bpe(shard_texts(shards, fmt, max_docs=args.max_docs, progress=not args.quiet), vocab_size=args.vocab_size)
     out = tok.save(args.output)
     print(f"tokenizer: {tok.name} trained on {len(shards.shards)} {fmt} shard(s) of {folder}")
-    print(f"saved to:  {out}  (use it with [train.data] / load_tokenizer({str(out)!r}))")
+    print(f"saved to:  {out}")
+    print(f"train with it: in the job file's [train.tokenizer] table, path = {json.dumps(str(out))}")
     return 0

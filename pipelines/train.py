@@ -164,4 +164,11 @@ def run_train(args: argparse.Namespace) -> int:
         mean = summary["mixing"]["mix_weights_mean"]
         print("adaptive mix, mean over the run: " + ", ".join(f"{k}={w:.3f}" for k, w in mean.items()))
     print(f"checkpoint:  {summary['checkpoint']}")
+    if cfg.attribution.every and not summary["preempted"]:
+        from pipelines.report.counterfactual import text
+        from pipelines.report.training import load_run
+
+        found = load_run(cfg.output).counterfactual
+        print("\n" + (text(found) if found is not None else "attribution: the run ended before its first attributed "
+                                                             "stretch closed; nothing to predict from"))
     return 0

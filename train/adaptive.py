@@ -1,4 +1,13 @@
-"""Adaptive mixing (``[train.mixing]``): the training mix reweighted online by each source's excess loss.
+"""Adaptive mixing (``[train.mixing]``): the training mix reweighted during the run.
+
+Two methods. ``"doremi"``: online, by each source's excess loss against a reference run.
+``"counterfactual"``: from a finished run's counterfactual (``train/attribution/counterfactual.py``,
+its record in the reference's ``metrics.jsonl``): the run starts at the mix its slopes favour for
+the ``target`` held-out loss, every source's share moved by at most ``max_factor``, and then follows
+its own counterfactual (``[train.attribution]`` on), a step of ``step_size`` per nat of slope every
+``every`` steps.
+
+``"doremi"``:
 
 After DoReMi (Xie et al. 2023, https://arxiv.org/abs/2305.10429, Algorithm 1), applied online to
 the run's own sampling weights instead of to a proxy model's loss. Every ``every`` steps the
@@ -29,18 +38,24 @@ from train.errors import CheckpointError, ConfigError
 from train.hooks import TrainHook
 from train.model import cross_entropy_per_token
 
-METHODS = ("doremi",)
+METHODS = ("doremi", "counterfactual")
 
 
 @dataclass(kw_only=True, slots=True)
 class MixingConfig:
     """The ``[train.mixing]`` table: reweight the training sources during the run (off by default)."""
 
-    adaptive: Literal["", "doremi"] = ""  # "doremi": excess loss against `reference`; "": the configured weights throughout
-    reference: str | None = None  # a finished run folder (its newest checkpoint) or one checkpoint folder
-    every: int = 5  # steps between updates (each scores that step's batch with the reference: one more forward)
-    step_size: float = 1.0  # DoReMi's eta: how far one update moves the log-weights per nat of excess
+    # "doremi": excess loss against `reference`'s model; "counterfactual": from `reference`'s counterfactual, then the
+    # run's own; "": the configured weights throughout
+    adaptive: Literal["", "doremi", "counterfactual"] = ""
+    reference: str | None = None  # a finished run folder (doremi: its newest checkpoint, or one checkpoint folder)
+    every: int = 5  # steps between updates (doremi: one more forward of the step's batch; counterfactual: the probe's)
+    # how far one update moves the log-weights: per nat of excess (doremi), per nat of slope (counterfactual; 0: the
+    # reference's mix throughout)
+    step_size: float = 1.0
     smoothing: float = 1e-3  # DoReMi's c: the share of the uniform mix kept in the weights (no source starves)
+    target: str = "mean"  # counterfactual: the held-out loss to lower: "mean" over the held-out sets, or one set's
+    max_factor: float = 2.0  # counterfactual: the start moves each share by at most this factor (the slope's range)
 
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -49,7 +64,11 @@ class MixingConfig:
 
         check(self.adaptive in ("",) + METHODS, "adaptive", self.adaptive, "'' (off) or " + ", ".join(map(repr, METHODS)))
         check(not self.adaptive or bool(self.reference), "reference", self.reference,
-              "a finished run folder or checkpoint (the model the excess loss is measured against)")
+              "a finished run folder or checkpoint (doremi: the model the excess loss is measured against; "
+              "counterfactual: a run trained with [train.attribution], whose counterfactual sets the start)")
+        check(isinstance(self.target, str) and bool(self.target), "target", self.target,
+              "'mean' or the name of a held-out set")
+        check(self.max_factor > 1 and math.isfinite(self.max_factor), "max_factor", self.max_factor, "a number > 1")
         check(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an integer >= 1")
         check(self.step_size > 0 and math.isfinite(self.step_size), "step_size", self.step_size, "a number > 0")
         check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "0 <= value < 1")
@@ -152,16 +171,121 @@ class AdaptiveMix(TrainHook):
 
     def state_dict(self) -> dict:
         return {"weights": self.weights.tolist(), "excess": self.excess.tolist(), "weight_sum": self.weight_sum.tolist(),
-                "updates": self.updates, "set_sources": self.set_sources.tolist()}
+                "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "doremi"}
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state:
             raise CheckpointError("the checkpoint was trained without [train.mixing] adaptive; resume without it, "
                                   "or start a new run (another output)")
+        if state.get("method", "doremi") != "doremi":
+            raise CheckpointError(f"the checkpoint's adaptive mix is {state['method']!r}, this run's 'doremi'; resume "
+                                  "with the same [train.mixing]")
         if state["set_sources"] != self.set_sources.tolist():
             raise CheckpointError(f"the checkpoint's adaptive mix is over sources {state['set_sources']}, this run's over "
                                   f"{self.set_sources.tolist()}; resume with the same [train] shards")
         self.weights = torch.tensor(state["weights"], dtype=torch.float64)
         self.excess = torch.tensor(state["excess"], dtype=torch.float64)
+        self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
+        self.updates = int(state["updates"])
+
+
+def proposal(slope_SB, held_out: list[str], sources: list[str], weights: dict[str, float], *, target: str,
+             max_factor: float) -> dict[str, float]:
+    """The mix a run's counterfactual favours for ``target``: each source's log-share moved against its slope
+    (the slopes sum to about 0, so only their differences count), the largest move ``ln max_factor``, within the
+    range of factors the first-order prediction is checked over; sources without a weight keep none."""
+    column = [h for h in held_out if h != "mean"]
+    slope = torch.as_tensor(slope_SB, dtype=torch.float64)
+    g = slope[:, [held_out.index(h) for h in column]].mean(1) if target == "mean" else slope[:, held_out.index(target)]
+    names = [s for s in sources if weights.get(s, 0) > 0]
+    g = g[[sources.index(s) for s in names]]
+    centred = g - g.mean()
+    top = float(centred.abs().max())
+    step = -centred / top * math.log(max_factor) if top > 0 else torch.zeros_like(centred)
+    w = torch.tensor([weights[s] for s in names], dtype=torch.float64) * step.exp()
+    return dict(zip(names, (w / w.sum()).tolist()))
+
+
+class CounterfactualMix(TrainHook):
+    """Weights over the training sets, one source each, from the counterfactual: a trainer hook (``train.hooks``).
+
+    ``weights`` is the start (``proposal`` of the reference run's counterfactual). Every ``every`` steps once
+    attribution has started (``attach``: the run's ``SourceAttribution``), the slope of the target at the
+    current parameters (its probe, summed over the ranks: the same on every rank) moves the log-weights,
+    ``alpha <- softmax(log alpha - step_size · slope)``, mixed with ``smoothing`` of the uniform mix, and the
+    loader draws the next sequences by them.
+    """
+
+    name = "mixing"
+
+    def __init__(self, cfg: MixingConfig, *, set_sources: list[int], weights: list[float], data=None,
+                 names: list[str] | None = None) -> None:
+        if len(set(set_sources)) != len(set_sources) or len(weights) != len(set_sources):
+            raise ConfigError("train.mixing.adaptive = 'counterfactual': each training set must hold exactly one "
+                              f"source, a different one each (set sources {set_sources})")
+        self.cfg, self.data = cfg, data
+        self.names = names or [str(i) for i in range(max(set_sources) + 1)]
+        self.set_sources = torch.tensor(set_sources, dtype=torch.long)
+        w = torch.tensor(weights, dtype=torch.float64)
+        self.weights = w / w.sum()
+        self.slope = torch.zeros(len(set_sources), dtype=torch.float64)  # the target's slope per set, last read
+        self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)
+        self.updates = 0
+        self.attribution = None
+        self._due = False
+
+    def attach(self, attribution) -> None:
+        """The attribution component whose counterfactual the weights follow (the run's own)."""
+        if attribution is None and self.cfg.step_size > 0:
+            raise ConfigError("train.mixing.adaptive = 'counterfactual' with step_size > 0 follows the run's own "
+                              "counterfactual: turn on [train.attribution] (every = 10, say), or set step_size = 0 "
+                              "to train at the reference's mix throughout")
+        if attribution is not None and self.cfg.target != "mean" and self.cfg.target not in attribution.sources:
+            raise ConfigError(f"train.mixing.target = {self.cfg.target!r} is invalid; allowed: 'mean' or a held-out "
+                              f"set of this run ({sorted(attribution.sources)})")
+        self.attribution = attribution
+
+    def begin_step(self, step: int) -> None:
+        self._due = (self.cfg.step_size > 0 and self.attribution is not None and (step + 1) % self.cfg.every == 0
+                     and self.attribution.started(step))
+
+    def end_step(self, applied: bool, clip_coef: float) -> None:
+        if self._due and applied:  # the next batches are drawn by the new weights
+            self.data.reweight(self.update())
+
+    def update(self) -> list[float]:
+        """Read the slope at the current parameters and move the weights; returns them."""
+        slope_SB, held_out = self.attribution.slope()
+        target = None
+        if slope_SB is not None and self.cfg.target == "mean":
+            target = slope_SB.mean(1)
+        elif slope_SB is not None and self.cfg.target in held_out:
+            target = slope_SB[:, held_out.index(self.cfg.target)]
+        if target is None:  # no split step yet, or no probe rows of the target: nothing to follow
+            return self.weights.tolist()
+        self.slope = torch.as_tensor(target, dtype=torch.float64)[self.set_sources]
+        alpha = torch.softmax(self.weights.log() - self.cfg.step_size * self.slope, dim=0)
+        self.weights = (1 - self.cfg.smoothing) * alpha + self.cfg.smoothing / len(alpha)
+        self.weight_sum += self.weights
+        self.updates += 1
+        return self.weights.tolist()
+
+    def report(self) -> dict:
+        by_name = [self.names[int(i)] for i in self.set_sources]
+        mean = self.weight_sum / self.updates if self.updates else self.weights
+        return {"mix_weights": dict(zip(by_name, self.weights.tolist())),
+                "mix_weights_mean": dict(zip(by_name, mean.tolist())),
+                "mix_slope": dict(zip(by_name, self.slope.tolist()))}
+
+    def state_dict(self) -> dict:
+        return {"weights": self.weights.tolist(), "slope": self.slope.tolist(), "weight_sum": self.weight_sum.tolist(),
+                "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "counterfactual"}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if not state or state.get("method") != "counterfactual" or state["set_sources"] != self.set_sources.tolist():
+            raise CheckpointError("the checkpoint's adaptive mix is not this run's (counterfactual, sources "
+                                  f"{self.set_sources.tolist()}); resume with the same [train.mixing] and shards")
+        self.weights = torch.tensor(state["weights"], dtype=torch.float64)
+        self.slope = torch.tensor(state["slope"], dtype=torch.float64)
         self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
         self.updates = int(state["updates"])

@@ -2,6 +2,10 @@
 
 An alert goes to ``alerts.jsonl`` in the run folder, to the log, and (when configured) is
 POSTed as JSON to a webhook. A failing webhook is logged, never fatal: training goes on.
+
+A throughput drop is judged against the run's own recent history (the median tokens/s of the
+last ``throughput_window`` log intervals), and only once it lasts ``throughput_patience``
+intervals: on a machine shared with other work, one slow interval is a neighbour's burst, not a drop.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 import urllib.error
 import urllib.request
@@ -53,16 +58,22 @@ class AlertConfig:
     spike_min_history: int = 20  # no spike verdicts before this many accepted steps
     skip_spikes: bool = True  # skip the optimizer step of a spike (not only alert)
     grad_norm_max: float | None = None  # alert when the (pre-clip) gradient norm exceeds this
-    throughput_drop: float = 0.5  # alert when tokens/s falls below this fraction of the best seen so far (0: off)
+    throughput_drop: float = 0.5  # alert when tokens/s stays below this fraction of the recent median (0: off)
+    throughput_window: int = 20  # log intervals whose median tokens/s is the recent rate
+    throughput_patience: int = 3  # consecutive log intervals below it before the alert (one slow interval is noise)
     data_wait_pct: float = 50.0  # alert when the trainer waited for data more than this % of a log interval
-    webhook_url: str | None = None
-    webhook_timeout: float = 5.0
+    webhook_url: str | None = None  # POST each alert as JSON to this http(s) URL too
+    webhook_timeout: float = 5.0  # seconds to wait for the webhook
 
     def __post_init__(self) -> None:
         for key in ("spike_sigma", "throughput_drop", "data_wait_pct", "webhook_timeout"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and value >= 0):
                 raise ConfigError(f"train.alerts.{key} = {value!r} is invalid; allowed: a number >= 0")
+        for key in ("throughput_window", "throughput_patience"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 1):
+                raise ConfigError(f"train.alerts.{key} = {value!r} is invalid; allowed: an integer >= 1")
         if self.spike_window < 2 or not 1 < self.spike_min_history <= self.spike_window:
             raise ConfigError(f"train.alerts.spike_min_history = {self.spike_min_history!r} is invalid; "
                               f"allowed: 2..spike_window ({self.spike_window}), with spike_window >= 2")
@@ -101,7 +112,8 @@ class Alerts:
     def __init__(self, cfg: AlertConfig, run_dir: str | Path) -> None:
         self.cfg = cfg
         self.path = Path(run_dir) / "alerts.jsonl"
-        self.best_tokens_per_s = 0.0
+        self.recent_tokens_per_s: deque[float] = deque(maxlen=cfg.throughput_window)
+        self.slow_intervals = 0  # consecutive intervals below the tolerance
         self.count = 0
 
     def emit(self, kind: AlertKind, step: int, message: str, **data: Any) -> None:
@@ -129,17 +141,33 @@ class Alerts:
         cfg = self.cfg
         if cfg.grad_norm_max is not None and grad_norm > cfg.grad_norm_max:
             self.emit(AlertKind.GRAD_NORM, step, f"gradient norm {grad_norm:.3g} > {cfg.grad_norm_max:.3g}", grad_norm=grad_norm)
-        if cfg.throughput_drop > 0 and tokens_per_s < cfg.throughput_drop * self.best_tokens_per_s:
-            self.emit(AlertKind.THROUGHPUT_DROP, step,
-                      f"{tokens_per_s:.0f} tokens/s < {cfg.throughput_drop:.0%} of the best {self.best_tokens_per_s:.0f}",
-                      tokens_per_s=tokens_per_s, best_tokens_per_s=self.best_tokens_per_s)
-        self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
+        self._check_throughput(step, tokens_per_s)
         if data_wait_pct > cfg.data_wait_pct:
             self.emit(AlertKind.DATA_WAIT, step, f"waited for data {data_wait_pct:.0f}% of the interval (> {cfg.data_wait_pct:.0f}%)",
                       data_wait_pct=data_wait_pct)
 
+    def _check_throughput(self, step: int, tokens_per_s: float) -> None:
+        """One alert when tokens/s stays below ``throughput_drop`` x the recent median for ``throughput_patience``
+        intervals; the slow intervals join the history, so a lasting new rate becomes the run's normal."""
+        cfg, recent = self.cfg, self.recent_tokens_per_s
+        if cfg.throughput_drop > 0 and len(recent) >= min(3, recent.maxlen):
+            median = statistics.median(recent)
+            if tokens_per_s < cfg.throughput_drop * median:
+                self.slow_intervals += 1
+                if self.slow_intervals == cfg.throughput_patience:
+                    self.emit(AlertKind.THROUGHPUT_DROP, step,
+                              f"{tokens_per_s:.0f} tokens/s for {self.slow_intervals} log intervals, below "
+                              f"{cfg.throughput_drop:.0%} of the recent median {median:.0f}",
+                              tokens_per_s=tokens_per_s, recent_median_tokens_per_s=median)
+            else:
+                self.slow_intervals = 0
+        recent.append(tokens_per_s)
+
     def state_dict(self) -> dict:
-        return {"best_tokens_per_s": self.best_tokens_per_s, "count": self.count}
+        return {"recent_tokens_per_s": list(self.recent_tokens_per_s), "slow_intervals": self.slow_intervals,
+                "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
-        self.best_tokens_per_s, self.count = state["best_tokens_per_s"], state["count"]
+        self.recent_tokens_per_s.clear()
+        self.recent_tokens_per_s.extend(state.get("recent_tokens_per_s", []))  # none in checkpoints older than it
+        self.slow_intervals, self.count = state.get("slow_intervals", 0), state["count"]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from train.adaptive import AdaptiveMix, MixingConfig
+from train.adaptive import AdaptiveMix, CounterfactualMix, MixingConfig, proposal
 from train.alerts import Alerts
 from train.attribution import SourceAttribution
-from train.attribution.hook import AttributionHook
+from train.attribution.hook import AttributionHook, CounterfactualHook
 from train.config import TrainConfig
 from train.distill import Distillation
 from train.errors import ConfigError
@@ -80,7 +80,7 @@ def build_trainer(cfg: TrainConfig, *, data: Iterable, sources: list[str], val_d
 
 
 def _hooks(cfg: TrainConfig, *, model, optimizer, parallel: Parallel, sources: list[str], alerts: Alerts, val_data,
-           teacher, mixer: AdaptiveMix | None) -> list[TrainHook]:
+           teacher, mixer: AdaptiveMix | CounterfactualMix | None) -> list[TrainHook]:
     """The run's extras, in the order the step calls them: skipping, distillation, mixing, attribution, stopping."""
     if cfg.mixing.active != (mixer is not None):
         raise ConfigError(f"train.mixing.adaptive = {cfg.mixing.adaptive!r} but no adaptive mix was given; build it "
@@ -95,15 +95,19 @@ def _hooks(cfg: TrainConfig, *, model, optimizer, parallel: Parallel, sources: l
             teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options)
         hooks.append(Distillation(teacher.to(device).eval() if scores else None, alpha=cfg.distill.alpha,
                                   temperature=cfg.distill.temperature))
-    if mixer is not None:
+    if isinstance(mixer, AdaptiveMix):
         mixer.reference = mixer.reference.to(device) if scores else None
         hooks.append(mixer)
+    attribution = None
     if val_data is not None:
         attribution = SourceAttribution(cfg.attribution, model=model, optimizer=optimizer, sources=sources,
                                         val_data=val_data, device=device, parallel=parallel,
                                         micro_batch_shape=(cfg.data.batch_size, cfg.data.seq_len),
                                         autocast=autocast(device, cfg.precision))
-        hooks.append(AttributionHook(attribution))
+        hooks += [AttributionHook(attribution), CounterfactualHook(attribution)]
+    if isinstance(mixer, CounterfactualMix):  # after attribution: it reads the step attribution just took in
+        mixer.attach(attribution)
+        hooks.append(mixer)
     return hooks + [EarlyStopping(cfg.stop)]
 
 
@@ -116,16 +120,10 @@ def load_teacher(path: str, storage_options: dict | None = None) -> Transformer:
 
 
 def build_mixer(cfg: MixingConfig, data, tokenizer, device: torch.device, *, storage_options: dict | None = None,
-                reduce=lambda t: t) -> AdaptiveMix:
-    """The adaptive mix over the loader's training sets, scored against ``cfg.reference``; a ConfigError names
-    the key when the reference cannot score this run's data (other tokenizer, vocabulary or sources)."""
-    found = load_init(cfg.reference, key="train.mixing.reference", storage_options=storage_options)
-    where, state = found.where, found.state
-    found.check_tokenizer(tokenizer)
-    reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
-    if reference_cfg.vocab_size != tokenizer.vocab_size:
-        raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
-                          f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
+                reduce=lambda t: t) -> AdaptiveMix | CounterfactualMix:
+    """The adaptive mix over the loader's training sets: scored against ``cfg.reference``'s model (doremi), or
+    starting where the reference's counterfactual points (counterfactual); a ConfigError names the key when the
+    reference cannot serve this run's data (other tokenizer, vocabulary or sources, no counterfactual)."""
     held = data.set_sources
     many = next((names for names in held if len(names) != 1), None)
     if many is not None:  # the replay set: every [train] shards entry was split per source
@@ -137,15 +135,48 @@ def build_mixer(cfg: MixingConfig, data, tokenizer, device: torch.device, *, sto
     if twice is not None:
         raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but source {twice!r} is in "
                           "two [train] shards entries; give each source once (an entry's sources = {...} picks them)")
-    unknown = [names[0] for names in held if names[0] not in state.get("sources", [])]
+    set_sources = [data.sources.index(n) for n in names]
+    if cfg.adaptive == "counterfactual":
+        return _counterfactual_mix(cfg, data, names, set_sources, storage_options)
+    found = load_init(cfg.reference, key="train.mixing.reference", storage_options=storage_options)
+    where, state = found.where, found.state
+    found.check_tokenizer(tokenizer)
+    reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
+    if reference_cfg.vocab_size != tokenizer.vocab_size:
+        raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
+                          f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
+    unknown = [name for name in names if name not in state.get("sources", [])]
     if unknown:
         raise ConfigError(f"{where}: the reference run was trained on sources {state.get('sources')}, without "
                           f"{unknown[0]!r}, which this run trains on; use a reference trained on this run's sources")
     reference = Transformer(reference_cfg)
     reference.load_state_dict(state["model"])
-    return AdaptiveMix(cfg, reference=reference, set_sources=[data.sources.index(names[0]) for names in held],
-                       weights=data.mix_weights, n_sources=len(data.sources), device=device, data=data,
-                       names=list(data.sources), reduce=reduce)
+    return AdaptiveMix(cfg, reference=reference, set_sources=set_sources, weights=data.mix_weights,
+                       n_sources=len(data.sources), device=device, data=data, names=list(data.sources), reduce=reduce)
+
+
+def _counterfactual_mix(cfg: MixingConfig, data, names: list[str], set_sources: list[int],
+                        storage_options: dict | None) -> CounterfactualMix:
+    """Start at the mix the reference run's counterfactual favours (``train.adaptive.proposal``)."""
+    from train.attribution.counterfactual import read_record
+
+    record = read_record(cfg.reference, storage_options)
+    if record is None:
+        raise ConfigError(f"train.mixing.reference = {cfg.reference!r}: no counterfactual record in its metrics.jsonl; "
+                          "give a run folder trained with [train.attribution] on to the end")
+    missing = [n for n in names if n not in record["sources"]]
+    if missing or (cfg.target != "mean" and cfg.target not in record["held_out"]):
+        what = f"source {missing[0]!r}" if missing else f"held-out set {cfg.target!r} (train.mixing.target)"
+        raise ConfigError(f"train.mixing.reference = {cfg.reference!r}: its counterfactual has no {what} (it covers "
+                          f"{record['sources']}, held out {record['held_out']}); use a reference trained on this "
+                          "run's sources")
+    start = proposal(record["slope"], record["held_out"], record["sources"], dict(zip(names, data.mix_weights)),
+                     target=cfg.target, max_factor=cfg.max_factor)
+    log.info("counterfactual mix: starting at %s (from %s)", ", ".join(f"{k}={w:.3f}" for k, w in start.items()),
+             cfg.reference)
+    weights = [start[n] for n in names]
+    data.reweight(weights)
+    return CounterfactualMix(cfg, set_sources=set_sources, weights=weights, data=data, names=list(data.sources))
 
 
 def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None = None,
@@ -224,11 +255,18 @@ def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str], sour
     opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
     for folder in train:
         names += split_sources(str(folder), split="train", **{**opts, "fmt": train_format})
-    kept = []
+    kept, evaluated = [], []
     for folder in held_out:
         try:
-            names += split_sources(str(folder), split="val", **opts)
+            found = split_sources(str(folder), split="val", **opts)
+            names += found
+            evaluated += found
             kept.append(folder)
         except ShardError as err:
             log.warning("no held-out evaluation on %s: %s", folder, err)
+    asked = [s for s in cfg.attribution.held_out if s not in evaluated]
+    if cfg.attribution.every and asked:
+        raise ConfigError(f"train.attribution.held_out names {asked[0]!r}, which has no held-out rows in "
+                          f"{[str(f) for f in held_out]} (held-out sets: {sorted(set(evaluated))}); give a source with "
+                          "a val split (the split stage's val_fraction), or leave held_out empty for all of them")
     return kept, list(dict.fromkeys(names))

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import fsspec
 import numpy as np
 import torch
 
 from train.errors import CheckpointError, ConfigError
+from train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
+_LOCAL = fsspec.filesystem("file")
 
 STATE_FILE, META_FILE, PREFIX, SHARDS_DIR = "state.pt", "meta.json", "step-", "shards"
 
@@ -50,7 +53,7 @@ class CheckpointConfig:
     """When to checkpoint and how many to keep (``[train.checkpoint]``)."""
 
     every: int = 100  # steps between checkpoints; 0: only at the end and on SIGTERM/SIGINT
-    keep_last: int = 3
+    keep_last: int = 3  # checkpoints kept; older ones are pruned
     resume: bool = True  # start from the newest valid checkpoint in the run folder, if any
     mode: int | None = None  # file mode of checkpoint files, e.g. 0o600 (TOML: mode = 0o600); None: the umask
 
@@ -236,8 +239,12 @@ class CheckpointManager:
         """
         path = Path(path)
         try:
-            meta = json.loads((path / META_FILE).read_text())
+            meta = json.loads(read_capped(_LOCAL, str(path / META_FILE), limit=JSON_BYTES, what="checkpoint meta",
+                                          error=CheckpointError))
             for name, expected in {STATE_FILE: meta, **meta.get("files", {})}.items():
+                if not inside(name):
+                    raise CheckpointError(f"checkpoint {path}: its meta lists the file {name!r}, which is not inside "
+                                          "the checkpoint folder; the checkpoint is corrupt or not winnow's")
                 file = path / name
                 if file.stat().st_size != expected["bytes"] or _sha256(file) != expected["sha256"]:
                     raise CheckpointError(f"checkpoint {path} fails its checksum ({name}: corrupt or truncated)")

@@ -31,7 +31,7 @@ class DistillConfig:
 
     teacher: str  # a run folder (its newest valid checkpoint) or one checkpoint folder
     alpha: float = 0.5  # weight of the soft-target loss; 1 - alpha stays on the data
-    temperature: float = 2.0
+    temperature: float = 2.0  # softmax temperature of the teacher's and the student's logits
 
     def __post_init__(self) -> None:
         if not 0 <= self.alpha <= 1:
@@ -46,19 +46,21 @@ class TrainConfig:
 
     output: str = "out/train"  # the run folder: metrics, alerts, checkpoints, tokenizer
     shards: str | list[ShardSetConfig] | None = None  # a job output folder holding manifest.json (or s3://...),
-    # or a list of {path, weight} tables mixed at load time (train/data/sets.py); None: the job's output
+    # or a list of {path, weight} tables mixed at load time; None: the job's output
     replay: ReplayConfig | None = None  # {from = "out/base", share = 0.05}: the base data back at that share
     eval: list[str] = field(default_factory=list)  # job folders whose val splits are held out; []: the training ones
-    init_from: str | None = None  # start from this run folder or checkpoint (train/init.py); local or fsspec URL
+    # start from this run folder or checkpoint, local or an fsspec URL (continued pretraining)
+    init_from: str | None = None
     init_optimizer: bool = False  # with init_from: also keep the base run's optimizer state (moments, step counts)
     tokenizer: str | TokenizerConfig | None = None  # [train.tokenizer], or just its path; None: the token shards' own, else byte
-    steps: int = 300
+    steps: int = 300  # optimizer steps
     grad_accum: int = 1  # micro-batches per optimizer step
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast with fp32 master weights
+    # recompute each block's activations in the backward: less memory, more compute
     activation_checkpointing: bool = False
-    label_smoothing: float = 0.0
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    label_smoothing: float = 0.0  # cross-entropy label smoothing
+    seed: int = 0  # model initialization and data order
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when available, else the CPU
     eval_every: int = 100  # steps between per-source held-out evaluations (0: only at the end)
     eval_batches: int | None = None  # cap on val batches per evaluation; None: the whole val split (every source)
     skip_nonfinite: bool = True  # skip (and alert on) steps whose loss or gradient norm is NaN/Inf
@@ -71,8 +73,8 @@ class TrainConfig:
     distill: DistillConfig | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # under torchrun: DDP/FSDP2, experts
     attribution: AttributionConfig = field(default_factory=AttributionConfig)  # per-source first-order attribution
-    stop: StopConfig = field(default_factory=StopConfig)  # early stopping on held-out loss (train/stopping.py)
-    mixing: MixingConfig = field(default_factory=MixingConfig)  # adaptive (DoReMi-style) mix weights (train/adaptive.py)
+    stop: StopConfig = field(default_factory=StopConfig)  # early stopping on held-out loss
+    mixing: MixingConfig = field(default_factory=MixingConfig)  # adaptive (DoReMi-style) mix weights
 
     def __post_init__(self) -> None:
         for key in ("steps", "grad_accum", "eval_batches"):

@@ -2,9 +2,18 @@
 
 ``winnow-model.safetensors`` holds the one-process model's state under winnow's own parameter
 names, with the model config, step and sources in the file's metadata; ``load_exported`` builds
-the ``Transformer`` back from it alone. ``hf/`` holds a ``config.json`` (``MixtralForCausalLM``)
-and ``model.safetensors`` in the layout Mixtral checkpoints on the Hub use
-(``block_sparse_moe.experts.N.w1``), which ``transformers`` v4 loads as is and v5 converts on load.
+the ``Transformer`` back from it alone, and the run's tokenizer files beside it reload with
+``train.tokenizer.load_tokenizer``. ``hf/`` holds a ``config.json`` (``MixtralForCausalLM``, with
+the tokenizer's end-of-document and padding ids) and ``model.safetensors`` in the layout Mixtral
+checkpoints on the Hub use (``block_sparse_moe.experts.N.w1``), which ``transformers`` v4 loads as
+is and v5 converts on load, and the tokenizer: ``tokenizer.json`` (the run's own, or for the
+byte-level tokenizer an equivalent one built with the ``tokenizers`` library), its
+``tokenizer_config.json`` and ``special_tokens_map.json``, and ``generation_config.json``, so
+``AutoTokenizer`` and ``pipeline("text-generation")`` load the folder as it is.
+
+The export is written into a temporary folder beside the output and renamed into place, so an
+interrupted export leaves nothing half-written; an earlier export in the output is replaced, a
+folder holding anything else is refused.
 
 The mapping is exact, not approximate: winnow's attention is Llama's (half-split rotary, SDPA's
 1/sqrt(C) scale, grouped-query heads), its RMSNorm and SwiGLU experts are Mixtral's, and its
@@ -18,18 +27,24 @@ several documents; for one document per sequence the logits are the same.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
 
 from train.checkpoint import renamed
-from train.errors import CheckpointError
+from train.errors import CheckpointError, ConfigError
 from train.model import ModelConfig, Transformer
+from train.tokenizer import BPE_FILE, META_FILE, Tokenizer
 
 WINNOW_FILE = "winnow-model.safetensors"
 HF_DIR = "hf"
+#: Everything an export folder may hold: an output holding anything else is not replaced.
+EXPORT_ENTRIES = frozenset({WINNOW_FILE, HF_DIR, META_FILE, BPE_FILE})
 
 
 def hf_blockers(cfg: ModelConfig) -> list[str]:
@@ -52,11 +67,22 @@ def hf_blockers(cfg: ModelConfig) -> list[str]:
     return out
 
 
-def mixtral_config(cfg: ModelConfig) -> dict:
+def token_ids(tokenizer: Tokenizer | None) -> dict:
+    """The special token ids ``config.json`` and ``generation_config.json`` carry.
+
+    BOS is the end-of-document token, as GPT-2's: winnow puts it between packed documents, so it
+    is the token every document after the first follows (and Mixtral's default BOS id, 1, is a byte here).
+    """
+    if tokenizer is None:
+        return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    return {"bos_token_id": tokenizer.eos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+
+
+def mixtral_config(cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dict:
     """``config.json`` of the equivalent ``MixtralForCausalLM`` (call only when ``hf_blockers`` is empty)."""
     experts, top_k = (cfg.n_experts, cfg.top_k) if cfg.is_moe else (1, 1)
     hidden = cfg.ffn_hidden if cfg.is_moe else cfg.dense_hidden or cfg.ffn_hidden
-    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **token_ids(tokenizer),
             "vocab_size": cfg.padded_vocab, "hidden_size": cfg.dim, "intermediate_size": hidden,
             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.dim // cfg.n_heads, "hidden_act": "silu",
@@ -101,17 +127,34 @@ def mixtral_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str,
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 
+def write_hf_tokenizer(tokenizer: Tokenizer, folder: Path, *, max_length: int) -> None:
+    """``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` and ``generation_config.json``."""
+    tokenizer.hf_tokenizer().save(str(folder / BPE_FILE))
+    special = tokenizer.special_tokens
+    # the generic fast tokenizer: it adds no BOS/EOS of its own, as winnow's encoding adds none
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": max_length,
+              "clean_up_tokenization_spaces": False}
+    _write_json(folder / "tokenizer_config.json", config)
+    _write_json(folder / "special_tokens_map.json", special)
+    _write_json(folder / "generation_config.json", token_ids(tokenizer))
+
+
+def _write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
 def _winnow_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     # safetensors holds no shared storage: a tied head is the embedding, re-tied by the model on load
     return {k: v.detach().contiguous() for k, v in state.items() if not (cfg.tie_embeddings and k == "head.weight")}
 
 
-def export_model(state: dict, out_dir: str | Path, *, step: int | None = None,
-                 sources: list[str] | None = None) -> dict:
-    """Write ``out_dir/winnow-model.safetensors`` and, when the config maps, ``out_dir/hf/``.
+def export_model(state: dict, out_dir: str | Path, *, step: int | None = None, sources: list[str] | None = None,
+                 tokenizer: Tokenizer | None = None) -> dict:
+    """Write ``out_dir/winnow-model.safetensors`` (and ``tokenizer``'s files) and, when the config maps, ``out_dir/hf/``.
 
-    ``state`` is a checkpoint's (``model`` and ``model_config`` at least). Returns what was
-    written: ``{"winnow": path, "hf": path or None, "hf_blockers": [...]}``.
+    ``state`` is a checkpoint's (``model`` and ``model_config`` at least); ``tokenizer`` the run's
+    (None: the export has no tokenizer files). Returns what was written:
+    ``{"winnow": path, "hf": path or None, "hf_blockers": [...]}``.
     """
     import safetensors.torch as st  # the train extra's; imported by the commands that write files only
 
@@ -119,19 +162,57 @@ def export_model(state: dict, out_dir: str | Path, *, step: int | None = None,
         raise CheckpointError("the checkpoint holds no model or model_config to export")
     cfg = ModelConfig(**state["model_config"])
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"format": "winnow", "model_config": json.dumps(dataclasses.asdict(cfg)),
-            "step": str(step if step is not None else -1), "sources": json.dumps(list(sources or []))}
-    winnow_path = out_dir / WINNOW_FILE
-    st.save_file(_winnow_tensors(cfg, state["model"]), str(winnow_path), metadata=meta)
-    blockers = hf_blockers(cfg)
-    hf_path = None
-    if not blockers:
-        hf_path = out_dir / HF_DIR
-        hf_path.mkdir(exist_ok=True)
-        (hf_path / "config.json").write_text(json.dumps(mixtral_config(cfg), indent=2) + "\n")
-        st.save_file(mixtral_state(cfg, state["model"]), str(hf_path / "model.safetensors"), metadata={"format": "pt"})
-    return {"winnow": str(winnow_path), "hf": str(hf_path) if hf_path else None, "hf_blockers": blockers}
+    _check_replaceable(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted export of this process id left
+    tmp.mkdir(parents=True)
+    try:
+        meta = {"format": "winnow", "model_config": json.dumps(dataclasses.asdict(cfg)),
+                "step": str(step if step is not None else -1), "sources": json.dumps(list(sources or []))}
+        st.save_file(_winnow_tensors(cfg, state["model"]), str(tmp / WINNOW_FILE), metadata=meta)
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        blockers = hf_blockers(cfg)
+        if not blockers:
+            hf = tmp / HF_DIR
+            hf.mkdir()
+            _write_json(hf / "config.json", mixtral_config(cfg, tokenizer))
+            st.save_file(mixtral_state(cfg, state["model"]), str(hf / "model.safetensors"), metadata={"format": "pt"})
+            if tokenizer is not None:
+                write_hf_tokenizer(tokenizer, hf, max_length=cfg.max_seq_len)
+        _move_into_place(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    hf_path = out_dir / HF_DIR if not blockers else None
+    return {"winnow": str(out_dir / WINNOW_FILE), "hf": str(hf_path) if hf_path else None, "hf_blockers": blockers}
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """ConfigError when ``out_dir`` holds anything an export does not write (winnow never deletes what it did not write)."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} exists and is not a folder; give another --output")
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_ENTRIES)
+    if others:
+        raise ConfigError(f"{out_dir} holds files an export does not write ({', '.join(others[:3])}); "
+                          "give another --output, or move them away")
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished export to ``out_dir``; an earlier export there is renamed away first, then removed."""
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)  # one an interrupted export of this process id left
+    if out_dir.exists():
+        _check_replaceable(out_dir)  # again: something may have arrived while the export was written
+        os.replace(out_dir, old)
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.replace(old, out_dir)  # put the earlier export back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_exported(path: str | Path) -> tuple[Transformer, dict]:

@@ -26,10 +26,12 @@ import fsspec
 
 from train.checkpoint import load_state_file
 from train.errors import CheckpointError, ConfigError
+from train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
 
 _STATE, _META, _PREFIX = "state.pt", "meta.json", "step-"
+STATE_BYTES = 1 << 40  # a state file without a meta.json that sizes it (older checkpoints): a plain file under 1 TiB
 
 
 @dataclass(slots=True)
@@ -137,15 +139,17 @@ def _tokenizer_files(tokenizer) -> dict[str, str]:
 
 def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
     """(state, sha256, step) of one checkpoint; CheckpointError when it does not verify."""
-    try:
-        data = fs.cat_file(state_file)
-    except (OSError, FileNotFoundError) as err:
-        raise CheckpointError(f"checkpoint {state_file} cannot be read: {err}") from err
-    digest = hashlib.sha256(data).hexdigest()
     step, meta = -1, {}
     meta_path = posixpath.join(folder, _META)
-    if fs.exists(meta_path):
-        meta = json.loads(fs.cat_file(meta_path))
+    try:
+        if fs.exists(meta_path):  # first: it says how many bytes the state file may have
+            meta = json.loads(read_capped(fs, meta_path, limit=JSON_BYTES, what="checkpoint meta", error=CheckpointError))
+        limit = meta["bytes"] if isinstance(meta.get("bytes"), int) else STATE_BYTES
+        data = read_capped(fs, state_file, limit=limit, what="checkpoint state", error=CheckpointError)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {state_file} cannot be read: {err}") from err
+    digest = hashlib.sha256(data).hexdigest()
+    if meta:
         if meta.get("bytes") != len(data) or meta.get("sha256") != digest:
             raise CheckpointError(f"checkpoint {folder} fails its checksum (corrupt or truncated)")
         step = int(meta.get("step", -1))
@@ -153,7 +157,11 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
     if meta.get("files"):  # the weights and moments are in the checkpoint's shards: fetch, verify, read whole
         with tempfile.TemporaryDirectory(prefix="winnow-init-") as tmp:
             for name, expected in meta["files"].items():
-                blob = fs.cat_file(posixpath.join(folder, name))
+                if not inside(name):  # a damaged or hostile meta: never write outside the temporary folder
+                    raise CheckpointError(f"checkpoint {folder}: its meta lists the file {name!r}, which is not "
+                                          "inside the checkpoint folder; the checkpoint is corrupt or not winnow's")
+                blob = read_capped(fs, posixpath.join(folder, name), limit=int(expected["bytes"]), what="checkpoint file",
+                                   error=CheckpointError)
                 if len(blob) != expected["bytes"] or hashlib.sha256(blob).hexdigest() != expected["sha256"]:
                     raise CheckpointError(f"checkpoint {folder} fails its checksum ({name}: corrupt or truncated)")
                 (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,15 @@
 """Run metrics: ``metrics.jsonl`` (one object per logged step), optional trackers, throughput and MFU.
 
-MFU counts active parameters only (6·N_active per token plus causal attention) against a
-peak FLOP/s basis that is configurable and printed at the start of the run.
+MFU counts active parameters only (6·N_active per token plus causal attention) against the
+peak FLOP/s of the machine the run is on, found at the start of the run and logged with its
+source (``peak_flops_basis``): ``[train.metrics] peak_flops`` when set; for a GPU the dense bf16
+peak of its entry in the accelerator table ``winnow plan`` uses (``train.plan.hardware``); for a
+GPU not in the table, or a CPU, the best rate of a short matmul measured on it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -16,26 +20,26 @@ from typing import Any, Literal
 import torch
 
 from train.errors import ConfigError
+from train.plan.hardware import DEVICES, table_key
 
 log = logging.getLogger(__name__)
 
-# dense (no sparsity) peak FLOP/s per device, by name fragment; first match wins
-_GPU_PEAKS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12),
-              ("L4", 121e12), ("4090", 165e12), ("V100", 125e12), ("T4", 65e12))
-_CPU_PEAK = 5.2e11  # measured oneDNN fp32 peak of the 2-core dev machine (PERF_NOTES.md); set peak_flops for yours
+#: The measured basis: square matmuls of this size (fp32 on a CPU, bf16 on a GPU), timed for about this long.
+MATMUL_SIZE = {"cpu": 1024, "cuda": 4096}
+MATMUL_SECONDS = 0.25
 
 
 @dataclass(kw_only=True, slots=True)
 class MetricsConfig:
     """What is logged and how often (``[train.metrics]``)."""
 
-    log_every: int = 10
+    log_every: int = 10  # steps between metrics.jsonl records (and progress lines in a log file)
     tensorboard: bool = False  # the same as "tensorboard" in trackers
-    trackers: list[str] = field(default_factory=list)  # any of "tensorboard", "mlflow", "wandb" (train/trackers.py)
+    trackers: list[str] = field(default_factory=list)  # any of "tensorboard", "mlflow", "wandb"
     project: str = "winnow"  # the MLflow experiment / W&B project
     mlflow_tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a file store in <run>/mlruns
     wandb_mode: Literal["online", "offline", "disabled"] | None = None  # None: WANDB_MODE or W&B's default
-    peak_flops: float | None = None  # per device, for MFU; None: looked up from the device name
+    peak_flops: float | None = None  # per device, for MFU; None: the accelerator table's peak for this GPU, else measured
 
     def __post_init__(self) -> None:
         from train.trackers import TRACKERS
@@ -52,16 +56,46 @@ class MetricsConfig:
 
 
 def peak_flops_basis(device: torch.device, configured: float | None) -> tuple[float, str]:
-    """(peak FLOP/s, where the figure comes from) for MFU."""
+    """(peak FLOP/s per device, where the figure comes from) for MFU; the trainer logs both."""
     if configured is not None:
         return configured, "configured (train.metrics.peak_flops)"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for fragment, peak in _GPU_PEAKS:
-            if fragment in name:
-                return peak, f"{name} dense bf16 peak"
-        return 100e12, f"unknown GPU {name!r}: assumed 100 TFLOP/s; set train.metrics.peak_flops"
-    return _CPU_PEAK, "2-core dev CPU fp32 peak (PERF_NOTES.md); set train.metrics.peak_flops for this machine"
+        key = table_key(name)
+        if key is not None:
+            return DEVICES[key].peak_flops, f"{name}: the accelerator table's dense bf16 peak for {DEVICES[key].name}"
+        peak, how = measured_peak(str(device))
+        return peak, f"{name} is not in the accelerator table: {how}; set train.metrics.peak_flops to its data sheet's"
+    peak, how = measured_peak("cpu", torch.get_num_threads())
+    return peak, f"this CPU, {how}"
+
+
+@functools.cache
+def measured_peak(device: str, threads: int = 0) -> tuple[float, str]:
+    """The best FLOP/s of repeated square matmuls on ``device`` (and how it was measured), once per process.
+
+    The best of the repeats, not their mean: on a machine shared with other work the fastest
+    repeat is the closest to what the hardware can do. ``threads`` keys the cache (a CPU's rate
+    depends on torch's thread count). Constant inputs leave the global random state untouched.
+    """
+    kind = torch.device(device).type
+    n, dtype = MATMUL_SIZE.get(kind, 1024), torch.float32 if kind == "cpu" else torch.bfloat16
+    a = torch.full((n, n), 0.5, dtype=dtype, device=device)
+    b = torch.full((n, n), 0.25, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
+    torch.mm(a, b)  # warm-up: kernel selection, thread pool start
+    sync()
+    best, repeats, start = float("inf"), 0, time.perf_counter()
+    while repeats < 3 or time.perf_counter() - start < MATMUL_SECONDS:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+        repeats += 1
+    peak = 2 * n**3 / best
+    name = str(dtype).removeprefix("torch.")
+    where = f" on {threads} thread(s)" if kind == "cpu" else ""
+    return peak, f"measured: the best of {repeats} {name} {n}x{n} matmuls{where}, {peak / 1e9:,.0f} GFLOP/s"
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -21,15 +21,17 @@ def _check(ok: bool, key: str, value: object, allowed: str) -> None:
 class OptimConfig:
     """Optimizer, weight decay, clipping and the learning-rate schedule (``[train.optim]``)."""
 
+    # the optimizer: AdamW, or LAMB (AdamW scaled per tensor by its trust ratio)
     name: Literal["adamw", "lamb"] = "adamw"
-    lr: float = 3e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    weight_decay: float = 0.1
+    lr: float = 3e-3  # peak learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # the two moment decay rates
+    eps: float = 1e-8  # added to the second moment's square root
+    weight_decay: float = 0.1  # decoupled weight decay of matrices (not of norms, biases or, by default, embeddings)
     decay_embeddings: bool = False  # embeddings are lookups: decaying them mostly shrinks rare tokens
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still measured)
-    warmup_steps: int = 20
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"  # see train/schedules.py
+    warmup_steps: int = 20  # linear warm-up from 0 to lr over these steps
+    # after warm-up: cosine or linear decay to lr x min_lr_ratio, constant, or wsd (stable, then a decay)
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
     min_lr_ratio: float = 0.1  # the decay ends at lr · min_lr_ratio
     decay_fraction: float = 0.2  # wsd: the decay takes the last this much of the steps
     decay_shape: Literal["linear", "cosine", "sqrt"] = "sqrt"  # wsd: the decay's shape (sqrt: 1 - √progress)

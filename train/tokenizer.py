@@ -13,15 +13,16 @@ import hashlib
 import itertools
 import json
 import logging
-from dataclasses import dataclass
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from train.errors import ConfigError
+from train.paths import JSON_BYTES, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,20 @@ class Tokenizer(ABC):
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         """The text of ``ids``; special tokens are left out."""
 
+    @abstractmethod
+    def hf_tokenizer(self):
+        """A ``tokenizers.Tokenizer`` that encodes and decodes as this one does, for a Hugging Face ``tokenizer.json``.
+
+        It adds no special tokens when encoding (no template: packing puts the end-of-document
+        token between documents), so ``AutoTokenizer`` gives the ids the model was trained on.
+        """
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The end-of-document and padding tokens as strings (``{"eos_token": ..., "pad_token": ...}``)."""
+        tok = self.hf_tokenizer()
+        return {"eos_token": tok.id_to_token(self.eos_id), "pad_token": tok.id_to_token(self.pad_id)}
+
     def save(self, folder: str | Path) -> Path:
         """Write the tokenizer into ``folder`` so ``load_tokenizer(folder)`` gives it back."""
         folder = Path(folder)
@@ -125,6 +140,31 @@ class ByteTokenizer(Tokenizer):
     def decode(self, ids) -> str:
         ids = np.asarray(ids)
         return ids[ids < 256].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def hf_tokenizer(self):
+        """Byte-level BPE without merges: each UTF-8 byte is one token whose id is the byte (as GPT-2 writes
+        bytes: ``ByteLevel`` maps them to printable characters), then ``<|endoftext|>`` (256) and ``<|pad|>`` (257).
+
+        One difference remains: the Hugging Face tokenizer reads a text holding the literal string
+        ``<|endoftext|>`` as that token, where this one encodes its bytes.
+        """
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as RustTokenizer
+
+        chars = _gpt2_byte_chars()
+        tok = RustTokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)  # the text is one piece
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(EOS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)])
+        return tok
+
+
+def _gpt2_byte_chars() -> list[str]:
+    """The printable character GPT-2's byte-level BPE (and ``tokenizers``' ``ByteLevel``) writes for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    return [chars[b] for b in range(256)]
 
 
 class HFTokenizer(Tokenizer):
@@ -187,6 +227,13 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
+    def hf_tokenizer(self):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        tok = RustTokenizer.from_str(self._tok.to_str())
+        tok.post_processor = None  # documents are encoded without a template's BOS/EOS (encode_column)
+        return tok
+
     def save(self, folder):
         folder = super().save(folder)
         meta_file = Path(folder) / META_FILE
@@ -240,9 +287,9 @@ class TokenizerConfig:
     """``[train.tokenizer]``: which tokenizer, and its end-of-document and padding tokens."""
 
     path: str = "byte"  # "byte", a Hugging Face tokenizer.json, or a folder holding one (a run folder, `winnow tokenizer train`)
-    eos_token: str | None = None  # None: the first of EOS_CANDIDATES in the vocabulary
+    eos_token: str | None = None  # None: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> in the vocabulary
     pad_token: str | None = None  # None: pad_id, else winnow's <|pad|> if present, else the EOS id (padding is loss-masked)
-    pad_id: int | None = None
+    pad_id: int | None = None  # the padding token by id, instead of pad_token
 
     def __post_init__(self) -> None:
         if self.pad_token is not None and self.pad_id is not None:
@@ -259,7 +306,7 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
     path = Path(cfg.path)
     file = path if path.is_file() else path / BPE_FILE
     meta_file = file.parent / META_FILE
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    meta = json.loads(_read(meta_file, where)) if meta_file.exists() else {}
     if meta.get("kind") == "byte":
         return ByteTokenizer()
     if not file.is_file():
@@ -268,7 +315,9 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
     from tokenizers import Tokenizer as RustTokenizer
 
     try:
-        tok = RustTokenizer.from_file(str(file))
+        tok = RustTokenizer.from_str(_read(file, where).decode("utf-8", errors="replace"))
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
         raise ConfigError(f"{where}.path = {cfg.path!r}: {file} is not a tokenizer.json the tokenizers library can load: {err}") from err
     given = {k: getattr(cfg, k) for k in ("eos_token", "pad_token", "pad_id") if getattr(cfg, k) is not None}
@@ -276,3 +325,11 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
         return BPETokenizer(tok)
     saved = {k: meta[k] for k in ("eos_token", "pad_token", "pad_id") if k in meta}
     return HFTokenizer(tok, **(given or saved), where=where)
+
+
+def _read(path: Path, where: str) -> bytes:
+    """A tokenizer file, whole, under a cap (a link to /dev/zero is an error, not an endless read)."""
+    import fsspec
+
+    return read_capped(fsspec.filesystem("file"), str(path), limit=JSON_BYTES, what=f"{where}.path: the file",
+                       error=ConfigError)

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 class ExactConfig(StageConfig):
     """Options of ``dedup.exact``."""
 
-    normalize: Normalization = "whitespace"  # none | whitespace | lower | words (see curate.dedup.text)
+    # what counts as the same text: none (bytes), whitespace (runs of spaces collapsed), lower (and lowercased), words
+    # (and punctuation dropped)
+    normalize: Normalization = "whitespace"
     keep: KeepPolicy = "first"  # first (lowest id) | longest | quality (highest score, then lowest id)
     seed: int = 0  # hash seed; changing it changes nothing but the hash values
 

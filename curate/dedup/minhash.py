@@ -23,12 +23,19 @@ import polars as pl
 
 from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
 from curate.dedup.grouping import group
+from curate.dedup.kernels import IDENTITY, PLAIN_SEP
 from curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs
 from curate.dedup.signatures import sketch_buffers
 from curate.dedup.stage import DedupBarrier
-from curate.dedup.kernels import IDENTITY, PLAIN_SEP
 from curate.dedup.text import Normalization, check_normalization, normalized_buffers, word_buffers
-from curate.dedup.verify import SETS_COLUMN, SIG8_COLUMN, pack_sets, pack_sig8, sampled_false_positive_rate, verify_pairs
+from curate.dedup.verify import (
+    SETS_COLUMN,
+    SIG8_COLUMN,
+    pack_sets,
+    pack_sig8,
+    sampled_false_positive_rate,
+    verify_pairs,
+)
 from curate.errors import ConfigError
 from curate.stages.base import Plan, StageConfig
 
@@ -41,20 +48,22 @@ class MinHashConfig(StageConfig):
 
     threshold: float = 0.8  # Jaccard similarity at or above which two documents are duplicates
     ngram: int = 5  # shingle length, in words (or characters with shingle = "chars")
-    shingle: Literal["words", "chars"] = "words"
-    normalize: Normalization = "words"  # none | whitespace | lower | words (see curate.dedup.text)
+    shingle: Literal["words", "chars"] = "words"  # shingles of ngram words, or of ngram characters
+    # text normalization before shingling: none, whitespace, lower, or words (lowercased, punctuation dropped)
+    normalize: Normalization = "words"
     num_perm: int = 128  # signature slots
     scheme: Literal["permutations", "oph"] = "oph"  # k permutations, or one permutation + densification
     bands: int | None = None  # LSH bands; with rows, overrides the search below
-    rows: int | None = None
+    rows: int | None = None  # LSH rows per band; with bands, overrides the search
     lsh_threshold: float | None = None  # similarity the LSH is tuned for; default threshold - 0.3 when verify = "all"
-    false_positive_weight: float = 0.5  # weights of the band search (datasketch's _optimal_param)
-    false_negative_weight: float = 0.5
+    # weight of false positives in the band search (as datasketch's MinHashLSH weighs them)
+    false_positive_weight: float = 0.5
+    false_negative_weight: float = 0.5  # weight of false negatives in the band search
     verify: Literal["all", "sample", "none"] = "all"  # exact Jaccard of all candidates, a sample (reports FP rate), none
     verify_sample: int = 10_000  # pairs checked when verify = "sample"
     verify_chunk_pairs: int = 1_000_000  # pairs checked at a time (the Python API reads their shingle sets per chunk)
     keep: KeepPolicy = "first"  # first (lowest id) | longest | quality (highest score, then lowest id)
-    seed: int = 1
+    seed: int = 1  # seed of the hash permutations
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:

@@ -16,7 +16,7 @@ from curate.readers.rows import ReadBatch, RowBuffer, rows_from_arrow
 
 def _convert(cfg: InputConfig, batch: pa.RecordBatch | pa.Table, label: str, offset: int) -> ReadBatch:
     return rows_from_arrow(batch, source=cfg.source, source_field=cfg.source_field, text_field=cfg.text_field,
-                           id_field=cfg.id_field, file_label=label, row_offset=offset)
+                           id_field=cfg.id_field, file_label=label, row_offset=offset, max_record_bytes=cfg.max_record_bytes)
 
 
 def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:

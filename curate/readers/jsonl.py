@@ -12,8 +12,10 @@ A truncated compressed file keeps every complete line before the damage and adds
 from __future__ import annotations
 
 import io
+import json
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -24,11 +26,16 @@ import pyarrow.json as pa_json
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.ranges import Span
-from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+from curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from curate.readers.utf8 import first_bad_byte, valid_utf8
 
 CHUNK_BYTES = 4 << 20
 _BOM = b"\xef\xbb\xbf"
+# Compressed bytes fed to zstd per call: a zstd block of >= 4 bytes expands to at most 128 KiB, so one
+# call yields at most 8 KiB x 32768 = 256 MiB however hostile the file (python-zstandard has no
+# max_length); gzip is bounded exactly by zlib's max_length.
+_ZSTD_PIECE = 8 << 10
+PREVIEW = 1 << 10  # bytes of a too-long record kept in its reject
 
 
 class _Truncated(Exception):
@@ -36,28 +43,48 @@ class _Truncated(Exception):
 
 
 def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
-    """Decompress by hand, so a damaged file still yields every byte before the damage."""
+    """Decompress by hand, so a damaged file still yields every byte before the damage.
+
+    Chunks are about ``CHUNK_BYTES`` whatever the compression ratio: a small file that expands
+    to gigabytes (one huge line) is read in bounded pieces, never at once.
+    """
     if url.endswith((".gz", ".gzip")):
-        new = lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)  # noqa: E731 - gzip header, multi-member
+        new, gzip = (lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)), True  # noqa: E731 - gzip, multi-member
     elif url.endswith((".zst", ".zstd")):
         import zstandard
 
-        new = zstandard.ZstdDecompressor().decompressobj
+        new, gzip = zstandard.ZstdDecompressor().decompressobj, False
     else:
         while chunk := fh.read(CHUNK_BYTES):
             yield chunk
         return
-    dec, finished = new(), True
+    dec, finished, out, held = new(), True, [], 0
     while raw := fh.read(CHUNK_BYTES):
-        while raw:
+        full = False  # zlib stopped at max_length: it may hold more output even when all input is in
+        while raw or full:
             try:
-                yield dec.decompress(raw)
+                if gzip:  # zlib: at most CHUNK_BYTES out per call, the rest waits in unconsumed_tail
+                    part = dec.decompress(raw, CHUNK_BYTES)
+                    rest, full = dec.unconsumed_tail, len(part) == CHUNK_BYTES
+                else:  # zstd: a piece at a time, through a view (slicing bytes would copy the rest each time)
+                    view = memoryview(raw)
+                    part, rest = dec.decompress(view[:_ZSTD_PIECE]), view[_ZSTD_PIECE:]
             except Exception as err:  # zlib.error / ZstdError: corrupt data
+                yield b"".join(out)
                 raise _Truncated(f"{type(err).__name__}: {err}") from err
+            out.append(part)
+            held += len(part)
+            if held >= CHUNK_BYTES:
+                yield b"".join(out)
+                out, held = [], 0
             finished = dec.eof
-            raw = dec.unused_data if finished else b""
-            if raw:
-                dec, finished = new(), False
+            if finished:  # the next gzip member or zstd frame; zlib's unconsumed_tail repeats its unused_data then
+                raw, full = dec.unused_data + (b"" if gzip else bytes(rest)), False
+                if raw:
+                    dec, finished = new(), False
+            else:
+                raw = rest
+    yield b"".join(out)
     if not finished:
         raise _Truncated("compressed stream ended before its end marker (truncated file)")
 
@@ -95,6 +122,7 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
     buf = RowBuffer()
     offset = 0  # uncompressed byte offset of the next line
     tail = b""
+    long: _LongLine | None = None  # a line past max_record_bytes, skipped to its end without holding it
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
         pos = 0
         if span is not None:
@@ -102,6 +130,15 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
             pos = span.base if span.unit == "frames" else span.start
         try:
             for at, chunk in _owned(_decompressed_chunks(file.url, fh), pos, span):
+                if long is not None:
+                    nl = chunk.find(b"\n")
+                    long.size += len(chunk) if nl < 0 else nl
+                    if nl < 0:
+                        continue
+                    long.reject(cfg, file, buf)
+                    long, chunk, at = None, chunk[nl + 1:], at + nl + 1
+                    if not chunk:
+                        continue
                 data = tail + chunk
                 if not tail:
                     offset = at
@@ -117,13 +154,17 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                     for start in range(0, fast.rows.height, batch_rows):
                         yield ReadBatch(fast.rows.slice(start, batch_rows), fast.rejects)
                     offset += len(complete)
-                    continue
-                for line in complete.split(b"\n")[:-1]:
-                    _parse_line(cfg, file, line, offset, buf)
-                    offset += len(line) + 1
-                    if len(buf) >= batch_rows:
-                        yield buf.flush()
-            if tail.strip():
+                else:
+                    for line in complete.split(b"\n")[:-1]:
+                        _parse_line(cfg, file, line, offset, buf)
+                        offset += len(line) + 1
+                        if len(buf) >= batch_rows:
+                            yield buf.flush()
+                if len(tail) > cfg.max_record_bytes:  # no end in sight: keep its start and size only
+                    long, tail = _LongLine(offset, len(tail), tail[:PREVIEW]), b""
+            if long is not None:
+                long.reject(cfg, file, buf)
+            elif tail.strip():
                 _parse_line(cfg, file, tail, offset, buf)
         except (_Truncated, OSError) as err:
             # Complete lines before the damage (or the failed read: a bad disk, a dropped connection)
@@ -133,6 +174,26 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                        raw=tail, where={"file": file.url, "offset": offset, "error": error})
     if len(buf):
         yield buf.flush()
+
+
+@dataclass(slots=True)
+class _LongLine:
+    """A record longer than ``[[inputs]] max_record_bytes``: where it starts, its size so far, its first bytes."""
+
+    offset: int
+    size: int
+    preview: bytes
+
+    def reject(self, cfg: InputConfig, file: InputFile, buf: RowBuffer) -> None:
+        too_long(cfg, file, self.offset, self.size, self.preview, buf)
+
+
+def too_long(cfg: InputConfig, file: InputFile, offset: int, size: int, preview: bytes, buf: RowBuffer) -> None:
+    """A ``read:too_long`` reject: the record's first ``PREVIEW`` bytes, where it is and how long."""
+    buf.reject("read:too_long", id_=derived_id(cfg.source, file, offset), source=cfg.source or "", raw=preview[:PREVIEW],
+               where={"file": file.url, "offset": offset, "bytes": size,
+                      "error": f"a record of {size} bytes, over [[inputs]] max_record_bytes = {cfg.max_record_bytes}; "
+                               "raise it to read such records"})
 
 
 def derived_id(source: str | None, file: InputFile, offset: int) -> str:
@@ -150,6 +211,10 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     """
     if b"\n\n" in lines or lines.startswith(b"\n") or cfg.source_field is not None:
         return None
+    if len(lines) > cfg.max_record_bytes:  # a line past the limit may be in the block: the lines path rejects it
+        ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 10)
+        if np.diff(ends, prepend=-1).max() - 1 > cfg.max_record_bytes:
+            return None
     if not valid_utf8(lines):  # Arrow's parser does not check; the lines path rejects the bad lines
         return None
     try:
@@ -161,8 +226,8 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     if text not in names or not pa.types.is_string(table.schema.field(text).type) or table.column(text).null_count:
         return None
     rest = [n for n in names if n not in (text, cfg.id_field)]
-    if cfg.id_field in names and not _scalar(table.schema.field(cfg.id_field).type):
-        return None
+    if cfg.id_field in names and not _exact_text(table.schema.field(cfg.id_field).type):
+        return None  # a float id (1e3, or an integer past 64 bits that Arrow read as one): the lines path keeps its text
     if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
         return None
     df = pl.from_arrow(table)
@@ -184,16 +249,26 @@ def _scalar(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)
 
 
+def _exact_text(t: pa.DataType) -> bool:
+    """Whether a column of this type, cast to text, is what the lines said (strings, and integers Arrow parsed)."""
+    return pa.types.is_string(t) or pa.types.is_integer(t)
+
+
 def _exact(arr: pa.Array) -> bool:
     """True when re-encoding ``arr`` as JSON gives back exactly what was parsed.
 
-    A null where a record had no such key (Arrow fills missing keys with nulls, at any
+    Floats must all be fractions (an integral one may have been an integer). A null where a record had no such key (Arrow fills missing keys with nulls, at any
     depth) would add a key, so nulls in fields and struct members rule the fast path out;
     nulls inside lists are real JSON nulls and are fine.
     """
     t = arr.type
     if arr.null_count:
         return False
+    if pa.types.is_floating(t):
+        # Arrow reads a column holding any float as floats: an integer beside one (7 -> 7.0) or past 64 bits
+        # (rounded) would change. Only columns of true fractions re-encode to the numbers the lines held.
+        values = arr.to_numpy(zero_copy_only=False)
+        return not (np.isfinite(values) & (values == np.floor(values))).any()
     if _scalar(t):
         return True
     if pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -205,13 +280,16 @@ def _exact(arr: pa.Array) -> bool:
 
 
 def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf: RowBuffer) -> None:
+    if len(line) > cfg.max_record_bytes:
+        too_long(cfg, file, offset, len(line), line, buf)
+        return
     if not line.strip():
         return
     where = {"file": file.url, "offset": offset}
     fallback_id = derived_id(cfg.source, file, offset)
     try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError as err:
+        record = loads_exact(line)
+    except (orjson.JSONDecodeError, json.JSONDecodeError) as err:
         reason, error = "read:bad_json", str(err)
         if not valid_utf8(line):
             at, why = first_bad_byte(line)
@@ -229,7 +307,7 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
     text = record.pop(cfg.text_field, None)
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
-    id_ = fallback_id if given_id is None else str(given_id)
+    id_ = fallback_id if given_id is None else id_text(given_id, cfg.id_field, line)
     if not isinstance(source, str) or not source:
         buf.reject("read:missing_source", id_=id_, source="", raw=line,
                    where={**where, "error": f"field {cfg.source_field!r} missing or not a non-empty string"})
@@ -247,11 +325,12 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
 
 def _given_id(cfg: InputConfig, line: bytes) -> str | None:
     """The id a line that is not UTF-8 names, when the bad bytes are elsewhere in the line."""
+    text = line.decode("utf-8", errors="replace").encode()
     try:
-        record = orjson.loads(line.decode("utf-8", errors="replace"))
-    except orjson.JSONDecodeError:
+        record = loads_exact(text)
+    except (orjson.JSONDecodeError, json.JSONDecodeError):
         return None
     given = record.get(cfg.id_field) if isinstance(record, dict) else None
     if given is None or isinstance(given, (dict, list)) or "\ufffd" in str(given):
         return None
-    return str(given)
+    return id_text(given, cfg.id_field, text)

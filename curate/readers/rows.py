@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 import polars as pl
 import pyarrow as pa
 
 from curate.readers.utf8 import cell_text, invalid_rows, printable
-from curate.schema import CORE_COLUMNS, CORE_SCHEMA, OPTIONAL_COLUMNS
+from curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS
+
+_PREVIEW_CHARS = 1024  # of a read:too_long record's text, kept in its reject
+_EXACT_FLOAT = float(2**53)  # from here on a float cannot tell integers apart
 
 #: Read-error reasons (``read:<error>``), a closed set.
 READ_REASONS: tuple[str, ...] = (
@@ -21,6 +26,7 @@ READ_REASONS: tuple[str, ...] = (
     "read:missing_source",
     "read:bad_schema",
     "read:truncated",
+    "read:too_long",
     "read:bad_record",
     "read:link_member",
     "read:special_member",
@@ -78,8 +84,47 @@ class RowBuffer:
 
 
 def decode_meta(meta: dict) -> str | None:
-    """A record's remaining fields as a JSON string (null when there are none)."""
-    return orjson.dumps(meta, option=orjson.OPT_NON_STR_KEYS).decode() if meta else None
+    """A record's remaining fields as a JSON string (null when there are none); integers of any size stay exact."""
+    if not meta:
+        return None
+    try:
+        return orjson.dumps(meta, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # an integer beyond 64 bits, which only loads_exact gives back exactly
+        return json.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def loads_exact(data: bytes) -> Any:
+    """A JSON document (raises ``orjson.JSONDecodeError``), with every integer exact, however large.
+
+    orjson reads integers beyond 64 bits as floats (1.8446744073709552e+19): two hash ids would
+    collide. Such a value is a float of magnitude >= 2**53, so only then is the document read
+    again with the standard library's parser, whose integers have no limit.
+    """
+    value = orjson.loads(data)
+    return json.loads(data) if _has_huge_float(value) else value
+
+
+def _has_huge_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return abs(value) >= _EXACT_FLOAT
+    if isinstance(value, dict):
+        return any(_has_huge_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_huge_float(v) for v in value)
+    return False
+
+
+def id_text(value: Any, field: str, raw: bytes) -> str:
+    """A given id as its text: a string as is, a number exactly as written (``raw`` is its JSON record), else its JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if isinstance(value, int):
+        return str(value)  # a JSON integer's decimal text
+    record = json.loads(raw, parse_float=str, parse_int=str)  # 1e3, 0.10: the text, not a float's repr
+    written = record.get(field) if isinstance(record, dict) else None
+    return written if isinstance(written, str) else str(value)
 
 
 def rows_from_arrow(
@@ -91,12 +136,16 @@ def rows_from_arrow(
     id_field: str,
     file_label: str,
     row_offset: int,
+    max_record_bytes: int | None = None,
 ) -> ReadBatch:
     """Columnar conversion of an Arrow batch (Parquet, HF datasets) to rows and rejects.
 
     A batch that already has winnow's core columns keeps them verbatim (so shards read back
     unchanged); otherwise every column besides text, id and the source field goes into ``meta``.
     """
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    table = as_text_columns(table, [c for c in (text_field, id_field, source_field) if c is not None])
     table, unreadable = _split_invalid_utf8(table, source=source, text_field=text_field, id_field=id_field,
                                             file_label=file_label, row_offset=row_offset)
     df = pl.from_arrow(table)
@@ -105,7 +154,9 @@ def rows_from_arrow(
     n = df.height
 
     def reject_all(reason: str, error: str) -> ReadBatch:
-        payload = df.drop("__row").select(pl.struct(pl.all()).struct.json_encode().alias("_raw")) if df.width > 1 else None
+        raw = df.drop("__row")
+        raw = raw.with_columns(_json_ready(raw, raw.columns))
+        payload = raw.select(pl.struct(pl.all()).struct.json_encode().alias("_raw")) if df.width > 1 else None
         bad = pl.DataFrame(
             {
                 "id": [f"{file_label}#{i}" for i in df["__row"].to_list()],
@@ -128,8 +179,13 @@ def rows_from_arrow(
         return reject_all("read:bad_schema", f"column {text_field!r} has type {df.schema[text_field]}, expected string")
     if source_field is not None and source_field not in df.columns:
         return reject_all("read:bad_schema", f"no column {source_field!r} (source_field)")
+    for key, name in (("id_field", id_field), ("source_field", source_field)):
+        if name in df.columns and df.schema[name].is_nested():
+            return reject_all("read:bad_schema", f"column {name!r} ({key}) has type {df.schema[name]}; ids and sources "
+                                                 "are strings or numbers (name a column of those, or none to derive ids)")
 
-    native = all(c in df.columns and df.schema[c] == pl.String for c in CORE_COLUMNS) and text_field == "text"
+    native = all(c in df.columns and df.schema[c] == pl.String for c in CORE_COLUMNS) and text_field == "text" \
+        and not any(c.startswith(INTERNAL_PREFIX) for c in df.columns if c != "__row")
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
     if id_field in df.columns:
         id_expr = pl.col(id_field).cast(pl.String)
@@ -144,12 +200,15 @@ def rows_from_arrow(
         )
     else:
         rest = [c for c in df.columns if c not in (text_field, id_field, source_field, "__row")]
+        df = df.with_columns(_json_ready(df, rest))
         meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
         out = df.select(id_expr.alias("id"), src_expr.alias("source"), pl.col(text_field).cast(pl.String).alias("text"),
                         meta.alias("meta"), pl.col("__row"))
+    too_long = pl.col("text").str.len_bytes() > max_record_bytes if max_record_bytes is not None else pl.lit(False)
     problem = (
         pl.when(pl.col("text").is_null()).then(pl.lit("read:missing_text"))
         .when(pl.col("source").is_null() | (pl.col("source") == "")).then(pl.lit("read:missing_source"))
+        .when(too_long).then(pl.lit("read:too_long"))
         .otherwise(pl.lit(None, dtype=pl.String))
     )
     out = out.with_columns(problem.alias("reason"))
@@ -159,7 +218,8 @@ def rows_from_arrow(
         bad = bad.with_columns(
             pl.col("id").fill_null(pl.format("{}#{}", pl.lit(file_label), pl.col("__row"))),
             pl.col("source").fill_null(pl.lit(source or "")),
-            pl.col("text").fill_null(""),
+            pl.when(pl.col("reason") == "read:too_long").then(pl.col("text").str.slice(0, _PREVIEW_CHARS))
+            .otherwise(pl.col("text")).fill_null(""),
             pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"), pl.col("meta").alias("meta"))
             .struct.json_encode().alias("meta"),
             pl.lit(None, dtype=pl.String).alias("duplicate_of"),
@@ -167,6 +227,67 @@ def rows_from_arrow(
     else:
         bad = bad.select(*CORE_COLUMNS, "reason").with_columns(pl.lit(None, dtype=pl.String).alias("duplicate_of"))
     return ReadBatch(good, _with_unreadable(bad, unreadable))
+
+
+def as_text_columns(table: pa.Table, names: list[str]) -> pa.Table:
+    """The columns ``names`` as plain strings, whatever Arrow encoding a writer chose for them.
+
+    Dictionary-encoded and view strings are decoded; a binary column (binary, large, view or
+    fixed-size, or a dictionary of those) is read as UTF-8 text without validating it here, so a
+    value that is not UTF-8 becomes a ``read:bad_utf8`` reject (``_split_invalid_utf8``), not a panic.
+    Other types (numbers, ids) are left for the caller to cast or refuse.
+    """
+    for name in names:
+        if name not in table.column_names:
+            continue
+        i = table.column_names.index(name)
+        col = table.column(i)
+        kind = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if _is_binary(kind):
+            chunks = [_bytes_as_text(chunk.cast(pa.large_binary())) for chunk in col.chunks]
+            col = pa.chunked_array(chunks, pa.large_string())
+        elif pa.types.is_dictionary(col.type) or pa.types.is_string_view(kind):
+            col = col.cast(pa.large_string())
+        else:
+            continue
+        table = table.set_column(i, table.field(i).with_type(col.type), col)
+    return table
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_binary_view(t))
+
+
+def _bytes_as_text(arr: pa.Array) -> pa.Array:
+    """A large_binary array's buffers as a large_string array (validation is the caller's)."""
+    return pa.Array.from_buffers(pa.large_string(), len(arr), arr.buffers(), null_count=arr.null_count, offset=arr.offset)
+
+
+def _json_ready(df: pl.DataFrame, columns: list[str]) -> list[pl.Expr]:
+    """Columns polars cannot write as JSON, made writable without losing a byte: binary as base64 text."""
+    out = []
+    for name in columns:
+        dtype = df.schema[name]
+        if dtype == pl.Binary:
+            out.append(pl.col(name).bin.encode("base64"))
+        elif "Binary" in str(dtype):  # bytes nested in lists or structs: each value as its JSON, bytes in base64
+            values = [None if v is None else json.dumps(_base64(v), ensure_ascii=False, default=str)
+                      for v in df.get_column(name).to_list()]
+            out.append(pl.Series(name, values, dtype=pl.String))
+    return out
+
+
+def _base64(value: Any) -> Any:
+    import base64
+
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _base64(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_base64(v) for v in value]
+    return value
 
 
 def _split_invalid_utf8(table: pa.Table | pa.RecordBatch, *, source: str | None, text_field: str, id_field: str,

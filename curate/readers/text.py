@@ -8,6 +8,7 @@ import orjson
 
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
+from curate.readers.jsonl import PREVIEW
 from curate.readers.rows import ReadBatch, RowBuffer
 
 
@@ -19,10 +20,17 @@ def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -
         id_ = f"{source}/{file.rel}"
         try:
             with open_binary(file.url, cfg.storage_options) as fh:
-                raw = fh.read()
+                raw = fh.read(cfg.max_record_bytes + 1)  # never more: a huge file (or a .gz bomb) is one reject
+                size = len(raw) + (_skip(fh) if len(raw) > cfg.max_record_bytes else 0)
         except (OSError, EOFError) as err:  # a failed read, a damaged .gz: the document is incomplete
             buf.reject("read:truncated", id_=id_, source=source, raw=b"",
                        where={"file": file.url, "offset": 0, "error": f"{type(err).__name__}: {err}"})
+            continue
+        if size > cfg.max_record_bytes:
+            buf.reject("read:too_long", id_=id_, source=source, raw=raw[:PREVIEW],
+                       where={"file": file.url, "offset": 0, "bytes": size,
+                              "error": f"a document of {size} bytes, over [[inputs]] max_record_bytes = "
+                                       f"{cfg.max_record_bytes}; raise it to read such documents"})
             continue
         try:
             text = raw.decode("utf-8")
@@ -35,3 +43,11 @@ def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -
             yield buf.flush()
     if len(buf):
         yield buf.flush()
+
+
+def _skip(fh) -> int:
+    """Read the rest of ``fh`` in bounded pieces, for its size only."""
+    n = 0
+    while piece := fh.read(1 << 20):
+        n += len(piece)
+    return n

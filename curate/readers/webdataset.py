@@ -7,6 +7,7 @@ are kept as they are, so shards read back unchanged.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import tarfile
 from collections.abc import Iterator
@@ -16,7 +17,8 @@ import orjson
 from curate.config import InputConfig
 from curate.readers.files import InputFile, open_binary
 from curate.readers.ranges import Span
-from curate.readers.rows import ReadBatch, RowBuffer, decode_meta
+from curate.readers.jsonl import PREVIEW
+from curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from curate.readers.utf8 import printable, valid_utf8
 
 
@@ -37,7 +39,7 @@ def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int, span: Sp
     offset = base  # of the current sample's first member, in the file
 
     def emit() -> None:
-        if current is not None:
+        if current is not None and parts is not None:
             _add_sample(cfg, file, current, parts, offset, text_ext, buf)
 
     with open_binary(file.url, cfg.storage_options, decompress=span is None) as fh:
@@ -58,7 +60,15 @@ def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int, span: Sp
                         if len(buf) >= batch_rows:
                             yield buf.flush()
                         current, parts, offset = key, {}, at
-                    parts[ext] = tar.extractfile(member).read()
+                    if member.size > cfg.max_record_bytes:  # a header may promise gigabytes: never read them
+                        buf.reject("read:too_long", id_=f"{cfg.source or ''}/{file.rel}/{key}", source=cfg.source or "",
+                                   raw=tar.extractfile(member).read(PREVIEW),
+                                   where={"file": file.url, "offset": at, "member": printable(member.name),
+                                          "bytes": member.size, "error": f"a member of {member.size} bytes, over "
+                                          f"[[inputs]] max_record_bytes = {cfg.max_record_bytes}; raise it to read it"})
+                        parts = None  # the sample's other members go with it: one reject per sample
+                    if parts is not None:
+                        parts[ext] = tar.extractfile(member).read()
             emit()
         except (tarfile.TarError, EOFError, OSError) as err:
             buf.reject("read:truncated", id_=f"{file.url}#{offset}", source=cfg.source or "", raw=b"",
@@ -94,8 +104,8 @@ def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, by
     record: dict = {}
     if "json" in parts:
         try:
-            record = orjson.loads(parts["json"])
-        except orjson.JSONDecodeError as err:
+            record = loads_exact(parts["json"])
+        except (orjson.JSONDecodeError, json.JSONDecodeError) as err:
             # Bytes that are not UTF-8, or a \ud800-style escape, are bad UTF-8 as in JSONL; the rest bad JSON.
             not_utf8 = not valid_utf8(parts["json"]) or "surrogate" in str(err)
             buf.reject("read:bad_utf8" if not_utf8 else "read:bad_json", id_=f"{cfg.source or ''}/{file.rel}/{key}",
@@ -105,7 +115,7 @@ def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, by
             record = {"json": record}
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
-    id_ = str(given_id) if given_id is not None else f"{source or cfg.source or ''}/{file.rel}/{key}"
+    id_ = id_text(given_id, cfg.id_field, parts["json"]) if given_id is not None else f"{source or cfg.source or ''}/{file.rel}/{key}"
     if not isinstance(source, str) or not source:
         buf.reject("read:missing_source", id_=id_, source="", raw=raw_text or b"", where={**where, "error": "no source"})
         return

@@ -25,13 +25,14 @@ functions of the batch (and the decision), so tasks can be re-run after a crash.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import polars as pl
 
+from curate.names import path_name
 from curate.schema import empty_rejects
 from curate.stats import CounterKey
 
@@ -42,8 +43,14 @@ class StageConfig:
 
     ``sources`` scopes a stage to some sources (e.g. prose filters on web text only); rows of
     other sources pass it untouched. The runner applies the scope, so stages never see it.
+
+    ``SOURCE_KEYS`` names the keys whose values (or table keys) are source names: the job file
+    checks each against the sources its inputs declare, so a misspelt name is an error, not a
+    stage that silently never runs.
     """
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources",)
+    # run the stage on these sources only (rows of others pass it untouched); None: every source
     sources: list[str] | None = None
 
 
@@ -61,7 +68,7 @@ class StageContext:
 
     @property
     def artifacts_dir(self) -> Path:
-        return self.output_dir / "artifacts" / self.stage_id
+        return self.output_dir / "artifacts" / path_name(self.stage_id)  # a plugin's kind may be any entry-point name
 
 
 @dataclass(slots=True)

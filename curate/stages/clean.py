@@ -44,6 +44,7 @@ _INVISIBLE = r"[\x{200b}\x{2060}\x{feff}\x{ad}]"
 class CleanConfig(StageConfig):
     """What ``clean`` normalizes and which lines count as boilerplate."""
 
+    # Unicode normalization form of the text; none: leave it as read
     unicode_form: Literal["NFC", "NFKC", "none"] = "NFC"
     remove_control: bool = True  # control characters other than newline and tab, and zero-width characters
     normalize_whitespace: bool = True  # unify line breaks, collapse spaces, drop trailing spaces, keep paragraph breaks

@@ -23,7 +23,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -35,6 +35,7 @@ from curate.stages.mixing.external import ROW, before, key_ranges, rows_within, 
 from curate.stages.mixing.hashing import hash_strings, source_salts
 from curate.stages.mixing.selection import SELECTIONS, Cut, Share, cut, preference_keys, share
 from curate.stages.mixing.weights import SCHEMES, plan_targets
+from curate.wholefile import TOKENIZER_BYTES, read_whole
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,16 @@ MIX_BYTES = 128  # per row of a key range in the plan: code, keys, position, tok
 class MixConfig(StageConfig):
     """Mixture scheme, token budget, epoch cap, token estimate and in-source selection."""
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "weights")
+
     scheme: Literal["explicit", "temperature", "unimax"] | None = None  # default: explicit if weights else temperature
     weights: dict[str, float] = field(default_factory=dict)  # explicit: source -> weight (normalized); absent = 0
     temperature: float = 1.0  # temperature: p ∝ tokens^(1/T); 1 keeps natural proportions
     max_epochs: float = 1.0  # passes over a source at most; a document gets at most ceil(max_epochs) copies
     total_tokens: int | None = None  # default: the largest budget no source's cap forbids (unimax: all tokens)
-    bytes_per_token: float = 4.0
+    bytes_per_token: float = 4.0  # text bytes per token, to estimate token counts without a tokenizer
     tokenizer: str | None = None  # a tokenizers JSON file: count tokens instead of estimating from bytes
+    # which rows a down-sampled source keeps: random, the top by score_column, or by importance weight
     select: Literal["random", "top", "importance"] = "random"
     score_column: str | None = None  # default: quality (top), dsir_weight (importance: weights exp(score))
     seed: int | None = None  # default: the job seed
@@ -79,7 +83,8 @@ class MixConfig(StageConfig):
         if not self.bytes_per_token > 0:
             raise ConfigError(f"mix.bytes_per_token = {self.bytes_per_token!r} is invalid; allowed: > 0")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
-            raise ConfigError(f"mix.tokenizer = {self.tokenizer!r} is invalid (no such file); allowed: a tokenizers JSON file")
+            raise ConfigError(f"mix.tokenizer = {self.tokenizer!r} is invalid (no such file, or not a regular file); "
+                              "allowed: a tokenizers JSON file")
         if self.select not in SELECTIONS:
             raise ConfigError(f"mix.select = {self.select!r} is invalid; allowed: one of {list(SELECTIONS)}")
         if self.select != "random" and self.score_column is None:
@@ -109,7 +114,8 @@ class Mix(Barrier):
             return (text.str.len_bytes() / self.config.bytes_per_token).ceil().cast(pl.Int32)
         if self._tokenizer is None:
             tokenizers = require("tokenizers", extra="tokenizers", feature="mix with tokenizer=...")
-            self._tokenizer = tokenizers.Tokenizer.from_file(self.config.tokenizer)
+            data = read_whole(self.config.tokenizer, limit=TOKENIZER_BYTES, what="mix.tokenizer", error=ConfigError)
+            self._tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8", errors="replace"))
         encoded = self._tokenizer.encode_batch_fast(text.to_list(), add_special_tokens=False)
         return pl.Series([len(e) for e in encoded], dtype=pl.Int32)
 

@@ -1,8 +1,10 @@
 """``order``: the curriculum, the order in which the loader will read the training rows.
 
 ``collect`` keeps per training row its id (and ``repeat``), source, the ordering value (a
-numeric column, or ``length`` = UTF-8 bytes of the text, for a sequence-length warm-up)
-and a stable hash of (id, repeat) salted by (seed, source). ``plan`` orders each source's
+numeric column, ``length`` = UTF-8 bytes of the text, for a sequence-length warm-up, or
+``random``: none, so the hash alone orders each source, a seeded shuffle with the same
+source shares in every window, the control a curriculum is compared with) and a stable
+hash of (id, repeat) salted by (seed, source). ``plan`` orders each source's
 rows easy-to-hard (or hard-to-easy) under a pacing function (``mixing.pacing``), then
 interleaves the sources so every window of ``window`` rows keeps the mixture's source
 shares (``mixing.stratify``), or lays them out source by source when ``stratify = false``;
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -45,14 +47,19 @@ _SPILL_GROUP = 16384  # rows per row group of the spills: a range's filtered sca
 class OrderConfig(StageConfig):
     """What to order by, how fast harder rows enter, and how sources share each window."""
 
-    by: str = "difficulty"  # any numeric column, or "length" (text bytes: short documents first)
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "source_order")
+
+    by: str = "difficulty"  # any numeric column, "length" (text bytes: short documents first), or "random" (shuffled)
+    # easy_to_hard: the lowest values are read first
     direction: Literal["easy_to_hard", "hard_to_easy"] = "easy_to_hard"
+    # how fast harder rows are admitted: sorted (plain sort), linear, sqrt or step competence
     pacing: Literal["sorted", "linear", "sqrt", "step"] = "sorted"
     start: float = 0.1  # linear/sqrt: fraction of the easiest rows admitted from the first position
     steps: int = 4  # step: number of stages
     stratify: bool = True  # keep source shares in every window; false: source by source
     source_order: list[str] = field(default_factory=list)  # stratify = false: source sequence (default: by name)
     window: int = 1000  # rows per window, for stratification, shuffling and the report
+    # shuffle the rows inside each window: random local order, the curriculum kept across windows
     shuffle_within_window: bool = False
     tolerance: float = 0.02  # windows whose shares deviate more are counted and logged
     seed: int | None = None  # default: the job seed
@@ -62,7 +69,7 @@ class OrderConfig(StageConfig):
         if self.sources is not None:
             raise ConfigError(f"sources cannot scope this stage (order ranks every training row), got sources={self.sources}")
         if not self.by:
-            raise ConfigError("by must name a numeric column or 'length', got ''")
+            raise ConfigError("by must name a numeric column, 'length' or 'random', got ''")
         if self.direction not in ("easy_to_hard", "hard_to_easy"):
             raise ConfigError(f"order.direction = {self.direction!r} is invalid; allowed: 'easy_to_hard' or 'hard_to_easy'")
         if self.pacing not in PACINGS:
@@ -99,11 +106,13 @@ class Order(Barrier):
         by = self.config.by
         if by == "length":
             value = train["text"].str.len_bytes().cast(pl.Float64)
+        elif by == "random":  # every row the same value: the salted hash decides the order within a source
+            value = pl.Series(np.zeros(train.height))
         elif by in train.columns and train.schema[by].is_numeric():
             value = train[by].cast(pl.Float64)
         else:
             found = f"has dtype {train.schema[by]}" if by in train.columns else "is missing"
-            raise StageError(f"{self.ctx.stage_id}: by={by!r} must be a numeric column or 'length'; the column {found}")
+            raise StageError(f"{self.ctx.stage_id}: by={by!r} must be a numeric column, 'length' or 'random'; the column {found}")
         salts = source_salts(train["source"], "order", self.seed)
         keys = ["id", "repeat"] if "repeat" in train.columns else ["id"]
         if "repeat" in train.columns:

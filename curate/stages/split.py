@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -33,10 +34,12 @@ class SplitConfig(StageConfig):
     """Per source, the first of these that names it wins: ``val_rows_by_source``,
     ``val_fraction_by_source``, ``val_rows``, ``val_fraction``."""
 
-    val_fraction: float = 0.01
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "val_fraction_by_source", "val_rows_by_source")
+
+    val_fraction: float = 0.01  # share of each source's rows held out as val
     val_rows: int | None = None  # a row count for every source instead of a fraction
-    val_fraction_by_source: dict[str, float] = field(default_factory=dict)
-    val_rows_by_source: dict[str, int] = field(default_factory=dict)
+    val_fraction_by_source: dict[str, float] = field(default_factory=dict)  # source -> its own val fraction
+    val_rows_by_source: dict[str, int] = field(default_factory=dict)  # source -> its own val row count
     seed: int = 0  # changes which rows are held out; independent of the job seed on purpose
 
     def __post_init__(self) -> None:

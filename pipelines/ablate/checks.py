@@ -1,5 +1,8 @@
 """What a study checks before it trains: reference runs it builds on, and finished results it reuses.
 
+(The variants themselves are checked as they are planned, ``plan.py``, and as their data is
+prepared, ``prepare.py``: both before anything trains.)
+
 A reference run (a distillation teacher, a run to continue from, an adaptive mix's reference) that
 does not exist, or was trained on other sources or with another tokenizer, would make every variant's
 numbers meaningless; a finished variant in the study folder that was trained with other settings
@@ -134,6 +137,9 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
             abs(result["weights"][s] - w) > 1e-9 * max(1.0, abs(w)) for s, w in variant["weights"].items())):
         raise ConfigError(f"{where} mix weights {result['weights']}, the study now plans {variant['weights']} "
                           f"(the curated shares or the [ablate] table changed); {fix}")
+    if result is not None and result.get("curation") != variant.get("curation"):
+        raise ConfigError(f"{where} shards curated as {result.get('curation')}, the study now curates them as "
+                          f"{variant.get('curation')} (the job, its inputs or the variant's change changed); {fix}")
     saved = layout.run_dir(variant["name"]) / "config.json"
     if saved.is_file():
         planned = _flat(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))

@@ -1,20 +1,25 @@
-"""The ``[ablate]`` table of a study job file: which variants of the mix to train, and how."""
+"""The ``[ablate]`` table of a study job file: which variants of the mix or of the curation to train, and how."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from curate.errors import ConfigError
 
-KINDS = ("leave_one_out", "weights", "mixes", "random_mixes", "replay")
+KINDS = ("leave_one_out", "weights", "mixes", "random_mixes", "replay", "drop", "settings", "order")
+#: the kinds whose variants re-curate the job (their own shards); the others re-mix the baseline's shards
+CURATION_KINDS = ("drop", "settings", "order")
+#: order variants: the job's curriculum against the same rows shuffled, or its direction reversed
+ORDERS = ("shuffled", "reversed")
 
 
 @dataclass(kw_only=True, slots=True)
 class AblateConfig:
     """The ``[ablate]`` table: which variants of the mix to train and how."""
 
-    kind: str | list[str] = "leave_one_out"  # one of KINDS, or a list of them (one baseline, all their variants)
+    # leave_one_out, weights, mixes, random_mixes or replay, or a list of them (one baseline, all their variants)
+    kind: str | list[str] = "leave_one_out"
     sources: list[str] = field(default_factory=list)  # leave_one_out / weights: sources to vary; [] = all
     factors: list[float] = field(default_factory=lambda: [0.5, 2.0])  # weights: multipliers of a source's weight
     mixes: dict[str, dict[str, float]] = field(default_factory=dict)  # mixes: variant name -> {source: weight}
@@ -31,13 +36,25 @@ class AblateConfig:
     variant_seeds: int = 1
     attribution_every: int = 10  # first-order attribution on the baseline run every N steps (0: off)
     attribution_seeds: int = 1  # baseline seeds whose attribution is averaged (<= noise_seeds): less sampling noise
+    # the counterfactual's interval in the comparison: "seeds" (the attributed seeds' spread: needs 2 or more),
+    # "run" (the baseline run's own, from its probe and batches), "auto" (seeds when there are 2 or more)
+    interval: Literal["auto", "seeds", "run"] = "auto"
     parallel: int = 1  # runs trained at once, one process each (one GPU each when there are GPUs)
     executor: Literal["local", "ray"] = "local"  # local processes, or Ray tasks (RAY_ADDRESS for a cluster)
     threads: int = 0  # torch threads per run; 0: this machine's cores / parallel
-    # one more run from the baseline's mix, reweighted online by excess loss against the finished baseline
-    adaptive: Literal["", "doremi"] = ""  # "doremi": also train the adaptive run ([train.mixing]); "": none
-    adaptive_every: int = 5  # steps between the adaptive run's weight updates
-    adaptive_step_size: float = 1.0  # its exponentiated-gradient step per nat of excess loss
+    # one more run per method, its mix moved with the finished baseline as [train.mixing]'s reference: "doremi" (by
+    # excess loss against the baseline's model), "counterfactual" (from the baseline's counterfactual); "": none
+    adaptive: str | list[str] = ""
+    adaptive_every: int = 5  # steps between the adaptive runs' weight updates
+    adaptive_step_size: float = 1.0  # doremi: its exponentiated-gradient step per nat of excess loss
+    counterfactual_step_size: float = 0.0  # counterfactual: its step per nat of its own slope (0: the start's mix)
+    job: str | None = None  # drop / settings / order: the curation job file they change; None: this file's own
+    # one variant per entry: the job without that stage (kind, id "04.filter.fineweb" or [[stages]] number) or
+    # without every stage of a list (["filter.gopher_quality", "filter.fineweb"])
+    drop: list[str | int | list[str | int]] = field(default_factory=list)  # drop: stages left out, one variant each
+    settings: dict[str, list[Any]] = field(default_factory=dict)  # settings: "<stage>.<key>" -> values, one variant each
+    orders: list[str] = field(default_factory=lambda: list(ORDERS))  # order: "shuffled" (same rows), "reversed"
+    eval_every: int | None = None  # held-out evaluations of every run (curves); None: steps // 10 with order, else 0
 
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -53,7 +70,7 @@ class AblateConfig:
         check(len(self.shares) >= 2 and len(set(self.shares)) == len(self.shares) and all(0 <= x < 1 for x in self.shares),
               "shares", self.shares, "two or more distinct replay shares in [0, 1)")
         check("replay" not in kinds or len(kinds) == 1, "kind", self.kind,
-              "'replay' on its own (its runs continue a base run; the mix kinds re-mix one job)")
+              "'replay' on its own (its runs continue a base run; the other kinds vary one job)")
         for name, mix in self.mixes.items():
             check(name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
                   f"mixes.{name}", mix, "a name other than 'baseline' and non-negative weights, one of them > 0")
@@ -64,17 +81,51 @@ class AblateConfig:
         check(1 <= self.attribution_seeds <= self.noise_seeds, "attribution_seeds", self.attribution_seeds,
               f"an integer from 1 to noise_seeds ({self.noise_seeds})")
         check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
+        check(self.interval in ("auto", "seeds", "run"), "interval", self.interval, "'auto', 'seeds' or 'run'")
+        check(self.interval != "seeds" or self.attribution_seeds >= 2, "attribution_seeds", self.attribution_seeds,
+              "2 or more with interval = 'seeds' (the interval is the attributed seeds' spread), or interval = 'run'")
         check(self.variant_seeds >= 1, "variant_seeds", self.variant_seeds, "an integer >= 1 (1: seed only)")
         check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")
         check(self.threads >= 0, "threads", self.threads, "an integer >= 0 (0: cores / parallel)")
-        check(self.adaptive in ("", "doremi"), "adaptive", self.adaptive, "'' (no adaptive run) or 'doremi'")
+        check(all(m in ("doremi", "counterfactual") for m in self.adaptive_methods) and len(set(self.adaptive_methods))
+              == len(self.adaptive_methods), "adaptive", self.adaptive,
+              "'' (no adaptive run), 'doremi', 'counterfactual', or a list of them")
+        check(self.counterfactual_step_size >= 0, "counterfactual_step_size", self.counterfactual_step_size,
+              "a number >= 0 (0: the mix the baseline's counterfactual favours, throughout)")
         check(not self.adaptive or "replay" not in kinds, "adaptive", self.adaptive,
               "'' with kind = 'replay' (the adaptive run re-mixes the job's sources)")
         check(self.adaptive_every >= 1, "adaptive_every", self.adaptive_every, "an integer >= 1")
         check(self.adaptive_step_size > 0, "adaptive_step_size", self.adaptive_step_size, "a number > 0")
+        for key, kind in (("drop", "drop"), ("settings", "settings")):
+            given = bool(getattr(self, key))
+            check(given == (kind in kinds), key, getattr(self, key),
+                  f"at least one entry when kind includes {kind!r}" if not given else
+                  f"empty unless kind includes {kind!r} (add it to ablate.kind)")
+        for key, values in self.settings.items():
+            check(isinstance(values, list) and bool(values), f"settings.{key!r}", values,
+                  "a list of one or more values, one variant each")
+        check(bool(self.orders) and len(set(self.orders)) == len(self.orders) and all(o in ORDERS for o in self.orders),
+              "orders", self.orders, " and/or ".join(repr(o) for o in ORDERS) + ", without repeats")
+        check(self.eval_every is None or self.eval_every >= 0, "eval_every", self.eval_every,
+              "an integer >= 0 (0: evaluate at the end only)")
+
+    @property
+    def adaptive_methods(self) -> tuple[str, ...]:
+        return tuple(m for m in ([self.adaptive] if isinstance(self.adaptive, str) else self.adaptive) if m)
 
     @property
     def kinds(self) -> tuple[str, ...]:
         return (self.kind,) if isinstance(self.kind, str) else tuple(self.kind)
+
+    @property
+    def curates(self) -> bool:
+        """Whether the study re-curates the job (it then curates the baseline too)."""
+        return bool(set(CURATION_KINDS) & set(self.kinds))
+
+    def eval_steps(self, steps: int) -> int:
+        """Steps between held-out evaluations of every run: ``eval_every``, or its default for a study of ``steps``."""
+        if self.eval_every is not None:
+            return self.eval_every
+        return max(1, steps // 10) if "order" in self.kinds else 0

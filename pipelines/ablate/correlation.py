@@ -1,90 +1,142 @@
-"""How well the baseline's attribution predicts the measured effect of each variant on each held-out source."""
+"""How well the baseline's counterfactual predicts each variant's measured effect, in sign, size and rank.
+
+The counterfactual (``train/attribution/counterfactual.py``) gives, per training source ``a`` and
+held-out set ``b``, the slope of ``b``'s held-out loss by ``ln`` of ``a``'s share; a variant that
+scales one source's share by ``r`` against the others (0: left out; ``[ablate] factors``) is predicted
+as ``(r^q - 1)/q · slope[a][b]``. Any other mix (named or random mixes) is predicted to first order,
+``Σ_a slope[a][b] · ln(r_a)`` over the sources' share ratios (the slopes sum to about 0, so only the
+ratios' differences count); a mix that leaves a source out has no first-order prediction and is
+left out here. The slope is the mean over the baseline seeds that recorded one, and its standard
+error their spread (one seed: the run's own interval).
+
+A cell's measured delta is the mean over the variant's seeds minus the mean over the baseline's,
+and its noise two standard errors of that (``compare.seed_noise``). On the cells above the noise the
+comparison counts the predicted signs that agree, and the predictions within a factor 2 of the
+measurement (the same sign, and 0.5 to 2 times its size); the Spearman rank correlation runs over
+all cells.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
 
+from pipelines.ablate.compare import baselines as _baselines
+from pipelines.ablate.compare import mean_held_out as _mean_held_out
+from pipelines.ablate.compare import seed_noise
+from pipelines.ablate.plan import CURATION_KINDS_PLANNED
 
-def _baselines(results: list[dict]) -> list[dict]:
-    return [r for r in results if r["kind"] in ("baseline", "noise")]
-
-
-def _mean_held_out(runs: list[dict], source: str) -> float | None:
-    values = [r["held_out"][source] for r in runs if r["held_out"].get(source) is not None]
-    return float(np.mean(values)) if values else None
-
-
-def seed_noise(results: list[dict], sources: list[str], variant_seeds: int = 1) -> dict[str, float]:
-    """Per held-out source, two standard errors of a measured delta (the mean of ``variant_seeds`` runs of a
-    variant minus the mean of the ``n`` baseline seeds): ``2 · sd · sqrt(1/variant_seeds + 1/n)``, ``sd``
-    the baseline seeds' standard deviation; 0 without a second baseline seed (no estimate)."""
-    runs = _baselines(results)
-    out = {}
-    for s in sources:
-        values = np.array([r["held_out"][s] for r in runs if r["held_out"].get(s) is not None])
-        sd = float(values.std(ddof=1)) if len(values) >= 2 else 0.0
-        out[s] = 2 * sd * float(np.sqrt(1 / variant_seeds + 1 / max(len(values), 1)))
-    return out
+_SCHEMA = {"variant": pl.String, "kind": pl.String, "varied": pl.String, "factor": pl.Float64, "source": pl.String,
+           "seeds": pl.Int64, "measured": pl.Float64, "predicted": pl.Float64, "interval": pl.Float64,
+           "noise": pl.Float64, "above_noise": pl.Boolean}
 
 
-def compare_with_attribution(results: list[dict], sources: list[str], matrix: np.ndarray,
-                             base: dict[str, float]) -> dict:
-    """First-order prediction of each variant's delta from the baseline's attribution, against the measured one.
+def slope_of(counterfactuals: list, interval: str = "auto") -> tuple[np.ndarray, np.ndarray, list[str], list[str], float]:
+    """The mean slope over the baseline seeds' counterfactuals (dicts: ``sources``, ``held_out``, ``slope``,
+    ``slope_se``, ``saturation``), its standard error (``interval``: "seeds", their spread; "run", the runs' own
+    errors; "auto", the spread when there are two or more), the training sources, the held-out sets and ``q``."""
+    first = counterfactuals[0]
+    slopes = np.array([np.asarray(c["slope"], dtype=float) for c in counterfactuals])
+    if len(slopes) >= 2 and interval != "run":
+        error = slopes.std(0, ddof=1) / np.sqrt(len(slopes))
+    else:
+        error = np.sqrt(np.mean([np.asarray(c["slope_se"], dtype=float) ** 2 for c in counterfactuals], 0)
+                        / len(counterfactuals))
+    return slopes.mean(0), error, list(first["sources"]), list(first["held_out"]), float(first["saturation"])
 
-    The attribution is linear in each source's token share, so a variant that scales source
-    ``a``'s share by ``r_a`` (0 when left out; the others grow to fill) is predicted to change
-    held-out loss on ``b`` by ``sum_a (r_a - 1) · A[a, b]``. The measured delta of a variant is the
-    mean over its seeds (``[ablate] variant_seeds``) minus the mean over the baseline's seeds.
-    """
-    reference = {s: _mean_held_out(_baselines(results), s) for s in sources}
+
+def _response(r: float, q: float) -> float:
+    return (r**q - 1) / q
+
+
+def _prediction(ratio: np.ndarray, slope: np.ndarray, error: np.ndarray, q: float, sources: list[str]
+                ) -> tuple[str | None, float | None, np.ndarray | None, np.ndarray | None]:
+    """(varied source, factor, predicted (B,), interval (B,)) of a mix given as share ratios to the baseline's."""
+    varied = np.flatnonzero(~np.isclose(ratio, np.median(ratio)))
+    if len(ratio) > 2 and len(varied) == 1:  # one source scaled against the others, which moved alike
+        a = int(varied[0])
+        others = np.delete(ratio, a).mean()
+        r = float(ratio[a] / others)
+        f = _response(r, q)
+        return sources[a], r, f * slope[a], 2 * abs(f) * error[a]
+    if (ratio <= 0).any():
+        return None, None, None, None
+    logs = np.log(ratio)
+    return None, None, logs @ slope, 2 * np.sqrt((logs[:, None] ** 2 * error**2).sum(0))
+
+
+def compare_with_counterfactual(results: list[dict], counterfactuals: list[dict], base: dict[str, float], *,
+                                interval: str = "auto") -> dict:
+    """Each variant's predicted delta per held-out set against the measured one, and how well they agree."""
+    slope, error, sources, held_out, q = slope_of(counterfactuals, interval)
+    held = [h for h in held_out if h != "mean"]
+    reference = {s: _mean_held_out(_baselines(results), s) for s in held}
     base_share = np.array([base.get(s, 0.0) for s in sources])
+    steps = {r.get("steps") for r in _baselines(results)}
     groups: dict[str, list[dict]] = {}
     for r in results:
-        if r["kind"] not in ("baseline", "noise", "adaptive"):  # an adaptive run has no fixed mix to predict from
+        # an adaptive run has no fixed mix to predict from; a curation variant changes the data, not the mix; a run
+        # of another length (a random mix's mix_steps) is a point of the mixing regression, not a comparable one
+        if r["kind"] not in ("baseline", "noise", "adaptive", *CURATION_KINDS_PLANNED) and r.get("steps") in steps:
             groups.setdefault(r.get("group", r["name"]), []).append(r)
     repeats = max([len(g) for g in groups.values()], default=1)
-    noise = seed_noise(results, sources, repeats)
+    noise = seed_noise(results, held, repeats)
     cells = []
     for name, runs in groups.items():
         w = np.array([runs[0]["weights"].get(s, 0.0) for s in sources])
+        if w.sum() <= 0:
+            continue
         ratio = np.divide(w / w.sum(), base_share, out=np.ones_like(w), where=base_share > 0)
-        predicted = (ratio - 1) @ matrix
-        for j, s in enumerate(sources):
+        varied, factor, predicted, interval = _prediction(ratio, slope, error, q, sources)
+        if predicted is None:
+            continue
+        for j, s in enumerate(held):
             mean = _mean_held_out(runs, s)
             if mean is None or reference[s] is None:
                 continue
             measured = mean - reference[s]
-            cells.append({"variant": name, "kind": runs[0]["kind"], "source": s, "seeds": len(runs),
-                          "measured": measured, "predicted": float(predicted[j]),
-                          "noise": noise[s], "above_noise": abs(measured) > noise[s]})
-    frame = pl.DataFrame(cells, schema={"variant": pl.String, "kind": pl.String, "source": pl.String,
-                                        "seeds": pl.Int64, "measured": pl.Float64, "predicted": pl.Float64,
-                                        "noise": pl.Float64, "above_noise": pl.Boolean})
+            cells.append({"variant": name, "kind": runs[0]["kind"], "varied": varied, "factor": factor, "source": s,
+                          "seeds": len(runs), "measured": measured, "predicted": float(predicted[j]),
+                          "interval": float(interval[j]), "noise": noise[s], "above_noise": abs(measured) > noise[s]})
+    frame = pl.DataFrame(cells, schema=_SCHEMA)
     seeds = len(_baselines(results))
     ratio = _effect_to_noise(frame)
-    by_kind = {kind: _agreement(frame.filter(pl.col("kind") == kind)) for kind in frame["kind"].unique(maintain_order=True)}
-    return {**_agreement(frame), "by_kind": by_kind if len(by_kind) > 1 else {},
+    by_kind = {kind: agreement(frame.filter(pl.col("kind") == kind)) for kind in frame["kind"].unique(maintain_order=True)}
+    return {**agreement(frame), "by_kind": by_kind if len(by_kind) > 1 else {}, "predictor": "counterfactual",
+            "saturation": q, "counterfactual_runs": len(counterfactuals),
             "noise": noise, "noise_rule": "2 standard errors of a delta (baseline seeds' sd)",
             "seeds": seeds, "variant_seeds": repeats, "effect_to_noise": ratio,
             "noise_ok": bool(seeds >= 3 and ratio is not None and ratio >= NOISE_MARGIN), "cells": frame}
 
 
-def _agreement(cells: pl.DataFrame) -> dict:
-    """Spearman over the cells, and sign agreement on those above the seed noise."""
-    ranks = cells.select(pl.col("measured").rank(), pl.col("predicted").rank()).to_numpy()
-    spearman = float(np.corrcoef(ranks.T)[0, 1]) if cells.height > 2 else float("nan")
+def agreement(cells: pl.DataFrame) -> dict:
+    """Spearman over the cells; on those above the seed noise, the signs that agree and the sizes within 2x."""
+    if cells.height > 2:
+        ranks = cells.select(pl.col("measured").rank(), pl.col("predicted").rank()).to_numpy()
+        spearman = float(np.corrcoef(ranks.T)[0, 1])
+    else:
+        spearman = float("nan")
     strong = cells.filter(pl.col("above_noise"))
-    agree = int((np.sign(strong["measured"].to_numpy()) == np.sign(strong["predicted"].to_numpy())).sum())
-    return {"spearman": spearman, "n_cells": cells.height, "above_noise": strong.height, "sign_agree": agree}
+    measured, predicted = strong["measured"].to_numpy(), strong["predicted"].to_numpy()
+    same = np.sign(measured) == np.sign(predicted)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        size = np.abs(predicted) / np.abs(measured)
+    within = same & (size >= 0.5) & (size <= 2)
+    return {"spearman": spearman, "n_cells": cells.height, "above_noise": strong.height, "sign_agree": int(same.sum()),
+            "within_2x": int(within.sum())}
 
 
-NOISE_MARGIN = 2.0  # "well below": the median cell's |delta| is at least twice its noise (so >= 4 standard errors)
+NOISE_MARGIN = 2.0  # "well below": the median variant's effect is at least twice its noise (so >= 4 standard errors)
 
 
 def _effect_to_noise(cells: pl.DataFrame) -> float | None:
-    """Median over cells of |measured delta| / the seed noise of its source (None without a noise estimate)."""
-    noisy = cells.filter(pl.col("noise") > 0)
+    """Median over the variants of |effect| / its seed noise (None without a noise estimate). A variant's effect is
+    the one it is designed to move: the varied source's own held-out loss, or for a mix of several changes its
+    largest one. A study of small changes (shares x 1.5) has most of its cross cells within the noise by nature;
+    they still count in the agreement figures, not here."""
+    noisy = cells.filter(pl.col("noise") > 0).with_columns(ratio=pl.col("measured").abs() / pl.col("noise"))
     if noisy.is_empty():
         return None
-    return float((noisy["measured"].abs() / noisy["noise"]).median())
+    own = noisy.filter(pl.col("varied") == pl.col("source")).group_by("variant").agg(pl.col("ratio").first())
+    rest = noisy.filter(~pl.col("variant").is_in(own["variant"].implode())).group_by("variant").agg(pl.col("ratio").max())
+    return float(pl.concat([own, rest])["ratio"].median())

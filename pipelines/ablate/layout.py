@@ -4,17 +4,28 @@
 
     <study>/                      the baseline run (seed = [train] seed): metrics.jsonl, checkpoints/, ...
       result.json                 the baseline's held-out losses: its "done" marker
-      variants/<name>/            one run per other variant (noise seeds, left-out sources, mixes), each
-        result.json               with its own result.json; a variant without one is (re)run
+      variants/<name>/            one run per other variant (noise seeds, left-out sources, mixes, curation
+        result.json               variants), each with its own result.json; a variant without one is (re)run
       sources/<source>/           the curated train shards split once per source (own manifest.json)
+      curated/<name>/             a curation variant (drop, settings, order): the job re-curated with its change
+        job/                      its job folder (shards, rejects, manifest.json), phases before the change reused
+        sources/<source>/         its train shards split per source, as sources/ for the baseline
+        curation.json             what was curated (job fingerprint, manifest sha256): its "done" marker
       ablation/                   the study's tables and figures:
-        table.csv, table.md       held-out loss per variant and source, delta_<source> = variant - baseline
+        effects.csv, .md, .json   one row per variant: held-out deltas with the seed noise and a verdict,
+                                  the held-out curve's area and first step at the baseline's final loss,
+                                  the curation side (rows and tokens kept, rejects by reason)
+        curves.png                mean held-out loss over training per variant (runs with eval_every)
+        table.csv, table.md       held-out loss per run and source, delta_<source> = run - baseline
         attribution_vs_ablation.csv / .png   predicted vs measured delta per (variant, source)
         correlation.json          Spearman, sign agreement above the seed noise, noise vs effect sizes
         mixes.json                random_mixes: the regression, its fit quality and the proposed mix
         adaptive.json             adaptive = "doremi": the adaptive run's mix and loss beside the baseline's
       heatmap.png                 variants x sources of the measured deltas
       report.html                 the study's page (``winnow report <study>``)
+
+Variant and source names are folder names only through ``curate.names.path_name`` (``..``,
+``a/b`` or a 300-character domain stay one folder inside the study); tables show them as given.
 
 ``result.json`` is written atomically (temp file, fsync, rename): a crash mid-write leaves
 either no marker or a valid one, never a truncated file that looks finished.
@@ -30,6 +41,7 @@ from pathlib import Path
 import polars as pl
 
 from curate.atomic import write_text_atomic as write_atomic  # the one implementation; re-exported for the study
+from curate.names import path_name
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +55,26 @@ class StudyLayout:
     root: Path
 
     def run_dir(self, variant: str) -> Path:
-        return self.root if variant == BASELINE else self.root / "variants" / variant
+        return self.root if variant == BASELINE else self.root / "variants" / path_name(variant)
 
     def result_path(self, variant: str) -> Path:
         return self.run_dir(variant) / "result.json"
 
     def source_dir(self, source: str) -> Path:
-        return self.root / "sources" / source
+        return source_folder(self.sources_root, source)
+
+    def curated_dir(self, variant: str) -> Path:
+        return self.root / "curated" / variant
+
+    def curated_job(self, variant: str) -> Path:
+        """The job folder of a curation variant (the baseline's is the study's job output)."""
+        return self.curated_dir(variant) / "job"
+
+    def curated_sources(self, variant: str) -> Path:
+        return self.curated_dir(variant) / "sources"
+
+    def curation_marker(self, variant: str) -> Path:
+        return self.curated_dir(variant) / "curation.json"
 
     @property
     def sources_root(self) -> Path:
@@ -66,6 +91,22 @@ class StudyLayout:
     @property
     def table_md(self) -> Path:
         return self.tables / "table.md"
+
+    @property
+    def effects_csv(self) -> Path:
+        return self.tables / "effects.csv"
+
+    @property
+    def effects_md(self) -> Path:
+        return self.tables / "effects.md"
+
+    @property
+    def effects_json(self) -> Path:
+        return self.tables / "effects.json"
+
+    @property
+    def curves_png(self) -> Path:
+        return self.tables / "curves.png"
 
     @property
     def cells_csv(self) -> Path:
@@ -107,13 +148,21 @@ class StudyLayout:
         write_atomic(self.result_path(variant), json.dumps(result, indent=1))
 
 
+def source_folder(sources_root: Path, source: str) -> Path:
+    """A source's shard set under ``sources_root``: a name from the data is a path component, never a path."""
+    return sources_root / path_name(source)
+
+
 @dataclass(slots=True)
 class Study:
     """What the report reads from a study folder: the table, the comparison and the figures."""
 
     layout: StudyLayout
     table: pl.DataFrame
+    effects: pl.DataFrame | None = None  # one row per variant (effects.csv), when the study wrote it
+    summary: list[str] = field(default_factory=list)  # its sentences, one per variant
     correlation: dict | None = None
+    cells: pl.DataFrame | None = None  # the counterfactual's prediction beside each measured cell
     mixes: dict | None = None
     adaptive: dict | None = None
     images: list[Path] = field(default_factory=list)
@@ -136,6 +185,10 @@ def load_study(path: str | Path) -> Study | None:
     def optional_json(p: Path) -> dict | None:
         return json.loads(p.read_text()) if p.is_file() else None
 
-    return Study(layout=layout, table=pl.read_csv(layout.table_csv), correlation=optional_json(layout.correlation_json),
+    effects = optional_json(layout.effects_json)
+    return Study(layout=layout, table=pl.read_csv(layout.table_csv),
+                 effects=pl.read_csv(layout.effects_csv) if layout.effects_csv.is_file() else None,
+                 summary=(effects or {}).get("summary", []), correlation=optional_json(layout.correlation_json),
+                 cells=pl.read_csv(layout.cells_csv) if layout.cells_csv.is_file() else None,
                  mixes=optional_json(layout.mixes_json), adaptive=optional_json(layout.adaptive_json),
                  images=sorted(layout.tables.glob("*.png")))

@@ -1,22 +1,44 @@
 """The study's plan: one ``{"name", "kind", "seed", "weights"}`` per run, the baseline (and its noise seeds) first.
 
+Each kind of variant is one small plan function (``PLANNERS``). The mix kinds give their weights;
+the curation kinds (``drop``, ``settings``, ``order``) give the ``change`` to the job (see
+``curation.py``) and the ``[ablate]`` key that asked for it, and get their weights, the shares
+their own curated shards hold, when the data is prepared (``prepare.py``).
+
 ``variants`` also refuses, before anything trains, a plan with a run that cannot be trained: a
-weight on a source with no train rows, or weights that sum to 0; the message names the variant
-and the ``[ablate]`` key to change.
+weight on a source with no train rows, weights that sum to 0, a stage, key or value the job does
+not have or its config refuses; the message names the variant and the ``[ablate]`` key to change.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import numpy as np
 
 from curate.errors import ConfigError
-from pipelines.ablate.config import AblateConfig
+from pipelines.ablate.config import CURATION_KINDS, AblateConfig
+from pipelines.ablate.curation import CurationJob
 from pipelines.ablate.layout import BASELINE
 
 
-def variants(cfg: AblateConfig, base: dict[str, float], seed: int, *, sources: list[str] | None = None) -> list[dict]:
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What a plan function reads: the [ablate] table, the baseline's shares, the seed, the sources to vary, the job."""
+
+    cfg: AblateConfig
+    base: dict[str, float]
+    seed: int
+    chosen: list[str]
+    job: CurationJob | None = None
+
+
+def variants(cfg: AblateConfig, base: dict[str, float], seed: int, *, sources: list[str] | None = None,
+             job: CurationJob | None = None) -> list[dict]:
     """Every run of the study; ``base`` is the baseline's token share per source with train rows,
-    ``sources`` every source of the job (default: those of ``base``)."""
+    ``sources`` every source of the job (default: those of ``base``), ``job`` the curation job the
+    curation kinds change."""
     sources = list(sources or base)
     out = [{"name": BASELINE, "kind": "baseline", "seed": seed, "weights": dict(base)}]
     out += [{"name": f"baseline_seed{seed + k}", "kind": "noise", "seed": seed + k, "weights": dict(base)}
@@ -33,41 +55,118 @@ def variants(cfg: AblateConfig, base: dict[str, float], seed: int, *, sources: l
         name = f"without_{missing[0]}" if "leave_one_out" in cfg.kinds else f"{missing[0]}_x{cfg.factors[0]:g}"
         raise ConfigError(f"ablate: variant {name!r} (ablate.sources) varies source {missing[0]!r}, which has no train "
                           f"rows in the curated shards (only {sorted(base)} do); drop it from ablate.sources")
+    context = PlanContext(cfg, base, seed, chosen, job)
     for kind in cfg.kinds:
-        planned = PLANNERS[kind](cfg, base, seed, chosen)
+        planned = PLANNERS[kind](context)
         out += planned + (_reseeded(planned, seed, cfg.variant_seeds) if kind in SEEDED else [])
     names = [v["name"] for v in out]
-    twice = next((n for n in names if names.count(n) > 1), None)
+    twice = next((v for v in out if names.count(v["name"]) > 1), None)
     if twice is not None:
-        raise ConfigError(f"ablate.mixes.{twice}: the name {twice!r} is taken by another variant of the study; rename it")
+        key = twice.get("key") or f"ablate.mixes.{twice['name']}"
+        raise ConfigError(f"{key}: the name {twice['name']!r} is taken by another variant of the study; rename it")
     for v in out:
-        check_runnable(v, base)
+        if v["kind"] not in CURATION_KINDS_PLANNED:  # their weights come with their curated shards
+            check_runnable(v, base)
     return out
 
 
-def _leave_one_out(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
-    return [{"name": f"without_{s}", "kind": "leave_one_out", "seed": seed,
-             "weights": {k: w for k, w in base.items() if k != s}} for s in chosen]
+def curation_variants(cfg: AblateConfig, seed: int, job: CurationJob | None) -> list[dict]:
+    """The variants of the kinds that re-curate the job, planned (and so checked against it) before any data exists."""
+    context = PlanContext(cfg, {}, seed, [], job)
+    return [v for kind in cfg.kinds if kind in CURATION_KINDS for v in PLANNERS[kind](context)]
 
 
-def _weights(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
-    return [{"name": f"{s}_x{f:g}", "kind": "weights", "seed": seed,
-             "weights": {k: w * (f if k == s else 1.0) for k, w in base.items() if k != s or f > 0}}
-            for s in chosen for f in cfg.factors]
+def _leave_one_out(c: PlanContext) -> list[dict]:
+    return [{"name": f"without_{s}", "kind": "leave_one_out", "seed": c.seed,
+             "weights": {k: w for k, w in c.base.items() if k != s}} for s in c.chosen]
 
 
-def _mixes(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
-    return [{"name": name, "kind": "mix", "seed": seed, "weights": {k: w for k, w in mix.items() if w > 0}}
-            for name, mix in cfg.mixes.items()]
+def _weights(c: PlanContext) -> list[dict]:
+    return [{"name": f"{s}_x{f:g}", "kind": "weights", "seed": c.seed,
+             "weights": {k: w * (f if k == s else 1.0) for k, w in c.base.items() if k != s or f > 0}}
+            for s in c.chosen for f in c.cfg.factors]
 
 
-def _random_mixes(cfg: AblateConfig, base: dict[str, float], seed: int, chosen: list[str]) -> list[dict]:
+def _mixes(c: PlanContext) -> list[dict]:
+    return [{"name": name, "kind": "mix", "seed": c.seed, "weights": {k: w for k, w in mix.items() if w > 0}}
+            for name, mix in c.cfg.mixes.items()]
+
+
+def _random_mixes(c: PlanContext) -> list[dict]:
+    cfg, base = c.cfg, c.base
     if cfg.n_mixes <= len(base):
         raise ConfigError(f"ablate.n_mixes = {cfg.n_mixes} is invalid; allowed: more than the {len(base)} sources "
                           "with train rows (the regression fits one coefficient per source)")
-    return [{"name": f"mix_{i:02d}", "kind": "random_mix", "seed": seed, "weights": w}
+    return [{"name": f"mix_{i:02d}", "kind": "random_mix", "seed": c.seed, "weights": w}
             | ({"steps": cfg.mix_steps} if cfg.mix_steps else {})
-            for i, w in enumerate(draw_mixes(base, cfg.n_mixes, cfg.concentration, seed))]
+            for i, w in enumerate(draw_mixes(base, cfg.n_mixes, cfg.concentration, c.seed))]
+
+
+def _job(c: PlanContext, kind: str) -> CurationJob:
+    if c.job is None:
+        raise ConfigError(f"ablate.kind = {c.cfg.kind!r}: {kind!r} re-curates the job, and the study names none; "
+                          "allowed: [ablate] job = '<the job file>', or [[inputs]] and [[stages]] in the study file")
+    return c.job
+
+
+def _curation(c: PlanContext, name: str, kind: str, key: str, change: dict, describe: str) -> dict:
+    """One curation variant; its job is built (and validated) here, so a bad change fails before anything runs."""
+    _job(c, kind).variant(change, "unused", key=key)
+    return {"name": name, "kind": kind, "seed": c.seed, "weights": {}, "change": change, "key": key,
+            "describe": describe}
+
+
+def _drop(c: PlanContext) -> list[dict]:
+    job, out = _job(c, "drop"), []
+    for i, entry in enumerate(c.cfg.drop):
+        key = f"ablate.drop[{i}]"
+        refs = entry if isinstance(entry, list) else [entry]
+        if not refs:
+            raise ConfigError(f"{key} = [] is invalid; allowed: a stage, or a list of one or more stages")
+        found = sorted({job.index(ref, key) for ref in refs})
+        ids = [job.stage_ids[k] for k in found]
+        out.append(_curation(c, "drop_" + "+".join(job.name(k) for k in found), "drop", key, {"drop": ids},
+                             "without " + ", ".join(ids)))
+    return out
+
+
+def _settings(c: PlanContext) -> list[dict]:
+    job, out = _job(c, "settings"), []
+    for dotted, values in c.cfg.settings.items():
+        key = f"ablate.settings.{dotted!r}"
+        index, path, current = job.setting(dotted, key)
+        sid = job.stage_ids[index]
+        for value in values:
+            if value == current:  # the job's own value: that variant is the baseline
+                continue
+            change = {"set": {"stage": sid, "key": path, "value": value}}
+            out.append(_curation(c, f"{job.name(index)}.{path}_{_text(value)}", "setting", f"{key} = {value!r}",
+                                 change, f"{sid} {path} = {value!r} (job: {current!r})"))
+    return out
+
+
+def _order(c: PlanContext) -> list[dict]:
+    job = _job(c, "order")
+    index = job.order_stage("ablate.kind 'order'")
+    config = job.job.stages[index].config
+    what = {"shuffled": f"{job.stage_ids[index]} by = 'random' (the same rows shuffled; job: by = {config.by!r})",
+            "reversed": f"{job.stage_ids[index]} direction reversed (job: {config.direction!r})"}
+    return [_curation(c, f"order_{o}", "order", f"ablate.orders {o!r}", {"order": o}, what[o]) for o in c.cfg.orders]
+
+
+def _text(value) -> str:
+    """A value as part of a variant name: short, and only characters a folder name can hold anywhere."""
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, float | int):
+        text = f"{value:g}"
+    elif isinstance(value, list):
+        text = "+".join(_text(v) for v in value)
+    elif isinstance(value, dict):
+        text = "+".join(f"{k}-{_text(v)}" for k, v in sorted(value.items()))
+    else:
+        text = str(value)
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)[:48] or "_"
 
 
 def _reseeded(planned: list[dict], seed: int, n: int) -> list[dict]:
@@ -77,10 +176,13 @@ def _reseeded(planned: list[dict], seed: int, n: int) -> list[dict]:
 
 
 #: the kinds whose variants ``variant_seeds`` repeats (random mixes are many runs already, each a fit point)
-SEEDED = ("leave_one_out", "weights", "mixes")
+SEEDED = ("leave_one_out", "weights", "mixes", *CURATION_KINDS)
+#: the ``kind`` of a planned curation variant (``drop``, ``setting``, ``order``)
+CURATION_KINDS_PLANNED = ("drop", "setting", "order")
 
 #: kind -> its variants (after the baseline and noise seeds), in plan order
-PLANNERS = {"leave_one_out": _leave_one_out, "weights": _weights, "mixes": _mixes, "random_mixes": _random_mixes}
+PLANNERS = {"leave_one_out": _leave_one_out, "weights": _weights, "mixes": _mixes, "random_mixes": _random_mixes,
+            "drop": _drop, "settings": _settings, "order": _order}
 
 
 def draw_mixes(base: dict[str, float], n: int, concentration: float, seed: int) -> list[dict[str, float]]:
@@ -97,8 +199,9 @@ def dirichlet(alpha: np.ndarray, n: int, seed: int, stream: int = 0) -> np.ndarr
 
 
 def _key(variant: dict) -> str:
-    return {"leave_one_out": "ablate.sources", "weights": "ablate.factors", "random_mix": "ablate.concentration",
-            "proposed": "ablate.target"}.get(variant["kind"], f"ablate.mixes.{variant['name']}")
+    return variant.get("key") or {"leave_one_out": "ablate.sources", "weights": "ablate.factors",
+                                  "random_mix": "ablate.concentration",
+                                  "proposed": "ablate.target"}.get(variant["kind"], f"ablate.mixes.{variant['name']}")
 
 
 def check_runnable(variant: dict, base: dict[str, float]) -> None:

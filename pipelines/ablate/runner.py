@@ -29,7 +29,7 @@ class VariantTask:
     """Everything one worker needs to train one variant (picklable: it crosses process boundaries)."""
 
     cfg: object  # the variant's TrainConfig (output = its run folder, seed, mix weights)
-    folders: dict[str, str]  # source -> its shard set
+    folders: dict[str, str]  # source -> its shard set (the baseline's, or a curation variant's own)
     sources: list[str]  # the job's source ids, in order
     variant: dict
     job_file: str
@@ -42,25 +42,33 @@ def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: 
     from train.adaptive import MixingConfig
     from train.attribution import AttributionConfig
 
-    # the baseline, and the first attribution_seeds - 1 noise seeds: their matrices are averaged
-    attribute = variant["name"] == BASELINE or (variant["kind"] == "noise" and
-                                                variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
+    # the baseline, and the first attribution_seeds - 1 noise seeds: their counterfactuals are averaged; a
+    # counterfactual mix that follows its own counterfactual
+    following = variant["kind"] == "adaptive" and variant["name"] == "counterfactual" and acfg.counterfactual_step_size
+    attribute = variant["name"] == BASELINE or bool(following) or (
+        variant["kind"] == "noise" and variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
     attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every) if attribute
                    else AttributionConfig())
     data = dataclasses.replace(train_cfg.data, seed=variant["seed"],
                                mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]])
-    mixing = (MixingConfig(adaptive=acfg.adaptive, reference=str(layout.run_dir(BASELINE)), every=acfg.adaptive_every,
-                           step_size=acfg.adaptive_step_size) if variant["kind"] == "adaptive" else MixingConfig())
+    mixing = MixingConfig()
+    if variant["kind"] == "adaptive":  # its name is the method
+        step = acfg.counterfactual_step_size if variant["name"] == "counterfactual" else acfg.adaptive_step_size
+        mixing = MixingConfig(adaptive=variant["name"], reference=str(layout.run_dir(BASELINE)),
+                              every=acfg.adaptive_every, step_size=step, target=acfg.target)
+    # every run evaluates on the same schedule, so their held-out curves compare step by step
     return dataclasses.replace(train_cfg, output=str(layout.run_dir(variant["name"])), seed=variant["seed"], data=data,
-                               steps=variant.get("steps", train_cfg.steps), eval_every=0, attribution=attribution,
-                               mixing=mixing)
+                               steps=variant.get("steps", train_cfg.steps), eval_every=acfg.eval_steps(train_cfg.steps),
+                               attribution=attribution, mixing=mixing)
 
 
 def train_variant(task: VariantTask) -> dict:
-    """Train one variant into its run folder; returns (and saves as ``result.json``) its held-out losses."""
+    """Train one variant into its run folder; returns (and saves as ``result.json``) its held-out losses, and
+    with periodic evaluations its held-out curve (``curve``: step and loss per source, ending at the last step)."""
     import torch
 
     from pipelines.provenance import write_provenance
+    from pipelines.report.training import load_run
     from pipelines.train import build_trainer
 
     before = torch.get_num_threads()
@@ -78,6 +86,9 @@ def train_variant(task: VariantTask) -> dict:
         raise KeyboardInterrupt(f"variant {variant['name']} stopped at step {summary['step']}")
     held = (summary["eval"] or {}).get("eval", {}).get("per_source") or {}
     result = {**variant, "held_out": held, "steps": summary["step"], "tokens_seen": summary["tokens_seen"]}
+    if cfg.eval_every:
+        points = {r["step"]: r["eval"].get("per_source") or {} for r in load_run(cfg.output).evals}
+        result["curve"] = [{"step": step, "held_out": points[step]} for step in sorted(points)]
     if summary["mixing"]:  # an adaptive run: the weights it moved to, and their mean (DoReMi's output mix)
         result["mixing"] = summary["mixing"]
     StudyLayout(Path(task.study)).write_result(variant["name"], result)

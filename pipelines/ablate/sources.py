@@ -18,7 +18,7 @@ import polars as pl
 from curate.errors import ConfigError
 from curate.writers.layout import shard_dir
 from curate.writers.tokens import TOKENIZER_FILE, subset_token_shard
-from pipelines.ablate.layout import write_atomic
+from pipelines.ablate.layout import source_folder, write_atomic
 from pipelines.provenance import manifest_sha256
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
     digest = manifest_sha256(job_dir)
     folders, sizes = {}, {}
     for source in manifest["sources"]:
-        folder = out / source
+        folder = source_folder(out, source)
         view = _reusable_view(folder, digest, formats)
         if view is None:
             view = _write_view(job_dir, manifest, entries, source, folder, digest)

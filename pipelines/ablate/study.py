@@ -1,10 +1,19 @@
-"""``winnow ablate``: plan the study, check it, split the shards per source, train what is not finished, tabulate.
+"""``winnow ablate``: one pass — plan the variants, check them, prepare their data, train, compare.
+
+1. plan (``plan.py``): every run; a curation variant's change is validated against the job here,
+   so a stage, key or value the job does not have is refused before anything is curated;
+2. check (``checks.py``): reference runs the variants build on, finished runs' settings;
+3. prepare (``prepare.py``): the baseline's shards split per source; a study that varies the
+   curation first curates the baseline job, then each variant (reusing the baseline's phases);
+   a variant that leaves a source without train rows, or trains on a held-out row, is refused;
+4. train (``runner.py``): the runs not finished yet, ``parallel`` at a time;
+5. compare (``compare.py``, written by ``table.py``): one row per variant, noise included.
 
 A ``random_mixes`` study trains in two rounds: the baseline, its noise seeds and the random
 mixes; then the regression over their results proposes a mix, which is trained like the baseline
 and reported next to it. With ``adaptive = "doremi"`` the second round also trains the adaptive
 run, whose reference is the finished baseline. Both rounds skip variants whose ``result.json`` is
-already there.
+already there, and a re-run of the command resumes a study wherever it stopped.
 """
 
 from __future__ import annotations
@@ -18,10 +27,11 @@ from pathlib import Path
 from curate.errors import ConfigError
 from pipelines.ablate.checks import check_references, finished
 from pipelines.ablate.config import AblateConfig
+from pipelines.ablate.curation import CurationJob, load_curation_job
 from pipelines.ablate.layout import BASELINE, StudyLayout
-from pipelines.ablate.plan import check_runnable, variants
+from pipelines.ablate.plan import check_runnable, curation_variants, variants
+from pipelines.ablate.prepare import StudyData, prepare_baseline, prepare_variants
 from pipelines.ablate.runner import VariantTask, run_variants, variant_config
-from pipelines.ablate.sources import split_by_source
 from pipelines.ablate.table import write_study
 from pipelines.jobfile import build_config, read_toml
 
@@ -31,7 +41,7 @@ class _Study:
     acfg: AblateConfig
     train_cfg: object
     layout: StudyLayout
-    folders: dict[str, str]
+    data: StudyData
     sources: list[str]
     job_file: str
 
@@ -41,7 +51,7 @@ class _Study:
                                         else 0)
         configs = {v["name"]: variant_config(self.train_cfg, self.acfg, self.layout, v, self.sources) for v in runs}
         done = {v["name"]: finished(self.layout, v, configs[v["name"]]) for v in runs}
-        todo = [VariantTask(cfg=configs[v["name"]], folders=self.folders, sources=self.sources, variant=v,
+        todo = [VariantTask(cfg=configs[v["name"]], folders=self.data.folders_for(v), sources=self.sources, variant=v,
                             job_file=self.job_file, study=str(self.layout.root), threads=threads)
                 for v in runs if done[v["name"]] is None]
         for task in todo:
@@ -63,29 +73,55 @@ def run_ablate(args: argparse.Namespace) -> int:
     acfg = build_config(AblateConfig, raw["ablate"], f"{args.job} [ablate]")
     acfg = dataclasses.replace(acfg, **{k: v for k, v in (("steps", args.steps), ("parallel", args.parallel),
                                                           ("output", args.output)) if v is not None})
-    train_cfg = load_train_config(args.job, steps=acfg.steps, shards=getattr(args, "shards", None))
-    if "replay" in ([acfg.kind] if isinstance(acfg.kind, str) else acfg.kind):  # one continued run per replay share from the same base: a study of its own
+    job = load_curation_job(args.job, raw, acfg.job) if acfg.curates else None
+    shards = _shards(args, raw, job)
+    train_cfg = load_train_config(args.job, steps=acfg.steps, shards=shards)
+    if "replay" in acfg.kinds:  # one continued run per replay share from the same base: a study of its own
         from pipelines.ablate.replay import run_replay_study
 
         return run_replay_study(args, acfg, train_cfg)
     layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
-    folders, base = split_by_source(train_cfg.shards, layout.sources_root)
+    progress = not getattr(args, "quiet", False)
+
+    if acfg.curates:  # a missing job, or a bad stage, key or value, is refused before anything is curated
+        curation_variants(acfg, train_cfg.seed, job)
+    data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
     sources = json.loads((Path(train_cfg.shards) / "manifest.json").read_text())["sources"]
-    runs = variants(acfg, base, train_cfg.seed, sources=sources)
+    runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)
     check_references(train_cfg, sources, BASELINE)
-    study = _Study(acfg, train_cfg, layout, folders, sources, str(args.job))
+    if job is not None:
+        prepare_variants(runs, data, job, layout, progress=progress)
+    study = _Study(acfg, train_cfg, layout, data, sources, str(args.job))
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
     results = study.train(runs)
-    second = [_proposal(acfg, results, base, train_cfg)] if "random_mixes" in acfg.kinds else []
-    if acfg.adaptive:  # after the baseline: it is the reference
-        second.append({"name": acfg.adaptive, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(base)})
+    second = [_proposal(acfg, results, data.base, train_cfg)] if "random_mixes" in acfg.kinds else []
+    for method in acfg.adaptive_methods:  # after the baseline: it is the reference
+        second.append({"name": method, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(data.base)})
     if second:
+        for run in second:
+            if data.identity is not None:  # trained on the baseline's curated shards, like the first round
+                run["curation"] = data.identity
         results += study.train(second)
-    table = write_study(layout.root, results, sources, base, target=acfg.target)
+    table = write_study(layout.root, results, sources, data.base, target=acfg.target, curation=data.curation,
+                        interval=acfg.interval)
     print(table)
-    print(f"table:  {layout.table_csv}")
-    print(f"report: {write_report(layout.root)}")
+    print(f"effects: {layout.effects_md}")
+    print(f"table:   {layout.table_csv}")
+    print(f"report:  {write_report(layout.root)}")
     return 0
+
+
+def _shards(args: argparse.Namespace, raw: dict, job: CurationJob | None) -> str | None:
+    """The folder the study trains on: ``--shards``, else [train] shards, else the curation job's output (which the
+    study curates, so it must be that folder when the study varies the curation)."""
+    given = getattr(args, "shards", None) or (raw.get("train") or {}).get("shards")
+    if job is None:
+        return getattr(args, "shards", None)
+    if given is not None and (not isinstance(given, str) or Path(given).resolve() != Path(job.output).resolve()):
+        raise ConfigError(f"{args.job}: train.shards (or --shards) = {given!r}, but the study varies the curation of "
+                          f"{job.path}, whose baseline it curates into {job.output!r}; allowed: that folder, or no "
+                          "train.shards")
+    return job.output
 
 
 def _proposal(acfg: AblateConfig, results: list[dict], base: dict[str, float], train_cfg) -> dict:

@@ -1,4 +1,5 @@
-"""The study's results: the table (CSV, Markdown), the heatmap and the comparison with the attribution."""
+"""The study's results: the effects per variant, the per-run table (CSV, Markdown), the heatmap, the curves and the
+comparison with the attribution."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipelines.ablate.correlation import compare_with_attribution
+from pipelines.ablate.compare import Effect, effects
+from pipelines.ablate.correlation import compare_with_counterfactual
 from pipelines.ablate.layout import StudyLayout, write_atomic
 
 
@@ -36,18 +38,23 @@ def markdown_table(frame: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def baseline_attributions(layout: StudyLayout, results: list[dict]) -> list:
-    """The attribution of each baseline seed that recorded one (same sources as the first)."""
+def baseline_attributions(layout: StudyLayout, results: list[dict]) -> tuple[list, list]:
+    """The decomposition and the counterfactual of each baseline seed that recorded them (same sources as the first)."""
     from pipelines.report.training import is_run_dir, load_run
 
-    found = []
+    found, counterfactuals = [], []
     for r in results:
         folder = layout.run_dir(r["name"])
         if r["kind"] in ("baseline", "noise") and is_run_dir(folder):
-            attribution = load_run(folder).attribution
-            if attribution is not None and (not found or attribution.sources == found[0].sources):
-                found.append(attribution)
-    return found
+            run = load_run(folder)
+            if run.attribution is not None and (not found or run.attribution.sources == found[0].sources):
+                found.append(run.attribution)
+            cf = run.counterfactual
+            if cf is not None and cf.slope is not None and (not counterfactuals or (
+                    cf.sources, cf.held_out) == (counterfactuals[0]["sources"], counterfactuals[0]["held_out"])):
+                counterfactuals.append({"sources": cf.sources, "held_out": cf.held_out, "slope": cf.slope,
+                                        "slope_se": cf.slope_se, "saturation": cf.saturation})
+    return found, counterfactuals
 
 
 def efficiency(attributions: list) -> dict | None:
@@ -66,42 +73,114 @@ def efficiency(attributions: list) -> dict | None:
 
 
 def write_study(study: Path, results: list[dict], sources: list[str], base: dict[str, float], *,
-                target: str = "mean") -> str:
-    """Write the table (CSV, Markdown), heatmap, attribution comparison and (random mixes) the regression and
-    proposal; returns the Markdown table and its summary lines."""
+                target: str = "mean", curation: dict[str, dict] | None = None, interval: str = "auto") -> str:
+    """Write the effects (one row per variant), the per-run table (CSV, Markdown), heatmap, curves, attribution
+    comparison and (random mixes) the regression and proposal; returns the effects and the per-run table in
+    Markdown with their summary lines. ``curation``: what each curated job kept (``prepare.summary``)."""
     from pipelines.report import plots
 
     layout = StudyLayout(Path(study))
     frame = results_frame(results, sources)
     layout.tables.mkdir(parents=True, exist_ok=True)
+    found = effects(results, sources, curation)
+    summary = write_effects(layout, found, sources)
     frame.write_csv(layout.table_csv)
     markdown = markdown_table(frame)
-    write_atomic(layout.table_md, markdown + "\n")
+    write_atomic(layout.table_md, summary + "\n\n" + markdown + "\n")
+    markdown = summary + "\n\n" + markdown
     heatmap = plots.ablation_heatmap(frame.filter(pl.col("variant") != "baseline"))
     if heatmap:
         layout.heatmap_png.write_bytes(heatmap)
-    attributions = baseline_attributions(layout, results)
-    if attributions:
-        matrix = np.mean([a.matrix for a in attributions], axis=0)  # seeds averaged: less sampling noise
-        summary = compare_with_attribution(results, attributions[0].sources, matrix, base)
+    attributions, counterfactuals = baseline_attributions(layout, results)
+    if counterfactuals:
+        summary = compare_with_counterfactual(results, counterfactuals, base, interval=interval)
         summary |= {"attribution_runs": len(attributions), "efficiency": efficiency(attributions)}
         cells = summary.pop("cells")
         summary["note"] = noise_note(summary)
         cells.write_csv(layout.cells_csv)
         layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"]))
         write_atomic(layout.correlation_json, json.dumps(summary, indent=1))
-        markdown += (f"\n\nSpearman rank correlation, first-order prediction vs measured delta: {summary['spearman']:.3f} "
-                     f"over {summary['n_cells']} cells; signs agree on {summary['sign_agree']}/{summary['above_noise']} "
-                     f"cells whose |delta| exceeds the seed-to-seed noise")
-        for kind, part in summary["by_kind"].items():
-            markdown += (f"\n  {kind}: Spearman {part['spearman']:.3f} over {part['n_cells']} cells, signs agree on "
-                         f"{part['sign_agree']}/{part['above_noise']} above noise")
-        markdown += "\n" + summary["note"]
+        markdown += "\n\n" + agreement_text(summary)
     if any(r["kind"] == "random_mix" for r in results):
         markdown += "\n\n" + write_mixes(layout, results, base, target)
     if any(r["kind"] == "adaptive" for r in results):
         markdown += "\n\n" + write_adaptive(layout, results, list(base), target)
     return markdown
+
+
+def agreement_text(summary: dict) -> str:
+    """The counterfactual against the study's measurements, in a few lines."""
+    lines = [f"Counterfactual (the baseline's, {summary['counterfactual_runs']} seed(s)) against the measured deltas: "
+             f"signs agree on {summary['sign_agree']}/{summary['above_noise']} cells above the seed noise, sizes within "
+             f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {summary['spearman']:.3f} over "
+             f"all {summary['n_cells']} cells"]
+    for kind, part in summary["by_kind"].items():
+        lines.append(f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
+                     f"{part['above_noise']}, Spearman {part['spearman']:.3f} over {part['n_cells']} cells")
+    return "\n".join([*lines, summary["note"]])
+
+
+def write_effects(layout: StudyLayout, found: list[Effect], sources: list[str]) -> str:
+    """``effects.csv`` / ``.json`` / ``.md`` and ``curves.png``; returns the Markdown (a table, then one sentence each)."""
+    frame = pl.DataFrame([e.row(sources) for e in found], infer_schema_length=None)
+    frame.write_csv(layout.effects_csv)
+    sentences = [e.sentence() for e in found[1:]]
+    write_atomic(layout.effects_json, json.dumps({"sources": sources, "effects": [e.to_json() for e in found],
+                                                  "summary": sentences}, indent=1))
+    curves = curves_plot(found)
+    if curves is not None:
+        layout.curves_png.write_bytes(curves)
+    else:
+        layout.curves_png.unlink(missing_ok=True)
+    markdown = effects_markdown(found, sources) + "\n\n" + "\n".join(f"- {line}" for line in sentences)
+    write_atomic(layout.effects_md, markdown + "\n")
+    return markdown
+
+
+def effects_markdown(found: list[Effect], sources: list[str]) -> str:
+    """One row per variant: the mean held-out delta with its noise and verdict, the curve, the curation, per source."""
+    def measured(m) -> str:
+        return "" if m is None else f"{m.value:+.4f}" + (f" ± {m.noise:.4f}" if m.noise is not None else "")
+
+    curves = any(e.curve is not None for e in found)
+    curated = any(e.curation is not None for e in found)
+    header = ["variant", "change", "seeds", "mean held-out Δ", "verdict"]
+    header += ["curve area Δ", "first step at baseline final"] if curves else []
+    header += ["train rows (Δ)", "train tokens (Δ)"] if curated else []
+    header += [f"Δ {s}" for s in sources]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for i, e in enumerate(found):
+        # the baseline's row: its own mean held-out loss, against which every Δ is measured
+        mean = f"loss {np.mean(list(e.held_out.values())):.4f}" if i == 0 else measured(e.mean)
+        cells = [e.variant, e.describe, str(e.seeds), mean, "" if i == 0 else e.mean.verdict]
+        if curves:
+            c = e.curve
+            cells += ["" if c is None or i == 0 else f"{measured(c.area)} ({c.area.verdict})",
+                      "" if c is None else str(c.first_step if c.first_step is not None else "never")]
+        if curated:
+            c = e.curation
+            cells += ["", ""] if c is None else [f"{c.rows} ({c.rows_change:+.1%})", f"{c.tokens} {c.unit} ({c.tokens_change:+.1%})"]
+        cells += ["" if i == 0 else measured(e.delta.get(s)) for s in sources]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def curves_plot(found: list[Effect]) -> bytes | None:
+    """Mean held-out loss over training: the baseline (its seeds' mean) and each variant with a curve."""
+    drawn = [e for e in found if e.curve is not None]
+    if not drawn:
+        return None
+    from pipelines.report import plots
+
+    fig, ax = plots._subplots(figsize=(8, 4.5))
+    for e in drawn:
+        ax.plot(e.curve.steps, e.curve.loss, label=e.variant, linewidth=2.5 if e.kind == "baseline" else 1.2,
+                color="black" if e.kind == "baseline" else None)
+    if drawn[0].kind == "baseline":  # the final loss every variant's "first step" is measured against
+        ax.axhline(drawn[0].curve.loss[-1], color="gray", linestyle=":", linewidth=1)
+    ax.set(title="mean held-out loss over training (mean over seeds)", xlabel="step", ylabel="nats")
+    ax.legend(fontsize=7)
+    return plots._png(fig)
 
 
 def noise_note(summary: dict) -> str:
@@ -110,10 +189,12 @@ def noise_note(summary: dict) -> str:
     repeats = summary.get("variant_seeds", 1)
     runs = f"{seeds} baseline seeds and {repeats} seed(s) per variant"
     if summary["noise_ok"]:
-        return f"Noise from {runs} is well below the effects (median |delta| / noise = {ratio:.1f})."
+        return (f"Noise from {runs} is well below the effects (the median variant's effect on what it varied is "
+                f"{ratio:.1f}x its noise).")
     why = (f"only {seeds} baseline seed(s) (at least 3 give a noise estimate; [ablate] noise_seeds)"
            if seeds < 3 or ratio is None else
-           f"with {runs}, the median |delta| is only {ratio:.1f}x the noise (2 standard errors of a delta; "
+           f"with {runs}, the median variant's effect on what it varied is only {ratio:.1f}x the noise (2 standard "
+           "errors of a delta; "
            "more seeds: [ablate] variant_seeds, or longer runs: [ablate] steps)")
     return f"Warning: the seed noise is not well below the effects: {why}; read the agreement figures with care."
 
@@ -141,27 +222,31 @@ def write_mixes(layout: StudyLayout, results: list[dict], base: dict[str, float]
 
 
 def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str], target: str) -> str:
-    """``adaptive.json``: the adaptive run's mix and its held-out target loss beside the baseline's (and the
+    """``adaptive.json``: each adaptive run's mix and its held-out target loss beside the baseline's (and the
     regression's proposal, when the study has one), with the seed noise; returns its Markdown summary."""
     from pipelines.ablate.mixes import target_of
 
     def measured(r: dict) -> float:
         return float(target_of(np.array([r["held_out"][s] for s in sources]), sources, target))
 
-    by_kind = {r["kind"]: r for r in results if r["kind"] in ("baseline", "proposed", "adaptive")}
-    baseline, run = by_kind["baseline"], by_kind["adaptive"]
+    baseline = next(r for r in results if r["kind"] == "baseline")
+    proposed = next((r for r in results if r["kind"] == "proposed"), None)
     noise = max([abs(measured(r) - measured(baseline)) for r in results if r["kind"] == "noise"], default=None)
-    mean = run.get("mixing", {}).get("mix_weights_mean", {})
-    out = {"target": target, "noise": noise, "run": run["name"], "mix_weights_mean": mean,
-           "mix_weights_final": run.get("mixing", {}).get("mix_weights", {}),
-           "measured": {k: measured(r) for k, r in by_kind.items()}}
     noise_text = f"seed noise {noise:.4f}" if noise is not None else "seed noise not measured: noise_seeds = 1"
-    line = (f"Adaptive mix ({run['name']}, reference: the baseline run): held-out {target} loss "
-            f"{out['measured']['adaptive']:.4f} vs baseline {out['measured']['baseline']:.4f} "
-            f"({out['measured']['adaptive'] - out['measured']['baseline']:+.4f} nats")
-    if "proposed" in out["measured"]:
-        line += f"; the regression's proposed mix {out['measured']['proposed'] - out['measured']['baseline']:+.4f}"
-    line += f"; {noise_text}). Its mean weights over the run: " + ", ".join(f"{k}={w:.3f}" for k, w in mean.items())
-    out["summary"] = [line]
+    out = {"target": target, "noise": noise, "measured": {"baseline": measured(baseline)}, "runs": {}}
+    if proposed is not None:
+        out["measured"]["proposed"] = measured(proposed)
+    lines = []
+    for run in (r for r in results if r["kind"] == "adaptive"):
+        mean = run.get("mixing", {}).get("mix_weights_mean", {})
+        out["runs"][run["name"]] = {"mix_weights_mean": mean, "mix_weights_final": run.get("mixing", {}).get("mix_weights", {})}
+        out["measured"][run["name"]] = measured(run)
+        line = (f"Adaptive mix ({run['name']}, reference: the baseline run): held-out {target} loss "
+                f"{measured(run):.4f} vs baseline {measured(baseline):.4f} ({measured(run) - measured(baseline):+.4f} nats")
+        if proposed is not None:
+            line += f"; the regression's proposed mix {measured(proposed) - measured(baseline):+.4f}"
+        lines.append(line + f"; {noise_text}). Its mean weights over the run: "
+                     + ", ".join(f"{k}={w:.3f}" for k, w in mean.items()))
+    out["summary"] = lines
     write_atomic(layout.adaptive_json, json.dumps(out, indent=1))
-    return line
+    return "\n".join(lines)

@@ -22,8 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_report(args: argparse.Namespace) -> int:
     cfg = DiagnoseConfig(memory_limit_gib=args.memory_limit_gib)
     path = write_report(args.dir, output=args.output, diagnose_cfg=cfg)
+    _, run, _ = locate(args.dir)
+    if run is not None and run.counterfactual is not None:
+        from pipelines.report.counterfactual import text
+
+        print(text(run.counterfactual))
     if args.diagnose:
-        _, run, _ = locate(args.dir)
         print(format_findings(diagnose(run, cfg)) if run is not None else
               f"diagnosis: {args.dir} holds no training run (metrics.jsonl); nothing to diagnose")
     print(f"report: {path}")

@@ -17,6 +17,7 @@ import polars as pl
 
 from curate.errors import InputError
 from curate.manifest import upgrade
+from curate.wholefile import MANIFEST_BYTES, read_whole
 from curate.workdir import is_url
 
 log = logging.getLogger(__name__)
@@ -125,13 +126,13 @@ def read_job_folder(path: str | Path, storage_options: dict[str, Any] | None = N
         where = f"{path}/manifest.json"
         if not fs.isfile(where):
             raise InputError(f"{path} is not a curation job folder: no manifest.json there")
-        text = fs.cat_file(where).decode("utf-8")
+        text = read_whole(where, limit=MANIFEST_BYTES, what="manifest", storage_options=storage_options).decode("utf-8", "replace")
     else:
         path = Path(path)
         where = str(path / "manifest.json")
         if not is_job_dir(path):
             raise InputError(f"{path} is not a curation job folder: no manifest.json there")
-        text = (path / "manifest.json").read_text()
+        text = read_whole(where, limit=MANIFEST_BYTES, what="manifest").decode("utf-8", "replace")
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as err:

@@ -213,13 +213,16 @@ def source_regression(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
                     f"{loss.min():.3f} to {loss[-1]:.3f}",
                     f"the other sources' held-out loss changed {np.mean(others):+.3f} nats on average over the run"]
         settings = [f"raise {source!r}'s weight in the mix stage (or lower max_epochs if it is repeated and overfit)"]
-        attr = run.attribution
-        if attr is not None and source in attr.sources:
-            column = attr.matrix[:, attr.sources.index(source)]
-            worst = int(np.nanargmax(column))
-            if column[worst] > 0:
-                evidence.append(f"attribution: training on {attr.sources[worst]!r} raised it by {column[worst]:+.3g} nats")
-                settings.append(f"lower {attr.sources[worst]!r}'s weight in the mix stage")
+        cf = run.counterfactual
+        if cf is not None and source in cf.held_out and 0.0 in cf.predicted:
+            # the source whose removal is predicted to lower this loss the most, beyond its interval
+            left_out = cf.predicted[0.0][:, cf.held_out.index(source)]
+            half = cf.interval[0.0][:, cf.held_out.index(source)]
+            worst = int(np.nanargmin(left_out))
+            if left_out[worst] < -half[worst]:
+                evidence.append(f"counterfactual: leaving out {cf.sources[worst]!r} would lower it by "
+                                f"{-left_out[worst]:.3g} ± {half[worst]:.2g} nats")
+                settings.append(f"lower {cf.sources[worst]!r}'s weight in the mix stage")
         return Finding(rule="source_regression", title=f"Held-out loss on {source!r} rises while others fall",
                        evidence=evidence, settings=settings)
     return None

@@ -20,6 +20,7 @@ from curate.errors import InputError
 from curate.workdir import is_url
 from pipelines.ablate.layout import Study, load_study
 from pipelines.report import continued, plots
+from pipelines.report import counterfactual as cf_text
 from pipelines.report.curation import CurationJob, is_job_dir, read_job_folder
 from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
 from pipelines.report.training import TrainingRun, attribution_rows, is_run_dir, load_run
@@ -109,8 +110,11 @@ def curation_section(job: CurationJob) -> str:
              f"<p class=muted>{html.escape(str(job.path))} — {totals.get('rows_read', '?')} rows read, "
              f"{totals.get('rows_written', '?')} written, {totals.get('rows_rejected', '?')} rejected, "
              f"{totals.get('repeats', 0)} repeats, {totals.get('seconds', '?')} s</p>",
-             _table(["source", "read", "written", "rejected"], rows),
-             "<h3>Funnel</h3>", _img(plots.funnel(job), "rows per stage and rejects by reason")]
+             _table(["source", "read", "written", "rejected"], rows), "<h3>Funnel</h3>"]
+    if job.rejects_by_reason():
+        parts.append(_img(plots.funnel(job), "rows per stage and rejects by reason"))
+    else:
+        parts += ["<p>No rejects: every row read reached the output.</p>", _img(plots.funnel(job), "rows per stage")]
     mix = job.mix_report()
     if mix:
         parts += ["<h3>Mix</h3>", _img(plots.mix_shares(job), "target vs realized shares"),
@@ -142,32 +146,70 @@ def _run_summary(run: TrainingRun) -> str:
                      rows))
 
 
+def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = None) -> str:
+    """What a change of the mix is predicted to do, in sentences per held-out set (the mean first), then as
+    tables with the interval and, where a study measured the same variant, the measurement beside it."""
+    steps = f"steps {cf.steps[0]}-{cf.steps[1]}" if cf.steps else f"step {cf.step}"
+    parts = ["<h2>Which source helps: what a change of the mix would do</h2>",
+             f"<p>Predicted change of each held-out loss at the end of the run (nats, ± two standard errors) if one "
+             f"source's share of the training tokens were scaled, the others taking up the rest; read from this run "
+             f"({html.escape(steps)}): each update's derivative by the source's share, through AdamW's first and "
+             "second moments, with the recent updates counting most, and a response that saturates toward leaving "
+             "a source out. <i>Can't tell</i>: the interval holds 0.</p>"]
+    if study is not None and study.correlation and not study.correlation.get("noise_ok", True):
+        parts.append(f'<div class="finding"><p>{html.escape(study.correlation.get("note", ""))}</p></div>')
+    for held_out, said in cf_text.sentences(cf):
+        title = "Mean over the held-out sets" if held_out == "mean" else f"Held-out set {held_out}"
+        parts.append(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{_code(x)}</li>" for x in said) + "</ul>")
+    measured = bool(cf.measured)
+    for factor in cf.factors:
+        header = ["source", *[f"{h} (nats)" for h in cf.held_out]]
+        rows = []
+        for i, source in enumerate(cf.sources):
+            row = [source]
+            for j, h in enumerate(cf.held_out):
+                text = f"{cf.predicted[factor][i, j]:+.3f} ± {cf.interval[factor][i, j]:.3f}"
+                found = cf.measured.get((source, factor), {}).get(h)
+                if found is not None:
+                    text += f" (measured {found[0]:+.3f} ± {found[1]:.3f})"
+                row.append(text)
+            rows.append(row)
+        name = "left out" if factor == 0 else f"share x {factor:g}"
+        parts.append(f"<p>Each source {html.escape(name)}" + (": predicted, and measured by the study" if measured
+                                                              else ": predicted") + "</p>" + _table(header, rows))
+    parts.append(_img(plots.counterfactual(cf), "predicted change of held-out loss per source"))
+    return "".join(parts)
+
+
+def _code(text: str) -> str:
+    """Escaped text with `name` spans as code."""
+    pieces = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(pieces))
+
+
 def _attribution(attr) -> str:
-    """The matrix, and per held-out source the measured change beside what the sources explain."""
-    parts = []
+    """The decomposition: the matrix, and per held-out source the measured change beside what the sources explain."""
+    parts = ["<p>Where this run's held-out loss change came from: the optimizer's actual steps split by the "
+             "training source whose gradient caused them, and the held-out gradient integrated along them. The "
+             "cells add up to the measured change, but one cell is not what leaving that source out would do: "
+             "sources pull against each other, so a cell can be many times larger than any change of the mix "
+             "would cause, with a neighbour of the opposite sign (for that, see <i>which source helps</i>).</p>"]
     if attr.measured is None:  # a record of the older contract: an estimate with nothing to check it against
-        parts.append("<p>Estimated change of each held-out source's loss (columns) from the updates on each "
-                     "training source (rows); this run's records carry no measured change to check it against.</p>")
+        parts.append("<p>This run's records carry no measured change to check the decomposition against.</p>")
     else:
         steps = f"steps {attr.steps[0]}-{attr.steps[1]}" if attr.steps else f"the steps up to {attr.step}"
-        parts.append(f"<p>Change of each held-out source's loss over {steps}, measured on fixed held-out batches, "
-                     "and the part of it each training source's updates caused (the optimizer's actual steps, "
-                     "split by source; the held-out gradient integrated along them). What no source explains "
-                     "(weight decay, router losses, momentum from before the first attributed step) is "
-                     "<i>other</i>; <i>residual</i> is the integration's error: sources + other + residual = "
-                     "measured. Negative is better.</p>")
+        parts.append(f"<p>Over {steps}, measured on fixed held-out batches. What no source explains (weight decay, "
+                     "router losses, momentum from before the first attributed step) is <i>other</i>; "
+                     "<i>residual</i> is the integration's error: sources + other + residual = measured. "
+                     "Negative is lower loss.</p>")
         rows = [[r["source"], r["measured"], r["attributed"], r["unattributed"], r["residual"],
-                 "" if r["share"] is None else f"{100 * r['share']:.0f}%",
-                 "" if r["helped_most_by"] is None else f"{r['helped_most_by']} ({r['helped_most']:+.3g})"]
+                 "" if r["share"] is None else f"{100 * r['share']:.0f}%"]
                 for r in attribution_rows(attr)]
-        parts.append(_table(["held-out source", "measured", "sources", "other", "residual", "attributed",
-                             "helped most by"], rows))
+        parts.append(_table(["held-out source", "measured", "sources", "other", "residual", "attributed"], rows))
         if attr.parts:
             parts.append(_table(["other, by part", *attr.sources],
                                 [[k, *map(float, v)] for k, v in attr.parts.items()]))
-    parts += [_img(plots.attribution(attr), "attribution matrix"),
-              _table(["trained on", "on its own held-out set", "on all held-out sets"],
-                     [[s, float(d), float(r)] for s, d, r in zip(attr.sources, attr.diagonal, attr.row_sums)])]
+    parts.append(_img(plots.attribution(attr), "decomposition matrix"))
     return "".join(parts)
 
 
@@ -198,7 +240,7 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
         if experts:
             parts += ["<h3>Experts</h3>", _img(experts, "expert load and routing")]
     if run.attribution is not None:
-        parts += ["<h3>Attribution</h3>", _attribution(run.attribution)]
+        parts += ["<h3>Where the held-out change came from (decomposition)</h3>", _attribution(run.attribution)]
     if run.logs or run.alerts:
         parts += ["<h3>Alerts and skipped steps</h3>", _img(plots.timeline(run), "alerts timeline")]
         parts.append(_table(["step", "kind", "message"], [[a.get("step"), a.get("kind"), a.get("message")]
@@ -209,8 +251,15 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
 
 def study_section(study: Study) -> str:
     frame = study.table
-    parts = ["<h3>Ablation</h3>", _table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
-             _img(plots.ablation_heatmap(frame), "ablation heatmap")]
+    parts = ["<h3>Ablation</h3>"]
+    if study.effects is not None:  # one row per variant, noise and verdict included; then one sentence each
+        effects = study.effects
+        parts += ["<h4>Effect of each variant (against the baseline's seeds)</h4>",
+                  _table(list(effects.columns), [list(r) for r in effects.iter_rows()])]
+        parts += ["<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in study.summary) + "</ul>"]
+        parts.append("<h4>Every run</h4>")
+    parts += [_table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
+              _img(plots.ablation_heatmap(frame), "ablation heatmap")]
     if study.correlation:
         c = study.correlation
         parts.append(f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
@@ -233,6 +282,14 @@ def render(job: CurationJob | None, run: TrainingRun | None, study: Study | None
     """The whole page as a string."""
     title = "winnow report: " + " / ".join(x for x in (job and job.name, (run or study) and (run or study).path.name) if x)
     body = []
+    counterfactual = run.counterfactual if run is not None else None
+    if counterfactual is not None and study is not None and study.cells is not None:
+        cf_text.attach_measured(counterfactual, study.cells)
+    if counterfactual is not None:
+        body.append(counterfactual_section(counterfactual, study))
+    elif run is not None and run.attribution is None and (run.config.get("attribution") or {}).get("every"):
+        body.append("<h2>Which source helps</h2><p>The run ended before its first attributed stretch closed "
+                    "(train.attribution start and every): nothing to predict from.</p>")
     if run is not None:
         body.append(training_section(run, diagnose(run, diagnose_cfg)))
     if study is not None:

@@ -14,6 +14,7 @@ matplotlib.use("Agg")  # headless: CI and `winnow run` have no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipelines.report.curation import CurationJob  # noqa: E402
 from pipelines.report.training import Attribution, TrainingRun  # noqa: E402
@@ -44,17 +45,24 @@ def _png(fig) -> bytes:
 
 # ---- curation -------------------------------------------------------------------------------
 def funnel(job: CurationJob) -> bytes:
-    """Rows after each stage, and the rows each reject reason removed (stacked by source)."""
+    """Rows after each stage, and the rows each reject reason removed (stacked by source; no panel without rejects)."""
     stages = job.funnel()
     reasons = job.rejects_by_reason()
     colors = palette(job.sources)
-    fig, (ax1, ax2) = _subplots(1, 2, figsize=(13, max(3.5, 0.3 * max(len(stages), len(reasons)) + 1)))
+    height = max(3.5, 0.3 * max(len(stages), len(reasons)) + 1)
+    if not reasons:  # a chart of nothing would only show empty axes
+        fig, ax1 = _subplots(figsize=(6.5, height))
+        ax2 = None
+    else:
+        fig, (ax1, ax2) = _subplots(1, 2, figsize=(13, height))
     names = [s["id"] for s in stages][::-1]
     ax1.barh(names, [s["rows_out"] for s in stages][::-1], color="tab:blue", label="rows out")
     ax1.barh(names, [s["rows_rejected"] for s in stages][::-1], left=[s["rows_out"] for s in stages][::-1],
              color="tab:gray", alpha=0.6, label="rejected")
     ax1.set(title="Rows per stage", xlabel="rows")
     ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
+    if ax2 is None:
+        return _png(fig)
     labels = list(reasons)[::-1]
     left = np.zeros(len(labels))
     for source in job.sources:
@@ -113,6 +121,7 @@ def curriculum(means: list[tuple[str, float]], column: str) -> bytes | None:
         return None
     fig, ax = _subplots(figsize=(6.5, 3.2))
     ax.plot(np.arange(len(means)), [m for _, m in means], marker="o")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # shards are counted: no tick at shard 0.5
     ax.set(title=f"Curriculum: mean {column} by shard", xlabel="training shard (read order)", ylabel=f"mean {column}")
     return _png(fig)
 
@@ -214,8 +223,18 @@ def expert_load(run: TrainingRun) -> bytes | None:
     return _png(fig)
 
 
+def _signed_heatmap(ax, matrix: np.ndarray, limit: float):
+    """A diverging map centred on 0 (blue = lower loss) with each cell's value in a colour that reads on it."""
+    image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    for (i, j), value in np.ndenumerate(matrix):
+        if np.isfinite(value):
+            dark = abs(value) > 0.55 * limit  # the map's ends are dark: white text there, black elsewhere
+            ax.text(j, i, f"{value:+.3g}", ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    return image
+
+
 def attribution(attr: Attribution) -> bytes:
-    """The source x source matrix (rows train on, columns held-out sets, blue = loss lowered), with the
+    """The decomposition matrix (rows train on, columns held-out sets, blue = loss lowered), with the
     unattributed rest and the measured change as two more rows when the record has them."""
     labels, rows = list(attr.sources), [attr.matrix]
     if attr.measured is not None and attr.unattributed is not None:
@@ -223,18 +242,37 @@ def attribution(attr: Attribution) -> bytes:
         rows += [attr.unattributed[None], attr.measured[None]]
     matrix = np.concatenate(rows)
     limit = float(np.nanmax(np.abs(matrix))) or 1.0
-    fig, ax = _subplots(figsize=(1.2 * len(attr.sources) + 3, 1.0 * len(labels) + 2))
-    image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    fig, ax = _subplots(figsize=(1.2 * len(attr.sources) + 3, 0.6 * len(labels) + 2))
+    image = _signed_heatmap(ax, matrix, limit)
     ax.set_xticks(np.arange(len(attr.sources)), attr.sources, rotation=30)
     ax.set_yticks(np.arange(len(labels)), labels)
     if len(labels) > len(attr.sources):
         ax.axhline(len(attr.sources) - 0.5, color="black", linewidth=1)
-    for i in range(len(labels)):
-        for j in range(len(attr.sources)):
-            ax.text(j, i, f"{matrix[i, j]:+.3g}", ha="center", va="center", fontsize=8)
-    ax.set(title=f"Attribution at step {attr.step}: held-out loss change (nats)", xlabel="held-out source",
-           ylabel="trained on")
-    fig.colorbar(image, ax=ax)
+    ax.set(title=f"Decomposition at step {attr.step}: held-out loss change by cause", xlabel="held-out set",
+           ylabel="caused by training on")
+    fig.colorbar(image, ax=ax, label="nats (negative: lowered)")
+    return _png(fig)
+
+
+def counterfactual(cf) -> bytes:
+    """Per training source, the predicted change of each held-out loss if it were left out (bars, with the
+    interval as error bars; the mean over the held-out sets hatched)."""
+    factor = 0.0 if 0.0 in cf.predicted else cf.factors[0]
+    S, B = len(cf.sources), len(cf.held_out)
+    fig, ax = _subplots(figsize=(max(6.0, 1.3 * S + 3), 4))
+    width = 0.8 / B
+    colors = palette([h for h in cf.held_out if h != "mean"])
+    for j, held_out in enumerate(cf.held_out):
+        x = np.arange(S) + (j - (B - 1) / 2) * width
+        ax.bar(x, cf.predicted[factor][:, j], width, yerr=cf.interval[factor][:, j], capsize=2,
+               color=colors.get(held_out, "white"), edgecolor="black", hatch="//" if held_out == "mean" else None,
+               label="mean of the held-out sets" if held_out == "mean" else held_out)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(S), cf.sources)
+    name = "left out" if factor == 0 else f"share x {factor:g}"
+    ax.set(title=f"Each training source {name}: predicted change of held-out loss (above 0: the source helps)",
+           xlabel="training source", ylabel="nats")
+    ax.legend(fontsize=7, title="held-out set", ncols=2)
     return _png(fig)
 
 

@@ -2,9 +2,9 @@
 
 ``metrics.jsonl`` mixes three kinds of records (``train/metrics.py``, ``train/trainer.py``):
 log records (``loss``, ``lr``, ``grad_norm``, ``per_source``, ``expert_load``, ``routing``, ...),
-evaluation records (``{"step", "eval": {"loss", "per_source"}}``) and attribution records
-(``{"step", "attribution": ...}``, a source x source matrix of held-out loss changes). They are
-split here once, so plots and diagnosis work on plain arrays and never re-parse JSON.
+evaluation records (``{"step", "eval": {"loss", "per_source"}}``), attribution records
+(``{"step", "attribution": ...}``, a source x source matrix of held-out loss changes) and counterfactual
+records (``{"step", "counterfactual": ...}``, ``pipelines/report/counterfactual.py``). They are split here once, so plots and diagnosis work on plain arrays and never re-parse JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from curate.errors import InputError
+from pipelines.report.counterfactual import Counterfactual
+from pipelines.report.counterfactual import parse as parse_counterfactual
 from train.alerts import SKIP_ALERT, AlertKind
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class TrainingRun:
     logs: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
     attribution: Attribution | None = None
+    counterfactual: Counterfactual | None = None
     alerts: list[dict] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     bad_lines: int = 0
@@ -188,7 +191,7 @@ def _each_step_once(records: list[dict]) -> list[dict]:
     every earlier record from that step on is dropped: the latest attempt wins.
     """
     def kind(record: dict) -> str:
-        return next((k for k in ("eval", "attribution", "stop") if k in record), "log")
+        return next((k for k in ("eval", "attribution", "counterfactual", "stop") if k in record), "log")
 
     kept: list[dict] = []
     last: dict[str, int] = {}
@@ -276,6 +279,8 @@ def load_run(path: str | Path) -> TrainingRun:
             run.evals.append(record)
         elif "attribution" in record:
             run.attribution = parse_attribution(record) or run.attribution  # accumulated: the last one wins
+        elif "counterfactual" in record:
+            run.counterfactual = parse_counterfactual(record) or run.counterfactual
         elif "loss" in record:
             run.logs.append(record)
         elif "stop" in record:

@@ -212,6 +212,95 @@ def _foreign(tmp: Path) -> str:
 
 BIG = "w" * (30 << 20)
 
+HUGE = [2**64 - 1, 2**64 - 2, 2**70, 2**70 + 1]  # hash ids: past 2**53 a float would merge them
+
+
+def kept_meta(expected: dict[str, str | None]) -> Callable[[Path, Path], None]:
+    """The kept rows' ids and their meta, byte for byte."""
+    def check(folder: Path, out: Path) -> None:
+        rows = pl.read_parquet(sorted((out / "shards").rglob("*.parquet")))
+        assert dict(zip(rows["id"].to_list(), rows["meta"].to_list())) == expected
+    return check
+
+
+LIMIT = "max_record_bytes = 1048576\n"  # 1 MiB, so the too-long cases stay small
+LONG_GOOD = [{"id": f"h{i}", "text": f"after the long one {i}"} for i in range(3)]
+
+
+def long_line(kind: str, mib: int = 8) -> Callable[[Path], tuple[str, set[str]]]:
+    """A JSONL file whose middle line is ``mib`` MiB (built from repeated compressed members, so it stays small)."""
+    head, tail = jl(*GOOD) + b'{"id": "big", "text": "', b'"}\n' + jl(*LONG_GOOD)
+    name = {"gz": "a.jsonl.gz", "zst": "a.jsonl.zst", "plain": "a.jsonl"}[kind]
+
+    def build(folder: Path) -> tuple[str, set[str]]:
+        if kind == "gz":
+            x = gzip.compress(b"x" * (1 << 20), compresslevel=1, mtime=0)
+            blob = gzip.compress(head, mtime=0) + x * mib + gzip.compress(tail, mtime=0)
+        elif kind == "zst":
+            z = zstandard.ZstdCompressor()
+            blob = z.compress(head) + z.compress(b"x" * (1 << 20)) * mib + z.compress(tail)
+        else:
+            blob = head + b"x" * (mib << 20) + tail
+        (folder / name).write_bytes(blob)
+        offset = len(jl(*GOOD))
+        return inputs(folder / name) + LIMIT, GOOD_IDS | {r["id"] for r in LONG_GOOD} | {f"s/{name}@{offset}"}
+    return build
+
+
+def long_last_line(folder: Path) -> tuple[str, set[str]]:
+    (folder / "a.jsonl").write_bytes(jl(*GOOD) + b"y" * (3 << 20))  # no newline at the end
+    return inputs(folder / "a.jsonl") + LIMIT, GOOD_IDS | {AFTER_GOOD}
+
+
+def long_text_file(folder: Path) -> tuple[str, set[str]]:
+    (folder / "docs").mkdir()
+    (folder / "docs" / "a.txt").write_text("a short document")
+    (folder / "docs" / "b.txt.gz").write_bytes(gzip.compress(b"z" * (3 << 20), mtime=0))
+    return inputs(folder / "docs", "text") + LIMIT, {"s/a.txt", "s/b.txt.gz"}
+
+
+def tokens_output(tokenizer: str) -> str:
+    return f'[output]\nshard_rows = 4\nformats = ["parquet", "tokens"]\n[output.tokens]\ntokenizer = "{tokenizer}"\n'
+
+
+def tokenizer_case(make: Callable[[Path], None]) -> Callable[[Path], tuple[str, set[str]]]:
+    """A job whose ``[output.tokens] tokenizer`` is the file ``make`` builds."""
+    def build(folder: Path) -> tuple[str, set[str]]:
+        make(folder / "tokenizer.json")
+        return good_input(folder)[0] + tokens_output(str(folder / "tokenizer.json")), GOOD_IDS
+    return build
+
+
+def sparse(size: int) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        with open(path, "wb") as fh:
+            fh.truncate(size)  # a sparse file: its size without its bytes on disk
+    return make
+
+
+def output_with(name: str, target: str) -> Callable[[Path], str]:
+    """An output folder that holds ``name`` as a link to ``target`` (a device, a FIFO)."""
+    def make(tmp: Path) -> str:
+        (tmp / "theirs").mkdir()
+        os.symlink(target, tmp / "theirs" / name)
+        return str(tmp / "theirs")
+    return make
+
+
+def link_untouched(name: str, target: str) -> Callable[[Path, Path], None]:
+    def check(folder: Path, out: Path) -> None:
+        assert os.readlink(out / name) == target
+    return check
+
+
+def raw_jsonl(*lines: str) -> bytes:
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def parquet_text(array: pa.Array, **extra: pa.Array) -> Callable[[Path], tuple[str, set[str]]]:
+    ids = [f"p{i}" for i in range(len(array))]
+    return parquet_case(pa.table({"id": ids, "text": array, **extra}), set(ids))
+
 CASES: list[Case] = [
     # -- encoding ------------------------------------------------------------------------------
     Case("raw_invalid_utf8", jsonl_case(jl(*GOOD, b'{"id": "u", "text": "caf\xe9"}\n'), GOOD_IDS | {"u"}),
@@ -272,6 +361,48 @@ CASES: list[Case] = [
          {"read:missing_text": 1}, kept=1),
     # -- ids -----------------------------------------------------------------------------------
     Case("duplicate_ids_across_inputs", two_inputs_same_ids, {"read:duplicate_id": 1}, kept=4),
+    Case("integer_ids_past_2_53", jsonl_case(raw_jsonl(*(f'{{"id": {i}, "text": "doc {i}"}}' for i in HUGE)), {str(i) for i in HUGE}),
+         kept=4, check=kept_meta({str(i): None for i in HUGE})),
+    Case("int_id_beside_float_id", jsonl_case(raw_jsonl('{"id": 7, "text": "a"}', '{"id": 1.5, "text": "b"}',
+                                                        '{"id": 1e3, "text": "c"}', '{"id": 0.10, "text": "d"}'),
+                                              {"7", "1.5", "1e3", "0.10"}), kept=4),
+    Case("meta_numbers_exact", jsonl_case(raw_jsonl('{"id": "a", "text": "x", "n": 12345678901234567890123, "f": 1.5}',
+                                                    '{"id": "b", "text": "y", "n": 1, "f": 2}',
+                                                    '{"id": "c", "text": "z", "n": 18446744073709551615, "f": 0.1}'),
+                                          {"a", "b", "c"}), kept=3,
+         check=kept_meta({"a": '{"n":12345678901234567890123,"f":1.5}', "b": '{"n":1,"f":2}',
+                          "c": '{"n":18446744073709551615,"f":0.1}'})),
+    Case("tar_json_integer_ids_past_2_53", tar_case([("a.txt", b"one"), ("a.json", f'{{"id": {2**70}}}'.encode()),
+                                                     ("b.txt", b"two"), ("b.json", f'{{"id": {2**70 + 1}}}'.encode())],
+                                                    {str(2**70), str(2**70 + 1)}), kept=2),
+    Case("parquet_ids_uint64", parquet_case(pa.table({"id": pa.array(HUGE[:2], pa.uint64()), "text": ["a", "b"]}),
+                                            {str(i) for i in HUGE[:2]}), kept=2),
+    # -- Parquet text columns: every Arrow encoding a writer may choose -----------------------------------
+    Case("parquet_text_binary", parquet_text(pa.array([b"one", b"caf\xc3\xa9"], pa.binary())), kept=2,
+         check=kept_text(["one", "café"])),
+    Case("parquet_text_large_binary", parquet_text(pa.array([b"one", b"two"], pa.large_binary())), kept=2),
+    Case("parquet_text_fixed_size_binary", parquet_text(pa.array([b"ab", b"cd"], pa.binary(2))), kept=2),
+    Case("parquet_text_dictionary", parquet_text(pa.array(["one", "one", "two"]).dictionary_encode()), kept=3),
+    Case("parquet_text_large_string", parquet_text(pa.array(["one", "two"], pa.large_string())), kept=2),
+    Case("parquet_binary_text_not_utf8", parquet_text(pa.array([b"ok", b"caf\xe9"], pa.binary())),
+         {"read:bad_utf8": 1}, kept=1),
+    Case("parquet_binary_meta_column", parquet_text(pa.array(["one", "two"]), blob=pa.array([b"\x00\xff", None])),
+         kept=2, check=kept_meta({"p0": '{"blob":"AP8="}', "p1": '{"blob":null}'})),
+    Case("parquet_id_column_nested", parquet_case(pa.table({"id": pa.array([[1], [2]]), "text": ["a", "b"]}),
+                                                  {"a.parquet#0", "a.parquet#1"}), {"read:bad_schema": 2}, kept=0),
+    # -- records past [[inputs]] max_record_bytes: one reject each, read past in bounded memory --------------
+    Case("gzip_line_past_max_record_bytes", long_line("gz"), {"read:too_long": 1}, kept=6),
+    Case("zstd_line_past_max_record_bytes", long_line("zst"), {"read:too_long": 1}, kept=6),
+    Case("plain_line_past_max_record_bytes", long_line("plain", 3), {"read:too_long": 1}, kept=6),
+    Case("unterminated_last_line_past_max_record_bytes", long_last_line, {"read:too_long": 1}, kept=3),
+    Case("text_file_past_max_record_bytes", long_text_file, {"read:too_long": 1}, kept=1),
+    Case("tar_member_past_max_record_bytes", lambda folder: (tar_case([("a.txt", b"one"), ("b.txt", b"t" * (3 << 20)),
+                                                                       ("b.json", b"{}"), ("c.txt", b"three")],
+                                                                      {"s/a.tar/a", "s/a.tar/b", "s/a.tar/c"})(folder)[0]
+                                                             + LIMIT, {"s/a.tar/a", "s/a.tar/b", "s/a.tar/c"}),
+         {"read:too_long": 1}, kept=2),
+    Case("parquet_text_past_max_record_bytes", lambda folder: (parquet_text(pa.array(["one", "p" * (3 << 20)]))(folder)[0]
+                                                               + LIMIT, {"p0", "p1"}), {"read:too_long": 1}, kept=1),
     # -- the file system -----------------------------------------------------------------------
     Case("symlink_loop_in_folder", symlink_loop, error="Too many levels of symbolic links"),
     Case("dangling_symlink", dangling_link, error="symbolic link to nothing or into a loop"),
@@ -282,6 +413,14 @@ CASES: list[Case] = [
          if os.geteuid() == 0 else None),
     Case("file_nobody_can_read", kernel_refuses_reads, error="cannot open input file"),
     Case("missing_path", lambda folder: (inputs(folder / "nope.jsonl"), set()), error="does not exist"),
+    # -- files read whole: a regular file under a cap, never a device read forever ----------------------
+    Case("tokenizer_linked_to_dev_zero", tokenizer_case(lambda p: os.symlink("/dev/zero", p)), error="not a regular file"),
+    Case("tokenizer_larger_than_its_cap", tokenizer_case(sparse((256 << 20) + 1)), error="over winnow's cap"),
+    Case("tokenizer_not_utf8", tokenizer_case(lambda p: p.write_bytes(b"\xff\xfe{")), error="not a tokenizer.json"),
+    Case("output_readme_linked_to_dev_zero", good_input, kept=3, output=output_with("README.md", "/dev/zero"),
+         check=link_untouched("README.md", "/dev/zero")),
+    Case("output_manifest_linked_to_dev_zero", good_input, error="holds files winnow did not write",
+         output=output_with("manifest.json", "/dev/zero")),
     # -- the output folder ---------------------------------------------------------------------
     Case("output_is_a_file", good_input, error="is a file, not a folder", output=lambda tmp: _file(tmp / "afile")),
     Case("output_under_a_file", good_input, error="cannot write the output folder",
@@ -302,7 +441,8 @@ def test_bad_input(case: Case, tmp_path: Path, capsys, nothing_lost) -> None:
     output = case.output(tmp_path) if case.output else str(tmp_path / "out")  # a str: Path() would eat "//"
     out = Path(output)
     job = folder / "job.toml"
-    job.write_text(f'[job]\nname = "cat"\noutput = "{tmp_path / "out"}"\n' + tables + '[output]\nshard_rows = 4\n')
+    own_output = "" if "[output]" in tables else "[output]\nshard_rows = 4\n"  # a case may set its own
+    job.write_text(f'[job]\nname = "cat"\noutput = "{tmp_path / "out"}"\n' + tables + own_output)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
               and os.access(p, os.R_OK) and not p.is_fifo()}
     rc = main(["-q", "curate", str(job), "--output", output])
@@ -311,7 +451,7 @@ def test_bad_input(case: Case, tmp_path: Path, capsys, nothing_lost) -> None:
     if case.error is not None:
         assert rc == 2, err
         assert err.startswith("winnow curate: error: ") and case.error in err, err
-        assert not (out / "manifest.json").exists() and not Path("s3:").exists()
+        assert not (out / "manifest.json").is_file() and not Path("s3:").exists()
         return
     assert rc == 0, err
     manifest = nothing_lost(out, ids)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import polars as pl
 import pyarrow.dataset as ds
@@ -124,3 +126,30 @@ def test_a_readme_winnow_did_not_write_is_left_alone(tmp_path, write_job):
     (job.output_dir / "README.md").write_text("my notes")
     run_job(job, progress=False)
     assert (job.output_dir / "README.md").read_text() == "my notes"
+
+
+def test_the_dataset_card_escapes_names_in_its_header_and_tables(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from curate.card import render_card
+
+    odd = "we|ird: <b>`x`</b>\nnext"
+    (tmp_path / "shards").mkdir()
+    pq.write_table(pa.table({"text": ["a"], odd: [1]}), tmp_path / "shards" / "part-0.parquet")
+    manifest = {"job": "j<script>", "shards": [{"split": "train", "format": "parquet", "path": "shards/part-0.parquet",
+                                                "rows": 1, "bytes": 10}],
+                "inputs": [{"source": odd, "format": "jsonl", "files": ["a"]}],
+                "by_source": {odd: {"read": 1, "written": 1, "rejected": {}}},
+                "stages": [{"id": "01.mine", "rows_in": 1, "rows_out": 1, "rows_rejected": 0, "rejected": {odd: 0}}]}
+    card = render_card(tmp_path, manifest)
+    header = yaml.safe_load(card.split("\n---\n")[0].removeprefix("---\n"))
+    assert [f["name"] for f in header["dataset_info"]["features"]] == ["text", odd]
+    body = card.split("\n---\n", 1)[1]
+    outside_code = re.sub(r"(`+)(.+?)\1", "", body.split("\n", 1)[1])  # HTML in a code span is shown, not run
+    assert "<" not in outside_code and "j&lt;script&gt;" in body
+    tables = [t.splitlines() for t in re.split(r"\n(?!\|)[^\n]*\n", body) if t.startswith("|")]
+    assert len(tables) == 4  # sources, stages, features, files
+    for table in tables:  # every row has its header's number of cells: no name opened a new one
+        assert len({len(re.findall(r"(?<!\\)\|", row)) for row in table}) == 1, table

@@ -104,6 +104,17 @@ def test_length_curriculum_puts_short_documents_first(tmp_path):
         assert out.filter(pl.col("source") == source)["text"].str.len_bytes().is_sorted()
 
 
+def test_random_order_shuffles_each_source_and_keeps_the_shares(tmp_path):
+    df = rows({"a": 600, "b": 200}, offset={"b": 0.5})
+    out = ordered(df, tmp_path, by="random", window=100)
+    assert sorted(out["id"].to_list()) == sorted(df["id"].to_list())  # the same rows, every one once
+    halves = out["difficulty"].to_numpy().reshape(2, -1).mean(axis=1)
+    assert abs(halves[0] - halves[1]) < 0.1 and not out.filter(pl.col("source") == "a")["difficulty"].is_sorted()
+    window = out.head(100)["source"].value_counts()
+    assert dict(window.iter_rows()) == {"a": 75, "b": 25}  # stratified like any curriculum
+    assert ordered(df, tmp_path / "again", by="random", window=100)["id"].equals(out["id"])  # seeded
+
+
 def test_window_shuffle_moves_rows_only_inside_their_window(tmp_path):
     df = rows({"a": 1000})
     plain = ordered(df, tmp_path / "1", window=100)

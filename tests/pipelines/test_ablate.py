@@ -9,7 +9,7 @@ import pytest
 
 from curate.errors import ConfigError
 from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.correlation import compare_with_attribution
+from pipelines.ablate.correlation import agreement, compare_with_counterfactual
 from pipelines.ablate.layout import StudyLayout, load_study
 from pipelines.ablate.plan import variants
 from pipelines.ablate.sources import split_by_source
@@ -72,51 +72,85 @@ def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
     assert again == folders
 
 
+def _cf(slope, sources=("code", "prose", "docs"), q=0.5, se=0.01):
+    slope = np.asarray(slope, dtype=float)
+    return {"sources": list(sources), "held_out": [*sources, "mean"],
+            "slope": np.concatenate([slope, slope.mean(1, keepdims=True)], 1),
+            "slope_se": np.full((len(sources), len(sources) + 1), se), "saturation": q}
+
+
+def _result(name, kind, seed, weights, held, **kw):
+    return {"name": name, "kind": kind, "seed": seed, "weights": weights, "held_out": dict(held), "steps": 10, **kw}
+
+
 def test_prediction_matches_measured_deltas():
-    matrix = np.array([[-0.2, 0.0], [-0.05, -0.3]])  # code helps code; prose helps both
-    base = {"code": 0.5, "prose": 0.5}
-    results = [{"name": "baseline", "kind": "baseline", "seed": 0, "weights": base, "held_out": {"code": 2.0, "prose": 3.0}},
-               {"name": "baseline_seed1", "kind": "noise", "seed": 1, "weights": base,
-                "held_out": {"code": 2.01, "prose": 3.01}},
-               {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 0.5},
-                "held_out": {"code": 2.15, "prose": 2.75}},
-               {"name": "without_prose", "kind": "leave_one_out", "seed": 0, "weights": {"code": 0.5},
-                "held_out": {"code": 1.9, "prose": 3.4}}]
-    summary = compare_with_attribution(results, ["code", "prose"], matrix, base)
+    """A source left out or scaled against the others: (r^q - 1)/q times its slope; a mix of several changes: the
+    slopes times the log share ratios."""
+    slope = [[-0.1, 0.0, 0.01], [-0.02, -0.15, 0.0], [0.0, 0.01, -0.2]]  # each source lowers its own loss most
+    base = {"code": 0.4, "prose": 0.4, "docs": 0.2}
+    held = lambda c, p, d: {"code": c, "prose": p, "docs": d}  # noqa: E731
+    results = [_result("baseline", "baseline", 0, base, held(2.0, 3.0, 2.5)),
+               _result("baseline_seed1", "noise", 1, base, held(2.01, 3.01, 2.51)),
+               _result("without_code", "leave_one_out", 0, {"prose": 0.4, "docs": 0.2}, held(2.2, 2.99, 2.49)),
+               _result("docs_x1.5", "weights", 0, {"code": 0.4, "prose": 0.4, "docs": 0.3}, held(2.0, 3.0, 2.44)),
+               _result("mix_00", "random_mix", 0, {"code": 0.2, "prose": 0.4, "docs": 0.4}, held(2.1, 3.0, 2.3))]
+    summary = compare_with_counterfactual(results, [_cf(slope)], base)
     cells = summary["cells"]
-    predicted = dict(zip(cells["variant"] + "/" + cells["source"], cells["predicted"]))
-    assert predicted["without_code/code"] == pytest.approx(0.2 - 0.05)  # -A[code, code] + A[prose, code]
-    assert predicted["without_prose/prose"] == pytest.approx(0.3)  # r = (2, 0): +A[code, prose] - A[prose, prose]
+    key = cells["variant"] + "/" + cells["source"]
+    predicted = dict(zip(key, cells["predicted"]))
+    assert predicted["without_code/code"] == pytest.approx(-2 * -0.1)  # (0^q - 1)/q = -1/q
+    assert predicted["docs_x1.5/docs"] == pytest.approx((1.5**0.5 - 1) / 0.5 * -0.2)
+    ratio = np.array([0.2 / 0.4, 1.0, 0.4 / 0.2])  # the mix against the baseline's shares
+    assert predicted["mix_00/docs"] == pytest.approx(np.log(ratio) @ np.array(slope)[:, 2])
+    varied = dict(zip(cells["variant"], cells["varied"]))
+    assert varied["without_code"] == "code" and varied["docs_x1.5"] == "docs" and varied["mix_00"] is None
+    measured = dict(zip(key, cells["measured"]))
+    assert measured["without_code/code"] == pytest.approx(2.2 - 2.005)
     # two standard errors of a delta: 2 · sd(2.0, 2.01) · sqrt(1/1 + 1/2); deltas are from the baseline seeds' mean
-    assert summary["noise"] == pytest.approx({"code": 2 * 0.01 / 2 ** 0.5 * 1.5 ** 0.5, "prose": 2 * 0.01 / 2 ** 0.5 * 1.5 ** 0.5})
-    measured = dict(zip(cells["variant"] + "/" + cells["source"], cells["measured"]))
-    assert measured["without_code/code"] == pytest.approx(2.15 - 2.005)
-    assert summary["spearman"] > 0.7 and summary["sign_agree"] == summary["above_noise"]
+    assert summary["noise"]["code"] == pytest.approx(2 * 0.01 / 2 ** 0.5 * 1.5 ** 0.5)
+    assert summary["sign_agree"] == summary["above_noise"] and summary["within_2x"] <= summary["above_noise"]
+
+
+def test_sizes_within_a_factor_two_are_counted_on_the_cells_above_the_noise():
+    cells = pl.DataFrame({"measured": [0.2, -0.1, 0.3, 0.001], "predicted": [0.35, -0.3, -0.3, 5.0],
+                          "above_noise": [True, True, True, False]})
+    found = agreement(cells)
+    assert (found["above_noise"], found["sign_agree"], found["within_2x"]) == (3, 2, 1)
 
 
 def test_a_variant_measured_with_several_seeds_is_one_cell_of_their_mean():
-    base = {"code": 0.5, "prose": 0.5}
-    run = lambda name, kind, seed, weights, code, prose, **kw: {"name": name, "kind": kind, "seed": seed,  # noqa: E731
-                                                               "weights": weights, "held_out": {"code": code, "prose": prose}, **kw}
-    results = [run("baseline", "baseline", 0, base, 2.0, 3.0), run("baseline_seed1", "noise", 1, base, 2.02, 3.0),
-               run("baseline_seed2", "noise", 2, base, 2.04, 3.03),
-               run("without_code", "leave_one_out", 0, {"prose": 0.5}, 2.3, 2.9),
-               run("without_code_seed1", "leave_one_out", 1, {"prose": 0.5}, 2.4, 2.8, group="without_code")]
-    summary = compare_with_attribution(results, ["code", "prose"], np.array([[-0.2, 0.0], [-0.05, -0.3]]), base)
+    base = {"code": 0.4, "prose": 0.4, "docs": 0.2}
+    held = lambda c, p, d: {"code": c, "prose": p, "docs": d}  # noqa: E731
+    results = [_result("baseline", "baseline", 0, base, held(2.0, 3.0, 2.5)),
+               _result("baseline_seed1", "noise", 1, base, held(2.02, 3.0, 2.5)),
+               _result("baseline_seed2", "noise", 2, base, held(2.04, 3.03, 2.5)),
+               _result("without_code", "leave_one_out", 0, {"prose": 0.4, "docs": 0.2}, held(2.3, 2.9, 2.5)),
+               _result("without_code_seed1", "leave_one_out", 1, {"prose": 0.4, "docs": 0.2}, held(2.4, 2.8, 2.5),
+                       group="without_code")]
+    # two baseline seeds' counterfactuals: their mean slope, and their spread as its standard error
+    cfs = [_cf(np.eye(3) * -0.1), _cf(np.eye(3) * -0.14)]
+    summary = compare_with_counterfactual(results, cfs, base)
     cells = summary["cells"]
-    assert cells["variant"].to_list() == ["without_code", "without_code"] and cells["seeds"].to_list() == [2, 2]
-    assert cells["measured"].to_list() == pytest.approx([2.35 - 2.02, 2.85 - 3.01])
+    assert cells["variant"].to_list() == ["without_code"] * 3 and cells["seeds"].to_list() == [2, 2, 2]
+    assert cells["measured"].to_list()[:2] == pytest.approx([2.35 - 2.02, 2.85 - 3.01])
+    assert cells["predicted"][0] == pytest.approx(0.24) and cells["interval"][0] == pytest.approx(2 * 2 * 0.02)  # 2 · (1/q) · sd(-0.1, -0.14)/sqrt(2)
     sd = np.std([2.0, 2.02, 2.04], ddof=1)
     assert summary["noise"]["code"] == pytest.approx(2 * sd * np.sqrt(1 / 2 + 1 / 3)) and summary["variant_seeds"] == 2
 
 
 def test_write_study_table_the_report_reads(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(
-        {"step": 10, "attribution": {"sources": SOURCES, "matrix": [[-0.1, 0.0], [0.0, -0.2]]}}) + "\n")
+        {"step": 10, "attribution": {"sources": SOURCES, "matrix": [[-0.1, 0.0], [0.0, -0.2]]}}) + "\n" + json.dumps(
+        {"step": 10, "counterfactual": {"sources": SOURCES, "held_out": [*SOURCES, "mean"], "factors": [0.0],
+                                        "slope": [[-0.1, 0.0, -0.05], [0.0, -0.2, -0.1]], "slope_se": [[0.01] * 3] * 2,
+                                        "predicted": {"0": [[0.2, 0.0, 0.1], [0.0, 0.4, 0.2]]},
+                                        "interval": {"0": [[0.04] * 3] * 2}, "saturation": 0.5}}) + "\n")
     results = [{"name": "baseline", "kind": "baseline", "seed": 0, "weights": {"code": 1, "prose": 1},
-                "held_out": {"code": 2.0, "prose": 3.0}},
+                "held_out": {"code": 2.0, "prose": 3.0}, "steps": 10},
+               {"name": "code_x0.5", "kind": "weights", "seed": 0, "weights": {"code": 0.5, "prose": 1},
+                "held_out": {"code": 2.5, "prose": 2.9}, "steps": 10},
                {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 1},
-                "held_out": {"code": 2.5, "prose": 2.9}}]
+                "held_out": {"code": 2.5, "prose": 2.9}, "steps": 10}]
     markdown = write_study(tmp_path, results, SOURCES, {"code": 0.5, "prose": 0.5})
     table = pl.read_csv(StudyLayout(tmp_path).table_csv)
     assert table.filter(pl.col("variant") == "without_code")["delta_code"].item() == pytest.approx(0.5)
@@ -147,3 +181,15 @@ def test_ablate_command_end_to_end(job, tmp_path, capsys, one_thread):
 def test_uncurated_job_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="curate the job first"):
         split_by_source(str(tmp_path / "nothing"), tmp_path / "views")
+
+
+def test_counterfactual_bad_settings_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="ablate.attribution_seeds = 1 is invalid; allowed: 2 or more with interval"):
+        AblateConfig(interval="seeds", attribution_seeds=1)
+    with pytest.raises(ConfigError, match="ablate.factors"):
+        AblateConfig(kind="weights", factors=[-0.5])  # a factor that makes a weight negative
+    with pytest.raises(ConfigError, match="ablate.adaptive"):
+        AblateConfig(adaptive=["doremi", "regmix"])
+    with pytest.raises(ConfigError, match="ablate.counterfactual_step_size"):
+        AblateConfig(adaptive="counterfactual", counterfactual_step_size=-1.0)
+    assert AblateConfig(adaptive=["doremi", "counterfactual"]).adaptive_methods == ("doremi", "counterfactual")

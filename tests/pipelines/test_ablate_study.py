@@ -143,8 +143,8 @@ def test_the_adaptive_run_trains_against_the_baseline_next_to_the_proposal(job, 
     assert set(result["mixing"]["mix_weights_mean"]) == set(SOURCES)
     assert result["mixing"]["mix_weights_mean"] != pytest.approx(result["weights"])  # 3 updates moved it
     adaptive = json.loads(layout.adaptive_json.read_text())
-    assert adaptive["measured"]["adaptive"] == pytest.approx(float(np.mean([result["held_out"][s] for s in SOURCES])))
-    assert set(adaptive["measured"]) == {"baseline", "proposed", "adaptive"}
+    assert adaptive["measured"]["doremi"] == pytest.approx(float(np.mean([result["held_out"][s] for s in SOURCES])))
+    assert set(adaptive["measured"]) == {"baseline", "proposed", "doremi"}
     assert adaptive["summary"][0].startswith("Adaptive mix (doremi, reference: the baseline run)")
     before = layout.result_path("doremi").stat().st_mtime_ns
     assert main(["-q", "ablate", str(toml)]) == 0  # finished: not trained again

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from curate.errors import ConfigError as JobConfigError
 from pipelines.train import build_trainer
 from tests.pipelines.continue_util import make_job, tiny_config
 from tests.pipelines.tiny import TINY_MODEL
@@ -154,7 +153,7 @@ def test_a_reference_that_cannot_score_the_run_is_refused_before_training(tmp_pa
     job = make_job(tmp_path / "job", ("prose", "legal"))
     other = make_job(tmp_path / "other", ("prose",))
     reference = _reference_run(tmp_path, other)  # never saw 'legal'
-    with pytest.raises(JobConfigError, match=r"train.mixing.reference = .*without 'legal'"):
+    with pytest.raises(ConfigError, match=r"train.mixing.reference = .*without 'legal'"):
         build_trainer(_adaptive(tmp_path, job, reference, steps=2))
     with pytest.raises(ConfigError, match="train.mixing.reference = .*does not exist"):
         build_trainer(_adaptive(tmp_path, job, str(tmp_path / "nothing-here"), steps=2))
@@ -163,10 +162,10 @@ def test_a_reference_that_cannot_score_the_run_is_refused_before_training(tmp_pa
         build_trainer(_adaptive(tmp_path, job, str(tmp_path / "untrained"), steps=2))
     sets = [ShardSetConfig(path=str(job)), ShardSetConfig(path=str(other))]  # 'prose' in both
     cfg = dataclasses.replace(_adaptive(tmp_path, job, reference, steps=2), shards=sets)
-    with pytest.raises(JobConfigError, match=r"reweights sources, but source 'prose' is in two \[train\] shards entries"):
+    with pytest.raises(ConfigError, match=r"reweights sources, but source 'prose' is in two \[train\] shards entries"):
         build_trainer(cfg)
     cfg = _adaptive(tmp_path, other, reference, steps=2, replay=ReplayConfig(path=str(job), share=0.1))
-    with pytest.raises(JobConfigError, match=r"reweights sources, but the replay set holds \['prose', 'legal'\]"):
+    with pytest.raises(ConfigError, match=r"reweights sources, but the replay set holds \['prose', 'legal'\]"):
         build_trainer(cfg)
 
 

@@ -128,3 +128,19 @@ def test_a_missing_module_that_no_extra_brings_is_a_bug_not_a_hint(monkeypatch):
     monkeypatch.setattr("pipelines.cli.importlib.import_module", broken)
     with pytest.raises(ModuleNotFoundError):
         main(["train", "job.toml"])
+
+
+def test_quiet_and_verbose_work_before_and_after_the_command():
+    from pipelines.cli import verbosity
+
+    assert verbosity(build_parser("curate").parse_args(["curate", "job.toml", "-q"])) == (0, True)
+    assert verbosity(build_parser("curate").parse_args(["-v", "curate", "job.toml", "-v"])) == (2, False)
+    assert verbosity(build_parser("config").parse_args(["config", "show", "dedup.exact", "-q"])) == (0, True)
+
+
+def test_version_prints_the_package_version(capsys):
+    from pipelines import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"winnow {__version__}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -50,3 +51,49 @@ def test_schema_accepts_the_shipped_jobs_and_refuses_bad_keys(tmp_path, capsys):
     for doc in bad:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(doc, schema)
+
+
+def _configs(*, curation_only: bool = False):
+    """(table, config class) of every table and stage kind a job file may hold."""
+    from curate.stages import stage_class, stage_kinds
+    from pipelines.config import tables
+
+    known = [(name, cls) for name, cls in tables().items() if not curation_only or name.split(".")[0] in
+             ("job", "inputs", "output")]
+    return [*known, *((f"[[stages]] {kind}", stage_class(kind).Config) for kind in stage_kinds())]
+
+
+def test_descriptions_are_whole_plain_sentences_for_users():
+    import sys
+
+    from pipelines.config import field_docs
+
+    bad = []
+    for table, cls in _configs():
+        constants = {k for k in vars(sys.modules[cls.__module__]) if k.isupper() and len(k) > 2}
+        for key, doc in field_docs(cls).items():
+            pointers = re.findall(r"\w+\.py\b|``|\b(?:curate|train|pipelines)\.[a-z_]+\.[a-z_]", doc)
+            code = [word for word in re.findall(r"\b[A-Z][A-Z0-9_]+\b", doc) if word in constants]
+            cut = doc.endswith((",", ";", ":", "(")) or doc.count("(") != doc.count(")")
+            if pointers or code or cut:
+                bad.append(f"{table} {key}: {doc}")
+    assert bad == []
+
+
+def test_a_comment_continued_below_its_field_and_one_above_a_field_are_whole():
+    from curate.config import JobSection
+    from pipelines.config import field_docs
+    from train.config import TrainConfig
+
+    assert field_docs(TrainConfig)["shards"].endswith("tables mixed at load time; None: the job's output")
+    assert field_docs(JobSection)["task_bytes"].startswith("A file larger than this (as stored) is read as several tasks")
+
+
+def test_every_curation_key_has_a_description():
+    import dataclasses
+
+    from pipelines.config import field_docs
+
+    missing = [f"{table} {f.name}" for table, cls in _configs(curation_only=True)
+               for f in dataclasses.fields(cls) if f.init and f.name not in field_docs(cls)]
+    assert missing == []

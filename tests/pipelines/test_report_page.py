@@ -69,8 +69,8 @@ def test_job_folder_finds_its_default_run_folder(tmp_path):
 
 def test_attribution_and_ablation_render_when_present(full):
     page = full[2]
-    assert {"attribution matrix", "ablation heatmap"} <= set(images(page))
-    assert "<tr><td>prose</td><td>-0.25</td><td>-0.25</td></tr>" in page  # diagonal, row sum
+    assert {"decomposition matrix", "ablation heatmap"} <= set(images(page))
+    assert "one cell is not what leaving that source out would do" in page
     assert "<td>no_code</td><td>2.6</td>" in page
 
 
@@ -82,17 +82,17 @@ def test_attribution_shows_the_measured_change_and_what_is_attributed(tmp_path):
             "unattributed": [0.01, 0.03], "measured": [-0.33, -0.36], "residual": [-0.01, -0.01],
             "unattributed_parts": {"weight_decay": [0.01, 0.02], "router": [0.0, 0.01]}}}) + "\n")
     page = render(*locate(run))
-    assert "over steps 11-40" in page
-    # held-out prose: measured, the sources' part (-0.35), other, residual, attributed share, top helper
-    assert "<tr><td>prose</td><td>-0.33</td><td>-0.35</td><td>0.01</td><td>-0.01</td><td>106%</td>" in page
+    assert "Over steps 11-40" in page
+    # held-out prose: measured, the sources' part (-0.35), other, residual, attributed share
+    assert "<tr><td>prose</td><td>-0.33</td><td>-0.35</td><td>0.01</td><td>-0.01</td><td>106%</td></tr>" in page
     assert "<tr><td>weight_decay</td><td>0.01</td><td>0.02</td></tr>" in page
-    assert "attribution matrix" in images(page)
+    assert "decomposition matrix" in images(page)
 
 
 def test_run_without_attribution_ablation_or_alerts(tmp_path):
     page = render(*locate(write_run(tmp_path / "run", healthy_records())))
-    assert not {"attribution matrix", "ablation heatmap"} & set(images(page))
-    assert "<h3>Attribution</h3>" not in page and "<h3>Ablation</h3>" not in page and "<p>No alerts.</p>" in page
+    assert not {"decomposition matrix", "ablation heatmap"} & set(images(page))
+    assert "decomposition" not in page and "Which source helps" not in page and "<h3>Ablation</h3>" not in page and "<p>No alerts.</p>" in page
 
 
 def test_ablation_study_folder_on_its_own(tmp_path):
@@ -136,3 +136,70 @@ def test_command_writes_the_page_and_prints_the_diagnosis(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[warning] Loss spikes" in out and f"report: {tmp_path / 'out' / 'page.html'}" in out
     assert (tmp_path / "out" / "page.html").is_file() and not (run / "report.html").exists()
+
+
+def test_a_job_without_rejects_says_so_instead_of_drawing_an_empty_chart(tmp_path):
+    folder = write_job(tmp_path / "job")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for stage in manifest["stages"]:
+        stage["rows_rejected"], stage["rejected"] = 0, {}
+    for figures in manifest["by_source"].values():
+        figures["rejected"] = {}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    page = render(*locate(folder))
+    assert "No rejects: every row read reached the output." in page
+    assert "rows per stage" in images(page) and "rows per stage and rejects by reason" not in images(page)
+
+
+def test_the_curriculum_plot_ticks_whole_shards(monkeypatch):
+    from pipelines.report import plots
+
+    monkeypatch.setattr(plots, "_png", lambda fig: fig)
+    fig = plots.curriculum([(f"shard-{i}", 0.1 * i) for i in range(3)], "difficulty")
+    ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 2]
+    assert ticks == [0, 1, 2]
+
+
+def _counterfactual_record(step: int = 40) -> dict:
+    return {"step": step, "counterfactual": {
+        "sources": ["prose", "code"], "held_out": ["prose", "code", "mean"], "factors": [0.0, 2.0],
+        "slope": [[-0.1, 0.01, -0.045], [0.05, -0.2, -0.075]], "slope_se": [[0.01, 0.02, 0.011], [0.01, 0.02, 0.011]],
+        "predicted": {"0": [[0.2, -0.02, 0.09], [-0.1, 0.4, 0.15]], "2": [[-0.08, 0.008, -0.036], [0.04, -0.17, -0.06]]},
+        "interval": {"0": [[0.04, 0.08, 0.04], [0.04, 0.08, 0.04]], "2": [[0.02, 0.03, 0.02], [0.02, 0.03, 0.02]]},
+        "saturation": 0.5, "horizon": 6.0, "probe_rows": 32, "steps": [11, 40]}}
+
+
+def test_the_page_leads_with_what_a_change_of_the_mix_would_do(tmp_path):
+    run = write_run(tmp_path / "run", healthy_records())
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(_counterfactual_record()) + "\n")
+    page = render(*locate(run))
+    first = page.index("<h2>")
+    assert page[first:].startswith("<h2>Which source helps: what a change of the mix would do</h2>")
+    # sentences per held-out set, the mean first, the largest first; an interval holding 0 is "can't tell"
+    mean = page.index("Mean over the held-out sets")
+    assert mean < page.index("Held-out set prose") < page.index("<h2>Training")
+    assert ("Leaving out <code>code</code> would raise held-out loss on <code>prose</code> by 0.100 ± 0.040 "
+            "nats: it helps") not in page  # on prose, leaving out code lowers the loss
+    assert ("Leaving out <code>code</code> would lower held-out loss on <code>prose</code> by 0.100 ± 0.040 nats: "
+            "it hurts") in page
+    assert "Leaving out <code>prose</code>: can&#x27;t tell on <code>code</code> (-0.020 ± 0.080 nats)" in page
+    assert "Doubling <code>code</code> would lower held-out loss on the mean of the held-out sets by 0.060 ± 0.020 nats: it helps" in page
+    assert "predicted change of held-out loss per source" in images(page)
+
+
+def test_no_sentence_says_a_source_hurts_everything_when_leaving_it_out_raises_the_losses(tmp_path):
+    """A decomposition whose row for prose is all positive (pushes that other sources undo) beside a
+    counterfactual where leaving prose out raises every loss: the page calls prose helpful, nowhere harmful."""
+    run = write_run(tmp_path / "run", healthy_records())
+    record = _counterfactual_record()
+    record["counterfactual"]["predicted"]["0"][0] = [0.2, 0.1, 0.15]
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 40, "attribution": {
+            "sources": ["prose", "code"], "matrix": [[3.6, 3.6], [-3.9, -3.95]], "steps": [11, 40],
+            "unattributed": [0.0, 0.0], "measured": [-0.3, -0.35], "residual": [0.0, 0.0]}}) + "\n")
+        f.write(json.dumps(record) + "\n")
+    page = render(*locate(run))
+    assert "Leaving out <code>prose</code> would raise held-out loss on <code>code</code>" in page
+    assert "Leaving out <code>prose</code> would lower" not in page
+    assert "Leaving out <code>prose</code>: can&#x27;t tell" not in page

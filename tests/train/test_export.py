@@ -10,6 +10,9 @@ from pipelines.cli import main
 from tests.train.test_trainer_loop import make_trainer, tiny_config
 from train.export import WINNOW_FILE, export_model, hf_blockers, load_exported
 from train.model import ModelConfig, Transformer
+from train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "héllo wörld, ünïcode 🎉\n\ttabs  and  spaces", ""]
 
 
 def _trained_run(tmp_path, **model):
@@ -80,3 +83,66 @@ def test_export_refuses_a_state_without_model(tmp_path):
 
     with pytest.raises(CheckpointError, match="model_config"):
         export_model({"model": Transformer(ModelConfig()).state_dict()}, tmp_path)
+
+
+def _run_with_tokenizer(tmp_path, kind):
+    """A trained run whose folder holds its tokenizer: the byte-level one, or a small BPE."""
+    tokenizer = ByteTokenizer() if kind == "byte" else train_bpe([TEXTS * 4], vocab_size=300)
+    trainer = _trained_run(tmp_path, vocab_size=tokenizer.vocab_size)
+    tokenizer.save(tmp_path / "run")
+    assert main(["export", str(tmp_path / "run")]) == 0
+    return trainer, tokenizer, tmp_path / "run" / "export"
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_the_export_loads_in_auto_tokenizer_and_generated_ids_round_trip_as_in_winnow(tmp_path, kind):
+    transformers = pytest.importorskip("transformers")
+    _, tokenizer, out = _run_with_tokenizer(tmp_path, kind)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out / "hf")
+    assert (hf_tok.eos_token_id, hf_tok.pad_token_id) == (tokenizer.eos_id, tokenizer.pad_id)
+    for text in TEXTS:
+        assert hf_tok(text)["input_ids"] == tokenizer.encode_batch([text])[0].tolist()  # no BOS/EOS added
+    config = json.loads((out / "hf" / "config.json").read_text())
+    generation = json.loads((out / "hf" / "generation_config.json").read_text())
+    assert config["eos_token_id"] == generation["eos_token_id"] == tokenizer.eos_id
+    assert config["pad_token_id"] == generation["pad_token_id"] == tokenizer.pad_id
+    model = transformers.AutoModelForCausalLM.from_pretrained(out / "hf", torch_dtype=torch.float32).eval()
+    prompt = hf_tok("The quick", return_tensors="pt")["input_ids"]
+    ids = model.generate(prompt, max_new_tokens=12, do_sample=False)[0].tolist()
+    text = hf_tok.decode(ids, skip_special_tokens=True)
+    assert text == tokenizer.decode(ids) and text.startswith("The quick")
+    assert hf_tok(text)["input_ids"] == tokenizer.encode_batch([text])[0].tolist()
+    assert load_tokenizer(out).name == tokenizer.name  # winnow's own files beside the single-file model
+
+
+@pytest.mark.slow
+def test_the_export_runs_in_a_text_generation_pipeline(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    _, tokenizer, out = _run_with_tokenizer(tmp_path, "byte")
+    generate = transformers.pipeline("text-generation", model=str(out / "hf"), device="cpu")
+    result = generate("The quick", max_new_tokens=8, do_sample=False)
+    assert result[0]["generated_text"].startswith("The quick")
+
+
+def test_a_failed_export_leaves_the_earlier_one_and_no_temporary_folder(tmp_path, monkeypatch):
+    import train.export
+
+    _trained_run(tmp_path / "a")
+    _trained_run(tmp_path / "b", n_kv_heads=1)  # another model: an export written in place would change the files
+    out = tmp_path / "export"
+    assert main(["export", str(tmp_path / "a" / "run"), "--output", str(out)]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr(train.export, "mixtral_state", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        main(["export", str(tmp_path / "b" / "run"), "--output", str(out)])
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "export"]  # no temporary folder left
+
+
+def test_export_refuses_an_output_holding_other_files(tmp_path, capsys):
+    _trained_run(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    assert main(["export", str(tmp_path / "run"), "--output", str(tmp_path / "mine")]) == 2
+    assert "holds files an export does not write (notes.txt)" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]

@@ -59,7 +59,7 @@ def test_bad_tokenizer_path_and_tiny_vocab_are_config_errors(tmp_path):
         train_bpe([TEXTS], vocab_size=100)
 
 
-def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path):
+def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path, capsys):
     from pipelines import tokenizer as command
 
     folder = write_job(tmp_path / "job", [make_docs(40)[:20], make_docs(40)[20:]])
@@ -68,5 +68,6 @@ def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path):
     args = parser.parse_args(["tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tmp_path / "tok")])
     args.quiet = True
     assert args.func(args) == 0
+    assert f"[train.tokenizer] table, path = \"{tmp_path / 'tok'}\"" in capsys.readouterr().out  # where the key goes
     tok = load_tokenizer(tmp_path / "tok")
     assert tok.kind == "bpe" and tok.decode(tok.encode_batch(["<web:3>xx"])[0]) == "<web:3>xx"

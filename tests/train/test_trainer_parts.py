@@ -38,12 +38,32 @@ def test_alert_is_written_and_posted_to_webhook(tmp_path):
     assert json.loads((tmp_path / "alerts.jsonl").read_text())["sources"] == ["code"]
 
 
-def test_throughput_drop_and_data_wait_alerts(tmp_path):
-    alerts = Alerts(AlertConfig(throughput_drop=0.5, data_wait_pct=20), tmp_path)
-    alerts.check_interval(10, tokens_per_s=1000, data_wait_pct=5, grad_norm=1.0)
-    alerts.check_interval(20, tokens_per_s=400, data_wait_pct=30, grad_norm=1.0)
-    kinds = [json.loads(line)["kind"] for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
-    assert kinds == ["throughput_drop", "data_wait"]
+def _alert_kinds(alerts, rates, wait=5.0):
+    for i, rate in enumerate(rates):
+        alerts.check_interval(10 * (i + 1), tokens_per_s=rate, data_wait_pct=wait, grad_norm=1.0)
+    path = alerts.path
+    return [json.loads(line)["kind"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_lasting_throughput_drop_against_the_recent_median_alerts_once(tmp_path):
+    alerts = Alerts(AlertConfig(throughput_drop=0.5, throughput_patience=3), tmp_path)
+    assert _alert_kinds(alerts, [300, 1000, 1100, 900, 1000, 400, 420, 380, 390, 410]) == ["throughput_drop"]
+    record = json.loads(alerts.path.read_text())
+    assert record["step"] == 80 and record["recent_median_tokens_per_s"] == 900  # the slow intervals count too
+
+
+def test_slow_intervals_shorter_than_the_patience_do_not_alert(tmp_path):
+    alerts = Alerts(AlertConfig(throughput_drop=0.5, throughput_patience=3), tmp_path)
+    # a shared machine: a neighbour's burst halves two intervals at a time, the rest swing by 30%
+    assert _alert_kinds(alerts, [1000, 700, 1300, 300, 350, 1000, 800, 250, 1200, 900, 650]) == []
+    restored = Alerts(AlertConfig(), tmp_path)
+    restored.load_state_dict(alerts.state_dict())
+    assert list(restored.recent_tokens_per_s) == list(alerts.recent_tokens_per_s)
+
+
+def test_data_wait_alert(tmp_path):
+    alerts = Alerts(AlertConfig(data_wait_pct=20), tmp_path)
+    assert _alert_kinds(alerts, [1000], wait=30) == ["data_wait"]
 
 
 def test_lamb_update_is_scaled_by_trust_ratio():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from train.errors import ConfigError
@@ -23,11 +23,29 @@ class AttributionConfig:
     # computed on; exact per-source losses when attention stays inside documents, model.doc_mask); "losses"
     # runs one more backward per source of its share of the loss (router losses their own row; S times the cost)
     split: Literal["tokens", "losses"] = "tokens"
+    # the counterfactual: what scaling one source's share by r (the others renormalised) would do to each held-out loss
+    factors: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.5, 2.0])  # the r predicted for; 0 = left out
+    horizon: float = 6.0  # an update's weight falls by e per this many steps at the peak learning rate
+    saturation: float = 0.5  # q: a prediction is (r^q - 1) / q times the slope at r = 1 (1 = linear in the share)
+    counterfactual_rows: int = 32  # held-out rows per source of the probe the counterfactual is read with at the end
+    held_out: list[str] = field(default_factory=list)  # held-out sets the counterfactual must cover; [] = all
 
     def __post_init__(self) -> None:
         for key, low in (("every", 0), ("start", 0), ("heldout_rows", 1)):
             value = getattr(self, key)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
                 raise ConfigError(f"train.attribution.{key} = {value!r} is invalid; allowed: an integer >= {low}")
+        if self.counterfactual_rows < 4 or isinstance(self.counterfactual_rows, bool):
+            raise ConfigError(f"train.attribution.counterfactual_rows = {self.counterfactual_rows!r} is invalid; allowed: "
+                              "an integer >= 4 (its interval comes from 4 groups of the rows)")
+        bad = [f for f in self.factors if not (isinstance(f, (int, float)) and f >= 0 and f != 1)]
+        if bad or not self.factors:
+            raise ConfigError(f"train.attribution.factors = {self.factors!r} is invalid; allowed: share factors >= 0 "
+                              f"other than 1 (0 = left out; a factor below 0 would make the source's weight negative)")
+        if not self.horizon > 0:
+            raise ConfigError(f"train.attribution.horizon = {self.horizon!r} is invalid; allowed: a number of steps > 0")
+        if not 0 < self.saturation <= 1:
+            raise ConfigError(f"train.attribution.saturation = {self.saturation!r} is invalid; allowed: 0 < q <= 1 "
+                              "(1: linear in the share; smaller: leaving a source out costs more than the slope says)")
         if self.split not in ("tokens", "losses"):
             raise ConfigError(f"train.attribution.split = {self.split!r} is invalid; allowed: 'tokens' or 'losses'")

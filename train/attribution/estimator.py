@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from train.attribution import counterfactual
 from train.attribution.config import AttributionConfig
 from train.attribution.hooks import GradSplit, Splitter
 from train.attribution.pieces import local
@@ -79,7 +80,7 @@ class SourceAttribution:
         self._pipeline = parallel.pipeline if parallel is not None else None
         # (the stages' buffers have the training's dtype: there the probe runs under its autocast)
         self._micro_shape, self._parallel, self._autocast = micro_batch_shape, parallel, autocast
-        self.split = MomentSplit(optimizer, len(self.sources), model=model, parallel=parallel)
+        self.split = MomentSplit(optimizer, len(self.sources), model=model, parallel=parallel, horizon=cfg.horizon)
         # the per-source split of the weight gradients, hooked onto the model from here (``hooks.py``)
         self.splitter = Splitter(model, parallel.dispatches if parallel is not None else None)
         self.pieces = self.split.pieces
@@ -106,6 +107,10 @@ class SourceAttribution:
             self._open(step)
         self._splitting = True
         return True
+
+    def started(self, step: int) -> bool:
+        """Whether steps up to ``step`` have been split (so the counterfactual holds something)."""
+        return step >= self.cfg.start and self.split.cf_steps > 0
 
     def due(self, step: int) -> bool:
         """Whether the stretch closes after step ``step`` (just finished)."""
@@ -152,26 +157,29 @@ class SourceAttribution:
         self.split.drop_step()
 
     # ---- stretches --------------------------------------------------------------------------
-    def _evaluate(self) -> tuple[np.ndarray, list[torch.Tensor]]:
-        if self._probe is None:
-            self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_rows, self.device,
-                                       seq_part=self.pieces.seq_part)
-            if self._probe.missing:
-                log.warning("attribution: no held-out tokens for %s; their columns stay 0",
-                            ", ".join(self.sources[s] for s in self._probe.missing))
+    def _evaluate(self, probe: HeldoutProbe | None = None) -> tuple[np.ndarray, list[torch.Tensor]]:
+        """Each probe's mean held-out loss and, per parameter, the (probes, ...) gradients on this rank's pieces."""
+        if probe is None:
+            if self._probe is None:
+                self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_rows, self.device,
+                                           seq_part=self.pieces.seq_part)
+                if self._probe.missing:
+                    log.warning("attribution: no held-out tokens for %s; their columns stay 0",
+                                ", ".join(self.sources[s] for s in self._probe.missing))
+            probe = self._probe
         if self._pipeline is not None:
-            losses_S, grads = self._evaluate_staged()
+            losses_S, grads = self._evaluate_staged(probe)
         else:
-            losses_S, grads = self._probe.evaluate(self.model, self.pieces.inputs(), self.splitter)
+            losses_S, grads = probe.evaluate(self.model, self.pieces.inputs(), self.splitter)
         return losses_S.numpy(), self.pieces.heldout(grads)
 
-    def _evaluate_staged(self):
+    def _evaluate_staged(self, probe: HeldoutProbe):
         from train.attribution.staged import evaluate_staged
 
         was_training = self.model.training
         self.model.eval()  # as the one-process probe: no dropout, no router noise
         try:
-            found = evaluate_staged(self._pipeline, self._probe.pools, self.pieces.inputs(), n_sources=len(self.sources),
+            found = evaluate_staged(self._pipeline, probe.pools, self.pieces.inputs(), n_sources=probe.n_sources,
                                     shape=self._pipeline.shape or self._micro_shape,
                                     reduce_pp=self._parallel.reduce_pp, device=self.device, autocast=self._autocast,
                                     splitter=self.splitter)
@@ -232,6 +240,44 @@ class SourceAttribution:
         self.split.begin_stretch()
         self.open_at = step
         return record
+
+    # ---- the counterfactual ------------------------------------------------------------------
+    def counterfactual(self, step: int) -> dict | None:
+        """The ``{"step", "counterfactual"}`` record at the current parameters (``counterfactual.py``), read with a
+        probe of ``counterfactual_rows`` held-out rows per source in groups; None before any attributed stretch."""
+        if self.first_step is None or not self.split.cf_steps:
+            return None
+        S, G = len(self.sources), counterfactual.GROUPS
+        big = HeldoutProbe(self._val_data, S, self.cfg.counterfactual_rows, self.device, seq_part=self.pieces.seq_part)
+        grouped = big.grouped(G)
+        _, grads = self._evaluate(grouped)
+        for p in self.params:  # the probe's backward may leave gradients on the parameters (pipeline schedule)
+            p.grad = None
+        halves = [c.reshape(2 * S, *c.shape[2:]) for c in self.split.counterfactual()]  # (odd | even steps) x S
+        dots = self.pieces.sum(torch.from_numpy(_dots(halves, grads, self.pieces.partial_w)).to(self.device))
+        present = [b for b in range(S) if big.pools[b] and (not self.cfg.held_out or self.sources[b] in self.cfg.held_out)]
+        dots = dots.cpu().numpy().reshape(2, S, S, G)[:, :, present]
+        has = np.array([[bool(grouped.pools[b * G + g]) for g in range(G)] for b in present]).reshape(len(present), G)
+        slope, error, probe_error = counterfactual.slope_and_error(dots, has)
+        cf = counterfactual.record(sources=self.sources, held_out=[self.sources[b] for b in present], slope_SB=slope,
+                                   error_SB=error, probe_error_SB=probe_error, factors=self.cfg.factors,
+                                   saturation=self.cfg.saturation, steps=(self.first_step, step),
+                                   horizon=self.cfg.horizon, rows=self.cfg.counterfactual_rows)
+        return {"step": step, "counterfactual": cf}
+
+    def slope(self) -> tuple[np.ndarray | None, list[str]]:
+        """Each source's counterfactual slope (S, B) at the current parameters, read with the stretches' probe,
+        summed over the ranks (the same on every rank), and the held-out sets it covers; None before any split step."""
+        if not self.split.cf_steps:
+            return None, []
+        _, grads = self._evaluate()
+        for p in self.params:
+            p.grad = None
+        S = len(self.sources)
+        whole = [c.sum(0) for c in self.split.counterfactual()]
+        dots = self.pieces.sum(torch.from_numpy(_dots(whole, grads, self.pieces.partial_w)).to(self.device))
+        present = [b for b in range(S) if self._probe.pools[b]]
+        return dots.cpu().numpy()[:, present], [self.sources[b] for b in present]
 
     def _record(self, step: int, interval: dict) -> dict:
         t = self.total

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
 from train.attribution.estimator import SourceAttribution
 from train.data import Batch
 from train.hooks import TrainHook
+
+log = logging.getLogger(__name__)
 
 
 class AttributionHook(TrainHook):
@@ -59,3 +62,22 @@ class AttributionHook(TrainHook):
     def load_state_dict(self, state: dict | None) -> None:
         if state:
             self.attribution.load_state_dict(state)
+
+
+class CounterfactualHook(TrainHook):
+    """At the end of the run, the counterfactual record (``SourceAttribution.counterfactual``): what scaling
+    each source's share would do to each held-out loss. Its state lives in the attribution's."""
+
+    def __init__(self, attribution: SourceAttribution) -> None:
+        self.attribution = attribution
+
+    def after_step(self, step: int, *, last: bool = False) -> dict | None:
+        if not last:
+            return None
+        record = self.attribution.counterfactual(step)
+        if record is None:
+            cfg = self.attribution.cfg
+            log.warning("attribution: the run ended at step %d before its first attributed stretch closed "
+                        "(train.attribution start = %d, every = %d): no attribution and no counterfactual", step,
+                        cfg.start, cfg.every)
+        return record

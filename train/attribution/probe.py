@@ -25,12 +25,31 @@ class HeldoutProbe:
 
     def __init__(self, val_data: Callable[[], Iterable], n_sources: int, rows: int, device: torch.device, *,
                  seq_part: tuple[int, int] | None = None) -> None:
-        self.n_sources, self.device = n_sources, device
+        self._start(self._read(val_data, n_sources, rows), device, seq_part)
+
+    def _start(self, pools: list[list[Batch]], device: torch.device, seq_part: tuple[int, int] | None) -> None:
+        self.n_sources, self.device = len(pools), device
         self.seq_part = seq_part  # sequence parallel: this tp rank's part of each row, where the norms run
-        self.pools = self._read(val_data, n_sources, rows)
-        self.missing = [s for s in range(n_sources) if not self.pools[s]]
+        self.pools = pools
+        self.missing = [s for s in range(self.n_sources) if not self.pools[s]]
         self._all = None  # every source's rows as one batch, and each row's source (built on first use)
         self._batched: bool | None = None  # whether the one-pass evaluation splits every gradient (None: untried)
+
+    def grouped(self, groups: int) -> HeldoutProbe:
+        """The same rows as ``groups`` probes per source: source ``s``'s rows ``g, g + groups, ...`` are probe
+        ``s · groups + g`` (their source ids relabelled and the other sources' tokens masked), so one evaluation
+        gives each source's loss gradient on every group, and their spread says how much the rows' draw matters."""
+        pools = []
+        for source, pool in enumerate(self.pools):
+            for g in range(groups):
+                label = len(pools)
+                part = [Batch(b.tokens[g::groups], b.targets[g::groups], torch.full_like(b.source_ids[g::groups], label),
+                              b.loss_mask[g::groups] & (b.source_ids[g::groups] == source),
+                              b.doc_ids[g::groups]) for b in pool if b.tokens.shape[0] > g]
+                pools.append(part)
+        probe = object.__new__(HeldoutProbe)
+        probe._start(pools, self.device, self.seq_part)
+        return probe
 
     @staticmethod
     def _read(val_data: Callable[[], Iterable], n_sources: int, cap: int) -> list[list]:

@@ -24,6 +24,7 @@ Shape legend: S sources.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -44,7 +45,7 @@ class MomentSplit:
     """Per-source first moments and per-part displacements of one optimizer's parameters."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, n_sources: int, *, pieces=None, model=None,
-                 parallel=None) -> None:
+                 parallel=None, horizon: float | None = None) -> None:
         self.optimizer, self.S = optimizer, n_sources
         self.params: list[torch.Tensor] = []
         self._group: list[int] = []  # index into param_groups: loading optimizer state replaces the group dicts
@@ -76,6 +77,16 @@ class MomentSplit:
         self.m_router, self.disp_router = z(), z()
         self.m_before, self.disp_before = z(), z()
         self.disp_wd = z()
+        # the counterfactual (module docstring): each source's part of the second moment, and the step's derivative
+        # by each source's share summed with decaying weights, odd and even steps apart (their difference is what
+        # the batches' draw adds); kept as cf_S / cf_scale so a step's decay is one scalar, not a pass over the
+        # buffers (folded in before the scale would underflow)
+        self.horizon = horizon
+        self.v_S, self.cf_S = (z(S), z(2, S)) if horizon else ([], [])
+        self.cf_scale = 1.0
+        self.v_scale = 1.0  # v_S is kept divided by β2^(steps): its decay is a scalar too
+        self.cf_steps = 0  # steps summed into cf_S
+        self.cf_log = 0.0  # ln of the decay so far: a step summed at cf_log = x weighs exp(x_now - x) now
         self._old: list[torch.Tensor] | None = None  # LAMB: the parameters before the step
         self._steps: list[float] = []
         self.started = False  # whether the moments have been split since the optimizer's first attributed step
@@ -151,6 +162,8 @@ class MomentSplit:
         ``sqrt(1-β2^t)·m / (sqrt(v) + sqrt(1-β2^t)·eps)``, ``v`` clamped to the smallest normal float
         (0 where a weight never had a gradient: ``sqrt(0)`` takes a slow path on CPU, ~5x a normal one)."""
         pieces = self.pieces
+        if self.horizon:
+            self._decay()
         for i, (p, h) in enumerate(zip(self.params, self._hyper)):
             state = self.optimizer.state.get(p, {})
             if "exp_avg_sq" not in state or float(state["step"]) == self._steps[i]:
@@ -209,11 +222,50 @@ class MomentSplit:
                 scale *= trust
                 self.disp_wd[i].add_(old, alpha=-h["lr"] * trust * h["weight_decay"])
             self.disp_S[i].addcdiv_(m_S, denom, value=-scale)
+            if self.horizon:
+                self._counterfactual_step(i, state, g_S, denom, scale, clip_coef, beta2)
             if self._router_live[i]:
                 self.disp_router[i].addcdiv_(self.m_router[i], denom, value=-scale)
             if self._before:
                 self.disp_before[i].addcdiv_(self.m_before[i], denom, value=-scale)
         self.drop_step()
+
+    def _decay(self) -> None:
+        """Every earlier step's weight times ``exp(-lr/(lr_peak·horizon))``, and the second moments' parts times
+        β2, each as one scalar (folded into the buffers before it would underflow)."""
+        group = self.optimizer.param_groups[0]
+        peak = group.get("initial_lr", group["lr"])
+        decay = -group["lr"] / (peak * self.horizon) if peak > 0 else 0.0
+        self.cf_scale *= math.exp(decay)
+        self.cf_log += decay
+        self.v_scale *= group["betas"][1]
+        for name in ("cf", "v"):
+            scale = getattr(self, f"{name}_scale")
+            if scale < 1e-20:
+                for buf in getattr(self, f"{name}_S"):
+                    buf.mul_(scale)
+                setattr(self, f"{name}_scale", 1.0)
+        self.cf_steps += 1
+
+    def _counterfactual_step(self, i: int, state: dict, g_S: torch.Tensor | None, denom: torch.Tensor, scale: float,
+                             clip_coef: float, beta2: float) -> None:
+        """Parameter ``i``'s sources' parts of the second moment, and the step's derivative by each share."""
+        v_S, cf_S = self.v_S[i], self.cf_S[i]
+        p = self.params[i]
+        if g_S is not None and p.grad is not None:  # g · c·g_a: the clipped gradient times the source's clipped part
+            v_S.addcmul_(local(p.grad).float().unsqueeze(0), g_S, value=(1 - beta2) * clip_coef / self.v_scale)
+        scale /= self.cf_scale
+        cf_S = cf_S[self.cf_steps % 2]
+        cf_S.addcdiv_(self.m_S[i], denom, value=-scale)
+        # + scale · m · v_a / (sqrt(v) · d²): the second moment's part (denom = sqrt(v) + sqrt(1-β2^t)·eps = d)
+        root = torch.clamp_min(local(state["exp_avg_sq"]).float(), _TINY).sqrt_()
+        k = local(state["exp_avg"]).float().div(root).div_(denom).div_(denom).mul_(scale * self.v_scale)
+        cf_S.addcmul_(v_S, k.unsqueeze(0))
+
+    def counterfactual(self) -> list[torch.Tensor]:
+        """Per parameter (2, S, ...): each source's share derivative of the displacement, summed with decaying
+        weights over the odd and over the even steps (their sum is the whole)."""
+        return [buf * self.cf_scale for buf in self.cf_S]
 
     def drop_step(self) -> None:
         """Forget this step's gradients (after it was applied, or when it was skipped): the next parts overwrite them."""
@@ -254,8 +306,8 @@ class MomentSplit:
         return [m_S.sum(0) + r + b for m_S, r, b in zip(self.m_S, self.m_router, self.m_before)]
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    _STATE = ("m_S", "disp_S", "m_router", "disp_router", "m_before", "disp_before", "disp_wd")
-    _LOCAL = ("m_S", "disp_S", "m_router", "disp_router")  # partial sums of each rank's gradients
+    _STATE = ("m_S", "disp_S", "m_router", "disp_router", "m_before", "disp_before", "disp_wd", "v_S", "cf_S")
+    _LOCAL = ("m_S", "disp_S", "m_router", "disp_router", "v_S", "cf_S")  # partial sums of each rank's gradients
 
     def state_dict(self, reduce=None) -> dict:
         """Tensors on CPU; ``reduce`` (a sum over ranks) turns the ranks' partial sums into totals."""
@@ -266,12 +318,16 @@ class MomentSplit:
                 bufs = [reduce(b.clone()) for b in bufs]
             out[key] = [b.detach().cpu() for b in bufs]
         out["started"] = self.started
+        out["cf_scale"], out["cf_steps"], out["cf_log"], out["v_scale"] = (self.cf_scale, self.cf_steps, self.cf_log,
+                                                                           self.v_scale)
         return out
 
     def load_state_dict(self, state: dict, *, rank: int = 0) -> None:
         self.started = bool(state["started"])
+        self.cf_scale, self.cf_steps = float(state.get("cf_scale", 1.0)), int(state.get("cf_steps", 0))
+        self.cf_log, self.v_scale = float(state.get("cf_log", 0.0)), float(state.get("v_scale", 1.0))
         for key in self._STATE:
-            for buf, saved in zip(getattr(self, key), state[key]):
+            for buf, saved in zip(getattr(self, key), state.get(key, ())):
                 if key in self._LOCAL and rank != 0:
                     buf.zero_()  # the totals live on rank 0; the sum over ranks is unchanged
                 else:

@@ -66,9 +66,11 @@ class Loader:
     def _open_set(self, folder: str, split: str) -> SetStream | TokenStream:
         """Token shards when the folder has them (``format`` "auto" or "tokens"), else text shards tokenized on the fly."""
         cfg, finite = self.config, split != "train"
+        missing = "warn" if cfg.skip_bad_shards else "raise"  # a listed shard that is not there: now, not when reached
         if cfg.format in ("auto", "tokens"):
             try:
-                tokens = open_token_shards(folder, split=split, tokenizer=self.tokenizer.describe(), storage_options=cfg.storage_options)
+                tokens = open_token_shards(folder, split=split, tokenizer=self.tokenizer.describe(),
+                                           storage_options=cfg.storage_options, missing=missing)
             except ConfigError as err:
                 if cfg.format == "tokens":
                     raise
@@ -81,7 +83,7 @@ class Loader:
                 raise ShardError(f"{folder}/manifest.json lists no 'tokens' shards for split {split!r}; curate with "
                                  '[output] formats = [..., "tokens"] or set train.data.format = "parquet"')
         text_cfg = cfg if cfg.format in ("parquet", "webdataset") else dataclasses.replace(cfg, format="parquet")
-        shards = open_shards(folder, split=split, fmt=text_cfg.format, storage_options=cfg.storage_options)
+        shards = open_shards(folder, split=split, fmt=text_cfg.format, storage_options=cfg.storage_options, missing=missing)
         self._ids.extend(shards.sources)
         return SetStream(shards, config=text_cfg, tokenizer=self.tokenizer, ids=self._ids, finite=finite)
 

@@ -23,10 +23,12 @@ import pyarrow.parquet as pq
 from train.data.foreign import folder_view, view_fingerprint
 from train.data.tarshard import read_tar
 from train.errors import ShardError
+from train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("id", "source", "text")
+SHARD_BYTES = 16 << 30  # a shard is read whole; one the manifest gives no size for may be at most this
 MANIFEST = "manifest.json"
 _FORMATS = {"parquet": "parquet", "webdataset": "webdataset"}
 
@@ -74,14 +76,19 @@ def _manifest_sources(manifest: dict) -> list[str]:
     return list(found)
 
 
-def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None = None) -> ShardSet:
-    """Read ``<data>/manifest.json`` and keep the ``split`` shards in format ``fmt``."""
+def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None = None,
+                missing: str = "raise") -> ShardSet:
+    """Read ``<data>/manifest.json`` and keep the ``split`` shards in format ``fmt``.
+
+    A listed shard that is not there is a ShardError now (``missing = "warn"``: a warning, and the
+    loader skips it when it comes, as ``skip_bad_shards`` asks), not when the loader reaches it.
+    """
     fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
     root = root.rstrip("/")
     where = f"{data}/{MANIFEST}"
     view = None
     try:
-        manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+        manifest = orjson.loads(read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError))
     except FileNotFoundError:
         manifest = view = folder_view(fs, root, str(data), split=split, fmt=fmt)
     except orjson.JSONDecodeError as err:
@@ -97,6 +104,8 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     ]
     if not shards:
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
+    if view is None:
+        check_listed(fs, root, [s.path for s in shards], where, missing=missing)
     digest = view_fingerprint(view) if view else hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     prefix = "" if protocol in ("file", "local") else f"{protocol}://"
@@ -104,10 +113,34 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
                     fingerprint=digest, storage_options=dict(storage_options or {}), view=view)
 
 
-def cat_shard(fs, url: str, *, what: str = "shard") -> bytes:
-    """The bytes of one file a manifest lists, or a ShardError naming it."""
+def check_listed(fs: fsspec.AbstractFileSystem, root: str, paths: list[str], where: str, *, missing: str = "raise") -> None:
+    """Every file a manifest lists is inside its folder and there, checked before the first batch (one listing
+    per folder, also on an object store); a ShardError names the first ones that are not."""
+    outside = [p for p in paths if not inside(p)]
+    if outside:
+        raise ShardError(f"{where} lists shard path(s) {outside[:3]} that leave the job folder; the manifest is "
+                         "damaged or not winnow's (shard paths are relative, inside the folder)")
+    present: set[str] = set()
+    for folder in sorted({p.rpartition("/")[0] for p in paths}):
+        try:
+            present.update(name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(f"{root}/{folder}".rstrip("/"), detail=False))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+    absent = [p for p in paths if p.rsplit("/", 1)[-1] not in present]
+    if absent:
+        more = f", and {len(absent) - 1} more of its files" if len(absent) > 1 else ""
+        message = (f"shard {root}/{absent[0]}: missing (listed in {where} but not found{more}): the folder is "
+                   "incomplete (copied in part, or files deleted); copy it whole, or curate the job again")
+        if missing != "warn":
+            raise ShardError(message)
+        log.warning("%s (skip_bad_shards: skipped when the loader reaches it)", message)
+
+
+def cat_shard(fs, url: str, *, what: str = "shard", size: int | None = None) -> bytes:
+    """The bytes of one file a manifest lists, or a ShardError naming it; never more than the manifest's ``size``
+    (a shorter file goes on to the checks that say what is wrong with it)."""
     try:
-        return fs.cat_file(url)
+        return read_capped(fs, url, limit=SHARD_BYTES if size is None else size, what=what, error=ShardError)
     except FileNotFoundError as err:
         raise ShardError(f"{what} {url}: missing (listed in the manifest but not found)") from err
     except OSError as err:
@@ -117,7 +150,7 @@ def cat_shard(fs, url: str, *, what: str = "shard") -> bytes:
 def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa.Table:
     """The rows of shard ``index`` (``id``, ``source``, ``text``, ...), checked against the manifest."""
     info, url = shard_set.shards[index], shard_set.url(index)
-    buf = cat_shard(shard_set.fs, url)
+    buf = cat_shard(shard_set.fs, url, size=info.bytes)
     if verify and info.sha256:
         digest = hashlib.sha256(buf).hexdigest()
         if digest != info.sha256:

@@ -22,8 +22,9 @@ import fsspec
 import numpy as np
 import orjson
 
-from train.data.shards import MANIFEST, cat_shard, open_shards
+from train.data.shards import MANIFEST, cat_shard, check_listed, open_shards
 from train.errors import ConfigError, ShardError
+from train.paths import JSON_BYTES, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,11 @@ INDEX_MAGIC = b"MMIDIDX\x00\x00"
 # megatron.core.datasets.indexed_dataset.DType
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
 _HEADER = len(INDEX_MAGIC) + 8 + 1 + 8 + 8
+
+
+def sidecar(bin_path: str, suffix: str) -> str:
+    """``part-X.bin`` -> ``part-X<suffix>`` (``.idx``, ``.doc.npy``)."""
+    return bin_path[: -len(".bin")] + suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +54,7 @@ class TokenShardInfo:
     source_names: tuple[str, ...]
 
     def sidecar(self, suffix: str) -> str:
-        return self.bin_path[: -len(".bin")] + suffix
+        return sidecar(self.bin_path, suffix)
 
 
 @dataclass(slots=True)
@@ -70,7 +76,7 @@ def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspe
     fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
     root = root.rstrip("/")
     try:
-        manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+        manifest = orjson.loads(read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError))
     except FileNotFoundError:
         return fs, root, {}
     except orjson.JSONDecodeError as err:
@@ -82,7 +88,8 @@ def token_entries(manifest: dict, split: str) -> list[dict]:
     return [e for e in manifest.get("shards") or [] if e.get("format") == "tokens" and e.get("split", "train") == split]
 
 
-def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options: dict | None = None) -> TokenShardSet | None:
+def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options: dict | None = None,
+                      missing: str = "raise") -> TokenShardSet | None:
     """The ``split``'s token shards of job folder ``data``; None when it has none.
 
     ``tokenizer`` is the loader's tokenizer description (``Tokenizer.describe()``); shards written
@@ -97,6 +104,8 @@ def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options
         raise ConfigError(f"{data}: its token shards were written with tokenizer {written}, this run's tokenizer is "
                           f"{tokenizer}; set [train.tokenizer] to the one the shards were made with "
                           "(the job folder keeps it as shards/tokens/tokenizer.json), or train.data.format = \"parquet\"")
+    check_listed(fs, root, [sidecar(e["path"], ext) for e in entries for ext in (".bin", ".idx", ".doc.npy")], f"{data}/{MANIFEST}",
+                 missing=missing)
     parquet = {_stem(e["path"]): e["path"] for e in manifest["shards"] if e.get("format") == "parquet" and e.get("split", "train") == split}
     shards = [TokenShardInfo(bin_path=e["path"], path=parquet.get(_stem(e["path"]), e["path"]), rows=int(e["rows"]),
                              tokens=int(e["tokens"]), dtype=e["dtype"], sha256=e.get("sha256"),

@@ -14,7 +14,13 @@ import re
 from dataclasses import dataclass
 
 import polars as pl
-from polars.exceptions import ColumnNotFoundError, ComputeError, InvalidOperationError, SQLInterfaceError, SQLSyntaxError
+from polars.exceptions import (
+    ColumnNotFoundError,
+    ComputeError,
+    InvalidOperationError,
+    SQLInterfaceError,
+    SQLSyntaxError,
+)
 
 from curate.errors import ConfigError, StageError
 from curate.schema import make_rejects
@@ -25,8 +31,8 @@ from curate.stages.base import Stage, StageConfig, StageContext, StageOutput
 class ExprConfig(StageConfig):
     """``where``: a polars SQL predicate over the batch's columns; ``name``: the reason's suffix."""
 
-    where: str
-    name: str = ""
+    where: str  # required: a SQL predicate over the batch's columns, e.g. "quality > 0.5 AND lang = 'en'"
+    name: str = ""  # suffix of the reject reason (filter:expr_<name>), so two such stages give two reasons
 
     def __post_init__(self) -> None:
         if not self.where.strip():

@@ -28,7 +28,7 @@ class FineWebConfig(FilterConfig):
     min_line_punct_ratio: float | None = 0.12  # share of lines ending in terminal punctuation
     line_punct_exclude_zero: bool = False  # do not apply the rule to documents where no line ends in punctuation
     max_short_line_ratio: float | None = 0.67  # share of lines of at most ``short_line_length`` characters
-    short_line_length: int = 30
+    short_line_length: int = 30  # a line of at most this many characters is short
     max_char_dup_ratio: float | None = 0.01  # characters in duplicated lines / characters outside newlines
     max_list_ratio: float | None = 0.3  # newlines per word: list-like documents
 

@@ -28,13 +28,14 @@ class GopherQualityConfig(FilterConfig):
     min_words: int | None = 50  # "fewer than 50 ... words"
     max_words: int | None = 100_000  # "or more than 100,000 words"
     min_mean_word_length: float | None = 3.0  # "mean word length is outside the range of 3 to 10 characters"
-    max_mean_word_length: float | None = 10.0
+    max_mean_word_length: float | None = 10.0  # upper end of the mean word length range
     max_hash_ratio: float | None = 0.1  # "symbol-to-word ratio greater than 0.1 for either the hash symbol"
     max_ellipsis_ratio: float | None = 0.1  # "... or the ellipsis"
     max_bullet_lines: float | None = 0.9  # "more than 90% of lines starting with a bullet point"
     max_ellipsis_lines: float | None = 0.3  # "more than 30% ending with an ellipsis"
     min_alpha_words: float | None = 0.8  # "80% of words in a document contain at least one alphabetic character"
     min_stop_words: int | None = 2  # "at least two of the following English words"
+    # the words min_stop_words counts (Gopher's: the, be, to, of, and, that, have, with)
     stop_words: list[str] = field(default_factory=lambda: list(GOPHER_STOP_WORDS))
 
     def __post_init__(self) -> None:

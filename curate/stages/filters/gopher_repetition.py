@@ -34,7 +34,9 @@ class GopherRepetitionConfig(FilterConfig):
     max_dup_para_frac: float | None = 0.30  # duplicate paragraph fraction
     max_dup_line_char_frac: float | None = 0.20  # duplicate line character fraction
     max_dup_para_char_frac: float | None = 0.20  # duplicate paragraph character fraction
+    # n -> most the most frequent n-gram's characters may be of all characters
     max_top_ngram_char_frac: dict[str, float] = field(default_factory=lambda: dict(TOP_NGRAM_DEFAULTS))
+    # n -> most the characters in duplicated n-grams may be of all characters
     max_dup_ngram_char_frac: dict[str, float] = field(default_factory=lambda: dict(DUP_NGRAM_DEFAULTS))
 
     def __post_init__(self) -> None:

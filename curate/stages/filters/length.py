@@ -14,12 +14,12 @@ from curate.stages.filters.base import FilterConfig, RuleFilter
 class LengthConfig(FilterConfig):
     """Each bound is inclusive; ``None`` disables it."""
 
-    min_chars: int | None = None
-    max_chars: int | None = None
-    min_words: int | None = None
-    max_words: int | None = None
-    min_lines: int | None = None
-    max_lines: int | None = None
+    min_chars: int | None = None  # reject documents with fewer characters; None: no minimum
+    max_chars: int | None = None  # reject documents with more characters; None: no maximum
+    min_words: int | None = None  # reject documents with fewer words; None: no minimum
+    max_words: int | None = None  # reject documents with more words; None: no maximum
+    min_lines: int | None = None  # reject documents with fewer lines; None: no minimum
+    max_lines: int | None = None  # reject documents with more lines; None: no maximum
 
     def __post_init__(self) -> None:
         for unit in ("chars", "words", "lines"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -48,15 +49,17 @@ MODEL_FILE = "classifier.npz"
 class ClassifierScoreConfig(StageConfig):
     """The reference source, the features, the training budget and an optional minimum."""
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "positive_source")
+
     positive_source: str | None = None  # required: the source whose documents are the positives
-    column: str = "quality"
+    column: str = "quality"  # the column the probability is written to
     buckets: int = 1 << 18  # hashed unigram+bigram buckets
     max_tokens: int = 512  # tokens per document used for features
     max_train_docs: int = 10_000  # per class; the seeded sample bounds the plan's memory
     folds: int = 5  # cross-validation folds reported in the manifest
-    epochs: int = 5
+    epochs: int = 5  # passes over the training sample
     learning_rate: float = 0.2  # Adagrad step size
-    l2: float = 1e-6
+    l2: float = 1e-6  # L2 regularization of the logistic regression
     min_quality: float | None = None  # reject rows whose probability is below this
 
     def __post_init__(self) -> None:

@@ -52,14 +52,15 @@ MODEL_FILE = "difficulty.npz"
 class DifficultyScoreConfig(StageConfig):
     """The blend of measures and the n-gram model behind them."""
 
-    column: str = "difficulty"
+    column: str = "difficulty"  # the column the difficulty in [0, 1] is written to
+    # blend of the measures length, rare_words and perplexity
     weights: dict[str, float] = field(default_factory=lambda: {"length": 0.2, "rare_words": 0.3, "perplexity": 0.5})
-    buckets: int = 1 << 20
-    max_tokens: int = 1024
-    common_mass: float = 0.9
-    bigram_weight: float = 0.7
-    calibration_docs: int = 20_000
-    quantiles: int = 1000
+    buckets: int = 1 << 20  # hashed word buckets of the n-gram model
+    max_tokens: int = 1024  # tokens per document the per-token measures read
+    common_mass: float = 0.9  # the common vocabulary: the most frequent words covering this share of the pool's tokens
+    bigram_weight: float = 0.7  # share of the bigram model in the interpolated perplexity (the rest: unigram)
+    calibration_docs: int = 20_000  # documents sampled to fit each measure's distribution
+    quantiles: int = 1000  # resolution of each measure's fitted distribution
 
     def __post_init__(self) -> None:
         check_column(self.column)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -47,8 +48,10 @@ MODEL_FILES = {"target": "dsir_target.npz", "raw": "dsir_raw.npz"}
 class DsirScoreConfig(StageConfig):
     """The target source, the hashed feature space, smoothing and an optional minimum."""
 
+    SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "target_source")
+
     target_source: str | None = None  # required: the source whose distribution to resample toward
-    column: str = "dsir_weight"
+    column: str = "dsir_weight"  # the column the log importance weight is written to
     buckets: int = 10_000  # Xie et al. 2023, section 4
     max_tokens: int = 1024  # tokens per document used to fit the models
     smoothing: float = 1.0  # add-alpha counts, so unseen n-grams have finite log-probability
@@ -84,7 +87,7 @@ class DsirScore(Barrier):
     def plan(self, keys: pl.LazyFrame) -> Plan:
         cfg = self.config
         counts = {name: np.zeros(cfg.buckets, dtype=np.float64) for name in MODEL_FILES}
-        docs = {name: 0 for name in MODEL_FILES}
+        docs = dict.fromkeys(MODEL_FILES, 0)
         for chunk in iter_spill(keys, ["source", "feats"]):
             indptr, feats = list_csr(chunk["feats"])
             counts["raw"] += np.bincount(feats, minlength=cfg.buckets)

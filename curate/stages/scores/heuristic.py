@@ -42,7 +42,8 @@ _STOP_WORDS = r"(?i)\b(?:the|be|to|of|and|that|have|with)\b"  # Gopher's list
 class HeuristicScoreConfig(StageConfig):
     """Where to write the score, how to weigh its components, and an optional minimum."""
 
-    column: str = "quality"
+    column: str = "quality"  # the column the score is written to
+    # weight of each component: length, word_length, alpha, symbols, stop_words, line_punct, dup_lines
     weights: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 1.0))
     min_quality: float | None = None  # reject rows scoring below this
     keep_metrics: bool = False  # keep each component as a ``heuristic_<component>`` column

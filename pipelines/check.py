@@ -1,0 +1,93 @@
+"""``winnow check JOB.toml``: validate a whole job file without running anything.
+
+Every table the file holds is built as the commands that use it build it (``[job]``,
+``[[inputs]]``, ``[[stages]]`` and ``[output]`` as ``winnow curate`` does, ``[train]`` as
+``winnow train`` does, ``[ablate]`` as ``winnow ablate`` does), so an error here is the error
+the command would stop on, naming the file, the table and the key. The inputs' files are listed
+(read-only) so a wrong path is caught too; nothing is written. ``winnow run`` runs the same
+validation before it curates, so a mistake in ``[train]`` never waits for curation to finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from curate.config import Job, JobSection
+from curate.errors import ConfigError
+from pipelines.jobfile import build_config, check_top_level, load_job, read_toml
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="validate a job file (every table, the inputs' paths) without running anything")
+    p.add_argument("job", type=Path, help="the job file (TOML)")
+    p.set_defaults(func=run_check)
+
+
+@dataclass(slots=True)
+class CheckedJob:
+    """What a job file holds, each part validated: None where the file has no such table."""
+
+    raw: dict[str, Any]
+    job: Job | None  # [job], [[inputs]], [[stages]], [output]
+    train: Any = None  # train.config.TrainConfig
+    ablate: Any = None  # pipelines.ablate.config.AblateConfig
+    unchecked: str | None = None  # a table that needs a package this install lacks
+
+
+def validate(path: str | Path, *, output: str | None = None, workers: int | None = None,
+             train_overrides: dict[str, Any] | None = None) -> CheckedJob:
+    """Build every table of the job file; a ``ConfigError`` names the first mistake (file, table, key)."""
+    raw = read_toml(path)
+    check_top_level(raw, Path(path).name)
+    curates = "inputs" in raw  # a [job] alone names the curated folder a study or a run trains on
+    if not curates and "train" not in raw:
+        raise ConfigError(f"{path}: nothing to run: no [[inputs]] to curate, no [train] to train")
+    if not curates and "job" in raw:
+        build_config(JobSection, raw["job"], f"{Path(path).name} [job]")
+    checked = CheckedJob(raw=raw, job=load_job(path, output=output, workers=workers) if curates else None)
+    if "train" not in raw and "ablate" not in raw:
+        return checked
+    try:
+        from pipelines.ablate.config import AblateConfig
+        from pipelines.train import load_train_config
+    except ModuleNotFoundError as err:  # a curation-only install: say what was not checked
+        checked.unchecked = f"[train] and [ablate] need {err.name!r}: pip install 'winnow[train]'"
+        return checked
+    overrides = {k: v for k, v in (train_overrides or {}).items() if v is not None}
+    table = raw.get("train") or {}
+    if checked.job is not None and not isinstance(table.get("shards"), list):
+        overrides.setdefault("shards", checked.job.job.output)  # where `winnow run` trains
+        if "output" not in table and "://" not in checked.job.job.output:  # beside the shards curation will write
+            overrides.setdefault("output", str(Path(checked.job.job.output) / "train"))
+    if "train" in raw:
+        checked.train = load_train_config(Path(path), **overrides)
+    if "ablate" in raw:
+        checked.ablate = build_config(AblateConfig, raw["ablate"], f"{path} [ablate]")
+    return checked
+
+
+def run_check(args: argparse.Namespace) -> int:
+    checked = validate(args.job)
+    lines = []
+    if checked.job is not None:
+        from curate.readers.files import list_files
+
+        job = checked.job
+        files = [len(list_files(cfg)) for cfg in job.inputs]  # a wrong path fails here, naming the input
+        inputs = ", ".join(f"{cfg.label} ({n} file{'s' * (n != 1)})" for cfg, n in zip(job.inputs, files))
+        lines += [f"inputs:  {inputs}",
+                  f"stages:  {' -> '.join(s.kind for s in job.stages) or '(none)'}",
+                  f"output:  {job.job.output} ({', '.join(job.output.formats)})"]
+    if checked.train is not None:
+        t = checked.train
+        lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {t.output}")
+    if checked.ablate is not None:
+        lines.append(f"ablate:  {', '.join(checked.ablate.kinds)}")
+    if checked.unchecked:
+        lines.append(f"not checked: {checked.unchecked}")
+    print(f"{args.job}: ok")
+    print("\n".join(f"  {line}" for line in lines))
+    return 0

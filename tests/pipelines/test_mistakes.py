@@ -1,0 +1,147 @@
+"""Mistakes in a job file are errors (or warnings) that name the file, the table and the key, and say what to write."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from curate.errors import ConfigError
+from pipelines.cleanup import removed_on_failure
+from pipelines.cli import main
+from pipelines.jobfile import load_job
+
+BASE = '[job]\nname = "t"\n[[inputs]]\nsource = "docs"\npath = "d.jsonl"\n[[inputs]]\nsource = "web"\npath = "w.jsonl"\n'
+
+
+def _load(tmp_path, body: str, base: str = BASE):
+    path = tmp_path / "t.toml"
+    path.write_text(base + body)
+    return load_job(path)
+
+
+def test_a_stage_scoped_to_a_source_no_input_has_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"t\.toml \[\[stages\]\] #1 \(filter\.length\) key 'sources': no input has "
+                                          r"source 'doc' \(did you mean 'docs'\?\); the inputs' sources: docs, web"):
+        _load(tmp_path, '[[stages]]\nkind = "filter.length"\nsources = ["doc"]\n')
+
+
+def test_mix_weights_naming_a_source_no_input_has_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"t\.toml \[\[stages\]\] #1 \(mix\) key 'weights': no input has source "
+                                          r"'wbe' \(did you mean 'web'\?\)"):
+        _load(tmp_path, '[[stages]]\nkind = "mix"\nweights = { docs = 1.0, wbe = 2.0 }\n')
+
+
+def test_an_unknown_source_is_only_a_warning_when_an_input_reads_sources_from_a_column(tmp_path, caplog):
+    base = BASE + '[[inputs]]\nsource_field = "site"\npath = "s.jsonl"\n'
+    with caplog.at_level(logging.WARNING):
+        job = _load(tmp_path, '[[stages]]\nkind = "dedup.exact"\nsources = ["forum"]\n', base=base)
+    assert job.stages[0].config.sources == ["forum"]
+    assert "no input has source 'forum'" in caplog.text and "source_field column 'site'" in caplog.text
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('[job]\nname = "t"\nsteps = 10\n', r"\[job\]: unknown key 'steps' \(it belongs in \[train\]"),
+    ('[train]\nbatch_size = 4\n', r"\[train\]: unknown key 'batch_size' \(it belongs in \[train\.data\]\)"),
+    ('[output]\nthreshold = 0.8\n', r"\[output\]: unknown key 'threshold' \(it belongs in \[\[stages\]\] kind = \"dedup\.minhash\"\)"),
+], ids=["job-train", "train-data", "output-stage"])
+def test_a_key_in_the_wrong_table_says_where_it_belongs(tmp_path, capsys, body, message):
+    path = tmp_path / "t.toml"
+    path.write_text(body + '[[inputs]]\nsource = "a"\npath = "x"\n' + ('[job]\nname = "t"\n' if "[job]" not in body else ""))
+    assert main(["check", str(path)]) == 2
+    assert re.search(r"t\.toml " + message, capsys.readouterr().err)
+
+
+def test_a_key_above_every_table_says_where_it_belongs(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text("steps = 10\n" + BASE)
+    with pytest.raises(ConfigError, match=r"t\.toml: key 'steps' is outside every table \(it belongs in \[train\]"):
+        load_job(path)
+
+
+def test_a_misspelt_table_gets_a_did_you_mean(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown table \[trian\] \(did you mean \[train\]\?\)"):
+        _load(tmp_path, "[trian]\nsteps = 3\n")
+
+
+def test_stages_written_with_single_brackets_say_to_write_double_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"t\.toml: \[stages\] must be written \[\[stages\]\] \(two brackets\)"):
+        _load(tmp_path, '[stages]\nkind = "clean"\n')
+
+
+def test_train_on_a_job_without_a_train_table_is_an_error(tmp_path, capsys):
+    path = tmp_path / "t.toml"
+    path.write_text(BASE.replace('name = "t"', f'name = "t"\noutput = "{tmp_path / "out"}"'))
+    assert main(["train", str(path)]) == 2
+    assert "t.toml: no [train] table" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _shards(folder):
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["some text here"] * 4, "source": ["a"] * 4}), folder / "train-0.parquet")
+    return folder
+
+
+def _failing_train_job(tmp_path, output):
+    """A [train] table that passes validation and fails while the trainer is built (its tokenizer is missing)."""
+    path = tmp_path / "t.toml"
+    path.write_text(f'[train]\nshards = "{_shards(tmp_path / "corpus")}"\noutput = "{output}"\n'
+                    f'[train.tokenizer]\npath = "{tmp_path / "no-tokenizer"}"\n')
+    return path
+
+
+def test_a_failed_train_removes_the_run_folder_it_created(tmp_path, capsys):
+    path = _failing_train_job(tmp_path, tmp_path / "out" / "t" / "train")
+    assert main(["train", str(path)]) == 2
+    assert "no-tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # the run folder and the parents made for it
+
+
+def test_a_failed_train_leaves_a_folder_it_did_not_create(tmp_path):
+    run = tmp_path / "mine"
+    run.mkdir()
+    (run / "notes.txt").write_text("the user's")
+    assert main(["train", str(_failing_train_job(tmp_path, run))]) == 2
+    assert (run / "notes.txt").read_text() == "the user's"
+
+
+def test_a_run_folder_with_a_recorded_step_is_kept_after_a_failure(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError), removed_on_failure(run):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+        raise RuntimeError("a later step failed")
+    assert (run / "metrics.jsonl").is_file()
+
+
+def test_run_validates_train_before_curating(tmp_path, capsys):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
+    path = tmp_path / "t.toml"
+    path.write_text(f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\n'
+                    f'path = "{tmp_path / "d.jsonl"}"\n[train]\nstesp = 3\n')
+    assert main(["run", str(path)]) == 2
+    assert "[train]: unknown key 'stesp' (did you mean 'steps'?)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing was curated
+
+
+def test_check_validates_every_table_and_writes_nothing(tmp_path, capsys):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
+    job = (f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\npath = "{tmp_path / "d.jsonl"}"\n'
+           '[[stages]]\nkind = "dedup.exact"\n[train]\nsteps = 5\n[ablate]\nkind = "leave_one_out"\n')
+    path = tmp_path / "t.toml"
+    path.write_text(job)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "t.toml: ok" in out and "docs (1 file)" in out and "5 steps" in out and "leave_one_out" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "t.toml"]
+    path.write_text(job.replace("kind = \"leave_one_out\"", "kind = \"leave_one_out\"\nseeds = 2"))
+    assert main(["check", str(path)]) == 2
+    assert "[ablate]: unknown key 'seeds'" in capsys.readouterr().err
+    path.write_text(job.replace(str(tmp_path / "d.jsonl"), str(tmp_path / "missing.jsonl")))
+    assert main(["check", str(path)]) == 2
+    assert "input docs: " in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""The catalogue of bad inputs, training side: shards, token ids, checkpoints and files a run reads.
+
+Each kind builds a tiny bad input and asserts the clear error (naming the file and what to do)
+that winnow gives at the first point it can, never a crash deep inside a step. The curation
+kinds are in ``tests/curate/test_bad_input_catalogue.py``, which counts every area's kinds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.train.shards_util import make_docs, write_job, write_token_job
+from train.checkpoint import META_FILE, STATE_FILE
+from train.data import Loader, LoaderConfig
+from train.errors import CheckpointError, ConfigError, ShardError
+from train.init import load_init
+from train.tokenizer import META_FILE as META
+from train.tokenizer import load_tokenizer
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One bad input: ``run(tmp_path)`` builds it and asserts what happens."""
+
+    name: str
+    run: Callable[[Path], None]
+
+
+KINDS: list[Kind] = []
+
+
+def kind(fn: Callable[[Path], None]) -> Callable[[Path], None]:
+    KINDS.append(Kind(fn.__name__, fn))
+    return fn
+
+
+def loader(folder: Path, fmt: str = "parquet", **kw) -> Loader:
+    return Loader(LoaderConfig(**{"batch_size": 2, "seq_len": 16, "num_workers": 0, "format": fmt, **kw}), folder)
+
+
+def manifest_of(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+# -- shards -------------------------------------------------------------------------------------------
+@kind
+def shard_listed_but_missing(tmp: Path) -> None:
+    folder = write_job(tmp / "job", [make_docs(4), make_docs(4), make_docs(4)])
+    (folder / "shards/train/part-00000-00002.parquet").unlink()
+    with pytest.raises(ShardError, match="part-00000-00002.parquet: missing .*incomplete"):
+        loader(folder)  # at start, before the first batch
+
+
+@kind
+def token_shard_listed_but_missing(tmp: Path) -> None:
+    folder = write_token_job(tmp / "job", [make_docs(4), make_docs(4)])
+    bins = [e["path"] for e in manifest_of(folder)["shards"] if e["format"] == "tokens"]
+    (folder / bins[1]).unlink()
+    with pytest.raises(ShardError, match=f"{Path(bins[1]).name}: missing"):
+        loader(folder, "tokens")
+
+
+@kind
+def shard_path_leaves_the_folder(tmp: Path) -> None:
+    folder = write_job(tmp / "job", [make_docs(4)])
+    manifest = manifest_of(folder)
+    (tmp / "outside.parquet").write_bytes((folder / manifest["shards"][0]["path"]).read_bytes())
+    manifest["shards"][0]["path"] = "../outside.parquet"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="leave the job folder"):
+        loader(folder)
+
+
+# -- checkpoints ----------------------------------------------------------------------------------------
+@kind
+def checkpoint_lists_a_file_outside(tmp: Path) -> None:
+    ckpt = tmp / "run" / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    torch.save({"model": {"w": torch.ones(2)}, "model_config": {}}, ckpt / STATE_FILE)
+    data, blob = (ckpt / STATE_FILE).read_bytes(), b"planted"
+    target = Path(tempfile.gettempdir()) / f"winnow-escaped-{tmp.name}.txt"  # where it lands from the extraction folder
+    files = {f"../{target.name}": {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}}
+    (ckpt.parent / target.name).write_bytes(blob)  # what the name points at from the checkpoint folder
+    meta = {"format_version": 1, "step": 1, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "files": files}
+    (ckpt / META_FILE).write_text(json.dumps(meta))
+    try:
+        with pytest.raises(CheckpointError, match="not inside the checkpoint folder"):
+            load_init(str(tmp / "run"))
+        assert not target.exists()
+    finally:
+        target.unlink(missing_ok=True)
+
+
+# -- files read whole: a regular file under a cap -------------------------------------------------------------
+@kind
+def manifest_linked_to_dev_zero(tmp: Path) -> None:
+    folder = write_job(tmp / "job", [make_docs(4)])
+    (folder / "manifest.json").unlink()
+    os.symlink("/dev/zero", folder / "manifest.json")
+    with pytest.raises(ShardError, match="manifest .*not a regular file"):
+        loader(folder)
+
+
+@kind
+def shard_larger_than_the_manifest_says(tmp: Path) -> None:
+    folder = write_job(tmp / "job", [make_docs(4), make_docs(4)])
+    path = folder / manifest_of(folder)["shards"][0]["path"]
+    path.write_bytes(path.read_bytes() + b"\0" * 4096)  # replaced by something bigger: never read past its size
+    with pytest.raises(ShardError, match="part-00000-00000.parquet is .* bytes, over"):
+        next(loader(folder))
+
+
+@kind
+def tokenizer_meta_linked_to_dev_zero(tmp: Path) -> None:
+    (tmp / "tok").mkdir()
+    os.symlink("/dev/zero", tmp / "tok" / META)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_tokenizer(str(tmp / "tok"))
+
+
+@kind
+def checkpoint_meta_linked_to_dev_zero(tmp: Path) -> None:
+    ckpt = tmp / "run" / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    torch.save({"model": {}}, ckpt / STATE_FILE)
+    os.symlink("/dev/zero", ckpt / META_FILE)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_init(str(ckpt))
+
+
+@kind
+def checkpoint_state_linked_to_dev_zero(tmp: Path) -> None:
+    ckpt = tmp / "run" / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    os.symlink("/dev/zero", ckpt / STATE_FILE)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_init(str(tmp / "run"))
+
+
+@pytest.mark.parametrize("case", [pytest.param(k, id=k.name) for k in KINDS])
+def test_bad_input(case: Kind, tmp_path: Path) -> None:
+    case.run(tmp_path)

@@ -1,0 +1,41 @@
+"""Paths and files read from data: listed paths stay inside their folder, whole files are read under a cap.
+
+``train`` never imports ``curate`` (whose ``curate.names`` turns names into path components); the
+trainer builds no path from a name, but it follows relative paths that a manifest or a checkpoint's
+meta lists, and one of those may be hostile or damaged (``../../x``, ``/etc/passwd``).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+
+def inside(rel: object) -> bool:
+    """Whether ``rel`` is a relative path that names something inside the folder it is relative to."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        return False
+    path = PurePosixPath(rel)
+    return not path.is_absolute() and ".." not in path.parts and "://" not in rel
+
+
+MiB = 1 << 20
+JSON_BYTES = 1024 * MiB  # a manifest, a checkpoint's meta.json, a tokenizer's files
+
+
+def read_capped(fs, path: str, *, limit: int, what: str, error: type[Exception]) -> bytes:
+    """The bytes of ``path`` on ``fs``, refusing anything but a regular file and anything over ``limit`` bytes.
+
+    A link to ``/dev/zero`` read whole runs until the OOM killer ends the run; this reads at most
+    ``limit + 1`` bytes and raises ``error`` naming ``what``, the file and the cap instead.
+    FileNotFoundError passes through, for the caller's own "missing" message.
+    """
+    info = fs.info(path)
+    if info.get("type") != "file":
+        raise error(f"{what} {path} is not a regular file (a folder, device, FIFO or socket); give the file itself")
+    if info.get("size") is not None and info["size"] > limit:
+        raise error(f"{what} {path} is {info['size']} bytes, over winnow's cap of {limit} for it; is it the right file?")
+    with fs.open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{what} {path} holds more than winnow's cap of {limit} bytes for it; is it the right file?")
+    return data
