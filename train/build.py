@@ -22,7 +22,7 @@ from train.attribution.hook import AttributionHook, CounterfactualHook
 from train.config import TrainConfig
 from train.distill import Distillation
 from train.errors import ConfigError
-from train.hooks import TrainHook
+from train.hooks import CompileTime, TrainHook
 from train.init import Initialization, load_init
 from train.model import ModelConfig, Transformer
 from train.optim import build_optimizer, build_scheduler
@@ -42,7 +42,7 @@ def build_model(cfg: TrainConfig, parallel: Parallel) -> tuple[Transformer, torc
     with torch.device("meta"):
         model = Transformer(cfg.model)
     net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing,
-                               seed=cfg.seed)
+                               compile=cfg.compile, seed=cfg.seed)
     return model, net
 
 
@@ -108,7 +108,7 @@ def _hooks(cfg: TrainConfig, *, model, optimizer, parallel: Parallel, sources: l
     if isinstance(mixer, CounterfactualMix):  # after attribution: it reads the step attribution just took in
         mixer.attach(attribution)
         hooks.append(mixer)
-    return hooks + [EarlyStopping(cfg.stop)]
+    return hooks + [EarlyStopping(cfg.stop)] + ([CompileTime()] if cfg.compile else [])
 
 
 def load_teacher(path: str, storage_options: dict | None = None) -> Transformer:

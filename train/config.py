@@ -58,6 +58,7 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast with fp32 master weights
     # recompute each block's activations in the backward: less memory, more compute
     activation_checkpointing: bool = False
+    compile: bool = False  # torch.compile each block (and the loss on a GPU); not with attribution
     label_smoothing: float = 0.0  # cross-entropy label smoothing
     seed: int = 0  # model initialization and data order
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when available, else the CPU
@@ -92,3 +93,6 @@ class TrainConfig:
                "needs train.eval_every > 0 (the stop rules read the periodic evaluations)")
         _check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len", self.data.seq_len,
                f"at most train.model.max_seq_len ({self.model.max_seq_len})")
+        _check(not (self.compile and self.attribution.every), "compile", self.compile,
+               "false with train.attribution (its per-source split runs its own ops in place of the model's, which a "
+               "compiled graph would not see); attribute an eager run, or set train.attribution.every = 0")

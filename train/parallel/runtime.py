@@ -85,7 +85,7 @@ class Parallel:
 
     # ---- model ------------------------------------------------------------------------------
     def parallelize(self, model: nn.Module, *, grad_accum: int = 1, activation_checkpointing: bool = False,
-                    seed: int = 0) -> nn.Module:
+                    compile: bool = False, seed: int = 0) -> nn.Module:
         """Apply this run's layout to the plain ``model`` in place; returns the module to call forward on.
 
         A model built on the meta device is then given memory for this rank's parts only and initialised
@@ -95,7 +95,7 @@ class Parallel:
         Under pipeline parallelism ``model`` is first cut to this rank's stages and ``self.pipeline``
         runs them, ``grad_accum`` micro-batches per step (as in torchtitan, each stage is then a model
         of its own for the other parallelisms). Then ``train.parallel.parallelize``: TP/SP, EP,
-        activation checkpointing, FSDP2. DDP, when the data-parallel ranks replicate, wraps the model
+        activation checkpointing, compile, FSDP2. DDP, when the data-parallel ranks replicate, wraps the model
         last (the stages at their first step): its ``dp`` group leaves out the tp ranks, which hold
         different parts and share their batches.
         """
@@ -107,7 +107,7 @@ class Parallel:
         if world.pp_size > 1:
             stages = self._pipeline(model, grad_accum).modules
         layout = parallelize(model, world, self.cfg, self.comm, activation_checkpointing=activation_checkpointing,
-                             stages=stages)
+                             compile=compile, stages=stages)
         self.experts, self.tp_layouts, self.dispatches = layout.experts, layout.tp_layouts, layout.dispatches
         if any(p.is_meta for p in model.parameters()):  # FSDP2 shards with offload live on the CPU
             model.to_empty(device="cpu" if self.cfg.cpu_offload else world.device)
