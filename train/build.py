@@ -42,7 +42,7 @@ def build_model(cfg: TrainConfig, parallel: Parallel) -> tuple[Transformer, torc
     with torch.device("meta"):
         model = Transformer(cfg.model)
     net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing,
-                               compile=cfg.compile, seed=cfg.seed)
+                               compile=cfg.compile, seed=cfg.seed, grad_clip=cfg.optim.grad_clip)
     return model, net
 
 
