@@ -87,6 +87,8 @@ class TrainHook:
 class CompileTime(TrainHook):
     """Logs once how long ``[train] compile`` took: a run's first step compiles, its second runs compiled."""
 
+    name = "compile"
+
     def __init__(self) -> None:
         self._steps: list[float] = []
 

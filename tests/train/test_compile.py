@@ -1,5 +1,7 @@
 """``[train] compile = true``: each block compiled, the run the same as eager under every layout (CPU, gloo)."""
 
+import logging
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ def _need_inductor() -> None:
 
 
 @pytest.mark.slow  # inductor compiling the block's kernels takes ~30 s of CPU
-def test_compiled_blocks_match_eager_in_one_process(tmp_path):
+def test_compiled_blocks_match_eager_in_one_process(tmp_path, caplog):
     _need_inductor()
     from torch._dynamo.utils import counters
 
@@ -30,10 +32,13 @@ def test_compiled_blocks_match_eager_in_one_process(tmp_path):
     counters.clear()
     eager = run_losses(make_trainer(tiny_config(tmp_path / "eager", steps=4)), 4)
     trainer = make_trainer(tiny_config(tmp_path / "compiled", steps=4, compile=True))
-    compiled = run_losses(trainer, 4)
+    with caplog.at_level(logging.INFO, logger="train.hooks"):
+        compiled = run_losses(trainer, 4)
     assert counters["stats"]["unique_graphs"] > 0  # dynamo really traced the blocks
     assert all(block._compiled_call_impl is not None for block in trainer.model.blocks)
     assert compiled == pytest.approx(eager, abs=1e-4)
+    logged = [r.getMessage() for r in caplog.records if r.name == "train.hooks"]
+    assert len(logged) == 1 and logged[0].startswith("torch.compile: ")  # the compile time, once
 
 
 @pytest.mark.slow
