@@ -22,7 +22,7 @@ from train.attribution.hook import AttributionHook, CounterfactualHook
 from train.config import TrainConfig
 from train.distill import Distillation
 from train.errors import ConfigError
-from train.hooks import TrainHook
+from train.hooks import CompileTime, TrainHook
 from train.init import Initialization, load_init
 from train.model import ModelConfig, Transformer
 from train.optim import build_optimizer, build_scheduler
@@ -37,9 +37,12 @@ log = logging.getLogger(__name__)
 
 
 def build_model(cfg: TrainConfig, parallel: Parallel) -> tuple[Transformer, torch.nn.Module]:
-    """(this rank's model, what forward is called on): the plain model with the run's layout applied."""
-    model = Transformer(cfg.model).to(parallel.world.device)
-    net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing)
+    """(this rank's model, what forward is called on): the plain model built on the meta device, the run's
+    layout applied, then only this rank's parts given memory and initialised (``Parallel.parallelize``)."""
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing,
+                               compile=cfg.compile, seed=cfg.seed, grad_clip=cfg.optim.grad_clip)
     return model, net
 
 
@@ -105,7 +108,7 @@ def _hooks(cfg: TrainConfig, *, model, optimizer, parallel: Parallel, sources: l
     if isinstance(mixer, CounterfactualMix):  # after attribution: it reads the step attribution just took in
         mixer.attach(attribution)
         hooks.append(mixer)
-    return hooks + [EarlyStopping(cfg.stop)]
+    return hooks + [EarlyStopping(cfg.stop)] + ([CompileTime()] if cfg.compile else [])
 
 
 def load_teacher(path: str, storage_options: dict | None = None) -> Transformer:

@@ -58,6 +58,7 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast with fp32 master weights
     # recompute each block's activations in the backward: less memory, more compute
     activation_checkpointing: bool = False
+    compile: bool = False  # torch.compile each block (and the loss on a GPU); not with attribution
     label_smoothing: float = 0.0  # cross-entropy label smoothing
     seed: int = 0  # model initialization and data order
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when available, else the CPU
@@ -92,3 +93,15 @@ class TrainConfig:
                "needs train.eval_every > 0 (the stop rules read the periodic evaluations)")
         _check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len", self.data.seq_len,
                f"at most train.model.max_seq_len ({self.model.max_seq_len})")
+        _check(not (self.compile and self.attribution.every), "compile", self.compile,
+               "false with train.attribution (its per-source split runs its own ops in place of the model's, which a "
+               "compiled graph would not see); attribute an eager run, or set train.attribution.every = 0")
+        if self.parallel.compression == "topk":  # each rank accumulates unscaled gradients over steps
+            _check(self.precision != "fp16", "parallel.compression", "topk", "'none' with train.precision = 'fp16' "
+                   "(the loss scale changes between the steps a withheld gradient waits); use 'bf16'")
+            _check(not self.attribution.every, "parallel.compression", "topk", "'none' with train.attribution "
+                   "(its split needs the step's whole gradient; a top-k step applies parts of earlier ones)")
+            momentum = self.parallel.topk.momentum
+            _check(not momentum or self.optim.betas[0] == 0, "parallel.topk.momentum", momentum,
+                   f"0 while train.optim.betas[0] = {self.optim.betas[0]}: momentum correction moves the optimizer's "
+                   "momentum before the sparsification, so set train.optim.betas = [0.0, beta2] with it")

@@ -31,11 +31,15 @@ trainer does not change.
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 
 import torch
 
 from train.alerts import SkipReason
 from train.data import Batch
+
+log = logging.getLogger(__name__)
 
 
 class TrainHook:
@@ -78,3 +82,23 @@ class TrainHook:
 
     def load_state_dict(self, state: dict | None) -> None:
         return None
+
+
+class CompileTime(TrainHook):
+    """Logs once how long ``[train] compile`` took: a run's first step compiles, its second runs compiled."""
+
+    name = "compile"
+
+    def __init__(self) -> None:
+        self._steps: list[float] = []
+
+    def begin_step(self, step: int) -> None:
+        self._start = time.perf_counter()
+
+    def end_step(self, applied: bool, clip_coef: float) -> None:
+        if len(self._steps) < 2:
+            self._steps.append(time.perf_counter() - self._start)
+            if len(self._steps) == 2:
+                first, second = self._steps
+                log.info("torch.compile: %.1f s compiling (the first step took %.1f s, the second %.1f s)",
+                         first - second, first, second)

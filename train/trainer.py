@@ -77,6 +77,10 @@ class Trainer:
         self.sources, self.alerts, self.hooks, self.init = list(sources), alerts, list(hooks), init
         self.pipeline = parallel.pipeline  # pipeline parallel: self.model holds this rank's stages only
         self._autocast = autocast(self.device, cfg.precision)
+        # compiled on a GPU, the loss's log-softmax over the vocabulary fuses (no fp32 copy of the logits); on a
+        # CPU compiling it gains nothing
+        compile_loss = cfg.compile and self.device.type == "cuda"
+        self._cross_entropy = torch.compile(cross_entropy_per_token) if compile_loss else cross_entropy_per_token
         shape = dict(n_moe_layers=model.cfg.n_moe_layers, n_experts=model.cfg.n_experts, device=self.device)
         self.accounting = SourceAccounting(self.sources, **shape, reduce=parallel.reduce_sum)  # since the last log step
         self._step_accounting = SourceAccounting(self.sources, **shape)  # merged once a step is applied
@@ -200,7 +204,7 @@ class Trainer:
     def _loss(self, b: Batch, logits_BLV: torch.Tensor, n_tokens: int) -> torch.Tensor:
         """One micro-batch's data loss (its share of the step's global-batch mean), after the hooks' ``loss``;
         its plain cross-entropy (no label smoothing: comparable across runs) goes into the per-source sums."""
-        loss_BL = cross_entropy_per_token(logits_BLV, b.targets, label_smoothing=self.cfg.label_smoothing)
+        loss_BL = self._cross_entropy(logits_BLV, b.targets, label_smoothing=self.cfg.label_smoothing)
         plain_BL = loss_BL.detach()
         if self.cfg.label_smoothing > 0:
             with torch.no_grad():

@@ -180,6 +180,11 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         if job.get("overflow"):  # every rank reports: what each one decided is the point
             result = {"steps": overflow_steps(trainer, **job["overflow"]), "layouts": layouts(trainer.model)}
             Path(f"{out}.{rank}").write_text(json.dumps(result, default=str))
+        elif job.get("compare_compile"):  # the same run eager, then with [train] compile
+            result = {"eager": fit(trainer)["losses"]}
+            compiled = build(Path(job["run_dir"]) / "compiled", parallel=parallel, grad_accum=job.get("grad_accum", 1),
+                             steps=job["steps"], model=job.get("model"), config={**job.get("config", {}), "compile": True})
+            result["compiled"] = fit(compiled)["losses"]
         elif job.get("stop_after"):  # train part of the schedule, checkpoint, leave (a preempted run)
             losses = [trainer.train_step().loss for _ in range(job["stop_after"])]
             trainer.save_checkpoint()

@@ -53,6 +53,8 @@ def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     # The kernel needs 16-byte aligned row strides; on CUDA also Hopper+ and bf16.
     if not hasattr(torch, "_grouped_mm") or (x.shape[-1] * x.element_size()) % 16 or (w.shape[-1] * w.element_size()) % 16:
         return False
+    if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:  # traced, the kernel takes bf16 only
+        return False
     if x.device.type == "cpu":
         return True
     return x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9

@@ -8,15 +8,17 @@ Shape legend in ``train.model``: B batch, L sequence length, D width, V (padded)
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from train.model.config import ModelConfig
-from train.model.layers import Attention, RMSNorm, SwiGLU, document_mask
-from train.model.moe import MoE, MoEStats
+from train.model.layers import Attention, RMSNorm, Rotary, SwiGLU, document_mask
+from train.model.moe import MoE, MoEStats, Router
 
 
 @dataclass(slots=True)
@@ -48,6 +50,10 @@ class Block(nn.Module):
         return x_BLD + self.dropout(out_BLD), stats
 
 
+def _copy_whole(_name: str, param: nn.Parameter, full: torch.Tensor) -> None:
+    param.copy_(full)
+
+
 class Transformer(nn.Module):
     """The language model. ``forward(tokens)`` returns a ``ModelOutput``; the loss is the trainer's business."""
 
@@ -60,18 +66,40 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
-        self.reset_parameters()
+        if not self.embed.weight.is_meta:  # built on the meta device, it is initialised once parallelized
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``init_weights`` with a seed drawn from torch's global generator."""
+        self.init_weights(int(torch.randint(2**62, ())))
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """GPT-2 style init: N(0, std), residual output projections scaled by 1/sqrt(2·layers)."""
-        std = self.cfg.init_std
-        residual_std = std / math.sqrt(2 * self.cfg.n_layers)
+    def init_weights(self, seed: int, write: Callable[[str, nn.Parameter, torch.Tensor], None] | None = None) -> None:
+        """GPT-2 style init: N(0, std), residual output projections scaled by 1/sqrt(2·layers), norm scales 1;
+        and the buffers (rotary tables, routers' bias).
+
+        Each parameter is drawn whole, on the CPU, from its own generator seeded by (``seed``, its name), so
+        a model holding part of a parameter (or some of the layers) can take exactly that part of the
+        one-process model's weights: ``write(name, param, full)`` copies the part ``param`` holds (default:
+        all of it). One whole parameter at a time is all the memory this needs beyond the model's own.
+        """
+        std, residual_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        with torch.device("meta"):
+            shapes = {name: p.shape for name, p in Transformer(self.cfg).named_parameters()}
         for name, param in self.named_parameters():
-            if param.ndim < 2:
-                continue
-            is_residual_out = name.endswith(("wo.weight", "w2.weight", "w2_EFD"))
-            nn.init.normal_(param, 0.0, residual_std if is_residual_out else std)
+            full = torch.empty(shapes[name])
+            if full.ndim < 2:
+                full.fill_(1.0)
+            else:
+                digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+                scale = residual_std if name.endswith(("wo.weight", "w2.weight", "w2_EFD")) else std
+                full.normal_(0.0, scale, generator=torch.Generator().manual_seed(int.from_bytes(digest[:8], "little")))
+            (write or _copy_whole)(name, param, full)
+        for module in self.modules():
+            if isinstance(module, Rotary):
+                module.reset_tables()
+            elif isinstance(module, Router):
+                module.expert_bias_E.zero_()
 
     def forward(self, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None = None) -> ModelOutput:
         mask_B1LL = self.attention_mask(doc_ids_BL)

@@ -1,4 +1,4 @@
-"""Distributed training on torch.distributed: DDP / FSDP2, expert parallelism, PowerSGD, launched by torchrun."""
+"""Distributed training on torch.distributed: DDP / FSDP2, expert parallelism, PowerSGD and top-k compression, launched by torchrun."""
 
 from train.parallel.config import ParallelConfig
 from train.parallel.mesh import World, exit_process, init_world, shutdown

@@ -47,11 +47,24 @@ def _full(name: str, tensor: torch.Tensor, world: World, experts: list[str], tp:
     return gather_experts(tensor, world) if name in experts else tensor
 
 
-def _part(name: str, tensor: torch.Tensor, world: World, experts: list[str], tp: dict) -> torch.Tensor:
+def part(name: str, tensor: torch.Tensor, world: World, experts: list[str], tp: dict) -> torch.Tensor:
     """This rank's part of a one-process tensor (the inverse of ``_full``)."""
     if name in experts:
         tensor = local_slice(tensor, world)
     return tensor_parallel.local(tensor, tp[name], world) if name in tp else tensor
+
+
+def shard_of(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """The piece of ``full`` (a tensor of ``param``'s global shape) that ``param`` holds: an FSDP2 DTensor's
+    local shard, or all of it."""
+    if not hasattr(param, "device_mesh"):
+        return full
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    for dim, (size, start) in enumerate(zip(shape, offset)):
+        full = full.narrow(dim, start, size)
+    return full
 
 
 def _map_optim(state: dict, names, fn) -> None:
@@ -125,7 +138,7 @@ def load_model_state(model: nn.Module, state: dict, world: World, *, fsdp: bool,
     tp = tp or {}
     state = _own(state, model.state_dict()) if world.pp_size > 1 else dict(state)  # this stage's layers
     for name in dict.fromkeys([*experts, *tp]):
-        state[name] = _part(name, state[name], world, experts, tp)
+        state[name] = part(name, state[name], world, experts, tp)
     if fsdp:  # each rank passes the full tensors (its experts' rows); FSDP2 keeps its shard
         set_model_state_dict(model, state, options=_FULL)
     else:
@@ -143,7 +156,7 @@ def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
         names = {name for name, _ in model.named_parameters()}
         state = {"state": _own(state["state"], names),
                  "param_groups": [{**g, "params": [n for n in g["params"] if n in names]} for g in state["param_groups"]]}
-    _map_optim(state, [*experts, *tp], lambda name, value: _part(name, value, world, experts, tp))
+    _map_optim(state, [*experts, *tp], lambda name, value: part(name, value, world, experts, tp))
     set_optimizer_state_dict(model, optimizer, state, options=_FULL if fsdp else None)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from train.errors import ConfigError
@@ -46,6 +46,42 @@ class MeshDims:
                 f"(ep={self.ep} of the dp ranks)")
 
 
+@dataclass(kw_only=True, slots=True)
+class TopKConfig:
+    """Deep Gradient Compression's settings (``[train.parallel.topk]``), used with ``compression = "topk"``.
+
+    Each step every rank sends the ``density`` share of each tensor's accumulated gradient with the
+    largest magnitudes (after the warm-up: from ``warmup_density`` down to ``density``, exponentially,
+    over ``warmup_steps``); see ``train/parallel/compression.py``.
+    """
+
+    density: float = 0.01  # share of each tensor's entries sent per step once warmed up (1/50 of the bytes)
+    warmup_density: float = 0.25  # the density of the first step (the paper starts at 75% sparsity)
+    warmup_steps: int = 0  # steps over which the density decreases exponentially to `density` (0: none)
+    momentum: float = 0.0  # momentum correction: each rank accumulates u = m·u + g (needs optim.betas[0] = 0)
+
+    def __post_init__(self) -> None:
+        for key in ("density", "warmup_density"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ConfigError(f"train.parallel.topk.{key} = {value!r} is invalid; allowed: 0 < value <= 1 "
+                                  "(the share of each gradient tensor sent per step)")
+        if self.warmup_density < self.density:
+            raise ConfigError(f"train.parallel.topk.warmup_density = {self.warmup_density!r} is invalid; allowed: "
+                              f">= train.parallel.topk.density ({self.density!r}): the warm-up sends more, not less")
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise ConfigError(f"train.parallel.topk.warmup_steps = {self.warmup_steps!r} is invalid; allowed: "
+                              "an integer >= 0")
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            raise ConfigError(f"train.parallel.topk.momentum = {self.momentum!r} is invalid; allowed: 0 <= value < 1")
+
+    def density_at(self, step: int) -> float:
+        """The density of exchange ``step`` (0-based): ``warmup_density · (density / warmup_density)^(step / warmup_steps)``."""
+        if step >= self.warmup_steps:
+            return self.density
+        return self.warmup_density * (self.density / self.warmup_density) ** (step / self.warmup_steps)
+
+
 # keys of the table before the mesh degrees replaced them; build_config reports these texts (pipelines/jobfile.py)
 _REMOVED = {
     "mode": "train.parallel.mode was replaced by the mesh degrees: mode = 'ddp' is dp_replicate = -1 (the default: "
@@ -81,6 +117,8 @@ class ParallelConfig:
     cpu_offload: bool = False  # dp_shard > 1 only: parameters, gradients and optimizer state live on the CPU
     powersgd_rank: int = 0  # DDP only: >0 compresses gradients with PowerSGD at this rank
     powersgd_start_iter: int = 10  # plain all-reduce for the first steps (PowerSGD's warm start)
+    compression: Literal["none", "topk"] = "none"  # "topk": DDP sends each step's top-k gradient entries (DGC)
+    topk: TopKConfig = field(default_factory=TopKConfig)  # [train.parallel.topk], with compression = "topk"
     bucket_mb: int = 25  # DDP bucket size
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
 
@@ -107,6 +145,13 @@ class ParallelConfig:
                "true only with dp_shard > 1 or -1 (FSDP2's CPUOffloadPolicy)")
         _check(not self.powersgd_rank or self.dp_shard == 1, "powersgd_rank", self.powersgd_rank,
                "0 unless dp_shard = 1 (PowerSGD is a DDP communication hook)")
+        _check(self.compression in ("none", "topk"), "compression", self.compression, "'none' or 'topk'")
+        if self.compression == "topk":
+            _check(self.dp_shard == 1 and self.pp == 1, "compression", self.compression,
+                   "'none' unless dp_shard = 1 and pp = 1 (top-k compression is a DDP communication hook: "
+                   "FSDP2 reduce-scatters and pipeline stages do not go through it)")
+            _check(not self.powersgd_rank, "compression", self.compression,
+                   "'none' with powersgd_rank > 0 (PowerSGD and top-k are alternatives; set powersgd_rank = 0)")
 
     def resolve(self, world_size: int, *, n_experts: int = 0) -> MeshDims:
         """The degrees for a launch of ``world_size`` processes; ConfigErrors say what does not fit and what would."""

@@ -69,15 +69,21 @@ def _timed_powersgd(timer: CommTimer):
 
 
 def wrap_ddp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
-             ignore: list[str] = ()) -> DistributedDataParallel:
-    """DDP over the data-parallel ranks; ``ignore`` names parameters it must not all-reduce (expert shards)."""
+             ignore: list[str] = (), compression=None) -> DistributedDataParallel:
+    """DDP over the data-parallel ranks; ``ignore`` names parameters it must not all-reduce (expert shards).
+
+    ``compression``: a ``TopKCompression`` whose hook replaces the all-reduce (``compression = "topk"``).
+    """
     if ignore:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
     device_ids = [world.device.index] if world.device.type == "cuda" else None
     # no per-forward buffer sync: the only mutable buffer (the router bias) is updated from globally reduced loads
     ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=world.dp_group, bucket_cap_mb=cfg.bucket_mb,
                                   forward_sync_buffers=False)
-    if cfg.powersgd_rank:
+    if compression is not None:
+        compression.register(ddp)
+        log.info("DDP with top-k compression, density %g", cfg.topk.density)
+    elif cfg.powersgd_rank:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
         state = psgd.PowerSGDState(process_group=world.dp_group, matrix_approximation_rank=cfg.powersgd_rank,

@@ -9,10 +9,12 @@ after the pipeline (``torch.distributed.pipelining``) has cut the model to this 
    of the routed rows hooked onto its ``experts`` module;
 3. activation checkpointing, per block (``torch.distributed._composable.checkpoint``: hooks on the
    block, so the parameter names stay the plain model's);
-4. FSDP2 (``data_parallel.apply_fsdp``): every block, then the root (each pipeline stage), sharded over
+4. ``torch.compile``, per block (``nn.Module.compile``: in place, names unchanged; the blocks run the same
+   code, so one compilation serves them all);
+5. FSDP2 (``data_parallel.apply_fsdp``): every block, then the root (each pipeline stage), sharded over
    ``dp_shard`` (the experts over ``edp``).
 
-DDP, the alternative to 4, wraps the whole model (or each stage) afterwards (``Parallel.parallelize``).
+DDP, the alternative to 5, wraps the whole model (or each stage) afterwards (``Parallel.parallelize``).
 Every step works in place on the module tree, on real or meta tensors, so the weights each rank
 ends up holding (and initialising, ``train.model.init``) follow from the layout alone.
 """
@@ -46,9 +48,18 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
             checkpoint(block)
 
 
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block (on a GPU: norms, SwiGLU and routing fused); the collectives tensor and expert
+    parallelism hook into a block run eager between its compiled pieces (graph breaks)."""
+    for block in model.blocks:
+        if block is not None:
+            block.compile()
+
+
 def parallelize(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
-                activation_checkpointing: bool = False, stages: list[nn.Module] | None = None) -> Layout:
-    """Apply TP/SP, EP, activation checkpointing and FSDP2 to ``model`` in place (see the module docstring).
+                activation_checkpointing: bool = False, compile: bool = False,
+                stages: list[nn.Module] | None = None) -> Layout:
+    """Apply TP/SP, EP, activation checkpointing, compile and FSDP2 to ``model`` in place (see the module docstring).
 
     ``stages``: under pipeline parallelism this rank's stage modules (each an FSDP2 root of its own);
     ``model`` then holds their layers only.
@@ -68,6 +79,8 @@ def parallelize(model: nn.Module, world: World, cfg: ParallelConfig, timer: Comm
         layout.experts = sharded_expert_names(model)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
+    if compile:
+        apply_compile(model)
     if world.dims.dp_shard > 1:
         from train.parallel.data_parallel import apply_fsdp
 

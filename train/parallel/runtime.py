@@ -60,6 +60,7 @@ class Parallel:
         self._reduce_load = False
         self.dispatches: dict = {}  # id(MoE.experts) -> its ExpertDispatch (expert parallelism)
         self.pipeline = None  # train.parallel.pipeline.Pipeline of this rank's stages, once ``parallelize`` built it
+        self.compression = None  # train.parallel.compression.TopKCompression under DDP with compression = "topk"
 
     @classmethod
     def local(cls, device: torch.device) -> Parallel:
@@ -84,15 +85,21 @@ class Parallel:
         return float(self.world.dp_size)
 
     # ---- model ------------------------------------------------------------------------------
-    def parallelize(self, model: nn.Module, *, grad_accum: int = 1, activation_checkpointing: bool = False) -> nn.Module:
+    def parallelize(self, model: nn.Module, *, grad_accum: int = 1, activation_checkpointing: bool = False,
+                    compile: bool = False, seed: int = 0, grad_clip: float = 0.0) -> nn.Module:
         """Apply this run's layout to the plain ``model`` in place; returns the module to call forward on.
+
+        A model built on the meta device is then given memory for this rank's parts only and initialised
+        (``Transformer.init_weights`` with ``seed``, each parameter's part taken by ``write_part``), so
+        every layout starts from the one-process model's weights without any rank holding them whole.
 
         Under pipeline parallelism ``model`` is first cut to this rank's stages and ``self.pipeline``
         runs them, ``grad_accum`` micro-batches per step (as in torchtitan, each stage is then a model
         of its own for the other parallelisms). Then ``train.parallel.parallelize``: TP/SP, EP,
-        activation checkpointing, FSDP2. DDP, when the data-parallel ranks replicate, wraps the model
+        activation checkpointing, compile, FSDP2. DDP, when the data-parallel ranks replicate, wraps the model
         last (the stages at their first step): its ``dp`` group leaves out the tp ranks, which hold
-        different parts and share their batches.
+        different parts and share their batches. ``grad_clip`` (the trainer's max norm): top-k compression
+        (``compression = "topk"``, a hook on that DDP) clips each rank's gradient before accumulating it.
         """
         from train.parallel.parallelize import parallelize
 
@@ -102,12 +109,27 @@ class Parallel:
         if world.pp_size > 1:
             stages = self._pipeline(model, grad_accum).modules
         layout = parallelize(model, world, self.cfg, self.comm, activation_checkpointing=activation_checkpointing,
-                             stages=stages)
+                             compile=compile, stages=stages)
         self.experts, self.tp_layouts, self.dispatches = layout.experts, layout.tp_layouts, layout.dispatches
+        if any(p.is_meta for p in model.parameters()):  # FSDP2 shards with offload live on the CPU
+            model.to_empty(device="cpu" if self.cfg.cpu_offload else world.device)
+            model.init_weights(seed, write=self.write_part)
         self._find_split_parameters(model)
         if self.fsdp or world.dp_size == 1 or self.pipeline is not None:
             return model
-        return wrap_ddp(model, world, self.cfg, self.comm, ignore=self.experts)
+        if self.cfg.compression == "topk":
+            from train.parallel.compression import TopKCompression
+
+            self.compression = TopKCompression(self.cfg.topk, model, group=world.dp_group, timer=self.comm,
+                                               grad_clip=grad_clip)
+        return wrap_ddp(model, world, self.cfg, self.comm, ignore=self.experts, compression=self.compression)
+
+    @torch.no_grad()
+    def write_part(self, name: str, param: nn.Parameter, full: torch.Tensor) -> None:
+        """Copy this rank's part of the one-process tensor ``full`` into parameter ``name``: its experts, its
+        tensor-parallel part, its FSDP2 shard."""
+        part = ckpt.shard_of(param, ckpt.part(name, full, self.world, self.experts, self.tp_layouts))
+        (param.to_local() if hasattr(param, "to_local") else param).copy_(part)
 
     def _pipeline(self, model: nn.Module, grad_accum: int):
         """This rank's pipeline stages of ``model`` (which keeps only their layers), under DDP over the ``dp``
@@ -155,7 +177,12 @@ class Parallel:
         return self.reducer.sum_int(local_tokens)
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """Finish the expert gradients, then clip every gradient by the global norm; returns the norm."""
+        """Finish the expert gradients, then clip every gradient by the global norm; returns the norm.
+
+        Under top-k compression each rank clipped its own gradient before the exchange: the norm is
+        measured, not applied again to what went through it (it would scale the withheld gradients
+        the step sends too); expert-parallel experts, all-reduced beside DDP, are clipped as usual.
+        """
         params = [p for p in model.parameters() if p.grad is not None]
         if not self.world.distributed:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -167,7 +194,8 @@ class Parallel:
         norm = self.reduce_pp(self._grad_norm_sq(params)).sqrt()
         # one call per mesh: under FSDP2 x EP the dense and expert gradients are DTensors on different meshes
         on_ep = {id(p) for p in self._expert_params}
-        for group in ([p for p in params if id(p) not in on_ep], [p for p in params if id(p) in on_ep]):
+        dense, experts = [p for p in params if id(p) not in on_ep], [p for p in params if id(p) in on_ep]
+        for group in (dense, experts) if self.compression is None else (experts,):
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
         return norm
 
@@ -245,6 +273,8 @@ class Parallel:
                         optimizer: torch.optim.Optimizer) -> Path:
         """``state`` (the run's other parts) and the model's and optimizer's shards, each rank writing its own."""
         shards, groups = ckpt.shard_state(model, optimizer, self.world, experts=self.experts, tp=self.tp_layouts)
+        if self.compression is not None:  # each rank's residuals and velocities
+            shards |= self.compression.shards(**self._coordinates())
         state = {**state, "optimizer": {"param_groups": groups}}
         return ckpt.save_sharded(manager, step, state, shards, self.world)
 
@@ -252,6 +282,11 @@ class Parallel:
         """This rank's part of a checkpoint's shards, saved on any mesh."""
         ckpt.load_shards(model, optimizer, folder, param_groups, self.world, experts=self.experts,
                          tp=self.tp_layouts)
+        if self.compression is not None:
+            self.compression.load_shards(folder, **self._coordinates())
+
+    def _coordinates(self) -> dict:
+        return {"dp_rank": self.world.dp_rank, "tp_rank": self.world.tp_rank, "tp_size": self.world.tp_size}
 
     def comm_report(self) -> dict:
         """Communication since the last call: seconds, bytes sent, and bytes saved by compression."""

@@ -2,41 +2,31 @@
 
 Megatron-LM's split (https://arxiv.org/abs/1909.08053): attention by heads (q/k/v column-wise, the
 output row-wise), the SwiGLU blocks and every expert by hidden width (gate/up column-wise, down
-row-wise), so attention and the activations run on local heads and columns with no collective
-inside. ``apply_tensor_parallel`` cuts each split weight to this rank's part and hooks the
-crossings onto the modules: ``enter`` (identity forward, all-reduce of the input gradient backward)
-opens each split region and ``leave`` (all-reduce of the partial outputs forward, identity backward)
-closes it. The router, norms, embedding and head stay replicated.
+row-wise), so attention and the activations run on local heads and columns with no collective inside.
+``apply_tensor_parallel`` cuts each split weight to this rank's part and hooks the crossings onto the
+modules: ``enter`` (identity forward, all-reduce of the input gradient backward) opens a split region,
+``leave`` (all-reduce of the partial outputs forward, identity backward) closes it. The router, norms,
+embedding and head stay replicated. Inside an MoE block (as torchtitan's expert ``TensorParallel``) the
+routed rows and the shared experts' input enter their regions, the routing weights (they scale a partial
+output) enter too, and the block's output, both partial sums added, leaves once.
 
-With sequence parallelism (Megatron-LM's, https://arxiv.org/abs/2205.05198) the activations between
-the split regions are cut along the sequence instead of being replicated: each rank holds (B, L/size,
-D) of the residual stream, so the norms, residual adds and dropout run on 1/size of the tokens.
-Opening a region is then an all-gather along the sequence (backward: reduce-scatter) and closing it
-a reduce-scatter (backward: all-gather). The embedding's output is cut, the final norm's output
-gathered for the replicated head (its backward keeps this rank's part of a gradient that is the same
-on every rank). The MoE block gathers its input the same way, so the router routes every token as
-in one process. The norm weights then see only their rank's tokens: their gradients are summed over
-the group (``train.parallel.Parallel.clip_grad_norm``).
+Sequence parallelism (https://arxiv.org/abs/2205.05198) cuts the activations between the regions along
+the sequence: each rank holds (B, L/size, D) of the residual stream, so norms, residual adds and dropout
+run on 1/size of the tokens. Opening a region is then an all-gather along the sequence (backward:
+reduce-scatter), closing it a reduce-scatter (backward: all-gather); the embedding's output is cut, and
+the head and each MoE block gather theirs for replicated consumers (backward: this rank's part of a
+gradient every rank holds whole). The norm scales see only their rank's tokens: their gradients are
+summed over the group (``Parallel.clip_grad_norm``).
 
-Inside an MoE block (as torchtitan's ``TensorParallel`` for experts does) the routed rows enter the
-experts' region (their gradient summed over the ranks), the shared experts' input enters theirs, and
-the block's output, the sum of both partial outputs, leaves once; the routing weights multiply a
-partial output, so their gradient is summed over the ranks too.
-
-A layout ``(dim, parts)`` says how a full weight maps onto the ranks: the full tensor is cut along
-``dim`` into ``parts`` blocks (2 for the fused [k | v] and [gate | up] projections, 1 otherwise)
-and each block into ``size`` slices; rank r keeps slice r of every block, side by side. The same
-layout turns a full checkpoint tensor into this rank's part and the ranks' parts back into it.
-
-Why not DTensor's ``parallelize_module`` styles (``ColwiseParallel``, ``RowwiseParallel``,
-``SequenceParallel``): their parameters become DTensors, which DDP does not take (DDP x TP is a layout
-winnow offers), the fused projections' two-block layout and the grouped (E, D, 2F) experts have no
-built-in style, and the per-source gradient split (``train.attribution.hooks``) and the comm timer
-work on plain tensors. So each split weight stays an ordinary parameter of this rank's shape (DDP
-over ``dp``, the optimizer and the accounting see plain tensors), and the crossings are autograd
-functions on the ``tp`` group, hooked onto the modules the way those styles hook theirs. In DTensor
-terms a split weight's placement on the ``tp`` mesh is ``Shard(dim)`` for the plain column/row splits
-and ``_StridedShard(dim, split_factor=2)`` for the fused projections.
+A layout ``(dim, parts)`` maps a full weight onto the ranks: cut along ``dim`` into ``parts`` blocks (2
+for the fused [k | v] and [gate | up] projections) and each block into ``size`` slices; rank r keeps
+slice r of every block. In DTensor terms that is ``Shard(dim)``, or ``_StridedShard(dim, split_factor=2)``
+for the fused projections. DTensor's ``parallelize_module`` styles are not used: their parameters are
+DTensors, which DDP does not take (DDP x TP is a layout winnow offers), the fused projections and the
+grouped (E, D, 2F) experts have no built-in style, and the per-source gradient split
+(``train.attribution.hooks``) and the comm timer work on plain tensors. So split weights stay ordinary
+parameters of this rank's shape, and the crossings are autograd functions hooked on as those styles
+hook theirs.
 """
 
 from __future__ import annotations

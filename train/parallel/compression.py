@@ -1,0 +1,237 @@
+"""Top-k gradient compression with error feedback: Deep Gradient Compression as a DDP communication hook.
+
+DGC (Lin et al. 2018, https://arxiv.org/abs/1712.01887) has each rank send, per tensor, only the
+entries of its accumulated gradient with the largest magnitudes and keep the rest for later steps:
+
+    g ← g · min(1, clip / ‖g‖)    local clipping, before the accumulation (see below)
+    u ← m·u + g                    momentum correction: the velocity accumulates, not the gradient
+    v ← v + u                      local gradient accumulation (error feedback)
+    send the top k = ⌈density·n⌉ of |v| as values and indices; v, u ← 0 there (momentum factor masking)
+
+Every rank all-gathers every rank's values and indices and scatter-adds them in rank order: the
+sum of the sparse messages divided by the ranks is the step's gradient, the same bits on every
+rank. What a rank does not send stays in ``v`` and is sent once it has grown large enough, so no
+gradient is lost, only delayed. The density starts at ``warmup_density`` and decreases
+exponentially to ``density`` over ``warmup_steps`` exchanges (the paper's warm-up, per step rather
+than per epoch); ``TopKConfig.density_at``.
+
+Clipping: gradient clipping after the exchange would scale what earlier steps withheld as well,
+and the clipped part would be lost; as in the paper, each rank clips its own gradient before
+accumulating it, and the trainer measures the exchanged gradient's norm without clipping it again.
+The trainer's loss makes each rank's bucket its own batch's mean gradient (DDP averages them); if
+the ranks' gradients were independent with equal spread, the global norm would be 1/√N of a rank's,
+so a rank clips at ``grad_clip · √N`` (the paper's ``N^(-1/2)`` on a rank's share of the sum).
+
+The hook sees DDP's buckets one by one; the clipping needs the norm of the whole local gradient,
+so the buckets wait until the last one arrives (``GradBucket.is_last``; DDP launches buckets in
+order) and the whole model's top-k goes out in one ``all_gather``. The state (``u``, ``v`` per
+parameter, and the exchange count that drives the warm-up) is per rank; checkpoints keep each
+rank's through DCP (``shards`` / ``load_shards``), so a resumed run continues exactly.
+
+A step whose gradient is not finite on any rank (a flag travels with each message) leaves the
+state as it was and gives every rank a NaN gradient, which the trainer's ``skip_nonfinite`` skips.
+"""
+
+# no `from __future__ import annotations`: DDP checks the comm hook's annotations at runtime
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from train.parallel.comm import CommTimer
+from train.parallel.config import TopKConfig
+
+log = logging.getLogger(__name__)
+_ALIGN = 8  # bytes: each part of a message starts on a multiple, so it can be viewed as its dtype
+_PREFIX = "compression"
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+class TopKCompression:
+    """One rank's DGC state and its DDP hook (``register`` it on the ``DistributedDataParallel``)."""
+
+    def __init__(self, cfg: TopKConfig, model: nn.Module, *, group, timer: CommTimer, grad_clip: float = 0.0) -> None:
+        self.cfg, self.group, self.timer = cfg, group, timer
+        self.world = dist.get_world_size(group)
+        self.clip = grad_clip * math.sqrt(self.world) if grad_clip > 0 else math.inf
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        self._device = next(model.parameters()).device
+        self.step = 0  # exchanges so far: where the warm-up stands
+        self.velocity: dict[str, torch.Tensor] = {}  # u, flat, per parameter
+        self.residual: dict[str, torch.Tensor] = {}  # v, flat, per parameter
+        self._waiting: list[tuple[torch.Tensor, list[nn.Parameter], torch.futures.Future]] = []
+
+    def register(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        ddp.register_comm_hook(self, _topk_hook)
+
+    # ---- the exchange -------------------------------------------------------------------------
+    def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Hold the bucket until the step's last one; then exchange them all."""
+        future = torch.futures.Future()
+        self._waiting.append((bucket.buffer(), bucket.parameters(), future))
+        if bucket.is_last():
+            waiting, self._waiting = self._waiting, []
+            try:
+                self._exchange(waiting)
+            except Exception as err:  # noqa: BLE001 - DDP would otherwise wait for the futures forever
+                for _, _, fut in waiting:
+                    fut.set_exception(err)
+        return future
+
+    def _exchange(self, waiting: list) -> None:
+        buffers = [buffer for buffer, _, _ in waiting]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b, dtype=torch.float32) for b in buffers]))
+        finite = bool(torch.isfinite(norm))
+        scale = min(1.0, self.clip / (float(norm) + 1e-6)) if finite else 1.0  # torch's clip_grad_norm_ factor
+        density = self.cfg.density_at(self.step)
+        self.step += 1
+        parts, offset = [], 0  # per parameter: (name, new u, new v, its top-k indices)
+        values, indices = [], []
+        for buffer, params, _ in waiting:
+            start = 0
+            for p in params:
+                n = p.numel()
+                g = buffer[start:start + n]
+                start += n
+                name = self._names[id(p)]
+                u, v = self._accumulate(name, g * scale if scale < 1 else g)
+                top = v.abs().topk(min(n, max(1, math.ceil(density * n))), sorted=False).indices
+                parts.append((name, u, v, top))
+                values.append(v[top])
+                indices.append(top + offset)
+                offset += n
+        dtype = buffers[0].dtype
+        index_dtype = torch.int32 if offset < 2**31 else torch.int64
+        message, layout = self._pack(torch.cat(values), torch.cat(indices).to(index_dtype), finite)
+        gathered = message.new_empty(self.world * message.numel())
+        uncompressed = sum(b.numel() * b.element_size() for b in buffers)
+        start_time = time.perf_counter()
+        work = dist.all_gather_single(gathered, message, group=self.group, async_op=True)
+
+        def done(fut) -> None:
+            try:
+                fut.value()
+                self.timer.add_interval(start_time, time.perf_counter(), message.numel(), uncompressed)
+                flat = self._combine(gathered.view(self.world, -1), layout, dtype, index_dtype, offset, parts)
+                at = 0
+                for buffer, _, future in waiting:
+                    # into the bucket's own buffer: DDP (torch 2.13, CPU) reads a result from the start of
+                    # its storage, so a view of ``flat`` at an offset would hand every bucket the first's values
+                    future.set_result(buffer.copy_(flat[at:at + buffer.numel()].view_as(buffer)))
+                    at += buffer.numel()
+            except Exception as err:  # noqa: BLE001 - the hook's futures must complete either way
+                for _, _, future in waiting:
+                    if not future.done():
+                        future.set_exception(err)
+
+        work.get_future().then(done)
+
+    def _accumulate(self, name: str, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new velocity and residual of one parameter (new tensors: a step that is not committed leaves the old)."""
+        v = self.residual.get(name)
+        if v is None:
+            v = self.residual[name] = torch.zeros_like(g)
+        if self.cfg.momentum == 0:
+            return g, v + g
+        u = self.velocity.get(name)
+        if u is None:
+            u = self.velocity[name] = torch.zeros_like(g)
+        u = u * self.cfg.momentum + g
+        return u, v + u
+
+    @staticmethod
+    def _pack(values: torch.Tensor, indices: torch.Tensor, finite: bool) -> tuple[torch.Tensor, tuple[int, int]]:
+        """One byte message: indices, then values, then the finite flag, each part aligned."""
+        index_bytes, value_bytes = _padded(indices.numel() * indices.element_size()), _padded(values.numel() * values.element_size())
+        message = torch.zeros(index_bytes + value_bytes + _ALIGN, dtype=torch.uint8, device=values.device)
+        message[:indices.numel() * indices.element_size()] = indices.view(torch.uint8)
+        message[index_bytes:index_bytes + values.numel() * values.element_size()] = values.view(torch.uint8)
+        message[-1] = int(finite)
+        return message, (index_bytes, value_bytes)
+
+    def _combine(self, rows: torch.Tensor, layout: tuple[int, int], dtype, index_dtype, total: int,
+                 parts: list) -> torch.Tensor:
+        """Every rank's message scatter-added into the mean gradient; commits this rank's state when all are finite."""
+        index_bytes, value_bytes = layout
+        k = sum(top.numel() for *_, top in parts)
+        if not bool(rows[:, -1].all()):  # some rank's gradient overflowed: nothing is committed, the step is skipped
+            return torch.full((total,), float("nan"), dtype=dtype, device=rows.device)
+        flat = torch.zeros(total, dtype=dtype, device=rows.device)
+        for row in rows:  # rank by rank: within one message the indices are distinct, so the sum is deterministic
+            idx = row[:index_bytes].view(index_dtype)[:k]
+            val = row[index_bytes:index_bytes + value_bytes].view(dtype)[:k]
+            flat.index_add_(0, idx.long(), val)
+        flat.div_(self.world)
+        for name, u, v, top in parts:
+            v[top] = 0
+            self.residual[name] = v
+            if self.cfg.momentum:
+                u[top] = 0  # momentum factor masking: a sent entry's velocity does not push it again
+                self.velocity[name] = u
+        return flat
+
+    # ---- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's state: the exchange count and each parameter's velocity and residual."""
+        return {"step": self.step, "velocity": dict(self.velocity), "residual": dict(self.residual)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.velocity = {k: v.to(self._device, copy=True) for k, v in state["velocity"].items()}
+        self.residual = {k: v.to(self._device, copy=True) for k, v in state["residual"].items()}
+
+    def shards(self, *, dp_rank: int, tp_rank: int, tp_size: int) -> dict:
+        """This rank's state as DCP entries: its own keys (``compression.<tp>.<dp>.…``) and the shared count."""
+        out = {f"{_PREFIX}.step": torch.tensor(self.step), f"{_PREFIX}.ranks": torch.tensor([self.world, tp_size])}
+        for kind, tensors in (("velocity", self.velocity), ("residual", self.residual)):
+            for name, tensor in tensors.items():
+                out[f"{_PREFIX}.{tp_rank}.{dp_rank}.{kind}.{name}"] = tensor
+        return out
+
+    def load_shards(self, folder: Path, *, dp_rank: int, tp_rank: int, tp_size: int) -> None:
+        """Read the state a checkpoint's ranks saved (``shards``); a collective of every rank.
+
+        Saved on N data-parallel ranks and resumed on M, rank j takes the sum of saved ranks
+        ``i ≡ j (mod M)`` times M/N: the withheld gradient (their mean over the ranks) stays
+        the same. A checkpoint without the state (trained uncompressed) or split over another
+        ``tp`` degree starts it at zero, as a fresh run does.
+        """
+        from train import dcp
+
+        saved = dcp.SafeReader(str(folder)).read_metadata().state_dict_metadata
+        if f"{_PREFIX}.ranks" not in saved:
+            log.info("the checkpoint has no top-k compression state: its residuals start at zero")
+            return
+        counts = {f"{_PREFIX}.step": torch.tensor(0), f"{_PREFIX}.ranks": torch.tensor([0, 0])}
+        dcp.load(counts, folder)
+        saved_dp, saved_tp = counts[f"{_PREFIX}.ranks"].tolist()
+        wanted = {}
+        if saved_tp == tp_size:
+            rows = range(dp_rank, saved_dp, self.world)
+            heads = tuple(f"{_PREFIX}.{tp_rank}.{i}." for i in rows)
+            wanted = {key: torch.zeros(meta.size, dtype=meta.properties.dtype) for key, meta in saved.items()
+                      if key.startswith(heads)}
+        else:
+            log.warning("the checkpoint's top-k residuals were split over tp = %d ranks, this run has %d: they "
+                        "start at zero", saved_tp, tp_size)
+        dcp.load(wanted, folder)  # a collective, even where this rank wants nothing
+        state = {"step": int(counts[f"{_PREFIX}.step"]), "velocity": {}, "residual": {}}
+        for key, tensor in wanted.items():
+            kind, name = key.split(".", 4)[3:]
+            into = state[kind]
+            into[name] = into[name] + tensor if name in into else tensor
+        factor = self.world / saved_dp
+        for kind in ("velocity", "residual"):
+            state[kind] = {name: t * factor if factor != 1 else t for name, t in state[kind].items()}
+        self.load_state_dict(state)
+
+
+def _topk_hook(state: TopKCompression, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    return state.hook(bucket)
