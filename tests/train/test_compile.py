@@ -10,8 +10,8 @@ from tests.train.test_trainer_loop import make_trainer, run_losses, tiny_config
 from train.config import TrainConfig
 from train.errors import ConfigError
 
-# the layouts that change what a compiled block sees: sharded parameters (FSDP2) and sharded matmuls (TP); a DDP
-# or EP block traces as the one-process block does (each compile costs ~30 s of CPU per rank)
+# two layouts that change what a compiled block sees: sharded parameters (FSDP2) and sharded matmuls (TP); each
+# compile costs ~30 s of CPU per rank, so DDP (the one-process block, replicated) and EP are not compiled here
 LAYOUTS = {"fsdp2": {"dp_shard": 2, "dp_replicate": 1}, "tp": {"tp": 2}}
 
 
