@@ -610,7 +610,7 @@ def _row(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=200_000, help="generated corpus size winnow runs on (use 1000000 for the issue's 1M)")
+    ap.add_argument("--docs", type=int, default=200_000, help="generated corpus size winnow runs on (1000000 for a 1M-document run)")
     ap.add_argument("--peer-docs", type=int, default=20_000, help="peers (and winnow, for a like-for-like ratio) also run on the first this many docs")
     ap.add_argument("--samples", action="store_true", help="use data_samples/ (every system on all of it)")
     ap.add_argument("--long", action="store_true", help="long real documents from this machine (prepare_long; every system on all of it)")

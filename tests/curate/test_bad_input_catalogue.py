@@ -1,9 +1,9 @@
-"""The catalogue of bad inputs (issue #14): every kind a hostile or unlucky corpus holds, as a job.
+"""The catalogue of bad inputs: every kind a hostile or unlucky corpus holds, as a job.
 
 Each case writes a tiny input, runs ``winnow curate`` on it and asserts what must happen:
 either the named ``read:<error>`` rejects (with everything else kept, and the job's
 nothing-is-lost identity over the input's ids), or a ``winnow curate: error:`` message that
-names the problem and the inputs left untouched. The README's reliability section lists
+names the problem and the inputs left untouched. docs/reliability.md lists
 these cases; ``test_catalogue_size`` keeps the count honest.
 """
 
@@ -474,6 +474,6 @@ def test_bad_input(case: Case, tmp_path: Path, capsys, nothing_lost) -> None:
 
 
 def test_catalogue_size() -> None:
-    """Issue #14 asks for at least 25 kinds; the README's reliability section quotes this count."""
+    """The catalogue covers at least 25 kinds; docs/reliability.md quotes this count."""
     assert len(CASES) >= 25
     assert len({c.name for c in CASES}) == len(CASES)

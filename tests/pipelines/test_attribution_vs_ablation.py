@@ -7,7 +7,7 @@ removal changes its own held-out loss by more than the run-to-run noise (two sta
 delta), the baseline's attribution entry for that source (training on it → its own held-out loss)
 must have the matching sign: removing a source that helped itself (negative entry) raises its
 held-out loss. Over all 16 cells the prediction must rank like the measured deltas (Spearman ≥ 0.8)
-and agree in sign on ≥ 90% of the cells above the noise: the issue's targets.
+and agree in sign on ≥ 90% of the cells above the noise: the targets this test asserts.
 """
 
 import json
