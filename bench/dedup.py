@@ -428,7 +428,7 @@ def _xxhash32_text(text: str | bytes) -> int:
 
 
 def _patch_datatrove_xxhash() -> None:
-    """datatrove 0.10.1 hands ``str`` to xxhash, which (xxhash >= 3.5) only takes bytes: encode first, as before.
+    """datatrove 0.10.1 hands ``str`` to xxhash, which (xxhash >= 3.5) only takes bytes: encode first, as xxhash < 3.5 did itself.
 
     The workers are forked (``start_method="fork"``) so they inherit this patch; under datatrove's
     default forkserver they would re-import the unpatched module.
