@@ -4,7 +4,7 @@
     python bench/attribution.py --rounds 4            # the demo's settings: 150 steps, 26-150 attributed, every 25
     python bench/attribution.py --study out/demo/ablate    # also a finished study's check of the counterfactual
     python bench/attribution.py --rounds 0 --breakdown     # where an attributed step's time goes
-    python bench/attribution.py --batch 8 --steps 300 --start 50   # the demo's settings before: 1,024 tokens a step
+    python bench/attribution.py --batch 8 --steps 300 --start 50   # a smaller batch: 1,024 tokens a step
 
 Contenders train the demo's model (``pipelines/demo.toml``: dim 128, 4 layers, 8 experts, batch
 64 x 128) on the demo's shards for the same steps from the same seed:

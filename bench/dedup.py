@@ -428,7 +428,7 @@ def _xxhash32_text(text: str | bytes) -> int:
 
 
 def _patch_datatrove_xxhash() -> None:
-    """datatrove 0.10.1 hands ``str`` to xxhash, which (xxhash >= 3.5) only takes bytes: encode first, as before.
+    """datatrove 0.10.1 hands ``str`` to xxhash, which (xxhash >= 3.5) only takes bytes: encode first, as xxhash < 3.5 did itself.
 
     The workers are forked (``start_method="fork"``) so they inherit this patch; under datatrove's
     default forkserver they would re-import the unpatched module.
@@ -615,7 +615,7 @@ def _row(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=200_000, help="generated corpus size winnow runs on (use 1000000 for the issue's 1M)")
+    ap.add_argument("--docs", type=int, default=200_000, help="generated corpus size winnow runs on (1000000 for a 1M-document run)")
     ap.add_argument("--peer-docs", type=int, default=20_000, help="peers (and winnow, for a like-for-like ratio) also run on the first this many docs")
     ap.add_argument("--samples", action="store_true", help="use data_samples/ (every system on all of it)")
     ap.add_argument("--long", action="store_true", help="long real documents from this machine (prepare_long; every system on all of it)")

@@ -1,6 +1,6 @@
 """Benchmark: the ``mix`` and ``order`` plans on generated keys, against Hugging Face datasets.
 
-    python bench/mix_order.py --rows 10000000          # the issue's size (a few minutes)
+    python bench/mix_order.py --rows 10000000          # 10M rows (a few minutes)
     python bench/mix_order.py --rows 1000000 --rounds 2
 
 Generates the per-task key spills the runner would hand these barriers (id, source, token
@@ -16,7 +16,7 @@ runs, each in a fresh process so peak memory is its own:
 
 The winnow side includes writing every task's decision file, one task at a time, as the
 runner does. Prints rows/s and plan memory (peak RSS during the plan minus RSS before it, per row; the
-issue's target is under 100 bytes/row), interleaved A B A B. The machine may be shared:
+target is under 100 bytes/row), interleaved A B A B. The machine may be shared:
 read ratios as paired comparisons within one run. ``datasets`` is a winnow test
 dependency already; nothing else is needed.
 """

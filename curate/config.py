@@ -25,7 +25,7 @@ class JobSection:
     """``[job]``: what the job is called, where it writes, how it runs."""
 
     name: str  # the job's name: the default output folder is out/<name>
-    output: str = ""  # default: out/<name> (the name made a safe folder name: curate.names)
+    output: str = ""  # a folder or an fsspec URL; default: out/<name> (the name made a safe folder name)
     workers: int = 1  # local processes; 1 runs tasks in this process
     # local: a process pool on this machine; ray: the same tasks on a Ray cluster
     executor: Literal["local", "ray"] = "local"
@@ -122,7 +122,7 @@ class InputConfig:
 
 @dataclass(kw_only=True, slots=True)
 class TokensConfig:
-    """``[output.tokens]``: the tokenizer the ``tokens`` format writes with (see ``curate.tokenize``)."""
+    """``[output.tokens]``: the tokenizer the ``tokens`` format writes with."""
 
     tokenizer: str = "byte"  # "byte" or the path of a Hugging Face tokenizer.json
     # end-of-document token; None: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> the vocabulary has

@@ -76,8 +76,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# Parameter names checkpoints of earlier versions hold, and this model's: the experts became a module of
-# their own (``blocks.N.ffn.w13_ED2F`` is now ``blocks.N.ffn.experts.w13_ED2F``). Such checkpoints load as they are.
+# Parameter names checkpoints of earlier versions hold (the experts' weights on the FFN itself,
+# ``blocks.N.ffn.w13_ED2F``), and this model's (``blocks.N.ffn.experts.w13_ED2F``). Such checkpoints load as they are.
 _EARLIER = re.compile(r"(blocks\.\d+\.ffn\.)(w13_ED2F|w2_EFD)\b")
 _NOW = re.compile(r"(blocks\.\d+\.ffn\.)experts\.(w13_ED2F|w2_EFD)\b")
 

@@ -12,8 +12,8 @@ A run stops in three ways, and each must end every process it started within sec
   SIGKILL it when its parent goes (``PR_SET_PDEATHSIG``) and also checks its parent id.
 
 Workers are forked from the main process, so without ``worker_init`` they would inherit the
-trainer's handler and answer SIGTERM by setting a flag no one reads: that is how a crashed
-run used to hang until ``kill -9``.
+trainer's handler and answer SIGTERM by setting a flag no one reads, and a crashed run would
+hang until ``kill -9``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ One folder per format and split, so a folder holds files of one kind only and
 or a WebDataset brace pattern work on it directly (the tokens format writes
 ``shards/tokens/<split>/`` next to them). The manifest lists every file with its path
 relative to the job folder, so readers that go through the manifest (the loader, the
-report, ``winnow ablate``) read the layout before this one (``shards/<split>/``) too.
+report, ``winnow ablate``) also read job folders whose manifest lists both formats under ``shards/<split>/``.
 
 Sizes are counted in uncompressed row bytes (string lengths plus 8 bytes per other value),
 as Hugging Face ``datasets`` counts ``max_shard_size``: that is what a reader holds in memory

@@ -113,7 +113,7 @@ def _unchanged_by_version(cfg: object, key: str, planned: dict, stored: dict) ->
     """A key only one side has, from a [train] setting added (at its default) or removed since the run was
     trained: not a difference in what the run learned."""
     if key in stored and key not in planned:
-        return True  # a setting that no longer exists cannot be asked for
+        return True  # a setting that does not exist cannot be asked for
     if key not in stored and key in planned:
         *path, name = key.split(".")
         owner = _get(cfg, ".".join(path)) if path else cfg

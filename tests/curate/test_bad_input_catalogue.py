@@ -1,9 +1,9 @@
-"""The catalogue of bad inputs (issue #14): every kind a hostile or unlucky corpus holds, as a job.
+"""The catalogue of bad inputs: every kind a hostile or unlucky corpus holds, as a job.
 
 Each case writes a tiny input, runs ``winnow curate`` on it and asserts what must happen:
 either the named ``read:<error>`` rejects (with everything else kept, and the job's
 nothing-is-lost identity over the input's ids), or a ``winnow curate: error:`` message that
-names the problem and the inputs left untouched. The README's reliability section lists
+names the problem and the inputs left untouched. docs/reliability.md lists
 these cases; ``test_catalogue_size`` keeps the count honest.
 """
 
@@ -569,11 +569,11 @@ def test_kind(case: Kind, tmp_path: Path, capsys) -> None:
 
 
 def test_catalogue_size() -> None:
-    """Every kind has its own name, and the README's reliability section gives the catalogue's true size."""
+    """Every kind has its own name, and docs/reliability.md gives the catalogue's true size."""
     from tests.pipelines.test_bad_input_catalogue import KINDS as PIPELINE_KINDS
     from tests.train.test_bad_input_catalogue import KINDS as TRAIN_KINDS
 
     names = [c.name for c in CASES] + [k.name for k in KINDS] + [k.name for k in TRAIN_KINDS + PIPELINE_KINDS]
     assert len(set(names)) == len(names)
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert f"{len(CASES) + len(KINDS)} kinds, " in readme and f"holds {len(names)} named kinds" in readme, len(names)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    assert f"{len(CASES) + len(KINDS)} kinds, " in page and f"holds {len(names)} named kinds" in page, len(names)

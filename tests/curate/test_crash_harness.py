@@ -1,4 +1,4 @@
-"""The curation crash harness (issue #14): SIGKILL a job at points chosen from its own progress.
+"""The curation crash harness: SIGKILL a job at points chosen from its own progress.
 
 A tiny job (three inputs with a bad line each and an id given twice — so the optimistic
 run switches to the id barrier midway — a filter, a validation split gathered across

@@ -1,4 +1,4 @@
-"""The job-wide id check (issue #14 bug 8): later copies of a given id are ``read:duplicate_id`` rejects.
+"""The job-wide id check: later copies of a given id are ``read:duplicate_id`` rejects.
 
 Before it, two rows with one id were both kept (or both dropped by an id-keyed dedup), and
 "every input id is in the output or in rejects, never both" could not be checked.

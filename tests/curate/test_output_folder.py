@@ -1,8 +1,8 @@
-"""Regression tests for the output-folder bugs of issue #14 (4, 7, 10, 11).
+"""The output folder: what winnow writes there, and what it never touches.
 
-Before the fixes: a fresh run deleted the user's own ``shards/my.parquet`` in ``--output``;
-``--output s3://b/x`` made a local folder ``s3:``; an output path that is a file gave a raw
-``NotADirectoryError``; ``manifest.json`` was always 0600 while the shards followed the umask.
+A fresh run keeps the user's own ``shards/my.parquet`` in ``--output`` (it refuses instead of
+deleting it); ``--output s3://b/x`` is a URL, never a local folder ``s3:``; an output path that is a
+file is an error naming it; ``manifest.json`` follows the umask as the shards do.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Outputs on an object store (issue #18): a job writes to s3:// on a real S3 server (moto, 127.0.0.1).
+"""Outputs on an object store: a job writes to s3:// on a real S3 server (moto, 127.0.0.1).
 
 The same job runs to a local folder and to an ``s3://`` prefix; every shard, rejects file and
 the manifest's checksums must be byte-identical. A run killed at a durable write on the store

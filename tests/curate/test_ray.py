@@ -1,4 +1,4 @@
-"""The Ray executor (issue #18) on a local Ray with 2 CPUs, writing to S3 (moto on 127.0.0.1).
+"""The Ray executor on a local Ray with 2 CPUs, writing to S3 (moto on 127.0.0.1).
 
 * Every task ran in a Ray worker: its completion marker on the store records the Ray task,
   worker and node ids it ran under (``ray.get_runtime_context()``), not the driver's process.

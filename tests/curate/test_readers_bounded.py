@@ -1,4 +1,4 @@
-"""A record past ``max_record_bytes`` is read past in bounded memory: the issue's 3 MB ``.gz`` holding one 2 GiB line."""
+"""A record past ``max_record_bytes`` is read past in bounded memory: a 3 MB ``.gz`` holding one 2 GiB line."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Regression tests for the reader bugs of issue #14: invalid UTF-8 (1) and tar link members (9).
+"""Hostile input to the readers: invalid UTF-8 and tar link members.
 
-Each failed before its fix: invalid bytes crashed polars (``PanicException``) or reached a
-shard polars and ``datasets`` could not open; link members vanished without a reject.
+Invalid bytes become ``read:bad_utf8`` rejects, never a polars ``PanicException`` or a shard that
+polars and ``datasets`` cannot open; link members become ``read:link_member`` rejects, never vanish.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Regression test for issue #14 bug 3: a resumed job notices inputs that changed since its work began.
+"""A resumed job notices inputs that changed since its work began.
 
-Before the fix, a job killed part way, re-run after an input was edited, reused the old
-rows silently. Now the changed input's read task and everything after phase 0 are redone
-— and only those: the unchanged inputs' finished phase-0 tasks are kept.
+A job killed part way and re-run after an input was edited redoes the changed input's read task
+and everything after phase 0, and only those: the unchanged inputs' finished phase-0 tasks are kept.
 """
 
 from __future__ import annotations

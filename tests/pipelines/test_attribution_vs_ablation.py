@@ -5,9 +5,9 @@ small model (dim 64, 2 layers, 120 steps), the baseline with three seeds (the co
 three, averaged), each source left out and each source's share times 0.5 and 1.5, three seeds each
 (39 runs, 48 cells). At this size most effects are within the seed noise, so the test asks for what
 such a study can show: on the cells whose measured change exceeds the noise (two standard errors of a
-delta), the sign right on 80%; over all cells, a rank correlation of at least 0.6 (0.77 measured). The
-issue's full targets (signs 90%, sizes within 2x 80%, Spearman 0.9) are measured on the shipped study's
-model and steps, where the effects stand above the noise: docs/attribution.md gives those figures.
+delta), the sign right on 80%; over all cells, a rank correlation of at least 0.6 (0.77 measured).
+The calibration targets (signs 90%, sizes within 2x 80%, Spearman 0.9) are measured on the shipped
+study's model and steps, where the effects stand above the noise: docs/attribution.md gives the figures.
 """
 
 import json

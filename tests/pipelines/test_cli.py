@@ -83,7 +83,7 @@ def test_curate_path_loads_no_training_or_plotting_and_compiles_nothing_twice(tm
     assert first["rc"] == 0 and first["heavy"] == []
     second = _curate_in_subprocess(tmp_path / "2")
     assert second["heavy"] == []
-    assert second["misses"], "no compiled kernel ran: the job no longer exercises the numba paths"
+    assert second["misses"], "no compiled kernel ran: the job does not exercise the numba paths"
     compiled = {k: v for k, v in second["misses"].items() if v}
     assert not compiled, f"numba kernels compiled again (cache=True missing?): {compiled}"
 

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_fsdp2_cpu_offload_trains_on_gloo_and_matches_the_one_process_losses(tmp_path):
-    # before the fix, CPUOffloadPolicy's default pin_memory=True raised on a machine without an accelerator
+    # CPUOffloadPolicy's default pin_memory=True raises on a machine without an accelerator
     torch.set_num_threads(1)
     ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=2, steps=3))
     got = spawn({"run_dir": str(tmp_path / "off"), "steps": 3, "parallel": {"dp_shard": 2, "cpu_offload": True}},
