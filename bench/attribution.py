@@ -42,20 +42,34 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines.train import build_trainer, load_train_config  # noqa: E402
-from train.attribution import AttributionConfig  # noqa: E402
-from train.checkpoint import CheckpointConfig  # noqa: E402
+from winnow.pipelines.train import build_trainer, load_train_config  # noqa: E402
+from winnow.train.attribution import AttributionConfig  # noqa: E402
+from winnow.train.checkpoint import CheckpointConfig  # noqa: E402
 
 
-def _config(shards: Path, out: Path, *, steps: int, every: int, start: int, split: str | None, batch: int | None = None,
-            rows: int = 4):
+def _config(
+    shards: Path,
+    out: Path,
+    *,
+    steps: int,
+    every: int,
+    start: int,
+    split: str | None,
+    batch: int | None = None,
+    rows: int = 4,
+):
     cfg = load_train_config(ROOT / "pipelines" / "demo.toml", steps=steps, output=str(out), shards=str(shards))
-    attribution = (AttributionConfig(every=every, start=start, split=split, heldout_rows=rows) if split
-                   else AttributionConfig())
-    data = dataclasses.replace(cfg.data, num_workers=0,  # tokenizing inline: the same work in every contender
-                               batch_size=batch or cfg.data.batch_size)
-    return dataclasses.replace(cfg, eval_every=0, attribution=attribution, data=data,
-                               checkpoint=CheckpointConfig(every=0, resume=False))
+    attribution = (
+        AttributionConfig(every=every, start=start, split=split, heldout_rows=rows) if split else AttributionConfig()
+    )
+    data = dataclasses.replace(
+        cfg.data,
+        num_workers=0,  # tokenizing inline: the same work in every contender
+        batch_size=batch or cfg.data.batch_size,
+    )
+    return dataclasses.replace(
+        cfg, eval_every=0, attribution=attribution, data=data, checkpoint=CheckpointConfig(every=0, resume=False)
+    )
 
 
 def _run(cfg) -> tuple[float, float, dict | None]:
@@ -81,8 +95,10 @@ def _run(cfg) -> tuple[float, float, dict | None]:
 def _efficiency(name: str, record: dict) -> None:
     measured, columns = np.asarray(record["measured"]), np.asarray(record["matrix"]).sum(0)
     residual = np.asarray(record["residual"])
-    print(f"{name}: steps {record['steps'][0]}-{record['steps'][1]}, per held-out source "
-          "(measured change, sources' column sum, sum / measured, |residual| / |measured|):")
+    print(
+        f"{name}: steps {record['steps'][0]}-{record['steps'][1]}, per held-out source "
+        "(measured change, sources' column sum, sum / measured, |residual| / |measured|):"
+    )
     for s, m, c, r in zip(record["sources"], measured, columns, residual):
         print(f"  {s:<12} {m:+.4f} {c:+.4f}  {c / m:5.2f}x  {abs(r) / abs(m):6.1%}", flush=True)
 
@@ -93,20 +109,30 @@ def _study(folder: Path) -> None:
         print(f"no {path}: run `winnow ablate` on a study first")
         return
     c = json.loads(path.read_text())
-    print(f"study {folder}: the counterfactual against the measured deltas: signs agree on {c.get('sign_agree')} of "
-          f"{c.get('above_noise')} cells above the seed noise, sizes within 2x on {c.get('within_2x')}; Spearman "
-          f"{c.get('spearman')} over {c.get('n_cells')} cells")
+    print(
+        f"study {folder}: the counterfactual against the measured deltas: signs agree on {c.get('sign_agree')} of "
+        f"{c.get('above_noise')} cells above the seed noise, sizes within 2x on {c.get('within_2x')}; Spearman "
+        f"{c.get('spearman')} over {c.get('n_cells')} cells"
+    )
 
 
 def _breakdown(args) -> None:
     """Median times of one off step and one attributed step in alternating blocks of 10 (the second's extra
     split into the moment step, ``MomentSplit.after_step``, and the rest: the backward's per-source parts),
     and of one probe evaluation and one stretch's close; then the overhead per attributed step they imply."""
-    from train.attribution import split as moment_split
+    from winnow.train.attribution import split as moment_split
 
     def trainer(split):
-        cfg = _config(args.shards, Path(tmp) / f"breakdown-{split}", steps=10**6, every=args.every, start=0, split=split,
-                      batch=args.batch, rows=args.rows)
+        cfg = _config(
+            args.shards,
+            Path(tmp) / f"breakdown-{split}",
+            steps=10**6,
+            every=args.every,
+            start=0,
+            split=split,
+            batch=args.batch,
+            rows=args.rows,
+        )
         torch.manual_seed(0)
         t = build_trainer(cfg)
         for _ in range(3):  # the loader's start, the first steps' allocations
@@ -127,7 +153,7 @@ def _breakdown(args) -> None:
         try:
             steps = {"off": [], "on": []}
             for r in range(8):
-                for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
                     t = off if name == "off" else on
                     for _ in range(10):
                         start = time.perf_counter()
@@ -150,14 +176,24 @@ def _breakdown(args) -> None:
         for t in (off, on):
             t.metrics.close()
             t.data.close()
-    ms = {k: 1e3 * statistics.median(v) for k, v in
-          (("off", steps["off"]), ("on", steps["on"]), ("moments", moments), ("probe", probes), ("close", closes))}
+    ms = {
+        k: 1e3 * statistics.median(v)
+        for k, v in (
+            ("off", steps["off"]),
+            ("on", steps["on"]),
+            ("moments", moments),
+            ("probe", probes),
+            ("close", closes),
+        )
+    }
     extra = ms["on"] - ms["off"]
     per_step = extra + ms["close"] / args.every
-    print(f"breakdown (batch {args.batch or 'as the demo'}, {args.rows} probe rows per source, every {args.every}): "
-          f"step {ms['off']:.1f} ms off, {ms['on']:.1f} ms attributed (+{extra:.1f}: moment step {ms['moments']:.1f}, "
-          f"backward's per-source parts {extra - ms['moments']:.1f}); probe evaluation {ms['probe']:.0f} ms, stretch "
-          f"close {ms['close']:.0f} ms; per attributed step {per_step:.1f} ms = {per_step / ms['off']:.1%} of an off step")
+    print(
+        f"breakdown (batch {args.batch or 'as the demo'}, {args.rows} probe rows per source, every {args.every}): "
+        f"step {ms['off']:.1f} ms off, {ms['on']:.1f} ms attributed (+{extra:.1f}: moment step {ms['moments']:.1f}, "
+        f"backward's per-source parts {extra - ms['moments']:.1f}); probe evaluation {ms['probe']:.0f} ms, stretch "
+        f"close {ms['close']:.0f} ms; per attributed step {per_step:.1f} ms = {per_step / ms['off']:.1%} of an off step"
+    )
 
 
 def main() -> int:
@@ -188,9 +224,17 @@ def main() -> int:
     last: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):
-                cfg = _config(args.shards, Path(tmp) / f"{name}-{r}", steps=args.steps, every=args.every,
-                              start=args.start, split=None if name == "off" else name, batch=args.batch, rows=args.rows)
+            for name in names if r % 2 == 0 else names[::-1]:
+                cfg = _config(
+                    args.shards,
+                    Path(tmp) / f"{name}-{r}",
+                    steps=args.steps,
+                    every=args.every,
+                    start=args.start,
+                    split=None if name == "off" else name,
+                    batch=args.batch,
+                    rows=args.rows,
+                )
                 wall, cpu, record = _run(cfg)
                 times[name].append((wall, cpu))
                 print(f"round {r + 1} {name:<7} {wall:7.1f} s wall {cpu:7.1f} s CPU", flush=True)
@@ -203,8 +247,10 @@ def main() -> int:
                 continue
             wall = statistics.median(b[0] / a[0] for a, b in zip(times["off"], times[name]))
             cpu = statistics.median(b[1] / a[1] for a, b in zip(times["off"], times[name]))
-            print(f"{name}: {wall:.3f} x off in wall time ({wall - 1:+.1%}), {cpu:.3f} x off in CPU time "
-                  f"({cpu - 1:+.1%}), steps {args.start + 1}-{args.steps} of {args.steps} attributed, every {args.every}")
+            print(
+                f"{name}: {wall:.3f} x off in wall time ({wall - 1:+.1%}), {cpu:.3f} x off in CPU time "
+                f"({cpu - 1:+.1%}), steps {args.start + 1}-{args.steps} of {args.steps} attributed, every {args.every}"
+            )
     if args.breakdown:
         _breakdown(args)
     if args.study is not None:

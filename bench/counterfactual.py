@@ -104,8 +104,9 @@ def _pieces(text: str) -> list[str]:
 
 
 def _man(path: Path) -> str:
-    done = subprocess.run(["man", "-l", str(path)], capture_output=True, env={"MANWIDTH": "80", "PATH": "/usr/bin:/bin"},
-                          timeout=30)
+    done = subprocess.run(
+        ["man", "-l", str(path)], capture_output=True, env={"MANWIDTH": "80", "PATH": "/usr/bin:/bin"}, timeout=30
+    )
     cleaned = subprocess.run(["col", "-bx"], input=done.stdout, capture_output=True, timeout=30)
     return cleaned.stdout.decode("utf-8", "replace")
 
@@ -120,9 +121,13 @@ def build(out: Path, seed: int = 0) -> dict[str, int]:
     with ThreadPoolExecutor(4) as pool:
         rendered = list(pool.map(_man, pages[:700]))
     docs = {"man": [p for t in rendered if len(t) > 500 for p in _pieces(t)]}
-    docs["info"] = [p for f in sorted(Path("/usr/share/info").glob("*.gz"))
-                    for node in gzip.open(f).read().decode("utf-8", "replace").split("\x1f") if len(node) > 400
-                    for p in _pieces(node)]
+    docs["info"] = [
+        p
+        for f in sorted(Path("/usr/share/info").glob("*.gz"))
+        for node in gzip.open(f).read().decode("utf-8", "replace").split("\x1f")
+        if len(node) > 400
+        for p in _pieces(node)
+    ]
     news = []
     for f in sorted(Path("/usr/share/doc").glob("*/*")):
         if f.is_dir() or not f.name.lower().startswith(("news", "readme")):
@@ -142,13 +147,16 @@ def build(out: Path, seed: int = 0) -> dict[str, int]:
         size += len(doc)
     docs["news"] = kept
     letters = "abcdefghijklmnopqrstuvwxyz"
-    docs["noise"] = [" ".join("".join(rng.choice(letters) for _ in range(rng.randint(2, 9)))
-                              for _ in range(rng.randint(300, 700))) for _ in range(600)]
+    docs["noise"] = [
+        " ".join("".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(rng.randint(300, 700)))
+        for _ in range(600)
+    ]
     for name, items in docs.items():
         folder = out / "corpus" / name
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "part-0.jsonl").write_text("".join(json.dumps({"id": f"{name}-{i}", "text": t}) + "\n"
-                                                     for i, t in enumerate(items)))
+        (folder / "part-0.jsonl").write_text(
+            "".join(json.dumps({"id": f"{name}-{i}", "text": t}) + "\n" for i, t in enumerate(items))
+        )
     return {k: len(v) for k, v in docs.items()}
 
 
@@ -158,14 +166,18 @@ def report(study: Path) -> None:
         raise SystemExit(f"no {path}: the study has not finished")
     c = json.loads(path.read_text())
     above = c["above_noise"]
-    print(f"study {study}: {c['n_cells']} cells, {above} above the seed noise; the counterfactual of "
-          f"{c.get('counterfactual_runs')} baseline seed(s)")
+    print(
+        f"study {study}: {c['n_cells']} cells, {above} above the seed noise; the counterfactual of "
+        f"{c.get('counterfactual_runs')} baseline seed(s)"
+    )
     print(f"  signs right:     {c['sign_agree']}/{above} ({100 * c['sign_agree'] / max(above, 1):.0f}%; target 90%)")
     print(f"  within 2x:       {c['within_2x']}/{above} ({100 * c['within_2x'] / max(above, 1):.0f}%; target 80%)")
     print(f"  Spearman:        {c['spearman']:.3f} over all cells (target 0.9)")
     for kind, part in (c.get("by_kind") or {}).items():
-        print(f"    {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
-              f"{part['above_noise']}, Spearman {part['spearman']:.3f}")
+        print(
+            f"    {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
+            f"{part['above_noise']}, Spearman {part['spearman']:.3f}"
+        )
     print(f"  {c.get('note', '')}")
 
 
@@ -177,13 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.study is not None:
         report(args.study)
         return 0
-    from pipelines.cli import main as winnow
+    from winnow.pipelines.cli import main as winnow
 
     out = args.out.resolve()
     if not (out / "corpus").is_dir():
         print("documents per source:", build(out))
-    inputs = "".join(f'\n[[inputs]]\nsource = "{s}"\npath = "{out}/corpus/{s}/*.jsonl"\n'
-                     for s in ("man", "info", "news", "noise"))
+    inputs = "".join(
+        f'\n[[inputs]]\nsource = "{s}"\npath = "{out}/corpus/{s}/*.jsonl"\n' for s in ("man", "info", "news", "noise")
+    )
     (out / "job.toml").write_text(JOB.format(out=out, inputs=inputs))
     (out / "study.toml").write_text(STUDY.format(out=out))
     if not (out / "job" / "manifest.json").is_file() and winnow(["-q", "curate", str(out / "job.toml")]):

@@ -88,7 +88,13 @@ def prepare_samples(folder: Path) -> None:
             texts += df["text"].to_list()
         elif path.suffix in (".gz", ".zst", ".jsonl"):
             raw = path.read_bytes()
-            raw = gzip.decompress(raw) if path.suffix == ".gz" else zstandard.ZstdDecompressor().decompressobj().decompress(raw) if path.suffix == ".zst" else raw
+            raw = (
+                gzip.decompress(raw)
+                if path.suffix == ".gz"
+                else zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+                if path.suffix == ".zst"
+                else raw
+            )
             for line in raw.splitlines():
                 row = orjson.loads(line)
                 ids.append(row["id"])
@@ -101,7 +107,14 @@ def prepare_samples(folder: Path) -> None:
 
 
 # Real long text on this machine: Python sources, package docs and licences, man pages.
-_LONG_ROOTS = ("stdlib", "purelib", "/usr/lib/python3", "/usr/share/doc", "/usr/share/man", "/usr/share/common-licenses")
+_LONG_ROOTS = (
+    "stdlib",
+    "purelib",
+    "/usr/lib/python3",
+    "/usr/share/doc",
+    "/usr/share/man",
+    "/usr/share/common-licenses",
+)
 _TEXT_SUFFIXES = {".py", ".pyi", ".rst", ".md", ".txt", ".html", ".c", ".h", ".pl", ".cfg", ".toml"}
 _TEXT_NAMES = {"copyright", "METADATA", "LICENSE", "README", "NEWS", "changelog", "changelog.Debian", "AUTHORS"}
 
@@ -121,7 +134,11 @@ def _long_candidates():
             for name in sorted(files):
                 path = Path(dirpath) / name
                 base = name[:-3] if name.endswith(".gz") else name
-                if not (Path(base).suffix in _TEXT_SUFFIXES or base in _TEXT_NAMES or root.name in ("man", "common-licenses")):
+                if not (
+                    Path(base).suffix in _TEXT_SUFFIXES
+                    or base in _TEXT_NAMES
+                    or root.name in ("man", "common-licenses")
+                ):
                     continue
                 try:
                     st = path.stat()
@@ -148,14 +165,18 @@ def _mutate(text: str, other: str, rng: np.random.Generator) -> str:
 
     kind = rng.choice(["edit", "insert", "delete", "version", "mixed"])
     if kind in ("version", "mixed"):
+
         def bump(m: re.Match) -> str:
             return f"{m.group(1)}.{int(m.group(2)) + 1}"
+
         text = re.sub(r"\b(\d+)\.(\d+)\b", bump, text, count=int(rng.integers(1, 20)))
         text = text.replace("Copyright", f"Copyright {2000 + int(rng.integers(0, 26))}", 1)
     if kind in ("edit", "mixed"):
         parts = re.split(r"(\s+)", text)
         words = [i for i in range(0, len(parts), 2) if parts[i]]
-        for i in rng.choice(words, size=max(1, int(len(words) * rng.uniform(0.001, 0.06))), replace=True) if words else []:
+        for i in (
+            rng.choice(words, size=max(1, int(len(words) * rng.uniform(0.001, 0.06))), replace=True) if words else []
+        ):
             parts[i] = parts[words[int(rng.integers(len(words)))]]
         text = "".join(parts)
     if kind in ("insert", "delete", "mixed"):
@@ -188,7 +209,11 @@ def prepare_long(folder: Path, *, target_bytes: int = 73_000_000, copies: float 
     for path in paths:
         text = _read_text_file(path)
         size = len(text.encode()) if text else 0
-        if not text or size > 600_000 or (size > 16_000 and xxhash.xxh64_intdigest(str(path).encode(), seed=1) % 100 >= 20):
+        if (
+            not text
+            or size > 600_000
+            or (size > 16_000 and xxhash.xxh64_intdigest(str(path).encode(), seed=1) % 100 >= 20)
+        ):
             continue
         ids.append(f"file:{path}")
         texts.append(text)
@@ -233,7 +258,7 @@ def _read_jsonl(folder: Path):
 def _shingle_sets(texts: list[str]) -> list[set]:
     import polars as pl
 
-    from curate.dedup.text import normalize_expr
+    from winnow.curate.dedup.text import normalize_expr
 
     norm = pl.select(normalize_expr(pl.lit(pl.Series(texts, dtype=pl.String)), "words")).to_series().to_list()
     out = []
@@ -252,7 +277,7 @@ def _shingle_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """
     import polars as pl
 
-    from curate.dedup.text import normalize_expr
+    from winnow.curate.dedup.text import normalize_expr
 
     words = pl.select(normalize_expr(pl.lit(pl.Series(texts, dtype=pl.String)), "words").str.split(" ").alias("w"))
     words = words.with_columns(pl.col("w").list.eval(pl.element().filter(pl.element() != "")))
@@ -323,7 +348,9 @@ def exact_components(ids: list[str], texts: list[str]) -> list[set[str]]:
         sa, sb = int(sizes[a]), int(sizes[b])
         if min(sa, sb) < THRESHOLD * max(sa, sb) or sa == 0:
             continue
-        common = len(np.intersect1d(values[offsets[a] : offsets[a + 1]], values[offsets[b] : offsets[b + 1]], assume_unique=True))
+        common = len(
+            np.intersect1d(values[offsets[a] : offsets[a + 1]], values[offsets[b] : offsets[b + 1]], assume_unique=True)
+        )
         if common >= THRESHOLD * (sa + sb - common):
             ra, rb = find(a), find(b)
             parent[max(ra, rb)] = min(ra, rb)
@@ -378,10 +405,10 @@ def score(removed: set[str], comps: list[set[str]]) -> tuple[float, float]:
 # -- the systems (each runs in its own subprocess) --------------------------------------------
 def run_winnow(data: Path, work: Path) -> set[str]:
     # curate before polars, as the winnow command imports them: curate sets polars' allocator options (curate/__init__.py)
-    from curate.pipeline import run_job
-    from pipelines.jobfile import load_job
-
     import polars as pl
+
+    from winnow.curate.pipeline import run_job
+    from winnow.pipelines.jobfile import load_job
 
     job_file = work / "job.toml"
     job_file.write_text(
@@ -443,7 +470,11 @@ def run_datatrove(data: Path, work: Path) -> set[str]:
     from datasketch.lsh import _optimal_param
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup.minhash import (
-        MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature,
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
     )  # fmt: skip
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
@@ -460,14 +491,28 @@ def run_datatrove(data: Path, work: Path) -> set[str]:
     logs = str(work / "logs")
 
     def run(steps: list, n_tasks: int, stage: int) -> None:
-        LocalPipelineExecutor(steps, tasks=n_tasks, workers=WORKERS, logging_dir=f"{logs}/{stage}", start_method="fork").run()
+        LocalPipelineExecutor(
+            steps, tasks=n_tasks, workers=WORKERS, logging_dir=f"{logs}/{stage}", start_method="fork"
+        ).run()
 
     # The four steps of datatrove's MinHash dedup, each a full executor run as its docs show.
-    run([JsonlReader(str(data), glob_pattern="*.jsonl"), MinhashDedupSignature(str(work / "sigs"), config=config)], tasks, 1)
+    run(
+        [JsonlReader(str(data), glob_pattern="*.jsonl"), MinhashDedupSignature(str(work / "sigs"), config=config)],
+        tasks,
+        1,
+    )
     run([MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config)], bands, 2)
     run([MinhashDedupCluster(str(work / "buckets"), str(work / "remove"), config=config)], 1, 3)
     removed_writer = JsonlWriter(str(work / "removed"))
-    run([JsonlReader(str(data), glob_pattern="*.jsonl"), MinhashDedupFilter(str(work / "remove"), exclusion_writer=removed_writer), JsonlWriter(str(work / "kept"))], tasks, 4)
+    run(
+        [
+            JsonlReader(str(data), glob_pattern="*.jsonl"),
+            MinhashDedupFilter(str(work / "remove"), exclusion_writer=removed_writer),
+            JsonlWriter(str(work / "kept")),
+        ],
+        tasks,
+        4,
+    )
     removed = set()
     for path in (work / "removed").glob("*.jsonl.gz"):
         removed |= {orjson.loads(line)["id"] for line in gzip.decompress(path.read_bytes()).splitlines()}
@@ -483,11 +528,22 @@ def child(system: str, data: Path, work: Path) -> None:
     removed = SYSTEMS[system](data, work)
     seconds = time.perf_counter() - t0
     # VmHWM, not ru_maxrss: the latter survives exec and would report the parent bench's own peak.
-    hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM"))
+    hwm = next(
+        int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM")
+    )
     worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     (work / "removed.json").write_text(json.dumps(sorted(removed)))
     # Worker pools: the parent plus every worker at the largest worker's peak (an upper bound of the sum).
-    print(json.dumps({"seconds": seconds, "peak_rss": (hwm + WORKERS * worker) * 1024, "main_rss": hwm * 1024, "worker_rss": worker * 1024}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_rss": (hwm + WORKERS * worker) * 1024,
+                "main_rss": hwm * 1024,
+                "worker_rss": worker * 1024,
+            }
+        )
+    )
 
 
 class _TreeRss(threading.Thread):
@@ -514,7 +570,10 @@ class _TreeRss(threading.Thread):
                 stat = (entry / "stat").read_text()
                 fields = stat[stat.rindex(")") + 2 :].split()
                 resident, shared = (int(x) for x in (entry / "statm").read_text().split()[1:3])
-                parents[int(entry.name)], rss[int(entry.name)] = int(fields[1]), (resident * 4096, (resident - shared) * 4096)
+                parents[int(entry.name)], rss[int(entry.name)] = (
+                    int(fields[1]),
+                    (resident * 4096, (resident - shared) * 4096),
+                )
             except (OSError, ValueError, IndexError):
                 continue
         tree, frontier = {self.pid}, [self.pid]
@@ -551,7 +610,9 @@ def measure(system: str, data: Path, comps: list[set[str]]) -> dict:
     work = DATA / "work" / system
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    wall, sampler, out = run_sampled([sys.executable, __file__, "--child", system, "--data", str(data), "--work", str(work)], system)
+    wall, sampler, out = run_sampled(
+        [sys.executable, __file__, "--child", system, "--data", str(data), "--work", str(work)], system
+    )
     stats = json.loads(out.strip().splitlines()[-1])
     precision, recall = score(set(json.loads((work / "removed.json").read_text())), comps)
     return {"system": system, "docs": n_docs, "docs_per_s": n_docs / wall, "wall_s": wall, "peak_rss_mb": stats["peak_rss"] / 2**20,
@@ -615,10 +676,21 @@ def _row(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=200_000, help="generated corpus size winnow runs on (1000000 for a 1M-document run)")
-    ap.add_argument("--peer-docs", type=int, default=20_000, help="peers (and winnow, for a like-for-like ratio) also run on the first this many docs")
+    ap.add_argument(
+        "--docs", type=int, default=200_000, help="generated corpus size winnow runs on (1000000 for a 1M-document run)"
+    )
+    ap.add_argument(
+        "--peer-docs",
+        type=int,
+        default=20_000,
+        help="peers (and winnow, for a like-for-like ratio) also run on the first this many docs",
+    )
     ap.add_argument("--samples", action="store_true", help="use data_samples/ (every system on all of it)")
-    ap.add_argument("--long", action="store_true", help="long real documents from this machine (prepare_long; every system on all of it)")
+    ap.add_argument(
+        "--long",
+        action="store_true",
+        help="long real documents from this machine (prepare_long; every system on all of it)",
+    )
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--systems", default="winnow,datasketch,datatrove")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -639,17 +711,25 @@ def main() -> None:
     peers = [s for s in systems if s != "winnow"]
     for name, (folder, comps) in {"full": full, "subsample": small}.items():
         n = sum(1 for _ in _read_jsonl(folder))
-        print(f"{name}: {n} documents in {folder.relative_to(ROOT)}, {sum(len(c) - 1 for c in comps)} to remove by exact Jaccard >= {THRESHOLD}")
+        print(
+            f"{name}: {n} documents in {folder.relative_to(ROOT)}, {sum(len(c) - 1 for c in comps)} to remove by exact Jaccard >= {THRESHOLD}"
+        )
     if "winnow" in systems:
         # numba compiles winnow's kernels once per machine (cached under __pycache__): a first run after
         # an install or an edit pays ~10-60 s for it. The timed runs are the ones after that.
         tiny, _ = subsample(full[0], None, 200, files=2)
         warm = measure("winnow", tiny, [])
-        print(f"winnow warm-up on 200 documents (compiles the kernels if the numba cache is cold): {warm['wall_s']:.1f} s")
-    print(f"machine shared with other work: rows interleave the systems A B C A B C; compare ratios within a round\n")
-    print("tree MB = the largest sum of RSS over the process tree (sampled every 20 ms); anon MB = the same for private pages only "
-          "(RSS less the shared libraries' mapped pages, which vary with the page cache); bound MB = main + workers x largest worker")
-    print(f"{'system':<11} {'docs':>9} {'docs/s':>10} {'wall s':>8} {'tree MB':>8} {'anon MB':>8} {'bound MB':>9} {'main MB':>8} {'wrk MB':>8} {'KB/doc':>8} {'precision':>9} {'recall':>7}")
+        print(
+            f"winnow warm-up on 200 documents (compiles the kernels if the numba cache is cold): {warm['wall_s']:.1f} s"
+        )
+    print("machine shared with other work: rows interleave the systems A B C A B C; compare ratios within a round\n")
+    print(
+        "tree MB = the largest sum of RSS over the process tree (sampled every 20 ms); anon MB = the same for private pages only "
+        "(RSS less the shared libraries' mapped pages, which vary with the page cache); bound MB = main + workers x largest worker"
+    )
+    print(
+        f"{'system':<11} {'docs':>9} {'docs/s':>10} {'wall s':>8} {'tree MB':>8} {'anon MB':>8} {'bound MB':>9} {'main MB':>8} {'wrk MB':>8} {'KB/doc':>8} {'precision':>9} {'recall':>7}"
+    )
     rounds = []
     for _ in range(args.reps):
         rnd = {}
@@ -665,7 +745,11 @@ def main() -> None:
     print()
     for peer in peers:
         same = [r["winnow"]["docs_per_s"] / r[peer]["docs_per_s"] for r in rounds]
-        print(f"winnow / {peer} docs/s, same {rounds[0][peer]['docs']} docs: " + ", ".join(f"{x:.1f}x" for x in same) + f" (median {np.median(same):.1f}x)")
+        print(
+            f"winnow / {peer} docs/s, same {rounds[0][peer]['docs']} docs: "
+            + ", ".join(f"{x:.1f}x" for x in same)
+            + f" (median {np.median(same):.1f}x)"
+        )
         if small is not full:
             big = [r["winnow@full"]["docs_per_s"] / r[peer]["docs_per_s"] for r in rounds]
             print(f"winnow at {rounds[0]['winnow@full']['docs']} docs / {peer} at {rounds[0][peer]['docs']} docs (peer's docs/s extrapolated as constant): "
@@ -674,8 +758,14 @@ def main() -> None:
         # The main process's growth is what grows with the corpus; a worker's peak follows the
         # size of one task (one input file), which the subsample's smaller files also shrink.
         for key, what in (("main_mb", "main process"), ("peak_rss_mb", "main + workers")):
-            grow = [(r["winnow@full"][key] - r["winnow"][key]) * 1024 / (r["winnow@full"]["docs"] - r["winnow"]["docs"]) for r in rounds]
-            print(f"winnow peak memory growth per extra document, {what} (KB/doc, full vs subsample): " + ", ".join(f"{x:.3f}" for x in grow))
+            grow = [
+                (r["winnow@full"][key] - r["winnow"][key]) * 1024 / (r["winnow@full"]["docs"] - r["winnow"]["docs"])
+                for r in rounds
+            ]
+            print(
+                f"winnow peak memory growth per extra document, {what} (KB/doc, full vs subsample): "
+                + ", ".join(f"{x:.3f}" for x in grow)
+            )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from train.optim import OptimConfig  # noqa: E402
+from winnow.train.optim import OptimConfig  # noqa: E402
 
 DATA = ROOT / "bench" / "_data" / "dgc"
 DEMO = ROOT / "pipelines" / "demo.toml"
@@ -58,8 +58,11 @@ def curated() -> Path:
     """The demo's shards (curated once)."""
     out = DATA / "demo"
     if not (out / "manifest.json").is_file():
-        subprocess.run([sys.executable, "-m", "pipelines.cli", "curate", str(DEMO), "--output", str(out)],
-                       cwd=ROOT, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "winnow.pipelines.cli", "curate", str(DEMO), "--output", str(out)],
+            cwd=ROOT,
+            check=True,
+        )
     return out
 
 
@@ -79,15 +82,23 @@ def job_file(path: Path, *, steps: int, parallel: dict, optim: dict | None = Non
     """The demo's [job] and [train] (its model, data, optimizer, logging) with ``parallel`` as [train.parallel]."""
     demo = tomllib.loads(DEMO.read_text())
     train = demo["train"]
-    tables = {"job": {"name": demo["job"]["name"], "output": str(path.parent / "job")},
-              "train": {k: v for k, v in train.items() if not isinstance(v, dict)} | {"steps": steps}}
+    tables = {
+        "job": {"name": demo["job"]["name"], "output": str(path.parent / "job")},
+        "train": {k: v for k, v in train.items() if not isinstance(v, dict)} | {"steps": steps},
+    }
     tables |= {f"train.{k}": train[k] for k in KEEP if k in train}
     if optim:
-        tables["train.optim"] = tables.get("train.optim", {}) | optim
-    tables["train.parallel"] = {k: v for k, v in parallel.items() if not isinstance(v, dict)} | {"backend": "gloo"}
+        tables["winnow.train.optim"] = tables.get("winnow.train.optim", {}) | optim
+    tables["winnow.train.parallel"] = {k: v for k, v in parallel.items() if not isinstance(v, dict)} | {
+        "backend": "gloo"
+    }
     tables |= {f"train.parallel.{k}": v for k, v in parallel.items() if isinstance(v, dict)}
-    path.write_text("".join(f"[{name}]\n" + "".join(f"{k} = {_value(v)}\n" for k, v in table.items()) + "\n"
-                            for name, table in tables.items()))
+    path.write_text(
+        "".join(
+            f"[{name}]\n" + "".join(f"{k} = {_value(v)}\n" for k, v in table.items()) + "\n"
+            for name, table in tables.items()
+        )
+    )
     return path
 
 
@@ -95,8 +106,23 @@ def launch(job: Path, shards: Path, run: Path) -> subprocess.Popen:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", "pipelines.cli", "train", str(job), "--shards", str(shards), "--output", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "winnow.pipelines.cli",
+        "train",
+        str(job),
+        "--shards",
+        str(shards),
+        "--output",
+        str(run),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     with (run.parent / f"{run.name}.log").open("w") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -108,9 +134,12 @@ def summary(run: Path, steps: int) -> dict:
     logged = [r for r in records if "comm" in r]
     evals = [r for r in records if "eval" in r]
     last, before = logged[-1], (logged[-2]["step"] if len(logged) > 1 else 0)
-    return {"bytes_per_step": sum(r["comm"]["bytes_sent"] for r in logged) / steps,
-            "last_bytes_per_step": last["comm"]["bytes_sent"] / (last["step"] - before),
-            "loss": evals[-1]["eval"]["loss"], "eval_step": evals[-1]["step"]}
+    return {
+        "bytes_per_step": sum(r["comm"]["bytes_sent"] for r in logged) / steps,
+        "last_bytes_per_step": last["comm"]["bytes_sent"] / (last["step"] - before),
+        "loss": evals[-1]["eval"]["loss"],
+        "eval_step": evals[-1]["step"],
+    }
 
 
 def main() -> None:
@@ -126,8 +155,12 @@ def main() -> None:
     shards = curated()
     runs = {"uncompressed": ({}, None)}
     for density in args.density:
-        topk = {"density": density, "warmup_density": max(args.warmup_density, density),
-                "warmup_steps": args.warmup_steps, "momentum": args.momentum}
+        topk = {
+            "density": density,
+            "warmup_density": max(args.warmup_density, density),
+            "warmup_steps": args.warmup_steps,
+            "momentum": args.momentum,
+        }
         optim = {"betas": [0.0, OptimConfig().betas[1]]} if args.momentum else None
         runs[f"topk {density:g}"] = ({"compression": "topk", "topk": topk}, optim)
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,16 +177,22 @@ def main() -> None:
     base = got["uncompressed"]
     print(f"{datetime.date.today().isoformat()}  {machine()}")
     print(f"command: {command}")
-    print(f"demo model and data, 2 gloo ranks, {args.steps} steps; top-k warm-up from {args.warmup_density} over "
-          f"{args.warmup_steps} steps, momentum correction {args.momentum}")
+    print(
+        f"demo model and data, 2 gloo ranks, {args.steps} steps; top-k warm-up from {args.warmup_density} over "
+        f"{args.warmup_steps} steps, momentum correction {args.momentum}"
+    )
     for name, r in got.items():
-        print(f"{name:>13}: {r['bytes_per_step'] / 1e3:10.1f} kB per rank and step ({r['last_bytes_per_step'] / 1e3:.1f} "
-              f"in the last interval); held-out loss {r['loss']:.4f} at step {r['eval_step']}")
+        print(
+            f"{name:>13}: {r['bytes_per_step'] / 1e3:10.1f} kB per rank and step ({r['last_bytes_per_step'] / 1e3:.1f} "
+            f"in the last interval); held-out loss {r['loss']:.4f} at step {r['eval_step']}"
+        )
     for name, r in got.items():
         if name != "uncompressed":
-            print(f"{name:>13}: {base['bytes_per_step'] / r['bytes_per_step']:.1f} x fewer bytes over the run "
-                  f"({base['last_bytes_per_step'] / r['last_bytes_per_step']:.1f} x after the warm-up); "
-                  f"held-out loss ratio {r['loss'] / base['loss']:.4f} (top-k / uncompressed)")
+            print(
+                f"{name:>13}: {base['bytes_per_step'] / r['bytes_per_step']:.1f} x fewer bytes over the run "
+                f"({base['last_bytes_per_step'] / r['last_bytes_per_step']:.1f} x after the warm-up); "
+                f"held-out loss ratio {r['loss'] / base['loss']:.4f} (top-k / uncompressed)"
+            )
 
 
 if __name__ == "__main__":

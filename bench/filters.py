@@ -44,11 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polars as pl  # noqa: E402
 
-from curate.stages.base import StageContext  # noqa: E402
-from curate.stages.filters.c4 import C4Config, C4Filter  # noqa: E402
-from curate.stages.filters.fineweb import FineWebConfig, FineWebFilter  # noqa: E402
-from curate.stages.filters.gopher import GopherQualityConfig, GopherQualityFilter  # noqa: E402
-from curate.stages.filters.gopher_repetition import GopherRepetitionConfig, GopherRepetitionFilter  # noqa: E402
+from winnow.curate.stages.base import StageContext  # noqa: E402
+from winnow.curate.stages.filters.c4 import C4Config, C4Filter  # noqa: E402
+from winnow.curate.stages.filters.fineweb import FineWebConfig, FineWebFilter  # noqa: E402
+from winnow.curate.stages.filters.gopher import GopherQualityConfig, GopherQualityFilter  # noqa: E402
+from winnow.curate.stages.filters.gopher_repetition import GopherRepetitionConfig, GopherRepetitionFilter  # noqa: E402
 
 
 def sample_texts(limit: int) -> list[str]:
@@ -104,7 +104,9 @@ def stdlib_docstrings() -> list[str]:
 
 
 def families():
-    from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter as DtGQ, GopherRepetitionFilter as DtGR
+    from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter
+    from datatrove.pipeline.filters import GopherQualityFilter as DtGQ
+    from datatrove.pipeline.filters import GopherRepetitionFilter as DtGR
 
     return [
         ("gopher_quality", GopherQualityFilter(GopherQualityConfig(), _ctx()), DtGQ()),
@@ -115,7 +117,9 @@ def families():
 
 
 def _ctx() -> StageContext:
-    return StageContext(stage_id="bench", job_name="bench", output_dir=Path("."), plan_dir=Path("."), sources=("bench",))
+    return StageContext(
+        stage_id="bench", job_name="bench", output_dir=Path("."), plan_dir=Path("."), sources=("bench",)
+    )
 
 
 def run_winnow(stage, batch: pl.DataFrame) -> tuple[float, set[str]]:
@@ -143,8 +147,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="A B rounds per family; best time of each side is used")
     args = ap.parse_args()
     texts = sample_texts(args.docs)
-    batch = pl.DataFrame({"id": [str(i) for i in range(len(texts))], "source": "bench", "text": texts, "meta": None},
-                         schema_overrides={"meta": pl.String})
+    batch = pl.DataFrame(
+        {"id": [str(i) for i in range(len(texts))], "source": "bench", "text": texts, "meta": None},
+        schema_overrides={"meta": pl.String},
+    )
     mb = sum(len(t.encode()) for t in texts) / 1e6
     print(f"{len(texts)} documents, {mb:.1f} MB; one thread each side; A B interleaved x{args.rounds}")
     print(f"{'family':<18} {'winnow docs/s':>14} {'datatrove docs/s':>17} {'ratio':>7} {'agree':>8}")

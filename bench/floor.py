@@ -54,7 +54,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import floor_corpus  # noqa: E402
 
 DATA = ROOT / "bench" / "_data" / "floor"
-FILTER_STAGES = [{"kind": "filter.gopher_quality"}, {"kind": "filter.gopher_repetition"}, {"kind": "filter.c4"}, {"kind": "filter.fineweb"}]
+FILTER_STAGES = [
+    {"kind": "filter.gopher_quality"},
+    {"kind": "filter.gopher_repetition"},
+    {"kind": "filter.c4"},
+    {"kind": "filter.fineweb"},
+]
 
 
 # -- the machine ----------------------------------------------------------------------------
@@ -100,11 +105,30 @@ def demo_stage(kind: str) -> dict:
 
 def families() -> dict[str, list[dict]]:
     """Each stage family of the demo alone (with what it needs before it)."""
-    one = {k: [demo_stage(k)] for k in ("clean", "filter.length", "filter.gopher_quality", "filter.fineweb",
-                                         "filter.gopher_repetition", "dedup.exact", "dedup.minhash", "score.heuristic")}
-    return {**one, "score.difficulty": [demo_stage("score.difficulty")],
-            "split + mix": [demo_stage("split"), demo_stage("mix")],
-            "split + mix + order": [demo_stage("score.difficulty"), demo_stage("split"), demo_stage("mix"), demo_stage("order")]}
+    one = {
+        k: [demo_stage(k)]
+        for k in (
+            "clean",
+            "filter.length",
+            "filter.gopher_quality",
+            "filter.fineweb",
+            "filter.gopher_repetition",
+            "dedup.exact",
+            "dedup.minhash",
+            "score.heuristic",
+        )
+    }
+    return {
+        **one,
+        "score.difficulty": [demo_stage("score.difficulty")],
+        "split + mix": [demo_stage("split"), demo_stage("mix")],
+        "split + mix + order": [
+            demo_stage("score.difficulty"),
+            demo_stage("split"),
+            demo_stage("mix"),
+            demo_stage("order"),
+        ],
+    }
 
 
 class _Phases(logging.Handler):
@@ -123,8 +147,8 @@ class _Phases(logging.Handler):
 def child(spec: Path) -> None:
     """Run the job in ``spec`` (JSON) and print wall time, phases and manifest as JSON."""
     t0 = time.perf_counter()
-    from curate.pipeline import run_job
-    from pipelines.jobfile import job_from_dict
+    from winnow.curate.pipeline import run_job
+    from winnow.pipelines.jobfile import job_from_dict
 
     raw = json.loads(spec.read_text())
     handler = _Phases()
@@ -159,7 +183,11 @@ def run_job(job: dict, label: str) -> dict:
 
 def phase_times(result: dict) -> list[tuple[str, float]]:
     """(what, seconds) for imports and each logged phase/plan, from the child's events."""
-    marks = [(0.0, "start"), (result["imports"], "imports")] + [(t, m) for t, m in result["events"]] + [(result["end"], "end")]
+    marks = (
+        [(0.0, "start"), (result["imports"], "imports")]
+        + [(t, m) for t, m in result["events"]]
+        + [(result["end"], "end")]
+    )
     out = [("import curate and pipelines", result["imports"])]
     for (t, msg), (t_next, _) in zip(marks[1:-1], marks[2:]):
         out.append((_phase_label(msg), t_next - t))
@@ -180,7 +208,9 @@ def _phase_label(msg: str) -> str:
 def jobs_section(corpus: Path, workers: list[int], rounds: int, only: list[str] | None) -> None:
     """The whole demo job and each family alone against the floor job, A B A B."""
     for w in workers:
-        print(f"\n== jobs, {w} worker(s): wall time as a multiple of the floor (read JSONL, write Parquet + WebDataset + tokens) ==")
+        print(
+            f"\n== jobs, {w} worker(s): wall time as a multiple of the floor (read JSONL, write Parquet + WebDataset + tokens) =="
+        )
         cases = {"demo stage set": None, **families()}
         if only:
             cases = {k: v for k, v in cases.items() if k in only or (k == "demo stage set" and "demo" in only)}
@@ -242,8 +272,13 @@ def filters_section(corpus: Path, rounds: int, max_docs: int | None) -> None:
         for name in (first, second):
             res[name] = run_job(job, "winnow")["wall"] if name == "winnow" else datatrove_end_to_end(folder)
         pairs.append((res["winnow"], res["datatrove"]))
-        print(f"  round {r + 1}: winnow {res['winnow']:.1f} s, datatrove {res['datatrove']:.1f} s: {res['datatrove'] / res['winnow']:.1f}x", flush=True)
-    print(f"  four filter families end to end: winnow {statistics.median(d / w for w, d in pairs):.1f}x datatrove (median of {rounds})")
+        print(
+            f"  round {r + 1}: winnow {res['winnow']:.1f} s, datatrove {res['datatrove']:.1f} s: {res['datatrove'] / res['winnow']:.1f}x",
+            flush=True,
+        )
+    print(
+        f"  four filter families end to end: winnow {statistics.median(d / w for w, d in pairs):.1f}x datatrove (median of {rounds})"
+    )
     repetition_per_core(floor_corpus.texts(corpus), rounds)
     per_family(frame, rounds)
     print(load())
@@ -251,10 +286,10 @@ def filters_section(corpus: Path, rounds: int, max_docs: int | None) -> None:
 
 def repetition_per_core(frame, rounds: int) -> None:
     """``filter.gopher_repetition``'s metrics on the whole corpus in MB per CPU second (best of ``rounds``)."""
-    from curate.dedup.text import string_buffers
-    from curate.stages.filters.gopher_repetition import gopher_repetition_metrics
-    from curate.text.codepoints import TABLE
-    from curate.text.repetition import repetition_counts
+    from winnow.curate.dedup.text import string_buffers
+    from winnow.curate.stages.filters.gopher_repetition import gopher_repetition_metrics
+    from winnow.curate.text.codepoints import TABLE
+    from winnow.curate.text.repetition import repetition_counts
 
     text = frame["text"]
     mb = text.str.len_bytes().sum() / 1e6
@@ -269,9 +304,11 @@ def repetition_per_core(frame, rounds: int) -> None:
         repetition_counts(offsets, data, *tables)
         metrics.append(c1 - c0)
         kernel.append(time.process_time() - c1)
-    print(f"\n  filter.gopher_repetition on all {frame.height} documents ({mb:.1f} MB), per CPU second of this process "
-          f"(other work on the machine does not inflate it): metrics {mb / min(metrics):.1f} MB/s, "
-          f"the compiled pass alone {mb / min(kernel):.1f} MB/s")
+    print(
+        f"\n  filter.gopher_repetition on all {frame.height} documents ({mb:.1f} MB), per CPU second of this process "
+        f"(other work on the machine does not inflate it): metrics {mb / min(metrics):.1f} MB/s, "
+        f"the compiled pass alone {mb / min(kernel):.1f} MB/s"
+    )
 
 
 def datatrove_end_to_end(folder: Path) -> float:
@@ -284,8 +321,8 @@ from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import ParquetWriter
 from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
 steps = [JsonlReader({str(folder)!r}, glob_pattern="*.jsonl"), GopherQualityFilter(), GopherRepetitionFilter(), C4QualityFilter(),
-         FineWebQualityFilter(), ParquetWriter({str(DATA / 'out' / 'datatrove')!r})]
-LocalPipelineExecutor(steps, tasks=1, workers=1, logging_dir={str(DATA / 'out' / 'datatrove-logs')!r}).run()
+         FineWebQualityFilter(), ParquetWriter({str(DATA / "out" / "datatrove")!r})]
+LocalPipelineExecutor(steps, tasks=1, workers=1, logging_dir={str(DATA / "out" / "datatrove-logs")!r}).run()
 print(time.perf_counter() - t0)
 """
     shutil.rmtree(DATA / "out" / "datatrove", ignore_errors=True)
@@ -299,7 +336,8 @@ print(time.perf_counter() - t0)
 
 def per_family(frame, rounds: int) -> None:
     """Each family's own time (winnow's stage on the batch, datatrove's filter per document), one thread, A B A B."""
-    os.environ["POLARS_MAX_THREADS"] = "1"  # children and this process's later imports; the jobs above use what they use
+    # children and this process's later imports; the jobs above use what they use
+    os.environ["POLARS_MAX_THREADS"] = "1"
     import polars as pl
     from filters import families as filter_families
     from filters import run_datatrove, run_winnow
@@ -309,7 +347,9 @@ def per_family(frame, rounds: int) -> None:
                          schema_overrides={"meta": pl.String})  # fmt: skip
     mb = frame["text"].str.len_bytes().sum() / 1e6
     print(f"\n  each family's own time on the same {len(texts)} documents (one thread; best of {rounds}, A B A B);")
-    print("  MB/CPU-s: megabytes per second of this process's CPU time, which other work on the machine does not inflate")
+    print(
+        "  MB/CPU-s: megabytes per second of this process's CPU time, which other work on the machine does not inflate"
+    )
     print(f"  {'family':<20} {'winnow s':>9} {'datatrove s':>12} {'ratio':>7} {'winnow MB/s':>12} {'MB/CPU-s':>9}")
     for name, ours, peer in filter_families():
         run_winnow(ours, batch.head(50))
@@ -343,7 +383,9 @@ def main() -> None:
 
     frame = floor_corpus.texts(corpus)
     print(floor_corpus.describe(frame, f"corpus {corpus.relative_to(ROOT)}"))
-    samples = pl.concat([pl.read_parquet(p, columns=["text"]) for p in sorted((ROOT / "data_samples" / "code").glob("*.parquet"))])
+    samples = pl.concat(
+        [pl.read_parquet(p, columns=["text"]) for p in sorted((ROOT / "data_samples" / "code").glob("*.parquet"))]
+    )
     print(floor_corpus.describe(samples, "for scale, data_samples/code"))
     sections = args.sections.split(",")
     workers = [int(w) for w in args.workers.split(",")]

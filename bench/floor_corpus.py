@@ -85,7 +85,9 @@ def _candidates(source: str) -> Iterator[tuple[str, str]]:
             if (text := _read_text_file(path)) is not None:
                 yield f"man:{path}", text
     elif source == "code":
-        for path in _files([stdlib], lambda p: p.suffix == ".py" and "site-packages" not in p.parts and "test" not in p.parts):
+        for path in _files(
+            [stdlib], lambda p: p.suffix == ".py" and "site-packages" not in p.parts and "test" not in p.parts
+        ):
             if (text := _read_text_file(path)) is not None:
                 yield f"py:{path.relative_to(stdlib)}", text
     elif source == "legal":

@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from train.metrics import memory_stats
+from winnow.train.metrics import memory_stats
 
 
 def available() -> str | None:
@@ -45,24 +45,37 @@ def build(shape: dict, seq: int, *, attn: str = "sdpa"):
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
-    from train.model import ModelConfig
+    from winnow.train.model import ModelConfig
 
     w = ModelConfig(**shape, max_seq_len=seq)
     head = w.dim // w.n_heads
     layers = q3._build_qwen3_moe_layers(  # torchtitan's own builder of its Qwen3-MoE blocks
-        n_layers=w.n_layers, dim=w.dim, n_heads=w.n_heads, n_kv_heads=w.kv_heads, head_dim=head,
-        moe_hidden_dim=w.ffn_hidden, num_experts=w.n_experts, top_k=w.top_k,
-        attn_backend="flex", moe_comm_backend="standard",
-        rope=CosSinRoPE.Config(dim=head, max_seq_len=seq, theta=w.rope_theta))
+        n_layers=w.n_layers,
+        dim=w.dim,
+        n_heads=w.n_heads,
+        n_kv_heads=w.kv_heads,
+        head_dim=head,
+        moe_hidden_dim=w.ffn_hidden,
+        num_experts=w.n_experts,
+        top_k=w.top_k,
+        attn_backend="flex",
+        moe_comm_backend="standard",
+        rope=CosSinRoPE.Config(dim=head, max_seq_len=seq, theta=w.rope_theta),
+    )
     for layer in layers:
         layer.attention.qk_norm = None  # winnow's attention has none
         if attn == "sdpa":
             layer.attention.inner_attention = ScaledDotProductAttention.Config()
     vocab = w.padded_vocab
     return q3.Qwen3Model.Config(
-        vocab_size=vocab, dim=w.dim, norm=q3._qwen3_norm(w.dim), enable_weight_tying=w.tie_embeddings,
+        vocab_size=vocab,
+        dim=w.dim,
+        norm=q3._qwen3_norm(w.dim),
+        enable_weight_tying=w.tie_embeddings,
         tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=w.dim, param_init=q3._EMBEDDING_INIT),
-        lm_head=Linear.Config(in_features=w.dim, out_features=vocab, param_init=q3._LINEAR_INIT), layers=layers)
+        lm_head=Linear.Config(in_features=w.dim, out_features=vocab, param_init=q3._LINEAR_INIT),
+        layers=layers,
+    )
 
 
 def param_counts(model, cfg) -> tuple[int, int, int]:
@@ -84,8 +97,20 @@ def flops_per_token(cfg, active: int, embedding: int, seq: int) -> float:
     return 6.0 * (active - embedding) + 6 * len(cfg.layers) * cfg.dim * seq
 
 
-def measure(*, shape: dict, batch: int, seq: int, device: str, steps: int, warmup: int, precision: str,
-            peak_flops: float | None, batches, attn: str = "sdpa", lr: float = 3e-3) -> dict:
+def measure(
+    *,
+    shape: dict,
+    batch: int,
+    seq: int,
+    device: str,
+    steps: int,
+    warmup: int,
+    precision: str,
+    peak_flops: float | None,
+    batches,
+    attn: str = "sdpa",
+    lr: float = 3e-3,
+) -> dict:
     """Train torchtitan's model ``warmup + steps`` steps on ``batches``; the timed steps' figures."""
     dev = torch.device(device)
     cfg = build(shape, seq, attn=attn)
@@ -132,9 +157,19 @@ def measure(*, shape: dict, batch: int, seq: int, device: str, steps: int, warmu
     elapsed = time.perf_counter() - start
     tokens_per_s = steps * batch * seq / elapsed
     fpt = flops_per_token(cfg, active, embedding, seq)
-    result = {"total_params": total, "active_params": active, "batch": batch, "seq": seq, "timed_steps": steps,
-              "attention": attn, "tokens_per_s": tokens_per_s, "flops_per_token": fpt,
-              "mfu": tokens_per_s * fpt / peak_flops if peak_flops else math.nan,
-              "memory": memory_stats(dev), "loss": float(loss), "wall_s": elapsed}
-    del model, opt
+    result = {
+        "total_params": total,
+        "active_params": active,
+        "batch": batch,
+        "seq": seq,
+        "timed_steps": steps,
+        "attention": attn,
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": fpt,
+        "mfu": tokens_per_s * fpt / peak_flops if peak_flops else math.nan,
+        "memory": memory_stats(dev),
+        "loss": float(loss),
+        "wall_s": elapsed,
+    }
+    model = opt = None  # free them before the next contender builds its own (the step closure holds the names)
     return result

@@ -23,8 +23,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from curate.config import InputConfig, Job, JobSection, OutputConfig  # noqa: E402
-from curate.pipeline import run_job  # noqa: E402
+from winnow.curate.config import InputConfig, Job, JobSection, OutputConfig  # noqa: E402
+from winnow.curate.pipeline import run_job  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data_samples"
 
@@ -38,8 +38,18 @@ def make_jsonl(path: Path, target_mb: int) -> int:
     rows, size = 0, 0
     with path.open("wb") as fh:
         while size < target_mb << 20:
-            line = orjson.dumps({"id": f"doc-{rows}", "text": rng.choice(texts), "url": f"https://example.org/{rows}",
-                                 "score": rng.random(), "tags": ["a", "b"][: rows % 3]}) + b"\n"
+            line = (
+                orjson.dumps(
+                    {
+                        "id": f"doc-{rows}",
+                        "text": rng.choice(texts),
+                        "url": f"https://example.org/{rows}",
+                        "score": rng.random(),
+                        "tags": ["a", "b"][: rows % 3],
+                    }
+                )
+                + b"\n"
+            )
             fh.write(line)
             size += len(line)
             rows += 1
@@ -47,9 +57,11 @@ def make_jsonl(path: Path, target_mb: int) -> int:
 
 
 def run_winnow(path: Path, out: Path) -> float:
-    job = Job(job=JobSection(name="io", output=str(out), workers=1, batch_rows=16384),
-              inputs=[InputConfig(source="bench", path=str(path))],
-              output=OutputConfig(formats=["parquet"], shard_rows=200_000))
+    job = Job(
+        job=JobSection(name="io", output=str(out), workers=1, batch_rows=16384),
+        inputs=[InputConfig(source="bench", path=str(path))],
+        output=OutputConfig(formats=["parquet"], shard_rows=200_000),
+    )
     t0 = time.perf_counter()
     run_job(job, progress=False)
     return time.perf_counter() - t0

@@ -45,15 +45,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train.data import Loader, LoaderConfig  # noqa: E402
-from train.data.pieces import with_separators  # noqa: E402
-from train.tokenizer import ByteTokenizer, load_tokenizer  # noqa: E402
-
 import loader_peers  # noqa: E402  (bench/ is on sys.path when this file runs)
 
+from winnow.train.data import Loader, LoaderConfig  # noqa: E402
+from winnow.train.data.pieces import with_separators  # noqa: E402
+from winnow.train.tokenizer import ByteTokenizer, load_tokenizer  # noqa: E402
+
 SOURCES = ["web", "code", "books", "forum"]
-WORDS = np.array("the of and to in is was for that with as on by at from this be are or an it which not".split()
-                 + [f"w{i}" for i in range(2000)])
+WORDS = np.array(
+    "the of and to in is was for that with as on by at from this be are or an it which not".split()
+    + [f"w{i}" for i in range(2000)]
+)
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -65,8 +67,8 @@ def make_job(folder: Path, docs: int, shard_rows: int, seed: int = 0, bpe_vocab:
     """
     import polars as pl
 
-    from curate.config import OutputConfig, TokensConfig
-    from curate.writers.shards import ShardWriter
+    from winnow.curate.config import OutputConfig, TokensConfig
+    from winnow.curate.writers.shards import ShardWriter
 
     if (folder / "manifest.json").exists():
         return folder
@@ -75,13 +77,22 @@ def make_job(folder: Path, docs: int, shard_rows: int, seed: int = 0, bpe_vocab:
     words = WORDS[rng.integers(0, len(WORDS), int(lengths.sum()))]
     cuts = np.cumsum(lengths)[:-1]
     texts = [" ".join(chunk) for chunk in np.split(words, cuts)]
-    df = pl.DataFrame({"id": [f"doc/{i}" for i in range(docs)], "source": [SOURCES[i % 4] for i in rng.integers(0, 4, docs)],
-                       "text": texts, "meta": [None] * docs}, schema={"id": pl.String, "source": pl.String, "text": pl.String, "meta": pl.String})
+    df = pl.DataFrame(
+        {
+            "id": [f"doc/{i}" for i in range(docs)],
+            "source": [SOURCES[i % 4] for i in rng.integers(0, 4, docs)],
+            "text": texts,
+            "meta": [None] * docs,
+        },
+        schema={"id": pl.String, "source": pl.String, "text": pl.String, "meta": pl.String},
+    )
     tokens = TokensConfig()
     if bpe_vocab:
-        from train.tokenizer import train_bpe
+        from winnow.train.tokenizer import train_bpe
 
-        tok_dir = train_bpe([texts[i : i + 500] for i in range(0, min(len(texts), 4000), 500)], vocab_size=bpe_vocab).save(folder / "tokenizer")
+        tok_dir = train_bpe(
+            [texts[i : i + 500] for i in range(0, min(len(texts), 4000), 500)], vocab_size=bpe_vocab
+        ).save(folder / "tokenizer")
         tokens = TokensConfig(tokenizer=str(tok_dir / "tokenizer.json"))
     output = OutputConfig(formats=["parquet", "webdataset", "tokens"], shard_rows=shard_rows, tokens=tokens)
     writer = ShardWriter(folder, "part-00000", output, split="train")
@@ -138,9 +149,11 @@ def make_webdataset(folder, args):
     import webdataset as wds
 
     tok, ids = ByteTokenizer(), {s: i for i, s in enumerate(SOURCES)}
-    ds = (wds.WebDataset(shard_files(folder, "webdataset"), shardshuffle=False, empty_check=False)
-          .compose(partial(wds_pack, seq_len=args.seq_len, tok=tok, ids=ids))
-          .batched(args.batch_size, collation_fn=collate, partial=False))
+    ds = (
+        wds.WebDataset(shard_files(folder, "webdataset"), shardshuffle=False, empty_check=False)
+        .compose(partial(wds_pack, seq_len=args.seq_len, tok=tok, ids=ids))
+        .batched(args.batch_size, collation_fn=collate, partial=False)
+    )
     return iter(wds.WebLoader(ds, batch_size=None, num_workers=args.workers))
 
 
@@ -177,13 +190,23 @@ class PackedMapDataset(torch.utils.data.Dataset):
         flat, lens = self.tok.encode_column(texts)
         ids, doc_lens = with_separators(flat, lens, self.tok.eos_id)
         at = lo - self.doc_start[first]
-        return ids[at : at + self.seq_len + 1].astype(np.int64), np.repeat(np.asarray(srcs), doc_lens)[at : at + self.seq_len + 1]
+        return ids[at : at + self.seq_len + 1].astype(np.int64), np.repeat(np.asarray(srcs), doc_lens)[
+            at : at + self.seq_len + 1
+        ]
 
 
 def make_torch(folder, args):
     ds = PackedMapDataset(folder, args.seq_len)
-    return iter(torch.utils.data.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=collate,
-                                            persistent_workers=False, prefetch_factor=4 if args.workers else None))
+    return iter(
+        torch.utils.data.DataLoader(
+            ds,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            collate_fn=collate,
+            persistent_workers=False,
+            prefetch_factor=4 if args.workers else None,
+        )
+    )
 
 
 def job_tokenizer(folder):
@@ -192,13 +215,16 @@ def job_tokenizer(folder):
 
 def make_winnow_tokens(folder, args):
     """The token-shard loader reads by offset in this process: no tokenizing, so no worker processes to feed."""
-    cfg = LoaderConfig(batch_size=args.batch_size, seq_len=args.seq_len, num_workers=0, format="tokens", verify_checksums=True)
+    cfg = LoaderConfig(
+        batch_size=args.batch_size, seq_len=args.seq_len, num_workers=0, format="tokens", verify_checksums=True
+    )
     return Loader(cfg, folder, tokenizer=job_tokenizer(folder))
 
 
 def make_winnow(folder, args, fmt="parquet"):
-    cfg = LoaderConfig(batch_size=args.batch_size, seq_len=args.seq_len, num_workers=args.workers, format=fmt,
-                       verify_checksums=True)
+    cfg = LoaderConfig(
+        batch_size=args.batch_size, seq_len=args.seq_len, num_workers=args.workers, format=fmt, verify_checksums=True
+    )
     return Loader(cfg, folder, tokenizer=job_tokenizer(folder))
 
 
@@ -253,13 +279,26 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batches", type=int, default=600, help="batches timed after the first")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--sample", type=Path, default=None, help="a job folder (e.g. out/demo) to time winnow's first batch on")
-    p.add_argument("--bpe-vocab", type=int, default=0, help="tokenize with a byte-level BPE of this many ids (trained on the data) instead of bytes")
-    p.add_argument("--only", default="", help="comma-separated contenders: tokens,parquet,tar,webdataset,torch,litdata,mds")
+    p.add_argument(
+        "--sample", type=Path, default=None, help="a job folder (e.g. out/demo) to time winnow's first batch on"
+    )
+    p.add_argument(
+        "--bpe-vocab",
+        type=int,
+        default=0,
+        help="tokenize with a byte-level BPE of this many ids (trained on the data) instead of bytes",
+    )
+    p.add_argument(
+        "--only", default="", help="comma-separated contenders: tokens,parquet,tar,webdataset,torch,litdata,mds"
+    )
     args = p.parse_args()
     suffix = f"-bpe{args.bpe_vocab}" if args.bpe_vocab else ""
-    folder = make_job(Path(__file__).parent / "_data" / f"loader-{args.docs}-tokens{suffix}", args.docs, args.shard_rows,
-                      bpe_vocab=args.bpe_vocab)
+    folder = make_job(
+        Path(__file__).parent / "_data" / f"loader-{args.docs}-tokens{suffix}",
+        args.docs,
+        args.shard_rows,
+        bpe_vocab=args.bpe_vocab,
+    )
     if args.bpe_vocab and not args.only:
         args.only = "tokens,parquet,tar,litdata,mds"  # webdataset and torch contenders tokenize bytes only
     contenders = {
@@ -280,14 +319,18 @@ def main() -> None:
         t0 = time.perf_counter()
         data = prepare[key](folder, args.seq_len)
         if data is None:
-            print(f"{contenders[key][0]}: not installed, skipped (pip install {'litdata' if key == 'litdata' else 'mosaicml-streaming'})")
+            print(
+                f"{contenders[key][0]}: not installed, skipped (pip install {'litdata' if key == 'litdata' else 'mosaicml-streaming'})"
+            )
             chosen.remove(key)
             continue
         name, make, _ = contenders[key]
         contenders[key] = (name, make, data)
         print(f"{name}: data prepared in {time.perf_counter() - t0:.1f} s (once; reused by later runs)")
-    print(f"{args.docs} docs in {len(shard_files(folder, 'parquet'))} shards, {args.workers} workers, "
-          f"batch {args.batch_size} x {args.seq_len}, {args.batches} timed batches, {args.rounds} rounds, alternating")
+    print(
+        f"{args.docs} docs in {len(shard_files(folder, 'parquet'))} shards, {args.workers} workers, "
+        f"batch {args.batch_size} x {args.seq_len}, {args.batches} timed batches, {args.rounds} rounds, alternating"
+    )
     results: dict[str, list[dict]] = {k: [] for k in chosen}
     for _ in range(args.rounds):
         for key in chosen:
@@ -295,7 +338,9 @@ def main() -> None:
             results[key].append(measure(make, data, args))
     ref = "tokens" if "tokens" in results else chosen[0]
     base = statistics.median(r["tokens_s"] for r in results[ref])
-    print(f"{'contender':<32}{'tokens/s':>14}{'first batch s':>15}{'peak RSS MiB':>14}{contenders[ref][0].split(' (')[0] + ' ' + ref + '/peer':>22}")
+    print(
+        f"{'contender':<32}{'tokens/s':>14}{'first batch s':>15}{'peak RSS MiB':>14}{contenders[ref][0].split(' (')[0] + ' ' + ref + '/peer':>22}"
+    )
     for key, rs in results.items():
         tps = statistics.median(r["tokens_s"] for r in rs)
         first = statistics.median(r["first_s"] for r in rs)
@@ -303,7 +348,8 @@ def main() -> None:
         print(f"{contenders[key][0]:<32}{tps:>14,.0f}{first:>15.3f}{rss:>14.0f}{base / tps:>21.2f}x")
     if "tar" in results and "webdataset" in results:
         same_input = statistics.median(r["tokens_s"] for r in results["tar"]) / statistics.median(
-            r["tokens_s"] for r in results["webdataset"])
+            r["tokens_s"] for r in results["webdataset"]
+        )
         print(f"same tar shards: winnow (tar) / webdataset.WebLoader = {same_input:.2f}x tokens/s")
     if args.sample is not None:
         firsts = []

@@ -50,15 +50,25 @@ def prepare_litdata(folder: Path, seq_len: int) -> Path | None:
         from litdata import TokensLoader, optimize
 
         shutil.rmtree(out, ignore_errors=True)
-        optimize(fn=token_docs, inputs=token_bins(folder), output_dir=str(out), chunk_size=(seq_len + 1) * 512,
-                 item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False)
+        optimize(
+            fn=token_docs,
+            inputs=token_bins(folder),
+            output_dir=str(out),
+            chunk_size=(seq_len + 1) * 512,
+            item_loader=TokensLoader(),
+            num_workers=1,
+            reorder_files=False,
+            verbose=False,
+        )
     return out
 
 
 def make_litdata(data: Path, args):
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
-    ds = StreamingDataset(str(data), item_loader=TokensLoader(block_size=args.seq_len + 1), shuffle=False, drop_last=True)
+    ds = StreamingDataset(
+        str(data), item_loader=TokensLoader(block_size=args.seq_len + 1), shuffle=False, drop_last=True
+    )
     return iter(StreamingDataLoader(ds, batch_size=args.batch_size, num_workers=args.workers))
 
 
@@ -111,8 +121,9 @@ def prepare_mds(folder: Path, seq_len: int) -> Path | None:
         stream = np.concatenate([np.fromfile(b, np.uint16) for b in token_bins(folder)])
         n = len(stream) // (seq_len + 1)
         windows = stream[: n * (seq_len + 1)].reshape(n, seq_len + 1)
-        with streaming.MDSWriter(out=str(out), columns={"tokens": f"ndarray:uint16:{seq_len + 1}"},
-                                 size_limit=1 << 26) as writer:
+        with streaming.MDSWriter(
+            out=str(out), columns={"tokens": f"ndarray:uint16:{seq_len + 1}"}, size_limit=1 << 26
+        ) as writer:
             for w in windows:
                 writer.write({"tokens": w})
     return out
@@ -126,6 +137,11 @@ def make_mds(data: Path, args):
     streaming = import_streaming()
     streaming.base.util.clean_stale_shared_memory()
     ds = streaming.StreamingDataset(local=str(data), shuffle=False, batch_size=args.batch_size)
-    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
-                                         collate_fn=_collate_tokens, multiprocessing_context="fork" if args.workers else None)
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        collate_fn=_collate_tokens,
+        multiprocessing_context="fork" if args.workers else None,
+    )
     return iter(loader)

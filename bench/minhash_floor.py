@@ -46,9 +46,9 @@ THRESHOLD, NGRAM, NUM_PERM, RENSA_BANDS = 0.8, 5, 128, 32
 
 def shingle_hashes(texts) -> tuple[np.ndarray, np.ndarray]:
     """winnow's 64-bit word 5-gram shingle hashes of ``texts``: ``(offsets int64[n+1], hashes uint64)``."""
-    from curate.dedup.jit import njit
-    from curate.dedup.kernels import count_shingles, doc_shingles
-    from curate.dedup.text import word_buffers
+    from winnow.curate.dedup.jit import njit
+    from winnow.curate.dedup.kernels import count_shingles, doc_shingles
+    from winnow.curate.dedup.text import word_buffers
 
     @njit(nogil=True)
     def flat(offsets, data, sep, low):
@@ -69,8 +69,8 @@ def shingle_hashes(texts) -> tuple[np.ndarray, np.ndarray]:
 
 def winnow_phase(texts) -> tuple[float, int]:
     """Seconds of ``dedup.minhash``'s collect kernel and LSH candidate pairs over ``texts``; the candidate count."""
-    from curate.dedup.lsh import lsh_pairs
-    from curate.dedup.minhash import MinHashConfig, band_columns, minhash_keys
+    from winnow.curate.dedup.lsh import lsh_pairs
+    from winnow.curate.dedup.minhash import MinHashConfig, band_columns, minhash_keys
 
     config = MinHashConfig(threshold=THRESHOLD)
     t0 = time.perf_counter()
@@ -85,7 +85,9 @@ def rensa_phase(offsets: np.ndarray, hashes: np.ndarray) -> tuple[float, int]:
 
     t0 = time.perf_counter()
     matrix = RMinHash.digest_matrix_from_flat_token_hashes(hashes, offsets, NUM_PERM, 42)
-    flags = RMinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, num_bands=RENSA_BANDS).insert_matrix_and_query_duplicate_flags(matrix)
+    flags = RMinHashLSH(
+        threshold=THRESHOLD, num_perm=NUM_PERM, num_bands=RENSA_BANDS
+    ).insert_matrix_and_query_duplicate_flags(matrix)
     return time.perf_counter() - t0, int(sum(flags))
 
 
@@ -115,8 +117,12 @@ def kernel_section(corpus: Path, rounds: int, datasketch_docs: int) -> None:
     shingle_hashes(texts)
     t_shingles = time.perf_counter() - t0
     rensa_phase(offsets[:51], hashes[: offsets[50]])  # loaded and warm
-    print(f"\n== minhash kernel: {len(texts)} documents, {mb:.1f} MB, {len(hashes)} shingles; one thread each, A B A B ==")
-    print(f"  (winnow's word 5-gram shingling alone, text -> 64-bit hashes: {t_shingles:.2f} s; rensa gets those hashes)")
+    print(
+        f"\n== minhash kernel: {len(texts)} documents, {mb:.1f} MB, {len(hashes)} shingles; one thread each, A B A B =="
+    )
+    print(
+        f"  (winnow's word 5-gram shingling alone, text -> 64-bit hashes: {t_shingles:.2f} s; rensa gets those hashes)"
+    )
     pairs = []
     for r in range(rounds):
         order = ("winnow", "rensa") if r % 2 == 0 else ("rensa", "winnow")
@@ -127,21 +133,25 @@ def kernel_section(corpus: Path, rounds: int, datasketch_docs: int) -> None:
         print(f"  round {r + 1}: winnow signature + LSH from text {res['winnow'][0]:.2f} s ({res['winnow'][1]} candidate pairs); "
               f"rensa sketch + LSH from hashes {res['rensa'][0]:.2f} s ({res['rensa'][1]} flagged): "
               f"winnow / rensa = {res['winnow'][0] / res['rensa'][0]:.2f}", flush=True)  # fmt: skip
-    print(f"  winnow's signature + LSH phase: {statistics.median(w / r for w, r in pairs):.2f}x rensa's sketch + LSH (median)")
+    print(
+        f"  winnow's signature + LSH phase: {statistics.median(w / r for w, r in pairs):.2f}x rensa's sketch + LSH (median)"
+    )
     if datasketch_docs:
         n = min(datasketch_docs, len(texts))
         sub_mb = texts.head(n).str.len_bytes().sum() / 1e6
         seconds = datasketch_phase(offsets, hashes, n)
         w = winnow_phase(texts.head(n))[0]
-        print(f"  datasketch MinHash.bulk + MinHashLSH on the first {n} documents ({sub_mb:.1f} MB): {seconds:.2f} s, "
-              f"winnow {w:.2f} s on the same: winnow {seconds / w:.0f}x faster")
+        print(
+            f"  datasketch MinHash.bulk + MinHashLSH on the first {n} documents ({sub_mb:.1f} MB): {seconds:.2f} s, "
+            f"winnow {w:.2f} s on the same: winnow {seconds / w:.0f}x faster"
+        )
 
 
 # -- end to end -----------------------------------------------------------------------------
 def run_winnow(corpus: Path, work: Path, workers: int) -> set[str]:
     # curate before polars, as the winnow command imports them: curate sets polars' allocator options (curate/__init__.py)
-    from curate.pipeline import run_job  # noqa: I001
-    from pipelines.jobfile import job_from_dict
+    from winnow.curate.pipeline import run_job  # noqa: I001
+    from winnow.pipelines.jobfile import job_from_dict
 
     import polars as pl
 
@@ -198,11 +208,28 @@ def measure(system: str, corpus: Path, workers: int, comps: list[set[str]]) -> d
     work = DATA / "out" / f"dedup-{system}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cmd = [sys.executable, __file__, "--child", system, "--corpus", str(corpus), "--work", str(work), "--workers", str(workers)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        system,
+        "--corpus",
+        str(corpus),
+        "--work",
+        str(work),
+        "--workers",
+        str(workers),
+    ]
     wall, sampler, _ = run_sampled(cmd, system, env={**os.environ, "PYTHONPATH": str(ROOT)})
     precision, recall = score(set(json.loads((work / "removed.json").read_text())), comps)
     shutil.rmtree(work, ignore_errors=True)
-    return {"wall": wall, "tree_mb": sampler.peak / 2**20, "anon_mb": sampler.peak_anon / 2**20, "precision": precision, "recall": recall}
+    return {
+        "wall": wall,
+        "tree_mb": sampler.peak / 2**20,
+        "anon_mb": sampler.peak_anon / 2**20,
+        "precision": precision,
+        "recall": recall,
+    }
 
 
 def truth(corpus: Path) -> list[set[str]]:
@@ -219,7 +246,9 @@ def truth(corpus: Path) -> list[set[str]]:
 
 def end_to_end_section(corpus: Path, workers: list[int], rounds: int) -> None:
     comps = truth(corpus)
-    print(f"\n== dedup end to end: {sum(len(c) - 1 for c in comps)} documents to remove by exact Jaccard >= {THRESHOLD} ==")
+    print(
+        f"\n== dedup end to end: {sum(len(c) - 1 for c in comps)} documents to remove by exact Jaccard >= {THRESHOLD} =="
+    )
     print("  tree MB: peak RSS of the process tree; anon MB: its private pages only (RSS less mapped shared libraries)")
     measure("winnow", corpus, max(workers), comps)  # warm-up: the page cache and numba's cache
     for w in workers:
@@ -233,7 +262,9 @@ def end_to_end_section(corpus: Path, workers: list[int], rounds: int) -> None:
                 label = f"winnow, {w} worker(s)" if name == "winnow" else "rensa pipeline"
                 print(f"  {label:<22} {x['wall']:6.1f} s  tree {x['tree_mb']:6.0f} MB  anon {x['anon_mb']:6.0f} MB  "
                       f"precision {x['precision']:.4f}  recall {x['recall']:.4f}", flush=True)  # fmt: skip
-        print(f"  winnow with {w} worker(s): {statistics.median(r / w_ for w_, r in pairs):.2f}x the rensa pipeline's speed (median)")
+        print(
+            f"  winnow with {w} worker(s): {statistics.median(r / w_ for w_, r in pairs):.2f}x the rensa pipeline's speed (median)"
+        )
 
 
 def section(corpus: Path, workers: list[int], rounds: int, datasketch_docs: int = 1000) -> None:
@@ -246,7 +277,12 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--mb", type=float, default=85.0)
-    ap.add_argument("--datasketch-docs", type=int, default=1000, help="datasketch runs on the first this many documents (0: not at all)")
+    ap.add_argument(
+        "--datasketch-docs",
+        type=int,
+        default=1000,
+        help="datasketch runs on the first this many documents (0: not at all)",
+    )
     ap.add_argument("--sections", default="kernel,end-to-end")
     ap.add_argument("--child")
     ap.add_argument("--corpus", type=Path)

@@ -46,7 +46,12 @@ def spill_keys(n_docs: int) -> list[str]:
     shutil.rmtree(out, ignore_errors=True)
     job = scale.demo_job(data, out, stages_only="dedup.minhash")
     job.write_text(job.read_text().replace("[job]\n", "[job]\nkeep_work = true\n", 1))
-    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job)], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "curate", str(job)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         raise SystemExit(f"dedup.minhash on {n_docs:,} documents failed:\n{done.stderr[-3000:]}")
     return sorted(str(p) for p in (out / "_work").glob("phase-*/task-*/keys.parquet"))
@@ -56,9 +61,9 @@ def plan_once(keys: list[str], buckets: int, memory_gb: float) -> dict:
     """One timed plan with ``buckets`` verification buckets: seconds, edges, and spill windows read per column."""
     import polars as pl
 
-    import curate.dedup.grouping as grouping
-    import curate.dedup.routing as routing
-    from curate.dedup.minhash import MinHashConfig, band_columns
+    import winnow.curate.dedup.grouping as grouping
+    import winnow.curate.dedup.routing as routing
+    from winnow.curate.dedup.minhash import MinHashConfig, band_columns
 
     budget = grouping.partitions
 
@@ -86,9 +91,13 @@ def plan_once(keys: list[str], buckets: int, memory_gb: float) -> dict:
     finally:
         grouping.partitions, routing.read_window = budget, read_window
     labels = grouped.labels  # sorted by row: its bytes identify the clustering
-    return {"seconds": seconds, "partitions": grouped.stats["partitions"], "reads": dict(reads),
-            "verified": grouped.stats.get("verified_pairs"),
-            "labels": hash(labels["_row"].to_numpy().tobytes() + labels["_cluster"].to_numpy().tobytes())}
+    return {
+        "seconds": seconds,
+        "partitions": grouped.stats["partitions"],
+        "reads": dict(reads),
+        "verified": grouped.stats.get("verified_pairs"),
+        "labels": hash(labels["_row"].to_numpy().tobytes() + labels["_cluster"].to_numpy().tobytes()),
+    }
 
 
 def main() -> None:
@@ -100,20 +109,28 @@ def main() -> None:
     args = ap.parse_args()
     keys = spill_keys(args.docs)
     spill = sum(os.path.getsize(k) for k in keys)
-    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.docs:,} documents, "
-          f"{len(keys)} keys files, {spill / 2**20:,.0f} MiB of spill")
+    print(
+        f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.docs:,} documents, "
+        f"{len(keys)} keys files, {spill / 2**20:,.0f} MiB of spill"
+    )
     counts = [int(p) for p in args.partitions.split(",")]
     results: dict[int, list[dict]] = {p: [] for p in counts}
     for _ in range(args.reps):
         for p in counts:
             r = plan_once(keys, p, args.memory_gb)
             results[p].append(r)
-            print(f"  verify buckets {p:>3}: plan {r['seconds']:6.1f} s  partitions {r['partitions']}  spill windows read "
-                  f"{r['reads']}  verified pairs {r['verified']:,}  load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"  verify buckets {p:>3}: plan {r['seconds']:6.1f} s  partitions {r['partitions']}  spill windows read "
+                f"{r['reads']}  verified pairs {r['verified']:,}  load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     assert len({r["labels"] for rs in results.values() for r in rs}) == 1, "the partitioning changed the clusters"
     best = {p: min(r["seconds"] for r in rs) for p, rs in results.items()}
-    print("plan time (best of reps) against " + f"{counts[0]} bucket(s): "
-          + ", ".join(f"{p} buckets {best[p] / best[counts[0]]:.2f}x" for p in counts[1:]))
+    print(
+        "plan time (best of reps) against "
+        + f"{counts[0]} bucket(s): "
+        + ", ".join(f"{p} buckets {best[p] / best[counts[0]]:.2f}x" for p in counts[1:])
+    )
 
 
 if __name__ == "__main__":

@@ -50,12 +50,16 @@ def generate(rows: int, tasks: int, folder: Path) -> None:
     rng = np.random.default_rng(0)
     names = list(SIZES)
     codes = rng.choice(len(names), size=rows, p=list(SIZES.values())).astype(np.int32)
-    base = pl.DataFrame({"_c": codes, "_i": np.arange(rows, dtype=np.int64)}).with_columns(
-        source=pl.col("_c").replace_strict(range(len(names)), names, return_dtype=pl.String),
-        _task=(pl.col("_i") * tasks // rows).cast(pl.Int32),
-        _tokens=pl.Series(rng.integers(50, 2000, rows, dtype=np.int32)),
-        _h=pl.Series(rng.integers(0, 2**63, rows, dtype=np.uint64)),
-    ).with_columns(id=pl.format("{}/doc-{}", "source", "_i"))
+    base = (
+        pl.DataFrame({"_c": codes, "_i": np.arange(rows, dtype=np.int64)})
+        .with_columns(
+            source=pl.col("_c").replace_strict(range(len(names)), names, return_dtype=pl.String),
+            _task=(pl.col("_i") * tasks // rows).cast(pl.Int32),
+            _tokens=pl.Series(rng.integers(50, 2000, rows, dtype=np.int32)),
+            _h=pl.Series(rng.integers(0, 2**63, rows, dtype=np.uint64)),
+        )
+        .with_columns(id=pl.format("{}/doc-{}", "source", "_i"))
+    )
     difficulty = pl.Series(rng.random(rows))
     for t in range(tasks):
         part = base.filter(pl.col("_task") == t)
@@ -76,11 +80,13 @@ def _peak() -> int:
 
 def child_winnow(folder: Path, rows: int, which: str) -> dict:
     """One winnow plan (``mix`` or ``order``); a process each, so ru_maxrss is that plan's peak."""
-    from curate.stages.base import StageContext
-    from curate.stages.mix import Mix, MixConfig
-    from curate.stages.order import Order, OrderConfig
+    from winnow.curate.stages.base import StageContext
+    from winnow.curate.stages.mix import Mix, MixConfig
+    from winnow.curate.stages.order import Order, OrderConfig
 
-    ctx = StageContext(stage_id="bench", job_name="bench", output_dir=folder, plan_dir=folder / "plan", sources=tuple(SIZES))
+    ctx = StageContext(
+        stage_id="bench", job_name="bench", output_dir=folder, plan_dir=folder / "plan", sources=tuple(SIZES)
+    )
     if which == "mix":
         stage = Mix(MixConfig(weights=WEIGHTS, max_epochs=2.0), ctx)
     else:
@@ -97,24 +103,41 @@ def child_winnow(folder: Path, rows: int, which: str) -> dict:
         part.write_parquet(folder / "plan" / f"decision-{t:04d}.parquet")
         decision_rows += part.height
     seconds = time.perf_counter() - t0
-    return {which: {"seconds": seconds, "rows_per_s": rows / seconds, "bytes_per_row": (_peak() - before) / rows, "decision_rows": decision_rows}}
+    return {
+        which: {
+            "seconds": seconds,
+            "rows_per_s": rows / seconds,
+            "bytes_per_row": (_peak() - before) / rows,
+            "decision_rows": decision_rows,
+        }
+    }
 
 
 def child_peer(folder: Path, rows: int) -> dict:
     import datasets
 
     datasets.disable_progress_bars()
-    table = pl.scan_parquet(sorted(folder.glob("order-*.parquet"))).select("id", "source", "_value").collect().to_arrow()
+    table = (
+        pl.scan_parquet(sorted(folder.glob("order-*.parquet"))).select("id", "source", "_value").collect().to_arrow()
+    )
     before, t0 = _rss(), time.perf_counter()
     full = datasets.Dataset(table)
-    parts = [full.filter(lambda s, n=n: [x == n for x in s], input_columns="source", batched=True, batch_size=100_000) for n in SIZES]
+    parts = [
+        full.filter(lambda s, n=n: [x == n for x in s], input_columns="source", batched=True, batch_size=100_000)
+        for n in SIZES
+    ]
     mixed = datasets.interleave_datasets(parts, probabilities=[WEIGHTS[n] for n in SIZES], seed=0)
     t1 = time.perf_counter()
     ordered = mixed.sort("_value")
     t2 = time.perf_counter()
     return {
         "mix": {"seconds": t1 - t0, "rows_per_s": rows / (t1 - t0), "bytes_per_row": None, "decision_rows": len(mixed)},
-        "order": {"seconds": t2 - t1, "rows_per_s": len(mixed) / (t2 - t1), "bytes_per_row": (_peak() - before) / rows, "decision_rows": len(ordered)},
+        "order": {
+            "seconds": t2 - t1,
+            "rows_per_s": len(mixed) / (t2 - t1),
+            "bytes_per_row": (_peak() - before) / rows,
+            "decision_rows": len(ordered),
+        },
     }
 
 
@@ -137,7 +160,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        res = child_peer(args.data, args.rows) if args.child == "peer" else child_winnow(args.data, args.rows, args.child)
+        res = (
+            child_peer(args.data, args.rows) if args.child == "peer" else child_winnow(args.data, args.rows, args.child)
+        )
         print(json.dumps(res))
         return
     folder = ROOT / "bench" / "_data" / f"mix_order-{args.rows}-{args.tasks}"
@@ -150,20 +175,27 @@ def main() -> None:
             res = run_child(kind, folder, args.rows)
             results[kind].append(res)
             parts = ", ".join(
-                f"{k} {v['rows_per_s'] / 1e6:.2f} M rows/s" + (f" {v['bytes_per_row']:.0f} B/row" if v["bytes_per_row"] is not None else "")
+                f"{k} {v['rows_per_s'] / 1e6:.2f} M rows/s"
+                + (f" {v['bytes_per_row']:.0f} B/row" if v["bytes_per_row"] is not None else "")
                 for k, v in res.items()
             )
             print(f"round {r} {kind:7s} {parts}")
     best = {k: {p: min(x[p]["seconds"] for x in v) for p in ("mix", "order")} for k, v in results.items() if v}
     w = best["winnow"]
     mem = max(max(x["mix"]["bytes_per_row"], x["order"]["bytes_per_row"]) for x in results["winnow"])
-    print(f"winnow mix+order: {2 * args.rows / (w['mix'] + w['order']) / 1e6:.2f} M rows/s (best round); plan memory {mem:.0f} B/row (target < 100)")
+    print(
+        f"winnow mix+order: {2 * args.rows / (w['mix'] + w['order']) / 1e6:.2f} M rows/s (best round); plan memory {mem:.0f} B/row (target < 100)"
+    )
     if results["peer"]:
         p = best["peer"]
-        print(f"ratio (peer seconds / winnow seconds): mix {p['mix'] / w['mix']:.2f}x, order {p['order'] / w['order']:.2f}x, "
-              f"total {(p['mix'] + p['order']) / (w['mix'] + w['order']):.2f}x")
-        print("note: the peer mixes by sampling shares and sorts globally; winnow also meets token shares exactly, "
-              "caps epochs, paces and stratifies. The machine is shared: ratios are paired, not absolute.")
+        print(
+            f"ratio (peer seconds / winnow seconds): mix {p['mix'] / w['mix']:.2f}x, order {p['order'] / w['order']:.2f}x, "
+            f"total {(p['mix'] + p['order']) / (w['mix'] + w['order']):.2f}x"
+        )
+        print(
+            "note: the peer mixes by sampling shares and sorts globally; winnow also meets token shares exactly, "
+            "caps epochs, paces and stratifies. The machine is shared: ratios are paired, not absolute."
+        )
 
 
 if __name__ == "__main__":

@@ -47,13 +47,17 @@ def generate(rows: int, sources: int, tasks: int, folder: Path) -> None:
     codes = np.concatenate([np.arange(sources), rng.choice(sources, size=rows - sources, p=p / p.sum())])
     rng.shuffle(codes)
     width = len(str(sources))
-    base = pl.DataFrame({"_c": codes.astype(np.int64), "_i": np.arange(rows, dtype=np.int64)}).with_columns(
-        source=pl.format("site-{}.example", pl.col("_c").cast(pl.String).str.zfill(width)),
-        _task=(pl.col("_i") * tasks // rows).cast(pl.Int32),
-        _tokens=pl.Series(rng.integers(50, 2000, rows, dtype=np.int32)),
-        _h=pl.Series(rng.integers(0, 2**63, rows, dtype=np.uint64)),
-        _value=pl.Series(rng.random(rows)),
-    ).with_columns(id=pl.format("{}/doc-{}", "source", "_i"), repeat=pl.lit(0, pl.Int32))
+    base = (
+        pl.DataFrame({"_c": codes.astype(np.int64), "_i": np.arange(rows, dtype=np.int64)})
+        .with_columns(
+            source=pl.format("site-{}.example", pl.col("_c").cast(pl.String).str.zfill(width)),
+            _task=(pl.col("_i") * tasks // rows).cast(pl.Int32),
+            _tokens=pl.Series(rng.integers(50, 2000, rows, dtype=np.int32)),
+            _h=pl.Series(rng.integers(0, 2**63, rows, dtype=np.uint64)),
+            _value=pl.Series(rng.random(rows)),
+        )
+        .with_columns(id=pl.format("{}/doc-{}", "source", "_i"), repeat=pl.lit(0, pl.Int32))
+    )
     for t in range(tasks):
         part = base.filter(pl.col("_task") == t)
         part.select("id", "source", "_tokens", "_h", "_task").write_parquet(folder / f"mix-{t:04d}.parquet")
@@ -67,13 +71,18 @@ def _peak_mib() -> float:
 
 def child(folder: Path, which: str) -> dict:
     """One plan in this fresh process: its seconds, and the process's peak RSS."""
-    from curate.stages.base import StageContext
-    from curate.stages.mix import Mix, MixConfig
-    from curate.stages.order import Order, OrderConfig
+    from winnow.curate.stages.base import StageContext
+    from winnow.curate.stages.mix import Mix, MixConfig
+    from winnow.curate.stages.order import Order, OrderConfig
 
-    ctx = StageContext(stage_id="bench", job_name="bench", output_dir=folder, plan_dir=folder / f"plan-{which}", sources=())
-    stage = (Mix(MixConfig(scheme="temperature", temperature=2.0, max_epochs=2.0), ctx) if which == "mix"
-             else Order(OrderConfig(by="difficulty", window=1000), ctx))
+    ctx = StageContext(
+        stage_id="bench", job_name="bench", output_dir=folder, plan_dir=folder / f"plan-{which}", sources=()
+    )
+    stage = (
+        Mix(MixConfig(scheme="temperature", temperature=2.0, max_epochs=2.0), ctx)
+        if which == "mix"
+        else Order(OrderConfig(by="difficulty", window=1000), ctx)
+    )
     files = sorted(folder.glob(f"{which}-*.parquet"))
     warm = stage.plan(pl.scan_parquet(files[:1]).head(1000))  # numba's kernels load outside the measurement
     warm.per_task(0, pl.scan_parquet(files[:1]).head(1000))
@@ -114,11 +123,15 @@ def main() -> None:
         for which in args.plans:
             for s in sizes:
                 cmd = [sys.executable, __file__, "--child", which, "--data", str(folders[s])]
-                done = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+                )
                 res = json.loads(done.stdout.strip().splitlines()[-1])
                 assert res["decided"] == args.rows, res
-                print(f"round {r} {which:5s} {s:>7,} sources: {res['seconds']:7.2f} s, peak RSS {res['peak_mib']:6.0f} MiB "
-                      f"(before the plan {res['idle_mib']:.0f})")
+                print(
+                    f"round {r} {which:5s} {s:>7,} sources: {res['seconds']:7.2f} s, peak RSS {res['peak_mib']:6.0f} MiB "
+                    f"(before the plan {res['idle_mib']:.0f})"
+                )
                 key = (which, s)
                 if key not in best or res["seconds"] < best[key]["seconds"]:
                     best[key] = {**res, "peak_mib": min(res["peak_mib"], best.get(key, res)["peak_mib"])}
@@ -127,8 +140,10 @@ def main() -> None:
         ref = best[(which, 10)]
         for s in sizes:
             b = best[(which, s)]
-            print(f"  {which:5s} {s:>7,} sources: {b['seconds']:7.2f} s ({b['seconds'] / ref['seconds']:.2f}x 10 sources), "
-                  f"peak RSS {b['peak_mib']:6.0f} MiB ({b['peak_mib'] / ref['peak_mib']:.2f}x)")
+            print(
+                f"  {which:5s} {s:>7,} sources: {b['seconds']:7.2f} s ({b['seconds'] / ref['seconds']:.2f}x 10 sources), "
+                f"peak RSS {b['peak_mib']:6.0f} MiB ({b['peak_mib'] / ref['peak_mib']:.2f}x)"
+            )
 
 
 if __name__ == "__main__":

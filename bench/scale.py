@@ -56,8 +56,8 @@ NEAR, EXACT = 0.08, 0.02
 # -- corpus -------------------------------------------------------------------------------------------
 def sample_lines() -> dict[str, list[str]]:
     """Every non-blank line of each sample source, read as the demo job reads them."""
-    from curate.readers import plan_read_tasks, read_task
-    from pipelines.jobfile import load_job
+    from winnow.curate.readers import plan_read_tasks, read_task
+    from winnow.pipelines.jobfile import load_job
 
     job = load_job(ROOT / "pipelines" / "demo.toml")
     pools: dict[str, list[str]] = {}
@@ -89,7 +89,9 @@ def mutate(text: str, rng: np.random.Generator, pool: list[str]) -> str:
                 words[i], words[i + 1] = words[i + 1], words[i]
                 lines[at] = " ".join(words)
         elif op == 3:
-            lines[at] = _NUMBER.sub(lambda m: str(int(m.group()) + 1), lines[at], count=1) + ("" if _NUMBER.search(lines[at]) else " (2)")
+            lines[at] = _NUMBER.sub(lambda m: str(int(m.group()) + 1), lines[at], count=1) + (
+                "" if _NUMBER.search(lines[at]) else " (2)"
+            )
         elif op == 4:
             lines.append(f"-- updated {int(rng.integers(2000, 2026))}-{int(rng.integers(1, 13)):02d}")
         else:
@@ -126,14 +128,19 @@ def build(n_docs: int, folder: Path, seed: int = 0) -> dict:
                         text = original if kinds[i] < EXACT else mutate(original, rng, pool)
                         planted += 1
                     else:
-                        text = "\n".join(pool[j] for j in picks[ends[i] - lengths[i]:ends[i]])
+                        text = "\n".join(pool[j] for j in picks[ends[i] - lengths[i] : ends[i]])
                         if len(recent) < 5000:
                             recent.append(text)
                         else:
                             recent[int(rng.integers(0, 5000))] = text
                     fh.write(orjson.dumps({"id": f"{source}-{start + i:09d}", "text": text}) + b"\n")
-    summary = {"docs": n_docs, "planted_copies": planted, "bytes": sum(p.stat().st_size for p in folder.glob("*.jsonl")),
-               "files": len(list(folder.glob("*.jsonl"))), "build_seconds": round(time.perf_counter() - t0, 1)}
+    summary = {
+        "docs": n_docs,
+        "planted_copies": planted,
+        "bytes": sum(p.stat().st_size for p in folder.glob("*.jsonl")),
+        "files": len(list(folder.glob("*.jsonl"))),
+        "build_seconds": round(time.perf_counter() - t0, 1),
+    }
     summary_file.write_text(json.dumps(summary))
     return summary
 
@@ -199,8 +206,14 @@ def folder_bytes(folder: Path) -> int:
 
 
 # -- the runs -----------------------------------------------------------------------------------------
-def demo_job(corpus: Path, out: Path, *, stages_only: str | None = None, memory_gb: float | None = None,
-             formats: list[str] | None = None) -> Path:
+def demo_job(
+    corpus: Path,
+    out: Path,
+    *,
+    stages_only: str | None = None,
+    memory_gb: float | None = None,
+    formats: list[str] | None = None,
+) -> Path:
     """``pipelines/demo.toml`` with its inputs replaced by the corpus (or only ``stages_only``'s stage), and
     its shard ``formats`` replaced when given."""
     text = (ROOT / "pipelines" / "demo.toml").read_text()
@@ -225,7 +238,9 @@ def curate(job: Path, out: Path) -> dict:
     """Run the job; its time, peak RSS, peak bytes of its work folder (the spill), and the output's bytes.
     The output (this bench's own folder) is deleted afterwards: at 10M documents it would fill the disk."""
     shutil.rmtree(out, ignore_errors=True)
-    measured = run_measured([sys.executable, "-m", "pipelines.cli", "-v", "curate", str(job)], watch=out / "_work")
+    measured = run_measured(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-v", "curate", str(job)], watch=out / "_work"
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     measured.update(minhash_plan(measured["stderr"]))
     measured["spill"] = measured["peak_disk"]
@@ -240,8 +255,10 @@ def minhash_plan(log: str) -> dict:
     """The MinHash plan's seconds and partitions, from the job's log (``winnow -v``: ``planned <stage> in <s> s``)."""
     seconds = re.search(r"planned \S*dedup\.minhash in ([\d.]+) s", log)
     parts = re.search(r"dedup\.minhash: \d+ candidate pairs, \d+ edges, partitions (\{.*\})", log)
-    return {"minhash_plan_s": float(seconds.group(1)) if seconds else None,
-            "minhash_partitions": parts.group(1).replace("'", "") if parts else "?"}
+    return {
+        "minhash_plan_s": float(seconds.group(1)) if seconds else None,
+        "minhash_partitions": parts.group(1).replace("'", "") if parts else "?",
+    }
 
 
 def subset(corpus: Path, n_docs: int) -> Path:
@@ -266,33 +283,47 @@ def main() -> None:
     ap.add_argument("--peer", default="datatrove", choices=["datatrove", "none"])
     ap.add_argument("--peer-docs", type=int, default=50_000)
     ap.add_argument("--memory-gb", type=float, default=None, help="[job] memory_gb for the global phases")
-    ap.add_argument("--formats", default="parquet,tokens",
-                    help="[output] formats (the demo's also has webdataset: 2.4 KB of tar headers and text per "
-                         "document, which at 10M documents does not fit this machine's disk)")
+    ap.add_argument(
+        "--formats",
+        default="parquet,tokens",
+        help="[output] formats (the demo's also has webdataset: 2.4 KB of tar headers and text per "
+        "document, which at 10M documents does not fit this machine's disk)",
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     formats = args.formats.split(",")
-    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; shards: {', '.join(formats)}", flush=True)
+    print(
+        f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; shards: {', '.join(formats)}",
+        flush=True,
+    )
     rows = []
     for n in sizes:
         corpus = DATA / f"{n}"
         summary = build(n, corpus)
-        print(f"corpus {n:,} docs: {summary['bytes'] / 2**30:.2f} GiB in {summary['files']} files, "
-              f"{summary['planted_copies']:,} planted copies (built in {summary['build_seconds']} s)", flush=True)
+        print(
+            f"corpus {n:,} docs: {summary['bytes'] / 2**30:.2f} GiB in {summary['files']} files, "
+            f"{summary['planted_copies']:,} planted copies (built in {summary['build_seconds']} s)",
+            flush=True,
+        )
         out = DATA / "work" / f"demo-{n}"
         out.parent.mkdir(parents=True, exist_ok=True)
         r = curate(demo_job(corpus, out, memory_gb=args.memory_gb, formats=formats), out)
         r.update(docs=n, planted=summary["planted_copies"])
         rows.append(r)
-        print(f"  {n:>11,} docs  {n / r['seconds']:8,.0f} docs/s  {r['seconds']:8.1f} s  peak RSS (tree) "
-              f"{r['peak_rss'] / 2**20:7,.0f} MiB  spill (peak) {r['spill'] / n:6,.0f} B/doc  output {r['output_bytes'] / n:6,.0f} B/doc  "
-              f"dedup removed {r['dedup_removed']:,} (planted {r['planted']:,}; some copies fall to a filter first)  "
-              f"MinHash plan {r['minhash_plan_s']} s, partitions {r['minhash_partitions']}  "
-              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"  {n:>11,} docs  {n / r['seconds']:8,.0f} docs/s  {r['seconds']:8.1f} s  peak RSS (tree) "
+            f"{r['peak_rss'] / 2**20:7,.0f} MiB  spill (peak) {r['spill'] / n:6,.0f} B/doc  output {r['output_bytes'] / n:6,.0f} B/doc  "
+            f"dedup removed {r['dedup_removed']:,} (planted {r['planted']:,}; some copies fall to a filter first)  "
+            f"MinHash plan {r['minhash_plan_s']} s, partitions {r['minhash_partitions']}  "
+            f"load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     if len(rows) > 1:
         a, b = rows[0], rows[-1]
-        print(f"{b['docs']:,} vs {a['docs']:,} docs ({b['docs'] / a['docs']:.0f}x): time {b['seconds'] / a['seconds']:.2f}x "
-              f"(near-linear target <= {1.1 * b['docs'] / a['docs']:.1f}x), peak RSS {b['peak_rss'] / a['peak_rss']:.2f}x")
+        print(
+            f"{b['docs']:,} vs {a['docs']:,} docs ({b['docs'] / a['docs']:.0f}x): time {b['seconds'] / a['seconds']:.2f}x "
+            f"(near-linear target <= {1.1 * b['docs'] / a['docs']:.1f}x), peak RSS {b['peak_rss'] / a['peak_rss']:.2f}x"
+        )
     if args.peer != "none":
         peer_vs_winnow(DATA / f"{sizes[0]}", min(args.peer_docs, sizes[0]))
 
@@ -311,14 +342,39 @@ def peer_vs_winnow(corpus: Path, n_docs: int) -> None:
         work.mkdir(parents=True)
         if system == "winnow":
             out = work / "out"
-            r = run_measured([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(demo_job(data, out, stages_only="dedup.minhash"))])
+            r = run_measured(
+                [
+                    sys.executable,
+                    "-m",
+                    "winnow.pipelines.cli",
+                    "-q",
+                    "curate",
+                    str(demo_job(data, out, stages_only="dedup.minhash")),
+                ]
+            )
         else:
-            r = run_measured([sys.executable, str(ROOT / "bench" / "dedup.py"), "--child", "datatrove", "--data", str(data), "--work", str(work)])
+            r = run_measured(
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "dedup.py"),
+                    "--child",
+                    "datatrove",
+                    "--data",
+                    str(data),
+                    "--work",
+                    str(work),
+                ]
+            )
         results[system] = r
-        print(f"  MinHash only, {system:>9}: {n_docs:,} docs in {r['seconds']:.1f} s ({n_docs / r['seconds']:,.0f} docs/s), "
-              f"peak RSS (tree) {r['peak_rss'] / 2**20:,.0f} MiB", flush=True)
-    print(f"MinHash on {n_docs:,} documents of this corpus: winnow {results['datatrove']['seconds'] / results['winnow']['seconds']:.1f}x "
-          f"datatrove (same machine, same run)")
+        print(
+            f"  MinHash only, {system:>9}: {n_docs:,} docs in {r['seconds']:.1f} s ({n_docs / r['seconds']:,.0f} docs/s), "
+            f"peak RSS (tree) {r['peak_rss'] / 2**20:,.0f} MiB",
+            flush=True,
+        )
+    print(
+        f"MinHash on {n_docs:,} documents of this corpus: winnow {results['datatrove']['seconds'] / results['winnow']['seconds']:.1f}x "
+        f"datatrove (same machine, same run)"
+    )
 
 
 if __name__ == "__main__":

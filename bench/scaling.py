@@ -34,14 +34,14 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu import RandomBatches  # noqa: E402
-from train.checkpoint import CheckpointConfig  # noqa: E402
-from train.config import TrainConfig  # noqa: E402
-from train.data import LoaderConfig  # noqa: E402
-from train.errors import ConfigError  # noqa: E402
-from train.metrics import MetricsConfig  # noqa: E402
-from train.model import ModelConfig  # noqa: E402
-from train.parallel import Parallel, ParallelConfig, exit_process, shutdown  # noqa: E402
-from train.build import build_trainer  # noqa: E402
+from winnow.train.build import build_trainer  # noqa: E402
+from winnow.train.checkpoint import CheckpointConfig  # noqa: E402
+from winnow.train.config import TrainConfig  # noqa: E402
+from winnow.train.data import LoaderConfig  # noqa: E402
+from winnow.train.errors import ConfigError  # noqa: E402
+from winnow.train.metrics import MetricsConfig  # noqa: E402
+from winnow.train.model import ModelConfig  # noqa: E402
+from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown  # noqa: E402
 
 # [train.parallel] keys of each layout on 2 processes (the base run is one process, no table)
 LAYOUTS = {
@@ -56,25 +56,46 @@ LAYOUTS = {
 
 
 def _model(args) -> ModelConfig:
-    return ModelConfig(vocab_size=512, dim=args.dim, n_layers=args.layers, n_heads=4, ffn_hidden=2 * args.dim,
-                       n_experts=args.experts, top_k=2, max_seq_len=args.seq)
+    return ModelConfig(
+        vocab_size=512,
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=4,
+        ffn_hidden=2 * args.dim,
+        n_experts=args.experts,
+        top_k=2,
+        max_seq_len=args.seq,
+    )
 
 
 def _worker(rank: int, world: int, port: int, layout: dict, args: argparse.Namespace, run_dir: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(args.threads)
     try:
         pcfg = ParallelConfig(**layout)
         parallel = Parallel.from_env(pcfg, device=args.device, n_experts=args.experts)
         model = _model(args)
-        cfg = TrainConfig(output=run_dir, steps=args.steps + args.warmup, model=model, eval_every=0,
-                          data=LoaderConfig(batch_size=args.batch, seq_len=args.seq, num_workers=0),
-                          metrics=MetricsConfig(log_every=args.steps + args.warmup), parallel=pcfg,
-                          checkpoint=CheckpointConfig(every=0, resume=False))
+        cfg = TrainConfig(
+            output=run_dir,
+            steps=args.steps + args.warmup,
+            model=model,
+            eval_every=0,
+            data=LoaderConfig(batch_size=args.batch, seq_len=args.seq, num_workers=0),
+            metrics=MetricsConfig(log_every=args.steps + args.warmup),
+            parallel=pcfg,
+            checkpoint=CheckpointConfig(every=0, resume=False),
+        )
         torch.manual_seed(0)
-        data = RandomBatches(batch=args.batch, seq=args.seq, vocab=512, device=parallel.world.device,
-                             rank=parallel.world.dp_rank, world=parallel.world.dp_size)
+        data = RandomBatches(
+            batch=args.batch,
+            seq=args.seq,
+            vocab=512,
+            device=parallel.world.device,
+            rank=parallel.world.dp_rank,
+            world=parallel.world.dp_size,
+        )
         trainer = build_trainer(cfg, data=data, sources=["a", "b"], parallel=parallel)
         for _ in range(args.warmup):
             trainer.train_step()
@@ -144,23 +165,36 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             r = run(LAYOUTS[name], args.procs, args)
             results[name].append(r)
-            print(f"rep {rep} {name} on {args.procs}: " + (f"failed: {r['error']}" if "error" in r else
-                  f"{r['tokens_per_s']:.0f} tok/s, comm {r['comm_pct']:.1f}%"), flush=True)
+            print(
+                f"rep {rep} {name} on {args.procs}: "
+                + (
+                    f"failed: {r['error']}"
+                    if "error" in r
+                    else f"{r['tokens_per_s']:.0f} tok/s, comm {r['comm_pct']:.1f}%"
+                ),
+                flush=True,
+            )
     rate1 = max(base)
-    print(f"\n{'layout':>8} {'procs':>5} {'tokens/s':>10} {'speed-up':>9} {'efficiency':>10} {'comm_pct':>9}"
-          f"  (best of {args.repeat}; base: 1 process, {rate1:.0f} tok/s)")
+    print(
+        f"\n{'layout':>8} {'procs':>5} {'tokens/s':>10} {'speed-up':>9} {'efficiency':>10} {'comm_pct':>9}"
+        f"  (best of {args.repeat}; base: 1 process, {rate1:.0f} tok/s)"
+    )
     for name in names:
         ran = [r for r in results[name] if "error" not in r]
         if not ran:
             print(f"{name:>8} {args.procs:>5}  failed to run: {results[name][-1]['error']}")
             continue
         best = max(ran, key=lambda r: r["tokens_per_s"])
-        print(f"{name:>8} {args.procs:>5} {best['tokens_per_s']:>10.0f} {best['tokens_per_s'] / rate1:>8.2f}x "
-              f"{best['tokens_per_s'] / (args.procs * rate1):>9.0%} {best['comm_pct']:>8.1f}%")
+        print(
+            f"{name:>8} {args.procs:>5} {best['tokens_per_s']:>10.0f} {best['tokens_per_s'] / rate1:>8.2f}x "
+            f"{best['tokens_per_s'] / (args.procs * rate1):>9.0%} {best['comm_pct']:>8.1f}%"
+        )
     for name, why in refused.items():
         print(f"{name:>8}  not offered by this checkout: {why}")
-    print(f"({os.cpu_count()} CPUs visible, {args.threads} thread(s) per process; comm_pct is the trainer's own "
-          "metric; shared machines make these ratios indicative only)")
+    print(
+        f"({os.cpu_count()} CPUs visible, {args.threads} thread(s) per process; comm_pct is the trainer's own "
+        "metric; shared machines make these ratios indicative only)"
+    )
     return 0
 
 

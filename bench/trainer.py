@@ -39,12 +39,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from train.config import TrainConfig
-from train.data import Batch, LoaderConfig, RepeatBatch
-from train.metrics import peak_flops_basis
-from train.model import ModelConfig, Transformer, cross_entropy_per_token
-from train.optim import OptimConfig, build_optimizer
-from train.build import build_trainer
+from winnow.train.build import build_trainer
+from winnow.train.config import TrainConfig
+from winnow.train.data import Batch, LoaderConfig, RepeatBatch
+from winnow.train.metrics import peak_flops_basis
+from winnow.train.model import ModelConfig, Transformer, cross_entropy_per_token
+from winnow.train.optim import OptimConfig, build_optimizer
 
 CPU_SHAPE = dict(vocab_size=320, dim=256, n_layers=4, n_heads=4, ffn_hidden=512, n_experts=8, top_k=2)
 GPU_SHAPE = dict(vocab_size=32768, dim=1024, n_layers=16, n_heads=16, ffn_hidden=1024, n_experts=16, top_k=2)
@@ -78,16 +78,27 @@ def _two_source_batch(tokens: torch.Tensor, targets: torch.Tensor) -> Batch:
     """The timed batch for the trainer, half of its rows from each of two sources."""
     B, L = tokens.shape
     source_ids = (torch.arange(B) % 2)[:, None].expand(B, L).contiguous()
-    return Batch(tokens, targets, source_ids, torch.ones(B, L, dtype=torch.bool),
-                 torch.zeros(B, L, dtype=torch.int32), [("bench", b) for b in range(B)])
+    return Batch(
+        tokens,
+        targets,
+        source_ids,
+        torch.ones(B, L, dtype=torch.bool),
+        torch.zeros(B, L, dtype=torch.int32),
+        [("bench", b) for b in range(B)],
+    )
 
 
 def trainer_step_fn(shape: dict, seq: int, batch_size: int, run_dir: str):
     """winnow's full ``Trainer.train_step`` on the CPU, fp32; the step ignores its arguments (the loader has the batch)."""
     model_cfg = _model_config(shape, seq)
-    cfg = TrainConfig(output=run_dir, model=model_cfg, steps=10**6, eval_every=0,
-                      optim=OptimConfig(lr=LR, grad_clip=CLIP, warmup_steps=0),
-                      data=LoaderConfig(batch_size=batch_size, seq_len=seq, num_workers=0))
+    cfg = TrainConfig(
+        output=run_dir,
+        model=model_cfg,
+        steps=10**6,
+        eval_every=0,
+        optim=OptimConfig(lr=LR, grad_clip=CLIP, warmup_steps=0),
+        data=LoaderConfig(batch_size=batch_size, seq_len=seq, num_workers=0),
+    )
     holder: dict = {}
 
     def step(tokens, targets):
@@ -102,11 +113,20 @@ def trainer_step_fn(shape: dict, seq: int, batch_size: int, run_dir: str):
 def mixtral_step_fn(shape: dict, seq: int):
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    cfg = MixtralConfig(vocab_size=shape["vocab_size"], hidden_size=shape["dim"], intermediate_size=shape["ffn_hidden"],
-                        num_hidden_layers=shape["n_layers"], num_attention_heads=shape["n_heads"],
-                        num_key_value_heads=shape["n_heads"], num_local_experts=shape["n_experts"],
-                        num_experts_per_tok=shape["top_k"], max_position_embeddings=seq, output_router_logits=True,
-                        router_aux_loss_coef=AUX_COEF, attn_implementation="sdpa")
+    cfg = MixtralConfig(
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["dim"],
+        intermediate_size=shape["ffn_hidden"],
+        num_hidden_layers=shape["n_layers"],
+        num_attention_heads=shape["n_heads"],
+        num_key_value_heads=shape["n_heads"],
+        num_local_experts=shape["n_experts"],
+        num_experts_per_tok=shape["top_k"],
+        max_position_embeddings=seq,
+        output_router_logits=True,
+        router_aux_loss_coef=AUX_COEF,
+        attn_implementation="sdpa",
+    )
     model = MixtralForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
 
@@ -175,19 +195,28 @@ def run_cpu(args) -> None:
             w, c = timed(contenders[name], batch, args.steps)
             wall[name].append(w)
             cpu[name].append(c)
-        print(f"round {r + 1}: " + ", ".join(f"{n} {wall[n][-1]:,.0f} ({cpu[n][-1]:,.0f})" for n in names)
-              + " tok/s (per CPU-s)", flush=True)
-    print(f"batch {args.batch} x seq {args.seq}, fp32, {torch.get_num_threads()} threads, {args.rounds} rounds x "
-          f"{args.steps} steps; ratios are medians of per-round ratios against HF Mixtral (shared machine: noisy)")
+        print(
+            f"round {r + 1}: "
+            + ", ".join(f"{n} {wall[n][-1]:,.0f} ({cpu[n][-1]:,.0f})" for n in names)
+            + " tok/s (per CPU-s)",
+            flush=True,
+        )
+    print(
+        f"batch {args.batch} x seq {args.seq}, fp32, {torch.get_num_threads()} threads, {args.rounds} rounds x "
+        f"{args.steps} steps; ratios are medians of per-round ratios against HF Mixtral (shared machine: noisy)"
+    )
     for name in names:
         print(f"  {name:15s} tokens/s {_summary(name, wall)}   tokens/CPU-s {_summary(name, cpu)}")
     # How far any implementation of this math can go here: every training FLOP at the matmul peak, nothing else
     peak = matmul_peak(args.batch * args.seq * CPU_SHAPE["top_k"], CPU_SHAPE["dim"], 2 * CPU_SHAPE["ffn_hidden"])
     flops = _model_config(CPU_SHAPE, args.seq).flops_per_token(args.seq)
     used = {name: statistics.median(wall[name]) * flops / peak for name in names}
-    print(f"roofline: fp32 matmul peak here {peak / 1e9:.0f} GFLOP/s; share of it each contender's {flops / 1e6:.1f} "
-          "MFLOP/token reach: " + ", ".join(f"{n} {100 * u:.0f}%" for n, u in used.items())
-          + f"; a step running every FLOP at that peak and nothing else would be {1 / used['mixtral']:.2f}x Mixtral")
+    print(
+        f"roofline: fp32 matmul peak here {peak / 1e9:.0f} GFLOP/s; share of it each contender's {flops / 1e6:.1f} "
+        "MFLOP/token reach: "
+        + ", ".join(f"{n} {100 * u:.0f}%" for n, u in used.items())
+        + f"; a step running every FLOP at that peak and nothing else would be {1 / used['mixtral']:.2f}x Mixtral"
+    )
 
 
 def run_gpu(args) -> None:
@@ -201,16 +230,22 @@ def run_gpu(args) -> None:
     rates = [timed(step, batch, args.steps, torch.cuda.synchronize)[0] for _ in range(args.rounds)]
     rate = statistics.median(rates)
     mfu = rate * cfg.flops_per_token(args.seq) / peak
-    print(f"{total / 1e6:.0f}M total / {active / 1e6:.0f}M active params, bf16, batch {args.batch} x seq {args.seq}: "
-          f"{rate:,.0f} tokens/s, MFU {100 * mfu:.1f}% of {peak:.3g} FLOP/s ({basis}); "
-          f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    print(
+        f"{total / 1e6:.0f}M total / {active / 1e6:.0f}M active params, bf16, batch {args.batch} x seq {args.seq}: "
+        f"{rate:,.0f} tokens/s, MFU {100 * mfu:.1f}% of {peak:.3g} FLOP/s ({basis}); "
+        f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+    )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", action="store_true", help="measure the bf16 ~0.9B-total MoE on one GPU instead")
-    p.add_argument("--mode", choices=("model", "trainer", "both"), default="both",
-                   help="CPU: time the bare model step, the full Trainer step, or both (against Mixtral)")
+    p.add_argument(
+        "--mode",
+        choices=("model", "trainer", "both"),
+        default="both",
+        help="CPU: time the bare model step, the full Trainer step, or both (against Mixtral)",
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=3, help="timed steps per contender and round (the size flag)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (CPU)")

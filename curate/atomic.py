@@ -16,7 +16,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from curate.crashpoints import crash_point
+from winnow.curate.crashpoints import crash_point
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

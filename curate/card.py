@@ -21,10 +21,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curate.atomic import write_text_atomic
-from curate.errors import WinnowError
-from curate.wholefile import README_BYTES, read_whole
-from curate.workdir import WorkDir
+from winnow.curate.atomic import write_text_atomic
+from winnow.curate.errors import WinnowError
+from winnow.curate.wholefile import README_BYTES, read_whole
+from winnow.curate.workdir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +104,25 @@ def render_card(out: Path, manifest: dict[str, Any]) -> str:
     info: dict[str, Any] = {}
     if schema is not None:
         info["features"] = [{"name": field.name, "dtype": hf_dtype(field.type)} for field in schema]
-    info["splits"] = [{"name": _HF_SPLITS.get(split, split),
-                       "num_examples": sum(s["rows"] for s in parquet or shards if s["split"] == split),
-                       "num_bytes": sum(s.get("row_bytes", s["bytes"]) for s in parquet or shards if s["split"] == split)}
-                      for split in splits]
+    info["splits"] = [
+        {
+            "name": _HF_SPLITS.get(split, split),
+            "num_examples": sum(s["rows"] for s in parquet or shards if s["split"] == split),
+            "num_bytes": sum(s.get("row_bytes", s["bytes"]) for s in parquet or shards if s["split"] == split),
+        }
+        for split in splits
+    ]
     data = DatasetCardData(configs=[{"config_name": "default", "data_files": files}], dataset_info=info)
     job_file = manifest.get("job_file") or ""
-    lines = [MARK, "", f"# {_text(str(manifest.get('job')))}", "",
-             f"Curated by {_code(f'winnow curate {job_file}'.rstrip())}; counts and checksums of "
-             "every file are in `manifest.json`, every removed row with its reason in `rejects/`.", ""]
+    lines = [
+        MARK,
+        "",
+        f"# {_text(str(manifest.get('job')))}",
+        "",
+        f"Curated by {_code(f'winnow curate {job_file}'.rstrip())}; counts and checksums of "
+        "every file are in `manifest.json`, every removed row with its reason in `rejects/`.",
+        "",
+    ]
     lines += _sources(manifest) + _stages(manifest) + _features(schema) + _files(shards)
     return str(DatasetCard(f"---\n{data.to_yaml()}\n---\n" + "\n".join(lines) + "\n"))
 
@@ -134,23 +144,40 @@ def _code(name: str) -> str:
 
 def _sources(manifest: dict[str, Any]) -> list[str]:
     inputs = {i["source"]: i for i in manifest.get("inputs") or []}
-    out = ["## Sources", "", "| source | input | files | rows read | rows written | rejected |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    out = [
+        "## Sources",
+        "",
+        "| source | input | files | rows read | rows written | rejected |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for src, c in (manifest.get("by_source") or {}).items():
         inp = inputs.get(src, {})
-        rejected = sum((c.get("rejected") or {}).values()) if isinstance(c.get("rejected"), dict) else c.get("rejected", 0)
-        out.append(f"| {_text(src)} | {inp.get('format', '')} | {len(inp.get('files') or [])} | {c.get('read', 0)} | "
-                   f"{c.get('written', 0)} | {rejected} |")
+        rejected = (
+            sum((c.get("rejected") or {}).values()) if isinstance(c.get("rejected"), dict) else c.get("rejected", 0)
+        )
+        out.append(
+            f"| {_text(src)} | {inp.get('format', '')} | {len(inp.get('files') or [])} | {c.get('read', 0)} | "
+            f"{c.get('written', 0)} | {rejected} |"
+        )
     t = manifest.get("totals") or {}
-    out += ["", f"Total: {t.get('rows_read', 0)} rows read, {t.get('repeats', 0)} repeats, {t.get('rows_written', 0)} "
-            f"written, {t.get('rows_rejected', 0)} rejected.", ""]
+    out += [
+        "",
+        f"Total: {t.get('rows_read', 0)} rows read, {t.get('repeats', 0)} repeats, {t.get('rows_written', 0)} "
+        f"written, {t.get('rows_rejected', 0)} rejected.",
+        "",
+    ]
     return out
 
 
 def _stages(manifest: dict[str, Any]) -> list[str]:
     out = ["## Stages", "", "| stage | rows in | rows out | rejected | reasons |", "| --- | ---: | ---: | ---: | --- |"]
     for st in manifest.get("stages") or []:
-        reasons = ", ".join(f"{_code(r)} {n}" for r, n in sorted((st.get("rejected") or {}).items(), key=lambda kv: -kv[1]))
-        out.append(f"| {_code(st['id'])} | {st.get('rows_in', 0)} | {st.get('rows_out', 0)} | {st.get('rows_rejected', 0)} | {reasons} |")
+        reasons = ", ".join(
+            f"{_code(r)} {n}" for r, n in sorted((st.get("rejected") or {}).items(), key=lambda kv: -kv[1])
+        )
+        out.append(
+            f"| {_code(st['id'])} | {st.get('rows_in', 0)} | {st.get('rows_out', 0)} | {st.get('rows_rejected', 0)} | {reasons} |"
+        )
     return out + [""]
 
 
@@ -168,5 +195,7 @@ def _files(shards: list[dict]) -> list[str]:
     for s in shards:
         folders.setdefault(str(Path(s["path"]).parent), []).append(s)
     for folder, group in folders.items():
-        out.append(f"| {_code(folder + '/')} | {len(group)} | {sum(s['rows'] for s in group)} | {sum(s['bytes'] for s in group)} |")
+        out.append(
+            f"| {_code(folder + '/')} | {len(group)} | {sum(s['rows'] for s in group)} | {sum(s['bytes'] for s in group)} |"
+        )
     return out

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from curate.errors import ConfigError
-from curate.names import path_name
-from curate.stages.base import StageConfig
-from curate.workdir import check_url, is_url, local_root
+from winnow.curate.errors import ConfigError
+from winnow.curate.names import path_name
+from winnow.curate.stages.base import StageConfig
+from winnow.curate.workdir import check_url, is_url, local_root
 
 OUTPUT_FORMATS = ("parquet", "webdataset", "tokens")
 MIN_TASK_BYTES = 1 << 20
@@ -42,7 +42,8 @@ class JobSection:
     # executor = "ray": the cluster to join ("host:port", "ray://host:port", "auto"); "" joins RAY_ADDRESS if set,
     # else starts a local Ray
     ray_address: str = ""
-    ray_max_retries: int = 3  # executor = "ray": re-runs of a task whose worker died (0: a re-run of the job resumes it)
+    # executor = "ray": re-runs of a task whose worker died (0: a re-run of the job resumes it)
+    ray_max_retries: int = 3
     # fsspec options for an output URL (s3://...: endpoint_url, key, secret, ...), as inputs' storage_options
     storage_options: dict[str, Any] = field(default_factory=dict)
     # Memory the global phases (dedup grouping, components) may use for their data, in GB; they
@@ -58,8 +59,10 @@ class JobSection:
             self.output = self.output.rstrip("/")
             check_url(self.output, "job.output", self.storage_options)
         if self.ray_address and self.executor != "ray":
-            raise ConfigError(f"job.ray_address = {self.ray_address!r} is set but job.executor = {self.executor!r}; "
-                              f"set executor = \"ray\" to run on that cluster, or remove ray_address")
+            raise ConfigError(
+                f"job.ray_address = {self.ray_address!r} is set but job.executor = {self.executor!r}; "
+                f'set executor = "ray" to run on that cluster, or remove ray_address'
+            )
         if self.ray_max_retries < 0:
             raise ConfigError(f"job.ray_max_retries = {self.ray_max_retries!r} is invalid; allowed: an integer >= 0")
         if self.workers < 1:
@@ -71,7 +74,8 @@ class JobSection:
         if not isinstance(self.task_bytes, int) or self.task_bytes < MIN_TASK_BYTES:
             raise ConfigError(
                 f"job.task_bytes = {self.task_bytes!r} is invalid; allowed: an integer >= {MIN_TASK_BYTES} (1 MiB). "
-                "Tasks that small spend their time starting up; the default, 268435456 (256 MiB), suits most jobs")
+                "Tasks that small spend their time starting up; the default, 268435456 (256 MiB), suits most jobs"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -94,20 +98,28 @@ class InputConfig:
     max_record_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_record_bytes, bool) or not isinstance(self.max_record_bytes, int) or self.max_record_bytes < 1:
-            raise ConfigError(f"inputs.max_record_bytes = {self.max_record_bytes!r} is invalid; allowed: an integer >= 1 "
-                              f"(bytes; the default, {64 << 20}, is 64 MiB)")
+        if (
+            isinstance(self.max_record_bytes, bool)
+            or not isinstance(self.max_record_bytes, int)
+            or self.max_record_bytes < 1
+        ):
+            raise ConfigError(
+                f"inputs.max_record_bytes = {self.max_record_bytes!r} is invalid; allowed: an integer >= 1 "
+                f"(bytes; the default, {64 << 20}, is 64 MiB)"
+            )
         if (self.source is None) == (self.source_field is None):
-            raise ConfigError("inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
-                              "(a column holding it)")
+            raise ConfigError(
+                "inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
+                "(a column holding it)"
+            )
         if self.source is not None and (not self.source or "/" in self.source):
             raise ConfigError(f"inputs.source = {self.source!r} is invalid; allowed: a non-empty name without '/'")
         if isinstance(self.path, str):
             self.path = [self.path]
         if not self.path:
             raise ConfigError("inputs.path = [] is invalid; allowed: at least one file, folder or glob")
-        from curate.fields import check_fields  # curate.fields needs this module's Job type
-        from curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS, REJECT_COLUMNS
+        from winnow.curate.fields import check_fields  # curate.fields needs this module's Job type
+        from winnow.curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS, REJECT_COLUMNS
 
         check_fields(self.keep_fields, (*CORE_COLUMNS, *OPTIONAL_COLUMNS, *REJECT_COLUMNS, "stage", "extra"))
 
@@ -131,7 +143,9 @@ class TokensConfig:
     def __post_init__(self) -> None:
         if not self.tokenizer:
             raise ConfigError("output.tokens.tokenizer must be 'byte' or the path of a tokenizer.json, got ''")
-        from curate.writers.tokens import shard_tokenizer  # loads it once: a bad file fails here, not in a worker
+        from winnow.curate.writers.tokens import (
+            shard_tokenizer,  # loads it once: a bad file fails here, not in a worker
+        )
 
         shard_tokenizer(self.tokenizer, self.eos_token)
 
@@ -148,16 +162,21 @@ class OutputConfig:
     shard_rows: int | None = None  # also cap rows per shard; whichever limit comes first
     row_group_bytes: int = 32 * 2**20  # Parquet row groups of about this many uncompressed bytes
     compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"  # Parquet compression codec
-    mode: int | None = None  # e.g. 0o640: permission bits of every file written (folders add search bits); default: the umask
+    # e.g. 0o640: permission bits of every file written (folders add search bits); default: the umask
+    mode: int | None = None
     tokens: TokensConfig = field(default_factory=TokensConfig)  # used when "tokens" is in formats
 
     def __post_init__(self) -> None:
         if self.mode is not None and not (0 <= self.mode <= 0o777 and self.mode & 0o600 == 0o600):
-            raise ConfigError(f"output.mode = {oct(self.mode)} is invalid; allowed: permission bits from 0o600 to 0o777 "
-                              f"that let the owner read and write (e.g. 0o640)")
+            raise ConfigError(
+                f"output.mode = {oct(self.mode)} is invalid; allowed: permission bits from 0o600 to 0o777 "
+                f"that let the owner read and write (e.g. 0o640)"
+            )
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
         if bad or not self.formats:
-            raise ConfigError(f"output.formats = {self.formats!r} is invalid; allowed: a non-empty list from {list(OUTPUT_FORMATS)}")
+            raise ConfigError(
+                f"output.formats = {self.formats!r} is invalid; allowed: a non-empty list from {list(OUTPUT_FORMATS)}"
+            )
         if self.shard_rows is not None and self.shard_rows < 1:
             raise ConfigError(f"output.shard_rows = {self.shard_rows!r} is invalid; allowed: an integer >= 1 or unset")
         for key in ("shard_bytes", "row_group_bytes"):
@@ -188,9 +207,11 @@ class Job:
         if not self.inputs:
             raise ConfigError("a job needs at least one [[inputs]] table")
         if is_url(self.job.output) and self.output.mode is not None:
-            raise ConfigError(f"output.mode = {oct(self.output.mode)} applies to local folders; job.output = "
-                              f"{self.job.output!r} is on an object store, whose access the bucket's policy sets: "
-                              f"remove output.mode")
+            raise ConfigError(
+                f"output.mode = {oct(self.output.mode)} applies to local folders; job.output = "
+                f"{self.job.output!r} is on an object store, whose access the bucket's policy sets: "
+                f"remove output.mode"
+            )
 
     @property
     def output_dir(self) -> Path:

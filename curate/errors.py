@@ -43,4 +43,6 @@ def require(module: str, *, extra: str | None = None, package: str | None = None
         return importlib.import_module(module)
     except ImportError as err:
         hint = f"pip install 'winnow[{extra}]'" if extra else f"pip install {package or module}"
-        raise MissingDependencyError(f"{feature} needs the package {package or module!r}; install it with: {hint}") from err
+        raise MissingDependencyError(
+            f"{feature} needs the package {package or module!r}; install it with: {hint}"
+        ) from err

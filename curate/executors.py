@@ -20,11 +20,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Executor as _PoolExecutor, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import Executor as _PoolExecutor
 from typing import Any, TypeVar
 
-from curate.crashpoints import CRASH_ENV, ONCE_ENV
-from curate.errors import ConfigError, require
+from winnow.curate.crashpoints import CRASH_ENV, ONCE_ENV
+from winnow.curate.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,8 +34,17 @@ T = TypeVar("T")
 class Executor:
     """Runs task functions with ``workers`` local processes (``kind="local"``) or on Ray."""
 
-    def __init__(self, *, workers: int, kind: str = "local", initializer: Callable[..., None] | None = None,
-                 initargs: tuple = (), gpus_per_task: float = 0.0, address: str = "", max_retries: int = 3) -> None:
+    def __init__(
+        self,
+        *,
+        workers: int,
+        kind: str = "local",
+        initializer: Callable[..., None] | None = None,
+        initargs: tuple = (),
+        gpus_per_task: float = 0.0,
+        address: str = "",
+        max_retries: int = 3,
+    ) -> None:
         self.workers = workers
         self.kind = kind
         self.address = address  # Ray: the cluster to join ([job] ray_address); "" = RAY_ADDRESS, else a local Ray
@@ -80,9 +90,12 @@ class Executor:
     def _run_pool(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
         if self._pool is None:
             # spawn, not fork: polars and pyarrow keep thread pools that a fork copies in a bad state.
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                                             initializer=_worker_start,
-                                             initargs=(os.getpid(), self.initializer, self.initargs))
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=mp.get_context("spawn"),
+                initializer=_worker_start,
+                initargs=(os.getpid(), self.initializer, self.initargs),
+            )
         yield from _wait_all(self._pool, fn, specs)
 
     def _run_ray(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
@@ -161,8 +174,10 @@ def _connect(address: str) -> Any:
     try:
         ray.init(address=address or None, log_to_driver=False)
     except (ConnectionError, TimeoutError) as err:
-        raise ConfigError(f"{key} = {address!r}: no Ray cluster could be joined ({err}); start one (`ray start "
-                          f"--head`) and give its address, or leave {key} unset to start a local Ray") from err
+        raise ConfigError(
+            f"{key} = {address!r}: no Ray cluster could be joined ({err}); start one (`ray start "
+            f"--head`) and give its address, or leave {key} unset to start a local Ray"
+        ) from err
     return ray
 
 
@@ -175,9 +190,11 @@ def _check_reachable(key: str, address: str, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as err:
-        raise ConfigError(f"{key} = {address!r} cannot be reached ({err.strerror or err}); start the cluster "
-                          f"(`ray start --head --port {port}`), fix the address, or leave {key} unset to start a "
-                          f"local Ray (pip install 'winnow[ray]')") from err
+        raise ConfigError(
+            f"{key} = {address!r} cannot be reached ({err.strerror or err}); start the cluster "
+            f"(`ray start --head --port {port}`), fix the address, or leave {key} unset to start a "
+            f"local Ray (pip install 'winnow[ray]')"
+        ) from err
 
 
 _LIBC: Any = None
@@ -213,6 +230,10 @@ def worker_info() -> dict[str, Any]:
         ctx = ray.get_runtime_context()
         task_id = ctx.get_task_id()
         if task_id is not None:  # None in the driver: the task runs in this process, not in a Ray worker
-            info["ray"] = {"task_id": task_id, "worker_id": ctx.get_worker_id(), "node_id": ctx.get_node_id(),
-                           "job_id": ctx.get_job_id()}
+            info["ray"] = {
+                "task_id": task_id,
+                "worker_id": ctx.get_worker_id(),
+                "node_id": ctx.get_node_id(),
+                "job_id": ctx.get_job_id(),
+            }
     return info

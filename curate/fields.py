@@ -25,15 +25,20 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import polars as pl
 
-from curate.errors import ConfigError
+from winnow.curate.errors import ConfigError
 
 if TYPE_CHECKING:
-    from curate.config import Job
+    from winnow.curate.config import Job
 
 log = logging.getLogger(__name__)
 
-FIELD_TYPES: dict[str, pl.DataType] = {"string": pl.String(), "int64": pl.Int64(), "float64": pl.Float64(),
-                                       "bool": pl.Boolean(), "json": pl.String()}
+FIELD_TYPES: dict[str, pl.DataType] = {
+    "string": pl.String(),
+    "int64": pl.Int64(),
+    "float64": pl.Float64(),
+    "bool": pl.Boolean(),
+    "json": pl.String(),
+}
 
 
 def check_fields(fields: list[str] | dict[str, str], reserved: tuple[str, ...]) -> None:
@@ -42,11 +47,15 @@ def check_fields(fields: list[str] | dict[str, str], reserved: tuple[str, ...]) 
         if not isinstance(name, str) or not name:
             raise ConfigError(f"keep_fields: field names must be non-empty strings, got {name!r}")
         if name in reserved:
-            raise ConfigError(f"keep_fields: {name!r} is one of winnow's own columns ({', '.join(reserved)}); "
-                              "rename it in the input or leave it in meta")
+            raise ConfigError(
+                f"keep_fields: {name!r} is one of winnow's own columns ({', '.join(reserved)}); "
+                "rename it in the input or leave it in meta"
+            )
         if name.startswith("_"):  # stages' internal columns (_count, _tokens, _h, ...) must never meet a user's
-            raise ConfigError(f"keep_fields: {name!r} starts with '_', which winnow reserves for its internal "
-                              "columns; rename it in the input or leave it in meta")
+            raise ConfigError(
+                f"keep_fields: {name!r} starts with '_', which winnow reserves for its internal "
+                "columns; rename it in the input or leave it in meta"
+            )
     if isinstance(fields, dict):
         bad = {k: v for k, v in fields.items() if v not in FIELD_TYPES}
         if bad:
@@ -64,8 +73,15 @@ def infer_type(values: list[Any]) -> str:
     for v in values:
         if v is None:
             continue
-        kind = "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else \
-            "string" if isinstance(v, str) else "json"
+        kind = (
+            "bool"
+            if isinstance(v, bool)
+            else "number"
+            if isinstance(v, (int, float))
+            else "string"
+            if isinstance(v, str)
+            else "json"
+        )
         kinds[kind] = kinds.get(kind, 0) + 1
     if not kinds:
         return "string"
@@ -82,7 +98,7 @@ def _fits(value: Any, kind: str) -> bool:
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "int64":
-        return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
+        return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
     if kind == "float64":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     return isinstance(value, str)
@@ -102,8 +118,11 @@ def extract_fields(rows: pl.DataFrame, fields: dict[str, str], every: dict[str, 
     columns for the rest of ``every`` (the job's kept fields), so all rows share one schema."""
     others = [pl.lit(None, FIELD_TYPES[t]).alias(f) for f, t in (every or {}).items() if f not in fields]
     if not fields or not rows.height:
-        return rows.with_columns(*others, *[pl.lit(None, FIELD_TYPES[t]).alias(f) for f, t in fields.items()]) \
-            if fields or others else rows
+        return (
+            rows.with_columns(*others, *[pl.lit(None, FIELD_TYPES[t]).alias(f) for f, t in fields.items()])
+            if fields or others
+            else rows
+        )
     columns: dict[str, list[Any]] = {f: [] for f in fields}
     metas: list[str | None] = []
     for meta in rows["meta"].to_list():
@@ -126,8 +145,11 @@ def extract_fields(rows: pl.DataFrame, fields: dict[str, str], every: dict[str, 
                     moved = True
                 columns[name].append(None)
         metas.append((orjson.dumps(record).decode() if record else None) if moved else meta)
-    return rows.with_columns(pl.Series("meta", metas, pl.String), *others,
-                             *[pl.Series(name, columns[name], FIELD_TYPES[kind]) for name, kind in fields.items()])
+    return rows.with_columns(
+        pl.Series("meta", metas, pl.String),
+        *others,
+        *[pl.Series(name, columns[name], FIELD_TYPES[kind]) for name, kind in fields.items()],
+    )
 
 
 def resolve_field_types(job: Job, sample: Any) -> Job:
@@ -143,8 +165,10 @@ def resolve_field_types(job: Job, sample: Any) -> Job:
         if isinstance(fields, dict):
             for name, kind in fields.items():
                 if resolved.setdefault(name, kind) != kind:
-                    raise ConfigError(f"keep_fields.{name}: input #{index + 1} says {kind!r}, an earlier input "
-                                      f"{resolved[name]!r}; a column has one type over the job")
+                    raise ConfigError(
+                        f"keep_fields.{name}: input #{index + 1} says {kind!r}, an earlier input "
+                        f"{resolved[name]!r}; a column has one type over the job"
+                    )
         elif fields:
             missing = [f for f in fields if f not in resolved]
             if missing:
@@ -152,7 +176,8 @@ def resolve_field_types(job: Job, sample: Any) -> Job:
                 records = [orjson.loads(m) for m in (batch["meta"].to_list() if batch is not None else []) if m]
                 for name in missing:
                     resolved[name] = infer_type([r.get(name) for r in records if isinstance(r, dict)])
-                log.info("keep_fields of input #%d (%s): types %s", index + 1, cfg.label,
-                         {f: resolved[f] for f in fields})
+                log.info(
+                    "keep_fields of input #%d (%s): types %s", index + 1, cfg.label, {f: resolved[f] for f in fields}
+                )
         inputs.append(dataclasses.replace(cfg, keep_fields={f: resolved[f] for f in (fields or [])}))
     return dataclasses.replace(job, inputs=inputs)

@@ -26,10 +26,10 @@ from typing import Any
 
 import fsspec
 
-from curate.atomic import write_json_atomic
-from curate.readers import ReadTask
-from curate.stages.ids import EXACT_MARKER
-from curate.workdir import WorkDir
+from winnow.curate.atomic import write_json_atomic
+from winnow.curate.readers import ReadTask
+from winnow.curate.stages.ids import EXACT_MARKER
+from winnow.curate.workdir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,14 @@ def file_fingerprint(url: str, size: int, mtime: float | None, storage_options: 
         pass  # a saved HF dataset is a folder: its size and mtime speak for it
     except OSError as err:  # unreadable: the read task reports it (or skips it, with on_error = "skip")
         digest.update(f"unreadable: {err}".encode())
-    return {"url": url, "size": size, "mtime": mtime, "head_tail_sha256": digest.hexdigest()[:32],
-            "blocks_sha256": blocks.hexdigest()[:32], "identity": identity}
+    return {
+        "url": url,
+        "size": size,
+        "mtime": mtime,
+        "head_tail_sha256": digest.hexdigest()[:32],
+        "blocks_sha256": blocks.hexdigest()[:32],
+        "identity": identity,
+    }
 
 
 def _identity(url: str, storage_options: dict) -> dict[str, Any]:
@@ -127,7 +133,9 @@ def _describe(before: list[dict] | None, now: list[dict] | None) -> str:
         if b["url"] != n["url"]:
             return f"input files changed: {b['url']} is now {n['url']}"
         if b != n:
-            what = [k for k in ("size", "mtime", "head_tail_sha256", "blocks_sha256", "identity") if b.get(k) != n.get(k)]
+            what = [
+                k for k in ("size", "mtime", "head_tail_sha256", "blocks_sha256", "identity") if b.get(k) != n.get(k)
+            ]
             return f"input {n['url']} changed ({', '.join(f'{k} {b.get(k)} -> {n.get(k)}' for k in what)})"
     return f"input files of {now[0]['url']} changed in number ({len(before)} -> {len(now)})"
 

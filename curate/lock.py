@@ -12,7 +12,8 @@ refuses the second at once, naming the holder (host, pid, start time) and the wa
 * An object store (``s3://bucket/job``): an object ``<prefix>/.winnow-lock`` with a lease. It is
   created only if absent (S3 conditional write, ``If-None-Match: *``); the holder renews the lease
   from a thread every ``lease_seconds / 4`` (``If-Match`` its own ETag, so a renewal never
-  overwrites another holder); a lease not renewed for ``lease_seconds`` belongs to a dead run and is
+  overwrites another holder); a lease not renewed for ``lease_seconds``, or held by a process of this host
+  that no longer runs, belongs to a dead run and is
   taken over with ``If-Match`` on the ETag read, so of two runs taking it over at once one wins.
   Hosts' clocks must agree to within a small part of the lease. A holder that finds its lease
   taken (it stalled past the lease) reports it, and the curation runner stops at its next phase.
@@ -38,7 +39,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from curate.errors import FolderInUseError, OutputError
+from winnow.curate.errors import FolderInUseError, OutputError
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,13 @@ _held_guard = threading.Lock()
 
 def _holder(lease: float | None = None) -> dict[str, Any]:
     now = time.time()
-    info = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex,
-            "started": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds")}
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "boot": _boot_id(),
+        "token": uuid.uuid4().hex,
+        "started": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     return info if lease is None else {**info, "lease_seconds": lease, "renewed": now}
 
 
@@ -65,8 +71,15 @@ def _describe(info: dict | None) -> str:
 class FolderLock:
     """The lock of one folder (a local path or an fsspec URL); ``what`` names the folder's role in messages."""
 
-    def __init__(self, folder: str | Path, *, what: str, storage_options: dict | None = None,
-                 lease_seconds: float = LEASE_SECONDS, setting: str | None = None) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        what: str,
+        storage_options: dict | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+        setting: str | None = None,
+    ) -> None:
         self.folder, self.what, self.lease = str(folder).rstrip("/"), what, float(lease_seconds)
         self.setting = setting  # the key that names the folder (job.output), for a store's errors
         self.remote = "://" in self.folder
@@ -117,8 +130,10 @@ class FolderLock:
     def check(self) -> None:
         """Raise ``OutputError`` if a remote lease was lost (another run took the folder over)."""
         if self.lost:
-            raise OutputError(f"{self.what} {self.folder}: this run lost its lock ({self.lost}); another run now "
-                              "writes the folder, so this one stops. Re-run once that one is done")
+            raise OutputError(
+                f"{self.what} {self.folder}: this run lost its lock ({self.lost}); another run now "
+                "writes the folder, so this one stops. Re-run once that one is done"
+            )
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
@@ -131,14 +146,21 @@ class FolderLock:
             f"{self.what} {self.folder} is in use by another winnow run ({_describe(info)}): one run writes a folder "
             f"at a time. Wait for that run to end (or stop it), or give this one another folder; a lock left by a run "
             f"that died is taken over by the next run by itself"
-            + (f" once its lease of {info.get('lease_seconds', self.lease):g} s has run out" if self.remote and info else ""))
+            + (
+                f" once its lease of {info.get('lease_seconds', self.lease):g} s has run out"
+                if self.remote and info
+                else ""
+            )
+        )
 
     def _store_error(self, err: Exception) -> OutputError:
         where = f"{self.setting} = {self.folder!r}" if self.setting else f"{self.what} {self.folder}"
         if isinstance(err, PermissionError):
             return OutputError(f"{where}: the store refused access ({err}); check the credentials or storage_options")
-        return OutputError(f"{where}: cannot write its lock object ({type(err).__name__}: {err}); check the URL, the "
-                           "network and the credentials (storage_options)")
+        return OutputError(
+            f"{where}: cannot write its lock object ({type(err).__name__}: {err}); check the URL, the "
+            "network and the credentials (storage_options)"
+        )
 
     # -- a local folder: flock ---------------------------------------------------------------------------------
     def _take_local(self) -> None:
@@ -146,15 +168,19 @@ class FolderLock:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise OutputError(f"cannot write the {self.what} {folder}: {err.strerror or err}; choose a folder you "
-                              "can write or fix its permissions") from err
+            raise OutputError(
+                f"cannot write the {self.what} {folder}: {err.strerror or err}; choose a folder you "
+                "can write or fix its permissions"
+            ) from err
         path = folder / LOCK
         while True:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as err:
-                raise OutputError(f"cannot write the {self.what} {folder}: {err.strerror or err}; choose a folder "
-                                  "you can write or fix its permissions") from err
+                raise OutputError(
+                    f"cannot write the {self.what} {folder}: {err.strerror or err}; choose a folder "
+                    "you can write or fix its permissions"
+                ) from err
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
@@ -203,9 +229,13 @@ class FolderLock:
                 held, etag = _get(fs, path)
             if etag is None:
                 continue  # its holder released it between our write and our read: try again
-            if held is not None and time.time() - float(held.get("renewed", 0)) <= float(held.get("lease_seconds", self.lease)):
+            live = held is not None and time.time() - float(held.get("renewed", 0)) <= float(
+                held.get("lease_seconds", self.lease)
+            )
+            if live and not _dead_here(held):
                 raise self._refuse(held) from None
-            log.warning("%s %s: taking over a lock whose lease ran out (%s)", self.what, self.folder, _describe(held))
+            why = "whose holder died on this host" if live else "whose lease ran out"
+            log.warning("%s %s: taking over a lock %s (%s)", self.what, self.folder, why, _describe(held))
             try:
                 self._etag = _put(fs, path, info, etag=etag)
                 break
@@ -259,6 +289,31 @@ def _read_info(path: Path) -> dict | None:
 
 class _Conflict(Exception):
     """A conditional write or delete found the object changed (or gone)."""
+
+
+def _boot_id() -> str | None:
+    """This machine's boot id (Linux), or None where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _dead_here(info: dict) -> bool:
+    """Whether the lock's holder ran on this host and its process is gone (a killed run re-run on the same machine
+    takes its folder over at once, without waiting for the lease to run out)."""
+    here = _boot_id()
+    if info.get("host") != socket.gethostname() or here is None or info.get("boot") != here:
+        return False  # another machine (containers share host names; the boot id tells them apart), or unknown
+    if not isinstance(info.get("pid"), int):
+        return False
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def _is_s3(fs: Any) -> bool:

@@ -11,17 +11,28 @@ import importlib.metadata
 import platform
 from typing import Any
 
-from curate.config import Job
-from curate.errors import InputError, StageError
-from curate.readers import list_files
-from curate.stages import Stage
-from curate.stats import StageStats, merge_stats, nest
-from curate.tasks import READ_STAGE_ID
+from winnow.curate.config import Job
+from winnow.curate.errors import InputError, StageError
+from winnow.curate.readers import list_files
+from winnow.curate.stages import Stage
+from winnow.curate.stats import StageStats, merge_stats, nest
+from winnow.curate.tasks import READ_STAGE_ID
 
 # Of manifest.json and the shard layout: bump it when either changes, and teach ``upgrade`` the old one.
 # 2: shards/<format>/<split>/ folders, row_bytes. 3: stage counters nested by key ({"lines_removed": {"docs": 4}}).
 FORMAT_VERSION = 3
-_PACKAGES = ("winnow", "polars", "pyarrow", "numpy", "numba", "orjson", "datasketch", "webdataset", "datasets", "fsspec")
+_PACKAGES = (
+    "winnow",
+    "polars",
+    "pyarrow",
+    "numpy",
+    "numba",
+    "orjson",
+    "datasketch",
+    "webdataset",
+    "datasets",
+    "fsspec",
+)
 
 
 def package_versions(names: tuple[str, ...] = _PACKAGES) -> dict[str, str]:
@@ -79,8 +90,13 @@ def build_manifest(
         "job": job.job.name,
         "job_file": job.source_file,
         "sources": sources,
-        "totals": {"rows_read": read.rows_in, "rows_written": rows_out, "rows_rejected": rejected,
-                   "repeats": repeats, "seconds": round(seconds, 3)},
+        "totals": {
+            "rows_read": read.rows_in,
+            "rows_written": rows_out,
+            "rows_rejected": rejected,
+            "repeats": repeats,
+            "seconds": round(seconds, 3),
+        },
         "by_source": _by_source(read, stats, shards),
         **({"tokens": token_totals(shards)} if any(s["format"] == "tokens" for s in shards) else {}),
         "stages": stage_entries,
@@ -88,8 +104,11 @@ def build_manifest(
         "rejects": [rj for r in all_results for rj in r["rejects"]],
         "skipped_files": [sk for r in all_results for sk in r["skipped_files"]],
         "inputs": [
-            {"source": i.label, "format": i.format,
-             "files": [{"path": f.url, "bytes": f.size, "mtime": f.mtime} for f in list_files(i)]}
+            {
+                "source": i.label,
+                "format": i.format,
+                "files": [{"path": f.url, "bytes": f.size, "mtime": f.mtime} for f in list_files(i)],
+            }
             for i in job.inputs
         ],
         "config": {"file": job.raw, "resolved": _resolved(job)},
@@ -101,8 +120,10 @@ def upgrade(manifest: dict[str, Any], *, where: str = "manifest.json") -> dict[s
     """A manifest of any format version this winnow reads, in the current shape (``format_version`` kept)."""
     version = manifest.get("format_version", 1)
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise InputError(f"{where}: format_version {version!r} is newer than this winnow reads (up to "
-                         f"{FORMAT_VERSION}); upgrade winnow")
+        raise InputError(
+            f"{where}: format_version {version!r} is newer than this winnow reads (up to "
+            f"{FORMAT_VERSION}); upgrade winnow"
+        )
     if version < 3:  # counters were flat "name/qualifier" strings
         for stage in manifest.get("stages") or []:
             flat = stage.get("counters") or {}
@@ -119,9 +140,14 @@ def token_totals(shards: list[dict]) -> dict[str, Any]:
         for src, n in s["tokens_by_source"].items():
             split[src] = split.get(src, 0) + n
     total, seconds = sum(s["tokens"] for s in tok), sum(s["tokenize_seconds"] for s in tok)
-    return {"tokenizer": tok[0]["tokenizer"], "dtype": tok[0]["dtype"], "total": total,
-            "by_split": {k: dict(sorted(v.items())) for k, v in sorted(by_split.items())},
-            "tokenize_seconds": round(seconds, 3), "tokens_per_second": round(total / seconds) if seconds else None}
+    return {
+        "tokenizer": tok[0]["tokenizer"],
+        "dtype": tok[0]["dtype"],
+        "total": total,
+        "by_split": {k: dict(sorted(v.items())) for k, v in sorted(by_split.items())},
+        "tokenize_seconds": round(seconds, 3),
+        "tokens_per_second": round(total / seconds) if seconds else None,
+    }
 
 
 def check_identity(sid: str, s: StageStats) -> None:

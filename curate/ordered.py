@@ -16,12 +16,12 @@ from typing import Any
 
 import polars as pl
 
-from curate.atomic import write_json_atomic
-from curate.config import Job
-from curate.errors import StageError
-from curate.workdir import WorkDir, task_scratch
-from curate.writers.layout import write_ranges
-from curate.writers.shards import ShardWriter
+from winnow.curate.atomic import write_json_atomic
+from winnow.curate.config import Job
+from winnow.curate.errors import StageError
+from winnow.curate.workdir import WorkDir, task_scratch
+from winnow.curate.writers.layout import write_ranges
+from winnow.curate.writers.shards import ShardWriter
 
 ORDER_COLUMN = "order"
 SORTED_ROWS = "sorted.parquet"
@@ -31,7 +31,8 @@ _SORTED_ROW_GROUP = 4096  # small groups: a write task's range prunes most of ev
 def sort_task_rows(unsorted: Path, compression: str) -> None:
     """Replace a task's rows file by ``sorted.parquet`` beside it, sorted by rank (streaming)."""
     pl.scan_parquet(unsorted).sort(ORDER_COLUMN).sink_parquet(
-        unsorted.with_name(SORTED_ROWS), row_group_size=_SORTED_ROW_GROUP, compression=compression)
+        unsorted.with_name(SORTED_ROWS), row_group_size=_SORTED_ROW_GROUP, compression=compression
+    )
     unsorted.unlink()
 
 
@@ -75,7 +76,8 @@ def _write_range(spec: WriteSpec) -> dict[str, Any]:
         filesystem, keys = work.arrow_files(files)
         order = ds.field(ORDER_COLUMN)
         table = ds.dataset(keys, format="parquet", filesystem=filesystem).to_table(
-            filter=(order >= spec.lo) & (order < spec.hi))
+            filter=(order >= spec.lo) & (order < spec.hi)
+        )
         df = pl.from_arrow(table).sort(ORDER_COLUMN)
     else:
         in_range = pl.col(ORDER_COLUMN).is_between(spec.lo, spec.hi, closed="left")

@@ -21,11 +21,11 @@ import json
 import os
 from pathlib import Path
 
-from curate.atomic import write_json_atomic
-from curate.errors import OutputError, WinnowError
-from curate.lock import LOCK
-from curate.wholefile import MANIFEST_BYTES, read_whole
-from curate.workdir import WorkDir
+from winnow.curate.atomic import write_json_atomic
+from winnow.curate.errors import OutputError, WinnowError
+from winnow.curate.lock import LOCK
+from winnow.curate.wholefile import MANIFEST_BYTES, read_whole
+from winnow.curate.workdir import WorkDir
 
 MARKER = ".winnow-output"
 #: Entries a winnow job writes in its output folder; a fresh run removes these and nothing else.
@@ -86,12 +86,16 @@ def _claim_remote(work: WorkDir, job_name: str) -> bool:
     out = work.out
     if work.fs.isfile(work.url(out)):
         raise OutputError(f"output {work.output} is an object, not a prefix; give a folder-like URL (s3://bucket/job)")
-    existing = [name for name in work.listdir(out)
-                if name != LOCK and not (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))]
+    existing = [
+        name
+        for name in work.listdir(out)
+        if name != LOCK and not (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))
+    ]
     has_marker = MARKER in existing
     if existing and not has_marker:
-        old = work.exists(work.root / "fingerprint") or (work.fetch(out / "manifest.json", missing_ok=True)
-                                                         and _written_by_old_winnow(out))
+        old = work.exists(work.root / "fingerprint") or (
+            work.fetch(out / "manifest.json", missing_ok=True) and _written_by_old_winnow(out)
+        )
         clash = [name for name in existing if name in OWN_ENTRIES]
         if clash and not old:
             raise OutputError(
@@ -115,8 +119,9 @@ def owner(out: Path, *, work: WorkDir | None = None) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def check_owner(out: Path, job_name: str, fingerprint: str, *, finished: bool, where: str,
-                work: WorkDir | None = None) -> None:
+def check_owner(
+    out: Path, job_name: str, fingerprint: str, *, finished: bool, where: str, work: WorkDir | None = None
+) -> None:
     """Refuse to start afresh over another job's outputs, or over a finished run of this job made with another config.
 
     ``where`` is the output as the user gave it. Re-running the same job (same fingerprint), or a
@@ -128,13 +133,15 @@ def check_owner(out: Path, job_name: str, fingerprint: str, *, finished: bool, w
         raise OutputError(
             f"output {where} holds the {'finished ' if finished else ''}outputs of job {before!r}, and this is job "
             f"{job_name!r}: starting here would clear them. Give job {job_name!r} a folder of its own (--output or "
-            f"[job] output), or re-run with --overwrite to replace job {before!r}'s outputs")
+            f"[job] output), or re-run with --overwrite to replace job {before!r}'s outputs"
+        )
     if finished and found.get("fingerprint") not in (None, fingerprint):
         raise OutputError(
             f"output {where} holds the finished outputs of job {job_name!r} made with another configuration (the job "
             f"file changed since; fingerprint {found['fingerprint']} -> {fingerprint}): starting here would replace "
             f"them. Give the changed job a new folder (--output or [job] output), or re-run with --overwrite to "
-            f"replace them")
+            f"replace them"
+        )
 
 
 def mark_owner(out: Path, job_name: str, fingerprint: str, *, work: WorkDir | None = None) -> None:

@@ -28,26 +28,34 @@ from typing import Any
 
 import polars as pl
 
-from curate.atomic import write_json_atomic, write_text_atomic
-from curate.card import CARD, remove_card, write_card
-from curate.config import Job
-from curate.crashpoints import CRASH_ENV
-from curate.errors import OutputError, StageError
-from curate.executors import Executor, release_memory
-from curate.fields import resolve_field_types
-from curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
-from curate.lock import FolderLock
-from curate.manifest import build_manifest
-from curate.ordered import plan_writes, write_range
-from curate.outdir import OWN_ENTRIES, check_owner, claim, clear_own_entries, make_folder, mark_owner, restrict_mode
-from curate.progress import PhaseProgress
-from curate.readers import plan_read_tasks, read_task
-from curate.reuse import adopt_phase, adopt_plan, reused, write_key
-from curate.stages import Barrier, Plan, stage_class
-from curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
-from curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
-from curate.workdir import WorkDir, drop_root, is_url, task_name
-from curate.writers.gather import plan_val_writes, write_val_group
+from winnow.curate.atomic import write_json_atomic, write_text_atomic
+from winnow.curate.card import CARD, remove_card, write_card
+from winnow.curate.config import Job
+from winnow.curate.crashpoints import CRASH_ENV
+from winnow.curate.errors import OutputError, StageError
+from winnow.curate.executors import Executor, release_memory
+from winnow.curate.fields import resolve_field_types
+from winnow.curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
+from winnow.curate.lock import FolderLock
+from winnow.curate.manifest import build_manifest
+from winnow.curate.ordered import plan_writes, write_range
+from winnow.curate.outdir import (
+    OWN_ENTRIES,
+    check_owner,
+    claim,
+    clear_own_entries,
+    make_folder,
+    mark_owner,
+    restrict_mode,
+)
+from winnow.curate.progress import PhaseProgress
+from winnow.curate.readers import plan_read_tasks, read_task
+from winnow.curate.reuse import adopt_phase, adopt_plan, reused, write_key
+from winnow.curate.stages import Barrier, Plan, stage_class
+from winnow.curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
+from winnow.curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
+from winnow.curate.workdir import WorkDir, drop_root, is_url, task_name
+from winnow.curate.writers.gather import plan_val_writes, write_val_group
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +68,9 @@ def plan_phases(job: Job) -> list[PhaseSpec]:
     start, apply = 0, None
     for b in [*barriers, None]:
         end = len(stages) if b is None else b
-        phases.append(PhaseSpec(index=len(phases), apply=apply, stages=tuple(range(start, end)), collect=b,
-                                final=b is None))
+        phases.append(
+            PhaseSpec(index=len(phases), apply=apply, stages=tuple(range(start, end)), collect=b, final=b is None)
+        )
         apply, start = b, (end + 1 if b is not None else end)
     return phases
 
@@ -73,7 +82,16 @@ THREADED_OUTPUTS = ("parquet",)
 
 
 # [job] keys that say where and how a job runs, not what it computes
-_NOT_THE_JOB = ("workers", "output", "executor", "keep_work", "ray_address", "ray_max_retries", "storage_options", "memory_gb")
+_NOT_THE_JOB = (
+    "workers",
+    "output",
+    "executor",
+    "keep_work",
+    "ray_address",
+    "ray_max_retries",
+    "storage_options",
+    "memory_gb",
+)
 
 
 def job_fingerprint(job: Job) -> str:
@@ -94,14 +112,22 @@ def phase_keys(job: Job, phases: list[PhaseSpec], prints: list, *, spill_ids: bo
     ``[output]``); ``spill_ids``: an optimistic run's phase 0 also writes the ids (``curate.stages.ids``).
     """
     stages = job_stages(job)
-    base = {"job": {k: v for k, v in dataclasses.asdict(job.job).items() if k not in _NOT_THE_JOB},
-            "inputs": [dataclasses.asdict(i) for i in job.inputs], "files": prints}
+    base = {
+        "job": {k: v for k, v in dataclasses.asdict(job.job).items() if k not in _NOT_THE_JOB},
+        "inputs": [dataclasses.asdict(i) for i in job.inputs],
+        "files": prints,
+    }
     keys = []
     for phase in phases:
         last = len(stages) - 1 if phase.collect is None else phase.collect
-        prefix = {**base, "spill_ids": spill_ids and phase.index == 0,
-                  "stages": [[sid, f"{cls.__module__}.{cls.__qualname__}", dataclasses.asdict(config)]
-                             for sid, cls, config in stages[:last + 1]]}
+        prefix = {
+            **base,
+            "spill_ids": spill_ids and phase.index == 0,
+            "stages": [
+                [sid, f"{cls.__module__}.{cls.__qualname__}", dataclasses.asdict(config)]
+                for sid, cls, config in stages[: last + 1]
+            ],
+        }
         if phase.final:
             prefix["output"] = dataclasses.asdict(job.output)
         keys.append(hashlib.sha256(json.dumps(prefix, sort_keys=True, default=str).encode()).hexdigest()[:32])
@@ -115,14 +141,18 @@ class Runner:
     prefix keys are the same (``curate.reuse``).
     """
 
-    def __init__(self, job: Job, *, progress: bool = True, reuse_from: str | Path | None = None,
-                 overwrite: bool = False) -> None:
+    def __init__(
+        self, job: Job, *, progress: bool = True, reuse_from: str | Path | None = None, overwrite: bool = False
+    ) -> None:
         if not is_url(job.job.output):
             job = dataclasses.replace(job, job=dataclasses.replace(job.job, output=str(Path(job.job.output).resolve())))
         self.job = job
         self.work = WorkDir(job.job.output, job.job.storage_options)  # a URL: every task publishes to the store
-        self.reuse = None if reuse_from is None else WorkDir(str(reuse_from) if is_url(reuse_from)
-                                                             else str(Path(reuse_from).resolve()))
+        self.reuse = (
+            None
+            if reuse_from is None
+            else WorkDir(str(reuse_from) if is_url(reuse_from) else str(Path(reuse_from).resolve()))
+        )
         self.out = self.work.out
         self.progress = progress
         self.overwrite = overwrite  # replace another job's outputs, or a finished run made with another config
@@ -156,21 +186,36 @@ class Runner:
 
     def _run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        read_tasks = plan_read_tasks(self.job.inputs, self.job.job.task_bytes)  # a bad input is reported before the output is touched
+        read_tasks = plan_read_tasks(
+            self.job.inputs, self.job.job.task_bytes
+        )  # a bad input is reported before the output is touched
         if any(i.keep_fields for i in self.job.inputs):
             self.job = resolve_field_types(self.job, lambda index: _first_batch(self.job, read_tasks, index))
-        executor = Executor(workers=self.job.job.workers, kind=self.job.job.executor,
-                            address=self.job.job.ray_address, max_retries=self.job.job.ray_max_retries)
+        executor = Executor(
+            workers=self.job.job.workers,
+            kind=self.job.job.executor,
+            address=self.job.job.ray_address,
+            max_retries=self.job.job.ray_max_retries,
+        )
         executor.start()  # a Ray cluster that cannot be joined fails here, before the output is touched
         if self.lock is None:
             if not self.work.remote:
                 make_folder(self.out)  # a file, or a folder nobody may write: said before the lock goes in
-            self.lock = FolderLock(self.job.job.output, what="output folder", setting="job.output",
-                                   storage_options=self.job.job.storage_options).acquire()
+            self.lock = FolderLock(
+                self.job.job.output,
+                what="output folder",
+                setting="job.output",
+                storage_options=self.job.job.storage_options,
+            ).acquire()
         self._prepare(read_tasks)
         self._layout()
-        log.info("job %s: %d read task(s), %d phase(s), output %s", self.job.job.name, len(read_tasks),
-                 len(self.phases), self.out)
+        log.info(
+            "job %s: %d read task(s), %d phase(s), output %s",
+            self.job.job.name,
+            len(read_tasks),
+            len(self.phases),
+            self.out,
+        )
         results: list[list[dict]] = []
         switched = False
         keys = phase_keys(self.plan_job, self.phases, self.prints, spill_ids=self.optimistic)
@@ -200,8 +245,15 @@ class Runner:
         if self.optimistic and self.job.job.duplicate_ids == "reject":
             ids = build_stages(self.job, self.work)[0]  # for the manifest: the check ran, and found no repeat
             stages, reports[IDS_STAGE_ID] = [ids, *stages], {"rows": self._ids_rows, "ids_with_copies": 0, "removed": 0}
-        manifest = build_manifest(self.job, stages, results, write_results, self.plan_seconds, reports=reports,
-                                  seconds=time.perf_counter() - t0)
+        manifest = build_manifest(
+            self.job,
+            stages,
+            results,
+            write_results,
+            self.plan_seconds,
+            reports=reports,
+            seconds=time.perf_counter() - t0,
+        )
         if self.reuse is not None:
             adopted = reused(self.work, [p.index for p in self.phases if not p.final], len(read_tasks), list(reports))
             if adopted["phases"] or adopted["plans"]:
@@ -239,8 +291,14 @@ class Runner:
             self._invalidate(stale, changes, len(read_tasks), prints)
             return
         if had_outputs and not self.overwrite:  # another job's outputs, or a finished run of another config
-            check_owner(self.out, self.job.job.name, fingerprint, where=work.output, work=work,
-                        finished=work.exists(self.out / "manifest.json"))
+            check_owner(
+                self.out,
+                self.job.job.name,
+                fingerprint,
+                where=work.output,
+                work=work,
+                finished=work.exists(self.out / "manifest.json"),
+            )
         if had_outputs:
             log.info("clearing previous outputs in %s", work.output)
         remove_card(self.out, work=work)
@@ -253,9 +311,13 @@ class Runner:
 
     def _invalidate(self, stale: set[int], changes: list[str], n_tasks: int, prints: list) -> None:
         """Resume a work folder whose inputs changed: redo only what the changed read tasks touch."""
-        log.warning("resuming, but inputs changed since this job's work began: %s%s; redoing %d read task(s) "
-                    "and every phase after the first", "; ".join(changes[:3]),
-                    f" (+{len(changes) - 3} more)" if len(changes) > 3 else "", len(stale))
+        log.warning(
+            "resuming, but inputs changed since this job's work began: %s%s; redoing %d read task(s) "
+            "and every phase after the first",
+            "; ".join(changes[:3]),
+            f" (+{len(changes) - 3} more)" if len(changes) > 3 else "",
+            len(stale),
+        )
         invalidate(self.out, self.work, stale, n_tasks=n_tasks, single_phase=len(self.phases) == 1)
         remove_card(self.out, work=self.work)
         record_inputs(self.work, prints)
@@ -282,7 +344,11 @@ class Runner:
 
     def _task_spec(self, phase: PhaseSpec, task: int, read_tasks: list) -> TaskSpec:
         return TaskSpec(
-            job=self.plan_job, phase=phase, task=task, work=self.work, ordered=self.ordered,
+            job=self.plan_job,
+            phase=phase,
+            task=task,
+            work=self.work,
+            ordered=self.ordered,
             read=read_tasks[task] if phase.index == 0 else None,
             decision_stage=self.stages[phase.apply].ctx.stage_id if phase.apply is not None else None,
             spill_ids=self.optimistic and phase.index == 0,
@@ -395,7 +461,11 @@ class Runner:
 def _first_batch(job: Job, read_tasks: list, index: int) -> pl.DataFrame | None:
     """The first batch of input ``index`` (to infer ``keep_fields`` types), or None if it has no rows."""
     task = next((t for t in read_tasks if t.input_index == index), None)
-    return None if task is None else next((rb.rows for rb in read_task(job.inputs[index], task, 1000) if rb.rows.height), None)
+    return (
+        None
+        if task is None
+        else next((rb.rows for rb in read_task(job.inputs[index], task, 1000) if rb.rows.height), None)
+    )
 
 
 def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:
@@ -405,8 +475,9 @@ def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:
         release_memory()  # workers (and threads) live for the whole job
 
 
-def run_job(job: Job, *, progress: bool = True, reuse_from: str | Path | None = None,
-            overwrite: bool = False) -> dict[str, Any]:
+def run_job(
+    job: Job, *, progress: bool = True, reuse_from: str | Path | None = None, overwrite: bool = False
+) -> dict[str, Any]:
     """Run a curation job end to end and return its manifest (also written to ``manifest.json``).
 
     ``reuse_from``: the output folder of a job curated with ``keep_work``, whose phases and plans

@@ -28,8 +28,8 @@ import os
 import shutil
 from pathlib import Path
 
-from curate.atomic import rename_into_place, write_json_atomic, write_text_atomic
-from curate.workdir import REUSED, TASK_MARKER, WorkDir, fresh_tmp
+from winnow.curate.atomic import rename_into_place, write_json_atomic, write_text_atomic
+from winnow.curate.workdir import REUSED, TASK_MARKER, WorkDir, fresh_tmp
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,13 @@ def adopt_phase(work: WorkDir, source: WorkDir, phase: int, n_tasks: int, key: s
 
 def adopt_plan(work: WorkDir, source: WorkDir, stage_id: str, key: str) -> bool:
     """Link ``source``'s finished plan of ``stage_id`` (and the artifacts it keeps) into ``work`` when its key is ``key``."""
-    if work.remote or source.remote or work.plan_done(stage_id) or not source.plan_done(stage_id) \
-            or not _has_key(source.plan_prefix(stage_id), key):
+    if (
+        work.remote
+        or source.remote
+        or work.plan_done(stage_id)
+        or not source.plan_done(stage_id)
+        or not _has_key(source.plan_prefix(stage_id), key)
+    ):
         return False
     plan = work.plan(stage_id)
     work.remove(plan)
@@ -112,5 +117,7 @@ def adopt_plan(work: WorkDir, source: WorkDir, stage_id: str, key: str) -> bool:
 
 def reused(work: WorkDir, phases: list[int], n_tasks: int, plans: list[str]) -> dict[str, list]:
     """The phases (every task) and plans of ``work`` that were adopted from another job, for the manifest."""
-    return {"phases": [k for k in phases if n_tasks and all((work.task(k, t) / REUSED).is_file() for t in range(n_tasks))],
-            "plans": [s for s in plans if (work.plan(s) / REUSED).is_file()]}
+    return {
+        "phases": [k for k in phases if n_tasks and all((work.task(k, t) / REUSED).is_file() for t in range(n_tasks))],
+        "plans": [s for s in plans if (work.plan(s) / REUSED).is_file()],
+    }

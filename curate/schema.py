@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from curate.errors import StageError
+from winnow.curate.errors import StageError
 
 CORE_COLUMNS: tuple[str, ...] = ("id", "source", "text", "meta")
 REJECT_COLUMNS: tuple[str, ...] = ("reason", "duplicate_of")
@@ -34,6 +34,7 @@ OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
     "order": pl.Int64(),
     "repeat": pl.Int32(),
 }
+
 
 def validate_rows(df: pl.DataFrame, *, where: str) -> pl.DataFrame:
     """Check that ``df`` has the core columns with string types; ``where`` names the producer."""

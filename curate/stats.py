@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 
 import polars as pl
 
-from curate.errors import StageError
+from winnow.curate.errors import StageError
 
 #: A counter's key: a name, or a name and its qualifiers (``("copies_added", source)``).
 CounterKey: TypeAlias = str | tuple[str, ...]
@@ -63,9 +63,15 @@ class StageStats:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "rows_in": self.rows_in, "rows_out": self.rows_out, "repeats": self.repeats, "seconds": self.seconds,
-            "rejected": dict(self.rejected), "source_in": dict(self.source_in), "source_out": dict(self.source_out),
-            "source_rejected": nest(self.source_rejected), "counters": nest(self.counters),
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "repeats": self.repeats,
+            "seconds": self.seconds,
+            "rejected": dict(self.rejected),
+            "source_in": dict(self.source_in),
+            "source_out": dict(self.source_out),
+            "source_rejected": nest(self.source_rejected),
+            "counters": nest(self.counters),
         }
 
     @classmethod
@@ -85,9 +91,13 @@ class StageStats:
         for (src, reason), n in sorted(self.source_rejected.items()):
             by_source.setdefault(src, {"in": 0, "out": 0, "rejected": {}})["rejected"][reason] = n
         return {
-            "rows_in": self.rows_in, "rows_out": self.rows_out, "rows_rejected": self.rows_rejected,
-            "repeats": self.repeats, "seconds": round(self.seconds, 4),
-            "rejected": dict(sorted(self.rejected.items())), "by_source": by_source,
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "rows_rejected": self.rows_rejected,
+            "repeats": self.repeats,
+            "seconds": round(self.seconds, 4),
+            "rejected": dict(sorted(self.rejected.items())),
+            "by_source": by_source,
             "counters": nest(self.counters),
         }
 

@@ -19,21 +19,21 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from curate.atomic import rename_into_place, write_json_atomic
-from curate.config import Job
-from curate.errors import InputError, StageError
-from curate.fields import extract_fields, job_fields
-from curate.ordered import sort_task_rows
-from curate.readers import ReadTask, read_task
-from curate.schema import CORE_COLUMNS, validate_rows
-from curate.stages import Stage, StageContext
-from curate.stages.ids import job_stages
-from curate.stats import StageStats
-from curate.executors import worker_info
-from curate.workdir import TASK_MARKER, WorkDir, fresh_tmp, reject_name, task_scratch
-from curate.writers.gather import VAL_ROWS
-from curate.writers.layout import row_bytes
-from curate.writers.shards import ShardWriter
+from winnow.curate.atomic import rename_into_place, write_json_atomic
+from winnow.curate.config import Job
+from winnow.curate.errors import InputError, StageError
+from winnow.curate.executors import worker_info
+from winnow.curate.fields import extract_fields, job_fields
+from winnow.curate.ordered import sort_task_rows
+from winnow.curate.readers import ReadTask, read_task
+from winnow.curate.schema import CORE_COLUMNS, validate_rows
+from winnow.curate.stages import Stage, StageContext
+from winnow.curate.stages.ids import job_stages
+from winnow.curate.stats import StageStats
+from winnow.curate.workdir import TASK_MARKER, WorkDir, fresh_tmp, reject_name, task_scratch
+from winnow.curate.writers.gather import VAL_ROWS
+from winnow.curate.writers.layout import row_bytes
+from winnow.curate.writers.shards import ShardWriter
 
 READ_STAGE_ID = "00.read"
 _INTERMEDIATE_COMPRESSION = "lz4"
@@ -88,9 +88,15 @@ def build_stages(job: Job, work: WorkDir) -> list[Stage]:
     """Instantiate the job's stages with their contexts."""
     stages = []
     for sid, cls, config in job_stages(job):
-        ctx = StageContext(stage_id=sid, job_name=job.job.name, output_dir=job.output_dir,
-                           plan_dir=work.plan(sid), sources=job.declared_sources, seed=job.job.seed,
-                           memory_gb=job.job.memory_gb)
+        ctx = StageContext(
+            stage_id=sid,
+            job_name=job.job.name,
+            output_dir=job.output_dir,
+            plan_dir=work.plan(sid),
+            sources=job.declared_sources,
+            seed=job.job.seed,
+            memory_gb=job.job.memory_gb,
+        )
         stages.append(cls(config, ctx))
     return stages
 
@@ -135,7 +141,9 @@ class _Outputs:
             self.rows_bytes += int(row_bytes(df).sum())
 
     def write_keys(self, df: pl.DataFrame) -> None:
-        self._writer("keys", self.tmp / "keys.parquet", df.with_columns(pl.lit(self.spec.task, pl.Int32).alias("_task")), "zstd")
+        self._writer(
+            "keys", self.tmp / "keys.parquet", df.with_columns(pl.lit(self.spec.task, pl.Int32).alias("_task")), "zstd"
+        )
 
     def write_rejects(self, df: pl.DataFrame, sid: str) -> None:
         if df.height:
@@ -144,8 +152,13 @@ class _Outputs:
 
     def write_shard_rows(self, df: pl.DataFrame) -> None:
         split_col = df["split"] if "split" in df.columns else None
-        groups = {"train": df} if split_col is None else dict(
-            (k[0], g) for k, g in df.with_columns(pl.col("split").fill_null("train")).group_by("split", maintain_order=True)
+        groups = (
+            {"train": df}
+            if split_col is None
+            else {
+                k[0]: g
+                for k, g in df.with_columns(pl.col("split").fill_null("train")).group_by("split", maintain_order=True)
+            }
         )
         for split, part in groups.items():
             if split == "val":
@@ -154,7 +167,9 @@ class _Outputs:
                 self.val_bytes += int(row_bytes(part).sum())
                 continue
             if split not in self.shards:
-                self.shards[split] = ShardWriter(self.spec.job.output_dir, f"part-{self.spec.task:05d}", self.spec.job.output, split=split)
+                self.shards[split] = ShardWriter(
+                    self.spec.job.output_dir, f"part-{self.spec.task:05d}", self.spec.job.output, split=split
+                )
             self.shards[split].write(part)
 
     @property
@@ -173,8 +188,11 @@ def normalize_rejects(df: pl.DataFrame, sid: str) -> pl.DataFrame:
     extra_cols = [c for c in df.columns if c not in (*CORE_COLUMNS, "reason", "duplicate_of")]
     extra = pl.struct(extra_cols).struct.json_encode() if extra_cols else pl.lit(None, dtype=pl.String)
     return df.select(
-        *[pl.col(c).cast(pl.String) for c in CORE_COLUMNS], pl.col("reason").cast(pl.String),
-        pl.col("duplicate_of").cast(pl.String), pl.lit(sid).alias("stage"), extra.alias("extra"),
+        *[pl.col(c).cast(pl.String) for c in CORE_COLUMNS],
+        pl.col("reason").cast(pl.String),
+        pl.col("duplicate_of").cast(pl.String),
+        pl.lit(sid).alias("stage"),
+        extra.alias("extra"),
     )
 
 
@@ -269,8 +287,14 @@ def _run_task(spec: TaskSpec) -> dict[str, Any]:
     return _finish(spec, out, stats, skipped, final)
 
 
-def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, planned: bool,
-           stats: dict[str, StageStats], out: _Outputs) -> pl.DataFrame:
+def _apply(
+    stage: Stage,
+    batch: pl.DataFrame,
+    decision: pl.DataFrame | None,
+    planned: bool,
+    stats: dict[str, StageStats],
+    out: _Outputs,
+) -> pl.DataFrame:
     sid = stage.ctx.stage_id
     t0 = time.perf_counter()
     in_scope, passed = _scope(stage, batch)
@@ -288,7 +312,9 @@ def _apply(stage: Stage, batch: pl.DataFrame, decision: pl.DataFrame | None, pla
     if rejected.height:
         bad = set(rejected["reason"].unique().to_list()) - set(stage.reasons)
         if bad:
-            raise StageError(f"stage {sid} gave reason(s) {sorted(map(str, bad))} not declared in {type(stage).__name__}.reasons")
+            raise StageError(
+                f"stage {sid} gave reason(s) {sorted(map(str, bad))} not declared in {type(stage).__name__}.reasons"
+            )
     s = stats.setdefault(sid, StageStats())
     s.add_batch(in_scope, kept, rejected, result.repeats)
     s.seconds += elapsed
@@ -309,7 +335,9 @@ def _scope(stage: Stage, batch: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFram
     return batch.filter(mask), batch.filter(~mask)
 
 
-def _finish(spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped: list[dict], final: Path) -> dict[str, Any]:
+def _finish(
+    spec: TaskSpec, out: _Outputs, stats: dict[str, StageStats], skipped: list[dict], final: Path
+) -> dict[str, Any]:
     for name in ("rows", "keys", "rejects", "val", "ids"):
         if getattr(out, name) is not None:
             getattr(out, name).close()

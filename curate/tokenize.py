@@ -20,8 +20,8 @@ import itertools
 import numpy as np
 import pyarrow as pa
 
-from curate.errors import ConfigError, require
-from curate.wholefile import TOKENIZER_BYTES, read_whole
+from winnow.curate.errors import ConfigError, require
+from winnow.curate.wholefile import TOKENIZER_BYTES, read_whole
 
 BYTE_VOCAB, BYTE_EOS, BYTE_PAD = 258, 256, 257
 # End-of-document tokens of common model families, in the order they are looked up:
@@ -41,7 +41,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class ShardTokenizer:
     """Turns a text column into one flat id array plus per-document lengths (no separators)."""
 
-    def __init__(self, spec: str = "byte", *, eos_token: str | None = None, key: str = "output.tokens.tokenizer") -> None:
+    def __init__(
+        self, spec: str = "byte", *, eos_token: str | None = None, key: str = "output.tokens.tokenizer"
+    ) -> None:
         self.spec = spec
         self._tok = None
         if spec == "byte":
@@ -54,16 +56,24 @@ class ShardTokenizer:
         try:
             tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
-            raise ConfigError(f"{key} = {spec!r}: not a tokenizer.json the tokenizers library can load ({err}); give "
-                              "'byte' or the path of a Hugging Face tokenizer.json") from err
+            raise ConfigError(
+                f"{key} = {spec!r}: not a tokenizer.json the tokenizers library can load ({err}); give "
+                "'byte' or the path of a Hugging Face tokenizer.json"
+            ) from err
         self._tok, self.kind, self.vocab_size = tok, "hf", tok.get_vocab_size(with_added_tokens=True)
         self.json = tok.to_str()
         self.sha256 = hashlib.sha256(self.json.encode()).hexdigest()
         names = [eos_token] if eos_token is not None else list(EOS_CANDIDATES)
         found = [(n, tok.token_to_id(n)) for n in names if tok.token_to_id(n) is not None]
         if not found:
-            what = f"has no token {eos_token!r}" if eos_token else f"has none of the usual end-of-document tokens {list(EOS_CANDIDATES)}"
-            raise ConfigError(f"{key} = {spec!r} {what}; set output.tokens.eos_token to the tokenizer's end-of-document token")
+            what = (
+                f"has no token {eos_token!r}"
+                if eos_token
+                else f"has none of the usual end-of-document tokens {list(EOS_CANDIDATES)}"
+            )
+            raise ConfigError(
+                f"{key} = {spec!r} {what}; set output.tokens.eos_token to the tokenizer's end-of-document token"
+            )
         self.eos_token, self.eos_id = found[0]
 
     @property

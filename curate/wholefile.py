@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fsspec
 
-from curate.errors import InputError, WinnowError
+from winnow.curate.errors import InputError, WinnowError
 
 MiB = 1 << 20
 TOKENIZER_BYTES = 256 * MiB  # the largest tokenizer.json files in use (256k vocabularies) are ~35 MB
@@ -19,18 +19,23 @@ MANIFEST_BYTES = 1024 * MiB  # a manifest lists every shard with its per-source 
 README_BYTES = 16 * MiB
 
 
-def read_whole(url: str, *, limit: int, what: str, storage_options: dict | None = None,
-               error: type[WinnowError] = InputError) -> bytes:
+def read_whole(
+    url: str, *, limit: int, what: str, storage_options: dict | None = None, error: type[WinnowError] = InputError
+) -> bytes:
     """The bytes of ``url`` (a path or any fsspec URL), at most ``limit`` of them; ``error`` names ``what`` otherwise."""
     try:
         fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
         info = fs.info(path)
         kind, size = info.get("type"), info.get("size")
         if kind != "file":
-            raise error(f"{what} {url} is {'a folder' if kind == 'directory' else 'not a regular file'} "
-                        f"(a device, a FIFO or a socket reads forever); give the path of the file itself")
+            raise error(
+                f"{what} {url} is {'a folder' if kind == 'directory' else 'not a regular file'} "
+                f"(a device, a FIFO or a socket reads forever); give the path of the file itself"
+            )
         if size is not None and size > limit:
-            raise error(f"{what} {url} is {size} bytes, over winnow's cap of {limit} for such a file; is it the right file?")
+            raise error(
+                f"{what} {url} is {size} bytes, over winnow's cap of {limit} for such a file; is it the right file?"
+            )
         with fs.open(path, "rb") as fh:
             data = fh.read(limit + 1)
     except FileNotFoundError as err:
@@ -38,5 +43,7 @@ def read_whole(url: str, *, limit: int, what: str, storage_options: dict | None 
     except OSError as err:
         raise error(f"{what} {url} cannot be read: {err.strerror or err}") from err
     if len(data) > limit:
-        raise error(f"{what} {url} holds more than winnow's cap of {limit} bytes for such a file; is it the right file?")
+        raise error(
+            f"{what} {url} holds more than winnow's cap of {limit} bytes for such a file; is it the right file?"
+        )
     return data

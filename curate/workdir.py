@@ -57,10 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from curate.atomic import write_text_atomic
-from curate.crashpoints import crash_point
-from curate.errors import ConfigError, OutputError
-from curate.names import path_name
+from winnow.curate.atomic import write_text_atomic
+from winnow.curate.crashpoints import crash_point
+from winnow.curate.errors import ConfigError, OutputError
+from winnow.curate.names import path_name
 
 _DONE = "_SUCCESS"
 TASK_MARKER = "stats.json"  # a task folder's marker on an object store (written last); locally the folder's rename
@@ -95,13 +95,21 @@ def check_url(url: str, key: str, storage_options: dict[str, Any] | None = None)
         fsspec.get_filesystem_class(scheme)
     except (ImportError, ValueError) as err:
         hint = _DRIVERS.get(scheme, f"the fsspec driver for {scheme}:// (see fsspec's list of implementations)")
-        raise ConfigError(f"{key} = {url!r}: no fsspec driver for {scheme}:// is installed ({err}); install {hint}, "
-                          f"or give a local folder") from err
+        raise ConfigError(
+            f"{key} = {url!r}: no fsspec driver for {scheme}:// is installed ({err}); install {hint}, "
+            f"or give a local folder"
+        ) from err
 
 
-_DRIVERS = {"s3": "it with: pip install 'winnow[s3]' (s3fs)", "s3a": "it with: pip install 'winnow[s3]' (s3fs)",
-            "gs": "gcsfs (pip install gcsfs)", "gcs": "gcsfs (pip install gcsfs)", "az": "adlfs (pip install adlfs)",
-            "abfs": "adlfs (pip install adlfs)", "abfss": "adlfs (pip install adlfs)"}
+_DRIVERS = {
+    "s3": "it with: pip install 'winnow[s3]' (s3fs)",
+    "s3a": "it with: pip install 'winnow[s3]' (s3fs)",
+    "gs": "gcsfs (pip install gcsfs)",
+    "gcs": "gcsfs (pip install gcsfs)",
+    "az": "adlfs (pip install adlfs)",
+    "abfs": "adlfs (pip install adlfs)",
+    "abfss": "adlfs (pip install adlfs)",
+}
 
 # For a URL output, the local folder this process (or the task running now) works in.
 _ROOTS: dict[str, Path] = {}
@@ -244,8 +252,14 @@ class WorkDir:
             return sorted(str(p) for p in self.phase(phase).glob(f"task-*/{name}"))
         listed = self._find(self.phase(phase))
         done = {rel.split("/")[0] for rel in listed if rel.endswith(f"/{TASK_MARKER}") and rel.count("/") == 1}
-        files = [self.phase(phase) / rel for rel in listed if rel.count("/") == 1 and rel.split("/")[0] in done
-                 and rel.split("/")[1] == name and rel.startswith("task-")]
+        files = [
+            self.phase(phase) / rel
+            for rel in listed
+            if rel.count("/") == 1
+            and rel.split("/")[0] in done
+            and rel.split("/")[1] == name
+            and rel.startswith("task-")
+        ]
         for path in files if fetch else ():
             self.fetch(path)
         return sorted(str(p) for p in files)
@@ -308,7 +322,6 @@ class WorkDir:
     def val_write_marker(self, first_task: int) -> Path:
         """A validation write group's result file (named by its first task), its completion marker."""
         return self.root / "write-val" / f"{task_name(first_task)}.json"
-
 
     # -- sync with a store (no-ops for a local folder) -------------------------------------------
     def url(self, path: Path) -> str:
@@ -429,8 +442,11 @@ class WorkDir:
         """Delete the temporary keys killed uploads left under the output prefix (after a job ends); returns how many."""
         if not self.remote:
             return 0
-        stale = [f"{self.output}/{rel}" for rel in self._find(self.out)
-                 if rel.rsplit("/", 1)[-1].startswith(".") and rel.endswith(".tmp")]
+        stale = [
+            f"{self.output}/{rel}"
+            for rel in self._find(self.out)
+            if rel.rsplit("/", 1)[-1].startswith(".") and rel.endswith(".tmp")
+        ]
         for url in stale:
             with contextlib.suppress(FileNotFoundError):
                 self._call(self.fs.rm, url)
@@ -464,14 +480,16 @@ class WorkDir:
             found = self._call(self.fs.find, url)
         except FileNotFoundError:
             return []
-        return sorted(f[len(base) + 1:] for f in found if f.startswith(base + "/"))
+        return sorted(f[len(base) + 1 :] for f in found if f.startswith(base + "/"))
 
     def _put(self, local: str, url: str) -> None:
         try:
             self._call(self.fs.put_file, local, url)
         except FileNotFoundError as err:  # the bucket (or container) is not there
-            raise OutputError(f"job.output = {self.output!r}: cannot write {url} ({err}); create the bucket first, "
-                              f"or give one that exists") from err
+            raise OutputError(
+                f"job.output = {self.output!r}: cannot write {url} ({err}); create the bucket first, "
+                f"or give one that exists"
+            ) from err
 
     def _get(self, url: str, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -488,16 +506,22 @@ class WorkDir:
         except FileNotFoundError:
             raise
         except PermissionError as err:
-            raise OutputError(f"job.output = {self.output!r}: the store refused access ({err}); check the "
-                              f"credentials or [job] storage_options") from err
+            raise OutputError(
+                f"job.output = {self.output!r}: the store refused access ({err}); check the "
+                f"credentials or [job] storage_options"
+            ) from err
         except (OSError, ValueError, RuntimeError) as err:
-            raise OutputError(f"job.output = {self.output!r}: {err}; check the URL, the network and the "
-                              f"credentials ([job] storage_options)") from err
+            raise OutputError(
+                f"job.output = {self.output!r}: {err}; check the URL, the network and the "
+                f"credentials ([job] storage_options)"
+            ) from err
         except Exception as err:  # a driver's own errors (botocore's NoCredentialsError, ...) are not OSErrors
-            if type(err).__module__.split(".")[0] in ("curate", "builtins"):
+            if type(err).__module__.startswith(("winnow.", "builtins")):  # winnow's own errors pass through
                 raise
-            raise OutputError(f"job.output = {self.output!r}: {type(err).__name__}: {err}; check the credentials "
-                              f"and the endpoint ([job] storage_options, or the driver's environment variables)") from err
+            raise OutputError(
+                f"job.output = {self.output!r}: {type(err).__name__}: {err}; check the credentials "
+                f"and the endpoint ([job] storage_options, or the driver's environment variables)"
+            ) from err
 
 
 def fresh_tmp(final: Path) -> Path:

@@ -18,8 +18,8 @@ import sys
 import typing
 from pathlib import Path
 
-from curate.stages import _KINDS, stage_class
-from pipelines.config import _default, _type_name, class_doc, field_docs, tables
+from winnow.curate.stages import _KINDS, stage_class
+from winnow.pipelines.config import _default, _type_name, class_doc, field_docs, tables
 
 PAGE = Path(__file__).resolve().parent / "reference" / "job-file.md"
 
@@ -46,8 +46,10 @@ def table(cls: type) -> list[str]:
     lines = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(cls):
         if f.init:
-            lines.append(f"| `{f.name}` | {_cell(_type_name(hints[f.name]))} | `{_cell(_default(f))}` "
-                         f"| {_cell(docs.get(f.name, ''))} |")
+            lines.append(
+                f"| `{f.name}` | {_cell(_type_name(hints[f.name]))} | `{_cell(_default(f))}` "
+                f"| {_cell(docs.get(f.name, ''))} |"
+            )
     return lines
 
 
@@ -63,8 +65,13 @@ def render() -> str:
     out += ["## Curation", ""]
     for name in ("job", "inputs", "output", "output.tokens"):
         out += section("`[[inputs]]`" if name == "inputs" else f"`[{name}]`", known[name])
-    out += ["## Stages", "", "Each `[[stages]]` table names its `kind`; the other keys are that kind's. "
-            "Every kind also takes `sources` (run it on those sources only).", ""]
+    out += [
+        "## Stages",
+        "",
+        "Each `[[stages]]` table names its `kind`; the other keys are that kind's. "
+        "Every kind also takes `sources` (run it on those sources only).",
+        "",
+    ]
     for kind in sorted(_KINDS):
         cls = stage_class(kind)
         out += section(f'`kind = "{kind}"`', cls.Config, class_doc(cls))

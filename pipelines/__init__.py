@@ -1,3 +1,5 @@
 """End-to-end jobs composing curation and training, and the ``winnow`` command."""
 
-__version__ = "0.1.0"
+from winnow import __version__
+
+__all__ = ["__version__"]

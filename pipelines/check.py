@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from curate.config import Job, JobSection
-from curate.errors import ConfigError
-from pipelines.jobfile import build_config, check_sources, check_top_level, load_job, read_toml
+from winnow.curate.config import Job, JobSection
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.jobfile import build_config, check_sources, check_top_level, load_job, read_toml
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,8 +56,8 @@ def validate(
     if "train" not in raw and "ablate" not in raw:
         return checked
     try:
-        from pipelines.ablate.config import AblateConfig
-        from pipelines.train import load_train_config
+        from winnow.pipelines.ablate.config import AblateConfig
+        from winnow.pipelines.train import load_train_config
     except ModuleNotFoundError as err:  # a curation-only install: say what was not checked
         checked.unchecked = f"[train] and [ablate] need {err.name!r}: pip install 'winnow[train]'"
         return checked
@@ -91,7 +91,7 @@ def run_check(args: argparse.Namespace) -> int:
     checked = validate(args.job)
     lines = []
     if checked.job is not None:
-        from curate.readers.files import list_files
+        from winnow.curate.readers.files import list_files
 
         job = checked.job
         files = [len(list_files(cfg)) for cfg in job.inputs]  # a wrong path fails here, naming the input

@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from curate.errors import FolderInUseError
+from winnow.curate.errors import FolderInUseError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import NamedTuple
 
-from pipelines import __version__
+from winnow.pipelines import __version__
 
 
 class Command(NamedTuple):
@@ -23,28 +23,44 @@ class Command(NamedTuple):
 
 
 COMMANDS: dict[str, Command] = {
-    "curate": Command("pipelines.curate", "run a job's curation stages and write shards"),
-    "train": Command("pipelines.train", "train the MoE model on a job's shards ([train] table)", "train"),
-    "plan": Command("pipelines.plan", "size a run from a compute budget, or estimate a job's [train] run", "train"),
-    "check": Command("pipelines.check", "validate a job file (every table, the inputs' paths) without running anything"),
-    "config": Command("pipelines.config", "show a stage's or table's keys with defaults and docs; the job file's JSON schema"),
-    "run": Command("pipelines.run", "curate, train (when the job has [train]) and write the report", "train"),
-    "ablate": Command("pipelines.ablate", "train variants of the mix or the curation ([ablate]) and tabulate their effect",
-                      "train"),
-    "report": Command("pipelines.report.command", "write report.html for a job folder, a run folder, or both", "report"),
-    "tokenizer": Command("pipelines.tokenizer", "tokenizer tools", "train"),
-    "export": Command("pipelines.export", "write a run's model as safetensors (and a Hugging Face Mixtral where it maps)",
-                      "train"),
+    "curate": Command("winnow.pipelines.curate", "run a job's curation stages and write shards"),
+    "train": Command("winnow.pipelines.train", "train the MoE model on a job's shards ([train] table)", "train"),
+    "plan": Command(
+        "winnow.pipelines.plan", "size a run from a compute budget, or estimate a job's [train] run", "train"
+    ),
+    "check": Command(
+        "winnow.pipelines.check", "validate a job file (every table, the inputs' paths) without running anything"
+    ),
+    "config": Command(
+        "winnow.pipelines.config", "show a stage's or table's keys with defaults and docs; the job file's JSON schema"
+    ),
+    "run": Command("winnow.pipelines.run", "curate, train (when the job has [train]) and write the report", "train"),
+    "ablate": Command(
+        "winnow.pipelines.ablate",
+        "train variants of the mix or the curation ([ablate]) and tabulate their effect",
+        "train",
+    ),
+    "report": Command(
+        "winnow.pipelines.report.command", "write report.html for a job folder, a run folder, or both", "report"
+    ),
+    "tokenizer": Command("winnow.pipelines.tokenizer", "tokenizer tools", "train"),
+    "export": Command(
+        "winnow.pipelines.export",
+        "write a run's model as safetensors (and a Hugging Face Mixtral where it maps)",
+        "train",
+    ),
 }
 #: The loggers of progress lines (a progress bar's stand-in when stderr is not a terminal): shown unless ``-q``.
-PROGRESS_LOGGERS = ("curate.progress", "train.progress")
+PROGRESS_LOGGERS = ("winnow.curate.progress", "winnow.train.progress")
 #: What each extra installs (pyproject.toml), to tell a missing optional package from a bug.
 EXTRA_PACKAGES = {"train": ("torch", "matplotlib", "tokenizers", "safetensors"), "report": ("matplotlib",)}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with full arguments for ``command`` (every command when None)."""
-    parser = argparse.ArgumentParser(prog="winnow", description="Curate multi-source text into training shards; train and report.")
+    parser = argparse.ArgumentParser(
+        prog="winnow", description="Curate multi-source text into training shards; train and report."
+    )
     parser.add_argument("-V", "--version", action="version", version=f"winnow {__version__}")
     _logging_options(parser, "verbose", "quiet", default=0)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -66,10 +82,17 @@ def _logging_options(parser: argparse.ArgumentParser, verbose: str, quiet: str, 
     A subcommand's copies write other names (``sub_verbose``), so its parser, which argparse runs on
     a namespace of its own, never resets what was given before the command (``verbosity`` adds them).
     """
-    parser.add_argument("-v", "--verbose", dest=verbose, action="count", default=default,
-                        help="more logging (-vv for debug)")
-    parser.add_argument("-q", "--quiet", dest=quiet, action="store_true", default=default,
-                        help="no progress bars or progress lines, warnings only")
+    parser.add_argument(
+        "-v", "--verbose", dest=verbose, action="count", default=default, help="more logging (-vv for debug)"
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        dest=quiet,
+        action="store_true",
+        default=default,
+        help="no progress bars or progress lines, warnings only",
+    )
 
 
 def _subparsers(parser: argparse.ArgumentParser):
@@ -103,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     verbose, args.quiet = verbosity(args)
     configure_logging(verbose=verbose, quiet=args.quiet)
     code = _run(args)
-    mesh = sys.modules.get("train.parallel.mesh")  # imported only by the commands that train
+    mesh = sys.modules.get("winnow.train.parallel.mesh")  # imported only by the commands that train
     return mesh.exit_process(code) if mesh is not None else code  # a torchrun worker ends here (see there)
 
 
@@ -117,8 +140,8 @@ def configure_logging(*, verbose: int, quiet: bool) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from curate.errors import WinnowError
-    from train.errors import TrainError  # no dependencies: importable in a curation-only install
+    from winnow.curate.errors import WinnowError
+    from winnow.train.errors import TrainError  # no dependencies: importable in a curation-only install
 
     try:
         return int(args.func(args) or 0)
@@ -138,8 +161,11 @@ def _missing(name: str | None, err: ModuleNotFoundError) -> int:
     package = (err.name or "").split(".")[0]
     if extra is None or package not in EXTRA_PACKAGES.get(extra, ()):
         raise err
-    print(f"winnow {name}: error: this command needs {package!r}, which is not installed; "
-          f"install winnow's {extra} extra: pip install 'winnow[{extra}]'", file=sys.stderr)
+    print(
+        f"winnow {name}: error: this command needs {package!r}, which is not installed; "
+        f"install winnow's {extra} extra: pip install 'winnow[{extra}]'",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -24,19 +24,25 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from curate.config import InputConfig, JobSection, OutputConfig
-from curate.errors import ConfigError
-from curate.stages import stage_class, stage_kinds
+from winnow.curate.config import InputConfig, JobSection, OutputConfig
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages import stage_class, stage_kinds
 
 _TABLES = {"job": JobSection, "inputs": InputConfig, "output": OutputConfig}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("config", help="show a stage's or table's keys with defaults and docs; the job file's JSON schema")
+    p = sub.add_parser(
+        "config", help="show a stage's or table's keys with defaults and docs; the job file's JSON schema"
+    )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     show = actions.add_parser("show", help="keys of a stage kind or a table, with types, defaults and docs")
-    show.add_argument("kind", nargs="?", help="a stage kind (dedup.minhash) or a table (job, inputs, output, train, "
-                      "train.model, ...); without one, list them")
+    show.add_argument(
+        "kind",
+        nargs="?",
+        help="a stage kind (dedup.minhash) or a table (job, inputs, output, train, "
+        "train.model, ...); without one, list them",
+    )
     show.set_defaults(func=run_show)
     schema = actions.add_parser("schema", help="the job file's JSON Schema, for editors")
     schema.add_argument("-o", "--output", type=Path, help="write it to this file (default: print it)")
@@ -57,8 +63,8 @@ def tables() -> dict[str, type]:
     for name, cls in _TABLES.items():
         nested(name, cls)
     try:
-        from pipelines.ablate.config import AblateConfig
-        from train.config import TrainConfig
+        from winnow.pipelines.ablate.config import AblateConfig
+        from winnow.train.config import TrainConfig
     except ImportError:  # a curation-only install
         return out
     nested("train", TrainConfig)
@@ -70,8 +76,11 @@ def homes(key: str, *, near: str = "") -> list[str]:
     """Every table that has ``key``, as a job file writes its header: tables first (those under ``near``'s
     top-level table before others, then shallower before deeper, then in job-file order), then stage kinds."""
     root = near.split(".")[0]
-    found = sorted((name.split(".")[0] != root, name.count("."), i, name) for i, (name, cls) in enumerate(tables().items())
-                   if name != near and key in _keys(cls))
+    found = sorted(
+        (name.split(".")[0] != root, name.count("."), i, name)
+        for i, (name, cls) in enumerate(tables().items())
+        if name != near and key in _keys(cls)
+    )
     out = [f"[{name}]" for *_, name in found]
     for kind in stage_kinds():
         try:
@@ -127,14 +136,20 @@ def _class_comments(source: str) -> dict[str, str]:
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = (tok.string.lstrip("#").strip(), not tok.line[: tok.start[1]].strip())
-    fields = [(node.target.id, node.lineno, node.end_lineno) for node in body
-              if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-              and "ClassVar" not in ast.unparse(node.annotation)]
+    fields = [
+        (node.target.id, node.lineno, node.end_lineno)
+        for node in body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and "ClassVar" not in ast.unparse(node.annotation)
+    ]
     trailing = {name: comments[end][0] for name, _, end in fields if end in comments and not comments[end][1]}
     docs: dict[str, list[str]] = {name: [] for name, *_ in fields}  # each field's comments, one text per comment
     for i, (name, start, end) in enumerate(fields):
         before = fields[i - 1] if i else None
-        lines = [comments[n][0] for n in range((before[2] + 1) if before else 1, start) if comments.get(n, ("", False))[1]]
+        lines = [
+            comments[n][0] for n in range((before[2] + 1) if before else 1, start) if comments.get(n, ("", False))[1]
+        ]
         if before is not None and trailing.get(before[0], "").endswith((",", ";", ":", "(")):
             docs[before[0]][-1] = " ".join([docs[before[0]][-1], *lines])  # the previous field's comment, continued
         elif lines:
@@ -163,8 +178,11 @@ def _type_name(tp: Any) -> str:
     if origin is Literal:
         return " | ".join(json.dumps(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None)) + " (optional)" \
-            if type(None) in typing.get_args(tp) else " | ".join(_type_name(a) for a in typing.get_args(tp))
+        return (
+            " | ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None)) + " (optional)"
+            if type(None) in typing.get_args(tp)
+            else " | ".join(_type_name(a) for a in typing.get_args(tp))
+        )
     if origin in (list, tuple):
         return f"list of {_type_name(typing.get_args(tp)[0])}" if typing.get_args(tp) else "list"
     if origin is dict:
@@ -192,7 +210,11 @@ def _default(f: dataclasses.Field) -> str:
 def describe(cls: type, title: str) -> str:
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     doc = class_doc(cls)
-    rows = [(f.name, _type_name(hints[f.name]), _default(f), docs.get(f.name, "")) for f in dataclasses.fields(cls) if f.init]
+    rows = [
+        (f.name, _type_name(hints[f.name]), _default(f), docs.get(f.name, ""))
+        for f in dataclasses.fields(cls)
+        if f.init
+    ]
     width = [max(len(r[i]) for r in rows + [("key", "type", "default", "")]) for i in range(3)]
     lines = [f"{title}: {doc}".rstrip(": "), ""]
     lines.append(f"{'key':<{width[0]}}  {'type':<{width[1]}}  {'default':<{width[2]}}  doc")
@@ -236,8 +258,12 @@ def type_schema(tp: Any) -> dict[str, Any]:
         return {"type": "object", **({"additionalProperties": type_schema(args[1])} if args else {})}
     if dataclasses.is_dataclass(tp):
         return object_schema(tp)
-    return {int: {"type": "integer"}, float: {"type": "number"}, str: {"type": "string"},
-            bool: {"type": "boolean"}}.get(tp, {})
+    return {
+        int: {"type": "integer"},
+        float: {"type": "number"},
+        str: {"type": "string"},
+        bool: {"type": "boolean"},
+    }.get(tp, {})
 
 
 def object_schema(cls: type, *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -277,16 +303,30 @@ def job_schema() -> dict[str, Any]:
         stages.append({"if": {"properties": {"kind": {"const": kind}}}, "then": schema})
     known = tables()
     props: dict[str, Any] = {
-        "job": object_schema(JobSection), "inputs": {"type": "array", "items": object_schema(InputConfig)},
-        "stages": {"type": "array", "items": {"type": "object", "required": ["kind"],
-                                              "properties": {"kind": {"enum": stage_kinds()}}, "allOf": stages}},
-        "output": object_schema(OutputConfig), "report": {"type": "object"},
+        "job": object_schema(JobSection),
+        "inputs": {"type": "array", "items": object_schema(InputConfig)},
+        "stages": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["kind"],
+                "properties": {"kind": {"enum": stage_kinds()}},
+                "allOf": stages,
+            },
+        },
+        "output": object_schema(OutputConfig),
+        "report": {"type": "object"},
     }
     for name in ("train", "ablate"):
         if name in known:
             props[name] = object_schema(known[name])
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "winnow job file",
-            "type": "object", "properties": props, "additionalProperties": False}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "winnow job file",
+        "type": "object",
+        "properties": props,
+        "additionalProperties": False,
+    }
 
 
 def run_schema(args: argparse.Namespace) -> int:

@@ -12,14 +12,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", type=Path, help="the job file (TOML)")
     p.add_argument("--output", help="output folder or fsspec URL, e.g. s3://bucket/job (overrides [job] output)")
     p.add_argument("--workers", type=int, help="local worker processes (overrides [job] workers)")
-    p.add_argument("--overwrite", action="store_true", help="replace the outputs of another job, or of a finished run "
-                   "made with another configuration, in the output folder (refused otherwise)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the outputs of another job, or of a finished run "
+        "made with another configuration, in the output folder (refused otherwise)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from curate.pipeline import run_job  # here, not at import: `winnow curate --help` stays instant
-    from pipelines.jobfile import load_job
+    from winnow.curate.pipeline import run_job  # here, not at import: `winnow curate --help` stays instant
+    from winnow.pipelines.jobfile import load_job
 
     job = load_job(args.job, output=args.output, workers=args.workers)
     manifest = run_job(job, progress=not args.quiet, overwrite=args.overwrite)
@@ -46,7 +50,9 @@ def summary_table(manifest: dict[str, Any]) -> str:
     """Rows per stage and rejects by reason, as a plain-text table."""
     lines = [f"{'stage':<28}{'in':>10}{'out':>10}{'rejected':>10}{'seconds':>9}"]
     for st in manifest["stages"]:
-        lines.append(f"{st['id']:<28}{st['rows_in']:>10}{st['rows_out']:>10}{st['rows_rejected']:>10}{st['seconds']:>9.2f}")
+        lines.append(
+            f"{st['id']:<28}{st['rows_in']:>10}{st['rows_out']:>10}{st['rows_rejected']:>10}{st['seconds']:>9.2f}"
+        )
         for reason, n in st["rejected"].items():
             lines.append(f"    {reason:<44}{n:>10}")
     t = manifest["totals"]

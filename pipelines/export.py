@@ -12,14 +12,16 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a run's model as safetensors (and a Hugging Face Mixtral where it maps)")
-    p.add_argument("run", type=Path, help="the run folder (its newest valid checkpoint) or one checkpoints/step-N folder")
+    p.add_argument(
+        "run", type=Path, help="the run folder (its newest valid checkpoint) or one checkpoints/step-N folder"
+    )
     p.add_argument("--output", type=Path, help="where to write (default: RUN/export)")
     p.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from train.checkpoint import load_checkpoint
-    from train.export import export_model
+    from winnow.train.checkpoint import load_checkpoint
+    from winnow.train.export import export_model
 
     checkpoint, state = load_checkpoint(args.run, what=f"winnow export {args.run}")
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
@@ -31,24 +33,31 @@ def run_export(args: argparse.Namespace) -> int:
     if tokenizer is None:
         print(f"no tokenizer: {run_dir} holds no tokenizer_meta.json; the export has the model only")
     if written["hf"]:
-        print(f"Hugging Face Mixtral with its tokenizer (AutoModelForCausalLM / AutoTokenizer / "
-              f"pipeline('text-generation')): {written['hf']}")
+        print(
+            f"Hugging Face Mixtral with its tokenizer (AutoModelForCausalLM / AutoTokenizer / "
+            f"pipeline('text-generation')): {written['hf']}"
+        )
     else:
-        print("no Hugging Face Mixtral: this model does not map onto it exactly:\n  " + "\n  ".join(written["hf_blockers"]))
+        print(
+            "no Hugging Face Mixtral: this model does not map onto it exactly:\n  "
+            + "\n  ".join(written["hf_blockers"])
+        )
     return 0
 
 
 def run_tokenizer(run_dir: Path, state: dict):
     """The tokenizer the run folder holds (None when it holds none); a CheckpointError when it is not the one
     the checkpoint was trained with."""
-    from train.errors import CheckpointError
-    from train.tokenizer import META_FILE, load_tokenizer
+    from winnow.train.errors import CheckpointError
+    from winnow.train.tokenizer import META_FILE, load_tokenizer
 
     if not (run_dir / META_FILE).is_file():
         return None
     tokenizer = load_tokenizer(run_dir, where=f"{run_dir}: the run's tokenizer")
     trained = (state.get("data") or {}).get("tokenizer")
     if trained is not None and trained != tokenizer.name:
-        raise CheckpointError(f"{run_dir} holds tokenizer {tokenizer.name!r}, but its checkpoint was trained with "
-                              f"{trained!r}; export the checkpoint from its own run folder")
+        raise CheckpointError(
+            f"{run_dir} holds tokenizer {tokenizer.name!r}, but its checkpoint was trained with "
+            f"{trained!r}; export the checkpoint from its own run folder"
+        )
     return tokenizer

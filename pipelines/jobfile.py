@@ -17,10 +17,10 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from curate.config import InputConfig, Job, JobSection, OutputConfig, StageSpec
-from curate.errors import ConfigError
-from curate.stages import stage_class
-from curate.wholefile import JOB_FILE_BYTES, read_whole
+from winnow.curate.config import InputConfig, Job, JobSection, OutputConfig, StageSpec
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages import stage_class
+from winnow.curate.wholefile import JOB_FILE_BYTES, read_whole
 
 log = logging.getLogger(__name__)
 _TOP_LEVEL = ("job", "inputs", "stages", "output", "train", "report", "ablate")
@@ -38,10 +38,12 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {removed[unknown[0]]}")
     if unknown:
         key = unknown[0]
-        raise ConfigError(f"{where}: unknown key {key!r}{_key_hint(key, fields, where)}; "
-                          f"allowed keys: {', '.join(sorted(fields))}")
+        raise ConfigError(
+            f"{where}: unknown key {key!r}{_key_hint(key, fields, where)}; allowed keys: {', '.join(sorted(fields))}"
+        )
     missing = [
-        n for n, f in fields.items()
+        n
+        for n, f in fields.items()
         if n not in table and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:
@@ -57,7 +59,7 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
 
 def _key_hint(key: str, allowed, where: str) -> str:
     """`` (belongs in [train])`` when another table has the key, else `` (did you mean 'x'?)`` for a near spelling."""
-    from pipelines.config import homes  # the registry of every table; only read on this error path
+    from winnow.pipelines.config import homes  # the registry of every table; only read on this error path
 
     found = homes(key, near=_table_of(where))
     if found:
@@ -75,7 +77,7 @@ def _table_of(where: str) -> str:
 
 def _config_errors() -> tuple[type[Exception], ...]:
     """Both packages' ConfigError: the trainer's configs raise train's own (it never imports curate)."""
-    from train.errors import ConfigError as TrainConfigError  # no dependencies: always importable
+    from winnow.train.errors import ConfigError as TrainConfigError  # no dependencies: always importable
 
     return (ConfigError, TrainConfigError)
 
@@ -174,11 +176,15 @@ def job_from_dict(
     for i, table in enumerate(raw.get("stages", [])):
         where = f"{name} [[stages]] #{i + 1}"
         if "kind" not in table:
-            raise ConfigError(f"{where}: missing required key 'kind' (the stage to run, e.g. kind = \"dedup.minhash\"; "
-                              f"`winnow config show` lists them)")
+            raise ConfigError(
+                f"{where}: missing required key 'kind' (the stage to run, e.g. kind = \"dedup.minhash\"; "
+                f"`winnow config show` lists them)"
+            )
         params = {k: v for k, v in table.items() if k != "kind"}
         cls = stage_class(table["kind"], where=f"{where}: ")
-        stages.append(StageSpec(kind=table["kind"], config=build_config(cls.Config, params, f"{where} ({table['kind']})")))
+        stages.append(
+            StageSpec(kind=table["kind"], config=build_config(cls.Config, params, f"{where} ({table['kind']})"))
+        )
     check_source_names(input_cfgs, stages, name)
     out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
     return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
@@ -193,14 +199,18 @@ def check_top_level(raw: dict[str, Any], name: str) -> None:
     for key, value in raw.items():
         if key not in _TOP_LEVEL:
             if not isinstance(value, dict | list):  # a key above the first table header
-                raise ConfigError(f"{name}: key {key!r} is outside every table{_key_hint(key, _TOP_LEVEL, '')}; "
-                                  "a key goes under its table's header")
+                raise ConfigError(
+                    f"{name}: key {key!r} is outside every table{_key_hint(key, _TOP_LEVEL, '')}; "
+                    "a key goes under its table's header"
+                )
             close = difflib.get_close_matches(key, _TOP_LEVEL, n=1)
             hint = f" (did you mean [{close[0]}]?)" if close else ""
             raise ConfigError(f"{name}: unknown table [{key}]{hint}; allowed: {', '.join(_TOP_LEVEL)}")
         if key in _ARRAYS and not (isinstance(value, list) and all(isinstance(t, dict) for t in value)):
-            raise ConfigError(f"{name}: [{key}] must be written [[{key}]] (two brackets): each [[{key}]] header starts "
-                              f"one more table of the list")
+            raise ConfigError(
+                f"{name}: [{key}] must be written [[{key}]] (two brackets): each [[{key}]] header starts "
+                f"one more table of the list"
+            )
         if key not in _ARRAYS and not isinstance(value, dict):
             shape = f"[[{key}]] (a list of tables)" if isinstance(value, list) else f"a plain key {key!r}"
             raise ConfigError(f"{name}: {key!r} must be one [{key}] table; found {shape}")
@@ -215,7 +225,9 @@ def check_source_names(inputs: list[InputConfig], stages: list[StageSpec], name:
     """
     for i, spec in enumerate(stages):
         for key in type(spec.config).SOURCE_KEYS:
-            check_sources(getattr(spec.config, key, None), inputs, f"{name} [[stages]] #{i + 1} ({spec.kind}) key {key!r}")
+            check_sources(
+                getattr(spec.config, key, None), inputs, f"{name} [[stages]] #{i + 1} ({spec.kind}) key {key!r}"
+            )
 
 
 def check_sources(value: Any, inputs: list[InputConfig], where: str) -> None:

@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from train.plan.budget import DEFAULT_MFU, describe, duration, measured_mfu, plan_run
-from train.plan import hardware
-from train.plan.hardware import DEVICES, LINKS_GBPS
+from winnow.train.plan import hardware
+from winnow.train.plan.budget import DEFAULT_MFU, describe, duration, measured_mfu, plan_run
+from winnow.train.plan.hardware import DEVICES, LINKS_GBPS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser("plan", help="size a run from a compute budget, or estimate a job's [train] run")
     q.add_argument("job", type=Path, nargs="?", help="a job file: estimate its [train] run's time and memory instead")
-    q.add_argument("--gpu", help=f"device type, one of: {', '.join(DEVICES)} (default: this machine's accelerator, "
-                   "with the memory the driver reports, when it has one; else h100)")
+    q.add_argument(
+        "--gpu",
+        help=f"device type, one of: {', '.join(DEVICES)} (default: this machine's accelerator, "
+        "with the memory the driver reports, when it has one; else h100)",
+    )
     q.add_argument("--gpus", type=int, default=8, help="number of devices (default 8)")
     q.add_argument("--hours", type=float, help="wall-clock hours on those devices (the budget)")
     q.add_argument("--flops", type=float, help="the budget in FLOPs instead of hours")
@@ -24,8 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     q.add_argument("--seq-len", type=int, default=4096, help="sequence length (default 4096)")
     q.add_argument("--vocab", type=int, default=32768, help="vocabulary size (default 32768)")
-    q.add_argument("--memory-gib", type=float, help="override the device's memory (default: the local device's "
-                   "when it is the one planned for, else the table's)")
+    q.add_argument(
+        "--memory-gib",
+        type=float,
+        help="override the device's memory (default: the local device's "
+        "when it is the one planned for, else the table's)",
+    )
     q.add_argument("--peak-tflops", type=float, help="override the device's dense bf16 peak")
     q.add_argument("--intra", help=f"link inside a node: GB/s or one of {', '.join(LINKS_GBPS)}")
     q.add_argument("--inter", help="link across nodes, per device: GB/s or a link name")
@@ -34,18 +41,36 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    dev, memory_basis = hardware.resolve(args.gpu, memory_gib=args.memory_gib, peak_tflops=args.peak_tflops,
-                                         intra=args.intra, inter=args.inter, per_node=args.gpus_per_node,
-                                         local=hardware.local_device())
+    dev, memory_basis = hardware.resolve(
+        args.gpu,
+        memory_gib=args.memory_gib,
+        peak_tflops=args.peak_tflops,
+        intra=args.intra,
+        inter=args.inter,
+        per_node=args.gpus_per_node,
+        local=hardware.local_device(),
+    )
     print(f"device memory: {dev.memory_gib:g} GiB per device, {memory_basis}")
-    mfu, basis = (args.mfu, "given") if args.mfu is not None else (DEFAULT_MFU, "assumed; --from RUN uses a measured one")
+    mfu, basis = (
+        (args.mfu, "given") if args.mfu is not None else (DEFAULT_MFU, "assumed; --from RUN uses a measured one")
+    )
     if args.from_run is not None and args.mfu is None:
         mfu, basis = measured_mfu(args.from_run), f"measured in {args.from_run}"
     if args.job is not None:
         return _estimate_job(args, dev, mfu)
     hours = args.hours if args.hours is not None or args.flops is not None else 24.0
-    plan = plan_run(dev, gpus=args.gpus, hours=hours if args.flops is None else None, flops=args.flops, mfu=mfu,
-                    mfu_basis=basis, n_experts=args.experts, top_k=args.top_k, vocab_size=args.vocab, seq_len=args.seq_len)
+    plan = plan_run(
+        dev,
+        gpus=args.gpus,
+        hours=hours if args.flops is None else None,
+        flops=args.flops,
+        mfu=mfu,
+        mfu_basis=basis,
+        n_experts=args.experts,
+        top_k=args.top_k,
+        vocab_size=args.vocab,
+        seq_len=args.seq_len,
+    )
     if args.hours is None and args.flops is None:
         print("no budget given: planning 24 h (set --hours or --flops)")
     print(describe(plan, dev, args.gpus))
@@ -53,12 +78,14 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _estimate_job(args: argparse.Namespace, dev, mfu: float) -> int:
-    from pipelines.train import load_train_config
-    from train.planner import estimate_run
+    from winnow.pipelines.train import load_train_config
+    from winnow.train.planner import estimate_run
 
     est = estimate_run(load_train_config(args.job), peak_flops=dev.peak_flops, utilization=mfu, devices=args.gpus)
-    print(f"[train] run on {args.gpus} x {dev.name}: {est['total_params'] / 1e6:.2f}M total / "
-          f"{est['active_params'] / 1e6:.2f}M active params, {est['tokens'] / 1e6:.2f}M tokens "
-          f"({est['tokens_per_param']:.1f} per active param), {est['flops']:.3g} FLOPs ≈ {duration(est['hours'])} "
-          f"at MFU {mfu:.0%}, ≈ {est['memory_gib_per_device']:.2f} GiB per device")
+    print(
+        f"[train] run on {args.gpus} x {dev.name}: {est['total_params'] / 1e6:.2f}M total / "
+        f"{est['active_params'] / 1e6:.2f}M active params, {est['tokens'] / 1e6:.2f}M tokens "
+        f"({est['tokens_per_param']:.1f} per active param), {est['flops']:.3g} FLOPs ≈ {duration(est['hours'])} "
+        f"at MFU {mfu:.0%}, ≈ {est['memory_gib_per_device']:.2f} GiB per device"
+    )
     return 0

@@ -17,16 +17,26 @@ from pathlib import Path
 
 import fsspec
 
-from curate.atomic import write_json_atomic, write_text_atomic
-from curate.errors import InputError
-from curate.manifest import package_versions
-from curate.wholefile import JOB_FILE_BYTES, MANIFEST_BYTES, read_whole
+from winnow.curate.atomic import write_json_atomic, write_text_atomic
+from winnow.curate.errors import InputError
+from winnow.curate.manifest import package_versions
+from winnow.curate.wholefile import JOB_FILE_BYTES, MANIFEST_BYTES, read_whole
 
 log = logging.getLogger(__name__)
 
 FILE = "provenance.json"
-_PACKAGES = ("torch", "numpy", "polars", "pyarrow", "numba", "datasketch", "webdataset", "tokenizers", "fsspec",
-             "matplotlib")
+_PACKAGES = (
+    "torch",
+    "numpy",
+    "polars",
+    "pyarrow",
+    "numba",
+    "datasketch",
+    "webdataset",
+    "tokenizers",
+    "fsspec",
+    "matplotlib",
+)
 
 
 def manifest_sha256(data: str | Path) -> str:
@@ -54,10 +64,17 @@ def git_commit(where: str | Path | None = None) -> dict[str, object] | None:
     """The commit of the checkout holding this code (and whether it had local changes); None outside git."""
     cwd = Path(where) if where is not None else Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
-                               text=True, timeout=10, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "dirty": bool(dirty)}
@@ -70,14 +87,20 @@ def provenance(*, job_file: str | Path | None, data: Sequence[str | Path], extra
         path = Path(job_file)
         text = read_whole(str(path), limit=JOB_FILE_BYTES, what="job file").decode("utf-8", errors="replace")
         job = {"path": str(path.resolve()), "text": text}
-    return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": sys.argv, "job_file": job,
-            "data": [_data_record(d) for d in data],
-            "packages": package_versions(_PACKAGES), "git": git_commit(), **(extra or {})}
+    return {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "job_file": job,
+        "data": [_data_record(d) for d in data],
+        "packages": package_versions(_PACKAGES),
+        "git": git_commit(),
+        **(extra or {}),
+    }
 
 
-def write_provenance(run_dir: str | Path, *, job_file: str | Path | None, data: Sequence[str | Path],
-                     extra: dict | None = None) -> Path:
+def write_provenance(
+    run_dir: str | Path, *, job_file: str | Path | None, data: Sequence[str | Path], extra: dict | None = None
+) -> Path:
     """Write ``<run_dir>/provenance.json`` (and a copy of the job file beside it); returns its path."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -11,18 +11,18 @@ import argparse
 import logging
 from pathlib import Path
 
-from curate.errors import ConfigError
-from curate.pipeline import run_job
-from curate.workdir import is_url
-from pipelines.check import validate
-from pipelines.cleanup import removed_on_failure
-from pipelines.curate import print_summary
-from pipelines.jobfile import read_toml
-from pipelines.provenance import write_provenance
-from pipelines.report import counterfactual as cf_text
-from pipelines.report.page import write_report
-from pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
-from pipelines.train import build_trainer, load_train_config, model_line, run_inputs
+from winnow.curate.errors import ConfigError
+from winnow.curate.pipeline import run_job
+from winnow.curate.workdir import is_url
+from winnow.pipelines.check import validate
+from winnow.pipelines.cleanup import removed_on_failure
+from winnow.pipelines.curate import print_summary
+from winnow.pipelines.jobfile import read_toml
+from winnow.pipelines.provenance import write_provenance
+from winnow.pipelines.report import counterfactual as cf_text
+from winnow.pipelines.report.page import write_report
+from winnow.pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
+from winnow.pipelines.train import build_trainer, load_train_config, model_line, run_inputs
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +31,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="curate, train (when the job has [train]) and write the report")
     p.add_argument("job", type=Path, help="the job file (TOML)")
     p.add_argument("--steps", type=int, help="override [train] steps (e.g. a short check)")
-    p.add_argument("--output", help="override [job] output (the run folder becomes OUTPUT/train unless [train] sets it)")
+    p.add_argument(
+        "--output", help="override [job] output (the run folder becomes OUTPUT/train unless [train] sets it)"
+    )
     p.add_argument("--workers", type=int, help="local curation processes (overrides [job] workers)")
-    p.add_argument("--overwrite", action="store_true", help="replace another job's outputs, or a finished curation "
-                   "made with another configuration, in the output folder (refused otherwise)")
-    p.add_argument("--shards", help="skip curation and train on this folder or URL (a curated job folder, or any "
-                   "folder of Parquet files with a `text` column), then write the report")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace another job's outputs, or a finished curation "
+        "made with another configuration, in the output folder (refused otherwise)",
+    )
+    p.add_argument(
+        "--shards",
+        help="skip curation and train on this folder or URL (a curated job folder, or any "
+        "folder of Parquet files with a `text` column), then write the report",
+    )
     p.set_defaults(func=run)
 
 
@@ -108,15 +117,20 @@ def source_table(run: TrainingRun) -> str:
     lines = [cf_text.text(cf), ""] if cf is not None else []
     if cf is None and run.attribution is None and (run.config.get("attribution") or {}).get("every"):
         lines += ["attribution: the run ended before its first attributed stretch closed; nothing to predict from", ""]
-    lines.append(f"{'source':<14}{'tokens':>10}{'train loss':>12}{'held-out':>10}"
-                 + (f"{'without: own':>16}{'without: mean':>16}" if left_out else ""))
+    lines.append(
+        f"{'source':<14}{'tokens':>10}{'train loss':>12}{'held-out':>10}"
+        + (f"{'without: own':>16}{'without: mean':>16}" if left_out else "")
+    )
     for source in run.sources:
-        lines.append(f"{source:<14}{tokens.get(source, 0):>10}{num((last.get(source) or {}).get('mean_loss'), 12)}"
-                     f"{num(held.get(source), 10)}"
-                     + (f"{without(source, source)}{without(source, 'mean')}" if left_out else ""))
+        lines.append(
+            f"{source:<14}{tokens.get(source, 0):>10}{num((last.get(source) or {}).get('mean_loss'), 12)}"
+            f"{num(held.get(source), 10)}" + (f"{without(source, source)}{without(source, 'mean')}" if left_out else "")
+        )
     if left_out:
-        lines.append("without: the predicted change (nats, ± two standard errors) of the source's own held-out loss "
-                     "and of the held-out sets' mean if it were left out (above 0: the source helps)")
+        lines.append(
+            "without: the predicted change (nats, ± two standard errors) of the source's own held-out loss "
+            "and of the held-out sets' mean if it were left out (above 0: the source helps)"
+        )
     if run.attribution is not None and run.attribution.measured is not None:
         lines += ["", _attribution_text(run.attribution)]
     return "\n".join(lines)
@@ -126,12 +140,18 @@ def _attribution_text(attr: Attribution) -> str:
     """The decomposition per held-out source: measured change, the part attributed to sources, the rest, and
     the quadrature residual."""
     steps = f"steps {attr.steps[0]}-{attr.steps[1]}" if attr.steps else f"up to step {attr.step}"
-    lines = [f"where the held-out loss change came from (decomposition), {steps} (nats; negative = lowered):",
-             f"{'held-out':<14}{'measured':>10}{'sources':>10}{'other':>10}{'residual':>10}{'attributed':>12}"]
+    lines = [
+        f"where the held-out loss change came from (decomposition), {steps} (nats; negative = lowered):",
+        f"{'held-out':<14}{'measured':>10}{'sources':>10}{'other':>10}{'residual':>10}{'attributed':>12}",
+    ]
     for row in attribution_rows(attr):
         share = f"{100 * row['share']:.0f}%" if row["share"] is not None else "-"
-        lines.append(f"{row['source']:<14}{row['measured']:>+10.4f}{row['attributed']:>+10.4f}"
-                     f"{row['unattributed']:>+10.4f}{row['residual']:>+10.4f}{share:>12}")
-    lines.append("sources + other + residual = measured; other: weight decay, router losses, momentum from before "
-                 "the first attributed step; residual: the quadrature's error")
+        lines.append(
+            f"{row['source']:<14}{row['measured']:>+10.4f}{row['attributed']:>+10.4f}"
+            f"{row['unattributed']:>+10.4f}{row['residual']:>+10.4f}{share:>12}"
+        )
+    lines.append(
+        "sources + other + residual = measured; other: weight decay, router losses, momentum from before "
+        "the first attributed step; residual: the quadrature's error"
+    )
     return "\n".join(lines)

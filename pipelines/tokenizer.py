@@ -8,10 +8,10 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from curate.progress import PhaseProgress
-from train.data.shards import ShardSet, open_shards, read_shard
-from train.errors import ShardError
-from train.tokenizer import train_bpe
+from winnow.curate.progress import PhaseProgress
+from winnow.train.data.shards import ShardSet, open_shards, read_shard
+from winnow.train.errors import ShardError
+from winnow.train.tokenizer import train_bpe
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = p.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
     t = tsub.add_parser("train", help="train a byte-level BPE on a job's training shards")
     t.add_argument("data", help="a job file (TOML) or a job output folder holding manifest.json (local or s3://)")
-    t.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size, special tokens included (default 8192)")
-    t.add_argument("--output", required=True, type=Path, help="folder to write tokenizer.json and tokenizer_meta.json to")
+    t.add_argument(
+        "--vocab-size", type=int, default=8192, help="vocabulary size, special tokens included (default 8192)"
+    )
+    t.add_argument(
+        "--output", required=True, type=Path, help="folder to write tokenizer.json and tokenizer_meta.json to"
+    )
     t.add_argument("--split", default="train", help="which split's shards to read (default train)")
     t.add_argument("--max-docs", type=int, default=None, help="train on at most this many documents")
     t.set_defaults(func=run)
@@ -31,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def job_folder(data: str) -> str:
     """The job output folder of ``data``: itself, or the ``[job] output`` of a job file."""
     if data.endswith(".toml"):
-        from pipelines.jobfile import load_job
+        from winnow.pipelines.jobfile import load_job
 
         return load_job(data).job.output
     return data
@@ -45,8 +49,9 @@ def open_any_format(folder: str, split: str) -> tuple[ShardSet, str]:
         return open_shards(folder, split=split, fmt="webdataset"), "webdataset"
 
 
-def shard_texts(shards: ShardSet, fmt: str, *, max_docs: int | None, progress: bool = True,
-                batch_rows: int = 1000) -> Iterator[list[str]]:
+def shard_texts(
+    shards: ShardSet, fmt: str, *, max_docs: int | None, progress: bool = True, batch_rows: int = 1000
+) -> Iterator[list[str]]:
     """Batches of texts of every shard in manifest order, up to ``max_docs`` documents."""
     left = max_docs if max_docs is not None else 1 << 62
     with PhaseProgress("tokenizer: read shards", len(shards.shards), enabled=progress, unit="shard") as bar:
@@ -64,7 +69,9 @@ def shard_texts(shards: ShardSet, fmt: str, *, max_docs: int | None, progress: b
 def run(args: argparse.Namespace) -> int:
     folder = job_folder(args.data)
     shards, fmt = open_any_format(folder, args.split)
-    tok = train_bpe(shard_texts(shards, fmt, max_docs=args.max_docs, progress=not args.quiet), vocab_size=args.vocab_size)
+    tok = train_bpe(
+        shard_texts(shards, fmt, max_docs=args.max_docs, progress=not args.quiet), vocab_size=args.vocab_size
+    )
     out = tok.save(args.output)
     print(f"tokenizer: {tok.name} trained on {len(shards.shards)} {fmt} shard(s) of {folder}")
     print(f"saved to:  {out}")

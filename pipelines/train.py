@@ -9,19 +9,19 @@ import os
 import weakref
 from pathlib import Path
 
-from curate.atomic import write_json_atomic
-from curate.errors import ConfigError
-from curate.lock import FolderLock
-from curate.names import path_name
-from pipelines.cleanup import removed_on_failure
-from pipelines.jobfile import build_config, check_top_level, read_toml
-from pipelines.provenance import write_provenance
-from train.build import build_run
-from train.config import TrainConfig
-from train.data import Loader
-from train.data.sets import ShardSetConfig, training_sets
-from train.parallel import shutdown
-from train.trainer import Trainer
+from winnow.curate.atomic import write_json_atomic
+from winnow.curate.errors import ConfigError
+from winnow.curate.lock import FolderLock
+from winnow.curate.names import path_name
+from winnow.pipelines.cleanup import removed_on_failure
+from winnow.pipelines.jobfile import build_config, check_top_level, read_toml
+from winnow.pipelines.provenance import write_provenance
+from winnow.train.build import build_run
+from winnow.train.config import TrainConfig
+from winnow.train.data import Loader
+from winnow.train.data.sets import ShardSetConfig, training_sets
+from winnow.train.parallel import shutdown
+from winnow.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the MoE model on a job's shards ([train] table)")
     p.add_argument("job", type=Path, help="the job file (TOML) with a [train] table")
-    p.add_argument("--shards", help="train on this folder or URL instead of [train] shards: a `winnow curate` "
-                   "output, or any folder of Parquet files with a `text` (and optional `source`) column")
+    p.add_argument(
+        "--shards",
+        help="train on this folder or URL instead of [train] shards: a `winnow curate` "
+        "output, or any folder of Parquet files with a `text` (and optional `source`) column",
+    )
     p.add_argument("--steps", type=int, help="override [train] steps")
     p.add_argument("--output", help="override [train] output (the run folder)")
     p.set_defaults(func=run_train)
@@ -45,19 +48,25 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
     raw = read_toml(job)
     check_top_level(raw, Path(job).name)
     if "train" not in raw:
-        raise ConfigError(f"{job}: no [train] table, so there is nothing to say how to train; add one (a [train] header "
-                          "with e.g. steps = 300; `winnow config show train` lists its keys)")
+        raise ConfigError(
+            f"{job}: no [train] table, so there is nothing to say how to train; add one (a [train] header "
+            "with e.g. steps = 300; `winnow config show train` lists its keys)"
+        )
     table = dict(raw["train"])
     table.update({k: v for k, v in overrides.items() if v is not None and k != "output"})
     table.setdefault("shards", (raw.get("job") or {}).get("output"))
-    first = table["shards"][0].get("path") if isinstance(table["shards"], list) and table["shards"] and \
-        isinstance(table["shards"][0], dict) else table["shards"]
+    first = (
+        table["shards"][0].get("path")
+        if isinstance(table["shards"], list) and table["shards"] and isinstance(table["shards"][0], dict)
+        else table["shards"]
+    )
     table.setdefault("output", default_run_folder(first if isinstance(first, str) else None))
     replay = table.get("replay")
     if isinstance(replay, dict):  # `from` is a Python keyword: ReplayConfig names the field `path`
         if "path" in replay or "from" not in replay:
-            raise ConfigError(f"{job} [train] key 'replay': needs 'from' (the base job folder) and 'share'; "
-                              f"got keys {sorted(replay)}")
+            raise ConfigError(
+                f"{job} [train] key 'replay': needs 'from' (the base job folder) and 'share'; got keys {sorted(replay)}"
+            )
         table["replay"] = {("path" if k == "from" else k): v for k, v in replay.items()}
     if overrides.get("output") is not None:
         table["output"] = overrides["output"]
@@ -72,8 +81,9 @@ def default_run_folder(shards: str | None) -> str:
     return str(Path("out") / path_name(str(shards).rstrip("/").rsplit("/", 1)[-1] or "data") / "train")
 
 
-def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,
-                  progress: bool = False) -> Trainer:
+def build_trainer(
+    cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None, progress: bool = False
+) -> Trainer:
     """``_build_trainer`` holding the run folder's lock (``curate.lock``) while the trainer lives.
 
     One run per run folder: a second ``winnow train`` into it is refused, naming the first, before it
@@ -91,8 +101,9 @@ def build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sour
     return trainer
 
 
-def _build_trainer(cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None,
-                   progress: bool = False) -> Trainer:
+def _build_trainer(
+    cfg: TrainConfig, *, train_data: list[str] | None = None, sources: list[str] | None = None, progress: bool = False
+) -> Trainer:
     """The run ``cfg`` describes (``train.build.build_run``), its training sets split per source first where
     ``[train] shards`` or adaptive mixing asks for it; rank 0 records the config and the folders' views.
 
@@ -114,7 +125,7 @@ def _adaptive_sets(cfg: TrainConfig) -> list[ShardSetConfig]:
     """Adaptive mixing reweights sources, so every training set is trained as one set per source: a job folder,
     or a ``[train] shards`` entry without ``sources``, starts from the shares its train shards hold (split once
     under ``<run>/sources/set-<i>/``, where ``_per_source_sets`` finds the split again)."""
-    from pipelines.ablate.sources import split_by_source
+    from winnow.pipelines.ablate.sources import split_by_source
 
     entries = [ShardSetConfig(path=cfg.shards)] if isinstance(cfg.shards, str) else list(cfg.shards)
     out = []
@@ -131,7 +142,7 @@ def _per_source_sets(shards, run_dir: Path):
     (split once under ``<run>/sources/set-<i>/``, reused while the job's manifest is unchanged)."""
     if isinstance(shards, str) or not any(entry.sources for entry in shards):
         return shards
-    from pipelines.ablate.sources import split_by_source
+    from winnow.pipelines.ablate.sources import split_by_source
 
     out = []
     for i, entry in enumerate(shards):
@@ -141,17 +152,24 @@ def _per_source_sets(shards, run_dir: Path):
         folders, _ = split_by_source(entry.path, run_dir / "sources" / f"set-{i}")
         missing = [s for s, w in entry.sources.items() if w > 0 and s not in folders]
         if missing:
-            raise ConfigError(f"train.shards[{i}].sources: {missing[0]!r} has no train rows in {entry.path} "
-                              f"(sources there: {sorted(folders)})")
+            raise ConfigError(
+                f"train.shards[{i}].sources: {missing[0]!r} has no train rows in {entry.path} "
+                f"(sources there: {sorted(folders)})"
+            )
         total = sum(entry.sources.values())
-        out += [ShardSetConfig(path=folders[s], weight=entry.weight * w / total) for s, w in entry.sources.items() if w > 0]
+        out += [
+            ShardSetConfig(path=folders[s], weight=entry.weight * w / total) for s, w in entry.sources.items() if w > 0
+        ]
     return out
 
 
 def run_inputs(cfg: TrainConfig, trainer: Trainer) -> dict:
     """``write_provenance`` keywords for a run: every job folder it reads and what it was initialized from."""
-    folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights) if not isinstance(cfg.shards, str) \
+    folders, _ = (
+        training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
+        if not isinstance(cfg.shards, str)
         else ([cfg.shards], None)
+    )
     if cfg.replay is not None and cfg.replay.path not in folders:
         folders.append(cfg.replay.path)
     data = list(dict.fromkeys(folders + list(cfg.eval)))
@@ -168,15 +186,19 @@ def save_views(data: Loader, run_dir: Path) -> None:
         path = run_dir / "data_view.json"
         write_json_atomic(path, views)
         for v in views:
-            print(f"{v['view_of']}: no manifest.json, so winnow made its view of the folder: {len(v['shards'])} "
-                  f"Parquet file(s), {sum(s['rows'] for s in v['shards'])} rows, sources {v['sources']} (saved in {path})")
+            print(
+                f"{v['view_of']}: no manifest.json, so winnow made its view of the folder: {len(v['shards'])} "
+                f"Parquet file(s), {sum(s['rows'] for s in v['shards'])} rows, sources {v['sources']} (saved in {path})"
+            )
 
 
 def model_line(trainer: Trainer) -> str:
     """The model's size and the peak FLOP/s its MFU is measured against, with where that figure comes from."""
     total, active = trainer.model.cfg.param_counts()
-    return (f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
-            f"FLOP/s ({trainer.peak_basis})")
+    return (
+        f"model: {total / 1e6:.2f}M parameters, {active / 1e6:.2f}M active; MFU basis {trainer.peak_flops:.3g} "
+        f"FLOP/s ({trainer.peak_basis})"
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -188,8 +210,13 @@ def run_train(args: argparse.Namespace) -> int:
     shutdown()
     if not trainer.parallel.is_main:
         return 0
-    state = "preempted (re-run the same command to resume)" if summary["preempted"] else \
-        f"stopped early ({summary['stopped']})" if summary.get("stopped") else "done"
+    state = (
+        "preempted (re-run the same command to resume)"
+        if summary["preempted"]
+        else f"stopped early ({summary['stopped']})"
+        if summary.get("stopped")
+        else "done"
+    )
     print(f"training {state} at step {summary['step']}: {summary['tokens_seen']} tokens, skipped {summary['skipped']}")
     print(f"metrics:     {Path(cfg.output) / 'metrics.jsonl'}")
     if summary["mixing"]:
@@ -197,10 +224,16 @@ def run_train(args: argparse.Namespace) -> int:
         print("adaptive mix, mean over the run: " + ", ".join(f"{k}={w:.3f}" for k, w in mean.items()))
     print(f"checkpoint:  {summary['checkpoint']}")
     if cfg.attribution.every and not summary["preempted"]:
-        from pipelines.report.counterfactual import text
-        from pipelines.report.training import load_run
+        from winnow.pipelines.report.counterfactual import text
+        from winnow.pipelines.report.training import load_run
 
         found = load_run(cfg.output).counterfactual
-        print("\n" + (text(found) if found is not None else "attribution: the run ended before its first attributed "
-                                                             "stretch closed; nothing to predict from"))
+        print(
+            "\n"
+            + (
+                text(found)
+                if found is not None
+                else "attribution: the run ended before its first attributed stretch closed; nothing to predict from"
+            )
+        )
     return 0

@@ -17,8 +17,9 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 def _module_scoped(item: pytest.Item) -> bool:
     """Whether the test uses a fixture built once per module (or class, or package)."""
     info = getattr(item, "_fixtureinfo", None)
-    return bool(info) and any(defs and defs[-1].scope in ("module", "class", "package")
-                              for defs in info.name2fixturedefs.values())
+    return bool(info) and any(
+        defs and defs[-1].scope in ("module", "class", "package") for defs in info.name2fixturedefs.values()
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -32,6 +33,7 @@ def pytest_collection_modifyitems(config, items):
     order inside a module is kept) so that no 100-second test starts while the other worker
     idles at the end (run with ``--no-loadscope-reorder``, as pyproject's addopts do).
     """
+
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
@@ -61,8 +63,12 @@ def s3_server():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

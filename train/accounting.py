@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from train.errors import ShardError
+from winnow.train.errors import ShardError
 
 
 def check_source_ids(source_ids_BL: torch.Tensor, sources: Sequence[str], known: Sequence[str] | None = None) -> None:
@@ -24,11 +24,13 @@ def check_source_ids(source_ids_BL: torch.Tensor, sources: Sequence[str], known:
     top = int(source_ids_BL.max()) if source_ids_BL.numel() else -1
     if top < len(sources):
         return
-    unknown = list(known[len(sources):]) if known is not None and len(known) > len(sources) else [f"id {top}"]
+    unknown = list(known[len(sources) :]) if known is not None and len(known) > len(sources) else [f"id {top}"]
     listed = f"the run's sources are {list(sources)}" if sources else "the shards' manifest lists no sources"
-    raise ShardError(f"a batch holds documents of source(s) {unknown}, but {listed}: every source must be named "
-                     "before training starts; list them all under \"sources\" in the shards' manifest.json (winnow "
-                     "curate writes them) or re-curate")
+    raise ShardError(
+        f"a batch holds documents of source(s) {unknown}, but {listed}: every source must be named "
+        'before training starts; list them all under "sources" in the shards\' manifest.json (winnow '
+        "curate writes them) or re-curate"
+    )
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -38,8 +40,15 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 class SourceAccounting:
     """Running per-source sums between two log steps (or over one evaluation pass)."""
 
-    def __init__(self, sources: Sequence[str], *, n_moe_layers: int, n_experts: int, device: torch.device,
-                 reduce: Callable[[torch.Tensor], torch.Tensor] = _identity) -> None:
+    def __init__(
+        self,
+        sources: Sequence[str],
+        *,
+        n_moe_layers: int,
+        n_experts: int,
+        device: torch.device,
+        reduce: Callable[[torch.Tensor], torch.Tensor] = _identity,
+    ) -> None:
         self.sources = list(sources)
         self.n_experts = n_experts
         self.reduce = reduce
@@ -57,8 +66,14 @@ class SourceAccounting:
         self.loss_sum_S.index_add_(0, src_T, loss_T)
         self.tokens_S.index_add_(0, src_T, mask_T.to(torch.int64))
 
-    def add_routing(self, experts_per_layer: Sequence[torch.Tensor], source_ids_BL: torch.Tensor,
-                    loss_mask_BL: torch.Tensor, *, first_layer: int = 0) -> None:
+    def add_routing(
+        self,
+        experts_per_layer: Sequence[torch.Tensor],
+        source_ids_BL: torch.Tensor,
+        loss_mask_BL: torch.Tensor,
+        *,
+        first_layer: int = 0,
+    ) -> None:
         """Count which experts each source's (unmasked) tokens were routed to, per MoE layer.
 
         ``experts_per_layer`` are MoE layers ``first_layer, first_layer + 1, ...`` (a pipeline stage's).
@@ -71,7 +86,7 @@ class SourceAccounting:
             self.routing_MSE[first_layer + layer].view(-1).index_add_(0, cell_TK.reshape(-1), weight_TK.reshape(-1))
 
     def add_load(self, load_ME: torch.Tensor, *, first_layer: int = 0) -> None:
-        self.load_ME[first_layer:first_layer + load_ME.shape[0]] += load_ME.to(torch.float64)
+        self.load_ME[first_layer : first_layer + load_ME.shape[0]] += load_ME.to(torch.float64)
 
     def merge(self, other: SourceAccounting) -> None:
         """Add another accumulator's sums (a finished step's) into this one, on the device."""
@@ -83,8 +98,10 @@ class SourceAccounting:
     def flush(self) -> dict:
         """Reduce, convert to host figures and reset; one device-to-host transfer per tensor."""
         # copy=True: on a CPU run .cpu() would alias the buffers that reset() zeroes
-        loss_sum, tokens, routing, load = (self.reduce(t).to("cpu", copy=True) for t in
-                                           (self.loss_sum_S, self.tokens_S, self.routing_MSE, self.load_ME))
+        loss_sum, tokens, routing, load = (
+            self.reduce(t).to("cpu", copy=True)
+            for t in (self.loss_sum_S, self.tokens_S, self.routing_MSE, self.load_ME)
+        )
         self.reset()
         total_loss, total_tokens = float(loss_sum.sum()), int(tokens.sum())
         per_source = {}
@@ -111,8 +128,12 @@ class SourceAccounting:
             t.zero_()
 
     def state_dict(self) -> dict:
-        return {"loss_sum_S": self.loss_sum_S.cpu(), "tokens_S": self.tokens_S.cpu(),
-                "routing_MSE": self.routing_MSE.cpu(), "load_ME": self.load_ME.cpu()}
+        return {
+            "loss_sum_S": self.loss_sum_S.cpu(),
+            "tokens_S": self.tokens_S.cpu(),
+            "routing_MSE": self.routing_MSE.cpu(),
+            "load_ME": self.load_ME.cpu(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("loss_sum_S", "tokens_S", "routing_MSE", "load_ME"):

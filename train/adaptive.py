@@ -34,9 +34,9 @@ from typing import Literal
 
 import torch
 
-from train.errors import CheckpointError, ConfigError
-from train.hooks import TrainHook
-from train.model import cross_entropy_per_token
+from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.hooks import TrainHook
+from winnow.train.model import cross_entropy_per_token
 
 METHODS = ("doremi", "counterfactual")
 
@@ -62,12 +62,22 @@ class MixingConfig:
             if not ok:
                 raise ConfigError(f"train.mixing.{key} = {value!r} is invalid; allowed: {allowed}")
 
-        check(self.adaptive in ("",) + METHODS, "adaptive", self.adaptive, "'' (off) or " + ", ".join(map(repr, METHODS)))
-        check(not self.adaptive or bool(self.reference), "reference", self.reference,
-              "a finished run folder or checkpoint (doremi: the model the excess loss is measured against; "
-              "counterfactual: a run trained with [train.attribution], whose counterfactual sets the start)")
-        check(isinstance(self.target, str) and bool(self.target), "target", self.target,
-              "'mean' or the name of a held-out set")
+        check(
+            self.adaptive in ("",) + METHODS, "adaptive", self.adaptive, "'' (off) or " + ", ".join(map(repr, METHODS))
+        )
+        check(
+            not self.adaptive or bool(self.reference),
+            "reference",
+            self.reference,
+            "a finished run folder or checkpoint (doremi: the model the excess loss is measured against; "
+            "counterfactual: a run trained with [train.attribution], whose counterfactual sets the start)",
+        )
+        check(
+            isinstance(self.target, str) and bool(self.target),
+            "target",
+            self.target,
+            "'mean' or the name of a held-out set",
+        )
         check(self.max_factor > 1 and math.isfinite(self.max_factor), "max_factor", self.max_factor, "a number > 1")
         check(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an integer >= 1")
         check(self.step_size > 0 and math.isfinite(self.step_size), "step_size", self.step_size, "a number > 0")
@@ -91,13 +101,25 @@ class AdaptiveMix(TrainHook):
     name = "mixing"
     inputs = True  # a pipeline's last stage scores the micro-batch's tokens
 
-    def __init__(self, cfg: MixingConfig, *, reference: torch.nn.Module, set_sources: list[int], weights: list[float],
-                 n_sources: int, device: torch.device, data=None, names: list[str] | None = None,
-                 reduce=lambda t: t) -> None:
+    def __init__(
+        self,
+        cfg: MixingConfig,
+        *,
+        reference: torch.nn.Module,
+        set_sources: list[int],
+        weights: list[float],
+        n_sources: int,
+        device: torch.device,
+        data=None,
+        names: list[str] | None = None,
+        reduce=lambda t: t,
+    ) -> None:
         if len(set(set_sources)) != len(set_sources) or len(weights) != len(set_sources):
-            raise ConfigError("train.mixing.adaptive: each training set must hold exactly one source, a different one "
-                              f"each (set sources {set_sources}); give [train] shards as one table with per-source "
-                              "weights, e.g. shards = [{path = 'out/job', sources = {a = 1, b = 1}}]")
+            raise ConfigError(
+                "train.mixing.adaptive: each training set must hold exactly one source, a different one "
+                f"each (set sources {set_sources}); give [train] shards as one table with per-source "
+                "weights, e.g. shards = [{path = 'out/job', sources = {a = 1, b = 1}}]"
+            )
         self.cfg, self.device = cfg, device
         # the model that scores; None on a pipeline stage that never scores (the trainer drops it there)
         self.reference: torch.nn.Module | None = reference.eval()
@@ -119,8 +141,9 @@ class AdaptiveMix(TrainHook):
     def begin_step(self, step: int) -> None:
         self._due = self.due(step)
 
-    def loss(self, batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor,
-             n_tokens: int) -> torch.Tensor:
+    def loss(
+        self, batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor, n_tokens: int
+    ) -> torch.Tensor:
         if self._due:  # the plain cross-entropy, comparable with the reference's
             self.add(plain_BL, batch.tokens, batch.doc_ids, batch.targets, batch.source_ids, batch.loss_mask)
         return loss_BL
@@ -134,8 +157,15 @@ class AdaptiveMix(TrainHook):
             self.discard()
 
     @torch.no_grad()
-    def add(self, loss_BL: torch.Tensor, tokens_BL: torch.Tensor, doc_ids_BL: torch.Tensor | None,
-            targets_BL: torch.Tensor, source_ids_BL: torch.Tensor, loss_mask_BL: torch.Tensor) -> None:
+    def add(
+        self,
+        loss_BL: torch.Tensor,
+        tokens_BL: torch.Tensor,
+        doc_ids_BL: torch.Tensor | None,
+        targets_BL: torch.Tensor,
+        source_ids_BL: torch.Tensor,
+        loss_mask_BL: torch.Tensor,
+    ) -> None:
         """One micro-batch: the model's per-token loss ``loss_BL`` against the reference's on the same tokens."""
         reference_BL = cross_entropy_per_token(self.reference(tokens_BL, doc_ids_BL).logits_BLV.float(), targets_BL)
         excess_BL = (loss_BL.detach().float() - reference_BL).clamp_min(0) * loss_mask_BL
@@ -165,32 +195,47 @@ class AdaptiveMix(TrainHook):
         """The current weights and their mean over the updates, by source name."""
         by_name = [self.names[int(i)] for i in self.set_sources]
         mean = self.weight_sum / self.updates if self.updates else self.weights
-        return {"mix_weights": dict(zip(by_name, self.weights.tolist())),
-                "mix_weights_mean": dict(zip(by_name, mean.tolist())),
-                "excess_loss": dict(zip(by_name, self.excess.tolist()))}
+        return {
+            "mix_weights": dict(zip(by_name, self.weights.tolist())),
+            "mix_weights_mean": dict(zip(by_name, mean.tolist())),
+            "excess_loss": dict(zip(by_name, self.excess.tolist())),
+        }
 
     def state_dict(self) -> dict:
-        return {"weights": self.weights.tolist(), "excess": self.excess.tolist(), "weight_sum": self.weight_sum.tolist(),
-                "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "doremi"}
+        return {
+            "weights": self.weights.tolist(),
+            "excess": self.excess.tolist(),
+            "weight_sum": self.weight_sum.tolist(),
+            "updates": self.updates,
+            "set_sources": self.set_sources.tolist(),
+            "method": "doremi",
+        }
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state:
-            raise CheckpointError("the checkpoint was trained without [train.mixing] adaptive; resume without it, "
-                                  "or start a new run (another output)")
+            raise CheckpointError(
+                "the checkpoint was trained without [train.mixing] adaptive; resume without it, "
+                "or start a new run (another output)"
+            )
         if state.get("method", "doremi") != "doremi":
-            raise CheckpointError(f"the checkpoint's adaptive mix is {state['method']!r}, this run's 'doremi'; resume "
-                                  "with the same [train.mixing]")
+            raise CheckpointError(
+                f"the checkpoint's adaptive mix is {state['method']!r}, this run's 'doremi'; resume "
+                "with the same [train.mixing]"
+            )
         if state["set_sources"] != self.set_sources.tolist():
-            raise CheckpointError(f"the checkpoint's adaptive mix is over sources {state['set_sources']}, this run's over "
-                                  f"{self.set_sources.tolist()}; resume with the same [train] shards")
+            raise CheckpointError(
+                f"the checkpoint's adaptive mix is over sources {state['set_sources']}, this run's over "
+                f"{self.set_sources.tolist()}; resume with the same [train] shards"
+            )
         self.weights = torch.tensor(state["weights"], dtype=torch.float64)
         self.excess = torch.tensor(state["excess"], dtype=torch.float64)
         self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
         self.updates = int(state["updates"])
 
 
-def proposal(slope_SB, held_out: list[str], sources: list[str], weights: dict[str, float], *, target: str,
-             max_factor: float) -> dict[str, float]:
+def proposal(
+    slope_SB, held_out: list[str], sources: list[str], weights: dict[str, float], *, target: str, max_factor: float
+) -> dict[str, float]:
     """The mix a run's counterfactual favours for ``target``: each source's log-share moved against its slope
     (the slopes sum to about 0, so only their differences count), the largest move ``ln max_factor``, within the
     range of factors the first-order prediction is checked over; sources without a weight keep none."""
@@ -218,11 +263,20 @@ class CounterfactualMix(TrainHook):
 
     name = "mixing"
 
-    def __init__(self, cfg: MixingConfig, *, set_sources: list[int], weights: list[float], data=None,
-                 names: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: MixingConfig,
+        *,
+        set_sources: list[int],
+        weights: list[float],
+        data=None,
+        names: list[str] | None = None,
+    ) -> None:
         if len(set(set_sources)) != len(set_sources) or len(weights) != len(set_sources):
-            raise ConfigError("train.mixing.adaptive = 'counterfactual': each training set must hold exactly one "
-                              f"source, a different one each (set sources {set_sources})")
+            raise ConfigError(
+                "train.mixing.adaptive = 'counterfactual': each training set must hold exactly one "
+                f"source, a different one each (set sources {set_sources})"
+            )
         self.cfg, self.data = cfg, data
         self.names = names or [str(i) for i in range(max(set_sources) + 1)]
         self.set_sources = torch.tensor(set_sources, dtype=torch.long)
@@ -237,17 +291,25 @@ class CounterfactualMix(TrainHook):
     def attach(self, attribution) -> None:
         """The attribution component whose counterfactual the weights follow (the run's own)."""
         if attribution is None and self.cfg.step_size > 0:
-            raise ConfigError("train.mixing.adaptive = 'counterfactual' with step_size > 0 follows the run's own "
-                              "counterfactual: turn on [train.attribution] (every = 10, say), or set step_size = 0 "
-                              "to train at the reference's mix throughout")
+            raise ConfigError(
+                "train.mixing.adaptive = 'counterfactual' with step_size > 0 follows the run's own "
+                "counterfactual: turn on [train.attribution] (every = 10, say), or set step_size = 0 "
+                "to train at the reference's mix throughout"
+            )
         if attribution is not None and self.cfg.target != "mean" and self.cfg.target not in attribution.sources:
-            raise ConfigError(f"train.mixing.target = {self.cfg.target!r} is invalid; allowed: 'mean' or a held-out "
-                              f"set of this run ({sorted(attribution.sources)})")
+            raise ConfigError(
+                f"train.mixing.target = {self.cfg.target!r} is invalid; allowed: 'mean' or a held-out "
+                f"set of this run ({sorted(attribution.sources)})"
+            )
         self.attribution = attribution
 
     def begin_step(self, step: int) -> None:
-        self._due = (self.cfg.step_size > 0 and self.attribution is not None and (step + 1) % self.cfg.every == 0
-                     and self.attribution.started(step))
+        self._due = (
+            self.cfg.step_size > 0
+            and self.attribution is not None
+            and (step + 1) % self.cfg.every == 0
+            and self.attribution.started(step)
+        )
 
     def end_step(self, applied: bool, clip_coef: float) -> None:
         if self._due and applied:  # the next batches are drawn by the new weights
@@ -273,18 +335,28 @@ class CounterfactualMix(TrainHook):
     def report(self) -> dict:
         by_name = [self.names[int(i)] for i in self.set_sources]
         mean = self.weight_sum / self.updates if self.updates else self.weights
-        return {"mix_weights": dict(zip(by_name, self.weights.tolist())),
-                "mix_weights_mean": dict(zip(by_name, mean.tolist())),
-                "mix_slope": dict(zip(by_name, self.slope.tolist()))}
+        return {
+            "mix_weights": dict(zip(by_name, self.weights.tolist())),
+            "mix_weights_mean": dict(zip(by_name, mean.tolist())),
+            "mix_slope": dict(zip(by_name, self.slope.tolist())),
+        }
 
     def state_dict(self) -> dict:
-        return {"weights": self.weights.tolist(), "slope": self.slope.tolist(), "weight_sum": self.weight_sum.tolist(),
-                "updates": self.updates, "set_sources": self.set_sources.tolist(), "method": "counterfactual"}
+        return {
+            "weights": self.weights.tolist(),
+            "slope": self.slope.tolist(),
+            "weight_sum": self.weight_sum.tolist(),
+            "updates": self.updates,
+            "set_sources": self.set_sources.tolist(),
+            "method": "counterfactual",
+        }
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state or state.get("method") != "counterfactual" or state["set_sources"] != self.set_sources.tolist():
-            raise CheckpointError("the checkpoint's adaptive mix is not this run's (counterfactual, sources "
-                                  f"{self.set_sources.tolist()}); resume with the same [train.mixing] and shards")
+            raise CheckpointError(
+                "the checkpoint's adaptive mix is not this run's (counterfactual, sources "
+                f"{self.set_sources.tolist()}); resume with the same [train.mixing] and shards"
+            )
         self.weights = torch.tensor(state["weights"], dtype=torch.float64)
         self.slope = torch.tensor(state["slope"], dtype=torch.float64)
         self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)

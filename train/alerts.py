@@ -23,7 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from train.errors import ConfigError
+from winnow.train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,10 @@ class AlertConfig:
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f"train.alerts.{key} = {value!r} is invalid; allowed: an integer >= 1")
         if self.spike_window < 2 or not 1 < self.spike_min_history <= self.spike_window:
-            raise ConfigError(f"train.alerts.spike_min_history = {self.spike_min_history!r} is invalid; "
-                              f"allowed: 2..spike_window ({self.spike_window}), with spike_window >= 2")
+            raise ConfigError(
+                f"train.alerts.spike_min_history = {self.spike_min_history!r} is invalid; "
+                f"allowed: 2..spike_window ({self.spike_window}), with spike_window >= 2"
+            )
         if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
             raise ConfigError(f"train.alerts.webhook_url = {self.webhook_url!r} is invalid; allowed: an http(s) URL")
 
@@ -128,8 +130,9 @@ class Alerts:
 
     def _post(self, record: dict) -> None:
         body = json.dumps(record, default=str).encode()
-        request = urllib.request.Request(self.cfg.webhook_url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.cfg.webhook_url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.cfg.webhook_timeout) as response:
                 response.read()
@@ -140,11 +143,20 @@ class Alerts:
         """Threshold checks made once per log step, on that interval's figures."""
         cfg = self.cfg
         if cfg.grad_norm_max is not None and grad_norm > cfg.grad_norm_max:
-            self.emit(AlertKind.GRAD_NORM, step, f"gradient norm {grad_norm:.3g} > {cfg.grad_norm_max:.3g}", grad_norm=grad_norm)
+            self.emit(
+                AlertKind.GRAD_NORM,
+                step,
+                f"gradient norm {grad_norm:.3g} > {cfg.grad_norm_max:.3g}",
+                grad_norm=grad_norm,
+            )
         self._check_throughput(step, tokens_per_s)
         if data_wait_pct > cfg.data_wait_pct:
-            self.emit(AlertKind.DATA_WAIT, step, f"waited for data {data_wait_pct:.0f}% of the interval (> {cfg.data_wait_pct:.0f}%)",
-                      data_wait_pct=data_wait_pct)
+            self.emit(
+                AlertKind.DATA_WAIT,
+                step,
+                f"waited for data {data_wait_pct:.0f}% of the interval (> {cfg.data_wait_pct:.0f}%)",
+                data_wait_pct=data_wait_pct,
+            )
 
     def _check_throughput(self, step: int, tokens_per_s: float) -> None:
         """One alert when tokens/s stays below ``throughput_drop`` x the recent median for ``throughput_patience``
@@ -155,17 +167,24 @@ class Alerts:
             if tokens_per_s < cfg.throughput_drop * median:
                 self.slow_intervals += 1
                 if self.slow_intervals == cfg.throughput_patience:
-                    self.emit(AlertKind.THROUGHPUT_DROP, step,
-                              f"{tokens_per_s:.0f} tokens/s for {self.slow_intervals} log intervals, below "
-                              f"{cfg.throughput_drop:.0%} of the recent median {median:.0f}",
-                              tokens_per_s=tokens_per_s, recent_median_tokens_per_s=median)
+                    self.emit(
+                        AlertKind.THROUGHPUT_DROP,
+                        step,
+                        f"{tokens_per_s:.0f} tokens/s for {self.slow_intervals} log intervals, below "
+                        f"{cfg.throughput_drop:.0%} of the recent median {median:.0f}",
+                        tokens_per_s=tokens_per_s,
+                        recent_median_tokens_per_s=median,
+                    )
             else:
                 self.slow_intervals = 0
         recent.append(tokens_per_s)
 
     def state_dict(self) -> dict:
-        return {"recent_tokens_per_s": list(self.recent_tokens_per_s), "slow_intervals": self.slow_intervals,
-                "count": self.count}
+        return {
+            "recent_tokens_per_s": list(self.recent_tokens_per_s),
+            "slow_intervals": self.slow_intervals,
+            "count": self.count,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.recent_tokens_per_s.clear()

@@ -15,23 +15,23 @@ from pathlib import Path
 
 import torch
 
-from train.adaptive import AdaptiveMix, CounterfactualMix, MixingConfig, proposal
-from train.alerts import Alerts
-from train.attribution import SourceAttribution
-from train.attribution.hook import AttributionHook, CounterfactualHook
-from train.config import TrainConfig
-from train.distill import Distillation
-from train.errors import ConfigError
-from train.hooks import CompileTime, TrainHook
-from train.init import Initialization, load_init
-from train.model import ModelConfig, Transformer
-from train.optim import build_optimizer, build_scheduler
-from train.parallel import Parallel
-from train.parallel.mesh import pick_device
-from train.progress import TrainProgress
-from train.stability import Stability
-from train.stopping import EarlyStopping
-from train.trainer import Trainer, autocast
+from winnow.train.adaptive import AdaptiveMix, CounterfactualMix, MixingConfig, proposal
+from winnow.train.alerts import Alerts
+from winnow.train.attribution import SourceAttribution
+from winnow.train.attribution.hook import AttributionHook, CounterfactualHook
+from winnow.train.config import TrainConfig
+from winnow.train.distill import Distillation
+from winnow.train.errors import ConfigError
+from winnow.train.hooks import CompileTime, TrainHook
+from winnow.train.init import Initialization, load_init
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.optim import build_optimizer, build_scheduler
+from winnow.train.parallel import Parallel
+from winnow.train.parallel.mesh import pick_device
+from winnow.train.progress import TrainProgress
+from winnow.train.stability import Stability
+from winnow.train.stopping import EarlyStopping
+from winnow.train.trainer import Trainer, autocast
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +41,29 @@ def build_model(cfg: TrainConfig, parallel: Parallel) -> tuple[Transformer, torc
     layout applied, then only this rank's parts given memory and initialised (``Parallel.parallelize``)."""
     with torch.device("meta"):
         model = Transformer(cfg.model)
-    net = parallel.parallelize(model, grad_accum=cfg.grad_accum, activation_checkpointing=cfg.activation_checkpointing,
-                               compile=cfg.compile, seed=cfg.seed, grad_clip=cfg.optim.grad_clip)
+    net = parallel.parallelize(
+        model,
+        grad_accum=cfg.grad_accum,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compile=cfg.compile,
+        seed=cfg.seed,
+        grad_clip=cfg.optim.grad_clip,
+    )
     return model, net
 
 
-def build_trainer(cfg: TrainConfig, *, data: Iterable, sources: list[str], val_data: Callable[[], Iterable] | None = None,
-                  parallel: Parallel | None = None, teacher: torch.nn.Module | None = None,
-                  mixer: AdaptiveMix | None = None, init: Initialization | None = None,
-                  progress: TrainProgress | None = None) -> Trainer:
+def build_trainer(
+    cfg: TrainConfig,
+    *,
+    data: Iterable,
+    sources: list[str],
+    val_data: Callable[[], Iterable] | None = None,
+    parallel: Parallel | None = None,
+    teacher: torch.nn.Module | None = None,
+    mixer: AdaptiveMix | None = None,
+    init: Initialization | None = None,
+    progress: TrainProgress | None = None,
+) -> Trainer:
     """A ``Trainer`` on ``data`` (an endless iterable of ``Batch`` with ``state_dict``) from ``cfg``.
 
     ``parallel``: the layout (one process on ``cfg.device`` when None). ``teacher``: the distillation
@@ -60,31 +74,69 @@ def build_trainer(cfg: TrainConfig, *, data: Iterable, sources: list[str], val_d
     torch.manual_seed(cfg.seed)
     model, net = build_model(cfg, parallel)
     if cfg.optim.name == "lamb" and parallel.tp_layouts:
-        raise ConfigError("train.optim.name = 'lamb' with train.parallel.tp > 1: LAMB's trust ratio needs each "
-                          "whole parameter's norm and every tp rank holds a part of the split ones; use 'adamw'")
+        raise ConfigError(
+            "train.optim.name = 'lamb' with train.parallel.tp > 1: LAMB's trust ratio needs each "
+            "whole parameter's norm and every tp rank holds a part of the split ones; use 'adamw'"
+        )
     attributing = bool(cfg.attribution.every and val_data is not None)
     if parallel.pipeline is not None:
-        from train.parallel.pipeline import check_pipeline_run
+        from winnow.train.parallel.pipeline import check_pipeline_run
 
         check_pipeline_run(cfg, attribution=attributing)
     optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps, start_factor=init.start_factor(cfg.optim) if init else 0.0)
+    scheduler = build_scheduler(
+        optimizer, cfg.optim, cfg.steps, start_factor=init.start_factor(cfg.optim) if init else 0.0
+    )
     if init is not None:  # a continued run: the base's weights now; a resume replaces them with its own
         init.apply(model, optimizer, scheduler, parallel)
     alerts = Alerts(cfg.alerts, cfg.output)
-    hooks = _hooks(cfg, model=model, optimizer=optimizer, parallel=parallel, sources=list(sources), alerts=alerts,
-                   val_data=val_data if attributing else None, teacher=teacher, mixer=mixer)
-    return Trainer(cfg, model=model, net=net, parallel=parallel, optimizer=optimizer, scheduler=scheduler, data=data,
-                   sources=sources, alerts=alerts, hooks=hooks, val_data=val_data, init=init, progress=progress,
-                   scaler=parallel.grad_scaler() if cfg.precision == "fp16" else None)
+    hooks = _hooks(
+        cfg,
+        model=model,
+        optimizer=optimizer,
+        parallel=parallel,
+        sources=list(sources),
+        alerts=alerts,
+        val_data=val_data if attributing else None,
+        teacher=teacher,
+        mixer=mixer,
+    )
+    return Trainer(
+        cfg,
+        model=model,
+        net=net,
+        parallel=parallel,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=data,
+        sources=sources,
+        alerts=alerts,
+        hooks=hooks,
+        val_data=val_data,
+        init=init,
+        progress=progress,
+        scaler=parallel.grad_scaler() if cfg.precision == "fp16" else None,
+    )
 
 
-def _hooks(cfg: TrainConfig, *, model, optimizer, parallel: Parallel, sources: list[str], alerts: Alerts, val_data,
-           teacher, mixer: AdaptiveMix | CounterfactualMix | None) -> list[TrainHook]:
+def _hooks(
+    cfg: TrainConfig,
+    *,
+    model,
+    optimizer,
+    parallel: Parallel,
+    sources: list[str],
+    alerts: Alerts,
+    val_data,
+    teacher,
+    mixer: AdaptiveMix | CounterfactualMix | None,
+) -> list[TrainHook]:
     """The run's extras, in the order the step calls them: skipping, distillation, mixing, attribution, stopping."""
     if cfg.mixing.active != (mixer is not None):
-        raise ConfigError(f"train.mixing.adaptive = {cfg.mixing.adaptive!r} but no adaptive mix was given; build it "
-                          "with train.build.build_mixer(cfg.mixing, loader, tokenizer, device), or pass none")
+        raise ConfigError(
+            f"train.mixing.adaptive = {cfg.mixing.adaptive!r} but no adaptive mix was given; build it "
+            "with train.build.build_mixer(cfg.mixing, loader, tokenizer, device), or pass none"
+        )
     device = parallel.world.device
     # under pipeline parallelism only the last stage scores with a teacher or a mix's reference: the
     # other stages drop theirs rather than hold a whole model on the device for nothing
@@ -93,17 +145,29 @@ def _hooks(cfg: TrainConfig, *, model, optimizer, parallel: Parallel, sources: l
     if cfg.distill is not None:
         if teacher is None:
             teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options)
-        hooks.append(Distillation(teacher.to(device).eval() if scores else None, alpha=cfg.distill.alpha,
-                                  temperature=cfg.distill.temperature))
+        hooks.append(
+            Distillation(
+                teacher.to(device).eval() if scores else None,
+                alpha=cfg.distill.alpha,
+                temperature=cfg.distill.temperature,
+            )
+        )
     if isinstance(mixer, AdaptiveMix):
         mixer.reference = mixer.reference.to(device) if scores else None
         hooks.append(mixer)
     attribution = None
     if val_data is not None:
-        attribution = SourceAttribution(cfg.attribution, model=model, optimizer=optimizer, sources=sources,
-                                        val_data=val_data, device=device, parallel=parallel,
-                                        micro_batch_shape=(cfg.data.batch_size, cfg.data.seq_len),
-                                        autocast=autocast(device, cfg.precision))
+        attribution = SourceAttribution(
+            cfg.attribution,
+            model=model,
+            optimizer=optimizer,
+            sources=sources,
+            val_data=val_data,
+            device=device,
+            parallel=parallel,
+            micro_batch_shape=(cfg.data.batch_size, cfg.data.seq_len),
+            autocast=autocast(device, cfg.precision),
+        )
         hooks += [AttributionHook(attribution), CounterfactualHook(attribution)]
     if isinstance(mixer, CounterfactualMix):  # after attribution: it reads the step attribution just took in
         mixer.attach(attribution)
@@ -119,22 +183,27 @@ def load_teacher(path: str, storage_options: dict | None = None) -> Transformer:
     return model.eval()
 
 
-def build_mixer(cfg: MixingConfig, data, tokenizer, device: torch.device, *, storage_options: dict | None = None,
-                reduce=lambda t: t) -> AdaptiveMix | CounterfactualMix:
+def build_mixer(
+    cfg: MixingConfig, data, tokenizer, device: torch.device, *, storage_options: dict | None = None, reduce=lambda t: t
+) -> AdaptiveMix | CounterfactualMix:
     """The adaptive mix over the loader's training sets: scored against ``cfg.reference``'s model (doremi), or
     starting where the reference's counterfactual points (counterfactual); a ConfigError names the key when the
     reference cannot serve this run's data (other tokenizer, vocabulary or sources, no counterfactual)."""
     held = data.set_sources
     many = next((names for names in held if len(names) != 1), None)
     if many is not None:  # the replay set: every [train] shards entry was split per source
-        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but the replay set holds "
-                          f"{many} at a fixed share; drop train.replay and list its job folder under [train] shards, "
-                          "e.g. shards = [{path = 'out/job'}, {path = 'out/base'}]: the mix then moves its sources too")
+        raise ConfigError(
+            f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but the replay set holds "
+            f"{many} at a fixed share; drop train.replay and list its job folder under [train] shards, "
+            "e.g. shards = [{path = 'out/job'}, {path = 'out/base'}]: the mix then moves its sources too"
+        )
     names = [n[0] for n in held]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice is not None:
-        raise ConfigError(f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but source {twice!r} is in "
-                          "two [train] shards entries; give each source once (an entry's sources = {...} picks them)")
+        raise ConfigError(
+            f"train.mixing.adaptive = {cfg.adaptive!r} reweights sources, but source {twice!r} is in "
+            "two [train] shards entries; give each source once (an entry's sources = {...} picks them)"
+        )
     set_sources = [data.sources.index(n) for n in names]
     if cfg.adaptive == "counterfactual":
         return _counterfactual_mix(cfg, data, names, set_sources, storage_options)
@@ -143,44 +212,77 @@ def build_mixer(cfg: MixingConfig, data, tokenizer, device: torch.device, *, sto
     found.check_tokenizer(tokenizer)
     reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
     if reference_cfg.vocab_size != tokenizer.vocab_size:
-        raise ConfigError(f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
-                          f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer")
+        raise ConfigError(
+            f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
+            f"tokenizer {tokenizer.vocab_size}; train the reference with this run's tokenizer"
+        )
     unknown = [name for name in names if name not in state.get("sources", [])]
     if unknown:
-        raise ConfigError(f"{where}: the reference run was trained on sources {state.get('sources')}, without "
-                          f"{unknown[0]!r}, which this run trains on; use a reference trained on this run's sources")
+        raise ConfigError(
+            f"{where}: the reference run was trained on sources {state.get('sources')}, without "
+            f"{unknown[0]!r}, which this run trains on; use a reference trained on this run's sources"
+        )
     reference = Transformer(reference_cfg)
     reference.load_state_dict(state["model"])
-    return AdaptiveMix(cfg, reference=reference, set_sources=set_sources, weights=data.mix_weights,
-                       n_sources=len(data.sources), device=device, data=data, names=list(data.sources), reduce=reduce)
+    return AdaptiveMix(
+        cfg,
+        reference=reference,
+        set_sources=set_sources,
+        weights=data.mix_weights,
+        n_sources=len(data.sources),
+        device=device,
+        data=data,
+        names=list(data.sources),
+        reduce=reduce,
+    )
 
 
-def _counterfactual_mix(cfg: MixingConfig, data, names: list[str], set_sources: list[int],
-                        storage_options: dict | None) -> CounterfactualMix:
+def _counterfactual_mix(
+    cfg: MixingConfig, data, names: list[str], set_sources: list[int], storage_options: dict | None
+) -> CounterfactualMix:
     """Start at the mix the reference run's counterfactual favours (``train.adaptive.proposal``)."""
-    from train.attribution.counterfactual import read_record
+    from winnow.train.attribution.counterfactual import read_record
 
     record = read_record(cfg.reference, storage_options)
     if record is None:
-        raise ConfigError(f"train.mixing.reference = {cfg.reference!r}: no counterfactual record in its metrics.jsonl; "
-                          "give a run folder trained with [train.attribution] on to the end")
+        raise ConfigError(
+            f"train.mixing.reference = {cfg.reference!r}: no counterfactual record in its metrics.jsonl; "
+            "give a run folder trained with [train.attribution] on to the end"
+        )
     missing = [n for n in names if n not in record["sources"]]
     if missing or (cfg.target != "mean" and cfg.target not in record["held_out"]):
         what = f"source {missing[0]!r}" if missing else f"held-out set {cfg.target!r} (train.mixing.target)"
-        raise ConfigError(f"train.mixing.reference = {cfg.reference!r}: its counterfactual has no {what} (it covers "
-                          f"{record['sources']}, held out {record['held_out']}); use a reference trained on this "
-                          "run's sources")
-    start = proposal(record["slope"], record["held_out"], record["sources"], dict(zip(names, data.mix_weights)),
-                     target=cfg.target, max_factor=cfg.max_factor)
-    log.info("counterfactual mix: starting at %s (from %s)", ", ".join(f"{k}={w:.3f}" for k, w in start.items()),
-             cfg.reference)
+        raise ConfigError(
+            f"train.mixing.reference = {cfg.reference!r}: its counterfactual has no {what} (it covers "
+            f"{record['sources']}, held out {record['held_out']}); use a reference trained on this "
+            "run's sources"
+        )
+    start = proposal(
+        record["slope"],
+        record["held_out"],
+        record["sources"],
+        dict(zip(names, data.mix_weights)),
+        target=cfg.target,
+        max_factor=cfg.max_factor,
+    )
+    log.info(
+        "counterfactual mix: starting at %s (from %s)",
+        ", ".join(f"{k}={w:.3f}" for k, w in start.items()),
+        cfg.reference,
+    )
     weights = [start[n] for n in names]
     data.reweight(weights)
     return CounterfactualMix(cfg, set_sources=set_sources, weights=weights, data=data, names=list(data.sources))
 
 
-def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None = None,
-              sources: list[str] | None = None, progress: bool = False) -> Trainer:
+def build_run(
+    cfg: TrainConfig,
+    *,
+    train_sets=None,
+    train_data: list[str] | None = None,
+    sources: list[str] | None = None,
+    progress: bool = False,
+) -> Trainer:
     """Tokenizer, loaders, model (and teacher, adaptive mix) from the config, composed into a ``Trainer``.
 
     ``train_sets`` replaces ``cfg.shards`` as the training sets (e.g. split one per source); ``train_data``
@@ -191,10 +293,10 @@ def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None
     Under ``torchrun`` this joins the process group; each data-parallel rank reads its own part of the
     loader's global order (the tensor- and pipeline-parallel ranks of one dp rank read the same batches).
     """
-    from train.data import Loader
-    from train.data.sets import HeldOut, eval_sets, training_sets
-    from train.data.tokenshards import shards_tokenizer
-    from train.tokenizer import load_tokenizer
+    from winnow.train.data import Loader
+    from winnow.train.data.sets import HeldOut, eval_sets, training_sets
+    from winnow.train.data.tokenshards import shards_tokenizer
+    from winnow.train.tokenizer import load_tokenizer
 
     sets = cfg.shards if train_sets is None else train_sets
     if train_data is None:
@@ -212,7 +314,9 @@ def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None
     # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any);
     # the job folder decides even when train_data replaces it (ablation variants' per-source views)
     job_folder = cfg.shards if isinstance(cfg.shards, str) else folders[0]
-    tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options))
+    tokenizer = load_tokenizer(
+        cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options)
+    )
     if world.is_main:  # one writer per run folder
         tokenizer.save(run_dir)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
@@ -223,8 +327,15 @@ def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None
     fmt = "auto" if views and cfg.data.format == "webdataset" else cfg.data.format  # the same rows, as Parquet
     held_out, names = _held_out_sets(cfg, folders, held_out, sources, train_format=fmt)
     train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [], format=fmt)
-    data = Loader(train_cfg, folders if len(folders) > 1 else folders[0], split="train", tokenizer=tokenizer,
-                  rank=world.dp_rank, world_size=world.dp_size, sources=names)
+    data = Loader(
+        train_cfg,
+        folders if len(folders) > 1 else folders[0],
+        split="train",
+        tokenizer=tokenizer,
+        rank=world.dp_rank,
+        world_size=world.dp_size,
+        sources=names,
+    )
     # Held-out batches are read inline: a few batches per eval, and forking loader workers
     # after training has started its thread pools is how forked children deadlock.
     # one folder at a time: no load-time mixing; and the same batches in every run whatever its seed,
@@ -233,23 +344,40 @@ def build_run(cfg: TrainConfig, *, train_sets=None, train_data: list[str] | None
     val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[], shuffle_window=0, seq_len_warmup_steps=0)
 
     def val_data():
-        return HeldOut(held_out, lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer,
-                                                       sources=data.sources), max_batches=cfg.eval_batches)
+        return HeldOut(
+            held_out,
+            lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources),
+            max_batches=cfg.eval_batches,
+        )
 
     teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options) if cfg.distill else None
-    mixer = (build_mixer(cfg.mixing, data, tokenizer, device, storage_options=cfg.data.storage_options,
-                         reduce=parallel.reduce_sum) if cfg.mixing.active else None)
-    return build_trainer(cfg, data=data, sources=data.sources, val_data=val_data if held_out else None,
-                         parallel=parallel, teacher=teacher, mixer=mixer, init=init,
-                         progress=TrainProgress(total=cfg.steps, every=cfg.metrics.log_every, enabled=progress))
+    mixer = (
+        build_mixer(
+            cfg.mixing, data, tokenizer, device, storage_options=cfg.data.storage_options, reduce=parallel.reduce_sum
+        )
+        if cfg.mixing.active
+        else None
+    )
+    return build_trainer(
+        cfg,
+        data=data,
+        sources=data.sources,
+        val_data=val_data if held_out else None,
+        parallel=parallel,
+        teacher=teacher,
+        mixer=mixer,
+        init=init,
+        progress=TrainProgress(total=cfg.steps, every=cfg.metrics.log_every, enabled=progress),
+    )
 
 
-def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str], sources: list[str] | None, *,
-                   train_format: str) -> tuple[list[str], list[str]]:
+def _held_out_sets(
+    cfg: TrainConfig, train: list[str], held_out: list[str], sources: list[str] | None, *, train_format: str
+) -> tuple[list[str], list[str]]:
     """The held-out folders that have a val split, and every source name (training sets' first) so
     sources only evaluated still get an id before the trainer sizes its per-source sums."""
-    from train.data.tokenshards import split_sources
-    from train.errors import ShardError
+    from winnow.train.data.tokenshards import split_sources
+    from winnow.train.errors import ShardError
 
     names = list(sources or [])
     opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
@@ -266,7 +394,9 @@ def _held_out_sets(cfg: TrainConfig, train: list[str], held_out: list[str], sour
             log.warning("no held-out evaluation on %s: %s", folder, err)
     asked = [s for s in cfg.attribution.held_out if s not in evaluated]
     if cfg.attribution.every and asked:
-        raise ConfigError(f"train.attribution.held_out names {asked[0]!r}, which has no held-out rows in "
-                          f"{[str(f) for f in held_out]} (held-out sets: {sorted(set(evaluated))}); give a source with "
-                          "a val split (the split stage's val_fraction), or leave held_out empty for all of them")
+        raise ConfigError(
+            f"train.attribution.held_out names {asked[0]!r}, which has no held-out rows in "
+            f"{[str(f) for f in held_out]} (held-out sets: {sorted(set(evaluated))}); give a source with "
+            "a val split (the split stage's val_fraction), or leave held_out empty for all of them"
+        )
     return kept, list(dict.fromkeys(names))

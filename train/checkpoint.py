@@ -33,8 +33,8 @@ import fsspec
 import numpy as np
 import torch
 
-from train.errors import CheckpointError, ConfigError
-from train.paths import JSON_BYTES, inside, read_capped
+from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
 _LOCAL = fsspec.filesystem("file")
@@ -44,8 +44,13 @@ STATE_FILE, META_FILE, PREFIX, SHARDS_DIR = "state.pt", "meta.json", "step-", "s
 # What checkpoints written before the RNG state became tensors hold besides tensors: NumPy
 # arrays rebuilt from dtype, shape and bytes (no code runs; object arrays' items go through the
 # same restricted unpickler). Allowed while loading only, never registered process-wide.
-_LEGACY_SAFE = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct,
-                (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
+_LEGACY_SAFE = [
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+    np._core.multiarray._reconstruct,
+    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,10 +63,13 @@ class CheckpointConfig:
     mode: int | None = None  # file mode of checkpoint files, e.g. 0o600 (TOML: mode = 0o600); None: the umask
 
     def __post_init__(self) -> None:
-        if self.mode is not None and not (isinstance(self.mode, int) and 0o600 <= self.mode <= 0o777
-                                          and self.mode & 0o600 == 0o600):
-            raise ConfigError(f"train.checkpoint.mode = {self.mode!r} is invalid; allowed: a file mode such as 0o600 "
-                              "or 0o640 (TOML octal) that lets the owner read and write")
+        if self.mode is not None and not (
+            isinstance(self.mode, int) and 0o600 <= self.mode <= 0o777 and self.mode & 0o600 == 0o600
+        ):
+            raise ConfigError(
+                f"train.checkpoint.mode = {self.mode!r} is invalid; allowed: a file mode such as 0o600 "
+                "or 0o640 (TOML octal) that lets the owner read and write"
+            )
         if not (isinstance(self.every, int) and self.every >= 0):
             raise ConfigError(f"train.checkpoint.every = {self.every!r} is invalid; allowed: an integer >= 0")
         if not (isinstance(self.keep_last, int) and self.keep_last >= 1):
@@ -112,8 +120,10 @@ def load_state_file(path: str | Path | BinaryIO, *, name: str | None = None) -> 
     except pickle.UnpicklingError as err:
         lines = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line or "but got" in line]
         found = lines[0].split(". Please")[0] if lines else type(err).__name__
-        raise CheckpointError(f"{name or path}: refused: it holds pickled objects other than tensors and plain data, and "
-                              f"loading them could run code ({found}); only load checkpoints winnow wrote") from err
+        raise CheckpointError(
+            f"{name or path}: refused: it holds pickled objects other than tensors and plain data, and "
+            f"loading them could run code ({found}); only load checkpoints winnow wrote"
+        ) from err
 
 
 def has_shards(path: str | Path) -> bool:
@@ -173,8 +183,10 @@ class CheckpointManager:
     def failed(self, step: int, err: Exception) -> CheckpointError:
         """The error to raise when writing step's checkpoint failed; its temporary folder goes."""
         shutil.rmtree(self.tmp_path(step), ignore_errors=True)
-        return CheckpointError(f"cannot write checkpoint {self.folder / f'{PREFIX}{step:08d}'}: {err}; the previous "
-                               "checkpoint stands (free disk space or fix the folder's permissions, then re-run to resume)")
+        return CheckpointError(
+            f"cannot write checkpoint {self.folder / f'{PREFIX}{step:08d}'}: {err}; the previous "
+            "checkpoint stands (free disk space or fix the folder's permissions, then re-run to resume)"
+        )
 
     def commit(self, step: int, state: dict[str, Any]) -> Path:
         """Rank 0, once every rank's shards are in ``tmp_path(step)``: write ``state``, checksum, rename, prune."""
@@ -198,7 +210,7 @@ class CheckpointManager:
         """One process: ``state`` into ``state.pt`` and the tensors of ``shards`` (if any) into ``shards/``."""
         tmp = self.begin(step)
         if shards is not None:
-            from train import dcp
+            from winnow.train import dcp
 
             try:
                 dcp.save(shards, tmp / SHARDS_DIR)
@@ -219,8 +231,13 @@ class CheckpointManager:
             files[str(path.relative_to(tmp))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
         if self.mode is not None and (tmp / SHARDS_DIR).is_dir():
             os.chmod(tmp / SHARDS_DIR, self.mode | (self.mode & 0o444) >> 2)
-        meta = {"format_version": 2, "step": step, "bytes": state_path.stat().st_size, "sha256": _sha256(state_path),
-                "files": files}
+        meta = {
+            "format_version": 2,
+            "step": step,
+            "bytes": state_path.stat().st_size,
+            "sha256": _sha256(state_path),
+            "files": files,
+        }
         with self._open(tmp / META_FILE) as f:
             f.write(json.dumps(meta).encode())
 
@@ -239,18 +256,23 @@ class CheckpointManager:
         """
         path = Path(path)
         try:
-            meta = json.loads(read_capped(_LOCAL, str(path / META_FILE), limit=JSON_BYTES, what="checkpoint meta",
-                                          error=CheckpointError))
+            meta = json.loads(
+                read_capped(
+                    _LOCAL, str(path / META_FILE), limit=JSON_BYTES, what="checkpoint meta", error=CheckpointError
+                )
+            )
             for name, expected in {STATE_FILE: meta, **meta.get("files", {})}.items():
                 if not inside(name):
-                    raise CheckpointError(f"checkpoint {path}: its meta lists the file {name!r}, which is not inside "
-                                          "the checkpoint folder; the checkpoint is corrupt or not winnow's")
+                    raise CheckpointError(
+                        f"checkpoint {path}: its meta lists the file {name!r}, which is not inside "
+                        "the checkpoint folder; the checkpoint is corrupt or not winnow's"
+                    )
                 file = path / name
                 if file.stat().st_size != expected["bytes"] or _sha256(file) != expected["sha256"]:
                     raise CheckpointError(f"checkpoint {path} fails its checksum ({name}: corrupt or truncated)")
             state = load_state_file(path / STATE_FILE)
             if full and meta.get("files"):
-                from train import dcp
+                from winnow.train import dcp
 
                 merge_shards(state, dcp.read_full(path / SHARDS_DIR))
         except CheckpointError:
@@ -279,7 +301,10 @@ class CheckpointManager:
             return False
         try:
             meta = json.loads((path / META_FILE).read_text())
-            return all((path / name).stat().st_size == m["bytes"] for name, m in {STATE_FILE: meta, **meta.get("files", {})}.items())
+            return all(
+                (path / name).stat().st_size == m["bytes"]
+                for name, m in {STATE_FILE: meta, **meta.get("files", {})}.items()
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return False
 
@@ -293,7 +318,7 @@ class CheckpointManager:
         valid = [p for p in found if self._looks_valid(p)]
         if not valid:
             return
-        keep = set(valid[:self.keep_last])
+        keep = set(valid[: self.keep_last])
         oldest_kept = min(keep)
         for old in found:
             if old not in keep and (old in valid or old < oldest_kept):
@@ -311,6 +336,7 @@ def load_checkpoint(path: str | Path, *, what: str = "checkpoint") -> tuple[Path
     manager = CheckpointManager(folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder)
     found = manager.load_latest()
     if found is None:
-        raise CheckpointError(f"{what}: no valid checkpoint in {folder} (give a run folder or one of its "
-                              "checkpoints/step-N folders)")
+        raise CheckpointError(
+            f"{what}: no valid checkpoint in {folder} (give a run folder or one of its checkpoints/step-N folders)"
+        )
     return found

@@ -5,19 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from train.adaptive import MixingConfig
-from train.alerts import AlertConfig
-from train.attribution import AttributionConfig
-from train.checkpoint import CheckpointConfig
-from train.data.config import LoaderConfig
-from train.data.sets import ReplayConfig, ShardSetConfig
-from train.errors import ConfigError
-from train.metrics import MetricsConfig
-from train.model.config import ModelConfig
-from train.optim import OptimConfig
-from train.parallel.config import ParallelConfig
-from train.stopping import StopConfig
-from train.tokenizer import TokenizerConfig
+from winnow.train.adaptive import MixingConfig
+from winnow.train.alerts import AlertConfig
+from winnow.train.attribution import AttributionConfig
+from winnow.train.checkpoint import CheckpointConfig
+from winnow.train.data.config import LoaderConfig
+from winnow.train.data.sets import ReplayConfig, ShardSetConfig
+from winnow.train.errors import ConfigError
+from winnow.train.metrics import MetricsConfig
+from winnow.train.model.config import ModelConfig
+from winnow.train.optim import OptimConfig
+from winnow.train.parallel.config import ParallelConfig
+from winnow.train.stopping import StopConfig
+from winnow.train.tokenizer import TokenizerConfig
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -52,7 +52,8 @@ class TrainConfig:
     # start from this run folder or checkpoint, local or an fsspec URL (continued pretraining)
     init_from: str | None = None
     init_optimizer: bool = False  # with init_from: also keep the base run's optimizer state (moments, step counts)
-    tokenizer: str | TokenizerConfig | None = None  # [train.tokenizer], or just its path; None: the token shards' own, else byte
+    # [train.tokenizer], or just its path; None: the token shards' own, else byte
+    tokenizer: str | TokenizerConfig | None = None
     steps: int = 300  # optimizer steps
     grad_accum: int = 1  # micro-batches per optimizer step
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast with fp32 master weights
@@ -83,25 +84,57 @@ class TrainConfig:
             if key == "eval_batches" and value is None:
                 continue
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
-        _check(isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every", self.eval_every, "an integer >= 0")
+        _check(
+            isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every", self.eval_every, "an integer >= 0"
+        )
         _check(self.precision in ("fp32", "bf16", "fp16"), "precision", self.precision, "'fp32', 'bf16' or 'fp16'")
         _check(self.device in ("auto", "cpu", "cuda"), "device", self.device, "'auto', 'cpu' or 'cuda'")
         _check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing, "0 <= value < 1")
-        _check(not self.init_optimizer or self.init_from is not None, "init_optimizer", self.init_optimizer,
-               "true only together with train.init_from")
-        _check(not self.stop.active or self.eval_every > 0, "stop", "patience/thresholds",
-               "needs train.eval_every > 0 (the stop rules read the periodic evaluations)")
-        _check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len", self.data.seq_len,
-               f"at most train.model.max_seq_len ({self.model.max_seq_len})")
-        _check(not (self.compile and self.attribution.every), "compile", self.compile,
-               "false with train.attribution (its per-source split runs its own ops in place of the model's, which a "
-               "compiled graph would not see); attribute an eager run, or set train.attribution.every = 0")
+        _check(
+            not self.init_optimizer or self.init_from is not None,
+            "init_optimizer",
+            self.init_optimizer,
+            "true only together with train.init_from",
+        )
+        _check(
+            not self.stop.active or self.eval_every > 0,
+            "stop",
+            "patience/thresholds",
+            "needs train.eval_every > 0 (the stop rules read the periodic evaluations)",
+        )
+        _check(
+            self.data.seq_len <= self.model.max_seq_len,
+            "data.seq_len",
+            self.data.seq_len,
+            f"at most train.model.max_seq_len ({self.model.max_seq_len})",
+        )
+        _check(
+            not (self.compile and self.attribution.every),
+            "compile",
+            self.compile,
+            "false with train.attribution (its per-source split runs its own ops in place of the model's, which a "
+            "compiled graph would not see); attribute an eager run, or set train.attribution.every = 0",
+        )
         if self.parallel.compression == "topk":  # each rank accumulates unscaled gradients over steps
-            _check(self.precision != "fp16", "parallel.compression", "topk", "'none' with train.precision = 'fp16' "
-                   "(the loss scale changes between the steps a withheld gradient waits); use 'bf16'")
-            _check(not self.attribution.every, "parallel.compression", "topk", "'none' with train.attribution "
-                   "(its split needs the step's whole gradient; a top-k step applies parts of earlier ones)")
+            _check(
+                self.precision != "fp16",
+                "parallel.compression",
+                "topk",
+                "'none' with train.precision = 'fp16' "
+                "(the loss scale changes between the steps a withheld gradient waits); use 'bf16'",
+            )
+            _check(
+                not self.attribution.every,
+                "parallel.compression",
+                "topk",
+                "'none' with train.attribution "
+                "(its split needs the step's whole gradient; a top-k step applies parts of earlier ones)",
+            )
             momentum = self.parallel.topk.momentum
-            _check(not momentum or self.optim.betas[0] == 0, "parallel.topk.momentum", momentum,
-                   f"0 while train.optim.betas[0] = {self.optim.betas[0]}: momentum correction moves the optimizer's "
-                   "momentum before the sparsification, so set train.optim.betas = [0.0, beta2] with it")
+            _check(
+                not momentum or self.optim.betas[0] == 0,
+                "parallel.topk.momentum",
+                momentum,
+                f"0 while train.optim.betas[0] = {self.optim.betas[0]}: momentum correction moves the optimizer's "
+                "momentum before the sparsification, so set train.optim.betas = [0.0, beta2] with it",
+            )

@@ -27,8 +27,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
-from train.checkpoint import earlier_names, renamed
-from train.errors import CheckpointError
+from winnow.train.checkpoint import earlier_names, renamed
+from winnow.train.errors import CheckpointError
 
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _PATHS = ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")
@@ -43,8 +43,9 @@ class _MetadataUnpickler(pickle.Unpickler):
                 obj = getattr(__import__(module, fromlist=[name]), name, None)
                 if isinstance(obj, type):
                     return obj
-            if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), (torch.dtype,
-                                                                                                   torch.memory_format))):
+            if module == "torch" and (
+                name == "Size" or isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format))
+            ):
                 return getattr(torch, name)
             if module == "torch.serialization" and name == "_get_layout":  # maps "torch.strided" to the layout
                 return torch.serialization._get_layout
@@ -64,12 +65,16 @@ class SafeReader(FileSystemReader):
             with open(path, "rb") as f:
                 metadata = _MetadataUnpickler(f).load()
         except (pickle.UnpicklingError, AttributeError, EOFError, ValueError, TypeError) as err:
-            raise CheckpointError(f"{path}: refused: not a checkpoint's metadata, and loading it could run code "
-                                  f"({err}); only load checkpoints winnow wrote") from err
+            raise CheckpointError(
+                f"{path}: refused: not a checkpoint's metadata, and loading it could run code "
+                f"({err}); only load checkpoints winnow wrote"
+            ) from err
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path}: refused: holds {type(metadata).__name__}, not DCP metadata")
         if any(isinstance(m, BytesStorageMetadata) for m in metadata.state_dict_metadata.values()):
-            raise CheckpointError(f"{path}: refused: holds pickled objects besides tensors (winnow writes tensors only)")
+            raise CheckpointError(
+                f"{path}: refused: holds pickled objects besides tensors (winnow writes tensors only)"
+            )
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -106,8 +111,9 @@ def save(state: dict, folder: Path, *, process_group=None) -> None:
     only_tensors(state)
     try:
         with _quiet_alone():
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)), process_group=process_group,
-                     no_dist=_alone())
+            dcp.save(
+                state, storage_writer=dcp.FileSystemWriter(str(folder)), process_group=process_group, no_dist=_alone()
+            )
     except CheckpointException as err:  # a BaseException: would slip past the callers' error handling
         first = next(iter(err.failures.values()), (None, None))[0]
         if isinstance(first, OSError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from train.data import Batch
-from train.hooks import TrainHook
-from train.model import distillation_per_token
+from winnow.train.data import Batch
+from winnow.train.hooks import TrainHook
+from winnow.train.model import distillation_per_token
 
 
 class Distillation(TrainHook):
@@ -22,8 +22,9 @@ class Distillation(TrainHook):
     def __init__(self, teacher: torch.nn.Module | None, *, alpha: float, temperature: float) -> None:
         self.teacher, self.alpha, self.temperature = teacher, alpha, temperature
 
-    def loss(self, batch: Batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor,
-             n_tokens: int) -> torch.Tensor:
+    def loss(
+        self, batch: Batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor, n_tokens: int
+    ) -> torch.Tensor:
         with torch.no_grad():
             teacher_BLV = self.teacher(batch.tokens, batch.doc_ids).logits_BLV
         soft_BL = distillation_per_token(logits_BLV, teacher_BLV, temperature=self.temperature)

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from train.checkpoint import renamed
-from train.errors import CheckpointError, ConfigError
-from train.model import ModelConfig, Transformer
-from train.tokenizer import BPE_FILE, META_FILE, Tokenizer
+from winnow.train.checkpoint import renamed
+from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.tokenizer import BPE_FILE, META_FILE, Tokenizer
 
 WINNOW_FILE = "winnow-model.safetensors"
 HF_DIR = "hf"
@@ -59,11 +59,15 @@ def hf_blockers(cfg: ModelConfig) -> list[str]:
     if cfg.is_moe and cfg.load_balance == "bias":
         out.append("train.model.load_balance = 'bias': Mixtral's router has no expert-selection bias")
     if cfg.is_moe and cfg.capacity_factor is not None:
-        out.append(f"train.model.capacity_factor = {cfg.capacity_factor}: Mixtral is dropless, winnow drops "
-                   "tokens over capacity at inference too")
+        out.append(
+            f"train.model.capacity_factor = {cfg.capacity_factor}: Mixtral is dropless, winnow drops "
+            "tokens over capacity at inference too"
+        )
     if cfg.is_moe and cfg.top_k == 1:
-        out.append("train.model.top_k = 1: Mixtral renormalizes the top-k weights, so one expert gets weight 1 "
-                   "where winnow keeps its softmax probability")
+        out.append(
+            "train.model.top_k = 1: Mixtral renormalizes the top-k weights, so one expert gets weight 1 "
+            "where winnow keeps its softmax probability"
+        )
     return out
 
 
@@ -82,17 +86,35 @@ def mixtral_config(cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dict
     """``config.json`` of the equivalent ``MixtralForCausalLM`` (call only when ``hf_blockers`` is empty)."""
     experts, top_k = (cfg.n_experts, cfg.top_k) if cfg.is_moe else (1, 1)
     hidden = cfg.ffn_hidden if cfg.is_moe else cfg.dense_hidden or cfg.ffn_hidden
-    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **token_ids(tokenizer),
-            "vocab_size": cfg.padded_vocab, "hidden_size": cfg.dim, "intermediate_size": hidden,
-            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.dim // cfg.n_heads, "hidden_act": "silu",
-            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-            # both spellings: transformers v4 reads rope_theta, v5 rope_parameters
-            "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-            "num_local_experts": experts, "num_experts_per_tok": top_k, "router_aux_loss_coef": cfg.aux_loss_coef,
-            "router_jitter_noise": 0.0, "output_router_logits": False, "sliding_window": None,
-            "attention_dropout": 0.0, "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "float32",
-            "initializer_range": cfg.init_std, "use_cache": True}
+    return {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        **token_ids(tokenizer),
+        "vocab_size": cfg.padded_vocab,
+        "hidden_size": cfg.dim,
+        "intermediate_size": hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.dim // cfg.n_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        # both spellings: transformers v4 reads rope_theta, v5 rope_parameters
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "num_local_experts": experts,
+        "num_experts_per_tok": top_k,
+        "router_aux_loss_coef": cfg.aux_loss_coef,
+        "router_jitter_noise": 0.0,
+        "output_router_logits": False,
+        "sliding_window": None,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": "float32",
+        "initializer_range": cfg.init_std,
+        "use_cache": True,
+    }
 
 
 def mixtral_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -104,11 +126,14 @@ def mixtral_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str,
     for i in range(cfg.n_layers):
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
         wkv = state[src + "attn.wkv.weight"]  # (2·G·C, D): keys first, then values
-        out |= {dst + "input_layernorm.weight": state[src + "attn_norm.weight"],
-                dst + "post_attention_layernorm.weight": state[src + "ffn_norm.weight"],
-                dst + "self_attn.q_proj.weight": state[src + "attn.wq.weight"],
-                dst + "self_attn.k_proj.weight": wkv[:kv], dst + "self_attn.v_proj.weight": wkv[kv:],
-                dst + "self_attn.o_proj.weight": state[src + "attn.wo.weight"]}
+        out |= {
+            dst + "input_layernorm.weight": state[src + "attn_norm.weight"],
+            dst + "post_attention_layernorm.weight": state[src + "ffn_norm.weight"],
+            dst + "self_attn.q_proj.weight": state[src + "attn.wq.weight"],
+            dst + "self_attn.k_proj.weight": wkv[:kv],
+            dst + "self_attn.v_proj.weight": wkv[kv:],
+            dst + "self_attn.o_proj.weight": state[src + "attn.wo.weight"],
+        }
         moe = dst + "block_sparse_moe."
         if cfg.is_moe:
             out[moe + "gate.weight"] = state[src + "ffn.router.gate.weight"]
@@ -132,8 +157,12 @@ def write_hf_tokenizer(tokenizer: Tokenizer, folder: Path, *, max_length: int) -
     tokenizer.hf_tokenizer().save(str(folder / BPE_FILE))
     special = tokenizer.special_tokens
     # the generic fast tokenizer: it adds no BOS/EOS of its own, as winnow's encoding adds none
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": max_length,
-              "clean_up_tokenization_spaces": False}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+    }
     _write_json(folder / "tokenizer_config.json", config)
     _write_json(folder / "special_tokens_map.json", special)
     _write_json(folder / "generation_config.json", token_ids(tokenizer))
@@ -148,8 +177,14 @@ def _winnow_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[st
     return {k: v.detach().contiguous() for k, v in state.items() if not (cfg.tie_embeddings and k == "head.weight")}
 
 
-def export_model(state: dict, out_dir: str | Path, *, step: int | None = None, sources: list[str] | None = None,
-                 tokenizer: Tokenizer | None = None) -> dict:
+def export_model(
+    state: dict,
+    out_dir: str | Path,
+    *,
+    step: int | None = None,
+    sources: list[str] | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> dict:
     """Write ``out_dir/winnow-model.safetensors`` (and ``tokenizer``'s files) and, when the config maps, ``out_dir/hf/``.
 
     ``state`` is a checkpoint's (``model`` and ``model_config`` at least); ``tokenizer`` the run's
@@ -167,8 +202,12 @@ def export_model(state: dict, out_dir: str | Path, *, step: int | None = None, s
     shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted export of this process id left
     tmp.mkdir(parents=True)
     try:
-        meta = {"format": "winnow", "model_config": json.dumps(dataclasses.asdict(cfg)),
-                "step": str(step if step is not None else -1), "sources": json.dumps(list(sources or []))}
+        meta = {
+            "format": "winnow",
+            "model_config": json.dumps(dataclasses.asdict(cfg)),
+            "step": str(step if step is not None else -1),
+            "sources": json.dumps(list(sources or [])),
+        }
         st.save_file(_winnow_tensors(cfg, state["model"]), str(tmp / WINNOW_FILE), metadata=meta)
         if tokenizer is not None:
             tokenizer.save(tmp)
@@ -195,8 +234,10 @@ def _check_replaceable(out_dir: Path) -> None:
         raise ConfigError(f"{out_dir} exists and is not a folder; give another --output")
     others = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_ENTRIES)
     if others:
-        raise ConfigError(f"{out_dir} holds files an export does not write ({', '.join(others[:3])}); "
-                          "give another --output, or move them away")
+        raise ConfigError(
+            f"{out_dir} holds files an export does not write ({', '.join(others[:3])}); "
+            "give another --output, or move them away"
+        )
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:
@@ -223,8 +264,9 @@ def load_exported(path: str | Path) -> tuple[Transformer, dict]:
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata() or {})
     if meta.get("format") != "winnow" or "model_config" not in meta:
-        raise CheckpointError(f"{path}: not a winnow export (no winnow model_config in its metadata); "
-                              "write one with `winnow export RUN`")
+        raise CheckpointError(
+            f"{path}: not a winnow export (no winnow model_config in its metadata); write one with `winnow export RUN`"
+        )
     cfg = ModelConfig(**json.loads(meta["model_config"]))
     state = renamed(st.load_file(str(path)))  # an earlier version's export: its expert names as today's
     if cfg.tie_embeddings:

@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from train.alerts import SkipReason
-from train.data import Batch
+from winnow.train.alerts import SkipReason
+from winnow.train.data import Batch
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,9 @@ class TrainHook:
         del source_ids_BL, loss_scale
         return contextlib.nullcontext()
 
-    def loss(self, batch: Batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor,
-             n_tokens: int) -> torch.Tensor:
+    def loss(
+        self, batch: Batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor, n_tokens: int
+    ) -> torch.Tensor:
         return loss_BL
 
     def check(self, loss: float, grad_norm: float, batches: list[Batch]) -> SkipReason | None:
@@ -100,5 +101,9 @@ class CompileTime(TrainHook):
             self._steps.append(time.perf_counter() - self._start)
             if len(self._steps) == 2:
                 first, second = self._steps
-                log.info("torch.compile: %.1f s compiling (the first step took %.1f s, the second %.1f s)",
-                         first - second, first, second)
+                log.info(
+                    "torch.compile: %.1f s compiling (the first step took %.1f s, the second %.1f s)",
+                    first - second,
+                    first,
+                    second,
+                )

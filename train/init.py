@@ -24,9 +24,9 @@ from pathlib import Path
 
 import fsspec
 
-from train.checkpoint import load_state_file
-from train.errors import CheckpointError, ConfigError
-from train.paths import JSON_BYTES, inside, read_capped
+from winnow.train.checkpoint import load_state_file
+from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,14 @@ class Initialization:
         return max(0.0, self.last_lr / optim_cfg.lr)
 
     def provenance(self) -> dict:
-        return {"given": self.given, "run_dir": self.run_dir, "checkpoint": self.checkpoint, "step": self.step,
-                "sha256": self.sha256, "init_optimizer": self.optimizer}
+        return {
+            "given": self.given,
+            "run_dir": self.run_dir,
+            "checkpoint": self.checkpoint,
+            "step": self.step,
+            "sha256": self.sha256,
+            "init_optimizer": self.optimizer,
+        }
 
     def check(self, model_cfg, tokenizer) -> None:
         """ConfigError naming what differs when this run's tokenizer or model config is not the base's."""
@@ -76,21 +82,27 @@ class Initialization:
         differ = [k for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
         if differ:
             detail = ", ".join(f"{k} (base {saved.get(k)!r}, this run {mine.get(k)!r})" for k in differ)
-            raise ConfigError(f"{self.where}: [train.model] differs from the base run's model in {detail}; "
-                              "set those keys to the base run's values")
+            raise ConfigError(
+                f"{self.where}: [train.model] differs from the base run's model in {detail}; "
+                "set those keys to the base run's values"
+            )
 
     def check_tokenizer(self, tokenizer) -> None:
         """ConfigError when this run's tokenizer is not the one the checkpoint's run trained with: its name in the
         checkpoint, and every file ``tokenizer.save`` writes against the run folder's copy."""
         saved_tok = (self.state.get("data") or {}).get("tokenizer")
         if saved_tok is not None and saved_tok != tokenizer.name:
-            raise ConfigError(f"{self.where}: that run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
-                              "set train.tokenizer to that run's (its run folder holds it)")
+            raise ConfigError(
+                f"{self.where}: that run used tokenizer {saved_tok!r}, this run {tokenizer.name!r}; "
+                "set train.tokenizer to that run's (its run folder holds it)"
+            )
         if self.run_dir is not None:
             differ = tokenizer_differences(*fsspec.core.url_to_fs(self.run_dir, **self.storage_options), tokenizer)
             if differ:
-                raise ConfigError(f"{self.where}: this run's tokenizer differs from that run's ({', '.join(differ)} "
-                                  f"in {self.run_dir}); set train.tokenizer = {self.run_dir!r}")
+                raise ConfigError(
+                    f"{self.where}: this run's tokenizer differs from that run's ({', '.join(differ)} "
+                    f"in {self.run_dir}); set train.tokenizer = {self.run_dir!r}"
+                )
 
     def model_config(self) -> dict:
         """The checkpoint's ``[train.model]``; CheckpointError when it records none."""
@@ -114,7 +126,9 @@ class Initialization:
                 group.update(hyper)
             for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
                 group["lr"] = lr
-        log.info("initialized from %s (step %d%s)", self.checkpoint, self.step, ", with optimizer state" * self.optimizer)
+        log.info(
+            "initialized from %s (step %d%s)", self.checkpoint, self.step, ", with optimizer state" * self.optimizer
+        )
 
 
 def tokenizer_differences(fs, run_dir: str, tokenizer) -> list[str]:
@@ -143,7 +157,9 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
     meta_path = posixpath.join(folder, _META)
     try:
         if fs.exists(meta_path):  # first: it says how many bytes the state file may have
-            meta = json.loads(read_capped(fs, meta_path, limit=JSON_BYTES, what="checkpoint meta", error=CheckpointError))
+            meta = json.loads(
+                read_capped(fs, meta_path, limit=JSON_BYTES, what="checkpoint meta", error=CheckpointError)
+            )
         limit = meta["bytes"] if isinstance(meta.get("bytes"), int) else STATE_BYTES
         data = read_capped(fs, state_file, limit=limit, what="checkpoint state", error=CheckpointError)
     except (OSError, ValueError) as err:
@@ -158,24 +174,32 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
         with tempfile.TemporaryDirectory(prefix="winnow-init-") as tmp:
             for name, expected in meta["files"].items():
                 if not inside(name):  # a damaged or hostile meta: never write outside the temporary folder
-                    raise CheckpointError(f"checkpoint {folder}: its meta lists the file {name!r}, which is not "
-                                          "inside the checkpoint folder; the checkpoint is corrupt or not winnow's")
-                blob = read_capped(fs, posixpath.join(folder, name), limit=int(expected["bytes"]), what="checkpoint file",
-                                   error=CheckpointError)
+                    raise CheckpointError(
+                        f"checkpoint {folder}: its meta lists the file {name!r}, which is not "
+                        "inside the checkpoint folder; the checkpoint is corrupt or not winnow's"
+                    )
+                blob = read_capped(
+                    fs,
+                    posixpath.join(folder, name),
+                    limit=int(expected["bytes"]),
+                    what="checkpoint file",
+                    error=CheckpointError,
+                )
                 if len(blob) != expected["bytes"] or hashlib.sha256(blob).hexdigest() != expected["sha256"]:
                     raise CheckpointError(f"checkpoint {folder} fails its checksum ({name}: corrupt or truncated)")
                 (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
                 (Path(tmp) / name).write_bytes(blob)
-            from train import dcp
-            from train.checkpoint import SHARDS_DIR, merge_shards
+            from winnow.train import dcp
+            from winnow.train.checkpoint import SHARDS_DIR, merge_shards
 
             merge_shards(state, dcp.read_full(Path(tmp) / SHARDS_DIR))
     step = int((state.get("counters") or {}).get("step", step))
     return state, digest, step
 
 
-def load_init(given: str, *, optimizer: bool = False, storage_options: dict | None = None,
-              key: str = "train.init_from") -> Initialization:
+def load_init(
+    given: str, *, optimizer: bool = False, storage_options: dict | None = None, key: str = "train.init_from"
+) -> Initialization:
     """Find and load the checkpoint ``given`` names (see the module docstring); ``key`` is the setting that
     named it (``train.mixing.reference`` and ``train.distill.teacher`` are found the same way)."""
     fs, root = fsspec.core.url_to_fs(given, **(storage_options or {}))
@@ -189,7 +213,9 @@ def load_init(given: str, *, optimizer: bool = False, storage_options: dict | No
         candidates, run_dir = [(root, posixpath.join(root, _STATE))], None
     else:
         folder = posixpath.join(root, "checkpoints") if fs.isdir(posixpath.join(root, "checkpoints")) else root
-        steps = sorted((p for p in fs.ls(folder, detail=False) if posixpath.basename(p).startswith(_PREFIX)), reverse=True)
+        steps = sorted(
+            (p for p in fs.ls(folder, detail=False) if posixpath.basename(p).startswith(_PREFIX)), reverse=True
+        )
         if not steps:
             raise ConfigError(f"{key} = {given!r} holds no checkpoints (checkpoints/step-*/); train that run first")
         candidates = [(p, posixpath.join(p, _STATE)) for p in steps]
@@ -204,7 +230,15 @@ def load_init(given: str, *, optimizer: bool = False, storage_options: dict | No
                 raise
             log.warning("%s: skipping checkpoint: %s", key, err)
             continue
-        return Initialization(given=given, checkpoint=unstrip(folder if fs.isdir(folder) else state_file),
-                              run_dir=unstrip(run_dir) if run_dir else None, step=step, sha256=digest, state=state,
-                              optimizer=optimizer, storage_options=dict(storage_options or {}), key=key)
+        return Initialization(
+            given=given,
+            checkpoint=unstrip(folder if fs.isdir(folder) else state_file),
+            run_dir=unstrip(run_dir) if run_dir else None,
+            step=step,
+            sha256=digest,
+            state=state,
+            optimizer=optimizer,
+            storage_options=dict(storage_options or {}),
+            key=key,
+        )
     raise CheckpointError(f"{key} = {given!r}: no checkpoint there verifies")  # unreachable: the loop raises

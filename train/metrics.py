@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import torch
 
-from train.errors import ConfigError
-from train.plan.hardware import DEVICES, table_key
+from winnow.train.errors import ConfigError
+from winnow.train.plan.hardware import DEVICES, table_key
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,17 @@ class MetricsConfig:
     project: str = "winnow"  # the MLflow experiment / W&B project
     mlflow_tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a file store in <run>/mlruns
     wandb_mode: Literal["online", "offline", "disabled"] | None = None  # None: WANDB_MODE or W&B's default
-    peak_flops: float | None = None  # per device, for MFU; None: the accelerator table's peak for this GPU, else measured
+    # per device, for MFU; None: the accelerator table's peak for this GPU, else measured
+    peak_flops: float | None = None
 
     def __post_init__(self) -> None:
-        from train.trackers import TRACKERS
+        from winnow.train.trackers import TRACKERS
 
         bad = [t for t in self.trackers if t not in TRACKERS]
         if bad:
-            raise ConfigError(f"train.metrics.trackers = {self.trackers!r} is invalid; allowed: any of {list(TRACKERS)}")
+            raise ConfigError(
+                f"train.metrics.trackers = {self.trackers!r} is invalid; allowed: any of {list(TRACKERS)}"
+            )
         if self.tensorboard and "tensorboard" not in self.trackers:
             self.trackers = ["tensorboard", *self.trackers]
         if not (isinstance(self.log_every, int) and self.log_every >= 1):
@@ -102,8 +105,11 @@ def memory_stats(device: torch.device) -> dict[str, float]:
     """Memory in use and at peak; on a GPU also the device's own limit (``limit_gib``, what the diagnosis compares to)."""
     if device.type == "cuda":
         _free, total = torch.cuda.mem_get_info(device)  # the driver's figure: what this process can have at most
-        return {"allocated_gib": torch.cuda.memory_allocated(device) / 2**30,
-                "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30, "limit_gib": total / 2**30}
+        return {
+            "allocated_gib": torch.cuda.memory_allocated(device) / 2**30,
+            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "limit_gib": total / 2**30,
+        }
     try:
         import resource
 
@@ -150,9 +156,13 @@ class Throughput:
         elapsed = max(time.perf_counter() - self.start - self.excluded, 1e-9)
         tokens_per_s = self.tokens / elapsed
         comm = max(self._comm_total() - self.comm_start - self.comm_excluded, 0.0)
-        return {"tokens_per_s": tokens_per_s, "flops_per_s": tokens_per_s * flops_per_token,
-                "mfu": tokens_per_s * flops_per_token / peak, "data_wait_pct": 100.0 * self.wait / elapsed,
-                "comm_pct": min(100.0 * comm / elapsed, 100.0)}
+        return {
+            "tokens_per_s": tokens_per_s,
+            "flops_per_s": tokens_per_s * flops_per_token,
+            "mfu": tokens_per_s * flops_per_token / peak,
+            "data_wait_pct": 100.0 * self.wait / elapsed,
+            "comm_pct": min(100.0 * comm / elapsed, 100.0),
+        }
 
 
 class MetricsWriter:
@@ -164,10 +174,15 @@ class MetricsWriter:
         self.path = self.run_dir / "metrics.jsonl"
         self.trackers: list = []
         if config is not None and config.trackers:
-            from train.trackers import open_trackers
+            from winnow.train.trackers import open_trackers
 
-            self.trackers = open_trackers(config.trackers, self.run_dir, project=config.project,
-                                          mlflow_uri=config.mlflow_tracking_uri, wandb_mode=config.wandb_mode)
+            self.trackers = open_trackers(
+                config.trackers,
+                self.run_dir,
+                project=config.project,
+                mlflow_uri=config.mlflow_tracking_uri,
+                wandb_mode=config.wandb_mode,
+            )
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

@@ -8,8 +8,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from train.errors import ConfigError
-from train.schedules import lr_factor
+from winnow.train.errors import ConfigError
+from winnow.train.schedules import lr_factor
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -35,22 +35,33 @@ class OptimConfig:
     min_lr_ratio: float = 0.1  # the decay ends at lr · min_lr_ratio
     decay_fraction: float = 0.2  # wsd: the decay takes the last this much of the steps
     decay_shape: Literal["linear", "cosine", "sqrt"] = "sqrt"  # wsd: the decay's shape (sqrt: 1 - √progress)
-    rewarm_from: Literal["zero", "current"] = "zero"  # "current": a continued run warms up from the LR its init_from run ended at
+    # "current": a continued run warms up from the LR its init_from run ended at
+    rewarm_from: Literal["zero", "current"] = "zero"
 
     def __post_init__(self) -> None:
         _check(self.name in ("adamw", "lamb"), "name", self.name, "'adamw' or 'lamb'")
         _check(self.lr > 0, "lr", self.lr, "> 0")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two values in [0, 1)")
+        _check(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two values in [0, 1)"
+        )
         _check(self.eps > 0, "eps", self.eps, "> 0")
         _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
         _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 = no clipping)")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
-        _check(self.schedule in ("cosine", "linear", "constant", "wsd"), "schedule", self.schedule,
-               "'cosine', 'linear', 'constant' or 'wsd'")
+        _check(
+            self.schedule in ("cosine", "linear", "constant", "wsd"),
+            "schedule",
+            self.schedule,
+            "'cosine', 'linear', 'constant' or 'wsd'",
+        )
         _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "0..1")
         _check(0 < self.decay_fraction <= 1, "decay_fraction", self.decay_fraction, "0 < value <= 1")
-        _check(self.decay_shape in ("linear", "cosine", "sqrt"), "decay_shape", self.decay_shape,
-               "'linear', 'cosine' or 'sqrt'")
+        _check(
+            self.decay_shape in ("linear", "cosine", "sqrt"),
+            "decay_shape",
+            self.decay_shape,
+            "'linear', 'cosine' or 'sqrt'",
+        )
         _check(self.rewarm_from in ("zero", "current"), "rewarm_from", self.rewarm_from, "'zero' or 'current'")
 
 
@@ -117,4 +128,5 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     ``start_factor``: where the warm-up starts, as a fraction of ``cfg.lr`` (re-warming a continued run).
     """
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, cfg, total_steps, start_factor=start_factor))
+        optimizer, lambda step: lr_factor(step, cfg, total_steps, start_factor=start_factor)
+    )

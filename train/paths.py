@@ -33,7 +33,9 @@ def read_capped(fs, path: str, *, limit: int, what: str, error: type[Exception])
     if info.get("type") != "file":
         raise error(f"{what} {path} is not a regular file (a folder, device, FIFO or socket); give the file itself")
     if info.get("size") is not None and info["size"] > limit:
-        raise error(f"{what} {path} is {info['size']} bytes, over winnow's cap of {limit} for it; is it the right file?")
+        raise error(
+            f"{what} {path} is {info['size']} bytes, over winnow's cap of {limit} for it; is it the right file?"
+        )
     with fs.open(path, "rb") as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:

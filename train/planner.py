@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from train.config import TrainConfig
-from train.errors import ConfigError
+from winnow.train.config import TrainConfig
+from winnow.train.errors import ConfigError
 
 TOKENS_PER_PARAM = 20.0
 FFN_SHARE = 2 / 3  # share of a dense transformer's non-embedding parameters in its feed-forward blocks
@@ -57,10 +57,18 @@ def estimate_run(cfg: TrainConfig, *, peak_flops: float, utilization: float, dev
     # fp32 master weights + grads + two Adam moments; activations ~ 34·B·L·D bytes per layer in 16-bit
     # (Korthikanti et al. 2022), fp32 doubles it; checkpointing keeps ~ one block's worth plus inputs
     state_bytes = total * (4 + 4 + 8)
-    act_bytes_per_layer = 34 * cfg.data.batch_size * cfg.data.seq_len * cfg.model.dim * (2 if cfg.precision == "fp32" else 1)
+    act_bytes_per_layer = (
+        34 * cfg.data.batch_size * cfg.data.seq_len * cfg.model.dim * (2 if cfg.precision == "fp32" else 1)
+    )
     layers_held = 1 + cfg.model.n_layers * 0.1 if cfg.activation_checkpointing else cfg.model.n_layers
     logits_bytes = cfg.data.batch_size * cfg.data.seq_len * cfg.model.padded_vocab * 4 * 2
     memory = state_bytes + act_bytes_per_layer * layers_held + logits_bytes
-    return {"total_params": total, "active_params": active, "tokens": tokens, "flops": flops,
-            "hours": seconds / 3600, "memory_gib_per_device": memory / 2**30,
-            "tokens_per_param": tokens / active}
+    return {
+        "total_params": total,
+        "active_params": active,
+        "tokens": tokens,
+        "flops": flops,
+        "hours": seconds / 3600,
+        "memory_gib_per_device": memory / 2**30,
+        "tokens_per_param": tokens / active,
+    }

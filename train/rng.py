@@ -14,9 +14,17 @@ import torch
 
 def rng_state() -> dict:
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    state = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -26,8 +34,15 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     saved = state["numpy"]
     if isinstance(saved, dict):
-        np.random.set_state((saved["name"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
-                             saved["has_gauss"], saved["cached_gaussian"]))
+        np.random.set_state(
+            (
+                saved["name"],
+                saved["keys"].numpy().astype(np.uint32),
+                saved["pos"],
+                saved["has_gauss"],
+                saved["cached_gaussian"],
+            )
+        )
     else:  # a checkpoint written before the state became weights-only safe: NumPy's own tuple
         np.random.set_state(saved)
     torch.set_rng_state(state["torch"])

@@ -77,8 +77,12 @@ def archive_previous(run_dir: Path) -> Path | None:
     target.mkdir()
     for path in found:
         os.replace(path, target / path.name)
-    log.warning("%s held an earlier run (%s) and this one starts from step 0: moved it to %s", run_dir,
-                ", ".join(p.name for p in found), target)
+    log.warning(
+        "%s held an earlier run (%s) and this one starts from step 0: moved it to %s",
+        run_dir,
+        ", ".join(p.name for p in found),
+        target,
+    )
     return target
 
 
@@ -91,5 +95,9 @@ def continue_run_folder(run_dir: str | Path, step: int) -> None:
     for name in LOGS:
         dropped = truncate_jsonl(run_dir / name, step)
         if dropped:
-            log.info("%s: dropped %d record(s) after step %d (logged before the run was stopped; redone now)",
-                     run_dir / name, dropped, step)
+            log.info(
+                "%s: dropped %d record(s) after step %d (logged before the run was stopped; redone now)",
+                run_dir / name,
+                dropped,
+                step,
+            )

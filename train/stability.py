@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from train.alerts import AlertConfig, AlertKind, Alerts, SkipReason, SpikeDetector
-from train.data import Batch
-from train.hooks import TrainHook
+from winnow.train.alerts import AlertConfig, AlertKind, Alerts, SkipReason, SpikeDetector
+from winnow.train.data import Batch
+from winnow.train.hooks import TrainHook
 
 
 class Stability(TrainHook):
@@ -32,12 +32,19 @@ class Stability(TrainHook):
     def check(self, loss: float, grad_norm: float, batches: list[Batch]) -> SkipReason | None:
         self._loss = loss
         if self.skip_nonfinite and not (np.isfinite(loss) and np.isfinite(grad_norm)):
-            self.alerts.emit(AlertKind.NONFINITE, self._step, f"non-finite loss {loss} or gradient norm {grad_norm}; "
-                             "step skipped", loss=str(loss), grad_norm=str(grad_norm), **self._provenance(batches))
+            self.alerts.emit(
+                AlertKind.NONFINITE,
+                self._step,
+                f"non-finite loss {loss} or gradient norm {grad_norm}; step skipped",
+                loss=str(loss),
+                grad_norm=str(grad_norm),
+                **self._provenance(batches),
+            )
             reason = SkipReason.NONFINITE
         elif self.spikes.is_spike(loss):
-            self.alerts.emit(AlertKind.LOSS_SPIKE, self._step, f"loss {loss:.4g} is a spike", loss=loss,
-                             **self._provenance(batches))
+            self.alerts.emit(
+                AlertKind.LOSS_SPIKE, self._step, f"loss {loss:.4g} is a spike", loss=loss, **self._provenance(batches)
+            )
             if not self.cfg.skip_spikes:
                 return None
             reason = SkipReason.SPIKE
@@ -53,8 +60,10 @@ class Stability(TrainHook):
     def _provenance(self, batches: list[Batch]) -> dict:
         """Which sources and shard rows a batch held: what an alert about it names."""
         ids = torch.cat([b.source_ids[b.loss_mask] for b in batches]).unique().tolist()
-        return {"sources": [self.sources[i] for i in ids if 0 <= i < len(self.sources)],
-                "origins": [list(o) for b in batches for o in b.origins]}
+        return {
+            "sources": [self.sources[i] for i in ids if 0 <= i < len(self.sources)],
+            "origins": [list(o) for b in batches for o in b.origins],
+        }
 
     def report(self) -> dict:
         return {"skipped_steps": dict(self.skipped)}

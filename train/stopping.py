@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from train.errors import ConfigError
-from train.hooks import TrainHook
+from winnow.train.errors import ConfigError
+from winnow.train.hooks import TrainHook
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,7 +57,9 @@ class EarlyStopping(TrainHook):
             return total
         missing = [s for s in self.cfg.sources if per_source.get(s) is None]
         if missing:
-            raise ConfigError(f"train.stop.sources: no held-out loss for {missing} (held-out sources: {sorted(per_source)})")
+            raise ConfigError(
+                f"train.stop.sources: no held-out loss for {missing} (held-out sources: {sorted(per_source)})"
+            )
         return sum(per_source[s] for s in self.cfg.sources) / len(self.cfg.sources)
 
     def after_eval(self, record: dict) -> str | None:
@@ -71,10 +73,14 @@ class EarlyStopping(TrainHook):
         for source, threshold in self.cfg.thresholds.items():
             loss = per_source.get(source)
             if loss is None:
-                raise ConfigError(f"train.stop.thresholds.{source}: no held-out loss for {source!r} "
-                                  f"(held-out sources: {sorted(per_source)})")
+                raise ConfigError(
+                    f"train.stop.thresholds.{source}: no held-out loss for {source!r} "
+                    f"(held-out sources: {sorted(per_source)})"
+                )
             if loss <= threshold:
-                self.reason = f"held-out loss of {source} is {loss:.4f} at step {step}, at or below its threshold {threshold:g}"
+                self.reason = (
+                    f"held-out loss of {source} is {loss:.4f} at step {step}, at or below its threshold {threshold:g}"
+                )
                 return self.reason
         if not self.cfg.patience:
             return None
@@ -86,8 +92,10 @@ class EarlyStopping(TrainHook):
         self.bad_evals += 1
         if self.bad_evals >= self.cfg.patience:
             now = "none" if value is None else f"{value:.4f}"
-            self.reason = (f"{what} has not improved by {self.cfg.min_delta:g} for {self.bad_evals} evaluations "
-                           f"(best {self.best:.4f} at step {self.best_step}, now {now} at step {step})")
+            self.reason = (
+                f"{what} has not improved by {self.cfg.min_delta:g} for {self.bad_evals} evaluations "
+                f"(best {self.best:.4f} at step {self.best_step}, now {now} at step {step})"
+            )
         return self.reason
 
     def report(self) -> dict:

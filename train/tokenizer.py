@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from train.errors import ConfigError
-from train.paths import JSON_BYTES, read_capped
+from winnow.train.errors import ConfigError
+from winnow.train.paths import JSON_BYTES, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -179,19 +179,32 @@ class HFTokenizer(Tokenizer):
 
     kind = "hf"
 
-    def __init__(self, tok, *, eos_token: str | None = None, pad_token: str | None = None, pad_id: int | None = None,
-                 where: str = "train.tokenizer") -> None:
+    def __init__(
+        self,
+        tok,
+        *,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+        pad_id: int | None = None,
+        where: str = "train.tokenizer",
+    ) -> None:
         self._tok, self._spec = tok, {"eos_token": eos_token, "pad_token": pad_token, "pad_id": pad_id}
         self.vocab_size = tok.get_vocab_size()
         names = [eos_token] if eos_token is not None else list(EOS_CANDIDATES)
         found = [tok.token_to_id(n) for n in names if tok.token_to_id(n) is not None]
         if not found:
-            what = f"has no token {eos_token!r}" if eos_token else f"has none of the usual end-of-document tokens {list(EOS_CANDIDATES)}"
+            what = (
+                f"has no token {eos_token!r}"
+                if eos_token
+                else f"has none of the usual end-of-document tokens {list(EOS_CANDIDATES)}"
+            )
             raise ConfigError(f"{where}: the tokenizer {what}; set {where}.eos_token to its end-of-document token")
         self.eos_id = found[0]
         if pad_token is not None:
             if tok.token_to_id(pad_token) is None:
-                raise ConfigError(f"{where}.pad_token = {pad_token!r}: no such token; give another, pad_id, or neither (pads with EOS)")
+                raise ConfigError(
+                    f"{where}.pad_token = {pad_token!r}: no such token; give another, pad_id, or neither (pads with EOS)"
+                )
             self.pad_id = tok.token_to_id(pad_token)
         elif pad_id is not None:
             if not 0 <= pad_id < self.vocab_size:
@@ -251,7 +264,9 @@ class BPETokenizer(HFTokenizer):
 
     def __init__(self, tok, **spec) -> None:
         if tok.token_to_id(EOS_TOKEN) is None or tok.token_to_id(PAD_TOKEN) is None:
-            raise ConfigError(f"BPE tokenizer lacks the special tokens {EOS_TOKEN!r} / {PAD_TOKEN!r}; train it with `winnow tokenizer train`")
+            raise ConfigError(
+                f"BPE tokenizer lacks the special tokens {EOS_TOKEN!r} / {PAD_TOKEN!r}; train it with `winnow tokenizer train`"
+            )
         super().__init__(tok, **{"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN, **spec})
 
     @property
@@ -266,7 +281,9 @@ def train_bpe(texts: Iterable[list[str]], *, vocab_size: int, min_frequency: int
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 2:
-        raise ConfigError(f"vocab_size must be at least {len(alphabet) + 2} (256 byte symbols + eos + pad), got {vocab_size}")
+        raise ConfigError(
+            f"vocab_size must be at least {len(alphabet) + 2} (256 byte symbols + eos + pad), got {vocab_size}"
+        )
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -288,14 +305,17 @@ class TokenizerConfig:
 
     path: str = "byte"  # "byte", a Hugging Face tokenizer.json, or a folder holding one (a run folder, `winnow tokenizer train`)
     eos_token: str | None = None  # None: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> in the vocabulary
-    pad_token: str | None = None  # None: pad_id, else winnow's <|pad|> if present, else the EOS id (padding is loss-masked)
+    # None: pad_id, else winnow's <|pad|> if present, else the EOS id (padding is loss-masked)
+    pad_token: str | None = None
     pad_id: int | None = None  # the padding token by id, instead of pad_token
 
     def __post_init__(self) -> None:
         if self.pad_token is not None and self.pad_id is not None:
             raise ConfigError("train.tokenizer: give pad_token or pad_id, not both")
         if self.path == "byte" and (self.eos_token, self.pad_token, self.pad_id) != (None, None, None):
-            raise ConfigError("train.tokenizer.path = 'byte' has fixed ids (EOS 256, pad 257); drop eos_token/pad_token/pad_id")
+            raise ConfigError(
+                "train.tokenizer.path = 'byte' has fixed ids (EOS 256, pad 257); drop eos_token/pad_token/pad_id"
+            )
 
 
 def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "train.tokenizer") -> Tokenizer:
@@ -310,8 +330,10 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
     if meta.get("kind") == "byte":
         return ByteTokenizer()
     if not file.is_file():
-        raise ConfigError(f"{where}.path = {cfg.path!r}: no {BPE_FILE} there (nor {META_FILE}); give a Hugging Face "
-                          "tokenizer.json, a folder holding one (e.g. from `winnow tokenizer train`), or 'byte'")
+        raise ConfigError(
+            f"{where}.path = {cfg.path!r}: no {BPE_FILE} there (nor {META_FILE}); give a Hugging Face "
+            "tokenizer.json, a folder holding one (e.g. from `winnow tokenizer train`), or 'byte'"
+        )
     from tokenizers import Tokenizer as RustTokenizer
 
     try:
@@ -319,9 +341,13 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
-        raise ConfigError(f"{where}.path = {cfg.path!r}: {file} is not a tokenizer.json the tokenizers library can load: {err}") from err
+        raise ConfigError(
+            f"{where}.path = {cfg.path!r}: {file} is not a tokenizer.json the tokenizers library can load: {err}"
+        ) from err
     given = {k: getattr(cfg, k) for k in ("eos_token", "pad_token", "pad_id") if getattr(cfg, k) is not None}
-    if not given and (meta.get("kind") == "bpe" or (not meta and None not in (tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)))):
+    if not given and (
+        meta.get("kind") == "bpe" or (not meta and None not in (tok.token_to_id(EOS_TOKEN), tok.token_to_id(PAD_TOKEN)))
+    ):
         return BPETokenizer(tok)
     saved = {k: meta[k] for k in ("eos_token", "pad_token", "pad_id") if k in meta}
     return HFTokenizer(tok, **(given or saved), where=where)
@@ -331,5 +357,6 @@ def _read(path: Path, where: str) -> bytes:
     """A tokenizer file, whole, under a cap (a link to /dev/zero is an error, not an endless read)."""
     import fsspec
 
-    return read_capped(fsspec.filesystem("file"), str(path), limit=JSON_BYTES, what=f"{where}.path: the file",
-                       error=ConfigError)
+    return read_capped(
+        fsspec.filesystem("file"), str(path), limit=JSON_BYTES, what=f"{where}.path: the file", error=ConfigError
+    )

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from train.errors import require
+from winnow.train.errors import require
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def load_image(expert_load: Any, *, cell: int = 12) -> np.ndarray | None:
 
 class TensorBoardTracker:
     def __init__(self, run_dir: Path) -> None:
-        require("tensorboard", feature="TensorBoard logging ([train.metrics] trackers = [\"tensorboard\"])")
+        require("tensorboard", feature='TensorBoard logging ([train.metrics] trackers = ["tensorboard"])')
         from torch.utils.tensorboard import SummaryWriter
 
         self._folder, self._writer_class = str(run_dir / "tensorboard"), SummaryWriter
@@ -93,7 +93,9 @@ class MlflowTracker:
     _BAD = re.compile(r"[^\w\-. /]")  # MLflow metric names: alphanumerics, _ - . space /
 
     def __init__(self, run_dir: Path, *, project: str, uri: str | None) -> None:
-        mlflow = require("mlflow", package="mlflow-skinny", feature="MLflow logging ([train.metrics] trackers = [\"mlflow\"])")
+        mlflow = require(
+            "mlflow", package="mlflow-skinny", feature='MLflow logging ([train.metrics] trackers = ["mlflow"])'
+        )
         from mlflow.entities import Metric
 
         self._metric = Metric
@@ -112,7 +114,7 @@ class MlflowTracker:
         step, now = int(record["step"]), int(time.time() * 1000)
         metrics = [self._metric(self._BAD.sub("_", k), v, now, step) for k, v in scalars(record).items()]
         for lo in range(0, len(metrics), 1000):  # log_batch takes at most 1000 metrics
-            self.client.log_batch(self.run_id, metrics=metrics[lo:lo + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[lo : lo + 1000])
         image = load_image(record.get("expert_load"))
         if image is not None:
             self.client.log_image(self.run_id, image, key="expert_load", step=step)
@@ -123,16 +125,19 @@ class MlflowTracker:
 
 class WandbTracker:
     def __init__(self, run_dir: Path, *, project: str, mode: str | None) -> None:
-        self.wandb = require("wandb", feature="Weights & Biases logging ([train.metrics] trackers = [\"wandb\"])")
-        self.run = self.wandb.init(project=project, name=run_dir.name, dir=str(run_dir), mode=mode,
-                                   config={"run_dir": str(run_dir)})
+        self.wandb = require("wandb", feature='Weights & Biases logging ([train.metrics] trackers = ["wandb"])')
+        self.run = self.wandb.init(
+            project=project, name=run_dir.name, dir=str(run_dir), mode=mode, config={"run_dir": str(run_dir)}
+        )
         self._step = -1
 
     def log(self, record: dict[str, Any]) -> None:
         data: dict[str, Any] = dict(scalars(record))
         image = load_image(record.get("expert_load"))
         if image is not None:
-            data["expert_load"] = self.wandb.Image(image, caption="expert load: a row per MoE layer, a column per expert")
+            data["expert_load"] = self.wandb.Image(
+                image, caption="expert load: a row per MoE layer, a column per expert"
+            )
         step = max(int(record["step"]), self._step)  # W&B refuses steps that go back (an eval at step 0 after...)
         self.run.log(data, step=step)
         self._step = step
@@ -141,8 +146,9 @@ class WandbTracker:
         self.run.finish()
 
 
-def open_trackers(names: list[str], run_dir: Path, *, project: str, mlflow_uri: str | None,
-                  wandb_mode: str | None) -> list[Tracker]:
+def open_trackers(
+    names: list[str], run_dir: Path, *, project: str, mlflow_uri: str | None, wandb_mode: str | None
+) -> list[Tracker]:
     """Start the named trackers for ``run_dir``, in order."""
     run_dir = Path(run_dir)
     out: list[Tracker] = []

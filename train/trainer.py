@@ -21,21 +21,21 @@ from pathlib import Path
 
 import torch
 
-from train.accounting import SourceAccounting, check_source_ids
-from train.alerts import Alerts, SkipReason
-from train.checkpoint import SHARDS_DIR, CheckpointManager, has_shards
-from train.config import TrainConfig
-from train.data import Batch
-from train.errors import CheckpointError
-from train.hooks import TrainHook
-from train.init import Initialization
-from train.metrics import Throughput, memory_stats, peak_flops_basis
-from train.model import Transformer, cross_entropy_per_token
-from train.parallel import Parallel
-from train.progress import TrainProgress
-from train.rng import rng_state, set_rng_state
-from train.runfolder import continue_run_folder
-from train.shutdown import on_stop_signals, stop_requested
+from winnow.train.accounting import SourceAccounting, check_source_ids
+from winnow.train.alerts import Alerts, SkipReason
+from winnow.train.checkpoint import SHARDS_DIR, CheckpointManager, has_shards
+from winnow.train.config import TrainConfig
+from winnow.train.data import Batch
+from winnow.train.errors import CheckpointError
+from winnow.train.hooks import TrainHook
+from winnow.train.init import Initialization
+from winnow.train.metrics import Throughput, memory_stats, peak_flops_basis
+from winnow.train.model import Transformer, cross_entropy_per_token
+from winnow.train.parallel import Parallel
+from winnow.train.progress import TrainProgress
+from winnow.train.rng import rng_state, set_rng_state
+from winnow.train.runfolder import continue_run_folder
+from winnow.train.shutdown import on_stop_signals, stop_requested
 
 log = logging.getLogger(__name__)
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,11 +65,24 @@ class Trainer:
     forward is called on (DDP's wrapper, or ``model``); ``hooks`` are called in order (``train.hooks``).
     """
 
-    def __init__(self, cfg: TrainConfig, *, model: Transformer, net: torch.nn.Module, parallel: Parallel,
-                 optimizer: torch.optim.Optimizer, scheduler, data: Iterable, sources: list[str],
-                 alerts: Alerts, hooks: list[TrainHook], val_data: Callable[[], Iterable] | None = None,
-                 scaler: torch.amp.GradScaler | None = None, init: Initialization | None = None,
-                 progress: TrainProgress | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        model: Transformer,
+        net: torch.nn.Module,
+        parallel: Parallel,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        data: Iterable,
+        sources: list[str],
+        alerts: Alerts,
+        hooks: list[TrainHook],
+        val_data: Callable[[], Iterable] | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        init: Initialization | None = None,
+        progress: TrainProgress | None = None,
+    ) -> None:
         self.cfg, self.model, self.net, self.parallel = cfg, model, net, parallel
         self.device, self.run_dir = parallel.world.device, Path(cfg.output)
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
@@ -89,8 +102,9 @@ class Trainer:
         # a bar only where someone reads it: the caller's choice, and rank 0
         enabled = progress is not None and parallel.is_main
         self.progress = progress if enabled else TrainProgress(total=cfg.steps, enabled=False)
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last,
-                                             mode=cfg.checkpoint.mode)
+        self.checkpoints = CheckpointManager(
+            self.run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last, mode=cfg.checkpoint.mode
+        )
         self.throughput = Throughput(parallel.comm)
         self.peak_flops, self.peak_basis = peak_flops_basis(self.device, cfg.metrics.peak_flops)
         self.flops_per_token = model.cfg.flops_per_token(cfg.data.seq_len)
@@ -195,9 +209,15 @@ class Trainer:
             total += data_loss.detach()
             return data_loss * scale
 
-        self.pipeline.run(batches, loss=loss, record=self._record_moe, autocast=self._autocast, loss_scale=fp16,
-                          split=lambda source_ids_BL: self._split(source_ids_BL, scale),
-                          inputs=any(h.inputs for h in self.hooks))
+        self.pipeline.run(
+            batches,
+            loss=loss,
+            record=self._record_moe,
+            autocast=self._autocast,
+            loss_scale=fp16,
+            split=lambda source_ids_BL: self._split(source_ids_BL, scale),
+            inputs=any(h.inputs for h in self.hooks),
+        )
         self.micro_steps += len(batches)
         return self.parallel.reduce_pp(total)  # every stage then decides the same skip
 
@@ -221,8 +241,9 @@ class Trainer:
             return
         self._step_accounting.add_routing([s.experts_TK for s in moe], source_ids_BL, loss_mask_BL, first_layer=first)
         self._step_accounting.add_load(torch.stack([s.load_E for s in moe]), first_layer=first)
-        self._router_M3[first:first + len(moe)] += torch.stack(
-            [torch.stack([s.aux_loss.detach(), s.z_loss.detach(), s.dropped.float()]) for s in moe]).double()
+        self._router_M3[first : first + len(moe)] += torch.stack(
+            [torch.stack([s.aux_loss.detach(), s.z_loss.detach(), s.dropped.float()]) for s in moe]
+        ).double()
 
     # ---- logging, evaluation, checkpoints -------------------------------------------------
     def log_metrics(self) -> dict:
@@ -232,19 +253,40 @@ class Trainer:
         self.micro_steps = 0
         speed = self.throughput.summary(self.flops_per_token, self.peak_flops)
         self.throughput.reset()
-        record = {"step": self.step, "loss": acct["mean_loss"], "step_loss": self.last.loss,
-                  "lr": self.scheduler.get_last_lr()[0], "grad_norm": self.last.grad_norm,
-                  "tokens_seen": self.tokens_seen, **speed, "memory": memory_stats(self.device),
-                  "aux_loss": router[:, 0].tolist(), "z_loss": router[:, 1].tolist(), "dropped": router[:, 2].tolist(),
-                  "expert_load": acct["expert_load"], "per_source": acct["per_source"], "routing": acct["routing"],
-                  "comm": self.parallel.comm_report()}
+        record = {
+            "step": self.step,
+            "loss": acct["mean_loss"],
+            "step_loss": self.last.loss,
+            "lr": self.scheduler.get_last_lr()[0],
+            "grad_norm": self.last.grad_norm,
+            "tokens_seen": self.tokens_seen,
+            **speed,
+            "memory": memory_stats(self.device),
+            "aux_loss": router[:, 0].tolist(),
+            "z_loss": router[:, 1].tolist(),
+            "dropped": router[:, 2].tolist(),
+            "expert_load": acct["expert_load"],
+            "per_source": acct["per_source"],
+            "routing": acct["routing"],
+            "comm": self.parallel.comm_report(),
+        }
         for h in self.hooks:
             record |= h.report()
         self.metrics.write(record)
-        self.alerts.check_interval(self.step, tokens_per_s=speed["tokens_per_s"],
-                                   data_wait_pct=speed["data_wait_pct"], grad_norm=self.last.grad_norm)
-        log.info("step %d loss %.4f lr %.2e %.0f tok/s mfu %.1f%%", self.step, record["loss"] or float("nan"),
-                 record["lr"], speed["tokens_per_s"], 100 * speed["mfu"])
+        self.alerts.check_interval(
+            self.step,
+            tokens_per_s=speed["tokens_per_s"],
+            data_wait_pct=speed["data_wait_pct"],
+            grad_norm=self.last.grad_norm,
+        )
+        log.info(
+            "step %d loss %.4f lr %.2e %.0f tok/s mfu %.1f%%",
+            self.step,
+            record["loss"] or float("nan"),
+            record["lr"],
+            speed["tokens_per_s"],
+            100 * speed["mfu"],
+        )
         return record
 
     def after_step(self, *, last: bool = False) -> list[dict]:
@@ -270,7 +312,9 @@ class Trainer:
             return None
         mark = self.throughput.mark()
         # under pipeline parallelism the sums arise on the last stage and rank 0 writes them
-        acct = SourceAccounting(self.sources, n_moe_layers=0, n_experts=0, device=self.device, reduce=self.parallel.reduce_pp)
+        acct = SourceAccounting(
+            self.sources, n_moe_layers=0, n_experts=0, device=self.device, reduce=self.parallel.reduce_pp
+        )
 
         def account(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL):
             acct.add_loss(cross_entropy_per_token(logits_BLV, targets_BL), source_ids_BL, loss_mask_BL)
@@ -282,10 +326,17 @@ class Trainer:
             batches = self.progress.evaluating(loader, total=self.cfg.eval_batches)
             capped = zip(itertools.count() if self.cfg.eval_batches is None else range(self.cfg.eval_batches), batches)
             # preempted: the checkpoint matters more than this pass
-            held_out = (batch.to(self.device) for _, batch in itertools.takewhile(lambda _: stop_requested() is None, capped))
+            held_out = (
+                batch.to(self.device) for _, batch in itertools.takewhile(lambda _: stop_requested() is None, capped)
+            )
             if self.pipeline is not None:
-                self.pipeline.evaluate(held_out, loss=account, rows=self.cfg.data.batch_size,
-                                       cols=self.cfg.data.seq_len, autocast=self._autocast)
+                self.pipeline.evaluate(
+                    held_out,
+                    loss=account,
+                    rows=self.cfg.data.batch_size,
+                    cols=self.cfg.data.seq_len,
+                    autocast=self._autocast,
+                )
             else:
                 for b in held_out:
                     with self._autocast():
@@ -298,30 +349,47 @@ class Trainer:
             log.warning("evaluation at step %d abandoned: a stop was requested", self.step)
             return None
         result = acct.flush()
-        record = {"step": self.step, "eval": {"loss": result["mean_loss"],
-                  "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()}}}
+        record = {
+            "step": self.step,
+            "eval": {
+                "loss": result["mean_loss"],
+                "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()},
+            },
+        }
         self.metrics.write(record)
         self.throughput.exclude_since(mark)
         return record
 
     def state_dict(self) -> dict:
         """The whole run in the one-process format (checkpoints keep weights and moments sharded instead)."""
-        return {"model": self.parallel.model_state(self.model),
-                "optimizer": self.parallel.optim_state(self.model, self.optimizer), **self._run_state()}
+        return {
+            "model": self.parallel.model_state(self.model),
+            "optimizer": self.parallel.optim_state(self.model, self.optimizer),
+            **self._run_state(),
+        }
 
     def _run_state(self) -> dict:
         """Everything but the weights and the optimizer's moments; each hook's state under its name."""
-        return {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
-                "rng": rng_state(), "data": self.data.state_dict(), "accounting": self.accounting.state_dict(),
-                "alerts": self.alerts.state_dict(), **{h.name: h.state_dict() for h in self.hooks},
-                "counters": {"step": self.step, "tokens_seen": self.tokens_seen},
-                "model_config": dataclasses.asdict(self.model.cfg), "sources": self.sources}
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "rng": rng_state(),
+            "data": self.data.state_dict(),
+            "accounting": self.accounting.state_dict(),
+            "alerts": self.alerts.state_dict(),
+            **{h.name: h.state_dict() for h in self.hooks},
+            "counters": {"step": self.step, "tokens_seen": self.tokens_seen},
+            "model_config": dataclasses.asdict(self.model.cfg),
+            "sources": self.sources,
+        }
 
     def load_state_dict(self, state: dict, *, shards: Path | None = None) -> None:
         """Restore the run; ``shards``: a checkpoint's DCP folder holding the weights and moments ``state`` lacks."""
         if list(state["sources"]) != self.sources:  # per-source sums and ids would be mixed up
-            raise CheckpointError(f"the checkpoint was trained on sources {list(state['sources'])}, this run has "
-                                  f"{self.sources}; resume with the same data, or start a new run (another output)")
+            raise CheckpointError(
+                f"the checkpoint was trained on sources {list(state['sources'])}, this run has "
+                f"{self.sources}; resume with the same data, or start a new run (another output)"
+            )
         if shards is not None:
             self.parallel.load_shards(self.model, self.optimizer, shards, state["optimizer"]["param_groups"])
         else:
@@ -415,9 +483,17 @@ class Trainer:
                 final_eval = None
             checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
         self.metrics.close()
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped": self._reports().get("skipped_steps", {}),
-                "preempted": preempted, "stopped": stopped, "checkpoint": str(checkpoint), "eval": final_eval,
-                "run_dir": str(self.run_dir), "mixing": h.report() if (h := self.hook("mixing")) else None}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "skipped": self._reports().get("skipped_steps", {}),
+            "preempted": preempted,
+            "stopped": stopped,
+            "checkpoint": str(checkpoint),
+            "eval": final_eval,
+            "run_dir": str(self.run_dir),
+            "mixing": h.report() if (h := self.hook("mixing")) else None,
+        }
 
     def _reports(self) -> dict:
         return {k: v for h in self.hooks for k, v in h.report().items()}

@@ -2,7 +2,7 @@
 
 Example::
 
-    from curate.dedup import duplicate_clusters, minhash_signatures
+    from winnow.curate.dedup import duplicate_clusters, minhash_signatures
     sigs = minhash_signatures(["a b c d e f", "a b c d e g"])   # uint64 [2, 128]
     duplicate_clusters(texts, threshold=0.8)                    # [[0, 7, 9], [3, 4], ...]
 """
@@ -14,10 +14,10 @@ from collections.abc import Iterable
 import numpy as np
 import polars as pl
 
-from curate.dedup.clusters import connected_components
-from curate.dedup.lsh import unpack_pairs
-from curate.dedup.minhash import MinHashConfig, minhash_keys, near_duplicate_pairs, text_buffers
-from curate.dedup.signatures import sketch_buffers
+from winnow.curate.dedup.clusters import connected_components
+from winnow.curate.dedup.lsh import unpack_pairs
+from winnow.curate.dedup.minhash import MinHashConfig, minhash_keys, near_duplicate_pairs, text_buffers
+from winnow.curate.dedup.signatures import sketch_buffers
 
 
 def _as_series(texts: Iterable[str] | pl.Series) -> pl.Series:
@@ -40,7 +40,9 @@ def minhash_signatures(
     shingle sets. Documents without a word get all slots at the uint64 maximum.
     """
     # Validated like the stage's options (bands/rows given so that no LSH search runs).
-    config = MinHashConfig(ngram=ngram, num_perm=num_perm, scheme=scheme, shingle=shingle, normalize=normalize, seed=seed, bands=1, rows=1)
+    config = MinHashConfig(
+        ngram=ngram, num_perm=num_perm, scheme=scheme, shingle=shingle, normalize=normalize, seed=seed, bands=1, rows=1
+    )
     offsets, data, tables = text_buffers(_as_series(texts), config)
     sketch = sketch_buffers(
         offsets, data, ngram=ngram, chars=shingle == "chars", num_perm=num_perm, scheme=scheme, seed=seed,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from curate.errors import ConfigError
+from winnow.curate.errors import ConfigError
 
 BAND_BYTES = 48
 PAIR_BYTES = 40

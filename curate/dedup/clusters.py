@@ -13,7 +13,8 @@ from typing import Literal
 
 import numpy as np
 import polars as pl
-from curate.dedup.jit import njit
+
+from winnow.curate.dedup.jit import njit
 
 KeepPolicy = Literal["first", "longest", "quality"]
 KEEP_POLICIES: tuple[str, ...] = ("first", "longest", "quality")
@@ -82,7 +83,9 @@ def choose_keepers(members: pl.DataFrame, policy: str) -> pl.DataFrame:
     ranked = members.sort(["_cluster", *by], descending=[False, *descending], nulls_last=True)
     keeper = pl.col("id").first().over("_cluster")
     return (
-        ranked.with_columns(keeper.alias("duplicate_of"), pl.col("source").first().over("_cluster").alias("duplicate_source"))
+        ranked.with_columns(
+            keeper.alias("duplicate_of"), pl.col("source").first().over("_cluster").alias("duplicate_source")
+        )
         .filter(pl.col("id") != pl.col("duplicate_of"))
         .select("id", "_task", "source", "duplicate_of", "duplicate_source")
     )
@@ -94,7 +97,11 @@ def cluster_report(dropped: pl.DataFrame, n_clusters: int, n_docs: int) -> dict:
     cross = (
         dropped.filter(pl.col("source") != pl.col("duplicate_source"))
         .with_columns(
-            pl.concat_str(pl.min_horizontal("source", "duplicate_source"), pl.max_horizontal("source", "duplicate_source"), separator="|").alias("pair")
+            pl.concat_str(
+                pl.min_horizontal("source", "duplicate_source"),
+                pl.max_horizontal("source", "duplicate_source"),
+                separator="|",
+            ).alias("pair")
         )
         .group_by("pair")
         .len()

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-
 log = logging.getLogger(__name__)
 
 _MAX_ROUNDS = 200
@@ -142,7 +141,9 @@ def components(edge_files: list[str], parts: int, folder: Path) -> pl.DataFrame:
         u, v = _read_part(files, part, parts)
         if len(u):
             starts, m = _group_min(u, v)
-            labels.append(pl.DataFrame({"node": u[starts], "label": m[starts]}, schema={"node": pl.UInt32, "label": pl.UInt32}))
+            labels.append(
+                pl.DataFrame({"node": u[starts], "label": m[starts]}, schema={"node": pl.UInt32, "label": pl.UInt32})
+            )
     shutil.rmtree(folder, ignore_errors=True)
     if not labels:
         return pl.DataFrame(schema={"node": pl.UInt32, "label": pl.UInt32})

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from curate.dedup.budget import EXACT_BYTES, partitions
-from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
-from curate.dedup.kernels import hash128_column
-from curate.dedup.stage import DedupBarrier
-from curate.dedup.text import Normalization, check_normalization, normalized_buffers
-from curate.errors import ConfigError
-from curate.stages.base import Plan, StageConfig
+from winnow.curate.dedup.budget import EXACT_BYTES, partitions
+from winnow.curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
+from winnow.curate.dedup.kernels import hash128_column
+from winnow.curate.dedup.stage import DedupBarrier
+from winnow.curate.dedup.text import Normalization, check_normalization, normalized_buffers
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import Plan, StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ class ExactDedup(DedupBarrier):
             return self.no_duplicates()
         n_docs = keys.select(pl.len()).collect().item()
         # Groups are wholly inside one hash partition, so partitioning changes nothing but memory.
-        parts = partitions(n_docs, EXACT_BYTES, self.ctx.memory_gb, what=f"{self.ctx.stage_id}'s groups over {n_docs} documents")
+        parts = partitions(
+            n_docs, EXACT_BYTES, self.ctx.memory_gb, what=f"{self.ctx.stage_id}'s groups over {n_docs} documents"
+        )
         dropped, n_clusters = [], 0
         for part in range(parts):
             scan = keys.filter(pl.col("_h1") % parts == part) if parts > 1 else keys
@@ -77,5 +79,11 @@ class ExactDedup(DedupBarrier):
             dropped.append(choose_keepers(members, self.config.keep))
         dropped = pl.concat(dropped).sort("id")
         report = {**cluster_report(dropped, n_clusters, n_docs), "partitions": parts}
-        log.info("%s: %d exact duplicates in %d groups over %d documents", self.ctx.stage_id, dropped.height, n_clusters, n_docs)
+        log.info(
+            "%s: %d exact duplicates in %d groups over %d documents",
+            self.ctx.stage_id,
+            dropped.height,
+            n_clusters,
+            n_docs,
+        )
         return Plan(decision_frame(dropped), report)

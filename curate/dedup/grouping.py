@@ -28,12 +28,19 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from curate.dedup.budget import BAND_BYTES, EDGE_BYTES, GB, PAIR_BYTES, check_fits, partitions
-from curate.dedup.clusters import pair_jaccard
-from curate.dedup.components import _mix, components
-from curate.dedup.lsh import _run_pairs, unpack_pairs
-from curate.dedup.routing import Router
-from curate.dedup.verify import SETS_COLUMN, SIG8_COLUMN, pair_similarities, screen_margin, sig8_similarity, sort_unique_into
+from winnow.curate.dedup.budget import BAND_BYTES, EDGE_BYTES, GB, PAIR_BYTES, check_fits, partitions
+from winnow.curate.dedup.clusters import pair_jaccard
+from winnow.curate.dedup.components import _mix, components
+from winnow.curate.dedup.lsh import _run_pairs, unpack_pairs
+from winnow.curate.dedup.routing import Router
+from winnow.curate.dedup.verify import (
+    SETS_COLUMN,
+    SIG8_COLUMN,
+    pair_similarities,
+    screen_margin,
+    sig8_similarity,
+    sort_unique_into,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +55,9 @@ class Grouped:
     stats: dict
 
 
-def candidate_files(keys: pl.LazyFrame, columns: list[str], parts: int, folder: Path, *,
-                    bands_per_pass: int = 1) -> tuple[list[str], int]:
+def candidate_files(
+    keys: pl.LazyFrame, columns: list[str], parts: int, folder: Path, *, bands_per_pass: int = 1
+) -> tuple[list[str], int]:
     """Step 1: each band's candidate pairs, ``parts`` key partitions at a time; returns the files and their pair count.
 
     With one partition, ``bands_per_pass`` bands are read in one scan of the keys (as many as the
@@ -71,7 +79,7 @@ def candidate_files(keys: pl.LazyFrame, columns: list[str], parts: int, folder: 
     if parts == 1:
         per = max(1, bands_per_pass)
         for lo in range(0, len(columns), per):
-            chosen = columns[lo:lo + per]
+            chosen = columns[lo : lo + per]
             frame = keys.select("_nsh", *chosen).with_row_index("_row").filter(pl.col("_nsh") > 0).collect()
             for j, column in enumerate(chosen, start=lo):
                 emit(j, 0, frame.select(column, "_row").sort(column, "_row"), column)
@@ -115,8 +123,9 @@ def _docs(pairs: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate(unpack_pairs(pairs)))
 
 
-def screen_buckets(keys: pl.LazyFrame, paths: list[Path], *, threshold: float, window_rows: int, memory_gb: float,
-                   folder: Path) -> tuple[int, int]:
+def screen_buckets(
+    keys: pl.LazyFrame, paths: list[Path], *, threshold: float, window_rows: int, memory_gb: float, folder: Path
+) -> tuple[int, int]:
     """Step 2b: each bucket's pairs whose 8-bit signature estimate is within ``screen_margin``; returns (kept, passes over the spill)."""
     if SIG8_COLUMN not in keys.collect_schema().names():  # a spill without signature bytes: every pair goes on
         return sum(len(_read_pairs(p)) for p in paths), 0
@@ -130,7 +139,9 @@ def screen_buckets(keys: pl.LazyFrame, paths: list[Path], *, threshold: float, w
         if len(pairs):
             k = int(routed.offsets[1] - routed.offsets[0])
             a, b = unpack_pairs(pairs)
-            estimate = sig8_similarity(routed.positions(a), routed.positions(b), routed.data.reshape(len(routed.docs), k))
+            estimate = sig8_similarity(
+                routed.positions(a), routed.positions(b), routed.data.reshape(len(routed.docs), k)
+            )
             pairs = pairs[estimate >= threshold - screen_margin(threshold, k)]
             _write_pairs(path, pairs)
         kept += len(pairs)
@@ -145,8 +156,16 @@ def _sorted_sets(offsets: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.
     return out_offsets * 4, out[:cursor].view(np.uint8)
 
 
-def verify_buckets(keys: pl.LazyFrame, paths: list[Path], *, threshold: float, chunk_pairs: int, window_rows: int,
-                   memory_gb: float, folder: Path) -> tuple[int, int]:
+def verify_buckets(
+    keys: pl.LazyFrame,
+    paths: list[Path],
+    *,
+    threshold: float,
+    chunk_pairs: int,
+    window_rows: int,
+    memory_gb: float,
+    folder: Path,
+) -> tuple[int, int]:
     """Step 2c: each bucket's pairs whose exact Jaccard reaches ``threshold``; returns (kept, passes over the spill)."""
     router = Router(folder, len(paths))
     for q, path in enumerate(paths):
@@ -168,8 +187,17 @@ def verify_buckets(keys: pl.LazyFrame, paths: list[Path], *, threshold: float, c
     return kept, passes
 
 
-def _sample_wrong(keys: pl.LazyFrame, paths: list[Path], *, n_candidates: int, threshold: float, sample: int, seed: int,
-                  chunk_pairs: int, window_rows: int) -> tuple[int, int]:
+def _sample_wrong(
+    keys: pl.LazyFrame,
+    paths: list[Path],
+    *,
+    n_candidates: int,
+    threshold: float,
+    sample: int,
+    seed: int,
+    chunk_pairs: int,
+    window_rows: int,
+) -> tuple[int, int]:
     """(pairs sampled, how many are below ``threshold``): a hash-chosen sample, the same pairs whatever the bucketing."""
     share = min(1.0, sample / max(n_candidates, 1))
     cut = np.uint64(min(int(share * 2**64), 2**64 - 1))
@@ -186,16 +214,33 @@ def _set_bytes(keys: pl.LazyFrame, verify: str, memory_gb: float) -> float:
     if verify == "none":
         return 0.0
     shingles = keys.select(pl.col("_nsh").mean().alias("mean"), pl.col("_nsh").max().alias("max")).collect()
-    check_fits(8 * int(shingles["max"][0] or 0), memory_gb, what="the shingle set of the longest document (dedup.minhash verification)")
+    check_fits(
+        8 * int(shingles["max"][0] or 0),
+        memory_gb,
+        what="the shingle set of the longest document (dedup.minhash verification)",
+    )
     return 4.0 * float(shingles["mean"][0] or 0)
 
 
-def edge_files(keys: pl.LazyFrame, candidates: list[str], n_candidates: int, *, verify: str, threshold: float, chunk_pairs: int,
-               sample: int, seed: int, memory_gb: float, folder: Path) -> tuple[list[str], dict]:
+def edge_files(
+    keys: pl.LazyFrame,
+    candidates: list[str],
+    n_candidates: int,
+    *,
+    verify: str,
+    threshold: float,
+    chunk_pairs: int,
+    sample: int,
+    seed: int,
+    memory_gb: float,
+    folder: Path,
+) -> tuple[list[str], dict]:
     """Step 2: unique candidates per bucket, verified as configured, written as edges; returns the files and counts."""
     folder.mkdir(parents=True)
     set_bytes = _set_bytes(keys, verify, memory_gb)
-    buckets = partitions(n_candidates, PAIR_BYTES + 2 * set_bytes, memory_gb, what="the candidate pairs of dedup.minhash")
+    buckets = partitions(
+        n_candidates, PAIR_BYTES + 2 * set_bytes, memory_gb, what="the candidate pairs of dedup.minhash"
+    )
     # Sets are read in windows of about WINDOW_BYTES (less on a small budget): larger windows save
     # little time and the plan's peak grows with them.
     window_rows = int(min(1 << 16, max(1 << 8, min(WINDOW_BYTES, memory_gb * GB / 16) / max(set_bytes, 64.0))))
@@ -207,13 +252,24 @@ def edge_files(keys: pl.LazyFrame, candidates: list[str], n_candidates: int, *, 
         stats["candidate_pairs"] += len(pairs)
     if verify == "all":
         route = {"window_rows": window_rows, "memory_gb": memory_gb}
-        stats["screened_pairs"], sig_passes = screen_buckets(keys, paths, threshold=threshold, folder=folder / "sig8", **route)
-        stats["verified_pairs"], set_passes = verify_buckets(keys, paths, threshold=threshold, chunk_pairs=chunk_pairs,
-                                                             folder=folder / "sets", **route)
+        stats["screened_pairs"], sig_passes = screen_buckets(
+            keys, paths, threshold=threshold, folder=folder / "sig8", **route
+        )
+        stats["verified_pairs"], set_passes = verify_buckets(
+            keys, paths, threshold=threshold, chunk_pairs=chunk_pairs, folder=folder / "sets", **route
+        )
         stats["spill_passes"] = {"signatures": sig_passes, "sets": set_passes}
     elif verify == "sample":
-        sampled, wrong = _sample_wrong(keys, paths, n_candidates=n_candidates, threshold=threshold, sample=sample, seed=seed,
-                                       chunk_pairs=chunk_pairs, window_rows=window_rows)
+        sampled, wrong = _sample_wrong(
+            keys,
+            paths,
+            n_candidates=n_candidates,
+            threshold=threshold,
+            sample=sample,
+            seed=seed,
+            chunk_pairs=chunk_pairs,
+            window_rows=window_rows,
+        )
         stats.update(sampled_pairs=sampled, estimated_false_positive_rate=wrong / sampled if sampled else None)
     files = []
     for q, path in enumerate(paths):
@@ -224,20 +280,45 @@ def edge_files(keys: pl.LazyFrame, candidates: list[str], n_candidates: int, *, 
     return files, stats
 
 
-def group(keys: pl.LazyFrame, columns: list[str], *, verify: str, threshold: float, chunk_pairs: int, sample: int, seed: int,
-          memory_gb: float, folder: Path, stage: str) -> Grouped:
+def group(
+    keys: pl.LazyFrame,
+    columns: list[str],
+    *,
+    verify: str,
+    threshold: float,
+    chunk_pairs: int,
+    sample: int,
+    seed: int,
+    memory_gb: float,
+    folder: Path,
+    stage: str,
+) -> Grouped:
     """Steps 1-3 over the spilled ``keys``; ``folder`` is scratch (removed at the end)."""
     shutil.rmtree(folder, ignore_errors=True)
     n_usable = keys.filter(pl.col("_nsh") > 0).select(pl.len()).collect().item()
     band_parts = partitions(n_usable, BAND_BYTES, memory_gb, what=f"one band of {stage} over {n_usable} documents")
     per_pass = max(1, int(memory_gb * GB // max(n_usable * BAND_BYTES, 1)))  # bands one scan can hold (one partition)
-    candidates, n_candidates = candidate_files(keys, columns, band_parts, folder / "candidates", bands_per_pass=per_pass)
-    edges, stats = edge_files(keys, candidates, n_candidates, verify=verify, threshold=threshold, chunk_pairs=chunk_pairs,
-                              sample=sample, seed=seed, memory_gb=memory_gb, folder=folder / "edges")
+    candidates, n_candidates = candidate_files(
+        keys, columns, band_parts, folder / "candidates", bands_per_pass=per_pass
+    )
+    edges, stats = edge_files(
+        keys,
+        candidates,
+        n_candidates,
+        verify=verify,
+        threshold=threshold,
+        chunk_pairs=chunk_pairs,
+        sample=sample,
+        seed=seed,
+        memory_gb=memory_gb,
+        folder=folder / "edges",
+    )
     n_edges = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in edges)
     edge_parts = partitions(2 * n_edges, EDGE_BYTES, memory_gb, what=f"the duplicate graph of {stage}")
     labels = components(edges, edge_parts, folder / "components")
     stats["partitions"] = {"bands": band_parts, **stats["partitions"], "components": edge_parts}
     shutil.rmtree(folder, ignore_errors=True)
-    log.info("%s: %d candidate pairs, %d edges, partitions %s", stage, stats["candidate_pairs"], n_edges, stats["partitions"])
+    log.info(
+        "%s: %d candidate pairs, %d edges, partitions %s", stage, stats["candidate_pairs"], n_edges, stats["partitions"]
+    )
     return Grouped(labels.rename({"node": "_row", "label": "_cluster"}), stats)

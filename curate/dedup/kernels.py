@@ -8,7 +8,8 @@ uint64 and wraps modulo 2**64, as the hash definitions expect.
 from __future__ import annotations
 
 import numpy as np
-from curate.dedup.jit import njit
+
+from winnow.curate.dedup.jit import njit
 
 _U64 = np.uint64
 _C1 = np.uint64(0x87C37B91114253D5)

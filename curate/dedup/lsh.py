@@ -14,9 +14,9 @@ import functools
 
 import numpy as np
 import polars as pl
-from curate.dedup.jit import njit
 
-from curate.errors import ConfigError
+from winnow.curate.dedup.jit import njit
+from winnow.curate.errors import ConfigError
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,14 +21,14 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
-from curate.dedup.grouping import group
-from curate.dedup.kernels import IDENTITY, PLAIN_SEP
-from curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs
-from curate.dedup.signatures import sketch_buffers
-from curate.dedup.stage import DedupBarrier
-from curate.dedup.text import Normalization, check_normalization, normalized_buffers, word_buffers
-from curate.dedup.verify import (
+from winnow.curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
+from winnow.curate.dedup.grouping import group
+from winnow.curate.dedup.kernels import IDENTITY, PLAIN_SEP
+from winnow.curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs
+from winnow.curate.dedup.signatures import sketch_buffers
+from winnow.curate.dedup.stage import DedupBarrier
+from winnow.curate.dedup.text import Normalization, check_normalization, normalized_buffers, word_buffers
+from winnow.curate.dedup.verify import (
     SETS_COLUMN,
     SIG8_COLUMN,
     pack_sets,
@@ -36,8 +36,8 @@ from curate.dedup.verify import (
     sampled_false_positive_rate,
     verify_pairs,
 )
-from curate.errors import ConfigError
-from curate.stages.base import Plan, StageConfig
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import Plan, StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class MinHashConfig(StageConfig):
     # weight of false positives in the band search (as datasketch's MinHashLSH weighs them)
     false_positive_weight: float = 0.5
     false_negative_weight: float = 0.5  # weight of false negatives in the band search
-    verify: Literal["all", "sample", "none"] = "all"  # exact Jaccard of all candidates, a sample (reports FP rate), none
+    # exact Jaccard of all candidates, a sample (reports FP rate), none
+    verify: Literal["all", "sample", "none"] = "all"
     verify_sample: int = 10_000  # pairs checked when verify = "sample"
     verify_chunk_pairs: int = 1_000_000  # pairs checked at a time (the Python API reads their shingle sets per chunk)
     keep: KeepPolicy = "first"  # first (lowest id) | longest | quality (highest score, then lowest id)
@@ -83,7 +84,9 @@ class MinHashConfig(StageConfig):
         if (self.bands is None) != (self.rows is None):
             raise ConfigError(f"bands = {self.bands} and rows = {self.rows}: give both or neither")
         if self.bands is not None and (self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm):
-            raise ConfigError(f"bands * rows = {self.bands} * {self.rows} must be between 1 and num_perm = {self.num_perm}")
+            raise ConfigError(
+                f"bands * rows = {self.bands} * {self.rows} must be between 1 and num_perm = {self.num_perm}"
+            )
         if self.lsh_threshold is not None and not 0.0 < self.lsh_threshold < 1.0:
             raise ConfigError(f"lsh_threshold = {self.lsh_threshold} must be in (0, 1)")
         for key in ("false_positive_weight", "false_negative_weight"):
@@ -99,14 +102,18 @@ class MinHashConfig(StageConfig):
         target = self.lsh_threshold
         if target is None:
             target = max(self.threshold - 0.3, 0.05) if self.verify == "all" else self.threshold
-        return choose_bands(target, self.num_perm, fp_weight=self.false_positive_weight, fn_weight=self.false_negative_weight)
+        return choose_bands(
+            target, self.num_perm, fp_weight=self.false_positive_weight, fn_weight=self.false_negative_weight
+        )
 
 
 def band_columns(bands: int) -> list[str]:
     return [f"_band_{i}" for i in range(bands)]
 
 
-def text_buffers(texts: pl.Series, config: MinHashConfig) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def text_buffers(
+    texts: pl.Series, config: MinHashConfig
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """What the sketch kernels read: word shingles normalize ASCII text on the fly, character shingles need it normalized."""
     if config.shingle == "words":
         return word_buffers(texts, config.normalize)
@@ -130,7 +137,9 @@ def minhash_keys(texts: pl.Series, config: MinHashConfig, *, with_sets: bool) ->
     return pl.DataFrame(columns)
 
 
-def near_duplicate_pairs(keys: pl.LazyFrame, n_docs: int, usable: np.ndarray, config: MinHashConfig) -> tuple[np.ndarray, dict]:
+def near_duplicate_pairs(
+    keys: pl.LazyFrame, n_docs: int, usable: np.ndarray, config: MinHashConfig
+) -> tuple[np.ndarray, dict]:
     """Packed duplicate pairs over the rows of ``keys`` (candidates, verified as configured) and their stats."""
     bands, rows = config.lsh_shape()
     pairs = lsh_pairs(keys, band_columns(bands), np.arange(n_docs, dtype=np.uint32), usable)
@@ -185,5 +194,11 @@ class MinHashDedup(DedupBarrier):
         stats = {"bands": bands, "rows": rows, "candidate_probability_at_threshold": float(candidate_probability(config.threshold, bands, rows)),
                  **grouped.stats}  # fmt: skip
         report = {**cluster_report(dropped, n_clusters, n_docs), **stats}
-        log.info("%s: %d near-duplicates in %d clusters over %d documents", self.ctx.stage_id, dropped.height, n_clusters, n_docs)
+        log.info(
+            "%s: %d near-duplicates in %d clusters over %d documents",
+            self.ctx.stage_id,
+            dropped.height,
+            n_clusters,
+            n_docs,
+        )
         return Plan(decision_frame(dropped).sort("id"), report)

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from curate.dedup.budget import GB, NEED_BYTES
-from curate.dedup.jit import njit
-from curate.dedup.verify import read_window
+from winnow.curate.dedup.budget import GB, NEED_BYTES
+from winnow.curate.dedup.jit import njit
+from winnow.curate.dedup.verify import read_window
 
 # (offsets int64[n+1], data uint8) -> the same for the values as a bucket should see them
 Transform = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -61,7 +61,9 @@ class Router:
             np.asarray(docs, dtype=np.uint32).tofile(self._path("need", bucket))
             self.counts[bucket] = len(docs)
 
-    def route(self, keys: pl.LazyFrame, column: str, *, window_rows: int, memory_gb: float, transform: Transform | None = None) -> int:
+    def route(
+        self, keys: pl.LazyFrame, column: str, *, window_rows: int, memory_gb: float, transform: Transform | None = None
+    ) -> int:
         """Copy every needed value of ``column`` to its buckets' files; returns the passes made over the column."""
         if not self.counts.any():
             return 0
@@ -70,7 +72,9 @@ class Router:
             self._route_round(keys, column, buckets, window_rows, transform)
         return len(rounds)
 
-    def _route_round(self, keys: pl.LazyFrame, column: str, buckets: range, window_rows: int, transform: Transform | None) -> None:
+    def _route_round(
+        self, keys: pl.LazyFrame, column: str, buckets: range, window_rows: int, transform: Transform | None
+    ) -> None:
         parts = [(np.fromfile(self._path("need", q), dtype=np.uint32).astype(np.uint64) << np.uint64(32)) | np.uint64(q)
                  for q in buckets if self.counts[q]]  # fmt: skip
         if not parts:
@@ -87,8 +91,16 @@ class Router:
             if i < j:
                 self._route_window(keys, column, lo, window_rows, docs[i:j], owners[i:j], transform)
 
-    def _route_window(self, keys: pl.LazyFrame, column: str, lo: int, window_rows: int, docs: np.ndarray,
-                      owners: np.ndarray, transform: Transform | None) -> None:
+    def _route_window(
+        self,
+        keys: pl.LazyFrame,
+        column: str,
+        lo: int,
+        window_rows: int,
+        docs: np.ndarray,
+        owners: np.ndarray,
+        transform: Transform | None,
+    ) -> None:
         # docs ascending (owners ascending within a doc): each distinct doc is read once, then copied per owner.
         picked = docs[np.r_[True, docs[1:] != docs[:-1]]]
         offsets, data = read_window(keys, column, lo, window_rows, picked - lo)

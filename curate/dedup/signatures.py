@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from curate.dedup.jit import njit
 
-from curate.dedup.kernels import IDENTITY, PLAIN_SEP, count_shingles, doc_shingles, fmix64, rotl64
+from winnow.curate.dedup.jit import njit
+from winnow.curate.dedup.kernels import IDENTITY, PLAIN_SEP, count_shingles, doc_shingles, fmix64, rotl64
 
 _U64 = np.uint64
 _MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -171,7 +171,23 @@ def sketch_buffers(
     while True:
         hi = int(np.searchsorted(offsets, offsets[lo] + block_bytes, side="right")) - 1
         hi = min(max(hi, lo + 1), n)
-        parts.append(sketch_block(offsets[lo : hi + 1], data, sep, low, ngram, chars, a, b, scheme == "oph", rows, bands, want_signatures, want_sets))
+        parts.append(
+            sketch_block(
+                offsets[lo : hi + 1],
+                data,
+                sep,
+                low,
+                ngram,
+                chars,
+                a,
+                b,
+                scheme == "oph",
+                rows,
+                bands,
+                want_signatures,
+                want_sets,
+            )
+        )
         lo = hi
         if lo >= n:
             break
@@ -183,4 +199,11 @@ def sketch_buffers(
         starts = np.cumsum([0] + [len(v) for v in values[:-1]])
         set_offsets = np.concatenate([[0]] + [p[3][1:] + s for p, s in zip(parts, starts)]).astype(np.int64)
         set_values = np.concatenate(values)
-    return Sketch(sigs, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]), set_offsets, set_values, sig8)
+    return Sketch(
+        sigs,
+        np.concatenate([p[1] for p in parts]),
+        np.concatenate([p[2] for p in parts]),
+        set_offsets,
+        set_values,
+        sig8,
+    )

@@ -11,8 +11,8 @@ from typing import ClassVar
 
 import polars as pl
 
-from curate.schema import empty_rejects, make_rejects
-from curate.stages.base import Barrier, Plan, StageOutput
+from winnow.curate.schema import empty_rejects, make_rejects
+from winnow.curate.stages.base import Barrier, Plan, StageOutput
 
 
 class DedupBarrier(Barrier):
@@ -41,7 +41,10 @@ class DedupBarrier(Barrier):
     def no_duplicates() -> Plan:
         """The plan when there is nothing to compare."""
         decision = pl.DataFrame(schema={"id": pl.String, "_task": pl.Int32, "duplicate_of": pl.String})
-        return Plan(decision, {"documents": 0, "clusters": 0, "removed": 0, "removed_per_source": {}, "cross_source_duplicates": {}})
+        return Plan(
+            decision,
+            {"documents": 0, "clusters": 0, "removed": 0, "removed_per_source": {}, "cross_source_duplicates": {}},
+        )
 
     DOC_COLUMNS: ClassVar[tuple[str, ...]] = ("id", "source", "_task", "_len", "quality")
 

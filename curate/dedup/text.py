@@ -16,9 +16,9 @@ from typing import Literal
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from curate.dedup.jit import njit
 
-from curate.errors import ConfigError
+from winnow.curate.dedup.jit import njit
+from winnow.curate.errors import ConfigError
 
 Normalization = Literal["none", "whitespace", "lower", "words"]
 NORMALIZATIONS: tuple[str, ...] = ("none", "whitespace", "lower", "words")
@@ -89,7 +89,9 @@ _TABLE_CODE_POINTS = 0x20000  # planes 0 and 1: every script in use, and the emo
 
 
 # Unicode's White_Space property: what the regex engine's \s matches (str.isspace differs on 0x1C-0x1F).
-_WHITE_SPACE = frozenset([*range(9, 14), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+_WHITE_SPACE = frozenset(
+    [*range(9, 14), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
+)
 
 
 def _classify(code_points, mode: str, cls: np.ndarray, lowered: np.ndarray) -> None:
@@ -180,7 +182,12 @@ def _seen_code_points(offsets, data, rows, limit):
             if p + width > end:  # cannot happen in valid UTF-8; the normalizer flags such a row
                 break
             if width == 4:
-                cp = ((b & 0x07) << 18) | ((np.int32(data[p + 1]) & 0x3F) << 12) | ((np.int32(data[p + 2]) & 0x3F) << 6) | (np.int32(data[p + 3]) & 0x3F)
+                cp = (
+                    ((b & 0x07) << 18)
+                    | ((np.int32(data[p + 1]) & 0x3F) << 12)
+                    | ((np.int32(data[p + 2]) & 0x3F) << 6)
+                    | (np.int32(data[p + 3]) & 0x3F)
+                )
             elif width == 3:
                 cp = ((b & 0x0F) << 12) | ((np.int32(data[p + 1]) & 0x3F) << 6) | (np.int32(data[p + 2]) & 0x3F)
             else:
@@ -228,7 +235,12 @@ def _first_code_points(offsets, data):
         elif b < 0xF0:
             out[i] = ((b & 0x0F) << 12) | ((np.int32(data[p + 1]) & 0x3F) << 6) | (np.int32(data[p + 2]) & 0x3F)
         else:
-            out[i] = ((b & 0x07) << 18) | ((np.int32(data[p + 1]) & 0x3F) << 12) | ((np.int32(data[p + 2]) & 0x3F) << 6) | (np.int32(data[p + 3]) & 0x3F)
+            out[i] = (
+                ((b & 0x07) << 18)
+                | ((np.int32(data[p + 1]) & 0x3F) << 12)
+                | ((np.int32(data[p + 2]) & 0x3F) << 6)
+                | (np.int32(data[p + 3]) & 0x3F)
+            )
     return out
 
 
@@ -269,13 +281,22 @@ def _normalize_rows(offsets, data, rows, kind, lowered, cp_class, cp_lowered):
                         if p + 3 >= end:
                             flagged[i] = True
                             break
-                        cp = ((np.int32(b) & 0x07) << 18) | ((np.int32(data[p + 1]) & 0x3F) << 12) | ((np.int32(data[p + 2]) & 0x3F) << 6) | (np.int32(data[p + 3]) & 0x3F)
+                        cp = (
+                            ((np.int32(b) & 0x07) << 18)
+                            | ((np.int32(data[p + 1]) & 0x3F) << 12)
+                            | ((np.int32(data[p + 2]) & 0x3F) << 6)
+                            | (np.int32(data[p + 3]) & 0x3F)
+                        )
                         p += 4
                     elif b >= 0xE0:
                         if p + 2 >= end:
                             flagged[i] = True
                             break
-                        cp = ((np.int32(b) & 0x0F) << 12) | ((np.int32(data[p + 1]) & 0x3F) << 6) | (np.int32(data[p + 2]) & 0x3F)
+                        cp = (
+                            ((np.int32(b) & 0x0F) << 12)
+                            | ((np.int32(data[p + 1]) & 0x3F) << 6)
+                            | (np.int32(data[p + 2]) & 0x3F)
+                        )
                         p += 3
                     else:
                         cp = ((np.int32(b) & 0x1F) << 6) | (np.int32(data[p + 1]) & 0x3F)
@@ -350,7 +371,15 @@ def _assemble(source, offsets0, data0, offsets1, data1, offsets2, data2):
     return out_offsets, out
 
 
-def _normalized(texts: pl.Series, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, non_ascii: np.ndarray, mode: str, raw_rest: bool):
+def _normalized(
+    texts: pl.Series,
+    offsets: np.ndarray,
+    data: np.ndarray,
+    rows: np.ndarray,
+    non_ascii: np.ndarray,
+    mode: str,
+    raw_rest: bool,
+):
     """Buffers with the ``rows`` normalized (compiled, or by the expression where it must) and the rest raw or empty."""
     todo = non_ascii & rows
     cp_tables = _tables_for(offsets, data, todo, mode) if todo.any() else _NO_CODE_POINTS
@@ -358,7 +387,9 @@ def _normalized(texts: pl.Series, offsets: np.ndarray, data: np.ndarray, rows: n
     if not flagged.any() and not (raw_rest and not rows.all()):
         return norm_offsets, norm
     source = np.where(flagged, 2, np.where(rows, 1, 0)).astype(np.uint8)
-    sub_offsets, sub = string_buffers(pl.select(normalize_expr(pl.lit(texts.filter(pl.Series(flagged))), mode)).to_series())
+    sub_offsets, sub = string_buffers(
+        pl.select(normalize_expr(pl.lit(texts.filter(pl.Series(flagged))), mode)).to_series()
+    )
     return _assemble(source, offsets, data, norm_offsets, norm, sub_offsets, sub)
 
 
@@ -398,7 +429,9 @@ def _word_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
     normalized the tables change nothing, so normalized non-ASCII rows can share a buffer
     with raw ASCII ones.
     """
-    kind, lowered = _byte_tables(mode) if mode != "none" else (np.zeros(256, dtype=np.uint8), np.arange(256, dtype=np.uint8))
+    kind, lowered = (
+        _byte_tables(mode) if mode != "none" else (np.zeros(256, dtype=np.uint8), np.arange(256, dtype=np.uint8))
+    )
     sep = ((np.arange(256) <= 32) | (kind == 1)).astype(np.uint8)
     return sep, lowered
 

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from curate.dedup.jit import njit
 
-from curate.dedup.clusters import pair_jaccard
-from curate.dedup.lsh import unpack_pairs
-from curate.dedup.text import large_buffers
+from winnow.curate.dedup.clusters import pair_jaccard
+from winnow.curate.dedup.jit import njit
+from winnow.curate.dedup.lsh import unpack_pairs
+from winnow.curate.dedup.text import large_buffers
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,19 @@ def pack_sets(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
     """The ``_shingles`` column: document ``i``'s values ``values[offsets[i]:offsets[i+1]]`` as one binary value."""
     data = np.ascontiguousarray(values, dtype="<u4")
     byte_offsets = np.asarray(offsets, dtype=np.int64) * 4
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(byte_offsets), pa.py_buffer(data)])
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(byte_offsets), pa.py_buffer(data)]
+    )
 
 
 def unpack_sets(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets int64[n+1], values uint32)`` of a ``_shingles`` column (inverse of ``pack_sets``)."""
     offsets, data_buf = large_buffers(column, pa.large_binary())
-    data = np.frombuffer(data_buf, dtype="<u4") if data_buf is not None and len(data_buf) >= 4 else np.zeros(0, dtype=np.uint32)
+    data = (
+        np.frombuffer(data_buf, dtype="<u4")
+        if data_buf is not None and len(data_buf) >= 4
+        else np.zeros(0, dtype=np.uint32)
+    )
     return offsets // 4, data
 
 
@@ -107,10 +113,14 @@ def pack_sig8(sig8: np.ndarray) -> pa.Array:
     """The ``_sig8`` column: each row's ``num_perm`` low signature bytes as one binary value."""
     n, k = sig8.shape
     offsets = np.arange(n + 1, dtype=np.int64) * k
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(sig8))])
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(sig8))]
+    )
 
 
-def read_window(keys: pl.LazyFrame, column: str, lo: int, window_rows: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def read_window(
+    keys: pl.LazyFrame, column: str, lo: int, window_rows: int, positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets, bytes)`` of the binary ``column``'s values at rows ``lo + positions`` of the window ``[lo, lo + window_rows)``.
 
     Every read of the spill goes through here. Only the picked rows are converted to Arrow
@@ -124,7 +134,9 @@ def read_window(keys: pl.LazyFrame, column: str, lo: int, window_rows: int, posi
     return part_offsets - part_offsets[0], data[part_offsets[0] : part_offsets[-1]]
 
 
-def _windows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _windows(
+    keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(offsets, bytes)`` of the binary ``column``'s values at rows ``need`` (ascending), one read window at a time."""
     if len(need) == 0:
         return
@@ -161,7 +173,9 @@ def _read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[
     done = cursor = 0
     for part_offsets, data in _windows(keys, SETS_COLUMN, need, window_rows):
         values = data.view("<u4") if len(data) else np.zeros(0, dtype=np.uint32)
-        if len(values) > len(out) - cursor:  # never with this module's spills (_nsh counts every value); grow, not overrun
+        if (
+            len(values) > len(out) - cursor
+        ):  # never with this module's spills (_nsh counts every value); grow, not overrun
             grown = np.empty(cursor + len(values), dtype=np.uint32)
             grown[:cursor] = out[:cursor]
             out = grown
@@ -218,7 +232,9 @@ def _chunk_similarity(keys: pl.LazyFrame, pairs: np.ndarray, window_rows: int) -
     return pair_jaccard(np.searchsorted(need, a), np.searchsorted(need, b), offsets, values)
 
 
-def pair_similarities(keys: pl.LazyFrame, pairs: np.ndarray, *, chunk_pairs: int, window_rows: int = 1 << 13) -> np.ndarray:
+def pair_similarities(
+    keys: pl.LazyFrame, pairs: np.ndarray, *, chunk_pairs: int, window_rows: int = 1 << 13
+) -> np.ndarray:
     """Exact Jaccard (on 32-bit shingle hashes) of every packed pair, in chunks."""
     out = np.empty(len(pairs), dtype=np.float64)
     for lo in range(0, len(pairs), chunk_pairs):
@@ -226,14 +242,22 @@ def pair_similarities(keys: pl.LazyFrame, pairs: np.ndarray, *, chunk_pairs: int
     return out
 
 
-def verify_pairs(keys: pl.LazyFrame, pairs: np.ndarray, *, threshold: float, chunk_pairs: int, window_rows: int = 1 << 13) -> np.ndarray:
+def verify_pairs(
+    keys: pl.LazyFrame, pairs: np.ndarray, *, threshold: float, chunk_pairs: int, window_rows: int = 1 << 13
+) -> np.ndarray:
     """The candidate pairs whose exact Jaccard reaches ``threshold`` (screened by the signature estimate first)."""
     if len(pairs) == 0:
         return pairs
     screened = screen_pairs(keys, pairs, threshold=threshold, window_rows=window_rows)
     similarity = pair_similarities(keys, screened, chunk_pairs=chunk_pairs, window_rows=window_rows)
     kept = screened[similarity >= threshold]
-    log.info("verified %d of %d candidate pairs (%d screened in) at Jaccard >= %.2f", len(kept), len(pairs), len(screened), threshold)
+    log.info(
+        "verified %d of %d candidate pairs (%d screened in) at Jaccard >= %.2f",
+        len(kept),
+        len(pairs),
+        len(screened),
+        threshold,
+    )
     return kept
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from curate.config import InputConfig
-from curate.readers.arrow import read_hf, read_parquet
-from curate.readers.files import InputFile, list_files
-from curate.readers.jsonl import read_jsonl
-from curate.readers.ranges import Span, split_file
-from curate.readers.rows import READ_REASONS, ReadBatch
-from curate.readers.text import read_text_files
-from curate.readers.webdataset import read_webdataset
+from winnow.curate.config import InputConfig
+from winnow.curate.readers.arrow import read_hf, read_parquet
+from winnow.curate.readers.files import InputFile, list_files
+from winnow.curate.readers.jsonl import read_jsonl
+from winnow.curate.readers.ranges import Span, split_file
+from winnow.curate.readers.rows import READ_REASONS, ReadBatch
+from winnow.curate.readers.text import read_text_files
+from winnow.curate.readers.webdataset import read_webdataset
 
 _PER_FILE = {"jsonl": read_jsonl, "parquet": read_parquet, "webdataset": read_webdataset, "hf": read_hf}
 TEXT_TASK_FILES = 2000  # plain text inputs: files per task (and at most task_bytes of them)
@@ -49,7 +49,9 @@ def plan_read_tasks(inputs: list[InputConfig], task_bytes: int = 256 << 20) -> l
         files = list_files(cfg)
         if cfg.format != "text":
             for f in files:
-                tasks.extend(ReadTask(index, (f,), span) for span in split_file(cfg.format, f, task_bytes, cfg.storage_options))
+                tasks.extend(
+                    ReadTask(index, (f,), span) for span in split_file(cfg.format, f, task_bytes, cfg.storage_options)
+                )
             continue
         group: list[InputFile] = []
         size = 0

@@ -7,16 +7,24 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curate.config import InputConfig
-from curate.errors import InputError, require
-from curate.readers.files import InputFile, open_binary
-from curate.readers.ranges import Span
-from curate.readers.rows import ReadBatch, RowBuffer, rows_from_arrow
+from winnow.curate.config import InputConfig
+from winnow.curate.errors import InputError, require
+from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.ranges import Span
+from winnow.curate.readers.rows import ReadBatch, RowBuffer, rows_from_arrow
 
 
 def _convert(cfg: InputConfig, batch: pa.RecordBatch | pa.Table, label: str, offset: int) -> ReadBatch:
-    return rows_from_arrow(batch, source=cfg.source, source_field=cfg.source_field, text_field=cfg.text_field,
-                           id_field=cfg.id_field, file_label=label, row_offset=offset, max_record_bytes=cfg.max_record_bytes)
+    return rows_from_arrow(
+        batch,
+        source=cfg.source,
+        source_field=cfg.source_field,
+        text_field=cfg.text_field,
+        id_field=cfg.id_field,
+        file_label=label,
+        row_offset=offset,
+        max_record_bytes=cfg.max_record_bytes,
+    )
 
 
 def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
@@ -35,8 +43,13 @@ def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span 
                 offset += batch.num_rows
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
             buf = RowBuffer()
-            buf.reject("read:truncated", id_=f"{file.url}#{offset}", source=cfg.source or "", raw=b"",
-                       where={"file": file.url, "row": offset, "error": f"{type(err).__name__}: {err}"})
+            buf.reject(
+                "read:truncated",
+                id_=f"{file.url}#{offset}",
+                source=cfg.source or "",
+                raw=b"",
+                where={"file": file.url, "row": offset, "error": f"{type(err).__name__}: {err}"},
+            )
             yield buf.flush()
 
 

@@ -10,9 +10,9 @@ from typing import IO
 import fsspec
 from fsspec.core import url_to_fs
 
-from curate.config import InputConfig
-from curate.errors import InputError
-from curate.readers.utf8 import printable
+from winnow.curate.config import InputConfig
+from winnow.curate.errors import InputError
+from winnow.curate.readers.utf8 import printable
 
 _GLOB_CHARS = "*?["
 #: File name endings each format reads when a folder is given.
@@ -55,10 +55,14 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
         elif fs.exists(path):
             root, paths = posixpath.dirname(path), [path]
         elif prefix == "" and os.path.islink(path):
-            raise InputError(f"input {cfg.label}: {pattern!r} is a symbolic link to nothing or into a loop "
-                             f"({os.readlink(path)!r}); point the path at the real file")
+            raise InputError(
+                f"input {cfg.label}: {pattern!r} is a symbolic link to nothing or into a loop "
+                f"({os.readlink(path)!r}); point the path at the real file"
+            )
         else:
-            raise InputError(f"input {cfg.label}: {pattern!r} does not exist; check the path (relative paths are from the current folder)")
+            raise InputError(
+                f"input {cfg.label}: {pattern!r} does not exist; check the path (relative paths are from the current folder)"
+            )
         for p in sorted(paths):
             info = _info(fs, p, cfg)
             if info.get("type") == "directory":
@@ -68,7 +72,9 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
             mtime = mtime.timestamp() if hasattr(mtime, "timestamp") else (float(mtime) if mtime is not None else None)
             found.setdefault(prefix + p, InputFile(prefix + p, rel, int(info.get("size") or 0), mtime))
     if not found:
-        raise InputError(f"input {cfg.label}: {cfg.paths} matched no files; check the path and the format ({cfg.format})")
+        raise InputError(
+            f"input {cfg.label}: {cfg.paths} matched no files; check the path and the format ({cfg.format})"
+        )
     return list(found.values())
 
 
@@ -77,12 +83,16 @@ def _info(fs, path: str, cfg: InputConfig) -> dict:
     try:
         info = fs.info(path)
     except OSError as err:  # ELOOP, EACCES, a link that points nowhere, found through a glob or a folder
-        raise InputError(f"input {cfg.label}: cannot read {printable(path)!r}: {err.strerror or err}; "
-                         f"fix or remove it, or narrow the input's path") from err
+        raise InputError(
+            f"input {cfg.label}: cannot read {printable(path)!r}: {err.strerror or err}; "
+            f"fix or remove it, or narrow the input's path"
+        ) from err
     if info.get("type") not in ("file", "directory"):
         # A FIFO or a device would block or never end; only regular files are inputs.
-        raise InputError(f"input {cfg.label}: {printable(path)!r} is not a regular file (type {info.get('type')!r}); "
-                         f"remove it from the input's folder or narrow the input's path")
+        raise InputError(
+            f"input {cfg.label}: {printable(path)!r} is not a regular file (type {info.get('type')!r}); "
+            f"remove it from the input's folder or narrow the input's path"
+        )
     return info
 
 
@@ -94,5 +104,7 @@ def open_binary(url: str, storage_options: dict, *, decompress: bool = True) -> 
     try:
         return fsspec.open(url, "rb", compression=compression, **storage_options).open()
     except (OSError, ValueError, ImportError) as err:
-        raise InputError(f"cannot open input file {printable(url)}: {err}; check that it is a readable regular file, "
-                         f"or set [job] on_error = \"skip\" to go on without it") from err
+        raise InputError(
+            f"cannot open input file {printable(url)}: {err}; check that it is a readable regular file, "
+            f'or set [job] on_error = "skip" to go on without it'
+        ) from err

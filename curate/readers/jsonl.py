@@ -23,11 +23,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from curate.config import InputConfig
-from curate.readers.files import InputFile, open_binary
-from curate.readers.ranges import Span
-from curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
-from curate.readers.utf8 import first_bad_byte, valid_utf8
+from winnow.curate.config import InputConfig
+from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.ranges import Span
+from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
+from winnow.curate.readers.utf8 import first_bad_byte, valid_utf8
 
 CHUNK_BYTES = 4 << 20
 _BOM = b"\xef\xbb\xbf"
@@ -96,7 +96,9 @@ def _owned(chunks: Iterator[bytes], pos: int, span: Span | None) -> Iterator[tup
     start when ``a`` is 0) through the first newline at or after ``b`` (to the end when ``b``
     is -1): whole lines, each in exactly one span (``curate.readers.ranges``).
     """
-    start, stop = (0, -1) if span is None else ((span.base, span.base_stop) if span.unit == "frames" else (span.start, span.stop))
+    start, stop = (
+        (0, -1) if span is None else ((span.base, span.base_stop) if span.unit == "frames" else (span.start, span.stop))
+    )
     skipping = start > 0
     for chunk in chunks:
         if skipping:
@@ -104,13 +106,13 @@ def _owned(chunks: Iterator[bytes], pos: int, span: Span | None) -> Iterator[tup
             if nl < 0:
                 pos += len(chunk)
                 continue
-            chunk, pos, skipping = chunk[nl + 1:], pos + nl + 1, False
+            chunk, pos, skipping = chunk[nl + 1 :], pos + nl + 1, False
             if 0 <= stop < pos:  # the first line starting in the span starts after it: it owns nothing
                 return
         if stop >= 0 and pos + len(chunk) > stop:
             nl = chunk.find(b"\n", max(stop - pos, 0))
             if nl >= 0:
-                yield pos, chunk[:nl + 1]
+                yield pos, chunk[: nl + 1]
                 return
         if chunk:
             yield pos, chunk
@@ -136,7 +138,7 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                     if nl < 0:
                         continue
                     long.reject(cfg, file, buf)
-                    long, chunk, at = None, chunk[nl + 1:], at + nl + 1
+                    long, chunk, at = None, chunk[nl + 1 :], at + nl + 1
                     if not chunk:
                         continue
                 data = tail + chunk
@@ -144,7 +146,7 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                     offset = at
                 if at == 0 and data.startswith(_BOM):
                     # Windows tools start files with one; Arrow skips it but orjson refuses the line.
-                    data, offset = data[len(_BOM):], len(_BOM)
+                    data, offset = data[len(_BOM) :], len(_BOM)
                 cut = data.rfind(b"\n") + 1
                 complete, tail = data[:cut], data[cut:]
                 fast = _read_columnar(cfg, file, complete, offset) if complete else None
@@ -170,8 +172,13 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
             # Complete lines before the damage (or the failed read: a bad disk, a dropped connection)
             # are kept; the partial last line is the reject.
             error = str(err) if isinstance(err, _Truncated) else f"reading failed: {type(err).__name__}: {err}"
-            buf.reject("read:truncated", id_=derived_id(cfg.source, file, offset), source=cfg.source or "",
-                       raw=tail, where={"file": file.url, "offset": offset, "error": error})
+            buf.reject(
+                "read:truncated",
+                id_=derived_id(cfg.source, file, offset),
+                source=cfg.source or "",
+                raw=tail,
+                where={"file": file.url, "offset": offset, "error": error},
+            )
     if len(buf):
         yield buf.flush()
 
@@ -190,10 +197,19 @@ class _LongLine:
 
 def too_long(cfg: InputConfig, file: InputFile, offset: int, size: int, preview: bytes, buf: RowBuffer) -> None:
     """A ``read:too_long`` reject: the record's first ``PREVIEW`` bytes, where it is and how long."""
-    buf.reject("read:too_long", id_=derived_id(cfg.source, file, offset), source=cfg.source or "", raw=preview[:PREVIEW],
-               where={"file": file.url, "offset": offset, "bytes": size,
-                      "error": f"a record of {size} bytes, over [[inputs]] max_record_bytes = {cfg.max_record_bytes}; "
-                               "raise it to read such records"})
+    buf.reject(
+        "read:too_long",
+        id_=derived_id(cfg.source, file, offset),
+        source=cfg.source or "",
+        raw=preview[:PREVIEW],
+        where={
+            "file": file.url,
+            "offset": offset,
+            "bytes": size,
+            "error": f"a record of {size} bytes, over [[inputs]] max_record_bytes = {cfg.max_record_bytes}; "
+            "raise it to read such records",
+        },
+    )
 
 
 def derived_id(source: str | None, file: InputFile, offset: int) -> str:
@@ -227,7 +243,9 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
         return None
     rest = [n for n in names if n not in (text, cfg.id_field)]
     if cfg.id_field in names and not _exact_text(table.schema.field(cfg.id_field).type):
-        return None  # a float id (1e3, or an integer past 64 bits that Arrow read as one): the lines path keeps its text
+        return (
+            None  # a float id (1e3, or an integer past 64 bits that Arrow read as one): the lines path keeps its text
+        )
     if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
         return None
     df = pl.from_arrow(table)
@@ -297,26 +315,49 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
             where["byte"] = offset + at
             fallback_id = _given_id(cfg, line) or fallback_id
         elif "surrogate" in error:  # a \ud800-style escape: valid JSON, but no UTF-8 text can hold it
-            reason, error = "read:bad_utf8", f"a JSON \\u escape decodes to a lone surrogate, which UTF-8 cannot hold ({err})"
+            reason, error = (
+                "read:bad_utf8",
+                f"a JSON \\u escape decodes to a lone surrogate, which UTF-8 cannot hold ({err})",
+            )
         buf.reject(reason, id_=fallback_id, source=cfg.source or "", raw=line, where={**where, "error": error})
         return
     if not isinstance(record, dict):
-        buf.reject("read:not_an_object", id_=fallback_id, source=cfg.source or "", raw=line,
-                   where={**where, "error": f"a JSON {type(record).__name__}, not an object"})
+        buf.reject(
+            "read:not_an_object",
+            id_=fallback_id,
+            source=cfg.source or "",
+            raw=line,
+            where={**where, "error": f"a JSON {type(record).__name__}, not an object"},
+        )
         return
     text = record.pop(cfg.text_field, None)
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
     id_ = fallback_id if given_id is None else id_text(given_id, cfg.id_field, line)
     if not isinstance(source, str) or not source:
-        buf.reject("read:missing_source", id_=id_, source="", raw=line,
-                   where={**where, "error": f"field {cfg.source_field!r} missing or not a non-empty string"})
+        buf.reject(
+            "read:missing_source",
+            id_=id_,
+            source="",
+            raw=line,
+            where={**where, "error": f"field {cfg.source_field!r} missing or not a non-empty string"},
+        )
     elif text is None:
-        buf.reject("read:missing_text", id_=id_, source=source, raw=line,
-                   where={**where, "error": f"no field {cfg.text_field!r}"})
+        buf.reject(
+            "read:missing_text",
+            id_=id_,
+            source=source,
+            raw=line,
+            where={**where, "error": f"no field {cfg.text_field!r}"},
+        )
     elif not isinstance(text, str):
-        buf.reject("read:text_not_string", id_=id_, source=source, raw=line,
-                   where={**where, "error": f"field {cfg.text_field!r} is a {type(text).__name__}"})
+        buf.reject(
+            "read:text_not_string",
+            id_=id_,
+            source=source,
+            raw=line,
+            where={**where, "error": f"field {cfg.text_field!r} is a {type(text).__name__}"},
+        )
     else:
         if given_id is None and cfg.source_field is not None:
             id_ = derived_id(source, file, offset)

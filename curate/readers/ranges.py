@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 
-from curate.errors import InputError
-from curate.readers.files import InputFile, open_binary
-from curate.readers.utf8 import printable
+from winnow.curate.errors import InputError
+from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.utf8 import printable
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,9 @@ def split_file(fmt: str, file: InputFile, task_bytes: int, storage_options: dict
         return _parquet_spans(file, task_bytes, storage_options)
     if fmt == "webdataset" and url.endswith(".tar"):
         return _tar_spans(file, task_bytes, storage_options)
-    log.info("%s: %d bytes in one task (a %s stream cannot be split)", printable(file.url), file.size,
-             url.rsplit(".", 1)[-1])
+    log.info(
+        "%s: %d bytes in one task (a %s stream cannot be split)", printable(file.url), file.size, url.rsplit(".", 1)[-1]
+    )
     return [None]
 
 
@@ -93,6 +94,7 @@ def _group(sizes: list[int], task_bytes: int) -> list[tuple[int, int]]:
 
 
 # -- zstd ---------------------------------------------------------------------------------------------
+
 
 def zstd_frames(fh, size: int) -> list[tuple[int, int]] | None:
     """``(compressed offset, decompressed size)`` of each frame, walking headers only; None if a size is missing.
@@ -113,12 +115,17 @@ def zstd_frames(fh, size: int) -> list[tuple[int, int]] | None:
         if magic != _ZSTD_MAGIC:
             raise InputError(f"byte {pos} does not start a zstd frame (magic {magic:#x})")
         descriptor = head[4]
-        fcs_flag, single, checksum, did_flag = descriptor >> 6, (descriptor >> 5) & 1, (descriptor >> 2) & 1, descriptor & 3
+        fcs_flag, single, checksum, did_flag = (
+            descriptor >> 6,
+            (descriptor >> 5) & 1,
+            (descriptor >> 2) & 1,
+            descriptor & 3,
+        )
         fcs_bytes = (1 if single else 0, 2, 4, 8)[fcs_flag]
         if fcs_bytes == 0:
             return None  # this frame does not say how much it decompresses to
         at = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
-        content = int.from_bytes(head[at:at + fcs_bytes], "little") + (256 if fcs_bytes == 2 else 0)
+        content = int.from_bytes(head[at : at + fcs_bytes], "little") + (256 if fcs_bytes == 2 else 0)
         block = pos + at + fcs_bytes
         while True:
             fh.seek(block)
@@ -159,6 +166,7 @@ def _zstd_spans(file: InputFile, task_bytes: int, storage_options: dict) -> list
 
 # -- Parquet ------------------------------------------------------------------------------------------
 
+
 def _parquet_spans(file: InputFile, task_bytes: int, storage_options: dict) -> list[Span | None]:
     with open_binary(file.url, storage_options, decompress=False) as fh:
         try:
@@ -177,8 +185,9 @@ def _parquet_spans(file: InputFile, task_bytes: int, storage_options: dict) -> l
 
 # -- tar ----------------------------------------------------------------------------------------------
 
+
 def _tar_spans(file: InputFile, task_bytes: int, storage_options: dict) -> list[Span | None]:
-    from curate.readers.webdataset import split_key
+    from winnow.curate.readers.webdataset import split_key
 
     cuts, next_cut, key = [0], task_bytes, None
     with open_binary(file.url, storage_options, decompress=False) as fh:

@@ -10,8 +10,8 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
-from curate.readers.utf8 import cell_text, invalid_rows, printable
-from curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS
+from winnow.curate.readers.utf8 import cell_text, invalid_rows, printable
+from winnow.curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS
 
 _PREVIEW_CHARS = 1024  # of a read:too_long record's text, kept in its reject
 _EXACT_FLOAT = float(2**53)  # from here on a float cannot tell integers apart
@@ -146,8 +146,9 @@ def rows_from_arrow(
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     table = as_text_columns(table, [c for c in (text_field, id_field, source_field) if c is not None])
-    table, unreadable = _split_invalid_utf8(table, source=source, text_field=text_field, id_field=id_field,
-                                            file_label=file_label, row_offset=row_offset)
+    table, unreadable = _split_invalid_utf8(
+        table, source=source, text_field=text_field, id_field=id_field, file_label=file_label, row_offset=row_offset
+    )
     df = pl.from_arrow(table)
     if isinstance(df, pl.Series):
         df = df.to_frame()
@@ -162,8 +163,11 @@ def rows_from_arrow(
                 "id": [f"{file_label}#{i}" for i in df["__row"].to_list()],
                 "source": [source or ""] * n,
                 "text": payload["_raw"] if payload is not None else [""] * n,
-                "meta": df.select(pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"),
-                                            pl.lit(error).alias("error")).struct.json_encode())
+                "meta": df.select(
+                    pl.struct(
+                        pl.lit(file_label).alias("file"), pl.col("__row").alias("row"), pl.lit(error).alias("error")
+                    ).struct.json_encode()
+                )
                 .to_series()
                 .to_list(),
                 "reason": [reason] * n,
@@ -181,11 +185,17 @@ def rows_from_arrow(
         return reject_all("read:bad_schema", f"no column {source_field!r} (source_field)")
     for key, name in (("id_field", id_field), ("source_field", source_field)):
         if name in df.columns and df.schema[name].is_nested():
-            return reject_all("read:bad_schema", f"column {name!r} ({key}) has type {df.schema[name]}; ids and sources "
-                                                 "are strings or numbers (name a column of those, or none to derive ids)")
+            return reject_all(
+                "read:bad_schema",
+                f"column {name!r} ({key}) has type {df.schema[name]}; ids and sources "
+                "are strings or numbers (name a column of those, or none to derive ids)",
+            )
 
-    native = all(c in df.columns and df.schema[c] == pl.String for c in CORE_COLUMNS) and text_field == "text" \
+    native = (
+        all(c in df.columns and df.schema[c] == pl.String for c in CORE_COLUMNS)
+        and text_field == "text"
         and not any(c.startswith(INTERNAL_PREFIX) for c in df.columns if c != "__row")
+    )
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
     if id_field in df.columns:
         id_expr = pl.col(id_field).cast(pl.String)
@@ -194,7 +204,10 @@ def rows_from_arrow(
     if native:
         extra = [c for c in df.columns if c not in CORE_COLUMNS and c != "__row" and c != source_field]
         out = df.select(
-            id_expr.alias("id"), src_expr.alias("source"), pl.col("text"), pl.col("meta"),
+            id_expr.alias("id"),
+            src_expr.alias("source"),
+            pl.col("text"),
+            pl.col("meta"),
             *[pl.col(c).cast(OPTIONAL_COLUMNS[c]) if c in OPTIONAL_COLUMNS else pl.col(c) for c in extra],
             pl.col("__row"),
         )
@@ -202,13 +215,21 @@ def rows_from_arrow(
         rest = [c for c in df.columns if c not in (text_field, id_field, source_field, "__row")]
         df = df.with_columns(_json_ready(df, rest))
         meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
-        out = df.select(id_expr.alias("id"), src_expr.alias("source"), pl.col(text_field).cast(pl.String).alias("text"),
-                        meta.alias("meta"), pl.col("__row"))
+        out = df.select(
+            id_expr.alias("id"),
+            src_expr.alias("source"),
+            pl.col(text_field).cast(pl.String).alias("text"),
+            meta.alias("meta"),
+            pl.col("__row"),
+        )
     too_long = pl.col("text").str.len_bytes() > max_record_bytes if max_record_bytes is not None else pl.lit(False)
     problem = (
-        pl.when(pl.col("text").is_null()).then(pl.lit("read:missing_text"))
-        .when(pl.col("source").is_null() | (pl.col("source") == "")).then(pl.lit("read:missing_source"))
-        .when(too_long).then(pl.lit("read:too_long"))
+        pl.when(pl.col("text").is_null())
+        .then(pl.lit("read:missing_text"))
+        .when(pl.col("source").is_null() | (pl.col("source") == ""))
+        .then(pl.lit("read:missing_source"))
+        .when(too_long)
+        .then(pl.lit("read:too_long"))
         .otherwise(pl.lit(None, dtype=pl.String))
     )
     out = out.with_columns(problem.alias("reason"))
@@ -218,10 +239,13 @@ def rows_from_arrow(
         bad = bad.with_columns(
             pl.col("id").fill_null(pl.format("{}#{}", pl.lit(file_label), pl.col("__row"))),
             pl.col("source").fill_null(pl.lit(source or "")),
-            pl.when(pl.col("reason") == "read:too_long").then(pl.col("text").str.slice(0, _PREVIEW_CHARS))
-            .otherwise(pl.col("text")).fill_null(""),
+            pl.when(pl.col("reason") == "read:too_long")
+            .then(pl.col("text").str.slice(0, _PREVIEW_CHARS))
+            .otherwise(pl.col("text"))
+            .fill_null(""),
             pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"), pl.col("meta").alias("meta"))
-            .struct.json_encode().alias("meta"),
+            .struct.json_encode()
+            .alias("meta"),
             pl.lit(None, dtype=pl.String).alias("duplicate_of"),
         ).select(*CORE_COLUMNS, "reason", "duplicate_of")
     else:
@@ -255,13 +279,19 @@ def as_text_columns(table: pa.Table, names: list[str]) -> pa.Table:
 
 
 def _is_binary(t: pa.DataType) -> bool:
-    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
-            or pa.types.is_binary_view(t))
+    return (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_binary_view(t)
+    )
 
 
 def _bytes_as_text(arr: pa.Array) -> pa.Array:
     """A large_binary array's buffers as a large_string array (validation is the caller's)."""
-    return pa.Array.from_buffers(pa.large_string(), len(arr), arr.buffers(), null_count=arr.null_count, offset=arr.offset)
+    return pa.Array.from_buffers(
+        pa.large_string(), len(arr), arr.buffers(), null_count=arr.null_count, offset=arr.offset
+    )
 
 
 def _json_ready(df: pl.DataFrame, columns: list[str]) -> list[pl.Expr]:
@@ -272,8 +302,10 @@ def _json_ready(df: pl.DataFrame, columns: list[str]) -> list[pl.Expr]:
         if dtype == pl.Binary:
             out.append(pl.col(name).bin.encode("base64"))
         elif "Binary" in str(dtype):  # bytes nested in lists or structs: each value as its JSON, bytes in base64
-            values = [None if v is None else json.dumps(_base64(v), ensure_ascii=False, default=str)
-                      for v in df.get_column(name).to_list()]
+            values = [
+                None if v is None else json.dumps(_base64(v), ensure_ascii=False, default=str)
+                for v in df.get_column(name).to_list()
+            ]
             out.append(pl.Series(name, values, dtype=pl.String))
     return out
 
@@ -290,8 +322,15 @@ def _base64(value: Any) -> Any:
     return value
 
 
-def _split_invalid_utf8(table: pa.Table | pa.RecordBatch, *, source: str | None, text_field: str, id_field: str,
-                        file_label: str, row_offset: int) -> tuple[pa.Table, pl.DataFrame | None]:
+def _split_invalid_utf8(
+    table: pa.Table | pa.RecordBatch,
+    *,
+    source: str | None,
+    text_field: str,
+    id_field: str,
+    file_label: str,
+    row_offset: int,
+) -> tuple[pa.Table, pl.DataFrame | None]:
     """Number the rows (``__row``) and take out those holding invalid UTF-8 as ``read:bad_utf8`` rejects."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
@@ -317,8 +356,16 @@ def _split_invalid_utf8(table: pa.Table | pa.RecordBatch, *, source: str | None,
             "id": [cell_text(i) if i is not None else f"{file_label}#{row_offset + r}" for i, r in zip(ids, bad)],
             "source": [source or ""] * len(bad),
             "text": [cell_text(t) if t is not None else "" for t in texts],
-            "meta": [orjson.dumps({"file": file_label, "row": row_offset + r,
-                                   "error": "a string column holds bytes that are not valid UTF-8"}).decode() for r in bad],
+            "meta": [
+                orjson.dumps(
+                    {
+                        "file": file_label,
+                        "row": row_offset + r,
+                        "error": "a string column holds bytes that are not valid UTF-8",
+                    }
+                ).decode()
+                for r in bad
+            ],
             "reason": ["read:bad_utf8"] * len(bad),
             "duplicate_of": [None] * len(bad),
         },

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 
 import orjson
 
-from curate.config import InputConfig
-from curate.readers.files import InputFile, open_binary
-from curate.readers.ranges import Span
-from curate.readers.jsonl import PREVIEW
-from curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
-from curate.readers.utf8 import printable, valid_utf8
+from winnow.curate.config import InputConfig
+from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.jsonl import PREVIEW
+from winnow.curate.readers.ranges import Span
+from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
+from winnow.curate.readers.utf8 import printable, valid_utf8
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -29,7 +29,9 @@ def split_key(name: str) -> tuple[str, str]:
     return posixpath.join(folder, key), ext
 
 
-def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
+def read_webdataset(
+    cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None
+) -> Iterator[ReadBatch]:
     """Yield batches from one tar shard (or a span of its members, from one header offset to another), streaming."""
     text_ext = "txt" if cfg.text_field == "text" else cfg.text_field
     buf = RowBuffer()
@@ -61,18 +63,32 @@ def read_webdataset(cfg: InputConfig, file: InputFile, batch_rows: int, span: Sp
                             yield buf.flush()
                         current, parts, offset = key, {}, at
                     if member.size > cfg.max_record_bytes:  # a header may promise gigabytes: never read them
-                        buf.reject("read:too_long", id_=f"{cfg.source or ''}/{file.rel}/{key}", source=cfg.source or "",
-                                   raw=tar.extractfile(member).read(PREVIEW),
-                                   where={"file": file.url, "offset": at, "member": printable(member.name),
-                                          "bytes": member.size, "error": f"a member of {member.size} bytes, over "
-                                          f"[[inputs]] max_record_bytes = {cfg.max_record_bytes}; raise it to read it"})
+                        buf.reject(
+                            "read:too_long",
+                            id_=f"{cfg.source or ''}/{file.rel}/{key}",
+                            source=cfg.source or "",
+                            raw=tar.extractfile(member).read(PREVIEW),
+                            where={
+                                "file": file.url,
+                                "offset": at,
+                                "member": printable(member.name),
+                                "bytes": member.size,
+                                "error": f"a member of {member.size} bytes, over "
+                                f"[[inputs]] max_record_bytes = {cfg.max_record_bytes}; raise it to read it",
+                            },
+                        )
                         parts = None  # the sample's other members go with it: one reject per sample
                     if parts is not None:
                         parts[ext] = tar.extractfile(member).read()
             emit()
         except (tarfile.TarError, EOFError, OSError) as err:
-            buf.reject("read:truncated", id_=f"{file.url}#{offset}", source=cfg.source or "", raw=b"",
-                       where={"file": file.url, "offset": offset, "error": f"{type(err).__name__}: {err}"})
+            buf.reject(
+                "read:truncated",
+                id_=f"{file.url}#{offset}",
+                source=cfg.source or "",
+                raw=b"",
+                where={"file": file.url, "offset": offset, "error": f"{type(err).__name__}: {err}"},
+            )
     if len(buf):
         yield buf.flush()
 
@@ -89,16 +105,26 @@ def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, a
     where = {"file": file.url, "offset": at, "member": name}
     if member.issym() or member.islnk():
         kind = "symbolic" if member.issym() else "hard"
-        buf.reject("read:link_member", id_=f"{cfg.source or ''}/{file.rel}/{name}", source=cfg.source or "",
-                   raw=printable(member.linkname),
-                   where={**where, "error": f"a {kind} link to {printable(member.linkname)!r}; links are not followed"})
+        buf.reject(
+            "read:link_member",
+            id_=f"{cfg.source or ''}/{file.rel}/{name}",
+            source=cfg.source or "",
+            raw=printable(member.linkname),
+            where={**where, "error": f"a {kind} link to {printable(member.linkname)!r}; links are not followed"},
+        )
     else:
-        buf.reject("read:special_member", id_=f"{cfg.source or ''}/{file.rel}/{name}", source=cfg.source or "", raw=b"",
-                   where={**where, "error": f"a special member (tar type {member.type!r}), not a regular file"})
+        buf.reject(
+            "read:special_member",
+            id_=f"{cfg.source or ''}/{file.rel}/{name}",
+            source=cfg.source or "",
+            raw=b"",
+            where={**where, "error": f"a special member (tar type {member.type!r}), not a regular file"},
+        )
 
 
-def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, bytes], offset: int, text_ext: str,
-                buf: RowBuffer) -> None:
+def _add_sample(
+    cfg: InputConfig, file: InputFile, key: str, parts: dict[str, bytes], offset: int, text_ext: str, buf: RowBuffer
+) -> None:
     where = {"file": file.url, "offset": offset, "key": key}
     raw_text = parts.get(text_ext, parts.get("text"))
     record: dict = {}
@@ -108,20 +134,36 @@ def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, by
         except (orjson.JSONDecodeError, json.JSONDecodeError) as err:
             # Bytes that are not UTF-8, or a \ud800-style escape, are bad UTF-8 as in JSONL; the rest bad JSON.
             not_utf8 = not valid_utf8(parts["json"]) or "surrogate" in str(err)
-            buf.reject("read:bad_utf8" if not_utf8 else "read:bad_json", id_=f"{cfg.source or ''}/{file.rel}/{key}",
-                       source=cfg.source or "", raw=parts["json"], where={**where, "error": str(err)})
+            buf.reject(
+                "read:bad_utf8" if not_utf8 else "read:bad_json",
+                id_=f"{cfg.source or ''}/{file.rel}/{key}",
+                source=cfg.source or "",
+                raw=parts["json"],
+                where={**where, "error": str(err)},
+            )
             return
         if not isinstance(record, dict):
             record = {"json": record}
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
-    id_ = id_text(given_id, cfg.id_field, parts["json"]) if given_id is not None else f"{source or cfg.source or ''}/{file.rel}/{key}"
+    id_ = (
+        id_text(given_id, cfg.id_field, parts["json"])
+        if given_id is not None
+        else f"{source or cfg.source or ''}/{file.rel}/{key}"
+    )
     if not isinstance(source, str) or not source:
-        buf.reject("read:missing_source", id_=id_, source="", raw=raw_text or b"", where={**where, "error": "no source"})
+        buf.reject(
+            "read:missing_source", id_=id_, source="", raw=raw_text or b"", where={**where, "error": "no source"}
+        )
         return
     if raw_text is None:
-        buf.reject("read:missing_text", id_=id_, source=source, raw=parts.get("json", b""),
-                   where={**where, "error": f"no .{text_ext} member"})
+        buf.reject(
+            "read:missing_text",
+            id_=id_,
+            source=source,
+            raw=parts.get("json", b""),
+            where={**where, "error": f"no .{text_ext} member"},
+        )
         return
     try:
         text = raw_text.decode("utf-8")
@@ -130,7 +172,9 @@ def _add_sample(cfg: InputConfig, file: InputFile, key: str, parts: dict[str, by
         return
     if "meta" in record and set(record) <= {"meta", "source", *_WINNOW_EXTRA}:
         # A winnow shard: meta is already the JSON string (stage-added columns are recomputable).
-        meta = record["meta"] if record["meta"] is None or isinstance(record["meta"], str) else decode_meta(record["meta"])
+        meta = (
+            record["meta"] if record["meta"] is None or isinstance(record["meta"], str) else decode_meta(record["meta"])
+        )
     else:
         if cfg.source_field is None and record.get("source") == source:
             record.pop("source")

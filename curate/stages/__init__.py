@@ -9,28 +9,28 @@ from __future__ import annotations
 
 import importlib
 
-from curate.errors import ConfigError
-from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageContext, StageOutput
-from curate.stages.plugins import GROUP, load_plugin, plugin_entry_points
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import Barrier, Plan, Stage, StageConfig, StageContext, StageOutput
+from winnow.curate.stages.plugins import GROUP, load_plugin, plugin_entry_points
 
 _KINDS: dict[str, str] = {
-    "clean": "curate.stages.clean:Clean",
-    "filter.length": "curate.stages.filters.length:LengthFilter",
-    "filter.gopher_quality": "curate.stages.filters.gopher:GopherQualityFilter",
-    "filter.gopher_repetition": "curate.stages.filters.gopher_repetition:GopherRepetitionFilter",
-    "filter.c4": "curate.stages.filters.c4:C4Filter",
-    "filter.fineweb": "curate.stages.filters.fineweb:FineWebFilter",
-    "filter.language": "curate.stages.filters.language:LanguageFilter",
-    "filter.expr": "curate.stages.filters.expr:ExprFilter",
-    "dedup.exact": "curate.dedup.exact:ExactDedup",
-    "dedup.minhash": "curate.dedup.minhash:MinHashDedup",
-    "score.heuristic": "curate.stages.scores.heuristic:HeuristicScore",
-    "score.classifier": "curate.stages.scores.classifier:ClassifierScore",
-    "score.dsir": "curate.stages.scores.dsir:DsirScore",
-    "score.difficulty": "curate.stages.scores.difficulty:DifficultyScore",
-    "split": "curate.stages.split:Split",
-    "mix": "curate.stages.mix:Mix",
-    "order": "curate.stages.order:Order",
+    "clean": "winnow.curate.stages.clean:Clean",
+    "filter.length": "winnow.curate.stages.filters.length:LengthFilter",
+    "filter.gopher_quality": "winnow.curate.stages.filters.gopher:GopherQualityFilter",
+    "filter.gopher_repetition": "winnow.curate.stages.filters.gopher_repetition:GopherRepetitionFilter",
+    "filter.c4": "winnow.curate.stages.filters.c4:C4Filter",
+    "filter.fineweb": "winnow.curate.stages.filters.fineweb:FineWebFilter",
+    "filter.language": "winnow.curate.stages.filters.language:LanguageFilter",
+    "filter.expr": "winnow.curate.stages.filters.expr:ExprFilter",
+    "dedup.exact": "winnow.curate.dedup.exact:ExactDedup",
+    "dedup.minhash": "winnow.curate.dedup.minhash:MinHashDedup",
+    "score.heuristic": "winnow.curate.stages.scores.heuristic:HeuristicScore",
+    "score.classifier": "winnow.curate.stages.scores.classifier:ClassifierScore",
+    "score.dsir": "winnow.curate.stages.scores.dsir:DsirScore",
+    "score.difficulty": "winnow.curate.stages.scores.difficulty:DifficultyScore",
+    "split": "winnow.curate.stages.split:Split",
+    "mix": "winnow.curate.stages.mix:Mix",
+    "order": "winnow.curate.stages.order:Order",
 }
 
 
@@ -51,9 +51,13 @@ def stage_class(kind: str, *, where: str = "") -> type[Stage]:
         close = difflib.get_close_matches(kind, stage_kinds(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         if ":" in kind or "/" in kind:
-            hint += (f"; a job file names registered kinds only, never import paths: package your stage and register "
-                     f"it in the {GROUP!r} entry-point group")
-        raise ConfigError(f"{where}unknown stage kind {kind!r}{hint}; known kinds: {', '.join(stage_kinds())}") from None
+            hint += (
+                f"; a job file names registered kinds only, never import paths: package your stage and register "
+                f"it in the {GROUP!r} entry-point group"
+            )
+        raise ConfigError(
+            f"{where}unknown stage kind {kind!r}{hint}; known kinds: {', '.join(stage_kinds())}"
+        ) from None
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
 

@@ -32,9 +32,9 @@ from typing import Any, ClassVar
 
 import polars as pl
 
-from curate.names import path_name
-from curate.schema import empty_rejects
-from curate.stats import CounterKey
+from winnow.curate.names import path_name
+from winnow.curate.schema import empty_rejects
+from winnow.curate.stats import CounterKey
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,14 +97,18 @@ class Plan:
     decision: pl.DataFrame | None  # per-row decisions with ``id`` and ``_task``; None when apply needs none
     report: dict[str, Any] = field(default_factory=dict)  # JSON-able, lands in the manifest under the stage id
     per_task: TaskDecision | None = None
-    spill: Path | None = None  # scratch that ``per_task`` reads; the runner removes it once every task's part is written
+    # scratch that ``per_task`` reads; the runner removes it once every task's part is written
+    spill: Path | None = None
 
     def gather(self, keys: pl.LazyFrame) -> pl.DataFrame | None:
         """The whole decision with ``_task`` (for small jobs and tests): ``per_task`` over every task of ``keys``."""
         if self.per_task is None:
             return self.decision
         tasks = keys.select(pl.col("_task").unique().sort()).collect().to_series().to_list()
-        parts = [self.per_task(t, keys.filter(pl.col("_task") == t)).with_columns(pl.lit(t, pl.Int32).alias("_task")) for t in tasks]
+        parts = [
+            self.per_task(t, keys.filter(pl.col("_task") == t)).with_columns(pl.lit(t, pl.Int32).alias("_task"))
+            for t in tasks
+        ]
         return pl.concat(parts) if parts else self.per_task(0, None).with_columns(pl.lit(0, pl.Int32).alias("_task"))
 
 

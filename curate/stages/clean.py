@@ -25,11 +25,11 @@ from typing import Literal
 
 import polars as pl
 
-from curate.errors import ConfigError, StageError, require
-from curate.schema import empty_rejects, make_rejects
-from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
-from curate.stats import CounterKey
-from curate.text.words import unify_line_breaks
+from winnow.curate.errors import ConfigError, StageError, require
+from winnow.curate.schema import empty_rejects, make_rejects
+from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
+from winnow.curate.stats import CounterKey
+from winnow.curate.text.words import unify_line_breaks
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +55,23 @@ class CleanConfig(StageConfig):
 
     def __post_init__(self) -> None:
         if self.unicode_form not in ("NFC", "NFKC", "none"):
-            raise ConfigError(f"clean.unicode_form = {self.unicode_form!r} is invalid; allowed: one of 'NFC', 'NFKC', 'none'")
+            raise ConfigError(
+                f"clean.unicode_form = {self.unicode_form!r} is invalid; allowed: one of 'NFC', 'NFKC', 'none'"
+            )
         if self.boilerplate_min_docs is not None and self.boilerplate_min_docs < 2:
             raise ConfigError(
                 f"clean.boilerplate_min_docs = {self.boilerplate_min_docs!r} is invalid; allowed: an integer >= 2 "
                 f"(a line in one document is not boilerplate) or unset"
             )
         if not 0.0 <= self.boilerplate_min_fraction <= 1.0:
-            raise ConfigError(f"clean.boilerplate_min_fraction = {self.boilerplate_min_fraction!r} is invalid; allowed: in [0, 1]")
+            raise ConfigError(
+                f"clean.boilerplate_min_fraction = {self.boilerplate_min_fraction!r} is invalid; allowed: in [0, 1]"
+            )
 
 
-def normalize_text(text: pl.Expr, *, unicode_form: str = "NFC", remove_control: bool = True,
-                   normalize_whitespace: bool = True) -> pl.Expr:
+def normalize_text(
+    text: pl.Expr, *, unicode_form: str = "NFC", remove_control: bool = True, normalize_whitespace: bool = True
+) -> pl.Expr:
     """``text`` normalized as ``clean`` does it, as one expression."""
     if normalize_whitespace:
         text = unify_line_breaks(text)
@@ -103,7 +108,11 @@ class Clean(Barrier):
 
     def __init__(self, config: CleanConfig, ctx: StageContext) -> None:
         super().__init__(config, ctx)
-        self._ftfy = require("ftfy", package="ftfy", extra="mojibake", feature="clean's fix_mojibake") if config.fix_mojibake else None
+        self._ftfy = (
+            require("ftfy", package="ftfy", extra="mojibake", feature="clean's fix_mojibake")
+            if config.fix_mojibake
+            else None
+        )
         self._boilerplate: pl.DataFrame | None = None
 
     @classmethod
@@ -119,8 +128,12 @@ class Clean(Barrier):
     def _normalized(self, batch: pl.DataFrame) -> pl.DataFrame:
         c = self.config
         return batch.with_columns(
-            normalize_text(pl.col("text"), unicode_form=c.unicode_form, remove_control=c.remove_control,
-                           normalize_whitespace=c.normalize_whitespace)
+            normalize_text(
+                pl.col("text"),
+                unicode_form=c.unicode_form,
+                remove_control=c.remove_control,
+                normalize_whitespace=c.normalize_whitespace,
+            )
         )
 
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
@@ -129,7 +142,9 @@ class Clean(Barrier):
             return docs
         lines = _line_table(self._normalized(batch.select("source", "text")))
         ids = batch["id"].gather(lines["row"])
-        keys = lines.select(pl.Series("id", ids), "source", "h").drop_nulls("h").unique(["id", "h"], maintain_order=True)
+        keys = (
+            lines.select(pl.Series("id", ids), "source", "h").drop_nulls("h").unique(["id", "h"], maintain_order=True)
+        )
         return pl.concat([docs, keys])
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
@@ -140,7 +155,9 @@ class Clean(Barrier):
         freq = keys.filter(pl.col("h").is_not_null()).group_by("source", "h").agg(pl.len().alias("df"))
         found = (
             freq.join(docs, on="source")
-            .filter((pl.col("df") >= c.boilerplate_min_docs) & (pl.col("df") >= c.boilerplate_min_fraction * pl.col("docs")))
+            .filter(
+                (pl.col("df") >= c.boilerplate_min_docs) & (pl.col("df") >= c.boilerplate_min_fraction * pl.col("docs"))
+            )
             .select("source", "h")
             .sort("source", "h")
             .collect()
@@ -166,11 +183,15 @@ class Clean(Barrier):
             cleaned = self._normalized(self._repaired(batch))
         else:
             cleaned = self._normalized(batch)  # the text collect hashed lines of
-            lines = _line_table(cleaned).join(self._boilerplate_lines(), on=["source", "h"], how="left", maintain_order="left")
+            lines = _line_table(cleaned).join(
+                self._boilerplate_lines(), on=["source", "h"], how="left", maintain_order="left"
+            )
             drop = pl.col("boilerplate").fill_null(False)
-            per_doc = lines.group_by("row", maintain_order=True).agg(
-                pl.col("line").filter(~drop).str.join("\n").alias("text"), drop.sum().alias("lines_removed")
-            ).sort("row")
+            per_doc = (
+                lines.group_by("row", maintain_order=True)
+                .agg(pl.col("line").filter(~drop).str.join("\n").alias("text"), drop.sum().alias("lines_removed"))
+                .sort("row")
+            )
             text = per_doc.select(pl.col("text").str.replace_all(r"\n{3,}", "\n\n").str.strip_chars())["text"]
             cleaned = cleaned.with_columns(text.alias("text"))
             for source, n in batch.select("source", per_doc["lines_removed"]).group_by("source").sum().iter_rows():

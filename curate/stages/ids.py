@@ -26,10 +26,10 @@ from typing import Any
 
 import polars as pl
 
-from curate.config import Job
-from curate.schema import make_rejects
-from curate.stages import stage_class
-from curate.stages.base import Barrier, Plan, Stage, StageConfig, StageOutput
+from winnow.curate.config import Job
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages import stage_class
+from winnow.curate.stages.base import Barrier, Plan, Stage, StageConfig, StageOutput
 
 IDS_STAGE_ID = "00.ids"
 REASON = "read:duplicate_id"
@@ -62,7 +62,11 @@ class DuplicateIds(Barrier):
         copies = keys.join(repeated, on="id", how="semi").select("id", "_task", "_row").collect().sort("_task", "_row")
         later = copies.filter(pl.int_range(pl.len()).over("id") > 0)
         rows = keys.select(pl.len()).collect().item()
-        report = {"rows": rows, "ids_with_copies": copies["id"].n_unique() if copies.height else 0, "removed": later.height}
+        report = {
+            "rows": rows,
+            "ids_with_copies": copies["id"].n_unique() if copies.height else 0,
+            "removed": later.height,
+        }
         return Plan(later if later.height else empty, report)
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
@@ -95,8 +99,17 @@ def checked_stats(task_stats: dict[str, dict]) -> dict[str, Any]:
     """The ``00.ids`` stats of an optimistic phase-0 task whose ids all turned out unique: every read row passed."""
     read = task_stats.get("00.read", {})
     rows, sources = read.get("rows_out", 0), read.get("source_out", {})
-    return {"rows_in": rows, "rows_out": rows, "repeats": 0, "seconds": 0.0, "rejected": {}, "source_in": sources,
-            "source_out": sources, "source_rejected": {}, "counters": {}}
+    return {
+        "rows_in": rows,
+        "rows_out": rows,
+        "repeats": 0,
+        "seconds": 0.0,
+        "rejected": {},
+        "source_in": sources,
+        "source_out": sources,
+        "source_rejected": {},
+        "counters": {},
+    }
 
 
 def job_stages(job: Job) -> list[tuple[str, type[Stage], StageConfig]]:

@@ -28,15 +28,15 @@ from typing import ClassVar, Literal
 import numpy as np
 import polars as pl
 
-from curate.errors import ConfigError, StageError, require
-from curate.schema import make_rejects
-from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
-from curate.stages.mixing.cuts import Cuts, find_cuts
-from curate.stages.mixing.external import ROW, rows_within, task_offsets
-from curate.stages.mixing.hashing import hash_strings, source_salts
-from curate.stages.mixing.selection import SELECTIONS, preference_keys, share
-from curate.stages.mixing.weights import SCHEMES, plan_targets
-from curate.wholefile import TOKENIZER_BYTES, read_whole
+from winnow.curate.errors import ConfigError, StageError, require
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
+from winnow.curate.stages.mixing.cuts import Cuts, find_cuts
+from winnow.curate.stages.mixing.external import ROW, rows_within, task_offsets
+from winnow.curate.stages.mixing.hashing import hash_strings, source_salts
+from winnow.curate.stages.mixing.selection import SELECTIONS, preference_keys, share
+from winnow.curate.stages.mixing.weights import SCHEMES, plan_targets
+from winnow.curate.wholefile import TOKENIZER_BYTES, read_whole
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ class MixConfig(StageConfig):
 
     def __post_init__(self) -> None:
         if self.sources is not None:
-            raise ConfigError(f"sources cannot scope this stage (mix sets the shares of the whole mixture), got sources={self.sources}")
+            raise ConfigError(
+                f"sources cannot scope this stage (mix sets the shares of the whole mixture), got sources={self.sources}"
+            )
         if self.scheme is None:
             self.scheme = "explicit" if self.weights else "temperature"
         if self.scheme not in SCHEMES:
@@ -74,7 +76,9 @@ class MixConfig(StageConfig):
             if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
                 raise ConfigError(f"mix.weights.{name} = {w!r} is invalid; allowed: a finite number >= 0")
         if self.scheme == "explicit" and not any(w > 0 for w in self.weights.values()):
-            raise ConfigError(f"scheme 'explicit' needs weights with at least one positive value, got weights={self.weights}")
+            raise ConfigError(
+                f"scheme 'explicit' needs weights with at least one positive value, got weights={self.weights}"
+            )
         if not self.temperature > 0:
             raise ConfigError(f"mix.temperature = {self.temperature!r} is invalid; allowed: > 0")
         if not self.max_epochs > 0:
@@ -84,8 +88,10 @@ class MixConfig(StageConfig):
         if not self.bytes_per_token > 0:
             raise ConfigError(f"mix.bytes_per_token = {self.bytes_per_token!r} is invalid; allowed: > 0")
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
-            raise ConfigError(f"mix.tokenizer = {self.tokenizer!r} is invalid (no such file, or not a regular file); "
-                              "allowed: a tokenizers JSON file")
+            raise ConfigError(
+                f"mix.tokenizer = {self.tokenizer!r} is invalid (no such file, or not a regular file); "
+                "allowed: a tokenizers JSON file"
+            )
         if self.select not in SELECTIONS:
             raise ConfigError(f"mix.select = {self.select!r} is invalid; allowed: one of {list(SELECTIONS)}")
         if self.select != "random" and self.score_column is None:
@@ -132,7 +138,9 @@ class Mix(Barrier):
         if self.config.score_column is not None:
             col = self.config.score_column
             if col not in train.columns:
-                raise StageError(f"{self.ctx.stage_id}: select={self.config.select!r} needs the column {col!r}; add a score stage before mix or set score_column")
+                raise StageError(
+                    f"{self.ctx.stage_id}: select={self.config.select!r} needs the column {col!r}; add a score stage before mix or set score_column"
+                )
             keys = keys.with_columns(train[col].cast(pl.Float64).alias("_score"))
         return keys
 
@@ -142,26 +150,46 @@ class Mix(Barrier):
         if "source" not in keys.collect_schema().names():  # no rows reached the stage
             return Plan(None, {"sources": {}}, per_task=lambda task, own: _EMPTY)
         c = self.config
-        totals = keys.group_by("source").agg(pl.len().alias("rows"), pl.col("_tokens").cast(pl.Int64).sum().alias("tokens"))
+        totals = keys.group_by("source").agg(
+            pl.len().alias("rows"), pl.col("_tokens").cast(pl.Int64).sum().alias("tokens")
+        )
         totals = totals.collect(engine="streaming").sort("source")
         names = totals["source"].to_list()
         rows, available = totals["rows"].to_numpy(), totals["tokens"].to_numpy().astype(np.float64)
         present = set(names)
         without_rows = sorted(n for n, w in c.weights.items() if w > 0 and n not in present)
         if without_rows:  # its share goes to the others: say so, never rescale silently
-            log.warning("%s: sources %s have a weight but no rows left when the mix is planned (check the stages "
-                        "before it, or the source names); the other sources' shares are scaled up to fill the mixture",
-                        self.ctx.stage_id, without_rows)
-        targets = plan_targets(
-            names, available, scheme=c.scheme, weights=c.weights, temperature=c.temperature, max_epochs=c.max_epochs, total_tokens=c.total_tokens
-        ) if names else None
+            log.warning(
+                "%s: sources %s have a weight but no rows left when the mix is planned (check the stages "
+                "before it, or the source names); the other sources' shares are scaled up to fill the mixture",
+                self.ctx.stage_id,
+                without_rows,
+            )
+        targets = (
+            plan_targets(
+                names,
+                available,
+                scheme=c.scheme,
+                weights=c.weights,
+                temperature=c.temperature,
+                max_epochs=c.max_epochs,
+                total_tokens=c.total_tokens,
+            )
+            if names
+            else None
+        )
         shares = [share(available[s], int(rows[s]), targets.tokens[s], c.max_copies) for s in range(len(names))]
         offsets = task_offsets(keys)
         by = ["_code", *(e.meta.output_name() for e in preference_keys(c.select)), ROW]
         rest = np.array([np.nan if sh.rest is None else sh.rest for sh in shares], dtype=np.float64)
         what = f"{self.ctx.stage_id}'s partial passes"
-        cuts = find_cuts(self._sort_keys(keys.with_row_index(ROW), names), by, rows, rest,
-                         lambda n: rows_within(self.ctx.memory_gb, MIX_BYTES, n, what=f"{what} over {n} rows"))
+        cuts = find_cuts(
+            self._sort_keys(keys.with_row_index(ROW), names),
+            by,
+            rows,
+            rest,
+            lambda n: rows_within(self.ctx.memory_gb, MIX_BYTES, n, what=f"{what} over {n} rows"),
+        )
         report = self._report(names, rows, available, targets, shares, cuts) if names else {"sources": {}}
         report["weights_without_rows"] = without_rows
         passes = np.array([sh.passes for sh in shares], dtype=np.int32)
@@ -195,15 +223,30 @@ class Mix(Barrier):
         added = np.where(passes >= 1, rows * (passes - 1) + k, 0)
         copies = passes + (k > 0)
         sources = {
-            name: {"available_rows": int(rows[s]), "available_tokens": int(available[s]), "weight": float(targets.weights[s]),
-                   "target_tokens": int(round(targets.tokens[s])), "target_share": float(target_share[s]),
-                   "realized_tokens": int(realized[s]), "realized_share": float(realized_share[s]), "epochs": float(epochs[s]),
-                   "capped": bool(targets.capped[s]), "rows_dropped": int(dropped[s]), "rows_repeated": int(repeated[s]),
-                   "copies_added": int(added[s]), "max_copies": int(copies[s])}
+            name: {
+                "available_rows": int(rows[s]),
+                "available_tokens": int(available[s]),
+                "weight": float(targets.weights[s]),
+                "target_tokens": int(round(targets.tokens[s])),
+                "target_share": float(target_share[s]),
+                "realized_tokens": int(realized[s]),
+                "realized_share": float(realized_share[s]),
+                "epochs": float(epochs[s]),
+                "capped": bool(targets.capped[s]),
+                "rows_dropped": int(dropped[s]),
+                "rows_repeated": int(repeated[s]),
+                "copies_added": int(added[s]),
+                "max_copies": int(copies[s]),
+            }
             for s, name in enumerate(names)
         }
-        return {"scheme": self.config.scheme, "budget_tokens": int(round(targets.budget)), "realized_tokens": int(total_realized),
-                "sources": sources, "key_ranges": cuts.ranges}
+        return {
+            "scheme": self.config.scheme,
+            "budget_tokens": int(round(targets.budget)),
+            "realized_tokens": int(total_realized),
+            "sources": sources,
+            "key_ranges": cuts.ranges,
+        }
 
     # apply -----------------------------------------------------------------------------
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
@@ -214,7 +257,9 @@ class Mix(Barrier):
         df = df.with_columns(pl.when(is_val).then(pl.lit(1, pl.Int32)).otherwise(pl.col("_count")).alias("_count"))
         missing = df.filter(pl.col("_count").is_null())
         if missing.height:
-            raise StageError(f"{self.ctx.stage_id}: {missing.height} training rows (e.g. id {missing['id'][0]!r}) are not in the mix plan; re-run the plan")
+            raise StageError(
+                f"{self.ctx.stage_id}: {missing.height} training rows (e.g. id {missing['id'][0]!r}) are not in the mix plan; re-run the plan"
+            )
         counts = df["_count"].to_numpy()
         rejected = make_rejects(df.filter(pl.col("_count") == 0).drop("_count"), "mix:not_selected")
         take = np.repeat(np.arange(df.height), counts)

@@ -28,13 +28,13 @@ from typing import ClassVar, Literal
 import numpy as np
 import polars as pl
 
-from curate.errors import ConfigError, StageError
-from curate.schema import empty_rejects
-from curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
-from curate.stages.mixing.external import ROW, key_ranges, rows_within, task_offsets
-from curate.stages.mixing.hashing import hash_strings, seed_key, source_salts, unit
-from curate.stages.mixing.pacing import PACINGS, Paced
-from curate.stages.mixing.stratify import (
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.schema import empty_rejects
+from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
+from winnow.curate.stages.mixing.external import ROW, key_ranges, rows_within, task_offsets
+from winnow.curate.stages.mixing.hashing import hash_strings, seed_key, source_salts, unit
+from winnow.curate.stages.mixing.pacing import PACINGS, Paced
+from winnow.curate.stages.mixing.stratify import (
     CLOSED_FORM_SOURCES,
     MAX_MERGE_ROWS,
     Curve,
@@ -75,11 +75,15 @@ class OrderConfig(StageConfig):
 
     def __post_init__(self) -> None:
         if self.sources is not None:
-            raise ConfigError(f"sources cannot scope this stage (order ranks every training row), got sources={self.sources}")
+            raise ConfigError(
+                f"sources cannot scope this stage (order ranks every training row), got sources={self.sources}"
+            )
         if not self.by:
             raise ConfigError("by must name a numeric column, 'length' or 'random', got ''")
         if self.direction not in ("easy_to_hard", "hard_to_easy"):
-            raise ConfigError(f"order.direction = {self.direction!r} is invalid; allowed: 'easy_to_hard' or 'hard_to_easy'")
+            raise ConfigError(
+                f"order.direction = {self.direction!r} is invalid; allowed: 'easy_to_hard' or 'hard_to_easy'"
+            )
         if self.pacing not in PACINGS:
             raise ConfigError(f"order.pacing = {self.pacing!r} is invalid; allowed: one of {list(PACINGS)}")
         if not 0.0 <= self.start <= 1.0:
@@ -120,12 +124,16 @@ class Order(Barrier):
             value = train[by].cast(pl.Float64)
         else:
             found = f"has dtype {train.schema[by]}" if by in train.columns else "is missing"
-            raise StageError(f"{self.ctx.stage_id}: by={by!r} must be a numeric column, 'length' or 'random'; the column {found}")
+            raise StageError(
+                f"{self.ctx.stage_id}: by={by!r} must be a numeric column, 'length' or 'random'; the column {found}"
+            )
         salts = source_salts(train["source"], "order", self.seed)
         keys = ["id", "repeat"] if "repeat" in train.columns else ["id"]
         if "repeat" in train.columns:
             salts = salts ^ (train["repeat"].cast(pl.UInt64).to_numpy() * _GOLDEN)
-        return train.select(*keys, "source").with_columns(value.alias("_value"), pl.Series("_h", hash_strings(train["id"], salts), dtype=pl.UInt64))
+        return train.select(*keys, "source").with_columns(
+            value.alias("_value"), pl.Series("_h", hash_strings(train["id"], salts), dtype=pl.UInt64)
+        )
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
         """Three passes, each over pieces within ``[job] memory_gb``; the result does not depend on the pieces.
@@ -149,15 +157,21 @@ class Order(Barrier):
             unknown = set(c.source_order) - set(names)
             names = [n for n in c.source_order if n in names] + [n for n in names if n not in c.source_order]
             if unknown:
-                log.warning("%s: source_order names sources with no training rows: %s", self.ctx.stage_id, sorted(unknown))
+                log.warning(
+                    "%s: source_order names sources with no training rows: %s", self.ctx.stage_id, sorted(unknown)
+                )
         sizes = [int(totals[n]) for n in names]
         n = sum(sizes)
-        ranges_gb = self.ctx.memory_gb / 2 if c.pacing != "sorted" else self.ctx.memory_gb  # a paced pool takes the other half
+        ranges_gb = (
+            self.ctx.memory_gb / 2 if c.pacing != "sorted" else self.ctx.memory_gb
+        )  # a paced pool takes the other half
         max_rows = rows_within(ranges_gb, ORDER_BYTES, n, what=f"{self.ctx.stage_id}'s order over {n} rows")
         if max_rows < c.window:
             least = c.window * ORDER_BYTES * 2 * (self.ctx.memory_gb / ranges_gb) / 1e9
-            raise ConfigError(f"job.memory_gb = {self.ctx.memory_gb} is too small for one window of {self.ctx.stage_id} "
-                              f"({c.window} rows x {ORDER_BYTES} B); set job.memory_gb to at least {least:.3g} or lower order.window")
+            raise ConfigError(
+                f"job.memory_gb = {self.ctx.memory_gb} is too small for one window of {self.ctx.stage_id} "
+                f"({c.window} rows x {ORDER_BYTES} B); set job.memory_gb to at least {least:.3g} or lower order.window"
+            )
         offsets = task_offsets(keys)
         spill = self.ctx.plan_dir / "spill"
         shutil.rmtree(spill, ignore_errors=True)
@@ -173,10 +187,14 @@ class Order(Barrier):
             if not ids.height:
                 return empty
             lo = offsets.get(task, 0)
-            ranks = pl.scan_parquet(spill / "rank" / "*.parquet").filter(pl.col(ROW).is_between(lo, lo + ids.height, closed="left"))
+            ranks = pl.scan_parquet(spill / "rank" / "*.parquet").filter(
+                pl.col(ROW).is_between(lo, lo + ids.height, closed="left")
+            )
             ranks = ranks.collect().sort(ROW)
             if ranks.height != ids.height:
-                raise StageError(f"{self.ctx.stage_id}: task {task} has {ids.height} rows but {ranks.height} ranks; re-run the plan")
+                raise StageError(
+                    f"{self.ctx.stage_id}: task {task} has {ids.height} rows but {ranks.height} ranks; re-run the plan"
+                )
             return ids.with_columns(ranks["order"])
 
         return Plan(None, report, per_task=per_task, spill=spill)
@@ -196,8 +214,10 @@ class Order(Barrier):
         n, counts = sum(sizes), np.asarray(sizes, dtype=np.int64)
         merge = c.stratify and len(names) > CLOSED_FORM_SOURCES
         if merge and counts.max(initial=0) > MAX_MERGE_ROWS:
-            raise StageError(f"{self.ctx.stage_id}: a source has {counts.max()} rows; stratified order merges sources "
-                             f"of up to {MAX_MERGE_ROWS} rows each (split the source, or set order.stratify = false)")
+            raise StageError(
+                f"{self.ctx.stage_id}: a source has {counts.max()} rows; stratified order merges sources "
+                f"of up to {MAX_MERGE_ROWS} rows each (split the source, or set order.stratify = false)"
+            )
         folder = spill / ("merge" if merge else "place")
         folder.mkdir()
         ranges = key_ranges(frame, by, n, max_rows)
@@ -234,8 +254,11 @@ class Order(Barrier):
                 done.append((rows, g, paced.within(g)))
         if not done:
             return None, None, None
-        return (pl.concat([r for r, _, _ in done]), np.concatenate([np.full(r.height, g, np.int64) for r, g, _ in done]),
-                np.concatenate([k for _, _, k in done]))
+        return (
+            pl.concat([r for r, _, _ in done]),
+            np.concatenate([np.full(r.height, g, np.int64) for r, g, _ in done]),
+            np.concatenate([k for _, _, k in done]),
+        )
 
     @staticmethod
     def _merge(spill, n: int, max_rows: int) -> None:
@@ -246,7 +269,8 @@ class Order(Barrier):
         lo = 0
         for j, part in enumerate(ranges.sorted(keys, [ROW, "_value", "_h", "_code", "_q"])):
             part = part.select(ROW, "_value", "_h", "_code").with_columns(
-                pl.Series("_place", np.arange(lo, lo + part.height, dtype=np.int64)))
+                pl.Series("_place", np.arange(lo, lo + part.height, dtype=np.int64))
+            )
             part.write_parquet(spill / "place" / f"{j:05d}.parquet", row_group_size=_SPILL_GROUP)
             lo += part.height
         shutil.rmtree(spill / "merge")
@@ -263,7 +287,9 @@ class Order(Barrier):
             hi = min(lo + span, n)
             part = places.filter(pl.col("_place").is_between(lo, hi, closed="left")).collect().sort("_place")
             if part.height != hi - lo:
-                raise StageError(f"{self.ctx.stage_id}: places {lo}..{hi - 1} hold {part.height} rows; the plan is inconsistent")
+                raise StageError(
+                    f"{self.ctx.stage_id}: places {lo}..{hi - 1} hold {part.height} rows; the plan is inconsistent"
+                )
             seq = np.arange(part.height, dtype=np.int64)
             if c.shuffle_within_window:
                 shuffle_windows(seq, part["_h"].to_numpy(), seed_key("order.shuffle", self.seed), c.window)
@@ -272,15 +298,22 @@ class Order(Barrier):
             ranked.sort(ROW).write_parquet(spill / "rank" / f"{lo // span:05d}.parquet", row_group_size=_SPILL_GROUP)
         out = report.finish()
         if out["windows_over_tolerance"] and c.stratify:
-            log.warning("%s: %d of %d windows deviate from the source shares by more than %s", self.ctx.stage_id,
-                        out["windows_over_tolerance"], n // c.window, c.tolerance)
+            log.warning(
+                "%s: %d of %d windows deviate from the source shares by more than %s",
+                self.ctx.stage_id,
+                out["windows_over_tolerance"],
+                n // c.window,
+                c.tolerance,
+            )
         return out
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
         is_val = (pl.col("split") == "val").fill_null(False) if "split" in batch.columns else pl.lit(False)
         keys = ["id", "repeat"] if "repeat" in batch.columns else ["id"]
         if decision is None:
-            decision = pl.DataFrame(schema={"id": pl.String, "repeat": pl.Int32, "order": pl.Int64}).select(*keys, "order")
+            decision = pl.DataFrame(schema={"id": pl.String, "repeat": pl.Int32, "order": pl.Int64}).select(
+                *keys, "order"
+            )
         missing_keys = [k for k in keys if k not in decision.columns]
         if missing_keys:
             raise StageError(f"{self.ctx.stage_id}: the order decision lacks {missing_keys}; re-run the plan")
@@ -288,6 +321,8 @@ class Order(Barrier):
         df = base.join(decision.select(*keys, "order"), on=keys, how="left", maintain_order="left")
         lost = df.filter(~is_val & pl.col("order").is_null())
         if lost.height:
-            raise StageError(f"{self.ctx.stage_id}: {lost.height} training rows (e.g. id {lost['id'][0]!r}) are not in the order plan; re-run the plan")
+            raise StageError(
+                f"{self.ctx.stage_id}: {lost.height} training rows (e.g. id {lost['id'][0]!r}) are not in the order plan; re-run the plan"
+            )
         df = df.with_columns(pl.when(is_val).then(None).otherwise(pl.col("order")).alias("order"))
         return StageOutput(df, empty_rejects(df))

@@ -20,8 +20,8 @@ import importlib.metadata
 import logging
 from functools import cache
 
-from curate.errors import ConfigError
-from curate.stages.base import Stage, StageConfig
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import Stage, StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,11 @@ def load_plugin(kind: str, builtin: dict[str, str]) -> type[Stage] | None:
     if ep is None:
         return None
     if kind in builtin:
-        log.warning("package %s registers stage kind %r, which is built in; the built-in stage is used",
-                    ep.dist.name if ep.dist else "?", kind)
+        log.warning(
+            "package %s registers stage kind %r, which is built in; the built-in stage is used",
+            ep.dist.name if ep.dist else "?",
+            kind,
+        )
         return None
     where = f"stage kind {kind!r} (entry point {ep.value!r} of package {ep.dist.name if ep.dist else '?'})"
     try:
@@ -53,5 +56,7 @@ def load_plugin(kind: str, builtin: dict[str, str]) -> type[Stage] | None:
     if not (dataclasses.is_dataclass(cls.Config) and issubclass(cls.Config, StageConfig)):
         raise ConfigError(f"{where}: its Config must be a dataclass subclassing curate.stages.StageConfig")
     if not all(isinstance(r, str) and ":" in r for r in cls.reasons):
-        raise ConfigError(f"{where}: reasons must be full reason strings like 'myfilter:too_short', got {cls.reasons!r}")
+        raise ConfigError(
+            f"{where}: reasons must be full reason strings like 'myfilter:too_short', got {cls.reasons!r}"
+        )
     return cls

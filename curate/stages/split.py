@@ -19,10 +19,10 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from curate.errors import ConfigError, StageError
-from curate.schema import empty_rejects
-from curate.stages.base import Barrier, Plan, StageConfig, StageOutput
-from curate.stages.mixing.hashing import hash_strings, seed_key
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.schema import empty_rejects
+from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageOutput
+from winnow.curate.stages.mixing.hashing import hash_strings, seed_key
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,20 @@ class SplitConfig(StageConfig):
     seed: int = 0  # changes which rows are held out; independent of the job seed on purpose
 
     def __post_init__(self) -> None:
-        fractions = {"val_fraction": self.val_fraction} | {f"val_fraction_by_source.{k}": v for k, v in self.val_fraction_by_source.items()}
+        fractions = {"val_fraction": self.val_fraction} | {
+            f"val_fraction_by_source.{k}": v for k, v in self.val_fraction_by_source.items()
+        }
         for key, v in fractions.items():
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"split.{key} = {v!r} is invalid; allowed: a fraction in [0, 1]")
         if self.val_fraction == 1.0 and self.val_rows is None and not self.val_fraction_by_source:
-            raise ConfigError("split.val_fraction = 1.0 holds out every row of every source, leaving no training rows; "
-                              "to hold out whole sources set val_fraction_by_source.<source> = 1.0, or lower val_fraction")
-        counts = {"val_rows": self.val_rows} | {f"val_rows_by_source.{k}": v for k, v in self.val_rows_by_source.items()}
+            raise ConfigError(
+                "split.val_fraction = 1.0 holds out every row of every source, leaving no training rows; "
+                "to hold out whole sources set val_fraction_by_source.<source> = 1.0, or lower val_fraction"
+            )
+        counts = {"val_rows": self.val_rows} | {
+            f"val_rows_by_source.{k}": v for k, v in self.val_rows_by_source.items()
+        }
         for key, v in counts.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(f"split.{key} = {v!r} is invalid; allowed: a row count >= 0")
@@ -114,14 +120,22 @@ class Split(Barrier):
         by_frac = pl.col("_h").cast(pl.Float64) < pl.col("source").replace_strict(frac, return_dtype=pl.Float64)
         is_val = pl.when(by_count.is_not_null()).then(rank < by_count).otherwise(by_frac)
         df = df.with_columns(is_val.alias("_val"))
-        per_source = df.group_by("source").agg(pl.len().alias("rows"), pl.col("_val").sum().alias("val_rows")).sort("source")
+        per_source = (
+            df.group_by("source").agg(pl.len().alias("rows"), pl.col("_val").sum().alias("val_rows")).sort("source")
+        )
         report = {
-            r["source"]: {"rows": r["rows"], "val_rows": r["val_rows"], "rule": "rows" if rows[r["source"]] is not None else "fraction"}
+            r["source"]: {
+                "rows": r["rows"],
+                "val_rows": r["val_rows"],
+                "rule": "rows" if rows[r["source"]] is not None else "fraction",
+            }
             for r in per_source.iter_rows(named=True)
         }
         short = [s for s, r in report.items() if rows[s] is not None and r["val_rows"] < rows[s]]
         if short:
-            log.warning("%s: sources %s have fewer rows than their val_rows; all of them are held out", self.ctx.stage_id, short)
+            log.warning(
+                "%s: sources %s have fewer rows than their val_rows; all of them are held out", self.ctx.stage_id, short
+            )
         return Plan(df.filter("_val").select("id", "_task"), {"sources": report})
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
@@ -129,8 +143,12 @@ class Split(Barrier):
         if decision is not None:
             return self._mark(batch, batch["id"].is_in(decision["id"].implode()).to_numpy())
         if self.config.uses_counts:
-            raise StageError(f"{self.ctx.stage_id}: val_rows needs the global plan; run split through the pipeline (as a barrier)")
+            raise StageError(
+                f"{self.ctx.stage_id}: val_rows needs the global plan; run split through the pipeline (as a barrier)"
+            )
         sources = batch["source"]
         names = sources.unique().to_list()
-        limit = sources.replace_strict(names, [self.config.fraction_for(n) * _MAX for n in names], return_dtype=pl.Float64)
+        limit = sources.replace_strict(
+            names, [self.config.fraction_for(n) * _MAX for n in names], return_dtype=pl.Float64
+        )
         return self._mark(batch, self._hashes(batch["id"]).astype(np.float64) < limit.to_numpy())

@@ -58,7 +58,12 @@ def _unknown_code_points(offsets, data, props):
         if b < 0x80 or (b & 0xC0) == 0x80:  # ASCII (always known) or a continuation byte
             continue
         if b >= 0xF0:
-            cp = ((b & 0x07) << 18) | ((np.int64(data[p + 1]) & 0x3F) << 12) | ((np.int64(data[p + 2]) & 0x3F) << 6) | (np.int64(data[p + 3]) & 0x3F)
+            cp = (
+                ((b & 0x07) << 18)
+                | ((np.int64(data[p + 1]) & 0x3F) << 12)
+                | ((np.int64(data[p + 2]) & 0x3F) << 6)
+                | (np.int64(data[p + 3]) & 0x3F)
+            )
         elif b >= 0xE0:
             cp = ((b & 0x0F) << 12) | ((np.int64(data[p + 1]) & 0x3F) << 6) | (np.int64(data[p + 2]) & 0x3F)
         else:

@@ -36,8 +36,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from curate.text.codepoints import STRIP
-from curate.text.tokens import code_point, document_tokens, hash_bytes
+from winnow.curate.text.codepoints import STRIP
+from winnow.curate.text.tokens import code_point, document_tokens, hash_bytes
 
 _U64 = np.uint64
 TOP_NS = (2, 3, 4)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from curate.dedup.kernels import fmix64
-from curate.text.codepoints import LETTER, NUMBER, SPACE, WORD
+from winnow.curate.dedup.kernels import fmix64
+from winnow.curate.text.codepoints import LETTER, NUMBER, SPACE, WORD
 
 _U64 = np.uint64
 
@@ -60,7 +60,9 @@ def _url_stop(c):
 
 @nb.njit(cache=True, inline="always")
 def _url_trailing(c):
-    return c == 46 or c == 44 or c == 59 or c == 58 or c == 33 or c == 63 or c == 41 or c == 93 or c == 125  # . , ; : ! ? ) ] }
+    return (
+        c == 46 or c == 44 or c == 59 or c == 58 or c == 33 or c == 63 or c == 41 or c == 93 or c == 125
+    )  # . , ; : ! ? ) ] }
 
 
 @nb.njit(cache=True, inline="always")
@@ -345,7 +347,8 @@ def _fast_token_end(data, p, end):
     f = ASCII[b]
     if f & A_WORD:
         if (b == 104 and p + 3 < end and data[p + 1] == 116 and data[p + 2] == 116 and data[p + 3] == 112) or (
-                b == 119 and p + 3 < end and data[p + 1] == 119 and data[p + 2] == 119 and data[p + 3] == 46):
+            b == 119 and p + 3 < end and data[p + 1] == 119 and data[p + 2] == 119 and data[p + 3] == 46
+        ):
             return _FALLBACK  # maybe a URL
         if p + 1 < end and data[p + 1] == 46 and not f & A_NUMBER and b != 95:
             return _FALLBACK  # maybe an acronym

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import polars as pl
+import pyarrow.parquet as pq
 
-from curate.atomic import write_json_atomic
-from curate.config import Job
-from curate.workdir import WorkDir, task_scratch
-from curate.writers.layout import group_small_files
-from curate.writers.shards import ShardWriter
+from winnow.curate.atomic import write_json_atomic
+from winnow.curate.config import Job
+from winnow.curate.workdir import WorkDir, task_scratch
+from winnow.curate.writers.layout import group_small_files
+from winnow.curate.writers.shards import ShardWriter
 
 VAL_ROWS = "val.parquet"
 
@@ -43,8 +43,7 @@ def plan_val_writes(job: Job, work: WorkDir, final_phase: int, results: list[dic
     """Write groups over the final phase's task results (index = task), each within ``shard_bytes``."""
     sizes = [(r.get("val") or {}).get("bytes", 0) if (r.get("val") or {}).get("rows") else 0 for r in results]
     return [
-        ValWriteSpec(job, work, final_phase, tuple(group))
-        for group in group_small_files(sizes, job.output.shard_bytes)
+        ValWriteSpec(job, work, final_phase, tuple(group)) for group in group_small_files(sizes, job.output.shard_bytes)
     ]
 
 

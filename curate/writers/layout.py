@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from curate.config import OutputConfig
+from winnow.curate.config import OutputConfig
 
 EXTENSIONS = {"parquet": "parquet", "webdataset": "tar"}
 SHARDS = "shards"
@@ -32,8 +32,10 @@ def shard_dir(root: Path, fmt: str, split: str) -> Path:
 
 def row_bytes(df: pl.DataFrame) -> pl.Series:
     """Uncompressed bytes of each row: string lengths, 8 bytes for every other value."""
-    parts = [pl.col(c).str.len_bytes().fill_null(0).cast(pl.Int64) if dtype == pl.String else pl.lit(8, pl.Int64)
-             for c, dtype in df.schema.items()]
+    parts = [
+        pl.col(c).str.len_bytes().fill_null(0).cast(pl.Int64) if dtype == pl.String else pl.lit(8, pl.Int64)
+        for c, dtype in df.schema.items()
+    ]
     return df.select(pl.sum_horizontal(parts).alias("bytes")).to_series() if parts else pl.Series("bytes", [], pl.Int64)
 
 

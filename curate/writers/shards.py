@@ -22,18 +22,21 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curate.atomic import rename_into_place
-from curate.config import OutputConfig
-from curate.writers.layout import EXTENSIONS, row_bytes, shard_dir
-from curate.writers.tar import TarWriter
-from curate.writers.tokens import TokenShardWriter, shard_tokenizer
+from winnow.curate.atomic import rename_into_place
+from winnow.curate.config import OutputConfig
+from winnow.curate.writers.layout import EXTENSIONS, row_bytes, shard_dir
+from winnow.curate.writers.tar import TarWriter
+from winnow.curate.writers.tokens import TokenShardWriter, shard_tokenizer
 
 
 def safe_keys(df: pl.DataFrame) -> pl.Series:
     """WebDataset keys: ids percent-escaped (no ``/``, ``.`` or ``~``), ``~<n>`` marks the n-th repeat."""
     key = (
-        pl.col("id").str.replace_all("%", "%25", literal=True).str.replace_all("/", "%2F", literal=True)
-        .str.replace_all(".", "%2E", literal=True).str.replace_all("~", "%7E", literal=True)
+        pl.col("id")
+        .str.replace_all("%", "%25", literal=True)
+        .str.replace_all("/", "%2F", literal=True)
+        .str.replace_all(".", "%2E", literal=True)
+        .str.replace_all("~", "%7E", literal=True)
     )
     if "repeat" in df.columns:
         key = pl.when(pl.col("repeat").fill_null(0) > 0).then(pl.format("{}~{}", key, pl.col("repeat"))).otherwise(key)
@@ -131,9 +134,16 @@ class ShardWriter:
         assert self._schema is not None
         if shard.parquet is None:
             compression = None if self.output.compression == "none" else self.output.compression
-            stats = [n for n in self._schema.names if n not in ("text", "meta")]  # min/max of documents: useless and big
-            shard.parquet = pq.ParquetWriter(self._tmp(shard, "parquet"), self._schema, compression=compression,
-                                             write_statistics=stats, write_page_index=True)
+            stats = [
+                n for n in self._schema.names if n not in ("text", "meta")
+            ]  # min/max of documents: useless and big
+            shard.parquet = pq.ParquetWriter(
+                self._tmp(shard, "parquet"),
+                self._schema,
+                compression=compression,
+                write_statistics=stats,
+                write_page_index=True,
+            )
         table = pa.concat_tables(shard.pending)
         shard.parquet.write_table(table, row_group_size=max(1, table.num_rows))
         shard.pending, shard.pending_bytes = [], 0
@@ -154,11 +164,19 @@ class ShardWriter:
             with tmp.open("rb") as fh:
                 digest = hashlib.file_digest(fh, "sha256").hexdigest()
             rename_into_place(tmp, final)
-            self.written.append({
-                "split": self.split, "format": fmt, "path": final, "rows": shard.rows,
-                "bytes": final.stat().st_size, "row_bytes": shard.bytes, "sha256": digest, "sources": dict(sorted(shard.sources.items())),
-                "means": means,
-            })
+            self.written.append(
+                {
+                    "split": self.split,
+                    "format": fmt,
+                    "path": final,
+                    "rows": shard.rows,
+                    "bytes": final.stat().st_size,
+                    "row_bytes": shard.bytes,
+                    "sha256": digest,
+                    "sources": dict(sorted(shard.sources.items())),
+                    "means": means,
+                }
+            )
         if shard.tokens is not None:
             self.written.append(shard.tokens.close())
 
@@ -174,7 +192,9 @@ def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:
     if "meta" in df.columns:
         meta = pl.col("meta")
         is_object = meta.str.starts_with("{") & meta.str.ends_with("}")
-        as_string = pl.struct(meta.alias("m")).struct.json_encode().str.slice(5).str.head(-1)  # '{"m":"..."}' -> '"..."'
+        as_string = (
+            pl.struct(meta.alias("m")).struct.json_encode().str.slice(5).str.head(-1)
+        )  # '{"m":"..."}' -> '"..."'
         embedded = pl.when(meta.is_null()).then(pl.lit("null")).when(is_object).then(meta).otherwise(as_string)
         tail = df.select(embedded).to_series()
         jsons = (rest.str.head(-1) + ',"meta":' + tail + "}").to_list()

@@ -20,9 +20,18 @@ _RECORD = 20 * _BLOCK  # tar files are padded to whole records, as tarfile does
 
 def _template() -> np.ndarray:
     h = np.zeros(_BLOCK, np.uint8)
-    for offset, value in ((100, b"0000644\0"), (108, b"0000000\0"), (116, b"0000000\0"), (136, b"00000000000\0"),
-                          (148, b" " * 8), (156, b"0"), (257, b"ustar\x0000"), (329, b"0000000\0"), (337, b"0000000\0")):
-        h[offset:offset + len(value)] = np.frombuffer(value, np.uint8)
+    for offset, value in (
+        (100, b"0000644\0"),
+        (108, b"0000000\0"),
+        (116, b"0000000\0"),
+        (136, b"00000000000\0"),
+        (148, b" " * 8),
+        (156, b"0"),
+        (257, b"ustar\x0000"),
+        (329, b"0000000\0"),
+        (337, b"0000000\0"),
+    ):
+        h[offset : offset + len(value)] = np.frombuffer(value, np.uint8)
     return h
 
 

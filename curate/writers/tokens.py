@@ -29,16 +29,24 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from curate.atomic import rename_into_place, write_bytes_atomic, write_text_atomic
-from curate.errors import OutputError
-from curate.tokenize import ShardTokenizer
+from winnow.curate.atomic import rename_into_place, write_bytes_atomic, write_text_atomic
+from winnow.curate.errors import OutputError
+from winnow.curate.tokenize import ShardTokenizer
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 _INDEX_HEADER = "<QBQQ"  # after the magic: version, dtype code, sequences, documents + 1
 # megatron.core.datasets.indexed_dataset.DType
-DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
-               np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+DTYPE_CODES = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
 DOC_DTYPE = np.dtype([("source", "<u4"), ("row", "<u4")])
 SUFFIXES = (".bin", ".idx", ".doc.npy")
 TOKENIZER_FILE = "tokenizer.json"  # shards/tokens/tokenizer.json, beside the split folders
@@ -128,25 +136,43 @@ class TokenShardWriter:
             rename_into_place(self._tmp(suffix), final)
             finals[suffix] = final
         names = list(self._names)
-        by_source = np.bincount(codes, weights=sizes, minlength=len(names)).astype(np.int64) if len(sizes) else np.zeros(len(names), np.int64)
+        by_source = (
+            np.bincount(codes, weights=sizes, minlength=len(names)).astype(np.int64)
+            if len(sizes)
+            else np.zeros(len(names), np.int64)
+        )
         rows_by_source = np.bincount(codes, minlength=len(names)) if len(sizes) else np.zeros(len(names), np.int64)
         binf, idx, doc = finals[".bin"], finals[".idx"], finals[".doc.npy"]
         return {
-            "split": self.split, "format": "tokens", "path": binf, "rows": self.rows, "bytes": binf.stat().st_size,
-            "sha256": _digest(binf), "sources": {n: int(rows_by_source[i]) for i, n in sorted(enumerate(names), key=lambda x: x[1])},
-            "means": {}, "tokens": int(sizes.sum()), "dtype": self.tok.dtype.name, "source_names": names, "max_id": self.max_id,
+            "split": self.split,
+            "format": "tokens",
+            "path": binf,
+            "rows": self.rows,
+            "bytes": binf.stat().st_size,
+            "sha256": _digest(binf),
+            "sources": {n: int(rows_by_source[i]) for i, n in sorted(enumerate(names), key=lambda x: x[1])},
+            "means": {},
+            "tokens": int(sizes.sum()),
+            "dtype": self.tok.dtype.name,
+            "source_names": names,
+            "max_id": self.max_id,
             "tokens_by_source": {n: int(by_source[i]) for i, n in sorted(enumerate(names), key=lambda x: x[1])},
-            "index_sha256": _digest(idx), "index_bytes": idx.stat().st_size,
-            "docs_sha256": _digest(doc), "docs_bytes": doc.stat().st_size,
-            "tokenizer": self.tok.describe(), "tokenize_seconds": round(self.seconds, 6),
+            "index_sha256": _digest(idx),
+            "index_bytes": idx.stat().st_size,
+            "docs_sha256": _digest(doc),
+            "docs_bytes": doc.stat().st_size,
+            "tokenizer": self.tok.describe(),
+            "tokenize_seconds": round(self.seconds, 6),
         }
 
 
 def _checked(path: Path, expected: str | None, what: str) -> bytes:
     data = path.read_bytes()
     if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise OutputError(f"token shard {path}: {what} sha256 differs from the manifest's {expected}; the job folder "
-                          "was changed after curation: curate the job again")
+        raise OutputError(
+            f"token shard {path}: {what} sha256 differs from the manifest's {expected}; the job folder "
+            "was changed after curation: curate the job again"
+        )
     return data
 
 
@@ -163,8 +189,10 @@ def subset_token_shard(job_dir: Path, entry: dict, source: str, root: Path, path
     if source not in names:
         return None
     idx = _checked(prefix.with_name(prefix.name + ".idx"), entry.get("index_sha256"), "index")
-    docs = np.load(io.BytesIO(_checked(prefix.with_name(prefix.name + ".doc.npy"), entry.get("docs_sha256"),
-                                       "document array")), allow_pickle=False)
+    docs = np.load(
+        io.BytesIO(_checked(prefix.with_name(prefix.name + ".doc.npy"), entry.get("docs_sha256"), "document array")),
+        allow_pickle=False,
+    )
     sizes = index_sizes(idx)
     keep = docs["source"] == names.index(source)
     if not keep.any():
@@ -172,8 +200,10 @@ def subset_token_shard(job_dir: Path, entry: dict, source: str, root: Path, path
     dtype = np.dtype(entry["dtype"])
     tokens = np.frombuffer(_checked(prefix.with_name(prefix.name + ".bin"), entry.get("sha256"), "token"), dtype)
     if len(docs) != len(sizes) or int(sizes.sum(dtype=np.int64)) != len(tokens):
-        raise OutputError(f"token shard {prefix}.bin: {len(tokens)} tokens and {len(docs)} documents do not match its "
-                          f"index ({len(sizes)} documents); curate the job again")
+        raise OutputError(
+            f"token shard {prefix}.bin: {len(tokens)} tokens and {len(docs)} documents do not match its "
+            f"index ({len(sizes)} documents); curate the job again"
+        )
     out = Path(root) / path[: -len(".bin")]
     out.parent.mkdir(parents=True, exist_ok=True)
     kept_sizes = sizes[keep]
@@ -187,9 +217,23 @@ def subset_token_shard(job_dir: Path, entry: dict, source: str, root: Path, path
         write_bytes_atomic(out.with_name(out.name + suffix), data)
     n_tokens = int(kept_sizes.sum(dtype=np.int64))
     sha = {suffix: hashlib.sha256(data).hexdigest() for suffix, data in files.items()}
-    return {"split": entry.get("split", "train"), "format": "tokens", "path": path, "rows": len(kept_sizes),
-            "bytes": len(files[".bin"]), "sha256": sha[".bin"], "sources": {source: len(kept_sizes)}, "means": {},
-            "tokens": n_tokens, "dtype": dtype.name, "source_names": [source], "tokens_by_source": {source: n_tokens},
-            "max_id": int(tokens[np.repeat(keep, sizes)].max()) if n_tokens else -1,
-            "index_sha256": sha[".idx"], "index_bytes": len(files[".idx"]),
-            "docs_sha256": sha[".doc.npy"], "docs_bytes": len(files[".doc.npy"]), "tokenizer": entry.get("tokenizer")}
+    return {
+        "split": entry.get("split", "train"),
+        "format": "tokens",
+        "path": path,
+        "rows": len(kept_sizes),
+        "bytes": len(files[".bin"]),
+        "sha256": sha[".bin"],
+        "sources": {source: len(kept_sizes)},
+        "means": {},
+        "tokens": n_tokens,
+        "dtype": dtype.name,
+        "source_names": [source],
+        "tokens_by_source": {source: n_tokens},
+        "max_id": int(tokens[np.repeat(keep, sizes)].max()) if n_tokens else -1,
+        "index_sha256": sha[".idx"],
+        "index_bytes": len(files[".idx"]),
+        "docs_sha256": sha[".doc.npy"],
+        "docs_bytes": len(files[".doc.npy"]),
+        "tokenizer": entry.get("tokenizer"),
+    }

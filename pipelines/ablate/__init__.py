@@ -30,12 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="override the steps of every run")
     p.add_argument("--parallel", type=int, help="override [ablate] parallel")
     p.add_argument("--output", help="override [ablate] output (the study folder)")
-    p.add_argument("--shards", help="the curated job folder to re-mix (overrides [train] shards; a study that varies "
-                   "the curation trains on its job's output)")
+    p.add_argument(
+        "--shards",
+        help="the curated job folder to re-mix (overrides [train] shards; a study that varies "
+        "the curation trains on its job's output)",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipelines.ablate.study import run_ablate
+    from winnow.pipelines.ablate.study import run_ablate
 
     return run_ablate(args)

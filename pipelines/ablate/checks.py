@@ -17,8 +17,8 @@ import dataclasses
 import json
 import posixpath
 
-from curate.errors import ConfigError
-from pipelines.ablate.layout import StudyLayout
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.ablate.layout import StudyLayout
 
 #: [train] keys that point at a run folder the variants build on (read with getattr: dotted paths).
 REFERENCE_KEYS = ("distill.teacher", "init_from", "mixing.reference")
@@ -43,7 +43,7 @@ def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
     ``metrics.jsonl`` and tokenizer files are read, not its weights."""
     import fsspec
 
-    from train.init import tokenizer_differences
+    from winnow.train.init import tokenizer_differences
 
     tokenizer = None
     options = dict(getattr(train_cfg.data, "storage_options", None) or {})
@@ -55,21 +55,27 @@ def check_references(train_cfg, sources: list[str], first_variant: str) -> None:
         fs, root = fsspec.core.url_to_fs(given, **options)
         root = root.rstrip("/")
         if not fs.exists(root):
-            raise ConfigError(f"ablate: {where} does not exist; give a run folder or a checkpoint (train that run first)")
+            raise ConfigError(
+                f"ablate: {where} does not exist; give a run folder or a checkpoint (train that run first)"
+            )
         run = _run_folder(fs, root)
         if run is None:
             continue  # a bare checkpoint outside any run folder: the trainer checks its tokenizer name
         theirs = _run_sources(fs, run)
         if theirs and theirs != sources:
-            raise ConfigError(f"ablate: {where} was trained on sources {theirs}, the study trains on {sources}; "
-                              f"point train.{key} at a run on the same curated sources")
+            raise ConfigError(
+                f"ablate: {where} was trained on sources {theirs}, the study trains on {sources}; "
+                f"point train.{key} at a run on the same curated sources"
+            )
         if tokenizer is None:
-            from train.tokenizer import load_tokenizer
+            from winnow.train.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(train_cfg.tokenizer)
         if tokenizer_differences(fs, run, tokenizer):
-            raise ConfigError(f"ablate: {where} was trained with another tokenizer than train.tokenizer = "
-                              f"{train_cfg.tokenizer!r}; use the reference run's tokenizer or another reference")
+            raise ConfigError(
+                f"ablate: {where} was trained with another tokenizer than train.tokenizer = "
+                f"{train_cfg.tokenizer!r}; use the reference run's tokenizer or another reference"
+            )
 
 
 def _run_folder(fs, root: str) -> str | None:
@@ -117,8 +123,11 @@ def _unchanged_by_version(cfg: object, key: str, planned: dict, stored: dict) ->
     if key not in stored and key in planned:
         *path, name = key.split(".")
         owner = _get(cfg, ".".join(path)) if path else cfg
-        field = next((f for f in dataclasses.fields(owner) if f.name == name), None) \
-            if dataclasses.is_dataclass(owner) else None
+        field = (
+            next((f for f in dataclasses.fields(owner) if f.name == name), None)
+            if dataclasses.is_dataclass(owner)
+            else None
+        )
         if field is None or (field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING):
             return False
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
@@ -133,13 +142,19 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
     state = "finished" if result is not None else "was started (and would resume from its checkpoint)"
     where = f"ablate: variant {variant['name']!r} in {layout.run_dir(variant['name'])} {state} with"
     fix = "use a new [ablate] output folder for the changed study, or remove that variant's folder"
-    if result is not None and (set(result["weights"]) != set(variant["weights"]) or any(
-            abs(result["weights"][s] - w) > 1e-9 * max(1.0, abs(w)) for s, w in variant["weights"].items())):
-        raise ConfigError(f"{where} mix weights {result['weights']}, the study now plans {variant['weights']} "
-                          f"(the curated shares or the [ablate] table changed); {fix}")
+    if result is not None and (
+        set(result["weights"]) != set(variant["weights"])
+        or any(abs(result["weights"][s] - w) > 1e-9 * max(1.0, abs(w)) for s, w in variant["weights"].items())
+    ):
+        raise ConfigError(
+            f"{where} mix weights {result['weights']}, the study now plans {variant['weights']} "
+            f"(the curated shares or the [ablate] table changed); {fix}"
+        )
     if result is not None and result.get("curation") != variant.get("curation"):
-        raise ConfigError(f"{where} shards curated as {result.get('curation')}, the study now curates them as "
-                          f"{variant.get('curation')} (the job, its inputs or the variant's change changed); {fix}")
+        raise ConfigError(
+            f"{where} shards curated as {result.get('curation')}, the study now curates them as "
+            f"{variant.get('curation')} (the job, its inputs or the variant's change changed); {fix}"
+        )
     saved = layout.run_dir(variant["name"]) / "config.json"
     if saved.is_file():
         planned = _flat(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
@@ -148,9 +163,13 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
         if not planned.get("attribution.every") and not stored.get("attribution.every"):
             ignore += ("attribution.",)  # attribution off in both: its other settings change nothing
         for key in sorted(planned.keys() | stored.keys()):
-            if key.startswith(ignore) or planned.get(key) == stored.get(key) or \
-                    _unchanged_by_version(cfg, key, planned, stored):
+            if (
+                key.startswith(ignore)
+                or planned.get(key) == stored.get(key)
+                or _unchanged_by_version(cfg, key, planned, stored)
+            ):
                 continue
-            raise ConfigError(f"{where} train.{key} = {stored.get(key)!r}, the study now asks for "
-                              f"{planned.get(key)!r}; {fix}")
+            raise ConfigError(
+                f"{where} train.{key} = {stored.get(key)!r}, the study now asks for {planned.get(key)!r}; {fix}"
+            )
     return result

@@ -119,28 +119,41 @@ class Effect:
         if self.curation is not None and self.kind != "baseline":
             c = self.curation
             changed = ", ".join(f"{r} {n:+d}" for r, n in list(c.rejected_change.items())[:4])
-            parts.append(f"kept {c.tokens_change:+.1%} {c.unit} and {c.rows_change:+.1%} rows"
-                         + (f" (rejects {changed})" if changed else ""))
+            parts.append(
+                f"kept {c.tokens_change:+.1%} {c.unit} and {c.rows_change:+.1%} rows"
+                + (f" (rejects {changed})" if changed else "")
+            )
         parts.append(f"mean held-out loss {self.mean.text()}")
         if self.curve is not None:
             reach = f"step {self.curve.first_step}" if self.curve.first_step is not None else "never"
-            parts.append(f"area under the held-out curve {self.curve.area.text()}; the baseline's final loss reached "
-                         f"at {reach}")
+            parts.append(
+                f"area under the held-out curve {self.curve.area.text()}; the baseline's final loss reached at {reach}"
+            )
         return f"{self.variant} ({self.describe}, {self.seeds} seed(s)): " + "; ".join(parts)
 
     def row(self, sources: list[str]) -> dict:
         """A flat table row (``effects.csv``)."""
         c, curve, own = self.curation, self.curve, self.kind != "baseline"  # the baseline: deltas 0, no verdict
-        row = {"variant": self.variant, "kind": self.kind, "change": self.describe, "seeds": self.seeds,
-               "mean_held_out": float(np.mean(list(self.held_out.values()))) if self.held_out else None,
-               "mean_delta": self.mean.value, "mean_noise": self.mean.noise, "verdict": self.mean.verdict if own else None,
-               "area_delta": curve.area.value if curve else None, "area_noise": curve.area.noise if curve else None,
-               "area_verdict": curve.area.verdict if curve and own else None,
-               "first_step_at_baseline_final": curve.first_step if curve else None,
-               "train_rows": c.rows if c else None, "rows_change": c.rows_change if c else None,
-               "train_tokens": c.tokens if c else None, "tokens_unit": c.unit if c else None,
-               "tokens_change": c.tokens_change if c else None,
-               "rejects_change": "; ".join(f"{r} {n:+d}" for r, n in c.rejected_change.items()) if c else None}
+        row = {
+            "variant": self.variant,
+            "kind": self.kind,
+            "change": self.describe,
+            "seeds": self.seeds,
+            "mean_held_out": float(np.mean(list(self.held_out.values()))) if self.held_out else None,
+            "mean_delta": self.mean.value,
+            "mean_noise": self.mean.noise,
+            "verdict": self.mean.verdict if own else None,
+            "area_delta": curve.area.value if curve else None,
+            "area_noise": curve.area.noise if curve else None,
+            "area_verdict": curve.area.verdict if curve and own else None,
+            "first_step_at_baseline_final": curve.first_step if curve else None,
+            "train_rows": c.rows if c else None,
+            "rows_change": c.rows_change if c else None,
+            "train_tokens": c.tokens if c else None,
+            "tokens_unit": c.unit if c else None,
+            "tokens_change": c.tokens_change if c else None,
+            "rejects_change": "; ".join(f"{r} {n:+d}" for r, n in c.rejected_change.items()) if c else None,
+        }
         for s in sources:
             d = self.delta.get(s)
             row |= {f"delta_{s}": d.value if d else None, f"noise_{s}": d.noise if d else None}
@@ -173,25 +186,60 @@ def effects(results: list[dict], sources: list[str], curation: dict[str, dict] |
     curves = [_curve(r, sources) for r in base_runs]
     means = np.array([_mean(r["held_out"], sources) for r in base_runs], dtype=float)
     reference = _Reference(
-        per_source={s: np.array([r["held_out"][s] for r in base_runs if r["held_out"].get(s) is not None], dtype=float)
-                    for s in sources},
-        means=means, areas=np.array([_area(c) for c in curves]) if all(c is not None for c in curves) else None,
-        final=float(np.mean(means)))
+        per_source={
+            s: np.array([r["held_out"][s] for r in base_runs if r["held_out"].get(s) is not None], dtype=float)
+            for s in sources
+        },
+        means=means,
+        areas=np.array([_area(c) for c in curves]) if all(c is not None for c in curves) else None,
+        final=float(np.mean(means)),
+    )
     first = base_runs[0]["name"]
     base_summary = curation.get(first)
-    out = [_effect(first, "baseline", "the job as curated" if base_summary else "the curated mix", base_runs, sources,
-                   reference, base_summary, base_summary)]
+    out = [
+        _effect(
+            first,
+            "baseline",
+            "the job as curated" if base_summary else "the curated mix",
+            base_runs,
+            sources,
+            reference,
+            base_summary,
+            base_summary,
+        )
+    ]
     for name, runs in groups.items():
-        out.append(_effect(name, runs[0]["kind"], runs[0].get("describe") or _weights_text(runs[0]), runs, sources,
-                           reference, curation.get(name), base_summary))
+        out.append(
+            _effect(
+                name,
+                runs[0]["kind"],
+                runs[0].get("describe") or _weights_text(runs[0]),
+                runs,
+                sources,
+                reference,
+                curation.get(name),
+                base_summary,
+            )
+        )
     return out
 
 
-def _effect(name: str, kind: str, describe: str, runs: list[dict], sources: list[str], ref: _Reference,
-            summary: dict | None, base_summary: dict | None) -> Effect:
+def _effect(
+    name: str,
+    kind: str,
+    describe: str,
+    runs: list[dict],
+    sources: list[str],
+    ref: _Reference,
+    summary: dict | None,
+    base_summary: dict | None,
+) -> Effect:
     held = {s: mean_held_out(runs, s) for s in sources}
-    delta = {s: Measured(held[s] - float(ref.per_source[s].mean()), noise_of(ref.per_source[s], len(runs)))
-             for s in sources if held[s] is not None and len(ref.per_source[s])}
+    delta = {
+        s: Measured(held[s] - float(ref.per_source[s].mean()), noise_of(ref.per_source[s], len(runs)))
+        for s in sources
+        if held[s] is not None and len(ref.per_source[s])
+    }
     means = np.array([_mean(r["held_out"], sources) for r in runs], dtype=float)
     mean = Measured(float(means.mean() - ref.means.mean()), noise_of(ref.means, len(runs)))
     own = [_curve(r, sources) for r in runs]
@@ -201,11 +249,23 @@ def _effect(name: str, kind: str, describe: str, runs: list[dict], sources: list
         loss = np.mean([c[1] for c in own], axis=0)
         reached = [step for step, value in zip(steps, loss) if value <= ref.final]
         area = float(np.mean([_area(c) for c in own]))
-        curve = Curve(steps=list(steps), loss=loss.tolist(), first_step=reached[0] if reached else None,
-                      area=Measured(area - float(ref.areas.mean()), noise_of(ref.areas, len(runs))))
-    return Effect(variant=name, kind=kind, describe=describe, seeds=len(runs),
-                  held_out={k: v for k, v in held.items() if v is not None}, delta=delta, mean=mean, curve=curve,
-                  curation=_curation(summary, base_summary) if summary is not None else None)
+        curve = Curve(
+            steps=list(steps),
+            loss=loss.tolist(),
+            first_step=reached[0] if reached else None,
+            area=Measured(area - float(ref.areas.mean()), noise_of(ref.areas, len(runs))),
+        )
+    return Effect(
+        variant=name,
+        kind=kind,
+        describe=describe,
+        seeds=len(runs),
+        held_out={k: v for k, v in held.items() if v is not None},
+        delta=delta,
+        mean=mean,
+        curve=curve,
+        curation=_curation(summary, base_summary) if summary is not None else None,
+    )
 
 
 def _mean(held_out: dict, sources: list[str]) -> float:
@@ -215,8 +275,11 @@ def _mean(held_out: dict, sources: list[str]) -> float:
 
 def _curve(run: dict, sources: list[str]) -> tuple[list[int], np.ndarray] | None:
     """(steps, mean held-out loss) of a run's evaluations that cover every source; None without two of them."""
-    points = [(p["step"], _mean(p["held_out"], sources)) for p in run.get("curve") or []
-              if all(p["held_out"].get(s) is not None for s in sources)]
+    points = [
+        (p["step"], _mean(p["held_out"], sources))
+        for p in run.get("curve") or []
+        if all(p["held_out"].get(s) is not None for s in sources)
+    ]
     if len(points) < 2:
         return None
     return [s for s, _ in points], np.array([v for _, v in points])
@@ -233,11 +296,16 @@ def _curation(summary: dict, base: dict | None) -> Curation:
     rejected = summary["rejected"]
     reasons = sorted(set(rejected) | set(base["rejected"]))
     change = {r: rejected.get(r, 0) - base["rejected"].get(r, 0) for r in reasons}
-    return Curation(rows=summary["rows"], tokens=summary["tokens"], unit=summary["unit"],
-                    rows_change=summary["rows"] / base["rows"] - 1 if base["rows"] else 0.0,
-                    tokens_change=summary["tokens"] / base["tokens"] - 1 if base["tokens"] else 0.0,
-                    rejected=dict(rejected), rejected_change={r: n for r, n in sorted(
-                        change.items(), key=lambda kv: -abs(kv[1])) if n}, reused=summary.get("reused"))
+    return Curation(
+        rows=summary["rows"],
+        tokens=summary["tokens"],
+        unit=summary["unit"],
+        rows_change=summary["rows"] / base["rows"] - 1 if base["rows"] else 0.0,
+        tokens_change=summary["tokens"] / base["tokens"] - 1 if base["tokens"] else 0.0,
+        rejected=dict(rejected),
+        rejected_change={r: n for r, n in sorted(change.items(), key=lambda kv: -abs(kv[1])) if n},
+        reused=summary.get("reused"),
+    )
 
 
 def _weights_text(run: dict) -> str:

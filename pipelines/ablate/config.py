@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from curate.errors import ConfigError
+from winnow.curate.errors import ConfigError
 
 KINDS = ("leave_one_out", "weights", "mixes", "random_mixes", "replay", "drop", "settings", "order")
 #: the kinds whose variants re-curate the job (their own shards); the others re-mix the baseline's shards
@@ -52,7 +52,9 @@ class AblateConfig:
     # one variant per entry: the job without that stage (kind, id "04.filter.fineweb" or [[stages]] number) or
     # without every stage of a list (["filter.gopher_quality", "filter.fineweb"])
     drop: list[str | int | list[str | int]] = field(default_factory=list)  # drop: stages left out, one variant each
-    settings: dict[str, list[Any]] = field(default_factory=dict)  # settings: "<stage>.<key>" -> values, one variant each
+    settings: dict[str, list[Any]] = field(
+        default_factory=dict
+    )  # settings: "<stage>.<key>" -> values, one variant each
     orders: list[str] = field(default_factory=lambda: list(ORDERS))  # order: "shuffled" (same rows), "reversed"
     eval_every: int | None = None  # held-out evaluations of every run (curves); None: steps // 10 with order, else 0
 
@@ -62,54 +64,113 @@ class AblateConfig:
                 raise ConfigError(f"ablate.{key} = {value!r} is invalid; allowed: {allowed}")
 
         kinds = [self.kind] if isinstance(self.kind, str) else self.kind
-        check(bool(kinds) and all(k in KINDS for k in kinds) and len(set(kinds)) == len(kinds), "kind", self.kind,
-              " or ".join(repr(k) for k in KINDS) + ", or a list of them without repeats")
-        check(all(f >= 0 and f != 1 for f in self.factors) and bool(self.factors), "factors", self.factors,
-              "non-negative numbers other than 1")
+        check(
+            bool(kinds) and all(k in KINDS for k in kinds) and len(set(kinds)) == len(kinds),
+            "kind",
+            self.kind,
+            " or ".join(repr(k) for k in KINDS) + ", or a list of them without repeats",
+        )
+        check(
+            all(f >= 0 and f != 1 for f in self.factors) and bool(self.factors),
+            "factors",
+            self.factors,
+            "non-negative numbers other than 1",
+        )
         check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
-        check(len(self.shares) >= 2 and len(set(self.shares)) == len(self.shares) and all(0 <= x < 1 for x in self.shares),
-              "shares", self.shares, "two or more distinct replay shares in [0, 1)")
-        check("replay" not in kinds or len(kinds) == 1, "kind", self.kind,
-              "'replay' on its own (its runs continue a base run; the other kinds vary one job)")
+        check(
+            len(self.shares) >= 2
+            and len(set(self.shares)) == len(self.shares)
+            and all(0 <= x < 1 for x in self.shares),
+            "shares",
+            self.shares,
+            "two or more distinct replay shares in [0, 1)",
+        )
+        check(
+            "replay" not in kinds or len(kinds) == 1,
+            "kind",
+            self.kind,
+            "'replay' on its own (its runs continue a base run; the other kinds vary one job)",
+        )
         for name, mix in self.mixes.items():
-            check(name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
-                  f"mixes.{name}", mix, "a name other than 'baseline' and non-negative weights, one of them > 0")
+            check(
+                name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
+                f"mixes.{name}",
+                mix,
+                "a name other than 'baseline' and non-negative weights, one of them > 0",
+            )
         check(self.steps is None or self.steps >= 1, "steps", self.steps, "an integer >= 1")
         check(self.n_mixes >= 2, "n_mixes", self.n_mixes, "an integer >= 2 (more than the sources to fit well)")
         check(self.concentration > 0, "concentration", self.concentration, "a number > 0")
         check(self.mix_steps is None or self.mix_steps >= 1, "mix_steps", self.mix_steps, "an integer >= 1")
-        check(1 <= self.attribution_seeds <= self.noise_seeds, "attribution_seeds", self.attribution_seeds,
-              f"an integer from 1 to noise_seeds ({self.noise_seeds})")
+        check(
+            1 <= self.attribution_seeds <= self.noise_seeds,
+            "attribution_seeds",
+            self.attribution_seeds,
+            f"an integer from 1 to noise_seeds ({self.noise_seeds})",
+        )
         check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
         check(self.interval in ("auto", "seeds", "run"), "interval", self.interval, "'auto', 'seeds' or 'run'")
-        check(self.interval != "seeds" or self.attribution_seeds >= 2, "attribution_seeds", self.attribution_seeds,
-              "2 or more with interval = 'seeds' (the interval is the attributed seeds' spread), or interval = 'run'")
+        check(
+            self.interval != "seeds" or self.attribution_seeds >= 2,
+            "attribution_seeds",
+            self.attribution_seeds,
+            "2 or more with interval = 'seeds' (the interval is the attributed seeds' spread), or interval = 'run'",
+        )
         check(self.variant_seeds >= 1, "variant_seeds", self.variant_seeds, "an integer >= 1 (1: seed only)")
         check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")
         check(self.threads >= 0, "threads", self.threads, "an integer >= 0 (0: cores / parallel)")
-        check(all(m in ("doremi", "counterfactual") for m in self.adaptive_methods) and len(set(self.adaptive_methods))
-              == len(self.adaptive_methods), "adaptive", self.adaptive,
-              "'' (no adaptive run), 'doremi', 'counterfactual', or a list of them")
-        check(self.counterfactual_step_size >= 0, "counterfactual_step_size", self.counterfactual_step_size,
-              "a number >= 0 (0: the mix the baseline's counterfactual favours, throughout)")
-        check(not self.adaptive or "replay" not in kinds, "adaptive", self.adaptive,
-              "'' with kind = 'replay' (the adaptive run re-mixes the job's sources)")
+        check(
+            all(m in ("doremi", "counterfactual") for m in self.adaptive_methods)
+            and len(set(self.adaptive_methods)) == len(self.adaptive_methods),
+            "adaptive",
+            self.adaptive,
+            "'' (no adaptive run), 'doremi', 'counterfactual', or a list of them",
+        )
+        check(
+            self.counterfactual_step_size >= 0,
+            "counterfactual_step_size",
+            self.counterfactual_step_size,
+            "a number >= 0 (0: the mix the baseline's counterfactual favours, throughout)",
+        )
+        check(
+            not self.adaptive or "replay" not in kinds,
+            "adaptive",
+            self.adaptive,
+            "'' with kind = 'replay' (the adaptive run re-mixes the job's sources)",
+        )
         check(self.adaptive_every >= 1, "adaptive_every", self.adaptive_every, "an integer >= 1")
         check(self.adaptive_step_size > 0, "adaptive_step_size", self.adaptive_step_size, "a number > 0")
         for key, kind in (("drop", "drop"), ("settings", "settings")):
             given = bool(getattr(self, key))
-            check(given == (kind in kinds), key, getattr(self, key),
-                  f"at least one entry when kind includes {kind!r}" if not given else
-                  f"empty unless kind includes {kind!r} (add it to ablate.kind)")
+            check(
+                given == (kind in kinds),
+                key,
+                getattr(self, key),
+                f"at least one entry when kind includes {kind!r}"
+                if not given
+                else f"empty unless kind includes {kind!r} (add it to ablate.kind)",
+            )
         for key, values in self.settings.items():
-            check(isinstance(values, list) and bool(values), f"settings.{key!r}", values,
-                  "a list of one or more values, one variant each")
-        check(bool(self.orders) and len(set(self.orders)) == len(self.orders) and all(o in ORDERS for o in self.orders),
-              "orders", self.orders, " and/or ".join(repr(o) for o in ORDERS) + ", without repeats")
-        check(self.eval_every is None or self.eval_every >= 0, "eval_every", self.eval_every,
-              "an integer >= 0 (0: evaluate at the end only)")
+            check(
+                isinstance(values, list) and bool(values),
+                f"settings.{key!r}",
+                values,
+                "a list of one or more values, one variant each",
+            )
+        check(
+            bool(self.orders) and len(set(self.orders)) == len(self.orders) and all(o in ORDERS for o in self.orders),
+            "orders",
+            self.orders,
+            " and/or ".join(repr(o) for o in ORDERS) + ", without repeats",
+        )
+        check(
+            self.eval_every is None or self.eval_every >= 0,
+            "eval_every",
+            self.eval_every,
+            "an integer >= 0 (0: evaluate at the end only)",
+        )
 
     @property
     def adaptive_methods(self) -> tuple[str, ...]:

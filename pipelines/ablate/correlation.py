@@ -21,17 +21,29 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pipelines.ablate.compare import baselines as _baselines
-from pipelines.ablate.compare import mean_held_out as _mean_held_out
-from pipelines.ablate.compare import seed_noise
-from pipelines.ablate.plan import CURATION_KINDS_PLANNED
+from winnow.pipelines.ablate.compare import baselines as _baselines
+from winnow.pipelines.ablate.compare import mean_held_out as _mean_held_out
+from winnow.pipelines.ablate.compare import seed_noise
+from winnow.pipelines.ablate.plan import CURATION_KINDS_PLANNED
 
-_SCHEMA = {"variant": pl.String, "kind": pl.String, "varied": pl.String, "factor": pl.Float64, "source": pl.String,
-           "seeds": pl.Int64, "measured": pl.Float64, "predicted": pl.Float64, "interval": pl.Float64,
-           "noise": pl.Float64, "above_noise": pl.Boolean}
+_SCHEMA = {
+    "variant": pl.String,
+    "kind": pl.String,
+    "varied": pl.String,
+    "factor": pl.Float64,
+    "source": pl.String,
+    "seeds": pl.Int64,
+    "measured": pl.Float64,
+    "predicted": pl.Float64,
+    "interval": pl.Float64,
+    "noise": pl.Float64,
+    "above_noise": pl.Boolean,
+}
 
 
-def slope_of(counterfactuals: list, interval: str = "auto") -> tuple[np.ndarray, np.ndarray, list[str], list[str], float]:
+def slope_of(
+    counterfactuals: list, interval: str = "auto"
+) -> tuple[np.ndarray, np.ndarray, list[str], list[str], float]:
     """The mean slope over the baseline seeds' counterfactuals (dicts: ``sources``, ``held_out``, ``slope``,
     ``slope_se``, ``saturation``), its standard error (``interval``: "seeds", their spread; "run", the runs' own
     errors; "auto", the spread when there are two or more), the training sources, the held-out sets and ``q``."""
@@ -40,8 +52,9 @@ def slope_of(counterfactuals: list, interval: str = "auto") -> tuple[np.ndarray,
     if len(slopes) >= 2 and interval != "run":
         error = slopes.std(0, ddof=1) / np.sqrt(len(slopes))
     else:
-        error = np.sqrt(np.mean([np.asarray(c["slope_se"], dtype=float) ** 2 for c in counterfactuals], 0)
-                        / len(counterfactuals))
+        error = np.sqrt(
+            np.mean([np.asarray(c["slope_se"], dtype=float) ** 2 for c in counterfactuals], 0) / len(counterfactuals)
+        )
     return slopes.mean(0), error, list(first["sources"]), list(first["held_out"]), float(first["saturation"])
 
 
@@ -49,9 +62,14 @@ def _response(r: float, q: float) -> float:
     return (r**q - 1) / q
 
 
-def _prediction(ratio: np.ndarray, slope: np.ndarray, error: np.ndarray, q: float, sources: list[str],
-                varied_source: str | None = None
-                ) -> tuple[str | None, float | None, np.ndarray | None, np.ndarray | None]:
+def _prediction(
+    ratio: np.ndarray,
+    slope: np.ndarray,
+    error: np.ndarray,
+    q: float,
+    sources: list[str],
+    varied_source: str | None = None,
+) -> tuple[str | None, float | None, np.ndarray | None, np.ndarray | None]:
     """(varied source, factor, predicted (B,), interval (B,)) of a mix given as share ratios to the baseline's.
 
     ``varied_source`` is the source a leave-one-out or weights variant scaled; without it, a mix where one source's
@@ -72,8 +90,9 @@ def _prediction(ratio: np.ndarray, slope: np.ndarray, error: np.ndarray, q: floa
     return None, None, logs @ slope, 2 * np.sqrt((logs[:, None] ** 2 * error**2).sum(0))
 
 
-def compare_with_counterfactual(results: list[dict], counterfactuals: list[dict], base: dict[str, float], *,
-                                interval: str = "auto") -> dict:
+def compare_with_counterfactual(
+    results: list[dict], counterfactuals: list[dict], base: dict[str, float], *, interval: str = "auto"
+) -> dict:
     """Each variant's predicted delta per held-out set against the measured one, and how well they agree."""
     slope, error, sources, held_out, q = slope_of(counterfactuals, interval)
     held = [h for h in held_out if h != "mean"]
@@ -102,18 +121,41 @@ def compare_with_counterfactual(results: list[dict], counterfactuals: list[dict]
             if mean is None or reference[s] is None:
                 continue
             measured = mean - reference[s]
-            cells.append({"variant": name, "kind": runs[0]["kind"], "varied": varied, "factor": factor, "source": s,
-                          "seeds": len(runs), "measured": measured, "predicted": float(predicted[j]),
-                          "interval": float(interval[j]), "noise": noise[s], "above_noise": abs(measured) > noise[s]})
+            cells.append(
+                {
+                    "variant": name,
+                    "kind": runs[0]["kind"],
+                    "varied": varied,
+                    "factor": factor,
+                    "source": s,
+                    "seeds": len(runs),
+                    "measured": measured,
+                    "predicted": float(predicted[j]),
+                    "interval": float(interval[j]),
+                    "noise": noise[s],
+                    "above_noise": abs(measured) > noise[s],
+                }
+            )
     frame = pl.DataFrame(cells, schema=_SCHEMA)
     seeds = len(_baselines(results))
     ratio = _effect_to_noise(frame)
-    by_kind = {kind: agreement(frame.filter(pl.col("kind") == kind)) for kind in frame["kind"].unique(maintain_order=True)}
-    return {**agreement(frame), "by_kind": by_kind if len(by_kind) > 1 else {}, "predictor": "counterfactual",
-            "saturation": q, "counterfactual_runs": len(counterfactuals),
-            "noise": noise, "noise_rule": "2 standard errors of a delta (baseline seeds' sd)",
-            "seeds": seeds, "variant_seeds": repeats, "effect_to_noise": ratio,
-            "noise_ok": bool(seeds >= 3 and ratio is not None and ratio >= NOISE_MARGIN), "cells": frame}
+    by_kind = {
+        kind: agreement(frame.filter(pl.col("kind") == kind)) for kind in frame["kind"].unique(maintain_order=True)
+    }
+    return {
+        **agreement(frame),
+        "by_kind": by_kind if len(by_kind) > 1 else {},
+        "predictor": "counterfactual",
+        "saturation": q,
+        "counterfactual_runs": len(counterfactuals),
+        "noise": noise,
+        "noise_rule": "2 standard errors of a delta (baseline seeds' sd)",
+        "seeds": seeds,
+        "variant_seeds": repeats,
+        "effect_to_noise": ratio,
+        "noise_ok": bool(seeds >= 3 and ratio is not None and ratio >= NOISE_MARGIN),
+        "cells": frame,
+    }
 
 
 def agreement(cells: pl.DataFrame) -> dict:
@@ -129,8 +171,13 @@ def agreement(cells: pl.DataFrame) -> dict:
     with np.errstate(divide="ignore", invalid="ignore"):
         size = np.abs(predicted) / np.abs(measured)
     within = same & (size >= 0.5) & (size <= 2)
-    return {"spearman": spearman, "n_cells": cells.height, "above_noise": strong.height, "sign_agree": int(same.sum()),
-            "within_2x": int(within.sum())}
+    return {
+        "spearman": spearman,
+        "n_cells": cells.height,
+        "above_noise": strong.height,
+        "sign_agree": int(same.sum()),
+        "within_2x": int(within.sum()),
+    }
 
 
 NOISE_MARGIN = 2.0  # "well below": the median variant's effect is at least twice its noise (so >= 4 standard errors)
@@ -145,5 +192,7 @@ def _effect_to_noise(cells: pl.DataFrame) -> float | None:
     if noisy.is_empty():
         return None
     own = noisy.filter(pl.col("varied") == pl.col("source")).group_by("variant").agg(pl.col("ratio").first())
-    rest = noisy.filter(~pl.col("variant").is_in(own["variant"].implode())).group_by("variant").agg(pl.col("ratio").max())
+    rest = (
+        noisy.filter(~pl.col("variant").is_in(own["variant"].implode())).group_by("variant").agg(pl.col("ratio").max())
+    )
     return float(pl.concat([own, rest])["ratio"].median())

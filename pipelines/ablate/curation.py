@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from curate.config import Job
-from curate.errors import ConfigError
-from curate.stages import stage_class
-from curate.stages.ids import job_stages
-from pipelines.jobfile import job_from_dict, read_toml
+from winnow.curate.config import Job
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages import stage_class
+from winnow.curate.stages.ids import job_stages
+from winnow.pipelines.jobfile import job_from_dict, read_toml
 
 #: the tables of a job file that make the curation job (a study file also holds [train] and [ablate])
 JOB_TABLES = ("job", "inputs", "stages", "output")
@@ -40,8 +40,12 @@ class CurationJob:
     @property
     def stage_ids(self) -> list[str]:
         """``01.clean``, ``02.filter.length``, ...: the ids its stages run under (``curate.stages.ids``)."""
-        return [sid for sid, _, _ in job_stages(dataclasses.replace(self.job, job=dataclasses.replace(
-            self.job.job, duplicate_ids="allow")))]
+        return [
+            sid
+            for sid, _, _ in job_stages(
+                dataclasses.replace(self.job, job=dataclasses.replace(self.job.job, duplicate_ids="allow"))
+            )
+        ]
 
     @property
     def output(self) -> str:
@@ -63,8 +67,10 @@ class CurationJob:
             if len(kinds) == 1:
                 return kinds[0]
             if len(kinds) > 1:
-                raise ConfigError(f"{key} = {ref!r} names {len(kinds)} stages of the job "
-                                  f"({', '.join(ids[i] for i in kinds)}); give one stage id or [[stages]] number")
+                raise ConfigError(
+                    f"{key} = {ref!r} names {len(kinds)} stages of the job "
+                    f"({', '.join(ids[i] for i in kinds)}); give one stage id or [[stages]] number"
+                )
         close = difflib.get_close_matches(str(ref), ids + [s.kind for s in self.job.stages], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"{key} = {ref!r} is not a stage of the job{hint}; allowed: {allowed}")
@@ -88,23 +94,29 @@ class CurationJob:
                 path = parts[cut:]
                 break
         else:
-            raise ConfigError(f"{key}: {dotted!r} does not start with a stage of the job; allowed: "
-                              f"'<stage>.<key>' with <stage> one of {self.stage_ids} or their kinds, "
-                              "e.g. 'dedup.minhash.threshold'")
+            raise ConfigError(
+                f"{key}: {dotted!r} does not start with a stage of the job; allowed: "
+                f"'<stage>.<key>' with <stage> one of {self.stage_ids} or their kinds, "
+                "e.g. 'dedup.minhash.threshold'"
+            )
         spec = self.job.stages[index]
         config = spec.config
         fields = {f.name: f for f in dataclasses.fields(config)}
         if path[0] not in fields:
             close = difflib.get_close_matches(path[0], fields, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{key}: {path[0]!r} is not a key of stage {self.stage_ids[index]} ({spec.kind}){hint}; "
-                              f"allowed: {', '.join(sorted(fields))}")
+            raise ConfigError(
+                f"{key}: {path[0]!r} is not a key of stage {self.stage_ids[index]} ({spec.kind}){hint}; "
+                f"allowed: {', '.join(sorted(fields))}"
+            )
         value = getattr(config, path[0])
         if len(path) > 1:
             hint = typing.get_type_hints(type(config))[path[0]]
             if typing.get_origin(hint) is not dict and not isinstance(value, dict):
-                raise ConfigError(f"{key}: {path[0]!r} of stage {self.stage_ids[index]} is not a table, so "
-                                  f"{'.'.join(path)!r} names nothing; allowed: '{path[0]}' itself")
+                raise ConfigError(
+                    f"{key}: {path[0]!r} of stage {self.stage_ids[index]} is not a table, so "
+                    f"{'.'.join(path)!r} names nothing; allowed: '{path[0]}' itself"
+                )
             for part in path[1:]:
                 value = value.get(part) if isinstance(value, dict) else None
         return index, ".".join(path), value
@@ -128,8 +140,9 @@ class CurationJob:
             if change["order"] == "shuffled":
                 table.update(by="random", pacing="sorted")
             else:
-                table["direction"] = "hard_to_easy" if table.get("direction", "easy_to_hard") == "easy_to_hard" \
-                    else "easy_to_hard"
+                table["direction"] = (
+                    "hard_to_easy" if table.get("direction", "easy_to_hard") == "easy_to_hard" else "easy_to_hard"
+                )
         else:
             raise AssertionError(f"unknown change {change}")
         try:
@@ -141,17 +154,23 @@ class CurationJob:
         """The position of the job's ``order`` stage; order variants need one that a load-time mix keeps."""
         found = [i for i, s in enumerate(self.job.stages) if stage_class(s.kind).orders_output]
         if not found:
-            raise ConfigError(f"{key}: the job ({self.path}) has no order stage, so it has no curriculum to compare; "
-                              "allowed: a job with an [[stages]] kind = 'order' table, or a kind list without 'order'")
+            raise ConfigError(
+                f"{key}: the job ({self.path}) has no order stage, so it has no curriculum to compare; "
+                "allowed: a job with an [[stages]] kind = 'order' table, or a kind list without 'order'"
+            )
         config = self.job.stages[found[0]].config
         if getattr(config, "by", None) == "random":
-            raise ConfigError(f"{key}: the job's order stage ({self.stage_ids[found[0]]}) is already by = 'random' "
-                              "(shuffled); allowed: a curriculum (by = a column or 'length') to compare with it")
+            raise ConfigError(
+                f"{key}: the job's order stage ({self.stage_ids[found[0]]}) is already by = 'random' "
+                "(shuffled); allowed: a curriculum (by = a column or 'length') to compare with it"
+            )
         if not getattr(config, "stratify", True):
-            raise ConfigError(f"{key}: the job's order stage ({self.stage_ids[found[0]]}) lays the sources out one "
-                              "after the other (stratify = false), but every run of a study mixes the sources at load "
-                              "time, each keeping its curated order, which keeps a stratified curriculum only; allowed: "
-                              "an order stage with stratify = true")
+            raise ConfigError(
+                f"{key}: the job's order stage ({self.stage_ids[found[0]]}) lays the sources out one "
+                "after the other (stratify = false), but every run of a study mixes the sources at load "
+                "time, each keeping its curated order, which keeps a stratified curriculum only; allowed: "
+                "an order stage with stratify = true"
+            )
         return found[0]
 
 

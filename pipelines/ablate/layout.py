@@ -40,8 +40,8 @@ from pathlib import Path
 
 import polars as pl
 
-from curate.atomic import write_text_atomic as write_atomic  # the one implementation; re-exported for the study
-from curate.names import path_name
+from winnow.curate.atomic import write_text_atomic as write_atomic  # the one implementation; re-exported for the study
+from winnow.curate.names import path_name
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +140,11 @@ class StudyLayout:
         try:
             return json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
-            log.warning("%s is not valid JSON (written by an older winnow that crashed mid-write?); "
-                        "variant %s is run again", path, variant)
+            log.warning(
+                "%s is not valid JSON (written by an older winnow that crashed mid-write?); variant %s is run again",
+                path,
+                variant,
+            )
             return None
 
     def write_result(self, variant: str, result: dict) -> None:
@@ -186,9 +189,14 @@ def load_study(path: str | Path) -> Study | None:
         return json.loads(p.read_text()) if p.is_file() else None
 
     effects = optional_json(layout.effects_json)
-    return Study(layout=layout, table=pl.read_csv(layout.table_csv),
-                 effects=pl.read_csv(layout.effects_csv) if layout.effects_csv.is_file() else None,
-                 summary=(effects or {}).get("summary", []), correlation=optional_json(layout.correlation_json),
-                 cells=pl.read_csv(layout.cells_csv) if layout.cells_csv.is_file() else None,
-                 mixes=optional_json(layout.mixes_json), adaptive=optional_json(layout.adaptive_json),
-                 images=sorted(layout.tables.glob("*.png")))
+    return Study(
+        layout=layout,
+        table=pl.read_csv(layout.table_csv),
+        effects=pl.read_csv(layout.effects_csv) if layout.effects_csv.is_file() else None,
+        summary=(effects or {}).get("summary", []),
+        correlation=optional_json(layout.correlation_json),
+        cells=pl.read_csv(layout.cells_csv) if layout.cells_csv.is_file() else None,
+        mixes=optional_json(layout.mixes_json),
+        adaptive=optional_json(layout.adaptive_json),
+        images=sorted(layout.tables.glob("*.png")),
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.ablate.plan import dirichlet
+from winnow.pipelines.ablate.plan import dirichlet
 
 RIDGE = 1e-4  # relative to the mean squared share: negligible unless two sources are collinear
 
@@ -25,8 +25,12 @@ RIDGE = 1e-4  # relative to the mean squared share: negligible unless two source
 def fit_mixes(results: list[dict], sources: list[str], *, steps: int | None = None) -> dict:
     """Least-squares ``beta`` (features x held-out sources) from the random-mix runs (and any baseline of the
     same length); rows are each run's normalised token shares over ``sources``."""
-    runs = [r for r in results if r["kind"] == "random_mix" or
-            (r["kind"] in ("baseline", "noise") and steps is not None and r["steps"] == steps)]
+    runs = [
+        r
+        for r in results
+        if r["kind"] == "random_mix"
+        or (r["kind"] in ("baseline", "noise") and steps is not None and r["steps"] == steps)
+    ]
     weights = np.array([[r["weights"].get(s, 0.0) for s in sources] for r in runs], dtype=float)
     weights /= weights.sum(axis=1, keepdims=True)
     losses = np.array([[r["held_out"][s] for s in sources] for r in runs], dtype=float)
@@ -39,10 +43,15 @@ def fit_mixes(results: list[dict], sources: list[str], *, steps: int | None = No
     press = (losses - fitted) / (1 - hat)[:, None]  # leave-one-out residuals, closed form
     total = ((losses - losses.mean(axis=0)) ** 2).sum(axis=0)
     r2 = 1 - ((losses - fitted) ** 2).sum(axis=0) / np.where(total > 0, total, np.nan)
-    return {"sources": sources, "runs": [r["name"] for r in runs], "beta": beta.tolist(),
-            "share_range": {s: [float(weights[:, j].min()), float(weights[:, j].max())] for j, s in enumerate(sources)},
-            "r2": dict(zip(sources, r2.tolist())), "cv_rmse": dict(zip(sources, np.sqrt((press ** 2).mean(axis=0)).tolist())),
-            "spread": dict(zip(sources, losses.std(axis=0).tolist()))}
+    return {
+        "sources": sources,
+        "runs": [r["name"] for r in runs],
+        "beta": beta.tolist(),
+        "share_range": {s: [float(weights[:, j].min()), float(weights[:, j].max())] for j, s in enumerate(sources)},
+        "r2": dict(zip(sources, r2.tolist())),
+        "cv_rmse": dict(zip(sources, np.sqrt((press**2).mean(axis=0)).tolist())),
+        "spread": dict(zip(sources, losses.std(axis=0).tolist())),
+    }
 
 
 def target_of(losses: np.ndarray, sources: list[str], target: str) -> np.ndarray:
@@ -50,8 +59,16 @@ def target_of(losses: np.ndarray, sources: list[str], target: str) -> np.ndarray
     return losses.mean(axis=-1) if target == "mean" else losses[..., sources.index(target)]
 
 
-def propose(fit: dict, base: dict[str, float], *, target: str, concentration: float, seed: int,
-            candidates: int = 100_000, top: int = 100) -> dict[str, float]:
+def propose(
+    fit: dict,
+    base: dict[str, float],
+    *,
+    target: str,
+    concentration: float,
+    seed: int,
+    candidates: int = 100_000,
+    top: int = 100,
+) -> dict[str, float]:
     """The proposed mix: the mean of the ``top`` candidates (Dirichlet around ``base``, within the fitted runs'
     share ranges) the fit predicts best."""
     sources = fit["sources"]
@@ -80,10 +97,17 @@ def summarize(fit: dict, results: list[dict], base: dict[str, float], target: st
         return float(target_of(w / w.sum() @ beta, sources, target))
 
     noise = max([abs(measured(r) - measured(baseline)) for r in results if r["kind"] == "noise"], default=None)
-    out = {"target": target, "fit": fit, "noise": noise,
-           "baseline": {"weights": dict(base), "predicted": predicted(base), "measured": measured(baseline)}}
+    out = {
+        "target": target,
+        "fit": fit,
+        "noise": noise,
+        "baseline": {"weights": dict(base), "predicted": predicted(base), "measured": measured(baseline)},
+    }
     if proposed is not None:
-        out["proposed"] = {"weights": proposed["weights"], "predicted": predicted(proposed["weights"]),
-                           "measured": measured(proposed)}
+        out["proposed"] = {
+            "weights": proposed["weights"],
+            "predicted": predicted(proposed["weights"]),
+            "measured": measured(proposed),
+        }
         out["improvement"] = out["baseline"]["measured"] - out["proposed"]["measured"]
     return out

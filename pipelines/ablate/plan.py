@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from curate.errors import ConfigError
-from pipelines.ablate.config import CURATION_KINDS, AblateConfig
-from pipelines.ablate.curation import CurationJob
-from pipelines.ablate.layout import BASELINE
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.ablate.config import CURATION_KINDS, AblateConfig
+from winnow.pipelines.ablate.curation import CurationJob
+from winnow.pipelines.ablate.layout import BASELINE
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,27 +34,38 @@ class PlanContext:
     job: CurationJob | None = None
 
 
-def variants(cfg: AblateConfig, base: dict[str, float], seed: int, *, sources: list[str] | None = None,
-             job: CurationJob | None = None) -> list[dict]:
+def variants(
+    cfg: AblateConfig,
+    base: dict[str, float],
+    seed: int,
+    *,
+    sources: list[str] | None = None,
+    job: CurationJob | None = None,
+) -> list[dict]:
     """Every run of the study; ``base`` is the baseline's token share per source with train rows,
     ``sources`` every source of the job (default: those of ``base``), ``job`` the curation job the
     curation kinds change."""
     sources = list(sources or base)
     out = [{"name": BASELINE, "kind": "baseline", "seed": seed, "weights": dict(base)}]
-    out += [{"name": f"baseline_seed{seed + k}", "kind": "noise", "seed": seed + k, "weights": dict(base)}
-            for k in range(1, cfg.noise_seeds)]
+    out += [
+        {"name": f"baseline_seed{seed + k}", "kind": "noise", "seed": seed + k, "weights": dict(base)}
+        for k in range(1, cfg.noise_seeds)
+    ]
     chosen = cfg.sources or list(base)
     unknown = [s for s in chosen + [s for mix in cfg.mixes.values() for s in mix] if s not in sources]
     if unknown:
         raise ConfigError(f"ablate: unknown source {unknown[0]!r}; the shards hold {sorted(sources)}")
     if cfg.target != "mean" and cfg.target not in base:
-        raise ConfigError(f"ablate.target = {cfg.target!r} is invalid; allowed: 'mean' or a source with train rows "
-                          f"({sorted(base)})")
+        raise ConfigError(
+            f"ablate.target = {cfg.target!r} is invalid; allowed: 'mean' or a source with train rows ({sorted(base)})"
+        )
     missing = [s for s in chosen if s not in base]
     if missing and {"leave_one_out", "weights"} & set(cfg.kinds):
         name = f"without_{missing[0]}" if "leave_one_out" in cfg.kinds else f"{missing[0]}_x{cfg.factors[0]:g}"
-        raise ConfigError(f"ablate: variant {name!r} (ablate.sources) varies source {missing[0]!r}, which has no train "
-                          f"rows in the curated shards (only {sorted(base)} do); drop it from ablate.sources")
+        raise ConfigError(
+            f"ablate: variant {name!r} (ablate.sources) varies source {missing[0]!r}, which has no train "
+            f"rows in the curated shards (only {sorted(base)} do); drop it from ablate.sources"
+        )
     context = PlanContext(cfg, base, seed, chosen, job)
     for kind in cfg.kinds:
         planned = PLANNERS[kind](context)
@@ -77,43 +88,74 @@ def curation_variants(cfg: AblateConfig, seed: int, job: CurationJob | None) -> 
 
 
 def _leave_one_out(c: PlanContext) -> list[dict]:
-    return [{"name": f"without_{s}", "kind": "leave_one_out", "seed": c.seed, "varied": s,
-             "weights": {k: w for k, w in c.base.items() if k != s}} for s in c.chosen]
+    return [
+        {
+            "name": f"without_{s}",
+            "kind": "leave_one_out",
+            "seed": c.seed,
+            "varied": s,
+            "weights": {k: w for k, w in c.base.items() if k != s},
+        }
+        for s in c.chosen
+    ]
 
 
 def _weights(c: PlanContext) -> list[dict]:
-    return [{"name": f"{s}_x{f:g}", "kind": "weights", "seed": c.seed, "varied": s,
-             "weights": {k: w * (f if k == s else 1.0) for k, w in c.base.items() if k != s or f > 0}}
-            for s in c.chosen for f in c.cfg.factors]
+    return [
+        {
+            "name": f"{s}_x{f:g}",
+            "kind": "weights",
+            "seed": c.seed,
+            "varied": s,
+            "weights": {k: w * (f if k == s else 1.0) for k, w in c.base.items() if k != s or f > 0},
+        }
+        for s in c.chosen
+        for f in c.cfg.factors
+    ]
 
 
 def _mixes(c: PlanContext) -> list[dict]:
-    return [{"name": name, "kind": "mix", "seed": c.seed, "weights": {k: w for k, w in mix.items() if w > 0}}
-            for name, mix in c.cfg.mixes.items()]
+    return [
+        {"name": name, "kind": "mix", "seed": c.seed, "weights": {k: w for k, w in mix.items() if w > 0}}
+        for name, mix in c.cfg.mixes.items()
+    ]
 
 
 def _random_mixes(c: PlanContext) -> list[dict]:
     cfg, base = c.cfg, c.base
     if cfg.n_mixes <= len(base):
-        raise ConfigError(f"ablate.n_mixes = {cfg.n_mixes} is invalid; allowed: more than the {len(base)} sources "
-                          "with train rows (the regression fits one coefficient per source)")
-    return [{"name": f"mix_{i:02d}", "kind": "random_mix", "seed": c.seed, "weights": w}
-            | ({"steps": cfg.mix_steps} if cfg.mix_steps else {})
-            for i, w in enumerate(draw_mixes(base, cfg.n_mixes, cfg.concentration, c.seed))]
+        raise ConfigError(
+            f"ablate.n_mixes = {cfg.n_mixes} is invalid; allowed: more than the {len(base)} sources "
+            "with train rows (the regression fits one coefficient per source)"
+        )
+    return [
+        {"name": f"mix_{i:02d}", "kind": "random_mix", "seed": c.seed, "weights": w}
+        | ({"steps": cfg.mix_steps} if cfg.mix_steps else {})
+        for i, w in enumerate(draw_mixes(base, cfg.n_mixes, cfg.concentration, c.seed))
+    ]
 
 
 def _job(c: PlanContext, kind: str) -> CurationJob:
     if c.job is None:
-        raise ConfigError(f"ablate.kind = {c.cfg.kind!r}: {kind!r} re-curates the job, and the study names none; "
-                          "allowed: [ablate] job = '<the job file>', or [[inputs]] and [[stages]] in the study file")
+        raise ConfigError(
+            f"ablate.kind = {c.cfg.kind!r}: {kind!r} re-curates the job, and the study names none; "
+            "allowed: [ablate] job = '<the job file>', or [[inputs]] and [[stages]] in the study file"
+        )
     return c.job
 
 
 def _curation(c: PlanContext, name: str, kind: str, key: str, change: dict, describe: str) -> dict:
     """One curation variant; its job is built (and validated) here, so a bad change fails before anything runs."""
     _job(c, kind).variant(change, "unused", key=key)
-    return {"name": name, "kind": kind, "seed": c.seed, "weights": {}, "change": change, "key": key,
-            "describe": describe}
+    return {
+        "name": name,
+        "kind": kind,
+        "seed": c.seed,
+        "weights": {},
+        "change": change,
+        "key": key,
+        "describe": describe,
+    }
 
 
 def _drop(c: PlanContext) -> list[dict]:
@@ -125,8 +167,16 @@ def _drop(c: PlanContext) -> list[dict]:
             raise ConfigError(f"{key} = [] is invalid; allowed: a stage, or a list of one or more stages")
         found = sorted({job.index(ref, key) for ref in refs})
         ids = [job.stage_ids[k] for k in found]
-        out.append(_curation(c, "drop_" + "+".join(job.name(k) for k in found), "drop", key, {"drop": ids},
-                             "without " + ", ".join(ids)))
+        out.append(
+            _curation(
+                c,
+                "drop_" + "+".join(job.name(k) for k in found),
+                "drop",
+                key,
+                {"drop": ids},
+                "without " + ", ".join(ids),
+            )
+        )
     return out
 
 
@@ -140,8 +190,16 @@ def _settings(c: PlanContext) -> list[dict]:
             if value == current:  # the job's own value: that variant is the baseline
                 continue
             change = {"set": {"stage": sid, "key": path, "value": value}}
-            out.append(_curation(c, f"{job.name(index)}.{path}_{_text(value)}", "setting", f"{key} = {value!r}",
-                                 change, f"{sid} {path} = {value!r} (job: {current!r})"))
+            out.append(
+                _curation(
+                    c,
+                    f"{job.name(index)}.{path}_{_text(value)}",
+                    "setting",
+                    f"{key} = {value!r}",
+                    change,
+                    f"{sid} {path} = {value!r} (job: {current!r})",
+                )
+            )
     return out
 
 
@@ -149,8 +207,10 @@ def _order(c: PlanContext) -> list[dict]:
     job = _job(c, "order")
     index = job.order_stage("ablate.kind 'order'")
     config = job.job.stages[index].config
-    what = {"shuffled": f"{job.stage_ids[index]} by = 'random' (the same rows shuffled; job: by = {config.by!r})",
-            "reversed": f"{job.stage_ids[index]} direction reversed (job: {config.direction!r})"}
+    what = {
+        "shuffled": f"{job.stage_ids[index]} by = 'random' (the same rows shuffled; job: by = {config.by!r})",
+        "reversed": f"{job.stage_ids[index]} direction reversed (job: {config.direction!r})",
+    }
     return [_curation(c, f"order_{o}", "order", f"ablate.orders {o!r}", {"order": o}, what[o]) for o in c.cfg.orders]
 
 
@@ -171,8 +231,11 @@ def _text(value) -> str:
 
 def _reseeded(planned: list[dict], seed: int, n: int) -> list[dict]:
     """Each variant again with seeds ``seed + 1 .. seed + n - 1``: ``group`` names the variant they repeat."""
-    return [{**v, "name": f"{v['name']}_seed{seed + k}", "seed": seed + k, "group": v["name"]}
-            for k in range(1, n) for v in planned]
+    return [
+        {**v, "name": f"{v['name']}_seed{seed + k}", "seed": seed + k, "group": v["name"]}
+        for k in range(1, n)
+        for v in planned
+    ]
 
 
 #: the kinds whose variants ``variant_seeds`` repeats (random mixes are many runs already, each a fit point)
@@ -181,8 +244,15 @@ SEEDED = ("leave_one_out", "weights", "mixes", *CURATION_KINDS)
 CURATION_KINDS_PLANNED = ("drop", "setting", "order")
 
 #: kind -> its variants (after the baseline and noise seeds), in plan order
-PLANNERS = {"leave_one_out": _leave_one_out, "weights": _weights, "mixes": _mixes, "random_mixes": _random_mixes,
-            "drop": _drop, "settings": _settings, "order": _order}
+PLANNERS = {
+    "leave_one_out": _leave_one_out,
+    "weights": _weights,
+    "mixes": _mixes,
+    "random_mixes": _random_mixes,
+    "drop": _drop,
+    "settings": _settings,
+    "order": _order,
+}
 
 
 def draw_mixes(base: dict[str, float], n: int, concentration: float, seed: int) -> list[dict[str, float]]:
@@ -199,9 +269,12 @@ def dirichlet(alpha: np.ndarray, n: int, seed: int, stream: int = 0) -> np.ndarr
 
 
 def _key(variant: dict) -> str:
-    return variant.get("key") or {"leave_one_out": "ablate.sources", "weights": "ablate.factors",
-                                  "random_mix": "ablate.concentration",
-                                  "proposed": "ablate.target"}.get(variant["kind"], f"ablate.mixes.{variant['name']}")
+    return variant.get("key") or {
+        "leave_one_out": "ablate.sources",
+        "weights": "ablate.factors",
+        "random_mix": "ablate.concentration",
+        "proposed": "ablate.target",
+    }.get(variant["kind"], f"ablate.mixes.{variant['name']}")
 
 
 def check_runnable(variant: dict, base: dict[str, float]) -> None:
@@ -209,8 +282,12 @@ def check_runnable(variant: dict, base: dict[str, float]) -> None:
     key = _key(variant)
     empty = [s for s, w in variant["weights"].items() if w > 0 and s not in base]
     if empty:
-        raise ConfigError(f"ablate: variant {variant['name']!r} ({key}) gives weight to source {empty[0]!r}, which has "
-                          f"no train rows in the curated shards (only {sorted(base)} do); drop it from {key}")
+        raise ConfigError(
+            f"ablate: variant {variant['name']!r} ({key}) gives weight to source {empty[0]!r}, which has "
+            f"no train rows in the curated shards (only {sorted(base)} do); drop it from {key}"
+        )
     if not sum(w for w in variant["weights"].values() if w > 0) > 0:
-        raise ConfigError(f"ablate: variant {variant['name']!r} ({key}) has mix weights that sum to 0: it would train "
-                          f"on nothing; change {key} so at least one source with train rows keeps a weight")
+        raise ConfigError(
+            f"ablate: variant {variant['name']!r} ({key}) has mix weights that sum to 0: it would train "
+            f"on nothing; change {key} so at least one source with train rows keeps a weight"
+        )

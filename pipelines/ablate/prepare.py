@@ -28,17 +28,17 @@ from pathlib import Path
 
 import polars as pl
 
-from curate.atomic import write_json_atomic
-from curate.config import Job
-from curate.errors import ConfigError, WinnowError
-from curate.fingerprint import stale_tasks, task_fingerprints
-from curate.pipeline import job_fingerprint, run_job
-from curate.readers import plan_read_tasks
-from curate.workdir import WorkDir
-from pipelines.ablate.curation import CurationJob
-from pipelines.ablate.layout import BASELINE, StudyLayout
-from pipelines.ablate.plan import CURATION_KINDS_PLANNED, check_runnable
-from pipelines.ablate.sources import split_by_source
+from winnow.curate.atomic import write_json_atomic
+from winnow.curate.config import Job
+from winnow.curate.errors import ConfigError, WinnowError
+from winnow.curate.fingerprint import stale_tasks, task_fingerprints
+from winnow.curate.pipeline import job_fingerprint, run_job
+from winnow.curate.readers import plan_read_tasks
+from winnow.curate.workdir import WorkDir
+from winnow.pipelines.ablate.curation import CurationJob
+from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
+from winnow.pipelines.ablate.plan import CURATION_KINDS_PLANNED, check_runnable
+from winnow.pipelines.ablate.sources import split_by_source
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,9 @@ def prepare_baseline(job_dir: str, layout: StudyLayout, job: CurationJob | None,
     return data
 
 
-def prepare_variants(runs: list[dict], data: StudyData, job: CurationJob, layout: StudyLayout, *,
-                     progress: bool) -> None:
+def prepare_variants(
+    runs: list[dict], data: StudyData, job: CurationJob, layout: StudyLayout, *, progress: bool
+) -> None:
     """Curate and split every curation variant not curated yet; fill in each run's weights and curation identity."""
     held_out = _held_out_ids(data.job_dir)
     for run in runs:  # every run's data comes from a curated job: the baseline's, unless a variant's below
@@ -101,9 +102,11 @@ def prepare_variants(runs: list[dict], data: StudyData, job: CurationJob, layout
         kept = _train_sources(out)
         lost = [s for s in data.base if s not in kept]
         if lost:
-            raise ConfigError(f"ablate: variant {name!r} ({key}) leaves source {lost[0]!r} with no train rows (the "
-                              f"baseline trains on {sorted(data.base)}, the variant on {sorted(kept)}); allowed: "
-                              f"changes that keep train rows in every source the baseline trains on")
+            raise ConfigError(
+                f"ablate: variant {name!r} ({key}) leaves source {lost[0]!r} with no train rows (the "
+                f"baseline trains on {sorted(data.base)}, the variant on {sorted(kept)}); allowed: "
+                f"changes that keep train rows in every source the baseline trains on"
+            )
         _check_held_out(str(out), held_out, name, key)
         folders, shares = split_by_source(str(out), layout.curated_sources(name))
         data.variant_folders[name] = folders
@@ -125,11 +128,16 @@ def summary(job_dir: str, folders: dict[str, str]) -> dict:
     for stage in manifest["stages"]:
         for reason, n in stage.get("rejected", {}).items():
             rejected[reason] = rejected.get(reason, 0) + n
-    return {"rows": sum(s["rows"] for s in train if s["format"] == fmt), "unit": "tokens" if tokens else "bytes",
-            "tokens": sum(v["tokens_of_source"] if tokens else v["bytes_of_text"] for v in views),
-            "rows_by_source": {src: sum(s["sources"].get(src, 0) for s in train if s["format"] == fmt)
-                               for src in manifest["sources"]},
-            "rejected": dict(sorted(rejected.items())), "reused": manifest.get("reused")}
+    return {
+        "rows": sum(s["rows"] for s in train if s["format"] == fmt),
+        "unit": "tokens" if tokens else "bytes",
+        "tokens": sum(v["tokens_of_source"] if tokens else v["bytes_of_text"] for v in views),
+        "rows_by_source": {
+            src: sum(s["sources"].get(src, 0) for s in train if s["format"] == fmt) for src in manifest["sources"]
+        },
+        "rejected": dict(sorted(rejected.items())),
+        "reused": manifest.get("reused"),
+    }
 
 
 def _identity(job: Job) -> str:
@@ -155,12 +163,16 @@ def _check_job(job_dir: str, job: CurationJob) -> None:
     manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
     formats = {s["format"] for s in manifest["shards"]}
     if "parquet" not in formats:
-        raise ConfigError(f"ablate: {job.path} [output] formats = {sorted(formats)}; the curation kinds read row ids "
-                          "from Parquet shards (to check that no variant trains on a held-out row); allowed: formats "
-                          "that include 'parquet'")
+        raise ConfigError(
+            f"ablate: {job.path} [output] formats = {sorted(formats)}; the curation kinds read row ids "
+            "from Parquet shards (to check that no variant trains on a held-out row); allowed: formats "
+            "that include 'parquet'"
+        )
     if not any(s["split"] == "val" for s in manifest["shards"]):
-        raise ConfigError(f"ablate: {job.path} holds out no rows, and every variant is measured on the baseline's "
-                          "held-out split; allowed: a job with a split stage that keeps val rows")
+        raise ConfigError(
+            f"ablate: {job.path} holds out no rows, and every variant is measured on the baseline's "
+            "held-out split; allowed: a job with a split stage that keeps val rows"
+        )
 
 
 def _train_sources(job_dir: Path) -> set[str]:
@@ -183,9 +195,17 @@ def _check_held_out(job_dir: str, held_out: pl.DataFrame, name: str, key: str) -
     paths = _parquet(job_dir, "train")
     if not paths:
         return
-    leaked = pl.scan_parquet(paths).select("id").join(held_out.lazy(), on="id", how="semi").unique() \
-        .collect(engine="streaming")["id"].sort()
+    leaked = (
+        pl.scan_parquet(paths)
+        .select("id")
+        .join(held_out.lazy(), on="id", how="semi")
+        .unique()
+        .collect(engine="streaming")["id"]
+        .sort()
+    )
     if leaked.len():
-        raise ConfigError(f"ablate: variant {name!r} ({key}) trains on {leaked.len()} row(s) of the baseline's held-out "
-                          f"split (e.g. {leaked[0]!r}), on which every run is measured; allowed: changes that keep the "
-                          "split stage (split by val_fraction: a row's split then depends on its id alone)")
+        raise ConfigError(
+            f"ablate: variant {name!r} ({key}) trains on {leaked.len()} row(s) of the baseline's held-out "
+            f"split (e.g. {leaked[0]!r}), on which every run is measured; allowed: changes that keep the "
+            "split stage (split by val_fraction: a row's split then depends on its id alone)"
+        )

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from curate.executors import Executor
-from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.layout import BASELINE, StudyLayout
+from winnow.curate.executors import Executor
+from winnow.pipelines.ablate.config import AblateConfig
+from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +39,46 @@ class VariantTask:
 
 def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: dict, sources: list[str]):
     """The ``TrainConfig`` of one variant: the study's [train] with its folder, seed and mix weights."""
-    from train.adaptive import MixingConfig
-    from train.attribution import AttributionConfig
+    from winnow.train.adaptive import MixingConfig
+    from winnow.train.attribution import AttributionConfig
 
     # the baseline, and the first attribution_seeds - 1 noise seeds: their counterfactuals are averaged; a
     # counterfactual mix that follows its own counterfactual
     following = variant["kind"] == "adaptive" and variant["name"] == "counterfactual" and acfg.counterfactual_step_size
-    attribute = variant["name"] == BASELINE or bool(following) or (
-        variant["kind"] == "noise" and variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
-    attribution = (dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every) if attribute
-                   else AttributionConfig())
-    data = dataclasses.replace(train_cfg.data, seed=variant["seed"],
-                               mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]])
+    attribute = (
+        variant["name"] == BASELINE
+        or bool(following)
+        or (variant["kind"] == "noise" and variant["seed"] - train_cfg.seed < acfg.attribution_seeds)
+    )
+    attribution = (
+        dataclasses.replace(train_cfg.attribution, every=acfg.attribution_every) if attribute else AttributionConfig()
+    )
+    data = dataclasses.replace(
+        train_cfg.data,
+        seed=variant["seed"],
+        mix_weights=[variant["weights"][s] for s in sources if s in variant["weights"]],
+    )
     mixing = MixingConfig()
     if variant["kind"] == "adaptive":  # its name is the method
         step = acfg.counterfactual_step_size if variant["name"] == "counterfactual" else acfg.adaptive_step_size
-        mixing = MixingConfig(adaptive=variant["name"], reference=str(layout.run_dir(BASELINE)),
-                              every=acfg.adaptive_every, step_size=step, target=acfg.target)
+        mixing = MixingConfig(
+            adaptive=variant["name"],
+            reference=str(layout.run_dir(BASELINE)),
+            every=acfg.adaptive_every,
+            step_size=step,
+            target=acfg.target,
+        )
     # every run evaluates on the same schedule, so their held-out curves compare step by step
-    return dataclasses.replace(train_cfg, output=str(layout.run_dir(variant["name"])), seed=variant["seed"], data=data,
-                               steps=variant.get("steps", train_cfg.steps), eval_every=acfg.eval_steps(train_cfg.steps),
-                               attribution=attribution, mixing=mixing)
+    return dataclasses.replace(
+        train_cfg,
+        output=str(layout.run_dir(variant["name"])),
+        seed=variant["seed"],
+        data=data,
+        steps=variant.get("steps", train_cfg.steps),
+        eval_every=acfg.eval_steps(train_cfg.steps),
+        attribution=attribution,
+        mixing=mixing,
+    )
 
 
 def train_variant(task: VariantTask) -> dict:
@@ -67,9 +86,9 @@ def train_variant(task: VariantTask) -> dict:
     with periodic evaluations its held-out curve (``curve``: step and loss per source, ending at the last step)."""
     import torch
 
-    from pipelines.provenance import write_provenance
-    from pipelines.report.training import load_run
-    from pipelines.train import build_trainer
+    from winnow.pipelines.provenance import write_provenance
+    from winnow.pipelines.report.training import load_run
+    from winnow.pipelines.train import build_trainer
 
     before = torch.get_num_threads()
     if task.threads:
@@ -105,9 +124,13 @@ def _claim_device(gpus, threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def run_variants(tasks: list[VariantTask], acfg: AblateConfig,
-                 announce: Callable[[dict], None] = lambda result: None, *,
-                 train: Callable[[VariantTask], dict] = train_variant) -> Iterator[dict]:
+def run_variants(
+    tasks: list[VariantTask],
+    acfg: AblateConfig,
+    announce: Callable[[dict], None] = lambda result: None,
+    *,
+    train: Callable[[VariantTask], dict] = train_variant,
+) -> Iterator[dict]:
     """Train ``tasks`` ``acfg.parallel`` at a time (local processes or Ray), yielding results as they finish;
     ``train`` runs one task in a worker (a module-level function: it is pickled by reference)."""
     workers = min(acfg.parallel, len(tasks)) if acfg.executor == "local" else acfg.parallel
@@ -120,8 +143,9 @@ def run_variants(tasks: list[VariantTask], acfg: AblateConfig,
         for i in range(workers):
             queue.put(i % gpus)
     threads = tasks[0].threads if tasks else 0
-    with Executor(workers=workers, kind=acfg.executor, initializer=_claim_device, initargs=(queue, threads),
-                  gpus_per_task=1.0) as executor:
+    with Executor(
+        workers=workers, kind=acfg.executor, initializer=_claim_device, initargs=(queue, threads), gpus_per_task=1.0
+    ) as executor:
         for result in executor.run(train, tasks):
             announce(result)
             yield result

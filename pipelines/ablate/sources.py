@@ -15,11 +15,11 @@ from pathlib import Path
 
 import polars as pl
 
-from curate.errors import ConfigError
-from curate.writers.layout import shard_dir
-from curate.writers.tokens import TOKENIZER_FILE, subset_token_shard
-from pipelines.ablate.layout import source_folder, write_atomic
-from pipelines.provenance import manifest_sha256
+from winnow.curate.errors import ConfigError
+from winnow.curate.writers.layout import shard_dir
+from winnow.curate.writers.tokens import TOKENIZER_FILE, subset_token_shard
+from winnow.pipelines.ablate.layout import source_folder, write_atomic
+from winnow.pipelines.provenance import manifest_sha256
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,17 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
     and no share; the study's plan refuses variants that need it.
     """
     if not (Path(job_dir) / "manifest.json").is_file():
-        raise ConfigError(f"{job_dir}/manifest.json does not exist: curate the job first (`winnow curate JOB.toml` "
-                          "or `winnow run JOB.toml`); an ablation re-mixes curated shards and never re-curates")
+        raise ConfigError(
+            f"{job_dir}/manifest.json does not exist: curate the job first (`winnow curate JOB.toml` "
+            "or `winnow run JOB.toml`); an ablation re-mixes curated shards and never re-curates"
+        )
     manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
     entries = [e for e in manifest["shards"] if e.get("split") == "train" and e.get("format") in VIEW_FORMATS]
     if not entries:
-        raise ConfigError(f"{job_dir}/manifest.json lists no Parquet or token train shards; [output] formats must "
-                          "include 'parquet' or 'tokens'")
+        raise ConfigError(
+            f"{job_dir}/manifest.json lists no Parquet or token train shards; [output] formats must "
+            "include 'parquet' or 'tokens'"
+        )
     formats = sorted({e["format"] for e in entries})
     digest = manifest_sha256(job_dir)
     folders, sizes = {}, {}
@@ -69,8 +73,9 @@ def _reusable_view(folder: Path, digest: str, formats: list[str]) -> dict | None
     return view if same and view.get("formats", ["parquet"]) == formats else None
 
 
-def _write_view(job_dir: str, manifest: dict, entries: list[dict], source: str, folder: Path,
-                digest: str) -> dict | None:
+def _write_view(
+    job_dir: str, manifest: dict, entries: list[dict], source: str, folder: Path, digest: str
+) -> dict | None:
     """The view of one source: per job shard (by name, in manifest order) its rows of ``source`` in every format."""
     stems = list(dict.fromkeys(_stem(e["path"]) for e in entries))
     shards, text_bytes, n_tokens = [], 0, 0
@@ -93,17 +98,32 @@ def _write_view(job_dir: str, manifest: dict, entries: list[dict], source: str, 
         path = (out / f"{name}.parquet").relative_to(folder).as_posix()
         rows.write_parquet(folder / path)
         data = (folder / path).read_bytes()
-        shards.append({"split": "train", "format": "parquet", "path": path, "rows": rows.height,
-                       "sha256": hashlib.sha256(data).hexdigest(), "sources": {source: rows.height}})
+        shards.append(
+            {
+                "split": "train",
+                "format": "parquet",
+                "path": path,
+                "rows": rows.height,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "sources": {source: rows.height},
+            }
+        )
         text_bytes += int(rows.get_column("text").str.len_bytes().sum())
     if not shards:
         return None
     tokenizer = _tokenizer_file(job_dir, entries)
     if tokenizer is not None:  # a tokenizer.json beside the token shards, as in the job folder
         write_atomic(shard_dir(folder, "tokens", "train").parent / tokenizer.name, tokenizer.read_text())
-    view = {"format_version": 1, "job": f"{manifest.get('job')}:{source}", "sources": [source], "shards": shards,
-            "formats": sorted({e["format"] for e in entries}), "bytes_of_text": text_bytes, "tokens_of_source": n_tokens,
-            "derived_from": {"path": str(job_dir), "manifest_sha256": digest}}
+    view = {
+        "format_version": 1,
+        "job": f"{manifest.get('job')}:{source}",
+        "sources": [source],
+        "shards": shards,
+        "formats": sorted({e["format"] for e in entries}),
+        "bytes_of_text": text_bytes,
+        "tokens_of_source": n_tokens,
+        "derived_from": {"path": str(job_dir), "manifest_sha256": digest},
+    }
     write_atomic(folder / "manifest.json", json.dumps(view, indent=1))
     return view
 

@@ -24,16 +24,16 @@ import json
 import os
 from pathlib import Path
 
-from curate.errors import ConfigError
-from pipelines.ablate.checks import check_references, finished
-from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.curation import CurationJob, load_curation_job
-from pipelines.ablate.layout import BASELINE, StudyLayout
-from pipelines.ablate.plan import check_runnable, curation_variants, variants
-from pipelines.ablate.prepare import StudyData, prepare_baseline, prepare_variants
-from pipelines.ablate.runner import VariantTask, run_variants, variant_config
-from pipelines.ablate.table import write_study
-from pipelines.jobfile import build_config, read_toml
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.ablate.checks import check_references, finished
+from winnow.pipelines.ablate.config import AblateConfig
+from winnow.pipelines.ablate.curation import CurationJob, load_curation_job
+from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
+from winnow.pipelines.ablate.plan import check_runnable, curation_variants, variants
+from winnow.pipelines.ablate.prepare import StudyData, prepare_baseline, prepare_variants
+from winnow.pipelines.ablate.runner import VariantTask, run_variants, variant_config
+from winnow.pipelines.ablate.table import write_study
+from winnow.pipelines.jobfile import build_config, read_toml
 
 
 @dataclasses.dataclass(slots=True)
@@ -47,13 +47,24 @@ class _Study:
 
     def train(self, runs: list[dict]) -> list[dict]:
         """Train the runs not finished yet; every run's result, in plan order."""
-        threads = self.acfg.threads or (max(1, (os.cpu_count() or 1) // self.acfg.parallel) if self.acfg.parallel > 1
-                                        else 0)
+        threads = self.acfg.threads or (
+            max(1, (os.cpu_count() or 1) // self.acfg.parallel) if self.acfg.parallel > 1 else 0
+        )
         configs = {v["name"]: variant_config(self.train_cfg, self.acfg, self.layout, v, self.sources) for v in runs}
         done = {v["name"]: finished(self.layout, v, configs[v["name"]]) for v in runs}
-        todo = [VariantTask(cfg=configs[v["name"]], folders=self.data.folders_for(v), sources=self.sources, variant=v,
-                            job_file=self.job_file, study=str(self.layout.root), threads=threads)
-                for v in runs if done[v["name"]] is None]
+        todo = [
+            VariantTask(
+                cfg=configs[v["name"]],
+                folders=self.data.folders_for(v),
+                sources=self.sources,
+                variant=v,
+                job_file=self.job_file,
+                study=str(self.layout.root),
+                threads=threads,
+            )
+            for v in runs
+            if done[v["name"]] is None
+        ]
         for task in todo:
             weights = ", ".join(f"{k}={w:.3f}" for k, w in task.variant["weights"].items())
             print(f"  to train: {task.variant['name']} ({weights})")
@@ -64,20 +75,26 @@ class _Study:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from pipelines.report.page import write_report
-    from pipelines.train import load_train_config
+    from winnow.pipelines.report.page import write_report
+    from winnow.pipelines.train import load_train_config
 
     raw = read_toml(args.job)
     if "ablate" not in raw:
         raise ConfigError(f"{args.job}: no [ablate] table; add one (kind = 'leave_one_out' is the default study)")
     acfg = build_config(AblateConfig, raw["ablate"], f"{args.job} [ablate]")
-    acfg = dataclasses.replace(acfg, **{k: v for k, v in (("steps", args.steps), ("parallel", args.parallel),
-                                                          ("output", args.output)) if v is not None})
+    acfg = dataclasses.replace(
+        acfg,
+        **{
+            k: v
+            for k, v in (("steps", args.steps), ("parallel", args.parallel), ("output", args.output))
+            if v is not None
+        },
+    )
     job = load_curation_job(args.job, raw, acfg.job) if acfg.curates else None
     shards = _shards(args, raw, job)
     train_cfg = load_train_config(args.job, steps=acfg.steps, shards=shards)
     if "replay" in acfg.kinds:  # one continued run per replay share from the same base: a study of its own
-        from pipelines.ablate.replay import run_replay_study
+        from winnow.pipelines.ablate.replay import run_replay_study
 
         return run_replay_study(args, acfg, train_cfg)
     layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
@@ -102,8 +119,9 @@ def run_ablate(args: argparse.Namespace) -> int:
             if data.identity is not None:  # trained on the baseline's curated shards, like the first round
                 run["curation"] = data.identity
         results += study.train(second)
-    table = write_study(layout.root, results, sources, data.base, target=acfg.target, curation=data.curation,
-                        interval=acfg.interval)
+    table = write_study(
+        layout.root, results, sources, data.base, target=acfg.target, curation=data.curation, interval=acfg.interval
+    )
     print(table)
     print(f"effects: {layout.effects_md}")
     print(f"table:   {layout.table_csv}")
@@ -118,15 +136,17 @@ def _shards(args: argparse.Namespace, raw: dict, job: CurationJob | None) -> str
     if job is None:
         return getattr(args, "shards", None)
     if given is not None and (not isinstance(given, str) or Path(given).resolve() != Path(job.output).resolve()):
-        raise ConfigError(f"{args.job}: train.shards (or --shards) = {given!r}, but the study varies the curation of "
-                          f"{job.path}, whose baseline it curates into {job.output!r}; allowed: that folder, or no "
-                          "train.shards")
+        raise ConfigError(
+            f"{args.job}: train.shards (or --shards) = {given!r}, but the study varies the curation of "
+            f"{job.path}, whose baseline it curates into {job.output!r}; allowed: that folder, or no "
+            "train.shards"
+        )
     return job.output
 
 
 def _proposal(acfg: AblateConfig, results: list[dict], base: dict[str, float], train_cfg) -> dict:
     """The mix the regression over the random-mix runs proposes, as a variant trained like the baseline."""
-    from pipelines.ablate.mixes import fit_mixes, propose
+    from winnow.pipelines.ablate.mixes import fit_mixes, propose
 
     fit = fit_mixes(results, list(base), steps=acfg.mix_steps or train_cfg.steps)
     weights = propose(fit, base, target=acfg.target, concentration=acfg.concentration, seed=train_cfg.seed)

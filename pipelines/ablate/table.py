@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipelines.ablate.compare import Effect, effects
-from pipelines.ablate.correlation import compare_with_counterfactual
-from pipelines.ablate.layout import StudyLayout, write_atomic
+from winnow.pipelines.ablate.compare import Effect, effects
+from winnow.pipelines.ablate.correlation import compare_with_counterfactual
+from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
 
 
 def results_frame(results: list[dict], sources: list[str]) -> pl.DataFrame:
@@ -20,11 +20,19 @@ def results_frame(results: list[dict], sources: list[str]) -> pl.DataFrame:
     rows = []
     for r in results:
         weights = (r.get("mixing") or {}).get("mix_weights_mean") or r["weights"]  # an adaptive run: its mean mix
-        row = {"variant": r["name"], "kind": r["kind"], "seed": r["seed"],
-               "weights": " ".join(f"{k}={w / sum(weights.values()):.3f}" for k, w in weights.items())}
+        row = {
+            "variant": r["name"],
+            "kind": r["kind"],
+            "seed": r["seed"],
+            "weights": " ".join(f"{k}={w / sum(weights.values()):.3f}" for k, w in weights.items()),
+        }
         row |= {f"loss_{s}": r["held_out"].get(s) for s in sources}
-        row |= {f"delta_{s}": (r["held_out"][s] - baseline[s]) if r["held_out"].get(s) is not None and
-                baseline.get(s) is not None else None for s in sources}
+        row |= {
+            f"delta_{s}": (r["held_out"][s] - baseline[s])
+            if r["held_out"].get(s) is not None and baseline.get(s) is not None
+            else None
+            for s in sources
+        }
         rows.append(row)
     return pl.DataFrame(rows, schema_overrides={f"{p}_{s}": pl.Float64 for s in sources for p in ("loss", "delta")})
 
@@ -32,15 +40,25 @@ def results_frame(results: list[dict], sources: list[str]) -> pl.DataFrame:
 def markdown_table(frame: pl.DataFrame) -> str:
     header = list(frame.columns)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(f"{v:+.4f}" if isinstance(v, float) and k.startswith("delta") else
-                                f"{v:.4f}" if isinstance(v, float) else str(v) for k, v in zip(header, r)) + " |"
-              for r in frame.iter_rows()]
+    lines += [
+        "| "
+        + " | ".join(
+            f"{v:+.4f}"
+            if isinstance(v, float) and k.startswith("delta")
+            else f"{v:.4f}"
+            if isinstance(v, float)
+            else str(v)
+            for k, v in zip(header, r)
+        )
+        + " |"
+        for r in frame.iter_rows()
+    ]
     return "\n".join(lines)
 
 
 def baseline_attributions(layout: StudyLayout, results: list[dict]) -> tuple[list, list]:
     """The decomposition and the counterfactual of each baseline seed that recorded them (same sources as the first)."""
-    from pipelines.report.training import is_run_dir, load_run
+    from winnow.pipelines.report.training import is_run_dir, load_run
 
     found, counterfactuals = [], []
     for r in results:
@@ -50,10 +68,23 @@ def baseline_attributions(layout: StudyLayout, results: list[dict]) -> tuple[lis
             if run.attribution is not None and (not found or run.attribution.sources == found[0].sources):
                 found.append(run.attribution)
             cf = run.counterfactual
-            if cf is not None and cf.slope is not None and (not counterfactuals or (
-                    cf.sources, cf.held_out) == (counterfactuals[0]["sources"], counterfactuals[0]["held_out"])):
-                counterfactuals.append({"sources": cf.sources, "held_out": cf.held_out, "slope": cf.slope,
-                                        "slope_se": cf.slope_se, "saturation": cf.saturation})
+            if (
+                cf is not None
+                and cf.slope is not None
+                and (
+                    not counterfactuals
+                    or (cf.sources, cf.held_out) == (counterfactuals[0]["sources"], counterfactuals[0]["held_out"])
+                )
+            ):
+                counterfactuals.append(
+                    {
+                        "sources": cf.sources,
+                        "held_out": cf.held_out,
+                        "slope": cf.slope,
+                        "slope_se": cf.slope_se,
+                        "saturation": cf.saturation,
+                    }
+                )
     return found, counterfactuals
 
 
@@ -67,17 +98,30 @@ def efficiency(attributions: list) -> dict | None:
     attributed = np.mean([a.matrix.sum(axis=0) for a in rows], axis=0)
     residual = np.mean([a.residual if a.residual is not None else np.zeros_like(a.measured) for a in rows], axis=0)
     scale = np.where(np.abs(measured) > 0, np.abs(measured), np.nan)
-    return {"sources": rows[0].sources, "measured": measured.tolist(), "attributed": attributed.tolist(),
-            "residual": residual.tolist(), "residual_relative_max": float(np.nanmax(np.abs(residual) / scale)),
-            "attributed_share": (attributed / np.where(measured == 0, np.nan, measured)).tolist()}
+    return {
+        "sources": rows[0].sources,
+        "measured": measured.tolist(),
+        "attributed": attributed.tolist(),
+        "residual": residual.tolist(),
+        "residual_relative_max": float(np.nanmax(np.abs(residual) / scale)),
+        "attributed_share": (attributed / np.where(measured == 0, np.nan, measured)).tolist(),
+    }
 
 
-def write_study(study: Path, results: list[dict], sources: list[str], base: dict[str, float], *,
-                target: str = "mean", curation: dict[str, dict] | None = None, interval: str = "auto") -> str:
+def write_study(
+    study: Path,
+    results: list[dict],
+    sources: list[str],
+    base: dict[str, float],
+    *,
+    target: str = "mean",
+    curation: dict[str, dict] | None = None,
+    interval: str = "auto",
+) -> str:
     """Write the effects (one row per variant), the per-run table (CSV, Markdown), heatmap, curves, attribution
     comparison and (random mixes) the regression and proposal; returns the effects and the per-run table in
     Markdown with their summary lines. ``curation``: what each curated job kept (``prepare.summary``)."""
-    from pipelines.report import plots
+    from winnow.pipelines.report import plots
 
     layout = StudyLayout(Path(study))
     frame = results_frame(results, sources)
@@ -110,13 +154,17 @@ def write_study(study: Path, results: list[dict], sources: list[str], base: dict
 
 def agreement_text(summary: dict) -> str:
     """The counterfactual against the study's measurements, in a few lines."""
-    lines = [f"Counterfactual (the baseline's, {summary['counterfactual_runs']} seed(s)) against the measured deltas: "
-             f"signs agree on {summary['sign_agree']}/{summary['above_noise']} cells above the seed noise, sizes within "
-             f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {summary['spearman']:.3f} over "
-             f"all {summary['n_cells']} cells"]
+    lines = [
+        f"Counterfactual (the baseline's, {summary['counterfactual_runs']} seed(s)) against the measured deltas: "
+        f"signs agree on {summary['sign_agree']}/{summary['above_noise']} cells above the seed noise, sizes within "
+        f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {summary['spearman']:.3f} over "
+        f"all {summary['n_cells']} cells"
+    ]
     for kind, part in summary["by_kind"].items():
-        lines.append(f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
-                     f"{part['above_noise']}, Spearman {part['spearman']:.3f} over {part['n_cells']} cells")
+        lines.append(
+            f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
+            f"{part['above_noise']}, Spearman {part['spearman']:.3f} over {part['n_cells']} cells"
+        )
     return "\n".join([*lines, summary["note"]])
 
 
@@ -125,8 +173,10 @@ def write_effects(layout: StudyLayout, found: list[Effect], sources: list[str]) 
     frame = pl.DataFrame([e.row(sources) for e in found], infer_schema_length=None)
     frame.write_csv(layout.effects_csv)
     sentences = [e.sentence() for e in found[1:]]
-    write_atomic(layout.effects_json, json.dumps({"sources": sources, "effects": [e.to_json() for e in found],
-                                                  "summary": sentences}, indent=1))
+    write_atomic(
+        layout.effects_json,
+        json.dumps({"sources": sources, "effects": [e.to_json() for e in found], "summary": sentences}, indent=1),
+    )
     curves = curves_plot(found)
     if curves is not None:
         layout.curves_png.write_bytes(curves)
@@ -139,6 +189,7 @@ def write_effects(layout: StudyLayout, found: list[Effect], sources: list[str]) 
 
 def effects_markdown(found: list[Effect], sources: list[str]) -> str:
     """One row per variant: the mean held-out delta with its noise and verdict, the curve, the curation, per source."""
+
     def measured(m) -> str:
         return "" if m is None else f"{m.value:+.4f}" + (f" ± {m.noise:.4f}" if m.noise is not None else "")
 
@@ -155,11 +206,17 @@ def effects_markdown(found: list[Effect], sources: list[str]) -> str:
         cells = [e.variant, e.describe, str(e.seeds), mean, "" if i == 0 else e.mean.verdict]
         if curves:
             c = e.curve
-            cells += ["" if c is None or i == 0 else f"{measured(c.area)} ({c.area.verdict})",
-                      "" if c is None else str(c.first_step if c.first_step is not None else "never")]
+            cells += [
+                "" if c is None or i == 0 else f"{measured(c.area)} ({c.area.verdict})",
+                "" if c is None else str(c.first_step if c.first_step is not None else "never"),
+            ]
         if curated:
             c = e.curation
-            cells += ["", ""] if c is None else [f"{c.rows} ({c.rows_change:+.1%})", f"{c.tokens} {c.unit} ({c.tokens_change:+.1%})"]
+            cells += (
+                ["", ""]
+                if c is None
+                else [f"{c.rows} ({c.rows_change:+.1%})", f"{c.tokens} {c.unit} ({c.tokens_change:+.1%})"]
+            )
         cells += ["" if i == 0 else measured(e.delta.get(s)) for s in sources]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -170,12 +227,17 @@ def curves_plot(found: list[Effect]) -> bytes | None:
     drawn = [e for e in found if e.curve is not None]
     if not drawn:
         return None
-    from pipelines.report import plots
+    from winnow.pipelines.report import plots
 
     fig, ax = plots._subplots(figsize=(8, 4.5))
     for e in drawn:
-        ax.plot(e.curve.steps, e.curve.loss, label=e.variant, linewidth=2.5 if e.kind == "baseline" else 1.2,
-                color="black" if e.kind == "baseline" else None)
+        ax.plot(
+            e.curve.steps,
+            e.curve.loss,
+            label=e.variant,
+            linewidth=2.5 if e.kind == "baseline" else 1.2,
+            color="black" if e.kind == "baseline" else None,
+        )
     if drawn[0].kind == "baseline":  # the final loss every variant's "first step" is measured against
         ax.axhline(drawn[0].curve.loss[-1], color="gray", linestyle=":", linewidth=1)
     ax.set(title="mean held-out loss over training (mean over seeds)", xlabel="step", ylabel="nats")
@@ -189,33 +251,44 @@ def noise_note(summary: dict) -> str:
     repeats = summary.get("variant_seeds", 1)
     runs = f"{seeds} baseline seeds and {repeats} seed(s) per variant"
     if summary["noise_ok"]:
-        return (f"Noise from {runs} is well below the effects (the median variant's effect on what it varied is "
-                f"{ratio:.1f}x its noise).")
-    why = (f"only {seeds} baseline seed(s) (at least 3 give a noise estimate; [ablate] noise_seeds)"
-           if seeds < 3 or ratio is None else
-           f"with {runs}, the median variant's effect on what it varied is only {ratio:.1f}x the noise (2 standard "
-           "errors of a delta; "
-           "more seeds: [ablate] variant_seeds, or longer runs: [ablate] steps)")
+        return (
+            f"Noise from {runs} is well below the effects (the median variant's effect on what it varied is "
+            f"{ratio:.1f}x its noise)."
+        )
+    why = (
+        f"only {seeds} baseline seed(s) (at least 3 give a noise estimate; [ablate] noise_seeds)"
+        if seeds < 3 or ratio is None
+        else f"with {runs}, the median variant's effect on what it varied is only {ratio:.1f}x the noise (2 standard "
+        "errors of a delta; "
+        "more seeds: [ablate] variant_seeds, or longer runs: [ablate] steps)"
+    )
     return f"Warning: the seed noise is not well below the effects: {why}; read the agreement figures with care."
 
 
 def write_mixes(layout: StudyLayout, results: list[dict], base: dict[str, float], target: str) -> str:
     """``mixes.json`` for a random_mixes study; returns its Markdown summary."""
-    from pipelines.ablate.mixes import fit_mixes, summarize
+    from winnow.pipelines.ablate.mixes import fit_mixes, summarize
 
     steps = next(r["steps"] for r in results if r["kind"] == "random_mix")
     sources = list(base)
     summary = summarize(fit_mixes(results, sources, steps=steps), results, base, target)
     fit = summary["fit"]
-    lines = [f"Regression over {len(fit['runs'])} runs of {steps} steps: R² "
-             + ", ".join(f"{s} {fit['r2'][s]:.2f}" for s in sources) + "; leave-one-out error "
-             + ", ".join(f"{s} {fit['cv_rmse'][s]:.4f}" for s in sources) + " nats."]
+    lines = [
+        f"Regression over {len(fit['runs'])} runs of {steps} steps: R² "
+        + ", ".join(f"{s} {fit['r2'][s]:.2f}" for s in sources)
+        + "; leave-one-out error "
+        + ", ".join(f"{s} {fit['cv_rmse'][s]:.4f}" for s in sources)
+        + " nats."
+    ]
     if "proposed" in summary:
         p, b, noise = summary["proposed"], summary["baseline"], summary["noise"]
-        lines.append(f"Proposed mix for target {target!r}: " + ", ".join(f"{k}={w:.3f}" for k, w in p["weights"].items())
-                     + f"; held-out {target} loss {p['measured']:.4f} vs baseline {b['measured']:.4f} "
-                     f"({-summary['improvement']:+.4f} nats; seed noise "
-                     + (f"{noise:.4f})" if noise is not None else "not measured: noise_seeds = 1)"))
+        lines.append(
+            f"Proposed mix for target {target!r}: "
+            + ", ".join(f"{k}={w:.3f}" for k, w in p["weights"].items())
+            + f"; held-out {target} loss {p['measured']:.4f} vs baseline {b['measured']:.4f} "
+            f"({-summary['improvement']:+.4f} nats; seed noise "
+            + (f"{noise:.4f})" if noise is not None else "not measured: noise_seeds = 1)")
+        )
     summary["summary"] = lines
     write_atomic(layout.mixes_json, json.dumps(summary, indent=1))
     return "\n".join(lines)
@@ -224,7 +297,7 @@ def write_mixes(layout: StudyLayout, results: list[dict], base: dict[str, float]
 def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str], target: str) -> str:
     """``adaptive.json``: each adaptive run's mix and its held-out target loss beside the baseline's (and the
     regression's proposal, when the study has one), with the seed noise; returns its Markdown summary."""
-    from pipelines.ablate.mixes import target_of
+    from winnow.pipelines.ablate.mixes import target_of
 
     def measured(r: dict) -> float:
         return float(target_of(np.array([r["held_out"][s] for s in sources]), sources, target))
@@ -239,14 +312,22 @@ def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str],
     lines = []
     for run in (r for r in results if r["kind"] == "adaptive"):
         mean = run.get("mixing", {}).get("mix_weights_mean", {})
-        out["runs"][run["name"]] = {"mix_weights_mean": mean, "mix_weights_final": run.get("mixing", {}).get("mix_weights", {})}
+        out["runs"][run["name"]] = {
+            "mix_weights_mean": mean,
+            "mix_weights_final": run.get("mixing", {}).get("mix_weights", {}),
+        }
         out["measured"][run["name"]] = measured(run)
-        line = (f"Adaptive mix ({run['name']}, reference: the baseline run): held-out {target} loss "
-                f"{measured(run):.4f} vs baseline {measured(baseline):.4f} ({measured(run) - measured(baseline):+.4f} nats")
+        line = (
+            f"Adaptive mix ({run['name']}, reference: the baseline run): held-out {target} loss "
+            f"{measured(run):.4f} vs baseline {measured(baseline):.4f} ({measured(run) - measured(baseline):+.4f} nats"
+        )
         if proposed is not None:
             line += f"; the regression's proposed mix {measured(proposed) - measured(baseline):+.4f}"
-        lines.append(line + f"; {noise_text}). Its mean weights over the run: "
-                     + ", ".join(f"{k}={w:.3f}" for k, w in mean.items()))
+        lines.append(
+            line
+            + f"; {noise_text}). Its mean weights over the run: "
+            + ", ".join(f"{k}={w:.3f}" for k, w in mean.items())
+        )
     out["summary"] = lines
     write_atomic(layout.adaptive_json, json.dumps(out, indent=1))
     return "\n".join(lines)

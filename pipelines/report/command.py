@@ -5,17 +5,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipelines.report.diagnose import DiagnoseConfig, diagnose, format_findings
-from pipelines.report.page import locate, write_report
+from winnow.pipelines.report.diagnose import DiagnoseConfig, diagnose, format_findings
+from winnow.pipelines.report.page import locate, write_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write report.html for a job folder, a run folder, or both")
-    p.add_argument("dir", help="a curation job folder (manifest.json), a training run folder (metrics.jsonl), "
-                   "or a job's output URL (s3://...; the page is written there)")
+    p.add_argument(
+        "dir",
+        help="a curation job folder (manifest.json), a training run folder (metrics.jsonl), "
+        "or a job's output URL (s3://...; the page is written there)",
+    )
     p.add_argument("--output", type=Path, help="where to write the page (default: DIR/report.html)")
     p.add_argument("--diagnose", action="store_true", help="also print the diagnosis of the training run")
-    p.add_argument("--memory-limit-gib", type=float, help="device memory for the memory rule (default: logged, or host RAM)")
+    p.add_argument(
+        "--memory-limit-gib", type=float, help="device memory for the memory rule (default: logged, or host RAM)"
+    )
     p.set_defaults(func=run_report)
 
 
@@ -24,11 +29,14 @@ def run_report(args: argparse.Namespace) -> int:
     path = write_report(args.dir, output=args.output, diagnose_cfg=cfg)
     _, run, _ = locate(args.dir)
     if run is not None and run.counterfactual is not None:
-        from pipelines.report.counterfactual import text
+        from winnow.pipelines.report.counterfactual import text
 
         print(text(run.counterfactual))
     if args.diagnose:
-        print(format_findings(diagnose(run, cfg)) if run is not None else
-              f"diagnosis: {args.dir} holds no training run (metrics.jsonl); nothing to diagnose")
+        print(
+            format_findings(diagnose(run, cfg))
+            if run is not None
+            else f"diagnosis: {args.dir} holds no training run (metrics.jsonl); nothing to diagnose"
+        )
     print(f"report: {path}")
     return 0

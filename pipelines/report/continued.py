@@ -15,12 +15,42 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.report import plots
-from pipelines.report.training import TrainingRun
+from winnow.pipelines.report import plots
+from winnow.pipelines.report.training import TrainingRun
 
 # two-sided 95% Student t quantiles for 1..30 degrees of freedom; the normal one beyond
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 SLOPE_PER = 100  # slopes are in nats per this many steps
 
 
@@ -90,8 +120,16 @@ def source_changes(run: TrainingRun, *, last: int = 5) -> list[SourceChange]:
 
 
 def table_rows(rows: list[SourceChange]) -> tuple[list[str], list[list[object]]]:
-    header = ["source", "trained tokens", "held-out at step 0", "held-out now", "change", "",
-              f"slope per {SLOPE_PER} steps (95% interval)", "flattened"]
+    header = [
+        "source",
+        "trained tokens",
+        "held-out at step 0",
+        "held-out now",
+        "change",
+        "",
+        f"slope per {SLOPE_PER} steps (95% interval)",
+        "flattened",
+    ]
     body = []
     for r in rows:
         slope = "" if r.slope is None else f"{r.slope:+.4f} [{r.slope_lo:+.4f}, {r.slope_hi:+.4f}]"

@@ -53,12 +53,21 @@ def parse(record: dict) -> Counterfactual | None:
     if any(m.shape != shape for m in (*predicted.values(), *interval.values())) or predicted.keys() != interval.keys():
         return None
     steps = value.get("steps")
-    return Counterfactual(step=int(record.get("step", 0)), sources=sources, held_out=held_out,
-                          factors=sorted(predicted), predicted=predicted, interval=interval,
-                          steps=(int(steps[0]), int(steps[1])) if isinstance(steps, list) and len(steps) == 2
-                          and None not in steps else None,
-                          saturation=value.get("saturation"), horizon=value.get("horizon"),
-                          slope=_matrix(value.get("slope"), shape), slope_se=_matrix(value.get("slope_se"), shape))
+    return Counterfactual(
+        step=int(record.get("step", 0)),
+        sources=sources,
+        held_out=held_out,
+        factors=sorted(predicted),
+        predicted=predicted,
+        interval=interval,
+        steps=(int(steps[0]), int(steps[1]))
+        if isinstance(steps, list) and len(steps) == 2 and None not in steps
+        else None,
+        saturation=value.get("saturation"),
+        horizon=value.get("horizon"),
+        slope=_matrix(value.get("slope"), shape),
+        slope_se=_matrix(value.get("slope_se"), shape),
+    )
 
 
 def _matrix(value, shape: tuple[int, int]) -> np.ndarray | None:
@@ -119,8 +128,10 @@ def sentences(cf: Counterfactual, *, factors: tuple[float, ...] = (0.0, 2.0)) ->
 def text(cf: Counterfactual) -> str:
     """The terminal's lead: the sentences per held-out set."""
     steps = f"steps {cf.steps[0]}-{cf.steps[1]}" if cf.steps else f"step {cf.step}"
-    lines = [f"What a change of the mix would do (counterfactual at {steps}; ± two standard errors; "
-             "predicted change of each held-out loss, nats):"]
+    lines = [
+        f"What a change of the mix would do (counterfactual at {steps}; ± two standard errors; "
+        "predicted change of each held-out loss, nats):"
+    ]
     for held_out, said in sentences(cf):
         lines.append(f"  {'mean over the held-out sets' if held_out == 'mean' else held_out}:")
         lines += [f"    {s}" for s in said]

@@ -15,10 +15,10 @@ from typing import Any
 
 import polars as pl
 
-from curate.errors import InputError
-from curate.manifest import upgrade
-from curate.wholefile import MANIFEST_BYTES, read_whole
-from curate.workdir import is_url
+from winnow.curate.errors import InputError
+from winnow.curate.manifest import upgrade
+from winnow.curate.wholefile import MANIFEST_BYTES, read_whole
+from winnow.curate.workdir import is_url
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,9 @@ def read_job_folder(path: str | Path, storage_options: dict[str, Any] | None = N
         where = f"{path}/manifest.json"
         if not fs.isfile(where):
             raise InputError(f"{path} is not a curation job folder: no manifest.json there")
-        text = read_whole(where, limit=MANIFEST_BYTES, what="manifest", storage_options=storage_options).decode("utf-8", "replace")
+        text = read_whole(where, limit=MANIFEST_BYTES, what="manifest", storage_options=storage_options).decode(
+            "utf-8", "replace"
+        )
     else:
         path = Path(path)
         where = str(path / "manifest.json")

@@ -13,9 +13,9 @@ from pathlib import PurePath
 
 import numpy as np
 
-from curate.errors import ConfigError
-from pipelines.report.training import TrainingRun
-from train.alerts import SKIP_ALERT, AlertKind
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.report.training import TrainingRun
+from winnow.train.alerts import SKIP_ALERT, AlertKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,24 +83,35 @@ def loss_spikes(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     share = {s: (run.logs[-1]["per_source"].get(s) or {}).get("token_share") for s in sources} if run.logs else {}
     for source, n in sources.most_common():
         token_share = share.get(source)
-        evidence.append(f"source {source!r} was in {n} of {len(events)} spiking batches"
-                        + (f" (its token share: {token_share:.0%})" if token_share is not None else ""))
+        evidence.append(
+            f"source {source!r} was in {n} of {len(events)} spiking batches"
+            + (f" (its token share: {token_share:.0%})" if token_share is not None else "")
+        )
     if shards:
         evidence.append("shards in those batches: " + ", ".join(f"{name} ({n})" for name, n in shards.most_common(5)))
     precision = run.config.get("precision", "fp32")
-    settings = [_setting(run, "optim.lr") + ": lower it, or lengthen " + _setting(run, "optim.warmup_steps"),
-                _setting(run, "optim.grad_clip") + ": clip harder"]
+    settings = [
+        _setting(run, "optim.lr") + ": lower it, or lengthen " + _setting(run, "optim.warmup_steps"),
+        _setting(run, "optim.grad_clip") + ": clip harder",
+    ]
     if precision == "fp16":
         settings.insert(0, "train.precision = 'fp16': fp16 overflows; use 'bf16' (same speed on recent GPUs) or 'fp32'")
     elif precision == "bf16":
         settings.insert(0, "train.precision = 'bf16': if spikes persist, compare with 'fp32' on the same seed")
     always = [s for s, n in sources.items() if n == len(events)]
     if len(events) >= 2 and len(always) == 1:
-        settings.append(f"source {always[0]!r} is in every spiking batch: inspect its shards above, filter it "
-                        f"harder, or lower its weight in the mix stage")
+        settings.append(
+            f"source {always[0]!r} is in every spiking batch: inspect its shards above, filter it "
+            f"harder, or lower its weight in the mix stage"
+        )
     nonfinite = sum(a["kind"] == AlertKind.NONFINITE for a in events)
-    return Finding(rule="loss_spike", title="Loss spikes" + (" and non-finite losses" if nonfinite else ""),
-                   evidence=evidence, settings=settings, severity="critical" if nonfinite else "warning")
+    return Finding(
+        rule="loss_spike",
+        title="Loss spikes" + (" and non-finite losses" if nonfinite else ""),
+        evidence=evidence,
+        settings=settings,
+        severity="critical" if nonfinite else "warning",
+    )
 
 
 def slow_input(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
@@ -110,17 +121,27 @@ def slow_input(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     alerts = [a for a in run.alerts if a.get("kind") == AlertKind.DATA_WAIT]
     if not (steady.size and steady.mean() > cfg.data_wait_pct) and not alerts:
         return None
-    evidence = [f"mean data wait {steady.mean():.0f}% of step time (threshold {cfg.data_wait_pct:.0f}%), "
-                f"max {steady.max():.0f}%" if steady.size else "no data-wait figures logged"]
+    evidence = [
+        f"mean data wait {steady.mean():.0f}% of step time (threshold {cfg.data_wait_pct:.0f}%), "
+        f"max {steady.max():.0f}%"
+        if steady.size
+        else "no data-wait figures logged"
+    ]
     _, tps = run.column("tokens_per_s")
     if tps.size:
         evidence.append(f"tokens/s: median {np.nanmedian(tps):.0f}, best {np.nanmax(tps):.0f}")
     if alerts:
         evidence.append(f"{len(alerts)} data_wait alert(s), first at step {alerts[0]['step']}")
-    return Finding(rule="data_wait", title="Throughput limited by the data loader", evidence=evidence,
-                   settings=[_setting(run, "data.num_workers") + ": add reading/tokenizing workers",
-                             _setting(run, "data.prefetch") + ": queue more pieces ahead",
-                             "train.data.format = 'parquet' reads faster than WebDataset tars"])
+    return Finding(
+        rule="data_wait",
+        title="Throughput limited by the data loader",
+        evidence=evidence,
+        settings=[
+            _setting(run, "data.num_workers") + ": add reading/tokenizing workers",
+            _setting(run, "data.prefetch") + ": queue more pieces ahead",
+            "train.data.format = 'parquet' reads faster than WebDataset tars",
+        ],
+    )
 
 
 def slow_communication(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
@@ -129,11 +150,16 @@ def slow_communication(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     steady = _steady(comm, cfg.skip_first)
     if not (steady.size and steady.mean() > cfg.comm_pct):
         return None
-    return Finding(rule="communication", title="Throughput limited by communication (the parallel layout)",
-                   evidence=[f"mean communication {steady.mean():.0f}% of step time (threshold {cfg.comm_pct:.0f}%)"],
-                   settings=[_setting(run, "grad_accum") + ": accumulate more micro-batches per all-reduce",
-                             "the parallel layout: keep expert-parallel all-to-all within a node, shard (FSDP) only "
-                             "as far as memory requires, use fewer, larger data-parallel groups across nodes"])
+    return Finding(
+        rule="communication",
+        title="Throughput limited by communication (the parallel layout)",
+        evidence=[f"mean communication {steady.mean():.0f}% of step time (threshold {cfg.comm_pct:.0f}%)"],
+        settings=[
+            _setting(run, "grad_accum") + ": accumulate more micro-batches per all-reduce",
+            "the parallel layout: keep expert-parallel all-to-all within a node, shard (FSDP) only "
+            "as far as memory requires, use fewer, larger data-parallel groups across nodes",
+        ],
+    )
 
 
 def _memory_limit(run: TrainingRun, cfg: DiagnoseConfig, what: str) -> tuple[float | None, str]:
@@ -156,15 +182,26 @@ def memory_pressure(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     peak = float(np.nanmax(gib))
     if limit is None or peak < cfg.memory_fraction * limit:
         return None
-    settings = [_setting(run, "activation_checkpointing") + ": recompute activations in the backward pass",
-                _setting(run, "grad_accum") + " with a smaller " + _setting(run, "data.batch_size")
-                + ": same tokens per step, less activation memory",
-                "offload optimizer state or parameters to the host (FSDP CPU offload) if the model itself is the bulk"]
+    settings = [
+        _setting(run, "activation_checkpointing") + ": recompute activations in the backward pass",
+        _setting(run, "grad_accum")
+        + " with a smaller "
+        + _setting(run, "data.batch_size")
+        + ": same tokens per step, less activation memory",
+        "offload optimizer state or parameters to the host (FSDP CPU offload) if the model itself is the bulk",
+    ]
     if run.config.get("precision", "fp32") == "fp32":
         settings.append("train.precision = 'fp32': 'bf16' autocast halves activation memory")
-    return Finding(rule="memory", title="Memory near the limit",
-                   evidence=[f"peak {what} {peak:.2f} GiB = {peak / limit:.0%} of {limit:.2f} GiB ({where}); "
-                             f"threshold {cfg.memory_fraction:.0%}"], settings=settings, severity="critical")
+    return Finding(
+        rule="memory",
+        title="Memory near the limit",
+        evidence=[
+            f"peak {what} {peak:.2f} GiB = {peak / limit:.0%} of {limit:.2f} GiB ({where}); "
+            f"threshold {cfg.memory_fraction:.0%}"
+        ],
+        settings=settings,
+        severity="critical",
+    )
 
 
 def expert_imbalance(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
@@ -187,10 +224,16 @@ def expert_imbalance(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
             top = int(share_S.argmax())
             line += f"; {run.sources[top]!r} sends {share_S[top]:.0%} of its tokens there"
         evidence.append(line)
-    return Finding(rule="expert_imbalance", title="Expert load imbalance", evidence=evidence,
-                   settings=[_setting(run, "model.aux_loss_coef") + ": raise the load-balancing loss weight",
-                             _setting(run, "model.bias_update_rate") + ": faster loss-free bias balancing",
-                             _setting(run, "model.router_noise") + ": noise spreads early routing"])
+    return Finding(
+        rule="expert_imbalance",
+        title="Expert load imbalance",
+        evidence=evidence,
+        settings=[
+            _setting(run, "model.aux_loss_coef") + ": raise the load-balancing loss weight",
+            _setting(run, "model.bias_update_rate") + ": faster loss-free bias balancing",
+            _setting(run, "model.router_noise") + ": noise spreads early routing",
+        ],
+    )
 
 
 def source_regression(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
@@ -209,9 +252,11 @@ def source_regression(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
         if not others or np.mean(others) >= 0:
             continue
         loss = changes[source][2]
-        evidence = [f"held-out loss on {source!r} rose {changes[source][0]:+.3f} nats from its best "
-                    f"{loss.min():.3f} to {loss[-1]:.3f}",
-                    f"the other sources' held-out loss changed {np.mean(others):+.3f} nats on average over the run"]
+        evidence = [
+            f"held-out loss on {source!r} rose {changes[source][0]:+.3f} nats from its best "
+            f"{loss.min():.3f} to {loss[-1]:.3f}",
+            f"the other sources' held-out loss changed {np.mean(others):+.3f} nats on average over the run",
+        ]
         settings = [f"raise {source!r}'s weight in the mix stage (or lower max_epochs if it is repeated and overfit)"]
         cf = run.counterfactual
         if cf is not None and source in cf.held_out and 0.0 in cf.predicted:
@@ -220,11 +265,17 @@ def source_regression(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
             half = cf.interval[0.0][:, cf.held_out.index(source)]
             worst = int(np.nanargmin(left_out))
             if left_out[worst] < -half[worst]:
-                evidence.append(f"counterfactual: leaving out {cf.sources[worst]!r} would lower it by "
-                                f"{-left_out[worst]:.3g} ± {half[worst]:.2g} nats")
+                evidence.append(
+                    f"counterfactual: leaving out {cf.sources[worst]!r} would lower it by "
+                    f"{-left_out[worst]:.3g} ± {half[worst]:.2g} nats"
+                )
                 settings.append(f"lower {cf.sources[worst]!r}'s weight in the mix stage")
-        return Finding(rule="source_regression", title=f"Held-out loss on {source!r} rises while others fall",
-                       evidence=evidence, settings=settings)
+        return Finding(
+            rule="source_regression",
+            title=f"Held-out loss on {source!r} rises while others fall",
+            evidence=evidence,
+            settings=settings,
+        )
     return None
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from curate.atomic import write_text_atomic
-from curate.errors import InputError
-from curate.workdir import is_url
-from pipelines.ablate.layout import Study, load_study
-from pipelines.report import continued, plots
-from pipelines.report import counterfactual as cf_text
-from pipelines.report.curation import CurationJob, is_job_dir, read_job_folder
-from pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
-from pipelines.report.training import TrainingRun, attribution_rows, is_run_dir, load_run
+from winnow.curate.atomic import write_text_atomic
+from winnow.curate.errors import InputError
+from winnow.curate.workdir import is_url
+from winnow.pipelines.ablate.layout import Study, load_study
+from winnow.pipelines.report import continued, plots
+from winnow.pipelines.report import counterfactual as cf_text
+from winnow.pipelines.report.curation import CurationJob, is_job_dir, read_job_folder
+from winnow.pipelines.report.diagnose import DiagnoseConfig, Finding, diagnose
+from winnow.pipelines.report.training import TrainingRun, attribution_rows, is_run_dir, load_run
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,10 @@ document.body.setAttribute('data-images-total',imgs.length);document.body.setAtt
 document.body.setAttribute('data-errors',window.__errors.length);document.body.setAttribute('data-loaded','1');});"""
 
 
-def locate(path: str | Path, storage_options: dict | None = None,
-           ) -> tuple[CurationJob | None, TrainingRun | None, Study | None]:
+def locate(
+    path: str | Path,
+    storage_options: dict | None = None,
+) -> tuple[CurationJob | None, TrainingRun | None, Study | None]:
     """The job, run and/or ablation study a folder holds: a run folder (and the job it trained on), a job
     folder (and its default run folder ``<job>/train``), a study folder (whose baseline run is at its top).
     A URL (``s3://...``) names a curation job on an object store, read in place."""
@@ -67,8 +69,9 @@ def locate(path: str | Path, storage_options: dict | None = None,
         if run is None and is_run_dir(path / "train"):
             run = load_run(path / "train")
     if job is None and run is None and study is None:
-        raise InputError(f"{path} holds neither a curation job (manifest.json), a training run (metrics.jsonl) "
-                         "nor an ablation study")
+        raise InputError(
+            f"{path} holds neither a curation job (manifest.json), a training run (metrics.jsonl) nor an ablation study"
+        )
     return job, run, study
 
 
@@ -97,8 +100,10 @@ def _findings(findings: list[Finding]) -> str:
     for f in findings:
         items = "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
         fixes = "".join(f"<li><code>{html.escape(s)}</code></li>" for s in f.settings)
-        parts.append(f'<div class="finding {f.severity}"><h3>{html.escape(f.title)}</h3>'
-                     f"<p>Evidence:</p><ul>{items}</ul><p>What to change:</p><ul>{fixes}</ul></div>")
+        parts.append(
+            f'<div class="finding {f.severity}"><h3>{html.escape(f.title)}</h3>'
+            f"<p>Evidence:</p><ul>{items}</ul><p>What to change:</p><ul>{fixes}</ul></div>"
+        )
     return "".join(parts)
 
 
@@ -106,21 +111,38 @@ def curation_section(job: CurationJob) -> str:
     totals = job.manifest.get("totals") or {}
     by_source = job.manifest.get("by_source") or {}
     rows = [[s, f.get("read"), f.get("written"), sum((f.get("rejected") or {}).values())] for s, f in by_source.items()]
-    parts = [f"<h2>Curation: job {html.escape(job.name)}</h2>",
-             f"<p class=muted>{html.escape(str(job.path))} — {totals.get('rows_read', '?')} rows read, "
-             f"{totals.get('rows_written', '?')} written, {totals.get('rows_rejected', '?')} rejected, "
-             f"{totals.get('repeats', 0)} repeats, {totals.get('seconds', '?')} s</p>",
-             _table(["source", "read", "written", "rejected"], rows), "<h3>Funnel</h3>"]
+    parts = [
+        f"<h2>Curation: job {html.escape(job.name)}</h2>",
+        f"<p class=muted>{html.escape(str(job.path))} — {totals.get('rows_read', '?')} rows read, "
+        f"{totals.get('rows_written', '?')} written, {totals.get('rows_rejected', '?')} rejected, "
+        f"{totals.get('repeats', 0)} repeats, {totals.get('seconds', '?')} s</p>",
+        _table(["source", "read", "written", "rejected"], rows),
+        "<h3>Funnel</h3>",
+    ]
     if job.rejects_by_reason():
         parts.append(_img(plots.funnel(job), "rows per stage and rejects by reason"))
     else:
         parts += ["<p>No rejects: every row read reached the output.</p>", _img(plots.funnel(job), "rows per stage")]
     mix = job.mix_report()
     if mix:
-        parts += ["<h3>Mix</h3>", _img(plots.mix_shares(job), "target vs realized shares"),
-                  _table(["source", "target share", "realized share", "epochs", "rows dropped", "copies added"],
-                         [[s, r.get("target_share"), r.get("realized_share"), r.get("epochs"), r.get("rows_dropped"),
-                           r.get("copies_added")] for s, r in mix.get("sources", {}).items()])]
+        parts += [
+            "<h3>Mix</h3>",
+            _img(plots.mix_shares(job), "target vs realized shares"),
+            _table(
+                ["source", "target share", "realized share", "epochs", "rows dropped", "copies added"],
+                [
+                    [
+                        s,
+                        r.get("target_share"),
+                        r.get("realized_share"),
+                        r.get("epochs"),
+                        r.get("rows_dropped"),
+                        r.get("copies_added"),
+                    ]
+                    for s, r in mix.get("sources", {}).items()
+                ],
+            ),
+        ]
     scores = job.score_columns()
     if scores is not None:
         parts += ["<h3>Scores</h3>", _img(plots.score_histograms(scores, job.sources), "score histograms")]
@@ -136,26 +158,38 @@ def _run_summary(run: TrainingRun) -> str:
     rows = []
     for source in run.sources:
         figures = (last.get("per_source") or {}).get(source) or {}
-        rows.append([source, figures.get("mean_loss"), final_eval.get(source), figures.get("token_share"),
-                     figures.get("loss_share")])
+        rows.append(
+            [
+                source,
+                figures.get("mean_loss"),
+                final_eval.get(source),
+                figures.get("token_share"),
+                figures.get("loss_share"),
+            ]
+        )
     skipped = last.get("skipped_steps") or {}
-    return (f"<p class=muted>{html.escape(str(run.path))} — step {last.get('step', '?')}, "
-            f"{last.get('tokens_seen', '?')} tokens, skipped steps {html.escape(str(skipped))}, "
-            f"precision {html.escape(str(run.config.get('precision', '?')))}</p>"
-            + _table(["source", "train loss (last interval)", "held-out loss (last eval)", "token share", "loss share"],
-                     rows))
+    return (
+        f"<p class=muted>{html.escape(str(run.path))} — step {last.get('step', '?')}, "
+        f"{last.get('tokens_seen', '?')} tokens, skipped steps {html.escape(str(skipped))}, "
+        f"precision {html.escape(str(run.config.get('precision', '?')))}</p>"
+        + _table(
+            ["source", "train loss (last interval)", "held-out loss (last eval)", "token share", "loss share"], rows
+        )
+    )
 
 
 def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = None) -> str:
     """What a change of the mix is predicted to do, in sentences per held-out set (the mean first), then as
     tables with the interval and, where a study measured the same variant, the measurement beside it."""
     steps = f"steps {cf.steps[0]}-{cf.steps[1]}" if cf.steps else f"step {cf.step}"
-    parts = ["<h2>Which source helps: what a change of the mix would do</h2>",
-             f"<p>Predicted change of each held-out loss at the end of the run (nats, ± two standard errors) if one "
-             f"source's share of the training tokens were scaled, the others taking up the rest; read from this run "
-             f"({html.escape(steps)}): each update's derivative by the source's share, through AdamW's first and "
-             "second moments, with the recent updates counting most, and a response that saturates toward leaving "
-             "a source out. <i>Can't tell</i>: the interval holds 0.</p>"]
+    parts = [
+        "<h2>Which source helps: what a change of the mix would do</h2>",
+        f"<p>Predicted change of each held-out loss at the end of the run (nats, ± two standard errors) if one "
+        f"source's share of the training tokens were scaled, the others taking up the rest; read from this run "
+        f"({html.escape(steps)}): each update's derivative by the source's share, through AdamW's first and "
+        "second moments, with the recent updates counting most, and a response that saturates toward leaving "
+        "a source out. <i>Can't tell</i>: the interval holds 0.</p>",
+    ]
     if study is not None and study.correlation and not study.correlation.get("noise_ok", True):
         parts.append(f'<div class="finding"><p>{html.escape(study.correlation.get("note", ""))}</p></div>')
     for held_out, said in cf_text.sentences(cf):
@@ -175,8 +209,12 @@ def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = Non
                 row.append(text)
             rows.append(row)
         name = "left out" if factor == 0 else f"share x {factor:g}"
-        parts.append(f"<p>Each source {html.escape(name)}" + (": predicted, and measured by the study" if measured
-                                                              else ": predicted") + "</p>" + _table(header, rows))
+        parts.append(
+            f"<p>Each source {html.escape(name)}"
+            + (": predicted, and measured by the study" if measured else ": predicted")
+            + "</p>"
+            + _table(header, rows)
+        )
     parts.append(_img(plots.counterfactual(cf), "predicted change of held-out loss per source"))
     return "".join(parts)
 
@@ -189,26 +227,39 @@ def _code(text: str) -> str:
 
 def _attribution(attr) -> str:
     """The decomposition: the matrix, and per held-out source the measured change beside what the sources explain."""
-    parts = ["<p>Where this run's held-out loss change came from: the optimizer's actual steps split by the "
-             "training source whose gradient caused them, and the held-out gradient integrated along them. The "
-             "cells add up to the measured change, but one cell is not what leaving that source out would do: "
-             "sources pull against each other, so a cell can be many times larger than any change of the mix "
-             "would cause, with a neighbour of the opposite sign (for that, see <i>which source helps</i>).</p>"]
+    parts = [
+        "<p>Where this run's held-out loss change came from: the optimizer's actual steps split by the "
+        "training source whose gradient caused them, and the held-out gradient integrated along them. The "
+        "cells add up to the measured change, but one cell is not what leaving that source out would do: "
+        "sources pull against each other, so a cell can be many times larger than any change of the mix "
+        "would cause, with a neighbour of the opposite sign (for that, see <i>which source helps</i>).</p>"
+    ]
     if attr.measured is None:  # a record of the older contract: an estimate with nothing to check it against
         parts.append("<p>This run's records carry no measured change to check the decomposition against.</p>")
     else:
         steps = f"steps {attr.steps[0]}-{attr.steps[1]}" if attr.steps else f"the steps up to {attr.step}"
-        parts.append(f"<p>Over {steps}, measured on fixed held-out batches. What no source explains (weight decay, "
-                     "router losses, momentum from before the first attributed step) is <i>other</i>; "
-                     "<i>residual</i> is the integration's error: sources + other + residual = measured. "
-                     "Negative is lower loss.</p>")
-        rows = [[r["source"], r["measured"], r["attributed"], r["unattributed"], r["residual"],
-                 "" if r["share"] is None else f"{100 * r['share']:.0f}%"]
-                for r in attribution_rows(attr)]
+        parts.append(
+            f"<p>Over {steps}, measured on fixed held-out batches. What no source explains (weight decay, "
+            "router losses, momentum from before the first attributed step) is <i>other</i>; "
+            "<i>residual</i> is the integration's error: sources + other + residual = measured. "
+            "Negative is lower loss.</p>"
+        )
+        rows = [
+            [
+                r["source"],
+                r["measured"],
+                r["attributed"],
+                r["unattributed"],
+                r["residual"],
+                "" if r["share"] is None else f"{100 * r['share']:.0f}%",
+            ]
+            for r in attribution_rows(attr)
+        ]
         parts.append(_table(["held-out source", "measured", "sources", "other", "residual", "attributed"], rows))
         if attr.parts:
-            parts.append(_table(["other, by part", *attr.sources],
-                                [[k, *map(float, v)] for k, v in attr.parts.items()]))
+            parts.append(
+                _table(["other, by part", *attr.sources], [[k, *map(float, v)] for k, v in attr.parts.items()])
+            )
     parts.append(_img(plots.attribution(attr), "decomposition matrix"))
     return "".join(parts)
 
@@ -219,23 +270,38 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
         parts.append(f"<p><b>Stopped early</b>: {html.escape(run.stop_reason)}</p>")
     changes = continued.source_changes(run)
     if changes:
-        parts += ["<h3>Forgetting and gain</h3>",
-                  "<p>Held-out loss per source at step 0 (the model this run started from, before any update) "
-                  "and now; the slope is a line through the last evaluations: an interval that holds 0 means "
-                  "the source has flattened.</p>", _table(*continued.table_rows(changes)),
-                  _img(continued.plot(run, changes), "forgetting and gain per source")]
+        parts += [
+            "<h3>Forgetting and gain</h3>",
+            "<p>Held-out loss per source at step 0 (the model this run started from, before any update) "
+            "and now; the slope is a line through the last evaluations: an interval that holds 0 means "
+            "the source has flattened.</p>",
+            _table(*continued.table_rows(changes)),
+            _img(continued.plot(run, changes), "forgetting and gain per source"),
+        ]
     parts += ["<h3>Diagnosis</h3>", _findings(findings)]
     if run.logs:
-        parts += ["<h3>Loss</h3>", _img(plots.loss_curves(run), "loss curves"),
-                  "<h3>Optimizer</h3>", _img(plots.optimizer(run), "learning rate and gradient norm"),
-                  "<h3>Throughput and memory</h3>", _img(plots.throughput(run), "throughput, data wait, memory")]
+        parts += [
+            "<h3>Loss</h3>",
+            _img(plots.loss_curves(run), "loss curves"),
+            "<h3>Optimizer</h3>",
+            _img(plots.optimizer(run), "learning rate and gradient norm"),
+            "<h3>Throughput and memory</h3>",
+            _img(plots.throughput(run), "throughput, data wait, memory"),
+        ]
         mix = plots.mix_weights(run)
         if mix:
             last = next(r for r in reversed(run.logs) if r.get("mix_weights"))
-            parts += ["<h3>Adaptive mix</h3>", _img(mix, "adaptive mix weights"),
-                      _table(["source", "weight now", "mean over the run", "excess loss (nats)"],
-                             [[s, w, last["mix_weights_mean"].get(s), (last.get("excess_loss") or {}).get(s)]
-                              for s, w in last["mix_weights"].items()])]
+            parts += [
+                "<h3>Adaptive mix</h3>",
+                _img(mix, "adaptive mix weights"),
+                _table(
+                    ["source", "weight now", "mean over the run", "excess loss (nats)"],
+                    [
+                        [s, w, last["mix_weights_mean"].get(s), (last.get("excess_loss") or {}).get(s)]
+                        for s, w in last["mix_weights"].items()
+                    ],
+                ),
+            ]
         experts = plots.expert_load(run)
         if experts:
             parts += ["<h3>Experts</h3>", _img(experts, "expert load and routing")]
@@ -243,9 +309,14 @@ def training_section(run: TrainingRun, findings: list[Finding]) -> str:
         parts += ["<h3>Where the held-out change came from (decomposition)</h3>", _attribution(run.attribution)]
     if run.logs or run.alerts:
         parts += ["<h3>Alerts and skipped steps</h3>", _img(plots.timeline(run), "alerts timeline")]
-        parts.append(_table(["step", "kind", "message"], [[a.get("step"), a.get("kind"), a.get("message")]
-                                                          for a in run.alerts[:200]]) if run.alerts
-                     else "<p>No alerts.</p>")
+        parts.append(
+            _table(
+                ["step", "kind", "message"],
+                [[a.get("step"), a.get("kind"), a.get("message")] for a in run.alerts[:200]],
+            )
+            if run.alerts
+            else "<p>No alerts.</p>"
+        )
     return "".join(parts)
 
 
@@ -254,33 +325,54 @@ def study_section(study: Study) -> str:
     parts = ["<h3>Ablation</h3>"]
     if study.effects is not None:  # one row per variant, noise and verdict included; then one sentence each
         effects = study.effects
-        parts += ["<h4>Effect of each variant (against the baseline's seeds)</h4>",
-                  _table(list(effects.columns), [list(r) for r in effects.iter_rows()])]
+        parts += [
+            "<h4>Effect of each variant (against the baseline's seeds)</h4>",
+            _table(list(effects.columns), [list(r) for r in effects.iter_rows()]),
+        ]
         parts += ["<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in study.summary) + "</ul>"]
         parts.append("<h4>Every run</h4>")
-    parts += [_table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
-              _img(plots.ablation_heatmap(frame), "ablation heatmap")]
+    parts += [
+        _table(list(frame.columns), [list(r) for r in frame.iter_rows()]),
+        _img(plots.ablation_heatmap(frame), "ablation heatmap"),
+    ]
     if study.correlation:
         c = study.correlation
-        parts.append(f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
-                     f"on {c['sign_agree']} of the {c['above_noise']} cells above the seed noise. "
-                     f"{html.escape(c.get('note', ''))}</p>")
+        parts.append(
+            f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
+            f"on {c['sign_agree']} of the {c['above_noise']} cells above the seed noise. "
+            f"{html.escape(c.get('note', ''))}</p>"
+        )
         if c.get("by_kind"):
-            parts.append(_table(["variants", "cells", "Spearman", "signs agree above noise"],
-                                [[k, p["n_cells"], p["spearman"], f"{p['sign_agree']} / {p['above_noise']}"]
-                                 for k, p in c["by_kind"].items()]))
+            parts.append(
+                _table(
+                    ["variants", "cells", "Spearman", "signs agree above noise"],
+                    [
+                        [k, p["n_cells"], p["spearman"], f"{p['sign_agree']} / {p['above_noise']}"]
+                        for k, p in c["by_kind"].items()
+                    ],
+                )
+            )
     parts += [_img(p.read_bytes(), p.stem) for p in study.images]
     if study.mixes:
         parts += ["<h3>Random mixes</h3>"] + [f"<p>{html.escape(line)}</p>" for line in study.mixes.get("summary", [])]
     if study.adaptive:
-        parts += ["<h3>Adaptive mix</h3>"] + [f"<p>{html.escape(line)}</p>" for line in study.adaptive.get("summary", [])]
+        parts += ["<h3>Adaptive mix</h3>"] + [
+            f"<p>{html.escape(line)}</p>" for line in study.adaptive.get("summary", [])
+        ]
     return "".join(parts)
 
 
-def render(job: CurationJob | None, run: TrainingRun | None, study: Study | None = None, *,
-           diagnose_cfg: DiagnoseConfig | None = None) -> str:
+def render(
+    job: CurationJob | None,
+    run: TrainingRun | None,
+    study: Study | None = None,
+    *,
+    diagnose_cfg: DiagnoseConfig | None = None,
+) -> str:
     """The whole page as a string."""
-    title = "winnow report: " + " / ".join(x for x in (job and job.name, (run or study) and (run or study).path.name) if x)
+    title = "winnow report: " + " / ".join(
+        x for x in (job and job.name, (run or study) and (run or study).path.name) if x
+    )
     body = []
     counterfactual = run.counterfactual if run is not None else None
     if counterfactual is not None and study is not None and study.cells is not None:
@@ -288,8 +380,10 @@ def render(job: CurationJob | None, run: TrainingRun | None, study: Study | None
     if counterfactual is not None:
         body.append(counterfactual_section(counterfactual, study))
     elif run is not None and run.attribution is None and (run.config.get("attribution") or {}).get("every"):
-        body.append("<h2>Which source helps</h2><p>The run ended before its first attributed stretch closed "
-                    "(train.attribution start and every): nothing to predict from.</p>")
+        body.append(
+            "<h2>Which source helps</h2><p>The run ended before its first attributed stretch closed "
+            "(train.attribution start and every): nothing to predict from.</p>"
+        )
     if run is not None:
         body.append(training_section(run, diagnose(run, diagnose_cfg)))
     if study is not None:
@@ -297,13 +391,20 @@ def render(job: CurationJob | None, run: TrainingRun | None, study: Study | None
     if job is not None:
         body.append(curation_section(job))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style><script>{CHECK_SCRIPT}</script></head><body><h1>{html.escape(title)}</h1>"
-            f"<p class=muted>generated {stamp}</p>{''.join(body)}</body></html>")
+    return (
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style><script>{CHECK_SCRIPT}</script></head><body><h1>{html.escape(title)}</h1>"
+        f"<p class=muted>generated {stamp}</p>{''.join(body)}</body></html>"
+    )
 
 
-def write_report(path: str | Path, *, output: str | Path | None = None,
-                 diagnose_cfg: DiagnoseConfig | None = None, storage_options: dict | None = None) -> Path | str:
+def write_report(
+    path: str | Path,
+    *,
+    output: str | Path | None = None,
+    diagnose_cfg: DiagnoseConfig | None = None,
+    storage_options: dict | None = None,
+) -> Path | str:
     """Write ``report.html`` for the job and/or run in folder ``path``; returns where it went.
 
     For a job on an object store (``path`` a URL) the page goes to ``<path>/report.html`` on the

@@ -17,13 +17,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from pipelines.report.curation import CurationJob  # noqa: E402
-from pipelines.report.training import Attribution, TrainingRun  # noqa: E402
-from train.alerts import AlertKind  # noqa: E402
+from winnow.pipelines.report.curation import CurationJob  # noqa: E402
+from winnow.pipelines.report.training import Attribution, TrainingRun  # noqa: E402
+from winnow.train.alerts import AlertKind  # noqa: E402
 
 #: One colour per alert kind; tests/pipelines/test_report_alerts.py fails when a kind has none.
-ALERT_COLORS = {AlertKind.LOSS_SPIKE: "tab:red", AlertKind.NONFINITE: "black", AlertKind.GRAD_NORM: "tab:orange",
-                AlertKind.THROUGHPUT_DROP: "tab:purple", AlertKind.DATA_WAIT: "tab:brown"}
+ALERT_COLORS = {
+    AlertKind.LOSS_SPIKE: "tab:red",
+    AlertKind.NONFINITE: "black",
+    AlertKind.GRAD_NORM: "tab:orange",
+    AlertKind.THROUGHPUT_DROP: "tab:purple",
+    AlertKind.DATA_WAIT: "tab:brown",
+}
 
 
 def palette(sources: list[str]) -> dict[str, tuple]:
@@ -58,8 +63,14 @@ def funnel(job: CurationJob) -> bytes:
         fig, (ax1, ax2) = _subplots(1, 2, figsize=(13, height))
     names = [s["id"] for s in stages][::-1]
     ax1.barh(names, [s["rows_out"] for s in stages][::-1], color="tab:blue", label="rows out")
-    ax1.barh(names, [s["rows_rejected"] for s in stages][::-1], left=[s["rows_out"] for s in stages][::-1],
-             color="tab:gray", alpha=0.6, label="rejected")
+    ax1.barh(
+        names,
+        [s["rows_rejected"] for s in stages][::-1],
+        left=[s["rows_out"] for s in stages][::-1],
+        color="tab:gray",
+        alpha=0.6,
+        label="rejected",
+    )
     ax1.set(title="Rows per stage", xlabel="rows")
     ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     if ax2 is None:
@@ -158,8 +169,12 @@ def mix_weights(run: TrainingRun) -> bytes | None:
         color = colors.get(source)
         ax.plot(steps, [r["mix_weights"].get(source) for r in rows], color=color, label=source)
         ax.plot(steps, [(r.get("mix_weights_mean") or {}).get(source) for r in rows], color=color, linestyle=":")
-    ax.set(title="Adaptive mix: weight per source (dotted: mean so far)", xlabel="step", ylabel="share of sequences",
-           ylim=(0, 1))
+    ax.set(
+        title="Adaptive mix: weight per source (dotted: mean so far)",
+        xlabel="step",
+        ylabel="share of sequences",
+        ylim=(0, 1),
+    )
     ax.legend(fontsize=7, ncol=2)
     return _png(fig)
 
@@ -204,8 +219,9 @@ def expert_load(run: TrainingRun) -> bytes | None:
     n_layers, n_experts = load_ME.shape
     fig, axes = _subplots(1, 1 + n_layers, figsize=(4.5 + 3.2 * n_layers, 3.4), squeeze=False)
     ax = axes[0, 0]
-    image = ax.imshow(load_ME * n_experts, cmap="viridis", vmin=0, vmax=max(2.0, float(load_ME.max() * n_experts)),
-                      aspect="auto")
+    image = ax.imshow(
+        load_ME * n_experts, cmap="viridis", vmin=0, vmax=max(2.0, float(load_ME.max() * n_experts)), aspect="auto"
+    )
     ax.set(title="Expert load (1 = uniform)", xlabel="expert", ylabel="MoE layer")
     ax.set_yticks(np.arange(n_layers))
     ax.set_xticks(np.arange(n_experts))
@@ -249,8 +265,11 @@ def attribution(attr: Attribution) -> bytes:
     ax.set_yticks(np.arange(len(labels)), labels)
     if len(labels) > len(attr.sources):
         ax.axhline(len(attr.sources) - 0.5, color="black", linewidth=1)
-    ax.set(title=f"Decomposition at step {attr.step}: held-out loss change by cause", xlabel="held-out set",
-           ylabel="caused by training on")
+    ax.set(
+        title=f"Decomposition at step {attr.step}: held-out loss change by cause",
+        xlabel="held-out set",
+        ylabel="caused by training on",
+    )
     fig.colorbar(image, ax=ax, label="nats (negative: lowered)")
     return _png(fig)
 
@@ -265,14 +284,25 @@ def counterfactual(cf) -> bytes:
     colors = palette([h for h in cf.held_out if h != "mean"])
     for j, held_out in enumerate(cf.held_out):
         x = np.arange(S) + (j - (B - 1) / 2) * width
-        ax.bar(x, cf.predicted[factor][:, j], width, yerr=cf.interval[factor][:, j], capsize=2,
-               color=colors.get(held_out, "white"), edgecolor="black", hatch="//" if held_out == "mean" else None,
-               label="mean of the held-out sets" if held_out == "mean" else held_out)
+        ax.bar(
+            x,
+            cf.predicted[factor][:, j],
+            width,
+            yerr=cf.interval[factor][:, j],
+            capsize=2,
+            color=colors.get(held_out, "white"),
+            edgecolor="black",
+            hatch="//" if held_out == "mean" else None,
+            label="mean of the held-out sets" if held_out == "mean" else held_out,
+        )
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(np.arange(S), cf.sources)
     name = "left out" if factor == 0 else f"share x {factor:g}"
-    ax.set(title=f"Each training source {name}: predicted change of held-out loss (above 0: the source helps)",
-           xlabel="training source", ylabel="nats")
+    ax.set(
+        title=f"Each training source {name}: predicted change of held-out loss (above 0: the source helps)",
+        xlabel="training source",
+        ylabel="nats",
+    )
     ax.legend(fontsize=7, title="held-out set", ncols=2)
     return _png(fig)
 
@@ -284,14 +314,20 @@ def timeline(run: TrainingRun) -> bytes:
     seen = set()
     for alert in run.alerts:
         kind = alert.get("kind", "?")
-        ax.axvline(alert.get("step", 0), color=ALERT_COLORS.get(kind, "tab:olive"), alpha=0.6, linewidth=1,
-                   label=None if kind in seen else f"alert: {kind}")
+        ax.axvline(
+            alert.get("step", 0),
+            color=ALERT_COLORS.get(kind, "tab:olive"),
+            alpha=0.6,
+            linewidth=1,
+            label=None if kind in seen else f"alert: {kind}",
+        )
         seen.add(kind)
     skipped = run.skipped_steps()
     if skipped:
         ymax = np.nanmax(run.column("step_loss")[1]) if run.logs else 1.0
-        ax.scatter([s for s, _ in skipped], [ymax] * len(skipped), marker="x", color="red", zorder=3,
-                   label="skipped step")
+        ax.scatter(
+            [s for s, _ in skipped], [ymax] * len(skipped), marker="x", color="red", zorder=3, label="skipped step"
+        )
     ax.set(title="Alerts and skipped steps", xlabel="step", ylabel="loss")
     ax.legend(fontsize=7, loc="upper right")
     return _png(fig)
@@ -325,11 +361,19 @@ def attribution_scatter(cells, spearman: float) -> bytes:
         for above in (True, False):
             sel = part.filter(part["above_noise"] == above)
             if sel.height:
-                ax.scatter(sel["predicted"], sel["measured"], label=source if above else None,
-                           edgecolors=[colors[source]], facecolors=[colors[source]] if above else "none")
+                ax.scatter(
+                    sel["predicted"],
+                    sel["measured"],
+                    label=source if above else None,
+                    edgecolors=[colors[source]],
+                    facecolors=[colors[source]] if above else "none",
+                )
     ax.axhline(0, color="gray", linewidth=0.8)
     ax.axvline(0, color="gray", linewidth=0.8)
-    ax.set(title=f"Attribution vs ablation (Spearman {spearman:.2f})", xlabel="first-order prediction (nats)",
-           ylabel="measured change vs baseline (nats)")
+    ax.set(
+        title=f"Attribution vs ablation (Spearman {spearman:.2f})",
+        xlabel="first-order prediction (nats)",
+        ylabel="measured change vs baseline (nats)",
+    )
     ax.legend(fontsize=8, title="held-out source")
     return _png(fig)

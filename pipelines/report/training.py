@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from curate.errors import InputError
-from pipelines.report.counterfactual import Counterfactual
-from pipelines.report.counterfactual import parse as parse_counterfactual
-from train.alerts import SKIP_ALERT, AlertKind
+from winnow.curate.errors import InputError
+from winnow.pipelines.report.counterfactual import Counterfactual
+from winnow.pipelines.report.counterfactual import parse as parse_counterfactual
+from winnow.train.alerts import SKIP_ALERT, AlertKind
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ def _each_step_once(records: list[dict]) -> list[dict]:
     record whose step does not advance past the last one of its kind starts such a redo, so
     every earlier record from that step on is dropped: the latest attempt wins.
     """
+
     def kind(record: dict) -> str:
         return next((k for k in ("eval", "attribution", "counterfactual", "stop") if k in record), "log")
 
@@ -223,19 +224,33 @@ def parse_attribution(record: dict) -> Attribution | None:
     else:
         return None
     if matrix.shape != (len(sources), len(sources)):
-        log.warning("attribution record at step %s: matrix %s does not match %d sources; ignored",
-                    record.get("step"), matrix.shape, len(sources))
+        log.warning(
+            "attribution record at step %s: matrix %s does not match %d sources; ignored",
+            record.get("step"),
+            matrix.shape,
+            len(sources),
+        )
         return None
     columns = {}
     for key in ("measured", "unattributed", "residual"):
         column = np.asarray(value.get(key, []), dtype=float) if "matrix" in value else np.zeros(0)
         columns[key] = column if column.shape == (len(sources),) else None
-    parts = {k: np.asarray(v, dtype=float) for k, v in (value.get("unattributed_parts") or {}).items()
-             if np.shape(v) == (len(sources),)} if "matrix" in value else {}
+    parts = (
+        {
+            k: np.asarray(v, dtype=float)
+            for k, v in (value.get("unattributed_parts") or {}).items()
+            if np.shape(v) == (len(sources),)
+        }
+        if "matrix" in value
+        else {}
+    )
     steps = value.get("steps") if "matrix" in value else None
-    steps = (int(steps[0]), int(steps[1])) if isinstance(steps, list) and len(steps) == 2 and None not in steps else None
-    return Attribution(step=int(record.get("step", 0)), sources=sources, matrix=matrix, parts=parts, steps=steps,
-                       **columns)
+    steps = (
+        (int(steps[0]), int(steps[1])) if isinstance(steps, list) and len(steps) == 2 and None not in steps else None
+    )
+    return Attribution(
+        step=int(record.get("step", 0)), sources=sources, matrix=matrix, parts=parts, steps=steps, **columns
+    )
 
 
 def attribution_rows(attr: Attribution) -> list[dict]:
@@ -246,14 +261,22 @@ def attribution_rows(attr: Attribution) -> list[dict]:
     for j, source in enumerate(attr.sources):
         column = attr.matrix[:, j]
         top = int(np.argmin(column)) if np.isfinite(column).any() and column.min() < 0 else None
+
         def pick(v: np.ndarray | None, j: int = j) -> float | None:
             return None if v is None else float(v[j])
 
-        rows.append({"source": source, "measured": pick(attr.measured), "attributed": float(attr.attributed[j]),
-                     "unattributed": pick(attr.unattributed), "residual": pick(attr.residual),
-                     "share": None if share is None or np.isnan(share[j]) else float(share[j]),
-                     "helped_most_by": None if top is None else attr.sources[top],
-                     "helped_most": None if top is None else float(column[top])})
+        rows.append(
+            {
+                "source": source,
+                "measured": pick(attr.measured),
+                "attributed": float(attr.attributed[j]),
+                "unattributed": pick(attr.unattributed),
+                "residual": pick(attr.residual),
+                "share": None if share is None or np.isnan(share[j]) else float(share[j]),
+                "helped_most_by": None if top is None else attr.sources[top],
+                "helped_most": None if top is None else float(column[top]),
+            }
+        )
     return rows
 
 
@@ -271,8 +294,12 @@ def load_run(path: str | Path) -> TrainingRun:
     alerts, bad_alerts = _read_jsonl(path / "alerts.jsonl")
     unknown = sorted({str(a.get("kind")) for a in alerts} - set(AlertKind))
     if unknown:  # written by a newer trainer, or by hand: shown as they are, without a colour or a diagnosis
-        log.warning("%s: alert kind(s) %s unknown to this report; known: %s", path / "alerts.jsonl", unknown,
-                    ", ".join(AlertKind))
+        log.warning(
+            "%s: alert kind(s) %s unknown to this report; known: %s",
+            path / "alerts.jsonl",
+            unknown,
+            ", ".join(AlertKind),
+        )
     run = TrainingRun(path=path, alerts=alerts, bad_lines=bad + bad_alerts)
     for record in records:
         if "eval" in record:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from train.model import ModelConfig
+from winnow.train.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,10 +23,29 @@ def _driver():
 
 @pytest.mark.slow
 def test_gpu_check_runs_a_tiny_bf16_model_on_cpu_and_prints_the_trainers_figures():
-    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--preset", "tiny", "--device", "cpu", "--steps", "3",
-                          "--warmup", "2", "--peak-flops", "1e12", "--peer", "none"],
-                         capture_output=True, text=True, timeout=300, check=True,
-                         env={**os.environ, "PYTHON": sys.executable}).stdout  # the venv's, activated or not
+    out = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "bench" / "gpu.sh"),
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "3",
+            "--warmup",
+            "2",
+            "--peak-flops",
+            "1e12",
+            "--peer",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    ).stdout  # the venv's, activated or not
     r = json.loads(out.strip().splitlines()[-1])
     assert "tokens/s, MFU" in out
     assert r["precision"] == "bf16" and r["timed_steps"] == 3 and r["step"] == 5  # the record is the last step's
@@ -46,10 +65,27 @@ def test_the_h200_preset_is_about_one_billion_parameters():
 
 
 def _run_with_peer():
-    return subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--preset", "tiny", "--device", "cpu", "--steps", "2",
-                           "--warmup", "1", "--peak-flops", "1e12"],
-                          capture_output=True, text=True, timeout=400, check=True,
-                          env={**os.environ, "PYTHON": sys.executable}).stdout
+    return subprocess.run(
+        [
+            "bash",
+            str(ROOT / "bench" / "gpu.sh"),
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--peak-flops",
+            "1e12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    ).stdout
 
 
 def test_the_torchtitan_peer_trains_the_same_size_on_the_same_batches_and_prints_ratios():

@@ -13,9 +13,28 @@ pytestmark = pytest.mark.slow
 
 
 def test_scaling_prints_efficiency_and_the_trainers_comm_share_for_a_data_parallel_layout():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "scaling.py"), "--layouts", "ddp", "--steps", "2",
-                          "--warmup", "1", "--repeat", "1", "--dim", "32", "--seq", "32"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "scaling.py"),
+            "--layouts",
+            "ddp",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--repeat",
+            "1",
+            "--dim",
+            "32",
+            "--seq",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
     row = re.search(r"^\s+ddp\s+2\s+(\d+)\s+([\d.]+)x\s+(\d+)%\s+([\d.]+)%$", out, re.M)
     assert row, out
     tokens_per_s, comm_pct = float(row.group(1)), float(row.group(4))

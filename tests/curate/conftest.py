@@ -18,16 +18,23 @@ def sample_rows(path: Path, source: str, n: int) -> pl.DataFrame:
     with opener(path, "rt") as f:
         recs = [json.loads(line) for _, line in zip(range(n), f)]
     return pl.DataFrame(
-        {"id": [r["id"] for r in recs], "source": [source] * len(recs), "text": [r["text"] for r in recs], "meta": [None] * len(recs)},
-        schema={c: pl.String for c in ("id", "source", "text", "meta")},
+        {
+            "id": [r["id"] for r in recs],
+            "source": [source] * len(recs),
+            "text": [r["text"] for r in recs],
+            "meta": [None] * len(recs),
+        },
+        schema=dict.fromkeys(("id", "source", "text", "meta"), pl.String),
     )
 
 
 @pytest.fixture(scope="session")
 def pool() -> list[pl.DataFrame]:
     """Two scoring batches of real text: 300 docs (the reference) and 300 changelog entries (the noise)."""
-    return [sample_rows(SAMPLES / "docs/part-00000.jsonl.gz", "docs", 300),
-            sample_rows(SAMPLES / "changelog/part-00000.jsonl", "changelog", 300)]
+    return [
+        sample_rows(SAMPLES / "docs/part-00000.jsonl.gz", "docs", 300),
+        sample_rows(SAMPLES / "changelog/part-00000.jsonl", "changelog", 300),
+    ]
 
 
 def check_nothing_lost(out: Path, input_ids: set[str] | None = None) -> dict:
@@ -38,11 +45,18 @@ def check_nothing_lost(out: Path, input_ids: set[str] | None = None) -> dict:
     t = manifest["totals"]
     assert t["rows_read"] + t["repeats"] == t["rows_written"] + t["rows_rejected"]
     parquet = [out / s["path"] for s in manifest["shards"] if s["format"] == "parquet"]
-    kept = pl.concat([pl.read_parquet(p, columns=["id"]) for p in parquet])["id"] if parquet else pl.Series([], dtype=pl.String)
+    kept = (
+        pl.concat([pl.read_parquet(p, columns=["id"]) for p in parquet])["id"]
+        if parquet
+        else pl.Series([], dtype=pl.String)
+    )
     reject_files = sorted((out / "rejects").glob("*.parquet"))
     columns = ["id", "reason", "duplicate_of"]
-    all_rejects = (pl.concat([pl.read_parquet(p, columns=columns) for p in reject_files]) if reject_files
-                   else pl.DataFrame(schema={c: pl.String for c in columns}))
+    all_rejects = (
+        pl.concat([pl.read_parquet(p, columns=columns) for p in reject_files])
+        if reject_files
+        else pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
+    )
     assert kept.len() == t["rows_written"]
     assert all_rejects.height == t["rows_rejected"]
     # A later copy of an id is rejected as read:duplicate_id and points at the id it repeats;

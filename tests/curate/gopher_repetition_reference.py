@@ -13,7 +13,7 @@ import numba as nb
 import numpy as np
 import polars as pl
 
-from curate.stages.filters.gopher_repetition import repetition_fractions
+from winnow.curate.stages.filters.gopher_repetition import repetition_fractions
 
 TOKEN_PATTERN = (
     r"(?:https?://|www\.)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]}]"
@@ -127,7 +127,9 @@ def token_table(text: pl.Series) -> pl.DataFrame:
         pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), pl.col("text").str.extract_all(TOKEN_PATTERN).alias("tok")
     )
     tokens = frame.explode("tok").drop_nulls("tok")
-    return tokens.with_columns(pl.col("tok").str.len_chars().cast(pl.Int64).alias("chars"), pl.col("tok").hash(seed=_HASH_SEED).alias("h"))
+    return tokens.with_columns(
+        pl.col("tok").str.len_chars().cast(pl.Int64).alias("chars"), pl.col("tok").hash(seed=_HASH_SEED).alias("h")
+    )
 
 
 def _per_row(values: pl.DataFrame, n_docs: int, fill: dict[str, object]) -> pl.DataFrame:
@@ -159,10 +161,16 @@ def reference_metrics(text: pl.Series, top_ns=(2, 3, 4), dup_ns=(5, 6, 7, 8, 9, 
     lines = _segment_duplicates(text, t.str.split(r"\n+", literal=False), "line")
     tokens = token_table(text)
     h, chars = tokens["h"].to_numpy(), tokens["chars"].to_numpy()
-    counts = np.bincount(tokens["row"].to_numpy(), minlength=len(text)) if tokens.height else np.zeros(len(text), dtype=np.int64)
+    counts = (
+        np.bincount(tokens["row"].to_numpy(), minlength=len(text))
+        if tokens.height
+        else np.zeros(len(text), dtype=np.int64)
+    )
     offsets = np.zeros(len(text) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     ngrams = {f"gopher_top_{n}gram_frac": top_ngram_chars(h, chars, offsets, n) for n in top_ns}
     ngrams |= {f"gopher_dup_{n}gram_frac": duplicate_ngram_chars(h, chars, offsets, n) for n in dup_ns}
     frame = pl.concat([pl.DataFrame({"text": text}), paras, lines, pl.DataFrame(ngrams)], how="horizontal")
-    return repetition_fractions(frame, list(ngrams))  # the division of counts is shared; the counts are what is compared
+    return repetition_fractions(
+        frame, list(ngrams)
+    )  # the division of counts is shared; the counts are what is compared

@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from curate.atomic import rename_into_place, write_json_atomic, write_text_atomic
-from curate.workdir import WorkDir, fresh_tmp
+from winnow.curate.atomic import rename_into_place, write_json_atomic, write_text_atomic
+from winnow.curate.workdir import WorkDir, fresh_tmp
 
 
 def test_json_lands_whole_and_leaves_no_temporary(tmp_path):
@@ -59,7 +59,10 @@ def test_plan_marker_and_decision_paths(tmp_path):
     work.plan("02.dedup.exact").mkdir(parents=True)
     work.mark_plan_done("02.dedup.exact")
     assert work.plan_done("02.dedup.exact")
-    assert work.decision("02.dedup.exact", 7) == tmp_path / "_work" / "plans" / "02.dedup.exact" / "decision" / "task-00007.parquet"
+    assert (
+        work.decision("02.dedup.exact", 7)
+        == tmp_path / "_work" / "plans" / "02.dedup.exact" / "decision" / "task-00007.parquet"
+    )
 
 
 def test_the_umask_at_write_time_applies(tmp_path):
@@ -76,7 +79,7 @@ def test_a_killed_processs_scratch_folder_is_removed_by_the_next_one_and_nothing
     import subprocess
     import sys
 
-    from curate.workdir import task_scratch
+    from winnow.curate.workdir import task_scratch
 
     monkeypatch.setenv("WINNOW_SCRATCH", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

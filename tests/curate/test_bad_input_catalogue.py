@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipelines.cli import main
+from winnow.pipelines.cli import main
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ def jsonl_case(data: bytes, ids: set[str], name: str = "a.jsonl") -> Callable[[P
     def build(folder: Path) -> tuple[str, set[str]]:
         (folder / name).write_bytes(data)
         return inputs(folder / name), ids
+
     return build
 
 
@@ -72,16 +73,26 @@ def compressed_truncated(kind: str) -> Callable[[Path], tuple[str, set[str]]]:
     data = jl(*records)
 
     def build(folder: Path) -> tuple[str, set[str]]:
-        blob = gzip.compress(data, mtime=0) if kind == "gz" else zstandard.ZstdCompressor(write_content_size=False).compress(data)
+        blob = (
+            gzip.compress(data, mtime=0)
+            if kind == "gz"
+            else zstandard.ZstdCompressor(write_content_size=False).compress(data)
+        )
         (folder / f"a.jsonl.{kind}").write_bytes(blob[: len(blob) * 2 // 3])
         return inputs(folder / f"a.jsonl.{kind}"), None  # type: ignore[return-value]  # ids: a prefix + one
+
     return build
 
 
-def tar_case(members: list[tuple[str, bytes | tuple[bytes, str]]], ids: set[str]) -> Callable[[Path], tuple[str, set[str]]]:
+def tar_case(
+    members: list[tuple[str, bytes | tuple[bytes, str]]], ids: set[str]
+) -> Callable[[Path], tuple[str, set[str]]]:
     """``(name, payload)`` members; a payload ``(type, linkname)`` makes a link or special member."""
+
     def build(folder: Path) -> tuple[str, set[str]]:
-        with tarfile.open(folder / "a.tar", "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as tar:
+        with tarfile.open(
+            folder / "a.tar", "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape"
+        ) as tar:
             for name, payload in members:
                 info = tarfile.TarInfo(name)
                 if isinstance(payload, tuple):
@@ -91,6 +102,7 @@ def tar_case(members: list[tuple[str, bytes | tuple[bytes, str]]], ids: set[str]
                     info.size = len(payload)
                     tar.addfile(info, io.BytesIO(payload))
         return inputs(folder / "a.tar", "webdataset"), ids
+
     return build
 
 
@@ -109,6 +121,7 @@ def parquet_case(table: pa.Table, ids: set[str], cut: slice | None = None) -> Ca
             (folder / "a.parquet").write_bytes(blob[cut])
             return inputs(folder / "a.parquet", "parquet"), {f"{folder / 'a.parquet'}#0"}
         return inputs(folder / "a.parquet", "parquet"), ids
+
     return build
 
 
@@ -128,7 +141,9 @@ def corrupt_footer(folder: Path) -> tuple[str, set[str]]:
 def two_inputs_same_ids(folder: Path) -> tuple[str, set[str]]:
     (folder / "web.jsonl").write_bytes(jl(*GOOD))
     (folder / "books.jsonl").write_bytes(jl({"id": "g1", "text": "another g1"}, {"id": "b0", "text": "a book"}))
-    return inputs(folder / "web.jsonl", source="web") + inputs(folder / "books.jsonl", source="books"), GOOD_IDS | {"b0"}
+    return inputs(folder / "web.jsonl", source="web") + inputs(folder / "books.jsonl", source="books"), GOOD_IDS | {
+        "b0"
+    }
 
 
 def symlink_loop(folder: Path) -> tuple[str, set[str]]:
@@ -186,6 +201,7 @@ def kept_text(expected: list[str]) -> Callable[[Path, Path], None]:
     def check(folder: Path, out: Path) -> None:
         texts = pl.read_parquet(sorted((out / "shards").rglob("*.parquet")))["text"].to_list()
         assert sorted(texts) == sorted(expected)
+
     return check
 
 
@@ -218,9 +234,11 @@ HUGE = [2**64 - 1, 2**64 - 2, 2**70, 2**70 + 1]  # hash ids: past 2**53 a float 
 
 def kept_meta(expected: dict[str, str | None]) -> Callable[[Path, Path], None]:
     """The kept rows' ids and their meta, byte for byte."""
+
     def check(folder: Path, out: Path) -> None:
         rows = pl.read_parquet(sorted((out / "shards").rglob("*.parquet")))
         assert dict(zip(rows["id"].to_list(), rows["meta"].to_list())) == expected
+
     return check
 
 
@@ -245,6 +263,7 @@ def long_line(kind: str, mib: int = 8) -> Callable[[Path], tuple[str, set[str]]]
         (folder / name).write_bytes(blob)
         offset = len(jl(*GOOD))
         return inputs(folder / name) + LIMIT, GOOD_IDS | {r["id"] for r in LONG_GOOD} | {f"s/{name}@{offset}"}
+
     return build
 
 
@@ -266,9 +285,11 @@ def tokens_output(tokenizer: str) -> str:
 
 def tokenizer_case(make: Callable[[Path], None]) -> Callable[[Path], tuple[str, set[str]]]:
     """A job whose ``[output.tokens] tokenizer`` is the file ``make`` builds."""
+
     def build(folder: Path) -> tuple[str, set[str]]:
         make(folder / "tokenizer.json")
         return good_input(folder)[0] + tokens_output(str(folder / "tokenizer.json")), GOOD_IDS
+
     return build
 
 
@@ -276,21 +297,25 @@ def sparse(size: int) -> Callable[[Path], None]:
     def make(path: Path) -> None:
         with open(path, "wb") as fh:
             fh.truncate(size)  # a sparse file: its size without its bytes on disk
+
     return make
 
 
 def output_with(name: str, target: str) -> Callable[[Path], str]:
     """An output folder that holds ``name`` as a link to ``target`` (a device, a FIFO)."""
+
     def make(tmp: Path) -> str:
         (tmp / "theirs").mkdir()
         os.symlink(target, tmp / "theirs" / name)
         return str(tmp / "theirs")
+
     return make
 
 
 def link_untouched(name: str, target: str) -> Callable[[Path, Path], None]:
     def check(folder: Path, out: Path) -> None:
         assert os.readlink(out / name) == target
+
     return check
 
 
@@ -302,139 +327,352 @@ def parquet_text(array: pa.Array, **extra: pa.Array) -> Callable[[Path], tuple[s
     ids = [f"p{i}" for i in range(len(array))]
     return parquet_case(pa.table({"id": ids, "text": array, **extra}), set(ids))
 
+
 CASES: list[Case] = [
     # -- encoding ------------------------------------------------------------------------------
-    Case("raw_invalid_utf8", jsonl_case(jl(*GOOD, b'{"id": "u", "text": "caf\xe9"}\n'), GOOD_IDS | {"u"}),
-         {"read:bad_utf8": 1}, kept=3),
-    Case("escaped_lone_surrogate", jsonl_case(jl(*GOOD, b'{"id": "u", "text": "x\\ud800"}\n'), GOOD_IDS | {AFTER_GOOD}),
-         {"read:bad_utf8": 1}, kept=3),
-    Case("parquet_invalid_utf8", parquet_case(pa.table({"id": ["p0", "p1"], "text": invalid_string([b"ok", b"caf\xe9"])}),
-                                              {"p0", "p1"}), {"read:bad_utf8": 1}, kept=1),
-    Case("raw_nul_byte", jsonl_case(jl(*GOOD, b'{"id": "n", "text": "a\x00b"}\n'), GOOD_IDS | {AFTER_GOOD}),
-         {"read:bad_json": 1}, kept=3),
-    Case("escaped_nul_is_kept", jsonl_case(jl({"id": "n", "text": "a\u0000b"}), {"n"}), kept=1, check=kept_text(["a\x00b"])),
-    Case("bom", jsonl_case(b"\xef\xbb\xbf" + jl(*GOOD, b"{not json\n"), GOOD_IDS | {f"s/a.jsonl@{len(jl(*GOOD)) + 3}"}), {"read:bad_json": 1}, kept=3),
-    Case("crlf_line_ends", jsonl_case(jl(*GOOD).replace(b"\n", b"\r\n"), GOOD_IDS), kept=3,
-         check=kept_text([r["text"] for r in GOOD])),
+    Case(
+        "raw_invalid_utf8",
+        jsonl_case(jl(*GOOD, b'{"id": "u", "text": "caf\xe9"}\n'), GOOD_IDS | {"u"}),
+        {"read:bad_utf8": 1},
+        kept=3,
+    ),
+    Case(
+        "escaped_lone_surrogate",
+        jsonl_case(jl(*GOOD, b'{"id": "u", "text": "x\\ud800"}\n'), GOOD_IDS | {AFTER_GOOD}),
+        {"read:bad_utf8": 1},
+        kept=3,
+    ),
+    Case(
+        "parquet_invalid_utf8",
+        parquet_case(pa.table({"id": ["p0", "p1"], "text": invalid_string([b"ok", b"caf\xe9"])}), {"p0", "p1"}),
+        {"read:bad_utf8": 1},
+        kept=1,
+    ),
+    Case(
+        "raw_nul_byte",
+        jsonl_case(jl(*GOOD, b'{"id": "n", "text": "a\x00b"}\n'), GOOD_IDS | {AFTER_GOOD}),
+        {"read:bad_json": 1},
+        kept=3,
+    ),
+    Case(
+        "escaped_nul_is_kept",
+        jsonl_case(jl({"id": "n", "text": "a\u0000b"}), {"n"}),
+        kept=1,
+        check=kept_text(["a\x00b"]),
+    ),
+    Case(
+        "bom",
+        jsonl_case(b"\xef\xbb\xbf" + jl(*GOOD, b"{not json\n"), GOOD_IDS | {f"s/a.jsonl@{len(jl(*GOOD)) + 3}"}),
+        {"read:bad_json": 1},
+        kept=3,
+    ),
+    Case(
+        "crlf_line_ends",
+        jsonl_case(jl(*GOOD).replace(b"\n", b"\r\n"), GOOD_IDS),
+        kept=3,
+        check=kept_text([r["text"] for r in GOOD]),
+    ),
     # -- structure -----------------------------------------------------------------------------
-    Case("bad_json", jsonl_case(jl(*GOOD, b'{"id": "b", "text": \n'), GOOD_IDS | {AFTER_GOOD}), {"read:bad_json": 1}, kept=3),
-    Case("top_level_array", jsonl_case(b'[{"id": "a", "text": "x"}, {"id": "b", "text": "y"}]\n', {"s/a.jsonl@0"}),
-         {"read:not_an_object": 1}, kept=0),
-    Case("non_object_lines", jsonl_case(jl(*GOOD, b'"a string"\n42\nnull\ntrue\n'),
-                                        GOOD_IDS | {f"s/a.jsonl@{len(jl(*GOOD)) + o}" for o in (0, 11, 14, 19)}), {"read:not_an_object": 4}, kept=3),
-    Case("wrong_text_types", jsonl_case(jl(*GOOD, *({"id": f"t{i}", "text": v} for i, v in enumerate([5, 1.5, ["x"], {"a": 1}, True]))),
-                                        GOOD_IDS | {f"t{i}" for i in range(5)}), {"read:text_not_string": 5}, kept=3),
-    Case("missing_or_null_text", jsonl_case(jl(*GOOD, {"id": "m0"}, {"id": "m1", "text": None}), GOOD_IDS | {"m0", "m1"}),
-         {"read:missing_text": 2}, kept=3),
+    Case(
+        "bad_json",
+        jsonl_case(jl(*GOOD, b'{"id": "b", "text": \n'), GOOD_IDS | {AFTER_GOOD}),
+        {"read:bad_json": 1},
+        kept=3,
+    ),
+    Case(
+        "top_level_array",
+        jsonl_case(b'[{"id": "a", "text": "x"}, {"id": "b", "text": "y"}]\n', {"s/a.jsonl@0"}),
+        {"read:not_an_object": 1},
+        kept=0,
+    ),
+    Case(
+        "non_object_lines",
+        jsonl_case(
+            jl(*GOOD, b'"a string"\n42\nnull\ntrue\n'),
+            GOOD_IDS | {f"s/a.jsonl@{len(jl(*GOOD)) + o}" for o in (0, 11, 14, 19)},
+        ),
+        {"read:not_an_object": 4},
+        kept=3,
+    ),
+    Case(
+        "wrong_text_types",
+        jsonl_case(
+            jl(*GOOD, *({"id": f"t{i}", "text": v} for i, v in enumerate([5, 1.5, ["x"], {"a": 1}, True]))),
+            GOOD_IDS | {f"t{i}" for i in range(5)},
+        ),
+        {"read:text_not_string": 5},
+        kept=3,
+    ),
+    Case(
+        "missing_or_null_text",
+        jsonl_case(jl(*GOOD, {"id": "m0"}, {"id": "m1", "text": None}), GOOD_IDS | {"m0", "m1"}),
+        {"read:missing_text": 2},
+        kept=3,
+    ),
     Case("line_of_30_mb", jsonl_case(jl(*GOOD, {"id": "big", "text": BIG}), GOOD_IDS | {"big"}), kept=4),
     Case("empty_files", empty_and_good, kept=3),
     Case("blank_lines_only", jsonl_case(b"\n\n   \n\n", set()), kept=0),
     # -- damaged files -------------------------------------------------------------------------
     Case("truncated_gzip", compressed_truncated("gz"), {"read:truncated": 1}),
     Case("truncated_zstd", compressed_truncated("zst"), {"read:truncated": 1}),
-    Case("gzip_that_is_not_gzip", jsonl_case(b"this is not gzip data at all\n", {"s/a.jsonl.gz@0"}, name="a.jsonl.gz"),
-         {"read:truncated": 1}, kept=0),
+    Case(
+        "gzip_that_is_not_gzip",
+        jsonl_case(b"this is not gzip data at all\n", {"s/a.jsonl.gz@0"}, name="a.jsonl.gz"),
+        {"read:truncated": 1},
+        kept=0,
+    ),
     Case("truncated_tar", truncated_tar, {"read:truncated": 1}),
     Case("truncated_gzip_text_file", truncated_text_file, {"read:truncated": 1}, kept=1),
-    Case("parquet_truncated", parquet_case(pa.table({"id": ["p0"], "text": ["a"]}), set(), cut=slice(0, 40)),
-         {"read:truncated": 1}, kept=0),
+    Case(
+        "parquet_truncated",
+        parquet_case(pa.table({"id": ["p0"], "text": ["a"]}), set(), cut=slice(0, 40)),
+        {"read:truncated": 1},
+        kept=0,
+    ),
     Case("parquet_corrupt_footer", corrupt_footer, {"read:truncated": 1}, kept=0),
-    Case("parquet_no_text_column", parquet_case(pa.table({"id": ["p0", "p1"], "body": ["a", "b"]}), {"a.parquet#0", "a.parquet#1"}),
-         {"read:bad_schema": 2}, kept=0),
-    Case("parquet_text_not_string", parquet_case(pa.table({"id": ["p0"], "text": [3]}), {"a.parquet#0"}),
-         {"read:bad_schema": 1}, kept=0),
+    Case(
+        "parquet_no_text_column",
+        parquet_case(pa.table({"id": ["p0", "p1"], "body": ["a", "b"]}), {"a.parquet#0", "a.parquet#1"}),
+        {"read:bad_schema": 2},
+        kept=0,
+    ),
+    Case(
+        "parquet_text_not_string",
+        parquet_case(pa.table({"id": ["p0"], "text": [3]}), {"a.parquet#0"}),
+        {"read:bad_schema": 1},
+        kept=0,
+    ),
     # -- tar members ---------------------------------------------------------------------------
-    Case("tar_symlink_member", tar_case([("a.txt", b"one"), ("b.txt", (tarfile.SYMTYPE, "/etc/passwd"))],
-                                        {"s/a.tar/a", "s/a.tar/b.txt"}), {"read:link_member": 1}, kept=1),
-    Case("tar_hardlink_member", tar_case([("a.txt", b"one"), ("b.txt", (tarfile.LNKTYPE, "a.txt"))],
-                                         {"s/a.tar/a", "s/a.tar/b.txt"}), {"read:link_member": 1}, kept=1),
-    Case("tar_fifo_member", tar_case([("a.txt", b"one"), ("p.txt", (tarfile.FIFOTYPE, ""))], {"s/a.tar/a", "s/a.tar/p.txt"}),
-         {"read:special_member": 1}, kept=1),
-    Case("tar_hostile_member_names", tar_case([("../../escape.txt", b"up"), ("/abs-winnow.txt", b"root")],
-                                              {"s/a.tar/../../escape", "s/a.tar//abs-winnow"}), kept=2, check=nothing_outside),
-    Case("tar_member_name_not_utf8", tar_case([(b"k\xff.txt".decode("utf-8", "surrogateescape"), b"text")], {"s/a.tar/k\\xff"}),
-         kept=1),
-    Case("tar_bad_json_member", tar_case([("a.txt", b"one"), ("a.json", b"{nope")], {"s/a.tar/a"}), {"read:bad_json": 1}, kept=0),
-    Case("tar_json_member_not_utf8", tar_case([("a.txt", b"one"), ("a.json", b'{"lang": "caf\xe9"}'),
-                                               ("b.txt", b"two"), ("b.json", b'{"lang": "\\udc00"}')], {"s/a.tar/a", "s/a.tar/b"}),
-         {"read:bad_utf8": 2}, kept=0),
-    Case("tar_sample_without_text", tar_case([("a.json", b'{"id": "j"}'), ("b.txt", b"two")], {"j", "s/a.tar/b"}),
-         {"read:missing_text": 1}, kept=1),
+    Case(
+        "tar_symlink_member",
+        tar_case([("a.txt", b"one"), ("b.txt", (tarfile.SYMTYPE, "/etc/passwd"))], {"s/a.tar/a", "s/a.tar/b.txt"}),
+        {"read:link_member": 1},
+        kept=1,
+    ),
+    Case(
+        "tar_hardlink_member",
+        tar_case([("a.txt", b"one"), ("b.txt", (tarfile.LNKTYPE, "a.txt"))], {"s/a.tar/a", "s/a.tar/b.txt"}),
+        {"read:link_member": 1},
+        kept=1,
+    ),
+    Case(
+        "tar_fifo_member",
+        tar_case([("a.txt", b"one"), ("p.txt", (tarfile.FIFOTYPE, ""))], {"s/a.tar/a", "s/a.tar/p.txt"}),
+        {"read:special_member": 1},
+        kept=1,
+    ),
+    Case(
+        "tar_hostile_member_names",
+        tar_case(
+            [("../../escape.txt", b"up"), ("/abs-winnow.txt", b"root")], {"s/a.tar/../../escape", "s/a.tar//abs-winnow"}
+        ),
+        kept=2,
+        check=nothing_outside,
+    ),
+    Case(
+        "tar_member_name_not_utf8",
+        tar_case([(b"k\xff.txt".decode("utf-8", "surrogateescape"), b"text")], {"s/a.tar/k\\xff"}),
+        kept=1,
+    ),
+    Case(
+        "tar_bad_json_member",
+        tar_case([("a.txt", b"one"), ("a.json", b"{nope")], {"s/a.tar/a"}),
+        {"read:bad_json": 1},
+        kept=0,
+    ),
+    Case(
+        "tar_json_member_not_utf8",
+        tar_case(
+            [
+                ("a.txt", b"one"),
+                ("a.json", b'{"lang": "caf\xe9"}'),
+                ("b.txt", b"two"),
+                ("b.json", b'{"lang": "\\udc00"}'),
+            ],
+            {"s/a.tar/a", "s/a.tar/b"},
+        ),
+        {"read:bad_utf8": 2},
+        kept=0,
+    ),
+    Case(
+        "tar_sample_without_text",
+        tar_case([("a.json", b'{"id": "j"}'), ("b.txt", b"two")], {"j", "s/a.tar/b"}),
+        {"read:missing_text": 1},
+        kept=1,
+    ),
     # -- ids -----------------------------------------------------------------------------------
     Case("duplicate_ids_across_inputs", two_inputs_same_ids, {"read:duplicate_id": 1}, kept=4),
-    Case("integer_ids_past_2_53", jsonl_case(raw_jsonl(*(f'{{"id": {i}, "text": "doc {i}"}}' for i in HUGE)), {str(i) for i in HUGE}),
-         kept=4, check=kept_meta({str(i): None for i in HUGE})),
-    Case("int_id_beside_float_id", jsonl_case(raw_jsonl('{"id": 7, "text": "a"}', '{"id": 1.5, "text": "b"}',
-                                                        '{"id": 1e3, "text": "c"}', '{"id": 0.10, "text": "d"}'),
-                                              {"7", "1.5", "1e3", "0.10"}), kept=4),
-    Case("meta_numbers_exact", jsonl_case(raw_jsonl('{"id": "a", "text": "x", "n": 12345678901234567890123, "f": 1.5}',
-                                                    '{"id": "b", "text": "y", "n": 1, "f": 2}',
-                                                    '{"id": "c", "text": "z", "n": 18446744073709551615, "f": 0.1}'),
-                                          {"a", "b", "c"}), kept=3,
-         check=kept_meta({"a": '{"n":12345678901234567890123,"f":1.5}', "b": '{"n":1,"f":2}',
-                          "c": '{"n":18446744073709551615,"f":0.1}'})),
-    Case("tar_json_integer_ids_past_2_53", tar_case([("a.txt", b"one"), ("a.json", f'{{"id": {2**70}}}'.encode()),
-                                                     ("b.txt", b"two"), ("b.json", f'{{"id": {2**70 + 1}}}'.encode())],
-                                                    {str(2**70), str(2**70 + 1)}), kept=2),
-    Case("parquet_ids_uint64", parquet_case(pa.table({"id": pa.array(HUGE[:2], pa.uint64()), "text": ["a", "b"]}),
-                                            {str(i) for i in HUGE[:2]}), kept=2),
+    Case(
+        "integer_ids_past_2_53",
+        jsonl_case(raw_jsonl(*(f'{{"id": {i}, "text": "doc {i}"}}' for i in HUGE)), {str(i) for i in HUGE}),
+        kept=4,
+        check=kept_meta({str(i): None for i in HUGE}),
+    ),
+    Case(
+        "int_id_beside_float_id",
+        jsonl_case(
+            raw_jsonl(
+                '{"id": 7, "text": "a"}',
+                '{"id": 1.5, "text": "b"}',
+                '{"id": 1e3, "text": "c"}',
+                '{"id": 0.10, "text": "d"}',
+            ),
+            {"7", "1.5", "1e3", "0.10"},
+        ),
+        kept=4,
+    ),
+    Case(
+        "meta_numbers_exact",
+        jsonl_case(
+            raw_jsonl(
+                '{"id": "a", "text": "x", "n": 12345678901234567890123, "f": 1.5}',
+                '{"id": "b", "text": "y", "n": 1, "f": 2}',
+                '{"id": "c", "text": "z", "n": 18446744073709551615, "f": 0.1}',
+            ),
+            {"a", "b", "c"},
+        ),
+        kept=3,
+        check=kept_meta(
+            {
+                "a": '{"n":12345678901234567890123,"f":1.5}',
+                "b": '{"n":1,"f":2}',
+                "c": '{"n":18446744073709551615,"f":0.1}',
+            }
+        ),
+    ),
+    Case(
+        "tar_json_integer_ids_past_2_53",
+        tar_case(
+            [
+                ("a.txt", b"one"),
+                ("a.json", f'{{"id": {2**70}}}'.encode()),
+                ("b.txt", b"two"),
+                ("b.json", f'{{"id": {2**70 + 1}}}'.encode()),
+            ],
+            {str(2**70), str(2**70 + 1)},
+        ),
+        kept=2,
+    ),
+    Case(
+        "parquet_ids_uint64",
+        parquet_case(pa.table({"id": pa.array(HUGE[:2], pa.uint64()), "text": ["a", "b"]}), {str(i) for i in HUGE[:2]}),
+        kept=2,
+    ),
     # -- Parquet text columns: every Arrow encoding a writer may choose -----------------------------------
-    Case("parquet_text_binary", parquet_text(pa.array([b"one", b"caf\xc3\xa9"], pa.binary())), kept=2,
-         check=kept_text(["one", "café"])),
+    Case(
+        "parquet_text_binary",
+        parquet_text(pa.array([b"one", b"caf\xc3\xa9"], pa.binary())),
+        kept=2,
+        check=kept_text(["one", "café"]),
+    ),
     Case("parquet_text_large_binary", parquet_text(pa.array([b"one", b"two"], pa.large_binary())), kept=2),
     Case("parquet_text_fixed_size_binary", parquet_text(pa.array([b"ab", b"cd"], pa.binary(2))), kept=2),
     Case("parquet_text_dictionary", parquet_text(pa.array(["one", "one", "two"]).dictionary_encode()), kept=3),
     Case("parquet_text_large_string", parquet_text(pa.array(["one", "two"], pa.large_string())), kept=2),
-    Case("parquet_binary_text_not_utf8", parquet_text(pa.array([b"ok", b"caf\xe9"], pa.binary())),
-         {"read:bad_utf8": 1}, kept=1),
-    Case("parquet_binary_meta_column", parquet_text(pa.array(["one", "two"]), blob=pa.array([b"\x00\xff", None])),
-         kept=2, check=kept_meta({"p0": '{"blob":"AP8="}', "p1": '{"blob":null}'})),
-    Case("parquet_id_column_nested", parquet_case(pa.table({"id": pa.array([[1], [2]]), "text": ["a", "b"]}),
-                                                  {"a.parquet#0", "a.parquet#1"}), {"read:bad_schema": 2}, kept=0),
+    Case(
+        "parquet_binary_text_not_utf8",
+        parquet_text(pa.array([b"ok", b"caf\xe9"], pa.binary())),
+        {"read:bad_utf8": 1},
+        kept=1,
+    ),
+    Case(
+        "parquet_binary_meta_column",
+        parquet_text(pa.array(["one", "two"]), blob=pa.array([b"\x00\xff", None])),
+        kept=2,
+        check=kept_meta({"p0": '{"blob":"AP8="}', "p1": '{"blob":null}'}),
+    ),
+    Case(
+        "parquet_id_column_nested",
+        parquet_case(pa.table({"id": pa.array([[1], [2]]), "text": ["a", "b"]}), {"a.parquet#0", "a.parquet#1"}),
+        {"read:bad_schema": 2},
+        kept=0,
+    ),
     # -- records past [[inputs]] max_record_bytes: one reject each, read past in bounded memory --------------
     Case("gzip_line_past_max_record_bytes", long_line("gz"), {"read:too_long": 1}, kept=6),
     Case("zstd_line_past_max_record_bytes", long_line("zst"), {"read:too_long": 1}, kept=6),
     Case("plain_line_past_max_record_bytes", long_line("plain", 3), {"read:too_long": 1}, kept=6),
     Case("unterminated_last_line_past_max_record_bytes", long_last_line, {"read:too_long": 1}, kept=3),
     Case("text_file_past_max_record_bytes", long_text_file, {"read:too_long": 1}, kept=1),
-    Case("tar_member_past_max_record_bytes", lambda folder: (tar_case([("a.txt", b"one"), ("b.txt", b"t" * (3 << 20)),
-                                                                       ("b.json", b"{}"), ("c.txt", b"three")],
-                                                                      {"s/a.tar/a", "s/a.tar/b", "s/a.tar/c"})(folder)[0]
-                                                             + LIMIT, {"s/a.tar/a", "s/a.tar/b", "s/a.tar/c"}),
-         {"read:too_long": 1}, kept=2),
-    Case("parquet_text_past_max_record_bytes", lambda folder: (parquet_text(pa.array(["one", "p" * (3 << 20)]))(folder)[0]
-                                                               + LIMIT, {"p0", "p1"}), {"read:too_long": 1}, kept=1),
+    Case(
+        "tar_member_past_max_record_bytes",
+        lambda folder: (
+            tar_case(
+                [("a.txt", b"one"), ("b.txt", b"t" * (3 << 20)), ("b.json", b"{}"), ("c.txt", b"three")],
+                {"s/a.tar/a", "s/a.tar/b", "s/a.tar/c"},
+            )(folder)[0]
+            + LIMIT,
+            {"s/a.tar/a", "s/a.tar/b", "s/a.tar/c"},
+        ),
+        {"read:too_long": 1},
+        kept=2,
+    ),
+    Case(
+        "parquet_text_past_max_record_bytes",
+        lambda folder: (parquet_text(pa.array(["one", "p" * (3 << 20)]))(folder)[0] + LIMIT, {"p0", "p1"}),
+        {"read:too_long": 1},
+        kept=1,
+    ),
     # -- the file system -----------------------------------------------------------------------
     Case("symlink_loop_in_folder", symlink_loop, error="Too many levels of symbolic links"),
     Case("dangling_symlink", dangling_link, error="symbolic link to nothing or into a loop"),
     Case("fifo_in_folder", fifo_in_folder, error="is not a regular file"),
     Case("folder_named_like_a_file", folder_named_like_a_file, error="matched no files"),
-    Case("unreadable_file", unreadable, error="Permission denied",
-         skip="root reads a chmod 000 file; file_nobody_can_read covers an unreadable file for root"
-         if os.geteuid() == 0 else None),
+    Case(
+        "unreadable_file",
+        unreadable,
+        error="Permission denied",
+        skip="root reads a chmod 000 file; file_nobody_can_read covers an unreadable file for root"
+        if os.geteuid() == 0
+        else None,
+    ),
     Case("file_nobody_can_read", kernel_refuses_reads, error="cannot open input file"),
     Case("missing_path", lambda folder: (inputs(folder / "nope.jsonl"), set()), error="does not exist"),
     # -- files read whole: a regular file under a cap, never a device read forever ----------------------
-    Case("tokenizer_linked_to_dev_zero", tokenizer_case(lambda p: os.symlink("/dev/zero", p)), error="not a regular file"),
+    Case(
+        "tokenizer_linked_to_dev_zero", tokenizer_case(lambda p: os.symlink("/dev/zero", p)), error="not a regular file"
+    ),
     Case("tokenizer_larger_than_its_cap", tokenizer_case(sparse((256 << 20) + 1)), error="over winnow's cap"),
     Case("tokenizer_not_utf8", tokenizer_case(lambda p: p.write_bytes(b"\xff\xfe{")), error="not a tokenizer.json"),
-    Case("output_readme_linked_to_dev_zero", good_input, kept=3, output=output_with("README.md", "/dev/zero"),
-         check=link_untouched("README.md", "/dev/zero")),
-    Case("output_manifest_linked_to_dev_zero", good_input, error="holds files winnow did not write",
-         output=output_with("manifest.json", "/dev/zero")),
+    Case(
+        "output_readme_linked_to_dev_zero",
+        good_input,
+        kept=3,
+        output=output_with("README.md", "/dev/zero"),
+        check=link_untouched("README.md", "/dev/zero"),
+    ),
+    Case(
+        "output_manifest_linked_to_dev_zero",
+        good_input,
+        error="holds files winnow did not write",
+        output=output_with("manifest.json", "/dev/zero"),
+    ),
     # -- the output folder ---------------------------------------------------------------------
     Case("output_is_a_file", good_input, error="is a file, not a folder", output=lambda tmp: _file(tmp / "afile")),
-    Case("output_under_a_file", good_input, error="cannot write the output folder",
-         output=lambda tmp: _file(tmp / "afile") + "/sub"),
-    Case("output_not_writable", good_input, error="cannot write the output folder", output=lambda tmp: "/sys/winnow-catalogue"),
-    Case("output_url_without_a_driver", good_input, error="no fsspec driver for nosuchscheme://",
-         output=lambda tmp: "nosuchscheme://bucket/out"),
+    Case(
+        "output_under_a_file",
+        good_input,
+        error="cannot write the output folder",
+        output=lambda tmp: _file(tmp / "afile") + "/sub",
+    ),
+    Case(
+        "output_not_writable",
+        good_input,
+        error="cannot write the output folder",
+        output=lambda tmp: "/sys/winnow-catalogue",
+    ),
+    Case(
+        "output_url_without_a_driver",
+        good_input,
+        error="no fsspec driver for nosuchscheme://",
+        output=lambda tmp: "nosuchscheme://bucket/out",
+    ),
     Case("output_holds_foreign_data", good_input, error="holds files winnow did not write", output=_foreign),
 ]
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=pytest.mark.skipif(bool(c.skip), reason=c.skip or ""))
-                                  for c in CASES])
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.name, marks=pytest.mark.skipif(bool(c.skip), reason=c.skip or "")) for c in CASES]
+)
 def test_bad_input(case: Case, tmp_path: Path, capsys, nothing_lost) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
@@ -444,8 +682,11 @@ def test_bad_input(case: Case, tmp_path: Path, capsys, nothing_lost) -> None:
     job = folder / "job.toml"
     own_output = "" if "[output]" in tables else "[output]\nshard_rows = 4\n"  # a case may set its own
     job.write_text(f'[job]\nname = "cat"\noutput = "{tmp_path / "out"}"\n' + tables + own_output)
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
-              and os.access(p, os.R_OK) and not p.is_fifo()}
+    before = {
+        p: p.read_bytes()
+        for p in tmp_path.rglob("*")
+        if p.is_file() and not p.is_symlink() and os.access(p, os.R_OK) and not p.is_fifo()
+    }
     rc = main(["-q", "curate", str(job), "--output", output])
     err = capsys.readouterr().err
     assert {p: p.read_bytes() for p in before} == before  # inputs are never touched
@@ -531,7 +772,7 @@ def changed_config_on_a_finished_output(tmp: Path, capsys) -> None:
 
 
 def _hold_lock(folder: str, ready, done) -> None:
-    from curate.lock import FolderLock
+    from winnow.curate.lock import FolderLock
 
     FolderLock(folder, what="output folder").acquire()
     ready.set()

@@ -7,15 +7,19 @@ import importlib.util
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from curate.stages.base import StageContext
-from curate.stages.clean import Clean, CleanConfig
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.clean import Clean, CleanConfig
 
 
 def frame(texts: list[str], sources: list[str] | None = None) -> pl.DataFrame:
     return pl.DataFrame(
-        {"id": [str(i) for i in range(len(texts))], "source": sources or ["s"] * len(texts), "text": texts,
-         "meta": [None] * len(texts)},
+        {
+            "id": [str(i) for i in range(len(texts))],
+            "source": sources or ["s"] * len(texts),
+            "text": texts,
+            "meta": [None] * len(texts),
+        },
         schema_overrides={"meta": pl.String},
     )
 
@@ -29,7 +33,9 @@ def run(tmp_path, batch: pl.DataFrame, **cfg):
 
 
 def test_normalization(tmp_path):
-    out, _ = run(tmp_path, frame(["Cafe\u0301  au\u00a0lait\u200b.\t \r\n\n\n\nNext\x07 para.  "]), boilerplate_min_docs=None)
+    out, _ = run(
+        tmp_path, frame(["Cafe\u0301  au\u00a0lait\u200b.\t \r\n\n\n\nNext\x07 para.  "]), boilerplate_min_docs=None
+    )
     assert out.kept["text"][0] == "Caf\u00e9 au lait.\n\nNext para."
 
 
@@ -40,7 +46,9 @@ def test_nfkc_and_indentation(tmp_path):
 
 def test_boilerplate_lines_removed_per_source(tmp_path):
     banner = "We use cookies to improve your experience."
-    texts = [f"{banner}\nStory number {i} is unique." for i in range(4)] + [f"{banner}\nOther source {i}." for i in range(2)]
+    texts = [f"{banner}\nStory number {i} is unique." for i in range(4)] + [
+        f"{banner}\nOther source {i}." for i in range(2)
+    ]
     out, plan = run(tmp_path, frame(texts, ["s"] * 4 + ["t"] * 2), boilerplate_min_docs=3, boilerplate_min_fraction=0.5)
     kept = dict(zip(out.kept["id"], out.kept["text"]))
     assert kept["0"] == "Story number 0 is unique."
@@ -60,7 +68,9 @@ def test_empty_after_cleaning_is_rejected_with_reason(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("ftfy") is None, reason="ftfy not installed (pip install ftfy)")
 def test_fix_mojibake(tmp_path):
-    out, _ = run(tmp_path, frame(["The Mona Lisa doesnâ€™t have eyebrows."]), fix_mojibake=True, boilerplate_min_docs=None)
+    out, _ = run(
+        tmp_path, frame(["The Mona Lisa doesnâ€™t have eyebrows."]), fix_mojibake=True, boilerplate_min_docs=None
+    )
     assert out.kept["text"][0] == "The Mona Lisa doesn't have eyebrows."
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipelines.cli import main
+from winnow.pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_POINTS = 20
@@ -59,7 +59,9 @@ def write_inputs(data: Path) -> None:
     for f in range(2):
         recs = [{"id": f"w{f}-{i}", "text": f"web page {i % 9} about things" if i % 5 else "x"} for i in range(20)]
         (data / f"web-{f}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b"{broken\n")
-    recs = [{"id": f"b{i}", "text": f"a book chapter number {i}"} for i in range(15)] + [{"id": "w0-3", "text": "an id again"}]
+    recs = [{"id": f"b{i}", "text": f"a book chapter number {i}"} for i in range(15)] + [
+        {"id": "w0-3", "text": "an id again"}
+    ]
     (data / "books.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
 
 
@@ -68,8 +70,13 @@ def curate(job: Path, crash: str | None) -> subprocess.CompletedProcess:
     env.pop("WINNOW_CRASH_AT", None)
     if crash:
         env["WINNOW_CRASH_AT"] = crash
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "curate", str(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _no_timings(value):
@@ -82,8 +89,12 @@ def _no_timings(value):
 
 def snapshot(out: Path) -> dict[str, object]:
     """Every output file's bytes (shards, rejects), and the manifest without its timings."""
-    files: dict[str, object] = {str(p.relative_to(out)): p.read_bytes() for folder in ("shards", "rejects")
-                                for p in sorted((out / folder).rglob("*")) if p.is_file()}
+    files: dict[str, object] = {
+        str(p.relative_to(out)): p.read_bytes()
+        for folder in ("shards", "rejects")
+        for p in sorted((out / folder).rglob("*"))
+        if p.is_file()
+    }
     manifest = (out / "manifest.json").read_text().replace(str(out), "<out>")  # each run has its own folder
     files["manifest.json"] = _no_timings(json.loads(manifest))
     files["_work left behind"] = (out / "_work").exists()
@@ -112,7 +123,9 @@ def test_sigkill_at_twenty_progress_points_then_rerun_gives_identical_outputs(tm
     labels = [line.split("\t")[1] for line in count_file.read_text().splitlines()]
     assert len(labels) >= MIN_POINTS // 2, labels  # each write gives a before and an after point
     expected = snapshot(tmp_path / "ref")
-    assert any(k.startswith("shards/webdataset/val") for k in expected) and any(k.startswith("rejects/") for k in expected)
+    assert any(k.startswith("shards/webdataset/val") for k in expected) and any(
+        k.startswith("rejects/") for k in expected
+    )
 
     crashes = choose(len(labels), MIN_POINTS)
     assert len(crashes) >= MIN_POINTS

@@ -136,7 +136,12 @@ def test_near_duplicates_have_the_recorded_jaccard():
 
 def test_every_junk_kind_is_planted_in_every_source():
     for source in SOURCES:
-        assert set(planted()["sources"][source]["junk"]) == {"keyboard_mash", "symbol_soup", "lorem_ipsum", "repeated_lines"}
+        assert set(planted()["sources"][source]["junk"]) == {
+            "keyboard_mash",
+            "symbol_soup",
+            "lorem_ipsum",
+            "repeated_lines",
+        }
 
 
 def test_folder_stays_small():
@@ -159,7 +164,10 @@ def _synthetic(build) -> dict:
     for s in SOURCES:
         docs = []
         for n in range(60):
-            paras = [" ".join(f"{words[(n * 7 + p * 3 + k) % len(words)]}{(n + k) % 13}." for k in range(30)) for p in range(4)]
+            paras = [
+                " ".join(f"{words[(n * 7 + p * 3 + k) % len(words)]}{(n + k) % 13}." for k in range(30))
+                for p in range(4)
+            ]
             name = f"copyright-pkg{n}.txt" if s == "legal" else build.make_id(s, f"synthetic/{n}")
             docs.append(build.Doc(name, "\n\n".join(paras), {"n": n}))
         found[s] = docs
@@ -172,7 +180,9 @@ def test_plant_and_write_are_byte_identical_across_runs(tmp_path):
     for run in ("a", "b"):
         planters, clean = build.plant(_synthetic(build))
         build.write(planters, tmp_path / run)
-        trees.append({p.relative_to(tmp_path / run): p.read_bytes() for p in sorted((tmp_path / run).rglob("*")) if p.is_file()})
+        trees.append(
+            {p.relative_to(tmp_path / run): p.read_bytes() for p in sorted((tmp_path / run).rglob("*")) if p.is_file()}
+        )
     assert trees[0] == trees[1]
     assert len(trees[0]) > 4
 
@@ -182,12 +192,20 @@ def test_full_rebuild_is_deterministic_across_hash_seeds(tmp_path):
     procs = []
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        procs.append(subprocess.Popen([sys.executable, str(ROOT / "build.py"), "--out", str(tmp_path / seed)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(ROOT / "build.py"), "--out", str(tmp_path / seed)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
     if any(p.returncode == 2 and "cannot build" in out for p, out in zip(procs, outputs)):
         pytest.skip("this machine lacks a required input of the sample data: " + outputs[0][-300:])
     assert [p.returncode for p in procs] == [0, 0], outputs
-    trees = [{p.relative_to(tmp_path / s): p.read_bytes() for p in (tmp_path / s).rglob("*") if p.is_file()} for s in "12"]
+    trees = [
+        {p.relative_to(tmp_path / s): p.read_bytes() for p in (tmp_path / s).rglob("*") if p.is_file()} for s in "12"
+    ]
     assert trees[0] == trees[1]
     assert set(json.loads(trees[0][Path("planted.json")])["sources"]) == set(SOURCES)

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from curate.dedup import duplicate_clusters, minhash_signatures
+from winnow.curate.dedup import duplicate_clusters, minhash_signatures
 
 VOCAB = [f"w{i}" for i in range(3000)]
 

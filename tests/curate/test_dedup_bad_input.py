@@ -8,14 +8,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.dedup import duplicate_clusters
-from curate.dedup.exact import ExactConfig, ExactDedup
-from curate.dedup.minhash import MinHashConfig, MinHashDedup
-from curate.stages.base import StageContext
+from winnow.curate.dedup import duplicate_clusters
+from winnow.curate.dedup.exact import ExactConfig, ExactDedup
+from winnow.curate.dedup.minhash import MinHashConfig, MinHashDedup
+from winnow.curate.stages.base import StageContext
 
 
 def _stage(cls, config, tmp_path):
-    ctx = StageContext(stage_id="01.dedup", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("a",))
+    ctx = StageContext(
+        stage_id="01.dedup", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("a",)
+    )
     return cls(config, ctx)
 
 

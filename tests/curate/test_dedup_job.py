@@ -12,10 +12,10 @@ import orjson
 import polars as pl
 import pytest
 
-import curate.pipeline
-from curate.dedup.minhash import MinHashDedup
-from curate.pipeline import Runner, run_job
-from pipelines.jobfile import load_job
+from winnow import curate
+from winnow.curate.dedup.minhash import MinHashDedup
+from winnow.curate.pipeline import Runner, run_job
+from winnow.pipelines.jobfile import load_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,11 +80,15 @@ def test_job_dedups_across_sources_and_loses_nothing(tmp_path, write_job, nothin
     # "first" keeps the lowest id: b.. sorts before n.., so the news copies go.
     assert near["report"]["removed_per_source"] == {"news": 5}
     rejects = pl.read_parquet(job.output_dir / "rejects" / "*.parquet")
-    assert sorted(rejects.filter(pl.col("reason") == "dedup:minhash")["duplicate_of"].to_list()) == [f"b{i:02d}" for i in range(5, 10)]
+    assert sorted(rejects.filter(pl.col("reason") == "dedup:minhash")["duplicate_of"].to_list()) == [
+        f"b{i:02d}" for i in range(5, 10)
+    ]
 
 
 @pytest.mark.slow
-def test_a_dedup_job_runs_its_tasks_as_threads_and_writes_the_shards_worker_processes_write(tmp_path, write_job, monkeypatch):
+def test_a_dedup_job_runs_its_tasks_as_threads_and_writes_the_shards_worker_processes_write(
+    tmp_path, write_job, monkeypatch
+):
     root = tmp_path / "in"
     _two_sources(root)
     ran = []
@@ -113,10 +117,15 @@ def test_only_phases_that_release_the_gil_run_as_threads(tmp_path, write_job):
     _two_sources(root)
     dedup = Runner(load_job(write_job(JOB.format(workers=2, root=root), name="dedup")))
     assert [dedup.threaded(p) for p in dedup.phases] == [True, True, True]
-    webdataset = JOB.format(workers=2, root=root).replace('formats = ["parquet"]', 'formats = ["parquet", "webdataset"]')
+    webdataset = JOB.format(workers=2, root=root).replace(
+        'formats = ["parquet"]', 'formats = ["parquet", "webdataset"]'
+    )
     tar = Runner(load_job(write_job(webdataset, name="tar")))
     assert [tar.threaded(p) for p in tar.phases] == [True, True, False]  # tar shards are written row by row in Python
-    cleaned = JOB.format(workers=2, root=root).replace('[[stages]]\nkind = "dedup.exact"', '[[stages]]\nkind = "filter.length"\nmin_words = 2\n\n[[stages]]\nkind = "dedup.exact"')
+    cleaned = JOB.format(workers=2, root=root).replace(
+        '[[stages]]\nkind = "dedup.exact"',
+        '[[stages]]\nkind = "filter.length"\nmin_words = 2\n\n[[stages]]\nkind = "dedup.exact"',
+    )
     filtered = Runner(load_job(write_job(cleaned, name="filtered")))
     assert [filtered.threaded(p) for p in filtered.phases] == [False, True, True]  # filters run per-row Python
 
@@ -151,7 +160,11 @@ def test_sample_data_dedup_finds_planted_cross_source_copies(tmp_path, write_job
         fmt = {"parquet": "parquet", "text": "text"}.get(spec["format"], "jsonl")
         path = REPO / "data_samples" / name if fmt == "text" else REPO / "data_samples" / name / "*"
         inputs.append(f'[[inputs]]\nsource = "{name}"\npath = "{path}"\nformat = "{fmt}"\n')
-    body = "workers = 2\n\n" + "\n".join(inputs) + '\n[[stages]]\nkind = "dedup.exact"\n\n[[stages]]\nkind = "dedup.minhash"\n\n[output]\nformats = ["parquet"]\n'
+    body = (
+        "workers = 2\n\n"
+        + "\n".join(inputs)
+        + '\n[[stages]]\nkind = "dedup.exact"\n\n[[stages]]\nkind = "dedup.minhash"\n\n[output]\nformats = ["parquet"]\n'
+    )
     job = load_job(write_job(body, name="samples"))
     manifest = run_job(job, progress=False)
     exact, near = (s for s in manifest["stages"] if s["id"].endswith(("dedup.exact", "dedup.minhash")))
@@ -162,7 +175,11 @@ def test_sample_data_dedup_finds_planted_cross_source_copies(tmp_path, write_job
             cross[pair] = cross.get(pair, 0) + n
     assert {k: v for k, v in cross.items() if v} == exact["report"]["cross_source_duplicates"]
     near_records = [r for r in planted["records"] if r["kind"] == "near_duplicate" and r["jaccard"] >= 0.8]
-    removed = set(pl.read_parquet(job.output_dir / "rejects" / "*.parquet").filter(pl.col("reason").str.starts_with("dedup:"))["id"].to_list())
+    removed = set(
+        pl.read_parquet(job.output_dir / "rejects" / "*.parquet")
+        .filter(pl.col("reason").str.starts_with("dedup:"))["id"]
+        .to_list()
+    )
     # The text reader names legal rows "legal/<file name>"; planted.json uses the bare file name.
     row_id = {"legal": "legal/{}".format}
     caught = sum(bool({row_id.get(r["source"], str)(r[k]) for k in ("id", "of")} & removed) for r in near_records)

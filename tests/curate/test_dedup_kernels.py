@@ -6,11 +6,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.dedup.clusters import connected_components, pair_jaccard
-from curate.dedup.exact import text_hashes
-from curate.dedup.kernels import PLAIN_SEP, count_shingles, murmur3_128
-from curate.dedup.lsh import band_pairs, choose_bands, unpack_pairs
-from curate.dedup.text import normalize_expr, normalized_buffers
+from winnow.curate.dedup.clusters import connected_components, pair_jaccard
+from winnow.curate.dedup.exact import text_hashes
+from winnow.curate.dedup.kernels import PLAIN_SEP, count_shingles, murmur3_128
+from winnow.curate.dedup.lsh import band_pairs, choose_bands, unpack_pairs
+from winnow.curate.dedup.text import normalize_expr, normalized_buffers
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,18 @@ def test_text_hashes_slice_rows_out_of_one_buffer():
 
 @pytest.mark.parametrize("mode", ["whitespace", "lower", "words"])
 def test_fast_normalization_equals_the_expressions(mode):
-    texts = pl.Series(["  Hello,   World!\tfoo_bar ", "ÀBC déf, GHI!", "", None, "a\u00a0b  c", "x--y...z", "MiXeD\n\ncase", "ß Straße «q»"])
+    texts = pl.Series(
+        [
+            "  Hello,   World!\tfoo_bar ",
+            "ÀBC déf, GHI!",
+            "",
+            None,
+            "a\u00a0b  c",
+            "x--y...z",
+            "MiXeD\n\ncase",
+            "ß Straße «q»",
+        ]
+    )
     offsets, data = normalized_buffers(texts, mode)
     got = [bytes(data[offsets[i] : offsets[i + 1]]).decode() for i in range(len(texts))]
     assert got == pl.select(normalize_expr(pl.lit(texts), mode)).to_series().to_list()
@@ -90,14 +101,26 @@ def test_pair_jaccard_of_sorted_sets():
 
 def test_word_buffers_give_the_normalized_words():
     """Raw ASCII rows read through the tables, non-ASCII rows normalized by the compiled pass: the same shingles."""
-    from curate.dedup.signatures import sketch_buffers
-    from curate.dedup.text import string_buffers, word_buffers
+    from winnow.curate.dedup.signatures import sketch_buffers
+    from winnow.curate.dedup.text import string_buffers, word_buffers
 
     rng = np.random.default_rng(0)
-    texts = ["Hello,\x01World! ÉTÉ été", "a\tb\x0bc\x1fd  ,;  ", "", None, "ΣΑΣ σας. İi ǅ ﬁ", "ẞtraße Ⱥ K 😀x𐐀", "\u00a0a\u2003b\u3000c"]
-    texts += ["".join(chr(c) for c in rng.integers(32, 0x2FFFF, size=60) if not 0xD800 <= c < 0xE000) for _ in range(50)]
+    texts = [
+        "Hello,\x01World! ÉTÉ été",
+        "a\tb\x0bc\x1fd  ,;  ",
+        "",
+        None,
+        "ΣΑΣ σας. İi ǅ ﬁ",
+        "ẞtraße Ⱥ K 😀x𐐀",
+        "\u00a0a\u2003b\u3000c",
+    ]
+    texts += [
+        "".join(chr(c) for c in rng.integers(32, 0x2FFFF, size=60) if not 0xD800 <= c < 0xE000) for _ in range(50)
+    ]
     series = pl.Series(texts, dtype=pl.String)
-    kw = dict(ngram=3, chars=False, num_perm=32, scheme="oph", seed=1, bands=8, rows=4, want_signatures=True, want_sets=True)
+    kw = dict(
+        ngram=3, chars=False, num_perm=32, scheme="oph", seed=1, bands=8, rows=4, want_signatures=True, want_sets=True
+    )
     for mode in ("none", "whitespace", "lower", "words"):
         reference = pl.select(normalize_expr(pl.lit(series), mode)).to_series()
         assert normalized_buffers(series, mode)[1].tobytes() == string_buffers(reference)[1].tobytes(), mode
@@ -109,7 +132,7 @@ def test_word_buffers_give_the_normalized_words():
 
 def test_code_point_tables_agree_with_the_expression():
     """The compiled normalization's per-code-point tables (from unicodedata) never disagree with polars' own."""
-    from curate.dedup.text import _code_point_tables, _expression_tables
+    from winnow.curate.dedup.text import _code_point_tables, _expression_tables
 
     for mode in ("lower", "words"):
         cls, lowered = _code_point_tables(mode)

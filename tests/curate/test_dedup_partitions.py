@@ -9,15 +9,13 @@ import orjson
 import polars as pl
 import pytest
 
-import curate.dedup.exact
-import curate.dedup.grouping
-import curate.dedup.routing
-from curate.dedup.budget import partitions
-from curate.dedup.components import components
-from curate.dedup.clusters import connected_components
-from curate.errors import ConfigError
-from curate.pipeline import run_job
-from pipelines.jobfile import load_job
+from winnow import curate
+from winnow.curate.dedup.budget import partitions
+from winnow.curate.dedup.clusters import connected_components
+from winnow.curate.dedup.components import components
+from winnow.curate.errors import ConfigError
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.jobfile import load_job
 
 JOB = """
 batch_rows = 16
@@ -138,8 +136,12 @@ def test_bands_read_together_give_each_bands_pairs(tmp_path, per_pass):
     """Step 1 reading several band columns per scan of the keys writes the same pairs, band by band, as one per scan."""
     rng = np.random.default_rng(7)
     n, bands = 400, 5
-    keys = pl.DataFrame({"_nsh": rng.integers(0, 3, size=n).astype(np.int32),  # 0: no shingles, never a candidate
-                         **{f"b{j}": rng.integers(0, 60, size=n).astype(np.uint64) for j in range(bands)}}).lazy()
+    keys = pl.DataFrame(
+        {
+            "_nsh": rng.integers(0, 3, size=n).astype(np.int32),  # 0: no shingles, never a candidate
+            **{f"b{j}": rng.integers(0, 60, size=n).astype(np.uint64) for j in range(bands)},
+        }
+    ).lazy()
     columns = [f"b{j}" for j in range(bands)]
 
     def pairs(folder, **kw):

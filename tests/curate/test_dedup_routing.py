@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-import curate.dedup.routing as routing
-from curate.dedup.routing import Router
+import winnow.curate.dedup.routing as routing
+from winnow.curate.dedup.routing import Router
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,9 @@ def test_needs_over_the_budget_route_in_rounds_with_the_same_values(tmp_path, sp
     assert router.route(keys, "v", window_rows=16, memory_gb=tiny) == 4
     for q, docs in enumerate(needs):
         routed = router.read(q)
-        assert [routed.data[routed.offsets[i] : routed.offsets[i + 1]].tobytes() for i in range(len(docs))] == [values[d] for d in docs]
+        assert [routed.data[routed.offsets[i] : routed.offsets[i + 1]].tobytes() for i in range(len(docs))] == [
+            values[d] for d in docs
+        ]
     assert len(reads) <= 4 * 7
 
 
@@ -96,7 +98,7 @@ def test_routing_does_not_import_pyarrow_compute(tmp_path):
     script = f"""
 import sys
 import numpy as np, polars as pl
-from curate.dedup.routing import Router
+from winnow.curate.dedup.routing import Router
 pl.DataFrame({{"v": [b"ab", b"c"]}}).write_parquet({str(tmp_path / "k.parquet")!r})
 router = Router(__import__("pathlib").Path({str(tmp_path / "r")!r}), 2)
 router.need(0, np.array([0, 1], dtype=np.uint32)); router.need(1, np.array([1], dtype=np.uint32))

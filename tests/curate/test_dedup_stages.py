@@ -6,14 +6,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.dedup.exact import ExactConfig, ExactDedup
-from curate.dedup.minhash import MinHashConfig, MinHashDedup
-from curate.errors import ConfigError
-from curate.stages.base import StageContext
+from winnow.curate.dedup.exact import ExactConfig, ExactDedup
+from winnow.curate.dedup.minhash import MinHashConfig, MinHashDedup
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import StageContext
 
 
 def _ctx(tmp_path, stage_id="01.dedup"):
-    return StageContext(stage_id=stage_id, job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("a", "b"))
+    return StageContext(
+        stage_id=stage_id, job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("a", "b")
+    )
 
 
 def _rows(ids, sources, texts, **extra):
@@ -104,7 +106,9 @@ def test_minhash_sampled_verification_reports_false_positive_rate(tmp_path):
     words = _words(4, 200).split()
     other = " ".join(words[:150] + [f"x{i}" for i in range(50)])
     config = MinHashConfig(verify="sample", bands=32, rows=4)
-    (out,), report = _run(MinHashDedup(config, _ctx(tmp_path)), [_rows(["1", "2"], ["a"] * 2, [" ".join(words), other])])
+    (out,), report = _run(
+        MinHashDedup(config, _ctx(tmp_path)), [_rows(["1", "2"], ["a"] * 2, [" ".join(words), other])]
+    )
     assert report["sampled_pairs"] == 1 and report["estimated_false_positive_rate"] == 1.0
     assert out.rejected.height == 1  # sampled mode reports, it does not filter
 
@@ -113,7 +117,9 @@ def test_minhash_without_verification_spills_no_sets(tmp_path):
     stage = MinHashDedup(MinHashConfig(verify="none"), _ctx(tmp_path))
     keys = stage.collect(_rows(["1"], ["a"], ["some words here"]))
     assert "_shingles" not in keys.columns
-    assert [c for c in keys.columns if c.startswith("_band_")] == [f"_band_{i}" for i in range(stage.config.lsh_shape()[0])]
+    assert [c for c in keys.columns if c.startswith("_band_")] == [
+        f"_band_{i}" for i in range(stage.config.lsh_shape()[0])
+    ]
 
 
 def test_plan_without_keys_drops_nothing(tmp_path):
@@ -124,7 +130,7 @@ def test_plan_without_keys_drops_nothing(tmp_path):
 
 
 def test_default_lsh_is_loose_when_verifying():
-    from curate.dedup.lsh import candidate_probability
+    from winnow.curate.dedup.lsh import candidate_probability
 
     bands, rows = MinHashConfig().lsh_shape()
     assert candidate_probability(0.8, bands, rows) > 0.999

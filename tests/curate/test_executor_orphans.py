@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = """
 import os, sys, time
 from pathlib import Path
-from curate.executors import Executor
+from winnow.curate.executors import Executor
 
 def task(folder):
     Path(folder, f"{os.getpid()}.pid").write_text("")

@@ -7,12 +7,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from curate.stages.base import StageContext
-from curate.stages.clean import Clean, CleanConfig
-from curate.stages.filters.c4 import C4Filter
-from curate.stages.filters.fineweb import FineWebFilter
-from curate.stages.filters.gopher import GopherQualityFilter
-from curate.stages.filters.gopher_repetition import GopherRepetitionFilter
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.clean import Clean, CleanConfig
+from winnow.curate.stages.filters.c4 import C4Filter
+from winnow.curate.stages.filters.fineweb import FineWebFilter
+from winnow.curate.stages.filters.gopher import GopherQualityFilter
+from winnow.curate.stages.filters.gopher_repetition import GopherRepetitionFilter
 
 FILTERS = [GopherQualityFilter, GopherRepetitionFilter, C4Filter, FineWebFilter]
 # A lone surrogate cannot live in a UTF-8 column; readers decode it to U+FFFD, which is what stages see.
@@ -32,8 +32,10 @@ def ctx(tmp_path: Path) -> StageContext:
 
 
 def frame(texts: dict[str, str]) -> pl.DataFrame:
-    return pl.DataFrame({"id": list(texts), "source": "s", "text": list(texts.values()), "meta": None},
-                        schema_overrides={"meta": pl.String})
+    return pl.DataFrame(
+        {"id": list(texts), "source": "s", "text": list(texts.values()), "meta": None},
+        schema_overrides={"meta": pl.String},
+    )
 
 
 def check(stage, out, ids: set[str]) -> None:

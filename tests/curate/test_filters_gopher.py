@@ -7,9 +7,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from curate.stages.base import StageContext
-from curate.stages.filters.gopher import GopherQualityConfig, GopherQualityFilter
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.filters.gopher import GopherQualityConfig, GopherQualityFilter
 
 SENTENCE = "The quick brown fox jumps over the lazy dog and runs away with the bone."
 GOOD = " ".join([SENTENCE] * 6)
@@ -19,7 +19,9 @@ def run(text: str, **cfg) -> str | None:
     """The reject reason of ``text`` (None when kept)."""
     ctx = StageContext(stage_id="t", job_name="t", output_dir=Path("."), plan_dir=Path("."), sources=("s",))
     stage = GopherQualityFilter(GopherQualityConfig(**cfg), ctx)
-    batch = pl.DataFrame({"id": ["d"], "source": ["s"], "text": [text], "meta": [None]}, schema_overrides={"meta": pl.String})
+    batch = pl.DataFrame(
+        {"id": ["d"], "source": ["s"], "text": [text], "meta": [None]}, schema_overrides={"meta": pl.String}
+    )
     out = stage.apply(batch)
     assert out.kept.height + out.rejected.height == 1
     return out.rejected["reason"][0] if out.rejected.height else None
@@ -38,9 +40,15 @@ CASES = {
     "stop_words": (" ".join(["Quick brown foxes jump over lazy dogs, running away quickly."] * 8), {}),
 }
 THRESHOLD_KEY = {
-    "min_words": "min_words", "max_words": "max_words", "min_mean_word_length": "min_mean_word_length",
-    "max_mean_word_length": "max_mean_word_length", "hash_ratio": "max_hash_ratio", "ellipsis_ratio": "max_ellipsis_ratio",
-    "bullet_lines": "max_bullet_lines", "ellipsis_lines": "max_ellipsis_lines", "alpha_words": "min_alpha_words",
+    "min_words": "min_words",
+    "max_words": "max_words",
+    "min_mean_word_length": "min_mean_word_length",
+    "max_mean_word_length": "max_mean_word_length",
+    "hash_ratio": "max_hash_ratio",
+    "ellipsis_ratio": "max_ellipsis_ratio",
+    "bullet_lines": "max_bullet_lines",
+    "ellipsis_lines": "max_ellipsis_lines",
+    "alpha_words": "min_alpha_words",
     "stop_words": "min_stop_words",
 }
 
@@ -64,7 +72,11 @@ def test_every_reason_is_declared():
 def test_keep_metrics_keeps_columns():
     ctx = StageContext(stage_id="t", job_name="t", output_dir=Path("."), plan_dir=Path("."), sources=("s",))
     stage = GopherQualityFilter(GopherQualityConfig(keep_metrics=True), ctx)
-    out = stage.apply(pl.DataFrame({"id": ["d"], "source": ["s"], "text": [GOOD], "meta": [None]}, schema_overrides={"meta": pl.String}))
+    out = stage.apply(
+        pl.DataFrame(
+            {"id": ["d"], "source": ["s"], "text": [GOOD], "meta": [None]}, schema_overrides={"meta": pl.String}
+        )
+    )
     assert out.kept["gopher_stop_words"][0] == 3  # "the", "and", "with"; stop words are case-sensitive, as in Gopher
     assert out.kept["gopher_words"][0] == 15 * 6
 

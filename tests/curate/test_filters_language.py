@@ -7,12 +7,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from curate.stages.base import StageContext
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import StageContext
 
 pytest.importorskip("py3langid", reason="filter.language needs py3langid: pip install py3langid")
 
-from curate.stages.filters.language import LanguageConfig, LanguageFilter  # noqa: E402
+from winnow.curate.stages.filters.language import LanguageConfig, LanguageFilter  # noqa: E402
 
 TEXTS = {
     "en": "The committee will publish its findings after the summer, once every witness has been heard.",
@@ -23,8 +23,10 @@ TEXTS = {
 
 def run(**cfg):
     ctx = StageContext(stage_id="t", job_name="t", output_dir=Path("."), plan_dir=Path("."), sources=("s",))
-    batch = pl.DataFrame({"id": list(TEXTS), "source": "s", "text": list(TEXTS.values()), "meta": None},
-                         schema_overrides={"meta": pl.String})
+    batch = pl.DataFrame(
+        {"id": list(TEXTS), "source": "s", "text": list(TEXTS.values()), "meta": None},
+        schema_overrides={"meta": pl.String},
+    )
     return LanguageFilter(LanguageConfig(**cfg), ctx).apply(batch)
 
 

@@ -7,8 +7,8 @@ import json
 import orjson
 import pytest
 
-from curate.pipeline import run_job
-from pipelines.jobfile import load_job
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.jobfile import load_job
 
 PROSE = [
     "Rivers carve deep valleys over millions of years, and the water shapes the stone.",
@@ -47,9 +47,16 @@ keep_metrics = true
 @pytest.mark.slow
 def test_job_with_clean_and_filters(tmp_path, write_job, nothing_lost):
     # Each good document words its lines its own way (a shared line would be boilerplate); all share the banner.
-    docs = {f"good{i}": "Accept cookies\n" + "\n".join(f"{name} says that {p[0].lower()}{p[1:]}" for p in PROSE)
-            for i, name in enumerate(("Anna", "Boris", "Clara", "David", "Elena", "Felix"))}
-    docs |= {"short": "Too short.", "empty": "   ", "mash": "asdf jkl; qwer " * 30 + ".", "lorem": "\n".join(PROSE) + "\nLorem ipsum dolor sit amet, consectetur."}
+    docs = {
+        f"good{i}": "Accept cookies\n" + "\n".join(f"{name} says that {p[0].lower()}{p[1:]}" for p in PROSE)
+        for i, name in enumerate(("Anna", "Boris", "Clara", "David", "Elena", "Felix"))
+    }
+    docs |= {
+        "short": "Too short.",
+        "empty": "   ",
+        "mash": "asdf jkl; qwer " * 30 + ".",
+        "lorem": "\n".join(PROSE) + "\nLorem ipsum dolor sit amet, consectetur.",
+    }
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(orjson.dumps({"id": k, "text": v}) for k, v in docs.items()) + b"\n")
     job = load_job(write_job(JOB.format(path=tmp_path / "in.jsonl")))
     manifest = run_job(job, progress=False)

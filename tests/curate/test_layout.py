@@ -9,10 +9,10 @@ import polars as pl
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from curate.config import OutputConfig
-from curate.pipeline import run_job
-from curate.writers.layout import group_small_files, write_ranges
-from pipelines.jobfile import load_job
+from winnow.curate.config import OutputConfig
+from winnow.curate.pipeline import run_job
+from winnow.curate.writers.layout import group_small_files, write_ranges
+from winnow.pipelines.jobfile import load_job
 
 JOB = """
 workers = 1
@@ -33,7 +33,10 @@ row_group_bytes = 2000
 
 def make_inputs(tmp_path, n_files=4, per_file=50):
     for f in range(n_files):
-        lines = [orjson.dumps({"id": f"f{f}-{i}", "text": f"document {i} " + "word " * (i % 9), "k": i}) for i in range(per_file)]
+        lines = [
+            orjson.dumps({"id": f"f{f}-{i}", "text": f"document {i} " + "word " * (i % 9), "k": i})
+            for i in range(per_file)
+        ]
         (tmp_path / f"part{f}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
 
 
@@ -44,7 +47,8 @@ def test_formats_and_splits_have_their_own_folders_that_tools_open(tmp_path, wri
     nothing_lost(job.output_dir, {f"f{f}-{i}" for f in range(4) for i in range(50)})
     shards = job.output_dir / "shards"
     assert sorted(p.relative_to(shards).parent.as_posix() for p in shards.rglob("part-*")) == sorted(
-        f"{s['format']}/{s['split']}" for s in manifest["shards"])
+        f"{s['format']}/{s['split']}" for s in manifest["shards"]
+    )
     train, val = shards / "parquet" / "train", shards / "parquet" / "val"
     n_train = sum(s["rows"] for s in manifest["shards"] if s["split"] == "train" and s["format"] == "parquet")
     n_val = sum(s["rows"] for s in manifest["shards"] if s["split"] == "val" and s["format"] == "parquet")
@@ -100,12 +104,20 @@ def test_dataset_card_lists_sources_stages_and_typed_features(tmp_path, write_jo
     import yaml
 
     make_inputs(tmp_path)
-    job = load_job(write_job(JOB.format(path=tmp_path / "*.jsonl").replace("[output]", '[[stages]]\nkind = "filter.length"\nmin_words = 3\n\n[output]')))
+    job = load_job(
+        write_job(
+            JOB.format(path=tmp_path / "*.jsonl").replace(
+                "[output]", '[[stages]]\nkind = "filter.length"\nmin_words = 3\n\n[output]'
+            )
+        )
+    )
     manifest = run_job(job, progress=False)
     card = (job.output_dir / "README.md").read_text()
     header = yaml.safe_load(card.split("---")[1])
-    assert header["configs"][0]["data_files"] == [{"split": "train", "path": "shards/parquet/train/*.parquet"},
-                                                 {"split": "validation", "path": "shards/parquet/val/*.parquet"}]
+    assert header["configs"][0]["data_files"] == [
+        {"split": "train", "path": "shards/parquet/train/*.parquet"},
+        {"split": "validation", "path": "shards/parquet/val/*.parquet"},
+    ]
     features = {f["name"]: f["dtype"] for f in header["dataset_info"]["features"]}
     assert features == {"id": "string", "source": "string", "text": "string", "meta": "string", "split": "string"}
     sizes = {s["name"]: s["num_examples"] for s in header["dataset_info"]["splits"]}
@@ -133,16 +145,18 @@ def test_the_dataset_card_escapes_names_in_its_header_and_tables(tmp_path):
     import pyarrow.parquet as pq
     import yaml
 
-    from curate.card import render_card
+    from winnow.curate.card import render_card
 
     odd = "we|ird: <b>`x`</b>\nnext"
     (tmp_path / "shards").mkdir()
     pq.write_table(pa.table({"text": ["a"], odd: [1]}), tmp_path / "shards" / "part-0.parquet")
-    manifest = {"job": "j<script>", "shards": [{"split": "train", "format": "parquet", "path": "shards/part-0.parquet",
-                                                "rows": 1, "bytes": 10}],
-                "inputs": [{"source": odd, "format": "jsonl", "files": ["a"]}],
-                "by_source": {odd: {"read": 1, "written": 1, "rejected": {}}},
-                "stages": [{"id": "01.mine", "rows_in": 1, "rows_out": 1, "rows_rejected": 0, "rejected": {odd: 0}}]}
+    manifest = {
+        "job": "j<script>",
+        "shards": [{"split": "train", "format": "parquet", "path": "shards/part-0.parquet", "rows": 1, "bytes": 10}],
+        "inputs": [{"source": odd, "format": "jsonl", "files": ["a"]}],
+        "by_source": {odd: {"read": 1, "written": 1, "rejected": {}}},
+        "stages": [{"id": "01.mine", "rows_in": 1, "rows_out": 1, "rows_rejected": 0, "rejected": {odd: 0}}],
+    }
     card = render_card(tmp_path, manifest)
     header = yaml.safe_load(card.split("\n---\n")[0].removeprefix("---\n"))
     assert [f["name"] for f in header["dataset_info"]["features"]] == ["text", odd]

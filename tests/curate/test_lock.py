@@ -7,14 +7,16 @@ import multiprocessing
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import fsspec
 import pytest
 
-from curate.errors import OutputError
-from curate.lock import LOCK, FolderLock, _get, _put, lock_info
+from winnow.curate.errors import OutputError
+from winnow.curate.lock import LOCK, FolderLock, _boot_id, _get, _put, lock_info
 
 FORK = multiprocessing.get_context("fork")
 
@@ -36,8 +38,11 @@ def _holder_process(folder: Path):
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     child, done = _holder_process(tmp_path / "out")
     try:
-        with pytest.raises(OutputError, match=rf"in use by another winnow run \(host {socket.gethostname()}, "
-                                              rf"pid {child.pid}, started 20"):
+        with pytest.raises(
+            OutputError,
+            match=rf"in use by another winnow run \(host {socket.gethostname()}, "
+            rf"pid {child.pid}, started 20",
+        ):
             FolderLock(tmp_path / "out", what="output folder").acquire()
     finally:
         done.set()
@@ -96,10 +101,17 @@ def bucket(s3_server):
     return fs, f"s3://{name}/job"
 
 
-def _plant(fs, folder: str, *, age: float, lease: float = 60.0, pid: int = 4242) -> None:
-    """The lock object of another run on another host, renewed ``age`` seconds ago."""
-    info = {"host": "elsewhere", "pid": pid, "started": "2026-01-01T00:00:00+00:00", "token": "t",
-            "lease_seconds": lease, "renewed": time.time() - age}
+def _plant(fs, folder: str, *, age: float, lease: float = 60.0, pid: int = 4242, here: bool = False) -> None:
+    """The lock object of another run on another host (``here``: this host), renewed ``age`` seconds ago."""
+    info = {
+        "host": socket.gethostname() if here else "elsewhere",
+        "boot": _boot_id() if here else None,
+        "pid": pid,
+        "started": "2026-01-01T00:00:00+00:00",
+        "token": "t",
+        "lease_seconds": lease,
+        "renewed": time.time() - age,
+    }
     _put(fs, f"{folder.removeprefix('s3://')}/{LOCK}", info, create=True)
 
 
@@ -116,6 +128,17 @@ def test_s3_a_dead_runs_lease_is_taken_over(bucket):
     with FolderLock(folder, what="output folder"):
         assert lock_info(folder)["pid"] == os.getpid()
     assert not fs.exists(f"{folder}/{LOCK}")
+
+
+def test_s3_a_live_lease_of_a_process_gone_from_this_host_is_taken_over_at_once(bucket):
+    fs, folder = bucket
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _plant(fs, folder, age=1.0, pid=int(gone.stdout), here=True)  # killed a second ago: its lease still runs
+    with FolderLock(folder, what="output folder"):
+        assert lock_info(folder)["pid"] == os.getpid()
+    _plant(fs, folder, age=1.0, pid=os.getppid(), here=True)  # a live process of this host: refused
+    with pytest.raises(OutputError, match="in use by another winnow run"):
+        FolderLock(folder, what="output folder").acquire()
 
 
 def test_s3_of_two_runs_taking_over_one_lease_one_wins(bucket):

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError, StageError
-from curate.stages.base import Plan, StageContext
-from curate.stages.mix import Mix, MixConfig
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.stages.base import Plan, StageContext
+from winnow.curate.stages.mix import Mix, MixConfig
 
 
 def rows(counts: dict[str, int], *, seed: int = 0) -> pl.DataFrame:
@@ -21,13 +21,22 @@ def rows(counts: dict[str, int], *, seed: int = 0) -> pl.DataFrame:
         sources += [source] * n
     lengths = rng.integers(20, 400, len(ids))
     return pl.DataFrame(
-        {"id": ids, "source": sources, "text": ["x" * int(k) for k in lengths], "meta": None, "quality": rng.random(len(ids))},
+        {
+            "id": ids,
+            "source": sources,
+            "text": ["x" * int(k) for k in lengths],
+            "meta": None,
+            "quality": rng.random(len(ids)),
+        },
         schema_overrides={"meta": pl.String},
     )
 
 
 def stage(tmp_path: Path, **cfg) -> Mix:
-    return Mix(MixConfig(**cfg), StageContext(stage_id="m", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "p", sources=()))
+    return Mix(
+        MixConfig(**cfg),
+        StageContext(stage_id="m", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "p", sources=()),
+    )
 
 
 def plan(df: pl.DataFrame, tmp_path: Path, **cfg):
@@ -43,7 +52,12 @@ def counts_by_id(decision: pl.DataFrame) -> dict[str, int]:
 
 
 def test_explicit_weights_are_met_within_one_percent_under_the_epoch_cap(tmp_path):
-    _, p = plan(rows({"big": 6000, "mid": 2000, "small": 300}), tmp_path, weights={"big": 0.5, "mid": 0.3, "small": 0.2}, max_epochs=3)
+    _, p = plan(
+        rows({"big": 6000, "mid": 2000, "small": 300}),
+        tmp_path,
+        weights={"big": 0.5, "mid": 0.3, "small": 0.2},
+        max_epochs=3,
+    )
     sources = p.report["sources"]
     for name, want in {"big": 0.5, "mid": 0.3, "small": 0.2}.items():
         assert abs(sources[name]["realized_share"] - want) < 0.01, (name, sources[name])
@@ -118,7 +132,9 @@ def test_importance_selection_prefers_high_weights_without_excluding_low_ones(tm
 
 
 def test_apply_repeats_drops_and_passes_val_rows_through(tmp_path):
-    df = rows({"a": 400, "b": 40}).with_columns(split=pl.when(pl.col("id").str.ends_with("7")).then(pl.lit("val")).otherwise(pl.lit("train")))
+    df = rows({"a": 400, "b": 40}).with_columns(
+        split=pl.when(pl.col("id").str.ends_with("7")).then(pl.lit("val")).otherwise(pl.lit("train"))
+    )
     mix, p = plan(df, tmp_path, weights={"a": 0.5, "b": 0.5}, max_epochs=3)
     out = mix.apply(df, p.decision.drop("_task"))
     assert df.height + out.repeats == out.kept.height + out.rejected.height
@@ -143,15 +159,24 @@ def test_tokenizer_counts_tokens_instead_of_bytes(tmp_path):
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tok.json"))
-    df = pl.DataFrame({"id": ["1", "2"], "source": "a", "text": ["hi hi hi", "hello"], "meta": None}, schema_overrides={"meta": pl.String})
+    df = pl.DataFrame(
+        {"id": ["1", "2"], "source": "a", "text": ["hi hi hi", "hello"], "meta": None},
+        schema_overrides={"meta": pl.String},
+    )
     keys = stage(tmp_path, tokenizer=str(tmp_path / "tok.json")).collect(df)
     assert keys["_tokens"].to_list() == [3, 1]
 
 
 @pytest.mark.parametrize(
     "cfg, key",
-    [({"scheme": "explicit"}, "weights"), ({"temperature": 0}, "temperature"), ({"max_epochs": 0}, "max_epochs"),
-     ({"weights": {"a": -1}}, "weights.a"), ({"tokenizer": "/nope.json"}, "tokenizer"), ({"total_tokens": 0}, "total_tokens")],
+    [
+        ({"scheme": "explicit"}, "weights"),
+        ({"temperature": 0}, "temperature"),
+        ({"max_epochs": 0}, "max_epochs"),
+        ({"weights": {"a": -1}}, "weights.a"),
+        ({"tokenizer": "/nope.json"}, "tokenizer"),
+        ({"total_tokens": 0}, "total_tokens"),
+    ],
 )
 def test_bad_config_names_the_key(cfg, key):
     with pytest.raises(ConfigError, match=key):
@@ -159,21 +184,25 @@ def test_bad_config_names_the_key(cfg, key):
 
 
 def test_rows_without_a_split_value_are_training_rows(tmp_path):
-    df = rows({"a": 20}).with_columns(split=pl.when(pl.col("id") == "a/doc1").then(pl.lit("val")).otherwise(pl.lit(None, pl.String)))
+    df = rows({"a": 20}).with_columns(
+        split=pl.when(pl.col("id") == "a/doc1").then(pl.lit("val")).otherwise(pl.lit(None, pl.String))
+    )
     mix, p = plan(df, tmp_path)
     assert p.decision.height == 19
     assert mix.apply(df, p.decision).kept.height == 20
 
 
 def test_plans_over_no_rows_are_empty(tmp_path):
-    from curate.stages.order import Order, OrderConfig
-    from curate.stages.split import Split, SplitConfig
+    from winnow.curate.stages.order import Order, OrderConfig
+    from winnow.curate.stages.split import Split, SplitConfig
 
     ctx = StageContext(stage_id="x", job_name="t", output_dir=tmp_path, plan_dir=tmp_path, sources=())
     nothing = pl.LazyFrame(schema={"id": pl.String, "_task": pl.Int32})  # what the runner scans when no task wrote keys
     for stage in (Mix(MixConfig(), ctx), Order(OrderConfig(), ctx), Split(SplitConfig(), ctx)):
         assert stage.plan(nothing).gather(nothing).height == 0
-    empty = rows({"a": 1}).clear().with_columns(difficulty=pl.lit(0.5))  # keys with every column but no row (an empty task)
+    empty = (
+        rows({"a": 1}).clear().with_columns(difficulty=pl.lit(0.5))
+    )  # keys with every column but no row (an empty task)
     for stage in (Mix(MixConfig(), ctx), Order(OrderConfig(), ctx)):
         keys = stage.collect(empty).with_columns(pl.lit(0, pl.Int32).alias("_task")).lazy()
         plan = stage.plan(keys)
@@ -187,14 +216,19 @@ def test_many_sources_cut_the_same_in_one_key_range_and_in_many(tmp_path):
     df = rows({f"site-{i:03d}": int(n) for i, n in enumerate(rng.integers(1, 40, 300))})
     cfg = {"scheme": "temperature", "temperature": 2.0, "max_epochs": 2.0}
     _, whole = plan(df, tmp_path / "whole", **cfg)
-    mix = Mix(MixConfig(**cfg), StageContext(stage_id="m", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "tiny",
-                                             sources=(), memory_gb=2e-5))
+    mix = Mix(
+        MixConfig(**cfg),
+        StageContext(
+            stage_id="m", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "tiny", sources=(), memory_gb=2e-5
+        ),
+    )
     keys = mix.collect(df).with_columns(pl.lit(0, pl.Int32).alias("_task")).lazy()
     tiny = mix.plan(keys)
     assert whole.report["key_ranges"] == 1 and tiny.report["key_ranges"] > 5
     assert counts_by_id(tiny.gather(keys)) == counts_by_id(whole.decision)
-    assert {k: v for k, v in tiny.report.items() if k != "key_ranges"} == {k: v for k, v in whole.report.items()
-                                                                             if k != "key_ranges"}
+    assert {k: v for k, v in tiny.report.items() if k != "key_ranges"} == {
+        k: v for k, v in whole.report.items() if k != "key_ranges"
+    }
     longest = df.with_columns(n=pl.col("text").str.len_bytes()).group_by("source").agg(pl.col("n").max())
     for source, n in longest.iter_rows():  # a partial pass ends within one document of its target
         s = whole.report["sources"][source]
@@ -203,7 +237,7 @@ def test_many_sources_cut_the_same_in_one_key_range_and_in_many(tmp_path):
 
 
 def test_a_weight_for_a_source_with_no_rows_left_is_said_not_silently_rescaled(tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="curate.stages.mix"):
+    with caplog.at_level("WARNING", logger="winnow.curate.stages.mix"):
         _, p = plan(rows({"a": 300, "b": 300}), tmp_path, weights={"a": 0.5, "b": 0.3, "gone": 0.2})
     assert p.report["weights_without_rows"] == ["gone"]
     assert any("['gone'] have a weight but no rows" in r.getMessage() for r in caplog.records)

@@ -9,8 +9,8 @@ import orjson
 import polars as pl
 import pytest
 
-from curate.pipeline import run_job
-from pipelines.jobfile import load_job
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.jobfile import load_job
 
 JOB = """
 workers = {workers}

@@ -7,11 +7,35 @@ from pathlib import Path
 
 import pytest
 
-from curate.config import JobSection
-from curate.names import MAX_COMPONENT, name_from_path, path_name
+from winnow.curate.config import JobSection
+from winnow.curate.names import MAX_COMPONENT, name_from_path, path_name
 
-HOSTILE = [".", "..", "../x", "../../etc", "/abs", "a/b", "a\\b", "\x00", "a\x00b", ".hidden", "...", "%", "%2E",
-           "%25", "a b", "é", "naïve/..", "$\\foo{x}$", "<b>x</b>", "a|b", "x" * 300, "é" * 300, "%~", "\ud800"]
+HOSTILE = [
+    ".",
+    "..",
+    "../x",
+    "../../etc",
+    "/abs",
+    "a/b",
+    "a\\b",
+    "\x00",
+    "a\x00b",
+    ".hidden",
+    "...",
+    "%",
+    "%2E",
+    "%25",
+    "a b",
+    "é",
+    "naïve/..",
+    "$\\foo{x}$",
+    "<b>x</b>",
+    "a|b",
+    "x" * 300,
+    "é" * 300,
+    "%~",
+    "\ud800",
+]
 ORDINARY = ["web", "books", "wiki_en", "code-python", "v1.2", "Prose", "a..b", "x."]
 
 

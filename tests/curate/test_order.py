@@ -8,28 +8,36 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError, StageError
-from curate.stages.base import StageContext
-from curate.stages.order import Order, OrderConfig
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.order import Order, OrderConfig
 
 
 def rows(counts: dict[str, int], *, offset: dict[str, float] | None = None, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
     frames = []
     for source, n in counts.items():
-        frames.append(pl.DataFrame({
-            "id": [f"{source}/doc{i}" for i in range(n)],
-            "source": source,
-            "text": ["x" * int(k) for k in rng.integers(1, 300, n)],
-            "meta": None,
-            "difficulty": rng.random(n) + (offset or {}).get(source, 0.0),
-        }, schema_overrides={"meta": pl.String}))
+        frames.append(
+            pl.DataFrame(
+                {
+                    "id": [f"{source}/doc{i}" for i in range(n)],
+                    "source": source,
+                    "text": ["x" * int(k) for k in rng.integers(1, 300, n)],
+                    "meta": None,
+                    "difficulty": rng.random(n) + (offset or {}).get(source, 0.0),
+                },
+                schema_overrides={"meta": pl.String},
+            )
+        )
     return pl.concat(frames)
 
 
 def ordered(df: pl.DataFrame, tmp_path: Path, *, tasks: int = 2, **cfg) -> pl.DataFrame:
     """collect per task, plan once, apply per task (like the runner); rows sorted by order, val rows last."""
-    stage = Order(OrderConfig(**cfg), StageContext(stage_id="o", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "p", sources=(), seed=0))
+    stage = Order(
+        OrderConfig(**cfg),
+        StageContext(stage_id="o", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "p", sources=(), seed=0),
+    )
     parts = [df[i * df.height // tasks : (i + 1) * df.height // tasks] for i in range(tasks)]
     keys = pl.concat([stage.collect(p).with_columns(pl.lit(i, pl.Int32).alias("_task")) for i, p in enumerate(parts)])
     plan = stage.plan(keys.lazy())
@@ -39,7 +47,9 @@ def ordered(df: pl.DataFrame, tmp_path: Path, *, tasks: int = 2, **cfg) -> pl.Da
 
 
 def test_order_is_a_rank_over_training_rows_and_null_for_val_rows(tmp_path):
-    df = rows({"a": 300, "b": 100}).with_columns(split=pl.when(pl.col("id").str.ends_with("3")).then(pl.lit("val")).otherwise(pl.lit("train")))
+    df = rows({"a": 300, "b": 100}).with_columns(
+        split=pl.when(pl.col("id").str.ends_with("3")).then(pl.lit("val")).otherwise(pl.lit("train"))
+    )
     out = ordered(df, tmp_path)
     train = out.filter(pl.col("split") == "train")
     assert train["order"].to_list() == list(range(train.height))
@@ -136,14 +146,19 @@ def test_same_seed_same_order_other_seed_other_order_whatever_the_input_order(tm
     df = rows({"a": 800, "b": 300})
     cfg = {"pacing": "sqrt", "shuffle_within_window": True, "window": 50}
     first = ordered(df, tmp_path / "1", seed=5, **cfg)["id"].to_list()
-    again = ordered(df.sample(fraction=1.0, shuffle=True, seed=1), tmp_path / "2", tasks=3, seed=5, **cfg)["id"].to_list()
+    again = ordered(df.sample(fraction=1.0, shuffle=True, seed=1), tmp_path / "2", tasks=3, seed=5, **cfg)[
+        "id"
+    ].to_list()
     other = ordered(df, tmp_path / "3", seed=6, **cfg)["id"].to_list()
     assert first == again and first != other
 
 
 def test_report_gives_window_shares_and_the_curve(tmp_path):
     df = rows({"a": 900, "b": 300})
-    stage = Order(OrderConfig(window=100), StageContext(stage_id="o", job_name="t", output_dir=tmp_path, plan_dir=tmp_path, sources=()))
+    stage = Order(
+        OrderConfig(window=100),
+        StageContext(stage_id="o", job_name="t", output_dir=tmp_path, plan_dir=tmp_path, sources=()),
+    )
     report = stage.plan(stage.collect(df).with_columns(pl.lit(0).alias("_task")).lazy()).report
     assert report["windows"] == 12 and report["max_share_deviation"] <= 0.02 and report["windows_over_tolerance"] == 0
     assert [w["window"] for w in report["window_rows"]] == [0, 1, 2, 9, 10, 11]
@@ -152,15 +167,24 @@ def test_report_gives_window_shares_and_the_curve(tmp_path):
 
 
 def test_missing_ordering_column_is_an_error_that_names_it(tmp_path):
-    stage = Order(OrderConfig(by="quality"), StageContext(stage_id="o", job_name="t", output_dir=tmp_path, plan_dir=tmp_path, sources=()))
+    stage = Order(
+        OrderConfig(by="quality"),
+        StageContext(stage_id="o", job_name="t", output_dir=tmp_path, plan_dir=tmp_path, sources=()),
+    )
     with pytest.raises(StageError, match="quality"):
         stage.collect(rows({"a": 3}))
 
 
 @pytest.mark.parametrize(
     "cfg, key",
-    [({"pacing": "fast"}, "pacing"), ({"window": 0}, "window"), ({"start": 2.0}, "start"), ({"steps": 0}, "steps"),
-     ({"source_order": ["a"]}, "source_order"), ({"direction": "up"}, "direction")],
+    [
+        ({"pacing": "fast"}, "pacing"),
+        ({"window": 0}, "window"),
+        ({"start": 2.0}, "start"),
+        ({"steps": 0}, "steps"),
+        ({"source_order": ["a"]}, "source_order"),
+        ({"direction": "up"}, "direction"),
+    ],
 )
 def test_bad_config_names_the_key(cfg, key):
     with pytest.raises(ConfigError, match=key):
@@ -170,7 +194,7 @@ def test_bad_config_names_the_key(cfg, key):
 def test_many_sources_merge_by_key_into_the_closed_forms_order(tmp_path, monkeypatch):
     """Past ``CLOSED_FORM_SOURCES`` sources the stratified places come from a merge key and a sort (O(rows log rows)
     whatever the source count), which must give exactly the closed form's order, ties included."""
-    import curate.stages.order as order
+    import winnow.curate.stages.order as order
 
     rng = np.random.default_rng(5)
     df = rows({f"site-{i:03d}": int(n) for i, n in enumerate(rng.integers(1, 30, 90))}, seed=1)

@@ -14,15 +14,17 @@ from pathlib import Path
 import orjson
 import pytest
 
-from curate.outdir import MARKER
-from pipelines.cli import main
+from winnow.curate.outdir import MARKER
+from winnow.pipelines.cli import main
 
 
 def job_file(tmp_path: Path, body: str = "") -> Path:
     data = tmp_path / "a.jsonl"
     data.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"doc {i}"}) + b"\n" for i in range(5)))
     path = tmp_path / "job.toml"
-    path.write_text(f'[job]\nname = "o"\noutput = "{tmp_path / "unused"}"\n[[inputs]]\nsource = "s"\npath = "{data}"\n{body}')
+    path.write_text(
+        f'[job]\nname = "o"\noutput = "{tmp_path / "unused"}"\n[[inputs]]\nsource = "s"\npath = "{data}"\n{body}'
+    )
     return path
 
 

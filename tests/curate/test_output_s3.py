@@ -18,10 +18,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from curate.errors import ConfigError, OutputError
-from curate.pipeline import run_job
-from pipelines.cli import main
-from pipelines.jobfile import load_job
+from winnow.curate.errors import ConfigError, OutputError
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.cli import main
+from winnow.pipelines.jobfile import load_job
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "winnow-out"
@@ -74,8 +74,9 @@ def write_inputs(data: Path) -> set[str]:
     data.mkdir(exist_ok=True)
     ids = set()
     for f in range(2):
-        recs = [{"id": f"w{f}-{i}", "text": f"web page {i % 7} about things number {i}\nsubscribe now"}
-                for i in range(25)]
+        recs = [
+            {"id": f"w{f}-{i}", "text": f"web page {i % 7} about things number {i}\nsubscribe now"} for i in range(25)
+        ]
         ids |= {r["id"] for r in recs}
         (data / f"web-{f}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b"{broken\n")
     recs = [{"id": f"b{i}", "text": f"a book chapter number {i % 11} of many"} for i in range(20)]
@@ -102,15 +103,19 @@ def s3(s3_server):
 
 def local_outputs(out: Path) -> dict[str, str]:
     """sha256 of every shard and rejects file of a local job folder, by relative path."""
-    return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for folder in ("shards", "rejects") for p in sorted((out / folder).rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for folder in ("shards", "rejects")
+        for p in sorted((out / folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 def store_outputs(fs, prefix: str) -> dict[str, str]:
     found = {}
     for folder in ("shards", "rejects"):
         for key in fs.find(f"{prefix}/{folder}"):
-            found[key[len(prefix) + 1:]] = hashlib.sha256(fs.cat_file(key)).hexdigest()
+            found[key[len(prefix) + 1 :]] = hashlib.sha256(fs.cat_file(key)).hexdigest()
     return found
 
 
@@ -123,6 +128,7 @@ def no_timings(manifest: dict) -> dict:
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
+
     return strip({k: v for k, v in manifest.items() if k not in ("config", "packages")})
 
 
@@ -141,14 +147,18 @@ def test_a_job_on_s3_writes_the_same_bytes_as_a_local_run(tmp_path, s3, local_ru
     prefix = f"{BUCKET}/same"
     manifest = run_job(load_job(job_file(tmp_path, "job", f"s3://{prefix}", workers=2)), progress=False)
     expected = local_outputs(out)
-    assert len([p for p in expected if p.startswith("shards/")]) >= 6 and any(p.startswith("rejects/") for p in expected)
+    assert len([p for p in expected if p.startswith("shards/")]) >= 6 and any(
+        p.startswith("rejects/") for p in expected
+    )
     assert store_outputs(s3, prefix) == expected  # every shard and rejects file, byte for byte
     assert [(s["path"], s["sha256"]) for s in manifest["shards"]] == [(s["path"], s["sha256"]) for s in local["shards"]]
     stored = json.loads(s3.cat_file(f"{prefix}/manifest.json"))
     assert no_timings(stored) == no_timings(json.loads((out / "manifest.json").read_text()))
     names = [k.rsplit("/", 1)[-1] for k in s3.find(prefix)]
     assert not [n for n in names if n.endswith(".tmp")], "temporary keys left behind"
-    assert not s3.exists(f"{prefix}/_work") and s3.exists(f"{prefix}/.winnow-output") and s3.exists(f"{prefix}/README.md")
+    assert (
+        not s3.exists(f"{prefix}/_work") and s3.exists(f"{prefix}/.winnow-output") and s3.exists(f"{prefix}/README.md")
+    )
     # the report reads the manifest and the shards' score columns in place, and goes next to them
     cwd = tmp_path / "cwd"
     cwd.mkdir()
@@ -168,8 +178,13 @@ def _curate(job: Path, crash: str | None) -> subprocess.CompletedProcess:
     env.pop("WINNOW_CRASH_AT", None)
     if crash:
         env["WINNOW_CRASH_AT"] = crash
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "curate", str(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -196,7 +211,9 @@ def test_a_run_killed_while_publishing_to_s3_leaves_nothing_half_written_and_res
         partial = {k: v for k, v in left.items() if not k.rsplit("/", 1)[-1].startswith(".")}
         assert all(expected.get(k) == v for k, v in partial.items()), (n, when, sorted(set(partial) - set(expected)))
         if when == "before" and wanted[i].endswith(".tar"):  # uploaded under a temporary key, not yet copied
-            assert any(k.endswith(".tmp") for k in left) and wanted[i].split(":")[1] not in {k.rsplit("/", 1)[-1] for k in partial}
+            assert any(k.endswith(".tmp") for k in left) and wanted[i].split(":")[1] not in {
+                k.rsplit("/", 1)[-1] for k in partial
+            }
         # the re-run, in this process (only the killed run needs a process of its own)
         assert main(["-q", "curate", str(job)]) == 0, (n, when)
         assert store_outputs(s3, prefix) == expected, (n, when)
@@ -204,7 +221,7 @@ def test_a_run_killed_while_publishing_to_s3_leaves_nothing_half_written_and_res
 
 def test_an_unmarked_task_folder_on_the_store_is_not_trusted(tmp_path, s3):
     """A killed worker's uploads without their marker are invisible to later phases and re-done."""
-    from curate.workdir import WorkDir
+    from winnow.curate.workdir import WorkDir
 
     work = WorkDir(f"s3://{BUCKET}/unmarked")
     folder = work.task(0, 1)
@@ -241,7 +258,7 @@ def test_a_url_scheme_without_a_driver_names_the_key_and_the_package(tmp_path):
 def test_output_mode_on_a_store_is_an_error_naming_the_key(tmp_path, s3):
     write_inputs(tmp_path / "data")
     path = job_file(tmp_path, "job", f"s3://{BUCKET}/mode")
-    path.write_text(path.read_text().replace('shard_rows = 9', 'shard_rows = 9\nmode = 0o640'))
+    path.write_text(path.read_text().replace("shard_rows = 9", "shard_rows = 9\nmode = 0o640"))
     with pytest.raises(ConfigError, match=r"output\.mode = 0o640 applies to local folders"):
         load_job(path)
 
@@ -262,7 +279,10 @@ def test_an_input_edited_since_the_work_began_redoes_only_its_task_on_s3(tmp_pat
     run_job(load_job(path), progress=False)
 
     def phase0() -> dict[str, object]:  # when each phase-0 marker was written
-        return {k.split("/")[-2]: s3.info(k)["LastModified"] for k in s3.glob(f"{prefix}/_work/phase-0/task-*/stats.json")}
+        return {
+            k.split("/")[-2]: s3.info(k)["LastModified"] for k in s3.glob(f"{prefix}/_work/phase-0/task-*/stats.json")
+        }
+
     before = phase0()
     books = tmp_path / "data" / "books.jsonl"
     books.write_bytes(books.read_bytes().replace(b"a book chapter", b"an edited chapter"))
@@ -274,4 +294,3 @@ def test_an_input_edited_since_the_work_began_redoes_only_its_task_on_s3(tmp_pat
     fresh = tmp_path / "fresh"
     run_job(load_job(job_file(tmp_path, "fresh", str(fresh))), progress=False)
     assert store_outputs(s3, prefix) == local_outputs(fresh)
-

@@ -15,10 +15,10 @@ import orjson
 import polars as pl
 import pytest
 
-from curate.errors import InputError, StageError
-from curate.pipeline import run_job
-from curate.stages.filters.length import LengthFilter
-from pipelines.jobfile import load_job
+from winnow.curate.errors import InputError, StageError
+from winnow.curate.pipeline import run_job
+from winnow.curate.stages.filters.length import LengthFilter
+from winnow.pipelines.jobfile import load_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,10 @@ format = "{fmt}"
 """
     second = load_job(write_job(body, name="second"))
     m2 = run_job(second, progress=False)
-    read = lambda job, m: pl.concat([pl.read_parquet(job.output_dir / s["path"]) for s in m["shards"] if s["format"] == "parquet"])
+
+    def read(job, m):
+        return pl.concat([pl.read_parquet(job.output_dir / s["path"]) for s in m["shards"] if s["format"] == "parquet"])
+
     assert read(first, m1).equals(read(second, m2))
 
 
@@ -147,7 +150,9 @@ def test_unopenable_input_is_an_error_or_skipped(tmp_path, write_job):
 
 def test_crash_inside_a_task_then_rerun_gives_identical_shards(tmp_path, write_job, monkeypatch):
     make_inputs(tmp_path, n_files=4)
-    reference = run_job(load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"), name="ref")), progress=False)
+    reference = run_job(
+        load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"), name="ref")), progress=False
+    )
     job = load_job(write_job(JOB.format(workers=1, path=tmp_path / "*.jsonl"), name="crash"))
     original, calls = LengthFilter.apply, {"n": 0}
 
@@ -174,20 +179,33 @@ def test_killed_worker_process_then_rerun_gives_identical_shards(tmp_path, write
     for f in range(8):
         lines = [orjson.dumps({"id": f"{f}-{i}", "text": "some words here " * (i % 9)}) for i in range(1500)]
         (tmp_path / f"p{f:02d}.jsonl").write_bytes(b"\n".join(lines))
-    body = JOB.format(workers=2, path=tmp_path / "*.jsonl").replace("batch_rows = 16", "batch_rows = 500").replace("shard_rows = 25", "shard_rows = 1000")
+    body = (
+        JOB.format(workers=2, path=tmp_path / "*.jsonl")
+        .replace("batch_rows = 16", "batch_rows = 500")
+        .replace("shard_rows = 25", "shard_rows = 1000")
+    )
     ref = run_job(load_job(write_job(body, name="ref")), progress=False)
     job_file = write_job(body, name="killed")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job_file)], env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "curate", str(job_file)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     work = tmp_path / "out" / "killed" / "_work" / "phase-0"
     deadline = time.time() + 120
     while time.time() < deadline and not (work.exists() and any(p.name.startswith("task-") for p in work.iterdir())):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "curate", str(job_file)], env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "curate", str(job_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     manifest = json.loads((tmp_path / "out" / "killed" / "manifest.json").read_text())
     assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in ref["shards"]]
@@ -197,9 +215,12 @@ def test_killed_worker_process_then_rerun_gives_identical_shards(tmp_path, write
 
 def test_stage_scoped_to_sources_passes_other_sources_untouched(tmp_path, write_job, nothing_lost):
     ids = make_inputs(tmp_path, n_files=2)
-    body = JOB.format(workers=1, path=tmp_path / "part0.jsonl").replace(
-        'min_words = 3', 'min_words = 3\nsources = ["web"]'
-    ) + f'\n[[inputs]]\nsource = "books"\npath = "{tmp_path / "part1.jsonl"}"\n'
+    body = (
+        JOB.format(workers=1, path=tmp_path / "part0.jsonl").replace(
+            "min_words = 3", 'min_words = 3\nsources = ["web"]'
+        )
+        + f'\n[[inputs]]\nsource = "books"\npath = "{tmp_path / "part1.jsonl"}"\n'
+    )
     manifest = run_job(load_job(write_job(body)), progress=False)
     nothing_lost(tmp_path / "out" / "t", ids)
     by_source = manifest["stages"][2]["by_source"]
@@ -219,14 +240,17 @@ def test_job_where_an_early_stage_rejects_everything(tmp_path, write_job, nothin
 def test_barriers_no_row_reaches_are_not_planned_and_nothing_is_lost(tmp_path, write_job, nothing_lost):
     """All rows filtered before the score barriers, and a scope with no rows: the job still runs."""
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"id": f"a{i}", "text": "short"}) + "\n" for i in range(5)))
-    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"id": f"b{i}", "text": f"word {i} " * 30}) + "\n"
-                                              for i in range(5)))
-    body = (f'[[inputs]]\nsource = "a"\npath = "{tmp_path / "a.jsonl"}"\n'
-            f'[[inputs]]\nsource = "b"\npath = "{tmp_path / "b.jsonl"}"\n'
-            '[[stages]]\nkind = "filter.length"\nmin_words = 5\nsources = ["a"]\n'
-            '[[stages]]\nkind = "score.difficulty"\nsources = ["a"]\n'
-            '[[stages]]\nkind = "filter.length"\nmin_words = 1000\n'
-            '[[stages]]\nkind = "score.difficulty"\n[[stages]]\nkind = "dedup.minhash"\n')
+    (tmp_path / "b.jsonl").write_text(
+        "".join(json.dumps({"id": f"b{i}", "text": f"word {i} " * 30}) + "\n" for i in range(5))
+    )
+    body = (
+        f'[[inputs]]\nsource = "a"\npath = "{tmp_path / "a.jsonl"}"\n'
+        f'[[inputs]]\nsource = "b"\npath = "{tmp_path / "b.jsonl"}"\n'
+        '[[stages]]\nkind = "filter.length"\nmin_words = 5\nsources = ["a"]\n'
+        '[[stages]]\nkind = "score.difficulty"\nsources = ["a"]\n'
+        '[[stages]]\nkind = "filter.length"\nmin_words = 1000\n'
+        '[[stages]]\nkind = "score.difficulty"\n[[stages]]\nkind = "dedup.minhash"\n'
+    )
     job = load_job(write_job(body))
     manifest = run_job(job, progress=False)
     assert manifest["totals"]["rows_written"] == 0 and manifest["totals"]["rows_rejected"] == 10

@@ -24,9 +24,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from curate.errors import ConfigError
-from curate.pipeline import run_job
-from pipelines.jobfile import load_job
+from winnow.curate.errors import ConfigError
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.jobfile import load_job
 
 ray = pytest.importorskip("ray")
 
@@ -68,6 +68,7 @@ shard_rows = 10
 def deadline(seconds: int):
     def fire(*_):
         raise TimeoutError(f"no result within {seconds} s")
+
     old = signal.signal(signal.SIGALRM, fire)
     signal.alarm(seconds)
     try:
@@ -79,11 +80,17 @@ def deadline(seconds: int):
 
 @pytest.fixture(scope="module")
 def ray_cluster(s3_server):
-    env = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                                      "AWS_ENDPOINT_URL")}
+    env = {
+        k: os.environ[k]
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+    }
     with deadline(180):
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **env}})
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **env}},
+        )
     try:
         yield ray
     finally:
@@ -115,13 +122,20 @@ def s3fs_():
 
 
 def stored_shards(fs, prefix: str) -> dict[str, str]:
-    return {k[len(prefix) + 1:]: hashlib.sha256(fs.cat_file(k)).hexdigest()
-            for folder in ("shards", "rejects") for k in fs.find(f"{prefix}/{folder}")}
+    return {
+        k[len(prefix) + 1 :]: hashlib.sha256(fs.cat_file(k)).hexdigest()
+        for folder in ("shards", "rejects")
+        for k in fs.find(f"{prefix}/{folder}")
+    }
 
 
 def local_shards(out: Path) -> dict[str, str]:
-    return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for folder in ("shards", "rejects") for p in sorted((out / folder).rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for folder in ("shards", "rejects")
+        for p in sorted((out / folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 def markers(fs, prefix: str) -> dict[str, dict]:
@@ -157,8 +171,9 @@ def test_tasks_run_in_ray_workers_and_write_the_local_executors_bytes_to_s3(ray_
     assert fs.glob(f"{prefix}/_work/write-val/task-*.json")
 
 
-def test_a_killed_ray_worker_is_resumed_by_a_rerun_that_keeps_finished_tasks(ray_cluster, inputs, local_run, tmp_path,
-                                                                              monkeypatch):
+def test_a_killed_ray_worker_is_resumed_by_a_rerun_that_keeps_finished_tasks(
+    ray_cluster, inputs, local_run, tmp_path, monkeypatch
+):
     fs = s3fs_()
     prefix = f"{BUCKET}/killed"
     job = job_file(tmp_path, inputs, f"s3://{prefix}", "ray", extra="ray_max_retries = 0")
@@ -171,7 +186,9 @@ def test_a_killed_ray_worker_is_resumed_by_a_rerun_that_keeps_finished_tasks(ray
     assert (tmp_path / "fired").exists()
     before = markers(fs, prefix)
     assert 1 <= len(before) < 8
-    unmarked = {"/".join(k.split("/")[-3:-1]) for k in fs.glob(f"{prefix}/_work/phase-*/task-*/*.parquet")} - set(before)
+    unmarked = {"/".join(k.split("/")[-3:-1]) for k in fs.glob(f"{prefix}/_work/phase-*/task-*/*.parquet")} - set(
+        before
+    )
     assert unmarked, "the killed task's uploads, without their marker"
     monkeypatch.delenv("WINNOW_CRASH_AT")
     monkeypatch.delenv("WINNOW_CRASH_ONCE")
@@ -180,8 +197,10 @@ def test_a_killed_ray_worker_is_resumed_by_a_rerun_that_keeps_finished_tasks(ray
     after = markers(fs, prefix)
     assert len(after) == 8
     assert {t: after[t] for t in before} == before  # finished tasks were not run again
-    assert all(after[t]["ray"]["task_id"] not in {w["ray"]["task_id"] for w in before.values()}
-               for t in set(after) - set(before))
+    assert all(
+        after[t]["ray"]["task_id"] not in {w["ray"]["task_id"] for w in before.values()}
+        for t in set(after) - set(before)
+    )
     assert stored_shards(fs, prefix) == local_run
 
 
@@ -190,8 +209,14 @@ def test_a_ray_address_that_cannot_be_reached_names_the_key(inputs, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed once the block ends: nothing listens there
     job = load_job(job_file(tmp_path, inputs, str(tmp_path / "out"), "ray", extra=f'ray_address = "127.0.0.1:{port}"'))
-    with deadline(60), pytest.raises(ConfigError, match=rf"job\.ray_address = '127\.0\.0\.1:{port}' cannot be reached"
-                                                          r".*ray start --head"):
+    with (
+        deadline(60),
+        pytest.raises(
+            ConfigError,
+            match=rf"job\.ray_address = '127\.0\.0\.1:{port}' cannot be reached"
+            r".*ray start --head",
+        ),
+    ):
         run_job(job, progress=False)
     assert not (tmp_path / "out").exists()  # refused before the output folder is touched
     with pytest.raises(ConfigError, match=r"job\.ray_address = 'x:1' is set but job\.executor = 'local'"):

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from curate.config import InputConfig
-from curate.errors import InputError
-from curate.readers import plan_read_tasks, read_task
+from winnow.curate.config import InputConfig
+from winnow.curate.errors import InputError
+from winnow.curate.readers import plan_read_tasks, read_task
 
 
 def read_all(cfg: InputConfig, batch_rows: int = 1000) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -36,10 +36,14 @@ def jsonl_bytes(records: list[dict]) -> bytes:
 RECORDS = [{"id": f"d{i}", "text": f"document number {i}", "url": f"https://x/{i}", "n": i} for i in range(25)]
 
 
-@pytest.mark.parametrize("suffix,compress", [
-    (".jsonl", lambda b: b), (".jsonl.gz", lambda b: gzip.compress(b, mtime=0)),
-    (".jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b)),
-])
+@pytest.mark.parametrize(
+    "suffix,compress",
+    [
+        (".jsonl", lambda b: b),
+        (".jsonl.gz", lambda b: gzip.compress(b, mtime=0)),
+        (".jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b)),
+    ],
+)
 def test_jsonl_reads_plain_gzip_and_zstd(tmp_path, suffix, compress):
     (tmp_path / f"a{suffix}").write_bytes(compress(jsonl_bytes(RECORDS)))
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / f"a{suffix}")), batch_rows=7)
@@ -59,7 +63,9 @@ def test_jsonl_custom_fields_and_derived_ids(tmp_path):
 
 
 def test_jsonl_source_field_takes_source_per_row(tmp_path):
-    (tmp_path / "a.jsonl").write_bytes(jsonl_bytes([{"text": "a", "src": "web"}, {"text": "b", "src": "books"}, {"text": "c"}]))
+    (tmp_path / "a.jsonl").write_bytes(
+        jsonl_bytes([{"text": "a", "src": "web"}, {"text": "b", "src": "books"}, {"text": "c"}])
+    )
     rows, rejects = read_all(InputConfig(source_field="src", path=str(tmp_path / "a.jsonl")))
     assert rows["source"].to_list() == ["web", "books"]
     assert rejects["reason"].to_list() == ["read:missing_source"]
@@ -67,13 +73,26 @@ def test_jsonl_source_field_takes_source_per_row(tmp_path):
 
 def test_jsonl_bad_lines_become_rejects_with_offsets(tmp_path):
     good = orjson.dumps({"id": "ok", "text": "fine"}) + b"\n"
-    lines = [good, b'{"id": "b", "text": \n', b"[1, 2]\n", b'{"id": "n", "text": 5}\n', b'{"id": "m"}\n',
-             b'{"id": "u", "text": "\xff\xfe"}\n', b"\n", good.replace(b"ok", b"ok2")]
+    lines = [
+        good,
+        b'{"id": "b", "text": \n',
+        b"[1, 2]\n",
+        b'{"id": "n", "text": 5}\n',
+        b'{"id": "m"}\n',
+        b'{"id": "u", "text": "\xff\xfe"}\n',
+        b"\n",
+        good.replace(b"ok", b"ok2"),
+    ]
     (tmp_path / "a.jsonl").write_bytes(b"".join(lines))
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
     assert rows["id"].to_list() == ["ok", "ok2"]
-    assert rejects["reason"].to_list() == ["read:bad_json", "read:not_an_object", "read:text_not_string",
-                                           "read:missing_text", "read:bad_utf8"]
+    assert rejects["reason"].to_list() == [
+        "read:bad_json",
+        "read:not_an_object",
+        "read:text_not_string",
+        "read:missing_text",
+        "read:bad_utf8",
+    ]
     where = [json.loads(m) for m in rejects["meta"]]
     assert [w["offset"] for w in where] == [sum(map(len, lines[:i])) for i in range(1, 6)]
     assert all(w["file"].endswith("a.jsonl") for w in where)
@@ -84,7 +103,11 @@ def test_jsonl_bad_lines_become_rejects_with_offsets(tmp_path):
 def test_truncated_compressed_file_keeps_rows_before_damage(tmp_path, suffix):
     records = [{"id": str(i), "text": "word " * 50 + str(i)} for i in range(2000)]
     data = jsonl_bytes(records)
-    blob = gzip.compress(data, mtime=0) if suffix.endswith("gz") else zstandard.ZstdCompressor(write_content_size=False).compress(data)
+    blob = (
+        gzip.compress(data, mtime=0)
+        if suffix.endswith("gz")
+        else zstandard.ZstdCompressor(write_content_size=False).compress(data)
+    )
     (tmp_path / f"a{suffix}").write_bytes(blob[: len(blob) * 3 // 4])
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / f"a{suffix}")))
     assert rejects["reason"].to_list() == ["read:truncated"]
@@ -96,8 +119,14 @@ def test_truncated_compressed_file_keeps_rows_before_damage(tmp_path, suffix):
 
 def test_empty_file_gives_no_rows(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(b"")
-    assert sum(b.rows.height + b.rejects.height for t in plan_read_tasks([InputConfig(source="s", path=str(tmp_path / "a.jsonl"))])
-               for b in read_task(InputConfig(source="s", path=str(tmp_path / "a.jsonl")), t, 10)) == 0
+    assert (
+        sum(
+            b.rows.height + b.rejects.height
+            for t in plan_read_tasks([InputConfig(source="s", path=str(tmp_path / "a.jsonl"))])
+            for b in read_task(InputConfig(source="s", path=str(tmp_path / "a.jsonl")), t, 10)
+        )
+        == 0
+    )
 
 
 def test_missing_path_is_an_error_naming_it(tmp_path):
@@ -141,8 +170,16 @@ def _tar(path, members: list[tuple[str, bytes]]) -> None:
 
 
 def test_webdataset_reader_groups_members_by_key(tmp_path):
-    _tar(tmp_path / "a.tar", [("k1.txt", b"hello"), ("k1.json", b'{"id": "x1", "lang": "en"}'),
-                              ("k2.txt", b"\xff bad"), ("k3.json", b'{"id": "x3"}'), ("k4.txt", b"world")])
+    _tar(
+        tmp_path / "a.tar",
+        [
+            ("k1.txt", b"hello"),
+            ("k1.json", b'{"id": "x1", "lang": "en"}'),
+            ("k2.txt", b"\xff bad"),
+            ("k3.json", b'{"id": "x3"}'),
+            ("k4.txt", b"world"),
+        ],
+    )
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset"))
     assert rows["id"].to_list() == ["x1", "s/a.tar/k4"]
     assert rows["meta"][0] == '{"lang":"en"}'
@@ -181,13 +218,17 @@ def test_hf_reader_load_from_disk_and_builder(tmp_path):
 
 def test_columnar_fast_path_and_line_path_give_identical_rows(tmp_path):
     """Uniform blocks go through Arrow's JSON parser; a block with a missing key must not gain a null."""
-    uniform = [{"id": f"u{i}", "text": f"t{i}", "url": f"https://x/{i}", "n": i, "tags": ["a"] * (i % 3),
-                "nested": {"k": i}} for i in range(50)]
+    uniform = [
+        {"id": f"u{i}", "text": f"t{i}", "url": f"https://x/{i}", "n": i, "tags": ["a"] * (i % 3), "nested": {"k": i}}
+        for i in range(50)
+    ]
     ragged = uniform[:10] + [{"id": "r", "text": "t", "url": "https://y"}] + uniform[10:20]
     (tmp_path / "u.jsonl").write_bytes(jsonl_bytes(uniform))
     (tmp_path / "r.jsonl").write_bytes(jsonl_bytes(ragged))
     rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "u.jsonl")))
-    assert [json.loads(m) for m in rows["meta"]] == [{k: v for k, v in r.items() if k not in ("id", "text")} for r in uniform]
+    assert [json.loads(m) for m in rows["meta"]] == [
+        {k: v for k, v in r.items() if k not in ("id", "text")} for r in uniform
+    ]
     rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "r.jsonl")))
     assert json.loads(rows["meta"][10]) == {"url": "https://y"}  # no "n": null, no "tags": null
     no_ids = [{"text": f"t{i}", "n": i} for i in range(5)]

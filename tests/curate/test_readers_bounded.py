@@ -19,16 +19,29 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_2_gib_line_in_a_small_gzip_is_one_reject_in_bounded_memory(tmp_path):
     member = gzip.compress(b"x" * (64 << 20), compresslevel=9, mtime=0)  # 64 MiB of one line per gzip member
     good = b"".join(json.dumps({"id": f"g{i}", "text": f"good {i}"}).encode() + b"\n" for i in range(3))
-    blob = gzip.compress(good + b'{"id": "huge", "text": "', mtime=0) + member * 32 + gzip.compress(b'"}\n' + good.replace(b'"g', b'"h'))
+    blob = (
+        gzip.compress(good + b'{"id": "huge", "text": "', mtime=0)
+        + member * 32
+        + gzip.compress(b'"}\n' + good.replace(b'"g', b'"h'))
+    )
     (tmp_path / "a.jsonl.gz").write_bytes(blob)
     assert len(blob) < 8 << 20
     job = tmp_path / "job.toml"
-    job.write_text(f'[job]\nname = "big"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "s"\n'
-                   f'path = "{tmp_path / "a.jsonl.gz"}"\n[output]\nformats = ["parquet"]\n')
-    code = ("import resource, sys; from pipelines.cli import main; rc = main(['-q', 'curate', sys.argv[1]]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
-    done = subprocess.run([sys.executable, "-c", code, str(job)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    job.write_text(
+        f'[job]\nname = "big"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "s"\n'
+        f'path = "{tmp_path / "a.jsonl.gz"}"\n[output]\nformats = ["parquet"]\n'
+    )
+    code = (
+        "import resource, sys; from winnow.pipelines.cli import main; rc = main(['-q', 'curate', sys.argv[1]]); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(job)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     peak_mib = int(done.stdout.split()[-1]) / 1024
     assert peak_mib < 1024, peak_mib  # the line is 2 GiB; the default limit holds 64 MiB of it at most

@@ -15,10 +15,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curate.config import InputConfig
-from curate.pipeline import run_job
-from curate.readers import plan_read_tasks, read_task
-from pipelines.jobfile import load_job
+from winnow.curate.config import InputConfig
+from winnow.curate.pipeline import run_job
+from winnow.curate.readers import plan_read_tasks, read_task
+from winnow.pipelines.jobfile import load_job
 
 
 def read_all(cfg: InputConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -64,7 +64,9 @@ def test_job_with_invalid_utf8_writes_shards_polars_and_datasets_open(tmp_path, 
     import datasets
 
     (tmp_path / "a.jsonl").write_bytes(good_lines(20) + b'{"id": "bad", "text": "caf\xe9 au lait"}\n')
-    job = load_job(write_job(f'[[inputs]]\nsource = "s"\npath = "{tmp_path / "a.jsonl"}"\n[output]\nformats = ["parquet"]\n'))
+    job = load_job(
+        write_job(f'[[inputs]]\nsource = "s"\npath = "{tmp_path / "a.jsonl"}"\n[output]\nformats = ["parquet"]\n')
+    )
     manifest = run_job(job, progress=False)
     nothing_lost(job.output_dir, {f"g{i}" for i in range(20)} | {"bad"})
     assert manifest["by_source"]["s"]["rejected"] == {"read:bad_utf8": 1}
@@ -115,7 +117,7 @@ def test_tar_member_and_file_names_with_invalid_bytes_give_readable_ids(tmp_path
 def test_a_read_that_fails_midway_keeps_the_lines_before_and_one_truncated_reject(tmp_path, monkeypatch):
     import errno
 
-    import curate.readers.jsonl as jsonl
+    import winnow.curate.readers.jsonl as jsonl
 
     (tmp_path / "a.jsonl").write_bytes(good_lines(3))
 

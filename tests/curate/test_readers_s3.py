@@ -9,8 +9,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curate.pipeline import run_job
-from pipelines.jobfile import load_job
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.jobfile import load_job
 
 
 def test_jobs_read_jsonl_and_parquet_from_s3_globs(s3_server, tmp_path, write_job, nothing_lost):
@@ -37,6 +37,8 @@ def test_jobs_read_jsonl_and_parquet_from_s3_globs(s3_server, tmp_path, write_jo
     nothing_lost(job.output_dir, ids)
     assert manifest["by_source"]["web"]["written"] == 60 and manifest["by_source"]["books"]["written"] == 20
     assert [f["path"] for f in manifest["inputs"][0]["files"]] == [
-        "s3://winnow-inputs/web/part-0.jsonl.gz", "s3://winnow-inputs/web/part-1.jsonl.gz"]
+        "s3://winnow-inputs/web/part-0.jsonl.gz",
+        "s3://winnow-inputs/web/part-1.jsonl.gz",
+    ]
     rows = pl.read_parquet([job.output_dir / s["path"] for s in manifest["shards"] if s["format"] == "parquet"])
     assert rows.filter(pl.col("id") == "w1-3")["text"][0] == "web page 1 3 " * 5

@@ -14,21 +14,53 @@ import polars as pl
 import pytest
 import zstandard
 
-from curate.dedup.text import string_buffers
-from curate.stages.filters.gopher_repetition import gopher_repetition_metrics
-from curate.text.codepoints import LETTER, NUMBER, SPACE, STRIP, TABLE, WORD
-from curate.text.repetition import repetition_counts
-from curate.text.tokens import A_NUMBER, A_SPACE, A_WORD, ASCII, token_spans
-from curate.text.words import TOKEN_PATTERN
 from tests.curate.gopher_repetition_reference import reference_metrics
+from winnow.curate.dedup.text import string_buffers
+from winnow.curate.stages.filters.gopher_repetition import gopher_repetition_metrics
+from winnow.curate.text.codepoints import LETTER, NUMBER, SPACE, STRIP, TABLE, WORD
+from winnow.curate.text.repetition import repetition_counts
+from winnow.curate.text.tokens import A_NUMBER, A_SPACE, A_WORD, ASCII, token_spans
+from winnow.curate.text.words import TOKEN_PATTERN
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data_samples"
 # Characters that exercise every alternative and class of TOKEN_PATTERN: Unicode letters, marks and numbers,
 # spaces the regex knows and ones it does not, both apostrophes, the long s and Kelvin sign (case folding),
 # URL prefixes and the symbols with rules of their own.
-ALPHABET = [*"aZs S t T r R e v l L d m M h w _ 0 9", "é", "ſ", "K", "ǅ", "²", "½", "Ⅻ", "٣", "中", "🙂", "\u0301", "\u200b",
-            " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u2028", "\u0085", "\x1c", "\x0b",
-            *".,;:!?'’\"`-=/<>()[]{}*#~+@$%^&|\\", "http://", "https://", "www.", "...", "--", "):", "e.g.", "U.S."]
+ALPHABET = [
+    *"aZs S t T r R e v l L d m M h w _ 0 9",
+    "é",
+    "ſ",
+    "K",
+    "ǅ",
+    "²",
+    "½",
+    "Ⅻ",
+    "٣",
+    "中",
+    "🙂",
+    "\u0301",
+    "\u200b",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r\n",
+    "\u00a0",
+    "\u2028",
+    "\u0085",
+    "\x1c",
+    "\x0b",
+    *".,;:!?'’\"`-=/<>()[]{}*#~+@$%^&|\\",
+    "http://",
+    "https://",
+    "www.",
+    "...",
+    "--",
+    "):",
+    "e.g.",
+    "U.S.",
+]
 
 
 def _fuzz(n: int, seed: int = 0) -> list[str]:
@@ -63,16 +95,22 @@ def long_texts() -> tuple[str, ...]:
     import typing
 
     sources = [inspect.getsource(m) for m in (argparse, typing, inspect, email.message)]
-    docs = ["\n\n".join(inspect.getdoc(o) or "" for o in vars(m).values() if callable(o)) for m in (argparse, inspect, email.message)]
+    docs = [
+        "\n\n".join(inspect.getdoc(o) or "" for o in vars(m).values() if callable(o))
+        for m in (argparse, inspect, email.message)
+    ]
     legal = "\n\n".join(t for t in sample_texts() if "Copyright" in t[:2000])[:2_000_000]
     paragraph = "A paragraph that comes back again and again, with its own words: e.g. U.S. don't — done.\n\n"
     return (*sources, *docs, legal, paragraph * 3000, ("line one\nline one\n" * 5000) + "the end")
 
 
 def _regex_tokens(texts: list[str]) -> tuple[list[int], list[str]]:
-    frame = pl.DataFrame({"t": texts}, schema={"t": pl.String}).select(
-        pl.int_range(pl.len()).alias("row"), pl.col("t").str.extract_all(TOKEN_PATTERN).alias("tok")
-    ).explode("tok").drop_nulls("tok")
+    frame = (
+        pl.DataFrame({"t": texts}, schema={"t": pl.String})
+        .select(pl.int_range(pl.len()).alias("row"), pl.col("t").str.extract_all(TOKEN_PATTERN).alias("tok"))
+        .explode("tok")
+        .drop_nulls("tok")
+    )
     return frame["row"].to_list(), frame["tok"].to_list()
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from curate.pipeline import run_job
-from curate.stages.filters.length import LengthFilter
-from pipelines.jobfile import load_job
+from winnow.curate.pipeline import run_job
+from winnow.curate.stages.filters.length import LengthFilter
+from winnow.pipelines.jobfile import load_job
 
 BODY = """keep_work = true
 
@@ -30,15 +30,16 @@ min_words = 2
 
 def write_inputs(folder: Path, edited: bool = False, *, middle: bool = False) -> None:
     """Three input files; ``edited``: rewrite only the first, with a same-size edit (any rewrite is a change)."""
-    for f in ([0] if edited else range(3)):
+    for f in [0] if edited else range(3):
         texts = [f"file {f} words number {i}" for i in range(6)]
         if middle and f == 0:  # 300 KiB: the edit below is far from the first and last 64 KiB
             texts = [f"file {f} words number {i} " + "filler " * 150 for i in range(300)]
         if edited and f == 0:
             at = 150 if middle else 2
             texts[at] = texts[at].replace("words", "WORDS")  # same size: only the content hash sees it
-        (folder / f"p{f}.jsonl").write_bytes(b"".join(orjson.dumps({"id": f"{f}-{i}", "text": t}) + b"\n"
-                                                      for i, t in enumerate(texts)))
+        (folder / f"p{f}.jsonl").write_bytes(
+            b"".join(orjson.dumps({"id": f"{f}-{i}", "text": t}) + b"\n" for i, t in enumerate(texts))
+        )
         os.utime(folder / f"p{f}.jsonl", ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
 
 
@@ -76,7 +77,7 @@ def test_edited_input_is_reread_on_resume_and_only_its_task_is_redone(tmp_path, 
     assert sorted(before) == ["task-00000", "task-00001"]
 
     write_inputs(data, edited=True)
-    with caplog.at_level("WARNING", logger="curate.pipeline"):
+    with caplog.at_level("WARNING", logger="winnow.curate.pipeline"):
         resumed = run_job(job, progress=False)
     said = " ".join(r.getMessage() for r in caplog.records)
     assert f"input {data / 'p0.jsonl'} changed (head_tail_sha256" in said and "redoing 1 read task(s)" in said
@@ -103,17 +104,19 @@ def test_an_edit_in_the_middle_keeping_size_and_mtime_is_noticed(tmp_path, write
     size = (data / "p0.jsonl").stat().st_size
     write_inputs(data, edited=True, middle=True)  # same size, and write_inputs sets the mtime back
     assert (data / "p0.jsonl").stat().st_size == size and size > 4 * (64 << 10)
-    with caplog.at_level("WARNING", logger="curate.pipeline"):
+    with caplog.at_level("WARNING", logger="winnow.curate.pipeline"):
         resumed = run_job(job, progress=False)
     said = " ".join(r.getMessage() for r in caplog.records)
     assert f"input {data / 'p0.jsonl'} changed (" in said and "redoing 1 read task(s)" in said
-    assert "head_tail_sha256" not in said  # the head and tail are the same: the change time and the sampled blocks saw it
+    assert (
+        "head_tail_sha256" not in said
+    )  # the head and tail are the same: the change time and the sampled blocks saw it
     assert any("WORDS" in t for t in shard_texts(resumed, job.output_dir))
 
 
 def test_where_the_storage_gives_no_identity_sampled_blocks_see_a_middle_edit(tmp_path, monkeypatch):
     """An HTTP or FTP input has no ETag or change time: 16 blocks between the head and the tail are hashed instead."""
-    import curate.fingerprint as fingerprint
+    import winnow.curate.fingerprint as fingerprint
 
     monkeypatch.setattr(fingerprint, "_identity", lambda url, options: {})
     path = tmp_path / "big.jsonl"

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from curate.pipeline import run_job
-from curate.workdir import REUSED, WorkDir
-from pipelines.jobfile import load_job
+from winnow.curate.pipeline import run_job
+from winnow.curate.workdir import REUSED, WorkDir
+from winnow.pipelines.jobfile import load_job
 
 JOB = """
 [job]
@@ -80,7 +80,9 @@ def inputs(tmp_path) -> Path:
     return root
 
 
-def _job(tmp_path: Path, inputs: Path, out: str, *, threshold: float = 0.8, min_words: int = 10, keep_work: bool = True):
+def _job(
+    tmp_path: Path, inputs: Path, out: str, *, threshold: float = 0.8, min_words: int = 10, keep_work: bool = True
+):
     path = tmp_path / f"{out}.toml"
     path.write_text(JOB.format(out=tmp_path / out, root=inputs, threshold=threshold, min_words=min_words))
     job = load_job(path)
@@ -89,8 +91,12 @@ def _job(tmp_path: Path, inputs: Path, out: str, *, threshold: float = 0.8, min_
 
 def _files(out: Path) -> dict[str, str]:
     """sha256 of every shard and rejects file of a job folder."""
-    return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for folder in ("shards", "rejects") for p in sorted((out / folder).rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for folder in ("shards", "rejects")
+        for p in sorted((out / folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_threshold_variant_reuses_the_phases_before_dedup_and_equals_a_fresh_run(tmp_path, inputs):
@@ -110,7 +116,9 @@ def test_a_threshold_variant_reuses_the_phases_before_dedup_and_equals_a_fresh_r
         for name in tasks:
             marker = json.loads((work.phase(phase) / name / REUSED).read_text())
             assert marker == {"from": str(base), "prefix": work.phase_prefix(phase).read_text()}
-            assert os.path.samefile(work.phase(phase) / name / "stats.json", base_work.phase(phase) / name / "stats.json")
+            assert os.path.samefile(
+                work.phase(phase) / name / "stats.json", base_work.phase(phase) / name / "stats.json"
+            )
             assert (work.phase(phase) / name / "rows.parquet").is_file()  # kept: keep_work
     assert all((work.plan(sid) / REUSED).is_file() for sid in ("01.clean", "03.dedup.exact"))
     assert not any((work.phase(2) / name / REUSED).exists() for name in tasks)  # the threshold changed its key
@@ -121,8 +129,12 @@ def test_a_threshold_variant_reuses_the_phases_before_dedup_and_equals_a_fresh_r
     assert _files(variant) == _files(fresh)  # byte for byte what the job computes from scratch
     assert _files(variant) != _files(base)
     rejected = {s["id"]: s["rows_rejected"] for s in json.loads((fresh / "manifest.json").read_text())["stages"]}
-    assert rejected["04.dedup.minhash"] > {s["id"]: s["rows_rejected"] for s in json.loads(
-        (base / "manifest.json").read_text())["stages"]}["04.dedup.minhash"]  # 0.7 catches the edited copies
+    assert (
+        rejected["04.dedup.minhash"]
+        > {s["id"]: s["rows_rejected"] for s in json.loads((base / "manifest.json").read_text())["stages"]}[
+            "04.dedup.minhash"
+        ]
+    )  # 0.7 catches the edited copies
 
 
 def test_a_change_before_a_phase_or_to_its_inputs_is_never_reused(tmp_path, inputs):

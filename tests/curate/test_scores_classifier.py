@@ -8,16 +8,26 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError, StageError
-from curate.stages.base import StageContext
-from curate.stages.scores.classifier import MODEL_FILE, ClassifierScore, ClassifierScoreConfig
-from curate.stages.scores.linear import roc_auc
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.scores.classifier import MODEL_FILE, ClassifierScore, ClassifierScoreConfig
+from winnow.curate.stages.scores.linear import roc_auc
+
 
 def run(tmp_path: Path, batches: list[pl.DataFrame], seed: int = 0, **kw) -> tuple[ClassifierScore, dict, pl.DataFrame]:
-    ctx = StageContext(stage_id="05.score.classifier", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("docs", "changelog"), seed=seed)
+    ctx = StageContext(
+        stage_id="05.score.classifier",
+        job_name="t",
+        output_dir=tmp_path,
+        plan_dir=tmp_path / "plan",
+        sources=("docs", "changelog"),
+        seed=seed,
+    )
     cfg = ClassifierScoreConfig(**{"positive_source": "docs", "epochs": 3, **kw})
     st = ClassifierScore(cfg, ctx)
-    keys = pl.concat([st.collect(b).with_columns(pl.lit(i, dtype=pl.Int64).alias("_task")) for i, b in enumerate(batches)])
+    keys = pl.concat(
+        [st.collect(b).with_columns(pl.lit(i, dtype=pl.Int64).alias("_task")) for i, b in enumerate(batches)]
+    )
     assert "text" not in keys.columns
     report = st.plan(keys.lazy()).report
     fresh = ClassifierScore(cfg, ctx)  # apply runs in another process: it must load the saved model

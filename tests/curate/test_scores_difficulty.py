@@ -6,9 +6,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from curate.stages.base import StageContext
-from curate.stages.scores.difficulty import MODEL_FILE, DifficultyScore, DifficultyScoreConfig
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.scores.difficulty import MODEL_FILE, DifficultyScore, DifficultyScoreConfig
 
 COMMON = "the cat sat on the mat and the dog sat on the rug"
 
@@ -17,7 +17,7 @@ def rows(texts: list[str]) -> pl.DataFrame:
     n = len(texts)
     return pl.DataFrame(
         {"id": [f"d{i}" for i in range(n)], "source": ["s"] * n, "text": texts, "meta": [None] * n},
-        schema={c: pl.String for c in ("id", "source", "text", "meta")},
+        schema=dict.fromkeys(("id", "source", "text", "meta"), pl.String),
     )
 
 
@@ -30,7 +30,9 @@ def pool_texts() -> list[str]:
 
 
 def fit(tmp_path, texts: list[str], **kw) -> tuple[DifficultyScore, dict]:
-    ctx = StageContext(stage_id="07.score.difficulty", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("s",))
+    ctx = StageContext(
+        stage_id="07.score.difficulty", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("s",)
+    )
     cfg = DifficultyScoreConfig(**kw)
     st = DifficultyScore(cfg, ctx)
     batch = rows(texts)
@@ -76,7 +78,9 @@ def test_same_pool_same_difficulty(tmp_path):
     assert score(a, pool_texts()[:30]) == score(b, pool_texts()[:30])
 
 
-@pytest.mark.parametrize("kw", [{"weights": {"speed": 1.0}}, {"common_mass": 1.0}, {"bigram_weight": 0.0}, {"buckets": 1}])
+@pytest.mark.parametrize(
+    "kw", [{"weights": {"speed": 1.0}}, {"common_mass": 1.0}, {"bigram_weight": 0.0}, {"buckets": 1}]
+)
 def test_bad_config_names_the_key(kw):
     with pytest.raises(ConfigError, match=next(iter(kw))):
         DifficultyScoreConfig(**kw)

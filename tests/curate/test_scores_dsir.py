@@ -8,16 +8,25 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError, StageError
-from curate.stages.base import StageContext
-from curate.stages.scores.dsir import MODEL_FILES, DsirScore, DsirScoreConfig
-from curate.stages.scores.tokens import hash_tokens
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.scores.dsir import MODEL_FILES, DsirScore, DsirScoreConfig
+from winnow.curate.stages.scores.tokens import hash_tokens
+
 
 def run(tmp_path: Path, batches: list[pl.DataFrame], **kw) -> tuple[DsirScore, dict, pl.DataFrame]:
-    ctx = StageContext(stage_id="06.score.dsir", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("docs", "changelog"))
+    ctx = StageContext(
+        stage_id="06.score.dsir",
+        job_name="t",
+        output_dir=tmp_path,
+        plan_dir=tmp_path / "plan",
+        sources=("docs", "changelog"),
+    )
     cfg = DsirScoreConfig(**{"target_source": "docs", **kw})
     st = DsirScore(cfg, ctx)
-    keys = pl.concat([st.collect(b).with_columns(pl.lit(i, dtype=pl.Int64).alias("_task")) for i, b in enumerate(batches)])
+    keys = pl.concat(
+        [st.collect(b).with_columns(pl.lit(i, dtype=pl.Int64).alias("_task")) for i, b in enumerate(batches)]
+    )
     assert "text" not in keys.columns
     report = st.plan(keys.lazy()).report
     fresh = DsirScore(cfg, ctx)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from curate.stages.base import StageContext
-from curate.stages.scores.heuristic import COMPONENTS, HeuristicScore, HeuristicScoreConfig
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.scores.heuristic import COMPONENTS, HeuristicScore, HeuristicScoreConfig
 
 PROSE = (
     "The committee met on Tuesday to discuss the budget. Members agreed that the proposal needed more work, "
@@ -24,12 +24,14 @@ def rows(*texts: str) -> pl.DataFrame:
     n = len(texts)
     return pl.DataFrame(
         {"id": [f"d{i}" for i in range(n)], "source": ["s"] * n, "text": list(texts), "meta": [None] * n},
-        schema={c: pl.String for c in ("id", "source", "text", "meta")},
+        schema=dict.fromkeys(("id", "source", "text", "meta"), pl.String),
     )
 
 
 def stage(tmp_path, **kw) -> HeuristicScore:
-    ctx = StageContext(stage_id="01.score.heuristic", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("s",))
+    ctx = StageContext(
+        stage_id="01.score.heuristic", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "plan", sources=("s",)
+    )
     return HeuristicScore(HeuristicScoreConfig(**kw), ctx)
 
 
@@ -75,7 +77,13 @@ def test_weights_select_components(tmp_path):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"weights": {"nope": 1.0}}, {"weights": {"length": 0.0}}, {"min_quality": 1.5}, {"column": "text"}, {"column": "split"}],
+    [
+        {"weights": {"nope": 1.0}},
+        {"weights": {"length": 0.0}},
+        {"min_quality": 1.5},
+        {"column": "text"},
+        {"column": "split"},
+    ],
 )
 def test_bad_config_names_the_key(kw):
     with pytest.raises(ConfigError, match=next(iter(kw))):

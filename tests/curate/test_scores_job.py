@@ -7,8 +7,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from curate.pipeline import run_job
-from pipelines.jobfile import load_job
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.jobfile import load_job
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data_samples"
 

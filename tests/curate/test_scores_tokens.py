@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from curate.stages.scores.features import features_column, features_csr, list_csr, split_spilled
-from curate.stages.scores.tokens import hash_strings, hash_tokens
+from winnow.curate.stages.scores.features import features_column, features_csr, list_csr, split_spilled
+from winnow.curate.stages.scores.tokens import hash_strings, hash_tokens
 
 
 def test_words_are_case_folded_and_split_on_punctuation():

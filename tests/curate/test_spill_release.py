@@ -13,10 +13,10 @@ import orjson
 import polars as pl
 import pytest
 
-from curate.dedup.minhash import MinHashDedup
-from curate.pipeline import run_job
-from curate.workdir import RELEASED, SPILL
-from pipelines.jobfile import load_job
+from winnow.curate.dedup.minhash import MinHashDedup
+from winnow.curate.pipeline import run_job
+from winnow.curate.workdir import RELEASED, SPILL
+from winnow.pipelines.jobfile import load_job
 
 BODY = """{keep}
 [[inputs]]
@@ -34,13 +34,14 @@ threshold = 0.7
 
 def write_inputs(folder: Path, edited: bool = False) -> None:
     """Three input files; ``edited``: rewrite only the first, with a changed document (any rewrite is a change)."""
-    for f in ([0] if edited else range(3)):
+    for f in [0] if edited else range(3):
         texts = [f"document {i} of file {f}: " + " ".join(f"w{(i * 7 + k) % 50}" for k in range(40)) for i in range(12)]
         texts[3] = texts[2]  # an exact copy, so both barriers remove something
         if edited and f == 0:
             texts[5] = "an edited document with words that no other document of these files has at all"
-        (folder / f"p{f}.jsonl").write_bytes(b"".join(orjson.dumps({"id": f"{f}-{i}", "text": t}) + b"\n"
-                                                      for i, t in enumerate(texts)))
+        (folder / f"p{f}.jsonl").write_bytes(
+            b"".join(orjson.dumps({"id": f"{f}-{i}", "text": t}) + b"\n" for i, t in enumerate(texts))
+        )
         os.utime(folder / f"p{f}.jsonl", ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
 
 
@@ -93,11 +94,12 @@ def test_resume_after_release_gives_the_fresh_output(stopped_at_the_second_plan,
     assert not (job.output_dir / "_work").exists()
 
 
-def test_an_input_edited_after_release_is_reread_with_every_released_task(stopped_at_the_second_plan, tmp_path,
-                                                                          write_job, caplog):
+def test_an_input_edited_after_release_is_reread_with_every_released_task(
+    stopped_at_the_second_plan, tmp_path, write_job, caplog
+):
     job, data = stopped_at_the_second_plan
     write_inputs(data, edited=True)
-    with caplog.at_level("WARNING", logger="curate.pipeline"):
+    with caplog.at_level("WARNING", logger="winnow.curate.pipeline"):
         resumed = run_job(job, progress=False)
     assert "redoing 1 read task(s)" in " ".join(r.getMessage() for r in caplog.records)
     rows = shard_rows(resumed, job.output_dir)

@@ -7,9 +7,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError, StageError
-from curate.stages.base import StageContext
-from curate.stages.split import Split, SplitConfig
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.stages.base import StageContext
+from winnow.curate.stages.split import Split, SplitConfig
 
 
 def rows(counts: dict[str, int]) -> pl.DataFrame:
@@ -22,7 +22,10 @@ def rows(counts: dict[str, int]) -> pl.DataFrame:
 
 def run_split(df: pl.DataFrame, tmp_path: Path, **cfg) -> pl.DataFrame:
     """collect per task (two tasks), plan once, apply per task, like the runner."""
-    stage = Split(SplitConfig(**cfg), StageContext(stage_id="s", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "p", sources=()))
+    stage = Split(
+        SplitConfig(**cfg),
+        StageContext(stage_id="s", job_name="t", output_dir=tmp_path, plan_dir=tmp_path / "p", sources=()),
+    )
     tasks = [df[: df.height // 2], df[df.height // 2 :]]
     keys = pl.concat([stage.collect(t).with_columns(pl.lit(i, pl.Int32).alias("_task")) for i, t in enumerate(tasks)])
     plan = stage.plan(keys.lazy())
@@ -51,7 +54,13 @@ def test_held_out_rows_do_not_change_when_a_source_is_added(tmp_path, cfg):
 
 
 def test_val_rows_holds_out_exactly_that_many_and_per_source_overrides_win(tmp_path):
-    out = run_split(rows({"a": 300, "b": 300, "c": 10}), tmp_path, val_rows=20, val_rows_by_source={"b": 7}, val_fraction_by_source={"c": 1.0})
+    out = run_split(
+        rows({"a": 300, "b": 300, "c": 10}),
+        tmp_path,
+        val_rows=20,
+        val_rows_by_source={"b": 7},
+        val_fraction_by_source={"c": 1.0},
+    )
     assert (len(val_ids(out, "a")), len(val_ids(out, "b")), len(val_ids(out, "c"))) == (20, 7, 10)
 
 
@@ -63,7 +72,9 @@ def test_a_smaller_held_out_set_is_inside_a_larger_one(tmp_path):
 
 def test_seed_changes_the_held_out_rows(tmp_path):
     df = rows({"a": 1000})
-    assert val_ids(run_split(df, tmp_path / "1", val_rows=30, seed=0), "a") != val_ids(run_split(df, tmp_path / "2", val_rows=30, seed=1), "a")
+    assert val_ids(run_split(df, tmp_path / "1", val_rows=30, seed=0), "a") != val_ids(
+        run_split(df, tmp_path / "2", val_rows=30, seed=1), "a"
+    )
 
 
 def test_apply_without_plan_uses_the_fraction_rule_and_refuses_counts(tmp_path):

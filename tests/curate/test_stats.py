@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from curate.errors import InputError, StageError
-from curate.manifest import FORMAT_VERSION, upgrade
-from curate.stats import StageStats, flatten, merge_stats, nest
+from winnow.curate.errors import InputError, StageError
+from winnow.curate.manifest import FORMAT_VERSION, upgrade
+from winnow.curate.stats import StageStats, flatten, merge_stats, nest
 
 
 def _stats(sources: list[str], reasons: list[str]) -> StageStats:

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from curate.config import InputConfig, JobSection
-from curate.errors import ConfigError
-from curate.pipeline import run_job
-from curate.readers import plan_read_tasks, read_task
-from curate.readers.ranges import zstd_frames
-from pipelines.jobfile import load_job
+from winnow.curate.config import InputConfig, JobSection
+from winnow.curate.errors import ConfigError
+from winnow.curate.pipeline import run_job
+from winnow.curate.readers import plan_read_tasks, read_task
+from winnow.curate.readers.ranges import zstd_frames
+from winnow.pipelines.jobfile import load_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,9 @@ def read(cfg: InputConfig, task_bytes: int) -> tuple[list, list, int]:
     for task in tasks:
         for batch in read_task(cfg, task, 7):
             rows += batch.rows.select("id", "text").rows()
-            rejects += [(i, r, json.loads(m)["offset"]) for i, r, m in batch.rejects.select("id", "reason", "meta").rows()]
+            rejects += [
+                (i, r, json.loads(m)["offset"]) for i, r, m in batch.rejects.select("id", "reason", "meta").rows()
+            ]
     return rows, rejects, len(tasks)
 
 
@@ -209,7 +211,9 @@ def test_a_job_gives_the_same_ids_and_shards_whatever_task_bytes_is(tmp_path, wr
     docs, legal = big_inputs(tmp_path)
     outs = {}
     for task_bytes in (1 << 20, 256 << 20):
-        job = load_job(write_job(JOB.format(task_bytes=task_bytes, docs=docs, legal=legal, order=order), name=f"t{task_bytes}"))
+        job = load_job(
+            write_job(JOB.format(task_bytes=task_bytes, docs=docs, legal=legal, order=order), name=f"t{task_bytes}")
+        )
         manifest = run_job(job, progress=False)
         outs[task_bytes] = (job.output_dir, manifest)
     (small, m_small), (big, m_big) = outs[1 << 20], outs[256 << 20]
@@ -218,9 +222,18 @@ def test_a_job_gives_the_same_ids_and_shards_whatever_task_bytes_is(tmp_path, wr
     assert counts(m_small) == counts(m_big)
     a, b = shard_rows(small), shard_rows(big)
     assert a.height > 200 and a["id"].to_list() == b["id"].to_list() and a.equals(b)
-    rejects = lambda out: pl.concat([pl.read_parquet(f) for f in sorted((out / "rejects").glob("*.parquet"))]).sort("id")
-    assert rejects(small).select("id", "reason", "duplicate_of").equals(rejects(big).select("id", "reason", "duplicate_of"))
+
+    def rejects(out):
+        return pl.concat([pl.read_parquet(f) for f in sorted((out / "rejects").glob("*.parquet"))]).sort("id")
+
+    assert (
+        rejects(small)
+        .select("id", "reason", "duplicate_of")
+        .equals(rejects(big).select("id", "reason", "duplicate_of"))
+    )
     if order:  # one ordered write: the very same shard files
         names = sorted(p.relative_to(small).as_posix() for p in small.rglob("*.parquet") if "rejects" not in p.parts)
-        assert names == sorted(p.relative_to(big).as_posix() for p in big.rglob("*.parquet") if "rejects" not in p.parts)
+        assert names == sorted(
+            p.relative_to(big).as_posix() for p in big.rglob("*.parquet") if "rejects" not in p.parts
+        )
         assert all((small / n).read_bytes() == (big / n).read_bytes() for n in names)

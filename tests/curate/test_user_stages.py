@@ -11,18 +11,24 @@ import orjson
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError, StageError
-from curate.pipeline import run_job
-from curate.stages import plugins, stage_class
-from pipelines.jobfile import load_job
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.pipeline import run_job
+from winnow.curate.stages import plugins, stage_class
+from winnow.pipelines.jobfile import load_job
 
 
 def make_inputs(tmp_path, n=40):
     lines = []
     for i in range(n):
-        rec = {"id": f"d{i}", "text": f"document {i} " + "word " * (i % 7), "url": f"https://x.org/{i}",
-               "language_score": 0.5 + (i % 10) / 20, "dump": "CC-MAIN-2024-10" if i % 3 else "CC-MAIN-2023-50",
-               "tokens": i, "other": {"nested": i}}
+        rec = {
+            "id": f"d{i}",
+            "text": f"document {i} " + "word " * (i % 7),
+            "url": f"https://x.org/{i}",
+            "language_score": 0.5 + (i % 10) / 20,
+            "dump": "CC-MAIN-2024-10" if i % 3 else "CC-MAIN-2023-50",
+            "tokens": i,
+            "other": {"nested": i},
+        }
         if i == 5:
             rec["language_score"] = "high"  # does not fit the inferred float64: stays in meta
         lines.append(orjson.dumps(rec))
@@ -62,9 +68,15 @@ def test_keep_fields_refuse_winnow_columns_and_unknown_types(tmp_path, write_job
     with pytest.raises(ConfigError, match=r"keep_fields: 'quality' is one of winnow's own columns"):
         load_job(write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"quality"]')))
     with pytest.raises(ConfigError, match=r"keep_fields: '_count' starts with '_', which winnow reserves"):
-        load_job(write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"_count"]')))  # the mix's column
+        load_job(
+            write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"_count"]'))
+        )  # the mix's column
     with pytest.raises(ConfigError, match=r"keep_fields.url = 'text' is not a type; allowed: string, int64"):
-        load_job(write_job(JOB.format(path=tmp_path).replace('["url", "language_score", "dump", "tokens"]', '{url = "text"}')))
+        load_job(
+            write_job(
+                JOB.format(path=tmp_path).replace('["url", "language_score", "dump", "tokens"]', '{url = "text"}')
+            )
+        )
 
 
 def test_filter_expr_keeps_rows_where_the_predicate_holds(tmp_path, write_job, nothing_lost):
@@ -101,8 +113,8 @@ def test_filter_expr_errors_name_the_problem(tmp_path, write_job):
 PLUGIN = '''
 from dataclasses import dataclass
 import polars as pl
-from curate.schema import make_rejects
-from curate.stages import Stage, StageConfig, StageOutput
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages import Stage, StageConfig, StageOutput
 
 @dataclass(kw_only=True, slots=True)
 class ShoutConfig(StageConfig):
@@ -134,8 +146,9 @@ def plugin(tmp_path, monkeypatch):
     info = site / "acme_winnow-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-winnow\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[winnow.stages]\nacme.shout = acme_winnow:ShoutFilter\n"
-                                           "acme.leaky = acme_winnow:Leaky\n")
+    (info / "entry_points.txt").write_text(
+        "[winnow.stages]\nacme.shout = acme_winnow:ShoutFilter\nacme.leaky = acme_winnow:Leaky\n"
+    )
     monkeypatch.syspath_prepend(str(site))
     plugins.plugin_entry_points.cache_clear()
     yield
@@ -145,7 +158,9 @@ def plugin(tmp_path, monkeypatch):
 @pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: spawned workers find it too
 def test_plugin_stage_is_used_by_kind_with_the_runners_checks(tmp_path, write_job, plugin, nothing_lost, workers):
     texts = ["quiet words here", "LOUD WORDS HERE", "Mixed Case Words", "ALL CAPS AGAIN"]
-    (tmp_path / "in.jsonl").write_bytes(b"\n".join(orjson.dumps({"id": str(i), "text": t}) for i, t in enumerate(texts)))
+    (tmp_path / "in.jsonl").write_bytes(
+        b"\n".join(orjson.dumps({"id": str(i), "text": t}) for i, t in enumerate(texts))
+    )
     body = f'[[inputs]]\nsource = "web"\npath = "{tmp_path / "in.jsonl"}"\n[[stages]]\nkind = "acme.shout"\nmax_upper = 0.6\n'
     job = load_job(write_job(body), workers=workers)
     manifest = run_job(job, progress=False)

@@ -8,18 +8,20 @@ import json
 import polars as pl
 import pytest
 
-from curate.config import OutputConfig
-from curate.writers.shards import ShardWriter, safe_keys
+from winnow.curate.config import OutputConfig
+from winnow.curate.writers.shards import ShardWriter, safe_keys
 
 
 def rows(n: int, start: int = 0) -> pl.DataFrame:
-    return pl.DataFrame({
-        "id": [f"src/file.jsonl/{i}" for i in range(start, start + n)],
-        "source": ["a" if i % 3 else "b" for i in range(start, start + n)],
-        "text": [f"text {i} " * (i % 7 + 1) for i in range(start, start + n)],
-        "meta": [json.dumps({"i": i}) for i in range(start, start + n)],
-        "quality": [i / 100 for i in range(start, start + n)],
-    })
+    return pl.DataFrame(
+        {
+            "id": [f"src/file.jsonl/{i}" for i in range(start, start + n)],
+            "source": ["a" if i % 3 else "b" for i in range(start, start + n)],
+            "text": [f"text {i} " * (i % 7 + 1) for i in range(start, start + n)],
+            "meta": [json.dumps({"i": i}) for i in range(start, start + n)],
+            "quality": [i / 100 for i in range(start, start + n)],
+        }
+    )
 
 
 def write(folder, df, **out) -> list[dict]:
@@ -70,7 +72,9 @@ def test_parquet_and_tar_hold_the_same_rows_in_order(tmp_path):
 
 
 def test_safe_keys_are_injective_and_mark_repeats():
-    df = pl.DataFrame({"id": ["a/b.c", "a%2Fb.c", "x~1", "x"], "repeat": [0, 0, 0, 2]}, schema_overrides={"repeat": pl.Int32})
+    df = pl.DataFrame(
+        {"id": ["a/b.c", "a%2Fb.c", "x~1", "x"], "repeat": [0, 0, 0, 2]}, schema_overrides={"repeat": pl.Int32}
+    )
     keys = safe_keys(df).to_list()
     assert len(set(keys)) == 4
     assert all("/" not in k and "." not in k for k in keys)

@@ -11,24 +11,30 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.config import OutputConfig, TokensConfig
-from curate.errors import ConfigError
-from curate.tokenize import BYTE_EOS, ShardTokenizer, token_dtype
-from curate.writers.shards import ShardWriter
+from winnow.curate.config import OutputConfig, TokensConfig
+from winnow.curate.errors import ConfigError
+from winnow.curate.tokenize import BYTE_EOS, ShardTokenizer, token_dtype
+from winnow.curate.writers.shards import ShardWriter
 
 
 def rows(n: int) -> pl.DataFrame:
-    return pl.DataFrame({
-        "id": [f"s/{i}" for i in range(n)],
-        "source": ["web" if i % 3 else "code" for i in range(n)],
-        "text": [("héllo " * (i % 5)) + f"doc {i}" if i != 4 else "" for i in range(n)],
-        "meta": [None] * n,
-    })
+    return pl.DataFrame(
+        {
+            "id": [f"s/{i}" for i in range(n)],
+            "source": ["web" if i % 3 else "code" for i in range(n)],
+            "text": [("héllo " * (i % 5)) + f"doc {i}" if i != 4 else "" for i in range(n)],
+            "meta": [None] * n,
+        }
+    )
 
 
 def write(folder, df: pl.DataFrame, **tokens) -> list[dict]:
-    writer = ShardWriter(folder, "part-00000", OutputConfig(
-        formats=["parquet", "tokens"], shard_rows=8, tokens=TokensConfig(**tokens)), split="train")
+    writer = ShardWriter(
+        folder,
+        "part-00000",
+        OutputConfig(formats=["parquet", "tokens"], shard_rows=8, tokens=TokensConfig(**tokens)),
+        split="train",
+    )
     for chunk in df.iter_slices(5):
         writer.write(chunk)
     return writer.close()
@@ -53,8 +59,12 @@ def gpt2_style_tokenizer(path, texts):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([texts], trainer=trainer)
     tok.save(str(path))
     return tok
@@ -117,8 +127,14 @@ def test_megatron_cores_own_indexed_dataset_reads_winnows_files(tmp_path):
 
 
 def test_dtype_is_the_smallest_megatron_has_a_code_for():
-    assert [token_dtype(v).name for v in (200, 256, 258, 50257, 65536, 128256)] == \
-        ["uint8", "uint8", "uint16", "uint16", "uint16", "int32"]
+    assert [token_dtype(v).name for v in (200, 256, 258, 50257, 65536, 128256)] == [
+        "uint8",
+        "uint8",
+        "uint16",
+        "uint16",
+        "uint16",
+        "int32",
+    ]
 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"model": {"type": "Nope"}}'])
@@ -137,10 +153,13 @@ def test_missing_eos_token_is_a_config_error_naming_the_key(tmp_path):
 
 
 def test_job_file_output_tokens_table(tmp_path):
-    from pipelines.jobfile import job_from_dict
+    from winnow.pipelines.jobfile import job_from_dict
 
-    raw = {"job": {"name": "t", "output": str(tmp_path / "out")}, "inputs": [{"source": "a", "path": "x.jsonl"}],
-           "output": {"formats": ["parquet", "tokens"], "tokens": {"tokenizer": "byte"}}}
+    raw = {
+        "job": {"name": "t", "output": str(tmp_path / "out")},
+        "inputs": [{"source": "a", "path": "x.jsonl"}],
+        "output": {"formats": ["parquet", "tokens"], "tokens": {"tokenizer": "byte"}},
+    }
     assert job_from_dict(raw).output.tokens.tokenizer == "byte"
     raw["output"]["tokens"] = {"tokenizer": str(tmp_path / "missing.json")}
     with pytest.raises(ConfigError, match=r"\[output\].*tokens.*missing\.json"):

@@ -9,9 +9,21 @@ SOURCES = ["code", "prose"]
 
 
 def docs(n: int, offset: int = 0, sources: list[str] = SOURCES) -> list[dict]:
-    return [{"id": f"{s}/{i}", "source": s, "text": (f"def f{i}(x): return x + {i}\n" if s == "code" else
-                                                     f"The {i}th sentence of plain prose, and some more words. ") * 4,
-             "meta": None} for i in range(offset, offset + n) for s in sources]
+    return [
+        {
+            "id": f"{s}/{i}",
+            "source": s,
+            "text": (
+                f"def f{i}(x): return x + {i}\n"
+                if s == "code"
+                else f"The {i}th sentence of plain prose, and some more words. "
+            )
+            * 4,
+            "meta": None,
+        }
+        for i in range(offset, offset + n)
+        for s in sources
+    ]
 
 
 def tiny_job(folder: Path, *, sources: list[str] = SOURCES) -> Path:
@@ -73,7 +85,7 @@ def curation_study(folder: Path, *, steps: int = 3, split: str = "val_fraction =
     path = folder / "study.toml"
     path.write_text(f"""[job]
 name = "tiny"
-output = "{folder / 'job'}"
+output = "{folder / "job"}"
 [[inputs]]
 source = "prose"
 path = "{inputs}/prose/*.jsonl"
@@ -103,7 +115,7 @@ formats = ["parquet"]
 steps = {steps}
 {TINY_MODEL.strip()}
 [ablate]
-output = "{folder / 'study'}"
+output = "{folder / "study"}"
 threads = 1
 attribution_every = 0
 {keys}

@@ -7,17 +7,17 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.correlation import agreement, compare_with_counterfactual
-from pipelines.ablate.layout import StudyLayout, load_study
-from pipelines.ablate.plan import variants
-from pipelines.ablate.sources import split_by_source
-from pipelines.ablate.table import write_study
-from pipelines.cli import main
-from pipelines.jobfile import build_config
 from tests.pipelines.ablate_util import SOURCES, study_toml, tiny_job
-from train.data.shards import open_shards, read_shard
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.ablate.config import AblateConfig
+from winnow.pipelines.ablate.correlation import agreement, compare_with_counterfactual
+from winnow.pipelines.ablate.layout import StudyLayout, load_study
+from winnow.pipelines.ablate.plan import variants
+from winnow.pipelines.ablate.sources import split_by_source
+from winnow.pipelines.ablate.table import write_study
+from winnow.pipelines.cli import main
+from winnow.pipelines.jobfile import build_config
+from winnow.train.data.shards import open_shards, read_shard
 
 
 @pytest.fixture
@@ -54,7 +54,12 @@ def test_variants_per_kind():
     with pytest.raises(ConfigError, match="unknown source 'web'"):
         variants(AblateConfig(sources=["web"]), base, seed=0)
     seeded = variants(AblateConfig(noise_seeds=2, variant_seeds=2), base, seed=3)
-    assert [v["name"] for v in seeded][2:] == ["without_code", "without_prose", "without_code_seed4", "without_prose_seed4"]
+    assert [v["name"] for v in seeded][2:] == [
+        "without_code",
+        "without_prose",
+        "without_code_seed4",
+        "without_prose_seed4",
+    ]
     assert seeded[4]["seed"] == 4 and seeded[4]["group"] == "without_code" and seeded[4]["weights"] == {"prose": 0.75}
     with pytest.raises(ConfigError, match="ablate.variant_seeds"):
         AblateConfig(variant_seeds=0)
@@ -66,7 +71,11 @@ def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
     assert shares["prose"] > shares["code"]  # prose documents are longer
     for source, folder in folders.items():
         view = open_shards(folder, split="train", fmt="parquet")
-        ids = [i for k in range(len(view.shards)) for i in read_shard(view, k, fmt="parquet", verify=True)["id"].to_pylist()]
+        ids = [
+            i
+            for k in range(len(view.shards))
+            for i in read_shard(view, k, fmt="parquet", verify=True)["id"].to_pylist()
+        ]
         assert ids == [f"{source}/{i}" for i in range(12)]  # the curriculum order of the job, one source only
     again, _ = split_by_source(str(job), tmp_path / "views")  # reused, not rewritten
     assert again == folders
@@ -74,9 +83,13 @@ def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
 
 def _cf(slope, sources=("code", "prose", "docs"), q=0.5, se=0.01):
     slope = np.asarray(slope, dtype=float)
-    return {"sources": list(sources), "held_out": [*sources, "mean"],
-            "slope": np.concatenate([slope, slope.mean(1, keepdims=True)], 1),
-            "slope_se": np.full((len(sources), len(sources) + 1), se), "saturation": q}
+    return {
+        "sources": list(sources),
+        "held_out": [*sources, "mean"],
+        "slope": np.concatenate([slope, slope.mean(1, keepdims=True)], 1),
+        "slope_se": np.full((len(sources), len(sources) + 1), se),
+        "saturation": q,
+    }
 
 
 def _result(name, kind, seed, weights, held, **kw):
@@ -89,11 +102,13 @@ def test_prediction_matches_measured_deltas():
     slope = [[-0.1, 0.0, 0.01], [-0.02, -0.15, 0.0], [0.0, 0.01, -0.2]]  # each source lowers its own loss most
     base = {"code": 0.4, "prose": 0.4, "docs": 0.2}
     held = lambda c, p, d: {"code": c, "prose": p, "docs": d}  # noqa: E731
-    results = [_result("baseline", "baseline", 0, base, held(2.0, 3.0, 2.5)),
-               _result("baseline_seed1", "noise", 1, base, held(2.01, 3.01, 2.51)),
-               _result("without_code", "leave_one_out", 0, {"prose": 0.4, "docs": 0.2}, held(2.2, 2.99, 2.49)),
-               _result("docs_x1.5", "weights", 0, {"code": 0.4, "prose": 0.4, "docs": 0.3}, held(2.0, 3.0, 2.44)),
-               _result("mix_00", "random_mix", 0, {"code": 0.2, "prose": 0.4, "docs": 0.4}, held(2.1, 3.0, 2.3))]
+    results = [
+        _result("baseline", "baseline", 0, base, held(2.0, 3.0, 2.5)),
+        _result("baseline_seed1", "noise", 1, base, held(2.01, 3.01, 2.51)),
+        _result("without_code", "leave_one_out", 0, {"prose": 0.4, "docs": 0.2}, held(2.2, 2.99, 2.49)),
+        _result("docs_x1.5", "weights", 0, {"code": 0.4, "prose": 0.4, "docs": 0.3}, held(2.0, 3.0, 2.44)),
+        _result("mix_00", "random_mix", 0, {"code": 0.2, "prose": 0.4, "docs": 0.4}, held(2.1, 3.0, 2.3)),
+    ]
     summary = compare_with_counterfactual(results, [_cf(slope)], base)
     cells = summary["cells"]
     key = cells["variant"] + "/" + cells["source"]
@@ -107,13 +122,18 @@ def test_prediction_matches_measured_deltas():
     measured = dict(zip(key, cells["measured"]))
     assert measured["without_code/code"] == pytest.approx(2.2 - 2.005)
     # two standard errors of a delta: 2 · sd(2.0, 2.01) · sqrt(1/1 + 1/2); deltas are from the baseline seeds' mean
-    assert summary["noise"]["code"] == pytest.approx(2 * 0.01 / 2 ** 0.5 * 1.5 ** 0.5)
+    assert summary["noise"]["code"] == pytest.approx(2 * 0.01 / 2**0.5 * 1.5**0.5)
     assert summary["sign_agree"] == summary["above_noise"] and summary["within_2x"] <= summary["above_noise"]
 
 
 def test_sizes_within_a_factor_two_are_counted_on_the_cells_above_the_noise():
-    cells = pl.DataFrame({"measured": [0.2, -0.1, 0.3, 0.001], "predicted": [0.35, -0.3, -0.3, 5.0],
-                          "above_noise": [True, True, True, False]})
+    cells = pl.DataFrame(
+        {
+            "measured": [0.2, -0.1, 0.3, 0.001],
+            "predicted": [0.35, -0.3, -0.3, 5.0],
+            "above_noise": [True, True, True, False],
+        }
+    )
     found = agreement(cells)
     assert (found["above_noise"], found["sign_agree"], found["within_2x"]) == (3, 2, 1)
 
@@ -121,36 +141,80 @@ def test_sizes_within_a_factor_two_are_counted_on_the_cells_above_the_noise():
 def test_a_variant_measured_with_several_seeds_is_one_cell_of_their_mean():
     base = {"code": 0.4, "prose": 0.4, "docs": 0.2}
     held = lambda c, p, d: {"code": c, "prose": p, "docs": d}  # noqa: E731
-    results = [_result("baseline", "baseline", 0, base, held(2.0, 3.0, 2.5)),
-               _result("baseline_seed1", "noise", 1, base, held(2.02, 3.0, 2.5)),
-               _result("baseline_seed2", "noise", 2, base, held(2.04, 3.03, 2.5)),
-               _result("without_code", "leave_one_out", 0, {"prose": 0.4, "docs": 0.2}, held(2.3, 2.9, 2.5)),
-               _result("without_code_seed1", "leave_one_out", 1, {"prose": 0.4, "docs": 0.2}, held(2.4, 2.8, 2.5),
-                       group="without_code")]
+    results = [
+        _result("baseline", "baseline", 0, base, held(2.0, 3.0, 2.5)),
+        _result("baseline_seed1", "noise", 1, base, held(2.02, 3.0, 2.5)),
+        _result("baseline_seed2", "noise", 2, base, held(2.04, 3.03, 2.5)),
+        _result("without_code", "leave_one_out", 0, {"prose": 0.4, "docs": 0.2}, held(2.3, 2.9, 2.5)),
+        _result(
+            "without_code_seed1",
+            "leave_one_out",
+            1,
+            {"prose": 0.4, "docs": 0.2},
+            held(2.4, 2.8, 2.5),
+            group="without_code",
+        ),
+    ]
     # two baseline seeds' counterfactuals: their mean slope, and their spread as its standard error
     cfs = [_cf(np.eye(3) * -0.1), _cf(np.eye(3) * -0.14)]
     summary = compare_with_counterfactual(results, cfs, base)
     cells = summary["cells"]
     assert cells["variant"].to_list() == ["without_code"] * 3 and cells["seeds"].to_list() == [2, 2, 2]
     assert cells["measured"].to_list()[:2] == pytest.approx([2.35 - 2.02, 2.85 - 3.01])
-    assert cells["predicted"][0] == pytest.approx(0.24) and cells["interval"][0] == pytest.approx(2 * 2 * 0.02)  # 2 · (1/q) · sd(-0.1, -0.14)/sqrt(2)
+    assert cells["predicted"][0] == pytest.approx(0.24) and cells["interval"][0] == pytest.approx(
+        2 * 2 * 0.02
+    )  # 2 · (1/q) · sd(-0.1, -0.14)/sqrt(2)
     sd = np.std([2.0, 2.02, 2.04], ddof=1)
     assert summary["noise"]["code"] == pytest.approx(2 * sd * np.sqrt(1 / 2 + 1 / 3)) and summary["variant_seeds"] == 2
 
 
 def test_write_study_table_the_report_reads(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(
-        {"step": 10, "attribution": {"sources": SOURCES, "matrix": [[-0.1, 0.0], [0.0, -0.2]]}}) + "\n" + json.dumps(
-        {"step": 10, "counterfactual": {"sources": SOURCES, "held_out": [*SOURCES, "mean"], "factors": [0.0],
-                                        "slope": [[-0.1, 0.0, -0.05], [0.0, -0.2, -0.1]], "slope_se": [[0.01] * 3] * 2,
-                                        "predicted": {"0": [[0.2, 0.0, 0.1], [0.0, 0.4, 0.2]]},
-                                        "interval": {"0": [[0.04] * 3] * 2}, "saturation": 0.5}}) + "\n")
-    results = [{"name": "baseline", "kind": "baseline", "seed": 0, "weights": {"code": 1, "prose": 1},
-                "held_out": {"code": 2.0, "prose": 3.0}, "steps": 10},
-               {"name": "code_x0.5", "kind": "weights", "seed": 0, "weights": {"code": 0.5, "prose": 1},
-                "held_out": {"code": 2.5, "prose": 2.9}, "steps": 10},
-               {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 1},
-                "held_out": {"code": 2.5, "prose": 2.9}, "steps": 10}]
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 10, "attribution": {"sources": SOURCES, "matrix": [[-0.1, 0.0], [0.0, -0.2]]}})
+        + "\n"
+        + json.dumps(
+            {
+                "step": 10,
+                "counterfactual": {
+                    "sources": SOURCES,
+                    "held_out": [*SOURCES, "mean"],
+                    "factors": [0.0],
+                    "slope": [[-0.1, 0.0, -0.05], [0.0, -0.2, -0.1]],
+                    "slope_se": [[0.01] * 3] * 2,
+                    "predicted": {"0": [[0.2, 0.0, 0.1], [0.0, 0.4, 0.2]]},
+                    "interval": {"0": [[0.04] * 3] * 2},
+                    "saturation": 0.5,
+                },
+            }
+        )
+        + "\n"
+    )
+    results = [
+        {
+            "name": "baseline",
+            "kind": "baseline",
+            "seed": 0,
+            "weights": {"code": 1, "prose": 1},
+            "held_out": {"code": 2.0, "prose": 3.0},
+            "steps": 10,
+        },
+        {
+            "name": "code_x0.5",
+            "kind": "weights",
+            "seed": 0,
+            "weights": {"code": 0.5, "prose": 1},
+            "held_out": {"code": 2.5, "prose": 2.9},
+            "steps": 10,
+        },
+        {
+            "name": "without_code",
+            "kind": "leave_one_out",
+            "seed": 0,
+            "weights": {"prose": 1},
+            "held_out": {"code": 2.5, "prose": 2.9},
+            "steps": 10,
+        },
+    ]
     markdown = write_study(tmp_path, results, SOURCES, {"code": 0.5, "prose": 0.5})
     table = pl.read_csv(StudyLayout(tmp_path).table_csv)
     assert table.filter(pl.col("variant") == "without_code")["delta_code"].item() == pytest.approx(0.5)

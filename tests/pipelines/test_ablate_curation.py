@@ -12,19 +12,22 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from curate.pipeline import run_job
-from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.curation import load_curation_job
-from pipelines.ablate.layout import StudyLayout
-from pipelines.ablate.plan import curation_variants, variants
-from pipelines.cli import main
-from pipelines.jobfile import load_job, read_toml
 from tests.pipelines.ablate_util import curation_study
+from winnow.curate.errors import ConfigError
+from winnow.curate.pipeline import run_job
+from winnow.pipelines.ablate.config import AblateConfig
+from winnow.pipelines.ablate.curation import load_curation_job
+from winnow.pipelines.ablate.layout import StudyLayout
+from winnow.pipelines.ablate.plan import curation_variants, variants
+from winnow.pipelines.cli import main
+from winnow.pipelines.jobfile import load_job, read_toml
 
 ROOT = Path(__file__).resolve().parents[2]
-ALL_KINDS = {"kind": '["drop", "settings", "order"]', "drop": '["filter.length"]',
-             "settings": '{"dedup.minhash.threshold" = [0.7, 0.8]}'}
+ALL_KINDS = {
+    "kind": '["drop", "settings", "order"]',
+    "drop": '["filter.length"]',
+    "settings": '{"dedup.minhash.threshold" = [0.7, 0.8]}',
+}
 
 
 def _job(path: Path):
@@ -38,22 +41,40 @@ def _plan(tmp_path, **ablate) -> list[dict]:
 
 def _shards(job_dir: Path) -> dict[str, str]:
     """sha256 of every shard and rejects file of a job folder."""
-    return {p.relative_to(job_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for folder in ("shards", "rejects") for p in sorted((job_dir / folder).rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(job_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for folder in ("shards", "rejects")
+        for p in sorted((job_dir / folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 def _rows(job_dir: Path, split: str) -> pl.DataFrame:
     manifest = json.loads((job_dir / "manifest.json").read_text())
-    return pl.concat([pl.read_parquet(job_dir / s["path"]) for s in manifest["shards"]
-                      if s["split"] == split and s["format"] == "parquet"])
+    return pl.concat(
+        [
+            pl.read_parquet(job_dir / s["path"])
+            for s in manifest["shards"]
+            if s["split"] == split and s["format"] == "parquet"
+        ]
+    )
 
 
 def test_curation_variants_are_planned_from_the_job(tmp_path):
-    planned = _plan(tmp_path, kind=["drop", "settings", "order"], drop=[2, ["03.dedup.exact", "dedup.minhash"]],
-                    settings={"dedup.minhash.threshold": [0.7, 0.8, 0.9]})
-    assert [v["name"] for v in planned] == ["drop_filter.length", "drop_dedup.exact+dedup.minhash",
-                                            "dedup.minhash.threshold_0.7", "dedup.minhash.threshold_0.9",
-                                            "order_shuffled", "order_reversed"]  # 0.8: the job's own, the baseline
+    planned = _plan(
+        tmp_path,
+        kind=["drop", "settings", "order"],
+        drop=[2, ["03.dedup.exact", "dedup.minhash"]],
+        settings={"dedup.minhash.threshold": [0.7, 0.8, 0.9]},
+    )
+    assert [v["name"] for v in planned] == [
+        "drop_filter.length",
+        "drop_dedup.exact+dedup.minhash",
+        "dedup.minhash.threshold_0.7",
+        "dedup.minhash.threshold_0.9",
+        "order_shuffled",
+        "order_reversed",
+    ]  # 0.8: the job's own, the baseline
     assert planned[1]["change"] == {"drop": ["03.dedup.exact", "04.dedup.minhash"]}
     assert planned[2]["change"] == {"set": {"stage": "04.dedup.minhash", "key": "threshold", "value": 0.7}}
     assert planned[2]["key"] == "ablate.settings.'dedup.minhash.threshold' = 0.7"
@@ -61,33 +82,66 @@ def test_curation_variants_are_planned_from_the_job(tmp_path):
     job = _job(tmp_path / "study.toml")
     shuffled = job.variant({"order": "shuffled"}, tmp_path / "x", key="k").stages[-1].config
     reversed_ = job.variant({"order": "reversed"}, tmp_path / "x", key="k").stages[-1].config
-    assert (shuffled.by, shuffled.pacing, reversed_.by, reversed_.direction) == ("random", "sorted", "length",
-                                                                                  "hard_to_easy")
-    runs = variants(AblateConfig(kind="drop", drop=["filter.length"], noise_seeds=2, variant_seeds=2),
-                    {"code": 0.5, "prose": 0.5}, 0, job=job)
-    assert [(v["name"], v.get("group")) for v in runs] == [("baseline", None), ("baseline_seed1", None),
-                                                         ("drop_filter.length", None),
-                                                         ("drop_filter.length_seed1", "drop_filter.length")]
+    assert (shuffled.by, shuffled.pacing, reversed_.by, reversed_.direction) == (
+        "random",
+        "sorted",
+        "length",
+        "hard_to_easy",
+    )
+    runs = variants(
+        AblateConfig(kind="drop", drop=["filter.length"], noise_seeds=2, variant_seeds=2),
+        {"code": 0.5, "prose": 0.5},
+        0,
+        job=job,
+    )
+    assert [(v["name"], v.get("group")) for v in runs] == [
+        ("baseline", None),
+        ("baseline_seed1", None),
+        ("drop_filter.length", None),
+        ("drop_filter.length_seed1", "drop_filter.length"),
+    ]
 
 
-@pytest.mark.parametrize(("ablate", "message"), [
-    ({"kind": "drop", "drop": ["filter.c4"]},
-     (r"ablate.drop\[0\] = 'filter.c4' is not a stage of the job.*; allowed: a \[\[stages\]\] number, stage id or kind "
-     r"of .*1 = '01.clean'")),
-    ({"kind": "drop", "drop": [7]}, r"ablate.drop\[0\] = 7 is not a stage of the job; allowed: .*6 = '06.order'"),
-    ({"kind": "drop", "drop": ["filter.lenght"]}, r"is not a stage of the job \(did you mean 'filter.length'\?\)"),
-    ({"kind": "settings", "settings": {"dedup.minhash.treshold": [0.7]}},
-     (r"'treshold' is not a key of stage 04.dedup.minhash \(dedup.minhash\) \(did you mean 'threshold'\?\); "
-     r"allowed: .*threshold")),
-    ({"kind": "settings", "settings": {"filter.c4.min_words": [3]}}, r"does not start with a stage of the job; allowed"),
-    ({"kind": "settings", "settings": {"dedup.minhash.threshold.x": [3]}},
-     r"'threshold' of stage 04.dedup.minhash is not a table"),
-    ({"kind": "settings", "settings": {"dedup.minhash.threshold": [1.5]}},
-     (r"ablate.settings.'dedup.minhash.threshold' = 1.5: the job with this change is refused: .*threshold = 1.5 must "
-     r"be in \(0, 1\)")),
-    ({"kind": "settings", "settings": {"order.direction": ["sideways"]}},
-     r"'sideways' is not one of \['easy_to_hard', 'hard_to_easy'\]"),
-])
+@pytest.mark.parametrize(
+    ("ablate", "message"),
+    [
+        (
+            {"kind": "drop", "drop": ["filter.c4"]},
+            (
+                r"ablate.drop\[0\] = 'filter.c4' is not a stage of the job.*; allowed: a \[\[stages\]\] number, stage id or kind "
+                r"of .*1 = '01.clean'"
+            ),
+        ),
+        ({"kind": "drop", "drop": [7]}, r"ablate.drop\[0\] = 7 is not a stage of the job; allowed: .*6 = '06.order'"),
+        ({"kind": "drop", "drop": ["filter.lenght"]}, r"is not a stage of the job \(did you mean 'filter.length'\?\)"),
+        (
+            {"kind": "settings", "settings": {"dedup.minhash.treshold": [0.7]}},
+            (
+                r"'treshold' is not a key of stage 04.dedup.minhash \(dedup.minhash\) \(did you mean 'threshold'\?\); "
+                r"allowed: .*threshold"
+            ),
+        ),
+        (
+            {"kind": "settings", "settings": {"filter.c4.min_words": [3]}},
+            r"does not start with a stage of the job; allowed",
+        ),
+        (
+            {"kind": "settings", "settings": {"dedup.minhash.threshold.x": [3]}},
+            r"'threshold' of stage 04.dedup.minhash is not a table",
+        ),
+        (
+            {"kind": "settings", "settings": {"dedup.minhash.threshold": [1.5]}},
+            (
+                r"ablate.settings.'dedup.minhash.threshold' = 1.5: the job with this change is refused: .*threshold = 1.5 must "
+                r"be in \(0, 1\)"
+            ),
+        ),
+        (
+            {"kind": "settings", "settings": {"order.direction": ["sideways"]}},
+            r"'sideways' is not one of \['easy_to_hard', 'hard_to_easy'\]",
+        ),
+    ],
+)
 def test_a_stage_key_or_value_the_job_does_not_have_is_refused(tmp_path, ablate, message):
     with pytest.raises(ConfigError, match=message):
         _plan(tmp_path, **ablate)
@@ -95,20 +149,30 @@ def test_a_stage_key_or_value_the_job_does_not_have_is_refused(tmp_path, ablate,
 
 def test_a_kind_of_stage_the_job_has_twice_must_be_named_by_id(tmp_path):
     study = curation_study(tmp_path)
-    study.write_text(study.read_text().replace('[[stages]]\nkind = "split"', '[[stages]]\nkind = "dedup.exact"\n'
-                                               '[[stages]]\nkind = "split"'))
-    with pytest.raises(ConfigError, match=r"'dedup.exact' names 2 stages of the job \(03.dedup.exact, 05.dedup.exact\)"):
+    study.write_text(
+        study.read_text().replace(
+            '[[stages]]\nkind = "split"', '[[stages]]\nkind = "dedup.exact"\n[[stages]]\nkind = "split"'
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"'dedup.exact' names 2 stages of the job \(03.dedup.exact, 05.dedup.exact\)"
+    ):
         curation_variants(AblateConfig(kind="drop", drop=["dedup.exact"]), 0, _job(study))
-    assert curation_variants(AblateConfig(kind="drop", drop=["05.dedup.exact"]), 0, _job(study))[0]["name"] == \
-        "drop_05.dedup.exact"
+    assert (
+        curation_variants(AblateConfig(kind="drop", drop=["05.dedup.exact"]), 0, _job(study))[0]["name"]
+        == "drop_05.dedup.exact"
+    )
 
 
 def test_order_variants_need_a_stratified_curriculum(tmp_path):
     study = curation_study(tmp_path)
     text = study.read_text()
     study.write_text(text.replace('[[stages]]\nkind = "order"\nby = "length"\nwindow = 8\n', ""))
-    with pytest.raises(ConfigError, match=r"has no order stage, so it has no curriculum to compare; allowed: a job "
-                                          r"with an \[\[stages\]\] kind = 'order' table"):
+    with pytest.raises(
+        ConfigError,
+        match=r"has no order stage, so it has no curriculum to compare; allowed: a job "
+        r"with an \[\[stages\]\] kind = 'order' table",
+    ):
         curation_variants(AblateConfig(kind="order"), 0, _job(study))
     study.write_text(text.replace("window = 8", "window = 8\nstratify = false"))
     with pytest.raises(ConfigError, match="stratify = false.*allowed: an order stage with stratify = true"):
@@ -119,8 +183,11 @@ def test_order_variants_need_a_stratified_curriculum(tmp_path):
 
 
 def test_the_ablate_table_names_what_a_curation_kind_needs():
-    with pytest.raises(ConfigError, match=r"ablate.drop = \[\] is invalid; allowed: at least one entry when kind "
-                                          r"includes 'drop'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ablate.drop = \[\] is invalid; allowed: at least one entry when kind "
+        r"includes 'drop'",
+    ):
         AblateConfig(kind="drop")
     with pytest.raises(ConfigError, match=r"ablate.settings = .* allowed: empty unless kind includes 'settings'"):
         AblateConfig(settings={"dedup.minhash.threshold": [0.7]})
@@ -128,8 +195,11 @@ def test_the_ablate_table_names_what_a_curation_kind_needs():
         AblateConfig(kind="order", orders=["sorted"])
     with pytest.raises(ConfigError, match="'replay' on its own"):
         AblateConfig(kind=["replay", "order"])
-    with pytest.raises(ConfigError, match=r"'drop' re-curates the job, and the study names none; allowed: "
-                                          r"\[ablate\] job"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'drop' re-curates the job, and the study names none; allowed: "
+        r"\[ablate\] job",
+    ):
         curation_variants(AblateConfig(kind="drop", drop=[1]), 0, None)
 
 
@@ -151,22 +221,35 @@ def test_a_stage_drop_variant_equals_a_fresh_curation_without_that_stage(tmp_pat
     assert manifest["reused"]["phases"] == [0] and manifest["reused"]["plans"] == ["01.clean"]
 
     fresh = tmp_path / "fresh.toml"  # the same job file with the stage's table taken out by hand
-    fresh.write_text(study.read_text().replace('[[stages]]\nkind = "dedup.exact"\n', "")
-                     .replace(f'output = "{tmp_path / "job"}"', f'output = "{tmp_path / "fresh"}"'))
+    fresh.write_text(
+        study.read_text()
+        .replace('[[stages]]\nkind = "dedup.exact"\n', "")
+        .replace(f'output = "{tmp_path / "job"}"', f'output = "{tmp_path / "fresh"}"')
+    )
     run_job(load_job(fresh), progress=False)
     assert _shards(tmp_path / "variant") == _shards(tmp_path / "fresh")
     assert _shards(tmp_path / "variant") != _shards(tmp_path / "job")
-    assert [s["id"] for s in manifest["stages"]][2:] == ["01.clean", "02.filter.length", "03.dedup.minhash", "04.split",
-                                                        "05.order"]
+    assert [s["id"] for s in manifest["stages"]][2:] == [
+        "01.clean",
+        "02.filter.length",
+        "03.dedup.minhash",
+        "04.split",
+        "05.order",
+    ]
 
 
 def test_a_variant_that_leaves_a_source_without_train_rows_is_refused(tmp_path, capsys):
-    study = curation_study(tmp_path, kind='"settings"', settings='{"filter.length.min_words" = [20], '
-                                                                 '"split.val_fraction_by_source" = [{code = 1.0}]}')
+    study = curation_study(
+        tmp_path,
+        kind='"settings"',
+        settings='{"filter.length.min_words" = [20], "split.val_fraction_by_source" = [{code = 1.0}]}',
+    )
     assert main(["ablate", str(study)]) == 2
     err = capsys.readouterr().err
-    assert ("variant 'split.val_fraction_by_source_code-1' (ablate.settings.'split.val_fraction_by_source' = "
-            "{'code': 1.0}) leaves source 'code' with no train rows") in err
+    assert (
+        "variant 'split.val_fraction_by_source_code-1' (ablate.settings.'split.val_fraction_by_source' = "
+        "{'code': 1.0}) leaves source 'code' with no train rows"
+    ) in err
     assert "allowed: changes that keep train rows in every source the baseline trains on" in err
     layout = StudyLayout(tmp_path / "study")
     assert not layout.result_path("baseline").exists()  # refused before anything trained
@@ -182,8 +265,9 @@ def test_a_variant_that_trains_on_held_out_rows_is_refused(tmp_path, capsys):
 
 
 def test_a_variant_whose_curation_fails_stops_the_study_and_the_finished_ones_are_kept(tmp_path, capsys):
-    study = curation_study(tmp_path, kind='"settings"', settings='{"dedup.minhash.threshold" = [0.7], '
-                                                                 '"order.by" = ["quality"]}')
+    study = curation_study(
+        tmp_path, kind='"settings"', settings='{"dedup.minhash.threshold" = [0.7], "order.by" = ["quality"]}'
+    )
     assert main(["ablate", str(study)]) == 2
     err = capsys.readouterr().err
     assert "curating variant 'order.by_quality' (ablate.settings.'order.by' = 'quality') failed" in err
@@ -198,21 +282,36 @@ def test_a_variant_whose_curation_fails_stops_the_study_and_the_finished_ones_ar
 
 
 def test_effects_have_the_seed_noise_a_verdict_the_curve_and_the_curation_side():
-    from pipelines.ablate.compare import effects
+    from winnow.pipelines.ablate.compare import effects
 
     def run(name, kind, seed, losses, group=None, **extra):
         curve = [{"step": 10 * (i + 1), "held_out": {"a": v, "b": v}} for i, v in enumerate(losses)]
-        return {"name": name, "kind": kind, "seed": seed, "weights": {"a": 1.0}, "steps": 30, "curve": curve,
-                "held_out": {"a": losses[-1], "b": losses[-1]}, **({"group": group} if group else {}), **extra}
+        return {
+            "name": name,
+            "kind": kind,
+            "seed": seed,
+            "weights": {"a": 1.0},
+            "steps": 30,
+            "curve": curve,
+            "held_out": {"a": losses[-1], "b": losses[-1]},
+            **({"group": group} if group else {}),
+            **extra,
+        }
 
-    results = [run("baseline", "baseline", 0, [3.0, 2.6, 2.40]), run("baseline_seed1", "noise", 1, [3.0, 2.6, 2.42]),
-               run("baseline_seed2", "noise", 2, [3.0, 2.6, 2.44]),
-               run("order_shuffled", "order", 0, [3.0, 2.8, 2.60], describe="shuffled"),
-               run("order_shuffled_seed1", "order", 1, [3.0, 2.8, 2.62], group="order_shuffled"),
-               run("drop_x", "drop", 0, [2.9, 2.41, 2.415], describe="without x"),
-               run("mix_00", "random_mix", 0, [3.0, 2.4], steps=20)]  # another length: not compared
+    results = [
+        run("baseline", "baseline", 0, [3.0, 2.6, 2.40]),
+        run("baseline_seed1", "noise", 1, [3.0, 2.6, 2.42]),
+        run("baseline_seed2", "noise", 2, [3.0, 2.6, 2.44]),
+        run("order_shuffled", "order", 0, [3.0, 2.8, 2.60], describe="shuffled"),
+        run("order_shuffled_seed1", "order", 1, [3.0, 2.8, 2.62], group="order_shuffled"),
+        run("drop_x", "drop", 0, [2.9, 2.41, 2.415], describe="without x"),
+        run("mix_00", "random_mix", 0, [3.0, 2.4], steps=20),
+    ]  # another length: not compared
     summary = {"rows": 100, "tokens": 1000, "unit": "tokens", "rejected": {"filter:x": 10, "dedup:minhash": 5}}
-    curation = {"baseline": summary, "drop_x": {**summary, "rows": 110, "tokens": 1120, "rejected": {"dedup:minhash": 5}}}
+    curation = {
+        "baseline": summary,
+        "drop_x": {**summary, "rows": 110, "tokens": 1120, "rejected": {"dedup:minhash": 5}},
+    }
     found = effects(results, ["a", "b"], curation)
     assert [e.variant for e in found] == ["baseline", "order_shuffled", "drop_x"]
     shuffled, drop = found[1], found[2]
@@ -226,8 +325,10 @@ def test_effects_have_the_seed_noise_a_verdict_the_curve_and_the_curation_side()
     assert (drop.curve.area.verdict, shuffled.curve.area.verdict) == ("lower", "higher")
     assert (drop.curation.rows_change, drop.curation.tokens_change) == (pytest.approx(0.1), pytest.approx(0.12))
     assert drop.curation.rejected_change == {"filter:x": -10}
-    assert drop.sentence().startswith("drop_x (without x, 1 seed(s)): kept +12.0% tokens and +10.0% rows "
-                                      "(rejects filter:x -10); mean held-out loss -0.005 ± ")
+    assert drop.sentence().startswith(
+        "drop_x (without x, 1 seed(s)): kept +12.0% tokens and +10.0% rows "
+        "(rejects filter:x -10); mean held-out loss -0.005 ± "
+    )
     one_seed = effects([results[0], results[3]], ["a", "b"])
     assert one_seed[1].mean.noise is None and one_seed[1].mean.verdict == "no noise estimate"
 
@@ -235,13 +336,19 @@ def test_effects_have_the_seed_noise_a_verdict_the_curve_and_the_curation_side()
 # ---- whole studies (they train) ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_curation_study_compares_every_variant_on_the_baselines_held_out_rows(tmp_path, one_thread):
-    from train.data.sets import eval_sets
+    from winnow.train.data.sets import eval_sets
 
     study = curation_study(tmp_path, steps=4, noise_seeds=2, eval_every=2, **ALL_KINDS)
     assert main(["-q", "ablate", str(study)]) == 0
     layout = StudyLayout(tmp_path / "study")
-    names = ["baseline", "baseline_seed1", "drop_filter.length", "dedup.minhash.threshold_0.7", "order_shuffled",
-             "order_reversed"]
+    names = [
+        "baseline",
+        "baseline_seed1",
+        "drop_filter.length",
+        "dedup.minhash.threshold_0.7",
+        "order_shuffled",
+        "order_reversed",
+    ]
     assert pl.read_csv(layout.table_csv)["variant"].to_list() == names
 
     # every run is measured on the baseline's val rows, though the variants' own val splits differ
@@ -254,7 +361,9 @@ def test_a_curation_study_compares_every_variant_on_the_baselines_held_out_rows(
 
     # order variants: the same rows (repeats included), in another order
     def train_rows(job_dir):
-        return _rows(job_dir, "train").select("id", *(["repeat"] if "repeat" in _rows(job_dir, "train").columns else []))
+        return _rows(job_dir, "train").select(
+            "id", *(["repeat"] if "repeat" in _rows(job_dir, "train").columns else [])
+        )
 
     base_rows = train_rows(tmp_path / "job")
     for name in ("order_shuffled", "order_reversed"):
@@ -283,8 +392,15 @@ def test_a_curation_study_compares_every_variant_on_the_baselines_held_out_rows(
 
 def _ablate_process(toml: Path, crash: str) -> subprocess.CompletedProcess:
     env = os.environ | {"PYTHONPATH": str(ROOT), "WINNOW_CRASH_AT": crash}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "ablate", str(toml)], env=env, cwd=ROOT,
-                          check=False, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "ablate", str(toml)],
+        env=env,
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow

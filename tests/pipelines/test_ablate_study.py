@@ -11,14 +11,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from curate.errors import ConfigError
-from pipelines.ablate import runner
-from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.layout import StudyLayout
-from pipelines.ablate.mixes import fit_mixes, propose, summarize
-from pipelines.ablate.plan import variants
-from pipelines.cli import main
 from tests.pipelines.ablate_util import SOURCES, study_toml, tiny_job
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.ablate import runner
+from winnow.pipelines.ablate.config import AblateConfig
+from winnow.pipelines.ablate.layout import StudyLayout
+from winnow.pipelines.ablate.mixes import fit_mixes, propose, summarize
+from winnow.pipelines.ablate.plan import variants
+from winnow.pipelines.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,8 +35,15 @@ def _table(study) -> pl.DataFrame:
 def _ablate_process(toml, crash: str) -> subprocess.CompletedProcess:
     """``winnow ablate`` in its own process, with a crash point (curate/crashpoints.py) armed."""
     env = os.environ | {"PYTHONPATH": str(ROOT), "WINNOW_CRASH_AT": crash}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", "-q", "ablate", str(toml)], env=env, cwd=ROOT, check=False,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "ablate", str(toml)],
+        env=env,
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow
@@ -50,8 +57,9 @@ def test_parallel_and_killed_then_resumed_studies_give_the_serial_table(job, tmp
     assert _table(tmp_path / "parallel").equals(_table(tmp_path / "serial"))
 
     # SIGKILL the same study just before the third variant's result.json is renamed into place
-    markers = [int(n) for n, label in (line.split("\t") for line in points.read_text().splitlines())
-               if label == "result.json"]
+    markers = [
+        int(n) for n, label in (line.split("\t") for line in points.read_text().splitlines()) if label == "result.json"
+    ]
     resumed = study_toml(tmp_path / "resumed.toml", job, tmp_path / "resumed", **keys)
     assert _ablate_process(resumed, f"before:{markers[2]}").returncode == -signal.SIGKILL
     layout = StudyLayout(tmp_path / "resumed")
@@ -67,8 +75,16 @@ def test_parallel_and_killed_then_resumed_studies_give_the_serial_table(job, tmp
 def test_one_study_of_several_kinds_shares_its_baseline():
     base = {"code": 0.4, "prose": 0.6}
     runs = variants(AblateConfig(kind=["leave_one_out", "random_mixes"], n_mixes=3, noise_seeds=3), base, seed=0)
-    assert [v["name"] for v in runs] == ["baseline", "baseline_seed1", "baseline_seed2", "without_code",
-                                         "without_prose", "mix_00", "mix_01", "mix_02"]
+    assert [v["name"] for v in runs] == [
+        "baseline",
+        "baseline_seed1",
+        "baseline_seed2",
+        "without_code",
+        "without_prose",
+        "mix_00",
+        "mix_01",
+        "mix_02",
+    ]
     assert all(sum(v["weights"].values()) == pytest.approx(1.0) for v in runs if v["kind"] == "random_mix")
     again = variants(AblateConfig(kind=["leave_one_out", "random_mixes"], n_mixes=3, noise_seeds=3), base, seed=0)
     assert again == runs  # seeded: a resumed study plans the same mixes
@@ -81,7 +97,7 @@ def test_one_study_of_several_kinds_shares_its_baseline():
 def _synthetic(beta: np.ndarray, n: int = 12) -> tuple[list[dict], dict]:
     """Runs whose held-out losses are exactly linear in their mix shares: loss = w @ beta."""
     base = {"code": 0.4, "prose": 0.6}
-    mixes = [v for v in variants(AblateConfig(kind="random_mixes", n_mixes=n, noise_seeds=2), base, seed=0)]
+    mixes = list(variants(AblateConfig(kind="random_mixes", n_mixes=n, noise_seeds=2), base, seed=0))
     results = []
     for v in mixes:
         w = np.array([v["weights"].get(s, 0.0) for s in SOURCES])
@@ -104,16 +120,39 @@ def test_random_mixes_regression_recovers_the_mixing_law_and_proposes_better():
     proposed = propose(fit, base, target="mean", concentration=8.0, seed=0)
     w = np.array([proposed[s] for s in SOURCES])
     measured = (w @ beta).tolist()
-    summary = summarize(fit, results + [{"name": "proposed", "kind": "proposed", "seed": 0, "weights": proposed,
-                                         "held_out": dict(zip(SOURCES, measured)), "steps": 5}], base, "mean")
+    summary = summarize(
+        fit,
+        results
+        + [
+            {
+                "name": "proposed",
+                "kind": "proposed",
+                "seed": 0,
+                "weights": proposed,
+                "held_out": dict(zip(SOURCES, measured)),
+                "steps": 5,
+            }
+        ],
+        base,
+        "mean",
+    )
     assert summary["improvement"] > 0 and summary["noise"] == pytest.approx(0.003)
     assert summary["proposed"]["predicted"] == pytest.approx(summary["proposed"]["measured"], abs=0.01)
 
 
 @pytest.mark.slow
 def test_random_mixes_study_trains_the_proposal_next_to_the_baseline(job, tmp_path, one_thread):
-    toml = study_toml(tmp_path / "study.toml", job, tmp_path / "study", kind='"random_mixes"', n_mixes=3,
-                      mix_steps=2, noise_seeds=2, attribution_every=0, target='"prose"')
+    toml = study_toml(
+        tmp_path / "study.toml",
+        job,
+        tmp_path / "study",
+        kind='"random_mixes"',
+        n_mixes=3,
+        mix_steps=2,
+        noise_seeds=2,
+        attribution_every=0,
+        target='"prose"',
+    )
     assert main(["-q", "ablate", str(toml)]) == 0
     layout = StudyLayout(tmp_path / "study")
     table = _table(layout.root)
@@ -131,8 +170,17 @@ def test_random_mixes_study_trains_the_proposal_next_to_the_baseline(job, tmp_pa
 
 @pytest.mark.slow
 def test_the_adaptive_run_trains_against_the_baseline_next_to_the_proposal(job, tmp_path, one_thread):
-    toml = study_toml(tmp_path / "study.toml", job, tmp_path / "study", kind='"random_mixes"', n_mixes=3,
-                      noise_seeds=2, attribution_every=0, adaptive='"doremi"', adaptive_every=1)
+    toml = study_toml(
+        tmp_path / "study.toml",
+        job,
+        tmp_path / "study",
+        kind='"random_mixes"',
+        n_mixes=3,
+        noise_seeds=2,
+        attribution_every=0,
+        adaptive='"doremi"',
+        adaptive_every=1,
+    )
     assert main(["-q", "ablate", str(toml)]) == 0
     layout = StudyLayout(tmp_path / "study")
     assert _table(layout.root)["variant"].to_list()[-2:] == ["proposed", "doremi"]
@@ -163,7 +211,7 @@ def test_a_source_without_train_rows_is_refused(tmp_path, capsys):
     job = tiny_job(tmp_path / "job", sources=["code", "prose", "web"])  # web: in the manifest, no rows
     err = _refused(tmp_path, capsys, job, sources='["web"]')
     assert "variant 'without_web' (ablate.sources)" in err and "no train rows" in err
-    err = _refused(tmp_path, capsys, job, kind='"mixes"', mixes='{web_heavy = {web = 2.0, code = 1.0}}')
+    err = _refused(tmp_path, capsys, job, kind='"mixes"', mixes="{web_heavy = {web = 2.0, code = 1.0}}")
     assert "variant 'web_heavy' (ablate.mixes.web_heavy)" in err and "'web'" in err
 
 
@@ -175,15 +223,16 @@ def test_weights_that_sum_to_zero_are_refused():
 
 
 def test_a_reference_run_on_other_sources_or_tokenizer_is_refused(job, tmp_path, capsys):
-    from train.tokenizer import train_bpe
+    from winnow.train.tokenizer import train_bpe
 
     other = tmp_path / "teacher"
     other.mkdir()
     (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0, "per_source": {"web": {}}}) + "\n")
     err = _refused(tmp_path, capsys, job, train=f'[train.distill]\nteacher = "{other}"')
     assert "every variant (first: 'baseline'): train.distill.teacher" in err and "sources ['web']" in err
-    (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0, "per_source": {"code": {}, "prose": {}}})
-                                         + "\n")
+    (other / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "loss": 3.0, "per_source": {"code": {}, "prose": {}}}) + "\n"
+    )
     train_bpe([["some text to learn a few merges from", "more text"] * 20], vocab_size=270, min_frequency=1).save(other)
     err = _refused(tmp_path, capsys, job, train=f'[train.distill]\nteacher = "{other}"')
     assert "train.distill.teacher" in err and "another tokenizer" in err
@@ -193,13 +242,17 @@ def test_a_reference_anywhere_fsspec_reads_is_checked_and_a_missing_one_refused(
     import fsspec
 
     memory = fsspec.filesystem("memory")
-    memory.pipe("/teacher-run/metrics.jsonl", (json.dumps({"step": 1, "loss": 3.0, "per_source": {"web": {}}})
-                                               + "\n").encode())
+    memory.pipe(
+        "/teacher-run/metrics.jsonl", (json.dumps({"step": 1, "loss": 3.0, "per_source": {"web": {}}}) + "\n").encode()
+    )
     memory.pipe("/teacher-run/checkpoints/step-00000001/state.pt", b"weights are not read by the check")
     try:
-        for given in ("memory://teacher-run", "memory://teacher-run/checkpoints",
-                      "memory://teacher-run/checkpoints/step-00000001",
-                      "memory://teacher-run/checkpoints/step-00000001/state.pt"):
+        for given in (
+            "memory://teacher-run",
+            "memory://teacher-run/checkpoints",
+            "memory://teacher-run/checkpoints/step-00000001",
+            "memory://teacher-run/checkpoints/step-00000001/state.pt",
+        ):
             err = _refused(tmp_path, capsys, job, train=f'[train.distill]\nteacher = "{given}"')
             assert f"train.distill.teacher = {given!r}" in err and "sources ['web']" in err, err
     finally:
@@ -210,8 +263,17 @@ def test_a_reference_anywhere_fsspec_reads_is_checked_and_a_missing_one_refused(
 
 def test_a_finished_variant_with_other_settings_is_refused(job, tmp_path, capsys):
     layout = StudyLayout(tmp_path / "bad")
-    layout.write_result("baseline", {"name": "baseline", "kind": "baseline", "seed": 0,
-                                     "weights": {"code": 0.9, "prose": 0.1}, "held_out": {}, "steps": 3})
+    layout.write_result(
+        "baseline",
+        {
+            "name": "baseline",
+            "kind": "baseline",
+            "seed": 0,
+            "weights": {"code": 0.9, "prose": 0.1},
+            "held_out": {},
+            "steps": 3,
+        },
+    )
     toml = study_toml(tmp_path / "bad.toml", job, layout.root)
     assert main(["ablate", str(toml)]) == 2
     err = capsys.readouterr().err
@@ -221,7 +283,7 @@ def test_a_finished_variant_with_other_settings_is_refused(job, tmp_path, capsys
 def test_a_variant_trained_before_a_setting_was_added_or_removed_still_counts_as_finished(tmp_path):
     import dataclasses
 
-    from pipelines.ablate.checks import finished
+    from winnow.pipelines.ablate.checks import finished
 
     @dataclasses.dataclass
     class Parallel:
@@ -236,8 +298,9 @@ def test_a_variant_trained_before_a_setting_was_added_or_removed_still_counts_as
     layout = StudyLayout(tmp_path)
     variant = {"name": "without_code", "kind": "leave_one_out", "seed": 0, "weights": {"prose": 1.0}}
     layout.write_result("without_code", {**variant, "held_out": {"prose": 3.0}, "steps": 3})
-    (layout.run_dir("without_code") / "config.json").write_text(json.dumps(
-        {"output": "x", "parallel": {"mode": "ddp", "experts": 1}}))  # "experts": removed since
+    (layout.run_dir("without_code") / "config.json").write_text(
+        json.dumps({"output": "x", "parallel": {"mode": "ddp", "experts": 1}})
+    )  # "experts": removed since
     assert finished(layout, variant, Train())["held_out"] == {"prose": 3.0}
     with pytest.raises(ConfigError, match=r"train.parallel.replicas = None, the study now asks for 4"):
         finished(layout, variant, Train(parallel=Parallel(replicas=4)))  # a new setting away from its default
@@ -262,8 +325,10 @@ def test_local_workers_claim_one_gpu_each_and_ray_tasks_reserve_one(monkeypatch)
             return iter([s.variant for s in specs])
 
     def tasks(*names):
-        return [runner.VariantTask(cfg=None, folders={}, sources=[], variant={"name": n}, job_file="", study="")
-                for n in names]
+        return [
+            runner.VariantTask(cfg=None, folders={}, sources=[], variant={"name": n}, job_file="", study="")
+            for n in names
+        ]
 
     monkeypatch.setattr(runner, "Executor", Recorder)
     monkeypatch.setattr(runner, "_gpu_count", lambda: 2)

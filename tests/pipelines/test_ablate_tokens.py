@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from curate.errors import OutputError
-from pipelines.ablate.sources import split_by_source
 from tests.train.shards_util import make_docs, write_token_job
 from tests.train.test_loader_tokens import assert_same, batches
-from train.data import LoaderConfig
+from winnow.curate.errors import OutputError
+from winnow.pipelines.ablate.sources import split_by_source
+from winnow.train.data import LoaderConfig
 
 SOURCES = ["books", "code", "web"]
 
@@ -43,7 +43,9 @@ def test_views_of_a_token_job_hold_each_sources_tokens_in_order(docs, tmp_path):
     assert sorted(folders) == SOURCES and sum(shares.values()) == pytest.approx(1.0)
     for source, folder in folders.items():
         texts = [d["text"] for d in docs[:50] if d["source"] == source]
-        expected = np.concatenate([np.frombuffer(t.encode(), np.uint8).astype(np.int64).tolist() + [256] for t in texts])
+        expected = np.concatenate(
+            [np.frombuffer(t.encode(), np.uint8).astype(np.int64).tolist() + [256] for t in texts]
+        )
         tokens, rows = _tokens_of(Path(folder))
         assert np.array_equal(tokens, expected)  # byte ids, EOS 256 after each document, the curriculum order
         manifest = json.loads((Path(folder) / "manifest.json").read_text())
@@ -52,8 +54,10 @@ def test_views_of_a_token_job_hold_each_sources_tokens_in_order(docs, tmp_path):
         assert rows.tolist() == [r for n in per_shard for r in range(n)]  # document j is row j of the Parquet view
         # the loader's contract holds on a view too: token shards give the Parquet shards' batches, origins included
         kw = dict(batch_size=2, seq_len=24, num_workers=0, verify_checksums=True)
-        assert_same(batches(LoaderConfig(format="parquet", **kw), folder, 40),
-                    batches(LoaderConfig(format="tokens", **kw), folder, 40))
+        assert_same(
+            batches(LoaderConfig(format="parquet", **kw), folder, 40),
+            batches(LoaderConfig(format="tokens", **kw), folder, 40),
+        )
 
 
 def test_a_tokens_only_job_splits_by_tokens(docs, tmp_path):
@@ -89,10 +93,10 @@ def test_a_changed_token_shard_is_named_before_anything_is_copied(docs, tmp_path
 def test_study_and_adaptive_runs_train_on_a_tokens_only_job(docs, tmp_path, one_thread):
     import dataclasses
 
-    from pipelines.cli import main
-    from pipelines.train import build_trainer, load_train_config
     from tests.pipelines.ablate_util import study_toml
-    from train.adaptive import MixingConfig
+    from winnow.pipelines.cli import main
+    from winnow.pipelines.train import build_trainer, load_train_config
+    from winnow.train.adaptive import MixingConfig
 
     job = _job(tmp_path / "job", docs, formats=("tokens",))
     toml = study_toml(tmp_path / "study.toml", job, tmp_path / "study", steps=2)
@@ -101,8 +105,11 @@ def test_study_and_adaptive_runs_train_on_a_tokens_only_job(docs, tmp_path, one_
     assert all(f"without_{s}" in table for s in SOURCES)
     # a variant an earlier winnow trained from Parquet views (data.format = "parquet") is reused, not refused
     saved = tmp_path / "study" / "variants" / "without_code" / "config.json"
-    saved.write_text(json.dumps({**json.loads(saved.read_text()), "data": {
-        **json.loads(saved.read_text())["data"], "format": "parquet"}}))
+    saved.write_text(
+        json.dumps(
+            {**json.loads(saved.read_text()), "data": {**json.loads(saved.read_text())["data"], "format": "parquet"}}
+        )
+    )
     result = tmp_path / "study" / "variants" / "without_code" / "result.json"
     mtime = result.stat().st_mtime
     assert main(["ablate", str(toml)]) == 0 and result.stat().st_mtime == mtime

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.train import build_trainer
 from tests.pipelines.continue_util import make_job, tiny_config
 from tests.pipelines.tiny import TINY_MODEL
-from train.adaptive import AdaptiveMix, MixingConfig
-from train.data.mixing import MixSchedule
-from train.data.sets import ReplayConfig, ShardSetConfig
-from train.errors import CheckpointError, ConfigError
-from train.model import ModelOutput
+from winnow.pipelines.train import build_trainer
+from winnow.train.adaptive import AdaptiveMix, MixingConfig
+from winnow.train.data.mixing import MixSchedule
+from winnow.train.data.sets import ReplayConfig, ShardSetConfig
+from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.model import ModelOutput
 
 
 def test_reweighting_takes_over_at_once_and_resumes_exactly():
@@ -69,8 +69,15 @@ def _batch(sources: list[int]):
 
 def test_the_source_with_more_excess_loss_gains_weight_and_an_absent_one_keeps_its_last_excess():
     cfg = MixingConfig(adaptive="doremi", reference="unused", every=1, step_size=1.0, smoothing=0.0)
-    mix = AdaptiveMix(cfg, reference=_Reference([1.0, 1.0, 1.0]), set_sources=[0, 1, 2], weights=[1, 1, 1],
-                      n_sources=3, device=torch.device("cpu"), names=["a", "b", "c"])
+    mix = AdaptiveMix(
+        cfg,
+        reference=_Reference([1.0, 1.0, 1.0]),
+        set_sources=[0, 1, 2],
+        weights=[1, 1, 1],
+        n_sources=3,
+        device=torch.device("cpu"),
+        names=["a", "b", "c"],
+    )
     tokens, doc_ids, source_ids, mask = _batch([0, 0, 1, 1, 2, 2])
     model_loss = torch.tensor([[3.0, 3.0, 1.5, 1.5, 0.5, 0.5]])  # excess 2, 0.5, and 0 (clipped: below the reference)
     mix.add(model_loss, tokens, doc_ids, torch.zeros_like(tokens), source_ids, mask)
@@ -85,8 +92,14 @@ def test_the_source_with_more_excess_loss_gains_weight_and_an_absent_one_keeps_i
     report = mix.report()
     assert report["mix_weights_mean"]["a"] == pytest.approx((weights[0] + second[0]) / 2)
     floor = MixingConfig(adaptive="doremi", reference="unused", every=1, step_size=50.0, smoothing=0.3)
-    starved = AdaptiveMix(floor, reference=_Reference([1.0] * 3), set_sources=[0, 1, 2], weights=[1, 1, 1],
-                          n_sources=3, device=torch.device("cpu"))
+    starved = AdaptiveMix(
+        floor,
+        reference=_Reference([1.0] * 3),
+        set_sources=[0, 1, 2],
+        weights=[1, 1, 1],
+        n_sources=3,
+        device=torch.device("cpu"),
+    )
     tokens, doc_ids, source_ids, mask = _batch([0, 1, 2])
     starved.add(torch.tensor([[5.0, 1.0, 1.0]]), tokens, doc_ids, torch.zeros_like(tokens), source_ids, mask)
     assert min(starved.update()) == pytest.approx(0.1)  # smoothing / k: no source is starved however large the excess
@@ -112,7 +125,9 @@ def test_a_run_moves_its_mix_logs_it_and_resumes_to_the_same_weights_and_losses(
         straight = [trainer.train_step().loss for _ in range(8)]
         weights = trainer.hook("mixing").report()
         assert trainer.data.mix_weights != start and trainer.hook("mixing").updates == 4
-        assert trainer.data.mix_weights == pytest.approx([weights["mix_weights"][s] for s in ("prose", "legal", "code")])
+        assert trainer.data.mix_weights == pytest.approx(
+            [weights["mix_weights"][s] for s in ("prose", "legal", "code")]
+        )
 
     cfg = _adaptive(tmp_path, job, reference, steps=4, name="resumed")  # fit() leaves a checkpoint at its end
     with build_trainer(cfg) as trainer:
@@ -120,7 +135,7 @@ def test_a_run_moves_its_mix_logs_it_and_resumes_to_the_same_weights_and_losses(
     assert set(summary["mixing"]["mix_weights"]) == {"prose", "legal", "code"}
     records = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert any("mix_weights" in r and "mix_weights_mean" in r for r in records)
-    from pipelines.report.page import write_report
+    from winnow.pipelines.report.page import write_report
 
     page = write_report(tmp_path / "resumed").read_text()
     assert '<h3>Adaptive mix</h3><img alt="adaptive mix weights"' in page and "<th>mean over the run</th>" in page
@@ -171,8 +186,10 @@ def test_a_reference_that_cannot_score_the_run_is_refused_before_training(tmp_pa
 
 def test_every_shards_entry_is_split_per_source_for_the_mix(tmp_path):
     reference = _reference_run(tmp_path, make_job(tmp_path / "all", ("prose", "legal", "code")))
-    sets = [ShardSetConfig(path=str(make_job(tmp_path / "a", ("prose", "legal")))),
-            ShardSetConfig(path=str(make_job(tmp_path / "b", ("code",))), weight=0.5)]
+    sets = [
+        ShardSetConfig(path=str(make_job(tmp_path / "a", ("prose", "legal")))),
+        ShardSetConfig(path=str(make_job(tmp_path / "b", ("code",))), weight=0.5),
+    ]
     cfg = dataclasses.replace(_adaptive(tmp_path, tmp_path / "a", reference, steps=4), shards=sets)
     with build_trainer(cfg) as trainer:
         assert sorted(trainer.data.set_sources) == [["code"], ["legal"], ["prose"]]
@@ -183,16 +200,23 @@ def test_every_shards_entry_is_split_per_source_for_the_mix(tmp_path):
     assert summary["mixing"]["mix_weights"] != pytest.approx(weights)  # two updates moved it
 
 
-@pytest.mark.parametrize("kw, key", [({"adaptive": "odm"}, "adaptive"), ({"adaptive": "doremi"}, "reference"),
-                                     ({"every": 0}, "every"), ({"step_size": 0}, "step_size"),
-                                     ({"smoothing": 1.0}, "smoothing")])
+@pytest.mark.parametrize(
+    "kw, key",
+    [
+        ({"adaptive": "odm"}, "adaptive"),
+        ({"adaptive": "doremi"}, "reference"),
+        ({"every": 0}, "every"),
+        ({"step_size": 0}, "step_size"),
+        ({"smoothing": 1.0}, "smoothing"),
+    ],
+)
 def test_bad_mixing_values_name_the_key(kw, key):
     with pytest.raises(ConfigError, match=f"train.mixing.{key}"):
         MixingConfig(**kw)
 
 
 def test_winnow_train_splits_a_job_folder_per_source_and_records_the_reference(tmp_path, capsys):
-    from pipelines.cli import main
+    from winnow.pipelines.cli import main
 
     job = make_job(tmp_path / "job", ("prose", "legal", "code"))
     reference = _reference_run(tmp_path, job)
@@ -200,7 +224,7 @@ def test_winnow_train_splits_a_job_folder_per_source_and_records_the_reference(t
     toml.write_text(f'''[job]
 output = "{job}"
 [train]
-output = "{tmp_path / 'run'}"
+output = "{tmp_path / "run"}"
 steps = 4
 eval_every = 0
 {TINY_MODEL}

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from curate.errors import OutputError
-from pipelines.ablate.sources import split_by_source
-from pipelines.jobfile import build_config
 from tests.pipelines.tiny import TINY_MODEL
 from tests.train.shards_util import make_docs, write_job
-from train.config import TrainConfig
+from winnow.curate.errors import OutputError
+from winnow.pipelines.ablate.sources import split_by_source
+from winnow.pipelines.jobfile import build_config
+from winnow.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -37,20 +37,20 @@ def kind(area: str) -> Callable[[Callable[[Path], None]], Callable[[Path], None]
     def register(fn: Callable[[Path], None]) -> Callable[[Path], None]:
         KINDS.append(Kind(fn.__name__, area, fn))
         return fn
+
     return register
 
 
 def tiny_cfg(shards: Path, run: Path, **train) -> TrainConfig:
     import tomllib
 
-    table = {"shards": str(shards), "output": str(run), "steps": 2, **train,
-             **tomllib.loads(TINY_MODEL)["train"]}
+    table = {"shards": str(shards), "output": str(run), "steps": 2, **train, **tomllib.loads(TINY_MODEL)["train"]}
     return build_config(TrainConfig, table, "test [train]")
 
 
 # -- training --------------------------------------------------------------------------------------------------
 def _train_holder(cfg: TrainConfig, ready, done) -> None:
-    from pipelines.train import build_trainer
+    from winnow.pipelines.train import build_trainer
 
     trainer = build_trainer(cfg)  # noqa: F841 - held while it lives
     ready.set()
@@ -59,7 +59,7 @@ def _train_holder(cfg: TrainConfig, ready, done) -> None:
 
 @kind("training")
 def second_train_into_a_running_run_folder(tmp: Path) -> None:
-    from pipelines.train import build_trainer
+    from winnow.pipelines.train import build_trainer
 
     job = write_job(tmp / "job", [make_docs(12)], val=[make_docs(4)])
     cfg = tiny_cfg(job, tmp / "run")
@@ -69,7 +69,9 @@ def second_train_into_a_running_run_folder(tmp: Path) -> None:
     first.start()
     try:
         assert ready.wait(120)
-        with pytest.raises(OutputError, match=rf"run folder .* in use by another winnow run \(host .*, pid {first.pid}"):
+        with pytest.raises(
+            OutputError, match=rf"run folder .* in use by another winnow run \(host .*, pid {first.pid}"
+        ):
             build_trainer(cfg)
     finally:
         done.set()
@@ -78,7 +80,7 @@ def second_train_into_a_running_run_folder(tmp: Path) -> None:
 
 
 def _lock_holder(folder: str, ready, done) -> None:
-    from curate.lock import FolderLock
+    from winnow.curate.lock import FolderLock
 
     FolderLock(folder, what="run folder").acquire()  # creates the folder, as a starting run does
     ready.set()
@@ -87,9 +89,9 @@ def _lock_holder(folder: str, ready, done) -> None:
 
 @kind("training")
 def second_train_started_as_the_first_creates_the_folder(tmp: Path) -> None:
-    from curate.errors import FolderInUseError
-    from curate.lock import FolderLock
-    from pipelines.cleanup import removed_on_failure
+    from winnow.curate.errors import FolderInUseError
+    from winnow.curate.lock import FolderLock
+    from winnow.pipelines.cleanup import removed_on_failure
 
     fork = multiprocessing.get_context("fork")
     ready, done = fork.Event(), fork.Event()

@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import COMMANDS, EXTRA_PACKAGES, build_parser, main
+from winnow.pipelines.cli import COMMANDS, EXTRA_PACKAGES, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # A tiny job through the demo's stage kinds (inline: workers = 1), then what the process loaded.
 CURATE_AND_REPORT = """
 import json, sys
-from pipelines.cli import main
-from curate.stages import stage_class, stage_kinds
+from winnow.pipelines.cli import main
+from winnow.curate.stages import stage_class, stage_kinds
 rc = main(["-q", "curate", sys.argv[1]])
 for kind in stage_kinds():
     stage_class(kind)  # every stage module, not only the job's
 import numba.core.registry as reg
 misses = {f"{name}.{attr}": sum(obj.stats.cache_misses.values())
-          for name, mod in list(sys.modules.items()) if name.startswith("curate") and mod is not None
+          for name, mod in list(sys.modules.items()) if name.startswith("winnow.curate") and mod is not None
           for attr, obj in vars(mod).items() if isinstance(obj, reg.CPUDispatcher) and obj.signatures}
 print(json.dumps({"rc": rc, "heavy": sorted(m for m in ("torch", "matplotlib", "tensorboard", "datasets", "ray")
                                             if m in sys.modules), "misses": misses}))
@@ -71,8 +71,9 @@ def _curate_in_subprocess(tmp_path: Path) -> dict:
     data.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
     job = tmp_path / "tiny.toml"
     job.write_text(JOB.format(out=tmp_path / "out", data=data))
-    proc = subprocess.run([sys.executable, "-c", CURATE_AND_REPORT, str(job)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CURATE_AND_REPORT, str(job)], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -90,8 +91,10 @@ def test_curate_path_loads_no_training_or_plotting_and_compiles_nothing_twice(tm
 
 @pytest.mark.parametrize("argv", [["--help"], ["curate", "--help"]])
 def test_help_imports_neither_torch_nor_polars(argv):
-    code = f"import sys\nfrom pipelines.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n" \
-           "print(sorted(m for m in ('torch', 'matplotlib', 'polars', 'pyarrow', 'numba') if m in sys.modules))"
+    code = (
+        f"import sys\nfrom winnow.pipelines.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'matplotlib', 'polars', 'pyarrow', 'numba') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
@@ -110,11 +113,11 @@ def test_command_table_matches_what_each_module_registers():
 
 def test_training_command_without_torch_names_the_extra(monkeypatch, capsys):
     def no_torch(name, *args, **kwargs):
-        if name == "pipelines.train":
+        if name == "winnow.pipelines.train":
             raise ModuleNotFoundError("No module named 'torch'", name="torch")
         return importlib.import_module(name, *args, **kwargs)
 
-    monkeypatch.setattr("pipelines.cli.importlib.import_module", no_torch)
+    monkeypatch.setattr("winnow.pipelines.cli.importlib.import_module", no_torch)
     assert main(["train", "job.toml"]) == 2
     err = capsys.readouterr().err
     assert "winnow train: error:" in err and "'torch'" in err and "pip install 'winnow[train]'" in err
@@ -125,13 +128,13 @@ def test_a_missing_module_that_no_extra_brings_is_a_bug_not_a_hint(monkeypatch):
     def broken(name, *args, **kwargs):
         raise ModuleNotFoundError("No module named 'pipelines.trian'", name="pipelines.trian")
 
-    monkeypatch.setattr("pipelines.cli.importlib.import_module", broken)
+    monkeypatch.setattr("winnow.pipelines.cli.importlib.import_module", broken)
     with pytest.raises(ModuleNotFoundError):
         main(["train", "job.toml"])
 
 
 def test_quiet_and_verbose_work_before_and_after_the_command():
-    from pipelines.cli import verbosity
+    from winnow.pipelines.cli import verbosity
 
     assert verbosity(build_parser("curate").parse_args(["curate", "job.toml", "-q"])) == (0, True)
     assert verbosity(build_parser("curate").parse_args(["-v", "curate", "job.toml", "-v"])) == (2, False)
@@ -139,7 +142,7 @@ def test_quiet_and_verbose_work_before_and_after_the_command():
 
 
 def test_version_prints_the_package_version(capsys):
-    from pipelines import __version__
+    from winnow.pipelines import __version__
 
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

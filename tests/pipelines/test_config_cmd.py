@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
+from winnow.pipelines.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,10 +44,12 @@ def test_schema_accepts_the_shipped_jobs_and_refuses_bad_keys(tmp_path, capsys):
     schema = json.loads((tmp_path / "winnow.schema.json").read_text())
     for job in ("demo.toml", "ablation.toml"):
         jsonschema.validate(tomllib.loads((ROOT / "pipelines" / job).read_text()), schema)
-    bad = [{"job": {"name": "x", "workres": 2}},
-           {"job": {"name": "x"}, "stages": [{"kind": "dedup.minhash", "treshold": 0.8}]},
-           {"job": {"name": "x"}, "stages": [{"kind": "filter.expr"}]},  # where is required
-           {"job": {"name": "x"}, "train": {"metrics": {"trackers": "wandb"}}}]
+    bad = [
+        {"job": {"name": "x", "workres": 2}},
+        {"job": {"name": "x"}, "stages": [{"kind": "dedup.minhash", "treshold": 0.8}]},
+        {"job": {"name": "x"}, "stages": [{"kind": "filter.expr"}]},  # where is required
+        {"job": {"name": "x"}, "train": {"metrics": {"trackers": "wandb"}}},
+    ]
     for doc in bad:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(doc, schema)
@@ -55,18 +57,21 @@ def test_schema_accepts_the_shipped_jobs_and_refuses_bad_keys(tmp_path, capsys):
 
 def _configs(*, curation_only: bool = False):
     """(table, config class) of every table and stage kind a job file may hold."""
-    from curate.stages import stage_class, stage_kinds
-    from pipelines.config import tables
+    from winnow.curate.stages import stage_class, stage_kinds
+    from winnow.pipelines.config import tables
 
-    known = [(name, cls) for name, cls in tables().items() if not curation_only or name.split(".")[0] in
-             ("job", "inputs", "output")]
+    known = [
+        (name, cls)
+        for name, cls in tables().items()
+        if not curation_only or name.split(".")[0] in ("job", "inputs", "output")
+    ]
     return [*known, *((f"[[stages]] {kind}", stage_class(kind).Config) for kind in stage_kinds())]
 
 
 def test_descriptions_are_whole_plain_sentences_for_users():
     import sys
 
-    from pipelines.config import field_docs
+    from winnow.pipelines.config import field_docs
 
     bad = []
     for table, cls in _configs():
@@ -81,19 +86,25 @@ def test_descriptions_are_whole_plain_sentences_for_users():
 
 
 def test_a_comment_continued_below_its_field_and_one_above_a_field_are_whole():
-    from curate.config import JobSection
-    from pipelines.config import field_docs
-    from train.config import TrainConfig
+    from winnow.curate.config import JobSection
+    from winnow.pipelines.config import field_docs
+    from winnow.train.config import TrainConfig
 
     assert field_docs(TrainConfig)["shards"].endswith("tables mixed at load time; None: the job's output")
-    assert field_docs(JobSection)["task_bytes"].startswith("A file larger than this (as stored) is read as several tasks")
+    assert field_docs(JobSection)["task_bytes"].startswith(
+        "A file larger than this (as stored) is read as several tasks"
+    )
 
 
 def test_every_curation_key_has_a_description():
     import dataclasses
 
-    from pipelines.config import field_docs
+    from winnow.pipelines.config import field_docs
 
-    missing = [f"{table} {f.name}" for table, cls in _configs(curation_only=True)
-               for f in dataclasses.fields(cls) if f.init and f.name not in field_docs(cls)]
+    missing = [
+        f"{table} {f.name}"
+        for table, cls in _configs(curation_only=True)
+        for f in dataclasses.fields(cls)
+        if f.init and f.name not in field_docs(cls)
+    ]
     assert missing == []

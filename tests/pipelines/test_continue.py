@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from curate.errors import ConfigError as JobFileError
-from pipelines.train import build_trainer, load_train_config
 from tests.pipelines.continue_util import make_job, tiny_config
-from train.data.sets import ReplayConfig, ShardSetConfig
-from train.errors import ConfigError
-from train.init import load_init
-from train.tokenizer import train_bpe
+from winnow.curate.errors import ConfigError as JobFileError
+from winnow.pipelines.train import build_trainer, load_train_config
+from winnow.train.data.sets import ReplayConfig, ShardSetConfig
+from winnow.train.errors import ConfigError
+from winnow.train.init import load_init
+from winnow.train.tokenizer import train_bpe
 
 
 def _fit(cfg):
@@ -43,8 +43,14 @@ def base(tmp_path_factory):
 
 def test_step_zero_losses_are_the_base_runs_exactly(base, one_thread):
     root, jobs, base_summary = base
-    cfg = tiny_config(root / "cont", str(jobs["new"]), steps=2, init_from=str(root / "base" / "train"),
-                      eval=[str(jobs["base"]), str(jobs["new"])], seed=1)
+    cfg = tiny_config(
+        root / "cont",
+        str(jobs["new"]),
+        steps=2,
+        init_from=str(root / "base" / "train"),
+        eval=[str(jobs["base"]), str(jobs["new"])],
+        seed=1,
+    )
     # training shuffles with another seed: held-out batches must not follow it
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, shuffle_window=8, seed=1))
     trainer, _ = _fit(cfg)
@@ -87,8 +93,11 @@ def test_init_from_a_checkpoint_file_or_url_and_bad_paths(base):
 
 def test_two_data_sets_mix_at_the_given_weights(base, one_thread):
     root, jobs, _ = base
-    cfg = tiny_config(root / "mixed", [ShardSetConfig(path=str(jobs["base"]), weight=0.3),
-                                       ShardSetConfig(path=str(jobs["new"]), weight=0.7)], steps=12)
+    cfg = tiny_config(
+        root / "mixed",
+        [ShardSetConfig(path=str(jobs["base"]), weight=0.3), ShardSetConfig(path=str(jobs["new"]), weight=0.7)],
+        steps=12,
+    )
     _fit(cfg)
     tokens = _tokens_by_source(root / "mixed")
     share = tokens["code"] / sum(tokens.values())
@@ -98,9 +107,11 @@ def test_two_data_sets_mix_at_the_given_weights(base, one_thread):
 def test_replay_shorthand_and_job_file_keys(base, tmp_path):
     root, jobs, _ = base
     job = tmp_path / "job.toml"
-    job.write_text(f'[train]\neval_every = 0\nshards = "{jobs["new"]}"\ninit_from = "{root}/base/train"\n'
-                   f'replay = {{from = "{jobs["base"]}", share = 0.25}}\n[train.optim]\nschedule = "wsd"\n'
-                   '[train.stop]\npatience = 2\n')
+    job.write_text(
+        f'[train]\neval_every = 0\nshards = "{jobs["new"]}"\ninit_from = "{root}/base/train"\n'
+        f'replay = {{from = "{jobs["base"]}", share = 0.25}}\n[train.optim]\nschedule = "wsd"\n'
+        "[train.stop]\npatience = 2\n"
+    )
     with pytest.raises(JobFileError, match="train.stop"):  # stop rules read periodic evaluations
         load_train_config(job)
     cfg = load_train_config(job, eval_every=5)
@@ -112,8 +123,14 @@ def test_replay_shorthand_and_job_file_keys(base, tmp_path):
 
 def test_per_source_weights_within_a_data_set(base, one_thread):
     root, jobs, _ = base
-    cfg = tiny_config(root / "per_source", [ShardSetConfig(path=str(jobs["base"]), weight=0.5, sources={"prose": 1.0, "legal": 0.0}),
-                                            ShardSetConfig(path=str(jobs["new"]), weight=0.5)], steps=8)
+    cfg = tiny_config(
+        root / "per_source",
+        [
+            ShardSetConfig(path=str(jobs["base"]), weight=0.5, sources={"prose": 1.0, "legal": 0.0}),
+            ShardSetConfig(path=str(jobs["new"]), weight=0.5),
+        ],
+        steps=8,
+    )
     _fit(cfg)
     tokens = _tokens_by_source(root / "per_source")
     assert tokens["legal"] == 0 and tokens["prose"] / sum(tokens.values()) == pytest.approx(0.5, abs=0.01)
@@ -123,8 +140,8 @@ def test_per_source_weights_within_a_data_set(base, one_thread):
 
 
 def test_the_shipped_job_pair_parses():
-    from pipelines.ablate.config import AblateConfig
-    from pipelines.jobfile import build_config, load_job, read_toml
+    from winnow.pipelines.ablate.config import AblateConfig
+    from winnow.pipelines.jobfile import build_config, load_job, read_toml
 
     for name in ("continue_base", "continue"):
         load_job(f"pipelines/{name}.toml")
@@ -138,13 +155,18 @@ def test_the_shipped_job_pair_parses():
 def test_init_optimizer_keeps_the_moments_not_the_hyperparameters(base):
     import torch
 
-    from train.optim import OptimConfig
+    from winnow.train.optim import OptimConfig
 
     root, jobs, _ = base
     run = root / "base" / "train"
     saved = load_init(str(run)).state
-    cfg = tiny_config(root / "opt", str(jobs["new"]), init_from=str(run), init_optimizer=True,
-                      optim=OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=4, rewarm_from="current"))
+    cfg = tiny_config(
+        root / "opt",
+        str(jobs["new"]),
+        init_from=str(run),
+        init_optimizer=True,
+        optim=OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=4, rewarm_from="current"),
+    )
     with build_trainer(cfg) as trainer:
         opt = trainer.optimizer
         moments = [opt.state[p]["exp_avg"] for group in opt.param_groups for p in group["params"]]
@@ -166,5 +188,9 @@ def test_init_from_an_s3_run_folder(base, s3_server):
     fs.put(str(root / "base" / "train") + "/", "winnow-cpt/runs/base", recursive=True)
     remote, local = load_init("s3://winnow-cpt/runs/base"), load_init(str(root / "base" / "train"))
     assert remote.sha256 == local.sha256 and remote.step == 6
-    assert remote.run_dir == "s3://winnow-cpt/runs/base" and remote.checkpoint.startswith("s3://winnow-cpt/runs/base/checkpoints/")
-    assert remote._run_files(["tokenizer_meta.json"]) == local._run_files(["tokenizer_meta.json"])  # the tokenizer check reads it
+    assert remote.run_dir == "s3://winnow-cpt/runs/base" and remote.checkpoint.startswith(
+        "s3://winnow-cpt/runs/base/checkpoints/"
+    )
+    assert remote._run_files(["tokenizer_meta.json"]) == local._run_files(
+        ["tokenizer_meta.json"]
+    )  # the tokenizer check reads it

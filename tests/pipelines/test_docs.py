@@ -26,8 +26,8 @@ def test_job_file_reference_is_what_the_config_classes_generate(reference):
 
 
 def test_job_file_reference_lists_every_table_and_built_in_stage_kind(reference):
-    from curate.stages import _KINDS
-    from pipelines.config import tables
+    from winnow.curate.stages import _KINDS
+    from winnow.pipelines.config import tables
 
     text = reference
     for name in tables():
@@ -40,8 +40,12 @@ def test_docs_site_builds_strict_with_no_broken_links(tmp_path):
     """`mkdocs build --strict` fails on a broken link, a missing anchor or a page outside the nav."""
     pytest.importorskip("mkdocs")
     # the command CI runs, from the repository root (mkdocs.yml sits in the docs folder it builds)
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml",
-                           "-d", str(tmp_path / "site")], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml", "-d", str(tmp_path / "site")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "index.html").exists()
     assert (tmp_path / "site" / "reference" / "job-file" / "index.html").exists()

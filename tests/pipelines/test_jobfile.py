@@ -7,22 +7,37 @@ from typing import Literal
 
 import pytest
 
-from curate.errors import ConfigError
-from pipelines.cli import main
-from pipelines.jobfile import build_config, load_job
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.cli import main
+from winnow.pipelines.jobfile import build_config, load_job
 
 BASE = '[job]\nname = "t"\n[[inputs]]\nsource = "a"\npath = "x.jsonl"\n'
 
 
-@pytest.mark.parametrize("body,message", [
-    ('[[stages]]\nkind = "filter.length"\nmin_wrods = 3\n', r"t\.toml \[\[stages\]\] #1 \(filter\.length\): unknown key 'min_wrods' \(did you mean 'min_words'\?\)"),
-    ('[[stages]]\nkind = "filter.lenght"\n', r"unknown stage kind 'filter\.lenght' \(did you mean 'filter\.length'\?\)"),
-    ('[[stages]]\nmin_words = 3\n', r"\[\[stages\]\] #1: missing required key 'kind'"),
-    ('[[stages]]\nkind = "filter.length"\nmin_words = "3"\n', r"key 'min_words': .*'3'"),
-    ('[[stages]]\nkind = "filter.length"\nmin_chars = 9\nmax_chars = 2\n', r"min_chars \(9\) is greater than max_chars \(2\)"),
-    ('[output]\nformats = ["csv"]\n', r"\[output\]: output.formats = \['csv'\] is invalid; allowed: a non-empty list"),
-    ('[outptu]\n', r"unknown table \[outptu\]"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (
+            '[[stages]]\nkind = "filter.length"\nmin_wrods = 3\n',
+            r"t\.toml \[\[stages\]\] #1 \(filter\.length\): unknown key 'min_wrods' \(did you mean 'min_words'\?\)",
+        ),
+        (
+            '[[stages]]\nkind = "filter.lenght"\n',
+            r"unknown stage kind 'filter\.lenght' \(did you mean 'filter\.length'\?\)",
+        ),
+        ("[[stages]]\nmin_words = 3\n", r"\[\[stages\]\] #1: missing required key 'kind'"),
+        ('[[stages]]\nkind = "filter.length"\nmin_words = "3"\n', r"key 'min_words': .*'3'"),
+        (
+            '[[stages]]\nkind = "filter.length"\nmin_chars = 9\nmax_chars = 2\n',
+            r"min_chars \(9\) is greater than max_chars \(2\)",
+        ),
+        (
+            '[output]\nformats = ["csv"]\n',
+            r"\[output\]: output.formats = \['csv'\] is invalid; allowed: a non-empty list",
+        ),
+        ("[outptu]\n", r"unknown table \[outptu\]"),
+    ],
+)
 def test_bad_job_files_name_file_table_and_key(tmp_path, body, message):
     path = tmp_path / "t.toml"
     path.write_text(BASE + body)
@@ -36,7 +51,9 @@ def test_bad_types_in_job_and_inputs(tmp_path):
     with pytest.raises(ConfigError, match=r"\[job\] key 'workers': expected an integer"):
         load_job(path)
     path.write_text('[job]\nname = "t"\n[[inputs]]\nsource = "a"\nsource_field = "s"\npath = "x"\n')
-    with pytest.raises(ConfigError, match=r"\[\[inputs\]\] #1: inputs.source / inputs.source_field: give exactly one of source"):
+    with pytest.raises(
+        ConfigError, match=r"\[\[inputs\]\] #1: inputs.source / inputs.source_field: give exactly one of source"
+    ):
         load_job(path)
 
 
@@ -63,7 +80,9 @@ class Outer:
 
 
 def test_build_config_handles_nested_tables_and_containers():
-    cfg = build_config(Outer, {"mode": "b", "rate": 1, "weights": {"x": 2}, "names": ["p"], "inner": {"depth": 5}}, "j [train]")
+    cfg = build_config(
+        Outer, {"mode": "b", "rate": 1, "weights": {"x": 2}, "names": ["p"], "inner": {"depth": 5}}, "j [train]"
+    )
     assert cfg == Outer(mode="b", rate=1.0, weights={"x": 2.0}, names=["p"], inner=Inner(depth=5))
     with pytest.raises(ConfigError, match=r"j \[train\] key 'inner': unknown key 'dpeth'"):
         build_config(Outer, {"inner": {"dpeth": 1}}, "j [train]")
@@ -81,12 +100,22 @@ def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
     assert "winnow curate: error:" in err and "unknown stage kind 'nope'" in err and "t.toml" in err
 
 
-@pytest.mark.parametrize("job,stage,message", [
-    ("workers = 0\n", "", r"t\.toml \[job\]: job\.workers = 0 is invalid; allowed: an integer >= 1"),
-    ("", '[[stages]]\nkind = "order"\nwindow = 0\n', r"\[\[stages\]\] #1 \(order\): order\.window = 0 is invalid; allowed: >= 1"),
-    ("", '[[stages]]\nkind = "clean"\nboilerplate_min_fraction = 2.0\n',
-     r"clean\.boilerplate_min_fraction = 2\.0 is invalid; allowed: in \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "job,stage,message",
+    [
+        ("workers = 0\n", "", r"t\.toml \[job\]: job\.workers = 0 is invalid; allowed: an integer >= 1"),
+        (
+            "",
+            '[[stages]]\nkind = "order"\nwindow = 0\n',
+            r"\[\[stages\]\] #1 \(order\): order\.window = 0 is invalid; allowed: >= 1",
+        ),
+        (
+            "",
+            '[[stages]]\nkind = "clean"\nboilerplate_min_fraction = 2.0\n',
+            r"clean\.boilerplate_min_fraction = 2\.0 is invalid; allowed: in \[0, 1\]",
+        ),
+    ],
+)
 def test_curation_config_errors_carry_the_dotted_key(tmp_path, job, stage, message):
     path = tmp_path / "t.toml"
     path.write_text(f'[job]\nname = "t"\n{job}[[inputs]]\nsource = "a"\npath = "x.jsonl"\n{stage}')

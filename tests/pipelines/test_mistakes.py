@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from curate.errors import ConfigError
-from pipelines.cleanup import removed_on_failure
-from pipelines.cli import main
-from pipelines.jobfile import load_job
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.cleanup import removed_on_failure
+from winnow.pipelines.cli import main
+from winnow.pipelines.jobfile import load_job
 
 BASE = (
     '[job]\nname = "t"\n[[inputs]]\nsource = "docs"\npath = "d.jsonl"\n[[inputs]]\nsource = "web"\npath = "w.jsonl"\n'

@@ -5,22 +5,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipelines.ablate.layout import StudyLayout
-from pipelines.ablate.sources import split_by_source
-from pipelines.train import default_run_folder
 from tests.train.shards_util import write_job
+from winnow.pipelines.ablate.layout import StudyLayout
+from winnow.pipelines.ablate.sources import split_by_source
+from winnow.pipelines.train import default_run_folder
 
 HOSTILE = ["..", "../escape", "/abs", "a/b", ".hidden"]
 
 
 def test_per_source_sets_stay_in_their_folder(tmp_path):
-    rows = [{"id": f"{s}-{i}", "source": s, "text": f"text {i} of {s}", "meta": None} for i in range(3) for s in HOSTILE]
+    rows = [
+        {"id": f"{s}-{i}", "source": s, "text": f"text {i} of {s}", "meta": None} for i in range(3) for s in HOSTILE
+    ]
     job = write_job(tmp_path / "study" / "job", [rows])
     out = tmp_path / "study" / "sources"
-    before = {p for p in tmp_path.rglob("*")}
+    before = set(tmp_path.rglob("*"))
     folders, shares = split_by_source(str(job), out)
     assert sorted(folders) == sorted(HOSTILE) and abs(sum(shares.values()) - 1) < 1e-9  # names as given
-    written = {p for p in tmp_path.rglob("*")} - before
+    written = set(tmp_path.rglob("*")) - before
     assert written and all(p == out or out in p.parents for p in written)
     assert len({Path(f) for f in folders.values()}) == len(HOSTILE)
     for source, folder in folders.items():  # each set holds its own source, named as given

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.pipelines.tiny import TINY_MODEL
-from train.progress import TrainProgress
+from winnow.train.progress import TrainProgress
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = (
@@ -66,7 +66,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "stderr.log", "w") as err:  # a file, as on a cluster: not a terminal
         proc = subprocess.run(
-            [sys.executable, "-m", "pipelines.cli", "run", "job.toml", *args],
+            [sys.executable, "-m", "winnow.pipelines.cli", "run", "job.toml", *args],
             cwd=tmp_path,
             env=env,
             stdout=subprocess.PIPE,

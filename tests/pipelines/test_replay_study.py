@@ -7,15 +7,15 @@ import json
 import polars as pl
 import pytest
 
-from pipelines.ablate.config import AblateConfig
-from pipelines.ablate.layout import StudyLayout
-from pipelines.ablate.replay import replay_variants
-from pipelines.cli import main
-from pipelines.train import build_trainer
 from tests.pipelines.continue_util import tiny_config
 from tests.train.shards_util import write_job
-from train.data import LoaderConfig
-from train.optim import OptimConfig
+from winnow.pipelines.ablate.config import AblateConfig
+from winnow.pipelines.ablate.layout import StudyLayout
+from winnow.pipelines.ablate.replay import replay_variants
+from winnow.pipelines.cli import main
+from winnow.pipelines.train import build_trainer
+from winnow.train.data import LoaderConfig
+from winnow.train.optim import OptimConfig
 
 
 def _sample_rows(source: str, n: int) -> list[dict]:
@@ -39,8 +39,11 @@ def _job(folder, sources):
 
 def test_variants_per_share_and_noise_seeds():
     runs = replay_variants(AblateConfig(kind="replay", shares=[0.0, 0.25], noise_seeds=2), seed=3)
-    assert [(v["name"], v["share"], v["seed"]) for v in runs] == [("replay_0", 0.0, 3), ("replay_0.25", 0.25, 3),
-                                                                  ("replay_0_seed4", 0.0, 4)]
+    assert [(v["name"], v["share"], v["seed"]) for v in runs] == [
+        ("replay_0", 0.0, 3),
+        ("replay_0.25", 0.25, 3),
+        ("replay_0_seed4", 0.0, 4),
+    ]
     assert runs[0]["weights"] == {"new": 1.0} and runs[1]["weights"] == {"new": 0.75, "replay": 0.25}
 
 
@@ -55,9 +58,9 @@ def test_no_replay_forgets_more_than_a_quarter_replay_beyond_seed_noise(tmp_path
     study = tmp_path / "study"
     toml = tmp_path / "continue.toml"
     toml.write_text(f'''[train]
-output = "{tmp_path / 'unused'}"
+output = "{tmp_path / "unused"}"
 shards = "{new}"
-init_from = "{base / 'train'}"
+init_from = "{base / "train"}"
 replay = {{from = "{base}", share = 0.05}}
 steps = 30
 eval_every = 0

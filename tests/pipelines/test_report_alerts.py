@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from pipelines.report import plots
-from pipelines.report.diagnose import diagnose
-from pipelines.report.training import load_run
 from tests.pipelines.report_util import healthy_records, write_run
-from train.alerts import SKIP_ALERT, AlertConfig, AlertKind, Alerts, SkipReason
+from winnow.pipelines.report import plots
+from winnow.pipelines.report.diagnose import diagnose
+from winnow.pipelines.report.training import load_run
+from winnow.train.alerts import SKIP_ALERT, AlertConfig, AlertKind, Alerts, SkipReason
 
 
 def _emit_every_kind(run_dir) -> None:
@@ -20,7 +20,7 @@ def _emit_every_kind(run_dir) -> None:
 def test_every_kind_the_trainer_emits_is_known_to_the_report(tmp_path, caplog):
     run_dir = write_run(tmp_path / "run", healthy_records())
     _emit_every_kind(run_dir)
-    with caplog.at_level(logging.WARNING, logger="pipelines.report.training"):
+    with caplog.at_level(logging.WARNING, logger="winnow.pipelines.report.training"):
         run = load_run(run_dir)
     assert not [r for r in caplog.records if "unknown to this report" in r.getMessage()]
     assert {a["kind"] for a in run.alerts} == {k.value for k in AlertKind}
@@ -32,9 +32,10 @@ def test_every_kind_the_trainer_emits_is_known_to_the_report(tmp_path, caplog):
 
 
 def test_an_unknown_kind_is_reported_not_silently_drawn(tmp_path, caplog):
-    run_dir = write_run(tmp_path / "run", healthy_records(),
-                        alerts=[{"time": 0.0, "step": 4, "kind": "gpu_on_fire", "message": "?"}])
-    with caplog.at_level(logging.WARNING, logger="pipelines.report.training"):
+    run_dir = write_run(
+        tmp_path / "run", healthy_records(), alerts=[{"time": 0.0, "step": 4, "kind": "gpu_on_fire", "message": "?"}]
+    )
+    with caplog.at_level(logging.WARNING, logger="winnow.pipelines.report.training"):
         run = load_run(run_dir)
     assert any("'gpu_on_fire'" in r.getMessage() and "unknown to this report" in r.getMessage() for r in caplog.records)
     assert run.skipped_steps() == []

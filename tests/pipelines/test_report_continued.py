@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from pipelines.report import continued
-from pipelines.report.page import write_report
-from pipelines.report.training import load_run
+from winnow.pipelines.report import continued
+from winnow.pipelines.report.page import write_report
+from winnow.pipelines.report.training import load_run
 
 
 def _write_run(folder, evals, stop=None):
@@ -32,11 +32,17 @@ def test_slope_interval_matches_least_squares():
 
 
 def test_forgetting_and_gain_per_source_from_step_zero(tmp_path):
-    evals = [(0, {"old": 1.5, "new": 3.0})] + [(s, {"old": 1.5 + 0.02 * k + 0.001 * (-1) ** k, "new": 3.0 - 0.3 * k})
-                                                for k, s in enumerate((10, 20, 30, 40, 50), start=1)]
+    evals = [(0, {"old": 1.5, "new": 3.0})] + [
+        (s, {"old": 1.5 + 0.02 * k + 0.001 * (-1) ** k, "new": 3.0 - 0.3 * k})
+        for k, s in enumerate((10, 20, 30, 40, 50), start=1)
+    ]
     run = load_run(_write_run(tmp_path / "run", evals, stop="held-out loss of new is 1.5 at step 50"))
     rows = {r.source: r for r in continued.source_changes(run)}
-    assert rows["old"].start == 1.5 and rows["old"].change == pytest.approx(0.1 - 0.001) and rows["old"].verdict == "forgot"
+    assert (
+        rows["old"].start == 1.5
+        and rows["old"].change == pytest.approx(0.1 - 0.001)
+        and rows["old"].verdict == "forgot"
+    )
     assert rows["new"].change == pytest.approx(-1.5) and rows["new"].verdict == "gained"
     assert rows["new"].trained_tokens == 500 and rows["old"].trained_tokens == 0
     assert rows["new"].flattened is False and rows["new"].slope == pytest.approx(-3.0)  # per 100 steps

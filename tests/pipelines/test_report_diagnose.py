@@ -3,16 +3,18 @@
 import numpy as np
 import pytest
 
-from curate.errors import ConfigError
-from pipelines.report import DiagnoseConfig, diagnose, format_findings
-from pipelines.report.training import load_run
 from tests.pipelines.report_util import alert, eval_record, healthy_records, log_record, write_run
-from train.attribution.counterfactual import record
+from winnow.curate.errors import ConfigError
+from winnow.pipelines.report import DiagnoseConfig, diagnose, format_findings
+from winnow.pipelines.report.training import load_run
+from winnow.train.attribution.counterfactual import record
 
 
 def rules(tmp_path, records, **kw):
-    return {f.rule: f for f in diagnose(load_run(write_run(tmp_path / "run", records, **kw)),
-                                        DiagnoseConfig(memory_limit_gib=16.0))}
+    return {
+        f.rule: f
+        for f in diagnose(load_run(write_run(tmp_path / "run", records, **kw)), DiagnoseConfig(memory_limit_gib=16.0))
+    }
 
 
 def test_healthy_run_has_no_findings(tmp_path):
@@ -22,8 +24,10 @@ def test_healthy_run_has_no_findings(tmp_path):
 
 def test_loss_spikes_name_sources_shards_and_precision(tmp_path):
     origins = [["/job/shards/train/part-00003-00000.parquet", 7], ["/job/shards/train/part-00001-00000.parquet", 2]]
-    alerts = [alert("loss_spike", 20, loss=9.0, sources=["code", "prose"], origins=origins),
-              alert("loss_spike", 35, loss=8.0, sources=["code"], origins=origins[:1])]
+    alerts = [
+        alert("loss_spike", 20, loss=9.0, sources=["code", "prose"], origins=origins),
+        alert("loss_spike", 35, loss=8.0, sources=["code"], origins=origins[:1]),
+    ]
     found = rules(tmp_path, healthy_records(), alerts=alerts, config={"precision": "fp16"})["loss_spike"]
     text = " ".join(found.evidence)
     assert "step 20, 35" in text and "'code' was in 2 of 2" in text and "'prose' was in 1 of 2" in text
@@ -79,20 +83,39 @@ def test_expert_imbalance_names_layer_expert_and_source(tmp_path):
 
 
 def test_imbalance_right_after_initialisation_is_ignored(tmp_path):
-    records = [log_record(s, loss=3.0, expert_load=[[0.25] * 4, [0.9, 0.0, 0.05, 0.05] if s == 5 else [0.25] * 4])
-               for s in range(5, 30, 5)]
+    records = [
+        log_record(s, loss=3.0, expert_load=[[0.25] * 4, [0.9, 0.0, 0.05, 0.05] if s == 5 else [0.25] * 4])
+        for s in range(5, 30, 5)
+    ]
     assert "expert_imbalance" not in rules(tmp_path, records)
 
 
 def test_source_whose_held_out_loss_rises_while_others_fall(tmp_path):
     records = [log_record(s, loss=3.0) for s in range(10, 50, 10)]
-    records += [eval_record(10, {"prose": 3.0, "code": 3.0}), eval_record(20, {"prose": 2.6, "code": 2.8}),
-                eval_record(30, {"prose": 2.3, "code": 2.9}), eval_record(40, {"prose": 2.1, "code": 3.1})]
+    records += [
+        eval_record(10, {"prose": 3.0, "code": 3.0}),
+        eval_record(20, {"prose": 2.6, "code": 2.8}),
+        eval_record(30, {"prose": 2.3, "code": 2.9}),
+        eval_record(40, {"prose": 2.1, "code": 3.1}),
+    ]
     # training on prose raises code's held-out loss: slope +0.3 per unit of log share, so leaving prose out
     # (f_0.5(0) = -2) is predicted to lower it by 0.6 nats
-    records.append({"step": 40, "counterfactual": record(
-        sources=["prose", "code"], held_out=["prose", "code"], slope_SB=np.array([[-0.5, 0.3], [0.0, -0.1]]),
-        error_SB=np.full((2, 2), 0.02), factors=[0.0], saturation=0.5, steps=(1, 40), horizon=6.0, rows=32)})
+    records.append(
+        {
+            "step": 40,
+            "counterfactual": record(
+                sources=["prose", "code"],
+                held_out=["prose", "code"],
+                slope_SB=np.array([[-0.5, 0.3], [0.0, -0.1]]),
+                error_SB=np.full((2, 2), 0.02),
+                factors=[0.0],
+                saturation=0.5,
+                steps=(1, 40),
+                horizon=6.0,
+                rows=32,
+            ),
+        }
+    )
     found = rules(tmp_path, records)["source_regression"]
     assert "'code'" in found.title
     assert "rose +0.300 nats from its best 2.800 to 3.100" in found.evidence[0]
@@ -103,21 +126,46 @@ def test_source_whose_held_out_loss_rises_while_others_fall(tmp_path):
 def test_a_source_regression_without_a_clear_culprit_names_none(tmp_path):
     records = [log_record(s, loss=3.0) for s in range(10, 50, 10)]
     records += [eval_record(10, {"prose": 3.0, "code": 3.0}), eval_record(40, {"prose": 2.1, "code": 3.1})]
-    records.append({"step": 40, "counterfactual": record(  # prose's effect on code is within its interval
-        sources=["prose", "code"], held_out=["prose", "code"], slope_SB=np.array([[-0.5, 0.01], [0.0, -0.1]]),
-        error_SB=np.full((2, 2), 0.02), factors=[0.0], saturation=0.5, steps=(1, 40), horizon=6.0, rows=32)})
+    records.append(
+        {
+            "step": 40,
+            "counterfactual": record(  # prose's effect on code is within its interval
+                sources=["prose", "code"],
+                held_out=["prose", "code"],
+                slope_SB=np.array([[-0.5, 0.01], [0.0, -0.1]]),
+                error_SB=np.full((2, 2), 0.02),
+                factors=[0.0],
+                saturation=0.5,
+                steps=(1, 40),
+                horizon=6.0,
+                rows=32,
+            ),
+        }
+    )
     found = rules(tmp_path, records)["source_regression"]
     assert not any("leaving out" in e for e in found.evidence) and not any("lower 'prose'" in s for s in found.settings)
 
 
 def test_all_sources_rising_is_not_a_source_regression(tmp_path):
-    records = [log_record(10, loss=3.0), eval_record(10, {"prose": 2.0, "code": 2.0}),
-               eval_record(20, {"prose": 2.5, "code": 2.5})]
+    records = [
+        log_record(10, loss=3.0),
+        eval_record(10, {"prose": 2.0, "code": 2.0}),
+        eval_record(20, {"prose": 2.5, "code": 2.5}),
+    ]
     assert "source_regression" not in rules(tmp_path, records)
 
 
-@pytest.mark.parametrize("key,value", [("data_wait_pct", 0), ("memory_fraction", 1.5), ("imbalance", 1.0),
-                                       ("memory_limit_gib", -1.0), ("skip_first", -1), ("regression_nats", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("data_wait_pct", 0),
+        ("memory_fraction", 1.5),
+        ("imbalance", 1.0),
+        ("memory_limit_gib", -1.0),
+        ("skip_first", -1),
+        ("regression_nats", 0),
+    ],
+)
 def test_bad_thresholds_name_the_key(key, value):
     with pytest.raises(ConfigError, match=f"report.{key} = "):
         DiagnoseConfig(**{key: value})

@@ -7,25 +7,31 @@ import re
 
 import pytest
 
-from curate.errors import InputError
-from pipelines.ablate.layout import StudyLayout
-from pipelines.report import locate, render, write_report
-from pipelines.report.command import register
 from tests.pipelines.report_util import alert, healthy_records, write_job, write_run
+from winnow.curate.errors import InputError
+from winnow.pipelines.ablate.layout import StudyLayout
+from winnow.pipelines.report import locate, render, write_report
+from winnow.pipelines.report.command import register
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def images(page: str) -> dict[str, bytes]:
-    return {alt: base64.b64decode(data) for alt, data in
-            re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)">', page)}
+    return {
+        alt: base64.b64decode(data)
+        for alt, data in re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)">', page)
+    }
 
 
 def test_job_folder_shows_funnel_mix_scores_and_curriculum(tmp_path):
     page = write_report(write_job(tmp_path / "job")).read_text()
     found = images(page)
-    assert set(found) == {"rows per stage and rejects by reason", "target vs realized shares", "score histograms",
-                          "curriculum"}
+    assert set(found) == {
+        "rows per stage and rejects by reason",
+        "target vs realized shares",
+        "score histograms",
+        "curriculum",
+    }
     assert all(png.startswith(PNG) for png in found.values())
     assert "<h2>Curation: job tiny</h2>" in page and "Training:" not in page
 
@@ -39,15 +45,27 @@ def full(tmp_path_factory):
     """A run (with attribution, ablation and alerts) that records the job it trained on; its page, rendered once."""
     tmp_path = tmp_path_factory.mktemp("full")
     job = write_job(tmp_path / "job")
-    alerts = [alert("loss_spike", 25, loss=9.0, sources=["code"], origins=[["a.parquet", 1]]),
-              alert("data_wait", 5, message="<script>x</script>")]
-    run = write_run(tmp_path / "run", healthy_records(), alerts=alerts, config={"shards": str(job), "precision": "fp32"})
+    alerts = [
+        alert("loss_spike", 25, loss=9.0, sources=["code"], origins=[["a.parquet", 1]]),
+        alert("data_wait", 5, message="<script>x</script>"),
+    ]
+    run = write_run(
+        tmp_path / "run", healthy_records(), alerts=alerts, config={"shards": str(job), "precision": "fp32"}
+    )
     with open(run / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": 50, "attribution": {"prose": {"prose": -0.25, "code": 0.0},
-                                                        "code": {"prose": 0.05, "code": -0.5}}}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "step": 50,
+                    "attribution": {"prose": {"prose": -0.25, "code": 0.0}, "code": {"prose": 0.05, "code": -0.5}},
+                }
+            )
+            + "\n"
+        )
     StudyLayout(run).tables.mkdir()
-    StudyLayout(run).table_csv.write_text("variant,code,prose,delta_code,delta_prose\n"
-                                                "baseline,2.0,2.1,0.0,0.0\nno_code,2.6,2.05,0.6,-0.05\n")
+    StudyLayout(run).table_csv.write_text(
+        "variant,code,prose,delta_code,delta_prose\nbaseline,2.0,2.1,0.0,0.0\nno_code,2.6,2.05,0.6,-0.05\n"
+    )
     return job, run, write_report(run).read_text()
 
 
@@ -56,8 +74,14 @@ def test_run_folder_links_to_the_job_it_trained_on(full):
     found_job, found_run, _ = locate(run)
     assert found_job.path == job and found_run.path == run
     assert "<h2>Training: run run</h2>" in page and "<h2>Curation: job tiny</h2>" in page
-    assert {"loss curves", "learning rate and gradient norm", "throughput, data wait, memory",
-            "expert load and routing", "alerts timeline", "curriculum"} <= set(images(page))
+    assert {
+        "loss curves",
+        "learning rate and gradient norm",
+        "throughput, data wait, memory",
+        "expert load and routing",
+        "alerts timeline",
+        "curriculum",
+    } <= set(images(page))
     assert all(png.startswith(PNG) for png in images(page).values())
 
 
@@ -77,10 +101,23 @@ def test_attribution_and_ablation_render_when_present(full):
 def test_attribution_shows_the_measured_change_and_what_is_attributed(tmp_path):
     run = write_run(tmp_path / "run", healthy_records())
     with open(run / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": 40, "attribution": {
-            "sources": ["prose", "code"], "matrix": [[-0.3, 0.02], [-0.05, -0.4]], "steps": [11, 40],
-            "unattributed": [0.01, 0.03], "measured": [-0.33, -0.36], "residual": [-0.01, -0.01],
-            "unattributed_parts": {"weight_decay": [0.01, 0.02], "router": [0.0, 0.01]}}}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "step": 40,
+                    "attribution": {
+                        "sources": ["prose", "code"],
+                        "matrix": [[-0.3, 0.02], [-0.05, -0.4]],
+                        "steps": [11, 40],
+                        "unattributed": [0.01, 0.03],
+                        "measured": [-0.33, -0.36],
+                        "residual": [-0.01, -0.01],
+                        "unattributed_parts": {"weight_decay": [0.01, 0.02], "router": [0.0, 0.01]},
+                    },
+                }
+            )
+            + "\n"
+        )
     page = render(*locate(run))
     assert "Over steps 11-40" in page
     # held-out prose: measured, the sources' part (-0.35), other, residual, attributed share
@@ -92,7 +129,12 @@ def test_attribution_shows_the_measured_change_and_what_is_attributed(tmp_path):
 def test_run_without_attribution_ablation_or_alerts(tmp_path):
     page = render(*locate(write_run(tmp_path / "run", healthy_records())))
     assert not {"decomposition matrix", "ablation heatmap"} & set(images(page))
-    assert "decomposition" not in page and "Which source helps" not in page and "<h3>Ablation</h3>" not in page and "<p>No alerts.</p>" in page
+    assert (
+        "decomposition" not in page
+        and "Which source helps" not in page
+        and "<h3>Ablation</h3>" not in page
+        and "<p>No alerts.</p>" in page
+    )
 
 
 def test_ablation_study_folder_on_its_own(tmp_path):
@@ -127,8 +169,9 @@ def test_empty_folder_is_an_input_error(tmp_path):
 
 
 def test_command_writes_the_page_and_prints_the_diagnosis(tmp_path, capsys):
-    run = write_run(tmp_path / "run", healthy_records(),
-                    alerts=[alert("loss_spike", 25, loss=9.0, sources=["code"], origins=[])])
+    run = write_run(
+        tmp_path / "run", healthy_records(), alerts=[alert("loss_spike", 25, loss=9.0, sources=["code"], origins=[])]
+    )
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(["report", str(run), "--diagnose", "--output", str(tmp_path / "out" / "page.html")])
@@ -152,7 +195,7 @@ def test_a_job_without_rejects_says_so_instead_of_drawing_an_empty_chart(tmp_pat
 
 
 def test_the_curriculum_plot_ticks_whole_shards(monkeypatch):
-    from pipelines.report import plots
+    from winnow.pipelines.report import plots
 
     monkeypatch.setattr(plots, "_png", lambda fig: fig)
     fig = plots.curriculum([(f"shard-{i}", 0.1 * i) for i in range(3)], "difficulty")
@@ -161,12 +204,25 @@ def test_the_curriculum_plot_ticks_whole_shards(monkeypatch):
 
 
 def _counterfactual_record(step: int = 40) -> dict:
-    return {"step": step, "counterfactual": {
-        "sources": ["prose", "code"], "held_out": ["prose", "code", "mean"], "factors": [0.0, 2.0],
-        "slope": [[-0.1, 0.01, -0.045], [0.05, -0.2, -0.075]], "slope_se": [[0.01, 0.02, 0.011], [0.01, 0.02, 0.011]],
-        "predicted": {"0": [[0.2, -0.02, 0.09], [-0.1, 0.4, 0.15]], "2": [[-0.08, 0.008, -0.036], [0.04, -0.17, -0.06]]},
-        "interval": {"0": [[0.04, 0.08, 0.04], [0.04, 0.08, 0.04]], "2": [[0.02, 0.03, 0.02], [0.02, 0.03, 0.02]]},
-        "saturation": 0.5, "horizon": 6.0, "probe_rows": 32, "steps": [11, 40]}}
+    return {
+        "step": step,
+        "counterfactual": {
+            "sources": ["prose", "code"],
+            "held_out": ["prose", "code", "mean"],
+            "factors": [0.0, 2.0],
+            "slope": [[-0.1, 0.01, -0.045], [0.05, -0.2, -0.075]],
+            "slope_se": [[0.01, 0.02, 0.011], [0.01, 0.02, 0.011]],
+            "predicted": {
+                "0": [[0.2, -0.02, 0.09], [-0.1, 0.4, 0.15]],
+                "2": [[-0.08, 0.008, -0.036], [0.04, -0.17, -0.06]],
+            },
+            "interval": {"0": [[0.04, 0.08, 0.04], [0.04, 0.08, 0.04]], "2": [[0.02, 0.03, 0.02], [0.02, 0.03, 0.02]]},
+            "saturation": 0.5,
+            "horizon": 6.0,
+            "probe_rows": 32,
+            "steps": [11, 40],
+        },
+    }
 
 
 def test_the_page_leads_with_what_a_change_of_the_mix_would_do(tmp_path):
@@ -179,12 +235,17 @@ def test_the_page_leads_with_what_a_change_of_the_mix_would_do(tmp_path):
     # sentences per held-out set, the mean first, the largest first; an interval holding 0 is "can't tell"
     mean = page.index("Mean over the held-out sets")
     assert mean < page.index("Held-out set prose") < page.index("<h2>Training")
-    assert ("Leaving out <code>code</code> would raise held-out loss on <code>prose</code> by 0.100 ± 0.040 "
-            "nats: it helps") not in page  # on prose, leaving out code lowers the loss
-    assert ("Leaving out <code>code</code> would lower held-out loss on <code>prose</code> by 0.100 ± 0.040 nats: "
-            "it hurts") in page
+    assert (
+        "Leaving out <code>code</code> would raise held-out loss on <code>prose</code> by 0.100 ± 0.040 nats: it helps"
+    ) not in page  # on prose, leaving out code lowers the loss
+    assert (
+        "Leaving out <code>code</code> would lower held-out loss on <code>prose</code> by 0.100 ± 0.040 nats: it hurts"
+    ) in page
     assert "Leaving out <code>prose</code>: can&#x27;t tell on <code>code</code> (-0.020 ± 0.080 nats)" in page
-    assert "Doubling <code>code</code> would lower held-out loss on the mean of the held-out sets by 0.060 ± 0.020 nats: it helps" in page
+    assert (
+        "Doubling <code>code</code> would lower held-out loss on the mean of the held-out sets by 0.060 ± 0.020 nats: it helps"
+        in page
+    )
     assert "predicted change of held-out loss per source" in images(page)
 
 
@@ -195,9 +256,22 @@ def test_no_sentence_says_a_source_hurts_everything_when_leaving_it_out_raises_t
     record = _counterfactual_record()
     record["counterfactual"]["predicted"]["0"][0] = [0.2, 0.1, 0.15]
     with open(run / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": 40, "attribution": {
-            "sources": ["prose", "code"], "matrix": [[3.6, 3.6], [-3.9, -3.95]], "steps": [11, 40],
-            "unattributed": [0.0, 0.0], "measured": [-0.3, -0.35], "residual": [0.0, 0.0]}}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "step": 40,
+                    "attribution": {
+                        "sources": ["prose", "code"],
+                        "matrix": [[3.6, 3.6], [-3.9, -3.95]],
+                        "steps": [11, 40],
+                        "unattributed": [0.0, 0.0],
+                        "measured": [-0.3, -0.35],
+                        "residual": [0.0, 0.0],
+                    },
+                }
+            )
+            + "\n"
+        )
         f.write(json.dumps(record) + "\n")
     page = render(*locate(run))
     assert "Leaving out <code>prose</code> would raise held-out loss on <code>code</code>" in page

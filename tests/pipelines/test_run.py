@@ -6,28 +6,56 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.cli import main
-from pipelines.provenance import manifest_sha256, provenance
-from pipelines.report.training import TrainingRun, load_run
-from pipelines.run import source_table
-from train.attribution.counterfactual import record
+from winnow.pipelines.cli import main
+from winnow.pipelines.provenance import manifest_sha256, provenance
+from winnow.pipelines.report.training import TrainingRun, load_run
+from winnow.pipelines.run import source_table
+from winnow.train.attribution.counterfactual import record
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_folder(tmp_path: Path, *, counterfactual: bool, attribution: bool = False) -> TrainingRun:
-    records = [{"step": 10, "loss": 3.0, "per_source": {"code": {"tokens": 600, "mean_loss": 2.5},
-                                                       "prose": {"tokens": 400, "mean_loss": 3.5}}},
-               {"step": 10, "eval": {"loss": 3.1, "per_source": {"code": 2.6, "prose": 3.7}}}]
+    records = [
+        {
+            "step": 10,
+            "loss": 3.0,
+            "per_source": {"code": {"tokens": 600, "mean_loss": 2.5}, "prose": {"tokens": 400, "mean_loss": 3.5}},
+        },
+        {"step": 10, "eval": {"loss": 3.1, "per_source": {"code": 2.6, "prose": 3.7}}},
+    ]
     if attribution:
-        records.append({"step": 10, "attribution": {
-            "sources": ["code", "prose"], "matrix": [[-0.2, 0.01], [-0.03, -0.4]], "steps": [1, 10],
-            "unattributed": [0.02, -0.01], "measured": [-0.22, -0.41], "residual": [-0.01, -0.01]}})
+        records.append(
+            {
+                "step": 10,
+                "attribution": {
+                    "sources": ["code", "prose"],
+                    "matrix": [[-0.2, 0.01], [-0.03, -0.4]],
+                    "steps": [1, 10],
+                    "unattributed": [0.02, -0.01],
+                    "measured": [-0.22, -0.41],
+                    "residual": [-0.01, -0.01],
+                },
+            }
+        )
     if counterfactual:  # code lowers its own held-out loss by 0.2 per unit of log share; prose barely matters to code
         slope = np.array([[-0.2, 0.01], [0.02, -0.4]])
-        records.append({"step": 10, "counterfactual": record(
-            sources=["code", "prose"], held_out=["code", "prose"], slope_SB=slope, error_SB=np.full((2, 2), 0.01),
-            factors=[0.0, 2.0], saturation=0.5, steps=(1, 10), horizon=6.0, rows=32)})
+        records.append(
+            {
+                "step": 10,
+                "counterfactual": record(
+                    sources=["code", "prose"],
+                    held_out=["code", "prose"],
+                    slope_SB=slope,
+                    error_SB=np.full((2, 2), 0.01),
+                    factors=[0.0, 2.0],
+                    saturation=0.5,
+                    steps=(1, 10),
+                    horizon=6.0,
+                    rows=32,
+                ),
+            }
+        )
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return load_run(tmp_path)
 

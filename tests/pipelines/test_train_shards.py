@@ -9,25 +9,38 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
 from tests.pipelines.tiny import TINY_MODEL
+from winnow.pipelines.cli import main
 
-TRAIN = """
+TRAIN = (
+    """
 [train]
 steps = 2
 eval_every = 2
 [train.metrics]
 log_every = 1
-""" + TINY_MODEL
+"""
+    + TINY_MODEL
+)
 
 
 def test_train_on_a_foreign_parquet_folder(tmp_path, monkeypatch, capsys, one_thread):
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "corpus"
     data.mkdir()
-    pq.write_table(pa.table({"text": [f"some text number {i} " * 3 for i in range(40)],
-                             "source": ["news", "forum"] * 20, "lang_score": [0.9] * 40}), data / "train-0.parquet")
-    pq.write_table(pa.table({"text": ["held out text " * 4] * 6, "source": ["news", "forum"] * 3}), data / "validation-0.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "text": [f"some text number {i} " * 3 for i in range(40)],
+                "source": ["news", "forum"] * 20,
+                "lang_score": [0.9] * 40,
+            }
+        ),
+        data / "train-0.parquet",
+    )
+    pq.write_table(
+        pa.table({"text": ["held out text " * 4] * 6, "source": ["news", "forum"] * 3}), data / "validation-0.parquet"
+    )
     (tmp_path / "job.toml").write_text(TRAIN)
     assert main(["-q", "train", "job.toml", "--shards", str(data)]) == 0
     out = capsys.readouterr().out
@@ -46,8 +59,10 @@ def test_curate_output_then_train_shards_just_works(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     lines = [orjson.dumps({"id": str(i), "text": f"document {i} with several words in it"}) for i in range(60)]
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    (tmp_path / "job.toml").write_text(f'[job]\nname = "j"\n[[inputs]]\nsource = "web"\npath = "{tmp_path / "in.jsonl"}"\n'
-                                       '[[stages]]\nkind = "split"\nval_fraction = 0.2\n' + TRAIN)
+    (tmp_path / "job.toml").write_text(
+        f'[job]\nname = "j"\n[[inputs]]\nsource = "web"\npath = "{tmp_path / "in.jsonl"}"\n'
+        '[[stages]]\nkind = "split"\nval_fraction = 0.2\n' + TRAIN
+    )
     elsewhere = tmp_path / "elsewhere"
     assert main(["-q", "curate", "job.toml", "--output", str(elsewhere)]) == 0
     assert main(["-q", "train", "job.toml", "--shards", str(elsewhere)]) == 0
@@ -68,7 +83,9 @@ def test_train_without_shards_names_the_override(tmp_path, monkeypatch, capsys):
 def test_run_with_shards_skips_curation_and_reports(tmp_path, monkeypatch, capsys, one_thread):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus").mkdir()
-    pq.write_table(pa.table({"text": [f"words of document {i} " * 3 for i in range(30)]}), tmp_path / "corpus" / "part-0.parquet")
+    pq.write_table(
+        pa.table({"text": [f"words of document {i} " * 3 for i in range(30)]}), tmp_path / "corpus" / "part-0.parquet"
+    )
     (tmp_path / "job.toml").write_text(TRAIN)  # no [job] and no [[inputs]]: nothing to curate
     assert main(["-q", "run", "job.toml", "--shards", "corpus", "--output", "study"]) == 0
     out = capsys.readouterr().out

@@ -12,10 +12,10 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.train.test_trainer_loop import SOURCES, SyntheticBatches, tiny_config
-from train.model import Transformer
-from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
-from train.build import build_trainer
-from train.trainer import Trainer
+from winnow.train.build import build_trainer
+from winnow.train.model import Transformer
+from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown
+from winnow.train.trainer import Trainer
 
 
 class RankBatches(SyntheticBatches):
@@ -51,12 +51,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def build(run_dir: Path, *, parallel: Parallel, grad_accum: int, steps: int, model: dict | None = None,
-          resume: bool = False, config: dict | None = None, val_batches: int = 0,
-          lengths: list[int] | None = None) -> Trainer:
+def build(
+    run_dir: Path,
+    *,
+    parallel: Parallel,
+    grad_accum: int,
+    steps: int,
+    model: dict | None = None,
+    resume: bool = False,
+    config: dict | None = None,
+    val_batches: int = 0,
+    lengths: list[int] | None = None,
+) -> Trainer:
     """A tiny trainer on ``parallel``; each data-parallel rank reads its own batches (tp/pp ranks share theirs)."""
-    cfg = tiny_config(run_dir, steps=steps, grad_accum=grad_accum, metrics={"log_every": 1},
-                      checkpoint={"every": 0, "resume": resume}, model=model or {}, **(config or {}))
+    cfg = tiny_config(
+        run_dir,
+        steps=steps,
+        grad_accum=grad_accum,
+        metrics={"log_every": 1},
+        checkpoint={"every": 0, "resume": resume},
+        model=model or {},
+        **(config or {}),
+    )
     teacher = None
     if cfg.distill is not None:  # a fixed random teacher of the student's shape, the same on every rank
         torch.manual_seed(cfg.seed + 1)
@@ -101,8 +117,9 @@ def per_source(run_dir: Path) -> list[dict]:
 def reference_run(tmp_path: Path, *, steps: int, grad_accum: int, **kw) -> dict:
     """The one-process run (in ``tmp_path / "ref"``) a parallel layout is compared with."""
     torch.set_num_threads(1)
-    return fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum,
-                     steps=steps, **kw))
+    return fit(
+        build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=grad_accum, steps=steps, **kw)
+    )
 
 
 def assert_same_run(got: dict, ref: dict, got_dir: Path, ref_dir: Path) -> None:
@@ -126,18 +143,24 @@ def layouts(model: torch.nn.Module) -> dict:
     out = {}
     for name, p in model.named_parameters():
         mesh = getattr(p, "device_mesh", None)
-        out[name] = {"dtensor": mesh is not None, "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
-                     "mesh_size": mesh.size() if mesh is not None else 1,
-                     "placements": [str(x) for x in getattr(p, "placements", ())],
-                     "local_shape": list(_local(p).shape), "dtype": str(p.dtype)}
+        out[name] = {
+            "dtensor": mesh is not None,
+            "mesh": list(mesh.mesh_dim_names or ()) if mesh is not None else [],
+            "mesh_size": mesh.size() if mesh is not None else 1,
+            "placements": [str(x) for x in getattr(p, "placements", ())],
+            "local_shape": list(_local(p).shape),
+            "dtype": str(p.dtype),
+        }
     return out
 
 
 def full_state(trainer: Trainer) -> dict:
     """``trainer.state_dict()``'s model tensors (as sums) and the parameters its optimizer state covers."""
     state = trainer.state_dict()
-    return {"model": {k: v.double().sum().item() for k, v in state["model"].items()},
-            "optimizer": sorted(state["optimizer"]["state"])}
+    return {
+        "model": {k: v.double().sum().item() for k, v in state["model"].items()},
+        "optimizer": sorted(state["optimizer"]["state"]),
+    }
 
 
 def overflow_steps(trainer: Trainer, *, rank: int, steps: list[int], param: str) -> list[dict]:
@@ -163,27 +186,54 @@ def overflow_steps(trainer: Trainer, *, rank: int, steps: list[int], param: str)
         before = [_local(p).detach().clone() for p in trainer.model.parameters()]
         result = trainer.train_step()
         moved = any(not torch.equal(b, _local(p)) for b, p in zip(before, trainer.model.parameters()))
-        seen.append({"step": result.step, "loss": result.loss, "skipped": result.skipped, "stepped": moved,
-                     "scale": float(scaler.get_scale())})
+        seen.append(
+            {
+                "step": result.step,
+                "loss": result.loss,
+                "skipped": result.skipped,
+                "stepped": moved,
+                "scale": float(scaler.get_scale()),
+            }
+        )
     return seen
 
 
 def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     try:
         parallel = Parallel.from_env(ParallelConfig(**job.get("parallel", {})), device="cpu", n_experts=4)
-        trainer = build(Path(job["run_dir"]), parallel=parallel, grad_accum=job.get("grad_accum", 1), steps=job["steps"],
-                        model=job.get("model"), resume=job.get("resume", False), config=job.get("config"),
-                        val_batches=job.get("val_batches", 0), lengths=job.get("lengths"))
+        trainer = build(
+            Path(job["run_dir"]),
+            parallel=parallel,
+            grad_accum=job.get("grad_accum", 1),
+            steps=job["steps"],
+            model=job.get("model"),
+            resume=job.get("resume", False),
+            config=job.get("config"),
+            val_batches=job.get("val_batches", 0),
+            lengths=job.get("lengths"),
+        )
         if job.get("overflow"):  # every rank reports: what each one decided is the point
             result = {"steps": overflow_steps(trainer, **job["overflow"]), "layouts": layouts(trainer.model)}
             Path(f"{out}.{rank}").write_text(json.dumps(result, default=str))
         elif job.get("compare_compile"):  # the same run eager, then with [train] compile
             result = {"eager": fit(trainer)["losses"]}
-            compiled = build(Path(job["run_dir"]) / "compiled", parallel=parallel, grad_accum=job.get("grad_accum", 1),
-                             steps=job["steps"], model=job.get("model"), config={**job.get("config", {}), "compile": True})
+            compiled = build(
+                Path(job["run_dir"]) / "compiled",
+                parallel=parallel,
+                grad_accum=job.get("grad_accum", 1),
+                steps=job["steps"],
+                model=job.get("model"),
+                config={**job.get("config", {}), "compile": True},
+            )
             result["compiled"] = fit(compiled)["losses"]
         elif job.get("stop_after"):  # train part of the schedule, checkpoint, leave (a preempted run)
             losses = [trainer.train_step().loss for _ in range(job["stop_after"])]
@@ -192,11 +242,19 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         else:
             result = fit(trainer)
             result["layouts"] = layouts(trainer.model)
-            result["holds_teacher"] = trainer.hook("distill") is not None and trainer.hook("distill").teacher is not None
+            result["holds_teacher"] = (
+                trainer.hook("distill") is not None and trainer.hook("distill").teacher is not None
+            )
             if job.get("full_state"):  # the one-process state, gathered from every rank (a collective)
                 result["full_state"] = full_state(trainer)
-            result["optim_dtypes"] = sorted({str(v.dtype) for state in trainer.optimizer.state.values()
-                                             for v in state.values() if isinstance(v, torch.Tensor) and v.ndim})
+            result["optim_dtypes"] = sorted(
+                {
+                    str(v.dtype)
+                    for state in trainer.optimizer.state.values()
+                    for v in state.values()
+                    if isinstance(v, torch.Tensor) and v.ndim
+                }
+            )
         if rank == 0:
             Path(out).write_text(json.dumps(result, default=str))
     finally:

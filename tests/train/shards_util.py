@@ -38,8 +38,14 @@ def _tar_bytes(rows: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def write_job(folder: Path, shards: list[list[dict]], *, split: str = "train", val: list[list[dict]] | None = None,
-              sources: list[str] | None = None) -> Path:
+def write_job(
+    folder: Path,
+    shards: list[list[dict]],
+    *,
+    split: str = "train",
+    val: list[list[dict]] | None = None,
+    sources: list[str] | None = None,
+) -> Path:
     """Write ``shards`` (lists of rows) as Parquet and tar shards plus ``manifest.json``; returns ``folder``."""
     folder = Path(folder)
     entries = []
@@ -47,7 +53,9 @@ def write_job(folder: Path, shards: list[list[dict]], *, split: str = "train", v
         out = folder / "shards" / split_name
         out.mkdir(parents=True, exist_ok=True)
         for i, rows in enumerate(groups):
-            table = pa.table({c: pa.array([r.get(c) for r in rows], pa.string()) for c in ("id", "source", "text", "meta")})
+            table = pa.table(
+                {c: pa.array([r.get(c) for r in rows], pa.string()) for c in ("id", "source", "text", "meta")}
+            )
             base = f"part-00000-{i:05d}"
             sink = io.BytesIO()
             pq.write_table(table, sink)
@@ -56,24 +64,40 @@ def write_job(folder: Path, shards: list[list[dict]], *, split: str = "train", v
                 counts: dict[str, int] = {}
                 for r in rows:
                     counts[r["source"]] = counts.get(r["source"], 0) + 1
-                entries.append({"split": split_name, "format": fmt, "path": f"shards/{split_name}/{base}.{ext}",
-                                "rows": len(rows), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                                "sources": counts, "means": {}})
+                entries.append(
+                    {
+                        "split": split_name,
+                        "format": fmt,
+                        "path": f"shards/{split_name}/{base}.{ext}",
+                        "rows": len(rows),
+                        "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "sources": counts,
+                        "means": {},
+                    }
+                )
     all_sources = sources if sources is not None else sorted({r["source"] for g in shards for r in g})
     manifest = {"format_version": 1, "job": folder.name, "sources": all_sources, "shards": entries, "stages": []}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return folder
 
 
-def write_token_job(folder: Path, shards: list[list[dict]], *, val: list[list[dict]] | None = None,
-                    tokenizer: str = "byte", eos_token: str | None = None,
-                    formats: tuple[str, ...] = ("parquet", "tokens"), sources: list[str] | None = None) -> Path:
+def write_token_job(
+    folder: Path,
+    shards: list[list[dict]],
+    *,
+    val: list[list[dict]] | None = None,
+    tokenizer: str = "byte",
+    eos_token: str | None = None,
+    formats: tuple[str, ...] = ("parquet", "tokens"),
+    sources: list[str] | None = None,
+) -> Path:
     """``write_job``'s shards written by curation's own writer as Parquet plus token shards (``.bin``/``.idx``),
     or in ``formats``."""
-    from curate.config import OutputConfig, TokensConfig
-    from curate.writers.shards import ShardWriter
-
     import polars as pl
+
+    from winnow.curate.config import OutputConfig, TokensConfig
+    from winnow.curate.writers.shards import ShardWriter
 
     folder = Path(folder)
     output = OutputConfig(formats=list(formats), tokens=TokensConfig(tokenizer=tokenizer, eos_token=eos_token))
@@ -81,7 +105,7 @@ def write_token_job(folder: Path, shards: list[list[dict]], *, val: list[list[di
     for split, groups in (("train", shards), ("val", val or [])):
         for i, rows in enumerate(groups):
             writer = ShardWriter(folder, f"part-{i:05d}", output, split=split)
-            writer.write(pl.DataFrame(rows, schema={c: pl.String for c in ("id", "source", "text", "meta")}))
+            writer.write(pl.DataFrame(rows, schema=dict.fromkeys(("id", "source", "text", "meta"), pl.String)))
             entries += [{**e, "path": str(Path(e["path"]).relative_to(folder))} for e in writer.close()]
     sources = sources if sources is not None else sorted({r["source"] for g in shards for r in g})
     manifest = {"format_version": 1, "job": folder.name, "sources": sources, "shards": entries, "stages": []}

@@ -24,28 +24,42 @@ from pathlib import Path
 
 import torch
 
-import train.checkpoint
-import train.data.workers as workers
-from pipelines.train import build_trainer
+import winnow.train.data.workers as workers
 from tests.train.shards_util import make_docs, write_job
-from train.checkpoint import CheckpointConfig
-from train.config import TrainConfig
-from train.data import LoaderConfig
-from train.metrics import MetricsConfig
-from train.model import ModelConfig
-from train.shutdown import WORKER_PREFIX
-from train.trainer import Trainer
+from winnow import train
+from winnow.pipelines.train import build_trainer
+from winnow.train.checkpoint import CheckpointConfig
+from winnow.train.config import TrainConfig
+from winnow.train.data import LoaderConfig
+from winnow.train.metrics import MetricsConfig
+from winnow.train.model import ModelConfig
+from winnow.train.shutdown import WORKER_PREFIX
+from winnow.train.trainer import Trainer
 
-SCENARIOS = ("worker-error", "main-error", "eval-error", "save-error", "sigterm-step", "sigterm-eval",
-             "sigterm-save", "sigterm-wait", "sigkill-main")
+SCENARIOS = (
+    "worker-error",
+    "main-error",
+    "eval-error",
+    "save-error",
+    "sigterm-step",
+    "sigterm-eval",
+    "sigterm-save",
+    "sigterm-wait",
+    "sigkill-main",
+)
 
 
 HARNESS = {"steps": 12, "eval_every": 4, "checkpoint": {"every": 3}, "metrics": {"log_every": 1}}
 
 
 def harness_config(folder: Path) -> TrainConfig:
-    return tiny_config(folder, steps=HARNESS["steps"], eval_every=HARNESS["eval_every"],
-                       checkpoint=CheckpointConfig(**HARNESS["checkpoint"]), metrics=MetricsConfig(**HARNESS["metrics"]))
+    return tiny_config(
+        folder,
+        steps=HARNESS["steps"],
+        eval_every=HARNESS["eval_every"],
+        checkpoint=CheckpointConfig(**HARNESS["checkpoint"]),
+        metrics=MetricsConfig(**HARNESS["metrics"]),
+    )
 
 
 def tiny_config(folder: Path, **kw) -> TrainConfig:
@@ -150,6 +164,7 @@ def _kill_in_save(step: int) -> None:
 def _raise(exc: BaseException):
     def action():
         raise exc
+
     return action
 
 
@@ -161,6 +176,7 @@ def _stall(folder: Path):
     def action():
         (folder / "stalled").write_text(str(os.getpid()))
         time.sleep(3600)
+
     return action
 
 

@@ -11,8 +11,8 @@ import torch
 
 from tests.train.parallel_workers import free_port, start
 from tests.train.test_attribution import _MODEL, _records, _setting, _trainer
-from train.data import Batch
-from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
+from winnow.train.data import Batch
+from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown
 
 pytestmark = pytest.mark.slow
 # the router's balancing loss is a mean over each rank's own tokens under data parallelism, so a run with
@@ -25,15 +25,22 @@ def _rows(batch: Batch, rows: list[int]) -> Batch:
 
 
 def _worker(rank: int, world: int, port: int, run_dir: str, split: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     try:
         parallel = Parallel.from_env(ParallelConfig(), device="cpu", n_experts=4)
         heldout, train = _setting(12)
         half = _rows(train, [0, 1, 4, 5] if rank == 0 else [2, 3, 6, 7])  # both sources on each rank
-        trainer = _trainer(Path(run_dir), half, heldout, steps=4, every=2, split=split, grad_accum=2,
-                           parallel=parallel, model=MODEL)
+        trainer = _trainer(
+            Path(run_dir), half, heldout, steps=4, every=2, split=split, grad_accum=2, parallel=parallel, model=MODEL
+        )
         trainer.fit()
     finally:
         shutdown()

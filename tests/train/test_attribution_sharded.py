@@ -17,30 +17,51 @@ from tests.train.parallel_workers import free_port, start
 from tests.train.test_attribution import L, _records, _trainer
 from tests.train.test_attribution import _setting as _base_setting
 from tests.train.test_attribution_ddp import MODEL, _rows
-from train.data import Batch
-from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
+from winnow.train.data import Batch
+from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown
 
 pytestmark = pytest.mark.slow
 
-LAYOUTS = {"fsdp": {"dp_shard": -1}, "ep": {"ep": 2}, "fsdp_ep": {"dp_shard": -1, "ep": 2}, "tp": {"tp": 2},
-           "tp_sp": {"tp": 2, "sequence_parallel": True}, "fsdp_tp": {"dp_shard": 2, "dp_replicate": 1, "tp": 2},
-           "pp": {"pp": 2, "pp_schedule": "1f1b"}}
+LAYOUTS = {
+    "fsdp": {"dp_shard": -1},
+    "ep": {"ep": 2},
+    "fsdp_ep": {"dp_shard": -1, "ep": 2},
+    "tp": {"tp": 2},
+    "tp_sp": {"tp": 2, "sequence_parallel": True},
+    "fsdp_tp": {"dp_shard": 2, "dp_replicate": 1, "tp": 2},
+    "pp": {"pp": 2, "pp_schedule": "1f1b"},
+}
 WORLD = {"fsdp_tp": 4}  # processes of a layout (2 when not named)
 DEEP = dataclasses.replace(MODEL, n_layers=2)  # a block per pipeline stage
 STEPS, EVERY = 4, 2
 
 
 def _worker(rank: int, world: int, port: int, run_dir: str, layout: dict, split: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     try:
         parallel = Parallel.from_env(ParallelConfig(**layout), device="cpu", n_experts=MODEL.n_experts)
         heldout, train = _setting(12, mixed=layout.get("sequence_parallel", False))
         if parallel.world.dp_size > 1:  # both sources on each data-parallel rank; tp ranks share the batch
             train = _rows(train, [0, 1, 4, 5] if parallel.world.dp_rank == 0 else [2, 3, 6, 7])
-        trainer = _trainer(Path(run_dir), train, heldout, steps=STEPS, every=EVERY, split=split, grad_accum=2,
-                           parallel=parallel, model=DEEP if "pp" in layout else MODEL)
+        trainer = _trainer(
+            Path(run_dir),
+            train,
+            heldout,
+            steps=STEPS,
+            every=EVERY,
+            split=split,
+            grad_accum=2,
+            parallel=parallel,
+            model=DEEP if "pp" in layout else MODEL,
+        )
         trainer.fit()
     finally:
         shutdown()
@@ -53,7 +74,7 @@ def _setting(seed: int, *, mixed: bool = False):
     heldout, train = _base_setting(seed)
     if mixed:
         ids = train.source_ids.clone()
-        ids[:, L // 2:] = ids.roll(1, 0)[:, L // 2:]  # rows 0 and 4 now hold two sources each
+        ids[:, L // 2 :] = ids.roll(1, 0)[:, L // 2 :]  # rows 0 and 4 now hold two sources each
         train = Batch(train.tokens, train.targets, ids, train.loss_mask, train.doc_ids)
     return heldout, train
 
@@ -105,12 +126,23 @@ def reference(tmp_path_factory):
 # (held-out and per-source gradients taken through FSDP2's unsharded parameters, the all-to-all on every rank);
 # sequence parallel on rows whose halves hold different sources (the norms split this rank's half by source); FSDP2 x TP
 # on 4 processes (each tp part's pieces sharded over dp_shard); PP 2 (the probe through the stages)
-@pytest.mark.parametrize("name, split", [("fsdp_ep", "tokens"), ("tp", "tokens"), ("fsdp", "losses"),
-                                         ("ep", "losses"), ("tp_sp", "tokens"), ("fsdp_tp", "tokens"),
-                                         ("pp", "tokens")])
+@pytest.mark.parametrize(
+    "name, split",
+    [
+        ("fsdp_ep", "tokens"),
+        ("tp", "tokens"),
+        ("fsdp", "losses"),
+        ("ep", "losses"),
+        ("tp_sp", "tokens"),
+        ("fsdp_tp", "tokens"),
+        ("pp", "tokens"),
+    ],
+)
 def test_sharded_layouts_give_the_one_process_attribution(tmp_path, reference, name, split):
     got = _run(tmp_path, name, split)
-    _assert_same_records(got, reference(split, mixed=LAYOUTS[name].get("sequence_parallel", False),
-                                        model=DEEP if name == "pp" else MODEL))
+    _assert_same_records(
+        got,
+        reference(split, mixed=LAYOUTS[name].get("sequence_parallel", False), model=DEEP if name == "pp" else MODEL),
+    )
     matrix, measured = np.abs(got[-1]["matrix"]), np.abs(got[-1]["measured"])
     assert matrix.max() > 0.1 * measured.max(), "the sources moved the held-out losses"

@@ -15,17 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from tests.train.shards_util import make_docs, write_job, write_token_job
-from train.checkpoint import META_FILE, STATE_FILE
-from train.data import Loader, LoaderConfig
-from train.errors import CheckpointError, ConfigError, ShardError
-from train.init import load_init
-from train.tokenizer import META_FILE as META
-from train.tokenizer import load_tokenizer
+from winnow.train.checkpoint import META_FILE, STATE_FILE
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.errors import CheckpointError, ConfigError, ShardError
+from winnow.train.init import load_init
+from winnow.train.tokenizer import META_FILE as META
+from winnow.train.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,13 @@ def checkpoint_lists_a_file_outside(tmp: Path) -> None:
     target = Path(tempfile.gettempdir()) / f"winnow-escaped-{tmp.name}.txt"  # where it lands from the extraction folder
     files = {f"../{target.name}": {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}}
     (ckpt.parent / target.name).write_bytes(blob)  # what the name points at from the checkpoint folder
-    meta = {"format_version": 1, "step": 1, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "files": files}
+    meta = {
+        "format_version": 1,
+        "step": 1,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "files": files,
+    }
     (ckpt / META_FILE).write_text(json.dumps(meta))
     try:
         with pytest.raises(CheckpointError, match="not inside the checkpoint folder"):

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from train.build import load_teacher
-from train.checkpoint import META_FILE, STATE_FILE, CheckpointConfig, CheckpointManager
-from train.errors import CheckpointError, ConfigError
-from train.init import load_init
-from train.rng import rng_state, set_rng_state
+from winnow.train.build import load_teacher
+from winnow.train.checkpoint import META_FILE, STATE_FILE, CheckpointConfig, CheckpointManager
+from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.init import load_init
+from winnow.train.rng import rng_state, set_rng_state
 
 
 class _Payload:
@@ -116,7 +116,7 @@ def test_bad_checkpoint_mode_names_the_key(mode):
 def test_hostile_shard_metadata_is_refused_and_runs_nothing(tmp_path):
     import pickle
 
-    from train.checkpoint import SHARDS_DIR
+    from winnow.train.checkpoint import SHARDS_DIR
 
     marker = tmp_path / "pwned"
     manager = CheckpointManager(tmp_path / "run" / "checkpoints")
@@ -134,7 +134,7 @@ def test_hostile_shard_metadata_is_refused_and_runs_nothing(tmp_path):
 
 
 def test_a_corrupt_shard_fails_the_checksum(tmp_path):
-    from train.checkpoint import SHARDS_DIR
+    from winnow.train.checkpoint import SHARDS_DIR
 
     ckpt = CheckpointManager(tmp_path).save(1, {"counters": {"step": 1}}, shards={"model": {"w": torch.arange(8.0)}})
     (shard,) = (ckpt / SHARDS_DIR).glob("*.distcp")

@@ -2,9 +2,9 @@
 
 import pytest
 
-import train.metrics as metrics
-from train.metrics import Throughput
-from train.parallel.comm import CommTimer
+import winnow.train.metrics as metrics
+from winnow.train.metrics import Throughput
+from winnow.train.parallel.comm import CommTimer
 
 
 class Clock:

@@ -7,8 +7,8 @@ import torch
 
 from tests.train.parallel_workers import spawn
 from tests.train.test_trainer_loop import make_trainer, run_losses, tiny_config
-from train.config import TrainConfig
-from train.errors import ConfigError
+from winnow.train.config import TrainConfig
+from winnow.train.errors import ConfigError
 
 # two layouts that change what a compiled block sees: sharded parameters (FSDP2) and sharded matmuls (TP); each
 # compile costs ~30 s of CPU per rank, so DDP (the one-process block, replicated) and EP are not compiled here
@@ -34,12 +34,12 @@ def test_compiled_blocks_match_eager_in_one_process(tmp_path, caplog):
     counters.clear()
     eager = run_losses(make_trainer(tiny_config(tmp_path / "eager", steps=4)), 4)
     trainer = make_trainer(tiny_config(tmp_path / "compiled", steps=4, compile=True))
-    with caplog.at_level(logging.INFO, logger="train.hooks"):
+    with caplog.at_level(logging.INFO, logger="winnow.train.hooks"):
         compiled = run_losses(trainer, 4)
     assert counters["stats"]["unique_graphs"] > 0  # dynamo really traced the blocks
     assert all(block._compiled_call_impl is not None for block in trainer.model.blocks)
     assert compiled == pytest.approx(eager, abs=1e-4)
-    logged = [r.getMessage() for r in caplog.records if r.name == "train.hooks"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "winnow.train.hooks"]
     assert len(logged) == 1 and logged[0].startswith("torch.compile: ")  # the compile time, once
 
 
@@ -47,14 +47,16 @@ def test_compiled_blocks_match_eager_in_one_process(tmp_path, caplog):
 @pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_compiled_training_matches_eager_over_8_steps(tmp_path, layout):
     _need_inductor()
-    got = spawn({"run_dir": str(tmp_path / "run"), "steps": 8, "parallel": layout, "compare_compile": True},
-                tmp_path / "out.json")
+    got = spawn(
+        {"run_dir": str(tmp_path / "run"), "steps": 8, "parallel": layout, "compare_compile": True},
+        tmp_path / "out.json",
+    )
     assert len(got["compiled"]) == len(got["eager"]) == 8
     assert got["compiled"] == pytest.approx(got["eager"], abs=1e-4)
 
 
 def test_compile_with_attribution_is_refused_naming_the_key():
-    from train.attribution import AttributionConfig
+    from winnow.train.attribution import AttributionConfig
 
     with pytest.raises(ConfigError, match=r"train\.compile = True .*train\.attribution"):
         TrainConfig(compile=True, attribution=AttributionConfig(every=5))

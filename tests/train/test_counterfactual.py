@@ -6,14 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from train.attribution import counterfactual
-from train.attribution.split import MomentSplit
+from winnow.train.attribution import counterfactual
+from winnow.train.attribution.split import MomentSplit
 
 
 def _adam_run(grads, eps_S, *, steps, lr=1e-2, horizon=None):
     """AdamW (no decay, no clipping) over fixed per-source gradients scaled by ``1 + eps_S[a]``; the split alongside."""
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(5, 3, dtype=torch.float64)), torch.nn.Parameter(torch.randn(7, dtype=torch.float64))]
+    params = [
+        torch.nn.Parameter(torch.randn(5, 3, dtype=torch.float64)),
+        torch.nn.Parameter(torch.randn(7, dtype=torch.float64)),
+    ]
     opt = torch.optim.AdamW([{"params": params, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=1e-8)
     split = MomentSplit(opt, len(eps_S), horizon=horizon)
     start = [p.detach().clone() for p in params]
@@ -33,10 +36,21 @@ def _grads(S, steps, seed=1):
     g = torch.Generator().manual_seed(seed)
     # a shared direction every source pushes along, plus each source's own part and its noise
     shared = [torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)]
-    own = [[torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)] for _ in range(S)]
+    own = [
+        [torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)]
+        for _ in range(S)
+    ]
     scale = [1.0, 0.3, 3.0][:S]
-    return [[[0.5 * shared[i] + own[a][i] + scale[a] * torch.randn(own[a][i].shape, generator=g, dtype=torch.float64) for i in range(2)]
-             for a in range(S)] for _ in range(steps)]
+    return [
+        [
+            [
+                0.5 * shared[i] + own[a][i] + scale[a] * torch.randn(own[a][i].shape, generator=g, dtype=torch.float64)
+                for i in range(2)
+            ]
+            for a in range(S)
+        ]
+        for _ in range(steps)
+    ]
 
 
 def test_share_derivative_of_the_steps_matches_finite_differences():
@@ -51,7 +65,9 @@ def test_share_derivative_of_the_steps_matches_finite_differences():
         minus, _ = _adam_run(grads, [-h if b == a else 0.0 for b in range(S)], steps=steps)
         for i in range(2):
             numeric = (plus[i] - minus[i]) / (2 * h)
-            torch.testing.assert_close(derivative[i][a].double(), numeric, rtol=2e-3, atol=2e-3 * float(numeric.abs().max()))
+            torch.testing.assert_close(
+                derivative[i][a].double(), numeric, rtol=2e-3, atol=2e-3 * float(numeric.abs().max())
+            )
 
 
 def test_more_of_every_source_changes_nothing():
@@ -87,8 +103,17 @@ def test_the_weight_of_an_old_step_decays_with_the_learning_rate_spent_since():
 def test_record_predicts_with_saturation_and_intervals():
     slope = np.array([[0.2, -0.1], [-0.05, 0.3]])
     error = np.array([[0.01, 0.2], [0.02, 0.05]])
-    rec = counterfactual.record(sources=["a", "b"], held_out=["a", "b"], slope_SB=slope, error_SB=error,
-                                factors=[0.0, 0.5, 2.0], saturation=0.5, steps=(10, 50), horizon=6.0, rows=32)
+    rec = counterfactual.record(
+        sources=["a", "b"],
+        held_out=["a", "b"],
+        slope_SB=slope,
+        error_SB=error,
+        factors=[0.0, 0.5, 2.0],
+        saturation=0.5,
+        steps=(10, 50),
+        horizon=6.0,
+        rows=32,
+    )
     assert rec["held_out"] == ["a", "b", "mean"]
     left_out = np.asarray(rec["predicted"]["0"])
     np.testing.assert_allclose(left_out[:, :2], -2.0 * slope)  # (0^q - 1)/q = -1/q
@@ -109,12 +134,12 @@ def test_slope_error_uses_the_groups_that_hold_rows():
 
 
 # ---- known answers on a tiny model ------------------------------------------------------------------------------
-from train.attribution import AttributionConfig  # noqa: E402
-from train.build import build_trainer  # noqa: E402
-from train.checkpoint import CheckpointConfig  # noqa: E402
-from train.config import TrainConfig  # noqa: E402
-from train.data import Batch, LoaderConfig  # noqa: E402
-from train.model import ModelConfig  # noqa: E402
+from winnow.train.attribution import AttributionConfig  # noqa: E402
+from winnow.train.build import build_trainer  # noqa: E402
+from winnow.train.checkpoint import CheckpointConfig  # noqa: E402
+from winnow.train.config import TrainConfig  # noqa: E402
+from winnow.train.data import Batch, LoaderConfig  # noqa: E402
+from winnow.train.model import ModelConfig  # noqa: E402
 
 L, V = 32, 40
 MODEL = ModelConfig(vocab_size=V, dim=32, n_layers=1, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2, max_seq_len=64)
@@ -132,9 +157,13 @@ def _rows(kind: str, n: int, g: torch.Generator) -> list[list[int]]:
 def _batch(rows: list[list[int]], sources: list[int]) -> Batch:
     seq = torch.tensor(rows)
     B = len(rows)
-    return Batch(tokens=seq[:, :-1].contiguous(), targets=seq[:, 1:].contiguous(),
-                 source_ids=torch.tensor(sources)[:, None].expand(B, L).contiguous(),
-                 loss_mask=torch.ones(B, L, dtype=torch.bool), doc_ids=torch.zeros(B, L, dtype=torch.int32))
+    return Batch(
+        tokens=seq[:, :-1].contiguous(),
+        targets=seq[:, 1:].contiguous(),
+        source_ids=torch.tensor(sources)[:, None].expand(B, L).contiguous(),
+        loss_mask=torch.ones(B, L, dtype=torch.bool),
+        doc_ids=torch.zeros(B, L, dtype=torch.int32),
+    )
 
 
 class _Fresh:
@@ -165,10 +194,16 @@ def _run(folder, counts: dict[str, int], names: list[str], *, seed: int, steps: 
     draws of its kind in every run. Returns the trainer after fit() and its final held-out loss per source."""
     held = torch.Generator().manual_seed(7)
     heldout = [_batch(_rows(n.split("_")[0], 8, held), [s] * 8) for s, n in enumerate(names)]
-    cfg = TrainConfig(output=str(folder), steps=steps, eval_every=0, model=MODEL, seed=seed,
-                      data=LoaderConfig(batch_size=sum(counts.values()), seq_len=L, num_workers=0),
-                      checkpoint=CheckpointConfig(every=0),
-                      attribution=AttributionConfig(every=10, start=5, counterfactual_rows=8))
+    cfg = TrainConfig(
+        output=str(folder),
+        steps=steps,
+        eval_every=0,
+        model=MODEL,
+        seed=seed,
+        data=LoaderConfig(batch_size=sum(counts.values()), seq_len=L, num_workers=0),
+        checkpoint=CheckpointConfig(every=0),
+        attribution=AttributionConfig(every=10, start=5, counterfactual_rows=8),
+    )
     trainer = build_trainer(cfg, data=_Fresh(names, counts, seed), sources=names, val_data=lambda: list(heldout))
     summary = trainer.fit()
     return trainer, summary["eval"]["eval"]["per_source"]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from train.data.sets import HeldOut, ReplayConfig, ShardSetConfig, eval_sets, training_sets
-from train.errors import ConfigError
+from winnow.train.data.sets import HeldOut, ReplayConfig, ShardSetConfig, eval_sets, training_sets
+from winnow.train.errors import ConfigError
 
 
 class _Val(list):
@@ -14,8 +14,11 @@ class _Val(list):
 
 
 def test_replay_share_scales_the_other_sets():
-    folders, weights = training_sets([ShardSetConfig(path="a", weight=3), ShardSetConfig(path="b", weight=1)],
-                                     ReplayConfig(path="base", share=0.2), [])
+    folders, weights = training_sets(
+        [ShardSetConfig(path="a", weight=3), ShardSetConfig(path="b", weight=1)],
+        ReplayConfig(path="base", share=0.2),
+        [],
+    )
     assert folders == ["a", "b", "base"] and weights == pytest.approx([0.6, 0.2, 0.2])
     assert training_sets("a", ReplayConfig(path="base", share=0.0), []) == (["a"], [1.0])
     assert eval_sets([], ["a"], ReplayConfig(path="base", share=0.0)) == ["a", "base"]  # still measured
@@ -40,7 +43,7 @@ def test_held_out_reads_every_folder_once_and_shares_a_cap():
 @pytest.mark.parametrize("fmt", ["parquet", "tokens"])
 def test_a_capped_held_out_pass_reads_every_source_of_a_shard(tmp_path, fmt):
     from tests.train.shards_util import write_job, write_token_job
-    from train.data import Loader, LoaderConfig
+    from winnow.train.data import Loader, LoaderConfig
 
     # one val shard whose first rows (2,000 tokens) are all one source's: more than the 3 batches of 2 x 64 read
     rows = [{"id": f"a/{i}", "source": "a", "text": "a" * 100, "meta": None} for i in range(20)]

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from pipelines.cli import main
 from tests.train.test_trainer_loop import make_trainer, tiny_config
-from train.export import WINNOW_FILE, export_model, hf_blockers, load_exported
-from train.model import ModelConfig, Transformer
-from train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+from winnow.pipelines.cli import main
+from winnow.train.export import WINNOW_FILE, export_model, hf_blockers, load_exported
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "héllo wörld, ünïcode 🎉\n\ttabs  and  spaces", ""]
 
@@ -35,8 +35,15 @@ def _hf_logits(folder, tokens):
         return model(input_ids=tokens).logits
 
 
-@pytest.mark.parametrize("model", [{}, {"n_kv_heads": 1, "tie_embeddings": True, "rope_theta": 500.0, "top_k": 3},
-                                   {"n_experts": 0, "dense_hidden": 48}], ids=["moe", "gqa-tied-rope-top3", "dense"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        {},
+        {"n_kv_heads": 1, "tie_embeddings": True, "rope_theta": 500.0, "top_k": 3},
+        {"n_experts": 0, "dense_hidden": 48},
+    ],
+    ids=["moe", "gqa-tied-rope-top3", "dense"],
+)
 def test_export_command_writes_a_mixtral_whose_logits_match(tmp_path, model, capsys):
     trainer = _trained_run(tmp_path, **model)
     assert main(["export", str(tmp_path / "run")]) == 0
@@ -66,8 +73,9 @@ def test_export_names_the_key_that_prevents_mixtral_and_still_writes_the_file(tm
         assert torch.equal(reloaded(tokens).logits_BLV, trainer.model.eval()(tokens).logits_BLV)
 
 
-@pytest.mark.parametrize(("key", "value"), [("n_dense_layers", 1), ("score_func", "sigmoid"), ("capacity_factor", 1.0),
-                                            ("top_k", 1)])
+@pytest.mark.parametrize(
+    ("key", "value"), [("n_dense_layers", 1), ("score_func", "sigmoid"), ("capacity_factor", 1.0), ("top_k", 1)]
+)
 def test_each_feature_mixtral_lacks_is_named(key, value):
     cfg = ModelConfig(vocab_size=40, dim=16, n_layers=2, n_heads=2, ffn_hidden=16, n_experts=4, **{key: value})
     assert [line.split(" =")[0] for line in hf_blockers(cfg)] == [f"train.model.{key}"]
@@ -79,7 +87,7 @@ def test_export_without_a_checkpoint_says_what_to_give(tmp_path, capsys):
 
 
 def test_export_refuses_a_state_without_model(tmp_path):
-    from train.errors import CheckpointError
+    from winnow.train.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="model_config"):
         export_model({"model": Transformer(ModelConfig()).state_dict()}, tmp_path)
@@ -125,7 +133,7 @@ def test_the_export_runs_in_a_text_generation_pipeline(tmp_path):
 
 
 def test_a_failed_export_leaves_the_earlier_one_and_no_temporary_folder(tmp_path, monkeypatch):
-    import train.export
+    from winnow import train
 
     _trained_run(tmp_path / "a")
     _trained_run(tmp_path / "b", n_kv_heads=1)  # another model: an export written in place would change the files

@@ -13,10 +13,10 @@ import random
 
 import pytest
 
-from pipelines.train import build_trainer
 from tests.train.shutdown_child import HARNESS, harness_config, write_shards
 from tests.train.test_shutdown import _finish, _start
-from train.checkpoint import CheckpointManager
+from winnow.pipelines.train import build_trainer
+from winnow.train.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,11 @@ pytestmark = pytest.mark.slow
 def _losses(run_dir) -> tuple[dict[int, float], list[int], list[int]]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logs = [r for r in records if "step_loss" in r]
-    return {r["step"]: r["step_loss"] for r in logs}, [r["step"] for r in logs], [r["step"] for r in records if "eval" in r]
+    return (
+        {r["step"]: r["step_loss"] for r in logs},
+        [r["step"] for r in logs],
+        [r["step"] for r in records if "eval" in r],
+    )
 
 
 def test_sigkill_anywhere_resumes_the_same_trajectory_with_each_step_logged_once(tmp_path):

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.train.shards_util import make_docs, write_job
-from train.data import Loader, LoaderConfig
-from train.errors import ShardError
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.errors import ShardError
 
 SHARD = "shards/train/part-00000-00001"
 
@@ -85,7 +85,7 @@ def test_bad_shard_raises_shard_error_naming_shard_and_problem(folder, damage, f
 @pytest.mark.parametrize(("damage", "fmt", "problem"), CASES, ids=[c[0].__name__ for c in CASES])
 def test_skip_bad_shards_warns_counts_and_goes_on(folder, damage, fmt, problem, caplog):
     damage(folder)
-    with caplog.at_level(logging.WARNING, logger="train.data.stream"):
+    with caplog.at_level(logging.WARNING, logger="winnow.train.data.stream"):
         loader, batches = first_batches(folder, fmt, skip_bad_shards=True)
     assert loader.stats()["bad_shards"] >= 1
     assert any("part-00000-00001" in r.getMessage() for r in caplog.records)

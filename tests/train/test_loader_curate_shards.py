@@ -8,24 +8,33 @@ import numpy as np
 import polars as pl
 import pytest
 
-from train.data import Loader, LoaderConfig
+from winnow.train.data import Loader, LoaderConfig
 
 
 @pytest.fixture
 def curate_job(tmp_path):
-    from curate.config import OutputConfig
-    from curate.writers.shards import ShardWriter
+    from winnow.curate.config import OutputConfig
+    from winnow.curate.writers.shards import ShardWriter
 
     texts = [f"doc {i} " + "ü" * (i % 4) + "y" * (i * 13 % 70) for i in range(40)]
-    df = pl.DataFrame({"id": [f"s/{i}.x" for i in range(40)], "source": ["a", "b", "c", "a"] * 10, "text": texts,
-                       "meta": ['{"k": 1}'] * 40, "quality": np.linspace(0, 1, 40), "repeat": pl.Series([0] * 39 + [1], dtype=pl.Int32)})
+    df = pl.DataFrame(
+        {
+            "id": [f"s/{i}.x" for i in range(40)],
+            "source": ["a", "b", "c", "a"] * 10,
+            "text": texts,
+            "meta": ['{"k": 1}'] * 40,
+            "quality": np.linspace(0, 1, 40),
+            "repeat": pl.Series([0] * 39 + [1], dtype=pl.Int32),
+        }
+    )
     writer = ShardWriter(tmp_path, "part-00000", OutputConfig(shard_rows=15), split="train")
     writer.write(df)
     entries = writer.close()
     for e in entries:
         e["path"] = str(e["path"].relative_to(tmp_path))
-    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "job": "t", "sources": ["a", "b", "c"],
-                                                        "shards": entries, "stages": []}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"format_version": 1, "job": "t", "sources": ["a", "b", "c"], "shards": entries, "stages": []})
+    )
     return tmp_path, df
 
 

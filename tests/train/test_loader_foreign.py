@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from train.data import Loader, LoaderConfig
-from train.data.foreign import find_split_files
-from train.errors import ShardError
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.data.foreign import find_split_files
+from winnow.train.errors import ShardError
 
 CFG = LoaderConfig(batch_size=2, seq_len=64, num_workers=0)
 
@@ -40,8 +40,11 @@ def test_hub_style_folder_trains_in_natural_order_with_sources_from_the_column(t
     loader = Loader(CFG, tmp_path)
     assert loader.sources == ["web", "code"]
     (view,) = loader.views
-    assert [s["path"] for s in view["shards"]] == ["data/train-1-of-10.parquet", "data/train-2-of-10.parquet",
-                                                   "data/train-10-of-10.parquet"]
+    assert [s["path"] for s in view["shards"]] == [
+        "data/train-1-of-10.parquet",
+        "data/train-2-of-10.parquet",
+        "data/train-10-of-10.parquet",
+    ]
     docs, srcs = docs_read(loader, 4)
     assert docs[:9] == texts[1] + texts[2] + texts[10]
     assert srcs[:3] == ["web", "code", "web"]

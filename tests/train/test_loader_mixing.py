@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.train.shards_util import make_docs, write_job
-from train.data import Loader, LoaderConfig
-from train.data.mixing import MixSchedule
-from train.errors import ConfigError
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.data.mixing import MixSchedule
+from winnow.train.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.train.shards_util import make_docs, write_job
-from train.data import Loader, LoaderConfig
+from winnow.train.data import Loader, LoaderConfig
 
 EOS = 256
 
@@ -84,8 +84,14 @@ def test_doc_ids_number_documents_within_each_sequence(job):
 
 def test_seq_len_warmup_grows_lengths_then_keeps_seq_len(job):
     folder, _ = job
-    cfg = LoaderConfig(batch_size=2, seq_len=64, num_workers=0, seq_len_warmup_steps=4, seq_len_warmup_start=16,
-                       seq_len_warmup_multiple=8)
+    cfg = LoaderConfig(
+        batch_size=2,
+        seq_len=64,
+        num_workers=0,
+        seq_len_warmup_steps=4,
+        seq_len_warmup_start=16,
+        seq_len_warmup_multiple=8,
+    )
     lengths = [b.tokens.shape[1] for b in take(Loader(cfg, folder), 6)]
     assert lengths == [16, 24, 40, 52 // 8 * 8, 64, 64]
 
@@ -130,13 +136,15 @@ def test_worker_path_does_not_import_pandas(tmp_path):
     docs[3]["source"] = None
     folder = write_job(tmp_path, [docs], sources=["web"])
     code = (
-        "import sys\nfrom train.data.shards import open_shards\nfrom train.data.pieces import shard_pieces\n"
-        "from train.tokenizer import ByteTokenizer\n"
+        "import sys\nfrom winnow.train.data.shards import open_shards\nfrom winnow.train.data.pieces import shard_pieces\n"
+        "from winnow.train.tokenizer import ByteTokenizer\n"
         "for fmt in ('parquet', 'webdataset'):\n"
         f"    s = open_shards({str(folder)!r}, split='train', fmt=fmt)\n"
         "    list(shard_pieces(s, 0, 0, tokenizer=ByteTokenizer(), fmt=fmt, verify=True, piece_rows=4, "
         "shuffle_window=3, seed=0, skip_bad=False))\n"
         "    print(fmt, 'pandas' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2]
+    )
     assert out.stdout.split() == ["parquet", "False", "webdataset", "False"]

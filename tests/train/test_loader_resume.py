@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.train.shards_util import make_docs, write_job
-from train.data import Loader, LoaderConfig
-from train.errors import CheckpointError
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.errors import CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,9 @@ def cfg(**kw) -> LoaderConfig:
 def rows_of(batch) -> list[tuple]:
     """Each sequence as a hashable tuple of everything the trainer sees."""
     arrays = [batch.tokens, batch.targets, batch.source_ids, batch.loss_mask, batch.doc_ids]
-    return [tuple(np.concatenate([a[b].numpy().astype(np.int64) for a in arrays])) for b in range(batch.tokens.shape[0])]
+    return [
+        tuple(np.concatenate([a[b].numpy().astype(np.int64) for a in arrays])) for b in range(batch.tokens.shape[0])
+    ]
 
 
 def global_rows(loaders, steps) -> list[tuple]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.train.shards_util import make_docs, write_job
-from train.data import Loader, LoaderConfig
-from train.errors import ShardError
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.errors import ShardError
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,9 @@ def test_s3_parquet_folder_without_manifest(s3_server, tmp_path):
     import pyarrow.parquet as pq
     import s3fs
 
-    pq.write_table(pa.table({"text": [f"doc {i}" for i in range(8)], "source": ["a", "b"] * 4}), tmp_path / "train-0.parquet")
+    pq.write_table(
+        pa.table({"text": [f"doc {i}" for i in range(8)], "source": ["a", "b"] * 4}), tmp_path / "train-0.parquet"
+    )
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     fs.mkdir("winnow-foreign")
     fs.put(str(tmp_path / "train-0.parquet"), "winnow-foreign/corpus/train-0.parquet")

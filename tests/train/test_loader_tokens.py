@@ -7,7 +7,7 @@ import pytest
 
 from tests.train.shards_util import make_docs, write_token_job
 from tests.train.test_loader_resume import global_rows, ranks, rows_of
-from train.data import Loader, LoaderConfig
+from winnow.train.data import Loader, LoaderConfig
 
 KEYS = ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")
 
@@ -70,8 +70,10 @@ def test_auto_picks_token_shards_and_val_pass_matches(job):
 def test_load_time_mixing_matches(job, tmp_path):
     other = write_token_job(tmp_path / "other", [make_docs(30, ("math",), prefix="m")])
     kw = dict(batch_size=4, seq_len=20, num_workers=0, mix_weights=[0.7, 0.3])
-    assert_same(batches(LoaderConfig(format="parquet", **kw), [job, other], 30, rank=1, world_size=2),
-                batches(LoaderConfig(format="tokens", **kw), [job, other], 30, rank=1, world_size=2))
+    assert_same(
+        batches(LoaderConfig(format="parquet", **kw), [job, other], 30, rank=1, world_size=2),
+        batches(LoaderConfig(format="tokens", **kw), [job, other], 30, rank=1, world_size=2),
+    )
 
 
 # an epoch is 3380 tokens, ~105 steps of 2x16

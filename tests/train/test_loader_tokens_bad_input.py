@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tests.train.shards_util import make_docs, write_token_job
-from train.data import Loader, LoaderConfig
-from train.errors import ConfigError, ShardError
-from train.tokenizer import TokenizerConfig, load_tokenizer
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.errors import ConfigError, ShardError
+from winnow.train.tokenizer import TokenizerConfig, load_tokenizer
 
 
 @pytest.fixture
@@ -91,8 +91,11 @@ def test_a_dtype_too_small_for_the_vocabulary(job):
     sizes = np.frombuffer(bytes(idx), np.int32, n, 34)
     idx[34 + 4 * n : 34 + 12 * n] = (np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)).tobytes()
     idx_path.write_bytes(bytes(idx))
-    entry.update(dtype="uint8", sha256=hashlib.sha256(bin_path.read_bytes()).hexdigest(),
-                 index_sha256=hashlib.sha256(bytes(idx)).hexdigest())
+    entry.update(
+        dtype="uint8",
+        sha256=hashlib.sha256(bin_path.read_bytes()).hexdigest(),
+        index_sha256=hashlib.sha256(bytes(idx)).hexdigest(),
+    )
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match=rf"{bin_path.stem}\.idx: dtype uint8 cannot hold the tokenizer's 258 ids"):
         drain(Loader(cfg(), job))
@@ -103,8 +106,15 @@ def test_shards_from_another_tokenizer_are_refused_or_read_as_text(job, tmp_path
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator([["abc abd " * 20]], trainers.BpeTrainer(vocab_size=280, special_tokens=["</s>"], show_progress=False,
-                                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [["abc abd " * 20]],
+        trainers.BpeTrainer(
+            vocab_size=280,
+            special_tokens=["</s>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.save(str(tmp_path / "tokenizer.json"))
     other = load_tokenizer(TokenizerConfig(path=str(tmp_path / "tokenizer.json")))
     with pytest.raises(ConfigError, match="written with tokenizer .*'kind': 'byte'"):
@@ -140,6 +150,9 @@ def test_a_token_id_past_the_vocabulary_names_the_shard_the_id_and_its_document(
     ids = np.fromfile(path, np.uint16)
     ids[5] = 300  # the byte tokenizer has 258 ids; uint16 holds this one
     ids.tofile(path)
-    with pytest.raises(ShardError, match=rf"{path.name}: token id 300 at token 5 \(document 0, row \d+ of .*\) is "
-                                         r"outside this run's tokenizer's 258 ids"):
+    with pytest.raises(
+        ShardError,
+        match=rf"{path.name}: token id 300 at token 5 \(document 0, row \d+ of .*\) is "
+        r"outside this run's tokenizer's 258 ids",
+    ):
         drain(Loader(cfg(verify_checksums=False), job))

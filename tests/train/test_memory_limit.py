@@ -2,10 +2,10 @@
 
 import torch
 
-from pipelines.report import diagnose
-from pipelines.report.training import load_run
 from tests.pipelines.report_util import log_record, write_run
-from train.metrics import memory_stats
+from winnow.pipelines.report import diagnose
+from winnow.pipelines.report.training import load_run
+from winnow.train.metrics import memory_stats
 
 GIB = 2**30
 

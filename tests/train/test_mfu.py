@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from train.metrics import measured_peak, peak_flops_basis
+from winnow.train.metrics import measured_peak, peak_flops_basis
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train.model import moe as moe_module
-from train.model.layers import RMSNorm, Rotary
+from winnow.train.model import moe as moe_module
+from winnow.train.model.layers import RMSNorm, Rotary
 
 
 def _rotary_reference(x_BLHC: torch.Tensor, theta: float) -> torch.Tensor:
@@ -41,7 +41,7 @@ def _experts_reference(x_AD, w13_ED2F, w2_EFD, counts_E):
     """Expert by expert over the contiguous slices: the definition every kernel path must match."""
     out, start = [], 0
     for e, n in enumerate(counts_E.tolist()):
-        gate, up = (x_AD[start:start + n] @ w13_ED2F[e]).chunk(2, dim=-1)
+        gate, up = (x_AD[start : start + n] @ w13_ED2F[e]).chunk(2, dim=-1)
         out.append((F.silu(gate) * up) @ w2_EFD[e])
         start += n
     return torch.cat(out)

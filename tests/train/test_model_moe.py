@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from train.model import ModelConfig, MoE
-from train.model import moe as moe_module
+from winnow.train.model import ModelConfig, MoE
+from winnow.train.model import moe as moe_module
 
 
 def _moe(**kw) -> MoE:

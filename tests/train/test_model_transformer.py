@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.errors import ConfigError
-from train.model import ModelConfig, Transformer
-from train.parallel.parallelize import apply_activation_checkpointing
+from winnow.train.errors import ConfigError
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.parallel.parallelize import apply_activation_checkpointing
 
 TINY = dict(vocab_size=50, dim=32, n_layers=2, n_heads=4, ffn_hidden=16, n_experts=4, top_k=2, max_seq_len=32)
 
@@ -54,8 +54,10 @@ def test_activation_checkpointing_gives_identical_gradients():
     torch.testing.assert_close(grads[0], grads[1])
 
 
-@pytest.mark.parametrize("extra", [{}, {"n_dense_layers": 1, "n_shared_experts": 1}, {"n_experts": 0},
-                                   {"tie_embeddings": True, "n_kv_heads": 2}])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"n_dense_layers": 1, "n_shared_experts": 1}, {"n_experts": 0}, {"tie_embeddings": True, "n_kv_heads": 2}],
+)
 def test_param_counts_from_config_match_the_built_model(extra):
     model = _model(**extra)
     assert model.cfg.param_counts() == model.num_params()
@@ -77,10 +79,15 @@ def test_config_error_names_key_value_and_allowed():
 
 
 def test_the_model_package_imports_no_parallel_or_attribution_code():
-    import train.model
+    from winnow import train
 
     for path in Path(train.model.__file__).parent.glob("*.py"):
-        imports = [line.strip() for line in path.read_text().splitlines() if line.strip().startswith(("import ", "from "))]
-        found = [line for line in imports if any(name in line for name in ("train.parallel", "train.attribution",
-                                                                              "torch.distributed"))]
+        imports = [
+            line.strip() for line in path.read_text().splitlines() if line.strip().startswith(("import ", "from "))
+        ]
+        found = [
+            line
+            for line in imports
+            if any(name in line for name in ("winnow.train.parallel", "winnow.train.attribution", "torch.distributed"))
+        ]
         assert not found, f"{path.name}: {found}"

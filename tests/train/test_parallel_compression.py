@@ -9,15 +9,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from curate.errors import ConfigError as JobFileError
-from pipelines.jobfile import build_config
 from tests.train.parallel_workers import records, reference_run, spawn
-from train.config import TrainConfig
-from train.errors import ConfigError
-from train.parallel import ParallelConfig
-from train.parallel.comm import CommTimer
-from train.parallel.compression import TopKCompression
-from train.parallel.config import TopKConfig
+from winnow.curate.errors import ConfigError as JobFileError
+from winnow.pipelines.jobfile import build_config
+from winnow.train.config import TrainConfig
+from winnow.train.errors import ConfigError
+from winnow.train.parallel import ParallelConfig
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.compression import TopKCompression
+from winnow.train.parallel.config import TopKConfig
 
 
 class Known(nn.Module):
@@ -62,17 +62,28 @@ def _inputs(steps: int, scale: float = 1.0):
 
 
 # ---- bad input ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw, key", [({"density": 0.0}, "density"), ({"density": 1.5}, "density"),
-                                     ({"density": -0.01}, "density"), ({"warmup_density": 0.0}, "warmup_density"),
-                                     ({"density": 0.5, "warmup_density": 0.1}, "warmup_density"),
-                                     ({"warmup_steps": -1}, "warmup_steps"), ({"momentum": 1.0}, "momentum")])
+@pytest.mark.parametrize(
+    "kw, key",
+    [
+        ({"density": 0.0}, "density"),
+        ({"density": 1.5}, "density"),
+        ({"density": -0.01}, "density"),
+        ({"warmup_density": 0.0}, "warmup_density"),
+        ({"density": 0.5, "warmup_density": 0.1}, "warmup_density"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"momentum": 1.0}, "momentum"),
+    ],
+)
 def test_bad_topk_settings_name_the_key(kw, key):
     with pytest.raises(ConfigError, match=rf"train\.parallel\.topk\.{key} = "):
         TopKConfig(**kw)
 
 
-@pytest.mark.parametrize("kw", [{"dp_shard": 2}, {"dp_shard": -1}, {"pp": 2}, {"powersgd_rank": 2},
-                                {"compression": "dgc"}], ids=["fsdp", "fsdp-all", "pp", "powersgd", "unknown"])
+@pytest.mark.parametrize(
+    "kw",
+    [{"dp_shard": 2}, {"dp_shard": -1}, {"pp": 2}, {"powersgd_rank": 2}, {"compression": "dgc"}],
+    ids=["fsdp", "fsdp-all", "pp", "powersgd", "unknown"],
+)
 def test_topk_outside_plain_ddp_is_refused_naming_the_key(kw):
     with pytest.raises(ConfigError, match=r"train\.parallel\.compression = "):
         ParallelConfig(**{"compression": "topk", **kw})
@@ -201,8 +212,12 @@ def test_residuals_saved_on_more_ranks_keep_their_mean(group, tmp_path):
 
     _, _, comp, _ = _wrapped(group, density=0.1)
     r0, r1 = torch.arange(40.0), torch.ones(40)
-    saved = {"compression.step": torch.tensor(7), "compression.ranks": torch.tensor([2, 1]),
-             "compression.0.0.residual.w": r0, "compression.0.1.residual.w": r1}
+    saved = {
+        "compression.step": torch.tensor(7),
+        "compression.ranks": torch.tensor([2, 1]),
+        "compression.0.0.residual.w": r0,
+        "compression.0.1.residual.w": r1,
+    }
     dcp.save(saved, checkpoint_id=str(tmp_path / "ckpt"))
     comp.load_shards(tmp_path / "ckpt", dp_rank=0, tp_rank=0, tp_size=1)
     assert comp.step == 7 and torch.equal(comp.residual["w"], (r0 + r1) / 2)  # one rank now holds the mean
@@ -215,8 +230,15 @@ def test_density_one_equals_plain_ddp(tmp_path, layout):
     no_clip = {"optim": {"grad_clip": 0.0}}  # clipping moves before the exchange under top-k
     ref = reference_run(tmp_path, steps=5, grad_accum=2, config=no_clip)  # = plain DDP on 2 ranks (test_parallel_ddp)
     topk = TopKConfig(density=1.0, warmup_density=1.0, momentum=0.9)
-    got = spawn({"run_dir": str(tmp_path / "topk"), "steps": 5, "config": no_clip,
-                 "parallel": {"compression": "topk", "topk": topk, **layout}}, tmp_path / "out.json")
+    got = spawn(
+        {
+            "run_dir": str(tmp_path / "topk"),
+            "steps": 5,
+            "config": no_clip,
+            "parallel": {"compression": "topk", "topk": topk, **layout},
+        },
+        tmp_path / "out.json",
+    )
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-6)
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-5)
 
@@ -225,10 +247,12 @@ def test_density_one_equals_plain_ddp(tmp_path, layout):
 def test_a_resumed_topk_run_continues_exactly_and_reports_bytes(tmp_path):
     topk = {"compression": "topk", "topk": TopKConfig(density=0.05, warmup_steps=3, momentum=0.9)}
     whole = spawn({"run_dir": str(tmp_path / "whole"), "steps": 6, "parallel": topk}, tmp_path / "whole.json")
-    first = spawn({"run_dir": str(tmp_path / "run"), "steps": 6, "stop_after": 3, "parallel": topk},
-                  tmp_path / "first.json")
-    second = spawn({"run_dir": str(tmp_path / "run"), "steps": 6, "resume": True, "parallel": topk},
-                   tmp_path / "second.json")
+    first = spawn(
+        {"run_dir": str(tmp_path / "run"), "steps": 6, "stop_after": 3, "parallel": topk}, tmp_path / "first.json"
+    )
+    second = spawn(
+        {"run_dir": str(tmp_path / "run"), "steps": 6, "resume": True, "parallel": topk}, tmp_path / "second.json"
+    )
     assert first["losses"] + second["losses"] == whole["losses"]  # bit for bit: residuals and velocities restored
     assert second["norms"] == whole["norms"][3:]
     comm = [r["comm"] for r in records(tmp_path / "whole") if "comm" in r]

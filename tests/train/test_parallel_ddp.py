@@ -6,11 +6,9 @@ import pytest
 import torch
 
 from tests.train.parallel_workers import build, per_source, records, reference_run, spawn
-from train.parallel import Parallel
+from winnow.train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
-
-
 
 
 def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path):
@@ -29,13 +27,16 @@ def test_ddp_two_processes_match_one_process_losses_and_per_source_sums(tmp_path
 def test_ddp_accumulating_micro_batches_all_reduces_once_per_step(tmp_path):
     # 2 ranks x 2 micro-batches = the one-process run with 4; gradients cross ranks only on each step's last micro-batch
     ref = reference_run(tmp_path, steps=3, grad_accum=4)
-    got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 3, "grad_accum": 2, "parallel": {}},
-                tmp_path / "out.json")
+    got = spawn({"run_dir": str(tmp_path / "ddp"), "steps": 3, "grad_accum": 2, "parallel": {}}, tmp_path / "out.json")
     assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert got["norms"] == pytest.approx(ref["norms"], rel=1e-4)
     records = [json.loads(x) for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
-    grad_bytes = 4 * sum(p.numel() for p in build(tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")),
-                                                   grad_accum=1, steps=1).model.parameters())
+    grad_bytes = 4 * sum(
+        p.numel()
+        for p in build(
+            tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")), grad_accum=1, steps=1
+        ).model.parameters()
+    )
     sent = [r["comm"]["bytes_sent"] for r in records if "comm" in r]  # one record per step (log_every = 1)
     assert len(sent) == 3 and all(grad_bytes <= b < 2 * grad_bytes for b in sent)
 
@@ -47,17 +48,23 @@ def test_fsdp2_matches_the_run_ddp_matches(tmp_path):
     assert fsdp["losses"] == pytest.approx(ref["losses"], abs=1e-5)
     assert fsdp["norms"] == pytest.approx(ref["norms"], rel=1e-4)
     # FSDP2's all-gathers and reduce-scatters are timed: each step moves more than the model's fp32 bytes
-    param_bytes = 4 * sum(p.numel() for p in build(tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")),
-                                                    grad_accum=1, steps=1).model.parameters())
+    param_bytes = 4 * sum(
+        p.numel()
+        for p in build(
+            tmp_path / "shape", parallel=Parallel.local(torch.device("cpu")), grad_accum=1, steps=1
+        ).model.parameters()
+    )
     steps = [r for r in records(tmp_path / "fsdp") if "loss" in r]
     assert len(steps) == 4 and all(r["comm"]["bytes_sent"] > param_bytes for r in steps)
     assert all(0 < r["comm_pct"] < 100 for r in steps)
 
 
 def test_powersgd_trains_and_reports_bytes_saved(tmp_path):
-    got = spawn({"run_dir": str(tmp_path / "psgd"), "steps": 5,
-                 "parallel": {"powersgd_rank": 1, "powersgd_start_iter": 2}}, tmp_path / "psgd.json")
-    assert all(map(lambda x: x == x and x < 10, got["losses"]))  # finite
+    got = spawn(
+        {"run_dir": str(tmp_path / "psgd"), "steps": 5, "parallel": {"powersgd_rank": 1, "powersgd_start_iter": 2}},
+        tmp_path / "psgd.json",
+    )
+    assert all((x == x and x < 10 for x in got["losses"]))  # finite
     records = [json.loads(x) for x in (tmp_path / "psgd" / "metrics.jsonl").read_text().splitlines()]
     comm = [r["comm"] for r in records if "comm" in r]  # one record per step (log_every = 1)
     assert comm[0]["bytes_saved"] == 0 < comm[0]["bytes_sent"]  # warm start: plain all-reduce

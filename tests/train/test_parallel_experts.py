@@ -5,11 +5,11 @@ import torch
 import torch.distributed as dist
 
 from tests.train.parallel_workers import free_port, start
-from train.model import ModelConfig
-from train.model.moe import MoE
-from train.parallel import ParallelConfig, exit_process, init_world, shutdown
-from train.parallel.comm import CommTimer
-from train.parallel.expert_parallel import EXPERT_PARAMS, apply_expert_parallel
+from winnow.train.model import ModelConfig
+from winnow.train.model.moe import MoE
+from winnow.train.parallel import ParallelConfig, exit_process, init_world, shutdown
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.expert_parallel import EXPERT_PARAMS, apply_expert_parallel
 
 pytestmark = pytest.mark.slow
 
@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 def _moe_worker(rank: int, world: int, port: int) -> None:
     import os
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     try:
         w = init_world(ParallelConfig(ep=2), device="cpu", n_experts=4)
@@ -36,15 +37,17 @@ def _moe_worker(rank: int, world: int, port: int) -> None:
         moe.load_state_dict(ref.state_dict())
         apply_expert_parallel(moe, w, CommTimer())
         names = EXPERT_PARAMS
-        x = x_full.detach()[rank:rank + 1].clone().requires_grad_()
+        x = x_full.detach()[rank : rank + 1].clone().requires_grad_()
         out, stats = moe(x)
-        (out * probe[rank:rank + 1]).sum().backward()
+        (out * probe[rank : rank + 1]).sum().backward()
 
-        torch.testing.assert_close(out, out_ref[rank:rank + 1], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(x.grad, x_full.grad[rank:rank + 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, out_ref[rank : rank + 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(x.grad, x_full.grad[rank : rank + 1], atol=1e-5, rtol=1e-5)
         for name in names:  # each rank's expert slice got every rank's tokens' gradient
             full = ref.get_parameter(name).grad
-            torch.testing.assert_close(moe.get_parameter(name).grad, full[2 * rank:2 * rank + 2], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                moe.get_parameter(name).grad, full[2 * rank : 2 * rank + 2], atol=1e-5, rtol=1e-5
+            )
         gate = moe.router.gate.weight.grad.clone()
         dist.all_reduce(gate)
         torch.testing.assert_close(gate, ref.router.gate.weight.grad, atol=1e-5, rtol=1e-5)

@@ -11,8 +11,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from tests.train.parallel_workers import free_port, start
 from tests.train.test_trainer_loop import tiny_config
-from train.build import build_model
-from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
+from winnow.train.build import build_model
+from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,9 @@ def peak_bytes(prof) -> int:
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     try:
         parallel = Parallel.from_env(ParallelConfig(dp_replicate=1, dp_shard=world), device="cpu", n_experts=4)
@@ -40,8 +41,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             model, _ = build_model(cfg, parallel)
         torch.manual_seed(0)
         full = {k: v.double().sum().item() for k, v in parallel.model_state(model).items()}  # gathered: a collective
-        result = {"peak": peak_bytes(prof), "full_sums": full,
-                  "local": sum(p.to_local().numel() * 4 for p in model.parameters())}
+        result = {
+            "peak": peak_bytes(prof),
+            "full_sums": full,
+            "local": sum(p.to_local().numel() * 4 for p in model.parameters()),
+        }
         Path(f"{out}.{rank}").write_text(json.dumps(result))
     finally:
         shutdown()
@@ -54,7 +58,7 @@ def test_fsdp2_ranks_hold_a_quarter_of_the_weights_plus_one_block_while_building
     ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(4)]
     cfg = tiny_config(tmp_path, model=MODEL)
     with torch.device("meta"):
-        from train.model import Transformer
+        from winnow.train.model import Transformer
 
         plain = Transformer(cfg.model)
     total = sum(p.numel() for p in plain.parameters()) * 4
@@ -62,8 +66,10 @@ def test_fsdp2_ranks_hold_a_quarter_of_the_weights_plus_one_block_while_building
     units.append(sum(p.numel() for n, p in plain.named_parameters() if not n.startswith("blocks.")) * 4)  # the root
     bound = total / 4 + max(units)
     for r in ranks:
-        print(f"peak parameter bytes while building: {r['peak']} of {total} ({r['peak'] / total:.1%}); "
-              f"bound {bound:.0f} ({bound / total:.1%}); shard {r['local']}")
+        print(
+            f"peak parameter bytes while building: {r['peak']} of {total} ({r['peak'] / total:.1%}); "
+            f"bound {bound:.0f} ({bound / total:.1%}); shard {r['local']}"
+        )
         assert r["local"] <= total / 4 + 4 * 4 * len(list(plain.parameters()))  # a quarter (FSDP2 pads rows)
         assert r["peak"] <= bound
     # every rank's shard is its part of the one-process model's weights, drawn the same whatever the layout

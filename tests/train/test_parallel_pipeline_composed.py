@@ -11,13 +11,9 @@ import pytest
 import torch
 
 from tests.train.parallel_workers import assert_same_run, build, fit, full_state, reference_run, spawn
-from train.parallel import Parallel
+from winnow.train.parallel import Parallel
 
 pytestmark = pytest.mark.slow
-
-
-
-
 
 
 def test_pipeline_under_fsdp2_four_processes_matches_one_process(tmp_path):
@@ -25,9 +21,17 @@ def test_pipeline_under_fsdp2_four_processes_matches_one_process(tmp_path):
     torch.set_num_threads(1)
     one = build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=4, steps=5)
     ref = fit(one)
-    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2, "full_state": True,
-                 "parallel": {"pp": 2, "dp_shard": 2, "dp_replicate": 1, "pp_schedule": "1f1b"}},
-                tmp_path / "out.json", world=4)
+    got = spawn(
+        {
+            "run_dir": str(tmp_path / "pp"),
+            "steps": 5,
+            "grad_accum": 2,
+            "full_state": True,
+            "parallel": {"pp": 2, "dp_shard": 2, "dp_replicate": 1, "pp_schedule": "1f1b"},
+        },
+        tmp_path / "out.json",
+        world=4,
+    )
     assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     # the one-process state (Trainer.state_dict): every stage's FSDP2 shards gathered, under one-process names
     mine, theirs = got["full_state"], full_state(one)
@@ -42,8 +46,16 @@ def test_pipeline_under_fsdp2_four_processes_matches_one_process(tmp_path):
 def test_pipeline_with_tensor_parallel_four_processes_matches_one_process(tmp_path):
     # pp 2 x tp 2: ranks 0, 1 hold stage 0 (its heads and hidden widths split over them), ranks 2, 3 stage 1
     ref = reference_run(tmp_path, steps=5, grad_accum=2)
-    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
-                 "parallel": {"pp": 2, "tp": 2, "pp_schedule": "gpipe"}}, tmp_path / "out.json", world=4)
+    got = spawn(
+        {
+            "run_dir": str(tmp_path / "pp"),
+            "steps": 5,
+            "grad_accum": 2,
+            "parallel": {"pp": 2, "tp": 2, "pp_schedule": "gpipe"},
+        },
+        tmp_path / "out.json",
+        world=4,
+    )
     assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     layouts = got["layouts"]
     assert all(n.startswith(("embed.", "blocks.0.")) for n in layouts)
@@ -54,9 +66,14 @@ def test_pipeline_with_tensor_parallel_four_processes_matches_one_process(tmp_pa
 
 def test_fp16_under_pipeline_parallel_skips_the_same_steps_on_every_rank_when_one_stage_overflows(tmp_path):
     # an inf in stage 1's gradient (rank 1 only): rank 0 holds no such gradient and would step on its own
-    job = {"run_dir": str(tmp_path / "fp16"), "steps": 5, "grad_accum": 2,
-           "parallel": {"pp": 2, "pp_schedule": "1f1b"}, "config": {"precision": "fp16", "skip_nonfinite": False},
-           "overflow": {"rank": 1, "steps": [2, 4], "param": "blocks.1.attn.wq.weight"}}
+    job = {
+        "run_dir": str(tmp_path / "fp16"),
+        "steps": 5,
+        "grad_accum": 2,
+        "parallel": {"pp": 2, "pp_schedule": "1f1b"},
+        "config": {"precision": "fp16", "skip_nonfinite": False},
+        "overflow": {"rank": 1, "steps": [2, 4], "param": "blocks.1.attn.wq.weight"},
+    }
     ranks = spawn(job, tmp_path / "out.json")["ranks"]
     for seen in ranks:
         assert [s["stepped"] for s in seen["steps"]] == [True, False, True, False, True]
@@ -67,8 +84,15 @@ def test_fp16_under_pipeline_parallel_skips_the_same_steps_on_every_rank_when_on
     assert all(s["loss"] == s["loss"] for s in ranks[0]["steps"])  # no NaN reached the weights
     # step 2's loss follows step 1's update, which the loss scale must not have changed: as in one process
     torch.set_num_threads(1)
-    ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=2, steps=5,
-                    config={"precision": "fp16", "skip_nonfinite": False}))
+    ref = fit(
+        build(
+            tmp_path / "ref",
+            parallel=Parallel.local(torch.device("cpu")),
+            grad_accum=2,
+            steps=5,
+            config={"precision": "fp16", "skip_nonfinite": False},
+        )
+    )
     assert [s["loss"] for s in ranks[0]["steps"][:2]] == pytest.approx(ref["losses"][:2], abs=5e-3)
 
 
@@ -77,8 +101,16 @@ def test_pipeline_with_expert_parallel_four_processes_matches_one_process(tmp_pa
     # pp 2 x dp 2, the experts split over the 2 dp ranks of each stage (ep 2): FSDP2 x EP or DDP x EP per stage
     ref = reference_run(tmp_path, steps=5, grad_accum=4)
     other = "dp_replicate" if dp == "dp_shard" else "dp_shard"
-    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
-                 "parallel": {"pp": 2, dp: 2, other: 1, "ep": 2, "pp_schedule": "1f1b"}}, tmp_path / "out.json", world=4)
+    got = spawn(
+        {
+            "run_dir": str(tmp_path / "pp"),
+            "steps": 5,
+            "grad_accum": 2,
+            "parallel": {"pp": 2, dp: 2, other: 1, "ep": 2, "pp_schedule": "1f1b"},
+        },
+        tmp_path / "out.json",
+        world=4,
+    )
     assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     expert, dense = got["layouts"]["blocks.0.ffn.experts.w13_ED2F"], got["layouts"]["blocks.0.attn.wq.weight"]
     assert expert["local_shape"] == [2, 32, 64]  # rank 0 holds experts 0 and 1 of stage 0's layer
@@ -91,8 +123,11 @@ def test_pipeline_under_fsdp2_checkpoints_resume_on_one_process_and_back(tmp_pat
     layout = {"pp": 2, "dp_shard": 2, "dp_replicate": 1}
     ref = fit(build(tmp_path / "ref", parallel=local, grad_accum=4, steps=6))
     # pp 2 x dp_shard 2 saves each stage's FSDP2 shards (DCP); one process reads them all back
-    first = spawn({"run_dir": str(tmp_path / "pp"), "steps": 6, "stop_after": 3, "grad_accum": 2, "parallel": layout},
-                  tmp_path / "first.json", world=4)
+    first = spawn(
+        {"run_dir": str(tmp_path / "pp"), "steps": 6, "stop_after": 3, "grad_accum": 2, "parallel": layout},
+        tmp_path / "first.json",
+        world=4,
+    )
     assert first["losses"] == pytest.approx(ref["losses"][:3], abs=1e-5)
     resumed = build(tmp_path / "pp", parallel=local, grad_accum=4, steps=6, resume=True)
     resumed.model.reset_parameters()  # the checkpoint must win over fresh weights
@@ -101,8 +136,11 @@ def test_pipeline_under_fsdp2_checkpoints_resume_on_one_process_and_back(tmp_pat
     one = build(tmp_path / "one", parallel=local, grad_accum=4, steps=6)
     [one.train_step() for _ in range(3)]
     one.save_checkpoint()
-    second = spawn({"run_dir": str(tmp_path / "one"), "steps": 6, "resume": True, "grad_accum": 2, "parallel": layout},
-                   tmp_path / "second.json", world=4)
+    second = spawn(
+        {"run_dir": str(tmp_path / "one"), "steps": 6, "resume": True, "grad_accum": 2, "parallel": layout},
+        tmp_path / "second.json",
+        world=4,
+    )
     assert second["losses"] == pytest.approx(ref["losses"][3:], abs=1e-5)
 
 
@@ -113,11 +151,30 @@ def test_pipeline_with_growing_sequence_lengths_matches_one_process(tmp_path, sc
     lengths = [8, 8, 8, 16]
     model = {"n_layers": 4} if schedule == "interleaved_1f1b" else None
     torch.set_num_threads(1)
-    ref = fit(build(tmp_path / "ref", parallel=Parallel.local(torch.device("cpu")), grad_accum=2, steps=5,
-                    lengths=lengths, model=model, val_batches=3))
+    ref = fit(
+        build(
+            tmp_path / "ref",
+            parallel=Parallel.local(torch.device("cpu")),
+            grad_accum=2,
+            steps=5,
+            lengths=lengths,
+            model=model,
+            val_batches=3,
+        )
+    )
     parallel = {"pp": 2, "pp_schedule": schedule, "pp_stages_per_rank": 2 if model else 1}
-    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2, "lengths": lengths, "model": model,
-                 "val_batches": 3, "parallel": parallel}, tmp_path / "out.json")
+    got = spawn(
+        {
+            "run_dir": str(tmp_path / "pp"),
+            "steps": 5,
+            "grad_accum": 2,
+            "lengths": lengths,
+            "model": model,
+            "val_batches": 3,
+            "parallel": parallel,
+        },
+        tmp_path / "out.json",
+    )
     assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     assert got["summary"]["eval"]["eval"]["loss"] == pytest.approx(ref["summary"]["eval"]["eval"]["loss"], rel=1e-5)
 
@@ -125,8 +182,15 @@ def test_pipeline_with_growing_sequence_lengths_matches_one_process(tmp_path, sc
 def test_pipeline_with_sequence_parallel_four_processes_matches_one_process(tmp_path):
     # pp 2 x tp 2 with sequence parallel: the stages exchange each tp rank's half of the sequence
     ref = reference_run(tmp_path, steps=5, grad_accum=2)
-    got = spawn({"run_dir": str(tmp_path / "pp"), "steps": 5, "grad_accum": 2,
-                 "parallel": {"pp": 2, "tp": 2, "sequence_parallel": True, "pp_schedule": "1f1b"}},
-                tmp_path / "out.json", world=4)
+    got = spawn(
+        {
+            "run_dir": str(tmp_path / "pp"),
+            "steps": 5,
+            "grad_accum": 2,
+            "parallel": {"pp": 2, "tp": 2, "sequence_parallel": True, "pp_schedule": "1f1b"},
+        },
+        tmp_path / "out.json",
+        world=4,
+    )
     assert_same_run(got, ref, tmp_path / "pp", tmp_path / "ref")
     assert got["comm"]["bytes_sent"] > 0

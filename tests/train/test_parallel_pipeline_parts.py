@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from tests.train.test_trainer_loop import tiny_config
-from train.errors import ConfigError
-from train.model import ModelConfig, Transformer
-from train.parallel.comm import CommTimer
-from train.parallel.pipeline import Pipeline, StageModule, _RouterLossGrad, check_pipeline_run, stage_layers
+from winnow.train.errors import ConfigError
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.pipeline import Pipeline, StageModule, _RouterLossGrad, check_pipeline_run, stage_layers
 
 
 def test_layers_split_contiguously_earlier_stages_take_the_remainder():
@@ -20,8 +20,19 @@ def test_layers_split_contiguously_earlier_stages_take_the_remainder():
 
 def _model(**kw) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(vocab_size=40, dim=32, n_layers=3, n_heads=2, ffn_hidden=32, n_experts=4,
-                                   max_seq_len=32, doc_mask=True, **kw))
+    return Transformer(
+        ModelConfig(
+            vocab_size=40,
+            dim=32,
+            n_layers=3,
+            n_heads=2,
+            ffn_hidden=32,
+            n_experts=4,
+            max_seq_len=32,
+            doc_mask=True,
+            **kw,
+        )
+    )
 
 
 def test_stages_in_sequence_give_the_models_logits_and_router_loss_gradient():
@@ -30,7 +41,9 @@ def test_stages_in_sequence_give_the_models_logits_and_router_loss_gradient():
     doc_ids = (torch.arange(16) >= 5).int().expand(2, 16)
     src, mask = torch.zeros(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.bool)
     seen = []
-    stages = [StageModule(model, r, first=i == 0, last=i == 1, router_scale=0.5) for i, r in enumerate(stage_layers(3, 2))]
+    stages = [
+        StageModule(model, r, first=i == 0, last=i == 1, router_scale=0.5) for i, r in enumerate(stage_layers(3, 2))
+    ]
     for stage in stages:
         stage.record = lambda first, stats, s, m: seen.append((first, len(stats)))
     h = tokens
@@ -57,19 +70,30 @@ def test_router_loss_grad_is_the_identity_on_activations():
 
 def test_a_stage_keeps_only_its_own_modules():
     model = _model()
-    Pipeline(model, rank=1, size=2, group=None, schedule="1f1b", n_microbatches=2, device=torch.device("cpu"),
-             timer=CommTimer())
+    Pipeline(
+        model,
+        rank=1,
+        size=2,
+        group=None,
+        schedule="1f1b",
+        n_microbatches=2,
+        device=torch.device("cpu"),
+        timer=CommTimer(),
+    )
     assert model.embed is None and model.blocks[0] is None and model.blocks[1] is None and model.blocks[2] is not None
     assert model.head is not None
     assert all(name.startswith(("blocks.2.", "norm.", "head.")) for name, _ in model.named_parameters())
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"schedule": "1f1b", "n_microbatches": 1}, "grad_accum = 1 is fewer than train.parallel.pp = 2"),
-    ({"schedule": "interleaved_1f1b", "n_microbatches": 2}, "pp_stages_per_rank = 1"),
-    ({"schedule": "interleaved_1f1b", "n_microbatches": 3, "stages_per_rank": 2}, "multiple of"),
-    ({"schedule": "gpipe", "n_microbatches": 2, "tie": True}, "tie_embeddings"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"schedule": "1f1b", "n_microbatches": 1}, "grad_accum = 1 is fewer than train.parallel.pp = 2"),
+        ({"schedule": "interleaved_1f1b", "n_microbatches": 2}, "pp_stages_per_rank = 1"),
+        ({"schedule": "interleaved_1f1b", "n_microbatches": 3, "stages_per_rank": 2}, "multiple of"),
+        ({"schedule": "gpipe", "n_microbatches": 2, "tie": True}, "tie_embeddings"),
+    ],
+)
 def test_impossible_pipelines_are_config_errors(kw, match):
     model = _model(tie_embeddings=kw.pop("tie", False))
     with pytest.raises(ConfigError, match=match):
@@ -77,11 +101,13 @@ def test_impossible_pipelines_are_config_errors(kw, match):
 
 
 def test_runs_a_pipeline_offers_pass_the_check(tmp_path):
-    from train.adaptive import MixingConfig
-    from train.data.config import LoaderConfig
+    from winnow.train.adaptive import MixingConfig
+    from winnow.train.data.config import LoaderConfig
 
     # a teacher and a mixing reference run whole on the last stage, on the inputs the schedule's target carries
-    check_pipeline_run(tiny_config(tmp_path, mixing=MixingConfig(adaptive="doremi", reference="run")), attribution=False)
+    check_pipeline_run(
+        tiny_config(tmp_path, mixing=MixingConfig(adaptive="doremi", reference="run")), attribution=False
+    )
     check_pipeline_run(tiny_config(tmp_path, precision="fp16"), attribution=False)  # an agreed scaler
     cfg = tiny_config(tmp_path)  # a schedule per micro-batch shape
     cfg.data = LoaderConfig(num_workers=0, batch_size=4, seq_len=16, seq_len_warmup_steps=5, seq_len_warmup_start=8)
@@ -89,11 +115,12 @@ def test_runs_a_pipeline_offers_pass_the_check(tmp_path):
 
 
 def test_attribution_under_a_pipeline_refuses_only_what_cannot_cross_the_stages(tmp_path):
-    from train.attribution import AttributionConfig as A
+    from winnow.train.attribution import AttributionConfig as A
 
     check_pipeline_run(tiny_config(tmp_path, attribution=A(every=2)), attribution=True)
     with pytest.raises(ConfigError, match=r"train.attribution.split = 'losses'.*use split = 'tokens'"):
         check_pipeline_run(tiny_config(tmp_path, attribution=A(every=2, split="losses")), attribution=True)
     with pytest.raises(ConfigError, match=r"train.attribution with train.activation_checkpointing"):
-        check_pipeline_run(tiny_config(tmp_path, attribution=A(every=2), activation_checkpointing=True),
-                           attribution=True)
+        check_pipeline_run(
+            tiny_config(tmp_path, attribution=A(every=2), activation_checkpointing=True), attribution=True
+        )

@@ -10,10 +10,10 @@ import torch
 from tests.train.parallel_workers import free_port, reference_run, spawn, start
 from tests.train.test_parallel_tensor import _assert_same_run
 from tests.train.test_trainer_loop import SyntheticBatches, tiny_config
-from train.errors import ConfigError
-from train.model import Transformer
-from train.model.layers import RMSNorm
-from train.parallel import Parallel, ParallelConfig, exit_process, shutdown
+from winnow.train.errors import ConfigError
+from winnow.train.model import Transformer
+from winnow.train.model.layers import RMSNorm
+from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown
 
 pytestmark = pytest.mark.slow
 
@@ -23,19 +23,23 @@ MODEL = {"n_shared_experts": 1, "n_dense_layers": 1, "n_layers": 3}
 
 def test_sequence_parallel_two_processes_match_one_process(tmp_path):
     ref = reference_run(tmp_path, steps=5, grad_accum=1, model=MODEL)
-    got = spawn({"run_dir": str(tmp_path / "sp"), "steps": 5, "model": MODEL,
-                 "parallel": {"tp": 2, "sequence_parallel": True}}, tmp_path / "out.json")
+    got = spawn(
+        {"run_dir": str(tmp_path / "sp"), "steps": 5, "model": MODEL, "parallel": {"tp": 2, "sequence_parallel": True}},
+        tmp_path / "out.json",
+    )
     _assert_same_run(got, ref, tmp_path / "sp", tmp_path / "ref")  # losses 1e-5, per-source sums, norms
     assert got["comm"]["seconds"] > 0 and got["comm"]["bytes_sent"] > 0
 
 
 def _saved_worker(rank: int, world: int, port: int, sequence_parallel: bool, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     try:
-        parallel = Parallel.from_env(ParallelConfig(tp=2, sequence_parallel=sequence_parallel), device="cpu",
-                                     n_experts=4)
+        parallel = Parallel.from_env(
+            ParallelConfig(tp=2, sequence_parallel=sequence_parallel), device="cpu", n_experts=4
+        )
         cfg = tiny_config(Path(out).parent, model=MODEL)
         torch.manual_seed(cfg.seed)
         model = Transformer(cfg.model)
@@ -57,8 +61,14 @@ def _saved_worker(rank: int, world: int, port: int, sequence_parallel: bool, out
             out_ = model(batch.tokens, batch.doc_ids)
             loss = torch.nn.functional.cross_entropy(out_.logits_BLV.flatten(0, 1), batch.targets.flatten())
         loss.backward()
-        result = {**saved, "norm_lengths": norm_lengths, "seq": batch.tokens.shape[1], "loss": loss.item(),
-                  "comm_bytes": parallel.comm.bytes_sent - before, "comm_seconds": parallel.comm.seconds}
+        result = {
+            **saved,
+            "norm_lengths": norm_lengths,
+            "seq": batch.tokens.shape[1],
+            "loss": loss.item(),
+            "comm_bytes": parallel.comm.bytes_sent - before,
+            "comm_seconds": parallel.comm.seconds,
+        }
         Path(f"{out}.{rank}").write_text(json.dumps(result))
     finally:
         shutdown()
@@ -90,7 +100,7 @@ def test_sequence_parallel_needs_tp():
 
 
 def test_a_sequence_length_tp_does_not_divide_is_an_error_naming_the_key():
-    from train.parallel.tensor_parallel import _seq_part
+    from winnow.train.parallel.tensor_parallel import _seq_part
 
     x = torch.arange(2 * 6 * 3.0).view(2, 6, 3)
     assert torch.equal(_seq_part(x, 1, 2), x[:, 3:])  # rank 1 holds the second half of every sequence

@@ -6,12 +6,10 @@ import pytest
 import torch
 
 from tests.train.parallel_workers import build, fit, reference_run, spawn
-from train.parallel import Parallel
-from train.parallel.tensor_parallel import join_parts, local_part
+from winnow.train.parallel import Parallel
+from winnow.train.parallel.tensor_parallel import join_parts, local_part
 
 pytestmark = pytest.mark.slow
-
-
 
 
 def _per_source(run_dir) -> list[dict]:
@@ -45,8 +43,9 @@ def test_tensor_parallel_two_processes_match_one_process(tmp_path):
     # tp = 2, dp = 1: both ranks read the one-process batches; a shared expert exercises the split SwiGLU in MoE
     model = {"n_shared_experts": 1}
     ref = reference_run(tmp_path, steps=5, grad_accum=1, model=model)
-    got = spawn({"run_dir": str(tmp_path / "tp"), "steps": 5, "model": model, "parallel": {"tp": 2}},
-                tmp_path / "out.json")
+    got = spawn(
+        {"run_dir": str(tmp_path / "tp"), "steps": 5, "model": model, "parallel": {"tp": 2}}, tmp_path / "out.json"
+    )
     _assert_same_run(got, ref, tmp_path / "tp", tmp_path / "ref")
     assert got["comm"]["seconds"] > 0 and got["comm"]["bytes_sent"] > 0  # the tp all-reduces are timed
 
@@ -54,8 +53,9 @@ def test_tensor_parallel_two_processes_match_one_process(tmp_path):
 def test_ddp_by_tensor_parallel_four_processes_match_one_process(tmp_path):
     # dp_replicate = 2 x tp = 2: the two tp groups read different batches, so one process accumulates 2
     ref = reference_run(tmp_path, steps=5, grad_accum=2)
-    got = spawn({"run_dir": str(tmp_path / "ddp_tp"), "steps": 5, "parallel": {"tp": 2}}, tmp_path / "out.json",
-                world=4)
+    got = spawn(
+        {"run_dir": str(tmp_path / "ddp_tp"), "steps": 5, "parallel": {"tp": 2}}, tmp_path / "out.json", world=4
+    )
     _assert_same_run(got, ref, tmp_path / "ddp_tp", tmp_path / "ref")
     assert got["positions"] == ref["positions"]  # the same global batches in the same order
 
@@ -64,8 +64,9 @@ def test_expert_by_tensor_parallel_four_processes_match_one_process(tmp_path):
     # tp = 2 inside each of 2 dp ranks, the experts split over both dp ranks (ep = 2): a rank runs its
     # tp columns of its ep rank's experts on tokens that came from the other dp rank's tp peer
     ref = reference_run(tmp_path, steps=5, grad_accum=2)
-    got = spawn({"run_dir": str(tmp_path / "ep_tp"), "steps": 5, "parallel": {"tp": 2, "ep": 2}},
-                tmp_path / "out.json", world=4)
+    got = spawn(
+        {"run_dir": str(tmp_path / "ep_tp"), "steps": 5, "parallel": {"tp": 2, "ep": 2}}, tmp_path / "out.json", world=4
+    )
     _assert_same_run(got, ref, tmp_path / "ep_tp", tmp_path / "ref")
 
 
@@ -74,8 +75,15 @@ def test_fsdp2_by_tensor_parallel_four_processes_match_one_process(tmp_path, ep)
     # dp_shard = 2 x tp = 2: each tp rank's parts are FSDP2-sharded over the 2 ranks holding the same part
     # (torchtitan's 2-D layout); with ep = 2 the experts are also split over the 2 dp ranks
     ref = reference_run(tmp_path, steps=5, grad_accum=2)
-    got = spawn({"run_dir": str(tmp_path / "fsdp_tp"), "steps": 5,
-                 "parallel": {"tp": 2, "dp_shard": 2, "dp_replicate": 1, "ep": ep}}, tmp_path / "out.json", world=4)
+    got = spawn(
+        {
+            "run_dir": str(tmp_path / "fsdp_tp"),
+            "steps": 5,
+            "parallel": {"tp": 2, "dp_shard": 2, "dp_replicate": 1, "ep": ep},
+        },
+        tmp_path / "out.json",
+        world=4,
+    )
     _assert_same_run(got, ref, tmp_path / "fsdp_tp", tmp_path / "ref")
     wq = got["layouts"]["blocks.0.attn.wq.weight"]  # (32, 32) whole; (16, 32) a tp part; (8, 32) its shard
     assert wq["dtensor"] and wq["mesh"] == ["dp_shard"] and wq["local_shape"] == [8, 32]
@@ -85,8 +93,16 @@ def test_fsdp2_by_tensor_parallel_checkpoint_resumes_on_one_process(tmp_path):
     torch.set_num_threads(1)
     local = Parallel.local(torch.device("cpu"))
     ref = fit(build(tmp_path / "ref", parallel=local, grad_accum=2, steps=6))
-    first = spawn({"run_dir": str(tmp_path / "run"), "steps": 6, "stop_after": 3,
-                   "parallel": {"tp": 2, "dp_shard": 2, "dp_replicate": 1}}, tmp_path / "first.json", world=4)
+    first = spawn(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "steps": 6,
+            "stop_after": 3,
+            "parallel": {"tp": 2, "dp_shard": 2, "dp_replicate": 1},
+        },
+        tmp_path / "first.json",
+        world=4,
+    )
     assert first["losses"] == pytest.approx(ref["losses"][:3], abs=1e-5)
     resumed = build(tmp_path / "run", parallel=local, grad_accum=2, steps=6, resume=True)
     resumed.model.reset_parameters()  # the checkpoint must win over fresh weights

@@ -19,7 +19,7 @@ def test_winnow_train_under_torchrun_two_processes(tmp_path, layout):
     run = tmp_path / "run"
     (tmp_path / "job.toml").write_text(f"""
 [job]
-output = "{tmp_path / 'job'}"
+output = "{tmp_path / "job"}"
 [train]
 output = "{run}"
 steps = 3
@@ -41,9 +41,24 @@ log_every = 1
 """)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # --standalone: a rendezvous on a free port (the default 29500 would clash with a concurrent test)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "pipelines.cli", "train", str(tmp_path / "job.toml")],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "winnow.pipelines.cli",
+            "train",
+            str(tmp_path / "job.toml"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("training done at step 3") == 1  # rank 0 prints the summary
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -65,23 +80,45 @@ def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_globa
 
     def toml(name: str, extra: str) -> str:
         path = tmp_path / f"{name}.toml"
-        path.write_text(f'[job]\noutput = "{job}"\n[train]\noutput = "{tmp_path / name}"\nsteps = 6\neval_every = 0\n'
-                        f"{extra}\n{model}[train.metrics]\nlog_every = 1\n")
+        path.write_text(
+            f'[job]\noutput = "{job}"\n[train]\noutput = "{tmp_path / name}"\nsteps = 6\neval_every = 0\n'
+            f"{extra}\n{model}[train.metrics]\nlog_every = 1\n"
+        )
         return str(path)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cli = [sys.executable, "-m", "pipelines.cli", "-q", "train"]
-    mixing = f'[train.mixing]\nadaptive = "doremi"\nreference = "{tmp_path / "reference"}"\nevery = 2\nstep_size = 3.0\n'
+    cli = [sys.executable, "-m", "winnow.pipelines.cli", "-q", "train"]
+    mixing = (
+        f'[train.mixing]\nadaptive = "doremi"\nreference = "{tmp_path / "reference"}"\nevery = 2\nstep_size = 3.0\n'
+    )
     for name, extra in (("reference", ""), ("one", "grad_accum = 2\n" + mixing)):
         proc = subprocess.run(cli + [toml(name, extra)], env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-3000:]
     two = mixing if layout == "dp" else "grad_accum = 2\n" + mixing + '[train.parallel]\npp = 2\npp_schedule = "1f1b"\n'
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "pipelines.cli", "-q", "train", toml("two", two)],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "winnow.pipelines.cli",
+            "-q",
+            "train",
+            toml("two", two),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    one, two = ([r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
-                 if "mix_weights" in r] for name in ("one", "two"))
+    one, two = (
+        [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "mix_weights" in r]
+        for name in ("one", "two")
+    )
     weights = [[w for r in run for w in r["mix_weights"].values()] for run in (one, two)]
     assert len(two) == 6 and weights[1] == pytest.approx(weights[0], abs=2e-4)  # fp32 sums in another order
     assert two[-1]["mix_weights"] != two[0]["mix_weights"]  # three updates moved it

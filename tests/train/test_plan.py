@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from train.model import ModelConfig
-from train.plan.budget import duration, measured_mfu, plan_run
-from train.plan.hardware import device
-from train.plan.layout import memory_per_device
+from winnow.train.model import ModelConfig
+from winnow.train.plan.budget import duration, measured_mfu, plan_run
+from winnow.train.plan.hardware import device
+from winnow.train.plan.layout import memory_per_device
 
 GiB = 2**30
 
@@ -25,20 +25,23 @@ def test_memory_per_device_matches_hand_arithmetic():
     P = 8 * 29_370_368 + 67_108_864 + 1024
     assert cfg.param_counts()[0] == P == 302_072_832
     mem = memory_per_device(cfg, gpus=8, tp=2, pp=1, ep=2, seq_len=2048, checkpointing=False)
-    assert mem["states"] == 16 * P / 8                      # 604,145,664: sharded over all 8 devices
-    assert mem["activations"] == 8 * 34 * 2048 * 1024 / 2   # 285,212,672: L·34·s·d / tp
-    assert mem["logits"] == 2048 * 32768 * 6 / 2            # 201,326,592
+    assert mem["states"] == 16 * P / 8  # 604,145,664: sharded over all 8 devices
+    assert mem["activations"] == 8 * 34 * 2048 * 1024 / 2  # 285,212,672: L·34·s·d / tp
+    assert mem["logits"] == 2048 * 32768 * 6 / 2  # 201,326,592
     # one block gathered plus one prefetched, bf16: dense part 4,204,672 (incl. 1/8 of the final norm), experts / ep
     assert mem["gathered"] == pytest.approx(2 * 2 * (4_204_672 + 25_165_824 / 2) / 2)
     ckpt = memory_per_device(cfg, gpus=8, tp=2, pp=1, ep=2, seq_len=2048, checkpointing=True)
     assert ckpt["activations"] == 2 * 2048 * 1024 * 8 + 34 * 2048 * 1024 / 2
 
 
-@pytest.mark.parametrize(("gpu", "gpus", "hours", "memory_gib"), [
-    ("l4", 1, 2, None),          # one small GPU: a ~60M-active model, nothing to split
-    ("a100", 16, 12, None),      # two nodes
-    ("h100", 64, 24, 16),        # memory-bound: 16 GiB per device forces splitting activations
-])
+@pytest.mark.parametrize(
+    ("gpu", "gpus", "hours", "memory_gib"),
+    [
+        ("l4", 1, 2, None),  # one small GPU: a ~60M-active model, nothing to split
+        ("a100", 16, 12, None),  # two nodes
+        ("h100", 64, 24, 16),  # memory-bound: 16 GiB per device forces splitting activations
+    ],
+)
 def test_budget_layouts_fit_and_their_memory_is_the_formula(gpu, gpus, hours, memory_gib):
     dev = device(gpu, memory_gib=memory_gib)
     plan = plan_run(dev, gpus=gpus, hours=hours)
@@ -46,8 +49,15 @@ def test_budget_layouts_fit_and_their_memory_is_the_formula(gpu, gpus, hours, me
     assert lay is not None and lay.dp * lay.tp * lay.pp == gpus and lay.dp % lay.ep == 0
     cfg, s = plan.model, plan.seq_len
     total = cfg.param_counts()[0]
-    hand = 16 * total / gpus + s * cfg.padded_vocab * 6 / lay.tp + (
-        2 * s * cfg.dim * cfg.n_layers + 34 * s * cfg.dim / lay.tp if lay.checkpointing else cfg.n_layers * 34 * s * cfg.dim / lay.tp)
+    hand = (
+        16 * total / gpus
+        + s * cfg.padded_vocab * 6 / lay.tp
+        + (
+            2 * s * cfg.dim * cfg.n_layers + 34 * s * cfg.dim / lay.tp
+            if lay.checkpointing
+            else cfg.n_layers * 34 * s * cfg.dim / lay.tp
+        )
+    )
     assert lay.memory_bytes - lay.memory["gathered"] == pytest.approx(hand)
     assert lay.memory_bytes <= 0.9 * dev.memory_gib * GiB
     # compute-optimal: the budget's FLOPs are what the model's tokens cost
@@ -83,7 +93,7 @@ def test_durations_never_read_zero_hours():
 
 
 def test_plan_command_prints_a_plan(capsys):
-    from pipelines.cli import main
+    from winnow.pipelines.cli import main
 
     assert main(["plan", "--gpu", "a100", "--gpus", "16", "--hours", "12"]) == 0
     out = capsys.readouterr().out
@@ -94,8 +104,8 @@ def test_plan_command_prints_a_plan(capsys):
 def test_the_plan_reads_the_local_devices_memory_and_says_so(capsys, monkeypatch):
     import torch
 
-    from pipelines.cli import main
-    from train.plan import hardware
+    from winnow.pipelines.cli import main
+    from winnow.train.plan import hardware
 
     # what torch reports on a machine with an H200 (the driver's total is below the 141 GB on the box)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -114,17 +124,21 @@ def test_the_plan_reads_the_local_devices_memory_and_says_so(capsys, monkeypatch
     assert dev.memory_gib == 80 and "table's figure" in basis and "NVIDIA H200 has 139.8 GiB" in basis
     # naming the same device type still takes the driver's figure; --memory-gib beats both
     assert hardware.resolve("h200", local=local)[0].memory_gib == 139.8
-    assert hardware.resolve(None, memory_gib=40, local=local) == (hardware.device("h200", memory_gib=40),
-                                                                   "given (--memory-gib)")
+    assert hardware.resolve(None, memory_gib=40, local=local) == (
+        hardware.device("h200", memory_gib=40),
+        "given (--memory-gib)",
+    )
     # a device the table lacks: its memory, the h100 entry's peak, and a line saying so
     dev, basis = hardware.resolve(None, local=hardware.LocalDevice("NVIDIA B300", 270.0, 270.0))
-    assert dev.memory_gib == 270.0 and dev.peak_flops == hardware.DEVICES["h100"].peak_flops and "--peak-tflops" in basis
+    assert (
+        dev.memory_gib == 270.0 and dev.peak_flops == hardware.DEVICES["h100"].peak_flops and "--peak-tflops" in basis
+    )
 
 
 def test_without_a_local_device_the_plan_uses_the_table_and_says_so(capsys, monkeypatch):
     import torch
 
-    from pipelines.cli import main
+    from winnow.pipelines.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["plan", "--gpu", "a100", "--gpus", "16", "--hours", "12"]) == 0

@@ -7,11 +7,11 @@ while the matmuls run in bf16; activation checkpointing must keep fewer tensors 
 
 import torch
 
-from train.model import ModelConfig, Transformer
-from train.model.layers import RMSNorm
-from train.model.loss import cross_entropy_per_token
-from train.model.moe import Router
-from train.parallel.parallelize import apply_activation_checkpointing
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.model.layers import RMSNorm
+from winnow.train.model.loss import cross_entropy_per_token
+from winnow.train.model.moe import Router
+from winnow.train.parallel.parallelize import apply_activation_checkpointing
 
 TINY = {"vocab_size": 50, "dim": 32, "n_heads": 4, "ffn_hidden": 16, "n_experts": 4, "top_k": 2, "max_seq_len": 32}
 B, L = 2, 10
@@ -61,6 +61,7 @@ def test_under_bf16_autocast_router_norms_and_loss_run_in_fp32_while_matmuls_run
         def hook(module, args, out):
             outs = out if isinstance(out, tuple) else (out,)
             dtypes[kind] += [t.dtype for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
         return hook
 
     gates = {id(m.gate) for m in model.modules() if isinstance(m, Router)}  # the router's own fp32 matmul

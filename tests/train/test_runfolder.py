@@ -7,8 +7,8 @@ import stat
 import pytest
 
 from tests.train.test_trainer_loop import SyntheticBatches, make_trainer, tiny_config
-from train.checkpoint import STATE_FILE
-from train.runfolder import truncate_jsonl
+from winnow.train.checkpoint import STATE_FILE
+from winnow.train.runfolder import truncate_jsonl
 
 
 def _steps(path, kind="loss"):
@@ -19,6 +19,7 @@ def _crash_at(step):
     def on_batch(position):
         if position == step:
             raise RuntimeError("injected crash")
+
     return on_batch
 
 
@@ -43,8 +44,11 @@ def test_fresh_start_next_to_an_older_run_starts_new_metrics(tmp_path):
     assert summary["step"] == 2 and _steps(tmp_path / "metrics.jsonl") == [1, 2]
     archived = tmp_path / "previous-1"
     assert _steps(archived / "metrics.jsonl") == [1, 2, 3, 4, 5, 6]
-    assert sorted(p.name for p in (archived / "checkpoints").iterdir()) == ["step-00000002", "step-00000004",
-                                                                            "step-00000006"]
+    assert sorted(p.name for p in (archived / "checkpoints").iterdir()) == [
+        "step-00000002",
+        "step-00000004",
+        "step-00000006",
+    ]
     assert [p.name for p in new.checkpoints.checkpoints()] == ["step-00000002"]
 
 

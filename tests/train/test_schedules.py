@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from train.errors import ConfigError
-from train.optim import OptimConfig, build_scheduler
-from train.schedules import decay_start, lr_factor
+from winnow.train.errors import ConfigError
+from winnow.train.optim import OptimConfig, build_scheduler
+from winnow.train.schedules import decay_start, lr_factor
 
 
 def _curve(cfg: OptimConfig, total: int, **kw) -> list[float]:
@@ -25,12 +25,17 @@ def _curve(cfg: OptimConfig, total: int, **kw) -> list[float]:
 
 @pytest.mark.parametrize("shape", ["linear", "cosine", "sqrt"])
 def test_wsd_curve_matches_its_definition(shape):
-    cfg = OptimConfig(lr=1e-3, warmup_steps=10, schedule="wsd", decay_fraction=0.25, decay_shape=shape, min_lr_ratio=0.1)
+    cfg = OptimConfig(
+        lr=1e-3, warmup_steps=10, schedule="wsd", decay_fraction=0.25, decay_shape=shape, min_lr_ratio=0.1
+    )
     total = 100
     start = decay_start(total, 10, 0.25)
     assert start == 75
-    shapes = {"linear": lambda p: 1 - p, "cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)),
-              "sqrt": lambda p: 1 - math.sqrt(p)}
+    shapes = {
+        "linear": lambda p: 1 - p,
+        "cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)),
+        "sqrt": lambda p: 1 - math.sqrt(p),
+    }
     expected = []
     for step in range(total):
         if step < 10:

@@ -43,8 +43,14 @@ def _assert_no_orphans(folder: Path) -> None:
 
 def _start(scenario: str, folder: Path, *args: str, module: str = "tests.train.shutdown_child") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", module, scenario, str(folder), *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, scenario, str(folder), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, folder: Path) -> tuple[int, str]:
@@ -67,12 +73,15 @@ def _steps_checkpointed(folder: Path) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in (folder / "run" / "checkpoints").glob("step-*"))
 
 
-@pytest.mark.parametrize("scenario, message", [
-    ("worker-error", "injected failure in a loader worker"),
-    ("main-error", "injected failure in the training loop"),
-    ("eval-error", "injected failure during evaluation"),
-    ("save-error", "No space left on device"),
-])
+@pytest.mark.parametrize(
+    "scenario, message",
+    [
+        ("worker-error", "injected failure in a loader worker"),
+        ("main-error", "injected failure in the training loop"),
+        ("eval-error", "injected failure during evaluation"),
+        ("save-error", "No space left on device"),
+    ],
+)
 def test_an_exception_anywhere_ends_the_run_and_its_workers(tmp_path, scenario, message):
     code, out = _finish(_start(scenario, tmp_path), tmp_path)
     assert code == 1 and message in out, out[-3000:]
@@ -90,7 +99,11 @@ def test_sigterm_at_any_point_checkpoints_and_exits(tmp_path, scenario, checkpoi
     assert summary["preempted"] and summary["step"] == checkpoint
     assert _steps_checkpointed(tmp_path)[-1] == checkpoint
     metrics = tmp_path / "run" / "metrics.jsonl"  # logged every 10 steps: only evaluation records by step 3
-    evals = [r["step"] for r in map(json.loads, metrics.read_text().splitlines()) if "eval" in r] if metrics.exists() else []
+    evals = (
+        [r["step"] for r in map(json.loads, metrics.read_text().splitlines()) if "eval" in r]
+        if metrics.exists()
+        else []
+    )
     assert evals == ([] if scenario == "sigterm-eval" else [2])  # an interrupted evaluation writes no record
 
 
@@ -120,8 +133,8 @@ def test_train_on_a_manifest_without_sources_is_a_clear_error(tmp_path):
     (tmp_path / "job" / "manifest.json").write_text(json.dumps(manifest))
     (tmp_path / "job.toml").write_text(f"""
 [train]
-shards = "{tmp_path / 'job'}"
-output = "{tmp_path / 'run'}"
+shards = "{tmp_path / "job"}"
+output = "{tmp_path / "run"}"
 steps = 4
 [train.model]
 dim = 32
@@ -137,8 +150,14 @@ seq_len = 32
 num_workers = 1
 """)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "train", str(tmp_path / "job.toml")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "train", str(tmp_path / "job.toml")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "winnow train: error:" in proc.stderr and "lists no sources" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from train.shutdown import on_stop_signals, stop_requested
+from winnow.train.shutdown import on_stop_signals, stop_requested
 
 
 def test_first_signal_asks_second_stops_and_handlers_are_restored():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from train.errors import ConfigError
-from train.stopping import EarlyStopping, StopConfig
+from winnow.train.errors import ConfigError
+from winnow.train.stopping import EarlyStopping, StopConfig
 
 
 def _evals(losses, per_source=None):
@@ -31,14 +31,18 @@ def test_an_improvement_resets_the_patience():
 
 
 def test_named_sources_are_watched_instead_of_the_total():
-    per_source = lambda i: {"old": [2.0, 1.9, 1.8, 1.7][i], "new": [3.0, 3.0, 3.0, 3.0][i]}
+    def per_source(i):
+        return {"old": [2.0, 1.9, 1.8, 1.7][i], "new": [3.0, 3.0, 3.0, 3.0][i]}
+
     total = [2.5, 2.45, 2.4, 2.35]  # the total improves throughout: only "new" has flattened
     assert _first_stop(EarlyStopping(StopConfig(patience=2, sources=["new"])), _evals(total, per_source)) == 30
     assert _first_stop(EarlyStopping(StopConfig(patience=2)), _evals(total, per_source)) is None
 
 
 def test_threshold_stops_as_soon_as_a_source_crosses_it():
-    per_source = lambda i: {"code": [2.0, 1.6, 1.4, 1.2][i]}
+    def per_source(i):
+        return {"code": [2.0, 1.6, 1.4, 1.2][i]}
+
     stopper = EarlyStopping(StopConfig(thresholds={"code": 1.5}))
     assert _first_stop(stopper, _evals([9, 9, 9, 9], per_source)) == 30
     assert stopper.reason.startswith("held-out loss of code is 1.4000 at step 30, at or below its threshold 1.5")
@@ -53,4 +57,6 @@ def test_state_round_trips_and_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="train.stop.patience"):
         StopConfig(patience=-1)
     with pytest.raises(ConfigError, match="train.stop.sources"):
-        EarlyStopping(StopConfig(patience=1, sources=["web"])).update({"step": 1, "eval": {"loss": 1, "per_source": {"code": 1}}})
+        EarlyStopping(StopConfig(patience=1, sources=["web"])).update(
+            {"step": 1, "eval": {"loss": 1, "per_source": {"code": 1}}}
+        )

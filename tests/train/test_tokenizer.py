@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from tests.train.shards_util import make_docs, write_job
-from train.errors import ConfigError
-from train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+from winnow.train.errors import ConfigError
+from winnow.train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 TEXTS = ["the cat sat on the mat", "", "héllo wörld", "the dog sat on the log"] * 20
 
@@ -42,7 +42,11 @@ def test_bpe_trains_with_specials_round_trips_and_compresses():
 def test_bpe_save_load_and_pickle_give_the_same_ids(tmp_path):
     tok = train_bpe([TEXTS], vocab_size=280, min_frequency=1)
     tok.save(tmp_path / "tok")
-    for other in (load_tokenizer(tmp_path / "tok"), load_tokenizer(tmp_path / "tok" / "tokenizer.json"), pickle.loads(pickle.dumps(tok))):
+    for other in (
+        load_tokenizer(tmp_path / "tok"),
+        load_tokenizer(tmp_path / "tok" / "tokenizer.json"),
+        pickle.loads(pickle.dumps(tok)),
+    ):
         assert [a.tolist() for a in other.encode_batch(TEXTS[:4])] == [a.tolist() for a in tok.encode_batch(TEXTS[:4])]
         assert other.name == tok.name
 
@@ -60,14 +64,16 @@ def test_bad_tokenizer_path_and_tiny_vocab_are_config_errors(tmp_path):
 
 
 def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path, capsys):
-    from pipelines import tokenizer as command
+    from winnow.pipelines import tokenizer as command
 
     folder = write_job(tmp_path / "job", [make_docs(40)[:20], make_docs(40)[20:]])
     parser = argparse.ArgumentParser()
     command.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tmp_path / "tok")])
+    args = parser.parse_args(
+        ["tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tmp_path / "tok")]
+    )
     args.quiet = True
     assert args.func(args) == 0
-    assert f"[train.tokenizer] table, path = \"{tmp_path / 'tok'}\"" in capsys.readouterr().out  # where the key goes
+    assert f'[train.tokenizer] table, path = "{tmp_path / "tok"}"' in capsys.readouterr().out  # where the key goes
     tok = load_tokenizer(tmp_path / "tok")
     assert tok.kind == "bpe" and tok.decode(tok.encode_batch(["<web:3>xx"])[0]) == "<web:3>xx"

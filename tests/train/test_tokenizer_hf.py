@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.train.shards_util import make_docs, write_token_job
-from train.data import Loader, LoaderConfig
-from train.errors import ConfigError
-from train.tokenizer import ByteTokenizer, HFTokenizer, TokenizerConfig, load_tokenizer
+from winnow.train.data import Loader, LoaderConfig
+from winnow.train.errors import ConfigError
+from winnow.train.tokenizer import ByteTokenizer, HFTokenizer, TokenizerConfig, load_tokenizer
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "def f(x):\n    return x + 1", "héllo wörld"] * 20
 
@@ -22,8 +22,15 @@ def make_tokenizer(path, specials):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([TEXTS], trainers.BpeTrainer(vocab_size=320, special_tokens=specials, show_progress=False,
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [TEXTS],
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.save(str(path))
     return tok
 
@@ -51,11 +58,14 @@ def test_eos_and_pad_given_by_name_or_id(tmp_path):
     assert (again.eos_id, again.pad_id, again.describe()) == (tok.eos_id, tok.pad_id, tok.describe())
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    (dict(eos_token="<|im_end|>"), "eos_token"),
-    (dict(pad_token="<nope>"), "pad_token"),
-    (dict(pad_id=10_000), "pad_id"),
-])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(eos_token="<|im_end|>"), "eos_token"),
+        (dict(pad_token="<nope>"), "pad_token"),
+        (dict(pad_id=10_000), "pad_id"),
+    ],
+)
 def test_bad_special_tokens_name_the_key(tmp_path, kw, match):
     make_tokenizer(tmp_path / "tokenizer.json", ["<|endoftext|>"])
     with pytest.raises(ConfigError, match=rf"train\.tokenizer.*{match}"):
@@ -87,16 +97,20 @@ def test_training_tokenizer_gives_the_ids_curation_wrote(tmp_path, kind):
     job = write_token_job(tmp_path / "job", [docs[:15], docs[15:]], tokenizer=spec)
     tok = load_tokenizer(spec)
     cfg = dict(batch_size=2, seq_len=12, num_workers=0)
-    with Loader(LoaderConfig(format="parquet", **cfg), job, tokenizer=tok) as text, \
-            Loader(LoaderConfig(format="tokens", **cfg), job, tokenizer=tok) as tokens:
+    with (
+        Loader(LoaderConfig(format="parquet", **cfg), job, tokenizer=tok) as text,
+        Loader(LoaderConfig(format="tokens", **cfg), job, tokenizer=tok) as tokens,
+    ):
         for _ in range(60):
             a, b = next(text), next(tokens)
-            assert np.array_equal(a.tokens.numpy(), b.tokens.numpy()) and np.array_equal(a.loss_mask.numpy(), b.loss_mask.numpy())
+            assert np.array_equal(a.tokens.numpy(), b.tokens.numpy()) and np.array_equal(
+                a.loss_mask.numpy(), b.loss_mask.numpy()
+            )
 
 
 def test_a_job_folder_names_the_tokenizer_its_token_shards_were_written_with(tmp_path):
     from tests.train.shards_util import write_job
-    from train.data.tokenshards import shards_tokenizer
+    from winnow.train.data.tokenshards import shards_tokenizer
 
     docs = make_docs(6)
     assert shards_tokenizer(str(write_job(tmp_path / "text", [docs]))) is None  # no token shards: caller's default

@@ -8,20 +8,37 @@ import time
 import numpy as np
 import pytest
 
-from train.metrics import MetricsConfig, MetricsWriter
-from train.trackers import load_image, scalars
+from winnow.train.metrics import MetricsConfig, MetricsWriter
+from winnow.train.trackers import load_image, scalars
 
 RECORDS = [
-    {"step": 1, "loss": 3.5, "lr": 1e-3, "per_source": {"web": {"mean_loss": 3.2, "tokens": 100}},
-     "expert_load": [[0.5, 0.25, 0.25, 0.0], [0.1, 0.2, 0.3, 0.4]], "routing": {"web": [[1, 2]]}},
-    {"step": 2, "loss": 3.1, "lr": 1e-3, "per_source": {"web": {"mean_loss": 3.0, "tokens": 120}},
-     "expert_load": [[0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4]], "routing": {"web": [[2, 1]]}},
+    {
+        "step": 1,
+        "loss": 3.5,
+        "lr": 1e-3,
+        "per_source": {"web": {"mean_loss": 3.2, "tokens": 100}},
+        "expert_load": [[0.5, 0.25, 0.25, 0.0], [0.1, 0.2, 0.3, 0.4]],
+        "routing": {"web": [[1, 2]]},
+    },
+    {
+        "step": 2,
+        "loss": 3.1,
+        "lr": 1e-3,
+        "per_source": {"web": {"mean_loss": 3.0, "tokens": 120}},
+        "expert_load": [[0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4]],
+        "routing": {"web": [[2, 1]]},
+    },
     {"step": 2, "eval": {"loss": 3.3, "per_source": {"web": 3.3}}},
 ]
 
 
 def test_scalars_are_the_records_numbers_and_expert_load_is_one_image():
-    assert scalars(RECORDS[0]) == {"loss": 3.5, "lr": 1e-3, "per_source/web/mean_loss": 3.2, "per_source/web/tokens": 100}
+    assert scalars(RECORDS[0]) == {
+        "loss": 3.5,
+        "lr": 1e-3,
+        "per_source/web/mean_loss": 3.2,
+        "per_source/web/tokens": 100,
+    }
     assert scalars(RECORDS[2]) == {"eval/loss": 3.3, "eval/per_source/web": 3.3}
     image = load_image(RECORDS[0]["expert_load"], cell=2)
     assert image.shape == (4, 8) and image.dtype == np.uint8 and image.max() == 255 and image[0, 6] == 0
@@ -29,7 +46,7 @@ def test_scalars_are_the_records_numbers_and_expert_load_is_one_image():
 
 
 def test_unknown_tracker_is_refused():
-    from train.errors import ConfigError
+    from winnow.train.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"train.metrics.trackers = \['neptune'\] is invalid; allowed: any of"):
         MetricsConfig(trackers=["neptune"])
@@ -111,15 +128,20 @@ def test_wandb_offline_run_reads_back_the_same_scalars(tmp_path, monkeypatch):
         if (parsed and parsed[-1].WhichOneof("record_type") == "exit") or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-               for r in parsed if r.WhichOneof("record_type") == "history"]
+    history = [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+        for r in parsed
+        if r.WhichOneof("record_type") == "history"
+    ]
     by_step = {}
     for h in history:
         by_step.setdefault(h["_step"], {}).update(h)
     assert sorted(by_step) == [1, 2], history
     for name in ("loss", "per_source/web/mean_loss", "eval/loss"):
         want = {r["step"]: scalars(r)[name] for r in records if name in scalars(r)}
-        assert {s: pytest.approx(v) for s, v in want.items()} == {s: h[name] for s, h in by_step.items() if name in h}, name
+        assert {s: pytest.approx(v) for s, v in want.items()} == {
+            s: h[name] for s, h in by_step.items() if name in h
+        }, name
     assert by_step[1]["expert_load/_type"] == "image-file"
 
 
@@ -135,10 +157,10 @@ def _wandb_records(buf: bytes):
         if left < 7:
             pos += left  # zero padding at a block's end
             continue
-        _, length, kind = struct.unpack("<IHB", buf[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", buf[pos : pos + 7])
         if kind == 0 and length == 0:
             break
-        parts.append(buf[pos + 7:pos + 7 + length])
+        parts.append(buf[pos + 7 : pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):
             yield b"".join(parts)

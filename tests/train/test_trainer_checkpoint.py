@@ -7,9 +7,9 @@ import signal
 import pytest
 import torch
 
-from train.checkpoint import CheckpointManager
-from train.errors import CheckpointError
 from tests.train.test_trainer_loop import SyntheticBatches, make_trainer, tiny_config
+from winnow.train.checkpoint import CheckpointManager
+from winnow.train.errors import CheckpointError
 
 
 def _recorded_fit(trainer) -> tuple[dict, list[float]]:
@@ -75,8 +75,8 @@ def test_resume_restores_counters_and_optimizer_state(tmp_path):
 
 
 def test_a_checkpoint_written_under_the_earlier_expert_names_resumes_and_loads_whole(tmp_path):
-    from train import dcp
-    from train.checkpoint import SHARDS_DIR, earlier_names, renamed
+    from winnow.train import dcp
+    from winnow.train.checkpoint import SHARDS_DIR, earlier_names, renamed
 
     kw = dict(metrics={"log_every": 1}, checkpoint={"every": 2})
     _, reference = _recorded_fit(make_trainer(tiny_config(tmp_path / "ref", steps=4, **kw)))

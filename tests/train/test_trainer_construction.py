@@ -4,20 +4,20 @@ closes its loader, and a checkpoint of other sources is refused."""
 import pytest
 import torch
 
-from train.config import TrainConfig
-from train.data import LoaderConfig, RepeatBatch
-from train.data.batch import Batch
-from train.errors import CheckpointError, ConfigError
-from train.model import ModelConfig, Transformer
-from train.optim import OptimConfig
-from train.parallel import Parallel, ParallelConfig
-from train.parallel.comm import CommTimer
-from train.parallel.config import MeshDims
-from train.parallel.expert_parallel import apply_expert_parallel, sharded_expert_names
-from train.parallel.mesh import World
-from train.parallel.tensor_parallel import apply_tensor_parallel, check_divides
-from train.build import build_trainer
-from train.trainer import Trainer
+from winnow.train.build import build_trainer
+from winnow.train.config import TrainConfig
+from winnow.train.data import LoaderConfig, RepeatBatch
+from winnow.train.data.batch import Batch
+from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.optim import OptimConfig
+from winnow.train.parallel import Parallel, ParallelConfig
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.config import MeshDims
+from winnow.train.parallel.expert_parallel import apply_expert_parallel, sharded_expert_names
+from winnow.train.parallel.mesh import World
+from winnow.train.parallel.tensor_parallel import apply_tensor_parallel, check_divides
+from winnow.train.trainer import Trainer
 
 MODEL = ModelConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_hidden=8, n_experts=4, top_k=1, max_seq_len=16)
 
@@ -31,13 +31,24 @@ class ClosingBatches(RepeatBatch):
 
 def _batch() -> Batch:
     tokens = torch.arange(16).remainder(40).view(2, 8)
-    return Batch(tokens=tokens, targets=tokens.roll(-1, 1), source_ids=torch.zeros(2, 8, dtype=torch.long),
-                 loss_mask=torch.ones(2, 8, dtype=torch.bool), doc_ids=torch.zeros(2, 8, dtype=torch.int32))
+    return Batch(
+        tokens=tokens,
+        targets=tokens.roll(-1, 1),
+        source_ids=torch.zeros(2, 8, dtype=torch.long),
+        loss_mask=torch.ones(2, 8, dtype=torch.bool),
+        doc_ids=torch.zeros(2, 8, dtype=torch.int32),
+    )
 
 
 def _trainer(tmp_path, sources, *, checkpointing=False, data=None) -> Trainer:
-    cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0, activation_checkpointing=checkpointing,
-                      data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0))
+    cfg = TrainConfig(
+        output=str(tmp_path),
+        model=MODEL,
+        steps=1,
+        eval_every=0,
+        activation_checkpointing=checkpointing,
+        data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0),
+    )
     return build_trainer(cfg, data=data or ClosingBatches(_batch()), sources=sources)
 
 
@@ -95,8 +106,13 @@ def test_a_tensor_parallel_model_starts_from_its_part_of_the_unsplit_weights():
     torch.manual_seed(0)
     split = Transformer(MODEL)
     layouts = apply_tensor_parallel(split, _tp_world(), CommTimer())
-    assert sorted(layouts) == ["blocks.0.attn.wkv.weight", "blocks.0.attn.wo.weight", "blocks.0.attn.wq.weight",
-                               "blocks.0.ffn.experts.w13_ED2F", "blocks.0.ffn.experts.w2_EFD"]
+    assert sorted(layouts) == [
+        "blocks.0.attn.wkv.weight",
+        "blocks.0.attn.wo.weight",
+        "blocks.0.attn.wq.weight",
+        "blocks.0.ffn.experts.w13_ED2F",
+        "blocks.0.ffn.experts.w2_EFD",
+    ]
     a, b = full.blocks[0], split.blocks[0]
     torch.testing.assert_close(b.attn.wq.weight, a.attn.wq.weight[8:])  # the second of 2 heads (width 8)
     k, v = a.attn.wkv.weight.chunk(2)
@@ -109,17 +125,23 @@ def test_a_tensor_parallel_model_starts_from_its_part_of_the_unsplit_weights():
 
 
 def test_lamb_is_refused_under_tensor_parallelism(tmp_path):
-    cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0, optim=OptimConfig(name="lamb"),
-                      data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0))
+    cfg = TrainConfig(
+        output=str(tmp_path),
+        model=MODEL,
+        steps=1,
+        eval_every=0,
+        optim=OptimConfig(name="lamb"),
+        data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0),
+    )
     parallel = Parallel(ParallelConfig(tp=2), _tp_world())
     with pytest.raises(ConfigError, match=r"train.optim.name = 'lamb' with train.parallel.tp > 1"):
         build_trainer(cfg, data=ClosingBatches(_batch()), sources=["a"], parallel=parallel)
 
 
 def test_attribution_counts_each_tensor_parallel_piece_once_and_refuses_lamb_there():
-    from train.attribution import AttributionConfig
-    from train.attribution.estimator import SourceAttribution
-    from train.optim import Lamb
+    from winnow.train.attribution import AttributionConfig
+    from winnow.train.attribution.estimator import SourceAttribution
+    from winnow.train.optim import Lamb
 
     model = Transformer(MODEL)
     parallel = Parallel(ParallelConfig(tp=2), _tp_world())
@@ -142,14 +164,23 @@ def test_attribution_counts_each_tensor_parallel_piece_once_and_refuses_lamb_the
     assert resumed.total["matrix"][0, 0] == -0.5 and resumed.first_step == 3
     assert resumed.open_at is None  # the next attributed step opens a new stretch
     with pytest.raises(ConfigError, match=r"train.attribution with train.optim.name = 'lamb'.*use"):
-        SourceAttribution(AttributionConfig(every=2), optimizer=Lamb(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0), **kw)
+        SourceAttribution(
+            AttributionConfig(every=2),
+            optimizer=Lamb(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0),
+            **kw,
+        )
 
 
 def test_adaptive_mixing_in_the_config_needs_the_mixer_built_for_it(tmp_path):
-    from train.adaptive import MixingConfig
+    from winnow.train.adaptive import MixingConfig
 
-    cfg = TrainConfig(output=str(tmp_path), model=MODEL, steps=1, eval_every=0,
-                      data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0),
-                      mixing=MixingConfig(adaptive="doremi", reference="some/run"))
+    cfg = TrainConfig(
+        output=str(tmp_path),
+        model=MODEL,
+        steps=1,
+        eval_every=0,
+        data=LoaderConfig(batch_size=2, seq_len=8, num_workers=0),
+        mixing=MixingConfig(adaptive="doremi", reference="some/run"),
+    )
     with pytest.raises(ConfigError, match=r"train.mixing.adaptive = 'doremi' but no adaptive mix was given"):
         build_trainer(cfg, data=ClosingBatches(_batch()), sources=["a"])

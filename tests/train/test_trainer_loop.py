@@ -6,27 +6,33 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.alerts import AlertConfig
-from train.checkpoint import CheckpointConfig
-from train.config import DistillConfig, TrainConfig
-from train.data import Batch, LoaderConfig
-from train.build import build_trainer
-from train.model import ModelConfig, cross_entropy_per_token
-from train.metrics import MetricsConfig
-from train.optim import OptimConfig
-from train.trainer import Trainer
+from winnow.train.alerts import AlertConfig
+from winnow.train.build import build_trainer
+from winnow.train.checkpoint import CheckpointConfig
+from winnow.train.config import DistillConfig, TrainConfig
+from winnow.train.data import Batch, LoaderConfig
+from winnow.train.metrics import MetricsConfig
+from winnow.train.model import ModelConfig, cross_entropy_per_token
+from winnow.train.optim import OptimConfig
+from winnow.train.trainer import Trainer
 
 GOLDEN = Path(__file__).parent / "golden" / "trainer_tiny_fp32.json"
 SOURCES = ["prose", "code"]
-SUBCONFIGS = {"optim": OptimConfig, "alerts": AlertConfig, "metrics": MetricsConfig, "checkpoint": CheckpointConfig,
-              "distill": DistillConfig}
+SUBCONFIGS = {
+    "optim": OptimConfig,
+    "alerts": AlertConfig,
+    "metrics": MetricsConfig,
+    "checkpoint": CheckpointConfig,
+    "distill": DistillConfig,
+}
 
 
 class SyntheticBatches:
     """A deterministic, resumable stand-in for the Loader: batch i depends only on (seed, i)."""
 
-    def __init__(self, *, batch_size: int = 4, seq_len: int = 16, vocab: int = 40, seed: int = 0,
-                 on_batch=None) -> None:
+    def __init__(
+        self, *, batch_size: int = 4, seq_len: int = 16, vocab: int = 40, seed: int = 0, on_batch=None
+    ) -> None:
         self.batch_size, self.seq_len, self.vocab, self.seed = batch_size, seq_len, vocab, seed
         self.position, self.on_batch = 0, on_batch
 
@@ -38,10 +44,12 @@ class SyntheticBatches:
         step = 1 + source_ids[:, :1]  # "prose" counts by 1, "code" by 2: learnable, source-dependent
         seq = (start + step * torch.arange(L + 1)) % self.vocab
         loss_mask = torch.ones(B, L, dtype=torch.bool)
-        loss_mask[-1, L - 3:] = False  # some padding
+        loss_mask[-1, L - 3 :] = False  # some padding
         doc_ids = (torch.arange(L) >= L // 2).int().expand(B, L).contiguous()
         origins = [("synthetic.parquet", index * B + b) for b in range(B)]
-        return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), source_ids.contiguous(), loss_mask, doc_ids, origins)
+        return Batch(
+            seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), source_ids.contiguous(), loss_mask, doc_ids, origins
+        )
 
     def __iter__(self):
         return self
@@ -61,8 +69,12 @@ class SyntheticBatches:
 
 
 def tiny_config(tmp_path, **kw) -> TrainConfig:
-    model = ModelConfig(**{**dict(vocab_size=40, dim=32, n_layers=2, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2,
-                                  max_seq_len=64), **kw.pop("model", {})})
+    model = ModelConfig(
+        **{
+            **dict(vocab_size=40, dim=32, n_layers=2, n_heads=2, ffn_hidden=32, n_experts=4, top_k=2, max_seq_len=64),
+            **kw.pop("model", {}),
+        }
+    )
     kw.setdefault("steps", 20)
     for key, cls in SUBCONFIGS.items():
         if key in kw:
@@ -121,8 +133,16 @@ def test_grad_accumulation_equals_one_larger_batch(tmp_path):
     big = make_trainer(tiny_config(tmp_path / "b", grad_accum=1, model=model), SyntheticBatches(batch_size=8))
     whole = SyntheticBatches(batch_size=8)
     parts = [whole.make(0)]
-    splits = [Batch(*(getattr(parts[0], k)[2 * j:2 * j + 2] for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")),
-                    parts[0].origins[2 * j:2 * j + 2]) for j in range(4)]
+    splits = [
+        Batch(
+            *(
+                getattr(parts[0], k)[2 * j : 2 * j + 2]
+                for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")
+            ),
+            parts[0].origins[2 * j : 2 * j + 2],
+        )
+        for j in range(4)
+    ]
     accum._batches = iter(splits)
     big._batches = iter(parts)
     a, b = accum.train_step(), big.train_step()

@@ -7,12 +7,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 import torch
 
-from train.alerts import AlertConfig, Alerts
-from train.config import TrainConfig
-from train.errors import ConfigError
-from train.model import ModelConfig, Transformer
-from train.optim import Lamb, OptimConfig, lr_factor, param_groups
-from train.planner import Budget, estimate_run, plan_budget
+from winnow.train.alerts import AlertConfig, Alerts
+from winnow.train.config import TrainConfig
+from winnow.train.errors import ConfigError
+from winnow.train.model import ModelConfig, Transformer
+from winnow.train.optim import Lamb, OptimConfig, lr_factor, param_groups
+from winnow.train.planner import Budget, estimate_run, plan_budget
 
 
 def test_alert_is_written_and_posted_to_webhook(tmp_path):

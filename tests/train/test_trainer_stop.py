@@ -4,12 +4,15 @@ import dataclasses
 import json
 
 from tests.train.test_trainer_loop import make_trainer, tiny_config
-from train.stopping import StopConfig
+from winnow.train.stopping import StopConfig
 
 
 def test_fit_stops_at_the_right_eval_and_writes_its_reason(tmp_path):
-    cfg = dataclasses.replace(tiny_config(tmp_path, steps=40, checkpoint={"every": 0}, metrics={"log_every": 10}),
-                              eval_every=4, stop=StopConfig(patience=2, min_delta=0.05))
+    cfg = dataclasses.replace(
+        tiny_config(tmp_path, steps=40, checkpoint={"every": 0}, metrics={"log_every": 10}),
+        eval_every=4,
+        stop=StopConfig(patience=2, min_delta=0.05),
+    )
     trainer = make_trainer(cfg)
     script = iter([3.0, 2.5, 2.48, 2.6, 2.0])  # evals at steps 4, 8, 12, 16: no 0.05 gain at 12 and 16 -> stop at 16
 

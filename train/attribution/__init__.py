@@ -1,6 +1,6 @@
 """Per-source attribution: which training source moved which source's held-out loss, adding up to what was measured."""
 
-from train.attribution.config import AttributionConfig
-from train.attribution.estimator import SourceAttribution
+from winnow.train.attribution.config import AttributionConfig
+from winnow.train.attribution.estimator import SourceAttribution
 
 __all__ = ["AttributionConfig", "SourceAttribution"]

@@ -34,8 +34,9 @@ def response(r: float, q: float) -> float:
     return (r**q - 1) / q
 
 
-def slope_and_error(dots_HSBG: np.ndarray, groups_BG: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def slope_and_error(
+    dots_HSBG: np.ndarray, groups_BG: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(slope, standard error, the probe's part of it), each (S, B).
 
     ``dots_HSBG``: ⟨each source's weighted share derivative summed over the odd (h = 0) and the even (h = 1)
@@ -66,9 +67,19 @@ def with_mean(values_SB: np.ndarray, errors_SB: np.ndarray) -> tuple[np.ndarray,
     return np.concatenate([values_SB, mean], 1), np.concatenate([errors_SB, err], 1)
 
 
-def record(*, sources: list[str], held_out: list[str], slope_SB: np.ndarray, error_SB: np.ndarray,
-           factors: Sequence[float], saturation: float, steps: tuple[int, int], horizon: float, rows: int,
-           probe_error_SB: np.ndarray | None = None) -> dict:
+def record(
+    *,
+    sources: list[str],
+    held_out: list[str],
+    slope_SB: np.ndarray,
+    error_SB: np.ndarray,
+    factors: Sequence[float],
+    saturation: float,
+    steps: tuple[int, int],
+    horizon: float,
+    rows: int,
+    probe_error_SB: np.ndarray | None = None,
+) -> dict:
     """The ``counterfactual`` object of ``metrics.jsonl`` (see docs/design.md)."""
     slope, error = with_mean(slope_SB, error_SB)
     predicted, interval = {}, {}
@@ -76,9 +87,19 @@ def record(*, sources: list[str], held_out: list[str], slope_SB: np.ndarray, err
         f = response(float(r), saturation)
         predicted[f"{float(r):g}"] = (f * slope).tolist()
         interval[f"{float(r):g}"] = (2 * abs(f) * error).tolist()
-    out = {"sources": list(sources), "held_out": [*held_out, MEAN], "slope": slope.tolist(), "slope_se": error.tolist(),
-           "factors": [float(f) for f in factors], "predicted": predicted, "interval": interval,
-           "saturation": saturation, "horizon": horizon, "probe_rows": rows, "steps": list(steps)}
+    out = {
+        "sources": list(sources),
+        "held_out": [*held_out, MEAN],
+        "slope": slope.tolist(),
+        "slope_se": error.tolist(),
+        "factors": [float(f) for f in factors],
+        "predicted": predicted,
+        "interval": interval,
+        "saturation": saturation,
+        "horizon": horizon,
+        "probe_rows": rows,
+        "steps": list(steps),
+    }
     if probe_error_SB is not None:
         out["slope_se_probe"] = probe_error_SB.tolist()
     return out

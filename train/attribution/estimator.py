@@ -31,13 +31,13 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from train.attribution import counterfactual
-from train.attribution.config import AttributionConfig
-from train.attribution.hooks import GradSplit, Splitter
-from train.attribution.pieces import local
-from train.attribution.probe import HeldoutProbe
-from train.attribution.split import PARTS, MomentSplit
-from train.errors import CheckpointError, ConfigError
+from winnow.train.attribution import counterfactual
+from winnow.train.attribution.config import AttributionConfig
+from winnow.train.attribution.hooks import GradSplit, Splitter
+from winnow.train.attribution.pieces import local
+from winnow.train.attribution.probe import HeldoutProbe
+from winnow.train.attribution.split import PARTS, MomentSplit
+from winnow.train.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,30 @@ def _dots(rows: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], counts:
 class SourceAttribution:
     """Accumulates the source x source attribution over a run, with what is measured and what is not attributed."""
 
-    def __init__(self, cfg: AttributionConfig, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 sources: Sequence[str], val_data: Callable[[], Iterable], device: torch.device,
-                 parallel=None, micro_batch_shape: tuple[int, int] | None = None,
-                 autocast: Callable | None = None) -> None:
-        if parallel is not None and cfg.every and not isinstance(optimizer, torch.optim.AdamW) and (
-                parallel.fsdp or parallel.experts or parallel.tp_layouts):
-            raise ConfigError("train.attribution with train.optim.name = 'lamb' and dp_shard, ep or tp > 1: LAMB's "
-                              "trust ratio is one scalar per whole parameter and each rank holds a piece; use "
-                              "train.optim.name = 'adamw'")
+    def __init__(
+        self,
+        cfg: AttributionConfig,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sources: Sequence[str],
+        val_data: Callable[[], Iterable],
+        device: torch.device,
+        parallel=None,
+        micro_batch_shape: tuple[int, int] | None = None,
+        autocast: Callable | None = None,
+    ) -> None:
+        if (
+            parallel is not None
+            and cfg.every
+            and not isinstance(optimizer, torch.optim.AdamW)
+            and (parallel.fsdp or parallel.experts or parallel.tp_layouts)
+        ):
+            raise ConfigError(
+                "train.attribution with train.optim.name = 'lamb' and dp_shard, ep or tp > 1: LAMB's "
+                "trust ratio is one scalar per whole parameter and each rank holds a piece; use "
+                "train.optim.name = 'adamw'"
+            )
         self.cfg, self.model, self.device = cfg, model, device
         self.sources = list(sources)
         self._val_data = val_data
@@ -87,8 +102,13 @@ class SourceAttribution:
         self.params = self.split.params
         self._probe: HeldoutProbe | None = None
         S = len(self.sources)
-        self.total = {"matrix": np.zeros((S, S)), "unattributed": np.zeros(S), "measured": np.zeros(S),
-                      "residual": np.zeros(S), **{k: np.zeros(S) for k in (*PARTS, "rounding")}}
+        self.total = {
+            "matrix": np.zeros((S, S)),
+            "unattributed": np.zeros(S),
+            "measured": np.zeros(S),
+            "residual": np.zeros(S),
+            **{k: np.zeros(S) for k in (*PARTS, "rounding")},
+        }
         self.steps_covered = 0
         self.first_step: int | None = None  # the first attributed step
         self.open_at: int | None = None  # the step a stretch began after (None: no stretch open)
@@ -123,9 +143,18 @@ class SourceAttribution:
         backward's loss carries beyond the data loss's mean, e.g. the data-parallel ``grad_scale``)."""
         if not self._splitting or self.cfg.split != "tokens":
             return contextlib.nullcontext()
-        return self.splitter.active(GradSplit(source_ids_BL.to(self.device), len(self.sources), self.split.buffers(),
-                                              scale=1.0 / loss_scale, written=self.split.written, sums=self.split.sums,
-                                              partial=self.split.partial, seq_part=self.pieces.seq_part))
+        return self.splitter.active(
+            GradSplit(
+                source_ids_BL.to(self.device),
+                len(self.sources),
+                self.split.buffers(),
+                scale=1.0 / loss_scale,
+                written=self.split.written,
+                sums=self.split.sums,
+                partial=self.split.partial,
+                seq_part=self.pieces.seq_part,
+            )
+        )
 
     def add_micro_batch(self, weighted_loss_BL: torch.Tensor, source_ids_BL: torch.Tensor) -> None:
         """With ``split = "losses"``: per-source gradients of one micro-batch's data loss
@@ -161,11 +190,14 @@ class SourceAttribution:
         """Each probe's mean held-out loss and, per parameter, the (probes, ...) gradients on this rank's pieces."""
         if probe is None:
             if self._probe is None:
-                self._probe = HeldoutProbe(self._val_data, len(self.sources), self.cfg.heldout_rows, self.device,
-                                           seq_part=self.pieces.seq_part)
+                self._probe = HeldoutProbe(
+                    self._val_data, len(self.sources), self.cfg.heldout_rows, self.device, seq_part=self.pieces.seq_part
+                )
                 if self._probe.missing:
-                    log.warning("attribution: no held-out tokens for %s; their columns stay 0",
-                                ", ".join(self.sources[s] for s in self._probe.missing))
+                    log.warning(
+                        "attribution: no held-out tokens for %s; their columns stay 0",
+                        ", ".join(self.sources[s] for s in self._probe.missing),
+                    )
             probe = self._probe
         if self._pipeline is not None:
             losses_S, grads = self._evaluate_staged(probe)
@@ -174,15 +206,22 @@ class SourceAttribution:
         return losses_S.numpy(), self.pieces.heldout(grads)
 
     def _evaluate_staged(self, probe: HeldoutProbe):
-        from train.attribution.staged import evaluate_staged
+        from winnow.train.attribution.staged import evaluate_staged
 
         was_training = self.model.training
         self.model.eval()  # as the one-process probe: no dropout, no router noise
         try:
-            found = evaluate_staged(self._pipeline, probe.pools, self.pieces.inputs(), n_sources=probe.n_sources,
-                                    shape=self._pipeline.shape or self._micro_shape,
-                                    reduce_pp=self._parallel.reduce_pp, device=self.device, autocast=self._autocast,
-                                    splitter=self.splitter)
+            found = evaluate_staged(
+                self._pipeline,
+                probe.pools,
+                self.pieces.inputs(),
+                n_sources=probe.n_sources,
+                shape=self._pipeline.shape or self._micro_shape,
+                reduce_pp=self._parallel.reduce_pp,
+                device=self.device,
+                autocast=self._autocast,
+                splitter=self.splitter,
+            )
         finally:
             self.model.train(was_training)
             for p in self.params:  # the schedule's backward accumulated the probe's gradients there
@@ -221,15 +260,31 @@ class SourceAttribution:
         # each rank's dots over its pieces (``pieces.py``): the per-source and router parts are partial sums
         # of the ranks' own tokens, the rest whole on each copy (stacked: one product per parameter); one
         # all-reduce adds them up
-        partial = np.concatenate([_dots(disp_S, weights, pieces.partial_w),
-                                  _dots([d[None] for d in parts["router"]], weights, pieces.partial_w)])
-        whole = _dots([torch.stack(per) for per in zip([b - a for a, b in zip(self._theta0, theta1)],
-                                                       parts["weight_decay"], parts["momentum_before"])],
-                      weights, pieces.global_w)
+        partial = np.concatenate(
+            [
+                _dots(disp_S, weights, pieces.partial_w),
+                _dots([d[None] for d in parts["router"]], weights, pieces.partial_w),
+            ]
+        )
+        whole = _dots(
+            [
+                torch.stack(per)
+                for per in zip(
+                    [b - a for a, b in zip(self._theta0, theta1)], parts["weight_decay"], parts["momentum_before"]
+                )
+            ],
+            weights,
+            pieces.global_w,
+        )
         summed = pieces.sum(torch.from_numpy(np.concatenate([partial, whole])).to(self.device)).cpu().numpy()
-        matrix, router, (total, decay, before) = summed[:S], summed[S], summed[S + 1:]
-        interval = {"matrix": matrix, "router": router, "measured": loss1 - self._loss0,
-                    "weight_decay": decay, "momentum_before": before}
+        matrix, router, (total, decay, before) = summed[:S], summed[S], summed[S + 1 :]
+        interval = {
+            "matrix": matrix,
+            "router": router,
+            "measured": loss1 - self._loss0,
+            "weight_decay": decay,
+            "momentum_before": before,
+        }
         interval["rounding"] = total - matrix.sum(0) - router - interval["weight_decay"] - interval["momentum_before"]
         interval["unattributed"] = total - matrix.sum(0)
         interval["residual"] = interval["measured"] - total
@@ -255,14 +310,24 @@ class SourceAttribution:
             p.grad = None
         halves = [c.reshape(2 * S, *c.shape[2:]) for c in self.split.counterfactual()]  # (odd | even steps) x S
         dots = self.pieces.sum(torch.from_numpy(_dots(halves, grads, self.pieces.partial_w)).to(self.device))
-        present = [b for b in range(S) if big.pools[b] and (not self.cfg.held_out or self.sources[b] in self.cfg.held_out)]
+        present = [
+            b for b in range(S) if big.pools[b] and (not self.cfg.held_out or self.sources[b] in self.cfg.held_out)
+        ]
         dots = dots.cpu().numpy().reshape(2, S, S, G)[:, :, present]
         has = np.array([[bool(grouped.pools[b * G + g]) for g in range(G)] for b in present]).reshape(len(present), G)
         slope, error, probe_error = counterfactual.slope_and_error(dots, has)
-        cf = counterfactual.record(sources=self.sources, held_out=[self.sources[b] for b in present], slope_SB=slope,
-                                   error_SB=error, probe_error_SB=probe_error, factors=self.cfg.factors,
-                                   saturation=self.cfg.saturation, steps=(self.first_step, step),
-                                   horizon=self.cfg.horizon, rows=self.cfg.counterfactual_rows)
+        cf = counterfactual.record(
+            sources=self.sources,
+            held_out=[self.sources[b] for b in present],
+            slope_SB=slope,
+            error_SB=error,
+            probe_error_SB=probe_error,
+            factors=self.cfg.factors,
+            saturation=self.cfg.saturation,
+            steps=(self.first_step, step),
+            horizon=self.cfg.horizon,
+            rows=self.cfg.counterfactual_rows,
+        )
         return {"step": step, "counterfactual": cf}
 
     def slope(self) -> tuple[np.ndarray | None, list[str]]:
@@ -284,18 +349,33 @@ class SourceAttribution:
         measured = t["measured"]
         explained = np.where(np.abs(measured) > 0, t["matrix"].sum(0) / np.where(measured == 0, 1, measured), np.nan)
         attribution = {
-            "sources": self.sources, "matrix": t["matrix"].tolist(), "unattributed": t["unattributed"].tolist(),
-            "measured": measured.tolist(), "residual": t["residual"].tolist(),
+            "sources": self.sources,
+            "matrix": t["matrix"].tolist(),
+            "unattributed": t["unattributed"].tolist(),
+            "measured": measured.tolist(),
+            "residual": t["residual"].tolist(),
             "unattributed_parts": {k: t[k].tolist() for k in (*PARTS, "rounding")},
             "attributed_share": [None if np.isnan(x) else float(x) for x in explained],
-            "diagonal": np.diag(t["matrix"]).tolist(), "row_sums": t["matrix"].sum(axis=1).tolist(),
-            "steps": [self.first_step, step], "steps_covered": self.steps_covered, "quadrature": "simpson",
-            "interval": {"steps": [self.open_at + 1, step], "matrix": interval["matrix"].tolist(),
-                         "unattributed": interval["unattributed"].tolist(),
-                         "measured": interval["measured"].tolist(), "residual": interval["residual"].tolist()}}
-        log.info("attribution at step %d: measured held-out change %s, attributed %s, residual %s", step,
-                 np.round(measured, 4).tolist(), np.round(t["matrix"].sum(0), 4).tolist(),
-                 np.round(t["residual"], 4).tolist())
+            "diagonal": np.diag(t["matrix"]).tolist(),
+            "row_sums": t["matrix"].sum(axis=1).tolist(),
+            "steps": [self.first_step, step],
+            "steps_covered": self.steps_covered,
+            "quadrature": "simpson",
+            "interval": {
+                "steps": [self.open_at + 1, step],
+                "matrix": interval["matrix"].tolist(),
+                "unattributed": interval["unattributed"].tolist(),
+                "measured": interval["measured"].tolist(),
+                "residual": interval["residual"].tolist(),
+            },
+        }
+        log.info(
+            "attribution at step %d: measured held-out change %s, attributed %s, residual %s",
+            step,
+            np.round(measured, 4).tolist(),
+            np.round(t["matrix"].sum(0), 4).tolist(),
+            np.round(t["residual"], 4).tolist(),
+        )
         return {"step": step, "attribution": attribution}
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -305,12 +385,21 @@ class SourceAttribution:
         When ranks hold pieces of the parameters (FSDP2, expert or tensor parallel) the open stretch's
         pieces stay out: the totals (the same on every rank) are kept, and a resumed run opens a new
         stretch at its first step, the momentum it resumes with reported as ``momentum_before``."""
-        state = {"sources": self.sources, "total": {k: v.tolist() for k, v in self.total.items()},
-                 "steps_covered": self.steps_covered, "first_step": self.first_step, "open_at": None}
+        state = {
+            "sources": self.sources,
+            "total": {k: v.tolist() for k, v in self.total.items()},
+            "steps_covered": self.steps_covered,
+            "first_step": self.first_step,
+            "open_at": None,
+        }
         if self.pieces.whole:
-            state.update(open_at=self.open_at, theta0=[t.cpu() for t in self._theta0],
-                         h0=[h.cpu() for h in self._h0], loss0=self._loss0.tolist(),
-                         split=self.split.state_dict(self._reduce))
+            state.update(
+                open_at=self.open_at,
+                theta0=[t.cpu() for t in self._theta0],
+                h0=[h.cpu() for h in self._h0],
+                loss0=self._loss0.tolist(),
+                split=self.split.state_dict(self._reduce),
+            )
         return state
 
     def load_state_dict(self, state: dict) -> None:

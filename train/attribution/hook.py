@@ -7,9 +7,9 @@ import logging
 
 import torch
 
-from train.attribution.estimator import SourceAttribution
-from train.data import Batch
-from train.hooks import TrainHook
+from winnow.train.attribution.estimator import SourceAttribution
+from winnow.train.data import Batch
+from winnow.train.hooks import TrainHook
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,9 @@ class AttributionHook(TrainHook):
             return contextlib.nullcontext()
         return self.attribution.micro_batch(source_ids_BL, loss_scale=loss_scale)
 
-    def loss(self, batch: Batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor,
-             n_tokens: int) -> torch.Tensor:
+    def loss(
+        self, batch: Batch, logits_BLV: torch.Tensor, loss_BL: torch.Tensor, plain_BL: torch.Tensor, n_tokens: int
+    ) -> torch.Tensor:
         if self._on:  # split = "losses": each source's part of this micro-batch's data loss, before its backward
             self.attribution.add_micro_batch(loss_BL * batch.loss_mask / max(n_tokens, 1), batch.source_ids)
         return loss_BL
@@ -77,7 +78,11 @@ class CounterfactualHook(TrainHook):
         record = self.attribution.counterfactual(step)
         if record is None:
             cfg = self.attribution.cfg
-            log.warning("attribution: the run ended at step %d before its first attributed stretch closed "
-                        "(train.attribution start = %d, every = %d): no attribution and no counterfactual", step,
-                        cfg.start, cfg.every)
+            log.warning(
+                "attribution: the run ended at step %d before its first attributed stretch closed "
+                "(train.attribution start = %d, every = %d): no attribution and no counterfactual",
+                step,
+                cfg.start,
+                cfg.every,
+            )
         return record

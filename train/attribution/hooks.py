@@ -26,17 +26,26 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from train.model.layers import rms_norm, rms_norm_forward, rms_norm_input_grad, swiglu
-from train.model.moe import MoE, expert_ffn
-from train.model.moe import expert_mm as _expert_mm
+from winnow.train.model.layers import rms_norm, rms_norm_forward, rms_norm_input_grad, swiglu
+from winnow.train.model.moe import MoE, expert_ffn
+from winnow.train.model.moe import expert_mm as _expert_mm
 
 
 class GradSplit:
     """Per-source gradient buffers (``id(param)`` -> (S, *param.shape)) and each row's source."""
 
-    def __init__(self, source_T: torch.Tensor, n_sources: int, buffers: dict[int, torch.Tensor], *,
-                 scale: float = 1.0, written: set[int] | None = None, sums: dict[int, torch.Tensor] | None = None,
-                 partial: set[int] | None = None, seq_part: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        source_T: torch.Tensor,
+        n_sources: int,
+        buffers: dict[int, torch.Tensor],
+        *,
+        scale: float = 1.0,
+        written: set[int] | None = None,
+        sums: dict[int, torch.Tensor] | None = None,
+        partial: set[int] | None = None,
+        seq_part: tuple[int, int] | None = None,
+    ) -> None:
         src = source_T.reshape(-1).long()
         # sequence parallel: (rank, size) of this rank's part of every (B, L) row, where the norms run
         self._seq_part, self._width = seq_part, source_T.shape[-1]
@@ -61,7 +70,7 @@ class GradSplit:
         if self._part_T is None:
             rank, size = self._seq_part
             part = self._width // size
-            self._part_T = self.src_T.view(-1, self._width)[:, rank * part:(rank + 1) * part].reshape(-1)
+            self._part_T = self.src_T.view(-1, self._width)[:, rank * part : (rank + 1) * part].reshape(-1)
         return self._part_T
 
     def tracks(self, param: torch.Tensor) -> bool:
@@ -128,8 +137,12 @@ def _row_parts(split: GradSplit, x_TI: torch.Tensor, g_TO: torch.Tensor, src: to
 def _grouped_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``torch._grouped_mm`` takes the row-grouped (offsets along the rows) product ``aᵀ b`` here: on
     CPU, with 16-byte aligned rows (CUDA's kernel wants bf16 on Hopper: elsewhere one matmul per group)."""
-    return (hasattr(torch, "_grouped_mm") and a.device.type == "cpu"
-            and (a.shape[1] * a.element_size()) % 16 == 0 and (b.shape[1] * b.element_size()) % 16 == 0)
+    return (
+        hasattr(torch, "_grouped_mm")
+        and a.device.type == "cpu"
+        and (a.shape[1] * a.element_size()) % 16 == 0
+        and (b.shape[1] * b.element_size()) % 16 == 0
+    )
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -222,7 +235,7 @@ def _group_parts(x_AI: torch.Tensor, g_AO: torch.Tensor, group_A: torch.Tensor, 
     bounds = [0, *counts.cumsum(0).tolist()]
     for k in range(n_groups):
         if bounds[k + 1] > bounds[k]:
-            torch.mm(xs[bounds[k]:bounds[k + 1]].t(), gs[bounds[k]:bounds[k + 1]], out=parts[k])
+            torch.mm(xs[bounds[k] : bounds[k + 1]].t(), gs[bounds[k] : bounds[k + 1]], out=parts[k])
     return parts
 
 
@@ -250,8 +263,9 @@ class _SplitExpertMM(torch.autograd.Function):
         return grad_x, split.add(ctx.key, parts_EGIO.transpose(0, 1)).to(w_EIO.dtype), None, None, None, None
 
 
-def _split_experts(split: GradSplit, x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor,
-                   counts_E: torch.Tensor) -> torch.Tensor:
+def _split_experts(
+    split: GradSplit, x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor, counts_E: torch.Tensor
+) -> torch.Tensor:
     """``expert_ffn`` with each matmul's weight gradient split by (expert, source).
 
     Each expert's rows are put in source order first (and the outputs back after), so in the backward
@@ -311,6 +325,7 @@ class Splitter:
         def hook(_router, _args, out) -> None:
             if self.split is not None:  # the source of each expert-sorted row, as the block will sort them
                 self.split.rows_A = self.split.src_T.index_select(0, moe.assign(out[1]).token_A)
+
         return hook
 
     def _arriving(self, experts, _args) -> None:
@@ -327,5 +342,3 @@ class Splitter:
                 yield split
         finally:
             self.split = before
-
-

@@ -47,7 +47,7 @@ class Pieces:
         self.seq_part: tuple[int, int] | None = None  # sequence parallel: (tp rank, tp) of the norms' rows
         seq_partial: set[int] = set()  # the norms' scales: each tp rank sees its part of the sequence
         if parallel is not None and getattr(parallel.cfg, "sequence_parallel", False) and parallel.world.tp_size > 1:
-            from train.parallel.tensor_parallel import sequence_parallel_parameters
+            from winnow.train.parallel.tensor_parallel import sequence_parallel_parameters
 
             self.seq_part = (parallel.world.tp_rank, parallel.world.tp_size)
             seq_partial = {id(p) for p in sequence_parallel_parameters(model)}

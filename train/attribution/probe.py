@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from train.attribution.hooks import GradSplit, Splitter
-from train.data import Batch
-from train.model import cross_entropy_per_token
+from winnow.train.attribution.hooks import GradSplit, Splitter
+from winnow.train.data import Batch
+from winnow.train.model import cross_entropy_per_token
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,15 @@ log = logging.getLogger(__name__)
 class HeldoutProbe:
     """``rows`` held-out sequences per source (the first that hold its tokens), read once from ``val_data``."""
 
-    def __init__(self, val_data: Callable[[], Iterable], n_sources: int, rows: int, device: torch.device, *,
-                 seq_part: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        val_data: Callable[[], Iterable],
+        n_sources: int,
+        rows: int,
+        device: torch.device,
+        *,
+        seq_part: tuple[int, int] | None = None,
+    ) -> None:
         self._start(self._read(val_data, n_sources, rows), device, seq_part)
 
     def _start(self, pools: list[list[Batch]], device: torch.device, seq_part: tuple[int, int] | None) -> None:
@@ -43,9 +50,17 @@ class HeldoutProbe:
         for source, pool in enumerate(self.pools):
             for g in range(groups):
                 label = len(pools)
-                part = [Batch(b.tokens[g::groups], b.targets[g::groups], torch.full_like(b.source_ids[g::groups], label),
-                              b.loss_mask[g::groups] & (b.source_ids[g::groups] == source),
-                              b.doc_ids[g::groups]) for b in pool if b.tokens.shape[0] > g]
+                part = [
+                    Batch(
+                        b.tokens[g::groups],
+                        b.targets[g::groups],
+                        torch.full_like(b.source_ids[g::groups], label),
+                        b.loss_mask[g::groups] & (b.source_ids[g::groups] == source),
+                        b.doc_ids[g::groups],
+                    )
+                    for b in pool
+                    if b.tokens.shape[0] > g
+                ]
                 pools.append(part)
         probe = object.__new__(HeldoutProbe)
         probe._start(pools, self.device, self.seq_part)
@@ -68,8 +83,9 @@ class HeldoutProbe:
                 loader.close()
         return [[_stack(rows)] if rows else [] for rows in picked]
 
-    def evaluate(self, model: torch.nn.Module, params: Sequence[torch.Tensor],
-                 splitter: Splitter) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def evaluate(
+        self, model: torch.nn.Module, params: Sequence[torch.Tensor], splitter: Splitter
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """At the model's current parameters: (S,) mean held-out loss per source (float64, CPU) and, per
         parameter, the (S, ...) gradients of those losses (zeros for a source with no probe).
 
@@ -98,8 +114,10 @@ class HeldoutProbe:
             batches = [self.pools[s][0] for s in present]
             label_B = torch.cat([torch.full((b.tokens.shape[0],), s) for s, b in zip(present, batches)])
             keys = ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")
-            self._all = (Batch(*(torch.cat([getattr(b, k) for b in batches]) for k in keys)).to(self.device),
-                         label_B.to(self.device))
+            self._all = (
+                Batch(*(torch.cat([getattr(b, k) for b in batches]) for k in keys)).to(self.device),
+                label_B.to(self.device),
+            )
         b, label_B = self._all
         mask_BL = b.loss_mask & (b.source_ids == label_B[:, None])
         count_S = torch.zeros(S, device=self.device).index_add_(0, label_B, mask_BL.sum(1).float())

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 
 import torch
 
-from train.attribution.pieces import Pieces, local
-from train.errors import ConfigError
+from winnow.train.attribution.pieces import Pieces, local
+from winnow.train.errors import ConfigError
 
 PARTS = ("weight_decay", "router", "momentum_before")  # the unattributed rows, besides rounding
 _TINY = torch.finfo(torch.float32).tiny
@@ -44,15 +44,25 @@ def _largest(tensors: Sequence[torch.Tensor]) -> float:
 class MomentSplit:
     """Per-source first moments and per-part displacements of one optimizer's parameters."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, n_sources: int, *, pieces=None, model=None,
-                 parallel=None, horizon: float | None = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        n_sources: int,
+        *,
+        pieces=None,
+        model=None,
+        parallel=None,
+        horizon: float | None = None,
+    ) -> None:
         self.optimizer, self.S = optimizer, n_sources
         self.params: list[torch.Tensor] = []
         self._group: list[int] = []  # index into param_groups: loading optimizer state replaces the group dicts
         for gi, group in enumerate(optimizer.param_groups):
             if "betas" not in group:
-                raise ConfigError(f"train.attribution needs an Adam-family optimizer; {type(optimizer).__name__} "
-                                  "has no first moment to split")
+                raise ConfigError(
+                    f"train.attribution needs an Adam-family optimizer; {type(optimizer).__name__} "
+                    "has no first moment to split"
+                )
             for p in group["params"]:
                 self.params.append(p)
                 self._group.append(gi)
@@ -61,8 +71,10 @@ class MomentSplit:
         S = n_sources
         z = self._zeros
         # this step's per-source gradients, summed over its micro-batches, at the size the forward uses
-        self.grad_S = [torch.zeros(S, *shape, dtype=torch.float32, device=p.device)
-                       for p, shape in zip(self.params, self.pieces.full_shapes())]
+        self.grad_S = [
+            torch.zeros(S, *shape, dtype=torch.float32, device=p.device)
+            for p, shape in zip(self.params, self.pieces.full_shapes())
+        ]
         self._keys: list[int] | None = None  # what the model's split knows each parameter by (made on first use)
         self.written: set[int] = set()  # keys of the parameters whose grad_S holds this step's parts (others: 0)
         self.sums: dict[int, torch.Tensor] = {}  # by key: Σ_s grad_S[s], where the backward took it (``GradSplit``)
@@ -99,8 +111,10 @@ class MomentSplit:
 
     def _zeros(self, *lead: int) -> list[torch.Tensor]:
         """Per parameter a zero (*lead, *piece) buffer: this rank's piece of it."""
-        return [torch.zeros(*lead, *shape, dtype=torch.float32, device=p.device)
-                for p, shape in zip(self.params, self.pieces.local_shapes())]
+        return [
+            torch.zeros(*lead, *shape, dtype=torch.float32, device=p.device)
+            for p, shape in zip(self.params, self.pieces.local_shapes())
+        ]
 
     @property
     def keys(self) -> list[int]:
@@ -247,8 +261,16 @@ class MomentSplit:
                 setattr(self, f"{name}_scale", 1.0)
         self.cf_steps += 1
 
-    def _counterfactual_step(self, i: int, state: dict, g_S: torch.Tensor | None, denom: torch.Tensor, scale: float,
-                             clip_coef: float, beta2: float) -> None:
+    def _counterfactual_step(
+        self,
+        i: int,
+        state: dict,
+        g_S: torch.Tensor | None,
+        denom: torch.Tensor,
+        scale: float,
+        clip_coef: float,
+        beta2: float,
+    ) -> None:
         """Parameter ``i``'s sources' parts of the second moment, and the step's derivative by each share."""
         v_S, cf_S = self.v_S[i], self.cf_S[i]
         p = self.params[i]
@@ -298,8 +320,11 @@ class MomentSplit:
 
     def parts(self) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
         """Per parameter: (S, ...) source displacements, and the unattributed parts' displacements."""
-        return self.disp_S, {"weight_decay": self.disp_wd, "router": self.disp_router,
-                             "momentum_before": self.disp_before}
+        return self.disp_S, {
+            "weight_decay": self.disp_wd,
+            "router": self.disp_router,
+            "momentum_before": self.disp_before,
+        }
 
     def moments(self) -> list[torch.Tensor]:
         """Per parameter the sum of the split first moments (equals the optimizer's ``exp_avg`` on one rank)."""
@@ -318,8 +343,12 @@ class MomentSplit:
                 bufs = [reduce(b.clone()) for b in bufs]
             out[key] = [b.detach().cpu() for b in bufs]
         out["started"] = self.started
-        out["cf_scale"], out["cf_steps"], out["cf_log"], out["v_scale"] = (self.cf_scale, self.cf_steps, self.cf_log,
-                                                                           self.v_scale)
+        out["cf_scale"], out["cf_steps"], out["cf_log"], out["v_scale"] = (
+            self.cf_scale,
+            self.cf_steps,
+            self.cf_log,
+            self.v_scale,
+        )
         return out
 
     def load_state_dict(self, state: dict, *, rank: int = 0) -> None:

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from train.attribution.hooks import GradSplit, Splitter
-from train.data import Batch
-from train.model import cross_entropy_per_token
+from winnow.train.attribution.hooks import GradSplit, Splitter
+from winnow.train.data import Batch
+from winnow.train.model import cross_entropy_per_token
 
 
 def probe_rows(pools: list[list[Batch]], n_sources: int) -> tuple[Batch, torch.Tensor]:
@@ -35,9 +35,18 @@ def probe_rows(pools: list[list[Batch]], n_sources: int) -> tuple[Batch, torch.T
     return Batch(*(torch.cat([getattr(r, k) for r in rows]) for k in keys)), count_S
 
 
-def evaluate_staged(pipeline, pools: list[list[Batch]], inputs: Sequence[torch.Tensor], *, n_sources: int,
-                    shape: tuple[int, int], reduce_pp: Callable, device: torch.device, splitter: Splitter,
-                    autocast: Callable | None = None):
+def evaluate_staged(
+    pipeline,
+    pools: list[list[Batch]],
+    inputs: Sequence[torch.Tensor],
+    *,
+    n_sources: int,
+    shape: tuple[int, int],
+    reduce_pp: Callable,
+    device: torch.device,
+    splitter: Splitter,
+    autocast: Callable | None = None,
+):
     """(S,) mean held-out loss per source (float64, CPU; every rank) and, per parameter of this rank's stages,
     the (S, ...) gradients of those losses (full size: the tensors the forward uses)."""
     S = n_sources
@@ -60,13 +69,22 @@ def evaluate_staged(pipeline, pools: list[list[Batch]], inputs: Sequence[torch.T
         return splitter.active(GradSplit(source_ids_BL, S, buffers, written=written))
 
     rows = shape[0]
-    micro = [Batch(*(getattr(batch, k)[lo:lo + rows] for k in ("tokens", "targets", "source_ids", "loss_mask",
-                                                                  "doc_ids"))).to(device)
-             for lo in range(0, batch.tokens.shape[0], rows)]
+    micro = [
+        Batch(
+            *(getattr(batch, k)[lo : lo + rows] for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids"))
+        ).to(device)
+        for lo in range(0, batch.tokens.shape[0], rows)
+    ]
     n = pipeline.n_microbatches
     for lo in range(0, len(micro), n):
-        pipeline.run(pipeline.padded(micro[lo:lo + n], *shape), loss=loss, record=None, loss_scale=0.0, split=split,
-                     autocast=autocast or contextlib.nullcontext)
+        pipeline.run(
+            pipeline.padded(micro[lo : lo + n], *shape),
+            loss=loss,
+            record=None,
+            loss_scale=0.0,
+            split=split,
+            autocast=autocast or contextlib.nullcontext,
+        )
     for t in inputs:
         if id(t) not in written:
             buffers[id(t)].zero_()

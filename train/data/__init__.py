@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"Batch": "train.data.batch", "Loader": "train.data.loader", "LoaderConfig": "train.data.config",
-            "RepeatBatch": "train.data.batch"}
+_EXPORTS = {
+    "Batch": "winnow.train.data.batch",
+    "Loader": "winnow.train.data.loader",
+    "LoaderConfig": "winnow.train.data.config",
+    "RepeatBatch": "winnow.train.data.batch",
+}
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'train.data' has no attribute {name!r}")
+    raise AttributeError(f"module 'winnow.train.data' has no attribute {name!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from train.errors import ConfigError
+from winnow.train.errors import ConfigError
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -43,21 +43,45 @@ class LoaderConfig:
     storage_options: dict[str, str] = field(default_factory=dict)  # passed to fsspec (e.g. endpoint_url)
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "seq_len", "prefetch", "piece_rows", "seq_len_warmup_start", "seq_len_warmup_multiple"):
+        for key in (
+            "batch_size",
+            "seq_len",
+            "prefetch",
+            "piece_rows",
+            "seq_len_warmup_start",
+            "seq_len_warmup_multiple",
+        ):
             value = getattr(self, key)
             _check(isinstance(value, int) and value > 0, key, value, "a positive integer")
         for key in ("num_workers", "shuffle_window", "seq_len_warmup_steps"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 0, key, value, "an integer >= 0")
-        _check(self.start_method in ("fork", "spawn", "forkserver"), "start_method", self.start_method, '"fork", "spawn" or "forkserver"')
-        _check(self.format in ("auto", "tokens", "parquet", "webdataset"), "format", self.format,
-               '"auto", "tokens", "parquet" or "webdataset"')
+        _check(
+            self.start_method in ("fork", "spawn", "forkserver"),
+            "start_method",
+            self.start_method,
+            '"fork", "spawn" or "forkserver"',
+        )
+        _check(
+            self.format in ("auto", "tokens", "parquet", "webdataset"),
+            "format",
+            self.format,
+            '"auto", "tokens", "parquet" or "webdataset"',
+        )
         _check(self.epoch_end in ("pad", "carry"), "epoch_end", self.epoch_end, '"pad" or "carry"')
-        _check(all(isinstance(w, (int, float)) and w > 0 for w in self.mix_weights), "mix_weights", self.mix_weights,
-               "positive numbers, one per data set")
+        _check(
+            all(isinstance(w, (int, float)) and w > 0 for w in self.mix_weights),
+            "mix_weights",
+            self.mix_weights,
+            "positive numbers, one per data set",
+        )
         if self.seq_len_warmup_steps:
-            _check(self.seq_len_warmup_start <= self.seq_len, "seq_len_warmup_start", self.seq_len_warmup_start,
-                   f"at most seq_len ({self.seq_len})")
+            _check(
+                self.seq_len_warmup_start <= self.seq_len,
+                "seq_len_warmup_start",
+                self.seq_len_warmup_start,
+                f"at most seq_len ({self.seq_len})",
+            )
 
     def seq_len_at(self, step: int) -> int:
         """Sequence length of global step ``step``: linear warm-up, then ``seq_len``."""

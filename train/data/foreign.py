@@ -26,7 +26,7 @@ import fsspec
 import orjson
 import pyarrow.parquet as pq
 
-from train.errors import ShardError
+from winnow.train.errors import ShardError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _natural(path: str) -> list:
 def find_split_files(fs: fsspec.AbstractFileSystem, root: str, split: str) -> list[str]:
     """Paths (relative to ``root``) of the split's Parquet files, in natural order; [] when none."""
     names = SPLIT_NAMES.get(split, (split,))
-    every = sorted((p[len(root) + 1:] for p in fs.find(root) if p.endswith(".parquet")), key=_natural)
+    every = sorted((p[len(root) + 1 :] for p in fs.find(root) if p.endswith(".parquet")), key=_natural)
     every = [p for p in every if not any(part.startswith((".", "_")) for part in p.split("/"))]  # temp and work files
     for name in names:
         for prefix in (f"{name}/", f"shards/parquet/{name}/", f"shards/{name}/"):
@@ -59,23 +59,31 @@ def find_split_files(fs: fsspec.AbstractFileSystem, root: str, split: str) -> li
 def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: str, fmt: str) -> dict:
     """A manifest-shaped view of ``root``'s ``split`` files: ``{"sources", "shards", "view_of"}``."""
     if fmt != "parquet":
-        raise ShardError(f"{data}: no manifest.json; a folder without one is read as Parquet files, so set "
-                         "train.data.format = \"parquet\" (tar shards need the manifest `winnow curate` writes)")
+        raise ShardError(
+            f"{data}: no manifest.json; a folder without one is read as Parquet files, so set "
+            'train.data.format = "parquet" (tar shards need the manifest `winnow curate` writes)'
+        )
     if not fs.isdir(root):
-        raise ShardError(f"{data}: no manifest.json, and no such folder; train.shards (or --shards DIR) must be a "
-                         "job folder written by `winnow curate` or any folder of Parquet files with a 'text' column "
-                         "(curated with `--output X`? then train with `--shards X`)")
+        raise ShardError(
+            f"{data}: no manifest.json, and no such folder; train.shards (or --shards DIR) must be a "
+            "job folder written by `winnow curate` or any folder of Parquet files with a 'text' column "
+            "(curated with `--output X`? then train with `--shards X`)"
+        )
     if fs.exists(f"{root}/_work"):
-        raise ShardError(f"{data}: a `winnow curate` job that has not finished (_work/ but no manifest.json); "
-                         "re-run the same curate command to finish it")
+        raise ShardError(
+            f"{data}: a `winnow curate` job that has not finished (_work/ but no manifest.json); "
+            "re-run the same curate command to finish it"
+        )
     paths = find_split_files(fs, root, split)
     key = (data, split, tuple((p, fs.size(f"{root}/{p}")) for p in paths))
     if key in _VIEWS:  # held-out loaders are rebuilt for every evaluation: view an unchanged folder once
         return _VIEWS[key]
     if not paths:
-        raise ShardError(f"{data}: no manifest.json and no Parquet files for split {split!r} "
-                         f"(looked for {', '.join(f'{n}/' for n in SPLIT_NAMES.get(split, (split,)))} and "
-                         f"{split}-*.parquet{'' if split != 'train' else ', then any *.parquet'})")
+        raise ShardError(
+            f"{data}: no manifest.json and no Parquet files for split {split!r} "
+            f"(looked for {', '.join(f'{n}/' for n in SPLIT_NAMES.get(split, (split,)))} and "
+            f"{split}-*.parquet{'' if split != 'train' else ', then any *.parquet'})"
+        )
     default = root.rstrip("/").rsplit("/", 1)[-1] or "data"
     shards, sources = [], {}
     for rel in paths:
@@ -83,19 +91,35 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
             pf = pq.ParquetFile(fh)
             names = pf.schema_arrow.names
             if "text" not in names:
-                raise ShardError(f"{data}/{rel}: no 'text' column (has {names}); every file needs the document text "
-                                 "in a string column named 'text'")
+                raise ShardError(
+                    f"{data}/{rel}: no 'text' column (has {names}); every file needs the document text "
+                    "in a string column named 'text'"
+                )
             if "source" in names:
                 for name in pf.read(columns=["source"]).column("source").unique().to_pylist():
                     sources.setdefault(name, None)
             else:
                 sources.setdefault(default, None)
-            shards.append({"split": split, "format": "parquet", "path": rel, "rows": pf.metadata.num_rows,
-                           "bytes": fs.size(f"{root}/{rel}"), "sha256": None,
-                           "source": None if "source" in names else default})
+            shards.append(
+                {
+                    "split": split,
+                    "format": "parquet",
+                    "path": rel,
+                    "rows": pf.metadata.num_rows,
+                    "bytes": fs.size(f"{root}/{rel}"),
+                    "sha256": None,
+                    "source": None if "source" in names else default,
+                }
+            )
     view = {"format_version": 2, "view_of": data, "sources": [s for s in sources if s is not None], "shards": shards}
-    log.info("%s has no manifest.json: made a view of its %d Parquet file(s) for split %r (%d rows; sources %s)",
-             data, len(shards), split, sum(s["rows"] for s in shards), view["sources"])
+    log.info(
+        "%s has no manifest.json: made a view of its %d Parquet file(s) for split %r (%d rows; sources %s)",
+        data,
+        len(shards),
+        split,
+        sum(s["rows"] for s in shards),
+        view["sources"],
+    )
     _VIEWS[key] = view
     return view
 

@@ -20,16 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.data.batch import Batch
-from train.data.config import LoaderConfig
-from train.data.mixing import MixSchedule
-from train.data.packing import SourceIds
-from train.data.shards import open_shards
-from train.data.stream import SetStream
-from train.data.tokenshards import open_token_shards
-from train.data.tokenstream import TokenStream
-from train.errors import CheckpointError, ConfigError, ShardError
-from train.tokenizer import ByteTokenizer, Tokenizer
+from winnow.train.data.batch import Batch
+from winnow.train.data.config import LoaderConfig
+from winnow.train.data.mixing import MixSchedule
+from winnow.train.data.packing import SourceIds
+from winnow.train.data.shards import open_shards
+from winnow.train.data.stream import SetStream
+from winnow.train.data.tokenshards import open_token_shards
+from winnow.train.data.tokenstream import TokenStream
+from winnow.train.errors import CheckpointError, ConfigError, ShardError
+from winnow.train.tokenizer import ByteTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -43,16 +43,29 @@ class Loader:
     ``train`` split, a list of them weighted by ``config.mix_weights``.
     """
 
-    def __init__(self, config: LoaderConfig, data: str | Path | list[str | Path], *, split: str = "train",
-                 tokenizer: Tokenizer | None = None, rank: int = 0, world_size: int = 1, sources: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: LoaderConfig,
+        data: str | Path | list[str | Path],
+        *,
+        split: str = "train",
+        tokenizer: Tokenizer | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        sources: list[str] | None = None,
+    ) -> None:
         if not (isinstance(world_size, int) and world_size >= 1 and 0 <= rank < world_size):
-            raise ConfigError(f"rank={rank!r}, world_size={world_size!r} is invalid; need world_size >= 1 and 0 <= rank < world_size")
+            raise ConfigError(
+                f"rank={rank!r}, world_size={world_size!r} is invalid; need world_size >= 1 and 0 <= rank < world_size"
+            )
         folders = [data] if isinstance(data, (str, Path)) else list(data)
         if split != "train" and len(folders) > 1:
             raise ConfigError(f"split {split!r}: load-time mixing is for the train split; load each val set on its own")
         weights = config.mix_weights or [1.0] * len(folders)
         if len(weights) != len(folders):
-            raise ConfigError(f"train.data.mix_weights = {config.mix_weights!r} is invalid; allowed: one weight per data set ({len(folders)})")
+            raise ConfigError(
+                f"train.data.mix_weights = {config.mix_weights!r} is invalid; allowed: one weight per data set ({len(folders)})"
+            )
         self.config, self.split, self.rank, self.world_size = config, split, rank, world_size
         self.tokenizer = tokenizer or ByteTokenizer()
         self._ids = SourceIds(sources)
@@ -69,8 +82,13 @@ class Loader:
         missing = "warn" if cfg.skip_bad_shards else "raise"  # a listed shard that is not there: now, not when reached
         if cfg.format in ("auto", "tokens"):
             try:
-                tokens = open_token_shards(folder, split=split, tokenizer=self.tokenizer.describe(),
-                                           storage_options=cfg.storage_options, missing=missing)
+                tokens = open_token_shards(
+                    folder,
+                    split=split,
+                    tokenizer=self.tokenizer.describe(),
+                    storage_options=cfg.storage_options,
+                    missing=missing,
+                )
             except ConfigError as err:
                 if cfg.format == "tokens":
                     raise
@@ -80,10 +98,14 @@ class Loader:
                 self._ids.extend(tokens.sources)
                 return TokenStream(tokens, config=cfg, tokenizer=self.tokenizer, ids=self._ids, finite=finite)
             if cfg.format == "tokens":
-                raise ShardError(f"{folder}/manifest.json lists no 'tokens' shards for split {split!r}; curate with "
-                                 '[output] formats = [..., "tokens"] or set train.data.format = "parquet"')
+                raise ShardError(
+                    f"{folder}/manifest.json lists no 'tokens' shards for split {split!r}; curate with "
+                    '[output] formats = [..., "tokens"] or set train.data.format = "parquet"'
+                )
         text_cfg = cfg if cfg.format in ("parquet", "webdataset") else dataclasses.replace(cfg, format="parquet")
-        shards = open_shards(folder, split=split, fmt=text_cfg.format, storage_options=cfg.storage_options, missing=missing)
+        shards = open_shards(
+            folder, split=split, fmt=text_cfg.format, storage_options=cfg.storage_options, missing=missing
+        )
         self._ids.extend(shards.sources)
         return SetStream(shards, config=text_cfg, tokenizer=self.tokenizer, ids=self._ids, finite=finite)
 
@@ -130,7 +152,9 @@ class Loader:
             if not stream.fill(seq_len, len(members)):
                 self._end_of_pass()
                 raise StopIteration
-            local = np.flatnonzero(members % self.world_size == self.rank)  # which of the set's sequences are this rank's
+            local = np.flatnonzero(
+                members % self.world_size == self.rank
+            )  # which of the set's sequences are this rank's
             parts.append((s, stream.take(seq_len, len(members), local, boundary=cfg.boundary_mask)))
             order.append(members[local])
         self._mix.advance(assigned)
@@ -141,7 +165,10 @@ class Loader:
             rank_order = np.argsort(np.concatenate(order), kind="stable")
             arrays = {k: np.concatenate([a[k] for _, a in parts])[rank_order] for k in _KEYS}
             set_of_row = np.concatenate([np.full(len(a["tokens"]), s) for s, a in parts])[rank_order]
-        origins = [self._origin(int(s), int(k), int(r)) for s, k, r in zip(set_of_row, arrays["origin_shard"], arrays["origin_row"])]
+        origins = [
+            self._origin(int(s), int(k), int(r))
+            for s, k, r in zip(set_of_row, arrays["origin_shard"], arrays["origin_row"])
+        ]
         batch = Batch.from_numpy(arrays, origins, pin=self._pin)
         self.wait_seconds = time.perf_counter() - t0
         self._counters["batches"] += 1
@@ -165,11 +192,18 @@ class Loader:
 
     def state_dict(self) -> dict:
         """Position of the next global step (identical on every rank; save it from any one)."""
-        return {"version": STATE_VERSION, "epoch": self.epoch, "step": self._step,
-                "sets": [dict(zip(("epoch", "shard", "offset"), s.position)) for s in self._sets],
-                "mix": self._mix.state_dict(), "sources": self.sources,
-                "data": [s.shards.fingerprint for s in self._sets], "tokenizer": self.tokenizer.name,
-                "split": self.split, "stats": self.stats()}
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "step": self._step,
+            "sets": [dict(zip(("epoch", "shard", "offset"), s.position)) for s in self._sets],
+            "mix": self._mix.state_dict(),
+            "sources": self.sources,
+            "data": [s.shards.fingerprint for s in self._sets],
+            "tokenizer": self.tokenizer.name,
+            "split": self.split,
+            "stats": self.stats(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``'s position; the next batch is the one the saved run would have yielded."""
@@ -177,8 +211,10 @@ class Loader:
             raise CheckpointError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
         for key, mine in (("data", [s.shards.fingerprint for s in self._sets]), ("tokenizer", self.tokenizer.name)):
             if state.get(key) != mine:
-                raise CheckpointError(f"loader state was saved with {key} {state.get(key)!r}, this run has {mine!r}; "
-                                      "resume needs the same shards and tokenizer")
+                raise CheckpointError(
+                    f"loader state was saved with {key} {state.get(key)!r}, this run has {mine!r}; "
+                    "resume needs the same shards and tokenizer"
+                )
         self.close()
         for stream, pos in zip(self._sets, state["sets"]):
             stream.position = (int(pos["epoch"]), int(pos["shard"]), int(pos["offset"]))
@@ -195,8 +231,17 @@ class Loader:
         from token shards, or every shard's bytes for text shards), ``bytes_hashed`` (checksums) and
         ``tokens_tokenized`` (text tokenized on the fly, in this rank's workers).
         """
-        io = {k: sum(s.counters[k] for s in self._sets) for k in ("tokens_read", "bytes_read", "bytes_hashed", "tokens_tokenized")}
-        return {**self._counters, "bad_shards": sum(s.bad_shards for s in self._sets), "epoch": self.epoch, "step": self._step, **io}
+        io = {
+            k: sum(s.counters[k] for s in self._sets)
+            for k in ("tokens_read", "bytes_read", "bytes_hashed", "tokens_tokenized")
+        }
+        return {
+            **self._counters,
+            "bad_shards": sum(s.bad_shards for s in self._sets),
+            "epoch": self.epoch,
+            "step": self._step,
+            **io,
+        }
 
     def close(self) -> None:
         """Stop the worker processes (iteration restarts them from the current position)."""

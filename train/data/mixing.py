@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.errors import CheckpointError, ConfigError
+from winnow.train.errors import CheckpointError, ConfigError
 
 
 class MixSchedule:
@@ -27,7 +27,9 @@ class MixSchedule:
     def __init__(self, weights: list[float]) -> None:
         w = np.asarray(weights, np.float64)
         if w.ndim != 1 or len(w) == 0 or not np.all(np.isfinite(w)) or (w <= 0).any():
-            raise ConfigError(f"train.data.mix_weights = {list(weights)!r} is invalid; allowed: one positive number per data set")
+            raise ConfigError(
+                f"train.data.mix_weights = {list(weights)!r} is invalid; allowed: one positive number per data set"
+            )
         self.weights = w / w.sum()
         self.counts = np.zeros(len(w), np.int64)
         self._counts_then = np.zeros(len(w), np.int64)  # per-set counts at the last reweight
@@ -38,7 +40,9 @@ class MixSchedule:
         """Use ``weights`` (one positive number per set) for the sequences from now on."""
         w = np.asarray(weights, np.float64)
         if w.shape != self.weights.shape or not np.all(np.isfinite(w)) or (w <= 0).any():
-            raise ConfigError(f"mix weights {list(weights)!r} are invalid; allowed: {len(self.weights)} positive numbers")
+            raise ConfigError(
+                f"mix weights {list(weights)!r} are invalid; allowed: {len(self.weights)} positive numbers"
+            )
         counts = self.counts - self._counts_then
         self._carry = self._carry + self.weights * int(counts.sum()) - counts  # each set's deficit now
         self._counts_then = self.counts.copy()
@@ -63,8 +67,11 @@ class MixSchedule:
     def state_dict(self) -> dict:
         state = {"counts": self.counts.tolist()}
         if self.reweighted:  # the current weights, and where they took over
-            state |= {"weights": self.weights.tolist(), "counts_then": self._counts_then.tolist(),
-                      "carry": self._carry.tolist()}
+            state |= {
+                "weights": self.weights.tolist(),
+                "counts_then": self._counts_then.tolist(),
+                "carry": self._carry.tolist(),
+            }
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.data.pieces import Piece
+from winnow.train.data.pieces import Piece
 
 
 class SourceIds:
@@ -73,7 +73,9 @@ class Packer:
     def has_target(self) -> bool:
         return bool(self.valid[self.cursor + 1 :].any())
 
-    def _append(self, tok: np.ndarray, doc: np.ndarray, valid: np.ndarray, docs: dict[str, np.ndarray], first_new: int) -> None:
+    def _append(
+        self, tok: np.ndarray, doc: np.ndarray, valid: np.ndarray, docs: dict[str, np.ndarray], first_new: int
+    ) -> None:
         # Compact on append only: the buffer is rebuilt once per piece, not once per step.
         first_doc = int(self.doc[self.cursor]) if self.available() else first_new
         drop = first_doc - self.doc_base

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from train.data.shards import ShardSet, read_shard
-from train.errors import ShardError
-from train.tokenizer import null_mask
+from winnow.train.data.shards import ShardSet, read_shard
+from winnow.train.errors import ShardError
+from winnow.train.tokenizer import null_mask
 
 NULL_SOURCE = "<null>"
 
@@ -83,9 +83,20 @@ def with_separators(flat: np.ndarray, lens: np.ndarray, eos: int) -> tuple[np.nd
     return out, out_lens
 
 
-def shard_pieces(shards: ShardSet, index: int, epoch: int, *, tokenizer, fmt: str, verify: bool,
-                 piece_rows: int, shuffle_window: int, seed: int, skip_bad: bool,
-                 interleave: bool = False) -> Iterator[Piece | ShardDone]:
+def shard_pieces(
+    shards: ShardSet,
+    index: int,
+    epoch: int,
+    *,
+    tokenizer,
+    fmt: str,
+    verify: bool,
+    piece_rows: int,
+    shuffle_window: int,
+    seed: int,
+    skip_bad: bool,
+    interleave: bool = False,
+) -> Iterator[Piece | ShardDone]:
     """Read, check and tokenize shard ``index`` for ``epoch``; ends with one ``ShardDone``.
 
     ``interleave`` (held-out passes) reads the shard's rows one source at a time in turn (``interleave_order``)."""

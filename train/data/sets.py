@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from train.errors import ConfigError
+from winnow.train.errors import ConfigError
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,9 +33,13 @@ class ShardSetConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.weight, (int, float)) and self.weight > 0):
             raise ConfigError(f"train.shards[].weight = {self.weight!r} for {self.path!r} is invalid; allowed: > 0")
-        if self.sources and not (all(w >= 0 for w in self.sources.values()) and any(w > 0 for w in self.sources.values())):
-            raise ConfigError(f"train.shards[].sources = {self.sources!r} for {self.path!r} is invalid; "
-                              "allowed: non-negative weights per source, one of them > 0")
+        if self.sources and not (
+            all(w >= 0 for w in self.sources.values()) and any(w > 0 for w in self.sources.values())
+        ):
+            raise ConfigError(
+                f"train.shards[].sources = {self.sources!r} for {self.path!r} is invalid; "
+                "allowed: non-negative weights per source, one of them > 0"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,8 +57,9 @@ class ReplayConfig:
             raise ConfigError(f"train.replay.share = {self.share!r} is invalid; allowed: 0 <= share < 1")
 
 
-def training_sets(shards: str | list[ShardSetConfig] | None, replay: ReplayConfig | None,
-                  mix_weights: list[float]) -> tuple[list[str], list[float]]:
+def training_sets(
+    shards: str | list[ShardSetConfig] | None, replay: ReplayConfig | None, mix_weights: list[float]
+) -> tuple[list[str], list[float]]:
     """(folders, token weights summing to 1) of the training data; a 0 replay share adds nothing."""
     if shards is None:
         raise ConfigError("train.shards is not set and the job has no [job] output to train on")
@@ -65,10 +70,14 @@ def training_sets(shards: str | list[ShardSetConfig] | None, replay: ReplayConfi
     if len(set(folders)) != len(folders):
         raise ConfigError(f"train.shards lists a folder twice: {folders}; give each data set once with its weight")
     if mix_weights and not isinstance(shards, str):
-        raise ConfigError("train.data.mix_weights and weights in train.shards are both set; keep the weights in train.shards")
+        raise ConfigError(
+            "train.data.mix_weights and weights in train.shards are both set; keep the weights in train.shards"
+        )
     weights = list(mix_weights) if mix_weights else [s.weight for s in sets]
     if len(weights) != len(folders):
-        raise ConfigError(f"train.data.mix_weights = {mix_weights!r} is invalid; allowed: one weight per data set ({len(folders)})")
+        raise ConfigError(
+            f"train.data.mix_weights = {mix_weights!r} is invalid; allowed: one weight per data set ({len(folders)})"
+        )
     total = sum(weights)
     weights = [w / total for w in weights]
     if replay is not None and replay.share > 0:

@@ -20,10 +20,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from train.data.foreign import folder_view, view_fingerprint
-from train.data.tarshard import read_tar
-from train.errors import ShardError
-from train.paths import JSON_BYTES, inside, read_capped
+from winnow.train.data.foreign import folder_view, view_fingerprint
+from winnow.train.data.tarshard import read_tar
+from winnow.train.errors import ShardError
+from winnow.train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,9 @@ def _manifest_sources(manifest: dict) -> list[str]:
     return list(found)
 
 
-def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None = None,
-                missing: str = "raise") -> ShardSet:
+def open_shards(
+    data: str, *, split: str, fmt: str, storage_options: dict | None = None, missing: str = "raise"
+) -> ShardSet:
     """Read ``<data>/manifest.json`` and keep the ``split`` shards in format ``fmt``.
 
     A listed shard that is not there is a ShardError now (``missing = "warn"``: a warning, and the
@@ -88,7 +89,9 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     where = f"{data}/{MANIFEST}"
     view = None
     try:
-        manifest = orjson.loads(read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError))
+        manifest = orjson.loads(
+            read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError)
+        )
     except FileNotFoundError:
         manifest = view = folder_view(fs, root, str(data), split=split, fmt=fmt)
     except orjson.JSONDecodeError as err:
@@ -97,8 +100,9 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
     if not isinstance(entries, list):
         raise ShardError(f"{where}: manifest has no 'shards' list")
     shards = [
-        ShardInfo(path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"), source=e.get("source"),
-                  bytes=e.get("bytes"))
+        ShardInfo(
+            path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"), source=e.get("source"), bytes=e.get("bytes")
+        )
         for e in entries
         if e.get("split", "train") == split and e.get("format") == _FORMATS[fmt]
     ]
@@ -106,31 +110,50 @@ def open_shards(data: str, *, split: str, fmt: str, storage_options: dict | None
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
     if view is None:
         check_listed(fs, root, [s.path for s in shards], where, missing=missing)
-    digest = view_fingerprint(view) if view else hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
+    digest = (
+        view_fingerprint(view)
+        if view
+        else hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
+    )
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-    return ShardSet(root=prefix + root, fs=fs, shards=shards, sources=_manifest_sources(manifest),
-                    fingerprint=digest, storage_options=dict(storage_options or {}), view=view)
+    return ShardSet(
+        root=prefix + root,
+        fs=fs,
+        shards=shards,
+        sources=_manifest_sources(manifest),
+        fingerprint=digest,
+        storage_options=dict(storage_options or {}),
+        view=view,
+    )
 
 
-def check_listed(fs: fsspec.AbstractFileSystem, root: str, paths: list[str], where: str, *, missing: str = "raise") -> None:
+def check_listed(
+    fs: fsspec.AbstractFileSystem, root: str, paths: list[str], where: str, *, missing: str = "raise"
+) -> None:
     """Every file a manifest lists is inside its folder and there, checked before the first batch (one listing
     per folder, also on an object store); a ShardError names the first ones that are not."""
     outside = [p for p in paths if not inside(p)]
     if outside:
-        raise ShardError(f"{where} lists shard path(s) {outside[:3]} that leave the job folder; the manifest is "
-                         "damaged or not winnow's (shard paths are relative, inside the folder)")
+        raise ShardError(
+            f"{where} lists shard path(s) {outside[:3]} that leave the job folder; the manifest is "
+            "damaged or not winnow's (shard paths are relative, inside the folder)"
+        )
     present: set[str] = set()
     for folder in sorted({p.rpartition("/")[0] for p in paths}):
         try:
-            present.update(name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(f"{root}/{folder}".rstrip("/"), detail=False))
+            present.update(
+                name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(f"{root}/{folder}".rstrip("/"), detail=False)
+            )
         except (FileNotFoundError, NotADirectoryError):
             pass
     absent = [p for p in paths if p.rsplit("/", 1)[-1] not in present]
     if absent:
         more = f", and {len(absent) - 1} more of its files" if len(absent) > 1 else ""
-        message = (f"shard {root}/{absent[0]}: missing (listed in {where} but not found{more}): the folder is "
-                   "incomplete (copied in part, or files deleted); copy it whole, or curate the job again")
+        message = (
+            f"shard {root}/{absent[0]}: missing (listed in {where} but not found{more}): the folder is "
+            "incomplete (copied in part, or files deleted); copy it whole, or curate the job again"
+        )
         if missing != "warn":
             raise ShardError(message)
         log.warning("%s (skip_bad_shards: skipped when the loader reaches it)", message)
@@ -171,7 +194,11 @@ def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa
         raise ShardError(f"shard {url}: wrong columns: lacks {missing}; has {table.column_names}")
     for c in required:
         if not (pa.types.is_string(table.schema.field(c).type) or pa.types.is_large_string(table.schema.field(c).type)):
-            raise ShardError(f"shard {url}: wrong columns: {c!r} has type {table.schema.field(c).type}, expected string")
+            raise ShardError(
+                f"shard {url}: wrong columns: {c!r} has type {table.schema.field(c).type}, expected string"
+            )
     if info.rows is not None and table.num_rows != info.rows:
-        raise ShardError(f"shard {url}: has {table.num_rows} rows, the manifest says {info.rows} (truncated or replaced?)")
+        raise ShardError(
+            f"shard {url}: has {table.num_rows} rows, the manifest says {info.rows} (truncated or replaced?)"
+        )
     return table

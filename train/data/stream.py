@@ -12,13 +12,13 @@ import logging
 
 import numpy as np
 
-from train.data.config import LoaderConfig
-from train.data.packing import Packer, SourceIds
-from train.data.pieces import Piece, ShardDone
-from train.data.shards import ShardSet
-from train.data.workers import EpochEnd, PieceStream
-from train.errors import ShardError
-from train.tokenizer import Tokenizer
+from winnow.train.data.config import LoaderConfig
+from winnow.train.data.packing import Packer, SourceIds
+from winnow.train.data.pieces import Piece, ShardDone
+from winnow.train.data.shards import ShardSet
+from winnow.train.data.workers import EpochEnd, PieceStream
+from winnow.train.errors import ShardError
+from winnow.train.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 class SetStream:
     """Packed sequences of one shard set, forever over epochs or (``finite``) for one pass."""
 
-    def __init__(self, shards: ShardSet, *, config: LoaderConfig, tokenizer: Tokenizer, ids: SourceIds, finite: bool) -> None:
+    def __init__(
+        self, shards: ShardSet, *, config: LoaderConfig, tokenizer: Tokenizer, ids: SourceIds, finite: bool
+    ) -> None:
         self.shards, self.config, self.tokenizer, self.ids, self.finite = shards, config, tokenizer, ids, finite
         self.position: tuple[int, int, int] = (0, 0, 0)
         self.bad_shards = 0
@@ -40,15 +42,30 @@ class SetStream:
         epoch, shard, offset = self.position
         cfg = self.config
         self._pieces = PieceStream(
-            self.shards, start_epoch=epoch, start_shard=shard, epochs=1 if self.finite else None,
-            num_workers=cfg.num_workers, prefetch=cfg.prefetch, start_method=cfg.start_method,
-            tokenizer=self.tokenizer, fmt=cfg.format, verify=cfg.verify_checksums, piece_rows=cfg.piece_rows,
-            shuffle_window=cfg.shuffle_window, seed=cfg.seed, skip_bad=cfg.skip_bad_shards,
+            self.shards,
+            start_epoch=epoch,
+            start_shard=shard,
+            epochs=1 if self.finite else None,
+            num_workers=cfg.num_workers,
+            prefetch=cfg.prefetch,
+            start_method=cfg.start_method,
+            tokenizer=self.tokenizer,
+            fmt=cfg.format,
+            verify=cfg.verify_checksums,
+            piece_rows=cfg.piece_rows,
+            shuffle_window=cfg.shuffle_window,
+            seed=cfg.seed,
+            skip_bad=cfg.skip_bad_shards,
             interleave=self.finite,  # a held-out pass: sources in turn, so a capped evaluation reads every one
         )
         self._messages = iter(self._pieces)
-        self._packer = Packer(eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id, dtype=self.tokenizer.dtype,
-                              sources=self.ids, skip=offset)
+        self._packer = Packer(
+            eos_id=self.tokenizer.eos_id,
+            pad_id=self.tokenizer.pad_id,
+            dtype=self.tokenizer.dtype,
+            sources=self.ids,
+            skip=offset,
+        )
         self._finished, self._epoch_docs = False, 0
 
     def _on_message(self, msg, seq_len: int) -> None:
@@ -71,7 +88,9 @@ class SetStream:
                 log.warning("skipping a bad shard (skip_bad_shards is on): %s", msg.error)
         elif isinstance(msg, EpochEnd):
             if not self._epoch_docs and packer.available() == 0:
-                raise ShardError(f"{self.shards.root}: epoch {msg.epoch} has no documents (every shard empty or skipped)")
+                raise ShardError(
+                    f"{self.shards.root}: epoch {msg.epoch} has no documents (every shard empty or skipped)"
+                )
             self._epoch_docs = 0
             if self.finite:
                 packer.close_stream()

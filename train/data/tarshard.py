@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from train.errors import ShardError
+from winnow.train.errors import ShardError
 
 _BLOCK = 512
 

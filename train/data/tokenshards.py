@@ -22,9 +22,9 @@ import fsspec
 import numpy as np
 import orjson
 
-from train.data.shards import MANIFEST, cat_shard, check_listed, open_shards
-from train.errors import ConfigError, ShardError
-from train.paths import JSON_BYTES, read_capped
+from winnow.train.data.shards import MANIFEST, cat_shard, check_listed, open_shards
+from winnow.train.errors import ConfigError, ShardError
+from winnow.train.paths import JSON_BYTES, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,9 @@ def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspe
     fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
     root = root.rstrip("/")
     try:
-        manifest = orjson.loads(read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError))
+        manifest = orjson.loads(
+            read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError)
+        )
     except FileNotFoundError:
         return fs, root, {}
     except orjson.JSONDecodeError as err:
@@ -90,8 +92,9 @@ def token_entries(manifest: dict, split: str) -> list[dict]:
     return [e for e in manifest.get("shards") or [] if e.get("format") == "tokens" and e.get("split", "train") == split]
 
 
-def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options: dict | None = None,
-                      missing: str = "raise") -> TokenShardSet | None:
+def open_token_shards(
+    data: str, *, split: str, tokenizer: dict, storage_options: dict | None = None, missing: str = "raise"
+) -> TokenShardSet | None:
     """The ``split``'s token shards of job folder ``data``; None when it has none.
 
     ``tokenizer`` is the loader's tokenizer description (``Tokenizer.describe()``); shards written
@@ -103,21 +106,50 @@ def open_token_shards(data: str, *, split: str, tokenizer: dict, storage_options
         return None
     written = entries[0].get("tokenizer") or {}
     if {k: written.get(k) for k in tokenizer} != tokenizer:
-        raise ConfigError(f"{data}: its token shards were written with tokenizer {written}, this run's tokenizer is "
-                          f"{tokenizer}; set [train.tokenizer] to the one the shards were made with "
-                          "(the job folder keeps it as shards/tokens/tokenizer.json), or train.data.format = \"parquet\"")
-    check_listed(fs, root, [sidecar(e["path"], ext) for e in entries for ext in (".bin", ".idx", ".doc.npy")], f"{data}/{MANIFEST}",
-                 missing=missing)
-    parquet = {_stem(e["path"]): e["path"] for e in manifest["shards"] if e.get("format") == "parquet" and e.get("split", "train") == split}
-    shards = [TokenShardInfo(bin_path=e["path"], path=parquet.get(_stem(e["path"]), e["path"]), rows=int(e["rows"]),
-                             tokens=int(e["tokens"]), dtype=e["dtype"], sha256=e.get("sha256"),
-                             index_sha256=e.get("index_sha256"), docs_sha256=e.get("docs_sha256"),
-                             source_names=tuple(e.get("source_names") or ()), max_id=e.get("max_id")) for e in entries]
+        raise ConfigError(
+            f"{data}: its token shards were written with tokenizer {written}, this run's tokenizer is "
+            f"{tokenizer}; set [train.tokenizer] to the one the shards were made with "
+            '(the job folder keeps it as shards/tokens/tokenizer.json), or train.data.format = "parquet"'
+        )
+    check_listed(
+        fs,
+        root,
+        [sidecar(e["path"], ext) for e in entries for ext in (".bin", ".idx", ".doc.npy")],
+        f"{data}/{MANIFEST}",
+        missing=missing,
+    )
+    parquet = {
+        _stem(e["path"]): e["path"]
+        for e in manifest["shards"]
+        if e.get("format") == "parquet" and e.get("split", "train") == split
+    }
+    shards = [
+        TokenShardInfo(
+            bin_path=e["path"],
+            path=parquet.get(_stem(e["path"]), e["path"]),
+            rows=int(e["rows"]),
+            tokens=int(e["tokens"]),
+            dtype=e["dtype"],
+            sha256=e.get("sha256"),
+            index_sha256=e.get("index_sha256"),
+            docs_sha256=e.get("docs_sha256"),
+            source_names=tuple(e.get("source_names") or ()),
+            max_id=e.get("max_id"),
+        )
+        for e in entries
+    ]
     digest = hashlib.sha256(orjson.dumps([[s.bin_path, s.tokens, s.sha256] for s in shards])).hexdigest()[:16]
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     local = protocol in ("file", "local")
-    return TokenShardSet(root=("" if local else f"{protocol}://") + root, fs=fs, shards=shards, tokenizer=written,
-                         sources=list(manifest.get("sources") or []), fingerprint=digest, local=local)
+    return TokenShardSet(
+        root=("" if local else f"{protocol}://") + root,
+        fs=fs,
+        shards=shards,
+        tokenizer=written,
+        sources=list(manifest.get("sources") or []),
+        fingerprint=digest,
+        local=local,
+    )
 
 
 def split_sources(data: str, *, split: str, fmt: str, storage_options: dict | None = None) -> list[str]:
@@ -179,29 +211,39 @@ class TokenShard:
         if self.dtype.name != info.dtype:
             raise ShardError(f"token shard {idx_url}: dtype {self.dtype.name}, the manifest says {info.dtype}")
         if vocab_size > np.iinfo(self.dtype).max + 1:
-            raise ShardError(f"token shard {idx_url}: dtype {self.dtype.name} cannot hold the tokenizer's {vocab_size} ids")
+            raise ShardError(
+                f"token shard {idx_url}: dtype {self.dtype.name} cannot hold the tokenizer's {vocab_size} ids"
+            )
         n_tok = int(self.sizes.sum())
         if len(self.sizes) != info.rows or n_tok != info.tokens:
-            raise ShardError(f"token shard {idx_url}: {len(self.sizes)} documents / {n_tok} tokens, the manifest says "
-                             f"{info.rows} / {info.tokens} (truncated or replaced?)")
+            raise ShardError(
+                f"token shard {idx_url}: {len(self.sizes)} documents / {n_tok} tokens, the manifest says "
+                f"{info.rows} / {info.tokens} (truncated or replaced?)"
+            )
         try:
             size = self._fs.size(self.url)
         except FileNotFoundError as err:
             raise ShardError(f"token shard {self.url}: missing (listed in the manifest but not found)") from err
         if size != n_tok * self.dtype.itemsize:
-            raise ShardError(f"token shard {self.url}: {size} bytes, its index says {n_tok} tokens of {self.dtype.name} "
-                             f"= {n_tok * self.dtype.itemsize} bytes (truncated or replaced?)")
+            raise ShardError(
+                f"token shard {self.url}: {size} bytes, its index says {n_tok} tokens of {self.dtype.name} "
+                f"= {n_tok * self.dtype.itemsize} bytes (truncated or replaced?)"
+            )
         try:
             table = np.load(io.BytesIO(docs), allow_pickle=False)
         except ValueError as err:
             raise ShardError(f"token shard {doc_url}: not a readable .npy file: {err}") from err
         if table.dtype.names != ("source", "row") or len(table) != len(self.sizes):
-            raise ShardError(f"token shard {doc_url}: {len(table)} documents with fields {table.dtype.names}, "
-                             f"expected {len(self.sizes)} with ('source', 'row')")
+            raise ShardError(
+                f"token shard {doc_url}: {len(table)} documents with fields {table.dtype.names}, "
+                f"expected {len(self.sizes)} with ('source', 'row')"
+            )
         self.source_codes, self.rows = table["source"].astype(np.int64), table["row"].astype(np.int64)
         if len(self.source_codes) and self.source_codes.max() >= len(info.source_names):
-            raise ShardError(f"token shard {doc_url}: source code {self.source_codes.max()} but the manifest names "
-                             f"{len(info.source_names)} sources")
+            raise ShardError(
+                f"token shard {doc_url}: source code {self.source_codes.max()} but the manifest names "
+                f"{len(info.source_names)} sources"
+            )
         self.starts = np.zeros(len(self.sizes), np.int64)  # file-order token offset of each document
         np.cumsum(self.sizes[:-1], out=self.starts[1:])
         self._local = shard_set.local
@@ -222,17 +264,27 @@ class TokenShard:
             raise ShardError(f"token shard {url}: not a Megatron indexed-dataset index (no MMIDIDX header)")
         version, code, n_seq, n_doc = struct.unpack_from("<QBQQ", idx, len(INDEX_MAGIC))
         if version != 1 or code not in DTYPES:
-            raise ShardError(f"token shard {url}: index version {version}, dtype code {code}; expected version 1 and a known code")
+            raise ShardError(
+                f"token shard {url}: index version {version}, dtype code {code}; expected version 1 and a known code"
+            )
         if len(idx) != _HEADER + n_seq * 12 + n_doc * 8:
-            raise ShardError(f"token shard {url}: {len(idx)} bytes, its header promises {_HEADER + n_seq * 12 + n_doc * 8} (truncated?)")
+            raise ShardError(
+                f"token shard {url}: {len(idx)} bytes, its header promises {_HEADER + n_seq * 12 + n_doc * 8} (truncated?)"
+            )
         dtype = np.dtype(DTYPES[code])
         sizes = np.frombuffer(idx, np.int32, n_seq, _HEADER).astype(np.int64)
         pointers = np.frombuffer(idx, np.int64, n_seq, _HEADER + 4 * n_seq)
         docs = np.frombuffer(idx, np.int64, n_doc, _HEADER + 12 * n_seq)
         expected = np.concatenate([[0], np.cumsum(sizes[:-1])]) * dtype.itemsize if n_seq else pointers
-        if not np.array_equal(pointers, expected) or not np.array_equal(docs, np.arange(n_seq + 1)) or (sizes < 1).any():
-            raise ShardError(f"token shard {url}: index pointers or document indices are not one contiguous sequence "
-                             "per document (not written by winnow's tokens format?)")
+        if (
+            not np.array_equal(pointers, expected)
+            or not np.array_equal(docs, np.arange(n_seq + 1))
+            or (sizes < 1).any()
+        ):
+            raise ShardError(
+                f"token shard {url}: index pointers or document indices are not one contiguous sequence "
+                "per document (not written by winnow's tokens format?)"
+            )
         return dtype, sizes
 
     def _scan(self, vocab_size: int, *, hash_it: bool) -> None:
@@ -258,8 +310,10 @@ class TokenShard:
         if hash_it:
             self.bytes_hashed += at * self.dtype.itemsize
             if digest.hexdigest() != self.info.sha256:  # a damaged shard: said before the ids it damaged
-                raise ShardError(f"token shard {self.url}: checksum mismatch: sha256 is {digest.hexdigest()}, the manifest "
-                                 f"says {self.info.sha256}")
+                raise ShardError(
+                    f"token shard {self.url}: checksum mismatch: sha256 is {digest.hexdigest()}, the manifest "
+                    f"says {self.info.sha256}"
+                )
         if bad is not None:
             self._bad_id(vocab_size, *bad)
 
@@ -270,9 +324,11 @@ class TokenShard:
         else:
             doc = int(np.searchsorted(self.starts, at, side="right")) - 1
             what = f"token id {value} at token {at} (document {doc}, row {int(self.rows[doc])} of {self.info.path})"
-        raise ShardError(f"token shard {self.url}: {what} is outside this run's tokenizer's {vocab_size} ids; the shard "
-                         "was written with another tokenizer or is damaged: curate it again with the run's tokenizer "
-                         "([output.tokens] tokenizer), or set [train.tokenizer] to the shard's")
+        raise ShardError(
+            f"token shard {self.url}: {what} is outside this run's tokenizer's {vocab_size} ids; the shard "
+            "was written with another tokenizer or is damaged: curate it again with the run's tokenizer "
+            "([output.tokens] tokenizer), or set [train.tokenizer] to the shard's"
+        )
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         """File-order tokens ``[lo, hi)``."""

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.data.config import LoaderConfig
-from train.data.packing import SourceIds
-from train.data.pieces import interleave_order, window_order
-from train.data.tokenshards import TokenShard, TokenShardSet
-from train.errors import ShardError
-from train.tokenizer import Tokenizer
+from winnow.train.data.config import LoaderConfig
+from winnow.train.data.packing import SourceIds
+from winnow.train.data.pieces import interleave_order, window_order
+from winnow.train.data.tokenshards import TokenShard, TokenShardSet
+from winnow.train.errors import ShardError
+from winnow.train.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,9 @@ def _doc_of(cum: np.ndarray, q_BT: np.ndarray) -> np.ndarray:
 class TokenStream:
     """Packed sequences of one token-shard set: the ``SetStream`` interface (``fill``, ``take``, ``position``)."""
 
-    def __init__(self, shards: TokenShardSet, *, config: LoaderConfig, tokenizer: Tokenizer, ids: SourceIds, finite: bool) -> None:
+    def __init__(
+        self, shards: TokenShardSet, *, config: LoaderConfig, tokenizer: Tokenizer, ids: SourceIds, finite: bool
+    ) -> None:
         self.shards, self.config, self.tokenizer, self.ids, self.finite = shards, config, tokenizer, ids, finite
         self.position: tuple[int, int, int] = (0, 0, 0)
         self.bad_shards = 0
@@ -79,7 +81,9 @@ class TokenStream:
         """Shard ``index`` opened and checked once per process; None when bad and skipped."""
         if index not in self._open:
             try:
-                shard = TokenShard(self.shards, index, vocab_size=self.tokenizer.vocab_size, verify=self.config.verify_checksums)
+                shard = TokenShard(
+                    self.shards, index, vocab_size=self.tokenizer.vocab_size, verify=self.config.verify_checksums
+                )
                 self.counters["bytes_read"] += shard.bytes_read
                 self.counters["bytes_hashed"] += shard.bytes_hashed
                 shard.bytes_read = 0
@@ -115,15 +119,31 @@ class TokenStream:
         if shard.info.tokens - skip <= 0:
             return
         # a held-out pass reads sources in turn, so a capped evaluation reads every one
-        order = interleave_order(shard.source_codes) if self.finite else \
-            window_order(n, self.config.shuffle_window, self.config.seed, epoch, index)
+        order = (
+            interleave_order(shard.source_codes)
+            if self.finite
+            else window_order(n, self.config.shuffle_window, self.config.seed, epoch, index)
+        )
         sizes = shard.sizes if order is None else shard.sizes[order]
         cum = np.zeros(n + 1, np.int64)
         np.cumsum(sizes, out=cum[1:])
         codes = shard.source_codes if order is None else shard.source_codes[order]
         src = self.ids.lookup(list(shard.info.source_names))[codes].astype(np.int64) if n else np.empty(0, np.int64)
-        self._segments.append(_Segment(self._end(), shard.info.tokens - skip, self._next_doc, shard, epoch, index, skip,
-                                       order, cum, src, mask_first=self._mask_next and skip == 0))
+        self._segments.append(
+            _Segment(
+                self._end(),
+                shard.info.tokens - skip,
+                self._next_doc,
+                shard,
+                epoch,
+                index,
+                skip,
+                order,
+                cum,
+                src,
+                mask_first=self._mask_next and skip == 0,
+            )
+        )
         self._mask_next = False
         self._next_doc += n
 
@@ -196,7 +216,7 @@ class TokenStream:
             a = int(q[0])
             if a == 0:
                 tok[0] = self.tokenizer.eos_id
-            tok[int(a == 0):] = self._read(seg, max(a - 1, 0), int(q[-1]))
+            tok[int(a == 0) :] = self._read(seg, max(a - 1, 0), int(q[-1]))
             file_doc = j
         else:
             within = q - seg.cum[j]
@@ -226,7 +246,9 @@ class TokenStream:
     def _take_within(self, seg: _Segment, rows: np.ndarray, seq_len: int, out: tuple[np.ndarray, ...]) -> None:
         """The common case, vectorized: the whole step inside one shard in file order, past its leading EOS."""
         tok, doc, valid, src, shard_of, row = out
-        q = (self._base - seg.start + seg.skip) + rows[:, None] * seq_len + np.arange(seq_len + 1)  # shard stream positions
+        q = (
+            (self._base - seg.start + seg.skip) + rows[:, None] * seq_len + np.arange(seq_len + 1)
+        )  # shard stream positions
         tok[:] = seg.shard.take(q - 1)  # stream position q is file position q - 1
         j = _doc_of(seg.cum, q)
         doc[:], src[:], shard_of[:], valid[:] = seg.doc0 + j, seg.src[j], seg.index, True
@@ -252,22 +274,34 @@ class TokenStream:
         """This rank's ``rows`` of the step's ``n_seqs`` sequences; the stream moves past all of them."""
         assert self.available() >= n_seqs * seq_len + 1, "take() before the step was filled"
         n_rows, width = len(rows), seq_len + 1
-        out = (np.empty((n_rows, width), np.int64), np.empty((n_rows, width), np.int64), np.empty((n_rows, width), bool),
-               np.empty((n_rows, width), np.int64), np.empty((n_rows, width), np.int64), np.full((n_rows, width), -1, np.int64))
+        out = (
+            np.empty((n_rows, width), np.int64),
+            np.empty((n_rows, width), np.int64),
+            np.empty((n_rows, width), bool),
+            np.empty((n_rows, width), np.int64),
+            np.empty((n_rows, width), np.int64),
+            np.full((n_rows, width), -1, np.int64),
+        )
         first = self._segments[0]
-        if first.shard is not None and first.order is None and first.end >= self._base + n_seqs * seq_len + 1 \
-                and self._base - first.start + first.skip > 0:
+        if (
+            first.shard is not None
+            and first.order is None
+            and first.end >= self._base + n_seqs * seq_len + 1
+            and self._base - first.start + first.skip > 0
+        ):
             self._take_within(first, np.asarray(rows, np.int64), seq_len, out)
         else:
             self._take_rows(np.asarray(rows, np.int64), seq_len, out)
         tok, doc, valid, src, shard_of, row = out
         doc_BT = doc[:, :-1]
         arrays = {
-            "tokens": tok[:, :-1], "targets": tok[:, 1:],
+            "tokens": tok[:, :-1],
+            "targets": tok[:, 1:],
             "source_ids": src[:, :-1],  # a target belongs to the document whose context predicts it
             "loss_mask": valid[:, 1:],
             "doc_ids": (doc_BT - doc_BT[:, :1]).astype(np.int32) if boundary else np.zeros(doc_BT.shape, np.int32),
-            "origin_shard": shard_of[:, 0], "origin_row": row[:, 0],
+            "origin_shard": shard_of[:, 0],
+            "origin_row": row[:, 0],
         }
         self._base += n_seqs * seq_len
         for seg in self._segments:

@@ -22,10 +22,10 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from train.data.pieces import Piece, ShardDone, shard_pieces
-from train.data.shards import ShardSet
-from train.errors import Interrupted, TrainError
-from train.shutdown import WORKER_PREFIX, parent_alive, stop_processes, stop_requested, worker_init
+from winnow.train.data.pieces import Piece, ShardDone, shard_pieces
+from winnow.train.data.shards import ShardSet
+from winnow.train.errors import Interrupted, TrainError
+from winnow.train.shutdown import WORKER_PREFIX, parent_alive, stop_processes, stop_requested, worker_init
 
 # After a stop signal, how long to keep waiting for a worker's next piece before giving up
 # (the step cannot finish, so there is nothing consistent to checkpoint; the last checkpoint stands).
@@ -92,8 +92,18 @@ def _worker_main(worker, n_workers, p0, stop, shards, kwargs, out, halt, expecte
 class PieceStream:
     """Pieces of every shard visit from ``(epoch, shard)`` on, in order; ``epochs`` bounds the pass."""
 
-    def __init__(self, shards: ShardSet, *, start_epoch: int, start_shard: int, epochs: int | None,
-                 num_workers: int, prefetch: int, start_method: str, **kwargs) -> None:
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        start_epoch: int,
+        start_shard: int,
+        epochs: int | None,
+        num_workers: int,
+        prefetch: int,
+        start_method: str,
+        **kwargs,
+    ) -> None:
         self.shards, self.kwargs = shards, kwargs
         n = len(shards.shards)
         self.p0 = start_epoch * n + start_shard
@@ -106,10 +116,23 @@ class PieceStream:
             self._halt = ctx.Event()
             for w in range(num_workers):
                 q = ctx.Queue(maxsize=prefetch)
-                proc = ctx.Process(target=_worker_main, name=f"{WORKER_PREFIX}-{w}", daemon=True,
-                                   args=(w, num_workers, self.p0, self.stop, shards, kwargs, q, self._halt,
-                                         None if start_method == "forkserver" else os.getpid(),
-                                         threading.current_thread() is threading.main_thread()))
+                proc = ctx.Process(
+                    target=_worker_main,
+                    name=f"{WORKER_PREFIX}-{w}",
+                    daemon=True,
+                    args=(
+                        w,
+                        num_workers,
+                        self.p0,
+                        self.stop,
+                        shards,
+                        kwargs,
+                        q,
+                        self._halt,
+                        None if start_method == "forkserver" else os.getpid(),
+                        threading.current_thread() is threading.main_thread(),
+                    ),
+                )
                 proc.start()
                 self._procs.append(proc)
                 self._queues.append(q)
@@ -122,12 +145,16 @@ class PieceStream:
                 msg = q.get(timeout=1.0)
             except queue.Empty:
                 if not proc.is_alive():
-                    raise TrainError(f"loader worker {worker} died (exit code {proc.exitcode}); see its log above") from None
+                    raise TrainError(
+                        f"loader worker {worker} died (exit code {proc.exitcode}); see its log above"
+                    ) from None
                 if stop_requested() is not None:
                     stop_seen = stop_seen or time.monotonic()
                     if time.monotonic() - stop_seen > STOP_WAIT_S:
-                        raise Interrupted(f"stopped by signal {stop_requested()} while waiting for loader worker {worker}; "
-                                          "the step could not finish, so the last checkpoint stands") from None
+                        raise Interrupted(
+                            f"stopped by signal {stop_requested()} while waiting for loader worker {worker}; "
+                            "the step could not finish, so the last checkpoint stands"
+                        ) from None
                 continue
             if isinstance(msg, _Failed):
                 if msg.error is None:

@@ -10,12 +10,17 @@ Tensor names carry their shape as a suffix (torchtitan style). Legend:
     A  routed assignments (T·K)     V  vocabulary
 """
 
-from train.model.config import ModelConfig
-from train.model.loss import cross_entropy_per_token, distillation_per_token
-from train.model.moe import MoE, MoEStats
-from train.model.transformer import ModelOutput, Transformer
+from winnow.train.model.config import ModelConfig
+from winnow.train.model.loss import cross_entropy_per_token, distillation_per_token
+from winnow.train.model.moe import MoE, MoEStats
+from winnow.train.model.transformer import ModelOutput, Transformer
 
 __all__ = [
     "ModelConfig",
     "cross_entropy_per_token",
-    "distillation_per_token", "MoE", "MoEStats", "ModelOutput", "Transformer"]
+    "distillation_per_token",
+    "MoE",
+    "MoEStats",
+    "ModelOutput",
+    "Transformer",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from train.errors import ConfigError
+from winnow.train.errors import ConfigError
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -55,20 +55,36 @@ class ModelConfig:
         _check(self.dim % self.n_heads == 0, "dim", self.dim, f"a multiple of n_heads ({self.n_heads})")
         _check((self.dim // self.n_heads) % 2 == 0, "dim", self.dim, "dim // n_heads must be even (rotary)")
         kv = self.kv_heads
-        _check(0 < kv <= self.n_heads and self.n_heads % kv == 0, "n_kv_heads", self.n_kv_heads,
-               f"a divisor of n_heads ({self.n_heads})")
+        _check(
+            0 < kv <= self.n_heads and self.n_heads % kv == 0,
+            "n_kv_heads",
+            self.n_kv_heads,
+            f"a divisor of n_heads ({self.n_heads})",
+        )
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "0 <= dropout < 1")
         _check(self.n_experts >= 0, "n_experts", self.n_experts, ">= 0")
         if self.is_moe:
             _check(1 <= self.top_k <= self.n_experts, "top_k", self.top_k, f"1..n_experts ({self.n_experts})")
-        _check(0 <= self.n_dense_layers <= self.n_layers, "n_dense_layers", self.n_dense_layers,
-               f"0..n_layers ({self.n_layers})")
+        _check(
+            0 <= self.n_dense_layers <= self.n_layers,
+            "n_dense_layers",
+            self.n_dense_layers,
+            f"0..n_layers ({self.n_layers})",
+        )
         _check(self.n_shared_experts >= 0, "n_shared_experts", self.n_shared_experts, ">= 0")
         _check(self.score_func in ("softmax", "sigmoid"), "score_func", self.score_func, "'softmax' or 'sigmoid'")
-        _check(self.load_balance in ("aux_loss", "bias", "none"), "load_balance", self.load_balance,
-               "'aux_loss', 'bias' or 'none'")
-        _check(self.capacity_factor is None or self.capacity_factor > 0, "capacity_factor",
-               self.capacity_factor, "None (dropless) or > 0")
+        _check(
+            self.load_balance in ("aux_loss", "bias", "none"),
+            "load_balance",
+            self.load_balance,
+            "'aux_loss', 'bias' or 'none'",
+        )
+        _check(
+            self.capacity_factor is None or self.capacity_factor > 0,
+            "capacity_factor",
+            self.capacity_factor,
+            "None (dropless) or > 0",
+        )
         for key in ("router_noise", "aux_loss_coef", "z_loss_coef", "bias_update_rate", "init_std"):
             _check(getattr(self, key) >= 0, key, getattr(self, key), ">= 0")
         _check(self.dense_hidden is None or self.dense_hidden > 0, "dense_hidden", self.dense_hidden, "None or > 0")

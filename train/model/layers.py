@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import wrap_torch_function
 
-from train.model.config import ModelConfig
+from winnow.train.model.config import ModelConfig
 
 
 def rms_norm_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,8 +19,9 @@ def rms_norm_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.T
     return x * rstd, rstd
 
 
-def rms_norm_input_grad(grad: torch.Tensor, normed: torch.Tensor, rstd: torch.Tensor,
-                        weight: torch.Tensor) -> torch.Tensor:
+def rms_norm_input_grad(
+    grad: torch.Tensor, normed: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
     """dL/dx = r·(gn - n·mean(gn·n)) with gn = g·w (see ``_RMSNormFunction``)."""
     grad_n = grad * weight
     mean_dot = torch.linalg.vecdot(grad_n, normed, dim=-1).unsqueeze(-1).div_(normed.shape[-1])
@@ -167,8 +168,11 @@ class Attention(nn.Module):
             repeat = q_BHLC.shape[1] // k_BGLC.shape[1]
             k_BGLC, v_BGLC = k_BGLC.repeat_interleave(repeat, 1), v_BGLC.repeat_interleave(repeat, 1)
         out_BHLC = F.scaled_dot_product_attention(
-            q_BHLC, k_BGLC, v_BGLC,
-            attn_mask=mask_B1LL, is_causal=mask_B1LL is None,
+            q_BHLC,
+            k_BGLC,
+            v_BGLC,
+            attn_mask=mask_B1LL,
+            is_causal=mask_B1LL is None,
             dropout_p=self.dropout if self.training else 0.0,
         )
         return self.wo(out_BHLC.transpose(1, 2).reshape(B, L, -1))

@@ -10,11 +10,13 @@ import torch
 import torch.nn.functional as F
 
 
-def cross_entropy_per_token(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, *,
-                            label_smoothing: float = 0.0) -> torch.Tensor:
+def cross_entropy_per_token(
+    logits_BLV: torch.Tensor, targets_BL: torch.Tensor, *, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """Next-token cross-entropy per token, computed in fp32 whatever the logits' dtype."""
-    loss_T = F.cross_entropy(logits_BLV.flatten(0, 1).float(), targets_BL.flatten(),
-                             reduction="none", label_smoothing=label_smoothing)
+    loss_T = F.cross_entropy(
+        logits_BLV.flatten(0, 1).float(), targets_BL.flatten(), reduction="none", label_smoothing=label_smoothing
+    )
     return loss_T.view_as(targets_BL)
 
 

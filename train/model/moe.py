@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.overrides import wrap_torch_function
 
-from train.model.config import ModelConfig
-from train.model.layers import SwiGLU, swiglu
+from winnow.train.model.config import ModelConfig
+from winnow.train.model.layers import SwiGLU, swiglu
 
 
 class MoEStats(NamedTuple):
@@ -51,7 +51,11 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
 
 def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     # The kernel needs 16-byte aligned row strides; on CUDA also Hopper+ and bf16.
-    if not hasattr(torch, "_grouped_mm") or (x.shape[-1] * x.element_size()) % 16 or (w.shape[-1] * w.element_size()) % 16:
+    if (
+        not hasattr(torch, "_grouped_mm")
+        or (x.shape[-1] * x.element_size()) % 16
+        or (w.shape[-1] * w.element_size()) % 16
+    ):
         return False
     if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:  # traced, the kernel takes bf16 only
         return False
@@ -88,7 +92,9 @@ def expert_mm(x_AI: torch.Tensor, w_EIO: torch.Tensor, counts_E: torch.Tensor) -
 
 # overridable by a torch function mode (the attribution's per-source split, train/attribution/hooks.py)
 @wrap_torch_function(lambda x_AD, w13_ED2F, w2_EFD, counts_E: (x_AD, w13_ED2F, w2_EFD))
-def expert_ffn(x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+def expert_ffn(
+    x_AD: torch.Tensor, w13_ED2F: torch.Tensor, w2_EFD: torch.Tensor, counts_E: torch.Tensor
+) -> torch.Tensor:
     """Each expert's SwiGLU on its contiguous slice of the expert-sorted rows: (A, D) -> (A, D).
 
     The one place that chooses the kernel. ``torch._grouped_mm`` runs all experts in one call
@@ -180,7 +186,8 @@ class MoE(nn.Module):
         order_A = expert_flat_A.argsort(stable=True)
         # index_add, not bincount: bincount reads the max back to the host on CUDA
         load_E = torch.zeros(E, dtype=torch.long, device=experts_TK.device).index_add_(
-            0, expert_flat_A, torch.ones_like(expert_flat_A))
+            0, expert_flat_A, torch.ones_like(expert_flat_A)
+        )
         counts_E, dropped = load_E, load_E.new_zeros(())
         if cfg.capacity_factor is not None:
             capacity = math.ceil(cfg.capacity_factor * T * K / E)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from train.model.config import ModelConfig
-from train.model.layers import Attention, RMSNorm, Rotary, SwiGLU, document_mask
-from train.model.moe import MoE, MoEStats, Router
+from winnow.train.model.config import ModelConfig
+from winnow.train.model.layers import Attention, RMSNorm, Rotary, SwiGLU, document_mask
+from winnow.train.model.moe import MoE, MoEStats, Router
 
 
 @dataclass(slots=True)

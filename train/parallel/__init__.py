@@ -1,7 +1,7 @@
 """Distributed training on torch.distributed: DDP / FSDP2, expert parallelism, PowerSGD and top-k compression, launched by torchrun."""
 
-from train.parallel.config import ParallelConfig
-from train.parallel.mesh import World, exit_process, init_world, shutdown
-from train.parallel.runtime import Parallel
+from winnow.train.parallel.config import ParallelConfig
+from winnow.train.parallel.mesh import World, exit_process, init_world, shutdown
+from winnow.train.parallel.runtime import Parallel
 
 __all__ = ["Parallel", "ParallelConfig", "World", "exit_process", "init_world", "shutdown"]

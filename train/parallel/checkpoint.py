@@ -23,15 +23,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
-from train import dcp
-from train.checkpoint import PREFIX, SHARDS_DIR, CheckpointManager
-from train.errors import CheckpointError
-from train.parallel import tensor_parallel
-from train.parallel.expert_parallel import gather_experts, local_slice
-from train.parallel.mesh import World
+from winnow.train import dcp
+from winnow.train.checkpoint import PREFIX, SHARDS_DIR, CheckpointManager
+from winnow.train.errors import CheckpointError
+from winnow.train.parallel import tensor_parallel
+from winnow.train.parallel.expert_parallel import gather_experts, local_slice
+from winnow.train.parallel.mesh import World
 
 _FULL = StateDictOptions(full_state_dict=True)
 
@@ -89,20 +94,33 @@ def model_state(model: nn.Module, world: World, *, fsdp: bool, experts: list[str
     return _gather_stages({k: v.detach().cpu() for k, v in state.items()}, world)
 
 
-def optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, fsdp: bool,
-                experts: list[str], tp: dict | None = None) -> dict:
+def optim_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    world: World,
+    *,
+    fsdp: bool,
+    experts: list[str],
+    tp: dict | None = None,
+) -> dict:
     """The optimizer state keyed by parameter name, full tensors, on the CPU."""
     if fsdp and not experts and not tp and world.pp_size == 1:
-        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
     tp = tp or {}
     state = get_optimizer_state_dict(model, optimizer, options=_FULL if fsdp else None)
     _map_optim(state, [*experts, *tp], lambda name, value: _full(name, value, world, experts, tp))
     state = _to_cpu(state)
     if world.pp_size > 1:
         parts = _gather_objects(state, world)
-        state = {"state": {k: v for part in parts for k, v in part["state"].items()},
-                 "param_groups": [{**group, "params": [n for part in parts for n in part["param_groups"][i]["params"]]}
-                                  for i, group in enumerate(parts[0]["param_groups"])]}
+        state = {
+            "state": {k: v for part in parts for k, v in part["state"].items()},
+            "param_groups": [
+                {**group, "params": [n for part in parts for n in part["param_groups"][i]["params"]]}
+                for i, group in enumerate(parts[0]["param_groups"])
+            ],
+        }
     return state
 
 
@@ -133,8 +151,9 @@ def _to_cpu(obj):
     return obj
 
 
-def load_model_state(model: nn.Module, state: dict, world: World, *, fsdp: bool, experts: list[str],
-                     tp: dict | None = None) -> None:
+def load_model_state(
+    model: nn.Module, state: dict, world: World, *, fsdp: bool, experts: list[str], tp: dict | None = None
+) -> None:
     tp = tp or {}
     state = _own(state, model.state_dict()) if world.pp_size > 1 else dict(state)  # this stage's layers
     for name in dict.fromkeys([*experts, *tp]):
@@ -145,8 +164,16 @@ def load_model_state(model: nn.Module, state: dict, world: World, *, fsdp: bool,
         model.load_state_dict(state)
 
 
-def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, world: World, *, fsdp: bool,
-                     experts: list[str], tp: dict | None = None) -> None:
+def load_optim_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    world: World,
+    *,
+    fsdp: bool,
+    experts: list[str],
+    tp: dict | None = None,
+) -> None:
     if state.get("state") and all(isinstance(k, int) for k in state["state"]):
         optimizer.load_state_dict(state)  # saved by a one-process run before name-keyed optimizer state
         return
@@ -154,8 +181,10 @@ def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
     state = {"state": {k: dict(v) for k, v in state["state"].items()}, "param_groups": state["param_groups"]}
     if world.pp_size > 1:  # this stage's parameters
         names = {name for name, _ in model.named_parameters()}
-        state = {"state": _own(state["state"], names),
-                 "param_groups": [{**g, "params": [n for n in g["params"] if n in names]} for g in state["param_groups"]]}
+        state = {
+            "state": _own(state["state"], names),
+            "param_groups": [{**g, "params": [n for n in g["params"] if n in names]} for g in state["param_groups"]],
+        }
     _map_optim(state, [*experts, *tp], lambda name, value: part(name, value, world, experts, tp))
     set_optimizer_state_dict(model, optimizer, state, options=_FULL if fsdp else None)
 
@@ -183,8 +212,9 @@ def _as_param(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(local, like.device_mesh, like.placements)
 
 
-def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *,
-                experts: list[str], tp: dict | None = None) -> tuple[dict, list]:
+def shard_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, world: World, *, experts: list[str], tp: dict | None = None
+) -> tuple[dict, list]:
     """(this rank's tensors for the DCP folder: ``model`` and ``optimizer.state``; the optimizer's param groups).
 
     The tensors share storage with the model and optimizer, so ``dcp.load`` into them loads in place;
@@ -194,7 +224,9 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World
     """
     tp = tp or {}
     model_sd = get_model_state_dict(model)
-    optim_sd = get_optimizer_state_dict(model, optimizer)  # creates the moments of a fresh optimizer (DCP needs targets)
+    optim_sd = get_optimizer_state_dict(
+        model, optimizer
+    )  # creates the moments of a fresh optimizer (DCP needs targets)
     for name in tp:  # under FSDP2 this tp rank's part is first gathered over dp_shard
         model_sd[name] = tensor_parallel.gather(_rank_experts(model_sd[name]), tp[name], world)
     _map_optim(optim_sd, tp, lambda name, value: tensor_parallel.gather(_rank_experts(value), tp[name], world))
@@ -207,8 +239,16 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer, world: World
     return {"model": model_sd, "optimizer": {"state": optim_sd["state"]}}, optim_sd["param_groups"]
 
 
-def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, param_groups: list, world: World, *,
-                experts: list[str], tp: dict | None = None) -> None:
+def load_shards(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    folder: Path,
+    param_groups: list,
+    world: World,
+    *,
+    experts: list[str],
+    tp: dict | None = None,
+) -> None:
     """Read this rank's part of a checkpoint's shards (saved on any mesh) into the model and optimizer."""
     tp = tp or {}
     shards, _ = shard_state(model, optimizer, world, experts=experts, tp=tp)

@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.parallel.comm import CommTimer
-from train.parallel.config import TopKConfig
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.config import TopKConfig
 
 log = logging.getLogger(__name__)
 _ALIGN = 8  # bytes: each part of a message starts on a multiple, so it can be viewed as its dtype
@@ -87,7 +87,9 @@ class TopKCompression:
 
     def _exchange(self, waiting: list) -> None:
         buffers = [buffer for buffer, _, _ in waiting]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b, dtype=torch.float32) for b in buffers]))
+        norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(b, dtype=torch.float32) for b in buffers])
+        )
         finite = bool(torch.isfinite(norm))
         scale = min(1.0, self.clip / (float(norm) + 1e-6)) if finite else 1.0  # torch's clip_grad_norm_ factor
         density = self.cfg.density_at(self.step)
@@ -98,7 +100,7 @@ class TopKCompression:
             start = 0
             for p in params:
                 n = p.numel()
-                g = buffer[start:start + n]
+                g = buffer[start : start + n]
                 start += n
                 name = self._names[id(p)]
                 u, v = self._accumulate(name, g * scale if scale < 1 else g)
@@ -124,7 +126,7 @@ class TopKCompression:
                 for buffer, _, future in waiting:
                     # into the bucket's own buffer: DDP (torch 2.13, CPU) reads a result from the start of
                     # its storage, so a view of ``flat`` at an offset would hand every bucket the first's values
-                    future.set_result(buffer.copy_(flat[at:at + buffer.numel()].view_as(buffer)))
+                    future.set_result(buffer.copy_(flat[at : at + buffer.numel()].view_as(buffer)))
                     at += buffer.numel()
             except Exception as err:  # noqa: BLE001 - the hook's futures must complete either way
                 for _, _, future in waiting:
@@ -149,15 +151,19 @@ class TopKCompression:
     @staticmethod
     def _pack(values: torch.Tensor, indices: torch.Tensor, finite: bool) -> tuple[torch.Tensor, tuple[int, int]]:
         """One byte message: indices, then values, then the finite flag, each part aligned."""
-        index_bytes, value_bytes = _padded(indices.numel() * indices.element_size()), _padded(values.numel() * values.element_size())
+        index_bytes, value_bytes = (
+            _padded(indices.numel() * indices.element_size()),
+            _padded(values.numel() * values.element_size()),
+        )
         message = torch.zeros(index_bytes + value_bytes + _ALIGN, dtype=torch.uint8, device=values.device)
-        message[:indices.numel() * indices.element_size()] = indices.view(torch.uint8)
-        message[index_bytes:index_bytes + values.numel() * values.element_size()] = values.view(torch.uint8)
+        message[: indices.numel() * indices.element_size()] = indices.view(torch.uint8)
+        message[index_bytes : index_bytes + values.numel() * values.element_size()] = values.view(torch.uint8)
         message[-1] = int(finite)
         return message, (index_bytes, value_bytes)
 
-    def _combine(self, rows: torch.Tensor, layout: tuple[int, int], dtype, index_dtype, total: int,
-                 parts: list) -> torch.Tensor:
+    def _combine(
+        self, rows: torch.Tensor, layout: tuple[int, int], dtype, index_dtype, total: int, parts: list
+    ) -> torch.Tensor:
         """Every rank's message scatter-added into the mean gradient; commits this rank's state when all are finite."""
         index_bytes, value_bytes = layout
         k = sum(top.numel() for *_, top in parts)
@@ -166,7 +172,7 @@ class TopKCompression:
         flat = torch.zeros(total, dtype=dtype, device=rows.device)
         for row in rows:  # rank by rank: within one message the indices are distinct, so the sum is deterministic
             idx = row[:index_bytes].view(index_dtype)[:k]
-            val = row[index_bytes:index_bytes + value_bytes].view(dtype)[:k]
+            val = row[index_bytes : index_bytes + value_bytes].view(dtype)[:k]
             flat.index_add_(0, idx.long(), val)
         flat.div_(self.world)
         for name, u, v, top in parts:
@@ -203,7 +209,7 @@ class TopKCompression:
         the same. A checkpoint without the state (trained uncompressed) or split over another
         ``tp`` degree starts it at zero, as a fresh run does.
         """
-        from train import dcp
+        from winnow.train import dcp
 
         saved = dcp.SafeReader(str(folder)).read_metadata().state_dict_metadata
         if f"{_PREFIX}.ranks" not in saved:
@@ -216,11 +222,17 @@ class TopKCompression:
         if saved_tp == tp_size:
             rows = range(dp_rank, saved_dp, self.world)
             heads = tuple(f"{_PREFIX}.{tp_rank}.{i}." for i in rows)
-            wanted = {key: torch.zeros(meta.size, dtype=meta.properties.dtype) for key, meta in saved.items()
-                      if key.startswith(heads)}
+            wanted = {
+                key: torch.zeros(meta.size, dtype=meta.properties.dtype)
+                for key, meta in saved.items()
+                if key.startswith(heads)
+            }
         else:
-            log.warning("the checkpoint's top-k residuals were split over tp = %d ranks, this run has %d: they "
-                        "start at zero", saved_tp, tp_size)
+            log.warning(
+                "the checkpoint's top-k residuals were split over tp = %d ranks, this run has %d: they start at zero",
+                saved_tp,
+                tp_size,
+            )
         dcp.load(wanted, folder)  # a collective, even where this rank wants nothing
         state = {"step": int(counts[f"{_PREFIX}.step"]), "velocity": {}, "residual": {}}
         for key, tensor in wanted.items():

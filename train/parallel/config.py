@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from train.errors import ConfigError
+from winnow.train.errors import ConfigError
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -42,8 +42,10 @@ class MeshDims:
         return self.pp * self.dp * self.tp
 
     def describe(self) -> str:
-        return (f"pp={self.pp} x dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp} "
-                f"(ep={self.ep} of the dp ranks)")
+        return (
+            f"pp={self.pp} x dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp} "
+            f"(ep={self.ep} of the dp ranks)"
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,14 +66,19 @@ class TopKConfig:
         for key in ("density", "warmup_density"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
-                raise ConfigError(f"train.parallel.topk.{key} = {value!r} is invalid; allowed: 0 < value <= 1 "
-                                  "(the share of each gradient tensor sent per step)")
+                raise ConfigError(
+                    f"train.parallel.topk.{key} = {value!r} is invalid; allowed: 0 < value <= 1 "
+                    "(the share of each gradient tensor sent per step)"
+                )
         if self.warmup_density < self.density:
-            raise ConfigError(f"train.parallel.topk.warmup_density = {self.warmup_density!r} is invalid; allowed: "
-                              f">= train.parallel.topk.density ({self.density!r}): the warm-up sends more, not less")
+            raise ConfigError(
+                f"train.parallel.topk.warmup_density = {self.warmup_density!r} is invalid; allowed: "
+                f">= train.parallel.topk.density ({self.density!r}): the warm-up sends more, not less"
+            )
         if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
-            raise ConfigError(f"train.parallel.topk.warmup_steps = {self.warmup_steps!r} is invalid; allowed: "
-                              "an integer >= 0")
+            raise ConfigError(
+                f"train.parallel.topk.warmup_steps = {self.warmup_steps!r} is invalid; allowed: an integer >= 0"
+            )
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             raise ConfigError(f"train.parallel.topk.momentum = {self.momentum!r} is invalid; allowed: 0 <= value < 1")
 
@@ -85,10 +92,10 @@ class TopKConfig:
 # keys of the table before the mesh degrees replaced them; build_config reports these texts (pipelines/jobfile.py)
 _REMOVED = {
     "mode": "train.parallel.mode was replaced by the mesh degrees: mode = 'ddp' is dp_replicate = -1 (the default: "
-            "every rank replicates), mode = 'fsdp' is dp_shard = -1 (every rank shards), mode = 'none' is one "
-            "process without torchrun (leave [train.parallel] out)",
+    "every rank replicates), mode = 'fsdp' is dp_shard = -1 (every rank shards), mode = 'none' is one "
+    "process without torchrun (leave [train.parallel] out)",
     "expert_parallel": "train.parallel.expert_parallel was renamed: write ep = N (experts split over N of the "
-                       "data-parallel ranks)",
+    "data-parallel ranks)",
     "tensor_parallel": "train.parallel.tensor_parallel was renamed: write tp = N",
     "pipeline_parallel": "train.parallel.pipeline_parallel was renamed: write pp = N",
 }
@@ -118,7 +125,8 @@ class ParallelConfig:
     powersgd_rank: int = 0  # DDP only: >0 compresses gradients with PowerSGD at this rank
     powersgd_start_iter: int = 10  # plain all-reduce for the first steps (PowerSGD's warm start)
     compression: Literal["none", "topk"] = "none"  # "topk": DDP sends each step's top-k gradient entries (DGC)
-    topk: TopKConfig = field(default_factory=TopKConfig)  # [train.parallel.topk], with compression = "topk"
+    # Deep Gradient Compression's settings, used with compression = "topk"
+    topk: TopKConfig = field(default_factory=TopKConfig)
     bucket_mb: int = 25  # DDP bucket size
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
 
@@ -126,32 +134,64 @@ class ParallelConfig:
         _check(self.backend in ("auto", "gloo", "nccl"), "backend", self.backend, "'auto', 'gloo' or 'nccl'")
         for key in ("dp_replicate", "dp_shard"):
             value = getattr(self, key)
-            _check(isinstance(value, int) and (value >= 1 or value == -1), key, value,
-                   "an integer >= 1, or -1 (whatever the world size leaves)")
+            _check(
+                isinstance(value, int) and (value >= 1 or value == -1),
+                key,
+                value,
+                "an integer >= 1, or -1 (whatever the world size leaves)",
+            )
         for key in ("tp", "pp", "ep", "bucket_mb", "pp_stages_per_rank"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
         for key in ("powersgd_rank", "powersgd_start_iter"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 0, key, value, "an integer >= 0")
-        _check(self.pp_schedule in ("gpipe", "1f1b", "interleaved_1f1b"), "pp_schedule", self.pp_schedule,
-               "'gpipe', '1f1b' or 'interleaved_1f1b'")
-        _check((self.pp_schedule == "interleaved_1f1b") == (self.pp_stages_per_rank > 1), "pp_stages_per_rank",
-               self.pp_stages_per_rank, "1 with pp_schedule 'gpipe' or '1f1b', 2 or more with 'interleaved_1f1b'")
+        _check(
+            self.pp_schedule in ("gpipe", "1f1b", "interleaved_1f1b"),
+            "pp_schedule",
+            self.pp_schedule,
+            "'gpipe', '1f1b' or 'interleaved_1f1b'",
+        )
+        _check(
+            (self.pp_schedule == "interleaved_1f1b") == (self.pp_stages_per_rank > 1),
+            "pp_stages_per_rank",
+            self.pp_stages_per_rank,
+            "1 with pp_schedule 'gpipe' or '1f1b', 2 or more with 'interleaved_1f1b'",
+        )
         _check(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel, "true or false")
-        _check(not self.sequence_parallel or self.tp > 1, "sequence_parallel", self.sequence_parallel,
-               "true only with tp > 1 (it cuts the activations along the sequence over the tp ranks)")
-        _check(not self.cpu_offload or self.dp_shard != 1, "cpu_offload", self.cpu_offload,
-               "true only with dp_shard > 1 or -1 (FSDP2's CPUOffloadPolicy)")
-        _check(not self.powersgd_rank or self.dp_shard == 1, "powersgd_rank", self.powersgd_rank,
-               "0 unless dp_shard = 1 (PowerSGD is a DDP communication hook)")
+        _check(
+            not self.sequence_parallel or self.tp > 1,
+            "sequence_parallel",
+            self.sequence_parallel,
+            "true only with tp > 1 (it cuts the activations along the sequence over the tp ranks)",
+        )
+        _check(
+            not self.cpu_offload or self.dp_shard != 1,
+            "cpu_offload",
+            self.cpu_offload,
+            "true only with dp_shard > 1 or -1 (FSDP2's CPUOffloadPolicy)",
+        )
+        _check(
+            not self.powersgd_rank or self.dp_shard == 1,
+            "powersgd_rank",
+            self.powersgd_rank,
+            "0 unless dp_shard = 1 (PowerSGD is a DDP communication hook)",
+        )
         _check(self.compression in ("none", "topk"), "compression", self.compression, "'none' or 'topk'")
         if self.compression == "topk":
-            _check(self.dp_shard == 1 and self.pp == 1, "compression", self.compression,
-                   "'none' unless dp_shard = 1 and pp = 1 (top-k compression is a DDP communication hook: "
-                   "FSDP2 reduce-scatters and pipeline stages do not go through it)")
-            _check(not self.powersgd_rank, "compression", self.compression,
-                   "'none' with powersgd_rank > 0 (PowerSGD and top-k are alternatives; set powersgd_rank = 0)")
+            _check(
+                self.dp_shard == 1 and self.pp == 1,
+                "compression",
+                self.compression,
+                "'none' unless dp_shard = 1 and pp = 1 (top-k compression is a DDP communication hook: "
+                "FSDP2 reduce-scatters and pipeline stages do not go through it)",
+            )
+            _check(
+                not self.powersgd_rank,
+                "compression",
+                self.compression,
+                "'none' with powersgd_rank > 0 (PowerSGD and top-k are alternatives; set powersgd_rank = 0)",
+            )
 
     def resolve(self, world_size: int, *, n_experts: int = 0) -> MeshDims:
         """The degrees for a launch of ``world_size`` processes; ConfigErrors say what does not fit and what would."""
@@ -165,10 +205,12 @@ class ParallelConfig:
         dims = MeshDims(dp_replicate=rep, dp_shard=shard, tp=self.tp, pp=self.pp, ep=self.ep)
         if dims.world != world_size:
             launch = "one process (no torchrun)" if world_size == 1 else f"{world_size} processes"
-            raise ConfigError(f"train.parallel: dp_replicate ({rep}) x dp_shard ({shard}) x tp ({self.tp}) x "
-                              f"pp ({self.pp}) does not make this launch's {launch}; the product must equal the "
-                              f"number of processes (torchrun --nproc_per_node N), where -1 takes what the other "
-                              f"degrees leave if they divide it")
+            raise ConfigError(
+                f"train.parallel: dp_replicate ({rep}) x dp_shard ({shard}) x tp ({self.tp}) x "
+                f"pp ({self.pp}) does not make this launch's {launch}; the product must equal the "
+                f"number of processes (torchrun --nproc_per_node N), where -1 takes what the other "
+                f"degrees leave if they divide it"
+            )
         self._check_ep(dims, n_experts)
         return dims
 
@@ -176,9 +218,18 @@ class ParallelConfig:
         ep = dims.ep
         if ep == 1:
             return
-        _check(dims.dp % ep == 0, "ep", ep, f"a divisor of the data-parallel degree dp_replicate x dp_shard "
-               f"({dims.dp_replicate} x {dims.dp_shard} = {dims.dp}): expert parallelism borrows data-parallel ranks")
-        _check(dims.dp_shard % ep == 0 or ep % dims.dp_shard == 0, "ep", ep,
-               f"a divisor or a multiple of dp_shard ({dims.dp_shard}), so each expert group nests inside or "
-               "contains whole FSDP groups")
+        _check(
+            dims.dp % ep == 0,
+            "ep",
+            ep,
+            f"a divisor of the data-parallel degree dp_replicate x dp_shard "
+            f"({dims.dp_replicate} x {dims.dp_shard} = {dims.dp}): expert parallelism borrows data-parallel ranks",
+        )
+        _check(
+            dims.dp_shard % ep == 0 or ep % dims.dp_shard == 0,
+            "ep",
+            ep,
+            f"a divisor or a multiple of dp_shard ({dims.dp_shard}), so each expert group nests inside or "
+            "contains whole FSDP groups",
+        )
         _check(n_experts > 1 and n_experts % ep == 0, "ep", ep, f"a divisor of train.model.n_experts ({n_experts})")

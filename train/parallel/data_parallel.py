@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from train.parallel.comm import CommTimer
-from train.parallel.config import ParallelConfig
-from train.parallel.mesh import World
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.config import ParallelConfig
+from winnow.train.parallel.mesh import World
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,11 @@ def _timed_powersgd(timer: CommTimer):
                 # the hook's own rule: matrices are compressed to P (n x r) and Q (m x r) when that pays
                 rows = grad.shape[0] if grad.ndim > 1 else 0
                 cols = grad.numel() // rows if rows else 0
-                compress, _, compressed = psgd._should_compress(rows, cols, state.matrix_approximation_rank,
-                                                                state.min_compression_rate) if rows else (False, 0, 0)
+                compress, _, compressed = (
+                    psgd._should_compress(rows, cols, state.matrix_approximation_rank, state.min_compression_rate)
+                    if rows
+                    else (False, 0, 0)
+                )
                 sent += (compressed if compress else grad.numel()) * size
         start = time.perf_counter()
 
@@ -68,8 +71,9 @@ def _timed_powersgd(timer: CommTimer):
     return hook
 
 
-def wrap_ddp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
-             ignore: list[str] = (), compression=None) -> DistributedDataParallel:
+def wrap_ddp(
+    model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *, ignore: list[str] = (), compression=None
+) -> DistributedDataParallel:
     """DDP over the data-parallel ranks; ``ignore`` names parameters it must not all-reduce (expert shards).
 
     ``compression``: a ``TopKCompression`` whose hook replaces the all-reduce (``compression = "topk"``).
@@ -78,17 +82,27 @@ def wrap_ddp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTim
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
     device_ids = [world.device.index] if world.device.type == "cuda" else None
     # no per-forward buffer sync: the only mutable buffer (the router bias) is updated from globally reduced loads
-    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=world.dp_group, bucket_cap_mb=cfg.bucket_mb,
-                                  forward_sync_buffers=False)
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=device_ids,
+        process_group=world.dp_group,
+        bucket_cap_mb=cfg.bucket_mb,
+        forward_sync_buffers=False,
+    )
     if compression is not None:
         compression.register(ddp)
         log.info("DDP with top-k compression, density %g", cfg.topk.density)
     elif cfg.powersgd_rank:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-        state = psgd.PowerSGDState(process_group=world.dp_group, matrix_approximation_rank=cfg.powersgd_rank,
-                                   start_powerSGD_iter=max(cfg.powersgd_start_iter, 2), use_error_feedback=True,
-                                   warm_start=True, random_seed=0)
+        state = psgd.PowerSGDState(
+            process_group=world.dp_group,
+            matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=max(cfg.powersgd_start_iter, 2),
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=0,
+        )
         ddp.register_comm_hook(state, _timed_powersgd(timer))
         log.info("DDP with PowerSGD rank %d from iteration %d", cfg.powersgd_rank, state.start_powerSGD_iter)
     else:
@@ -127,8 +141,9 @@ def _timed_fsdp_comms(timer: CommTimer):
     return TimedAllGather(), TimedReduceScatter()
 
 
-def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
-               reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(
+    model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *, reshard_after_forward: bool = True
+) -> nn.Module:
     """Shard every block, then the root, with FSDP2 (``fully_shard``), in place; CPU offload when asked.
 
     ``model`` is the whole transformer or one pipeline stage (``StageModule``, its blocks in a
@@ -147,7 +162,7 @@ def apply_fsdp(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommT
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
     from torch.distributed.tensor import Shard
 
-    from train.model.moe import MoE
+    from winnow.train.model.moe import MoE
 
     dense_mesh = world.fsdp_mesh
     # Pinned host memory only speeds up copies to an accelerator, and pinning needs one: without it

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.model.moe import MoE
-from train.parallel.comm import CommTimer
-from train.parallel.mesh import World
+from winnow.train.model.moe import MoE
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.mesh import World
 
 EXPERT_PARAMS = ("experts.w13_ED2F", "experts.w2_EFD")
 
@@ -96,7 +96,7 @@ def apply_expert_parallel(model: nn.Module, world: World, timer: CommTimer) -> d
         lo, local = world.ep_rank * (n_experts // world.ep_size), n_experts // world.ep_size
         with torch.no_grad():
             for pname in ("w13_ED2F", "w2_EFD"):
-                setattr(experts, pname, nn.Parameter(getattr(experts, pname)[lo:lo + local].clone()))
+                setattr(experts, pname, nn.Parameter(getattr(experts, pname)[lo : lo + local].clone()))
         dispatch = ExpertDispatch(group=world.ep_group, ep_size=world.ep_size, n_experts=n_experts, timer=timer)
         experts.register_forward_pre_hook(dispatch.dispatch)
         experts.register_forward_hook(dispatch.combine)
@@ -106,8 +106,12 @@ def apply_expert_parallel(model: nn.Module, world: World, timer: CommTimer) -> d
 
 def sharded_expert_names(model: nn.Module) -> list[str]:
     """Names of the expert parameters (sharded over ``ep`` once ``apply_expert_parallel`` ran)."""
-    return [f"{name}.{pname}" for name, module in model.named_modules() if isinstance(module, MoE)
-            for pname in EXPERT_PARAMS]
+    return [
+        f"{name}.{pname}"
+        for name, module in model.named_modules()
+        if isinstance(module, MoE)
+        for pname in EXPERT_PARAMS
+    ]
 
 
 def expert_parameters(model: nn.Module, names: list[str]) -> list[nn.Parameter]:
@@ -132,7 +136,7 @@ def sync_expert_grads(params: list[nn.Parameter], world: World, timer: CommTimer
             dist.all_reduce(flat, group=world.edp_group)
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
@@ -146,4 +150,4 @@ def gather_experts(tensor: torch.Tensor, world: World) -> torch.Tensor:
 def local_slice(tensor: torch.Tensor, world: World) -> torch.Tensor:
     """This rank's rows of a full (E, ...) expert tensor."""
     local = tensor.shape[0] // world.ep_size
-    return tensor[world.ep_rank * local:(world.ep_rank + 1) * local]
+    return tensor[world.ep_rank * local : (world.ep_rank + 1) * local]

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from train.errors import ConfigError
-from train.parallel.config import MeshDims, ParallelConfig
+from winnow.train.errors import ConfigError
+from winnow.train.parallel.config import MeshDims, ParallelConfig
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +187,9 @@ def init_world(cfg: ParallelConfig, *, device: str = "auto", n_experts: int = 0)
         dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
     dense, sparse, dp = build_meshes(dev.type, dims)
     log.info("rank %d/%d on %s (%s): mesh %s", rank, size, dev, backend, dims.describe())
-    return World(rank=rank, size=size, local_rank=local_rank, device=dev, dims=dims, mesh=dense, sparse_mesh=sparse,
-                 dp_mesh=dp)
+    return World(
+        rank=rank, size=size, local_rank=local_rank, device=dev, dims=dims, mesh=dense, sparse_mesh=sparse, dp_mesh=dp
+    )
 
 
 def shutdown(*, wait: bool | None = None) -> None:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from train.parallel.comm import CommTimer
-from train.parallel.config import ParallelConfig
-from train.parallel.mesh import World
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.config import ParallelConfig
+from winnow.train.parallel.mesh import World
 
 
 @dataclass(slots=True)
@@ -56,9 +56,16 @@ def apply_compile(model: nn.Module) -> None:
             block.compile()
 
 
-def parallelize(model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *,
-                activation_checkpointing: bool = False, compile: bool = False,
-                stages: list[nn.Module] | None = None) -> Layout:
+def parallelize(
+    model: nn.Module,
+    world: World,
+    cfg: ParallelConfig,
+    timer: CommTimer,
+    *,
+    activation_checkpointing: bool = False,
+    compile: bool = False,
+    stages: list[nn.Module] | None = None,
+) -> Layout:
     """Apply TP/SP, EP, activation checkpointing, compile and FSDP2 to ``model`` in place (see the module docstring).
 
     ``stages``: under pipeline parallelism this rank's stage modules (each an FSDP2 root of its own);
@@ -66,11 +73,11 @@ def parallelize(model: nn.Module, world: World, cfg: ParallelConfig, timer: Comm
     """
     layout = Layout()
     if world.tp_size > 1:
-        from train.parallel.tensor_parallel import apply_tensor_parallel
+        from winnow.train.parallel.tensor_parallel import apply_tensor_parallel
 
         layout.tp_layouts = apply_tensor_parallel(model, world, timer, sequence_parallel=cfg.sequence_parallel)
     if world.ep_size > 1:
-        from train.parallel.expert_parallel import (
+        from winnow.train.parallel.expert_parallel import (
             apply_expert_parallel,
             sharded_expert_names,
         )
@@ -82,7 +89,7 @@ def parallelize(model: nn.Module, world: World, cfg: ParallelConfig, timer: Comm
     if compile:
         apply_compile(model)
     if world.dims.dp_shard > 1:
-        from train.parallel.data_parallel import apply_fsdp
+        from winnow.train.parallel.data_parallel import apply_fsdp
 
         for root in stages or [model]:
             # a pipeline keeps the stage's parameters gathered over its micro-batches (see apply_fsdp)

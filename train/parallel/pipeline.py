@@ -29,13 +29,18 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                         ScheduleLoopedBFS)
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+)
 
-from train.errors import ConfigError
-from train.model.moe import MoEStats
-from train.model.transformer import Transformer
-from train.parallel.comm import CommTimer
+from winnow.train.errors import ConfigError
+from winnow.train.model.moe import MoEStats
+from winnow.train.model.transformer import Transformer
+from winnow.train.parallel.comm import CommTimer
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 # (first MoE layer's index, its stats and the following layers', source ids, loss mask) per stage forward
@@ -49,11 +54,15 @@ def check_pipeline_run(cfg, *, attribution: bool) -> None:
     """ConfigError for the parts of a ``[train]`` run that a pipeline-parallel run does not offer, and why."""
     why = None
     if attribution and cfg.attribution.split == "losses":
-        why = ("train.attribution.split = 'losses': one backward per source cannot cross the stages; "
-               "use split = 'tokens' (the default)")
+        why = (
+            "train.attribution.split = 'losses': one backward per source cannot cross the stages; "
+            "use split = 'tokens' (the default)"
+        )
     elif attribution and cfg.activation_checkpointing:
-        why = ("train.attribution with train.activation_checkpointing: a stage recomputes its forward in a backward "
-               "that runs outside the micro-batch's source split; set activation_checkpointing = false")
+        why = (
+            "train.attribution with train.activation_checkpointing: a stage recomputes its forward in a backward "
+            "that runs outside the micro-batch's source split; set activation_checkpointing = false"
+        )
     if why is not None:
         raise ConfigError(f"{why} — not available with train.parallel pipeline parallelism (pp > 1)")
 
@@ -61,8 +70,10 @@ def check_pipeline_run(cfg, *, attribution: bool) -> None:
 def stage_layers(n_layers: int, n_stages: int) -> list[range]:
     """Contiguous blocks per stage, the earlier stages one more where they do not divide evenly."""
     if n_layers < n_stages:
-        raise ConfigError(f"train.model.n_layers = {n_layers} is fewer than the pipeline's {n_stages} stages; "
-                          "every stage needs at least one block: lower train.parallel.pp (or its stages per rank)")
+        raise ConfigError(
+            f"train.model.n_layers = {n_layers} is fewer than the pipeline's {n_stages} stages; "
+            "every stage needs at least one block: lower train.parallel.pp (or its stages per rank)"
+        )
     base, extra = divmod(n_layers, n_stages)
     bounds = [0]
     for s in range(n_stages):
@@ -99,14 +110,17 @@ class StageModule(nn.Module):
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
         self.norm, self.head = (model.norm, model.head) if last else (None, None)
         self.first, self.last, self.router_scale = first, last, router_scale
-        self.first_moe = sum(model.cfg.is_moe_layer(i) for i in range(layers.start))  # global index of its first MoE layer
+        self.first_moe = sum(
+            model.cfg.is_moe_layer(i) for i in range(layers.start)
+        )  # global index of its first MoE layer
         self.record: Record | None = None  # set by ``Pipeline`` for each schedule step
         # likewise: (source_ids_BL) -> a context splitting the forward's weight gradients by source (attribution)
         self.split: Callable | None = None
         self.autocast: Callable = contextlib.nullcontext  # likewise: the forward's autocast (never the backward's)
 
-    def forward(self, h: torch.Tensor, doc_ids_BL: torch.Tensor, source_ids_BL: torch.Tensor,
-                loss_mask_BL: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, doc_ids_BL: torch.Tensor, source_ids_BL: torch.Tensor, loss_mask_BL: torch.Tensor
+    ) -> torch.Tensor:
         split = self.split(source_ids_BL) if self.split is not None else contextlib.nullcontext()
         with self.autocast(), split:  # the split ops keep it for their backward (train.attribution.hooks)
             return self._forward(h, doc_ids_BL, source_ids_BL, loss_mask_BL)
@@ -187,33 +201,60 @@ class _TimedStage(PipelineStage):
 class Pipeline:
     """This rank's stages of ``model`` (pruned to them in place) and the schedule that runs a step's micro-batches."""
 
-    def __init__(self, model: Transformer, *, rank: int, size: int, group, schedule: str, n_microbatches: int,
-                 device: torch.device, timer: CommTimer, stages_per_rank: int = 1,
-                 wrap: Callable[[nn.Module], nn.Module] | None = None, seq_parts: int = 1) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        rank: int,
+        size: int,
+        group,
+        schedule: str,
+        n_microbatches: int,
+        device: torch.device,
+        timer: CommTimer,
+        stages_per_rank: int = 1,
+        wrap: Callable[[nn.Module], nn.Module] | None = None,
+        seq_parts: int = 1,
+    ) -> None:
         if schedule not in SCHEDULES:
             raise ConfigError(f"train.parallel.pp_schedule = {schedule!r} is invalid; allowed: {sorted(SCHEDULES)}")
         interleaved = schedule == "interleaved_1f1b"
         if interleaved != (stages_per_rank > 1):
-            raise ConfigError(f"train.parallel.pp_stages_per_rank = {stages_per_rank} with pp_schedule = {schedule!r}: "
-                              "'interleaved_1f1b' needs 2 or more stages per rank, 'gpipe' and '1f1b' exactly 1")
+            raise ConfigError(
+                f"train.parallel.pp_stages_per_rank = {stages_per_rank} with pp_schedule = {schedule!r}: "
+                "'interleaved_1f1b' needs 2 or more stages per rank, 'gpipe' and '1f1b' exactly 1"
+            )
         n_stages = size * stages_per_rank
         if schedule != "gpipe" and n_microbatches < size:
-            raise ConfigError(f"train.grad_accum = {n_microbatches} is fewer than train.parallel.pp = {size}: "
-                              f"{schedule!r} needs at least one micro-batch per pipeline rank; raise grad_accum")
+            raise ConfigError(
+                f"train.grad_accum = {n_microbatches} is fewer than train.parallel.pp = {size}: "
+                f"{schedule!r} needs at least one micro-batch per pipeline rank; raise grad_accum"
+            )
         if interleaved and n_microbatches % size:
-            raise ConfigError(f"train.grad_accum = {n_microbatches} with pp_schedule = 'interleaved_1f1b' must be a "
-                              f"multiple of train.parallel.pp = {size}")
+            raise ConfigError(
+                f"train.grad_accum = {n_microbatches} with pp_schedule = 'interleaved_1f1b' must be a "
+                f"multiple of train.parallel.pp = {size}"
+            )
         if model.cfg.tie_embeddings:
-            raise ConfigError("train.model.tie_embeddings = true with train.parallel.pp > 1: the embedding lives on the "
-                              "first stage and the head on the last; untie them (tie_embeddings = false)")
+            raise ConfigError(
+                "train.model.tie_embeddings = true with train.parallel.pp > 1: the embedding lives on the "
+                "first stage and the head on the last; untie them (tie_embeddings = false)"
+            )
         layers = stage_layers(model.cfg.n_layers, n_stages)
         mine = [rank + k * size for k in range(stages_per_rank)]  # torch's "loop" placement of virtual stages
         keep_stage(model, {i for s in mine for i in layers[s]}, embed=0 in mine, head=n_stages - 1 in mine)
         self.n_microbatches, self.is_last = n_microbatches, n_stages - 1 in mine
-        self.modules = [StageModule(model, layers[s], first=s == 0, last=s == n_stages - 1, router_scale=1 / n_microbatches)
-                        for s in mine]
+        self.modules = [
+            StageModule(model, layers[s], first=s == 0, last=s == n_stages - 1, router_scale=1 / n_microbatches)
+            for s in mine
+        ]
         self._where = dict(indices=mine, n_stages=n_stages, device=device, group=group, timer=timer, wrap=wrap)
-        self._cls, self._interleaved, self.dim, self.vocab = SCHEDULES[schedule], interleaved, model.cfg.dim, model.cfg.padded_vocab
+        self._cls, self._interleaved, self.dim, self.vocab = (
+            SCHEDULES[schedule],
+            interleaved,
+            model.cfg.dim,
+            model.cfg.padded_vocab,
+        )
         self._seq_parts = seq_parts  # sequence parallel: the activations between stages are a tp rank's part
         self._submodules: list[nn.Module] | None = None  # the stage modules, wrapped (DDP) at the first step
         self._schedules: dict[tuple, object] = {}  # (rows, cols, micro-batches, logits dtype) -> its schedule
@@ -241,20 +282,38 @@ class Pipeline:
         stages = []
         part = cols // self._seq_parts
         for submodule, s in zip(self._submodules, w["indices"]):
-            x_in = (torch.zeros(rows, cols, dtype=torch.long, device=meta) if s == 0
-                    else torch.zeros(rows, part, self.dim, device=meta, requires_grad=True))
-            x_out = (torch.zeros(rows, cols, self.vocab, dtype=logits_dtype, device=meta) if s == w["n_stages"] - 1
-                     else torch.zeros(rows, part, self.dim, device=meta, requires_grad=True))
-            stages.append(_TimedStage(submodule, s, w["n_stages"], w["device"], input_args=x_in, output_args=x_out,
-                                      group=w["group"], timer=w["timer"], clock=self._clock))
+            x_in = (
+                torch.zeros(rows, cols, dtype=torch.long, device=meta)
+                if s == 0
+                else torch.zeros(rows, part, self.dim, device=meta, requires_grad=True)
+            )
+            x_out = (
+                torch.zeros(rows, cols, self.vocab, dtype=logits_dtype, device=meta)
+                if s == w["n_stages"] - 1
+                else torch.zeros(rows, part, self.dim, device=meta, requires_grad=True)
+            )
+            stages.append(
+                _TimedStage(
+                    submodule,
+                    s,
+                    w["n_stages"],
+                    w["device"],
+                    input_args=x_in,
+                    output_args=x_out,
+                    group=w["group"],
+                    timer=w["timer"],
+                    clock=self._clock,
+                )
+            )
         size = w["n_stages"] // len(stages)
         cls = self._cls
         if self._interleaved and (n < size or n % size):
             cls = ScheduleLoopedBFS
         elif cls is Schedule1F1B and n < size:
             cls = ScheduleGPipe
-        schedule = cls(stages if self._interleaved else stages[0], n_microbatches=n, loss_fn=self._loss,
-                       scale_grads=False)
+        schedule = cls(
+            stages if self._interleaved else stages[0], n_microbatches=n, loss_fn=self._loss, scale_grads=False
+        )
         self._schedules[key] = schedule
         return schedule
 
@@ -263,9 +322,18 @@ class Pipeline:
         extra = dict(zip(("tokens_BL", "doc_ids_BL"), inputs))
         return self._loss_fn(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL.bool(), **extra)
 
-    def run(self, batches: list, *, loss: LossFn, record: Record | None, train: bool = True,
-            autocast: Callable = contextlib.nullcontext, loss_scale: float = 1.0, split: Callable | None = None,
-            inputs: bool = False) -> None:
+    def run(
+        self,
+        batches: list,
+        *,
+        loss: LossFn,
+        record: Record | None,
+        train: bool = True,
+        autocast: Callable = contextlib.nullcontext,
+        loss_scale: float = 1.0,
+        split: Callable | None = None,
+        inputs: bool = False,
+    ) -> None:
         """One schedule step over ``batches`` (one per micro-batch, already on the device).
 
         ``loss`` runs on the last stage per micro-batch; ``record`` on every stage with MoE layers.
@@ -298,8 +366,13 @@ class Pipeline:
             self._loss_fn = None
 
     def _step(self, schedule, batches: list, *, train: bool, inputs: bool = False) -> None:
-        cat = {k: torch.cat([getattr(b, k) for b in batches]) for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")}
-        columns = [cat["targets"], cat["source_ids"], cat["loss_mask"]] + ([cat["tokens"], cat["doc_ids"]] if inputs else [])
+        cat = {
+            k: torch.cat([getattr(b, k) for b in batches])
+            for k in ("tokens", "targets", "source_ids", "loss_mask", "doc_ids")
+        }
+        columns = [cat["targets"], cat["source_ids"], cat["loss_mask"]] + (
+            [cat["tokens"], cat["doc_ids"]] if inputs else []
+        )
         target = torch.stack([c.long() for c in columns], dim=-1)
         kwargs = {"doc_ids_BL": cat["doc_ids"], "source_ids_BL": cat["source_ids"], "loss_mask_BL": cat["loss_mask"]}
         args = (cat["tokens"],) if 0 in self._where["indices"] else ()
@@ -312,7 +385,9 @@ class Pipeline:
         finally:
             self._where["timer"].add_interval(self._clock[0], time.perf_counter(), 0, 0)  # the last wait
 
-    def evaluate(self, batches: Iterable, *, loss: LossFn, rows: int, cols: int, autocast: Callable = contextlib.nullcontext) -> None:
+    def evaluate(
+        self, batches: Iterable, *, loss: LossFn, rows: int, cols: int, autocast: Callable = contextlib.nullcontext
+    ) -> None:
         """Forward-only schedule steps over held-out ``batches``, ``n_microbatches`` at a time.
 
         Each batch is padded (masked) to the last training micro-batch's shape when it fits, else to
@@ -359,12 +434,20 @@ def _pad(batch, rows: int, cols: int):
     """``batch`` grown to (rows, cols) with masked padding (at the end of each sequence: causal attention ignores it)."""
     B, L = batch.tokens.shape
     if B > rows or L > cols:
-        raise ValueError(f"a held-out batch of shape ({B}, {L}) is larger than the pipeline's micro-batch ({rows}, {cols})")
+        raise ValueError(
+            f"a held-out batch of shape ({B}, {L}) is larger than the pipeline's micro-batch ({rows}, {cols})"
+        )
 
     def grow(t: torch.Tensor, value) -> torch.Tensor:
         out = t.new_full((rows, cols), value)
         out[:B, :L] = t
         return out
 
-    return type(batch)(grow(batch.tokens, 0), grow(batch.targets, 0), grow(batch.source_ids, 0),
-                       grow(batch.loss_mask, False), grow(batch.doc_ids, -1), list(batch.origins))
+    return type(batch)(
+        grow(batch.tokens, 0),
+        grow(batch.targets, 0),
+        grow(batch.source_ids, 0),
+        grow(batch.loss_mask, False),
+        grow(batch.doc_ids, -1),
+        list(batch.origins),
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from train.parallel.comm import CommTimer
+from winnow.train.parallel.comm import CommTimer
 
 
 class AgreedGradScaler(torch.amp.GradScaler):

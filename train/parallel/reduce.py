@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from train.parallel.comm import CommTimer
-from train.parallel.mesh import World
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.mesh import World
 
 
 class Reducer:
@@ -45,7 +45,8 @@ class Reducer:
         """
         pair = torch.stack([loss.detach().float(), grad_norm.detach().float()])
         if self.world.dp_size > 1:
-            pair = self.sum(pair.double()) * torch.tensor([1.0, 1.0 / self.world.dp_size], dtype=torch.float64,
-                                                          device=pair.device)
+            pair = self.sum(pair.double()) * torch.tensor(
+                [1.0, 1.0 / self.world.dp_size], dtype=torch.float64, device=pair.device
+            )
         loss_value, norm_value = pair.tolist()
         return loss_value, norm_value

@@ -17,17 +17,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from train.checkpoint import CheckpointManager
-from train.metrics import MetricsConfig, MetricsWriter
-from train.parallel import checkpoint as ckpt
-from train.parallel.comm import CommTimer
-from train.parallel.config import ParallelConfig
-from train.parallel.data_parallel import wrap_ddp
-from train.parallel.expert_parallel import expert_parameters, sync_expert_grads
-from train.parallel.mesh import World, init_world
-from train.parallel.precision import AgreedGradScaler
-from train.parallel.reduce import Reducer
-from train.parallel.tensor_parallel import (
+from winnow.train.checkpoint import CheckpointManager
+from winnow.train.metrics import MetricsConfig, MetricsWriter
+from winnow.train.parallel import checkpoint as ckpt
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.config import ParallelConfig
+from winnow.train.parallel.data_parallel import wrap_ddp
+from winnow.train.parallel.expert_parallel import expert_parameters, sync_expert_grads
+from winnow.train.parallel.mesh import World, init_world
+from winnow.train.parallel.precision import AgreedGradScaler
+from winnow.train.parallel.reduce import Reducer
+from winnow.train.parallel.tensor_parallel import (
     sequence_parallel_parameters,
     sync_sequence_parallel_grads,
 )
@@ -85,8 +85,16 @@ class Parallel:
         return float(self.world.dp_size)
 
     # ---- model ------------------------------------------------------------------------------
-    def parallelize(self, model: nn.Module, *, grad_accum: int = 1, activation_checkpointing: bool = False,
-                    compile: bool = False, seed: int = 0, grad_clip: float = 0.0) -> nn.Module:
+    def parallelize(
+        self,
+        model: nn.Module,
+        *,
+        grad_accum: int = 1,
+        activation_checkpointing: bool = False,
+        compile: bool = False,
+        seed: int = 0,
+        grad_clip: float = 0.0,
+    ) -> nn.Module:
         """Apply this run's layout to the plain ``model`` in place; returns the module to call forward on.
 
         A model built on the meta device is then given memory for this rank's parts only and initialised
@@ -101,27 +109,37 @@ class Parallel:
         different parts and share their batches. ``grad_clip`` (the trainer's max norm): top-k compression
         (``compression = "topk"``, a hook on that DDP) clips each rank's gradient before accumulating it.
         """
-        from train.parallel.parallelize import parallelize
+        from winnow.train.parallel.parallelize import parallelize
 
         world = self.world
         self._reduce_load = getattr(model.cfg, "load_balance", None) == "bias" and world.dp_size > 1
         stages = None
         if world.pp_size > 1:
             stages = self._pipeline(model, grad_accum).modules
-        layout = parallelize(model, world, self.cfg, self.comm, activation_checkpointing=activation_checkpointing,
-                             compile=compile, stages=stages)
+        layout = parallelize(
+            model,
+            world,
+            self.cfg,
+            self.comm,
+            activation_checkpointing=activation_checkpointing,
+            compile=compile,
+            stages=stages,
+        )
         self.experts, self.tp_layouts, self.dispatches = layout.experts, layout.tp_layouts, layout.dispatches
         if any(p.is_meta for p in model.parameters()):  # FSDP2 shards with offload live on the CPU
             model.to_empty(device="cpu" if self.cfg.cpu_offload else world.device)
+            if getattr(model.cfg, "tie_embeddings", False) and model.head.weight is not model.embed.weight:
+                model.head.weight = model.embed.weight  # to_empty gives each module its own tensor: tie them again
             model.init_weights(seed, write=self.write_part)
         self._find_split_parameters(model)
         if self.fsdp or world.dp_size == 1 or self.pipeline is not None:
             return model
         if self.cfg.compression == "topk":
-            from train.parallel.compression import TopKCompression
+            from winnow.train.parallel.compression import TopKCompression
 
-            self.compression = TopKCompression(self.cfg.topk, model, group=world.dp_group, timer=self.comm,
-                                               grad_clip=grad_clip)
+            self.compression = TopKCompression(
+                self.cfg.topk, model, group=world.dp_group, timer=self.comm, grad_clip=grad_clip
+            )
         return wrap_ddp(model, world, self.cfg, self.comm, ignore=self.experts, compression=self.compression)
 
     @torch.no_grad()
@@ -134,16 +152,25 @@ class Parallel:
     def _pipeline(self, model: nn.Module, grad_accum: int):
         """This rank's pipeline stages of ``model`` (which keeps only their layers), under DDP over the ``dp``
         ranks when they replicate (FSDP2 shards the stage modules in ``parallelize``)."""
-        from train.parallel.pipeline import Pipeline
+        from winnow.train.parallel.pipeline import Pipeline
 
         world = self.world
         ddp = world.dp_size > 1 and not self.fsdp
         wrap = (lambda stage: wrap_ddp(stage, world, self.cfg, self.comm, ignore=self.experts)) if ddp else None
         seq_parts = world.tp_size if self.cfg.sequence_parallel else 1
-        self.pipeline = Pipeline(model, rank=world.pp_rank, size=world.pp_size, group=world.pp_group,
-                                 schedule=self.cfg.pp_schedule, n_microbatches=grad_accum, device=world.device,
-                                 timer=self.comm, stages_per_rank=self.cfg.pp_stages_per_rank, wrap=wrap,
-                                 seq_parts=seq_parts)
+        self.pipeline = Pipeline(
+            model,
+            rank=world.pp_rank,
+            size=world.pp_size,
+            group=world.pp_group,
+            schedule=self.cfg.pp_schedule,
+            n_microbatches=grad_accum,
+            device=world.device,
+            timer=self.comm,
+            stages_per_rank=self.cfg.pp_stages_per_rank,
+            wrap=wrap,
+            seq_parts=seq_parts,
+        )
         return self.pipeline
 
     def _find_split_parameters(self, model: nn.Module) -> None:
@@ -216,8 +243,9 @@ class Parallel:
             norm = torch.nn.utils.get_total_norm(grads)
             return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float().pow(2)
 
-        whole, tp_sq, ep_sq, both_sq = (squares(kinds[k]) for k in ((False, False), (False, True), (True, False),
-                                                                     (True, True)))
+        whole, tp_sq, ep_sq, both_sq = (
+            squares(kinds[k]) for k in ((False, False), (False, True), (True, False), (True, True))
+        )
         if self.world.ep_size > 1:
             ep_sq, both_sq = self._sum_over(torch.stack([ep_sq, both_sq]), self.world.ep_group).unbind()
         if self.world.tp_size > 1:
@@ -267,10 +295,13 @@ class Parallel:
         ckpt.load_model_state(model, state, self.world, fsdp=self.fsdp, experts=self.experts, tp=self.tp_layouts)
 
     def load_optim_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        ckpt.load_optim_state(model, optimizer, state, self.world, fsdp=self.fsdp, experts=self.experts, tp=self.tp_layouts)
+        ckpt.load_optim_state(
+            model, optimizer, state, self.world, fsdp=self.fsdp, experts=self.experts, tp=self.tp_layouts
+        )
 
-    def save_checkpoint(self, manager: CheckpointManager, step: int, state: dict, model: nn.Module,
-                        optimizer: torch.optim.Optimizer) -> Path:
+    def save_checkpoint(
+        self, manager: CheckpointManager, step: int, state: dict, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> Path:
         """``state`` (the run's other parts) and the model's and optimizer's shards, each rank writing its own."""
         shards, groups = ckpt.shard_state(model, optimizer, self.world, experts=self.experts, tp=self.tp_layouts)
         if self.compression is not None:  # each rank's residuals and velocities
@@ -280,8 +311,7 @@ class Parallel:
 
     def load_shards(self, model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, param_groups: list) -> None:
         """This rank's part of a checkpoint's shards, saved on any mesh."""
-        ckpt.load_shards(model, optimizer, folder, param_groups, self.world, experts=self.experts,
-                         tp=self.tp_layouts)
+        ckpt.load_shards(model, optimizer, folder, param_groups, self.world, experts=self.experts, tp=self.tp_layouts)
         if self.compression is not None:
             self.compression.load_shards(folder, **self._coordinates())
 

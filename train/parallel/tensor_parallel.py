@@ -35,12 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.errors import ConfigError
-from train.model import ModelConfig
-from train.model.layers import Attention, RMSNorm, SwiGLU
-from train.model.moe import MoE
-from train.parallel.comm import CommTimer
-from train.parallel.mesh import World
+from winnow.train.errors import ConfigError
+from winnow.train.model import ModelConfig
+from winnow.train.model.layers import Attention, RMSNorm, SwiGLU
+from winnow.train.model.moe import MoE
+from winnow.train.parallel.comm import CommTimer
+from winnow.train.parallel.mesh import World
 
 # per module class: parameter name -> (dim, parts) of its tensor-parallel layout
 ATTENTION_LAYOUT = {"wq.weight": (0, 1), "wkv.weight": (0, 2), "wo.weight": (1, 1)}
@@ -103,9 +103,11 @@ def _seq_reduce_scatter(x: torch.Tensor, group, size: int, timer: CommTimer) -> 
 def _seq_part(x: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     length = x.shape[1]
     if length % size:
-        raise ConfigError(f"train.parallel.sequence_parallel: a batch of sequence length {length} does not split "
-                          f"over tp = {size} ranks; make train.data.seq_len (and any sequence-length warm-up "
-                          "lengths) a multiple of tp")
+        raise ConfigError(
+            f"train.parallel.sequence_parallel: a batch of sequence length {length} does not split "
+            f"over tp = {size} ranks; make train.data.seq_len (and any sequence-length warm-up "
+            "lengths) a multiple of tp"
+        )
     return x.narrow(1, rank * (length // size), length // size).contiguous()
 
 
@@ -196,14 +198,19 @@ class Crossings:
 
 def check_divides(cfg: ModelConfig, tp: int) -> None:
     """ConfigError naming the model key tensor parallelism cannot split evenly over ``tp`` ranks."""
-    hidden = {"train.model.n_heads": cfg.n_heads, "train.model.n_kv_heads": cfg.kv_heads,
-              "train.model.ffn_hidden": cfg.ffn_hidden}
+    hidden = {
+        "train.model.n_heads": cfg.n_heads,
+        "train.model.n_kv_heads": cfg.kv_heads,
+        "train.model.ffn_hidden": cfg.ffn_hidden,
+    }
     if cfg.dense_hidden:
         hidden["train.model.dense_hidden"] = cfg.dense_hidden
     for key, value in hidden.items():
         if value % tp:
-            raise ConfigError(f"train.parallel.tp = {tp} does not divide {key} = {value}: tensor parallelism splits "
-                              "heads and hidden widths evenly over the tp ranks; pick a tp that divides it")
+            raise ConfigError(
+                f"train.parallel.tp = {tp} does not divide {key} = {value}: tensor parallelism splits "
+                "heads and hidden widths evenly over the tp ranks; pick a tp that divides it"
+            )
 
 
 @torch.no_grad()
@@ -225,8 +232,9 @@ def _out(fn):
     return lambda _module, _args, out: (fn(out[0]), *out[1:]) if isinstance(out, tuple) else fn(out)
 
 
-def apply_tensor_parallel(model: nn.Module, world: World, timer: CommTimer, *,
-                          sequence_parallel: bool = False) -> dict[str, tuple[int, int]]:
+def apply_tensor_parallel(
+    model: nn.Module, world: World, timer: CommTimer, *, sequence_parallel: bool = False
+) -> dict[str, tuple[int, int]]:
     """Split ``model`` over the ``tp`` ranks in place; returns parameter name -> ``(dim, parts)`` of every split weight.
 
     ``model`` is the whole transformer or a pipeline stage's pruned one (blocks it does not hold are None).

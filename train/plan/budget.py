@@ -12,11 +12,11 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.errors import ConfigError
-from train.model import ModelConfig
-from train.plan.hardware import Device
-from train.plan.layout import Layout, best_layout, sequences_per_step
-from train.plan.shape import model_for, non_embedding
+from winnow.train.errors import ConfigError
+from winnow.train.model import ModelConfig
+from winnow.train.plan.hardware import Device
+from winnow.train.plan.layout import Layout, best_layout, sequences_per_step
+from winnow.train.plan.shape import model_for, non_embedding
 
 TOKENS_PER_PARAM = 20.0
 DEFAULT_MFU = 0.35
@@ -49,9 +49,19 @@ def measured_mfu(run_dir: str | Path) -> float:
     return statistics.median(values[1:] or values)
 
 
-def plan_run(dev: Device, *, gpus: int, hours: float | None = None, flops: float | None = None, mfu: float = DEFAULT_MFU,
-             mfu_basis: str = "assumed", n_experts: int = 8, top_k: int = 2, vocab_size: int = 32768,
-             seq_len: int = 4096) -> RunPlan:
+def plan_run(
+    dev: Device,
+    *,
+    gpus: int,
+    hours: float | None = None,
+    flops: float | None = None,
+    mfu: float = DEFAULT_MFU,
+    mfu_basis: str = "assumed",
+    n_experts: int = 8,
+    top_k: int = 2,
+    vocab_size: int = 32768,
+    seq_len: int = 4096,
+) -> RunPlan:
     """The compute-optimal model for the budget, its tokens, batch and layout, and the wall-clock it needs."""
     if (hours is None) == (flops is None):
         raise ConfigError("give a budget: --hours (with --gpu and --gpus) or --flops")
@@ -64,9 +74,21 @@ def plan_run(dev: Device, *, gpus: int, hours: float | None = None, flops: float
     seqs = sequences_per_step(compute, seq_len)
     steps = max(1, round(tokens / (seqs * seq_len)))
     layout = best_layout(model, dev, gpus=gpus, seq_len=seq_len, global_seqs=seqs, mfu=mfu)
-    step_s = layout.step_s if layout else seqs * seq_len * model.flops_per_token(seq_len) / (gpus * dev.peak_flops * mfu)
-    return RunPlan(compute_flops=compute, mfu=mfu, mfu_basis=mfu_basis, model=model, tokens=tokens, seq_len=seq_len,
-                   global_seqs=seqs, steps=steps, layout=layout, hours=steps * step_s / 3600)
+    step_s = (
+        layout.step_s if layout else seqs * seq_len * model.flops_per_token(seq_len) / (gpus * dev.peak_flops * mfu)
+    )
+    return RunPlan(
+        compute_flops=compute,
+        mfu=mfu,
+        mfu_basis=mfu_basis,
+        model=model,
+        tokens=tokens,
+        seq_len=seq_len,
+        global_seqs=seqs,
+        steps=steps,
+        layout=layout,
+        hours=steps * step_s / 3600,
+    )
 
 
 def duration(hours: float) -> str:
@@ -94,26 +116,39 @@ def describe(plan: RunPlan, dev: Device, gpus: int) -> str:
     """The plan as the lines ``winnow plan`` prints."""
     m = plan.model
     total, active = non_embedding(m)
-    lines = [f"budget: {plan.compute_flops:.3g} FLOPs on {gpus} x {dev.name} ({dev.memory_gib:g} GiB, "
-             f"{dev.peak_flops / 1e12:g} TFLOP/s bf16) at MFU {plan.mfu:.1%} ({plan.mfu_basis})",
-             f"model:  {count(active)} active / {count(total)} total params without embeddings "
-             f"(dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads, "
-             + (f"{m.n_experts} experts top-{m.top_k} of width {m.ffn_hidden})" if m.is_moe else f"dense, ffn {m.ffn_hidden})"),
-             f"data:   {count(plan.tokens)} tokens ({plan.tokens / active:.0f} per active param), batch {plan.global_seqs} x "
-             f"{plan.seq_len} = {count(plan.global_seqs * plan.seq_len)} tokens, {plan.steps:,} steps"]
+    lines = [
+        f"budget: {plan.compute_flops:.3g} FLOPs on {gpus} x {dev.name} ({dev.memory_gib:g} GiB, "
+        f"{dev.peak_flops / 1e12:g} TFLOP/s bf16) at MFU {plan.mfu:.1%} ({plan.mfu_basis})",
+        f"model:  {count(active)} active / {count(total)} total params without embeddings "
+        f"(dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads, "
+        + (
+            f"{m.n_experts} experts top-{m.top_k} of width {m.ffn_hidden})"
+            if m.is_moe
+            else f"dense, ffn {m.ffn_hidden})"
+        ),
+        f"data:   {count(plan.tokens)} tokens ({plan.tokens / active:.0f} per active param), batch {plan.global_seqs} x "
+        f"{plan.seq_len} = {count(plan.global_seqs * plan.seq_len)} tokens, {plan.steps:,} steps",
+    ]
     lay = plan.layout
     if lay is None:
-        lines.append(f"layout: none fits in {dev.memory_gib:g} GiB per device, even with tp, pp, ep and activation "
-                     "checkpointing; add devices or pick ones with more memory")
+        lines.append(
+            f"layout: none fits in {dev.memory_gib:g} GiB per device, even with tp, pp, ep and activation "
+            "checkpointing; add devices or pick ones with more memory"
+        )
     else:
         mem = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in lay.memory.items())
         comm = ", ".join(f"{k} {1000 * v:.0f} ms" for k, v in lay.comm.items() if v)
-        lines += [f"layout: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, ep {lay.ep} (inside dp)"
-                  + (", activation checkpointing" if lay.checkpointing else "") + f"; {lay.micro_batches} micro-batches per step",
-                  f"memory: {lay.memory_bytes / 2**30:.1f} of {dev.memory_gib:g} GiB per device ({mem})",
-                  f"step:   {duration(lay.step_s / 3600)} ({duration(lay.compute_s / 3600)} compute, pipeline bubble "
-                  f"{lay.bubble:.0%}, communication {lay.comm_share:.0%}" + (f": {comm}" if comm else "") + ")"]
+        lines += [
+            f"layout: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, ep {lay.ep} (inside dp)"
+            + (", activation checkpointing" if lay.checkpointing else "")
+            + f"; {lay.micro_batches} micro-batches per step",
+            f"memory: {lay.memory_bytes / 2**30:.1f} of {dev.memory_gib:g} GiB per device ({mem})",
+            f"step:   {duration(lay.step_s / 3600)} ({duration(lay.compute_s / 3600)} compute, pipeline bubble "
+            f"{lay.bubble:.0%}, communication {lay.comm_share:.0%}" + (f": {comm}" if comm else "") + ")",
+        ]
     lines.append(f"time:   {duration(plan.hours)} on {gpus} device{'s' if gpus > 1 else ''}")
-    lines.append(f"[train.model] dim = {m.dim}, n_layers = {m.n_layers}, n_heads = {m.n_heads}, ffn_hidden = {m.ffn_hidden}, "
-                 f"n_experts = {m.n_experts}, top_k = {m.top_k}")
+    lines.append(
+        f"[train.model] dim = {m.dim}, n_layers = {m.n_layers}, n_heads = {m.n_heads}, ffn_hidden = {m.ffn_hidden}, "
+        f"n_experts = {m.n_experts}, top_k = {m.top_k}"
+    )
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from train.errors import ConfigError
+from winnow.train.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +66,18 @@ def local_device() -> LocalDevice | None:
 
 
 # fragments of the names torch reports, most specific first ("L40S" before "L4", "H100 PCIe" before "H100")
-_NAME_KEYS = (("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("A100", "a100"), ("L40S", "l40s"),
-              ("L4", "l4"), ("A10G", "a10g"), ("4090", "rtx4090"), ("MI300X", "mi300x"), ("V100", "v100"))
+_NAME_KEYS = (
+    ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100"),
+    ("A100", "a100"),
+    ("L40S", "l40s"),
+    ("L4", "l4"),
+    ("A10G", "a10g"),
+    ("4090", "rtx4090"),
+    ("MI300X", "mi300x"),
+    ("V100", "v100"),
+)
 
 
 def table_key(device_name: str) -> str | None:
@@ -78,9 +88,16 @@ def table_key(device_name: str) -> str | None:
     return None
 
 
-def resolve(gpu: str | None, *, memory_gib: float | None = None, peak_tflops: float | None = None,
-            intra: str | float | None = None, inter: str | float | None = None, per_node: int | None = None,
-            local: LocalDevice | None = None) -> tuple[Device, str]:
+def resolve(
+    gpu: str | None,
+    *,
+    memory_gib: float | None = None,
+    peak_tflops: float | None = None,
+    intra: str | float | None = None,
+    inter: str | float | None = None,
+    per_node: int | None = None,
+    local: LocalDevice | None = None,
+) -> tuple[Device, str]:
     """The device to plan for and where its memory figure comes from (printed by ``winnow plan``).
 
     ``gpu`` None means this machine's accelerator (``local``) when there is one, else the H100 entry.
@@ -94,24 +111,39 @@ def resolve(gpu: str | None, *, memory_gib: float | None = None, peak_tflops: fl
         return dev, "given (--memory-gib)"
     if here:
         dev = replace(dev, name=local.name, memory_gib=round(local.total_gib, 1))
-        basis = (f"this machine's {local.name}: {local.total_gib:.1f} GiB total, {local.free_gib:.1f} GiB free now "
-                 "(torch.cuda.mem_get_info)")
+        basis = (
+            f"this machine's {local.name}: {local.total_gib:.1f} GiB total, {local.free_gib:.1f} GiB free now "
+            "(torch.cuda.mem_get_info)"
+        )
         if table_key(local.name) is None:
-            basis += f"; not in the table, so peak and links are the {key} entry's (set --peak-tflops, --intra, --inter)"
+            basis += (
+                f"; not in the table, so peak and links are the {key} entry's (set --peak-tflops, --intra, --inter)"
+            )
         return dev, basis
     if local is not None:
-        return dev, (f"the table's figure for {dev.name}; this machine's {local.name} has {local.total_gib:.1f} GiB "
-                     "(leave out --gpu to plan for it)")
+        return dev, (
+            f"the table's figure for {dev.name}; this machine's {local.name} has {local.total_gib:.1f} GiB "
+            "(leave out --gpu to plan for it)"
+        )
     return dev, f"the table's figure for {dev.name} (no accelerator on this machine; --memory-gib overrides)"
 
 
-def device(name: str, *, memory_gib: float | None = None, peak_tflops: float | None = None,
-           intra: str | float | None = None, inter: str | float | None = None, per_node: int | None = None) -> Device:
+def device(
+    name: str,
+    *,
+    memory_gib: float | None = None,
+    peak_tflops: float | None = None,
+    intra: str | float | None = None,
+    inter: str | float | None = None,
+    per_node: int | None = None,
+) -> Device:
     """A table entry with any figure overridden; link overrides are names from ``LINKS_GBPS`` or GB/s."""
     key = name.lower()
     if key not in DEVICES:
-        raise ConfigError(f"--gpu {name!r} is not in the table; known: {', '.join(DEVICES)} "
-                          "(or pick the closest and override --memory-gib / --peak-tflops / --intra / --inter)")
+        raise ConfigError(
+            f"--gpu {name!r} is not in the table; known: {', '.join(DEVICES)} "
+            "(or pick the closest and override --memory-gib / --peak-tflops / --intra / --inter)"
+        )
     dev = DEVICES[key]
     changes: dict = {}
     if memory_gib is not None:

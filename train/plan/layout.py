@@ -33,9 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from train.model import ModelConfig
-from train.plan.hardware import Device
-from train.plan.shape import expert_params
+from winnow.train.model import ModelConfig
+from winnow.train.plan.hardware import Device
+from winnow.train.plan.shape import expert_params
 
 FIT = 0.9
 
@@ -63,8 +63,9 @@ class Layout:
         return sum(self.comm.values()) / self.step_s
 
 
-def memory_per_device(cfg: ModelConfig, *, gpus: int, tp: int, pp: int, ep: int, seq_len: int,
-                      checkpointing: bool) -> dict[str, float]:
+def memory_per_device(
+    cfg: ModelConfig, *, gpus: int, tp: int, pp: int, ep: int, seq_len: int, checkpointing: bool
+) -> dict[str, float]:
     """Bytes per device by part (see the module docstring)."""
     total, _ = cfg.param_counts()
     s, d, L = seq_len, cfg.dim, cfg.n_layers
@@ -72,12 +73,27 @@ def memory_per_device(cfg: ModelConfig, *, gpus: int, tp: int, pp: int, ep: int,
     block_dense = (total - experts - cfg.padded_vocab * d * 2) / L
     block_experts = experts / max(cfg.n_moe_layers, 1)
     activations = (2 * s * d * L + 34 * s * d / tp) if checkpointing else L * 34 * s * d / tp
-    return {"states": 16 * total / gpus, "gathered": 2 * 2 * (block_dense + block_experts / ep) / tp,
-            "activations": activations, "logits": s * cfg.padded_vocab * 6 / tp}
+    return {
+        "states": 16 * total / gpus,
+        "gathered": 2 * 2 * (block_dense + block_experts / ep) / tp,
+        "activations": activations,
+        "logits": s * cfg.padded_vocab * 6 / tp,
+    }
 
 
-def evaluate(cfg: ModelConfig, dev: Device, *, gpus: int, tp: int, pp: int, ep: int, seq_len: int,
-             global_seqs: int, mfu: float, checkpointing: bool) -> Layout:
+def evaluate(
+    cfg: ModelConfig,
+    dev: Device,
+    *,
+    gpus: int,
+    tp: int,
+    pp: int,
+    ep: int,
+    seq_len: int,
+    global_seqs: int,
+    mfu: float,
+    checkpointing: bool,
+) -> Layout:
     """Memory, communication and step time of one layout."""
     dp = gpus // (tp * pp)
     m = max(1, global_seqs // dp)
@@ -91,16 +107,29 @@ def evaluate(cfg: ModelConfig, dev: Device, *, gpus: int, tp: int, pp: int, ep: 
         return (dev.intra_gbps if inner <= dev.per_node else dev.inter_gbps) * gb
 
     total, _ = cfg.param_counts()
-    comm = {"tp": 4 * 2 * (tp - 1) / tp * 2 * d * tokens_replica * (cfg.n_layers / pp) / link(tp) if tp > 1 else 0.0,
-            "ep": 4 * cfg.top_k * 2 * d * (tokens_replica / tp) * (ep - 1) / ep * (cfg.n_moe_layers / pp) / link(tp * ep)
-            if ep > 1 else 0.0}
+    comm = {
+        "tp": 4 * 2 * (tp - 1) / tp * 2 * d * tokens_replica * (cfg.n_layers / pp) / link(tp) if tp > 1 else 0.0,
+        "ep": 4 * cfg.top_k * 2 * d * (tokens_replica / tp) * (ep - 1) / ep * (cfg.n_moe_layers / pp) / link(tp * ep)
+        if ep > 1
+        else 0.0,
+    }
     dp_time = 3 * 2 * total / (tp * pp) * (dp - 1) / dp / link(tp * dp) if dp > 1 else 0.0
     comm["dp"] = max(0.0, dp_time - compute)
     bubble = (pp - 1) / (m + pp - 1)
     step = compute / (1 - bubble) + sum(comm.values())
-    return Layout(dp=dp, tp=tp, pp=pp, ep=ep, checkpointing=checkpointing, micro_batches=m,
-                  memory=memory_per_device(cfg, gpus=gpus, tp=tp, pp=pp, ep=ep, seq_len=seq_len, checkpointing=checkpointing),
-                  comm=comm, compute_s=compute, bubble=bubble, step_s=step)
+    return Layout(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        checkpointing=checkpointing,
+        micro_batches=m,
+        memory=memory_per_device(cfg, gpus=gpus, tp=tp, pp=pp, ep=ep, seq_len=seq_len, checkpointing=checkpointing),
+        comm=comm,
+        compute_s=compute,
+        bubble=bubble,
+        step_s=step,
+    )
 
 
 def candidates(cfg: ModelConfig, dev: Device, gpus: int) -> list[tuple[int, int, int]]:
@@ -119,13 +148,25 @@ def candidates(cfg: ModelConfig, dev: Device, gpus: int) -> list[tuple[int, int,
     return out
 
 
-def best_layout(cfg: ModelConfig, dev: Device, *, gpus: int, seq_len: int, global_seqs: int, mfu: float) -> Layout | None:
+def best_layout(
+    cfg: ModelConfig, dev: Device, *, gpus: int, seq_len: int, global_seqs: int, mfu: float
+) -> Layout | None:
     """The fitting layout with the shortest step time (None when nothing fits)."""
     fitting = []
     for tp, pp, ep in candidates(cfg, dev, gpus):
         for ckpt in (False, True):
-            layout = evaluate(cfg, dev, gpus=gpus, tp=tp, pp=pp, ep=ep, seq_len=seq_len, global_seqs=global_seqs,
-                              mfu=mfu, checkpointing=ckpt)
+            layout = evaluate(
+                cfg,
+                dev,
+                gpus=gpus,
+                tp=tp,
+                pp=pp,
+                ep=ep,
+                seq_len=seq_len,
+                global_seqs=global_seqs,
+                mfu=mfu,
+                checkpointing=ckpt,
+            )
             if layout.memory_bytes <= FIT * dev.memory_gib * 2**30:
                 fitting.append(layout)
     return min(fitting, key=lambda l: (l.step_s, l.tp * l.pp, l.checkpointing), default=None)
@@ -133,7 +174,7 @@ def best_layout(cfg: ModelConfig, dev: Device, *, gpus: int, seq_len: int, globa
 
 def global_batch_tokens(compute_flops: float) -> float:
     """DeepSeek LLM's fitted compute-optimal batch size, B = 0.292 · C^0.3271 tokens (arXiv 2401.02954)."""
-    return 0.292 * compute_flops ** 0.3271
+    return 0.292 * compute_flops**0.3271
 
 
 def sequences_per_step(compute_flops: float, seq_len: int) -> int:

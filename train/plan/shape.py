@@ -9,7 +9,7 @@ multiple of 4 from 2048, of 8 from 4096).
 
 from __future__ import annotations
 
-from train.model import ModelConfig
+from winnow.train.model import ModelConfig
 
 
 def model_for(active_params: float, *, n_experts: int, top_k: int, vocab_size: int, seq_len: int) -> ModelConfig:
@@ -20,8 +20,16 @@ def model_for(active_params: float, *, n_experts: int, top_k: int, vocab_size: i
         head = 128 if dim >= 1024 else 64
         k = top_k if n_experts > 1 else 1
         ffn = max(16, round(8 * dim / (3 * k) / 16) * 16)
-        cfg = ModelConfig(vocab_size=vocab_size, dim=dim, n_layers=layers, n_heads=dim // head, ffn_hidden=ffn,
-                          n_experts=n_experts if n_experts > 1 else 0, top_k=k, max_seq_len=seq_len)
+        cfg = ModelConfig(
+            vocab_size=vocab_size,
+            dim=dim,
+            n_layers=layers,
+            n_heads=dim // head,
+            ffn_hidden=ffn,
+            n_experts=n_experts if n_experts > 1 else 0,
+            top_k=k,
+            max_seq_len=seq_len,
+        )
         active = non_embedding(cfg)[1]
         error = abs(active / active_params - 1)
         if best is None or error < best[0]:

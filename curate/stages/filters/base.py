@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from curate.schema import make_rejects
-from curate.stages.base import Stage, StageConfig, StageOutput
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages.base import Stage, StageConfig, StageOutput
 
 
 @dataclass(kw_only=True, slots=True)

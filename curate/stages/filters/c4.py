@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from curate.errors import ConfigError
-from curate.schema import make_rejects
-from curate.stages.base import StageOutput
-from curate.stages.filters.base import FilterConfig, RuleFilter
-from curate.text.words import unify_line_breaks
+from winnow.curate.errors import ConfigError
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages.base import StageOutput
+from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
+from winnow.curate.text.words import unify_line_breaks
 
 #: C4's terminal punctuation (TFDS c4_utils ``_END_MARKS``), applied to stripped lines.
 END_MARKS = (".", "?", "!", '"', "'")
@@ -56,7 +56,9 @@ class C4Config(FilterConfig):
             if v is not None and v < 0:
                 raise ConfigError(f"filter.c4.{name} = {v!r} is invalid; allowed: >= 0 or unset")
         if self.max_word_length is not None and not 1 <= self.max_word_length <= 10_000:
-            raise ConfigError(f"filter.c4.max_word_length = {self.max_word_length!r} is invalid; allowed: in [1, 10000] or unset")
+            raise ConfigError(
+                f"filter.c4.max_word_length = {self.max_word_length!r} is invalid; allowed: in [1, 10000] or unset"
+            )
 
 
 def c4_lines(text: pl.Series, c: C4Config) -> pl.DataFrame:
@@ -64,7 +66,10 @@ def c4_lines(text: pl.Series, c: C4Config) -> pl.DataFrame:
     stripped = pl.col("line").str.strip_chars()
     lines = (
         pl.DataFrame({"text": text})
-        .select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), unify_line_breaks(pl.col("text")).str.split("\n").alias("line"))
+        .select(
+            pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"),
+            unify_line_breaks(pl.col("text")).str.split("\n").alias("line"),
+        )
         .explode("line")
         .with_columns(stripped.alias("line"))
     )
@@ -77,23 +82,32 @@ def c4_lines(text: pl.Series, c: C4Config) -> pl.DataFrame:
     line_checks = [
         ("long_word", pl.col("line").str.contains(rf"\S{{{c.max_word_length + 1},}}") if c.max_word_length else never),
         ("no_terminal_punct", no_punct if c.require_terminal_punct else never),
-        ("few_words", pl.col("line").str.count_matches(r"\S+") < c.min_words_per_line if c.min_words_per_line else never),
+        (
+            "few_words",
+            pl.col("line").str.count_matches(r"\S+") < c.min_words_per_line if c.min_words_per_line else never,
+        ),
     ]
     lines = lines.with_columns(
         pl.coalesce([pl.when(cond).then(pl.lit(name)) for name, cond in line_checks]).alias("drop"),
         (lower.str.contains("lorem ipsum", literal=True) if c.reject_lorem_ipsum else never).alias("lorem"),
         (lower.str.contains("javascript", literal=True) if c.drop_javascript_lines else never).alias("js"),
         (line.str.contains("{", literal=True) if c.reject_curly_bracket else never).alias("curly"),
-        (pl.any_horizontal([lower.str.contains(p, literal=True) for p in POLICY_SUBSTRINGS]) if c.drop_policy_lines else never)
-        .alias("policy"),
+        (
+            pl.any_horizontal([lower.str.contains(p, literal=True) for p in POLICY_SUBSTRINGS])
+            if c.drop_policy_lines
+            else never
+        ).alias("policy"),
     )
     passed, lorem, js, curly, policy = (pl.col(n) for n in ("drop", "lorem", "js", "curly", "policy"))
     passed = passed.is_null()
     lorem_hit, curly_hit = passed & lorem, passed & ~lorem & ~js & curly
     drop = (
-        pl.when(lorem_hit | curly_hit).then(pl.lit("doc_rule"))
-        .when(passed & js).then(pl.lit("javascript"))
-        .when(passed & policy).then(pl.lit("policy"))
+        pl.when(lorem_hit | curly_hit)
+        .then(pl.lit("doc_rule"))
+        .when(passed & js)
+        .then(pl.lit("javascript"))
+        .when(passed & policy)
+        .then(pl.lit("policy"))
         .otherwise(pl.col("drop"))
     )
     return lines.select(
@@ -110,12 +124,16 @@ def c4_metrics(text: pl.Series, c: C4Config) -> tuple[pl.DataFrame, pl.Series, d
     """Per-document C4 metrics, the text of kept lines, and removed-line counts per line rule."""
     lines = c4_lines(text, c)
     kept = pl.col("drop").is_null()
-    per_doc = lines.group_by("row", maintain_order=True).agg(
-        pl.col("sentences").filter(kept).sum().cast(pl.Int64).alias("c4_sentences"),
-        pl.col("lorem").any().alias("c4_lorem_ipsum"),
-        pl.col("curly").any().alias("c4_curly_bracket"),
-        pl.col("line").filter(kept).str.join("\n").str.strip_chars().alias("c4_text"),
-    ).sort("row")
+    per_doc = (
+        lines.group_by("row", maintain_order=True)
+        .agg(
+            pl.col("sentences").filter(kept).sum().cast(pl.Int64).alias("c4_sentences"),
+            pl.col("lorem").any().alias("c4_lorem_ipsum"),
+            pl.col("curly").any().alias("c4_curly_bracket"),
+            pl.col("line").filter(kept).str.join("\n").str.strip_chars().alias("c4_text"),
+        )
+        .sort("row")
+    )
     removed = lines.filter(pl.col("drop").is_in(LINE_RULES) & (pl.col("line") != "")).group_by("drop").len()
     counters = {("c4_lines_removed", r): float(n) for r, n in removed.iter_rows()}
     return per_doc.drop("row", "c4_text"), per_doc["c4_text"], counters
@@ -146,10 +164,15 @@ class C4Filter(RuleFilter):
     def apply(self, batch: pl.DataFrame) -> StageOutput:
         # Like RuleFilter.apply, but kept rows get the text of their kept lines; rejects keep the original.
         metrics, kept_text, counters = c4_metrics(batch["text"], self.config)
-        reason = pl.coalesce([pl.when(cond).then(pl.lit(name, dtype=pl.String)) for name, cond in self.rules()] or [pl.lit(None, dtype=pl.String)])
+        reason = pl.coalesce(
+            [pl.when(cond).then(pl.lit(name, dtype=pl.String)) for name, cond in self.rules()]
+            or [pl.lit(None, dtype=pl.String)]
+        )
         df = pl.concat([batch, metrics], how="horizontal").with_columns(reason.alias("__reason"))
         if self.config.remove_lines:
-            df = df.with_columns(pl.when(pl.col("__reason").is_null()).then(kept_text).otherwise(pl.col("text")).alias("text"))
+            df = df.with_columns(
+                pl.when(pl.col("__reason").is_null()).then(kept_text).otherwise(pl.col("text")).alias("text")
+            )
         if not self.config.keep_metrics:
             df = df.drop(metrics.columns)
         rejected = df.filter(pl.col("__reason").is_not_null())

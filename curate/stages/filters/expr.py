@@ -22,9 +22,9 @@ from polars.exceptions import (
     SQLSyntaxError,
 )
 
-from curate.errors import ConfigError, StageError
-from curate.schema import make_rejects
-from curate.stages.base import Stage, StageConfig, StageContext, StageOutput
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages.base import Stage, StageConfig, StageContext, StageOutput
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,7 +36,9 @@ class ExprConfig(StageConfig):
 
     def __post_init__(self) -> None:
         if not self.where.strip():
-            raise ConfigError("where must be a SQL predicate, e.g. \"language_score > 0.8 AND dump LIKE 'CC-MAIN-2024%'\"")
+            raise ConfigError(
+                "where must be a SQL predicate, e.g. \"language_score > 0.8 AND dump LIKE 'CC-MAIN-2024%'\""
+            )
         if self.name and not re.fullmatch(r"[a-z0-9_]+", self.name):
             raise ConfigError(f"filter.expr.name = {self.name!r} is invalid; allowed: lower-case letters, digits and _")
         try:
@@ -62,13 +64,18 @@ class ExprFilter(Stage):
         try:
             keep = batch.select(self.predicate.alias("keep")).to_series()
         except ColumnNotFoundError as err:
-            raise StageError(f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} names a column the "
-                             f"rows lack: {err}; columns here: {batch.columns} (input fields need [[inputs]] keep_fields)") from None
+            raise StageError(
+                f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} names a column the "
+                f"rows lack: {err}; columns here: {batch.columns} (input fields need [[inputs]] keep_fields)"
+            ) from None
         except (InvalidOperationError, ComputeError) as err:
-            raise StageError(f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} fails on "
-                             f"these columns: {err}") from None
+            raise StageError(
+                f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} fails on these columns: {err}"
+            ) from None
         if keep.dtype != pl.Boolean:
-            raise StageError(f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} gives {keep.dtype} "
-                             "values, not true/false; write a comparison such as `quality > 0.5`")
+            raise StageError(
+                f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} gives {keep.dtype} "
+                "values, not true/false; write a comparison such as `quality > 0.5`"
+            )
         keep = keep.fill_null(False)
         return StageOutput(batch.filter(keep), make_rejects(batch.filter(~keep), self.reason))

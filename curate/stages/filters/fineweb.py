@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from curate.errors import ConfigError
-from curate.stages.filters.base import FilterConfig, RuleFilter
-from curate.text.words import TOKEN_PATTERN, per_row
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
+from winnow.curate.text.words import TOKEN_PATTERN, per_row
 
 _HASH_SEED = 0xF1AE
 
@@ -38,9 +38,13 @@ class FineWebConfig(FilterConfig):
             if v is not None and not 0.0 <= v <= 1.0:
                 raise ConfigError(f"filter.fineweb.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset")
         if self.max_list_ratio is not None and self.max_list_ratio < 0:
-            raise ConfigError(f"filter.fineweb.max_list_ratio = {self.max_list_ratio!r} is invalid; allowed: >= 0 or unset")
+            raise ConfigError(
+                f"filter.fineweb.max_list_ratio = {self.max_list_ratio!r} is invalid; allowed: >= 0 or unset"
+            )
         if self.short_line_length < 0:
-            raise ConfigError(f"filter.fineweb.short_line_length = {self.short_line_length!r} is invalid; allowed: >= 0")
+            raise ConfigError(
+                f"filter.fineweb.short_line_length = {self.short_line_length!r} is invalid; allowed: >= 0"
+            )
 
 
 def fineweb_metrics(text: pl.Series, *, short_line_length: int = 30) -> pl.DataFrame:
@@ -72,10 +76,14 @@ def fineweb_metrics(text: pl.Series, *, short_line_length: int = 30) -> pl.DataF
         pl.col("fineweb_lines").cast(pl.Int64),
         pl.col("fineweb_line_punct_ratio").cast(pl.Float64),
         pl.col("fineweb_short_line_ratio").cast(pl.Float64),
-        (pl.col("dup_chars") / (t.str.len_chars() - t.str.count_matches("\n", literal=True)).cast(pl.Float64).replace(0.0, None))
-        .alias("fineweb_char_dup_ratio"),
-        (t.str.count_matches("\n", literal=True) / t.str.count_matches(TOKEN_PATTERN).cast(pl.Float64).replace(0.0, None))
-        .alias("fineweb_list_ratio"),
+        (
+            pl.col("dup_chars")
+            / (t.str.len_chars() - t.str.count_matches("\n", literal=True)).cast(pl.Float64).replace(0.0, None)
+        ).alias("fineweb_char_dup_ratio"),
+        (
+            t.str.count_matches("\n", literal=True)
+            / t.str.count_matches(TOKEN_PATTERN).cast(pl.Float64).replace(0.0, None)
+        ).alias("fineweb_list_ratio"),
     )
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from curate.errors import ConfigError
-from curate.stages.filters.base import FilterConfig, RuleFilter
-from curate.text.words import WORD_CHAR, count_lines, per_row, token_table, unify_line_breaks
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
+from winnow.curate.text.words import WORD_CHAR, count_lines, per_row, token_table, unify_line_breaks
 
 #: Gopher's stop words ("the", "be", "to", "of", "and", "that", "have", "with"), Rae et al. 2021 A.1.1.
 GOPHER_STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -43,10 +43,18 @@ class GopherQualityConfig(FilterConfig):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ConfigError(f"filter.gopher_quality.{name} = {v!r} is invalid; allowed: >= 0 or unset")
-        for name in ("max_hash_ratio", "max_ellipsis_ratio", "max_bullet_lines", "max_ellipsis_lines", "min_alpha_words"):
+        for name in (
+            "max_hash_ratio",
+            "max_ellipsis_ratio",
+            "max_bullet_lines",
+            "max_ellipsis_lines",
+            "min_alpha_words",
+        ):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
-                raise ConfigError(f"filter.gopher_quality.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset")
+                raise ConfigError(
+                    f"filter.gopher_quality.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset"
+                )
         for lo, hi in (("min_words", "max_words"), ("min_mean_word_length", "max_mean_word_length")):
             a, b = getattr(self, lo), getattr(self, hi)
             if a is not None and b is not None and a > b:
@@ -83,8 +91,13 @@ def gopher_quality_metrics(text: pl.Series, stop_words: tuple[str, ...] = GOPHER
         pl.col("gopher_words").cast(pl.Int64),
         pl.col("gopher_mean_word_length").cast(pl.Float64),
         (pl.col("text").str.count_matches("#", literal=True) / tokens_n).alias("gopher_hash_ratio"),
-        ((pl.col("text").str.count_matches("...", literal=True) + pl.col("text").str.count_matches("…", literal=True))
-         / tokens_n).alias("gopher_ellipsis_ratio"),
+        (
+            (
+                pl.col("text").str.count_matches("...", literal=True)
+                + pl.col("text").str.count_matches("…", literal=True)
+            )
+            / tokens_n
+        ).alias("gopher_ellipsis_ratio"),
         (lines.str.count_matches(r"(?m)^[^\S\n]*[•\-]") / lines_n).alias("gopher_bullet_lines"),
         (lines.str.count_matches(r"(?m)(?:\.\.\.|…)[^\S\n]*$") / lines_n).alias("gopher_ellipsis_lines"),
         (pl.col("alpha") / tokens_n).alias("gopher_alpha_words"),

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from curate.dedup.text import string_buffers
-from curate.errors import ConfigError, StageError
-from curate.stages.filters.base import FilterConfig, RuleFilter
-from curate.text.codepoints import TABLE
-from curate.text.repetition import DUP_NS, MAX_WORDS, SEGMENT_COUNTS, TOP_NS, repetition_counts
+from winnow.curate.dedup.text import string_buffers
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
+from winnow.curate.text.codepoints import TABLE
+from winnow.curate.text.repetition import DUP_NS, MAX_WORDS, SEGMENT_COUNTS, TOP_NS, repetition_counts
 
 #: Table A1 of Rae et al. 2021: top n-gram character fraction thresholds, n = 2..4.
 TOP_NGRAM_DEFAULTS = {"2": 0.20, "3": 0.18, "4": 0.16}
@@ -43,7 +43,9 @@ class GopherRepetitionConfig(FilterConfig):
         for name in ("max_dup_line_frac", "max_dup_para_frac", "max_dup_line_char_frac", "max_dup_para_char_frac"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
-                raise ConfigError(f"filter.gopher_repetition.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset")
+                raise ConfigError(
+                    f"filter.gopher_repetition.{name} = {v!r} is invalid; allowed: a fraction in [0, 1] or unset"
+                )
         for name, allowed in (("max_top_ngram_char_frac", range(2, 5)), ("max_dup_ngram_char_frac", range(5, 11))):
             for n, v in getattr(self, name).items():
                 if not (n.isdigit() and int(n) in allowed):
@@ -52,7 +54,9 @@ class GopherRepetitionConfig(FilterConfig):
                         f"{', '.join(str(a) for a in allowed)}"
                     )
                 if not 0.0 <= v <= 1.0:
-                    raise ConfigError(f"filter.gopher_repetition.{name}[{n!r}] = {v!r} is invalid; allowed: a fraction in [0, 1]")
+                    raise ConfigError(
+                        f"filter.gopher_repetition.{name}[{n!r}] = {v!r} is invalid; allowed: a fraction in [0, 1]"
+                    )
 
 
 def gopher_repetition_metrics(text: pl.Series, top_ns=TOP_NS, dup_ns=DUP_NS) -> pl.DataFrame:
@@ -62,8 +66,10 @@ def gopher_repetition_metrics(text: pl.Series, top_ns=TOP_NS, dup_ns=DUP_NS) -> 
     longest = int((offsets[1:] - offsets[:-1]).max()) if len(text) else 0
     if longest >= MAX_WORDS:
         row = int((offsets[1:] - offsets[:-1]).argmax())
-        raise StageError(f"filter.gopher_repetition: document at row {row} of the batch holds {longest} bytes; "
-                         f"documents of {MAX_WORDS} bytes or more are not supported: split it first")
+        raise StageError(
+            f"filter.gopher_repetition: document at row {row} of the batch holds {longest} bytes; "
+            f"documents of {MAX_WORDS} bytes or more are not supported: split it first"
+        )
     segments, top, dup = repetition_counts(offsets, data, *TABLE.cover(offsets, data))
     counts = {name: segments[i] for i, name in enumerate(SEGMENT_COUNTS)}
     ngrams = {f"gopher_top_{n}gram_frac": top[TOP_NS.index(n)] for n in top_ns}
@@ -115,8 +121,14 @@ class GopherRepetitionFilter(RuleFilter):
             ("gopher_dup_para_char_frac", c.max_dup_para_char_frac),
             ("gopher_dup_line_frac", c.max_dup_line_frac),
             ("gopher_dup_line_char_frac", c.max_dup_line_char_frac),
-            *((f"gopher_top_{n}gram_frac", c.max_top_ngram_char_frac[n]) for n in sorted(c.max_top_ngram_char_frac, key=int)),
-            *((f"gopher_dup_{n}gram_frac", c.max_dup_ngram_char_frac[n]) for n in sorted(c.max_dup_ngram_char_frac, key=int)),
+            *(
+                (f"gopher_top_{n}gram_frac", c.max_top_ngram_char_frac[n])
+                for n in sorted(c.max_top_ngram_char_frac, key=int)
+            ),
+            *(
+                (f"gopher_dup_{n}gram_frac", c.max_dup_ngram_char_frac[n])
+                for n in sorted(c.max_dup_ngram_char_frac, key=int)
+            ),
         ]
         rules = [(f"filter:{name}", pl.col(name) > t) for name, t in thresholds if t is not None]
         if c.reject_empty:

@@ -16,9 +16,9 @@ from functools import lru_cache
 
 import polars as pl
 
-from curate.errors import ConfigError, require
-from curate.stages.base import StageContext, StageOutput
-from curate.stages.filters.base import FilterConfig, RuleFilter
+from winnow.curate.errors import ConfigError, require
+from winnow.curate.stages.base import StageContext, StageOutput
+from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,12 +33,18 @@ class LanguageConfig(FilterConfig):
 
     def __post_init__(self) -> None:
         if self.min_score is not None and not 0.0 <= self.min_score <= 1.0:
-            raise ConfigError(f"filter.language.min_score = {self.min_score!r} is invalid; allowed: a probability in [0, 1] or unset")
+            raise ConfigError(
+                f"filter.language.min_score = {self.min_score!r} is invalid; allowed: a probability in [0, 1] or unset"
+            )
         if self.max_chars < 1:
             raise ConfigError(f"filter.language.max_chars = {self.max_chars!r} is invalid; allowed: >= 1")
-        bad = [code for code in self.languages if not (isinstance(code, str) and 2 <= len(code) <= 3 and code.isalpha())]
+        bad = [
+            code for code in self.languages if not (isinstance(code, str) and 2 <= len(code) <= 3 and code.isalpha())
+        ]
         if bad:
-            raise ConfigError(f"filter.language.languages = {bad!r} is invalid; allowed: ISO 639 codes such as 'en' or 'de'")
+            raise ConfigError(
+                f"filter.language.languages = {bad!r} is invalid; allowed: ISO 639 codes such as 'en' or 'de'"
+            )
 
 
 @lru_cache(maxsize=1)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from curate.errors import ConfigError
-from curate.stages.filters.base import FilterConfig, RuleFilter
+from winnow.curate.errors import ConfigError
+from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
 
 
 @dataclass(kw_only=True, slots=True)
@@ -45,7 +45,10 @@ class LengthFilter(RuleFilter):
             text.str.len_chars().alias("length_chars"),
             text.str.count_matches(r"\S+").alias("length_words"),
             # A document has one more line than it has newlines, unless it is empty.
-            pl.when(text.str.len_bytes() == 0).then(0).otherwise(text.str.count_matches("\n") + 1).alias("length_lines"),
+            pl.when(text.str.len_bytes() == 0)
+            .then(0)
+            .otherwise(text.str.count_matches("\n") + 1)
+            .alias("length_lines"),
         )
 
     def rules(self) -> list[tuple[str, pl.Expr]]:

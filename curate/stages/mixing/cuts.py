@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from curate.stages.mixing.external import ROW, KeyRanges, key_ranges
+from winnow.curate.stages.mixing.external import ROW, KeyRanges, key_ranges
 
 NONE, ALL, KEY = 0, 1, 2  # a source's cut: no partial pass, every row, the rows before a key
 
@@ -65,8 +65,14 @@ def find_cuts(frame: pl.LazyFrame, by: list[str], rows: np.ndarray, rest: np.nda
     ``rows``: each source's row count; ``max_rows(n)``: rows a key range may hold for ``n`` rows.
     """
     n_sources = len(rows)
-    cuts = Cuts(kind=np.zeros(n_sources, np.int8), inclusive=np.zeros(n_sources, bool), rows=np.zeros(n_sources, np.int64),
-                tokens=np.zeros(n_sources, np.float64), key={c: np.zeros(n_sources, _dtype(c)) for c in by[1:]}, ranges=1)
+    cuts = Cuts(
+        kind=np.zeros(n_sources, np.int8),
+        inclusive=np.zeros(n_sources, bool),
+        rows=np.zeros(n_sources, np.int64),
+        tokens=np.zeros(n_sources, np.float64),
+        key={c: np.zeros(n_sources, _dtype(c)) for c in by[1:]},
+        ranges=1,
+    )
     partial = np.flatnonzero(~np.isnan(rest))
     if not len(partial):
         return cuts
@@ -74,7 +80,8 @@ def find_cuts(frame: pl.LazyFrame, by: list[str], rows: np.ndarray, rest: np.nda
     n = int(rows[partial].sum())
     ranges = key_ranges(frame, by, n, max_rows(n))
     sums = frame.group_by(ranges.index().alias("_range"), "_code").agg(
-        pl.len().alias("n"), pl.col("_tokens").cast(pl.Int64).sum().alias("t"))
+        pl.len().alias("n"), pl.col("_tokens").cast(pl.Int64).sum().alias("t")
+    )
     sums = sums.collect(engine="streaming").sort("_code", "_range")
     code, rng = sums["_code"].to_numpy().astype(np.int64), sums["_range"].to_numpy()
     run_t, run_n = _grouped_cumsum(code, sums["t"].to_numpy()), _grouped_cumsum(code, sums["n"].to_numpy())
@@ -93,8 +100,17 @@ def find_cuts(frame: pl.LazyFrame, by: list[str], rows: np.ndarray, rest: np.nda
     return Cuts(cuts.kind, cuts.inclusive, cuts.rows, cuts.tokens, cuts.key, len(ranges))
 
 
-def _cut_in_range(frame: pl.LazyFrame, ranges: KeyRanges, j: int, by: list[str], sources: np.ndarray,
-                  before_t: np.ndarray, before_n: np.ndarray, rest: np.ndarray, cuts: Cuts) -> None:
+def _cut_in_range(
+    frame: pl.LazyFrame,
+    ranges: KeyRanges,
+    j: int,
+    by: list[str],
+    sources: np.ndarray,
+    before_t: np.ndarray,
+    before_n: np.ndarray,
+    rest: np.ndarray,
+    cuts: Cuts,
+) -> None:
     """The crossing row of each of ``sources`` in key range ``j`` (their tokens and rows before it given)."""
     part = frame.filter(ranges.where(j) & pl.col("_code").is_in(sources.tolist())).select(*by, "_tokens")
     part = part.collect(engine="streaming").sort(by)

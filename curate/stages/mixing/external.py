@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from curate.errors import ConfigError
+from winnow.curate.errors import ConfigError
 
 ROW = "_row"  # a row's position in the scan of every task's keys (task order, then row order)
 GB = 1e9
@@ -68,7 +68,11 @@ class KeyRanges:
 
     def index(self) -> pl.Expr:
         """Each row's range number."""
-        return pl.sum_horizontal([(~before(self.by, b)).cast(pl.UInt32) for b in self.bounds]) if self.bounds else pl.lit(0, pl.UInt32)
+        return (
+            pl.sum_horizontal([(~before(self.by, b)).cast(pl.UInt32) for b in self.bounds])
+            if self.bounds
+            else pl.lit(0, pl.UInt32)
+        )
 
     def sorted(self, frame: pl.LazyFrame, columns: Sequence[str]) -> Iterator[pl.DataFrame]:
         """The rows of ``frame`` (``columns``, which include ``by``) range by range, each sorted by ``by``."""
@@ -93,7 +97,9 @@ def _split(frame: pl.LazyFrame, by: tuple[str, ...], where: pl.Expr, n_rows: int
     sample = frame.filter(where & (pl.col(ROW) % step == 0)).select(by).collect(engine="streaming").sort(list(by))
     picks = sorted({sample.row(len(sample) * i // parts) for i in range(1, parts)} if len(sample) else set())
     ranges = KeyRanges(by, tuple(picks))
-    sizes = dict(frame.filter(where).group_by(ranges.index().alias("_range")).len().collect(engine="streaming").iter_rows())
+    sizes = dict(
+        frame.filter(where).group_by(ranges.index().alias("_range")).len().collect(engine="streaming").iter_rows()
+    )
     bounds: list[tuple] = []
     for i in range(len(ranges)):
         if sizes.get(i, 0) > _SLACK * max_rows:  # the sample was uneven here: split this range on its own

@@ -48,7 +48,11 @@ def seed_key(*parts: object) -> int:
 def hash_strings(values: pl.Series, salt: int | np.ndarray = 0) -> np.ndarray:
     """uint64 hash of every string in ``values``, mixed with ``salt`` (one int, or one per row)."""
     n = len(values)
-    salts = np.broadcast_to(np.asarray(salt, dtype=np.uint64), (n,)) if np.ndim(salt) == 0 else np.asarray(salt, dtype=np.uint64)
+    salts = (
+        np.broadcast_to(np.asarray(salt, dtype=np.uint64), (n,))
+        if np.ndim(salt) == 0
+        else np.asarray(salt, dtype=np.uint64)
+    )
     out = np.empty(n, dtype=np.uint64)
     arrow = values.to_arrow(compat_level=pl.CompatLevel.oldest())
     chunks = arrow.chunks if isinstance(arrow, pa.ChunkedArray) else [arrow]
@@ -76,7 +80,6 @@ def source_salts(sources: pl.Series, *parts: object) -> np.ndarray:
     names = sources.unique().to_list()
     keys = [seed_key(*parts, name) for name in names]
     return sources.replace_strict(names, keys, return_dtype=pl.UInt64).to_numpy()
-
 
 
 def unit(column: str) -> pl.Expr:

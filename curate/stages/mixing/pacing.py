@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
-from curate.errors import ConfigError
+from winnow.curate.errors import ConfigError
 
 PACINGS = ("sorted", "linear", "sqrt", "step")
 _CODE = {name: i for i, name in enumerate(PACINGS)}
@@ -72,8 +72,6 @@ def _paced(u_by_rank, code, start, steps):
             heap[i], heap[child] = heap[child], heap[i]
             i = child
     return out
-
-
 
 
 PACE_BYTES = 128  # per row of a paced source, held whole: keys, hash, value, the heap and both permutations

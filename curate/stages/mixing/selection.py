@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from curate.stages.mixing.hashing import unit
+from winnow.curate.stages.mixing.hashing import unit
 
 SELECTIONS = ("random", "top", "importance")
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from curate.stages.mixing.arrays import ExactSum
-from curate.stages.mixing.hashing import splitmix64
+from winnow.curate.stages.mixing.arrays import ExactSum
+from winnow.curate.stages.mixing.hashing import splitmix64
 
 
 def _preceding(k: np.ndarray, n_self: np.ndarray | int, n_other: int, other_first: np.ndarray | bool) -> np.ndarray:
@@ -108,11 +108,15 @@ class Curve:
         self.n_windows = -(-self.n // config.window)
         self.full = self.n // config.window  # the last, partial window is not held to the shares
         keep = config.report_windows
-        self.picks = sorted(set(range(min(keep, self.n_windows))) | set(range(max(self.n_windows - keep, 0), self.n_windows)))
+        self.picks = sorted(
+            set(range(min(keep, self.n_windows))) | set(range(max(self.n_windows - keep, 0), self.n_windows))
+        )
         self.rows: dict[int, dict] = {}
         self.deviation, self.over, self.nulls = 0.0, 0, 0
         m = min(20, self.n)  # the curve: 20 equal slices of the order (np.array_split's sizes)
-        self.slice_ends = np.cumsum([self.n // m + (1 if i < self.n % m else 0) for i in range(m)]) if m else np.zeros(0, np.int64)
+        self.slice_ends = (
+            np.cumsum([self.n // m + (1 if i < self.n % m else 0) for i in range(m)]) if m else np.zeros(0, np.int64)
+        )
         self.slices = [ExactSum() for _ in range(m)]
 
     def add(self, lo: int, codes: np.ndarray, values: np.ndarray) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from curate.errors import ConfigError
+from winnow.curate.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,9 @@ def requested_weights(
     w = np.where(available > 0, w, 0.0)
     total = w.sum()
     if total <= 0:
-        raise ConfigError(f"mix: no source with data has a positive weight (sources {list(names)}, weights {dict(weights)})")
+        raise ConfigError(
+            f"mix: no source with data has a positive weight (sources {list(names)}, weights {dict(weights)})"
+        )
     return w / total
 
 
@@ -88,7 +90,9 @@ def plan_targets(
         tokens = unimax_tokens(available, budget, max_epochs)
         spent = tokens.sum()
         w = tokens / spent if spent > 0 else tokens
-        return Targets(weights=w, tokens=tokens, budget=budget, capped=(ceiling > 0) & (tokens >= ceiling * (1 - 1e-12)))
+        return Targets(
+            weights=w, tokens=tokens, budget=budget, capped=(ceiling > 0) & (tokens >= ceiling * (1 - 1e-12))
+        )
     w = requested_weights(names, available, scheme=scheme, weights=weights, temperature=temperature)
     if total_tokens is None:
         # The largest budget at which no source needs more than its cap.

@@ -25,10 +25,10 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from curate.errors import ConfigError, StageError
-from curate.schema import make_rejects
-from curate.stages.base import Barrier, Plan, StageConfig, StageOutput
-from curate.stages.scores.features import (
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageOutput
+from winnow.curate.stages.scores.features import (
     check_column,
     check_positive_int,
     features_column,
@@ -37,8 +37,8 @@ from curate.stages.scores.features import (
     load_model,
     save_model,
 )
-from curate.stages.scores.linear import LinearModel, roc_auc, take_rows
-from curate.stages.scores.tokens import hash_strings, hash_tokens
+from winnow.curate.stages.scores.linear import LinearModel, roc_auc, take_rows
+from winnow.curate.stages.scores.tokens import hash_strings, hash_tokens
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,9 @@ class ClassifierScoreConfig(StageConfig):
         if not self.l2 >= 0:
             raise ConfigError(f"score.classifier.l2 = {self.l2!r} is invalid; allowed: >= 0")
         if self.min_quality is not None and not 0.0 <= self.min_quality <= 1.0:
-            raise ConfigError(f"score.classifier.min_quality = {self.min_quality!r} is invalid; allowed: in [0, 1] or unset")
+            raise ConfigError(
+                f"score.classifier.min_quality = {self.min_quality!r} is invalid; allowed: in [0, 1] or unset"
+            )
 
 
 class ClassifierScore(Barrier):
@@ -151,7 +153,14 @@ class ClassifierScore(Barrier):
             "fold_auc": fold_auc,
             "model": str(self.ctx.artifacts_dir / MODEL_FILE),
         }
-        log.info("%s: CV AUC %.3f, accuracy %.3f on %d+%d docs", self.ctx.stage_id, report["cv_auc"], report["cv_accuracy"], n_pos, n_neg)
+        log.info(
+            "%s: CV AUC %.3f, accuracy %.3f on %d+%d docs",
+            self.ctx.stage_id,
+            report["cv_auc"],
+            report["cv_accuracy"],
+            n_pos,
+            n_neg,
+        )
         return Plan(None, report)
 
     def _load(self) -> LinearModel:

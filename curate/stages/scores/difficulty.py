@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from curate.errors import ConfigError, StageError
-from curate.stages.base import Barrier, Plan, StageConfig, StageOutput
-from curate.stages.scores.features import (
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageOutput
+from winnow.curate.stages.scores.features import (
     check_column,
     check_positive_int,
     features_column,
@@ -40,7 +40,7 @@ from curate.stages.scores.features import (
     save_model,
     split_spilled,
 )
-from curate.stages.scores.tokens import hash_strings, hash_tokens
+from winnow.curate.stages.scores.tokens import hash_strings, hash_tokens
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,9 @@ class DifficultyScoreConfig(StageConfig):
         if unknown:
             raise ConfigError(f"weights: unknown measure(s) {unknown}; allowed: {list(MEASURES)}")
         if any(not v >= 0 for v in self.weights.values()) or sum(self.weights.values()) <= 0:
-            raise ConfigError(f"score.difficulty.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum")
+            raise ConfigError(
+                f"score.difficulty.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum"
+            )
         check_positive_int("buckets", self.buckets, low=2)
         check_positive_int("max_tokens", self.max_tokens)
         check_positive_int("calibration_docs", self.calibration_docs)
@@ -182,4 +184,6 @@ class DifficultyScore(Barrier):
         return np.clip(out, 0.0, 1.0)
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:  # type: ignore[override]
-        return self.keep_all(batch.with_columns(pl.Series(self.config.column, self.difficulty(batch["text"]), dtype=pl.Float64)))
+        return self.keep_all(
+            batch.with_columns(pl.Series(self.config.column, self.difficulty(batch["text"]), dtype=pl.Float64))
+        )

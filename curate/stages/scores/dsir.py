@@ -24,10 +24,10 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from curate.errors import ConfigError, StageError
-from curate.schema import make_rejects
-from curate.stages.base import Barrier, Plan, StageConfig, StageOutput
-from curate.stages.scores.features import (
+from winnow.curate.errors import ConfigError, StageError
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageOutput
+from winnow.curate.stages.scores.features import (
     bucket_features,
     check_column,
     check_positive_int,
@@ -37,7 +37,7 @@ from curate.stages.scores.features import (
     load_model,
     save_model,
 )
-from curate.stages.scores.tokens import hash_tokens
+from winnow.curate.stages.scores.tokens import hash_tokens
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,9 @@ class DsirScore(Barrier):
 
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
         th = hash_tokens(batch["text"], max_tokens=self.config.max_tokens)
-        return pl.DataFrame({"id": batch["id"], "source": batch["source"], "feats": features_column(th, self.config.buckets)})
+        return pl.DataFrame(
+            {"id": batch["id"], "source": batch["source"], "feats": features_column(th, self.config.buckets)}
+        )
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
         cfg = self.config
@@ -99,7 +101,9 @@ class DsirScore(Barrier):
                 docs["target"] += int(is_target.sum())
         if docs["target"] == 0 or counts["target"].sum() == 0:
             seen = keys.select(pl.col("source").unique().sort()).collect()["source"].to_list()
-            raise StageError(f"{self.ctx.stage_id}: target_source {cfg.target_source!r} has no tokens in the pool; sources seen: {seen}")
+            raise StageError(
+                f"{self.ctx.stage_id}: target_source {cfg.target_source!r} has no tokens in the pool; sources seen: {seen}"
+            )
         self.ctx.artifacts_dir.mkdir(parents=True, exist_ok=True)
         for name, file in MODEL_FILES.items():
             meta = {"buckets": cfg.buckets, "smoothing": cfg.smoothing, "docs": docs[name], "model": name}
@@ -113,7 +117,13 @@ class DsirScore(Barrier):
             "kl_target_raw": float(np.sum(p_t * (np.log(p_t) - np.log(p_r)))),  # how far the target is from the pool
             "models": [str(self.ctx.artifacts_dir / f) for f in MODEL_FILES.values()],
         }
-        log.info("%s: target %d docs, raw %d docs, KL %.3f", self.ctx.stage_id, docs["target"], docs["raw"], report["kl_target_raw"])
+        log.info(
+            "%s: target %d docs, raw %d docs, KL %.3f",
+            self.ctx.stage_id,
+            docs["target"],
+            docs["raw"],
+            report["kl_target_raw"],
+        )
         return Plan(None, report)
 
     def _probs(self, counts: np.ndarray) -> np.ndarray:
@@ -126,7 +136,9 @@ class DsirScore(Barrier):
             for name, file in MODEL_FILES.items():
                 arrays, meta = load_model(self.ctx.plan_dir / file)
                 if meta["buckets"] != self.config.buckets:
-                    raise StageError(f"{self.ctx.stage_id}: model {file} has {meta['buckets']} buckets, config {self.config.buckets}")
+                    raise StageError(
+                        f"{self.ctx.stage_id}: model {file} has {meta['buckets']} buckets, config {self.config.buckets}"
+                    )
                 logp[name] = np.log(self._probs(arrays["counts"]))
             self._log_ratio = logp["target"] - logp["raw"]
         return self._log_ratio

@@ -16,8 +16,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from curate.errors import StageError
-from curate.stages.scores.tokens import HASH_VERSION, TokenHashes
+from winnow.curate.errors import StageError
+from winnow.curate.stages.scores.tokens import HASH_VERSION, TokenHashes
 
 
 def bucket_features(th: TokenHashes, buckets: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +115,7 @@ def sample_cdf(sorted_quantiles: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def check_positive_int(name: str, value: int, *, low: int = 1, high: int = 2**31 - 1) -> None:
     """Raise ``ConfigError`` naming ``name`` unless ``low <= value <= high``."""
-    from curate.errors import ConfigError
+    from winnow.curate.errors import ConfigError
 
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
@@ -123,8 +123,8 @@ def check_positive_int(name: str, value: int, *, low: int = 1, high: int = 2**31
 
 def check_column(name: str) -> None:
     """Raise ``ConfigError`` unless ``name`` may hold a Float64 score."""
-    from curate.errors import ConfigError
-    from curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS
+    from winnow.curate.errors import ConfigError
+    from winnow.curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS
 
     if not name or name in CORE_COLUMNS:
         raise ConfigError(f"column must be a new, non-empty column name, got {name!r}")

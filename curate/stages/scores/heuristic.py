@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from curate.errors import ConfigError
-from curate.schema import make_rejects
-from curate.stages.base import Stage, StageConfig, StageOutput
-from curate.stages.scores.features import check_column
+from winnow.curate.errors import ConfigError
+from winnow.curate.schema import make_rejects
+from winnow.curate.stages.base import Stage, StageConfig, StageOutput
+from winnow.curate.stages.scores.features import check_column
 
 COMPONENTS: tuple[str, ...] = ("length", "word_length", "alpha", "symbols", "stop_words", "line_punct", "dup_lines")
 _STOP_WORDS = r"(?i)\b(?:the|be|to|of|and|that|have|with)\b"  # Gopher's list
@@ -54,9 +54,13 @@ class HeuristicScoreConfig(StageConfig):
             raise ConfigError(f"weights: unknown component(s) {unknown}; allowed: {list(COMPONENTS)}")
         bad = {k: v for k, v in self.weights.items() if not v >= 0}
         if bad or sum(self.weights.values()) <= 0:
-            raise ConfigError(f"score.heuristic.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum")
+            raise ConfigError(
+                f"score.heuristic.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum"
+            )
         if self.min_quality is not None and not 0.0 <= self.min_quality <= 1.0:
-            raise ConfigError(f"score.heuristic.min_quality = {self.min_quality!r} is invalid; allowed: in [0, 1] or unset")
+            raise ConfigError(
+                f"score.heuristic.min_quality = {self.min_quality!r} is invalid; allowed: in [0, 1] or unset"
+            )
         check_column(self.column)
 
 
@@ -73,7 +77,11 @@ def metric_exprs() -> list[pl.Expr]:
     count costs about as much as the rest of the stage.
     """
     text = pl.col("text").fill_null("")
-    lines = text.str.split("\n").list.eval(pl.element().str.strip_chars()).list.eval(pl.element().filter(pl.element() != ""))
+    lines = (
+        text.str.split("\n")
+        .list.eval(pl.element().str.strip_chars())
+        .list.eval(pl.element().filter(pl.element() != ""))
+    )
     return [
         text.str.count_matches(r"\S+").cast(pl.Float64).alias("_m_words"),
         (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_m_non_space"),
