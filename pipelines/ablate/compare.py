@@ -125,10 +125,12 @@ class Effect:
             )
         parts.append(f"mean held-out loss {self.mean.text()}")
         if self.curve is not None:
-            reach = f"step {self.curve.first_step}" if self.curve.first_step is not None else "never"
-            parts.append(
-                f"area under the held-out curve {self.curve.area.text()}; the baseline's final loss reached at {reach}"
+            reach = (
+                f"reaches the baseline's final loss at step {self.curve.first_step}"
+                if self.curve.first_step is not None
+                else "never reaches the baseline's final loss"
             )
+            parts.append(f"area under the held-out curve {self.curve.area.text()}; {reach}")
         return f"{self.variant} ({self.describe}, {self.seeds} seed(s)): " + "; ".join(parts)
 
     def row(self, sources: list[str]) -> dict:
