@@ -40,6 +40,12 @@ _BOILERPLATE_FILE = "boilerplate.parquet"
 _INVISIBLE = r"[\x{200b}\x{2060}\x{feff}\x{ad}]"
 
 
+def _visible(text: pl.Expr) -> pl.Expr:
+    """Whether a text holds a character other than whitespace and format characters (Unicode Cf: bidi marks and
+    isolates, zero-width characters), i.e. anything a reader would see."""
+    return text.str.replace_all(r"[\s\p{Cf}]", "").str.len_bytes() > 0
+
+
 @dataclass(kw_only=True, slots=True)
 class CleanConfig(StageConfig):
     """What ``clean`` normalizes and which lines count as boilerplate."""
@@ -103,7 +109,7 @@ class Clean(Barrier):
 
     kind = "clean"
     Config = CleanConfig
-    reasons = ("clean:empty",)
+    reasons = ("clean:empty", "clean:boilerplate")
     config: CleanConfig
 
     def __init__(self, config: CleanConfig, ctx: StageContext) -> None:
@@ -179,6 +185,7 @@ class Clean(Barrier):
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:
         counters: dict[CounterKey, float] = {}
+        boilerplate_only = None  # per row: every visible line it had was boilerplate
         if self.config.boilerplate_min_docs is None:
             cleaned = self._normalized(self._repaired(batch))
         else:
@@ -189,9 +196,14 @@ class Clean(Barrier):
             drop = pl.col("boilerplate").fill_null(False)
             per_doc = (
                 lines.group_by("row", maintain_order=True)
-                .agg(pl.col("line").filter(~drop).str.join("\n").alias("text"), drop.sum().alias("lines_removed"))
+                .agg(
+                    pl.col("line").filter(~drop).str.join("\n").alias("text"),
+                    drop.sum().alias("lines_removed"),
+                    (drop | ~_visible(pl.col("line"))).all().alias("boilerplate_only"),
+                )
                 .sort("row")
             )
+            boilerplate_only = per_doc["boilerplate_only"] & (per_doc["lines_removed"] > 0)
             text = per_doc.select(pl.col("text").str.replace_all(r"\n{3,}", "\n\n").str.strip_chars())["text"]
             cleaned = cleaned.with_columns(text.alias("text"))
             for source, n in batch.select("source", per_doc["lines_removed"]).group_by("source").sum().iter_rows():
@@ -203,7 +215,18 @@ class Clean(Barrier):
             counters[("chars_removed", source)] = float(n)
         if not self.config.drop_empty:
             return StageOutput(cleaned, empty_rejects(batch), counters=counters)
-        empty = cleaned["text"].str.len_bytes() == 0
-        # Rejects keep the original text, so a user sees what was there.
-        rejected = make_rejects(batch.filter(empty), "clean:empty")
+        # empty: nothing visible is left (format characters such as bidi marks alone are no text)
+        empty = ~cleaned.select(_visible(pl.col("text")))["text"]
+        # Rejects keep the original text, so a user sees what was there; a document whose lines were all
+        # boilerplate is told apart from one that was empty (or invisible) to begin with.
+        if boilerplate_only is None:
+            rejected = make_rejects(batch.filter(empty), "clean:empty")
+        else:
+            reason = (
+                pl.when(pl.col("_boilerplate_only")).then(pl.lit("clean:boilerplate")).otherwise(pl.lit("clean:empty"))
+            )
+            rejected = make_rejects(
+                batch.with_columns(boilerplate_only.alias("_boilerplate_only")).filter(empty), reason
+            )
+            rejected = rejected.drop("_boilerplate_only")
         return StageOutput(cleaned.filter(~empty), rejected, counters=counters)

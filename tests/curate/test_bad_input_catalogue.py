@@ -328,7 +328,35 @@ def parquet_text(array: pa.Array, **extra: pa.Array) -> Callable[[Path], tuple[s
     return parquet_case(pa.table({"id": ids, "text": array, **extra}), set(ids))
 
 
+def cleaned(data: bytes, ids: set[str]) -> Callable[[Path], tuple[str, set[str]]]:
+    """``jsonl_case`` with the ``clean`` stage (boilerplate lines found in 10 or more documents)."""
+
+    def build(folder: Path) -> tuple[str, set[str]]:
+        tables, found = jsonl_case(data, ids)(folder)
+        return tables + '[[stages]]\nkind = "clean"\n', found
+
+    return build
+
+
 CASES: list[Case] = [
+    # -- text that cleaning empties -------------------------------------------------------------
+    Case(
+        "bidi_marks_only_text",
+        cleaned(jl(*GOOD, {"id": "b", "text": "\u200e\u202e\u2066\u2069 \u200f"}), GOOD_IDS | {"b"}),
+        {"clean:empty": 1},
+        kept=3,
+    ),
+    Case(
+        "boilerplate_only_documents",
+        cleaned(
+            jl(
+                *GOOD, *({"id": f"bp{i}", "text": "Subscribe to our newsletter for weekly updates."} for i in range(10))
+            ),
+            GOOD_IDS | {f"bp{i}" for i in range(10)},
+        ),
+        {"clean:boilerplate": 10},
+        kept=3,
+    ),
     # -- encoding ------------------------------------------------------------------------------
     Case(
         "raw_invalid_utf8",

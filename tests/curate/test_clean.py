@@ -66,6 +66,22 @@ def test_empty_after_cleaning_is_rejected_with_reason(tmp_path):
     assert out.kept["text"].to_list() == [""]
 
 
+def test_text_of_format_characters_alone_is_empty(tmp_path):
+    bidi = "\u200e\u202e\u2066 \u2069\u200f"  # direction marks and isolates: nothing a reader sees
+    out, _ = run(tmp_path, frame([bidi, "\u200fשלום\u200f", "kept"]), boilerplate_min_docs=None)
+    assert out.rejected["reason"].to_list() == ["clean:empty"] and out.rejected["text"][0] == bidi
+    assert out.kept["text"].to_list() == ["\u200fשלום\u200f", "kept"]  # marks beside text stay: RTL needs them
+
+
+def test_a_document_of_boilerplate_alone_has_its_own_reason(tmp_path):
+    banner = "We use cookies to improve your experience."
+    texts = [banner] * 3 + [f"{banner}\nStory {i}." for i in range(3)] + [" \u200b "]
+    out, _ = run(tmp_path, frame(texts), boilerplate_min_docs=3, boilerplate_min_fraction=0.5)
+    reasons = dict(zip(out.rejected["id"], out.rejected["reason"]))
+    assert reasons == {"0": "clean:boilerplate", "1": "clean:boilerplate", "2": "clean:boilerplate", "6": "clean:empty"}
+    assert out.kept["text"].to_list() == [f"Story {i}." for i in range(3)]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ftfy") is None, reason="ftfy not installed (pip install ftfy)")
 def test_fix_mojibake(tmp_path):
     out, _ = run(
