@@ -31,9 +31,11 @@ def test_a_2_gib_line_in_a_small_gzip_is_one_reject_in_bounded_memory(tmp_path):
         f'[job]\nname = "big"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "s"\n'
         f'path = "{tmp_path / "a.jsonl.gz"}"\n[output]\nformats = ["parquet"]\n'
     )
+    # the peak of this process's own memory (VmHWM, KiB); ru_maxrss would also count the parent's peak (it survives
+    # the exec of a vfork()ed child), so it reports the pytest worker's memory, not the job's
     code = (
-        "import resource, sys; from winnow.pipelines.cli import main; rc = main(['-q', 'curate', sys.argv[1]]); "
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+        "import sys; from winnow.pipelines.cli import main; rc = main(['-q', 'curate', sys.argv[1]]); "
+        "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]); sys.exit(rc)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(job)],
