@@ -69,6 +69,29 @@ def eval_record(step: int, per_source: dict[str, float]) -> dict:
     return {"step": step, "eval": {"loss": float(np.mean(list(per_source.values()))), "per_source": per_source}}
 
 
+def counterfactual_record(
+    step: int, sources: list[str], slope: list[list[float]], *, error: float, factors: tuple[float, ...] = (0.0,)
+) -> dict:
+    """A ``counterfactual`` metrics record with ``slope`` (source x held-out set, the sources held out too) and
+    a uniform standard error, as the trainer writes it (``train.attribution.counterfactual.record``)."""
+    from winnow.train.attribution.counterfactual import record
+
+    return {
+        "step": step,
+        "counterfactual": record(
+            sources=sources,
+            held_out=sources,
+            slope_SB=np.array(slope),
+            error_SB=np.full((len(sources), len(sources)), error),
+            factors=list(factors),
+            saturation=0.5,
+            steps=(1, step),
+            horizon=6.0,
+            rows=32,
+        ),
+    }
+
+
 def healthy_records(steps: int = 50, every: int = 5) -> list[dict]:
     """A run whose losses fall smoothly for every source, balanced experts, no waiting."""
     records = []

@@ -1,13 +1,18 @@
 """Diagnosis rules on constructed metrics: each fires on its problem, names the evidence and the setting."""
 
-import numpy as np
 import pytest
 
-from tests.pipelines.report_util import alert, eval_record, healthy_records, log_record, write_run
+from tests.pipelines.report_util import (
+    alert,
+    counterfactual_record,
+    eval_record,
+    healthy_records,
+    log_record,
+    write_run,
+)
 from winnow.curate.errors import ConfigError
 from winnow.pipelines.report import DiagnoseConfig, diagnose, format_findings
 from winnow.pipelines.report.training import load_run
-from winnow.train.attribution.counterfactual import record
 
 
 def rules(tmp_path, records, **kw):
@@ -100,22 +105,7 @@ def test_source_whose_held_out_loss_rises_while_others_fall(tmp_path):
     ]
     # training on prose raises code's held-out loss: slope +0.3 per unit of log share, so leaving prose out
     # (f_0.5(0) = -2) is predicted to lower it by 0.6 nats
-    records.append(
-        {
-            "step": 40,
-            "counterfactual": record(
-                sources=["prose", "code"],
-                held_out=["prose", "code"],
-                slope_SB=np.array([[-0.5, 0.3], [0.0, -0.1]]),
-                error_SB=np.full((2, 2), 0.02),
-                factors=[0.0],
-                saturation=0.5,
-                steps=(1, 40),
-                horizon=6.0,
-                rows=32,
-            ),
-        }
-    )
+    records.append(counterfactual_record(40, ["prose", "code"], [[-0.5, 0.3], [0.0, -0.1]], error=0.02))
     found = rules(tmp_path, records)["source_regression"]
     assert "'code'" in found.title
     assert "rose +0.300 nats from its best 2.800 to 3.100" in found.evidence[0]
@@ -127,21 +117,8 @@ def test_a_source_regression_without_a_clear_culprit_names_none(tmp_path):
     records = [log_record(s, loss=3.0) for s in range(10, 50, 10)]
     records += [eval_record(10, {"prose": 3.0, "code": 3.0}), eval_record(40, {"prose": 2.1, "code": 3.1})]
     records.append(
-        {
-            "step": 40,
-            "counterfactual": record(  # prose's effect on code is within its interval
-                sources=["prose", "code"],
-                held_out=["prose", "code"],
-                slope_SB=np.array([[-0.5, 0.01], [0.0, -0.1]]),
-                error_SB=np.full((2, 2), 0.02),
-                factors=[0.0],
-                saturation=0.5,
-                steps=(1, 40),
-                horizon=6.0,
-                rows=32,
-            ),
-        }
-    )
+        counterfactual_record(40, ["prose", "code"], [[-0.5, 0.01], [0.0, -0.1]], error=0.02)
+    )  # prose's effect on code is within its interval
     found = rules(tmp_path, records)["source_regression"]
     assert not any("leaving out" in e for e in found.evidence) and not any("lower 'prose'" in s for s in found.settings)
 

@@ -3,14 +3,13 @@
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from tests.pipelines.report_util import counterfactual_record
 from winnow.pipelines.cli import main
 from winnow.pipelines.provenance import manifest_sha256, provenance
 from winnow.pipelines.report.training import TrainingRun, load_run
 from winnow.pipelines.run import source_table
-from winnow.train.attribution.counterfactual import record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,22 +38,8 @@ def _run_folder(tmp_path: Path, *, counterfactual: bool, attribution: bool = Fal
             }
         )
     if counterfactual:  # code lowers its own held-out loss by 0.2 per unit of log share; prose barely matters to code
-        slope = np.array([[-0.2, 0.01], [0.02, -0.4]])
         records.append(
-            {
-                "step": 10,
-                "counterfactual": record(
-                    sources=["code", "prose"],
-                    held_out=["code", "prose"],
-                    slope_SB=slope,
-                    error_SB=np.full((2, 2), 0.01),
-                    factors=[0.0, 2.0],
-                    saturation=0.5,
-                    steps=(1, 10),
-                    horizon=6.0,
-                    rows=32,
-                ),
-            }
+            counterfactual_record(10, ["code", "prose"], [[-0.2, 0.01], [0.02, -0.4]], error=0.01, factors=(0.0, 2.0))
         )
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return load_run(tmp_path)
