@@ -116,9 +116,8 @@ def test_source_whose_held_out_loss_rises_while_others_fall(tmp_path):
 def test_a_source_regression_without_a_clear_culprit_names_none(tmp_path):
     records = [log_record(s, loss=3.0) for s in range(10, 50, 10)]
     records += [eval_record(10, {"prose": 3.0, "code": 3.0}), eval_record(40, {"prose": 2.1, "code": 3.1})]
-    records.append(
-        counterfactual_record(40, ["prose", "code"], [[-0.5, 0.01], [0.0, -0.1]], error=0.02)
-    )  # prose's effect on code is within its interval
+    # prose's effect on code is within its interval
+    records.append(counterfactual_record(40, ["prose", "code"], [[-0.5, 0.01], [0.0, -0.1]], error=0.02))
     found = rules(tmp_path, records)["source_regression"]
     assert not any("leaving out" in e for e in found.evidence) and not any("lower 'prose'" in s for s in found.settings)
 

@@ -83,6 +83,8 @@ class Transformer(nn.Module):
         one-process model's weights: ``write(name, param, full)`` copies the part ``param`` holds (default:
         all of it). One whole parameter at a time is all the memory this needs beyond the model's own.
         """
+        if self.cfg.tie_embeddings and self.head.weight is not self.embed.weight:
+            self.head.weight = self.embed.weight  # materialised from meta (to_empty), each module got its own tensor
         std, residual_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         with torch.device("meta"):
             shapes = {name: p.shape for name, p in Transformer(self.cfg).named_parameters()}

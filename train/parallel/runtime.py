@@ -128,8 +128,6 @@ class Parallel:
         self.experts, self.tp_layouts, self.dispatches = layout.experts, layout.tp_layouts, layout.dispatches
         if any(p.is_meta for p in model.parameters()):  # FSDP2 shards with offload live on the CPU
             model.to_empty(device="cpu" if self.cfg.cpu_offload else world.device)
-            if getattr(model.cfg, "tie_embeddings", False) and model.head.weight is not model.embed.weight:
-                model.head.weight = model.embed.weight  # to_empty gives each module its own tensor: tie them again
             model.init_weights(seed, write=self.write_part)
         self._find_split_parameters(model)
         if self.fsdp or world.dp_size == 1 or self.pipeline is not None:
