@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -34,18 +35,38 @@ class RankBatches(SyntheticBatches):
         return batch
 
 
-def start(fn, args: tuple, nprocs: int) -> None:
-    """``mp.spawn(fn, args, nprocs)``, the processes forked from a server that imported torch and these helpers.
+def start(fn, nprocs: int, *args, attempts: int = 3) -> None:
+    """Run ``fn(rank, nprocs, port, *args)`` on ``nprocs`` processes forked from a server that imported torch.
 
     A spawned process imports torch and the trainer afresh (seconds of CPU each, two to four
     processes per test); the forkserver does it once per test process and forks each rank from
     there (still a separate process, on gloo, with its own environment set by ``fn``).
+
+    The rendezvous port is free when chosen but another process (a parallel test worker, a gloo
+    connection) can take it before rank 0 listens on it: a start that fails with EADDRINUSE is
+    tried again on a new port.
     """
     multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
-    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    for attempt in range(attempts):
+        try:
+            mp.start_processes(
+                fn, args=(nprocs, free_port(), *args), nprocs=nprocs, join=True, start_method="forkserver"
+            )
+            return
+        except mp.ProcessRaisedException as exc:
+            if "EADDRINUSE" not in str(exc) or attempt == attempts - 1:
+                raise
 
 
 def free_port() -> int:
+    """A port no socket holds now, below Linux's ephemeral range (32768-60999) that outgoing connections draw from."""
+    for port in random.sample(range(20000, 32000), 64):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -265,7 +286,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
 def spawn(job: dict, out: Path, *, world: int = 2) -> dict:
     """Run ``job`` on ``world`` gloo processes; returns rank 0's record (every rank's, ``ranks``, for ``overflow``)."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    start(_worker, (world, free_port(), job, str(out)), world)
+    start(_worker, world, job, str(out))
     if job.get("overflow"):
         return {"ranks": [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]}
     return json.loads(Path(out).read_text())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.parallel_workers import free_port, start
+from tests.train.parallel_workers import start
 from tests.train.test_attribution import _MODEL, _records, _setting, _trainer
 from winnow.train.data import Batch
 from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown
@@ -52,7 +52,7 @@ def test_ddp_with_accumulation_gives_the_one_process_attribution(tmp_path, split
     heldout, train = _setting(12)
     _trainer(tmp_path / "one", train, heldout, steps=4, every=2, split=split, grad_accum=2, model=MODEL).fit()
     os.environ["OMP_NUM_THREADS"] = "1"
-    start(_worker, (2, free_port(), str(tmp_path / "ddp"), split), 2)
+    start(_worker, 2, str(tmp_path / "ddp"), split)
     one, ddp = _records(tmp_path / "one")[-1], _records(tmp_path / "ddp")[-1]
     np.testing.assert_allclose(ddp["measured"], one["measured"], rtol=1e-4, atol=1e-6)
     scale = np.abs(one["measured"]).max()

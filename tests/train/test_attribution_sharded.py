@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.parallel_workers import free_port, start
+from tests.train.parallel_workers import start
 from tests.train.test_attribution import L, _records, _trainer
 from tests.train.test_attribution import _setting as _base_setting
 from tests.train.test_attribution_ddp import MODEL, _rows
@@ -82,7 +82,7 @@ def _setting(seed: int, *, mixed: bool = False):
 def _run(tmp_path, name: str, split: str) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"
     world = WORLD.get(name, 2)
-    start(_worker, (world, free_port(), str(tmp_path / name), LAYOUTS[name], split), world)
+    start(_worker, world, str(tmp_path / name), LAYOUTS[name], split)
     return _records(tmp_path / name)
 
 

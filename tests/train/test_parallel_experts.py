@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.train.parallel_workers import free_port, start
+from tests.train.parallel_workers import start
 from winnow.train.model import ModelConfig
 from winnow.train.model.moe import MoE
 from winnow.train.parallel import ParallelConfig, exit_process, init_world, shutdown
@@ -60,4 +60,4 @@ def _moe_worker(rank: int, world: int, port: int) -> None:
 
 
 def test_sharded_moe_forward_and_backward_match_the_unsharded_block():
-    start(_moe_worker, (2, free_port()), 2)
+    start(_moe_worker, 2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tests.train.parallel_workers import free_port, start
+from tests.train.parallel_workers import start
 from tests.train.test_trainer_loop import tiny_config
 from winnow.train.build import build_model
 from winnow.train.parallel import Parallel, ParallelConfig, exit_process, shutdown
@@ -54,7 +54,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 def test_fsdp2_ranks_hold_a_quarter_of_the_weights_plus_one_block_while_building(tmp_path):
     out = tmp_path / "memory.json"
-    start(_worker, (4, free_port(), str(out)), 4)
+    start(_worker, 4, str(out))
     ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(4)]
     cfg = tiny_config(tmp_path, model=MODEL)
     with torch.device("meta"):

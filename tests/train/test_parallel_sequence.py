@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train.parallel_workers import free_port, reference_run, spawn, start
+from tests.train.parallel_workers import reference_run, spawn, start
 from tests.train.test_parallel_tensor import _assert_same_run
 from tests.train.test_trainer_loop import SyntheticBatches, tiny_config
 from winnow.train.errors import ConfigError
@@ -77,7 +77,7 @@ def _saved_worker(rank: int, world: int, port: int, sequence_parallel: bool, out
 
 def _saved(tmp_path, sequence_parallel: bool) -> list[dict]:
     out = tmp_path / f"saved-{sequence_parallel}.json"
-    start(_saved_worker, (2, free_port(), sequence_parallel, str(out)), 2)
+    start(_saved_worker, 2, sequence_parallel, str(out))
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
 
 
