@@ -6,6 +6,10 @@ Third-party errors are translated with ``raise ... from err`` so the cause stays
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+
 
 class WinnowError(Exception):
     """Base of every error winnow raises on purpose."""
@@ -29,6 +33,49 @@ class OutputError(WinnowError):
 
 class FolderInUseError(OutputError):
     """Another winnow run holds the folder's lock (``curate.lock``): nothing of the folder may be touched."""
+
+
+class DiskFullError(OutputError):
+    """The device (or the quota) holding an output has no room left for what a command writes."""
+
+
+# A full device reaches winnow as an OSError from Python and Arrow, and as other types with the
+# kernel's message from Rust and C++ libraries (safetensors, PyTorch's zip writer).
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXTS = ("no space left on device", "disk quota exceeded", "os error 28)", "os error 122)")
+
+
+def disk_full(err: BaseException | None) -> bool:
+    """Whether ``err``, or an error it was raised from or during, says the device or the quota is full."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _FULL_ERRNOS:
+            return True
+        if any(text in str(err).lower() for text in _FULL_TEXTS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def no_space(folder: str | os.PathLike, err: BaseException, *, then: str) -> DiskFullError:
+    """The error for ``err`` (``disk_full``) while writing under ``folder``: where, how much room is left, and
+    ``then``, what running the command again does."""
+    local = str(folder)
+    if "://" in local:  # an object store's quota: the store's own message says more than a local path could
+        return DiskFullError(f"the store refused a write under {local} (full, or over quota: {err}); {then}")
+    probe = os.path.abspath(local)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    usage = shutil.disk_usage(probe)
+    return DiskFullError(
+        f"no space left on the device holding {local} ({_mib(usage.free)} free of {_mib(usage.total)}): "
+        f"free space there or give the output another place; {then}"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 class MissingDependencyError(WinnowError, ImportError):

@@ -32,7 +32,7 @@ from winnow.curate.atomic import write_json_atomic, write_text_atomic
 from winnow.curate.card import CARD, remove_card, write_card
 from winnow.curate.config import Job
 from winnow.curate.crashpoints import CRASH_ENV
-from winnow.curate.errors import OutputError, StageError
+from winnow.curate.errors import OutputError, StageError, disk_full, no_space
 from winnow.curate.executors import Executor, release_memory
 from winnow.curate.fields import resolve_field_types
 from winnow.curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
@@ -173,6 +173,11 @@ class Runner:
         umask = os.umask(0o777 & ~mode) if mode is not None else None  # local workers inherit it
         try:
             manifest = self._run()
+        except Exception as err:
+            if not disk_full(err):
+                raise
+            where = self.job.job.output if self.work.remote else self.out
+            raise no_space(where, err, then="run the same command again: the tasks it finished are kept") from err
         finally:
             if umask is not None:
                 os.umask(umask)

@@ -9,7 +9,9 @@ re-run skips the task, and a crashed task leaves nothing half-written under a fi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -134,6 +136,20 @@ class _Outputs:
         writer.write_table(table.cast(writer.schema))
         return writer
 
+    def abandon(self) -> None:
+        """Close and remove every file of a task that failed, ignoring a second failure (a full disk fails the
+        last flush again, and an unclosed writer would repeat it at exit); the task runs anew on resume."""
+        for name in ("rows", "keys", "rejects", "val", "ids"):
+            if getattr(self, name) is not None:
+                with contextlib.suppress(OSError):
+                    getattr(self, name).close()
+                setattr(self, name, None)
+        for writer in self.shards.values():
+            writer.abandon()
+        with contextlib.suppress(OSError):
+            self.reject_tmp.unlink(missing_ok=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)  # room back on a full disk
+
     def write_rows(self, df: pl.DataFrame) -> None:
         self._writer("rows", self.tmp / "rows.parquet", df, _INTERMEDIATE_COMPRESSION)
         self.rows_written += df.height
@@ -249,18 +265,36 @@ def _run_task(spec: TaskSpec) -> dict[str, Any]:
             work.fetch_plan(spec.decision_stage, task=spec.task)
     tmp = fresh_tmp(final)
     stages = build_stages(spec.job, spec.work)
-    phase = spec.phase
     decision = pl.read_parquet(spec.decision_path) if spec.decision_path and spec.decision_path.exists() else None
     stats: dict[str, StageStats] = {}
     skipped: list[dict] = []
     out = _Outputs(spec, tmp)
+    try:
+        _map_batches(spec, stages, decision, stats, skipped, out)
+        return _finish(spec, out, stats, skipped, final)
+    except BaseException:
+        out.abandon()
+        raise
+
+
+def _map_batches(
+    spec: TaskSpec,
+    stages: list[Stage],
+    decision: pl.DataFrame | None,
+    stats: dict[str, StageStats],
+    skipped: list[dict],
+    out: _Outputs,
+) -> None:
+    """Read the task's rows batch by batch, run the phase's stages on each and write what they keep to ``out``
+    (its last batch is not held while ``_finish`` flushes the shards)."""
+    phase = spec.phase
     for rows, read_rejects in _batches(spec, skipped):
         if read_rejects is not None:
             read = stats.setdefault(READ_STAGE_ID, StageStats())
             read.add_batch(pl.concat([rows.select("source"), read_rejects.select("source")]), rows, read_rejects, 0)
             out.write_rejects(read_rejects, READ_STAGE_ID)
         if spec.spill_ids and rows.height:
-            out._writer("ids", tmp / "ids.parquet", rows.select("id"), "zstd")
+            out._writer("ids", out.tmp / "ids.parquet", rows.select("id"), "zstd")
         batch, rows = rows, None  # the stages' output replaces the read rows in memory
         for i in phase.chain:
             if not batch.height:
@@ -283,8 +317,6 @@ def _run_task(spec: TaskSpec) -> dict[str, Any]:
             out.write_rows(batch.filter(~is_val))
         else:
             out.write_rows(batch)
-    batch = None  # the last batch's rows (and the text they hold) are not kept while the shards are flushed
-    return _finish(spec, out, stats, skipped, final)
 
 
 def _apply(

@@ -140,13 +140,22 @@ def configure_logging(*, verbose: int, quiet: bool) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from winnow.curate.errors import WinnowError
+    from winnow.curate.errors import WinnowError, disk_full
     from winnow.train.errors import TrainError  # no dependencies: importable in a curation-only install
 
     try:
         return int(args.func(args) or 0)
     except (WinnowError, TrainError) as err:
         print(f"winnow {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a full disk where no command said what it was writing: still one line
+        if not disk_full(err):
+            raise
+        print(
+            f"winnow {args.command}: error: no space left on the device ({err}); free space there and "
+            "run the same command again",
+            file=sys.stderr,
+        )
         return 2
     except ModuleNotFoundError as err:
         return _missing(args.command, err)

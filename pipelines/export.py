@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from winnow.curate.errors import disk_full, no_space
     from winnow.train.checkpoint import load_checkpoint
     from winnow.train.export import export_model
 
@@ -28,7 +29,12 @@ def run_export(args: argparse.Namespace) -> int:
     out = args.output or run_dir / "export"
     step = (state.get("counters") or {}).get("step")
     tokenizer = run_tokenizer(run_dir, state)
-    written = export_model(state, out, step=step, sources=state.get("sources"), tokenizer=tokenizer)
+    try:
+        written = export_model(state, out, step=step, sources=state.get("sources"), tokenizer=tokenizer)
+    except Exception as err:
+        if not disk_full(err):
+            raise
+        raise no_space(out, err, then="nothing there was changed; run the same command again") from err
     print(f"exported {checkpoint} (step {step}): {written['winnow']}")
     if tokenizer is None:
         print(f"no tokenizer: {run_dir} holds no tokenizer_meta.json; the export has the model only")

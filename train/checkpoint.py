@@ -182,9 +182,13 @@ class CheckpointManager:
 
     def failed(self, step: int, err: Exception) -> CheckpointError:
         """The error to raise when writing step's checkpoint failed; its temporary folder goes."""
+        try:  # a full disk often reaches here as a library's own error: the room left when it failed tells
+            room = f" ({shutil.disk_usage(self.folder).free / 2**20:.1f} MiB were free on its device)"
+        except OSError:
+            room = ""
         shutil.rmtree(self.tmp_path(step), ignore_errors=True)
         return CheckpointError(
-            f"cannot write checkpoint {self.folder / f'{PREFIX}{step:08d}'}: {err}; the previous "
+            f"cannot write checkpoint {self.folder / f'{PREFIX}{step:08d}'}: {err}{room}; the previous "
             "checkpoint stands (free disk space or fix the folder's permissions, then re-run to resume)"
         )
 

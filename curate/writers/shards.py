@@ -12,6 +12,7 @@ re-run after a crash reproduce identical shards.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -94,6 +95,20 @@ class ShardWriter:
         if self._shard is not None:
             self._close()
         return self.written
+
+    def abandon(self) -> None:
+        """Close the open shard's files without finishing them and remove them (a failed task's; the shards
+        already closed stay, their names taken again when the task runs anew)."""
+        shard, self._shard = self._shard, None
+        if shard is None:
+            return
+        for fmt, handle in (("parquet", shard.parquet), ("webdataset", shard.tar)):
+            if handle is not None:
+                with contextlib.suppress(OSError):  # a full disk fails the last flush again
+                    handle.close()
+                self._tmp(shard, fmt).unlink(missing_ok=True)
+        if shard.tokens is not None:
+            shard.tokens.abandon()
 
     # -- internals ----------------------------------------------------------------------
     def _open(self) -> _OpenShard:

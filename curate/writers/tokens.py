@@ -18,6 +18,7 @@ Files are written under temporary names and renamed when complete, like every ot
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -117,6 +118,13 @@ class TokenShardWriter:
         self._codes.append(sources.replace_strict(self._names, return_dtype=pl.UInt32).to_numpy())
         self._sizes.append(sizes)
         self.rows += df.height
+
+    def abandon(self) -> None:
+        """Close and remove the shard's temporary files (a failed task: its outputs are written again on resume)."""
+        with contextlib.suppress(OSError):
+            self._bin.close()  # a full disk fails the flush again: the file goes anyway
+        for suffix in SUFFIXES:
+            self._tmp(suffix).unlink(missing_ok=True)
 
     def close(self) -> dict[str, Any]:
         """Rename the three files into place; the manifest entry of the ``.bin`` (sidecars share its prefix)."""

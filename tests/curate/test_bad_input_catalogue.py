@@ -832,6 +832,26 @@ def job_file_linked_to_dev_zero(tmp: Path, capsys) -> None:
     assert rc == 2 and "not a regular file" in err, err
 
 
+@kind
+def disk_full_during_curation(tmp: Path, capsys) -> None:
+    from tests.curate.conftest import check_nothing_lost
+    from tests.disk import small_disk
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
+    docs = [{"id": f"d{i}", "text": " ".join(words[(i * j) % len(words)] for j in range(80))} for i in range(4000)]
+    (tmp / "a.jsonl").write_bytes(jl(*docs))
+    job = tmp / "job.toml"
+    job.write_text(f'[job]\nname = "full"\noutput = "{tmp / "disk" / "out"}"\n' + inputs(tmp / "a.jsonl"))
+    with small_disk(tmp / "disk", "160k") as disk:
+        rc, err = curate(capsys, job)
+        assert rc == 2 and f"no space left on the device holding {tmp / 'disk' / 'out'}" in err, err
+        assert "Traceback" not in err and "Exception ignored" not in err, err  # no writer left to fail at exit
+        assert not list((tmp / "disk").rglob("*.tmp")), "a failed task removes what it had written"
+        disk.resize("64m")  # room made: the same command finishes the job
+        assert curate(capsys, job)[0] == 0
+        check_nothing_lost(tmp / "disk" / "out", {d["id"] for d in docs})
+
+
 @pytest.mark.parametrize("case", [pytest.param(k, id=k.name) for k in KINDS])
 def test_kind(case: Kind, tmp_path: Path, capsys) -> None:
     case.run(tmp_path, capsys)

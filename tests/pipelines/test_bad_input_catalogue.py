@@ -119,6 +119,30 @@ def source_names_that_are_paths(tmp: Path) -> None:
     assert not (tmp / "escape").exists() and not (tmp / "study" / "manifest.json").exists()
 
 
+# -- exports -----------------------------------------------------------------------------------------------------
+@kind("export")
+def disk_full_during_export(tmp: Path) -> None:
+    import contextlib
+    import io
+
+    from tests.disk import small_disk
+    from tests.train.test_export import _trained_run
+    from winnow.pipelines.cli import main
+
+    _trained_run(tmp)
+    out = tmp / "disk" / "export"
+    with small_disk(tmp / "disk", "64k") as disk:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(["-q", "export", str(tmp / "run"), "--output", str(out)]) == 2
+        assert f"no space left on the device holding {out}" in err.getvalue(), err.getvalue()
+        assert "Traceback" not in err.getvalue() and not list((tmp / "disk").iterdir())  # nothing half-written
+        disk.resize("64m")
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["-q", "export", str(tmp / "run"), "--output", str(out)]) == 0
+        assert (out / "winnow-model.safetensors").is_file()
+
+
 @pytest.mark.parametrize("case", [pytest.param(k, id=f"{k.area}:{k.name}") for k in KINDS])
 def test_bad_input(case: Kind, tmp_path: Path) -> None:
     case.run(tmp_path)

@@ -51,6 +51,23 @@ def manifest_of(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())
 
 
+# -- the run folder's device ------------------------------------------------------------------------------
+@kind
+def disk_full_during_a_checkpoint(tmp: Path) -> None:
+    from tests.disk import small_disk
+    from tests.train.test_trainer_loop import make_trainer, tiny_config
+
+    run = tmp / "disk" / "run"
+    with small_disk(tmp / "disk", "160k") as disk:
+        trainer = make_trainer(tiny_config(run, steps=4, checkpoint={"every": 2}))
+        with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step-0+2: .*MiB were free on its dev"):
+            trainer.fit()
+        assert not list((run / "checkpoints").glob(".tmp-*"))  # the half-written checkpoint is gone
+        disk.resize("64m")
+        make_trainer(tiny_config(run, steps=4, checkpoint={"every": 2})).fit()  # room made: the run goes on
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+
+
 # -- shards -------------------------------------------------------------------------------------------
 @kind
 def shard_listed_but_missing(tmp: Path) -> None:
