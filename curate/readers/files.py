@@ -17,10 +17,22 @@ from winnow.curate.readers.utf8 import printable
 _GLOB_CHARS = "*?["
 #: File name endings each format reads when a folder is given.
 EXTENSIONS: dict[str, tuple[str, ...]] = {
-    "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".ndjson", ".jsonl.zstd"),
+    "jsonl": tuple(
+        base + codec for base in (".jsonl", ".json", ".ndjson") for codec in ("", ".gz", ".zst", ".zstd", ".bz2", ".xz")
+    ),
     "parquet": (".parquet",),
     "webdataset": (".tar", ".tar.gz", ".tgz"),
 }  # text: every file in the folder
+
+
+#: The compressions JSON Lines are read in, by the file name's ending (in any case).
+CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz", ".lzma": "xz"}
+
+
+def codec(url: str) -> str | None:
+    """The compression ``url``'s name says (None: plain)."""
+    name = url.lower()
+    return next((c for ending, c in CODECS.items() if name.endswith(ending)), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""JSON Lines (plain, ``.gz``, ``.zst``): streamed in byte chunks, one record per line.
+"""JSON Lines (plain, ``.gz``, ``.zst``, ``.bz2``, ``.xz``): streamed in byte chunks, one record per line.
 
 Lines are parsed with orjson; a line that is not valid UTF-8 or JSON, not an object, or
 lacks a string text field becomes a reject carrying its raw bytes, file and byte offset. A
@@ -11,8 +11,10 @@ A truncated compressed file keeps every complete line before the damage and adds
 
 from __future__ import annotations
 
+import bz2
 import io
 import json
+import lzma
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from winnow.curate.config import InputConfig
-from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.files import InputFile, codec, open_binary
 from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from winnow.curate.readers.utf8 import first_bad_byte, valid_utf8
@@ -48,28 +50,37 @@ def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
     Chunks are about ``CHUNK_BYTES`` whatever the compression ratio: a small file that expands
     to gigabytes (one huge line) is read in bounded pieces, never at once.
     """
-    if url.endswith((".gz", ".gzip")):
-        new, gzip = (lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)), True  # noqa: E731 - gzip, multi-member
-    elif url.endswith((".zst", ".zstd")):
-        import zstandard
-
-        new, gzip = zstandard.ZstdDecompressor().decompressobj, False
-    else:
+    kind = codec(url)
+    if kind is None:
         while chunk := fh.read(CHUNK_BYTES):
             yield chunk
         return
+    gzip = kind == "gzip"
+    if gzip:
+        new = lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)  # noqa: E731 - gzip, multi-member
+    elif kind == "zstd":
+        import zstandard
+
+        new = zstandard.ZstdDecompressor().decompressobj
+    else:
+        new = bz2.BZ2Decompressor if kind == "bz2" else lzma.LZMADecompressor
     dec, finished, out, held = new(), True, [], 0
     while raw := fh.read(CHUNK_BYTES):
-        full = False  # zlib stopped at max_length: it may hold more output even when all input is in
+        full = False  # the decompressor stopped at max_length: it may hold more output with all input in
         while raw or full:
+            if dec.eof:  # a member or frame ended exactly where a read did: the next one starts here
+                dec = new()
             try:
                 if gzip:  # zlib: at most CHUNK_BYTES out per call, the rest waits in unconsumed_tail
                     part = dec.decompress(raw, CHUNK_BYTES)
                     rest, full = dec.unconsumed_tail, len(part) == CHUNK_BYTES
-                else:  # zstd: a piece at a time, through a view (slicing bytes would copy the rest each time)
+                elif kind == "zstd":  # a piece at a time, through a view (slicing bytes would copy the rest each time)
                     view = memoryview(raw)
                     part, rest = dec.decompress(view[:_ZSTD_PIECE]), view[_ZSTD_PIECE:]
-            except Exception as err:  # zlib.error / ZstdError: corrupt data
+                else:  # bz2 / xz: at most CHUNK_BYTES out per call, the rest of the input buffered inside
+                    part, rest = dec.decompress(raw, CHUNK_BYTES), b""
+                    full = not dec.eof and not dec.needs_input
+            except Exception as err:  # zlib.error / ZstdError / OSError / LZMAError: corrupt data
                 yield b"".join(out)
                 raise _Truncated(f"{type(err).__name__}: {err}") from err
             out.append(part)
@@ -217,6 +228,26 @@ def derived_id(source: str | None, file: InputFile, offset: int) -> str:
     return f"{source or ''}/{file.rel}@{offset}"
 
 
+# The columnar path takes flat records only; a block whose lines may nest deeper goes line by line, where
+# orjson refuses past 1,024 levels (``read:bad_json``). Arrow's parser is never handed deep nesting: it
+# recurses once per level and a few thousand levels (one hostile line) overflow the process's stack.
+_COLUMNAR_DEPTH = 64
+_BRACKETS = bytes(range(256)).translate(None, b"[]{}\n")  # every byte but these five, for bytes.translate
+
+
+def _nesting_bound(lines: bytes) -> int:
+    """An upper bound of the deepest nesting of any line of ``lines``: brackets in strings count too."""
+    marks = np.frombuffer(lines.translate(None, _BRACKETS), dtype=np.uint8)  # brackets and newlines only
+    if not len(marks):
+        return 0
+    step = np.where((marks == 91) | (marks == 123), 1, np.where(marks == 10, 0, -1))
+    depth = np.cumsum(step)
+    newline = marks == 10
+    last_newline = np.maximum.accumulate(np.where(newline, np.arange(len(marks)), -1))
+    at_line_start = np.where(last_newline >= 0, depth[np.maximum(last_newline, 0)], 0)
+    return int((depth - at_line_start).max())
+
+
 def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int) -> ReadBatch | None:
     """Arrow's multithreaded JSON parser for a block of complete lines, when the result is exact.
 
@@ -232,6 +263,8 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
         if np.diff(ends, prepend=-1).max() - 1 > cfg.max_record_bytes:
             return None
     if not valid_utf8(lines):  # Arrow's parser does not check; the lines path rejects the bad lines
+        return None
+    if _nesting_bound(lines) > _COLUMNAR_DEPTH:  # Arrow's parser recurses per level: thousands overflow its stack
         return None
     try:
         table = pa_json.read_json(io.BytesIO(lines), read_options=pa_json.ReadOptions(block_size=len(lines) + 1))
@@ -334,13 +367,15 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
     id_ = fallback_id if given_id is None else id_text(given_id, cfg.id_field, line)
+    if isinstance(source, (int, float)) and not isinstance(source, bool):  # a numeric name: as written, like an id
+        source = id_text(source, cfg.source_field, line)
     if not isinstance(source, str) or not source:
         buf.reject(
             "read:missing_source",
             id_=id_,
             source="",
             raw=line,
-            where={**where, "error": f"field {cfg.source_field!r} missing or not a non-empty string"},
+            where={**where, "error": f"field {cfg.source_field!r} missing, empty, or not a string or number"},
         )
     elif text is None:
         buf.reject(

@@ -94,24 +94,40 @@ def decode_meta(meta: dict) -> str | None:
 
 
 def loads_exact(data: bytes) -> Any:
-    """A JSON document (raises ``orjson.JSONDecodeError``), with every integer exact, however large.
+    """A JSON document (raises ``json.JSONDecodeError``), with every integer exact, however large.
 
     orjson reads integers beyond 64 bits as floats (1.8446744073709552e+19): two hash ids would
     collide. Such a value is a float of magnitude >= 2**53, so only then is the document read
     again with the standard library's parser, whose integers have no limit.
+
+    A document nesting deeper than ``MAX_DEPTH`` is refused like one that is not JSON: orjson stops
+    at 1,024 levels and writes at most 254, and Python's parsers recurse once per level.
     """
     value = orjson.loads(data)
-    return json.loads(data) if _has_huge_float(value) else value
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH:  # only then can it nest that deep
+        depth, huge = _walk(value)
+        if depth > MAX_DEPTH:
+            raise json.JSONDecodeError(f"the record nests {depth} levels deep; winnow reads up to {MAX_DEPTH}", "", 0)
+    else:
+        huge = _walk(value)[1]
+    return json.loads(data) if huge else value
 
 
-def _has_huge_float(value: Any) -> bool:
-    if isinstance(value, float):
-        return abs(value) >= _EXACT_FLOAT
-    if isinstance(value, dict):
-        return any(_has_huge_float(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_huge_float(v) for v in value)
-    return False
+#: The deepest nesting of a record winnow reads (a record is level 1, an object or list in it level 2).
+MAX_DEPTH = 200
+
+
+def _walk(value: Any) -> tuple[int, bool]:
+    """(nesting depth, whether a float of magnitude >= 2**53 is in ``value``), without recursion."""
+    depth, huge, todo = 0, False, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, float):
+            huge = huge or abs(item) >= _EXACT_FLOAT
+        elif isinstance(item, (dict, list)):
+            depth = max(depth, level)
+            todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return depth, huge
 
 
 def id_text(value: Any, field: str, raw: bytes) -> str:
@@ -145,6 +161,12 @@ def rows_from_arrow(
     """
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
+    names = table.column_names
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # a column name given twice: the later ones are told apart by their place (``x#3``) in ``meta``
+        table = table.rename_columns([n if names.index(n) == i else f"{n}#{i}" for i, n in enumerate(names)])
+    # ...but which one is the text, the id or the source? Then every row is kept as a reject
+    ambiguous = [n for n in repeated if n in (text_field, id_field, source_field)]
     table = as_text_columns(table, [c for c in (text_field, id_field, source_field) if c is not None])
     table, unreadable = _split_invalid_utf8(
         table, source=source, text_field=text_field, id_field=id_field, file_label=file_label, row_offset=row_offset
@@ -177,6 +199,10 @@ def rows_from_arrow(
         )
         return ReadBatch(_empty_rows(), _with_unreadable(bad, unreadable))
 
+    if ambiguous:
+        return reject_all(
+            "read:bad_schema", f"column name(s) {ambiguous} appear more than once; write each column under its own name"
+        )
     if text_field not in df.columns:
         return reject_all("read:bad_schema", f"no column {text_field!r}; columns are {df.columns[:-1]}")
     if df.schema[text_field] not in (pl.String, pl.Null):

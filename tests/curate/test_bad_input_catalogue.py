@@ -9,9 +9,11 @@ these cases; ``test_catalogue_size`` keeps the count honest.
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
+import lzma
 import os
 import tarfile
 from collections import Counter
@@ -328,6 +330,45 @@ def parquet_text(array: pa.Array, **extra: pa.Array) -> Callable[[Path], tuple[s
     return parquet_case(pa.table({"id": ids, "text": array, **extra}), set(ids))
 
 
+def nested(depth: int) -> bytes:
+    """A record whose ``meta`` field is ``depth - 1`` lists deep (the record itself is level 1)."""
+    return b'{"id": "deep", "text": "t", "meta": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}\n"
+
+
+def repeated_columns(name: str) -> pa.Table:
+    """Two rows whose Parquet file holds the column ``name`` twice."""
+    columns = {"id": pa.array(["p0", "p1"]), "text": pa.array(["first", "second"]), "x": pa.array(["a", "b"])}
+    arrays = [*columns.values(), pa.array(["again0", "again1"])]
+    return pa.Table.from_arrays(arrays, names=[*columns, name])
+
+
+def kept_meta_key(key: str, values: list[str]) -> Callable[[Path, Path], None]:
+    def check(_: Path, out: Path) -> None:
+        rows = pl.read_parquet(out / "shards" / "parquet" / "**" / "*.parquet").sort("id")
+        assert [json.loads(m)[key] for m in rows["meta"]] == values
+
+    return check
+
+
+def source_values(folder: Path) -> tuple[str, set[str]]:
+    """Sources from a field (``source_field = "dom"``) that are numbers, null, empty or not a name at all."""
+    values = ["web", 5, b"7.50", None, "", True]
+    lines = [
+        b'{"id": "r%d", "text": "t", "dom": %s}\n' % (i, v if isinstance(v, bytes) else json.dumps(v).encode())
+        for i, v in enumerate(values)
+    ]
+    (folder / "a.jsonl").write_bytes(b"".join(lines))
+    return f'[[inputs]]\nsource_field = "dom"\npath = "{folder / "a.jsonl"}"\n', {f"r{i}" for i in range(len(values))}
+
+
+def kept_sources(expected: list[str]) -> Callable[[Path, Path], None]:
+    def check(_: Path, out: Path) -> None:
+        rows = pl.read_parquet(out / "shards" / "parquet" / "**" / "*.parquet").sort("id")
+        assert rows["source"].to_list() == expected
+
+    return check
+
+
 def cleaned(data: bytes, ids: set[str]) -> Callable[[Path], tuple[str, set[str]]]:
     """``jsonl_case`` with the ``clean`` stage (boilerplate lines found in 10 or more documents)."""
 
@@ -438,6 +479,25 @@ CASES: list[Case] = [
         kept=3,
     ),
     Case("line_of_30_mb", jsonl_case(jl(*GOOD, {"id": "big", "text": BIG}), GOOD_IDS | {"big"}), kept=4),
+    # Arrow's block parser recursed once per level: 100,000 brackets in one line ended the process (SIGSEGV)
+    Case("nesting_100000_deep", jsonl_case(jl(*GOOD) + nested(100_000), GOOD_IDS | {AFTER_GOOD}), {"read:bad_json": 1}),
+    Case("nesting_past_200_deep", jsonl_case(jl(*GOOD) + nested(201), GOOD_IDS | {AFTER_GOOD}), {"read:bad_json": 1}),
+    Case("nesting_200_deep_is_kept", jsonl_case(jl(*GOOD) + nested(200), GOOD_IDS | {"deep"}), kept=4),
+    Case(
+        "source_field_numbers_null_empty_bool",
+        source_values,
+        {"read:missing_source": 3},
+        kept=3,
+        check=kept_sources(["web", "5", "7.50"]),  # a number as written, like an id
+    ),
+    Case(
+        "ids_that_are_objects_lists_bools",
+        jsonl_case(
+            jl({"id": True, "text": "a"}, {"id": {"k": 1}, "text": "b"}, {"id": [1, "2"], "text": "c"}),
+            {"true", '{"k":1}', '[1,"2"]'},
+        ),
+        kept=3,
+    ),
     Case("empty_files", empty_and_good, kept=3),
     Case("blank_lines_only", jsonl_case(b"\n\n   \n\n", set()), kept=0),
     # -- damaged files -------------------------------------------------------------------------
@@ -450,6 +510,9 @@ CASES: list[Case] = [
         kept=0,
     ),
     Case("truncated_tar", truncated_tar, {"read:truncated": 1}),
+    Case("bzip2_jsonl", jsonl_case(bz2.compress(jl(*GOOD)), GOOD_IDS, name="a.jsonl.bz2"), kept=3),
+    Case("xz_jsonl", jsonl_case(lzma.compress(jl(*GOOD)), GOOD_IDS, name="a.jsonl.xz"), kept=3),
+    Case("upper_case_extension", jsonl_case(gzip.compress(jl(*GOOD)), GOOD_IDS, name="A.JSONL.GZ"), kept=3),
     Case("truncated_gzip_text_file", truncated_text_file, {"read:truncated": 1}, kept=1),
     Case(
         "parquet_truncated",
@@ -463,6 +526,18 @@ CASES: list[Case] = [
         parquet_case(pa.table({"id": ["p0", "p1"], "body": ["a", "b"]}), {"a.parquet#0", "a.parquet#1"}),
         {"read:bad_schema": 2},
         kept=0,
+    ),
+    Case(
+        "parquet_text_column_twice",
+        parquet_case(repeated_columns("text"), {"a.parquet#0", "a.parquet#1"}),
+        {"read:bad_schema": 2},
+        kept=0,
+    ),
+    Case(
+        "parquet_other_column_twice",
+        parquet_case(repeated_columns("x"), {"p0", "p1"}),
+        kept=2,
+        check=kept_meta_key("x#3", ["again0", "again1"]),
     ),
     Case(
         "parquet_text_not_string",

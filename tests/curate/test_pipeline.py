@@ -166,7 +166,8 @@ def test_crash_inside_a_task_then_rerun_gives_identical_shards(tmp_path, write_j
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_job(job, progress=False)
     done = sorted(p.name for p in (job.output_dir / "_work" / "phase-0").iterdir())
-    assert "task-00000" in done and ".task-00002.tmp" in done  # finished task kept, the crashed one not in place
+    # the finished task kept; the crashed one neither in place nor left half-written (its files removed)
+    assert "task-00000" in done and not {"task-00002", ".task-00002.tmp"} & set(done)
     monkeypatch.setattr(LengthFilter, "apply", original)
     resumed = run_job(job, progress=False)
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in reference["shards"]]
