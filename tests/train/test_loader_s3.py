@@ -59,3 +59,29 @@ def test_s3_parquet_folder_without_manifest(s3_server, tmp_path):
     fs.put(str(tmp_path / "train-0.parquet"), "winnow-foreign/corpus/train-0.parquet")
     got, expected = batches("s3://winnow-foreign/corpus", 2), batches(tmp_path, 2)
     assert all((a.tokens == b.tokens).all() and (a.source_ids == b.source_ids).all() for a, b in zip(got, expected))
+
+
+def test_s3_token_shards_unverified_are_checked_by_the_manifest_max_id(s3_server, tmp_path):
+    """On a store, without checksums, a shard is not read whole at start: the writer's max_id stands for its ids."""
+    import json
+
+    import s3fs
+
+    from tests.train.shards_util import write_token_job
+
+    local = write_token_job(tmp_path / "job", [make_docs(8)[:4], make_docs(8)[4:]])
+    manifest = json.loads((local / "manifest.json").read_text())
+    tokens = [e for e in manifest["shards"] if e["format"] == "tokens"]
+    assert all(0 <= e["max_id"] < 258 for e in tokens)  # the byte tokenizer's 258 ids
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir("winnow-maxid")
+    fs.put(str(local) + "/", "winnow-maxid/good", recursive=True)
+    config = LoaderConfig(batch_size=2, seq_len=16, num_workers=0, format="tokens", verify_checksums=False)
+    with Loader(config, "s3://winnow-maxid/good") as loader:
+        assert next(loader).tokens.max() < 258
+    tokens[1]["max_id"] = 300  # a shard written with a larger vocabulary, as its manifest says
+    (local / "manifest.json").write_text(json.dumps(manifest))
+    fs.put(str(local) + "/", "winnow-maxid/other", recursive=True)
+    name = tokens[1]["path"].rsplit("/", 1)[-1]
+    with pytest.raises(ShardError, match=rf"{name}: token id 300 \(the manifest's max_id\) is outside .* 258 ids"):
+        Loader(config, "s3://winnow-maxid/other")  # at start, from the manifest, before any shard is read

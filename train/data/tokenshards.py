@@ -88,6 +88,15 @@ def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspe
     return fs, root, manifest
 
 
+def outside_vocabulary(url: str, what: str, vocab_size: int) -> ShardError:
+    """The error for a token shard holding an id (``what``) that the run's tokenizer does not have."""
+    return ShardError(
+        f"token shard {url}: {what} is outside this run's tokenizer's {vocab_size} ids; the shard "
+        "was written with another tokenizer or is damaged: curate it again with the run's tokenizer "
+        "([output.tokens] tokenizer), or set [train.tokenizer] to the shard's"
+    )
+
+
 def token_entries(manifest: dict, split: str) -> list[dict]:
     return [e for e in manifest.get("shards") or [] if e.get("format") == "tokens" and e.get("split", "train") == split]
 
@@ -118,6 +127,12 @@ def open_token_shards(
         f"{data}/{MANIFEST}",
         missing=missing,
     )
+    vocab = tokenizer.get("vocab_size")
+    past = [e for e in entries if vocab is not None and isinstance(e.get("max_id"), int) and e["max_id"] >= vocab]
+    if past:  # what the writer recorded, known before any shard is opened
+        raise outside_vocabulary(
+            f"{data}/{past[0]['path']}", f"token id {past[0]['max_id']} (the manifest's max_id)", vocab
+        )
     parquet = {
         _stem(e["path"]): e["path"]
         for e in manifest["shards"]
@@ -324,11 +339,7 @@ class TokenShard:
         else:
             doc = int(np.searchsorted(self.starts, at, side="right")) - 1
             what = f"token id {value} at token {at} (document {doc}, row {int(self.rows[doc])} of {self.info.path})"
-        raise ShardError(
-            f"token shard {self.url}: {what} is outside this run's tokenizer's {vocab_size} ids; the shard "
-            "was written with another tokenizer or is damaged: curate it again with the run's tokenizer "
-            "([output.tokens] tokenizer), or set [train.tokenizer] to the shard's"
-        )
+        raise outside_vocabulary(self.url, what, vocab_size)
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         """File-order tokens ``[lo, hi)``."""
