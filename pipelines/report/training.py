@@ -165,17 +165,22 @@ def _arrays(rows: list[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """Records of a JSON-lines file; a torn last line (a run killed mid-write) is counted, not fatal."""
+    """Records of a JSON-lines file; a line that is not a JSON object (a torn last line of a run killed
+    mid-write, bytes that are not UTF-8) is counted, not fatal."""
     records, bad = [], 0
     if not path.is_file():
         return records, bad
-    with open(path) as f:
+    with open(path, "rb") as f:
         for line in f:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
                 bad += 1
     if bad:
         log.warning("%s: %d unreadable line(s) skipped", path, bad)

@@ -143,6 +143,32 @@ def disk_full_during_export(tmp: Path) -> None:
         assert (out / "winnow-model.safetensors").is_file()
 
 
+# -- reports -----------------------------------------------------------------------------------------------------
+@kind("report")
+def metrics_lines_that_are_not_records(tmp: Path) -> None:
+    import contextlib
+    import io
+    import logging
+
+    from tests.train.test_export import _trained_run
+    from winnow.pipelines.cli import main
+
+    _trained_run(tmp)
+    with open(tmp / "run" / "metrics.jsonl", "ab") as f:  # a list, a string, bytes that are not UTF-8, a torn line
+        f.write(b'[1, 2]\n"step"\n\xff\xfe{"step": 9}\n{"step": 10, "lo')
+    warnings: list[logging.LogRecord] = []
+    said = logging.Handler(logging.WARNING)
+    said.emit = warnings.append
+    logging.getLogger("winnow.pipelines.report").addHandler(said)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["-q", "report", str(tmp / "run")]) == 0
+    finally:
+        logging.getLogger("winnow.pipelines.report").removeHandler(said)
+    assert any("4 unreadable line(s) skipped" in w.getMessage() for w in warnings)
+    assert (tmp / "run" / "report.html").is_file()
+
+
 @pytest.mark.parametrize("case", [pytest.param(k, id=f"{k.area}:{k.name}") for k in KINDS])
 def test_bad_input(case: Kind, tmp_path: Path) -> None:
     case.run(tmp_path)
