@@ -126,6 +126,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if not -(2**63) <= value < 2**63:  # TOML's integers are 64-bit; seeds and sizes reach numba and torch as such
+            raise ConfigError(f"{where}: {value} does not fit a 64-bit integer (TOML's integers are 64-bit)")
         return value
     if tp in (str, bool):
         if not isinstance(value, tp):

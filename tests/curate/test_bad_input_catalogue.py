@@ -908,6 +908,15 @@ def job_file_linked_to_dev_zero(tmp: Path, capsys) -> None:
 
 
 @kind
+def job_file_integer_past_64_bits(tmp: Path, capsys) -> None:
+    job = job_file(tmp, "big", tmp / "out")
+    job.write_text(job.read_text().replace("[job]\n", "[job]\nseed = 99999999999999999999999\n"))
+    rc, err = curate(capsys, job)
+    assert rc == 2 and "[job] key 'seed': 99999999999999999999999 does not fit a 64-bit integer" in err, err
+    assert not (tmp / "out").exists()
+
+
+@kind
 def disk_full_during_curation(tmp: Path, capsys) -> None:
     from tests.curate.conftest import check_nothing_lost
     from tests.disk import small_disk
