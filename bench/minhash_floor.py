@@ -54,8 +54,8 @@ def shingle_hashes(texts) -> tuple[np.ndarray, np.ndarray]:
     def flat(offsets, data, sep, low):
         counts = count_shingles(offsets, data, NGRAM, False, sep)
         out = np.empty(counts.sum(), dtype=np.uint64)
-        starts = np.empty(counts.max() + NGRAM + 1, dtype=np.int64)
-        buf = np.empty(counts.max() + NGRAM + 1, dtype=np.uint64)
+        starts = np.empty(0, dtype=np.int64)
+        buf = np.empty((offsets[1:] - offsets[:-1]).max() // 2 + 3, dtype=np.uint64)
         rows = np.zeros(len(counts) + 1, dtype=np.int64)
         for i in range(len(counts)):
             k = doc_shingles(data, offsets[i], offsets[i + 1], NGRAM, False, sep, low, buf, starts)

@@ -142,3 +142,69 @@ def test_code_point_tables_agree_with_the_expression():
         assert np.array_equal(cls[handled], want_cls[handled]), mode
         kept = cls == 0
         assert np.array_equal(lowered[kept], want_lowered[kept]), mode
+
+
+_M64 = (1 << 64) - 1
+
+
+def _fmix64(k: int) -> int:
+    k ^= k >> 33
+    k = (k * 0xFF51AFD7ED558CCD) & _M64
+    k ^= k >> 33
+    k = (k * 0xC4CEB9FE1A85EC53) & _M64
+    return k ^ (k >> 33)
+
+
+def _reference_word_shingles(text: bytes, ngram: int, sep: np.ndarray, low: np.ndarray) -> list[int]:
+    """Word shingle hashes by their definition: FNV-1a of each word's mapped bytes, fmix64, then the n-gram mix."""
+    words, word = [], None
+    for byte in text + b" ":
+        if sep[byte]:
+            if word is not None:
+                words.append(_fmix64(word))
+            word = None
+            continue
+        word = ((0xCBF29CE484222325 if word is None else word) ^ int(low[byte])) * 0x100000001B3 & _M64
+    out = []
+    for i in range(max(len(words) - ngram + 1, 1) if words else 0):
+        h = ngram
+        for w in words[i : i + ngram]:
+            h = ((((h << 23) | (h >> 41)) & _M64) ^ w) * 0x9E3779B97F4A7C15 & _M64
+        out.append(_fmix64(h))
+    return out
+
+
+def test_word_shingles_match_their_definition_on_short_and_long_documents():
+    """The one-pass, two-chain word scanner gives each document's shingles as defined, wherever its halves are cut."""
+    from winnow.curate.dedup.kernels import doc_shingles
+    from winnow.curate.dedup.signatures import sketch_buffers
+    from winnow.curate.dedup.text import _WORD_TABLES
+
+    rng = np.random.default_rng(3)
+    alphabet = np.frombuffer(b"abcXYZ09_-.,;:!? \t\n\r\x00\x7f\x80\xc3\xa9", dtype=np.uint8)
+    docs = [b"", b" ", b"  ,, ", b"a", b"ab", b"a b", b" a", b"a ", b"x" * 5001, b"x" * 3000 + b" y", b"w " * 2000]
+    docs += [bytes(rng.choice(alphabet, size=n)) for n in rng.integers(0, 4000, size=60)]
+    docs += [b" ".join(b"w%d" % rng.integers(0, 50) for _ in range(n)) for n in (1, 4, 5, 6, 999)]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    data = np.frombuffer(b"".join(docs), dtype=np.uint8)
+    for mode in ("none", "words"):
+        sep, low = _WORD_TABLES[mode]
+        for ngram in (1, 3, 5):
+            buf = np.empty(max(len(d) for d in docs) // 2 + 3, dtype=np.uint64)
+            got = []
+            for i, doc in enumerate(docs):
+                count = doc_shingles(
+                    data, offsets[i], offsets[i + 1], ngram, False, sep, low, buf, buf[:0].view(np.int64)
+                )
+                want = _reference_word_shingles(doc, ngram, sep, low)
+                assert buf[:count].tolist() == want, (mode, ngram, i)
+                got.append(want)
+            sketch = sketch_buffers(
+                offsets, data, ngram=ngram, chars=False, num_perm=16, scheme="oph", seed=1, bands=4, rows=4,
+                want_signatures=False, want_sets=True, tables=(sep, low),
+            )  # fmt: skip
+            assert sketch.n_shingles.tolist() == [len(w) for w in got]
+            assert sketch.n_shingles.tolist() == count_shingles(offsets, data, ngram, False, sep).tolist()
+            tops = [[v >> 32 for j, v in enumerate(w) if j == 0 or v >> 32 != w[j - 1] >> 32] for w in got]
+            assert sketch.set_values.tolist() == [t for w in tops for t in w]
+            assert np.diff(sketch.set_offsets).tolist() == [len(w) for w in tops]
