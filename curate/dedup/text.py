@@ -405,19 +405,16 @@ def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndar
     if mode == "none":
         return offsets, data
     every = np.ones(len(offsets) - 1, dtype=np.bool_)
-    return _normalized(texts, offsets, data, every, _non_ascii_rows(offsets, data), mode, raw_rest=False)
+    return _normalized(texts, offsets, data, every, _non_ascii_rows(texts), mode, raw_rest=False)
 
 
-@njit(cache=True, nogil=True)
-def _non_ascii_rows(offsets, data):
-    n = offsets.shape[0] - 1
-    out = np.zeros(n, dtype=np.bool_)
-    for i in range(n):
-        for p in range(offsets[i], offsets[i + 1]):
-            if data[p] >= 128:
-                out[i] = True
-                break
-    return out
+def _non_ascii_rows(texts: pl.Series) -> np.ndarray:
+    """bool per row of a string Series without nulls: does it hold a byte outside ASCII?
+
+    In valid UTF-8 exactly the rows with fewer code points than bytes; polars counts both
+    with SIMD, several times faster than a compiled byte loop.
+    """
+    return (texts.str.len_bytes() != texts.str.len_chars()).to_numpy()
 
 
 def _word_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -449,7 +446,7 @@ def word_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray, t
     texts = texts.fill_null("")
     offsets, data = string_buffers(texts)
     if mode != "none":
-        non_ascii = _non_ascii_rows(offsets, data)
+        non_ascii = _non_ascii_rows(texts)
         if non_ascii.any():
             offsets, data = _normalized(texts, offsets, data, non_ascii, non_ascii, mode, raw_rest=True)
     return offsets, data, _WORD_TABLES[mode]
