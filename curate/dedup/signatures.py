@@ -22,6 +22,7 @@ import numpy as np
 
 from winnow.curate.dedup.jit import njit
 from winnow.curate.dedup.kernels import IDENTITY, PLAIN_SEP, doc_shingles, fmix64, rotl64
+from winnow.curate.dedup.text import AltRows, no_alt_rows
 
 _U64 = np.uint64
 _MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -109,9 +110,13 @@ def _spill(buf, count, out, cursor):
 
 
 @njit(cache=True, nogil=True)
-def sketch_block(offsets, data, sep, low, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets):
+def sketch_block(
+    offsets, data, alt_rows, alt_offsets, alt_data, sep, low, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets
+):
     """Signatures / band keys / 32-bit shingle hashes (unsorted, see below) for every document of a block.
 
+    Document ``i`` is ``data[offsets[i]:offsets[i + 1]]``, or where ``alt_rows[i]``
+    ``alt_data[alt_offsets[i]:alt_offsets[i + 1]]`` (``curate.dedup.text.AltRows``).
     Returns ``(sigs [n, k] or [0, k], band_keys [n, bands], n_shingles [n], set_offsets [n+1], set_values,
     sig8 [n, k] uint8 or [0, k])``. Each document's bytes are read once, shingled, sketched and spilled.
     """
@@ -119,7 +124,8 @@ def sketch_block(offsets, data, sep, low, ngram, chars, a, b, oph, rows, bands, 
     k = a.shape[0]
     longest = 0
     for i in range(n):
-        longest = max(longest, offsets[i + 1] - offsets[i])
+        size = alt_offsets[i + 1] - alt_offsets[i] if alt_rows[i] else offsets[i + 1] - offsets[i]
+        longest = max(longest, size)
     # Scratch for the longest document: one slot per unit, at most one code point per byte, or
     # one word per two bytes (a word and the separator after it; see ``word_shingles``).
     units = longest + 1 if chars else (longest + 1) // 2 + 3
@@ -136,7 +142,10 @@ def sketch_block(offsets, data, sep, low, ngram, chars, a, b, oph, rows, bands, 
     set_values = np.empty((offsets[n] - offsets[0]) // 6 + 1 if want_sets else 0, dtype=np.uint32)
     cursor = 0
     for i in range(n):
-        count = doc_shingles(data, offsets[i], offsets[i + 1], ngram, chars, sep, low, buf, starts)
+        if alt_rows[i]:
+            count = doc_shingles(alt_data, alt_offsets[i], alt_offsets[i + 1], ngram, chars, sep, low, buf, starts)
+        else:
+            count = doc_shingles(data, offsets[i], offsets[i + 1], ngram, chars, sep, low, buf, starts)
         counts[i] = count
         _signature(buf, count, a, b, oph, sig, filled)
         if want_sigs:
@@ -184,14 +193,17 @@ def sketch_buffers(
     want_sets: bool,
     block_bytes: int = 64 << 20,
     tables: tuple[np.ndarray, np.ndarray] = (PLAIN_SEP, IDENTITY),
+    alt: AltRows | None = None,
 ) -> Sketch:
     """Sketch the strings described by Arrow ``offsets``/``data``, ``block_bytes`` of text at a time.
 
-    ``tables`` are the word kernels' ``(sep, low)`` byte tables (``curate.dedup.text.word_buffers``).
+    ``tables`` are the word kernels' ``(sep, low)`` byte tables and ``alt`` the rows read from a
+    buffer of their own (both from ``curate.dedup.text.word_buffers``).
     """
     sep, low = tables
     a, b = slot_params(num_perm, seed)
     n = len(offsets) - 1
+    alt = alt if alt is not None else no_alt_rows(n)
     parts, lo = [], 0
     while True:
         hi = int(np.searchsorted(offsets, offsets[lo] + block_bytes, side="right")) - 1
@@ -200,6 +212,9 @@ def sketch_buffers(
             sketch_block(
                 offsets[lo : hi + 1],
                 data,
+                alt.rows[lo:hi],
+                alt.offsets[lo : hi + 1],
+                alt.data,
                 sep,
                 low,
                 ngram,
@@ -216,19 +231,17 @@ def sketch_buffers(
         lo = hi
         if lo >= n:
             break
-    sigs = np.concatenate([p[0] for p in parts]) if want_signatures else None
+    sigs = _joined([p[0] for p in parts]) if want_signatures else None
     set_offsets = set_values = sig8 = None
     if want_sets:
-        sig8 = np.concatenate([p[5] for p in parts])
+        sig8 = _joined([p[5] for p in parts])
         values = [p[4] for p in parts]
         starts = np.cumsum([0] + [len(v) for v in values[:-1]])
-        set_offsets = np.concatenate([[0]] + [p[3][1:] + s for p, s in zip(parts, starts)]).astype(np.int64)
-        set_values = np.concatenate(values)
-    return Sketch(
-        sigs,
-        np.concatenate([p[1] for p in parts]),
-        np.concatenate([p[2] for p in parts]),
-        set_offsets,
-        set_values,
-        sig8,
-    )
+        set_offsets = _joined([parts[0][3]] + [p[3][1:] + s for p, s in zip(parts[1:], starts[1:])])
+        set_values = _joined(values)
+    return Sketch(sigs, _joined([p[1] for p in parts]), _joined([p[2] for p in parts]), set_offsets, set_values, sig8)
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays end to end; the one array itself when there is one (a batch is usually one block)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

@@ -11,7 +11,7 @@ split and lowercase them while they are hashed.
 from __future__ import annotations
 
 import threading
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import polars as pl
@@ -372,25 +372,19 @@ def _assemble(source, offsets0, data0, offsets1, data1, offsets2, data2):
 
 
 def _normalized(
-    texts: pl.Series,
-    offsets: np.ndarray,
-    data: np.ndarray,
-    rows: np.ndarray,
-    non_ascii: np.ndarray,
-    mode: str,
-    raw_rest: bool,
-):
-    """Buffers with the ``rows`` normalized (compiled, or by the expression where it must) and the rest raw or empty."""
+    texts: pl.Series, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, non_ascii: np.ndarray, mode: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Buffers (indexed by row) with the ``rows`` normalized (compiled, or by the expression where it must), the rest empty."""
     todo = non_ascii & rows
     cp_tables = _tables_for(offsets, data, todo, mode) if todo.any() else _NO_CODE_POINTS
     norm_offsets, norm, flagged = _normalize_rows(offsets, data, rows, *_TABLES[mode], *cp_tables)
-    if not flagged.any() and not (raw_rest and not rows.all()):
+    if not flagged.any():
         return norm_offsets, norm
-    source = np.where(flagged, 2, np.where(rows, 1, 0)).astype(np.uint8)
+    source = np.where(flagged, 2, 1).astype(np.uint8)
     sub_offsets, sub = string_buffers(
         pl.select(normalize_expr(pl.lit(texts.filter(pl.Series(flagged))), mode)).to_series()
     )
-    return _assemble(source, offsets, data, norm_offsets, norm, sub_offsets, sub)
+    return _assemble(source, norm_offsets, norm, norm_offsets, norm, sub_offsets, sub)
 
 
 def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -405,7 +399,7 @@ def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndar
     if mode == "none":
         return offsets, data
     every = np.ones(len(offsets) - 1, dtype=np.bool_)
-    return _normalized(texts, offsets, data, every, _non_ascii_rows(texts), mode, raw_rest=False)
+    return _normalized(texts, offsets, data, every, _non_ascii_rows(texts), mode)
 
 
 def _non_ascii_rows(texts: pl.Series) -> np.ndarray:
@@ -436,17 +430,33 @@ def _word_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
 _WORD_TABLES = {mode: _word_tables(mode) for mode in NORMALIZATIONS}
 
 
-def word_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """``(offsets, data, (sep, low))`` from which the word kernels read the words of ``normalized_buffers``.
+class AltRows(NamedTuple):
+    """Rows that the word kernels read from a buffer of their own: row ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]`` where ``rows[i]`` (``offsets`` is indexed by row)."""
 
-    ASCII-only rows are passed as they are (no normalized copy: the tables normalize them
-    while they are hashed); rows with other bytes are normalized by ``normalize_expr`` and
-    merged in. The words, and so every shingle hash, equal those of the normalized text.
+    rows: np.ndarray  # bool [n]
+    offsets: np.ndarray  # int64 [n + 1]
+    data: np.ndarray  # uint8
+
+
+def no_alt_rows(n: int) -> AltRows:
+    """``AltRows`` for a column whose rows are all read from its own buffer."""
+    return AltRows(np.zeros(n, dtype=np.bool_), np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.uint8))
+
+
+def word_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray], AltRows]:
+    """``(offsets, data, (sep, low), alt)`` from which the word kernels read the words of ``normalized_buffers``.
+
+    ASCII-only rows are read from the column's own buffer as they are (no normalized copy:
+    the tables normalize them while they are hashed); rows with other bytes are normalized
+    (compiled, or by ``normalize_expr`` where it must) into ``alt``'s buffer, so the column's
+    text is never copied. The words, and so every shingle hash, equal those of the normalized text.
     """
     texts = texts.fill_null("")
     offsets, data = string_buffers(texts)
+    alt = no_alt_rows(len(offsets) - 1)
     if mode != "none":
         non_ascii = _non_ascii_rows(texts)
         if non_ascii.any():
-            offsets, data = _normalized(texts, offsets, data, non_ascii, non_ascii, mode, raw_rest=True)
-    return offsets, data, _WORD_TABLES[mode]
+            alt = AltRows(non_ascii, *_normalized(texts, offsets, data, non_ascii, non_ascii, mode))
+    return offsets, data, _WORD_TABLES[mode], alt

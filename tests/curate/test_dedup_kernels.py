@@ -125,8 +125,8 @@ def test_word_buffers_give_the_normalized_words():
         reference = pl.select(normalize_expr(pl.lit(series), mode)).to_series()
         assert normalized_buffers(series, mode)[1].tobytes() == string_buffers(reference)[1].tobytes(), mode
         want = sketch_buffers(*string_buffers(reference), **kw)
-        offsets, data, tables = word_buffers(series, mode)
-        got = sketch_buffers(offsets, data, tables=tables, **kw)
+        offsets, data, tables, alt = word_buffers(series, mode)
+        got = sketch_buffers(offsets, data, tables=tables, alt=alt, **kw)
         assert np.array_equal(want.signatures, got.signatures) and np.array_equal(want.set_values, got.set_values), mode
 
 
@@ -175,7 +175,8 @@ def _reference_word_shingles(text: bytes, ngram: int, sep: np.ndarray, low: np.n
 
 
 def test_word_shingles_match_their_definition_on_short_and_long_documents():
-    """The one-pass, two-chain word scanner gives each document's shingles as defined, wherever its halves are cut."""
+    """The one-pass, two-chain word scanner gives each document's shingles as defined, wherever its halves are cut,
+    and a batch sketched in blocks gives what it gives in one."""
     from winnow.curate.dedup.kernels import doc_shingles
     from winnow.curate.dedup.signatures import sketch_buffers
     from winnow.curate.dedup.text import _WORD_TABLES
@@ -208,3 +209,9 @@ def test_word_shingles_match_their_definition_on_short_and_long_documents():
             tops = [[v >> 32 for j, v in enumerate(w) if j == 0 or v >> 32 != w[j - 1] >> 32] for w in got]
             assert sketch.set_values.tolist() == [t for w in tops for t in w]
             assert np.diff(sketch.set_offsets).tolist() == [len(w) for w in tops]
+            blocks = sketch_buffers(
+                offsets, data, ngram=ngram, chars=False, num_perm=16, scheme="oph", seed=1, bands=4, rows=4,
+                want_signatures=False, want_sets=True, tables=(sep, low), block_bytes=5000,
+            )  # fmt: skip
+            for name in ("band_keys", "n_shingles", "set_offsets", "set_values", "sig8"):
+                assert np.array_equal(getattr(blocks, name), getattr(sketch, name)), name
