@@ -270,9 +270,17 @@ def _normalize_rows(offsets, data, rows, kind, lowered, cp_class, cp_lowered):
             while p < end:
                 b = data[p]
                 if b < 128:
-                    k = kind[b]
-                    c = np.int32(lowered[b])
+                    # ASCII without a branch (a mispredicted jump at every word end cost more than
+                    # the rest): a space is written at the cursor and kept only before a kept byte
+                    # that follows a separator; the byte is written and kept only if it is kept.
+                    keep = kind[b] == 0
+                    out[cursor] = 32
+                    cursor += pending & keep
+                    out[cursor] = lowered[b]
+                    cursor += keep
+                    pending = (not keep) & (cursor > start)
                     p += 1
+                    continue
                 else:
                     if p + 1 >= end:
                         flagged[i] = True

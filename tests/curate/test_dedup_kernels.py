@@ -48,6 +48,9 @@ def test_fast_normalization_equals_the_expressions(mode):
             "ß Straße «q»",
         ]
     )
+    rng = np.random.default_rng(1)  # runs of separators, punctuation and letters, with and without non-ASCII
+    alphabet = list("aZ9_ \t\n.,;!?-'\x01\x7f") + ["é", "Σ", "😀", "\u00a0"]
+    texts.extend(pl.Series(["".join(rng.choice(alphabet, size=n)) for n in rng.integers(0, 80, size=40)]))
     offsets, data = normalized_buffers(texts, mode)
     got = [bytes(data[offsets[i] : offsets[i + 1]]).decode() for i in range(len(texts))]
     assert got == pl.select(normalize_expr(pl.lit(texts), mode)).to_series().to_list()
