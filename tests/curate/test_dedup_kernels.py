@@ -88,6 +88,16 @@ def test_band_pairs_star_and_chain_per_run():
     assert sorted(zip(a.tolist(), b.tolist())) == [(0, 2), (0, 3), (1, 4), (2, 3)]
 
 
+def test_merge_unique_is_the_sorted_union():
+    from winnow.curate.dedup.lsh import merge_unique
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        high = 50 if trial % 2 else 2**64 - 1  # many shared values, or almost none
+        a, b = (np.unique(rng.integers(0, high, rng.integers(0, 40), dtype=np.uint64)) for _ in range(2))
+        assert np.array_equal(merge_unique(a, b), np.union1d(a, b))
+
+
 def test_components_are_labelled_by_their_lowest_member():
     labels = connected_components(6, np.array([5, 1], dtype=np.uint32), np.array([4, 2], dtype=np.uint32))
     assert labels.tolist() == [0, 1, 1, 3, 4, 4]
