@@ -24,6 +24,7 @@ ground truth, cached beside the corpus).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -44,27 +45,40 @@ DATA = ROOT / "bench" / "_data" / "floor"
 THRESHOLD, NGRAM, NUM_PERM, RENSA_BANDS = 0.8, 5, 128, 32
 
 
-def shingle_hashes(texts) -> tuple[np.ndarray, np.ndarray]:
-    """winnow's 64-bit word 5-gram shingle hashes of ``texts``: ``(offsets int64[n+1], hashes uint64)``."""
+@functools.cache
+def _flat_shingles():
+    """The compiled loop of ``shingle_hashes``, built once per process."""
     from winnow.curate.dedup.jit import njit
-    from winnow.curate.dedup.kernels import count_shingles, doc_shingles
-    from winnow.curate.dedup.text import word_buffers
+    from winnow.curate.dedup.kernels import doc_shingles
 
     @njit(nogil=True)
-    def flat(offsets, data, sep, low):
-        counts = count_shingles(offsets, data, NGRAM, False, sep)
-        out = np.empty(counts.sum(), dtype=np.uint64)
-        starts = np.empty(counts.max() + NGRAM + 1, dtype=np.int64)
-        buf = np.empty(counts.max() + NGRAM + 1, dtype=np.uint64)
-        rows = np.zeros(len(counts) + 1, dtype=np.int64)
-        for i in range(len(counts)):
-            k = doc_shingles(data, offsets[i], offsets[i + 1], NGRAM, False, sep, low, buf, starts)
+    def flat(offsets, data, alt_rows, alt_offsets, alt_data, sep, low):
+        n = len(offsets) - 1
+        longest = 0
+        for i in range(n):
+            longest = max(longest, offsets[i + 1] - offsets[i], alt_offsets[i + 1] - alt_offsets[i])
+        buf = np.empty(longest // 2 + 3, dtype=np.uint64)
+        starts = np.empty(0, dtype=np.int64)
+        out = np.empty(len(data) // 2 + len(alt_data) // 2 + n, dtype=np.uint64)  # at most a word per two bytes
+        rows = np.zeros(n + 1, dtype=np.int64)
+        for i in range(n):
+            if alt_rows[i]:
+                k = doc_shingles(alt_data, alt_offsets[i], alt_offsets[i + 1], NGRAM, False, sep, low, buf, starts)
+            else:
+                k = doc_shingles(data, offsets[i], offsets[i + 1], NGRAM, False, sep, low, buf, starts)
             out[rows[i] : rows[i] + k] = buf[:k]
             rows[i + 1] = rows[i] + k
-        return rows, out
+        return rows, out[: rows[n]]
 
-    offsets, data, (sep, low) = word_buffers(texts, "words")
-    return flat(offsets, data, sep, low)
+    return flat
+
+
+def shingle_hashes(texts) -> tuple[np.ndarray, np.ndarray]:
+    """winnow's 64-bit word 5-gram shingle hashes of ``texts``: ``(offsets int64[n+1], hashes uint64)``."""
+    from winnow.curate.dedup.text import word_buffers
+
+    offsets, data, (sep, low), alt = word_buffers(texts, "words")
+    return _flat_shingles()(offsets, data, *alt, sep, low)
 
 
 def winnow_phase(texts) -> tuple[float, int]:

@@ -43,10 +43,10 @@ def minhash_signatures(
     config = MinHashConfig(
         ngram=ngram, num_perm=num_perm, scheme=scheme, shingle=shingle, normalize=normalize, seed=seed, bands=1, rows=1
     )
-    offsets, data, tables = text_buffers(_as_series(texts), config)
+    offsets, data, tables, alt = text_buffers(_as_series(texts), config)
     sketch = sketch_buffers(
         offsets, data, ngram=ngram, chars=shingle == "chars", num_perm=num_perm, scheme=scheme, seed=seed,
-        bands=1, rows=1, want_signatures=True, want_sets=False, tables=tables,
+        bands=1, rows=1, want_signatures=True, want_sets=False, tables=tables, alt=alt,
     )  # fmt: skip
     return sketch.signatures
 

@@ -138,42 +138,56 @@ def count_shingles(offsets, data, ngram, chars, sep):
     return out
 
 
-@njit(cache=True, nogil=True)
-def doc_shingles(data, start, end, ngram, chars, sep, low, buf, starts):
-    """Write the 64-bit shingle hashes of ``data[start:end]`` into ``buf``; return how many.
+@njit(cache=True, inline="always")
+def _word_step(byte, sep, low, h, in_word, units, buf, base):
+    """One byte of the word scanner, without a branch: returns the new ``(h, in_word, units)``.
 
-    Words are runs of bytes with ``sep[b] == 0``, hashed as ``low[b]`` (see ``PLAIN_SEP``);
-    ``chars`` shingles hash the bytes of ``ngram`` code points as they are. ``buf`` and
-    ``starts`` are scratch arrays at least as long as the document has units (plus one);
-    documents with fewer than ``ngram`` units give one shingle of all of them.
+    ``h`` is the running FNV-1a of the current word (``_hash_bytes`` before its ``fmix64``),
+    stored at ``buf[base + units]`` after every byte, so the slot holds the word's hash when a
+    separator ends it. Branch-free because a mispredicted jump at every word end cost more
+    than the hashing; the multiply comes before the select so that it compiles to a
+    conditional move.
     """
-    units = 0
-    in_word = False
-    for p in range(start, end):
-        b = data[p]
-        if chars:
-            if (b & 0xC0) != 0x80:
-                starts[units] = p
-                units += 1
-        elif sep[b] == 0:
-            if not in_word:
-                starts[units] = p
-                units += 1
-            in_word = True
-        else:
-            if in_word:
-                buf[units - 1] = _hash_bytes(data, starts[units - 1], p, low)
-            in_word = False
+    s = sep[byte]
+    units += in_word & s
+    nxt = (h ^ _U64(low[byte])) * _FNV_PRIME
+    h = _FNV_OFFSET if s else nxt
+    buf[base + units] = h
+    return h, 1 - s, units
+
+
+@njit(cache=True, nogil=True)
+def word_shingles(data, start, end, ngram, sep, low, buf):
+    """Write the 64-bit word ``ngram``-shingle hashes of ``data[start:end]`` into ``buf``; return how many.
+
+    Each word is hashed while it is scanned, so the bytes are read once. The text is cut in
+    two halves at a separator and both are scanned in one loop: FNV-1a is a chain of
+    dependent multiplies, and two independent chains keep the multiplier busy. ``buf`` must
+    hold ``(end - start + 1) // 2 + 3`` values.
+    """
+    mid = start + (end - start) // 2
+    while mid < end and sep[data[mid]] == 0:  # no word crosses the cut
+        mid += 1
+    second = (mid - start + 1) // 2 + 1  # where the second half's words go, past the first half's most
+    h1 = h2 = _FNV_OFFSET
+    in1 = in2 = units1 = units2 = 0
+    both = min(mid - start, end - mid)
+    for q in range(both):
+        h1, in1, units1 = _word_step(data[start + q], sep, low, h1, in1, units1, buf, 0)
+        h2, in2, units2 = _word_step(data[mid + q], sep, low, h2, in2, units2, buf, second)
+    for p in range(start + both, mid):
+        h1, in1, units1 = _word_step(data[p], sep, low, h1, in1, units1, buf, 0)
+    for p in range(mid + both, end):
+        h2, in2, units2 = _word_step(data[p], sep, low, h2, in2, units2, buf, second)
+    units1 += in1
+    units2 += in2
+    for j in range(units2):
+        buf[units1 + j] = buf[second + j]
+    units = units1 + units2
     if units == 0:
         return 0
-    starts[units] = end
-    if chars:
-        count = max(units - ngram + 1, 1)
-        for i in range(count):
-            buf[i] = _hash_bytes(data, starts[i], starts[min(i + ngram, units)], IDENTITY)
-        return count
-    if in_word:
-        buf[units - 1] = _hash_bytes(data, starts[units - 1], end, low)
+    for i in range(units):
+        buf[i] = fmix64(buf[i])
     count = max(units - ngram + 1, 1)
     width = min(ngram, units)
     # In place: shingle i only needs words i..i+width-1, all still unwritten.
@@ -183,4 +197,30 @@ def doc_shingles(data, start, end, ngram, chars, sep, low, buf, starts):
             h = rotl64(h, 23) ^ buf[i + j]
             h *= _SHINGLE_MUL
         buf[i] = fmix64(h)
+    return count
+
+
+@njit(cache=True, nogil=True)
+def doc_shingles(data, start, end, ngram, chars, sep, low, buf, starts):
+    """Write the 64-bit shingle hashes of ``data[start:end]`` into ``buf``; return how many.
+
+    Words are runs of bytes with ``sep[b] == 0``, hashed as ``low[b]`` (see ``PLAIN_SEP``);
+    ``chars`` shingles hash the bytes of ``ngram`` code points as they are. ``buf`` and
+    ``starts`` are scratch: for words ``buf`` holds ``(end - start + 1) // 2 + 3`` values
+    (``starts`` is not used), for characters both hold one more than the code points.
+    Documents with fewer than ``ngram`` units give one shingle of all of them.
+    """
+    if not chars:
+        return word_shingles(data, start, end, ngram, sep, low, buf)
+    units = 0
+    for p in range(start, end):
+        if (data[p] & 0xC0) != 0x80:
+            starts[units] = p
+            units += 1
+    if units == 0:
+        return 0
+    starts[units] = end
+    count = max(units - ngram + 1, 1)
+    for i in range(count):
+        buf[i] = _hash_bytes(data, starts[i], starts[min(i + ngram, units)], IDENTITY)
     return count

@@ -85,8 +85,25 @@ def lsh_pairs(keys: pl.LazyFrame, band_columns: list[str], docs: np.ndarray, usa
     for column in band_columns:
         band = keys.select(column).collect()[column].to_numpy()
         found = band_pairs(band[usable], docs[usable])
-        pairs = np.union1d(pairs, found) if len(pairs) else found
+        pairs = merge_unique(pairs, found) if len(pairs) else found
     return pairs
+
+
+@njit(cache=True, nogil=True)
+def merge_unique(a, b):
+    """The sorted union of two sorted unique uint64 arrays, by one merge (``np.union1d`` sorts them again)."""
+    out = np.empty(a.shape[0] + b.shape[0], dtype=np.uint64)
+    i = j = m = 0
+    while i < a.shape[0] and j < b.shape[0]:
+        x, y = a[i], b[j]
+        out[m] = min(x, y)
+        i += x <= y
+        j += y <= x
+        m += 1
+    rest_a, rest_b = a.shape[0] - i, b.shape[0] - j  # one of them is 0
+    out[m : m + rest_a] = a[i:]
+    out[m + rest_a : m + rest_a + rest_b] = b[j:]
+    return out[: m + rest_a + rest_b]
 
 
 def unpack_pairs(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,14 @@ from winnow.curate.dedup.kernels import IDENTITY, PLAIN_SEP
 from winnow.curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs
 from winnow.curate.dedup.signatures import sketch_buffers
 from winnow.curate.dedup.stage import DedupBarrier
-from winnow.curate.dedup.text import Normalization, check_normalization, normalized_buffers, word_buffers
+from winnow.curate.dedup.text import (
+    AltRows,
+    Normalization,
+    check_normalization,
+    no_alt_rows,
+    normalized_buffers,
+    word_buffers,
+)
 from winnow.curate.dedup.verify import (
     SETS_COLUMN,
     SIG8_COLUMN,
@@ -113,20 +120,21 @@ def band_columns(bands: int) -> list[str]:
 
 def text_buffers(
     texts: pl.Series, config: MinHashConfig
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray], AltRows]:
     """What the sketch kernels read: word shingles normalize ASCII text on the fly, character shingles need it normalized."""
     if config.shingle == "words":
         return word_buffers(texts, config.normalize)
-    return *normalized_buffers(texts, config.normalize), (PLAIN_SEP, IDENTITY)
+    offsets, data = normalized_buffers(texts, config.normalize)
+    return offsets, data, (PLAIN_SEP, IDENTITY), no_alt_rows(len(offsets) - 1)
 
 
 def minhash_keys(texts: pl.Series, config: MinHashConfig, *, with_sets: bool) -> pl.DataFrame:
     """The hash columns of ``texts``: ``_nsh`` (shingle count), ``_band_*`` and optionally ``_shingles``."""
     bands, rows = config.lsh_shape()
-    offsets, data, tables = text_buffers(texts, config)
+    offsets, data, tables, alt = text_buffers(texts, config)
     sketch = sketch_buffers(
         offsets, data, ngram=config.ngram, chars=config.shingle == "chars", num_perm=config.num_perm, scheme=config.scheme,
-        seed=config.seed, bands=bands, rows=rows, want_signatures=False, want_sets=with_sets, tables=tables,
+        seed=config.seed, bands=bands, rows=rows, want_signatures=False, want_sets=with_sets, tables=tables, alt=alt,
     )  # fmt: skip
     columns = {"_nsh": pl.Series(sketch.n_shingles, dtype=pl.UInt32)}
     for i, name in enumerate(band_columns(bands)):

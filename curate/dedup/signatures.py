@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from winnow.curate.dedup.jit import njit
-from winnow.curate.dedup.kernels import IDENTITY, PLAIN_SEP, count_shingles, doc_shingles, fmix64, rotl64
+from winnow.curate.dedup.kernels import IDENTITY, PLAIN_SEP, doc_shingles, fmix64, rotl64
+from winnow.curate.dedup.text import AltRows, no_alt_rows
 
 _U64 = np.uint64
 _MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -86,29 +87,66 @@ def _band_keys(sig, rows, bands, seed, out):
 
 
 @njit(cache=True, nogil=True)
-def sketch_block(offsets, data, sep, low, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets):
+def _grown(values, need):
+    """``values`` itself if it holds ``need`` items, else a copy at least twice as long."""
+    if need <= values.shape[0]:
+        return values
+    out = np.empty(max(need, 2 * values.shape[0]), dtype=values.dtype)
+    out[: values.shape[0]] = values
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _spill(buf, count, out, cursor):
+    """Append the top 32 bits of ``buf[:count]`` to ``out`` at ``cursor``, runs of one value once; the new cursor."""
+    last = _MAX
+    for j in range(count):
+        top = buf[j] >> _U64(32)
+        if top != last:
+            out[cursor] = top
+            cursor += 1
+            last = top
+    return cursor
+
+
+@njit(cache=True, nogil=True)
+def sketch_block(
+    offsets, data, alt_rows, alt_offsets, alt_data, sep, low, ngram, chars, a, b, oph, rows, bands, want_sigs, want_sets
+):
     """Signatures / band keys / 32-bit shingle hashes (unsorted, see below) for every document of a block.
 
+    Document ``i`` is ``data[offsets[i]:offsets[i + 1]]``, or where ``alt_rows[i]``
+    ``alt_data[alt_offsets[i]:alt_offsets[i + 1]]`` (``curate.dedup.text.AltRows``).
     Returns ``(sigs [n, k] or [0, k], band_keys [n, bands], n_shingles [n], set_offsets [n+1], set_values,
-    sig8 [n, k] uint8 or [0, k])``.
+    sig8 [n, k] uint8 or [0, k])``. Each document's bytes are read once, shingled, sketched and spilled.
     """
     n = offsets.shape[0] - 1
     k = a.shape[0]
-    counts = count_shingles(offsets, data, ngram, chars, sep)
-    # A document has at most count + ngram - 1 units (words or code points); scratch holds the longest.
-    longest = (counts.max() if n else 0) + ngram + 1
-    buf = np.empty(longest, dtype=np.uint64)
-    starts = np.empty(longest, dtype=np.int64)
+    longest = 0
+    for i in range(n):
+        size = alt_offsets[i + 1] - alt_offsets[i] if alt_rows[i] else offsets[i + 1] - offsets[i]
+        longest = max(longest, size)
+    # Scratch for the longest document: one slot per unit, at most one code point per byte, or
+    # one word per two bytes (a word and the separator after it; see ``word_shingles``).
+    units = longest + 1 if chars else (longest + 1) // 2 + 3
+    buf = np.empty(units, dtype=np.uint64)
+    starts = np.empty(units if chars else 0, dtype=np.int64)
     sig = np.empty(k, dtype=np.uint64)
     filled = np.empty(k, dtype=np.bool_)
     sigs = np.empty((n if want_sigs else 0, k), dtype=np.uint64)
     sig8 = np.empty((n if want_sets else 0, k), dtype=np.uint8)
     keys = np.empty((n, bands), dtype=np.uint64)
+    counts = np.zeros(n, dtype=np.int64)
     set_offsets = np.zeros(n + 1, dtype=np.int64)
-    set_values = np.empty(counts.sum() if want_sets else 0, dtype=np.uint32)
+    # Grown as needed: about one shingle per 6 bytes of text.
+    set_values = np.empty((offsets[n] - offsets[0]) // 6 + 1 if want_sets else 0, dtype=np.uint32)
     cursor = 0
     for i in range(n):
-        count = doc_shingles(data, offsets[i], offsets[i + 1], ngram, chars, sep, low, buf, starts)
+        if alt_rows[i]:
+            count = doc_shingles(alt_data, alt_offsets[i], alt_offsets[i + 1], ngram, chars, sep, low, buf, starts)
+        else:
+            count = doc_shingles(data, offsets[i], offsets[i + 1], ngram, chars, sep, low, buf, starts)
+        counts[i] = count
         _signature(buf, count, a, b, oph, sig, filled)
         if want_sigs:
             sigs[i, :] = sig
@@ -121,13 +159,9 @@ def sketch_block(offsets, data, sep, low, ngram, chars, a, b, oph, rows, bands, 
             # sorted only when a candidate pair needs them (curate.dedup.verify): most documents are
             # in no pair, and sorting here doubled this kernel's time. Runs of one value (a repeated
             # word) are collapsed so that such a document spills one value, not one per shingle.
-            last = _MAX
-            for j in range(count):
-                top = buf[j] >> _U64(32)
-                if top != last:
-                    set_values[cursor] = top
-                    cursor += 1
-                    last = top
+            if cursor + count > set_values.shape[0]:
+                set_values = _grown(set_values, cursor + count)
+            cursor = _spill(buf, count, set_values, cursor)
         set_offsets[i + 1] = cursor
     return sigs, keys, counts, set_offsets, set_values[:cursor], sig8
 
@@ -159,14 +193,17 @@ def sketch_buffers(
     want_sets: bool,
     block_bytes: int = 64 << 20,
     tables: tuple[np.ndarray, np.ndarray] = (PLAIN_SEP, IDENTITY),
+    alt: AltRows | None = None,
 ) -> Sketch:
     """Sketch the strings described by Arrow ``offsets``/``data``, ``block_bytes`` of text at a time.
 
-    ``tables`` are the word kernels' ``(sep, low)`` byte tables (``curate.dedup.text.word_buffers``).
+    ``tables`` are the word kernels' ``(sep, low)`` byte tables and ``alt`` the rows read from a
+    buffer of their own (both from ``curate.dedup.text.word_buffers``).
     """
     sep, low = tables
     a, b = slot_params(num_perm, seed)
     n = len(offsets) - 1
+    alt = alt if alt is not None else no_alt_rows(n)
     parts, lo = [], 0
     while True:
         hi = int(np.searchsorted(offsets, offsets[lo] + block_bytes, side="right")) - 1
@@ -175,6 +212,9 @@ def sketch_buffers(
             sketch_block(
                 offsets[lo : hi + 1],
                 data,
+                alt.rows[lo:hi],
+                alt.offsets[lo : hi + 1],
+                alt.data,
                 sep,
                 low,
                 ngram,
@@ -191,19 +231,17 @@ def sketch_buffers(
         lo = hi
         if lo >= n:
             break
-    sigs = np.concatenate([p[0] for p in parts]) if want_signatures else None
+    sigs = _joined([p[0] for p in parts]) if want_signatures else None
     set_offsets = set_values = sig8 = None
     if want_sets:
-        sig8 = np.concatenate([p[5] for p in parts])
+        sig8 = _joined([p[5] for p in parts])
         values = [p[4] for p in parts]
         starts = np.cumsum([0] + [len(v) for v in values[:-1]])
-        set_offsets = np.concatenate([[0]] + [p[3][1:] + s for p, s in zip(parts, starts)]).astype(np.int64)
-        set_values = np.concatenate(values)
-    return Sketch(
-        sigs,
-        np.concatenate([p[1] for p in parts]),
-        np.concatenate([p[2] for p in parts]),
-        set_offsets,
-        set_values,
-        sig8,
-    )
+        set_offsets = _joined([parts[0][3]] + [p[3][1:] + s for p, s in zip(parts[1:], starts[1:])])
+        set_values = _joined(values)
+    return Sketch(sigs, _joined([p[1] for p in parts]), _joined([p[2] for p in parts]), set_offsets, set_values, sig8)
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays end to end; the one array itself when there is one (a batch is usually one block)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

@@ -11,7 +11,7 @@ split and lowercase them while they are hashed.
 from __future__ import annotations
 
 import threading
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import polars as pl
@@ -270,9 +270,17 @@ def _normalize_rows(offsets, data, rows, kind, lowered, cp_class, cp_lowered):
             while p < end:
                 b = data[p]
                 if b < 128:
-                    k = kind[b]
-                    c = np.int32(lowered[b])
+                    # ASCII without a branch (a mispredicted jump at every word end cost more than
+                    # the rest): a space is written at the cursor and kept only before a kept byte
+                    # that follows a separator; the byte is written and kept only if it is kept.
+                    keep = kind[b] == 0
+                    out[cursor] = 32
+                    cursor += pending & keep
+                    out[cursor] = lowered[b]
+                    cursor += keep
+                    pending = (not keep) & (cursor > start)
                     p += 1
+                    continue
                 else:
                     if p + 1 >= end:
                         flagged[i] = True
@@ -372,25 +380,19 @@ def _assemble(source, offsets0, data0, offsets1, data1, offsets2, data2):
 
 
 def _normalized(
-    texts: pl.Series,
-    offsets: np.ndarray,
-    data: np.ndarray,
-    rows: np.ndarray,
-    non_ascii: np.ndarray,
-    mode: str,
-    raw_rest: bool,
-):
-    """Buffers with the ``rows`` normalized (compiled, or by the expression where it must) and the rest raw or empty."""
+    texts: pl.Series, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, non_ascii: np.ndarray, mode: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Buffers (indexed by row) with the ``rows`` normalized (compiled, or by the expression where it must), the rest empty."""
     todo = non_ascii & rows
     cp_tables = _tables_for(offsets, data, todo, mode) if todo.any() else _NO_CODE_POINTS
     norm_offsets, norm, flagged = _normalize_rows(offsets, data, rows, *_TABLES[mode], *cp_tables)
-    if not flagged.any() and not (raw_rest and not rows.all()):
+    if not flagged.any():
         return norm_offsets, norm
-    source = np.where(flagged, 2, np.where(rows, 1, 0)).astype(np.uint8)
+    source = np.where(flagged, 2, 1).astype(np.uint8)
     sub_offsets, sub = string_buffers(
         pl.select(normalize_expr(pl.lit(texts.filter(pl.Series(flagged))), mode)).to_series()
     )
-    return _assemble(source, offsets, data, norm_offsets, norm, sub_offsets, sub)
+    return _assemble(source, norm_offsets, norm, norm_offsets, norm, sub_offsets, sub)
 
 
 def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -405,19 +407,16 @@ def normalized_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndar
     if mode == "none":
         return offsets, data
     every = np.ones(len(offsets) - 1, dtype=np.bool_)
-    return _normalized(texts, offsets, data, every, _non_ascii_rows(offsets, data), mode, raw_rest=False)
+    return _normalized(texts, offsets, data, every, _non_ascii_rows(texts), mode)
 
 
-@njit(cache=True, nogil=True)
-def _non_ascii_rows(offsets, data):
-    n = offsets.shape[0] - 1
-    out = np.zeros(n, dtype=np.bool_)
-    for i in range(n):
-        for p in range(offsets[i], offsets[i + 1]):
-            if data[p] >= 128:
-                out[i] = True
-                break
-    return out
+def _non_ascii_rows(texts: pl.Series) -> np.ndarray:
+    """bool per row of a string Series without nulls: does it hold a byte outside ASCII?
+
+    In valid UTF-8 exactly the rows with fewer code points than bytes; polars counts both
+    with SIMD, several times faster than a compiled byte loop.
+    """
+    return (texts.str.len_bytes() != texts.str.len_chars()).to_numpy()
 
 
 def _word_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -439,17 +438,33 @@ def _word_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
 _WORD_TABLES = {mode: _word_tables(mode) for mode in NORMALIZATIONS}
 
 
-def word_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """``(offsets, data, (sep, low))`` from which the word kernels read the words of ``normalized_buffers``.
+class AltRows(NamedTuple):
+    """Rows that the word kernels read from a buffer of their own: row ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]`` where ``rows[i]`` (``offsets`` is indexed by row)."""
 
-    ASCII-only rows are passed as they are (no normalized copy: the tables normalize them
-    while they are hashed); rows with other bytes are normalized by ``normalize_expr`` and
-    merged in. The words, and so every shingle hash, equal those of the normalized text.
+    rows: np.ndarray  # bool [n]
+    offsets: np.ndarray  # int64 [n + 1]
+    data: np.ndarray  # uint8
+
+
+def no_alt_rows(n: int) -> AltRows:
+    """``AltRows`` for a column whose rows are all read from its own buffer."""
+    return AltRows(np.zeros(n, dtype=np.bool_), np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.uint8))
+
+
+def word_buffers(texts: pl.Series, mode: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray], AltRows]:
+    """``(offsets, data, (sep, low), alt)`` from which the word kernels read the words of ``normalized_buffers``.
+
+    ASCII-only rows are read from the column's own buffer as they are (no normalized copy:
+    the tables normalize them while they are hashed); rows with other bytes are normalized
+    (compiled, or by ``normalize_expr`` where it must) into ``alt``'s buffer, so the column's
+    text is never copied. The words, and so every shingle hash, equal those of the normalized text.
     """
     texts = texts.fill_null("")
     offsets, data = string_buffers(texts)
+    alt = no_alt_rows(len(offsets) - 1)
     if mode != "none":
-        non_ascii = _non_ascii_rows(offsets, data)
+        non_ascii = _non_ascii_rows(texts)
         if non_ascii.any():
-            offsets, data = _normalized(texts, offsets, data, non_ascii, non_ascii, mode, raw_rest=True)
-    return offsets, data, _WORD_TABLES[mode]
+            alt = AltRows(non_ascii, *_normalized(texts, offsets, data, non_ascii, non_ascii, mode))
+    return offsets, data, _WORD_TABLES[mode], alt

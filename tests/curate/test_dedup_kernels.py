@@ -48,6 +48,9 @@ def test_fast_normalization_equals_the_expressions(mode):
             "ß Straße «q»",
         ]
     )
+    rng = np.random.default_rng(1)  # runs of separators, punctuation and letters, with and without non-ASCII
+    alphabet = list("aZ9_ \t\n.,;!?-'\x01\x7f") + ["é", "Σ", "😀", "\u00a0"]
+    texts.extend(pl.Series(["".join(rng.choice(alphabet, size=n)) for n in rng.integers(0, 80, size=40)]))
     offsets, data = normalized_buffers(texts, mode)
     got = [bytes(data[offsets[i] : offsets[i + 1]]).decode() for i in range(len(texts))]
     assert got == pl.select(normalize_expr(pl.lit(texts), mode)).to_series().to_list()
@@ -83,6 +86,16 @@ def test_band_pairs_star_and_chain_per_run():
     a, b = unpack_pairs(band_pairs(keys, docs))
     # run of key 3: {1, 4}; run of key 7: {0, 2, 3} -> star from 0 plus chain 2-3
     assert sorted(zip(a.tolist(), b.tolist())) == [(0, 2), (0, 3), (1, 4), (2, 3)]
+
+
+def test_merge_unique_is_the_sorted_union():
+    from winnow.curate.dedup.lsh import merge_unique
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        high = 50 if trial % 2 else 2**64 - 1  # many shared values, or almost none
+        a, b = (np.unique(rng.integers(0, high, rng.integers(0, 40), dtype=np.uint64)) for _ in range(2))
+        assert np.array_equal(merge_unique(a, b), np.union1d(a, b))
 
 
 def test_components_are_labelled_by_their_lowest_member():
@@ -125,8 +138,8 @@ def test_word_buffers_give_the_normalized_words():
         reference = pl.select(normalize_expr(pl.lit(series), mode)).to_series()
         assert normalized_buffers(series, mode)[1].tobytes() == string_buffers(reference)[1].tobytes(), mode
         want = sketch_buffers(*string_buffers(reference), **kw)
-        offsets, data, tables = word_buffers(series, mode)
-        got = sketch_buffers(offsets, data, tables=tables, **kw)
+        offsets, data, tables, alt = word_buffers(series, mode)
+        got = sketch_buffers(offsets, data, tables=tables, alt=alt, **kw)
         assert np.array_equal(want.signatures, got.signatures) and np.array_equal(want.set_values, got.set_values), mode
 
 
@@ -142,3 +155,76 @@ def test_code_point_tables_agree_with_the_expression():
         assert np.array_equal(cls[handled], want_cls[handled]), mode
         kept = cls == 0
         assert np.array_equal(lowered[kept], want_lowered[kept]), mode
+
+
+_M64 = (1 << 64) - 1
+
+
+def _fmix64(k: int) -> int:
+    k ^= k >> 33
+    k = (k * 0xFF51AFD7ED558CCD) & _M64
+    k ^= k >> 33
+    k = (k * 0xC4CEB9FE1A85EC53) & _M64
+    return k ^ (k >> 33)
+
+
+def _reference_word_shingles(text: bytes, ngram: int, sep: np.ndarray, low: np.ndarray) -> list[int]:
+    """Word shingle hashes by their definition: FNV-1a of each word's mapped bytes, fmix64, then the n-gram mix."""
+    words, word = [], None
+    for byte in text + b" ":
+        if sep[byte]:
+            if word is not None:
+                words.append(_fmix64(word))
+            word = None
+            continue
+        word = ((0xCBF29CE484222325 if word is None else word) ^ int(low[byte])) * 0x100000001B3 & _M64
+    out = []
+    for i in range(max(len(words) - ngram + 1, 1) if words else 0):
+        h = ngram
+        for w in words[i : i + ngram]:
+            h = ((((h << 23) | (h >> 41)) & _M64) ^ w) * 0x9E3779B97F4A7C15 & _M64
+        out.append(_fmix64(h))
+    return out
+
+
+def test_word_shingles_match_their_definition_on_short_and_long_documents():
+    """The one-pass, two-chain word scanner gives each document's shingles as defined, wherever its halves are cut,
+    and a batch sketched in blocks gives what it gives in one."""
+    from winnow.curate.dedup.kernels import doc_shingles
+    from winnow.curate.dedup.signatures import sketch_buffers
+    from winnow.curate.dedup.text import _WORD_TABLES
+
+    rng = np.random.default_rng(3)
+    alphabet = np.frombuffer(b"abcXYZ09_-.,;:!? \t\n\r\x00\x7f\x80\xc3\xa9", dtype=np.uint8)
+    docs = [b"", b" ", b"  ,, ", b"a", b"ab", b"a b", b" a", b"a ", b"x" * 5001, b"x" * 3000 + b" y", b"w " * 2000]
+    docs += [bytes(rng.choice(alphabet, size=n)) for n in rng.integers(0, 4000, size=60)]
+    docs += [b" ".join(b"w%d" % rng.integers(0, 50) for _ in range(n)) for n in (1, 4, 5, 6, 999)]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    data = np.frombuffer(b"".join(docs), dtype=np.uint8)
+    for mode in ("none", "words"):
+        sep, low = _WORD_TABLES[mode]
+        for ngram in (1, 3, 5):
+            buf = np.empty(max(len(d) for d in docs) // 2 + 3, dtype=np.uint64)
+            got = []
+            for i, doc in enumerate(docs):
+                count = doc_shingles(
+                    data, offsets[i], offsets[i + 1], ngram, False, sep, low, buf, buf[:0].view(np.int64)
+                )
+                want = _reference_word_shingles(doc, ngram, sep, low)
+                assert buf[:count].tolist() == want, (mode, ngram, i)
+                got.append(want)
+            sketch = sketch_buffers(
+                offsets, data, ngram=ngram, chars=False, num_perm=16, scheme="oph", seed=1, bands=4, rows=4,
+                want_signatures=False, want_sets=True, tables=(sep, low),
+            )  # fmt: skip
+            assert sketch.n_shingles.tolist() == [len(w) for w in got]
+            assert sketch.n_shingles.tolist() == count_shingles(offsets, data, ngram, False, sep).tolist()
+            tops = [[v >> 32 for j, v in enumerate(w) if j == 0 or v >> 32 != w[j - 1] >> 32] for w in got]
+            assert sketch.set_values.tolist() == [t for w in tops for t in w]
+            assert np.diff(sketch.set_offsets).tolist() == [len(w) for w in tops]
+            blocks = sketch_buffers(
+                offsets, data, ngram=ngram, chars=False, num_perm=16, scheme="oph", seed=1, bands=4, rows=4,
+                want_signatures=False, want_sets=True, tables=(sep, low), block_bytes=5000,
+            )  # fmt: skip
+            for name in ("band_keys", "n_shingles", "set_offsets", "set_values", "sig8"):
+                assert np.array_equal(getattr(blocks, name), getattr(sketch, name)), name
