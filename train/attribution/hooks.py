@@ -210,21 +210,24 @@ def _hook_embedding(split: GradSplit, weight: torch.Tensor, tokens_BL: torch.Ten
     if not x_BLD.requires_grad:
         return
     key, src, tokens = id(weight), split.src_T, tokens_BL.reshape(-1)
-    vocab = weight.shape[0]
+    flat = src * weight.shape[0] + tokens  # the row of (source, token) in the (S, vocab) buffer
+    keep = (src < split.S) if split.unsourced else None  # rows of no source stay in autograd's total only
+    if keep is not None:
+        flat, tokens = flat[keep], tokens[keep]
 
     def hook(grad_BLD: torch.Tensor) -> None:
-        keep = src < split.S  # rows of no source stay in autograd's total only
-        if split.unsourced:
+        rows = grad_BLD.reshape(-1, grad_BLD.shape[-1])
+        if keep is not None:
             split.partial.add(key)
-        flat = (src * vocab + tokens)[keep]
-        rows = grad_BLD.reshape(-1, grad_BLD.shape[-1])[keep].float()
+            rows = rows[keep]
+        rows = rows.float()
         buf = split.buffers[key]
         if key not in split.written:
             buf.zero_()
             split.written.add(key)
         buf.view(-1, rows.shape[1]).index_add_(0, flat, rows, alpha=split.scale)
         if split.sums is not None and key in split.sums:  # a tied head's parts came first: their sum gets these too
-            split.sums[key].index_add_(0, tokens[keep], rows, alpha=split.scale)
+            split.sums[key].index_add_(0, tokens, rows, alpha=split.scale)
 
     x_BLD.register_hook(hook)
 
