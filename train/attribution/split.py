@@ -84,7 +84,7 @@ class MomentSplit:
         self._captured: list[bool | None] = [None] * len(self.params)
         self._router_live = [False] * len(self.params)
         self._by_key: dict[int, torch.Tensor] | None = None  # the buffers by key (``buffers()``)
-        self._tmp: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per parameter: two scratch tensors
+        self._tmp: dict[int, tuple[torch.Tensor, ...]] = {}  # per parameter: three scratch tensors
         self.m_S, self.disp_S = z(S), z(S)  # per-source first moment; displacement since the stretch began
         self.m_router, self.disp_router = z(), z()
         self.m_before, self.disp_before = z(), z()
@@ -195,9 +195,10 @@ class MomentSplit:
             ranks = pieces.data_ranks[i]
             scale = h["lr"] / (1 - beta1**t) * root2
             if i not in self._tmp:
-                self._tmp[i] = (torch.empty_like(v, dtype=torch.float32), torch.empty_like(v, dtype=torch.float32))
-            denom, router = self._tmp[i]
-            torch.clamp_min(v.float(), _TINY, out=denom).sqrt_().add_(root2 * h["eps"])
+                self._tmp[i] = tuple(torch.empty_like(v, dtype=torch.float32) for _ in range(3))
+            denom, router, root = self._tmp[i]
+            torch.clamp_min(v.float(), _TINY, out=root).sqrt_()  # sqrt(v): the counterfactual reads it too
+            torch.add(root, root2 * h["eps"], out=denom)
             if p.grad is None:
                 router = None
             elif g_S is None:
@@ -237,7 +238,7 @@ class MomentSplit:
                 self.disp_wd[i].add_(old, alpha=-h["lr"] * trust * h["weight_decay"])
             self.disp_S[i].addcdiv_(m_S, denom, value=-scale)
             if self.horizon:
-                self._counterfactual_step(i, state, g_S, denom, scale, clip_coef, beta2)
+                self._counterfactual_step(i, state, g_S, denom, root, scale, clip_coef, beta2)
             if self._router_live[i]:
                 self.disp_router[i].addcdiv_(self.m_router[i], denom, value=-scale)
             if self._before:
@@ -267,11 +268,13 @@ class MomentSplit:
         state: dict,
         g_S: torch.Tensor | None,
         denom: torch.Tensor,
+        root: torch.Tensor,
         scale: float,
         clip_coef: float,
         beta2: float,
     ) -> None:
-        """Parameter ``i``'s sources' parts of the second moment, and the step's derivative by each share."""
+        """Parameter ``i``'s sources' parts of the second moment, and the step's derivative by each share
+        (``root``: sqrt(v), the scratch this overwrites)."""
         v_S, cf_S = self.v_S[i], self.cf_S[i]
         p = self.params[i]
         if g_S is not None and p.grad is not None:  # g · c·g_a: the clipped gradient times the source's clipped part
@@ -280,9 +283,8 @@ class MomentSplit:
         cf_S = cf_S[self.cf_steps % 2]
         cf_S.addcdiv_(self.m_S[i], denom, value=-scale)
         # + scale · m · v_a / (sqrt(v) · d²): the second moment's part (denom = sqrt(v) + sqrt(1-β2^t)·eps = d)
-        root = torch.clamp_min(local(state["exp_avg_sq"]).float(), _TINY).sqrt_()
-        k = local(state["exp_avg"]).float().div(root).div_(denom).div_(denom).mul_(scale * self.v_scale)
-        cf_S.addcmul_(v_S, k.unsqueeze(0))
+        k = torch.div(local(state["exp_avg"]).float(), root.mul_(denom).mul_(denom), out=root)
+        cf_S.addcmul_(v_S, k.unsqueeze(0), value=scale * self.v_scale)
 
     def counterfactual(self) -> list[torch.Tensor]:
         """Per parameter (2, S, ...): each source's share derivative of the displacement, summed with decaying
