@@ -3,6 +3,7 @@
 ``repetition_counts`` reads a string column's Arrow buffers and, per document, in one
 call that releases the GIL:
 
+* the document's characters (the denominator of every fraction), counted 8 bytes a step;
 * lines (split at runs of ``\\n``) and paragraphs (the text stripped of surrounding
   whitespace, split at runs of two or more ``\\n``): how many, how many repeat an earlier
   one, and the characters of those repeats;
@@ -42,8 +43,8 @@ from winnow.curate.text.tokens import code_point, document_tokens, hash_bytes
 _U64 = np.uint64
 TOP_NS = (2, 3, 4)
 DUP_NS = (5, 6, 7, 8, 9, 10)
-#: Rows of ``repetition_counts``' segment output.
-SEGMENT_COUNTS = ("paras", "para_dups", "para_dup_chars", "lines", "line_dups", "line_dup_chars")
+#: Rows of ``repetition_counts``' segment output: paragraphs and lines, and the document's characters.
+SEGMENT_COUNTS = ("paras", "para_dups", "para_dup_chars", "lines", "line_dups", "line_dup_chars", "chars")
 
 
 @nb.njit(cache=True, inline="always")
@@ -52,6 +53,51 @@ def _mix(x):
     x *= _U64(0xFF51AFD7ED558CCD)
     x ^= x >> _U64(33)
     return x
+
+
+_ONES = _U64(0x0101010101010101)
+_HIGH_BITS = _U64(0x8080808080808080)
+_LOW_BITS = _U64(0x7F7F7F7F7F7F7F7F)
+_NEWLINES = _U64(0x0A0A0A0A0A0A0A0A)
+
+
+@nb.njit(cache=True, inline="always")
+def _count_high_bits(x):
+    """How many bytes of ``x`` have their high bit set (``x`` has no other bit set)."""
+    return np.int64(((x >> _U64(7)) * _ONES) >> _U64(56))
+
+
+@nb.njit(cache=True)
+def _scan(data, words, lo, hi):
+    """``(newlines, characters, high)`` of ``data[lo:hi]``; ``high < 128`` when it is ASCII.
+
+    ``words`` is ``data`` viewed as uint64: whole words are read 8 bytes a step. A byte is
+    ``\\n`` when ``x ^ _NEWLINES`` has a zero byte (found exactly: adding 0x7F to the low
+    bits carries into no other byte), and begins a character unless it is ``10xxxxxx``.
+    """
+    newlines = chars = 0
+    high = np.int64(0)
+    body, tail = min(hi, (lo + 7) & ~7), max(lo, hi & ~7)
+    if body >= tail:  # no whole word
+        body = tail = hi
+    for p in range(lo, body):
+        newlines += data[p] == 10
+        chars += (data[p] & 0xC0) != 0x80
+        high |= data[p]
+    any_high = _U64(0)
+    for k in range(body >> 3, tail >> 3):
+        x = words[k]
+        any_high |= x
+        y = x ^ _NEWLINES
+        newlines += _count_high_bits(~(((y & _LOW_BITS) + _LOW_BITS) | y) & _HIGH_BITS)
+        chars += 8 - _count_high_bits(x & ~(x << _U64(1)) & _HIGH_BITS)
+    for p in range(tail, hi):
+        newlines += data[p] == 10
+        chars += (data[p] & 0xC0) != 0x80
+        high |= data[p]
+    if any_high & _HIGH_BITS:
+        high |= 128
+    return newlines, chars, high
 
 
 @nb.njit(cache=True)
@@ -255,7 +301,7 @@ MAX_WORDS = 1 << 32
 
 @nb.njit(cache=True, nogil=True)
 def repetition_counts(offsets, data, props, fold):
-    """Per document of the string column ``offsets``/``data``: ``(segments [6, n], top [3, n], dup [6, n])``.
+    """Per document of the string column ``offsets``/``data``: ``(segments [7, n], top [3, n], dup [6, n])``.
 
     ``segments`` rows are ``SEGMENT_COUNTS``; ``top`` row ``k`` holds the characters of the most
     frequent ``(k + 2)``-gram (-1 when the document has fewer words), ``dup`` row ``k`` the
@@ -263,7 +309,7 @@ def repetition_counts(offsets, data, props, fold):
     and must cover every code point of the column; no document may reach ``MAX_WORDS`` bytes.
     """
     n_docs = offsets.shape[0] - 1
-    segments = np.zeros((6, n_docs), dtype=np.int64)
+    segments = np.zeros((7, n_docs), dtype=np.int64)
     top = np.full((3, n_docs), -1, dtype=np.int64)
     dup = np.zeros((6, n_docs), dtype=np.int64)
     longest = 0
@@ -281,14 +327,12 @@ def repetition_counts(offsets, data, props, fold):
     segs = np.zeros((16, 2), dtype=np.uint64)
     words = np.zeros((16, 2), dtype=np.uint64)
     pairs = np.zeros((16, 2), dtype=np.uint64)
+    data64 = data[: data.shape[0] - data.shape[0] % 8].view(np.uint64)
     gen = 0
     for d in range(n_docs):
         lo, hi = offsets[d], offsets[d + 1]
-        lines, high = 1, 0
-        for p in range(lo, hi):
-            lines += data[p] == 10
-            high |= data[p]
-        segs, mask = _table(segs, 2 * lines)
+        newlines, segments[6, d], high = _scan(data, data64, lo, hi)
+        segs, mask = _table(segs, 2 * (newlines + 1))
         gen += 1
         _segment_counts(data, lo, hi, props, segs, gen, mask, segments[:, d])
         m = _tokens(data, lo, hi, props, fold, starts, ends, hashes, prefix, high < 128)

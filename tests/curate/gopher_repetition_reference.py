@@ -170,7 +170,8 @@ def reference_metrics(text: pl.Series, top_ns=(2, 3, 4), dup_ns=(5, 6, 7, 8, 9, 
     np.cumsum(counts, out=offsets[1:])
     ngrams = {f"gopher_top_{n}gram_frac": top_ngram_chars(h, chars, offsets, n) for n in top_ns}
     ngrams |= {f"gopher_dup_{n}gram_frac": duplicate_ngram_chars(h, chars, offsets, n) for n in dup_ns}
-    frame = pl.concat([pl.DataFrame({"text": text}), paras, lines, pl.DataFrame(ngrams)], how="horizontal")
+    chars = pl.DataFrame({"chars": text.str.len_chars()})
+    frame = pl.concat([chars, paras, lines, pl.DataFrame(ngrams)], how="horizontal")
     return repetition_fractions(
         frame, list(ngrams)
     )  # the division of counts is shared; the counts are what is compared

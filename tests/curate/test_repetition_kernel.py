@@ -18,7 +18,7 @@ from tests.curate.gopher_repetition_reference import reference_metrics
 from winnow.curate.dedup.text import string_buffers
 from winnow.curate.stages.filters.gopher_repetition import gopher_repetition_metrics
 from winnow.curate.text.codepoints import LETTER, NUMBER, SPACE, STRIP, TABLE, WORD
-from winnow.curate.text.repetition import repetition_counts
+from winnow.curate.text.repetition import _scan, repetition_counts
 from winnow.curate.text.tokens import A_NUMBER, A_SPACE, A_WORD, ASCII, token_spans
 from winnow.curate.text.words import TOKEN_PATTERN
 
@@ -174,4 +174,16 @@ def test_ngram_definitions_on_a_worked_example():
     assert top[1, 0] == 2 * 5  # top 3-gram "a b c" twice (ties: the first seen), 5 characters each
     assert dup[0, 1] == 5  # the second "a b c d e" is a duplicate 5-gram of "abcde" (5 characters); the scan then jumps
     assert top[0, 2] == -1 and dup[0, 2] == 0  # one word: no 2-gram, nothing repeated
-    assert segments[:, 0].tolist() == [1, 0, 0, 1, 0, 0]
+    assert segments[:, 0].tolist() == [1, 0, 0, 1, 0, 0, 21]  # one paragraph, one line, 21 characters
+
+
+def test_newlines_characters_and_ascii_are_counted_at_every_alignment():
+    text = "ab\né\n\n中x🙂\nplain ascii text, long enough for whole words\n\u2028y\n"
+    data = np.frombuffer(text.encode() * 3, dtype=np.uint8)
+    words = data[: len(data) - len(data) % 8].view(np.uint64)
+    for lo in range(0, 17):
+        for hi in range(lo, len(data) + 1, 5):
+            piece = bytes(data[lo:hi])
+            newlines, chars, high = _scan(data, words, lo, hi)
+            assert newlines == piece.count(b"\n") and chars == sum((b & 0xC0) != 0x80 for b in piece)
+            assert (high < 128) == piece.isascii(), (lo, hi)

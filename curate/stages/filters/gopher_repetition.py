@@ -74,12 +74,12 @@ def gopher_repetition_metrics(text: pl.Series, top_ns=TOP_NS, dup_ns=DUP_NS) -> 
     counts = {name: segments[i] for i, name in enumerate(SEGMENT_COUNTS)}
     ngrams = {f"gopher_top_{n}gram_frac": top[TOP_NS.index(n)] for n in top_ns}
     ngrams |= {f"gopher_dup_{n}gram_frac": dup[DUP_NS.index(n)] for n in dup_ns}
-    return repetition_fractions(pl.DataFrame({"text": text, **counts, **ngrams}), list(ngrams))
+    return repetition_fractions(pl.DataFrame({**counts, **ngrams}), list(ngrams))
 
 
 def repetition_fractions(counts: pl.DataFrame, ngrams: list[str]) -> pl.DataFrame:
-    """The metric columns from per-document counts (``text``, ``SEGMENT_COUNTS`` and the n-gram character columns)."""
-    n_chars = pl.col("text").str.len_chars().cast(pl.Float64).replace(0.0, None)
+    """The metric columns from per-document counts (``SEGMENT_COUNTS``, ``chars`` among them, and the n-gram character columns)."""
+    n_chars = pl.col("chars").cast(pl.Float64).replace(0.0, None)
     return counts.select(
         (pl.col("para_dups") / pl.col("paras").cast(pl.Float64).replace(0.0, None)).alias("gopher_dup_para_frac"),
         (pl.col("para_dup_chars") / n_chars).alias("gopher_dup_para_char_frac"),
