@@ -199,9 +199,14 @@ def empty_and_good(folder: Path) -> tuple[str, set[str]]:
     return inputs(folder / "in" / "*"), GOOD_IDS
 
 
+def kept_rows(out: Path) -> pl.DataFrame:
+    """The rows of every Parquet shard of the output ``out``, by id."""
+    return pl.read_parquet(sorted((out / "shards").rglob("*.parquet"))).sort("id")
+
+
 def kept_text(expected: list[str]) -> Callable[[Path, Path], None]:
     def check(folder: Path, out: Path) -> None:
-        texts = pl.read_parquet(sorted((out / "shards").rglob("*.parquet")))["text"].to_list()
+        texts = kept_rows(out)["text"].to_list()
         assert sorted(texts) == sorted(expected)
 
     return check
@@ -238,7 +243,7 @@ def kept_meta(expected: dict[str, str | None]) -> Callable[[Path, Path], None]:
     """The kept rows' ids and their meta, byte for byte."""
 
     def check(folder: Path, out: Path) -> None:
-        rows = pl.read_parquet(sorted((out / "shards").rglob("*.parquet")))
+        rows = kept_rows(out)
         assert dict(zip(rows["id"].to_list(), rows["meta"].to_list())) == expected
 
     return check
@@ -344,8 +349,7 @@ def repeated_columns(name: str) -> pa.Table:
 
 def kept_meta_key(key: str, values: list[str]) -> Callable[[Path, Path], None]:
     def check(_: Path, out: Path) -> None:
-        rows = pl.read_parquet(out / "shards" / "parquet" / "**" / "*.parquet").sort("id")
-        assert [json.loads(m)[key] for m in rows["meta"]] == values
+        assert [json.loads(m)[key] for m in kept_rows(out)["meta"]] == values
 
     return check
 
@@ -363,8 +367,7 @@ def source_values(folder: Path) -> tuple[str, set[str]]:
 
 def kept_sources(expected: list[str]) -> Callable[[Path, Path], None]:
     def check(_: Path, out: Path) -> None:
-        rows = pl.read_parquet(out / "shards" / "parquet" / "**" / "*.parquet").sort("id")
-        assert rows["source"].to_list() == expected
+        assert kept_rows(out)["source"].to_list() == expected
 
     return check
 
