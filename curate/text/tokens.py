@@ -27,7 +27,6 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from winnow.curate.dedup.kernels import fmix64
 from winnow.curate.text.codepoints import LETTER, NUMBER, SPACE, WORD
 
 _U64 = np.uint64
@@ -239,7 +238,7 @@ def _load64(data, p):
 
 @nb.njit(cache=True, inline="always")
 def hash_bytes(data, start, end):
-    """A 64-bit hash of ``data[start:end]``, 8 bytes a step (MurmurHash3's block mixing and finalizer)."""
+    """A 64-bit hash of ``data[start:end]``, 8 bytes a step (MurmurHash3's block mixing)."""
     h = _U64(end - start) * _U64(0x9E3779B97F4A7C15)
     p = start
     while p + 8 <= end:
@@ -256,7 +255,7 @@ def hash_bytes(data, start, end):
         p += 1
     k *= _U64(0x87C37B91114253D5)
     k = ((k << _U64(31)) | (k >> _U64(33))) * _U64(0x4CF5AD432745937F)
-    return fmix64(h ^ k)
+    return h ^ k  # no finalizer: every table this keys mixes the key before taking its low bits
 
 
 def _ascii_classes() -> np.ndarray:

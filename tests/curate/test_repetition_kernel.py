@@ -187,3 +187,25 @@ def test_newlines_characters_and_ascii_are_counted_at_every_alignment():
             newlines, chars, high = _scan(data, words, lo, hi)
             assert newlines == piece.count(b"\n") and chars == sum((b & 0xC0) != 0x80 for b in piece)
             assert (high < 128) == piece.isascii(), (lo, hi)
+
+
+def test_unknown_code_points_finds_every_non_ascii_character_wherever_it_falls():
+    """The scan that skips ASCII 8 bytes a step still finds each code point at every byte offset, in sliced
+    columns and at the buffer's very end."""
+    from winnow.curate.text.codepoints import KNOWN, _unknown_code_points
+
+    rng = random.Random(7)
+    wide = ["é", "ſ", "中", "🙂", "\u0600", "\U0010fffd"]
+    texts = []
+    for _ in range(300):
+        parts = [("a" * rng.randrange(0, 19)) + rng.choice(wide) for _ in range(rng.randrange(0, 4))]
+        texts.append("".join(parts) + "b" * rng.randrange(0, 9))
+    texts.append("x" * 31 + "🙂")  # a 4-byte character ending the buffer
+    column = pl.Series(texts)
+    props = np.zeros(0x110000, dtype=np.uint8)
+    props[ord("ſ")] = KNOWN  # a known code point is not reported
+    for start in (0, 1, 5, 13):
+        offsets, data = string_buffers(column.slice(start))
+        want = {ord(c) for t in texts[start:] for c in t if ord(c) >= 128} - {ord("ſ")}
+        got = _unknown_code_points(offsets, data, props)
+        assert sorted(got.tolist()) == sorted(want)
