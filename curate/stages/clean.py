@@ -11,10 +11,12 @@ a property of a source, not of a document; without it, a row-local stage:
 3. ``apply`` normalizes again and drops those lines, reporting the counters
    ``("chars_removed", source)`` and ``("lines_removed", source)``.
 
-Everything is polars string expressions over whole columns, including NFC/NFKC
-(``str.normalize``); only ``fix_mojibake`` runs ftfy per row, since ftfy is Python — once per
-row, in ``apply``: lines are hashed before the repair (in ``collect`` and ``apply`` alike), and
-the kept lines are repaired and normalized after the boilerplate is gone.
+Everything is polars string expressions over whole columns. NFC/NFKC (``str.normalize``) runs
+only on the rows holding a character the form may change (most real text has none); a compiled
+pass keeps each document's distinct line hashes; ``apply`` rebuilds from its lines only the
+documents that hold a boilerplate line. Only ``fix_mojibake`` runs ftfy per row, since ftfy is
+Python — once per row, in ``apply``: lines are hashed before the repair (in ``collect`` and
+``apply`` alike), and the kept lines are repaired and normalized after the boilerplate is gone.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import polars as pl
 
+from winnow.curate.dedup.jit import njit
+from winnow.curate.dedup.text import string_buffers
 from winnow.curate.errors import ConfigError, StageError, require
 from winnow.curate.schema import empty_rejects, make_rejects
 from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
 from winnow.curate.stats import CounterKey
+from winnow.curate.text.codepoints import rows_with_byte_at_least
 from winnow.curate.text.words import unify_line_breaks
 
 log = logging.getLogger(__name__)
@@ -38,12 +44,16 @@ _BOILERPLATE_FILE = "boilerplate.parquet"
 # Zero-width space, word joiner, byte-order mark, soft hyphen: invisible and never needed.
 # ZWJ/ZWNJ (U+200C/U+200D) stay: emoji sequences and Persian or Indic spelling need them.
 _INVISIBLE = r"[\x{200b}\x{2060}\x{feff}\x{ad}]"
+# Text whose characters all lie below a form's first changed code point is already in that form
+# (ICU's "minNoCompCP": U+0300 for NFC, U+00A0 for NFKC). As the UTF-8 lead byte of that
+# character: a row holding no byte at or above it is left as it is (0xC2 also admits U+0080-U+009F).
+_FIRST_CHANGED_LEAD = {"NFC": 0xCC, "NFKC": 0xC2}
 
 
 def _visible(text: pl.Expr) -> pl.Expr:
     """Whether a text holds a character other than whitespace and format characters (Unicode Cf: bidi marks and
     isolates, zero-width characters), i.e. anything a reader would see."""
-    return text.str.replace_all(r"[\s\p{Cf}]", "").str.len_bytes() > 0
+    return text.str.contains(r"[^\s\p{Cf}]")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,7 +92,7 @@ def normalize_text(
     if normalize_whitespace:
         text = unify_line_breaks(text)
     if unicode_form != "none":
-        text = text.str.normalize(unicode_form)
+        text = text.map_batches(lambda s: _unicode_normalized(s, unicode_form), return_dtype=pl.String)
     if remove_control:
         text = text.str.replace_all(rf"[\p{{Cc}}&&[^\n\t]]|{_INVISIBLE}", "")
     if normalize_whitespace:
@@ -95,6 +105,15 @@ def normalize_text(
     return text
 
 
+def _unicode_normalized(text: pl.Series, form: str) -> pl.Series:
+    """``text.str.normalize(form)``, run only on the rows it may change (most real text is ASCII or Latin)."""
+    offsets, data = string_buffers(text)
+    todo = pl.Series(rows_with_byte_at_least(offsets, data, _FIRST_CHANGED_LEAD[form]))
+    if not todo.any():
+        return text
+    return text.scatter(todo.arg_true(), text.filter(todo).str.normalize(form))
+
+
 def _line_table(batch: pl.DataFrame) -> pl.DataFrame:
     """One row per line of the (already normalized) ``text``: ``row``, ``source``, ``line``, ``h`` (null when blank)."""
     lines = batch.select(
@@ -102,6 +121,36 @@ def _line_table(batch: pl.DataFrame) -> pl.DataFrame:
     ).explode("line")
     key = pl.col("line").str.strip_chars()
     return lines.with_columns(pl.when(key != "").then(key.hash(seed=_HASH_SEED)).alias("h"))
+
+
+@njit(cache=True, nogil=True)
+def _first_in_row(row, h):
+    """bool per line: is it the first line of its document with its hash (``row`` non-decreasing)?"""
+    n = row.shape[0]
+    out = np.zeros(n, dtype=np.bool_)
+    size = 16
+    keys = np.zeros(size, dtype=np.uint64)
+    used = np.zeros(size, dtype=np.int64)  # the document a slot was filled for, plus one (0: never)
+    start = 0
+    while start < n:
+        end = start
+        while end < n and row[end] == row[start]:
+            end += 1
+        while size < 2 * (end - start):
+            size *= 2
+            keys = np.zeros(size, dtype=np.uint64)
+            used = np.zeros(size, dtype=np.int64)
+        tag = start + 1  # unique per document: a slot of an earlier one reads as empty
+        for i in range(start, end):
+            k = h[i]
+            j = np.int64(k & np.uint64(size - 1))  # polars' hashes: every bit already mixed
+            while used[j] == tag and keys[j] != k:
+                j = (j + 1) & (size - 1)
+            if used[j] != tag:
+                used[j], keys[j] = tag, k
+                out[i] = True
+        start = end
+    return out
 
 
 class Clean(Barrier):
@@ -146,11 +195,9 @@ class Clean(Barrier):
         docs = batch.select("id", "source", pl.lit(None, dtype=pl.UInt64).alias("h"))
         if self.config.boilerplate_min_docs is None:
             return docs
-        lines = _line_table(self._normalized(batch.select("source", "text")))
-        ids = batch["id"].gather(lines["row"])
-        keys = (
-            lines.select(pl.Series("id", ids), "source", "h").drop_nulls("h").unique(["id", "h"], maintain_order=True)
-        )
+        lines = _line_table(self._normalized(batch.select("source", "text"))).drop_nulls("h")
+        lines = lines.filter(pl.Series(_first_in_row(lines["row"].to_numpy(), lines["h"].to_numpy())))
+        keys = lines.select(batch["id"].gather(lines["row"]), "source", "h")
         return pl.concat([docs, keys])
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
@@ -190,23 +237,29 @@ class Clean(Barrier):
             cleaned = self._normalized(self._repaired(batch))
         else:
             cleaned = self._normalized(batch)  # the text collect hashed lines of
-            lines = _line_table(cleaned).join(
+            lines = _line_table(cleaned)
+            # Only the documents holding a boilerplate line are rebuilt from their lines; the others keep their text.
+            hits = lines.join(self._boilerplate_lines(), on=["source", "h"], how="semi")["row"].unique()
+            lines = lines.filter(pl.col("row").is_in(hits.implode())).join(
                 self._boilerplate_lines(), on=["source", "h"], how="left", maintain_order="left"
             )
             drop = pl.col("boilerplate").fill_null(False)
-            per_doc = (
-                lines.group_by("row", maintain_order=True)
-                .agg(
-                    pl.col("line").filter(~drop).str.join("\n").alias("text"),
-                    drop.sum().alias("lines_removed"),
-                    (drop | ~_visible(pl.col("line"))).all().alias("boilerplate_only"),
-                )
-                .sort("row")
+            per_doc = lines.group_by("row").agg(
+                pl.col("line").filter(~drop).str.join("\n").alias("rebuilt"),
+                drop.sum().cast(pl.Int64).alias("lines_removed"),
+                (drop | ~_visible(pl.col("line"))).all().alias("boilerplate_only"),
             )
-            boilerplate_only = per_doc["boilerplate_only"] & (per_doc["lines_removed"] > 0)
-            text = per_doc.select(pl.col("text").str.replace_all(r"\n{3,}", "\n\n").str.strip_chars())["text"]
+            per_row = (
+                pl.DataFrame({"row": pl.int_range(batch.height, dtype=pl.UInt32, eager=True)})
+                .join(per_doc, on="row", how="left", maintain_order="left")
+                .with_columns(pl.col("lines_removed").fill_null(0), pl.col("boilerplate_only").fill_null(False))
+            )
+            boilerplate_only = per_row["boilerplate_only"]
+            text = pl.select(
+                pl.coalesce(per_row["rebuilt"], cleaned["text"]).str.replace_all(r"\n{3,}", "\n\n").str.strip_chars()
+            ).to_series()
             cleaned = cleaned.with_columns(text.alias("text"))
-            for source, n in batch.select("source", per_doc["lines_removed"]).group_by("source").sum().iter_rows():
+            for source, n in batch.select("source", per_row["lines_removed"]).group_by("source").sum().iter_rows():
                 counters[("lines_removed", source)] = float(n)
             if self._ftfy is not None:
                 cleaned = self._normalized(self._repaired(cleaned))

@@ -98,6 +98,34 @@ def _unknown_code_points(offsets, data, props):
     return out[:n]
 
 
+@nb.njit(cache=True, nogil=True)
+def rows_with_byte_at_least(offsets, data, lowest):
+    """bool per string of ``offsets``/``data``: does it hold a byte ``>= lowest`` (``lowest >= 0x80``)?
+
+    With a UTF-8 lead byte as ``lowest``: does it hold a character at or above the first one that
+    lead byte begins (0xCC: U+0300). Runs of ASCII are skipped 8 bytes a step.
+    """
+    n = offsets.shape[0] - 1
+    out = np.zeros(n, dtype=np.bool_)
+    words = data[: data.shape[0] - data.shape[0] % 8].view(np.uint64)
+    for i in range(n):
+        p, end = offsets[i], offsets[i + 1]
+        whole = end >> 3  # words wholly before ``end``
+        while p < end:
+            if p & 7 == 0:
+                k = p >> 3
+                while k < whole and not words[k] & _HIGH_BITS:
+                    k += 1
+                p = max(p, k << 3)
+                if p >= end:
+                    break
+            if data[p] >= lowest:
+                out[i] = True
+                break
+            p += 1
+    return out
+
+
 class CodePointTable:
     """``props`` and ``fold`` for every code point, filled where text has been seen (thread-safe)."""
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import random
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -42,6 +44,37 @@ def test_normalization(tmp_path):
 def test_nfkc_and_indentation(tmp_path):
     out, _ = run(tmp_path, frame(["\ufb01ne\n    indented  line"]), unicode_form="NFKC", boilerplate_min_docs=None)
     assert out.kept["text"][0] == "fine\n    indented line"
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFKC"])
+def test_unicode_form_equals_normalizing_every_row(form):
+    """Rows are normalized only where they hold a character the form may change: the result is the whole column's."""
+    from winnow.curate.stages.clean import _FIRST_CHANGED_LEAD, _unicode_normalized
+
+    first = {0xCC: 0x300, 0xC2: 0x80}[_FIRST_CHANGED_LEAD[form]]
+    below = [chr(c) for c in range(1, first)]
+    assert pl.Series(below).str.normalize(form).to_list() == below  # the claim the shortcut rests on
+    rng = random.Random(3)
+    alphabet = [*"abc \n", "\u00e9", "\u00a0", "\u00b2", "\u0301", "\u1100\u1161", "\ufb01", "\u212b", "\u00c5"]
+    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 12))) for _ in range(400)] + [
+        None,
+        "",
+        "e" * 17 + "\u0301",
+    ]
+    column = pl.Series(texts, dtype=pl.String)
+    assert _unicode_normalized(column, form).to_list() == column.str.normalize(form).to_list()
+    assert _unicode_normalized(column.slice(7), form).to_list() == column.slice(7).str.normalize(form).to_list()
+
+
+def test_first_line_of_each_hash_per_document():
+    from winnow.curate.stages.clean import _first_in_row
+
+    rng = np.random.default_rng(5)
+    row = np.sort(rng.integers(0, 60, 5000)).astype(np.uint32)
+    h = rng.integers(0, 40, 5000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # few distinct, colliding slots
+    frame = pl.DataFrame({"row": row, "h": h}).with_row_index("i")
+    want = frame.unique(["row", "h"], keep="first", maintain_order=True)["i"].to_numpy()
+    assert np.flatnonzero(_first_in_row(row, h)).tolist() == want.tolist()
 
 
 def test_boilerplate_lines_removed_per_source(tmp_path):
