@@ -34,7 +34,8 @@ from winnow.curate.errors import ConfigError, StageError, require
 from winnow.curate.schema import empty_rejects, make_rejects
 from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
 from winnow.curate.stats import CounterKey
-from winnow.curate.text.codepoints import rows_with_byte_at_least
+from winnow.curate.text.codepoints import TABLE, rows_with_byte_at_least
+from winnow.curate.text.layout import clean_layout, string_array
 from winnow.curate.text.words import unify_line_breaks
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,25 @@ class CleanConfig(StageConfig):
 
 
 def normalize_text(
-    text: pl.Expr, *, unicode_form: str = "NFC", remove_control: bool = True, normalize_whitespace: bool = True
+    text: pl.Expr,
+    *,
+    unicode_form: str = "NFC",
+    remove_control: bool = True,
+    normalize_whitespace: bool = True,
+    compiled: bool = True,
 ) -> pl.Expr:
-    """``text`` normalized as ``clean`` does it, as one expression."""
+    """``text`` normalized as ``clean`` does it, as one expression.
+
+    With both ``remove_control`` and ``normalize_whitespace`` (the default), those steps run as one
+    compiled pass (``curate.text.layout``) with the result of the expressions below; ``compiled=False``
+    runs the expressions themselves.
+    """
     if normalize_whitespace:
         text = unify_line_breaks(text)
     if unicode_form != "none":
         text = text.map_batches(lambda s: _unicode_normalized(s, unicode_form), return_dtype=pl.String)
+    if compiled and remove_control and normalize_whitespace:
+        return text.map_batches(_layout, return_dtype=pl.String)
     if remove_control:
         text = text.str.replace_all(rf"[\p{{Cc}}&&[^\n\t]]|{_INVISIBLE}", "")
     if normalize_whitespace:
@@ -103,6 +116,15 @@ def normalize_text(
             .str.strip_chars()
         )
     return text
+
+
+def _layout(text: pl.Series) -> pl.Series:
+    """Control characters removed and whitespace normalized, compiled (``curate.text.layout``); nulls stay."""
+    offsets, data = string_buffers(text.fill_null(""))
+    out = pl.Series(text.name, string_array(*clean_layout(offsets, data, TABLE.cover(offsets, data)[0])))
+    if text.null_count():
+        out = pl.select(pl.when(text.is_null()).then(None).otherwise(out)).to_series().alias(text.name)
+    return out
 
 
 def _unicode_normalized(text: pl.Series, form: str) -> pl.Series:

@@ -66,6 +66,36 @@ def test_unicode_form_equals_normalizing_every_row(form):
     assert _unicode_normalized(column.slice(7), form).to_list() == column.slice(7).str.normalize(form).to_list()
 
 
+# Whitespace the regex knows (and some it does not), controls, the invisible characters, letters on both sides.
+_LAYOUT_ALPHABET = [
+    *" \t\n\r\x0b\x0c\x1c\x1f\x00\x07\x7f\x85\x9f",
+    *"\u00a0\u1680\u2003\u2028\u2029\u202f\u205f\u3000\u180e\u200b\u200c\u200d\u2060\ufeff\u00ad",
+    *"ab.é中🙂",
+    "  ",
+    "\n\n\n",
+    " \n ",
+]
+
+
+@pytest.mark.parametrize("form", ["NFC", "none"])
+def test_compiled_layout_equals_the_expressions(form):
+    """The compiled control and whitespace pass gives the expressions' text on adversarial and real text."""
+    from pathlib import Path
+
+    from winnow.curate.stages.clean import normalize_text
+
+    rng = random.Random(11)
+    texts = ["".join(rng.choices(_LAYOUT_ALPHABET, k=rng.randrange(0, 30))) for _ in range(3000)]
+    samples = Path(__file__).resolve().parents[2] / "data_samples"
+    for path in sorted(samples.rglob("*.jsonl"))[:4]:
+        texts += pl.read_ndjson(path)["text"].cast(pl.String).head(200).to_list()
+    column = pl.DataFrame({"text": [*texts, None, "", " ", "\u200b"]}, schema={"text": pl.String})
+    for frame in (column, column.slice(5)):
+        compiled = frame.select(normalize_text(pl.col("text"), unicode_form=form))["text"]
+        expressions = frame.select(normalize_text(pl.col("text"), unicode_form=form, compiled=False))["text"]
+        assert compiled.to_list() == expressions.to_list()
+
+
 def test_first_line_of_each_hash_per_document():
     from winnow.curate.stages.clean import _first_in_row
 
