@@ -56,3 +56,17 @@ def test_spilled_layout_round_trips_to_token_aligned_ids():
 def test_a_large_document_without_spaces_is_one_token():
     th = hash_tokens(pl.Series(["x" * 20_000_000]))
     assert th.indptr.tolist() == [0, 1]
+
+
+def test_words_past_the_cap_are_counted_as_the_capped_scan_would():
+    """Past ``max_tokens`` the words are only counted: every cap gives the uncapped scan's count."""
+    import random
+
+    rng = random.Random(4)
+    alphabet = [*"ab_Z9 .,-\n", "é", "É", "Ω", "中", "かな", "🙂", "\u00aa", "\u00d7", "\u0301", "\uff21"]
+    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 60))) for _ in range(500)]
+    full = hash_tokens(pl.Series(texts))
+    for cap in (1, 2, 5, 17):
+        capped = hash_tokens(pl.Series(texts), max_tokens=cap)
+        assert capped.n_words.tolist() == full.n_words.tolist()
+        assert (np.diff(capped.indptr) == np.minimum(full.n_words, cap)).all()

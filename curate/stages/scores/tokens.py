@@ -78,11 +78,46 @@ def _lower(cp):
     return cp
 
 
+_ASCII_WORD = np.array([chr(b).isascii() and (chr(b).isalnum() or b == 95) for b in range(128)], dtype=np.int64)
+
+
+@njit(cache=True)
+def _count_tokens(data, i, end):
+    """How many tokens ``_scan_doc`` would find in ``data[i:end]`` (starting outside a word), without hashing them:
+    the words' first characters and the characters that are tokens on their own, counted without a branch per
+    ASCII byte."""
+    count, prev = 0, 0  # prev: 1 inside a word
+    while i < end:
+        b0 = np.int64(data[i])
+        if b0 < 0x80:
+            w = _ASCII_WORD[b0]
+            count += w & (prev ^ 1)
+            prev = w
+            i += 1
+            continue
+        if b0 < 0xE0:
+            cp, step = ((b0 & 0x1F) << 6) | (np.int64(data[min(i + 1, end - 1)]) & 0x3F), 2
+        elif b0 < 0xF0:
+            cp = ((b0 & 0x0F) << 12) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 6)
+            cp, step = cp | (np.int64(data[min(i + 2, end - 1)]) & 0x3F), 3
+        else:
+            cp = ((b0 & 0x07) << 18) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 12)
+            cp = cp | ((np.int64(data[min(i + 2, end - 1)]) & 0x3F) << 6)
+            cp, step = cp | (np.int64(data[min(i + 3, end - 1)]) & 0x3F), 4
+        cls = _char_class(cp)
+        count += (cls == 1 and prev == 0) + (cls == 2)
+        prev = 1 if cls == 1 else 0
+        i += step
+    return count
+
+
 @njit(cache=True)
 def _scan_doc(data, i, end, max_tokens, start_h, uni, bi, k):
     """Append one document's tokens at ``uni[k:]``; returns (new k, tokens seen) or (-1, 0) when out of room."""
     h, in_word, count, prev = start_h, False, 0, np.uint64(0)
     while i <= end:
+        if 0 < max_tokens <= count and not in_word:  # the rest is only counted
+            return k, count + _count_tokens(data, i, end)
         cp, step, cls = 0, 1, 0  # past the end: a virtual separator closes the last word
         if i < end:
             b0 = np.int64(data[i])
