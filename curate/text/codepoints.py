@@ -3,7 +3,7 @@
 The word tokenizer (``curate.text.words.TOKEN_PATTERN``) and the segment rules of the
 filters are regular expressions run by polars (Rust ``regex``, Unicode mode). The compiled
 kernels that replace them read two tables indexed by code point: ``props`` (bit flags:
-``\\w``, ``\\s``, ``\\p{L}``, ``\\p{N}``, stripped by ``str.strip_chars()``) and ``fold``
+``\\w``, ``\\s``, ``\\p{L}``, ``\\p{N}``, ``\\p{M}``, stripped by ``str.strip_chars()``) and ``fold``
 (the ASCII letter of ``srevldmt`` a code point matches case-insensitively, for the
 contraction suffixes ``'s 're 've 'll 'd 'm 't``; 0 for none). Each entry is computed by
 asking the engine itself about that one code point, so a kernel agrees with the regex
@@ -19,7 +19,7 @@ import numba as nb
 import numpy as np
 import polars as pl
 
-WORD, SPACE, LETTER, NUMBER, STRIP = 1, 2, 4, 8, 16
+WORD, SPACE, LETTER, NUMBER, STRIP, MARK = 1, 2, 4, 8, 16, 32
 KNOWN = 128
 CODE_POINTS = 0x110000
 FOLD_LETTERS = "srevldmt"  # the first letters of the contraction suffixes (and "e", "l" of re, ve, ll)
@@ -35,11 +35,12 @@ def classify(code_points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c.str.contains(r"^\s$").alias("s"),
         c.str.contains(r"^\p{L}$").alias("l"),
         c.str.contains(r"^\p{N}$").alias("n"),
+        c.str.contains(r"^\p{M}$").alias("m"),
         (c.str.strip_chars() == "").alias("strip"),
         *[c.str.contains(rf"^(?i:{x})$").alias(f"fold_{x}") for x in FOLD_LETTERS],
     )
     props = np.full(len(code_points), KNOWN, dtype=np.uint8)
-    for name, bit in (("w", WORD), ("s", SPACE), ("l", LETTER), ("n", NUMBER), ("strip", STRIP)):
+    for name, bit in (("w", WORD), ("s", SPACE), ("l", LETTER), ("n", NUMBER), ("strip", STRIP), ("m", MARK)):
         props |= flags[name].to_numpy().astype(np.uint8) * np.uint8(bit)
     fold = np.zeros(len(code_points), dtype=np.uint8)
     for x in reversed(FOLD_LETTERS):  # a code point folds to at most one of them

@@ -11,6 +11,8 @@ from winnow.curate.errors import ConfigError
 from winnow.curate.stages.base import StageContext
 from winnow.curate.stages.filters.gopher import GopherQualityConfig, GopherQualityFilter
 
+SAMPLES = Path(__file__).resolve().parents[2] / "data_samples"
+
 SENTENCE = "The quick brown fox jumps over the lazy dog and runs away with the bone."
 GOOD = " ".join([SENTENCE] * 6)
 
@@ -84,3 +86,50 @@ def test_keep_metrics_keeps_columns():
 def test_bad_threshold_names_key():
     with pytest.raises(ConfigError, match="min_alpha_words"):
         GopherQualityConfig(min_alpha_words=1.5)
+
+
+def _reference_counts(text: pl.Series, stop_words) -> pl.DataFrame:
+    """The token counts by the regular expressions: tokens, words (a letter, number or mark), their mean
+    length, alphabetic tokens and distinct stop words per document."""
+    from winnow.curate.text.words import WORD_CHAR, per_row, token_table
+
+    tokens = token_table(text).with_columns(
+        pl.col("tok").str.contains(WORD_CHAR).alias("word"),
+        pl.col("tok").str.contains(r"\p{L}").alias("alpha"),
+        pl.when(pl.col("tok").is_in(list(stop_words))).then(pl.col("tok")).alias("stop"),
+    )
+    per_doc = tokens.group_by("row").agg(
+        pl.len().alias("tokens"),
+        pl.col("word").sum().alias("gopher_words"),
+        pl.col("chars").filter(pl.col("word")).mean().alias("gopher_mean_word_length"),
+        pl.col("alpha").sum().alias("alpha"),
+        pl.col("stop").drop_nulls().n_unique().alias("gopher_stop_words"),
+    )
+    return per_row(per_doc, len(text), {"tokens": 0, "gopher_words": 0, "alpha": 0, "gopher_stop_words": 0})
+
+
+@pytest.mark.parametrize(
+    "stop_words", [None, ("the", "the", "é", "中文", "a-b", "it's"), tuple(f"w{i}" for i in range(100))]
+)
+def test_compiled_counts_equal_the_expressions(stop_words):
+    """Words, their mean length, the alphabetic ratio and the stop words as the regular expressions count them."""
+    import random
+
+    from winnow.curate.stages.filters.gopher import GOPHER_STOP_WORDS, gopher_quality_metrics
+
+    stop_words = stop_words or GOPHER_STOP_WORDS
+    rng = random.Random(2)
+    alphabet = [
+        *"the of and a b Z 9 _ - . ' # \n\t",
+        *["é", "\u0301", "中", "文", "²", "Ⅻ", "٣", "🙂", "ſ", "\u200b", "w1", "w99", "it's", "a-b", "…"],
+    ]
+    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 40))) for _ in range(1500)]
+    texts += pl.read_ndjson(sorted(SAMPLES.glob("*/*.jsonl"))[0])["text"].cast(pl.String).head(100).to_list()
+    column = pl.Series([*texts, None, ""], dtype=pl.String)
+    got = gopher_quality_metrics(column, stop_words)
+    want = _reference_counts(column, stop_words)
+    tokens = want["tokens"].cast(pl.Float64).replace(0.0, None)
+    assert got["gopher_words"].to_list() == want["gopher_words"].to_list()
+    assert got["gopher_mean_word_length"].to_list() == want["gopher_mean_word_length"].to_list()
+    assert got["gopher_alpha_words"].to_list() == (want["alpha"] / tokens).to_list()
+    assert got["gopher_stop_words"].to_list() == want["gopher_stop_words"].to_list()

@@ -4,18 +4,23 @@ Models: Methods, Analysis & Insights from Training Gopher", appendix A.1.1).
 Words are the tokens of ``curate.text.words`` (an approximation of the spaCy tokenizer
 datatrove uses); like datatrove's ``GopherQualityFilter``, the word-count and mean
 word-length rules count only words with at least one letter, digit or mark ("non-symbol
-words"), while the symbol and alphabetic ratios divide by all tokens.
+words"), while the symbol and alphabetic ratios divide by all tokens. The per-token counts come
+from one compiled pass (``curate.text.quality``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
+from winnow.curate.dedup.text import string_buffers
 from winnow.curate.errors import ConfigError
 from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
-from winnow.curate.text.words import WORD_CHAR, count_lines, per_row, token_table, unify_line_breaks
+from winnow.curate.text.codepoints import TABLE
+from winnow.curate.text.quality import COUNTS, quality_counts, stop_word_buffers
+from winnow.curate.text.words import count_lines, unify_line_breaks
 
 #: Gopher's stop words ("the", "be", "to", "of", "and", "that", "have", "with"), Rae et al. 2021 A.1.1.
 GOPHER_STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -68,20 +73,18 @@ class GopherQualityConfig(FilterConfig):
 
 def gopher_quality_metrics(text: pl.Series, stop_words: tuple[str, ...] = GOPHER_STOP_WORDS) -> pl.DataFrame:
     """The Gopher quality metrics of each document, one column each (null where a ratio has no words)."""
-    n_docs = len(text)
-    tokens = token_table(text).with_columns(
-        pl.col("tok").str.contains(WORD_CHAR).alias("word"),
-        pl.col("tok").str.contains(r"\p{L}").alias("alpha"),
-        pl.when(pl.col("tok").is_in(list(stop_words))).then(pl.col("tok")).alias("stop"),
-    )
-    per_doc = tokens.group_by("row").agg(
-        pl.len().alias("tokens"),
-        pl.col("word").sum().alias("gopher_words"),
-        pl.col("chars").filter(pl.col("word")).mean().alias("gopher_mean_word_length"),
-        pl.col("alpha").sum().alias("alpha"),
-        pl.col("stop").drop_nulls().n_unique().alias("gopher_stop_words"),
-    )
-    per_doc = per_row(per_doc, n_docs, {"tokens": 0, "gopher_words": 0, "alpha": 0, "gopher_stop_words": 0})
+    offsets, data = string_buffers(text.fill_null(""))
+    counts = quality_counts(offsets, data, *TABLE.cover(offsets, data), *stop_word_buffers(stop_words))
+    c = dict(zip(COUNTS, counts))
+    per_doc = pl.DataFrame(
+        {
+            "tokens": c["tokens"],
+            "gopher_words": c["words"],
+            "gopher_mean_word_length": np.where(c["words"] > 0, c["word_chars"] / np.maximum(c["words"], 1), np.nan),
+            "alpha": c["alpha"],
+            "gopher_stop_words": c["stop_words"],
+        }
+    ).with_columns(pl.col("gopher_mean_word_length").fill_nan(None))
     frame = pl.concat([pl.DataFrame({"text": text}), per_doc], how="horizontal")
     lines = unify_line_breaks(pl.col("text"))
     # Ratios over zero tokens or lines are undefined: null, so no ratio rule fires on them.
