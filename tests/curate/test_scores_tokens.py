@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from winnow.curate.stages.scores.features import features_column, features_csr, list_csr, split_spilled
+from winnow.curate.stages.scores.features import (
+    features_column,
+    features_csr,
+    list_csr,
+    split_spilled,
+    token_buckets,
+)
 from winnow.curate.stages.scores.tokens import hash_strings, hash_tokens
 
 
@@ -51,6 +57,8 @@ def test_spilled_layout_round_trips_to_token_aligned_ids():
     assert doc.tolist() == [0, 0, 0, 2]
     assert uni.tolist() == (th.uni % np.uint64(1000)).astype(np.int64).tolist()
     assert bi[0] == -1 and bi[3] == -1 and bi[1] == th.bi[1] % 1000
+    for got, want in zip(token_buckets(th, 1000), (doc, uni, bi)):  # the same without the spill layout
+        assert got.tolist() == want.tolist()
 
 
 def test_a_large_document_without_spaces_is_one_token():

@@ -39,6 +39,7 @@ from winnow.curate.stages.scores.features import (
     sample_cdf,
     save_model,
     split_spilled,
+    token_buckets,
 )
 from winnow.curate.stages.scores.tokens import hash_strings, hash_tokens
 
@@ -106,9 +107,12 @@ class DifficultyScore(Barrier):
 
     def measures(self, model: dict[str, np.ndarray], n_words: np.ndarray, indptr, values) -> dict[str, np.ndarray]:
         """Raw (un-normalized) measures of documents given as spilled-layout bucket lists."""
+        return self.token_measures(model, n_words, *split_spilled(indptr, values))
+
+    def token_measures(self, model: dict[str, np.ndarray], n_words: np.ndarray, doc, uni, bi) -> dict[str, np.ndarray]:
+        """Raw measures of documents given as token-aligned bucket ids (``split_spilled``'s layout)."""
         cfg = self.config
         n_docs = n_words.shape[0]
-        doc, uni, bi = split_spilled(indptr, values)
         c_uni, c_bi = model["unigram"], model["bigram"]
         p_uni = (c_uni[uni] + 1.0) / (c_uni.sum() + cfg.buckets)
         prev = np.empty_like(uni)
@@ -176,7 +180,7 @@ class DifficultyScore(Barrier):
         """float64 [N] in [0, 1]: the weighted blend of each measure's pool CDF."""
         model = self._load()
         th = hash_tokens(text, max_tokens=self.config.max_tokens)
-        raw = self.measures(model, th.n_words, *list_csr(features_column(th, self.config.buckets)))
+        raw = self.token_measures(model, th.n_words, *token_buckets(th, self.config.buckets))
         total = sum(self.config.weights.values())
         out = np.zeros(text.len())
         for name, w in self.config.weights.items():

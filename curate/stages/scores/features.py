@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from numba import njit
 
 from winnow.curate.errors import StageError
 from winnow.curate.stages.scores.tokens import HASH_VERSION, TokenHashes
@@ -31,12 +32,33 @@ def bucket_features(th: TokenHashes, buckets: int) -> tuple[np.ndarray, np.ndarr
 
 def features_csr(th: TokenHashes, buckets: int) -> tuple[np.ndarray, np.ndarray]:
     """(indptr int64 [D+1], bucket int64 [F]) grouped by document, in the layout of this module."""
-    doc, ids = bucket_features(th, buckets)
-    # Two already-sorted runs: the stable sort merges them in linear time.
-    order = np.argsort(doc, kind="stable")
-    indptr = np.zeros(th.n_docs + 1, dtype=np.int64)
-    np.cumsum(np.bincount(doc, minlength=th.n_docs), out=indptr[1:])
-    return indptr, ids[order]
+    return _features_csr(th.indptr, th.uni, th.bi, np.uint64(buckets))
+
+
+@njit(cache=True, nogil=True)
+def _features_csr(tok_indptr, uni, bi, buckets):
+    n_docs = tok_indptr.shape[0] - 1
+    indptr = np.zeros(n_docs + 1, dtype=np.int64)
+    for d in range(n_docs):
+        n = tok_indptr[d + 1] - tok_indptr[d]
+        indptr[d + 1] = indptr[d] + n + max(n - 1, 0)
+    ids = np.empty(indptr[n_docs], dtype=np.int64)
+    for d in range(n_docs):
+        lo, n, at = tok_indptr[d], tok_indptr[d + 1] - tok_indptr[d], indptr[d]
+        for j in range(n):
+            ids[at + j] = np.int64(uni[lo + j] % buckets)
+        for j in range(1, n):
+            ids[at + n + j - 1] = np.int64(bi[lo + j] % buckets)
+    return indptr, ids
+
+
+def token_buckets(th: TokenHashes, buckets: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token-aligned (doc [T], unigram bucket [T], bigram bucket or -1 [T]): ``split_spilled`` of
+    ``features_csr``, without the spill layout in between."""
+    b = np.uint64(buckets)
+    bi = (th.bi % b).astype(np.int64)
+    bi[~th.has_prev()] = -1
+    return th.doc_index(), (th.uni % b).astype(np.int64), bi
 
 
 def features_column(th: TokenHashes, buckets: int, *, name: str = "feats") -> pl.Series:
@@ -60,16 +82,28 @@ def list_csr(column: pl.Series) -> tuple[np.ndarray, np.ndarray]:
 
 def split_spilled(indptr: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token-aligned (doc [T], unigram [T], bigram-or--1 [T]) from spilled lists in this module's layout."""
-    lens = np.diff(indptr)
-    n_tok = (lens + 1) // 2  # n unigrams + (n - 1) bigrams
-    n_docs = lens.shape[0]
-    doc = np.repeat(np.arange(n_docs, dtype=np.int64), n_tok)
-    tok_start = np.repeat(indptr[:-1], n_tok)
-    pos = np.arange(doc.shape[0], dtype=np.int64) - np.repeat(np.cumsum(n_tok) - n_tok, n_tok)
-    uni = values[tok_start + pos]
-    bi = np.full(doc.shape[0], -1, dtype=np.int64)
-    has = pos > 0
-    bi[has] = values[tok_start[has] + np.repeat(n_tok, n_tok)[has] + pos[has] - 1]
+    return _split_spilled(indptr, values)
+
+
+@njit(cache=True, nogil=True)
+def _split_spilled(indptr, values):
+    n_docs = indptr.shape[0] - 1
+    total = 0
+    for d in range(n_docs):
+        total += (indptr[d + 1] - indptr[d] + 1) // 2  # n unigrams + (n - 1) bigrams
+    doc = np.empty(total, dtype=np.int64)
+    uni = np.empty(total, dtype=values.dtype)
+    bi = np.full(total, -1, dtype=np.int64)
+    t = 0
+    for d in range(n_docs):
+        lo = indptr[d]
+        n = (indptr[d + 1] - lo + 1) // 2
+        for j in range(n):
+            doc[t + j] = d
+            uni[t + j] = values[lo + j]
+            if j > 0:
+                bi[t + j] = values[lo + n + j - 1]
+        t += n
     return doc, uni, bi
 
 
