@@ -7,6 +7,7 @@ sequences can be recovered from a spilled list (``split_spilled``).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,18 +123,31 @@ def save_model(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) 
 
 
 def load_model(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read a model written by ``save_model``; refuses one hashed with another tokenizer version."""
+    """Read a model written by ``save_model``; refuses one hashed with another tokenizer version.
+
+    Every task of a job reads the same model: a process keeps the last few it read (by path, size and
+    modification time), with their arrays read-only.
+    """
     try:
-        with np.load(path) as z:
-            arrays = {k: z[k] for k in z.files if k != "__meta__"}
-            meta = json.loads(str(z["__meta__"]))
+        stat = path.stat()
     except FileNotFoundError as err:
         raise StageError(f"model file {path} is missing; the stage's plan step must run before apply") from err
+    arrays, meta = _read_model(str(path), stat.st_size, stat.st_mtime_ns)
     if meta.get("hash_version") != HASH_VERSION:
         raise StageError(
             f"model {path} was built with token hash version {meta.get('hash_version')}, this winnow uses "
             f"{HASH_VERSION}; re-run the job's plan for this stage"
         )
+    return dict(arrays), dict(meta)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_model(path: str, size: int, mtime_ns: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if k != "__meta__"}
+        meta = json.loads(str(z["__meta__"]))
+    for array in arrays.values():
+        array.flags.writeable = False
     return arrays, meta
 
 
