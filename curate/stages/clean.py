@@ -35,6 +35,7 @@ from winnow.curate.schema import empty_rejects, make_rejects
 from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
 from winnow.curate.stats import CounterKey
 from winnow.curate.text.codepoints import TABLE, rows_with_byte_at_least
+from winnow.curate.text.forms import normalized_rows
 from winnow.curate.text.layout import clean_layout, string_array
 from winnow.curate.text.words import unify_line_breaks
 
@@ -128,12 +129,13 @@ def _layout(text: pl.Series) -> pl.Series:
 
 
 def _unicode_normalized(text: pl.Series, form: str) -> pl.Series:
-    """``text.str.normalize(form)``, run only on the rows it may change (most real text is ASCII or Latin)."""
+    """``text.str.normalize(form)``, run only on the rows it may change (most real text is ASCII or Latin), and
+    there only on the pieces around non-ASCII characters (``curate.text.forms``)."""
     offsets, data = string_buffers(text)
-    todo = pl.Series(rows_with_byte_at_least(offsets, data, _FIRST_CHANGED_LEAD[form]))
-    if not todo.any():
+    rows = np.flatnonzero(rows_with_byte_at_least(offsets, data, _FIRST_CHANGED_LEAD[form]))
+    if not len(rows):
         return text
-    return text.scatter(todo.arg_true(), text.filter(todo).str.normalize(form))
+    return text.scatter(rows, normalized_rows(text, offsets, data, rows, form))
 
 
 def _line_table(batch: pl.DataFrame) -> pl.DataFrame:

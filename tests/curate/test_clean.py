@@ -55,8 +55,20 @@ def test_unicode_form_equals_normalizing_every_row(form):
     below = [chr(c) for c in range(1, first)]
     assert pl.Series(below).str.normalize(form).to_list() == below  # the claim the shortcut rests on
     rng = random.Random(3)
-    alphabet = [*"abc \n", "\u00e9", "\u00a0", "\u00b2", "\u0301", "\u1100\u1161", "\ufb01", "\u212b", "\u00c5"]
-    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 12))) for _ in range(400)] + [
+    alphabet = [
+        *"abc \n",
+        "\u00e9",
+        "\u00a0",
+        "\u00b2",
+        "\u0301",
+        "\u1100\u1161",
+        "\u11a8",
+        "\ufb01",
+        "\u212b",
+        "\u00c5",
+    ]
+    alphabet += ["\u0323\u0307", "\u0307\u0323", "\u0345", "\u0958", "\u0301" * 3, "\U0001d15e", "\u2000", "x" * 9]
+    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 24))) for _ in range(2000)] + [
         None,
         "",
         "e" * 17 + "\u0301",
