@@ -149,20 +149,30 @@ def main() -> None:
     ap.add_argument("--warmup-density", type=float, default=0.25)
     ap.add_argument("--warmup-steps", type=int, default=15)
     ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument(
+        "--value-dtype",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16"],
+        help="one run per density and each",
+    )
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, ROOT), *sys.argv[1:]])
     shards = curated()
     runs = {"uncompressed": ({}, None)}
     for density in args.density:
-        topk = {
-            "density": density,
-            "warmup_density": max(args.warmup_density, density),
-            "warmup_steps": args.warmup_steps,
-            "momentum": args.momentum,
-        }
-        optim = {"betas": [0.0, OptimConfig().betas[1]]} if args.momentum else None
-        runs[f"topk {density:g}"] = ({"compression": "topk", "topk": topk}, optim)
+        for value_dtype in args.value_dtype:
+            topk = {
+                "density": density,
+                "warmup_density": max(args.warmup_density, density),
+                "warmup_steps": args.warmup_steps,
+                "momentum": args.momentum,
+                "value_dtype": value_dtype,
+            }
+            optim = {"betas": [0.0, OptimConfig().betas[1]]} if args.momentum else None
+            name = f"topk {density:g}" + (f" {value_dtype}" if len(args.value_dtype) > 1 else "")
+            runs[name] = ({"compression": "topk", "topk": topk}, optim)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
@@ -183,13 +193,13 @@ def main() -> None:
     )
     for name, r in got.items():
         print(
-            f"{name:>13}: {r['bytes_per_step'] / 1e3:10.1f} kB per rank and step ({r['last_bytes_per_step'] / 1e3:.1f} "
+            f"{name:>22}: {r['bytes_per_step'] / 1e3:10.1f} kB per rank and step ({r['last_bytes_per_step'] / 1e3:.1f} "
             f"in the last interval); held-out loss {r['loss']:.4f} at step {r['eval_step']}"
         )
     for name, r in got.items():
         if name != "uncompressed":
             print(
-                f"{name:>13}: {base['bytes_per_step'] / r['bytes_per_step']:.1f} x fewer bytes over the run "
+                f"{name:>22}: {base['bytes_per_step'] / r['bytes_per_step']:.1f} x fewer bytes over the run "
                 f"({base['last_bytes_per_step'] / r['last_bytes_per_step']:.1f} x after the warm-up); "
                 f"held-out loss ratio {r['loss'] / base['loss']:.4f} (top-k / uncompressed)"
             )

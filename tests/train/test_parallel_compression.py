@@ -72,6 +72,7 @@ def _inputs(steps: int, scale: float = 1.0):
         ({"density": 0.5, "warmup_density": 0.1}, "warmup_density"),
         ({"warmup_steps": -1}, "warmup_steps"),
         ({"momentum": 1.0}, "momentum"),
+        ({"value_dtype": "float16"}, "value_dtype"),
     ],
 )
 def test_bad_topk_settings_name_the_key(kw, key):
@@ -125,8 +126,9 @@ def test_the_hook_sends_the_warmup_schedule_of_entries_per_tensor(group):
     k = math.ceil(0.05 * 40) + math.ceil(0.05 * 30)
     timer.reset()
     _step(model, ddp, *_inputs(1)[0])
-    # int32 indices and fp32 values, each part padded to 8 bytes, and an 8-byte flag; against 70 fp32 gradients
-    assert (timer.bytes_sent, timer.bytes_uncompressed) == (2 * (-(-4 * k // 8) * 8) + 8, 70 * 4)
+    # one block's int32 count, 16-bit indices and fp32 values, each part padded to 8 bytes, and an 8-byte flag;
+    # against 70 fp32 gradients
+    assert (timer.bytes_sent, timer.bytes_uncompressed) == (8 + -(-2 * k // 8) * 8 + -(-4 * k // 8) * 8 + 8, 70 * 4)
 
 
 @pytest.mark.parametrize("bucket_mb", [25, 1e-6], ids=["one-bucket", "a-bucket-each"])
@@ -144,6 +146,47 @@ def test_what_is_not_sent_is_kept(group, bucket_mb):
     for name, total in sent.items():  # every gradient is either applied or still waiting in the residual
         assert total + comp.residual[name].double() == pytest.approx(given[name], abs=1e-5)
     assert comp.residual["w"].abs().sum() > 0  # and some still waits
+
+
+class Wide(nn.Module):
+    """Gradients are the inputs, over more positions than one 2^16 block of the message's indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.zeros(70_001))
+        self.c = nn.Parameter(torch.zeros(3, 50_000))
+
+    def forward(self, x, y):
+        return (self.a * x).sum() + (self.c * y).sum()
+
+
+@pytest.mark.parametrize("value_dtype", ["float32", "bfloat16"])
+def test_indices_across_blocks_arrive_and_bfloat16_rounding_stays_in_the_residual(group, value_dtype):
+    model = Wide()
+    comp = TopKCompression(TopKConfig(density=0.01, value_dtype=value_dtype), model, group=group, timer=CommTimer())
+    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.3)  # several buckets, one message
+    comp.register(ddp)
+    gen = torch.Generator().manual_seed(1)
+    given = {"a": torch.zeros(70_001, dtype=torch.float64), "c": torch.zeros(150_000, dtype=torch.float64)}
+    sent = {k: torch.zeros_like(v) for k, v in given.items()}
+    for _ in range(3):
+        x, y = torch.randn(70_001, generator=gen), torch.randn(3, 50_000, generator=gen)
+        v = {"a": comp.residual.get("a", torch.zeros(70_001)) + x, "c": comp.residual.get("c", torch.zeros(150_000))}
+        v["c"] = v["c"] + y.flatten()
+        model.zero_grad(set_to_none=True)
+        ddp(x, y).backward()
+        got = {"a": model.a.grad.clone(), "c": model.c.grad.flatten().clone()}
+        for name in got:  # exactly the top entries of each residual, wherever in the flattened model they fall
+            top = v[name].abs().topk(math.ceil(0.01 * v[name].numel())).indices
+            want = torch.zeros_like(v[name])
+            want[top] = v[name][top].to(getattr(torch, value_dtype)).float()
+            assert torch.equal(got[name], want)
+        given["a"] += x.double()
+        given["c"] += y.flatten().double()
+        for name in got:
+            sent[name] += got[name].double()
+    for name in given:  # nothing lost: what went, its rounding and what waits add up to what was given
+        assert sent[name] + comp.residual[name].double() == pytest.approx(given[name].numpy(), abs=1e-4)
 
 
 def test_momentum_correction_and_masking_follow_the_paper(group):

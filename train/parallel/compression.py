@@ -10,7 +10,11 @@ entries of its accumulated gradient with the largest magnitudes and keep the res
 
 Every rank all-gathers every rank's values and indices and scatter-adds them in rank order: the
 sum of the sparse messages divided by the ranks is the step's gradient, the same bits on every
-rank. What a rank does not send stays in ``v`` and is sent once it has grown large enough, so no
+rank. A message holds the entries sorted by their index in the flattened model, and each index as
+its low 16 bits, with the count of entries in each block of 65,536 positions ahead of them: 2
+bytes an index rather than 4 or 8, with nothing lost. Values go as ``value_dtype``: ``float32``
+as they are, or ``bfloat16`` at half the bytes, the rounding of each sent value kept in the
+residual (the error feedback that keeps everything else). What a rank does not send stays in ``v`` and is sent once it has grown large enough, so no
 gradient is lost, only delayed. The density starts at ``warmup_density`` and decreases
 exponentially to ``density`` over ``warmup_steps`` exchanges (the paper's warm-up, per step rather
 than per epoch); ``TopKConfig.density_at``.
@@ -48,6 +52,8 @@ from winnow.train.parallel.config import TopKConfig
 log = logging.getLogger(__name__)
 _ALIGN = 8  # bytes: each part of a message starts on a multiple, so it can be viewed as its dtype
 _PREFIX = "compression"
+_BLOCK_BITS = 16  # an index is sent as its low 16 bits; its block of 2^16 positions by a count per block
+_VALUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _padded(nbytes: int) -> int:
@@ -73,19 +79,25 @@ class TopKCompression:
 
     # ---- the exchange -------------------------------------------------------------------------
     def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        """Hold the bucket until the step's last one; then exchange them all."""
+        """Hold the bucket until the step's last one; then exchange them all.
+
+        The last bucket's future is the exchange's own continuation, so DDP's backward ends only once
+        the callback on the communication thread has returned (a test that then destroys the process
+        group does not race the thread's last references to it).
+        """
         future = torch.futures.Future()
         self._waiting.append((bucket.buffer(), bucket.parameters(), future))
         if bucket.is_last():
             waiting, self._waiting = self._waiting, []
             try:
-                self._exchange(waiting)
+                return self._exchange(waiting)
             except Exception as err:  # noqa: BLE001 - DDP would otherwise wait for the futures forever
                 for _, _, fut in waiting:
                     fut.set_exception(err)
         return future
 
-    def _exchange(self, waiting: list) -> None:
+    def _exchange(self, waiting: list) -> torch.futures.Future:
+        """Send every bucket's top entries; returns the last bucket's future (the others are set with it)."""
         buffers = [buffer for buffer, _, _ in waiting]
         norm = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(b, dtype=torch.float32) for b in buffers])
@@ -94,7 +106,8 @@ class TopKCompression:
         scale = min(1.0, self.clip / (float(norm) + 1e-6)) if finite else 1.0  # torch's clip_grad_norm_ factor
         density = self.cfg.density_at(self.step)
         self.step += 1
-        parts, offset = [], 0  # per parameter: (name, new u, new v, its top-k indices)
+        value_dtype = _VALUE_DTYPES[self.cfg.value_dtype]
+        parts, offset = [], 0  # per parameter: (name, new u, new v, its top-k indices, the values sent)
         values, indices = [], []
         for buffer, params, _ in waiting:
             start = 0
@@ -105,35 +118,39 @@ class TopKCompression:
                 name = self._names[id(p)]
                 u, v = self._accumulate(name, g * scale if scale < 1 else g)
                 top = v.abs().topk(min(n, max(1, math.ceil(density * n))), sorted=False).indices
-                parts.append((name, u, v, top))
-                values.append(v[top])
+                sent = v[top].to(value_dtype)
+                parts.append((name, u, v, top, sent))
+                values.append(sent)
                 indices.append(top + offset)
                 offset += n
         dtype = buffers[0].dtype
-        index_dtype = torch.int32 if offset < 2**31 else torch.int64
-        message, layout = self._pack(torch.cat(values), torch.cat(indices).to(index_dtype), finite)
+        message, layout = self._pack(torch.cat(values), torch.cat(indices), offset, finite)
         gathered = message.new_empty(self.world * message.numel())
         uncompressed = sum(b.numel() * b.element_size() for b in buffers)
         start_time = time.perf_counter()
         work = dist.all_gather_single(gathered, message, group=self.group, async_op=True)
 
-        def done(fut) -> None:
+        def done(fut) -> torch.Tensor:
             try:
                 fut.value()
                 self.timer.add_interval(start_time, time.perf_counter(), message.numel(), uncompressed)
-                flat = self._combine(gathered.view(self.world, -1), layout, dtype, index_dtype, offset, parts)
+                flat = self._combine(gathered.view(self.world, -1), layout, dtype, value_dtype, offset, parts)
                 at = 0
-                for buffer, _, future in waiting:
+                results = []
+                for buffer, _, _ in waiting:
                     # into the bucket's own buffer: DDP (torch 2.13, CPU) reads a result from the start of
                     # its storage, so a view of ``flat`` at an offset would hand every bucket the first's values
-                    future.set_result(buffer.copy_(flat[at : at + buffer.numel()].view_as(buffer)))
+                    results.append(buffer.copy_(flat[at : at + buffer.numel()].view_as(buffer)))
                     at += buffer.numel()
             except Exception as err:  # noqa: BLE001 - the hook's futures must complete either way
-                for _, _, future in waiting:
-                    if not future.done():
-                        future.set_exception(err)
+                for _, _, future in waiting[:-1]:
+                    future.set_exception(err)
+                raise
+            for (_, _, future), result in zip(waiting[:-1], results, strict=False):
+                future.set_result(result)
+            return results[-1]
 
-        work.get_future().then(done)
+        return work.get_future().then(done)
 
     def _accumulate(self, name: str, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The new velocity and residual of one parameter (new tensors: a step that is not committed leaves the old)."""
@@ -149,34 +166,47 @@ class TopKCompression:
         return u, v + u
 
     @staticmethod
-    def _pack(values: torch.Tensor, indices: torch.Tensor, finite: bool) -> tuple[torch.Tensor, tuple[int, int]]:
-        """One byte message: indices, then values, then the finite flag, each part aligned."""
-        index_bytes, value_bytes = (
-            _padded(indices.numel() * indices.element_size()),
-            _padded(values.numel() * values.element_size()),
-        )
-        message = torch.zeros(index_bytes + value_bytes + _ALIGN, dtype=torch.uint8, device=values.device)
-        message[: indices.numel() * indices.element_size()] = indices.view(torch.uint8)
-        message[index_bytes : index_bytes + values.numel() * values.element_size()] = values.view(torch.uint8)
+    def _pack(
+        values: torch.Tensor, indices: torch.Tensor, total: int, finite: bool
+    ) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+        """One byte message of the entries (``indices`` into the flattened model of ``total`` positions): the
+        count per block of 2^16 positions (int32), each index's low 16 bits (int16, less 2^15), the values in
+        index order, then the finite flag; each part aligned. Every rank's message has the same length."""
+        order = indices.argsort()
+        indices, values = indices[order], values[order]
+        blocks = -(-total >> _BLOCK_BITS)
+        counts = torch.bincount(indices >> _BLOCK_BITS, minlength=blocks).to(torch.int32)
+        low = ((indices & ((1 << _BLOCK_BITS) - 1)) - (1 << (_BLOCK_BITS - 1))).to(torch.int16)
+        pieces = [counts.view(torch.uint8), low.view(torch.uint8), values.view(torch.uint8)]
+        sizes = [_padded(piece.numel()) for piece in pieces]
+        message = torch.zeros(sum(sizes) + _ALIGN, dtype=torch.uint8, device=values.device)
+        at = 0
+        for piece, size in zip(pieces, sizes, strict=True):
+            message[at : at + piece.numel()] = piece
+            at += size
         message[-1] = int(finite)
-        return message, (index_bytes, value_bytes)
+        return message, (blocks, sizes[0], sizes[1], sizes[2])
 
     def _combine(
-        self, rows: torch.Tensor, layout: tuple[int, int], dtype, index_dtype, total: int, parts: list
+        self, rows: torch.Tensor, layout: tuple[int, int, int, int], dtype, value_dtype, total: int, parts: list
     ) -> torch.Tensor:
         """Every rank's message scatter-added into the mean gradient; commits this rank's state when all are finite."""
-        index_bytes, value_bytes = layout
-        k = sum(top.numel() for *_, top in parts)
+        blocks, count_bytes, low_bytes, value_bytes = layout
+        k = sum(top.numel() for _, _, _, top, _ in parts)
         if not bool(rows[:, -1].all()):  # some rank's gradient overflowed: nothing is committed, the step is skipped
             return torch.full((total,), float("nan"), dtype=dtype, device=rows.device)
         flat = torch.zeros(total, dtype=dtype, device=rows.device)
+        first = torch.arange(blocks, device=rows.device) << _BLOCK_BITS
         for row in rows:  # rank by rank: within one message the indices are distinct, so the sum is deterministic
-            idx = row[:index_bytes].view(index_dtype)[:k]
-            val = row[index_bytes : index_bytes + value_bytes].view(dtype)[:k]
-            flat.index_add_(0, idx.long(), val)
+            counts = row[:count_bytes].view(torch.int32)[:blocks]
+            low = row[count_bytes : count_bytes + low_bytes].view(torch.int16)[:k]
+            at = count_bytes + low_bytes
+            val = row[at : at + value_bytes].view(value_dtype)[:k]
+            idx = first.repeat_interleave(counts.long(), output_size=k) + (low.long() + (1 << (_BLOCK_BITS - 1)))
+            flat.index_add_(0, idx, val.to(dtype))
         flat.div_(self.world)
-        for name, u, v, top in parts:
-            v[top] = 0
+        for name, u, v, top, sent in parts:
+            v[top] -= sent.to(v.dtype)  # zero where the value went exactly; its rounding otherwise
             self.residual[name] = v
             if self.cfg.momentum:
                 u[top] = 0  # momentum factor masking: a sent entry's velocity does not push it again

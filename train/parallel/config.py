@@ -54,13 +54,15 @@ class TopKConfig:
 
     Each step every rank sends the ``density`` share of each tensor's accumulated gradient with the
     largest magnitudes (after the warm-up: from ``warmup_density`` down to ``density``, exponentially,
-    over ``warmup_steps``); see ``train/parallel/compression.py``.
+    over ``warmup_steps``): 2 bytes an index and the value as ``value_dtype``; see
+    ``train/parallel/compression.py``.
     """
 
-    density: float = 0.01  # share of each tensor's entries sent per step once warmed up (1/50 of the bytes)
+    density: float = 0.01  # share of each tensor's entries sent per step once warmed up (1/66 of the bytes in fp32)
     warmup_density: float = 0.25  # the density of the first step (the paper starts at 75% sparsity)
     warmup_steps: int = 0  # steps over which the density decreases exponentially to `density` (0: none)
     momentum: float = 0.0  # momentum correction: each rank accumulates u = m·u + g (needs optim.betas[0] = 0)
+    value_dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: half the value bytes, the rounding kept
 
     def __post_init__(self) -> None:
         for key in ("density", "warmup_density"):
@@ -81,6 +83,10 @@ class TopKConfig:
             )
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             raise ConfigError(f"train.parallel.topk.momentum = {self.momentum!r} is invalid; allowed: 0 <= value < 1")
+        if self.value_dtype not in ("float32", "bfloat16"):
+            raise ConfigError(
+                f"train.parallel.topk.value_dtype = {self.value_dtype!r} is invalid; allowed: 'float32', 'bfloat16'"
+            )
 
     def density_at(self, step: int) -> float:
         """The density of exchange ``step`` (0-based): ``warmup_density · (density / warmup_density)^(step / warmup_steps)``."""
