@@ -51,6 +51,18 @@ def classify(code_points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _HIGH_BITS = np.uint64(0x8080808080808080)
 
 
+@nb.njit(cache=True)
+def _past_ascii_words(words, p, end):
+    """From a position ``p`` that starts an 8-byte word, past the whole words of ASCII before ``end`` (``words``:
+    the data as uint64); ``p`` itself when it does not start one."""
+    if p & 7:
+        return p
+    k, whole = p >> 3, end >> 3
+    while k < whole and not words[k] & _HIGH_BITS:
+        k += 1
+    return max(p, k << 3)
+
+
 @nb.njit(cache=True, nogil=True)
 def _unknown_code_points(offsets, data, props):
     """Code points of the strings whose ``props`` entry is not filled yet (each once).
@@ -62,15 +74,10 @@ def _unknown_code_points(offsets, data, props):
     n = 0
     words = data[: data.shape[0] - data.shape[0] % 8].view(np.uint64)
     p, end = offsets[0], offsets[-1]
-    whole = end >> 3  # words wholly before ``end``
     while p < end:
-        if p & 7 == 0:
-            k = p >> 3
-            while k < whole and not words[k] & _HIGH_BITS:
-                k += 1
-            p = max(p, k << 3)
-            if p >= end:
-                break
+        p = _past_ascii_words(words, p, end)
+        if p >= end:
+            break
         b = np.int64(data[p])
         p += 1
         if b < 0x80 or (b & 0xC0) == 0x80:  # ASCII (always known) or a continuation byte
@@ -111,15 +118,10 @@ def rows_with_byte_at_least(offsets, data, lowest):
     words = data[: data.shape[0] - data.shape[0] % 8].view(np.uint64)
     for i in range(n):
         p, end = offsets[i], offsets[i + 1]
-        whole = end >> 3  # words wholly before ``end``
         while p < end:
-            if p & 7 == 0:
-                k = p >> 3
-                while k < whole and not words[k] & _HIGH_BITS:
-                    k += 1
-                p = max(p, k << 3)
-                if p >= end:
-                    break
+            p = _past_ascii_words(words, p, end)
+            if p >= end:
+                break
             if data[p] >= lowest:
                 out[i] = True
                 break

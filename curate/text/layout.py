@@ -26,8 +26,8 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from winnow.curate.text.codepoints import SPACE, STRIP
-from winnow.curate.text.tokens import code_point
+from winnow.curate.text.codepoints import SPACE
+from winnow.curate.text.tokens import code_point, stripped
 
 
 @nb.njit(cache=True, inline="always")
@@ -120,21 +120,7 @@ def clean_layout(offsets, data, props):
                     o += 1
                 o = _copy_kept(data, tail, q, out, o)
             p = q
-        # strip the ends
-        s, e = row, o
-        while s < e:
-            c, w = code_point(out, s)
-            if not props[c] & STRIP:
-                break
-            s += w
-        while e > s:
-            q = e - 1
-            while out[q] & 0xC0 == 0x80:
-                q -= 1
-            c, w = code_point(out, q)
-            if not props[c] & STRIP:
-                break
-            e = q
+        s, e = stripped(out, row, o, props)
         if s > row:
             for j in range(e - s):
                 out[row + j] = out[s + j]

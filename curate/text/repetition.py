@@ -37,8 +37,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from winnow.curate.text.codepoints import STRIP
-from winnow.curate.text.tokens import code_point, document_tokens, hash_bytes
+from winnow.curate.text.tokens import document_tokens, hash_bytes, stripped
 
 _U64 = np.uint64
 TOP_NS = (2, 3, 4)
@@ -161,20 +160,7 @@ def _segment_counts(data, lo, hi, props, table, gen, mask, out):
     (a paragraph holds no ``\n\n``, so its lines name it), so the text is hashed once. Line keys
     have the low bit clear, paragraph keys set, in one table.
     """
-    s0, e0 = lo, hi  # the stripped text
-    while s0 < e0:
-        c, w = code_point(data, s0)
-        if not props[c] & STRIP:
-            break
-        s0 += w
-    while e0 > s0:
-        q = e0 - 1
-        while data[q] & 0xC0 == 0x80:
-            q -= 1
-        c, w = code_point(data, q)
-        if not props[c] & STRIP:
-            break
-        e0 = q
+    s0, e0 = stripped(data, lo, hi, props)
     lines = line_dups = line_chars = 0
     paras = para_dups = para_chars = 0
     if s0 == e0:

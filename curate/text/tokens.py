@@ -27,7 +27,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from winnow.curate.text.codepoints import LETTER, NUMBER, SPACE, WORD
+from winnow.curate.text.codepoints import LETTER, NUMBER, SPACE, STRIP, WORD
 
 _U64 = np.uint64
 
@@ -44,6 +44,26 @@ def code_point(data, p):
         return ((b & 0x0F) << 12) | ((np.int64(data[p + 1]) & 0x3F) << 6) | (np.int64(data[p + 2]) & 0x3F), 3
     return (((b & 0x07) << 18) | ((np.int64(data[p + 1]) & 0x3F) << 12) | ((np.int64(data[p + 2]) & 0x3F) << 6)
             | (np.int64(data[p + 3]) & 0x3F)), 4  # fmt: skip
+
+
+@nb.njit(cache=True)
+def stripped(data, lo, hi, props):
+    """``(start, end)`` of ``data[lo:hi]`` without the characters ``str.strip_chars()`` removes at either end
+    (``props`` from ``curate.text.codepoints``, covering the text's code points)."""
+    while lo < hi:
+        c, w = code_point(data, lo)
+        if not props[c] & STRIP:
+            break
+        lo += w
+    while hi > lo:
+        q = hi - 1
+        while data[q] & 0xC0 == 0x80:
+            q -= 1
+        c, w = code_point(data, q)
+        if not props[c] & STRIP:
+            break
+        hi = q
+    return lo, hi
 
 
 @nb.njit(cache=True, inline="always")

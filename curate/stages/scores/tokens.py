@@ -78,6 +78,20 @@ def _lower(cp):
     return cp
 
 
+@njit(cache=True)
+def _decode(data, i, end, b0):
+    """``(code point, bytes)`` of the character whose lead byte ``b0 >= 0x80`` is at ``data[i]``; a sequence cut
+    short by ``end`` reads its last byte again rather than past it."""
+    if b0 < 0xE0:
+        return ((b0 & 0x1F) << 6) | (np.int64(data[min(i + 1, end - 1)]) & 0x3F), 2
+    if b0 < 0xF0:
+        cp = ((b0 & 0x0F) << 12) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 6)
+        return cp | (np.int64(data[min(i + 2, end - 1)]) & 0x3F), 3
+    cp = ((b0 & 0x07) << 18) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 12)
+    cp = cp | ((np.int64(data[min(i + 2, end - 1)]) & 0x3F) << 6)
+    return cp | (np.int64(data[min(i + 3, end - 1)]) & 0x3F), 4
+
+
 _ASCII_WORD = np.array([chr(b).isascii() and (chr(b).isalnum() or b == 95) for b in range(128)], dtype=np.int64)
 
 
@@ -95,15 +109,7 @@ def _count_tokens(data, i, end):
             prev = w
             i += 1
             continue
-        if b0 < 0xE0:
-            cp, step = ((b0 & 0x1F) << 6) | (np.int64(data[min(i + 1, end - 1)]) & 0x3F), 2
-        elif b0 < 0xF0:
-            cp = ((b0 & 0x0F) << 12) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 6)
-            cp, step = cp | (np.int64(data[min(i + 2, end - 1)]) & 0x3F), 3
-        else:
-            cp = ((b0 & 0x07) << 18) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 12)
-            cp = cp | ((np.int64(data[min(i + 2, end - 1)]) & 0x3F) << 6)
-            cp, step = cp | (np.int64(data[min(i + 3, end - 1)]) & 0x3F), 4
+        cp, step = _decode(data, i, end, b0)
         cls = _char_class(cp)
         count += (cls == 1 and prev == 0) + (cls == 2)
         prev = 1 if cls == 1 else 0
@@ -129,15 +135,8 @@ def _scan_doc(data, i, end, max_tokens, start_h, uni, bi, k):
                     cls, cp = 1, b0 + 32
                 else:
                     cls = 1 if b0 == 95 else 0
-            elif b0 < 0xE0:
-                cp, step = ((b0 & 0x1F) << 6) | (np.int64(data[min(i + 1, end - 1)]) & 0x3F), 2
-            elif b0 < 0xF0:
-                cp = ((b0 & 0x0F) << 12) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 6)
-                cp, step = cp | (np.int64(data[min(i + 2, end - 1)]) & 0x3F), 3
             else:
-                cp = ((b0 & 0x07) << 18) | ((np.int64(data[min(i + 1, end - 1)]) & 0x3F) << 12)
-                cp = cp | ((np.int64(data[min(i + 2, end - 1)]) & 0x3F) << 6)
-                cp, step = cp | (np.int64(data[min(i + 3, end - 1)]) & 0x3F), 4
+                cp, step = _decode(data, i, end, b0)
             if step > 1:
                 cls = _char_class(cp)
                 cp = _lower(cp)
