@@ -11,8 +11,10 @@ a property of a source, not of a document; without it, a row-local stage:
 3. ``apply`` normalizes again and drops those lines, reporting the counters
    ``("chars_removed", source)`` and ``("lines_removed", source)``.
 
-Everything is polars string expressions over whole columns. NFC/NFKC (``str.normalize``) runs
-only on the rows holding a character the form may change (most real text has none); a compiled
+Everything runs over whole columns. NFC/NFKC (``str.normalize``) runs only on the rows holding
+a character the form may change (most real text has none), and there only on the pieces around
+non-ASCII characters (``curate.text.forms``); control characters and whitespace go in one
+compiled pass (``curate.text.layout``) equal to the expressions of ``normalize_text``; a compiled
 pass keeps each document's distinct line hashes; ``apply`` rebuilds from its lines only the
 documents that hold a boilerplate line. Only ``fix_mojibake`` runs ftfy per row, since ftfy is
 Python — once per row, in ``apply``: lines are hashed before the repair (in ``collect`` and
