@@ -89,9 +89,7 @@ def job_file(path: Path, *, steps: int, parallel: dict, optim: dict | None = Non
     tables |= {f"train.{k}": train[k] for k in KEEP if k in train}
     if optim:
         tables["train.optim"] = tables.get("train.optim", {}) | optim
-    tables["train.parallel"] = {k: v for k, v in parallel.items() if not isinstance(v, dict)} | {
-        "backend": "gloo"
-    }
+    tables["train.parallel"] = {k: v for k, v in parallel.items() if not isinstance(v, dict)} | {"backend": "gloo"}
     tables |= {f"train.parallel.{k}": v for k, v in parallel.items() if isinstance(v, dict)}
     path.write_text(
         "".join(
