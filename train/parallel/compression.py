@@ -6,18 +6,19 @@ entries of its accumulated gradient with the largest magnitudes and keep the res
     g ← g · min(1, clip / ‖g‖)    local clipping, before the accumulation (see below)
     u ← m·u + g                    momentum correction: the velocity accumulates, not the gradient
     v ← v + u                      local gradient accumulation (error feedback)
-    send the top k = ⌈density·n⌉ of |v| as values and indices; v, u ← 0 there (momentum factor masking)
+    send the top k = ⌈density·n⌉ of |v| as values and indices; there v ← v - sent (0 but for the
+    values' rounding) and u ← 0 (momentum factor masking)
 
 Every rank all-gathers every rank's values and indices and scatter-adds them in rank order: the
 sum of the sparse messages divided by the ranks is the step's gradient, the same bits on every
-rank. A message holds the entries sorted by their index in the flattened model, and each index as
-its low 16 bits, with the count of entries in each block of 65,536 positions ahead of them: 2
-bytes an index rather than 4 or 8, with nothing lost. Values go as ``value_dtype``: ``float32``
-as they are, or ``bfloat16`` at half the bytes, the rounding of each sent value kept in the
-residual (the error feedback that keeps everything else). What a rank does not send stays in ``v`` and is sent once it has grown large enough, so no
-gradient is lost, only delayed. The density starts at ``warmup_density`` and decreases
-exponentially to ``density`` over ``warmup_steps`` exchanges (the paper's warm-up, per step rather
-than per epoch); ``TopKConfig.density_at``.
+rank. What a rank does not send stays in ``v`` and is sent once it has grown large enough, so no
+gradient is lost, only delayed. A message holds the entries sorted by their index in the flattened
+model, each index as its low 16 bits, with the count of entries in each block of 65,536 positions
+ahead of them: 2 bytes an index rather than 4 or 8, with nothing lost. Values go as
+``value_dtype``: ``float32`` as they are, or ``bfloat16`` at half the bytes, the rounding of each
+sent value kept in the residual like the entries not sent. The density starts at
+``warmup_density`` and decreases exponentially to ``density`` over ``warmup_steps`` exchanges (the
+paper's warm-up, per step rather than per epoch); ``TopKConfig.density_at``.
 
 Clipping: gradient clipping after the exchange would scale what earlier steps withheld as well,
 and the clipped part would be lost; as in the paper, each rank clips its own gradient before
