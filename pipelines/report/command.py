@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     cfg = DiagnoseConfig(memory_limit_gib=args.memory_limit_gib)
-    path = write_report(args.dir, output=args.output, diagnose_cfg=cfg)
-    _, run, _ = locate(args.dir)
+    located = locate(args.dir)  # read once: a run's unreadable lines are reported once
+    path = write_report(args.dir, output=args.output, diagnose_cfg=cfg, located=located)
+    _, run, _ = located
     if run is not None and run.counterfactual is not None:
         from winnow.pipelines.report.counterfactual import text
 

@@ -404,13 +404,15 @@ def write_report(
     output: str | Path | None = None,
     diagnose_cfg: DiagnoseConfig | None = None,
     storage_options: dict | None = None,
+    located: tuple | None = None,
 ) -> Path | str:
     """Write ``report.html`` for the job and/or run in folder ``path``; returns where it went.
 
     For a job on an object store (``path`` a URL) the page goes to ``<path>/report.html`` on the
     store unless ``output`` names a local file; one PUT, so a reader never sees half a page there either.
+    ``located``: what ``locate(path)`` returned, when the caller has read the folder already.
     """
-    job, run, study = locate(path, storage_options)
+    job, run, study = located if located is not None else locate(path, storage_options)
     page = render(job, run, study, diagnose_cfg=diagnose_cfg)
     if output is None and is_url(path):
         target = f"{str(path).rstrip('/')}/report.html"
