@@ -68,6 +68,11 @@ def string_buffers(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return offsets, data
 
 
+def string_array(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    """A large string Arrow array of ``(offsets, data)`` buffers (no nulls): ``string_buffers`` the other way."""
+    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
 def _byte_tables(mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-byte ``(kind, lowered)`` tables of the ASCII fast path: kind 0 keep, 1 space, 2 non-ASCII."""
     kind = np.zeros(256, dtype=np.uint8)

@@ -31,14 +31,14 @@ import numpy as np
 import polars as pl
 
 from winnow.curate.dedup.jit import njit
-from winnow.curate.dedup.text import string_buffers
+from winnow.curate.dedup.text import string_array, string_buffers
 from winnow.curate.errors import ConfigError, StageError, require
 from winnow.curate.schema import empty_rejects, make_rejects
 from winnow.curate.stages.base import Barrier, Plan, StageConfig, StageContext, StageOutput
 from winnow.curate.stats import CounterKey
 from winnow.curate.text.codepoints import TABLE, rows_with_byte_at_least
 from winnow.curate.text.forms import normalized_rows
-from winnow.curate.text.layout import clean_layout, string_array
+from winnow.curate.text.layout import clean_layout
 from winnow.curate.text.words import unify_line_breaks
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,7 @@ import numba as nb
 import numpy as np
 import polars as pl
 
-from winnow.curate.dedup.text import string_buffers
-from winnow.curate.text.layout import string_array
+from winnow.curate.dedup.text import string_array, string_buffers
 
 
 @nb.njit(cache=True)

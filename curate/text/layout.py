@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-import pyarrow as pa
 
 from winnow.curate.text.codepoints import SPACE
 from winnow.curate.text.tokens import code_point, stripped
@@ -127,8 +126,3 @@ def clean_layout(offsets, data, props):
         o = row + e - s
         out_offsets[i + 1] = o
     return out_offsets, out[:o]
-
-
-def string_array(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
-    """A large string Arrow array of the buffers (no nulls)."""
-    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))

@@ -14,7 +14,7 @@ import numba as nb
 import numpy as np
 
 from winnow.curate.text.codepoints import LETTER, MARK, NUMBER
-from winnow.curate.text.tokens import code_point, document_tokens
+from winnow.curate.text.tokens import code_point, document_tokens, longest_string
 
 #: Rows of ``quality_counts``' output.
 COUNTS = ("tokens", "words", "word_chars", "alpha", "stop_words")
@@ -50,9 +50,7 @@ def quality_counts(offsets, data, props, fold, stop_offsets, stop_data):
     """``int64 [5, n]``: ``COUNTS`` of each string of ``offsets``/``data`` (``props``/``fold`` cover its code points)."""
     n = offsets.shape[0] - 1
     out = np.zeros((5, n), dtype=np.int64)
-    longest = 0
-    for d in range(n):
-        longest = max(longest, offsets[d + 1] - offsets[d])
+    longest = longest_string(offsets)
     starts = np.empty(longest + 1, dtype=np.int64)
     ends = np.empty(longest + 1, dtype=np.int64)
     n_stop = stop_offsets.shape[0] - 1
@@ -69,19 +67,11 @@ def quality_counts(offsets, data, props, fold, stop_offsets, stop_data):
             chars, word, letter = 0, False, False
             p = lo
             while p < hi:
-                b = data[p]
-                if b < 0x80:  # ASCII: a letter or a digit is a word character, a letter alphabetic
-                    upper = b | 0x20
-                    is_letter = 0x61 <= upper <= 0x7A
-                    word = word or is_letter or 0x30 <= b <= 0x39
-                    letter = letter or is_letter
-                    p += 1
-                else:
-                    c, w = code_point(data, p)
-                    f = props[c]
-                    word = word or (f & (LETTER | NUMBER | MARK)) != 0
-                    letter = letter or (f & LETTER) != 0
-                    p += w
+                c, w = code_point(data, p)
+                f = props[c]
+                word = word or (f & (LETTER | NUMBER | MARK)) != 0
+                letter = letter or (f & LETTER) != 0
+                p += w
                 chars += 1
             if word:
                 words += 1

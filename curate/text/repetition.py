@@ -37,7 +37,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from winnow.curate.text.tokens import document_tokens, hash_bytes, stripped
+from winnow.curate.text.tokens import document_tokens, hash_bytes, longest_string, stripped
 
 _U64 = np.uint64
 TOP_NS = (2, 3, 4)
@@ -298,9 +298,7 @@ def repetition_counts(offsets, data, props, fold):
     segments = np.zeros((7, n_docs), dtype=np.int64)
     top = np.full((3, n_docs), -1, dtype=np.int64)
     dup = np.zeros((6, n_docs), dtype=np.int64)
-    longest = 0
-    for d in range(n_docs):
-        longest = max(longest, offsets[d + 1] - offsets[d])
+    longest = longest_string(offsets)
     # Scratch for the longest document (it has at most one word per byte).
     starts = np.empty(longest + 1, dtype=np.int64)
     ends = np.empty(longest + 1, dtype=np.int64)

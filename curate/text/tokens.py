@@ -47,6 +47,15 @@ def code_point(data, p):
 
 
 @nb.njit(cache=True)
+def longest_string(offsets):
+    """Bytes of the longest string of a column's ``offsets`` (0 for none): the room a per-document scratch needs."""
+    longest = 0
+    for d in range(offsets.shape[0] - 1):
+        longest = max(longest, offsets[d + 1] - offsets[d])
+    return longest
+
+
+@nb.njit(cache=True)
 def stripped(data, lo, hi, props):
     """``(start, end)`` of ``data[lo:hi]`` without the characters ``str.strip_chars()`` removes at either end
     (``props`` from ``curate.text.codepoints``, covering the text's code points)."""
