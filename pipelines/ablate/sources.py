@@ -9,12 +9,14 @@ A set is reused while the job's manifest is unchanged (its sha256 is recorded in
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 from pathlib import Path
 
 import polars as pl
 
+from winnow.curate.atomic import write_bytes_atomic
 from winnow.curate.errors import ConfigError
 from winnow.curate.writers.layout import shard_dir
 from winnow.curate.writers.tokens import TOKENIZER_FILE, subset_token_shard
@@ -93,11 +95,13 @@ def _write_view(
         rows = pl.read_parquet(Path(job_dir) / entry["path"]).filter(pl.col("source") == source)
         if rows.is_empty():
             continue
-        out = shard_dir(folder, "parquet", "train")  # the job folders' own layout
-        out.mkdir(parents=True, exist_ok=True)
-        path = (out / f"{name}.parquet").relative_to(folder).as_posix()
-        rows.write_parquet(folder / path)
-        data = (folder / path).read_bytes()
+        path = (shard_dir(folder, "parquet", "train") / f"{name}.parquet").relative_to(folder).as_posix()
+        buffer = io.BytesIO()
+        rows.write_parquet(buffer)
+        data = buffer.getvalue()
+        # renamed into place whole: every rank of a distributed run splits the same job, and a reader (or the
+        # checksum) must never see another rank's half-written file
+        write_bytes_atomic(folder / path, data)
         shards.append(
             {
                 "split": "train",

@@ -81,6 +81,33 @@ def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
     assert again == folders
 
 
+def test_ranks_splitting_the_same_job_at_once_never_record_a_half_written_shard(job, tmp_path):
+    """Every rank of a distributed run splits the job into per-source sets at the same moment: whatever the
+    interleaving, each view's recorded checksums are those of the files that end up on disk."""
+    import hashlib
+    import threading
+
+    from winnow.pipelines.ablate.sources import _write_view
+    from winnow.pipelines.provenance import manifest_sha256
+
+    manifest = json.loads((job / "manifest.json").read_text())
+    entries = [e for e in manifest["shards"] if e.get("split") == "train" and e.get("format") == "parquet"]
+    folder, views = tmp_path / "prose", []
+
+    def split() -> None:
+        for _ in range(20):
+            views.append(_write_view(str(job), manifest, entries, "prose", folder, manifest_sha256(job)))
+
+    ranks = [threading.Thread(target=split) for _ in range(3)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join()
+    for view in views:
+        for shard in view["shards"]:
+            assert hashlib.sha256((folder / shard["path"]).read_bytes()).hexdigest() == shard["sha256"]
+
+
 def _cf(slope, sources=("code", "prose", "docs"), q=0.5, se=0.01):
     slope = np.asarray(slope, dtype=float)
     return {
