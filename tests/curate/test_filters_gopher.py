@@ -133,3 +133,63 @@ def test_compiled_counts_equal_the_expressions(stop_words):
     assert got["gopher_mean_word_length"].to_list() == want["gopher_mean_word_length"].to_list()
     assert got["gopher_alpha_words"].to_list() == (want["alpha"] / tokens).to_list()
     assert got["gopher_stop_words"].to_list() == want["gopher_stop_words"].to_list()
+
+
+def _reference_layout(text: pl.Series) -> pl.DataFrame:
+    """The line and character metrics as the polars expressions count them (what ``layout_counts`` replaces)."""
+    from winnow.curate.text.words import count_lines, unify_line_breaks
+
+    lines = unify_line_breaks(pl.col("text"))
+    return pl.DataFrame({"text": text}).select(
+        pl.col("text").str.count_matches("#", literal=True).alias("hashes"),
+        (
+            pl.col("text").str.count_matches("...", literal=True) + pl.col("text").str.count_matches("…", literal=True)
+        ).alias("ellipses"),
+        count_lines(pl.col("text")).alias("lines"),
+        lines.str.count_matches(r"(?m)^[^\S\n]*[•\-]").alias("bullet_lines"),
+        lines.str.count_matches(r"(?m)(?:\.\.\.|…)[^\S\n]*$").alias("ellipsis_lines"),
+    )
+
+
+def test_compiled_layout_counts_equal_the_expressions():
+    """Hashes, ellipses, lines, bullet lines and ellipsis lines as the regular expressions count them, over every
+    line break ``str.splitlines`` knows, Unicode blanks and characters that only look blank."""
+    import random
+
+    import numpy as np
+
+    from winnow.curate.dedup.text import string_buffers
+    from winnow.curate.text.quality import LAYOUT_COUNTS, layout_counts
+
+    rng = random.Random(5)
+    alphabet = [
+        *". . . . # - - • … a Z é 中 🙂",
+        *["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\u2028", "\u2029"],
+        *["\t", " ", "\xa0", "\u1680", "\u2000", "\u200a", "\u200b", "\u202f", "\u205f", "\u3000", "\u180e", "\ufeff"],
+        *["...", "....", "- ", "• ", "\n-", "\n\t•", "…\n", "... \n", "#"],
+    ]
+    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 30))) for _ in range(4000)]
+    texts += [
+        "",
+        ".",
+        "..",
+        "...",
+        "......",
+        ".......",
+        "...\n",
+        "\n",
+        "\r\n",
+        "\r\r\n",
+        "-",
+        "\n-",
+        " \u3000•x",
+        "a...  ",
+    ]
+    texts += pl.read_ndjson(sorted(SAMPLES.glob("*/*.jsonl"))[0])["text"].cast(pl.String).head(200).to_list()
+    column = pl.Series(texts, dtype=pl.String)
+    offsets, data = string_buffers(column)
+    got = dict(zip(LAYOUT_COUNTS, layout_counts(offsets, data)))
+    want = _reference_layout(column)
+    for name in LAYOUT_COUNTS:
+        mismatch = np.flatnonzero(got[name] != want[name].to_numpy())
+        assert not len(mismatch), (name, [texts[i] for i in mismatch[:5]], got[name][mismatch[:5]])

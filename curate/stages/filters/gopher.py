@@ -4,8 +4,9 @@ Models: Methods, Analysis & Insights from Training Gopher", appendix A.1.1).
 Words are the tokens of ``curate.text.words`` (an approximation of the spaCy tokenizer
 datatrove uses); like datatrove's ``GopherQualityFilter``, the word-count and mean
 word-length rules count only words with at least one letter, digit or mark ("non-symbol
-words"), while the symbol and alphabetic ratios divide by all tokens. The per-token counts come
-from one compiled pass (``curate.text.quality``).
+words"), while the symbol and alphabetic ratios divide by all tokens. The counts come from two
+compiled passes over the column's bytes (``curate.text.quality``): one over the tokens, one over the
+characters and lines.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from winnow.curate.dedup.text import string_buffers
 from winnow.curate.errors import ConfigError
 from winnow.curate.stages.filters.base import FilterConfig, RuleFilter
 from winnow.curate.text.codepoints import TABLE
-from winnow.curate.text.quality import COUNTS, quality_counts, stop_word_buffers
-from winnow.curate.text.words import count_lines, unify_line_breaks
+from winnow.curate.text.quality import COUNTS, LAYOUT_COUNTS, layout_counts, quality_counts, stop_word_buffers
 
 #: Gopher's stop words ("the", "be", "to", "of", "and", "that", "have", "with"), Rae et al. 2021 A.1.1.
 GOPHER_STOP_WORDS: tuple[str, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -72,39 +72,28 @@ class GopherQualityConfig(FilterConfig):
 
 
 def gopher_quality_metrics(text: pl.Series, stop_words: tuple[str, ...] = GOPHER_STOP_WORDS) -> pl.DataFrame:
-    """The Gopher quality metrics of each document, one column each (null where a ratio has no words)."""
+    """The Gopher quality metrics of each document, one column each (null where a ratio has no words or lines)."""
     offsets, data = string_buffers(text.fill_null(""))
     counts = quality_counts(offsets, data, *TABLE.cover(offsets, data), *stop_word_buffers(stop_words))
-    c = dict(zip(COUNTS, counts))
-    per_doc = pl.DataFrame(
+    c = dict(zip(COUNTS, counts)) | dict(zip(LAYOUT_COUNTS, layout_counts(offsets, data)))
+    frame = pl.DataFrame(
         {
-            "tokens": c["tokens"],
-            "gopher_words": c["words"],
-            "gopher_mean_word_length": np.where(c["words"] > 0, c["word_chars"] / np.maximum(c["words"], 1), np.nan),
-            "alpha": c["alpha"],
-            "gopher_stop_words": c["stop_words"],
+            **{k: c[k] for k in ("tokens", "words", "alpha", "stop_words", *LAYOUT_COUNTS)},
+            "mean_word_length": np.where(c["words"] > 0, c["word_chars"] / np.maximum(c["words"], 1), np.nan),
         }
-    ).with_columns(pl.col("gopher_mean_word_length").fill_nan(None))
-    frame = pl.concat([pl.DataFrame({"text": text}), per_doc], how="horizontal")
-    lines = unify_line_breaks(pl.col("text"))
+    )
     # Ratios over zero tokens or lines are undefined: null, so no ratio rule fires on them.
     tokens_n = pl.col("tokens").cast(pl.Float64).replace(0.0, None)
-    lines_n = count_lines(pl.col("text")).cast(pl.Float64).replace(0.0, None)
+    lines_n = pl.col("lines").cast(pl.Float64).replace(0.0, None)
     return frame.select(
-        pl.col("gopher_words").cast(pl.Int64),
-        pl.col("gopher_mean_word_length").cast(pl.Float64),
-        (pl.col("text").str.count_matches("#", literal=True) / tokens_n).alias("gopher_hash_ratio"),
-        (
-            (
-                pl.col("text").str.count_matches("...", literal=True)
-                + pl.col("text").str.count_matches("…", literal=True)
-            )
-            / tokens_n
-        ).alias("gopher_ellipsis_ratio"),
-        (lines.str.count_matches(r"(?m)^[^\S\n]*[•\-]") / lines_n).alias("gopher_bullet_lines"),
-        (lines.str.count_matches(r"(?m)(?:\.\.\.|…)[^\S\n]*$") / lines_n).alias("gopher_ellipsis_lines"),
+        pl.col("words").alias("gopher_words"),
+        pl.col("mean_word_length").fill_nan(None).alias("gopher_mean_word_length"),
+        (pl.col("hashes") / tokens_n).alias("gopher_hash_ratio"),
+        (pl.col("ellipses") / tokens_n).alias("gopher_ellipsis_ratio"),
+        (pl.col("bullet_lines") / lines_n).alias("gopher_bullet_lines"),
+        (pl.col("ellipsis_lines") / lines_n).alias("gopher_ellipsis_lines"),
         (pl.col("alpha") / tokens_n).alias("gopher_alpha_words"),
-        pl.col("gopher_stop_words").cast(pl.Int64),
+        pl.col("stop_words").alias("gopher_stop_words"),
     )
 
 
