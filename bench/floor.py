@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import floor_corpus  # noqa: E402
+floor_corpus = None  # imported by main(): a job's child process imports only what `winnow curate` does
 
 DATA = ROOT / "bench" / "_data" / "floor"
 FILTER_STAGES = [
@@ -377,6 +377,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args.child)
+    global floor_corpus
+    import floor_corpus
+
     print(machine())
     corpus = floor_corpus.ensure(DATA, args.mb)
     import polars as pl

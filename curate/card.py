@@ -6,8 +6,8 @@ and split sizes) is what the Hub reads to show the viewer and to let
 where the rows came from, what every stage did to them, and what each column holds. Everything
 comes from the manifest and the shards' Parquet footers, so the card never disagrees with them.
 
-The card is ``huggingface_hub``'s ``DatasetCard``: its serializer writes the header, quoting any
-name YAML would misread. Names from the job (sources, columns, reasons, folders) are escaped in
+The header is written by ``huggingface_hub``'s ``DatasetCardData``, which quotes any name YAML would
+misread; the Hub's ``DatasetCard`` reads the card back unchanged (tested). Names from the job (sources, columns, reasons, folders) are escaped in
 the body, so none can break a Markdown table or open raw HTML.
 """
 
@@ -91,7 +91,9 @@ def write_card(out: Path, manifest: dict[str, Any]) -> Path | None:
 
 
 def render_card(out: Path, manifest: dict[str, Any]) -> str:
-    from huggingface_hub import DatasetCard, DatasetCardData  # only when a card is written
+    # only when a card is written; the card data's module alone (``huggingface_hub.DatasetCard`` imports the Hub's
+    # whole client, ~0.3 s a job): the card is its YAML header and the body, as ``DatasetCard`` writes it
+    from huggingface_hub.repocard_data import DatasetCardData
 
     shards = manifest.get("shards") or []
     parquet = [s for s in shards if s["format"] == "parquet"]
@@ -124,7 +126,7 @@ def render_card(out: Path, manifest: dict[str, Any]) -> str:
         "",
     ]
     lines += _sources(manifest) + _stages(manifest) + _features(schema) + _files(shards)
-    return str(DatasetCard(f"---\n{data.to_yaml()}\n---\n" + "\n".join(lines) + "\n"))
+    return f"---\n{data.to_yaml()}\n---\n" + "\n".join(lines) + "\n"
 
 
 def _text(name: str) -> str:

@@ -102,6 +102,7 @@ def test_small_files_are_grouped_up_to_the_target():
 def test_dataset_card_lists_sources_stages_and_typed_features(tmp_path, write_job):
     import datasets
     import yaml
+    from huggingface_hub import DatasetCard
 
     make_inputs(tmp_path)
     job = load_job(
@@ -113,6 +114,7 @@ def test_dataset_card_lists_sources_stages_and_typed_features(tmp_path, write_jo
     )
     manifest = run_job(job, progress=False)
     card = (job.output_dir / "README.md").read_text()
+    assert str(DatasetCard(card)) == card  # the Hub's own reader takes the card as written
     header = yaml.safe_load(card.split("---")[1])
     assert header["configs"][0]["data_files"] == [
         {"split": "train", "path": "shards/parquet/train/*.parquet"},
@@ -144,6 +146,7 @@ def test_the_dataset_card_escapes_names_in_its_header_and_tables(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
     import yaml
+    from huggingface_hub import DatasetCard
 
     from winnow.curate.card import render_card
 
@@ -158,6 +161,7 @@ def test_the_dataset_card_escapes_names_in_its_header_and_tables(tmp_path):
         "stages": [{"id": "01.mine", "rows_in": 1, "rows_out": 1, "rows_rejected": 0, "rejected": {odd: 0}}],
     }
     card = render_card(tmp_path, manifest)
+    assert str(DatasetCard(card)) == card  # the Hub's own reader takes the card as written
     header = yaml.safe_load(card.split("\n---\n")[0].removeprefix("---\n"))
     assert [f["name"] for f in header["dataset_info"]["features"]] == ["text", odd]
     body = card.split("\n---\n", 1)[1]
