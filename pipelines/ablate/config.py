@@ -57,6 +57,9 @@ class AblateConfig:
     )  # settings: "<stage>.<key>" -> values, one variant each
     orders: list[str] = field(default_factory=lambda: list(ORDERS))  # order: "shuffled" (same rows), "reversed"
     eval_every: int | None = None  # held-out evaluations of every run (curves); None: steps // 10 with order, else 0
+    # a finished run's checkpoints (a study keeps its results, not its models); the baseline's are always kept:
+    # adaptive runs read its model, and it is the run to export or continue
+    keep_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         def check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -119,6 +122,7 @@ class AblateConfig:
         check(self.variant_seeds >= 1, "variant_seeds", self.variant_seeds, "an integer >= 1 (1: seed only)")
         check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
+        check(isinstance(self.keep_checkpoints, bool), "keep_checkpoints", self.keep_checkpoints, "true or false")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")
         check(self.threads >= 0, "threads", self.threads, "an integer >= 0 (0: cores / parallel)")
         check(

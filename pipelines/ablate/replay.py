@@ -25,7 +25,7 @@ from winnow.curate.errors import ConfigError
 from winnow.pipelines.ablate.checks import finished
 from winnow.pipelines.ablate.config import AblateConfig
 from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
-from winnow.pipelines.ablate.runner import VariantTask, run_variants
+from winnow.pipelines.ablate.runner import VariantTask, drop_checkpoints, run_variants
 from winnow.pipelines.ablate.table import markdown_table
 
 
@@ -94,6 +94,7 @@ def train_replay(task: VariantTask) -> dict:
         "tokens_seen": summary["tokens_seen"],
     }
     StudyLayout(Path(task.study)).write_result(variant["name"], result)
+    drop_checkpoints(task)
     return result
 
 
@@ -131,6 +132,7 @@ def run_replay_study(args, acfg: AblateConfig, train_cfg) -> int:
             job_file=str(args.job),
             study=str(layout.root),
             threads=threads,
+            keep_checkpoints=acfg.keep_checkpoints,
         )
         for v in runs
         if done[v["name"]] is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ class VariantTask:
     job_file: str
     study: str
     threads: int = 0  # torch intra-op threads; 0: leave as is
+    keep_checkpoints: bool = True  # False: removed once the result is saved (``drop_checkpoints``)
 
 
 def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: dict, sources: list[str]):
@@ -111,7 +113,20 @@ def train_variant(task: VariantTask) -> dict:
     if summary["mixing"]:  # an adaptive run: the weights it moved to, and their mean (DoReMi's output mix)
         result["mixing"] = summary["mixing"]
     StudyLayout(Path(task.study)).write_result(variant["name"], result)
+    drop_checkpoints(task)
     return result
+
+
+def drop_checkpoints(task: VariantTask) -> None:
+    """Remove a finished run's ``checkpoints/`` (the trainer's own folder in the run folder winnow made), unless
+    the study keeps them or the run is the baseline; its result is saved first, so a crash between the two only
+    leaves the checkpoints."""
+    if task.keep_checkpoints or task.variant["name"] == BASELINE:
+        return
+    folder = Path(task.cfg.output) / "checkpoints"
+    if folder.is_dir() and not folder.is_symlink():
+        shutil.rmtree(folder)
+        log.info("removed the checkpoints of finished run %s", task.variant["name"])
 
 
 def _claim_device(gpus, threads: int) -> None:

@@ -61,6 +61,7 @@ class _Study:
                 job_file=self.job_file,
                 study=str(self.layout.root),
                 threads=threads,
+                keep_checkpoints=self.acfg.keep_checkpoints,
             )
             for v in runs
             if done[v["name"]] is None

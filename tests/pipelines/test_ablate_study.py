@@ -197,6 +197,24 @@ def test_the_adaptive_run_trains_against_the_baseline_next_to_the_proposal(job, 
     before = layout.result_path("doremi").stat().st_mtime_ns
     assert main(["-q", "ablate", str(toml)]) == 0  # finished: not trained again
     assert layout.result_path("doremi").stat().st_mtime_ns == before
+    # a finished run's checkpoints are removed, the baseline's kept (the adaptive run read its model from them)
+    assert any((layout.root / "checkpoints").iterdir())
+    for name in ("baseline_seed1", "proposed", "doremi"):
+        assert layout.read_result(name) and not (layout.run_dir(name) / "checkpoints").exists()
+
+
+def test_keep_checkpoints_keeps_every_runs_and_the_baseline_keeps_its_own(tmp_path):
+    def task(name: str, keep: bool) -> runner.VariantTask:
+        (tmp_path / name / "checkpoints" / "step-00000002").mkdir(parents=True)
+        cfg = type("Cfg", (), {"output": str(tmp_path / name)})()
+        return runner.VariantTask(cfg, {}, [], {"name": name}, "", str(tmp_path), keep_checkpoints=keep)
+
+    for name, keep, left in (("a", True, True), ("baseline", False, True), ("b", False, False)):
+        runner.drop_checkpoints(task(name, keep))
+        assert (tmp_path / name / "checkpoints").is_dir() == left
+        assert (tmp_path / name).is_dir()  # only the checkpoints go
+    with pytest.raises(ConfigError, match="ablate.keep_checkpoints"):
+        AblateConfig(keep_checkpoints="no")
 
 
 # ---- bad input: refused before anything trains, naming the variant and the key ----------------------------
