@@ -7,8 +7,8 @@ where the rows came from, what every stage did to them, and what each column hol
 comes from the manifest and the shards' Parquet footers, so the card never disagrees with them.
 
 The header is written by ``huggingface_hub``'s ``DatasetCardData``, which quotes any name YAML would
-misread; the Hub's ``DatasetCard`` reads the card back unchanged (tested). Names from the job (sources, columns, reasons, folders) are escaped in
-the body, so none can break a Markdown table or open raw HTML.
+misread, and the Hub's ``DatasetCard`` reads the card back unchanged. Names from the job (sources,
+columns, reasons, folders) are escaped in the body, so none can break a Markdown table or open raw HTML.
 """
 
 from __future__ import annotations
