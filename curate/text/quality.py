@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from winnow.curate.text.codepoints import LETTER, MARK, NUMBER
+from winnow.curate.text.codepoints import LETTER, MARK, NUMBER, SPACE
 from winnow.curate.text.tokens import code_point, document_tokens, longest_string
 
 #: Rows of ``quality_counts``' output.
@@ -102,22 +102,16 @@ _BYTE_CLASS[[0x0A, 0x0B, 0x0C, 0x1C, 0x1D, 0x1E]] = _BREAK
 _BYTE_CLASS[[0x0D, 0x20, 0x09, 0x23, 0x2D, 0x2E]] = [_CR, _BLANK, _BLANK, _HASH, _DASH, _DOT]
 
 
-@nb.njit(cache=True)
-def _blank(c):
-    """Whether code point ``c`` (not ASCII) is Unicode White_Space other than a line break (the regex
-    ``[^\\S\\n]`` on text whose line breaks are unified to ``\\n``)."""
-    return c == 0xA0 or c == 0x1680 or 0x2000 <= c <= 0x200A or c == 0x202F or c == 0x205F or c == 0x3000
-
-
 @nb.njit(cache=True, nogil=True)
-def layout_counts(offsets, data):
+def layout_counts(offsets, data, props):
     """``int64 [5, n]``: ``LAYOUT_COUNTS`` of each string of ``offsets``/``data``.
 
     ``hashes``: ``#`` characters; ``ellipses``: non-overlapping ``...`` plus ``…``; ``lines``: as
     ``str.splitlines`` counts them (0 for empty text); ``bullet_lines``: lines whose first character
     other than blanks is ``•`` or ``-``; ``ellipsis_lines``: lines that end in ``...`` or ``…`` before
     trailing blanks. Line breaks are those of ``curate.text.words.LINE_BREAKS`` (``\\r\\n`` is one);
-    blanks are Unicode White_Space other than line breaks."""
+    blanks are the regex's ``\\s`` (``props``' ``SPACE``, covering the column's code points) other than line
+    breaks."""
     n = offsets.shape[0] - 1
     out = np.zeros((5, n), dtype=np.int64)
     classes = _BYTE_CLASS
@@ -169,7 +163,7 @@ def layout_counts(offsets, data):
                 continue
             if k == _HIGH:
                 p += w
-                if _blank(c):
+                if props[c] & SPACE:
                     continue
             else:
                 p += 1

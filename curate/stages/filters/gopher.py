@@ -74,8 +74,9 @@ class GopherQualityConfig(FilterConfig):
 def gopher_quality_metrics(text: pl.Series, stop_words: tuple[str, ...] = GOPHER_STOP_WORDS) -> pl.DataFrame:
     """The Gopher quality metrics of each document, one column each (null where a ratio has no words or lines)."""
     offsets, data = string_buffers(text.fill_null(""))
-    counts = quality_counts(offsets, data, *TABLE.cover(offsets, data), *stop_word_buffers(stop_words))
-    c = dict(zip(COUNTS, counts)) | dict(zip(LAYOUT_COUNTS, layout_counts(offsets, data)))
+    props, fold = TABLE.cover(offsets, data)
+    counts = quality_counts(offsets, data, props, fold, *stop_word_buffers(stop_words))
+    c = dict(zip(COUNTS, counts)) | dict(zip(LAYOUT_COUNTS, layout_counts(offsets, data, props)))
     frame = pl.DataFrame(
         {
             **{k: c[k] for k in ("tokens", "words", "alpha", "stop_words", *LAYOUT_COUNTS)},
