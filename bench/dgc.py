@@ -2,13 +2,16 @@
 
     python bench/dgc.py                                   # the demo's 150 steps, 2 gloo ranks, density 0.01
     python bench/dgc.py --density 0.01 0.05 --momentum 0.9 --warmup-steps 15
+    python bench/dgc.py --density 0.01 --momentum 0.9 --warmup-density 0.1 --warmup-steps 10 --precondition none adam
 
 Curates ``pipelines/demo.toml`` once into ``bench/_data/dgc/`` (``winnow curate``), then trains the
 demo's model on it with ``torchrun --nproc_per_node 2 -m pipelines.cli train``: uncompressed DDP
 (the demo's AdamW) and one top-k run per ``--density``, the same steps, data and seed. The demo's
 ``[train.attribution]`` is left out (it needs each step's whole gradient; top-k refuses it). With
 ``--momentum`` > 0 (momentum correction) the top-k runs move AdamW's first moment into the
-compression: ``betas = [0.0, beta2]``. All runs go at once: nothing here is timed.
+compression: ``betas = [0.0, beta2]``. ``--precondition none adam`` runs each top-k setting both ways: AdamW
+after the exchange, or its scaling before it (``[train.parallel.topk] precondition``). All runs go at
+once: nothing here is timed.
 
 Printed per top-k run: the bytes each rank sends per step (the trainer's ``comm.bytes_sent`` in
 ``metrics.jsonl``: the gradient exchange and the trainer's few scalar all-reduces), over the whole
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -154,22 +158,31 @@ def main() -> None:
         choices=["float32", "bfloat16"],
         help="one run per density and each",
     )
+    ap.add_argument(
+        "--precondition",
+        nargs="+",
+        default=["none"],
+        choices=["none", "adam"],
+        help="one run per density and each: 'adam' moves AdamW's moments before the exchange",
+    )
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, ROOT), *sys.argv[1:]])
     shards = curated()
     runs = {"uncompressed": ({}, None)}
     for density in args.density:
-        for value_dtype in args.value_dtype:
+        for value_dtype, precondition in itertools.product(args.value_dtype, args.precondition):
             topk = {
                 "density": density,
                 "warmup_density": max(args.warmup_density, density),
                 "warmup_steps": args.warmup_steps,
                 "momentum": args.momentum,
                 "value_dtype": value_dtype,
+                "precondition": precondition,
             }
             optim = {"betas": [0.0, OptimConfig().betas[1]]} if args.momentum else None
             name = f"topk {density:g}" + (f" {value_dtype}" if len(args.value_dtype) > 1 else "")
+            name += f" {precondition}" if len(args.precondition) > 1 else ""
             runs[name] = ({"compression": "topk", "topk": topk}, optim)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
@@ -187,7 +200,7 @@ def main() -> None:
     print(f"command: {command}")
     print(
         f"demo model and data, 2 gloo ranks, {args.steps} steps; top-k warm-up from {args.warmup_density} over "
-        f"{args.warmup_steps} steps, momentum correction {args.momentum}"
+        f"{args.warmup_steps} steps, momentum correction {args.momentum}, precondition {' / '.join(args.precondition)}"
     )
     for name, r in got.items():
         print(

@@ -48,6 +48,7 @@ def build_model(cfg: TrainConfig, parallel: Parallel) -> tuple[Transformer, torc
         compile=cfg.compile,
         seed=cfg.seed,
         grad_clip=cfg.optim.grad_clip,
+        adam=(cfg.optim.betas[1], cfg.optim.eps),
     )
     return model, net
 
@@ -83,7 +84,10 @@ def build_trainer(
         from winnow.train.parallel.pipeline import check_pipeline_run
 
         check_pipeline_run(cfg, attribution=attributing)
-    optimizer = build_optimizer(model, cfg.optim)
+    compression = parallel.compression
+    optimizer = build_optimizer(
+        model, cfg.optim, preconditioned=compression is not None and compression.cfg.precondition == "adam"
+    )
     scheduler = build_scheduler(
         optimizer, cfg.optim, cfg.steps, start_factor=init.start_factor(cfg.optim) if init else 0.0
     )

@@ -130,6 +130,20 @@ class TrainConfig:
                 "'none' with train.attribution "
                 "(its split needs the step's whole gradient; a top-k step applies parts of earlier ones)",
             )
+            _check(
+                self.parallel.topk.precondition == "none" or self.optim.name == "adamw",
+                "parallel.topk.precondition",
+                self.parallel.topk.precondition,
+                f"'none' with train.optim.name = {self.optim.name!r} (it moves AdamW's moments before the exchange)",
+            )
+            _check(
+                self.parallel.topk.precondition == "none" or not self.init_optimizer,
+                "parallel.topk.precondition",
+                self.parallel.topk.precondition,
+                "'none' with train.init_optimizer = true (each rank keeps its own second moment and the step after "
+                "the exchange has no state, so the base run's AdamW moments have nowhere to go); set "
+                "init_optimizer = false",
+            )
             momentum = self.parallel.topk.momentum
             _check(
                 not momentum or self.optim.betas[0] == 0,

@@ -112,8 +112,16 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, *, preconditioned: bool = False) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over ``model``'s parameter groups.
+
+    ``preconditioned``: the gradient arrives as AdamW's step direction already (top-k compression with
+    ``precondition = "adam"`` moves both moments before the exchange), so what is left of AdamW is
+    ``p ← p·(1 - lr·wd) - lr·g``: SGD without momentum, whose weight decay is then the decoupled one.
+    """
     groups = param_groups(model, cfg)
+    if preconditioned:
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.0, weight_decay=cfg.weight_decay)
     betas = (cfg.betas[0], cfg.betas[1])
     if cfg.name == "lamb":
         return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)

@@ -40,10 +40,10 @@ def group(tmp_path):
     dist.destroy_process_group()
 
 
-def _wrapped(group, *, grad_clip: float = 0.0, bucket_mb: float = 25, **cfg):
+def _wrapped(group, *, grad_clip: float = 0.0, bucket_mb: float = 25, adam=(0.95, 1e-8), **cfg):
     model = Known()
     timer = CommTimer()
-    comp = TopKCompression(TopKConfig(**cfg), model, group=group, timer=timer, grad_clip=grad_clip)
+    comp = TopKCompression(TopKConfig(**cfg), model, group=group, timer=timer, grad_clip=grad_clip, adam=adam)
     ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_mb)
     comp.register(ddp)
     return model, ddp, comp, timer
@@ -73,6 +73,7 @@ def _inputs(steps: int, scale: float = 1.0):
         ({"warmup_steps": -1}, "warmup_steps"),
         ({"momentum": 1.0}, "momentum"),
         ({"value_dtype": "float16"}, "value_dtype"),
+        ({"precondition": "sgd"}, "precondition"),
     ],
 )
 def test_bad_topk_settings_name_the_key(kw, key):
@@ -88,6 +89,29 @@ def test_bad_topk_settings_name_the_key(kw, key):
 def test_topk_outside_plain_ddp_is_refused_naming_the_key(kw):
     with pytest.raises(ConfigError, match=r"train\.parallel\.compression = "):
         ParallelConfig(**{"compression": "topk", **kw})
+
+
+def test_adam_preconditioning_with_expert_parallel_or_lamb_is_refused_naming_the_key():
+    adam = TopKConfig(precondition="adam")
+    with pytest.raises(ConfigError, match=r"train\.parallel\.topk\.precondition = 'adam' .*ep > 1"):
+        ParallelConfig(compression="topk", topk=adam, ep=2)
+    ParallelConfig(compression="topk", topk=TopKConfig(), ep=2)  # the experts' own reduction feeds the same AdamW
+    with pytest.raises(JobFileError, match=r"train\.parallel\.topk\.precondition = 'adam' .*'lamb'"):
+        build_config(
+            TrainConfig,
+            {"parallel": {"compression": "topk", "topk": {"precondition": "adam"}}, "optim": {"name": "lamb"}},
+            "job.toml [train]",
+        )
+    with pytest.raises(JobFileError, match=r"train\.parallel\.topk\.precondition = 'adam' .*init_optimizer"):
+        build_config(
+            TrainConfig,
+            {
+                "parallel": {"compression": "topk", "topk": {"precondition": "adam"}},
+                "init_from": "base/checkpoints",
+                "init_optimizer": True,
+            },
+            "job.toml [train]",
+        )
 
 
 def test_a_job_file_density_out_of_range_topk_with_fp16_or_attribution_and_double_momentum_are_refused():
@@ -205,6 +229,49 @@ def test_momentum_correction_and_masking_follow_the_paper(group):
     assert torch.equal(comp.residual["w"], v) and torch.equal(comp.velocity["w"], u)
 
 
+def test_adam_preconditioning_then_the_plain_step_is_adamw(group):
+    """Density 1 on one rank: the hook's direction and build_optimizer's plain step move the weights as AdamW
+    (β1 = 0, its moment moved into the velocity) does on the raw gradients, weight decay included."""
+    from winnow.train.optim import OptimConfig, build_optimizer
+
+    cfg = OptimConfig(lr=0.05, betas=(0.0, 0.9), weight_decay=0.1, eps=1e-8)
+    model, ddp, _, _ = _wrapped(group, density=1.0, warmup_density=1.0, precondition="adam", adam=(0.9, 1e-8))
+    plain = Known()
+    model.w.data.normal_(generator=torch.Generator().manual_seed(2))
+    model.b.data.normal_(generator=torch.Generator().manual_seed(3))
+    plain.load_state_dict(model.state_dict())
+    step, adamw = build_optimizer(model, cfg, preconditioned=True), build_optimizer(plain, cfg)
+    assert isinstance(step, torch.optim.SGD) and isinstance(adamw, torch.optim.AdamW)
+    for x, y in _inputs(8):
+        _step(model, ddp, x, y)
+        step.step()
+        plain.zero_grad(set_to_none=True)
+        plain(x, y).backward()
+        adamw.step()
+    for name, param in plain.named_parameters():
+        assert getattr(model, name).detach() == pytest.approx(param.detach(), abs=1e-5)
+    assert plain.b.detach().abs().sum() > 0
+
+
+def test_adam_preconditioning_accumulates_adams_momentum_of_the_directions_unmasked(group):
+    """With momentum and ``precondition = "adam"`` the velocity is AdamW's first moment of the scaled gradient and
+    keeps decaying after a send (as AdamW's does), so over time every gradient is applied at its full weight."""
+    m, b2, eps, density = 0.9, 0.95, 0.5, 0.2  # a large eps: Adam's first directions are signs, all tied
+    model, ddp, comp, _ = _wrapped(group, density=density, momentum=m, precondition="adam", adam=(b2, eps))
+    s, u, v = torch.zeros(40), torch.zeros(40), torch.zeros(40)  # for w alone
+    for t, (x, y) in enumerate(_inputs(6), start=1):
+        got = _step(model, ddp, x, y)["w"]
+        s = b2 * s + (1 - b2) * x * x
+        u = m * u + (1 - m) * x / ((s / (1 - b2**t)).sqrt() + eps)
+        v = v + u
+        top = v.abs().topk(math.ceil(density * 40)).indices
+        want = torch.zeros(40)
+        want[top] = v[top]
+        assert got == pytest.approx(want, abs=1e-6)
+        v[top] = 0  # sent; the velocity stays
+    assert comp.velocity["w"] == pytest.approx(u, abs=1e-6) and comp.moment["w"] == pytest.approx(s, abs=1e-7)
+
+
 def test_each_rank_clips_its_gradient_before_accumulating(group):
     model, ddp, comp, _ = _wrapped(group, density=0.1, grad_clip=1.0)
     x, y = _inputs(1, scale=10.0)[0]
@@ -227,19 +294,22 @@ def test_a_non_finite_step_changes_nothing_and_gives_nan(group):
     assert _step(model, ddp, x2, y2)["w"].isfinite().all()
 
 
-def test_state_dict_and_dcp_shards_restore_the_exchange_exactly(group, tmp_path):
+@pytest.mark.parametrize("precondition", ["none", "adam"])
+def test_state_dict_and_dcp_shards_restore_the_exchange_exactly(group, tmp_path, precondition):
     import torch.distributed.checkpoint as dcp
 
     steps = _inputs(6)
-    model, ddp, comp, _ = _wrapped(group, density=0.1, momentum=0.9, warmup_steps=4)
+    cfg = {"density": 0.1, "momentum": 0.9, "warmup_steps": 4, "precondition": precondition}
+    model, ddp, comp, _ = _wrapped(group, **cfg)
     want = [_step(model, ddp, x, y) for x, y in steps]
     coords = {"dp_rank": 0, "tp_rank": 0, "tp_size": 1}
-    model, ddp, comp, _ = _wrapped(group, density=0.1, momentum=0.9, warmup_steps=4)
+    model, ddp, comp, _ = _wrapped(group, **cfg)
     for x, y in steps[:3]:
         _step(model, ddp, x, y)
+    assert bool(comp.moment) == (precondition == "adam")
     dcp.save(comp.shards(**coords), checkpoint_id=str(tmp_path / "ckpt"))
     for restore in ("state_dict", "dcp"):
-        model, ddp, fresh, _ = _wrapped(group, density=0.1, momentum=0.9, warmup_steps=4)
+        model, ddp, fresh, _ = _wrapped(group, **cfg)
         if restore == "dcp":
             fresh.load_shards(tmp_path / "ckpt", **coords)
         else:
@@ -287,8 +357,10 @@ def test_density_one_equals_plain_ddp(tmp_path, layout):
 
 
 @pytest.mark.slow
-def test_a_resumed_topk_run_continues_exactly_and_reports_bytes(tmp_path):
-    topk = {"compression": "topk", "topk": TopKConfig(density=0.05, warmup_steps=3, momentum=0.9)}
+@pytest.mark.parametrize("precondition", ["none", "adam"])
+def test_a_resumed_topk_run_continues_exactly_and_reports_bytes(tmp_path, precondition):
+    cfg = TopKConfig(density=0.05, warmup_steps=3, momentum=0.9, precondition=precondition)
+    topk = {"compression": "topk", "topk": cfg}
     whole = spawn({"run_dir": str(tmp_path / "whole"), "steps": 6, "parallel": topk}, tmp_path / "whole.json")
     first = spawn(
         {"run_dir": str(tmp_path / "run"), "steps": 6, "stop_after": 3, "parallel": topk}, tmp_path / "first.json"

@@ -7,7 +7,7 @@ entries of its accumulated gradient with the largest magnitudes and keep the res
     u ← m·u + g                    momentum correction: the velocity accumulates, not the gradient
     v ← v + u                      local gradient accumulation (error feedback)
     send the top k = ⌈density·n⌉ of |v| as values and indices; there v ← v - sent (0 but for the
-    values' rounding) and u ← 0 (momentum factor masking)
+    values' rounding) and u ← 0 (momentum factor masking; not with ``precondition = "adam"``, below)
 
 Every rank all-gathers every rank's values and indices and scatter-adds them in rank order: the
 sum of the sparse messages divided by the ranks is the step's gradient, the same bits on every
@@ -20,6 +20,24 @@ sent value kept in the residual like the entries not sent. The density starts at
 ``warmup_density`` and decreases exponentially to ``density`` over ``warmup_steps`` exchanges (the
 paper's warm-up, per step rather than per epoch); ``TopKConfig.density_at``.
 
+Adam preconditioning (``precondition = "adam"``): fed to AdamW, the exchanged gradient arrives in
+spikes, a coordinate's withheld sum at once every so many steps; AdamW's second moment grows with the
+spikes' squares and its step over those steps shrinks (to about √K of K steps' worth for an entry
+sent every K-th step). With preconditioning each rank applies AdamW's per-coordinate scaling to its
+own gradient before the accumulation,
+
+    s ← β2·s + (1 - β2)·g²         this rank's second moment (the optimizer's β2 and eps)
+    g ← (1 - m)·g / (√(s / (1 - β2^t)) + eps)
+
+so what accumulates, waits and is sent is AdamW's step direction (the velocity ``u`` is its first
+moment ``m / √v̂``), and the optimizer after the exchange only applies the learning rate and the decoupled
+weight decay: ``p ← p·(1 - lr·wd) - lr·g`` (``build_optimizer(..., preconditioned=True)``). The velocity
+is not masked here: like AdamW's first moment it goes on decaying after a send, so each gradient is
+applied at its whole weight, ``(1 - m)·Σ m^j = 1``, however its part of the sum was split over sends
+(masking would drop the momentum of the entries sent most often, the ones that matter most). The
+ranks' second moments differ (each sees its own batch), which changes what each contributes but not
+the agreement of the step: every rank applies the same exchanged sum.
+
 Clipping: gradient clipping after the exchange would scale what earlier steps withheld as well,
 and the clipped part would be lost; as in the paper, each rank clips its own gradient before
 accumulating it, and the trainer measures the exchanged gradient's norm without clipping it again.
@@ -29,7 +47,7 @@ so a rank clips at ``grad_clip · √N`` (the paper's ``N^(-1/2)`` on a rank's s
 
 The hook sees DDP's buckets one by one; the clipping needs the norm of the whole local gradient,
 so the buckets wait until the last one arrives (``GradBucket.is_last``; DDP launches buckets in
-order) and the whole model's top-k goes out in one ``all_gather``. The state (``u``, ``v`` per
+order) and the whole model's top-k goes out in one ``all_gather``. The state (``u``, ``v`` and ``s`` per
 parameter, and the exchange count that drives the warm-up) is per rank; checkpoints keep each
 rank's through DCP (``shards`` / ``load_shards``), so a resumed run continues exactly.
 
@@ -64,8 +82,18 @@ def _padded(nbytes: int) -> int:
 class TopKCompression:
     """One rank's DGC state and its DDP hook (``register`` it on the ``DistributedDataParallel``)."""
 
-    def __init__(self, cfg: TopKConfig, model: nn.Module, *, group, timer: CommTimer, grad_clip: float = 0.0) -> None:
+    def __init__(
+        self,
+        cfg: TopKConfig,
+        model: nn.Module,
+        *,
+        group,
+        timer: CommTimer,
+        grad_clip: float = 0.0,
+        adam: tuple[float, float] = (0.95, 1e-8),
+    ) -> None:
         self.cfg, self.group, self.timer = cfg, group, timer
+        self.beta2, self.eps = adam  # the optimizer's, for precondition = "adam"
         self.world = dist.get_world_size(group)
         self.clip = grad_clip * math.sqrt(self.world) if grad_clip > 0 else math.inf
         self._names = {id(p): name for name, p in model.named_parameters()}
@@ -73,6 +101,7 @@ class TopKCompression:
         self.step = 0  # exchanges so far: where the warm-up stands
         self.velocity: dict[str, torch.Tensor] = {}  # u, flat, per parameter
         self.residual: dict[str, torch.Tensor] = {}  # v, flat, per parameter
+        self.moment: dict[str, torch.Tensor] = {}  # s, Adam's second moment of this rank's gradient (precondition)
         self._waiting: list[tuple[torch.Tensor, list[nn.Parameter], torch.futures.Future]] = []
 
     def register(self, ddp: nn.parallel.DistributedDataParallel) -> None:
@@ -107,6 +136,7 @@ class TopKCompression:
         scale = min(1.0, self.clip / (float(norm) + 1e-6)) if finite else 1.0  # torch's clip_grad_norm_ factor
         density = self.cfg.density_at(self.step)
         self.step += 1
+        bias = 1 - self.beta2**self.step  # Adam's bias correction of the second moment
         value_dtype = _VALUE_DTYPES[self.cfg.value_dtype]
         parts, offset = [], 0  # per parameter: (name, new u, new v, its top-k indices, the values sent)
         values, indices = [], []
@@ -117,10 +147,13 @@ class TopKCompression:
                 g = buffer[start : start + n]
                 start += n
                 name = self._names[id(p)]
-                u, v = self._accumulate(name, g * scale if scale < 1 else g)
+                g = g * scale if scale < 1 else g
+                if self.cfg.precondition == "adam":
+                    g, s = self._precondition(name, g, bias)
+                u, v = self._accumulate(name, g)
                 top = v.abs().topk(min(n, max(1, math.ceil(density * n))), sorted=False).indices
                 sent = v[top].to(value_dtype)
-                parts.append((name, u, v, top, sent))
+                parts.append((name, u, v, s if self.cfg.precondition == "adam" else None, top, sent))
                 values.append(sent)
                 indices.append(top + offset)
                 offset += n
@@ -152,6 +185,20 @@ class TopKCompression:
             return results[-1]
 
         return work.get_future().then(done)
+
+    def _precondition(self, name: str, g: torch.Tensor, bias: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adam's step direction from this rank's gradient, and the new second moment (a new tensor, as below).
+
+        ``(1 - m) · g / (√(s / bias) + eps)`` with ``s ← β2·s + (1 - β2)·g²``: the velocity ``u`` then
+        settles at Adam's ``m̂ / (√v̂ + eps)`` and the optimizer after the exchange only scales it by the
+        learning rate (``build_optimizer(..., preconditioned=True)``).
+        """
+        s = self.moment.get(name)
+        if s is None:
+            s = self.moment[name] = torch.zeros_like(g)
+        s = torch.addcmul(s * self.beta2, g, g, value=1 - self.beta2)
+        direction = g / (s.div(bias).sqrt_().add_(self.eps))
+        return direction.mul_(1 - self.cfg.momentum) if self.cfg.momentum else direction, s
 
     def _accumulate(self, name: str, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The new velocity and residual of one parameter (new tensors: a step that is not committed leaves the old)."""
@@ -193,7 +240,7 @@ class TopKCompression:
     ) -> torch.Tensor:
         """Every rank's message scatter-added into the mean gradient; commits this rank's state when all are finite."""
         blocks, count_bytes, low_bytes, value_bytes = layout
-        k = sum(top.numel() for _, _, _, top, _ in parts)
+        k = sum(top.numel() for *_, top, _ in parts)
         if not bool(rows[:, -1].all()):  # some rank's gradient overflowed: nothing is committed, the step is skipped
             return torch.full((total,), float("nan"), dtype=dtype, device=rows.device)
         flat = torch.zeros(total, dtype=dtype, device=rows.device)
@@ -206,28 +253,37 @@ class TopKCompression:
             idx = first.repeat_interleave(counts.long(), output_size=k) + (low.long() + (1 << (_BLOCK_BITS - 1)))
             flat.index_add_(0, idx, val.to(dtype))
         flat.div_(self.world)
-        for name, u, v, top, sent in parts:
+        for name, u, v, s, top, sent in parts:
             v[top] -= sent.to(v.dtype)  # zero where the value went exactly; its rounding otherwise
             self.residual[name] = v
+            if s is not None:
+                self.moment[name] = s
             if self.cfg.momentum:
-                u[top] = 0  # momentum factor masking: a sent entry's velocity does not push it again
+                if s is None:
+                    u[top] = 0  # momentum factor masking: a sent entry's velocity does not push it again
                 self.velocity[name] = u
         return flat
 
     # ---- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This rank's state: the exchange count and each parameter's velocity and residual."""
-        return {"step": self.step, "velocity": dict(self.velocity), "residual": dict(self.residual)}
+        return {
+            "step": self.step,
+            "velocity": dict(self.velocity),
+            "residual": dict(self.residual),
+            "moment": dict(self.moment),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self.velocity = {k: v.to(self._device, copy=True) for k, v in state["velocity"].items()}
         self.residual = {k: v.to(self._device, copy=True) for k, v in state["residual"].items()}
+        self.moment = {k: v.to(self._device, copy=True) for k, v in state.get("moment", {}).items()}
 
     def shards(self, *, dp_rank: int, tp_rank: int, tp_size: int) -> dict:
         """This rank's state as DCP entries: its own keys (``compression.<tp>.<dp>.…``) and the shared count."""
         out = {f"{_PREFIX}.step": torch.tensor(self.step), f"{_PREFIX}.ranks": torch.tensor([self.world, tp_size])}
-        for kind, tensors in (("velocity", self.velocity), ("residual", self.residual)):
+        for kind, tensors in (("velocity", self.velocity), ("residual", self.residual), ("moment", self.moment)):
             for name, tensor in tensors.items():
                 out[f"{_PREFIX}.{tp_rank}.{dp_rank}.{kind}.{name}"] = tensor
         return out
@@ -265,13 +321,13 @@ class TopKCompression:
                 tp_size,
             )
         dcp.load(wanted, folder)  # a collective, even where this rank wants nothing
-        state = {"step": int(counts[f"{_PREFIX}.step"]), "velocity": {}, "residual": {}}
+        state = {"step": int(counts[f"{_PREFIX}.step"]), "velocity": {}, "residual": {}, "moment": {}}
         for key, tensor in wanted.items():
             kind, name = key.split(".", 4)[3:]
             into = state[kind]
             into[name] = into[name] + tensor if name in into else tensor
         factor = self.world / saved_dp
-        for kind in ("velocity", "residual"):
+        for kind in ("velocity", "residual", "moment"):  # the moments' mean: summed over N/M saved ranks, times M/N
             state[kind] = {name: t * factor if factor != 1 else t for name, t in state[kind].items()}
         self.load_state_dict(state)
 

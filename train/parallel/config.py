@@ -63,6 +63,10 @@ class TopKConfig:
     warmup_steps: int = 0  # steps over which the density decreases exponentially to `density` (0: none)
     momentum: float = 0.0  # momentum correction: each rank accumulates u = m·u + g (needs optim.betas[0] = 0)
     value_dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: half the value bytes, the rounding kept
+    # "adam": each rank divides its gradient by the root of its own Adam second moment before the
+    # accumulation, and the optimizer after the exchange is a plain step (see compression.py); "none":
+    # the exchanged gradient goes to the optimizer as it is
+    precondition: Literal["none", "adam"] = "none"
 
     def __post_init__(self) -> None:
         for key in ("density", "warmup_density"):
@@ -83,6 +87,10 @@ class TopKConfig:
             )
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             raise ConfigError(f"train.parallel.topk.momentum = {self.momentum!r} is invalid; allowed: 0 <= value < 1")
+        if self.precondition not in ("none", "adam"):
+            raise ConfigError(
+                f"train.parallel.topk.precondition = {self.precondition!r} is invalid; allowed: 'none', 'adam'"
+            )
         if self.value_dtype not in ("float32", "bfloat16"):
             raise ConfigError(
                 f"train.parallel.topk.value_dtype = {self.value_dtype!r} is invalid; allowed: 'float32', 'bfloat16'"
@@ -197,6 +205,13 @@ class ParallelConfig:
                 "compression",
                 self.compression,
                 "'none' with powersgd_rank > 0 (PowerSGD and top-k are alternatives; set powersgd_rank = 0)",
+            )
+            _check(
+                self.topk.precondition == "none" or self.ep == 1,
+                "topk.precondition",
+                self.topk.precondition,
+                "'none' with ep > 1 (the expert-parallel experts are reduced outside the DDP hook that "
+                "preconditions, yet would share its plain optimizer step)",
             )
 
     def resolve(self, world_size: int, *, n_experts: int = 0) -> MeshDims:

@@ -94,6 +94,7 @@ class Parallel:
         compile: bool = False,
         seed: int = 0,
         grad_clip: float = 0.0,
+        adam: tuple[float, float] = (0.95, 1e-8),
     ) -> nn.Module:
         """Apply this run's layout to the plain ``model`` in place; returns the module to call forward on.
 
@@ -107,7 +108,8 @@ class Parallel:
         activation checkpointing, compile, FSDP2. DDP, when the data-parallel ranks replicate, wraps the model
         last (the stages at their first step): its ``dp`` group leaves out the tp ranks, which hold
         different parts and share their batches. ``grad_clip`` (the trainer's max norm): top-k compression
-        (``compression = "topk"``, a hook on that DDP) clips each rank's gradient before accumulating it.
+        (``compression = "topk"``, a hook on that DDP) clips each rank's gradient before accumulating it;
+        ``adam``: the optimizer's β2 and eps, with which it preconditions it (``topk.precondition = "adam"``).
         """
         from winnow.train.parallel.parallelize import parallelize
 
@@ -136,7 +138,7 @@ class Parallel:
             from winnow.train.parallel.compression import TopKCompression
 
             self.compression = TopKCompression(
-                self.cfg.topk, model, group=world.dp_group, timer=self.comm, grad_clip=grad_clip
+                self.cfg.topk, model, group=world.dp_group, timer=self.comm, grad_clip=grad_clip, adam=adam
             )
         return wrap_ddp(model, world, self.cfg, self.comm, ignore=self.experts, compression=self.compression)
 
