@@ -84,10 +84,10 @@ def build_trainer(
         from winnow.train.parallel.pipeline import check_pipeline_run
 
         check_pipeline_run(cfg, attribution=attributing)
-    compression = parallel.compression
-    optimizer = build_optimizer(
-        model, cfg.optim, preconditioned=compression is not None and compression.cfg.precondition == "adam"
-    )
+    compression, preconditioned = parallel.compression, frozenset()
+    if compression is not None and compression.cfg.precondition == "adam":  # what goes through its DDP hook
+        preconditioned = frozenset(name for name, _ in model.named_parameters()) - set(parallel.experts)
+    optimizer = build_optimizer(model, cfg.optim, preconditioned=preconditioned)
     scheduler = build_scheduler(
         optimizer, cfg.optim, cfg.steps, start_factor=init.start_factor(cfg.optim) if init else 0.0
     )

@@ -65,19 +65,30 @@ class OptimConfig:
         _check(self.rewarm_from in ("zero", "current"), "rewarm_from", self.rewarm_from, "'zero' or 'current'")
 
 
-def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
-    """Two groups: matrices decay; norms, biases (and embeddings unless asked) do not."""
-    decay, no_decay, seen = [], [], set()
+def param_groups(model: nn.Module, cfg: OptimConfig, *, preconditioned: frozenset[str] = frozenset()) -> list[dict]:
+    """Two groups: matrices decay; norms, biases (and embeddings unless asked) do not.
+
+    With ``preconditioned`` (names of parameters), each group splits in two by whether its parameters are
+    among them: a group's ``preconditioned`` flag tells ``PreconditionedAdamW`` how to step it.
+    """
+    groups: dict[tuple[bool, bool], list] = {}
+    seen = set()
     for name, param in model.named_parameters():
         if not param.requires_grad or id(param) in seen:  # tied weights appear twice
             continue
         seen.add(id(param))
         is_embedding = name.startswith("embed.")
-        if param.ndim >= 2 and (cfg.decay_embeddings or not is_embedding):
-            decay.append(param)
-        else:
-            no_decay.append(param)
-    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = param.ndim >= 2 and (cfg.decay_embeddings or not is_embedding)
+        groups.setdefault((decays, name in preconditioned), []).append(param)
+    if not preconditioned:
+        return [
+            {"params": groups.get((True, False), []), "weight_decay": cfg.weight_decay},
+            {"params": groups.get((False, False), []), "weight_decay": 0.0},
+        ]
+    return [
+        {"params": params, "weight_decay": cfg.weight_decay if decays else 0.0, "preconditioned": pre}
+        for (decays, pre), params in sorted(groups.items(), reverse=True)
+    ]
 
 
 class Lamb(torch.optim.Optimizer):
@@ -112,17 +123,58 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, *, preconditioned: bool = False) -> torch.optim.Optimizer:
+class PreconditionedAdamW(torch.optim.Optimizer):
+    """AdamW whose parameters in a ``preconditioned`` group receive AdamW's step direction as their gradient.
+
+    Top-k compression with ``precondition = "adam"`` moves AdamW's moments before the exchange
+    (``train.parallel.compression``): what is left for those parameters is ``p ← p·(1 - lr·wd) - lr·g``.
+    Parameters outside the exchange (expert-parallel experts, reduced beside DDP) step as AdamW.
+    """
+
+    def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "preconditioned": True}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]  # every parameter has one (a checkpoint's loader wants it): its step count
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    if not group["preconditioned"]:
+                        state["exp_avg"] = torch.zeros_like(p)
+                        state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                p.mul_(1 - lr * wd)
+                if group["preconditioned"]:
+                    p.add_(p.grad, alpha=-lr)
+                    continue
+                t = state["step"].item()
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
+                p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1**t))
+        return loss
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, *, preconditioned: frozenset[str] = frozenset()
+) -> torch.optim.Optimizer:
     """``cfg``'s optimizer over ``model``'s parameter groups.
 
-    ``preconditioned``: the gradient arrives as AdamW's step direction already (top-k compression with
-    ``precondition = "adam"`` moves both moments before the exchange), so what is left of AdamW is
-    ``p ← p·(1 - lr·wd) - lr·g``: SGD without momentum, whose weight decay is then the decoupled one.
+    ``preconditioned``: the names of the parameters whose gradient arrives as AdamW's step direction
+    already (top-k compression with ``precondition = "adam"``): ``PreconditionedAdamW`` then.
     """
-    groups = param_groups(model, cfg)
-    if preconditioned:
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.0, weight_decay=cfg.weight_decay)
+    groups = param_groups(model, cfg, preconditioned=preconditioned)
     betas = (cfg.betas[0], cfg.betas[1])
+    if preconditioned:
+        return PreconditionedAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.name == "lamb":
         return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     # the fused kernel (CPU and CUDA) reads and writes each parameter's state once: on 2 CPU cores it

@@ -31,7 +31,7 @@ own gradient before the accumulation,
 
 so what accumulates, waits and is sent is AdamW's step direction (the velocity ``u`` is its first
 moment ``m / √v̂``), and the optimizer after the exchange only applies the learning rate and the decoupled
-weight decay: ``p ← p·(1 - lr·wd) - lr·g`` (``build_optimizer(..., preconditioned=True)``). The velocity
+weight decay: ``p ← p·(1 - lr·wd) - lr·g`` (``train.optim.PreconditionedAdamW``). The velocity
 is not masked here: like AdamW's first moment it goes on decaying after a send, so each gradient is
 applied at its whole weight, ``(1 - m)·Σ m^j = 1``, however its part of the sum was split over sends
 (masking would drop the momentum of the entries sent most often, the ones that matter most). The
@@ -191,7 +191,7 @@ class TopKCompression:
 
         ``(1 - m) · g / (√(s / bias) + eps)`` with ``s ← β2·s + (1 - β2)·g²``: the velocity ``u`` then
         settles at Adam's ``m̂ / (√v̂ + eps)`` and the optimizer after the exchange only scales it by the
-        learning rate (``build_optimizer(..., preconditioned=True)``).
+        learning rate (``train.optim.PreconditionedAdamW``).
         """
         s = self.moment.get(name)
         if s is None:

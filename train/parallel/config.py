@@ -206,13 +206,6 @@ class ParallelConfig:
                 self.compression,
                 "'none' with powersgd_rank > 0 (PowerSGD and top-k are alternatives; set powersgd_rank = 0)",
             )
-            _check(
-                self.topk.precondition == "none" or self.ep == 1,
-                "topk.precondition",
-                self.topk.precondition,
-                "'none' with ep > 1 (the expert-parallel experts are reduced outside the DDP hook that "
-                "preconditions, yet would share its plain optimizer step)",
-            )
 
     def resolve(self, world_size: int, *, n_experts: int = 0) -> MeshDims:
         """The degrees for a launch of ``world_size`` processes; ConfigErrors say what does not fit and what would."""
