@@ -137,6 +137,14 @@ class TrainConfig:
                 f"'none' with train.optim.name = {self.optim.name!r} (it moves AdamW's moments before the exchange)",
             )
             _check(
+                self.parallel.topk.precondition == "none" or self.optim.betas[0] == 0,
+                "parallel.topk.precondition",
+                self.parallel.topk.precondition,
+                f"'none' while train.optim.betas[0] = {self.optim.betas[0]} (AdamW's first moment moves before the "
+                "exchange with it, where train.parallel.topk.momentum sets it); set train.optim.betas = "
+                f"[0.0, {self.optim.betas[1]}] and train.parallel.topk.momentum = {self.optim.betas[0]}",
+            )
+            _check(
                 self.parallel.topk.precondition == "none" or not self.init_optimizer,
                 "parallel.topk.precondition",
                 self.parallel.topk.precondition,

@@ -91,11 +91,24 @@ def test_topk_outside_plain_ddp_is_refused_naming_the_key(kw):
         ParallelConfig(**{"compression": "topk", **kw})
 
 
-def test_adam_preconditioning_with_lamb_or_a_base_runs_optimizer_is_refused_naming_the_key():
+def test_adam_preconditioning_with_lamb_a_base_runs_optimizer_or_adams_own_momentum_is_refused_naming_the_key():
+    with pytest.raises(JobFileError, match=r"train\.parallel\.topk\.precondition = 'adam' .*betas\[0\] = 0\.9"):
+        build_config(TrainConfig, {"parallel": {"compression": "topk", "topk": {"precondition": "adam"}}}, "job.toml")
+    build_config(
+        TrainConfig,
+        {
+            "parallel": {"compression": "topk", "topk": {"precondition": "adam", "momentum": 0.9}},
+            "optim": {"betas": [0, 0.95]},
+        },
+        "job.toml",
+    )
     with pytest.raises(JobFileError, match=r"train\.parallel\.topk\.precondition = 'adam' .*'lamb'"):
         build_config(
             TrainConfig,
-            {"parallel": {"compression": "topk", "topk": {"precondition": "adam"}}, "optim": {"name": "lamb"}},
+            {
+                "parallel": {"compression": "topk", "topk": {"precondition": "adam"}},
+                "optim": {"name": "lamb", "betas": [0, 0.95]},
+            },
             "job.toml [train]",
         )
     with pytest.raises(JobFileError, match=r"train\.parallel\.topk\.precondition = 'adam' .*init_optimizer"):
@@ -103,6 +116,7 @@ def test_adam_preconditioning_with_lamb_or_a_base_runs_optimizer_is_refused_nami
             TrainConfig,
             {
                 "parallel": {"compression": "topk", "topk": {"precondition": "adam"}},
+                "optim": {"betas": [0, 0.95]},
                 "init_from": "base/checkpoints",
                 "init_optimizer": True,
             },
