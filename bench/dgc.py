@@ -10,8 +10,8 @@ demo's model on it with ``torchrun --nproc_per_node 2 -m pipelines.cli train``: 
 ``[train.attribution]`` is left out (it needs each step's whole gradient; top-k refuses it). With
 ``--momentum`` > 0 (momentum correction) the top-k runs move AdamW's first moment into the
 compression: ``betas = [0.0, beta2]``. ``--precondition none adam`` runs each top-k setting both ways: AdamW
-after the exchange, or its scaling before it (``[train.parallel.topk] precondition``). All runs go at
-once: nothing here is timed.
+after the exchange, or its scaling before it (``[train.parallel.topk] precondition``, also with
+``betas = [0.0, beta2]``: its first moment is ``--momentum``'s). All runs go at once: nothing here is timed.
 
 Printed per top-k run: the bytes each rank sends per step (the trainer's ``comm.bytes_sent`` in
 ``metrics.jsonl``: the gradient exchange and the trainer's few scalar all-reduces), over the whole
@@ -180,7 +180,7 @@ def main() -> None:
                 "value_dtype": value_dtype,
                 "precondition": precondition,
             }
-            optim = {"betas": [0.0, OptimConfig().betas[1]]} if args.momentum else None
+            optim = {"betas": [0.0, OptimConfig().betas[1]]} if args.momentum or precondition == "adam" else None
             name = f"topk {density:g}" + (f" {value_dtype}" if len(args.value_dtype) > 1 else "")
             name += f" {precondition}" if len(args.precondition) > 1 else ""
             runs[name] = ({"compression": "topk", "topk": topk}, optim)
