@@ -63,9 +63,9 @@ class TopKConfig:
     warmup_steps: int = 0  # steps over which the density decreases exponentially to `density` (0: none)
     momentum: float = 0.0  # momentum correction: each rank accumulates u = m·u + g (needs optim.betas[0] = 0)
     value_dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: half the value bytes, the rounding kept
-    # "adam": each rank divides its gradient by the root of its own Adam second moment before the
-    # accumulation, and the optimizer after the exchange is a plain step (see compression.py); "none":
-    # the exchanged gradient goes to the optimizer as it is
+    # "adam": each rank divides its gradient by the root of its own AdamW second moment before the
+    # accumulation, and the step after the exchange applies only the learning rate and weight decay;
+    # "none": AdamW steps on the exchanged gradient
     precondition: Literal["none", "adam"] = "none"
 
     def __post_init__(self) -> None:
