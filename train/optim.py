@@ -91,6 +91,22 @@ def param_groups(model: nn.Module, cfg: OptimConfig, *, preconditioned: frozense
     ]
 
 
+def _step_moments(state: dict, p: torch.Tensor, beta1: float, beta2: float, *, moments: bool = True) -> float | None:
+    """Count a step of ``p`` in its optimizer ``state`` (made at the first) and, with ``moments``, advance Adam's
+    first and second moments by its gradient; returns the step number then (None without moments)."""
+    if not state:
+        state["step"] = torch.zeros((), dtype=torch.float32)
+        if moments:
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+    state["step"] += 1
+    if not moments:
+        return None
+    state["exp_avg"].lerp_(p.grad, 1 - beta1)
+    state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+    return state["step"].item()
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB (https://arxiv.org/abs/1904.00962): Adam's update rescaled per tensor by ‖w‖ / ‖update‖."""
 
@@ -106,14 +122,7 @@ class Lamb(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = state["step"].item()
-                state["exp_avg"].lerp_(p.grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                t = _step_moments(state, p, beta1, beta2)
                 m_hat = state["exp_avg"] / (1 - beta1**t)
                 v_hat = state["exp_avg_sq"] / (1 - beta2**t)
                 update = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * p
@@ -145,19 +154,11 @@ class PreconditionedAdamW(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 state = self.state[p]  # every parameter has one (a checkpoint's loader wants it): its step count
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    if not group["preconditioned"]:
-                        state["exp_avg"] = torch.zeros_like(p)
-                        state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
+                t = _step_moments(state, p, beta1, beta2, moments=not group["preconditioned"])
                 p.mul_(1 - lr * wd)
                 if group["preconditioned"]:
                     p.add_(p.grad, alpha=-lr)
                     continue
-                t = state["step"].item()
-                state["exp_avg"].lerp_(p.grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
                 p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1**t))
         return loss

@@ -138,7 +138,7 @@ class TopKCompression:
         self.step += 1
         bias = 1 - self.beta2**self.step  # Adam's bias correction of the second moment
         value_dtype = _VALUE_DTYPES[self.cfg.value_dtype]
-        parts, offset = [], 0  # per parameter: (name, new u, new v, its top-k indices, the values sent)
+        parts, offset = [], 0  # per parameter: (name, new u, new v, new s or None, its top-k indices, the values sent)
         values, indices = [], []
         for buffer, params, _ in waiting:
             start = 0
@@ -147,13 +147,13 @@ class TopKCompression:
                 g = buffer[start : start + n]
                 start += n
                 name = self._names[id(p)]
-                g = g * scale if scale < 1 else g
+                g, s = g * scale if scale < 1 else g, None
                 if self.cfg.precondition == "adam":
                     g, s = self._precondition(name, g, bias)
                 u, v = self._accumulate(name, g)
                 top = v.abs().topk(min(n, max(1, math.ceil(density * n))), sorted=False).indices
                 sent = v[top].to(value_dtype)
-                parts.append((name, u, v, s if self.cfg.precondition == "adam" else None, top, sent))
+                parts.append((name, u, v, s, top, sent))
                 values.append(sent)
                 indices.append(top + offset)
                 offset += n
