@@ -36,8 +36,16 @@ class Known(nn.Module):
 def group(tmp_path):
     """A one-rank gloo group: DDP runs its comm hook as on many ranks."""
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    yield dist.group.WORLD
+    pg = dist.group.WORLD
+    yield pg
     dist.destroy_process_group()
+    # Kept alive: the gloo thread that ran the test's last exchange may still be finishing it, and were its
+    # reference the group's last, the group's destructor would join that thread from itself ("Resource
+    # deadlock avoided", which aborts the process).
+    _GROUPS.append(pg)
+
+
+_GROUPS: list = []
 
 
 def _wrapped(group, *, grad_clip: float = 0.0, bucket_mb: float = 25, adam=(0.95, 1e-8), **cfg):
