@@ -107,7 +107,7 @@ def compare_with_counterfactual(
             groups.setdefault(r.get("group", r["name"]), []).append(r)
     repeats = max([len(g) for g in groups.values()], default=1)
     noise = seed_noise(results, held, repeats)
-    cells = []
+    cells, compared = [], {}
     for name, runs in groups.items():
         w = np.array([runs[0]["weights"].get(s, 0.0) for s in sources])
         if w.sum() <= 0:
@@ -116,6 +116,7 @@ def compare_with_counterfactual(
         varied, factor, predicted, interval = _prediction(ratio, slope, error, q, sources, runs[0].get("varied"))
         if predicted is None:
             continue
+        compared[name] = runs
         for j, s in enumerate(held):
             mean = _mean_held_out(runs, s)
             if mean is None or reference[s] is None:
@@ -154,15 +155,69 @@ def compare_with_counterfactual(
         "variant_seeds": repeats,
         "effect_to_noise": ratio,
         "noise_ok": bool(seeds >= 3 and ratio is not None and ratio >= NOISE_MARGIN),
+        "measurement": split_half(compared, _baselines(results), held),
         "cells": frame,
     }
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ranks = pl.DataFrame({"a": a, "b": b}).select(pl.all().rank()).to_numpy()
+    return float(np.corrcoef(ranks.T)[0, 1])
+
+
+def split_half(groups: dict[str, list[dict]], base_runs: list[dict], held: list[str]) -> dict | None:
+    """How well the study's measurement agrees with itself, which caps how well any prediction can agree with it.
+
+    Each variant's seeds and the baseline's are split in two halves, every cell is measured on each half (the
+    half's variant mean minus the half's baseline mean), and the two sets of cells are rank-correlated; the
+    figure is the mean over rotations of the seeds (``split_half``). By the Spearman-Brown formula the cells
+    measured on all seeds have a reliability of about ``2r / (1 + r)``, and a perfect prediction would reach
+    about its square root (``ceiling``): a Spearman near the ceiling is as good as this study can show, one far
+    below it is the prediction's. None when the baseline or no variant has two seeds, or fewer than 3 cells."""
+    split = {name: sorted(runs, key=lambda r: r["seed"]) for name, runs in groups.items() if len(runs) >= 2}
+    base = sorted(base_runs, key=lambda r: r["seed"])
+    if len(base) < 2 or not split:
+        return None
+
+    def halves(runs: list[dict], k: int) -> tuple[list[dict], list[dict]]:
+        turned = runs[k % len(runs) :] + runs[: k % len(runs)]
+        return turned[: len(runs) // 2], turned[len(runs) // 2 :]
+
+    rhos = []
+    for kv in range(max(len(r) for r in split.values())):
+        for kb in range(len(base)):
+            base_a, base_b = halves(base, kb)
+            a, b = [], []
+            for runs in split.values():
+                runs_a, runs_b = halves(runs, kv)
+                for s in held:
+                    values = [_mean_held_out(x, s) for x in (runs_a, base_a, runs_b, base_b)]
+                    if None not in values:
+                        a.append(values[0] - values[1])
+                        b.append(values[2] - values[3])
+            if len(a) >= 3:
+                rhos.append(_spearman(np.array(a), np.array(b)))
+    rhos = [r for r in rhos if np.isfinite(r)]
+    if not rhos:
+        return None
+    r = float(np.mean(rhos))
+    whole = 2 * r / (1 + r) if r > -1 else float("nan")
+    return {"split_half": r, "splits": len(rhos), "ceiling": float(np.sqrt(whole)) if whole > 0 else 0.0}
+
+
+def measurement_text(measurement: dict) -> str:
+    """One line on how well the study's measured cells agree with themselves (``correlation.split_half``)."""
+    return (
+        f"The measurement itself: the cells measured on two halves of the seeds agree at Spearman "
+        f"{measurement['split_half']:.2f}, so a perfect prediction would reach about {measurement['ceiling']:.2f} "
+        "against all seeds' cells."
+    )
 
 
 def agreement(cells: pl.DataFrame) -> dict:
     """Spearman over the cells; on those above the seed noise, the signs that agree and the sizes within 2x."""
     if cells.height > 2:
-        ranks = cells.select(pl.col("measured").rank(), pl.col("predicted").rank()).to_numpy()
-        spearman = float(np.corrcoef(ranks.T)[0, 1])
+        spearman = _spearman(cells["measured"].to_numpy(), cells["predicted"].to_numpy())
     else:
         spearman = float("nan")
     strong = cells.filter(pl.col("above_noise"))

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from winnow.pipelines.ablate.compare import Effect, effects
-from winnow.pipelines.ablate.correlation import compare_with_counterfactual
+from winnow.pipelines.ablate.correlation import compare_with_counterfactual, measurement_text
 from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
 
 
@@ -165,6 +165,8 @@ def agreement_text(summary: dict) -> str:
             f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
             f"{part['above_noise']}, Spearman {part['spearman']:.3f} over {part['n_cells']} cells"
         )
+    if summary.get("measurement"):
+        lines.append(measurement_text(summary["measurement"]))
     return "\n".join([*lines, summary["note"]])
 
 

@@ -10,7 +10,7 @@ import pytest
 from tests.pipelines.ablate_util import SOURCES, study_toml, tiny_job
 from winnow.curate.errors import ConfigError
 from winnow.pipelines.ablate.config import AblateConfig
-from winnow.pipelines.ablate.correlation import agreement, compare_with_counterfactual
+from winnow.pipelines.ablate.correlation import agreement, compare_with_counterfactual, split_half
 from winnow.pipelines.ablate.layout import StudyLayout, load_study
 from winnow.pipelines.ablate.plan import variants
 from winnow.pipelines.ablate.sources import split_by_source
@@ -193,6 +193,68 @@ def test_a_variant_measured_with_several_seeds_is_one_cell_of_their_mean():
     )  # 2 · (1/q) · sd(-0.1, -0.14)/sqrt(2)
     sd = np.std([2.0, 2.02, 2.04], ddof=1)
     assert summary["noise"]["code"] == pytest.approx(2 * sd * np.sqrt(1 / 2 + 1 / 3)) and summary["variant_seeds"] == 2
+
+
+def _study(effects: dict[str, np.ndarray], base: dict, seeds: int, sd: float, rng) -> list[dict]:
+    """Results of a study whose variants change held-out losses by ``effects`` (per variant, per source), each run
+    with Gaussian seed noise of ``sd``: the baseline with 4 seeds, each variant with ``seeds``."""
+    names = list(base)
+    start = {s: 2.0 + i for i, s in enumerate(names)}
+
+    def held(shift):
+        return {s: start[s] + shift[i] + sd * rng.standard_normal() for i, s in enumerate(names)}
+
+    out = [_result("baseline", "baseline", 0, base, held(np.zeros(len(names))))]
+    out += [_result(f"baseline_seed{k}", "noise", k, base, held(np.zeros(len(names)))) for k in range(1, 4)]
+    for name, shift in effects.items():
+        left = name.removeprefix("without_")
+        weights = {s: w for s, w in base.items() if s != left}
+        for k in range(seeds):
+            out.append(_result(f"{name}_seed{k}" if k else name, "leave_one_out", k, weights, held(shift), group=name))
+    return out
+
+
+def test_the_measurement_says_how_well_it_agrees_with_itself():
+    """Two halves of the seeds measure the same cells: with effects far above the seed noise they rank them alike
+    (a perfect prediction could reach ~1), with no effects at all their ranks are unrelated."""
+    base = {"code": 0.4, "prose": 0.4, "docs": 0.2}
+    rng = np.random.default_rng(0)
+    effects = {f"without_{s}": rng.normal(0, 0.3, 3) for s in base}
+    strong = compare_with_counterfactual(_study(effects, base, 3, 0.001, rng), [_cf(np.eye(3) * -0.1)], base)
+    found = strong["measurement"]
+    assert found["split_half"] > 0.95 and found["ceiling"] > 0.95
+    assert found["splits"] == 3 * 4  # rotations of the variants' 3 seeds times the baseline's 4
+    rhos = []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        noise_only = {f"without_{s}": np.zeros(3) for s in base}
+        rhos.append(
+            compare_with_counterfactual(_study(noise_only, base, 3, 0.05, rng), [_cf(np.eye(3) * -0.1)], base)[
+                "measurement"
+            ]["split_half"]
+        )
+    assert abs(np.mean(rhos)) < 0.15
+    # a study with one seed per variant has no two halves to compare
+    single = compare_with_counterfactual(_study(effects, base, 1, 0.001, rng), [_cf(np.eye(3) * -0.1)], base)
+    assert single["measurement"] is None
+
+
+def test_split_half_measures_each_half_against_its_own_baseline_seeds():
+    """The cells of one half are its variant seeds' mean minus its baseline seeds' mean: with 2 seeds each, the
+    first rotation compares (seed 0 - baseline seed 0) with (seed 1 - baseline seed 1)."""
+    base_runs = [
+        _result("baseline", "baseline", 0, {}, {"a": 1.0, "b": 1.0, "c": 1.0}),
+        _result("baseline_seed1", "noise", 1, {}, {"a": 2.0, "b": 2.0, "c": 2.0}),
+    ]
+    runs = [
+        _result("v", "weights", 0, {}, {"a": 1.1, "b": 1.3, "c": 1.2}),
+        _result("v_seed1", "weights", 1, {}, {"a": 2.1, "b": 2.3, "c": 2.2}, group="v"),
+    ]
+    found = split_half({"v": runs}, base_runs, ["a", "b", "c"])
+    # every rotation pairs a variant seed with a baseline seed: the same ranks (a < c < b) or, crossed
+    # (seed 0 - baseline seed 1), the same ranks shifted by -1: still the same order
+    assert found["split_half"] == pytest.approx(1.0) and found["splits"] == 4
+    assert split_half({"v": runs}, base_runs[:1], ["a", "b", "c"]) is None
 
 
 def test_write_study_table_the_report_reads(tmp_path):
