@@ -178,6 +178,12 @@ def report(study: Path) -> None:
             f"    {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
             f"{part['above_noise']}, Spearman {part['spearman']:.3f}"
         )
+    if c.get("measurement"):
+        m = c["measurement"]
+        print(
+            f"  the measurement: two halves of the seeds agree at Spearman {m['split_half']:.3f}; a perfect "
+            f"prediction would reach about {m['ceiling']:.3f}"
+        )
     print(f"  {c.get('note', '')}")
 
 
