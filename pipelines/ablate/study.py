@@ -110,11 +110,17 @@ def run_ablate(args: argparse.Namespace) -> int:
     if job is not None:
         prepare_variants(runs, data, job, layout, progress=progress)
     study = _Study(acfg, train_cfg, layout, data, sources, str(args.job))
+    # after the baseline (it is their reference); configured now, so a bad setting is refused before any training
+    adaptive = [
+        {"name": method, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(data.base)}
+        for method in acfg.adaptive_methods
+    ]
+    for run in adaptive:
+        variant_config(train_cfg, acfg, layout, run, sources)
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
     results = study.train(runs)
     second = [_proposal(acfg, results, data.base, train_cfg)] if "random_mixes" in acfg.kinds else []
-    for method in acfg.adaptive_methods:  # after the baseline: it is the reference
-        second.append({"name": method, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(data.base)})
+    second += adaptive
     if second:
         for run in second:
             if data.identity is not None:  # trained on the baseline's curated shards, like the first round

@@ -203,6 +203,39 @@ def test_the_adaptive_run_trains_against_the_baseline_next_to_the_proposal(job, 
         assert layout.read_result(name) and not (layout.run_dir(name) / "checkpoints").exists()
 
 
+@pytest.mark.slow
+def test_the_counterfactual_run_starts_at_the_mix_the_baselines_counterfactual_points_to(job, tmp_path, one_thread):
+    """The shipped study's second round: ``adaptive = ["doremi", "counterfactual"]`` with the default
+    ``counterfactual_step_size = 0`` trains a run at the mix the baseline's counterfactual favours."""
+    from winnow.train.adaptive import proposal
+    from winnow.train.attribution.counterfactual import read_record
+
+    toml = study_toml(
+        tmp_path / "study.toml",
+        job,
+        tmp_path / "study",
+        steps=6,
+        train="[train.attribution]\nstart = 1",
+        kind='"random_mixes"',
+        n_mixes=3,
+        noise_seeds=2,
+        attribution_every=2,
+        adaptive='["doremi", "counterfactual"]',
+        adaptive_every=1,
+    )
+    assert main(["-q", "ablate", str(toml)]) == 0
+    layout = StudyLayout(tmp_path / "study")
+    assert _table(layout.root)["variant"].to_list()[-3:] == ["proposed", "doremi", "counterfactual"]
+    config = json.loads((layout.run_dir("counterfactual") / "config.json").read_text())
+    assert config["mixing"]["adaptive"] == "counterfactual" and config["mixing"]["step_size"] == 0.0
+    record = read_record(str(layout.root))
+    base = layout.read_result("baseline")["weights"]
+    start = proposal(record["slope"], record["held_out"], record["sources"], base, target="mean", max_factor=2.0)
+    result = layout.read_result("counterfactual")
+    assert result["mixing"]["mix_weights"] == pytest.approx(start)  # step_size 0: the start's mix throughout
+    assert set(json.loads(layout.adaptive_json.read_text())["measured"]) >= {"baseline", "doremi", "counterfactual"}
+
+
 def test_keep_checkpoints_keeps_every_runs_and_the_baseline_keeps_its_own(tmp_path):
     def task(name: str, keep: bool) -> runner.VariantTask:
         (tmp_path / name / "checkpoints" / "step-00000002").mkdir(parents=True)

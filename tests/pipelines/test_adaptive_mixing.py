@@ -250,3 +250,62 @@ def test_excess_compares_plain_cross_entropy_when_the_run_smooths_its_labels(tmp
         trainer.train_step()
         excess = trainer.hook("mixing").report()["excess_loss"]
     assert trainer.hook("mixing").updates == 1 and max(excess.values()) < 1e-6
+
+
+def _counterfactual_reference(tmp_path, job):
+    """A tiny run with attribution on to its end: its metrics.jsonl ends with a counterfactual record."""
+    from winnow.train.attribution import AttributionConfig
+
+    cfg = tiny_config(
+        tmp_path / "cf-reference",
+        str(job),
+        steps=8,
+        attribution=AttributionConfig(every=2, start=1, counterfactual_rows=8),
+    )
+    with build_trainer(cfg) as trainer:
+        trainer.fit()
+    return cfg.output
+
+
+def test_a_counterfactual_mix_starts_where_the_reference_points_and_step_size_0_keeps_it(tmp_path):
+    from winnow.train.adaptive import proposal
+    from winnow.train.attribution.counterfactual import read_record
+
+    job = make_job(tmp_path / "job", ("prose", "legal", "code"))
+    reference = _counterfactual_reference(tmp_path, job)
+    record = read_record(reference)
+    # the mix as configured (each source's share of the job): a start moved by a factor of 1 + 1e-12 at most
+    still = MixingConfig(adaptive="counterfactual", reference=reference, step_size=0.0, max_factor=1 + 1e-12)
+    with build_trainer(tiny_config(tmp_path / "plain", str(job), steps=1, mixing=still)) as trainer:
+        configured = dict(zip([n[0] for n in trainer.data.set_sources], trainer.data.mix_weights))
+    mixing = MixingConfig(adaptive="counterfactual", reference=reference, step_size=0.0, max_factor=1.5)
+    with build_trainer(tiny_config(tmp_path / "fixed", str(job), steps=4, mixing=mixing)) as trainer:
+        names = [n[0] for n in trainer.data.set_sources]
+        start = proposal(
+            record["slope"], record["held_out"], record["sources"], configured, target="mean", max_factor=1.5
+        )
+        assert trainer.data.mix_weights == pytest.approx([start[n] for n in names])
+        moved = [start[n] / configured[n] for n in names]
+        assert 1.5 - 1e-9 <= max(moved) / min(moved) <= 1.5**2 + 1e-9  # the largest move of a log-share is ln 1.5
+        trainer.fit()
+        assert trainer.data.mix_weights == pytest.approx([start[n] for n in names])  # no attribution, no moves
+
+
+def test_a_counterfactual_mix_with_a_step_follows_the_runs_own_counterfactual(tmp_path):
+    from winnow.train.attribution import AttributionConfig
+
+    job = make_job(tmp_path / "job", ("prose", "legal", "code"))
+    reference = _counterfactual_reference(tmp_path, job)
+    mixing = MixingConfig(adaptive="counterfactual", reference=reference, every=2, step_size=5.0)
+    cfg = tiny_config(
+        tmp_path / "following", str(job), steps=6, mixing=mixing, attribution=AttributionConfig(every=2, start=1)
+    )
+    with build_trainer(cfg) as trainer:
+        start = list(trainer.data.mix_weights)
+        summary = trainer.fit()
+        assert trainer.hook("mixing").updates >= 2 and trainer.data.mix_weights != pytest.approx(start)
+    assert set(summary["mixing"]["mix_weights"]) == {"prose", "legal", "code"}
+    with pytest.raises(ConfigError, match="train.mixing.step_size"):
+        MixingConfig(adaptive="counterfactual", reference=reference, step_size=-1.0)
+    with pytest.raises(ConfigError, match="train.mixing.step_size"):
+        MixingConfig(adaptive="doremi", reference=reference, step_size=0.0)
