@@ -107,16 +107,17 @@ def run_ablate(args: argparse.Namespace) -> int:
     sources = json.loads((Path(train_cfg.shards) / "manifest.json").read_text())["sources"]
     runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)
     check_references(train_cfg, sources, BASELINE)
-    if job is not None:
-        prepare_variants(runs, data, job, layout, progress=progress)
-    study = _Study(acfg, train_cfg, layout, data, sources, str(args.job))
-    # after the baseline (it is their reference); configured now, so a bad setting is refused before any training
+    # trained after the baseline (it is their reference); configured now, so a bad setting is refused before any
+    # variant is curated or trained
     adaptive = [
         {"name": method, "kind": "adaptive", "seed": train_cfg.seed, "weights": dict(data.base)}
         for method in acfg.adaptive_methods
     ]
     for run in adaptive:
         variant_config(train_cfg, acfg, layout, run, sources)
+    if job is not None:
+        prepare_variants(runs, data, job, layout, progress=progress)
+    study = _Study(acfg, train_cfg, layout, data, sources, str(args.job))
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
     results = study.train(runs)
     second = [_proposal(acfg, results, data.base, train_cfg)] if "random_mixes" in acfg.kinds else []
