@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,6 +49,7 @@ class AblateConfig:
     adaptive_every: int = 5  # steps between the adaptive runs' weight updates
     adaptive_step_size: float = 1.0  # doremi: its exponentiated-gradient step per nat of excess loss
     counterfactual_step_size: float = 0.0  # counterfactual: its step per nat of its own slope (0: the start's mix)
+    counterfactual_max_factor: float = 2.0  # counterfactual: its start moves each share by at most this factor
     job: str | None = None  # drop / settings / order: the curation job file they change; None: this file's own
     # one variant per entry: the job without that stage (kind, id "04.filter.fineweb" or [[stages]] number) or
     # without every stage of a list (["filter.gopher_quality", "filter.fineweb"])
@@ -137,6 +139,12 @@ class AblateConfig:
             "counterfactual_step_size",
             self.counterfactual_step_size,
             "a number >= 0 (0: the mix the baseline's counterfactual favours, throughout)",
+        )
+        check(
+            self.counterfactual_max_factor > 1 and math.isfinite(self.counterfactual_max_factor),
+            "counterfactual_max_factor",
+            self.counterfactual_max_factor,
+            "a number > 1 (the largest factor the start moves a share by)",
         )
         check(
             not self.adaptive or "replay" not in kinds,

@@ -69,6 +69,7 @@ def variant_config(train_cfg, acfg: AblateConfig, layout: StudyLayout, variant: 
             every=acfg.adaptive_every,
             step_size=step,
             target=acfg.target,
+            max_factor=acfg.counterfactual_max_factor,
         )
     # every run evaluates on the same schedule, so their held-out curves compare step by step
     return dataclasses.replace(

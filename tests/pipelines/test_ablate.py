@@ -345,4 +345,6 @@ def test_counterfactual_bad_settings_are_refused_naming_the_key():
         AblateConfig(adaptive=["doremi", "regmix"])
     with pytest.raises(ConfigError, match="ablate.counterfactual_step_size"):
         AblateConfig(adaptive="counterfactual", counterfactual_step_size=-1.0)
+    with pytest.raises(ConfigError, match="ablate.counterfactual_max_factor"):
+        AblateConfig(adaptive="counterfactual", counterfactual_max_factor=1.0)
     assert AblateConfig(adaptive=["doremi", "counterfactual"]).adaptive_methods == ("doremi", "counterfactual")

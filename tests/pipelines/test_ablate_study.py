@@ -222,15 +222,17 @@ def test_the_counterfactual_run_starts_at_the_mix_the_baselines_counterfactual_p
         attribution_every=2,
         adaptive='["doremi", "counterfactual"]',
         adaptive_every=1,
+        counterfactual_max_factor=1.5,
     )
     assert main(["-q", "ablate", str(toml)]) == 0
     layout = StudyLayout(tmp_path / "study")
     assert _table(layout.root)["variant"].to_list()[-3:] == ["proposed", "doremi", "counterfactual"]
     config = json.loads((layout.run_dir("counterfactual") / "config.json").read_text())
     assert config["mixing"]["adaptive"] == "counterfactual" and config["mixing"]["step_size"] == 0.0
+    assert config["mixing"]["max_factor"] == 1.5
     record = read_record(str(layout.root))
     base = layout.read_result("baseline")["weights"]
-    start = proposal(record["slope"], record["held_out"], record["sources"], base, target="mean", max_factor=2.0)
+    start = proposal(record["slope"], record["held_out"], record["sources"], base, target="mean", max_factor=1.5)
     result = layout.read_result("counterfactual")
     assert result["mixing"]["mix_weights"] == pytest.approx(start)  # step_size 0: the start's mix throughout
     assert set(json.loads(layout.adaptive_json.read_text())["measured"]) >= {"baseline", "doremi", "counterfactual"}
