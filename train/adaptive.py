@@ -81,10 +81,9 @@ class MixingConfig:
         check(self.max_factor > 1 and math.isfinite(self.max_factor), "max_factor", self.max_factor, "a number > 1")
         check(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an integer >= 1")
         # counterfactual: 0 keeps the start's mix (the reference's counterfactual) throughout; doremi: every update moves
-        if self.adaptive == "counterfactual":
-            check(self.step_size >= 0 and math.isfinite(self.step_size), "step_size", self.step_size, "a number >= 0")
-        else:
-            check(self.step_size > 0 and math.isfinite(self.step_size), "step_size", self.step_size, "a number > 0")
+        holds = self.adaptive == "counterfactual"
+        ok = (self.step_size >= 0 if holds else self.step_size > 0) and math.isfinite(self.step_size)
+        check(ok, "step_size", self.step_size, "a number >= 0" if holds else "a number > 0")
         check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "0 <= value < 1")
 
     @property

@@ -184,14 +184,14 @@ def split_half(groups: dict[str, list[dict]], base_runs: list[dict], held: list[
         return turned[: len(runs) // 2], turned[len(runs) // 2 :]
 
     rhos = []
-    for kv in range(max(len(r) for r in split.values())):
-        for kb in range(len(base)):
-            base_a, base_b = halves(base, kb)
+    for kb in range(len(base)):
+        base_a, base_b = ({s: _mean_held_out(half, s) for s in held} for half in halves(base, kb))
+        for kv in range(max(len(r) for r in split.values())):
             a, b = [], []
             for runs in split.values():
                 runs_a, runs_b = halves(runs, kv)
                 for s in held:
-                    values = [_mean_held_out(x, s) for x in (runs_a, base_a, runs_b, base_b)]
+                    values = [_mean_held_out(runs_a, s), base_a[s], _mean_held_out(runs_b, s), base_b[s]]
                     if None not in values:
                         a.append(values[0] - values[1])
                         b.append(values[2] - values[3])
