@@ -45,11 +45,12 @@ def keep_freed_memory() -> bool:
 
     A CPU training step allocates and frees its activations every step, each tens of MB. By default
     glibc serves blocks above its mmap threshold (at most 32 MiB) from fresh pages and trims freed heap
-    tops, so every step faults those pages in again: on the demo's model, 12,000 faults a step, and
-    26,000 with attribution's per-source buffers, 4% and 7% of the step's time. The settings keep the
-    step's high-water mark resident, which is what a training process holds anyway; they last for the
-    process. Other C libraries (musl, macOS) have no ``mallopt``: nothing changes there. PyTorch's
-    performance guide suggests preloading jemalloc or tcmalloc for the same reason; this needs neither.
+    tops, so every step faults those pages in again: on the demo's model on 2 CPU cores, 8,000-16,000
+    faults a step, and 20,000-26,000 with attribution's per-source buffers, 2-4% and 5-7% of the step's
+    time. The settings keep the step's high-water mark resident, which is what a training process holds
+    anyway; they last for the process. Other C libraries (musl, macOS) have no ``mallopt``: nothing changes
+    there. PyTorch's performance guide suggests preloading jemalloc or tcmalloc for the same reason; this
+    needs neither.
     """
     import ctypes
 
