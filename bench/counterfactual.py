@@ -179,11 +179,9 @@ def report(study: Path) -> None:
             f"{part['above_noise']}, Spearman {part['spearman']:.3f}"
         )
     if c.get("measurement"):
-        m = c["measurement"]
-        print(
-            f"  the measurement: two halves of the seeds agree at Spearman {m['split_half']:.3f}; a perfect "
-            f"prediction would reach about {m['ceiling']:.3f}"
-        )
+        from winnow.pipelines.ablate.correlation import measurement_text
+
+        print(f"  {measurement_text(c['measurement'])}")
     print(f"  {c.get('note', '')}")
 
 
