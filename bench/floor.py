@@ -152,8 +152,8 @@ def child(spec: Path) -> None:
 
     raw = json.loads(spec.read_text())
     handler = _Phases()
-    logging.getLogger("curate").addHandler(handler)
-    logging.getLogger("curate").setLevel(logging.INFO)
+    logging.getLogger("winnow.curate").addHandler(handler)
+    logging.getLogger("winnow.curate").setLevel(logging.INFO)
     t_imports = time.perf_counter() - t0
     manifest = run_job(job_from_dict(raw, source_file=str(spec)), progress=False)
     end = time.perf_counter()

@@ -125,9 +125,11 @@ class _Outputs:
         writer = getattr(self, name)
         table = df.to_arrow()
         if writer is None:
-            # Spilled keys are mostly random 64-bit hashes: a dictionary only costs time there.
-            options = {"use_dictionary": name not in ("keys", "ids")}
-            if name in ("keys", "ids") or (name == "rows" and not self.spec.phase.final):
+            # Spilled keys are mostly random 64-bit hashes and unique ids: a dictionary only costs time there,
+            # but for the source names, which repeat on every row.
+            spilled = name in ("keys", "ids")
+            options = {"use_dictionary": [c for c in ("source",) if c in df.columns] if spilled else True}
+            if spilled or (name == "rows" and not self.spec.phase.final):
                 # Files only the next phase reads: Arrow buffers a page per 1,024 rows by default,
                 # which for long documents is ~3x the batch's text; 256-row pages cost no time.
                 options["write_batch_size"] = _SPILL_WRITE_BATCH

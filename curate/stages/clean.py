@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 
 from winnow.curate.dedup.jit import njit
+from winnow.curate.dedup.kernels import fmix64
 from winnow.curate.dedup.text import string_array, string_buffers
 from winnow.curate.errors import ConfigError, StageError, require
 from winnow.curate.schema import empty_rejects, make_rejects
@@ -39,11 +40,13 @@ from winnow.curate.stats import CounterKey
 from winnow.curate.text.codepoints import TABLE, rows_with_byte_at_least
 from winnow.curate.text.forms import normalized_rows
 from winnow.curate.text.layout import clean_layout
+from winnow.curate.text.tokens import hash_bytes, stripped
 from winnow.curate.text.words import unify_line_breaks
 
 log = logging.getLogger(__name__)
 
 _HASH_SEED = 0xC1EA
+_U64 = np.uint64
 _BOILERPLATE_FILE = "boilerplate.parquet"
 # Zero-width space, word joiner, byte-order mark, soft hyphen: invisible and never needed.
 # ZWJ/ZWNJ (U+200C/U+200D) stay: emoji sequences and Persian or Indic spelling need them.
@@ -140,13 +143,80 @@ def _unicode_normalized(text: pl.Series, form: str) -> pl.Series:
     return text.scatter(rows, normalized_rows(text, offsets, data, rows, form))
 
 
-def _line_table(batch: pl.DataFrame) -> pl.DataFrame:
-    """One row per line of the (already normalized) ``text``: ``row``, ``source``, ``line``, ``h`` (null when blank)."""
-    lines = batch.select(
-        pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "source", pl.col("text").str.split("\n").alias("line")
-    ).explode("line")
-    key = pl.col("line").str.strip_chars()
-    return lines.with_columns(pl.when(key != "").then(key.hash(seed=_HASH_SEED)).alias("h"))
+@njit(cache=True, nogil=True)
+def _lines(offsets, data, props):
+    """Every line of every string, split at ``"\\n"`` as ``str.split("\\n")`` splits: ``(row, start, end, h, keyed)``.
+
+    ``[start, end)`` are the line's bytes in ``data``; ``h`` is a 64-bit hash of the line without the
+    characters ``str.strip_chars()`` removes at either end, and ``keyed`` is False (``h`` 0) where
+    nothing is left, i.e. for a blank line.
+    """
+    n = offsets.shape[0] - 1
+    total = n
+    for p in range(offsets[0], offsets[n]):
+        total += data[p] == 10
+    row = np.empty(total, dtype=np.uint32)
+    start = np.empty(total, dtype=np.int64)
+    end = np.empty(total, dtype=np.int64)
+    h = np.zeros(total, dtype=np.uint64)
+    keyed = np.zeros(total, dtype=np.bool_)
+    k = 0
+    for i in range(n):
+        lo, stop = offsets[i], offsets[i + 1]
+        while True:
+            hi = lo
+            while hi < stop and data[hi] != 10:
+                hi += 1
+            row[k], start[k], end[k] = i, lo, hi
+            s, e = stripped(data, lo, hi, props)
+            if e > s:
+                h[k], keyed[k] = fmix64(hash_bytes(data, s, e) ^ _U64(_HASH_SEED)), True
+            k += 1
+            if hi == stop:
+                break
+            lo = hi + 1
+    return row, start, end, h, keyed
+
+
+@njit(cache=True, nogil=True)
+def _without_lines(offsets, data, line_row, line_start, line_end, drop, props):
+    """Every string of ``offsets``/``data`` rebuilt without its lines where ``drop`` (lines as ``_lines`` gives
+    them): the kept lines joined by ``"\\n"``, runs of three or more newlines made two, and the ends stripped
+    as ``str.strip_chars()`` does (a no-op on text ``clean`` normalized). ``(offsets, data, removed)``, with
+    ``removed`` the lines dropped per string."""
+    n = offsets.shape[0] - 1
+    out = np.empty(offsets[n] - offsets[0], dtype=np.uint8)
+    out_offsets = np.zeros(n + 1, dtype=np.int64)
+    removed = np.zeros(n, dtype=np.int64)
+    o, k, lines = 0, 0, line_row.shape[0]
+    for i in range(n):
+        first = k
+        while k < lines and line_row[k] == i:
+            removed[i] += drop[k]
+            k += 1
+        begin = o
+        newlines = 0  # newlines of the run being written: the third and later of a run are left out
+        joined = False
+        for j in range(first, k):
+            if drop[j]:
+                continue
+            if joined:
+                if newlines < 2:
+                    out[o] = 10
+                    o += 1
+                newlines += 1
+            joined = True
+            for p in range(line_start[j], line_end[j]):
+                out[o] = data[p]
+                o += 1
+            if line_end[j] > line_start[j]:
+                newlines = 0
+        s, e = stripped(out, begin, o, props)
+        for p in range(s, e):
+            out[begin + p - s] = out[p]
+        o = begin + e - s
+        out_offsets[i + 1] = o
+    return out_offsets, out[:o], removed
 
 
 @njit(cache=True, nogil=True)
@@ -221,10 +291,13 @@ class Clean(Barrier):
         docs = batch.select("id", "source", pl.lit(None, dtype=pl.UInt64).alias("h"))
         if self.config.boilerplate_min_docs is None:
             return docs
-        lines = _line_table(self._normalized(batch.select("source", "text"))).drop_nulls("h")
-        lines = lines.filter(pl.Series(_first_in_row(lines["row"].to_numpy(), lines["h"].to_numpy())))
-        keys = lines.select(batch["id"].gather(lines["row"]), "source", "h")
-        return pl.concat([docs, keys])
+        offsets, data = string_buffers(self._normalized(batch.select("text"))["text"])
+        row, _, _, h, keyed = _lines(offsets, data, TABLE.cover(offsets, data)[0])
+        row, h = row[keyed], h[keyed]
+        first = _first_in_row(row, h)
+        # The plan counts documents per source from the rows without a hash: a line's row needs no id.
+        lines = pl.DataFrame({"source": batch["source"].gather(row[first]), "h": h[first]})
+        return pl.concat([docs, lines.select(pl.lit(None, dtype=pl.String).alias("id"), "source", "h")])
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
         c = self.config
@@ -253,8 +326,17 @@ class Clean(Barrier):
             path = self.ctx.plan_dir / _BOILERPLATE_FILE
             if not path.exists():
                 raise StageError(f"clean ({self.ctx.stage_id}): {path} is missing; plan() must run before apply()")
-            self._boilerplate = pl.read_parquet(path).with_columns(pl.lit(True).alias("boilerplate"))
+            self._boilerplate = pl.read_parquet(path)
         return self._boilerplate
+
+    def _dropped(self, source: pl.Series, row: np.ndarray, h: np.ndarray, keyed: np.ndarray) -> np.ndarray:
+        """bool per line (``_lines``): is it a boilerplate line of its document's source?"""
+        boilerplate = self._boilerplate_lines()
+        found = np.flatnonzero(keyed & pl.Series(h).is_in(boilerplate["h"].implode()).to_numpy())
+        lines = pl.DataFrame({"line": found, "source": source.gather(row[found]), "h": h[found]})
+        drop = np.zeros(len(h), dtype=np.bool_)
+        drop[lines.join(boilerplate, on=["source", "h"], how="semi")["line"].to_numpy()] = True
+        return drop
 
     def apply(self, batch: pl.DataFrame, decision: pl.DataFrame | None = None) -> StageOutput:
         counters: dict[CounterKey, float] = {}
@@ -263,29 +345,15 @@ class Clean(Barrier):
             cleaned = self._normalized(self._repaired(batch))
         else:
             cleaned = self._normalized(batch)  # the text collect hashed lines of
-            lines = _line_table(cleaned)
-            # Only the documents holding a boilerplate line are rebuilt from their lines; the others keep their text.
-            hits = lines.join(self._boilerplate_lines(), on=["source", "h"], how="semi")["row"].unique()
-            lines = lines.filter(pl.col("row").is_in(hits.implode())).join(
-                self._boilerplate_lines(), on=["source", "h"], how="left", maintain_order="left"
-            )
-            drop = pl.col("boilerplate").fill_null(False)
-            per_doc = lines.group_by("row").agg(
-                pl.col("line").filter(~drop).str.join("\n").alias("rebuilt"),
-                drop.sum().cast(pl.Int64).alias("lines_removed"),
-                (drop | ~_visible(pl.col("line"))).all().alias("boilerplate_only"),
-            )
-            per_row = (
-                pl.DataFrame({"row": pl.int_range(batch.height, dtype=pl.UInt32, eager=True)})
-                .join(per_doc, on="row", how="left", maintain_order="left")
-                .with_columns(pl.col("lines_removed").fill_null(0), pl.col("boilerplate_only").fill_null(False))
-            )
-            boilerplate_only = per_row["boilerplate_only"]
-            text = pl.select(
-                pl.coalesce(per_row["rebuilt"], cleaned["text"]).str.replace_all(r"\n{3,}", "\n\n").str.strip_chars()
-            ).to_series()
-            cleaned = cleaned.with_columns(text.alias("text"))
-            for source, n in batch.select("source", per_row["lines_removed"]).group_by("source").sum().iter_rows():
+            offsets, data = string_buffers(cleaned["text"])
+            props = TABLE.cover(offsets, data)[0]
+            row, start, end, h, keyed = _lines(offsets, data, props)
+            drop = self._dropped(batch["source"], row, h, keyed)
+            offsets, data, lines_removed = _without_lines(offsets, data, row, start, end, drop, props)
+            cleaned = cleaned.with_columns(pl.Series("text", string_array(offsets, data)))
+            boilerplate_only = cleaned.select((pl.Series(lines_removed) > 0) & ~_visible(pl.col("text"))).to_series()
+            per_source = batch.select("source", pl.Series("n", lines_removed)).group_by("source").sum()
+            for source, n in per_source.iter_rows():
                 counters[("lines_removed", source)] = float(n)
             if self._ftfy is not None:
                 cleaned = self._normalized(self._repaired(cleaned))

@@ -12,6 +12,11 @@ characters and lines rather than tokens: ``#`` characters, ``...`` and ``…``, 
 with a bullet and lines that end in an ellipsis, as the regular expressions over text with unified
 line breaks count them (``(?m)^[^\\S\\n]*[•\\-]`` and ``(?m)(?:\\.\\.\\.|…)[^\\S\\n]*$``); a test compares
 the two on every line break and blank character.
+
+``prose_counts`` counts, in one pass, the metrics of ``score.heuristic`` as its regular expressions
+define them: runs of non-whitespace (``\\S+``), non-whitespace and letter (``\\p{L}``) characters, ``#``
+plus ``...`` and ``…``, Gopher's stop words (``(?i)\\b(?:the|be|...)\\b``), and of the lines split at
+``\\n`` and stripped: the non-empty ones, those ending in terminal punctuation, and the distinct ones.
 """
 
 from __future__ import annotations
@@ -19,13 +24,21 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from winnow.curate.text.codepoints import LETTER, MARK, NUMBER, SPACE
-from winnow.curate.text.tokens import code_point, document_tokens, longest_string
+from winnow.curate.dedup.kernels import fmix64
+from winnow.curate.text.codepoints import LETTER, MARK, NUMBER, SPACE, WORD
+from winnow.curate.text.tokens import code_point, document_tokens, hash_bytes, longest_string, stripped
 
 #: Rows of ``quality_counts``' output.
 COUNTS = ("tokens", "words", "word_chars", "alpha", "stop_words")
 #: Rows of ``layout_counts``' output.
 LAYOUT_COUNTS = ("hashes", "ellipses", "lines", "bullet_lines", "ellipsis_lines")
+#: Rows of ``prose_counts``' output.
+PROSE_COUNTS = ("words", "non_space", "letters", "symbols", "stop_words", "lines", "punct_lines", "unique_lines")
+#: ``score.heuristic``'s stop words (Gopher's), matched case-insensitively as whole words; ASCII letters only
+#: (no other character folds to one of theirs: a test asks the regex engine).
+PROSE_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+#: Characters a line may end in to count as ending in terminal punctuation.
+LINE_END_PUNCTUATION = ".!?\"'\u201d\u2019)"
 
 
 def stop_word_buffers(stop_words) -> tuple[np.ndarray, np.ndarray]:
@@ -177,4 +190,107 @@ def layout_counts(offsets, data, props):
         ellipsis_lines += tail_dots >= 3 or tail_hellip
         lines = 0 if end == lo else breaks + 1 - last_break
         out[0, d], out[1, d], out[2, d], out[3, d], out[4, d] = hashes, ellipses, lines, bullets, ellipsis_lines
+    return out
+
+
+_PROSE_STOPS = stop_word_buffers(PROSE_STOP_WORDS)
+_LINE_ENDS = np.array([ord(c) for c in LINE_END_PUNCTUATION], dtype=np.int64)
+
+
+def prose_counts(offsets: np.ndarray, data: np.ndarray, props: np.ndarray) -> np.ndarray:
+    """``int64 [8, n]``: ``PROSE_COUNTS`` of each string of ``offsets``/``data`` (``props`` covering its code
+    points)."""
+    return _prose_counts(offsets, data, props, *_PROSE_STOPS, _LINE_ENDS)
+
+
+@nb.njit(cache=True, inline="always")
+def _is_stop_word(data, p, end, props, stop_offsets, stop_data):
+    """Whether a stop word, in any case, starts at ``p`` (a word's start) and ends before a non-word character."""
+    q = p
+    while q < end and q - p <= 4 and 0x61 <= (data[q] | 0x20) <= 0x7A:  # ASCII letters; no stop word has 5
+        q += 1
+    if q < end:
+        c, _ = code_point(data, q)
+        if props[c] & WORD:
+            return False
+    for s in range(stop_offsets.shape[0] - 1):
+        a, b = stop_offsets[s], stop_offsets[s + 1]
+        if b - a != q - p:
+            continue
+        same = True
+        for j in range(b - a):
+            if stop_data[a + j] != data[p + j] | 0x20:
+                same = False
+                break
+        if same:
+            return True
+    return False
+
+
+@nb.njit(cache=True, nogil=True)
+def _prose_counts(offsets, data, props, stop_offsets, stop_data, line_ends):
+    n = offsets.shape[0] - 1
+    out = np.zeros((8, n), dtype=np.int64)
+    size = 16
+    keys = np.zeros(size, dtype=np.uint64)
+    used = np.zeros(size, dtype=np.int64)  # the document (plus one) a slot was filled for
+    for d in range(n):
+        lo, end = offsets[d], offsets[d + 1]
+        newlines = 0
+        for p in range(lo, end):
+            newlines += data[p] == 10
+        while size < 2 * (newlines + 1):
+            size *= 2
+            keys = np.zeros(size, dtype=np.uint64)
+            used = np.zeros(size, dtype=np.int64)
+        words = non_space = letters = symbols = stops = lines = punct = unique = 0
+        dots = 0
+        space, in_word = True, False  # the previous character: whitespace (or none); a word character
+        line = lo
+        p = lo
+        while p <= end:
+            if p == end or data[p] == 10:  # a line ends: strip it, count it, look up its hash
+                s, e = stripped(data, line, p, props)
+                if e > s:
+                    lines += 1
+                    q = e - 1
+                    while data[q] & 0xC0 == 0x80:
+                        q -= 1
+                    last, _ = code_point(data, q)
+                    for x in line_ends:
+                        if last == x:
+                            punct += 1
+                            break
+                    k = fmix64(hash_bytes(data, s, e))
+                    j = np.int64(k & np.uint64(size - 1))
+                    while used[j] == d + 1 and keys[j] != k:
+                        j = (j + 1) & (size - 1)
+                    if used[j] != d + 1:
+                        used[j], keys[j] = d + 1, k
+                        unique += 1
+                line = p + 1
+                if p == end:
+                    break
+            c, w = code_point(data, p)
+            f = props[c]
+            if f & SPACE:
+                space = True
+            else:
+                non_space += 1
+                words += space
+                space = False
+            letters += (f & LETTER) != 0
+            if c == 0x2E:
+                dots += 1
+            else:
+                symbols += dots // 3 + (c == 0x23) + (c == 0x2026)
+                dots = 0
+            word = (f & WORD) != 0
+            if word and not in_word and c < 0x80 and _is_stop_word(data, p, end, props, stop_offsets, stop_data):
+                stops += 1
+            in_word = word
+            p += w
+        symbols += dots // 3
+        out[0, d], out[1, d], out[2, d], out[3, d] = words, non_space, letters, symbols
+        out[4, d], out[5, d], out[6, d], out[7, d] = stops, lines, punct, unique
     return out

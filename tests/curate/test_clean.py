@@ -108,6 +108,76 @@ def test_compiled_layout_equals_the_expressions(form):
         assert compiled.to_list() == expressions.to_list()
 
 
+def _line_texts(column: pl.Series) -> pl.DataFrame:
+    """The lines of ``column`` as polars splits them: ``row``, ``line`` and ``key`` (stripped; null when blank)."""
+    lines = pl.DataFrame({"text": column}).select(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), pl.col("text").str.split("\n").alias("line")
+    )
+    lines = lines.explode("line")
+    return lines.with_columns(pl.col("line").str.strip_chars().alias("key")).with_columns(
+        pl.when(pl.col("key") != "").then(pl.col("key")).alias("key")
+    )
+
+
+def _layout_texts(seed: int, n: int) -> list[str]:
+    """Adversarial texts (the layout alphabet, with repeated short lines) and lines of the sample data."""
+    from pathlib import Path
+
+    rng = random.Random(seed)
+    alphabet = [*_LAYOUT_ALPHABET, "same line", "\n", "\n", "\n\n\n"]
+    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 30))) for _ in range(n)]
+    samples = Path(__file__).resolve().parents[2] / "data_samples"
+    for path in sorted(samples.rglob("*.jsonl"))[:4]:
+        texts += pl.read_ndjson(path)["text"].cast(pl.String).head(100).to_list()
+    return texts
+
+
+def test_lines_split_and_key_as_polars_does():
+    """``_lines`` gives polars' lines (``str.split``) in order, keyed by their stripped text: equal keys, equal hashes."""
+    from winnow.curate.dedup.text import string_buffers
+    from winnow.curate.stages.clean import _lines
+    from winnow.curate.text.codepoints import TABLE
+
+    column = pl.Series(_layout_texts(13, 3000), dtype=pl.String)
+    for part in (column, column.slice(9)):
+        offsets, data = string_buffers(part)
+        row, start, end, h, keyed = _lines(offsets, data, TABLE.cover(offsets, data)[0])
+        want = _line_texts(part)
+        assert row.tolist() == want["row"].to_list()
+        raw = bytes(data)
+        assert [raw[a:b].decode() for a, b in zip(start, end)] == want["line"].to_list()
+        assert keyed.tolist() == want["key"].is_not_null().to_list()
+        keys = want.with_columns(pl.Series("h", h)).filter(pl.col("key").is_not_null())
+        assert keys.group_by("key").agg(pl.col("h").n_unique())["h"].max() == 1  # one hash per text
+        assert keys.group_by("h").agg(pl.col("key").n_unique())["key"].max() == 1  # and no two texts share one
+
+
+def test_lines_removed_as_the_expressions_rebuild_them():
+    """``_without_lines`` equals joining the kept lines, ``\\n{3,}`` -> two, ``strip_chars``, for any lines dropped."""
+    from winnow.curate.dedup.text import string_buffers
+    from winnow.curate.stages.clean import _lines, _without_lines
+    from winnow.curate.text.codepoints import TABLE
+
+    column = pl.Series(_layout_texts(17, 3000), dtype=pl.String)
+    rng = np.random.default_rng(2)
+    for part, rate in ((column, 0.3), (column.slice(5), 0.0), (column, 1.0)):
+        offsets, data = string_buffers(part)
+        props = TABLE.cover(offsets, data)[0]
+        row, start, end, _, _ = _lines(offsets, data, props)
+        drop = rng.random(len(row)) < rate
+        new_offsets, new_data, removed = _without_lines(offsets, data, row, start, end, drop, props)
+        want = (
+            _line_texts(part)
+            .with_columns(pl.Series("drop", drop))
+            .group_by("row", maintain_order=True)
+            .agg(pl.col("line").filter(~pl.col("drop")).str.join("\n"), pl.col("drop").sum())
+            .select(pl.col("line").str.replace_all(r"\n{3,}", "\n\n").str.strip_chars(), "drop")
+        )
+        got = bytes(new_data)
+        assert [got[a:b].decode() for a, b in zip(new_offsets[:-1], new_offsets[1:])] == want["line"].to_list()
+        assert removed.tolist() == want["drop"].to_list()
+
+
 def test_first_line_of_each_hash_per_document():
     from winnow.curate.stages.clean import _first_in_row
 

@@ -8,6 +8,7 @@ import pytest
 from winnow.curate.errors import ConfigError
 from winnow.curate.stages.base import StageContext
 from winnow.curate.stages.scores.heuristic import COMPONENTS, HeuristicScore, HeuristicScoreConfig
+from winnow.curate.text.quality import PROSE_STOP_WORDS
 
 PROSE = (
     "The committee met on Tuesday to discuss the budget. Members agreed that the proposal needed more work, "
@@ -88,3 +89,57 @@ def test_weights_select_components(tmp_path):
 def test_bad_config_names_the_key(kw):
     with pytest.raises(ConfigError, match=next(iter(kw))):
         HeuristicScoreConfig(**kw)
+
+
+def _expression_metrics(text: pl.Series) -> pl.DataFrame:
+    """The metrics as regular expressions over the text state them: what ``metrics``' compiled pass must equal."""
+    t = pl.col("text").fill_null("")
+    lines = (
+        t.str.split("\n").list.eval(pl.element().str.strip_chars()).list.eval(pl.element().filter(pl.element() != ""))
+    )
+    stop_words = r"(?i)\b(?:" + "|".join(PROSE_STOP_WORDS) + r")\b"
+    return (
+        pl.DataFrame({"text": text})
+        .select(
+            t.str.count_matches(r"\S+").alias("_m_words"),
+            (t.str.len_chars() - t.str.count_matches(r"\s")).alias("_m_non_space"),
+            t.str.count_matches(r"\p{L}").alias("_m_letters"),
+            (t.str.count_matches("#") + t.str.count_matches(r"\.\.\.|…")).alias("_m_symbols"),
+            t.str.count_matches(stop_words).alias("_m_stop_words"),
+            lines.list.len().alias("_m_lines"),
+            lines.list.eval(pl.element().str.contains(r"[.!?\"'”’)]$")).list.sum().alias("_m_punct_lines"),
+            lines.list.n_unique().alias("_m_unique_lines"),
+        )
+        .cast(pl.Float64)
+    )
+
+
+def test_compiled_metrics_equal_the_expressions():
+    """Adversarial text (stop words in every case and next to word characters, dot runs, blank and repeated
+    lines, non-ASCII whitespace, letters and punctuation) and the sample data."""
+    import random
+    from pathlib import Path
+
+    from winnow.curate.stages.scores.heuristic import metrics
+
+    rng = random.Random(8)
+    alphabet = [*PROSE_STOP_WORDS, "THE", "ThAt", "With", "be_", "_to", "tox", "of1", "havé", "and\u0301"]
+    alphabet += [" ", " ", "\n", "\n", "\t", "\u00a0", "\u2003", "\u3000", "\u200b", "\u180e", ".", "..", "#"]
+    alphabet += ["\u2026", "!", "?", '"', "'", "\u201d", "\u2019", ")", "(", "a", "\u00e9", "\u4e2d", "\U0001f642"]
+    alphabet += ["same line\n", "\u212a", "\u017f"]
+    texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 40))) for _ in range(4000)] + ["", None]
+    samples = Path(__file__).resolve().parents[2] / "data_samples"
+    for path in sorted(samples.rglob("*.jsonl"))[:4]:
+        texts += pl.read_ndjson(path)["text"].cast(pl.String).head(200).to_list()
+    column = pl.Series(texts, dtype=pl.String)
+    for part in (column, column.slice(13)):
+        assert metrics(part).equals(_expression_metrics(part))
+
+
+def test_only_ascii_letters_fold_to_the_stop_words_letters():
+    """The compiled pass matches stop words as ASCII letters in any case: the regex engine folds no other
+    character to one of their letters."""
+    letters = sorted(set("".join(PROSE_STOP_WORDS)))
+    chars = pl.Series([chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000], dtype=pl.String)
+    folding = pl.DataFrame({"c": chars}).filter(pl.col("c").str.contains(f"^(?i:[{''.join(letters)}])$"))["c"]
+    assert sorted(folding.to_list()) == sorted(letters + [x.upper() for x in letters])

@@ -27,15 +27,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
+from winnow.curate.dedup.text import string_buffers
 from winnow.curate.errors import ConfigError
 from winnow.curate.schema import make_rejects
 from winnow.curate.stages.base import Stage, StageConfig, StageOutput
 from winnow.curate.stages.scores.features import check_column
+from winnow.curate.text.codepoints import TABLE
+from winnow.curate.text.quality import PROSE_COUNTS, prose_counts
 
 COMPONENTS: tuple[str, ...] = ("length", "word_length", "alpha", "symbols", "stop_words", "line_punct", "dup_lines")
-_STOP_WORDS = r"(?i)\b(?:the|be|to|of|and|that|have|with)\b"  # Gopher's list
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,42 +72,19 @@ def _ramp(x: pl.Expr, zero_at: float, one_at: float) -> pl.Expr:
     return ((x - zero_at) / (one_at - zero_at)).clip(0.0, 1.0)
 
 
-def metric_exprs() -> list[pl.Expr]:
-    """The text metrics every component is made of, one column each (``_m_*``), computed once per batch.
-
-    Each regex count and the per-line list is evaluated once here rather than inside every
-    component that uses it: the word count alone feeds five components, and a Unicode class
-    count costs about as much as the rest of the stage.
-    """
-    text = pl.col("text").fill_null("")
-    lines = (
-        text.str.split("\n")
-        .list.eval(pl.element().str.strip_chars())
-        .list.eval(pl.element().filter(pl.element() != ""))
-    )
-    return [
-        text.str.count_matches(r"\S+").cast(pl.Float64).alias("_m_words"),
-        (text.str.len_chars() - text.str.count_matches(r"\s")).cast(pl.Float64).alias("_m_non_space"),
-        text.str.count_matches(r"\p{L}").cast(pl.Float64).alias("_m_letters"),
-        (text.str.count_matches("#") + text.str.count_matches(r"\.\.\.|…")).cast(pl.Float64).alias("_m_symbols"),
-        text.str.count_matches(_STOP_WORDS).cast(pl.Float64).alias("_m_stop_words"),
-        lines.alias("_m_lines"),
-    ]
-
-
-def line_exprs() -> list[pl.Expr]:
-    """Line counts from the ``_m_lines`` list: non-empty lines, those ending in punctuation, distinct ones."""
-    lines = pl.col("_m_lines")
-    return [
-        lines.list.len().cast(pl.Float64).alias("_m_n_lines"),
-        lines.list.eval(pl.element().str.contains(r"[.!?\"'”’)]$")).list.sum().cast(pl.Float64).alias("_m_punct_lines"),
-        lines.list.n_unique().cast(pl.Float64).alias("_m_unique_lines"),
-    ]
+def metrics(text: pl.Series) -> pl.DataFrame:
+    """The text metrics every component is made of, one ``_m_*`` column each, in one compiled pass
+    (``curate.text.quality.prose_counts``): the words (``\\S+``), non-space characters, letters (``\\p{L}``),
+    ``#`` plus ``...`` and ``…``, stop words, and the non-empty lines (split at ``\\n``, stripped), those
+    ending in terminal punctuation and the distinct ones."""
+    offsets, data = string_buffers(text.fill_null(""))
+    counts = prose_counts(offsets, data, TABLE.cover(offsets, data)[0]).astype(np.float64)
+    return pl.DataFrame({f"_m_{name}": counts[i] for i, name in enumerate(PROSE_COUNTS)})
 
 
 def component_exprs() -> dict[str, pl.Expr]:
-    """Each component as a polars expression over the metric columns (``metric_exprs``, ``line_exprs``), in [0, 1]."""
-    n_words, non_space, n_lines = pl.col("_m_words"), pl.col("_m_non_space"), pl.col("_m_n_lines")
+    """Each component as a polars expression over the metric columns (``metrics``), in [0, 1]."""
+    n_words, non_space, n_lines = pl.col("_m_words"), pl.col("_m_non_space"), pl.col("_m_lines")
     mean_len = non_space / n_words
     exprs = {
         "length": _ramp(n_words, 0.0, 50.0),
@@ -122,9 +102,9 @@ def component_exprs() -> dict[str, pl.Expr]:
 def with_components(batch: pl.DataFrame, names: list[str], prefix: str = "heuristic_") -> pl.DataFrame:
     """``batch`` plus a ``<prefix><name>`` column per component in ``names``."""
     exprs = component_exprs()
-    df = batch.with_columns(metric_exprs()).with_columns(line_exprs())
-    metrics = [c for c in df.columns if c.startswith("_m_") and c not in batch.columns]
-    return df.with_columns([exprs[k].alias(f"{prefix}{k}") for k in names]).drop(metrics)
+    m = metrics(batch["text"])
+    df = pl.concat([batch, m], how="horizontal")
+    return df.with_columns([exprs[k].alias(f"{prefix}{k}") for k in names]).drop(m.columns)
 
 
 class HeuristicScore(Stage):
