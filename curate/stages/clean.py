@@ -14,9 +14,10 @@ a property of a source, not of a document; without it, a row-local stage:
 Everything runs over whole columns. NFC/NFKC (``str.normalize``) runs only on the rows holding
 a character the form may change (most real text has none), and there only on the pieces around
 non-ASCII characters (``curate.text.forms``); control characters and whitespace go in one
-compiled pass (``curate.text.layout``) equal to the expressions of ``normalize_text``; a compiled
-pass keeps each document's distinct line hashes; ``apply`` rebuilds from its lines only the
-documents that hold a boilerplate line. Only ``fix_mojibake`` runs ftfy per row, since ftfy is
+compiled pass (``curate.text.layout``) equal to the expressions of ``normalize_text``. Lines are
+split, stripped and hashed in one compiled pass over the column's bytes (``_lines``), and
+``apply`` rebuilds every document without its boilerplate lines in another (``_without_lines``,
+equal to joining the kept lines, collapsing runs of newlines and stripping the ends). Only ``fix_mojibake`` runs ftfy per row, since ftfy is
 Python — once per row, in ``apply``: lines are hashed before the repair (in ``collect`` and
 ``apply`` alike), and the kept lines are repaired and normalized after the boilerplate is gone.
 """
