@@ -50,15 +50,16 @@ def stop_word_buffers(stop_words) -> tuple[np.ndarray, np.ndarray]:
 
 
 @nb.njit(cache=True, inline="always")
-def _stop_index(data, lo, hi, stop_offsets, stop_data):
-    """Index of the stop word equal to ``data[lo:hi]``, or -1."""
+def _stop_index(data, lo, hi, stop_offsets, stop_data, fold=0):
+    """Index of the stop word equal to ``data[lo:hi]`` (each byte or-ed with ``fold``: 0x20 lowercases ASCII
+    letters), or -1."""
     for s in range(stop_offsets.shape[0] - 1):
         a, b = stop_offsets[s], stop_offsets[s + 1]
         if b - a != hi - lo:
             continue
         same = True
         for j in range(b - a):
-            if stop_data[a + j] != data[lo + j]:
+            if stop_data[a + j] != data[lo + j] | fold:
                 same = False
                 break
         if same:
@@ -213,18 +214,7 @@ def _is_stop_word(data, p, end, props, stop_offsets, stop_data):
         c, _ = code_point(data, q)
         if props[c] & WORD:
             return False
-    for s in range(stop_offsets.shape[0] - 1):
-        a, b = stop_offsets[s], stop_offsets[s + 1]
-        if b - a != q - p:
-            continue
-        same = True
-        for j in range(b - a):
-            if stop_data[a + j] != data[p + j] | 0x20:
-                same = False
-                break
-        if same:
-            return True
-    return False
+    return _stop_index(data, p, q, stop_offsets, stop_data, 0x20) >= 0
 
 
 @nb.njit(cache=True, nogil=True)
