@@ -17,9 +17,10 @@ non-ASCII characters (``curate.text.forms``); control characters and whitespace 
 compiled pass (``curate.text.layout``) equal to the expressions of ``normalize_text``. Lines are
 split, stripped and hashed in one compiled pass over the column's bytes (``_lines``), and
 ``apply`` rebuilds every document without its boilerplate lines in another (``_without_lines``,
-equal to joining the kept lines, collapsing runs of newlines and stripping the ends). Only ``fix_mojibake`` runs ftfy per row, since ftfy is
-Python — once per row, in ``apply``: lines are hashed before the repair (in ``collect`` and
-``apply`` alike), and the kept lines are repaired and normalized after the boilerplate is gone.
+equal to joining the kept lines, collapsing runs of newlines and stripping the ends). Only
+``fix_mojibake`` runs ftfy per row, since ftfy is Python — once per row, in ``apply``: lines are
+hashed before the repair (in ``collect`` and ``apply`` alike), and the kept lines are repaired and
+normalized after the boilerplate is gone.
 """
 
 from __future__ import annotations

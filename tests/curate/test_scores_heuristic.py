@@ -143,3 +143,10 @@ def test_only_ascii_letters_fold_to_the_stop_words_letters():
     chars = pl.Series([chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000], dtype=pl.String)
     folding = pl.DataFrame({"c": chars}).filter(pl.col("c").str.contains(f"^(?i:[{''.join(letters)}])$"))["c"]
     assert sorted(folding.to_list()) == sorted(letters + [x.upper() for x in letters])
+
+
+def test_a_row_field_named_like_a_metric_is_left_alone(tmp_path):
+    batch = rows(PROSE, MASH).with_columns(pl.Series("_m_words", ["kept", "as is"]))
+    out = stage(tmp_path).apply(batch)
+    assert out.kept["_m_words"].to_list() == ["kept", "as is"]
+    assert out.kept["quality"].to_list() == stage(tmp_path).apply(rows(PROSE, MASH)).kept["quality"].to_list()

@@ -102,9 +102,8 @@ def component_exprs() -> dict[str, pl.Expr]:
 def with_components(batch: pl.DataFrame, names: list[str], prefix: str = "heuristic_") -> pl.DataFrame:
     """``batch`` plus a ``<prefix><name>`` column per component in ``names``."""
     exprs = component_exprs()
-    m = metrics(batch["text"])
-    df = pl.concat([batch, m], how="horizontal")
-    return df.with_columns([exprs[k].alias(f"{prefix}{k}") for k in names]).drop(m.columns)
+    # over the metrics alone: a row field of the same name as a metric can neither clash nor be read
+    return batch.with_columns(metrics(batch["text"]).select([exprs[k].alias(f"{prefix}{k}") for k in names]))
 
 
 class HeuristicScore(Stage):
