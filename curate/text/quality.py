@@ -16,7 +16,8 @@ the two on every line break and blank character.
 ``prose_counts`` counts, in one pass, the metrics of ``score.heuristic`` as its regular expressions
 define them: runs of non-whitespace (``\\S+``), non-whitespace and letter (``\\p{L}``) characters, ``#``
 plus ``...`` and ``…``, Gopher's stop words (``(?i)\\b(?:the|be|...)\\b``), and of the lines split at
-``\\n`` and stripped: the non-empty ones, those ending in terminal punctuation, and the distinct ones.
+``\\n`` and stripped: the non-empty ones, those ending in terminal punctuation, and the distinct ones (told
+apart by a 64-bit hash of their bytes).
 """
 
 from __future__ import annotations
