@@ -138,7 +138,8 @@ def check_owner(
     if finished and found.get("fingerprint") not in (None, fingerprint):
         raise OutputError(
             f"output {where} holds the finished outputs of job {job_name!r} made with another configuration (the job "
-            f"file changed since; fingerprint {found['fingerprint']} -> {fingerprint}): starting here would replace "
+            f"file, or the format of one of its stages' work, changed since; fingerprint {found['fingerprint']} -> "
+            f"{fingerprint}): starting here would replace "
             f"them. Give the changed job a new folder (--output or [job] output), or re-run with --overwrite to "
             f"replace them"
         )

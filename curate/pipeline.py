@@ -100,7 +100,7 @@ def job_fingerprint(job: Job) -> str:
     data["job"] = {k: v for k, v in data["job"].items() if k not in _NOT_THE_JOB}
     data.pop("raw", None)
     data.pop("source_file", None)
-    data["stage_classes"] = [f"{stage_class(s.kind).__module__}.{stage_class(s.kind).__qualname__}" for s in job.stages]
+    data["stage_classes"] = [stage_class(s.kind).identity() for s in job.stages]
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -123,10 +123,7 @@ def phase_keys(job: Job, phases: list[PhaseSpec], prints: list, *, spill_ids: bo
         prefix = {
             **base,
             "spill_ids": spill_ids and phase.index == 0,
-            "stages": [
-                [sid, f"{cls.__module__}.{cls.__qualname__}", dataclasses.asdict(config)]
-                for sid, cls, config in stages[: last + 1]
-            ],
+            "stages": [[sid, cls.identity(), dataclasses.asdict(config)] for sid, cls, config in stages[: last + 1]],
         }
         if phase.final:
             prefix["output"] = dataclasses.asdict(job.output)

@@ -127,6 +127,17 @@ class Stage(ABC):
     #: state: a local job may then run a phase made of such stages as threads of one process
     #: instead of worker processes (``curate.pipeline.Runner.threaded``).
     releases_gil: ClassVar[bool] = False
+    #: The format of what the stage spills and plans (keys, plan files). Raise it when a change makes a
+    #: work folder's keys or plans from before it wrong for the new code: it is part of the job's
+    #: fingerprint and phase keys (``identity``), so such a folder is started clean, not resumed.
+    artifacts: ClassVar[int] = 1
+
+    @classmethod
+    def identity(cls) -> str:
+        """What names this stage's code in a job's fingerprint and phase keys: its class, and its ``artifacts``
+        format where that was raised."""
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        return name if cls.artifacts == 1 else f"{name}/{cls.artifacts}"
 
     def __init__(self, config: StageConfig, ctx: StageContext) -> None:
         self.config = config

@@ -257,6 +257,7 @@ class Clean(Barrier):
     kind = "clean"
     Config = CleanConfig
     reasons = ("clean:empty", "clean:boilerplate")
+    artifacts = 2  # the line hashes are ``_lines``' (polars' before): a plan from before would find no line
     config: CleanConfig
 
     def __init__(self, config: CleanConfig, ctx: StageContext) -> None:

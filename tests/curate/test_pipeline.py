@@ -174,6 +174,39 @@ def test_crash_inside_a_task_then_rerun_gives_identical_shards(tmp_path, write_j
     assert resumed["totals"] == {**reference["totals"], "seconds": resumed["totals"]["seconds"]}
 
 
+def test_work_from_a_stage_whose_artifacts_changed_is_started_afresh_not_resumed(
+    tmp_path, write_job, monkeypatch, caplog
+):
+    """A stage that raises ``artifacts`` (its keys or plans mean something else now) changes the job's
+    fingerprint: an interrupted run's work from before is not resumed."""
+    from winnow.curate.pipeline import job_fingerprint
+    from winnow.curate.stages.clean import Clean
+
+    make_inputs(tmp_path, n_files=4)
+    text = JOB.format(workers=1, path=tmp_path / "*.jsonl").replace(
+        '[[stages]]\nkind = "filter.length"',
+        '[[stages]]\nkind = "clean"\nboilerplate_min_docs = 1000\n\n[[stages]]\nkind = "filter.length"',
+    )
+    reference = run_job(load_job(write_job(text, name="ref")), progress=False)
+    job = load_job(write_job(text, name="crash"))
+    original = LengthFilter.apply
+
+    def crash(self, batch):  # in the phase after clean's plan: the work folder holds that plan
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(LengthFilter, "apply", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_job(job, progress=False)
+    monkeypatch.setattr(LengthFilter, "apply", original)
+    before = job_fingerprint(job)
+    monkeypatch.setattr(Clean, "artifacts", Clean.artifacts + 1)
+    assert job_fingerprint(job) != before
+    with caplog.at_level("INFO", logger="winnow.curate"):
+        rerun = run_job(job, progress=False)
+    assert not [r for r in caplog.records if r.getMessage().startswith("resuming")]
+    assert [s["sha256"] for s in rerun["shards"]] == [s["sha256"] for s in reference["shards"]]
+
+
 @pytest.mark.slow
 def test_killed_worker_process_then_rerun_gives_identical_shards(tmp_path, write_job):
     """SIGKILL the whole `winnow curate` process mid-job, re-run, compare with a clean run."""
