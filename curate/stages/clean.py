@@ -354,7 +354,11 @@ class Clean(Barrier):
             drop = self._dropped(batch["source"], row, h, keyed)
             offsets, data, lines_removed = _without_lines(offsets, data, row, start, end, drop, props)
             cleaned = cleaned.with_columns(pl.Series("text", string_array(offsets, data)))
-            boilerplate_only = cleaned.select((pl.Series(lines_removed) > 0) & ~_visible(pl.col("text"))).to_series()
+            # Read on the rows left empty alone, whose rebuilt text shows nothing, unless ftfy's repair changes it.
+            removed = pl.Series(lines_removed) > 0
+            boilerplate_only = (
+                removed if self._ftfy is None else cleaned.select(removed & ~_visible(pl.col("text"))).to_series()
+            )
             per_source = batch.select("source", pl.Series("n", lines_removed)).group_by("source").sum()
             for source, n in per_source.iter_rows():
                 counters[("lines_removed", source)] = float(n)
