@@ -34,7 +34,7 @@ from typing import Literal
 
 import torch
 
-from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.errors import CheckpointError, ConfigError, checker
 from winnow.train.hooks import TrainHook
 from winnow.train.model import cross_entropy_per_token
 
@@ -58,10 +58,7 @@ class MixingConfig:
     max_factor: float = 2.0  # counterfactual: the start moves each share by at most this factor (the slope's range)
 
     def __post_init__(self) -> None:
-        def check(ok: bool, key: str, value: object, allowed: str) -> None:
-            if not ok:
-                raise ConfigError(f"train.mixing.{key} = {value!r} is invalid; allowed: {allowed}")
-
+        check = checker("train.mixing")
         check(
             self.adaptive in ("",) + METHODS, "adaptive", self.adaptive, "'' (off) or " + ", ".join(map(repr, METHODS))
         )

@@ -23,7 +23,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from winnow.train.errors import ConfigError
+from winnow.train.errors import ConfigError, checker
+
+_check = checker("train.alerts")
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +70,17 @@ class AlertConfig:
     def __post_init__(self) -> None:
         for key in ("spike_sigma", "throughput_drop", "data_wait_pct", "webhook_timeout"):
             value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and value >= 0):
-                raise ConfigError(f"train.alerts.{key} = {value!r} is invalid; allowed: a number >= 0")
+            _check(isinstance(value, (int, float)) and value >= 0, key, value, "a number >= 0")
         for key in ("throughput_window", "throughput_patience"):
             value = getattr(self, key)
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f"train.alerts.{key} = {value!r} is invalid; allowed: an integer >= 1")
+            _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
         if self.spike_window < 2 or not 1 < self.spike_min_history <= self.spike_window:
             raise ConfigError(
                 f"train.alerts.spike_min_history = {self.spike_min_history!r} is invalid; "
                 f"allowed: 2..spike_window ({self.spike_window}), with spike_window >= 2"
             )
-        if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
-            raise ConfigError(f"train.alerts.webhook_url = {self.webhook_url!r} is invalid; allowed: an http(s) URL")
+        url = self.webhook_url
+        _check(url is None or url.startswith(("http://", "https://")), "webhook_url", url, "an http(s) URL")
 
 
 class SpikeDetector:

@@ -33,8 +33,10 @@ import fsspec
 import numpy as np
 import torch
 
-from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.errors import CheckpointError, ConfigError, checker
 from winnow.train.paths import JSON_BYTES, inside, read_capped
+
+_check = checker("train.checkpoint")
 
 log = logging.getLogger(__name__)
 _LOCAL = fsspec.filesystem("file")
@@ -70,10 +72,8 @@ class CheckpointConfig:
                 f"train.checkpoint.mode = {self.mode!r} is invalid; allowed: a file mode such as 0o600 "
                 "or 0o640 (TOML octal) that lets the owner read and write"
             )
-        if not (isinstance(self.every, int) and self.every >= 0):
-            raise ConfigError(f"train.checkpoint.every = {self.every!r} is invalid; allowed: an integer >= 0")
-        if not (isinstance(self.keep_last, int) and self.keep_last >= 1):
-            raise ConfigError(f"train.checkpoint.keep_last = {self.keep_last!r} is invalid; allowed: an integer >= 1")
+        _check(isinstance(self.every, int) and self.every >= 0, "every", self.every, "an integer >= 0")
+        _check(isinstance(self.keep_last, int) and self.keep_last >= 1, "keep_last", self.keep_last, "an integer >= 1")
 
 
 def _sha256(path: Path) -> str:

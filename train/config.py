@@ -11,7 +11,7 @@ from winnow.train.attribution import AttributionConfig
 from winnow.train.checkpoint import CheckpointConfig
 from winnow.train.data.config import LoaderConfig
 from winnow.train.data.sets import ReplayConfig, ShardSetConfig
-from winnow.train.errors import ConfigError
+from winnow.train.errors import checker
 from winnow.train.metrics import MetricsConfig
 from winnow.train.model.config import ModelConfig
 from winnow.train.optim import OptimConfig
@@ -19,10 +19,8 @@ from winnow.train.parallel.config import ParallelConfig
 from winnow.train.stopping import StopConfig
 from winnow.train.tokenizer import TokenizerConfig
 
-
-def _check(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"train.{key} = {value!r} is invalid; allowed: {allowed}")
+_check = checker("train")
+_distill = checker("train.distill")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,10 +32,8 @@ class DistillConfig:
     temperature: float = 2.0  # softmax temperature of the teacher's and the student's logits
 
     def __post_init__(self) -> None:
-        if not 0 <= self.alpha <= 1:
-            raise ConfigError(f"train.distill.alpha = {self.alpha!r} is invalid; allowed: 0..1")
-        if self.temperature <= 0:
-            raise ConfigError(f"train.distill.temperature = {self.temperature!r} is invalid; allowed: > 0")
+        _distill(0 <= self.alpha <= 1, "alpha", self.alpha, "0..1")
+        _distill(self.temperature > 0, "temperature", self.temperature, "> 0")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -41,3 +41,14 @@ def require(module: str, *, package: str | None = None, feature: str):
         raise MissingDependencyError(
             f"{feature} needs the package {package or module!r}; install it with: pip install {package or module}"
         ) from err
+
+
+def checker(table: str):
+    """``check(ok, key, value, allowed)``: raise a ``ConfigError`` naming ``table.key``, its value and what is
+    allowed, unless ``ok``. Each config module makes one for its table."""
+
+    def check(ok: bool, key: str, value: object, allowed: str) -> None:
+        if not ok:
+            raise ConfigError(f"{table}.{key} = {value!r} is invalid; allowed: {allowed}")
+
+    return check

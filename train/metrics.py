@@ -19,8 +19,10 @@ from typing import Any, Literal
 
 import torch
 
-from winnow.train.errors import ConfigError
+from winnow.train.errors import checker
 from winnow.train.plan.hardware import DEVICES, table_key
+
+_check = checker("train.metrics")
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +47,11 @@ class MetricsConfig:
     def __post_init__(self) -> None:
         from winnow.train.trackers import TRACKERS
 
-        bad = [t for t in self.trackers if t not in TRACKERS]
-        if bad:
-            raise ConfigError(
-                f"train.metrics.trackers = {self.trackers!r} is invalid; allowed: any of {list(TRACKERS)}"
-            )
+        _check(all(t in TRACKERS for t in self.trackers), "trackers", self.trackers, f"any of {list(TRACKERS)}")
         if self.tensorboard and "tensorboard" not in self.trackers:
             self.trackers = ["tensorboard", *self.trackers]
-        if not (isinstance(self.log_every, int) and self.log_every >= 1):
-            raise ConfigError(f"train.metrics.log_every = {self.log_every!r} is invalid; allowed: an integer >= 1")
-        if self.peak_flops is not None and self.peak_flops <= 0:
-            raise ConfigError(f"train.metrics.peak_flops = {self.peak_flops!r} is invalid; allowed: None or > 0")
+        _check(isinstance(self.log_every, int) and self.log_every >= 1, "log_every", self.log_every, "an integer >= 1")
+        _check(self.peak_flops is None or self.peak_flops > 0, "peak_flops", self.peak_flops, "None or > 0")
 
 
 def peak_flops_basis(device: torch.device, configured: float | None) -> tuple[float, str]:

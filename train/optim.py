@@ -8,13 +8,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from winnow.train.errors import ConfigError
+from winnow.train.errors import checker
 from winnow.train.schedules import lr_factor
 
-
-def _check(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"train.optim.{key} = {value!r} is invalid; allowed: {allowed}")
+_check = checker("train.optim")
 
 
 @dataclass(kw_only=True, slots=True)

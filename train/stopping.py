@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from winnow.train.errors import ConfigError
+from winnow.train.errors import ConfigError, checker
 from winnow.train.hooks import TrainHook
+
+_check = checker("train.stop")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -27,13 +29,10 @@ class StopConfig:
     thresholds: dict[str, float] = field(default_factory=dict)  # source -> stop once its held-out loss <= value
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.patience, int) and self.patience >= 0):
-            raise ConfigError(f"train.stop.patience = {self.patience!r} is invalid; allowed: an integer >= 0")
-        if not self.min_delta >= 0:
-            raise ConfigError(f"train.stop.min_delta = {self.min_delta!r} is invalid; allowed: >= 0")
+        _check(isinstance(self.patience, int) and self.patience >= 0, "patience", self.patience, "an integer >= 0")
+        _check(self.min_delta >= 0, "min_delta", self.min_delta, ">= 0")
         for source, value in self.thresholds.items():
-            if not math.isfinite(value):
-                raise ConfigError(f"train.stop.thresholds.{source} = {value!r} is invalid; allowed: a finite number")
+            _check(math.isfinite(value), f"thresholds.{source}", value, "a finite number")
 
     @property
     def active(self) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from winnow.train.errors import ConfigError
+from winnow.train.errors import checker
+
+_check = checker("train.attribution")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,27 +35,34 @@ class AttributionConfig:
     def __post_init__(self) -> None:
         for key, low in (("every", 0), ("start", 0), ("heldout_rows", 1)):
             value = getattr(self, key)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
-                raise ConfigError(f"train.attribution.{key} = {value!r} is invalid; allowed: an integer >= {low}")
-        if self.counterfactual_rows < 4 or isinstance(self.counterfactual_rows, bool):
-            raise ConfigError(
-                f"train.attribution.counterfactual_rows = {self.counterfactual_rows!r} is invalid; allowed: "
-                "an integer >= 4 (its interval comes from 4 groups of the rows)"
+            _check(
+                isinstance(value, int) and not isinstance(value, bool) and value >= low,
+                key,
+                value,
+                f"an integer >= {low}",
             )
-        bad = [f for f in self.factors if not (isinstance(f, (int, float)) and f >= 0 and f != 1)]
-        if bad or not self.factors:
-            raise ConfigError(
-                f"train.attribution.factors = {self.factors!r} is invalid; allowed: share factors >= 0 "
-                f"other than 1 (0 = left out; a factor below 0 would make the source's weight negative)"
-            )
-        if not self.horizon > 0:
-            raise ConfigError(
-                f"train.attribution.horizon = {self.horizon!r} is invalid; allowed: a number of steps > 0"
-            )
-        if not 0 < self.saturation <= 1:
-            raise ConfigError(
-                f"train.attribution.saturation = {self.saturation!r} is invalid; allowed: 0 < q <= 1 "
-                "(1: linear in the share; smaller: leaving a source out costs more than the slope says)"
-            )
-        if self.split not in ("tokens", "losses"):
-            raise ConfigError(f"train.attribution.split = {self.split!r} is invalid; allowed: 'tokens' or 'losses'")
+        rows = self.counterfactual_rows
+        _check(
+            isinstance(rows, int) and not isinstance(rows, bool) and rows >= 4,
+            "counterfactual_rows",
+            rows,
+            "an integer >= 4 (its interval comes from 4 groups of the rows)",
+        )
+        _check(
+            bool(self.factors) and all(isinstance(f, (int, float)) and f >= 0 and f != 1 for f in self.factors),
+            "factors",
+            self.factors,
+            "share factors >= 0 other than 1 (0 = left out; a factor below 0 would make the source's weight negative)",
+        )
+        _check(_number(self.horizon) and self.horizon > 0, "horizon", self.horizon, "a number of steps > 0")
+        _check(
+            _number(self.saturation) and 0 < self.saturation <= 1,
+            "saturation",
+            self.saturation,
+            "0 < q <= 1 (1: linear in the share; smaller: leaving a source out costs more than the slope says)",
+        )
+        _check(self.split in ("tokens", "losses"), "split", self.split, "'tokens' or 'losses'")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -5,12 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from winnow.train.errors import ConfigError
+from winnow.train.errors import checker
 
-
-def _check(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"train.model.{key} = {value!r} is invalid; allowed: {allowed}")
+_check = checker("train.model")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -5,12 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from winnow.train.errors import ConfigError
+from winnow.train.errors import ConfigError, checker
 
-
-def _check(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"train.parallel.{key} = {value!r} is invalid; allowed: {allowed}")
+_check = checker("train.parallel")
+_topk = checker("train.parallel.topk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,30 +69,32 @@ class TopKConfig:
     def __post_init__(self) -> None:
         for key in ("density", "warmup_density"):
             value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and 0 < value <= 1):
-                raise ConfigError(
-                    f"train.parallel.topk.{key} = {value!r} is invalid; allowed: 0 < value <= 1 "
-                    "(the share of each gradient tensor sent per step)"
-                )
-        if self.warmup_density < self.density:
-            raise ConfigError(
-                f"train.parallel.topk.warmup_density = {self.warmup_density!r} is invalid; allowed: "
-                f">= train.parallel.topk.density ({self.density!r}): the warm-up sends more, not less"
+            _topk(
+                isinstance(value, (int, float)) and 0 < value <= 1,
+                key,
+                value,
+                "0 < value <= 1 (the share of each gradient tensor sent per step)",
             )
-        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
-            raise ConfigError(
-                f"train.parallel.topk.warmup_steps = {self.warmup_steps!r} is invalid; allowed: an integer >= 0"
-            )
-        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
-            raise ConfigError(f"train.parallel.topk.momentum = {self.momentum!r} is invalid; allowed: 0 <= value < 1")
-        if self.precondition not in ("none", "adam"):
-            raise ConfigError(
-                f"train.parallel.topk.precondition = {self.precondition!r} is invalid; allowed: 'none', 'adam'"
-            )
-        if self.value_dtype not in ("float32", "bfloat16"):
-            raise ConfigError(
-                f"train.parallel.topk.value_dtype = {self.value_dtype!r} is invalid; allowed: 'float32', 'bfloat16'"
-            )
+        _topk(
+            self.warmup_density >= self.density,
+            "warmup_density",
+            self.warmup_density,
+            f">= train.parallel.topk.density ({self.density!r}): the warm-up sends more, not less",
+        )
+        _topk(
+            isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
+            "warmup_steps",
+            self.warmup_steps,
+            "an integer >= 0",
+        )
+        _topk(
+            isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1,
+            "momentum",
+            self.momentum,
+            "0 <= value < 1",
+        )
+        _topk(self.precondition in ("none", "adam"), "precondition", self.precondition, "'none', 'adam'")
+        _topk(self.value_dtype in ("float32", "bfloat16"), "value_dtype", self.value_dtype, "'float32', 'bfloat16'")
 
     def density_at(self, step: int) -> float:
         """The density of exchange ``step`` (0-based): ``warmup_density · (density / warmup_density)^(step / warmup_steps)``."""
