@@ -77,11 +77,8 @@ class CheckpointConfig:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # Parameter names checkpoints of earlier versions hold (the experts' weights on the FFN itself,

@@ -136,9 +136,6 @@ class Throughput:
         self.comm_start = self._comm_total()
         self.comm_excluded = 0.0
 
-    def exclude(self, seconds: float) -> None:
-        self.excluded += seconds
-
     def mark(self) -> tuple[float, float]:
         """Start of a stretch to leave out (evaluation, checkpoint): hand it back to ``exclude_since``."""
         return time.perf_counter(), self._comm_total()

@@ -1,50 +1,9 @@
-"""The compute planner behind ``winnow plan``: size a run from a budget, or cost a ``[train]`` table.
-
-Compute-optimal sizing follows Chinchilla (https://arxiv.org/abs/2203.15556): C = 6·N·D with
-D ≈ 20·N tokens, applied to *active* parameters for a MoE; total parameters follow from the
-expert count and top-k. Time and memory estimates are first-order, for planning only.
-"""
+"""What a ``[train]`` table costs, for ``winnow plan``: its time and per-device memory, first-order, for planning
+only (sizing a run from a budget is ``plan/budget.py``)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from winnow.train.config import TrainConfig
-from winnow.train.errors import ConfigError
-
-TOKENS_PER_PARAM = 20.0
-FFN_SHARE = 2 / 3  # share of a dense transformer's non-embedding parameters in its feed-forward blocks
-
-
-@dataclass(kw_only=True, slots=True)
-class Budget:
-    """Accelerator time and speed available for one run."""
-
-    device_hours: float
-    peak_flops: float  # per device, dense, in the training dtype
-    utilization: float = 0.35  # expected MFU
-    n_experts: int = 8
-    top_k: int = 2
-
-    def __post_init__(self) -> None:
-        for key in ("device_hours", "peak_flops"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"plan.{key} = {getattr(self, key)!r} is invalid; allowed: > 0")
-        if not 0 < self.utilization <= 1:
-            raise ConfigError(f"plan.utilization = {self.utilization!r} is invalid; allowed: 0 < value <= 1")
-        if not 1 <= self.top_k <= max(self.n_experts, 1):
-            raise ConfigError(f"plan.top_k = {self.top_k!r} is invalid; allowed: 1..n_experts ({self.n_experts})")
-
-
-def plan_budget(budget: Budget) -> dict[str, float]:
-    """Compute-optimal active/total parameters and tokens for the budget."""
-    compute = budget.device_hours * 3600 * budget.peak_flops * budget.utilization
-    active = math.sqrt(compute / (6 * TOKENS_PER_PARAM))
-    tokens = TOKENS_PER_PARAM * active
-    expansion = budget.n_experts / budget.top_k if budget.n_experts > 1 else 1.0
-    total = active * (1 - FFN_SHARE + FFN_SHARE * expansion)
-    return {"compute_flops": compute, "active_params": active, "total_params": total, "tokens": tokens}
 
 
 def estimate_run(cfg: TrainConfig, *, peak_flops: float, utilization: float, devices: int = 1) -> dict[str, float]:

@@ -12,7 +12,7 @@ from winnow.train.config import TrainConfig
 from winnow.train.errors import ConfigError
 from winnow.train.model import ModelConfig, Transformer
 from winnow.train.optim import Lamb, OptimConfig, lr_factor, param_groups
-from winnow.train.planner import Budget, estimate_run, plan_budget
+from winnow.train.planner import estimate_run
 
 
 def test_alert_is_written_and_posted_to_webhook(tmp_path):
@@ -92,11 +92,7 @@ def test_weight_decay_groups_exclude_norms_and_embeddings():
     assert all(p.ndim >= 2 for p in decay["params"]) and any(p.ndim == 1 for p in no_decay["params"])
 
 
-def test_planner_is_chinchilla_optimal():
-    plan = plan_budget(Budget(device_hours=1.0, peak_flops=1e15, utilization=0.5, n_experts=8, top_k=2))
-    assert 6 * plan["active_params"] * plan["tokens"] == pytest.approx(plan["compute_flops"])
-    assert plan["tokens"] == pytest.approx(20 * plan["active_params"])
-    assert plan["total_params"] == pytest.approx(plan["active_params"] * (1 / 3 + 2 / 3 * 4))
+def test_estimate_run_costs_the_table():
     est = estimate_run(TrainConfig(steps=10), peak_flops=1e12, utilization=0.5)
     assert est["tokens"] == 10 * 8 * 128 and est["hours"] > 0 and est["memory_gib_per_device"] > 0
 

@@ -141,11 +141,8 @@ class TopKCompression:
         parts, offset = [], 0  # per parameter: (name, new u, new v, new s or None, its top-k indices, the values sent)
         values, indices = [], []
         for buffer, params, _ in waiting:
-            start = 0
-            for p in params:
+            for p, g in zip(params, buffer.split([p.numel() for p in params])):
                 n = p.numel()
-                g = buffer[start : start + n]
-                start += n
                 name = self._names[id(p)]
                 g, s = g * scale if scale < 1 else g, None
                 if self.cfg.precondition == "adam":
@@ -169,13 +166,12 @@ class TopKCompression:
                 fut.value()
                 self.timer.add_interval(start_time, time.perf_counter(), message.numel(), uncompressed)
                 flat = self._combine(gathered.view(self.world, -1), layout, dtype, value_dtype, offset, parts)
-                at = 0
-                results = []
-                for buffer, _, _ in waiting:
-                    # into the bucket's own buffer: DDP (torch 2.13, CPU) reads a result from the start of
-                    # its storage, so a view of ``flat`` at an offset would hand every bucket the first's values
-                    results.append(buffer.copy_(flat[at : at + buffer.numel()].view_as(buffer)))
-                    at += buffer.numel()
+                # into the bucket's own buffer: DDP (torch 2.13, CPU) reads a result from the start of
+                # its storage, so a view of ``flat`` at an offset would hand every bucket the first's values
+                results = [
+                    buffer.copy_(part.view_as(buffer))
+                    for (buffer, _, _), part in zip(waiting, flat.split([b.numel() for b, _, _ in waiting]))
+                ]
             except Exception as err:  # noqa: BLE001 - the hook's futures must complete either way
                 for _, _, future in waiting[:-1]:
                     future.set_exception(err)

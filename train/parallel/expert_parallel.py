@@ -134,10 +134,8 @@ def sync_expert_grads(params: list[nn.Parameter], world: World, timer: CommTimer
     if world.edp_size > 1:
         with timer.blocking(flat.numel() * flat.element_size()):
             dist.all_reduce(flat, group=world.edp_group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
 
 
 def gather_experts(tensor: torch.Tensor, world: World) -> torch.Tensor:

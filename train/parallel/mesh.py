@@ -134,10 +134,6 @@ class World:
         return self._group(self.sparse_mesh, "edp")
 
     @property
-    def tp_mesh(self):
-        return None if self.mesh is None else self.mesh["tp"]
-
-    @property
     def fsdp_mesh(self):
         """FSDP2's mesh: ``dp_shard``, or ``(dp_replicate, dp_shard)`` (HSDP) when both are > 1."""
         if self.mesh is None:
