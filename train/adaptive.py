@@ -88,7 +88,59 @@ class MixingConfig:
         return bool(self.adaptive)
 
 
-class AdaptiveMix(TrainHook):
+class _Mix(TrainHook):
+    """What both adaptive mixes share: weights over the training sets, one source each, moved by a per-set signal
+    (``signal``: the attribute, state key and, as ``signal_report``, report key it is kept under)."""
+
+    name = "mixing"
+    method = ""
+    signal = ""
+    signal_report = ""
+
+    def _start(self, set_sources: list[int], weights: list[float]) -> None:
+        self.set_sources = torch.tensor(set_sources, dtype=torch.long)
+        w = torch.tensor(weights, dtype=torch.float64)
+        self.weights = w / w.sum()
+        setattr(self, self.signal, torch.zeros(len(set_sources), dtype=torch.float64))  # per set, last measured
+        self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)  # over the updates: their mean
+        self.updates = 0
+
+    def _move(self, logits: torch.Tensor) -> list[float]:
+        """``softmax(logits)`` mixed with ``smoothing`` of the uniform mix become the weights; returns them."""
+        alpha = torch.softmax(logits, dim=0)
+        self.weights = (1 - self.cfg.smoothing) * alpha + self.cfg.smoothing / len(alpha)
+        self.weight_sum += self.weights
+        self.updates += 1
+        return self.weights.tolist()
+
+    def report(self) -> dict:
+        """The current weights, their mean over the updates and the signal, by source name."""
+        by_name = [self.names[int(i)] for i in self.set_sources]
+        mean = self.weight_sum / self.updates if self.updates else self.weights
+        return {
+            "mix_weights": dict(zip(by_name, self.weights.tolist())),
+            "mix_weights_mean": dict(zip(by_name, mean.tolist())),
+            self.signal_report: dict(zip(by_name, getattr(self, self.signal).tolist())),
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "weights": self.weights.tolist(),
+            self.signal: getattr(self, self.signal).tolist(),
+            "weight_sum": self.weight_sum.tolist(),
+            "updates": self.updates,
+            "set_sources": self.set_sources.tolist(),
+            "method": self.method,
+        }
+
+    def _restore(self, state: dict) -> None:
+        self.weights = torch.tensor(state["weights"], dtype=torch.float64)
+        setattr(self, self.signal, torch.tensor(state[self.signal], dtype=torch.float64))
+        self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
+        self.updates = int(state["updates"])
+
+
+class AdaptiveMix(_Mix):
     """DoReMi-style weights over the training sets, one source each: a trainer hook (``train.hooks``).
 
     ``set_sources[i]`` is the source id set ``i`` holds; ``weights`` the starting mix (one per set).
@@ -98,8 +150,8 @@ class AdaptiveMix(TrainHook):
     ``names`` are the run's source names, by id (for ``report``).
     """
 
-    name = "mixing"
     inputs = True  # a pipeline's last stage scores the micro-batch's tokens
+    method, signal, signal_report = "doremi", "excess", "excess_loss"
 
     def __init__(
         self,
@@ -123,12 +175,7 @@ class AdaptiveMix(TrainHook):
         self.cfg, self.device = cfg, device
         # the model that scores; None on a pipeline stage that never scores (the trainer drops it there)
         self.reference: torch.nn.Module | None = reference.eval()
-        self.set_sources = torch.tensor(set_sources, dtype=torch.long)
-        w = torch.tensor(weights, dtype=torch.float64)
-        self.weights = w / w.sum()
-        self.excess = torch.zeros(len(set_sources), dtype=torch.float64)  # each set's last measured excess
-        self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)  # over the updates: their mean
-        self.updates = 0
+        self._start(set_sources, weights)  # self.excess: each set's last measured excess loss
         self._sums = torch.zeros(2, n_sources, dtype=torch.float64, device=device)  # (excess, tokens) per source id
         self.data, self.names, self.reduce = data, names or [str(i) for i in range(n_sources)], reduce
         self._due = False
@@ -180,36 +227,11 @@ class AdaptiveMix(TrainHook):
         self._sums.zero_()
         seen = sums[1] > 0
         self.excess[seen] = sums[0][seen] / sums[1][seen]
-        logits = self.weights.log() + self.cfg.step_size * self.excess
-        alpha = torch.softmax(logits, dim=0)
-        self.weights = (1 - self.cfg.smoothing) * alpha + self.cfg.smoothing / len(alpha)
-        self.weight_sum += self.weights
-        self.updates += 1
-        return self.weights.tolist()
+        return self._move(self.weights.log() + self.cfg.step_size * self.excess)
 
     def discard(self) -> None:
         """The step was skipped: forget what its batch measured."""
         self._sums.zero_()
-
-    def report(self) -> dict:
-        """The current weights and their mean over the updates, by source name."""
-        by_name = [self.names[int(i)] for i in self.set_sources]
-        mean = self.weight_sum / self.updates if self.updates else self.weights
-        return {
-            "mix_weights": dict(zip(by_name, self.weights.tolist())),
-            "mix_weights_mean": dict(zip(by_name, mean.tolist())),
-            "excess_loss": dict(zip(by_name, self.excess.tolist())),
-        }
-
-    def state_dict(self) -> dict:
-        return {
-            "weights": self.weights.tolist(),
-            "excess": self.excess.tolist(),
-            "weight_sum": self.weight_sum.tolist(),
-            "updates": self.updates,
-            "set_sources": self.set_sources.tolist(),
-            "method": "doremi",
-        }
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state:
@@ -227,10 +249,7 @@ class AdaptiveMix(TrainHook):
                 f"the checkpoint's adaptive mix is over sources {state['set_sources']}, this run's over "
                 f"{self.set_sources.tolist()}; resume with the same [train] shards"
             )
-        self.weights = torch.tensor(state["weights"], dtype=torch.float64)
-        self.excess = torch.tensor(state["excess"], dtype=torch.float64)
-        self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
-        self.updates = int(state["updates"])
+        self._restore(state)
 
 
 def proposal(
@@ -251,7 +270,7 @@ def proposal(
     return dict(zip(names, (w / w.sum()).tolist()))
 
 
-class CounterfactualMix(TrainHook):
+class CounterfactualMix(_Mix):
     """Weights over the training sets, one source each, from the counterfactual: a trainer hook (``train.hooks``).
 
     ``weights`` is the start (``proposal`` of the reference run's counterfactual). Every ``every`` steps once
@@ -261,7 +280,7 @@ class CounterfactualMix(TrainHook):
     loader draws the next sequences by them.
     """
 
-    name = "mixing"
+    method, signal, signal_report = "counterfactual", "slope", "mix_slope"
 
     def __init__(
         self,
@@ -279,12 +298,7 @@ class CounterfactualMix(TrainHook):
             )
         self.cfg, self.data = cfg, data
         self.names = names or [str(i) for i in range(max(set_sources) + 1)]
-        self.set_sources = torch.tensor(set_sources, dtype=torch.long)
-        w = torch.tensor(weights, dtype=torch.float64)
-        self.weights = w / w.sum()
-        self.slope = torch.zeros(len(set_sources), dtype=torch.float64)  # the target's slope per set, last read
-        self.weight_sum = torch.zeros(len(set_sources), dtype=torch.float64)
-        self.updates = 0
+        self._start(set_sources, weights)  # self.slope: the target's slope per set, last read
         self.attribution = None
         self._due = False
 
@@ -326,30 +340,7 @@ class CounterfactualMix(TrainHook):
         if target is None:  # no split step yet, or no probe rows of the target: nothing to follow
             return self.weights.tolist()
         self.slope = torch.as_tensor(target, dtype=torch.float64)[self.set_sources]
-        alpha = torch.softmax(self.weights.log() - self.cfg.step_size * self.slope, dim=0)
-        self.weights = (1 - self.cfg.smoothing) * alpha + self.cfg.smoothing / len(alpha)
-        self.weight_sum += self.weights
-        self.updates += 1
-        return self.weights.tolist()
-
-    def report(self) -> dict:
-        by_name = [self.names[int(i)] for i in self.set_sources]
-        mean = self.weight_sum / self.updates if self.updates else self.weights
-        return {
-            "mix_weights": dict(zip(by_name, self.weights.tolist())),
-            "mix_weights_mean": dict(zip(by_name, mean.tolist())),
-            "mix_slope": dict(zip(by_name, self.slope.tolist())),
-        }
-
-    def state_dict(self) -> dict:
-        return {
-            "weights": self.weights.tolist(),
-            "slope": self.slope.tolist(),
-            "weight_sum": self.weight_sum.tolist(),
-            "updates": self.updates,
-            "set_sources": self.set_sources.tolist(),
-            "method": "counterfactual",
-        }
+        return self._move(self.weights.log() - self.cfg.step_size * self.slope)
 
     def load_state_dict(self, state: dict | None) -> None:
         if not state or state.get("method") != "counterfactual" or state["set_sources"] != self.set_sources.tolist():
@@ -357,7 +348,4 @@ class CounterfactualMix(TrainHook):
                 "the checkpoint's adaptive mix is not this run's (counterfactual, sources "
                 f"{self.set_sources.tolist()}); resume with the same [train.mixing] and shards"
             )
-        self.weights = torch.tensor(state["weights"], dtype=torch.float64)
-        self.slope = torch.tensor(state["slope"], dtype=torch.float64)
-        self.weight_sum = torch.tensor(state["weight_sum"], dtype=torch.float64)
-        self.updates = int(state["updates"])
+        self._restore(state)
