@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -143,8 +142,7 @@ class Pieces:
         for i, g in enumerate(grads):
             if self.heldout_tp_sum[i]:  # sequence parallel: each tp rank's part of the sequence
                 g = g.clone()
-                with self.timer.blocking(g.numel() * g.element_size()):
-                    dist.all_reduce(g, group=self.world.tp_group)
+                self.timer.all_reduce(g, self.world.tp_group)
             g = self.cut(i, g)
             out.append(g * self.heldout_scale[i] if self.heldout_scale[i] != 1.0 else g)
         return out
@@ -154,8 +152,7 @@ class Pieces:
         group = self.grad_group[i]
         if group is not None:
             grad_S = grad_S.clone(memory_format=torch.contiguous_format)  # parts may be a strided view: one block
-            with self.timer.blocking(grad_S.numel() * grad_S.element_size()):
-                dist.all_reduce(grad_S, group=group)
+            self.timer.all_reduce(grad_S, group)
         return self.cut(i, grad_S).contiguous()
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -163,6 +160,4 @@ class Pieces:
         if not self.distributed:
             return tensor
         out = tensor.detach().clone()
-        with self.timer.blocking(out.numel() * out.element_size()):
-            dist.all_reduce(out)
-        return out
+        return self.timer.all_reduce(out)

@@ -14,6 +14,9 @@ import threading
 import time
 from contextlib import contextmanager
 
+import torch
+import torch.distributed as dist
+
 
 class CommTimer:
     """Seconds and bytes of communication since the last ``reset``; safe to call from gloo's callback thread."""
@@ -38,6 +41,12 @@ class CommTimer:
             yield
         finally:
             self.add_interval(start, time.perf_counter(), nbytes, nbytes)
+
+    def all_reduce(self, tensor: torch.Tensor, group=None, op=None) -> torch.Tensor:
+        """``dist.all_reduce`` of ``tensor`` in place (a sum unless ``op``), timed as a blocking collective."""
+        with self.blocking(tensor.numel() * tensor.element_size()):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
+        return tensor
 
     def add_interval(self, start: float, end: float, nbytes: int, uncompressed: int) -> None:
         """Count ``[start, end]`` once even where it overlaps an interval already counted."""

@@ -132,8 +132,7 @@ def sync_expert_grads(params: list[nn.Parameter], world: World, timer: CommTimer
     flat = torch.cat([g.reshape(-1) for g in grads])
     flat.div_(world.dp_size)
     if world.edp_size > 1:
-        with timer.blocking(flat.numel() * flat.element_size()):
-            dist.all_reduce(flat, group=world.edp_group)
+        timer.all_reduce(flat, world.edp_group)
     for g, part in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(part.view_as(g))
 

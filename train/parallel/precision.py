@@ -32,5 +32,4 @@ class AgreedGradScaler(torch.amp.GradScaler):
         if not self.is_enabled():
             return
         for found_inf in self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
-            with self.timer.blocking(found_inf.element_size()):
-                dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
+            self.timer.all_reduce(found_inf, self.group, dist.ReduceOp.MAX)

@@ -7,7 +7,6 @@ count, loss and norm together) and once per log step (the per-source accounting 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from winnow.train.parallel.comm import CommTimer
 from winnow.train.parallel.mesh import World
@@ -26,10 +25,7 @@ class Reducer:
         """A new tensor holding the sum of ``tensor`` over the dp ranks (``tensor`` is left unchanged)."""
         if self.world.dp_size == 1:
             return tensor
-        out = tensor.detach().clone()
-        with self.timer.blocking(out.numel() * out.element_size()):
-            dist.all_reduce(out, group=self.world.dp_group)
-        return out
+        return self.timer.all_reduce(tensor.detach().clone(), self.world.dp_group)
 
     def sum_int(self, value: int) -> int:
         """An integer summed over the ranks (e.g. a step's loss tokens)."""

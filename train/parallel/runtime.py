@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -247,15 +246,10 @@ class Parallel:
             squares(kinds[k]) for k in ((False, False), (False, True), (True, False), (True, True))
         )
         if self.world.ep_size > 1:
-            ep_sq, both_sq = self._sum_over(torch.stack([ep_sq, both_sq]), self.world.ep_group).unbind()
+            ep_sq, both_sq = self.comm.all_reduce(torch.stack([ep_sq, both_sq]), self.world.ep_group).unbind()
         if self.world.tp_size > 1:
-            tp_sq, both_sq = self._sum_over(torch.stack([tp_sq, both_sq]), self.world.tp_group).unbind()
+            tp_sq, both_sq = self.comm.all_reduce(torch.stack([tp_sq, both_sq]), self.world.tp_group).unbind()
         return whole + tp_sq + ep_sq + both_sq
-
-    def _sum_over(self, tensor: torch.Tensor, group) -> torch.Tensor:
-        with self.comm.blocking(tensor.numel() * tensor.element_size()):
-            dist.all_reduce(tensor, group=group)
-        return tensor
 
     def step_values(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
         return self.reducer.step_values(loss, grad_norm)
@@ -272,10 +266,7 @@ class Parallel:
         """Sum over the ranks of one pipeline: stage-local figures (router losses per layer, held-out sums) made whole."""
         if self.pipeline is None:
             return tensor
-        out = tensor.detach().clone()
-        with self.comm.blocking(out.numel() * out.element_size()):
-            dist.all_reduce(out, group=self.world.pp_group)
-        return out
+        return self.comm.all_reduce(tensor.detach().clone(), self.world.pp_group)
 
     def global_load(self, load_ME: torch.Tensor) -> torch.Tensor:
         """The step's expert load over every rank, for the aux-loss-free bias update (only then a collective)."""

@@ -49,10 +49,7 @@ EXPERTS_LAYOUT = {"experts.w13_ED2F": (2, 2), "experts.w2_EFD": (1, 1)}
 
 
 def _all_reduce(x: torch.Tensor, group, timer: CommTimer) -> torch.Tensor:
-    out = x.contiguous().clone()
-    with timer.blocking(out.numel() * out.element_size()):
-        dist.all_reduce(out, group=group)
-    return out
+    return timer.all_reduce(x.contiguous().clone(), group)
 
 
 class _Enter(torch.autograd.Function):
@@ -281,8 +278,7 @@ def sync_sequence_parallel_grads(params: list[nn.Parameter], world: World, timer
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    with timer.blocking(flat.numel() * flat.element_size()):
-        dist.all_reduce(flat, group=world.tp_group)
+    timer.all_reduce(flat, world.tp_group)
     for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
         g.copy_(part.view_as(g))
 
