@@ -22,6 +22,9 @@ INTERNAL_PREFIX = "_"
 #: polars dtypes of the core columns.
 CORE_SCHEMA: dict[str, pl.DataType] = {c: pl.String() for c in CORE_COLUMNS}
 
+#: The splits winnow writes shards of (``shards/<format>/<split>/``): ``split`` holds one of these or null (train).
+SPLITS: tuple[str, ...] = ("train", "val")
+
 #: Columns that stages add, with their dtypes; a stage that writes one must use this dtype.
 OPTIONAL_COLUMNS: dict[str, pl.DataType] = {
     "split": pl.String(),

@@ -28,7 +28,7 @@ from winnow.curate.executors import worker_info
 from winnow.curate.fields import extract_fields, job_fields
 from winnow.curate.ordered import sort_task_rows
 from winnow.curate.readers import ReadTask, read_task
-from winnow.curate.schema import CORE_COLUMNS, validate_rows
+from winnow.curate.schema import CORE_COLUMNS, SPLITS, validate_rows
 from winnow.curate.stages import Stage, StageContext
 from winnow.curate.stages.ids import job_stages
 from winnow.curate.stats import StageStats
@@ -184,6 +184,10 @@ class _Outputs:
             }
         )
         for split, part in groups.items():
+            if split not in SPLITS:  # a folder name under shards/<format>/: never a value winnow did not choose
+                raise StageError(
+                    f"{part.height} row(s) carry split = {split!r}; a stage may set only {list(SPLITS)} (or null: train)"
+                )
             if split == "val":
                 self._writer("val", self.tmp / VAL_ROWS, part, _INTERMEDIATE_COMPRESSION)
                 self.val_rows += part.height

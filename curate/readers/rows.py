@@ -11,7 +11,7 @@ import polars as pl
 import pyarrow as pa
 
 from winnow.curate.readers.utf8 import cell_text, invalid_rows, printable
-from winnow.curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS
+from winnow.curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS, SPLITS
 
 _PREVIEW_CHARS = 1024  # of a read:too_long record's text, kept in its reject
 _EXACT_FLOAT = float(2**53)  # from here on a float cannot tell integers apart
@@ -162,6 +162,9 @@ def rows_from_arrow(
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     names = table.column_names
+    row = "__row"  # the rows' numbers, under a name no input column has (an input's own ``__row`` goes to meta)
+    while row in names:
+        row = "_" + row
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:  # a column name given twice: the later ones are told apart by their place (``x#3``) in ``meta``
         table = table.rename_columns([n if names.index(n) == i else f"{n}#{i}" for i, n in enumerate(names)])
@@ -169,7 +172,13 @@ def rows_from_arrow(
     ambiguous = [n for n in repeated if n in (text_field, id_field, source_field)]
     table = as_text_columns(table, [c for c in (text_field, id_field, source_field) if c is not None])
     table, unreadable = _split_invalid_utf8(
-        table, source=source, text_field=text_field, id_field=id_field, file_label=file_label, row_offset=row_offset
+        table,
+        source=source,
+        text_field=text_field,
+        id_field=id_field,
+        file_label=file_label,
+        row_offset=row_offset,
+        row=row,
     )
     df = pl.from_arrow(table)
     if isinstance(df, pl.Series):
@@ -177,17 +186,17 @@ def rows_from_arrow(
     n = df.height
 
     def reject_all(reason: str, error: str) -> ReadBatch:
-        raw = df.drop("__row")
+        raw = df.drop(row)
         raw = raw.with_columns(_json_ready(raw, raw.columns))
         payload = raw.select(pl.struct(pl.all()).struct.json_encode().alias("_raw")) if df.width > 1 else None
         bad = pl.DataFrame(
             {
-                "id": [f"{file_label}#{i}" for i in df["__row"].to_list()],
+                "id": [f"{file_label}#{i}" for i in df[row].to_list()],
                 "source": [source or ""] * n,
                 "text": payload["_raw"] if payload is not None else [""] * n,
                 "meta": df.select(
                     pl.struct(
-                        pl.lit(file_label).alias("file"), pl.col("__row").alias("row"), pl.lit(error).alias("error")
+                        pl.lit(file_label).alias("file"), pl.col(row).alias("row"), pl.lit(error).alias("error")
                     ).struct.json_encode()
                 )
                 .to_series()
@@ -220,25 +229,44 @@ def rows_from_arrow(
     native = (
         all(c in df.columns and df.schema[c] == pl.String for c in CORE_COLUMNS)
         and text_field == "text"
-        and not any(c.startswith(INTERNAL_PREFIX) for c in df.columns if c != "__row")
+        and not any(c.startswith(INTERNAL_PREFIX) for c in df.columns if c != row)
     )
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
-    if id_field in df.columns:
-        id_expr = pl.col(id_field).cast(pl.String)
-    else:
-        id_expr = pl.format("{}/{}/{}", src_expr, pl.lit(file_label), pl.col("__row"))
+    derived_id = pl.format("{}/{}/{}", src_expr, pl.lit(file_label), pl.col(row))
+    # a null id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
+    id_expr = pl.coalesce(pl.col(id_field).cast(pl.String), derived_id) if id_field in df.columns else derived_id
+    schema_error = pl.lit(None, dtype=pl.String)
     if native:
-        extra = [c for c in df.columns if c not in CORE_COLUMNS and c != "__row" and c != source_field]
+        extra = [c for c in df.columns if c not in CORE_COLUMNS and c != row and c != source_field]
+        reserved = [c for c in extra if c in OPTIONAL_COLUMNS]
+        # winnow's own columns hold their own types, and a split is one winnow writes: a value that is neither
+        # (a text quality, a split such as '../x' that would name a folder) is the row's reject, never written
+        for c in reversed(reserved):
+            value = pl.col(c).cast(OPTIONAL_COLUMNS[c], strict=False)
+            wrong = pl.col(c).is_not_null() & value.is_null()
+            if c == "split":
+                wrong = wrong | (value.is_not_null() & ~value.is_in(SPLITS))
+            allowed = "'train' or 'val'" if c == "split" else f"a {OPTIONAL_COLUMNS[c]}"
+            schema_error = (
+                pl.when(wrong)
+                .then(
+                    pl.format(
+                        "column {} holds {}; allowed: {}", pl.lit(repr(c)), pl.col(c).cast(pl.String), pl.lit(allowed)
+                    )
+                )
+                .otherwise(schema_error)
+            )
         out = df.select(
             id_expr.alias("id"),
             src_expr.alias("source"),
             pl.col("text"),
             pl.col("meta"),
-            *[pl.col(c).cast(OPTIONAL_COLUMNS[c]) if c in OPTIONAL_COLUMNS else pl.col(c) for c in extra],
-            pl.col("__row"),
+            *[pl.col(c).cast(OPTIONAL_COLUMNS[c], strict=False) if c in OPTIONAL_COLUMNS else pl.col(c) for c in extra],
+            pl.col(row),
+            schema_error.alias(row + "_error"),
         )
     else:
-        rest = [c for c in df.columns if c not in (text_field, id_field, source_field, "__row")]
+        rest = [c for c in df.columns if c not in (text_field, id_field, source_field, row)]
         df = df.with_columns(_json_ready(df, rest))
         meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
         out = df.select(
@@ -246,7 +274,8 @@ def rows_from_arrow(
             src_expr.alias("source"),
             pl.col(text_field).cast(pl.String).alias("text"),
             meta.alias("meta"),
-            pl.col("__row"),
+            pl.col(row),
+            schema_error.alias(row + "_error"),
         )
     too_long = pl.col("text").str.len_bytes() > max_record_bytes if max_record_bytes is not None else pl.lit(False)
     problem = (
@@ -256,21 +285,25 @@ def rows_from_arrow(
         .then(pl.lit("read:missing_source"))
         .when(too_long)
         .then(pl.lit("read:too_long"))
+        .when(pl.col(row + "_error").is_not_null())
+        .then(pl.lit("read:bad_schema"))
         .otherwise(pl.lit(None, dtype=pl.String))
     )
     out = out.with_columns(problem.alias("reason"))
-    good = out.filter(pl.col("reason").is_null()).drop("reason", "__row")
+    good = out.filter(pl.col("reason").is_null()).drop("reason", row, row + "_error")
     bad = out.filter(pl.col("reason").is_not_null())
     if bad.height:
+        located = pl.struct(pl.lit(file_label).alias("file"), pl.col(row).alias("row"), pl.col("meta").alias("meta"))
         bad = bad.with_columns(
-            pl.col("id").fill_null(pl.format("{}#{}", pl.lit(file_label), pl.col("__row"))),
+            pl.col("id").fill_null(pl.format("{}#{}", pl.lit(file_label), pl.col(row))),
             pl.col("source").fill_null(pl.lit(source or "")),
             pl.when(pl.col("reason") == "read:too_long")
             .then(pl.col("text").str.slice(0, _PREVIEW_CHARS))
             .otherwise(pl.col("text"))
             .fill_null(""),
-            pl.struct(pl.lit(file_label).alias("file"), pl.col("__row").alias("row"), pl.col("meta").alias("meta"))
-            .struct.json_encode()
+            pl.when(pl.col(row + "_error").is_null())
+            .then(located.struct.json_encode())
+            .otherwise(located.struct.with_fields(pl.col(row + "_error").alias("error")).struct.json_encode())
             .alias("meta"),
             pl.lit(None, dtype=pl.String).alias("duplicate_of"),
         ).select(*CORE_COLUMNS, "reason", "duplicate_of")
@@ -356,11 +389,12 @@ def _split_invalid_utf8(
     id_field: str,
     file_label: str,
     row_offset: int,
+    row: str = "__row",
 ) -> tuple[pa.Table, pl.DataFrame | None]:
-    """Number the rows (``__row``) and take out those holding invalid UTF-8 as ``read:bad_utf8`` rejects."""
+    """Number the rows (column ``row``) and take out those holding invalid UTF-8 as ``read:bad_utf8`` rejects."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
-    table = table.append_column("__row", pa.array(range(row_offset, row_offset + table.num_rows), pa.int64()))
+    table = table.append_column(row, pa.array(range(row_offset, row_offset + table.num_rows), pa.int64()))
     bad = invalid_rows(table)
     if not bad:
         return table, None

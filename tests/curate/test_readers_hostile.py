@@ -132,3 +132,38 @@ def test_a_read_that_fails_midway_keeps_the_lines_before_and_one_truncated_rejec
     assert rows["id"].to_list() == ["g0"]
     assert rejects["reason"].to_list() == ["read:truncated"]
     assert "Input/output error" in json.loads(rejects["meta"][0])["error"]
+
+
+def test_a_split_column_names_no_folder_but_train_or_val(tmp_path, write_job, nothing_lost):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "part-00000-00000.parquet").write_text("the user's file")
+    rows = {"id": ["a", "b", "c", "d"], "source": ["s"] * 4, "text": ["w", "x", "y", "z"], "meta": ["{}"] * 4}
+    rows["split"] = ["../../../../victim", "val", None, "test"]  # winnow's own layout, a split it never writes
+    pq.write_table(pa.table(rows), tmp_path / "in.parquet")
+    job = load_job(write_job(f'[[inputs]]\nsource = "s"\npath = "{tmp_path / "in.parquet"}"\nformat = "parquet"\n'))
+    manifest = run_job(job, progress=False)
+    assert (victim / "part-00000-00000.parquet").read_text() == "the user's file"
+    assert sorted(p.name for p in (job.output_dir / "shards" / "parquet").iterdir()) == ["train", "val"]
+    nothing_lost(job.output_dir, {"a", "b", "c", "d"})
+    assert manifest["by_source"]["s"]["rejected"] == {"read:bad_schema": 2}
+    errors = [json.loads(m)["error"] for m in pl.read_parquet(job.output_dir / "rejects")["meta"]]
+    assert all("column 'split' holds" in e and "'train' or 'val'" in e for e in errors)
+
+
+def test_winnow_columns_of_another_type_are_that_rows_reject(tmp_path):
+    rows = {"id": ["a", "b", "c"], "source": ["s"] * 3, "text": ["x", "y", "z"], "meta": ["{}"] * 3}
+    pq.write_table(pa.table({**rows, "quality": ["high", "0.5", None]}), tmp_path / "a.parquet")
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet"))
+    assert kept["id"].to_list() == ["b", "c"] and kept["quality"].to_list() == [0.5, None]
+    assert rejects["reason"].to_list() == ["read:bad_schema"] and rejects["id"].to_list() == ["a"]
+    assert json.loads(rejects["meta"][0])["error"].startswith("column 'quality' holds high")
+
+
+def test_parquet_null_ids_are_derived_and_an_input_row_column_is_meta(tmp_path):
+    table = pa.table({"id": ["a", None, None], "text": ["same"] * 3, "__row": [7, 7, 7]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet"))
+    assert rejects.is_empty()
+    assert kept["id"].to_list() == ["a", "s/a.parquet/1", "s/a.parquet/2"]
+    assert [json.loads(m) for m in kept["meta"]] == [{"__row": 7}] * 3
