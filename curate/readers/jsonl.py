@@ -40,11 +40,11 @@ _ZSTD_PIECE = 8 << 10
 PREVIEW = 1 << 10  # bytes of a too-long record kept in its reject
 
 
-class _Truncated(Exception):
+class Truncated(Exception):
     """The compressed stream ended early or is damaged; everything before it was yielded."""
 
 
-def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
+def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
     """Decompress by hand, so a damaged file still yields every byte before the damage.
 
     Chunks are about ``CHUNK_BYTES`` whatever the compression ratio: a small file that expands
@@ -82,7 +82,7 @@ def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
                     full = not dec.eof and not dec.needs_input
             except Exception as err:  # zlib.error / ZstdError / OSError / LZMAError: corrupt data
                 yield b"".join(out)
-                raise _Truncated(f"{type(err).__name__}: {err}") from err
+                raise Truncated(f"{type(err).__name__}: {err}") from err
             out.append(part)
             held += len(part)
             if held >= CHUNK_BYTES:
@@ -97,7 +97,7 @@ def _decompressed_chunks(url: str, fh) -> Iterator[bytes]:
                 raw = rest
     yield b"".join(out)
     if not finished:
-        raise _Truncated("compressed stream ended before its end marker (truncated file)")
+        raise Truncated("compressed stream ended before its end marker (truncated file)")
 
 
 def _owned(chunks: Iterator[bytes], pos: int, span: Span | None) -> Iterator[tuple[int, bytes]]:
@@ -142,7 +142,7 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
             fh.seek(span.start)
             pos = span.base if span.unit == "frames" else span.start
         try:
-            for at, chunk in _owned(_decompressed_chunks(file.url, fh), pos, span):
+            for at, chunk in _owned(decompressed_chunks(file.url, fh), pos, span):
                 if long is not None:
                     nl = chunk.find(b"\n")
                     long.size += len(chunk) if nl < 0 else nl
@@ -179,10 +179,10 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                 long.reject(cfg, file, buf)
             elif tail.strip():
                 _parse_line(cfg, file, tail, offset, buf)
-        except (_Truncated, OSError) as err:
+        except (Truncated, OSError) as err:
             # Complete lines before the damage (or the failed read: a bad disk, a dropped connection)
             # are kept; the partial last line is the reject.
-            error = str(err) if isinstance(err, _Truncated) else f"reading failed: {type(err).__name__}: {err}"
+            error = str(err) if isinstance(err, Truncated) else f"reading failed: {type(err).__name__}: {err}"
             buf.reject(
                 "read:truncated",
                 id_=derived_id(cfg.source, file, offset),

@@ -8,7 +8,7 @@ import orjson
 
 from winnow.curate.config import InputConfig
 from winnow.curate.readers.files import InputFile, open_binary
-from winnow.curate.readers.jsonl import PREVIEW
+from winnow.curate.readers.jsonl import PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.rows import ReadBatch, RowBuffer
 
 
@@ -19,10 +19,9 @@ def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -
     for file in files:
         id_ = f"{source}/{file.rel}"
         try:
-            with open_binary(file.url, cfg.storage_options) as fh:
-                raw = fh.read(cfg.max_record_bytes + 1)  # never more: a huge file (or a .gz bomb) is one reject
-                size = len(raw) + (_skip(fh) if len(raw) > cfg.max_record_bytes else 0)
-        except (OSError, EOFError) as err:  # a failed read, a damaged .gz: the document is incomplete
+            with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+                raw, size = _bounded(decompressed_chunks(file.url, fh), cfg.max_record_bytes)
+        except (OSError, EOFError, Truncated) as err:  # a failed read, damaged or cut compression: incomplete
             buf.reject(
                 "read:truncated",
                 id_=id_,
@@ -64,9 +63,13 @@ def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -
         yield buf.flush()
 
 
-def _skip(fh) -> int:
-    """Read the rest of ``fh`` in bounded pieces, for its size only."""
-    n = 0
-    while piece := fh.read(1 << 20):
-        n += len(piece)
-    return n
+def _bounded(chunks: Iterator[bytes], limit: int) -> tuple[bytes, int]:
+    """The first ``limit + 1`` bytes of the stream and its whole size, never holding more: a huge file (or a
+    compression bomb) is one reject. The chunks are decompressed as JSONL's are (``decompressed_chunks``): every
+    gzip member or zstd frame, and a damaged or cut stream raises ``Truncated``."""
+    held, size = [], 0
+    for chunk in chunks:
+        if size <= limit:
+            held.append(chunk[: limit + 1 - size])
+        size += len(chunk)
+    return b"".join(held), size

@@ -167,3 +167,25 @@ def test_parquet_null_ids_are_derived_and_an_input_row_column_is_meta(tmp_path):
     assert rejects.is_empty()
     assert kept["id"].to_list() == ["a", "s/a.parquet/1", "s/a.parquet/2"]
     assert [json.loads(m) for m in kept["meta"]] == [{"__row": 7}] * 3
+
+
+def test_compressed_text_documents_are_read_whole_or_are_truncated_rejects(tmp_path):
+    import lzma
+
+    import zstandard
+
+    zstd = zstandard.ZstdCompressor()
+    (tmp_path / "frames.txt.zst").write_bytes(zstd.compress(b"first half ") + zstd.compress(b"second half"))
+    cut = zstd.compress(bytes(range(256)) * 400)
+    (tmp_path / "cut.txt.zst").write_bytes(cut[: len(cut) // 2])
+    (tmp_path / "plain.txt.zst").write_bytes(b"plain text, not zstd")
+    (tmp_path / "plain.txt.xz").write_bytes(b"plain text, not xz")
+    (tmp_path / "ok.txt.xz").write_bytes(lzma.compress(b"an xz document"))
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path), format="text"))
+    assert dict(zip(kept["id"], kept["text"])) == {
+        "s/frames.txt.zst": "first half second half",
+        "s/ok.txt.xz": "an xz document",
+    }
+    assert sorted(zip(rejects["id"], rejects["reason"])) == [
+        (f"s/{name}", "read:truncated") for name in ("cut.txt.zst", "plain.txt.xz", "plain.txt.zst")
+    ]
