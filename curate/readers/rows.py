@@ -30,6 +30,7 @@ READ_REASONS: tuple[str, ...] = (
     "read:bad_record",
     "read:link_member",
     "read:special_member",
+    "read:duplicate_member",
     "read:duplicate_id",
 )
 

@@ -78,7 +78,20 @@ def read_webdataset(
                             },
                         )
                         parts = None  # the sample's other members go with it: one reject per sample
-                    if parts is not None:
+                    if parts is not None and ext in parts:  # the same member name again: the first copy is read
+                        buf.reject(
+                            "read:duplicate_member",
+                            id_=f"{cfg.source or ''}/{file.rel}/{key}.{ext}",
+                            source=cfg.source or "",
+                            raw=tar.extractfile(member).read(),
+                            where={
+                                "file": file.url,
+                                "offset": at,
+                                "member": printable(member.name),
+                                "error": "a member name the sample already has; the first copy is read",
+                            },
+                        )
+                    elif parts is not None:
                         parts[ext] = tar.extractfile(member).read()
             emit()
         except (tarfile.TarError, EOFError, OSError) as err:

@@ -189,3 +189,15 @@ def test_compressed_text_documents_are_read_whole_or_are_truncated_rejects(tmp_p
     assert sorted(zip(rejects["id"], rejects["reason"])) == [
         (f"s/{name}", "read:truncated") for name in ("cut.txt.zst", "plain.txt.xz", "plain.txt.zst")
     ]
+
+
+def test_a_tar_member_name_given_twice_keeps_the_first_copy_and_rejects_the_second(tmp_path):
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        for name, data in (("k.txt", b"first copy"), ("k.txt", b"second copy"), ("m.txt", b"other sample")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset"))
+    assert kept["text"].to_list() == ["first copy", "other sample"]
+    assert rejects["reason"].to_list() == ["read:duplicate_member"] and rejects["text"].to_list() == ["second copy"]
+    assert json.loads(rejects["meta"][0])["member"] == "k.txt"
