@@ -230,7 +230,8 @@ def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame
         cfg = spec.job.inputs[spec.read.input_index]
         fields, every = cfg.keep_fields if isinstance(cfg.keep_fields, dict) else {}, job_fields(spec.job)
         try:
-            for rb in read_task(cfg, spec.read, batch_rows):
+            per_file = skipped if spec.job.job.on_error == "skip" else None  # text: one file at a time
+            for rb in read_task(cfg, spec.read, batch_rows, per_file):
                 yield extract_fields(rb.rows, fields, every), rb.rejects
         except InputError as err:
             if spec.job.job.on_error != "skip":

@@ -60,4 +60,10 @@ def summary_table(manifest: dict[str, Any]) -> str:
         f"total: {t['rows_read']} read, {t['rows_written']} written ({t['repeats']} repeats), "
         f"{t['rows_rejected']} rejected, {t['seconds']:.1f} s"
     )
+    skipped = manifest.get("skipped_files") or []
+    if skipped:  # on_error = "skip": what was not read at all, so no row of it is counted above
+        lines.append(f"skipped (on_error = 'skip'): {len(skipped)} input(s) not read; manifest.json skipped_files")
+        lines += [f"    {s['task']}: {s['error']}" for s in skipped[:5]]
+        if len(skipped) > 5:
+            lines.append(f"    ... and {len(skipped) - 5} more")
     return "\n".join(lines)

@@ -66,10 +66,13 @@ def plan_read_tasks(inputs: list[InputConfig], task_bytes: int = 256 << 20) -> l
     return tasks
 
 
-def read_task(cfg: InputConfig, task: ReadTask, batch_rows: int) -> Iterator[ReadBatch]:
-    """Stream one read task's batches."""
+def read_task(
+    cfg: InputConfig, task: ReadTask, batch_rows: int, skipped: list[dict] | None = None
+) -> Iterator[ReadBatch]:
+    """Stream one read task's batches. With ``skipped`` (``[job] on_error = "skip"``) a text file that cannot be
+    opened is listed there and the task's other files are read; otherwise its error ends the task."""
     if cfg.format == "text":
-        yield from read_text_files(cfg, list(task.files), batch_rows)
+        yield from read_text_files(cfg, list(task.files), batch_rows, skipped)
         return
     for file in task.files:
         yield from _PER_FILE[cfg.format](cfg, file, batch_rows, task.span)

@@ -7,13 +7,17 @@ from collections.abc import Iterator
 import orjson
 
 from winnow.curate.config import InputConfig
+from winnow.curate.errors import InputError
 from winnow.curate.readers.files import InputFile, open_binary
 from winnow.curate.readers.jsonl import PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.rows import ReadBatch, RowBuffer
 
 
-def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -> Iterator[ReadBatch]:
-    """Yield batches of documents, one per file; a file that is not UTF-8 becomes a reject."""
+def read_text_files(
+    cfg: InputConfig, files: list[InputFile], batch_rows: int, skipped: list[dict] | None = None
+) -> Iterator[ReadBatch]:
+    """Yield batches of documents, one per file; a file that is not UTF-8 becomes a reject. A file that cannot be
+    opened (a link to a folder, no permission) raises ``InputError``, or with ``skipped`` is listed there."""
     buf = RowBuffer()
     source = cfg.source or ""
     for file in files:
@@ -21,6 +25,11 @@ def read_text_files(cfg: InputConfig, files: list[InputFile], batch_rows: int) -
         try:
             with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
                 raw, size = _bounded(decompressed_chunks(file.url, fh), cfg.max_record_bytes)
+        except InputError as err:
+            if skipped is None:
+                raise
+            skipped.append({"task": file.url, "error": str(err)})
+            continue
         except (OSError, EOFError, Truncated) as err:  # a failed read, damaged or cut compression: incomplete
             buf.reject(
                 "read:truncated",

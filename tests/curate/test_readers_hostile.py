@@ -14,8 +14,10 @@ import orjson
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from winnow.curate.config import InputConfig
+from winnow.curate.errors import InputError
 from winnow.curate.pipeline import run_job
 from winnow.curate.readers import plan_read_tasks, read_task
 from winnow.pipelines.jobfile import load_job
@@ -201,3 +203,21 @@ def test_a_tar_member_name_given_twice_keeps_the_first_copy_and_rejects_the_seco
     assert kept["text"].to_list() == ["first copy", "other sample"]
     assert rejects["reason"].to_list() == ["read:duplicate_member"] and rejects["text"].to_list() == ["second copy"]
     assert json.loads(rejects["meta"][0])["member"] == "k.txt"
+
+
+def test_on_error_skip_leaves_out_only_the_text_file_it_cannot_open(tmp_path, write_job, nothing_lost):
+    folder = tmp_path / "in"
+    (tmp_path / "elsewhere").mkdir()
+    folder.mkdir()
+    for name in ("a", "b", "c"):
+        (folder / f"{name}.txt").write_text(f"document {name}")
+    (folder / "more").symlink_to(tmp_path / "elsewhere")  # a link to a folder: no document to open
+    inputs = f'[[inputs]]\nsource = "s"\npath = "{folder}"\nformat = "text"\n'
+    with pytest.raises(InputError, match="more"):
+        run_job(load_job(write_job(inputs, name="strict")), progress=False)
+    job_file = tmp_path / "skip.toml"
+    job_file.write_text(f'[job]\nname = "skip"\noutput = "{tmp_path / "skip"}"\non_error = "skip"\n' + inputs)
+    job = load_job(job_file)
+    manifest = run_job(job, progress=False)
+    nothing_lost(job.output_dir, {"s/a.txt", "s/b.txt", "s/c.txt"})
+    assert [s["task"] for s in manifest["skipped_files"]] == [str(folder / "more")]
