@@ -112,6 +112,16 @@ class InputConfig:
                 "inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
                 "(a column holding it)"
             )
+        named = {"text_field": self.text_field, "id_field": self.id_field, "source_field": self.source_field}
+        named = {k: v for k, v in named.items() if k != "source_field" or v is not None}
+        for key, value in named.items():
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"inputs.{key} = {value!r} is invalid; allowed: a non-empty field name")
+        if len(set(named.values())) < len(named):
+            raise ConfigError(
+                f"inputs: {', '.join(f'{k} = {v!r}' for k, v in named.items())} name one field twice; "
+                "the text, the id and the source are different fields"
+            )
         if self.source is not None and (not self.source or "/" in self.source):
             raise ConfigError(f"inputs.source = {self.source!r} is invalid; allowed: a non-empty name without '/'")
         if isinstance(self.path, str):

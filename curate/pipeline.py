@@ -32,7 +32,7 @@ from winnow.curate.atomic import write_json_atomic, write_text_atomic
 from winnow.curate.card import CARD, remove_card, write_card
 from winnow.curate.config import Job
 from winnow.curate.crashpoints import CRASH_ENV
-from winnow.curate.errors import OutputError, StageError, disk_full, no_space
+from winnow.curate.errors import ConfigError, OutputError, StageError, disk_full, no_space
 from winnow.curate.executors import Executor, release_memory
 from winnow.curate.fields import resolve_field_types
 from winnow.curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
@@ -191,6 +191,7 @@ class Runner:
         read_tasks = plan_read_tasks(
             self.job.inputs, self.job.job.task_bytes
         )  # a bad input is reported before the output is touched
+        _check_inputs_outside(read_tasks, self.job.inputs, self.job.job.output)
         if any(i.keep_fields for i in self.job.inputs):
             self.job = resolve_field_types(self.job, lambda index: _first_batch(self.job, read_tasks, index))
         executor = Executor(
@@ -475,6 +476,29 @@ def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:
         return {**run_task(spec), "task": spec.task}
     finally:
         release_memory()  # workers (and threads) live for the whole job
+
+
+def _check_inputs_outside(read_tasks, inputs, output: str) -> None:
+    """Refuse inputs inside the output folder, and an output inside an input folder: winnow would read what it writes
+    there (its manifest, work files and shards as documents) and, on a rerun, clear what it is reading."""
+    local = not is_url(output)
+    root = os.path.realpath(output) if local else output.rstrip("/")
+    for cfg in inputs:
+        for pattern in cfg.paths:
+            folder = os.path.realpath(pattern) if local and not is_url(pattern) and os.path.isdir(pattern) else None
+            if folder is not None and (root + "/").startswith(folder.rstrip("/") + "/"):
+                raise ConfigError(
+                    f"[job] output {output} is inside the input folder {pattern} (input {cfg.label}): a rerun would "
+                    "read the shards, rejects and manifest winnow writes there; choose an output outside it"
+                )
+    for task in read_tasks:
+        for file in task.files:
+            path = os.path.realpath(file.url) if local and not is_url(file.url) else file.url
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                raise ConfigError(
+                    f"input file {file.url} is inside the job's output folder {output}: winnow would read the files it "
+                    "writes there; choose a [job] output outside every input path (or move the inputs)"
+                )
 
 
 def run_job(

@@ -271,6 +271,8 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     names = table.column_names
+    if "" in names:  # polars names an empty key column_N: the lines path keeps it as written
+        return None
     text = cfg.text_field
     if text not in names or not pa.types.is_string(table.schema.field(text).type) or table.column(text).null_count:
         return None

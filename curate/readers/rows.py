@@ -169,6 +169,10 @@ def rows_from_arrow(
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:  # a column name given twice: the later ones are told apart by their place (``x#3``) in ``meta``
         table = table.rename_columns([n if names.index(n) == i else f"{n}#{i}" for i, n in enumerate(names)])
+    # a column named "" (polars would call it column_N) under a stand-in name, named "" again in meta
+    blank = {f"{row}_blank{i}": "" for i, n in enumerate(table.column_names) if n == ""}
+    if blank:
+        table = table.rename_columns([f"{row}_blank{i}" if n == "" else n for i, n in enumerate(table.column_names)])
     # ...but which one is the text, the id or the source? Then every row is kept as a reject
     ambiguous = [n for n in repeated if n in (text_field, id_field, source_field)]
     table = as_text_columns(table, [c for c in (text_field, id_field, source_field) if c is not None])
@@ -269,7 +273,8 @@ def rows_from_arrow(
     else:
         rest = [c for c in df.columns if c not in (text_field, id_field, source_field, row)]
         df = df.with_columns(_json_ready(df, rest))
-        meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
+        fields = [pl.col(c).alias(blank.get(c, c)) for c in rest]
+        meta = pl.struct(fields).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
         out = df.select(
             id_expr.alias("id"),
             src_expr.alias("source"),

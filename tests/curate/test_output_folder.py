@@ -101,3 +101,24 @@ def test_output_mode_restricts_every_file_and_folder(tmp_path, capsys, umask_022
 def test_output_mode_must_let_the_owner_read_and_write(tmp_path, capsys):
     rc, err = curate(job_file(tmp_path, "[output]\nmode = 0o444\n"), tmp_path / "out", capsys)
     assert rc == 2 and "[output]" in err and "mode" in err and "0o444" in err
+
+
+@pytest.mark.parametrize("where", ["the input folder", "inside it"])
+def test_an_output_that_holds_the_inputs_or_lies_in_an_input_folder_is_refused_before_anything_is_written(
+    tmp_path, capsys, where
+):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(orjson.dumps({"id": "a", "text": "hello"}) + b"\n")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[job]\nname = "o"\noutput = "{tmp_path / "x"}"\n[[inputs]]\nsource = "s"\npath = "{data}"\n')
+    output = data if where == "the input folder" else data / "out"
+    rc, err = curate(job, output, capsys)
+    assert rc == 2 and "choose an output outside" in err
+    assert sorted(p.name for p in data.iterdir()) == ["a.jsonl"]
+    # a glob whose files lie in the output folder: the same refusal, naming the file
+    job.write_text(
+        f'[job]\nname = "o"\noutput = "{tmp_path / "x"}"\n[[inputs]]\nsource = "s"\npath = "{data}/*.jsonl"\n'
+    )
+    rc, err = curate(job, data, capsys)
+    assert rc == 2 and f"input file {data / 'a.jsonl'} is inside the job's output folder" in err

@@ -221,3 +221,29 @@ def test_on_error_skip_leaves_out_only_the_text_file_it_cannot_open(tmp_path, wr
     manifest = run_job(job, progress=False)
     nothing_lost(job.output_dir, {"s/a.txt", "s/b.txt", "s/c.txt"})
     assert [s["task"] for s in manifest["skipped_files"]] == [str(folder / "more")]
+
+
+def test_an_empty_field_name_is_kept_in_meta_as_written(tmp_path):
+    lines = b"".join(orjson.dumps({"id": f"r{i}", "text": "hello", "": i}) + b"\n" for i in range(3))
+    (tmp_path / "a.jsonl").write_bytes(lines)
+    pq.write_table(pa.table({"id": ["p"], "text": ["x"], "": [7]}), tmp_path / "b.parquet")
+    kept, _ = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+    assert [json.loads(m) for m in kept["meta"]] == [{"": 0}, {"": 1}, {"": 2}]
+    kept, _ = read_all(InputConfig(source="s", path=str(tmp_path / "b.parquet"), format="parquet"))
+    assert [json.loads(m) for m in kept["meta"]] == [{"": 7}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"text_field": ""}, "inputs.text_field = '' is invalid"),
+        ({"id_field": ""}, "inputs.id_field = '' is invalid"),
+        ({"source": None, "source_field": "text"}, "name one field twice"),
+        ({"id_field": "text"}, "name one field twice"),
+    ],
+)
+def test_field_names_that_are_empty_or_the_same_field_are_refused(fields, message):
+    from winnow.curate.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        InputConfig(**{"source": "s", "path": "x.jsonl", **fields})
