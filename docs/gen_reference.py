@@ -19,7 +19,7 @@ import typing
 from pathlib import Path
 
 from winnow.curate.stages import _KINDS, stage_class
-from winnow.pipelines.config import _default, _type_name, class_doc, field_docs, tables
+from winnow.pipelines.config import _default, _type_name, class_doc, field_docs, tables, toml_key
 
 PAGE = Path(__file__).resolve().parent / "reference" / "job-file.md"
 
@@ -47,7 +47,7 @@ def table(cls: type) -> list[str]:
     for f in dataclasses.fields(cls):
         if f.init:
             lines.append(
-                f"| `{f.name}` | {_cell(_type_name(hints[f.name]))} | `{_cell(_default(f))}` "
+                f"| `{toml_key(f)}` | {_cell(_type_name(hints[f.name]))} | `{_cell(_default(f))}` "
                 f"| {_cell(docs.get(f.name, ''))} |"
             )
     return lines

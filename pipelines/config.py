@@ -207,11 +207,17 @@ def _default(f: dataclasses.Field) -> str:
         return repr(value)
 
 
+def toml_key(f: dataclasses.Field) -> str:
+    """The key a job file writes for field ``f``: its name, or ``metadata["key"]`` where the name is a Python keyword
+    (``[train.replay] from``)."""
+    return f.metadata.get("key", f.name)
+
+
 def describe(cls: type, title: str) -> str:
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     doc = class_doc(cls)
     rows = [
-        (f.name, _type_name(hints[f.name]), _default(f), docs.get(f.name, ""))
+        (toml_key(f), _type_name(hints[f.name]), _default(f), docs.get(f.name, ""))
         for f in dataclasses.fields(cls)
         if f.init
     ]
@@ -278,9 +284,9 @@ def object_schema(cls: type, *, extra: dict[str, Any] | None = None) -> dict[str
             prop["description"] = docs[f.name]
         if f.default is not dataclasses.MISSING and isinstance(f.default, (int, float, str, bool)):
             prop["default"] = f.default
-        props[f.name] = prop
+        props[toml_key(f)] = prop
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            required.append(f.name)
+            required.append(toml_key(f))
     out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
     if class_doc(cls):
         out["description"] = class_doc(cls)
@@ -334,6 +340,12 @@ def run_schema(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text + "\n")
     else:
-        args.output.write_text(text + "\n")
+        try:
+            args.output.write_text(text + "\n")
+        except OSError as err:
+            raise ConfigError(
+                f"--output {args.output}: cannot write it ({err.strerror or err}); give a file path in a folder you "
+                "can write"
+            ) from err
         print(f"schema: {args.output} (point your editor's TOML schema setting at it)")
     return 0

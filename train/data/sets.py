@@ -49,8 +49,8 @@ class ReplayConfig:
     The TOML key ``from`` is a Python keyword; the job-file reader maps it onto ``path``.
     """
 
-    path: str
-    share: float
+    path: str = field(metadata={"key": "from"})  # the base job folder (its train split is replayed)
+    share: float  # the share of the tokens the base data makes up, 0 <= share < 1
 
     def __post_init__(self) -> None:
         if not (isinstance(self.share, (int, float)) and 0 <= self.share < 1):
