@@ -10,7 +10,7 @@ from pathlib import Path
 
 from winnow.curate.progress import PhaseProgress
 from winnow.train.data.shards import ShardSet, open_shards, read_shard
-from winnow.train.errors import ShardError
+from winnow.train.errors import ConfigError, ShardError
 from winnow.train.tokenizer import train_bpe
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,9 @@ def shard_texts(
 
 
 def run(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    if out.exists() and not out.is_dir() or any(p.is_file() for p in out.parents if p != Path(".")):
+        raise ConfigError(f"--output {out} is a file or lies under one; give a folder for the tokenizer")
     folder = job_folder(args.data)
     shards, fmt = open_any_format(folder, args.split)
     tok = train_bpe(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import weakref
@@ -21,6 +22,7 @@ from winnow.train.config import TrainConfig
 from winnow.train.data import Loader
 from winnow.train.data.sets import ShardSetConfig, training_sets
 from winnow.train.parallel import shutdown
+from winnow.train.runfolder import claim_run_folder
 from winnow.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,9 @@ def _build_trainer(
     ``train.data.mix_weights``; held-out data stays ``cfg.shards``); ``sources`` fixes the source ids.
     ``progress`` shows the progress bar (``train/progress.py``) on rank 0.
     """
+    _check_resumable(cfg)
+    _check_locations(cfg)
+    claim_run_folder(cfg.output)  # before the per-source views are split into it
     sets = None
     if train_data is None:
         sets = _per_source_sets(_adaptive_sets(cfg) if cfg.mixing.active else cfg.shards, Path(cfg.output))
@@ -119,6 +124,47 @@ def _build_trainer(
         write_json_atomic(Path(cfg.output) / "config.json", dataclasses.asdict(cfg))
         save_views(trainer.data, Path(cfg.output))
     return trainer
+
+
+def _check_locations(cfg: TrainConfig) -> None:
+    """Every folder [train] names is a path, or a URL whose fsspec driver is installed: said up front, naming the key."""
+    from winnow.curate.workdir import check_url, is_url
+
+    named = [("train.shards", s) for s in ([cfg.shards] if isinstance(cfg.shards, str) else [])]
+    named += [
+        (f"train.shards[{i}].path", s.path) for i, s in enumerate(cfg.shards or []) if not isinstance(cfg.shards, str)
+    ]
+    named += [("train.eval", e) for e in cfg.eval] + [("train.init_from", cfg.init_from)]
+    named += [("train.replay.from", cfg.replay.path if cfg.replay else None)]
+    named += [("train.distill.teacher", cfg.distill.teacher if cfg.distill else None)]
+    named += [("train.mixing.reference", cfg.mixing.reference)]
+    for key, where in named:
+        if isinstance(where, str) and not where.strip():
+            raise ConfigError(f"{key} = {where!r} is invalid; allowed: a folder path or URL")
+        if isinstance(where, str) and is_url(where):
+            check_url(where, key, cfg.data.storage_options)
+
+
+def _check_resumable(cfg: TrainConfig) -> None:
+    """A run that resumes is the run its folder holds: refuse, before anything is written, a [train.model] other than
+    the one its ``config.json`` records beside its checkpoints (the checkpoint would not fit the model)."""
+    folder = Path(cfg.output)
+    checkpoints = folder / "checkpoints"
+    if not cfg.checkpoint.resume or not checkpoints.is_dir() or not any(checkpoints.iterdir()):
+        return
+    try:
+        saved = json.loads((folder / "config.json").read_text())["model"]
+        mine = dataclasses.asdict(cfg.model)
+        differ = [k for k in sorted(set(saved) | set(mine)) if k != "vocab_size" and saved.get(k) != mine.get(k)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # no readable record of the earlier run: the checkpoint's own checks decide
+    if differ:
+        detail = ", ".join(f"{k} (the run's {saved.get(k)!r}, this config's {mine.get(k)!r})" for k in differ)
+        raise ConfigError(
+            f"train.output = {cfg.output!r} holds checkpoints of a run whose [train.model] differs in {detail}; "
+            "resume with the same [train.model], choose a new train.output, or set [train.checkpoint] resume = false "
+            "to start over (the earlier run is moved to previous-<k>/)"
+        )
 
 
 def _adaptive_sets(cfg: TrainConfig) -> list[ShardSetConfig]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import torch
 
@@ -29,6 +28,7 @@ from winnow.train.optim import build_optimizer, build_scheduler
 from winnow.train.parallel import Parallel
 from winnow.train.parallel.mesh import pick_device
 from winnow.train.progress import TrainProgress
+from winnow.train.runfolder import claim_run_folder
 from winnow.train.stability import Stability
 from winnow.train.stopping import EarlyStopping
 from winnow.train.trainer import Trainer, autocast
@@ -341,8 +341,7 @@ def build_run(
         views = True
     parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
     device, world = parallel.world.device, parallel.world
-    run_dir = Path(cfg.output)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = claim_run_folder(cfg.output)  # a folder holding files winnow did not write is refused here
     # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any);
     # the job folder decides even when train_data replaces it (ablation variants' per-source views)
     job_folder = cfg.shards if isinstance(cfg.shards, str) else folders[0]

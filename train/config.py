@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -11,7 +13,7 @@ from winnow.train.attribution import AttributionConfig
 from winnow.train.checkpoint import CheckpointConfig
 from winnow.train.data.config import LoaderConfig
 from winnow.train.data.sets import ReplayConfig, ShardSetConfig
-from winnow.train.errors import checker
+from winnow.train.errors import ConfigError, checker
 from winnow.train.metrics import MetricsConfig
 from winnow.train.model.config import ModelConfig
 from winnow.train.optim import OptimConfig
@@ -20,6 +22,21 @@ from winnow.train.stopping import StopConfig
 from winnow.train.tokenizer import TokenizerConfig
 
 _check = checker("train")
+
+
+def _finite(config, table: str) -> None:
+    """Refuse inf and nan in every number of ``config`` and the tables it holds (``table``: its TOML name): no
+    [train] setting means anything by them (a run with lr = inf skips every step as non-finite)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{table}.{f.name} = {value!r} is invalid; allowed: finite numbers")
+            if dataclasses.is_dataclass(item):
+                _finite(item, f"{table}.{f.name}")
+
+
 _distill = checker("train.distill")
 
 
@@ -75,6 +92,7 @@ class TrainConfig:
     mixing: MixingConfig = field(default_factory=MixingConfig)  # adaptive (DoReMi-style) mix weights
 
     def __post_init__(self) -> None:
+        _finite(self, "train")
         for key in ("steps", "grad_accum", "eval_batches"):
             value = getattr(self, key)
             if key == "eval_batches" and value is None:

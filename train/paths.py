@@ -36,8 +36,12 @@ def read_capped(fs, path: str, *, limit: int, what: str, error: type[Exception])
         raise error(
             f"{what} {path} is {info['size']} bytes, over winnow's cap of {limit} for it; is it the right file?"
         )
-    with fs.open(path, "rb") as fh:
-        data = fh.read(limit + 1)
+    pieces, held = [], 0
+    with fs.open(path, "rb") as fh:  # in pieces: a large cap must not be one allocation of its size
+        while held <= limit and (piece := fh.read(min(limit + 1 - held, 64 << 20))):
+            pieces.append(piece)
+            held += len(piece)
+    data = b"".join(pieces)
     if len(data) > limit:
         raise error(f"{what} {path} holds more than winnow's cap of {limit} bytes for it; is it the right file?")
     return data

@@ -6,6 +6,10 @@ back to the checkpoint's step (a temporary file renamed over the old one: a kill
 leaves the old file or the new one, never a mix). A run starting from step 0 in a folder that
 holds an earlier run's logs or checkpoints (``resume = false``, or every checkpoint corrupt)
 first moves them into ``previous-<k>/``: its metrics start at step 1, and nothing is deleted.
+
+A run folder is winnow's when it carries ``.winnow-run`` (``claim_run_folder`` writes it into a new or empty
+folder before anything else), or holds an earlier winnow run (its ``config.json`` a ``[train]`` table). A folder
+holding anything else is refused, never written into: a user's own files there are not overwritten or moved.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ import logging
 import os
 from pathlib import Path
 
+from winnow.train.errors import ConfigError
+
 log = logging.getLogger(__name__)
+
+MARKER = ".winnow-run"
 
 LOGS = ("metrics.jsonl", "alerts.jsonl")
 # one run's history; not tensorboard/: its writer (opened with the trainer) already holds a file there
@@ -101,3 +109,36 @@ def continue_run_folder(run_dir: str | Path, step: int) -> None:
                 dropped,
                 step,
             )
+
+
+def _earlier_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run winnow wrote before it marked its folders: a ``config.json`` of a [train] table."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"model", "optim", "data"} <= set(config)
+
+
+def claim_run_folder(run_dir: str | Path, key: str = "train.output") -> Path:
+    """Make ``run_dir`` a winnow run folder: create it (or take an empty one) and mark it, or accept one already
+    winnow's; a folder holding files winnow did not write is refused, naming ``key`` and a few of the files."""
+    run_dir = Path(run_dir)
+    if not str(run_dir).strip() or str(run_dir) == ".":
+        raise ConfigError(f"{key} = {str(run_dir)!r} is invalid; allowed: a folder of its own for the run")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        entries = sorted(p.name for p in run_dir.iterdir())  # winnow's own lock file is not content
+        entries = [e for e in entries if e == MARKER or not e.startswith(".winnow-lock")]
+    except (NotADirectoryError, FileExistsError) as err:
+        raise ConfigError(f"{key} = {str(run_dir)!r} is a file, or lies under one; choose a folder") from err
+    if MARKER in entries:
+        return run_dir
+    if entries and not _earlier_run(run_dir):
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise ConfigError(
+            f"{key} = {str(run_dir)!r} holds files winnow did not write ({shown}); choose a new or empty folder, "
+            "or move them away: winnow writes its run there and would overwrite them"
+        )
+    (run_dir / MARKER).write_text("a winnow run folder: winnow may write, move and replace what is in it\n")
+    return run_dir

@@ -76,10 +76,10 @@ class AblateConfig:
             " or ".join(repr(k) for k in KINDS) + ", or a list of them without repeats",
         )
         check(
-            all(f >= 0 and f != 1 for f in self.factors) and bool(self.factors),
+            all(math.isfinite(f) and f >= 0 and f != 1 for f in self.factors) and bool(self.factors),
             "factors",
             self.factors,
-            "non-negative numbers other than 1",
+            "finite non-negative numbers other than 1",
         )
         check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
         check(
@@ -98,10 +98,12 @@ class AblateConfig:
         )
         for name, mix in self.mixes.items():
             check(
-                name != "baseline" and all(w >= 0 for w in mix.values()) and any(w > 0 for w in mix.values()),
+                name != "baseline"
+                and all(math.isfinite(w) and w >= 0 for w in mix.values())
+                and any(w > 0 for w in mix.values()),
                 f"mixes.{name}",
                 mix,
-                "a name other than 'baseline' and non-negative weights, one of them > 0",
+                "a name other than 'baseline' and finite non-negative weights, one of them > 0",
             )
         check(self.steps is None or self.steps >= 1, "steps", self.steps, "an integer >= 1")
         check(self.n_mixes >= 2, "n_mixes", self.n_mixes, "an integer >= 2 (more than the sources to fit well)")

@@ -78,6 +78,7 @@ class _Study:
 def run_ablate(args: argparse.Namespace) -> int:
     from winnow.pipelines.report.page import write_report
     from winnow.pipelines.train import load_train_config
+    from winnow.train.runfolder import claim_run_folder
 
     raw = read_toml(args.job)
     if "ablate" not in raw:
@@ -99,6 +100,7 @@ def run_ablate(args: argparse.Namespace) -> int:
 
         return run_replay_study(args, acfg, train_cfg)
     layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
+    claim_run_folder(layout.root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     progress = not getattr(args, "quiet", False)
 
     if acfg.curates:  # a missing job, or a bad stage, key or value, is refused before anything is curated

@@ -318,5 +318,12 @@ def load_run(path: str | Path) -> TrainingRun:
         elif "stop" in record:
             run.stop_reason = (record["stop"] or {}).get("reason")
     if (path / "config.json").is_file():
-        run.config = json.loads((path / "config.json").read_text())
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            log.warning(
+                "%s: not readable as the run's config (%s); the report leaves it out", path / "config.json", err
+            )
+            config = {}
+        run.config = config if isinstance(config, dict) else {}
     return run

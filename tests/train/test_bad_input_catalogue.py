@@ -169,6 +169,51 @@ def checkpoint_state_linked_to_dev_zero(tmp: Path) -> None:
         load_init(str(tmp / "run"))
 
 
+@kind
+def checkpoint_without_meta_that_is_not_one(tmp: Path) -> None:
+    ckpt = tmp / "run" / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_bytes(b"[train]\nsteps = 3\n")  # no meta.json: read under the 1 TiB cap, in pieces
+    with pytest.raises(CheckpointError, match="only load checkpoints winnow wrote"):
+        load_init(str(tmp / "run"))
+
+
+# -- where the data is --------------------------------------------------------------------------------------
+@kind
+def manifest_that_is_not_an_object(tmp: Path) -> None:
+    folder = write_job(tmp / "job", [make_docs(4)])
+    (folder / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ShardError, match="manifest is not a JSON object"):
+        loader(folder)
+
+
+@kind
+def shards_path_that_is_a_file(tmp: Path) -> None:
+    (tmp / "a.parquet").write_bytes(b"not a folder")
+    with pytest.raises(ShardError, match="a.parquet is a file; give the job folder"):
+        loader(tmp / "a.parquet")
+
+
+@kind
+def corrupt_parquet_in_a_folder_of_parquet(tmp: Path) -> None:
+    (tmp / "data").mkdir()
+    (tmp / "data" / "train-0.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(ShardError, match="train-0.parquet: not a readable Parquet file"):
+        loader(tmp / "data")
+
+
+@kind
+def shards_url_without_a_driver_or_empty(tmp: Path) -> None:
+    from winnow.curate.errors import ConfigError as JobError
+    from winnow.pipelines.train import _check_locations
+    from winnow.train.config import TrainConfig
+
+    with pytest.raises(JobError, match="train.shards = 'nosuch://b/x': no fsspec driver for nosuch://"):
+        _check_locations(TrainConfig(output=str(tmp / "run"), shards="nosuch://b/x"))
+    with pytest.raises(JobError, match="train.init_from = '  ' is invalid"):
+        _check_locations(TrainConfig(output=str(tmp / "run"), shards=str(tmp), init_from="  "))
+
+
 @pytest.mark.parametrize("case", [pytest.param(k, id=k.name) for k in KINDS])
 def test_bad_input(case: Kind, tmp_path: Path) -> None:
     case.run(tmp_path)

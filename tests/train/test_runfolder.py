@@ -70,3 +70,78 @@ def test_run_folder_files_follow_the_umask(tmp_path):
         os.umask(previous)
     for path in [run, *run.rglob("*")]:
         assert stat.S_IMODE(path.stat().st_mode) == (0o750 if path.is_dir() else 0o640), path
+
+
+def test_a_run_folder_holding_files_winnow_did_not_write_is_refused_untouched(tmp_path):
+    from winnow.train.errors import ConfigError
+    from winnow.train.runfolder import MARKER, claim_run_folder
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "job.toml").write_text("the user's job")
+    (mine / "metrics.jsonl").write_text("the user's metrics")
+    with pytest.raises(ConfigError, match=r"train.output = .* holds files winnow did not write \(job.toml, metrics"):
+        claim_run_folder(mine)
+    assert sorted(p.name for p in mine.iterdir()) == ["job.toml", "metrics.jsonl"]
+    for bad in ("", "."):
+        with pytest.raises(ConfigError, match="a folder of its own"):
+            claim_run_folder(bad)
+    new = claim_run_folder(tmp_path / "new" / "run")  # made and marked; claimed again, it is winnow's
+    assert (new / MARKER).is_file() and claim_run_folder(new) == new
+    (new / ".winnow-lock").write_text("")  # the lock winnow takes before building the run is not content
+    earlier = tmp_path / "earlier"  # a run written before folders were marked: its config.json is a [train] table
+    earlier.mkdir()
+    (earlier / "config.json").write_text(json.dumps({"model": {}, "optim": {}, "data": {}}))
+    (earlier / ".winnow-lock").write_text("")
+    assert (claim_run_folder(earlier) / MARKER).is_file()
+
+
+def test_resuming_with_another_model_is_refused_before_the_folder_is_touched(tmp_path):
+    import dataclasses
+
+    from winnow.curate.errors import ConfigError
+    from winnow.pipelines.train import _check_resumable
+    from winnow.train.config import TrainConfig
+    from winnow.train.model.config import ModelConfig
+
+    cfg = TrainConfig(output=str(tmp_path), model=ModelConfig(dim=32, n_heads=2, n_layers=1, n_experts=2, top_k=1))
+    (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    (tmp_path / "checkpoints" / "step-00000003").mkdir(parents=True)
+    _check_resumable(cfg)  # the same model: resumes
+    wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dim=64))
+    with pytest.raises(ConfigError, match=r"differs in dim \(the run's 32, this config's 64\)"):
+        _check_resumable(wider)
+    _check_resumable(dataclasses.replace(wider, checkpoint=dataclasses.replace(cfg.checkpoint, resume=False)))
+    assert json.loads((tmp_path / "config.json").read_text())["model"]["dim"] == 32
+
+
+def test_non_finite_numbers_are_refused_in_every_train_table():
+    from winnow.train.attribution import AttributionConfig
+    from winnow.train.config import TrainConfig
+    from winnow.train.errors import ConfigError
+    from winnow.train.model.config import ModelConfig
+    from winnow.train.optim import OptimConfig
+
+    inf, nan = float("inf"), float("nan")
+    for kw, key in (
+        ({"optim": OptimConfig(lr=inf)}, "train.optim.lr"),
+        ({"model": ModelConfig(rope_theta=nan)}, "train.model.rope_theta"),
+        ({"model": ModelConfig(capacity_factor=inf)}, "train.model.capacity_factor"),
+        ({"attribution": AttributionConfig(factors=[inf])}, "train.attribution.factors"),
+    ):
+        with pytest.raises(ConfigError, match=f"{key} = .* allowed: finite numbers"):
+            TrainConfig(**kw)
+
+
+def test_a_capped_read_never_asks_for_its_cap_at_once(tmp_path):
+    import fsspec
+
+    from winnow.train.errors import CheckpointError
+    from winnow.train.paths import read_capped
+
+    path = tmp_path / "state"
+    path.write_bytes(b"x" * 1000)
+    fs = fsspec.filesystem("file")
+    assert read_capped(fs, str(path), limit=1 << 40, what="checkpoint state", error=CheckpointError) == b"x" * 1000
+    with pytest.raises(CheckpointError, match="cap of 999"):
+        read_capped(fs, str(path), limit=999, what="checkpoint state", error=CheckpointError)

@@ -24,6 +24,7 @@ import re
 
 import fsspec
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from winnow.train.errors import ShardError
@@ -88,7 +89,13 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
     shards, sources = [], {}
     for rel in paths:
         with fs.open(f"{root}/{rel}", "rb") as fh:
-            pf = pq.ParquetFile(fh)
+            try:
+                pf = pq.ParquetFile(fh)
+            except (pa.ArrowInvalid, OSError) as err:
+                raise ShardError(
+                    f"{data}/{rel}: not a readable Parquet file ({err}); remove or replace it, or point train.shards "
+                    "at a folder of Parquet files"
+                ) from err
             names = pf.schema_arrow.names
             if "text" not in names:
                 raise ShardError(

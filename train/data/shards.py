@@ -96,6 +96,12 @@ def open_shards(
         manifest = view = folder_view(fs, root, str(data), split=split, fmt=fmt)
     except orjson.JSONDecodeError as err:
         raise ShardError(f"{where}: manifest is not valid JSON: {err}") from err
+    except NotADirectoryError as err:
+        raise ShardError(
+            f"{data} is a file; give the job folder (it holds manifest.json) or a folder of Parquet files"
+        ) from err
+    if not isinstance(manifest, dict):
+        raise ShardError(f"{where}: manifest is not a JSON object; is it winnow's? curate the job again")
     entries = manifest.get("shards")
     if not isinstance(entries, list):
         raise ShardError(f"{where}: manifest has no 'shards' list")

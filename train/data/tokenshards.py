@@ -85,6 +85,12 @@ def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspe
         return fs, root, {}
     except orjson.JSONDecodeError as err:
         raise ShardError(f"{data}/{MANIFEST}: manifest is not valid JSON: {err}") from err
+    except NotADirectoryError as err:
+        raise ShardError(
+            f"{data} is a file; give the job folder (it holds manifest.json) or a folder of Parquet files"
+        ) from err
+    if not isinstance(manifest, dict):
+        raise ShardError(f"{data}/{MANIFEST}: manifest is not a JSON object; is it winnow's? curate the job again")
     return fs, root, manifest
 
 

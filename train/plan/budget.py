@@ -67,6 +67,9 @@ def plan_run(
         raise ConfigError("give a budget: --hours (with --gpu and --gpus) or --flops")
     if gpus < 1 or not 0 < mfu <= 1:
         raise ConfigError(f"--gpus must be >= 1 and the MFU in (0, 1]; got {gpus} and {mfu}")
+    for flag, value in (("--hours", hours), ("--flops", flops)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag} = {value} is invalid; allowed: a finite number > 0")
     compute = flops if flops is not None else gpus * hours * 3600 * dev.peak_flops * mfu
     active = math.sqrt(compute / (6 * TOKENS_PER_PARAM))
     model = model_for(active, n_experts=n_experts, top_k=top_k, vocab_size=vocab_size, seq_len=seq_len)
