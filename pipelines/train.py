@@ -143,6 +143,8 @@ def _check_locations(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key} = {where!r} is invalid; allowed: a folder path or URL")
         if isinstance(where, str) and is_url(where):
             check_url(where, key, cfg.data.storage_options)
+        elif key in ("train.eval", "train.replay.from") and isinstance(where, str) and not Path(where).exists():
+            raise ConfigError(f"{key} = {where!r} does not exist; give a job folder `winnow curate` wrote")
 
 
 def _check_resumable(cfg: TrainConfig) -> None:

@@ -9,6 +9,7 @@ reads everything else from the config (tokenizer, loaders over the shards, the p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterable
 
@@ -85,6 +86,7 @@ def build_trainer(
     data: Iterable,
     sources: list[str],
     val_data: Callable[[], Iterable] | None = None,
+    probe_data: Callable[[], Iterable] | None = None,
     parallel: Parallel | None = None,
     teacher: torch.nn.Module | None = None,
     mixer: AdaptiveMix | None = None,
@@ -92,6 +94,9 @@ def build_trainer(
     progress: TrainProgress | None = None,
 ) -> Trainer:
     """A ``Trainer`` on ``data`` (an endless iterable of ``Batch`` with ``state_dict``) from ``cfg``.
+
+    ``probe_data``: the held-out data attribution's probes read their rows from (``val_data`` when None); not
+    capped by ``[train] eval_batches``, so every source's rows are found.
 
     ``parallel``: the layout (one process on ``cfg.device`` when None). ``teacher``: the distillation
     teacher (loaded from ``cfg.distill.teacher`` when None); ``mixer``: the adaptive mix ``cfg.mixing``
@@ -129,7 +134,7 @@ def build_trainer(
         parallel=parallel,
         sources=list(sources),
         alerts=alerts,
-        val_data=val_data if attributing else None,
+        val_data=(probe_data or val_data) if attributing else None,
         teacher=teacher,
         mixer=mixer,
     )
@@ -374,11 +379,11 @@ def build_run(
     # run is its base's last evaluation exactly; a study's seeds differ in training only)
     val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[], shuffle_window=0, seq_len_warmup_steps=0)
 
-    def val_data():
+    def val_data(max_batches: int | None = cfg.eval_batches):
         return HeldOut(
             held_out,
             lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources),
-            max_batches=cfg.eval_batches,
+            max_batches=max_batches,
         )
 
     teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options) if cfg.distill else None
@@ -394,6 +399,7 @@ def build_run(
         data=data,
         sources=data.sources,
         val_data=val_data if held_out else None,
+        probe_data=functools.partial(val_data, None) if held_out else None,
         parallel=parallel,
         teacher=teacher,
         mixer=mixer,

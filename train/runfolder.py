@@ -112,12 +112,16 @@ def continue_run_folder(run_dir: str | Path, step: int) -> None:
 
 
 def _earlier_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run winnow wrote before it marked its folders: a ``config.json`` of a [train] table."""
-    try:
-        config = json.loads((run_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and {"model", "optim", "data"} <= set(config)
+    """Whether ``run_dir`` holds a run or study winnow wrote before it marked its folders: a ``config.json`` of a
+    [train] table, or a study's ``result.json`` (a variant's name, kind and held-out losses)."""
+    for name, keys in (("config.json", {"model", "optim", "data"}), ("result.json", {"name", "kind", "held_out"})):
+        try:
+            found = json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict) and keys <= set(found):
+            return True
+    return False
 
 
 def claim_run_folder(run_dir: str | Path, key: str = "train.output") -> Path:

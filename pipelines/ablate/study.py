@@ -100,11 +100,11 @@ def run_ablate(args: argparse.Namespace) -> int:
 
         return run_replay_study(args, acfg, train_cfg)
     layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
-    claim_run_folder(layout.root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     progress = not getattr(args, "quiet", False)
 
     if acfg.curates:  # a missing job, or a bad stage, key or value, is refused before anything is curated
         curation_variants(acfg, train_cfg.seed, job)
+    claim_run_folder(layout.root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
     sources = json.loads((Path(train_cfg.shards) / "manifest.json").read_text())["sources"]
     runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)
