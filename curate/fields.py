@@ -99,8 +99,10 @@ def _fits(value: Any, kind: str) -> bool:
         return isinstance(value, bool)
     if kind == "int64":
         return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
-    if kind == "float64":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "float64":  # an integer a float would round (past 2^53, odd) stays in meta, exact
+        if isinstance(value, float):
+            return True
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1023 and float(value) == value
     return isinstance(value, str)
 
 

@@ -247,3 +247,13 @@ def test_field_names_that_are_empty_or_the_same_field_are_refused(fields, messag
 
     with pytest.raises(ConfigError, match=message):
         InputConfig(**{"source": "s", "path": "x.jsonl", **fields})
+
+
+def test_a_kept_float_field_leaves_an_integer_a_float_would_round_in_meta():
+    from winnow.curate.fields import extract_fields
+
+    metas = ['{"n": 1.5}', '{"n": 9007199254740993}', '{"n": 4}', '{"n": 2e400}', "{}"]
+    rows = pl.DataFrame({"id": list("abcde"), "source": ["s"] * 5, "text": ["t"] * 5, "meta": metas})
+    out = extract_fields(rows.with_columns(pl.col("meta").replace('{"n": 2e400}', "{}")), {"n": "float64"})
+    assert out["n"].to_list() == [1.5, None, 4.0, None, None]
+    assert json.loads(out["meta"][1]) == {"n": 9007199254740993}
