@@ -57,12 +57,29 @@ def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | Non
     """Yield batches from a ``save_to_disk`` folder, or local files through ``load_dataset(hf_builder)`` (never split)."""
     datasets = require("datasets", extra="hf", feature="format = 'hf'")
     if cfg.hf_builder:
-        ds = datasets.load_dataset(cfg.hf_builder, data_files=[file.url], split="train", streaming=True)
         offset = 0
-        for rows in ds.iter(batch_size=batch_rows):
-            table = pa.Table.from_pydict(rows)
-            yield _convert(cfg, table, file.rel, offset)
-            offset += table.num_rows
+        try:
+            ds = datasets.load_dataset(cfg.hf_builder, data_files=[file.url], split="train", streaming=True)
+            for rows in ds.iter(batch_size=batch_rows):
+                table = pa.Table.from_pydict(rows)
+                yield _convert(cfg, table, file.rel, offset)
+                offset += table.num_rows
+        except (pa.ArrowException, ValueError, TypeError, OSError) as err:  # the builder's parser gave up
+            buf = RowBuffer()
+            buf.reject(
+                "read:truncated",
+                id_=f"{file.url}#{offset}",
+                source=cfg.source or "",
+                raw=b"",
+                where={
+                    "file": file.url,
+                    "row": offset,
+                    "error": f"the {cfg.hf_builder!r} builder could not read on from here ({type(err).__name__}: "
+                    f"{err}); rows before it are kept. Read the file with winnow's own reader (format = 'jsonl', "
+                    "'parquet') to get a reject per bad record",
+                },
+            )
+            yield buf.flush()
         return
     try:
         loaded = datasets.load_from_disk(file.url)

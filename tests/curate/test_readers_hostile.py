@@ -257,3 +257,11 @@ def test_a_kept_float_field_leaves_an_integer_a_float_would_round_in_meta():
     out = extract_fields(rows.with_columns(pl.col("meta").replace('{"n": 2e400}', "{}")), {"n": "float64"})
     assert out["n"].to_list() == [1.5, None, 4.0, None, None]
     assert json.loads(out["meta"][1]) == {"n": 9007199254740993}
+
+
+def test_a_hugging_face_builder_that_cannot_parse_a_file_ends_it_in_one_reject(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "one"}\nnot json\n')
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl"), format="hf", hf_builder="json"))
+    assert kept.is_empty() and rejects["reason"].to_list() == ["read:truncated"]
+    assert "the 'json' builder could not read on" in json.loads(rejects["meta"][0])["error"]
