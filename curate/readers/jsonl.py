@@ -32,7 +32,7 @@ from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_tex
 from winnow.curate.readers.utf8 import first_bad_byte, valid_utf8
 
 CHUNK_BYTES = 4 << 20
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"
 # Compressed bytes fed to zstd per call: a zstd block of >= 4 bytes expands to at most 128 KiB, so one
 # call yields at most 8 KiB x 32768 = 256 MiB however hostile the file (python-zstandard has no
 # max_length); gzip is bounded exactly by zlib's max_length.
@@ -155,9 +155,9 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                 data = tail + chunk
                 if not tail:
                     offset = at
-                if at == 0 and data.startswith(_BOM):
+                if at == 0 and data.startswith(BOM):
                     # Windows tools start files with one; Arrow skips it but orjson refuses the line.
-                    data, offset = data[len(_BOM) :], len(_BOM)
+                    data, offset = data[len(BOM) :], len(BOM)
                 cut = data.rfind(b"\n") + 1
                 complete, tail = data[:cut], data[cut:]
                 fast = _read_columnar(cfg, file, complete, offset) if complete else None

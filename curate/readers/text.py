@@ -9,7 +9,7 @@ import orjson
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
 from winnow.curate.readers.files import InputFile, open_binary
-from winnow.curate.readers.jsonl import PREVIEW, Truncated, decompressed_chunks
+from winnow.curate.readers.jsonl import BOM, PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.rows import ReadBatch, RowBuffer
 
 
@@ -54,6 +54,8 @@ def read_text_files(
                 },
             )
             continue
+        if raw.startswith(BOM):  # an encoding mark, not the document's text (JSONL's readers drop it too)
+            raw, size = raw[len(BOM) :], size - len(BOM)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:

@@ -265,3 +265,9 @@ def test_a_hugging_face_builder_that_cannot_parse_a_file_ends_it_in_one_reject(t
     kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl"), format="hf", hf_builder="json"))
     assert kept.is_empty() and rejects["reason"].to_list() == ["read:truncated"]
     assert "the 'json' builder could not read on" in json.loads(rejects["meta"][0])["error"]
+
+
+def test_a_text_document_starting_with_a_byte_order_mark_is_read_without_it(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello")
+    kept, _ = read_all(InputConfig(source="s", path=str(tmp_path), format="text"))
+    assert kept["text"].to_list() == ["hello"]
