@@ -27,6 +27,19 @@ def _convert(cfg: InputConfig, batch: pa.RecordBatch | pa.Table, label: str, off
     )
 
 
+def _truncated(cfg: InputConfig, file: InputFile, row: int, error: str) -> ReadBatch:
+    """The one reject of a file that could not be read on from ``row``: what came before it is kept."""
+    buf = RowBuffer()
+    buf.reject(
+        "read:truncated",
+        id_=f"{file.url}#{row}",
+        source=cfg.source or "",
+        raw=b"",
+        where={"file": file.url, "row": row, "error": error},
+    )
+    return buf.flush()
+
+
 def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
     """Yield batches from one Parquet file (or a span of its row groups); a damaged file ends in one reject.
 
@@ -42,15 +55,7 @@ def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span 
                 yield _convert(cfg, batch, file.rel, offset)
                 offset += batch.num_rows
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
-            buf = RowBuffer()
-            buf.reject(
-                "read:truncated",
-                id_=f"{file.url}#{offset}",
-                source=cfg.source or "",
-                raw=b"",
-                where={"file": file.url, "row": offset, "error": f"{type(err).__name__}: {err}"},
-            )
-            yield buf.flush()
+            yield _truncated(cfg, file, offset, f"{type(err).__name__}: {err}")
 
 
 def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
@@ -65,21 +70,14 @@ def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | Non
                 yield _convert(cfg, table, file.rel, offset)
                 offset += table.num_rows
         except (pa.ArrowException, ValueError, TypeError, OSError) as err:  # the builder's parser gave up
-            buf = RowBuffer()
-            buf.reject(
-                "read:truncated",
-                id_=f"{file.url}#{offset}",
-                source=cfg.source or "",
-                raw=b"",
-                where={
-                    "file": file.url,
-                    "row": offset,
-                    "error": f"the {cfg.hf_builder!r} builder could not read on from here ({type(err).__name__}: "
-                    f"{err}); rows before it are kept. Read the file with winnow's own reader (format = 'jsonl', "
-                    "'parquet') to get a reject per bad record",
-                },
+            yield _truncated(
+                cfg,
+                file,
+                offset,
+                f"the {cfg.hf_builder!r} builder could not read on from here ({type(err).__name__}: {err}); rows "
+                "before it are kept. Read the file with winnow's own reader (format = 'jsonl', 'parquet') to get a "
+                "reject per bad record",
             )
-            yield buf.flush()
         return
     try:
         loaded = datasets.load_from_disk(file.url)

@@ -76,6 +76,24 @@ def _manifest_sources(manifest: dict) -> list[str]:
     return list(found)
 
 
+def read_manifest_file(fs: fsspec.AbstractFileSystem, root: str, data: str) -> dict:
+    """``<root>/manifest.json`` as a dict; ``ShardError`` naming it when it is not one (FileNotFoundError passes)."""
+    where = f"{data}/{MANIFEST}"
+    try:
+        manifest = orjson.loads(
+            read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError)
+        )
+    except orjson.JSONDecodeError as err:
+        raise ShardError(f"{where}: manifest is not valid JSON: {err}") from err
+    except NotADirectoryError as err:
+        raise ShardError(
+            f"{data} is a file; give the job folder (it holds manifest.json) or a folder of Parquet files"
+        ) from err
+    if not isinstance(manifest, dict):
+        raise ShardError(f"{where}: manifest is not a JSON object; is it winnow's? curate the job again")
+    return manifest
+
+
 def open_shards(
     data: str, *, split: str, fmt: str, storage_options: dict | None = None, missing: str = "raise"
 ) -> ShardSet:
@@ -89,19 +107,9 @@ def open_shards(
     where = f"{data}/{MANIFEST}"
     view = None
     try:
-        manifest = orjson.loads(
-            read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError)
-        )
+        manifest = read_manifest_file(fs, root, str(data))
     except FileNotFoundError:
         manifest = view = folder_view(fs, root, str(data), split=split, fmt=fmt)
-    except orjson.JSONDecodeError as err:
-        raise ShardError(f"{where}: manifest is not valid JSON: {err}") from err
-    except NotADirectoryError as err:
-        raise ShardError(
-            f"{data} is a file; give the job folder (it holds manifest.json) or a folder of Parquet files"
-        ) from err
-    if not isinstance(manifest, dict):
-        raise ShardError(f"{where}: manifest is not a JSON object; is it winnow's? curate the job again")
     entries = manifest.get("shards")
     if not isinstance(entries, list):
         raise ShardError(f"{where}: manifest has no 'shards' list")

@@ -22,9 +22,8 @@ import fsspec
 import numpy as np
 import orjson
 
-from winnow.train.data.shards import MANIFEST, cat_shard, check_listed, open_shards
+from winnow.train.data.shards import MANIFEST, cat_shard, check_listed, open_shards, read_manifest_file
 from winnow.train.errors import ConfigError, ShardError
-from winnow.train.paths import JSON_BYTES, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +77,9 @@ def read_manifest(data: str, storage_options: dict | None = None) -> tuple[fsspe
     fs, root = fsspec.core.url_to_fs(str(data), **(storage_options or {}))
     root = root.rstrip("/")
     try:
-        manifest = orjson.loads(
-            read_capped(fs, f"{root}/{MANIFEST}", limit=JSON_BYTES, what="manifest", error=ShardError)
-        )
+        manifest = read_manifest_file(fs, root, str(data))
     except FileNotFoundError:
         return fs, root, {}
-    except orjson.JSONDecodeError as err:
-        raise ShardError(f"{data}/{MANIFEST}: manifest is not valid JSON: {err}") from err
-    except NotADirectoryError as err:
-        raise ShardError(
-            f"{data} is a file; give the job folder (it holds manifest.json) or a folder of Parquet files"
-        ) from err
-    if not isinstance(manifest, dict):
-        raise ShardError(f"{data}/{MANIFEST}: manifest is not a JSON object; is it winnow's? curate the job again")
     return fs, root, manifest
 
 
