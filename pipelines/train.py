@@ -157,7 +157,8 @@ def _check_resumable(cfg: TrainConfig) -> None:
     try:
         saved = json.loads((folder / "config.json").read_text())["model"]
         mine = dataclasses.asdict(cfg.model)
-        differ = [k for k in sorted(set(saved) | set(mine)) if k != "vocab_size" and saved.get(k) != mine.get(k)]
+        # keys both know: a key added or removed since that run was written is not a difference of the model
+        differ = [k for k in sorted(saved.keys() & mine.keys()) if k != "vocab_size" and saved[k] != mine[k]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return  # no readable record of the earlier run: the checkpoint's own checks decide
     if differ:

@@ -108,6 +108,10 @@ def test_resuming_with_another_model_is_refused_before_the_folder_is_touched(tmp
     (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     (tmp_path / "checkpoints" / "step-00000003").mkdir(parents=True)
     _check_resumable(cfg)  # the same model: resumes
+    older = dataclasses.asdict(cfg)
+    del older["model"]["bias_update_rate"]  # a run written before a model key was added resumes too
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    _check_resumable(cfg)
     wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dim=64))
     with pytest.raises(ConfigError, match=r"differs in dim \(the run's 32, this config's 64\)"):
         _check_resumable(wider)
