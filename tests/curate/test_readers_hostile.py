@@ -271,3 +271,15 @@ def test_a_text_document_starting_with_a_byte_order_mark_is_read_without_it(tmp_
     (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello")
     kept, _ = read_all(InputConfig(source="s", path=str(tmp_path), format="text"))
     assert kept["text"].to_list() == ["hello"]
+
+
+def test_zero_padding_after_the_last_gzip_member_is_its_end_not_damage(tmp_path):
+    import gzip
+
+    members = gzip.compress(good_lines(2)) + gzip.compress(good_lines(3))
+    (tmp_path / "a.jsonl.gz").write_bytes(members + b"\0" * 1024)  # as a padded tape or disk image holds it
+    (tmp_path / "b.jsonl.gz").write_bytes(members + b"\0" * 4 + b"junk")  # anything else after it is damage
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl.gz")))
+    assert kept.height == 5 and rejects.is_empty()
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "b.jsonl.gz")))
+    assert kept.height == 5 and rejects["reason"].to_list() == ["read:truncated"]
