@@ -482,19 +482,24 @@ def _check_inputs_outside(read_tasks, inputs, output: str) -> None:
     """Refuse inputs inside the output folder, and an output inside an input folder: winnow would read what it writes
     there (its manifest, work files and shards as documents) and, on a rerun, clear what it is reading."""
     local = not is_url(output)
-    root = os.path.realpath(output) if local else output.rstrip("/")
+
+    def where(path: str) -> str:  # local paths resolved (links, "..") so the comparison is of real folders
+        return os.path.realpath(path) if local and not is_url(path) else path.rstrip("/")
+
+    def within(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    root = where(output)
     for cfg in inputs:
         for pattern in cfg.paths:
-            folder = os.path.realpath(pattern) if local and not is_url(pattern) and os.path.isdir(pattern) else None
-            if folder is not None and (root + "/").startswith(folder.rstrip("/") + "/"):
+            if local and not is_url(pattern) and os.path.isdir(pattern) and within(root, where(pattern)):
                 raise ConfigError(
                     f"[job] output {output} is inside the input folder {pattern} (input {cfg.label}): a rerun would "
                     "read the shards, rejects and manifest winnow writes there; choose an output outside it"
                 )
     for task in read_tasks:
         for file in task.files:
-            path = os.path.realpath(file.url) if local and not is_url(file.url) else file.url
-            if path == root or path.startswith(root.rstrip("/") + "/"):
+            if within(where(file.url), root):
                 raise ConfigError(
                     f"input file {file.url} is inside the job's output folder {output}: winnow would read the files it "
                     "writes there; choose a [job] output outside every input path (or move the inputs)"

@@ -132,8 +132,8 @@ def claim_run_folder(run_dir: str | Path, key: str = "train.output") -> Path:
         raise ConfigError(f"{key} = {str(run_dir)!r} is invalid; allowed: a folder of its own for the run")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        entries = sorted(p.name for p in run_dir.iterdir())  # winnow's own lock file is not content
-        entries = [e for e in entries if e == MARKER or not e.startswith(".winnow-lock")]
+        # winnow's own lock file (curate.lock's, taken before the run is built) is not content
+        entries = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".winnow-lock"))
     except (NotADirectoryError, FileExistsError) as err:
         raise ConfigError(f"{key} = {str(run_dir)!r} is a file, or lies under one; choose a folder") from err
     if MARKER in entries:
