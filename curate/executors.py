@@ -3,6 +3,12 @@
 One executor lives for a whole job, so worker processes (and their imported modules and
 compiled kernels) are reused across phases instead of being started once per phase.
 
+Ctrl-C reaches every process of the terminal's process group. By default local pool workers
+never see it: they start with SIGINT blocked, the job's process alone is interrupted, and it
+terminates the workers, whose outputs are abandoned as after a crash (every output is published
+by rename or marker: ``curate.atomic``), so a rerun resumes. ``interrupt="forward"`` lets the
+workers receive it instead, for tasks that stop themselves gracefully (a trainer saves a checkpoint).
+
 A local run may also take ``threads=True`` for a phase whose work runs outside the GIL
 (compiled kernels, polars, Arrow: ``curate.pipeline`` decides). Its tasks then run as
 ``workers`` threads of this process: no worker process is started, so the job pays for one
@@ -12,9 +18,11 @@ interpreter, one set of imports and one load of the compiled kernels (about 1.5 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
 import threading
@@ -22,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures import Executor as _PoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from winnow.curate.crashpoints import CRASH_ENV, ONCE_ENV
 from winnow.curate.errors import ConfigError, require
@@ -44,6 +52,7 @@ class Executor:
         gpus_per_task: float = 0.0,
         address: str = "",
         max_retries: int = 3,
+        interrupt: Literal["terminate", "forward"] = "terminate",
     ) -> None:
         self.workers = workers
         self.kind = kind
@@ -52,6 +61,7 @@ class Executor:
         # local pool: run once in each worker process before its first task (e.g. to claim a GPU)
         self.initializer, self.initargs = initializer, initargs
         self.gpus_per_task = gpus_per_task  # Ray: GPUs each task reserves, where the cluster has any
+        self.interrupt = interrupt  # local pool, on Ctrl-C: "terminate" the workers, or "forward" it to them
         self._pool: _PoolExecutor | None = None
         self._threads: ThreadPoolExecutor | None = None
         self._ray: Any = None
@@ -71,11 +81,15 @@ class Executor:
         elif threads and self.initializer is None:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="winnow-task")
-            yield from _wait_all(self._threads, fn, specs)
+            yield from _wait_all(self._threads, {self._threads.submit(fn, s) for s in specs})
         else:
             yield from self._run_pool(fn, specs)
 
-    def close(self) -> None:
+    def close(self, *, interrupted: bool = False) -> None:
+        """Shut the pools down once their running tasks end; ``interrupted`` (Ctrl-C): the worker processes are
+        terminated first, unless they were left to stop themselves (``interrupt="forward"``)."""
+        if interrupted and self._pool is not None and self.interrupt == "terminate":
+            _terminate_workers(self._pool)
         for pool in (self._pool, self._threads):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -84,8 +98,8 @@ class Executor:
     def __enter__(self) -> Executor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
 
     def _run_pool(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
         if self._pool is None:
@@ -96,7 +110,10 @@ class Executor:
                 initializer=_worker_start,
                 initargs=(os.getpid(), self.initializer, self.initargs),
             )
-        yield from _wait_all(self._pool, fn, specs)
+        # Workers start on the first submits; with SIGINT blocked there they keep it blocked for good.
+        with _sigint_blocked() if self.interrupt == "terminate" else contextlib.nullcontext():
+            pending = {self._pool.submit(fn, s) for s in specs}
+        yield from _wait_all(self._pool, pending)
 
     def _run_ray(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
         if self._ray is None:
@@ -147,9 +164,37 @@ def _exit_with(parent: int, every: float = 1.0) -> None:
     os._exit(1)
 
 
-def _wait_all(pool: _PoolExecutor, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
-    """Submit every spec to ``pool`` and yield results as they finish; a failure cancels what has not started."""
-    pending = {pool.submit(fn, s) for s in specs}
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread within the block: a process started here inherits the mask across exec, so
+    Ctrl-C never interrupts it; one that arrives here meanwhile is delivered when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _terminate_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGTERM to every worker process of ``pool``: its running tasks are abandoned.
+
+    ``ProcessPoolExecutor.terminate_workers`` does this from Python 3.14; before it, the pool's own
+    table of processes is the only handle on them.
+    """
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError, ValueError):  # already gone, or closed
+            process.terminate()
+
+
+def _wait_all(pool: _PoolExecutor, pending: set) -> Iterator[Any]:
+    """Yield the results of the ``pending`` futures of ``pool`` as they finish; a failure cancels what has not started."""
     try:
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)

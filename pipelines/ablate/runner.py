@@ -159,8 +159,14 @@ def run_variants(
         for i in range(workers):
             queue.put(i % gpus)
     threads = tasks[0].threads if tasks else 0
+    # Ctrl-C goes to the training workers too: each trainer saves a checkpoint and stops (train.shutdown).
     with Executor(
-        workers=workers, kind=acfg.executor, initializer=_claim_device, initargs=(queue, threads), gpus_per_task=1.0
+        workers=workers,
+        kind=acfg.executor,
+        initializer=_claim_device,
+        initargs=(queue, threads),
+        gpus_per_task=1.0,
+        interrupt="forward",
     ) as executor:
         for result in executor.run(train, tasks):
             announce(result)

@@ -1,7 +1,9 @@
-"""A killed job takes its pool workers with it: none keeps running its task for nobody."""
+"""A killed job takes its pool workers with it: none keeps running its task for nobody. Ctrl-C stops the
+job's process and its workers at once, with one line and no worker tracebacks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,13 +20,23 @@ import os, sys, time
 from pathlib import Path
 from winnow.curate.executors import Executor
 
-def task(folder):
+def hello(folder):
     Path(folder, f"{os.getpid()}.pid").write_text("")
+    while len(list(Path(folder).glob("*.pid"))) < 2:  # each worker takes one: both have started
+        time.sleep(0.05)
+
+def task(folder):
+    Path(folder, "busy").write_text("")
     time.sleep(300)
 
 if __name__ == "__main__":
-    with Executor(workers=2) as executor:
-        list(executor.run(task, [sys.argv[1]] * 2))
+    try:
+        with Executor(workers=2) as executor:
+            list(executor.run(hello, [sys.argv[1]] * 2))
+            list(executor.run(task, [sys.argv[1]]))  # one worker busy, the other idle
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 """
 
 
@@ -60,6 +72,38 @@ def test_workers_exit_when_the_job_process_is_killed(tmp_path, sig):
         assert _wait(lambda: not any(_alive(pid) for pid in workers), 20), [p for p in workers if _alive(p)]
     finally:
         driver.kill()
+        for p in tmp_path.glob("*.pid"):
+            if _alive(int(p.stem)):
+                os.kill(int(p.stem), signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads process states from /proc")
+def test_ctrl_c_stops_the_job_and_its_workers_without_tracebacks(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group: the workers must not raise, busy (a KeyboardInterrupt
+    inside a compiled kernel comes back as a SystemError traceback) or idle (multiprocessing prints its traceback);
+    the job's process stops them and exits with its own message."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal's foreground job has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even where this test's runner ignores it
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _wait(lambda: (tmp_path / "busy").exists(), 120), "the workers did not start"
+        workers = [int(p.stem) for p in tmp_path.glob("*.pid")]
+        os.killpg(driver.pid, signal.SIGINT)
+        _, err = driver.communicate(timeout=60)  # the tasks sleep 300 s: nobody waits for them
+        assert driver.returncode == 130, err
+        assert err.strip() == "interrupted", err
+        assert _wait(lambda: not any(_alive(pid) for pid in workers), 20), [p for p in workers if _alive(p)]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
         for p in tmp_path.glob("*.pid"):
             if _alive(int(p.stem)):
                 os.kill(int(p.stem), signal.SIGKILL)
