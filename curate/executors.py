@@ -63,6 +63,7 @@ class Executor:
         self.gpus_per_task = gpus_per_task  # Ray: GPUs each task reserves, where the cluster has any
         self.interrupt = interrupt  # local pool, on Ctrl-C: "terminate" the workers, or "forward" it to them
         self._pool: _PoolExecutor | None = None
+        self._stopped: Any = None  # the pool's Event: set, its workers start no further task
         self._threads: ThreadPoolExecutor | None = None
         self._ray: Any = None
 
@@ -88,8 +89,11 @@ class Executor:
     def close(self, *, interrupted: bool = False) -> None:
         """Shut the pools down once their running tasks end; ``interrupted`` (Ctrl-C): the worker processes are
         terminated first, unless they were left to stop themselves (``interrupt="forward"``)."""
-        if interrupted and self._pool is not None and self.interrupt == "terminate":
-            _terminate_workers(self._pool)
+        if interrupted and self._pool is not None:
+            # Tasks already handed to the pool's queue cannot be cancelled: the workers see this and skip them.
+            self._stopped.set()
+            if self.interrupt == "terminate":
+                _terminate_workers(self._pool)
         for pool in (self._pool, self._threads):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -104,15 +108,17 @@ class Executor:
     def _run_pool(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
         if self._pool is None:
             # spawn, not fork: polars and pyarrow keep thread pools that a fork copies in a bad state.
+            context = mp.get_context("spawn")
+            self._stopped = context.Event()
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers,
-                mp_context=mp.get_context("spawn"),
+                mp_context=context,
                 initializer=_worker_start,
-                initargs=(os.getpid(), self.initializer, self.initargs),
+                initargs=(os.getpid(), self._stopped, self.initializer, self.initargs),
             )
         # Workers start on the first submits; with SIGINT blocked there they keep it blocked for good.
         with _sigint_blocked() if self.interrupt == "terminate" else contextlib.nullcontext():
-            pending = {self._pool.submit(fn, s) for s in specs}
+            pending = {self._pool.submit(_unless_stopped, fn, s) for s in specs}
         yield from _wait_all(self._pool, pending)
 
     def _run_ray(self, fn: Callable[[T], Any], specs: list[T]) -> Iterator[Any]:
@@ -145,16 +151,28 @@ class Executor:
             self._ray = _connect(self.address)
 
 
-def _worker_start(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+_STOPPED: Any = None  # in a pool worker: its Executor's Event, set once the job is interrupted
+
+
+def _worker_start(parent: int, stopped: Any, initializer: Callable[..., None] | None, initargs: tuple) -> None:
     """A pool worker's first step: exit when the job's process is gone, then the caller's initializer.
 
     A driver killed outright (SIGKILL, or SIGTERM, whose default action skips the pool's shutdown)
     would otherwise leave its workers running their tasks for nobody, holding CPU and memory. What a
     worker wrote is safe to abandon: every output is published by rename or marker (``curate.atomic``).
     """
+    global _STOPPED
+    _STOPPED = stopped
     threading.Thread(target=_exit_with, args=(parent,), name="winnow-parent-watch", daemon=True).start()
     if initializer is not None:
         initializer(*initargs)
+
+
+def _unless_stopped(fn: Callable[[T], Any], spec: T) -> Any:
+    """``fn(spec)`` in a pool worker, unless the job was interrupted since the task was queued."""
+    if _STOPPED is not None and _STOPPED.is_set():
+        raise KeyboardInterrupt("the job was interrupted before this task started")
+    return fn(spec)
 
 
 def _exit_with(parent: int, every: float = 1.0) -> None:

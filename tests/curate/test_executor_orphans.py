@@ -26,14 +26,16 @@ def hello(folder):
         time.sleep(0.05)
 
 def task(folder):
-    Path(folder, "busy").write_text("")
+    Path(folder, f"started-{time.monotonic_ns()}").write_text("")
     time.sleep(300)
 
 if __name__ == "__main__":
+    folder, interrupt = sys.argv[1], sys.argv[2]
+    tasks = 1 if interrupt == "terminate" else 6  # forward: two run, the rest wait in the pool's queue
     try:
-        with Executor(workers=2) as executor:
-            list(executor.run(hello, [sys.argv[1]] * 2))
-            list(executor.run(task, [sys.argv[1]]))  # one worker busy, the other idle
+        with Executor(workers=2, interrupt=interrupt) as executor:
+            list(executor.run(hello, [folder] * 2))
+            list(executor.run(task, [folder] * tasks))  # terminate: one worker busy, the other idle
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
@@ -63,7 +65,7 @@ def test_workers_exit_when_the_job_process_is_killed(tmp_path, sig):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path), "terminate"], env=env)
     try:
         assert _wait(lambda: len(list(tmp_path.glob("*.pid"))) == 2, 120), "the workers did not start"
         workers = [int(p.stem) for p in tmp_path.glob("*.pid")]
@@ -78,15 +80,17 @@ def test_workers_exit_when_the_job_process_is_killed(tmp_path, sig):
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads process states from /proc")
-def test_ctrl_c_stops_the_job_and_its_workers_without_tracebacks(tmp_path):
+@pytest.mark.parametrize("interrupt", ["terminate", "forward"])
+def test_ctrl_c_stops_the_job_and_its_workers_without_tracebacks(tmp_path, interrupt):
     """Ctrl-C reaches the terminal's whole process group: the workers must not raise, busy (a KeyboardInterrupt
     inside a compiled kernel comes back as a SystemError traceback) or idle (multiprocessing prints its traceback);
-    the job's process stops them and exits with its own message."""
+    the job's process stops them and exits with its own message. ``forward`` (tasks that stop themselves, as
+    a trainer does): the workers receive it, and the tasks already queued in the pool never start."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     driver = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
+        [sys.executable, str(script), str(tmp_path), interrupt],
         env=env,
         start_new_session=True,  # its own process group, as a terminal's foreground job has
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even where this test's runner ignores it
@@ -94,12 +98,15 @@ def test_ctrl_c_stops_the_job_and_its_workers_without_tracebacks(tmp_path):
         text=True,
     )
     try:
-        assert _wait(lambda: (tmp_path / "busy").exists(), 120), "the workers did not start"
+        running = 1 if interrupt == "terminate" else 2
+        assert _wait(lambda: len(list(tmp_path.glob("started-*"))) == running, 120), "the workers did not start"
         workers = [int(p.stem) for p in tmp_path.glob("*.pid")]
         os.killpg(driver.pid, signal.SIGINT)
         _, err = driver.communicate(timeout=60)  # the tasks sleep 300 s: nobody waits for them
         assert driver.returncode == 130, err
-        assert err.strip() == "interrupted", err
+        if interrupt == "terminate":
+            assert err.strip() == "interrupted", err
+        assert len(list(tmp_path.glob("started-*"))) == running  # no queued task started
         assert _wait(lambda: not any(_alive(pid) for pid in workers), 20), [p for p in workers if _alive(p)]
     finally:
         with contextlib.suppress(ProcessLookupError):
