@@ -169,10 +169,19 @@ def _worker_start(parent: int, stopped: Any, initializer: Callable[..., None] | 
 
 
 def _unless_stopped(fn: Callable[[T], Any], spec: T) -> Any:
-    """``fn(spec)`` in a pool worker, unless the job was interrupted since the task was queued."""
+    """``fn(spec)`` in a pool worker, unless the job was interrupted since the task was queued.
+
+    A task that stops on Ctrl-C sets the stop itself: the job's process may learn of the interrupt only
+    when this task's result reaches it, after this worker has taken its next task from the queue.
+    """
     if _STOPPED is not None and _STOPPED.is_set():
         raise KeyboardInterrupt("the job was interrupted before this task started")
-    return fn(spec)
+    try:
+        return fn(spec)
+    except KeyboardInterrupt:
+        if _STOPPED is not None:
+            _STOPPED.set()
+        raise
 
 
 def _exit_with(parent: int, every: float = 1.0) -> None:

@@ -80,12 +80,13 @@ def test_workers_exit_when_the_job_process_is_killed(tmp_path, sig):
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads process states from /proc")
-@pytest.mark.parametrize("interrupt", ["terminate", "forward"])
-def test_ctrl_c_stops_the_job_and_its_workers_without_tracebacks(tmp_path, interrupt):
+@pytest.mark.parametrize(("interrupt", "to"), [("terminate", "group"), ("forward", "group"), ("forward", "workers")])
+def test_ctrl_c_stops_the_job_and_its_workers_without_tracebacks(tmp_path, interrupt, to):
     """Ctrl-C reaches the terminal's whole process group: the workers must not raise, busy (a KeyboardInterrupt
     inside a compiled kernel comes back as a SystemError traceback) or idle (multiprocessing prints its traceback);
     the job's process stops them and exits with its own message. ``forward`` (tasks that stop themselves, as
-    a trainer does): the workers receive it, and the tasks already queued in the pool never start."""
+    a trainer does): the workers receive it, and the tasks already queued in the pool never start, even where
+    the job's process hears of it only through their results (``workers``: the signal reaches them alone)."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -101,7 +102,11 @@ def test_ctrl_c_stops_the_job_and_its_workers_without_tracebacks(tmp_path, inter
         running = 1 if interrupt == "terminate" else 2
         assert _wait(lambda: len(list(tmp_path.glob("started-*"))) == running, 120), "the workers did not start"
         workers = [int(p.stem) for p in tmp_path.glob("*.pid")]
-        os.killpg(driver.pid, signal.SIGINT)
+        if to == "group":
+            os.killpg(driver.pid, signal.SIGINT)
+        else:
+            for pid in workers:
+                os.kill(pid, signal.SIGINT)
         _, err = driver.communicate(timeout=60)  # the tasks sleep 300 s: nobody waits for them
         assert driver.returncode == 130, err
         if interrupt == "terminate":
