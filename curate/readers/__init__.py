@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from winnow.curate.config import InputConfig
 from winnow.curate.readers.arrow import read_hf, read_parquet
-from winnow.curate.readers.files import InputFile, list_files
+from winnow.curate.readers.files import InputFile, distinct_names, list_files
 from winnow.curate.readers.jsonl import read_jsonl
 from winnow.curate.readers.ranges import Span, split_file
 from winnow.curate.readers.rows import READ_REASONS, ReadBatch
@@ -45,8 +45,8 @@ class ReadTask:
 def plan_read_tasks(inputs: list[InputConfig], task_bytes: int = 256 << 20) -> list[ReadTask]:
     """List every input's files and cut them into read tasks, in a stable order (file, then span)."""
     tasks: list[ReadTask] = []
-    for index, cfg in enumerate(inputs):
-        files = list_files(cfg)
+    listed = distinct_names([(cfg, list_files(cfg)) for cfg in inputs])
+    for index, (cfg, files) in enumerate(zip(inputs, listed)):
         if cfg.format != "text":
             for f in files:
                 tasks.extend(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 import fsspec
@@ -14,19 +15,16 @@ from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
 from winnow.curate.readers.utf8 import printable
 
+log = logging.getLogger(__name__)
 _GLOB_CHARS = "*?["
-#: File name endings each format reads when a folder is given.
+#: The compressions JSON Lines are read in, by the file name's ending (in any case).
+CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz", ".lzma": "xz"}
+#: File name endings (lowercase; names are compared in any case) each format reads when a folder is given.
 EXTENSIONS: dict[str, tuple[str, ...]] = {
-    "jsonl": tuple(
-        base + codec for base in (".jsonl", ".json", ".ndjson") for codec in ("", ".gz", ".zst", ".zstd", ".bz2", ".xz")
-    ),
+    "jsonl": tuple(base + codec for base in (".jsonl", ".json", ".ndjson") for codec in ("", *CODECS)),
     "parquet": (".parquet",),
     "webdataset": (".tar", ".tar.gz", ".tgz"),
 }  # text: every file in the folder
-
-
-#: The compressions JSON Lines are read in, by the file name's ending (in any case).
-CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz", ".lzma": "xz"}
 
 
 def codec(url: str) -> str | None:
@@ -63,7 +61,15 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
         elif fs.isdir(path):
             root = path.rstrip("/")
             exts = EXTENSIONS.get(cfg.format)
-            paths = [p for p in fs.find(path) if exts is None or p.endswith(exts)]
+            every = fs.find(path)
+            paths = [p for p in every if exts is None or p.lower().endswith(exts)]
+            if len(paths) < len(every):
+                other = sorted(set(every) - set(paths))
+                log.warning(
+                    "input %s: %d file(s) in %s are not read, their names not ending in %s (%s%s); name them in "
+                    "path, or give the format they are in",
+                    cfg.label, len(other), pattern, "/".join(exts), ", ".join(other[:3]), ", ..." if len(other) > 3 else "",
+                )  # fmt: skip
         elif fs.exists(path):
             root, paths = posixpath.dirname(path), [path]
         elif prefix == "" and os.path.islink(path):
@@ -88,6 +94,38 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
             f"input {cfg.label}: {cfg.paths} matched no files; check the path and the format ({cfg.format})"
         )
     return list(found.values())
+
+
+def distinct_names(listed: list[tuple[InputConfig, list[InputFile]]]) -> list[list[InputFile]]:
+    """Each input's files, renamed where two different files of one source share a name (``rel``).
+
+    A name is relative to its own input path's root, so ``dump-2023/*.jsonl`` and ``dump-2024/*.jsonl``
+    both hold a ``part-0000.jsonl``, and rows without an id would get the same derived id in both.
+    Only such files are renamed, relative to the folder they share (``dump-2023/part-0000.jsonl``),
+    so every other file keeps its id. An input that takes each row's source from a field
+    (``source_field``) may reach any source, so its files are compared with every input's.
+    """
+    by_name: dict[str, dict[str | None, set[str]]] = {}  # rel -> source (None: per row) -> urls
+    for cfg, files in listed:
+        for f in files:
+            by_name.setdefault(f.rel, {}).setdefault(cfg.source, set()).add(f.url)
+    clashes: dict[str, set[str]] = {}  # rel -> the urls that share it within a source
+    for rel, per_source in by_name.items():
+        every = set().union(*per_source.values())
+        for source, urls in per_source.items():
+            reach = every if source is None else urls | per_source.get(None, set())
+            if len(reach) > 1:
+                clashes.setdefault(rel, set()).update(reach)
+    if not clashes:
+        return [files for _, files in listed]
+    renamed: dict[str, str] = {}
+    for group in clashes.values():
+        split = {url: url.split("://", 1) if "://" in url else ["", url] for url in group}
+        same_store = len({scheme for scheme, _ in split.values()}) == 1
+        shared = posixpath.commonpath([path for _, path in split.values()]) if same_store else ""
+        for url, (_, path) in split.items():
+            renamed[url] = printable(posixpath.relpath(path, shared) if shared else url)
+    return [[replace(f, rel=renamed.get(f.url, f.rel)) for f in files] for _, files in listed]
 
 
 def _info(fs, path: str, cfg: InputConfig) -> dict:

@@ -148,6 +148,27 @@ def two_inputs_same_ids(folder: Path) -> tuple[str, set[str]]:
     }
 
 
+def same_name_in_two_folders(folder: Path) -> tuple[str, set[str]]:
+    """Rows without ids in ``2023/part.jsonl`` and ``2024/part.jsonl`` of one source (two paths of one input,
+    and a second input of the same source): their derived ids differ by folder."""
+    lines = [jl({"text": f"document {i} of {year}"}) for year in (2023, 2024, 2025) for i in range(2)]
+    ids = set()
+    for k, year in enumerate((2023, 2024, 2025)):
+        (folder / str(year)).mkdir()
+        (folder / str(year) / "part.jsonl").write_bytes(lines[2 * k] + lines[2 * k + 1])
+        ids |= {f"s/{year}/part.jsonl@0", f"s/{year}/part.jsonl@{len(lines[2 * k])}"}
+    paths = json.dumps([str(folder / "2023/*.jsonl"), str(folder / "2024/*.jsonl")])
+    return f'[[inputs]]\nsource = "s"\npath = {paths}\n' + inputs(folder / "2025"), ids
+
+
+def extensions_in_any_case(folder: Path) -> tuple[str, set[str]]:
+    """A folder input reads ``B.JSONL``, ``c.jsonl.gzip`` and ``d.NDJSON.XZ`` as it reads ``a.jsonl``."""
+    names = {"a.jsonl": bytes, "B.JSONL": bytes, "c.jsonl.gzip": gzip.compress, "d.NDJSON.XZ": lzma.compress}
+    for i, (name, pack) in enumerate(names.items()):
+        (folder / name).write_bytes(pack(jl({"id": f"x{i}", "text": f"document {i}"})))
+    return inputs(folder), {f"x{i}" for i in range(len(names))}
+
+
 def symlink_loop(folder: Path) -> tuple[str, set[str]]:
     (folder / "in").mkdir()
     (folder / "in" / "ok.jsonl").write_bytes(jl(*GOOD))
@@ -516,6 +537,7 @@ CASES: list[Case] = [
     Case("bzip2_jsonl", jsonl_case(bz2.compress(jl(*GOOD)), GOOD_IDS, name="a.jsonl.bz2"), kept=3),
     Case("xz_jsonl", jsonl_case(lzma.compress(jl(*GOOD)), GOOD_IDS, name="a.jsonl.xz"), kept=3),
     Case("upper_case_extension", jsonl_case(gzip.compress(jl(*GOOD)), GOOD_IDS, name="A.JSONL.GZ"), kept=3),
+    Case("extensions_in_any_case_in_a_folder", extensions_in_any_case, kept=4),
     Case("truncated_gzip_text_file", truncated_text_file, {"read:truncated": 1}, kept=1),
     Case(
         "parquet_truncated",
@@ -608,6 +630,7 @@ CASES: list[Case] = [
     ),
     # -- ids -----------------------------------------------------------------------------------
     Case("duplicate_ids_across_inputs", two_inputs_same_ids, {"read:duplicate_id": 1}, kept=4),
+    Case("same_file_name_in_two_folders", same_name_in_two_folders, kept=6),
     Case(
         "integer_ids_past_2_53",
         jsonl_case(raw_jsonl(*(f'{{"id": {i}, "text": "doc {i}"}}' for i in HUGE)), {str(i) for i in HUGE}),
