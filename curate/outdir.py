@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from winnow.curate.atomic import write_json_atomic
@@ -152,13 +153,39 @@ def mark_owner(out: Path, job_name: str, fingerprint: str, *, work: WorkDir | No
         work.publish_file(out / MARKER)
 
 
+#: The names winnow gives the files of ``shards/<format>/<split>/`` and ``rejects/`` (and their temporary files).
+_OWN_NAMES = {
+    "shards": re.compile(r"[^/]+/[^/]+/\.?part-[0-9]+(-[0-9]+)*\.(parquet|tar|bin|idx|doc\.npy)(\.[0-9a-f]+)?(\.tmp)?"),
+    "rejects": re.compile(r"\.?p[0-9]+-t[0-9]+\.parquet(\.[0-9a-f]+)?(\.tmp)?"),
+}
+
+
+def check_no_foreign_files(out: Path, work: WorkDir) -> None:
+    """Refuse to clear ``shards/`` and ``rejects/`` while they hold files winnow would not have named so
+    (a user's notes, a hand-made shard): a fresh run, or a resume whose inputs changed, removes their contents."""
+    foreign = [
+        path
+        for folder, own in _OWN_NAMES.items()
+        for path in work.files(out / folder)
+        if not own.fullmatch(path.relative_to(out / folder).as_posix())
+    ]
+    if foreign:
+        names = ", ".join(str(p.relative_to(out)) for p in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise OutputError(
+            f"output {work.output}: {len(foreign)} file(s) in its shards/ or rejects/ were not written by winnow "
+            f"({names}), and this run must clear those folders; move them out of the output folder and run again"
+        )
+
+
 def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: WorkDir | None = None) -> None:
     """Remove a previous run's outputs (``only`` some of them) from a folder winnow owns (``claim`` checked the marker).
 
-    With a ``work`` whose output is a URL, they are removed from the store too.
+    With a ``work`` whose output is a URL, they are removed from the store too. Files in ``shards/`` or
+    ``rejects/`` that winnow would not have written are refused (``check_no_foreign_files``), never removed.
     """
     import shutil
 
+    check_no_foreign_files(out, work or WorkDir(str(out)))
     if work is not None and work.remote:
         for name in only:
             work.remove(out / name)

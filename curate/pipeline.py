@@ -41,6 +41,7 @@ from winnow.curate.manifest import build_manifest
 from winnow.curate.ordered import plan_writes, write_range
 from winnow.curate.outdir import (
     OWN_ENTRIES,
+    check_no_foreign_files,
     check_owner,
     claim,
     clear_own_entries,
@@ -304,6 +305,7 @@ class Runner:
             )
         if had_outputs:
             log.info("clearing previous outputs in %s", work.output)
+        check_no_foreign_files(self.out, work)  # before anything goes
         remove_card(self.out, work=work)
         clear_own_entries(self.out, work=work)
         work.root.mkdir(parents=True, exist_ok=True)
@@ -321,6 +323,7 @@ class Runner:
             f" (+{len(changes) - 3} more)" if len(changes) > 3 else "",
             len(stale),
         )
+        check_no_foreign_files(self.out, self.work)  # before anything goes
         invalidate(self.out, self.work, stale, n_tasks=n_tasks, single_phase=len(self.phases) == 1)
         remove_card(self.out, work=self.work)
         record_inputs(self.work, prints)

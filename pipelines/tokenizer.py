@@ -11,7 +11,7 @@ from pathlib import Path
 from winnow.curate.progress import PhaseProgress
 from winnow.train.data.shards import ShardSet, open_shards, read_shard
 from winnow.train.errors import ConfigError, ShardError
-from winnow.train.tokenizer import train_bpe
+from winnow.train.tokenizer import BPE_FILE, META_FILE, train_bpe
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--output", required=True, type=Path, help="folder to write tokenizer.json and tokenizer_meta.json to"
     )
     t.add_argument("--split", default="train", help="which split's shards to read (default train)")
-    t.add_argument("--max-docs", type=int, default=None, help="train on at most this many documents")
+    t.add_argument("--max-docs", type=_positive, default=None, help="train on at most this many documents")
     t.set_defaults(func=run)
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of documents")
+    return n
+
+
+def _check_output(out: Path) -> None:
+    """Refuse an ``--output`` that is a file, or a folder holding tokenizer files another tool or a winnow run wrote.
+
+    A folder of a tokenizer this command trained (its two files and nothing else) is replaced.
+    """
+    if out.exists() and not out.is_dir() or any(p.is_file() for p in out.parents if p != Path(".")):
+        raise ConfigError(f"--output {out} is a file or lies under one; give a folder for the tokenizer")
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    ours = {BPE_FILE, META_FILE}
+    if not ours & set(entries):
+        return
+    try:
+        meta = json.loads((out / META_FILE).read_text())
+    except (OSError, ValueError):
+        meta = None
+    if set(entries) <= ours and isinstance(meta, dict) and meta.get("kind") == "bpe":
+        return
+    raise ConfigError(
+        f"--output {out} already holds {' and '.join(sorted(ours & set(entries)))}, not of a tokenizer this command "
+        "trained alone (a run folder, or another tool's tokenizer): winnow does not replace them; give a new folder"
+    )
 
 
 def job_folder(data: str) -> str:
@@ -67,14 +97,24 @@ def shard_texts(
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.output)
-    if out.exists() and not out.is_dir() or any(p.is_file() for p in out.parents if p != Path(".")):
-        raise ConfigError(f"--output {out} is a file or lies under one; give a folder for the tokenizer")
+    _check_output(Path(args.output))
     folder = job_folder(args.data)
     shards, fmt = open_any_format(folder, args.split)
+    seen = 0
+
+    def counted(batches: Iterator[list[str]]) -> Iterator[list[str]]:
+        nonlocal seen
+        for batch in batches:
+            seen += len(batch)
+            yield batch
+
     tok = train_bpe(
-        shard_texts(shards, fmt, max_docs=args.max_docs, progress=not args.quiet), vocab_size=args.vocab_size
+        counted(shard_texts(shards, fmt, max_docs=args.max_docs, progress=not args.quiet)), vocab_size=args.vocab_size
     )
+    if not seen:
+        raise ConfigError(
+            f"the {args.split} shards of {folder} hold no text to train a tokenizer on; curate text into them first"
+        )
     out = tok.save(args.output)
     print(f"tokenizer: {tok.name} trained on {len(shards.shards)} {fmt} shard(s) of {folder}")
     print(f"saved to:  {out}")

@@ -232,12 +232,30 @@ def _check_replaceable(out_dir: Path) -> None:
         return
     if not out_dir.is_dir():
         raise ConfigError(f"{out_dir} exists and is not a folder; give another --output")
-    others = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_ENTRIES)
+    entries = sorted(p.name for p in out_dir.iterdir())
+    others = [name for name in entries if name not in EXPORT_ENTRIES]
     if others:
         raise ConfigError(
             f"{out_dir} holds files an export does not write ({', '.join(others[:3])}); "
             "give another --output, or move them away"
         )
+    if entries and not _is_export(out_dir / WINNOW_FILE):  # a user's tokenizer.json or hf/ under an export's names
+        raise ConfigError(
+            f"{out_dir} holds {', '.join(entries[:3])} but no export of winnow's ({WINNOW_FILE}): they are not "
+            "winnow's to replace; give another --output, or move them away"
+        )
+
+
+def _is_export(path: Path) -> bool:
+    """Whether ``path`` is a safetensors file an export wrote (its header's metadata says ``format = winnow``)."""
+    try:
+        with path.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size)) if 0 < size <= 1 << 24 else None
+    except (OSError, ValueError):
+        return False
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(meta, dict) and meta.get("format") == "winnow"
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:

@@ -114,14 +114,20 @@ def continue_run_folder(run_dir: str | Path, step: int) -> None:
 def _earlier_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run or study winnow wrote before it marked its folders: a ``config.json`` of a
     [train] table, or a study's ``result.json`` (a variant's name, kind and held-out losses)."""
-    for name, keys in (("config.json", {"model", "optim", "data"}), ("result.json", {"name", "kind", "held_out"})):
+    for name, keys in (("config.json", _TRAIN_KEYS), ("result.json", {"name", "kind", "held_out"})):
         try:
             found = json.loads((run_dir / name).read_text())
         except (OSError, ValueError):
             continue
         if isinstance(found, dict) and keys <= set(found):
-            return True
+            # a [train] table: its model a table of winnow's model keys (other tools' config.json have a "model")
+            return name == "result.json" or isinstance(found["model"], dict) and _MODEL_KEYS <= set(found["model"])
     return False
+
+
+#: What every winnow ``config.json`` has held: the [train] table, with its model's table.
+_TRAIN_KEYS = {"model", "optim", "data", "steps", "seed", "output"}
+_MODEL_KEYS = {"dim", "n_layers", "n_heads", "n_experts", "top_k"}
 
 
 def claim_run_folder(run_dir: str | Path, key: str = "train.output") -> Path:

@@ -55,6 +55,30 @@ def test_a_folder_winnow_made_is_cleared_for_another_job(tmp_path, capsys):
     assert not stale.exists()
 
 
+@pytest.mark.parametrize("rerun", ["inputs changed", "--overwrite"])
+def test_files_of_the_user_inside_shards_or_rejects_are_refused_not_deleted(tmp_path, capsys, rerun):
+    """A rerun that clears shards/ and rejects/ (a changed input: the tasks it touches are redone; or
+    --overwrite) refuses while they hold a file winnow would not have written, and removes nothing."""
+    job = job_file(tmp_path)
+    out = tmp_path / "out"
+    assert curate(job, out, capsys)[0] == 0
+    mine = [out / "shards" / "parquet" / "train" / "NOTES.md", out / "shards" / "extra" / "keep.txt",
+            out / "rejects" / "triage.csv"]  # fmt: skip
+    for path in mine:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("the user's")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    if rerun == "inputs changed":
+        with (tmp_path / "a.jsonl").open("ab") as fh:
+            fh.write(b'{"id": "d9", "text": "one more"}\n')
+    rc, err = curate(job, out, capsys, *([rerun] if rerun.startswith("--") else []))
+    assert rc == 2 and "not written by winnow" in err and "shards/extra/keep.txt" in err, err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    for path in mine:
+        path.unlink()
+    assert curate(job, out, capsys, *([rerun] if rerun.startswith("--") else []))[0] == 0
+
+
 def test_output_that_is_a_file_is_an_error_naming_it(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     rc, err = curate(job_file(tmp_path), tmp_path / "afile", capsys)

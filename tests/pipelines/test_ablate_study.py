@@ -400,7 +400,8 @@ def test_local_workers_claim_one_gpu_each_and_ray_tasks_reserve_one(monkeypatch)
 def test_a_started_variant_with_other_settings_is_not_resumed(job, tmp_path, capsys):
     layout = StudyLayout(tmp_path / "bad")
     layout.root.mkdir(parents=True)
-    started = {"steps": 99, "seed": 5, "model": {}, "optim": {}, "data": {}}  # a run's config.json, no result.json
+    model = {"dim": 16, "n_layers": 1, "n_heads": 2, "n_experts": 2, "top_k": 1}
+    started = {"steps": 99, "seed": 5, "model": model, "optim": {}, "data": {}, "output": str(layout.root)}  # no result
     (layout.run_dir("baseline") / "config.json").write_text(json.dumps(started))
     toml = study_toml(tmp_path / "bad.toml", job, layout.root)
     assert main(["ablate", str(toml)]) == 2

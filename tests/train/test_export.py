@@ -154,3 +154,20 @@ def test_export_refuses_an_output_holding_other_files(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), "--output", str(tmp_path / "mine")]) == 2
     assert "holds files an export does not write (notes.txt)" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "hf"])
+def test_export_refuses_an_output_whose_files_only_share_an_exports_names(tmp_path, capsys, name):
+    """A user's tokenizer folder (``tokenizer.json``) or model folder (``hf/``) is not an earlier export: kept."""
+    _trained_run(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    if name == "hf":
+        (mine / "hf").mkdir()
+        (mine / "hf" / "config.json").write_text("the user's")
+    else:
+        (mine / name).write_text("the user's")
+    before = {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+    assert main(["export", str(tmp_path / "run"), "--output", str(mine)]) == 2
+    assert "no export of winnow's" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()} == before

@@ -91,9 +91,18 @@ def test_a_run_folder_holding_files_winnow_did_not_write_is_refused_untouched(tm
     (new / ".winnow-lock").write_text("")  # the lock winnow takes before building the run is not content
     earlier = tmp_path / "earlier"  # a run written before folders were marked: its config.json is a [train] table
     earlier.mkdir()
-    (earlier / "config.json").write_text(json.dumps({"model": {}, "optim": {}, "data": {}}))
+    model = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_experts": 4, "top_k": 2}
+    (earlier / "config.json").write_text(
+        json.dumps({"model": model, "optim": {}, "data": {}, "steps": 10, "seed": 0, "output": str(earlier)})
+    )
     (earlier / ".winnow-lock").write_text("")
     assert (claim_run_folder(earlier) / MARKER).is_file()
+    other = tmp_path / "other"  # another tool's config.json with a "model", "optim" and "data" is not a run of winnow's
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model": "llama-7b", "optim": "adamw", "data": "c4"}))
+    with pytest.raises(ConfigError, match="holds files winnow did not write"):
+        claim_run_folder(other)
+    assert sorted(p.name for p in other.iterdir()) == ["config.json"]
 
 
 def test_resuming_with_another_model_is_refused_before_the_folder_is_touched(tmp_path):

@@ -77,3 +77,25 @@ def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path, capsy
     assert f'[train.tokenizer] table, path = "{tmp_path / "tok"}"' in capsys.readouterr().out  # where the key goes
     tok = load_tokenizer(tmp_path / "tok")
     assert tok.kind == "bpe" and tok.decode(tok.encode_batch(["<web:3>xx"])[0]) == "<web:3>xx"
+
+
+def test_cli_replaces_its_own_tokenizer_but_no_one_elses(tmp_path, capsys):
+    """A rerun replaces the folder this command wrote; a folder with a tokenizer.json of another tool, or a
+    run folder's tokenizer_meta.json, is refused untouched; shards with no text are refused, not a 258-token BPE."""
+    from winnow.pipelines.cli import main
+
+    folder = write_job(tmp_path / "job", [make_docs(40)])
+    tok = tmp_path / "tok"
+    for _ in range(2):
+        assert main(["-q", "tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tok)]) == 0
+    for name in ("tokenizer.json", "tokenizer_meta.json"):
+        mine = tmp_path / f"mine-{name}"
+        mine.mkdir()
+        (mine / name).write_text('{"the user": 1}')
+        (mine / "config.json").write_text("{}")
+        assert main(["-q", "tokenizer", "train", str(folder), "--output", str(mine)]) == 2
+        assert "winnow does not replace them" in capsys.readouterr().err
+        assert (mine / name).read_text() == '{"the user": 1}'
+    empty = write_job(tmp_path / "empty", [[{**d, "text": ""} for d in make_docs(3)]])
+    assert main(["-q", "tokenizer", "train", str(empty), "--output", str(tmp_path / "t2")]) == 2
+    assert "hold no text" in capsys.readouterr().err
