@@ -288,6 +288,8 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
         return None
     df = pl.from_arrow(table)
+    if cfg.id_field in names and (df[cfg.id_field].cast(pl.String) == "").any():
+        return None  # an empty id is derived from the line's offset: the lines path does it
     source = pl.lit(cfg.source, dtype=pl.String)
     if cfg.id_field in names:
         ids = pl.col(cfg.id_field).cast(pl.String)
@@ -372,7 +374,7 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
     text = record.pop(cfg.text_field, None)
     source = cfg.source if cfg.source_field is None else record.pop(cfg.source_field, None)
     given_id = record.pop(cfg.id_field, None)
-    id_ = fallback_id if given_id is None else id_text(given_id, cfg.id_field, line)
+    id_ = fallback_id if given_id in (None, "") else id_text(given_id, cfg.id_field, line)  # "" names nothing
     if isinstance(source, (int, float)) and not isinstance(source, bool):  # a numeric name: as written, like an id
         source = id_text(source, cfg.source_field, line)
     if not isinstance(source, str) or not source:
@@ -400,7 +402,7 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
             where={**where, "error": f"field {cfg.text_field!r} is a {type(text).__name__}"},
         )
     else:
-        if given_id is None and cfg.source_field is not None:
+        if given_id in (None, "") and cfg.source_field is not None:
             id_ = derived_id(source, file, offset)
         buf.add(id_, source, text, decode_meta(record))
 

@@ -238,8 +238,9 @@ def rows_from_arrow(
     )
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
     derived_id = pl.format("{}/{}/{}", src_expr, pl.lit(file_label), pl.col(row))
-    # a null id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
-    id_expr = pl.coalesce(pl.col(id_field).cast(pl.String), derived_id) if id_field in df.columns else derived_id
+    # a null or empty id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
+    given = pl.col(id_field).cast(pl.String)
+    id_expr = pl.coalesce(pl.when(given != "").then(given), derived_id) if id_field in df.columns else derived_id
     schema_error = pl.lit(None, dtype=pl.String)
     if native:
         extra = [c for c in df.columns if c not in CORE_COLUMNS and c != row and c != source_field]

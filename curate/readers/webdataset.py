@@ -161,7 +161,7 @@ def _add_sample(
     given_id = record.pop(cfg.id_field, None)
     id_ = (
         id_text(given_id, cfg.id_field, parts["json"])
-        if given_id is not None
+        if given_id not in (None, "")  # an empty id names nothing: derived, as a missing one is
         else f"{source or cfg.source or ''}/{file.rel}/{key}"
     )
     if not isinstance(source, str) or not source:

@@ -31,14 +31,17 @@ from winnow.curate.writers.tokens import TokenShardWriter, shard_tokenizer
 
 
 def safe_keys(df: pl.DataFrame) -> pl.Series:
-    """WebDataset keys: ids percent-escaped (no ``/``, ``.`` or ``~``), ``~<n>`` marks the n-th repeat."""
+    """WebDataset keys: ids percent-escaped (no ``/``, ``.``, ``~`` or NUL, which ends a tar name), ``~<n>`` marks the
+    n-th repeat; an empty id (a stage's: readers derive one) is ``%``, which no escaped id can be."""
     key = (
         pl.col("id")
         .str.replace_all("%", "%25", literal=True)
         .str.replace_all("/", "%2F", literal=True)
         .str.replace_all(".", "%2E", literal=True)
         .str.replace_all("~", "%7E", literal=True)
+        .str.replace_all("\x00", "%00", literal=True)
     )
+    key = pl.when(key == "").then(pl.lit("%")).otherwise(key)
     if "repeat" in df.columns:
         key = pl.when(pl.col("repeat").fill_null(0) > 0).then(pl.format("{}~{}", key, pl.col("repeat"))).otherwise(key)
     return df.select(key.alias("key")).to_series()

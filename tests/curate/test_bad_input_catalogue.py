@@ -169,6 +169,32 @@ def extensions_in_any_case(folder: Path) -> tuple[str, set[str]]:
     return inputs(folder), {f"x{i}" for i in range(len(names))}
 
 
+def empty_ids(fmt: str) -> Callable[[Path], tuple[str, set[str]]]:
+    """Rows whose id is ``""`` (JSONL, Parquet): each gets a derived id, as a row without one does."""
+
+    def build(folder: Path) -> tuple[str, set[str]]:
+        texts = [f"distinct document {i}" for i in range(3)]
+        if fmt == "parquet":
+            pq.write_table(pa.table({"id": ["", "", "p2"], "text": texts}), folder / "a.parquet")
+            return inputs(folder / "a.parquet", "parquet"), {"s/a.parquet/0", "s/a.parquet/1", "p2"}
+        lines = [jl({"id": "", "text": t}) for t in texts[:2]] + [jl({"id": "j2", "text": texts[2]})]
+        (folder / "a.jsonl").write_bytes(b"".join(lines))
+        return inputs(folder / "a.jsonl"), {"s/a.jsonl@0", f"s/a.jsonl@{len(lines[0])}", "j2"}
+
+    return build
+
+
+def webdataset_holds(n: int) -> Callable[[Path, Path], None]:
+    """The WebDataset shards hold ``n`` samples, each with its text and JSON, under distinct keys."""
+
+    def check(folder: Path, out: Path) -> None:
+        names = [m.name for t in (out / "shards" / "webdataset").rglob("*.tar") for m in tarfile.open(t).getmembers()]
+        keys = Counter(name.split(".", 1)[0] for name in names)
+        assert len(keys) == n and set(keys.values()) == {2}, names
+
+    return check
+
+
 def symlink_loop(folder: Path) -> tuple[str, set[str]]:
     (folder / "in").mkdir()
     (folder / "in" / "ok.jsonl").write_bytes(jl(*GOOD))
@@ -631,6 +657,17 @@ CASES: list[Case] = [
     # -- ids -----------------------------------------------------------------------------------
     Case("duplicate_ids_across_inputs", two_inputs_same_ids, {"read:duplicate_id": 1}, kept=4),
     Case("same_file_name_in_two_folders", same_name_in_two_folders, kept=6),
+    Case("empty_ids_jsonl", empty_ids("jsonl"), kept=3),
+    Case("empty_ids_parquet", empty_ids("parquet"), kept=3),
+    Case(
+        "ids_holding_nul_in_webdataset",
+        jsonl_case(
+            jl({"id": "a\x00x", "text": "one"}, {"id": "a\x00y", "text": "two"}, {"id": "ok", "text": "3"}),
+            {"a\x00x", "a\x00y", "ok"},
+        ),
+        kept=3,
+        check=webdataset_holds(3),
+    ),
     Case(
         "integer_ids_past_2_53",
         jsonl_case(raw_jsonl(*(f'{{"id": {i}, "text": "doc {i}"}}' for i in HUGE)), {str(i) for i in HUGE}),
