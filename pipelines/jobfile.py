@@ -182,12 +182,18 @@ def job_from_dict(
                 f"{where}: missing required key 'kind' (the stage to run, e.g. kind = \"dedup.minhash\"; "
                 f"`winnow config show` lists them)"
             )
+        if not isinstance(table["kind"], str):
+            raise ConfigError(
+                f"{where}: kind = {table['kind']!r} is invalid; allowed: a stage's name as a string, e.g. "
+                f'kind = "clean" (`winnow config show` lists them)'
+            )
         params = {k: v for k, v in table.items() if k != "kind"}
         cls = stage_class(table["kind"], where=f"{where}: ")
         stages.append(
             StageSpec(kind=table["kind"], config=build_config(cls.Config, params, f"{where} ({table['kind']})"))
         )
     check_source_names(input_cfgs, stages, name)
+    check_kept_fields(input_cfgs, stages, name)
     out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
     return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
 
@@ -229,6 +235,20 @@ def check_source_names(inputs: list[InputConfig], stages: list[StageSpec], name:
         for key in type(spec.config).SOURCE_KEYS:
             check_sources(
                 getattr(spec.config, key, None), inputs, f"{name} [[stages]] #{i + 1} ({spec.kind}) key {key!r}"
+            )
+
+
+def check_kept_fields(inputs: list[InputConfig], stages: list[StageSpec], name: str) -> None:
+    """No stage writes its column (a score's ``column``) over a field an input keeps: the user's values would be
+    replaced without a word."""
+    kept = {f: i for i, cfg in enumerate(inputs) for f in cfg.keep_fields}
+    for i, spec in enumerate(stages):
+        column = getattr(spec.config, "column", None)
+        if isinstance(column, str) and column in kept:
+            raise ConfigError(
+                f"{name} [[stages]] #{i + 1} ({spec.kind}) writes column = {column!r}, which [[inputs]] "
+                f"#{kept[column] + 1} keeps from its rows (keep_fields): the score would replace those values; "
+                "give the stage another column"
             )
 
 

@@ -184,6 +184,24 @@ def empty_ids(fmt: str) -> Callable[[Path], tuple[str, set[str]]]:
     return build
 
 
+def kept_field_and_stage(stage: str) -> Callable[[Path], tuple[str, set[str]]]:
+    """Rows keeping a field ``length_chars`` (a filter.length metric's name) and ``rating``, then ``stage``."""
+
+    def build(folder: Path) -> tuple[str, set[str]]:
+        rows = [
+            {"id": f"k{i}", "text": f"document number {i}", "length_chars": "mine", "rating": "good"} for i in range(3)
+        ]
+        (folder / "a.jsonl").write_bytes(jl(*rows))
+        table = inputs(folder / "a.jsonl") + 'keep_fields = ["length_chars", "rating"]\n'
+        return table + f"[[stages]]\n{stage}\n", {r["id"] for r in rows}
+
+    return build
+
+
+def kept_values_stay(folder: Path, out: Path) -> None:
+    assert kept_rows(out)["length_chars"].to_list() == ["mine"] * 3
+
+
 def webdataset_holds(n: int) -> Callable[[Path, Path], None]:
     """The WebDataset shards hold ``n`` samples, each with its text and JSON, under distinct keys."""
 
@@ -657,6 +675,23 @@ CASES: list[Case] = [
     # -- ids -----------------------------------------------------------------------------------
     Case("duplicate_ids_across_inputs", two_inputs_same_ids, {"read:duplicate_id": 1}, kept=4),
     Case("same_file_name_in_two_folders", same_name_in_two_folders, kept=6),
+    Case(
+        "kept_field_named_like_a_score_column",
+        kept_field_and_stage('kind = "score.heuristic"\ncolumn = "rating"'),
+        error="keeps from its rows (keep_fields)",
+    ),
+    Case(
+        "kept_field_named_like_a_filter_metric",
+        kept_field_and_stage('kind = "filter.length"\nmin_chars = 1'),
+        kept=3,
+        check=kept_values_stay,
+    ),
+    Case(
+        "kept_field_named_like_a_kept_filter_metric",
+        kept_field_and_stage('kind = "filter.length"\nmin_chars = 1\nkeep_metrics = true'),
+        error="keep_metrics would write the column(s) ['length_chars']",
+    ),
+    Case("stage_kind_not_a_string", kept_field_and_stage("kind = 5"), error="kind = 5 is invalid"),
     Case("empty_ids_jsonl", empty_ids("jsonl"), kept=3),
     Case("empty_ids_parquet", empty_ids("parquet"), kept=3),
     Case(

@@ -168,13 +168,14 @@ class C4Filter(RuleFilter):
             [pl.when(cond).then(pl.lit(name, dtype=pl.String)) for name, cond in self.rules()]
             or [pl.lit(None, dtype=pl.String)]
         )
-        df = pl.concat([batch, metrics], how="horizontal").with_columns(reason.alias("__reason"))
+        df, back = self.beside(batch, metrics)
+        df = df.with_columns(reason.alias("__reason"))
         if self.config.remove_lines:
             df = df.with_columns(
                 pl.when(pl.col("__reason").is_null()).then(kept_text).otherwise(pl.col("text")).alias("text")
             )
         if not self.config.keep_metrics:
-            df = df.drop(metrics.columns)
+            df = df.drop(metrics.columns).rename(back)
         rejected = df.filter(pl.col("__reason").is_not_null())
         kept = df.filter(pl.col("__reason").is_null()).drop("__reason")
         return StageOutput(kept, make_rejects(rejected, pl.col("__reason")).drop("__reason"), counters=counters)

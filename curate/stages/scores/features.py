@@ -176,5 +176,7 @@ def check_column(name: str) -> None:
 
     if not name or name in CORE_COLUMNS:
         raise ConfigError(f"column must be a new, non-empty column name, got {name!r}")
+    if name.startswith("_"):  # stages' internal columns (_count, _tokens, ...)
+        raise ConfigError(f"column {name!r} starts with '_', which winnow reserves for its internal columns")
     if name in OPTIONAL_COLUMNS and OPTIONAL_COLUMNS[name] != pl.Float64:
         raise ConfigError(f"column {name!r} is reserved for {OPTIONAL_COLUMNS[name]} values; choose another name")
