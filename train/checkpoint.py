@@ -279,7 +279,8 @@ class CheckpointManager:
         except CheckpointError:
             self._corrupt.add(path.name)
             raise
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        # AttributeError: a meta.json (or an entry of it) that is JSON but not an object
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as err:
             self._corrupt.add(path.name)
             raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from err
         self._verified.add(path.name)
@@ -306,7 +307,7 @@ class CheckpointManager:
                 (path / name).stat().st_size == m["bytes"]
                 for name, m in {STATE_FILE: meta, **meta.get("files", {})}.items()
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return False
 
     def _prune(self) -> None:

@@ -302,8 +302,9 @@ class Trainer:
         return records
 
     @torch.no_grad()
-    def evaluate(self) -> dict | None:
-        """Per-source held-out loss over the val split (all of it, or at most ``eval_batches`` batches).
+    def evaluate(self, *, record: bool = True) -> dict | None:
+        """Per-source held-out loss over the val split (all of it, or at most ``eval_batches`` batches), written to
+        the metrics unless ``record`` is false.
 
         Val shards are per source, so a cap reads the first sources only; leave it unset to
         report every source.
@@ -349,16 +350,17 @@ class Trainer:
             log.warning("evaluation at step %d abandoned: a stop was requested", self.step)
             return None
         result = acct.flush()
-        record = {
+        result_record = {
             "step": self.step,
             "eval": {
                 "loss": result["mean_loss"],
                 "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()},
             },
         }
-        self.metrics.write(record)
+        if record:
+            self.metrics.write(result_record)
         self.throughput.exclude_since(mark)
-        return record
+        return result_record
 
     def state_dict(self) -> dict:
         """The whole run in the one-process format (checkpoints keep weights and moments sharded instead)."""
@@ -458,6 +460,7 @@ class Trainer:
         self.throughput.reset()
         self.progress.open(self.step, self.tokens_seen)
         final_eval, stopped = None, self._reports().get("stopped")  # a stopped run's checkpoint stays stopped
+        finished = self.step >= cfg.steps  # resumed at its end: its final records are in the metrics already
         if self.init is not None and self.step == 0:
             final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
         with on_stop_signals(self._on_signal), contextlib.closing(self.progress):  # the bar closes on errors too
@@ -474,10 +477,10 @@ class Trainer:
                         break
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save_checkpoint()
-            if self._stop_signal is None:
+            if self._stop_signal is None and not finished:
                 self.after_step(last=True)  # the last, shorter stretch: the final record covers every attributed step
             if self._stop_signal is None and (stopped is None or final_eval is None or final_eval["step"] != self.step):
-                final_eval = self.evaluate()
+                final_eval = self.evaluate(record=not finished)  # for the summary; the metrics hold it once
             preempted = self._stop_signal is not None  # also when the signal came during that last evaluation
             if preempted:
                 final_eval = None

@@ -178,6 +178,21 @@ def checkpoint_without_meta_that_is_not_one(tmp: Path) -> None:
         load_init(str(tmp / "run"))
 
 
+@kind
+def checkpoint_meta_that_is_not_an_object(tmp: Path) -> None:
+    """A meta.json that is JSON but not an object (``[]``): the checkpoint is skipped for the one before, as a
+    meta.json that is not JSON is."""
+    from winnow.train.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(tmp / "ckpt", keep_last=3)
+    manager.save(1, {"x": torch.ones(2)})
+    newest = manager.save(2, {"x": torch.zeros(2)})
+    (newest / META_FILE).write_text("[]")
+    path, state = manager.load_latest()
+    assert path.name == "step-00000001" and torch.equal(state["x"], torch.ones(2))
+    assert not CheckpointManager(tmp / "ckpt", keep_last=3)._looks_valid(newest)
+
+
 # -- where the data is --------------------------------------------------------------------------------------
 @kind
 def manifest_that_is_not_an_object(tmp: Path) -> None:

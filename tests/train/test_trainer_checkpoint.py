@@ -94,3 +94,18 @@ def test_a_checkpoint_written_under_the_earlier_expert_names_resumes_and_loads_w
     assert "blocks.0.ffn.experts.w13_ED2F" in whole["model"] and not earlier_names(whole["model"])
     _, resumed = _recorded_fit(make_trainer(tiny_config(tmp_path / "run", steps=4, **kw)))
     assert resumed == reference[2:]
+
+
+def test_rerunning_a_finished_run_writes_its_final_records_once(tmp_path):
+    """Re-running the same command on a finished run resumes at its end: the summary still has the held-out
+    losses, but metrics.jsonl holds the final evaluation (and every other step's records) once."""
+    import json
+
+    held_out = [SyntheticBatches(seed=7).make(i) for i in range(2)]
+    cfg = tiny_config(tmp_path, steps=4, checkpoint={"every": 0})
+    summaries = [make_trainer(cfg, val_data=lambda: list(held_out)).fit() for _ in range(3)]
+    assert summaries[0]["eval"]["eval"] == summaries[2]["eval"]["eval"] and summaries[2]["step"] == 4
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["step"], *sorted(set(r) - {"step"})) for r in records]
+    assert len(keys) == len(set(keys)), keys
+    assert sum("eval" in r for r in records) == 1
