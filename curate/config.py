@@ -69,8 +69,14 @@ class JobSection:
             raise ConfigError(f"job.workers = {self.workers!r} is invalid; allowed: an integer >= 1")
         if self.batch_rows < 1:
             raise ConfigError(f"job.batch_rows = {self.batch_rows!r} is invalid; allowed: an integer >= 1")
-        if not isinstance(self.memory_gb, (int, float)) or isinstance(self.memory_gb, bool) or not self.memory_gb > 0:
-            raise ConfigError(f"job.memory_gb = {self.memory_gb!r} is invalid; allowed: a number of GB > 0 (e.g. 4)")
+        if (
+            not isinstance(self.memory_gb, (int, float))
+            or isinstance(self.memory_gb, bool)
+            or not 0 < self.memory_gb <= 1e6
+        ):
+            raise ConfigError(
+                f"job.memory_gb = {self.memory_gb!r} is invalid; allowed: a number of GB > 0 and at most 1e6 (e.g. 4)"
+            )
         if not isinstance(self.task_bytes, int) or self.task_bytes < MIN_TASK_BYTES:
             raise ConfigError(
                 f"job.task_bytes = {self.task_bytes!r} is invalid; allowed: an integer >= {MIN_TASK_BYTES} (1 MiB). "
@@ -128,6 +134,12 @@ class InputConfig:
             self.path = [self.path]
         if not self.path:
             raise ConfigError("inputs.path = [] is invalid; allowed: at least one file, folder or glob")
+        blank = next((p for p in self.path if not isinstance(p, str) or not p.strip()), None)
+        if blank is not None:
+            raise ConfigError(
+                f"inputs.path holds {blank!r}; allowed: file, folder or glob paths (a folder is read whole; the "
+                "output may not lie inside it)"
+            )
         from winnow.curate.fields import check_fields  # curate.fields needs this module's Job type
         from winnow.curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS, REJECT_COLUMNS
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import math
 import re
 import tomllib
 import types
@@ -49,6 +50,11 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
     if missing:
         raise ConfigError(f"{where}: missing required key {missing[0]!r}")
     values = {k: _coerce(v, hints[k], f"{where} key {k!r}") for k, v in table.items()}
+    for key, value in values.items():
+        numbers = value if isinstance(value, list) else [value]
+        bad = next((x for x in numbers if isinstance(x, float) and not math.isfinite(x)), None)
+        if bad is not None and not (math.isinf(bad) and fields[key].metadata.get("infinite")):
+            raise ConfigError(f"{where}: {key} = {value!r} is invalid; allowed: finite numbers (no inf or nan)")
     try:
         return cls(**values)
     except _config_errors() as err:

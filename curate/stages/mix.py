@@ -45,6 +45,9 @@ _EMPTY = pl.DataFrame(schema={"id": pl.String, "_count": pl.Int32})
 MIX_BYTES = 128  # per row of a key range in the plan: code, keys, position, tokens, their sorted copy
 
 
+MAX_EPOCHS = 1e6  # passes over a source: a document's copies are counted in 64-bit integers
+
+
 @dataclass(kw_only=True, slots=True)
 class MixConfig(StageConfig):
     """Mixture scheme, token budget, epoch cap, token estimate and in-source selection."""
@@ -53,7 +56,8 @@ class MixConfig(StageConfig):
 
     scheme: Literal["explicit", "temperature", "unimax"] | None = None  # default: explicit if weights else temperature
     weights: dict[str, float] = field(default_factory=dict)  # explicit: source -> weight (normalized); absent = 0
-    temperature: float = 1.0  # temperature: p ∝ tokens^(1/T); 1 keeps natural proportions
+    # temperature: p ∝ tokens^(1/T); 1 keeps natural proportions, inf gives every source the same share
+    temperature: float = field(default=1.0, metadata={"infinite": True})
     max_epochs: float = 1.0  # passes over a source at most; a document gets at most ceil(max_epochs) copies
     total_tokens: int | None = None  # default: the largest budget no source's cap forbids (unimax: all tokens)
     bytes_per_token: float = 4.0  # text bytes per token, to estimate token counts without a tokenizer
@@ -81,12 +85,15 @@ class MixConfig(StageConfig):
             )
         if not self.temperature > 0:
             raise ConfigError(f"mix.temperature = {self.temperature!r} is invalid; allowed: > 0")
-        if not self.max_epochs > 0:
-            raise ConfigError(f"mix.max_epochs = {self.max_epochs!r} is invalid; allowed: > 0")
+        if not 0 < self.max_epochs <= MAX_EPOCHS:
+            raise ConfigError(f"mix.max_epochs = {self.max_epochs!r} is invalid; allowed: > 0 and <= {MAX_EPOCHS:g}")
         if self.total_tokens is not None and self.total_tokens < 1:
             raise ConfigError(f"mix.total_tokens = {self.total_tokens!r} is invalid; allowed: >= 1")
-        if not self.bytes_per_token > 0:
-            raise ConfigError(f"mix.bytes_per_token = {self.bytes_per_token!r} is invalid; allowed: > 0")
+        if not 0.1 <= self.bytes_per_token <= 1000:  # real tokenizers: about 1 (bytes) to 10 bytes per token
+            raise ConfigError(
+                f"mix.bytes_per_token = {self.bytes_per_token!r} is invalid; allowed: from 0.1 to 1000 (text bytes per "
+                "token: 1 for bytes, about 4 for a BPE on English)"
+            )
         if self.tokenizer is not None and not Path(self.tokenizer).is_file():
             raise ConfigError(
                 f"mix.tokenizer = {self.tokenizer!r} is invalid (no such file, or not a regular file); "

@@ -198,6 +198,16 @@ def kept_field_and_stage(stage: str) -> Callable[[Path], tuple[str, set[str]]]:
     return build
 
 
+def good_rows_and(tables: str) -> Callable[[Path], tuple[str, set[str]]]:
+    """GOOD's rows as input ``s``, then ``tables`` (a ``[job]`` key needs its own table: give stages here)."""
+
+    def build(folder: Path) -> tuple[str, set[str]]:
+        (folder / "a.jsonl").write_bytes(jl(*GOOD))
+        return inputs(folder / "a.jsonl") + tables, GOOD_IDS
+
+    return build
+
+
 def kept_values_stay(folder: Path, out: Path) -> None:
     assert kept_rows(out)["length_chars"].to_list() == ["mine"] * 3
 
@@ -690,6 +700,21 @@ CASES: list[Case] = [
         "kept_field_named_like_a_kept_filter_metric",
         kept_field_and_stage('kind = "filter.length"\nmin_chars = 1\nkeep_metrics = true'),
         error="keep_metrics would write the column(s) ['length_chars']",
+    ),
+    Case(
+        "numbers_that_are_inf_or_past_range",  # each of these crashed or misled after the read phase
+        good_rows_and('[[stages]]\nkind = "mix"\nweights = {s = 1.0}\nmax_epochs = inf\n'),
+        error="max_epochs = inf is invalid; allowed: finite numbers",
+    ),
+    Case(
+        "mix_bytes_per_token_too_small",
+        good_rows_and('[[stages]]\nkind = "mix"\nweights = {s = 1.0}\nbytes_per_token = 1e-300\n'),
+        error="mix.bytes_per_token = 1e-300 is invalid",
+    ),
+    Case(
+        "input_path_that_is_empty",
+        lambda folder: (f'[[inputs]]\nsource = "s"\npath = ["{folder}", ""]\n', set()),
+        error="inputs.path holds ''",
     ),
     Case("stage_kind_not_a_string", kept_field_and_stage("kind = 5"), error="kind = 5 is invalid"),
     Case("empty_ids_jsonl", empty_ids("jsonl"), kept=3),
