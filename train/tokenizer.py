@@ -326,7 +326,7 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
     path = Path(cfg.path)
     file = path if path.is_file() else path / BPE_FILE
     meta_file = file.parent / META_FILE
-    meta = json.loads(_read(meta_file, where)) if meta_file.exists() else {}
+    meta = _meta(meta_file, where) if meta_file.exists() else {}
     if meta.get("kind") == "byte":
         return ByteTokenizer()
     if not file.is_file():
@@ -351,6 +351,20 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
         return BPETokenizer(tok)
     saved = {k: meta[k] for k in ("eos_token", "pad_token", "pad_id") if k in meta}
     return HFTokenizer(tok, **(given or saved), where=where)
+
+
+def _meta(path: Path, where: str) -> dict:
+    """A tokenizer folder's ``tokenizer_meta.json``, or a ConfigError naming it and ``where``."""
+    fix = "write the tokenizer again (`winnow tokenizer train`), or give its tokenizer.json alone"
+    try:
+        meta = json.loads(_read(path, where))
+    except ValueError as err:
+        raise ConfigError(f"{where}.path: {path} is damaged (not JSON: {err}); {fix}") from err
+    if not isinstance(meta, dict) or not all(
+        isinstance(meta.get(k, ""), str) for k in ("kind", "eos_token", "pad_token")
+    ):
+        raise ConfigError(f"{where}.path: {path} is damaged (not an object of a tokenizer's names); {fix}")
+    return meta
 
 
 def _read(path: Path, where: str) -> bytes:

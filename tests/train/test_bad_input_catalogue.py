@@ -151,6 +151,16 @@ def tokenizer_meta_linked_to_dev_zero(tmp: Path) -> None:
 
 
 @kind
+def tokenizer_meta_damaged(tmp: Path) -> None:
+    """A tokenizer folder whose tokenizer_meta.json is not JSON, or JSON but not an object: an error naming it."""
+    (tmp / "tok").mkdir()
+    for damaged in ('{"kind": "bpe\x01', "[]", '{"kind": 3}'):
+        (tmp / "tok" / META).write_text(damaged)
+        with pytest.raises(ConfigError, match=r"tokenizer_meta.json is damaged"):
+            load_tokenizer(str(tmp / "tok"))
+
+
+@kind
 def checkpoint_meta_linked_to_dev_zero(tmp: Path) -> None:
     ckpt = tmp / "run" / "checkpoints" / "step-00000001"
     ckpt.mkdir(parents=True)
