@@ -76,11 +76,14 @@ class AblateConfig:
             " or ".join(repr(k) for k in KINDS) + ", or a list of them without repeats",
         )
         check(
-            all(math.isfinite(f) and f >= 0 and f != 1 for f in self.factors) and bool(self.factors),
+            all(math.isfinite(f) and f >= 0 and f != 1 for f in self.factors)
+            and bool(self.factors)
+            and len(set(self.factors)) == len(self.factors),
             "factors",
             self.factors,
-            "finite non-negative numbers other than 1",
+            "finite non-negative numbers other than 1, each once",
         )
+        check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "source names, each once")
         check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
         check(
             len(self.shares) >= 2
@@ -98,12 +101,12 @@ class AblateConfig:
         )
         for name, mix in self.mixes.items():
             check(
-                name != "baseline"
+                name not in ("", "baseline")
                 and all(math.isfinite(w) and w >= 0 for w in mix.values())
                 and any(w > 0 for w in mix.values()),
-                f"mixes.{name}",
+                f"mixes.{name}" if name else 'mixes.""',
                 mix,
-                "a name other than 'baseline' and finite non-negative weights, one of them > 0",
+                "a non-empty name other than 'baseline' and finite non-negative weights, one of them > 0",
             )
         check(self.steps is None or self.steps >= 1, "steps", self.steps, "an integer >= 1")
         check(self.n_mixes >= 2, "n_mixes", self.n_mixes, "an integer >= 2 (more than the sources to fit well)")

@@ -348,3 +348,13 @@ def test_counterfactual_bad_settings_are_refused_naming_the_key():
     with pytest.raises(ConfigError, match="ablate.counterfactual_max_factor"):
         AblateConfig(adaptive="counterfactual", counterfactual_max_factor=1.0)
     assert AblateConfig(adaptive=["doremi", "counterfactual"]).adaptive_methods == ("doremi", "counterfactual")
+
+
+def test_repeated_or_empty_variant_names_are_refused_naming_the_key():
+    """A repeated source or factor would name two variants alike; an empty mix name names no folder."""
+    with pytest.raises(ConfigError, match=r"ablate.sources = \['web', 'web'\] is invalid; allowed: source names, each"):
+        AblateConfig(kind="leave_one_out", sources=["web", "web"])
+    with pytest.raises(ConfigError, match=r"ablate.factors = \[0.5, 0.5\] is invalid.*each once"):
+        AblateConfig(kind="weights", factors=[0.5, 0.5])
+    with pytest.raises(ConfigError, match=r'ablate.mixes."" = .* a non-empty name'):
+        AblateConfig(kind="mixes", mixes={"": {"web": 1.0}})
