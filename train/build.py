@@ -429,6 +429,12 @@ def _held_out_sets(
             kept.append(folder)
         except ShardError as err:
             log.warning("no held-out evaluation on %s: %s", folder, err)
+    if cfg.attribution.every and not evaluated:
+        raise ConfigError(
+            f"train.attribution.every = {cfg.attribution.every}: attribution measures what each source does to "
+            f"held-out loss, and {[str(f) for f in held_out]} hold no held-out rows; add a split stage "
+            "(val_fraction) to the job, name held-out data in train.eval, or set attribution.every = 0"
+        )
     asked = [s for s in cfg.attribution.held_out if s not in evaluated]
     if cfg.attribution.every and asked:
         raise ConfigError(

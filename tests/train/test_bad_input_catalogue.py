@@ -205,6 +205,23 @@ def checkpoint_meta_that_is_not_an_object(tmp: Path) -> None:
 
 # -- where the data is --------------------------------------------------------------------------------------
 @kind
+def attribution_without_held_out_rows(tmp: Path) -> None:
+    """Attribution on shards with no val split: refused before training (it trained, then said nothing)."""
+    from winnow.pipelines.train import build_trainer
+    from winnow.train.attribution.config import AttributionConfig
+    from winnow.train.config import TrainConfig
+    from winnow.train.model.config import ModelConfig
+
+    folder = write_job(tmp / "job", [make_docs(8)])
+    model = ModelConfig(vocab_size=258, dim=16, n_layers=1, n_heads=2, ffn_hidden=16, n_experts=2, top_k=1)
+    cfg = TrainConfig(output=str(tmp / "run"), shards=str(folder), steps=2, model=model,
+                      data=LoaderConfig(batch_size=2, seq_len=16, num_workers=0, format="parquet"),
+                      attribution=AttributionConfig(every=1, start=0))  # fmt: skip
+    with pytest.raises(ConfigError, match="hold no held-out rows; add a split stage"):
+        build_trainer(cfg)
+
+
+@kind
 def manifest_that_is_not_an_object(tmp: Path) -> None:
     folder = write_job(tmp / "job", [make_docs(4)])
     (folder / "manifest.json").write_text("[1, 2]")
