@@ -344,7 +344,7 @@ def _apply(
     in_scope, passed = _scope(stage, batch)
     if not in_scope.height and passed is not None:  # every row is out of the stage's scope: it sees none
         stats.setdefault(sid, StageStats()).add_batch(passed, passed, passed.head(0), 0)
-        return passed
+        return passed.with_columns(_columns_added(stage, in_scope, decision, planned))
     result = stage.apply(in_scope, decision) if planned else stage.apply(in_scope)
     elapsed = time.perf_counter() - t0
     kept, rejected = validate_rows(result.kept, where=sid), result.rejected
@@ -368,6 +368,16 @@ def _apply(
         s.add_batch(passed, passed, passed.head(0), 0)  # out of scope: counted as passing through
         kept = pl.concat([kept, passed], how="diagonal_relaxed")
     return kept
+
+
+def _columns_added(stage: Stage, empty: pl.DataFrame, decision: pl.DataFrame | None, planned: bool) -> list[pl.Expr]:
+    """The columns ``stage`` adds to its rows (a score, metrics), as nulls of their types: rows out of its scope get
+    them too, so every shard of the job has the same columns (a batch of both gets them from the concatenation)."""
+    try:
+        kept = (stage.apply(empty, decision) if planned else stage.apply(empty)).kept
+    except StageError:  # a barrier no row reached has no plan to apply: then no shard gets its columns either
+        return []
+    return [pl.lit(None, dtype).alias(name) for name, dtype in kept.schema.items() if name not in empty.columns]
 
 
 def _scope(stage: Stage, batch: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
