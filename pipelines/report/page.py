@@ -391,7 +391,13 @@ def render(
     if study is not None:
         body.append(study_section(study))
     if job is not None:
-        body.append(curation_section(job))
+        try:
+            body.append(curation_section(job))
+        except (KeyError, TypeError, AttributeError, ValueError) as err:  # winnow writes none of these shapes
+            raise InputError(
+                f"{job.path}/manifest.json: a key holds what winnow never writes ({type(err).__name__}: {err}); the "
+                "manifest was edited or is not winnow's: re-run the curation job"
+            ) from err
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"

@@ -208,6 +208,27 @@ def good_rows_and(tables: str) -> Callable[[Path], tuple[str, set[str]]]:
     return build
 
 
+def two_sources_and(stages: str) -> Callable[[Path], tuple[str, set[str]]]:
+    """Sources ``a`` and ``b`` (a file each, so a task each), then ``stages``."""
+
+    def build(folder: Path) -> tuple[str, set[str]]:
+        ids = set()
+        for source in ("a", "b"):
+            rows = [{"id": f"{source}{i}", "text": f"words of document {i} " * (i + 1)} for i in range(4)]
+            (folder / f"{source}.jsonl").write_bytes(jl(*rows))
+            ids |= {r["id"] for r in rows}
+        return inputs(folder / "a.jsonl", source="a") + inputs(folder / "b.jsonl", source="b") + stages, ids
+
+    return build
+
+
+def one_schema(folder: Path, out: Path) -> None:
+    """Every Parquet shard has the same columns: the folder opens as one dataset."""
+    shards = sorted((out / "shards" / "parquet").rglob("*.parquet"))
+    assert len({tuple(pq.read_schema(p).names) for p in shards}) == 1, [pq.read_schema(p).names for p in shards]
+    assert pl.scan_parquet(shards).collect().height == 8
+
+
 def kept_values_stay(folder: Path, out: Path) -> None:
     assert kept_rows(out)["length_chars"].to_list() == ["mine"] * 3
 
@@ -700,6 +721,20 @@ CASES: list[Case] = [
         "kept_field_named_like_a_kept_filter_metric",
         kept_field_and_stage('kind = "filter.length"\nmin_chars = 1\nkeep_metrics = true'),
         error="keep_metrics would write the column(s) ['length_chars']",
+    ),
+    Case(
+        "stage_scoped_to_one_source_adds_a_column_then_order",
+        two_sources_and(
+            '[[stages]]\nkind = "score.heuristic"\nsources = ["a"]\n[[stages]]\nkind = "order"\nby = "quality"\n'
+        ),
+        kept=8,
+        check=one_schema,
+    ),
+    Case(
+        "filter_scoped_to_one_source_keeps_metrics",
+        two_sources_and('[[stages]]\nkind = "filter.length"\nsources = ["a"]\nmin_words = 1\nkeep_metrics = true\n'),
+        kept=8,
+        check=one_schema,
     ),
     Case(
         "numbers_that_are_inf_or_past_range",  # each of these crashed or misled after the read phase

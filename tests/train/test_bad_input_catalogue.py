@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,9 +138,21 @@ def manifest_linked_to_dev_zero(tmp: Path) -> None:
 def shard_larger_than_the_manifest_says(tmp: Path) -> None:
     folder = write_job(tmp / "job", [make_docs(4), make_docs(4)])
     path = folder / manifest_of(folder)["shards"][0]["path"]
-    path.write_bytes(path.read_bytes() + b"\0" * 4096)  # replaced by something bigger: never read past its size
-    with pytest.raises(ShardError, match="part-00000-00000.parquet is .* bytes, over"):
+    path.write_bytes(path.read_bytes() + b"\0" * 4096)  # replaced by something bigger: found at the start
+    with pytest.raises(
+        ShardError, match=r"part-00000-00000.parquet: \d+ bytes where .* says \d+ \(cut short or replaced"
+    ):
         next(loader(folder))
+
+
+@kind
+def token_shard_cut_short(tmp: Path) -> None:
+    """A .bin two bytes short is found when the shards open, not when the loader reaches it hours in."""
+    folder = write_token_job(tmp / "job", [make_docs(4), make_docs(4)])
+    path = folder / [e["path"] for e in manifest_of(folder)["shards"] if e["format"] == "tokens"][1]
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.raises(ShardError, match=rf"{path.name}: \d+ bytes where .* says \d+ \(cut short"):
+        loader(folder, "tokens")
 
 
 @kind
@@ -227,6 +240,36 @@ def manifest_that_is_not_an_object(tmp: Path) -> None:
     (folder / "manifest.json").write_text("[1, 2]")
     with pytest.raises(ShardError, match="manifest is not a JSON object"):
         loader(folder)
+
+
+@kind
+def manifest_entries_of_the_wrong_type(tmp: Path) -> None:
+    """A hand-edited manifest (an entry that is a string, a path that is a number, a token shard without its
+    dtype, a count that is text, sources that are one string): a ShardError naming the entry and key, in
+    training and in the report, not a KeyError or AttributeError."""
+    from winnow.pipelines.cli import main
+
+    folder = write_token_job(tmp / "job", [make_docs(4)])
+    good = manifest_of(folder)
+    token = next(i for i, e in enumerate(good["shards"]) if e["format"] == "tokens")
+    damages = {
+        "shards[0] = 'x' is not an object": lambda m: m["shards"].__setitem__(0, "x"),
+        "shards[0].path = 5 is not a JSON string": lambda m: m["shards"][0].__setitem__("path", 5),
+        f"shards[{token}].dtype is missing": lambda m: m["shards"][token].pop("dtype"),
+        f"shards[{token}].tokens = 'many' is not a JSON integer": lambda m: m["shards"][token].__setitem__("tokens", "many"),
+        "sources = 'web' is not a JSON list": lambda m: m.__setitem__("sources", "web"),
+    }  # fmt: skip
+    for message, damage in damages.items():
+        manifest = json.loads(json.dumps(good))
+        damage(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ShardError, match=re.escape(message)):
+            loader(folder, "tokens")
+    manifest = json.loads(json.dumps(good))
+    manifest["by_source"] = 3
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["-q", "report", str(folder), "--output", str(tmp / "report.html")]) == 2
+    assert not (tmp / "report.html").exists()
 
 
 @kind

@@ -30,8 +30,8 @@ def replace_shard(folder, path, data: bytes, *, keep_manifest_sha: bool = False)
         return
     manifest = json.loads((folder / "manifest.json").read_text())
     for entry in manifest["shards"]:
-        if entry["path"] == path:
-            entry["sha256"] = hashlib.sha256(data).hexdigest()
+        if entry["path"] == path:  # a manifest written for the new file: the damage is found in reading it
+            entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -41,6 +41,12 @@ def drain(loader, n=200):
 def test_a_truncated_bin_names_the_file_and_the_sizes(job):
     path = shard_file(job, 1, ".bin")
     truncate(path)
+    with pytest.raises(ShardError, match=rf"{path.name}: \d+ bytes where .*manifest.json says \d+ \(cut short"):
+        Loader(cfg(), job)  # when the shards open, before the first batch
+    manifest = json.loads((job / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        entry.pop("bytes", None)  # a manifest without sizes: the index finds it when the shard is read
+    (job / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match=rf"{path.name}: \d+ bytes, its index says \d+ tokens of uint16"):
         drain(Loader(cfg(), job))
 
@@ -94,6 +100,7 @@ def test_a_dtype_too_small_for_the_vocabulary(job):
     entry.update(
         dtype="uint8",
         sha256=hashlib.sha256(bin_path.read_bytes()).hexdigest(),
+        bytes=bin_path.stat().st_size,
         index_sha256=hashlib.sha256(bytes(idx)).hexdigest(),
     )
     manifest_path.write_text(json.dumps(manifest))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import fsspec
 import orjson
@@ -91,7 +92,60 @@ def read_manifest_file(fs: fsspec.AbstractFileSystem, root: str, data: str) -> d
         ) from err
     if not isinstance(manifest, dict):
         raise ShardError(f"{where}: manifest is not a JSON object; is it winnow's? curate the job again")
+    _check_entries(manifest, where)
     return manifest
+
+
+#: The types of the manifest keys training reads: the job's, and each shard entry's.
+_MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {"shards": list, "sources": list}
+_ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "path": str,
+    "format": str,
+    "split": str,
+    "rows": int,
+    "bytes": int,
+    "sha256": str,
+    "source": str,
+    "sources": (dict, list),
+    "tokens": int,
+    "dtype": str,
+    "tokenizer": dict,
+    "source_names": list,
+    "max_id": int,
+    "index_bytes": int,
+    "docs_bytes": int,
+}
+_JSON_NAMES = {str: "string", int: "integer", dict: "object", list: "list"}
+_TOKEN_KEYS = ("rows", "tokens", "dtype")  # what a token shard cannot be read without
+
+
+def _check_entries(manifest: dict, where: str) -> None:
+    """A ShardError naming the key of the first entry whose type is not what winnow writes (a hand-edited manifest)."""
+
+    def wrong(key: str, value: Any, kind: type | tuple[type, ...], at: str) -> ShardError:
+        names = " or ".join(_JSON_NAMES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
+        return ShardError(
+            f"{where}: {at}{key} = {value!r} is not a JSON {names}; the manifest is damaged or not winnow's: "
+            "curate the job again, or correct it"
+        )
+
+    for key, kind in _MANIFEST_TYPES.items():
+        if key in manifest and not isinstance(manifest[key], kind):
+            raise wrong(key, manifest[key], kind, "")
+    for i, entry in enumerate(manifest.get("shards") or []):
+        at = f"shards[{i}]."
+        if not isinstance(entry, dict):
+            raise ShardError(
+                f"{where}: shards[{i}] = {entry!r} is not an object; the manifest is damaged or not winnow's"
+            )
+        required = ("path", *(_TOKEN_KEYS if entry.get("format") == "tokens" else ()))
+        absent = [k for k in required if k not in entry]
+        if absent:
+            raise ShardError(f"{where}: {at}{absent[0]} is missing; the manifest is damaged or not winnow's")
+        for key, kind in _ENTRY_TYPES.items():
+            value = entry.get(key)
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise wrong(key, value, kind, at)
 
 
 def open_shards(
@@ -123,7 +177,9 @@ def open_shards(
     if not shards:
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
     if view is None:
-        check_listed(fs, root, [s.path for s in shards], where, missing=missing)
+        check_listed(
+            fs, root, [s.path for s in shards], where, missing=missing, sizes={s.path: s.bytes for s in shards}
+        )
     digest = (
         view_fingerprint(view)
         if view
@@ -143,31 +199,51 @@ def open_shards(
 
 
 def check_listed(
-    fs: fsspec.AbstractFileSystem, root: str, paths: list[str], where: str, *, missing: str = "raise"
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    paths: list[str],
+    where: str,
+    *,
+    missing: str = "raise",
+    sizes: dict[str, Any] | None = None,
 ) -> None:
-    """Every file a manifest lists is inside its folder and there, checked before the first batch (one listing
-    per folder, also on an object store); a ShardError names the first ones that are not."""
+    """Every file a manifest lists is inside its folder, there, and of the size it gives (``sizes``, where the
+    manifest records one), checked before the first batch (one listing per folder, also on an object store);
+    a ShardError names the first ones that are not."""
     outside = [p for p in paths if not inside(p)]
     if outside:
         raise ShardError(
             f"{where} lists shard path(s) {outside[:3]} that leave the job folder; the manifest is "
             "damaged or not winnow's (shard paths are relative, inside the folder)"
         )
-    present: set[str] = set()
+    present: dict[str, Any] = {}  # folder/name -> size
     for folder in sorted({p.rpartition("/")[0] for p in paths}):
         try:
-            present.update(
-                name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(f"{root}/{folder}".rstrip("/"), detail=False)
-            )
+            listed = fs.ls(f"{root}/{folder}".rstrip("/"), detail=True)
         except (FileNotFoundError, NotADirectoryError):
-            pass
-    absent = [p for p in paths if p.rsplit("/", 1)[-1] not in present]
+            continue
+        for entry in listed:
+            present[f"{folder}/{entry['name'].rstrip('/').rsplit('/', 1)[-1]}".lstrip("/")] = entry.get("size")
+    absent = [p for p in paths if p.lstrip("/") not in present]
+    wrong = [
+        p
+        for p in paths
+        if p not in absent and isinstance((sizes or {}).get(p), int) and present[p.lstrip("/")] != sizes[p]
+    ]
+    messages = []
     if absent:
         more = f", and {len(absent) - 1} more of its files" if len(absent) > 1 else ""
-        message = (
+        messages.append(
             f"shard {root}/{absent[0]}: missing (listed in {where} but not found{more}): the folder is "
             "incomplete (copied in part, or files deleted); copy it whole, or curate the job again"
         )
+    if wrong:
+        more = f", and {len(wrong) - 1} more of its files" if len(wrong) > 1 else ""
+        messages.append(
+            f"shard {root}/{wrong[0]}: {present[wrong[0].lstrip('/')]} bytes where {where} says {sizes[wrong[0]]}{more} "
+            "(cut short or replaced): copy the folder whole again, or curate the job again"
+        )
+    for message in messages:
         if missing != "warn":
             raise ShardError(message)
         log.warning("%s (skip_bad_shards: skipped when the loader reaches it)", message)

@@ -115,12 +115,14 @@ def open_token_shards(
             f"{tokenizer}; set [train.tokenizer] to the one the shards were made with "
             '(the job folder keeps it as shards/tokens/tokenizer.json), or train.data.format = "parquet"'
         )
+    recorded = {".bin": "bytes", ".idx": "index_bytes", ".doc.npy": "docs_bytes"}  # the manifest's size of each
     check_listed(
         fs,
         root,
-        [sidecar(e["path"], ext) for e in entries for ext in (".bin", ".idx", ".doc.npy")],
+        [sidecar(e["path"], ext) for e in entries for ext in recorded],
         f"{data}/{MANIFEST}",
         missing=missing,
+        sizes={sidecar(e["path"], ext): e.get(key) for e in entries for ext, key in recorded.items()},
     )
     vocab = tokenizer.get("vocab_size")
     past = [e for e in entries if vocab is not None and isinstance(e.get("max_id"), int) and e["max_id"] >= vocab]
