@@ -178,13 +178,58 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
                 record = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 record = None
-            if isinstance(record, dict):
+            if isinstance(record, dict) and _well_formed(record):
                 records.append(record)
             else:
                 bad += 1
     if bad:
-        log.warning("%s: %d unreadable line(s) skipped", path, bad)
+        log.warning("%s: %d unreadable line(s) skipped (not JSON, or not of the shapes the trainer writes)", path, bad)
     return records, bad
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _numbers(x: object) -> bool:
+    """A number, or a table or list of them (nested): what the trainer writes under a figure's key."""
+    if isinstance(x, dict):
+        return all(_numbers(v) for v in x.values())
+    if isinstance(x, list):
+        return all(_numbers(v) for v in x)
+    return _number(x)
+
+
+#: Keys of metrics records the report reads, and their shapes: a number, or a table or list of numbers.
+_FIGURES: dict[str, type | None] = {
+    "loss": None, "step_loss": None, "lr": None, "grad_norm": None, "tokens_seen": None, "tokens_per_s": None,
+    "mfu": None, "memory": dict, "expert_load": list, "mix_weights": dict, "mix_weights_mean": dict,
+}  # fmt: skip
+
+
+def _shaped(x: object, container: type | None) -> bool:
+    return _number(x) if container is None else isinstance(x, container) and _numbers(x)
+
+
+def _well_formed(record: dict) -> bool:
+    """Whether ``record`` has the shapes the report reads: an integer step, numbers under the figures' keys, an
+    evaluation's losses as numbers. A record edited by hand into another shape is skipped, counted."""
+    step = record.get("step")
+    if step is not None and not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62):
+        return False
+    if not all(_shaped(record[k], c) for k, c in _FIGURES.items() if k in record):
+        return False
+    per_source = record.get("per_source", {})
+    if not isinstance(per_source, dict) or not all(isinstance(v, dict) and _numbers(v) for v in per_source.values()):
+        return False
+    if "eval" not in record:
+        return True
+    held_out = record["eval"]
+    return (
+        isinstance(held_out, dict)
+        and _shaped(held_out.get("loss", 0.0), None)
+        and _shaped(held_out.get("per_source", {}), dict)
+    )
 
 
 def _each_step_once(records: list[dict]) -> list[dict]:

@@ -156,6 +156,18 @@ def metrics_lines_that_are_not_records(tmp: Path) -> None:
     _trained_run(tmp)
     with open(tmp / "run" / "metrics.jsonl", "ab") as f:  # a list, a string, bytes that are not UTF-8, a torn line
         f.write(b'[1, 2]\n"step"\n\xff\xfe{"step": 9}\n{"step": 10, "lo')
+        # and records of other shapes than the trainer writes (edited by hand): skipped and counted the same
+        shapes = [
+            '{"step": 5, "loss": "high"}',
+            '{"step": 5, "eval": 3}',
+            '{"step": 5, "eval": {"per_source": [1]}}',
+            '{"step": 5, "per_source": {"a": 5}}',
+            '{"step": 5, "expert_load": "x"}',
+            '{"step": 5, "mix_weights": {"a": "b"}}',
+            '{"step": 1e400, "loss": 5}',
+            '{"step": 5, "memory": 3}',
+        ]
+        f.write(b"\n" + "\n".join(shapes).encode() + b"\n")  # fmt: skip
     warnings: list[logging.LogRecord] = []
     said = logging.Handler(logging.WARNING)
     said.emit = warnings.append
@@ -166,7 +178,7 @@ def metrics_lines_that_are_not_records(tmp: Path) -> None:
     finally:
         logging.getLogger("winnow.pipelines.report").removeHandler(said)
     assert [w.getMessage() for w in warnings if "unreadable" in w.getMessage()] == [
-        f"{tmp / 'run' / 'metrics.jsonl'}: 4 unreadable line(s) skipped"
+        f"{tmp / 'run' / 'metrics.jsonl'}: 12 unreadable line(s) skipped (not JSON, or not of the shapes the trainer writes)"
     ]  # once, though the command reads the run for the page and for the terminal
     assert (tmp / "run" / "report.html").is_file()
 
