@@ -30,7 +30,7 @@ _SORTED_ROW_GROUP = 4096  # small groups: a write task's range prunes most of ev
 
 def sort_task_rows(unsorted: Path, compression: str) -> None:
     """Replace a task's rows file by ``sorted.parquet`` beside it, sorted by rank (streaming)."""
-    pl.scan_parquet(unsorted).sort(ORDER_COLUMN).sink_parquet(
+    pl.scan_parquet(unsorted, glob=False).sort(ORDER_COLUMN).sink_parquet(
         unsorted.with_name(SORTED_ROWS), row_group_size=_SORTED_ROW_GROUP, compression=compression
     )
     unsorted.unlink()
@@ -81,7 +81,7 @@ def _write_range(spec: WriteSpec) -> dict[str, Any]:
         df = pl.from_arrow(table).sort(ORDER_COLUMN)
     else:
         in_range = pl.col(ORDER_COLUMN).is_between(spec.lo, spec.hi, closed="left")
-        df = pl.scan_parquet([str(f) for f in files]).filter(in_range).collect().sort(ORDER_COLUMN)
+        df = pl.scan_parquet([str(f) for f in files], glob=False).filter(in_range).collect().sort(ORDER_COLUMN)
     ranks = df[ORDER_COLUMN]
     if df.height != spec.hi - spec.lo or (df.height and (ranks[0] != spec.lo or ranks[-1] != spec.hi - 1)):
         raise StageError(

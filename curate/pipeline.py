@@ -406,7 +406,7 @@ class Runner:
         key_files = self.work.task_files(phase.index, "keys.parquet")
         if key_files:
             log.info("planning %s over %d key file(s)", sid, len(key_files))
-            plan = stage.plan(pl.scan_parquet(key_files))  # type: ignore[attr-defined]
+            plan = stage.plan(pl.scan_parquet(key_files, glob=False))  # type: ignore[attr-defined]
         else:  # no row reached the stage, so no task will apply it to one: there is nothing to plan
             log.info("planning %s: no rows reached it", sid)
             plan = Plan(None, {})
@@ -416,7 +416,7 @@ class Runner:
                 path = self.work.decision(sid, t)
                 path.parent.mkdir(exist_ok=True)
                 own = files.get(task_name(t))
-                plan.per_task(t, pl.scan_parquet(own) if own is not None else None).write_parquet(path)
+                plan.per_task(t, pl.scan_parquet(own, glob=False) if own is not None else None).write_parquet(path)
             if plan.spill is not None:
                 shutil.rmtree(plan.spill, ignore_errors=True)
         elif plan.decision is not None:

@@ -252,7 +252,7 @@ def read_batches(path: Path, batch_rows: int) -> Iterator[pl.DataFrame]:
     """
     rows = pq.ParquetFile(path).metadata.num_rows
     for lo in range(0, rows, batch_rows):
-        yield pl.scan_parquet(path).slice(lo, batch_rows).collect().rechunk()
+        yield pl.scan_parquet(path, glob=False).slice(lo, batch_rows).collect().rechunk()
 
 
 def run_task(spec: TaskSpec) -> dict[str, Any]:
@@ -277,7 +277,9 @@ def _run_task(spec: TaskSpec) -> dict[str, Any]:
             work.fetch_plan(spec.decision_stage, task=spec.task)
     tmp = fresh_tmp(final)
     stages = build_stages(spec.job, spec.work)
-    decision = pl.read_parquet(spec.decision_path) if spec.decision_path and spec.decision_path.exists() else None
+    decision = (
+        pl.read_parquet(spec.decision_path, glob=False) if spec.decision_path and spec.decision_path.exists() else None
+    )
     stats: dict[str, StageStats] = {}
     skipped: list[dict] = []
     out = _Outputs(spec, tmp)

@@ -51,7 +51,7 @@ def _read_part(files: list[str], part: int, parts: int) -> tuple[np.ndarray, np.
     """Edges ``(u, v)`` with ``u % parts == part`` from ``files``, sorted by ``(u, v)`` and unique."""
     if not files:
         return np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.uint32)
-    scan = pl.scan_parquet(files)
+    scan = pl.scan_parquet(files, glob=False)
     if parts > 1:
         scan = scan.filter(pl.col("u") % parts == part)
     df = scan.unique().sort("u", "v").collect()
@@ -121,7 +121,7 @@ def components(edge_files: list[str], parts: int, folder: Path) -> pl.DataFrame:
     start.mkdir()
     files = []
     for k, path in enumerate(edge_files):
-        df = pl.read_parquet(path, columns=["a", "b"])
+        df = pl.read_parquet(path, columns=["a", "b"], glob=False)
         a, b = df["a"].to_numpy(), df["b"].to_numpy()
         files.append(_write(start, f"in-{k:05d}.parquet", np.concatenate([a, b]), np.concatenate([b, a])))
     files = [f for f in files if f]

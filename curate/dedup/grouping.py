@@ -98,7 +98,7 @@ def split_pairs(candidates: list[str], buckets: int, folder: Path) -> list[Path]
     folder.mkdir(parents=True)
     paths = [folder / f"bucket-{q:05d}.u64" for q in range(buckets)]
     for file in candidates:
-        pairs = pl.read_parquet(file)["pair"].to_numpy()
+        pairs = pl.read_parquet(file, glob=False)["pair"].to_numpy()
         owner = (pairs >> np.uint64(32)) % np.uint64(buckets)
         order = np.argsort(owner, kind="stable")
         pairs, owner = pairs[order], owner[order]
@@ -313,7 +313,7 @@ def group(
         memory_gb=memory_gb,
         folder=folder / "edges",
     )
-    n_edges = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in edges)
+    n_edges = sum(pl.scan_parquet(f, glob=False).select(pl.len()).collect().item() for f in edges)
     edge_parts = partitions(2 * n_edges, EDGE_BYTES, memory_gb, what=f"the duplicate graph of {stage}")
     labels = components(edges, edge_parts, folder / "components")
     stats["partitions"] = {"bands": band_parts, **stats["partitions"], "components": edge_parts}

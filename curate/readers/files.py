@@ -53,7 +53,8 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
             raise InputError(f"input {cfg.label}: cannot open {pattern!r}: {err}") from err
         protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
         prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-        if any(c in path for c in _GLOB_CHARS):
+        # a path that names a file or folder as written is that one, glob characters and all (data[1].jsonl)
+        if any(c in path for c in _GLOB_CHARS) and not fs.exists(path):
             root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
             paths = [p for p in fs.glob(path) if not fs.isdir(p)]
         elif fs.isdir(path) and cfg.format == "hf" and not cfg.hf_builder:

@@ -329,7 +329,7 @@ class Clean(Barrier):
             path = self.ctx.plan_dir / _BOILERPLATE_FILE
             if not path.exists():
                 raise StageError(f"clean ({self.ctx.stage_id}): {path} is missing; plan() must run before apply()")
-            self._boilerplate = pl.read_parquet(path)
+            self._boilerplate = pl.read_parquet(path, glob=False)
         return self._boilerplate
 
     def _dropped(self, source: pl.Series, row: np.ndarray, h: np.ndarray, keyed: np.ndarray) -> np.ndarray:

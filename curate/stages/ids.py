@@ -91,7 +91,7 @@ def repeated_ids(files: list[str]) -> int:
     """How many ids occur more than once in the phase-0 id spills."""
     if not files:
         return 0
-    counts = pl.scan_parquet(files).group_by("id").agg(pl.len().alias("_n"))
+    counts = pl.scan_parquet(files, glob=False).group_by("id").agg(pl.len().alias("_n"))
     return counts.filter(pl.col("_n") > 1).select(pl.len()).collect().item()
 
 

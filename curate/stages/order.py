@@ -187,7 +187,7 @@ class Order(Barrier):
             if not ids.height:
                 return empty
             lo = offsets.get(task, 0)
-            ranks = pl.scan_parquet(spill / "rank" / "*.parquet").filter(
+            ranks = pl.scan_parquet(sorted((spill / "rank").glob("*.parquet")), glob=False).filter(
                 pl.col(ROW).is_between(lo, lo + ids.height, closed="left")
             )
             ranks = ranks.collect().sort(ROW)
@@ -263,7 +263,7 @@ class Order(Barrier):
     @staticmethod
     def _merge(spill, n: int, max_rows: int) -> None:
         """Pass 1b, for many sources: sort every row by (merge key, source), range by range; its position is its place."""
-        keys = pl.scan_parquet(spill / "merge" / "*.parquet")
+        keys = pl.scan_parquet(sorted((spill / "merge").glob("*.parquet")), glob=False)
         (spill / "place").mkdir()
         ranges = key_ranges(keys, ["_q", "_code", ROW], n, max_rows)
         lo = 0
@@ -282,7 +282,7 @@ class Order(Barrier):
         (spill / "rank").mkdir()
         span = (max_rows // c.window) * c.window  # whole windows (plan checked that one fits)
         report = Curve(names, sizes, c)
-        places = pl.scan_parquet(spill / "place" / "*.parquet") if n else None
+        places = pl.scan_parquet(sorted((spill / "place").glob("*.parquet")), glob=False) if n else None
         for lo in range(0, n, span):
             hi = min(lo + span, n)
             part = places.filter(pl.col("_place").is_between(lo, hi, closed="left")).collect().sort("_place")

@@ -187,7 +187,7 @@ def _parquet(job_dir: str | Path, split: str) -> list[Path]:
 
 def _held_out_ids(job_dir: str) -> pl.DataFrame:
     """The ids of the baseline's val rows (a small split: held in memory)."""
-    return pl.scan_parquet(_parquet(job_dir, "val")).select("id").unique().collect()
+    return pl.scan_parquet(_parquet(job_dir, "val"), glob=False).select("id").unique().collect()
 
 
 def _check_held_out(job_dir: str, held_out: pl.DataFrame, name: str, key: str) -> None:
@@ -196,7 +196,7 @@ def _check_held_out(job_dir: str, held_out: pl.DataFrame, name: str, key: str) -
     if not paths:
         return
     leaked = (
-        pl.scan_parquet(paths)
+        pl.scan_parquet(paths, glob=False)
         .select("id")
         .join(held_out.lazy(), on="id", how="semi")
         .unique()

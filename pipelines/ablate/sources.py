@@ -92,7 +92,7 @@ def _write_view(
                 shards.append(written)
                 n_tokens += written["tokens"]
             continue
-        rows = pl.read_parquet(Path(job_dir) / entry["path"]).filter(pl.col("source") == source)
+        rows = pl.read_parquet(Path(job_dir) / entry["path"], glob=False).filter(pl.col("source") == source)
         if rows.is_empty():
             continue
         path = (shard_dir(folder, "parquet", "train") / f"{name}.parquet").relative_to(folder).as_posix()

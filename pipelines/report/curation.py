@@ -103,7 +103,7 @@ class CurationJob:
                 return None
             frame = pl.from_arrow(dataset.to_table(columns=["id", "source", *present])).lazy()
         else:
-            frame = pl.scan_parquet(paths)
+            frame = pl.scan_parquet(paths, glob=False)
             present = [c for c in SCORE_COLUMNS if c in frame.collect_schema()]
             if not present:
                 return None

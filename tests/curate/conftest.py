@@ -46,14 +46,14 @@ def check_nothing_lost(out: Path, input_ids: set[str] | None = None) -> dict:
     assert t["rows_read"] + t["repeats"] == t["rows_written"] + t["rows_rejected"]
     parquet = [out / s["path"] for s in manifest["shards"] if s["format"] == "parquet"]
     kept = (
-        pl.concat([pl.read_parquet(p, columns=["id"]) for p in parquet])["id"]
+        pl.concat([pl.read_parquet(p, columns=["id"], glob=False) for p in parquet])["id"]
         if parquet
         else pl.Series([], dtype=pl.String)
     )
     reject_files = sorted((out / "rejects").glob("*.parquet"))
     columns = ["id", "reason", "duplicate_of"]
     all_rejects = (
-        pl.concat([pl.read_parquet(p, columns=columns) for p in reject_files])
+        pl.concat([pl.read_parquet(p, columns=columns, glob=False) for p in reject_files])
         if reject_files
         else pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
     )

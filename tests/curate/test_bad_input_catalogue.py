@@ -214,7 +214,7 @@ def two_sources_and(stages: str) -> Callable[[Path], tuple[str, set[str]]]:
     def build(folder: Path) -> tuple[str, set[str]]:
         ids = set()
         for source in ("a", "b"):
-            rows = [{"id": f"{source}{i}", "text": f"words of document {i} " * (i + 1)} for i in range(4)]
+            rows = [{"id": f"{source}{i}", "text": f"words of {source} document {i} " * (i + 1)} for i in range(4)]
             (folder / f"{source}.jsonl").write_bytes(jl(*rows))
             ids |= {r["id"] for r in rows}
         return inputs(folder / "a.jsonl", source="a") + inputs(folder / "b.jsonl", source="b") + stages, ids
@@ -226,7 +226,14 @@ def one_schema(folder: Path, out: Path) -> None:
     """Every Parquet shard has the same columns: the folder opens as one dataset."""
     shards = sorted((out / "shards" / "parquet").rglob("*.parquet"))
     assert len({tuple(pq.read_schema(p).names) for p in shards}) == 1, [pq.read_schema(p).names for p in shards]
-    assert pl.scan_parquet(shards).collect().height == 8
+    assert pl.scan_parquet(shards, glob=False).collect().height == 8
+
+
+def bracketed_input(folder: Path) -> tuple[str, set[str]]:
+    """An input file named ``data[1].jsonl`` beside a ``data1.jsonl`` its name matches as a glob: the file named."""
+    (folder / "data[1].jsonl").write_bytes(jl(*GOOD))
+    (folder / "data1.jsonl").write_bytes(jl({"id": "other", "text": "the file a glob would read"}))
+    return inputs(folder / "data[1].jsonl"), GOOD_IDS
 
 
 def kept_values_stay(folder: Path, out: Path) -> None:
@@ -297,7 +304,7 @@ def empty_and_good(folder: Path) -> tuple[str, set[str]]:
 
 def kept_rows(out: Path) -> pl.DataFrame:
     """The rows of every Parquet shard of the output ``out``, by id."""
-    return pl.read_parquet(sorted((out / "shards").rglob("*.parquet"))).sort("id")
+    return pl.read_parquet(sorted((out / "shards").rglob("*.parquet")), glob=False).sort("id")
 
 
 def kept_text(expected: list[str]) -> Callable[[Path, Path], None]:
@@ -735,6 +742,16 @@ CASES: list[Case] = [
         two_sources_and('[[stages]]\nkind = "filter.length"\nsources = ["a"]\nmin_words = 1\nkeep_metrics = true\n'),
         kept=8,
         check=one_schema,
+    ),
+    Case("input_file_named_with_brackets", bracketed_input, kept=3, check=kept_text([r["text"] for r in GOOD])),
+    Case(
+        "output_folder_named_with_brackets",  # every work file of every barrier is read without globbing
+        two_sources_and(
+            "".join(f'[[stages]]\nkind = "{k}"\n' for k in ("dedup.exact", "dedup.minhash", "score.heuristic"))
+            + '[[stages]]\nkind = "order"\nby = "quality"\n'
+        ),
+        kept=8,
+        output=lambda tmp: str(tmp / "out[1]"),
     ),
     Case(
         "numbers_that_are_inf_or_past_range",  # each of these crashed or misled after the read phase
