@@ -49,6 +49,9 @@ from winnow.curate.stages.base import Plan, StageConfig
 log = logging.getLogger(__name__)
 
 
+MAX_PERM = 1024  # signature slots: the LSH shape search and the signatures grow with them
+
+
 @dataclass(kw_only=True, slots=True)
 class MinHashConfig(StageConfig):
     """Options of ``dedup.minhash``; ``kind = "dedup.minhash"`` alone gives P and R >= 0.98 at 0.8."""
@@ -58,7 +61,7 @@ class MinHashConfig(StageConfig):
     shingle: Literal["words", "chars"] = "words"  # shingles of ngram words, or of ngram characters
     # text normalization before shingling: none, whitespace, lower, or words (lowercased, punctuation dropped)
     normalize: Normalization = "words"
-    num_perm: int = 128  # signature slots
+    num_perm: int = 128  # signature slots (at most MAX_PERM)
     scheme: Literal["permutations", "oph"] = "oph"  # k permutations, or one permutation + densification
     bands: int | None = None  # LSH bands; with rows, overrides the search below
     rows: int | None = None  # LSH rows per band; with bands, overrides the search
@@ -79,6 +82,11 @@ class MinHashConfig(StageConfig):
         for key in ("ngram", "num_perm", "verify_sample", "verify_chunk_pairs"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} = {getattr(self, key)} must be >= 1")
+        if self.num_perm > MAX_PERM:
+            raise ConfigError(
+                f"num_perm = {self.num_perm} must be at most {MAX_PERM}: the similarity estimate's standard error "
+                f"is at most 0.5/sqrt(num_perm), {0.5 / MAX_PERM**0.5:.3f} there, while memory and time grow with it"
+            )
         if self.shingle not in ("words", "chars"):
             raise ConfigError(f"shingle = {self.shingle!r}; allowed: words, chars")
         check_normalization("normalize", self.normalize)

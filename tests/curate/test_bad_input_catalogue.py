@@ -743,6 +743,11 @@ CASES: list[Case] = [
         kept=8,
         check=one_schema,
     ),
+    Case(
+        "minhash_num_perm_past_its_range",  # 16,384 slots asked for 10 GB on 45 rows
+        good_rows_and('[[stages]]\nkind = "dedup.minhash"\nnum_perm = 16384\n'),
+        error="num_perm = 16384 must be at most 1024",
+    ),
     Case("input_file_named_with_brackets", bracketed_input, kept=3, check=kept_text([r["text"] for r in GOOD])),
     Case(
         "output_folder_named_with_brackets",  # every work file of every barrier is read without globbing
