@@ -96,3 +96,17 @@ def test_manifest_folders_are_still_read_through_the_manifest(tmp_path):
     assert loader.views == [None]
     assert json.loads((folder / "manifest.json").read_text())["shards"][0]["path"].startswith("shards/train/")
     assert docs_read(loader, 6)[0][:6] == [d["text"] for d in make_docs(6)]
+
+
+def test_a_file_rewritten_to_the_same_size_and_rows_is_not_resumed_on(tmp_path):
+    """Resuming on a folder without a manifest compares each file's rows, size and the hash of its tail: other text
+    of the same length (the same size and rows) is another data set, refused."""
+    write(tmp_path / "c" / "a.parquet", ["alpha " * 20, "bravo " * 20])
+    first = Loader(CFG, tmp_path / "c")
+    next(first)
+    state = first.state_dict()
+    size = (tmp_path / "c" / "a.parquet").stat().st_size
+    write(tmp_path / "c" / "a.parquet", ["omega " * 20, "delta " * 20])
+    assert (tmp_path / "c" / "a.parquet").stat().st_size == size
+    with pytest.raises(Exception, match="resume needs the same shards"):
+        Loader(CFG, tmp_path / "c").load_state_dict(state)

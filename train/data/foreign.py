@@ -57,6 +57,15 @@ def find_split_files(fs: fsspec.AbstractFileSystem, root: str, split: str) -> li
     return [p for p in every if not any(re.search(rf"(^|/){o}(/|[-_.][^/]*$)", p) for o in others)]
 
 
+_TAIL_BYTES = 1 << 20  # of each Parquet file, hashed: its footer, and the last of its data
+
+
+def _identity(fs: fsspec.AbstractFileSystem, url: str) -> tuple:
+    """A file's path, size and modification time: an unchanged file has the same (for the views' cache)."""
+    info = fs.info(url)
+    return url, info.get("size"), str(info.get("mtime") or info.get("LastModified") or info.get("created"))
+
+
 def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: str, fmt: str) -> dict:
     """A manifest-shaped view of ``root``'s ``split`` files: ``{"sources", "shards", "view_of"}``."""
     if fmt != "parquet":
@@ -76,7 +85,7 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
             "re-run the same curate command to finish it"
         )
     paths = find_split_files(fs, root, split)
-    key = (data, split, tuple((p, fs.size(f"{root}/{p}")) for p in paths))
+    key = (data, split, tuple(_identity(fs, f"{root}/{p}") for p in paths))
     if key in _VIEWS:  # held-out loaders are rebuilt for every evaluation: view an unchanged folder once
         return _VIEWS[key]
     if not paths:
@@ -107,14 +116,19 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
                     sources.setdefault(name, None)
             else:
                 sources.setdefault(default, None)
+            size = fs.size(f"{root}/{rel}")
+            fh.seek(max(0, size - _TAIL_BYTES))
             shards.append(
                 {
                     "split": split,
                     "format": "parquet",
                     "path": rel,
                     "rows": pf.metadata.num_rows,
-                    "bytes": fs.size(f"{root}/{rel}"),
+                    "bytes": size,
                     "sha256": None,
+                    # the footer (row groups' offsets, sizes and statistics): a file rewritten to the same size
+                    # and rows with other text differs there, where reading it whole for a hash would not pay
+                    "tail_sha256": hashlib.sha256(fh.read(_TAIL_BYTES)).hexdigest(),
                     "source": None if "source" in names else default,
                 }
             )
@@ -132,5 +146,6 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
 
 
 def view_fingerprint(view: dict) -> str:
-    """What identifies the viewed files (paths, rows, sizes) for resuming."""
-    return hashlib.sha256(orjson.dumps([[s["path"], s["rows"], s["bytes"]] for s in view["shards"]])).hexdigest()[:16]
+    """What identifies the viewed files (paths, rows, sizes, the hash of each one's last bytes) for resuming."""
+    files = [[s["path"], s["rows"], s["bytes"], s.get("tail_sha256")] for s in view["shards"]]
+    return hashlib.sha256(orjson.dumps(files)).hexdigest()[:16]
