@@ -39,6 +39,7 @@ from winnow.pipelines.ablate.curation import CurationJob
 from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
 from winnow.pipelines.ablate.plan import CURATION_KINDS_PLANNED, check_runnable
 from winnow.pipelines.ablate.sources import split_by_source
+from winnow.train.data.shards import job_manifest
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ def prepare_variants(
 
 def summary(job_dir: str, folders: dict[str, str]) -> dict:
     """What a curated job kept: train rows, train tokens (or UTF-8 bytes of text without token shards), rejects by reason."""
-    manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
+    manifest = job_manifest(job_dir)
     train = [s for s in manifest["shards"] if s["split"] == "train"]
     fmt = train[0]["format"] if train else None
     views = [json.loads((Path(f) / "manifest.json").read_text()) for f in folders.values()]
@@ -160,7 +161,7 @@ def _baseline_current(job: Job) -> bool:
 
 def _check_job(job_dir: str, job: CurationJob) -> None:
     """The curated baseline has what the study reads: Parquet shards (row ids) and a held-out split."""
-    manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
+    manifest = job_manifest(job_dir)
     formats = {s["format"] for s in manifest["shards"]}
     if "parquet" not in formats:
         raise ConfigError(
@@ -176,12 +177,12 @@ def _check_job(job_dir: str, job: CurationJob) -> None:
 
 
 def _train_sources(job_dir: Path) -> set[str]:
-    manifest = json.loads((job_dir / "manifest.json").read_text())
+    manifest = job_manifest(job_dir)
     return {src for s in manifest["shards"] if s["split"] == "train" for src, n in s["sources"].items() if n}
 
 
 def _parquet(job_dir: str | Path, split: str) -> list[Path]:
-    manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
+    manifest = job_manifest(job_dir)
     return [Path(job_dir) / s["path"] for s in manifest["shards"] if s["split"] == split and s["format"] == "parquet"]
 
 

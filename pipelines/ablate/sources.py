@@ -22,6 +22,7 @@ from winnow.curate.writers.layout import shard_dir
 from winnow.curate.writers.tokens import TOKENIZER_FILE, subset_token_shard
 from winnow.pipelines.ablate.layout import source_folder, write_atomic
 from winnow.pipelines.provenance import manifest_sha256
+from winnow.train.data.shards import job_manifest
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
             f"{job_dir}/manifest.json does not exist: curate the job first (`winnow curate JOB.toml` "
             "or `winnow run JOB.toml`); an ablation re-mixes curated shards and never re-curates"
         )
-    manifest = json.loads((Path(job_dir) / "manifest.json").read_text())
+    manifest = job_manifest(job_dir)
     entries = [e for e in manifest["shards"] if e.get("split") == "train" and e.get("format") in VIEW_FORMATS]
     if not entries:
         raise ConfigError(

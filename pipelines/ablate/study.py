@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from winnow.pipelines.ablate.prepare import StudyData, prepare_baseline, prepare
 from winnow.pipelines.ablate.runner import VariantTask, run_variants, variant_config
 from winnow.pipelines.ablate.table import write_study
 from winnow.pipelines.jobfile import build_config, read_toml
+from winnow.train.data.shards import job_manifest
 
 
 @dataclasses.dataclass(slots=True)
@@ -106,7 +106,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         curation_variants(acfg, train_cfg.seed, job)
     claim_run_folder(layout.root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
-    sources = json.loads((Path(train_cfg.shards) / "manifest.json").read_text())["sources"]
+    sources = job_manifest(train_cfg.shards)["sources"]
     runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)
     check_references(train_cfg, sources, BASELINE)
     # trained after the baseline (it is their reference); configured now, so a bad setting is refused before any

@@ -192,12 +192,13 @@ def _number(x: object) -> bool:
 
 
 def _numbers(x: object) -> bool:
-    """A number, or a table or list of them (nested): what the trainer writes under a figure's key."""
+    """A number, or a table or list of them (nested, null where there is none: a source with no held-out rows):
+    what the trainer writes under a figure's key."""
     if isinstance(x, dict):
         return all(_numbers(v) for v in x.values())
     if isinstance(x, list):
         return all(_numbers(v) for v in x)
-    return _number(x)
+    return x is None or _number(x)
 
 
 #: Keys of metrics records the report reads, and their shapes: a number, or a table or list of numbers.

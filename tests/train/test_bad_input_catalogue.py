@@ -273,6 +273,19 @@ def manifest_entries_of_the_wrong_type(tmp: Path) -> None:
 
 
 @kind
+def manifest_without_its_sources_list(tmp: Path) -> None:
+    """A manifest without the job's ``sources`` (an older or hand-made one): the sources its shard entries count,
+    for token shards as for Parquet (the token path refused every batch)."""
+    folder = write_token_job(tmp / "job", [make_docs(4)])
+    manifest = manifest_of(folder)
+    expected = manifest.pop("sources")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    tokens = loader(folder, "tokens")
+    assert tokens.sources == expected
+    next(tokens)
+
+
+@kind
 def shards_path_that_is_a_file(tmp: Path) -> None:
     (tmp / "a.parquet").write_bytes(b"not a folder")
     with pytest.raises(ShardError, match="a.parquet is a file; give the job folder"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -65,7 +66,7 @@ class ShardSet:
         self.fs = fsspec.core.url_to_fs(self.root, **self.storage_options)[0]
 
 
-def _manifest_sources(manifest: dict) -> list[str]:
+def manifest_sources(manifest: dict) -> list[str]:
     """The manifest's ``sources``; without that key, the sources its shard entries count, in order of appearance."""
     listed = manifest.get("sources")
     if listed:
@@ -93,6 +94,15 @@ def read_manifest_file(fs: fsspec.AbstractFileSystem, root: str, data: str) -> d
     if not isinstance(manifest, dict):
         raise ShardError(f"{where}: manifest is not a JSON object; is it winnow's? curate the job again")
     _check_entries(manifest, where)
+    return manifest
+
+
+def job_manifest(job_dir: str | Path) -> dict:
+    """A local job folder's ``manifest.json``, checked as training reads it (``read_manifest_file``), with its
+    ``shards`` and ``sources`` filled in where a manifest lacks them (``manifest_sources``)."""
+    manifest = read_manifest_file(fsspec.filesystem("file"), str(job_dir), str(job_dir))
+    manifest.setdefault("shards", [])
+    manifest["sources"] = manifest_sources(manifest)
     return manifest
 
 
@@ -191,7 +201,7 @@ def open_shards(
         root=prefix + root,
         fs=fs,
         shards=shards,
-        sources=_manifest_sources(manifest),
+        sources=manifest_sources(manifest),
         fingerprint=digest,
         storage_options=dict(storage_options or {}),
         view=view,

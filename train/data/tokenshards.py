@@ -22,7 +22,14 @@ import fsspec
 import numpy as np
 import orjson
 
-from winnow.train.data.shards import MANIFEST, cat_shard, check_listed, open_shards, read_manifest_file
+from winnow.train.data.shards import (
+    MANIFEST,
+    cat_shard,
+    check_listed,
+    manifest_sources,
+    open_shards,
+    read_manifest_file,
+)
 from winnow.train.errors import ConfigError, ShardError
 
 log = logging.getLogger(__name__)
@@ -158,7 +165,7 @@ def open_token_shards(
         fs=fs,
         shards=shards,
         tokenizer=written,
-        sources=list(manifest.get("sources") or []),
+        sources=manifest_sources(manifest),
         fingerprint=digest,
         local=local,
     )
@@ -169,7 +176,7 @@ def split_sources(data: str, *, split: str, fmt: str, storage_options: dict | No
     if fmt in ("auto", "tokens"):
         _, _, manifest = read_manifest(data, storage_options)
         if token_entries(manifest, split):
-            return list(manifest.get("sources") or [])
+            return manifest_sources(manifest)
         if fmt == "tokens":
             raise ShardError(f"{data}/{MANIFEST} lists no 'tokens' shards for split {split!r}")
         fmt = "parquet"
