@@ -274,21 +274,32 @@ def _move_into_place(tmp: Path, out_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def exported_state(data: bytes, name: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The one-process model state (winnow's parameter names) and the metadata of an export's
+    ``winnow-model.safetensors`` file, given as its bytes; ``name`` names it in errors."""
+    import safetensors.torch as st
+    from safetensors import SafetensorError
+
+    try:
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + size]) if 0 < size <= len(data) - 8 else None
+        tensors = st.load(data)
+    except (SafetensorError, ValueError) as err:
+        raise CheckpointError(f"{name}: not a safetensors file ({err}); write one with `winnow export RUN`") from err
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != "winnow" or "model_config" not in meta:
+        raise CheckpointError(
+            f"{name}: not a winnow export (no winnow model_config in its metadata); write one with `winnow export RUN`"
+        )
+    state = renamed(tensors)  # an earlier version's export: its expert names as today's
+    if json.loads(meta["model_config"]).get("tie_embeddings"):
+        state["head.weight"] = state["embed.weight"]
+    return state, meta
+
+
 def load_exported(path: str | Path) -> tuple[Transformer, dict]:
     """The model in a ``winnow-model.safetensors`` file (eval mode), and the file's metadata."""
-    import safetensors.torch as st
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = dict(f.metadata() or {})
-    if meta.get("format") != "winnow" or "model_config" not in meta:
-        raise CheckpointError(
-            f"{path}: not a winnow export (no winnow model_config in its metadata); write one with `winnow export RUN`"
-        )
-    cfg = ModelConfig(**json.loads(meta["model_config"]))
-    state = renamed(st.load_file(str(path)))  # an earlier version's export: its expert names as today's
-    if cfg.tie_embeddings:
-        state["head.weight"] = state["embed.weight"]
-    model = Transformer(cfg)
+    state, meta = exported_state(Path(path).read_bytes(), str(path))
+    model = Transformer(ModelConfig(**json.loads(meta["model_config"])))
     model.load_state_dict(state)
     return model.eval(), meta

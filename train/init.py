@@ -1,8 +1,9 @@
 """Starting a run from another run's checkpoint (``[train] init_from``): find it, check it fits, load it.
 
 ``init_from`` is a run folder (its newest checkpoint that verifies), its ``checkpoints/`` folder,
-one checkpoint folder (``step-N/`` with ``meta.json``) or a ``state.pt`` file; local or any fsspec
-URL. The model config and the tokenizer must be the base run's: a continued run that silently
+one checkpoint folder (``step-N/`` with ``meta.json``), a ``state.pt`` file, or an export of
+``winnow export`` (its folder or its ``winnow-model.safetensors``: weights only); local or any
+fsspec URL. The model config and the tokenizer must be the base run's: a continued run that silently
 re-shaped the model or re-tokenized the data would not be continuing anything. The weights are
 always loaded; the optimizer's moments only with ``init_optimizer`` (its hyperparameters stay
 this run's). What was loaded — run folder, checkpoint, step, sha256 — goes into provenance.
@@ -31,6 +32,7 @@ from winnow.train.paths import JSON_BYTES, inside, read_capped
 log = logging.getLogger(__name__)
 
 _STATE, _META, _PREFIX = "state.pt", "meta.json", "step-"
+EXPORT_FILE = "winnow-model.safetensors"  # train.export's WINNOW_FILE (that module imports the model; this one not)
 STATE_BYTES = 1 << 40  # a state file without a meta.json that sizes it (older checkpoints): a plain file under 1 TiB
 
 
@@ -197,6 +199,33 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
     return state, digest, step
 
 
+def _load_export(
+    fs: fsspec.AbstractFileSystem, path: str, *, given: str, optimizer: bool, storage_options: dict | None, key: str
+) -> Initialization:
+    """An ``Initialization`` from an export's ``winnow-model.safetensors``: its weights, model config and step; the
+    export folder holds the tokenizer files it is checked against. It has no optimizer state to continue."""
+    from winnow.train.export import exported_state
+
+    if optimizer:
+        raise ConfigError(
+            f"{key} = {given!r} is an export: it holds the weights, not the optimizer's moments; set "
+            "train.init_optimizer = false, or give the run folder it was exported from"
+        )
+    data = read_capped(fs, path, limit=STATE_BYTES, what="export", error=CheckpointError)
+    model, meta = exported_state(data, path)
+    unstrip = (lambda p: fs.unstrip_protocol(p)) if "://" in given else (lambda p: p)
+    return Initialization(
+        given=given,
+        checkpoint=unstrip(path),
+        run_dir=unstrip(posixpath.dirname(path)),  # the export folder: its tokenizer files
+        step=int(meta.get("step", -1)),
+        sha256=hashlib.sha256(data).hexdigest(),
+        state={"model": model, "model_config": json.loads(meta["model_config"])},
+        storage_options=dict(storage_options or {}),
+        key=key,
+    )
+
+
 def load_init(
     given: str, *, optimizer: bool = False, storage_options: dict | None = None, key: str = "train.init_from"
 ) -> Initialization:
@@ -207,6 +236,9 @@ def load_init(
     unstrip = (lambda p: fs.unstrip_protocol(p)) if "://" in given else (lambda p: p)
     if not fs.exists(root):
         raise ConfigError(f"{key} = {given!r} does not exist; give a run folder or a checkpoint")
+    export = root if root.endswith(".safetensors") else posixpath.join(root, EXPORT_FILE)
+    if (fs.isfile(root) and root.endswith(".safetensors")) or (fs.isdir(root) and fs.isfile(export)):
+        return _load_export(fs, export, given=given, optimizer=optimizer, storage_options=storage_options, key=key)
     if fs.isfile(root):
         candidates, run_dir = [(posixpath.dirname(root), root)], None
     elif fs.exists(posixpath.join(root, _META)):

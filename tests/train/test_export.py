@@ -171,3 +171,22 @@ def test_export_refuses_an_output_whose_files_only_share_an_exports_names(tmp_pa
     assert main(["export", str(tmp_path / "run"), "--output", str(mine)]) == 2
     assert "no export of winnow's" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in mine.rglob("*") if p.is_file()} == before
+
+
+def test_an_export_starts_a_continued_run_with_the_checkpoints_weights(tmp_path, capsys):
+    """``init_from`` an export (its folder or its file): the weights and model config of the checkpoint it was
+    written from, checked against the export's tokenizer files; an export has no optimizer state to continue."""
+    from winnow.train.errors import ConfigError as TrainConfigError
+    from winnow.train.init import load_init
+
+    trainer = _trained_run(tmp_path)
+    assert main(["-q", "export", str(tmp_path / "run"), "--output", str(tmp_path / "exp")]) == 0
+    base = load_init(str(tmp_path / "run"))
+    for given in (tmp_path / "exp", tmp_path / "exp" / WINNOW_FILE):
+        init = load_init(str(given))
+        assert init.step == base.step == 3 and init.model_config() == base.model_config()
+        assert init.state["model"].keys() == base.state["model"].keys()
+        assert all(torch.equal(init.state["model"][k], base.state["model"][k]) for k in base.state["model"])
+        init.check(trainer.cfg.model, ByteTokenizer())
+    with pytest.raises(TrainConfigError, match="is an export: it holds the weights, not the optimizer"):
+        load_init(str(tmp_path / "exp"), optimizer=True)
