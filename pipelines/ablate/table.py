@@ -37,22 +37,21 @@ def results_frame(results: list[dict], sources: list[str]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema_overrides={f"{p}_{s}": pl.Float64 for s in sources for p in ("loss", "delta")})
 
 
+def _row(cells: list[str]) -> str:
+    """One Markdown table row; a ``|`` inside a cell (a source named ``x|y``) is escaped, as GitHub's tables need."""
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
 def markdown_table(frame: pl.DataFrame) -> str:
     header = list(frame.columns)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_row(header), "|" + "---|" * len(header)]
     lines += [
-        "| "
-        + " | ".join(
-            f"{v:+.4f}"
-            if isinstance(v, float) and k.startswith("delta")
-            else f"{v:.4f}"
-            if isinstance(v, float)
-            else str(v)
+        _row([
+            f"{v:+.4f}" if isinstance(v, float) and k.startswith("delta") else f"{v:.4f}" if isinstance(v, float) else str(v)
             for k, v in zip(header, r)
-        )
-        + " |"
+        ])
         for r in frame.iter_rows()
-    ]
+    ]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -201,7 +200,7 @@ def effects_markdown(found: list[Effect], sources: list[str]) -> str:
     header += ["curve area Δ", "first step at baseline final"] if curves else []
     header += ["train rows (Δ)", "train tokens (Δ)"] if curated else []
     header += [f"Δ {s}" for s in sources]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_row(header), "|" + "---|" * len(header)]
     for i, e in enumerate(found):
         # the baseline's row: its own mean held-out loss, against which every Δ is measured
         mean = f"loss {np.mean(list(e.held_out.values())):.4f}" if i == 0 else measured(e.mean)
@@ -220,7 +219,7 @@ def effects_markdown(found: list[Effect], sources: list[str]) -> str:
                 else [f"{c.rows} ({c.rows_change:+.1%})", f"{c.tokens} {c.unit} ({c.tokens_change:+.1%})"]
             )
         cells += ["" if i == 0 else measured(e.delta.get(s)) for s in sources]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_row(cells))
     return "\n".join(lines)
 
 

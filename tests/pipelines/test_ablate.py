@@ -358,3 +358,13 @@ def test_repeated_or_empty_variant_names_are_refused_naming_the_key():
         AblateConfig(kind="weights", factors=[0.5, 0.5])
     with pytest.raises(ConfigError, match=r'ablate.mixes."" = .* a non-empty name'):
         AblateConfig(kind="mixes", mixes={"": {"web": 1.0}})
+
+
+def test_a_source_name_holding_a_pipe_keeps_the_markdown_table_whole():
+    import polars as pl
+
+    from winnow.pipelines.ablate.table import markdown_table
+
+    lines = markdown_table(pl.DataFrame({"variant": ["without_x|y"], "delta_x|y": [0.5]})).splitlines()
+    assert [line.replace("\\|", "").count("|") for line in lines] == [3, 3, 3]
+    assert "without_x\\|y" in lines[2]
