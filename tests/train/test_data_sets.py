@@ -56,3 +56,9 @@ def test_a_capped_held_out_pass_reads_every_source_of_a_shard(tmp_path, fmt):
     assert len(first) == 3 and len(seen) == 2  # a and b within the first 3 batches of 2 x 64 tokens
     full = list(Loader(cfg, str(folder), split="val"))
     assert sum(int(b.loss_mask.sum()) for b in full) >= 20 * 100 + 5 * 200  # the whole pass reads every row
+
+
+def test_huge_relative_weights_are_normalised_without_overflow():
+    sets = [ShardSetConfig(path="a", weight=1e308), ShardSetConfig(path="b", weight=3e307)]
+    folders, weights = training_sets(sets, None, [])
+    assert folders == ["a", "b"] and weights == pytest.approx([1 / 1.3, 0.3 / 1.3])

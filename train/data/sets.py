@@ -78,6 +78,9 @@ def training_sets(
         raise ConfigError(
             f"train.data.mix_weights = {mix_weights!r} is invalid; allowed: one weight per data set ({len(folders)})"
         )
+    top = max(weights)
+    if top > 0:  # relative weights: scaled by the largest first, so 1e308 each sums to 2, not inf
+        weights = [w / top for w in weights]
     total = sum(weights)
     weights = [w / total for w in weights]
     if replay is not None and replay.share > 0:
