@@ -63,14 +63,14 @@ def remove_card(out: Path, *, work: WorkDir | None = None) -> None:
     path = Path(out) / CARD
     if work is not None and work.remote:
         work.fetch(path, missing_ok=True)
-    if _ours(path):
+    if is_card(path):
         if work is not None:
             work.remove(path)
         else:
             path.unlink()
 
 
-def _ours(path: Path) -> bool:
+def is_card(path: Path) -> bool:
     """Whether ``path`` is a card winnow wrote (a README of the user's, a link, a huge file: never)."""
     if path.is_symlink() or not path.is_file():
         return False
@@ -83,7 +83,7 @@ def _ours(path: Path) -> bool:
 def write_card(out: Path, manifest: dict[str, Any]) -> Path | None:
     """Write ``<out>/README.md`` from the manifest; leaves a README winnow did not write alone."""
     path = Path(out) / CARD
-    if (path.exists() or path.is_symlink()) and not _ours(path):
+    if (path.exists() or path.is_symlink()) and not is_card(path):
         log.warning("%s exists and was not written by winnow; the dataset card is not written", path)
         return None
     write_text_atomic(path, render_card(out, manifest))

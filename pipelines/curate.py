@@ -43,7 +43,14 @@ def print_summary(manifest: dict[str, Any], output: str) -> None:
     print(f"rejects:  {out}/rejects")
     print(f"manifest: {out}/manifest.json")
     if "://" in out or (Path(out) / "README.md").is_file():
-        print(f"card:     {out}/README.md (dataset card: sources, stages, features)")
+        from winnow.curate.card import is_card  # the summary's one question about the card
+
+        ours = "://" in out or is_card(Path(out) / "README.md")
+        print(
+            f"card:     {out}/README.md (dataset card: sources, stages, features)"
+            if ours
+            else f"card:     not written: {out}/README.md is not winnow's, and is left as it is"
+        )
 
 
 def summary_table(manifest: dict[str, Any]) -> str:

@@ -132,14 +132,19 @@ def test_dataset_card_lists_sources_stages_and_typed_features(tmp_path, write_jo
     assert loaded["train"].num_rows == sizes["train"] and loaded["validation"].num_rows == sizes["validation"]
 
 
-def test_a_readme_winnow_did_not_write_is_left_alone(tmp_path, write_job):
+def test_a_readme_winnow_did_not_write_is_left_alone(tmp_path, write_job, capsys):
     make_inputs(tmp_path, n_files=1)
     path = write_job(JOB.format(path=tmp_path / "*.jsonl"))
     job = load_job(path)
     job.output_dir.mkdir(parents=True)
     (job.output_dir / "README.md").write_text("my notes")
-    run_job(job, progress=False)
+    manifest = run_job(job, progress=False)
     assert (job.output_dir / "README.md").read_text() == "my notes"
+    from winnow.pipelines.curate import print_summary
+
+    print_summary(manifest, job.job.output)  # the summary does not claim a card it did not write
+    said = capsys.readouterr().out
+    assert "card:     not written" in said and "dataset card: sources" not in said
 
 
 def test_the_dataset_card_escapes_names_in_its_header_and_tables(tmp_path):
