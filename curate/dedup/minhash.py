@@ -61,7 +61,7 @@ class MinHashConfig(StageConfig):
     shingle: Literal["words", "chars"] = "words"  # shingles of ngram words, or of ngram characters
     # text normalization before shingling: none, whitespace, lower, or words (lowercased, punctuation dropped)
     normalize: Normalization = "words"
-    num_perm: int = 128  # signature slots (at most MAX_PERM)
+    num_perm: int = 128  # signature slots (at most 1024)
     scheme: Literal["permutations", "oph"] = "oph"  # k permutations, or one permutation + densification
     bands: int | None = None  # LSH bands; with rows, overrides the search below
     rows: int | None = None  # LSH rows per band; with bands, overrides the search

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,9 +165,9 @@ def _arrays(rows: list[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps, dtype=np.int64), np.asarray([np.nan if v is None else v for v in values], dtype=float)
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict], int]:
+def _read_jsonl(path: Path, well_formed: Callable[[dict], bool] | None = None) -> tuple[list[dict], int]:
     """Records of a JSON-lines file; a line that is not a JSON object (a torn last line of a run killed
-    mid-write, bytes that are not UTF-8) is counted, not fatal."""
+    mid-write, bytes that are not UTF-8), or not ``well_formed``, is counted, not fatal."""
     records, bad = [], 0
     if not path.is_file():
         return records, bad
@@ -178,7 +179,7 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
                 record = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 record = None
-            if isinstance(record, dict) and _well_formed(record):
+            if isinstance(record, dict) and (well_formed is None or well_formed(record)):
                 records.append(record)
             else:
                 bad += 1
@@ -340,7 +341,7 @@ def load_run(path: str | Path) -> TrainingRun:
     path = Path(path)
     if not is_run_dir(path):
         raise InputError(f"{path} is not a training run folder: no metrics.jsonl there")
-    records, bad = _read_jsonl(path / "metrics.jsonl")
+    records, bad = _read_jsonl(path / "metrics.jsonl", _well_formed)
     records = _each_step_once(records)
     alerts, bad_alerts = _read_jsonl(path / "alerts.jsonl")
     unknown = sorted({str(a.get("kind")) for a in alerts} - set(AlertKind))

@@ -32,5 +32,5 @@ def test_fit_stops_at_the_right_eval_and_writes_its_reason(tmp_path):
     assert any(r.get("step") == 16 and "loss" in r for r in records)  # the last interval's training figures
 
     resumed = make_trainer(cfg)  # a re-run finds the stopped checkpoint and does not train on
-    resumed.evaluate = lambda: None
+    resumed.evaluate = lambda **_: None
     assert resumed.fit()["step"] == 16
