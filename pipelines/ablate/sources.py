@@ -40,8 +40,9 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
     """
     if not (Path(job_dir) / "manifest.json").is_file():
         raise ConfigError(
-            f"{job_dir}/manifest.json does not exist: curate the job first (`winnow curate JOB.toml` "
-            "or `winnow run JOB.toml`); an ablation re-mixes curated shards and never re-curates"
+            f"{job_dir}/manifest.json does not exist: re-mixing by source (a study, [train.mixing] adaptive, or "
+            "per-source weights in train.shards) needs a job folder `winnow curate` wrote, and never re-curates; "
+            "curate the job first (`winnow curate JOB.toml` or `winnow run JOB.toml`)"
         )
     manifest = job_manifest(job_dir)
     entries = [e for e in manifest["shards"] if e.get("split") == "train" and e.get("format") in VIEW_FORMATS]
