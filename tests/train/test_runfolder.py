@@ -158,3 +158,11 @@ def test_a_capped_read_never_asks_for_its_cap_at_once(tmp_path):
     assert read_capped(fs, str(path), limit=1 << 40, what="checkpoint state", error=CheckpointError) == b"x" * 1000
     with pytest.raises(CheckpointError, match="cap of 999"):
         read_capped(fs, str(path), limit=999, what="checkpoint state", error=CheckpointError)
+
+
+def test_a_share_factor_named_twice_is_refused():
+    from winnow.train.attribution import AttributionConfig
+    from winnow.train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.attribution.factors = \[0.5, 0.5\] is invalid.*each once"):
+        AttributionConfig(factors=[0.5, 0.5])

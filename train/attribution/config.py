@@ -49,10 +49,13 @@ class AttributionConfig:
             "an integer >= 4 (its interval comes from 4 groups of the rows)",
         )
         _check(
-            bool(self.factors) and all(isinstance(f, (int, float)) and f >= 0 and f != 1 for f in self.factors),
+            bool(self.factors)
+            and all(isinstance(f, (int, float)) and f >= 0 and f != 1 for f in self.factors)
+            and len(set(self.factors)) == len(self.factors),
             "factors",
             self.factors,
-            "share factors >= 0 other than 1 (0 = left out; a factor below 0 would make the source's weight negative)",
+            "share factors >= 0 other than 1, each once (0 = left out; a factor below 0 would make the source's "
+            "weight negative)",
         )
         _check(_number(self.horizon) and self.horizon > 0, "horizon", self.horizon, "a number of steps > 0")
         _check(
