@@ -39,6 +39,10 @@ def print_summary(manifest: dict[str, Any], output: str) -> None:
         rate = f", {t['tokens_per_second'] / 1e6:.1f}M tokens/s per worker" if t["tokens_per_second"] else ""
         print(f"\ntokens:   {t['total']} ({t['tokenizer']['kind']}, {t['dtype']}){rate}")
     out = output.rstrip("/")  # a folder or a URL (s3://...)
+    if not (manifest.get("totals") or {}).get("rows_written"):
+        emptied = next((st for st in manifest.get("stages", []) if st.get("rows_in") and not st.get("rows_out")), None)
+        where = f" after {emptied['id']} rejected the last of them" if emptied else ""
+        print(f"\nwarning: no row reached the shards{where}: check its settings, and the reasons in {out}/rejects")
     print(f"\nshards:   {out}/shards")
     print(f"rejects:  {out}/rejects")
     print(f"manifest: {out}/manifest.json")

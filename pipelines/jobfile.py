@@ -200,6 +200,7 @@ def job_from_dict(
         )
     check_source_names(input_cfgs, stages, name)
     check_kept_fields(input_cfgs, stages, name)
+    check_order_columns(input_cfgs, stages, name)
     out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
     return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
 
@@ -256,6 +257,29 @@ def check_kept_fields(inputs: list[InputConfig], stages: list[StageSpec], name: 
                 f"#{kept[column] + 1} keeps from its rows (keep_fields): the score would replace those values; "
                 "give the stage another column"
             )
+
+
+def check_order_columns(inputs: list[InputConfig], stages: list[StageSpec], name: str) -> None:
+    """An ``order`` stage's ``by`` names a column the rows can hold when it runs: a score stage's before it, a kept
+    field, or one of winnow's numeric columns an input may carry; a misspelt name would fail only after every
+    earlier phase. Where an earlier stage writes columns no job file names (``keep_metrics``, a plugin's
+    stage), the stage itself checks at run time."""
+    from winnow.curate.schema import OPTIONAL_COLUMNS
+
+    known = {c for c, dtype in OPTIONAL_COLUMNS.items() if dtype.is_numeric()} | {"length", "random"}
+    known |= {f for cfg in inputs for f in cfg.keep_fields}
+    for i, spec in enumerate(stages):
+        if spec.kind == "order" and isinstance(spec.config.by, str) and spec.config.by not in known:
+            close = difflib.get_close_matches(spec.config.by, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{name} [[stages]] #{i + 1} (order): by = {spec.config.by!r} names no column the rows hold there"
+                f"{hint}; allowed: 'length', 'random', a score stage's column before it, or a numeric kept field"
+            )
+        if getattr(spec.config, "keep_metrics", False) or not type(spec.config).__module__.startswith("winnow."):
+            return  # columns from here on are known only when the stages run
+        if isinstance(column := getattr(spec.config, "column", None), str):
+            known.add(column)
 
 
 def check_sources(value: Any, inputs: list[InputConfig], where: str) -> None:

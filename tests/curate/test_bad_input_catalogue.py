@@ -748,6 +748,11 @@ CASES: list[Case] = [
         good_rows_and('[[stages]]\nkind = "dedup.minhash"\nnum_perm = 16384\n'),
         error="num_perm = 16384 must be at most 1024",
     ),
+    Case(
+        "order_by_a_misspelt_column",  # refused before the read phase, not after every phase before it
+        good_rows_and('[[stages]]\nkind = "score.difficulty"\n[[stages]]\nkind = "order"\nby = "dificulty"\n'),
+        error="by = 'dificulty' names no column the rows hold there (did you mean 'difficulty'?)",
+    ),
     Case("input_file_named_with_brackets", bracketed_input, kept=3, check=kept_text([r["text"] for r in GOOD])),
     Case(
         "output_folder_named_with_brackets",  # every work file of every barrier is read without globbing

@@ -176,3 +176,18 @@ def test_the_dataset_card_escapes_names_in_its_header_and_tables(tmp_path):
     assert len(tables) == 4  # sources, stages, features, files
     for table in tables:  # every row has its header's number of cells: no name opened a new one
         assert len({len(re.findall(r"(?<!\\)\|", row)) for row in table}) == 1, table
+
+
+def test_a_job_whose_filters_reject_every_row_says_so(tmp_path, write_job, capsys):
+    from winnow.pipelines.curate import print_summary
+
+    make_inputs(tmp_path, n_files=1)
+    job = load_job(
+        write_job(JOB.format(path=tmp_path / "*.jsonl") + '[[stages]]\nkind = "filter.length"\nmin_words = 100000\n')
+    )
+    manifest = run_job(job, progress=False)
+    assert manifest["totals"]["rows_written"] == 0
+    print_summary(manifest, job.job.output)
+    assert (
+        "warning: no row reached the shards after 02.filter.length rejected the last of them" in capsys.readouterr().out
+    )
