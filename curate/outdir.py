@@ -180,12 +180,11 @@ def check_no_foreign_files(out: Path, work: WorkDir) -> None:
 def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: WorkDir | None = None) -> None:
     """Remove a previous run's outputs (``only`` some of them) from a folder winnow owns (``claim`` checked the marker).
 
-    With a ``work`` whose output is a URL, they are removed from the store too. Files in ``shards/`` or
-    ``rejects/`` that winnow would not have written are refused (``check_no_foreign_files``), never removed.
+    With a ``work`` whose output is a URL, they are removed from the store too. A run clearing a previous one's
+    outputs calls ``check_no_foreign_files`` first, before the card goes too.
     """
     import shutil
 
-    check_no_foreign_files(out, work or WorkDir(str(out)))
     if work is not None and work.remote:
         for name in only:
             work.remove(out / name)

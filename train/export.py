@@ -250,12 +250,23 @@ def _is_export(path: Path) -> bool:
     """Whether ``path`` is a safetensors file an export wrote (its header's metadata says ``format = winnow``)."""
     try:
         with path.open("rb") as fh:
-            size = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(size)) if 0 < size <= 1 << 24 else None
-    except (OSError, ValueError):
+            head = fh.read(8)
+            size = int.from_bytes(head, "little")
+            return size <= 1 << 24 and _winnow_metadata(head + fh.read(size)) is not None
+    except OSError:
         return False
+
+
+def _winnow_metadata(head: bytes) -> dict[str, str] | None:
+    """The metadata of the safetensors file that begins with ``head`` (its 8-byte length and JSON header), when an
+    export of winnow's wrote it (``format = winnow``); else None."""
+    size = int.from_bytes(head[:8], "little")
+    try:
+        header = json.loads(head[8 : 8 + size]) if 0 < size <= len(head) - 8 else None
+    except ValueError:
+        return None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
-    return isinstance(meta, dict) and meta.get("format") == "winnow"
+    return meta if isinstance(meta, dict) and meta.get("format") == "winnow" else None
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:
@@ -281,13 +292,11 @@ def exported_state(data: bytes, name: str) -> tuple[dict[str, torch.Tensor], dic
     from safetensors import SafetensorError
 
     try:
-        size = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + size]) if 0 < size <= len(data) - 8 else None
         tensors = st.load(data)
     except (SafetensorError, ValueError) as err:
         raise CheckpointError(f"{name}: not a safetensors file ({err}); write one with `winnow export RUN`") from err
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or meta.get("format") != "winnow" or "model_config" not in meta:
+    meta = _winnow_metadata(data)
+    if meta is None or "model_config" not in meta:
         raise CheckpointError(
             f"{name}: not a winnow export (no winnow model_config in its metadata); write one with `winnow export RUN`"
         )

@@ -32,7 +32,6 @@ from winnow.train.paths import JSON_BYTES, inside, read_capped
 log = logging.getLogger(__name__)
 
 _STATE, _META, _PREFIX = "state.pt", "meta.json", "step-"
-EXPORT_FILE = "winnow-model.safetensors"  # train.export's WINNOW_FILE (that module imports the model; this one not)
 STATE_BYTES = 1 << 40  # a state file without a meta.json that sizes it (older checkpoints): a plain file under 1 TiB
 
 
@@ -236,7 +235,9 @@ def load_init(
     unstrip = (lambda p: fs.unstrip_protocol(p)) if "://" in given else (lambda p: p)
     if not fs.exists(root):
         raise ConfigError(f"{key} = {given!r} does not exist; give a run folder or a checkpoint")
-    export = root if root.endswith(".safetensors") else posixpath.join(root, EXPORT_FILE)
+    from winnow.train.export import WINNOW_FILE  # the model's module: imported by the runs that init from one
+
+    export = root if root.endswith(".safetensors") else posixpath.join(root, WINNOW_FILE)
     if (fs.isfile(root) and root.endswith(".safetensors")) or (fs.isdir(root) and fs.isfile(export)):
         return _load_export(fs, export, given=given, optimizer=optimizer, storage_options=storage_options, key=key)
     if fs.isfile(root):
