@@ -11,6 +11,7 @@ from pathlib import Path
 from winnow.curate.progress import PhaseProgress
 from winnow.train.data.shards import ShardSet, open_shards, read_shard
 from winnow.train.errors import ConfigError, ShardError
+from winnow.train.paths import JSON_BYTES, read_capped
 from winnow.train.tokenizer import BPE_FILE, META_FILE, train_bpe
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,11 @@ def _check_output(out: Path) -> None:
     ours = {BPE_FILE, META_FILE}
     if not ours & set(entries):
         return
-    try:
-        meta = json.loads((out / META_FILE).read_text())
+    import fsspec
+
+    try:  # capped: a meta linked to /dev/zero is not an endless read
+        raw = read_capped(fsspec.filesystem("file"), str(out / META_FILE), limit=JSON_BYTES, what="", error=ValueError)
+        meta = json.loads(raw)
     except (OSError, ValueError):
         meta = None
     if set(entries) <= ours and isinstance(meta, dict) and meta.get("kind") == "bpe":

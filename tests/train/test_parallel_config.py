@@ -22,6 +22,7 @@ from winnow.train.parallel.mesh import World
         ({"dp_replicate": -2}, "dp_replicate"),
         ({"cpu_offload": True}, "cpu_offload"),
         ({"dp_shard": 2, "powersgd_rank": 2}, "powersgd_rank"),
+        ({"powersgd_rank": 1, "powersgd_start_iter": 1}, "powersgd_start_iter"),  # torch needs 2 plain steps
         ({"backend": "mpi"}, "backend"),
         ({"pp_schedule": "zb"}, "pp_schedule"),
         ({"pp_stages_per_rank": 2}, "pp_stages_per_rank"),

@@ -81,7 +81,7 @@ def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path, capsy
 
 def test_cli_replaces_its_own_tokenizer_but_no_one_elses(tmp_path, capsys):
     """A rerun replaces the folder this command wrote; a folder with a tokenizer.json of another tool, or a
-    run folder's tokenizer_meta.json, is refused untouched; shards with no text are refused, not a 258-token BPE."""
+    run folder's tokenizer_meta.json (or one linked to /dev/zero), is refused untouched; shards with no text are refused, not a 258-token BPE."""
     from winnow.pipelines.cli import main
 
     folder = write_job(tmp_path / "job", [make_docs(40)])
@@ -96,6 +96,11 @@ def test_cli_replaces_its_own_tokenizer_but_no_one_elses(tmp_path, capsys):
         assert main(["-q", "tokenizer", "train", str(folder), "--output", str(mine)]) == 2
         assert "winnow does not replace them" in capsys.readouterr().err
         assert (mine / name).read_text() == '{"the user": 1}'
+    endless = tmp_path / "endless"  # a meta linked to /dev/zero is refused, not read until memory runs out
+    endless.mkdir()
+    (endless / "tokenizer_meta.json").symlink_to("/dev/zero")
+    assert main(["-q", "tokenizer", "train", str(folder), "--output", str(endless)]) == 2
+    assert "winnow does not replace them" in capsys.readouterr().err
     empty = write_job(tmp_path / "empty", [[{**d, "text": ""} for d in make_docs(3)]])
     assert main(["-q", "tokenizer", "train", str(empty), "--output", str(tmp_path / "t2")]) == 2
     assert "hold no text" in capsys.readouterr().err

@@ -137,7 +137,7 @@ class ParallelConfig:
     ep: int = 1  # expert parallel: each MoE layer's experts split over this many of the dp ranks
     cpu_offload: bool = False  # dp_shard > 1 only: parameters, gradients and optimizer state live on the CPU
     powersgd_rank: int = 0  # DDP only: >0 compresses gradients with PowerSGD at this rank
-    powersgd_start_iter: int = 10  # plain all-reduce for the first steps (PowerSGD's warm start)
+    powersgd_start_iter: int = 10  # plain all-reduce for the first steps (PowerSGD's warm start), at least 2
     compression: Literal["none", "topk"] = "none"  # "topk": DDP sends each step's top-k gradient entries (DGC)
     # Deep Gradient Compression's settings, used with compression = "topk"
     topk: TopKConfig = field(default_factory=TopKConfig)
@@ -157,9 +157,19 @@ class ParallelConfig:
         for key in ("tp", "pp", "ep", "bucket_mb", "pp_stages_per_rank"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
-        for key in ("powersgd_rank", "powersgd_start_iter"):
-            value = getattr(self, key)
-            _check(isinstance(value, int) and value >= 0, key, value, "an integer >= 0")
+        _check(
+            isinstance(self.powersgd_rank, int) and self.powersgd_rank >= 0,
+            "powersgd_rank",
+            self.powersgd_rank,
+            "an integer >= 0",
+        )
+        _check(
+            isinstance(self.powersgd_start_iter, int) and self.powersgd_start_iter >= 2,
+            "powersgd_start_iter",
+            self.powersgd_start_iter,
+            "an integer >= 2 (DDP settles its gradient buckets in the first two steps, so torch's PowerSGD "
+            "compresses from the third at the earliest)",
+        )
         _check(
             self.pp_schedule in ("gpipe", "1f1b", "interleaved_1f1b"),
             "pp_schedule",

@@ -98,7 +98,7 @@ def wrap_ddp(
         state = psgd.PowerSGDState(
             process_group=world.dp_group,
             matrix_approximation_rank=cfg.powersgd_rank,
-            start_powerSGD_iter=max(cfg.powersgd_start_iter, 2),
+            start_powerSGD_iter=cfg.powersgd_start_iter,
             use_error_feedback=True,
             warm_start=True,
             random_seed=0,
