@@ -224,5 +224,5 @@ def plot(frame: pl.DataFrame, noise: dict) -> bytes:
     by_share.plot(shares, g, marker="s", label="gain")
     by_share.set_xscale("symlog", linthresh=0.01)
     by_share.set(title="per replay share", xlabel="replay share of training tokens", ylabel="nats")
-    by_share.legend()
+    plots.legend(by_share)
     return plots._png(fig)

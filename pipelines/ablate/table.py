@@ -242,7 +242,7 @@ def curves_plot(found: list[Effect]) -> bytes | None:
     if drawn[0].kind == "baseline":  # the final loss every variant's "first step" is measured against
         ax.axhline(drawn[0].curve.loss[-1], color="gray", linestyle=":", linewidth=1)
     ax.set(title="mean held-out loss over training (mean over seeds)", xlabel="step", ylabel="nats")
-    ax.legend(fontsize=7)
+    plots.legend(ax, fontsize=7)
     return plots._png(fig)
 
 

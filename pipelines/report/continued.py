@@ -150,5 +150,5 @@ def plot(run: TrainingRun, rows: list[SourceChange]) -> bytes:
         steps, losses = run.eval_column(r.source)
         curves.plot(steps, losses, marker="o", markersize=3, color=colors[r.source], label=r.source)
     curves.set(title="held-out loss per source (step 0 = the base model)", xlabel="step", ylabel="loss")
-    curves.legend(fontsize=8)
+    plots.legend(curves, fontsize=8)
     return plots._png(fig)

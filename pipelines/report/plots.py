@@ -42,6 +42,12 @@ def _subplots(*args, **kw):
     return plt.subplots(*args, layout="constrained", **kw)
 
 
+def legend(ax, **kw) -> None:
+    """The axes' legend, when something on them carries a label (matplotlib warns on an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -72,7 +78,7 @@ def funnel(job: CurationJob) -> bytes:
         label="rejected",
     )
     ax1.set(title="Rows per stage", xlabel="rows")
-    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
+    legend(ax1, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     if ax2 is None:
         return _png(fig)
     labels = list(reasons)[::-1]
@@ -83,7 +89,7 @@ def funnel(job: CurationJob) -> bytes:
         left += counts
     ax2.set(title="Rejected rows by reason", xlabel="rows")
     ax2.tick_params(axis="y", labelsize=7)
-    ax2.legend(loc="lower right", fontsize=8)
+    legend(ax2, loc="lower right", fontsize=8)
     return _png(fig)
 
 
@@ -102,7 +108,7 @@ def mix_shares(job: CurationJob) -> bytes | None:
     ax.bar(x + 0.2, realized, 0.4, color=[colors[s] for s in sources], edgecolor="black", hatch="//", label="realized")
     ax.set_xticks(x, sources)
     ax.set(title=f"Mix: share of training tokens ({report.get('scheme', '')})", ylabel="share")
-    ax.legend()
+    legend(ax)
     return _png(fig)
 
 
@@ -123,7 +129,7 @@ def score_histograms(frame, sources: list[str]) -> bytes | None:
             if part.size:
                 ax.hist(part, bins=edges, histtype="step", linewidth=1.5, color=colors[source], label=source)
         ax.set(title=f"{column} by source", xlabel=column, ylabel="documents")
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)
     return _png(fig)
 
 
@@ -153,7 +159,7 @@ def loss_curves(run: TrainingRun) -> bytes:
         if steps.size:
             ax.plot(steps, held, color=colors[source], linestyle="--", marker=".", label=f"held-out {source}")
     ax.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats/token)")
-    ax.legend(fontsize=7, ncol=2)
+    legend(ax, fontsize=7, ncol=2)
     return _png(fig)
 
 
@@ -175,7 +181,7 @@ def mix_weights(run: TrainingRun) -> bytes | None:
         ylabel="share of sequences",
         ylim=(0, 1),
     )
-    ax.legend(fontsize=7, ncol=2)
+    legend(ax, fontsize=7, ncol=2)
     return _png(fig)
 
 
@@ -188,7 +194,7 @@ def optimizer(run: TrainingRun) -> bytes:
     clip = (run.config.get("optim") or {}).get("grad_clip")
     if clip:
         ax2.axhline(clip, color="gray", linestyle=":", label=f"grad_clip = {clip:g}")
-        ax2.legend()
+        legend(ax2)
     ax2.set(title="Gradient norm (before clipping)", xlabel="step", ylabel="global L2 norm")
     return _png(fig)
 
@@ -203,7 +209,7 @@ def throughput(run: TrainingRun) -> bytes:
     if steps.size:
         ax2.plot(steps, comm, color="tab:purple", label="communication")
     ax2.set(title="Time waiting", xlabel="step", ylabel="% of interval", ylim=(0, 100))
-    ax2.legend()
+    legend(ax2)
     steps, gib, what = run.memory()
     ax3.plot(steps, gib, color="tab:red")
     ax3.set(title=f"Memory ({what or 'not logged'})", xlabel="step", ylabel="GiB")
@@ -303,7 +309,7 @@ def counterfactual(cf) -> bytes:
         xlabel="training source",
         ylabel="nats",
     )
-    ax.legend(fontsize=7, title="held-out set", ncols=2)
+    legend(ax, fontsize=7, title="held-out set", ncols=2)
     return _png(fig)
 
 
@@ -329,7 +335,7 @@ def timeline(run: TrainingRun) -> bytes:
             [s for s, _ in skipped], [ymax] * len(skipped), marker="x", color="red", zorder=3, label="skipped step"
         )
     ax.set(title="Alerts and skipped steps", xlabel="step", ylabel="loss")
-    ax.legend(fontsize=7, loc="upper right")
+    legend(ax, fontsize=7, loc="upper right")
     return _png(fig)
 
 
@@ -375,5 +381,5 @@ def attribution_scatter(cells, spearman: float) -> bytes:
         xlabel="first-order prediction (nats)",
         ylabel="measured change vs baseline (nats)",
     )
-    ax.legend(fontsize=8, title="held-out source")
+    legend(ax, fontsize=8, title="held-out source")
     return _png(fig)

@@ -286,3 +286,22 @@ def test_source_names_with_math_text_are_plain_labels(tmp_path):
     page = render(*locate(write_run(tmp_path / "run", records)))
     assert images(page) and all(png.startswith(PNG) for png in images(page).values())
     assert name in page
+
+
+def test_a_legend_is_drawn_only_over_labelled_lines():
+    """A plot with nothing labelled (a study with `eval_every = 0` has no held-out curves) draws no legend
+    and prints none of matplotlib's "No artists with labels" warnings."""
+    import warnings
+
+    from winnow.pipelines.report import plots
+
+    fig, ax = plots._subplots()
+    ax.plot([0, 1], [1, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.legend(ax)
+    assert ax.get_legend() is None
+    ax.plot([0, 1], [0, 1], label="held-out code")
+    plots.legend(ax, fontsize=7)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["held-out code"]
+    plots._png(fig)
