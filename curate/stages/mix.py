@@ -250,6 +250,7 @@ class Mix(Barrier):
         return {
             "scheme": self.config.scheme,
             "budget_tokens": int(round(targets.budget)),
+            "budget_set_by": targets.set_by,
             "realized_tokens": int(total_realized),
             "sources": sources,
             "key_ranges": cuts.ranges,

@@ -241,3 +241,18 @@ def test_a_weight_for_a_source_with_no_rows_left_is_said_not_silently_rescaled(t
         _, p = plan(rows({"a": 300, "b": 300}), tmp_path, weights={"a": 0.5, "b": 0.3, "gone": 0.2})
     assert p.report["weights_without_rows"] == ["gone"]
     assert any("['gone'] have a weight but no rows" in r.getMessage() for r in caplog.records)
+
+
+def test_a_default_budget_that_leaves_out_most_of_a_source_names_the_source_that_set_it(tmp_path, caplog):
+    """Weights 0.5 / 0.5 with one source of 3 rows keep about 3 rows' worth of the other: allowed (the
+    weights hold exactly), but said, with the ways to keep more; the rest stay rejects."""
+    with caplog.at_level("WARNING", logger="winnow.curate.stages.mixing.weights"):
+        _, p = plan(rows({"big": 5000, "tiny": 3}), tmp_path, weights={"big": 0.5, "tiny": 0.5})
+    assert p.report["budget_set_by"] == "tiny"
+    assert p.report["sources"]["big"]["rows_dropped"] > 4900
+    said = [r.getMessage() for r in caplog.records]
+    assert any("`tiny` sets it" in m and "`big` keeps 0." in m and "total_tokens" in m for m in said), said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="winnow.curate.stages.mixing.weights"):
+        _, p = plan(rows({"big": 5000, "tiny": 3}), tmp_path, weights={"big": 0.5, "tiny": 0.5}, total_tokens=10**6)
+    assert p.report["budget_set_by"] is None and not any("sets it" in r.getMessage() for r in caplog.records)

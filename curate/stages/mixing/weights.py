@@ -31,6 +31,7 @@ class Targets:
     tokens: np.ndarray  # target tokens after the epoch cap
     budget: float  # the total token budget the weights were applied to
     capped: np.ndarray  # bool: the source hit its epoch cap below its requested share
+    set_by: str | None = None  # the source whose epoch cap set a default budget (``total_tokens`` unset)
 
 
 def requested_weights(
@@ -94,10 +95,14 @@ def plan_targets(
             weights=w, tokens=tokens, budget=budget, capped=(ceiling > 0) & (tokens >= ceiling * (1 - 1e-12))
         )
     w = requested_weights(names, available, scheme=scheme, weights=weights, temperature=temperature)
+    set_by = None
     if total_tokens is None:
         # The largest budget at which no source needs more than its cap.
-        live = w > 0
-        budget = float(np.min(ceiling[live] / w[live]))
+        live = np.flatnonzero(w > 0)
+        binding = live[np.argmin(ceiling[live] / w[live])]
+        budget = float(ceiling[binding] / w[binding])
+        set_by = names[binding]
+        _warn_small_budget(names, available, w * budget, set_by, max_epochs)
     else:
         budget = float(total_tokens)
     wanted = w * budget
@@ -110,4 +115,22 @@ def plan_targets(
             budget,
             max_epochs,
         )
-    return Targets(weights=w, tokens=tokens, budget=budget, capped=capped)
+    return Targets(weights=w, tokens=tokens, budget=budget, capped=capped, set_by=set_by)
+
+
+def _warn_small_budget(
+    names: Sequence[str], available: np.ndarray, tokens: np.ndarray, set_by: str, max_epochs: float
+) -> None:
+    """Warn when a default budget leaves out most of a source: a small source's cap sets it for all."""
+    kept = np.divide(tokens, available, out=np.ones_like(tokens), where=available > 0)
+    short = [(n, k) for n, k in zip(names, kept) if k < 0.5 and n != set_by]
+    if short:
+        log.warning(
+            "mix: with total_tokens unset the budget is the largest no source needs more than max_epochs=%g "
+            "passes for, and `%s` sets it: %s of their tokens; set the mix stage's total_tokens (smaller sources "
+            "then repeat, up to max_epochs) or raise max_epochs to keep more (the rest are rejects "
+            "mix:not_selected)",
+            max_epochs,
+            set_by,
+            ", ".join(f"`{n}` keeps {k:.1%}" for n, k in short),
+        )
