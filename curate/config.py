@@ -33,6 +33,10 @@ class JobSection:
     # A file larger than this (as stored) is read as several tasks: JSONL byte ranges, Parquet row
     # groups, tar members, zstd frames; gzip and single-frame zstd stay one task.
     task_bytes: int = 256 << 20
+    # Small files (JSONL, Parquet, tar; under half of this) of one input are read together, in order, in
+    # tasks of up to about this many bytes and 2000 files, so many small files make a few tasks and
+    # shards; 0 reads each file as its own task. Plain text files are always grouped (up to task_bytes).
+    group_bytes: int = 32 << 20
     on_error: Literal["raise", "skip"] = "raise"  # a file that cannot be opened at all
     seed: int = 0  # the default seed of every stage that samples or shuffles (mix, order)
     keep_work: bool = False  # keep the intermediate _work folder after success
@@ -76,6 +80,11 @@ class JobSection:
         ):
             raise ConfigError(
                 f"job.memory_gb = {self.memory_gb!r} is invalid; allowed: a number of GB > 0 and at most 1e6 (e.g. 4)"
+            )
+        if not isinstance(self.group_bytes, int) or isinstance(self.group_bytes, bool) or self.group_bytes < 0:
+            raise ConfigError(
+                f"job.group_bytes = {self.group_bytes!r} is invalid; allowed: an integer >= 0 "
+                "(0 reads each input file as its own task)"
             )
         if not isinstance(self.task_bytes, int) or self.task_bytes < MIN_TASK_BYTES:
             raise ConfigError(

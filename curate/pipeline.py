@@ -190,7 +190,7 @@ class Runner:
     def _run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         read_tasks = plan_read_tasks(
-            self.job.inputs, self.job.job.task_bytes
+            self.job.inputs, self.job.job.task_bytes, self.job.job.group_bytes
         )  # a bad input is reported before the output is touched
         _check_inputs_outside(read_tasks, self.job.inputs, self.job.job.output)
         if any(i.keep_fields for i in self.job.inputs):

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from winnow.curate.config import InputConfig
+from winnow.curate.errors import InputError
 from winnow.curate.readers.arrow import read_hf, read_parquet
 from winnow.curate.readers.files import InputFile, distinct_names, list_files
 from winnow.curate.readers.jsonl import read_jsonl
@@ -21,7 +22,7 @@ from winnow.curate.readers.text import read_text_files
 from winnow.curate.readers.webdataset import read_webdataset
 
 _PER_FILE = {"jsonl": read_jsonl, "parquet": read_parquet, "webdataset": read_webdataset, "hf": read_hf}
-TEXT_TASK_FILES = 2000  # plain text inputs: files per task (and at most task_bytes of them)
+GROUP_FILES = 2000  # small whole files grouped into one read task: at most this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,23 +43,33 @@ class ReadTask:
         return self.files[0].url if self.span is None else f"{self.files[0].url} [{self.span}]"
 
 
-def plan_read_tasks(inputs: list[InputConfig], task_bytes: int = 256 << 20) -> list[ReadTask]:
-    """List every input's files and cut them into read tasks, in a stable order (file, then span)."""
+def plan_read_tasks(
+    inputs: list[InputConfig], task_bytes: int = 256 << 20, group_bytes: int = 32 << 20
+) -> list[ReadTask]:
+    """List every input's files and cut them into read tasks, in a stable order (file, then span).
+
+    A file larger than ``task_bytes`` is split into spans; files under half of ``group_bytes``
+    (``[job] group_bytes``; plain text: all, up to ``task_bytes``) are grouped, in order, into tasks of
+    up to that many bytes and ``GROUP_FILES`` files, so a folder of many small files costs a few tasks
+    and shards, not one per file.
+    """
     tasks: list[ReadTask] = []
     listed = distinct_names([(cfg, list_files(cfg)) for cfg in inputs])
     for index, (cfg, files) in enumerate(zip(inputs, listed)):
-        if cfg.format != "text":
-            for f in files:
-                tasks.extend(
-                    ReadTask(index, (f,), span) for span in split_file(cfg.format, f, task_bytes, cfg.storage_options)
-                )
-            continue
+        limit = task_bytes if cfg.format == "text" else min(task_bytes, group_bytes)
         group: list[InputFile] = []
         size = 0
         for f in files:
-            if group and (len(group) >= TEXT_TASK_FILES or size + f.size > task_bytes):
+            spans = (
+                [None] if cfg.format in ("text", "hf") else split_file(cfg.format, f, task_bytes, cfg.storage_options)
+            )
+            alone = cfg.format == "hf" or len(spans) > 1 or (cfg.format != "text" and f.size > limit // 2)
+            if group and (alone or len(group) >= GROUP_FILES or size + f.size > limit):
                 tasks.append(ReadTask(index, tuple(group)))
                 group, size = [], 0
+            if alone:
+                tasks.extend(ReadTask(index, (f,), span) for span in spans)
+                continue
             group.append(f)
             size += f.size
         if group:
@@ -69,13 +80,18 @@ def plan_read_tasks(inputs: list[InputConfig], task_bytes: int = 256 << 20) -> l
 def read_task(
     cfg: InputConfig, task: ReadTask, batch_rows: int, skipped: list[dict] | None = None
 ) -> Iterator[ReadBatch]:
-    """Stream one read task's batches. With ``skipped`` (``[job] on_error = "skip"``) a text file that cannot be
-    opened is listed there and the task's other files are read; otherwise its error ends the task."""
+    """Stream one read task's batches. With ``skipped`` (``[job] on_error = "skip"``) a file of a group that cannot
+    be read is listed there and the task's other files are read; otherwise its error ends the task."""
     if cfg.format == "text":
         yield from read_text_files(cfg, list(task.files), batch_rows, skipped)
         return
     for file in task.files:
-        yield from _PER_FILE[cfg.format](cfg, file, batch_rows, task.span)
+        try:
+            yield from _PER_FILE[cfg.format](cfg, file, batch_rows, task.span)
+        except InputError as err:
+            if skipped is None or len(task.files) == 1:
+                raise
+            skipped.append({"task": file.url, "error": str(err)})
 
 
 __all__ = ["READ_REASONS", "InputFile", "ReadBatch", "ReadTask", "Span", "list_files", "plan_read_tasks", "read_task"]

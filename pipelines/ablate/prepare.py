@@ -143,7 +143,9 @@ def summary(job_dir: str, folders: dict[str, str]) -> dict:
 
 def _identity(job: Job) -> str:
     """What a curated job's shards are a function of: the job and its input files (names, sizes, times, heads, tails)."""
-    prints = task_fingerprints(plan_read_tasks(job.inputs, job.job.task_bytes), [i.storage_options for i in job.inputs])
+    prints = task_fingerprints(
+        plan_read_tasks(job.inputs, job.job.task_bytes, job.job.group_bytes), [i.storage_options for i in job.inputs]
+    )
     inputs = hashlib.sha256(json.dumps(prints, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return f"{job_fingerprint(job)}-{inputs}"
 
@@ -155,7 +157,9 @@ def _baseline_current(job: Job) -> bool:
         return False
     if work.fingerprint.read_text() != job_fingerprint(job):
         return False
-    prints = task_fingerprints(plan_read_tasks(job.inputs, job.job.task_bytes), [i.storage_options for i in job.inputs])
+    prints = task_fingerprints(
+        plan_read_tasks(job.inputs, job.job.task_bytes, job.job.group_bytes), [i.storage_options for i in job.inputs]
+    )
     return not stale_tasks(work, prints)[0]
 
 

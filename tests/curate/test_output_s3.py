@@ -34,6 +34,7 @@ name = "{name}"
 output = "{out}"
 workers = {workers}
 batch_rows = 16
+group_bytes = 0  # a task per input file
 
 [[inputs]]
 source = "web"
@@ -275,7 +276,7 @@ def test_an_input_edited_since_the_work_began_redoes_only_its_task_on_s3(tmp_pat
     write_inputs(tmp_path / "data")
     prefix = f"{BUCKET}/edited"
     path = job_file(tmp_path, "job", f"s3://{prefix}")
-    path.write_text(path.read_text().replace("batch_rows = 16", "batch_rows = 16\nkeep_work = true"))
+    path.write_text(path.read_text().replace("batch_rows = 16", "batch_rows = 16\nkeep_work = true", 1))
     run_job(load_job(path), progress=False)
 
     def phase0() -> dict[str, object]:  # when each phase-0 marker was written

@@ -41,6 +41,7 @@ workers = 2
 executor = "{executor}"
 keep_work = true
 batch_rows = 16
+group_bytes = 0  # a task per input file: tasks spread over the workers
 {extra}
 
 [[inputs]]

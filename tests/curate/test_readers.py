@@ -139,7 +139,10 @@ def test_globs_and_folders_list_files_sorted(tmp_path):
         (tmp_path / name).write_bytes(jsonl_bytes(RECORDS[:1]))
     by_glob = plan_read_tasks([InputConfig(source="s", path=str(tmp_path / "*.jsonl"))])
     by_dir = plan_read_tasks([InputConfig(source="s", path=str(tmp_path))])
-    assert [t.files[0].rel for t in by_glob] == ["a.jsonl", "b.jsonl"] == [t.files[0].rel for t in by_dir]
+    assert [[f.rel for f in t.files] for t in by_glob] == [["a.jsonl", "b.jsonl"]]  # small files: one task
+    assert [[f.rel for f in t.files] for t in by_dir] == [["a.jsonl", "b.jsonl"]]
+    each = plan_read_tasks([InputConfig(source="s", path=str(tmp_path))], group_bytes=0)
+    assert [[f.rel for f in t.files] for t in each] == [["a.jsonl"], ["b.jsonl"]]
 
 
 def test_parquet_reader_meta_and_bad_schema(tmp_path):

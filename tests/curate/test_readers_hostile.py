@@ -7,6 +7,7 @@ polars and ``datasets`` cannot open; link members become ``read:link_member`` re
 from __future__ import annotations
 
 import io
+import os
 import json
 import tarfile
 
@@ -283,3 +284,39 @@ def test_zero_padding_after_the_last_gzip_member_is_its_end_not_damage(tmp_path)
     assert kept.height == 5 and rejects.is_empty()
     kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "b.jsonl.gz")))
     assert kept.height == 5 and rejects["reason"].to_list() == ["read:truncated"]
+
+
+def test_many_small_files_are_read_in_a_few_tasks_with_the_rows_of_one_per_file(tmp_path, write_job, nothing_lost):
+    """300 one-row JSONL files and a larger file among them: the small files are grouped into tasks in
+    order (the larger one alone, where it falls), so the job writes a few shards, not 300; the rows,
+    their ids and their order equal those of a task per file (`group_bytes = 0`). With on_error = "skip"
+    a file of a group that cannot be read is left out alone."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(300):
+        (folder / f"f{i:03d}.jsonl").write_bytes(orjson.dumps({"text": f"document number {i} " * 5}) + b"\n")
+    big = b"".join(orjson.dumps({"text": f"row {k} of the larger file " * 20}) + b"\n" for k in range(2000))
+    (folder / "f150b.jsonl").write_bytes(big)  # sorted between f150 and f151
+    inputs = f'[[inputs]]\nsource = "s"\npath = "{folder}"\n'
+    tasks = plan_read_tasks([InputConfig(source="s", path=str(folder))], group_bytes=2 * len(big) - 1)
+    assert [len(t.files) for t in tasks] == [151, 1, 149]
+    assert [f.rel for t in tasks for f in t.files] == sorted(p.name for p in folder.iterdir())
+
+    def shard_rows(name: str, body: str) -> tuple[int, list[tuple[str, str]]]:
+        job = load_job(write_job(body + inputs, name=name))
+        manifest = run_job(job, progress=False)
+        files = [job.output_dir / s["path"] for s in manifest["shards"] if s["format"] == "parquet"]
+        return len(files), [r for f in files for r in pl.read_parquet(f).select("id", "text").iter_rows()]
+
+    grouped, rows = shard_rows("grouped", "")
+    each, rows_each = shard_rows("each", "group_bytes = 0\n")
+    assert grouped == 1 and each == 301 and rows == rows_each and len(rows) == 2300
+    nothing_lost(tmp_path / "out" / "grouped", {r[0] for r in rows})
+
+    os.symlink("/proc/self/mem", folder / "f007x.jsonl")  # a file of the first group nobody can read
+    with pytest.raises(InputError, match="f007x"):
+        shard_rows("strict", "")
+    job = load_job(write_job('on_error = "skip"\n' + inputs, name="skip"))
+    manifest = run_job(job, progress=False)
+    assert [s["task"] for s in manifest["skipped_files"]] == [str(folder / "f007x.jsonl")]
+    nothing_lost(job.output_dir, {r[0] for r in rows})

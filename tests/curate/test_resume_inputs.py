@@ -17,6 +17,7 @@ from winnow.curate.stages.filters.length import LengthFilter
 from winnow.pipelines.jobfile import load_job
 
 BODY = """keep_work = true
+group_bytes = 0  # a task per input file: an edited file redoes its own task
 
 [[inputs]]
 source = "s"

@@ -21,6 +21,7 @@ name = "reuse"
 output = "{out}"
 batch_rows = 16
 keep_work = true
+group_bytes = 0  # a task per input file
 
 [[inputs]]
 source = "news"

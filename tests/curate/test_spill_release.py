@@ -19,6 +19,7 @@ from winnow.curate.workdir import RELEASED, SPILL
 from winnow.pipelines.jobfile import load_job
 
 BODY = """{keep}
+group_bytes = 0  # a task per input file
 [[inputs]]
 source = "s"
 path = "{path}"
