@@ -7,8 +7,8 @@ polars and ``datasets`` cannot open; link members become ``read:link_member`` re
 from __future__ import annotations
 
 import io
-import os
 import json
+import os
 import tarfile
 
 import orjson
