@@ -326,7 +326,7 @@ def _map_batches(
         if phase.final and not spec.ordered:
             out.write_shard_rows(batch)
         elif phase.final and "split" in batch.columns:
-            is_val = pl.col("split") == "val"
+            is_val = (pl.col("split") == "val").fill_null(False)  # null: a source the split was not scoped to
             out.write_shard_rows(batch.filter(is_val))
             out.write_rows(batch.filter(~is_val))
         else:

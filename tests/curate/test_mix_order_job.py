@@ -98,3 +98,38 @@ def test_split_mix_order_job_writes_ordered_train_and_per_source_val(tmp_path, w
     assert shard_frame(again, "train").select("id", "repeat").equals(train.select("id", "repeat"))
     assert shard_frame(again, "val")["id"].sort().equals(val["id"].sort())
     assert not shard_frame(other, "train").select("id", "repeat").equals(train.select("id", "repeat"))
+
+
+def test_a_split_scoped_to_one_source_before_order_keeps_the_other_sources_rows_as_training_rows(
+    tmp_path, write_job, nothing_lost
+):
+    """The rows of a source the split was not scoped to have no split value: they are training rows for
+    `order` too (they fell out of both the held-out and the ordered write, and the job failed)."""
+    ids = make_inputs(tmp_path)
+    body = f"""
+[[inputs]]
+source = "web"
+path = "{tmp_path}/web*.jsonl"
+
+[[inputs]]
+source = "books"
+path = "{tmp_path}/books.jsonl"
+
+[[stages]]
+kind = "split"
+sources = ["web"]
+val_fraction = 0.25
+
+[[stages]]
+kind = "order"
+by = "length"
+
+[output]
+formats = ["parquet"]
+"""
+    job = load_job(write_job(body, name="scoped"))
+    run_job(job, progress=False)
+    nothing_lost(job.output_dir, ids)
+    train, val = shard_frame(job.output_dir, "train"), shard_frame(job.output_dir, "val")
+    assert train.filter(pl.col("source") == "books").height == 120 and set(val["source"]) == {"web"}
+    assert train["order"].to_list() == list(range(train.height))
