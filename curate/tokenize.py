@@ -6,6 +6,7 @@ GPT-NeoX), so they are defined here without reference to ``train/``:
 * ``byte``: id = the UTF-8 byte value (0-255), end-of-document 256, padding 257, vocabulary 258.
   ``train.tokenizer.ByteTokenizer`` implements the same mapping; the manifest records it.
 * a ``tokenizer.json``: the ids the ``tokenizers`` library gives with ``add_special_tokens=False``
+  and ``encode_special_tokens`` (a special token's text inside a document is encoded as text)
   (no BOS/EOS templates: the writer appends exactly one end-of-document token per document). The
   end-of-document token is ``eos_token`` if given, else the first of ``EOS_CANDIDATES`` in the
   vocabulary. The manifest records its id and the sha256 of the tokenizer's canonical JSON, which
@@ -60,6 +61,7 @@ class ShardTokenizer:
                 f"{key} = {spec!r}: not a tokenizer.json the tokenizers library can load ({err}); give "
                 "'byte' or the path of a Hugging Face tokenizer.json"
             ) from err
+        tok.encode_special_tokens = True  # "<|endoftext|>" in a document is text: only packing places EOS
         self._tok, self.kind, self.vocab_size = tok, "hf", tok.get_vocab_size(with_added_tokens=True)
         self.json = tok.to_str()
         self.sha256 = hashlib.sha256(self.json.encode()).hexdigest()

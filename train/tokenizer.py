@@ -145,8 +145,9 @@ class ByteTokenizer(Tokenizer):
         """Byte-level BPE without merges: each UTF-8 byte is one token whose id is the byte (as GPT-2 writes
         bytes: ``ByteLevel`` maps them to printable characters), then ``<|endoftext|>`` (256) and ``<|pad|>`` (257).
 
-        One difference remains: the Hugging Face tokenizer reads a text holding the literal string
-        ``<|endoftext|>`` as that token, where this one encodes its bytes.
+        One difference remains outside winnow: ``tokenizer.json`` does not save the library's
+        ``encode_special_tokens`` setting, so a user of the file reads a text holding the literal string
+        ``<|endoftext|>`` as that token unless they set it, where winnow encodes its bytes.
         """
         from tokenizers import AddedToken, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as RustTokenizer
@@ -171,7 +172,8 @@ class HFTokenizer(Tokenizer):
     """Any Hugging Face ``tokenizer.json`` (GPT-2, Llama-3, Mistral, ...), through the ``tokenizers`` library.
 
     Documents are encoded with ``add_special_tokens=False`` (no BOS/EOS templates: packing puts one
-    end-of-document token between documents). ``eos_token`` defaults to the first of
+    end-of-document token between documents) and with the library's ``encode_special_tokens``, so a
+    special token's text inside a document (``<|endoftext|>`` in a README) is encoded as text. ``eos_token`` defaults to the first of
     ``EOS_CANDIDATES`` the vocabulary has; the padding id is ``pad_token``'s, or ``pad_id``, or
     winnow's ``<|pad|>`` when present, else the EOS id: padding is never a target (its loss is
     masked), so any id does as filler.
@@ -188,6 +190,9 @@ class HFTokenizer(Tokenizer):
         pad_id: int | None = None,
         where: str = "train.tokenizer",
     ) -> None:
+        # A document's text "<|endoftext|>" is text: its pieces, never the end-of-document id, which packing
+        # alone places between documents (the library matches special tokens inside the text by default).
+        tok.encode_special_tokens = True
         self._tok, self._spec = tok, {"eos_token": eos_token, "pad_token": pad_token, "pad_id": pad_id}
         self.vocab_size = tok.get_vocab_size()
         names = [eos_token] if eos_token is not None else list(EOS_CANDIDATES)

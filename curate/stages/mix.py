@@ -130,6 +130,7 @@ class Mix(Barrier):
             tokenizers = require("tokenizers", extra="tokenizers", feature="mix with tokenizer=...")
             data = read_whole(self.config.tokenizer, limit=TOKENIZER_BYTES, what="mix.tokenizer", error=ConfigError)
             self._tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8", errors="replace"))
+            self._tokenizer.encode_special_tokens = True  # counted as the tokens output writes them
         encoded = self._tokenizer.encode_batch_fast(text.to_list(), add_special_tokens=False)
         return pl.Series([len(e) for e in encoded], dtype=pl.Int32)
 

@@ -106,6 +106,22 @@ def test_hf_tokenizer_json_ids_match_the_tokenizers_library(tmp_path):
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == entries[0]["tokenizer"]["sha256"]
 
 
+def test_a_special_tokens_text_inside_a_document_is_text_not_the_end_of_document_id(tmp_path):
+    """A README holding "<|endoftext|>" must not end its document early: the token shards (and the loader's
+    tokenizer, and the mix's count) encode the string's pieces; the one EOS per document is the writer's."""
+    from winnow.train.tokenizer import load_tokenizer
+
+    df = rows(6).with_columns(pl.Series("text", [f"row {i} says <|endoftext|> mid-way" for i in range(6)]))
+    tok = gpt2_style_tokenizer(tmp_path / "tokenizer.json", df["text"].to_list())
+    eos = tok.token_to_id("<|endoftext|>")
+    entries = [e for e in write(tmp_path, df, tokenizer=str(tmp_path / "tokenizer.json")) if e["format"] == "tokens"]
+    ids = np.concatenate([np.fromfile(e["path"], np.uint16) for e in entries])
+    assert int((ids == eos).sum()) == 6 and ids[-1] == eos  # one per document, at its end
+    flat, lens = load_tokenizer(tmp_path / "tokenizer.json").encode_column(df["text"].to_arrow())
+    assert eos not in flat.tolist() and lens.sum() + 6 == len(ids)
+    assert tok.decode(flat[: lens[0]].tolist()) == df["text"][0]
+
+
 def test_megatron_cores_own_indexed_dataset_reads_winnows_files(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
