@@ -20,7 +20,7 @@ from winnow.curate.atomic import write_json_atomic
 from winnow.curate.config import Job
 from winnow.curate.errors import StageError
 from winnow.curate.workdir import WorkDir, task_scratch
-from winnow.curate.writers.layout import write_ranges
+from winnow.curate.writers.layout import even_cuts, row_bytes, write_ranges
 from winnow.curate.writers.shards import ShardWriter
 
 ORDER_COLUMN = "order"
@@ -54,7 +54,7 @@ def plan_writes(job: Job, work: WorkDir, final_phase: int, final_results: list[d
     files = [Path(f).relative_to(work.out).as_posix() for f in work.task_files(final_phase, SORTED_ROWS, fetch=False)]
     total = sum(r["rows_written"] for r in final_results)
     total_bytes = sum(r.get("rows_bytes", 0) for r in final_results)
-    ranges = write_ranges(total, total_bytes, len(final_results), job.output)
+    ranges = write_ranges(total, total_bytes, job.output)
     return [WriteSpec(job, work, files, w, lo, hi, total) for w, (lo, hi) in enumerate(ranges)]
 
 
@@ -92,7 +92,11 @@ def _write_range(spec: WriteSpec) -> dict[str, Any]:
             f"hold {df.height} rows"
         )
     writer = ShardWriter(spec.job.output_dir, f"part-{spec.task:05d}", spec.job.output, split="train")
-    writer.write(df)
+    if spec.job.output.shard_rows is None:  # equal halves of a range a little over shard_bytes, not a sliver
+        for a, b in even_cuts(row_bytes(df), spec.job.output.shard_bytes):
+            writer.write_shard(df.slice(a, b - a))
+    else:
+        writer.write(df)
     shards = [{**s, "path": str(Path(s["path"]).relative_to(spec.job.output_dir))} for s in writer.close()]
     result = {"task": spec.task, "shards": shards}
     work.publish_outputs(("shards",))

@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from winnow.curate.config import OutputConfig
 
 EXTENSIONS = {"parquet": "parquet", "webdataset": "tar"}
 SHARDS = "shards"
+RANGE_FILL = 0.8  # an ordered write range holds about this share of shard_bytes on average
 
 
 def shard_dir(root: Path, fmt: str, split: str) -> Path:
@@ -39,23 +41,40 @@ def row_bytes(df: pl.DataFrame) -> pl.Series:
     return df.select(pl.sum_horizontal(parts).alias("bytes")).to_series() if parts else pl.Series("bytes", [], pl.Int64)
 
 
-def write_ranges(total_rows: int, total_bytes: int, n_tasks: int, output: OutputConfig) -> list[tuple[int, int]]:
+def write_ranges(total_rows: int, total_bytes: int, output: OutputConfig) -> list[tuple[int, int]]:
     """Contiguous ``[lo, hi)`` rank ranges for the write tasks of ordered output.
 
-    As many tasks as shards are needed (by bytes, and by rows when ``shard_rows`` is set), at
-    most ``n_tasks``; with ``shard_rows`` the ranges are multiples of it, so only the very last
-    shard is short.
+    Ranges of equal rows, one per ``RANGE_FILL`` of ``shard_bytes`` (so most fit one shard; the writer
+    cuts one that does not into equal halves, ``even_cuts``) and per ``shard_rows`` when set, as
+    multiples of it, so only the very last shard is short. They depend on the rows alone, never on
+    how many tasks read them, so neither do the shard files.
     """
     if total_rows <= 0:
         return []
-    needed = math.ceil(total_bytes / output.shard_bytes) if total_bytes else 1
+    needed = math.ceil(total_bytes / (RANGE_FILL * output.shard_bytes)) if total_bytes else 1
     if output.shard_rows is not None:
         needed = max(needed, math.ceil(total_rows / output.shard_rows))
-    n = max(1, min(n_tasks, needed))
-    per = math.ceil(total_rows / n)
+    per = math.ceil(total_rows / max(1, min(needed, total_rows)))
     if output.shard_rows is not None:
         per = math.ceil(per / output.shard_rows) * output.shard_rows
     return [(lo, min(total_rows, lo + per)) for lo in range(0, total_rows, per)]
+
+
+def even_cuts(sizes: pl.Series, shard_bytes: int) -> list[tuple[int, int]]:
+    """``[a, b)`` row slices of about equal bytes, as few as keep each within ``shard_bytes`` (give or take a row).
+
+    An ordered write range a little over ``shard_bytes`` becomes two halves, not a full shard and a
+    sliver.
+    """
+    n = sizes.len()
+    total = int(sizes.sum() or 0)
+    k = max(1, min(n, math.ceil(total / shard_bytes)))
+    if k == 1:
+        return [(0, n)] if n else []
+    cum = sizes.cum_sum().to_numpy()
+    cuts = np.searchsorted(cum, [total * j / k for j in range(1, k)], side="left") + 1
+    edges = [0, *sorted({int(c) for c in np.clip(cuts, 1, n - 1)}), n]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def group_small_files(sizes: list[int], target: int) -> list[list[int]]:

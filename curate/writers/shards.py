@@ -93,6 +93,14 @@ class ShardWriter:
             if df.height:
                 self._close()
 
+    def write_shard(self, df: pl.DataFrame) -> None:
+        """Write ``df`` as one shard of its own, whatever its size (the caller has cut it)."""
+        if self._shard is not None:
+            self._close()
+        if df.height:
+            self._append(self._open(), df, int(row_bytes(df).sum()))
+            self._close()
+
     def close(self) -> list[dict[str, Any]]:
         """Finish the open shard; returns one manifest entry per file written."""
         if self._shard is not None:

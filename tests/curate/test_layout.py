@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from winnow.curate.config import OutputConfig
 from winnow.curate.pipeline import run_job
-from winnow.curate.writers.layout import group_small_files, write_ranges
+from winnow.curate.writers.layout import even_cuts, group_small_files, write_ranges
 from winnow.pipelines.jobfile import load_job
 
 JOB = """
@@ -88,10 +88,17 @@ def test_shard_bytes_rotates_shards(tmp_path, write_job):
 
 def test_write_ranges_cover_every_rank_once():
     out = OutputConfig(shard_bytes=100)
-    assert write_ranges(10, 50, 4, out) == [(0, 10)]  # one shard's worth: one write task, one file
-    assert write_ranges(10, 1000, 4, out) == [(0, 3), (3, 6), (6, 9), (9, 10)]
-    assert write_ranges(10, 50, 4, OutputConfig(shard_rows=4)) == [(0, 4), (4, 8), (8, 10)]
-    assert write_ranges(0, 0, 4, out) == []
+    assert write_ranges(10, 50, out) == [(0, 10)]  # one shard's worth: one write task, one file
+    assert write_ranges(10, 200, out) == [(0, 4), (4, 8), (8, 10)]  # 200 B over 0.8 x 100 B a range: 3 ranges
+    assert write_ranges(10, 50, OutputConfig(shard_rows=4)) == [(0, 4), (4, 8), (8, 10)]
+    assert write_ranges(0, 0, out) == []
+
+
+def test_even_cuts_halve_a_range_a_little_over_a_shard_instead_of_leaving_a_sliver():
+    sizes = pl.Series([10] * 11)  # 110 bytes, shards of 100: two of 50-60, not 100 + 10
+    assert even_cuts(sizes, 100) == [(0, 6), (6, 11)]
+    assert even_cuts(sizes, 1000) == [(0, 11)] and even_cuts(pl.Series([], dtype=pl.Int64), 100) == []
+    assert even_cuts(pl.Series([500, 1, 1]), 100) == [(0, 1), (1, 3)]  # a row over the limit stands alone
 
 
 def test_small_files_are_grouped_up_to_the_target():

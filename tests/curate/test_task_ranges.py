@@ -7,6 +7,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
@@ -237,3 +238,35 @@ def test_a_job_gives_the_same_ids_and_shards_whatever_task_bytes_is(tmp_path, wr
             p.relative_to(big).as_posix() for p in big.rglob("*.parquet") if "rejects" not in p.parts
         )
         assert all((small / n).read_bytes() == (big / n).read_bytes() for n in names)
+
+
+def test_ordered_train_shards_are_the_same_files_however_the_input_is_cut_into_tasks(tmp_path, write_job):
+    """A task per file (`group_bytes = 0`, 6 tasks) or one task for all: the same ordered train shard files,
+    byte for byte, each within `shard_bytes` give or take a row (no sliver shards)."""
+    rng = np.random.default_rng(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    for f in range(6):
+        lines = [{"id": f"f{f}-{i}", "text": " ".join(rng.choice(words, int(rng.integers(5, 60))))} for i in range(80)]
+        (tmp_path / f"in{f}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    body = f"""{{group}}
+[[inputs]]
+source = "s"
+path = "{tmp_path}/in*.jsonl"
+
+[[stages]]
+kind = "order"
+by = "random"
+
+[output]
+formats = ["parquet"]
+shard_bytes = 20000
+"""
+    outs = []
+    for name, group in (("each", "group_bytes = 0\n"), ("grouped", "")):
+        job = load_job(write_job(body.format(group=group), name=name))
+        manifest = run_job(job, progress=False)
+        train = [s for s in manifest["shards"] if s["split"] == "train"]
+        outs.append({s["path"]: (job.output_dir / s["path"]).read_bytes() for s in train})
+        assert all(s["row_bytes"] <= 20000 + 600 for s in train) and len(train) >= 5
+        assert min(s["row_bytes"] for s in train) > 20000 / 3  # ranges of about 0.8 x shard_bytes, halved at most
+    assert outs[0] == outs[1]
