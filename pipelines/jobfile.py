@@ -201,6 +201,7 @@ def job_from_dict(
     check_source_names(input_cfgs, stages, name)
     check_kept_fields(input_cfgs, stages, name)
     check_order_columns(input_cfgs, stages, name)
+    check_stage_order(stages, name)
     out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
     return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
 
@@ -280,6 +281,41 @@ def check_order_columns(inputs: list[InputConfig], stages: list[StageSpec], name
             return  # columns from here on are known only when the stages run
         if isinstance(column := getattr(spec.config, "column", None), str):
             known.add(column)
+
+
+#: Stages that change which rows there are: after ``mix`` they would undo its shares (and a dedup would take
+#: its copies for duplicates).
+_ROW_STAGES = ("clean", "filter.", "dedup.")
+
+
+def check_stage_order(stages: list[StageSpec], name: str) -> None:
+    """``split``, ``mix`` and ``order`` arrange the whole job's rows, so they come in that order: a split after mix
+    would hold out copies and make the mix's shares wrong, and nothing after ``order`` may change the rows it
+    ranked. Each of ``mix`` and ``order`` runs once; after ``mix`` no stage drops rows."""
+    where = lambda i: f"{name} [[stages]] #{i + 1} ({stages[i].kind})"  # noqa: E731
+    kinds = [s.kind for s in stages]
+    for kind in ("mix", "order"):
+        if kinds.count(kind) > 1:
+            second = [i for i, k in enumerate(kinds) if k == kind][1]
+            raise ConfigError(f"{where(second)}: a job has one {kind} stage; merge their settings into the first")
+    arranged = [i for i, k in enumerate(kinds) if k in ("mix", "order")]
+    for i, kind in enumerate(kinds):
+        if kind == "split" and arranged and arranged[0] < i:
+            raise ConfigError(
+                f"{where(i)} comes after {where(arranged[0])}: move the split before it (held-out rows are chosen "
+                "before the training mix and order are made of the rest)"
+            )
+        if "order" in kinds and i > kinds.index("order"):
+            raise ConfigError(
+                f"{where(i)} comes after {where(kinds.index('order'))}: order must be the last stage (a stage after it "
+                "would change the rows it ranked); move this stage before it"
+            )
+        if "mix" in kinds and i > kinds.index("mix") and kind.startswith(_ROW_STAGES):
+            raise ConfigError(
+                f"{where(i)} comes after {where(kinds.index('mix'))}: move it before the mix, whose token shares are of "
+                "the rows that reach it (a stage that drops rows after it would change them, and a dedup would take "
+                "its copies for duplicates)"
+            )
 
 
 def check_sources(value: Any, inputs: list[InputConfig], where: str) -> None:

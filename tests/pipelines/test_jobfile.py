@@ -121,3 +121,31 @@ def test_curation_config_errors_carry_the_dotted_key(tmp_path, job, stage, messa
     path.write_text(f'[job]\nname = "t"\n{job}[[inputs]]\nsource = "a"\npath = "x.jsonl"\n{stage}')
     with pytest.raises(ConfigError, match=message):
         load_job(path)
+
+
+def _stages(*kinds: str) -> str:
+    return "".join(f'[[stages]]\nkind = "{k}"\n' for k in kinds)
+
+
+@pytest.mark.parametrize(
+    "kinds,message",
+    [
+        (("mix", "split"), r"#2 \(split\) comes after .*#1 \(mix\): move the split before it"),
+        (("order", "split"), r"#2 \(split\) comes after .*#1 \(order\): move the split before it"),
+        (("order", "mix"), r"#2 \(mix\) comes after .*#1 \(order\): order must be the last stage"),
+        (("order", "score.heuristic"), r"#2 \(score\.heuristic\) comes after .*order must be the last stage"),
+        (("mix", "dedup.exact"), r"#2 \(dedup\.exact\) comes after .*#1 \(mix\): move it before the mix"),
+        (("mix", "filter.length"), r"#2 \(filter\.length\) comes after .*#1 \(mix\): move it before the mix"),
+        (("mix", "mix"), r"#2 \(mix\): a job has one mix stage"),
+        (("order", "order"), r"#2 \(order\): a job has one order stage"),
+    ],
+)
+def test_stages_that_arrange_the_whole_job_come_in_their_order(tmp_path, kinds, message):
+    """split, mix and order run in that order, once each, and nothing after mix drops rows: each of these ran
+    every phase and then failed (order's ranks), or finished with held-out copies and wrong shares (mix, split)."""
+    path = tmp_path / "t.toml"
+    path.write_text(BASE + _stages(*kinds))
+    with pytest.raises(ConfigError, match=message):
+        load_job(path)
+    path.write_text(BASE + _stages("clean", "dedup.exact", "split", "mix", "score.heuristic", "order"))
+    load_job(path)  # the usual order, a score between mix and order included
