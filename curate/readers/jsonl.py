@@ -287,6 +287,9 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
         )
     if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
         return None
+    ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 10)
+    if len(ends) != table.num_rows:  # two objects on a line, or a blank line Arrow skipped: the lines path decides
+        return None
     df = pl.from_arrow(table)
     if cfg.id_field in names and (df[cfg.id_field].cast(pl.String) == "").any():
         return None  # an empty id is derived from the line's offset: the lines path does it
@@ -294,9 +297,6 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     if cfg.id_field in names:
         ids = pl.col(cfg.id_field).cast(pl.String)
     else:
-        ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 10)
-        if len(ends) != df.height:  # a whitespace-only line Arrow skipped: the lines path numbers them right
-            return None
         starts = np.concatenate(([0], ends[:-1] + 1)) + offset
         ids = pl.format("{}/{}@{}", source, pl.lit(file.rel), pl.Series(starts, dtype=pl.Int64))
     meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)

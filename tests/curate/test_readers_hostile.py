@@ -320,3 +320,15 @@ def test_many_small_files_are_read_in_a_few_tasks_with_the_rows_of_one_per_file(
     manifest = run_job(job, progress=False)
     assert [s["task"] for s in manifest["skipped_files"]] == [str(folder / "f007x.jsonl")]
     nothing_lost(job.output_dir, {r[0] for r in rows})
+
+
+@pytest.mark.parametrize("neighbour", [b'{"id": "n", "text": "plain"}\n', b'{"id": "n", "text": "plain", "x": 1}\n'])
+def test_two_objects_on_one_line_are_one_bad_json_reject_whatever_the_lines_beside_them(tmp_path, neighbour):
+    """Arrow's parser reads `{..}{..}` on one line as two rows; the lines path as one bad line. Which one ran
+    depended on the block's other lines (2 rows, or 1 reject): the line is a reject either way."""
+    (tmp_path / "a.jsonl").write_bytes(
+        good_lines(20) + b'{"id": "t1", "text": "a"}{"id": "t2", "text": "b"}\n' + neighbour
+    )
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+    assert rows["id"].to_list() == [f"g{i}" for i in range(20)] + ["n"]
+    assert rejects["reason"].to_list() == ["read:bad_json"]
