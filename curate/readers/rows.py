@@ -51,12 +51,20 @@ class RowBuffer:
     sources: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     metas: list[str | None] = field(default_factory=list)
+    # winnow's own columns (``OPTIONAL_COLUMNS``) a record carries, e.g. a WebDataset shard's split: null elsewhere
+    extra: dict[str, list] = field(default_factory=dict)
     bad: dict[str, list] = field(default_factory=lambda: {c: [] for c in (*CORE_COLUMNS, "reason")})
 
     def __len__(self) -> int:
         return len(self.ids) + len(self.bad["id"])
 
-    def add(self, id_: str, source: str, text: str, meta: str | None) -> None:
+    def add(self, id_: str, source: str, text: str, meta: str | None, extra: dict | None = None) -> None:
+        n = len(self.ids)
+        for name, value in (extra or {}).items():
+            self.extra.setdefault(name, [None] * n).append(value)
+        for values in self.extra.values():
+            if len(values) == n:
+                values.append(None)
         self.ids.append(id_)
         self.sources.append(source)
         self.texts.append(text)
@@ -76,6 +84,11 @@ class RowBuffer:
         rows = pl.DataFrame(
             {"id": self.ids, "source": self.sources, "text": self.texts, "meta": self.metas}, schema=CORE_SCHEMA
         )
+        if self.extra:
+            rows = rows.with_columns(
+                pl.Series(c, v, dtype=OPTIONAL_COLUMNS[c], strict=False) for c, v in sorted(self.extra.items())
+            )
+            self.extra = {}
         rejects = pl.DataFrame(self.bad, schema={**CORE_SCHEMA, "reason": pl.String}).with_columns(
             pl.lit(None, dtype=pl.String).alias("duplicate_of")
         )

@@ -1,8 +1,9 @@
 """WebDataset tar shards: consecutive members sharing a key form one sample.
 
 The text comes from the ``txt`` member (or the member whose extension is ``text_field``),
-the ``json`` member's fields go to ``meta`` — unless they are winnow's own columns, which
-are kept as they are, so shards read back unchanged.
+the ``json`` member's fields go to ``meta`` — unless the sample is one of winnow's shards (``meta``,
+``source`` and winnow's own columns alone): then ``meta`` is kept as written and ``split``,
+``quality``, ``repeat``... come back as columns, as from the Parquet shard of the same rows.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import tarfile
 from collections.abc import Iterator
 
 import orjson
+import polars as pl
 
 from winnow.curate.config import InputConfig
 from winnow.curate.readers.files import InputFile, open_binary
@@ -20,6 +22,7 @@ from winnow.curate.readers.jsonl import PREVIEW
 from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from winnow.curate.readers.utf8 import printable, valid_utf8
+from winnow.curate.schema import OPTIONAL_COLUMNS, SPLITS
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -183,17 +186,34 @@ def _add_sample(
     except UnicodeDecodeError as err:
         buf.reject("read:bad_utf8", id_=id_, source=source, raw=raw_text, where={**where, "error": str(err)})
         return
-    if "meta" in record and set(record) <= {"meta", "source", *_WINNOW_EXTRA}:
-        # A winnow shard: meta is already the JSON string (stage-added columns are recomputable).
+    extra = None
+    if "meta" in record and set(record) <= {"meta", "source", *OPTIONAL_COLUMNS}:
+        # A winnow shard: meta is already the JSON string; its own columns come back as columns, as from its
+        # Parquet shard (a held-out row stays held out).
         meta = (
             record["meta"] if record["meta"] is None or isinstance(record["meta"], str) else decode_meta(record["meta"])
         )
+        extra = {c: record[c] for c in OPTIONAL_COLUMNS if record.get(c) is not None}
+        if wrong := _not_winnows(extra):
+            buf.reject("read:bad_schema", id_=id_, source=source, raw=text, where={**where, "error": wrong})
+            return
     else:
         if cfg.source_field is None and record.get("source") == source:
             record.pop("source")
         meta = decode_meta(record)
-    buf.add(id_, source, text, meta)
+    buf.add(id_, source, text, meta, extra)
 
 
-#: Optional columns winnow writes into a shard's json member besides id/source/meta.
-_WINNOW_EXTRA = {"split", "quality", "difficulty", "dsir_weight", "lang", "lang_score", "n_tokens", "order", "repeat"}
+def _not_winnows(extra: dict) -> str | None:
+    """Why a shard's own column holds a value winnow never writes there (a split '../x', a text quality), or None."""
+    for name, value in extra.items():
+        dtype = OPTIONAL_COLUMNS[name]
+        if name == "split" and value not in SPLITS:
+            return f"json field {name!r} holds {value!r}; allowed: 'train' or 'val'"
+        if dtype == pl.String and not isinstance(value, str):
+            return f"json field {name!r} holds {value!r}; allowed: a string"
+        if dtype.is_integer() and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"json field {name!r} holds {value!r}; allowed: an integer"
+        if dtype.is_float() and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f"json field {name!r} holds {value!r}; allowed: a number"
+    return None

@@ -332,3 +332,44 @@ def test_two_objects_on_one_line_are_one_bad_json_reject_whatever_the_lines_besi
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
     assert rows["id"].to_list() == [f"g{i}" for i in range(20)] + ["n"]
     assert rejects["reason"].to_list() == ["read:bad_json"]
+
+
+def test_winnows_own_webdataset_shards_read_back_with_their_columns_as_the_parquet_shards_do(
+    tmp_path, write_job, nothing_lost
+):
+    """Held-out rows read back from winnow's WebDataset shards stay held out, with split and quality as columns
+    (they came back as training rows, with neither); a split no winnow shard holds is the row's bad_schema."""
+    lines = b"".join(orjson.dumps({"id": f"r{i}", "text": f"row {i} " + "words " * 30}) + b"\n" for i in range(60))
+    (tmp_path / "a.jsonl").write_bytes(lines)
+    first = load_job(
+        write_job(
+            f'[[inputs]]\nsource = "a"\npath = "{tmp_path / "a.jsonl"}"\n[[stages]]\nkind = "score.heuristic"\n'
+            '[[stages]]\nkind = "split"\nval_fraction = 0.3\n',
+            name="first",
+        )
+    )
+    run_job(first, progress=False)
+    kinds = {}
+    for fmt in ("webdataset", "parquet"):
+        val = first.output_dir / "shards" / fmt / "val"
+        again = load_job(write_job(f'[[inputs]]\nsource = "a"\npath = "{val}"\nformat = "{fmt}"\n', name=f"re-{fmt}"))
+        manifest = run_job(again, progress=False)
+        assert not (again.output_dir / "shards" / "parquet" / "train").exists()
+        kinds[fmt] = pl.concat(
+            [pl.read_parquet(again.output_dir / s["path"]) for s in manifest["shards"] if s["format"] == "parquet"]
+        ).sort("id")
+    assert kinds["webdataset"].height > 5 and set(kinds["webdataset"]["split"]) == {"val"}
+    assert (
+        kinds["webdataset"].select("id", "split", "quality").equals(kinds["parquet"].select("id", "split", "quality"))
+    )
+
+    tar = first.output_dir / "shards" / "webdataset" / "val"
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as out:
+        for name, data in (("k.txt", b"some text"), ("k.json", b'{"meta": null, "source": "a", "split": "../x"}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    kept, rejects = read_all(InputConfig(source="s", path=str(bad), format="webdataset"))
+    assert kept.height == 0 and rejects["reason"].to_list() == ["read:bad_schema"]
+    assert "'../x'" in json.loads(rejects["meta"][0])["error"] and tar.exists()
