@@ -129,3 +129,16 @@ def test_token_shards_on_another_file_system_are_read_by_byte_range(job):
         remote_loader = Loader(LoaderConfig(**kw), "memory://tokjob", rank=1, world_size=2)
         assert_same(local, [next(remote_loader) for _ in range(60)])
         assert not remote_loader._sets[0].shards.local
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [("parquet", "tokens"), ("tokens", "parquet")])
+def test_a_state_saved_reading_one_format_resumes_on_the_other(job, saved, resumed):
+    """The positions are the same in both formats, and so is the data's fingerprint: a run checkpointed on the
+    Parquet shards continues on the token shards of the same job (or the other way) with the very next batch
+    (the fingerprints differed, and the resume was refused)."""
+    kw = dict(batch_size=2, seq_len=16, num_workers=0, shuffle_window=3)
+    reference = global_rows(ranks(LoaderConfig(format=saved, **kw), job, 1), 90)
+    first = ranks(LoaderConfig(format=saved, **kw), job, 1)
+    global_rows(first, 40)
+    again = ranks(LoaderConfig(format=resumed, **kw), job, 1, first[0].state_dict())
+    assert global_rows(again, 50) == reference[2 * 40 :]

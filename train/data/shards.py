@@ -158,6 +158,11 @@ def _check_entries(manifest: dict, where: str) -> None:
                 raise wrong(key, value, kind, at)
 
 
+def shard_digest(entries: list[dict]) -> str:
+    """The fingerprint of the shards a manifest lists (each entry's path, rows and sha256, in order)."""
+    return hashlib.sha256(orjson.dumps([[e["path"], e.get("rows"), e.get("sha256")] for e in entries])).hexdigest()[:16]
+
+
 def open_shards(
     data: str, *, split: str, fmt: str, storage_options: dict | None = None, missing: str = "raise"
 ) -> ShardSet:
@@ -177,12 +182,12 @@ def open_shards(
     entries = manifest.get("shards")
     if not isinstance(entries, list):
         raise ShardError(f"{where}: manifest has no 'shards' list")
+    chosen = [e for e in entries if e.get("split", "train") == split and e.get("format") == _FORMATS[fmt]]
     shards = [
         ShardInfo(
             path=e["path"], rows=e.get("rows"), sha256=e.get("sha256"), source=e.get("source"), bytes=e.get("bytes")
         )
-        for e in entries
-        if e.get("split", "train") == split and e.get("format") == _FORMATS[fmt]
+        for e in chosen
     ]
     if not shards:
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
@@ -190,11 +195,7 @@ def open_shards(
         check_listed(
             fs, root, [s.path for s in shards], where, missing=missing, sizes={s.path: s.bytes for s in shards}
         )
-    digest = (
-        view_fingerprint(view)
-        if view
-        else hashlib.sha256(orjson.dumps([[s.path, s.rows, s.sha256] for s in shards])).hexdigest()[:16]
-    )
+    digest = view_fingerprint(view) if view else shard_digest(chosen)
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     prefix = "" if protocol in ("file", "local") else f"{protocol}://"
     return ShardSet(

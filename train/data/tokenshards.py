@@ -29,6 +29,7 @@ from winnow.train.data.shards import (
     manifest_sources,
     open_shards,
     read_manifest_file,
+    shard_digest,
 )
 from winnow.train.errors import ConfigError, ShardError
 
@@ -137,11 +138,8 @@ def open_token_shards(
         raise outside_vocabulary(
             f"{data}/{past[0]['path']}", f"token id {past[0]['max_id']} (the manifest's max_id)", vocab
         )
-    parquet = {
-        _stem(e["path"]): e["path"]
-        for e in manifest["shards"]
-        if e.get("format") == "parquet" and e.get("split", "train") == split
-    }
+    listed = [e for e in manifest["shards"] if e.get("format") == "parquet" and e.get("split", "train") == split]
+    parquet = {_stem(e["path"]): e["path"] for e in listed}
     shards = [
         TokenShardInfo(
             bin_path=e["path"],
@@ -157,7 +155,12 @@ def open_token_shards(
         )
         for e in entries
     ]
-    digest = hashlib.sha256(orjson.dumps([[s.bin_path, s.tokens, s.sha256] for s in shards])).hexdigest()[:16]
+    if sorted(parquet) == sorted(_stem(s.bin_path) for s in shards):
+        # the rows of the Parquet shards of the same names: a loader state saved reading either format resumes
+        # on the other (the positions are the same; docs/design.md, token shards)
+        digest = shard_digest(listed)
+    else:
+        digest = hashlib.sha256(orjson.dumps([[s.bin_path, s.tokens, s.sha256] for s in shards])).hexdigest()[:16]
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
     local = protocol in ("file", "local")
     return TokenShardSet(
