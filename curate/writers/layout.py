@@ -7,7 +7,7 @@ or a WebDataset brace pattern work on it directly (the tokens format writes
 relative to the job folder, so readers that go through the manifest (the loader, the
 report, ``winnow ablate``) also read job folders whose manifest lists both formats under ``shards/<split>/``.
 
-Sizes are counted in uncompressed row bytes (string lengths plus 8 bytes per other value),
+Sizes are counted in uncompressed row bytes (string lengths plus 8 bytes per other value, null or not),
 as Hugging Face ``datasets`` counts ``max_shard_size``: that is what a reader holds in memory
 and about what a tar file weighs; zstd Parquet files come out several times smaller.
 """
@@ -33,7 +33,7 @@ def shard_dir(root: Path, fmt: str, split: str) -> Path:
 
 
 def row_bytes(df: pl.DataFrame) -> pl.Series:
-    """Uncompressed bytes of each row: string lengths, 8 bytes for every other value."""
+    """Uncompressed bytes of each row: string lengths (a null string 0), 8 bytes for every other value, null or not."""
     parts = [
         pl.col(c).str.len_bytes().fill_null(0).cast(pl.Int64) if dtype == pl.String else pl.lit(8, pl.Int64)
         for c, dtype in df.schema.items()
