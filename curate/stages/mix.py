@@ -199,6 +199,19 @@ class Mix(Barrier):
             lambda n: rows_within(self.ctx.memory_gb, MIX_BYTES, n, what=f"{what} over {n} rows"),
         )
         report = self._report(names, rows, available, targets, shares, cuts) if names else {"sources": {}}
+        starved = [
+            n
+            for n, r in report["sources"].items()
+            if r["weight"] > 0 and r["available_rows"] and not r["realized_tokens"]
+        ]
+        if starved:
+            log.warning(
+                "%s: sources %s have a weight but no row fits their target at a budget of %d tokens (every row is a "
+                "mix:not_selected reject); raise total_tokens, or leave it unset for the largest budget the epoch cap allows",
+                self.ctx.stage_id,
+                starved,
+                report["budget_tokens"],
+            )
         report["weights_without_rows"] = without_rows
         passes = np.array([sh.passes for sh in shares], dtype=np.int32)
         sorted_names = pl.Series(names, dtype=pl.String)  # sorted: a task's sources find their codes by search

@@ -256,3 +256,11 @@ def test_a_default_budget_that_leaves_out_most_of_a_source_names_the_source_that
     with caplog.at_level("WARNING", logger="winnow.curate.stages.mixing.weights"):
         _, p = plan(rows({"big": 5000, "tiny": 3}), tmp_path, weights={"big": 0.5, "tiny": 0.5}, total_tokens=10**6)
     assert p.report["budget_set_by"] is None and not any("sets it" in r.getMessage() for r in caplog.records)
+
+
+def test_a_budget_too_small_for_any_row_of_a_source_says_so(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="winnow.curate.stages.mix"):
+        _, p = plan(rows({"big": 500, "small": 50}), tmp_path, weights={"big": 0.5, "small": 0.5}, total_tokens=10)
+    assert all(r["realized_tokens"] == 0 for r in p.report["sources"].values())
+    said = [r.getMessage() for r in caplog.records]
+    assert any("['big', 'small'] have a weight but no row fits" in m and "10 tokens" in m for m in said), said
