@@ -148,7 +148,29 @@ def _run(args: argparse.Namespace) -> int:
     except (WinnowError, TrainError) as err:
         print(f"winnow {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # a full disk where no command said what it was writing: still one line
+    except ModuleNotFoundError as err:  # an optional dependency imported where the command runs
+        return _missing(args.command, err)
+    except OSError as err:
+        # a full disk, a read-only folder, a name too long, a folder where a file goes: the system's refusal of
+        # a path the user gave or chose, said in one line with the path (-vv logs the traceback)
+        where = next((str(f) for f in (err.filename, err.filename2) if f), None)
+        if where is None and not disk_full(err):
+            raise
+        logging.getLogger(__name__).debug("the command's error", exc_info=True)
+        what = err.strerror or str(err)
+        if disk_full(err):
+            print(
+                f"winnow {args.command}: error: no space left on the device"
+                f"{f' writing {where}' if where else ''} ({what}); free space there and run the same command again",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"winnow {args.command}: error: {where}: {what}; check the path and its folder's permissions",
+                file=sys.stderr,
+            )
+        return 2
+    except Exception as err:  # a full disk that reached here wrapped in another error: still one line
         if not disk_full(err):
             raise
         print(
@@ -157,8 +179,6 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    except ModuleNotFoundError as err:
-        return _missing(args.command, err)
     except KeyboardInterrupt:
         print(f"winnow {args.command}: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130

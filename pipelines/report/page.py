@@ -47,6 +47,32 @@ document.body.setAttribute('data-images-total',imgs.length);document.body.setAtt
 document.body.setAttribute('data-errors',window.__errors.length);document.body.setAttribute('data-loaded','1');});"""
 
 
+#: In the head of every page winnow writes: what ``winnow report`` may replace.
+GENERATOR = '<meta name=generator content="winnow report">'
+_OLD_PAGE = "<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>"  # pages from before the marker
+
+
+def _check_replaceable(target: Path, what: str) -> None:
+    """Refuse a target that is a folder, lies under a file, or is a file winnow did not write (the user's
+    ``report.html`` beside a metrics file, or ``--output metrics.jsonl``)."""
+    if target.is_dir():
+        raise InputError(f"{what} {target} is a folder; give the page a file name (e.g. {target / 'report.html'})")
+    if any(p.is_file() for p in target.parents):
+        raise InputError(f"{what} {target} lies under a file; give a path in a folder")
+    if not target.exists():
+        return
+    try:
+        with open(target, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", errors="replace")
+    except OSError as err:
+        raise InputError(f"{what} {target} exists and cannot be read ({err.strerror}); give another path") from err
+    if GENERATOR not in head and not (head.startswith(_OLD_PAGE) and _CSS[:60] in head):
+        raise InputError(
+            f"{what} {target} exists and is not a page winnow report wrote: winnow does not replace it; give another "
+            "--output, or move the file"
+        )
+
+
 def locate(
     path: str | Path,
     storage_options: dict | None = None,
@@ -400,7 +426,7 @@ def render(
             ) from err
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>{GENERATOR}<title>{html.escape(title)}</title>"
         f"<style>{_CSS}</style><script>{CHECK_SCRIPT}</script></head><body><h1>{html.escape(title)}</h1>"
         f"<p class=muted>generated {stamp}</p>{''.join(body)}</body></html>"
     )
@@ -427,6 +453,7 @@ def write_report(
         job.fs.pipe_file(target, page.encode("utf-8"))
     else:
         target = Path(output) if output is not None else Path(path) / "report.html"
+        _check_replaceable(target, "--output" if output is not None else "the report")
         write_text_atomic(target, page)  # a reader never sees half a page
     log.info("report written to %s", target)
     return target

@@ -133,6 +133,31 @@ def test_a_missing_module_that_no_extra_brings_is_a_bug_not_a_hint(monkeypatch):
         main(["train", "job.toml"])
 
 
+def test_a_module_missing_where_the_command_runs_names_the_extra(monkeypatch, capsys):
+    """`winnow export` imports torch when it runs, not when it parses: the hint is the same (it was a traceback)."""
+    from winnow.pipelines import export
+
+    def no_torch(args):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(export, "run_export", no_torch)
+    assert main(["export", "run"]) == 2
+    assert "pip install 'winnow[train]'" in capsys.readouterr().err
+
+
+def test_a_path_the_system_refuses_is_one_line_naming_it(tmp_path, capsys):
+    """A name past the file system's limit, a read-only folder, a folder where a file goes: the system's error
+    with the path, never a traceback."""
+    from tests.pipelines.report_util import healthy_records, write_run
+
+    run = write_run(tmp_path / "run", healthy_records())
+    long = tmp_path / ("x" * 300 + ".html")
+    assert main(["report", str(run), "--output", str(long)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("winnow report: error: ") and "x" * 300 in err and "File name too long" in err
+    assert "Traceback" not in err
+
+
 def test_quiet_and_verbose_work_before_and_after_the_command():
     from winnow.pipelines.cli import verbosity
 

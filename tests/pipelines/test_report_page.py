@@ -12,6 +12,7 @@ from winnow.curate.errors import InputError
 from winnow.pipelines.ablate.layout import StudyLayout
 from winnow.pipelines.report import locate, render, write_report
 from winnow.pipelines.report.command import register
+from winnow.pipelines.report.page import GENERATOR
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -179,6 +180,28 @@ def test_command_writes_the_page_and_prints_the_diagnosis(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[warning] Loss spikes" in out and f"report: {tmp_path / 'out' / 'page.html'}" in out
     assert (tmp_path / "out" / "page.html").is_file() and not (run / "report.html").exists()
+
+
+def test_the_page_replaces_only_a_page_winnow_wrote(tmp_path):
+    """A user's report.html beside a run's files, or --output naming the run's metrics, is refused untouched (they
+    were replaced by the page); a folder as --output is named; winnow's own page, old or new, is replaced."""
+    run = write_run(tmp_path / "run", healthy_records())
+    (run / "report.html").write_text("<html>my notes</html>")
+    with pytest.raises(InputError, match="not a page winnow report wrote"):
+        write_report(run)
+    assert (run / "report.html").read_text() == "<html>my notes</html>"
+    metrics = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(InputError, match="not a page winnow report wrote"):
+        write_report(run, output=run / "metrics.jsonl")
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+    with pytest.raises(InputError, match="is a folder"):
+        write_report(run, output=tmp_path)
+    mine = tmp_path / "page.html"
+    write_report(run, output=mine)
+    write_report(run, output=mine)  # its own page: replaced
+    mine.write_text(mine.read_text().replace(GENERATOR, ""))  # a page written before the generator tag
+    write_report(run, output=mine)
+    assert GENERATOR in mine.read_text()
 
 
 def test_a_job_without_rejects_says_so_instead_of_drawing_an_empty_chart(tmp_path):
