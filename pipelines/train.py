@@ -120,10 +120,70 @@ def _build_trainer(
     if train_data is None:
         sets = _per_source_sets(_adaptive_sets(cfg) if cfg.mixing.active else cfg.shards, Path(cfg.output))
     trainer = build_run(cfg, train_sets=sets, train_data=train_data, sources=sources, progress=progress)
+    if cfg.checkpoint.resume:
+        try:  # other data, tokenizer or sources are refused here, before the run's records are rewritten
+            trainer.resume()
+        except BaseException:
+            trainer.close()
+            raise
     if trainer.parallel.is_main:  # one writer per run folder; the report reads config.json during the run
-        write_json_atomic(Path(cfg.output) / "config.json", dataclasses.asdict(cfg))
-        save_views(trainer.data, Path(cfg.output))
+        folder = Path(cfg.output)
+        if _records_follow(cfg, trainer.step, folder / "config.json"):
+            trainer.data.tokenizer.save(folder)
+            write_json_atomic(folder / "config.json", dataclasses.asdict(cfg))
+        save_views(trainer.data, folder)
     return trainer
+
+
+#: Keys that may differ on a resume without changing what was trained so far.
+_RESUME_FREE = ("output", "steps", "checkpoint.resume", "model.vocab_size")
+
+
+def _records_follow(cfg: TrainConfig, step: int, config_file: Path) -> bool:
+    """Whether the run's records should take ``cfg`` at a resume from ``step``: say which settings changed (the run
+    continues with them), and keep the records of a finished run that ``steps`` would end before it reached."""
+    if not step:
+        return True
+    try:
+        saved = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return True
+    if cfg.steps < step:
+        log.warning(
+            "train.steps = %d is below the step the run's checkpoint reached (%d): nothing is trained, and the run's "
+            "records keep its own settings; give more steps to train on",
+            cfg.steps,
+            step,
+        )
+        return False
+    changed = [
+        f"{key} ({_short(before)} -> {_short(after)})"
+        for key, before, after in _differences(saved, dataclasses.asdict(cfg))
+        if not key.startswith(_RESUME_FREE)
+    ]
+    if changed:
+        log.warning(
+            "resuming from step %d with settings other than those it was trained with: %s; the run continues with "
+            "them and config.json records them (set [train.checkpoint] resume = false, or a new train.output, to "
+            "start a run of its own)",
+            step,
+            ", ".join(changed),
+        )
+    return True
+
+
+def _differences(before: object, after: object, prefix: str = "") -> list[tuple[str, object, object]]:
+    """Dotted keys whose values differ between two config dicts (keys only one of them has are left out)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [
+            d for k in sorted(before.keys() & after.keys()) for d in _differences(before[k], after[k], f"{prefix}{k}.")
+        ]
+    return [] if before == after else [(prefix.rstrip("."), before, after)]
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_locations(cfg: TrainConfig) -> None:

@@ -346,15 +346,13 @@ def build_run(
         views = True
     parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
     device, world = parallel.world.device, parallel.world
-    run_dir = claim_run_folder(cfg.output)  # a folder holding files winnow did not write is refused here
+    claim_run_folder(cfg.output)  # a folder holding files winnow did not write is refused here
     # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any);
     # the job folder decides even when train_data replaces it (ablation variants' per-source views)
     job_folder = cfg.shards if isinstance(cfg.shards, str) else folders[0]
     tokenizer = load_tokenizer(
         cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options)
     )
-    if world.is_main:  # one writer per run folder
-        tokenizer.save(run_dir)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     init = None
     if cfg.init_from is not None:

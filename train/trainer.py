@@ -88,6 +88,7 @@ class Trainer:
         self.optimizer, self.scheduler, self.scaler = optimizer, scheduler, scaler
         self.data, self._batches, self.val_data = data, iter(data), val_data
         self.sources, self.alerts, self.hooks, self.init = list(sources), alerts, list(hooks), init
+        self._resumed: bool | None = None  # resume() ran: whether it found a checkpoint
         self.pipeline = parallel.pipeline  # pipeline parallel: self.model holds this rank's stages only
         self._autocast = autocast(self.device, cfg.precision)
         # compiled on a GPU, the loss's log-softmax over the vocabulary fuses (no fp32 copy of the logits); on a
@@ -419,7 +420,12 @@ class Trainer:
         return path
 
     def resume(self) -> bool:
+        """Continue from the newest valid checkpoint, once: ``fit`` calls it, and a caller may call it first, so that
+        a resume this run cannot continue is refused before it writes any record of the run."""
+        if self._resumed is not None:
+            return self._resumed
         found = self.checkpoints.load_latest(full=False)  # each rank reads its own part of the shards below
+        self._resumed = found is not None
         if found is None:
             return False
         path, state = found

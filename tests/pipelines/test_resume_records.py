@@ -1,0 +1,68 @@
+"""A run folder's records (config.json, the tokenizer's files) follow a resume only once the resume is accepted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.pipelines.tiny import TINY_MODEL
+from tests.train.shards_util import make_docs, write_job
+from winnow.pipelines.jobfile import build_config
+from winnow.train.config import TrainConfig
+from winnow.train.errors import CheckpointError
+
+
+def cfg_for(shards: Path, run: Path, **train) -> TrainConfig:
+    import tomllib
+
+    table = {
+        "shards": str(shards),
+        "output": str(run),
+        "steps": 4,
+        "checkpoint": {"every": 2},
+        **tomllib.loads(TINY_MODEL)["train"],
+    }
+    for key, value in train.items():
+        table[key] = {**table.get(key, {}), **value} if isinstance(value, dict) else value
+    return build_config(TrainConfig, table, "test [train]")
+
+
+def fit(cfg: TrainConfig) -> dict:
+    from winnow.pipelines.train import build_trainer
+
+    with build_trainer(cfg) as trainer:
+        return trainer.fit()
+
+
+def records(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file() and p.suffix == ".json"}
+
+
+def test_a_refused_resume_leaves_the_runs_records_as_they_were(tmp_path, caplog):
+    """Other shards (the loader's state cannot continue on them): refused before config.json or the tokenizer's
+    files are rewritten (they named the new data and settings, and the finished run no longer exported).
+    Changed settings are said; fewer steps than the run reached train nothing and keep the records."""
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    other = write_job(tmp_path / "other", [make_docs(30, prefix="o")], val=[make_docs(8, prefix="o")])
+    run = tmp_path / "run"
+    assert fit(cfg_for(job, run))["step"] == 4
+    before = records(run)
+    with pytest.raises(CheckpointError, match="resume needs the same shards"):
+        fit(cfg_for(other, run, steps=6))
+    assert records(run) == before
+
+    with caplog.at_level("WARNING", logger="winnow.pipelines.train"):
+        assert fit(cfg_for(job, run, steps=2))["step"] == 4
+    assert records(run) == before
+    assert any(
+        "train.steps = 2 is below the step the run's checkpoint reached (4)" in r.getMessage() for r in caplog.records
+    )
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="winnow.pipelines.train"):
+        assert fit(cfg_for(job, run, steps=6, optim={"lr": 0.002}))["step"] == 6
+    said = [r.getMessage() for r in caplog.records if "settings other than" in r.getMessage()]
+    assert len(said) == 1 and "optim.lr (" in said[0] and "-> 0.002)" in said[0] and "steps" not in said[0]
+    assert json.loads((run / "config.json").read_text())["optim"]["lr"] == 0.002
