@@ -213,7 +213,9 @@ class Loader:
             if state.get(key) != mine:
                 raise CheckpointError(
                     f"loader state was saved with {key} {state.get(key)!r}, this run has {mine!r}; "
-                    "resume needs the same shards and tokenizer"
+                    "resume needs the same shards and tokenizer (re-curated shards, or another tokenizer, are other "
+                    "data): give the run the ones it was trained on, or start a run of its own with a new "
+                    "train.output or [train.checkpoint] resume = false (the earlier run is moved to previous-<k>/)"
                 )
         self.close()
         for stream, pos in zip(self._sets, state["sets"]):
