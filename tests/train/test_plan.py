@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from winnow.train.errors import ConfigError
 from winnow.train.model import ModelConfig
 from winnow.train.plan.budget import duration, measured_mfu, plan_run
 from winnow.train.plan.hardware import device
@@ -85,6 +86,27 @@ def test_mfu_from_a_previous_run(tmp_path):
     assert measured_mfu(tmp_path) == pytest.approx(0.42)  # the first log step (warm-up) left out
     a, b = plan_run(device("h100"), gpus=8, hours=10, mfu=0.42), plan_run(device("h100"), gpus=8, hours=10)
     assert a.compute_flops == pytest.approx(b.compute_flops * 0.42 / 0.35)
+
+
+def test_mfu_from_a_killed_run_skips_its_torn_line_and_a_file_is_not_a_run(tmp_path):
+    records = [{"step": 10, "mfu": 0.9}, {"step": 20, "mfu": 0.41}, [1, 2], {"step": 30, "mfu": 0.43}]
+    (tmp_path / "metrics.jsonl").write_bytes(
+        b"".join(json.dumps(r).encode() + b"\n" for r in records) + b'\xff\n{"step": 40, "mf'
+    )
+    assert measured_mfu(tmp_path) == pytest.approx(0.42)
+    with pytest.raises(ConfigError, match="no metrics.jsonl there"):
+        measured_mfu(tmp_path / "metrics.jsonl")
+
+
+def test_a_budget_spread_over_too_many_devices_says_it_overruns_and_plans_at_once():
+    from winnow.train.plan.budget import describe
+    from winnow.train.plan.layout import candidates
+
+    plan = plan_run(device("h100"), gpus=10**9, hours=1)  # dp in the millions: expert sizes come from the experts
+    assert plan.hours > 10 and "note:   over the budget's 1.0 h" in describe(plan, device("h100"), 10**9)
+    assert {ep for _, _, ep in candidates(plan.model, device("h100"), 10**9)} <= {1, 2, 4, 8}
+    huge = plan_run(device("h100"), gpus=8, hours=1e30)
+    assert describe(huge, device("h100"), 8).splitlines()[-1].startswith("no [train.model] fits")
 
 
 def test_durations_never_read_zero_hours():

@@ -40,13 +40,26 @@ def measured_mfu(run_dir: str | Path) -> float:
     """Median MFU of a run's logged steps (the first log step, with warm-up and compilation, left out)."""
     path = Path(run_dir) / "metrics.jsonl"
     try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+        lines = path.read_bytes().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
         raise ConfigError(f"--from {run_dir}: no metrics.jsonl there; give a run folder of `winnow train`") from None
-    values = [r["mfu"] for r in map(json.loads, lines) if isinstance(r.get("mfu"), (int, float)) and r["mfu"] > 0]
+    values = [r["mfu"] for r in _records(lines) if isinstance(r.get("mfu"), (int, float)) and r["mfu"] > 0]
     if not values:
         raise ConfigError(f"--from {run_dir}: {path} has no logged step with an MFU")
     return statistics.median(values[1:] or values)
+
+
+def _records(lines: list[bytes]) -> list[dict]:
+    """The JSON objects among a metrics file's lines (a killed run's torn last line, or any other, left out)."""
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
 
 
 def plan_run(
@@ -150,8 +163,20 @@ def describe(plan: RunPlan, dev: Device, gpus: int) -> str:
             f"{lay.bubble:.0%}, communication {lay.comm_share:.0%}" + (f": {comm}" if comm else "") + ")",
         ]
     lines.append(f"time:   {duration(plan.hours)} on {gpus} device{'s' if gpus > 1 else ''}")
-    lines.append(
-        f"[train.model] dim = {m.dim}, n_layers = {m.n_layers}, n_heads = {m.n_heads}, ffn_hidden = {m.ffn_hidden}, "
+    budget_hours = plan.compute_flops / (gpus * dev.peak_flops * plan.mfu) / 3600
+    if lay is not None and plan.hours > 1.1 * budget_hours:
+        lines.append(
+            f"note:   over the budget's {duration(budget_hours)}: the budget counts every device at MFU "
+            f"{plan.mfu:.1%}, but this layout spends its steps communicating and waiting on the pipeline; fewer "
+            "devices, or more hours on them, make a run that keeps to its time"
+        )
+    model_line = (
+        f"dim = {m.dim}, n_layers = {m.n_layers}, n_heads = {m.n_heads}, ffn_hidden = {m.ffn_hidden}, "
         f"n_experts = {m.n_experts}, top_k = {m.top_k}"
+    )
+    lines.append(
+        f"[train.model] {model_line}"
+        if lay is not None
+        else f"no [train.model] fits (the budget's model: {model_line})"
     )
     return "\n".join(lines)

@@ -142,9 +142,8 @@ def candidates(cfg: ModelConfig, dev: Device, gpus: int) -> list[tuple[int, int,
             if gpus % (tp * pp) or pp > cfg.n_layers:
                 continue
             dp = gpus // (tp * pp)
-            for ep in range(1, dp + 1):
-                if dp % ep == 0 and (ep == 1 or (cfg.is_moe and cfg.n_experts % ep == 0)):
-                    out.append((tp, pp, ep))
+            experts = range(1, cfg.n_experts + 1) if cfg.is_moe else (1,)  # not range(dp): dp may be millions
+            out.extend((tp, pp, ep) for ep in experts if dp % ep == 0 and cfg.n_experts % ep == 0 or ep == 1)
     return out
 
 
