@@ -111,6 +111,17 @@ def test_train_on_a_job_without_a_train_table_is_an_error(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["check", "train", "ablate"])
+@pytest.mark.parametrize("shards", ["", "shards = []\n"])
+def test_a_train_table_with_no_data_to_train_on_says_where_data_comes_from(tmp_path, capsys, command, shards):
+    """No [job] table and no train.shards (or an empty list): every command says how to give data (check said ok,
+    train and ablate raised TypeErrors)."""
+    path = tmp_path / "t.toml"
+    path.write_text(f"[train]\nsteps = 2\n{shards}" + ('[ablate]\nkind = "weights"\n' if command == "ablate" else ""))
+    assert main([command, str(path)]) == 2
+    assert "no data to train on; set train.shards" in capsys.readouterr().err
+
+
 def _shards(folder):
     folder.mkdir(parents=True)
     pq.write_table(pa.table({"text": ["some text here"] * 4, "source": ["a"] * 4}), folder / "train-0.parquet")
