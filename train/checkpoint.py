@@ -116,11 +116,23 @@ def load_state_file(path: str | Path | BinaryIO, *, name: str | None = None) -> 
             return renamed(torch.load(path, map_location="cpu", weights_only=True))
     except pickle.UnpicklingError as err:
         lines = [line.strip() for line in str(err).splitlines() if "Unsupported global" in line or "but got" in line]
-        found = lines[0].split(". Please")[0] if lines else type(err).__name__
+        if not lines:  # not a pickle of objects at all (a TOML or JSON file, text)
+            raise _not_a_state(name or path, err) from err
         raise CheckpointError(
             f"{name or path}: refused: it holds pickled objects other than tensors and plain data, and "
-            f"loading them could run code ({found}); only load checkpoints winnow wrote"
+            f"loading them could run code ({lines[0].split('. Please')[0]}); only load checkpoints winnow wrote"
         ) from err
+    except (EOFError, KeyError, ValueError, RuntimeError, IndexError) as err:  # empty, text, a zip of other files
+        raise _not_a_state(name or path, err) from err
+
+
+def _not_a_state(where: object, err: BaseException) -> CheckpointError:
+    detail = str(err).splitlines()[0][:200] if str(err) else ""
+    return CheckpointError(
+        f"{where}: not a checkpoint file winnow wrote, or a damaged one ({type(err).__name__}"
+        f"{': ' + detail if detail else ''}); give a run folder of `winnow train`, one of its checkpoints, or a "
+        "`winnow export` folder"
+    )
 
 
 def has_shards(path: str | Path) -> bool:

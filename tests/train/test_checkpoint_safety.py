@@ -50,6 +50,24 @@ def test_hostile_checkpoint_is_refused_and_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("content", [b"hi\n", b"", b'[job]\nname = "x"\n', b"zip"])
+def test_a_file_that_is_no_checkpoint_is_named_as_such(tmp_path, content):
+    """Text, an empty file, a TOML job file, a zip of other files as init_from or a teacher: one CheckpointError
+    naming the file (KeyError, EOFError and RuntimeError tracebacks; a job file was called a dangerous pickle)."""
+    import zipfile
+
+    from winnow.train.checkpoint import load_state_file
+
+    path = tmp_path / "model.pt"
+    if content == b"zip":
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("a.txt", "x")
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"{path}: not a checkpoint file winnow wrote, or a damaged one"):
+        load_state_file(path)
+
+
 def test_trainer_state_loads_weights_only_and_rng_round_trips(tmp_path):
     np.random.seed(3)
     state = rng_state()
