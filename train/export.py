@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -196,9 +197,10 @@ def export_model(
     if "model" not in state or "model_config" not in state:
         raise CheckpointError("the checkpoint holds no model or model_config to export")
     cfg = ModelConfig(**state["model_config"])
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # "." has no name to put a temporary folder beside
     _check_replaceable(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    _remove_left_behind(out_dir)
+    tmp = _beside(out_dir, "tmp", os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted export of this process id left
     tmp.mkdir(parents=True)
     try:
@@ -219,6 +221,7 @@ def export_model(
             st.save_file(mixtral_state(cfg, state["model"]), str(hf / "model.safetensors"), metadata={"format": "pt"})
             if tokenizer is not None:
                 write_hf_tokenizer(tokenizer, hf, max_length=cfg.max_seq_len)
+        _follow_umask(tmp)
         _move_into_place(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -269,9 +272,48 @@ def _winnow_metadata(head: bytes) -> dict[str, str] | None:
     return meta if isinstance(meta, dict) and meta.get("format") == "winnow" else None
 
 
+def _beside(out_dir: Path, kind: str, pid: int | str) -> Path:
+    """The export's temporary folder ``kind`` (tmp, old) beside ``out_dir``, its name within the 255 bytes a file
+    system allows whatever the output's name."""
+    name = out_dir.name.encode()[:100].decode(errors="ignore")
+    return out_dir.with_name(f".{name}.{kind}-{pid}")
+
+
+def _remove_left_behind(out_dir: Path) -> None:
+    """Remove the temporary folders of exports to ``out_dir`` whose process is gone (killed mid-export)."""
+    for kind in ("tmp", "old"):
+        for folder in out_dir.parent.glob(glob.escape(_beside(out_dir, kind, "").name) + "*"):
+            pid = folder.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _follow_umask(folder: Path) -> None:
+    """Give the export's files the mode the umask gives a new file (safetensors writes them 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~mask)
+
+
 def _move_into_place(tmp: Path, out_dir: Path) -> None:
     """Rename the finished export to ``out_dir``; an earlier export there is renamed away first, then removed."""
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if out_dir.is_dir() and not any(out_dir.iterdir()):  # an empty folder (perhaps the shell's): filled, not replaced
+        for entry in tmp.iterdir():
+            os.replace(entry, out_dir / entry.name)
+        return
+    old = _beside(out_dir, "old", os.getpid())
     shutil.rmtree(old, ignore_errors=True)  # one an interrupted export of this process id left
     if out_dir.exists():
         _check_replaceable(out_dir)  # again: something may have arrived while the export was written

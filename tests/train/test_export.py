@@ -190,3 +190,31 @@ def test_an_export_starts_a_continued_run_with_the_checkpoints_weights(tmp_path,
         init.check(trainer.cfg.model, ByteTokenizer())
     with pytest.raises(TrainConfigError, match="is an export: it holds the weights, not the optimizer"):
         load_init(str(tmp_path / "exp"), optimizer=True)
+
+
+def test_an_export_to_dot_to_a_long_name_with_a_killed_exports_leftovers_and_the_umask(tmp_path, monkeypatch):
+    """`--output .` (a path with no name), a 250-byte name (the temporary folder's name stays within 255), the
+    temporary folder a killed export left (its process gone: removed), files with the umask's mode (safetensors
+    writes 0600)."""
+    import os
+    import stat
+
+    _trained_run(tmp_path / "a")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = here.stat().st_ino
+    assert main(["export", str(tmp_path / "a" / "run"), "--output", "."]) == 0
+    assert (here / WINNOW_FILE).is_file() and here.stat().st_ino == inode  # the shell's folder filled, not replaced
+    long = tmp_path / ("m" * 250)
+    dead = tmp_path / f".{'m' * 100}.tmp-999999999"  # no process has this id
+    dead.mkdir()
+    (dead / "part").write_bytes(b"x" * 10)
+    old = os.umask(0o022)
+    try:
+        assert main(["export", str(tmp_path / "a" / "run"), "--output", str(long)]) == 0
+    finally:
+        os.umask(old)
+    assert not dead.exists() and (long / WINNOW_FILE).is_file()
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in long.rglob("*") if p.is_file()}
+    assert modes == {0o644}
