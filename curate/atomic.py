@@ -23,7 +23,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder, fsync'd, then renamed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    short = path.name.encode()[:200].decode(errors="ignore")  # the temporary name within the 255 bytes allowed
+    tmp = path.parent / f".{short}.{secrets.token_hex(6)}.tmp"
     # O_EXCL on a fresh random name, mode 0o666 less the process umask at this moment (mkstemp
     # would make it 0600, which is not what a published file should have)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -156,6 +156,8 @@ def test_a_path_the_system_refuses_is_one_line_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("winnow report: error: ") and "x" * 300 in err and "File name too long" in err
     assert "Traceback" not in err
+    fits = tmp_path / ("y" * 250 + ".html")  # a legal name: the temporary file beside it must be legal too
+    assert main(["report", str(run), "--output", str(fits)]) == 0 and fits.is_file()
 
 
 def test_quiet_and_verbose_work_before_and_after_the_command():
