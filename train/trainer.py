@@ -89,6 +89,7 @@ class Trainer:
         self.data, self._batches, self.val_data = data, iter(data), val_data
         self.sources, self.alerts, self.hooks, self.init = list(sources), alerts, list(hooks), init
         self._resumed: bool | None = None  # resume() ran: whether it found a checkpoint
+        self._said_eval_cap = False  # a capped evaluation that left sources out has said so
         self.pipeline = parallel.pipeline  # pipeline parallel: self.model holds this rank's stages only
         self._autocast = autocast(self.device, cfg.precision)
         # compiled on a GPU, the loss's log-softmax over the vocabulary fuses (no fp32 copy of the logits); on a
@@ -307,8 +308,8 @@ class Trainer:
         """Per-source held-out loss over the val split (all of it, or at most ``eval_batches`` batches), written to
         the metrics unless ``record`` is false.
 
-        Val shards are per source, so a cap reads the first sources only; leave it unset to
-        report every source.
+        A cap reads each shard's sources in turn, but documents longer than the capped pass leave later sources
+        out; the first such evaluation names them (leave the cap unset to report every source).
         """
         if self.val_data is None:
             return None
@@ -358,6 +359,16 @@ class Trainer:
                 "per_source": {k: v["mean_loss"] for k, v in result["per_source"].items()},
             },
         }
+        missing = [k for k, v in result_record["eval"]["per_source"].items() if v is None]
+        if missing and self.cfg.eval_batches is not None and not self._said_eval_cap:
+            self._said_eval_cap = True
+            log.warning(
+                "held-out loss for %s is missing: [train] eval_batches = %d (%d tokens a pass) ended before their "
+                "rows (or the val split has none); raise eval_batches, or leave it unset to read the whole val split",
+                missing,
+                self.cfg.eval_batches,
+                self.cfg.eval_batches * self.cfg.data.batch_size * self.cfg.data.seq_len,
+            )
         if record:
             self.metrics.write(result_record)
         self.throughput.exclude_since(mark)

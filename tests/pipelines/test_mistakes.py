@@ -192,3 +192,17 @@ def test_check_validates_every_table_and_writes_nothing(tmp_path, capsys):
     path.write_text(job.replace(str(tmp_path / "d.jsonl"), str(tmp_path / "missing.jsonl")))
     assert main(["check", str(path)]) == 2
     assert "input docs: " in capsys.readouterr().err
+
+
+def test_an_evaluation_cap_that_leaves_sources_out_names_them_once(tmp_path, caplog):
+    """eval_batches = 1 (64 tokens) ends inside the first held-out documents: the sources it never reached have no
+    held-out loss, and the first such evaluation says which and what to set (ablation tables showed None)."""
+    from tests.pipelines.test_resume_records import cfg_for, fit
+    from tests.train.shards_util import make_docs, write_job
+
+    long = [{**d, "text": d["text"] * 20} for d in make_docs(12)]  # held-out documents of ~1,000 tokens
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[long])
+    with caplog.at_level("WARNING", logger="winnow.train.trainer"):
+        fit(cfg_for(job, tmp_path / "run", eval_every=2, eval_batches=1))
+    said = [r.getMessage() for r in caplog.records if "held-out loss for" in r.getMessage()]
+    assert len(said) == 1 and "eval_batches = 1 (64 tokens a pass)" in said[0]
