@@ -135,7 +135,9 @@ def _build_trainer(
         folder = Path(cfg.output)
         if _records_follow(cfg, trainer.step, folder / "config.json"):
             trainer.data.tokenizer.save(folder)
-            write_json_atomic(folder / "config.json", dataclasses.asdict(cfg))
+            vocab = trainer.data.tokenizer.vocab_size  # the model's, whatever [train.model] said
+            recorded = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+            write_json_atomic(folder / "config.json", dataclasses.asdict(recorded))
         save_views(trainer.data, folder)
     return trainer
 

@@ -353,6 +353,17 @@ def build_run(
     tokenizer = load_tokenizer(
         cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options)
     )
+    given, default = (
+        cfg.model.vocab_size,
+        next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size"),
+    )
+    if given not in (tokenizer.vocab_size, default):  # the default is the byte tokenizer's
+        log.warning(
+            "train.model.vocab_size = %d differs from the tokenizer's %d; the model takes the tokenizer's (every id "
+            "it writes needs a row of the embedding); drop the key",
+            given,
+            tokenizer.vocab_size,
+        )
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     init = None
     if cfg.init_from is not None:

@@ -66,3 +66,11 @@ def test_a_refused_resume_leaves_the_runs_records_as_they_were(tmp_path, caplog)
     said = [r.getMessage() for r in caplog.records if "settings other than" in r.getMessage()]
     assert len(said) == 1 and "optim.lr (" in said[0] and "-> 0.002)" in said[0] and "steps" not in said[0]
     assert json.loads((run / "config.json").read_text())["optim"]["lr"] == 0.002
+
+
+def test_a_vocab_size_other_than_the_tokenizers_is_said_and_the_records_hold_the_models(tmp_path, caplog):
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    with caplog.at_level("WARNING", logger="winnow.train.build"):
+        fit(cfg_for(job, tmp_path / "run", model={"vocab_size": 100}))
+    assert any("vocab_size = 100 differs from the tokenizer's 258" in r.getMessage() for r in caplog.records)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["vocab_size"] == 258
