@@ -76,6 +76,11 @@ def test_config_error_names_key_value_and_allowed():
         ModelConfig(n_experts=4, top_k=9)
     with pytest.raises(ConfigError, match="n_kv_heads"):
         ModelConfig(n_heads=4, n_kv_heads=3)
+    with pytest.raises(ConfigError, match=r"max_seq_len = 100000000 .*at most 1,048,576"):
+        ModelConfig(max_seq_len=10**8)  # its rotary tables alone took 20 GB
+    for theta in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="rope_theta"):
+            ModelConfig(rope_theta=theta)  # 0: every step's loss was NaN
 
 
 def test_the_model_package_imports_no_parallel_or_attribution_code():

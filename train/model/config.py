@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from winnow.train.errors import checker
+
+MAX_SEQ_LEN = 1 << 20  # positions a model may be built for: its rotary tables hold a row per position
 
 _check = checker("train.model")
 
@@ -49,6 +52,18 @@ class ModelConfig:
         for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "ffn_hidden"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value > 0, key, value, "a positive integer")
+        _check(
+            self.max_seq_len <= MAX_SEQ_LEN,
+            "max_seq_len",
+            self.max_seq_len,
+            f"at most {MAX_SEQ_LEN:,} (the rotary tables hold a row per position)",
+        )
+        _check(
+            isinstance(self.rope_theta, int | float) and math.isfinite(self.rope_theta) and self.rope_theta > 0,
+            "rope_theta",
+            self.rope_theta,
+            "a positive number (the rotary base, 10000 usually; 0 makes every rotation infinite and the loss NaN)",
+        )
         _check(self.dim % self.n_heads == 0, "dim", self.dim, f"a multiple of n_heads ({self.n_heads})")
         _check((self.dim // self.n_heads) % 2 == 0, "dim", self.dim, "dim // n_heads must be even (rotary)")
         kv = self.kv_heads
