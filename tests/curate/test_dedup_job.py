@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 JOB = """
 workers = {workers}
 batch_rows = 8
+group_bytes = 0  # a task per input file: four tasks to spread
 
 [[inputs]]
 source = "news"
