@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 _LOCAL = fsspec.filesystem("file")
 
 STATE_FILE, META_FILE, PREFIX, SHARDS_DIR = "state.pt", "meta.json", "step-", "shards"
+_RELISTS = 4  # listings of a checkpoint folder a live run keeps changing
 
 # What checkpoints written before the RNG state became tensors hold besides tensors: NumPy
 # arrays rebuilt from dtype, shape and bytes (no code runs; object arrays' items go through the
@@ -299,12 +300,25 @@ class CheckpointManager:
         return state
 
     def load_latest(self, *, full: bool = True) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that verifies; corrupt ones are logged and skipped."""
-        for path in self.checkpoints():
-            try:
-                return path, self.load(path, full=full)
-            except CheckpointError as err:
-                log.warning("skipping checkpoint: %s", err)
+        """The newest checkpoint that verifies; corrupt ones are logged and skipped.
+
+        A run training meanwhile (``winnow export`` of a live run) writes new checkpoints and prunes the ones
+        listed: when none of those verified and the folder has changed, it is listed again (a few times).
+        """
+        listed: list[Path] = []
+        for _ in range(_RELISTS):
+            now = self.checkpoints()
+            if now == listed:
+                return None
+            listed = now
+            for path in now:
+                try:
+                    return path, self.load(path, full=full)
+                except CheckpointError as err:
+                    if path.exists():
+                        log.warning("skipping checkpoint: %s", err)
+                    else:  # pruned by the run while it was read: gone, not corrupt
+                        self._corrupt.discard(path.name)
         return None
 
     def _looks_valid(self, path: Path) -> bool:

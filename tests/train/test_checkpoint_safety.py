@@ -161,3 +161,22 @@ def test_a_corrupt_shard_fails_the_checksum(tmp_path):
         CheckpointManager(tmp_path).load(ckpt)
     state = CheckpointManager(tmp_path).save(2, {"x": 1}, shards={"model": {"w": torch.arange(8.0)}})
     assert torch.equal(CheckpointManager(tmp_path).load(state)["model"]["w"], torch.arange(8.0))
+
+
+def test_a_reader_of_a_live_run_follows_its_checkpoints_as_they_are_pruned(tmp_path, monkeypatch):
+    """`winnow export` of a run that is training: the checkpoint it listed is pruned while it reads it, and a newer
+    one has arrived; the folder is listed again and the newer one loads (it said "no valid checkpoint")."""
+    writer = CheckpointManager(tmp_path / "checkpoints", keep_last=1)
+    writer.save(2, {"step": torch.tensor(2)})
+    reader = CheckpointManager(tmp_path / "checkpoints")
+    load = CheckpointManager.load
+
+    def pruned_meanwhile(self, path, *, full=True):
+        if path.name == "step-00000002":  # the run saves step 4 and prunes step 2 while it is being read
+            writer.save(4, {"step": torch.tensor(4)})
+            raise CheckpointError(f"checkpoint {path} cannot be read: No such file")
+        return load(self, path, full=full)
+
+    monkeypatch.setattr(CheckpointManager, "load", pruned_meanwhile)
+    path, state = reader.load_latest()
+    assert path.name == "step-00000004" and int(state["step"]) == 4

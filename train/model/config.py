@@ -59,7 +59,8 @@ class ModelConfig:
             f"at most {MAX_SEQ_LEN:,} (the rotary tables hold a row per position)",
         )
         _check(
-            isinstance(self.rope_theta, int | float) and math.isfinite(self.rope_theta) and self.rope_theta > 0,
+            # inf and nan are named as what they are where [train] checks every number for them
+            isinstance(self.rope_theta, int | float) and (not math.isfinite(self.rope_theta) or self.rope_theta > 0),
             "rope_theta",
             self.rope_theta,
             "a positive number (the rotary base, 10000 usually; 0 makes every rotation infinite and the loss NaN)",
