@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import inspect
 import io
 import json
@@ -240,6 +241,11 @@ def run_show(args: argparse.Namespace) -> int:
     try:
         cls = stage_class(args.kind)
     except ConfigError as err:
+        close = difflib.get_close_matches(args.kind, list(known), n=1)
+        if close:  # a table's name misspelt ("trian", "train.modle") is no stage kind either
+            raise ConfigError(
+                f"unknown table {args.kind!r} (did you mean {close[0]!r}?); tables: {', '.join(known)}"
+            ) from None
         raise ConfigError(f"{err}; tables: {', '.join(known)}") from None
     print(describe(cls.Config, f"[[stages]] kind = {args.kind!r} ({class_doc(cls).split('. ')[0].rstrip('.')})"))
     return 0

@@ -6,6 +6,7 @@ them all. Thresholds live in ``DiagnoseConfig`` so tests and users can move them
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -48,8 +49,10 @@ class DiagnoseConfig:
                 raise ConfigError(f"report.{key} = {value!r} is invalid; allowed: 0 < value <= 100")
         if not 0 < self.memory_fraction <= 1:
             raise ConfigError(f"report.memory_fraction = {self.memory_fraction!r} is invalid; allowed: 0 < value <= 1")
-        if self.memory_limit_gib is not None and self.memory_limit_gib <= 0:
-            raise ConfigError(f"report.memory_limit_gib = {self.memory_limit_gib!r} is invalid; allowed: None or > 0")
+        if self.memory_limit_gib is not None and not 0 < self.memory_limit_gib < math.inf:  # nan fails too
+            raise ConfigError(
+                f"report.memory_limit_gib = {self.memory_limit_gib!r} is invalid; allowed: None or a finite number > 0"
+            )
         if self.imbalance <= 1:
             raise ConfigError(f"report.imbalance = {self.imbalance!r} is invalid; allowed: > 1 (1 is uniform load)")
         if self.regression_nats <= 0:

@@ -36,6 +36,8 @@ def test_show_unknown_kind_names_both_lists(capsys):
     assert main(["config", "show", "dedup.minhsh"]) == 2
     err = capsys.readouterr().err
     assert "did you mean 'dedup.minhash'" in err and "tables: job" in err
+    assert main(["config", "show", "train.modle"]) == 2  # a table's name misspelt
+    assert "unknown table 'train.modle' (did you mean 'train.model'?)" in capsys.readouterr().err
 
 
 def test_schema_accepts_the_shipped_jobs_and_refuses_bad_keys(tmp_path, capsys):

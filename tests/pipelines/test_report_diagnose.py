@@ -138,6 +138,7 @@ def test_all_sources_rising_is_not_a_source_regression(tmp_path):
         ("memory_fraction", 1.5),
         ("imbalance", 1.0),
         ("memory_limit_gib", -1.0),
+        ("memory_limit_gib", float("nan")),  # printed "nan% of nan GiB"
         ("skip_first", -1),
         ("regression_nats", 0),
     ],
