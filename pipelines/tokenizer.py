@@ -47,6 +47,14 @@ def _check_output(out: Path) -> None:
     """
     if out.exists() and not out.is_dir() or any(p.is_file() for p in out.parents if p != Path(".")):
         raise ConfigError(f"--output {out} is a file or lies under one; give a folder for the tokenizer")
+    from winnow.curate.outdir import MARKER
+
+    job = next((p for p in (out, *out.resolve().parents) if (p / MARKER).is_file()), None)
+    if job is not None:  # its files are the job's: a re-run of the job clears what it does not list
+        raise ConfigError(
+            f"--output {out} is {'a curation job folder' if job == out else f'inside the curation job folder {job}'}; "
+            "give the tokenizer a folder of its own (e.g. beside the job's)"
+        )
     entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     ours = {BPE_FILE, META_FILE}
     if not ours & set(entries):

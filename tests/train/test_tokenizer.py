@@ -101,6 +101,12 @@ def test_cli_replaces_its_own_tokenizer_but_no_one_elses(tmp_path, capsys):
     (endless / "tokenizer_meta.json").symlink_to("/dev/zero")
     assert main(["-q", "tokenizer", "train", str(folder), "--output", str(endless)]) == 2
     assert "winnow does not replace them" in capsys.readouterr().err
+    marked = write_job(tmp_path / "marked", [make_docs(10)])
+    (marked / ".winnow-output").write_text("{}")  # a curation job's folder, as winnow curate marks it
+    for into in (marked, marked / "shards" / "tokens"):
+        assert main(["-q", "tokenizer", "train", str(folder), "--output", str(into)]) == 2
+        assert "curation job folder" in capsys.readouterr().err
+    assert not (marked / "tokenizer.json").exists() and not (marked / "shards" / "tokens").exists()
     empty = write_job(tmp_path / "empty", [[{**d, "text": ""} for d in make_docs(3)]])
     assert main(["-q", "tokenizer", "train", str(empty), "--output", str(tmp_path / "t2")]) == 2
     assert "hold no text" in capsys.readouterr().err
