@@ -104,7 +104,13 @@ def run_ablate(args: argparse.Namespace) -> int:
 
     if acfg.curates:  # a missing job, or a bad stage, key or value, is refused before anything is curated
         curation_variants(acfg, train_cfg.seed, job)
-    claim_run_folder(layout.root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
+    root = layout.root
+    if (root / "checkpoints").is_dir() and not layout.sources_root.is_dir():  # a study writes sources/ before training
+        raise ConfigError(
+            f"ablate.output = {str(root)!r} holds a run of `winnow train`, not a study: a study's baseline trains at "
+            "its top and would take that run for its own; give the study a folder of its own"
+        )
+    claim_run_folder(root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
     sources = job_manifest(train_cfg.shards)["sources"]
     runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)

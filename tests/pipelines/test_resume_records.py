@@ -74,3 +74,21 @@ def test_a_vocab_size_other_than_the_tokenizers_is_said_and_the_records_hold_the
         fit(cfg_for(job, tmp_path / "run", model={"vocab_size": 100}))
     assert any("vocab_size = 100 differs from the tokenizer's 258" in r.getMessage() for r in caplog.records)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["vocab_size"] == 258
+
+
+def test_a_study_pointed_at_a_run_folder_is_refused_before_it_writes_there(tmp_path, capsys):
+    """[ablate] output naming a finished `winnow train` run: the study's baseline would take it for its own; refused
+    with the run folder as it was (the study's sources/ were written into it first)."""
+    from winnow.pipelines.cli import main
+
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    run = tmp_path / "run"
+    fit(cfg_for(job, run))
+    before = sorted(p.name for p in run.iterdir())
+    path = tmp_path / "study.toml"
+    path.write_text(
+        f'[train]\nshards = "{job}"\nsteps = 2\n' + TINY_MODEL + f'[ablate]\nkind = "weights"\noutput = "{run}"\n'
+    )
+    assert main(["ablate", str(path)]) == 2
+    assert "holds a run of `winnow train`, not a study" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before
