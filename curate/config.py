@@ -33,7 +33,7 @@ class JobSection:
     # A file larger than this (as stored) is read as several tasks: JSONL byte ranges, Parquet row
     # groups, tar members, zstd frames; gzip and single-frame zstd stay one task.
     task_bytes: int = 256 << 20
-    # Small files (JSONL, Parquet, tar; under half of this) of one input are read together, in order, in
+    # Small JSONL files (under half of this) of one input are read together, in order, in
     # tasks of up to about this many bytes and 2000 files, so many small files make a few tasks and
     # shards; 0 reads each file as its own task. Plain text files are always grouped (up to task_bytes).
     group_bytes: int = 32 << 20

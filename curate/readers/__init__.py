@@ -23,6 +23,7 @@ from winnow.curate.readers.webdataset import read_webdataset
 
 _PER_FILE = {"jsonl": read_jsonl, "parquet": read_parquet, "webdataset": read_webdataset, "hf": read_hf}
 GROUP_FILES = 2000  # small whole files grouped into one read task: at most this many
+_GROUPED = ("jsonl", "text")  # the formats whose small files share tasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +49,9 @@ def plan_read_tasks(
 ) -> list[ReadTask]:
     """List every input's files and cut them into read tasks, in a stable order (file, then span).
 
-    A file larger than ``task_bytes`` is split into spans; files under half of ``group_bytes``
-    (``[job] group_bytes``; plain text: all, up to ``task_bytes``) are grouped, in order, into tasks of
-    up to that many bytes and ``GROUP_FILES`` files, so a folder of many small files costs a few tasks
+    A file larger than ``task_bytes`` is split into spans; JSONL files under half of ``group_bytes``
+    (``[job] group_bytes``; plain text files: all, up to ``task_bytes``) are grouped, in order, into tasks
+    of up to that many bytes and ``GROUP_FILES`` files, so a folder of many small files costs a few tasks
     and shards, not one per file.
     """
     tasks: list[ReadTask] = []
@@ -63,7 +64,9 @@ def plan_read_tasks(
             spans = (
                 [None] if cfg.format in ("text", "hf") else split_file(cfg.format, f, task_bytes, cfg.storage_options)
             )
-            alone = cfg.format == "hf" or len(spans) > 1 or (cfg.format != "text" and f.size > limit // 2)
+            # Parquet and tar files each keep a task: their rows' columns are the file's (a Parquet file in winnow's
+            # layout brings its own), and one task writes one schema
+            alone = cfg.format not in _GROUPED or len(spans) > 1 or (cfg.format != "text" and f.size > limit // 2)
             if group and (alone or len(group) >= GROUP_FILES or size + f.size > limit):
                 tasks.append(ReadTask(index, tuple(group)))
                 group, size = [], 0

@@ -193,8 +193,10 @@ def _add_sample(
         meta = (
             record["meta"] if record["meta"] is None or isinstance(record["meta"], str) else decode_meta(record["meta"])
         )
-        extra = {c: record[c] for c in OPTIONAL_COLUMNS if record.get(c) is not None}
-        if wrong := _not_winnows(extra):
+        # every key the sample's json has, null or not: a shard's samples all have its columns, so every batch
+        # read from it has the same columns
+        extra = {c: record[c] for c in OPTIONAL_COLUMNS if c in record}
+        if wrong := _not_winnows({c: v for c, v in extra.items() if v is not None}):
             buf.reject("read:bad_schema", id_=id_, source=source, raw=text, where={**where, "error": wrong})
             return
     else:

@@ -373,3 +373,43 @@ def test_winnows_own_webdataset_shards_read_back_with_their_columns_as_the_parqu
     kept, rejects = read_all(InputConfig(source="s", path=str(bad), format="webdataset"))
     assert kept.height == 0 and rejects["reason"].to_list() == ["read:bad_schema"]
     assert "'../x'" in json.loads(rejects["meta"][0])["error"] and tar.exists()
+
+
+def test_small_files_whose_columns_differ_are_read_without_mixing_schemas_in_a_task(tmp_path, write_job, nothing_lost):
+    """Two small Parquet files in winnow's layout, one with a quality column; winnow's tars whose quality is null
+    for a whole batch: each read batch of a task has its file's columns (a task mixing them failed to write)."""
+    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string()), ("meta", pa.string())])
+    pq.write_table(
+        pa.table({"id": ["a1"], "source": ["s"], "text": ["one text"], "meta": [None], "quality": [0.5]}).cast(
+            schema.append(pa.field("quality", pa.float64()))
+        ),
+        tmp_path / "a.parquet",
+    )
+    pq.write_table(
+        pa.table({"id": ["b1"], "source": ["s"], "text": ["two text"], "meta": [None]}, schema), tmp_path / "b.parquet"
+    )
+    job = load_job(
+        write_job(f'[[inputs]]\nsource = "p"\npath = "{tmp_path}/*.parquet"\nformat = "parquet"\n', name="pq")
+    )
+    run_job(job, progress=False)
+    nothing_lost(job.output_dir, {"a1", "b1"})
+
+    for name in "xy":
+        rows = [orjson.dumps({"id": f"{name}{i}", "text": f"{name} text {i} " * 20}) + b"\n" for i in range(6)]
+        (tmp_path / f"{name}.jsonl").write_bytes(b"".join(rows))
+    inputs = "".join(f'[[inputs]]\nsource = "{n}"\npath = "{tmp_path / f"{n}.jsonl"}"\n' for n in "xy")
+    first = load_job(
+        write_job(
+            inputs
+            + '[[stages]]\nkind = "score.heuristic"\nsources = ["x"]\n[[stages]]\nkind = "order"\nby = "random"\n'
+            'stratify = false\nsource_order = ["x", "y"]\n',
+            name="scored",
+        )
+    )
+    run_job(first, progress=False)  # one ordered shard: x's rows, then y's, whose quality is null
+    tars = first.output_dir / "shards" / "webdataset" / "train"
+    again = load_job(
+        write_job(f'batch_rows = 2\n[[inputs]]\nsource = "w"\npath = "{tars}"\nformat = "webdataset"\n', name="again")
+    )
+    run_job(again, progress=False)
+    nothing_lost(again.output_dir, {f"{n}{i}" for n in "xy" for i in range(6)})
