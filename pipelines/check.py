@@ -73,7 +73,29 @@ def validate(
         checked.ablate = build_config(AblateConfig, raw["ablate"], f"{path} [ablate]")
     if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
         _check_training_sources(checked, Path(path).name)
+    if checked.train is not None:
+        _check_train_paths(checked.train, Path(path).name)
+    if checked.ablate is not None and checked.ablate.curates:
+        from winnow.pipelines.ablate.curation import load_curation_job
+        from winnow.pipelines.ablate.plan import curation_variants
+
+        seed = checked.train.seed if checked.train is not None else 0
+        curation_variants(checked.ablate, seed, load_curation_job(path, raw, checked.ablate.job))  # names the key
     return checked
+
+
+def _check_train_paths(train: Any, name: str) -> None:
+    """Files and folders [train] reads before it trains, which exist before the run starts: each local one is there.
+
+    (``[train.mixing] reference`` may be a run the same study trains first, so it is left to the run.)"""
+    from winnow.curate.workdir import is_url
+
+    named = [("init_from", train.init_from)]
+    named += [("tokenizer.path", getattr(train.tokenizer, "path", train.tokenizer))]
+    named += [("distill.teacher", train.distill.teacher if train.distill else None)]
+    for key, where in named:
+        if isinstance(where, str) and where and not is_url(where) and not Path(where).exists():
+            raise ConfigError(f"{name} [train] key {key!r}: {where} does not exist; give the path of one that does")
 
 
 def _check_training_sources(checked: CheckedJob, name: str) -> None:
@@ -83,6 +105,8 @@ def _check_training_sources(checked: CheckedJob, name: str) -> None:
     check_sources(stop.thresholds, inputs, f"{name} [train.stop] key 'thresholds'")
     if checked.ablate is not None:
         check_sources(checked.ablate.sources, inputs, f"{name} [ablate] key 'sources'")
+        if checked.ablate.target != "mean":
+            check_sources(checked.ablate.target, inputs, f"{name} [ablate] key 'target'")
         for variant, mix in checked.ablate.mixes.items():
             check_sources(mix, inputs, f"{name} [ablate] key 'mixes.{variant}'")
 

@@ -192,6 +192,22 @@ def test_check_validates_every_table_and_writes_nothing(tmp_path, capsys):
     path.write_text(job.replace(str(tmp_path / "d.jsonl"), str(tmp_path / "missing.jsonl")))
     assert main(["check", str(path)]) == 2
     assert "input docs: " in capsys.readouterr().err
+    # what the commands refuse at once, check refuses too (it said ok)
+    for change, message in (
+        (("steps = 5", f'steps = 5\ninit_from = "{tmp_path / "no-run"}"'), "key 'init_from': .*no-run does not exist"),
+        (("steps = 5", f'steps = 5\ntokenizer = "{tmp_path / "no-tok"}"'), "key 'tokenizer.path': .*does not exist"),
+        (
+            ('kind = "leave_one_out"', 'kind = "random_mixes"\ntarget = "dosc"'),
+            "key 'target': no input has source 'dosc'",
+        ),
+        (
+            ('kind = "leave_one_out"', 'kind = "drop"\ndrop = ["dedup.minhash"]'),
+            r"ablate.drop\[0\] = 'dedup.minhash' is not",
+        ),
+    ):
+        path.write_text(job.replace(*change))
+        assert main(["check", str(path)]) == 2
+        assert re.search(message, capsys.readouterr().err)
 
 
 def test_an_evaluation_cap_that_leaves_sources_out_names_them_once(tmp_path, caplog):
