@@ -57,11 +57,6 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
     table = dict(raw["train"])
     table.update({k: v for k, v in overrides.items() if v is not None and k != "output"})
     table.setdefault("shards", (raw.get("job") or {}).get("output"))
-    if table["shards"] is None or table["shards"] == []:
-        raise ConfigError(
-            f"{job} [train]: no data to train on; set train.shards (a job folder winnow curate wrote, or a list of "
-            "them), give --shards, or add the [job] table whose output holds the curated shards"
-        )
     first = (
         table["shards"][0].get("path")
         if isinstance(table["shards"], list) and table["shards"] and isinstance(table["shards"][0], dict)
@@ -77,6 +72,11 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
         table["replay"] = {("path" if k == "from" else k): v for k, v in replay.items()}
     if overrides.get("output") is not None:
         table["output"] = overrides["output"]
+    if table["shards"] is None or table["shards"] == []:
+        raise ConfigError(
+            f"{job} [train]: no data to train on; set train.shards (a job folder winnow curate wrote, or a list of "
+            "them), give --shards, or add the [job] table whose output holds the curated shards"
+        )
     return build_config(TrainConfig, table, f"{job} [train]")
 
 
