@@ -78,3 +78,9 @@ def test_config_requires_positive_source():
         ClassifierScoreConfig()
     with pytest.raises(ConfigError, match="folds"):
         ClassifierScoreConfig(positive_source="a", folds=1)
+    with pytest.raises(ConfigError, match=r"positive_source = 'b' is not among the stage's sources \['a'\]"):
+        ClassifierScoreConfig(positive_source="b", sources=["a"])  # it failed after every earlier phase
+    from winnow.curate.stages.scores.dsir import DsirScoreConfig
+
+    with pytest.raises(ConfigError, match=r"target_source = 'b' is not among the stage's sources"):
+        DsirScoreConfig(target_source="b", sources=["a"])

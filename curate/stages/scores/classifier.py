@@ -65,6 +65,11 @@ class ClassifierScoreConfig(StageConfig):
     def __post_init__(self) -> None:
         if not self.positive_source:
             raise ConfigError("positive_source is required: the name of the reference (positive) source")
+        if self.sources and self.positive_source not in self.sources:  # rows out of scope never reach the stage
+            raise ConfigError(
+                f"positive_source = {self.positive_source!r} is not among the stage's sources {list(self.sources)}: the stage sees "
+                f"only those sources' rows, so its positives would be missing; add it to sources, or unset sources"
+            )
         check_column(self.column)
         check_positive_int("buckets", self.buckets, low=2)
         check_positive_int("max_tokens", self.max_tokens)

@@ -61,6 +61,11 @@ class DsirScoreConfig(StageConfig):
     def __post_init__(self) -> None:
         if not self.target_source:
             raise ConfigError("target_source is required: the name of the source to resample toward")
+        if self.sources and self.target_source not in self.sources:  # rows out of scope never reach the stage
+            raise ConfigError(
+                f"target_source = {self.target_source!r} is not among the stage's sources {list(self.sources)}: the stage sees "
+                f"only those sources' rows, so its target would be missing; add it to sources, or unset sources"
+            )
         check_column(self.column)
         check_positive_int("buckets", self.buckets, low=2)
         check_positive_int("max_tokens", self.max_tokens)
