@@ -197,7 +197,7 @@ def checkpoint_without_meta_that_is_not_one(tmp: Path) -> None:
     ckpt = tmp / "run" / "checkpoints" / "step-00000001"
     ckpt.mkdir(parents=True)
     (ckpt / STATE_FILE).write_bytes(b"[train]\nsteps = 3\n")  # no meta.json: read under the 1 TiB cap, in pieces
-    with pytest.raises(CheckpointError, match="only load checkpoints winnow wrote"):
+    with pytest.raises(CheckpointError, match="not a checkpoint file winnow wrote"):
         load_init(str(tmp / "run"))
 
 
