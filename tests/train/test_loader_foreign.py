@@ -76,6 +76,30 @@ def test_split_folders_and_winnow_layout_are_found(tmp_path):
     assert find_split_files(fs, str(tmp_path / "flat"), "train") == ["x.parquet"]  # the val file is not train data
 
 
+@pytest.mark.parametrize(
+    "files, train, val",
+    [
+        (["train.parquet", "validation.parquet", "test.parquet"], ["train.parquet"], ["validation.parquet"]),
+        (["x/part-0.parquet", "x/test-0.parquet"], ["x/part-0.parquet"], []),
+        (["a.parquet", "test/c.parquet"], ["a.parquet"], []),
+        (
+            ["data/train_0.parquet", "data/test_0.parquet", "data/dev_0.parquet"],
+            ["data/train_0.parquet"],
+            ["data/dev_0.parquet"],
+        ),
+        (["contest.parquet", "latest-1.parquet"], ["contest.parquet", "latest-1.parquet"], []),
+    ],
+)
+def test_files_named_after_their_split_are_that_split_and_a_test_split_is_never_trained_on(tmp_path, files, train, val):
+    """The Hub's train.parquet / validation.parquet (the split's name then `.parquet`) are their splits (the
+    validation file was not found); test files and folders are never training data (they were trained on)."""
+    fs = fsspec.filesystem("file")
+    for rel in files:
+        write(tmp_path / rel, ["t"])
+    assert find_split_files(fs, str(tmp_path), "train") == train
+    assert find_split_files(fs, str(tmp_path), "val") == val
+
+
 def test_bad_folders_say_what_to_do(tmp_path):
     with pytest.raises(ShardError, match=r"no manifest.json, and no such folder.*--shards"):
         Loader(CFG, tmp_path / "missing")

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _VIEWS: dict[tuple, dict] = {}
 SPLIT_NAMES = {"train": ("train",), "val": ("val", "validation", "valid", "dev")}
+_NEVER_TRAINED = ("test",)  # a test split is held back from everything: never a training file
 
 
 def _natural(path: str) -> list:
@@ -49,12 +50,13 @@ def find_split_files(fs: fsspec.AbstractFileSystem, root: str, split: str) -> li
             found = [p for p in every if p.startswith(prefix)]
             if found:
                 return found
-    pattern = re.compile(rf"(^|/)({'|'.join(names)})[-_.][^/]*\.parquet$")
+    # train.parquet, validation-00000-of-00002.parquet, data/test_0.parquet: the split's name, then an end or a separator
+    pattern = re.compile(rf"(^|/)({'|'.join(names)})([-_.][^/]*)?\.parquet$")
     named = [p for p in every if pattern.search(p)]
     if named or split != "train":
         return named
-    others = {n for ns in SPLIT_NAMES.values() for n in ns} - set(names)
-    return [p for p in every if not any(re.search(rf"(^|/){o}(/|[-_.][^/]*$)", p) for o in others)]
+    others = {n for ns in SPLIT_NAMES.values() for n in ns} - set(names) | set(_NEVER_TRAINED)
+    return [p for p in every if not any(re.search(rf"(^|/){o}(/|([-_.][^/]*)?\.parquet$)", p) for o in others)]
 
 
 _TAIL_BYTES = 1 << 20  # of each Parquet file, hashed: its footer, and the last of its data
@@ -92,7 +94,7 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
         raise ShardError(
             f"{data}: no manifest.json and no Parquet files for split {split!r} "
             f"(looked for {', '.join(f'{n}/' for n in SPLIT_NAMES.get(split, (split,)))} and "
-            f"{split}-*.parquet{'' if split != 'train' else ', then any *.parquet'})"
+            f"{split}.parquet, {split}-*.parquet{'' if split != 'train' else ', then any *.parquet but val and test'})"
         )
     default = root.rstrip("/").rsplit("/", 1)[-1] or "data"
     shards, sources = [], {}
