@@ -212,10 +212,21 @@ def _hooks(
     return hooks + [EarlyStopping(cfg.stop)] + ([CompileTime()] if cfg.compile else [])
 
 
-def load_teacher(path: str, storage_options: dict | None = None) -> Transformer:
-    """A trained model from a run folder (its newest checkpoint that verifies) or one checkpoint, local or fsspec."""
+def load_teacher(path: str, storage_options: dict | None = None, tokenizer=None) -> Transformer:
+    """A trained model from a run folder (its newest checkpoint that verifies) or one checkpoint, local or fsspec.
+
+    ``tokenizer``: this run's; a teacher trained with another (or another vocabulary) is a ConfigError: its
+    logits would score other tokens than the student's ids name."""
     found = load_init(path, key="train.distill.teacher", storage_options=storage_options)
-    model = Transformer(ModelConfig(**found.model_config()))
+    teacher_cfg = ModelConfig(**found.model_config())
+    if tokenizer is not None:
+        found.check_tokenizer(tokenizer)
+        if teacher_cfg.vocab_size != tokenizer.vocab_size:
+            raise ConfigError(
+                f"{found.where}: the teacher has a vocabulary of {teacher_cfg.vocab_size}, this run's tokenizer "
+                f"{tokenizer.vocab_size}; distil from a teacher trained with this run's tokenizer"
+            )
+    model = Transformer(teacher_cfg)
     model.load_state_dict(found.state["model"])
     return model.eval()
 
@@ -395,7 +406,7 @@ def build_run(
             max_batches=max_batches,
         )
 
-    teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options) if cfg.distill else None
+    teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options, tokenizer) if cfg.distill else None
     mixer = (
         build_mixer(
             cfg.mixing, data, tokenizer, device, storage_options=cfg.data.storage_options, reduce=parallel.reduce_sum

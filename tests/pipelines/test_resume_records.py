@@ -92,3 +92,18 @@ def test_a_study_pointed_at_a_run_folder_is_refused_before_it_writes_there(tmp_p
     assert main(["ablate", str(path)]) == 2
     assert "holds a run of `winnow train`, not a study" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_teacher_trained_with_another_tokenizer_is_refused(tmp_path):
+    """Distilling from a run of another tokenizer (or vocabulary): its logits score other tokens than the student's
+    ids name (it trained on, or crashed mid-step with an IndexError)."""
+    from winnow.train.build import load_teacher
+    from winnow.train.errors import ConfigError
+    from winnow.train.tokenizer import ByteTokenizer, train_bpe
+
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    fit(cfg_for(job, tmp_path / "teacher"))
+    bpe = train_bpe([[d["text"] for d in make_docs(60)]], vocab_size=300)
+    with pytest.raises(ConfigError, match="train.distill.teacher.*that run used tokenizer 'byte-258'"):
+        load_teacher(str(tmp_path / "teacher"), tokenizer=bpe)
+    assert load_teacher(str(tmp_path / "teacher"), tokenizer=ByteTokenizer()) is not None
