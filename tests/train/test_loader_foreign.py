@@ -134,3 +134,26 @@ def test_a_file_rewritten_to_the_same_size_and_rows_is_not_resumed_on(tmp_path):
     assert (tmp_path / "c" / "a.parquet").stat().st_size == size
     with pytest.raises(Exception, match="resume needs the same shards"):
         Loader(CFG, tmp_path / "c").load_state_dict(state)
+
+
+def test_dictionary_view_and_binary_text_columns_read_as_their_strings(tmp_path):
+    """pandas' category and polars' Categorical write dictionary columns; other tools view or binary ones: read
+    as the strings they hold, as curation reads them (refused at the first batch); bytes that are not UTF-8 are a
+    ShardError naming the file."""
+    texts = [f"document {i} " * 8 for i in range(12)]
+    plain = tmp_path / "plain"
+    write(plain / "train-0.parquet", texts, ["s"] * 12)
+    with Loader(CFG, plain) as loader:
+        want = docs_read(loader, 3)
+    for name, column in {
+        "dict": pa.array(texts).dictionary_encode(),
+        "view": pa.array(texts, pa.string_view()),
+        "bin": pa.array([t.encode() for t in texts], pa.binary()),
+    }.items():
+        write(tmp_path / name / "train-0.parquet", column, pa.array(["s"] * 12).dictionary_encode())
+        with Loader(CFG, tmp_path / name) as loader:
+            assert docs_read(loader, 3) == want, name
+    write(tmp_path / "bad" / "train-0.parquet", pa.array([b"\xff\xfe" * 8] * 12, pa.binary()), ["s"] * 12)
+    with pytest.raises(ShardError, match=r"train-0.parquet: wrong columns: 'text' has type binary"):
+        with Loader(CFG, tmp_path / "bad") as loader:
+            next(loader)

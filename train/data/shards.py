@@ -271,6 +271,29 @@ def cat_shard(fs, url: str, *, what: str = "shard", size: int | None = None) -> 
         raise ShardError(f"{what} {url}: cannot be read: {err}") from err
 
 
+def _as_text(table: pa.Table, column: str, url: str) -> pa.Table:
+    """``table`` with ``column`` as strings: dictionary-encoded (pandas' category, polars' Categorical), view and
+    UTF-8 binary columns decoded, as curation reads them; another type, or bytes that are not UTF-8, a ShardError."""
+    kind = table.schema.field(column).type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return table
+    values = table.column(column)
+    try:
+        if pa.types.is_dictionary(kind):
+            values = values.cast(kind.value_type)
+            kind = kind.value_type
+        if pa.types.is_string_view(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            values = values.cast(pa.large_string())  # checks the bytes are UTF-8
+        elif not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise pa.ArrowInvalid(f"type {table.schema.field(column).type}")
+    except pa.ArrowInvalid as err:
+        raise ShardError(
+            f"shard {url}: wrong columns: {column!r} has type {table.schema.field(column).type}, expected text "
+            f"(a string, dictionary of strings or UTF-8 binary column): {err}"
+        ) from err
+    return table.set_column(table.schema.get_field_index(column), column, values)
+
+
 def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa.Table:
     """The rows of shard ``index`` (``id``, ``source``, ``text``, ...), checked against the manifest."""
     info, url = shard_set.shards[index], shard_set.url(index)
@@ -294,10 +317,7 @@ def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa
     if missing:
         raise ShardError(f"shard {url}: wrong columns: lacks {missing}; has {table.column_names}")
     for c in required:
-        if not (pa.types.is_string(table.schema.field(c).type) or pa.types.is_large_string(table.schema.field(c).type)):
-            raise ShardError(
-                f"shard {url}: wrong columns: {c!r} has type {table.schema.field(c).type}, expected string"
-            )
+        table = _as_text(table, c, url)
     if info.rows is not None and table.num_rows != info.rows:
         raise ShardError(
             f"shard {url}: has {table.num_rows} rows, the manifest says {info.rows} (truncated or replaced?)"
