@@ -399,12 +399,20 @@ def build_run(
     # run is its base's last evaluation exactly; a study's seeds differ in training only)
     val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[], shuffle_window=0, seq_len_warmup_steps=0)
 
-    def val_data(max_batches: int | None = cfg.eval_batches):
+    def held_out_pass(max_batches: int | None, *, shared: bool):
+        # evaluation: each data-parallel rank its share of the pass (the trainer sums over them), as in training,
+        # so a layout's held-out loss is the one-process run's with the same global batch, at 1/dp of the cost;
+        # attribution's probes (``shared``): every rank the same rows, as its estimate is made the same everywhere
+        rank, size = (0, 1) if shared else (world.dp_rank, world.dp_size)
         return HeldOut(
             held_out,
-            lambda folder: Loader(val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources),
+            lambda folder: Loader(
+                val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources, rank=rank, world_size=size
+            ),
             max_batches=max_batches,
         )
+
+    val_data = functools.partial(held_out_pass, cfg.eval_batches, shared=False)
 
     teacher = load_teacher(cfg.distill.teacher, cfg.data.storage_options, tokenizer) if cfg.distill else None
     mixer = (
@@ -419,7 +427,7 @@ def build_run(
         data=data,
         sources=data.sources,
         val_data=val_data if held_out else None,
-        probe_data=functools.partial(val_data, None) if held_out else None,
+        probe_data=functools.partial(held_out_pass, None, shared=True) if held_out else None,
         parallel=parallel,
         teacher=teacher,
         mixer=mixer,

@@ -314,9 +314,10 @@ class Trainer:
         if self.val_data is None:
             return None
         mark = self.throughput.mark()
-        # under pipeline parallelism the sums arise on the last stage and rank 0 writes them
+        # each data-parallel rank scores its share of the pass; under pipeline parallelism the sums arise on the
+        # last stage: summed over both, and rank 0 writes them
         acct = SourceAccounting(
-            self.sources, n_moe_layers=0, n_experts=0, device=self.device, reduce=self.parallel.reduce_pp
+            self.sources, n_moe_layers=0, n_experts=0, device=self.device, reduce=self.parallel.reduce_sum
         )
 
         def account(logits_BLV, targets_BL, source_ids_BL, loss_mask_BL):

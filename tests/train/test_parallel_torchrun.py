@@ -123,3 +123,64 @@ def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_globa
     assert len(two) == 6 and weights[1] == pytest.approx(weights[0], abs=2e-4)  # fp32 sums in another order
     assert two[-1]["mix_weights"] != two[0]["mix_weights"]  # three updates moved it
     assert [r["step_loss"] for r in two] == pytest.approx([r["step_loss"] for r in one], rel=1e-4)
+
+
+def test_a_capped_evaluation_under_two_ranks_is_the_one_process_runs_with_the_same_global_batch(tmp_path):
+    """Each data-parallel rank scores its share of the held-out pass and the sums are added: two ranks of batch 2
+    report the held-out losses of one process of batch 4 (every rank scored the same batches, so the figure
+    followed the per-rank batch, and each rank did all the work)."""
+    from tests.pipelines.continue_util import make_job
+    from tests.pipelines.tiny import TINY_MODEL
+
+    job = make_job(tmp_path / "job", ("prose", "legal", "code"))
+
+    def toml(name: str, batch: int) -> str:
+        path = tmp_path / f"{name}.toml"
+        model = TINY_MODEL.replace("batch_size = 2", f"batch_size = {batch}")
+        path.write_text(
+            f'[job]\noutput = "{job}"\n[train]\noutput = "{tmp_path / name}"\nsteps = 2\neval_every = 1\n'
+            f"eval_batches = 3\n{model}"
+        )
+        return str(path)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run(
+        [sys.executable, "-m", "winnow.pipelines.cli", "-q", "train", toml("one", 4)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "winnow.pipelines.cli",
+            "-q",
+            "train",
+            toml("two", 2),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    evals = {
+        name: [
+            r["eval"]
+            for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+            if "eval" in r
+        ]
+        for name in ("one", "two")
+    }
+    assert len(evals["one"]) == 2  # training matches within 1e-5 (test_parallel_ddp.py), and so does evaluation
+    for a, b in zip(evals["one"], evals["two"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert {k for k, v in b["per_source"].items() if v is not None} == {k for k, v in a["per_source"].items() if v}
