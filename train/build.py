@@ -21,6 +21,7 @@ from winnow.train.attribution import SourceAttribution
 from winnow.train.attribution.hook import AttributionHook, CounterfactualHook
 from winnow.train.config import TrainConfig
 from winnow.train.distill import Distillation
+from winnow.train.attribution.counterfactual import MEAN
 from winnow.train.errors import ConfigError
 from winnow.train.hooks import CompileTime, TrainHook
 from winnow.train.init import Initialization, load_init
@@ -113,6 +114,11 @@ def build_trainer(
             "whole parameter's norm and every tp rank holds a part of the split ones; use 'adamw'"
         )
     attributing = bool(cfg.attribution.every and val_data is not None)
+    if (attributing or cfg.mixing.active) and MEAN in sources:
+        raise ConfigError(
+            f"a training source is named {MEAN!r}, the name attribution and adaptive mixing give the average over the "
+            "held-out sets; rename the source (its [[inputs]] source) to use [train.attribution] or [train.mixing]"
+        )
     if parallel.pipeline is not None:
         from winnow.train.parallel.pipeline import check_pipeline_run
 

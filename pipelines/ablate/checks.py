@@ -18,7 +18,7 @@ import json
 import posixpath
 
 from winnow.curate.errors import ConfigError
-from winnow.pipelines.ablate.layout import StudyLayout
+from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
 
 #: [train] keys that point at a run folder the variants build on (read with getattr: dotted paths).
 REFERENCE_KEYS = ("distill.teacher", "init_from", "mixing.reference")
@@ -141,7 +141,11 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
     result = layout.read_result(variant["name"])
     state = "finished" if result is not None else "was started (and would resume from its checkpoint)"
     where = f"ablate: variant {variant['name']!r} in {layout.run_dir(variant['name'])} {state} with"
-    fix = "use a new [ablate] output folder for the changed study, or remove that variant's folder"
+    fix = (
+        "use a new [ablate] output folder for the changed study (the baseline trains in the study folder itself)"
+        if variant["name"] == BASELINE
+        else "use a new [ablate] output folder for the changed study, or remove that variant's folder"
+    )
     if result is not None and (
         set(result["weights"]) != set(variant["weights"])
         or any(abs(result["weights"][s] - w) > 1e-9 * max(1.0, abs(w)) for s, w in variant["weights"].items())

@@ -15,6 +15,10 @@ CURATION_KINDS = ("drop", "settings", "order")
 ORDERS = ("shuffled", "reversed")
 
 
+#: Run names the study gives its own runs: a [ablate] mixes entry may not take one.
+RESERVED_NAMES = ("baseline", "proposed", "doremi", "counterfactual")
+
+
 @dataclass(kw_only=True, slots=True)
 class AblateConfig:
     """The ``[ablate]`` table: which variants of the mix to train and how."""
@@ -101,12 +105,13 @@ class AblateConfig:
         )
         for name, mix in self.mixes.items():
             check(
-                name not in ("", "baseline")
+                name not in ("", *RESERVED_NAMES)
                 and all(math.isfinite(w) and w >= 0 for w in mix.values())
                 and any(w > 0 for w in mix.values()),
                 f"mixes.{name}" if name else 'mixes.""',
                 mix,
-                "a non-empty name other than 'baseline' and finite non-negative weights, one of them > 0",
+                f"a non-empty name other than {', '.join(map(repr, RESERVED_NAMES))} (the study's own runs) and "
+                "finite non-negative weights, one of them > 0",
             )
         check(self.steps is None or self.steps >= 1, "steps", self.steps, "an integer >= 1")
         check(self.n_mixes >= 2, "n_mixes", self.n_mixes, "an integer >= 2 (more than the sources to fit well)")
@@ -128,6 +133,13 @@ class AblateConfig:
         )
         check(self.variant_seeds >= 1, "variant_seeds", self.variant_seeds, "an integer >= 1 (1: seed only)")
         check(self.attribution_every >= 0, "attribution_every", self.attribution_every, "an integer >= 0")
+        check(
+            "counterfactual" not in self.adaptive_methods or self.attribution_every > 0,
+            "attribution_every",
+            self.attribution_every,
+            "> 0 with adaptive = 'counterfactual' (that run starts from the baseline's counterfactual, which the "
+            "baseline's attribution makes)",
+        )
         check(self.parallel >= 1, "parallel", self.parallel, "an integer >= 1")
         check(isinstance(self.keep_checkpoints, bool), "keep_checkpoints", self.keep_checkpoints, "true or false")
         check(self.executor in ("local", "ray"), "executor", self.executor, "'local' or 'ray'")

@@ -113,6 +113,11 @@ def run_ablate(args: argparse.Namespace) -> int:
     claim_run_folder(root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
     sources = job_manifest(train_cfg.shards)["sources"]
+    if "mean" in sources:  # the studies' tables and the counterfactual give that name to the held-out sets' average
+        raise ConfigError(
+            f"{train_cfg.shards}: a source is named 'mean', the name a study gives the average over the held-out sets; "
+            "rename the source (its [[inputs]] source) and curate again"
+        )
     runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)
     check_references(train_cfg, sources, BASELINE)
     # trained after the baseline (it is their reference); configured now, so a bad setting is refused before any

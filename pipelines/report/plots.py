@@ -280,6 +280,14 @@ def attribution(attr: Attribution) -> bytes:
     return _png(fig)
 
 
+def counterfactual_title(factor: float) -> str:
+    """What the bars of the counterfactual at share x ``factor`` say: less of a source raising held-out loss means
+    it helps; more of it raising held-out loss means it hurts."""
+    name = "left out" if factor == 0 else f"share x {factor:g}"
+    verdict = "helps" if factor < 1 else "hurts"
+    return f"Each training source {name}: predicted change of held-out loss (above 0: the source {verdict})"
+
+
 def counterfactual(cf) -> bytes:
     """Per training source, the predicted change of each held-out loss if it were left out (bars, with the
     interval as error bars; the mean over the held-out sets hatched)."""
@@ -303,9 +311,8 @@ def counterfactual(cf) -> bytes:
         )
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(np.arange(S), cf.sources)
-    name = "left out" if factor == 0 else f"share x {factor:g}"
     ax.set(
-        title=f"Each training source {name}: predicted change of held-out loss (above 0: the source helps)",
+        title=counterfactual_title(factor),
         xlabel="training source",
         ylabel="nats",
     )

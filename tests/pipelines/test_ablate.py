@@ -40,6 +40,12 @@ def test_config_errors_name_the_key():
         AblateConfig(kind="replay", adaptive="doremi")
     with pytest.raises(ConfigError, match="ablate.adaptive_every"):
         AblateConfig(adaptive="doremi", adaptive_every=0)
+    # refused up front: each was found only after the first round had trained
+    for name in ("doremi", "proposed", "counterfactual"):
+        with pytest.raises(ConfigError, match=rf"ablate.mixes.{name} .*the study's own runs"):
+            AblateConfig(kind="mixes", mixes={name: {"code": 1.0}})
+    with pytest.raises(ConfigError, match=r"ablate.attribution_every = 0 .*adaptive = 'counterfactual'"):
+        AblateConfig(adaptive="counterfactual", attribution_every=0)
 
 
 def test_variants_per_kind():

@@ -328,3 +328,13 @@ def test_a_legend_is_drawn_only_over_labelled_lines():
     plots.legend(ax, fontsize=7)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["held-out code"]
     plots._png(fig)
+
+
+def test_the_counterfactual_figure_says_helps_or_hurts_as_its_factor_reads():
+    """Bars above 0 at share x 1.5 mean more of the source raises held-out loss: it hurts (the title said helps,
+    the opposite of the sentences beside it)."""
+    from winnow.pipelines.report.plots import counterfactual_title
+
+    assert counterfactual_title(0.0).endswith("left out: predicted change of held-out loss (above 0: the source helps)")
+    assert "share x 0.5" in counterfactual_title(0.5) and counterfactual_title(0.5).endswith("helps)")
+    assert "share x 1.5" in counterfactual_title(1.5) and counterfactual_title(1.5).endswith("hurts)")

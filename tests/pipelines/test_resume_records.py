@@ -107,3 +107,14 @@ def test_a_teacher_trained_with_another_tokenizer_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="train.distill.teacher.*that run used tokenizer 'byte-258'"):
         load_teacher(str(tmp_path / "teacher"), tokenizer=bpe)
     assert load_teacher(str(tmp_path / "teacher"), tokenizer=ByteTokenizer()) is not None
+
+
+def test_a_source_named_mean_is_refused_where_mean_names_the_average(tmp_path):
+    """Attribution and adaptive mixing key the average over the held-out sets `mean`: a source of that name read as
+    the average (sentences, study cells shifted by a column); refused at the start, naming what to rename."""
+    from winnow.train.errors import ConfigError
+
+    job = write_job(tmp_path / "job", [make_docs(30, ("mean", "web"))], val=[make_docs(8, ("mean", "web"))])
+    with pytest.raises(ConfigError, match="a training source is named 'mean'"):
+        fit(cfg_for(job, tmp_path / "run", attribution={"every": 2, "start": 1}))
+    fit(cfg_for(job, tmp_path / "plain"))  # without attribution the name is just a name
