@@ -112,7 +112,16 @@ def run_ablate(args: argparse.Namespace) -> int:
         )
     claim_run_folder(root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
-    sources = job_manifest(train_cfg.shards)["sources"]
+    manifest = job_manifest(train_cfg.shards)
+    sources = manifest["sources"]
+    if "random_mixes" in acfg.kinds:  # the regression fits every source's held-out loss
+        held = {s for e in manifest["shards"] if e.get("split") == "val" for s in (e.get("sources") or {})}
+        if missing := [s for s in sources if s not in held]:
+            raise ConfigError(
+                f"ablate.kind = 'random_mixes' fits each source's held-out loss, and {missing} have no held-out rows in "
+                f"{train_cfg.shards}; give them some (the split stage's val_fraction_by_source), or study without "
+                "random_mixes"
+            )
     if "mean" in sources:  # the studies' tables and the counterfactual give that name to the held-out sets' average
         raise ConfigError(
             f"{train_cfg.shards}: a source is named 'mean', the name a study gives the average over the held-out sets; "

@@ -268,6 +268,17 @@ def test_a_source_without_train_rows_is_refused(tmp_path, capsys):
     assert "variant 'web_heavy' (ablate.mixes.web_heavy)" in err and "'web'" in err
 
 
+def test_random_mixes_need_held_out_rows_of_every_source(tmp_path, capsys):
+    """The regression fits each source's held-out loss: a source without held-out rows made it propose a mix ranked
+    on NaN, train it, and fail at the end on every re-run; refused before anything trains."""
+    from tests.pipelines.ablate_util import docs
+    from tests.train.shards_util import write_job
+
+    job = write_job(tmp_path / "job", [docs(6), docs(6, 6)], val=[[d for d in docs(4, 100) if d["source"] == "code"]])
+    err = _refused(tmp_path, capsys, job, kind='"random_mixes"')
+    assert "fits each source's held-out loss, and ['prose'] have no held-out rows" in err
+
+
 def test_weights_that_sum_to_zero_are_refused():
     with pytest.raises(Exception, match=r"variant 'without_code' \(ablate.sources\) has mix weights that sum to 0"):
         variants(AblateConfig(), {"code": 1.0}, seed=0)
