@@ -101,6 +101,11 @@ def _leave_one_out(c: PlanContext) -> list[dict]:
 
 
 def _weights(c: PlanContext) -> list[dict]:
+    if len(c.base) < 2:  # its share times any factor renormalises to the whole mixture again
+        raise ConfigError(
+            f"ablate.kind = 'weights' varies a source's share against the others', and the job has one source with "
+            f"train rows ({sorted(c.base)}): every variant would train the baseline's mix; study a job of several sources"
+        )
     return [
         {
             "name": f"{s}_x{f:g}",

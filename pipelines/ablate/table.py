@@ -144,6 +144,11 @@ def write_study(
         layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"]))
         write_atomic(layout.correlation_json, json.dumps(summary, indent=1))
         markdown += "\n\n" + agreement_text(summary)
+    elif any(r["kind"] in ("leave_one_out", "weights") for r in results):
+        markdown += (
+            "\n\nNo counterfactual of the baseline to set beside the measured deltas: its run recorded none "
+            "([ablate] attribution_every = 0, or [train.attribution] start at or past the steps, so no stretch closed)"
+        )
     if any(r["kind"] == "random_mix" for r in results):
         markdown += "\n\n" + write_mixes(layout, results, base, target)
     if any(r["kind"] == "adaptive" for r in results):
@@ -153,6 +158,8 @@ def write_study(
 
 def agreement_text(summary: dict) -> str:
     """The counterfactual against the study's measurements, in a few lines."""
+    if not summary["n_cells"]:  # a study of curation variants alone: nothing the mix counterfactual predicts
+        return "Counterfactual: no variant of the mix to compare it with (the study varies the curation)"
     lines = [
         f"Counterfactual (the baseline's, {summary['counterfactual_runs']} seed(s)) against the measured deltas: "
         f"signs agree on {summary['sign_agree']}/{summary['above_noise']} cells above the seed noise, sizes within "

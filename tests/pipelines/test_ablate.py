@@ -317,6 +317,9 @@ def test_write_study_table_the_report_reads(tmp_path):
     assert StudyLayout(tmp_path).cells_csv.is_file()
     assert StudyLayout(tmp_path).scatter_png.read_bytes()[:4] == b"\x89PNG"
     assert load_study(tmp_path) is not None
+    (tmp_path / "metrics.jsonl").write_text("")  # the baseline recorded no counterfactual: the study says why
+    again = write_study(tmp_path, results, SOURCES, {"code": 0.5, "prose": 0.5})
+    assert "No counterfactual of the baseline to set beside the measured deltas" in again
 
 
 @pytest.mark.slow
