@@ -18,10 +18,10 @@ import torch
 from winnow.train.adaptive import AdaptiveMix, CounterfactualMix, MixingConfig, proposal
 from winnow.train.alerts import Alerts
 from winnow.train.attribution import SourceAttribution
+from winnow.train.attribution.counterfactual import MEAN
 from winnow.train.attribution.hook import AttributionHook, CounterfactualHook
 from winnow.train.config import TrainConfig
 from winnow.train.distill import Distillation
-from winnow.train.attribution.counterfactual import MEAN
 from winnow.train.errors import ConfigError
 from winnow.train.hooks import CompileTime, TrainHook
 from winnow.train.init import Initialization, load_init
@@ -295,8 +295,16 @@ def _counterfactual_mix(
     cfg: MixingConfig, data, names: list[str], set_sources: list[int], storage_options: dict | None
 ) -> CounterfactualMix:
     """Start at the mix the reference run's counterfactual favours (``train.adaptive.proposal``)."""
+    import fsspec
+
     from winnow.train.attribution.counterfactual import read_record
 
+    fs, where = fsspec.core.url_to_fs(f"{str(cfg.reference).rstrip('/')}/metrics.jsonl", **(storage_options or {}))
+    if not fs.exists(where):
+        raise ConfigError(
+            f"train.mixing.reference = {cfg.reference!r}: no run there (no metrics.jsonl); give the folder of a run "
+            "trained with [train.attribution] on (`winnow train`, or a study's baseline: its [ablate] output)"
+        )
     record = read_record(cfg.reference, storage_options)
     if record is None:
         raise ConfigError(

@@ -305,6 +305,14 @@ def test_a_counterfactual_mix_with_a_step_follows_the_runs_own_counterfactual(tm
         summary = trainer.fit()
         assert trainer.hook("mixing").updates >= 2 and trainer.data.mix_weights != pytest.approx(start)
     assert set(summary["mixing"]["mix_weights"]) == {"prose", "legal", "code"}
+    nowhere = tiny_config(  # a reference that is no run is named as such (it was "no counterfactual record")
+        tmp_path / "nowhere",
+        str(job),
+        steps=2,
+        mixing=MixingConfig(adaptive="counterfactual", reference=str(tmp_path / "nosuch")),
+    )
+    with pytest.raises(ConfigError, match=r"train.mixing.reference = .*nosuch': no run there"):
+        build_trainer(nowhere)
     with pytest.raises(ConfigError, match="train.mixing.step_size"):
         MixingConfig(adaptive="counterfactual", reference=reference, step_size=-1.0)
     with pytest.raises(ConfigError, match="train.mixing.step_size"):
