@@ -157,3 +157,11 @@ def test_dictionary_view_and_binary_text_columns_read_as_their_strings(tmp_path)
     with pytest.raises(ShardError, match=r"train-0.parquet: wrong columns: 'text' has type binary"):
         with Loader(CFG, tmp_path / "bad") as loader:
             next(loader)
+
+
+def test_rows_without_text_in_a_folder_without_a_manifest_are_said(tmp_path, caplog):
+    """Null or empty texts read as empty documents (an EOS alone); the first read of such a shard says how many."""
+    write(tmp_path / "f" / "train-0.parquet", pa.array(["some text here"] * 4 + [None, ""], pa.string()), ["s"] * 6)
+    with caplog.at_level("WARNING", logger="winnow.train.data.shards"), Loader(CFG, tmp_path / "f") as loader:
+        next(loader)
+    assert sum("2 of 6 rows have no text" in r.getMessage() for r in caplog.records) == 1

@@ -20,6 +20,7 @@ from typing import Any
 import fsspec
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from winnow.train.data.foreign import folder_view, view_fingerprint
@@ -271,6 +272,9 @@ def cat_shard(fs, url: str, *, what: str = "shard", size: int | None = None) -> 
         raise ShardError(f"{what} {url}: cannot be read: {err}") from err
 
 
+_SAID_EMPTY: set[str] = set()  # shards of folders without a manifest whose empty texts were said once
+
+
 def _as_text(table: pa.Table, column: str, url: str) -> pa.Table:
     """``table`` with ``column`` as strings: dictionary-encoded (pandas' category, polars' Categorical), view and
     UTF-8 binary columns decoded, as curation reads them; another type, or bytes that are not UTF-8, a ShardError."""
@@ -322,4 +326,16 @@ def read_shard(shard_set: ShardSet, index: int, *, fmt: str, verify: bool) -> pa
         raise ShardError(
             f"shard {url}: has {table.num_rows} rows, the manifest says {info.rows} (truncated or replaced?)"
         )
+    if shard_set.view is not None and url not in _SAID_EMPTY:  # winnow's own shards hold no row without text
+        text = table.column("text")
+        empty = text.null_count + int(pc.sum(pc.equal(pc.utf8_length(text), 0)).as_py() or 0)
+        if empty:
+            _SAID_EMPTY.add(url)
+            log.warning(
+                "shard %s: %d of %d rows have no text (null or empty); each is read as an empty document (an "
+                "end-of-document token alone): curate the folder (winnow curate) to leave them out",
+                url,
+                empty,
+                table.num_rows,
+            )
     return table
