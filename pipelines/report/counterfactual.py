@@ -92,13 +92,18 @@ def _where(held_out: str) -> str:
     return "on the mean of the held-out sets" if held_out == "mean" else f"on `{held_out}`"
 
 
+def _nats(x: float) -> str:
+    """Three decimals, or two significant digits below a thousandth (a verdict on "0.000 ± 0.000" reads as noise)."""
+    return f"{x:.3f}" if x == 0 or abs(x) >= 5e-4 else f"{x:.1e}"
+
+
 def sentence(cf: Counterfactual, factor: float, source: str, held_out: str) -> str:
     """One prediction in words: its direction, size and interval, and what it says about the source."""
     value, half = cf.cell(factor, source, held_out)
     subject = f"{_verb(factor)} `{source}`"
-    size = f"{abs(value):.3f} ± {half:.3f} nats"
+    size = f"{_nats(abs(value))} ± {_nats(half)} nats"
     if abs(value) <= half:
-        text = f"{subject}: can't tell {_where(held_out)} ({value:+.3f} ± {half:.3f} nats)"
+        text = f"{subject}: can't tell {_where(held_out)} ({'+' if value >= 0 else '-'}{_nats(abs(value))} ± {_nats(half)} nats)"
     else:
         direction = "raise" if value > 0 else "lower"
         # less of the source and a higher loss (or more of it and a lower one): the source helps

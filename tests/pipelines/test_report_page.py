@@ -338,3 +338,14 @@ def test_the_counterfactual_figure_says_helps_or_hurts_as_its_factor_reads():
     assert counterfactual_title(0.0).endswith("left out: predicted change of held-out loss (above 0: the source helps)")
     assert "share x 0.5" in counterfactual_title(0.5) and counterfactual_title(0.5).endswith("helps)")
     assert "share x 1.5" in counterfactual_title(1.5) and counterfactual_title(1.5).endswith("hurts)")
+
+
+def test_a_prediction_below_a_thousandth_is_written_in_its_own_digits():
+    """0.0002 ± 0.0001 was written "0.000 ± 0.000 nats: it helps"; its digits show what the verdict rests on."""
+    from winnow.pipelines.report.counterfactual import parse, sentence
+
+    record = _counterfactual_record()
+    record["counterfactual"]["predicted"]["0"][0][1], record["counterfactual"]["interval"]["0"][0][1] = 0.0002, 0.0001
+    cf = parse(record)
+    said = sentence(cf, 0.0, "prose", "code")
+    assert "by 2.0e-04 ± 1.0e-04 nats: it helps" in said and "0.000 ± 0.000" not in said
