@@ -50,7 +50,7 @@ from winnow.curate.outdir import (
     restrict_mode,
 )
 from winnow.curate.progress import PhaseProgress
-from winnow.curate.readers import plan_read_tasks, read_task
+from winnow.curate.readers import native_columns, plan_read_tasks, read_task
 from winnow.curate.reuse import adopt_phase, adopt_plan, reused, write_key
 from winnow.curate.stages import Barrier, Plan, stage_class
 from winnow.curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
@@ -153,6 +153,7 @@ class Runner:
         )
         self.out = self.work.out
         self.progress = progress
+        self.columns: dict = {}  # what winnow-layout Parquet inputs bring: every read row gets them (_run)
         self.overwrite = overwrite  # replace another job's outputs, or a finished run made with another config
         self.lock: FolderLock | None = None  # one run per output folder, taken before the folder is touched
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
@@ -195,6 +196,7 @@ class Runner:
         _check_inputs_outside(read_tasks, self.job.inputs, self.job.job.output)
         if any(i.keep_fields for i in self.job.inputs):
             self.job = resolve_field_types(self.job, lambda index: _first_batch(self.job, read_tasks, index))
+        self.columns = native_columns(self.job.inputs, read_tasks)  # every shard gets the same columns
         executor = Executor(
             workers=self.job.job.workers,
             kind=self.job.job.executor,
@@ -358,6 +360,7 @@ class Runner:
             read=read_tasks[task] if phase.index == 0 else None,
             decision_stage=self.stages[phase.apply].ctx.stage_id if phase.apply is not None else None,
             spill_ids=self.optimistic and phase.index == 0,
+            columns=self.columns if phase.index == 0 else {},
         )
 
     # -- phases ---------------------------------------------------------------------------

@@ -72,6 +72,8 @@ class TaskSpec:
     read: ReadTask | None = None  # phase 0
     decision_stage: str | None = None  # later phases: the barrier whose decision this task applies
     spill_ids: bool = False  # phase 0 of an optimistic run: also write the read rows' ids (curate.stages.ids)
+    # phase 0: the columns winnow-layout Parquet inputs bring (readers.native_columns); every read row gets them
+    columns: dict[str, pl.DataType] = field(default_factory=dict)
 
     # Paths are computed where the task runs (on a store, in its own scratch folder: curate.workdir).
     @property
@@ -223,6 +225,17 @@ def normalize_rejects(df: pl.DataFrame, sid: str) -> pl.DataFrame:
     )
 
 
+def _with_columns(rows: pl.DataFrame, columns: dict[str, pl.DataType]) -> pl.DataFrame:
+    """``rows`` with every one of ``columns``, of its type (null where the rows' file has none), in one order."""
+    if not columns:
+        return rows
+    typed = [
+        pl.col(c).cast(t) if c in rows.columns else pl.lit(None, t).alias(c) for c, t in columns.items()
+    ]  # the types are each column's over the job: a cast to them loses nothing (numbers to Float64, or to String)
+    rest = [c for c in rows.columns if c not in columns]
+    return rows.select(*rest, *typed)
+
+
 def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame | None]]:
     """(rows, read rejects) per batch: from the read task in phase 0, else from the previous phase."""
     batch_rows = spec.job.job.batch_rows
@@ -232,7 +245,7 @@ def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame
         try:
             per_file = skipped if spec.job.job.on_error == "skip" else None  # text: one file at a time
             for rb in read_task(cfg, spec.read, batch_rows, per_file):
-                yield extract_fields(rb.rows, fields, every), rb.rejects
+                yield _with_columns(extract_fields(rb.rows, fields, every), spec.columns), rb.rejects
         except InputError as err:
             if spec.job.job.on_error != "skip":
                 raise

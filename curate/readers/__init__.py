@@ -11,15 +11,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from winnow.curate.config import InputConfig
-from winnow.curate.errors import InputError
+from winnow.curate.errors import ConfigError, InputError
 from winnow.curate.readers.arrow import read_hf, read_parquet
-from winnow.curate.readers.files import InputFile, distinct_names, list_files
+from winnow.curate.readers.files import InputFile, distinct_names, list_files, open_binary
 from winnow.curate.readers.jsonl import read_jsonl
 from winnow.curate.readers.ranges import Span, split_file
 from winnow.curate.readers.rows import READ_REASONS, ReadBatch
 from winnow.curate.readers.text import read_text_files
 from winnow.curate.readers.webdataset import read_webdataset
+from winnow.curate.schema import CORE_COLUMNS, INTERNAL_PREFIX, OPTIONAL_COLUMNS
 
 _PER_FILE = {"jsonl": read_jsonl, "parquet": read_parquet, "webdataset": read_webdataset, "hf": read_hf}
 GROUP_FILES = 2000  # small whole files grouped into one read task: at most this many
@@ -80,6 +85,50 @@ def plan_read_tasks(
     return tasks
 
 
+def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str, pl.DataType]:
+    """The columns Parquet files in winnow's own layout bring besides the core ones, with one type each over the
+    job (from the files' footers): every row of the job gets them (null where its file has none), so every
+    shard has the same columns. Types that differ between files meet at Float64 (numbers) or String."""
+    out: dict[str, pl.DataType] = {}
+    seen: set[str] = set()
+    for task in tasks:
+        cfg = inputs[task.input_index]
+        if cfg.format != "parquet" or cfg.text_field != "text":
+            continue
+        for file in task.files:
+            if file.url in seen:
+                continue
+            seen.add(file.url)
+            try:
+                with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+                    schema = pq.read_schema(fh)
+            except (pa.ArrowInvalid, OSError):
+                continue  # a damaged file is that file's reject when it is read
+            strings = (pa.string(), pa.large_string())
+            if not all(c in schema.names and schema.field(c).type in strings for c in CORE_COLUMNS) or any(
+                n.startswith(INTERNAL_PREFIX) for n in schema.names
+            ):
+                continue
+            types = pl.from_arrow(schema.empty_table()).schema
+            for name in schema.names:
+                if name in CORE_COLUMNS or name == cfg.source_field or schema.names.count(name) > 1:
+                    continue
+                kind = OPTIONAL_COLUMNS.get(name, types[name])
+                known = out.setdefault(name, kind)
+                if known == kind:
+                    continue
+                if known.is_numeric() and kind.is_numeric():
+                    out[name] = pl.Float64()
+                elif known.is_nested() or kind.is_nested():
+                    raise ConfigError(
+                        f"input {cfg.label}: column {name!r} of {file.url} is {kind}, another file's is {known}; a column "
+                        "has one type over the job's shards: write the files with one type"
+                    )
+                else:
+                    out[name] = pl.String()
+    return out
+
+
 def read_task(
     cfg: InputConfig, task: ReadTask, batch_rows: int, skipped: list[dict] | None = None
 ) -> Iterator[ReadBatch]:
@@ -97,4 +146,14 @@ def read_task(
             skipped.append({"task": file.url, "error": str(err)})
 
 
-__all__ = ["READ_REASONS", "InputFile", "ReadBatch", "ReadTask", "Span", "list_files", "plan_read_tasks", "read_task"]
+__all__ = [
+    "READ_REASONS",
+    "InputFile",
+    "ReadBatch",
+    "ReadTask",
+    "Span",
+    "list_files",
+    "native_columns",
+    "plan_read_tasks",
+    "read_task",
+]

@@ -413,3 +413,34 @@ def test_small_files_whose_columns_differ_are_read_without_mixing_schemas_in_a_t
     )
     run_job(again, progress=False)
     nothing_lost(again.output_dir, {f"{n}{i}" for n in "xy" for i in range(6)})
+
+
+def test_every_shard_has_the_columns_a_winnow_layout_parquet_input_brings(tmp_path, write_job, nothing_lost):
+    """A Parquet input in winnow's own layout with a quality column beside a JSONL input: every shard has quality
+    (null for the other rows), so the train folder opens as one dataset (scan_parquet failed on the missing
+    column); an int column in one file and a float one in another meet at Float64."""
+    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string()), ("meta", pa.string())])
+    pq.write_table(
+        pa.table(
+            {"id": ["a1"], "source": ["p"], "text": ["one text"], "meta": [None], "quality": [0.5], "n": [1]}
+        ).cast(schema.append(pa.field("quality", pa.float64())).append(pa.field("n", pa.int64()))),
+        tmp_path / "a.parquet",
+    )
+    pq.write_table(
+        pa.table({"id": ["b1"], "source": ["p"], "text": ["two text"], "meta": [None], "n": [2.5]}).cast(
+            schema.append(pa.field("n", pa.float64()))
+        ),
+        tmp_path / "b.parquet",
+    )
+    (tmp_path / "c.jsonl").write_bytes(orjson.dumps({"id": "c1", "text": "three text"}) + b"\n")
+    job = load_job(
+        write_job(
+            f'[[inputs]]\nsource = "p"\npath = "{tmp_path}/*.parquet"\nformat = "parquet"\n'
+            f'[[inputs]]\nsource = "j"\npath = "{tmp_path / "c.jsonl"}"\n',
+            name="mixed",
+        )
+    )
+    run_job(job, progress=False)
+    nothing_lost(job.output_dir, {"a1", "b1", "c1"})
+    train = pl.scan_parquet(job.output_dir / "shards" / "parquet" / "train").collect().sort("id")
+    assert train["quality"].to_list() == [0.5, None, None] and train["n"].to_list() == [1.0, 2.5, None]
