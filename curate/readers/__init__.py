@@ -102,16 +102,19 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             try:
                 with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
                     schema = pq.read_schema(fh)
-            except (pa.ArrowInvalid, OSError):
-                continue  # a damaged file is that file's reject when it is read
+            except (pa.ArrowInvalid, OSError, InputError):
+                continue  # a damaged or unreadable file is dealt with where it is read (a reject, or on_error)
+            names = schema.names
             strings = (pa.string(), pa.large_string())
-            if not all(c in schema.names and schema.field(c).type in strings for c in CORE_COLUMNS) or any(
-                n.startswith(INTERNAL_PREFIX) for n in schema.names
+            if (
+                len(set(names)) < len(names)  # a name twice: its reader keeps the later ones in meta
+                or not all(c in names and schema.field(c).type in strings for c in CORE_COLUMNS)
+                or any(n.startswith(INTERNAL_PREFIX) for n in names)
             ):
                 continue
             types = pl.from_arrow(schema.empty_table()).schema
-            for name in schema.names:
-                if name in CORE_COLUMNS or name == cfg.source_field or schema.names.count(name) > 1:
+            for name in names:
+                if name in CORE_COLUMNS or name == cfg.source_field:
                     continue
                 kind = OPTIONAL_COLUMNS.get(name, types[name])
                 known = out.setdefault(name, kind)

@@ -12,6 +12,18 @@ from tests.train.shards_util import make_docs, write_job
 pytestmark = pytest.mark.slow
 
 
+def torchrun_train(job: str, env: dict) -> subprocess.CompletedProcess:
+    """``winnow -q train JOB`` under ``torchrun --nproc_per_node 2`` (--standalone: a rendezvous on a free port)."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + ["-m", "winnow.pipelines.cli", "-q", "train", job],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
 @pytest.mark.parametrize("layout", ["ep = 2", "tp = 2"])
 def test_winnow_train_under_torchrun_two_processes(tmp_path, layout):
     docs = make_docs(60)
@@ -95,25 +107,7 @@ def test_adaptive_mixing_under_torchrun_moves_as_one_process_with_the_same_globa
         proc = subprocess.run(cli + [toml(name, extra)], env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-3000:]
     two = mixing if layout == "dp" else "grad_accum = 2\n" + mixing + '[train.parallel]\npp = 2\npp_schedule = "1f1b"\n'
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "winnow.pipelines.cli",
-            "-q",
-            "train",
-            toml("two", two),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = torchrun_train(toml("two", two), env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = (
         [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "mix_weights" in r]
@@ -152,25 +146,7 @@ def test_a_capped_evaluation_under_two_ranks_is_the_one_process_runs_with_the_sa
         timeout=240,
     )
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "winnow.pipelines.cli",
-            "-q",
-            "train",
-            toml("two", 2),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    two = torchrun_train(toml("two", 2), env)
     assert two.returncode == 0, two.stderr[-3000:]
     evals = {
         name: [
