@@ -253,6 +253,28 @@ def _adaptive_sets(cfg: TrainConfig) -> list[ShardSetConfig]:
     return out
 
 
+def check_set_sources(shards) -> None:
+    """Each ``[train] shards`` entry's ``sources`` names sources with train rows in its job folder's manifest (a
+    folder without a manifest is checked when it is split)."""
+    if isinstance(shards, str) or shards is None:
+        return
+    from winnow.train.data.shards import job_manifest
+
+    for i, entry in enumerate(shards):
+        wanted = [s for s, w in entry.sources.items() if w > 0]
+        if not wanted or not (Path(entry.path) / "manifest.json").is_file():
+            continue
+        manifest = job_manifest(entry.path)
+        trained = {
+            s for e in manifest["shards"] if e.get("split", "train") == "train" for s in (e.get("sources") or {})
+        }
+        if missing := [s for s in wanted if s not in trained]:
+            raise ConfigError(
+                f"train.shards[{i}].sources: {missing[0]!r} has no train rows in {entry.path} "
+                f"(sources there: {sorted(trained)})"
+            )
+
+
 def _per_source_sets(shards, run_dir: Path):
     """``[train] shards`` with each entry that has per-source weights replaced by one set per source
     (split once under ``<run>/sources/set-<i>/``, reused while the job's manifest is unchanged)."""
@@ -260,6 +282,7 @@ def _per_source_sets(shards, run_dir: Path):
         return shards
     from winnow.pipelines.ablate.sources import split_by_source
 
+    check_set_sources(shards)  # before anything is split into the run folder
     out = []
     for i, entry in enumerate(shards):
         if not entry.sources:

@@ -118,3 +118,20 @@ def test_a_source_named_mean_is_refused_where_mean_names_the_average(tmp_path):
     with pytest.raises(ConfigError, match="a training source is named 'mean'"):
         fit(cfg_for(job, tmp_path / "run", attribution={"every": 2, "start": 1}))
     fit(cfg_for(job, tmp_path / "plain"))  # without attribution the name is just a name
+
+
+def test_a_training_set_naming_a_source_without_train_rows_is_refused_before_anything_is_split(tmp_path, capsys):
+    """`[train] shards = [{path, sources = {nosuch = 1}}]`: refused by check and by train before the run folder gets
+    the per-source split (train refused after writing it; check said ok)."""
+    from winnow.pipelines.cli import main
+
+    job = write_job(tmp_path / "job", [make_docs(30)], val=[make_docs(6)])
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[train]\nsteps = 2\noutput = "{tmp_path / "run"}"\n'
+        f'shards = [{{path = "{job}", sources = {{web = 1.0, nosuch = 1.0}}}}]\n' + TINY_MODEL
+    )
+    for command in ("check", "train"):
+        assert main([command, str(path)]) == 2
+        assert "train.shards[0].sources: 'nosuch' has no train rows" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "sources").exists()
