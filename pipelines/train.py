@@ -165,7 +165,7 @@ def _records_follow(cfg: TrainConfig, step: int, config_file: Path) -> bool:
         return False
     changed = [
         f"{key} ({_short(before)} -> {_short(after)})"
-        for key, before, after in _differences(saved, dataclasses.asdict(cfg))
+        for key, before, after in _differences(saved, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
         if not key.startswith(_RESUME_FREE)
     ]
     if changed:
@@ -179,13 +179,20 @@ def _records_follow(cfg: TrainConfig, step: int, config_file: Path) -> bool:
     return True
 
 
-def _differences(before: object, after: object, prefix: str = "") -> list[tuple[str, object, object]]:
+def flat_keys(value: object, prefix: str = "") -> dict[str, object]:
+    """A config dict's leaves under dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``)."""
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out |= flat_keys(v, f"{prefix}{k}.")
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _differences(before: dict, after: dict) -> list[tuple[str, object, object]]:
     """Dotted keys whose values differ between two config dicts (keys only one of them has are left out)."""
-    if isinstance(before, dict) and isinstance(after, dict):
-        return [
-            d for k in sorted(before.keys() & after.keys()) for d in _differences(before[k], after[k], f"{prefix}{k}.")
-        ]
-    return [] if before == after else [(prefix.rstrip("."), before, after)]
+    old, new = flat_keys(before), flat_keys(after)
+    return [(k, old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
 
 
 def _short(value: object) -> str:

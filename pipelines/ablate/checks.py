@@ -19,6 +19,7 @@ import posixpath
 
 from winnow.curate.errors import ConfigError
 from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
+from winnow.pipelines.train import flat_keys
 
 #: [train] keys that point at a run folder the variants build on (read with getattr: dotted paths).
 REFERENCE_KEYS = ("distill.teacher", "init_from", "mixing.reference")
@@ -106,15 +107,6 @@ def _run_sources(fs, run: str) -> list[str]:
     return evaluated
 
 
-def _flat(value: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            out |= _flat(v, f"{prefix}{k}.")
-        return out
-    return {prefix.rstrip("."): value}
-
-
 def _unchanged_by_version(cfg: object, key: str, planned: dict, stored: dict) -> bool:
     """A key only one side has, from a [train] setting added (at its default) or removed since the run was
     trained: not a difference in what the run learned."""
@@ -161,8 +153,8 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
         )
     saved = layout.run_dir(variant["name"]) / "config.json"
     if saved.is_file():
-        planned = _flat(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
-        stored = _flat(json.loads(saved.read_text()))
+        planned = flat_keys(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+        stored = flat_keys(json.loads(saved.read_text()))
         ignore = _NOT_RESULTS
         if not planned.get("attribution.every") and not stored.get("attribution.every"):
             ignore += ("attribution.",)  # attribution off in both: its other settings change nothing

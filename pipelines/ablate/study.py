@@ -33,6 +33,7 @@ from winnow.pipelines.ablate.prepare import StudyData, prepare_baseline, prepare
 from winnow.pipelines.ablate.runner import VariantTask, run_variants, variant_config
 from winnow.pipelines.ablate.table import write_study
 from winnow.pipelines.jobfile import build_config, read_toml
+from winnow.train.attribution.counterfactual import MEAN
 from winnow.train.data.shards import job_manifest
 
 
@@ -122,9 +123,9 @@ def run_ablate(args: argparse.Namespace) -> int:
                 f"{train_cfg.shards}; give them some (the split stage's val_fraction_by_source), or study without "
                 "random_mixes"
             )
-    if "mean" in sources:  # the studies' tables and the counterfactual give that name to the held-out sets' average
+    if MEAN in sources:  # the studies' tables and the counterfactual give that name to the held-out sets' average
         raise ConfigError(
-            f"{train_cfg.shards}: a source is named 'mean', the name a study gives the average over the held-out sets; "
+            f"{train_cfg.shards}: a source is named {MEAN!r}, the name a study gives the average over the held-out sets; "
             "rename the source (its [[inputs]] source) and curate again"
         )
     runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)
