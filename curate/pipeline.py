@@ -77,9 +77,10 @@ def plan_phases(job: Job) -> list[PhaseSpec]:
 
 
 # Readers and shard writers whose work is Arrow's or polars' (the GIL released): a phase that only
-# reads these, runs stages that declare ``releases_gil`` and writes these runs its tasks as threads.
+# reads these, runs stages that declare ``releases_gil`` and writes these runs its tasks as threads
+# (WebDataset tars too: ``curate.writers.tar`` assembles them with Arrow).
 THREADED_INPUTS = ("jsonl", "parquet")
-THREADED_OUTPUTS = ("parquet",)
+THREADED_OUTPUTS = ("parquet", "webdataset")
 
 
 # [job] keys that say where and how a job runs, not what it computes

@@ -213,7 +213,6 @@ def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:
     ``meta`` is already a JSON object: it goes into the json member as that object, not as a
     string holding JSON (which readers would have to decode twice).
     """
-    keys = safe_keys(df).to_list()
     rest = df.drop("text", "meta", strict=False).select(pl.struct(pl.all()).struct.json_encode()).to_series()
     if "meta" in df.columns:
         meta = pl.col("meta")
@@ -223,9 +222,7 @@ def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:
         )  # '{"m":"..."}' -> '"..."'
         embedded = pl.when(meta.is_null()).then(pl.lit("null")).when(is_object).then(meta).otherwise(as_string)
         tail = df.select(embedded).to_series()
-        jsons = (rest.str.head(-1) + ',"meta":' + tail + "}").to_list()
+        jsons = rest.str.head(-1) + ',"meta":' + tail + "}"
     else:
-        jsons = rest.to_list()
-    names = [name for key in keys for name in (f"{key}.txt", f"{key}.json")]
-    payloads = [p for text, meta in zip(df["text"].to_list(), jsons) for p in (text.encode(), meta.encode())]
-    tar.add(names, payloads)
+        jsons = rest
+    tar.add(safe_keys(df), [(".txt", df["text"]), (".json", jsons)])

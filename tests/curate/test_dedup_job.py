@@ -100,14 +100,15 @@ def test_a_dedup_job_runs_its_tasks_as_threads_and_writes_the_shards_worker_proc
         return run_task(spec)
 
     monkeypatch.setattr(curate.pipeline, "run_task", recorded)
-    threads = load_job(write_job(JOB.format(workers=2, root=root), name="threads"))
+    both = JOB.format(workers=2, root=root).replace('formats = ["parquet"]', 'formats = ["parquet", "webdataset"]')
+    threads = load_job(write_job(both, name="threads"))
     shards = run_job(threads, progress=False)["shards"]
     # Every task of the three phases ran in this process, on the executor's threads: no worker process started.
     assert len(ran) == 3 * 4 and {pid for _, pid, _ in ran} == {os.getpid()}
     assert all(name.startswith("winnow-task") for _, _, name in ran)
 
     monkeypatch.setattr(Runner, "threaded", lambda self, phase: False)
-    processes = load_job(write_job(JOB.format(workers=2, root=root), name="processes"))
+    processes = load_job(write_job(both, name="processes"))
     assert run_job(processes, progress=False)["shards"] == shards  # same paths, rows and sha256
     assert len(ran) == 3 * 4  # the process pool's tasks ran elsewhere
     assert _kept(threads) == _kept(processes) and len(_kept(threads)) == 70
@@ -122,7 +123,10 @@ def test_only_phases_that_release_the_gil_run_as_threads(tmp_path, write_job):
         'formats = ["parquet"]', 'formats = ["parquet", "webdataset"]'
     )
     tar = Runner(load_job(write_job(webdataset, name="tar")))
-    assert [tar.threaded(p) for p in tar.phases] == [True, True, False]  # tar shards are written row by row in Python
+    assert [tar.threaded(p) for p in tar.phases] == [True, True, True]  # tars are assembled by Arrow
+    tokens = JOB.format(workers=2, root=root).replace('formats = ["parquet"]', 'formats = ["parquet", "tokens"]')
+    tokenized = Runner(load_job(write_job(tokens, name="tokens")))
+    assert [tokenized.threaded(p) for p in tokenized.phases] == [True, True, False]  # a tokenizer's Python per row
     cleaned = JOB.format(workers=2, root=root).replace(
         '[[stages]]\nkind = "dedup.exact"',
         '[[stages]]\nkind = "filter.length"\nmin_words = 2\n\n[[stages]]\nkind = "dedup.exact"',

@@ -79,3 +79,60 @@ def test_safe_keys_are_injective_and_mark_repeats():
     assert len(set(keys)) == 4
     assert all("/" not in k and "." not in k for k in keys)
     assert keys[3] == "x~2"
+
+
+def _reference_tar(members: list[tuple[str, bytes]]) -> bytes:
+    """The archive member by member, as ``tarfile`` builds headers: ustar for names of at most 100 bytes
+    (mode 0644, uid/gid 0, mtime 0, devmajor/devminor written as zeros), PAX headers past that."""
+    import tarfile
+
+    out = bytearray()
+    for name, payload in members:
+        encoded = name.encode()
+        if len(encoded) <= 100:
+            h = bytearray(512)
+            h[0 : len(encoded)] = encoded
+            for offset, value in ((100, b"0000644\0"), (108, b"0000000\0"), (116, b"0000000\0"),
+                                  (124, b"%011o\0" % len(payload)), (136, b"00000000000\0"), (148, b" " * 8),
+                                  (156, b"0"), (257, b"ustar\x0000"), (329, b"0000000\0"), (337, b"0000000\0")):  # fmt: skip
+                h[offset : offset + len(value)] = value
+            h[148:156] = b"%06o\0 " % sum(h)
+            out += h
+        else:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(payload), 0o644, 0
+            out += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        out += payload + bytes(-len(payload) % 512)
+    out += bytes(1024 + (-(len(out) + 1024) % (20 * 512)))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tar_bytes_equal_tarfiles_headers_for_any_name_and_payload(tmp_path, seed):
+    """Names around ustar's 100 bytes, non-ASCII ones (PAX record lengths crossing a digit), payloads
+    around the 512-byte block: the columnar writer's bytes are the member-by-member reference's, and
+    ``tarfile`` reads every name and payload back."""
+    import random
+    import tarfile
+
+    from winnow.curate.writers.tar import TarWriter
+
+    rng = random.Random(seed)
+    alphabet = "ab%~-_0" + "é漢\U0001f600"
+    keys = ["".join(rng.choice(alphabet) for _ in range(rng.choice([0, 1, 45, 94, 95, 96, 97, 100, 101, 300, 990])))
+            for _ in range(60)]  # fmt: skip
+    texts = ["".join(rng.choice("x é\n") for _ in range(rng.choice([0, 1, 511, 512, 513, 3000]))) for _ in keys]
+    metas = [json.dumps({"n": i, "k": k}, ensure_ascii=False) for i, k in enumerate(keys)]
+    path = tmp_path / "a.tar"
+    writer = TarWriter(path.open("wb"))
+    for start in range(0, len(keys), 7):
+        end = start + 7
+        writer.add(pl.Series(keys[start:end], dtype=pl.String),
+                   [(".txt", pl.Series(texts[start:end])), (".json", pl.Series(metas[start:end]))])  # fmt: skip
+    writer.close()
+    members = [
+        (k + suffix, v.encode()) for k, t, m in zip(keys, texts, metas) for suffix, v in ((".txt", t), (".json", m))
+    ]
+    assert path.read_bytes() == _reference_tar(members)
+    with tarfile.open(path) as tar:
+        assert [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()] == members
