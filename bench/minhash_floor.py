@@ -15,8 +15,8 @@ phase is timed twice: from text (its shingling included, as the stage runs it) a
 hashes rensa gets (its signature, band keys, spilled sets and LSH pairs, with the stage's own kernels).
 
 End to end (each run a fresh process, peak RSS of its process tree sampled every 20 ms): winnow's
-job (JSONL in; ``dedup.minhash`` with its defaults at threshold 0.8; Parquet + WebDataset out)
-with 1 and 2 workers, against the pipeline a rensa user writes (JSON load, Python word 5-gram
+job as a user runs it (``winnow curate job.toml``: JSONL in; ``dedup.minhash`` with its defaults at
+threshold 0.8; Parquet + WebDataset out) with 1 and 2 workers, against the pipeline a rensa user writes (JSON load, Python word 5-gram
 shingles of the normalized words, ``RMinHash.from_token_sets``, ``RMinHashLSH`` keep-first with a
 check of the estimated Jaccard similarity, Parquet out) in one process. Precision and recall:
 removed documents against the clusters of exact Jaccard >= 0.8 (``bench/dedup.py``'s all-pairs
@@ -221,18 +221,20 @@ def kernel_section(corpus: Path, rounds: int, datasketch_docs: int) -> None:
 
 
 # -- end to end -----------------------------------------------------------------------------
-def run_winnow(corpus: Path, work: Path, workers: int, *, stages: bool = True) -> set[str]:
-    # curate before polars, as the winnow command imports them: curate sets polars' allocator options (curate/__init__.py)
-    from winnow.curate.pipeline import run_job  # noqa: I001
-    from winnow.pipelines.jobfile import job_from_dict
+def job_file(corpus: Path, work: Path, workers: int, *, stages: bool = True) -> Path:
+    """The dedup job (or the same job without its stage) as the TOML file a user writes."""
+    inputs = "".join(f'[[inputs]]\nsource = "{s}"\npath = "{corpus / s}/*.jsonl"\n\n' for s in floor_corpus.SHARES)
+    stage = f'[[stages]]\nkind = "dedup.minhash"\nthreshold = {THRESHOLD}\n\n' if stages else ""
+    path = work / "job.toml"
+    path.write_text(f'[job]\nname = "dedup"\noutput = "{work / "out"}"\nworkers = {workers}\n\n{inputs}{stage}'
+                    '[output]\nformats = ["parquet", "webdataset"]\n')  # fmt: skip
+    return path
 
+
+def winnow_removed(work: Path) -> set[str]:
+    """The ids a job in ``work`` removed (its rejects)."""
     import polars as pl
 
-    job = {"job": {"name": "dedup", "output": str(work / "out"), "workers": workers},
-           "inputs": [{"source": s, "path": str(corpus / s / "*.jsonl")} for s in floor_corpus.SHARES],
-           "stages": [{"kind": "dedup.minhash", "threshold": THRESHOLD}] if stages else [],
-           "output": {"formats": ["parquet", "webdataset"]}}  # fmt: skip
-    run_job(job_from_dict(job), progress=False)
     rejects = sorted((work / "out" / "rejects").glob("*.parquet"))
     return set(pl.read_parquet(rejects)["id"].to_list()) if rejects else set()
 
@@ -265,12 +267,7 @@ def run_rensa(corpus: Path, work: Path, workers: int) -> set[str]:
     return removed
 
 
-def run_floor(corpus: Path, work: Path, workers: int) -> set[str]:
-    """The same job without its stage: reading the JSONL and writing the shards, what no dedup can go below."""
-    return run_winnow(corpus, work, workers, stages=False)
-
-
-SYSTEMS = {"winnow": run_winnow, "rensa": run_rensa, "floor": run_floor}
+SYSTEMS = {"rensa": run_rensa}
 
 
 def child(system: str, corpus: Path, work: Path, workers: int) -> None:
@@ -287,20 +284,15 @@ def measure(system: str, corpus: Path, workers: int, comps: list[set[str]]) -> d
     work = DATA / "out" / f"dedup-{system}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        system,
-        "--corpus",
-        str(corpus),
-        "--work",
-        str(work),
-        "--workers",
-        str(workers),
-    ]
+    if system == "rensa":
+        cmd = [sys.executable, __file__, "--child", system, "--corpus", str(corpus), "--work", str(work),
+               "--workers", str(workers)]  # fmt: skip
+    else:  # the command a user runs: winnow curate job.toml
+        job = job_file(corpus, work, workers, stages=system == "winnow")
+        cmd = [sys.executable, "-m", "winnow.pipelines.cli", "-q", "curate", str(job)]
     wall, sampler, _ = run_sampled(cmd, system, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    precision, recall = score(set(json.loads((work / "removed.json").read_text())), comps)
+    removed = json.loads((work / "removed.json").read_text()) if system == "rensa" else winnow_removed(work)
+    precision, recall = score(set(removed), comps)
     shutil.rmtree(work, ignore_errors=True)
     return {
         "wall": wall,

@@ -8,6 +8,7 @@ as stand-ins carrying their one-line help from ``COMMANDS``.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import sys
@@ -198,5 +199,14 @@ def _missing(name: str | None, err: ModuleNotFoundError) -> int:
     return 2
 
 
+def entry() -> None:
+    """The ``winnow`` program: ``main``, then the process ends."""
+    code = main()
+    # What is left lives to the end of the process: frozen, the interpreter's last collection does not walk
+    # every module's objects (numba's and polars' type tables), a few tenths of a second after each command.
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
