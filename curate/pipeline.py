@@ -50,7 +50,7 @@ from winnow.curate.outdir import (
     restrict_mode,
 )
 from winnow.curate.progress import PhaseProgress
-from winnow.curate.readers import native_columns, plan_read_tasks, read_task
+from winnow.curate.readers import largest_first, native_columns, plan_read_tasks, read_task
 from winnow.curate.reuse import adopt_phase, adopt_plan, reused, write_key
 from winnow.curate.stages import Barrier, Plan, stage_class
 from winnow.curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
@@ -233,7 +233,7 @@ class Runner:
                     adopt_phase(self.work, self.reuse, phase.index, len(read_tasks), keys[phase.index])
                 write_key(self.work.phase_prefix(phase.index), keys[phase.index])
                 self.work.publish_file(self.work.phase_prefix(phase.index))
-                specs = [self._task_spec(phase, i, read_tasks) for i in range(len(read_tasks))]
+                specs = [self._task_spec(phase, i, read_tasks) for i in largest_first(read_tasks)]
                 results.append(self._run_phase(phase, specs))
                 if phase.index > 0 and not self.job.job.keep_work:
                     freed = self.work.release(phase.index - 1)

@@ -43,6 +43,14 @@ class ReadTask:
     span: Span | None = None
 
     @property
+    def bytes(self) -> int:
+        """About how many bytes of its files the task reads (a whole Parquet file for a span of its row groups)."""
+        if self.span is None or self.span.unit not in ("bytes", "frames"):
+            return sum(f.size for f in self.files)
+        stop = self.span.stop if self.span.stop >= 0 else self.files[0].size
+        return max(stop - self.span.start, 0)
+
+    @property
     def label(self) -> str:
         if len(self.files) > 1:
             return f"{self.files[0].url} (+{len(self.files) - 1} files)"
@@ -83,6 +91,12 @@ def plan_read_tasks(
         if group:
             tasks.append(ReadTask(index, tuple(group)))
     return tasks
+
+
+def largest_first(tasks: list[ReadTask]) -> list[int]:
+    """Task indices, the most bytes first (ties in task order): started in this order, a phase's last task to
+    finish is a small one, not a large file started late beside idle workers."""
+    return sorted(range(len(tasks)), key=lambda i: (-tasks[i].bytes, i))
 
 
 def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str, pl.DataType]:

@@ -270,3 +270,27 @@ shard_bytes = 20000
         assert all(s["row_bytes"] <= 20000 + 600 for s in train) and len(train) >= 5
         assert min(s["row_bytes"] for s in train) > 20000 / 3  # ranges of about 0.8 x shard_bytes, halved at most
     assert outs[0] == outs[1]
+
+
+def test_tasks_start_largest_first_and_write_what_they_write_in_task_order(tmp_path, write_job, monkeypatch):
+    """A big file listed last starts first (a large task started late keeps a phase waiting on it); the
+    shards are the same files as the tasks' order would give."""
+    import winnow.curate.pipeline as pipeline
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for name, n in (("a", 5), ("b", 40), ("c", 2), ("d", 300)):
+        rows = [{"id": f"{name}{i}", "text": f"document {name} {i} " * 20} for i in range(n)]
+        (root / f"{name}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    started = []
+    run_task = pipeline.run_task
+    monkeypatch.setattr(pipeline, "run_task", lambda spec: started.append(spec.read.files[0].rel) or run_task(spec))
+    job = load_job(
+        write_job(
+            f'group_bytes = 0\n\n[[inputs]]\nsource = "s"\npath = "{root}/*.jsonl"\n\n[output]\nshard_rows = 1000\n'
+        )
+    )
+    manifest = run_job(job, progress=False)
+    assert started == ["d.jsonl", "b.jsonl", "a.jsonl", "c.jsonl"]
+    shards = [s for s in manifest["shards"] if s["format"] == "parquet"]
+    assert [s["rows"] for s in shards] == [5, 40, 2, 300]  # a shard per task, in task (file) order
