@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 _BLOCK = 512
 _RECORD = 20 * _BLOCK  # tar files are padded to whole records, as tarfile does
 _NAME = 100  # ustar's name field: longer names get a PAX extended header
+_CHUNK_ROWS, _CHUNK_BYTES = 16384, 64 << 20  # rows and payload bytes assembled at once
 _SIZE, _CHECKSUM = slice(124, 136), slice(148, 156)
 
 
@@ -75,9 +76,21 @@ class TarWriter:
 
     def add(self, keys: pl.Series, members: Sequence[tuple[str, pl.Series]]) -> None:
         """For each row ``i``, in order, one member per ``(suffix, payloads)`` of ``members``: named
-        ``keys[i] + suffix``, holding the UTF-8 bytes of ``payloads[i]`` (strings, no nulls)."""
-        if not len(keys):
-            return
+        ``keys[i] + suffix``, holding the UTF-8 bytes of ``payloads[i]`` (strings, no nulls).
+
+        Assembled ``_CHUNK_ROWS`` rows or ``_CHUNK_BYTES`` payload bytes at a time (a whole ordered shard
+        arrives at once), which bounds the header arrays and the copy of the payloads."""
+        sizes = sum(payloads.str.len_bytes().cast(pl.Int64).to_numpy() for _, payloads in members)
+        ends = np.cumsum(sizes) if len(keys) else np.zeros(0, np.int64)
+        start = 0
+        while start < len(keys):
+            stop = min(start + _CHUNK_ROWS, len(keys))
+            base = ends[start - 1] if start else 0
+            stop = max(start + 1, min(stop, int(np.searchsorted(ends, base + _CHUNK_BYTES, side="right"))))
+            self._add(keys.slice(start, stop - start), [(s, p.slice(start, stop - start)) for s, p in members])
+            start = stop
+
+    def _add(self, keys: pl.Series, members: Sequence[tuple[str, pl.Series]]) -> None:
         parts: list[pa.Array] = []
         for suffix, payloads in members:
             names = keys + suffix
