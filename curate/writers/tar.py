@@ -6,9 +6,9 @@ the 512-byte ustar headers as one numpy array (names, sizes and checksums as col
 PAX extended headers of names past ustar's 100 bytes from their lengths, and the archive's
 bytes by one Arrow element-wise join (header, payload, padding, for each member of each
 row), so no Python runs per member and the copying happens with the GIL released: a phase
-writing WebDataset runs its tasks as threads. The bytes are those ``tarfile`` writes for the same
-members: fixed metadata (mode 0644, uid/gid 0, mtime 0, no user names) keeps them
-reproducible, and the header templates are taken from ``tarfile`` itself.
+writing WebDataset runs its tasks as threads. Fixed metadata (mode 0644, uid/gid 0, mtime 0, no
+user names) keeps the bytes reproducible, whatever the batching; the PAX headers are the ones
+``tarfile`` writes (their templates are taken from it).
 """
 
 from __future__ import annotations
@@ -95,10 +95,10 @@ class TarWriter:
         for suffix, payloads in members:
             names = keys + suffix
             data = _large_binary(payloads)
-            sizes = np.diff(np.frombuffer(data.buffers()[1], np.int64, len(data) + 1, data.offset * 8))
+            sizes = np.diff(_offsets(data))
             parts += [_headers(names, sizes), data, _zeros((-sizes) % _BLOCK)]
         blob = pc.binary_join_element_wise(*parts, _NO_SEPARATOR)
-        offsets = np.frombuffer(blob.buffers()[1], np.int64, len(blob) + 1, blob.offset * 8)
+        offsets = _offsets(blob)
         start, end = int(offsets[0]), int(offsets[-1])
         self.fh.write(memoryview(blob.buffers()[2])[start:end])
         self.offset += end - start
@@ -116,6 +116,11 @@ def _large_binary(values: pl.Series) -> pa.Array:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     return arr.cast(pa.large_string()).view(pa.large_binary())
+
+
+def _offsets(arr: pa.Array) -> np.ndarray:
+    """The int64 offsets of a large_binary array (``len + 1`` of them, from its own offset on)."""
+    return np.frombuffer(arr.buffers()[1], np.int64, len(arr) + 1, arr.offset * 8)
 
 
 def _binary(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
@@ -165,7 +170,7 @@ def _blocks(blocks: np.ndarray) -> pa.Array:
 
 def _buffers(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     arr = _large_binary(values)
-    offsets = np.frombuffer(arr.buffers()[1], np.int64, len(arr) + 1, arr.offset * 8)
+    offsets = _offsets(arr)
     data = arr.buffers()[2]
     return offsets, np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
 
@@ -202,7 +207,7 @@ def _headers(names: pl.Series, sizes: np.ndarray) -> pa.Array:
 
 def _per_row(mask: np.ndarray, values: pa.Array) -> pa.Array:
     """``values`` (one per true entry of ``mask``) spread over all rows, empty where ``mask`` is false."""
-    src = np.frombuffer(values.buffers()[1], np.int64, len(values) + 1, values.offset * 8)
+    src = _offsets(values)
     lengths = np.zeros(len(mask), np.int64)
     lengths[mask] = np.diff(src)
     offsets = np.zeros(len(mask) + 1, np.int64)
