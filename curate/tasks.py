@@ -197,7 +197,11 @@ class _Outputs:
                 continue
             if split not in self.shards:
                 self.shards[split] = ShardWriter(
-                    self.spec.job.output_dir, f"part-{self.spec.task:05d}", self.spec.job.output, split=split
+                    self.spec.job.output_dir,
+                    f"part-{self.spec.task:05d}",
+                    self.spec.job.output,
+                    split=split,
+                    repeated_ids=self.spec.job.job.duplicate_ids == "allow",
                 )
             self.shards[split].write(part)
 

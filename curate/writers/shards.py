@@ -32,7 +32,8 @@ from winnow.curate.writers.tokens import TokenShardWriter, shard_tokenizer
 
 def safe_keys(df: pl.DataFrame) -> pl.Series:
     """WebDataset keys: ids percent-escaped (no ``/``, ``.``, ``~`` or NUL, which ends a tar name), ``~<n>`` marks the
-    n-th repeat; an empty id (a stage's: readers derive one) is ``%``, which no escaped id can be."""
+    n-th repeat; an empty id (a stage's: readers derive one) is ``%``, which no escaped id can be. (Where a job
+    lets ids repeat, the shard writer adds ``~~<k>`` to the k-th later copy of a key in a shard: ``_Keys``.)"""
     key = (
         pl.col("id")
         .str.replace_all("%", "%25", literal=True)
@@ -47,6 +48,23 @@ def safe_keys(df: pl.DataFrame) -> pl.Series:
     return df.select(key.alias("key")).to_series()
 
 
+class _Keys:
+    """The keys a shard's tar holds so far, for a job whose ids may repeat (``[job] duplicate_ids = "allow"``): a
+    key's k-th later copy in the shard becomes ``<key>~~<k>`` (an escaped id holds no ``~``, a repeat mark no
+    ``~~``), so no two samples of a tar share a name (WebDataset readers refuse, or merge, such samples)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def unique(self, keys: pl.Series) -> pl.Series:
+        out = []
+        for key in keys.to_list():
+            k = self.seen.get(key, 0)
+            self.seen[key] = k + 1
+            out.append(f"{key}~~{k}" if k else key)
+        return pl.Series(keys.name, out, dtype=pl.String)
+
+
 @dataclass(slots=True)
 class _OpenShard:
     name: str
@@ -57,6 +75,7 @@ class _OpenShard:
     counts: dict[str, int] = field(default_factory=dict)
     parquet: pq.ParquetWriter | None = None
     tar: TarWriter | None = None
+    keys: _Keys | None = None  # a job whose ids may repeat: the tar's keys so far
     pending: list[pa.Table] = field(default_factory=list)  # the Parquet row group being filled
     pending_bytes: int = 0
     tokens: TokenShardWriter | None = None
@@ -65,8 +84,11 @@ class _OpenShard:
 class ShardWriter:
     """Writes one split's rows as numbered shards in every configured format under the job folder ``root``."""
 
-    def __init__(self, root: Path, prefix: str, output: OutputConfig, *, split: str) -> None:
+    def __init__(
+        self, root: Path, prefix: str, output: OutputConfig, *, split: str, repeated_ids: bool = False
+    ) -> None:
         self.root = Path(root)
+        self.repeated_ids = repeated_ids  # ``[job] duplicate_ids = "allow"``: rows may share an id
         self.prefix = prefix
         self.output = output
         self.split = split
@@ -146,7 +168,8 @@ class ShardWriter:
         if "webdataset" in self.output.formats:
             if shard.tar is None:
                 shard.tar = TarWriter(self._tmp(shard, "webdataset").open("wb"))
-            _add_samples(shard.tar, df)
+                shard.keys = _Keys() if self.repeated_ids else None
+            _add_samples(shard.tar, df, shard.keys)
         if "tokens" in self.output.formats:
             if shard.tokens is None:
                 tok = shard_tokenizer(self.output.tokens.tokenizer, self.output.tokens.eos_token)
@@ -207,16 +230,18 @@ class ShardWriter:
             self.written.append(shard.tokens.close())
 
 
-def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:
+def _add_samples(tar: TarWriter, df: pl.DataFrame, keys: _Keys | None = None) -> None:
     """Two members per row: ``<key>.txt`` and ``<key>.json`` (every column but the text).
 
-    ``meta`` is already a JSON object: it goes into the json member as that object, not as a
-    string holding JSON (which readers would have to decode twice).
+    A ``meta`` that is a JSON object goes into the json member as that object, not as a string
+    holding JSON (which readers would have to decode twice); any other ``meta`` (one a Parquet or
+    WebDataset input brought that only looks like an object, say) goes in as a JSON string.
     """
     rest = df.drop("text", "meta", strict=False).select(pl.struct(pl.all()).struct.json_encode()).to_series()
     if "meta" in df.columns:
         meta = pl.col("meta")
-        is_object = meta.str.starts_with("{") & meta.str.ends_with("}")
+        # json_path_match("$") is null where the text is not JSON at all: only valid objects are embedded
+        is_object = meta.str.starts_with("{") & meta.str.ends_with("}") & meta.str.json_path_match("$").is_not_null()
         as_string = (
             pl.struct(meta.alias("m")).struct.json_encode().str.slice(5).str.head(-1)
         )  # '{"m":"..."}' -> '"..."'
@@ -225,4 +250,5 @@ def _add_samples(tar: TarWriter, df: pl.DataFrame) -> None:
         jsons = rest.str.head(-1) + ',"meta":' + tail + "}"
     else:
         jsons = rest
-    tar.add(safe_keys(df), [(".txt", df["text"]), (".json", jsons)])
+    names = safe_keys(df) if keys is None else keys.unique(safe_keys(df))
+    tar.add(names, [(".txt", df["text"]), (".json", jsons)])

@@ -141,3 +141,53 @@ def test_tar_bytes_equal_tarfiles_headers_for_any_name_and_payload(tmp_path, mon
     assert path.read_bytes() == _reference_tar(members)
     with tarfile.open(path) as tar:
         assert [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()] == members
+
+
+def test_tar_samples_are_uniquely_named_and_their_json_valid_whatever_the_ids_and_meta(tmp_path):
+    """Ids a job lets repeat (``duplicate_ids = "allow"``), across batches, and long ones with newlines; a ``meta``
+    that only looks like a JSON object: every sample keeps its own name, every .json member parses, and
+    webdataset, tarfile and the trainer's reader give back the Parquet shard's rows."""
+    import tarfile
+
+    import webdataset as wds
+
+    from winnow.train.data.tarshard import read_tar
+
+    ids = ["dup", "dup", "long\nnl" + "x" * 120, "dup~1", "a"]
+    metas = ['{"k": 1}', "{oops}", '{"a":1}\n}', '{"k": }', None]
+    df = pl.DataFrame({"id": ids, "source": ["s"] * 5, "text": [f"text {i}" for i in range(5)], "meta": metas})
+    writer = ShardWriter(tmp_path, "part-00000", OutputConfig(shard_rows=100), split="train", repeated_ids=True)
+    writer.write(df.head(3))
+    writer.write(df.slice(3))
+    writer.write(df.head(1))  # a third "dup" in a later batch
+    (tar_entry,) = [e for e in writer.close() if e["format"] == "webdataset"]
+    with tarfile.open(tar_entry["path"]) as tar:
+        names = tar.getnames()
+        metas_back = [json.loads(tar.extractfile(n).read())["meta"] for n in names if n.endswith(".json")]
+    assert len(names) == len(set(names)) == 12
+    assert metas_back == [{"k": 1}, "{oops}", '{"a":1}\n}', '{"k": }', None, {"k": 1}]
+    samples = list(wds.WebDataset(str(tar_entry["path"]), shardshuffle=False))
+    assert [s["txt"].decode() for s in samples] == [f"text {i}" for i in (0, 1, 2, 3, 4, 0)]
+    rows = read_tar(tar_entry["path"].read_bytes(), "t")
+    assert rows["id"].to_pylist() == [*ids, "dup"] and rows["text"].to_pylist()[2] == "text 2"
+
+
+def test_a_job_that_lets_ids_repeat_writes_each_copy_as_its_own_sample(tmp_path, write_job):
+    import webdataset as wds
+
+    from winnow.curate.pipeline import run_job
+    from winnow.pipelines.jobfile import load_job
+
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"id": "dup", "text": t}) + "\n" for t in ("a b", "c d", "e f"))
+    )
+    job = load_job(
+        write_job(
+            f'duplicate_ids = "allow"\n\n[[inputs]]\nsource = "s"\npath = "{tmp_path}/in.jsonl"\n\n'
+            '[output]\nformats = ["parquet", "webdataset"]\n'
+        )
+    )
+    manifest = run_job(job, progress=False)
+    (tar,) = [s["path"] for s in manifest["shards"] if s["format"] == "webdataset"]
+    samples = list(wds.WebDataset(str(job.output_dir / tar), shardshuffle=False))
+    assert [(s["__key__"], s["txt"]) for s in samples] == [("dup", b"a b"), ("dup~~1", b"c d"), ("dup~~2", b"e f")]

@@ -121,3 +121,20 @@ def test_resume_into_a_shard_that_turned_bad_starts_the_next_shard_whole(folder)
     resumed.load_state_dict(state)
     first = next(resumed).tokens[0].numpy()
     assert first[0] == 256 and first[1:].astype("uint8").tobytes().startswith(b"<books:20>")
+
+
+def test_a_tar_with_two_samples_of_one_name_is_refused_naming_it():
+    """webdataset refuses such a tar; reading it as dict entries would give every copy the last one's text."""
+    import tarfile
+
+    from winnow.train.data.tarshard import read_tar
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for text in (b"first", b"second"):
+            for name, data in (("dup.txt", text), ("dup.json", json.dumps({"id": "dup", "source": "s"}).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ShardError, match="two samples are named 'dup'"):
+        read_tar(buf.getvalue(), "t.tar")

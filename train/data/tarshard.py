@@ -25,11 +25,20 @@ def _octal(field: bytes) -> int:
 
 
 def _pax_path(data: bytes) -> str | None:
-    # records are "<len> <key>=<value>\n"
-    for line in data.decode("utf-8", "replace").split("\n"):
-        key, _, value = line.partition(" ")[2].partition("=")
-        if key == "path":
-            return value
+    """The ``path`` of a PAX extended header: records ``"<length> <key>=<value>\\n"``, the length in bytes counting
+    the whole record, so a value may hold newlines."""
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0 or not data[pos:space].isdigit():
+            return None
+        end = pos + int(data[pos:space])
+        if end <= space:  # a length too short to hold its own record
+            return None
+        key, _, value = data[space + 1 : end - 1].partition(b"=")
+        if key == b"path":
+            return value.decode("utf-8", "replace")
+        pos = end
     return None
 
 
@@ -100,6 +109,8 @@ def read_tar(buf: bytes, where: str) -> pa.Table:
         key, dot, ext = base.partition(".")
         if not dot:
             continue
+        if (ext == "txt" and key in texts) or (ext == "json" and key in infos):
+            raise ShardError(f"{where}: two samples are named {key!r}; each sample of a shard needs its own key")
         if ext == "txt":
             texts[key] = (at, size)
             order.append(key)
