@@ -16,8 +16,8 @@ hashes rensa gets (its signature, band keys, spilled sets and LSH pairs, with th
 
 End to end (each run a fresh process, peak RSS of its process tree sampled every 20 ms): winnow's
 job as a user runs it (``winnow curate job.toml``: JSONL in; ``dedup.minhash`` with its defaults at
-threshold 0.8; Parquet + WebDataset out) with 1 and 2 workers, against the pipeline a rensa user writes (JSON load, Python word 5-gram
-shingles of the normalized words, ``RMinHash.from_token_sets``, ``RMinHashLSH`` keep-first with a
+threshold 0.8; Parquet + WebDataset out) with 1 and 2 workers, against the pipeline a rensa user
+writes (JSON load, Python word 5-gram shingles of the normalized words, ``RMinHash.from_token_sets``, ``RMinHashLSH`` keep-first with a
 check of the estimated Jaccard similarity, Parquet out) in one process. Precision and recall:
 removed documents against the clusters of exact Jaccard >= 0.8 (``bench/dedup.py``'s all-pairs
 ground truth, cached beside the corpus). The job's floor: the same job without its stage (reading
@@ -278,7 +278,8 @@ def child(system: str, corpus: Path, work: Path, workers: int) -> None:
 
 
 def measure(system: str, corpus: Path, workers: int, comps: list[set[str]]) -> dict:
-    """One fresh process of ``system`` (``SYSTEMS``): wall seconds, peak memory, and precision/recall of what it removed."""
+    """One fresh process of ``system`` (the winnow command, its floor, or the rensa pipeline of ``SYSTEMS``): wall
+    seconds, peak memory, and precision/recall of what it removed."""
     from dedup import run_sampled, score
 
     work = DATA / "out" / f"dedup-{system}"

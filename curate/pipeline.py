@@ -361,6 +361,7 @@ class Runner:
             read=read_tasks[task] if phase.index == 0 else None,
             decision_stage=self.stages[phase.apply].ctx.stage_id if phase.apply is not None else None,
             spill_ids=self.optimistic and phase.index == 0,
+            repeated_ids=self.job.job.duplicate_ids == "allow",
             columns=self.columns if phase.index == 0 else {},
         )
 

@@ -47,6 +47,11 @@ def validate_rows(df: pl.DataFrame, *, where: str) -> pl.DataFrame:
     for c in CORE_COLUMNS:
         if df.schema[c] != pl.String:
             raise StageError(f"{where}: column {c!r} has dtype {df.schema[c]}, expected String")
+        if c != "meta" and df[c].null_count():  # meta: null where a record had no other fields
+            raise StageError(
+                f"{where}: column {c!r} holds {df[c].null_count()} null value(s); every kept row needs one "
+                "(a stage that cannot give a row its value rejects the row)"
+            )
     for c, dtype in OPTIONAL_COLUMNS.items():
         if c in df.columns and df.schema[c] != dtype and df.schema[c] != pl.Null:
             raise StageError(f"{where}: column {c!r} has dtype {df.schema[c]}, expected {dtype}")

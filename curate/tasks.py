@@ -72,6 +72,8 @@ class TaskSpec:
     read: ReadTask | None = None  # phase 0
     decision_stage: str | None = None  # later phases: the barrier whose decision this task applies
     spill_ids: bool = False  # phase 0 of an optimistic run: also write the read rows' ids (curate.stages.ids)
+    # the user's [job] duplicate_ids = "allow" (``job`` is the plan's, which an optimistic run sets to "allow")
+    repeated_ids: bool = False
     # phase 0: the columns winnow-layout Parquet inputs bring (readers.native_columns); every read row gets them
     columns: dict[str, pl.DataType] = field(default_factory=dict)
 
@@ -201,7 +203,7 @@ class _Outputs:
                     f"part-{self.spec.task:05d}",
                     self.spec.job.output,
                     split=split,
-                    repeated_ids=self.spec.job.job.duplicate_ids == "allow",
+                    repeated_ids=self.spec.repeated_ids,
                 )
             self.shards[split].write(part)
 

@@ -204,6 +204,7 @@ def entry() -> None:
     code = main()
     # What is left lives to the end of the process: frozen, the interpreter's last collection does not walk
     # every module's objects (numba's and polars' type tables), a few tenths of a second after each command.
+    # Finalizers of objects in reference cycles then never run: every command closes what it writes itself.
     gc.freeze()
     sys.exit(code)
 

@@ -8,6 +8,7 @@ grouped), and ``read_task`` streams one task. Read errors become rejects with a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,14 +42,6 @@ class ReadTask:
     input_index: int
     files: tuple[InputFile, ...]
     span: Span | None = None
-
-    @property
-    def bytes(self) -> int:
-        """About how many bytes of its files the task reads (a whole Parquet file for a span of its row groups)."""
-        if self.span is None or self.span.unit not in ("bytes", "frames"):
-            return sum(f.size for f in self.files)
-        stop = self.span.stop if self.span.stop >= 0 else self.files[0].size
-        return max(stop - self.span.start, 0)
 
     @property
     def label(self) -> str:
@@ -96,7 +89,17 @@ def plan_read_tasks(
 def largest_first(tasks: list[ReadTask]) -> list[int]:
     """Task indices, the most bytes first (ties in task order): started in this order, a phase's last task to
     finish is a small one, not a large file started late beside idle workers."""
-    return sorted(range(len(tasks)), key=lambda i: (-tasks[i].bytes, i))
+    spans = Counter(t.files[0].url for t in tasks if t.span is not None)
+
+    def size(task: ReadTask) -> int:
+        if task.span is None:
+            return sum(f.size for f in task.files)
+        if task.span.unit in ("bytes", "frames"):  # file offsets
+            stop = task.span.stop if task.span.stop >= 0 else task.files[0].size
+            return max(stop - task.span.start, 0)
+        return task.files[0].size // spans[task.files[0].url]  # row groups: the file's share
+
+    return sorted(range(len(tasks)), key=lambda i: (-size(tasks[i]), i))
 
 
 def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str, pl.DataType]:

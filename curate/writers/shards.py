@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -230,6 +231,28 @@ class ShardWriter:
             self.written.append(shard.tokens.close())
 
 
+def _json_objects(meta: pl.Series) -> pl.Series:
+    """Which ``meta`` values are JSON objects (each is embedded in its sample's ``.json`` as it is written).
+
+    polars' ``json_path_match("$")`` is null where the text is no JSON; it also gives up on nesting past
+    127 levels, which readers keep (up to ``readers.rows.MAX_DEPTH``): those few rows are parsed whole.
+    """
+    looks = meta.str.starts_with("{") & meta.str.ends_with("}")
+    valid = looks & meta.str.json_path_match("$").is_not_null()
+    doubt = (looks & ~valid).fill_null(False)
+    if doubt.any():
+        parsed = [_parses(text) for text in meta.filter(doubt).to_list()]
+        valid = valid.scatter(doubt.arg_true(), parsed)
+    return valid.fill_null(False)
+
+
+def _parses(text: str) -> bool:
+    try:
+        return isinstance(orjson.loads(text), dict)
+    except orjson.JSONDecodeError:
+        return False
+
+
 def _add_samples(tar: TarWriter, df: pl.DataFrame, keys: _Keys | None = None) -> None:
     """Two members per row: ``<key>.txt`` and ``<key>.json`` (every column but the text).
 
@@ -240,12 +263,11 @@ def _add_samples(tar: TarWriter, df: pl.DataFrame, keys: _Keys | None = None) ->
     rest = df.drop("text", "meta", strict=False).select(pl.struct(pl.all()).struct.json_encode()).to_series()
     if "meta" in df.columns:
         meta = pl.col("meta")
-        # json_path_match("$") is null where the text is not JSON at all: only valid objects are embedded
-        is_object = meta.str.starts_with("{") & meta.str.ends_with("}") & meta.str.json_path_match("$").is_not_null()
+        is_object = _json_objects(df["meta"])
         as_string = (
             pl.struct(meta.alias("m")).struct.json_encode().str.slice(5).str.head(-1)
         )  # '{"m":"..."}' -> '"..."'
-        embedded = pl.when(meta.is_null()).then(pl.lit("null")).when(is_object).then(meta).otherwise(as_string)
+        embedded = pl.when(meta.is_null()).then(pl.lit("null")).when(pl.lit(is_object)).then(meta).otherwise(as_string)
         tail = df.select(embedded).to_series()
         jsons = rest.str.head(-1) + ',"meta":' + tail + "}"
     else:

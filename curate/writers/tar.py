@@ -22,11 +22,14 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from winnow.curate.errors import OutputError
+
 _BLOCK = 512
 _RECORD = 20 * _BLOCK  # tar files are padded to whole records, as tarfile does
 _NAME = 100  # ustar's name field: longer names get a PAX extended header
 _CHUNK_ROWS, _CHUNK_BYTES = 16384, 64 << 20  # rows and payload bytes assembled at once
 _SIZE, _CHECKSUM = slice(124, 136), slice(148, 156)
+_MAX_SIZE = 8**11  # the size field's 11 octal digits
 
 
 def _template() -> np.ndarray:
@@ -63,7 +66,9 @@ _FILE = tarfile.TarInfo("")
 _FILE.mode, _FILE.mtime = 0o644, 0
 # The two headers tarfile writes for a member with a long name: the PAX header holding its path, then the
 # member's own ustar header (its name cut to 100 bytes, non-ASCII characters as '?').
-_PAX_HEADER = _blank(tarfile.TarInfo._create_pax_generic_header({"path": "-"}, tarfile.XHDTYPE, "utf-8"), name=False)
+_PAX_HEADER = _blank(
+    tarfile.TarInfo("-" * (_NAME + 1)).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"), name=False
+)
 _PAX_MEMBER = _blank(_FILE.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
 
 
@@ -80,6 +85,8 @@ class TarWriter:
 
         Assembled ``_CHUNK_ROWS`` rows or ``_CHUNK_BYTES`` payload bytes at a time (a whole ordered shard
         arrives at once), which bounds the header arrays and the copy of the payloads."""
+        if keys.null_count() or any(payloads.null_count() for _, payloads in members):
+            raise OutputError("a WebDataset sample without a key or a member's value (null): each needs both")
         sizes = sum(payloads.str.len_bytes().cast(pl.Int64).to_numpy() for _, payloads in members)
         ends = np.cumsum(sizes) if len(keys) else np.zeros(0, np.int64)
         start = 0
@@ -96,6 +103,11 @@ class TarWriter:
             names = keys + suffix
             data = _large_binary(payloads)
             sizes = np.diff(_offsets(data))
+            if (sizes >= _MAX_SIZE).any():
+                raise OutputError(
+                    f"a WebDataset member of {int(sizes.max())} bytes is past the tar header's limit ({_MAX_SIZE - 1} "
+                    'bytes); write such documents to Parquet shards only ([output] formats = ["parquet"])'
+                )
             parts += [_headers(names, sizes), data, _zeros((-sizes) % _BLOCK)]
         blob = pc.binary_join_element_wise(*parts, _NO_SEPARATOR)
         offsets = _offsets(blob)
@@ -111,7 +123,7 @@ class TarWriter:
 
 
 def _large_binary(values: pl.Series) -> pa.Array:
-    """``values`` (strings) as one Arrow large_binary array over the same bytes."""
+    """``values`` (strings) as one Arrow large_binary array of their UTF-8 bytes."""
     arr = values.to_arrow()
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()

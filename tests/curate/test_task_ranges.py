@@ -294,3 +294,14 @@ def test_tasks_start_largest_first_and_write_what_they_write_in_task_order(tmp_p
     assert started == ["d.jsonl", "b.jsonl", "a.jsonl", "c.jsonl"]
     shards = [s for s in manifest["shards"] if s["format"] == "parquet"]
     assert [s["rows"] for s in shards] == [5, 40, 2, 300]  # a shard per task, in task (file) order
+
+
+def test_a_span_of_row_groups_counts_as_its_share_of_the_file():
+    from winnow.curate.readers import ReadTask, largest_first
+    from winnow.curate.readers.files import InputFile
+    from winnow.curate.readers.ranges import Span
+
+    big = InputFile("big.parquet", "big.parquet", 10_000, None)
+    gz = InputFile("one.jsonl.gz", "one.jsonl.gz", 3_000, None)
+    tasks = [ReadTask(0, (big,), Span(i, i + 1, unit="row groups")) for i in range(5)] + [ReadTask(1, (gz,))]
+    assert largest_first(tasks) == [5, 0, 1, 2, 3, 4]  # 3,000 bytes before five spans of 2,000

@@ -134,6 +134,10 @@ class ShoutFilter(Stage):
 class Leaky(ShoutFilter):
     def apply(self, batch):
         return StageOutput(batch.head(1), make_rejects(batch.clear(), "acme:shouting"))
+
+class Blanker(ShoutFilter):
+    def apply(self, batch):
+        return StageOutput(batch.with_columns(text=pl.lit(None, pl.String)), make_rejects(batch.clear(), "acme:shouting"))
 '''
 
 
@@ -148,6 +152,7 @@ def plugin(tmp_path, monkeypatch):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-winnow\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
         "[winnow.stages]\nacme.shout = acme_winnow:ShoutFilter\nacme.leaky = acme_winnow:Leaky\n"
+        "acme.blanker = acme_winnow:Blanker\n"
     )
     monkeypatch.syspath_prepend(str(site))
     plugins.plugin_entry_points.cache_clear()
@@ -173,6 +178,9 @@ def test_plugin_stage_is_used_by_kind_with_the_runners_checks(tmp_path, write_jo
     leaky = load_job(write_job(body.replace("acme.shout", "acme.leaky").replace("max_upper = 0.6\n", "")))
     with pytest.raises(StageError, match="lost rows"):
         run_job(leaky, progress=False, overwrite=True)  # the same folder, on purpose
+    blanker = load_job(write_job(body.replace("acme.shout", "acme.blanker").replace("max_upper = 0.6\n", "")))
+    with pytest.raises(StageError, match=r"01.acme.blanker: column 'text' holds \d+ null value\(s\)"):
+        run_job(blanker, progress=False, overwrite=True)  # a shard would hold rows without text
 
 
 def test_import_paths_in_job_files_stay_refused(plugin):

@@ -191,3 +191,36 @@ def test_a_job_that_lets_ids_repeat_writes_each_copy_as_its_own_sample(tmp_path,
     (tar,) = [s["path"] for s in manifest["shards"] if s["format"] == "webdataset"]
     samples = list(wds.WebDataset(str(job.output_dir / tar), shardshuffle=False))
     assert [(s["__key__"], s["txt"]) for s in samples] == [("dup", b"a b"), ("dup~~1", b"c d"), ("dup~~2", b"e f")]
+
+
+def test_a_job_whose_ids_are_checked_names_its_samples_without_counting_keys(tmp_path, write_job, monkeypatch):
+    """The per-shard key count is for jobs that let ids repeat; a default job (its ids checked, optimistically)
+    writes its tars column-wise only."""
+    from winnow.curate.pipeline import run_job
+    from winnow.curate.writers import shards
+    from winnow.pipelines.jobfile import load_job
+
+    def counted(self, keys):
+        raise AssertionError("keys counted in a job whose ids are unique")
+
+    monkeypatch.setattr(shards._Keys, "unique", counted)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": f"i{n}", "text": "a b"}) + "\n" for n in range(3)))
+    job = load_job(
+        write_job(f'[[inputs]]\nsource = "s"\npath = "{tmp_path}/in.jsonl"\n\n[output]\nformats = ["webdataset"]\n')
+    )
+    assert run_job(job, progress=False)["totals"]["rows_written"] == 3
+
+
+def test_a_tar_member_the_format_cannot_hold_is_an_error_not_a_silent_loss(tmp_path, monkeypatch):
+    """A null value would drop its member (Arrow's join gives null); a payload past the size field's 11 octal
+    digits would write a corrupt header."""
+    from winnow.curate.errors import OutputError
+    from winnow.curate.writers import tar as tar_module
+    from winnow.curate.writers.tar import TarWriter
+
+    writer = TarWriter((tmp_path / "a.tar").open("wb"))
+    with pytest.raises(OutputError, match="null"):
+        writer.add(pl.Series(["a", "b"]), [(".txt", pl.Series(["x", None]))])
+    monkeypatch.setattr(tar_module, "_MAX_SIZE", 4)
+    with pytest.raises(OutputError, match=r"member of 5 bytes is past the tar header's limit \(3 bytes\)"):
+        writer.add(pl.Series(["a"]), [(".txt", pl.Series(["12345"]))])
