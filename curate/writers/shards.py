@@ -52,7 +52,9 @@ def safe_keys(df: pl.DataFrame) -> pl.Series:
 class _Keys:
     """The keys a shard's tar holds so far, for a job whose ids may repeat (``[job] duplicate_ids = "allow"``): a
     key's k-th later copy in the shard becomes ``<key>~~<k>`` (an escaped id holds no ``~``, a repeat mark no
-    ``~~``), so no two samples of a tar share a name (WebDataset readers refuse, or merge, such samples)."""
+    ``~~``), so no two samples of a tar share a name (WebDataset readers refuse, or merge, such samples). A dict
+    looked up per row, for such jobs only: a frame of the shard's keys joined to each batch would cost the
+    shard's size per batch."""
 
     def __init__(self) -> None:
         self.seen: dict[str, int] = {}
