@@ -42,7 +42,7 @@ class JobSection:
     keep_work: bool = False  # keep the intermediate _work folder after success
     # Ids given by two rows: "reject" keeps the first and rejects later copies (read:duplicate_id,
     # one more map phase); "allow" skips the check, for inputs whose ids are known to be unique (rows that
-    # do share an id stay apart: their WebDataset samples are keyed <key>, <key>~~1, ... in a shard).
+    # do share an id stop a stage that decides by id, naming it; their WebDataset samples are <key>~~<k>).
     duplicate_ids: Literal["reject", "allow"] = "reject"
     # executor = "ray": the cluster to join ("host:port", "ray://host:port", "auto"); "" joins RAY_ADDRESS if set,
     # else starts a local Ray

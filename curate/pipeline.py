@@ -53,7 +53,15 @@ from winnow.curate.progress import PhaseProgress
 from winnow.curate.readers import largest_first, native_columns, plan_read_tasks, read_task
 from winnow.curate.reuse import adopt_phase, adopt_plan, reused, write_key
 from winnow.curate.stages import Barrier, Plan, stage_class
-from winnow.curate.stages.ids import EXACT_MARKER, IDS_STAGE_ID, checked_stats, job_stages, optimistic_job, repeated_ids
+from winnow.curate.stages.ids import (
+    EXACT_MARKER,
+    IDS_STAGE_ID,
+    checked_stats,
+    job_stages,
+    optimistic_job,
+    repeated_id,
+    repeated_ids,
+)
 from winnow.curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
 from winnow.curate.workdir import WorkDir, drop_root, is_url, task_name
 from winnow.curate.writers.gather import plan_val_writes, write_val_group
@@ -409,6 +417,12 @@ class Runner:
         self.work.remove(plan_dir)  # what an interrupted plan left (here and, for a URL, on the store)
         plan_dir.mkdir(parents=True)
         key_files = self.work.task_files(phase.index, "keys.parquet")
+        if key_files and self.job.job.duplicate_ids == "allow" and (same := repeated_id(key_files)) is not None:
+            raise StageError(
+                f"stage {sid}: two rows share the id {same!r}, and this stage decides by id; [job] duplicate_ids = "
+                '"allow" skipped the check that rejects later copies: set duplicate_ids = "reject", or give each row '
+                "its own id"
+            )
         if key_files:
             log.info("planning %s over %d key file(s)", sid, len(key_files))
             plan = stage.plan(pl.scan_parquet(key_files, glob=False))  # type: ignore[attr-defined]

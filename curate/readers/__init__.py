@@ -22,10 +22,10 @@ from winnow.curate.readers.arrow import read_hf, read_parquet
 from winnow.curate.readers.files import InputFile, distinct_names, list_files, open_binary
 from winnow.curate.readers.jsonl import read_jsonl
 from winnow.curate.readers.ranges import Span, split_file
-from winnow.curate.readers.rows import READ_REASONS, ReadBatch
+from winnow.curate.readers.rows import READ_REASONS, ReadBatch, as_text_columns, native_layout
 from winnow.curate.readers.text import read_text_files
 from winnow.curate.readers.webdataset import read_webdataset
-from winnow.curate.schema import CORE_COLUMNS, INTERNAL_PREFIX, OPTIONAL_COLUMNS
+from winnow.curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS
 
 _PER_FILE = {"jsonl": read_jsonl, "parquet": read_parquet, "webdataset": read_webdataset, "hf": read_hf}
 GROUP_FILES = 2000  # small whole files grouped into one read task: at most this many
@@ -122,14 +122,13 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             except (pa.ArrowInvalid, OSError, InputError):
                 continue  # a damaged or unreadable file is dealt with where it is read (a reject, or on_error)
             names = schema.names
-            strings = (pa.string(), pa.large_string())
-            if (
-                len(set(names)) < len(names)  # a name twice: its reader keeps the later ones in meta
-                or not all(c in names and schema.field(c).type in strings for c in CORE_COLUMNS)
-                or any(n.startswith(INTERNAL_PREFIX) for n in names)
-            ):
+            if len(set(names)) < len(names):  # a name twice: its reader keeps the later ones in meta
                 continue
-            types = pl.from_arrow(schema.empty_table()).schema
+            # the types its reader sees (rows_from_arrow): text columns decoded, then polars' types
+            text_columns = [c for c in ("text", cfg.id_field, cfg.source_field) if c is not None and c in names]
+            types = pl.from_arrow(as_text_columns(schema.empty_table(), text_columns)).schema
+            if not native_layout(dict(types), text_field=cfg.text_field):
+                continue
             for name in names:
                 if name in CORE_COLUMNS or name == cfg.source_field:
                     continue

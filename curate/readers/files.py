@@ -94,7 +94,7 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
         raise InputError(
             f"input {cfg.label}: {cfg.paths} matched no files; check the path and the format ({cfg.format})"
         )
-    return list(found.values())
+    return sorted(found.values(), key=lambda f: f.url)  # whatever order the patterns come in
 
 
 def distinct_names(listed: list[tuple[InputConfig, list[InputFile]]]) -> list[list[InputFile]]:

@@ -244,11 +244,7 @@ def rows_from_arrow(
                 "are strings or numbers (name a column of those, or none to derive ids)",
             )
 
-    native = (
-        all(c in df.columns and df.schema[c] == pl.String for c in CORE_COLUMNS)
-        and text_field == "text"
-        and not any(c.startswith(INTERNAL_PREFIX) for c in df.columns if c != row)
-    )
+    native = native_layout({c: t for c, t in df.schema.items() if c != row}, text_field=text_field)
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
     derived_id = pl.format("{}/{}/{}", src_expr, pl.lit(file_label), pl.col(row))
     # a null or empty id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
@@ -330,6 +326,28 @@ def rows_from_arrow(
     else:
         bad = bad.select(*CORE_COLUMNS, "reason").with_columns(pl.lit(None, dtype=pl.String).alias("duplicate_of"))
     return ReadBatch(good, _with_unreadable(bad, unreadable))
+
+
+def native_layout(schema: dict[str, pl.DataType], *, text_field: str) -> bool:
+    """Whether rows of ``schema`` (polars types, text columns decoded by ``as_text_columns``) are in winnow's own
+    layout, a job's shards read back: the core columns as strings, no internal names, and no binary column,
+    which JSON cannot hold (a tar's ``.json``, a reject's ``extra``): such a file's columns go to ``meta``."""
+    return (
+        text_field == "text"
+        and all(schema.get(c) == pl.String for c in CORE_COLUMNS)
+        and not any(c.startswith(INTERNAL_PREFIX) for c in schema)
+        and not any(_holds_binary(t) for t in schema.values())
+    )
+
+
+def _holds_binary(dtype: pl.DataType) -> bool:
+    if dtype == pl.Binary:
+        return True
+    if isinstance(dtype, pl.Struct):
+        return any(_holds_binary(f.dtype) for f in dtype.fields)
+    if isinstance(dtype, (pl.List, pl.Array)):
+        return _holds_binary(dtype.inner)
+    return False
 
 
 def as_text_columns(table: pa.Table, names: list[str]) -> pa.Table:

@@ -95,6 +95,19 @@ def repeated_ids(files: list[str]) -> int:
     return counts.filter(pl.col("_n") > 1).select(pl.len()).collect().item()
 
 
+def repeated_id(files: list[str]) -> str | None:
+    """An id that two rows of a barrier's spilled keys share (up-sampled copies, told apart by ``repeat``, do not
+    count), or None: a job with ``duplicate_ids = "allow"`` whose ids do repeat, which a stage deciding by id
+    would get wrong (all copies of an id rejected with one of them)."""
+    keys = pl.scan_parquet(files, glob=False)
+    names = keys.collect_schema().names()
+    if "id" not in names:
+        return None
+    by = ["id", "repeat"] if "repeat" in names else ["id"]
+    same = keys.group_by(by).agg(pl.len().alias("_n")).filter(pl.col("_n") > 1).select("id").head(1).collect()
+    return same["id"][0] if same.height else None
+
+
 def checked_stats(task_stats: dict[str, dict]) -> dict[str, Any]:
     """The ``00.ids`` stats of an optimistic phase-0 task whose ids all turned out unique: every read row passed."""
     read = task_stats.get("00.read", {})

@@ -444,3 +444,42 @@ def test_every_shard_has_the_columns_a_winnow_layout_parquet_input_brings(tmp_pa
     nothing_lost(job.output_dir, {"a1", "b1", "c1"})
     train = pl.scan_parquet(job.output_dir / "shards" / "parquet" / "train").collect().sort("id")
     assert train["quality"].to_list() == [0.5, None, None] and train["n"].to_list() == [1.0, 2.5, None]
+
+
+def test_winnow_layout_parquet_in_any_string_encoding_gives_one_set_of_columns_and_binary_goes_to_meta(
+    tmp_path, write_job, nothing_lost
+):
+    """Core columns as view or dictionary strings are still winnow's layout, so their extra columns are every
+    shard's (they were one file's only, and scan_parquet failed); a binary extra column, which no JSON holds
+    (a tar's .json, a reject's extra), sends the file's columns to meta, base64, as for any other Parquet."""
+
+    def core(lo, kind=pa.string()):
+        return {
+            c: pa.array(v, kind)
+            for c, v in {
+                "id": [f"r{i}" for i in range(lo, lo + 2)],
+                "source": ["s"] * 2,
+                "text": [f"document {i} alpha beta" for i in range(lo, lo + 2)],
+                "meta": ["{}"] * 2,
+            }.items()
+        }
+
+    pq.write_table(pa.table({**core(0), "quality": [0.5] * 2}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({**core(2, pa.string_view()), "xtra": [1, 2]}), tmp_path / "b.parquet")
+    dictionary = core(4)
+    dictionary["text"] = dictionary["text"].dictionary_encode()
+    pq.write_table(pa.table({**dictionary, "ytra": ["y"] * 2}), tmp_path / "c.parquet")
+    blob = core(6)
+    blob["text"] = pa.array(["document 0 alpha beta", "binary neighbour"])  # r6 copies r0: a reject with extra
+    pq.write_table(pa.table({**blob, "blob": pa.array([b"\x00\xff"] * 2)}), tmp_path / "d.parquet")
+    job = load_job(
+        write_job(
+            f'[[inputs]]\nsource = "s"\npath = "{tmp_path}/*.parquet"\nformat = "parquet"\n\n'
+            '[[stages]]\nkind = "dedup.exact"\n\n[output]\nformats = ["parquet", "webdataset"]\n'
+        )
+    )
+    run_job(job, progress=False)
+    nothing_lost(job.output_dir, {f"r{i}" for i in range(8)})
+    train = pl.scan_parquet(job.output_dir / "shards" / "parquet" / "train").collect().sort("id")
+    assert {"quality", "xtra", "ytra"} <= set(train.columns) and "blob" not in train.columns
+    assert train.filter(pl.col("id") == "r7")["meta"].item() == '{"source":"s","meta":"{}","blob":"AP8="}'

@@ -305,3 +305,13 @@ def test_a_span_of_row_groups_counts_as_its_share_of_the_file():
     gz = InputFile("one.jsonl.gz", "one.jsonl.gz", 3_000, None)
     tasks = [ReadTask(0, (big,), Span(i, i + 1, unit="row groups")) for i in range(5)] + [ReadTask(1, (gz,))]
     assert largest_first(tasks) == [5, 0, 1, 2, 3, 4]  # 3,000 bytes before five spans of 2,000
+
+
+def test_the_files_of_an_input_are_read_in_one_order_however_its_paths_are_listed(tmp_path):
+    for name in ("b.jsonl", "a.jsonl", "c.jsonl"):
+        (tmp_path / name).write_text(json.dumps({"id": "x", "text": name}) + "\n")
+    orders = []
+    for paths in (["b.jsonl", "a.jsonl", "c.jsonl"], ["c.jsonl", "a.jsonl", "b.jsonl"]):
+        cfg = InputConfig(source="s", path=[str(tmp_path / p) for p in paths])
+        orders.append([f.rel for t in plan_read_tasks([cfg]) for f in t.files])
+    assert orders[0] == orders[1] == ["a.jsonl", "b.jsonl", "c.jsonl"]

@@ -224,3 +224,22 @@ def test_a_tar_member_the_format_cannot_hold_is_an_error_not_a_silent_loss(tmp_p
     monkeypatch.setattr(tar_module, "_MAX_SIZE", 4)
     with pytest.raises(OutputError, match=r"member of 5 bytes is past the tar header's limit \(3 bytes\)"):
         writer.add(pl.Series(["a"]), [(".txt", pl.Series(["12345"]))])
+
+
+@pytest.mark.parametrize("stage", ['kind = "dedup.exact"', 'kind = "order"\nby = "length"', 'kind = "mix"'])
+def test_ids_that_repeat_in_a_job_allowing_them_stop_a_stage_that_decides_by_id(tmp_path, write_job, stage):
+    """With the id check skipped, rows sharing an id would all go with one decision (a unique text rejected as
+    another's copy) or break the stage's count: the stage stops first, naming the id and the setting."""
+    from winnow.curate.errors import StageError
+    from winnow.curate.pipeline import run_job
+    from winnow.pipelines.jobfile import load_job
+
+    rows = [("b", "alpha one two three four five six"), ("b", "gamma one two three four five six"), ("a", "gamma")]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in rows))
+    job = load_job(
+        write_job(
+            f'duplicate_ids = "allow"\n\n[[inputs]]\nsource = "s"\npath = "{tmp_path}/in.jsonl"\n\n[[stages]]\n{stage}\n'
+        )
+    )
+    with pytest.raises(StageError, match=r"two rows share the id 'b'.*duplicate_ids = \"reject\""):
+        run_job(job, progress=False)
