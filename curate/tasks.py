@@ -42,6 +42,7 @@ READ_STAGE_ID = "00.read"
 # random 64-bit hashes and shingle sets come out under a tenth larger.
 _INTERMEDIATE_COMPRESSION = "lz4"
 _SPILL_WRITE_BATCH = 256  # rows per Parquet write batch in the spill files
+_BATCH_BYTES = 64 << 20  # about the most row data a later phase's batch holds (a phase-0 reader's blocks are smaller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,15 +264,19 @@ def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame
 
 
 def read_batches(path: Path, batch_rows: int) -> Iterator[pl.DataFrame]:
-    """A rows file in batches of ``batch_rows`` rows (the last one shorter), each in one chunk.
+    """A rows file in batches of ``batch_rows`` rows, or fewer where its rows average over ``_BATCH_BYTES /
+    batch_rows`` (long documents: 8,192 of 1 MB held 8 GB), each in one chunk.
 
     polars reads each batch straight into its own buffers (one copy of the text, where Arrow's
     reader and ``from_arrow`` held two), and only the row groups the batch spans. One chunk per
     batch as before: shards are written chunk by chunk and Parquet pages follow chunk boundaries.
     """
-    rows = pq.ParquetFile(path).metadata.num_rows
-    for lo in range(0, rows, batch_rows):
-        yield pl.scan_parquet(path, glob=False).slice(lo, batch_rows).collect().rechunk()
+    meta = pq.ParquetFile(path).metadata
+    rows = meta.num_rows
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    step = max(1, min(batch_rows, _BATCH_BYTES * rows // max(size, 1)))
+    for lo in range(0, rows, step):
+        yield pl.scan_parquet(path, glob=False).slice(lo, step).collect().rechunk()
 
 
 def run_task(spec: TaskSpec) -> dict[str, Any]:

@@ -290,3 +290,15 @@ def test_barriers_no_row_reaches_are_not_planned_and_nothing_is_lost(tmp_path, w
     manifest = run_job(job, progress=False)
     assert manifest["totals"]["rows_written"] == 0 and manifest["totals"]["rows_rejected"] == 10
     nothing_lost(job.output_dir, {f"{s}{i}" for s in "ab" for i in range(5)})
+
+
+def test_a_later_phase_reads_long_documents_in_smaller_batches(tmp_path, monkeypatch):
+    """batch_rows rows of 1 MB documents held gigabytes at once: batches hold about _BATCH_BYTES of rows."""
+    from winnow.curate import tasks
+
+    path = tmp_path / "rows.parquet"
+    pl.DataFrame({"id": [str(i) for i in range(40)], "text": ["x" * (1000 + i) for i in range(40)]}).write_parquet(path)
+    assert [b.height for b in tasks.read_batches(path, 16)] == [16, 16, 8]  # short rows: batch_rows each
+    monkeypatch.setattr(tasks, "_BATCH_BYTES", 10_000)
+    batches = list(tasks.read_batches(path, 16))
+    assert {b.height for b in batches[:-1]} == {9} and pl.concat(batches)["id"].to_list() == [str(i) for i in range(40)]
