@@ -188,8 +188,8 @@ class OutputConfig:
 
     # any of parquet, webdataset, tokens (Megatron .bin/.idx token shards)
     formats: list[str] = field(default_factory=lambda: list(DEFAULT_FORMATS))
-    # A shard holds about this many uncompressed row bytes (as `datasets`' max_shard_size counts):
-    # ~tar size; zstd Parquet files come out several times smaller.
+    # A shard holds about this many uncompressed row bytes (as `datasets`' max_shard_size counts): a tar's
+    # size for long documents (each sample adds 1-2 KiB of headers and padding); zstd Parquet is several times smaller.
     shard_bytes: int = 256 * 2**20
     shard_rows: int | None = None  # also cap rows per shard; whichever limit comes first
     row_group_bytes: int = 32 * 2**20  # Parquet row groups of about this many uncompressed bytes

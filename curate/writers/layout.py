@@ -9,7 +9,8 @@ report, ``winnow ablate``) also read job folders whose manifest lists both forma
 
 Sizes are counted in uncompressed row bytes (string lengths plus 8 bytes per other value, null or not),
 as Hugging Face ``datasets`` counts ``max_shard_size``: that is what a reader holds in memory
-and about what a tar file weighs; zstd Parquet files come out several times smaller.
+and about what a tar file of long documents weighs (each sample adds two 512-byte headers and padding to
+a block, so short ones make tars several times larger); zstd Parquet files come out several times smaller.
 """
 
 from __future__ import annotations
