@@ -261,7 +261,17 @@ def rows_from_arrow(
             wrong = pl.col(c).is_not_null() & value.is_null()
             if c == "split":
                 wrong = wrong | (value.is_not_null() & ~value.is_in(SPLITS))
-            allowed = "'train' or 'val'" if c == "split" else f"a {OPTIONAL_COLUMNS[c]}"
+            whole = OPTIONAL_COLUMNS[c].is_integer()  # counts and ranks: a fraction would be cut (1.5 -> 1)
+            if whole:
+                exact = pl.col(c).cast(pl.Float64, strict=False) == value.cast(pl.Float64)
+                wrong = wrong | (value.is_not_null() & (~exact.fill_null(False) | (value < 0)))
+            allowed = (
+                "'train' or 'val'"
+                if c == "split"
+                else f"a whole number >= 0 ({OPTIONAL_COLUMNS[c]})"
+                if whole
+                else f"a {OPTIONAL_COLUMNS[c]}"
+            )
             schema_error = (
                 pl.when(wrong)
                 .then(

@@ -483,3 +483,23 @@ def test_winnow_layout_parquet_in_any_string_encoding_gives_one_set_of_columns_a
     train = pl.scan_parquet(job.output_dir / "shards" / "parquet" / "train").collect().sort("id")
     assert {"quality", "xtra", "ytra"} <= set(train.columns) and "blob" not in train.columns
     assert train.filter(pl.col("id") == "r7")["meta"].item() == '{"source":"s","meta":"{}","blob":"AP8="}'
+
+
+def test_winnow_layout_counts_and_ranks_that_are_not_whole_numbers_are_rejects_not_cut():
+    from winnow.curate.readers.rows import rows_from_arrow
+
+    table = pa.table(
+        {
+            "id": list("abcde"),
+            "source": ["s"] * 5,
+            "text": ["t"] * 5,
+            "meta": ["{}"] * 5,
+            "repeat": [1.5, -2.0, 2.0, None, 0.0],
+        }
+    )
+    batch = rows_from_arrow(
+        table, source="s", source_field=None, text_field="text", id_field="id", file_label="f.parquet", row_offset=0
+    )
+    assert batch.rows["id"].to_list() == ["c", "d", "e"] and batch.rows["repeat"].to_list() == [2, None, 0]
+    assert batch.rejects["reason"].to_list() == ["read:bad_schema"] * 2
+    assert "holds 1.5; allowed: a whole number >= 0" in batch.rejects["meta"][0]
