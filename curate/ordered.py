@@ -91,13 +91,7 @@ def _write_range(spec: WriteSpec) -> dict[str, Any]:
             f"the order column must be a rank 0..{spec.total - 1} without gaps or ties; ranks {spec.lo}..{spec.hi - 1} "
             f"hold {df.height} rows"
         )
-    writer = ShardWriter(
-        spec.job.output_dir,
-        f"part-{spec.task:05d}",
-        spec.job.output,
-        split="train",
-        repeated_ids=spec.job.job.duplicate_ids == "allow",
-    )
+    writer = ShardWriter.for_job(spec.job, f"part-{spec.task:05d}", split="train")
     if spec.job.output.shard_rows is None:  # equal halves of a range a little over shard_bytes, not a sliver
         for a, b in even_cuts(row_bytes(df), spec.job.output.shard_bytes):
             writer.write_shard(df.slice(a, b - a))

@@ -58,13 +58,7 @@ def _write_val_group(spec: ValWriteSpec) -> dict[str, Any]:
     marker = work.val_write_marker(spec.first_task)
     if work.exists(marker):
         return json.loads(work.read_text(marker))
-    writer = ShardWriter(
-        spec.job.output_dir,
-        f"part-{spec.first_task:05d}",
-        spec.job.output,
-        split="val",
-        repeated_ids=spec.job.job.duplicate_ids == "allow",
-    )
+    writer = ShardWriter.for_job(spec.job, f"part-{spec.first_task:05d}", split="val")
     for t in spec.tasks:
         path = work.task(spec.final_phase, t) / VAL_ROWS
         work.fetch(path)

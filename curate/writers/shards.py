@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from winnow.curate.atomic import rename_into_place
-from winnow.curate.config import OutputConfig
+from winnow.curate.config import Job, OutputConfig
 from winnow.curate.writers.layout import EXTENSIONS, row_bytes, shard_dir
 from winnow.curate.writers.tar import TarWriter
 from winnow.curate.writers.tokens import TokenShardWriter, shard_tokenizer
@@ -102,6 +102,11 @@ class ShardWriter:
         self._index = 0
         self._schema: pa.Schema | None = None
         self.written: list[dict[str, Any]] = []
+
+    @classmethod
+    def for_job(cls, job: Job, prefix: str, *, split: str) -> ShardWriter:
+        """A writer of ``job``'s shards (the user's job: its ``duplicate_ids`` says whether ids may repeat)."""
+        return cls(job.output_dir, prefix, job.output, split=split, repeated_ids=job.job.duplicate_ids == "allow")
 
     def write(self, df: pl.DataFrame) -> None:
         """Append rows, starting a new shard whenever the current one is full."""
