@@ -265,7 +265,7 @@ def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame
 
 def read_batches(path: Path, batch_rows: int) -> Iterator[pl.DataFrame]:
     """A rows file in batches of ``batch_rows`` rows, or fewer where its rows average over ``_BATCH_BYTES /
-    batch_rows`` (long documents: 8,192 of 1 MB held 8 GB), each in one chunk.
+    batch_rows`` (long documents: 8,192 rows of 1 MB would be 8 GB at once), each in one chunk.
 
     polars reads each batch straight into its own buffers (one copy of the text, where Arrow's
     reader and ``from_arrow`` held two), and only the row groups the batch spans. One chunk per
