@@ -87,24 +87,25 @@ def optimistic_job(job: Job, work_root: Path) -> Job:
     return dataclasses.replace(job, job=dataclasses.replace(job.job, duplicate_ids="allow"))
 
 
+def _repeats(files: list[str]) -> pl.LazyFrame:
+    """The ids that more than one row of ``files`` (id spills, or a barrier's keys) gives, with their counts;
+    up-sampled copies, told apart by ``repeat``, do not count."""
+    keys = pl.scan_parquet(files, glob=False)
+    by = ["id", "repeat"] if "repeat" in keys.collect_schema().names() else ["id"]
+    return keys.group_by(by).agg(pl.len().alias("_n")).filter(pl.col("_n") > 1)
+
+
 def repeated_ids(files: list[str]) -> int:
     """How many ids occur more than once in the phase-0 id spills."""
-    if not files:
-        return 0
-    counts = pl.scan_parquet(files, glob=False).group_by("id").agg(pl.len().alias("_n"))
-    return counts.filter(pl.col("_n") > 1).select(pl.len()).collect().item()
+    return _repeats(files).select(pl.len()).collect().item() if files else 0
 
 
 def repeated_id(files: list[str]) -> str | None:
-    """An id that two rows of a barrier's spilled keys share (up-sampled copies, told apart by ``repeat``, do not
-    count), or None: a job with ``duplicate_ids = "allow"`` whose ids do repeat, which a stage deciding by id
-    would get wrong (all copies of an id rejected with one of them)."""
-    keys = pl.scan_parquet(files, glob=False)
-    names = keys.collect_schema().names()
-    if "id" not in names:
+    """An id that two rows of a barrier's spilled keys share, or None: a job with ``duplicate_ids = "allow"``
+    whose ids do repeat, which a stage deciding by id would get wrong (all copies of an id rejected with one)."""
+    if "id" not in pl.scan_parquet(files, glob=False).collect_schema().names():
         return None
-    by = ["id", "repeat"] if "repeat" in names else ["id"]
-    same = keys.group_by(by).agg(pl.len().alias("_n")).filter(pl.col("_n") > 1).select("id").head(1).collect()
+    same = _repeats(files).select("id").head(1).collect()
     return same["id"][0] if same.height else None
 
 

@@ -188,17 +188,22 @@ def _buffers(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _headers(names: pl.Series, sizes: np.ndarray) -> pa.Array:
-    """Each member's header blocks: one ustar header, or for a name past 100 bytes the PAX header
-    (``tarfile``'s: a ``path`` record) before it."""
+    """Each member's header blocks, one element per member: its ustar header, and for a name past 100 bytes
+    first the PAX header that ``tarfile`` writes (a ``path`` record, padded to a block)."""
     offsets, data = _buffers(names)
-    long = np.diff(offsets) > _NAME
+    lengths = np.diff(offsets)
+    long = lengths > _NAME
+    fixed = _fixed(offsets, data, _NAME)
     if not long.any():
-        return _blocks(_fill(_TEMPLATE, sizes, _fixed(offsets, data, _NAME)))
+        return _blocks(_fill(_TEMPLATE, sizes, fixed))
     short = ~long
-    short_offsets, short_data = _buffers(names.filter(pl.Series(short)))
     long_names = names.filter(pl.Series(long))
+    blocks = np.empty((len(names), _BLOCK), np.uint8)
+    blocks[short] = _fill(_TEMPLATE, sizes[short], fixed[short])
+    ascii_names = long_names.str.replace_all(r"[^\x00-\x7F]", "?")  # tarfile: .encode("ascii", "replace")
+    blocks[long] = _fill(_PAX_MEMBER, sizes[long], _fixed(*_buffers(ascii_names), _NAME))
     # The PAX record "<length> path=<name>\n", its length counting its own digits (tarfile's fixed point).
-    base = np.diff(offsets)[long] + len(" path=\n")
+    base = lengths[long] + len(" path=\n")
     record = np.zeros_like(base)
     while True:
         grown = base + np.char.str_len(record.astype(str))
@@ -206,13 +211,11 @@ def _headers(names: pl.Series, sizes: np.ndarray) -> pa.Array:
             break
         record = grown
     records = pl.Series(record).cast(pl.String) + " path=" + long_names + "\n"
-    ascii_names = long_names.str.replace_all(r"[^\x00-\x7F]", "?")  # tarfile: .encode("ascii", "replace")
     return pc.binary_join_element_wise(
         _per_row(long, _blocks(_fill(_PAX_HEADER, record))),
         _per_row(long, _large_binary(records)),
         _per_row(long, _zeros((-record) % _BLOCK)),
-        _per_row(long, _blocks(_fill(_PAX_MEMBER, sizes[long], _fixed(*_buffers(ascii_names), _NAME)))),
-        _per_row(short, _blocks(_fill(_TEMPLATE, sizes[short], _fixed(short_offsets, short_data, _NAME)))),
+        _blocks(blocks),
         _NO_SEPARATOR,
     )
 
