@@ -17,8 +17,8 @@ hashes rensa gets (its signature, band keys, spilled sets and LSH pairs, with th
 End to end (each run a fresh process, peak RSS of its process tree sampled every 20 ms): winnow's
 job as a user runs it (``winnow curate job.toml``: JSONL in; ``dedup.minhash`` with its defaults at
 threshold 0.8; Parquet + WebDataset out) with 1 and 2 workers, against the pipeline a rensa user
-writes (JSON load, Python word 5-gram shingles of the normalized words, ``RMinHash.from_token_sets``, ``RMinHashLSH`` keep-first with a
-check of the estimated Jaccard similarity, Parquet out) in one process. Precision and recall:
+writes (JSON load, Python word 5-gram shingles of the normalized words, ``RMinHash.from_token_sets``,
+``RMinHashLSH`` keep-first with a check of the estimated Jaccard similarity, Parquet out) in one process. Precision and recall:
 removed documents against the clusters of exact Jaccard >= 0.8 (``bench/dedup.py``'s all-pairs
 ground truth, cached beside the corpus). The job's floor: the same job without its stage (reading
 the JSONL, writing the shards and the manifest), the time no dedup stage in that job can go below; the
