@@ -26,6 +26,7 @@ Peers are benchmark-only: ``pip install datatrove[processing] spacy`` (datasketc
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import resource
@@ -589,8 +590,23 @@ class _TreeRss(threading.Thread):
             self.peak, self.peak_anon = max(self.peak, total), max(self.peak_anon, anon)
 
 
+@functools.cache
+def installed_bytecode() -> None:
+    """Write winnow's bytecode (``__pycache__/*.pyc``) before a timed run, as an installed winnow has it.
+
+    ``pip install`` writes it; an editable install writes it on the first import, but not where
+    ``PYTHONDONTWRITEBYTECODE`` is set, and there every run would compile winnow's modules from
+    source (~0.1 s per process, which no user's second run pays). ``compileall`` writes it either way.
+    """
+    import compileall
+
+    for package in ("curate", "pipelines", "train"):
+        compileall.compile_dir(ROOT / package, quiet=1)
+
+
 def run_sampled(cmd: list[str], label: str, **popen) -> tuple[float, _TreeRss, str]:
     """Run ``cmd`` while sampling its process tree's RSS: ``(wall seconds, the sampler, stdout)``; exits with its stderr on failure."""
+    installed_bytecode()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **popen)
     sampler = _TreeRss(proc.pid)

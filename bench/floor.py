@@ -168,6 +168,9 @@ def run_job(job: dict, label: str) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     spec = out.parent / f"{out.name}.json"
     spec.write_text(json.dumps(job))
+    from dedup import installed_bytecode
+
+    installed_bytecode()
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--child", str(spec)], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip

@@ -228,3 +228,22 @@ def test_word_shingles_match_their_definition_on_short_and_long_documents():
             )  # fmt: skip
             for name in ("band_keys", "n_shingles", "set_offsets", "set_values", "sig8"):
                 assert np.array_equal(getattr(blocks, name), getattr(sketch, name)), name
+
+
+def test_kernels_load_without_the_libraries_numba_would_import_for_nothing():
+    """numba's first dispatch would import cffi + pycparser (its cffi typing) and scipy.linalg (BLAS for
+    np.correlate): winnow's kernels use neither, so ``curate.dedup.jit`` hides them from those two imports only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from winnow.curate.dedup.kernels import PLAIN_SEP, count_shingles\n"
+        "data = np.frombuffer(b'a b c d e f', dtype=np.uint8)\n"
+        "assert count_shingles(np.array([0, 11]), data, 5, False, PLAIN_SEP).tolist() == [2]\n"
+        "loaded = sorted(m for m in ('cffi', 'pycparser', 'scipy.linalg') if m in sys.modules)\n"
+        "import cffi\n"  # still importable by anyone who wants it
+        "print(loaded, cffi.FFI is not None)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "True"]
