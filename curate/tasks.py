@@ -130,13 +130,16 @@ class _Outputs:
 
     def _writer(self, name: str, path: Path, df: pl.DataFrame, compression: str) -> pq.ParquetWriter:
         writer = getattr(self, name)
-        table = df.to_arrow()
+        spilled = name in ("keys", "ids")
+        intermediate = spilled or (name == "rows" and not self.spec.phase.final)  # only the next phase reads it
+        # polars' own string and binary views go to Arrow without a copy; the oldest layout (large_string) copies
+        # every text, and is what winnow's outputs hold
+        table = df.to_arrow(compat_level=pl.CompatLevel.newest() if intermediate else None)
         if writer is None:
             # Spilled keys are mostly random 64-bit hashes and unique ids: a dictionary only costs time there,
             # but for the source names, which repeat on every row.
-            spilled = name in ("keys", "ids")
             options = {"use_dictionary": [c for c in ("source",) if c in df.columns] if spilled else True}
-            if spilled or (name == "rows" and not self.spec.phase.final):
+            if intermediate:
                 # Files only the next phase reads: Arrow buffers a page per 1,024 rows by default,
                 # which for long documents is ~3x the batch's text; 256-row pages cost no time.
                 options["write_batch_size"] = _SPILL_WRITE_BATCH
