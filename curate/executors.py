@@ -67,11 +67,20 @@ class Executor:
         self._threads: ThreadPoolExecutor | None = None
         self._ray: Any = None
 
-    def run(self, fn: Callable[[T], Any], specs: Iterable[T], *, threads: bool = False) -> Iterator[Any]:
+    def run(
+        self,
+        fn: Callable[[T], Any],
+        specs: Iterable[T],
+        *,
+        threads: bool = False,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> Iterator[Any]:
         """Run ``fn`` over ``specs``, yielding results as tasks finish (order not guaranteed).
 
         ``threads``: a local run uses ``workers`` threads of this process instead of worker
         processes (for tasks that release the GIL; ignored on Ray and with an initializer).
+        ``meanwhile``: work of this process that the tasks will need, done by this thread once
+        the task threads have started (it would only wait for them); not called otherwise.
         """
         specs = list(specs)
         if self.kind == "ray":
@@ -82,7 +91,10 @@ class Executor:
         elif threads and self.initializer is None:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="winnow-task")
-            yield from _wait_all(self._threads, {self._threads.submit(fn, s) for s in specs})
+            futures = {self._threads.submit(fn, s) for s in specs}
+            if meanwhile is not None:
+                meanwhile()
+            yield from _wait_all(self._threads, futures)
         else:
             yield from self._run_pool(fn, specs)
 

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -386,7 +387,10 @@ class Runner:
         log.info(desc)
         results: dict[int, dict] = {}
         with PhaseProgress(desc, len(specs), enabled=self.progress) as progress:
-            for result in self.executor.run(_run_task_indexed, specs, threads=self.threaded(phase)):
+            threads = self.threaded(phase)
+            for result in self.executor.run(
+                _run_task_indexed, specs, threads=threads, meanwhile=_set_up_kernels if threads else None
+            ):
                 results[result["task"]] = result
                 progress.update()
         return [results[i] for i in range(len(specs))]
@@ -491,6 +495,15 @@ def _first_batch(job: Job, read_tasks: list, index: int) -> pl.DataFrame | None:
         if task is None
         else next((rb.rows for rb in read_task(job.inputs[index], task, 1000) if rb.rows.height), None)
     )
+
+
+def _set_up_kernels() -> None:
+    """numba's one-time setup of this process (``curate.dedup.jit.set_up``), where a stage's module loaded numba:
+    done by the thread that started the phase's task threads, while they read."""
+    if "numba" in sys.modules:
+        from winnow.curate.dedup.jit import set_up
+
+        set_up()
 
 
 def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:

@@ -14,10 +14,13 @@ winnow kernel needs, each time, in every process:
   functions as if cffi were not installed, in this process; cffi itself stays importable.
 
 Each module is imported this way only when nothing imported it before.
+
+``set_up`` does numba's one-time setup of a process ahead of the first kernel call (see there).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
@@ -41,4 +44,24 @@ def _import_without(module: str, hidden: str) -> None:
 _import_without("numba.np.arraymath", "scipy.linalg.cython_blas")
 _import_without("numba.core.typing.cffi_utils", "cffi")
 
-__all__ = ["njit"]
+
+@functools.cache
+def set_up() -> None:
+    """numba's one-time setup in this process, done now: its extension entry points and its CPU target's
+    typing and lowering registries.
+
+    The first kernel call in a process (a compile or a cache load) does this first: about 0.1 s of
+    Python, under numba's compiler lock, so that every thread calling a kernel meanwhile waits for it.
+    A caller with nothing else to do (the thread that handed tasks to worker threads) can do it while
+    the workers read their first batches. Later calls return at once.
+    """
+    from numba.core import entrypoints
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+
+    with global_compiler_lock:
+        entrypoints.init_all()
+        cpu_target.target_context.refresh()
+
+
+__all__ = ["njit", "set_up"]
