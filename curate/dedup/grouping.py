@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,15 +30,17 @@ import numpy as np
 import polars as pl
 
 from winnow.curate.dedup.budget import BAND_BYTES, EDGE_BYTES, GB, PAIR_BYTES, check_fits, partitions
-from winnow.curate.dedup.clusters import pair_jaccard
+from winnow.curate.dedup.clusters import connected_components, pair_jaccard
 from winnow.curate.dedup.components import _mix, components
-from winnow.curate.dedup.lsh import _run_pairs, unpack_pairs
+from winnow.curate.dedup.lsh import _run_pairs, lsh_pairs, unpack_pairs
 from winnow.curate.dedup.routing import Router
 from winnow.curate.dedup.verify import (
     SETS_COLUMN,
     SIG8_COLUMN,
     pair_similarities,
+    read_sets,
     screen_margin,
+    screen_pairs,
     sig8_similarity,
     sort_unique_into,
 )
@@ -189,7 +192,7 @@ def verify_buckets(
 
 def _sample_wrong(
     keys: pl.LazyFrame,
-    paths: list[Path],
+    parts: Iterable[np.ndarray],
     *,
     n_candidates: int,
     threshold: float,
@@ -198,10 +201,11 @@ def _sample_wrong(
     chunk_pairs: int,
     window_rows: int,
 ) -> tuple[int, int]:
-    """(pairs sampled, how many are below ``threshold``): a hash-chosen sample, the same pairs whatever the bucketing."""
+    """(pairs sampled, how many are below ``threshold``) of the candidate pairs in ``parts`` (arrays): a hash-chosen
+    sample, the same pairs whatever the bucketing."""
     share = min(1.0, sample / max(n_candidates, 1))
     cut = np.uint64(min(int(share * 2**64), 2**64 - 1))
-    chosen = [pairs[_mix(pairs ^ np.uint64(seed % 2**64)) <= cut] for pairs in map(_read_pairs, paths)]
+    chosen = [pairs[_mix(pairs ^ np.uint64(seed % 2**64)) <= cut] for pairs in parts]
     chosen = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.uint64)
     if not len(chosen):
         return 0, 0
@@ -262,7 +266,7 @@ def edge_files(
     elif verify == "sample":
         sampled, wrong = _sample_wrong(
             keys,
-            paths,
+            map(_read_pairs, paths),
             n_candidates=n_candidates,
             threshold=threshold,
             sample=sample,
@@ -295,7 +299,13 @@ def group(
 ) -> Grouped:
     """Steps 1-3 over the spilled ``keys``; ``folder`` is scratch (removed at the end)."""
     shutil.rmtree(folder, ignore_errors=True)
-    n_usable = keys.filter(pl.col("_nsh") > 0).select(pl.len()).collect().item()
+    counts = keys.select((pl.col("_nsh") > 0).sum().alias("usable"), pl.col("_nsh").sum().alias("shingles")).collect()
+    n_usable, shingles = int(counts["usable"][0] or 0), int(counts["shingles"][0] or 0)
+    if in_memory_bytes(n_usable, len(columns), shingles if verify != "none" else 0) <= memory_gb * GB:
+        return _group_in_memory(
+            keys, columns, verify=verify, threshold=threshold, chunk_pairs=chunk_pairs, sample=sample, seed=seed,
+            memory_gb=memory_gb, stage=stage,
+        )  # fmt: skip
     band_parts = partitions(n_usable, BAND_BYTES, memory_gb, what=f"one band of {stage} over {n_usable} documents")
     per_pass = max(1, int(memory_gb * GB // max(n_usable * BAND_BYTES, 1)))  # bands one scan can hold (one partition)
     candidates, n_candidates = candidate_files(
@@ -318,7 +328,68 @@ def group(
     labels = components(edges, edge_parts, folder / "components")
     stats["partitions"] = {"bands": band_parts, **stats["partitions"], "components": edge_parts}
     shutil.rmtree(folder, ignore_errors=True)
+    return _grouped(labels.rename({"node": "_row", "label": "_cluster"}), stats, n_edges, stage)
+
+
+def _grouped(labels: pl.DataFrame, stats: dict, n_edges: int, stage: str) -> Grouped:
     log.info(
         "%s: %d candidate pairs, %d edges, partitions %s", stage, stats["candidate_pairs"], n_edges, stats["partitions"]
     )
-    return Grouped(labels.rename({"node": "_row", "label": "_cluster"}), stats)
+    return Grouped(labels, stats)
+
+
+def in_memory_bytes(n_usable: int, bands: int, shingles: int) -> int:
+    """What ``_group_in_memory`` holds at most: every band key, the candidate pairs of every band (at most two per
+    document and band, before they are made unique) and the shingle sets (read, then sorted) of all documents."""
+    return n_usable * bands * (8 + 2 * PAIR_BYTES) + 8 * shingles
+
+
+def _group_in_memory(
+    keys: pl.LazyFrame,
+    columns: list[str],
+    *,
+    verify: str,
+    threshold: float,
+    chunk_pairs: int,
+    sample: int,
+    seed: int,
+    memory_gb: float,
+    stage: str,
+) -> Grouped:
+    """Steps 1-3 as arrays, for spilled keys that fit in ``memory_gb`` (``in_memory_bytes``): the same candidate
+    pairs, checks, edges, clusters and counts as the partitioned steps with one partition each, without the files
+    between them. Each spilled column is read once (the sets of the documents on screened pairs only)."""
+    n = keys.select(pl.len()).collect().item()
+    usable = keys.select("_nsh").collect()["_nsh"].to_numpy() > 0
+    pairs = lsh_pairs(keys, columns, np.arange(n, dtype=np.uint32), usable)
+    stats: dict = {"candidate_pairs": len(pairs), "partitions": {"verify": 1}}
+    window_rows = 1 << 16
+    if verify == "all":
+        has_sig8 = SIG8_COLUMN in keys.collect_schema().names()
+        screened = screen_pairs(keys, pairs, threshold=threshold, window_rows=window_rows)
+        a, b = unpack_pairs(screened)
+        need = np.unique(np.concatenate([a, b]))
+        offsets, values = read_sets(keys, need, window_rows)
+        a, b = np.searchsorted(need, a), np.searchsorted(need, b)
+        similarity = np.concatenate([
+            pair_jaccard(a[lo : lo + chunk_pairs], b[lo : lo + chunk_pairs], offsets, values)
+            for lo in range(0, len(screened), chunk_pairs)
+        ]) if len(screened) else np.zeros(0)  # fmt: skip
+        pairs = screened[similarity >= threshold]
+        stats.update(screened_pairs=len(screened), verified_pairs=len(pairs))
+        stats["spill_passes"] = {
+            "signatures": int(has_sig8 and stats["candidate_pairs"] > 0),
+            "sets": int(len(screened) > 0),
+        }
+    elif verify == "sample":
+        sampled, wrong = _sample_wrong(
+            keys, [pairs], n_candidates=len(pairs), threshold=threshold, sample=sample, seed=seed,
+            chunk_pairs=chunk_pairs, window_rows=window_rows,
+        )  # fmt: skip
+        stats.update(sampled_pairs=sampled, estimated_false_positive_rate=wrong / sampled if sampled else None)
+    a, b = unpack_pairs(pairs)
+    labels = connected_components(n, a, b)
+    nodes = np.unique(np.concatenate([a, b]))
+    frame = pl.DataFrame({"_row": nodes, "_cluster": labels[nodes].astype(np.uint32)})
+    stats["partitions"] = {"bands": 1, **stats["partitions"], "components": 1}
+    return _grouped(frame, stats, len(pairs), stage)

@@ -76,15 +76,15 @@ def band_pairs(keys: np.ndarray, docs: np.ndarray) -> np.ndarray:
 
 
 def lsh_pairs(keys: pl.LazyFrame, band_columns: list[str], docs: np.ndarray, usable: np.ndarray) -> np.ndarray:
-    """Candidate pairs over every band column of ``keys`` (read one column at a time).
+    """Candidate pairs over every band column of ``keys`` (read in one pass: 8 bytes per document and band).
 
     ``docs`` are the document indices of ``keys``' rows, ``usable`` masks out rows that must
     never pair (documents without shingles).
     """
+    bands = keys.select(band_columns).collect()
     pairs = np.zeros(0, dtype=np.uint64)
     for column in band_columns:
-        band = keys.select(column).collect()[column].to_numpy()
-        found = band_pairs(band[usable], docs[usable])
+        found = band_pairs(bands[column].to_numpy()[usable], docs[usable])
         pairs = merge_unique(pairs, found) if len(pairs) else found
     return pairs
 

@@ -160,7 +160,7 @@ def read_rows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: in
     return np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, dtype=np.uint8)
 
 
-def _read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique shingle sets ``(offsets, values)`` of rows ``need`` (ascending).
 
     Each window's sets are sorted straight into one output buffer, sized by the rows' shingle
@@ -226,7 +226,7 @@ def screen_pairs(keys: pl.LazyFrame, pairs: np.ndarray, *, threshold: float, win
 def _chunk_similarity(keys: pl.LazyFrame, pairs: np.ndarray, window_rows: int) -> np.ndarray:
     a, b = unpack_pairs(pairs)
     need = np.unique(np.concatenate([a, b]))
-    offsets, values = _read_sets(keys, need, window_rows)
+    offsets, values = read_sets(keys, need, window_rows)
     if len(offsets) != len(need) + 1:
         raise AssertionError(f"spill returned {len(offsets) - 1} shingle sets for {len(need)} documents")
     return pair_jaccard(np.searchsorted(need, a), np.searchsorted(need, b), offsets, values)

@@ -61,36 +61,50 @@ def _rejects(out) -> pl.DataFrame:
     return pl.read_parquet(out / "rejects" / "*.parquet").select("id", "reason", "duplicate_of").sort("id")
 
 
-def test_one_and_eight_partitions_give_the_same_decisions(tmp_path, write_job, monkeypatch):
+@pytest.mark.parametrize("verify", ["all", "sample", "none"])
+def test_in_memory_one_and_eight_partitions_give_the_same_decisions(tmp_path, write_job, monkeypatch, verify):
+    """A plan that fits in memory_gb runs on arrays; one that does not, on files in partitions: the same result."""
     _corpus(tmp_path / "in")
-    reads = Counter()  # (partitions, spilled column) -> windows of the spill read
-    real = curate.dedup.routing.read_window
+    reads = Counter()  # (run, spilled column) -> windows of the spill read
     results, reports = [], []
-    for parts in (1, 8):
-        fixed = lambda items, bytes_per_item, memory_gb, *, what, _p=parts: _p  # noqa: E731
-        monkeypatch.setattr(curate.dedup.grouping, "partitions", fixed)
-        monkeypatch.setattr(curate.dedup.exact, "partitions", fixed)
+    real = curate.dedup.verify.read_window
+    for parts in (0, 1, 8):  # 0: in memory (what this small job does), else the partitioned steps
+        if parts:
+            fixed = lambda items, bytes_per_item, memory_gb, *, what, _p=parts: _p  # noqa: E731
+            monkeypatch.setattr(curate.dedup.grouping, "partitions", fixed)
+            monkeypatch.setattr(curate.dedup.exact, "partitions", fixed)
+            monkeypatch.setattr(curate.dedup.grouping, "in_memory_bytes", lambda *a: float("inf"))
 
         def counted(keys, column, *args, _p=parts):
             reads[_p, column] += 1
             return real(keys, column, *args)
 
-        monkeypatch.setattr(curate.dedup.routing, "read_window", counted)
-        job = load_job(write_job(JOB.format(root=tmp_path / "in", memory_gb=4), name=f"p{parts}"))
+        for module in (curate.dedup.routing, curate.dedup.verify):
+            monkeypatch.setattr(module, "read_window", counted)
+        text = JOB.format(root=tmp_path / "in", memory_gb=4).replace(
+            '"dedup.minhash"', f'"dedup.minhash"\nverify = "{verify}"'
+        )
+        job = load_job(write_job(text, name=f"p{parts}"))
         manifest = run_job(job, progress=False)
         results.append(_rejects(job.output_dir))
         reports.append({s["id"]: s.get("report", {}) for s in manifest["stages"]})
     assert results[0].height > 30 and set(results[0]["reason"]) == {"dedup:exact", "dedup:minhash"}
-    assert results[0].equals(results[1])
+    assert results[0].equals(results[1]) and results[0].equals(results[2])
     minhash = [r["02.dedup.minhash"] for r in reports]
-    assert minhash[1]["partitions"] == {"bands": 8, "verify": 8, "components": 8}
-    for key in ("clusters", "removed", "candidate_pairs", "verified_pairs"):
-        assert minhash[0][key] == minhash[1][key], key
-    assert reports[1]["01.dedup.exact"]["partitions"] == 8
-    # The spill is read once whatever the partitions: one pass per column, each window at most once.
-    assert minhash[0]["spill_passes"] == minhash[1]["spill_passes"] == {"signatures": 1, "sets": 1}
-    for column in ("_sig8", "_shingles"):
-        assert reads[1, column] == reads[8, column] == 1, (column, reads)
+    assert [m["partitions"] for m in minhash] == [
+        {"bands": 1, "verify": 1, "components": 1},
+        {"bands": 1, "verify": 1, "components": 1},
+        {"bands": 8, "verify": 8, "components": 8},
+    ]
+    # the same report, key for key and in the same order, whichever way the plan ran with one partition
+    assert list(minhash[0].items()) == list(minhash[1].items())
+    for key in ("clusters", "removed", "candidate_pairs", "verified_pairs", "screened_pairs", "sampled_pairs"):
+        assert minhash[0].get(key) == minhash[2].get(key), key
+    assert reports[2]["01.dedup.exact"]["partitions"] == 8
+    if verify == "all":  # the spill is read once whatever the partitions: one pass per column, each window once
+        assert minhash[0]["spill_passes"] == minhash[2]["spill_passes"] == {"signatures": 1, "sets": 1}
+        for column in ("_sig8", "_shingles"):
+            assert reads[0, column] == reads[1, column] == reads[8, column] == 1, (column, reads)
 
 
 def test_a_budget_too_small_for_one_band_names_the_key(tmp_path, write_job):
