@@ -29,9 +29,12 @@ _SORTED_ROW_GROUP = 4096  # small groups: a write task's range prunes most of ev
 
 
 def sort_task_rows(unsorted: Path, compression: str) -> None:
-    """Replace a task's rows file by ``sorted.parquet`` beside it, sorted by rank (streaming)."""
+    """Replace a task's rows file by ``sorted.parquet`` beside it, sorted by rank (streaming); ``compression`` is
+    the spill's (``curate.tasks.spill_codec``)."""
     pl.scan_parquet(unsorted, glob=False).sort(ORDER_COLUMN).sink_parquet(
-        unsorted.with_name(SORTED_ROWS), row_group_size=_SORTED_ROW_GROUP, compression=compression
+        unsorted.with_name(SORTED_ROWS),
+        row_group_size=_SORTED_ROW_GROUP,
+        compression="uncompressed" if compression == "none" else compression,
     )
     unsorted.unlink()
 

@@ -63,7 +63,7 @@ from winnow.curate.stages.ids import (
     repeated_id,
     repeated_ids,
 )
-from winnow.curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task
+from winnow.curate.tasks import PhaseSpec, TaskSpec, build_stages, run_task, spill_codec
 from winnow.curate.workdir import WorkDir, drop_root, is_url, task_name
 from winnow.curate.writers.gather import plan_val_writes, write_val_group
 
@@ -164,6 +164,7 @@ class Runner:
         self.out = self.work.out
         self.progress = progress
         self.columns: dict = {}  # what winnow-layout Parquet inputs bring: every read row gets them (_run)
+        self.spill_codec = "lz4"  # how the spills are compressed (curate.tasks.spill_codec, _run)
         self.overwrite = overwrite  # replace another job's outputs, or a finished run made with another config
         self.lock: FolderLock | None = None  # one run per output folder, taken before the folder is touched
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
@@ -225,6 +226,7 @@ class Runner:
             ).acquire()
         self._prepare(read_tasks)
         self._layout()
+        self.spill_codec = spill_codec(self.job.inputs, read_tasks, self.work)
         log.info(
             "job %s: %d read task(s), %d phase(s), output %s",
             self.job.job.name,
@@ -372,6 +374,7 @@ class Runner:
             spill_ids=self.optimistic and phase.index == 0,
             repeated_ids=self.job.job.duplicate_ids == "allow",
             columns=self.columns if phase.index == 0 else {},
+            spill_codec=self.spill_codec,
         )
 
     # -- phases ---------------------------------------------------------------------------

@@ -22,12 +22,13 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from winnow.curate.atomic import rename_into_place, write_json_atomic
-from winnow.curate.config import Job
+from winnow.curate.config import InputConfig, Job
 from winnow.curate.errors import InputError, StageError
 from winnow.curate.executors import worker_info
 from winnow.curate.fields import extract_fields, job_fields
 from winnow.curate.ordered import sort_task_rows
 from winnow.curate.readers import ReadTask, read_task
+from winnow.curate.readers.files import codec
 from winnow.curate.schema import CORE_COLUMNS, SPLITS, validate_rows
 from winnow.curate.stages import Stage, StageContext
 from winnow.curate.stages.ids import job_stages
@@ -38,9 +39,6 @@ from winnow.curate.writers.layout import row_bytes
 from winnow.curate.writers.shards import ShardWriter
 
 READ_STAGE_ID = "00.read"
-# Spilled rows, keys and ids, which only the next phase reads: lz4 writes them about twice as fast as zstd, and
-# random 64-bit hashes and shingle sets come out under a tenth larger.
-_INTERMEDIATE_COMPRESSION = "lz4"
 _SPILL_WRITE_BATCH = 256  # rows per Parquet write batch in the spill files
 _BATCH_BYTES = 64 << 20  # about the most row data a later phase's batch holds (a phase-0 reader's blocks are smaller)
 
@@ -77,6 +75,7 @@ class TaskSpec:
     repeated_ids: bool = False
     # phase 0: the columns winnow-layout Parquet inputs bring (readers.native_columns); every read row gets them
     columns: dict[str, pl.DataType] = field(default_factory=dict)
+    spill_codec: str = "lz4"  # how the files for the next phase are compressed (``spill_codec``)
 
     # Paths are computed where the task runs (on a store, in its own scratch folder: curate.workdir).
     @property
@@ -91,6 +90,29 @@ class TaskSpec:
     @property
     def decision_path(self) -> Path | None:
         return self.work.decision(self.decision_stage, self.task) if self.decision_stage is not None else None
+
+
+def spill_codec(inputs: list[InputConfig], read_tasks: list[ReadTask], work: WorkDir) -> str:
+    """How a job's spills (the rows, keys and ids only the next phase reads) are compressed: not at all when its
+    inputs, as text, would take under 1% of the free space of the disk the spills go to; else lz4, which writes
+    them about twice as fast as zstd (random 64-bit hashes and shingle sets come out under a tenth larger).
+
+    lz4 makes text spills about 2.5x smaller for about 2 s of CPU per GB written and read back: a job that is
+    small against its disk would spend that time for nothing. Compressed inputs (gzip, zstd, Parquet...)
+    count five times their size. Spills to an object store are always compressed (each is uploaded and
+    fetched). Either way each phase reads what the one before wrote: the outputs are the same.
+    """
+    if work.remote:
+        return "lz4"
+    sizes = {
+        f.url: f.size * (1 if inputs[t.input_index].format in ("jsonl", "text") and codec(f.url) is None else 5)
+        for t in read_tasks
+        for f in t.files
+    }
+    folder = work.root
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return "none" if 100 * sum(sizes.values()) <= shutil.disk_usage(folder).free else "lz4"
 
 
 def build_stages(job: Job, work: WorkDir) -> list[Stage]:
@@ -163,7 +185,7 @@ class _Outputs:
         shutil.rmtree(self.tmp, ignore_errors=True)  # room back on a full disk
 
     def write_rows(self, df: pl.DataFrame) -> None:
-        self._writer("rows", self.tmp / "rows.parquet", df, _INTERMEDIATE_COMPRESSION)
+        self._writer("rows", self.tmp / "rows.parquet", df, self.spec.spill_codec)
         self.rows_written += df.height
         if self.spec.phase.final:
             self.rows_bytes += int(row_bytes(df).sum())
@@ -173,7 +195,7 @@ class _Outputs:
             "keys",
             self.tmp / "keys.parquet",
             df.with_columns(pl.lit(self.spec.task, pl.Int32).alias("_task")),
-            _INTERMEDIATE_COMPRESSION,
+            self.spec.spill_codec,
         )
 
     def write_rejects(self, df: pl.DataFrame, sid: str) -> None:
@@ -197,7 +219,7 @@ class _Outputs:
                     f"{part.height} row(s) carry split = {split!r}; a stage may set only {list(SPLITS)} (or null: train)"
                 )
             if split == "val":
-                self._writer("val", self.tmp / VAL_ROWS, part, _INTERMEDIATE_COMPRESSION)
+                self._writer("val", self.tmp / VAL_ROWS, part, self.spec.spill_codec)
                 self.val_rows += part.height
                 self.val_bytes += int(row_bytes(part).sum())
                 continue
@@ -335,7 +357,7 @@ def _map_batches(
             read.add_batch(pl.concat([rows.select("source"), read_rejects.select("source")]), rows, read_rejects, 0)
             out.write_rejects(read_rejects, READ_STAGE_ID)
         if spec.spill_ids and rows.height:
-            out._writer("ids", out.tmp / "ids.parquet", rows.select("id"), _INTERMEDIATE_COMPRESSION)
+            out._writer("ids", out.tmp / "ids.parquet", rows.select("id"), spec.spill_codec)
         batch, rows = rows, None  # the stages' output replaces the read rows in memory
         for i in phase.chain:
             if not batch.height:
@@ -428,7 +450,7 @@ def _finish(
     for split in sorted(out.shards):
         shards.extend(out.shards[split].close())
     if out.rows is not None and spec.phase.final:
-        sort_task_rows(out.tmp / "rows.parquet", _INTERMEDIATE_COMPRESSION)  # ordered output (curate.ordered)
+        sort_task_rows(out.tmp / "rows.parquet", spec.spill_codec)  # ordered output (curate.ordered)
     rejects = []
     if out.rejects is not None:
         rename_into_place(out.reject_tmp, out.reject_tmp.with_name(out.reject_name))

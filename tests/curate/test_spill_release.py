@@ -6,13 +6,16 @@ Without it the work folder of a job with k phases held k copies of the surviving
 
 from __future__ import annotations
 
+import gzip
 import os
+import shutil
 from pathlib import Path
 
 import orjson
 import polars as pl
 import pytest
 
+from winnow import curate
 from winnow.curate.dedup.minhash import MinHashDedup
 from winnow.curate.pipeline import run_job
 from winnow.curate.workdir import RELEASED, SPILL
@@ -117,3 +120,64 @@ def test_keep_work_keeps_every_phase(tmp_path, write_job):
     for phase in ("phase-0", "phase-1"):
         folders = sorted((job.output_dir / "_work" / phase).glob("task-*"))
         assert folders and all((f / "rows.parquet").exists() and not (f / RELEASED).exists() for f in folders)
+
+
+def _spill_codecs(out: Path) -> set[str]:
+    """The compression of every column chunk of the kept spills (rows, keys) under ``out``'s work folder."""
+    import pyarrow.parquet as pq
+
+    found = set()
+    for path in [*(out / "_work").rglob("rows.parquet"), *(out / "_work").rglob("keys.parquet")]:
+        meta = pq.ParquetFile(path).metadata
+        found |= {
+            meta.row_group(g).column(c).compression for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+        }
+    return found
+
+
+@pytest.mark.parametrize("free", [10**15, 10**3], ids=["roomy disk", "full disk"])
+def test_spills_are_compressed_unless_the_job_is_small_against_the_free_disk(tmp_path, write_job, monkeypatch, free):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_inputs(data)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(curate.tasks.shutil, "disk_usage", lambda path: usage._replace(free=free))
+    job = load_job(write_job(BODY.format(keep="keep_work = true\n", path=data / "*.jsonl"), name="kept"))
+    rows = shard_rows(run_job(job, progress=False), job.output_dir)
+    assert _spill_codecs(job.output_dir) == ({"UNCOMPRESSED"} if free > 10**9 else {"LZ4"})
+    assert rows == fresh(tmp_path, write_job, data, "fresh")  # the outputs do not depend on it
+
+
+def test_spill_codec_counts_compressed_inputs_five_times_and_stores_compress(tmp_path):
+    from winnow.curate.config import InputConfig
+    from winnow.curate.readers import plan_read_tasks
+    from winnow.curate.tasks import spill_codec
+    from winnow.curate.workdir import WorkDir
+
+    (tmp_path / "a.jsonl").write_bytes(b'{"text": "x"}\n' * 1000)  # 14 kB
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "y"}\n' * 1000))
+    inputs = [
+        InputConfig(source="a", path=str(tmp_path / "a.jsonl")),
+        InputConfig(source="b", path=str(tmp_path / "b.jsonl.gz")),
+    ]
+    tasks = plan_read_tasks(inputs)
+    text = (tmp_path / "a.jsonl").stat().st_size + 5 * (tmp_path / "b.jsonl.gz").stat().st_size
+    work = WorkDir(str(tmp_path / "out"))  # not made yet: the free space is its disk's
+    real = shutil.disk_usage
+    for free, codec in ((100 * text, "none"), (100 * text - 1, "lz4")):
+        curate.tasks.shutil.disk_usage = lambda path, _f=free: real(path)._replace(free=_f)
+        try:
+            assert spill_codec(inputs, tasks, work) == codec
+        finally:
+            curate.tasks.shutil.disk_usage = real
+    assert spill_codec(inputs, tasks, WorkDir("s3://bucket/job")) == "lz4"
+
+
+def test_resume_with_the_other_spill_codec_gives_the_fresh_output(
+    stopped_at_the_second_plan, tmp_path, write_job, monkeypatch
+):
+    job, data = stopped_at_the_second_plan  # its spills were written uncompressed (this disk is roomy)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(curate.tasks.shutil, "disk_usage", lambda path: usage._replace(free=0))
+    resumed = run_job(job, progress=False)  # the phases still to run spill with lz4, and read the others' files
+    assert shard_rows(resumed, job.output_dir) == fresh(tmp_path, write_job, data, "fresh")
