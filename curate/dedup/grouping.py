@@ -21,8 +21,10 @@ How many partitions each step takes comes from ``[job] memory_gb`` and the data 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -361,7 +363,8 @@ def _group_in_memory(
     between them. Each spilled column is read once (the sets of the documents on screened pairs only)."""
     n = keys.select(pl.len()).collect().item()
     usable = keys.select("_nsh").collect()["_nsh"].to_numpy() > 0
-    pairs = lsh_pairs(keys, columns, np.arange(n, dtype=np.uint32), usable)
+    threads = len(os.sched_getaffinity(0))  # the plan runs between phases, alone: its kernels release the GIL
+    pairs = lsh_pairs(keys, columns, np.arange(n, dtype=np.uint32), usable, threads=threads)
     stats: dict = {"candidate_pairs": len(pairs), "partitions": {"verify": 1}}
     window_rows = 1 << 16
     if verify == "all":
@@ -369,12 +372,15 @@ def _group_in_memory(
         screened = screen_pairs(keys, pairs, threshold=threshold, window_rows=window_rows)
         a, b = unpack_pairs(screened)
         need = np.unique(np.concatenate([a, b]))
-        offsets, values = read_sets(keys, need, window_rows)
+        offsets, values = read_sets(keys, need, window_rows, threads=threads)
         a, b = np.searchsorted(need, a), np.searchsorted(need, b)
-        similarity = np.concatenate([
-            pair_jaccard(a[lo : lo + chunk_pairs], b[lo : lo + chunk_pairs], offsets, values)
-            for lo in range(0, len(screened), chunk_pairs)
-        ]) if len(screened) else np.zeros(0)  # fmt: skip
+        step = max(1, min(chunk_pairs, -(-len(screened) // threads)))
+        with ThreadPoolExecutor(threads) as pool:
+            chunks = pool.map(
+                lambda lo: pair_jaccard(a[lo : lo + step], b[lo : lo + step], offsets, values),
+                range(0, len(screened), step),
+            )
+            similarity = np.concatenate([*chunks, np.zeros(0)])
         pairs = screened[similarity >= threshold]
         stats.update(screened_pairs=len(screened), verified_pairs=len(pairs))
         stats["spill_passes"] = {

@@ -47,14 +47,16 @@ _import_without("numba.core.typing.cffi_utils", "cffi")
 
 @functools.cache
 def set_up() -> None:
-    """numba's one-time setup in this process, done now: its extension entry points and its CPU target's
-    typing and lowering registries.
+    """numba's one-time setup in this process, done now: its extension entry points, its CPU target's typing
+    and lowering registries, and the typing of an array (which imports ``numpy.ma``).
 
     The first kernel call in a process (a compile or a cache load) does this first: about 0.1 s of
     Python, under numba's compiler lock, so that every thread calling a kernel meanwhile waits for it.
     A caller with nothing else to do (the thread that handed tasks to worker threads) can do it while
     the workers read their first batches. Later calls return at once.
     """
+    import numpy as np
+    from numba import typeof
     from numba.core import entrypoints
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
@@ -62,6 +64,7 @@ def set_up() -> None:
     with global_compiler_lock:
         entrypoints.init_all()
         cpu_target.target_context.refresh()
+    typeof(np.zeros(1, dtype=np.uint8))
 
 
 __all__ = ["njit", "set_up"]

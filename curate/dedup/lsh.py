@@ -11,6 +11,7 @@ Pairs are packed as ``a << 32 | b`` (``a < b``) and kept sorted and unique acros
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
@@ -75,18 +76,30 @@ def band_pairs(keys: np.ndarray, docs: np.ndarray) -> np.ndarray:
     return np.unique(pairs)
 
 
-def lsh_pairs(keys: pl.LazyFrame, band_columns: list[str], docs: np.ndarray, usable: np.ndarray) -> np.ndarray:
+def lsh_pairs(
+    keys: pl.LazyFrame, band_columns: list[str], docs: np.ndarray, usable: np.ndarray, *, threads: int = 1
+) -> np.ndarray:
     """Candidate pairs over every band column of ``keys`` (read in one pass: 8 bytes per document and band).
 
     ``docs`` are the document indices of ``keys``' rows, ``usable`` masks out rows that must
-    never pair (documents without shingles).
+    never pair (documents without shingles). With ``threads``, each thread takes every
+    ``threads``-th band (the sorts and kernels release the GIL); the pairs are the same.
     """
     bands = keys.select(band_columns).collect()
-    pairs = np.zeros(0, dtype=np.uint64)
-    for column in band_columns:
-        found = band_pairs(bands[column].to_numpy()[usable], docs[usable])
-        pairs = merge_unique(pairs, found) if len(pairs) else found
-    return pairs
+    docs = docs[usable]
+
+    def pairs_of(columns: list[str]) -> np.ndarray:
+        pairs = np.zeros(0, dtype=np.uint64)
+        for column in columns:
+            found = band_pairs(bands[column].to_numpy()[usable], docs)
+            pairs = merge_unique(pairs, found) if len(pairs) else found
+        return pairs
+
+    ways = max(1, min(threads, len(band_columns)))
+    if ways == 1:
+        return pairs_of(band_columns)
+    with ThreadPoolExecutor(ways) as pool:
+        return functools.reduce(merge_unique, pool.map(pairs_of, [band_columns[i::ways] for i in range(ways)]))
 
 
 @njit(cache=True, nogil=True)

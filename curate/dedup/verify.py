@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
@@ -160,29 +161,59 @@ def read_rows(keys: pl.LazyFrame, column: str, need: np.ndarray, window_rows: in
     return np.concatenate(offsets), np.concatenate(values) if values else np.zeros(0, dtype=np.uint8)
 
 
-def read_sets(keys: pl.LazyFrame, need: np.ndarray, window_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def read_sets(
+    keys: pl.LazyFrame, need: np.ndarray, window_rows: int, *, threads: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique shingle sets ``(offsets, values)`` of rows ``need`` (ascending).
 
     Each window's sets are sorted straight into one output buffer, sized by the rows' shingle
     counts (a set holds at most ``_nsh`` values; pages past the unique values are never
-    touched), so the raw sets are never held all at once next to the sorted ones.
+    touched), so the raw sets are never held all at once next to the sorted ones. With
+    ``threads``, each window's rows are sorted in that many runs of about equal size at once.
     """
     counts = keys.select("_nsh").collect()["_nsh"].to_numpy()[need] if len(need) else np.zeros(0, dtype=np.uint32)
     out = np.empty(int(counts.sum(dtype=np.int64)), dtype=np.uint32)
     out_offsets = np.zeros(len(need) + 1, dtype=np.int64)
     done = cursor = 0
-    for part_offsets, data in _windows(keys, SETS_COLUMN, need, window_rows):
-        values = data.view("<u4") if len(data) else np.zeros(0, dtype=np.uint32)
-        if (
-            len(values) > len(out) - cursor
-        ):  # never with this module's spills (_nsh counts every value); grow, not overrun
-            grown = np.empty(cursor + len(values), dtype=np.uint32)
-            grown[:cursor] = out[:cursor]
-            out = grown
-        n = len(part_offsets) - 1
-        cursor = sort_unique_into(part_offsets // 4, values, out, out_offsets[done : done + n + 1], cursor)
-        done += n
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        for part_offsets, data in _windows(keys, SETS_COLUMN, need, window_rows):
+            values = data.view("<u4") if len(data) else np.zeros(0, dtype=np.uint32)
+            if (
+                len(values) > len(out) - cursor
+            ):  # never with this module's spills (_nsh counts every value); grow, not overrun
+                grown = np.empty(cursor + len(values), dtype=np.uint32)
+                grown[:cursor] = out[:cursor]
+                out = grown
+            n = len(part_offsets) - 1
+            cursor = _sort_unique_runs(
+                part_offsets // 4, values, out, out_offsets[done : done + n + 1], cursor, pool, threads
+            )
+            done += n
     return out_offsets, out[:cursor]
+
+
+def _sort_unique_runs(offsets, values, out, out_offsets, cursor, pool, runs: int) -> int:
+    """``sort_unique_into`` in up to ``runs`` runs of rows at once, each writing where its raw values would start
+    (a set only shrinks), then moved together: the same ``out`` and ``out_offsets``; returns the new cursor."""
+    n = len(offsets) - 1
+    cuts = np.unique(np.searchsorted(offsets, np.linspace(offsets[0], offsets[-1], max(1, runs) + 1)[1:-1]))
+    bounds = [0, *(int(c) for c in cuts if 0 < c < n), n]
+    if len(bounds) == 2:
+        return sort_unique_into(offsets, values, out, out_offsets, cursor)
+
+    def run(k: int) -> tuple[int, int]:
+        lo, hi = bounds[k], bounds[k + 1]
+        start = cursor + int(offsets[lo] - offsets[0])
+        return start, sort_unique_into(offsets[lo : hi + 1], values, out, out_offsets[lo : hi + 1], start)
+
+    for k, (start, end) in enumerate(pool.map(run, range(len(bounds) - 1))):
+        lo, hi = bounds[k], bounds[k + 1]
+        shift = start - cursor  # how far right of the previous run's end this run wrote
+        if shift:
+            out[cursor : end - shift] = out[start:end]
+            out_offsets[lo + 1 : hi + 1] -= shift
+        cursor = end - shift
+    return cursor
 
 
 @njit(cache=True, nogil=True)

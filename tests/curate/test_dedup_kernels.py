@@ -247,3 +247,38 @@ def test_kernels_load_without_the_libraries_numba_would_import_for_nothing():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "True"]
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3, 7])
+def test_sets_sorted_in_runs_at_once_equal_one_run(runs):
+    """``read_sets``' runs write where their raw values start and are moved together: the same sets and offsets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from winnow.curate.dedup.verify import _sort_unique_runs, sort_unique_into
+
+    rng = np.random.default_rng(runs)
+    sizes = rng.choice([0, 1, 5, 63, 64, 300, 2000], size=41)  # empty sets, tiny ones, both sides of the radix cut
+    offsets = np.concatenate([[7], 7 + np.cumsum(sizes)]).astype(np.int64)  # not starting at 0, as a window's
+    values = rng.integers(0, 50, size=int(offsets[-1]) + 3, dtype=np.uint32)  # many repeats within a set
+    want_out, want_offsets = np.zeros(len(values) + 10, dtype=np.uint32), np.full(len(sizes) + 1, 5, dtype=np.int64)
+    want = sort_unique_into(offsets, values, want_out, want_offsets, 5)
+    got_out, got_offsets = np.zeros(len(values) + 10, dtype=np.uint32), np.full(len(sizes) + 1, 5, dtype=np.int64)
+    with ThreadPoolExecutor(runs) as pool:
+        got = _sort_unique_runs(offsets, values, got_out, got_offsets, 5, pool, runs)
+    assert got == want
+    assert got_offsets.tolist() == want_offsets.tolist()
+    assert got_out[:got].tolist() == want_out[:want].tolist()
+
+
+def test_lsh_pairs_are_the_same_on_any_number_of_threads():
+    from winnow.curate.dedup.lsh import lsh_pairs
+
+    rng = np.random.default_rng(0)
+    n, bands = 500, 9
+    keys = pl.DataFrame({f"_band_{j}": rng.integers(0, 40, size=n, dtype=np.uint64) for j in range(bands)})
+    usable = rng.random(n) > 0.1
+    docs = np.arange(n, dtype=np.uint32)
+    one = lsh_pairs(keys.lazy(), keys.columns, docs, usable)
+    assert len(one) > 1000 and (np.diff(one) > 0).all()
+    for threads in (2, 4, 16):
+        assert np.array_equal(lsh_pairs(keys.lazy(), keys.columns, docs, usable, threads=threads), one)
