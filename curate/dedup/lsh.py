@@ -85,21 +85,23 @@ def lsh_pairs(
     never pair (documents without shingles). With ``threads``, each thread takes every
     ``threads``-th band (the sorts and kernels release the GIL); the pairs are the same.
     """
-    bands = keys.select(band_columns).collect()
+    frame = keys.select(band_columns).collect()
+    bands = [frame[column].to_numpy()[usable] for column in band_columns]  # here: threads never share a Series
+    del frame
     docs = docs[usable]
 
-    def pairs_of(columns: list[str]) -> np.ndarray:
+    def pairs_of(keys: list[np.ndarray]) -> np.ndarray:
         pairs = np.zeros(0, dtype=np.uint64)
-        for column in columns:
-            found = band_pairs(bands[column].to_numpy()[usable], docs)
+        for band in keys:
+            found = band_pairs(band, docs)
             pairs = merge_unique(pairs, found) if len(pairs) else found
         return pairs
 
-    ways = max(1, min(threads, len(band_columns)))
+    ways = max(1, min(threads, len(bands)))
     if ways == 1:
-        return pairs_of(band_columns)
+        return pairs_of(bands)
     with ThreadPoolExecutor(ways) as pool:
-        return functools.reduce(merge_unique, pool.map(pairs_of, [band_columns[i::ways] for i in range(ways)]))
+        return functools.reduce(merge_unique, pool.map(pairs_of, [bands[i::ways] for i in range(ways)]))
 
 
 @njit(cache=True, nogil=True)

@@ -201,13 +201,14 @@ def _sort_unique_runs(offsets, values, out, out_offsets, cursor, pool, runs: int
     if len(bounds) == 2:
         return sort_unique_into(offsets, values, out, out_offsets, cursor)
 
-    def run(k: int) -> tuple[int, int]:
-        lo, hi = bounds[k], bounds[k + 1]
-        start = cursor + int(offsets[lo] - offsets[0])
-        return start, sort_unique_into(offsets[lo : hi + 1], values, out, out_offsets[lo : hi + 1], start)
+    starts = [cursor + int(offsets[lo] - offsets[0]) for lo in bounds[:-1]]
 
-    for k, (start, end) in enumerate(pool.map(run, range(len(bounds) - 1))):
+    def run(k: int) -> int:
         lo, hi = bounds[k], bounds[k + 1]
+        return sort_unique_into(offsets[lo : hi + 1], values, out, out_offsets[lo : hi + 1], starts[k])
+
+    for k, end in enumerate(pool.map(run, range(len(bounds) - 1))):
+        lo, hi, start = bounds[k], bounds[k + 1], starts[k]
         shift = start - cursor  # how far right of the previous run's end this run wrote
         if shift:
             out[cursor : end - shift] = out[start:end]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import polars as pl
 import pytest
@@ -249,9 +251,11 @@ def test_kernels_load_without_the_libraries_numba_would_import_for_nothing():
     assert out == ["[]", "True"]
 
 
-@pytest.mark.parametrize("runs", [1, 2, 3, 7])
-def test_sets_sorted_in_runs_at_once_equal_one_run(runs):
-    """``read_sets``' runs write where their raw values start and are moved together: the same sets and offsets."""
+@pytest.mark.parametrize(("runs", "threads"), [(1, 1), (2, 2), (3, 3), (7, 7), (7, 0)])
+def test_sets_sorted_in_runs_at_once_equal_one_run(runs, threads):
+    """``read_sets``' runs write where their raw values start and are moved together: the same sets and offsets,
+    whichever runs start before the earlier ones are moved (threads 0: each run starts only after the ones
+    before it were moved, as with a pool of fewer threads than runs at its slowest)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from winnow.curate.dedup.verify import _sort_unique_runs, sort_unique_into
@@ -263,8 +267,9 @@ def test_sets_sorted_in_runs_at_once_equal_one_run(runs):
     want_out, want_offsets = np.zeros(len(values) + 10, dtype=np.uint32), np.full(len(sizes) + 1, 5, dtype=np.int64)
     want = sort_unique_into(offsets, values, want_out, want_offsets, 5)
     got_out, got_offsets = np.zeros(len(values) + 10, dtype=np.uint32), np.full(len(sizes) + 1, 5, dtype=np.int64)
-    with ThreadPoolExecutor(runs) as pool:
-        got = _sort_unique_runs(offsets, values, got_out, got_offsets, 5, pool, runs)
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        lazy = types.SimpleNamespace(map=map)  # the builtin map: run k is called when result k is wanted
+        got = _sort_unique_runs(offsets, values, got_out, got_offsets, 5, pool if threads else lazy, runs)
     assert got == want
     assert got_offsets.tolist() == want_offsets.tolist()
     assert got_out[:got].tolist() == want_out[:want].tolist()
