@@ -33,6 +33,35 @@ def codec(url: str) -> str | None:
     return next((c for ending, c in CODECS.items() if name.endswith(ending)), None)
 
 
+#: The first bytes of each compressed format: a file whose name says plain but whose content starts so is
+#: compressed (a JSON Lines file cannot start so: its first byte is ``{``, a space or a byte-order mark).
+MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"BZh": "bz2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x04\x22\x4d\x18": "lz4",
+    b"\xff\x06\x00\x00sNaPpY": "snappy",
+}
+_ENDING = {"gzip": ".gz", "zstd": ".zst", "bz2": ".bz2", "xz": ".xz"}
+
+
+def refuse_compressed(head: bytes, url: str, label: str) -> None:
+    """Raise ``InputError`` when ``head``, the first bytes of a file whose name says plain, is a compressed
+    format's: read as text it would be every line a reject of binary bytes."""
+    kind = next((k for magic, k in MAGIC.items() if head.startswith(magic)), None)
+    if kind is None:
+        return
+    name = printable(url)
+    if kind in _ENDING:
+        todo = f"rename it to end in {_ENDING[kind]} ({posixpath.basename(name)}{_ENDING[kind]}) and winnow decompresses it"
+    else:
+        todo = "decompress it first, or recompress it with zstd or gzip (winnow reads .zst, .gz, .bz2 and .xz)"
+    raise InputError(
+        f"input {label}: {name} is {kind}-compressed (its first bytes say so) but its name does not; {todo}"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class InputFile:
     """One input file: its URL, its name relative to the input's root, and what we know of it."""

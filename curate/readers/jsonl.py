@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from winnow.curate.config import InputConfig
-from winnow.curate.readers.files import InputFile, codec, open_binary
+from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_compressed
 from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from winnow.curate.readers.utf8 import first_bad_byte, valid_utf8
@@ -141,6 +141,9 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
     tail = b""
     long: _LongLine | None = None  # a line past max_record_bytes, skipped to its end without holding it
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+        if codec(file.url) is None:  # every span looks: a compressed file cut into spans would be garbage in each
+            refuse_compressed(fh.read(16), file.url, cfg.label)
+            fh.seek(0)
         pos = 0
         if span is not None:
             fh.seek(span.start)

@@ -503,3 +503,47 @@ def test_winnow_layout_counts_and_ranks_that_are_not_whole_numbers_are_rejects_n
     assert batch.rows["id"].to_list() == ["c", "d", "e"] and batch.rows["repeat"].to_list() == [2, None, 0]
     assert batch.rejects["reason"].to_list() == ["read:bad_schema"] * 2
     assert "holds 1.5; allowed: a whole number >= 0" in batch.rejects["meta"][0]
+
+
+def _compressed(kind: str, data: bytes) -> bytes:
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    if kind == "lz4":  # a frame header is all the check reads: lz4 need not be installed
+        return b"\x04\x22\x4d\x18\x64\x40\xa7" + data
+    return {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor().compress, "bz2": bz2.compress,
+            "xz": lzma.compress}[kind](data)  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "todo"), [("gzip", r"end in \.gz \(a\.jsonl\.gz\)"), ("zstd", r"end in \.zst"),
+                                            ("bz2", r"end in \.bz2"), ("xz", r"end in \.xz"),
+                                            ("lz4", r"decompress it first")])  # fmt: skip
+def test_a_compressed_file_named_as_plain_json_lines_is_refused_naming_it(tmp_path, kind, todo):
+    (tmp_path / "a.jsonl").write_bytes(_compressed(kind, good_lines(200)))
+    with pytest.raises(InputError, match=rf"input s: .*a\.jsonl is {kind}-compressed .* name does not; .*{todo}"):
+        read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+
+
+def test_every_span_of_a_large_compressed_file_named_plain_refuses_it(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(_compressed("gzip", good_lines(20_000)))
+    cfg = InputConfig(source="s", path=str(tmp_path / "a.jsonl"))
+    tasks = plan_read_tasks([cfg], task_bytes=20_000)
+    assert len(tasks) > 3
+    for task in tasks:
+        with pytest.raises(InputError, match="gzip-compressed"):
+            list(read_task(cfg, task, 1000))
+
+
+def test_on_error_skip_leaves_out_a_compressed_file_named_plain_and_reads_the_rest(tmp_path, write_job):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(_compressed("zstd", good_lines(5)))
+    (tmp_path / "in" / "b.jsonl").write_bytes(b"\xef\xbb\xbf  " + good_lines(5))  # a mark and spaces: plain JSON Lines
+    job = load_job(
+        write_job(f'on_error = "skip"\ngroup_bytes = 0\n[[inputs]]\nsource = "s"\npath = "{tmp_path / "in"}"\n')
+    )
+    manifest = run_job(job, progress=False)
+    assert [s["task"].endswith("a.jsonl") for s in manifest["skipped_files"]] == [True]
+    assert "zstd-compressed" in manifest["skipped_files"][0]["error"] and manifest["totals"]["rows_written"] == 5
