@@ -215,6 +215,12 @@ def _sample_wrong(
     return len(chosen), int(np.count_nonzero(similarity < threshold))
 
 
+def _window_rows(set_bytes: float, memory_gb: float) -> int:
+    """Rows per read of the spill: sets are read in windows of about ``WINDOW_BYTES`` (less on a small budget);
+    larger windows save little time and the plan's peak grows with them."""
+    return int(min(1 << 16, max(1 << 8, min(WINDOW_BYTES, memory_gb * GB / 16) / max(set_bytes, 64.0))))
+
+
 def _set_bytes(keys: pl.LazyFrame, verify: str, memory_gb: float) -> float:
     """Mean bytes of a document's spilled shingle set (0 when nothing is verified); raises when the longest does not fit."""
     if verify == "none":
@@ -247,9 +253,7 @@ def edge_files(
     buckets = partitions(
         n_candidates, PAIR_BYTES + 2 * set_bytes, memory_gb, what="the candidate pairs of dedup.minhash"
     )
-    # Sets are read in windows of about WINDOW_BYTES (less on a small budget): larger windows save
-    # little time and the plan's peak grows with them.
-    window_rows = int(min(1 << 16, max(1 << 8, min(WINDOW_BYTES, memory_gb * GB / 16) / max(set_bytes, 64.0))))
+    window_rows = _window_rows(set_bytes, memory_gb)
     paths = split_pairs(candidates, buckets, folder / "pairs")
     stats: dict = {"candidate_pairs": 0, "partitions": {"verify": buckets}}
     for path in paths:
@@ -342,7 +346,8 @@ def _grouped(labels: pl.DataFrame, stats: dict, n_edges: int, stage: str) -> Gro
 
 def in_memory_bytes(n_usable: int, bands: int, shingles: int) -> int:
     """What ``_group_in_memory`` holds at most: every band key, the candidate pairs of every band (at most two per
-    document and band, before they are made unique) and the shingle sets (read, then sorted) of all documents."""
+    document and band, with ``PAIR_BYTES`` each for their copies) and twice the shingle sets of all documents (the
+    sorted sets it checks pairs on are at most those; the rest is one window of the raw ones, ``_window_rows``)."""
     return n_usable * bands * (8 + 2 * PAIR_BYTES) + 8 * shingles
 
 
@@ -366,7 +371,7 @@ def _group_in_memory(
     threads = len(os.sched_getaffinity(0))  # the plan runs between phases, alone: its kernels release the GIL
     pairs = lsh_pairs(keys, columns, np.arange(n, dtype=np.uint32), usable, threads=threads)
     stats: dict = {"candidate_pairs": len(pairs), "partitions": {"verify": 1}}
-    window_rows = 1 << 16
+    window_rows = _window_rows(_set_bytes(keys, verify, memory_gb), memory_gb)
     if verify == "all":
         has_sig8 = SIG8_COLUMN in keys.collect_schema().names()
         screened = screen_pairs(keys, pairs, threshold=threshold, window_rows=window_rows)
