@@ -92,9 +92,7 @@ class Executor:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="winnow-task")
             futures = {self._threads.submit(fn, s) for s in specs}
-            if meanwhile is not None:
-                meanwhile()
-            yield from _wait_all(self._threads, futures)
+            yield from _wait_all(self._threads, futures, meanwhile)
         else:
             yield from self._run_pool(fn, specs)
 
@@ -232,9 +230,12 @@ def _terminate_workers(pool: ProcessPoolExecutor) -> None:
             process.terminate()
 
 
-def _wait_all(pool: _PoolExecutor, pending: set) -> Iterator[Any]:
-    """Yield the results of the ``pending`` futures of ``pool`` as they finish; a failure cancels what has not started."""
+def _wait_all(pool: _PoolExecutor, pending: set, meanwhile: Callable[[], None] | None = None) -> Iterator[Any]:
+    """Yield the results of the ``pending`` futures of ``pool`` as they finish, after calling ``meanwhile``; a
+    failure (or Ctrl-C) cancels what has not started."""
     try:
+        if meanwhile is not None:
+            meanwhile()
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:

@@ -501,12 +501,16 @@ def _first_batch(job: Job, read_tasks: list, index: int) -> pl.DataFrame | None:
 
 
 def _set_up_kernels() -> None:
-    """numba's one-time setup of this process (``curate.dedup.jit.set_up``), where a stage's module loaded numba:
-    done by the thread that started the phase's task threads, while they read."""
-    if "numba" in sys.modules:
-        from winnow.curate.dedup.jit import set_up
-
-        set_up()
+    """numba's one-time setup of this process (``curate.dedup.jit.set_up``), where a stage's module compiles its
+    kernels through ``curate.dedup.jit``: done by the thread that started the phase's task threads, while they
+    read. It only saves time: should it fail, the first kernel call does the setup as it always would."""
+    jit = sys.modules.get("winnow.curate.dedup.jit")
+    if jit is None:
+        return
+    try:
+        jit.set_up()
+    except Exception as err:  # noqa: BLE001 - numba's internals moved: nothing is lost but the head start
+        log.debug("numba's setup ahead of the tasks failed: %s", err)
 
 
 def _run_task_indexed(spec: TaskSpec) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from winnow.curate.atomic import rename_into_place, write_json_atomic
@@ -40,6 +41,7 @@ from winnow.curate.writers.shards import ShardWriter
 
 READ_STAGE_ID = "00.read"
 _SPILL_WRITE_BATCH = 256  # rows per Parquet write batch in the spill files
+_PARQUET_VIEWS = int(pa.__version__.split(".")[0]) >= 21  # Arrow writes string and binary views to Parquet
 _BATCH_BYTES = 64 << 20  # about the most row data a later phase's batch holds (a phase-0 reader's blocks are smaller)
 
 
@@ -98,9 +100,10 @@ def spill_codec(inputs: list[InputConfig], read_tasks: list[ReadTask], work: Wor
     them about twice as fast as zstd (random 64-bit hashes and shingle sets come out under a tenth larger).
 
     lz4 makes text spills about 2.5x smaller for about 2 s of CPU per GB written and read back: a job that is
-    small against its disk would spend that time for nothing. Compressed inputs (gzip, zstd, Parquet...)
-    count five times their size. Spills to an object store are always compressed (each is uploaded and
-    fetched). Either way each phase reads what the one before wrote: the outputs are the same.
+    small against its disk would spend that time for nothing. Inputs other than plain JSON Lines and text files
+    (gzip, zstd, Parquet, tars, Hugging Face folders) count five times their size. Spills to an object store are
+    always compressed (each is uploaded and fetched). Either way each phase reads what the one before wrote: the
+    outputs are the same.
     """
     if work.remote:
         return "lz4"
@@ -127,6 +130,7 @@ def build_stages(job: Job, work: WorkDir) -> list[Stage]:
             sources=job.declared_sources,
             seed=job.job.seed,
             memory_gb=job.job.memory_gb,
+            workers=job.job.workers,
         )
         stages.append(cls(config, ctx))
     return stages
@@ -154,9 +158,9 @@ class _Outputs:
         writer = getattr(self, name)
         spilled = name in ("keys", "ids")
         intermediate = spilled or (name == "rows" and not self.spec.phase.final)  # only the next phase reads it
-        # polars' own string and binary views go to Arrow without a copy; the oldest layout (large_string) copies
-        # every text, and is what winnow's outputs hold
-        table = df.to_arrow(compat_level=pl.CompatLevel.newest() if intermediate else None)
+        # polars' own string and binary views go to Arrow without a copy (Parquet takes them from Arrow 21); the
+        # oldest layout (large_string) copies every text, and is what winnow's outputs hold
+        table = df.to_arrow(compat_level=pl.CompatLevel.newest() if intermediate and _PARQUET_VIEWS else None)
         if writer is None:
             # Spilled keys are mostly random 64-bit hashes and unique ids: a dictionary only costs time there,
             # but for the source names, which repeat on every row.

@@ -273,7 +273,7 @@ def edge_files(
         sampled, wrong = _sample_wrong(
             keys,
             map(_read_pairs, paths),
-            n_candidates=n_candidates,
+            n_candidates=stats["candidate_pairs"],
             threshold=threshold,
             sample=sample,
             seed=seed,
@@ -302,15 +302,19 @@ def group(
     memory_gb: float,
     folder: Path,
     stage: str,
+    workers: int = 1,
 ) -> Grouped:
     """Steps 1-3 over the spilled ``keys``; ``folder`` is scratch (removed at the end)."""
     shutil.rmtree(folder, ignore_errors=True)
     counts = keys.select((pl.col("_nsh") > 0).sum().alias("usable"), pl.col("_nsh").sum().alias("shingles")).collect()
     n_usable, shingles = int(counts["usable"][0] or 0), int(counts["shingles"][0] or 0)
-    if in_memory_bytes(n_usable, len(columns), shingles if verify != "none" else 0) <= memory_gb * GB:
+    sig_bytes = 0
+    if verify == "all" and SIG8_COLUMN in keys.collect_schema().names():
+        sig_bytes = keys.select(pl.col(SIG8_COLUMN).bin.size().max()).collect().item() or 0
+    if in_memory_bytes(n_usable, len(columns), shingles if verify != "none" else 0, sig_bytes) <= memory_gb * GB:
         return _group_in_memory(
             keys, columns, verify=verify, threshold=threshold, chunk_pairs=chunk_pairs, sample=sample, seed=seed,
-            memory_gb=memory_gb, stage=stage,
+            memory_gb=memory_gb, stage=stage, workers=workers,
         )  # fmt: skip
     band_parts = partitions(n_usable, BAND_BYTES, memory_gb, what=f"one band of {stage} over {n_usable} documents")
     per_pass = max(1, int(memory_gb * GB // max(n_usable * BAND_BYTES, 1)))  # bands one scan can hold (one partition)
@@ -344,11 +348,17 @@ def _grouped(labels: pl.DataFrame, stats: dict, n_edges: int, stage: str) -> Gro
     return Grouped(labels, stats)
 
 
-def in_memory_bytes(n_usable: int, bands: int, shingles: int) -> int:
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def in_memory_bytes(n_usable: int, bands: int, shingles: int, signature_bytes: int) -> int:
     """What ``_group_in_memory`` holds at most: every band key, the candidate pairs of every band (at most two per
     document and band, with ``PAIR_BYTES`` each for their copies) and twice the shingle sets of all documents (the
-    sorted sets it checks pairs on are at most those; the rest is one window of the raw ones, ``_window_rows``)."""
-    return n_usable * bands * (8 + 2 * PAIR_BYTES) + 8 * shingles
+    sorted sets it checks pairs on are at most those; the rest is one window of the raw ones, ``_window_rows``), and
+    twice the 8-bit signatures (``signature_bytes`` per document: read in windows, then joined)."""
+    return n_usable * (bands * (8 + 2 * PAIR_BYTES) + 2 * signature_bytes) + 8 * shingles
 
 
 def _group_in_memory(
@@ -362,13 +372,15 @@ def _group_in_memory(
     seed: int,
     memory_gb: float,
     stage: str,
+    workers: int,
 ) -> Grouped:
     """Steps 1-3 as arrays, for spilled keys that fit in ``memory_gb`` (``in_memory_bytes``): the same candidate
     pairs, checks, edges, clusters and counts as the partitioned steps with one partition each, without the files
-    between them. Each spilled column is read once (the sets of the documents on screened pairs only)."""
+    between them. Each spilled column is read once (the sets of the documents on screened pairs only); LSH, the
+    sorting of sets and the exact check run on up to ``workers`` threads."""
     n = keys.select(pl.len()).collect().item()
     usable = keys.select("_nsh").collect()["_nsh"].to_numpy() > 0
-    threads = len(os.sched_getaffinity(0))  # the plan runs between phases, alone: its kernels release the GIL
+    threads = max(1, min(workers, _cpus()))  # the plan runs between phases, alone: its kernels release the GIL
     pairs = lsh_pairs(keys, columns, np.arange(n, dtype=np.uint32), usable, threads=threads)
     stats: dict = {"candidate_pairs": len(pairs), "partitions": {"verify": 1}}
     window_rows = _window_rows(_set_bytes(keys, verify, memory_gb), memory_gb)

@@ -198,7 +198,7 @@ class MinHashDedup(DedupBarrier):
         grouped = group(
             keys, band_columns(bands), verify=config.verify, threshold=config.threshold, chunk_pairs=config.verify_chunk_pairs,
             sample=config.verify_sample, seed=config.seed, memory_gb=self.ctx.memory_gb, folder=self.ctx.plan_dir / "minhash",
-            stage=self.ctx.stage_id,
+            stage=self.ctx.stage_id, workers=self.ctx.workers,
         )  # fmt: skip
         n_docs = keys.select(pl.len()).collect().item()
         members = (

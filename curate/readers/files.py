@@ -38,7 +38,7 @@ def codec(url: str) -> str | None:
 MAGIC = {
     b"\x1f\x8b": "gzip",
     b"\x28\xb5\x2f\xfd": "zstd",
-    b"BZh": "bz2",
+    b"BZh": "bz2",  # then the block size, a digit, and the block magic: checked in refuse_compressed
     b"\xfd7zXZ\x00": "xz",
     b"\x04\x22\x4d\x18": "lz4",
     b"\xff\x06\x00\x00sNaPpY": "snappy",
@@ -50,7 +50,7 @@ def refuse_compressed(head: bytes, url: str, label: str) -> None:
     """Raise ``InputError`` when ``head``, the first bytes of a file whose name says plain, is a compressed
     format's: read as text it would be every line a reject of binary bytes."""
     kind = next((k for magic, k in MAGIC.items() if head.startswith(magic)), None)
-    if kind is None:
+    if kind is None or (kind == "bz2" and not (head[3:4].isdigit() and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"))):
         return
     name = printable(url)
     if kind in _ENDING:

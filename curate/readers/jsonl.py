@@ -140,10 +140,8 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
     offset = 0  # uncompressed byte offset of the next line
     tail = b""
     long: _LongLine | None = None  # a line past max_record_bytes, skipped to its end without holding it
+    plain = codec(file.url) is None
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
-        if codec(file.url) is None:  # every span looks: a compressed file cut into spans would be garbage in each
-            refuse_compressed(fh.read(16), file.url, cfg.label)
-            fh.seek(0)
         pos = 0
         if span is not None:
             fh.seek(span.start)
@@ -162,6 +160,8 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                 data = tail + chunk
                 if not tail:
                     offset = at
+                if at == 0 and plain:  # a compressed file named as plain would be binary garbage, line after line
+                    refuse_compressed(data, file.url, cfg.label)
                 if at == 0 and data.startswith(BOM):
                     # Windows tools start files with one; Arrow skips it but orjson refuses the line.
                     data, offset = data[len(BOM) :], len(BOM)

@@ -65,6 +65,7 @@ class StageContext:
     sources: tuple[str, ...]  # source names declared by the job's inputs (source_field sources appear at run time)
     seed: int = 0
     memory_gb: float = 4.0  # [job] memory_gb: what a barrier's plan may hold (curate.dedup.budget)
+    workers: int = 1  # [job] workers: tasks at once; a plan may use as many threads
 
     @property
     def artifacts_dir(self) -> Path:

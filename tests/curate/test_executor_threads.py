@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -59,3 +60,36 @@ def test_numba_set_up_then_a_cached_kernel_call():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[:3] == ["False", "[2]", "[5]"]
+
+
+def test_a_failure_meanwhile_cancels_the_tasks_not_started():
+    started = threading.Event()
+    release = threading.Event()
+
+    def task(i: int) -> int:
+        started.set()
+        release.wait(10)
+        return i
+
+    def meanwhile() -> None:
+        started.wait(10)
+        raise KeyboardInterrupt  # Ctrl-C while the driver sets up
+
+    ran = []
+    with Executor(workers=2) as ex:
+        results = ex.run(lambda i: ran.append(i) or task(i), range(20), threads=True, meanwhile=meanwhile)
+        threading.Timer(0.2, release.set).start()
+        with pytest.raises(KeyboardInterrupt):
+            list(results)
+        time.sleep(0.5)  # the pool is still open: nothing queued may start now
+        assert 1 <= len(ran) <= 2  # the two that had started ran to their end; the other 18 never started
+
+
+def test_a_failed_numba_setup_costs_only_its_head_start(monkeypatch, caplog):
+    from winnow.curate import pipeline
+    from winnow.curate.dedup import jit
+
+    monkeypatch.setattr(jit, "set_up", lambda: (_ for _ in ()).throw(AttributeError("numba moved a module")))
+    with caplog.at_level("DEBUG", logger="winnow.curate.pipeline"):
+        pipeline._set_up_kernels()
+    assert "numba moved a module" in caplog.text

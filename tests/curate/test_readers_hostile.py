@@ -527,14 +527,21 @@ def test_a_compressed_file_named_as_plain_json_lines_is_refused_naming_it(tmp_pa
         read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
 
 
-def test_every_span_of_a_large_compressed_file_named_plain_refuses_it(tmp_path):
-    (tmp_path / "a.jsonl").write_bytes(_compressed("gzip", good_lines(20_000)))
+def test_a_large_compressed_file_named_plain_stops_the_job_whatever_its_spans(tmp_path, write_job):
+    lines = b"".join(orjson.dumps({"text": os.urandom(48).hex()}) + b"\n" for _ in range(60_000))
+    (tmp_path / "a.jsonl").write_bytes(_compressed("gzip", lines))  # ~3.5 MB: incompressible text
     cfg = InputConfig(source="s", path=str(tmp_path / "a.jsonl"))
-    tasks = plan_read_tasks([cfg], task_bytes=20_000)
-    assert len(tasks) > 3
-    for task in tasks:
-        with pytest.raises(InputError, match="gzip-compressed"):
-            list(read_task(cfg, task, 1000))
+    assert len(plan_read_tasks([cfg], task_bytes=1 << 20)) > 2  # the first span finds the gzip bytes
+    job = load_job(write_job(f'task_bytes = {1 << 20}\n[[inputs]]\nsource = "s"\npath = "{tmp_path / "a.jsonl"}"\n'))
+    with pytest.raises(InputError, match="gzip-compressed"):
+        run_job(job, progress=False)
+
+
+def test_a_plain_file_whose_first_line_starts_like_a_magic_number_is_read(tmp_path):
+    """``BZh`` alone is no bzip2 header (its block magic follows): the line is a bad JSON line, the rest is read."""
+    (tmp_path / "a.jsonl").write_bytes(b"BZh that is not bzip2\n" + good_lines(3))
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+    assert rows.height == 3 and rejects["reason"].to_list() == ["read:bad_json"]
 
 
 def test_on_error_skip_leaves_out_a_compressed_file_named_plain_and_reads_the_rest(tmp_path, write_job):

@@ -148,7 +148,7 @@ def test_spills_are_compressed_unless_the_job_is_small_against_the_free_disk(tmp
     assert rows == fresh(tmp_path, write_job, data, "fresh")  # the outputs do not depend on it
 
 
-def test_spill_codec_counts_compressed_inputs_five_times_and_stores_compress(tmp_path):
+def test_spill_codec_counts_compressed_inputs_five_times_and_stores_compress(tmp_path, monkeypatch):
     from winnow.curate.config import InputConfig
     from winnow.curate.readers import plan_read_tasks
     from winnow.curate.tasks import spill_codec
@@ -165,11 +165,9 @@ def test_spill_codec_counts_compressed_inputs_five_times_and_stores_compress(tmp
     work = WorkDir(str(tmp_path / "out"))  # not made yet: the free space is its disk's
     real = shutil.disk_usage
     for free, codec in ((100 * text, "none"), (100 * text - 1, "lz4")):
-        curate.tasks.shutil.disk_usage = lambda path, _f=free: real(path)._replace(free=_f)
-        try:
-            assert spill_codec(inputs, tasks, work) == codec
-        finally:
-            curate.tasks.shutil.disk_usage = real
+        monkeypatch.setattr(curate.tasks.shutil, "disk_usage", lambda path, _f=free: real(path)._replace(free=_f))
+        assert spill_codec(inputs, tasks, work) == codec
+        assert spill_codec(inputs, tasks + tasks, work) == codec  # a file in several tasks (spans) counts once
     assert spill_codec(inputs, tasks, WorkDir("s3://bucket/job")) == "lz4"
 
 
