@@ -14,7 +14,8 @@ datasketch's ``MinHash.bulk`` + ``MinHashLSH`` on the same hashes (a subsample: 
 phase is timed twice: from text (its shingling included, as the stage runs it) and from the same ready
 hashes rensa gets (its signature, band keys, spilled sets and LSH pairs, with the stage's own kernels).
 
-End to end (each run a fresh process, peak RSS of its process tree sampled every 20 ms): winnow's
+End to end (each run a fresh process, peak RSS of its process tree sampled every 20 ms; winnow's bytecode is
+written first, as an installed winnow has it): winnow's
 job as a user runs it (``winnow curate job.toml``: JSONL in; ``dedup.minhash`` with its defaults at
 threshold 0.8; Parquet + WebDataset out) with 1 and 2 workers, against the pipeline a rensa user
 writes (JSON load, Python word 5-gram shingles of the normalized words, ``RMinHash.from_token_sets``,
