@@ -52,6 +52,20 @@ log = logging.getLogger(__name__)
 WINDOW_BYTES = 8 << 20
 
 
+@dataclass(frozen=True, slots=True)
+class GroupOptions:
+    """What ``group`` takes of its stage and the job."""
+
+    verify: str  # "all", "sample" or "none": which candidate pairs get the exact check
+    threshold: float
+    chunk_pairs: int  # pairs checked at a time
+    sample: int  # verify = "sample": pairs checked
+    seed: int
+    memory_gb: float  # [job] memory_gb
+    stage: str  # the stage's id, for messages
+    workers: int = 1  # [job] workers: threads the plan may use in memory
+
+
 @dataclass(slots=True)
 class Grouped:
     """What the grouping found: each clustered row's component label, and the counts for the report."""
@@ -290,34 +304,19 @@ def edge_files(
     return files, stats
 
 
-def group(
-    keys: pl.LazyFrame,
-    columns: list[str],
-    *,
-    verify: str,
-    threshold: float,
-    chunk_pairs: int,
-    sample: int,
-    seed: int,
-    memory_gb: float,
-    folder: Path,
-    stage: str,
-    workers: int = 1,
-) -> Grouped:
+def group(keys: pl.LazyFrame, columns: list[str], options: GroupOptions, *, folder: Path) -> Grouped:
     """Steps 1-3 over the spilled ``keys``; ``folder`` is scratch (removed at the end)."""
     shutil.rmtree(folder, ignore_errors=True)
     counts = keys.select((pl.col("_nsh") > 0).sum().alias("usable"), pl.col("_nsh").sum().alias("shingles")).collect()
     n_usable, shingles = int(counts["usable"][0] or 0), int(counts["shingles"][0] or 0)
     sig_bytes = 0
-    if verify == "all" and SIG8_COLUMN in keys.collect_schema().names():
+    o = options
+    if o.verify == "all" and SIG8_COLUMN in keys.collect_schema().names():
         sig_bytes = keys.select(pl.col(SIG8_COLUMN).bin.size().max()).collect().item() or 0
-    if in_memory_bytes(n_usable, len(columns), shingles if verify != "none" else 0, sig_bytes) <= memory_gb * GB:
-        return _group_in_memory(
-            keys, columns, verify=verify, threshold=threshold, chunk_pairs=chunk_pairs, sample=sample, seed=seed,
-            memory_gb=memory_gb, stage=stage, workers=workers,
-        )  # fmt: skip
-    band_parts = partitions(n_usable, BAND_BYTES, memory_gb, what=f"one band of {stage} over {n_usable} documents")
-    per_pass = max(1, int(memory_gb * GB // max(n_usable * BAND_BYTES, 1)))  # bands one scan can hold (one partition)
+    if in_memory_bytes(n_usable, len(columns), shingles if o.verify != "none" else 0, sig_bytes) <= o.memory_gb * GB:
+        return _group_in_memory(keys, columns, o)
+    band_parts = partitions(n_usable, BAND_BYTES, o.memory_gb, what=f"one band of {o.stage} over {n_usable} documents")
+    per_pass = max(1, int(o.memory_gb * GB // max(n_usable * BAND_BYTES, 1)))  # bands one scan can hold (one partition)
     candidates, n_candidates = candidate_files(
         keys, columns, band_parts, folder / "candidates", bands_per_pass=per_pass
     )
@@ -325,20 +324,20 @@ def group(
         keys,
         candidates,
         n_candidates,
-        verify=verify,
-        threshold=threshold,
-        chunk_pairs=chunk_pairs,
-        sample=sample,
-        seed=seed,
-        memory_gb=memory_gb,
+        verify=o.verify,
+        threshold=o.threshold,
+        chunk_pairs=o.chunk_pairs,
+        sample=o.sample,
+        seed=o.seed,
+        memory_gb=o.memory_gb,
         folder=folder / "edges",
     )
     n_edges = sum(pl.scan_parquet(f, glob=False).select(pl.len()).collect().item() for f in edges)
-    edge_parts = partitions(2 * n_edges, EDGE_BYTES, memory_gb, what=f"the duplicate graph of {stage}")
+    edge_parts = partitions(2 * n_edges, EDGE_BYTES, o.memory_gb, what=f"the duplicate graph of {o.stage}")
     labels = components(edges, edge_parts, folder / "components")
     stats["partitions"] = {"bands": band_parts, **stats["partitions"], "components": edge_parts}
     shutil.rmtree(folder, ignore_errors=True)
-    return _grouped(labels.rename({"node": "_row", "label": "_cluster"}), stats, n_edges, stage)
+    return _grouped(labels.rename({"node": "_row", "label": "_cluster"}), stats, n_edges, o.stage)
 
 
 def _grouped(labels: pl.DataFrame, stats: dict, n_edges: int, stage: str) -> Grouped:
@@ -361,53 +360,41 @@ def in_memory_bytes(n_usable: int, bands: int, shingles: int, signature_bytes: i
     return n_usable * (bands * (8 + 2 * PAIR_BYTES) + 2 * signature_bytes) + 8 * shingles
 
 
-def _group_in_memory(
-    keys: pl.LazyFrame,
-    columns: list[str],
-    *,
-    verify: str,
-    threshold: float,
-    chunk_pairs: int,
-    sample: int,
-    seed: int,
-    memory_gb: float,
-    stage: str,
-    workers: int,
-) -> Grouped:
-    """Steps 1-3 as arrays, for spilled keys that fit in ``memory_gb`` (``in_memory_bytes``): the same candidate
+def _group_in_memory(keys: pl.LazyFrame, columns: list[str], o: GroupOptions) -> Grouped:
+    """Steps 1-3 as arrays, for spilled keys that fit in ``o.memory_gb`` (``in_memory_bytes``): the same candidate
     pairs, checks, edges, clusters and counts as the partitioned steps with one partition each, without the files
     between them. Each spilled column is read once (the sets of the documents on screened pairs only); LSH, the
-    sorting of sets and the exact check run on up to ``workers`` threads."""
+    sorting of sets and the exact check run on up to ``o.workers`` threads."""
     n = keys.select(pl.len()).collect().item()
     usable = keys.select("_nsh").collect()["_nsh"].to_numpy() > 0
-    threads = max(1, min(workers, _cpus()))  # the plan runs between phases, alone: its kernels release the GIL
+    threads = max(1, min(o.workers, _cpus()))  # the plan runs between phases, alone: its kernels release the GIL
     pairs = lsh_pairs(keys, columns, np.arange(n, dtype=np.uint32), usable, threads=threads)
     stats: dict = {"candidate_pairs": len(pairs), "partitions": {"verify": 1}}
-    window_rows = _window_rows(_set_bytes(keys, verify, memory_gb), memory_gb)
-    if verify == "all":
+    window_rows = _window_rows(_set_bytes(keys, o.verify, o.memory_gb), o.memory_gb)
+    if o.verify == "all":
         has_sig8 = SIG8_COLUMN in keys.collect_schema().names()
-        screened = screen_pairs(keys, pairs, threshold=threshold, window_rows=window_rows)
+        screened = screen_pairs(keys, pairs, threshold=o.threshold, window_rows=window_rows)
         a, b = unpack_pairs(screened)
         need = np.unique(np.concatenate([a, b]))
         offsets, values = read_sets(keys, need, window_rows, threads=threads)
         a, b = np.searchsorted(need, a), np.searchsorted(need, b)
-        step = max(1, min(chunk_pairs, -(-len(screened) // threads)))
+        step = max(1, min(o.chunk_pairs, -(-len(screened) // threads)))
         with ThreadPoolExecutor(threads) as pool:
             chunks = pool.map(
                 lambda lo: pair_jaccard(a[lo : lo + step], b[lo : lo + step], offsets, values),
                 range(0, len(screened), step),
             )
             similarity = np.concatenate([*chunks, np.zeros(0)])
-        pairs = screened[similarity >= threshold]
+        pairs = screened[similarity >= o.threshold]
         stats.update(screened_pairs=len(screened), verified_pairs=len(pairs))
         stats["spill_passes"] = {
             "signatures": int(has_sig8 and stats["candidate_pairs"] > 0),
             "sets": int(len(screened) > 0),
         }
-    elif verify == "sample":
+    elif o.verify == "sample":
         sampled, wrong = _sample_wrong(
-            keys, [pairs], n_candidates=len(pairs), threshold=threshold, sample=sample, seed=seed,
-            chunk_pairs=chunk_pairs, window_rows=window_rows,
+            keys, [pairs], n_candidates=len(pairs), threshold=o.threshold, sample=o.sample, seed=o.seed,
+            chunk_pairs=o.chunk_pairs, window_rows=window_rows,
         )  # fmt: skip
         stats.update(sampled_pairs=sampled, estimated_false_positive_rate=wrong / sampled if sampled else None)
     a, b = unpack_pairs(pairs)
@@ -415,4 +402,4 @@ def _group_in_memory(
     nodes = np.unique(np.concatenate([a, b]))
     frame = pl.DataFrame({"_row": nodes, "_cluster": labels[nodes].astype(np.uint32)})
     stats["partitions"] = {"bands": 1, **stats["partitions"], "components": 1}
-    return _grouped(frame, stats, len(pairs), stage)
+    return _grouped(frame, stats, len(pairs), o.stage)

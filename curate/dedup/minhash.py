@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from winnow.curate.dedup.clusters import KEEP_POLICIES, KeepPolicy, choose_keepers, cluster_report, decision_frame
-from winnow.curate.dedup.grouping import group
+from winnow.curate.dedup.grouping import GroupOptions, group
 from winnow.curate.dedup.kernels import IDENTITY, PLAIN_SEP
 from winnow.curate.dedup.lsh import candidate_probability, choose_bands, lsh_pairs
 from winnow.curate.dedup.signatures import sketch_buffers
@@ -195,11 +195,12 @@ class MinHashDedup(DedupBarrier):
             return self.no_duplicates()
         config = self.config
         bands, rows = config.lsh_shape()
-        grouped = group(
-            keys, band_columns(bands), verify=config.verify, threshold=config.threshold, chunk_pairs=config.verify_chunk_pairs,
-            sample=config.verify_sample, seed=config.seed, memory_gb=self.ctx.memory_gb, folder=self.ctx.plan_dir / "minhash",
-            stage=self.ctx.stage_id, workers=self.ctx.workers,
+        options = GroupOptions(
+            verify=config.verify, threshold=config.threshold, chunk_pairs=config.verify_chunk_pairs,
+            sample=config.verify_sample, seed=config.seed, memory_gb=self.ctx.memory_gb, stage=self.ctx.stage_id,
+            workers=self.ctx.workers,
         )  # fmt: skip
+        grouped = group(keys, band_columns(bands), options, folder=self.ctx.plan_dir / "minhash")
         n_docs = keys.select(pl.len()).collect().item()
         members = (
             keys.select(*self.DOC_COLUMNS).with_row_index("_row")
