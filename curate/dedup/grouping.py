@@ -309,8 +309,7 @@ def group(keys: pl.LazyFrame, columns: list[str], options: GroupOptions, *, fold
     shutil.rmtree(folder, ignore_errors=True)
     counts = keys.select((pl.col("_nsh") > 0).sum().alias("usable"), pl.col("_nsh").sum().alias("shingles")).collect()
     n_usable, shingles = int(counts["usable"][0] or 0), int(counts["shingles"][0] or 0)
-    sig_bytes = 0
-    o = options
+    o, sig_bytes = options, 0
     if o.verify == "all" and SIG8_COLUMN in keys.collect_schema().names():
         sig_bytes = keys.select(pl.col(SIG8_COLUMN).bin.size().max()).collect().item() or 0
     if in_memory_bytes(n_usable, len(columns), shingles if o.verify != "none" else 0, sig_bytes) <= o.memory_gb * GB:

@@ -90,9 +90,9 @@ def lsh_pairs(
     del frame
     docs = docs[usable]
 
-    def pairs_of(keys: list[np.ndarray]) -> np.ndarray:
+    def pairs_of(chosen: list[np.ndarray]) -> np.ndarray:
         pairs = np.zeros(0, dtype=np.uint64)
-        for band in keys:
+        for band in chosen:
             found = band_pairs(band, docs)
             pairs = merge_unique(pairs, found) if len(pairs) else found
         return pairs
