@@ -64,14 +64,20 @@ def no_space(folder: str | os.PathLike, err: BaseException, *, then: str) -> Dis
     local = str(folder)
     if "://" in local:  # an object store's quota: the store's own message says more than a local path could
         return DiskFullError(f"the store refused a write under {local} (full, or over quota: {err}); {then}")
-    probe = os.path.abspath(local)
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
-    usage = shutil.disk_usage(probe)
+    usage = disk_usage(local)
     return DiskFullError(
         f"no space left on the device holding {local} ({_mib(usage.free)} free of {_mib(usage.total)}): "
         f"free space there or give the output another place; {then}"
     )
+
+
+def disk_usage(folder: str | os.PathLike) -> shutil._ntuple_diskusage:
+    """``shutil.disk_usage`` of the device that holds (or will hold) the local ``folder``: its nearest existing
+    ancestor's."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    return shutil.disk_usage(probe)
 
 
 def _mib(n: int) -> str:

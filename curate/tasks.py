@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from winnow.curate.atomic import rename_into_place, write_json_atomic
 from winnow.curate.config import InputConfig, Job
-from winnow.curate.errors import InputError, StageError
+from winnow.curate.errors import InputError, StageError, disk_usage
 from winnow.curate.executors import worker_info
 from winnow.curate.fields import extract_fields, job_fields
 from winnow.curate.ordered import sort_task_rows
@@ -112,10 +112,7 @@ def spill_codec(inputs: list[InputConfig], read_tasks: list[ReadTask], work: Wor
         for t in read_tasks
         for f in t.files
     }
-    folder = work.root
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return "none" if 100 * sum(sizes.values()) <= shutil.disk_usage(folder).free else "lz4"
+    return "none" if 100 * sum(sizes.values()) <= disk_usage(work.root).free else "lz4"
 
 
 def build_stages(job: Job, work: WorkDir) -> list[Stage]:
