@@ -46,11 +46,19 @@ MAGIC = {
 _ENDING = {"gzip": ".gz", "zstd": ".zst", "bz2": ".bz2", "xz": ".xz"}
 
 
+def compressed_kind(head: bytes) -> str | None:
+    """The compressed format whose magic number ``head`` (a file's first 10 bytes or more) starts with, or None."""
+    kind = next((k for magic, k in MAGIC.items() if head.startswith(magic)), None)
+    if kind == "bz2" and not (head[3:4].isdigit() and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90")):
+        return None
+    return kind
+
+
 def refuse_compressed(head: bytes, url: str, label: str) -> None:
     """Raise ``InputError`` when ``head``, the first bytes of a file whose name says plain, is a compressed
     format's: read as text it would be every line a reject of binary bytes."""
-    kind = next((k for magic, k in MAGIC.items() if head.startswith(magic)), None)
-    if kind is None or (kind == "bz2" and not (head[3:4].isdigit() and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"))):
+    kind = compressed_kind(head)
+    if kind is None:
         return
     name = printable(url)
     if kind in _ENDING:

@@ -6,7 +6,8 @@ function of the file and ``task_bytes``, and every record belongs to exactly one
 - JSON Lines, uncompressed: byte ranges ``[a, b)``. A range after the first skips through
   the first newline at or after ``a`` and reads through the first newline at or after
   ``b``, so it owns the bytes between those two newlines: whole lines, each exactly once,
-  found without reading the byte before ``a``.
+  found without reading the byte before ``a``. A file whose first bytes are a compressed
+  format's (its name says plain) is one task, which its reader refuses (``files.refuse_compressed``).
 - JSON Lines in a multi-frame zstd file: ranges of whole frames, when every frame's header
   records its decompressed size (``zstd`` writes it whenever it knows the input's size), so
   each range knows the uncompressed offset it starts at; the line rule above then applies
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 
 from winnow.curate.errors import InputError
-from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.files import InputFile, compressed_kind, open_binary
 from winnow.curate.readers.utf8 import printable
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ def split_file(fmt: str, file: InputFile, task_bytes: int, storage_options: dict
         return [None]
     url = file.url.lower()
     if fmt == "jsonl" and url.endswith(_PLAIN_JSONL):
+        if _compressed_head(file, storage_options):  # one task: its reader refuses the file (or skips it whole)
+            return [None]
         edges = list(range(0, file.size, task_bytes))
         return [Span(a, b) for a, b in zip(edges, edges[1:] + [-1])]
     if fmt == "jsonl" and url.endswith(_ZSTD):
@@ -181,6 +184,15 @@ def _parquet_spans(file: InputFile, task_bytes: int, storage_options: dict) -> l
     for g in groups:
         first_rows.append(first_rows[-1] + g.num_rows)
     return [Span(i, j, first_rows[i], unit="row groups") for i, j in _group(sizes, task_bytes)]
+
+
+def _compressed_head(file: InputFile, storage_options: dict) -> bool:
+    """Whether a file named as plain JSON Lines starts as a compressed format does (``files.MAGIC``)."""
+    try:
+        with open_binary(file.url, storage_options, decompress=False) as fh:
+            return compressed_kind(fh.read(16)) is not None
+    except (OSError, InputError):
+        return False  # unreadable: its reader reports it
 
 
 # -- tar ----------------------------------------------------------------------------------------------

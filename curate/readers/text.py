@@ -8,7 +8,7 @@ import orjson
 
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
-from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_compressed
 from winnow.curate.readers.jsonl import BOM, PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.rows import ReadBatch, RowBuffer
 
@@ -17,7 +17,8 @@ def read_text_files(
     cfg: InputConfig, files: list[InputFile], batch_rows: int, skipped: list[dict] | None = None
 ) -> Iterator[ReadBatch]:
     """Yield batches of documents, one per file; a file that is not UTF-8 becomes a reject. A file that cannot be
-    opened (a link to a folder, no permission) raises ``InputError``, or with ``skipped`` is listed there."""
+    opened (a link to a folder, no permission) or is compressed under a plain name raises ``InputError``, or with
+    ``skipped`` is listed there."""
     buf = RowBuffer()
     source = cfg.source or ""
     for file in files:
@@ -25,6 +26,8 @@ def read_text_files(
         try:
             with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
                 raw, size = _bounded(decompressed_chunks(file.url, fh), cfg.max_record_bytes)
+            if codec(file.url) is None:  # a compressed file named as plain would be one reject of binary bytes
+                refuse_compressed(raw[:16], file.url, cfg.label)
         except InputError as err:
             if skipped is None:
                 raise

@@ -527,14 +527,47 @@ def test_a_compressed_file_named_as_plain_json_lines_is_refused_naming_it(tmp_pa
         read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
 
 
-def test_a_large_compressed_file_named_plain_stops_the_job_whatever_its_spans(tmp_path, write_job):
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_large_compressed_file_named_plain_is_one_task_refused_whole(tmp_path, write_job, on_error):
+    """Not cut into spans: a span after the first would read the compressed bytes as lines of binary rejects."""
     lines = b"".join(orjson.dumps({"text": os.urandom(48).hex()}) + b"\n" for _ in range(60_000))
     (tmp_path / "a.jsonl").write_bytes(_compressed("gzip", lines))  # ~3.5 MB: incompressible text
+    (tmp_path / "b.jsonl").write_bytes(lines)
     cfg = InputConfig(source="s", path=str(tmp_path / "a.jsonl"))
-    assert len(plan_read_tasks([cfg], task_bytes=1 << 20)) > 2  # the first span finds the gzip bytes
-    job = load_job(write_job(f'task_bytes = {1 << 20}\n[[inputs]]\nsource = "s"\npath = "{tmp_path / "a.jsonl"}"\n'))
-    with pytest.raises(InputError, match="gzip-compressed"):
-        run_job(job, progress=False)
+    assert [t.span for t in plan_read_tasks([cfg], task_bytes=1 << 20)] == [None]
+    plain = InputConfig(source="s", path=str(tmp_path / "b.jsonl"))
+    assert len(plan_read_tasks([plain], task_bytes=1 << 20)) > 2
+    job = load_job(
+        write_job(
+            f'task_bytes = {1 << 20}\non_error = "{on_error}"\n[[inputs]]\nsource = "s"\npath = "{tmp_path / "a.jsonl"}"\n'
+        )
+    )
+    if on_error == "raise":
+        with pytest.raises(InputError, match="gzip-compressed"):
+            run_job(job, progress=False)
+        return
+    manifest = run_job(job, progress=False)
+    assert [s["task"].endswith("a.jsonl") for s in manifest["skipped_files"]] == [True]
+    assert manifest["totals"]["rows_read"] == 0 and manifest["totals"]["rows_rejected"] == 0
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_compressed_file_in_a_text_folder_under_a_plain_name_is_refused_naming_it(tmp_path, write_job, on_error):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "notes.txt").write_bytes(_compressed("gzip", b"a document\n" * 50))
+    (tmp_path / "in" / "other.txt").write_bytes(b"another document\n")
+    (tmp_path / "in" / "packed.txt.gz").write_bytes(_compressed("gzip", b"a third document\n"))
+    cfg = InputConfig(source="s", path=str(tmp_path / "in"), format="text")
+    if on_error == "raise":
+        with pytest.raises(InputError, match=r"input s: .*notes\.txt is gzip-compressed .* end in \.gz"):
+            read_all(cfg)
+        return
+    job = load_job(
+        write_job(f'on_error = "skip"\n[[inputs]]\nsource = "s"\nformat = "text"\npath = "{tmp_path / "in"}"\n')
+    )
+    manifest = run_job(job, progress=False)
+    assert [s["task"].endswith("notes.txt") for s in manifest["skipped_files"]] == [True]
+    assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_rejected"] == 0
 
 
 def test_a_plain_file_whose_first_line_starts_like_a_magic_number_is_read(tmp_path):
