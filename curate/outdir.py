@@ -29,6 +29,7 @@ from winnow.curate.wholefile import MANIFEST_BYTES, read_whole
 from winnow.curate.workdir import WorkDir
 
 MARKER = ".winnow-output"
+RUN_MARKER = ".winnow-run"  # a run folder's marker (train.runfolder.MARKER): never curated into
 #: Entries a winnow job writes in its output folder; a fresh run removes these and nothing else.
 OWN_ENTRIES = ("_work", "shards", "rejects", "artifacts", "manifest.json")
 
@@ -62,6 +63,11 @@ def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
         for name in existing:  # a run killed while writing the marker itself: the folder is still new
             (out / name).unlink()
         existing = []
+    if RUN_MARKER in existing:
+        raise OutputError(
+            f"output folder {out} is a training run's or a study's folder (it holds {RUN_MARKER}: `winnow train` or "
+            "`winnow ablate` wrote it); curate into a folder of its own (--output or [job] output)"
+        )
     if existing and not marker.exists() and not _written_by_old_winnow(out):
         # Entries under names winnow writes (shards/, rejects/, ...) would be cleared or mixed with
         # this job's: refuse. Anything else (the user's README, notes) is never touched, so it may stay.

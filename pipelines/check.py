@@ -74,10 +74,12 @@ def validate(
     if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
         _check_training_sources(checked, Path(path).name)
     if checked.train is not None:
-        from winnow.pipelines.train import check_set_sources
+        from winnow.pipelines.train import check_set_sources, refuse_shard_folder
 
         _check_train_paths(checked.train, Path(path).name)
         check_set_sources(checked.train.shards)
+        if checked.ablate is not None and checked.ablate.output is not None:
+            refuse_shard_folder(checked.ablate.output, checked.train.shards, f"{path} [ablate] key 'output'")
     if checked.ablate is not None and checked.ablate.curates:
         from winnow.pipelines.ablate.curation import load_curation_job
         from winnow.pipelines.ablate.plan import curation_variants

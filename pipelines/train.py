@@ -77,7 +77,29 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
             f"{job} [train]: no data to train on; set train.shards (a job folder winnow curate wrote, or a list of "
             "them), give --shards, or add the [job] table whose output holds the curated shards"
         )
-    return build_config(TrainConfig, table, f"{job} [train]")
+    cfg = build_config(TrainConfig, table, f"{job} [train]")
+    refuse_shard_folder(cfg.output, cfg.shards, f"{job} [train] key 'output'")
+    return cfg
+
+
+def refuse_shard_folder(folder: str | Path, shards: str | list, key: str) -> None:
+    """``ConfigError`` naming ``key`` when ``folder`` (a run's or a study's) is one of the curated job folders
+    ``shards`` names: the run's checkpoints and metrics would land among the shards, and a later curation of
+    that job would clear what it counts as its own."""
+    paths = [shards] if isinstance(shards, str) else [s.path for s in shards]
+    here = _same_place(folder)
+    for path in paths:
+        if _same_place(path) == here:
+            raise ConfigError(
+                f"{key} = {str(folder)!r} is the curated job folder the run trains on (train.shards); a run writes "
+                "its checkpoints and metrics into a folder of its own: leave the key out (its default is a folder "
+                "inside the job folder) or name another folder"
+            )
+
+
+def _same_place(path: str | Path) -> str:
+    text = str(path)
+    return text.rstrip("/") if "://" in text else str(Path(text).resolve())
 
 
 def default_run_folder(shards: str | None) -> str:

@@ -9,7 +9,8 @@ first moves them into ``previous-<k>/``: its metrics start at step 1, and nothin
 
 A run folder is winnow's when it carries ``.winnow-run`` (``claim_run_folder`` writes it into a new or empty
 folder before anything else), or holds an earlier winnow run (its ``config.json`` a ``[train]`` table). A folder
-holding anything else is refused, never written into: a user's own files there are not overwritten or moved.
+holding anything else is refused, never written into: a user's own files there are not overwritten or moved. A job
+folder ``winnow curate`` wrote is refused too, and ``winnow curate`` refuses a run folder: neither clears the other's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from winnow.train.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MARKER = ".winnow-run"
+CURATED = ".winnow-output"  # the marker of a job folder winnow curate wrote (curate.outdir.MARKER)
 
 LOGS = ("metrics.jsonl", "alerts.jsonl")
 # one run's history; not tensorboard/: its writer (opened with the trainer) already holds a file there
@@ -142,6 +144,11 @@ def claim_run_folder(run_dir: str | Path, key: str = "train.output") -> Path:
         entries = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".winnow-lock"))
     except (NotADirectoryError, FileExistsError) as err:
         raise ConfigError(f"{key} = {str(run_dir)!r} is a file, or lies under one; choose a folder") from err
+    if CURATED in entries:  # checked first: a study that failed before curating may have marked the job's folder
+        raise ConfigError(
+            f"{key} = {str(run_dir)!r} is a job folder `winnow curate` wrote (it holds {CURATED}); a run writes its "
+            "checkpoints and metrics into a folder of its own, such as a new folder inside it"
+        )
     if MARKER in entries:
         return run_dir
     if entries and not _earlier_run(run_dir):

@@ -78,7 +78,7 @@ class _Study:
 
 def run_ablate(args: argparse.Namespace) -> int:
     from winnow.pipelines.report.page import write_report
-    from winnow.pipelines.train import load_train_config
+    from winnow.pipelines.train import load_train_config, refuse_shard_folder
     from winnow.train.runfolder import claim_run_folder
 
     raw = read_toml(args.job)
@@ -96,6 +96,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     job = load_curation_job(args.job, raw, acfg.job) if acfg.curates else None
     shards = _shards(args, raw, job)
     train_cfg = load_train_config(args.job, steps=acfg.steps, shards=shards)
+    if acfg.output is not None:
+        refuse_shard_folder(acfg.output, train_cfg.shards, f"{args.job} [ablate] key 'output'")
     if "replay" in acfg.kinds:  # one continued run per replay share from the same base: a study of its own
         from winnow.pipelines.ablate.replay import run_replay_study
 

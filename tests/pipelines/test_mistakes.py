@@ -222,3 +222,39 @@ def test_an_evaluation_cap_that_leaves_sources_out_names_them_once(tmp_path, cap
         fit(cfg_for(job, tmp_path / "run", eval_every=2, eval_batches=1))
     said = [r.getMessage() for r in caplog.records if "held-out loss for" in r.getMessage()]
     assert len(said) == 1 and "eval_batches = 1 (64 tokens a pass)" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [("check", "train"), ("train", "train"), ("ablate", "train"), ("check", "ablate"), ("ablate", "ablate")],
+)
+def test_a_run_or_study_folder_equal_to_the_job_folder_it_trains_on_is_refused_before_anything_is_written(
+    tmp_path, capsys, command, key
+):
+    """Before curation the folder does not exist: a study claimed it (its marker) and later trained among the shards."""
+    job = tmp_path / "job"
+    table = f'output = "{job}"\n' if key == "train" else ""
+    study = '[ablate]\nkind = "weights"\n' + (f'output = "{job}/"\n' if key == "ablate" else "")
+    path = tmp_path / "t.toml"
+    path.write_text(f'[job]\nname = "t"\noutput = "{job}"\n[train]\nsteps = 2\n{table}{study}')
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"t.toml [{key}] key 'output' = '{job}" in err and "is the curated job folder the run trains on" in err
+    assert not job.exists()
+
+
+def test_a_job_folder_and_a_run_folder_refuse_each_other(tmp_path, capsys):
+    from winnow.curate.errors import OutputError
+    from winnow.curate.outdir import claim
+    from winnow.train.errors import ConfigError as TrainConfigError
+    from winnow.train.runfolder import claim_run_folder
+
+    curated, run = tmp_path / "curated", tmp_path / "run"
+    claim(curated, "t")
+    with pytest.raises(TrainConfigError, match=r"train\.output = '.*curated' is a job folder `winnow curate` wrote"):
+        claim_run_folder(curated)
+    claim_run_folder(run)
+    with pytest.raises(OutputError, match=r"output folder .*run is a training run's or a study's folder"):
+        claim(run, "t")
+    assert sorted(p.name for p in curated.iterdir()) == [".winnow-output"]
+    assert sorted(p.name for p in run.iterdir()) == [".winnow-run"]
