@@ -67,25 +67,38 @@ def validate(
         overrides.setdefault("shards", checked.job.job.output)  # where `winnow run` trains
         if "output" not in table and "://" not in checked.job.job.output:  # beside the shards curation will write
             overrides.setdefault("output", str(Path(checked.job.job.output) / "train"))
-    if "train" in raw:
-        checked.train = load_train_config(Path(path), **overrides)
     if "ablate" in raw:
         checked.ablate = build_config(AblateConfig, raw["ablate"], f"{path} [ablate]")
+    study_job = None
+    if checked.ablate is not None and checked.ablate.curates:
+        from winnow.pipelines.ablate.curation import load_curation_job
+
+        study_job = load_curation_job(path, raw, checked.ablate.job)
+    if "train" in raw and checked.ablate is not None:  # trains where `winnow ablate` does
+        from winnow.pipelines.ablate.study import study_train_config
+
+        shards = overrides.pop("shards", None)
+        checked.train = study_train_config(Path(path), raw, checked.ablate, study_job, shards=shards, **overrides)
+    elif "train" in raw:
+        checked.train = load_train_config(Path(path), **overrides)
     if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
         _check_training_sources(checked, Path(path).name)
     if checked.train is not None:
-        from winnow.pipelines.train import check_set_sources, refuse_shard_folder
+        from winnow.pipelines.train import check_set_sources
 
         _check_train_paths(checked.train, Path(path).name)
         check_set_sources(checked.train.shards)
-        if checked.ablate is not None and checked.ablate.output is not None:
-            refuse_shard_folder(checked.ablate.output, checked.train.shards, f"{path} [ablate] key 'output'")
-    if checked.ablate is not None and checked.ablate.curates:
-        from winnow.pipelines.ablate.curation import load_curation_job
+        if checked.ablate is None and "://" not in str(checked.train.output):  # where `winnow train` will write
+            from winnow.pipelines.train import refuse_study_folder
+            from winnow.train.runfolder import check_run_folder
+
+            refuse_study_folder(checked.train.output)
+            check_run_folder(checked.train.output)
+    if study_job is not None:
         from winnow.pipelines.ablate.plan import curation_variants
 
         seed = checked.train.seed if checked.train is not None else 0
-        curation_variants(checked.ablate, seed, load_curation_job(path, raw, checked.ablate.job))  # names the key
+        curation_variants(checked.ablate, seed, study_job)  # names the key
     return checked
 
 
@@ -131,8 +144,14 @@ def run_check(args: argparse.Namespace) -> int:
             f"output:  {job.job.output} ({', '.join(job.output.formats)})",
         ]
     if checked.train is not None:
-        t = checked.train
-        lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {t.output}")
+        t, a = checked.train, checked.ablate
+        first = t.shards if isinstance(t.shards, str) else t.shards[0].path
+        where = (
+            t.output
+            if a is None
+            else a.output or f"{first.rstrip('/')}/{'replay' if 'replay' in a.kinds else 'ablate'}"
+        )
+        lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {where}")
     if checked.ablate is not None:
         lines.append(f"ablate:  {', '.join(checked.ablate.kinds)}")
     if checked.unchecked:

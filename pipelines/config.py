@@ -29,6 +29,7 @@ from winnow.curate.config import InputConfig, JobSection, OutputConfig
 from winnow.curate.errors import ConfigError
 from winnow.curate.stages import stage_class, stage_kinds
 
+SCHEMA_TITLE = "winnow job file"  # what marks a schema file as winnow's (``config schema`` replaces only those)
 _TABLES = {"job": JobSection, "inputs": InputConfig, "output": OutputConfig}
 
 
@@ -334,11 +335,20 @@ def job_schema() -> dict[str, Any]:
             props[name] = object_schema(known[name])
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "winnow job file",
+        "title": SCHEMA_TITLE,
         "type": "object",
         "properties": props,
         "additionalProperties": False,
     }
+
+
+def _our_schema(path: Path) -> bool:
+    """Whether ``path`` holds a job-file schema ``winnow config schema`` wrote."""
+    try:
+        found = json.loads(path.read_bytes()[: 1 << 22])
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and found.get("title") == SCHEMA_TITLE
 
 
 def run_schema(args: argparse.Namespace) -> int:
@@ -346,6 +356,11 @@ def run_schema(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text + "\n")
     else:
+        if args.output.is_file() and not _our_schema(args.output):
+            raise ConfigError(
+                f"--output {args.output}: the file exists and is not a schema winnow wrote; give a new file name "
+                "(winnow replaces only a schema of its own)"
+            )
         try:
             args.output.write_text(text + "\n")
         except OSError as err:

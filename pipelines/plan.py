@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
+from winnow.train.errors import ConfigError
 from winnow.train.plan import hardware
 from winnow.train.plan.budget import DEFAULT_MFU, describe, duration, measured_mfu, plan_run
 from winnow.train.plan.hardware import DEVICES, LINKS_GBPS
@@ -40,7 +42,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_plan)
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """``ConfigError`` naming the first flag whose number no device or model can have."""
+
+    def refuse(flag: str, value, allowed: str) -> None:
+        raise ConfigError(f"{flag} = {value} is invalid; allowed: {allowed}")
+
+    for flag, value, low in (("--gpus", args.gpus, 1), ("--experts", args.experts, 0), ("--top-k", args.top_k, 1),
+                             ("--seq-len", args.seq_len, 1), ("--vocab", args.vocab, 1),
+                             ("--gpus-per-node", args.gpus_per_node, 1)):  # fmt: skip
+        if value is not None and value < low:
+            refuse(flag, value, f"an integer >= {low}")
+    if args.experts and args.top_k > args.experts:
+        refuse("--top-k", args.top_k, f"at most --experts ({args.experts})")
+    for flag, value in (("--memory-gib", args.memory_gib), ("--peak-tflops", args.peak_tflops)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            refuse(flag, value, "a finite number > 0")
+    if args.mfu is not None and not (math.isfinite(args.mfu) and 0 < args.mfu <= 1):
+        refuse("--mfu", args.mfu, "a fraction in (0, 1]")
+    for flag, link in (("--intra", args.intra), ("--inter", args.inter)):
+        try:
+            speed = float(link) if link is not None else None
+        except ValueError:
+            continue  # a link's name: hardware.resolve checks it
+        if speed is not None and not (math.isfinite(speed) and speed > 0):
+            refuse(flag, link, f"GB/s as a finite number > 0, or one of {', '.join(LINKS_GBPS)}")
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    check_flags(args)
     dev, memory_basis = hardware.resolve(
         args.gpu,
         memory_gib=args.memory_gib,

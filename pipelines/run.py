@@ -22,7 +22,7 @@ from winnow.pipelines.provenance import write_provenance
 from winnow.pipelines.report import counterfactual as cf_text
 from winnow.pipelines.report.page import write_report
 from winnow.pipelines.report.training import Attribution, TrainingRun, attribution_rows, load_run
-from winnow.pipelines.train import build_trainer, load_train_config, model_line, run_inputs
+from winnow.pipelines.train import build_trainer, load_train_config, model_line, refuse_study_folder, run_inputs
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if args.shards is None and not isinstance((raw.get("train") or {}).get("shards"), list):
             overrides["shards"] = job.job.output  # a list names its own folders
         cfg = load_train_config(args.job, **overrides)  # again: the run folder's default depends on what curation wrote
+        refuse_study_folder(cfg.output)
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")
         with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
             write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))

@@ -89,12 +89,40 @@ def refuse_shard_folder(folder: str | Path, shards: str | list, key: str) -> Non
     paths = [shards] if isinstance(shards, str) else [s.path for s in shards]
     here = _same_place(folder)
     for path in paths:
-        if _same_place(path) == here:
+        job = _same_place(path)
+        if job == here:
             raise ConfigError(
                 f"{key} = {str(folder)!r} is the curated job folder the run trains on (train.shards); a run writes "
                 "its checkpoints and metrics into a folder of its own: leave the key out (its default is a folder "
                 "inside the job folder) or name another folder"
             )
+        inside = next((e for e in _JOB_ENTRIES if here.startswith(f"{job}/{e}/") or here == f"{job}/{e}"), None)
+        if inside is not None:
+            raise ConfigError(
+                f"{key} = {str(folder)!r} lies in {inside}/ of the curated job folder {path} (train.shards), which "
+                "winnow curate clears and rewrites; give the run a folder beside it, e.g. "
+                f"{str(path).rstrip('/')}/train"
+            )
+
+
+def refuse_study_folder(output: str | Path) -> None:
+    """``ConfigError`` when ``winnow train`` is pointed at a folder ``winnow ablate`` wrote: the study's root or a
+    variant's folder (a run's ``result.json``, the study's ``ablation/`` tables or ``variants/``). Training there
+    would move the study's run aside and leave its result beside another run's checkpoints."""
+    folder = Path(output)
+    if "://" in str(output):
+        return
+    found = [name for name in ("result.json", "ablation", "variants") if (folder / name).exists()]
+    if found:
+        raise ConfigError(
+            f"train.output = {str(output)!r} is a study's folder (`winnow ablate` wrote it; it holds "
+            f"{', '.join(found)}); training there would replace the study's run; give the run a folder of its own, "
+            "or re-run the study with `winnow ablate`"
+        )
+
+
+#: What ``winnow curate`` writes in a job folder and clears on a fresh run (``curate.outdir.OWN_ENTRIES``).
+_JOB_ENTRIES = ("_work", "shards", "rejects", "artifacts")
 
 
 def _same_place(path: str | Path) -> str:
@@ -371,6 +399,7 @@ def model_line(trainer: Trainer) -> str:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
+    refuse_study_folder(cfg.output)
     with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
         write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
         print(model_line(trainer))

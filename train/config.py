@@ -93,6 +93,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _finite(self, "train")
+        _check(
+            isinstance(self.output, str) and bool(self.output.strip()), "output", self.output, "a folder for the run"
+        )
         for key in ("steps", "grad_accum", "eval_batches"):
             value = getattr(self, key)
             if key == "eval_batches" and value is None:

@@ -136,26 +136,39 @@ def claim_run_folder(run_dir: str | Path, key: str = "train.output") -> Path:
     """Make ``run_dir`` a winnow run folder: create it (or take an empty one) and mark it, or accept one already
     winnow's; a folder holding files winnow did not write is refused, naming ``key`` and a few of the files."""
     run_dir = Path(run_dir)
-    if not str(run_dir).strip() or str(run_dir) == ".":
-        raise ConfigError(f"{key} = {str(run_dir)!r} is invalid; allowed: a folder of its own for the run")
+    if not check_run_folder(run_dir, key):
+        return run_dir
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        # winnow's own lock file (curate.lock's, taken before the run is built) is not content
-        entries = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".winnow-lock"))
     except (NotADirectoryError, FileExistsError) as err:
         raise ConfigError(f"{key} = {str(run_dir)!r} is a file, or lies under one; choose a folder") from err
+    (run_dir / MARKER).write_text("a winnow run folder: winnow may write, move and replace what is in it\n")
+    return run_dir
+
+
+def check_run_folder(run_dir: str | Path, key: str = "train.output") -> bool:
+    """``claim_run_folder``'s checks, writing nothing: a ``ConfigError`` naming ``key`` where the folder would be
+    refused; returns whether it still needs its marker (False: it is already a winnow run folder)."""
+    run_dir = Path(run_dir)
+    if not str(run_dir).strip() or str(run_dir) == ".":
+        raise ConfigError(f"{key} = {str(run_dir)!r} is invalid; allowed: a folder of its own for the run")
+    if any(p.is_file() for p in (run_dir, *run_dir.parents)):
+        raise ConfigError(f"{key} = {str(run_dir)!r} is a file, or lies under one; choose a folder")
+    if not run_dir.is_dir():
+        return True
+    # winnow's own lock file (curate.lock's, taken before the run is built) is not content
+    entries = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".winnow-lock"))
     if CURATED in entries:  # checked first: a study that failed before curating may have marked the job's folder
         raise ConfigError(
             f"{key} = {str(run_dir)!r} is a job folder `winnow curate` wrote (it holds {CURATED}); a run writes its "
             "checkpoints and metrics into a folder of its own, such as a new folder inside it"
         )
     if MARKER in entries:
-        return run_dir
+        return False
     if entries and not _earlier_run(run_dir):
         shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
         raise ConfigError(
             f"{key} = {str(run_dir)!r} holds files winnow did not write ({shown}); choose a new or empty folder, "
             "or move them away: winnow writes its run there and would overwrite them"
         )
-    (run_dir / MARKER).write_text("a winnow run folder: winnow may write, move and replace what is in it\n")
-    return run_dir
+    return True

@@ -72,6 +72,9 @@ class AblateConfig:
             if not ok:
                 raise ConfigError(f"ablate.{key} = {value!r} is invalid; allowed: {allowed}")
 
+        check(
+            self.output is None or bool(self.output.strip()), "output", self.output, "a folder for the study, or no key"
+        )
         kinds = [self.kind] if isinstance(self.kind, str) else self.kind
         check(
             bool(kinds) and all(k in KINDS for k in kinds) and len(set(kinds)) == len(kinds),

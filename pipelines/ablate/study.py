@@ -78,7 +78,6 @@ class _Study:
 
 def run_ablate(args: argparse.Namespace) -> int:
     from winnow.pipelines.report.page import write_report
-    from winnow.pipelines.train import load_train_config, refuse_shard_folder
     from winnow.train.runfolder import claim_run_folder
 
     raw = read_toml(args.job)
@@ -94,10 +93,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         },
     )
     job = load_curation_job(args.job, raw, acfg.job) if acfg.curates else None
-    shards = _shards(args, raw, job)
-    train_cfg = load_train_config(args.job, steps=acfg.steps, shards=shards)
-    if acfg.output is not None:
-        refuse_shard_folder(acfg.output, train_cfg.shards, f"{args.job} [ablate] key 'output'")
+    train_cfg = study_train_config(args.job, raw, acfg, job, shards=getattr(args, "shards", None))
     if "replay" in acfg.kinds:  # one continued run per replay share from the same base: a study of its own
         from winnow.pipelines.ablate.replay import run_replay_study
 
@@ -162,19 +158,33 @@ def run_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shards(args: argparse.Namespace, raw: dict, job: CurationJob | None) -> str | None:
-    """The folder the study trains on: ``--shards``, else [train] shards, else the curation job's output (which the
-    study curates, so it must be that folder when the study varies the curation)."""
-    given = getattr(args, "shards", None) or (raw.get("train") or {}).get("shards")
-    if job is None:
-        return getattr(args, "shards", None)
-    if given is not None and (not isinstance(given, str) or Path(given).resolve() != Path(job.output).resolve()):
+def study_train_config(
+    path: str | Path, raw: dict, acfg: AblateConfig, job: CurationJob | None, *, shards=None, **overrides
+):
+    """The study's ``[train]`` table (``winnow ablate`` and ``winnow check`` alike): on ``shards`` (``--shards``),
+    else on [train] shards, else on the curation job's output, which a study varying the curation curates (so
+    it must be that folder then). A study re-mixes one job folder by source: a list of shard sets is refused
+    (but by a replay study), as is an ``[ablate] output`` equal to a job folder it trains on."""
+    from winnow.pipelines.train import load_train_config, refuse_shard_folder
+
+    given = shards or (raw.get("train") or {}).get("shards")
+    if job is not None:
+        if given is not None and (not isinstance(given, str) or Path(given).resolve() != Path(job.output).resolve()):
+            raise ConfigError(
+                f"{path}: train.shards (or --shards) = {given!r}, but the study varies the curation of "
+                f"{job.path}, whose baseline it curates into {job.output!r}; allowed: that folder, or no "
+                "train.shards"
+            )
+        shards = job.output
+    train_cfg = load_train_config(path, steps=acfg.steps, shards=shards, **overrides)
+    if not isinstance(train_cfg.shards, str) and "replay" not in acfg.kinds:  # a replay study trains on its sets
         raise ConfigError(
-            f"{args.job}: train.shards (or --shards) = {given!r}, but the study varies the curation of "
-            f"{job.path}, whose baseline it curates into {job.output!r}; allowed: that folder, or no "
-            "train.shards"
+            f"{path} [train] key 'shards': a study re-mixes the sources of one curated job folder, and this is a "
+            'list of shard sets; give the folder\'s path (shards = "out/job") or --shards'
         )
-    return job.output
+    if acfg.output is not None:
+        refuse_shard_folder(acfg.output, train_cfg.shards, f"{path} [ablate] key 'output'")
+    return train_cfg
 
 
 def _proposal(acfg: AblateConfig, results: list[dict], base: dict[str, float], train_cfg) -> dict:

@@ -110,3 +110,15 @@ def test_every_curation_key_has_a_description():
         if f.init and f.name not in field_docs(cls)
     ]
     assert missing == []
+
+
+def test_schema_replaces_only_a_schema_it_wrote(tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nname = "mine"\n')
+    assert main(["config", "schema", "-o", str(job)]) == 2
+    assert "the file exists and is not a schema winnow wrote" in capsys.readouterr().err
+    assert job.read_text() == '[job]\nname = "mine"\n'
+    schema = tmp_path / "winnow.schema.json"
+    assert main(["config", "schema", "-o", str(schema)]) == 0
+    assert main(["config", "schema", "-o", str(schema)]) == 0  # its own file: written again
+    assert json.loads(schema.read_text())["title"] == "winnow job file"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -258,3 +259,54 @@ def test_a_job_folder_and_a_run_folder_refuse_each_other(tmp_path, capsys):
         claim(run, "t")
     assert sorted(p.name for p in curated.iterdir()) == [".winnow-output"]
     assert sorted(p.name for p in run.iterdir()) == [".winnow-run"]
+
+
+@pytest.mark.parametrize(
+    "job",
+    sorted(p.name for p in (Path(__file__).parents[2] / "pipelines").glob("*.toml") if p.name != "continue.toml"),
+)
+def test_check_passes_every_shipped_job_file(job, capsys, monkeypatch):
+    """Each is checked as the command a user runs on it (a study varying the curation trains on its job's output).
+    continue.toml starts from continue_base.toml's run, which check finds missing until that has run."""
+    monkeypatch.chdir(Path(__file__).parents[2])
+    assert main(["check", f"pipelines/{job}"]) == 0, capsys.readouterr().err
+    assert f"pipelines/{job}: ok" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["check", "ablate"])
+def test_a_study_on_a_list_of_shard_sets_is_refused_naming_the_key(tmp_path, capsys, command):
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[train]\nsteps = 2\nshards = [{{path = "{tmp_path / "a"}"}}, {{path = "{tmp_path / "b"}"}}]\n'
+        '[ablate]\nkind = "leave_one_out"\n'
+    )
+    assert main([command, str(path)]) == 2
+    assert (
+        "t.toml [train] key 'shards': a study re-mixes the sources of one curated job folder" in capsys.readouterr().err
+    )
+
+
+def test_check_refuses_the_run_folders_train_would_refuse_writing_nothing(tmp_path, capsys):
+    """`winnow run` checks before it curates: a run folder holding a user's files, one inside the job's own shards/,
+    and a study's folder are refused by check, not after curation."""
+    job = tmp_path / "job"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    study = tmp_path / "study"
+    (study / "ablation").mkdir(parents=True)
+    (study / ".winnow-run").write_text("")
+    cases = {
+        mine: "holds files winnow did not write (notes.txt)",
+        job / "shards" / "parquet" / "run": "lies in shards/ of the curated job folder",
+        study: "is a study's folder (`winnow ablate` wrote it; it holds ablation)",
+    }
+    for output, message in cases.items():
+        path = tmp_path / "t.toml"
+        path.write_text(f'[job]\nname = "t"\noutput = "{job}"\n[train]\nsteps = 2\noutput = "{output}"\n')
+        assert main(["check", str(path)]) == 2
+        assert message in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and not job.exists()
+    assert main(["train", str(path)]) == 2  # the study's folder: train refuses it too
+    assert "is a study's folder" in capsys.readouterr().err
+    assert sorted(p.name for p in study.iterdir()) == [".winnow-run", "ablation"]

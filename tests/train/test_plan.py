@@ -166,3 +166,24 @@ def test_without_a_local_device_the_plan_uses_the_table_and_says_so(capsys, monk
     assert main(["plan", "--gpu", "a100", "--gpus", "16", "--hours", "12"]) == 0
     out = capsys.readouterr().out
     assert "device memory: 80 GiB per device, the table's figure for A100 80GB SXM (no accelerator" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--top-k", "0"], "--top-k = 0 is invalid; allowed: an integer >= 1"),
+        (["--top-k", "9"], "--top-k = 9 is invalid; allowed: at most --experts (8)"),
+        (["--experts", "-1"], "--experts = -1 is invalid"),
+        (["--gpus-per-node", "0"], "--gpus-per-node = 0 is invalid"),
+        (["--intra", "0"], "--intra = 0 is invalid; allowed: GB/s as a finite number > 0, or one of"),
+        (["--inter", "-5"], "--inter = -5 is invalid"),
+        (["--peak-tflops", "nan"], "--peak-tflops = nan is invalid; allowed: a finite number > 0"),
+        (["--memory-gib", "0"], "--memory-gib = 0.0 is invalid"),
+        (["--mfu", "1.5"], "--mfu = 1.5 is invalid; allowed: a fraction in (0, 1]"),
+    ],
+)
+def test_plan_flags_no_device_or_model_can_have_are_refused_naming_the_flag(capsys, flags, message):
+    from winnow.pipelines.cli import main
+
+    assert main(["plan", "--hours", "1", *flags]) == 2
+    assert message in capsys.readouterr().err
