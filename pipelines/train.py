@@ -20,7 +20,7 @@ from winnow.pipelines.provenance import write_provenance
 from winnow.train.build import build_run
 from winnow.train.config import TrainConfig
 from winnow.train.data import Loader
-from winnow.train.data.sets import ShardSetConfig, training_sets
+from winnow.train.data.sets import ShardSetConfig, same_place, training_sets
 from winnow.train.parallel import shutdown
 from winnow.train.runfolder import claim_run_folder
 from winnow.train.trainer import Trainer
@@ -87,9 +87,9 @@ def refuse_shard_folder(folder: str | Path, shards: str | list, key: str) -> Non
     ``shards`` names: the run's checkpoints and metrics would land among the shards, and a later curation of
     that job would clear what it counts as its own."""
     paths = [shards] if isinstance(shards, str) else [s.path for s in shards]
-    here = _same_place(folder)
+    here = same_place(str(folder))
     for path in paths:
-        job = _same_place(path)
+        job = same_place(str(path))
         if job == here:
             raise ConfigError(
                 f"{key} = {str(folder)!r} is the curated job folder the run trains on (train.shards); a run writes "
@@ -123,11 +123,6 @@ def refuse_study_folder(output: str | Path) -> None:
 
 #: What ``winnow curate`` writes in a job folder and clears on a fresh run (``curate.outdir.OWN_ENTRIES``).
 _JOB_ENTRIES = ("_work", "shards", "rejects", "artifacts")
-
-
-def _same_place(path: str | Path) -> str:
-    text = str(path)
-    return text.rstrip("/") if "://" in text else str(Path(text).resolve())
 
 
 def default_run_folder(shards: str | None) -> str:

@@ -70,11 +70,7 @@ def variants(
     for kind in cfg.kinds:
         planned = PLANNERS[kind](context)
         out += planned + (_reseeded(planned, seed, cfg.variant_seeds) if kind in SEEDED else [])
-    names = [v["name"] for v in out]
-    twice = next((v for v in out if names.count(v["name"]) > 1), None)
-    if twice is not None:
-        key = twice.get("key") or f"ablate.mixes.{twice['name']}"
-        raise ConfigError(f"{key}: the name {twice['name']!r} is taken by another variant of the study; rename it")
+    _names_once(out)
     for v in out:
         if v["kind"] not in CURATION_KINDS_PLANNED:  # their weights come with their curated shards
             check_runnable(v, base)
@@ -84,7 +80,20 @@ def variants(
 def curation_variants(cfg: AblateConfig, seed: int, job: CurationJob | None) -> list[dict]:
     """The variants of the kinds that re-curate the job, planned (and so checked against it) before any data exists."""
     context = PlanContext(cfg, {}, seed, [], job)
-    return [v for kind in cfg.kinds if kind in CURATION_KINDS for v in PLANNERS[kind](context)]
+    return _names_once([v for kind in cfg.kinds if kind in CURATION_KINDS for v in PLANNERS[kind](context)])
+
+
+def _names_once(planned: list[dict]) -> list[dict]:
+    """``planned``, refused naming the key when two variants share a name (each names its folder)."""
+    names = [v["name"] for v in planned]
+    later = next((i for i, name in enumerate(names) if name in names[:i]), None)
+    if later is None:
+        return planned
+    twice, first = planned[later], planned[names.index(names[later])]
+    key = twice.get("key") or f"ablate.mixes.{twice['name']}"
+    if first.get("change") is not None and first.get("change") == twice.get("change"):
+        raise ConfigError(f"{key}: the same change is listed twice ({twice['name']!r}); list each variant once")
+    raise ConfigError(f"{key}: the name {twice['name']!r} is taken by another variant of the study; rename it")
 
 
 def _leave_one_out(c: PlanContext) -> list[dict]:

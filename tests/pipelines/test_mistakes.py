@@ -310,3 +310,29 @@ def test_check_refuses_the_run_folders_train_would_refuse_writing_nothing(tmp_pa
     assert main(["train", str(path)]) == 2  # the study's folder: train refuses it too
     assert "is a study's folder" in capsys.readouterr().err
     assert sorted(p.name for p in study.iterdir()) == [".winnow-run", "ablation"]
+
+
+@pytest.mark.parametrize(
+    ("study", "message"),
+    [
+        (
+            'kind = "drop"\ndrop = ["clean", "clean"]',
+            r"ablate\.drop\[1\]: the same change is listed twice \('drop_clean'\)",
+        ),
+        (
+            "kind = \"settings\"\nsettings = { 'filter.length.min_words' = [3, 3] }",
+            r"ablate\.settings\.'filter\.length\.min_words' = 3: the same change is listed twice",
+        ),
+    ],
+)
+def test_a_curation_variant_listed_twice_is_refused_by_check(tmp_path, capsys, study, message):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document of words"}) + "\n")
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\npath = "{tmp_path / "d.jsonl"}"\n'
+        '[[stages]]\nkind = "clean"\n[[stages]]\nkind = "filter.length"\nmin_words = 2\n'
+        f"[train]\nsteps = 2\n[ablate]\n{study}\n"
+    )
+    assert main(["check", str(path)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()

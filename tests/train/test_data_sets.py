@@ -62,3 +62,12 @@ def test_huge_relative_weights_are_normalised_without_overflow():
     sets = [ShardSetConfig(path="a", weight=1e308), ShardSetConfig(path="b", weight=3e307)]
     folders, weights = training_sets(sets, None, [])
     assert folders == ["a", "b"] and weights == pytest.approx([1 / 1.3, 0.3 / 1.3])
+
+
+def test_a_folder_written_two_ways_is_one_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="lists a folder twice"):
+        training_sets([ShardSetConfig(path="out/a"), ShardSetConfig(path="./out/a/")], None, [])
+    with pytest.raises(ConfigError, match="train.replay.from"):
+        training_sets([ShardSetConfig(path="base/")], ReplayConfig(path=str(tmp_path / "base"), share=0.1), [])
+    assert eval_sets(["out/a", "out/a/", "./out/b", "out/b"], [], None) == ["out/a", "./out/b"]

@@ -70,3 +70,13 @@ def test_mix_weights_must_match_the_data_sets(sets):
         Loader(cfg(mix_weights=[1.0, 2.0, 3.0]), folders)
     with pytest.raises(ConfigError, match="mix_weights"):
         LoaderConfig(mix_weights=[1.0, -1.0])
+
+
+def test_two_sets_holding_a_source_of_one_name_are_said_to_merge_it(tmp_path, sets, caplog):
+    folders, _ = sets
+    other = write_job(tmp_path / "c", [make_docs(10, sources=("web",), prefix="c")])
+    with caplog.at_level("WARNING", logger="winnow.train.data.loader"):
+        Loader(cfg(), folders)  # web and code: nothing shared
+        assert not caplog.records
+        Loader(cfg(), [folders[0], other])
+    assert "both hold a source named 'web'" in caplog.text and str(other) in caplog.text

@@ -70,11 +70,26 @@ class Loader:
         self.tokenizer = tokenizer or ByteTokenizer()
         self._ids = SourceIds(sources)
         self._sets: list[SetStream | TokenStream] = [self._open_set(str(folder), split) for folder in folders]
+        self._warn_shared_sources(folders)
         self._mix = MixSchedule(weights)
         self._pin = torch.cuda.is_available() if config.pin_memory is None else config.pin_memory
         self._step = 0
         self.wait_seconds = 0.0
         self._counters = {"batches": 0, "tokens": 0, "wait_seconds": 0.0}
+
+    def _warn_shared_sources(self, folders: list) -> None:
+        """Say so when two data sets hold a source of one name: their rows count as one source from then on."""
+        seen: dict[str, str] = {}
+        for folder, names in zip(folders, self.set_sources, strict=True):
+            for name in names:
+                if seen.setdefault(name, str(folder)) != str(folder) and self.rank == 0:
+                    log.warning(
+                        "data sets %s and %s both hold a source named %r: its losses, counts and attribution are "
+                        "one source's; name one differently ([[inputs]] source) to tell them apart",
+                        seen[name],
+                        folder,
+                        name,
+                    )
 
     def _open_set(self, folder: str, split: str) -> SetStream | TokenStream:
         """Token shards when the folder has them (``format`` "auto" or "tokens"), else text shards tokenized on the fly."""

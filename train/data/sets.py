@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from winnow.train.errors import ConfigError
 
@@ -57,6 +58,11 @@ class ReplayConfig:
             raise ConfigError(f"train.replay.share = {self.share!r} is invalid; allowed: 0 <= share < 1")
 
 
+def same_place(folder: str) -> str:
+    """A job folder as a key: local paths resolved (``out/a/`` and ``./out/a`` are one folder), URLs as written."""
+    return folder.rstrip("/") if "://" in folder else str(Path(folder).resolve())
+
+
 def training_sets(
     shards: str | list[ShardSetConfig] | None, replay: ReplayConfig | None, mix_weights: list[float]
 ) -> tuple[list[str], list[float]]:
@@ -67,7 +73,7 @@ def training_sets(
     if not sets:
         raise ConfigError("train.shards = [] is invalid; allowed: a job folder or a list of {path, weight} tables")
     folders = [s.path for s in sets]
-    if len(set(folders)) != len(folders):
+    if len({same_place(f) for f in folders}) != len(folders):
         raise ConfigError(f"train.shards lists a folder twice: {folders}; give each data set once with its weight")
     if mix_weights and not isinstance(shards, str):
         raise ConfigError(
@@ -84,7 +90,7 @@ def training_sets(
     total = sum(weights)
     weights = [w / total for w in weights]
     if replay is not None and replay.share > 0:
-        if replay.path in folders:
+        if same_place(replay.path) in {same_place(f) for f in folders}:
             raise ConfigError(f"train.replay.from = {replay.path!r} is also in train.shards; give its share once")
         weights = [w * (1 - replay.share) for w in weights] + [replay.share]
         folders = folders + [replay.path]
@@ -94,9 +100,12 @@ def training_sets(
 def eval_sets(eval_folders: list[str], train_folders: list[str], replay: ReplayConfig | None) -> list[str]:
     """The job folders whose val splits are evaluated: ``eval`` when given, else every training folder."""
     if eval_folders:
-        return list(dict.fromkeys(eval_folders))
+        places = [same_place(f) for f in eval_folders]
+        return [f for i, f in enumerate(eval_folders) if places[i] not in places[:i]]  # each folder once, in order
     folders = list(train_folders)
-    if replay is not None and replay.path not in folders:  # a 0 share still measures the base data
+    if replay is not None and same_place(replay.path) not in {
+        same_place(f) for f in folders
+    }:  # a 0 share still measures the base data
         folders.append(replay.path)
     return folders
 
