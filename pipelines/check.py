@@ -50,8 +50,11 @@ def validate(
     curates = "inputs" in raw  # a [job] alone names the curated folder a study or a run trains on
     if not curates and "train" not in raw:
         raise ConfigError(f"{path}: nothing to run: no [[inputs]] to curate, no [train] to train")
-    if not curates and "job" in raw:
-        build_config(JobSection, raw["job"], f"{Path(path).name} [job]")
+    if (
+        not curates and "job" in raw
+    ):  # it only names the curated folder: a name is not needed, as ablate and train agree
+        table = raw["job"] if not isinstance(raw["job"], dict) else {"name": "job", **raw["job"]}
+        build_config(JobSection, table, f"{Path(path).name} [job]")
     checked = CheckedJob(raw=raw, job=load_job(path, output=output, workers=workers) if curates else None)
     if "train" not in raw and "ablate" not in raw:
         return checked
@@ -84,10 +87,12 @@ def validate(
     if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
         _check_training_sources(checked, Path(path).name)
     if checked.train is not None:
-        from winnow.pipelines.train import check_set_sources
+        from winnow.pipelines.train import check_held_out_sources, check_set_sources
 
         _check_train_paths(checked.train, Path(path).name)
         check_set_sources(checked.train.shards)
+        if checked.job is None and study_job is None:  # trains on shards already curated: their manifests say
+            check_held_out_sources(checked.train)
         if checked.ablate is None and "://" not in str(checked.train.output):  # where `winnow train` will write
             from winnow.pipelines.train import refuse_study_folder
             from winnow.train.runfolder import check_run_folder
@@ -99,6 +104,11 @@ def validate(
 
         seed = checked.train.seed if checked.train is not None else 0
         curation_variants(checked.ablate, seed, study_job)  # names the key
+    elif checked.ablate is not None and checked.train is not None and "replay" not in checked.ablate.kinds:
+        if "://" not in checked.train.shards and (Path(checked.train.shards) / "manifest.json").is_file():
+            from winnow.pipelines.ablate.study import plan_on_manifest
+
+            plan_on_manifest(checked.ablate, checked.train, None)  # the keys naming sources, on the curated shards
     return checked
 
 

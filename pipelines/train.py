@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from winnow.pipelines.provenance import write_provenance
 from winnow.train.build import build_run
 from winnow.train.config import TrainConfig
 from winnow.train.data import Loader
-from winnow.train.data.sets import ShardSetConfig, same_place, training_sets
+from winnow.train.data.sets import ShardSetConfig, eval_sets, same_place, training_sets
 from winnow.train.parallel import shutdown
 from winnow.train.runfolder import claim_run_folder
 from winnow.train.trainer import Trainer
@@ -102,6 +103,33 @@ def refuse_shard_folder(folder: str | Path, shards: str | list, key: str) -> Non
                 f"{key} = {str(folder)!r} lies in {inside}/ of the curated job folder {path} (train.shards), which "
                 "winnow curate clears and rewrites; give the run a folder beside it, e.g. "
                 f"{str(path).rstrip('/')}/train"
+            )
+
+
+def check_held_out_sources(cfg: TrainConfig) -> None:
+    """The keys naming held-out sources (``[train.stop] sources`` and ``thresholds``, ``[train.attribution]
+    held_out``) name sources the held-out sets' manifests hold: refused before step 1, not at the first
+    evaluation. Sets without a local ``manifest.json`` (a URL, a folder of Parquet files) are not read."""
+    folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
+    held: set[str] = set()
+    for folder in eval_sets(cfg.eval, folders, cfg.replay):
+        path = Path(folder) / "manifest.json"
+        if "://" in folder or not path.is_file():
+            return
+        try:
+            shards = json.loads(path.read_text()).get("shards") or []
+        except (OSError, ValueError, AttributeError):
+            return  # unreadable: the loader says what is wrong with it
+        held |= {s for e in shards if isinstance(e, dict) and e.get("split") == "val" for s in (e.get("sources") or {})}
+    named = [("train.stop.sources", s) for s in cfg.stop.sources]
+    named += [(f"train.stop.thresholds.{s}", s) for s in cfg.stop.thresholds]
+    named += [("train.attribution.held_out", s) for s in cfg.attribution.held_out]
+    for key, source in named:
+        if source not in held:
+            close = difflib.get_close_matches(source, sorted(held), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{key}: no held-out rows of source {source!r}{hint}; the held-out sets hold {sorted(held) or 'none'}"
             )
 
 
@@ -395,6 +423,7 @@ def model_line(trainer: Trainer) -> str:
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.job, steps=args.steps, output=args.output, shards=args.shards)
     refuse_study_folder(cfg.output)
+    check_held_out_sources(cfg)
     with removed_on_failure(cfg.output), build_trainer(cfg, progress=not args.quiet) as trainer:
         write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
         print(model_line(trainer))

@@ -12,6 +12,7 @@ not have or its config refuses; the message names the variant and the ``[ablate]
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -52,9 +53,15 @@ def variants(
         for k in range(1, cfg.noise_seeds)
     ]
     chosen = cfg.sources or list(base)
-    unknown = [s for s in chosen + [s for mix in cfg.mixes.values() for s in mix] if s not in sources]
-    if unknown:
-        raise ConfigError(f"ablate: unknown source {unknown[0]!r}; the shards hold {sorted(sources)}")
+    named = [("ablate.sources", s) for s in chosen] + [
+        (f"ablate.mixes.{m}", s) for m, mix in cfg.mixes.items() for s in mix
+    ]
+    unknown = next(((key, s) for key, s in named if s not in sources), None)
+    if unknown is not None:
+        key, source = unknown
+        close = difflib.get_close_matches(source, sources, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}: unknown source {source!r}{hint}; the shards hold {sorted(sources)}")
     if cfg.target != "mean" and cfg.target not in base:
         raise ConfigError(
             f"ablate.target = {cfg.target!r} is invalid; allowed: 'mean' or a source with train rows ({sorted(base)})"

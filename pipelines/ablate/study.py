@@ -109,25 +109,14 @@ def run_ablate(args: argparse.Namespace) -> int:
             f"ablate.output = {str(root)!r} holds a run of `winnow train`, not a study: a study's baseline trains at "
             "its top and would take that run for its own; give the study a folder of its own"
         )
+    if not acfg.curates:  # its shards are there: every key naming a source, checked before the folder is claimed
+        from winnow.pipelines.train import check_held_out_sources
+
+        plan_on_manifest(acfg, train_cfg, job)
+        check_held_out_sources(train_cfg)
     claim_run_folder(root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
-    manifest = job_manifest(train_cfg.shards)
-    sources = manifest["sources"]
-    if "random_mixes" in acfg.kinds:  # the regression fits every source's held-out loss
-        held = {s for e in manifest["shards"] if e.get("split") == "val" for s in (e.get("sources") or {})}
-        if missing := [s for s in sources if s not in held]:
-            raise ConfigError(
-                f"ablate.kind = 'random_mixes' fits each source's held-out loss, and {missing} have no held-out rows in "
-                f"{train_cfg.shards}; give them some (the split stage's val_fraction_by_source), or study without "
-                "random_mixes"
-            )
-    if MEAN in sources:  # the studies' tables and the counterfactual give that name to the held-out sets' average
-        raise ConfigError(
-            f"{train_cfg.shards}: a source is named {MEAN!r}, the name a study gives the average over the held-out sets; "
-            "rename the source (its [[inputs]] source) and curate again"
-        )
-    runs = variants(acfg, data.base, train_cfg.seed, sources=sources, job=job)
-    check_references(train_cfg, sources, BASELINE)
+    runs, sources = plan_on_manifest(acfg, train_cfg, job, data.base)
     # trained after the baseline (it is their reference); configured now, so a bad setting is refused before any
     # variant is curated or trained
     adaptive = [
@@ -156,6 +145,43 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(f"table:   {layout.table_csv}")
     print(f"report:  {write_report(layout.root)}")
     return 0
+
+
+def plan_on_manifest(
+    acfg: AblateConfig, train_cfg, job: CurationJob | None, base: dict[str, float] | None = None
+) -> tuple[list[dict], list[str]]:
+    """The study's runs and the job's sources, planned on its ``manifest.json``: a ``ConfigError`` names the key
+    of a source no shard holds, a random-mix fit without held-out rows, a reference run trained elsewhere.
+    ``base`` is the baseline's share per source with train rows; None plans on the manifest's row counts (the
+    shares move the weights, not which variants are valid), so ``winnow check`` and ``winnow ablate`` refuse
+    the same keys before anything is written."""
+    manifest = job_manifest(train_cfg.shards)
+    sources = manifest["sources"]
+    if "random_mixes" in acfg.kinds:  # the regression fits every source's held-out loss
+        held = {s for e in manifest["shards"] if e.get("split") == "val" for s in (e.get("sources") or {})}
+        if missing := [s for s in sources if s not in held]:
+            raise ConfigError(
+                f"ablate.kind = 'random_mixes' fits each source's held-out loss, and {missing} have no held-out rows in "
+                f"{train_cfg.shards}; give them some (the split stage's val_fraction_by_source), or study without "
+                "random_mixes"
+            )
+    if MEAN in sources:  # the studies' tables and the counterfactual give that name to the held-out sets' average
+        raise ConfigError(
+            f"{train_cfg.shards}: a source is named {MEAN!r}, the name a study gives the average over the held-out sets; "
+            "rename the source (its [[inputs]] source) and curate again"
+        )
+    if base is None:
+        rows: dict[str, int] = {}
+        formats = [e for e in manifest["shards"] if e.get("split") == "train"]
+        first = formats[0].get("format") if formats else None
+        for entry in (e for e in formats if e.get("format") == first):
+            for source, n in (entry.get("sources") or {}).items():
+                rows[source] = rows.get(source, 0) + n
+        total = sum(rows.values()) or 1
+        base = {s: n / total for s, n in rows.items() if n > 0}
+    runs = variants(acfg, base, train_cfg.seed, sources=sources, job=job)
+    check_references(train_cfg, sources, BASELINE)
+    return runs, sources
 
 
 def study_train_config(

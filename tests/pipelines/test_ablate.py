@@ -1,6 +1,7 @@
 """``winnow ablate``: the [ablate] table, per-source shard sets, variants, the study table and its comparison."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -377,3 +378,36 @@ def test_a_source_name_holding_a_pipe_keeps_the_markdown_table_whole():
     lines = markdown_table(pl.DataFrame({"variant": ["without_x|y"], "delta_x|y": [0.5]})).splitlines()
     assert [line.replace("\\|", "").count("|") for line in lines] == [3, 3, 3]
     assert "without_x\\|y" in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("ablate", "train", "message"),
+    [
+        ({"sources": '["cdoe"]'}, "", r"ablate\.sources: unknown source 'cdoe' \(did you mean 'code'\?\)"),
+        ({"kind": '"mixes"', "mixes": "{m1 = {nope = 1.0}}"}, "", r"ablate\.mixes\.m1: unknown source 'nope'"),
+        ({}, "[train.stop]\npatience = 1\nsources = ['prosee']", r"train\.stop\.sources: no held-out rows of source"),
+        ({}, "[train.attribution]\nheld_out = ['nope']", r"train\.attribution\.held_out: no held-out rows"),
+    ],
+)
+@pytest.mark.parametrize("command", ["check", "ablate"])
+def test_keys_naming_sources_the_shards_lack_are_refused_before_the_study_writes(
+    job, tmp_path, capsys, command, ablate, train, message
+):
+    study = tmp_path / "study"
+    path = study_toml(tmp_path / "s.toml", job, study, train=train, **ablate)
+    assert main([command, str(path)]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not study.exists()
+
+
+def test_train_refuses_a_stop_source_the_held_out_sets_lack_before_step_one(job, tmp_path, capsys):
+    run = tmp_path / "run"
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[train]\nshards = "{job}"\noutput = "{run}"\nsteps = 2\n[train.stop]\npatience = 1\nthresholds = {{cod = 1.0}}\n'
+    )
+    assert main(["train", str(path)]) == 2
+    assert (
+        "train.stop.thresholds.cod: no held-out rows of source 'cod' (did you mean 'code'?)" in capsys.readouterr().err
+    )
+    assert not run.exists()
