@@ -71,7 +71,9 @@ def validate(
         if "output" not in table and "://" not in checked.job.job.output:  # beside the shards curation will write
             overrides.setdefault("output", str(Path(checked.job.job.output) / "train"))
     if "ablate" in raw:
-        checked.ablate = build_config(AblateConfig, raw["ablate"], f"{path} [ablate]")
+        from winnow.pipelines.ablate.study import study_ablate_config
+
+        checked.ablate = study_ablate_config(build_config(AblateConfig, raw["ablate"], f"{path} [ablate]"), raw)
     study_job = None
     if checked.ablate is not None and checked.ablate.curates:
         from winnow.pipelines.ablate.curation import load_curation_job

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     raw = read_toml(args.job)
     if "ablate" not in raw:
         raise ConfigError(f"{args.job}: no [ablate] table; add one (kind = 'leave_one_out' is the default study)")
-    acfg = build_config(AblateConfig, raw["ablate"], f"{args.job} [ablate]")
+    acfg = study_ablate_config(build_config(AblateConfig, raw["ablate"], f"{args.job} [ablate]"), raw)
     acfg = dataclasses.replace(
         acfg,
         **{
@@ -129,6 +130,9 @@ def run_ablate(args: argparse.Namespace) -> int:
         prepare_variants(runs, data, job, layout, progress=progress)
     study = _Study(acfg, train_cfg, layout, data, sources, str(args.job))
     print(f"ablation study: {len(runs)} runs of {train_cfg.steps} steps -> {layout.root}")
+    _say_unplanned(
+        layout, [r["name"] for r in runs + adaptive] + (["proposed"] if "random_mixes" in acfg.kinds else [])
+    )
     results = study.train(runs)
     second = [_proposal(acfg, results, data.base, train_cfg)] if "random_mixes" in acfg.kinds else []
     second += adaptive
@@ -145,6 +149,26 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(f"table:   {layout.table_csv}")
     print(f"report:  {write_report(layout.root)}")
     return 0
+
+
+def _say_unplanned(layout: StudyLayout, planned: list[str]) -> None:
+    """Name the finished runs in the study's folder that ``planned`` (this study's runs, the proposal among them
+    when it has one) does not hold, an earlier study's with other kinds: they stay on disk, and this study's
+    tables leave them out."""
+    known = {layout.run_dir(name) for name in planned}
+    others = []
+    for result in sorted((layout.root / "variants").glob("*/result.json")):
+        if result.parent in known:
+            continue
+        try:
+            others.append(str(json.loads(result.read_text()).get("name") or result.parent.name))
+        except (OSError, ValueError, AttributeError):
+            others.append(result.parent.name)
+    if others:
+        print(
+            f"  not in this study's plan, kept in {layout.root / 'variants'} and left out of its tables: "
+            + ", ".join(others)
+        )
 
 
 def plan_on_manifest(
@@ -184,6 +208,15 @@ def plan_on_manifest(
     return runs, sources
 
 
+def study_ablate_config(acfg: AblateConfig, raw: dict) -> AblateConfig:
+    """``acfg`` with ``[train] eval_every`` as the runs' schedule where ``[ablate] eval_every`` is not given: every run
+    of a study evaluates on one schedule, and a user's [train] setting is not dropped silently."""
+    given = (raw.get("train") or {}).get("eval_every") if isinstance(raw.get("train"), dict) else None
+    if acfg.eval_every is not None or given is None or "replay" in acfg.kinds:  # a replay run keeps its own
+        return acfg
+    return dataclasses.replace(acfg, eval_every=given)
+
+
 def study_train_config(
     path: str | Path, raw: dict, acfg: AblateConfig, job: CurationJob | None, *, shards=None, **overrides
 ):
@@ -203,6 +236,11 @@ def study_train_config(
             )
         shards = job.output
     train_cfg = load_train_config(path, steps=acfg.steps, shards=shards, **overrides)
+    if train_cfg.mixing.adaptive and "replay" not in acfg.kinds:
+        raise ConfigError(
+            f"{path} [train.mixing] key 'adaptive': a study sets every run's mix itself, so it would not be used; "
+            "remove it, and compare adaptive mixes with [ablate] adaptive = ['doremi', 'counterfactual']"
+        )
     if not isinstance(train_cfg.shards, str) and "replay" not in acfg.kinds:  # a replay study trains on its sets
         raise ConfigError(
             f"{path} [train] key 'shards': a study re-mixes the sources of one curated job folder, and this is a "

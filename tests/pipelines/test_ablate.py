@@ -411,3 +411,19 @@ def test_train_refuses_a_stop_source_the_held_out_sets_lack_before_step_one(job,
         "train.stop.thresholds.cod: no held-out rows of source 'cod' (did you mean 'code'?)" in capsys.readouterr().err
     )
     assert not run.exists()
+
+
+def test_a_study_keeps_the_train_tables_eval_every_and_refuses_a_mixing_it_would_drop(job, tmp_path, capsys):
+    from winnow.pipelines.check import validate
+
+    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train="eval_every = 2")
+    assert validate(path).ablate.eval_steps(3) == 2  # every run evaluates on the schedule the user asked for
+    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train="eval_every = 2", eval_every=1)
+    assert validate(path).ablate.eval_steps(3) == 1  # [ablate] eval_every, where given, is the study's
+    path = study_toml(
+        tmp_path / "s.toml", job, tmp_path / "study", train=f'[train.mixing]\nadaptive = "doremi"\nreference = "{job}"'
+    )
+    for command in ("check", "ablate"):
+        assert main([command, str(path)]) == 2
+        assert "[train.mixing] key 'adaptive': a study sets every run's mix itself" in capsys.readouterr().err
+    assert not (tmp_path / "study").exists()

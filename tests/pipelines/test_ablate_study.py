@@ -420,3 +420,17 @@ def test_a_started_variant_with_other_settings_is_not_resumed(job, tmp_path, cap
     assert main(["ablate", str(toml)]) == 2
     err = capsys.readouterr().err
     assert "variant 'baseline'" in err and "was started (and would resume from its checkpoint)" in err
+
+
+def test_finished_runs_of_an_earlier_plan_are_named_not_silently_left_out(tmp_path, capsys):
+    from winnow.pipelines.ablate.study import _say_unplanned
+
+    layout = StudyLayout(tmp_path / "study")
+    for name in ("without_legal", "legal_x0.5"):
+        layout.run_dir(name).mkdir(parents=True)
+        layout.result_path(name).write_text(json.dumps({"name": name, "kind": "x", "held_out": {}}))
+    _say_unplanned(layout, ["baseline", "legal_x0.5"])
+    out = capsys.readouterr().out
+    assert "left out of its tables: without_legal" in out and "legal_x0.5" not in out
+    _say_unplanned(layout, ["baseline", "legal_x0.5", "without_legal"])
+    assert capsys.readouterr().out == ""
