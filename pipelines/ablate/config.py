@@ -93,6 +93,18 @@ class AblateConfig:
         check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "source names, each once")
         check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
         check(
+            "mixes" in kinds or not self.mixes,
+            "mixes",
+            self.mixes,
+            "empty unless kind includes 'mixes' (add it to ablate.kind)",
+        )
+        check(
+            not {"leave_one_out", "weights"} <= set(kinds) or 0 not in self.factors,
+            "factors",
+            self.factors,
+            "factors other than 0 beside kind 'leave_one_out' (a share times 0 is leaving the source out, trained once)",
+        )
+        check(
             len(self.shares) >= 2
             and len(set(self.shares)) == len(self.shares)
             and all(0 <= x < 1 for x in self.shares),
@@ -120,13 +132,13 @@ class AblateConfig:
         check(self.n_mixes >= 2, "n_mixes", self.n_mixes, "an integer >= 2 (more than the sources to fit well)")
         check(self.concentration > 0, "concentration", self.concentration, "a number > 0")
         check(self.mix_steps is None or self.mix_steps >= 1, "mix_steps", self.mix_steps, "an integer >= 1")
+        check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
         check(
             1 <= self.attribution_seeds <= self.noise_seeds,
             "attribution_seeds",
             self.attribution_seeds,
             f"an integer from 1 to noise_seeds ({self.noise_seeds})",
         )
-        check(self.noise_seeds >= 1, "noise_seeds", self.noise_seeds, "an integer >= 1 (1: no extra seed)")
         check(self.interval in ("auto", "seeds", "run"), "interval", self.interval, "'auto', 'seeds' or 'run'")
         check(
             self.interval != "seeds" or self.attribution_seeds >= 2,

@@ -248,7 +248,22 @@ def study_train_config(
         )
     if acfg.output is not None:
         refuse_shard_folder(acfg.output, train_cfg.shards, f"{path} [ablate] key 'output'")
+        root = Path(acfg.output)
+        if root.parent.name == "variants" and (root.parent.parent / "ablation").is_dir() or _variant_result(root):
+            raise ConfigError(
+                f"{path} [ablate] key 'output' = {acfg.output!r} is a variant's folder inside another study "
+                f"({root.parent.parent}); give the study a folder of its own"
+            )
     return train_cfg
+
+
+def _variant_result(folder: Path) -> bool:
+    """Whether ``folder`` holds a study variant's ``result.json`` (a run other than a study's baseline)."""
+    try:
+        found = json.loads((folder / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and found.get("name") not in (None, BASELINE)
 
 
 def _proposal(acfg: AblateConfig, results: list[dict], base: dict[str, float], train_cfg) -> dict:

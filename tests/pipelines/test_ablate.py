@@ -47,6 +47,14 @@ def test_config_errors_name_the_key():
             AblateConfig(kind="mixes", mixes={name: {"code": 1.0}})
     with pytest.raises(ConfigError, match=r"ablate.attribution_every = 0 .*adaptive = 'counterfactual'"):
         AblateConfig(adaptive="counterfactual", attribution_every=0)
+    # each was accepted and had no effect, or a confusing one
+    with pytest.raises(ConfigError, match=r"ablate.mixes = .* empty unless kind includes 'mixes'"):
+        AblateConfig(kind="leave_one_out", mixes={"m": {"code": 1.0}})
+    with pytest.raises(ConfigError, match=r"ablate.factors = \[0.0\] .*beside kind 'leave_one_out'"):
+        AblateConfig(kind=["leave_one_out", "weights"], factors=[0.0])
+    assert AblateConfig(kind="weights", factors=[0.0]).factors == [0.0]  # alone, a factor 0 is the leave-one-out
+    with pytest.raises(ConfigError, match=r"ablate.noise_seeds = 0 is invalid"):
+        AblateConfig(noise_seeds=0)
 
 
 def test_variants_per_kind():

@@ -434,3 +434,16 @@ def test_finished_runs_of_an_earlier_plan_are_named_not_silently_left_out(tmp_pa
     assert "left out of its tables: without_legal" in out and "legal_x0.5" not in out
     _say_unplanned(layout, ["baseline", "legal_x0.5", "without_legal"])
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("command", ["check", "ablate"])
+def test_a_study_into_another_studys_variant_folder_is_refused_before_it_writes(job, tmp_path, capsys, command):
+    other = StudyLayout(tmp_path / "other")
+    variant = other.run_dir("without_code")
+    variant.mkdir(parents=True)
+    (other.root / "ablation").mkdir()
+    other.result_path("without_code").write_text(json.dumps({"name": "without_code", "kind": "x", "held_out": {}}))
+    before = sorted(p.name for p in variant.iterdir())
+    assert main([command, str(study_toml(tmp_path / "s.toml", job, variant))]) == 2
+    assert "is a variant's folder inside another study" in capsys.readouterr().err
+    assert sorted(p.name for p in variant.iterdir()) == before  # no sources/ split into it

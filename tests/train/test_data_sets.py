@@ -71,3 +71,13 @@ def test_a_folder_written_two_ways_is_one_folder(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="train.replay.from"):
         training_sets([ShardSetConfig(path="base/")], ReplayConfig(path=str(tmp_path / "base"), share=0.1), [])
     assert eval_sets(["out/a", "out/a/", "./out/b", "out/b"], [], None) == ["out/a", "./out/b"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "key"),
+    [({"sources": {"docs": float("inf")}}, "sources"), ({"sources": {"docs": float("nan")}}, "sources"),
+     ({"weight": float("inf")}, "weight")],
+)  # fmt: skip
+def test_a_weight_that_is_not_finite_is_refused_naming_its_key(kw, key):
+    with pytest.raises(ConfigError, match=rf"train\.shards\[\]\.{key} = .* for 'a' is invalid"):
+        ShardSetConfig(path="a", **kw)

@@ -76,6 +76,8 @@ def test_config_error_names_key_value_and_allowed():
         ModelConfig(n_experts=4, top_k=9)
     with pytest.raises(ConfigError, match="n_kv_heads"):
         ModelConfig(n_heads=4, n_kv_heads=3)
+    with pytest.raises(ConfigError, match="n_kv_heads = 0"):  # it was read as "no key": as many as n_heads
+        ModelConfig(n_heads=4, n_kv_heads=0)
     with pytest.raises(ConfigError, match=r"max_seq_len = 100000000 .*at most 1,048,576"):
         ModelConfig(max_seq_len=10**8)  # its rotary tables alone took 20 GB
     for theta in (0.0, -1.0):

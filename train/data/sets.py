@@ -11,6 +11,7 @@ no longer trains on. ``HeldOut`` reads those val splits one after the other as o
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,14 +33,18 @@ class ShardSetConfig:
     sources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.weight, (int, float)) and self.weight > 0):
-            raise ConfigError(f"train.shards[].weight = {self.weight!r} for {self.path!r} is invalid; allowed: > 0")
+        if not (isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0):
+            raise ConfigError(
+                f"train.shards[].weight = {self.weight!r} for {self.path!r} is invalid; allowed: a finite number > 0"
+            )
+        weights = list(self.sources.values())
         if self.sources and not (
-            all(w >= 0 for w in self.sources.values()) and any(w > 0 for w in self.sources.values())
+            all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights)
+            and any(w > 0 for w in weights)
         ):
             raise ConfigError(
                 f"train.shards[].sources = {self.sources!r} for {self.path!r} is invalid; "
-                "allowed: non-negative weights per source, one of them > 0"
+                "allowed: finite non-negative weights per source, one of them > 0"
             )
 
 
