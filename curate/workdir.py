@@ -86,6 +86,12 @@ def is_url(path: str | Path) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
+def local_path(text: str) -> Path:
+    """A command-line path, a ``file://`` URL taken as the local path it names (``Path("file:///a")`` would be the
+    relative ``file:/a``)."""
+    return Path(text.removeprefix("file://"))
+
+
 def check_url(url: str, key: str, storage_options: dict[str, Any] | None = None) -> None:
     """Fail early, naming ``key``, when no fsspec driver for ``url``'s scheme is installed."""
     import fsspec

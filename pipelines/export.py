@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from winnow.curate.workdir import local_path
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a run's model as safetensors (and a Hugging Face Mixtral where it maps)")
     p.add_argument(
         "run", type=Path, help="the run folder (its newest valid checkpoint) or one checkpoints/step-N folder"
     )
-    p.add_argument("--output", type=Path, help="where to write (default: RUN/export)")
+    p.add_argument("--output", type=local_path, help="where to write (default: RUN/export)")
     p.set_defaults(func=run_export)
 
 

@@ -78,9 +78,28 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
             f"{job} [train]: no data to train on; set train.shards (a job folder winnow curate wrote, or a list of "
             "them), give --shards, or add the [job] table whose output holds the curated shards"
         )
+    _local_urls(table)
     cfg = build_config(TrainConfig, table, f"{job} [train]")
     refuse_shard_folder(cfg.output, cfg.shards, f"{job} [train] key 'output'")
     return cfg
+
+
+def _local_urls(table: dict) -> None:
+    """``file://`` folders in the [train] keys that name folders, as the local paths they are (read as a path,
+    ``file:///a`` named a folder ``file:`` in the current one)."""
+
+    def local(value):
+        return value.removeprefix("file://") if isinstance(value, str) else value
+
+    for key in ("output", "shards"):
+        if key in table:
+            table[key] = local(table[key])
+    if isinstance(table.get("shards"), list):
+        table["shards"] = [{**s, "path": local(s.get("path"))} if isinstance(s, dict) else s for s in table["shards"]]
+    if isinstance(table.get("eval"), list):
+        table["eval"] = [local(e) for e in table["eval"]]
+    if isinstance(table.get("replay"), dict):
+        table["replay"] = {**table["replay"], "path": local(table["replay"].get("path"))}
 
 
 def refuse_shard_folder(folder: str | Path, shards: str | list, key: str) -> None:

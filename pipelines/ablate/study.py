@@ -84,7 +84,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     raw = read_toml(args.job)
     if "ablate" not in raw:
         raise ConfigError(f"{args.job}: no [ablate] table; add one (kind = 'leave_one_out' is the default study)")
-    acfg = study_ablate_config(build_config(AblateConfig, raw["ablate"], f"{args.job} [ablate]"), raw)
+    acfg = build_config(AblateConfig, raw["ablate"], f"{args.job} [ablate]")
     acfg = dataclasses.replace(
         acfg,
         **{
@@ -93,6 +93,7 @@ def run_ablate(args: argparse.Namespace) -> int:
             if v is not None
         },
     )
+    acfg = study_ablate_config(acfg, raw)
     job = load_curation_job(args.job, raw, acfg.job) if acfg.curates else None
     train_cfg = study_train_config(args.job, raw, acfg, job, shards=getattr(args, "shards", None))
     if "replay" in acfg.kinds:  # one continued run per replay share from the same base: a study of its own
@@ -209,8 +210,11 @@ def plan_on_manifest(
 
 
 def study_ablate_config(acfg: AblateConfig, raw: dict) -> AblateConfig:
-    """``acfg`` with ``[train] eval_every`` as the runs' schedule where ``[ablate] eval_every`` is not given: every run
-    of a study evaluates on one schedule, and a user's [train] setting is not dropped silently."""
+    """``acfg`` with ``[train] eval_every`` as the runs' schedule where ``[ablate] eval_every`` is not given (every run
+    of a study evaluates on one schedule, and a user's [train] setting is not dropped silently), and a ``file://``
+    output as its folder."""
+    if acfg.output is not None and acfg.output.startswith("file://"):  # a local URL is its folder
+        acfg = dataclasses.replace(acfg, output=acfg.output.removeprefix("file://"))
     given = (raw.get("train") or {}).get("eval_every") if isinstance(raw.get("train"), dict) else None
     if acfg.eval_every is not None or given is None or "replay" in acfg.kinds:  # a replay run keeps its own
         return acfg

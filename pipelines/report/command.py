@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from winnow.curate.workdir import local_path
 from winnow.pipelines.report.diagnose import DiagnoseConfig, diagnose, format_findings
 from winnow.pipelines.report.page import locate, write_report
 
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a curation job folder (manifest.json), a training run folder (metrics.jsonl), "
         "or a job's output URL (s3://...; the page is written there)",
     )
-    p.add_argument("--output", type=Path, help="where to write the page (default: DIR/report.html)")
+    p.add_argument("--output", type=local_path, help="where to write the page (default: DIR/report.html)")
     p.add_argument("--diagnose", action="store_true", help="also print the diagnosis of the training run")
     p.add_argument(
         "--memory-limit-gib", type=float, help="device memory for the memory rule (default: logged, or host RAM)"
@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     cfg = DiagnoseConfig(memory_limit_gib=args.memory_limit_gib)
-    located = locate(args.dir)  # read once: a run's unreadable lines are reported once
-    path = write_report(args.dir, output=args.output, diagnose_cfg=cfg, located=located)
+    folder = str(args.dir).removeprefix("file://")  # a local URL is its folder
+    located = locate(folder)  # read once: a run's unreadable lines are reported once
+    path = write_report(folder, output=args.output, diagnose_cfg=cfg, located=located)
     _, run, _ = located
     if run is not None and run.counterfactual is not None:
         from winnow.pipelines.report.counterfactual import text

@@ -336,3 +336,19 @@ def test_a_curation_variant_listed_twice_is_refused_by_check(tmp_path, capsys, s
     assert main(["check", str(path)]) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
+
+
+def test_file_urls_name_local_folders_for_train_and_report(tmp_path, monkeypatch):
+    """``file:///a/b`` was read as the relative path ``file:/a/b``: a folder ``file:`` appeared in the current one."""
+    from tests.pipelines.ablate_util import TINY_MODEL, tiny_job
+
+    monkeypatch.chdir(tmp_path)
+    job = tiny_job(tmp_path / "job")
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[train]\nshards = "file://{job}"\noutput = "file://{tmp_path / "run"}"\nsteps = 2\n{TINY_MODEL}\n'
+    )
+    assert main(["-q", "train", str(path)]) == 0
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+    assert main(["report", f"file://{tmp_path / 'run'}"]) == 0
+    assert (tmp_path / "run" / "report.html").is_file() and not (tmp_path / "file:").exists()
