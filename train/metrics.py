@@ -47,7 +47,12 @@ class MetricsConfig:
     def __post_init__(self) -> None:
         from winnow.train.trackers import TRACKERS
 
-        _check(all(t in TRACKERS for t in self.trackers), "trackers", self.trackers, f"any of {list(TRACKERS)}")
+        _check(
+            all(t in TRACKERS for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
+            "trackers",
+            self.trackers,
+            f"any of {list(TRACKERS)}, each once",
+        )
         if self.tensorboard and "tensorboard" not in self.trackers:
             self.trackers = ["tensorboard", *self.trackers]
         _check(isinstance(self.log_every, int) and self.log_every >= 1, "log_every", self.log_every, "an integer >= 1")

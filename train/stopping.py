@@ -31,6 +31,7 @@ class StopConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.patience, int) and self.patience >= 0, "patience", self.patience, "an integer >= 0")
         _check(self.min_delta >= 0, "min_delta", self.min_delta, ">= 0")
+        _check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "source names, each once")
         for source, value in self.thresholds.items():
             _check(math.isfinite(value), f"thresholds.{source}", value, "a finite number")
 

@@ -3,7 +3,12 @@
 import dataclasses
 import json
 
+import pytest
+
 from tests.train.test_trainer_loop import make_trainer, tiny_config
+from winnow.train.attribution import AttributionConfig
+from winnow.train.errors import ConfigError
+from winnow.train.metrics import MetricsConfig
 from winnow.train.stopping import StopConfig
 
 
@@ -34,3 +39,16 @@ def test_fit_stops_at_the_right_eval_and_writes_its_reason(tmp_path):
     resumed = make_trainer(cfg)  # a re-run finds the stopped checkpoint and does not train on
     resumed.evaluate = lambda **_: None
     assert resumed.fit()["step"] == 16
+
+
+@pytest.mark.parametrize(
+    ("build", "key"),
+    [
+        (lambda: StopConfig(sources=["web", "web"]), "train.stop.sources"),
+        (lambda: AttributionConfig(held_out=["a", "a"]), "train.attribution.held_out"),
+        (lambda: MetricsConfig(trackers=["mlflow", "mlflow"]), "train.metrics.trackers"),
+    ],
+)
+def test_a_name_listed_twice_is_refused_naming_the_key(build, key):
+    with pytest.raises(ConfigError, match=rf"{key} = .* each once"):
+        build()

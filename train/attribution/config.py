@@ -33,6 +33,9 @@ class AttributionConfig:
     held_out: list[str] = field(default_factory=list)  # held-out sets the counterfactual must cover; [] = all
 
     def __post_init__(self) -> None:
+        _check(
+            len(set(self.held_out)) == len(self.held_out), "held_out", self.held_out, "held-out set names, each once"
+        )
         for key, low in (("every", 0), ("start", 0), ("heldout_rows", 1)):
             value = getattr(self, key)
             _check(
