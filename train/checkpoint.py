@@ -353,6 +353,15 @@ class CheckpointManager:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def _study_variant(folder: Path) -> bool:
+    """Whether ``folder`` is a finished study variant's (``winnow ablate`` removes its checkpoints once trained)."""
+    try:
+        result = json.loads((folder / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(result, dict) and result.get("name") not in (None, "baseline")
+
+
 def load_checkpoint(path: str | Path, *, what: str = "checkpoint") -> tuple[Path, dict[str, Any]]:
     """(folder, state) of a run folder's newest valid checkpoint, or of one checkpoint folder (``step-N/``).
 
@@ -364,7 +373,14 @@ def load_checkpoint(path: str | Path, *, what: str = "checkpoint") -> tuple[Path
     manager = CheckpointManager(folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder)
     found = manager.load_latest()
     if found is None:
+        study = _study_variant(folder)
         raise CheckpointError(
-            f"{what}: no valid checkpoint in {folder} (give a run folder or one of its checkpoints/step-N folders)"
+            f"{what}: no valid checkpoint in {folder} "
+            + (
+                "(a study's run: the study removes its checkpoints once trained unless [ablate] keep_checkpoints "
+                "= true; re-run the study with it, or train this variant with `winnow train`)"
+                if study
+                else "(give a run folder or one of its checkpoints/step-N folders)"
+            )
         )
     return found

@@ -84,6 +84,9 @@ def test_each_feature_mixtral_lacks_is_named(key, value):
 def test_export_without_a_checkpoint_says_what_to_give(tmp_path, capsys):
     assert main(["export", str(tmp_path)]) == 2
     assert "no valid checkpoint" in capsys.readouterr().err
+    (tmp_path / "result.json").write_text(json.dumps({"name": "without_code", "kind": "leave_one_out"}))
+    assert main(["export", str(tmp_path)]) == 2  # a study's variant, whose checkpoints the study removed
+    assert "unless [ablate] keep_checkpoints = true" in capsys.readouterr().err
 
 
 def test_export_refuses_a_state_without_model(tmp_path):
