@@ -86,10 +86,14 @@ def is_url(path: str | Path) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def local_path(text: str) -> Path:
-    """A command-line path, a ``file://`` URL taken as the local path it names (``Path("file:///a")`` would be the
-    relative ``file:/a``)."""
-    return Path(text.removeprefix("file://"))
+def local_path(text: str | Path) -> Path:
+    """A local path as given, or the one a ``file:`` URL names (``file:///a``, ``file://localhost/a``, ``file:/a``):
+    read as a path, ``file:///a`` would be the relative ``file:/a``."""
+    text = str(text)
+    for prefix, keep in (("file://localhost/", "/"), ("file://", ""), ("file:/", "/")):
+        if text.startswith(prefix):
+            return Path(keep + text[len(prefix) :])
+    return Path(text)
 
 
 def check_url(url: str, key: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -124,7 +128,7 @@ _ROOTS: dict[str, Path] = {}
 def local_root(output: str | Path) -> Path:
     """The local folder holding a job's files in this process: ``output`` itself, or for a URL a scratch mirror."""
     if not is_url(output):
-        return Path(str(output).removeprefix("file://"))
+        return local_path(output)
     url = str(output)
     root = _ROOTS.get(url)
     if root is None:

@@ -43,16 +43,20 @@ def validate(
     output: str | None = None,
     workers: int | None = None,
     train_overrides: dict[str, Any] | None = None,
+    study: bool = True,
 ) -> CheckedJob:
-    """Build every table of the job file; a ``ConfigError`` names the first mistake (file, table, key)."""
+    """Build every table of the job file; a ``ConfigError`` names the first mistake (file, table, key).
+
+    With ``study`` (``winnow check``) a file holding ``[ablate]`` is checked as ``winnow ablate`` runs it: its
+    ``[train]`` as the study trains it, the study's folder and, on shards already curated, every key naming a
+    source. Without it (``winnow run``, which never reads ``[ablate]`` beyond its table) ``[train]`` is checked
+    as ``winnow run`` trains it, with its run folder."""
     raw = read_toml(path)
     check_top_level(raw, Path(path).name)
     curates = "inputs" in raw  # a [job] alone names the curated folder a study or a run trains on
     if not curates and "train" not in raw:
         raise ConfigError(f"{path}: nothing to run: no [[inputs]] to curate, no [train] to train")
-    if (
-        not curates and "job" in raw
-    ):  # it only names the curated folder: a name is not needed, as ablate and train agree
+    if not curates and "job" in raw:  # it only names the curated folder: no name is needed (ablate and train agree)
         table = raw["job"] if not isinstance(raw["job"], dict) else {"name": "job", **raw["job"]}
         build_config(JobSection, table, f"{Path(path).name} [job]")
     checked = CheckedJob(raw=raw, job=load_job(path, output=output, workers=workers) if curates else None)
@@ -71,19 +75,21 @@ def validate(
         if "output" not in table and "://" not in checked.job.job.output:  # beside the shards curation will write
             overrides.setdefault("output", str(Path(checked.job.job.output) / "train"))
     if "ablate" in raw:
-        from winnow.pipelines.ablate.study import study_ablate_config
-
-        checked.ablate = study_ablate_config(build_config(AblateConfig, raw["ablate"], f"{path} [ablate]"), raw)
+        checked.ablate = build_config(AblateConfig, raw["ablate"], f"{path} [ablate]")
+    studying = study and checked.ablate is not None
     study_job = None
-    if checked.ablate is not None and checked.ablate.curates:
+    if studying and checked.ablate.curates:
         from winnow.pipelines.ablate.curation import load_curation_job
 
         study_job = load_curation_job(path, raw, checked.ablate.job)
-    if "train" in raw and checked.ablate is not None:  # trains where `winnow ablate` does
-        from winnow.pipelines.ablate.study import study_train_config
+    if "train" in raw and studying:  # trains where `winnow ablate` does
+        from winnow.pipelines.ablate.study import study_ablate_config, study_train_config
 
-        shards = overrides.pop("shards", None)
-        checked.train = study_train_config(Path(path), raw, checked.ablate, study_job, shards=shards, **overrides)
+        checked.ablate = study_ablate_config(checked.ablate)
+        shards, steps = overrides.pop("shards", None), overrides.pop("steps", None)
+        checked.train = study_train_config(
+            Path(path), raw, checked.ablate, study_job, shards=shards, steps=steps, **overrides
+        )
     elif "train" in raw:
         checked.train = load_train_config(Path(path), **overrides)
     if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
@@ -95,7 +101,7 @@ def validate(
         check_set_sources(checked.train.shards)
         if checked.job is None and study_job is None:  # trains on shards already curated: their manifests say
             check_held_out_sources(checked.train)
-        if checked.ablate is None and "://" not in str(checked.train.output):  # where `winnow train` will write
+        if not studying and "://" not in str(checked.train.output):  # where `winnow train` or `winnow run` writes
             from winnow.pipelines.train import refuse_study_folder
             from winnow.train.runfolder import check_run_folder
 
@@ -106,11 +112,12 @@ def validate(
 
         seed = checked.train.seed if checked.train is not None else 0
         curation_variants(checked.ablate, seed, study_job)  # names the key
-    elif checked.ablate is not None and checked.train is not None and "replay" not in checked.ablate.kinds:
+    elif studying and checked.train is not None and checked.job is None and "replay" not in checked.ablate.kinds:
+        # on the shards a study re-mixes as they are (a file that curates may change them first: its inputs say)
         if "://" not in checked.train.shards and (Path(checked.train.shards) / "manifest.json").is_file():
             from winnow.pipelines.ablate.study import plan_on_manifest
 
-            plan_on_manifest(checked.ablate, checked.train, None)  # the keys naming sources, on the curated shards
+            plan_on_manifest(checked.ablate, checked.train, None)
     return checked
 
 

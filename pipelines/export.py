@@ -26,7 +26,7 @@ def run_export(args: argparse.Namespace) -> int:
     from winnow.train.checkpoint import load_checkpoint
     from winnow.train.export import export_model
 
-    checkpoint, state = load_checkpoint(args.run, what=f"winnow export {args.run}")
+    checkpoint, state = load_checkpoint(local_path(args.run), what=f"winnow export {args.run}")
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     out = args.output or run_dir / "export"
     step = (state.get("counters") or {}).get("step")

@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         overrides["output"] = str(Path(args.output) / "train")
     if args.shards is None:
-        checked = validate(args.job, output=args.output, workers=args.workers, train_overrides=overrides)  # [train] too
+        checked = validate(  # [train] too, as this command trains it
+            args.job, output=args.output, workers=args.workers, train_overrides=overrides, study=False
+        )
         job = checked.job
         if job is None:
             raise ConfigError(f"{args.job}: no [[inputs]] to curate; give --shards to train on curated data")

@@ -15,6 +15,7 @@ from winnow.curate.atomic import write_json_atomic
 from winnow.curate.errors import ConfigError
 from winnow.curate.lock import FolderLock
 from winnow.curate.names import path_name
+from winnow.curate.workdir import is_url, local_path
 from winnow.pipelines.cleanup import removed_on_failure
 from winnow.pipelines.jobfile import build_config, check_top_level, read_toml
 from winnow.pipelines.provenance import write_provenance
@@ -23,7 +24,7 @@ from winnow.train.config import TrainConfig
 from winnow.train.data import Loader
 from winnow.train.data.sets import ShardSetConfig, eval_sets, same_place, training_sets
 from winnow.train.parallel import shutdown
-from winnow.train.runfolder import claim_run_folder
+from winnow.train.runfolder import CURATED_ENTRIES, claim_run_folder
 from winnow.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
         )
     _local_urls(table)
     cfg = build_config(TrainConfig, table, f"{job} [train]")
-    refuse_shard_folder(cfg.output, cfg.shards, f"{job} [train] key 'output'")
+    refuse_shard_folder(cfg.output, cfg, f"{job} [train] key 'output'")
     return cfg
 
 
@@ -89,39 +90,41 @@ def _local_urls(table: dict) -> None:
     ``file:///a`` named a folder ``file:`` in the current one)."""
 
     def local(value):
-        return value.removeprefix("file://") if isinstance(value, str) else value
+        return str(local_path(value)) if isinstance(value, str) and value.startswith("file:") else value
 
     for key in ("output", "shards"):
         if key in table:
             table[key] = local(table[key])
-    if isinstance(table.get("shards"), list):
-        table["shards"] = [{**s, "path": local(s.get("path"))} if isinstance(s, dict) else s for s in table["shards"]]
-    if isinstance(table.get("eval"), list):
-        table["eval"] = [local(e) for e in table["eval"]]
-    if isinstance(table.get("replay"), dict):
-        table["replay"] = {**table["replay"], "path": local(table["replay"].get("path"))}
+    for key, entries in (("shards", table.get("shards")), ("eval", table.get("eval"))):
+        if isinstance(entries, list):
+            table[key] = [
+                {**e, "path": local(e["path"])} if isinstance(e, dict) and "path" in e else local(e) for e in entries
+            ]
+    if isinstance(table.get("replay"), dict) and "path" in table["replay"]:
+        table["replay"] = {**table["replay"], "path": local(table["replay"]["path"])}
 
 
-def refuse_shard_folder(folder: str | Path, shards: str | list, key: str) -> None:
-    """``ConfigError`` naming ``key`` when ``folder`` (a run's or a study's) is one of the curated job folders
-    ``shards`` names: the run's checkpoints and metrics would land among the shards, and a later curation of
-    that job would clear what it counts as its own."""
-    paths = [shards] if isinstance(shards, str) else [s.path for s in shards]
+def refuse_shard_folder(folder: str | Path, cfg: TrainConfig, key: str) -> None:
+    """``ConfigError`` naming ``key`` when ``folder`` (a run's or a study's) is a curated job folder the run reads
+    (``train.shards``, ``eval``, ``replay.from``), even before it is curated: the run's checkpoints and metrics
+    would land among the shards, or inside its own entries (``shards/`` and the like: ``winnow curate`` clears
+    them). Any curated folder's entries are refused where run folders are claimed, too
+    (``train.runfolder.check_run_folder``)."""
+    folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
     here = same_place(str(folder))
-    for path in paths:
+    for path in eval_sets(cfg.eval, folders, cfg.replay):
         job = same_place(str(path))
         if job == here:
             raise ConfigError(
-                f"{key} = {str(folder)!r} is the curated job folder the run trains on (train.shards); a run writes "
-                "its checkpoints and metrics into a folder of its own: leave the key out (its default is a folder "
+                f"{key} = {str(folder)!r} is a curated job folder the run reads ({path}); a run writes its "
+                "checkpoints and metrics into a folder of its own: leave the key out (its default is a folder "
                 "inside the job folder) or name another folder"
             )
-        inside = next((e for e in _JOB_ENTRIES if here.startswith(f"{job}/{e}/") or here == f"{job}/{e}"), None)
+        inside = next((e for e in CURATED_ENTRIES if here.startswith(f"{job}/{e}/") or here == f"{job}/{e}"), None)
         if inside is not None:
             raise ConfigError(
-                f"{key} = {str(folder)!r} lies in {inside}/ of the curated job folder {path} (train.shards), which "
-                "winnow curate clears and rewrites; give the run a folder beside it, e.g. "
-                f"{str(path).rstrip('/')}/train"
+                f"{key} = {str(folder)!r} lies in {inside} of the job folder {path}, which `winnow curate` clears and "
+                f"rewrites; give the run a folder beside it, e.g. {str(path).rstrip('/')}/train"
             )
 
 
@@ -153,23 +156,20 @@ def check_held_out_sources(cfg: TrainConfig) -> None:
 
 
 def refuse_study_folder(output: str | Path) -> None:
-    """``ConfigError`` when ``winnow train`` is pointed at a folder ``winnow ablate`` wrote: the study's root or a
-    variant's folder (a run's ``result.json``, the study's ``ablation/`` tables or ``variants/``). Training there
-    would move the study's run aside and leave its result beside another run's checkpoints."""
-    folder = Path(output)
-    if "://" in str(output):
+    """``ConfigError`` when ``winnow train`` is pointed at a folder ``winnow ablate`` owns (``ablate.layout.
+    study_owns``: a study's root, a variant's folder or anything under them): training there would move the
+    study's run aside and leave its result beside another run's checkpoints."""
+    if is_url(output):
         return
-    found = [name for name in ("result.json", "ablation", "variants") if (folder / name).exists()]
-    if found:
+    from winnow.pipelines.ablate.layout import study_owns
+
+    root = study_owns(output)
+    if root is not None:
         raise ConfigError(
-            f"train.output = {str(output)!r} is a study's folder (`winnow ablate` wrote it; it holds "
-            f"{', '.join(found)}); training there would replace the study's run; give the run a folder of its own, "
-            "or re-run the study with `winnow ablate`"
+            f"train.output = {str(output)!r} is {'a study' if root == Path(output).resolve() else 'inside a study'} "
+            f"(`winnow ablate` wrote {root}); training there would replace the study's runs; give the run a folder "
+            "of its own, or re-run the study with `winnow ablate`"
         )
-
-
-#: What ``winnow curate`` writes in a job folder and clears on a fresh run (``curate.outdir.OWN_ENTRIES``).
-_JOB_ENTRIES = ("_work", "shards", "rejects", "artifacts")
 
 
 def default_run_folder(shards: str | None) -> str:

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 MARKER = ".winnow-run"
 CURATED = ".winnow-output"  # the marker of a job folder winnow curate wrote (curate.outdir.MARKER)
+#: The folders a curated job clears and rewrites (curate.outdir.OWN_ENTRIES; train never imports curate).
+CURATED_ENTRIES = ("_work", "shards", "rejects", "artifacts")
 
 LOGS = ("metrics.jsonl", "alerts.jsonl")
 # one run's history; not tensorboard/: its writer (opened with the trainer) already holds a file there
@@ -146,6 +148,16 @@ def claim_run_folder(run_dir: str | Path, key: str = "train.output") -> Path:
     return run_dir
 
 
+def _inside_curated(run_dir: Path) -> tuple[Path, str] | None:
+    """``(job folder, entry)`` when ``run_dir`` lies in one of the entries a curated job folder above it owns."""
+    folder = run_dir.resolve()
+    for above in folder.parents:
+        if (above / CURATED).is_file():
+            entry = folder.relative_to(above).parts[0]
+            return (above, entry) if entry in CURATED_ENTRIES else None
+    return None
+
+
 def check_run_folder(run_dir: str | Path, key: str = "train.output") -> bool:
     """``claim_run_folder``'s checks, writing nothing: a ``ConfigError`` naming ``key`` where the folder would be
     refused; returns whether it still needs its marker (False: it is already a winnow run folder)."""
@@ -154,6 +166,13 @@ def check_run_folder(run_dir: str | Path, key: str = "train.output") -> bool:
         raise ConfigError(f"{key} = {str(run_dir)!r} is invalid; allowed: a folder of its own for the run")
     if any(p.is_file() for p in (run_dir, *run_dir.parents)):
         raise ConfigError(f"{key} = {str(run_dir)!r} is a file, or lies under one; choose a folder")
+    inside = _inside_curated(run_dir)
+    if inside is not None:
+        job, entry = inside
+        raise ConfigError(
+            f"{key} = {str(run_dir)!r} lies in {entry} of the job folder {job}, which `winnow curate` clears and "
+            f"rewrites; give the run a folder beside it, e.g. {job / 'train'}"
+        )
     if not run_dir.is_dir():
         return True
     # winnow's own lock file (curate.lock's, taken before the run is built) is not content

@@ -179,6 +179,39 @@ def is_study(path: str | Path) -> bool:
     return StudyLayout(Path(path)).table_csv.is_file()
 
 
+def _result_name(folder: Path) -> str | None:
+    """The run name a ``result.json`` in ``folder`` records (a study's baseline or variant), or None."""
+    try:
+        found = json.loads((folder / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = found.get("name") if isinstance(found, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def is_study_root(folder: Path) -> bool:
+    """Whether ``folder`` is a study's own folder: its tables or variants, or its baseline's ``result.json``."""
+    return (folder / "ablation").is_dir() or (folder / "variants").is_dir() or _result_name(folder) == BASELINE
+
+
+#: The folders a study writes beside its baseline run: another run or study inside them would mix with its own.
+STUDY_ENTRIES = ("variants", "sources", "curated", "ablation")
+
+
+def study_owns(folder: str | Path) -> Path | None:
+    """The root of the study whose files ``folder`` would mix with: the study's own folder, a variant's, or a
+    folder inside ``STUDY_ENTRIES`` (``..`` and links resolved); None otherwise (a folder beside a study's
+    entries, ``<study>/notes``, is not the study's). A variant's folder whose study lost its tables still
+    counts, by its ``result.json``."""
+    folder = Path(folder).resolve()
+    for above in (folder, *folder.parents):
+        if _result_name(above) not in (None, BASELINE):  # a variant's run folder, or inside one
+            return above.parent.parent
+        if is_study_root(above):
+            return above if above == folder or folder.relative_to(above).parts[0] in STUDY_ENTRIES else None
+    return None
+
+
 def load_study(path: str | Path) -> Study | None:
     """The study in ``path`` once its table is written, else None."""
     layout = StudyLayout(Path(path))

@@ -21,14 +21,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 
 from winnow.curate.errors import ConfigError
+from winnow.curate.workdir import local_path
 from winnow.pipelines.ablate.checks import check_references, finished
 from winnow.pipelines.ablate.config import AblateConfig
 from winnow.pipelines.ablate.curation import CurationJob, load_curation_job
-from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
+from winnow.pipelines.ablate.layout import BASELINE, StudyLayout, study_owns
 from winnow.pipelines.ablate.plan import check_runnable, curation_variants, variants
 from winnow.pipelines.ablate.prepare import StudyData, prepare_baseline, prepare_variants
 from winnow.pipelines.ablate.runner import VariantTask, run_variants, variant_config
@@ -36,6 +38,8 @@ from winnow.pipelines.ablate.table import write_study
 from winnow.pipelines.jobfile import build_config, read_toml
 from winnow.train.attribution.counterfactual import MEAN
 from winnow.train.data.shards import job_manifest
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(slots=True)
@@ -93,7 +97,7 @@ def run_ablate(args: argparse.Namespace) -> int:
             if v is not None
         },
     )
-    acfg = study_ablate_config(acfg, raw)
+    acfg = study_ablate_config(acfg)
     job = load_curation_job(args.job, raw, acfg.job) if acfg.curates else None
     train_cfg = study_train_config(args.job, raw, acfg, job, shards=getattr(args, "shards", None))
     if "replay" in acfg.kinds:  # one continued run per replay share from the same base: a study of its own
@@ -209,25 +213,29 @@ def plan_on_manifest(
     return runs, sources
 
 
-def study_ablate_config(acfg: AblateConfig, raw: dict) -> AblateConfig:
-    """``acfg`` with ``[train] eval_every`` as the runs' schedule where ``[ablate] eval_every`` is not given (every run
-    of a study evaluates on one schedule, and a user's [train] setting is not dropped silently), and a ``file://``
-    output as its folder."""
-    if acfg.output is not None and acfg.output.startswith("file://"):  # a local URL is its folder
-        acfg = dataclasses.replace(acfg, output=acfg.output.removeprefix("file://"))
-    given = (raw.get("train") or {}).get("eval_every") if isinstance(raw.get("train"), dict) else None
-    if acfg.eval_every is not None or given is None or "replay" in acfg.kinds:  # a replay run keeps its own
+def study_ablate_config(acfg: AblateConfig) -> AblateConfig:
+    """``acfg`` with a ``file://`` output as the folder it names."""
+    if acfg.output is None or "://" not in acfg.output:
         return acfg
-    return dataclasses.replace(acfg, eval_every=given)
+    return dataclasses.replace(acfg, output=str(local_path(acfg.output)))
 
 
 def study_train_config(
-    path: str | Path, raw: dict, acfg: AblateConfig, job: CurationJob | None, *, shards=None, **overrides
+    path: str | Path,
+    raw: dict,
+    acfg: AblateConfig,
+    job: CurationJob | None,
+    *,
+    shards=None,
+    steps: int | None = None,
+    **overrides,
 ):
     """The study's ``[train]`` table (``winnow ablate`` and ``winnow check`` alike): on ``shards`` (``--shards``),
     else on [train] shards, else on the curation job's output, which a study varying the curation curates (so
-    it must be that folder then). A study re-mixes one job folder by source: a list of shard sets is refused
-    (but by a replay study), as is an ``[ablate] output`` equal to a job folder it trains on."""
+    it must be that folder then); ``steps`` (``--steps``) over ``[ablate] steps``. Refused naming the key: a list
+    of shard sets (but by a replay study, which trains on its sets), a ``[train.mixing]`` the study would
+    replace, ``[train.stop]`` rules the study's runs could not evaluate, and an ``[ablate] output`` equal to a
+    job folder it trains on or inside another study."""
     from winnow.pipelines.train import load_train_config, refuse_shard_folder
 
     given = shards or (raw.get("train") or {}).get("shards")
@@ -239,35 +247,39 @@ def study_train_config(
                 "train.shards"
             )
         shards = job.output
-    train_cfg = load_train_config(path, steps=acfg.steps, shards=shards, **overrides)
-    if train_cfg.mixing.adaptive and "replay" not in acfg.kinds:
+    train_cfg = load_train_config(path, steps=steps if steps is not None else acfg.steps, shards=shards, **overrides)
+    replay = "replay" in acfg.kinds  # its runs are continuations, each with its own [train] (mixing, evaluations)
+    if train_cfg.mixing.adaptive and not replay:
         raise ConfigError(
             f"{path} [train.mixing] key 'adaptive': a study sets every run's mix itself, so it would not be used; "
             "remove it, and compare adaptive mixes with [ablate] adaptive = ['doremi', 'counterfactual']"
         )
-    if not isinstance(train_cfg.shards, str) and "replay" not in acfg.kinds:  # a replay study trains on its sets
+    if not isinstance(train_cfg.shards, str) and not replay:
         raise ConfigError(
             f"{path} [train] key 'shards': a study re-mixes the sources of one curated job folder, and this is a "
             'list of shard sets; give the folder\'s path (shards = "out/job") or --shards'
         )
-    if acfg.output is not None:
-        refuse_shard_folder(acfg.output, train_cfg.shards, f"{path} [ablate] key 'output'")
-        root = Path(acfg.output)
-        if root.parent.name == "variants" and (root.parent.parent / "ablation").is_dir() or _variant_result(root):
+    if not replay:
+        schedule = acfg.eval_steps(train_cfg.steps)
+        if train_cfg.stop.active and schedule == 0:
             raise ConfigError(
-                f"{path} [ablate] key 'output' = {acfg.output!r} is a variant's folder inside another study "
-                f"({root.parent.parent}); give the study a folder of its own"
+                f"{path} [train.stop]: its rules read held-out evaluations during the run, and a study's runs "
+                "evaluate on [ablate] eval_every's schedule, only at the end here; set [ablate] eval_every"
+            )
+        if isinstance(raw.get("train"), dict) and "eval_every" in raw["train"] and acfg.eval_every is None:
+            log.warning(
+                "[train] eval_every is not a study's: every run evaluates %s ([ablate] eval_every sets it)",
+                f"every {schedule} steps" if schedule else "at its end",
+            )
+    if acfg.output is not None:
+        refuse_shard_folder(acfg.output, train_cfg, f"{path} [ablate] key 'output' (or --output)")
+        owner = study_owns(acfg.output)
+        if owner is not None and owner != Path(acfg.output).resolve():
+            raise ConfigError(
+                f"{path} [ablate] key 'output' (or --output) = {acfg.output!r} lies inside another study "
+                f"({owner}); give the study a folder of its own"
             )
     return train_cfg
-
-
-def _variant_result(folder: Path) -> bool:
-    """Whether ``folder`` holds a study variant's ``result.json`` (a run other than a study's baseline)."""
-    try:
-        found = json.loads((folder / "result.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(found, dict) and found.get("name") not in (None, BASELINE)
 
 
 def _proposal(acfg: AblateConfig, results: list[dict], base: dict[str, float], train_cfg) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from winnow.curate.workdir import local_path
+from winnow.curate.workdir import is_url, local_path
 from winnow.pipelines.report.diagnose import DiagnoseConfig, diagnose, format_findings
 from winnow.pipelines.report.page import locate, write_report
 
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     cfg = DiagnoseConfig(memory_limit_gib=args.memory_limit_gib)
-    folder = str(args.dir).removeprefix("file://")  # a local URL is its folder
+    folder = str(args.dir) if is_url(args.dir) else str(local_path(args.dir))  # a file: URL is its local folder
     located = locate(folder)  # read once: a run's unreadable lines are reported once
     path = write_report(folder, output=args.output, diagnose_cfg=cfg, located=located)
     _, run, _ = located

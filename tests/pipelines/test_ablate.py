@@ -393,7 +393,11 @@ def test_a_source_name_holding_a_pipe_keeps_the_markdown_table_whole():
     [
         ({"sources": '["cdoe"]'}, "", r"ablate\.sources: unknown source 'cdoe' \(did you mean 'code'\?\)"),
         ({"kind": '"mixes"', "mixes": "{m1 = {nope = 1.0}}"}, "", r"ablate\.mixes\.m1: unknown source 'nope'"),
-        ({}, "[train.stop]\npatience = 1\nsources = ['prosee']", r"train\.stop\.sources: no held-out rows of source"),
+        (
+            {"eval_every": "1"},
+            "[train.stop]\npatience = 1\nsources = ['prosee']",
+            r"train\.stop\.sources: no held-out rows of source",
+        ),
         ({}, "[train.attribution]\nheld_out = ['nope']", r"train\.attribution\.held_out: no held-out rows"),
     ],
 )
@@ -421,13 +425,19 @@ def test_train_refuses_a_stop_source_the_held_out_sets_lack_before_step_one(job,
     assert not run.exists()
 
 
-def test_a_study_keeps_the_train_tables_eval_every_and_refuses_a_mixing_it_would_drop(job, tmp_path, capsys):
+def test_a_study_says_it_evaluates_on_its_own_schedule_and_refuses_what_it_would_drop(job, tmp_path, capsys, caplog):
     from winnow.pipelines.check import validate
 
     path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train="eval_every = 2")
-    assert validate(path).ablate.eval_steps(3) == 2  # every run evaluates on the schedule the user asked for
-    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train="eval_every = 2", eval_every=1)
-    assert validate(path).ablate.eval_steps(3) == 1  # [ablate] eval_every, where given, is the study's
+    with caplog.at_level("WARNING"):
+        assert validate(path).ablate.eval_steps(3) == 0  # the study's schedule: a finished study resumes as it was
+    assert "[train] eval_every is not a study's: every run evaluates at its end" in caplog.text
+    stop = "[train.stop]\npatience = 1"
+    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train=stop)
+    for command in ("check", "ablate"):  # it failed naming train.eval_every, which the study does not read
+        assert main([command, str(path)]) == 2
+        assert "[train.stop]: its rules read held-out evaluations" in capsys.readouterr().err
+    assert validate(study_toml(tmp_path / "s.toml", job, tmp_path / "study", train=stop, eval_every=1)).train
     path = study_toml(
         tmp_path / "s.toml", job, tmp_path / "study", train=f'[train.mixing]\nadaptive = "doremi"\nreference = "{job}"'
     )

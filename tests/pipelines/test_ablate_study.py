@@ -445,5 +445,5 @@ def test_a_study_into_another_studys_variant_folder_is_refused_before_it_writes(
     other.result_path("without_code").write_text(json.dumps({"name": "without_code", "kind": "x", "held_out": {}}))
     before = sorted(p.name for p in variant.iterdir())
     assert main([command, str(study_toml(tmp_path / "s.toml", job, variant))]) == 2
-    assert "is a variant's folder inside another study" in capsys.readouterr().err
+    assert "lies inside another study" in capsys.readouterr().err
     assert sorted(p.name for p in variant.iterdir()) == before  # no sources/ split into it

@@ -240,7 +240,9 @@ def test_a_run_or_study_folder_equal_to_the_job_folder_it_trains_on_is_refused_b
     path.write_text(f'[job]\nname = "t"\noutput = "{job}"\n[train]\nsteps = 2\n{table}{study}')
     assert main([command, str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"t.toml [{key}] key 'output' = '{job}" in err and "is the curated job folder the run trains on" in err
+    assert (
+        f"t.toml [{key}] key 'output'" in err and f"= '{job}" in err and "is a curated job folder the run reads" in err
+    )
     assert not job.exists()
 
 
@@ -298,8 +300,8 @@ def test_check_refuses_the_run_folders_train_would_refuse_writing_nothing(tmp_pa
     (study / ".winnow-run").write_text("")
     cases = {
         mine: "holds files winnow did not write (notes.txt)",
-        job / "shards" / "parquet" / "run": "lies in shards/ of the curated job folder",
-        study: "is a study's folder (`winnow ablate` wrote it; it holds ablation)",
+        job / "shards" / "parquet" / "run": "lies in shards of the job folder",
+        study: "is a study (`winnow ablate` wrote",
     }
     for output, message in cases.items():
         path = tmp_path / "t.toml"
@@ -308,7 +310,7 @@ def test_check_refuses_the_run_folders_train_would_refuse_writing_nothing(tmp_pa
         assert message in capsys.readouterr().err
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and not job.exists()
     assert main(["train", str(path)]) == 2  # the study's folder: train refuses it too
-    assert "is a study's folder" in capsys.readouterr().err
+    assert "is a study (`winnow ablate` wrote" in capsys.readouterr().err
     assert sorted(p.name for p in study.iterdir()) == [".winnow-run", "ablation"]
 
 
@@ -352,3 +354,52 @@ def test_file_urls_name_local_folders_for_train_and_report(tmp_path, monkeypatch
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
     assert main(["report", f"file://{tmp_path / 'run'}"]) == 0
     assert (tmp_path / "run" / "report.html").is_file() and not (tmp_path / "file:").exists()
+
+
+def test_the_run_folder_checks_know_every_folder_curate_owns():
+    from winnow.curate.outdir import OWN_ENTRIES
+    from winnow.train.runfolder import CURATED_ENTRIES
+
+    assert set(CURATED_ENTRIES) == {e for e in OWN_ENTRIES if "." not in e}  # train never imports curate
+
+
+def test_run_checks_train_as_it_trains_it_and_check_the_study_as_ablate_does(tmp_path, capsys):
+    """`winnow run --steps` on a file holding [ablate] (a TypeError), and study-only rules or a stale manifest
+    blocking `winnow run` (which never reads [ablate]): each is the command's own check."""
+    from tests.pipelines.ablate_util import tiny_job
+    from winnow.pipelines.check import validate
+
+    job = tiny_job(tmp_path / "job")  # curated: code and prose
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document of words"}) + "\n")
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[job]\nname = "t"\noutput = "{job}"\n[[inputs]]\nsource = "docs2"\npath = "{tmp_path / "d.jsonl"}"\n'
+        '[train]\nsteps = 4\n[train.mixing]\nadaptive = "doremi"\n'
+        f'reference = "{job}"\n[ablate]\nkind = "leave_one_out"\nsources = ["docs2"]\n'
+    )
+    checked = validate(path, train_overrides={"steps": 2}, study=False)  # as `winnow run --steps 2` checks it
+    assert checked.train.steps == 2 and checked.train.mixing.adaptive == "doremi"
+    with pytest.raises(ConfigError, match=r"\[train\.mixing\] key 'adaptive': a study sets every run's mix"):
+        validate(path)  # `winnow check`: as the study trains it
+    path.write_text(path.read_text().replace('[train.mixing]\nadaptive = "doremi"\n', "[train.mixing]\n"))
+    assert validate(path).ablate.sources == ["docs2"]  # the inputs' source: curation makes it (the manifest lacks it)
+
+
+def test_a_run_folder_inside_a_job_folder_it_evaluates_or_replays_is_refused(tmp_path, capsys):
+    from tests.pipelines.ablate_util import tiny_job
+
+    job, other = tiny_job(tmp_path / "job"), tiny_job(tmp_path / "other")
+    for table, output in ((f'eval = ["{job}", "{other}"]', other / "shards" / "run"),
+                          (f'replay = {{from = "{other}", share = 0.1}}', other / "rejects" / "run")):  # fmt: skip
+        path = tmp_path / "t.toml"
+        path.write_text(f'[train]\nshards = "{job}"\noutput = "{output}"\nsteps = 2\n{table}\n')
+        assert main(["check", str(path)]) == 2
+        assert f"lies in {output.parent.name} of the job folder {other}" in capsys.readouterr().err
+    assert not (other / "shards" / "run").exists()
+
+
+@pytest.mark.parametrize("url", ["file://{}", "file://localhost{}", "file:{}"])
+def test_every_form_of_a_file_url_is_its_local_folder(tmp_path, url):
+    from winnow.curate.workdir import local_path
+
+    assert local_path(url.format("/a/b")) == Path("/a/b") and local_path("a/b") == Path("a/b")

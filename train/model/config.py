@@ -72,7 +72,7 @@ class ModelConfig:
             self.n_kv_heads != 0 and 0 < kv <= self.n_heads and self.n_heads % kv == 0,
             "n_kv_heads",
             self.n_kv_heads,
-            f"a divisor of n_heads ({self.n_heads}), or no key for n_heads",
+            f"a divisor of n_heads ({self.n_heads}) (leave the key out for as many as n_heads)",
         )
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "0 <= dropout < 1")
         _check(self.n_experts >= 0, "n_experts", self.n_experts, ">= 0")
