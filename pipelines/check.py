@@ -162,17 +162,13 @@ def run_check(args: argparse.Namespace) -> int:
             f"stages:  {' -> '.join(s.kind for s in job.stages) or '(none)'}",
             f"output:  {job.job.output} ({', '.join(job.output.formats)})",
         ]
-    if checked.train is not None:
-        t, a = checked.train, checked.ablate
-        first = t.shards if isinstance(t.shards, str) else t.shards[0].path
-        where = (
-            t.output
-            if a is None
-            else a.output or f"{first.rstrip('/')}/{'replay' if 'replay' in a.kinds else 'ablate'}"
-        )
-        lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {where}")
-    if checked.ablate is not None:
-        lines.append(f"ablate:  {', '.join(checked.ablate.kinds)}")
+    t, a = checked.train, checked.ablate
+    if t is not None:
+        lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {t.output}")
+    if a is not None:
+        first = None if t is None else t.shards if isinstance(t.shards, str) else t.shards[0].path
+        where = a.output or (first and f"{first.rstrip('/')}/{'replay' if 'replay' in a.kinds else 'ablate'}")
+        lines.append(f"ablate:  {', '.join(a.kinds)}" + (f" -> {where}" if where else ""))
     if checked.unchecked:
         lines.append(f"not checked: {checked.unchecked}")
     print(f"{args.job}: ok")
