@@ -314,6 +314,17 @@ def test_check_refuses_the_run_folders_train_would_refuse_writing_nothing(tmp_pa
     assert sorted(p.name for p in study.iterdir()) == [".winnow-run", "ablation"]
 
 
+def _one_input_job(tmp_path, output, source: str, rest: str):
+    """A job file curating one JSONL document as ``source`` into ``output``, then the tables in ``rest``."""
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document of words"}) + "\n")
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[job]\nname = "t"\noutput = "{output}"\n[[inputs]]\nsource = "{source}"\npath = "{tmp_path / "d.jsonl"}"\n'
+        + rest
+    )
+    return path
+
+
 @pytest.mark.parametrize(
     ("study", "message"),
     [
@@ -328,13 +339,8 @@ def test_check_refuses_the_run_folders_train_would_refuse_writing_nothing(tmp_pa
     ],
 )
 def test_a_curation_variant_listed_twice_is_refused_by_check(tmp_path, capsys, study, message):
-    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document of words"}) + "\n")
-    path = tmp_path / "t.toml"
-    path.write_text(
-        f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "docs"\npath = "{tmp_path / "d.jsonl"}"\n'
-        '[[stages]]\nkind = "clean"\n[[stages]]\nkind = "filter.length"\nmin_words = 2\n'
-        f"[train]\nsteps = 2\n[ablate]\n{study}\n"
-    )
+    rest = '[[stages]]\nkind = "clean"\n[[stages]]\nkind = "filter.length"\nmin_words = 2\n'
+    path = _one_input_job(tmp_path, tmp_path / "out", "docs", rest + f"[train]\nsteps = 2\n[ablate]\n{study}\n")
     assert main(["check", str(path)]) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
@@ -370,12 +376,12 @@ def test_run_checks_train_as_it_trains_it_and_check_the_study_as_ablate_does(tmp
     from winnow.pipelines.check import validate
 
     job = tiny_job(tmp_path / "job")  # curated: code and prose
-    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document of words"}) + "\n")
-    path = tmp_path / "t.toml"
-    path.write_text(
-        f'[job]\nname = "t"\noutput = "{job}"\n[[inputs]]\nsource = "docs2"\npath = "{tmp_path / "d.jsonl"}"\n'
-        '[train]\nsteps = 4\n[train.mixing]\nadaptive = "doremi"\n'
-        f'reference = "{job}"\n[ablate]\nkind = "leave_one_out"\nsources = ["docs2"]\n'
+    path = _one_input_job(
+        tmp_path,
+        job,
+        "docs2",
+        f'[train]\nsteps = 4\n[train.mixing]\nadaptive = "doremi"\nreference = "{job}"\n'
+        '[ablate]\nkind = "leave_one_out"\nsources = ["docs2"]\n',
     )
     checked = validate(path, train_overrides={"steps": 2}, study=False)  # as `winnow run --steps 2` checks it
     assert checked.train.steps == 2 and checked.train.mixing.adaptive == "doremi"
