@@ -159,9 +159,13 @@ def mark_owner(out: Path, job_name: str, fingerprint: str, *, work: WorkDir | No
         work.publish_file(out / MARKER)
 
 
-#: The names winnow gives the files of ``shards/<format>/<split>/`` and ``rejects/`` (and their temporary files).
+#: The names winnow gives the files of ``shards/<format>/<split>/`` and ``rejects/`` (and their temporary files),
+#: and the copy of a Hugging Face tokenizer beside the token shards (``writers.tokens.TOKENIZER_FILE``).
 _OWN_NAMES = {
-    "shards": re.compile(r"[^/]+/[^/]+/\.?part-[0-9]+(-[0-9]+)*\.(parquet|tar|bin|idx|doc\.npy)(\.[0-9a-f]+)?(\.tmp)?"),
+    "shards": re.compile(
+        r"[^/]+/[^/]+/\.?part-[0-9]+(-[0-9]+)*\.(parquet|tar|bin|idx|doc\.npy)(\.[0-9a-f]+)?(\.tmp)?"
+        r"|tokens/(tokenizer\.json|\.tokenizer\.json\.[0-9a-f]+\.tmp)"
+    ),
     "rejects": re.compile(r"\.?p[0-9]+-t[0-9]+\.parquet(\.[0-9a-f]+)?(\.tmp)?"),
 }
 

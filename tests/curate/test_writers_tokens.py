@@ -184,3 +184,24 @@ def test_job_file_output_tokens_table(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'tokenizer'"):
         job_from_dict(raw)
     assert json.dumps(job_from_dict({**raw, "output": {"formats": ["tokens"]}}).output.formats) == '["tokens"]'
+
+
+def test_a_job_writing_a_hf_tokenizers_copy_runs_again_and_afresh(tmp_path):
+    """The copy in shards/tokens/ is winnow's own: a re-run refused it as a user's file, so such a job could not be
+    curated twice (nor an interrupted `winnow run` resumed)."""
+    from winnow.curate.pipeline import run_job
+    from winnow.pipelines.jobfile import load_job
+
+    df = rows(12)
+    gpt2_style_tokenizer(tmp_path / "tokenizer.json", df["text"].to_list())
+    df.select("text").write_ndjson(tmp_path / "d.jsonl")
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'[job]\nname = "t"\noutput = "{tmp_path / "out"}"\n[[inputs]]\nsource = "s"\npath = "{tmp_path / "d.jsonl"}"\n'
+        f'[output]\nformats = ["parquet", "tokens"]\n[output.tokens]\ntokenizer = "{tmp_path / "tokenizer.json"}"\n'
+    )
+    written = run_job(load_job(path), progress=False)["totals"]["rows_written"]
+    assert run_job(load_job(path), progress=False)["totals"]["rows_written"] == written == 12
+    path.write_text(path.read_text().replace('name = "t"', 'name = "t2"'))  # another job: a fresh run clears
+    assert run_job(load_job(path), progress=False, overwrite=True)["totals"]["rows_written"] == written
+    assert (tmp_path / "out" / "shards" / "tokens" / "tokenizer.json").is_file()
