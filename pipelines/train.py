@@ -234,8 +234,9 @@ def _build_trainer(
     return trainer
 
 
-#: Keys that may differ on a resume without changing what was trained so far.
-_RESUME_FREE = ("output", "steps", "checkpoint.resume", "model.vocab_size")
+#: Keys that may differ on a resume without changing what was trained so far (``steps`` does change what follows:
+#: the learning-rate schedule is the new length's, so it is named).
+_RESUME_FREE = ("output", "checkpoint.resume", "model.vocab_size")
 
 
 def _records_follow(cfg: TrainConfig, step: int, config_file: Path) -> bool:
@@ -256,7 +257,9 @@ def _records_follow(cfg: TrainConfig, step: int, config_file: Path) -> bool:
         )
         return False
     changed = [
-        f"{key} ({_short(before)} -> {_short(after)})"
+        f"{key} ({_short(before)} -> {_short(after)}"
+        + ("; the learning-rate schedule follows the new length from here" if key == "steps" else "")
+        + ")"
         for key, before, after in _differences(saved, json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
         if not key.startswith(_RESUME_FREE)
     ]

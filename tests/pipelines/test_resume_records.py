@@ -64,7 +64,8 @@ def test_a_refused_resume_leaves_the_runs_records_as_they_were(tmp_path, caplog)
     with caplog.at_level("WARNING", logger="winnow.pipelines.train"):
         assert fit(cfg_for(job, run, steps=6, optim={"lr": 0.002}))["step"] == 6
     said = [r.getMessage() for r in caplog.records if "settings other than" in r.getMessage()]
-    assert len(said) == 1 and "optim.lr (" in said[0] and "-> 0.002)" in said[0] and "steps" not in said[0]
+    assert len(said) == 1 and "optim.lr (" in said[0] and "-> 0.002)" in said[0]
+    assert "steps (4 -> 6; the learning-rate schedule follows the new length from here)" in said[0]
     assert json.loads((run / "config.json").read_text())["optim"]["lr"] == 0.002
 
 
