@@ -24,7 +24,7 @@ from winnow.train.config import TrainConfig
 from winnow.train.data import Loader
 from winnow.train.data.sets import ShardSetConfig, eval_sets, same_place, training_sets
 from winnow.train.parallel import shutdown
-from winnow.train.runfolder import CURATED_ENTRIES, claim_run_folder
+from winnow.train.runfolder import CURATED_ENTRIES, RUN_FILES, archive_previous, claim_run_folder
 from winnow.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,8 @@ def _build_trainer(
             raise
     if trainer.parallel.is_main:  # one writer per run folder; the report reads config.json during the run
         folder = Path(cfg.output)
+        if not trainer.step:  # afresh over an earlier run: all it left goes to previous-<k>/ before these records
+            archive_previous(folder, RUN_FILES)
         if _records_follow(cfg, trainer.step, folder / "config.json"):
             trainer.data.tokenizer.save(folder)
             vocab = trainer.data.tokenizer.vocab_size  # the model's, whatever [train.model] said

@@ -32,6 +32,10 @@ CURATED_ENTRIES = ("_work", "shards", "rejects", "artifacts")
 LOGS = ("metrics.jsonl", "alerts.jsonl")
 # one run's history; not tensorboard/: its writer (opened with the trainer) already holds a file there
 RUN_STATE = ("metrics.jsonl", "alerts.jsonl", "checkpoints")
+#: The history and the records of one run, and what was made from it: moved together when a run starts afresh in
+#: the folder before it writes its own records (``winnow train``), so no earlier export or report sits beside it.
+RUN_FILES = (*RUN_STATE, "config.json", "provenance.json", "job.toml", "tokenizer_meta.json", "tokenizer.json",
+             "report.html", "export")  # fmt: skip
 
 
 def _record_step(line: str) -> int | None:
@@ -68,18 +72,22 @@ def truncate_jsonl(path: Path, step: int) -> int:
     return dropped
 
 
-def _has_history(run_dir: Path) -> list[Path]:
+def _has_history(run_dir: Path, names: tuple[str, ...] = RUN_STATE) -> list[Path]:
+    if not any((run_dir / name).exists() for name in RUN_STATE):  # records alone (a run built, never stepped)
+        return []
     found = []
-    for name in RUN_STATE:
+    for name in names:
         path = run_dir / name
         if (path.is_file() and path.stat().st_size) or (path.is_dir() and any(path.iterdir())):
             found.append(path)
     return found
 
 
-def archive_previous(run_dir: Path) -> Path | None:
-    """Move an earlier run's logs and checkpoints into ``previous-<k>/`` (k = 1, 2, ...); None if there were none."""
-    found = _has_history(run_dir)
+def archive_previous(run_dir: Path, names: tuple[str, ...] = RUN_STATE) -> Path | None:
+    """Move an earlier run's logs and checkpoints (``names`` of it: ``RUN_FILES`` for all it left) into
+    ``previous-<k>/`` (k = 1, 2, ...); None if there was none."""
+    run_dir = Path(run_dir)
+    found = _has_history(run_dir, names)
     if not found:
         return None
     k = 1

@@ -136,3 +136,24 @@ def test_a_training_set_naming_a_source_without_train_rows_is_refused_before_any
         assert main([command, str(path)]) == 2
         assert "train.shards[0].sources: 'nosuch' has no train rows" in capsys.readouterr().err
     assert not (tmp_path / "run" / "sources").exists()
+
+
+def test_a_fresh_start_moves_all_the_earlier_run_left_together(tmp_path):
+    """resume = false over a finished run: its config, export and report went nowhere (the config was overwritten,
+    the export of the earlier model stayed beside the new one)."""
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    run = tmp_path / "run"
+    fit(cfg_for(job, run))
+    (run / "export").mkdir()
+    (run / "export" / "winnow-model.safetensors").write_bytes(b"the earlier model")
+    (run / "report.html").write_text("the earlier run's page")
+    earlier = json.loads((run / "config.json").read_text())
+    fit(cfg_for(job, run, seed=7, checkpoint={"resume": False}))
+    previous = run / "previous-1"
+    assert json.loads((previous / "config.json").read_text()) == earlier
+    assert (previous / "export" / "winnow-model.safetensors").read_bytes() == b"the earlier model"
+    assert (previous / "report.html").is_file() and (previous / "checkpoints").is_dir()
+    assert not (run / "export").exists() and not (run / "report.html").exists()
+    assert json.loads((run / "config.json").read_text())["seed"] == 7
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][0] >= 1
+    assert not (run / "previous-2").exists()  # the trainer's own archive at step 0 found nothing more to move
