@@ -90,6 +90,7 @@ class Trainer:
         self.sources, self.alerts, self.hooks, self.init = list(sources), alerts, list(hooks), init
         self._resumed: bool | None = None  # resume() ran: whether it found a checkpoint
         self._said_eval_cap = False  # a capped evaluation that left sources out has said so
+        self._eval_pending = -1  # the step whose evaluation a stop signal abandoned: a resume from it redoes it
         self.pipeline = parallel.pipeline  # pipeline parallel: self.model holds this rank's stages only
         self._autocast = autocast(self.device, cfg.precision)
         # compiled on a GPU, the loss's log-softmax over the vocabulary fuses (no fp32 copy of the logits); on a
@@ -350,8 +351,10 @@ class Trainer:
                 loader.close()
         self.model.train()
         if stop_requested() is not None:
-            log.warning("evaluation at step %d abandoned: a stop was requested", self.step)
+            log.warning("evaluation at step %d abandoned: a stop was requested (a resume redoes it)", self.step)
+            self._eval_pending = self.step
             return None
+        self._eval_pending = -1
         result = acct.flush()
         result_record = {
             "step": self.step,
@@ -393,7 +396,7 @@ class Trainer:
             "accounting": self.accounting.state_dict(),
             "alerts": self.alerts.state_dict(),
             **{h.name: h.state_dict() for h in self.hooks},
-            "counters": {"step": self.step, "tokens_seen": self.tokens_seen},
+            "counters": {"step": self.step, "tokens_seen": self.tokens_seen, "eval_pending": self._eval_pending},
             "model_config": dataclasses.asdict(self.model.cfg),
             "sources": self.sources,
         }
@@ -422,6 +425,7 @@ class Trainer:
         for h in self.hooks:
             h.load_state_dict(state.get(h.name))
         self.step, self.tokens_seen = state["counters"]["step"], state["counters"]["tokens_seen"]
+        self._eval_pending = state["counters"].get("eval_pending", -1)  # older checkpoints: none
         set_rng_state(state["rng"])
 
     def save_checkpoint(self) -> Path:
@@ -484,9 +488,13 @@ class Trainer:
         self.throughput.reset()
         self.progress.open(self.step, self.tokens_seen)
         final_eval, stopped = None, self._reports().get("stopped")  # a stopped run's checkpoint stays stopped
-        finished = self.step >= cfg.steps  # resumed at its end: its final records are in the metrics already
+        finished = self.step >= cfg.steps  # resumed at its end: its final records are in the metrics already,
+        redo_final = finished and self._eval_pending == self.step  # but for an evaluation a stop abandoned
         if self.init is not None and self.step == 0:
             final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
+        elif 0 < self.step < cfg.steps and self._eval_pending == self.step and stopped is None:
+            final_eval = self.evaluate()  # the periodic evaluation a stop abandoned: its record, and its stop rules
+            stopped = self._stop_reason(final_eval)
         with on_stop_signals(self._on_signal), contextlib.closing(self.progress):  # the bar closes on errors too
             while self.step < cfg.steps and self._stop_signal is None and stopped is None:
                 self.train_step()
@@ -504,11 +512,13 @@ class Trainer:
             if self._stop_signal is None and not finished:
                 self.after_step(last=True)  # the last, shorter stretch: the final record covers every attributed step
             if self._stop_signal is None and (stopped is None or final_eval is None or final_eval["step"] != self.step):
-                final_eval = self.evaluate(record=not finished)  # for the summary; the metrics hold it once
+                final_eval = self.evaluate(record=not finished or redo_final)  # the metrics hold it once
             preempted = self._stop_signal is not None  # also when the signal came during that last evaluation
             if preempted:
                 final_eval = None
-            checkpoint = self.save_checkpoint() if self._saved_step != self.step else self.checkpoints.checkpoints()[0]
+            # again at a step already saved when a stop abandoned its evaluation: the resume must know to redo it
+            again = self._saved_step != self.step or self._eval_pending == self.step
+            checkpoint = self.save_checkpoint() if again else self.checkpoints.checkpoints()[0]
         self.metrics.close()
         return {
             "step": self.step,

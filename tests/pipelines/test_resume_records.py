@@ -157,3 +157,43 @@ def test_a_fresh_start_moves_all_the_earlier_run_left_together(tmp_path):
     assert json.loads((run / "config.json").read_text())["seed"] == 7
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][0] >= 1
     assert not (run / "previous-2").exists()  # the trainer's own archive at step 0 found nothing more to move
+
+
+@pytest.mark.parametrize("at", [2, 4])  # a periodic evaluation, and the final one
+def test_an_evaluation_a_stop_abandoned_is_redone_by_the_resume(tmp_path, monkeypatch, at):
+    """SIGTERM during an evaluation: the run checkpoints without its record, and the resume went on past it, so
+    the run's metrics never held that evaluation (the final one never, however often it was re-run)."""
+    import winnow.train.trainer as trainer_module
+    from winnow.pipelines.train import build_trainer
+
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+
+    def cfg(run):
+        return cfg_for(job, run, steps=4, eval_every=2, checkpoint={"every": 2})
+
+    fit(cfg(tmp_path / "reference"))
+    requested = trainer_module.stop_requested
+    with build_trainer(cfg(tmp_path / "run")) as trainer:
+        evaluate = trainer.evaluate
+
+        def stopped_at(**kw):
+            if trainer.step != at:
+                return evaluate(**kw)
+            trainer._stop_signal = 15  # what the signal handler sets; the evaluation sees the stop request
+            monkeypatch.setattr(trainer_module, "stop_requested", lambda: 15)
+            try:
+                return evaluate(**kw)
+            finally:
+                monkeypatch.setattr(trainer_module, "stop_requested", requested)
+
+        trainer.evaluate = stopped_at
+        summary = trainer.fit()
+    assert summary["preempted"] and summary["step"] == at
+
+    def evals(run):
+        lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
+        return [(r["step"], r["eval"]) for r in map(json.loads, lines) if "eval" in r]
+
+    assert [s for s, _ in evals(tmp_path / "run")] == [2] * (at == 4)
+    fit(cfg(tmp_path / "run"))
+    assert evals(tmp_path / "run") == evals(tmp_path / "reference")
