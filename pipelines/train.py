@@ -416,10 +416,22 @@ def run_inputs(cfg: TrainConfig, trainer: Trainer) -> dict:
     if cfg.replay is not None and cfg.replay.path not in folders:
         folders.append(cfg.replay.path)
     data = list(dict.fromkeys(folders + list(cfg.eval)))
-    extra = {"init_from": trainer.init.provenance()} if trainer.init is not None else {}
+    extra = {}
+    if trainer.init is not None:  # a resumed run was initialized when it started: that record stands
+        started = _recorded(Path(cfg.output) / "provenance.json", "init_from") if trainer.step else None
+        extra["init_from"] = started or trainer.init.provenance()
     if cfg.mixing.active:  # the run its excess losses were measured against
         extra["mixing_reference"] = cfg.mixing.reference
     return {"data": data, "extra": extra or None}
+
+
+def _recorded(path: Path, key: str):
+    """``key`` of the JSON object in ``path``, or None (no file, not JSON, no such key)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found.get(key) if isinstance(found, dict) else None
 
 
 def save_views(data: Loader, run_dir: Path) -> None:

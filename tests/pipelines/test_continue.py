@@ -194,3 +194,25 @@ def test_init_from_an_s3_run_folder(base, s3_server):
     assert remote._run_files(["tokenizer_meta.json"]) == local._run_files(
         ["tokenizer_meta.json"]
     )  # the tokenizer check reads it
+
+
+def test_a_resumed_continuation_keeps_the_record_of_the_checkpoint_it_started_from(tmp_path):
+    """The base run trained on later: the resume re-read its newest checkpoint into provenance.json, naming weights
+    the continuation never started from."""
+    from winnow.pipelines.provenance import write_provenance
+    from winnow.pipelines.train import run_inputs
+
+    job = make_job(tmp_path / "job", ("prose",))
+    _fit(tiny_config(tmp_path / "base", str(job), steps=4))
+
+    def continued(steps):
+        cfg = tiny_config(tmp_path / "cont", str(job), steps=steps, init_from=str(tmp_path / "base"))
+        with build_trainer(cfg) as trainer:
+            write_provenance(cfg.output, job_file=None, **run_inputs(cfg, trainer))  # as `winnow train` does
+            trainer.fit()
+        return json.loads((tmp_path / "cont" / "provenance.json").read_text())["init_from"]
+
+    started = continued(2)
+    assert started["step"] == 4
+    _fit(tiny_config(tmp_path / "base", str(job), steps=6))  # the base trains on: its newest checkpoint is step 6
+    assert continued(4) == started
