@@ -30,7 +30,7 @@ from winnow.curate.workdir import local_path
 from winnow.pipelines.ablate.checks import check_references, finished
 from winnow.pipelines.ablate.config import AblateConfig
 from winnow.pipelines.ablate.curation import CurationJob, load_curation_job
-from winnow.pipelines.ablate.layout import BASELINE, StudyLayout, study_owns
+from winnow.pipelines.ablate.layout import BASELINE, StudyLayout, is_study_root, study_owns
 from winnow.pipelines.ablate.plan import check_runnable, curation_variants, variants
 from winnow.pipelines.ablate.prepare import StudyData, prepare_baseline, prepare_variants
 from winnow.pipelines.ablate.runner import VariantTask, run_variants, variant_config
@@ -110,7 +110,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     if acfg.curates:  # a missing job, or a bad stage, key or value, is refused before anything is curated
         curation_variants(acfg, train_cfg.seed, job)
     root = layout.root
-    if (root / "checkpoints").is_dir() and not layout.sources_root.is_dir():  # a study writes sources/ before training
+    # a study writes sources/ before training (and rebuilds it when it was removed)
+    if (root / "checkpoints").is_dir() and not layout.sources_root.is_dir() and not is_study_root(root):
         raise ConfigError(
             f"ablate.output = {str(root)!r} holds a run of `winnow train`, not a study: a study's baseline trains at "
             "its top and would take that run for its own; give the study a folder of its own"

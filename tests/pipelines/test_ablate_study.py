@@ -447,3 +447,15 @@ def test_a_study_into_another_studys_variant_folder_is_refused_before_it_writes(
     assert main([command, str(study_toml(tmp_path / "s.toml", job, variant))]) == 2
     assert "lies inside another study" in capsys.readouterr().err
     assert sorted(p.name for p in variant.iterdir()) == before  # no sources/ split into it
+
+
+def test_a_study_whose_sources_folder_was_removed_rebuilds_it(job, tmp_path, one_thread):
+    """It was taken for a `winnow train` run and refused ("holds a run of winnow train, not a study")."""
+    import shutil
+
+    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", noise_seeds=1, attribution_every=0)
+    assert main(["-q", "ablate", str(path)]) == 0
+    table = _table(tmp_path / "study")
+    shutil.rmtree(tmp_path / "study" / "sources")
+    assert main(["-q", "ablate", str(path)]) == 0
+    assert (tmp_path / "study" / "sources").is_dir() and _table(tmp_path / "study").equals(table)
