@@ -157,8 +157,9 @@ def check_held_out_sources(cfg: TrainConfig) -> None:
 
 def refuse_study_folder(output: str | Path) -> None:
     """``ConfigError`` when ``winnow train`` is pointed at a folder ``winnow ablate`` owns (``ablate.layout.
-    study_owns``: a study's root, a variant's folder or anything under them): training there would move the
-    study's run aside and leave its result beside another run's checkpoints."""
+    study_owns``: a study's root, a variant's folder, or a folder in its ``variants/``, ``sources/``, ``curated/``
+    or ``ablation/``): training there would move the study's run aside and leave its result beside another
+    run's checkpoints."""
     if is_url(output):
         return
     from winnow.pipelines.ablate.layout import study_owns

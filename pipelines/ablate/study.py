@@ -216,7 +216,7 @@ def plan_on_manifest(
 
 def study_ablate_config(acfg: AblateConfig) -> AblateConfig:
     """``acfg`` with a ``file://`` output as the folder it names."""
-    if acfg.output is None or "://" not in acfg.output:
+    if acfg.output is None or not acfg.output.startswith("file:"):
         return acfg
     return dataclasses.replace(acfg, output=str(local_path(acfg.output)))
 
