@@ -23,6 +23,8 @@ from winnow.train.build import build_run
 from winnow.train.config import TrainConfig
 from winnow.train.data import Loader
 from winnow.train.data.sets import ShardSetConfig, eval_sets, same_place, training_sets
+from winnow.train.data.shards import job_manifest, split_rows
+from winnow.train.errors import ShardError
 from winnow.train.parallel import shutdown
 from winnow.train.runfolder import CURATED_ENTRIES, RUN_FILES, archive_previous, claim_run_folder
 from winnow.train.trainer import Trainer
@@ -135,14 +137,12 @@ def check_held_out_sources(cfg: TrainConfig) -> None:
     folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
     held: set[str] = set()
     for folder in eval_sets(cfg.eval, folders, cfg.replay):
-        path = Path(folder) / "manifest.json"
-        if "://" in folder or not path.is_file():
+        if "://" in folder or not (Path(folder) / "manifest.json").is_file():
             return
         try:
-            shards = json.loads(path.read_text()).get("shards") or []
-        except (OSError, ValueError, AttributeError):
+            held |= set(split_rows(job_manifest(folder), "val"))
+        except (OSError, ShardError):
             return  # unreadable: the loader says what is wrong with it
-        held |= {s for e in shards if isinstance(e, dict) and e.get("split") == "val" for s in (e.get("sources") or {})}
     named = [("train.stop.sources", s) for s in cfg.stop.sources]
     named += [(f"train.stop.thresholds.{s}", s) for s in cfg.stop.thresholds]
     named += [("train.attribution.held_out", s) for s in cfg.attribution.held_out]
@@ -363,8 +363,6 @@ def check_set_sources(shards) -> None:
     folder without a manifest is checked when it is split)."""
     if isinstance(shards, str) or shards is None:
         return
-    from winnow.train.data.shards import job_manifest
-
     for i, entry in enumerate(shards):
         wanted = [s for s, w in entry.sources.items() if w > 0]
         if not wanted or not (Path(entry.path) / "manifest.json").is_file():

@@ -179,7 +179,7 @@ def is_study(path: str | Path) -> bool:
     return StudyLayout(Path(path)).table_csv.is_file()
 
 
-def _result_name(folder: Path) -> str | None:
+def result_name(folder: Path) -> str | None:
     """The run name a ``result.json`` in ``folder`` records (a study's baseline or variant), or None."""
     try:
         found = json.loads((folder / "result.json").read_text())
@@ -191,7 +191,7 @@ def _result_name(folder: Path) -> str | None:
 
 def is_study_root(folder: Path) -> bool:
     """Whether ``folder`` is a study's own folder: its tables or variants, or its baseline's ``result.json``."""
-    return (folder / "ablation").is_dir() or (folder / "variants").is_dir() or _result_name(folder) == BASELINE
+    return (folder / "ablation").is_dir() or (folder / "variants").is_dir() or result_name(folder) == BASELINE
 
 
 #: The folders a study writes beside its baseline run: another run or study inside them would mix with its own.
@@ -205,7 +205,7 @@ def study_owns(folder: str | Path) -> Path | None:
     counts, by its ``result.json``."""
     folder = Path(folder).resolve()
     for above in (folder, *folder.parents):
-        if _result_name(above) not in (None, BASELINE):  # a variant's run folder, or inside one
+        if result_name(above) not in (None, BASELINE):  # a variant's run folder, or inside one
             return above.parent.parent
         if is_study_root(above):
             return above if above == folder or folder.relative_to(above).parts[0] in STUDY_ENTRIES else None

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 from pathlib import Path
@@ -30,14 +29,14 @@ from winnow.curate.workdir import local_path
 from winnow.pipelines.ablate.checks import check_references, finished
 from winnow.pipelines.ablate.config import AblateConfig
 from winnow.pipelines.ablate.curation import CurationJob, load_curation_job
-from winnow.pipelines.ablate.layout import BASELINE, StudyLayout, is_study_root, study_owns
+from winnow.pipelines.ablate.layout import BASELINE, StudyLayout, is_study_root, result_name, study_owns
 from winnow.pipelines.ablate.plan import check_runnable, curation_variants, variants
 from winnow.pipelines.ablate.prepare import StudyData, prepare_baseline, prepare_variants
 from winnow.pipelines.ablate.runner import VariantTask, run_variants, variant_config
 from winnow.pipelines.ablate.table import write_study
 from winnow.pipelines.jobfile import build_config, read_toml
 from winnow.train.attribution.counterfactual import MEAN
-from winnow.train.data.shards import job_manifest
+from winnow.train.data.shards import job_manifest, split_rows
 
 log = logging.getLogger(__name__)
 
@@ -162,14 +161,11 @@ def _say_unplanned(layout: StudyLayout, planned: list[str]) -> None:
     when it has one) does not hold, an earlier study's with other kinds: they stay on disk, and this study's
     tables leave them out."""
     known = {layout.run_dir(name) for name in planned}
-    others = []
-    for result in sorted((layout.root / "variants").glob("*/result.json")):
-        if result.parent in known:
-            continue
-        try:
-            others.append(str(json.loads(result.read_text()).get("name") or result.parent.name))
-        except (OSError, ValueError, AttributeError):
-            others.append(result.parent.name)
+    others = [
+        result_name(result.parent) or result.parent.name
+        for result in sorted((layout.root / "variants").glob("*/result.json"))
+        if result.parent not in known
+    ]
     if others:
         print(
             f"  not in this study's plan, kept in {layout.root / 'variants'} and left out of its tables: "
@@ -188,7 +184,7 @@ def plan_on_manifest(
     manifest = job_manifest(train_cfg.shards)
     sources = manifest["sources"]
     if "random_mixes" in acfg.kinds:  # the regression fits every source's held-out loss
-        held = {s for e in manifest["shards"] if e.get("split") == "val" for s in (e.get("sources") or {})}
+        held = split_rows(manifest, "val")
         if missing := [s for s in sources if s not in held]:
             raise ConfigError(
                 f"ablate.kind = 'random_mixes' fits each source's held-out loss, and {missing} have no held-out rows in "
@@ -201,12 +197,7 @@ def plan_on_manifest(
             "rename the source (its [[inputs]] source) and curate again"
         )
     if base is None:
-        rows: dict[str, int] = {}
-        formats = [e for e in manifest["shards"] if e.get("split") == "train"]
-        first = formats[0].get("format") if formats else None
-        for entry in (e for e in formats if e.get("format") == first):
-            for source, n in (entry.get("sources") or {}).items():
-                rows[source] = rows.get(source, 0) + n
+        rows = split_rows(manifest, "train")
         total = sum(rows.values()) or 1
         base = {s: n / total for s, n in rows.items() if n > 0}
     runs = variants(acfg, base, train_cfg.seed, sources=sources, job=job)

@@ -79,6 +79,17 @@ def manifest_sources(manifest: dict) -> list[str]:
     return list(found)
 
 
+def split_rows(manifest: dict, split: str) -> dict[str, int]:
+    """Rows per source in the ``split`` shards of a manifest (the first format listed for it: each format holds the
+    same rows)."""
+    entries = [e for e in manifest.get("shards") or [] if isinstance(e, dict) and e.get("split") == split]
+    rows: dict[str, int] = {}
+    for entry in (e for e in entries if e.get("format") == entries[0].get("format")):
+        for source, n in (entry.get("sources") or {}).items():
+            rows[source] = rows.get(source, 0) + n
+    return rows
+
+
 def read_manifest_file(fs: fsspec.AbstractFileSystem, root: str, data: str) -> dict:
     """``<root>/manifest.json`` as a dict; ``ShardError`` naming it when it is not one (FileNotFoundError passes)."""
     where = f"{data}/{MANIFEST}"
