@@ -146,6 +146,12 @@ def finished(layout: StudyLayout, variant: dict, cfg) -> dict | None:
             f"{where} mix weights {result['weights']}, the study now plans {variant['weights']} "
             f"(the curated shares or the [ablate] table changed); {fix}"
         )
+    if result is not None and "data" in result and result["data"] != variant.get("data"):
+        raise ConfigError(
+            f"{where} the shards of the job folder as they were curated then (fingerprint {result['data']}); they "
+            f"were curated again since (now {variant.get('data')}), so the study's results measure other data: "
+            "give [ablate] output a new folder for a study of the new shards"
+        )
     if result is not None and result.get("curation") != variant.get("curation"):
         raise ConfigError(
             f"{where} shards curated as {result.get('curation')}, the study now curates them as "

@@ -39,7 +39,7 @@ from winnow.pipelines.ablate.curation import CurationJob
 from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
 from winnow.pipelines.ablate.plan import CURATION_KINDS_PLANNED, check_runnable
 from winnow.pipelines.ablate.sources import split_by_source
-from winnow.train.data.shards import job_manifest
+from winnow.train.data.shards import job_manifest, shard_digest
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class StudyData:
     variant_folders: dict[str, dict[str, str]] = field(default_factory=dict)  # curation variant -> its sets
     curation: dict[str, dict] = field(default_factory=dict)  # baseline / curation variant -> what its job kept
     identity: str | None = None  # the baseline's curation (job fingerprint and inputs), when the study curates it
+    shards: str = ""  # the fingerprint of the baseline job's shards (every split): what each result was measured on
 
     def folders_for(self, run: dict) -> dict[str, str]:
         return self.variant_folders.get(run.get("group", run["name"]), self.folders)
@@ -70,7 +71,8 @@ def prepare_baseline(job_dir: str, layout: StudyLayout, job: CurationJob | None,
             run_job(kept, progress=progress)
         _check_job(job_dir, job)
     folders, base = split_by_source(job_dir, layout.sources_root)
-    data = StudyData(job_dir=job_dir, folders=folders, base=base, identity=identity)
+    shards = shard_digest(job_manifest(job_dir)["shards"])
+    data = StudyData(job_dir=job_dir, folders=folders, base=base, identity=identity, shards=shards)
     if job is not None:
         data.curation[BASELINE] = summary(job_dir, folders)
     return data

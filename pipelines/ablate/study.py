@@ -55,6 +55,8 @@ class _Study:
         threads = self.acfg.threads or (
             max(1, (os.cpu_count() or 1) // self.acfg.parallel) if self.acfg.parallel > 1 else 0
         )
+        for v in runs:  # every run trains, or is evaluated, on the baseline job's shards: recorded in its result
+            v["data"] = self.data.shards
         configs = {v["name"]: variant_config(self.train_cfg, self.acfg, self.layout, v, self.sources) for v in runs}
         done = {v["name"]: finished(self.layout, v, configs[v["name"]]) for v in runs}
         todo = [

@@ -459,3 +459,20 @@ def test_a_study_whose_sources_folder_was_removed_rebuilds_it(job, tmp_path, one
     shutil.rmtree(tmp_path / "study" / "sources")
     assert main(["-q", "ablate", str(path)]) == 0
     assert (tmp_path / "study" / "sources").is_dir() and _table(tmp_path / "study").equals(table)
+
+
+def test_a_study_over_shards_curated_again_is_refused_even_at_the_same_shares(job, tmp_path, capsys, one_thread):
+    """Its results were measured on the held-out rows as they were: kept, they would be read as the new data's."""
+    import shutil
+
+    from tests.pipelines.ablate_util import docs
+    from tests.train.shards_util import write_job
+
+    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", noise_seeds=1, attribution_every=0)
+    assert main(["-q", "ablate", str(path)]) == 0
+    shutil.rmtree(job)  # curated again: the same train rows (so the same shares), other held-out rows
+    write_job(job, [docs(6), docs(6, 6)], val=[docs(2, 300)[0::2], docs(2, 300)[1::2]])
+    capsys.readouterr()
+    assert main(["-q", "ablate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "variant 'baseline'" in err and "curated again" in err and "new folder" in err
