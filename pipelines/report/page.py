@@ -402,6 +402,10 @@ def render(
         x for x in (job and job.name, (run or study) and (run or study).path.name) if x
     )
     body = []
+    changed = run.curated_since() if run is not None and job is not None else None
+    if changed:
+        log.warning("%s", changed)
+        body.append(f'<div class="finding"><p>{html.escape(changed)}</p></div>')
     counterfactual = run.counterfactual if run is not None else None
     if counterfactual is not None and study is not None and study.cells is not None:
         cf_text.attach_measured(counterfactual, study.cells)

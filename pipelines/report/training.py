@@ -157,6 +157,25 @@ class TrainingRun:
             path = self.path / path
         return path if (path / "manifest.json").is_file() else None
 
+    def curated_since(self) -> str | None:
+        """A sentence when ``shards_dir`` was curated again after this run read it (its manifest's sha256 is not
+        the one ``provenance.json`` recorded for the run's first training set); None when it is the same or unknown."""
+        from winnow.pipelines.provenance import manifest_sha256
+
+        shards = self.shards_dir
+        try:
+            data = json.loads((self.path / "provenance.json").read_text()).get("data") or []
+            recorded = data[0].get("manifest_sha256") if isinstance(data[0], dict) else None
+        except (OSError, ValueError, AttributeError, IndexError):  # no record, or not one winnow wrote
+            return None
+        if shards is None or not recorded or manifest_sha256(shards) == recorded:
+            return None
+        return (
+            f"The job folder {shards} was curated again after this run trained on it (its manifest is not the one "
+            f"{self.path / 'provenance.json'} records): the curation shown here is of the new shards, not of the "
+            "data this run saw."
+        )
+
 
 def _arrays(rows: list[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
     if not rows:

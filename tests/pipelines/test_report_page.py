@@ -349,3 +349,17 @@ def test_a_prediction_below_a_thousandth_is_written_in_its_own_digits():
     cf = parse(record)
     said = sentence(cf, 0.0, "prose", "code")
     assert "by 2.0e-04 ± 1.0e-04 nats: it helps" in said and "0.000 ± 0.000" not in said
+
+
+def test_a_run_beside_its_job_curated_again_since_says_the_curation_shown_is_not_what_it_saw(tmp_path, caplog):
+    from winnow.pipelines.provenance import write_provenance
+
+    job = write_job(tmp_path / "job")
+    run = write_run(tmp_path / "run", healthy_records(), config={"shards": str(job)})
+    write_provenance(run, job_file=None, data=[job])
+    assert "curated again" not in render(*locate(run))
+    manifest = json.loads((job / "manifest.json").read_text())
+    manifest["job"] = "tiny, curated again"
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    page = render(*locate(run))
+    assert "curated again after this run trained on it" in page and "curated again" in caplog.text
