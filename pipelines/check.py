@@ -102,11 +102,12 @@ def validate(
         if checked.job is None and study_job is None:  # trains on shards already curated: their manifests say
             check_held_out_sources(checked.train)
         if not studying and "://" not in str(checked.train.output):  # where `winnow train` or `winnow run` writes
-            from winnow.pipelines.train import refuse_study_folder
+            from winnow.pipelines.train import check_resumable, refuse_study_folder
             from winnow.train.runfolder import check_run_folder
 
             refuse_study_folder(checked.train.output)
             check_run_folder(checked.train.output)
+            check_resumable(checked.train)  # a run there resumes: its [train.model] must be this one
     if study_job is not None:
         from winnow.pipelines.ablate.plan import curation_variants
 

@@ -211,7 +211,7 @@ def _build_trainer(
     ``train.data.mix_weights``; held-out data stays ``cfg.shards``); ``sources`` fixes the source ids.
     ``progress`` shows the progress bar (``train/progress.py``) on rank 0.
     """
-    _check_resumable(cfg)
+    check_resumable(cfg)
     _check_locations(cfg)
     claim_run_folder(cfg.output)  # before the per-source views are split into it
     sets = None
@@ -319,7 +319,7 @@ def _check_locations(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key} = {where!r} does not exist; give a job folder `winnow curate` wrote")
 
 
-def _check_resumable(cfg: TrainConfig) -> None:
+def check_resumable(cfg: TrainConfig) -> None:
     """A run that resumes is the run its folder holds: refuse, before anything is written, a [train.model] other than
     the one its ``config.json`` records beside its checkpoints (the checkpoint would not fit the model)."""
     folder = Path(cfg.output)

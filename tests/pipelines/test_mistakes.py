@@ -314,6 +314,27 @@ def test_check_refuses_the_run_folders_train_would_refuse_writing_nothing(tmp_pa
     assert sorted(p.name for p in study.iterdir()) == [".winnow-run", "ablation"]
 
 
+def test_check_refuses_a_model_the_checkpoints_it_would_resume_from_do_not_fit(tmp_path, capsys):
+    """`winnow train` refuses it at start; check says it too (and `winnow run`, before it curates)."""
+    import dataclasses
+
+    from winnow.train.config import TrainConfig
+    from winnow.train.model.config import ModelConfig
+
+    run = tmp_path / "run"
+    saved = TrainConfig(output=str(run), model=ModelConfig(dim=32, n_heads=2, n_layers=1, n_experts=2, top_k=1))
+    (run / "checkpoints" / "step-00000003").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(saved)))
+    (run / ".winnow-run").write_text("")
+    path = tmp_path / "t.toml"
+    model = "[train.model]\ndim = 64\nn_heads = 2\nn_layers = 1\nn_experts = 2\ntop_k = 1\n"
+    path.write_text(f'[job]\nname = "t"\noutput = "{tmp_path / "job"}"\n[train]\noutput = "{run}"\n{model}')
+    assert main(["check", str(path)]) == 2
+    assert "differs in dim (the run's 32, this config's 64)" in capsys.readouterr().err
+    path.write_text(path.read_text().replace("dim = 64", "dim = 32"))
+    assert main(["check", str(path)]) == 0
+
+
 def _one_input_job(tmp_path, output, source: str, rest: str):
     """A job file curating one JSONL document as ``source`` into ``output``, then the tables in ``rest``."""
     (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document of words"}) + "\n")

@@ -109,22 +109,22 @@ def test_resuming_with_another_model_is_refused_before_the_folder_is_touched(tmp
     import dataclasses
 
     from winnow.curate.errors import ConfigError
-    from winnow.pipelines.train import _check_resumable
+    from winnow.pipelines.train import check_resumable
     from winnow.train.config import TrainConfig
     from winnow.train.model.config import ModelConfig
 
     cfg = TrainConfig(output=str(tmp_path), model=ModelConfig(dim=32, n_heads=2, n_layers=1, n_experts=2, top_k=1))
     (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     (tmp_path / "checkpoints" / "step-00000003").mkdir(parents=True)
-    _check_resumable(cfg)  # the same model: resumes
+    check_resumable(cfg)  # the same model: resumes
     older = dataclasses.asdict(cfg)
     del older["model"]["bias_update_rate"]  # a run written before a model key was added resumes too
     (tmp_path / "config.json").write_text(json.dumps(older))
-    _check_resumable(cfg)
+    check_resumable(cfg)
     wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dim=64))
     with pytest.raises(ConfigError, match=r"differs in dim \(the run's 32, this config's 64\)"):
-        _check_resumable(wider)
-    _check_resumable(dataclasses.replace(wider, checkpoint=dataclasses.replace(cfg.checkpoint, resume=False)))
+        check_resumable(wider)
+    check_resumable(dataclasses.replace(wider, checkpoint=dataclasses.replace(cfg.checkpoint, resume=False)))
     assert json.loads((tmp_path / "config.json").read_text())["model"]["dim"] == 32
 
 
