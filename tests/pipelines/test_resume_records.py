@@ -49,8 +49,9 @@ def test_a_refused_resume_leaves_the_runs_records_as_they_were(tmp_path, caplog)
     run = tmp_path / "run"
     assert fit(cfg_for(job, run))["step"] == 4
     before = records(run)
-    with pytest.raises(CheckpointError, match="resume needs the same shards"):
+    with pytest.raises(CheckpointError, match="resume needs the same shards") as refused:
         fit(cfg_for(other, run, steps=6))
+    assert f"the shards of {other} are not the ones the run trained on" in str(refused.value)
     assert records(run) == before
 
     with caplog.at_level("WARNING", logger="winnow.pipelines.train"):

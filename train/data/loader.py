@@ -226,8 +226,18 @@ class Loader:
             raise CheckpointError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
         for key, mine in (("data", [s.shards.fingerprint for s in self._sets]), ("tokenizer", self.tokenizer.name)):
             if state.get(key) != mine:
+                saved = state.get(key)
+                if key == "data" and isinstance(saved, list) and len(saved) == len(mine):  # name the set that moved
+                    what = "; ".join(
+                        f"the shards of {stream.shards.root} are not the ones the run trained on (fingerprint {was}, "
+                        f"now {now})"
+                        for stream, was, now in zip(self._sets, saved, mine)
+                        if was != now
+                    )
+                else:
+                    what = f"loader state was saved with {key} {saved!r}, this run has {mine!r}"
                 raise CheckpointError(
-                    f"loader state was saved with {key} {state.get(key)!r}, this run has {mine!r}; "
+                    f"{what}; "
                     "resume needs the same shards and tokenizer (re-curated shards, or another tokenizer, are other "
                     "data): give the run the ones it was trained on, or start a run of its own with a new "
                     "train.output or [train.checkpoint] resume = false (the earlier run is moved to previous-<k>/)"
