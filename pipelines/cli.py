@@ -8,10 +8,14 @@ as stand-ins carrying their one-line help from ``COMMANDS``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from winnow.pipelines import __version__
@@ -140,12 +144,38 @@ def configure_logging(*, verbose: int, quiet: bool) -> None:
         logging.getLogger(name).setLevel(logging.WARNING if quiet else min(level, logging.INFO))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, ``timeout``, ``kill``) during a command that a re-run resumes: it stops as
+    Ctrl-C stops it (pool workers terminated, outputs as after a kill) and says so, exiting 143."""
+
+
+#: the commands that stop on SIGTERM as on Ctrl-C (the trainer has its own handler: it checkpoints first)
+_TERM_STOPS = ("curate", "run")
+
+
+@contextlib.contextmanager
+def _sigterm_stops(command: str | None) -> Iterator[None]:
+    if command not in _TERM_STOPS or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(args: argparse.Namespace) -> int:
     from winnow.curate.errors import WinnowError, disk_full
     from winnow.train.errors import TrainError  # no dependencies: importable in a curation-only install
 
     try:
-        return int(args.func(args) or 0)
+        with _sigterm_stops(args.command):
+            return int(args.func(args) or 0)
     except (WinnowError, TrainError) as err:
         print(f"winnow {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -180,9 +210,10 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    except KeyboardInterrupt:
-        print(f"winnow {args.command}: interrupted; re-run the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        how = "stopped by SIGTERM" if isinstance(err, Terminated) else "interrupted"
+        print(f"winnow {args.command}: {how}; re-run the same command to resume", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
 
 
 def _missing(name: str | None, err: ModuleNotFoundError) -> int:

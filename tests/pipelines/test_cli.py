@@ -174,3 +174,25 @@ def test_version_prints_the_package_version(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
     assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"winnow {__version__}"
+
+
+@pytest.mark.parametrize("command", ["curate", "run"])
+def test_sigterm_stops_a_curation_as_ctrl_c_does_and_says_so(command, capsys):
+    """A scheduler's SIGTERM (or `timeout`) ended `winnow curate` by the default action: exit 143 without a
+    word. It now stops as Ctrl-C does (pool workers terminated, outputs as after a kill), names the signal and how
+    to resume, and the handler before it is back afterwards."""
+    import os
+    import signal
+    import time
+
+    from winnow.pipelines.cli import _run
+
+    def work(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # interrupted at once
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert _run(argparse.Namespace(command=command, func=work)) == 143
+    assert f"winnow {command}: stopped by SIGTERM; re-run the same command to resume" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
