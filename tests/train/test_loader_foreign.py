@@ -110,6 +110,10 @@ def test_bad_folders_say_what_to_do(tmp_path):
     (tmp_path / "half" / "_work").mkdir(parents=True)
     with pytest.raises(ShardError, match="has not finished"):
         Loader(CFG, tmp_path / "half")
+    write(tmp_path / "lost" / "shards" / "parquet" / "train" / "part-00000.parquet", ["t"], source=["s"])
+    (tmp_path / "lost" / ".winnow-output").write_text("")  # a curated folder whose manifest.json was removed
+    with pytest.raises(ShardError, match=r"\.winnow-output\) whose manifest.json is missing.*curate. command again"):
+        Loader(CFG, tmp_path / "lost")
 
 
 def test_manifest_folders_are_still_read_through_the_manifest(tmp_path):

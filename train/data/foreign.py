@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from winnow.train.errors import ShardError
+from winnow.train.runfolder import CURATED
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,12 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
         raise ShardError(
             f"{data}: a `winnow curate` job that has not finished (_work/ but no manifest.json); "
             "re-run the same curate command to finish it"
+        )
+    if fs.exists(f"{root}/{CURATED}"):  # its shards' order, splits, sources and checksums are in the manifest alone
+        raise ShardError(
+            f"{data}: a `winnow curate` job folder ({CURATED}) whose manifest.json is missing; read as plain Parquet "
+            "files it would lose its curriculum order, its sources and its checksums: run the job's `winnow curate` "
+            "command again (it writes the folder anew) or restore the manifest"
         )
     paths = find_split_files(fs, root, split)
     key = (data, split, tuple(_identity(fs, f"{root}/{p}") for p in paths))
