@@ -112,6 +112,12 @@ def continue_run_folder(run_dir: str | Path, step: int) -> None:
     if step == 0:
         archive_previous(run_dir)
         return
+    if not (run_dir / "metrics.jsonl").is_file():  # removed, or moved: the records up to the checkpoint are gone
+        log.warning(
+            "%s is missing: the run resumes at step %d and its records start there (the report shows from there on)",
+            run_dir / "metrics.jsonl",
+            step,
+        )
     for name in LOGS:
         dropped = truncate_jsonl(run_dir / name, step)
         if dropped:

@@ -166,3 +166,17 @@ def test_a_share_factor_named_twice_is_refused():
 
     with pytest.raises(ConfigError, match=r"train.attribution.factors = \[0.5, 0.5\] is invalid.*each once"):
         AttributionConfig(factors=[0.5, 0.5])
+
+
+def test_a_resume_whose_metrics_file_was_removed_says_its_records_start_at_the_checkpoint(tmp_path, caplog):
+    from winnow.train.runfolder import continue_run_folder
+
+    (tmp_path / "checkpoints" / "step-00000004").mkdir(parents=True)
+    with caplog.at_level("WARNING", logger="winnow.train.runfolder"):
+        continue_run_folder(tmp_path, 4)
+    assert "metrics.jsonl is missing: the run resumes at step 4" in caplog.text
+    caplog.clear()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 4, "loss": 1.0}\n')
+    with caplog.at_level("WARNING", logger="winnow.train.runfolder"):
+        continue_run_folder(tmp_path, 4)
+    assert "missing" not in caplog.text
