@@ -22,7 +22,7 @@ from winnow.train.attribution.counterfactual import MEAN
 from winnow.train.attribution.hook import AttributionHook, CounterfactualHook
 from winnow.train.config import TrainConfig
 from winnow.train.distill import Distillation
-from winnow.train.errors import ConfigError
+from winnow.train.errors import ConfigError, ShardError
 from winnow.train.hooks import CompileTime, TrainHook
 from winnow.train.init import Initialization, load_init
 from winnow.train.model import ModelConfig, Transformer
@@ -413,18 +413,27 @@ def build_run(
     # run is its base's last evaluation exactly; a study's seeds differ in training only)
     val_cfg = dataclasses.replace(cfg.data, num_workers=0, mix_weights=[], shuffle_window=0, seq_len_warmup_steps=0)
 
+    first_seen: dict[str, list[str]] = {}  # held-out folder -> the fingerprints of its val shards at the first pass
+
+    def held_out_loader(folder: str, rank: int, size: int) -> Loader:
+        loader = Loader(
+            val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources, rank=rank, world_size=size
+        )
+        if first_seen.setdefault(folder, loader.fingerprints) != loader.fingerprints:
+            loader.close()
+            raise ShardError(
+                f"{folder}: its held-out (val) shards changed while the run trained (the job was curated again): "
+                "evaluations from here on would not compare with the earlier ones; train on the new shards in a run "
+                "of their own (a new train.output, or [train.checkpoint] resume = false)"
+            )
+        return loader
+
     def held_out_pass(max_batches: int | None, *, shared: bool):
         # evaluation: each data-parallel rank its share of the pass (the trainer sums over them), as in training,
         # so a layout's held-out loss is the one-process run's with the same global batch, at 1/dp of the cost;
         # attribution's probes (``shared``): every rank the same rows, as its estimate is made the same everywhere
         rank, size = (0, 1) if shared else (world.dp_rank, world.dp_size)
-        return HeldOut(
-            held_out,
-            lambda folder: Loader(
-                val_cfg, folder, split="val", tokenizer=tokenizer, sources=data.sources, rank=rank, world_size=size
-            ),
-            max_batches=max_batches,
-        )
+        return HeldOut(held_out, lambda folder: held_out_loader(folder, rank, size), max_batches=max_batches)
 
     val_data = functools.partial(held_out_pass, cfg.eval_batches, shared=False)
 
@@ -456,7 +465,6 @@ def _held_out_sets(
     """The held-out folders that have a val split, and every source name (training sets' first) so
     sources only evaluated still get an id before the trainer sizes its per-source sums."""
     from winnow.train.data.tokenshards import split_sources
-    from winnow.train.errors import ShardError
 
     names = list(sources or [])
     opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)

@@ -198,3 +198,20 @@ def test_an_evaluation_a_stop_abandoned_is_redone_by_the_resume(tmp_path, monkey
     assert [s for s, _ in evals(tmp_path / "run")] == [2] * (at == 4)
     fit(cfg(tmp_path / "run"))
     assert evals(tmp_path / "run") == evals(tmp_path / "reference")
+
+
+def test_held_out_shards_curated_again_during_a_run_stop_it_at_its_next_evaluation(tmp_path):
+    """The run evaluated on the new val split, its losses compared with the old split's; now refused, naming it."""
+    import shutil
+
+    from winnow.pipelines.train import build_trainer
+    from winnow.train.errors import ShardError
+
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    with build_trainer(cfg_for(job, tmp_path / "run")) as trainer:
+        first = trainer.evaluate()
+        assert trainer.evaluate()["eval"] == first["eval"]  # the same shards: the same held-out losses
+        shutil.rmtree(job)
+        write_job(job, [make_docs(40)], val=[make_docs(8, prefix="o")])
+        with pytest.raises(ShardError, match=r"its held-out \(val\) shards changed while the run trained"):
+            trainer.evaluate()

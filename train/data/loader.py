@@ -135,6 +135,11 @@ class Loader:
         return [stream.shards.view for stream in self._sets]
 
     @property
+    def fingerprints(self) -> list[str]:
+        """Per data set: the fingerprint of the shards it reads (``shards.shard_digest``, or its view's)."""
+        return [stream.shards.fingerprint for stream in self._sets]
+
+    @property
     def set_sources(self) -> list[list[str]]:
         """The sources each training set holds, in set order."""
         return [list(stream.shards.sources) for stream in self._sets]
@@ -214,7 +219,7 @@ class Loader:
             "sets": [dict(zip(("epoch", "shard", "offset"), s.position)) for s in self._sets],
             "mix": self._mix.state_dict(),
             "sources": self.sources,
-            "data": [s.shards.fingerprint for s in self._sets],
+            "data": self.fingerprints,
             "tokenizer": self.tokenizer.name,
             "split": self.split,
             "stats": self.stats(),
@@ -224,7 +229,7 @@ class Loader:
         """Continue from ``state``'s position; the next batch is the one the saved run would have yielded."""
         if state.get("version") != STATE_VERSION:
             raise CheckpointError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
-        for key, mine in (("data", [s.shards.fingerprint for s in self._sets]), ("tokenizer", self.tokenizer.name)):
+        for key, mine in (("data", self.fingerprints), ("tokenizer", self.tokenizer.name)):
             if state.get(key) != mine:
                 saved = state.get(key)
                 if key == "data" and isinstance(saved, list) and len(saved) == len(mine):  # name the set that moved
