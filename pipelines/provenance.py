@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import fsspec
+import orjson
 
 from winnow.curate.atomic import write_json_atomic, write_text_atomic
 from winnow.curate.errors import InputError
@@ -52,10 +53,20 @@ def manifest_sha256(data: str | Path) -> str:
     return hashlib.sha256(read_whole(url, limit=MANIFEST_BYTES, what="manifest")).hexdigest()
 
 
+def shards_digest(data: str | Path) -> str:
+    """The fingerprint of the shards ``<data>/manifest.json`` lists (every split and format: each one's path, rows
+    and sha256): unlike the manifest's own sha256 it stays when the same job is curated again to the same shards."""
+    from winnow.train.data.shards import shard_digest
+
+    url = f"{str(data).rstrip('/')}/manifest.json"
+    return shard_digest(orjson.loads(read_whole(url, limit=MANIFEST_BYTES, what="manifest")).get("shards") or [])
+
+
 def _data_record(data: str | Path) -> dict[str, object]:
-    """The data folder and its manifest's sha256; a folder without one was trained on through a view."""
+    """The data folder, its manifest's sha256 and its shards' fingerprint; a folder without a manifest was trained
+    on through a view."""
     try:
-        return {"path": str(data), "manifest_sha256": manifest_sha256(data)}
+        return {"path": str(data), "manifest_sha256": manifest_sha256(data), "shards": shards_digest(data)}
     except InputError:
         return {"path": str(data), "manifest_sha256": None, "view": "data_view.json (no manifest.json in the folder)"}
 

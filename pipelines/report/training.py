@@ -158,22 +158,22 @@ class TrainingRun:
         return path if (path / "manifest.json").is_file() else None
 
     def curated_since(self) -> str | None:
-        """A sentence when ``shards_dir`` was curated again after this run read it (its manifest's sha256 is not
-        the one ``provenance.json`` recorded for the run's first training set); None when it is the same or unknown."""
-        from winnow.pipelines.provenance import manifest_sha256
+        """A sentence when ``shards_dir`` holds other shards than the ones this run read (their fingerprint is not
+        the one ``provenance.json`` recorded for its first training set); None when they are the same or unknown."""
+        from winnow.pipelines.provenance import shards_digest
 
         shards = self.shards_dir
         try:
             data = json.loads((self.path / "provenance.json").read_text()).get("data") or []
-            recorded = data[0].get("manifest_sha256") if isinstance(data[0], dict) else None
+            recorded = data[0].get("shards") if isinstance(data[0], dict) else None
         except (OSError, ValueError, AttributeError, IndexError):  # no record, or not one winnow wrote
             return None
-        if shards is None or not recorded or manifest_sha256(shards) == recorded:
+        if shards is None or not recorded or shards_digest(shards) == recorded:
             return None
         return (
-            f"The job folder {shards} was curated again after this run trained on it (its manifest is not the one "
-            f"{self.path / 'provenance.json'} records): the curation shown here is of the new shards, not of the "
-            "data this run saw."
+            f"The job folder {shards} was curated again after this run trained on it, to other shards (their "
+            f"fingerprint is not the one {self.path / 'provenance.json'} records): the curation shown here is of "
+            "the new shards, not of the data this run saw."
         )
 
 

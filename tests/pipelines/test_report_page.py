@@ -359,7 +359,10 @@ def test_a_run_beside_its_job_curated_again_since_says_the_curation_shown_is_not
     write_provenance(run, job_file=None, data=[job])
     assert "curated again" not in render(*locate(run))
     manifest = json.loads((job / "manifest.json").read_text())
-    manifest["job"] = "tiny, curated again"
+    manifest["seconds"] = 1234.5  # the same job curated again to the same shards: only its timings differ
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    assert "curated again" not in render(*locate(run))
+    manifest["shards"][0]["sha256"] = "1" * 64  # other shards
     (job / "manifest.json").write_text(json.dumps(manifest))
     page = render(*locate(run))
-    assert "curated again after this run trained on it" in page and "curated again" in caplog.text
+    assert "curated again after this run trained on it, to other shards" in page and "curated again" in caplog.text
