@@ -97,6 +97,11 @@ def task_fingerprints(tasks: list[ReadTask], storage_options: list[dict]) -> lis
     return prints
 
 
+def inputs_digest(prints: list[list[dict[str, Any]]]) -> str:
+    """One sha256 of every read task's fingerprints (the manifest's ``inputs_fingerprint``)."""
+    return hashlib.sha256(json.dumps(prints, sort_keys=True).encode()).hexdigest()
+
+
 def record_inputs(work: WorkDir, prints: list[list[dict[str, Any]]]) -> None:
     """Keep the fingerprints the work folder's tasks are computed from."""
     write_json_atomic(inputs_file(work), prints, indent=None)

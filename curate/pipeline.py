@@ -36,7 +36,14 @@ from winnow.curate.crashpoints import CRASH_ENV
 from winnow.curate.errors import ConfigError, OutputError, StageError, disk_full, no_space
 from winnow.curate.executors import Executor, release_memory
 from winnow.curate.fields import resolve_field_types
-from winnow.curate.fingerprint import inputs_file, invalidate, record_inputs, stale_tasks, task_fingerprints
+from winnow.curate.fingerprint import (
+    inputs_digest,
+    inputs_file,
+    invalidate,
+    record_inputs,
+    stale_tasks,
+    task_fingerprints,
+)
 from winnow.curate.lock import FolderLock
 from winnow.curate.manifest import build_manifest
 from winnow.curate.ordered import plan_writes, write_range
@@ -48,6 +55,7 @@ from winnow.curate.outdir import (
     clear_own_entries,
     make_folder,
     mark_owner,
+    owner,
     restrict_mode,
 )
 from winnow.curate.progress import PhaseProgress
@@ -224,6 +232,9 @@ class Runner:
                 setting="job.output",
                 storage_options=self.job.job.storage_options,
             ).acquire()
+        finished = self._up_to_date(read_tasks)
+        if finished is not None:
+            return finished
         self._prepare(read_tasks)
         self._layout()
         self.spill_codec = spill_codec(self.job.inputs, read_tasks, self.work)
@@ -272,6 +283,7 @@ class Runner:
             reports=reports,
             seconds=time.perf_counter() - t0,
         )
+        manifest["inputs_fingerprint"] = inputs_digest(self.prints)  # a re-run from the same inputs has nothing to do
         if self.reuse is not None:
             adopted = reused(self.work, [p.index for p in self.phases if not p.final], len(read_tasks), list(reports))
             if adopted["phases"] or adopted["plans"]:
@@ -291,13 +303,43 @@ class Runner:
         return manifest
 
     # -- set-up ---------------------------------------------------------------------------
+    def _up_to_date(self, read_tasks: list) -> dict[str, Any] | None:
+        """The output's manifest when the folder holds this job's finished outputs (the same fingerprint) from the
+        same inputs (the read tasks' fingerprints a resume compares: ``fingerprint.task_fingerprints``), every shard
+        and rejects file listed there at its size: nothing to curate. None otherwise (and always with ``overwrite``,
+        a work folder, a reused job, or a URL output)."""
+        if self.overwrite or self.work.remote or self.reuse is not None or self.work.root.exists():
+            return None
+        found = owner(self.out)
+        if found.get("job") != self.job.job.name or found.get("fingerprint") != job_fingerprint(self.job):
+            return None
+        try:
+            manifest = json.loads((self.out / "manifest.json").read_text())
+            if manifest.get("inputs_fingerprint") != inputs_digest(self._input_prints(read_tasks)):
+                return None
+            for entry in manifest["shards"] + manifest["rejects"]:
+                path = self.out / entry["path"]
+                if not path.is_file() or path.stat().st_size != entry.get("bytes", path.stat().st_size):
+                    return None
+        except (OSError, ValueError, KeyError, TypeError):  # no manifest, or not one this job wrote whole
+            return None
+        logging.getLogger(PhaseProgress.__module__).info(  # a progress line: shown unless -q
+            "%s is up to date: it holds this job's finished outputs, curated from the same inputs; nothing to "
+            "curate (--overwrite curates it again)",
+            self.out,
+        )
+        return manifest
+
+    def _input_prints(self, read_tasks: list) -> list:
+        return task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
+
     def _prepare(self, read_tasks: list) -> None:
         """Resume the same job's unfinished work (redoing what changed inputs touch); otherwise start afresh."""
         work = self.work
         had_outputs = claim(self.out, self.job.job.name, work=work)  # refuses a folder winnow did not make
         fingerprint = job_fingerprint(self.job)
         marker = work.fingerprint
-        prints = self.prints = task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
+        prints = self.prints = self._input_prints(read_tasks)
         if work.exists(marker) and work.read_text(marker) == fingerprint:
             if work.remote:  # what the resumed run reads of the work folder's control files
                 work.fetch(inputs_file(work), missing_ok=True)

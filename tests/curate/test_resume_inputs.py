@@ -129,3 +129,30 @@ def test_where_the_storage_gives_no_identity_sampled_blocks_see_a_middle_edit(tm
     path.write_bytes(data)
     after = fingerprint.file_fingerprint(str(path), len(data), 1.0, {})
     assert after["head_tail_sha256"] == before["head_tail_sha256"] and after["blocks_sha256"] != before["blocks_sha256"]
+
+
+def test_a_finished_job_run_again_on_the_same_inputs_curates_nothing(tmp_path, write_job, caplog):
+    """It curated everything again (hours on a real corpus; `winnow run` after an interrupted training paid it
+    too). --overwrite, an edited input and a removed shard curate again."""
+    (tmp_path / "in").mkdir()
+    write_inputs(tmp_path / "in")
+    job = load_job(write_job(BODY.replace("keep_work = true\n", "").format(path=tmp_path / "in" / "*.jsonl")))
+    out = tmp_path / "out" / "t"
+
+    def curate(**kw) -> tuple[dict, bool]:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="winnow.curate.progress"):
+            manifest = run_job(job, progress=False, **kw)
+        return manifest, "is up to date" in caplog.text
+
+    first, skipped = curate()
+    texts, stamp = shard_texts(first, out), (out / "manifest.json").stat().st_mtime_ns
+    assert not skipped and curate() == (first, True) and (out / "manifest.json").stat().st_mtime_ns == stamp
+    again, skipped = curate(overwrite=True)
+    assert not skipped and shard_texts(again, out) == texts
+    write_inputs(tmp_path / "in", edited=True)  # same size, same mtime: the read tasks' fingerprints see it
+    edited, skipped = curate()
+    assert not skipped and shard_texts(edited, out) != texts
+    assert curate()[1]
+    next(out.glob("shards/parquet/*/*.parquet")).unlink()
+    assert not curate()[1]
