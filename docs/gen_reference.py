@@ -32,7 +32,8 @@ show TABLE` prints the same for one table or stage kind, and `winnow config sche
 JSON Schema editors use. How the tables fit together is in [the job file](../job-file.md).
 
 A key that is not listed for its table is an error naming the file, the table and the key, with a
-did-you-mean or the table it belongs in.
+did-you-mean or the table it belongs in. A key typed *(optional)* that is on by default (a
+threshold, a rule) takes `false` to turn it off: TOML has no null.
 """
 
 

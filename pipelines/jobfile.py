@@ -97,6 +97,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        if value is False and type(None) in args and bool not in args:  # TOML has no null: false turns it off
+            return None
         errors = []
         for arg in args:
             if arg is type(None):

@@ -5,9 +5,12 @@ With boilerplate removal on (``boilerplate_min_docs``) it is a barrier, because 
 a property of a source, not of a document; without it, a row-local stage:
 
 1. ``collect`` normalizes each document and emits one 64-bit hash per distinct non-blank
-   line (plus one row per document, ``h`` null, so the plan can count documents);
-2. ``plan`` counts, per source, in how many documents each line hash occurs and writes the
-   hashes at or above both thresholds to ``<plan_dir>/boilerplate.parquet``;
+   line (plus one row per document, ``h`` null, so the plan can count documents), each with its
+   document's key ``d`` (a hash of its lines in order: equal for copies of one document);
+2. ``plan`` counts, per source, in how many distinct documents each line hash occurs (copies of
+   a document count once: a text repeated in many files is dedup's to keep once, not boilerplate to
+   remove from every copy) and writes the hashes at or above both thresholds to
+   ``<plan_dir>/boilerplate.parquet``;
 3. ``apply`` normalizes again and drops those lines, reporting the counters
    ``("chars_removed", source)`` and ``("lines_removed", source)``.
 
@@ -74,7 +77,8 @@ class CleanConfig(StageConfig):
     remove_control: bool = True  # control characters other than newline and tab, and zero-width characters
     normalize_whitespace: bool = True  # unify line breaks, collapse spaces, drop trailing spaces, keep paragraph breaks
     fix_mojibake: bool = False  # repair mis-decoded text with ftfy (optional dependency)
-    boilerplate_min_docs: int | None = 10  # a line is boilerplate in >= this many documents of its source; None: off
+    # a line is boilerplate in >= this many distinct documents of its source (copies count once); false: off
+    boilerplate_min_docs: int | None = 10
     boilerplate_min_fraction: float = 0.01  # ... and in >= this fraction of the source's documents
     drop_empty: bool = True  # reject documents left empty by cleaning, as ``clean:empty``
 
@@ -222,6 +226,18 @@ def _without_lines(offsets, data, line_row, line_start, line_end, drop, props):
 
 
 @njit(cache=True, nogil=True)
+def _document_keys(n, row, h):
+    """A 64-bit key per string from its lines' hashes in order (``_lines``; blank lines left out): equal for
+    strings of the same lines, so copies of one document count once."""
+    keys = np.full(n, _U64(_HASH_SEED), dtype=np.uint64)
+    for k in range(row.shape[0]):
+        if h[k]:
+            i = row[k]
+            keys[i] = fmix64(keys[i] ^ h[k])  # in order: each line mixed into what its predecessors made
+    return keys
+
+
+@njit(cache=True, nogil=True)
 def _first_in_row(row, h):
     """bool per line: is it the first line of its document with its hash (``row`` non-decreasing)?"""
     n = row.shape[0]
@@ -257,7 +273,7 @@ class Clean(Barrier):
     kind = "clean"
     Config = CleanConfig
     reasons = ("clean:empty", "clean:boilerplate")
-    artifacts = 2  # the line hashes are ``_lines``' (polars' before): a plan from before would find no line
+    artifacts = 3  # its keys carry each document's key ``d`` (2: without; 1: polars' line hashes)
     config: CleanConfig
 
     def __init__(self, config: CleanConfig, ctx: StageContext) -> None:
@@ -291,23 +307,35 @@ class Clean(Barrier):
         )
 
     def collect(self, batch: pl.DataFrame) -> pl.DataFrame:
-        docs = batch.select("id", "source", pl.lit(None, dtype=pl.UInt64).alias("h"))
+        docs = batch.select(
+            "id", "source", pl.lit(None, dtype=pl.UInt64).alias("h"), pl.lit(None, dtype=pl.UInt64).alias("d")
+        )
         if self.config.boilerplate_min_docs is None:
             return docs
         offsets, data = string_buffers(self._normalized(batch.select("text"))["text"])
         row, _, _, h, keyed = _lines(offsets, data, TABLE.cover(offsets, data)[0])
         row, h = row[keyed], h[keyed]
+        d = _document_keys(batch.height, row, h)
         first = _first_in_row(row, h)
-        # The plan counts documents per source from the rows without a hash: a line's row needs no id.
-        lines = pl.DataFrame({"source": batch["source"].gather(row[first]), "h": h[first]})
-        return pl.concat([docs, lines.select(pl.lit(None, dtype=pl.String).alias("id"), "source", "h")])
+        # The plan counts documents per source from the rows without a hash (``d``: which of them are copies of
+        # one document); a line's row needs no id, only its document's key: a line in n copies counts once.
+        lines = pl.DataFrame({"source": batch["source"].gather(row[first]), "h": h[first], "d": d[row[first]]})
+        docs = docs.with_columns(d=pl.Series(d))
+        return pl.concat([docs, lines.select(pl.lit(None, dtype=pl.String).alias("id"), "source", "h", "d")])
 
     def plan(self, keys: pl.LazyFrame) -> Plan:
         c = self.config
-        docs = keys.filter(pl.col("h").is_null()).group_by("source").agg(pl.len().alias("docs"))
+        rows = keys.filter(pl.col("h").is_null())
         if c.boilerplate_min_docs is None:
+            docs = rows.group_by("source").agg(pl.len().alias("docs"))
             return Plan(None, {"docs": dict(docs.collect().sort("source").iter_rows())})
-        freq = keys.filter(pl.col("h").is_not_null()).group_by("source", "h").agg(pl.len().alias("df"))
+        docs = rows.group_by("source").agg(pl.len().alias("all"), pl.col("d").n_unique().alias("docs"))
+        freq = (
+            keys.filter(pl.col("h").is_not_null())
+            .unique(["source", "h", "d"])
+            .group_by("source", "h")
+            .agg(pl.len().alias("df"))
+        )
         found = (
             freq.join(docs, on="source")
             .filter(
@@ -320,9 +348,17 @@ class Clean(Barrier):
         self.ctx.plan_dir.mkdir(parents=True, exist_ok=True)
         found.write_parquet(self.ctx.plan_dir / _BOILERPLATE_FILE)
         per_source = dict(found.group_by("source").len().iter_rows())
-        doc_counts = dict(docs.collect().sort("source").iter_rows())
+        counts = docs.collect().sort("source")
+        doc_counts = dict(zip(counts["source"], counts["all"]))
         log.info("clean: %d boilerplate lines across %d sources", found.height, len(per_source))
-        return Plan(None, {"docs": doc_counts, "boilerplate_lines": {s: per_source.get(s, 0) for s in doc_counts}})
+        return Plan(
+            None,
+            {
+                "docs": doc_counts,
+                "distinct_docs": dict(zip(counts["source"], counts["docs"])),
+                "boilerplate_lines": {s: per_source.get(s, 0) for s in doc_counts},
+            },
+        )
 
     def _boilerplate_lines(self) -> pl.DataFrame:
         if self._boilerplate is None:

@@ -495,14 +495,20 @@ CASES: list[Case] = [
     ),
     Case(
         "boilerplate_only_documents",
+        # the line is in 11 distinct documents (copies of one count once): the two of it alone are emptied
         cleaned(
             jl(
-                *GOOD, *({"id": f"bp{i}", "text": "Subscribe to our newsletter for weekly updates."} for i in range(10))
+                *GOOD,
+                *(
+                    {"id": f"bp{i}", "text": f"Subscribe to our newsletter for weekly updates.\nItem {i}."}
+                    for i in range(10)
+                ),
+                *({"id": f"only{i}", "text": "Subscribe to our newsletter for weekly updates."} for i in range(2)),
             ),
-            GOOD_IDS | {f"bp{i}" for i in range(10)},
+            GOOD_IDS | {f"bp{i}" for i in range(10)} | {"only0", "only1"},
         ),
-        {"clean:boilerplate": 10},
-        kept=3,
+        {"clean:boilerplate": 2},
+        kept=13,
     ),
     # -- encoding ------------------------------------------------------------------------------
     Case(

@@ -266,3 +266,16 @@ def test_mojibake_repair_runs_once_per_row_after_boilerplate_is_gone(tmp_path):
     out = stage.apply(batch, plan.decision)
     assert out.kept["text"].to_list() == [f"Doc {i} doesn't repeat." for i in range(4)]
     assert calls == [f"Doc {i} doesnâ€™t repeat." for i in range(4)]  # once per row, on the kept lines only
+
+
+def test_copies_of_one_document_count_once_so_dedup_keeps_one_of_them(tmp_path):
+    """Twenty copies of a README were twenty documents: each of its lines was boilerplate, and every copy a
+    clean:boilerplate reject, leaving dedup nothing to keep. A line shared by distinct documents still goes."""
+    readme = "Reporting bugs\nPlease report bugs to the upstream tracker.\nInclude the version you run."
+    banner = "We use cookies to improve your experience."
+    texts = [readme] * 20 + [f"{banner}\nStory {i} is unique." for i in range(4)] + [f"{banner}\n{readme}"]
+    out, plan = run(tmp_path, frame(texts), boilerplate_min_docs=3, boilerplate_min_fraction=0.0)
+    assert out.rejected.is_empty() and out.kept["text"].to_list()[:20] == [readme] * 20
+    assert out.kept["text"].to_list()[20:] == [f"Story {i} is unique." for i in range(4)] + [readme]
+    assert plan.report["boilerplate_lines"] == {"s": 1} and plan.report["distinct_docs"] == {"s": 6}
+    assert plan.report["docs"] == {"s": 25}

@@ -149,3 +149,21 @@ def test_stages_that_arrange_the_whole_job_come_in_their_order(tmp_path, kinds, 
         load_job(path)
     path.write_text(BASE + _stages("clean", "dedup.exact", "split", "mix", "score.heuristic", "order"))
     load_job(path)  # the usual order, a score between mix and order included
+
+
+def test_false_turns_off_an_optional_setting_toml_cannot_write_as_null():
+    """`boilerplate_min_docs` ("None: off") and each Gopher or FineWeb rule could not be turned off from a job file."""
+    from winnow.curate.stages.clean import CleanConfig
+    from winnow.curate.stages.filters.gopher import GopherQualityConfig
+
+    assert build_config(CleanConfig, {"boilerplate_min_docs": False}, "t").boilerplate_min_docs is None
+    rules = build_config(GopherQualityConfig, {"min_stop_words": False, "max_words": False}, "t")
+    assert rules.min_stop_words is None and rules.max_words is None and rules.min_words == 50
+    with pytest.raises(ConfigError, match="expected an integer, got True"):
+        build_config(CleanConfig, {"boilerplate_min_docs": True}, "t")
+
+    @dataclass
+    class Flags:
+        strict: bool | None = True  # a bool setting: false is its value, not "off"
+
+    assert build_config(Flags, {"strict": False}, "t").strict is False
