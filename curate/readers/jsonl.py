@@ -69,7 +69,8 @@ def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
         full = False  # the decompressor stopped at max_length: it may hold more output with all input in
         while raw or full:
             if dec.eof:  # a member or frame ended exactly where a read did: the next one starts here
-                if gzip and not raw.strip(b"\0"):  # zeros after the last member (a padded tape or disk image)
+                raw = raw.lstrip(b"\0") if kind == "xz" else raw  # xz's stream padding: zeros between streams
+                if not raw.strip(b"\0"):  # zeros after the last member (a padded tape or disk image)
                     break
                 dec = new()
             try:
@@ -93,7 +94,9 @@ def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
             finished = dec.eof
             if finished:  # the next gzip member or zstd frame; zlib's unconsumed_tail repeats its unused_data then
                 raw, full = dec.unused_data + (b"" if gzip else bytes(rest)), False
-                if gzip and not raw.strip(b"\0"):  # zero padding after a member: gzip reads it as the end, so do we
+                if kind == "xz":  # stream padding (null bytes) may sit between two xz streams
+                    raw = raw.lstrip(b"\0")
+                if not raw.strip(b"\0"):  # zero padding after a member or frame: gzip, bzip2 and xz read it as the end
                     raw = b""
                 if raw:
                     dec, finished = new(), False

@@ -286,6 +286,27 @@ def test_zero_padding_after_the_last_gzip_member_is_its_end_not_damage(tmp_path)
     assert kept.height == 5 and rejects["reason"].to_list() == ["read:truncated"]
 
 
+@pytest.mark.parametrize("kind", ["xz", "bz2", "zstd"])
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+def test_padding_between_and_after_streams_is_read_as_their_tools_read_it(tmp_path, kind, fmt):
+    """xz's stream padding (null bytes between streams) lost every row after it, counted nowhere; zeros after the
+    last bzip2 stream or zstd frame were a phantom read:truncated."""
+    lines = good_lines(10)
+    half = len(lines) // 2 + 7  # mid-line: the second stream starts inside a record
+    pad = b"\0" * 8
+    data = (
+        _compressed(kind, lines[:half]) + pad + _compressed(kind, lines[half:]) + pad
+        if kind == "xz"
+        else _compressed(kind, lines) + pad * 2
+    )
+    name = f"a.{'jsonl' if fmt == 'jsonl' else 'txt'}.{ {'xz': 'xz', 'bz2': 'bz2', 'zstd': 'zst'}[kind] }"
+    (tmp_path / name).write_bytes(data)
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / name), format=fmt))
+    assert rejects.is_empty()
+    texts = kept["text"].to_list()
+    assert texts == ([json.loads(x)["text"] for x in lines.splitlines()] if fmt == "jsonl" else [lines.decode()])
+
+
 def test_many_small_files_are_read_in_a_few_tasks_with_the_rows_of_one_per_file(tmp_path, write_job, nothing_lost):
     """300 one-row JSONL files and a larger file among them: the small files are grouped into tasks in
     order (the larger one alone, where it falls), so the job writes a few shards, not 300; the rows,
