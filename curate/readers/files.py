@@ -12,7 +12,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from winnow.curate.config import InputConfig
-from winnow.curate.errors import InputError
+from winnow.curate.errors import InputError, WinnowError
 from winnow.curate.readers.utf8 import printable
 
 log = logging.getLogger(__name__)
@@ -90,48 +90,67 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
             raise InputError(f"input {cfg.label}: cannot open {pattern!r}: {err}") from err
         protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
         prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-        # a path that names a file or folder as written is that one, glob characters and all (data[1].jsonl)
-        if any(c in path for c in _GLOB_CHARS) and not fs.exists(path):
-            root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
-            paths = [p for p in fs.glob(path) if not fs.isdir(p)]
-        elif fs.isdir(path) and cfg.format == "hf" and not cfg.hf_builder:
-            root, paths = posixpath.dirname(path.rstrip("/")), [path.rstrip("/")]  # a save_to_disk folder
-        elif fs.isdir(path):
-            root = path.rstrip("/")
-            exts = EXTENSIONS.get(cfg.format)
-            every = fs.find(path)
-            paths = [p for p in every if exts is None or p.lower().endswith(exts)]
-            if len(paths) < len(every):
-                other = sorted(set(every) - set(paths))
-                log.warning(
-                    "input %s: %d file(s) in %s are not read, their names not ending in %s (%s%s); name them in "
-                    "path, or give the format they are in",
-                    cfg.label, len(other), pattern, "/".join(exts), ", ".join(other[:3]), ", ..." if len(other) > 3 else "",
-                )  # fmt: skip
-        elif fs.exists(path):
-            root, paths = posixpath.dirname(path), [path]
-        elif prefix == "" and os.path.islink(path):
+        try:
+            listed = _listed(fs, path, pattern, cfg, prefix)
+        except WinnowError:
+            raise
+        except Exception as err:  # a store's or server's own errors (credentials, the network, a missing bucket)
+            if prefix == "" and isinstance(err, OSError):
+                raise  # a local path: the command's one line names it
             raise InputError(
-                f"input {cfg.label}: {pattern!r} is a symbolic link to nothing or into a loop "
-                f"({os.readlink(path)!r}); point the path at the real file"
-            )
-        else:
-            raise InputError(
-                f"input {cfg.label}: {pattern!r} does not exist; check the path (relative paths are from the current folder)"
-            )
-        for p in sorted(paths):
-            info = _info(fs, p, cfg)
-            if info.get("type") == "directory":
-                info["size"] = sum(fs.du(p, total=False).values()) if cfg.format == "hf" else 0
-            rel = printable(posixpath.relpath(p, root) if root else p)  # ids and rejects need valid UTF-8
-            mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
-            mtime = mtime.timestamp() if hasattr(mtime, "timestamp") else (float(mtime) if mtime is not None else None)
-            found.setdefault(prefix + p, InputFile(prefix + p, rel, int(info.get("size") or 0), mtime))
+                f"input {cfg.label}: cannot list {pattern!r} ({type(err).__name__}: {err}); check the URL, the "
+                "network and the credentials ([[inputs]] storage_options, or the driver's environment variables)"
+            ) from err
+        for file in listed:
+            found.setdefault(file.url, file)
     if not found:
         raise InputError(
             f"input {cfg.label}: {cfg.paths} matched no files; check the path and the format ({cfg.format})"
         )
     return sorted(found.values(), key=lambda f: f.url)  # whatever order the patterns come in
+
+
+def _listed(fs, path: str, pattern: str, cfg: InputConfig, prefix: str) -> list[InputFile]:
+    """The files one of an input's ``path`` patterns names (``list_files``)."""
+    # a path that names a file or folder as written is that one, glob characters and all (data[1].jsonl)
+    if any(c in path for c in _GLOB_CHARS) and not fs.exists(path):
+        root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
+        paths = [p for p in fs.glob(path) if not fs.isdir(p)]
+    elif fs.isdir(path) and cfg.format == "hf" and not cfg.hf_builder:
+        root, paths = posixpath.dirname(path.rstrip("/")), [path.rstrip("/")]  # a save_to_disk folder
+    elif fs.isdir(path):
+        root = path.rstrip("/")
+        exts = EXTENSIONS.get(cfg.format)
+        every = fs.find(path)
+        paths = [p for p in every if exts is None or p.lower().endswith(exts)]
+        if len(paths) < len(every):
+            other = sorted(set(every) - set(paths))
+            log.warning(
+                "input %s: %d file(s) in %s are not read, their names not ending in %s (%s%s); name them in "
+                "path, or give the format they are in",
+                cfg.label, len(other), pattern, "/".join(exts), ", ".join(other[:3]), ", ..." if len(other) > 3 else "",
+            )  # fmt: skip
+    elif fs.exists(path):
+        root, paths = posixpath.dirname(path), [path]
+    elif prefix == "" and os.path.islink(path):
+        raise InputError(
+            f"input {cfg.label}: {pattern!r} is a symbolic link to nothing or into a loop "
+            f"({os.readlink(path)!r}); point the path at the real file"
+        )
+    else:
+        raise InputError(
+            f"input {cfg.label}: {pattern!r} does not exist; check the path (relative paths are from the current folder)"
+        )
+    files = []
+    for p in sorted(paths):
+        info = _info(fs, p, cfg)
+        if info.get("type") == "directory":
+            info["size"] = sum(fs.du(p, total=False).values()) if cfg.format == "hf" else 0
+        rel = printable(posixpath.relpath(p, root) if root else p)  # ids and rejects need valid UTF-8
+        mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+        mtime = mtime.timestamp() if hasattr(mtime, "timestamp") else (float(mtime) if mtime is not None else None)
+        files.append(InputFile(prefix + p, rel, int(info.get("size") or 0), mtime))
+    return files
 
 
 def distinct_names(listed: list[tuple[InputConfig, list[InputFile]]]) -> list[list[InputFile]]:

@@ -608,3 +608,18 @@ def test_on_error_skip_leaves_out_a_compressed_file_named_plain_and_reads_the_re
     manifest = run_job(job, progress=False)
     assert [s["task"].endswith("a.jsonl") for s in manifest["skipped_files"]] == [True]
     assert "zstd-compressed" in manifest["skipped_files"][0]["error"] and manifest["totals"]["rows_written"] == 5
+
+
+def test_an_input_url_nothing_answers_is_one_error_naming_it_not_a_traceback(tmp_path):
+    """A store or server's own errors (aiohttp's ClientConnectorError, botocore's NoCredentialsError) escaped as
+    tracebacks from the listing; the output side already said them in one line."""
+    import socket
+
+    from winnow.curate.readers import list_files
+
+    with socket.socket() as s:  # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/x.jsonl"
+    with pytest.raises(InputError, match=rf"input s: cannot list '{url}' \(ClientConnectorError.*credentials"):
+        list_files(InputConfig(source="s", path=url))
