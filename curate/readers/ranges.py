@@ -77,6 +77,8 @@ def split_file(fmt: str, file: InputFile, task_bytes: int, storage_options: dict
     if fmt == "parquet":
         return _parquet_spans(file, task_bytes, storage_options)
     if fmt == "webdataset" and url.endswith(".tar"):
+        if _compressed_head(file, storage_options):  # a compressed tar named .tar: one stream, read whole
+            return [None]
         return _tar_spans(file, task_bytes, storage_options)
     log.info(
         "%s: %d bytes in one task (a %s stream cannot be split)", printable(file.url), file.size, url.rsplit(".", 1)[-1]
@@ -187,7 +189,7 @@ def _parquet_spans(file: InputFile, task_bytes: int, storage_options: dict) -> l
 
 
 def _compressed_head(file: InputFile, storage_options: dict) -> bool:
-    """Whether a file named as plain JSON Lines starts as a compressed format does (``files.MAGIC``)."""
+    """Whether a file named as plain (JSON Lines, a tar) starts as a compressed format does (``files.MAGIC``)."""
     try:
         with open_binary(file.url, storage_options, decompress=False) as fh:
             return compressed_kind(fh.read(16)) is not None
@@ -204,7 +206,7 @@ def _tar_spans(file: InputFile, task_bytes: int, storage_options: dict) -> list[
     cuts, next_cut, key = [0], task_bytes, None
     with open_binary(file.url, storage_options, decompress=False) as fh:
         try:
-            with tarfile.open(fileobj=fh, mode="r:") as tar:
+            with tarfile.open(fileobj=fh, mode="r:", ignore_zeros=True) as tar:  # as the reader: past end markers
                 for member in tar:  # headers only: the reader seeks over each member's data
                     member_key = split_key(printable(member.name))[0]
                     if member.offset >= next_cut and member_key != key:

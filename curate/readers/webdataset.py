@@ -51,7 +51,8 @@ def read_webdataset(
         try:
             if base:
                 fh.seek(base)
-            with tarfile.open(fileobj=fh, mode="r|*" if span is None else "r|") as tar:
+            # ignore_zeros: past an end-of-archive marker to the members after it (`cat a.tar b.tar`, as `tar -i`)
+            with tarfile.open(fileobj=fh, mode="r|*" if span is None else "r|", ignore_zeros=True) as tar:
                 for member in tar:
                     at = base + member.offset
                     if span is not None and 0 <= span.stop <= at:

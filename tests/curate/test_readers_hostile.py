@@ -623,3 +623,31 @@ def test_an_input_url_nothing_answers_is_one_error_naming_it_not_a_traceback(tmp
     url = f"http://127.0.0.1:{port}/x.jsonl"
     with pytest.raises(InputError, match=rf"input s: cannot list '{url}' \(ClientConnectorError.*credentials"):
         list_files(InputConfig(source="s", path=url))
+
+
+def _tar(keys: range) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for i in keys:
+            data = f"sample {i} ".encode() * 300
+            info = tarfile.TarInfo(f"k{i:05d}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("task_bytes", [1 << 28, 1 << 16])
+def test_concatenated_and_compressed_tars_named_tar_are_read_whole_whatever_the_task_size(tmp_path, task_bytes):
+    """`cat a.tar b.tar` lost the second archive without a word (reading stopped at the first end marker); a gzip
+    tar named .tar was read in one task but one read:truncated reject once the file was cut into spans."""
+    import gzip
+
+    (tmp_path / "cat.tar").write_bytes(_tar(range(0, 100)) + _tar(range(100, 200)))
+    (tmp_path / "gz.tar").write_bytes(gzip.compress(_tar(range(200))))
+    for name in ("cat.tar", "gz.tar"):
+        cfg = InputConfig(source="s", path=str(tmp_path / name), format="webdataset")
+        tasks = plan_read_tasks([cfg], task_bytes=task_bytes)
+        batches = [b for t in tasks for b in read_task(cfg, t, 1000)]
+        texts = [x for b in batches for x in b.rows["text"].to_list()]
+        assert texts == [f"sample {i} " * 300 for i in range(200)], name
+        assert all(b.rejects is None or b.rejects.is_empty() for b in batches)
