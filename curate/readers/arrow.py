@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError, require
-from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.readers.files import InputFile, open_binary, refuse_not_parquet
 from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, rows_from_arrow
 
@@ -48,6 +48,8 @@ def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span 
     """
     offset = 0 if span is None else span.base
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+        refuse_not_parquet(fh.read(1024), file.url, cfg.label)  # another format is the input's mistake, not damage
+        fh.seek(0)
         try:
             pf = pq.ParquetFile(fh)
             groups = None if span is None else range(span.start, pf.num_row_groups if span.stop < 0 else span.stop)

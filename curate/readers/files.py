@@ -54,6 +54,110 @@ def compressed_kind(head: bytes) -> str | None:
     return kind
 
 
+#: Other formats' first bytes, what each is, and what to do with it: none of them is the text of JSON Lines or of a
+#: plain text file, nor a Parquet file (a tar's magic, ``ustar``, is at byte 257: see ``file_kind``).
+OTHER_FORMATS = {
+    b"PAR1": ("a Parquet file", 'give it an [[inputs]] table with format = "parquet"'),
+    b"ARROW1": ("an Arrow IPC (Feather) file", "convert it to Parquet (pyarrow.feather.read_table, write_table)"),
+    b"SQLite format 3\x00": ("an SQLite database", "export its text to JSON Lines or Parquet"),
+    b"PK\x03\x04": ("a zip archive", "unzip it and name the files it holds"),
+    b"\x89PNG\r\n": ("a PNG image", "leave it out of the input's path"),
+    b"\xff\xd8\xff": ("a JPEG image", "leave it out of the input's path"),
+    b"GIF87a": ("a GIF image", "leave it out of the input's path"),
+    b"GIF89a": ("a GIF image", "leave it out of the input's path"),
+    b"%PDF-": ("a PDF document", "extract its text first"),
+    b"\x7fELF": ("an executable (ELF)", "leave it out of the input's path"),
+}
+_UTF = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
+
+
+def file_kind(head: bytes) -> tuple[str, str] | None:
+    """``(what it is, what to do)`` when ``head``, a file's first bytes (512 or more for a tar), is a known format
+    other than UTF-8 text and Parquet: another table or archive format, an image, a document, or text in UTF-16 or
+    UTF-32 (by its byte-order mark, or the zero bytes between ASCII characters a file without one has)."""
+    found = next((v for magic, v in OTHER_FORMATS.items() if head.startswith(magic)), None)
+    if found is not None:
+        return found
+    if _tar_header(head[:512]):
+        return "a tar archive", 'give it an [[inputs]] table with format = "webdataset"'
+    bom = next((b for b in _UTF if head.startswith(b)), None)
+    encoding = _UTF[bom] if bom is not None and _not_utf8_after(head[len(bom) :]) else None
+    ascii_ = head[:16]
+    if encoding is None and len(ascii_) == 16:
+        if not any(ascii_[1::2]) and all(0x09 <= b < 0x7F for b in ascii_[0::2]):
+            encoding = "UTF-16LE"
+        elif not any(ascii_[0::2]) and all(0x09 <= b < 0x7F for b in ascii_[1::2]):
+            encoding = "UTF-16BE"
+    if encoding is not None:
+        return f"{encoding} text", f"winnow reads UTF-8: convert it (iconv -f {encoding} -t UTF-8)"
+    return None
+
+
+def _not_utf8_after(rest: bytes) -> bool:
+    """Whether the bytes after a byte-order mark read as UTF-16/32 rather than as UTF-8: zero bytes between
+    characters, or bytes UTF-8 cannot decode (a BOM before plain UTF-8 is a damaged UTF-8 file, not UTF-16)."""
+    if 0 in rest[:64]:
+        return True
+    try:
+        rest[:-4].decode("utf-8")  # the cut may split the last character
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _tar_header(block: bytes) -> bool:
+    """Whether ``block`` is a tar header: ``ustar`` at byte 257 and a checksum that adds up (text never does)."""
+    if len(block) < 512 or block[257:262] != b"ustar":
+        return False
+    try:
+        stored = int(block[148:156].rstrip(b" \0").decode("ascii") or "-1", 8)
+    except ValueError:
+        return False
+    return stored == sum(block[:148]) + 8 * 0x20 + sum(block[156:512])
+
+
+def refuse_other_format(head: bytes, url: str, label: str, fmt: str, *, plain: bool = True) -> None:
+    """Raise ``InputError`` when ``head``, a file's first bytes, is not the text its input's ``fmt`` reads: a
+    compressed format's under a plain name (``plain``), another file format, or UTF-16/32 text. Read as text it
+    would be a reject of binary bytes line after line, and a count of records that were never there."""
+    if plain:
+        refuse_compressed(head, url, label)
+    found = file_kind(head)
+    if found is not None:
+        what, todo = found
+        raise InputError(
+            f"input {label}: {printable(url)} is {what} (its first bytes say so), not "
+            f"{'JSON Lines' if fmt == 'jsonl' else 'UTF-8 text'}; {todo}"
+        )
+
+
+def refuse_not_parquet(head: bytes, url: str, label: str) -> None:
+    """Raise ``InputError`` when ``head``, the first bytes of a file its input reads as Parquet, is not Parquet's
+    magic (``PAR1``), naming what it is where its bytes tell (a compressed JSON Lines file, Arrow, ORC, text)."""
+    if not head or head.startswith(b"PAR1"):
+        return  # empty: the reader's own error; PAR1: Parquet (a damaged one is a read:truncated reject)
+    kind = compressed_kind(head)
+    found = file_kind(head)
+    if kind is not None:
+        ending = _ENDING.get(kind, "")
+        what, todo = (
+            f"{kind}-compressed data",
+            f'if it is JSON Lines, name it so (.jsonl{ending}) in an [[inputs]] table with format = "jsonl"',
+        )
+    elif found is not None:
+        what, todo = found
+    elif head.startswith(b"ORC"):
+        what, todo = "an ORC file", "convert it to Parquet (pyarrow.orc.read_table, pyarrow.parquet.write_table)"
+    elif head.lstrip()[:1] in (b"{", b"["):
+        what, todo = "JSON text", 'give it an [[inputs]] table with format = "jsonl"'
+    else:
+        what, todo = "not Parquet", "give the input the format its files are in, or leave this file out of its path"
+    raise InputError(
+        f"input {label}: {printable(url)} is {what} (its first bytes say so), not a Parquet file "
+        f"(whose first bytes are PAR1); {todo}"
+    )
+
+
 def refuse_compressed(head: bytes, url: str, label: str) -> None:
     """Raise ``InputError`` when ``head``, the first bytes of a file whose name says plain, is a compressed
     format's: read as text it would be every line a reject of binary bytes."""

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from winnow.curate.config import InputConfig
-from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_compressed
+from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_other_format
 from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from winnow.curate.readers.utf8 import first_bad_byte, valid_utf8
@@ -163,8 +163,8 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                 data = tail + chunk
                 if not tail:
                     offset = at
-                if at == 0 and plain:  # a compressed file named as plain would be binary garbage, line after line
-                    refuse_compressed(data, file.url, cfg.label)
+                if at == 0:  # a compressed file named as plain, or another format, would be garbage line after line
+                    refuse_other_format(data[:1024], file.url, cfg.label, "jsonl", plain=plain)
                 if at == 0 and data.startswith(BOM):
                     # Windows tools start files with one; Arrow skips it but orjson refuses the line.
                     data, offset = data[len(BOM) :], len(BOM)

@@ -8,7 +8,7 @@ import orjson
 
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
-from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_compressed
+from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_other_format
 from winnow.curate.readers.jsonl import BOM, PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.rows import ReadBatch, RowBuffer
 
@@ -26,8 +26,8 @@ def read_text_files(
         try:
             with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
                 raw, size = _bounded(decompressed_chunks(file.url, fh), cfg.max_record_bytes)
-            if codec(file.url) is None:  # a compressed file named as plain would be one reject of binary bytes
-                refuse_compressed(raw[:16], file.url, cfg.label)
+            # a compressed file named as plain, or another format, would be one reject of binary bytes
+            refuse_other_format(raw[:1024], file.url, cfg.label, "text", plain=codec(file.url) is None)
         except InputError as err:
             if skipped is None:
                 raise

@@ -651,3 +651,47 @@ def test_concatenated_and_compressed_tars_named_tar_are_read_whole_whatever_the_
         texts = [x for b in batches for x in b.rows["text"].to_list()]
         assert texts == [f"sample {i} " * 300 for i in range(200)], name
         assert all(b.rejects is None or b.rejects.is_empty() for b in batches)
+
+
+def _other_formats(tmp_path) -> dict[str, bytes]:
+    import gzip
+
+    import pyarrow.feather as feather
+
+    table = pa.table({"text": ["a few words of text"]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    feather.write_feather(table, tmp_path / "t.arrow")
+    return {
+        "utf16": good_lines(3).decode().encode("utf-16"),
+        "utf16_no_bom": good_lines(3).decode().encode("utf-16-le"),
+        "parquet": (tmp_path / "t.parquet").read_bytes(),
+        "feather": (tmp_path / "t.arrow").read_bytes(),
+        "tar": _tar(range(2)),
+        "png": b"\x89PNG\r\n\x1a\n" + bytes(64),
+        "gzip": gzip.compress(good_lines(3)),
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "fmt", "said"),
+    [
+        ("utf16", "jsonl", r"is UTF-16 text .*not JSON Lines; .*iconv -f UTF-16 -t UTF-8"),
+        ("utf16_no_bom", "jsonl", r"is UTF-16LE text"),
+        ("parquet", "jsonl", r"is a Parquet file .*format = \"parquet\""),
+        ("tar", "jsonl", r"is a tar archive .*format = \"webdataset\""),
+        ("png", "text", r"is a PNG image .*not UTF-8 text; leave it out of the input's path"),
+        ("utf16", "text", r"is UTF-16 text"),
+        ("gzip", "parquet", r"is gzip-compressed data .*not a Parquet file .*\.jsonl\.gz.*format = \"jsonl\""),
+        ("feather", "parquet", r"is an Arrow IPC \(Feather\) file .*not a Parquet file"),
+        ("utf16", "parquet", r"is UTF-16 text .*not a Parquet file"),
+    ],
+)
+def test_a_file_in_another_format_than_its_inputs_is_refused_naming_what_it_is(tmp_path, kind, fmt, said):
+    """Each was read on: JSON Lines in UTF-16 as one bad_json reject per line (and a count of records that were
+    never there), a PNG among text files as a bad_utf8 document, a Feather or gzip JSON Lines file named .parquet
+    as one read:truncated reject whose id was its absolute path. A whole file is the input's mistake: said once."""
+    name = {"jsonl": "a.jsonl", "text": "a.txt", "parquet": "a.parquet"}[fmt]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / name).write_bytes(_other_formats(tmp_path)[kind])
+    with pytest.raises(InputError, match=rf"input s: .*{name} {said}"):
+        read_all(InputConfig(source="s", path=str(tmp_path / "in" / name), format=fmt))
