@@ -254,14 +254,18 @@ def run_show(args: argparse.Namespace) -> int:
 
 # ---- JSON Schema ----------------------------------------------------------------------------
 def type_schema(tp: Any) -> dict[str, Any]:
-    """The JSON Schema of a config field's type (TOML has no null: optional means "may be left out")."""
+    """The JSON Schema of a config field's type (TOML has no null: optional means "may be left out", and ``false``
+    turns off an optional setting that is not itself a bool, as ``jobfile.build_config`` reads it)."""
     origin = typing.get_origin(tp)
     if tp is Any:
         return {}
     if origin is Literal:
         return {"enum": list(typing.get_args(tp))}
     if origin in (Union, types.UnionType):
-        options = [type_schema(a) for a in typing.get_args(tp) if a is not type(None)]
+        args = typing.get_args(tp)
+        options = [type_schema(a) for a in args if a is not type(None)]
+        if type(None) in args and bool not in args:
+            options.append({"const": False})
         return options[0] if len(options) == 1 else {"anyOf": options}
     if origin in (list, tuple):
         args = typing.get_args(tp)
