@@ -164,8 +164,9 @@ def run_check(args: argparse.Namespace) -> int:
             f"output:  {job.job.output} ({', '.join(job.output.formats)})",
         ]
     t, a = checked.train, checked.ablate
-    if t is not None:
-        lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {t.output}")
+    if t is not None:  # a study's runs train in its folder (the ablate line), not in [train] output
+        where = "each run of the study" if a is not None else t.output
+        lines.append(f"train:   {t.steps} steps of batch {t.data.batch_size} x {t.data.seq_len} tokens -> {where}")
     if a is not None:
         first = None if t is None else t.shards if isinstance(t.shards, str) else t.shards[0].path
         where = a.output or (first and f"{first.rstrip('/')}/{'replay' if 'replay' in a.kinds else 'ablate'}")

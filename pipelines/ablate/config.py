@@ -35,7 +35,7 @@ class AblateConfig:
     shares: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.25])  # replay: [train] replay shares
     output: str | None = None  # the study folder; None: <[job] output>/ablate
     steps: int | None = None  # steps per run; None: [train] steps
-    noise_seeds: int = 1  # extra baseline runs with seeds seed+1.. to measure run-to-run noise
+    noise_seeds: int = 1  # baseline runs, seeds seed, seed+1, ...: 2 or more measure the run-to-run noise (1: one)
     # leave_one_out / weights / mixes: each variant is also trained with seeds seed+1.., and its measured
     # delta is the mean over its seeds minus the mean over the baseline seeds (less noise per cell)
     variant_seeds: int = 1

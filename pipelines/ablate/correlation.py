@@ -232,7 +232,16 @@ def agreement(cells: pl.DataFrame) -> dict:
         "above_noise": strong.height,
         "sign_agree": int(same.sum()),
         "within_2x": int(within.sum()),
+        "noise_measured": "noise" not in cells.columns or bool((cells["noise"] > 0).any()),
     }
+
+
+def above_noise_text(summary: dict) -> str:
+    """What ``above_noise`` counts: the cells above the seed noise, or, with no noise measured (one seed of the
+    baseline and of each variant), every cell that moved at all."""
+    if summary.get("noise_measured", True):
+        return f"{summary['above_noise']} cells above the seed noise"
+    return f"{summary['above_noise']} cells that moved (no seed noise measured: [ablate] noise_seeds = 1)"
 
 
 NOISE_MARGIN = 2.0  # "well below": the median variant's effect is at least twice its noise (so >= 4 standard errors)

@@ -265,6 +265,12 @@ def study_train_config(
                 "[train] eval_every is not a study's: every run evaluates %s ([ablate] eval_every sets it)",
                 f"every {schedule} steps" if schedule else "at its end",
             )
+        if isinstance(raw.get("train"), dict) and "output" in raw["train"]:
+            log.warning(
+                "[train] output = %r is not a study's: its runs train in its own folder, %s ([ablate] output sets it)",
+                raw["train"]["output"],
+                acfg.output or f"{str(train_cfg.shards).rstrip('/')}/ablate",
+            )
     if acfg.output is not None:
         refuse_shard_folder(acfg.output, train_cfg, f"{path} [ablate] key 'output' (or --output)")
         owner = study_owns(acfg.output)

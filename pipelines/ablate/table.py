@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from winnow.pipelines.ablate.compare import Effect, effects
-from winnow.pipelines.ablate.correlation import compare_with_counterfactual, measurement_text
+from winnow.pipelines.ablate.correlation import above_noise_text, compare_with_counterfactual, measurement_text
 from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
 
 
@@ -162,7 +162,7 @@ def agreement_text(summary: dict) -> str:
         return "Counterfactual: no variant of the mix to compare it with (the study varies the curation)"
     lines = [
         f"Counterfactual (the baseline's, {summary['counterfactual_runs']} seed(s)) against the measured deltas: "
-        f"signs agree on {summary['sign_agree']}/{summary['above_noise']} cells above the seed noise, sizes within "
+        f"signs agree on {summary['sign_agree']} of the {above_noise_text(summary)}, sizes within "
         f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {summary['spearman']:.3f} over "
         f"all {summary['n_cells']} cells"
     ]

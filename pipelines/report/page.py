@@ -18,7 +18,7 @@ import numpy as np
 from winnow.curate.atomic import write_text_atomic
 from winnow.curate.errors import InputError
 from winnow.curate.workdir import is_url
-from winnow.pipelines.ablate.correlation import measurement_text
+from winnow.pipelines.ablate.correlation import above_noise_text, measurement_text
 from winnow.pipelines.ablate.layout import Study, load_study
 from winnow.pipelines.report import continued, plots
 from winnow.pipelines.report import counterfactual as cf_text
@@ -366,7 +366,7 @@ def study_section(study: Study) -> str:
         c = study.correlation
         parts.append(
             f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
-            f"on {c['sign_agree']} of the {c['above_noise']} cells above the seed noise. "
+            f"on {c['sign_agree']} of the {html.escape(above_noise_text(c))}. "
             f"{html.escape(measurement_text(c['measurement']) if c.get('measurement') else '')} "
             f"{html.escape(c.get('note', ''))}</p>"
         )

@@ -180,6 +180,21 @@ def test_sizes_within_a_factor_two_are_counted_on_the_cells_above_the_noise():
     assert (found["above_noise"], found["sign_agree"], found["within_2x"]) == (3, 2, 1)
 
 
+def test_a_study_without_seed_noise_does_not_count_cells_above_it():
+    """With one baseline seed every nonzero change was "above the seed noise", a noise nobody measured."""
+    from winnow.pipelines.ablate.table import agreement_text
+
+    cells = pl.DataFrame(
+        {"measured": [0.2, -0.1], "predicted": [0.3, 0.1], "above_noise": [True, True], "noise": [0.0, 0.0]}
+    )
+    found = {**agreement(cells), "counterfactual_runs": 1, "by_kind": {}, "note": ""}
+    assert not found["noise_measured"]
+    text = agreement_text(found)
+    assert "signs agree on 1 of the 2 cells that moved (no seed noise measured: [ablate] noise_seeds = 1)" in text
+    assert "above the seed noise" not in text
+    assert "2 cells above the seed noise" in agreement_text({**found, "noise_measured": True})
+
+
 def test_a_variant_measured_with_several_seeds_is_one_cell_of_their_mean():
     base = {"code": 0.4, "prose": 0.4, "docs": 0.2}
     held = lambda c, p, d: {"code": c, "prose": p, "docs": d}  # noqa: E731
@@ -432,6 +447,12 @@ def test_a_study_says_it_evaluates_on_its_own_schedule_and_refuses_what_it_would
     with caplog.at_level("WARNING"):
         assert validate(path).ablate.eval_steps(3) == 0  # the study's schedule: a finished study resumes as it was
     assert "[train] eval_every is not a study's: every run evaluates at its end" in caplog.text
+    caplog.clear()
+    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train=f'output = "{tmp_path / "elsewhere"}"')
+    with caplog.at_level("WARNING"):
+        assert main(["check", str(path)]) == 0  # it said the study trains in [train] output
+    assert f"is not a study's: its runs train in its own folder, {tmp_path / 'study'}" in caplog.text
+    assert "steps of batch 2 x 32 tokens -> each run of the study" in capsys.readouterr().out
     stop = "[train.stop]\npatience = 1"
     path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train=stop)
     for command in ("check", "ablate"):  # it failed naming train.eval_every, which the study does not read
