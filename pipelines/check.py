@@ -118,7 +118,7 @@ def validate(
         if "://" not in checked.train.shards and (Path(checked.train.shards) / "manifest.json").is_file():
             from winnow.pipelines.ablate.study import plan_on_manifest
 
-            plan_on_manifest(checked.ablate, checked.train, None)
+            plan_on_manifest(checked.ablate, checked.train, None, path=path)
     return checked
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -76,11 +77,15 @@ class AblateConfig:
             self.output is None or bool(self.output.strip()), "output", self.output, "a folder for the study, or no key"
         )
         kinds = [self.kind] if isinstance(self.kind, str) else self.kind
+        wrong = next((k for k in kinds if k not in KINDS), None) if all(isinstance(k, str) for k in kinds) else None
+        close = difflib.get_close_matches(wrong.replace("-", "_"), KINDS, n=1) if wrong else []
         check(
             bool(kinds) and all(k in KINDS for k in kinds) and len(set(kinds)) == len(kinds),
             "kind",
             self.kind,
-            " or ".join(repr(k) for k in KINDS) + ", or a list of them without repeats",
+            (f"(did you mean {close[0]!r}?) " if close else "")
+            + " or ".join(repr(k) for k in KINDS)
+            + ", or a list of them without repeats",
         )
         check(
             all(math.isfinite(f) and f >= 0 and f != 1 for f in self.factors)

@@ -120,11 +120,11 @@ def run_ablate(args: argparse.Namespace) -> int:
     if not acfg.curates:  # its shards are there: every key naming a source, checked before the folder is claimed
         from winnow.pipelines.train import check_held_out_sources
 
-        plan_on_manifest(acfg, train_cfg, job)
+        plan_on_manifest(acfg, train_cfg, job, path=args.job)
         check_held_out_sources(train_cfg)
     claim_run_folder(root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
-    runs, sources = plan_on_manifest(acfg, train_cfg, job, data.base)
+    runs, sources = plan_on_manifest(acfg, train_cfg, job, data.base, path=args.job)
     # trained after the baseline (it is their reference); configured now, so a bad setting is refused before any
     # variant is curated or trained
     adaptive = [
@@ -176,7 +176,12 @@ def _say_unplanned(layout: StudyLayout, planned: list[str]) -> None:
 
 
 def plan_on_manifest(
-    acfg: AblateConfig, train_cfg, job: CurationJob | None, base: dict[str, float] | None = None
+    acfg: AblateConfig,
+    train_cfg,
+    job: CurationJob | None,
+    base: dict[str, float] | None = None,
+    *,
+    path: str | Path | None = None,
 ) -> tuple[list[dict], list[str]]:
     """The study's runs and the job's sources, planned on its ``manifest.json``: a ``ConfigError`` names the key
     of a source no shard holds, a random-mix fit without held-out rows, a reference run trained elsewhere.
@@ -202,7 +207,10 @@ def plan_on_manifest(
         rows = split_rows(manifest, "train")
         total = sum(rows.values()) or 1
         base = {s: n / total for s, n in rows.items() if n > 0}
-    runs = variants(acfg, base, train_cfg.seed, sources=sources, job=job)
+    try:
+        runs = variants(acfg, base, train_cfg.seed, sources=sources, job=job)
+    except ConfigError as err:  # a key naming sources the shards lack: said with the file, as every key is
+        raise ConfigError(f"{path} [ablate]: {err}" if path else str(err)) from None
     check_references(train_cfg, sources, BASELINE)
     return runs, sources
 

@@ -406,8 +406,21 @@ def test_a_source_name_holding_a_pipe_keeps_the_markdown_table_whole():
 @pytest.mark.parametrize(
     ("ablate", "train", "message"),
     [
-        ({"sources": '["cdoe"]'}, "", r"ablate\.sources: unknown source 'cdoe' \(did you mean 'code'\?\)"),
-        ({"kind": '"mixes"', "mixes": "{m1 = {nope = 1.0}}"}, "", r"ablate\.mixes\.m1: unknown source 'nope'"),
+        (
+            {"sources": '["cdoe"]'},
+            "",
+            r"s\.toml \[ablate\]: ablate\.sources: unknown source 'cdoe' \(did you mean 'code'\?\)",
+        ),
+        (
+            {"kind": '"mixes"', "mixes": "{m1 = {nope = 1.0}}"},
+            "",
+            r"s\.toml \[ablate\]: ablate\.mixes\.m1: unknown source",
+        ),
+        (
+            {"kind": '"leave-one-out"'},
+            "",
+            r"ablate\.kind = 'leave-one-out' is invalid; allowed: \(did you mean 'leave_one_out'\?\)",
+        ),
         (
             {"eval_every": "1"},
             "[train.stop]\npatience = 1\nsources = ['prosee']",
