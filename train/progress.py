@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from winnow.train.shutdown import stop_requested
+
 log = logging.getLogger(__name__)
 
 
@@ -120,7 +122,7 @@ class TrainProgress:
                 yield batch
         finally:
             bar.close()
-            if bar.disable and count:
+            if bar.disable and count and stop_requested() is None:  # a stopped pass is said abandoned by the trainer
                 step = self._recent[-1][1] if self._recent else 0
                 log.info("eval at step %d: %d held-out batch(es) in %.1f s", step, count, time.perf_counter() - start)
             if self._recent:  # evaluation time is not training throughput: measure again from here

@@ -62,6 +62,24 @@ def test_on_a_terminal_the_bar_reaches_100_percent_with_loss_and_tokens_per_seco
     assert any(f.startswith("eval:") for f in frames)
 
 
+def test_off_a_terminal_an_evaluation_a_stop_abandoned_logs_no_line_of_its_time(monkeypatch, caplog):
+    """It logged "eval at step N: k batches in s" right after the trainer said the evaluation was abandoned."""
+    import winnow.train.progress as progress_module
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: plain log lines
+    progress = TrainProgress(total=6, every=2)
+    progress.open(0, 0)
+    progress.step(3, 300, 2.5)
+    with caplog.at_level("INFO", logger="winnow.train.progress"):
+        list(progress.evaluating(range(2), total=2))
+        assert "eval at step 3: 2 held-out batch(es)" in caplog.text
+        caplog.clear()
+        monkeypatch.setattr(progress_module, "stop_requested", lambda: 15)
+        list(progress.evaluating(range(2), total=2))
+    progress.close()
+    assert "eval at step" not in caplog.text
+
+
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "stderr.log", "w") as err:  # a file, as on a cluster: not a terminal
