@@ -182,6 +182,11 @@ def curation_section(job: CurationJob) -> str:
 def _run_summary(run: TrainingRun) -> str:
     last = run.logs[-1] if run.logs else {}
     final_eval = (run.evals[-1]["eval"].get("per_source") or {}) if run.evals else {}
+    tokens = dict.fromkeys(run.sources, 0)  # every interval's: the share of the whole run, not of its last interval
+    for record in run.logs:
+        for source, figures in (record.get("per_source") or {}).items():
+            tokens[source] = tokens.get(source, 0) + int((figures or {}).get("tokens") or 0)
+    total = sum(tokens.values())
     rows = []
     for source in run.sources:
         figures = (last.get("per_source") or {}).get(source) or {}
@@ -190,7 +195,7 @@ def _run_summary(run: TrainingRun) -> str:
                 source,
                 figures.get("mean_loss"),
                 final_eval.get(source),
-                figures.get("token_share"),
+                tokens.get(source, 0) / total if total else figures.get("token_share"),
                 figures.get("loss_share"),
             ]
         )
@@ -200,7 +205,14 @@ def _run_summary(run: TrainingRun) -> str:
         f"{last.get('tokens_seen', '?')} tokens, skipped steps {html.escape(str(skipped))}, "
         f"precision {html.escape(str(run.config.get('precision', '?')))}</p>"
         + _table(
-            ["source", "train loss (last interval)", "held-out loss (last eval)", "token share", "loss share"], rows
+            [
+                "source",
+                "train loss (last interval)",
+                "held-out loss (last eval)",
+                "token share (the run)",
+                "loss share (last interval)",
+            ],
+            rows,
         )
     )
 

@@ -366,3 +366,20 @@ def test_a_run_beside_its_job_curated_again_since_says_the_curation_shown_is_not
     (job / "manifest.json").write_text(json.dumps(manifest))
     page = render(*locate(run))
     assert "curated again after this run trained on it, to other shards" in page and "curated again" in caplog.text
+
+
+def test_the_token_share_is_the_whole_runs_not_its_last_intervals(tmp_path):
+    """A curriculum moves the shares through the run: the last interval's share read as the run's was off by 4x."""
+    from tests.pipelines.report_util import log_record
+
+    records = []
+    for step, (prose, code) in ((10, (900, 100)), (20, (900, 100)), (30, (100, 900))):
+        record = log_record(step, loss=2.0)
+        for source, n in (("prose", prose), ("code", code)):
+            record["per_source"][source].update(tokens=n, token_share=n / 1000)
+        records.append(record)
+    run = write_run(tmp_path / "run", records)
+    page = render(*locate(run))
+    assert "token share (the run)" in page and "loss share (last interval)" in page
+    row = re.search(r"<tr><td>prose</td>(.*?)</tr>", page).group(1)
+    assert ">0.633<" in row or ">0.6333" in row, row  # 1,900 of 3,000 tokens; the last interval's 0.1
