@@ -8,6 +8,7 @@ grouped), and ``read_task`` streams one task. Read errors become rejects with a
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,8 +25,11 @@ from winnow.curate.readers.jsonl import read_jsonl
 from winnow.curate.readers.ranges import Span, split_file
 from winnow.curate.readers.rows import READ_REASONS, ReadBatch, as_text_columns, native_layout
 from winnow.curate.readers.text import read_text_files
+from winnow.curate.readers.utf8 import printable
 from winnow.curate.readers.webdataset import read_webdataset
 from winnow.curate.schema import CORE_COLUMNS, OPTIONAL_COLUMNS
+
+log = logging.getLogger(__name__)
 
 _PER_FILE = {"jsonl": read_jsonl, "parquet": read_parquet, "webdataset": read_webdataset, "hf": read_hf}
 GROUP_FILES = 2000  # small whole files grouped into one read task: at most this many
@@ -102,6 +106,30 @@ def largest_first(tasks: list[ReadTask]) -> list[int]:
     return sorted(range(len(tasks)), key=lambda i: (-size(tasks[i]), i))
 
 
+def _say_replaced_sources(cfg: InputConfig, file: InputFile, metadata: pq.FileMetaData) -> None:
+    """A warning when a file in winnow's layout names other sources in its ``source`` column than the one its
+    input gives every row (``[[inputs]] source``): those names are not kept (``source_field`` keeps them). Read
+    from the row groups' statistics, without reading the column."""
+    if cfg.source is None or cfg.source_field is not None or "source" not in metadata.schema.names:
+        return
+    column = metadata.schema.names.index("source")
+    others = set()
+    for g in range(metadata.num_row_groups):
+        stats = metadata.row_group(g).column(column).statistics
+        if stats is not None and stats.has_min_max:
+            others |= {v if isinstance(v, str) else bytes(v).decode("utf-8", "replace") for v in (stats.min, stats.max)}
+    others.discard(cfg.source)
+    if others:
+        log.warning(
+            "input %s: %s is in winnow's layout and its source column names other sources (%s) than the input's "
+            'source %r, which every row gets; set source_field = "source" (and no source) to keep each row\'s',
+            cfg.label,
+            printable(file.url),
+            ", ".join(repr(v) for v in sorted(others)[:3]),
+            cfg.source,
+        )
+
+
 def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str, pl.DataType]:
     """The columns Parquet files in winnow's own layout bring besides the core ones, with one type each over the
     job (from the files' footers): every row of the job gets them (null where its file has none), so every
@@ -118,9 +146,10 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             seen.add(file.url)
             try:
                 with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
-                    schema = pq.read_schema(fh)
+                    metadata = pq.ParquetFile(fh).metadata
             except (pa.ArrowInvalid, OSError, InputError):
                 continue  # a damaged or unreadable file is dealt with where it is read (a reject, or on_error)
+            schema = metadata.schema.to_arrow_schema()
             names = schema.names
             if len(set(names)) < len(names):  # a name twice: its reader keeps the later ones in meta
                 continue
@@ -129,6 +158,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             types = pl.from_arrow(as_text_columns(schema.empty_table(), text_columns)).schema
             if not native_layout(dict(types), text_field=cfg.text_field):
                 continue
+            _say_replaced_sources(cfg, file, metadata)
             for name in names:
                 if name in CORE_COLUMNS or name == cfg.source_field:
                     continue

@@ -695,3 +695,20 @@ def test_a_file_in_another_format_than_its_inputs_is_refused_naming_what_it_is(t
     (tmp_path / "in" / name).write_bytes(_other_formats(tmp_path)[kind])
     with pytest.raises(InputError, match=rf"input s: .*{name} {said}"):
         read_all(InputConfig(source="s", path=str(tmp_path / "in" / name), format=fmt))
+
+
+def test_a_winnow_layout_file_naming_other_sources_than_its_input_says_they_are_replaced(tmp_path, caplog):
+    """Its `source` column was replaced by the input's source without a word (a file without `meta` keeps it in
+    meta); the row groups' statistics tell, without reading the column."""
+    from winnow.curate.readers import native_columns
+
+    table = {"id": ["a", "b"], "text": ["one two three", "four five six"], "meta": ['{"k": 1}', None]}
+    pq.write_table(pa.table({**table, "source": ["wikipedia", "arxiv"]}), tmp_path / "theirs.parquet")
+    pq.write_table(pa.table({**table, "source": ["web", "web"]}), tmp_path / "same.parquet")
+    for name, said in (("same", False), ("theirs", True)):
+        cfg = InputConfig(source="web", path=str(tmp_path / f"{name}.parquet"), format="parquet")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="winnow.curate.readers"):
+            native_columns([cfg], plan_read_tasks([cfg]))
+        assert ("names other sources ('arxiv', 'wikipedia')" in caplog.text) is said, caplog.text
+        assert not said or 'set source_field = "source"' in caplog.text
