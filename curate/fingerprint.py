@@ -129,6 +129,11 @@ def stale_tasks(work: WorkDir, prints: list[list[dict[str, Any]]]) -> tuple[set[
     return stale, changes
 
 
+def changed_inputs(before: list[list[dict[str, Any]]], now: list[list[dict[str, Any]]]) -> list[str]:
+    """What differs between two lists of read-task fingerprints of the same tasks, one line per task."""
+    return [_describe(b, n) for b, n in zip(before, now) if b != n]
+
+
 def _describe(before: list[dict] | None, now: list[dict] | None) -> str:
     if before is None:
         return f"new input task {now[0]['url']}"

@@ -37,6 +37,7 @@ from winnow.curate.errors import ConfigError, OutputError, StageError, disk_full
 from winnow.curate.executors import Executor, release_memory
 from winnow.curate.fields import resolve_field_types
 from winnow.curate.fingerprint import (
+    changed_inputs,
     inputs_digest,
     inputs_file,
     invalidate,
@@ -270,6 +271,14 @@ class Runner:
                 write_results += self._write_val(results[-1])
         if switched:  # an id repeats: once more, with the id barrier first (the work folder now says so)
             return self._run()
+        changed = changed_inputs(self.prints, self._input_prints(read_tasks))
+        if changed:  # cut, grown or rewritten while read: the shards hold what was read then
+            log.warning(
+                "inputs changed while the job read them: %s%s; the shards hold what was read, and the same command "
+                "again curates the inputs as they are now",
+                "; ".join(changed[:3]),
+                f" (+{len(changed) - 3} more)" if len(changed) > 3 else "",
+            )
         stages, reports = self.stages, {s.ctx.stage_id: self._report(s) for s in self.stages if isinstance(s, Barrier)}
         if self.optimistic and self.job.job.duplicate_ids == "reject":
             ids = build_stages(self.job, self.work)[0]  # for the manifest: the check ran, and found no repeat

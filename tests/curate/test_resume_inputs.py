@@ -156,3 +156,29 @@ def test_a_finished_job_run_again_on_the_same_inputs_curates_nothing(tmp_path, w
     assert curate()[1]
     next(out.glob("shards/parquet/*/*.parquet")).unlink()
     assert not curate()[1]
+
+
+def test_an_input_cut_or_grown_while_the_job_reads_it_is_said(tmp_path, write_job, monkeypatch, caplog):
+    """The job exited 0 with the rows it happened to read and no word that the file had changed under it."""
+    from winnow.curate.pipeline import Runner
+
+    (tmp_path / "in").mkdir()
+    write_inputs(tmp_path / "in")
+    job = load_job(write_job(BODY.replace("keep_work = true\n", "").format(path=tmp_path / "in" / "*.jsonl")))
+    run_phase = Runner._run_phase
+
+    def grown_after_reading(self, phase, specs):
+        results = run_phase(self, phase, specs)
+        with open(tmp_path / "in" / "p1.jsonl", "ab") as f:  # another writer appends a record
+            f.write(orjson.dumps({"id": "late", "text": "a late record of words"}) + b"\n")
+        return results
+
+    monkeypatch.setattr(Runner, "_run_phase", grown_after_reading)
+    with caplog.at_level("WARNING", logger="winnow.curate.pipeline"):
+        run_job(job, progress=False)
+    assert "inputs changed while the job read them: input" in caplog.text and "p1.jsonl changed (" in caplog.text
+    monkeypatch.setattr(Runner, "_run_phase", run_phase)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        manifest = run_job(job, progress=False)  # not up to date: the late record is curated
+    assert "is up to date" not in caplog.text and "a late record of words" in shard_texts(manifest, tmp_path / "out" / "t")
