@@ -66,6 +66,10 @@ def summary_table(manifest: dict[str, Any]) -> str:
         )
         for reason, n in st["rejected"].items():
             lines.append(f"    {reason:<44}{n:>10}")
+        removed = (st.get("counters") or {}).get("lines_removed")  # clean's boilerplate: text the kept rows lost
+        if isinstance(removed, dict) and any(removed.values()):
+            per = ", ".join(f"{s} {int(n)}" for s, n in sorted(removed.items()) if n)
+            lines.append(f"    boilerplate lines removed: {per}")
     t = manifest["totals"]
     lines.append(
         f"total: {t['rows_read']} read, {t['rows_written']} written ({t['repeats']} repeats), "

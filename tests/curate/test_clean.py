@@ -279,3 +279,15 @@ def test_copies_of_one_document_count_once_so_dedup_keeps_one_of_them(tmp_path):
     assert out.kept["text"].to_list()[20:] == [f"Story {i} is unique." for i in range(4)] + [readme]
     assert plan.report["boilerplate_lines"] == {"s": 1} and plan.report["distinct_docs"] == {"s": 6}
     assert plan.report["docs"] == {"s": 25}
+
+
+def test_the_curation_summary_says_how_many_boilerplate_lines_each_source_lost():
+    """The kept rows' removed lines were in manifest.json alone: a source gutted by them looked untouched."""
+    from winnow.pipelines.curate import summary_table
+
+    stage = {"id": "01.clean", "rows_in": 3, "rows_out": 3, "rows_rejected": 0, "seconds": 0.1, "rejected": {}}
+    manifest = {
+        "stages": [{**stage, "counters": {"lines_removed": {"code": 0.0, "web": 42.0}, "chars_removed": {"web": 9.0}}}],
+        "totals": {"rows_read": 3, "rows_written": 3, "repeats": 0, "rows_rejected": 0, "seconds": 0.1},
+    }
+    assert "    boilerplate lines removed: web 42" in summary_table(manifest).splitlines()
