@@ -28,6 +28,7 @@ from typing import Any, Literal, Union
 from winnow.curate.config import InputConfig, JobSection, OutputConfig
 from winnow.curate.errors import ConfigError
 from winnow.curate.stages import stage_class, stage_kinds
+from winnow.pipelines.jobfile import off_by_false
 
 SCHEMA_TITLE = "winnow job file"  # what marks a schema file as winnow's (``config schema`` replaces only those)
 _TABLES = {"job": JobSection, "inputs": InputConfig, "output": OutputConfig}
@@ -254,18 +255,14 @@ def run_show(args: argparse.Namespace) -> int:
 
 # ---- JSON Schema ----------------------------------------------------------------------------
 def type_schema(tp: Any) -> dict[str, Any]:
-    """The JSON Schema of a config field's type (TOML has no null: optional means "may be left out", and ``false``
-    turns off an optional setting that is not itself a bool, as ``jobfile.build_config`` reads it)."""
+    """The JSON Schema of a config field's type (TOML has no null: optional means "may be left out")."""
     origin = typing.get_origin(tp)
     if tp is Any:
         return {}
     if origin is Literal:
         return {"enum": list(typing.get_args(tp))}
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        options = [type_schema(a) for a in args if a is not type(None)]
-        if type(None) in args and bool not in args:
-            options.append({"const": False})
+        options = [type_schema(a) for a in typing.get_args(tp) if a is not type(None)]
         return options[0] if len(options) == 1 else {"anyOf": options}
     if origin in (list, tuple):
         args = typing.get_args(tp)
@@ -291,6 +288,8 @@ def object_schema(cls: type, *, extra: dict[str, Any] | None = None) -> dict[str
         if not f.init:
             continue
         prop = type_schema(hints[f.name])
+        if off_by_false(f, hints[f.name]):  # a default-on optional setting: false turns it off (jobfile.build_config)
+            prop = {"anyOf": [*prop.get("anyOf", [prop]), {"const": False}]}
         if f.name in docs:
             prop["description"] = docs[f.name]
         if f.default is not dataclasses.MISSING and isinstance(f.default, (int, float, str, bool)):

@@ -49,7 +49,10 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
     ]
     if missing:
         raise ConfigError(f"{where}: missing required key {missing[0]!r}")
-    values = {k: _coerce(v, hints[k], f"{where} key {k!r}") for k, v in table.items()}
+    values = {
+        k: None if v is False and off_by_false(fields[k], hints[k]) else _coerce(v, hints[k], f"{where} key {k!r}")
+        for k, v in table.items()
+    }
     for key, value in values.items():
         numbers = value if isinstance(value, list) else [value]
         bad = next((x for x in numbers if isinstance(x, float) and not math.isfinite(x)), None)
@@ -61,6 +64,13 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {err}") from None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from err
+
+
+def off_by_false(f: dataclasses.Field, tp: Any) -> bool:
+    """Whether ``false`` turns field ``f`` off: an optional setting (``X | None``, X not bool) whose default is on
+    (not None). TOML has no null; where None is the default (all, auto, every source), false is not a value."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else ()
+    return type(None) in args and bool not in args and f.default not in (None, dataclasses.MISSING)
 
 
 def _key_hint(key: str, allowed, where: str) -> str:
@@ -96,8 +106,6 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
-            return None
-        if value is False and type(None) in args and bool not in args:  # TOML has no null: false turns it off
             return None
         errors = []
         for arg in args:

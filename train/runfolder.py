@@ -106,13 +106,14 @@ def archive_previous(run_dir: Path, names: tuple[str, ...] = RUN_STATE) -> Path 
     return target
 
 
-def continue_run_folder(run_dir: str | Path, step: int) -> None:
-    """Before the first step: cut the logs back to ``step`` (a resume), or archive an earlier run (step 0)."""
+def continue_run_folder(run_dir: str | Path, step: int, log_every: int = 1) -> None:
+    """Before the first step: cut the logs back to ``step`` (a resume), or archive an earlier run (step 0).
+    ``log_every``: the first step with a record (a run stopped before it has no ``metrics.jsonl`` yet)."""
     run_dir = Path(run_dir)
     if step == 0:
         archive_previous(run_dir)
         return
-    if not (run_dir / "metrics.jsonl").is_file():  # removed, or moved: the records up to the checkpoint are gone
+    if step >= log_every and not (run_dir / "metrics.jsonl").is_file():  # removed or moved: its records are gone
         log.warning(
             "%s is missing: the run resumes at step %d and its records start there (the report shows from there on)",
             run_dir / "metrics.jsonl",

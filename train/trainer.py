@@ -483,7 +483,7 @@ class Trainer:
         if cfg.checkpoint.resume:
             self.resume()
         if self.parallel.is_main:  # metrics from the resumed step on are written once; a fresh start, apart
-            continue_run_folder(self.run_dir, self.step)
+            continue_run_folder(self.run_dir, self.step, cfg.metrics.log_every)
         log.info("MFU basis: %.3g FLOP/s (%s); %.3g FLOP/token", self.peak_flops, self.peak_basis, self.flops_per_token)
         self.throughput.reset()
         self.progress.open(self.step, self.tokens_seen)

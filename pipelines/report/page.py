@@ -11,6 +11,7 @@ import base64
 import datetime
 import html
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -185,7 +186,9 @@ def _run_summary(run: TrainingRun) -> str:
     tokens = dict.fromkeys(run.sources, 0)  # every interval's: the share of the whole run, not of its last interval
     for record in run.logs:
         for source, figures in (record.get("per_source") or {}).items():
-            tokens[source] = tokens.get(source, 0) + int((figures or {}).get("tokens") or 0)
+            n = (figures or {}).get("tokens") if isinstance(figures, dict) else None
+            if isinstance(n, int | float) and math.isfinite(n):  # a hand-edited NaN or 1e400 counts nothing
+                tokens[source] = tokens.get(source, 0) + int(n)
     total = sum(tokens.values())
     rows = []
     for source in run.sources:

@@ -181,4 +181,6 @@ def test_an_input_cut_or_grown_while_the_job_reads_it_is_said(tmp_path, write_jo
     caplog.clear()
     with caplog.at_level("INFO"):
         manifest = run_job(job, progress=False)  # not up to date: the late record is curated
-    assert "is up to date" not in caplog.text and "a late record of words" in shard_texts(manifest, tmp_path / "out" / "t")
+    assert "is up to date" not in caplog.text and "a late record of words" in shard_texts(
+        manifest, tmp_path / "out" / "t"
+    )

@@ -165,5 +165,8 @@ def test_false_turns_off_an_optional_setting_toml_cannot_write_as_null():
     @dataclass
     class Flags:
         strict: bool | None = True  # a bool setting: false is its value, not "off"
+        batches: int | None = None  # None is the default (all): false is not a value of it
 
     assert build_config(Flags, {"strict": False}, "t").strict is False
+    with pytest.raises(ConfigError, match="key 'batches': expected an integer, got False"):
+        build_config(Flags, {"batches": False}, "t")

@@ -180,3 +180,7 @@ def test_a_resume_whose_metrics_file_was_removed_says_its_records_start_at_the_c
     with caplog.at_level("WARNING", logger="winnow.train.runfolder"):
         continue_run_folder(tmp_path, 4)
     assert "missing" not in caplog.text
+    (tmp_path / "metrics.jsonl").unlink()
+    with caplog.at_level("WARNING", logger="winnow.train.runfolder"):
+        continue_run_folder(tmp_path, 4, log_every=10)  # stopped before its first record: nothing was lost
+    assert "missing" not in caplog.text
