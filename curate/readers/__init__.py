@@ -106,28 +106,22 @@ def largest_first(tasks: list[ReadTask]) -> list[int]:
     return sorted(range(len(tasks)), key=lambda i: (-size(tasks[i]), i))
 
 
-def _say_replaced_sources(cfg: InputConfig, file: InputFile, metadata: pq.FileMetaData) -> None:
-    """A warning when a file in winnow's layout names other sources in its ``source`` column than the one its
-    input gives every row (``[[inputs]] source``): those names are not kept (``source_field`` keeps them). Read
-    from the row groups' statistics, without reading the column."""
-    if cfg.source is None or cfg.source_field is not None or "source" not in metadata.schema.names:
-        return
-    column = metadata.schema.names.index("source")
-    others = set()
+def _replaced_sources(cfg: InputConfig, metadata: pq.FileMetaData) -> set[str]:
+    """The names a file in winnow's layout holds in its top-level ``source`` column besides its input's own source
+    (``[[inputs]] source``, which every row gets: ``source_field`` keeps them). From the row groups' statistics,
+    without reading the column."""
+    if cfg.source is None or cfg.source_field is not None:
+        return set()
+    schema = metadata.schema
+    column = next((i for i in range(len(schema)) if schema.column(i).path == "source"), None)
+    if column is None:
+        return set()
+    found = set()
     for g in range(metadata.num_row_groups):
         stats = metadata.row_group(g).column(column).statistics
         if stats is not None and stats.has_min_max:
-            others |= {v if isinstance(v, str) else bytes(v).decode("utf-8", "replace") for v in (stats.min, stats.max)}
-    others.discard(cfg.source)
-    if others:
-        log.warning(
-            "input %s: %s is in winnow's layout and its source column names other sources (%s) than the input's "
-            'source %r, which every row gets; set source_field = "source" (and no source) to keep each row\'s',
-            cfg.label,
-            printable(file.url),
-            ", ".join(repr(v) for v in sorted(others)[:3]),
-            cfg.source,
-        )
+            found |= {v if isinstance(v, str) else bytes(v).decode("utf-8", "replace") for v in (stats.min, stats.max)}
+    return found - {cfg.source}
 
 
 def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str, pl.DataType]:
@@ -136,6 +130,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
     shard has the same columns. Types that differ between files meet at Float64 (numbers) or String."""
     out: dict[str, pl.DataType] = {}
     seen: set[str] = set()
+    replaced: dict[str, tuple[set[str], list[str]]] = {}  # input -> (other source names, files holding them)
     for task in tasks:
         cfg = inputs[task.input_index]
         if cfg.format != "parquet" or cfg.text_field != "text":
@@ -158,7 +153,11 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             types = pl.from_arrow(as_text_columns(schema.empty_table(), text_columns)).schema
             if not native_layout(dict(types), text_field=cfg.text_field):
                 continue
-            _say_replaced_sources(cfg, file, metadata)
+            others = _replaced_sources(cfg, metadata)
+            if others:
+                names_, files_ = replaced.setdefault(cfg.label, (set(), []))
+                names_ |= others
+                files_.append(printable(file.url))
             for name in names:
                 if name in CORE_COLUMNS or name == cfg.source_field:
                     continue
@@ -175,6 +174,16 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
                     )
                 else:
                     out[name] = pl.String()
+    for label, (names_, files_) in replaced.items():  # once per input, however many of its files
+        log.warning(
+            "input %s: %d file(s) in winnow's layout (%s%s) name other sources in their source column (%s) than the "
+            "input's source, which every row gets; set source_field = \"source\" (and no source) to keep each row's",
+            label,
+            len(files_),
+            ", ".join(files_[:2]),
+            ", ..." if len(files_) > 2 else "",
+            ", ".join(repr(v) for v in sorted(names_)[:3]),
+        )
     return out
 
 

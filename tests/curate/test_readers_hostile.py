@@ -704,11 +704,12 @@ def test_a_winnow_layout_file_naming_other_sources_than_its_input_says_they_are_
 
     table = {"id": ["a", "b"], "text": ["one two three", "four five six"], "meta": ['{"k": 1}', None]}
     pq.write_table(pa.table({**table, "source": ["wikipedia", "arxiv"]}), tmp_path / "theirs.parquet")
-    pq.write_table(pa.table({**table, "source": ["web", "web"]}), tmp_path / "same.parquet")
+    nested = pa.array([{"source": "x"}, {"source": "y"}])  # a struct's own source field is not the source column
+    pq.write_table(pa.table({"m": nested, **table, "source": ["web", "web"]}), tmp_path / "same.parquet")
     for name, said in (("same", False), ("theirs", True)):
         cfg = InputConfig(source="web", path=str(tmp_path / f"{name}.parquet"), format="parquet")
         caplog.clear()
         with caplog.at_level("WARNING", logger="winnow.curate.readers"):
             native_columns([cfg], plan_read_tasks([cfg]))
-        assert ("names other sources ('arxiv', 'wikipedia')" in caplog.text) is said, caplog.text
+        assert ("name other sources in their source column ('arxiv', 'wikipedia')" in caplog.text) is said, caplog.text
         assert not said or 'set source_field = "source"' in caplog.text
