@@ -116,9 +116,9 @@ def _tar_header(block: bytes) -> bool:
     return stored == sum(block[:148]) + 8 * 0x20 + sum(block[156:512])
 
 
-def refuse_other_format(head: bytes, url: str, label: str, fmt: str, *, plain: bool = True) -> None:
-    """Raise ``InputError`` when ``head``, a file's first bytes, is not the text its input's ``fmt`` reads: a
-    compressed format's under a plain name (``plain``), another file format, or UTF-16/32 text. Read as text it
+def refuse_other_format(head: bytes, url: str, label: str, *, plain: bool = True) -> None:
+    """Raise ``InputError`` when ``head``, the first bytes of a JSON Lines input's file, is not JSON Lines text: a
+    compressed format's under a plain name (``plain``), another file format, or UTF-16/32 text. Read as lines it
     would be a reject of binary bytes line after line, and a count of records that were never there."""
     if plain:
         refuse_compressed(head, url, label)
@@ -126,8 +126,7 @@ def refuse_other_format(head: bytes, url: str, label: str, fmt: str, *, plain: b
     if found is not None:
         what, todo = found
         raise InputError(
-            f"input {label}: {printable(url)} is {what} (its first bytes say so), not "
-            f"{'JSON Lines' if fmt == 'jsonl' else 'UTF-8 text'}; {todo}"
+            f"input {label}: {printable(url)} is {what} (its first bytes say so), not JSON Lines; {todo}"
         )
 
 

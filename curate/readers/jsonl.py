@@ -164,7 +164,7 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                 if not tail:
                     offset = at
                 if at == 0:  # a compressed file named as plain, or another format, would be garbage line after line
-                    refuse_other_format(data[:1024], file.url, cfg.label, "jsonl", plain=plain)
+                    refuse_other_format(data[:1024], file.url, cfg.label, plain=plain)
                 if at == 0 and data.startswith(BOM):
                     # Windows tools start files with one; Arrow skips it but orjson refuses the line.
                     data, offset = data[len(BOM) :], len(BOM)

@@ -20,6 +20,7 @@ _EXACT_FLOAT = float(2**53)  # from here on a float cannot tell integers apart
 READ_REASONS: tuple[str, ...] = (
     "read:bad_json",
     "read:bad_utf8",
+    "read:not_text",
     "read:not_an_object",
     "read:missing_text",
     "read:text_not_string",

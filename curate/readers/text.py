@@ -8,7 +8,7 @@ import orjson
 
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
-from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_other_format
+from winnow.curate.readers.files import InputFile, codec, file_kind, open_binary, refuse_compressed
 from winnow.curate.readers.jsonl import BOM, PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.rows import ReadBatch, RowBuffer
 
@@ -26,8 +26,8 @@ def read_text_files(
         try:
             with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
                 raw, size = _bounded(decompressed_chunks(file.url, fh), cfg.max_record_bytes)
-            # a compressed file named as plain, or another format, would be one reject of binary bytes
-            refuse_other_format(raw[:1024], file.url, cfg.label, "text", plain=codec(file.url) is None)
+            if codec(file.url) is None:  # a compressed file named as plain would be one reject of binary bytes
+                refuse_compressed(raw[:16], file.url, cfg.label)
         except InputError as err:
             if skipped is None:
                 raise
@@ -40,6 +40,20 @@ def read_text_files(
                 source=source,
                 raw=b"",
                 where={"file": file.url, "offset": 0, "error": f"{type(err).__name__}: {err}"},
+            )
+            continue
+        other = file_kind(raw[:1024])  # a folder of text files holds an image, a PDF, a zip, UTF-16 text...
+        if other is not None and (not other[0].startswith("a Parquet") or raw.endswith(b"PAR1")):
+            buf.reject(
+                "read:not_text",
+                id_=id_,
+                source=source,
+                raw=raw[:PREVIEW],
+                where={
+                    "file": file.url,
+                    "offset": 0,
+                    "error": f"{other[0]} (its first bytes say so), not UTF-8 text; {other[1]}",
+                },
             )
             continue
         if size > cfg.max_record_bytes:

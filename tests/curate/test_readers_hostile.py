@@ -679,8 +679,6 @@ def _other_formats(tmp_path) -> dict[str, bytes]:
         ("utf16_no_bom", "jsonl", r"is UTF-16LE text"),
         ("parquet", "jsonl", r"is a Parquet file .*format = \"parquet\""),
         ("tar", "jsonl", r"is a tar archive .*format = \"webdataset\""),
-        ("png", "text", r"is a PNG image .*not UTF-8 text; leave it out of the input's path"),
-        ("utf16", "text", r"is UTF-16 text"),
         ("gzip", "parquet", r"is gzip-compressed data .*not a Parquet file .*\.jsonl\.gz.*format = \"jsonl\""),
         ("feather", "parquet", r"is an Arrow IPC \(Feather\) file .*not a Parquet file"),
         ("utf16", "parquet", r"is UTF-16 text .*not a Parquet file"),
@@ -689,7 +687,8 @@ def _other_formats(tmp_path) -> dict[str, bytes]:
 def test_a_file_in_another_format_than_its_inputs_is_refused_naming_what_it_is(tmp_path, kind, fmt, said):
     """Each was read on: JSON Lines in UTF-16 as one bad_json reject per line (and a count of records that were
     never there), a PNG among text files as a bad_utf8 document, a Feather or gzip JSON Lines file named .parquet
-    as one read:truncated reject whose id was its absolute path. A whole file is the input's mistake: said once."""
+    as one read:truncated reject whose id was its absolute path. A whole file is the input's mistake: said once.
+    (In a folder of text files, which often holds an image or a PDF, such a file is its own reject: below.)"""
     name = {"jsonl": "a.jsonl", "text": "a.txt", "parquet": "a.parquet"}[fmt]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / name).write_bytes(_other_formats(tmp_path)[kind])
@@ -713,3 +712,20 @@ def test_a_winnow_layout_file_naming_other_sources_than_its_input_says_they_are_
             native_columns([cfg], plan_read_tasks([cfg]))
         assert ("name other sources in their source column ('arxiv', 'wikipedia')" in caplog.text) is said, caplog.text
         assert not said or 'set source_field = "source"' in caplog.text
+
+
+def test_a_folder_of_text_files_keeps_an_image_or_utf16_file_as_a_reject_naming_what_it_is(tmp_path):
+    """A folder of documents often holds a figure or a PDF: one reject each, the job goes on; a text that only
+    starts like a Parquet file (PAR1) is text."""
+    formats = _other_formats(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.md").write_text("a readme of words")
+    (tmp_path / "in" / "fig.png").write_bytes(formats["png"])
+    (tmp_path / "in" / "notes.txt").write_bytes(formats["utf16"])
+    (tmp_path / "in" / "par.txt").write_text("PAR1 is the first paragraph of these notes")
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "in"), format="text"))
+    assert sorted(kept["text"].to_list()) == ["PAR1 is the first paragraph of these notes", "a readme of words"]
+    errors = {json.loads(m)["file"].rsplit("/", 1)[-1]: json.loads(m)["error"] for m in rejects["meta"]}
+    assert rejects["reason"].to_list() == ["read:not_text"] * 2
+    assert errors["fig.png"].startswith("a PNG image (its first bytes say so), not UTF-8 text")
+    assert errors["notes.txt"].startswith("UTF-16 text") and "iconv -f UTF-16 -t UTF-8" in errors["notes.txt"]
