@@ -97,6 +97,34 @@ def task_fingerprints(tasks: list[ReadTask], storage_options: list[dict]) -> lis
     return prints
 
 
+def referenced_files(raw: Any) -> dict[str, str]:
+    """The local files a job file's curation tables (``[job]``, ``[[stages]]``, ``[output]``) name (a tokenizer, a
+    model, a word list), each with the sha256 of its bytes: a job that reads them curates again when one changes.
+    The inputs' own files are the read tasks' fingerprints; ``[train]`` is not curation's."""
+    found: dict[str, str] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str) and "://" not in value and len(value) < 4096 and value not in found:
+            try:
+                if os.path.isfile(value):
+                    digest = hashlib.sha256()
+                    with open(value, "rb") as f:
+                        while chunk := f.read(1 << 20):
+                            digest.update(chunk)
+                    found[value] = digest.hexdigest()
+            except (OSError, ValueError):  # not a path this process can read: a name, a pattern
+                pass
+
+    walk([raw.get(table) for table in ("job", "stages", "output")] if isinstance(raw, dict) else raw)
+    return dict(sorted(found.items()))
+
+
 def inputs_digest(prints: list[list[dict[str, Any]]]) -> str:
     """One sha256 of every read task's fingerprints (the manifest's ``inputs_fingerprint``)."""
     return hashlib.sha256(json.dumps(prints, sort_keys=True).encode()).hexdigest()
@@ -129,9 +157,24 @@ def stale_tasks(work: WorkDir, prints: list[list[dict[str, Any]]]) -> tuple[set[
     return stale, changes
 
 
-def changed_inputs(before: list[list[dict[str, Any]]], now: list[list[dict[str, Any]]]) -> list[str]:
-    """What differs between two lists of read-task fingerprints of the same tasks, one line per task."""
-    return [_describe(b, n) for b, n in zip(before, now) if b != n]
+def changed_local_inputs(prints: list[list[dict[str, Any]]]) -> list[str]:
+    """The local input files whose size or identity (inode, change time: any write moves it) is not what
+    ``prints`` recorded: one ``stat`` each, no read. Files on a store are not asked again (a request each)."""
+    changed, seen = [], set()
+    for files in prints:
+        for f in files:
+            url = f["url"]
+            if url in seen or ("://" in url and not url.startswith("file://")):
+                continue
+            seen.add(url)
+            try:
+                st = os.stat(url.removeprefix("file://"))
+            except OSError as err:
+                changed.append(f"input {url} is gone ({err.strerror})")
+                continue
+            if st.st_size != f["size"] or f["identity"] and st.st_ctime_ns != f["identity"].get("ctime_ns"):
+                changed.append(f"input {url} changed (size {f['size']} -> {st.st_size}, or rewritten)")
+    return changed
 
 
 def _describe(before: list[dict] | None, now: list[dict] | None) -> str:

@@ -37,16 +37,17 @@ from winnow.curate.errors import ConfigError, OutputError, StageError, disk_full
 from winnow.curate.executors import Executor, release_memory
 from winnow.curate.fields import resolve_field_types
 from winnow.curate.fingerprint import (
-    changed_inputs,
+    changed_local_inputs,
     inputs_digest,
     inputs_file,
     invalidate,
     record_inputs,
+    referenced_files,
     stale_tasks,
     task_fingerprints,
 )
 from winnow.curate.lock import FolderLock
-from winnow.curate.manifest import build_manifest
+from winnow.curate.manifest import build_manifest, package_versions
 from winnow.curate.ordered import plan_writes, write_range
 from winnow.curate.outdir import (
     OWN_ENTRIES,
@@ -175,6 +176,8 @@ class Runner:
         self.columns: dict = {}  # what winnow-layout Parquet inputs bring: every read row gets them (_run)
         self.spill_codec = "lz4"  # how the spills are compressed (curate.tasks.spill_codec, _run)
         self.overwrite = overwrite  # replace another job's outputs, or a finished run made with another config
+        self._prints: list = []  # the read tasks' fingerprints (_input_prints), of the tasks in _prints_of
+        self._prints_of: list | None = None
         self.lock: FolderLock | None = None  # one run per output folder, taken before the folder is touched
         self.ordered = any(stage_class(s.kind).orders_output for s in job.stages)
         self._layout()
@@ -271,7 +274,7 @@ class Runner:
                 write_results += self._write_val(results[-1])
         if switched:  # an id repeats: once more, with the id barrier first (the work folder now says so)
             return self._run()
-        changed = changed_inputs(self.prints, self._input_prints(read_tasks))
+        changed = changed_local_inputs(self.prints)
         if changed:  # cut, grown or rewritten while read: the shards hold what was read then
             log.warning(
                 "inputs changed while the job read them: %s%s; the shards hold what was read, and the same command "
@@ -293,6 +296,7 @@ class Runner:
             seconds=time.perf_counter() - t0,
         )
         manifest["inputs_fingerprint"] = inputs_digest(self.prints)  # a re-run from the same inputs has nothing to do
+        manifest["referenced_files"] = referenced_files(self.job.raw)  # ... nor one with the same tokenizer, models
         if self.reuse is not None:
             adopted = reused(self.work, [p.index for p in self.phases if not p.final], len(read_tasks), list(reports))
             if adopted["phases"] or adopted["plans"]:
@@ -324,12 +328,21 @@ class Runner:
             return None
         try:
             manifest = json.loads((self.out / "manifest.json").read_text())
-            if manifest.get("inputs_fingerprint") != inputs_digest(self._input_prints(read_tasks)):
+            if (
+                manifest.get("inputs_fingerprint") != inputs_digest(self._input_prints(read_tasks))
+                or manifest.get("referenced_files") != referenced_files(self.job.raw)
+                or manifest.get("packages") != package_versions()  # an upgrade curates again (a fix reaches the shards)
+            ):
                 return None
             for entry in manifest["shards"] + manifest["rejects"]:
-                path = self.out / entry["path"]
-                if not path.is_file() or path.stat().st_size != entry.get("bytes", path.stat().st_size):
-                    return None
+                files = {entry["path"]: entry.get("bytes")}
+                if entry.get("format") == "tokens":  # its index and document arrays beside the .bin
+                    stem = entry["path"].removesuffix(".bin")
+                    files |= {f"{stem}.idx": entry.get("index_bytes"), f"{stem}.doc.npy": entry.get("docs_bytes")}
+                for name, size in files.items():
+                    path = self.out / name
+                    if not path.is_file() or (size is not None and path.stat().st_size != size):
+                        return None
         except (OSError, ValueError, KeyError, TypeError):  # no manifest, or not one this job wrote whole
             return None
         logging.getLogger(PhaseProgress.__module__).info(  # a progress line: shown unless -q
@@ -340,7 +353,12 @@ class Runner:
         return manifest
 
     def _input_prints(self, read_tasks: list) -> list:
-        return task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
+        """The read tasks' fingerprints (``fingerprint.task_fingerprints``: a read of each file's head and tail),
+        taken once per run of the job."""
+        if self._prints_of is not read_tasks:
+            self._prints = task_fingerprints(read_tasks, [i.storage_options for i in self.job.inputs])
+            self._prints_of = read_tasks
+        return self._prints
 
     def _prepare(self, read_tasks: list) -> None:
         """Resume the same job's unfinished work (redoing what changed inputs touch); otherwise start afresh."""

@@ -184,3 +184,29 @@ def test_an_input_cut_or_grown_while_the_job_reads_it_is_said(tmp_path, write_jo
     assert "is up to date" not in caplog.text and "a late record of words" in shard_texts(
         manifest, tmp_path / "out" / "t"
     )
+
+
+def test_a_finished_job_curates_again_when_a_file_it_names_changes_or_a_token_file_is_gone(tmp_path, write_job, caplog):
+    """The up-to-date check compared the inputs alone: a retrained tokenizer kept the old token shards."""
+    from tests.curate.test_writers_tokens import gpt2_style_tokenizer
+
+    (tmp_path / "in").mkdir()
+    write_inputs(tmp_path / "in")
+    tokenizer = tmp_path / "tokenizer.json"
+    gpt2_style_tokenizer(tokenizer, "file words number " * 50)
+    body = BODY.replace("keep_work = true\n", "").format(path=tmp_path / "in" / "*.jsonl")
+    body += f'[output]\nformats = ["parquet", "tokens"]\n[output.tokens]\ntokenizer = "{tokenizer}"\n'
+    job = load_job(write_job(body))
+    out = tmp_path / "out" / "t"
+
+    def skipped() -> bool:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="winnow.curate.progress"):
+            run_job(job, progress=False)
+        return "is up to date" in caplog.text
+
+    assert not skipped() and skipped()
+    gpt2_style_tokenizer(tokenizer, "other words entirely " * 50)  # retrained: other ids for the same text
+    assert not skipped() and skipped()
+    next(out.glob("shards/tokens/*/*.idx")).unlink()  # the .bin alone does not make a token shard
+    assert not skipped()
