@@ -330,12 +330,13 @@ class Clean(Barrier):
             docs = rows.group_by("source").agg(pl.len().alias("docs"))
             return Plan(None, {"docs": dict(docs.collect().sort("source").iter_rows())})
         docs = rows.group_by("source").agg(pl.len().alias("all"), pl.col("d").n_unique().alias("docs"))
-        freq = (
-            keys.filter(pl.col("h").is_not_null())
-            .unique(["source", "h", "d"])
-            .group_by("source", "h")
-            .agg(pl.len().alias("df"))
-        )
+        # a line counts once per distinct document: only the lines of documents with copies (usually few) need
+        # the (line, document) pairs made unique; the rest are counted as they come
+        copies = rows.group_by("source", "d").agg(pl.len().alias("n")).filter(pl.col("n") > 1).select("source", "d")
+        lines = keys.filter(pl.col("h").is_not_null()).select("source", "h", "d")
+        once = lines.join(copies, on=["source", "d"], how="anti")
+        copied = lines.join(copies, on=["source", "d"], how="semi").unique(["source", "h", "d"])
+        freq = pl.concat([once, copied]).group_by("source", "h").agg(pl.len().alias("df"))
         found = (
             freq.join(docs, on="source")
             .filter(
