@@ -125,9 +125,7 @@ def refuse_other_format(head: bytes, url: str, label: str, *, plain: bool = True
     found = file_kind(head)
     if found is not None:
         what, todo = found
-        raise InputError(
-            f"input {label}: {printable(url)} is {what} (its first bytes say so), not JSON Lines; {todo}"
-        )
+        raise InputError(f"input {label}: {printable(url)} is {what} (its first bytes say so), not JSON Lines; {todo}")
 
 
 def refuse_not_parquet(head: bytes, url: str, label: str) -> None:

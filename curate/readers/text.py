@@ -44,32 +44,15 @@ def read_text_files(
             continue
         other = file_kind(raw[:1024])  # a folder of text files holds an image, a PDF, a zip, UTF-16 text...
         if other is not None and (not other[0].startswith("a Parquet") or raw.endswith(b"PAR1")):
-            buf.reject(
-                "read:not_text",
-                id_=id_,
-                source=source,
-                raw=raw[:PREVIEW],
-                where={
-                    "file": file.url,
-                    "offset": 0,
-                    "error": f"{other[0]} (its first bytes say so), not UTF-8 text; {other[1]}",
-                },
-            )
+            error = f"{other[0]} (its first bytes say so), not UTF-8 text; {other[1]}"
+            buf.reject("read:not_text", id_=id_, source=source, raw=raw[:PREVIEW], where=_at(file, error))
             continue
         if size > cfg.max_record_bytes:
-            buf.reject(
-                "read:too_long",
-                id_=id_,
-                source=source,
-                raw=raw[:PREVIEW],
-                where={
-                    "file": file.url,
-                    "offset": 0,
-                    "bytes": size,
-                    "error": f"a document of {size} bytes, over [[inputs]] max_record_bytes = "
-                    f"{cfg.max_record_bytes}; raise it to read such documents",
-                },
+            error = (
+                f"a document of {size} bytes, over [[inputs]] max_record_bytes = {cfg.max_record_bytes}; raise it "
+                "to read such documents"
             )
+            buf.reject("read:too_long", id_=id_, source=source, raw=raw[:PREVIEW], where=_at(file, error, bytes=size))
             continue
         if raw.startswith(BOM):  # an encoding mark, not the document's text (JSONL's readers drop it too)
             raw, size = raw[len(BOM) :], size - len(BOM)
@@ -101,3 +84,8 @@ def _bounded(chunks: Iterator[bytes], limit: int) -> tuple[bytes, int]:
             held.append(chunk[: limit + 1 - size])
         size += len(chunk)
     return b"".join(held), size
+
+
+def _at(file: InputFile, error: str, **more) -> dict:
+    """A whole file's reject's ``meta``: the file, offset 0, what else is known, and what went wrong."""
+    return {"file": file.url, "offset": 0, **more, "error": error}
