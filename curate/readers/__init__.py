@@ -177,7 +177,8 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
     for label, (names_, files_) in replaced.items():  # once per input, however many of its files
         log.warning(
             "input %s: %d file(s) in winnow's layout (%s%s) name other sources in their source column (%s) than the "
-            "input's source, which every row gets; set source_field = \"source\" (and no source) to keep each row's",
+            "input's source, which every row gets: each row keeps its own in meta's \"source\"; set "
+            "source_field = \"source\" (and no source) to make them the rows' sources",
             label,
             len(files_),
             ", ".join(files_[:2]),

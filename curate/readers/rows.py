@@ -158,6 +158,24 @@ def id_text(value: Any, field: str, raw: bytes) -> str:
     return written if isinstance(written, str) else str(value)
 
 
+def _meta_keeping_source(source: str | None) -> pl.Expr:
+    """The ``meta`` of winnow-layout rows whose own ``source`` is not the input's (``[[inputs]] source``, which
+    every row gets): that name kept as meta's ``source`` key, as a file outside winnow's layout keeps its column."""
+    theirs = pl.col("source").cast(pl.String)
+    tag = pl.struct(theirs.alias("source")).struct.json_encode()  # {"source":"<name>"}, escaped
+    meta = pl.col("meta").str.strip_chars()
+    return (
+        pl.when(theirs.is_null() | (theirs == pl.lit(source, dtype=pl.String)))
+        .then(pl.col("meta"))
+        .when(meta.is_null() | (meta == "{}") | (meta == "null"))
+        .then(tag)
+        .when(meta.str.starts_with("{"))
+        .then(pl.concat_str([tag.str.head(-1), pl.lit(","), meta.str.slice(1)]))
+        .otherwise(pl.col("meta"))  # meta that is not an object: left as it is (the input's warning says so)
+        .alias("meta")
+    )
+
+
 def rows_from_arrow(
     table: pa.Table | pa.RecordBatch,
     *,
@@ -286,7 +304,7 @@ def rows_from_arrow(
             id_expr.alias("id"),
             src_expr.alias("source"),
             pl.col("text"),
-            pl.col("meta"),
+            _meta_keeping_source(source) if source_field is None and "source" in df.columns else pl.col("meta"),
             *[pl.col(c).cast(OPTIONAL_COLUMNS[c], strict=False) if c in OPTIONAL_COLUMNS else pl.col(c) for c in extra],
             pl.col(row),
             schema_error.alias(row + "_error"),

@@ -194,6 +194,9 @@ def _add_sample(
         meta = (
             record["meta"] if record["meta"] is None or isinstance(record["meta"], str) else decode_meta(record["meta"])
         )
+        theirs = record.get("source")
+        if cfg.source_field is None and isinstance(theirs, str) and theirs and theirs != source:
+            meta = _with_source(meta, theirs)  # the input's source replaces it: kept in meta, as the Parquet reader does
         # every key the sample's json has, null or not: a shard's samples all have its columns, so every batch
         # read from it has the same columns
         extra = {c: record[c] for c in OPTIONAL_COLUMNS if c in record}
@@ -205,6 +208,17 @@ def _add_sample(
             record.pop("source")
         meta = decode_meta(record)
     buf.add(id_, source, text, meta, extra)
+
+
+def _with_source(meta: str | None, theirs: str) -> str | None:
+    """A winnow shard's ``meta`` (a JSON object's text, or None) with ``source`` set to the sample's own source."""
+    try:
+        found = orjson.loads(meta) if meta else {}
+    except orjson.JSONDecodeError:
+        return meta
+    if not isinstance(found, dict):
+        return meta  # not an object: left as it is
+    return orjson.dumps({"source": theirs, **found}).decode()
 
 
 def _not_winnows(extra: dict) -> str | None:

@@ -712,6 +712,22 @@ def test_a_winnow_layout_file_naming_other_sources_than_its_input_says_they_are_
             native_columns([cfg], plan_read_tasks([cfg]))
         assert ("name other sources in their source column ('arxiv', 'wikipedia')" in caplog.text) is said, caplog.text
         assert not said or 'set source_field = "source"' in caplog.text
+    kept, _ = read_all(InputConfig(source="web", path=str(tmp_path / "theirs.parquet"), format="parquet"))
+    assert kept["source"].to_list() == ["web", "web"]  # the input's source, as it says; theirs kept in meta
+    assert [json.loads(m)["source"] for m in kept["meta"]] == ["wikipedia", "arxiv"]
+    assert json.loads(kept["meta"][0])["k"] == 1
+
+
+def test_a_winnow_webdataset_sample_naming_another_source_keeps_it_in_meta(tmp_path):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for key, member in (("a.txt", b"some words"), ("a.json", b'{"meta": "{\\"k\\": 1}", "source": "wiki"}')):
+            info = tarfile.TarInfo(key)
+            info.size = len(member)
+            tar.addfile(info, io.BytesIO(member))
+    (tmp_path / "s.tar").write_bytes(out.getvalue())
+    kept, _ = read_all(InputConfig(source="web", path=str(tmp_path / "s.tar"), format="webdataset"))
+    assert kept["source"].to_list() == ["web"] and json.loads(kept["meta"][0]) == {"source": "wiki", "k": 1}
 
 
 def test_a_folder_of_text_files_keeps_an_image_or_utf16_file_as_a_reject_naming_what_it_is(tmp_path):
