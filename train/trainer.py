@@ -90,6 +90,8 @@ class Trainer:
         self.sources, self.alerts, self.hooks, self.init = list(sources), alerts, list(hooks), init
         self._resumed: bool | None = None  # resume() ran: whether it found a checkpoint
         self._said_eval_cap = False  # a capped evaluation that left sources out has said so
+        self._last_eval: tuple[int, float] | None = None  # (step, perf_counter) when the last evaluation ended
+        self._said_eval_cost = False  # an evaluation of the whole val split costing more than training has said so
         self._eval_pending = -1  # the step whose evaluation a stop signal abandoned: a resume from it redoes it
         self.pipeline = parallel.pipeline  # pipeline parallel: self.model holds this rank's stages only
         self._autocast = autocast(self.device, cfg.precision)
@@ -314,7 +316,7 @@ class Trainer:
         """
         if self.val_data is None:
             return None
-        mark = self.throughput.mark()
+        mark, started = self.throughput.mark(), time.perf_counter()
         # each data-parallel rank scores its share of the pass; under pipeline parallelism the sums arise on the
         # last stage: summed over both, and rank 0 writes them
         acct = SourceAccounting(
@@ -376,7 +378,26 @@ class Trainer:
         if record:
             self.metrics.write(result_record)
         self.throughput.exclude_since(mark)
+        self._say_eval_cost(started)
         return result_record
+
+    def _say_eval_cost(self, started: float) -> None:
+        """Once: an evaluation of the whole val split (no ``eval_batches``) that takes more than half the training
+        time since the last one (a real corpus's 5% val split can be thousands of batches)."""
+        now, last = time.perf_counter(), self._last_eval
+        self._last_eval = (self.step, now)
+        if self._said_eval_cost or self.cfg.eval_batches is not None or last is None or self.step <= last[0]:
+            return
+        if now - started > 0.5 * (started - last[1]):
+            self._said_eval_cost = True
+            log.warning(
+                "the evaluation at step %d took %.1f s against %.1f s of training since step %d: each one reads the "
+                "whole val split; set [train] eval_batches to cap it",
+                self.step,
+                now - started,
+                started - last[1],
+                last[0],
+            )
 
     def state_dict(self) -> dict:
         """The whole run in the one-process format (checkpoints keep weights and moments sharded instead)."""

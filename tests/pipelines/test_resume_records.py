@@ -215,3 +215,28 @@ def test_held_out_shards_curated_again_during_a_run_stop_it_at_its_next_evaluati
         write_job(job, [make_docs(40)], val=[make_docs(8, prefix="o")])
         with pytest.raises(ShardError, match=r"its held-out \(val\) shards changed while the run trained"):
             trainer.evaluate()
+
+
+def test_an_evaluation_of_the_whole_val_split_costing_more_than_training_says_eval_batches_once(
+    tmp_path, monkeypatch, caplog
+):
+    """On a real corpus the default reads thousands of held-out batches at each evaluation (31 s of a 50 s run)."""
+    import winnow.train.trainer as trainer_module
+    from winnow.pipelines.train import build_trainer
+
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    clock = iter([200.0, 300.0, 320.0])
+    with build_trainer(cfg_for(job, tmp_path / "run")) as trainer:
+        monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: next(clock))
+        trainer._last_eval, trainer.step = (0, 100.0), 10
+        with caplog.at_level("WARNING", logger="winnow.train.trainer"):
+            trainer._say_eval_cost(150.0)  # 50 s of evaluation against 50 s of training
+            trainer.step = 20
+            trainer._say_eval_cost(250.0)  # again as costly: said once
+            trainer.step = 30
+            trainer._say_eval_cost(319.0)
+    said = [r.getMessage() for r in caplog.records if "eval_batches" in r.getMessage()]
+    assert said == [
+        "the evaluation at step 10 took 50.0 s against 50.0 s of training since step 0: each one reads the whole "
+        "val split; set [train] eval_batches to cap it"
+    ]
