@@ -43,7 +43,8 @@ def print_summary(manifest: dict[str, Any], output: str) -> None:
         emptied = next((st for st in manifest.get("stages", []) if st.get("rows_in") and not st.get("rows_out")), None)
         where = f" after {emptied['id']} rejected the last of them" if emptied else ""
         print(f"\nwarning: no row reached the shards{where}: check its settings, and the reasons in {out}/rejects")
-    print(f"\nshards:   {out}/shards")
+    written = bool((manifest.get("totals") or {}).get("rows_written"))
+    print(f"\nshards:   {out}/shards" if written else "\nshards:   none written")
     print(f"rejects:  {out}/rejects")
     print(f"manifest: {out}/manifest.json")
     if "://" in out or (Path(out) / "README.md").is_file():
