@@ -509,14 +509,21 @@ class Trainer:
         self.throughput.reset()
         self.progress.open(self.step, self.tokens_seen)
         final_eval, stopped = None, self._reports().get("stopped")  # a stopped run's checkpoint stays stopped
-        finished = self.step >= cfg.steps  # resumed at its end: its final records are in the metrics already,
+        if stopped is not None:  # its rules may have changed since: the stop stands, and is said with what to do
+            log.warning(
+                "the run stopped early at step %d (%s); a resume keeps it stopped, whatever [train.stop] says now: "
+                "to train on, start a run of its own (a new train.output, or [train.checkpoint] resume = false)",
+                self.step,
+                stopped,
+            )
+        finished = self.step >= cfg.steps or stopped is not None  # its final records are in the metrics already,
         redo_final = finished and self._eval_pending == self.step  # but for an evaluation a stop abandoned
-        if self.init is not None and self.step == 0:
-            final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
-        elif 0 < self.step < cfg.steps and self._eval_pending == self.step and stopped is None:
-            final_eval = self.evaluate()  # the periodic evaluation a stop abandoned: its record, and its stop rules
-            stopped = self._stop_reason(final_eval)
         with on_stop_signals(self._on_signal), contextlib.closing(self.progress):  # the bar closes on errors too
+            if self.init is not None and self.step == 0:
+                final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
+            elif 0 < self.step < cfg.steps and self._eval_pending == self.step and stopped is None:
+                final_eval = self.evaluate()  # the periodic evaluation a stop abandoned: its record, its stop rules
+                stopped = self._stop_reason(final_eval)
             while self.step < cfg.steps and self._stop_signal is None and stopped is None:
                 self.train_step()
                 self.progress.step(self.step, self.tokens_seen, self.last.loss)

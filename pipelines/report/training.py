@@ -235,8 +235,8 @@ def _shaped(x: object, container: type | None) -> bool:
 def _well_formed(record: dict) -> bool:
     """Whether ``record`` has the shapes the report reads: an integer step, numbers under the figures' keys, an
     evaluation's losses as numbers. A record edited by hand into another shape is skipped, counted."""
-    step = record.get("step")
-    if step is not None and not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62):
+    step = record.get("step")  # every record the trainer writes has one: the report orders and pairs them by it
+    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62):
         return False
     if not all(_shaped(record[k], c) for k, c in _FIGURES.items() if k in record):
         return False

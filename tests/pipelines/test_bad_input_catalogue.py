@@ -166,6 +166,9 @@ def metrics_lines_that_are_not_records(tmp: Path) -> None:
             '{"step": 5, "mix_weights": {"a": "b"}}',
             '{"step": 1e400, "loss": 5}',
             '{"step": 5, "memory": 3}',
+            '{"loss": 2.0}',  # no step: the report crashed on it (KeyError), and on a null step (TypeError)
+            '{"step": null, "loss": 2.0}',
+            '{"step": 6, "per_source": {"a": {"tokens": NaN}}}',
         ]
         f.write(b"\n" + "\n".join(shapes).encode() + b"\n")  # fmt: skip
     warnings: list[logging.LogRecord] = []
@@ -178,7 +181,7 @@ def metrics_lines_that_are_not_records(tmp: Path) -> None:
     finally:
         logging.getLogger("winnow.pipelines.report").removeHandler(said)
     assert [w.getMessage() for w in warnings if "unreadable" in w.getMessage()] == [
-        f"{tmp / 'run' / 'metrics.jsonl'}: 12 unreadable line(s) skipped (not JSON, or not of the shapes the trainer writes)"
+        f"{tmp / 'run' / 'metrics.jsonl'}: 14 unreadable line(s) skipped (not JSON, or not of the shapes the trainer writes)"
     ]  # once, though the command reads the run for the page and for the terminal
     assert (tmp / "run" / "report.html").is_file()
 

@@ -12,7 +12,7 @@ from winnow.train.metrics import MetricsConfig
 from winnow.train.stopping import StopConfig
 
 
-def test_fit_stops_at_the_right_eval_and_writes_its_reason(tmp_path):
+def test_fit_stops_at_the_right_eval_and_writes_its_reason(tmp_path, caplog):
     cfg = dataclasses.replace(
         tiny_config(tmp_path, steps=40, checkpoint={"every": 0}, metrics={"log_every": 10}),
         eval_every=4,
@@ -36,9 +36,13 @@ def test_fit_stops_at_the_right_eval_and_writes_its_reason(tmp_path):
     assert [r["step"] for r in records if "eval" in r] == [4, 8, 12, 16]  # no extra final evaluation
     assert any(r.get("step") == 16 and "loss" in r for r in records)  # the last interval's training figures
 
-    resumed = make_trainer(cfg)  # a re-run finds the stopped checkpoint and does not train on
-    resumed.evaluate = lambda **_: None
-    assert resumed.fit()["step"] == 16
+    recorded = []  # a re-run finds the stopped checkpoint, does not train on, and records no evaluation again
+    resumed = make_trainer(cfg)
+    resumed.evaluate = lambda record=True, **_: recorded.append(record)
+    with caplog.at_level("WARNING", logger="winnow.train.trainer"):
+        assert resumed.fit()["step"] == 16
+    assert not any(recorded)  # each re-run wrote the final evaluation again
+    assert "the run stopped early at step 16" in caplog.text and "resume = false" in caplog.text
 
 
 @pytest.mark.parametrize(
