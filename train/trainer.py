@@ -429,12 +429,22 @@ class Trainer:
                 f"the checkpoint was trained on sources {list(state['sources'])}, this run has "
                 f"{self.sources}; resume with the same data, or start a new run (another output)"
             )
+        # this run's [train.optim] (a resume with another lr, betas or weight decay continues with them): the
+        # checkpoint brings back its moments and step, but its param groups and the schedule's base carry the old
+        # run's settings
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        base_lrs = list(self.scheduler.base_lrs)
         if shards is not None:
             self.parallel.load_shards(self.model, self.optimizer, shards, state["optimizer"]["param_groups"])
         else:
             self.parallel.load_model_state(self.model, state["model"])
             self.parallel.load_optim_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.scheduler.base_lrs = base_lrs
+        factors = getattr(self.scheduler, "lr_lambdas", None)  # LambdaLR's (build_scheduler): the schedule's lr now
+        for i, (group, own) in enumerate(zip(self.optimizer.param_groups, settings, strict=True)):
+            lr = base_lrs[i] * factors[i](self.scheduler.last_epoch) if factors else group["lr"]
+            group.update(own, lr=lr)
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.data.load_state_dict(state["data"])

@@ -240,3 +240,24 @@ def test_an_evaluation_of_the_whole_val_split_costing_more_than_training_says_ev
         "the evaluation at step 10 took 50.0 s against 50.0 s of training since step 0: each one reads the whole "
         "val split; set [train] eval_batches to cap it"
     ]
+
+
+def test_a_resume_with_another_lr_betas_or_weight_decay_continues_with_them(tmp_path, caplog):
+    """It said it continued with them and config.json recorded them, but the checkpoint's param groups and the
+    schedule's base brought the old run's back: the resumed steps trained at the old lr."""
+    from winnow.pipelines.train import build_trainer
+    from winnow.train.optim import lr_factor
+
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    run = tmp_path / "run"
+    fit(cfg_for(job, run, optim={"lr": 0.003, "warmup_steps": 2}))
+    new = cfg_for(job, run, steps=6, optim={"lr": 0.01, "warmup_steps": 2, "betas": [0.8, 0.9], "weight_decay": 0.5})
+    with build_trainer(new) as trainer:
+        trainer.resume()
+        assert trainer.step == 4
+        groups = trainer.optimizer.param_groups
+        assert trainer.scheduler.base_lrs == [0.01] * len(groups)
+        assert all(g["lr"] == 0.01 * lr_factor(4, new.optim, 6) and g["betas"] == (0.8, 0.9) for g in groups)
+        assert sorted({g["weight_decay"] for g in groups}) == [0.0, 0.5]  # norms and biases stay undecayed
+        summary = trainer.fit()
+    assert summary["step"] == 6
