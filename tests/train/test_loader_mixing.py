@@ -80,3 +80,20 @@ def test_two_sets_holding_a_source_of_one_name_are_said_to_merge_it(tmp_path, se
         assert not caplog.records
         Loader(cfg(), [folders[0], other])
     assert "both hold a source named 'web'" in caplog.text and str(other) in caplog.text
+
+
+def test_a_resume_with_other_weights_takes_them_over_from_there():
+    """A replay share raised on resume gave the new data none of the rest of the run: the new weights were compared
+    with the counts the old ones had made, so the favoured set waited to catch up."""
+    before = MixSchedule([0.75, 0.25])
+    before.advance(before.assign(200))
+    state = before.state_dict()
+    after = MixSchedule([0.25, 0.75])
+    after.load_state_dict(state)
+    assert np.bincount(after.assign(100), minlength=2).tolist() == [25, 75]
+    same = MixSchedule([0.75, 0.25])  # the same weights: exactly where the run was
+    same.load_state_dict(state)
+    assert same.assign(8).tolist() == before.assign(8).tolist() and not same.reweighted
+    old = MixSchedule([0.25, 0.75])  # a checkpoint from before `configured` was kept: as it was read then
+    old.load_state_dict({"counts": state["counts"]})
+    assert not old.reweighted

@@ -11,7 +11,8 @@ per-set counts.
 count from that point on, plus each set's deficit carried over (within one sequence), so the
 new shares take over at once without catching up on the old ones. The state then also holds
 the weights, the point of the change and the carried deficits; every rank reweights at the
-same step with the same weights, so the assignment stays identical across ranks.
+same step with the same weights, so the assignment stays identical across ranks. A resume whose
+configured weights differ from those the state records (``configured``) reweights to them the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class MixSchedule:
                 f"train.data.mix_weights = {list(weights)!r} is invalid; allowed: one positive number per data set"
             )
         self.weights = w / w.sum()
+        self._configured = self.weights.copy()  # the run's own weights (a resume with others takes them over)
         self.counts = np.zeros(len(w), np.int64)
         self._counts_then = np.zeros(len(w), np.int64)  # per-set counts at the last reweight
         self._carry = np.zeros(len(w), np.float64)  # each set's deficit at the last reweight
@@ -65,7 +67,7 @@ class MixSchedule:
         self.counts += np.bincount(assigned, minlength=len(self.counts))
 
     def state_dict(self) -> dict:
-        state = {"counts": self.counts.tolist()}
+        state = {"counts": self.counts.tolist(), "configured": self._configured.tolist()}
         if self.reweighted:  # the current weights, and where they took over
             state |= {
                 "weights": self.weights.tolist(),
@@ -79,8 +81,16 @@ class MixSchedule:
         if counts.shape != self.counts.shape:
             raise CheckpointError(f"mixing state has {len(counts)} data sets, this run has {len(self.counts)}")
         self.counts = counts
+        mine = self._configured
+        if "configured" in state:  # the weights the counts were made with, unless reweighted since
+            self.weights = np.asarray(state["configured"], np.float64)
         if "weights" in state:
             self.weights = np.asarray(state["weights"], np.float64)
             self._counts_then = np.asarray(state["counts_then"], np.int64)
             self._carry = np.asarray(state["carry"], np.float64)
             self.reweighted = True
+        if "configured" in state and not np.allclose(state["configured"], mine, rtol=0, atol=1e-12):
+            # a resume with other weights (a replay share, a set's weight): they take over from here, as a
+            # reweight's do; compared with the counts of the old ones, the sets they favour would wait to catch up
+            self.reweight(mine)
+            self._configured = mine
