@@ -262,7 +262,7 @@ class Trainer:
             "step": self.step,
             "loss": acct["mean_loss"],
             "step_loss": self.last.loss,
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": self.last.lr,  # the learning rate the step used (the scheduler has moved on to the next one's)
             "grad_norm": self.last.grad_norm,
             "tokens_seen": self.tokens_seen,
             **speed,

@@ -198,3 +198,18 @@ def test_fit_writes_metrics_with_per_source_and_expert_load(tmp_path):
     assert len(r["expert_load"]) == 2 and sum(r["expert_load"][0]) == pytest.approx(1.0)
     assert len(r["aux_loss"]) == 2 and r["skipped_steps"] == {"nonfinite": 0, "spike": 0}
     assert summary["eval"]["eval"]["per_source"]["code"] is not None
+
+
+def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path):
+    """It was the scheduler's next one: step 1 of a 2-step warm-up logged the peak, trained at half of it."""
+    import dataclasses
+    import json
+
+    from winnow.train.optim import lr_factor
+
+    cfg = tiny_config(tmp_path, steps=4, metrics={"log_every": 1})
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=2))
+    make_trainer(cfg).fit()
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["lr"] for r in logged if "lr" in r}
+    assert lrs == {s: pytest.approx(cfg.optim.lr * lr_factor(s - 1, cfg.optim, 4)) for s in range(1, 5)}
