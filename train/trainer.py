@@ -424,6 +424,14 @@ class Trainer:
 
     def load_state_dict(self, state: dict, *, shards: Path | None = None) -> None:
         """Restore the run; ``shards``: a checkpoint's DCP folder holding the weights and moments ``state`` lacks."""
+        saved, mine = state.get("model_config") or {}, dataclasses.asdict(self.model.cfg)
+        differ = [k for k in sorted(saved.keys() & mine.keys()) if saved[k] != mine[k]]
+        if differ:  # its weights would not fit (config.json, which the run folder's check reads, may say otherwise)
+            detail = ", ".join(f"{k} (the checkpoint's {saved[k]!r}, this run's {mine[k]!r})" for k in differ)
+            raise CheckpointError(
+                f"the checkpoint's model differs from [train.model] in {detail}; resume with the checkpoint's "
+                "[train.model], or start a run of its own (a new train.output, or [train.checkpoint] resume = false)"
+            )
         if list(state["sources"]) != self.sources:  # per-source sums and ids would be mixed up
             raise CheckpointError(
                 f"the checkpoint was trained on sources {list(state['sources'])}, this run has "

@@ -261,3 +261,20 @@ def test_a_resume_with_another_lr_betas_or_weight_decay_continues_with_them(tmp_
         assert sorted({g["weight_decay"] for g in groups}) == [0.0, 0.5]  # norms and biases stay undecayed
         summary = trainer.fit()
     assert summary["step"] == 6
+
+
+def test_a_checkpoint_whose_model_is_not_the_runs_is_refused_naming_the_keys(tmp_path):
+    """With config.json edited to the new model, the resume reached torch's size-mismatch traceback."""
+    import dataclasses
+
+    from winnow.pipelines.train import build_trainer
+
+    job = write_job(tmp_path / "job", [make_docs(40)], val=[make_docs(8)])
+    run = tmp_path / "run"
+    fit(cfg_for(job, run))
+    wider = cfg_for(job, run, steps=6, model={"dim": 32})
+    saved = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**saved, "model": dataclasses.asdict(wider.model)}))
+    with pytest.raises(CheckpointError, match=r"differs from \[train.model\] in dim \(the checkpoint's 16"):
+        with build_trainer(wider) as trainer:
+            trainer.resume()
