@@ -34,6 +34,7 @@ from winnow.train.tokenizer import ByteTokenizer, Tokenizer
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
 _KEYS = ("tokens", "targets", "source_ids", "loss_mask", "doc_ids", "origin_shard", "origin_row")
+_SAID: set[str] = set()  # the warnings this process has given about a folder's token shards
 
 
 class Loader:
@@ -107,7 +108,9 @@ class Loader:
             except ConfigError as err:
                 if cfg.format == "tokens":
                     raise
-                log.warning("%s; reading the Parquet shards and tokenizing on the fly instead", err)
+                if str(err) not in _SAID:  # held-out loaders are made again for every evaluation: said once
+                    _SAID.add(str(err))
+                    log.warning("%s; reading the Parquet shards and tokenizing on the fly instead", err)
                 tokens = None
             if tokens is not None:
                 self._ids.extend(tokens.sources)
