@@ -178,7 +178,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
         log.warning(
             "input %s: %d file(s) in winnow's layout (%s%s) name other sources in their source column (%s) than the "
             "input's source, which every row gets: each row keeps its own in meta's \"source\"; set "
-            "source_field = \"source\" (and no source) to make them the rows' sources",
+            'source_field = "source" (and no source) to make them the rows\' sources',
             label,
             len(files_),
             ", ".join(files_[:2]),

@@ -196,7 +196,7 @@ def _add_sample(
         )
         theirs = record.get("source")
         if cfg.source_field is None and isinstance(theirs, str) and theirs and theirs != source:
-            meta = _with_source(meta, theirs)  # the input's source replaces it: kept in meta, as the Parquet reader does
+            meta = _with_source(meta, theirs)  # the input's source replaces it: kept in meta, as from Parquet
         # every key the sample's json has, null or not: a shard's samples all have its columns, so every batch
         # read from it has the same columns
         extra = {c: record[c] for c in OPTIONAL_COLUMNS if c in record}
