@@ -40,8 +40,8 @@ _PACKAGES = (
 )
 
 
-def manifest_sha256(data: str | Path) -> str:
-    """sha256 of ``<data>/manifest.json`` (a job output folder, local or any fsspec URL)."""
+def _manifest_bytes(data: str | Path) -> bytes:
+    """The bytes of ``<data>/manifest.json`` (a job output folder, local or any fsspec URL)."""
     url = f"{str(data).rstrip('/')}/manifest.json"
     try:
         fs, path = fsspec.core.url_to_fs(url)
@@ -50,23 +50,33 @@ def manifest_sha256(data: str | Path) -> str:
         exists = False
     if not exists:
         raise InputError(f"{url}: no data manifest to record; train on a job output folder written by `winnow curate`")
-    return hashlib.sha256(read_whole(url, limit=MANIFEST_BYTES, what="manifest")).hexdigest()
+    return read_whole(url, limit=MANIFEST_BYTES, what="manifest")
 
 
-def shards_digest(data: str | Path) -> str:
-    """The fingerprint of the shards ``<data>/manifest.json`` lists (every split and format: each one's path, rows
-    and sha256): unlike the manifest's own sha256 it stays when the same job is curated again to the same shards."""
+def manifest_sha256(data: str | Path) -> str:
+    """sha256 of ``<data>/manifest.json``."""
+    return hashlib.sha256(_manifest_bytes(data)).hexdigest()
+
+
+def shards_digest(data: str | Path, manifest: bytes | None = None) -> str:
+    """The fingerprint of the shards ``<data>/manifest.json`` (or its bytes, ``manifest``) lists, every split and
+    format (each one's path, rows and sha256): unlike the manifest's own sha256 it stays when the same job is
+    curated again to the same shards."""
     from winnow.train.data.shards import shard_digest
 
-    url = f"{str(data).rstrip('/')}/manifest.json"
-    return shard_digest(orjson.loads(read_whole(url, limit=MANIFEST_BYTES, what="manifest")).get("shards") or [])
+    return shard_digest(orjson.loads(manifest if manifest is not None else _manifest_bytes(data)).get("shards") or [])
 
 
 def _data_record(data: str | Path) -> dict[str, object]:
     """The data folder, its manifest's sha256 and its shards' fingerprint; a folder without a manifest was trained
     on through a view."""
     try:
-        return {"path": str(data), "manifest_sha256": manifest_sha256(data), "shards": shards_digest(data)}
+        raw = _manifest_bytes(data)  # read once for both
+        return {
+            "path": str(data),
+            "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+            "shards": shards_digest(data, raw),
+        }
     except InputError:
         return {"path": str(data), "manifest_sha256": None, "view": "data_view.json (no manifest.json in the folder)"}
 

@@ -71,12 +71,13 @@ OTHER_FORMATS = {
 _UTF = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 
 
-def file_kind(head: bytes) -> tuple[str, str] | None:
+def file_kind(head: bytes, tail: bytes | None = None) -> tuple[str, str] | None:
     """``(what it is, what to do)`` when ``head``, a file's first bytes (512 or more for a tar), is a known format
-    other than UTF-8 text and Parquet: another table or archive format, an image, a document, or text in UTF-16 or
-    UTF-32 (by its byte-order mark, or the zero bytes between ASCII characters a file without one has)."""
+    other than UTF-8 text: another table or archive format, an image, a document, or text in UTF-16 or UTF-32 (by
+    its byte-order mark, or the zero bytes between ASCII characters a file without one has). ``tail``, the file's
+    last bytes where known: a Parquet file ends as it starts (``PAR1``), a text that only starts so is text."""
     found = next((v for magic, v in OTHER_FORMATS.items() if head.startswith(magic)), None)
-    if found is not None:
+    if found is not None and not (head.startswith(b"PAR1") and tail is not None and not tail.endswith(b"PAR1")):
         return found
     if _tar_header(head[:512]):
         return "a tar archive", 'give it an [[inputs]] table with format = "webdataset"'

@@ -42,8 +42,8 @@ def read_text_files(
                 where={"file": file.url, "offset": 0, "error": f"{type(err).__name__}: {err}"},
             )
             continue
-        other = file_kind(raw[:1024])  # a folder of text files holds an image, a PDF, a zip, UTF-16 text...
-        if other is not None and (not other[0].startswith("a Parquet") or raw.endswith(b"PAR1")):
+        other = file_kind(raw[:1024], raw[-4:])  # a folder of text files holds an image, a PDF, UTF-16 text...
+        if other is not None:
             error = f"{other[0]} (its first bytes say so), not UTF-8 text; {other[1]}"
             buf.reject("read:not_text", id_=id_, source=source, raw=raw[:PREVIEW], where=_at(file, error))
             continue

@@ -39,7 +39,8 @@ from winnow.pipelines.ablate.curation import CurationJob
 from winnow.pipelines.ablate.layout import BASELINE, StudyLayout
 from winnow.pipelines.ablate.plan import CURATION_KINDS_PLANNED, check_runnable
 from winnow.pipelines.ablate.sources import split_by_source
-from winnow.train.data.shards import job_manifest, shard_digest
+from winnow.pipelines.provenance import shards_digest
+from winnow.train.data.shards import job_manifest
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,7 @@ def prepare_baseline(job_dir: str, layout: StudyLayout, job: CurationJob | None,
             run_job(kept, progress=progress)
         _check_job(job_dir, job)
     folders, base = split_by_source(job_dir, layout.sources_root)
-    shards = shard_digest(job_manifest(job_dir)["shards"])
-    data = StudyData(job_dir=job_dir, folders=folders, base=base, identity=identity, shards=shards)
+    data = StudyData(job_dir=job_dir, folders=folders, base=base, identity=identity, shards=shards_digest(job_dir))
     if job is not None:
         data.curation[BASELINE] = summary(job_dir, folders)
     return data
