@@ -124,7 +124,7 @@ def build_trainer(
 
         check_pipeline_run(cfg, attribution=attributing)
     compression, preconditioned = parallel.compression, frozenset()
-    if compression is not None and compression.cfg.precondition == "adam":  # what goes through its DDP hook
+    if compression is not None and compression.preconditions:  # what goes through its DDP hook
         preconditioned = frozenset(name for name, _ in model.named_parameters()) - set(parallel.experts)
     optimizer = build_optimizer(model, cfg.optim, preconditioned=preconditioned)
     scheduler = build_scheduler(

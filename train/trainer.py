@@ -486,12 +486,6 @@ class Trainer:
         path, state = found
         self.load_state_dict(state, shards=path / SHARDS_DIR if has_shards(path) else None)
         log.info("resumed from %s (step %d)", path, self.step)
-        if self.cfg.parallel.powersgd_rank and self.parallel.world.dp_size > 1:
-            log.warning(
-                "resumed with PowerSGD: torch's hook keeps its error feedback and warm-start matrices outside any "
-                "checkpoint, so they start afresh (its warm-up too) and the losses from here differ slightly from "
-                'an uninterrupted run\'s; compression = "topk" resumes exactly'
-            )
         return True
 
     # ---- lifetime ------------------------------------------------------------------------

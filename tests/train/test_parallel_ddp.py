@@ -70,3 +70,19 @@ def test_powersgd_trains_and_reports_bytes_saved(tmp_path):
     assert comm[0]["bytes_saved"] == 0 < comm[0]["bytes_sent"]  # warm start: plain all-reduce
     # then rank-1 factors (n + m values) replace the n x m matrices
     assert comm[-1]["bytes_saved"] > comm[-1]["bytes_sent"] > 0
+
+
+@pytest.mark.parametrize("stop_after", [1, 3])  # before PowerSGD starts, and after (its error feedback and Qs saved)
+def test_a_resumed_powersgd_run_continues_exactly(tmp_path, stop_after):
+    psgd = {"powersgd_rank": 1, "powersgd_start_iter": 2}
+    whole = spawn({"run_dir": str(tmp_path / "whole"), "steps": 6, "parallel": psgd}, tmp_path / "whole.json")
+    first = spawn(
+        {"run_dir": str(tmp_path / "run"), "steps": 6, "stop_after": stop_after, "parallel": psgd},
+        tmp_path / "first.json",
+    )
+    second = spawn(
+        {"run_dir": str(tmp_path / "run"), "steps": 6, "resume": True, "parallel": psgd}, tmp_path / "second.json"
+    )
+    # bit for bit: DDP lays its buckets out again in the resumed process, and the state follows the parameters
+    assert first["losses"] + second["losses"] == whole["losses"]
+    assert second["norms"] == whole["norms"][stop_after:]

@@ -70,7 +70,6 @@ from winnow.train.parallel.config import TopKConfig
 
 log = logging.getLogger(__name__)
 _ALIGN = 8  # bytes: each part of a message starts on a multiple, so it can be viewed as its dtype
-_PREFIX = "compression"
 _BLOCK_BITS = 16  # an index is sent as its low 16 bits; its block of 2^16 positions by a count per block
 _VALUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -79,8 +78,81 @@ def _padded(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-class TopKCompression:
+class RankState:
+    """A compression's per-rank state in checkpoints, through DCP (``shards`` / ``load_shards``).
+
+    A subclass names its ``prefix``, its ``kinds`` of per-parameter tensors, and gives
+    ``state_dict()`` (``{"step": int, kind: {name: tensor}}``), ``load_state_dict()`` and ``world``
+    (the data-parallel ranks).
+    """
+
+    prefix: str
+    kinds: tuple[str, ...]
+    label: str  # what the state is, in messages
+    world: int
+
+    def shards(self, *, dp_rank: int, tp_rank: int, tp_size: int) -> dict:
+        """This rank's state as DCP entries: its own keys (``<prefix>.<tp>.<dp>.<kind>.<name>``) and the shared count."""
+        state = self.state_dict()
+        out = {
+            f"{self.prefix}.step": torch.tensor(state["step"]),
+            f"{self.prefix}.ranks": torch.tensor([self.world, tp_size]),
+        }
+        for kind in self.kinds:
+            for name, tensor in state[kind].items():
+                out[f"{self.prefix}.{tp_rank}.{dp_rank}.{kind}.{name}"] = tensor
+        return out
+
+    def load_shards(self, folder: Path, *, dp_rank: int, tp_rank: int, tp_size: int) -> None:
+        """Read the state a checkpoint's ranks saved (``shards``); a collective of every rank.
+
+        Saved on N data-parallel ranks and resumed on M, rank j takes the sum of saved ranks
+        ``i ≡ j (mod M)`` times M/N: the withheld gradient (their mean over the ranks) stays
+        the same. A checkpoint without the state (trained uncompressed) or split over another
+        ``tp`` degree starts it afresh, as a fresh run does.
+        """
+        from winnow.train import dcp
+
+        saved = dcp.SafeReader(str(folder)).read_metadata().state_dict_metadata
+        if f"{self.prefix}.ranks" not in saved:
+            log.info("the checkpoint has no %s: it starts afresh", self.label)
+            return
+        counts = {f"{self.prefix}.step": torch.tensor(0), f"{self.prefix}.ranks": torch.tensor([0, 0])}
+        dcp.load(counts, folder)
+        saved_dp, saved_tp = counts[f"{self.prefix}.ranks"].tolist()
+        wanted = {}
+        if saved_tp == tp_size:
+            rows = range(dp_rank, saved_dp, self.world)
+            heads = tuple(f"{self.prefix}.{tp_rank}.{i}." for i in rows)
+            wanted = {
+                key: torch.zeros(meta.size, dtype=meta.properties.dtype)
+                for key, meta in saved.items()
+                if key.startswith(heads)
+            }
+        else:
+            log.warning(
+                "the checkpoint's %s was split over tp = %d ranks, this run has %d: it starts afresh",
+                self.label,
+                saved_tp,
+                tp_size,
+            )
+        dcp.load(wanted, folder)  # a collective, even where this rank wants nothing
+        state = {"step": int(counts[f"{self.prefix}.step"]), **{kind: {} for kind in self.kinds}}
+        for key, tensor in wanted.items():
+            kind, name = key.split(".", 4)[3:]
+            into = state[kind]
+            into[name] = into[name] + tensor if name in into else tensor
+        factor = self.world / saved_dp
+        for kind in self.kinds:  # the ranks' mean: summed over N/M saved ranks, times M/N
+            state[kind] = {name: t * factor if factor != 1 else t for name, t in state[kind].items()}
+        self.load_state_dict(state)
+
+
+class TopKCompression(RankState):
     """One rank's DGC state and its DDP hook (``register`` it on the ``DistributedDataParallel``)."""
+
+    prefix, kinds, label = "compression", ("velocity", "residual", "moment"), "top-k compression state"
+    clips_locally = True  # each rank clips its own gradient before the exchange (the trainer does not clip again)
 
     def __init__(
         self,
@@ -104,8 +176,14 @@ class TopKCompression:
         self.moment: dict[str, torch.Tensor] = {}  # s, Adam's second moment of this rank's gradient (precondition)
         self._waiting: list[tuple[torch.Tensor, list[nn.Parameter], torch.futures.Future]] = []
 
+    @property
+    def preconditions(self) -> bool:
+        """Whether what goes through the hook is AdamW's step direction (``precondition = "adam"``)."""
+        return self.cfg.precondition == "adam"
+
     def register(self, ddp: nn.parallel.DistributedDataParallel) -> None:
         ddp.register_comm_hook(self, _topk_hook)
+        log.info("DDP with top-k compression, density %g", self.cfg.density)
 
     # ---- the exchange -------------------------------------------------------------------------
     def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -276,57 +354,158 @@ class TopKCompression:
         self.residual = {k: v.to(self._device, copy=True) for k, v in state["residual"].items()}
         self.moment = {k: v.to(self._device, copy=True) for k, v in state.get("moment", {}).items()}
 
-    def shards(self, *, dp_rank: int, tp_rank: int, tp_size: int) -> dict:
-        """This rank's state as DCP entries: its own keys (``compression.<tp>.<dp>.…``) and the shared count."""
-        out = {f"{_PREFIX}.step": torch.tensor(self.step), f"{_PREFIX}.ranks": torch.tensor([self.world, tp_size])}
-        for kind, tensors in (("velocity", self.velocity), ("residual", self.residual), ("moment", self.moment)):
-            for name, tensor in tensors.items():
-                out[f"{_PREFIX}.{tp_rank}.{dp_rank}.{kind}.{name}"] = tensor
-        return out
-
-    def load_shards(self, folder: Path, *, dp_rank: int, tp_rank: int, tp_size: int) -> None:
-        """Read the state a checkpoint's ranks saved (``shards``); a collective of every rank.
-
-        Saved on N data-parallel ranks and resumed on M, rank j takes the sum of saved ranks
-        ``i ≡ j (mod M)`` times M/N: the withheld gradient (their mean over the ranks) stays
-        the same. A checkpoint without the state (trained uncompressed) or split over another
-        ``tp`` degree starts it at zero, as a fresh run does.
-        """
-        from winnow.train import dcp
-
-        saved = dcp.SafeReader(str(folder)).read_metadata().state_dict_metadata
-        if f"{_PREFIX}.ranks" not in saved:
-            log.info("the checkpoint has no top-k compression state: its residuals start at zero")
-            return
-        counts = {f"{_PREFIX}.step": torch.tensor(0), f"{_PREFIX}.ranks": torch.tensor([0, 0])}
-        dcp.load(counts, folder)
-        saved_dp, saved_tp = counts[f"{_PREFIX}.ranks"].tolist()
-        wanted = {}
-        if saved_tp == tp_size:
-            rows = range(dp_rank, saved_dp, self.world)
-            heads = tuple(f"{_PREFIX}.{tp_rank}.{i}." for i in rows)
-            wanted = {
-                key: torch.zeros(meta.size, dtype=meta.properties.dtype)
-                for key, meta in saved.items()
-                if key.startswith(heads)
-            }
-        else:
-            log.warning(
-                "the checkpoint's top-k residuals were split over tp = %d ranks, this run has %d: they start at zero",
-                saved_tp,
-                tp_size,
-            )
-        dcp.load(wanted, folder)  # a collective, even where this rank wants nothing
-        state = {"step": int(counts[f"{_PREFIX}.step"]), "velocity": {}, "residual": {}, "moment": {}}
-        for key, tensor in wanted.items():
-            kind, name = key.split(".", 4)[3:]
-            into = state[kind]
-            into[name] = into[name] + tensor if name in into else tensor
-        factor = self.world / saved_dp
-        for kind in ("velocity", "residual", "moment"):  # the moments' mean: summed over N/M saved ranks, times M/N
-            state[kind] = {name: t * factor if factor != 1 else t for name, t in state[kind].items()}
-        self.load_state_dict(state)
-
 
 def _topk_hook(state: TopKCompression, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    return state.hook(bucket)
+
+
+class PowerSGDCompression(RankState):
+    """torch's PowerSGD hook (Vogels et al. 2019) with its state kept through checkpoints.
+
+    torch's ``PowerSGDState`` holds each rank's error feedback and the warm-start ``Q`` matrices
+    per DDP bucket, and DDP lays its buckets out again after a process's first step, so that
+    state could not be restored: a resumed run restarted PowerSGD cold. Here it is moved to
+    per-parameter tensors (checkpoints hold those) and back into a bucket of any layout the first
+    time the bucket is seen with its parameters, following the hook's own layout: a bucket's error
+    is its flat gradient buffer; its ``Q`` memory holds an ``m x r`` block per compressed gradient
+    (viewed as ``n x m``; ``r = min(n, m, rank)``), grouped by shape in order of first appearance.
+    Each gradient is compressed on its own, so the bucket it travels in changes no value, and a
+    resumed run continues exactly.
+    """
+
+    prefix, kinds, label = "powersgd", ("error", "q"), "PowerSGD state"
+    clips_locally = preconditions = False  # the trainer clips the exchanged gradient; AdamW steps as usual
+
+    def __init__(self, cfg, model: nn.Module, *, group, timer: CommTimer) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+        self._psgd = psgd
+        self.state = psgd.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=cfg.powersgd_start_iter,
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=0,
+        )
+        self.world, self.timer = dist.get_world_size(group), timer
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        self._layouts: dict[int, list[tuple[str, torch.Size]]] = {}  # bucket index -> its gradients' names, shapes
+        self._parked: dict[str, dict[str, torch.Tensor]] = {"error": {}, "q": {}}  # per parameter, bucket to come
+
+    @property
+    def step(self) -> int:
+        return self.state.iter
+
+    def register(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        ddp.register_comm_hook(self, _powersgd_hook)
+        log.info(
+            "DDP with PowerSGD rank %d from iteration %d",
+            self.state.matrix_approximation_rank,
+            self.state.start_powerSGD_iter,
+        )
+
+    def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """torch's hook on the bucket, its state placed for the bucket's parameters; counts the bytes sent."""
+        layout = [(self._names[id(p)], g.shape) for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)]
+        buffer = bucket.buffer()
+        if self._layouts.get(bucket.index()) != layout:
+            self._place(bucket.index(), layout, buffer.device)
+        uncompressed = sent = buffer.numel() * buffer.element_size()
+        if self.state.iter >= self.state.start_powerSGD_iter:  # before that the hook is a plain all-reduce
+            sent = sum(self._values_sent(shape) for _, shape in layout) * buffer.element_size()
+        start = time.perf_counter()
+
+        def done(fut) -> torch.Tensor:
+            self.timer.add_interval(start, time.perf_counter(), sent, uncompressed)
+            value = fut.value()
+            return value[0] if isinstance(value, list) else value
+
+        return self._psgd.powerSGD_hook(self.state, bucket).then(done)
+
+    # ---- the hook's layout ----------------------------------------------------------------------
+    def _rank(self, shape: torch.Size) -> int:
+        """The rank ``r`` of a gradient's factors, 0 where the hook sends it whole (``_should_compress``)."""
+        n = shape[0] if len(shape) else 1
+        m = math.prod(shape) // n if n else 0
+        r = min(n, m, self.state.matrix_approximation_rank)
+        return r if n and self._psgd._should_compress(n, m, r, self.state.min_compression_rate)[0] else 0
+
+    def _values_sent(self, shape: torch.Size) -> int:
+        """Values the hook sends for a gradient: its factors ``P`` and ``Q``, or the whole gradient."""
+        r = self._rank(shape)
+        return (shape[0] + math.prod(shape) // shape[0]) * r if r else math.prod(shape)
+
+    def _q_size(self, shape: torch.Size, *, p: bool = False) -> int:
+        """Values of a gradient's ``Q`` (``m x r``), or with ``p`` its ``P`` (``n x r``); 0 when sent whole."""
+        r = self._rank(shape)
+        return (shape[0] if p else math.prod(shape) // shape[0]) * r if r else 0
+
+    def _q_slices(self, layout: list[tuple[str, torch.Size]]) -> dict[str, slice]:
+        """Where each compressed gradient's ``Q`` lies in its bucket's ``Q`` memory (the hook's shape groups)."""
+        groups: dict[tuple[int, int], list[tuple[str, int]]] = {}
+        for name, shape in layout:
+            if size := self._q_size(shape):
+                groups.setdefault((shape[0], math.prod(shape) // shape[0]), []).append((name, size))
+        slices, at = {}, 0
+        for members in groups.values():
+            for name, size in members:
+                slices[name] = slice(at, at + size)
+                at += size
+        return slices
+
+    def _park(self, index: int) -> None:
+        """Bucket ``index``'s state to its parameters (torch's copy dropped)."""
+        layout = self._layouts.pop(index)
+        error = self.state.error_dict.pop(index, None)
+        q = self.state.q_memory_dict.pop(index, None)
+        self.state.p_memory_dict.pop(index, None)
+        if error is not None:
+            parts = error.split([math.prod(shape) for _, shape in layout])
+            self._parked["error"].update((name, part) for (name, _), part in zip(layout, parts, strict=True))
+        if q is not None:
+            self._parked["q"].update((name, q[at]) for name, at in self._q_slices(layout).items())
+
+    def _place(self, index: int, layout: list[tuple[str, torch.Size]], device: torch.device) -> None:
+        """Give bucket ``index`` (seen with ``layout`` for the first time) its parameters' state.
+
+        Every bucket that held one of them is parked first. Such a bucket has not run this step (DDP
+        lays buckets out between steps, so a bucket that has run kept its layout and its
+        parameters), so its state is the last step's, complete.
+        """
+        names = {name for name, _ in layout}
+        for other, held in list(self._layouts.items()):
+            if other == index or names.intersection(name for name, _ in held):
+                self._park(other)
+        self._layouts[index] = layout
+        error, q = self._parked["error"], self._parked["q"]
+        if all(name in error for name in names):
+            self.state.error_dict[index] = torch.cat([error.pop(name).reshape(-1) for name, _ in layout]).to(device)
+        slices = self._q_slices(layout)
+        if slices and all(name in q for name in slices):
+            self.state.q_memory_dict[index] = torch.cat([q.pop(name) for name in slices]).to(device)
+            p_size = sum(self._q_size(shape, p=True) for _, shape in layout)
+            self.state.p_memory_dict[index] = self.state.q_memory_dict[index].new_empty(p_size)
+
+    # ---- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's state per parameter: the iteration count, each gradient's error feedback and ``Q``."""
+        state = {"step": self.state.iter, "error": dict(self._parked["error"]), "q": dict(self._parked["q"])}
+        for index, layout in self._layouts.items():
+            if (error := self.state.error_dict.get(index)) is not None:
+                parts = error.split([math.prod(shape) for _, shape in layout])
+                state["error"].update((name, part.clone()) for (name, _), part in zip(layout, parts, strict=True))
+            if (q := self.state.q_memory_dict.get(index)) is not None:
+                state["q"].update((name, q[at].clone()) for name, at in self._q_slices(layout).items())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.iter = int(state["step"])
+        for kind in ("error_dict", "p_memory_dict", "q_memory_dict"):
+            getattr(self.state, kind).clear()
+        self._layouts.clear()
+        self._parked = {kind: {k: v.detach().clone() for k, v in state[kind].items()} for kind in self.kinds}
+
+
+def _powersgd_hook(state: PowerSGDCompression, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     return state.hook(bucket)

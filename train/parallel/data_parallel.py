@@ -1,4 +1,4 @@
-"""Data parallelism on PyTorch's own wrappers: DDP (optionally PowerSGD-compressed) and FSDP2.
+"""Data parallelism on PyTorch's own wrappers: DDP (optionally compressed: ``train.parallel.compression``) and FSDP2.
 
 Both average gradients over the data-parallel ranks; the trainer scales its data loss by the
 data-parallel degree and normalizes by the global token count so the average is the global-batch mean.
@@ -38,45 +38,13 @@ def _timed_allreduce(timer: CommTimer):
     return hook
 
 
-def _timed_powersgd(timer: CommTimer):
-    """torch's PowerSGD hook; counts the bytes it sends against those plain all-reduce would send."""
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-
-    def hook(state: psgd.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        buffer = bucket.buffer()
-        size = buffer.element_size()
-        uncompressed = buffer.numel() * size
-        sent = uncompressed
-        if state.iter >= state.start_powerSGD_iter:  # before that the hook is a plain all-reduce
-            sent = 0
-            for grad in bucket.gradients():
-                # the hook's own rule: matrices are compressed to P (n x r) and Q (m x r) when that pays
-                rows = grad.shape[0] if grad.ndim > 1 else 0
-                cols = grad.numel() // rows if rows else 0
-                compress, _, compressed = (
-                    psgd._should_compress(rows, cols, state.matrix_approximation_rank, state.min_compression_rate)
-                    if rows
-                    else (False, 0, 0)
-                )
-                sent += (compressed if compress else grad.numel()) * size
-        start = time.perf_counter()
-
-        def done(fut):
-            timer.add_interval(start, time.perf_counter(), sent, uncompressed)
-            value = fut.value()
-            return value[0] if isinstance(value, list) else value
-
-        return psgd.powerSGD_hook(state, bucket).then(done)
-
-    return hook
-
-
 def wrap_ddp(
     model: nn.Module, world: World, cfg: ParallelConfig, timer: CommTimer, *, ignore: list[str] = (), compression=None
 ) -> DistributedDataParallel:
     """DDP over the data-parallel ranks; ``ignore`` names parameters it must not all-reduce (expert shards).
 
-    ``compression``: a ``TopKCompression`` whose hook replaces the all-reduce (``compression = "topk"``).
+    ``compression``: a ``TopKCompression`` (``compression = "topk"``) or ``PowerSGDCompression``
+    (``powersgd_rank``) whose hook replaces the all-reduce.
     """
     if ignore:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
@@ -91,20 +59,6 @@ def wrap_ddp(
     )
     if compression is not None:
         compression.register(ddp)
-        log.info("DDP with top-k compression, density %g", cfg.topk.density)
-    elif cfg.powersgd_rank:
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-
-        state = psgd.PowerSGDState(
-            process_group=world.dp_group,
-            matrix_approximation_rank=cfg.powersgd_rank,
-            start_powerSGD_iter=cfg.powersgd_start_iter,
-            use_error_feedback=True,
-            warm_start=True,
-            random_seed=0,
-        )
-        ddp.register_comm_hook(state, _timed_powersgd(timer))
-        log.info("DDP with PowerSGD rank %d from iteration %d", cfg.powersgd_rank, state.start_powerSGD_iter)
     else:
         ddp.register_comm_hook(world.dp_group, _timed_allreduce(timer))
     return ddp

@@ -59,7 +59,7 @@ class Parallel:
         self._reduce_load = False
         self.dispatches: dict = {}  # id(MoE.experts) -> its ExpertDispatch (expert parallelism)
         self.pipeline = None  # train.parallel.pipeline.Pipeline of this rank's stages, once ``parallelize`` built it
-        self.compression = None  # train.parallel.compression.TopKCompression under DDP with compression = "topk"
+        self.compression = None  # under DDP: train.parallel.compression's TopKCompression or PowerSGDCompression
 
     @classmethod
     def local(cls, device: torch.device) -> Parallel:
@@ -139,6 +139,10 @@ class Parallel:
             self.compression = TopKCompression(
                 self.cfg.topk, model, group=world.dp_group, timer=self.comm, grad_clip=grad_clip, adam=adam
             )
+        elif self.cfg.powersgd_rank:
+            from winnow.train.parallel.compression import PowerSGDCompression
+
+            self.compression = PowerSGDCompression(self.cfg, model, group=world.dp_group, timer=self.comm)
         return wrap_ddp(model, world, self.cfg, self.comm, ignore=self.experts, compression=self.compression)
 
     @torch.no_grad()
@@ -221,7 +225,9 @@ class Parallel:
         # one call per mesh: under FSDP2 x EP the dense and expert gradients are DTensors on different meshes
         on_ep = {id(p) for p in self._expert_params}
         dense, experts = [p for p in params if id(p) not in on_ep], [p for p in params if id(p) in on_ep]
-        for group in (dense, experts) if self.compression is None else (experts,):
+        for group in (
+            (experts,) if self.compression is not None and self.compression.clips_locally else (dense, experts)
+        ):
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
         return norm
 
@@ -295,7 +301,7 @@ class Parallel:
     ) -> Path:
         """``state`` (the run's other parts) and the model's and optimizer's shards, each rank writing its own."""
         shards, groups = ckpt.shard_state(model, optimizer, self.world, experts=self.experts, tp=self.tp_layouts)
-        if self.compression is not None:  # each rank's residuals and velocities
+        if self.compression is not None:  # each rank's withheld gradients (top-k residuals, PowerSGD's error)
             shards |= self.compression.shards(**self._coordinates())
         state = {**state, "optimizer": {"param_groups": groups}}
         return ckpt.save_sharded(manager, step, state, shards, self.world)
