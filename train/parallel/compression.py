@@ -1,4 +1,5 @@
-"""Top-k gradient compression with error feedback: Deep Gradient Compression as a DDP communication hook.
+"""Gradient compression as DDP communication hooks whose per-rank state checkpoints keep: top-k with error
+feedback (Deep Gradient Compression), below, and torch's PowerSGD (``PowerSGDCompression``).
 
 DGC (Lin et al. 2018, https://arxiv.org/abs/1712.01887) has each rank send, per tensor, only the
 entries of its accumulated gradient with the largest magnitudes and keep the rest for later steps:
