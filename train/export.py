@@ -44,8 +44,12 @@ from winnow.train.tokenizer import BPE_FILE, META_FILE, Tokenizer
 
 WINNOW_FILE = "winnow-model.safetensors"
 HF_DIR = "hf"
-#: Everything an export folder may hold: an output holding anything else is not replaced.
+#: Everything an export folder (and its ``hf/``) may hold: an output holding anything else is not replaced.
 EXPORT_ENTRIES = frozenset({WINNOW_FILE, HF_DIR, META_FILE, BPE_FILE})
+HF_ENTRIES = frozenset(
+    {"config.json", "model.safetensors", BPE_FILE, "tokenizer_config.json", "special_tokens_map.json",
+     "generation_config.json"}
+)  # fmt: skip
 
 
 def hf_blockers(cfg: ModelConfig) -> list[str]:
@@ -236,7 +240,15 @@ def _check_replaceable(out_dir: Path) -> None:
     if not out_dir.is_dir():
         raise ConfigError(f"{out_dir} exists and is not a folder; give another --output")
     entries = sorted(p.name for p in out_dir.iterdir())
+    links = [str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_symlink()]
+    if links:  # an export writes no links; replacing one would drop the user's, whatever it points to
+        raise ConfigError(
+            f"{out_dir} holds symbolic links an export does not write ({', '.join(links[:3])}); give another "
+            "--output, or remove the links (what they point to stays)"
+        )
+    hf = out_dir / HF_DIR
     others = [name for name in entries if name not in EXPORT_ENTRIES]
+    others += [f"{HF_DIR}/{p.name}" for p in (hf.iterdir() if hf.is_dir() else ()) if p.name not in HF_ENTRIES]
     if others:
         raise ConfigError(
             f"{out_dir} holds files an export does not write ({', '.join(others[:3])}); "

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -221,3 +222,26 @@ def test_an_export_to_dot_to_a_long_name_with_a_killed_exports_leftovers_and_the
     assert not dead.exists() and (long / WINNOW_FILE).is_file()
     modes = {stat.S_IMODE(p.stat().st_mode) for p in long.rglob("*") if p.is_file()}
     assert modes == {0o644}
+
+
+@pytest.mark.parametrize("what", ["hf is a link", "a link in hf", "a file of the user's in hf"])
+def test_export_never_replaces_a_link_or_a_file_an_export_does_not_write(tmp_path, capsys, what):
+    """An earlier export is replaced whole: one holding a link, or a file of the user's in ``hf/``, is refused."""
+    _trained_run(tmp_path)
+    out = tmp_path / "run" / "export"
+    assert main(["export", str(tmp_path / "run")]) == 0
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    if what == "hf is a link":
+        shutil.rmtree(out / "hf")
+        (out / "hf").symlink_to(mine)
+    elif what == "a link in hf":
+        (out / "hf" / "notes.txt").symlink_to(mine / "notes.txt")
+    else:
+        (out / "hf" / "notes.txt").write_text("the user's")
+    assert main(["export", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "hf" in err and ("symbolic link" in err) == ("link" in what), err
+    assert (out / "hf").is_symlink() == (what == "hf is a link") and (out / "hf" / "notes.txt").exists()
+    assert (mine / "notes.txt").read_text() == "the user's"
