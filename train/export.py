@@ -20,9 +20,11 @@ The mapping is exact, not approximate: winnow's attention is Llama's (half-split
 softmax router with renormalized top-k weights is Mixtral's router. A dense model (``n_experts``
 0 or 1) becomes a Mixtral with one expert whose router always gives it weight 1. Features
 Mixtral lacks are listed by ``hf_blockers`` with the config key that brings them in; the
-safetensors file is written either way. The vocabulary stays winnow's padded one (logits over the
-padding rows are what winnow computes too). ``doc_mask`` only matters for packed sequences of
-several documents; for one document per sequence the logits are the same.
+safetensors file is written either way. ``hf/`` has the tokenizer's vocabulary (``vocab_size``, not the
+embedding's padding to a multiple of 64): its embedding and output rows are cut to it, so its logits and
+generation cover the ids the tokenizer has, where winnow's padding rows would let sampling pick ids it has not.
+``doc_mask`` only matters for packed sequences of several documents; for one document per sequence the logits
+are the same.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def mixtral_config(cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dict
         "architectures": ["MixtralForCausalLM"],
         "model_type": "mixtral",
         **token_ids(tokenizer),
-        "vocab_size": cfg.padded_vocab,
+        "vocab_size": cfg.vocab_size,  # the tokenizer's: mixtral_state cuts the padding rows
         "hidden_size": cfg.dim,
         "intermediate_size": hidden,
         "num_hidden_layers": cfg.n_layers,
@@ -123,11 +125,13 @@ def mixtral_config(cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dict
 
 
 def mixtral_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """winnow's one-process state dict renamed and reshaped into Mixtral's Hub layout."""
+    """winnow's one-process state dict renamed and reshaped into Mixtral's Hub layout, its vocabulary the
+    tokenizer's: the embedding (and an untied head) without the padding rows no token id reaches."""
     kv = cfg.kv_heads * (cfg.dim // cfg.n_heads)  # rows of the key (and of the value) projection
-    out = {"model.embed_tokens.weight": state["embed.weight"], "model.norm.weight": state["norm.weight"]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["head.weight"]
+    V = cfg.vocab_size
+    out = {"model.embed_tokens.weight": state["embed.weight"][:V], "model.norm.weight": state["norm.weight"]}
+    if not cfg.tie_embeddings:  # tied: Mixtral's head is the cut embedding
+        out["lm_head.weight"] = state["head.weight"][:V]
     for i in range(cfg.n_layers):
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
         wkv = state[src + "attn.wkv.weight"]  # (2·G·C, D): keys first, then values
