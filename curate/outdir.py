@@ -160,19 +160,35 @@ def mark_owner(out: Path, job_name: str, fingerprint: str, *, work: WorkDir | No
 
 
 #: The names winnow gives the files of ``shards/<format>/<split>/`` and ``rejects/`` (and their temporary files),
-#: and the copy of a Hugging Face tokenizer beside the token shards (``writers.tokens.TOKENIZER_FILE``).
+#: the copy of a Hugging Face tokenizer beside the token shards (``writers.tokens.TOKENIZER_FILE``), and what a
+#: stage keeps under ``artifacts/<stage id>/`` (``stages.base.StageContext.artifacts_dir``: ``01.dedup.minhash``).
 _OWN_NAMES = {
     "shards": re.compile(
         r"[^/]+/[^/]+/\.?part-[0-9]+(-[0-9]+)*\.(parquet|tar|bin|idx|doc\.npy)(\.[0-9a-f]+)?(\.tmp)?"
         r"|tokens/(tokenizer\.json|\.tokenizer\.json\.[0-9a-f]+\.tmp)"
     ),
     "rejects": re.compile(r"\.?p[0-9]+-t[0-9]+\.parquet(\.[0-9a-f]+)?(\.tmp)?"),
+    "artifacts": re.compile(r"[0-9]{2,}\.[^/]+/.+"),
 }
 
 
 def check_no_foreign_files(out: Path, work: WorkDir) -> None:
-    """Refuse to clear ``shards/`` and ``rejects/`` while they hold files winnow would not have named so
-    (a user's notes, a hand-made shard): a fresh run, or a resume whose inputs changed, removes their contents."""
+    """Refuse to clear winnow's own entries (``OWN_ENTRIES``) while they hold what winnow did not write: a fresh
+    run, or a resume whose inputs changed, removes them, and winnow never deletes or replaces what it did not write.
+
+    Not winnow's: a symbolic link (an entry itself, or anything inside one), a file where winnow writes a folder,
+    a ``manifest.json`` of another program, and a file of ``shards/``, ``rejects/`` or ``artifacts/`` winnow would
+    not have named so (a user's notes, a hand-made shard).
+    """
+    strays = [] if work.remote else _strays(out)  # an object store holds no links, and prefixes are not files
+    if strays:
+        is_, it = ("is", "it") if len(strays) == 1 else ("are", "them")
+        raise OutputError(
+            f"output {work.output}: {', '.join(strays[:5])}{', ...' if len(strays) > 5 else ''} {is_} not winnow's, "
+            f"and this run would replace {it}; winnow never deletes or replaces what it did not write. Move {it} out "
+            "of the output folder (for a link, remove the link: what it points to stays) and run again, or give "
+            "this job another folder with --output"
+        )
     foreign = [
         path
         for folder, own in _OWN_NAMES.items()
@@ -182,9 +198,29 @@ def check_no_foreign_files(out: Path, work: WorkDir) -> None:
     if foreign:
         names = ", ".join(str(p.relative_to(out)) for p in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise OutputError(
-            f"output {work.output}: {len(foreign)} file(s) in its shards/ or rejects/ were not written by winnow "
-            f"({names}), and this run must clear those folders; move them out of the output folder and run again"
+            f"output {work.output}: {len(foreign)} file(s) in its shards/, rejects/ or artifacts/ were not written by "
+            f"winnow ({names}), and this run must clear those folders; move them out of the output folder and run again"
         )
+
+
+def _strays(out: Path) -> list[str]:
+    """The paths of ``out``'s own entries winnow would not have made: links, a file for a folder, another manifest."""
+    found = []
+    for name in OWN_ENTRIES:
+        path = out / name
+        if path.is_symlink():
+            found.append(f"{name} (a symbolic link)")
+        elif name == "manifest.json":
+            if path.exists() and not _is_manifest(path):
+                found.append(f"{name} (not a manifest winnow wrote)")
+        elif path.exists() and not path.is_dir():
+            found.append(f"{name} (a file where winnow writes a folder)")
+        else:
+            for root, dirs, files in os.walk(path):  # never into a linked folder: it is listed, not entered
+                for entry in (*dirs, *files):
+                    if os.path.islink(os.path.join(root, entry)):
+                        found.append(f"{Path(root, entry).relative_to(out)} (a symbolic link)")
+    return found
 
 
 def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: WorkDir | None = None) -> None:
@@ -208,10 +244,13 @@ def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: W
 
 
 def _written_by_old_winnow(out: Path) -> bool:
-    if (out / "_work" / "fingerprint").is_file():
-        return True
+    return (out / "_work" / "fingerprint").is_file() or _is_manifest(out / "manifest.json")
+
+
+def _is_manifest(path: Path) -> bool:
+    """Whether ``path`` is a job's ``manifest.json`` as winnow writes it (its keys)."""
     try:
-        manifest = json.loads(read_whole(str(out / "manifest.json"), limit=MANIFEST_BYTES, what="manifest"))
+        manifest = json.loads(read_whole(str(path), limit=MANIFEST_BYTES, what="manifest"))
     except (WinnowError, ValueError):
         return False
     return isinstance(manifest, dict) and {"format_version", "shards", "stages"} <= set(manifest)

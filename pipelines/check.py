@@ -98,6 +98,7 @@ def validate(
         from winnow.pipelines.train import check_held_out_sources, check_set_sources
 
         _check_train_paths(checked.train, Path(path).name)
+        _check_init_from(checked)
         check_set_sources(checked.train.shards)
         if checked.job is None and study_job is None:  # trains on shards already curated: their manifests say
             check_held_out_sources(checked.train)
@@ -134,6 +135,28 @@ def _check_train_paths(train: Any, name: str) -> None:
     for key, where in named:
         if isinstance(where, str) and where and not is_url(where) and not Path(where).exists():
             raise ConfigError(f"{name} [train] key {key!r}: {where} does not exist; give the path of one that does")
+
+
+def _check_init_from(checked: CheckedJob) -> None:
+    """``[train] init_from``'s model and tokenizer against the run's, as ``winnow train`` checks them
+    (``train.build.checked_init``). Where the tokenizer comes from shards not curated yet, it is the one this
+    job's curation writes them with; shards another command curates first (a study's) are left to the run."""
+    from winnow.curate.workdir import is_url
+    from winnow.train.build import checked_init, run_tokenizer
+    from winnow.train.tokenizer import load_tokenizer
+
+    train = checked.train
+    if train.init_from is None or is_url(train.init_from):
+        return
+    job_folder = train.shards if isinstance(train.shards, str) else train.shards[0].path
+    if train.tokenizer is not None or is_url(job_folder) or (Path(job_folder) / "manifest.json").is_file():
+        tokenizer = run_tokenizer(train, job_folder)
+    elif checked.job is not None and job_folder == checked.job.job.output:
+        output = checked.job.output
+        tokenizer = load_tokenizer(output.tokens.tokenizer if "tokens" in output.formats else None)
+    else:
+        return
+    checked_init(train, tokenizer)
 
 
 def _check_training_sources(checked: CheckedJob, name: str) -> None:

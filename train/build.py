@@ -337,6 +337,28 @@ def _counterfactual_mix(
     return CounterfactualMix(cfg, set_sources=set_sources, weights=weights, data=data, names=list(data.sources))
 
 
+def run_tokenizer(cfg: TrainConfig, job_folder: str):
+    """The run's tokenizer: ``[train.tokenizer]``, else the one ``job_folder``'s token shards were written with
+    (byte-level without any)."""
+    from winnow.train.data.tokenshards import shards_tokenizer
+    from winnow.train.tokenizer import load_tokenizer
+
+    return load_tokenizer(
+        cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options)
+    )
+
+
+def checked_init(cfg: TrainConfig, tokenizer) -> Initialization | None:
+    """The checkpoint ``[train] init_from`` names (None without one); a ``ConfigError`` naming what differs when
+    its model is not ``[train.model]`` (its vocabulary the tokenizer's) or its run's tokenizer not ``tokenizer``.
+    ``winnow check`` calls it too, so the mismatch is found before anything runs."""
+    if cfg.init_from is None:
+        return None
+    init = load_init(cfg.init_from, optimizer=cfg.init_optimizer, storage_options=cfg.data.storage_options)
+    init.check(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size), tokenizer)
+    return init
+
+
 def build_run(
     cfg: TrainConfig,
     *,
@@ -357,8 +379,6 @@ def build_run(
     """
     from winnow.train.data import Loader
     from winnow.train.data.sets import HeldOut, eval_sets, training_sets
-    from winnow.train.data.tokenshards import shards_tokenizer
-    from winnow.train.tokenizer import load_tokenizer
 
     sets = cfg.shards if train_sets is None else train_sets
     if train_data is None:
@@ -372,12 +392,8 @@ def build_run(
     parallel = Parallel.from_env(cfg.parallel, device=cfg.device, n_experts=cfg.model.n_experts)
     device, world = parallel.world.device, parallel.world
     claim_run_folder(cfg.output)  # a folder holding files winnow did not write is refused here
-    # no [train.tokenizer]: the one the job's token shards were written with (byte-level without any);
     # the job folder decides even when train_data replaces it (ablation variants' per-source views)
-    job_folder = cfg.shards if isinstance(cfg.shards, str) else folders[0]
-    tokenizer = load_tokenizer(
-        cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options)
-    )
+    tokenizer = run_tokenizer(cfg, cfg.shards if isinstance(cfg.shards, str) else folders[0])
     given, default = (
         cfg.model.vocab_size,
         next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "vocab_size"),
@@ -390,10 +406,7 @@ def build_run(
             tokenizer.vocab_size,
         )
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
-    init = None
-    if cfg.init_from is not None:
-        init = load_init(cfg.init_from, optimizer=cfg.init_optimizer, storage_options=cfg.data.storage_options)
-        init.check(cfg.model, tokenizer)
+    init = checked_init(cfg, tokenizer)
     fmt = "auto" if views and cfg.data.format == "webdataset" else cfg.data.format  # the same rows, as Parquet
     held_out, names = _held_out_sets(cfg, folders, held_out, sources, train_format=fmt)
     train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [], format=fmt)

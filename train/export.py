@@ -20,9 +20,11 @@ The mapping is exact, not approximate: winnow's attention is Llama's (half-split
 softmax router with renormalized top-k weights is Mixtral's router. A dense model (``n_experts``
 0 or 1) becomes a Mixtral with one expert whose router always gives it weight 1. Features
 Mixtral lacks are listed by ``hf_blockers`` with the config key that brings them in; the
-safetensors file is written either way. The vocabulary stays winnow's padded one (logits over the
-padding rows are what winnow computes too). ``doc_mask`` only matters for packed sequences of
-several documents; for one document per sequence the logits are the same.
+safetensors file is written either way. ``hf/`` has the tokenizer's vocabulary (``vocab_size``, not the
+embedding's padding to a multiple of 64): its embedding and output rows are cut to it, so its logits and
+generation cover the ids the tokenizer has, where winnow's padding rows would let sampling pick ids it has not.
+``doc_mask`` only matters for packed sequences of several documents; for one document per sequence the logits
+are the same.
 """
 
 from __future__ import annotations
@@ -44,8 +46,12 @@ from winnow.train.tokenizer import BPE_FILE, META_FILE, Tokenizer
 
 WINNOW_FILE = "winnow-model.safetensors"
 HF_DIR = "hf"
-#: Everything an export folder may hold: an output holding anything else is not replaced.
+#: Everything an export folder (and its ``hf/``) may hold: an output holding anything else is not replaced.
 EXPORT_ENTRIES = frozenset({WINNOW_FILE, HF_DIR, META_FILE, BPE_FILE})
+HF_ENTRIES = frozenset(
+    {"config.json", "model.safetensors", BPE_FILE, "tokenizer_config.json", "special_tokens_map.json",
+     "generation_config.json"}
+)  # fmt: skip
 
 
 def hf_blockers(cfg: ModelConfig) -> list[str]:
@@ -91,7 +97,7 @@ def mixtral_config(cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dict
         "architectures": ["MixtralForCausalLM"],
         "model_type": "mixtral",
         **token_ids(tokenizer),
-        "vocab_size": cfg.padded_vocab,
+        "vocab_size": cfg.vocab_size,  # the tokenizer's: mixtral_state cuts the padding rows
         "hidden_size": cfg.dim,
         "intermediate_size": hidden,
         "num_hidden_layers": cfg.n_layers,
@@ -119,11 +125,13 @@ def mixtral_config(cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dict
 
 
 def mixtral_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """winnow's one-process state dict renamed and reshaped into Mixtral's Hub layout."""
+    """winnow's one-process state dict renamed and reshaped into Mixtral's Hub layout, its vocabulary the
+    tokenizer's: the embedding (and an untied head) without the padding rows no token id reaches."""
     kv = cfg.kv_heads * (cfg.dim // cfg.n_heads)  # rows of the key (and of the value) projection
-    out = {"model.embed_tokens.weight": state["embed.weight"], "model.norm.weight": state["norm.weight"]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["head.weight"]
+    V = cfg.vocab_size
+    out = {"model.embed_tokens.weight": state["embed.weight"][:V], "model.norm.weight": state["norm.weight"]}
+    if not cfg.tie_embeddings:  # tied: Mixtral's head is the cut embedding
+        out["lm_head.weight"] = state["head.weight"][:V]
     for i in range(cfg.n_layers):
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
         wkv = state[src + "attn.wkv.weight"]  # (2·G·C, D): keys first, then values
@@ -236,7 +244,15 @@ def _check_replaceable(out_dir: Path) -> None:
     if not out_dir.is_dir():
         raise ConfigError(f"{out_dir} exists and is not a folder; give another --output")
     entries = sorted(p.name for p in out_dir.iterdir())
+    links = [str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_symlink()]
+    if links:  # an export writes no links; replacing one would drop the user's, whatever it points to
+        raise ConfigError(
+            f"{out_dir} holds symbolic links an export does not write ({', '.join(links[:3])}); give another "
+            "--output, or remove the links (what they point to stays)"
+        )
+    hf = out_dir / HF_DIR
     others = [name for name in entries if name not in EXPORT_ENTRIES]
+    others += [f"{HF_DIR}/{p.name}" for p in (hf.iterdir() if hf.is_dir() else ()) if p.name not in HF_ENTRIES]
     if others:
         raise ConfigError(
             f"{out_dir} holds files an export does not write ({', '.join(others[:3])}); "

@@ -3,9 +3,11 @@
 A trainer hook (``train.hooks``), fed one evaluation record at a time (``{"step", "eval": {"loss",
 "per_source"}}``, what ``Trainer.evaluate`` writes). The watched value is the total held-out loss, or the mean over
 ``sources`` when named; a run stops after ``patience`` evaluations in a row without an
-improvement of at least ``min_delta`` over the best so far, or as soon as a source named in
-``thresholds`` is at or below its threshold. The reason is a sentence the trainer logs and
-writes to ``metrics.jsonl``.
+improvement of more than ``min_delta`` over the best so far (the best moves only with such an
+improvement, so a loss a little below it is not a new best), or as soon as a source named in
+``thresholds`` is at or below its threshold. A continued run's step-0 evaluation (``init_from``) is the
+first: it measures the starting model, so it sets the best the run must improve on. The reason is a
+sentence the trainer logs and writes to ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ class EarlyStopping(TrainHook):
         if self.bad_evals >= self.cfg.patience:
             now = "none" if value is None else f"{value:.4f}"
             self.reason = (
-                f"{what} has not improved by {self.cfg.min_delta:g} for {self.bad_evals} evaluations "
-                f"(best {self.best:.4f} at step {self.best_step}, now {now} at step {step})"
+                f"{what} has not improved by more than min_delta={self.cfg.min_delta:g} over its best "
+                f"{self.best:.4f} (step {self.best_step}) for {self.bad_evals} evaluations (now {now} at step {step})"
             )
         return self.reason
 

@@ -106,9 +106,12 @@ class Tokenizer(ABC):
         """Write the tokenizer into ``folder`` so ``load_tokenizer(folder)`` gives it back."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "pad_id": self.pad_id}
-        (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (folder / META_FILE).write_text(json.dumps(self.saved_meta(), indent=2) + "\n")
         return folder
+
+    def saved_meta(self) -> dict:
+        """What ``tokenizer_meta.json`` records of this tokenizer."""
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "pad_id": self.pad_id}
 
 
 class ByteTokenizer(Tokenizer):
@@ -252,12 +255,11 @@ class HFTokenizer(Tokenizer):
         tok.post_processor = None  # documents are encoded without a template's BOS/EOS (encode_column)
         return tok
 
+    def saved_meta(self) -> dict:
+        return {**super().saved_meta(), **{k: v for k, v in self._spec.items() if v is not None}}
+
     def save(self, folder):
         folder = super().save(folder)
-        meta_file = Path(folder) / META_FILE
-        meta = json.loads(meta_file.read_text())
-        meta.update({k: v for k, v in self._spec.items() if v is not None})
-        meta_file.write_text(json.dumps(meta, indent=2) + "\n")
         self._tok.save(str(Path(folder) / BPE_FILE))
         return folder
 
@@ -266,6 +268,7 @@ class BPETokenizer(HFTokenizer):
     """A byte-level BPE trained on the shards by ``train_bpe`` (``<|endoftext|>`` and ``<|pad|>`` built in)."""
 
     kind = "bpe"
+    asked_vocab_size: int | None = None  # train_bpe's vocab_size, where the texts gave fewer tokens (vocab_size)
 
     def __init__(self, tok, **spec) -> None:
         if tok.token_to_id(EOS_TOKEN) is None or tok.token_to_id(PAD_TOKEN) is None:
@@ -273,6 +276,10 @@ class BPETokenizer(HFTokenizer):
                 f"BPE tokenizer lacks the special tokens {EOS_TOKEN!r} / {PAD_TOKEN!r}; train it with `winnow tokenizer train`"
             )
         super().__init__(tok, **{"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN, **spec})
+
+    def saved_meta(self) -> dict:
+        asked = {} if self.asked_vocab_size is None else {"asked_vocab_size": self.asked_vocab_size}
+        return {**super().saved_meta(), **asked}
 
     @property
     def name(self) -> str:
@@ -300,8 +307,20 @@ def train_bpe(texts: Iterable[list[str]], *, vocab_size: int, min_frequency: int
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    log.info("trained a BPE tokenizer with %d tokens", tok.get_vocab_size())
-    return BPETokenizer(tok)
+    reached = tok.get_vocab_size()
+    log.info("trained a BPE tokenizer with %d tokens", reached)
+    bpe = BPETokenizer(tok)
+    if reached < vocab_size:  # BPE stops when no pair of tokens is seen min_frequency times any more
+        log.warning(
+            "the BPE tokenizer has %d tokens, not the %d asked (vocab_size): its texts hold no more pairs of tokens "
+            "seen at least %d times (min_frequency) to merge. Train on more text for a larger vocabulary; "
+            "tokenizer_meta.json records both sizes (vocab_size, asked_vocab_size)",
+            reached,
+            vocab_size,
+            min_frequency,
+        )
+        bpe.asked_vocab_size = vocab_size
+    return bpe
 
 
 @dataclass(kw_only=True, slots=True)

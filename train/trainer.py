@@ -533,6 +533,7 @@ class Trainer:
         with on_stop_signals(self._on_signal), contextlib.closing(self.progress):  # the bar closes on errors too
             if self.init is not None and self.step == 0:
                 final_eval = self.evaluate()  # step 0, before any update: what forgetting and gain are measured from
+                stopped = self._stop_reason(final_eval)  # and the best [train.stop] must improve on
             elif 0 < self.step < cfg.steps and self._eval_pending == self.step and stopped is None:
                 final_eval = self.evaluate()  # the periodic evaluation a stop abandoned: its record, its stop rules
                 stopped = self._stop_reason(final_eval)

@@ -146,3 +146,39 @@ def test_an_output_that_holds_the_inputs_or_lies_in_an_input_folder_is_refused_b
     )
     rc, err = curate(job, data, capsys)
     assert rc == 2 and f"input file {data / 'a.jsonl'} is inside the job's output folder" in err
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["rejects is a link", "manifest.json is a link", "a link inside shards", "rejects is a file",
+     "manifest.json is not winnow's", "a file of the user's in artifacts"],
+)  # fmt: skip
+def test_overwrite_never_replaces_a_path_winnow_did_not_write(tmp_path, capsys, what):
+    """--overwrite clears winnow's own entries only where they hold what winnow wrote: a link (the entry or inside
+    it), a file for a folder, another manifest, a stray file is refused, named, and left as it was."""
+    job = job_file(tmp_path)
+    out = tmp_path / "out"
+    assert curate(job, out, capsys)[0] == 0
+    mine = tmp_path / "mine"  # a folder of the user's, empty: no name in it tells it from winnow's
+    mine.mkdir()
+    (tmp_path / "keep.txt").write_text("the user's")
+    named, path = {
+        "rejects is a link": ("rejects", out / "rejects"),
+        "manifest.json is a link": ("manifest.json", out / "manifest.json"),
+        "a link inside shards": ("shards/parquet/train/linked", out / "shards" / "parquet" / "train" / "linked"),
+        "rejects is a file": ("rejects", out / "rejects"),
+        "manifest.json is not winnow's": ("manifest.json", out / "manifest.json"),
+        "a file of the user's in artifacts": ("artifacts/notes.txt", out / "artifacts" / "notes.txt"),
+    }[what]
+    if path.is_file():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if "link" in what:
+        path.symlink_to(tmp_path / "keep.txt" if path.name == "manifest.json" else mine)
+    else:
+        path.write_text('{"mine": true}')
+    rc, err = curate(job, out, capsys, "--overwrite")
+    assert rc == 2 and named in err and ("not winnow's" in err or "not written by winnow" in err), err
+    assert path.is_symlink() == ("link" in what) and (tmp_path / "keep.txt").read_text() == "the user's"
+    if not path.is_symlink():
+        assert path.read_text() == '{"mine": true}'

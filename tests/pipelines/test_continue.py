@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -216,3 +217,34 @@ def test_a_resumed_continuation_keeps_the_record_of_the_checkpoint_it_started_fr
     assert started["step"] == 4
     _fit(tiny_config(tmp_path / "base", str(job), steps=6))  # the base trains on: its newest checkpoint is step 6
     assert continued(4) == started
+
+
+def test_check_refuses_an_init_from_whose_model_or_tokenizer_differs_as_training_does(base, tmp_path, capsys):
+    """`winnow check` builds the run's tokenizer and checks ``init_from`` against it and ``[train.model]`` with the
+    code training uses, so the mismatch is the same message, before anything runs."""
+    from winnow.pipelines.cli import main
+
+    root, jobs, _ = base
+    bpe = train_bpe([["def f(x): return x"] * 20], vocab_size=300)
+    bpe.save(tmp_path / "bpe")
+    job = tmp_path / "job.toml"
+    for layers, tokenizer, message in [
+        (2, "", None),
+        (3, "", r"n_layers \(base 2, this run 3\)"),
+        (2, f'[train.tokenizer]\npath = "{tmp_path / "bpe"}"\n', "tokenizer 'byte-258', this run 'bpe-"),
+    ]:
+        job.write_text(
+            f'[train]\nshards = "{jobs["new"]}"\noutput = "{tmp_path / f"cont-{layers}-{len(tokenizer)}"}"\ninit_from = "{root / "base" / "train"}"\n'
+            f"[train.model]\ndim = 32\nn_layers = {layers}\nn_heads = 2\nffn_hidden = 32\nn_experts = 4\ntop_k = 2\n"
+            f"max_seq_len = 64\n[train.data]\nseq_len = 32\n{tokenizer}"
+        )
+        rc = main(["check", str(job)])
+        err = capsys.readouterr().err
+        assert not (tmp_path / f"cont-{layers}-{len(tokenizer)}").exists()  # nothing written
+        if message is None:
+            assert rc == 0, err
+            continue
+        assert rc == 2 and re.search(message, err), err
+        with pytest.raises(ConfigError) as raised:  # the message training gives
+            build_trainer(load_train_config(job))
+        assert str(raised.value) in err

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -53,8 +54,9 @@ def test_export_command_writes_a_mixtral_whose_logits_match(tmp_path, model, cap
     with torch.no_grad():
         expected = trainer.model.eval()(tokens).logits_BLV
     hf = _hf_logits(out / "hf", tokens)
-    assert hf.shape == expected.shape
-    assert (hf - expected).abs().max().item() < 1e-4
+    real = expected[..., : trainer.model.cfg.vocab_size]  # the tokenizer's ids: hf/ has no padding rows
+    assert hf.shape == real.shape
+    assert (hf - real).abs().max().item() < 1e-4
     reloaded, meta = load_exported(out / WINNOW_FILE)
     assert json.loads(meta["sources"]) == trainer.sources and int(meta["step"]) == 3
     with torch.no_grad():
@@ -124,6 +126,19 @@ def test_the_export_loads_in_auto_tokenizer_and_generated_ids_round_trip_as_in_w
     assert text == tokenizer.decode(ids) and text.startswith("The quick")
     assert hf_tok(text)["input_ids"] == tokenizer.encode_batch([text])[0].tolist()
     assert load_tokenizer(out).name == tokenizer.name  # winnow's own files beside the single-file model
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_the_hf_export_has_the_tokenizers_vocabulary_not_the_padded_one(tmp_path, kind):
+    """Padding rows (the embedding is a multiple of 64) would let sampling pick ids the tokenizer lacks."""
+    transformers = pytest.importorskip("transformers")
+    trainer, tokenizer, out = _run_with_tokenizer(tmp_path, kind)
+    assert trainer.model.cfg.padded_vocab > tokenizer.vocab_size  # the case: there are padding rows
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out / "hf")
+    config = json.loads((out / "hf" / "config.json").read_text())
+    assert config["vocab_size"] == len(hf_tok) == tokenizer.vocab_size
+    model = transformers.AutoModelForCausalLM.from_pretrained(out / "hf", torch_dtype=torch.float32).eval()
+    assert model.get_output_embeddings().weight.shape[0] == tokenizer.vocab_size
 
 
 @pytest.mark.slow
@@ -221,3 +236,26 @@ def test_an_export_to_dot_to_a_long_name_with_a_killed_exports_leftovers_and_the
     assert not dead.exists() and (long / WINNOW_FILE).is_file()
     modes = {stat.S_IMODE(p.stat().st_mode) for p in long.rglob("*") if p.is_file()}
     assert modes == {0o644}
+
+
+@pytest.mark.parametrize("what", ["hf is a link", "a link in hf", "a file of the user's in hf"])
+def test_export_never_replaces_a_link_or_a_file_an_export_does_not_write(tmp_path, capsys, what):
+    """An earlier export is replaced whole: one holding a link, or a file of the user's in ``hf/``, is refused."""
+    _trained_run(tmp_path)
+    out = tmp_path / "run" / "export"
+    assert main(["export", str(tmp_path / "run")]) == 0
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    if what == "hf is a link":
+        shutil.rmtree(out / "hf")
+        (out / "hf").symlink_to(mine)
+    elif what == "a link in hf":
+        (out / "hf" / "notes.txt").symlink_to(mine / "notes.txt")
+    else:
+        (out / "hf" / "notes.txt").write_text("the user's")
+    assert main(["export", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "hf" in err and ("symbolic link" in err) == ("link" in what), err
+    assert (out / "hf").is_symlink() == (what == "hf is a link") and (out / "hf" / "notes.txt").exists()
+    assert (mine / "notes.txt").read_text() == "the user's"

@@ -22,7 +22,16 @@ def test_patience_stops_at_the_right_eval():
     # improvements of 0.5, 0.3, then 0.05 (< min_delta), 0.2 worse, 0.01 better: two bad evals in a row at step 50
     stopper = EarlyStopping(StopConfig(patience=2, min_delta=0.1))
     assert _first_stop(stopper, _evals([3.0, 2.5, 2.2, 2.15, 2.4, 2.19, 1.0])) == 50
-    assert "not improved by 0.1 for 2 evaluations" in stopper.reason and "best 2.2000 at step 30" in stopper.reason
+    assert "not improved by more than min_delta=0.1 over its best 2.2000 (step 30) for 2 evaluations" in stopper.reason
+
+
+def test_a_loss_below_the_best_by_min_delta_or_less_is_no_improvement_and_the_reason_says_so():
+    stopper = EarlyStopping(StopConfig(patience=2, min_delta=0.1))
+    assert _first_stop(stopper, _evals([3.0, 2.95, 2.92])) == 30  # below 3.0 each time, by 0.1 or less
+    assert stopper.reason == (
+        "held-out loss has not improved by more than min_delta=0.1 over its best 3.0000 (step 10) for 2 "
+        "evaluations (now 2.9200 at step 30)"
+    )
 
 
 def test_an_improvement_resets_the_patience():
@@ -53,7 +62,7 @@ def test_state_round_trips_and_config_errors_name_the_key():
     assert _first_stop(stopper, _evals([3.0, 3.1])) is None
     again = EarlyStopping(StopConfig(patience=2))
     again.load_state_dict(stopper.state_dict())
-    assert _first_stop(again, _evals([3.2])) == 10 and "best 3.0000 at step 10" in again.reason
+    assert _first_stop(again, _evals([3.2])) == 10 and "best 3.0000 (step 10)" in again.reason
     with pytest.raises(ConfigError, match="train.stop.patience"):
         StopConfig(patience=-1)
     with pytest.raises(ConfigError, match="train.stop.sources"):

@@ -79,6 +79,30 @@ def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path, capsy
     assert tok.kind == "bpe" and tok.decode(tok.encode_batch(["<web:3>xx"])[0]) == "<web:3>xx"
 
 
+def test_a_vocabulary_the_texts_cannot_reach_is_warned_and_recorded(tmp_path, caplog):
+    """--vocab-size 100000 on a small corpus: BPE runs out of pairs to merge; the sizes asked and reached are said
+    and both land in tokenizer_meta.json."""
+    import json
+
+    from winnow.pipelines.cli import main
+
+    folder = write_job(tmp_path / "job", [make_docs(40)])
+    with caplog.at_level("WARNING"):
+        assert (
+            main(["-q", "tokenizer", "train", str(folder), "--vocab-size", "100000", "--output", str(tmp_path / "t")])
+            == 0
+        )
+    tok = load_tokenizer(tmp_path / "t")
+    assert tok.vocab_size < 100000
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"has {tok.vocab_size} tokens, not the 100000 asked" in m and "min_frequency" in m for m in warned)
+    meta = json.loads((tmp_path / "t" / "tokenizer_meta.json").read_text())
+    assert (meta["vocab_size"], meta["asked_vocab_size"]) == (tok.vocab_size, 100000)
+    caplog.clear()
+    assert train_bpe([TEXTS], vocab_size=270, min_frequency=1).asked_vocab_size is None  # reached: nothing to say
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_cli_replaces_its_own_tokenizer_but_no_one_elses(tmp_path, capsys):
     """A rerun replaces the folder this command wrote; a folder with a tokenizer.json of another tool, or a
     run folder's tokenizer_meta.json (or one linked to /dev/zero), is refused untouched; shards with no text are refused, not a 258-token BPE."""
