@@ -156,7 +156,7 @@ def _check_init_from(checked: CheckedJob) -> None:
         tokenizer = load_tokenizer(output.tokens.tokenizer if "tokens" in output.formats else None)
     else:
         return
-    checked_init(train, tokenizer)
+    checked_init(train, tokenizer, weights=False)
 
 
 def _check_training_sources(checked: CheckedJob, name: str) -> None:

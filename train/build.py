@@ -348,13 +348,16 @@ def run_tokenizer(cfg: TrainConfig, job_folder: str):
     )
 
 
-def checked_init(cfg: TrainConfig, tokenizer) -> Initialization | None:
+def checked_init(cfg: TrainConfig, tokenizer, *, weights: bool = True) -> Initialization | None:
     """The checkpoint ``[train] init_from`` names (None without one); a ``ConfigError`` naming what differs when
     its model is not ``[train.model]`` (its vocabulary the tokenizer's) or its run's tokenizer not ``tokenizer``.
-    ``winnow check`` calls it too, so the mismatch is found before anything runs."""
+    ``winnow check`` calls it too, without ``weights`` (a sharded checkpoint's are not fetched), so the mismatch
+    is found before anything runs."""
     if cfg.init_from is None:
         return None
-    init = load_init(cfg.init_from, optimizer=cfg.init_optimizer, storage_options=cfg.data.storage_options)
+    init = load_init(
+        cfg.init_from, optimizer=cfg.init_optimizer, storage_options=cfg.data.storage_options, weights=weights
+    )
     init.check(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size), tokenizer)
     return init
 

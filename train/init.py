@@ -152,8 +152,9 @@ def _tokenizer_files(tokenizer) -> dict[str, str]:
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(tmp).iterdir() if p.is_file()}
 
 
-def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
-    """(state, sha256, step) of one checkpoint; CheckpointError when it does not verify."""
+def _read_checkpoint(fs, folder: str, state_file: str, *, weights: bool = True) -> tuple[dict, str, int]:
+    """(state, sha256, step) of one checkpoint; CheckpointError when it does not verify. Without ``weights``, a
+    checkpoint whose weights and moments are in shards is read without them (its model config, counters, data)."""
     step, meta = -1, {}
     meta_path = posixpath.join(folder, _META)
     try:
@@ -171,7 +172,9 @@ def _read_checkpoint(fs, folder: str, state_file: str) -> tuple[dict, str, int]:
             raise CheckpointError(f"checkpoint {folder} fails its checksum (corrupt or truncated)")
         step = int(meta.get("step", -1))
     state = load_state_file(io.BytesIO(data), name=state_file)  # tensors and plain data only: runs no code
-    if meta.get("files"):  # the weights and moments are in the checkpoint's shards: fetch, verify, read whole
+    if (
+        meta.get("files") and weights
+    ):  # the weights and moments are in the checkpoint's shards: fetch, verify, read whole
         with tempfile.TemporaryDirectory(prefix="winnow-init-") as tmp:
             for name, expected in meta["files"].items():
                 if not inside(name):  # a damaged or hostile meta: never write outside the temporary folder
@@ -226,10 +229,16 @@ def _load_export(
 
 
 def load_init(
-    given: str, *, optimizer: bool = False, storage_options: dict | None = None, key: str = "train.init_from"
+    given: str,
+    *,
+    optimizer: bool = False,
+    storage_options: dict | None = None,
+    key: str = "train.init_from",
+    weights: bool = True,
 ) -> Initialization:
     """Find and load the checkpoint ``given`` names (see the module docstring); ``key`` is the setting that
-    named it (``train.mixing.reference`` and ``train.distill.teacher`` are found the same way)."""
+    named it (``train.mixing.reference`` and ``train.distill.teacher`` are found the same way). Without
+    ``weights``, enough to ``check`` it: a sharded checkpoint's weights and moments are not fetched."""
     fs, root = fsspec.core.url_to_fs(given, **(storage_options or {}))
     root = root.rstrip("/")
     unstrip = (lambda p: fs.unstrip_protocol(p)) if "://" in given else (lambda p: p)
@@ -257,7 +266,7 @@ def load_init(
         run_dir = posixpath.dirname(posixpath.dirname(candidates[0][0]))
     for i, (folder, state_file) in enumerate(candidates):
         try:
-            state, digest, step = _read_checkpoint(fs, folder, state_file)
+            state, digest, step = _read_checkpoint(fs, folder, state_file, weights=weights)
         except CheckpointError as err:
             if i == len(candidates) - 1 or len(candidates) == 1:
                 raise
