@@ -17,7 +17,8 @@ import orjson
 import polars as pl
 
 from winnow.curate.config import InputConfig
-from winnow.curate.readers.files import InputFile, open_binary
+from winnow.curate.errors import InputError
+from winnow.curate.readers.files import InputFile, compressed_kind, file_kind, open_binary
 from winnow.curate.readers.jsonl import PREVIEW
 from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
@@ -30,6 +31,38 @@ def split_key(name: str) -> tuple[str, str]:
     folder, base = posixpath.split(name)
     key, _, ext = base.partition(".")
     return posixpath.join(folder, key), ext
+
+
+class NotedTarInfo(tarfile.TarInfo):
+    """A ``TarInfo`` that notes on its archive (``damaged``: header offsets and errors) each header that fails.
+
+    With ``ignore_zeros`` (read past end-of-archive markers, as ``tar -i``) ``tarfile`` also steps over a
+    damaged header block by block without a word, and with it the member the header began; a header cut
+    short by the end of the file ends the archive as quietly. The reader makes each run of such blocks a
+    reject, and a file where no header parses is not a tar.
+    """
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        at = tar.offset
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.HeaderError as err:  # zero blocks (end markers, padding) and the file's clean end are not damage
+            if not isinstance(err, (tarfile.EOFHeaderError, tarfile.EmptyHeaderError)):
+                tar.__dict__.setdefault("damaged", []).append((at, str(err)))
+            raise
+
+
+def _damaged_regions(tar: tarfile.TarFile) -> list[tuple[int, int, str]]:
+    """The runs of failed header blocks ``NotedTarInfo`` noted since the last call: (first offset, blocks, error)."""
+    noted = tar.__dict__.pop("damaged", [])
+    regions: list[tuple[int, int, str]] = []
+    for at, error in noted:
+        if regions and at == regions[-1][0] + regions[-1][1] * tarfile.BLOCKSIZE:
+            regions[-1] = (regions[-1][0], regions[-1][1] + 1, regions[-1][2])
+        else:
+            regions.append((at, 1, error))
+    return regions
 
 
 def read_webdataset(
@@ -47,13 +80,33 @@ def read_webdataset(
         if current is not None and parts is not None:
             _add_sample(cfg, file, current, parts, offset, text_ext, buf)
 
+    def damage(tar: tarfile.TarFile) -> None:
+        for at, blocks, error in _damaged_regions(tar):
+            buf.reject(
+                "read:truncated",
+                id_=f"{cfg.source or ''}/{file.rel}#{base + at}",
+                source=cfg.source or "",
+                raw=b"",
+                where={
+                    "file": file.url,
+                    "offset": base + at,
+                    "error": f"a damaged tar header ({error}): the member it began is lost, {blocks} block(s) of "
+                    f"{tarfile.BLOCKSIZE} bytes skipped to the next header that parses",
+                },
+            )
+
     with open_binary(file.url, cfg.storage_options, decompress=span is None) as fh:
         try:
             if base:
                 fh.seek(base)
             # ignore_zeros: past an end-of-archive marker to the members after it (`cat a.tar b.tar`, as `tar -i`)
-            with tarfile.open(fileobj=fh, mode="r|*" if span is None else "r|", ignore_zeros=True) as tar:
+            with tarfile.open(
+                fileobj=fh, mode="r|*" if span is None else "r|", ignore_zeros=True, tarinfo=NotedTarInfo
+            ) as tar:
+                members = 0
                 for member in tar:
+                    members += 1
+                    damage(tar)
                     at = base + member.offset
                     if span is not None and 0 <= span.stop <= at:
                         break
@@ -97,6 +150,9 @@ def read_webdataset(
                         )
                     elif parts is not None:
                         parts[ext] = tar.extractfile(member).read()
+                if members == 0 and base == 0 and tar.__dict__.get("damaged"):
+                    _refuse_not_tar(cfg, file)  # not one header parses in the whole file
+                damage(tar)
             emit()
         except (tarfile.TarError, EOFError, OSError) as err:
             buf.reject(
@@ -108,6 +164,22 @@ def read_webdataset(
             )
     if len(buf):
         yield buf.flush()
+
+
+def _refuse_not_tar(cfg: InputConfig, file: InputFile) -> None:
+    """Raise ``InputError``: not one tar header parses in ``file``, so it is another format (named where its first
+    bytes say), not a tar with damage; read on, it would be no rows and no reject."""
+    with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
+        head = fh.read(1024)
+    found, kind = file_kind(head), compressed_kind(head)
+    if found is not None:
+        what, todo = found
+    elif head.lstrip()[:1] in (b"{", b"["):
+        what, todo = "JSON text", 'if it is JSON Lines, give it an [[inputs]] table with format = "jsonl"'
+    else:
+        what = f"{kind}-compressed data that holds no tar" if kind else "not a tar archive (no tar header parses in it)"
+        todo = "give the input the format its files are in, or leave this file out of its path"
+    raise InputError(f"input {cfg.label}: {printable(file.url)} is {what}, not a WebDataset tar shard; {todo}")
 
 
 def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, at: int, buf: RowBuffer) -> None:

@@ -745,3 +745,44 @@ def test_a_folder_of_text_files_keeps_an_image_or_utf16_file_as_a_reject_naming_
     assert rejects["reason"].to_list() == ["read:not_text"] * 2
     assert errors["fig.png"].startswith("a PNG image (its first bytes say so), not UTF-8 text")
     assert errors["notes.txt"].startswith("UTF-16 text") and "iconv -f UTF-16 -t UTF-8" in errors["notes.txt"]
+
+
+@pytest.mark.parametrize("task_bytes", [1 << 28, 1 << 14])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_damaged_tar_header_is_a_reject_and_the_members_after_it_are_read(tmp_path, task_bytes, compressed):
+    """A member whose header failed its checksum vanished with the member, counted nowhere: reading past end
+    markers (`ignore_zeros`) also stepped over damaged headers without a word."""
+    import gzip
+
+    raw = bytearray(_tar(range(10)))
+    third = 2 * (512 + 3072)  # each member: its header and 3,000 bytes of data in 6 blocks
+    assert raw[third + 257 : third + 262] == b"ustar"
+    raw[third + 148 : third + 156] = b"0000000\0"  # the third member's checksum
+    data = gzip.compress(bytes(raw)) if compressed else bytes(raw)
+    (tmp_path / "a.tar").write_bytes(data)
+    cfg = InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset")
+    batches = [b for t in plan_read_tasks([cfg], task_bytes=task_bytes) for b in read_task(cfg, t, 1000)]
+    texts = [x for b in batches for x in b.rows["text"].to_list()]
+    assert texts == [f"sample {i} " * 300 for i in range(10) if i != 2]
+    rejects = pl.concat([b.rejects for b in batches if b.rejects is not None])
+    assert rejects["reason"].to_list() == ["read:truncated"]
+    where = json.loads(rejects["meta"][0])
+    assert where["offset"] == third and "damaged tar header" in where["error"] and "lost" in where["error"]
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (good_lines(200), r"is JSON text, not a WebDataset tar shard; .*format = \"jsonl\""),
+        (b"PAR1" + bytes(600), r"is a Parquet file, not a WebDataset tar shard"),
+        (bytes(range(256)) * 8, r"is not a tar archive \(no tar header parses in it\)"),
+    ],
+)
+def test_a_file_of_a_webdataset_input_that_is_no_tar_is_refused(tmp_path, content, said):
+    """A JSON Lines file named b.tar in a WebDataset folder was 0 rows and 0 rejects: with end markers skipped, every
+    block that was not a header was stepped over too, so the file's 200 records were counted nowhere."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.tar").write_bytes(_tar(range(3)))
+    (tmp_path / "in" / "b.tar").write_bytes(content)
+    with pytest.raises(InputError, match=rf"input s: .*b\.tar {said}"):
+        read_all(InputConfig(source="s", path=str(tmp_path / "in"), format="webdataset"))
