@@ -11,6 +11,7 @@ validation before it curates, so a mistake in ``[train]`` never waits for curati
 from __future__ import annotations
 
 import argparse
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def validate(
         return checked
     overrides = {k: v for k, v in (train_overrides or {}).items() if v is not None}
     table = raw.get("train") or {}
-    if checked.job is not None and not isinstance(table.get("shards"), list):
+    if checked.job is not None and trains_on_curation(raw):
         overrides.setdefault("shards", checked.job.job.output)  # where `winnow run` trains
         if "output" not in table and "://" not in checked.job.job.output:  # beside the shards curation will write
             overrides.setdefault("output", str(Path(checked.job.job.output) / "train"))
@@ -135,6 +136,19 @@ def _check_train_paths(train: Any, name: str) -> None:
     for key, where in named:
         if isinstance(where, str) and where and not is_url(where) and not Path(where).exists():
             raise ConfigError(f"{name} [train] key {key!r}: {where} does not exist; give the path of one that does")
+
+
+def trains_on_curation(raw: dict) -> bool:
+    """Whether a job file's ``[train]`` trains on what its own curation writes: ``shards`` unset, or naming the
+    file's ``[job] output`` (so ``--output`` moves both). Other shards, a folder or a list, are trained on as
+    given."""
+    shards = (raw.get("train") or {}).get("shards")
+    if shards is None:
+        return True
+    output = (raw.get("job") or {}).get("output") if isinstance(raw.get("job"), dict) else None
+    return (
+        isinstance(shards, str) and isinstance(output, str) and posixpath.normpath(shards) == posixpath.normpath(output)
+    )
 
 
 def _check_init_from(checked: CheckedJob) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from winnow.curate.errors import ConfigError
 from winnow.curate.pipeline import run_job
 from winnow.curate.workdir import is_url
-from winnow.pipelines.check import validate
+from winnow.pipelines.check import trains_on_curation, validate
 from winnow.pipelines.cleanup import removed_on_failure
 from winnow.pipelines.curate import print_summary
 from winnow.pipelines.jobfile import read_toml
@@ -70,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"[1/3] curate: skipped, training on --shards {args.shards}")
         report_dir = Path(".")  # replaced by the run folder below
     if "train" in raw:
-        if args.shards is None and not isinstance((raw.get("train") or {}).get("shards"), list):
-            overrides["shards"] = job.job.output  # a list names its own folders
+        if args.shards is None and trains_on_curation(raw):
+            overrides["shards"] = job.job.output
+        elif args.shards is None:
+            print(f"      training on [train] shards {raw['train']['shards']}, not on what this job curates")
         cfg = load_train_config(args.job, **overrides)  # again: the run folder's default depends on what curation wrote
         refuse_study_folder(cfg.output)
         print(f"[2/3] train {cfg.steps} steps -> {cfg.output}")

@@ -430,3 +430,18 @@ def test_every_form_of_a_file_url_is_its_local_folder(tmp_path, url):
     from winnow.curate.workdir import local_path
 
     assert local_path(url.format("/a/b")) == Path("/a/b") and local_path("a/b") == Path("a/b")
+
+
+def test_run_trains_on_the_shards_train_names_and_follows_output_only_for_its_own(tmp_path):
+    """`[train] shards = "X"` in a job that curates was replaced by the job's output without a word: `winnow run`
+    trained on other data than the file names. Its own `[job] output` (or none) still follows `--output`."""
+    from tests.pipelines.ablate_util import tiny_job
+    from winnow.pipelines.check import validate
+
+    other = tiny_job(tmp_path / "other")
+    path = _one_input_job(tmp_path, tmp_path / "mine", "docs", f'[train]\nsteps = 2\nshards = "{other}"\n')
+    assert validate(path, study=False).train.shards == str(other)
+    moved = tmp_path / "moved"
+    for shards in (f'shards = "{tmp_path / "mine"}"\n', ""):
+        path = _one_input_job(tmp_path, tmp_path / "mine", "docs", f"[train]\nsteps = 2\n{shards}")
+        assert validate(path, output=str(moved), study=False).train.shards == str(moved)
