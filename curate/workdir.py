@@ -87,13 +87,25 @@ def is_url(path: str | Path) -> bool:
 
 
 def local_path(text: str | Path) -> Path:
-    """A local path as given, or the one a ``file:`` URL names (``file:///a``, ``file://localhost/a``, ``file:/a``):
-    read as a path, ``file:///a`` would be the relative ``file:/a``."""
+    """A local path as given, ``~`` expanded, or the one a ``file:`` URL names (``file:///a``, ``file://localhost/a``,
+    ``file:/a``): read as a path, ``file:///a`` would be the relative ``file:/a``, and ``~/a`` a folder ``~`` here,
+    where fsspec, reading, expands it."""
     text = str(text)
     for prefix, keep in (("file://localhost/", "/"), ("file://", ""), ("file:/", "/")):
         if text.startswith(prefix):
             return Path(keep + text[len(prefix) :])
-    return Path(text)
+    return Path(text).expanduser()
+
+
+def local_output(text: str, key: str) -> Path:
+    """``local_path`` of an output that must be a local folder; ``ConfigError`` naming ``key`` for another URL (read
+    as a path, ``s3://b/run`` was a folder ``s3:`` here, and nothing reached the store)."""
+    if is_url(text):
+        raise ConfigError(
+            f"{key} = {text!r} is a URL; it is written to a local folder: give a local path, and copy the folder to "
+            "the store once it is written"
+        )
+    return local_path(text)
 
 
 def check_url(url: str, key: str, storage_options: dict[str, Any] | None = None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from winnow.curate.workdir import local_path
+from winnow.curate.workdir import local_output, local_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "run", type=Path, help="the run folder (its newest valid checkpoint) or one checkpoints/step-N folder"
     )
-    p.add_argument("--output", type=local_path, help="where to write (default: RUN/export)")
+    p.add_argument("--output", help="a local folder to write to (default: RUN/export)")
     p.set_defaults(func=run_export)
 
 
@@ -26,9 +26,10 @@ def run_export(args: argparse.Namespace) -> int:
     from winnow.train.checkpoint import load_checkpoint
     from winnow.train.export import export_model
 
+    given = local_output(args.output, "--output") if args.output is not None else None
     checkpoint, state = load_checkpoint(local_path(args.run), what=f"winnow export {args.run}")
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    out = args.output or run_dir / "export"
+    out = given if given is not None else run_dir / "export"
     step = (state.get("counters") or {}).get("step")
     tokenizer = run_tokenizer(run_dir, state)
     try:

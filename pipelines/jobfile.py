@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import os
 import re
 import tomllib
 import types
@@ -183,6 +184,8 @@ def job_from_dict(
     job_table = dict(raw.get("job", {}))
     if output is not None:
         job_table["output"] = output
+    if isinstance(job_table.get("output"), str) and job_table["output"].startswith("~"):
+        job_table["output"] = os.path.expanduser(job_table["output"])  # as fsspec reads it: never a folder "~" here
     if workers is not None:
         job_table["workers"] = workers
     job = build_config(JobSection, job_table, f"{name} [job]")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from winnow.curate.progress import PhaseProgress
+from winnow.curate.workdir import local_output
 from winnow.train.data.shards import ShardSet, open_shards, read_shard
 from winnow.train.errors import ConfigError, ShardError
 from winnow.train.paths import JSON_BYTES, read_capped
@@ -25,9 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--vocab-size", type=int, default=8192, help="vocabulary size, special tokens included (default 8192)"
     )
-    t.add_argument(
-        "--output", required=True, type=Path, help="folder to write tokenizer.json and tokenizer_meta.json to"
-    )
+    t.add_argument("--output", required=True, help="a local folder to write tokenizer.json and tokenizer_meta.json to")
     t.add_argument("--split", default="train", help="which split's shards to read (default train)")
     t.add_argument("--max-docs", type=_positive, default=None, help="train on at most this many documents")
     t.set_defaults(func=run)
@@ -109,7 +108,8 @@ def shard_texts(
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_output(Path(args.output))
+    args.output = local_output(args.output, "--output")
+    _check_output(args.output)
     folder = job_folder(args.data)
     shards, fmt = open_any_format(folder, args.split)
     seen = 0

@@ -88,11 +88,11 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
 
 
 def _local_urls(table: dict) -> None:
-    """``file://`` folders in the [train] keys that name folders, as the local paths they are (read as a path,
-    ``file:///a`` named a folder ``file:`` in the current one)."""
+    """``file://`` and ``~`` folders in the [train] keys that name folders, as the local paths they are (read as a
+    path, ``file:///a`` named a folder ``file:`` in the current one, and ``~/a`` a folder ``~``)."""
 
     def local(value):
-        return str(local_path(value)) if isinstance(value, str) and value.startswith("file:") else value
+        return str(local_path(value)) if isinstance(value, str) and value.startswith(("file:", "~")) else value
 
     for key in ("output", "shards"):
         if key in table:

@@ -94,7 +94,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _finite(self, "train")
         _check(
-            isinstance(self.output, str) and bool(self.output.strip()), "output", self.output, "a folder for the run"
+            isinstance(self.output, str) and bool(self.output.strip()) and "://" not in self.output,
+            "output",
+            self.output,
+            "a local folder for the run (not a URL: checkpoints and metrics are written to local disk; copy the "
+            "folder to the store once it is written)",
         )
         for key in ("steps", "grad_accum", "eval_batches"):
             value = getattr(self, key)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from winnow.curate.errors import ConfigError
+from winnow.curate.workdir import is_url
 
 KINDS = ("leave_one_out", "weights", "mixes", "random_mixes", "replay", "drop", "settings", "order")
 #: the kinds whose variants re-curate the job (their own shards); the others re-mix the baseline's shards
@@ -74,7 +75,10 @@ class AblateConfig:
                 raise ConfigError(f"ablate.{key} = {value!r} is invalid; allowed: {allowed}")
 
         check(
-            self.output is None or bool(self.output.strip()), "output", self.output, "a folder for the study, or no key"
+            self.output is None or (bool(self.output.strip()) and (not is_url(self.output))),
+            "output",
+            self.output,
+            "a local folder for the study (not a URL: its runs are written to local disk), or no key",
         )
         kinds = [self.kind] if isinstance(self.kind, str) else self.kind
         wrong = next((k for k in kinds if k not in KINDS), None) if all(isinstance(k, str) for k in kinds) else None

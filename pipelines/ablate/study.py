@@ -216,8 +216,8 @@ def plan_on_manifest(
 
 
 def study_ablate_config(acfg: AblateConfig) -> AblateConfig:
-    """``acfg`` with a ``file://`` output as the folder it names."""
-    if acfg.output is None or not acfg.output.startswith("file:"):
+    """``acfg`` with a ``file://`` or ``~`` output as the folder it names."""
+    if acfg.output is None or not acfg.output.startswith(("file:", "~")):
         return acfg
     return dataclasses.replace(acfg, output=str(local_path(acfg.output)))
 

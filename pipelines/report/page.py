@@ -64,10 +64,16 @@ def _check_replaceable(target: Path, what: str) -> None:
         return
     try:
         with open(target, "rb") as fh:
-            head = fh.read(4096).decode("utf-8", errors="replace")
+            head = fh.read(4096)
     except OSError as err:
         raise InputError(f"{what} {target} exists and cannot be read ({err.strerror}); give another path") from err
-    if GENERATOR not in head and not (head.startswith(_OLD_PAGE) and _CSS[:60] in head):
+    _check_winnow_page(head, target, what)
+
+
+def _check_winnow_page(head: bytes, target: Path | str, what: str) -> None:
+    """Refuse ``target``, a file (or a store's object) whose first bytes are ``head``, unless winnow report wrote it."""
+    text = head.decode("utf-8", errors="replace")
+    if GENERATOR not in text and not (text.startswith(_OLD_PAGE) and _CSS[:60] in text):
         raise InputError(
             f"{what} {target} exists and is not a page winnow report wrote: winnow does not replace it; give another "
             "--output, or move the file"
@@ -469,6 +475,8 @@ def write_report(
     page = render(job, run, study, diagnose_cfg=diagnose_cfg)
     if output is None and is_url(path):
         target = f"{str(path).rstrip('/')}/report.html"
+        if job.fs.exists(target):
+            _check_winnow_page(job.fs.cat_file(target, start=0, end=4096), target, "the report")
         job.fs.pipe_file(target, page.encode("utf-8"))
     else:
         target = Path(output) if output is not None else Path(path) / "report.html"

@@ -169,6 +169,12 @@ def test_a_job_on_s3_writes_the_same_bytes_as_a_local_run(tmp_path, s3, local_ru
     page = s3.cat_file(f"{prefix}/report.html").decode()
     assert "winnow report: job" in page and "score histograms" in page
     assert list(cwd.iterdir()) == []  # no local folder named after the URL
+    assert main(["-q", "report", f"s3://{prefix}"]) == 0  # its own page: replaced
+    s3.pipe_file(f"{prefix}/report.html", b"<html>my own page</html>")  # the user's: never replaced
+    assert main(["-q", "report", f"s3://{prefix}"]) == 2
+    assert "is not a page winnow report wrote" in capsys.readouterr().err
+    assert s3.cat_file(f"{prefix}/report.html") == b"<html>my own page</html>"
+    s3.rm_file(f"{prefix}/report.html")
     # a re-run of the finished job starts afresh in the prefix winnow owns, and writes the same bytes again
     run_job(load_job(job_file(tmp_path, "job", f"s3://{prefix}")), progress=False)
     assert store_outputs(s3, prefix) == expected

@@ -445,3 +445,48 @@ def test_run_trains_on_the_shards_train_names_and_follows_output_only_for_its_ow
     for shards in (f'shards = "{tmp_path / "mine"}"\n', ""):
         path = _one_input_job(tmp_path, tmp_path / "mine", "docs", f"[train]\nsteps = 2\n{shards}")
         assert validate(path, output=str(moved), study=False).train.shards == str(moved)
+
+
+@pytest.mark.parametrize(
+    ("table", "command", "said"),
+    [
+        ('[train]\nsteps = 2\noutput = "s3://bucket/run"\n', "check", r"train\.output = 's3://bucket/run' is invalid"),
+        ('[train]\nsteps = 2\n[ablate]\nkind = "weights"\noutput = "s3://bucket/study"\n', "check",
+         r"ablate\.output = 's3://bucket/study' is invalid"),
+    ],
+)  # fmt: skip
+def test_an_output_that_must_be_local_given_as_a_url_is_refused_naming_the_key(tmp_path, capsys, table, command, said):
+    """Read as a path, `s3://bucket/run` was a folder `s3:` in the current one: the run or study went there, and
+    nothing reached the store."""
+    path = _one_input_job(tmp_path, tmp_path / "job", "docs", table)
+    assert main([command, str(path)]) == 2
+    assert re.search(said, capsys.readouterr().err)
+    assert not (Path.cwd() / "s3:").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "RUN", "--output", "s3://bucket/export"],
+        ["report", "RUN", "--output", "s3://bucket/report.html"],
+        ["tokenizer", "train", "RUN", "--output", "s3://bucket/tok"],
+    ],
+)
+def test_a_command_output_given_as_a_url_is_refused(tmp_path, capsys, argv):
+    argv = [str(tmp_path) if a == "RUN" else a for a in argv]
+    assert main(argv) == 2
+    assert "--output = 's3://bucket/" in capsys.readouterr().err
+    assert not (Path.cwd() / "s3:").exists()
+
+
+def test_a_job_output_under_home_written_with_a_tilde_goes_there(tmp_path, monkeypatch):
+    """`output = "~/out"` wrote a folder `~` in the current one, while the ownership checks (through fsspec) read
+    the home folder's: a later `rm -rf ~` of that stray folder would have been the user's home."""
+    from winnow.curate.pipeline import run_job
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    path = _one_input_job(tmp_path, "~/out", "docs", "")
+    run_job(load_job(path), progress=False)
+    assert (tmp_path / "home" / "out" / "manifest.json").is_file() and not (tmp_path / "~").exists()
