@@ -23,6 +23,8 @@ from winnow.curate.writers.tokens import TOKENIZER_FILE, subset_token_shard
 from winnow.pipelines.ablate.layout import source_folder, write_atomic
 from winnow.pipelines.provenance import manifest_sha256
 from winnow.train.data.shards import job_manifest
+from winnow.train.errors import ShardError
+from winnow.train.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,29 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
     return folders, {s: b / total for s, b in sizes.items()}
 
 
+def _verified(job_dir: str, entry: dict) -> bytes:
+    """A job's Parquet shard, checked against its manifest entry (its place, size and sha256), as the loader checks
+    the shards it reads: a view gets checksums of its own, so a shard missing, cut short or replaced is refused here,
+    naming it, or it is trained on without a word."""
+    where = f"{job_dir}/manifest.json"
+    if not inside(entry.get("path")):
+        raise ShardError(f"{where} lists the shard path {entry.get('path')!r}, which leaves the job folder")
+    path = Path(job_dir) / entry["path"]
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ShardError(
+            f"{path} is not there, though {where} lists it: copy the folder whole again, or curate the job again"
+        ) from None
+    size, digest = entry.get("bytes"), entry.get("sha256")
+    if (size is not None and len(data) != size) or (digest is not None and hashlib.sha256(data).hexdigest() != digest):
+        raise ShardError(
+            f"{path}: {len(data)} bytes that are not the shard {where} lists ({size} bytes, its sha256) (cut short "
+            "or replaced): copy the folder whole again, or curate the job again"
+        )
+    return data
+
+
 def _reusable_view(folder: Path, digest: str, formats: list[str]) -> dict | None:
     path = folder / "manifest.json"
     if not path.is_file():
@@ -94,7 +119,7 @@ def _write_view(
                 shards.append(written)
                 n_tokens += written["tokens"]
             continue
-        rows = pl.read_parquet(Path(job_dir) / entry["path"], glob=False).filter(pl.col("source") == source)
+        rows = pl.read_parquet(io.BytesIO(_verified(job_dir, entry))).filter(pl.col("source") == source)
         if rows.is_empty():
             continue
         path = (shard_dir(folder, "parquet", "train") / f"{name}.parquet").relative_to(folder).as_posix()

@@ -96,6 +96,26 @@ def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
     assert again == folders
 
 
+@pytest.mark.parametrize("damage", ["replaced", "cut", "missing"])
+def test_splitting_by_source_checks_each_shard_against_the_manifest(job, tmp_path, damage):
+    """A study, adaptive mixing and per-source weights split the job's Parquet shards into per-source views with
+    checksums of their own: a shard replaced by another was trained on without a word (the loader refuses it in
+    the job folder), and a missing or cut one was a polars traceback."""
+    from winnow.train.errors import ShardError
+
+    shards = sorted((job / "shards" / "train").glob("*.parquet"))
+    first, other = shards[0], shards[-1]
+    if damage == "replaced":
+        first.write_bytes(other.read_bytes())
+    elif damage == "cut":
+        first.write_bytes(first.read_bytes()[:100])
+    else:
+        first.unlink()
+    said = "is not there, though" if damage == "missing" else "that are not the shard .* lists .*cut short or replaced"
+    with pytest.raises(ShardError, match=rf"{first.name}.*{said}"):
+        split_by_source(str(job), tmp_path / "views")
+
+
 def test_ranks_splitting_the_same_job_at_once_never_record_a_half_written_shard(job, tmp_path):
     """Every rank of a distributed run splits the job into per-source sets at the same moment: whatever the
     interleaving, each view's recorded checksums are those of the files that end up on disk."""
