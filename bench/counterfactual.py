@@ -164,6 +164,8 @@ def report(study: Path) -> None:
     path = study / "ablation" / "correlation.json"
     if not path.is_file():
         raise SystemExit(f"no {path}: the study has not finished")
+    from winnow.pipelines.ablate.correlation import measurement_text, rho_text
+
     c = json.loads(path.read_text())
     above = c["above_noise"]
     print(
@@ -172,15 +174,13 @@ def report(study: Path) -> None:
     )
     print(f"  signs right:     {c['sign_agree']}/{above} ({100 * c['sign_agree'] / max(above, 1):.0f}%; target 90%)")
     print(f"  within 2x:       {c['within_2x']}/{above} ({100 * c['within_2x'] / max(above, 1):.0f}%; target 80%)")
-    print(f"  Spearman:        {c['spearman']:.3f} over all cells (target 0.9)")
+    print(f"  Spearman:        {rho_text(c['spearman'])} over all cells (target 0.9)")
     for kind, part in (c.get("by_kind") or {}).items():
         print(
             f"    {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
-            f"{part['above_noise']}, Spearman {part['spearman']:.3f}"
+            f"{part['above_noise']}, Spearman {rho_text(part['spearman'])}"
         )
     if c.get("measurement"):
-        from winnow.pipelines.ablate.correlation import measurement_text
-
         print(f"  {measurement_text(c['measurement'])}")
     print(f"  {c.get('note', '')}")
 

@@ -160,9 +160,20 @@ def compare_with_counterfactual(
     }
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    """The rank correlation of ``a`` and ``b``; None where there is none (fewer than 3 values, or one side constant):
+    ``correlation.json`` stays JSON, where NaN is not."""
+    if len(a) < 3:
+        return None
     ranks = pl.DataFrame({"a": a, "b": b}).select(pl.all().rank()).to_numpy()
-    return float(np.corrcoef(ranks.T)[0, 1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = float(np.corrcoef(ranks.T)[0, 1])
+    return rho if np.isfinite(rho) else None
+
+
+def rho_text(rho: float | None) -> str:
+    """A Spearman correlation as the tables print it, or why there is none."""
+    return f"{rho:.3f}" if rho is not None else "none (under 3 cells, or one side constant)"
 
 
 def split_half(groups: dict[str, list[dict]], base_runs: list[dict], held: list[str]) -> dict | None:
@@ -195,9 +206,8 @@ def split_half(groups: dict[str, list[dict]], base_runs: list[dict], held: list[
                     if None not in values:
                         a.append(values[0] - values[1])
                         b.append(values[2] - values[3])
-            if len(a) >= 3:
-                rhos.append(_spearman(np.array(a), np.array(b)))
-    rhos = [r for r in rhos if np.isfinite(r)]
+            rhos.append(_spearman(np.array(a), np.array(b)))
+    rhos = [r for r in rhos if r is not None]
     if not rhos:
         return None
     r = float(np.mean(rhos))
@@ -216,10 +226,7 @@ def measurement_text(measurement: dict) -> str:
 
 def agreement(cells: pl.DataFrame) -> dict:
     """Spearman over the cells; on those above the seed noise, the signs that agree and the sizes within 2x."""
-    if cells.height > 2:
-        spearman = _spearman(cells["measured"].to_numpy(), cells["predicted"].to_numpy())
-    else:
-        spearman = float("nan")
+    spearman = _spearman(cells["measured"].to_numpy(), cells["predicted"].to_numpy())
     strong = cells.filter(pl.col("above_noise"))
     measured, predicted = strong["measured"].to_numpy(), strong["predicted"].to_numpy()
     same = np.sign(measured) == np.sign(predicted)

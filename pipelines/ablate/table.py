@@ -10,7 +10,12 @@ import numpy as np
 import polars as pl
 
 from winnow.pipelines.ablate.compare import Effect, effects
-from winnow.pipelines.ablate.correlation import above_noise_text, compare_with_counterfactual, measurement_text
+from winnow.pipelines.ablate.correlation import (
+    above_noise_text,
+    compare_with_counterfactual,
+    measurement_text,
+    rho_text,
+)
 from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
 
 
@@ -163,13 +168,13 @@ def agreement_text(summary: dict) -> str:
     lines = [
         f"Counterfactual (the baseline's, {summary['counterfactual_runs']} seed(s)) against the measured deltas: "
         f"signs agree on {summary['sign_agree']} of the {above_noise_text(summary)}, sizes within "
-        f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {summary['spearman']:.3f} over "
+        f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {rho_text(summary['spearman'])} over "
         f"all {summary['n_cells']} cells"
     ]
     for kind, part in summary["by_kind"].items():
         lines.append(
             f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
-            f"{part['above_noise']}, Spearman {part['spearman']:.3f} over {part['n_cells']} cells"
+            f"{part['above_noise']}, Spearman {rho_text(part['spearman'])} over {part['n_cells']} cells"
         )
     if summary.get("measurement"):
         lines.append(measurement_text(summary["measurement"]))

@@ -19,7 +19,7 @@ import numpy as np
 from winnow.curate.atomic import write_text_atomic
 from winnow.curate.errors import InputError
 from winnow.curate.workdir import is_url
-from winnow.pipelines.ablate.correlation import above_noise_text, measurement_text
+from winnow.pipelines.ablate.correlation import above_noise_text, measurement_text, rho_text
 from winnow.pipelines.ablate.layout import Study, load_study
 from winnow.pipelines.report import continued, plots
 from winnow.pipelines.report import counterfactual as cf_text
@@ -386,7 +386,7 @@ def study_section(study: Study) -> str:
     if study.correlation:
         c = study.correlation
         parts.append(
-            f"<p>Attribution vs ablation: Spearman {c['spearman']:.3f} over {c['n_cells']} cells; signs agree "
+            f"<p>Attribution vs ablation: Spearman {rho_text(c['spearman'])} over {c['n_cells']} cells; signs agree "
             f"on {c['sign_agree']} of the {html.escape(above_noise_text(c))}. "
             f"{html.escape(measurement_text(c['measurement']) if c.get('measurement') else '')} "
             f"{html.escape(c.get('note', ''))}</p>"
@@ -396,7 +396,7 @@ def study_section(study: Study) -> str:
                 _table(
                     ["variants", "cells", "Spearman", "signs agree above noise"],
                     [
-                        [k, p["n_cells"], p["spearman"], f"{p['sign_agree']} / {p['above_noise']}"]
+                        [k, p["n_cells"], rho_text(p["spearman"]), f"{p['sign_agree']} / {p['above_noise']}"]
                         for k, p in c["by_kind"].items()
                     ],
                 )

@@ -365,7 +365,7 @@ def ablation_heatmap(frame) -> bytes | None:
     return _png(fig)
 
 
-def attribution_scatter(cells, spearman: float) -> bytes:
+def attribution_scatter(cells, spearman: float | None) -> bytes:
     """Predicted vs measured held-out loss change per (variant, source); hollow markers are within the noise."""
     fig, ax = _subplots(figsize=(6, 4.5))
     colors = palette(cells["source"].unique().to_list())
@@ -384,7 +384,7 @@ def attribution_scatter(cells, spearman: float) -> bytes:
     ax.axhline(0, color="gray", linewidth=0.8)
     ax.axvline(0, color="gray", linewidth=0.8)
     ax.set(
-        title=f"Attribution vs ablation (Spearman {spearman:.2f})",
+        title="Attribution vs ablation" + (f" (Spearman {spearman:.2f})" if spearman is not None else ""),
         xlabel="first-order prediction (nats)",
         ylabel="measured change vs baseline (nats)",
     )

@@ -200,6 +200,20 @@ def test_sizes_within_a_factor_two_are_counted_on_the_cells_above_the_noise():
     assert (found["above_noise"], found["sign_agree"], found["within_2x"]) == (3, 2, 1)
 
 
+@pytest.mark.parametrize("predicted", [[0.3, 0.1], [0.2, 0.2, 0.2]], ids=["two cells", "constant"])
+def test_a_spearman_there_is_none_of_is_null_in_json_and_said_so(predicted):
+    """Two cells (a one-variant study), or a prediction the same for every cell, gave `"spearman": NaN`, which strict
+    JSON readers refuse, and `Spearman nan` in the terminal."""
+    from winnow.pipelines.ablate.table import agreement_text
+
+    n = len(predicted)
+    cells = pl.DataFrame({"measured": [0.2, -0.1, 0.05][:n], "predicted": predicted, "above_noise": [True] * n})
+    found = {**agreement(cells), "counterfactual_runs": 2, "by_kind": {}, "note": ""}
+    assert found["spearman"] is None
+    json.loads(json.dumps(found), parse_constant=lambda c: pytest.fail(f"{c} in correlation.json"))
+    assert "Spearman none (under 3 cells, or one side constant)" in agreement_text(found)
+
+
 def test_a_study_without_seed_noise_does_not_count_cells_above_it():
     """With one baseline seed every nonzero change was "above the seed noise", a noise nobody measured."""
     from winnow.pipelines.ablate.table import agreement_text
