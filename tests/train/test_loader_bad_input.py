@@ -138,3 +138,12 @@ def test_a_tar_with_two_samples_of_one_name_is_refused_naming_it():
                 tar.addfile(info, io.BytesIO(data))
     with pytest.raises(ShardError, match="two samples are named 'dup'"):
         read_tar(buf.getvalue(), "t.tar")
+
+
+def test_a_manifest_listing_a_shard_twice_is_refused(folder):
+    """A shard listed twice in a hand-edited manifest was read twice per epoch: other data than the job curated."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["shards"].append(manifest["shards"][0])
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=r"lists the shard shards/train/part-00000-00000\.parquet twice"):
+        Loader(LoaderConfig(), folder)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,12 @@ def open_shards(
     ]
     if not shards:
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
+    twice = next((p for p, n in Counter(s.path for s in shards).items() if n > 1), None)
+    if twice is not None:  # a run would read it once per listing: other data than the job curated
+        raise ShardError(
+            f"{where} lists the shard {twice} twice; a job's manifest names each shard once (this one is damaged "
+            "or edited by hand): curate the job again"
+        )
     if view is None:
         check_listed(
             fs, root, [s.path for s in shards], where, missing=missing, sizes={s.path: s.bytes for s in shards}
