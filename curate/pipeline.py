@@ -62,6 +62,7 @@ from winnow.curate.outdir import (
 )
 from winnow.curate.progress import PhaseProgress
 from winnow.curate.readers import largest_first, native_columns, plan_read_tasks, read_task
+from winnow.curate.readers.files import glob_matches
 from winnow.curate.reuse import adopt_phase, adopt_plan, reused, write_key
 from winnow.curate.stages import Barrier, Plan, stage_class
 from winnow.curate.stages.ids import (
@@ -608,6 +609,13 @@ def _check_inputs_outside(read_tasks, inputs, output: str) -> None:
                     f"[job] output {output} is inside the input folder {pattern} (input {cfg.label}): a rerun would "
                     "read the shards, rejects and manifest winnow writes there; choose an output outside it"
                 )
+            written = _output_files_matched(pattern, output)
+            if written is not None:
+                raise ConfigError(
+                    f"input {cfg.label}'s path {pattern} matches files winnow writes in the job's output folder "
+                    f"{output} ({written}): every later run would read them as input (and refuse to start); choose "
+                    "a [job] output it does not reach, or a narrower pattern"
+                )
     for task in read_tasks:
         for file in task.files:
             if within(where(file.url), root):
@@ -615,6 +623,31 @@ def _check_inputs_outside(read_tasks, inputs, output: str) -> None:
                     f"input file {file.url} is inside the job's output folder {output}: winnow would read the files it "
                     "writes there; choose a [job] output outside every input path (or move the inputs)"
                 )
+
+
+#: Files of every kind winnow writes in a job's output folder (``OWN_ENTRIES``), as a pattern may reach them.
+_OUTPUT_SAMPLES = (
+    "manifest.json",
+    "README.md",
+    "shards/parquet/train/part-00000-00000.parquet",
+    "shards/webdataset/train/part-00000-00000.tar",
+    "shards/tokens/train/part-00000-00000.bin",
+    "rejects/p1-t00000.parquet",
+)
+
+
+def _output_files_matched(pattern: str, output: str) -> str | None:
+    """The first of the files winnow writes in ``output`` that the input glob ``pattern`` lists (relative to
+    ``output``), or None; a pattern without wildcards names its files or folders itself (checked on what it lists)."""
+    if not any(c in pattern for c in "*?["):
+        return None
+    if is_url(pattern) != is_url(output):
+        return None
+    if is_url(pattern):
+        pattern, output = pattern.split("://", 1)[1], output.split("://", 1)[1]
+    else:
+        pattern, output = os.path.abspath(os.path.expanduser(pattern)), os.path.abspath(output)
+    return next((f for f in _OUTPUT_SAMPLES if glob_matches(pattern, f"{output.rstrip('/')}/{f}")), None)
 
 
 def run_job(

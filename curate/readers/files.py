@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import re
 from dataclasses import dataclass, replace
 from typing import IO
 
@@ -317,3 +318,37 @@ def open_binary(url: str, storage_options: dict, *, decompress: bool = True) -> 
             f"cannot open input file {printable(url)}: {err}; check that it is a readable regular file, "
             f'or set [job] on_error = "skip" to go on without it'
         ) from err
+
+
+def _segment_regex(segment: str) -> str:
+    """One path segment of a glob as a regex: ``*`` and ``?`` stay within the segment, ``[...]`` is a class."""
+    out, i = [], 0
+    while i < len(segment):
+        c = segment[i]
+        end = segment.find("]", i + 2) if c == "[" else -1
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif end != -1:
+            body = segment[i + 1 : end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def glob_matches(pattern: str, path: str) -> bool:
+    """Whether ``path`` is one of the files the glob ``pattern`` lists (fsspec's: ``**`` any depth, ``*`` and ``?``
+    within one segment), both written alike (both absolute, or both URLs)."""
+    segments = pattern.rstrip("/").split("/")
+    regex = ""
+    for k, segment in enumerate(segments):
+        last = k == len(segments) - 1
+        if segment == "**":
+            regex += "(?:[^/]+/)*[^/]+" if last else "(?:[^/]+/)*"
+        else:
+            regex += _segment_regex(segment) + ("" if last else "/")
+    return re.fullmatch(regex, path) is not None

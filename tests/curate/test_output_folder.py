@@ -149,6 +149,33 @@ def test_an_output_that_holds_the_inputs_or_lies_in_an_input_folder_is_refused_b
 
 
 @pytest.mark.parametrize(
+    ("pattern", "refused"),
+    [("**/*.parquet", True), ("**", True), ("*/*.json*", True), ("*/*.jsonl", False), ("in/a.*", False)],
+)
+def test_a_glob_that_would_reach_the_output_folders_files_is_refused_on_the_first_run(
+    tmp_path, capsys, pattern, refused
+):
+    """`path = "g/**/*.parquet"` with `output = "g/out"` curated once, then refused every later run (its glob now
+    matched its own shards), --overwrite and resume too; a glob that cannot reach the output's files runs."""
+    data = tmp_path / "g"
+    (data / "in").mkdir(parents=True)
+    (data / "in" / "a.jsonl").write_bytes(orjson.dumps({"id": "a", "text": "hello"}) + b"\n")
+    pq_rows = data / "in" / "b.parquet"
+    import polars as pl
+
+    pl.DataFrame({"id": ["b"], "text": ["hi"]}).write_parquet(pq_rows)
+    fmt = "parquet" if pattern.endswith("parquet") else "jsonl"
+    job = tmp_path / "job.toml"
+    job.write_text(f'[job]\nname = "o"\n[[inputs]]\nsource = "s"\nformat = "{fmt}"\npath = "{data}/{pattern}"\n')
+    rc, err = curate(job, data / "out", capsys)
+    if refused:
+        assert rc == 2 and f"matches files winnow writes in the job's output folder {data / 'out'}" in err
+        assert not (data / "out").exists()
+    else:
+        assert (rc, curate(job, data / "out", capsys)[0]) == (0, 0)  # and again
+
+
+@pytest.mark.parametrize(
     "what",
     ["rejects is a link", "manifest.json is a link", "a link inside shards", "rejects is a file",
      "manifest.json is not winnow's", "a file of the user's in artifacts"],
