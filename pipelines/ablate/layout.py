@@ -41,6 +41,7 @@ from pathlib import Path
 import polars as pl
 
 from winnow.curate.atomic import write_text_atomic as write_atomic  # the one implementation; re-exported for the study
+from winnow.curate.errors import InputError
 from winnow.curate.names import path_name
 
 log = logging.getLogger(__name__)
@@ -219,16 +220,41 @@ def load_study(path: str | Path) -> Study | None:
         return None
 
     def optional_json(p: Path) -> dict | None:
-        return json.loads(p.read_text()) if p.is_file() else None
+        """The table file's object; an unreadable one (cut short, edited, not an object) is skipped, said once."""
+        if not p.is_file():
+            return None
+        try:
+            value = json.loads(p.read_bytes())
+        except (ValueError, UnicodeDecodeError) as err:
+            value = err
+        if isinstance(value, dict):
+            return value
+        log.warning("%s is not what `winnow ablate` writes (%s); the report leaves it out: re-run the study", p,
+                    value if isinstance(value, Exception) else f"a JSON {type(value).__name__}, not an object")  # fmt: skip
+        return None
 
+    def optional_csv(p: Path) -> pl.DataFrame | None:
+        if not p.is_file():
+            return None
+        try:
+            return pl.read_csv(p)
+        except (pl.exceptions.PolarsError, UnicodeDecodeError) as err:
+            log.warning(
+                "%s is not what `winnow ablate` writes (%s); the report leaves it out: re-run the study", p, err
+            )
+            return None
+
+    table = optional_csv(layout.table_csv)
+    if table is None:
+        raise InputError(f"{layout.table_csv} cannot be read (cut short or edited); re-run the study (`winnow ablate`)")
     effects = optional_json(layout.effects_json)
     return Study(
         layout=layout,
-        table=pl.read_csv(layout.table_csv),
-        effects=pl.read_csv(layout.effects_csv) if layout.effects_csv.is_file() else None,
+        table=table,
+        effects=optional_csv(layout.effects_csv),
         summary=(effects or {}).get("summary", []),
         correlation=optional_json(layout.correlation_json),
-        cells=pl.read_csv(layout.cells_csv) if layout.cells_csv.is_file() else None,
+        cells=optional_csv(layout.cells_csv),
         mixes=optional_json(layout.mixes_json),
         adaptive=optional_json(layout.adaptive_json),
         images=sorted(layout.tables.glob("*.png")),

@@ -139,6 +139,10 @@ def read_job_folder(path: str | Path, storage_options: dict[str, Any] | None = N
         manifest = json.loads(text)
     except json.JSONDecodeError as err:
         raise InputError(f"{where} is not valid JSON ({err}); re-run the curation job") from err
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards", []), list):
+        raise InputError(
+            f"{where} is not a job's manifest (a JSON object with a list of shards); re-run the curation job"
+        )
     return CurationJob(path=path, manifest=upgrade(manifest, where=where), fs=fs)
 
 

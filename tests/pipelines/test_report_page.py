@@ -145,6 +145,31 @@ def test_ablation_study_folder_on_its_own(tmp_path):
     assert "<h3>Ablation</h3>" in page and set(images(page)) == {"ablation heatmap"}
 
 
+@pytest.mark.parametrize("damage", [b"[1, 2]", b"\xff\xfe garbage", b'{"summary": [', b"{}"])
+def test_a_studys_damaged_table_files_are_left_out_said_once_and_its_table_is_refused(tmp_path, caplog, damage):
+    """effects.json as a list, garbage bytes or cut short: AttributeError, UnicodeDecodeError or JSONDecodeError."""
+    layout = StudyLayout(tmp_path / "study")
+    layout.tables.mkdir(parents=True)
+    layout.table_csv.write_text("variant,delta_code\nbaseline,0.0\nno_code,0.4\n")
+    for path in (layout.effects_json, layout.correlation_json):
+        path.write_bytes(damage)
+    layout.effects_csv.write_bytes(b"\xff\x00" * 10)
+    page = render(*locate(tmp_path / "study"))
+    assert "<h3>Ablation</h3>" in page
+    if damage != b"{}":
+        assert "correlation.json is not what `winnow ablate` writes" in caplog.text
+    layout.table_csv.write_bytes(b"\xff\x00\n" * 3)
+    with pytest.raises(InputError, match=r"table\.csv cannot be read .*re-run the study"):
+        locate(tmp_path / "study")
+
+
+def test_a_manifest_that_is_not_an_object_is_an_input_error(tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "manifest.json").write_text("[1, 2, 3]")
+    with pytest.raises(InputError, match=r"manifest\.json is not a job's manifest"):
+        write_report(tmp_path / "job")
+
+
 def test_alerts_are_listed_and_diagnosed_on_the_page(full):
     page = full[2]
     assert "<td>25</td><td>loss_spike</td>" in page
