@@ -77,8 +77,8 @@ def _steady(values: np.ndarray, skip: int) -> np.ndarray:
 def loss_spikes(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     """Loss spikes and non-finite steps: which sources and shards were in those batches; precision."""
     events = [a for a in run.alerts if a.get("kind") in SKIP_ALERT.values()]
-    if not events:
-        return None
+    if not events:  # alerts.jsonl missing or unreadable: the metrics still say which intervals trained nothing
+        return _untrained_intervals(run)
     sources = Counter(s for a in events for s in set(a.get("sources") or []))
     shards = Counter(PurePath(str(o[0])).name for a in events for o in {tuple(o) for o in a.get("origins") or []})
     steps = ", ".join(str(a["step"]) for a in events[:10]) + (" ..." if len(events) > 10 else "")
@@ -114,6 +114,27 @@ def loss_spikes(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
         evidence=evidence,
         settings=settings,
         severity="critical" if nonfinite else "warning",
+    )
+
+
+def _untrained_intervals(run: TrainingRun) -> Finding | None:
+    """Log intervals whose every step the trainer skipped (``"loss": null``), where no alert tells more."""
+    skipped = [r["step"] for r in run.logs if "loss" in r and r["loss"] is None]
+    if not skipped:
+        return None
+    steps = ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else "")
+    return Finding(
+        rule="loss_spike",
+        title="Steps skipped: non-finite losses or spikes",
+        evidence=[
+            f"{len(skipped)} log interval(s) in which every step was skipped (their loss is null), ending at step "
+            f"{steps}; alerts.jsonl, which names the sources and shards of such steps, has none of them"
+        ],
+        settings=[
+            _setting(run, "optim.lr") + ": lower it, or lengthen " + _setting(run, "optim.warmup_steps"),
+            _setting(run, "optim.grad_clip") + ": clip harder",
+        ],
+        severity="critical",
     )
 
 

@@ -229,7 +229,9 @@ _FIGURES: dict[str, type | None] = {
 
 
 def _shaped(x: object, container: type | None) -> bool:
-    return _number(x) if container is None else isinstance(x, container) and _numbers(x)
+    """A number (or null: the trainer writes ``"loss": null`` for an interval whose every step it skipped), or a
+    ``container`` of numbers."""
+    return (x is None or _number(x)) if container is None else isinstance(x, container) and _numbers(x)
 
 
 def _well_formed(record: dict) -> bool:

@@ -46,6 +46,19 @@ def test_nonfinite_steps_are_critical(tmp_path):
     assert found["loss_spike"].severity == "critical"
 
 
+def test_intervals_that_trained_nothing_are_critical_without_alerts(tmp_path):
+    """The trainer writes `"loss": null` for an interval whose every step it skipped: the report dropped those
+    records as malformed, and with alerts.jsonl missing the diagnosis said the loss looked normal."""
+    records = healthy_records()
+    for r in records:
+        if "loss" in r and r["step"] in (20, 30):
+            r["loss"] = None
+    run = load_run(write_run(tmp_path / "run", records))
+    assert run.bad_lines == 0 and [r["step"] for r in run.logs if r.get("loss", 0) is None] == [20, 30]
+    found = {f.rule: f for f in diagnose(run, DiagnoseConfig(memory_limit_gib=16.0))}["loss_spike"]
+    assert found.severity == "critical" and "2 log interval(s) in which every step was skipped" in found.evidence[0]
+
+
 def test_high_data_wait_points_at_the_loader(tmp_path):
     records = [log_record(s, loss=3.0, data_wait_pct=60.0) for s in range(5, 55, 5)]
     found = rules(tmp_path, records, config={"data": {"num_workers": 1}})
