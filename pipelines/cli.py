@@ -201,7 +201,13 @@ def _run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 2
+    except MemoryError as err:  # numpy's too: settings that ask for more memory than the machine has
+        print(f"winnow {args.command}: error: {_out_of_memory(err)}", file=sys.stderr)
+        return 2
     except Exception as err:  # a full disk that reached here wrapped in another error: still one line
+        if _allocation_failed(err):
+            print(f"winnow {args.command}: error: {_out_of_memory(err)}", file=sys.stderr)
+            return 2
         if not disk_full(err):
             raise
         print(
@@ -214,6 +220,24 @@ def _run(args: argparse.Namespace) -> int:
         how = "stopped by SIGTERM" if isinstance(err, Terminated) else "interrupted"
         print(f"winnow {args.command}: {how}; re-run the same command to resume", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
+
+
+def _allocation_failed(err: Exception) -> bool:
+    """Whether ``err`` is torch's refusal to allocate a tensor (its CPU allocator's, or a device's out-of-memory)."""
+    text = str(err)
+    return type(err).__name__ == "OutOfMemoryError" or (
+        isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
+    )
+
+
+def _out_of_memory(err: BaseException) -> str:
+    logging.getLogger(__name__).debug("the command's error", exc_info=True)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (
+        f"out of memory ({first[:200]}): the settings ask for more memory than this machine has; lower the model's "
+        "sizes ([train.model]) or the batch ([train.data] batch_size, seq_len; [train] grad_accum), or for curation "
+        "[job] workers, batch_rows or memory_gb (`winnow plan` sizes a run for a machine)"
+    )
 
 
 def _missing(name: str | None, err: ModuleNotFoundError) -> int:

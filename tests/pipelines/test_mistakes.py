@@ -490,3 +490,31 @@ def test_a_job_output_under_home_written_with_a_tilde_goes_there(tmp_path, monke
     path = _one_input_job(tmp_path, "~/out", "docs", "")
     run_job(load_job(path), progress=False)
     assert (tmp_path / "home" / "out" / "manifest.json").is_file() and not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [MemoryError("Unable to allocate 8.00 TiB for an array"), RuntimeError("[enforce fail] DefaultCPUAllocator: "
+     "can't allocate memory: you tried to allocate 68719476736 bytes")],
+)  # fmt: skip
+def test_settings_that_need_more_memory_than_the_machine_has_are_one_line(monkeypatch, capsys, error):
+    """`batch_size = 2**40`, `dim = 65536`: numpy's ArrayMemoryError or torch's allocator error as a traceback."""
+    import winnow.pipelines.check as check
+
+    def fail(*_a, **_k):
+        raise error
+
+    monkeypatch.setattr(check, "validate", fail)
+    assert main(["check", "job.toml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("winnow check: error: out of memory (") and "lower the model's sizes" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("table", "key"), [("[train.model]\nnorm_eps = -1.0\n", "norm_eps"),
+                                            ("[train.data]\nseed = -1\nshuffle_window = 4\n", "seed")])  # fmt: skip
+def test_a_norm_eps_at_or_below_zero_and_a_negative_data_seed_are_refused(tmp_path, capsys, table, key):
+    """norm_eps = -1 trained every step NaN and skipped, exit 0; seed = -1 was numpy's ValueError at the first batch."""
+    path = _one_input_job(tmp_path, tmp_path / "job", "docs", f"[train]\nsteps = 2\n{table}")
+    assert main(["check", str(path)]) == 2
+    assert f".{key} = -1" in capsys.readouterr().err

@@ -50,7 +50,7 @@ class LoaderConfig:
         ):
             value = getattr(self, key)
             _check(isinstance(value, int) and value > 0, key, value, "a positive integer")
-        for key in ("num_workers", "shuffle_window", "seq_len_warmup_steps"):
+        for key in ("num_workers", "shuffle_window", "seq_len_warmup_steps", "seed"):  # a seed seeds numpy: >= 0
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 0, key, value, "an integer >= 0")
         _check(

@@ -65,6 +65,13 @@ class ModelConfig:
             self.rope_theta,
             "a positive number (the rotary base, 10000 usually; 0 makes every rotation infinite and the loss NaN)",
         )
+        _check(
+            isinstance(self.norm_eps, int | float) and (not math.isfinite(self.norm_eps) or self.norm_eps > 0),
+            "norm_eps",
+            self.norm_eps,
+            "a positive number (1e-5 usually; at 0 or below a norm divides by zero or by a negative root: every "
+            "loss NaN, every step skipped)",
+        )
         _check(self.dim % self.n_heads == 0, "dim", self.dim, f"a multiple of n_heads ({self.n_heads})")
         _check((self.dim // self.n_heads) % 2 == 0, "dim", self.dim, "dim // n_heads must be even (rotary)")
         kv = self.kv_heads
