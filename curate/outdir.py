@@ -119,11 +119,15 @@ def owner(out: Path, *, work: WorkDir | None = None) -> dict:
     """What the folder's marker says of the job whose outputs it holds (``job``, ``fingerprint``); {} if nothing."""
     if work is not None and work.remote:
         work.fetch(out / MARKER, missing_ok=True)
+    if not (out / MARKER).is_file():
+        return {}
     try:
         found = json.loads(read_whole(str(out / MARKER), limit=1 << 20, what="output marker"))
-    except (WinnowError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
+    except (WinnowError, ValueError) as err:
+        return {"damaged": str(err)}
+    if not isinstance(found, dict) or not isinstance(found.get("job"), str):
+        return {"damaged": "not the object winnow writes (its job and configuration)"}
+    return found
 
 
 def check_owner(
@@ -135,6 +139,12 @@ def check_owner(
     run that never finished, goes on as before; ``--overwrite`` skips this check.
     """
     found = owner(out, work=work)
+    if "damaged" in found:  # whose outputs these are cannot be told: clearing them could lose another job's
+        raise OutputError(
+            f"output {where} holds a damaged marker {MARKER} ({found['damaged']}): which job's outputs the folder "
+            "holds cannot be told, and starting here would clear them. Give this job a folder of its own (--output "
+            "or [job] output), or re-run with --overwrite to replace them"
+        )
     before = found.get("job")
     if before is not None and before != job_name:
         raise OutputError(

@@ -55,6 +55,20 @@ def test_a_folder_winnow_made_is_cleared_for_another_job(tmp_path, capsys):
     assert not stale.exists()
 
 
+@pytest.mark.parametrize("marker", [b"", b"garbage", b"[]", b'{"fingerprint": "x"}'])
+def test_a_damaged_marker_refuses_another_job_as_an_intact_one_does(tmp_path, capsys, marker):
+    """An empty, garbage or `[]` marker read as "no owner": another job replaced a finished job's outputs."""
+    out = tmp_path / "out"
+    assert curate(job_file(tmp_path), out, capsys)[0] == 0
+    (out / MARKER).write_bytes(marker)
+    other = job_file(tmp_path).read_text().replace('name = "o"', 'name = "other"')
+    (tmp_path / "other.toml").write_text(other)
+    rc, err = curate(tmp_path / "other.toml", out, capsys)
+    assert rc == 2 and f"holds a damaged marker {MARKER}" in err and "--overwrite" in err
+    assert (out / MARKER).read_bytes() == marker and (out / "manifest.json").is_file()
+    assert curate(tmp_path / "other.toml", out, capsys, "--overwrite")[0] == 0
+
+
 @pytest.mark.parametrize("rerun", ["inputs changed", "--overwrite"])
 def test_files_of_the_user_inside_shards_or_rejects_are_refused_not_deleted(tmp_path, capsys, rerun):
     """A rerun that clears shards/ and rejects/ (a changed input: the tasks it touches are redone; or
