@@ -225,6 +225,16 @@ def _listed(fs, path: str, pattern: str, cfg: InputConfig, prefix: str) -> list[
         root = path.rstrip("/")
         exts = EXTENSIONS.get(cfg.format)
         every = fs.find(path)
+        # hidden files and folders (.git/, .DS_Store, an editor's .swp) are not the folder's documents
+        hidden = [p for p in every if any(part.startswith(".") for part in posixpath.relpath(p, root).split("/"))]
+        if hidden:
+            log.warning(
+                "input %s: %d hidden file(s) in %s are not read, their names or folders starting with '.' (%s%s); "
+                "name them in path to read them",
+                cfg.label, len(hidden), pattern, ", ".join(posixpath.relpath(p, root) for p in hidden[:3]),
+                ", ..." if len(hidden) > 3 else "",
+            )  # fmt: skip
+            every = sorted(set(every) - set(hidden))
         paths = [p for p in every if exts is None or p.lower().endswith(exts)]
         if len(paths) < len(every):
             other = sorted(set(every) - set(paths))

@@ -747,6 +747,22 @@ def test_a_folder_of_text_files_keeps_an_image_or_utf16_file_as_a_reject_naming_
     assert errors["notes.txt"].startswith("UTF-16 text") and "iconv -f UTF-16 -t UTF-8" in errors["notes.txt"]
 
 
+def test_a_folder_inputs_hidden_files_are_left_out_and_said(tmp_path, caplog):
+    """A text folder that is a git checkout curated `.git/HEAD`, `.git/config` and the packed objects as documents."""
+    (tmp_path / "in" / ".git" / "refs").mkdir(parents=True)
+    (tmp_path / "in" / "docs").mkdir()
+    (tmp_path / "in" / "a.md").write_text("a readme of words")
+    (tmp_path / "in" / "docs" / "b.md").write_text("a guide of words")
+    (tmp_path / "in" / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    (tmp_path / "in" / ".git" / "refs" / "main").write_text("0" * 40)
+    (tmp_path / "in" / "docs" / ".b.md.swp").write_text("an editor's swap file")
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "in"), format="text"))
+    assert sorted(kept["text"].to_list()) == ["a guide of words", "a readme of words"] and rejects.is_empty()
+    assert "3 hidden file(s)" in caplog.text and ".git/HEAD" in caplog.text
+    named, _ = read_all(InputConfig(source="s", path=str(tmp_path / "in" / ".git" / "HEAD"), format="text"))
+    assert named["text"].to_list() == ["ref: refs/heads/main"]  # named in path: read
+
+
 @pytest.mark.parametrize("task_bytes", [1 << 28, 1 << 14])
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_damaged_tar_header_is_a_reject_and_the_members_after_it_are_read(tmp_path, task_bytes, compressed):
