@@ -339,13 +339,29 @@ def _counterfactual_mix(
 
 def run_tokenizer(cfg: TrainConfig, job_folder: str):
     """The run's tokenizer: ``[train.tokenizer]``, else the one ``job_folder``'s token shards were written with
-    (byte-level without any)."""
+    (byte-level without any); a warning, once per tokenizer, where it does not give back what it encodes."""
     from winnow.train.data.tokenshards import shards_tokenizer
-    from winnow.train.tokenizer import load_tokenizer
+    from winnow.train.tokenizer import HFTokenizer, load_tokenizer
 
-    return load_tokenizer(
+    tokenizer = load_tokenizer(
         cfg.tokenizer if cfg.tokenizer is not None else shards_tokenizer(job_folder, cfg.data.storage_options)
     )
+    if isinstance(tokenizer, HFTokenizer):
+        _warn_lossy(tokenizer.name, tuple(tokenizer.lost_characters()))
+    return tokenizer
+
+
+@functools.cache
+def _warn_lossy(name: str, lost: tuple[str, ...]) -> None:
+    if lost:
+        log.warning(
+            "the tokenizer %s does not give back what it encodes: %s come back changed or not at all (no byte "
+            "fallback or unknown token, or a normalizer that changes text); the run trains on the shards' text "
+            "without them. A byte-level tokenizer (`winnow tokenizer train`, or train.tokenizer = 'byte') keeps "
+            "every character",
+            name,
+            " ".join(repr(c) for c in lost[:12]) + (" ..." if len(lost) > 12 else ""),
+        )
 
 
 def checked_init(cfg: TrainConfig, tokenizer, *, weights: bool = True) -> Initialization | None:

@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,12 @@ def _gpt2_byte_chars() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
+#: Text of many kinds, to check that a tokenizer gives back what it encodes (``HFTokenizer.lost_characters``).
+PROBE = (
+    "The Quick Brown Fox, 1234567890! café naïve Ünïcödé — «quoted» “text” 漢字 かな 한국어 Ελληνικά кириллица 😀 ✓ ∑"
+)
+
+
 class HFTokenizer(Tokenizer):
     """Any Hugging Face ``tokenizer.json`` (GPT-2, Llama-3, Mistral, ...), through the ``tokenizers`` library.
 
@@ -247,6 +254,18 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def lost_characters(self) -> list[str]:
+        """The characters of ``PROBE`` (cases, accents, scripts, symbols, an emoji) that do not come back from
+        ``decode(encode(...))``: a tokenizer without byte fallback or an unknown token drops them, one that lowercases
+        or normalizes changes them, and a run trains on text without them. Whitespace is left out of the comparison
+        (decoders differ in it harmlessly)."""
+        try:
+            ids, _ = self.encode_column([PROBE])
+        except Exception:  # noqa: BLE001 - the Rust side's own refusal of some text: training meets it and says it
+            return []
+        missing = Counter(c for c in PROBE if not c.isspace()) - Counter(self.decode(ids))
+        return [c for c in dict.fromkeys(PROBE) if c in missing]  # in the probe's order
 
     def hf_tokenizer(self):
         from tokenizers import Tokenizer as RustTokenizer

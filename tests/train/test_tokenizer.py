@@ -134,3 +134,27 @@ def test_cli_replaces_its_own_tokenizer_but_no_one_elses(tmp_path, capsys):
     empty = write_job(tmp_path / "empty", [[{**d, "text": ""} for d in make_docs(3)]])
     assert main(["-q", "tokenizer", "train", str(empty), "--output", str(tmp_path / "t2")]) == 2
     assert "hold no text" in capsys.readouterr().err
+
+
+def test_a_tokenizer_that_loses_characters_is_warned_once_and_a_byte_level_one_keeps_every_one(tmp_path, caplog):
+    """A tokenizer over a-z and space, without an unknown token or byte fallback, encoded "hello 😀 WORLD ünï" as
+    "hello n": the run trained on other text than the shards hold, without a word."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    from winnow.train.build import run_tokenizer
+    from winnow.train.config import TrainConfig
+
+    vocab = {c: i for i, c in enumerate(" abcdefghijklmnopqrstuvwxyz")} | {"<|endoftext|>": 27}
+    tok = RustTokenizer(models.BPE(vocab, merges=[], unk_token=None))  # unknown characters are dropped
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="isolated")
+    tok.save(str(tmp_path / "tokenizer.json"))
+    lossy = load_tokenizer(tmp_path / "tokenizer.json")
+    assert {"Q", "é", "😀", "漢"} <= set(lossy.lost_characters()) and "h" not in lossy.lost_characters()
+    assert train_bpe([["some words of text"] * 50], vocab_size=300).lost_characters() == []
+    job = write_job(tmp_path / "job", [make_docs(4)])
+    cfg = TrainConfig(output=str(tmp_path / "run"), tokenizer=str(tmp_path / "tokenizer.json"))
+    for _ in range(2):
+        run_tokenizer(cfg, str(job))
+    said = [r for r in caplog.records if "does not give back what it encodes" in r.getMessage()]
+    assert len(said) == 1 and "encodes: 'T' 'Q' 'B' 'F' ','" in said[0].getMessage()
