@@ -162,7 +162,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     data = read_whole(str(path), limit=JOB_FILE_BYTES, what="job file", error=ConfigError)
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        return tomllib.loads(data.decode("utf-8").removeprefix("\ufeff"))  # an editor's byte-order mark: not TOML
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); a job file is TOML") from err
     except tomllib.TOMLDecodeError as err:

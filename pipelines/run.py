@@ -49,10 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def train_overrides(args: argparse.Namespace) -> dict:
+    """What the command line changes of ``[train]``: ``--steps``, ``--shards``, and with ``--output`` the run folder
+    ``OUTPUT/train`` unless the file's ``[train] output`` names one."""
     overrides = {"steps": args.steps, "shards": args.shards}
-    if args.output is not None:
+    if args.output is not None and "output" not in (read_toml(args.job).get("train") or {}):
         overrides["output"] = str(Path(args.output) / "train")
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = train_overrides(args)
     if args.shards is None:
         checked = validate(  # [train] too, as this command trains it
             args.job, output=args.output, workers=args.workers, train_overrides=overrides, study=False

@@ -518,3 +518,20 @@ def test_a_norm_eps_at_or_below_zero_and_a_negative_data_seed_are_refused(tmp_pa
     path = _one_input_job(tmp_path, tmp_path / "job", "docs", f"[train]\nsteps = 2\n{table}")
     assert main(["check", str(path)]) == 2
     assert f".{key} = -1" in capsys.readouterr().err
+
+
+def test_run_output_moves_the_run_folder_only_where_train_names_none_and_a_bom_is_read(tmp_path):
+    """`winnow run --output X` replaced an explicit `[train] output`, where its help says it does not; a job file that
+    an editor saved with a byte-order mark was "not valid TOML: Invalid statement"."""
+    import argparse
+
+    from winnow.pipelines.run import train_overrides
+
+    path = tmp_path / "t.toml"
+    for table, expected in (
+        ('[train]\noutput = "mine"\n', None),
+        ("[train]\nsteps = 2\n", str(tmp_path / "o" / "train")),
+    ):
+        path.write_bytes("\ufeff".encode() + table.encode())
+        args = argparse.Namespace(job=str(path), output=str(tmp_path / "o"), steps=None, shards=None)
+        assert train_overrides(args).get("output") == expected
