@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -70,15 +71,16 @@ def shards_digest(data: str | Path, manifest: bytes | None = None) -> str:
 def _data_record(data: str | Path) -> dict[str, object]:
     """The data folder, its manifest's sha256 and its shards' fingerprint; a folder without a manifest was trained
     on through a view."""
+    where = str(data) if "://" in str(data) else os.path.abspath(data)  # a report run elsewhere finds it
     try:
         raw = _manifest_bytes(data)  # read once for both
         return {
-            "path": str(data),
+            "path": where,
             "manifest_sha256": hashlib.sha256(raw).hexdigest(),
             "shards": shards_digest(data, raw),
         }
     except InputError:
-        return {"path": str(data), "manifest_sha256": None, "view": "data_view.json (no manifest.json in the folder)"}
+        return {"path": where, "manifest_sha256": None, "view": "data_view.json (no manifest.json in the folder)"}
 
 
 def git_commit(where: str | Path | None = None) -> dict[str, object] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import posixpath
 from pathlib import Path
 
 from winnow.curate.errors import ConfigError
@@ -32,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", type=Path, help="the job file (TOML)")
     p.add_argument("--steps", type=int, help="override [train] steps (e.g. a short check)")
     p.add_argument(
-        "--output", help="override [job] output (the run folder becomes OUTPUT/train unless [train] sets it)"
+        "--output",
+        help="override [job] output (the run folder becomes OUTPUT/train, unless [train] output names "
+        "another folder than [job] output's train/)",
     )
     p.add_argument("--workers", type=int, help="local curation processes (overrides [job] workers)")
     p.add_argument(
@@ -51,9 +54,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def train_overrides(args: argparse.Namespace) -> dict:
     """What the command line changes of ``[train]``: ``--steps``, ``--shards``, and with ``--output`` the run folder
-    ``OUTPUT/train`` unless the file's ``[train] output`` names one."""
+    ``OUTPUT/train``, unless the file's ``[train] output`` names another folder than its ``[job] output``'s
+    ``train/`` (the default, which moves with it)."""
     overrides = {"steps": args.steps, "shards": args.shards}
-    if args.output is not None and "output" not in (read_toml(args.job).get("train") or {}):
+    if args.output is None:
+        return overrides
+    raw = read_toml(args.job)
+    given = (raw.get("train") or {}).get("output") if isinstance(raw.get("train"), dict) else None
+    job_output = (raw.get("job") or {}).get("output") if isinstance(raw.get("job"), dict) else None
+    default = posixpath.join(job_output, "train") if isinstance(job_output, str) else None
+    if not isinstance(given, str) or (default is not None and posixpath.normpath(given) == posixpath.normpath(default)):
         overrides["output"] = str(Path(args.output) / "train")
     return overrides
 

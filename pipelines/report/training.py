@@ -146,7 +146,16 @@ class TrainingRun:
 
     @property
     def shards_dir(self) -> Path | None:
-        """The curation job folder this run trained on, when the run recorded it and it is local."""
+        """The curation job folder this run trained on, when the run recorded it and it is local: where
+        ``provenance.json`` records it (an absolute path), else ``config.json``'s (as given, from the folder the run
+        was started in, when that is here)."""
+        try:
+            data = json.loads((self.path / "provenance.json").read_text()).get("data") or []
+            recorded = Path(data[0]["path"]) if isinstance(data[0], dict) and "://" not in data[0]["path"] else None
+        except (OSError, ValueError, AttributeError, IndexError, KeyError, TypeError):
+            recorded = None
+        if recorded is not None and recorded.is_absolute():
+            return recorded if (recorded / "manifest.json").is_file() else None
         shards = self.config.get("shards")
         if isinstance(shards, list):  # several training sets: the report shows the first one's curation
             shards = shards[0].get("path") if shards and isinstance(shards[0], dict) else None

@@ -531,6 +531,7 @@ def test_run_output_moves_the_run_folder_only_where_train_names_none_and_a_bom_i
     for table, expected in (
         ('[train]\noutput = "mine"\n', None),
         ("[train]\nsteps = 2\n", str(tmp_path / "o" / "train")),
+        ('[job]\noutput = "out/j"\n[train]\noutput = "out/j/train"\n', str(tmp_path / "o" / "train")),  # the default
     ):
         path.write_bytes("\ufeff".encode() + table.encode())
         args = argparse.Namespace(job=str(path), output=str(tmp_path / "o"), steps=None, shards=None)

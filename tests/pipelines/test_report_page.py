@@ -393,6 +393,23 @@ def test_a_run_beside_its_job_curated_again_since_says_the_curation_shown_is_not
     assert "curated again after this run trained on it, to other shards" in page and "curated again" in caplog.text
 
 
+def test_a_run_trained_on_a_relative_folder_finds_its_job_from_any_folder(tmp_path, monkeypatch):
+    """config.json records `shards = "out/t"` as given: a report made in another folder holding its own `out/t`
+    showed that unrelated job (and said it was curated again); from elsewhere, no curation at all."""
+    from winnow.pipelines.provenance import write_provenance
+
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path / "out" / "t")
+    run = write_run(tmp_path / "run", healthy_records(), config={"shards": "out/t"})
+    write_provenance(run, job_file=None, data=["out/t"])
+    (tmp_path / "elsewhere").mkdir()
+    decoy = write_job(tmp_path / "elsewhere" / "out" / "t", order_by=None)
+    for where in (tmp_path / "elsewhere", tmp_path / "run"):
+        monkeypatch.chdir(where)
+        found = locate(run)[1]
+        assert found.shards_dir == job and found.shards_dir != decoy and found.curated_since() is None
+
+
 def test_the_token_share_is_the_whole_runs_not_its_last_intervals(tmp_path):
     """A curriculum moves the shares through the run: the last interval's share read as the run's was off by 4x."""
     from tests.pipelines.report_util import log_record
