@@ -366,15 +366,23 @@ class Trainer:
             },
         }
         missing = [k for k, v in result_record["eval"]["per_source"].items() if v is None]
-        if missing and self.cfg.eval_batches is not None and not self._said_eval_cap:
+        if missing and not self._said_eval_cap:
             self._said_eval_cap = True
-            log.warning(
-                "held-out loss for %s is missing: [train] eval_batches = %d (%d tokens a pass) ended before their "
-                "rows (or the val split has none); raise eval_batches, or leave it unset to read the whole val split",
-                missing,
-                self.cfg.eval_batches,
-                self.cfg.eval_batches * self.cfg.data.batch_size * self.cfg.data.seq_len,
-            )
+            if self.cfg.eval_batches is not None:
+                log.warning(
+                    "held-out loss for %s is missing: [train] eval_batches = %d (%d tokens a pass) ended before "
+                    "their rows (or the val split has none); raise eval_batches, or leave it unset to read the whole "
+                    "val split",
+                    missing,
+                    self.cfg.eval_batches,
+                    self.cfg.eval_batches * self.cfg.data.batch_size * self.cfg.data.seq_len,
+                )
+            else:  # the whole val split was read: it has none of their rows
+                log.warning(
+                    "held-out loss for %s is missing: the val split holds none of their rows (every one rejected, "
+                    "or the split sent none to val); their held-out loss is null in metrics.jsonl",
+                    missing,
+                )
         if record:
             self.metrics.write(result_record)
         self.throughput.exclude_since(mark)

@@ -225,6 +225,21 @@ def test_an_evaluation_cap_that_leaves_sources_out_names_them_once(tmp_path, cap
     assert len(said) == 1 and "eval_batches = 1 (64 tokens a pass)" in said[0]
 
 
+def test_a_source_the_whole_val_split_lacks_is_said_once_not_as_an_evaluation_cap(tmp_path, caplog):
+    """With eval_batches unset nothing was said of a source whose every val row was rejected (its held-out loss
+    null in every record); the cap's advice, to raise eval_batches, would not have helped."""
+    from tests.pipelines.test_resume_records import cfg_for, fit
+    from tests.train.shards_util import make_docs, write_job
+
+    docs = make_docs(40)
+    val = [d for d in make_docs(12) if d["source"] == docs[0]["source"]]  # one source only
+    job = write_job(tmp_path / "job", [docs], val=[val], sources=sorted({d["source"] for d in docs}))
+    with caplog.at_level("WARNING", logger="winnow.train.trainer"):
+        fit(cfg_for(job, tmp_path / "run", eval_every=2))
+    said = [r.getMessage() for r in caplog.records if "held-out loss for" in r.getMessage()]
+    assert len(said) == 1 and "the val split holds none of their rows" in said[0] and "eval_batches" not in said[0]
+
+
 @pytest.mark.parametrize(
     ("command", "key"),
     [("check", "train"), ("train", "train"), ("ablate", "train"), ("check", "ablate"), ("ablate", "ablate")],
