@@ -102,6 +102,8 @@ def sentence(cf: Counterfactual, factor: float, source: str, held_out: str) -> s
     value, half = cf.cell(factor, source, held_out)
     subject = f"{_verb(factor)} `{source}`"
     size = f"{_nats(abs(value))} ± {_nats(half)} nats"
+    if value == 0 and half == 0:  # no gradient of it in the attributed steps: nothing of it to scale
+        return f"{subject}: nothing to predict {_where(held_out)} (`{source}` gave no training tokens in the attributed steps)"
     if abs(value) <= half:
         text = f"{subject}: can't tell {_where(held_out)} ({'+' if value >= 0 else '-'}{_nats(abs(value))} ± {_nats(half)} nats)"
     else:

@@ -365,6 +365,16 @@ def test_the_counterfactual_figure_says_helps_or_hurts_as_its_factor_reads():
     assert "share x 1.5" in counterfactual_title(1.5) and counterfactual_title(1.5).endswith("hurts)")
 
 
+def test_a_source_that_gave_no_training_tokens_is_not_a_cant_tell():
+    """A source with no training rows read "Leaving out `code`: can't tell (+0.000 ± 0.000 nats)"."""
+    from winnow.pipelines.report.counterfactual import parse, sentence
+
+    record = _counterfactual_record()
+    record["counterfactual"]["predicted"]["0"][0][1], record["counterfactual"]["interval"]["0"][0][1] = 0.0, 0.0
+    said = sentence(parse(record), 0.0, "prose", "code")
+    assert "nothing to predict" in said and "gave no training tokens" in said and "can't tell" not in said
+
+
 def test_a_prediction_below_a_thousandth_is_written_in_its_own_digits():
     """0.0002 ± 0.0001 was written "0.000 ± 0.000 nats: it helps"; its digits show what the verdict rests on."""
     from winnow.pipelines.report.counterfactual import parse, sentence
