@@ -38,6 +38,7 @@ from winnow.train.runfolder import continue_run_folder
 from winnow.train.shutdown import on_stop_signals, stop_requested
 
 log = logging.getLogger(__name__)
+REPEATED_PASSES = 4  # passes over the training data past which a run says its repeated tokens add little
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -92,6 +93,7 @@ class Trainer:
         self._said_eval_cap = False  # a capped evaluation that left sources out has said so
         self._last_eval: tuple[int, float] | None = None  # (step, perf_counter) when the last evaluation ended
         self._said_eval_cost = False  # an evaluation of the whole val split costing more than training has said so
+        self._said_passes = False  # a run past REPEATED_PASSES passes over its training data has said so
         self._eval_pending = -1  # the step whose evaluation a stop signal abandoned: a resume from it redoes it
         self.pipeline = parallel.pipeline  # pipeline parallel: self.model holds this rank's stages only
         self._autocast = autocast(self.device, cfg.precision)
@@ -275,6 +277,17 @@ class Trainer:
             "routing": acct["routing"],
             "comm": self.parallel.comm_report(),
         }
+        passes = getattr(self.data, "epoch", None)  # completed passes over the (first) training set
+        if passes is not None:
+            record["epoch"] = passes
+            if passes >= REPEATED_PASSES and not self._said_passes:
+                self._said_passes = True
+                log.warning(
+                    "the run has passed over its training data %d times by step %d: beyond about %d passes repeated "
+                    "tokens add little (Muennighoff et al. 2023, Scaling Data-Constrained Language Models); curate "
+                    "more data for this many steps, or train fewer steps",
+                    passes, self.step, REPEATED_PASSES,
+                )  # fmt: skip
         for h in self.hooks:
             record |= h.report()
         self.metrics.write(record)

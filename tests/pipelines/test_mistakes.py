@@ -551,3 +551,18 @@ def test_run_output_moves_the_run_folder_only_where_train_names_none_and_a_bom_i
         path.write_bytes("\ufeff".encode() + table.encode())
         args = argparse.Namespace(job=str(path), output=str(tmp_path / "o"), steps=None, shards=None)
         assert train_overrides(args).get("output") == expected
+
+
+def test_a_run_that_repeats_its_data_many_times_records_its_passes_and_says_so_once(tmp_path, caplog):
+    """24 passes over the data in 3 steps were trained without a word, and no record said how many."""
+    from tests.pipelines.test_resume_records import cfg_for, fit
+    from tests.train.shards_util import make_docs, write_job
+
+    job = write_job(tmp_path / "job", [make_docs(2)], val=[make_docs(2)])
+    with caplog.at_level("WARNING", logger="winnow.train.trainer"):
+        fit(cfg_for(job, tmp_path / "run", steps=6))
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    passes = [r["epoch"] for r in records if "loss" in r]
+    assert passes == sorted(passes) and passes[-1] >= 4
+    said = [r.getMessage() for r in caplog.records if "passed over its training data" in r.getMessage()]
+    assert len(said) == 1 and "Muennighoff" in said[0]
