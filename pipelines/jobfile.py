@@ -108,7 +108,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
+        errors, shaped = [], []
         for arg in args:
             if arg is type(None):
                 continue
@@ -116,8 +116,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as err:
                 errors.append(str(err))
-        if len(errors) == 1:
-            raise ConfigError(errors[0])
+                if _same_shape(value, arg):
+                    shaped.append(str(err))
+        if len(errors) == 1 or len(shaped) == 1:  # the one alternative of the value's shape: its own reason
+            raise ConfigError((shaped or errors)[0])
         raise ConfigError(f"{where}: {value!r} fits none of: " + "; ".join(e.split(": ", 1)[-1] for e in errors))
     if origin is Literal:
         allowed = typing.get_args(tp)
@@ -151,6 +153,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
         return value
     raise ConfigError(f"{where}: type {_type_name(tp)} is not supported in job files")  # a config-author bug
+
+
+def _same_shape(value: Any, tp: Any) -> bool:
+    """Whether ``value`` has the shape of type ``tp`` (a list, a table, a string, a number), whatever is inside."""
+    origin = typing.get_origin(tp) or tp
+    if origin in (list, tuple):
+        return isinstance(value, list)
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return isinstance(value, dict)
+    if tp in (int, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(tp, type) and isinstance(value, tp)
 
 
 def _type_name(tp: Any) -> str:

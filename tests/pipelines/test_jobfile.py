@@ -170,3 +170,16 @@ def test_false_turns_off_an_optional_setting_toml_cannot_write_as_null():
     assert build_config(Flags, {"strict": False}, "t").strict is False
     with pytest.raises(ConfigError, match="key 'batches': expected an integer, got False"):
         build_config(Flags, {"batches": False}, "t")
+
+
+def test_a_value_of_one_alternatives_shape_gets_that_alternatives_reason_alone(tmp_path):
+    """`shards` (a folder, or a list of tables) given a list whose weights are all 0 led with "expected str, got
+    [...]", the whole list repeated, before the reason."""
+    from winnow.curate.errors import ConfigError
+    from winnow.pipelines.train import load_train_config
+
+    path = tmp_path / "t.toml"
+    path.write_text('[train]\nsteps = 2\n[[train.shards]]\npath = "x"\nsources = { a = 0.0, b = 0.0 }\n')
+    with pytest.raises(ConfigError) as err:
+        load_train_config(path)
+    assert "one of them > 0" in str(err.value) and "expected str" not in str(err.value)
