@@ -29,8 +29,10 @@ def read_whole(
         kind, size = info.get("type"), info.get("size")
         if kind != "file":
             raise error(
-                f"{what} {url} is {'a folder' if kind == 'directory' else 'not a regular file'} "
-                f"(a device, a FIFO or a socket reads forever); give the path of the file itself"
+                f"{what} {url} is a folder; give the path of the file itself"
+                if kind == "directory"
+                else f"{what} {url} is not a regular file (a device, a FIFO or a socket reads forever); give the path "
+                "of the file itself"
             )
         if size is not None and size > limit:
             raise error(

@@ -41,7 +41,8 @@ def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
     if unknown:
         key = unknown[0]
         raise ConfigError(
-            f"{where}: unknown key {key!r}{_key_hint(key, fields, where)}; allowed keys: {', '.join(sorted(fields))}"
+            f"{where}: unknown key {key!r}{_key_hint(key, fields, where)}; allowed keys: "
+            + ", ".join(sorted(f.metadata.get("key", n) for n, f in fields.items()))  # as a job file writes them
         )
     missing = [
         n

@@ -252,7 +252,8 @@ def _listed(fs, path: str, pattern: str, cfg: InputConfig, prefix: str) -> list[
         )
     else:
         raise InputError(
-            f"input {cfg.label}: {pattern!r} does not exist; check the path (relative paths are from the current folder)"
+            f"input {cfg.label}: {pattern!r} does not exist; check the path"
+            + (" (relative paths are from the current folder)" if prefix == "" and not os.path.isabs(path) else "")
         )
     files = []
     for p in sorted(paths):

@@ -103,6 +103,8 @@ def locate(
         if run is None and is_run_dir(path / "train"):
             run = load_run(path / "train")
     if job is None and run is None and study is None:
+        if not is_url(path) and not Path(path).exists():
+            raise InputError(f"{path} does not exist; give a job folder, a run folder or a study folder")
         raise InputError(
             f"{path} holds neither a curation job (manifest.json), a training run (metrics.jsonl) nor an ablation study"
         )

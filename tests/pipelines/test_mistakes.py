@@ -566,3 +566,17 @@ def test_a_run_that_repeats_its_data_many_times_records_its_passes_and_says_so_o
     assert passes == sorted(passes) and passes[-1] >= 4
     said = [r.getMessage() for r in caplog.records if "passed over its training data" in r.getMessage()]
     assert len(said) == 1 and "Muennighoff" in said[0]
+
+
+def test_messages_say_what_is_wrong_with_the_path_or_key_given(tmp_path, capsys):
+    """A missing report folder "held neither a job, a run nor a study"; a job file that is a folder was "(a device,
+    a FIFO or a socket reads forever)"; an unknown key of `replay` listed `path, share` where the file writes `from`."""
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert f"{tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
+    assert main(["check", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder; give the path of the file itself" in err and "FIFO" not in err
+    path = tmp_path / "t.toml"
+    path.write_text('[train]\nsteps = 2\nshards = "x"\nreplay = {from = "y", portion = 0.1}\n')
+    assert main(["check", str(path)]) == 2
+    assert "allowed keys: from, share" in capsys.readouterr().err
