@@ -36,8 +36,8 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
     """One train shard set per source from the job's train shards; returns folders and shares.
 
     Each set holds the formats the job has (Parquet, tokens or both), each shard the source's rows
-    of the job's shard of the same name in the same order. Shares are bytes of text where the job has
-    Parquet shards, tokens where it has token shards only. A source with no train rows gets no folder
+    of the job's shard of the same name in the same order. Shares are the sources' tokens where the job has
+    token shards (the curated mix as the trainer reads it, whatever the tokenizer), else their bytes of text. A source with no train rows gets no folder
     and no share; the study's plan refuses variants that need it.
     """
     if not (Path(job_dir) / "manifest.json").is_file():
@@ -65,7 +65,7 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
             log.warning("source %s has no train rows in %s", source, job_dir)
             continue
         folders[source] = str(folder)
-        sizes[source] = view["bytes_of_text"] if "parquet" in formats else view["tokens_of_source"]
+        sizes[source] = view["tokens_of_source"] if "tokens" in formats else view["bytes_of_text"]
     total = sum(sizes.values())
     return folders, {s: b / total for s, b in sizes.items()}
 

@@ -96,6 +96,18 @@ def test_split_by_source_keeps_every_row_once_in_order(job, tmp_path):
     assert again == folders
 
 
+def test_a_job_with_token_shards_is_split_at_its_token_shares(tmp_path):
+    """A study's baseline ("the curated mix") trained at byte shares where the job had token shards: with a
+    tokenizer whose tokens per byte differ by source, a mix nobody curated."""
+    from tests.train.shards_util import write_token_job
+
+    rows = [{"id": f"a{i}", "source": "a", "text": "x", "meta": None} for i in range(10)]  # 10 bytes, 20 tokens
+    rows.append({"id": "b0", "source": "b", "text": "y" * 20, "meta": None})  # 20 bytes, 21 tokens (with its end)
+    job = write_token_job(tmp_path / "job", [rows])
+    _, shares = split_by_source(str(job), tmp_path / "views")
+    assert shares == pytest.approx({"a": 20 / 41, "b": 21 / 41})
+
+
 @pytest.mark.parametrize("damage", ["replaced", "cut", "missing"])
 def test_splitting_by_source_checks_each_shard_against_the_manifest(job, tmp_path, damage):
     """A study, adaptive mixing and per-source weights split the job's Parquet shards into per-source views with
