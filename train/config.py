@@ -57,7 +57,9 @@ class DistillConfig:
 class TrainConfig:
     """A training run. Defaults train the tiny demo model on two CPU cores in a few minutes."""
 
-    output: str = "out/train"  # the run folder: metrics, alerts, checkpoints, tokenizer
+    # the run folder (metrics, alerts, checkpoints, tokenizer); a job file without the key trains in the train/
+    # folder of the curated job folder it trains on, or in out/FOLDER/train for another folder of Parquet files
+    output: str = "out/train"
     shards: str | list[ShardSetConfig] | None = None  # a job output folder holding manifest.json (or s3://...),
     # or a list of {path, weight} tables mixed at load time; None: the job's output
     replay: ReplayConfig | None = None  # {from = "out/base", share = 0.05}: the base data back at that share

@@ -25,7 +25,8 @@ RESERVED_NAMES = ("baseline", "proposed", "doremi", "counterfactual")
 class AblateConfig:
     """The ``[ablate]`` table: which variants of the mix to train and how."""
 
-    # leave_one_out, weights, mixes, random_mixes or replay, or a list of them (one baseline, all their variants)
+    # the mix: leave_one_out, weights, mixes, random_mixes or replay; the curation: drop, settings or order;
+    # or a list of them (one baseline, all their variants)
     kind: str | list[str] = "leave_one_out"
     sources: list[str] = field(default_factory=list)  # leave_one_out / weights: sources to vary; [] = all
     factors: list[float] = field(default_factory=lambda: [0.5, 2.0])  # weights: multipliers of a source's weight

@@ -273,11 +273,13 @@ def study_train_config(
                 "[train] eval_every is not a study's: every run evaluates %s ([ablate] eval_every sets it)",
                 f"every {schedule} steps" if schedule else "at its end",
             )
-        if isinstance(raw.get("train"), dict) and "output" in raw["train"]:
+        study_folder = acfg.output or f"{str(train_cfg.shards).rstrip('/')}/ablate"
+        given = raw["train"].get("output") if isinstance(raw.get("train"), dict) else None
+        if isinstance(given, str) and os.path.normpath(given) != os.path.normpath(study_folder):
             log.warning(
                 "[train] output = %r is not a study's: its runs train in its own folder, %s ([ablate] output sets it)",
-                raw["train"]["output"],
-                acfg.output or f"{str(train_cfg.shards).rstrip('/')}/ablate",
+                given,
+                study_folder,
             )
     if acfg.output is not None:
         refuse_shard_folder(acfg.output, train_cfg, f"{path} [ablate] key 'output' (or --output)")
