@@ -156,12 +156,13 @@ def _check_init_from(checked: CheckedJob) -> None:
     (``train.build.checked_init``). Where the tokenizer comes from shards not curated yet, it is the one this
     job's curation writes them with; shards another command curates first (a study's) are left to the run."""
     from winnow.curate.workdir import is_url
-    from winnow.train.build import checked_init, run_tokenizer
-    from winnow.train.tokenizer import load_tokenizer
 
     train = checked.train
     if train.init_from is None or is_url(train.init_from):
         return
+    from winnow.train.build import checked_init, run_tokenizer  # torch: only where there is a checkpoint to read
+    from winnow.train.tokenizer import load_tokenizer
+
     job_folder = train.shards if isinstance(train.shards, str) else train.shards[0].path
     if train.tokenizer is not None or is_url(job_folder) or (Path(job_folder) / "manifest.json").is_file():
         tokenizer = run_tokenizer(train, job_folder)

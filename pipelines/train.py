@@ -10,6 +10,7 @@ import logging
 import os
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from winnow.curate.atomic import write_json_atomic
 from winnow.curate.errors import ConfigError
@@ -19,15 +20,15 @@ from winnow.curate.workdir import is_url, local_path
 from winnow.pipelines.cleanup import removed_on_failure
 from winnow.pipelines.jobfile import build_config, check_top_level, read_toml
 from winnow.pipelines.provenance import write_provenance
-from winnow.train.build import build_run
 from winnow.train.config import TrainConfig
-from winnow.train.data import Loader
 from winnow.train.data.sets import ShardSetConfig, eval_sets, same_place, training_sets
 from winnow.train.data.shards import job_manifest, split_rows
 from winnow.train.errors import ShardError
-from winnow.train.parallel import shutdown
 from winnow.train.runfolder import CURATED_ENTRIES, RUN_FILES, archive_previous, claim_run_folder
-from winnow.train.trainer import Trainer
+
+if TYPE_CHECKING:  # torch's modules are imported where a run is built: `winnow check` and `config` load none
+    from winnow.train.data import Loader
+    from winnow.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,8 @@ def _build_trainer(
     ``train.data.mix_weights``; held-out data stays ``cfg.shards``); ``sources`` fixes the source ids.
     ``progress`` shows the progress bar (``train/progress.py``) on rank 0.
     """
+    from winnow.train.build import build_run
+
     check_resumable(cfg)
     _check_locations(cfg)
     claim_run_folder(cfg.output)  # before the per-source views are split into it
@@ -463,6 +466,8 @@ def run_train(args: argparse.Namespace) -> int:
         write_provenance(cfg.output, job_file=args.job, **run_inputs(cfg, trainer))
         print(model_line(trainer))
         summary = trainer.fit()
+    from winnow.train.parallel import shutdown
+
     shutdown()
     if not trainer.parallel.is_main:
         return 0

@@ -29,63 +29,13 @@ every log step (``mix_weights``) and DoReMi's output mix, their mean over the up
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from winnow.train.errors import CheckpointError, ConfigError, checker
+from winnow.train.config import MixingConfig  # noqa: F401 (defined there: no torch)
+from winnow.train.errors import CheckpointError, ConfigError
 from winnow.train.hooks import TrainHook
 from winnow.train.model import cross_entropy_per_token
-
-METHODS = ("doremi", "counterfactual")
-
-
-@dataclass(kw_only=True, slots=True)
-class MixingConfig:
-    """The ``[train.mixing]`` table: reweight the training sources during the run (off by default)."""
-
-    # "doremi": excess loss against `reference`'s model; "counterfactual": from `reference`'s counterfactual, then the
-    # run's own; "": the configured weights throughout
-    adaptive: Literal["", "doremi", "counterfactual"] = ""
-    reference: str | None = None  # a finished run folder (doremi: its newest checkpoint, or one checkpoint folder)
-    every: int = 5  # steps between updates (doremi: one more forward of the step's batch; counterfactual: the probe's)
-    # how far one update moves the log-weights: per nat of excess (doremi), per nat of slope (counterfactual; 0: the
-    # reference's mix throughout)
-    step_size: float = 1.0
-    smoothing: float = 1e-3  # DoReMi's c: the share of the uniform mix kept in the weights (no source starves)
-    target: str = "mean"  # counterfactual: the held-out loss to lower: "mean" over the held-out sets, or one set's
-    max_factor: float = 2.0  # counterfactual: the start moves each share by at most this factor (the slope's range)
-
-    def __post_init__(self) -> None:
-        check = checker("train.mixing")
-        check(
-            self.adaptive in ("",) + METHODS, "adaptive", self.adaptive, "'' (off) or " + ", ".join(map(repr, METHODS))
-        )
-        check(
-            not self.adaptive or bool(self.reference),
-            "reference",
-            self.reference,
-            "a finished run folder or checkpoint (doremi: the model the excess loss is measured against; "
-            "counterfactual: a run trained with [train.attribution], whose counterfactual sets the start)",
-        )
-        check(
-            isinstance(self.target, str) and bool(self.target),
-            "target",
-            self.target,
-            "'mean' or the name of a held-out set",
-        )
-        check(self.max_factor > 1 and math.isfinite(self.max_factor), "max_factor", self.max_factor, "a number > 1")
-        check(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an integer >= 1")
-        # counterfactual: 0 keeps the start's mix (the reference's counterfactual) throughout; doremi: every update moves
-        holds = self.adaptive == "counterfactual"
-        ok = (self.step_size >= 0 if holds else self.step_size > 0) and math.isfinite(self.step_size)
-        check(ok, "step_size", self.step_size, "a number >= 0" if holds else "a number > 0")
-        check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "0 <= value < 1")
-
-    @property
-    def active(self) -> bool:
-        return bool(self.adaptive)
 
 
 class _Mix(TrainHook):

@@ -25,7 +25,6 @@ import os
 import pickle
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -33,7 +32,8 @@ import fsspec
 import numpy as np
 import torch
 
-from winnow.train.errors import CheckpointError, ConfigError, checker
+from winnow.train.config import CheckpointConfig  # noqa: F401 (defined there: no torch)
+from winnow.train.errors import CheckpointError, checker
 from winnow.train.paths import JSON_BYTES, inside, read_capped
 
 _check = checker("train.checkpoint")
@@ -54,27 +54,6 @@ _LEGACY_SAFE = [
     np._core.multiarray._reconstruct,
     (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
 ]
-
-
-@dataclass(kw_only=True, slots=True)
-class CheckpointConfig:
-    """When to checkpoint and how many to keep (``[train.checkpoint]``)."""
-
-    every: int = 100  # steps between checkpoints; 0: only at the end and on SIGTERM/SIGINT
-    keep_last: int = 3  # checkpoints kept; older ones are pruned
-    resume: bool = True  # start from the newest valid checkpoint in the run folder, if any
-    mode: int | None = None  # file mode of checkpoint files, e.g. 0o600 (TOML: mode = 0o600); None: the umask
-
-    def __post_init__(self) -> None:
-        if self.mode is not None and not (
-            isinstance(self.mode, int) and 0o600 <= self.mode <= 0o777 and self.mode & 0o600 == 0o600
-        ):
-            raise ConfigError(
-                f"train.checkpoint.mode = {self.mode!r} is invalid; allowed: a file mode such as 0o600 "
-                "or 0o640 (TOML octal) that lets the owner read and write"
-            )
-        _check(isinstance(self.every, int) and self.every >= 0, "every", self.every, "an integer >= 0")
-        _check(isinstance(self.keep_last, int) and self.keep_last >= 1, "keep_last", self.keep_last, "an integer >= 1")
 
 
 def _sha256(path: Path) -> str:

@@ -7,21 +7,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from winnow.train.adaptive import MixingConfig
 from winnow.train.alerts import AlertConfig
 from winnow.train.attribution import AttributionConfig
-from winnow.train.checkpoint import CheckpointConfig
 from winnow.train.data.config import LoaderConfig
 from winnow.train.data.sets import ReplayConfig, ShardSetConfig
 from winnow.train.errors import ConfigError, checker
-from winnow.train.metrics import MetricsConfig
 from winnow.train.model.config import ModelConfig
-from winnow.train.optim import OptimConfig
 from winnow.train.parallel.config import ParallelConfig
-from winnow.train.stopping import StopConfig
 from winnow.train.tokenizer import TokenizerConfig
 
 _check = checker("train")
+MIXING_METHODS = ("doremi", "counterfactual")  # [train.mixing] adaptive
 
 
 def _finite(config, table: str) -> None:
@@ -35,6 +31,176 @@ def _finite(config, table: str) -> None:
                 raise ConfigError(f"{table}.{f.name} = {value!r} is invalid; allowed: finite numbers")
             if dataclasses.is_dataclass(item):
                 _finite(item, f"{table}.{f.name}")
+
+
+@dataclass(kw_only=True, slots=True)
+class MixingConfig:
+    """The ``[train.mixing]`` table: reweight the training sources during the run (off by default)."""
+
+    # "doremi": excess loss against `reference`'s model; "counterfactual": from `reference`'s counterfactual, then the
+    # run's own; "": the configured weights throughout
+    adaptive: Literal["", "doremi", "counterfactual"] = ""
+    reference: str | None = None  # a finished run folder (doremi: its newest checkpoint, or one checkpoint folder)
+    every: int = 5  # steps between updates (doremi: one more forward of the step's batch; counterfactual: the probe's)
+    # how far one update moves the log-weights: per nat of excess (doremi), per nat of slope (counterfactual; 0: the
+    # reference's mix throughout)
+    step_size: float = 1.0
+    smoothing: float = 1e-3  # DoReMi's c: the share of the uniform mix kept in the weights (no source starves)
+    target: str = "mean"  # counterfactual: the held-out loss to lower: "mean" over the held-out sets, or one set's
+    max_factor: float = 2.0  # counterfactual: the start moves each share by at most this factor (the slope's range)
+
+    def __post_init__(self) -> None:
+        check = checker("train.mixing")
+        check(
+            self.adaptive in ("",) + MIXING_METHODS,
+            "adaptive",
+            self.adaptive,
+            "'' (off) or " + ", ".join(map(repr, MIXING_METHODS)),
+        )
+        check(
+            not self.adaptive or bool(self.reference),
+            "reference",
+            self.reference,
+            "a finished run folder or checkpoint (doremi: the model the excess loss is measured against; "
+            "counterfactual: a run trained with [train.attribution], whose counterfactual sets the start)",
+        )
+        check(
+            isinstance(self.target, str) and bool(self.target),
+            "target",
+            self.target,
+            "'mean' or the name of a held-out set",
+        )
+        check(self.max_factor > 1 and math.isfinite(self.max_factor), "max_factor", self.max_factor, "a number > 1")
+        check(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an integer >= 1")
+        # counterfactual: 0 keeps the start's mix (the reference's counterfactual) throughout; doremi: every update moves
+        holds = self.adaptive == "counterfactual"
+        ok = (self.step_size >= 0 if holds else self.step_size > 0) and math.isfinite(self.step_size)
+        check(ok, "step_size", self.step_size, "a number >= 0" if holds else "a number > 0")
+        check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "0 <= value < 1")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.adaptive)
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """When to checkpoint and how many to keep (``[train.checkpoint]``)."""
+
+    every: int = 100  # steps between checkpoints; 0: only at the end and on SIGTERM/SIGINT
+    keep_last: int = 3  # checkpoints kept; older ones are pruned
+    resume: bool = True  # start from the newest valid checkpoint in the run folder, if any
+    mode: int | None = None  # file mode of checkpoint files, e.g. 0o600 (TOML: mode = 0o600); None: the umask
+
+    def __post_init__(self) -> None:
+        check = checker("train.checkpoint")
+        if self.mode is not None and not (
+            isinstance(self.mode, int) and 0o600 <= self.mode <= 0o777 and self.mode & 0o600 == 0o600
+        ):
+            raise ConfigError(
+                f"train.checkpoint.mode = {self.mode!r} is invalid; allowed: a file mode such as 0o600 "
+                "or 0o640 (TOML octal) that lets the owner read and write"
+            )
+        check(isinstance(self.every, int) and self.every >= 0, "every", self.every, "an integer >= 0")
+        check(isinstance(self.keep_last, int) and self.keep_last >= 1, "keep_last", self.keep_last, "an integer >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class MetricsConfig:
+    """What is logged and how often (``[train.metrics]``)."""
+
+    log_every: int = 10  # steps between metrics.jsonl records (and progress lines in a log file)
+    tensorboard: bool = False  # the same as "tensorboard" in trackers
+    trackers: list[str] = field(default_factory=list)  # any of "tensorboard", "mlflow", "wandb"
+    project: str = "winnow"  # the MLflow experiment / W&B project
+    mlflow_tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a file store in <run>/mlruns
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None  # None: WANDB_MODE or W&B's default
+    # per device, for MFU; None: the accelerator table's peak for this GPU, else measured
+    peak_flops: float | None = None
+
+    def __post_init__(self) -> None:
+        check = checker("train.metrics")
+        from winnow.train.trackers import TRACKERS
+
+        check(
+            all(t in TRACKERS for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
+            "trackers",
+            self.trackers,
+            f"any of {list(TRACKERS)}, each once",
+        )
+        if self.tensorboard and "tensorboard" not in self.trackers:
+            self.trackers = ["tensorboard", *self.trackers]
+        check(isinstance(self.log_every, int) and self.log_every >= 1, "log_every", self.log_every, "an integer >= 1")
+        check(self.peak_flops is None or self.peak_flops > 0, "peak_flops", self.peak_flops, "None or > 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    """Optimizer, weight decay, clipping and the learning-rate schedule (``[train.optim]``)."""
+
+    # the optimizer: AdamW, or LAMB (AdamW scaled per tensor by its trust ratio)
+    name: Literal["adamw", "lamb"] = "adamw"
+    lr: float = 3e-3  # peak learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # the two moment decay rates
+    eps: float = 1e-8  # added to the second moment's square root
+    weight_decay: float = 0.1  # decoupled weight decay of matrices (not of norms, biases or, by default, embeddings)
+    decay_embeddings: bool = False  # embeddings are lookups: decaying them mostly shrinks rare tokens
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still measured)
+    warmup_steps: int = 20  # linear warm-up from 0 to lr over these steps
+    # after warm-up: cosine or linear decay to lr x min_lr_ratio, constant, or wsd (stable, then a decay)
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    min_lr_ratio: float = 0.1  # the decay ends at lr · min_lr_ratio
+    decay_fraction: float = 0.2  # wsd: the decay takes the last this much of the steps
+    decay_shape: Literal["linear", "cosine", "sqrt"] = "sqrt"  # wsd: the decay's shape (sqrt: 1 - √progress)
+    # "current": a continued run warms up from the LR its init_from run ended at
+    rewarm_from: Literal["zero", "current"] = "zero"
+
+    def __post_init__(self) -> None:
+        check = checker("train.optim")
+        check(self.name in ("adamw", "lamb"), "name", self.name, "'adamw' or 'lamb'")
+        check(self.lr > 0, "lr", self.lr, "> 0")
+        check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two values in [0, 1)")
+        check(self.eps > 0, "eps", self.eps, "> 0")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 = no clipping)")
+        check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
+        check(
+            self.schedule in ("cosine", "linear", "constant", "wsd"),
+            "schedule",
+            self.schedule,
+            "'cosine', 'linear', 'constant' or 'wsd'",
+        )
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "0..1")
+        check(0 < self.decay_fraction <= 1, "decay_fraction", self.decay_fraction, "0 < value <= 1")
+        check(
+            self.decay_shape in ("linear", "cosine", "sqrt"),
+            "decay_shape",
+            self.decay_shape,
+            "'linear', 'cosine' or 'sqrt'",
+        )
+        check(self.rewarm_from in ("zero", "current"), "rewarm_from", self.rewarm_from, "'zero' or 'current'")
+
+
+@dataclass(kw_only=True, slots=True)
+class StopConfig:
+    """Early stopping (``[train.stop]``); with no keys set it never stops a run."""
+
+    patience: int = 0  # evaluations without improvement before stopping; 0: no patience rule
+    min_delta: float = 0.0  # an improvement smaller than this (nats) does not count
+    sources: list[str] = field(default_factory=list)  # watch the mean held-out loss of these; []: the total
+    thresholds: dict[str, float] = field(default_factory=dict)  # source -> stop once its held-out loss <= value
+
+    def __post_init__(self) -> None:
+        check = checker("train.stop")
+        check(isinstance(self.patience, int) and self.patience >= 0, "patience", self.patience, "an integer >= 0")
+        check(self.min_delta >= 0, "min_delta", self.min_delta, ">= 0")
+        check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "source names, each once")
+        for source, value in self.thresholds.items():
+            check(math.isfinite(value), f"thresholds.{source}", value, "a finite number")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.patience or self.thresholds)
 
 
 _distill = checker("train.distill")

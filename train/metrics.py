@@ -13,12 +13,12 @@ import functools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
+from winnow.train.config import MetricsConfig  # noqa: F401 (defined there: no torch)
 from winnow.train.errors import checker
 from winnow.train.plan.hardware import DEVICES, table_key
 
@@ -29,34 +29,6 @@ log = logging.getLogger(__name__)
 #: The measured basis: square matmuls of this size (fp32 on a CPU, bf16 on a GPU), timed for about this long.
 MATMUL_SIZE = {"cpu": 1024, "cuda": 4096}
 MATMUL_SECONDS = 0.25
-
-
-@dataclass(kw_only=True, slots=True)
-class MetricsConfig:
-    """What is logged and how often (``[train.metrics]``)."""
-
-    log_every: int = 10  # steps between metrics.jsonl records (and progress lines in a log file)
-    tensorboard: bool = False  # the same as "tensorboard" in trackers
-    trackers: list[str] = field(default_factory=list)  # any of "tensorboard", "mlflow", "wandb"
-    project: str = "winnow"  # the MLflow experiment / W&B project
-    mlflow_tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a file store in <run>/mlruns
-    wandb_mode: Literal["online", "offline", "disabled"] | None = None  # None: WANDB_MODE or W&B's default
-    # per device, for MFU; None: the accelerator table's peak for this GPU, else measured
-    peak_flops: float | None = None
-
-    def __post_init__(self) -> None:
-        from winnow.train.trackers import TRACKERS
-
-        _check(
-            all(t in TRACKERS for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
-            "trackers",
-            self.trackers,
-            f"any of {list(TRACKERS)}, each once",
-        )
-        if self.tensorboard and "tensorboard" not in self.trackers:
-            self.trackers = ["tensorboard", *self.trackers]
-        _check(isinstance(self.log_every, int) and self.log_every >= 1, "log_every", self.log_every, "an integer >= 1")
-        _check(self.peak_flops is None or self.peak_flops > 0, "peak_flops", self.peak_flops, "None or > 0")
 
 
 def peak_flops_basis(device: torch.device, configured: float | None) -> tuple[float, str]:

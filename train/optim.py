@@ -2,64 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
-
 import torch
 from torch import nn
 
+from winnow.train.config import OptimConfig  # noqa: F401 (defined there: no torch)
 from winnow.train.errors import checker
 from winnow.train.schedules import lr_factor
 
 _check = checker("train.optim")
-
-
-@dataclass(kw_only=True, slots=True)
-class OptimConfig:
-    """Optimizer, weight decay, clipping and the learning-rate schedule (``[train.optim]``)."""
-
-    # the optimizer: AdamW, or LAMB (AdamW scaled per tensor by its trust ratio)
-    name: Literal["adamw", "lamb"] = "adamw"
-    lr: float = 3e-3  # peak learning rate
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # the two moment decay rates
-    eps: float = 1e-8  # added to the second moment's square root
-    weight_decay: float = 0.1  # decoupled weight decay of matrices (not of norms, biases or, by default, embeddings)
-    decay_embeddings: bool = False  # embeddings are lookups: decaying them mostly shrinks rare tokens
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still measured)
-    warmup_steps: int = 20  # linear warm-up from 0 to lr over these steps
-    # after warm-up: cosine or linear decay to lr x min_lr_ratio, constant, or wsd (stable, then a decay)
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
-    min_lr_ratio: float = 0.1  # the decay ends at lr · min_lr_ratio
-    decay_fraction: float = 0.2  # wsd: the decay takes the last this much of the steps
-    decay_shape: Literal["linear", "cosine", "sqrt"] = "sqrt"  # wsd: the decay's shape (sqrt: 1 - √progress)
-    # "current": a continued run warms up from the LR its init_from run ended at
-    rewarm_from: Literal["zero", "current"] = "zero"
-
-    def __post_init__(self) -> None:
-        _check(self.name in ("adamw", "lamb"), "name", self.name, "'adamw' or 'lamb'")
-        _check(self.lr > 0, "lr", self.lr, "> 0")
-        _check(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two values in [0, 1)"
-        )
-        _check(self.eps > 0, "eps", self.eps, "> 0")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
-        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, ">= 0 (0 = no clipping)")
-        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
-        _check(
-            self.schedule in ("cosine", "linear", "constant", "wsd"),
-            "schedule",
-            self.schedule,
-            "'cosine', 'linear', 'constant' or 'wsd'",
-        )
-        _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "0..1")
-        _check(0 < self.decay_fraction <= 1, "decay_fraction", self.decay_fraction, "0 < value <= 1")
-        _check(
-            self.decay_shape in ("linear", "cosine", "sqrt"),
-            "decay_shape",
-            self.decay_shape,
-            "'linear', 'cosine' or 'sqrt'",
-        )
-        _check(self.rewarm_from in ("zero", "current"), "rewarm_from", self.rewarm_from, "'zero' or 'current'")
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig, *, preconditioned: frozenset[str] = frozenset()) -> list[dict]:

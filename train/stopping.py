@@ -13,33 +13,12 @@ sentence the trainer logs and writes to ``metrics.jsonl``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
+from winnow.train.config import StopConfig  # noqa: F401 (defined there: no torch)
 from winnow.train.errors import ConfigError, checker
 from winnow.train.hooks import TrainHook
 
 _check = checker("train.stop")
-
-
-@dataclass(kw_only=True, slots=True)
-class StopConfig:
-    """Early stopping (``[train.stop]``); with no keys set it never stops a run."""
-
-    patience: int = 0  # evaluations without improvement before stopping; 0: no patience rule
-    min_delta: float = 0.0  # an improvement smaller than this (nats) does not count
-    sources: list[str] = field(default_factory=list)  # watch the mean held-out loss of these; []: the total
-    thresholds: dict[str, float] = field(default_factory=dict)  # source -> stop once its held-out loss <= value
-
-    def __post_init__(self) -> None:
-        _check(isinstance(self.patience, int) and self.patience >= 0, "patience", self.patience, "an integer >= 0")
-        _check(self.min_delta >= 0, "min_delta", self.min_delta, ">= 0")
-        _check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "source names, each once")
-        for source, value in self.thresholds.items():
-            _check(math.isfinite(value), f"thresholds.{source}", value, "a finite number")
-
-    @property
-    def active(self) -> bool:
-        return bool(self.patience or self.thresholds)
 
 
 class EarlyStopping(TrainHook):

@@ -100,6 +100,21 @@ def test_help_imports_neither_torch_nor_polars(argv):
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize(
+    "argv", [["check", "pipelines/demo.toml"], ["check", "pipelines/ablation.toml"], ["config", "show", "train"]]
+)
+def test_checking_a_job_or_showing_its_training_keys_imports_no_torch(argv):
+    """The training configs lived in modules (and packages) that import torch: `winnow check` of any job with
+    [train], and `winnow config show train`, paid for torch (~2 s) to read a few dataclasses."""
+    code = (
+        f"import sys\nfrom winnow.pipelines.cli import main\nrc = main({argv!r})\n"
+        "print(rc, sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "0 []"
+
+
 def test_command_table_matches_what_each_module_registers():
     registered: dict[str, str] = {}
     for module in {c.module for c in COMMANDS.values()}:

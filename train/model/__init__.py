@@ -10,17 +10,24 @@ Tensor names carry their shape as a suffix (torchtitan style). Legend:
     A  routed assignments (T·K)     V  vocabulary
 """
 
-from winnow.train.model.config import ModelConfig
-from winnow.train.model.loss import cross_entropy_per_token, distillation_per_token
-from winnow.train.model.moe import MoE, MoEStats
-from winnow.train.model.transformer import ModelOutput, Transformer
+from __future__ import annotations
 
-__all__ = [
-    "ModelConfig",
-    "cross_entropy_per_token",
-    "distillation_per_token",
-    "MoE",
-    "MoEStats",
-    "ModelOutput",
-    "Transformer",
-]
+import importlib
+
+# Exports resolved on first use, so that importing a config (``winnow check``, ``winnow config``) loads no torch.
+_EXPORTS = {
+    "ModelConfig": "winnow.train.model.config",
+    "cross_entropy_per_token": "winnow.train.model.loss",
+    "distillation_per_token": "winnow.train.model.loss",
+    "MoE": "winnow.train.model.moe",
+    "MoEStats": "winnow.train.model.moe",
+    "ModelOutput": "winnow.train.model.transformer",
+    "Transformer": "winnow.train.model.transformer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'winnow.train.model' has no attribute {name!r}")
