@@ -128,6 +128,11 @@ class InputConfig:
                 "inputs.source / inputs.source_field: give exactly one of source (a name) or source_field "
                 "(a column holding it)"
             )
+        if self.hf_builder is not None and self.format != "hf":
+            raise ConfigError(
+                f"inputs.hf_builder = {self.hf_builder!r} reads files through a Hugging Face builder, for format = "
+                f"\"hf\" only (this input's format is {self.format!r}); set format = \"hf\", or remove hf_builder"
+            )
         named = {"text_field": self.text_field, "id_field": self.id_field, "source_field": self.source_field}
         named = {k: v for k, v in named.items() if k != "source_field" or v is not None}
         for key, value in named.items():
@@ -205,9 +210,10 @@ class OutputConfig:
                 f"that let the owner read and write (e.g. 0o640)"
             )
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
-        if bad or not self.formats:
+        if bad or not self.formats or len(set(self.formats)) < len(self.formats):
             raise ConfigError(
-                f"output.formats = {self.formats!r} is invalid; allowed: a non-empty list from {list(OUTPUT_FORMATS)}"
+                f"output.formats = {self.formats!r} is invalid; allowed: a non-empty list from {list(OUTPUT_FORMATS)}, "
+                "each once"
             )
         if self.shard_rows is not None and self.shard_rows < 1:
             raise ConfigError(f"output.shard_rows = {self.shard_rows!r} is invalid; allowed: an integer >= 1 or unset")

@@ -71,6 +71,8 @@ class AlertConfig:
         for key in ("spike_sigma", "throughput_drop", "data_wait_pct", "webhook_timeout"):
             value = getattr(self, key)
             _check(isinstance(value, (int, float)) and value >= 0, key, value, "a number >= 0")
+        # a fraction of the recent median: at 1 or above every interval would be "slow"
+        _check(self.throughput_drop < 1, "throughput_drop", self.throughput_drop, "a fraction in [0, 1) (0: off)")
         for key in ("throughput_window", "throughput_patience"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")

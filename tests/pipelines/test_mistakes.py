@@ -580,3 +580,33 @@ def test_messages_say_what_is_wrong_with_the_path_or_key_given(tmp_path, capsys)
     path.write_text('[train]\nsteps = 2\nshards = "x"\nreplay = {from = "y", portion = 0.1}\n')
     assert main(["check", str(path)]) == 2
     assert "allowed keys: from, share" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        (
+            '[output]\nformats = ["parquet", "parquet"]\n',
+            r"output\.formats = \['parquet', 'parquet'\] is invalid.*each once",
+        ),
+        (
+            "[train]\nsteps = 2\n[train.alerts]\nthroughput_drop = 5.0\n",
+            r"train\.alerts\.throughput_drop = 5\.0 is invalid",
+        ),
+    ],
+)
+def test_values_that_cannot_mean_anything_are_refused_naming_the_key(tmp_path, capsys, table, said):
+    """A format listed twice, a throughput alert at 5x the recent median (every interval "slow"): accepted."""
+    path = _one_input_job(tmp_path, tmp_path / "job", "docs", table)
+    assert main(["check", str(path)]) == 2
+    assert re.search(said, capsys.readouterr().err)
+
+
+def test_an_hf_builder_on_an_input_of_another_format_is_refused(tmp_path, capsys):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a document of words"}) + "\n")
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'[job]\nname = "t"\n[[inputs]]\nsource = "s"\npath = "{tmp_path / "d.jsonl"}"\nhf_builder = "json"\n'
+    )
+    assert main(["check", str(path)]) == 2
+    assert "hf_builder = 'json' reads files through a Hugging Face builder" in capsys.readouterr().err
