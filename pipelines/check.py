@@ -115,9 +115,11 @@ def validate(
 
         seed = checked.train.seed if checked.train is not None else 0
         curation_variants(checked.ablate, seed, study_job)  # names the key
-    elif studying and checked.train is not None and checked.job is None and "replay" not in checked.ablate.kinds:
-        # on the shards a study re-mixes as they are (a file that curates may change them first: its inputs say)
-        if "://" not in checked.train.shards and (Path(checked.train.shards) / "manifest.json").is_file():
+    elif studying and checked.train is not None and "replay" not in checked.ablate.kinds:
+        # on the shards a study re-mixes as they are (`winnow ablate` never curates a study of the mix), unless the
+        # file's inputs bring sources they lack: then `winnow run` is to curate them first
+        manifest = Path(checked.train.shards) / "manifest.json" if "://" not in checked.train.shards else None
+        if manifest is not None and manifest.is_file() and _holds_the_inputs_sources(manifest, checked.job):
             from winnow.pipelines.ablate.study import plan_on_manifest
 
             plan_on_manifest(checked.ablate, checked.train, None, path=path)
@@ -149,6 +151,16 @@ def trains_on_curation(raw: dict) -> bool:
     return (
         isinstance(shards, str) and isinstance(output, str) and posixpath.normpath(shards) == posixpath.normpath(output)
     )
+
+
+def _holds_the_inputs_sources(manifest: Path, job: Job | None) -> bool:
+    """Whether a curated job's ``manifest`` lists every source ``job``'s inputs name (always without a job)."""
+    if job is None:
+        return True
+    from winnow.train.data.shards import job_manifest
+
+    named = {i.source for i in job.inputs if i.source is not None}
+    return named <= set(job_manifest(str(manifest.parent)).get("sources") or [])
 
 
 def _check_init_from(checked: CheckedJob) -> None:

@@ -610,3 +610,15 @@ def test_an_hf_builder_on_an_input_of_another_format_is_refused(tmp_path, capsys
     )
     assert main(["check", str(path)]) == 2
     assert "hf_builder = 'json' reads files through a Hugging Face builder" in capsys.readouterr().err
+
+
+def test_check_plans_a_study_of_the_mix_on_the_curated_shards_when_the_file_also_curates(tmp_path, capsys):
+    """`winnow check` skipped the study's plan when the file had [[inputs]]: a weights study of a one-source job
+    passed check, and `winnow ablate` (which never curates a study of the mix) refused it at once."""
+    from tests.train.shards_util import make_docs, write_job
+
+    docs = [d for d in make_docs(20) if d["source"] == make_docs(1)[0]["source"]]
+    job = write_job(tmp_path / "job", [docs], val=[docs[:2]])
+    path = _one_input_job(tmp_path, job, docs[0]["source"], '[train]\nsteps = 2\n[ablate]\nkind = "weights"\n')
+    assert main(["check", str(path)]) == 2
+    assert "ablate.kind = 'weights' varies a source's share against the others'" in capsys.readouterr().err
