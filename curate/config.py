@@ -131,7 +131,7 @@ class InputConfig:
         if self.hf_builder is not None and self.format != "hf":
             raise ConfigError(
                 f"inputs.hf_builder = {self.hf_builder!r} reads files through a Hugging Face builder, for format = "
-                f"\"hf\" only (this input's format is {self.format!r}); set format = \"hf\", or remove hf_builder"
+                f'"hf" only (this input\'s format is {self.format!r}); set format = "hf", or remove hf_builder'
             )
         named = {"text_field": self.text_field, "id_field": self.id_field, "source_field": self.source_field}
         named = {k: v for k, v in named.items() if k != "source_field" or v is not None}

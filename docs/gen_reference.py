@@ -13,13 +13,12 @@ after changing a config class:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import typing
 from pathlib import Path
 
 from winnow.curate.stages import _KINDS, stage_class
-from winnow.pipelines.config import _default, _type_name, class_doc, field_docs, tables, toml_key
+from winnow.pipelines.config import _default, _type_name, class_doc, field_docs, job_fields, tables, toml_key
 
 PAGE = Path(__file__).resolve().parent / "reference" / "job-file.md"
 
@@ -45,12 +44,11 @@ def table(cls: type) -> list[str]:
     """One Markdown table of ``cls``'s keys."""
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     lines = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
-    for f in dataclasses.fields(cls):
-        if f.init:
-            lines.append(
-                f"| `{toml_key(f)}` | {_cell(_type_name(hints[f.name]))} | `{_cell(_default(f))}` "
-                f"| {_cell(docs.get(f.name, ''))} |"
-            )
+    for f in job_fields(cls):
+        lines.append(
+            f"| `{toml_key(f)}` | {_cell(_type_name(hints[f.name]))} | `{_cell(_default(f))}` "
+            f"| {_cell(docs.get(f.name, ''))} |"
+        )
     return lines
 
 

@@ -96,7 +96,7 @@ def homes(key: str, *, near: str = "") -> list[str]:
 
 
 def _keys(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls) if f.init}
+    return {f.name for f in job_fields(cls)}
 
 
 def _dataclass_in(tp: Any) -> type | None:
@@ -216,14 +216,17 @@ def toml_key(f: dataclasses.Field) -> str:
     return f.metadata.get("key", f.name)
 
 
+def job_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of config ``cls`` a job file sets: those ``__init__`` takes, without the ``sources`` of a stage
+    that acts on the whole mixture (``StageConfig.SCOPED``: it refuses the key)."""
+    unscoped = getattr(cls, "SCOPED", True) is False
+    return [f for f in dataclasses.fields(cls) if f.init and not (unscoped and f.name == "sources")]
+
+
 def describe(cls: type, title: str) -> str:
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     doc = class_doc(cls)
-    rows = [
-        (toml_key(f), _type_name(hints[f.name]), _default(f), docs.get(f.name, ""))
-        for f in dataclasses.fields(cls)
-        if f.init
-    ]
+    rows = [(toml_key(f), _type_name(hints[f.name]), _default(f), docs.get(f.name, "")) for f in job_fields(cls)]
     width = [max(len(r[i]) for r in rows + [("key", "type", "default", "")]) for i in range(3)]
     lines = [f"{title}: {doc}".rstrip(": "), ""]
     lines.append(f"{'key':<{width[0]}}  {'type':<{width[1]}}  {'default':<{width[2]}}  doc")
@@ -284,9 +287,7 @@ def object_schema(cls: type, *, extra: dict[str, Any] | None = None) -> dict[str
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     props: dict[str, Any] = dict(extra or {})
     required = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    for f in job_fields(cls):
         prop = type_schema(hints[f.name])
         if off_by_false(f, hints[f.name]):  # a default-on optional setting: false turns it off (jobfile.build_config)
             prop = {"anyOf": [*prop.get("anyOf", [prop]), {"const": False}]}

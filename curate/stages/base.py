@@ -50,6 +50,7 @@ class StageConfig:
     """
 
     SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources",)
+    SCOPED: ClassVar[bool] = True  # False: the stage acts on the whole mixture, and refuses ``sources``
     # run the stage on these sources only (rows of others pass it untouched); None: every source
     sources: list[str] | None = None
 

@@ -53,6 +53,7 @@ class MixConfig(StageConfig):
     """Mixture scheme, token budget, epoch cap, token estimate and in-source selection."""
 
     SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "weights")
+    SCOPED: ClassVar[bool] = False
 
     scheme: Literal["explicit", "temperature", "unimax"] | None = None  # default: explicit if weights else temperature
     weights: dict[str, float] = field(default_factory=dict)  # explicit: source -> weight (normalized); absent = 0

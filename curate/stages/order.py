@@ -56,6 +56,7 @@ class OrderConfig(StageConfig):
     """What to order by, how fast harder rows enter, and how sources share each window."""
 
     SOURCE_KEYS: ClassVar[tuple[str, ...]] = ("sources", "source_order")
+    SCOPED: ClassVar[bool] = False
 
     by: str = "difficulty"  # any numeric column, "length" (text bytes: short documents first), or "random" (shuffled)
     # easy_to_hard: the lowest values are read first

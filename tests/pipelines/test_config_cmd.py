@@ -122,3 +122,16 @@ def test_schema_replaces_only_a_schema_it_wrote(tmp_path, capsys):
     assert main(["config", "schema", "-o", str(schema)]) == 0
     assert main(["config", "schema", "-o", str(schema)]) == 0  # its own file: written again
     assert json.loads(schema.read_text())["title"] == "winnow job file"
+
+
+def test_a_stage_that_acts_on_the_whole_mixture_does_not_list_the_sources_it_refuses(capsys):
+    """`config show mix` and `order` listed a `sources` key that the stages refuse ("sources cannot scope this
+    stage"); the JSON schema and the reference page took it from the same fields."""
+    from winnow.curate.stages import stage_class
+    from winnow.pipelines.config import job_fields
+
+    for kind in ("mix", "order"):
+        assert "sources" not in {f.name for f in job_fields(stage_class(kind).Config)}
+        assert main(["config", "show", kind]) == 0
+        assert not any(line.startswith("sources ") for line in capsys.readouterr().out.splitlines())
+    assert "sources" in {f.name for f in job_fields(stage_class("filter.length").Config)}
