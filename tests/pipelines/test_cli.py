@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
 import subprocess
@@ -89,15 +90,22 @@ def test_curate_path_loads_no_training_or_plotting_and_compiles_nothing_twice(tm
     assert not compiled, f"numba kernels compiled again (cache=True missing?): {compiled}"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["curate", "--help"]])
-def test_help_imports_neither_torch_nor_polars(argv):
+def _loaded(argv: list[str], modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh process running ``winnow ARGV`` loaded (the command must succeed)."""
     code = (
-        f"import sys\nfrom winnow.pipelines.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('torch', 'matplotlib', 'polars', 'pyarrow', 'numba') if m in sys.modules))"
+        f"import sys\nfrom winnow.pipelines.cli import main\ntry:\n    rc = main({argv!r})\nexcept SystemExit as e:\n"
+        f"    rc = e.code or 0\nprint(rc, sorted(m for m in {modules!r} if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    rc, loaded = proc.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert rc == "0", proc.stdout
+    return ast.literal_eval(loaded)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["curate", "--help"]])
+def test_help_imports_neither_torch_nor_polars(argv):
+    assert _loaded(argv, ("torch", "matplotlib", "polars", "pyarrow", "numba")) == []
 
 
 @pytest.mark.parametrize(
@@ -106,13 +114,7 @@ def test_help_imports_neither_torch_nor_polars(argv):
 def test_checking_a_job_or_showing_its_training_keys_imports_no_torch(argv):
     """The training configs lived in modules (and packages) that import torch: `winnow check` of any job with
     [train], and `winnow config show train`, paid for torch (~2 s) to read a few dataclasses."""
-    code = (
-        f"import sys\nfrom winnow.pipelines.cli import main\nrc = main({argv!r})\n"
-        "print(rc, sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "0 []"
+    assert _loaded(argv, ("torch", "matplotlib")) == []
 
 
 def test_command_table_matches_what_each_module_registers():

@@ -10,24 +10,17 @@ Tensor names carry their shape as a suffix (torchtitan style). Legend:
     A  routed assignments (T·K)     V  vocabulary
 """
 
-from __future__ import annotations
+from winnow.train import lazy_exports
 
-import importlib
-
-# Exports resolved on first use, so that importing a config (``winnow check``, ``winnow config``) loads no torch.
-_EXPORTS = {
-    "ModelConfig": "winnow.train.model.config",
-    "cross_entropy_per_token": "winnow.train.model.loss",
-    "distillation_per_token": "winnow.train.model.loss",
-    "MoE": "winnow.train.model.moe",
-    "MoEStats": "winnow.train.model.moe",
-    "ModelOutput": "winnow.train.model.transformer",
-    "Transformer": "winnow.train.model.transformer",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'winnow.train.model' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "ModelConfig": "winnow.train.model.config",
+        "cross_entropy_per_token": "winnow.train.model.loss",
+        "distillation_per_token": "winnow.train.model.loss",
+        "MoE": "winnow.train.model.moe",
+        "MoEStats": "winnow.train.model.moe",
+        "ModelOutput": "winnow.train.model.transformer",
+        "Transformer": "winnow.train.model.transformer",
+    },
+)
