@@ -1,4 +1,9 @@
-"""The ``[train]`` table: one dataclass composing each component's own config."""
+"""The ``[train]`` table: one dataclass composing each component's config.
+
+The configs of components whose modules import torch (adaptive mixing, checkpoints, metrics, the optimizer,
+early stopping) are defined here, and re-exported there: reading a job file (``winnow check``, ``winnow
+config``) loads no torch.
+"""
 
 from __future__ import annotations
 
