@@ -455,17 +455,22 @@ class PowerSGDCompression(RankState):
                 at += size
         return slices
 
+    def _per_parameter(self, index: int, layout: list[tuple[str, torch.Size]]) -> dict[str, dict[str, torch.Tensor]]:
+        """Bucket ``index``'s error feedback and ``Q`` as views per parameter (``layout``: the bucket's)."""
+        out: dict[str, dict[str, torch.Tensor]] = {"error": {}, "q": {}}
+        if (error := self.state.error_dict.get(index)) is not None:
+            parts = error.split([math.prod(shape) for _, shape in layout])
+            out["error"] = {name: part for (name, _), part in zip(layout, parts, strict=True)}
+        if (q := self.state.q_memory_dict.get(index)) is not None:
+            out["q"] = {name: q[at] for name, at in self._q_slices(layout).items()}
+        return out
+
     def _park(self, index: int) -> None:
         """Bucket ``index``'s state to its parameters (torch's copy dropped)."""
-        layout = self._layouts.pop(index)
-        error = self.state.error_dict.pop(index, None)
-        q = self.state.q_memory_dict.pop(index, None)
-        self.state.p_memory_dict.pop(index, None)
-        if error is not None:
-            parts = error.split([math.prod(shape) for _, shape in layout])
-            self._parked["error"].update((name, part) for (name, _), part in zip(layout, parts, strict=True))
-        if q is not None:
-            self._parked["q"].update((name, q[at]) for name, at in self._q_slices(layout).items())
+        for kind, parts in self._per_parameter(index, self._layouts.pop(index)).items():
+            self._parked[kind].update(parts)
+        for memory in (self.state.error_dict, self.state.q_memory_dict, self.state.p_memory_dict):
+            memory.pop(index, None)
 
     def _place(self, index: int, layout: list[tuple[str, torch.Size]], device: torch.device) -> None:
         """Give bucket ``index`` (seen with ``layout`` for the first time) its parameters' state.
@@ -493,11 +498,8 @@ class PowerSGDCompression(RankState):
         """This rank's state per parameter: the iteration count, each gradient's error feedback and ``Q``."""
         state = {"step": self.state.iter, "error": dict(self._parked["error"]), "q": dict(self._parked["q"])}
         for index, layout in self._layouts.items():
-            if (error := self.state.error_dict.get(index)) is not None:
-                parts = error.split([math.prod(shape) for _, shape in layout])
-                state["error"].update((name, part.clone()) for (name, _), part in zip(layout, parts, strict=True))
-            if (q := self.state.q_memory_dict.get(index)) is not None:
-                state["q"].update((name, q[at].clone()) for name, at in self._q_slices(layout).items())
+            for kind, parts in self._per_parameter(index, layout).items():
+                state[kind].update((name, part.clone()) for name, part in parts.items())
         return state
 
     def load_state_dict(self, state: dict) -> None:
