@@ -42,7 +42,8 @@ FIELD_TYPES: dict[str, pl.DataType] = {
 
 
 def check_fields(fields: list[str] | dict[str, str], reserved: tuple[str, ...]) -> None:
-    """Refuse empty names, names of winnow's own columns and unknown types (ConfigError)."""
+    """Refuse empty names, a name listed twice, names of winnow's own columns and unknown types (ConfigError)."""
+    seen: set[str] = set()
     for name in fields:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"keep_fields: field names must be non-empty strings, got {name!r}")
@@ -56,6 +57,9 @@ def check_fields(fields: list[str] | dict[str, str], reserved: tuple[str, ...]) 
                 f"keep_fields: {name!r} starts with '_', which winnow reserves for its internal "
                 "columns; rename it in the input or leave it in meta"
             )
+        if name in seen:  # one column per field: a second entry would be a second column of the same name
+            raise ConfigError(f"keep_fields: {name!r} is listed twice; list each field once")
+        seen.add(name)
     if isinstance(fields, dict):
         bad = {k: v for k, v in fields.items() if v not in FIELD_TYPES}
         if bad:

@@ -305,6 +305,10 @@ class BPETokenizer(HFTokenizer):
         return f"{self.kind}-{self.vocab_size}"
 
 
+#: The largest vocabulary ``train_bpe`` trains (64x the largest in common use).
+MAX_BPE_VOCAB = 1 << 24
+
+
 def train_bpe(texts: Iterable[list[str]], *, vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
     """Train a byte-level BPE on batches of texts; the 256 byte symbols are always in the vocabulary."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -314,6 +318,11 @@ def train_bpe(texts: Iterable[list[str]], *, vocab_size: int, min_frequency: int
     if vocab_size < len(alphabet) + 2:
         raise ConfigError(
             f"vocab_size must be at least {len(alphabet) + 2} (256 byte symbols + eos + pad), got {vocab_size}"
+        )
+    if vocab_size > MAX_BPE_VOCAB:  # the trainer reserves tens of bytes per asked token up front: 2**29 is ~35 GB
+        raise ConfigError(
+            f"vocab_size must be at most {MAX_BPE_VOCAB:,} (the BPE trainer reserves memory for every token asked; "
+            f"vocabularies in use stay under a million), got {vocab_size:,}"
         )
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -71,6 +71,8 @@ def test_keep_fields_refuse_winnow_columns_and_unknown_types(tmp_path, write_job
         load_job(
             write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"_count"]'))
         )  # the mix's column
+    with pytest.raises(ConfigError, match=r"keep_fields: 'url' is listed twice; list each field once"):
+        load_job(write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"url"]')))
     with pytest.raises(ConfigError, match=r"keep_fields.url = 'text' is not a type; allowed: string, int64"):
         load_job(
             write_job(

@@ -61,6 +61,8 @@ def test_bad_tokenizer_path_and_tiny_vocab_are_config_errors(tmp_path):
         load_tokenizer(tmp_path)
     with pytest.raises(ConfigError, match="vocab_size"):
         train_bpe([TEXTS], vocab_size=100)
+    with pytest.raises(ConfigError, match=r"vocab_size must be at most 16,777,216 .* got 1,099,511,627,776"):
+        train_bpe([TEXTS], vocab_size=2**40)  # the BPE trainer aborts the process, asking for terabytes
 
 
 def test_cli_trains_on_job_shards_and_saves_a_loadable_tokenizer(tmp_path, capsys):
