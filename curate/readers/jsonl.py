@@ -291,7 +291,14 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
         return (
             None  # a float id (1e3, or an integer past 64 bits that Arrow read as one): the lines path keeps its text
         )
-    if not all(_exact(table.column(n).combine_chunks()) for n in rest + [n for n in (cfg.id_field,) if n in names]):
+    try:
+        checked = [table.column(n).combine_chunks() for n in rest + [n for n in (cfg.id_field,) if n in names]]
+        for column in checked:  # Arrow's parser can build an invalid list array ([null, 0.5] first in a block)
+            if pa.types.is_nested(column.type):
+                column.validate(full=True)
+    except pa.ArrowException:
+        return None
+    if not all(_exact(column) for column in checked):
         return None
     ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 10)
     if len(ends) != table.num_rows:  # two objects on a line, or a blank line Arrow skipped: the lines path decides
@@ -319,26 +326,27 @@ def _exact_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_integer(t)
 
 
-def _exact(arr: pa.Array) -> bool:
+def _exact(arr: pa.Array, *, nulls: bool = False) -> bool:
     """True when re-encoding ``arr`` as JSON gives back exactly what was parsed.
 
-    Floats must all be fractions (an integral one may have been an integer). A null where a record had no such key (Arrow fills missing keys with nulls, at any
-    depth) would add a key, so nulls in fields and struct members rule the fast path out;
-    nulls inside lists are real JSON nulls and are fine.
+    Floats must all be finite fractions: an integral one may have been an integer (``7`` beside a
+    float reads as ``7.0``, one past 64 bits is rounded), and orjson refuses the ``NaN`` and
+    ``Infinity`` Arrow accepts (the lines path rejects them). Values Arrow converted (an ISO date
+    string read as a timestamp) rule it out too, inside lists as anywhere. A null where a record had no
+    such key (Arrow fills missing keys with nulls, at any depth) would add a key, so nulls in fields and
+    struct members rule the fast path out; ``nulls``: the elements of a list, whose nulls are real JSON nulls.
     """
     t = arr.type
-    if arr.null_count:
+    if arr.null_count and not nulls:
         return False
     if pa.types.is_floating(t):
-        # Arrow reads a column holding any float as floats: an integer beside one (7 -> 7.0) or past 64 bits
-        # (rounded) would change. Only columns of true fractions re-encode to the numbers the lines held.
-        values = arr.to_numpy(zero_copy_only=False)
-        return not (np.isfinite(values) & (values == np.floor(values))).any()
+        values = arr.drop_null().to_numpy(zero_copy_only=False)
+        return bool(np.isfinite(values).all()) and not (values == np.floor(values)).any()
     if _scalar(t):
         return True
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         values = arr.flatten()
-        return not pa.types.is_struct(values.type) or _exact(values)
+        return _exact(values, nulls=not pa.types.is_struct(values.type))
     if pa.types.is_struct(t):
         return all(_exact(arr.field(i)) for i in range(t.num_fields))
     return False

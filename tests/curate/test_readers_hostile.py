@@ -53,6 +53,28 @@ def test_escaped_lone_surrogate_is_a_bad_utf8_reject(tmp_path):
     assert "surrogate" in json.loads(rejects["meta"][0])["error"]
 
 
+@pytest.mark.parametrize("blank_line", [False, True], ids=["block parser", "line by line"])
+def test_meta_values_are_the_same_whichever_parser_reads_the_lines(tmp_path, blank_line):
+    """Records whose keys agree go through Arrow's block parser, others (a blank line) line by line: the meta
+    is what the lines hold either way (no 1 -> 1.0 in a list beside a float, no uint64 rounded, no date
+    string turned timestamp, a null first in a list read), and NaN, which is no JSON, is a reject either way."""
+    records = [
+        b'{"id": "a", "text": "one", "h": [18446744073709551615, 3], "v": [1, 2.5], "d": ["2021-05-06 10:00:00Z"],'
+        b' "s": [null, 0.5], "n": [[1, 2.5], [3]]}',
+        b'{"id": "b", "text": "two", "h": [1, 2], "v": [3, 4.5], "d": ["2022-02-02"], "s": [0.1, 0.2], "n": [[4.5]]}',
+    ]
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(records) + (b"\n\n" if blank_line else b"\n"))
+    (tmp_path / "b.jsonl").write_bytes(b'{"id": "c", "text": "three", "x": NaN}\n{"id": "e", "text": "four", "x": 0.5}\n')
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "*.jsonl")))
+    meta = dict(zip(rows["id"], rows["meta"], strict=True))
+    assert orjson.loads(meta["a"]) == {
+        "h": [18446744073709551615, 3], "v": [1, 2.5], "d": ["2021-05-06 10:00:00Z"], "s": [None, 0.5], "n": [[1, 2.5], [3]]
+    }  # fmt: skip
+    assert '"v":[1,2.5]' in meta["a"] and '"v":[3,4.5]' in meta["b"]
+    assert rejects["reason"].to_list() == ["read:bad_json"] and rejects["id"].to_list() == ["s/b.jsonl@0"]
+    assert sorted(meta) == ["a", "b", "e"]
+
+
 def test_parquet_string_column_with_invalid_bytes_rejects_only_that_row(tmp_path):
     raw = pa.array([b"fine", b"caf\xe9", b"also fine"], pa.binary())
     text = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # a writer that did not validate
