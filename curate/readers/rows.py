@@ -100,12 +100,15 @@ class RowBuffer:
 
 def decode_meta(meta: dict) -> str | None:
     """A record's remaining fields as a JSON string (null when there are none); integers of any size stay exact."""
-    if not meta:
-        return None
+    return dumps_exact(meta) if meta else None
+
+
+def dumps_exact(value: Any) -> str:
+    """``value`` as compact JSON text; integers of any size stay exact (``loads_exact``'s inverse)."""
     try:
-        return orjson.dumps(meta, option=orjson.OPT_NON_STR_KEYS).decode()
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
     except TypeError:  # an integer beyond 64 bits, which only loads_exact gives back exactly
-        return json.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def loads_exact(data: bytes) -> Any:

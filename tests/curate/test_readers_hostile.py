@@ -280,6 +280,11 @@ def test_a_kept_float_field_leaves_an_integer_a_float_would_round_in_meta():
     out = extract_fields(rows.with_columns(pl.col("meta").replace('{"n": 2e400}', "{}")), {"n": "float64"})
     assert out["n"].to_list() == [1.5, None, 4.0, None, None]
     assert json.loads(out["meta"][1]) == {"n": 9007199254740993}
+    past_64_bits = ['{"n": 1180591620717411303425, "m": [18446744073709551617]}', '{"n": 0.5}']
+    rows = pl.DataFrame({"id": ["a", "b"], "source": "s", "text": "t", "meta": past_64_bits})
+    out = extract_fields(rows, {"n": "float64", "m": "json"})  # orjson reads such integers as floats
+    assert out["n"].to_list() == [None, 0.5] and out["m"].to_list() == ["[18446744073709551617]", None]
+    assert out["meta"].to_list() == ['{"n":1180591620717411303425}', None]
 
 
 def test_a_hugging_face_builder_that_cannot_parse_a_file_ends_it_in_one_reject(tmp_path):
