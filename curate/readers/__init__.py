@@ -151,7 +151,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             # the types its reader sees (rows_from_arrow): text columns decoded, then polars' types
             text_columns = [c for c in ("text", cfg.id_field, cfg.source_field) if c is not None and c in names]
             types = pl.from_arrow(as_text_columns(schema.empty_table(), text_columns)).schema
-            if not native_layout(dict(types), text_field=cfg.text_field):
+            if not native_layout(dict(types), text_field=cfg.text_field, id_field=cfg.id_field):
                 continue
             others = _replaced_sources(cfg, metadata)
             if others:

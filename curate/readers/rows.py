@@ -11,7 +11,7 @@ import polars as pl
 import pyarrow as pa
 
 from winnow.curate.readers.utf8 import cell_text, invalid_rows, printable
-from winnow.curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS, SPLITS
+from winnow.curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS, REJECT_COLUMNS, SPLITS
 
 _PREVIEW_CHARS = 1024  # of a read:too_long record's text, kept in its reject
 _EXACT_FLOAT = float(2**53)  # from here on a float cannot tell integers apart
@@ -266,13 +266,14 @@ def rows_from_arrow(
                 "are strings or numbers (name a column of those, or none to derive ids)",
             )
 
-    native = native_layout({c: t for c, t in df.schema.items() if c != row}, text_field=text_field)
+    native = native_layout({c: t for c, t in df.schema.items() if c != row}, text_field=text_field, id_field=id_field)
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
     derived_id = pl.format("{}/{}/{}", src_expr, pl.lit(file_label), pl.col(row))
     # a null or empty id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
     given = pl.col(id_field).cast(pl.String)
     id_expr = pl.coalesce(pl.when(given != "").then(given), derived_id) if id_field in df.columns else derived_id
     schema_error = pl.lit(None, dtype=pl.String)
+    extra: list[str] = []  # a winnow-layout file's columns besides the core ones
     if native:
         extra = [c for c in df.columns if c not in CORE_COLUMNS and c != row and c != source_field]
         reserved = [c for c in extra if c in OPTIONAL_COLUMNS]
@@ -341,7 +342,11 @@ def rows_from_arrow(
     good = out.filter(pl.col("reason").is_null()).drop("reason", row, row + "_error")
     bad = out.filter(pl.col("reason").is_not_null())
     if bad.height:
-        located = pl.struct(pl.lit(file_label).alias("file"), pl.col(row).alias("row"), pl.col("meta").alias("meta"))
+        # a winnow-layout row's other columns (url, quality...) kept beside its meta, so the reject holds all of it
+        columns = [pl.struct(*extra).alias("columns")] if native and extra else []
+        located = pl.struct(
+            pl.lit(file_label).alias("file"), pl.col(row).alias("row"), pl.col("meta").alias("meta"), *columns
+        )
         bad = bad.with_columns(
             pl.col("id").fill_null(pl.format("{}#{}", pl.lit(file_label), pl.col(row))),
             pl.col("source").fill_null(pl.lit(source or "")),
@@ -360,14 +365,21 @@ def rows_from_arrow(
     return ReadBatch(good, _with_unreadable(bad, unreadable))
 
 
-def native_layout(schema: dict[str, pl.DataType], *, text_field: str) -> bool:
+#: Columns of a job's rejects that its shards never have: a file holding them is read as any Parquet file.
+REJECTS_ONLY = (*REJECT_COLUMNS, "stage", "extra")
+
+
+def native_layout(schema: dict[str, pl.DataType], *, text_field: str, id_field: str) -> bool:
     """Whether rows of ``schema`` (polars types, text columns decoded by ``as_text_columns``) are in winnow's own
-    layout, a job's shards read back: the core columns as strings, no internal names, and no binary column,
-    which JSON cannot hold (a tar's ``.json``, a reject's ``extra``): such a file's columns go to ``meta``."""
+    layout, a job's shards read back: text and ids in winnow's columns, the core columns as strings, no internal
+    names, no column of a rejects file (a job's ``rejects/`` curated again keeps its reasons in ``meta``, where
+    no stage's reason replaces them), and no binary column, which JSON cannot hold (a tar's ``.json``, a reject's
+    ``extra``). Any other file's columns go to ``meta`` (its ``id`` too, when ``id_field`` names another column)."""
     return (
         text_field == "text"
+        and id_field == "id"
         and all(schema.get(c) == pl.String for c in CORE_COLUMNS)
-        and not any(c.startswith(INTERNAL_PREFIX) for c in schema)
+        and not any(c.startswith(INTERNAL_PREFIX) or c in REJECTS_ONLY for c in schema)
         and not any(_holds_binary(t) for t in schema.values())
     )
 

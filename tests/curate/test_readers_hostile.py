@@ -553,6 +553,32 @@ def test_winnow_layout_counts_and_ranks_that_are_not_whole_numbers_are_rejects_n
     assert "holds 1.5; allowed: a whole number >= 0" in batch.rejects["meta"][0]
 
 
+def test_a_rejects_file_or_another_id_column_is_read_into_meta_and_read_rejects_keep_every_column():
+    """A job's ``rejects/`` curated again keeps each row's reason (no stage replaces it), a winnow-layout file
+    read with ``id_field`` naming another column keeps its ``id`` in meta, and a winnow-layout row that is a read
+    reject keeps its other columns: nothing of the row is left out."""
+    from winnow.curate.readers.rows import rows_from_arrow
+
+    def read(table: pa.Table, id_field: str = "id"):
+        return rows_from_arrow(
+            table, source="s", source_field=None, text_field="text", id_field=id_field, file_label="f", row_offset=0
+        )
+
+    core = {"id": ["a", "b"], "source": ["s", "s"], "text": ["one", "two"], "meta": ["{}", None]}
+    rejects = pa.table({**core, "reason": ["dedup:exact", "filter:c4"], "duplicate_of": ["x", None], "stage": ["3", "2"]})
+    batch = read(rejects)
+    assert "reason" not in batch.rows.columns
+    assert [json.loads(m)["reason"] for m in batch.rows["meta"]] == ["dedup:exact", "filter:c4"]
+    assert json.loads(batch.rows["meta"][0])["duplicate_of"] == "x"
+    batch = read(pa.table({**core, "doc_id": ["d1", "d2"]}), id_field="doc_id")
+    assert batch.rows["id"].to_list() == ["d1", "d2"]
+    assert [json.loads(m)["id"] for m in batch.rows["meta"]] == ["a", "b"]
+    bad = pa.table({**core, "text": [None, "two"], "url": ["u-a", "u-b"], "quality": [0.7, 0.9]})
+    batch = read(bad)
+    assert batch.rows["id"].to_list() == ["b"] and batch.rows["url"].to_list() == ["u-b"]
+    assert json.loads(batch.rejects["meta"][0])["columns"] == {"url": "u-a", "quality": 0.7}
+
+
 def _compressed(kind: str, data: bytes) -> bytes:
     import bz2
     import gzip
