@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,8 +73,19 @@ class RowBuffer:
         self.metas.append(meta)
 
     def reject(self, reason: str, *, id_: str, source: str, raw: bytes | str, where: dict) -> None:
-        """Keep an unreadable record: its raw content as text, where it was and why in meta."""
-        text = printable(raw) if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
+        """Keep an unreadable record: its raw content as text, where it was and why in meta.
+
+        Bytes that are not UTF-8 are shown decoded with U+FFFD in ``text`` and kept exactly in meta's
+        ``raw_base64`` (to decode them another way: ``base64.b64decode(meta["raw_base64"]).decode("cp1252")``).
+        """
+        if isinstance(raw, str):
+            text = printable(raw)
+        else:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", errors="replace")
+                where = {**where, "raw_base64": base64.b64encode(raw).decode("ascii")}
         try:
             meta = orjson.dumps(where).decode()
         except TypeError:  # a file or member name Python decoded with surrogateescape
@@ -493,6 +505,7 @@ def _split_invalid_utf8(
             return [None] * len(bad)
 
     ids, texts = cells(id_field), cells(text_field)
+    kept = [_raw_bytes(t) for t in texts]  # a text cell that is not UTF-8, exactly, beside its shown form
     rejects = pl.DataFrame(
         {
             "id": [cell_text(i) if i is not None else f"{file_label}#{row_offset + r}" for i, r in zip(ids, bad)],
@@ -504,9 +517,10 @@ def _split_invalid_utf8(
                         "file": file_label,
                         "row": row_offset + r,
                         "error": "a string column holds bytes that are not valid UTF-8",
+                        **({"text_base64": raw} if raw else {}),
                     }
                 ).decode()
-                for r in bad
+                for r, raw in zip(bad, kept)
             ],
             "reason": ["read:bad_utf8"] * len(bad),
             "duplicate_of": [None] * len(bad),
@@ -515,6 +529,17 @@ def _split_invalid_utf8(
     )
     bad_set = set(bad)
     return table.filter(pa.array([i not in bad_set for i in range(table.num_rows)])), rejects
+
+
+def _raw_bytes(cell: object) -> str | None:
+    """A cell's bytes in base64 when they are not UTF-8 (the reject's text shows them with U+FFFD), else None."""
+    if not isinstance(cell, bytes):
+        return None
+    try:
+        cell.decode("utf-8")
+        return None
+    except UnicodeDecodeError:
+        return base64.b64encode(cell).decode("ascii")
 
 
 def _with_unreadable(bad: pl.DataFrame, unreadable: pl.DataFrame | None) -> pl.DataFrame:

@@ -6,6 +6,7 @@ polars and ``datasets`` cannot open; link members become ``read:link_member`` re
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -42,7 +43,8 @@ def test_invalid_byte_in_a_block_of_good_lines_is_a_bad_utf8_reject_with_its_byt
     where = json.loads(rejects["meta"][0])
     assert where["file"].endswith("a.jsonl") and where["offset"] == len(head)
     assert where["byte"] == len(head) + len(b'{"id": "bad", "text": "caf')
-    assert "caf" in rejects["text"][0]
+    assert rejects["text"][0] == '{"id": "bad", "text": "caf\ufffd"}'  # shown with U+FFFD, kept exactly in meta
+    assert base64.b64decode(where["raw_base64"]) == b'{"id": "bad", "text": "caf\xe9"}'
 
 
 def test_escaped_lone_surrogate_is_a_bad_utf8_reject(tmp_path):
@@ -83,6 +85,7 @@ def test_parquet_string_column_with_invalid_bytes_rejects_only_that_row(tmp_path
     assert rows["id"].to_list() == ["a", "c"]
     assert rejects["reason"].to_list() == ["read:bad_utf8"] and rejects["id"].to_list() == ["b"]
     assert json.loads(rejects["meta"][0])["row"] == 1
+    assert base64.b64decode(json.loads(rejects["meta"][0])["text_base64"]) == b"caf\xe9"  # the bytes, exactly
 
 
 def test_job_with_invalid_utf8_writes_shards_polars_and_datasets_open(tmp_path, write_job, nothing_lost):
