@@ -23,7 +23,7 @@ from winnow.curate.readers.arrow import read_hf, read_parquet
 from winnow.curate.readers.files import InputFile, distinct_names, list_files, open_binary
 from winnow.curate.readers.jsonl import read_jsonl
 from winnow.curate.readers.ranges import Span, split_file
-from winnow.curate.readers.rows import READ_REASONS, ReadBatch, as_text_columns, native_layout
+from winnow.curate.readers.rows import READ_REASONS, ReadBatch, as_text_columns, native_layout, polars_ready
 from winnow.curate.readers.text import read_text_files
 from winnow.curate.readers.utf8 import printable
 from winnow.curate.readers.webdataset import read_webdataset
@@ -150,7 +150,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
                 continue
             # the types its reader sees (rows_from_arrow): text columns decoded, then polars' types
             text_columns = [c for c in ("text", cfg.id_field, cfg.source_field) if c is not None and c in names]
-            types = pl.from_arrow(as_text_columns(schema.empty_table(), text_columns)).schema
+            types = pl.from_arrow(polars_ready(as_text_columns(schema.empty_table(), text_columns))).schema
             if not native_layout(dict(types), text_field=cfg.text_field, id_field=cfg.id_field):
                 continue
             others = _replaced_sources(cfg, metadata)

@@ -232,7 +232,7 @@ def rows_from_arrow(
         row_offset=row_offset,
         row=row,
     )
-    df = pl.from_arrow(table)
+    df = pl.from_arrow(polars_ready(table))
     if isinstance(df, pl.Series):
         df = df.to_frame()
     n = df.height
@@ -506,6 +506,13 @@ def _split_invalid_utf8(
 
     ids, texts = cells(id_field), cells(text_field)
     kept = [_raw_bytes(t) for t in texts]  # a text cell that is not UTF-8, exactly, beside its shown form
+    columns = _invalid_columns(table, bad)
+    error = f"column(s) {columns} hold bytes that are not valid UTF-8"
+    if id_field in columns:
+        error += (
+            f"; ids of raw bytes (digests) need a text form: write them as hex, or set id_field to another "
+            f"column (id_field = {id_field!r} now)"
+        )
     rejects = pl.DataFrame(
         {
             "id": [cell_text(i) if i is not None else f"{file_label}#{row_offset + r}" for i, r in zip(ids, bad)],
@@ -516,7 +523,7 @@ def _split_invalid_utf8(
                     {
                         "file": file_label,
                         "row": row_offset + r,
-                        "error": "a string column holds bytes that are not valid UTF-8",
+                        "error": error,
                         **({"text_base64": raw} if raw else {}),
                     }
                 ).decode()
@@ -529,6 +536,75 @@ def _split_invalid_utf8(
     )
     bad_set = set(bad)
     return table.filter(pa.array([i not in bad_set for i in range(table.num_rows)])), rejects
+
+
+def polars_ready(table: pa.Table) -> pa.Table:
+    """``table`` with every column of a type polars cannot read, or JSON cannot hold, as one they can, losing nothing.
+
+    At any depth: a ``decimal256`` as its decimal text (polars panics on it); a UUID as its canonical text
+    (``8c2e...-...``), any other extension type as its storage; a map whose keys are not strings as a list of
+    ``{"key", "value"}`` (a JSON object's keys are strings); a struct naming a field twice with the later
+    ones told apart by their place (``a#1``, as for a column given twice; polars panics on it). Other
+    columns are left as they are, untouched.
+    """
+    for i, column in enumerate(table.columns):
+        if _awkward(column.type):
+            chunks = [_plain(chunk) for chunk in column.chunks]
+            kind = chunks[0].type if chunks else _plain(pa.array([], column.type)).type
+            table = table.set_column(i, table.field(i).with_type(kind), pa.chunked_array(chunks, kind))
+    return table
+
+
+def _awkward(t: pa.DataType) -> bool:
+    if isinstance(t, pa.BaseExtensionType) or (pa.types.is_decimal(t) and t.bit_width == 256):
+        return True
+    if pa.types.is_map(t):
+        return not (pa.types.is_string(t.key_type) or pa.types.is_large_string(t.key_type)) or _awkward(t.item_type)
+    if pa.types.is_struct(t):
+        names = [t.field(k).name for k in range(t.num_fields)]
+        return len(set(names)) < len(names) or any(_awkward(t.field(k).type) for k in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _awkward(t.value_type)
+    return False
+
+
+def _plain(arr: pa.Array) -> pa.Array:
+    """``arr`` in the types ``polars_ready`` gives (an array of a type ``_awkward`` passes is returned as it is)."""
+    t = arr.type
+    if not _awkward(t):
+        return arr
+    nulls = arr.is_null() if arr.null_count else None
+    if isinstance(t, pa.BaseExtensionType):
+        if t.extension_name == "arrow.uuid":
+            return pa.array([None if v is None else str(v) for v in arr.to_pylist()], pa.string())
+        return _plain(arr.storage)
+    if pa.types.is_decimal(t):
+        return arr.cast(pa.string())
+    if pa.types.is_fixed_size_list(t):
+        return _plain(arr.cast(pa.list_(t.value_type)))
+    if pa.types.is_map(t):
+        entries = pa.StructArray.from_arrays([_plain(arr.keys), _plain(arr.items)], names=["key", "value"])
+        return pa.ListArray.from_arrays(arr.offsets, entries, mask=nulls)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        kind = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
+        return kind.from_arrays(arr.offsets, _plain(arr.values), mask=nulls)
+    names, seen = [], set()
+    for k in range(t.num_fields):
+        name = t.field(k).name
+        names.append(name if name not in seen else f"{name}#{k}")
+        seen.add(name)
+    return pa.StructArray.from_arrays([_plain(arr.field(k)) for k in range(t.num_fields)], names=names, mask=nulls)
+
+
+def _invalid_columns(table: pa.Table, rows: list[int]) -> list[str]:
+    """The columns whose values at ``rows`` hold a string that is not valid UTF-8."""
+    out = []
+    for name in table.column_names:
+        try:
+            table.column(name).take(rows).validate(full=True)
+        except pa.ArrowInvalid:
+            out.append(name)
+    return out
 
 
 def _raw_bytes(cell: object) -> str | None:

@@ -7,6 +7,7 @@ polars and ``datasets`` cannot open; link members become ``read:link_member`` re
 from __future__ import annotations
 
 import base64
+import decimal
 import io
 import json
 import os
@@ -580,6 +581,41 @@ def test_a_rejects_file_or_another_id_column_is_read_into_meta_and_read_rejects_
     batch = read(bad)
     assert batch.rows["id"].to_list() == ["b"] and batch.rows["url"].to_list() == ["u-b"]
     assert json.loads(batch.rejects["meta"][0])["columns"] == {"url": "u-a", "quality": 0.7}
+
+
+def test_parquet_columns_of_types_polars_cannot_take_are_read_into_meta_losing_nothing(tmp_path):
+    """A decimal256, a map with integer keys, a struct naming a field twice, UUIDs (ids and meta): no
+    traceback (polars panicked or could not write the JSON), every value in the row's meta or id."""
+    import uuid
+
+    first, second = uuid.UUID(int=1), uuid.UUID(int=2)
+    table = pa.table(
+        {
+            "id": pa.array([first.bytes, second.bytes], pa.uuid()),
+            "text": ["one", "two"],
+            "price": pa.array([decimal.Decimal("12345678901234567890123456789.50"), None], pa.decimal256(40, 2)),
+            "counts": pa.array([[(1, "x")], None], pa.map_(pa.int64(), pa.string())),
+            "s": pa.StructArray.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["a", "a"]),
+            "ref": pa.ListArray.from_arrays([0, 1, 1], pa.array([second.bytes], pa.uuid())),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet"))
+    assert rejects.height == 0 and rows["id"].to_list() == [str(first), str(second)]
+    assert [json.loads(m) for m in rows["meta"]] == [
+        {"price": "12345678901234567890123456789.50", "counts": [{"key": 1, "value": "x"}], "s": {"a": 1, "a#1": 3},
+         "ref": [str(second)]},
+        {"price": None, "counts": None, "s": {"a": 2, "a#1": 4}, "ref": []},
+    ]  # fmt: skip
+
+
+def test_an_id_column_of_raw_digests_is_rejected_naming_the_column_and_the_way_out(tmp_path):
+    digests = [bytes([0xFF, i]) * 8 for i in range(2)]
+    pq.write_table(pa.table({"id": pa.array(digests, pa.binary(16)), "text": ["a", "b"]}), tmp_path / "a.parquet")
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet"))
+    assert rows.height == 0 and rejects["reason"].to_list() == ["read:bad_utf8"] * 2
+    error = json.loads(rejects["meta"][0])["error"]
+    assert error.startswith("column(s) ['id'] hold bytes that are not valid UTF-8") and "write them as hex" in error
 
 
 def _compressed(kind: str, data: bytes) -> bytes:
