@@ -4,10 +4,18 @@ The text comes from the ``txt`` member (or the member whose extension is ``text_
 the ``json`` member's fields go to ``meta`` — unless the sample is one of winnow's shards (``meta``,
 ``source`` and winnow's own columns alone): then ``meta`` is kept as written and ``split``,
 ``quality``, ``repeat``... come back as columns, as from the Parquet shard of the same rows.
+Other members (``url``, ``cls``...) go to ``meta`` under their extension (``url.member`` where the
+json has that key too), as text, or as ``{"base64": ...}`` when they are not UTF-8. A sample without
+a text member is ``read:missing_text`` holding every member it has, and naming them.
+
+A sample's members must be consecutive (``tar --sort=name`` writes them so; a plain ``tar cf`` of a
+folder on most file systems does not): a key whose new members reappear after another sample's is
+refused, naming the file, the key and the fix, as it would otherwise be read as two samples.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
 import tarfile
@@ -76,6 +84,8 @@ def read_webdataset(
     base = 0 if span is None else span.start  # tarfile counts member offsets from where the stream starts
     offset = base  # of the current sample's first member, in the file
 
+    seen: dict[str, set[str]] = {}  # per key read so far in this span: its members' extensions
+
     def emit() -> None:
         if current is not None and parts is not None:
             _add_sample(cfg, file, current, parts, offset, text_ext, buf)
@@ -115,10 +125,14 @@ def read_webdataset(
                         continue
                     key, ext = split_key(printable(member.name))
                     if key != current:
+                        exts = seen.get(key)
+                        if exts is not None and ext not in exts:  # a member of an earlier sample, not a copy of one
+                            _refuse_scattered(file, key, member, at)
                         emit()
                         if len(buf) >= batch_rows:
                             yield buf.flush()
                         current, parts, offset = key, {}, at
+                    seen.setdefault(key, set()).add(ext)
                     if member.size > cfg.max_record_bytes:  # a header may promise gigabytes: never read them
                         buf.reject(
                             "read:too_long",
@@ -180,6 +194,15 @@ def _refuse_not_tar(cfg: InputConfig, file: InputFile) -> None:
         what = f"{kind}-compressed data that holds no tar" if kind else "not a tar archive (no tar header parses in it)"
         todo = "give the input the format its files are in, or leave this file out of its path"
     raise InputError(f"input {cfg.label}: {printable(file.url)} is {what}, not a WebDataset tar shard; {todo}")
+
+
+def _refuse_scattered(file: InputFile, key: str, member: tarfile.TarInfo, at: int) -> None:
+    raise InputError(
+        f"{printable(file.url)}: member {printable(member.name)!r} (byte {at}) belongs to sample {key!r}, whose "
+        "other members came before another sample's: a WebDataset sample is consecutive members sharing a key, "
+        "so it would be read as two samples. Write the tar with its members in name order "
+        "(tar --sort=name -cf out.tar -C folder .), or give the files as a text or JSON Lines input"
+    )
 
 
 def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, at: int, buf: RowBuffer) -> None:
@@ -250,8 +273,12 @@ def _add_sample(
             "read:missing_text",
             id_=id_,
             source=source,
-            raw=parts.get("json", b""),
-            where={**where, "error": f"no .{text_ext} member"},
+            raw=_members_json(parts).encode(),  # every member, so nothing of the sample is lost
+            where={
+                **where,
+                "error": f"no .{text_ext} member (it has: {', '.join(f'.{e}' if e else '(no extension)' for e in parts)}"
+                f"); name the text member {key}.{text_ext}, or set [[inputs]] text_field to its extension",
+            },
         )
         return
     try:
@@ -260,7 +287,11 @@ def _add_sample(
         buf.reject("read:bad_utf8", id_=id_, source=source, raw=raw_text, where={**where, "error": str(err)})
         return
     extra = None
-    if "meta" in record and set(record) <= {"meta", "source", *OPTIONAL_COLUMNS}:
+    others = {e: v for e, v in parts.items() if e not in (text_ext, "text", "json")} if len(parts) > 1 else {}
+    if others:  # url, cls...: kept in meta under their extension
+        for ext, value in others.items():
+            record[ext if ext not in record else f"{ext}.member"] = _member_value(value)
+    if "meta" in record and not others and set(record) <= {"meta", "source", *OPTIONAL_COLUMNS}:
         # A winnow shard: meta is already the JSON string; its own columns come back as columns, as from its
         # Parquet shard (a held-out row stays held out).
         meta = (
@@ -280,6 +311,19 @@ def _add_sample(
             record.pop("source")
         meta = decode_meta(record)
     buf.add(id_, source, text, meta, extra)
+
+
+def _member_value(data: bytes) -> str | dict:
+    """A member's bytes as meta holds them: its text, or ``{"base64": ...}`` when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def _members_json(parts: dict[str, bytes]) -> str:
+    """Every member of a sample as one JSON object, by extension."""
+    return json.dumps({ext: _member_value(data) for ext, data in parts.items()}, ensure_ascii=False)
 
 
 def _with_source(meta: str | None, theirs: str) -> str | None:

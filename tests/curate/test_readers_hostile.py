@@ -232,6 +232,38 @@ def test_a_tar_member_name_given_twice_keeps_the_first_copy_and_rejects_the_seco
     assert json.loads(rejects["meta"][0])["member"] == "k.txt"
 
 
+def _write_tar(path, members) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_samples_other_members_go_to_meta_and_one_without_text_keeps_every_member(tmp_path):
+    _write_tar(tmp_path / "a.tar", [
+        ("s0.txt", b"zero"), ("s0.url", b"http://x/0"), ("s0.cls", b"\xff\x01"), ("s0.json", b'{"lang": "en", "url": "y"}'),
+        ("s1.TXT", b"one, under another extension"), ("s1.json", b'{"id": "one"}'),
+    ])  # fmt: skip
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset"))
+    assert kept["text"].to_list() == ["zero"]
+    assert json.loads(kept["meta"][0]) == {"lang": "en", "url": "y", "url.member": "http://x/0", "cls": {"base64": "/wE="}}
+    assert rejects["reason"].to_list() == ["read:missing_text"] and rejects["id"].to_list() == ["one"]
+    assert json.loads(rejects["text"][0]) == {"TXT": "one, under another extension", "json": '{"id": "one"}'}
+    assert "no .txt member (it has: .TXT, .json); name the text member s1.txt" in rejects["meta"][0]
+
+
+def test_a_tar_whose_samples_members_are_not_consecutive_is_refused_naming_the_sample(tmp_path):
+    """`tar cf` of a folder stores members in the file system's order: a sample's .json before another sample's
+    members and its .txt after them would be read as two samples (one without its id and meta)."""
+    _write_tar(tmp_path / "a.tar", [("d3.json", b'{"id": "three"}'), ("d9.txt", b"nine"), ("d3.txt", b"three")])
+    with pytest.raises(InputError, match=r"a.tar: member 'd3.txt' \(byte 2048\) belongs to sample 'd3'.*--sort=name"):
+        read_all(InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset"))
+    _write_tar(tmp_path / "b.tar", [("d3.txt", b"three"), ("d9.txt", b"nine"), ("d3.txt", b"three again")])
+    kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "b.tar"), format="webdataset"))
+    assert kept["text"].to_list() == ["three", "nine", "three again"]  # a copy of a sample (`cat a.tar a.tar`) is read
+
+
 def test_on_error_skip_leaves_out_only_the_text_file_it_cannot_open(tmp_path, write_job, nothing_lost):
     folder = tmp_path / "in"
     (tmp_path / "elsewhere").mkdir()
