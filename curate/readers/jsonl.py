@@ -266,8 +266,8 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
     equals the record's other fields. Anything else (a bad line, nested or missing fields,
     blank lines) returns None and the block is parsed line by line, with per-line rejects.
     """
-    if b"\n\n" in lines or lines.startswith(b"\n") or cfg.source_field is not None:
-        return None
+    if b"\n\n" in lines or lines.startswith(b"\n") or cfg.source_field is not None or b"\n" + BOM in lines:
+        return None  # (a byte-order mark starting a line: files joined with `cat`; the lines path reads past it)
     if len(lines) > cfg.max_record_bytes:  # a line past the limit may be in the block: the lines path rejects it
         ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == 10)
         if np.diff(ends, prepend=-1).max() - 1 > cfg.max_record_bytes:
@@ -356,6 +356,8 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
     if len(line) > cfg.max_record_bytes:
         too_long(cfg, file, offset, len(line), line, buf)
         return
+    if line.startswith(BOM):  # a file that started with one, joined to another (`cat a.jsonl b.jsonl`)
+        line = line[len(BOM) :]
     if not line.strip():
         return
     where = {"file": file.url, "offset": offset}

@@ -78,6 +78,13 @@ def test_meta_values_are_the_same_whichever_parser_reads_the_lines(tmp_path, bla
     assert sorted(meta) == ["a", "b", "e"]
 
 
+def test_files_joined_with_their_byte_order_marks_are_read_whole(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(bom + good_lines(2) + bom + b'{"id": "b1", "text": "b"}\n' + bom + good_lines(1)[:-1])
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
+    assert rejects.height == 0 and rows["id"].to_list() == ["g0", "g1", "b1", "g0"]
+
+
 def test_parquet_string_column_with_invalid_bytes_rejects_only_that_row(tmp_path):
     raw = pa.array([b"fine", b"caf\xe9", b"also fine"], pa.binary())
     text = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # a writer that did not validate
