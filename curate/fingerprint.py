@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -167,14 +168,22 @@ def changed_local_inputs(prints: list[list[dict[str, Any]]]) -> list[str]:
             if url in seen or ("://" in url and not url.startswith("file://")):
                 continue
             seen.add(url)
+            path = url.removeprefix("file://")
             try:
-                st = os.stat(url.removeprefix("file://"))
+                st = os.stat(path)
+                # a saved Hugging Face dataset is a folder: its size is its files' (as the read tasks counted it)
+                size = _folder_bytes(path) if stat.S_ISDIR(st.st_mode) else st.st_size
             except OSError as err:
                 changed.append(f"input {url} is gone ({err.strerror})")
                 continue
-            if st.st_size != f["size"] or f["identity"] and st.st_ctime_ns != f["identity"].get("ctime_ns"):
-                changed.append(f"input {url} changed (size {f['size']} -> {st.st_size}, or rewritten)")
+            if size != f["size"] or f["identity"] and st.st_ctime_ns != f["identity"].get("ctime_ns"):
+                changed.append(f"input {url} changed (size {f['size']} -> {size}, or rewritten)")
     return changed
+
+
+def _folder_bytes(path: str) -> int:
+    """The bytes of the files under a local folder (``fsspec``'s ``du``, as ``readers.files`` sizes one)."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
 
 
 def _describe(before: list[dict] | None, now: list[dict] | None) -> str:
