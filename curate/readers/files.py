@@ -125,6 +125,18 @@ def refuse_other_format(head: bytes, url: str, label: str, *, plain: bool = True
     if plain:
         refuse_compressed(head, url, label)
     found = file_kind(head)
+    body = head.lstrip()
+    if found is None and b"\n" in body and body.split(b"\n", 1)[0].strip() in (b"[", b"{", b"[{"):
+        found = (  # json.dump(records, f, indent=2): one document over many lines, each a bad_json reject
+            "one JSON document over several lines (pretty-printed)",
+            "write it as one record per line (jq -c '.[]' in.json > out.jsonl), or read it with "
+            'format = "hf" and hf_builder = "json"',
+        )
+    elif found is None and b"\n" not in head and b"\r" in head:
+        found = (  # all records would be one line: one bad_json reject
+            "text whose lines end in a carriage return alone (classic Mac OS)",
+            "end its lines with \\n (tr '\\r' '\\n' < in.jsonl > out.jsonl)",
+        )
     if found is not None:
         what, todo = found
         raise InputError(f"input {label}: {printable(url)} is {what} (its first bytes say so), not JSON Lines; {todo}")

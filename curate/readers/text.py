@@ -11,6 +11,7 @@ from winnow.curate.errors import InputError
 from winnow.curate.readers.files import InputFile, codec, file_kind, open_binary, refuse_compressed
 from winnow.curate.readers.jsonl import BOM, PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.rows import ReadBatch, RowBuffer
+from winnow.curate.readers.utf8 import valid_utf8
 
 
 def read_text_files(
@@ -43,7 +44,7 @@ def read_text_files(
             )
             continue
         other = file_kind(raw[:1024], raw[-4:])  # a folder of text files holds an image, a PDF, UTF-16 text...
-        if other is not None:
+        if other is not None and (b"\0" in raw or not valid_utf8(raw)):  # not a note that starts "%PDF-1.7 is..."
             error = f"{other[0]} (its first bytes say so), not UTF-8 text; {other[1]}"
             buf.reject("read:not_text", id_=id_, source=source, raw=raw[:PREVIEW], where=_at(file, error))
             continue

@@ -729,6 +729,26 @@ def test_a_plain_file_whose_first_line_starts_like_a_magic_number_is_read(tmp_pa
     assert rows.height == 3 and rejects["reason"].to_list() == ["read:bad_json"]
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (json.dumps([{"id": "a", "text": "one"}, {"id": "b", "text": "two"}], indent=2).encode(), "pretty-printed"),
+        (json.dumps({"records": [{"id": "a", "text": "one"}]}, indent=1).encode(), "pretty-printed"),
+        (b'{"id": "a", "text": "one"}\r{"id": "b", "text": "two"}\r', "carriage return alone"),
+    ],
+    ids=["json array", "json object", "cr line ends"],
+)
+def test_a_json_document_over_lines_or_cr_line_ends_are_refused_with_the_conversion(tmp_path, content, said):
+    """Read as JSON Lines, every line of a pretty-printed document was a bad_json reject of records that are
+    not there; with CR line ends the whole file was one."""
+    (tmp_path / "data.json").write_bytes(content)
+    with pytest.raises(InputError, match=f"data.json is .*{said}.*not JSON Lines; "):
+        read_all(InputConfig(source="s", path=str(tmp_path / "data.json")))
+    (tmp_path / "ok.jsonl").write_bytes(b'[{"id": "a", "text": "one"}]\n' + good_lines(1))  # a one-line array is a line
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "ok.jsonl")))
+    assert rows.height == 1 and rejects["reason"].to_list() == ["read:not_an_object"]
+
+
 def test_on_error_skip_leaves_out_a_compressed_file_named_plain_and_reads_the_rest(tmp_path, write_job):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_bytes(_compressed("zstd", good_lines(5)))
@@ -870,8 +890,11 @@ def test_a_folder_of_text_files_keeps_an_image_or_utf16_file_as_a_reject_naming_
     (tmp_path / "in" / "fig.png").write_bytes(formats["png"])
     (tmp_path / "in" / "notes.txt").write_bytes(formats["utf16"])
     (tmp_path / "in" / "par.txt").write_text("PAR1 is the first paragraph of these notes")
+    (tmp_path / "in" / "pdf.md").write_text("%PDF-1.7 starts every PDF file; GIF89a a GIF")  # notes, in UTF-8 text
     kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "in"), format="text"))
-    assert sorted(kept["text"].to_list()) == ["PAR1 is the first paragraph of these notes", "a readme of words"]
+    assert sorted(kept["text"].to_list()) == [
+        "%PDF-1.7 starts every PDF file; GIF89a a GIF", "PAR1 is the first paragraph of these notes", "a readme of words"
+    ]  # fmt: skip
     errors = {json.loads(m)["file"].rsplit("/", 1)[-1]: json.loads(m)["error"] for m in rejects["meta"]}
     assert rejects["reason"].to_list() == ["read:not_text"] * 2
     assert errors["fig.png"].startswith("a PNG image (its first bytes say so), not UTF-8 text")
