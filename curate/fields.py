@@ -10,9 +10,9 @@ Inferred types come from the first batch of each input's first file, before any 
 every task (and a re-run) agrees. A value that does not fit its field's type (a string where a
 number was inferred) stays in ``meta`` and the column is null there: nothing is lost.
 
-Moving keys out of ``meta`` parses each row's meta with orjson (integers past 64 bits again exactly): per-row Python, but on the small
-``meta`` strings only (never the text) and only when ``keep_fields`` is set. Measured here on
-100k rows with five meta fields, four kept: 12-20 µs a row, about 2x polars' columnar
+Moving keys out of ``meta`` parses each row's meta with orjson (integers past 64 bits again, exactly):
+per-row Python, but on the small ``meta`` strings only (never the text) and only when ``keep_fields``
+is set. Measured here on 100k rows with five meta fields, four kept: 12-20 µs a row, about 2x polars' columnar
 ``str.json_decode`` of the same column (6-7 µs), which can decode but not remove the keys.
 """
 

@@ -67,7 +67,9 @@ def test_meta_values_are_the_same_whichever_parser_reads_the_lines(tmp_path, bla
         b'{"id": "b", "text": "two", "h": [1, 2], "v": [3, 4.5], "d": ["2022-02-02"], "s": [0.1, 0.2], "n": [[4.5]]}',
     ]
     (tmp_path / "a.jsonl").write_bytes(b"\n".join(records) + (b"\n\n" if blank_line else b"\n"))
-    (tmp_path / "b.jsonl").write_bytes(b'{"id": "c", "text": "three", "x": NaN}\n{"id": "e", "text": "four", "x": 0.5}\n')
+    (tmp_path / "b.jsonl").write_bytes(
+        b'{"id": "c", "text": "three", "x": NaN}\n{"id": "e", "text": "four", "x": 0.5}\n'
+    )
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "*.jsonl")))
     meta = dict(zip(rows["id"], rows["meta"], strict=True))
     assert orjson.loads(meta["a"]) == {
@@ -80,7 +82,9 @@ def test_meta_values_are_the_same_whichever_parser_reads_the_lines(tmp_path, bla
 
 def test_files_joined_with_their_byte_order_marks_are_read_whole(tmp_path):
     bom = b"\xef\xbb\xbf"
-    (tmp_path / "a.jsonl").write_bytes(bom + good_lines(2) + bom + b'{"id": "b1", "text": "b"}\n' + bom + good_lines(1)[:-1])
+    (tmp_path / "a.jsonl").write_bytes(
+        bom + good_lines(2) + bom + b'{"id": "b1", "text": "b"}\n' + bom + good_lines(1)[:-1]
+    )
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.jsonl")))
     assert rejects.height == 0 and rows["id"].to_list() == ["g0", "g1", "b1", "g0"]
 
@@ -254,7 +258,12 @@ def test_a_samples_other_members_go_to_meta_and_one_without_text_keeps_every_mem
     ])  # fmt: skip
     kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset"))
     assert kept["text"].to_list() == ["zero"]
-    assert json.loads(kept["meta"][0]) == {"lang": "en", "url": "y", "url.member": "http://x/0", "cls": {"base64": "/wE="}}
+    assert json.loads(kept["meta"][0]) == {
+        "lang": "en",
+        "url": "y",
+        "url.member": "http://x/0",
+        "cls": {"base64": "/wE="},
+    }
     assert rejects["reason"].to_list() == ["read:missing_text"] and rejects["id"].to_list() == ["one"]
     assert json.loads(rejects["text"][0]) == {"TXT": "one, under another extension", "json": '{"id": "one"}'}
     assert "no .txt member (it has: .TXT, .json); name the text member s1.txt" in rejects["meta"][0]
@@ -608,7 +617,9 @@ def test_a_rejects_file_or_another_id_column_is_read_into_meta_and_read_rejects_
         )
 
     core = {"id": ["a", "b"], "source": ["s", "s"], "text": ["one", "two"], "meta": ["{}", None]}
-    rejects = pa.table({**core, "reason": ["dedup:exact", "filter:c4"], "duplicate_of": ["x", None], "stage": ["3", "2"]})
+    rejects = pa.table(
+        {**core, "reason": ["dedup:exact", "filter:c4"], "duplicate_of": ["x", None], "stage": ["3", "2"]}
+    )
     batch = read(rejects)
     assert "reason" not in batch.rows.columns
     assert [json.loads(m)["reason"] for m in batch.rows["meta"]] == ["dedup:exact", "filter:c4"]
