@@ -35,6 +35,11 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             os.fsync(fh.fileno())
         crash_point(path.name, "before")
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        if err.filename is None:  # a write or fsync that failed (a full disk) names no file: this one
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -65,10 +65,29 @@ def no_space(folder: str | os.PathLike, err: BaseException, *, then: str) -> Dis
     if "://" in local:  # an object store's quota: the store's own message says more than a local path could
         return DiskFullError(f"the store refused a write under {local} (full, or over quota: {err}); {then}")
     usage = disk_usage(local)
+    files = _free_inodes(local)
+    if files is not None and usage.free > 2**20:  # bytes left, but no file can be created: its inodes ran out
+        return DiskFullError(
+            f"no file can be created on the device holding {local}: its inodes (file entries) ran out, "
+            f"{files} left, with {_mib(usage.free)} free (`df -i` shows them): remove files there or give the "
+            f"output another place; {then}"
+        )
     return DiskFullError(
         f"no space left on the device holding {local} ({_mib(usage.free)} free of {_mib(usage.total)}): "
         f"free space there or give the output another place; {then}"
     )
+
+
+def _free_inodes(folder: str) -> int | None:
+    """How few inodes the device holding ``folder`` has left: a number when they ran out (< 16), else None."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return None
+    return st.f_favail if st.f_files and st.f_favail < 16 else None
 
 
 def disk_usage(folder: str | os.PathLike) -> shutil._ntuple_diskusage:

@@ -197,9 +197,12 @@ class FolderLock:
             os.close(fd)  # the holder released (and unlinked) it between our open and our flock: try again
         self._fd, self._info = fd, _holder()
         data = json.dumps(self._info).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+        except OSError as err:  # a full disk: said with the lock's path
+            raise OSError(err.errno, err.strerror, str(path)) from err
 
     def _drop_local(self) -> None:
         if self._fd is None:

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -170,7 +171,7 @@ def _sigterm_stops(command: str | None) -> Iterator[None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from winnow.curate.errors import WinnowError, disk_full
+    from winnow.curate.errors import WinnowError, disk_full, no_space
     from winnow.train.errors import TrainError  # no dependencies: importable in a curation-only install
 
     try:
@@ -189,10 +190,16 @@ def _run(args: argparse.Namespace) -> int:
             raise
         logging.getLogger(__name__).debug("the command's error", exc_info=True)
         what = err.strerror or str(err)
-        if disk_full(err):
+        if disk_full(err) and where is not None:
             print(
-                f"winnow {args.command}: error: no space left on the device"
-                f"{f' writing {where}' if where else ''} ({what}); free space there and run the same command again",
+                f"winnow {args.command}: error: writing {where}: "
+                f"{no_space(os.path.dirname(where) or '.', err, then='then run the same command again')}",
+                file=sys.stderr,
+            )
+        elif disk_full(err):
+            print(
+                f"winnow {args.command}: error: no space left on the device ({what}); free space there and run "
+                "the same command again",
                 file=sys.stderr,
             )
         else:

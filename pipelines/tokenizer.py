@@ -54,9 +54,13 @@ def _check_output(out: Path) -> None:
             f"--output {out} is {'a curation job folder' if job == out else f'inside the curation job folder {job}'}; "
             "give the tokenizer a folder of its own (e.g. beside the job's)"
         )
-    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     ours = {BPE_FILE, META_FILE}
+    found = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    # a save killed before its renames left its temporary files (train.tokenizer._replace's names): removed
+    leftovers = [name for name in found if _left_by_save(name, ours)]
+    entries = [name for name in found if name not in leftovers]
     if not ours & set(entries):
+        _remove(out, leftovers)
         return
     import fsspec
 
@@ -66,11 +70,21 @@ def _check_output(out: Path) -> None:
     except (OSError, ValueError):
         meta = None
     if set(entries) <= ours and isinstance(meta, dict) and meta.get("kind") == "bpe":
+        _remove(out, leftovers)
         return
     raise ConfigError(
         f"--output {out} already holds {' and '.join(sorted(ours & set(entries)))}, not of a tokenizer this command "
         "trained alone (a run folder, or another tool's tokenizer): winnow does not replace them; give a new folder"
     )
+
+
+def _left_by_save(name: str, ours: set[str]) -> bool:
+    return any(name.startswith(f".{own}.tmp-") and name.rsplit("-", 1)[-1].isdigit() for own in ours)
+
+
+def _remove(folder: Path, names: list[str]) -> None:
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
 
 
 def job_folder(data: str) -> str:

@@ -155,8 +155,13 @@ class MetricsWriter:
             )
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:  # a full disk: said with the file (a resume trims a torn last line)
+            if err.filename is None:
+                raise OSError(err.errno, err.strerror, str(self.path)) from err
+            raise
         for tracker in self.trackers:
             tracker.log(record)
 

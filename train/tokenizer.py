@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable
@@ -104,11 +105,21 @@ class Tokenizer(ABC):
         return {"eos_token": tok.id_to_token(self.eos_id), "pad_token": tok.id_to_token(self.pad_id)}
 
     def save(self, folder: str | Path) -> Path:
-        """Write the tokenizer into ``folder`` so ``load_tokenizer(folder)`` gives it back."""
+        """Write the tokenizer into ``folder`` so ``load_tokenizer(folder)`` gives it back.
+
+        Each file is written whole under a temporary name and renamed over the old one, ``tokenizer_meta.json``
+        last: a save that is killed or runs out of disk leaves the earlier tokenizer, or a new ``tokenizer.json``
+        beside the earlier meta, whose digest of it (``tokenizer_sha256``) ``load_tokenizer`` then finds wrong.
+        """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / META_FILE).write_text(json.dumps(self.saved_meta(), indent=2) + "\n")
+        for name, data in self._files().items():
+            _replace(folder / name, data)
         return folder
+
+    def _files(self) -> dict[str, bytes]:
+        """The files ``save`` writes, in the order it renames them into place."""
+        return {META_FILE: _json_bytes(self.saved_meta())}
 
     def saved_meta(self) -> dict:
         """What ``tokenizer_meta.json`` records of this tokenizer."""
@@ -277,10 +288,9 @@ class HFTokenizer(Tokenizer):
     def saved_meta(self) -> dict:
         return {**super().saved_meta(), **{k: v for k, v in self._spec.items() if v is not None}}
 
-    def save(self, folder):
-        folder = super().save(folder)
-        self._tok.save(str(Path(folder) / BPE_FILE))
-        return folder
+    def _files(self) -> dict[str, bytes]:
+        body = self._tok.to_str(pretty=True).encode()
+        return {BPE_FILE: body, META_FILE: _json_bytes({**self.saved_meta(), "tokenizer_sha256": _sha256(body)})}
 
 
 class BPETokenizer(HFTokenizer):
@@ -388,8 +398,14 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
         )
     from tokenizers import Tokenizer as RustTokenizer
 
+    body = _read(file, where)
+    if meta.get("tokenizer_sha256") not in (None, _sha256(body)):
+        raise ConfigError(
+            f"{where}.path: {file} is not the tokenizer {meta_file.name} beside it describes (a save into the folder "
+            "was interrupted); write the tokenizer again (`winnow tokenizer train --output` the same folder)"
+        )
     try:
-        tok = RustTokenizer.from_str(_read(file, where).decode("utf-8", errors="replace"))
+        tok = RustTokenizer.from_str(body.decode("utf-8", errors="replace"))
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
@@ -403,6 +419,36 @@ def load_tokenizer(spec: str | Path | TokenizerConfig | None, *, where: str = "t
         return BPETokenizer(tok)
     saved = {k: meta[k] for k in ("eos_token", "pad_token", "pad_id") if k in meta}
     return HFTokenizer(tok, **(given or saved), where=where)
+
+
+def _json_bytes(meta: dict) -> bytes:
+    return (json.dumps(meta, indent=2) + "\n").encode()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``path`` whole under a temporary name beside it (fsync'd), then rename it over the old file.
+
+    (``curate.atomic`` does the same for curation; ``train`` does not import ``curate``.)
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is None:  # a write that failed (a full disk) names no file: this one
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _meta(path: Path, where: str) -> dict:

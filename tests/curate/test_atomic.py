@@ -95,3 +95,24 @@ def test_a_killed_processs_scratch_folder_is_removed_by_the_next_one_and_nothing
         assert len(mine) == 1
     assert not any(p.exists() for p in stale) and not mine[0].exists()
     assert live.exists() and all(p.exists() for p in users)
+
+
+def test_a_full_disk_is_said_with_the_file_and_inodes_that_ran_out_are_told_from_bytes(tmp_path, monkeypatch):
+    """A failed write names no file (the CLI could only say "free space there"), and a device out of inodes
+    with bytes to spare was said to be out of space, beside a free-space figure that said otherwise."""
+    from winnow.curate.errors import no_space
+
+    def full(fd, *args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as err:
+        write_text_atomic(tmp_path / "report.html", "<html>")
+    assert err.value.filename == str(tmp_path / "report.html") and err.value.errno == 28
+    monkeypatch.undo()
+    assert str(no_space(tmp_path, err.value, then="run it again")).startswith("no space left on the device holding")
+    real = os.statvfs(tmp_path)
+    fields = {name: getattr(real, name) for name in dir(real) if name.startswith("f_")}
+    monkeypatch.setattr(os, "statvfs", lambda path: type("S", (), {**fields, "f_files": 60, "f_favail": 3})())
+    said = str(no_space(tmp_path, err.value, then="run it again"))
+    assert said.startswith(f"no file can be created on the device holding {tmp_path}: its inodes") and "3 left" in said

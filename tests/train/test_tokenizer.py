@@ -160,3 +160,36 @@ def test_a_tokenizer_that_loses_characters_is_warned_once_and_a_byte_level_one_k
         run_tokenizer(cfg, str(job))
     said = [r for r in caplog.records if "does not give back what it encodes" in r.getMessage()]
     assert len(said) == 1 and "encodes: 'T' 'Q' 'B' 'F' ','" in said[0].getMessage()
+
+
+def test_a_save_that_fails_midway_leaves_the_earlier_tokenizer_and_a_torn_pair_is_named(tmp_path, monkeypatch, capsys):
+    """The files were written in place: a full disk cut tokenizer.json short (the earlier tokenizer lost) and a
+    killed save left an empty tokenizer_meta.json that both `winnow train` and a new save refused."""
+    import os
+
+    from winnow.pipelines.cli import main
+
+    folder = write_job(tmp_path / "job", [make_docs(40)])
+    tok = tmp_path / "tok"
+    assert main(["-q", "tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tok)]) == 0
+    before = {p.name: p.read_bytes() for p in tok.iterdir()}
+    real_replace = os.replace
+
+    def disk_full_at_the_meta(src, dst):
+        if str(dst).endswith("tokenizer_meta.json"):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", disk_full_at_the_meta)
+    assert main(["-q", "tokenizer", "train", str(folder), "--vocab-size", "270", "--output", str(tok)]) == 2
+    assert (
+        f"writing {tok / 'tokenizer_meta.json'}: no space left on the device holding {tok}" in capsys.readouterr().err
+    )
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert sorted(p.name for p in tok.iterdir()) == sorted(before)  # no temporary file left
+    assert (tok / "tokenizer_meta.json").read_bytes() == before["tokenizer_meta.json"]
+    with pytest.raises(ConfigError, match="is not the tokenizer tokenizer_meta.json beside it describes"):
+        load_tokenizer(tok)  # the new tokenizer.json beside the earlier meta: a torn pair, named
+    (tok / ".tokenizer.json.tmp-4242").write_text("{")  # what a killed save leaves
+    assert main(["-q", "tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tok)]) == 0
+    assert {p.name: p.read_bytes() for p in tok.iterdir()} == before and load_tokenizer(tok).vocab_size > 270
