@@ -316,6 +316,15 @@ def check_order_columns(inputs: list[InputConfig], stages: list[StageSpec], name
 _ROW_STAGES = ("clean", "filter.", "dedup.")
 
 
+def _drops_rows(spec: StageSpec) -> bool:
+    """Whether a stage may drop rows: cleaning, filters and dedups, and a score with a minimum (``min_quality``,
+    ``min_weight``)."""
+    if spec.kind.startswith(_ROW_STAGES):
+        return True
+    minimums = [name for name in getattr(spec.config, "__dataclass_fields__", {}) if name.startswith("min_")]
+    return spec.kind.startswith("score.") and any(getattr(spec.config, name) is not None for name in minimums)
+
+
 def check_stage_order(stages: list[StageSpec], name: str) -> None:
     """``split``, ``mix`` and ``order`` arrange the whole job's rows, so they come in that order: a split after mix
     would hold out copies and make the mix's shares wrong, and nothing after ``order`` may change the rows it
@@ -338,7 +347,7 @@ def check_stage_order(stages: list[StageSpec], name: str) -> None:
                 f"{where(i)} comes after {where(kinds.index('order'))}: order must be the last stage (a stage after it "
                 "would change the rows it ranked); move this stage before it"
             )
-        if "mix" in kinds and i > kinds.index("mix") and kind.startswith(_ROW_STAGES):
+        if "mix" in kinds and i > kinds.index("mix") and _drops_rows(stages[i]):
             raise ConfigError(
                 f"{where(i)} comes after {where(kinds.index('mix'))}: move it before the mix, whose token shares are of "
                 "the rows that reach it (a stage that drops rows after it would change them, and a dedup would take "

@@ -149,6 +149,9 @@ def test_stages_that_arrange_the_whole_job_come_in_their_order(tmp_path, kinds, 
         load_job(path)
     path.write_text(BASE + _stages("clean", "dedup.exact", "split", "mix", "score.heuristic", "order"))
     load_job(path)  # the usual order, a score between mix and order included
+    path.write_text(BASE + _stages("mix", "score.heuristic") + "min_quality = 0.5\n")  # it rejects rows: the mix's
+    with pytest.raises(ConfigError, match=r"#2 \(score\.heuristic\) comes after .*#1 \(mix\): move it before the mix"):
+        load_job(path)  # shares would be of other rows than the shards hold
 
 
 def test_false_turns_off_an_optional_setting_toml_cannot_write_as_null():
