@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from winnow.curate.errors import ConfigError
-from winnow.curate.readers.rows import decode_meta, dumps_exact, loads_exact
+from winnow.curate.readers.rows import NONFINITE, decode_meta, dumps_exact, loads_exact
 
 if TYPE_CHECKING:
     from winnow.curate.config import Job
@@ -78,22 +78,22 @@ def infer_type(values: list[Any]) -> str:
         if v is None:
             continue
         kind = (
-            "bool"
-            if isinstance(v, bool)
-            else "number"
-            if isinstance(v, (int, float))
-            else "string"
-            if isinstance(v, str)
-            else "json"
+            "bool" if isinstance(v, bool) else "number" if _is_number(v) else "string" if isinstance(v, str) else "json"
         )
         kinds[kind] = kinds.get(kind, 0) + 1
     if not kinds:
         return "string"
     kind = max(kinds, key=lambda k: (kinds[k], k))
     if kind == "number":
-        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        return "int64" if all(isinstance(v, int) for v in numbers) else "float64"
+        return "int64" if all(isinstance(v, int) for v in values if _is_number(v)) else "float64"
     return kind
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float (not a bool), or a float JSON cannot hold as meta writes it (``"NaN"``, ``"Infinity"``)."""
+    if isinstance(value, str):
+        return value in NONFINITE
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _fits(value: Any, kind: str) -> bool:
@@ -104,7 +104,9 @@ def _fits(value: Any, kind: str) -> bool:
     if kind == "int64":
         return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
     if kind == "float64":  # an integer a float would round (past 2^53, odd) stays in meta, exact
-        if isinstance(value, float):
+        if (
+            isinstance(value, float) or isinstance(value, str) and value in NONFINITE
+        ):  # NaN and infinities, as meta writes them
             return True
         return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1023 and float(value) == value
     return isinstance(value, str)
@@ -144,7 +146,13 @@ def extract_fields(rows: pl.DataFrame, fields: dict[str, str], every: dict[str, 
             if value is not None and _fits(value, kind):
                 del record[name]
                 moved = True
-                columns[name].append(dumps_exact(value) if kind == "json" else value)
+                columns[name].append(
+                    dumps_exact(value)
+                    if kind == "json"
+                    else NONFINITE[value]
+                    if kind == "float64" and isinstance(value, str)
+                    else value
+                )
             else:
                 if value is None and name in record:
                     del record[name]  # an explicit null is the column's null

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -338,6 +339,7 @@ def rows_from_arrow(
             pl.col(row),
             schema_error.alias(row + "_error"),
         )
+        out = _nonfinite_kept(out, df, [c for c in rest if df.schema[c] in (pl.Float32, pl.Float64)], blank)
     too_long = pl.col("text").str.len_bytes() > max_record_bytes if max_record_bytes is not None else pl.lit(False)
     problem = (
         pl.when(pl.col("text").is_null())
@@ -536,6 +538,31 @@ def _split_invalid_utf8(
     )
     bad_set = set(bad)
     return table.filter(pa.array([i not in bad_set for i in range(table.num_rows)])), rejects
+
+
+#: A float JSON cannot hold, as the text ``meta`` keeps it in (``json_encode`` would write null).
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _nonfinite_kept(out: pl.DataFrame, df: pl.DataFrame, floats: list[str], blank: dict[str, str]) -> pl.DataFrame:
+    """``out`` with the meta of each row holding a NaN or infinite float in a column of ``floats`` written again,
+    those values as ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``NONFINITE``): JSON has no such numbers, and
+    polars writes them as null, which would read as a value that was never there."""
+    if not floats:
+        return out
+    odd = df.select(pl.any_horizontal([~pl.col(c).is_finite() & pl.col(c).is_not_null() for c in floats])).to_series()
+    if not odd.any():
+        return out
+    words = {math.inf: "Infinity", -math.inf: "-Infinity"}
+    metas = out["meta"].to_list()
+    for i in odd.arg_true().to_list():
+        record = json.loads(metas[i])
+        for c in floats:
+            value = df[c][i]
+            if value is not None and not math.isfinite(value):
+                record[blank.get(c, c)] = "NaN" if math.isnan(value) else words[value]
+        metas[i] = dumps_exact(record)
+    return out.with_columns(pl.Series("meta", metas, pl.String))
 
 
 def polars_ready(table: pa.Table) -> pa.Table:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import decimal
 import io
+import math
 import json
 import os
 import tarfile
@@ -657,6 +658,19 @@ def test_parquet_columns_of_types_polars_cannot_take_are_read_into_meta_losing_n
          "ref": [str(second)]},
         {"price": None, "counts": None, "s": {"a": 2, "a#1": 4}, "ref": []},
     ]  # fmt: skip
+
+
+def test_nan_and_infinities_in_a_parquet_float_column_are_kept_in_meta_and_in_a_kept_field(tmp_path):
+    """JSON has no NaN: meta wrote null, a kept float field read null (a filter `v > 0` then dropped +inf rows)."""
+    from winnow.curate.fields import extract_fields, infer_type
+
+    values = [1.0, math.nan, math.inf, -math.inf, None]
+    pq.write_table(pa.table({"id": list("abcde"), "text": ["t"] * 5, "v": values}), tmp_path / "a.parquet")
+    rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet"))
+    assert rows["meta"].to_list() == ['{"v":1.0}', '{"v":"NaN"}', '{"v":"Infinity"}', '{"v":"-Infinity"}', '{"v":null}']
+    assert infer_type([json.loads(m)["v"] for m in rows["meta"]]) == "float64"
+    kept = extract_fields(rows, {"v": "float64"})["v"].to_list()
+    assert kept[0] == 1.0 and math.isnan(kept[1]) and kept[2:] == [math.inf, -math.inf, None]
 
 
 def test_an_id_column_of_raw_digests_is_rejected_naming_the_column_and_the_way_out(tmp_path):
