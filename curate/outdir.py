@@ -241,11 +241,14 @@ def clear_own_entries(out: Path, *, only: tuple[str, ...] = OWN_ENTRIES, work: W
     """
     import shutil
 
+    # The manifest first: it marks the outputs finished, so a run killed while it clears leaves no manifest
+    # listing shards that are gone (winnow report would show them; a later run would take them as done).
+    order = sorted(only, key=lambda name: name != "manifest.json")
     if work is not None and work.remote:
-        for name in only:
+        for name in order:
             work.remove(out / name)
         return
-    for name in only:
+    for name in order:
         path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

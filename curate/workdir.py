@@ -69,6 +69,7 @@ SPILL = ("rows.parquet", "keys.parquet", "ids.parquet")  # what a later phase re
 PREFIX = "prefix"  # in a phase's or plan's folder: the key of the job prefix its outputs depend on (curate.reuse)
 REUSED = "reused.json"  # in a task's or plan's folder adopted from another job's work (curate.reuse)
 WORK = "_work"
+_ATOMIC_TMP = re.compile(r"\.(manifest\.json|README\.md)\.[0-9a-f]{12}\.tmp")  # curate.atomic's temporary names
 
 
 def task_name(task: int) -> str:
@@ -461,9 +462,15 @@ class WorkDir:
                     self._call(fs.rm, url, recursive=True)
 
     def sweep_tmp(self) -> int:
-        """Delete the temporary keys killed uploads left under the output prefix (after a job ends); returns how many."""
+        """Delete the temporary keys killed uploads left under the output prefix (after a job ends); returns how many.
+
+        Locally, the temporary files a killed run's atomic writes (``curate.atomic``) left in the output folder
+        itself (``.manifest.json.<12 hex>.tmp``): its own folders are cleared or resumed by the runner."""
         if not self.remote:
-            return 0
+            stale = [p for p in self.out.iterdir() if _ATOMIC_TMP.fullmatch(p.name) and p.is_file()]
+            for path in stale:
+                path.unlink(missing_ok=True)
+            return len(stale)
         stale = [
             f"{self.output}/{rel}"
             for rel in self._find(self.out)

@@ -223,3 +223,37 @@ def test_overwrite_never_replaces_a_path_winnow_did_not_write(tmp_path, capsys, 
     assert path.is_symlink() == ("link" in what) and (tmp_path / "keep.txt").read_text() == "the user's"
     if not path.is_symlink():
         assert path.read_text() == '{"mine": true}'
+
+
+def test_clearing_a_finished_jobs_outputs_removes_its_manifest_first(tmp_path, monkeypatch):
+    """A run killed while it cleared (`--overwrite`) left the manifest of shards already deleted: `winnow report`
+    showed that curation, and a re-run of the first job took the folder as finished."""
+    import shutil
+
+    from winnow.curate.outdir import OWN_ENTRIES, clear_own_entries
+
+    for name in ("shards/parquet/train", "rejects", "_work"):
+        (tmp_path / name).mkdir(parents=True)
+    (tmp_path / "manifest.json").write_text("{}")
+
+    def killed(path, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        clear_own_entries(tmp_path, only=OWN_ENTRIES)
+    assert not (tmp_path / "manifest.json").exists() and (tmp_path / "shards").is_dir()
+
+
+def test_a_temporary_manifest_a_killed_run_left_is_removed_when_the_job_ends(tmp_path, write_job):
+    from winnow.curate.pipeline import run_job
+    from winnow.pipelines.jobfile import load_job
+
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "some words of text"}\n')
+    job = load_job(write_job(f'[[inputs]]\nsource = "s"\npath = "{tmp_path / "in.jsonl"}"\n'))
+    run_job(job, progress=False)
+    (job.output_dir / ".manifest.json.9c1157517304.tmp").write_text("{")  # a kill inside write_json_atomic
+    (job.output_dir / ".notes.9c1157517304.tmp").write_text("the user's")
+    run_job(job, progress=False, overwrite=True)
+    assert not (job.output_dir / ".manifest.json.9c1157517304.tmp").exists()
+    assert (job.output_dir / ".notes.9c1157517304.tmp").read_text() == "the user's"
