@@ -264,3 +264,19 @@ def test_a_budget_too_small_for_any_row_of_a_source_says_so(tmp_path, caplog):
     assert all(r["realized_tokens"] == 0 for r in p.report["sources"].values())
     said = [r.getMessage() for r in caplog.records]
     assert any("['big', 'small'] have a weight but no row fits" in m and "10 tokens" in m for m in said), said
+
+
+def test_a_low_temperature_or_weights_near_the_float_maximum_give_shares_not_an_overflow():
+    """tokens^(1/T) overflowed to inf for T = 0.01 (a traceback: argmin of an empty sequence, NaN to integer),
+    and weights of 1e308 each summed to inf."""
+    from winnow.curate.stages.mixing.weights import requested_weights
+
+    available = np.array([4e9, 1e9, 0.0])
+    cold = requested_weights(["a", "b", "c"], available, scheme="temperature", weights={}, temperature=0.01)
+    assert np.allclose(cold, [1.0, 0.25**100, 0.0], rtol=1e-9, atol=0)  # (1/4)^100: the largest takes it all
+    warm = requested_weights(["a", "b", "c"], available, scheme="temperature", weights={}, temperature=2.0)
+    assert np.allclose(warm, [2 / 3, 1 / 3, 0.0])
+    huge = requested_weights(
+        ["a", "b", "c"], available, scheme="explicit", weights=dict.fromkeys("abc", 1e308), temperature=1
+    )
+    assert huge.tolist() == [0.5, 0.5, 0.0]

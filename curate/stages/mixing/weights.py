@@ -43,17 +43,20 @@ def requested_weights(
         missing = [n for n in names if n not in weights]
         if missing:
             log.warning("mix: sources %s have no weight in `weights` and are left out of the mixture", missing)
-    elif scheme == "temperature":
-        w = np.power(available, 1.0 / temperature)
+    elif scheme == "temperature":  # in logs: n^(1/T) overflows for a small T (1e9 tokens at T = 0.03)
+        with np.errstate(divide="ignore"):
+            logs = np.log(np.asarray(available, dtype=np.float64)) / temperature
+        w = np.exp(logs - logs.max()) if np.isfinite(logs).any() else np.zeros(len(names))
     else:
         raise ConfigError(f"scheme {scheme!r} has no requested weights; allowed: 'explicit', 'temperature'")
     w = np.where(available > 0, w, 0.0)
-    total = w.sum()
-    if total <= 0:
+    peak = w.max(initial=0.0)
+    if not peak > 0:
         raise ConfigError(
             f"mix: no source with data has a positive weight (sources {list(names)}, weights {dict(weights)})"
         )
-    return w / total
+    w = w / peak  # before the sum: weights near the float maximum (1e308 each) would add up to inf
+    return w / w.sum()
 
 
 def unimax_tokens(available: np.ndarray, budget: float, max_epochs: float) -> np.ndarray:
