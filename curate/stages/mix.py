@@ -102,6 +102,11 @@ class MixConfig(StageConfig):
             )
         if self.select not in SELECTIONS:
             raise ConfigError(f"mix.select = {self.select!r} is invalid; allowed: one of {list(SELECTIONS)}")
+        if self.select == "random" and self.score_column is not None:
+            raise ConfigError(
+                f"mix.score_column = {self.score_column!r} is read by select = 'top' or 'importance' only; "
+                "set one of those, or leave score_column out (select = 'random' keeps rows by a hash of their id)"
+            )
         if self.select != "random" and self.score_column is None:
             self.score_column = _DEFAULT_SCORE[self.select]
 
@@ -149,6 +154,12 @@ class Mix(Barrier):
             if col not in train.columns:
                 raise StageError(
                     f"{self.ctx.stage_id}: select={self.config.select!r} needs the column {col!r}; add a score stage before mix or set score_column"
+                )
+            if not train.schema[col].is_numeric():
+                raise StageError(
+                    f"{self.ctx.stage_id}: select={self.config.select!r} ranks rows by score_column {col!r}, which "
+                    f"holds {train.schema[col]} values; name a numeric column (a score stage's, or a kept field "
+                    "typed float64)"
                 )
             keys = keys.with_columns(train[col].cast(pl.Float64).alias("_score"))
         return keys

@@ -280,3 +280,14 @@ def test_a_low_temperature_or_weights_near_the_float_maximum_give_shares_not_an_
         ["a", "b", "c"], available, scheme="explicit", weights=dict.fromkeys("abc", 1e308), temperature=1
     )
     assert huge.tolist() == [0.5, 0.5, 0.0]
+
+
+def test_a_score_column_is_refused_with_random_selection_and_must_hold_numbers(tmp_path):
+    """A String score column was a polars traceback; with select = 'random' the column is never read."""
+    with pytest.raises(
+        ConfigError, match=r"mix.score_column = 'quality' is read by select = 'top' or 'importance' only"
+    ):
+        MixConfig(select="random", score_column="quality")
+    df = rows({"a": 50}).with_columns(pl.lit("en").alias("lang"))
+    with pytest.raises(StageError, match="ranks rows by score_column 'lang', which holds String values"):
+        plan(df, tmp_path, select="top", score_column="lang", weights={"a": 1}, total_tokens=100)
