@@ -62,6 +62,13 @@ class ShardTokenizer:
                 "'byte' or the path of a Hugging Face tokenizer.json"
             ) from err
         tok.encode_special_tokens = True  # "<|endoftext|>" in a document is text: only packing places EOS
+        try:  # a tokenizer that cannot encode text it has never seen fails here, before any shard is written
+            tok.encode_batch_fast(["winnow's probe: Zürich 東京 😀 \x01"], add_special_tokens=False)
+        except Exception as err:  # noqa: BLE001 - the Rust side raises plain Exceptions for every failure
+            raise ConfigError(
+                f"{key} = {spec!r} cannot encode text: {err} (a WordLevel or WordPiece model needs its unk_token "
+                "in its vocabulary); fix the tokenizer.json or give another"
+            ) from err
         self._tok, self.kind, self.vocab_size = tok, "hf", tok.get_vocab_size(with_added_tokens=True)
         self.json = tok.to_str()
         self.sha256 = hashlib.sha256(self.json.encode()).hexdigest()

@@ -168,6 +168,16 @@ def test_missing_eos_token_is_a_config_error_naming_the_key(tmp_path):
         ShardTokenizer(str(tmp_path / "tokenizer.json"), eos_token="</s>")
 
 
+def test_a_tokenizer_that_cannot_encode_unseen_text_is_a_config_error_before_any_shard(tmp_path):
+    """A WordLevel model whose unk_token is not in its vocabulary raised from the writers: a traceback mid-job."""
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({"hello": 0, "<|endoftext|>": 1}, unk_token="[UNK]"))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ConfigError, match=r"tokenizer\.json' cannot encode text: WordLevel error: Missing \[UNK\]"):
+        ShardTokenizer(str(tmp_path / "tokenizer.json"))
+
+
 def test_job_file_output_tokens_table(tmp_path):
     from winnow.pipelines.jobfile import job_from_dict
 
