@@ -182,6 +182,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     except ModuleNotFoundError as err:  # an optional dependency imported where the command runs
         return _missing(args.command, err)
+    except BrokenPipeError:  # the reader of stdout went away (`winnow config show | head`): stop without a word
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter flushes stdout at exit
+        return 128 + signal.SIGPIPE
     except OSError as err:
         # a full disk, a read-only folder, a name too long, a folder where a file goes: the system's refusal of
         # a path the user gave or chose, said in one line with the path (-vv logs the traceback)

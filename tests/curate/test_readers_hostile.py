@@ -9,8 +9,8 @@ from __future__ import annotations
 import base64
 import decimal
 import io
-import math
 import json
+import math
 import os
 import tarfile
 

@@ -213,3 +213,15 @@ def test_sigterm_stops_a_curation_as_ctrl_c_does_and_says_so(command, capsys):
     assert _run(argparse.Namespace(command=command, func=work)) == 143
     assert f"winnow {command}: stopped by SIGTERM; re-run the same command to resume" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_reader_of_stdout_that_goes_away_ends_the_command_without_a_traceback():
+    """`winnow config show | head -c 10`: a BrokenPipeError traceback (an OSError naming no file)."""
+    code = (
+        "import os, sys\n"
+        "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"  # stdout is a pipe nobody reads any more
+        "from winnow.pipelines.cli import main\n"
+        "sys.exit(main(['config', 'show']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
