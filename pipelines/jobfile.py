@@ -278,13 +278,24 @@ def check_kept_fields(inputs: list[InputConfig], stages: list[StageSpec], name: 
     """No stage writes its column (a score's ``column``) over a field an input keeps: the user's values would be
     replaced without a word."""
     kept = {f: i for i, cfg in enumerate(inputs) for f in cfg.keep_fields}
+    writers: dict[str, int] = {}  # column -> the first stage writing it
     for i, spec in enumerate(stages):
         column = getattr(spec.config, "column", None)
-        if isinstance(column, str) and column in kept:
+        if not isinstance(column, str):
+            continue
+        if column in kept:
             raise ConfigError(
                 f"{name} [[stages]] #{i + 1} ({spec.kind}) writes column = {column!r}, which [[inputs]] "
                 f"#{kept[column] + 1} keeps from its rows (keep_fields): the score would replace those values; "
                 "give the stage another column"
+            )
+        first = writers.setdefault(column, i)
+        mine, theirs = getattr(spec.config, "sources", None), getattr(stages[first].config, "sources", None)
+        if first != i and not (mine and theirs and not set(mine) & set(theirs)):  # the same rows: one score lost
+            raise ConfigError(
+                f"{name} [[stages]] #{i + 1} ({spec.kind}) writes column = {column!r}, as [[stages]] #{first + 1} "
+                f"({stages[first].kind}) does: its score would replace the other's on the rows both see; give one "
+                "of them another column, or scope them to different sources (sources)"
             )
 
 

@@ -65,6 +65,7 @@ class ExactDedup(DedupBarrier):
     def plan(self, keys: pl.LazyFrame) -> Plan:
         if not self.has_keys(keys):
             return self.no_duplicates()
+        self.warn_unscored(keys)
         n_docs = keys.select(pl.len()).collect().item()
         # Groups are wholly inside one hash partition, so partitioning changes nothing but memory.
         parts = partitions(

@@ -194,6 +194,7 @@ class MinHashDedup(DedupBarrier):
         if not self.has_keys(keys):
             return self.no_duplicates()
         config = self.config
+        self.warn_unscored(keys)
         bands, rows = config.lsh_shape()
         options = GroupOptions(
             verify=config.verify, threshold=config.threshold, chunk_pairs=config.verify_chunk_pairs,

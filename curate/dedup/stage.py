@@ -7,12 +7,15 @@ stage's single reason and ``duplicate_of`` set, keeping row order.
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar
 
 import polars as pl
 
 from winnow.curate.schema import empty_rejects, make_rejects
 from winnow.curate.stages.base import Barrier, Plan, StageOutput
+
+log = logging.getLogger(__name__)
 
 
 class DedupBarrier(Barrier):
@@ -31,6 +34,16 @@ class DedupBarrier(Barrier):
         quality = pl.col("quality").cast(pl.Float64) if "quality" in batch.columns else pl.lit(None, dtype=pl.Float64)
         length = pl.col("text").fill_null("").str.len_chars().cast(pl.Int64)
         return batch.select(pl.col("id"), pl.col("source"), length.alias("_len"), quality.alias("quality"))
+
+    def warn_unscored(self, keys: pl.LazyFrame) -> None:
+        """Say so when ``keep = "quality"`` finds no row with a ``quality`` score: every group then keeps its lowest id
+        (a score stage writing another ``column``, or none before the dedup)."""
+        if self.config.keep == "quality" and not keys.select(pl.col("quality").is_not_null().any()).collect().item():
+            log.warning(
+                "%s: keep = 'quality', but no row has a quality score, so each group keeps its lowest id: put a score "
+                "stage writing column = 'quality' before it, or set keep = 'first' or 'longest'",
+                self.ctx.stage_id,
+            )
 
     @staticmethod
     def has_keys(keys: pl.LazyFrame) -> bool:

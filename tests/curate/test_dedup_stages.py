@@ -71,6 +71,27 @@ def test_keep_policies(tmp_path, keep, kept):
     assert set(out.rejected["duplicate_of"].to_list()) == {kept}
 
 
+@pytest.mark.parametrize(
+    "stage_class", [(ExactDedup, ExactConfig), (MinHashDedup, MinHashConfig)], ids=["exact", "minhash"]
+)
+def test_keep_quality_without_any_score_says_it_keeps_the_lowest_id(tmp_path, caplog, stage_class):
+    """A score stage writing another column (or none) left keep = 'quality' choosing the lowest id without a word."""
+    kind, config = stage_class
+    stage = kind(config(keep="quality"), _ctx(tmp_path))
+    text = _words(1)
+    with caplog.at_level("WARNING"):
+        (out,), _ = _run(stage, [_rows(["k2", "k1"], ["a"] * 2, [text, text])])
+    assert out.kept["id"].to_list() == ["k1"]
+    assert "keep = 'quality', but no row has a quality score, so each group keeps its lowest id" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _run(
+            kind(config(keep="quality"), _ctx(tmp_path / "s")),
+            [_rows(["k2", "k1"], ["a"] * 2, [text, text], quality=[0.9, 0.1])],
+        )
+    assert "no row has a quality score" not in caplog.text
+
+
 def test_apply_keeps_row_order_and_columns(tmp_path):
     stage = ExactDedup(ExactConfig(), _ctx(tmp_path))
     rows = _rows(["1", "2", "3", "4"], ["a"] * 4, ["x", "y", "x", "z"], quality=[1.0, 2.0, 3.0, 4.0])

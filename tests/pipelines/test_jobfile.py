@@ -186,3 +186,16 @@ def test_a_value_of_one_alternatives_shape_gets_that_alternatives_reason_alone(t
     with pytest.raises(ConfigError) as err:
         load_train_config(path)
     assert "one of them > 0" in str(err.value) and "expected str" not in str(err.value)
+
+
+def test_two_stages_writing_one_column_on_the_same_rows_are_refused(tmp_path):
+    """score.heuristic and score.classifier both write `quality` by default: the second replaced the first's
+    scores without a word. Scoped to different sources, each writes its own rows."""
+    path = tmp_path / "t.toml"
+    two = BASE + '[[inputs]]\nsource = "b"\npath = "y.jsonl"\n' + _stages("score.heuristic", "score.heuristic")
+    path.write_text(two + 'column = "quality"\n')
+    with pytest.raises(ConfigError, match=r"#2 \(score\.heuristic\) writes column = 'quality', as \[\[stages\]\] #1"):
+        load_job(path)
+    path.write_text(two.replace('kind = "score.heuristic"\n', 'kind = "score.heuristic"\nsources = ["a"]\n', 1)
+                    + 'sources = ["b"]\n')  # fmt: skip
+    load_job(path)
