@@ -339,10 +339,11 @@ def _drops_rows(spec: StageSpec) -> bool:
 def check_stage_order(stages: list[StageSpec], name: str) -> None:
     """``split``, ``mix`` and ``order`` arrange the whole job's rows, so they come in that order: a split after mix
     would hold out copies and make the mix's shares wrong, and nothing after ``order`` may change the rows it
-    ranked. Each of ``mix`` and ``order`` runs once; after ``mix`` no stage drops rows."""
+    ranked. Each of ``split``, ``mix`` and ``order`` runs once (a second split would replace the first's held-out
+    rows); after ``mix`` no stage drops rows."""
     where = lambda i: f"{name} [[stages]] #{i + 1} ({stages[i].kind})"  # noqa: E731
     kinds = [s.kind for s in stages]
-    for kind in ("mix", "order"):
+    for kind in ("split", "mix", "order"):
         if kinds.count(kind) > 1:
             second = [i for i, k in enumerate(kinds) if k == kind][1]
             raise ConfigError(f"{where(second)}: a job has one {kind} stage; merge their settings into the first")

@@ -138,6 +138,7 @@ def _stages(*kinds: str) -> str:
         (("mix", "filter.length"), r"#2 \(filter\.length\) comes after .*#1 \(mix\): move it before the mix"),
         (("mix", "mix"), r"#2 \(mix\): a job has one mix stage"),
         (("order", "order"), r"#2 \(order\): a job has one order stage"),
+        (("split", "split"), r"#2 \(split\): a job has one split stage"),
     ],
 )
 def test_stages_that_arrange_the_whole_job_come_in_their_order(tmp_path, kinds, message):
