@@ -104,6 +104,10 @@ def test_filter_expr_errors_name_the_problem(tmp_path, write_job):
     stage = '\n[[stages]]\nkind = "filter.expr"\nwhere = "{where}"\n'
     with pytest.raises(ConfigError, match=r"\[\[stages\]\] #1 \(filter.expr\).*not a SQL predicate"):
         load_job(write_job(JOB.format(path=tmp_path / "in.jsonl") + stage.format(where="score >")))
+    for across in ("x = MAX(x)", "ROW_NUMBER() OVER (ORDER BY id) <= 10", "COUNT(*) > 1", "SUM(x) OVER () > 1"):
+        with pytest.raises(ConfigError, match="reads other rows .* would depend on how the job is cut into batches"):
+            load_job(write_job(JOB.format(path=tmp_path / "in.jsonl") + stage.format(where=across)))
+    load_job(write_job(JOB.format(path=tmp_path / "in.jsonl") + stage.format(where="GREATEST(x, 1) > LENGTH(text)")))
     job = load_job(write_job(JOB.format(path=tmp_path / "in.jsonl") + stage.format(where="lang_score2 > 1")))
     with pytest.raises(StageError, match=r"names a column the rows lack.*keep_fields"):
         run_job(job, progress=False)

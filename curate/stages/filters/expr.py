@@ -27,6 +27,14 @@ from winnow.curate.schema import make_rejects
 from winnow.curate.stages.base import Stage, StageConfig, StageContext, StageOutput
 
 
+#: In the expression polars parses a predicate into, what reads other rows than the row's own: aggregations,
+#: windows, ranks and row counts. Namespaced methods of one value (``str.head``, ``list.max``) are the row's own.
+_ACROSS_ROWS = re.compile(
+    r"(?<!str)(?<!list)(?<!arr)(?<!bin)(?<!dt)\.(max|min|mean|sum|count|median|std|var|first|last|quantile|n_unique"
+    r"|rank|shift|cum_\w+|over|arg_max|arg_min|implode|head|tail|sort|unique|mode|product)\(|(?<![\w.])(len|int_range)\("
+)
+
+
 @dataclass(kw_only=True, slots=True)
 class ExprConfig(StageConfig):
     """``where``: a polars SQL predicate over the batch's columns; ``name``: the reason's suffix."""
@@ -42,9 +50,16 @@ class ExprConfig(StageConfig):
         if self.name and not re.fullmatch(r"[a-z0-9_]+", self.name):
             raise ConfigError(f"filter.expr.name = {self.name!r} is invalid; allowed: lower-case letters, digits and _")
         try:
-            pl.sql_expr(self.where)
+            expr = pl.sql_expr(self.where)
         except (SQLInterfaceError, SQLSyntaxError, ComputeError) as err:
             raise ConfigError(f"where = {self.where!r} is not a SQL predicate polars can parse: {err}") from None
+        if _ACROSS_ROWS.search(str(expr)):
+            raise ConfigError(
+                f"where = {self.where!r} reads other rows (an aggregate or a window: MAX(x), COUNT(*), AVG, "
+                "ROW_NUMBER() OVER ...), which filter.expr would compute within each batch, so what it keeps would "
+                "depend on how the job is cut into batches; give a predicate of each row's own values (GREATEST and "
+                "LEAST compare values within a row)"
+            )
 
 
 class ExprFilter(Stage):
