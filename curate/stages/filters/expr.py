@@ -26,7 +26,6 @@ from winnow.curate.errors import ConfigError, StageError
 from winnow.curate.schema import make_rejects
 from winnow.curate.stages.base import Stage, StageConfig, StageContext, StageOutput
 
-
 #: In the expression polars parses a predicate into, what reads other rows than the row's own: aggregations,
 #: windows, ranks and row counts. Namespaced methods of one value (``str.head``, ``list.max``) are the row's own.
 _ACROSS_ROWS = re.compile(
