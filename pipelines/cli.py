@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import importlib
 import logging
@@ -188,6 +189,9 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as err:
         # a full disk, a read-only folder, a name too long, a folder where a file goes: the system's refusal of
         # a path the user gave or chose, said in one line with the path (-vv logs the traceback)
+        if limit := _process_limit(err):
+            print(f"winnow {args.command}: error: {limit}", file=sys.stderr)
+            return 2
         where = next((str(f) for f in (err.filename, err.filename2) if f), None)
         if where is None and not disk_full(err):
             raise
@@ -218,6 +222,9 @@ def _run(args: argparse.Namespace) -> int:
         if _allocation_failed(err):
             print(f"winnow {args.command}: error: {_out_of_memory(err)}", file=sys.stderr)
             return 2
+        if limit := _process_limit(err):
+            print(f"winnow {args.command}: error: {limit}", file=sys.stderr)
+            return 2
         if not disk_full(err):
             raise
         print(
@@ -230,6 +237,31 @@ def _run(args: argparse.Namespace) -> int:
         how = "stopped by SIGTERM" if isinstance(err, Terminated) else "interrupted"
         print(f"winnow {args.command}: {how}; re-run the same command to resume", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
+
+
+def _process_limit(err: BaseException | None) -> str | None:
+    """What to do when ``err`` (or an error it came from) is a limit of this process the system enforced: open
+    files (``ulimit -n``), or threads and processes (``ulimit -u``, a container's pids limit); else None."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = str(err).lower()
+        if isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE) or "too many open files" in text:
+            import resource
+
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            return (
+                f"too many open files ({err}): this process may hold {soft} (`ulimit -n`); raise the limit "
+                "(ulimit -n 65536) or lower [job] workers, then run the same command again"
+            )
+        if "failed to launch worker thread" in text or "can't start new thread" in text:
+            return (
+                f"the system refused a new thread ({err}): a limit on threads or processes (`ulimit -u`, a "
+                "container's pids limit) or on virtual memory (`ulimit -v`); raise it or lower [job] workers, then "
+                "run the same command again"
+            )
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _allocation_failed(err: Exception) -> bool:

@@ -225,3 +225,24 @@ def test_a_reader_of_stdout_that_goes_away_ends_the_command_without_a_traceback(
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_limits_of_the_process_are_said_in_one_line_with_the_way_out(monkeypatch, capsys):
+    """`ulimit -n 24` or a pids limit: a polars OSError naming no file, or Arrow's "Failed to launch worker thread",
+    was a traceback (exit 1)."""
+    from winnow.pipelines import cli
+
+    for err, said in (
+        (OSError("Too many open files (os error 24): out/_work/keys.parquet"), "(`ulimit -n`); raise the limit"),
+        (
+            RuntimeError("Unknown error: Failed to launch worker thread: Resource temporarily unavailable"),
+            "`ulimit -u`",
+        ),
+    ):
+
+        def run(args, err=err):
+            raise err
+
+        args = argparse.Namespace(command="curate", func=run)
+        assert cli._run(args) == 2
+        assert said in capsys.readouterr().err
