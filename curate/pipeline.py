@@ -17,6 +17,7 @@ on (``phase_keys``), so another job that shares that prefix adopts it (``curate.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import logging
@@ -304,6 +305,8 @@ class Runner:
                 manifest["reused"] = {"from": self.reuse.output, **adopted}
         write_json_atomic(self.out / "manifest.json", manifest)
         self.work.publish_file(self.out / "manifest.json")
+        if any(cfg.source_field is not None for cfg in self.job.inputs):
+            _warn_unseen_sources(self.job.stages, sorted(manifest["by_source"]))
         if self.work.remote:  # the card reads the first Parquet shard's schema, and keeps a README of the user's
             self.work.fetch(self.out / CARD, missing_ok=True)
             first = next((s["path"] for s in manifest["shards"] if s["format"] == "parquet"), None)
@@ -648,6 +651,27 @@ def _output_files_matched(pattern: str, output: str) -> str | None:
     else:
         pattern, output = os.path.abspath(os.path.expanduser(pattern)), os.path.abspath(output)
     return next((f for f in _OUTPUT_SAMPLES if glob_matches(pattern, f"{output.rstrip('/')}/{f}")), None)
+
+
+def _warn_unseen_sources(stages: list, seen: list[str]) -> None:
+    """Where sources come from a column (``source_field``), a stage key naming a source no row had (``Web`` read,
+    ``web`` written) was checked only as a possibility before the run: say which, now that the sources are known."""
+    for i, spec in enumerate(stages):
+        for key in type(spec.config).SOURCE_KEYS:
+            value = getattr(spec.config, key, None)
+            for name in [value] if isinstance(value, str) else list(value or []):
+                if name not in seen:
+                    close = difflib.get_close_matches(name, seen, n=1) or [s for s in seen if s.lower() == name.lower()]
+                    log.warning(
+                        "[[stages]] #%d (%s) key %r names source %r, which no row had%s: the stage did nothing for "
+                        "it; the data's sources: %s",
+                        i + 1,
+                        spec.kind,
+                        key,
+                        name,
+                        f" (did you mean {close[0]!r}?)" if close else "",
+                        ", ".join(seen),
+                    )
 
 
 def run_job(

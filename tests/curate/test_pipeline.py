@@ -302,3 +302,18 @@ def test_a_later_phase_reads_long_documents_in_smaller_batches(tmp_path, monkeyp
     monkeypatch.setattr(tasks, "_BATCH_BYTES", 10_000)
     batches = list(tasks.read_batches(path, 16))
     assert {b.height for b in batches[:-1]} == {9} and pl.concat(batches)["id"].to_list() == [str(i) for i in range(40)]
+
+
+def test_a_stage_naming_a_source_no_row_had_is_said_when_sources_come_from_a_column(tmp_path, write_job, caplog):
+    """With `source_field`, a stage's `sources = ["web"]` over rows of source `Web` filtered nothing, silently."""
+    (tmp_path / "in.jsonl").write_text(
+        "".join(f'{{"id": "d{i}", "text": "a few words", "src": "Web"}}\n' for i in range(5))
+    )
+    body = (
+        f'[[inputs]]\nsource_field = "src"\npath = "{tmp_path / "in.jsonl"}"\n\n'
+        '[[stages]]\nkind = "filter.length"\nsources = ["web"]\nmin_words = 10\n'
+    )
+    with caplog.at_level("WARNING", logger="winnow.curate.pipeline"):
+        manifest = run_job(load_job(write_job(body)), progress=False)
+    assert manifest["totals"]["rows_written"] == 5
+    assert "key 'sources' names source 'web', which no row had (did you mean 'Web'?)" in caplog.text
