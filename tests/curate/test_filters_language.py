@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
@@ -50,3 +51,19 @@ def test_allowed_list_and_disabled_score():
 def test_bad_language_code():
     with pytest.raises(ConfigError, match="languages"):
         LanguageConfig(languages=["english!"])
+
+
+def test_text_without_a_letter_has_no_language_and_codes_the_model_never_reports_are_refused():
+    """The model answered its prior for "", "!!!" or emoji (`sr`, 0.014): kept with languages = ["sr"] and a low
+    min_score. "EN" or "eng" never matched: every English document was rejected as not allowed, silently."""
+    ctx = StageContext(stage_id="t", job_name="t", output_dir=Path("."), plan_dir=Path("."), sources=("s",))
+    texts = ["", "!!! 123", "😀😀", "Одбор ће објавити своје налазе после лета, када сви сведоци буду саслушани."]
+    batch = pl.DataFrame(
+        {"id": list("abcd"), "source": "s", "text": texts, "meta": None}, schema_overrides={"meta": pl.String}
+    )
+    out = LanguageFilter(LanguageConfig(languages=["sr"], min_score=0.01), ctx).apply(batch)
+    assert out.kept["id"].to_list() == ["d"]
+    assert out.rejected.select("lang", "lang_score").rows() == [("", 0.0)] * 3
+    for code, hint in (("EN", "'EN' (did you mean 'en'?)"), ("eng", "'eng' (did you mean 'en'?)")):
+        with pytest.raises(ConfigError, match=rf"languages names {re.escape(hint)}, which the language model never"):
+            LanguageFilter(LanguageConfig(languages=[code, "de"]), ctx)
