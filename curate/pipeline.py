@@ -65,6 +65,7 @@ from winnow.curate.progress import PhaseProgress
 from winnow.curate.readers import largest_first, native_columns, plan_read_tasks, read_task
 from winnow.curate.readers.files import glob_matches
 from winnow.curate.reuse import adopt_phase, adopt_plan, reused, write_key
+from winnow.curate.schema import SPLITS
 from winnow.curate.stages import Barrier, Plan, stage_class
 from winnow.curate.stages.ids import (
     EXACT_MARKER,
@@ -307,6 +308,16 @@ class Runner:
         self.work.publish_file(self.out / "manifest.json")
         if any(cfg.source_field is not None for cfg in self.job.inputs):
             _warn_unseen_sources(self.job.stages, sorted(manifest["by_source"]))
+        one = [
+            s for s in manifest["shards"] if s["format"] == manifest["shards"][0]["format"]
+        ]  # each format holds them all
+        rows = {split: sum(s["rows"] for s in one if s["split"] == split) for split in SPLITS}
+        if rows["val"] and not rows["train"]:  # a split holding out every source whole (val_fraction_by_source = 1)
+            log.warning(
+                "every row written is held out (%d val rows, no train rows): nothing here can be trained on; lower "
+                "the split stage's val fractions or rows",
+                rows["val"],
+            )
         if self.work.remote:  # the card reads the first Parquet shard's schema, and keeps a README of the user's
             self.work.fetch(self.out / CARD, missing_ok=True)
             first = next((s["path"] for s in manifest["shards"] if s["format"] == "parquet"), None)

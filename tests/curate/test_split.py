@@ -97,3 +97,18 @@ def test_a_val_fraction_of_one_that_leaves_no_training_rows_is_refused():
     with pytest.raises(ConfigError, match=r"split.val_fraction = 1.0 holds out every row.*val_fraction_by_source"):
         SplitConfig(val_fraction=1.0)
     SplitConfig(val_fraction=1.0, val_fraction_by_source={"web": 0.01})  # every source but one held out: meant
+
+
+def test_a_job_whose_every_row_is_held_out_says_it_has_nothing_to_train_on(tmp_path, write_job, caplog):
+    """val_fraction_by_source = 1.0 for every source (val_fraction = 1.0 alone is refused) wrote no train row."""
+    from winnow.curate.pipeline import run_job
+    from winnow.pipelines.jobfile import load_job
+
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"id": "d{i}", "text": "words {i}"}}\n' for i in range(20)))
+    body = (
+        f'[[inputs]]\nsource = "a"\npath = "{tmp_path / "a.jsonl"}"\n\n'
+        '[[stages]]\nkind = "split"\nval_fraction_by_source = {a = 1.0}\n'
+    )
+    with caplog.at_level("WARNING", logger="winnow.curate.pipeline"):
+        run_job(load_job(write_job(body)), progress=False)
+    assert "every row written is held out (20 val rows, no train rows)" in caplog.text
