@@ -114,6 +114,10 @@ def test_filter_expr_errors_name_the_problem(tmp_path, write_job):
     job = load_job(write_job(JOB.format(path=tmp_path / "in.jsonl") + stage.format(where="tokens + 1")))
     with pytest.raises(StageError, match="not true/false"):
         run_job(job, progress=False)
+    for where in ("dump > 9.0", "9.0 < dump", "dump > 9"):  # as text, '10' < '9.0': the wrong rows kept, silently
+        job = load_job(write_job(JOB.format(path=tmp_path / "in.jsonl") + stage.format(where=where)))
+        with pytest.raises(StageError, match=r"compares the text column\(s\) \['dump'\] with a number"):
+            run_job(job, progress=False, overwrite=True)
 
 
 PLUGIN = '''

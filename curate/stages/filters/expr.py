@@ -34,6 +34,22 @@ _ACROSS_ROWS = re.compile(
 )
 
 
+_NUMBER = r"-?[\d.]+(?:e[-+]?\d+)?"
+#: A column compared with a number through polars' SQL comparisons (``n > 9.0``: ``col("n").sql_gt([9.0])``, or
+#: ``9.0 < n``), which compare a text column as text.
+_SQL_COMPARED = re.compile(
+    rf'col\("((?:[^"\\]|\\.)*)"\)\.sql_\w+\(\[{_NUMBER}\]\)|{_NUMBER}\.sql_\w+\(\[col\("((?:[^"\\]|\\.)*)"\)\]\)'
+)
+_TYPED_COMPARED = re.compile(r'\(col\("((?:[^"\\]|\\.)*)"\)\) [<>=!]=? \(dyn (?:int|float): ')
+
+
+def _compared_with_numbers(expr: pl.Expr) -> list[str]:
+    """The columns ``expr`` compares with a number literal."""
+    shown = str(expr)
+    found = [a or b for a, b in _SQL_COMPARED.findall(shown)] + _TYPED_COMPARED.findall(shown)
+    return sorted(set(found))
+
+
 @dataclass(kw_only=True, slots=True)
 class ExprConfig(StageConfig):
     """``where``: a polars SQL predicate over the batch's columns; ``name``: the reason's suffix."""
@@ -75,6 +91,13 @@ class ExprFilter(Stage):
         self.predicate = pl.sql_expr(config.where)
 
     def apply(self, batch: pl.DataFrame) -> StageOutput:
+        text = [c for c in _compared_with_numbers(self.predicate) if batch.schema.get(c) == pl.String]
+        if text:  # polars compares them as text: '10' < '9.0', 'abc' > '9.0'
+            raise StageError(
+                f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} compares the text column(s) "
+                f"{text} with a number, which polars would do as text ('10' < '9.0'); type the field as a number "
+                f'([[inputs]] keep_fields = {{{text[0]} = "float64"}}), or write CAST({text[0]} AS DOUBLE)'
+            )
         try:
             keep = batch.select(self.predicate.alias("keep")).to_series()
         except ColumnNotFoundError as err:
