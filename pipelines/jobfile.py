@@ -268,6 +268,11 @@ def check_source_names(inputs: list[InputConfig], stages: list[StageSpec], name:
     run time: then an unknown name is a warning, not an error.
     """
     for i, spec in enumerate(stages):
+        if getattr(spec.config, "sources", None) == []:
+            raise ConfigError(
+                f"{name} [[stages]] #{i + 1} ({spec.kind}) key 'sources' = [] scopes the stage to no source, so it "
+                "would do nothing; leave sources out to run it on every source"
+            )
         for key in type(spec.config).SOURCE_KEYS:
             check_sources(
                 getattr(spec.config, key, None), inputs, f"{name} [[stages]] #{i + 1} ({spec.kind}) key {key!r}"

@@ -77,6 +77,11 @@ class MixConfig(StageConfig):
             self.scheme = "explicit" if self.weights else "temperature"
         if self.scheme not in SCHEMES:
             raise ConfigError(f"mix.scheme = {self.scheme!r} is invalid; allowed: one of {list(SCHEMES)}")
+        if self.scheme != "explicit" and self.weights:
+            raise ConfigError(
+                f"mix.weights are read by scheme = 'explicit' only, and scheme = {self.scheme!r} sets the shares "
+                "itself; leave weights out, or set scheme = 'explicit'"
+            )
         for name, w in self.weights.items():
             if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
                 raise ConfigError(f"mix.weights.{name} = {w!r} is invalid; allowed: a finite number >= 0")

@@ -291,3 +291,12 @@ def test_a_score_column_is_refused_with_random_selection_and_must_hold_numbers(t
     df = rows({"a": 50}).with_columns(pl.lit("en").alias("lang"))
     with pytest.raises(StageError, match="ranks rows by score_column 'lang', which holds String values"):
         plan(df, tmp_path, select="top", score_column="lang", weights={"a": 1}, total_tokens=100)
+
+
+def test_weights_with_a_scheme_that_sets_the_shares_itself_are_refused():
+    """scheme = 'temperature' or 'unimax' ignored the weights given beside it, without a word."""
+    for scheme in ("temperature", "unimax"):
+        with pytest.raises(
+            ConfigError, match=rf"mix.weights are read by scheme = 'explicit' only, and scheme = '{scheme}'"
+        ):
+            MixConfig(scheme=scheme, weights={"a": 1.0})

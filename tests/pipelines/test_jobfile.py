@@ -200,3 +200,10 @@ def test_two_stages_writing_one_column_on_the_same_rows_are_refused(tmp_path):
     path.write_text(two.replace('kind = "score.heuristic"\n', 'kind = "score.heuristic"\nsources = ["a"]\n', 1)
                     + 'sources = ["b"]\n')  # fmt: skip
     load_job(path)
+
+
+def test_sources_empty_is_refused_as_a_stage_that_would_do_nothing(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text(BASE + _stages("filter.length") + "sources = []\n")
+    with pytest.raises(ConfigError, match=r"#1 \(filter\.length\) key 'sources' = \[\] scopes the stage to no source"):
+        load_job(path)
