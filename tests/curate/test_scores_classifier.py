@@ -84,3 +84,9 @@ def test_config_requires_positive_source():
 
     with pytest.raises(ConfigError, match=r"target_source = 'b' is not among the stage's sources"):
         DsirScoreConfig(target_source="b", sources=["a"])
+
+
+def test_a_training_that_diverges_is_an_error_naming_the_learning_rate(tmp_path, pool):
+    """learning_rate = 1e300 wrote NaN for every row's quality, and min_quality then kept them all (NaN < x is false)."""
+    with pytest.raises(StageError, match=r"training diverged .* at learning_rate = 1e\+300; lower it"):
+        run(tmp_path, pool, learning_rate=1e300, min_quality=0.5)

@@ -144,6 +144,11 @@ class ClassifierScore(Barrier):
             oof[held] = model.predict(*take_rows(indptr, feats, held))
             fold_auc.append(roc_auc(y[held], oof[held]))
         self._model = LinearModel.fit(indptr, feats, y, **fit)
+        if not (np.isfinite(self._model.weights).all() and np.isfinite(self._model.bias)):
+            raise StageError(  # every probability would be NaN, and no row below min_quality
+                f"{self.ctx.stage_id}: the classifier's training diverged (weights not finite) at learning_rate = "
+                f"{cfg.learning_rate!r}; lower it (the default is 0.2)"
+            )
         meta = {"buckets": cfg.buckets, "max_tokens": cfg.max_tokens, "positive_source": cfg.positive_source}
         path = self.ctx.plan_dir / MODEL_FILE
         save_model(path, {"weights": self._model.weights, "bias": np.array([self._model.bias])}, meta)
