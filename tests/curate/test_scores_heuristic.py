@@ -150,3 +150,13 @@ def test_a_row_field_named_like_a_metric_is_left_alone(tmp_path):
     out = stage(tmp_path).apply(batch)
     assert out.kept["_m_words"].to_list() == ["kept", "as is"]
     assert out.kept["quality"].to_list() == stage(tmp_path).apply(rows(PROSE, MASH)).kept["quality"].to_list()
+
+
+def test_weights_whose_sum_overflows_are_refused():
+    """Weights are relative: 1e308 each summed to inf, and every row's score became 0 (all rejected by a minimum)."""
+    from winnow.curate.stages.scores.difficulty import DifficultyScoreConfig
+
+    with pytest.raises(ConfigError, match="score.heuristic.weights = .* positive, finite sum"):
+        HeuristicScoreConfig(weights={"length": 1e308, "alpha": 1e308})
+    with pytest.raises(ConfigError, match="score.difficulty.weights = .* positive, finite sum"):
+        DifficultyScoreConfig(weights={"length": 1e308, "rare_words": 1e308})

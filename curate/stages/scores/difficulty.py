@@ -21,6 +21,7 @@ for the CDFs) and saves the model to ``artifacts/<stage>/difficulty.npz``.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 from dataclasses import dataclass, field
 
@@ -68,9 +69,9 @@ class DifficultyScoreConfig(StageConfig):
         unknown = sorted(set(self.weights) - set(MEASURES))
         if unknown:
             raise ConfigError(f"weights: unknown measure(s) {unknown}; allowed: {list(MEASURES)}")
-        if any(not v >= 0 for v in self.weights.values()) or sum(self.weights.values()) <= 0:
+        if any(not v >= 0 for v in self.weights.values()) or not 0 < sum(self.weights.values()) < math.inf:
             raise ConfigError(
-                f"score.difficulty.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum"
+                f"score.difficulty.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive, finite sum (they are relative)"
             )
         check_positive_int("buckets", self.buckets, low=2)
         check_positive_int("max_tokens", self.max_tokens)

@@ -25,6 +25,7 @@ document scores 0.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,9 +57,9 @@ class HeuristicScoreConfig(StageConfig):
         if unknown:
             raise ConfigError(f"weights: unknown component(s) {unknown}; allowed: {list(COMPONENTS)}")
         bad = {k: v for k, v in self.weights.items() if not v >= 0}
-        if bad or sum(self.weights.values()) <= 0:
+        if bad or not 0 < sum(self.weights.values()) < math.inf:  # relative: 1e308 each would overflow the sum
             raise ConfigError(
-                f"score.heuristic.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive sum"
+                f"score.heuristic.weights = {self.weights!r} is invalid; allowed: >= 0 with a positive, finite sum (they are relative)"
             )
         if self.min_quality is not None and not 0.0 <= self.min_quality <= 1.0:
             raise ConfigError(
