@@ -284,7 +284,7 @@ def test_barriers_no_row_reaches_are_not_planned_and_nothing_is_lost(tmp_path, w
         '[[stages]]\nkind = "filter.length"\nmin_words = 5\nsources = ["a"]\n'
         '[[stages]]\nkind = "score.difficulty"\nsources = ["a"]\n'
         '[[stages]]\nkind = "filter.length"\nmin_words = 1000\n'
-        '[[stages]]\nkind = "score.difficulty"\n[[stages]]\nkind = "dedup.minhash"\n'
+        '[[stages]]\nkind = "score.difficulty"\ncolumn = "difficulty_all"\n[[stages]]\nkind = "dedup.minhash"\n'
     )
     job = load_job(write_job(body))
     manifest = run_job(job, progress=False)
