@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.curate.test_readers import _tar as _member_tar
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
 from winnow.curate.pipeline import run_job
@@ -244,16 +245,8 @@ def test_a_tar_member_name_given_twice_keeps_the_first_copy_and_rejects_the_seco
     assert json.loads(rejects["meta"][0])["member"] == "k.txt"
 
 
-def _write_tar(path, members) -> None:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-
-
 def test_a_samples_other_members_go_to_meta_and_one_without_text_keeps_every_member(tmp_path):
-    _write_tar(tmp_path / "a.tar", [
+    _member_tar(tmp_path / "a.tar", [
         ("s0.txt", b"zero"), ("s0.url", b"http://x/0"), ("s0.cls", b"\xff\x01"), ("s0.json", b'{"lang": "en", "url": "y"}'),
         ("s1.TXT", b"one, under another extension"), ("s1.json", b'{"id": "one"}'),
     ])  # fmt: skip
@@ -273,10 +266,10 @@ def test_a_samples_other_members_go_to_meta_and_one_without_text_keeps_every_mem
 def test_a_tar_whose_samples_members_are_not_consecutive_is_refused_naming_the_sample(tmp_path):
     """`tar cf` of a folder stores members in the file system's order: a sample's .json before another sample's
     members and its .txt after them would be read as two samples (one without its id and meta)."""
-    _write_tar(tmp_path / "a.tar", [("d3.json", b'{"id": "three"}'), ("d9.txt", b"nine"), ("d3.txt", b"three")])
+    _member_tar(tmp_path / "a.tar", [("d3.json", b'{"id": "three"}'), ("d9.txt", b"nine"), ("d3.txt", b"three")])
     with pytest.raises(InputError, match=r"a.tar: member 'd3.txt' \(byte 2048\) belongs to sample 'd3'.*--sort=name"):
         read_all(InputConfig(source="s", path=str(tmp_path / "a.tar"), format="webdataset"))
-    _write_tar(tmp_path / "b.tar", [("d3.txt", b"three"), ("d9.txt", b"nine"), ("d3.txt", b"three again")])
+    _member_tar(tmp_path / "b.tar", [("d3.txt", b"three"), ("d9.txt", b"nine"), ("d3.txt", b"three again")])
     kept, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "b.tar"), format="webdataset"))
     assert kept["text"].to_list() == ["three", "nine", "three again"]  # a copy of a sample (`cat a.tar a.tar`) is read
 
