@@ -32,7 +32,7 @@ import polars as pl
 
 from winnow.curate.atomic import write_json_atomic, write_text_atomic
 from winnow.curate.card import CARD, remove_card, write_card
-from winnow.curate.config import Job
+from winnow.curate.config import Job, StageSpec
 from winnow.curate.crashpoints import CRASH_ENV
 from winnow.curate.errors import ConfigError, OutputError, StageError, disk_full, no_space
 from winnow.curate.executors import Executor, release_memory
@@ -308,16 +308,7 @@ class Runner:
         self.work.publish_file(self.out / "manifest.json")
         if any(cfg.source_field is not None for cfg in self.job.inputs):
             _warn_unseen_sources(self.job.stages, sorted(manifest["by_source"]))
-        one = [
-            s for s in manifest["shards"] if s["format"] == manifest["shards"][0]["format"]
-        ]  # each format holds them all
-        rows = {split: sum(s["rows"] for s in one if s["split"] == split) for split in SPLITS}
-        if rows["val"] and not rows["train"]:  # a split holding out every source whole (val_fraction_by_source = 1)
-            log.warning(
-                "every row written is held out (%d val rows, no train rows): nothing here can be trained on; lower "
-                "the split stage's val fractions or rows",
-                rows["val"],
-            )
+        _warn_all_held_out(manifest["shards"])
         if self.work.remote:  # the card reads the first Parquet shard's schema, and keeps a README of the user's
             self.work.fetch(self.out / CARD, missing_ok=True)
             first = next((s["path"] for s in manifest["shards"] if s["format"] == "parquet"), None)
@@ -664,7 +655,19 @@ def _output_files_matched(pattern: str, output: str) -> str | None:
     return next((f for f in _OUTPUT_SAMPLES if glob_matches(pattern, f"{output.rstrip('/')}/{f}")), None)
 
 
-def _warn_unseen_sources(stages: list, seen: list[str]) -> None:
+def _warn_all_held_out(shards: list[dict[str, Any]]) -> None:
+    """Say so when every row written is held out (a split holding out each source whole): nothing to train on."""
+    first = shards[0]["format"] if shards else None  # each format holds every row: count one
+    rows = {split: sum(s["rows"] for s in shards if s["format"] == first and s["split"] == split) for split in SPLITS}
+    if rows["val"] and not rows["train"]:
+        log.warning(
+            "every row written is held out (%d val rows, no train rows): nothing here can be trained on; lower the "
+            "split stage's val fractions or rows",
+            rows["val"],
+        )
+
+
+def _warn_unseen_sources(stages: list[StageSpec], seen: list[str]) -> None:
     """Where sources come from a column (``source_field``), a stage key naming a source no row had (``Web`` read,
     ``web`` written) was checked only as a possibility before the run: say which, now that the sources are known."""
     for i, spec in enumerate(stages):
