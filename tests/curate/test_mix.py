@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +277,8 @@ def test_a_low_temperature_or_weights_near_the_float_maximum_give_shares_not_an_
     assert np.allclose(cold, [1.0, 0.25**100, 0.0], rtol=1e-9, atol=0)  # (1/4)^100: the largest takes it all
     warm = requested_weights(["a", "b", "c"], available, scheme="temperature", weights={}, temperature=2.0)
     assert np.allclose(warm, [2 / 3, 1 / 3, 0.0])
+    flat = requested_weights(["a", "b", "c"], available, scheme="temperature", weights={}, temperature=math.inf)
+    assert flat.tolist() == [0.5, 0.5, 0.0]  # a source without data stays out
     huge = requested_weights(
         ["a", "b", "c"], available, scheme="explicit", weights=dict.fromkeys("abc", 1e308), temperature=1
     )

@@ -44,9 +44,10 @@ def requested_weights(
         if missing:
             log.warning("mix: sources %s have no weight in `weights` and are left out of the mixture", missing)
     elif scheme == "temperature":  # in logs: n^(1/T) overflows for a small T (1e9 tokens at T = 0.03)
-        with np.errstate(divide="ignore"):
-            logs = np.log(np.asarray(available, dtype=np.float64)) / temperature
-        w = np.exp(logs - logs.max()) if np.isfinite(logs).any() else np.zeros(len(names))
+        have = np.asarray(available, dtype=np.float64) > 0
+        logs = np.full(len(names), -np.inf)
+        logs[have] = np.log(np.asarray(available, dtype=np.float64)[have]) / temperature  # T = inf: all 0, equal
+        w = np.exp(logs - logs[have].max()) if have.any() else np.zeros(len(names))
     else:
         raise ConfigError(f"scheme {scheme!r} has no requested weights; allowed: 'explicit', 'temperature'")
     w = np.where(available > 0, w, 0.0)
