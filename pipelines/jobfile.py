@@ -231,7 +231,29 @@ def job_from_dict(
     check_order_columns(input_cfgs, stages, name)
     check_stage_order(stages, name)
     out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
+    check_mix_budget(stages, out, name)
     return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
+
+
+def check_mix_budget(stages: list[StageSpec], out: OutputConfig, name: str) -> None:
+    """Warn when a ``mix`` budget (``total_tokens``) is counted in other tokens than the token shards hold: the mix
+    estimates tokens as text bytes / ``bytes_per_token`` unless given a ``tokenizer``."""
+    if "tokens" not in out.formats:
+        return
+    for i, spec in enumerate(stages):
+        cfg = spec.config
+        if spec.kind != "mix" or cfg.total_tokens is None or cfg.tokenizer is not None:
+            continue
+        byte = out.tokens.tokenizer == "byte"
+        if byte and cfg.bytes_per_token == 1:
+            continue
+        fix = "bytes_per_token = 1" if byte else f"tokenizer = {out.tokens.tokenizer!r}"
+        log.warning(
+            "%s [[stages]] #%d (mix): total_tokens = %d counts tokens as text bytes / %g (bytes_per_token), while the "
+            "token shards use the %s tokenizer: the shards will hold another number of tokens; set %s in the mix "
+            "to budget in the shards' tokens",
+            name, i + 1, cfg.total_tokens, cfg.bytes_per_token, "byte-level" if byte else "given", fix,
+        )  # fmt: skip
 
 
 #: The top level of a job file: which names are one table (``[job]``) and which an array of tables (``[[stages]]``).

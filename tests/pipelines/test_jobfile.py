@@ -207,3 +207,15 @@ def test_sources_empty_is_refused_as_a_stage_that_would_do_nothing(tmp_path):
     path.write_text(BASE + _stages("filter.length") + "sources = []\n")
     with pytest.raises(ConfigError, match=r"#1 \(filter\.length\) key 'sources' = \[\] scopes the stage to no source"):
         load_job(path)
+
+
+def test_a_mix_budget_in_other_tokens_than_the_token_shards_is_warned(tmp_path, caplog):
+    """total_tokens counted as bytes / 4 while [output.tokens] wrote byte tokens: the shards held ~4x the budget."""
+    path = tmp_path / "t.toml"
+    tokens = '[output]\nformats = ["parquet", "tokens"]\n'
+    for mix, warned in (("total_tokens = 1000\n", True), ("total_tokens = 1000\nbytes_per_token = 1\n", False)):
+        path.write_text(BASE + _stages("mix") + mix + tokens)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="winnow.pipelines.jobfile"):
+            load_job(path)
+        assert ("set bytes_per_token = 1 in the mix to budget in the shards' tokens" in caplog.text) is warned
