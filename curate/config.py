@@ -180,6 +180,11 @@ class TokensConfig:
     def __post_init__(self) -> None:
         if not self.tokenizer:
             raise ConfigError("output.tokens.tokenizer must be 'byte' or the path of a tokenizer.json, got ''")
+        if self.eos_token == "":
+            raise ConfigError(
+                "output.tokens.eos_token = '' names no token; give the tokenizer's end-of-document token, or leave "
+                "it out to use the first of the usual ones its vocabulary holds"
+            )
         from winnow.curate.writers.tokens import (
             shard_tokenizer,  # loads it once: a bad file fails here, not in a worker
         )

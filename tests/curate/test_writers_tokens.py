@@ -166,6 +166,8 @@ def test_missing_eos_token_is_a_config_error_naming_the_key(tmp_path):
     gpt2_style_tokenizer(tmp_path / "tokenizer.json", ["some text here"])
     with pytest.raises(ConfigError, match="eos_token"):
         ShardTokenizer(str(tmp_path / "tokenizer.json"), eos_token="</s>")
+    with pytest.raises(ConfigError, match="output.tokens.eos_token = '' names no token"):
+        TokensConfig(tokenizer=str(tmp_path / "tokenizer.json"), eos_token="")  # it said "none of the usual tokens"
 
 
 def test_a_tokenizer_that_cannot_encode_unseen_text_is_a_config_error_before_any_shard(tmp_path):
