@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,11 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
     _fsync_dir(path.parent)
     crash_point(path.name, "after")
+
+
+def atomic_leftover(name: str, finals: tuple[str, ...]) -> bool:
+    """Whether ``name`` is the temporary file a killed ``write_bytes_atomic`` of one of ``finals`` left."""
+    return any(re.fullmatch(rf"\.{re.escape(final[:200])}\.[0-9a-f]{{12}}\.tmp", name) for final in finals)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

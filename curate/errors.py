@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 
 
 class WinnowError(Exception):
@@ -45,17 +46,21 @@ _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _FULL_TEXTS = ("no space left on device", "disk quota exceeded", "os error 28)", "os error 122)")
 
 
-def disk_full(err: BaseException | None) -> bool:
-    """Whether ``err``, or an error it was raised from or during, says the device or the quota is full."""
+def error_chain(err: BaseException | None) -> Iterator[BaseException]:
+    """``err``, then the error it was raised from or during, and so on (each once)."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in _FULL_ERRNOS:
-            return True
-        if any(text in str(err).lower() for text in _FULL_TEXTS):
-            return True
+        yield err
         err = err.__cause__ or err.__context__
-    return False
+
+
+def disk_full(err: BaseException | None) -> bool:
+    """Whether ``err``, or an error it was raised from or during, says the device or the quota is full."""
+    return any(
+        isinstance(e, OSError) and e.errno in _FULL_ERRNOS or any(text in str(e).lower() for text in _FULL_TEXTS)
+        for e in error_chain(err)
+    )
 
 
 def no_space(folder: str | os.PathLike, err: BaseException, *, then: str) -> DiskFullError:
@@ -80,11 +85,8 @@ def no_space(folder: str | os.PathLike, err: BaseException, *, then: str) -> Dis
 
 def _free_inodes(folder: str) -> int | None:
     """How few inodes the device holding ``folder`` has left: a number when they ran out (< 16), else None."""
-    probe = os.path.abspath(folder)
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
     try:
-        st = os.statvfs(probe)
+        st = os.statvfs(_nearest_existing(folder))
     except OSError:
         return None
     return st.f_favail if st.f_files and st.f_favail < 16 else None
@@ -93,10 +95,14 @@ def _free_inodes(folder: str) -> int | None:
 def disk_usage(folder: str | os.PathLike) -> shutil._ntuple_diskusage:
     """``shutil.disk_usage`` of the device that holds (or will hold) the local ``folder``: its nearest existing
     ancestor's."""
+    return shutil.disk_usage(_nearest_existing(folder))
+
+
+def _nearest_existing(folder: str | os.PathLike) -> str:
     probe = os.path.abspath(folder)
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
-    return shutil.disk_usage(probe)
+    return probe
 
 
 def _mib(n: int) -> str:

@@ -182,8 +182,8 @@ def changed_local_inputs(prints: list[list[dict[str, Any]]]) -> list[str]:
 
 
 def _folder_bytes(path: str) -> int:
-    """The bytes of the files under a local folder (``fsspec``'s ``du``, as ``readers.files`` sizes one)."""
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+    """The bytes of the files under a local folder, as ``readers.files`` sizes one (``fsspec``'s ``du``)."""
+    return sum(fsspec.filesystem("file").du(path, total=False).values())
 
 
 def _describe(before: list[dict] | None, now: list[dict] | None) -> str:

@@ -318,7 +318,7 @@ class Runner:
             self.work.publish_file(self.out / CARD)
         if not self.job.job.keep_work:
             self.work.remove(self.work.root)
-        self.work.sweep_tmp()
+        self.work.sweep_tmp(finals=("manifest.json", CARD))
         return manifest
 
     # -- set-up ---------------------------------------------------------------------------

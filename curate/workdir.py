@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from winnow.curate.atomic import write_text_atomic
+from winnow.curate.atomic import atomic_leftover, write_text_atomic
 from winnow.curate.crashpoints import crash_point
 from winnow.curate.errors import ConfigError, OutputError
 from winnow.curate.names import path_name
@@ -69,7 +69,6 @@ SPILL = ("rows.parquet", "keys.parquet", "ids.parquet")  # what a later phase re
 PREFIX = "prefix"  # in a phase's or plan's folder: the key of the job prefix its outputs depend on (curate.reuse)
 REUSED = "reused.json"  # in a task's or plan's folder adopted from another job's work (curate.reuse)
 WORK = "_work"
-_ATOMIC_TMP = re.compile(r"\.(manifest\.json|README\.md)\.[0-9a-f]{12}\.tmp")  # curate.atomic's temporary names
 
 
 def task_name(task: int) -> str:
@@ -461,13 +460,13 @@ class WorkDir:
                 if self._call(fs.exists, url):
                     self._call(fs.rm, url, recursive=True)
 
-    def sweep_tmp(self) -> int:
+    def sweep_tmp(self, finals: tuple[str, ...] = ()) -> int:
         """Delete the temporary keys killed uploads left under the output prefix (after a job ends); returns how many.
 
-        Locally, the temporary files a killed run's atomic writes (``curate.atomic``) left in the output folder
-        itself (``.manifest.json.<12 hex>.tmp``): its own folders are cleared or resumed by the runner."""
+        Locally, the temporary files killed atomic writes (``curate.atomic``) of the output folder's own ``finals``
+        (``manifest.json``...) left there: its own folders are cleared or resumed by the runner."""
         if not self.remote:
-            stale = [p for p in self.out.iterdir() if _ATOMIC_TMP.fullmatch(p.name) and p.is_file()]
+            stale = [p for p in self.out.iterdir() if atomic_leftover(p.name, finals) and p.is_file()]
             for path in stale:
                 path.unlink(missing_ok=True)
             return len(stale)

@@ -242,25 +242,24 @@ def _run(args: argparse.Namespace) -> int:
 def _process_limit(err: BaseException | None) -> str | None:
     """What to do when ``err`` (or an error it came from) is a limit of this process the system enforced: open
     files (``ulimit -n``), or threads and processes (``ulimit -u``, a container's pids limit); else None."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        text = str(err).lower()
-        if isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE) or "too many open files" in text:
+    from winnow.curate.errors import error_chain
+
+    for e in error_chain(err):
+        text = str(e).lower()
+        if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE) or "too many open files" in text:
             import resource
 
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             return (
-                f"too many open files ({err}): this process may hold {soft} (`ulimit -n`); raise the limit "
+                f"too many open files ({e}): this process may hold {soft} (`ulimit -n`); raise the limit "
                 "(ulimit -n 65536) or lower [job] workers, then run the same command again"
             )
         if "failed to launch worker thread" in text or "can't start new thread" in text:
             return (
-                f"the system refused a new thread ({err}): a limit on threads or processes (`ulimit -u`, a "
+                f"the system refused a new thread ({e}): a limit on threads or processes (`ulimit -u`, a "
                 "container's pids limit) or on virtual memory (`ulimit -v`); raise it or lower [job] workers, then "
                 "run the same command again"
             )
-        err = err.__cause__ or err.__context__
     return None
 
 

@@ -12,7 +12,7 @@ from winnow.curate.progress import PhaseProgress
 from winnow.curate.workdir import local_output
 from winnow.train.data.shards import ShardSet, open_shards, read_shard
 from winnow.train.errors import ConfigError, ShardError
-from winnow.train.paths import JSON_BYTES, read_capped
+from winnow.train.paths import JSON_BYTES, read_capped, replace_leftover
 from winnow.train.tokenizer import BPE_FILE, META_FILE, train_bpe
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ def _check_output(out: Path) -> None:
         )
     ours = {BPE_FILE, META_FILE}
     found = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    # a save killed before its renames left its temporary files (train.tokenizer._replace's names): removed
-    leftovers = [name for name in found if _left_by_save(name, ours)]
+    # a save killed before its renames left its temporary files: removed
+    leftovers = [name for name in found if replace_leftover(name, ours)]
     entries = [name for name in found if name not in leftovers]
     if not ours & set(entries):
         _remove(out, leftovers)
@@ -76,10 +76,6 @@ def _check_output(out: Path) -> None:
         f"--output {out} already holds {' and '.join(sorted(ours & set(entries)))}, not of a tokenizer this command "
         "trained alone (a run folder, or another tool's tokenizer): winnow does not replace them; give a new folder"
     )
-
-
-def _left_by_save(name: str, ours: set[str]) -> bool:
-    return any(name.startswith(f".{own}.tmp-") and name.rsplit("-", 1)[-1].isdigit() for own in ours)
 
 
 def _remove(folder: Path, names: list[str]) -> None:

@@ -7,7 +7,8 @@ meta lists, and one of those may be hostile or damaged (``../../x``, ``/etc/pass
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import os
+from pathlib import Path, PurePosixPath
 
 
 def inside(rel: object) -> bool:
@@ -45,3 +46,31 @@ def read_capped(fs, path: str, *, limit: int, what: str, error: type[Exception])
     if len(data) > limit:
         raise error(f"{what} {path} holds more than winnow's cap of {limit} bytes for it; is it the right file?")
     return data
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole under a temporary name beside it (fsync'd), then rename it over the old file.
+
+    A kill leaves the old file and at most a ``.<name>.tmp-<pid>`` (``replace_leftover``); a write that fails
+    (a full disk) names ``path``. (``curate.atomic`` does the same for curation; ``train`` does not import it.)
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is None:  # a write that failed (a full disk) names no file: this one
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def replace_leftover(name: str, finals: set[str]) -> bool:
+    """Whether ``name`` is the temporary file a killed ``replace_file`` of one of ``finals`` left."""
+    return any(name.startswith(f".{final}.tmp-") and name.rsplit("-", 1)[-1].isdigit() for final in finals)

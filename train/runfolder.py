@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from winnow.train.errors import ConfigError
+from winnow.train.paths import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,7 @@ def truncate_jsonl(path: Path, step: int) -> int:
             else:
                 kept.append(line if line.endswith("\n") else line + "\n")
     if dropped:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.writelines(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_file(path, "".join(kept).encode())
     return dropped
 
 

@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import json
 import logging
-import os
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable
@@ -24,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from winnow.train.errors import ConfigError
-from winnow.train.paths import JSON_BYTES, read_capped
+from winnow.train.paths import JSON_BYTES, read_capped, replace_file
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ class Tokenizer(ABC):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for name, data in self._files().items():
-            _replace(folder / name, data)
+            replace_file(folder / name, data)
         return folder
 
     def _files(self) -> dict[str, bytes]:
@@ -427,28 +426,6 @@ def _json_bytes(meta: dict) -> bytes:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write ``path`` whole under a temporary name beside it (fsync'd), then rename it over the old file.
-
-    (``curate.atomic`` does the same for curation; ``train`` does not import ``curate``.)
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        if err.filename is None:  # a write that failed (a full disk) names no file: this one
-            raise OSError(err.errno, err.strerror, str(path)) from err
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _meta(path: Path, where: str) -> dict:

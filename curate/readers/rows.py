@@ -554,15 +554,16 @@ def _nonfinite_kept(out: pl.DataFrame, df: pl.DataFrame, floats: list[str], blan
     if not odd.any():
         return out
     words = {math.inf: "Infinity", -math.inf: "-Infinity"}
-    metas = out["meta"].to_list()
-    for i in odd.arg_true().to_list():
-        record = json.loads(metas[i])
+    rows = odd.arg_true()
+    metas = []
+    for i, meta in zip(rows.to_list(), out["meta"].gather(rows).to_list(), strict=True):  # those rows alone
+        record = json.loads(meta)
         for c in floats:
             value = df[c][i]
             if value is not None and not math.isfinite(value):
                 record[blank.get(c, c)] = "NaN" if math.isnan(value) else words[value]
-        metas[i] = dumps_exact(record)
-    return out.with_columns(pl.Series("meta", metas, pl.String))
+        metas.append(dumps_exact(record))
+    return out.with_columns(out["meta"].scatter(rows, metas))
 
 
 def polars_ready(table: pa.Table) -> pa.Table:
