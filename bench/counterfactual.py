@@ -18,7 +18,9 @@ the baseline with four seeds (the counterfactual of two), each source left out a
 share times 0.5 and 1.5 with three seeds each: 40 runs, two at a time. It prints what
 ``ablation/correlation.json`` holds: on the cells whose measured change exceeds the seed noise, the
 signs the counterfactual gets right and the sizes it gets within a factor 2; the Spearman rank
-correlation over all cells; and whether the noise is well below the effects.
+correlation over all cells; and whether the noise is well below the effects. Then the same check of the
+counterfactual calibrated on the study (``ablation/calibrated.json``), each variant predicted by a fit
+without its own runs.
 """
 
 from __future__ import annotations
@@ -183,6 +185,11 @@ def report(study: Path) -> None:
     if c.get("measurement"):
         print(f"  {measurement_text(c['measurement'])}")
     print(f"  {c.get('note', '')}")
+    calibrated = study / "ablation" / "calibrated.json"
+    if calibrated.is_file():  # the same check of the counterfactual calibrated on the study, variant by variant
+        from winnow.pipelines.ablate.calibrate import check_text
+
+        print(check_text(json.loads(calibrated.read_text())))
 
 
 def main(argv: list[str] | None = None) -> int:

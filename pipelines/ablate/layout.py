@@ -19,6 +19,7 @@
         table.csv, table.md       held-out loss per run and source, delta_<source> = run - baseline
         attribution_vs_ablation.csv / .png   predicted vs measured delta per (variant, source)
         correlation.json          Spearman, sign agreement above the seed noise, noise vs effect sizes
+        calibrated.json           the counterfactual calibrated on the study, and its leave-one-variant-out check
         mixes.json                random_mixes: the regression, its fit quality and the proposed mix
         adaptive.json             adaptive = "doremi": the adaptive run's mix and loss beside the baseline's
       heatmap.png                 variants x sources of the measured deltas
@@ -122,6 +123,10 @@ class StudyLayout:
         return self.tables / "correlation.json"
 
     @property
+    def calibrated_json(self) -> Path:
+        return self.tables / "calibrated.json"
+
+    @property
     def mixes_json(self) -> Path:
         return self.tables / "mixes.json"
 
@@ -167,6 +172,7 @@ class Study:
     summary: list[str] = field(default_factory=list)  # its sentences, one per variant
     correlation: dict | None = None
     cells: pl.DataFrame | None = None  # the counterfactual's prediction beside each measured cell
+    calibrated: dict | None = None  # the counterfactual calibrated on the study (calibrated.json)
     mixes: dict | None = None
     adaptive: dict | None = None
     images: list[Path] = field(default_factory=list)
@@ -255,6 +261,7 @@ def load_study(path: str | Path) -> Study | None:
         summary=(effects or {}).get("summary", []),
         correlation=optional_json(layout.correlation_json),
         cells=optional_csv(layout.cells_csv),
+        calibrated=optional_json(layout.calibrated_json),
         mixes=optional_json(layout.mixes_json),
         adaptive=optional_json(layout.adaptive_json),
         images=sorted(layout.tables.glob("*.png")),

@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from winnow.pipelines.ablate.calibrate import calibrate, check_text
 from winnow.pipelines.ablate.compare import Effect, effects
 from winnow.pipelines.ablate.correlation import (
     above_noise_text,
     compare_with_counterfactual,
     measurement_text,
     rho_text,
+    slope_of,
 )
 from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
 
@@ -145,10 +147,20 @@ def write_study(
         summary |= {"attribution_runs": len(attributions), "efficiency": efficiency(attributions)}
         cells = summary.pop("cells")
         summary["note"] = noise_note(summary)
+        slope, error, cf_sources, held_out, _ = slope_of(counterfactuals, interval)
+        calibrated = calibrate(cells, slope, error, cf_sources, held_out)
+        if calibrated is not None:
+            record, cells = calibrated
+            summary["calibrated"] = record["check"]
+            write_atomic(layout.calibrated_json, json.dumps(record, indent=1))
+        else:
+            layout.calibrated_json.unlink(missing_ok=True)
         cells.write_csv(layout.cells_csv)
         layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"]))
         write_atomic(layout.correlation_json, json.dumps(summary, indent=1))
         markdown += "\n\n" + agreement_text(summary)
+        if calibrated is not None:
+            markdown += "\n" + check_text(calibrated[0])
     elif any(r["kind"] in ("leave_one_out", "weights") for r in results):
         markdown += (
             "\n\nNo counterfactual of the baseline to set beside the measured deltas: its run recorded none "

@@ -30,11 +30,11 @@ def run_report(args: argparse.Namespace) -> int:
     folder = str(args.dir) if is_url(args.dir) else str(local_path(args.dir))  # a file: URL is its local folder
     located = locate(folder)  # read once: a run's unreadable lines are reported once
     path = write_report(folder, output=output, diagnose_cfg=cfg, located=located)
-    _, run, _ = located
-    if run is not None and run.counterfactual is not None:
-        from winnow.pipelines.report.counterfactual import text
+    _, run, study = located
+    if (run is not None and run.counterfactual is not None) or (study is not None and study.calibrated):
+        from winnow.pipelines.report.counterfactual import lead, text
 
-        print(text(run.counterfactual))
+        print(text(lead(run.counterfactual if run is not None else None, study)))
     if args.diagnose:
         print(
             format_findings(diagnose(run, cfg))

@@ -32,6 +32,7 @@ class Counterfactual:
     slope_se: np.ndarray | None = None
     measured: dict[tuple[str, float], dict[str, tuple[float, float]]] = field(default_factory=dict)
     # (source, factor) -> {held-out set: (measured change, its noise)}, from a study
+    calibrated: dict | None = None  # calibrated on a study (calibrated.json): its parameters and check
 
     def cell(self, factor: float, source: str, held_out: str) -> tuple[float, float]:
         i, j = self.sources.index(source), self.held_out.index(held_out)
@@ -67,7 +68,18 @@ def parse(record: dict) -> Counterfactual | None:
         horizon=value.get("horizon"),
         slope=_matrix(value.get("slope"), shape),
         slope_se=_matrix(value.get("slope_se"), shape),
+        calibrated=value if isinstance(value.get("check"), dict) else None,
     )
+
+
+def lead(run_cf: Counterfactual | None, study) -> Counterfactual | None:
+    """The counterfactual a page or terminal leads with: a study's calibrated one when it has one, else the run's;
+    either with the study's measurements beside its predictions."""
+    calibrated = parse({"counterfactual": study.calibrated}) if study is not None and study.calibrated else None
+    cf = calibrated or run_cf
+    if cf is not None and study is not None and study.cells is not None:
+        attach_measured(cf, study.cells)
+    return cf
 
 
 def _matrix(value, shape: tuple[int, int]) -> np.ndarray | None:
@@ -135,9 +147,14 @@ def sentences(cf: Counterfactual, *, factors: tuple[float, ...] = (0.0, 2.0)) ->
 def text(cf: Counterfactual) -> str:
     """The terminal's lead: the sentences per held-out set."""
     steps = f"steps {cf.steps[0]}-{cf.steps[1]}" if cf.steps else f"step {cf.step}"
+    basis = (
+        f"calibrated on the study's {cf.calibrated['variants']} variants"
+        if cf.calibrated
+        else f"counterfactual at {steps}"
+    )
     lines = [
-        f"What a change of the mix would do (counterfactual at {steps}; ± two standard errors; "
-        "predicted change of each held-out loss, nats):"
+        f"What a change of the mix would do ({basis}; ± two standard errors; predicted change of each held-out "
+        "loss, nats):"
     ]
     for held_out, said in sentences(cf):
         lines.append(f"  {'mean over the held-out sets' if held_out == 'mean' else held_out}:")

@@ -1,0 +1,144 @@
+"""The counterfactual calibrated on a study (pipelines/ablate/calibrate.py): the empirical-Bayes fit, its
+leave-one-variant-out check, and what the study's tables and report say with it."""
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from winnow.pipelines.ablate.calibrate import calibrate, cells_of, check_text, cross_validated, fit, response
+
+SOURCES = ["a", "b", "c", "d"]
+HELD = ["a", "b", "c", "d", "mean"]
+FACTORS = (0.0, 0.5, 1.5)
+
+
+def _frame(measured: dict, noise: float) -> pl.DataFrame:
+    """The cells of a study of every source left out and scaled x0.5 / x1.5, in ``compare_with_counterfactual``'s
+    shape; ``measured[(source, r)]``: the (B,) measured deltas."""
+    rows = []
+    for (source, r), values in measured.items():
+        name = f"without_{source}" if r == 0 else f"{source}_x{r:g}"
+        for held, value in zip(SOURCES, values):
+            rows.append(
+                {
+                    "variant": name,
+                    "kind": "leave_one_out" if r == 0 else "weights",
+                    "varied": source,
+                    "factor": r,
+                    "source": held,
+                    "seeds": 3,
+                    "measured": float(value),
+                    "predicted": 0.0,
+                    "interval": 0.0,
+                    "noise": noise,
+                    "above_noise": bool(abs(value) > noise),
+                }
+            )
+    return pl.DataFrame(rows)
+
+
+def _planted(p=0.5, kappa=0.5, offset=(0.02, -0.03, 0.0, 0.01), noise_sd=0.004, seed=0):
+    """A study whose effects follow the model: σ = κ · slope + a spread, a response of shape p, the baseline's
+    offset per held-out set, and Gaussian measurement noise; returns the frame, the run's slope and the truth."""
+    rng = np.random.default_rng(seed)
+    slope = rng.normal(0, 0.1, (4, 4)) - np.diag([0.3, 0.25, 0.2, 0.35])  # each source helps its own set most
+    sigma = kappa * slope + rng.normal(0, 0.01, (4, 4))
+    offset = np.asarray(offset)
+    measured = {
+        (s, r): response(r, p) * sigma[i] + offset + rng.normal(0, noise_sd, 4)
+        for i, s in enumerate(SOURCES)
+        for r in FACTORS
+    }
+    full = np.concatenate([slope, slope.mean(1, keepdims=True)], 1)
+    return _frame(measured, 2 * noise_sd), full, np.full_like(full, 0.005), sigma, offset
+
+
+def test_the_fit_recovers_a_planted_shape_scale_and_baseline_offset():
+    frame, slope, se, sigma, offset = _planted()
+    cells = cells_of(frame, SOURCES, SOURCES)
+    model = fit(cells, slope[:, :4], se[:, :4])
+    assert 0.35 <= model.p <= 0.7
+    assert model.kappa == pytest.approx(0.5, rel=0.2)
+    np.testing.assert_allclose(model.offset, offset, atol=0.006)
+    np.testing.assert_allclose(model.sigma, sigma, atol=0.02)
+
+
+def test_each_variant_is_predicted_without_its_own_runs():
+    """The check's prediction of a variant does not move when that variant's measurements do; another variant's
+    prediction does."""
+    frame, slope, se, *_ = _planted()
+    cells = cells_of(frame, SOURCES, SOURCES)
+    before = cross_validated(cells, slope[:, :4], se[:, :4])
+    moved = cells.measured.copy()
+    moved[cells.variant == "without_a"] += 0.5
+    after = cross_validated(
+        type(cells)(cells.source, cells.held, cells.factor, moved, cells.var, cells.variant), slope[:, :4], se[:, :4]
+    )
+    own = cells.variant == "without_a"
+    np.testing.assert_array_equal(after[own], before[own])
+    assert np.abs(after[~own] - before[~own]).max() > 1e-3
+
+
+def test_the_check_gets_planted_effects_right_where_the_run_alone_misses_their_size():
+    """The run's own slopes are twice the effects and its shape guess (q = 0.5 for p = 1) is off; calibrated, the
+    held-back variants' signs and sizes come out right."""
+    frame, slope, se, *_ = _planted(p=1.0, kappa=0.5)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD)
+    check = record["check"]
+    assert check["above_noise"] >= 24
+    assert check["sign_agree"] == check["above_noise"]
+    assert check["within_2x"] >= 0.9 * check["above_noise"]
+    assert check["spearman"] > 0.9
+    assert record["kappa"] == pytest.approx(0.5, rel=0.2) and 0.7 <= record["shape"] <= 1.4
+    assert cells["calibrated"].null_count() == 0 and cells.height == frame.height
+    # the predictions hold no baseline offset: leaving a source out of the planted model costs h(0) · σ
+    predicted = np.array(record["predicted"]["0"])
+    assert predicted.shape == (4, 5) and np.all(np.diag(predicted) > 0)
+    np.testing.assert_allclose(predicted[:, 4], predicted[:, :4].mean(1))
+    assert set(record["predicted"]) == {"0", "0.5", "1.5", "2"} == set(record["interval"])
+    assert "signs agree on" in check_text(record) and "p = " in check_text(record)
+
+
+def test_a_source_measured_only_once_is_predicted_from_the_prior_scaled_by_the_others():
+    """With its only variant held back, a source has no data of its own: its cells come from κ · slope, κ learnt
+    from the other sources, so a run whose slopes are 2x too large is corrected."""
+    frame, slope, se, sigma, _ = _planted(kappa=0.5, offset=(0, 0, 0, 0))
+    frame = frame.filter(~((pl.col("varied") == "d") & (pl.col("factor") != 0)))
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD)
+    own = cells.filter((pl.col("variant") == "without_d") & (pl.col("source") == "d"))
+    truth = response(0.0, 0.5) * sigma[3, 3]
+    assert own["calibrated"][0] == pytest.approx(truth, rel=0.3)
+    assert abs(own["predicted"][0]) == 0.0  # the frame's raw prediction column is left as it was
+
+
+@pytest.mark.parametrize("change", ["one seed", "random mixes only"])
+def test_nothing_to_calibrate_on_gives_none(change):
+    frame, slope, se, *_ = _planted()
+    if change == "one seed":
+        frame = frame.with_columns(noise=pl.lit(0.0))
+    else:
+        frame = frame.with_columns(kind=pl.lit("random_mix"))
+    assert calibrate(frame, slope, se, SOURCES, HELD) is None
+
+
+def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path, capsys):
+    """A study's tables: calibrated.json, the check in correlation.json and a column beside each cell; the report
+    page and `winnow report` lead with the calibrated sentences."""
+    from winnow.pipelines.ablate.layout import StudyLayout, load_study
+    from winnow.pipelines.report.counterfactual import lead, text
+
+    frame, slope, se, *_ = _planted()
+    layout = StudyLayout(tmp_path)
+    layout.tables.mkdir(parents=True)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD)
+    (layout.calibrated_json).write_text(json.dumps(record))
+    cells.write_csv(layout.cells_csv)
+    pl.DataFrame({"variant": ["baseline"]}).write_csv(layout.table_csv)
+    study = load_study(tmp_path)
+    cf = lead(None, study)
+    assert cf is not None and cf.calibrated is not None
+    said = text(cf)
+    assert said.startswith("What a change of the mix would do (calibrated on the study's 12 variants;")
+    assert "Leaving out `a` would raise held-out loss on `a`" in said and "(measured: +" in said
