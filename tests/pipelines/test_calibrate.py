@@ -142,3 +142,9 @@ def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path,
     said = text(cf)
     assert said.startswith("What a change of the mix would do (calibrated on the study's 12 variants;")
     assert "Leaving out `a` would raise held-out loss on `a`" in said and "(measured: +" in said
+    from winnow.pipelines.report.page import render
+
+    page = render(None, None, study)
+    first = page.index("<h2>")
+    assert page[first:].startswith("<h2>Which source helps: what a change of the mix would do</h2>")
+    assert "calibrated on this study" in page and "which the predictions leave out (a +0.0" in page
