@@ -5,12 +5,13 @@ A run's counterfactual (``train/attribution/counterfactual.py``) predicts what s
 shape. A study measures some of those changes (leave-one-out, shares x0.5 / x1.5). This module puts the
 two together in an empirical-Bayes model, fitted by maximum marginal likelihood:
 
-    measured[a, r, b] = h_p(r) · σ[a, b] + offset[b] + noise        h_p(r) = (r^p - 1) / p
+    measured[a, r, b] = h_p[a](r) · σ[a, b] + offset[b] + noise        h_p(r) = (r^p - 1) / p
     σ[a, b] ~ Normal(κ · slope[a, b], κ² · slope_se[a, b]² + τ²)
 
 * ``σ[a, b]``: the cell's effect per unit of ``h`` (its slope by ln share at ``r = 1``);
-* ``p``: the response's shape, one for the study (``p`` < 1: leaving a source out costs more than a line
-  through the x0.5 and x1.5 points says);
+* ``p[a]``: the response's shape (``p`` < 1: leaving a source out costs more than a line through the x0.5
+  and x1.5 points says). A source measured left out and at another factor has its own; the others take
+  the median of those (one source unlike the rest, random text, then moves no other source's shape);
 * ``κ``, ``τ``: how the run's slopes relate to the measured effects: their scale, and the spread around it
   (a small ``τ``: the run's slopes carry the cells; a large one: the study's own runs do);
 * ``offset[b]``: where the baseline's seeds sit against the variants' response curves. Every variant's delta
@@ -18,11 +19,11 @@ two together in an empirical-Bayes model, fitted by maximum marginal likelihood:
   estimates it from the variants, and it is never part of a prediction of what a mix would do;
 * ``noise``: each measured delta's own error (``compare.seed_noise``, two standard errors).
 
-A prediction for a factor ``r`` is ``h_p(r) · E[σ | run, study]`` with an interval of two posterior
+A prediction for a factor ``r`` is ``h_p[a](r) · E[σ | run, study]`` with an interval of two posterior
 standard deviations; the mean over the held-out sets is the mean of the predictions.
 
 The check is leave-one-variant-out: every variant's cells are predicted by a model fitted without that
-variant's runs (``p``, ``κ``, ``τ``, the offsets and the posterior of each cell all refitted), then compared
+variant's runs (the shapes, ``κ``, ``τ``, the offsets and the posterior of each cell all refitted), then compared
 with the measurement as ``correlation.py`` compares the run's own counterfactual (signs and factor 2 above
 the noise, Spearman over all cells). As the measurement holds its baseline's offset, the compared value is
 the prediction plus the offset the other variants place the baseline at. Only variants that scale one
@@ -71,7 +72,7 @@ class Cells:
 class Fit:
     """A fitted model: its parameters and each cell's posterior, (S, B)."""
 
-    p: float
+    p: np.ndarray  # (S,) each source's response shape
     kappa: float
     tau: float
     offset: np.ndarray  # (B,)
@@ -80,12 +81,12 @@ class Fit:
 
     def predict(self, factor, source, held) -> np.ndarray:
         """The predicted change (no offset) of the cells given as arrays of factor, source and held-out index."""
-        return response(factor, self.p) * self.sigma[source, held]
+        return response(factor, self.p[source]) * self.sigma[source, held]
 
 
-def _sums(cells: Cells, p: float, S: int, B: int) -> tuple[np.ndarray, np.ndarray]:
+def _sums(cells: Cells, p_S: np.ndarray, S: int, B: int) -> tuple[np.ndarray, np.ndarray]:
     """Per (source, held-out) cell of the model: Σ h²/var and Σ h·y/var over its measured factors, each (S, B)."""
-    h = response(cells.factor, p)
+    h = response(cells.factor, p_S[cells.source])
     key = cells.source * B + cells.held
     hh = np.bincount(key, h * h / cells.var, S * B).reshape(S, B)
     hy = np.bincount(key, h * cells.measured / cells.var, S * B).reshape(S, B)
@@ -98,39 +99,59 @@ def _posterior(hh, hy, slope, se, kappa: float, tau: float) -> tuple[np.ndarray,
     return (kappa * slope / prior_var + hy) / precision, 1 / np.sqrt(precision)
 
 
-def _fit_shape(cells: Cells, slope: np.ndarray, se: np.ndarray) -> tuple[float, float, float]:
-    """(p, κ, τ) maximising the marginal likelihood of the measured cells (offsets already removed).
+def _likelihood(cells: Cells, p_S: np.ndarray, slope: np.ndarray, se: np.ndarray) -> tuple[float, float, float]:
+    """(negative log marginal likelihood, κ, τ) of the measured cells (offsets removed) for the shapes ``p_S``,
+    at the best τ of the grid.
 
     Each (source, held-out) cell's measured factors are jointly Normal, ``κ·slope·h`` plus a rank-one
     covariance ``v·h·hᵀ`` (``v``: the prior's variance) and the diagonal noise, so the likelihood needs only
     per-cell sums (the Sherman-Morrison and matrix-determinant identities); ``κ`` is its generalised
-    least-squares value for each (p, τ), and p and τ are searched on a grid."""
+    least-squares value for each τ, and every τ of the grid is evaluated at once."""
     S, B = slope.shape
     seen = np.zeros((S, B), dtype=bool)
     seen[cells.source, cells.held] = True
     scale = float(np.sqrt(np.mean(slope[seen] ** 2))) or 1.0
     key = cells.source * B + cells.held
     yy = np.bincount(key, cells.measured**2 / cells.var, S * B).reshape(S, B)
-    logdet_noise = float(np.log(cells.var).sum())
-    taus = _TAU_GRID[:, None, None] * scale  # (T, 1, 1): every τ of the grid at once
-    best = (np.inf, 1.0, 1.0, scale)
-    for p in _P_GRID:
-        hh, hy = _sums(cells, p, S, B)
-        kappa = np.ones_like(taus)
-        for _ in range(3):  # κ enters the prior's variance through slope_se: settle it
-            shrink = 1 / (1 + (kappa**2 * se**2 + taus**2) * hh)
-            den = (seen * slope**2 * hh * shrink).sum((1, 2), keepdims=True)
-            kappa = np.divide((seen * slope * hy * shrink).sum((1, 2), keepdims=True), den, out=np.ones_like(den),
-                              where=den > 0)  # fmt: skip
-        v = kappa**2 * se**2 + taus**2
-        resid_sq = yy - 2 * kappa * slope * hy + kappa**2 * slope**2 * hh  # Σ (y - κ s h)² / var
-        resid_h = hy - kappa * slope * hh  # Σ h (y - κ s h) / var
-        quad = resid_sq - v * resid_h**2 / (1 + v * hh)
-        nll = 0.5 * ((seen * (np.log1p(v * hh) + quad)).sum((1, 2)) + logdet_noise)
-        t = int(np.argmin(nll))
-        if nll[t] < best[0]:
-            best = (float(nll[t]), float(p), float(kappa[t, 0, 0]), float(taus[t, 0, 0]))
-    return best[1], best[2], best[3]
+    taus = _TAU_GRID[:, None, None] * scale  # (T, 1, 1)
+    hh, hy = _sums(cells, p_S, S, B)
+    kappa = np.ones_like(taus)
+    for _ in range(3):  # κ enters the prior's variance through slope_se: settle it
+        shrink = 1 / (1 + (kappa**2 * se**2 + taus**2) * hh)
+        den = (seen * slope**2 * hh * shrink).sum((1, 2), keepdims=True)
+        kappa = np.divide((seen * slope * hy * shrink).sum((1, 2), keepdims=True), den, out=np.ones_like(den),
+                          where=den > 0)  # fmt: skip
+    v = kappa**2 * se**2 + taus**2
+    resid_sq = yy - 2 * kappa * slope * hy + kappa**2 * slope**2 * hh  # Σ (y - κ s h)² / var
+    resid_h = hy - kappa * slope * hh  # Σ h (y - κ s h) / var
+    quad = resid_sq - v * resid_h**2 / (1 + v * hh)
+    nll = 0.5 * ((seen * (np.log1p(v * hh) + quad)).sum((1, 2)) + float(np.log(cells.var).sum()))
+    t = int(np.argmin(nll))
+    return float(nll[t]), float(kappa[t, 0, 0]), float(taus[t, 0, 0])
+
+
+def _fit_shapes(cells: Cells, slope: np.ndarray, se: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(p per source, κ, τ) maximising the marginal likelihood.
+
+    A source measured left out and at another factor has a shape of its own: how much more leaving it out
+    costs than scaling it is a property of the source (random text, whose absence the model has never
+    seen, saturates nothing like prose does). Every other source takes the median of those shapes, or,
+    with none, the one shape that fits all cells best."""
+    S = slope.shape[0]
+
+    def best(p_S_of):
+        found = [(_likelihood(cells, p_S_of(p), slope, se)[0], p) for p in _P_GRID]
+        return min(found)[1]
+
+    shared = best(lambda p: np.full(S, p))
+    p_S = np.full(S, shared)
+    own = [a for a in range(S) if {0.0} < set(cells.factor[cells.source == a].tolist()) - {1.0}]
+    for a in own:
+        p_S[a] = best(lambda p, a=a: np.where(np.arange(S) == a, p, shared))
+    if own:
+        p_S[[a for a in range(S) if a not in own]] = float(np.median(p_S[own]))
+    _, kappa, tau = _likelihood(cells, p_S, slope, se)
+    return p_S, kappa, tau
 
 
 def fit(cells: Cells, slope: np.ndarray, se: np.ndarray) -> Fit:
@@ -140,13 +161,13 @@ def fit(cells: Cells, slope: np.ndarray, se: np.ndarray) -> Fit:
     for _ in range(_OFFSET_ROUNDS):
         shifted = Cells(cells.source, cells.held, cells.factor, cells.measured - offset[cells.held], cells.var,
                         cells.variant)  # fmt: skip
-        p, kappa, tau = _fit_shape(shifted, slope, se)
-        sigma, sd = _posterior(*_sums(shifted, p, S, B), slope, se, kappa, tau)
-        resid = cells.measured - response(cells.factor, p) * sigma[cells.source, cells.held]
+        p_S, kappa, tau = _fit_shapes(shifted, slope, se)
+        sigma, sd = _posterior(*_sums(shifted, p_S, S, B), slope, se, kappa, tau)
+        resid = cells.measured - response(cells.factor, p_S[cells.source]) * sigma[cells.source, cells.held]
         weight = 1 / cells.var
         total = np.bincount(cells.held, weight, B)
         offset = np.divide(np.bincount(cells.held, weight * resid, B), total, out=np.zeros(B), where=total > 0)
-    return Fit(p=p, kappa=kappa, tau=tau, offset=offset, sigma=sigma, sigma_sd=sd)
+    return Fit(p=p_S, kappa=kappa, tau=tau, offset=offset, sigma=sigma, sigma_sd=sd)
 
 
 def cells_of(frame: pl.DataFrame, sources: list[str], held: list[str]) -> Cells | None:
@@ -211,8 +232,8 @@ def calibrate(
     }
     predicted, interval = {}, {}
     for r in FACTORS:
-        h = float(response(r, model.p))
-        value, half = h * model.sigma, 2 * abs(h) * model.sigma_sd
+        h = response(r, model.p)[:, None]  # (S, 1)
+        value, half = h * model.sigma, 2 * np.abs(h) * model.sigma_sd
         mean = value.mean(1, keepdims=True)
         mean_half = np.sqrt((half**2).sum(1, keepdims=True)) / len(held)
         predicted[f"{r:g}"] = np.concatenate([value, mean], 1).tolist()
@@ -225,7 +246,7 @@ def calibrate(
         "interval": interval,
         "sigma": model.sigma.tolist(),
         "sigma_sd": model.sigma_sd.tolist(),
-        "shape": model.p,
+        "shape": model.p.tolist(),
         "kappa": model.kappa,
         "tau": model.tau,
         "offset": dict(zip(held, model.offset.tolist())),
@@ -255,7 +276,12 @@ def check_text(record: dict) -> str:
     scale = f"{1 / kappa:.2g}x the measured sizes" if kappa > 0 else "of the opposite sign to the measured effects"
     offsets = ", ".join(f"{k} {v:+.3f}" for k, v in record["offset"].items())
     lines.append(
-        f"  the response (r^p - 1)/p with p = {record['shape']:.2f}; the run's slopes are {scale} (κ = "
+        f"  the response (r^p - 1)/p with p = {shapes_text(record)}; the run's slopes are {scale} (κ = "
         f"{kappa:.2f}, spread τ = {record['tau']:.3g}); the baseline's seeds against the variants' curves: {offsets}"
     )
     return "\n".join(lines)
+
+
+def shapes_text(record: dict) -> str:
+    """Each source's response shape, ``code 0.45, docs 0.60``."""
+    return ", ".join(f"{s} {p:.2f}" for s, p in zip(record["sources"], record["shape"]))

@@ -19,6 +19,7 @@ import numpy as np
 from winnow.curate.atomic import write_text_atomic
 from winnow.curate.errors import InputError
 from winnow.curate.workdir import is_url
+from winnow.pipelines.ablate.calibrate import shapes_text
 from winnow.pipelines.ablate.correlation import above_noise_text, measurement_text, rho_text
 from winnow.pipelines.ablate.layout import Study, load_study
 from winnow.pipelines.report import continued, plots
@@ -237,7 +238,7 @@ def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = Non
         basis = (
             f"calibrated on this study: the baseline run's counterfactual as the prior, the "
             f"{cf.calibrated['variants']} measured variants as the data (an empirical-Bayes fit of one response "
-            f"shape, p = {cf.calibrated['shape']:.2f}, and each cell's size). Checked by predicting each variant "
+            f"shape per source, p = {html.escape(shapes_text(cf.calibrated))}, and each cell's size). Checked by predicting each variant "
             f"without its own runs: signs right on {check['sign_agree']} of {check['above_noise']} cells above the "
             f"seed noise, sizes within a factor 2 on {check['within_2x']}. A measurement beside a prediction holds "
             "the baseline seeds' own offset, which the predictions leave out ("
