@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from winnow.pipelines.ablate.correlation import agreement
+from winnow.pipelines.ablate.correlation import above_noise_text, agreement, rho_text
 
 FACTORS = (0.0, 0.5, 1.5, 2.0)  # the predictions calibrated.json holds: left out, halved, x1.5, doubled
 SCALED = ("leave_one_out", "weights")  # the variants that scale one source's share
@@ -258,8 +258,6 @@ def calibrate(
 
 def check_text(record: dict) -> str:
     """The calibrated counterfactual's leave-one-variant-out check and its parameters, in a few lines."""
-    from winnow.pipelines.ablate.correlation import above_noise_text, rho_text
-
     check = record["check"]
     kappa = record["kappa"]
     lines = [
