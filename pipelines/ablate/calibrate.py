@@ -130,19 +130,24 @@ def _likelihood(cells: Cells, p_S: np.ndarray, slope: np.ndarray, se: np.ndarray
     return float(nll[t]), float(kappa[t, 0, 0]), float(taus[t, 0, 0])
 
 
-def _fit_shapes(cells: Cells, slope: np.ndarray, se: np.ndarray) -> tuple[np.ndarray, float, float]:
+def _fit_shapes(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> tuple[np.ndarray, float, float]:
     """(p per source, κ, τ) maximising the marginal likelihood.
 
     A source measured left out and at another factor has a shape of its own: how much more leaving it out
     costs than scaling it is a property of the source (random text, whose absence the model has never
     seen, saturates nothing like prose does). Every other source takes the median of those shapes, or,
-    with none, the one shape that fits all cells best."""
+    with none, the one shape that fits all cells best. Cells measured at one factor alone (a study of
+    leave-one-out variants) cannot tell a shape from a scale: the shape is then the run's own, ``q``."""
     S = slope.shape[0]
 
     def best(p_S_of):
         found = [(_likelihood(cells, p_S_of(p), slope, se)[0], p) for p in _P_GRID]
         return min(found)[1]
 
+    if len(set(cells.factor.tolist()) - {1.0}) < 2:
+        p_S = np.full(S, q)
+        _, kappa, tau = _likelihood(cells, p_S, slope, se)
+        return p_S, kappa, tau
     shared = best(lambda p: np.full(S, p))
     p_S = np.full(S, shared)
     own = [a for a in range(S) if {0.0} < set(cells.factor[cells.source == a].tolist()) - {1.0}]
@@ -154,14 +159,15 @@ def _fit_shapes(cells: Cells, slope: np.ndarray, se: np.ndarray) -> tuple[np.nda
     return p_S, kappa, tau
 
 
-def fit(cells: Cells, slope: np.ndarray, se: np.ndarray) -> Fit:
-    """The model fitted to ``cells``; ``slope`` and ``se`` (S, B) are the baseline's counterfactual."""
+def fit(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> Fit:
+    """The model fitted to ``cells``; ``slope`` and ``se`` (S, B) are the baseline's counterfactual, ``q`` its
+    response shape (``saturation``)."""
     S, B = slope.shape
     offset = np.zeros(B)
     for _ in range(_OFFSET_ROUNDS):
         shifted = Cells(cells.source, cells.held, cells.factor, cells.measured - offset[cells.held], cells.var,
                         cells.variant)  # fmt: skip
-        p_S, kappa, tau = _fit_shapes(shifted, slope, se)
+        p_S, kappa, tau = _fit_shapes(shifted, slope, se, q)
         sigma, sd = _posterior(*_sums(shifted, p_S, S, B), slope, se, kappa, tau)
         resid = cells.measured - response(cells.factor, p_S[cells.source]) * sigma[cells.source, cells.held]
         weight = 1 / cells.var
@@ -191,7 +197,7 @@ def cells_of(frame: pl.DataFrame, sources: list[str], held: list[str]) -> Cells 
     )
 
 
-def cross_validated(cells: Cells, slope: np.ndarray, se: np.ndarray) -> np.ndarray:
+def cross_validated(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> np.ndarray:
     """Each cell's prediction (with the baseline offset the other variants give) from a model fitted without
     its variant's runs; NaN where the rest cannot be fitted (a study of one variant)."""
     out = np.full(len(cells.measured), np.nan)
@@ -199,26 +205,26 @@ def cross_validated(cells: Cells, slope: np.ndarray, se: np.ndarray) -> np.ndarr
         held_out = cells.variant == name
         if held_out.all():
             continue
-        model = fit(cells.take(~held_out), slope, se)
+        model = fit(cells.take(~held_out), slope, se, q)
         c = cells.take(held_out)
         out[held_out] = model.predict(c.factor, c.source, c.held) + model.offset[c.held]
     return out
 
 
 def calibrate(
-    frame: pl.DataFrame, slope: np.ndarray, se: np.ndarray, sources: list[str], held_out: list[str]
+    frame: pl.DataFrame, slope: np.ndarray, se: np.ndarray, sources: list[str], held_out: list[str], q: float
 ) -> tuple[dict, pl.DataFrame] | None:
     """The calibrated counterfactual (``calibrated.json``) and ``frame`` with its leave-one-variant-out
     prediction per cell (column ``calibrated``; null where not modelled); None when there is nothing to
     calibrate on. ``slope``/``se``: (S, B + 1) with the mean over the held-out sets last, as the run records
-    them; ``held_out`` ends with "mean"."""
+    them; ``held_out`` ends with "mean"; ``q``: the run's response shape (its ``saturation``)."""
     held = [h for h in held_out if h != "mean"]
     slope, se = np.asarray(slope, dtype=float)[:, : len(held)], np.asarray(se, dtype=float)[:, : len(held)]
     cells = cells_of(frame, sources, held)
     if cells is None:
         return None
-    model = fit(cells, slope, se)
-    checked = cross_validated(cells, slope, se)
+    model = fit(cells, slope, se, q)
+    checked = cross_validated(cells, slope, se, q)
     key = {(v, h): i for i, (v, h) in enumerate(zip(cells.variant, (held[j] for j in cells.held)))}
     column = [
         float(checked[key[(v, s)]]) if (v, s) in key and np.isfinite(checked[key[(v, s)]]) else None

@@ -147,8 +147,8 @@ def write_study(
         summary |= {"attribution_runs": len(attributions), "efficiency": efficiency(attributions)}
         cells = summary.pop("cells")
         summary["note"] = noise_note(summary)
-        slope, error, cf_sources, held_out, _ = slope_of(counterfactuals, interval)
-        calibrated = calibrate(cells, slope, error, cf_sources, held_out)
+        slope, error, cf_sources, held_out, q = slope_of(counterfactuals, interval)
+        calibrated = calibrate(cells, slope, error, cf_sources, held_out, q)
         if calibrated is not None:
             record, cells = calibrated
             summary["calibrated"] = record["check"]

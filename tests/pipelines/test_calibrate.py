@@ -58,7 +58,7 @@ def _planted(p=0.5, kappa=0.5, offset=(0.02, -0.03, 0.0, 0.01), noise_sd=0.004, 
 def test_the_fit_recovers_a_planted_shape_scale_and_baseline_offset():
     frame, slope, se, sigma, offset = _planted()
     cells = cells_of(frame, SOURCES, SOURCES)
-    model = fit(cells, slope[:, :4], se[:, :4])
+    model = fit(cells, slope[:, :4], se[:, :4], 0.5)
     assert model.p.shape == (4,) and np.all((model.p >= 0.3) & (model.p <= 0.8)), model.p
     assert model.kappa == pytest.approx(0.5, rel=0.2)
     np.testing.assert_allclose(model.offset, offset, atol=0.006)
@@ -70,11 +70,14 @@ def test_each_variant_is_predicted_without_its_own_runs():
     prediction does."""
     frame, slope, se, *_ = _planted()
     cells = cells_of(frame, SOURCES, SOURCES)
-    before = cross_validated(cells, slope[:, :4], se[:, :4])
+    before = cross_validated(cells, slope[:, :4], se[:, :4], 0.5)
     moved = cells.measured.copy()
     moved[cells.variant == "without_a"] += 0.5
     after = cross_validated(
-        type(cells)(cells.source, cells.held, cells.factor, moved, cells.var, cells.variant), slope[:, :4], se[:, :4]
+        type(cells)(cells.source, cells.held, cells.factor, moved, cells.var, cells.variant),
+        slope[:, :4],
+        se[:, :4],
+        0.5,
     )
     own = cells.variant == "without_a"
     np.testing.assert_array_equal(after[own], before[own])
@@ -85,7 +88,7 @@ def test_the_check_gets_planted_effects_right_where_the_run_alone_misses_their_s
     """The run's own slopes are twice the effects and its shape guess (q = 0.5 for p = 1) is off; calibrated, the
     held-back variants' signs and sizes come out right."""
     frame, slope, se, *_ = _planted(p=1.0, kappa=0.5)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
     check = record["check"]
     assert check["above_noise"] >= 24
     assert check["sign_agree"] == check["above_noise"]
@@ -106,7 +109,7 @@ def test_a_source_measured_only_once_is_predicted_from_the_prior_scaled_by_the_o
     from the other sources, so a run whose slopes are 2x too large is corrected."""
     frame, slope, se, sigma, _ = _planted(kappa=0.5, offset=(0, 0, 0, 0))
     frame = frame.filter(~((pl.col("varied") == "d") & (pl.col("factor") != 0)))
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
     own = cells.filter((pl.col("variant") == "without_d") & (pl.col("source") == "d"))
     truth = response(0.0, 0.5) * sigma[3, 3]
     assert own["calibrated"][0] == pytest.approx(truth, rel=0.3)
@@ -126,13 +129,25 @@ def test_a_source_that_saturates_unlike_the_others_gets_a_shape_of_its_own():
     }
     frame = _frame(measured, 0.008)
     full = np.concatenate([slope, slope.mean(1, keepdims=True)], 1)
-    record, cells = calibrate(frame, full, np.full_like(full, 0.005), SOURCES, HELD)
+    record, cells = calibrate(frame, full, np.full_like(full, 0.005), SOURCES, HELD, 0.5)
     p = dict(zip(SOURCES, record["shape"]))
     assert p["d"] <= 0.3 and all(0.6 <= p[s] <= 1.6 for s in "abc"), p
     own = cells.filter((pl.col("kind") == "leave_one_out") & (pl.col("varied") == pl.col("source")))
     others = own.filter(pl.col("varied") != "d")
     ratio = (others["calibrated"] / others["measured"]).to_numpy()
     assert np.all((ratio > 0.5) & (ratio < 2)), ratio
+
+
+def test_a_study_of_one_factor_keeps_the_runs_shape_and_learns_the_scale():
+    """Leave-one-out variants alone cannot tell a shape from a scale (h(0) = -1/p against κ): the shape stays the
+    run's, κ absorbs the rest, and the left-out predictions still match the planted effects."""
+    frame, slope, se, sigma, _ = _planted(p=0.5, kappa=0.5, offset=(0, 0, 0, 0))
+    frame = frame.filter(pl.col("factor") == 0)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.25)
+    assert record["shape"] == [0.25] * 4
+    own = cells.filter(pl.col("varied") == pl.col("source"))
+    ratio = (own["calibrated"] / own["measured"]).to_numpy()
+    assert np.all((ratio > 0.7) & (ratio < 1.4)), ratio
 
 
 @pytest.mark.parametrize("change", ["one seed", "random mixes only"])
@@ -142,7 +157,7 @@ def test_nothing_to_calibrate_on_gives_none(change):
         frame = frame.with_columns(noise=pl.lit(0.0))
     else:
         frame = frame.with_columns(kind=pl.lit("random_mix"))
-    assert calibrate(frame, slope, se, SOURCES, HELD) is None
+    assert calibrate(frame, slope, se, SOURCES, HELD, 0.5) is None
 
 
 def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path, capsys):
@@ -154,7 +169,7 @@ def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path,
     frame, slope, se, *_ = _planted()
     layout = StudyLayout(tmp_path)
     layout.tables.mkdir(parents=True)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
     (layout.calibrated_json).write_text(json.dumps(record))
     cells.write_csv(layout.cells_csv)
     pl.DataFrame({"variant": ["baseline"]}).write_csv(layout.table_csv)
