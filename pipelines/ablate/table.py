@@ -156,7 +156,8 @@ def write_study(
         else:
             layout.calibrated_json.unlink(missing_ok=True)
         cells.write_csv(layout.cells_csv)
-        layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"]))
+        rho = summary.get("calibrated", {}).get("spearman")
+        layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"], rho))
         write_atomic(layout.correlation_json, json.dumps(summary, indent=1))
         markdown += "\n\n" + agreement_text(summary)
         if calibrated is not None:

@@ -365,28 +365,34 @@ def ablation_heatmap(frame) -> bytes | None:
     return _png(fig)
 
 
-def attribution_scatter(cells, spearman: float | None) -> bytes:
-    """Predicted vs measured held-out loss change per (variant, source); hollow markers are within the noise."""
-    fig, ax = _subplots(figsize=(6, 4.5))
+def attribution_scatter(cells, spearman: float | None, calibrated: float | None = None) -> bytes:
+    """Predicted vs measured held-out loss change per (variant, source); hollow markers are within the noise.
+    With a ``calibrated`` column (the study's calibrated counterfactual, each variant predicted without its own
+    runs), a second panel shows it, titled with its Spearman ``calibrated``."""
+    panels = [("predicted", "the run's counterfactual (nats)", "Attribution vs ablation", spearman)]
+    if "calibrated" in cells.columns and cells["calibrated"].null_count() < cells.height:
+        panels.append(("calibrated", "calibrated on the study, variant held back (nats)", "Calibrated", calibrated))
+    fig, axes = _subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     colors = palette(cells["source"].unique().to_list())
-    for source in cells["source"].unique(maintain_order=True).to_list():
-        part = cells.filter(cells["source"] == source)
-        for above in (True, False):
-            sel = part.filter(part["above_noise"] == above)
-            if sel.height:
-                ax.scatter(
-                    sel["predicted"],
-                    sel["measured"],
-                    label=source if above else None,
-                    edgecolors=[colors[source]],
-                    facecolors=[colors[source]] if above else "none",
-                )
-    ax.axhline(0, color="gray", linewidth=0.8)
-    ax.axvline(0, color="gray", linewidth=0.8)
-    ax.set(
-        title="Attribution vs ablation" + (f" (Spearman {spearman:.2f})" if spearman is not None else ""),
-        xlabel="first-order prediction (nats)",
-        ylabel="measured change vs baseline (nats)",
-    )
-    legend(ax, fontsize=8, title="held-out source")
+    for ax, (column, xlabel, title, rho) in zip(axes[0], panels):
+        for source in cells["source"].unique(maintain_order=True).to_list():
+            part = cells.filter((cells["source"] == source) & cells[column].is_not_null())
+            for above in (True, False):
+                sel = part.filter(part["above_noise"] == above)
+                if sel.height:
+                    ax.scatter(
+                        sel[column],
+                        sel["measured"],
+                        label=source if above else None,
+                        edgecolors=[colors[source]],
+                        facecolors=[colors[source]] if above else "none",
+                    )
+        ax.axhline(0, color="gray", linewidth=0.8)
+        ax.axvline(0, color="gray", linewidth=0.8)
+        ax.set(
+            title=title + (f" (Spearman {rho:.2f})" if rho is not None else ""),
+            xlabel=xlabel,
+            ylabel="measured change vs baseline (nats)",
+        )
+        legend(ax, fontsize=8, title="held-out source")
     return _png(fig)

@@ -185,3 +185,17 @@ def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path,
     first = page.index("<h2>")
     assert page[first:].startswith("<h2>Which source helps: what a change of the mix would do</h2>")
     assert "calibrated on this study" in page and "which the predictions leave out (a +0.0" in page
+
+
+def test_the_scatter_shows_the_calibrated_prediction_beside_the_runs_own():
+    import io
+
+    from matplotlib.image import imread
+
+    from winnow.pipelines.report.plots import attribution_scatter
+
+    frame, slope, se, *_ = _planted()
+    _, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    one = imread(io.BytesIO(attribution_scatter(cells.drop("calibrated"), 0.5)))
+    two = imread(io.BytesIO(attribution_scatter(cells, 0.5, 0.9)))
+    assert two.shape[1] == 2 * one.shape[1] and two.shape[0] == one.shape[0]
