@@ -73,8 +73,9 @@ class _Study:
             for v in runs
             if done[v["name"]] is None
         ]
-        for task in todo:
-            weights = ", ".join(f"{k}={w:.3f}" for k, w in task.variant["weights"].items())
+        for task in todo:  # the shares each run trains on: the weights normalised, as the loader draws them
+            total = sum(task.variant["weights"].values()) or 1.0
+            weights = ", ".join(f"{k}={w / total:.3f}" for k, w in task.variant["weights"].items())
             print(f"  to train: {task.variant['name']} ({weights})")
         for result in run_variants(todo, self.acfg):
             print(f"  trained {result['name']}")

@@ -476,3 +476,16 @@ def test_a_study_over_shards_curated_again_is_refused_even_at_the_same_shares(jo
     assert main(["-q", "ablate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "variant 'baseline'" in err and "curated again" in err and "new folder" in err
+
+
+def test_the_plan_prints_the_shares_each_run_trains_on(monkeypatch, tmp_path, capsys):
+    """A weights variant's raw weights (legal x1.5: 0.2, 0.3, 0.4, 0.15) are not its shares; the plan prints those."""
+    from winnow.pipelines.ablate import study
+
+    monkeypatch.setattr(study, "variant_config", lambda *a: None)
+    monkeypatch.setattr(study, "finished", lambda *a: None)
+    monkeypatch.setattr(study, "run_variants", lambda todo, acfg: [])
+    data = type("Data", (), {"shards": "x", "folders_for": lambda self, v: {}})()
+    runs = [{"name": "legal_x1.5", "weights": {"changelog": 0.2, "code": 0.3, "docs": 0.4, "legal": 0.15}}]
+    study._Study(AblateConfig(), None, StudyLayout(tmp_path), data, [], "job.toml").train(runs)
+    assert "to train: legal_x1.5 (changelog=0.190, code=0.286, docs=0.381, legal=0.143)" in capsys.readouterr().out
