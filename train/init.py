@@ -25,7 +25,6 @@ from pathlib import Path
 
 import fsspec
 
-from winnow.train.checkpoint import load_state_file
 from winnow.train.errors import CheckpointError, ConfigError
 from winnow.train.paths import JSON_BYTES, inside, read_capped
 
@@ -171,6 +170,8 @@ def _read_checkpoint(fs, folder: str, state_file: str, *, weights: bool = True) 
         if meta.get("bytes") != len(data) or meta.get("sha256") != digest:
             raise CheckpointError(f"checkpoint {folder} fails its checksum (corrupt or truncated)")
         step = int(meta.get("step", -1))
+    from winnow.train.checkpoint import load_state_file  # torch: only where a checkpoint is read, not to check a config
+
     state = load_state_file(io.BytesIO(data), name=state_file)  # tensors and plain data only: runs no code
     if (
         meta.get("files") and weights
