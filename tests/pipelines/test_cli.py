@@ -246,3 +246,13 @@ def test_limits_of_the_process_are_said_in_one_line_with_the_way_out(monkeypatch
         args = argparse.Namespace(command="curate", func=run)
         assert cli._run(args) == 2
         assert said in capsys.readouterr().err
+
+
+def test_checking_a_study_of_a_curated_job_imports_no_torch(tmp_path):
+    """With its job curated, `winnow check` plans the study on the job's manifest and checks its reference runs
+    (their tokenizer files): none of that needs torch."""
+    from tests.pipelines.ablate_util import study_toml, tiny_job
+
+    job = tiny_job(tmp_path / "job")
+    toml = study_toml(tmp_path / "study.toml", job, tmp_path / "study", kind='["leave_one_out"]')
+    assert _loaded(["check", str(toml)], ("torch",)) == []
