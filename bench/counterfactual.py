@@ -20,7 +20,8 @@ share times 0.5 and 1.5 with three seeds each: 40 runs, two at a time. It prints
 signs the counterfactual gets right and the sizes it gets within a factor 2; the Spearman rank
 correlation over all cells; and whether the noise is well below the effects. Then the same check of the
 counterfactual calibrated on the study (``ablation/calibrated.json``), each variant predicted by a fit
-without its own runs.
+without its own runs, and its two halves apart: the run's slopes rescaled by the other sources' variants,
+and the study's runs with no prior.
 """
 
 from __future__ import annotations
@@ -190,6 +191,55 @@ def report(study: Path) -> None:
         from winnow.pipelines.ablate.calibrate import check_text
 
         print(check_text(json.loads(calibrated.read_text())))
+        for name, found in what_the_run_adds(study).items():
+            print(
+                f"  {name}: signs {found['sign_agree']}/{found['above_noise']}, within 2x {found['within_2x']}/"
+                f"{found['above_noise']}, Spearman {rho_text(found['spearman'])} over {found['n_cells']} cells"
+            )
+
+
+def what_the_run_adds(study: Path) -> dict[str, dict]:
+    """The calibrated check's two halves apart, on the study's one-source variants: "the run's slopes, rescaled"
+    predicts each source's cells from ``κ · slope`` with κ, the shape and the baseline's offsets fitted to the
+    other sources' variants alone; "the study alone" is the calibrated fit with the run's slopes as no prior
+    (τ unbounded), each variant held back."""
+    import numpy as np
+    import polars as pl
+
+    from winnow.pipelines.ablate import calibrate
+    from winnow.pipelines.ablate.correlation import agreement, compare_with_counterfactual, slope_of
+    from winnow.pipelines.ablate.layout import StudyLayout
+    from winnow.pipelines.ablate.table import baseline_attributions
+
+    results = [json.loads((study / "result.json").read_text())]
+    results += [json.loads(p.read_text()) for p in sorted(study.glob("variants/*/result.json"))]
+    _, counterfactuals = baseline_attributions(StudyLayout(study), results)
+    frame = compare_with_counterfactual(results, counterfactuals, results[0]["weights"])["cells"]
+    slope, se, sources, held, q = slope_of(counterfactuals)
+    held = [h for h in held if h != "mean"]
+    slope, se = slope[:, : len(held)], se[:, : len(held)]
+    cells = calibrate.cells_of(frame, sources, held)
+    rescaled = np.full(len(cells.measured), np.nan)
+    for a in range(len(sources)):
+        own = cells.source == a
+        fit = calibrate.fit(cells.take(~own), slope, se, q)
+        p = float(np.median(fit.p))
+        rescaled[own] = calibrate.response(cells.factor[own], p) * fit.kappa * slope[a, cells.held[own]]
+        rescaled[own] += fit.offset[cells.held[own]]
+    grid = calibrate._TAU_GRID
+    calibrate._TAU_GRID = np.array([1e6])  # a prior this wide is none
+    try:
+        alone = calibrate.cross_validated(cells, slope, se, q)
+    finally:
+        calibrate._TAU_GRID = grid
+    out = {}
+    for name, predicted in (("the run's slopes, rescaled", rescaled), ("the study alone", alone)):
+        by_cell = {(v, held[j]): x for v, j, x in zip(cells.variant, cells.held, predicted)}
+        compared = frame.filter(pl.col("kind").is_in(calibrate.SCALED))
+        column = [by_cell.get((v, s)) for v, s in zip(compared["variant"], compared["source"])]
+        compared = compared.with_columns(predicted=pl.Series(column, dtype=pl.Float64)).drop_nulls("predicted")
+        out[name] = agreement(compared)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,9 +43,11 @@ from winnow.pipelines.ablate.correlation import above_noise_text, agreement, rho
 
 FACTORS = (0.0, 0.5, 1.5, 2.0)  # the predictions calibrated.json holds: left out, halved, x1.5, doubled
 SCALED = ("leave_one_out", "weights")  # the variants that scale one source's share
-_P_GRID = np.round(np.arange(0.05, 3.0001, 0.05), 2)  # the response's shape: its prior range
+# the response's shape: 0.002 (leaving a source out costs 500x its slope) to 3, finer where it bends most
+_P_GRID = np.concatenate([np.geomspace(0.002, 0.05, 15)[:-1], np.round(np.arange(0.05, 3.0001, 0.05), 2)])
 _TAU_GRID = np.geomspace(0.01, 10.0, 41)  # τ in units of the slopes' root mean square
-_OFFSET_ROUNDS = 4  # alternations between the model and the baseline's offsets (they settle in 2-3)
+_OFFSET_ROUNDS = 12  # at most this many alternations between the model and the baseline's offsets
+_OFFSET_TOLERANCE = 1e-5  # nats: the offsets have settled when no one moves more than this
 
 
 def response(r, p: float) -> np.ndarray:
@@ -99,35 +101,40 @@ def _posterior(hh, hy, slope, se, kappa: float, tau: float) -> tuple[np.ndarray,
     return (kappa * slope / prior_var + hy) / precision, 1 / np.sqrt(precision)
 
 
-def _likelihood(cells: Cells, p_S: np.ndarray, slope: np.ndarray, se: np.ndarray) -> tuple[float, float, float]:
-    """(negative log marginal likelihood, κ, τ) of the measured cells (offsets removed) for the shapes ``p_S``,
-    at the best τ of the grid.
+def _likelihood(cells: Cells, p_PS: np.ndarray, slope: np.ndarray, se: np.ndarray):
+    """(negative log marginal likelihood, κ, τ), each (P,), of the measured cells (offsets removed) for each row
+    of candidate shapes ``p_PS`` (P, S), at the best τ of the grid.
 
     Each (source, held-out) cell's measured factors are jointly Normal, ``κ·slope·h`` plus a rank-one
     covariance ``v·h·hᵀ`` (``v``: the prior's variance) and the diagonal noise, so the likelihood needs only
     per-cell sums (the Sherman-Morrison and matrix-determinant identities); ``κ`` is its generalised
-    least-squares value for each τ, and every τ of the grid is evaluated at once."""
+    least-squares value for each τ, and every candidate and every τ of the grid is evaluated at once."""
     S, B = slope.shape
+    P = p_PS.shape[0]
     seen = np.zeros((S, B), dtype=bool)
     seen[cells.source, cells.held] = True
     scale = float(np.sqrt(np.mean(slope[seen] ** 2))) or 1.0
     key = cells.source * B + cells.held
     yy = np.bincount(key, cells.measured**2 / cells.var, S * B).reshape(S, B)
-    taus = _TAU_GRID[:, None, None] * scale  # (T, 1, 1)
-    hh, hy = _sums(cells, p_S, S, B)
-    kappa = np.ones_like(taus)
+    h = response(cells.factor, p_PS[:, cells.source])  # (P, N)
+    keys = (np.arange(P)[:, None] * (S * B) + key).ravel()
+    hh = np.bincount(keys, (h * h / cells.var).ravel(), P * S * B).reshape(P, 1, S, B)
+    hy = np.bincount(keys, (h * cells.measured / cells.var).ravel(), P * S * B).reshape(P, 1, S, B)
+    taus = _TAU_GRID[None, :, None, None] * scale  # (1, T, 1, 1)
+    kappa = np.ones((P, len(_TAU_GRID), 1, 1))
     for _ in range(3):  # κ enters the prior's variance through slope_se: settle it
         shrink = 1 / (1 + (kappa**2 * se**2 + taus**2) * hh)
-        den = (seen * slope**2 * hh * shrink).sum((1, 2), keepdims=True)
-        kappa = np.divide((seen * slope * hy * shrink).sum((1, 2), keepdims=True), den, out=np.ones_like(den),
+        den = (seen * slope**2 * hh * shrink).sum((2, 3), keepdims=True)
+        kappa = np.divide((seen * slope * hy * shrink).sum((2, 3), keepdims=True), den, out=np.ones_like(den),
                           where=den > 0)  # fmt: skip
     v = kappa**2 * se**2 + taus**2
     resid_sq = yy - 2 * kappa * slope * hy + kappa**2 * slope**2 * hh  # Σ (y - κ s h)² / var
     resid_h = hy - kappa * slope * hh  # Σ h (y - κ s h) / var
     quad = resid_sq - v * resid_h**2 / (1 + v * hh)
-    nll = 0.5 * ((seen * (np.log1p(v * hh) + quad)).sum((1, 2)) + float(np.log(cells.var).sum()))
-    t = int(np.argmin(nll))
-    return float(nll[t]), float(kappa[t, 0, 0]), float(taus[t, 0, 0])
+    nll = 0.5 * ((seen * (np.log1p(v * hh) + quad)).sum((2, 3)) + float(np.log(cells.var).sum()))  # (P, T)
+    t = nll.argmin(1)
+    rows = np.arange(P)
+    return nll[rows, t], kappa[rows, t, 0, 0], np.broadcast_to(taus[0, :, 0, 0], (P, len(_TAU_GRID)))[rows, t]
 
 
 def _fit_shapes(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> tuple[np.ndarray, float, float]:
@@ -140,23 +147,22 @@ def _fit_shapes(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> tu
     leave-one-out variants) cannot tell a shape from a scale: the shape is then the run's own, ``q``."""
     S = slope.shape[0]
 
-    def best(p_S_of):
-        found = [(_likelihood(cells, p_S_of(p), slope, se)[0], p) for p in _P_GRID]
-        return min(found)[1]
+    def best(candidates_PS: np.ndarray) -> int:
+        return int(np.argmin(_likelihood(cells, candidates_PS, slope, se)[0]))
 
     if len(set(cells.factor.tolist()) - {1.0}) < 2:
         p_S = np.full(S, q)
-        _, kappa, tau = _likelihood(cells, p_S, slope, se)
-        return p_S, kappa, tau
-    shared = best(lambda p: np.full(S, p))
-    p_S = np.full(S, shared)
-    own = [a for a in range(S) if {0.0} < set(cells.factor[cells.source == a].tolist()) - {1.0}]
-    for a in own:
-        p_S[a] = best(lambda p, a=a: np.where(np.arange(S) == a, p, shared))
-    if own:
-        p_S[[a for a in range(S) if a not in own]] = float(np.median(p_S[own]))
-    _, kappa, tau = _likelihood(cells, p_S, slope, se)
-    return p_S, kappa, tau
+    else:
+        p_S = np.full(S, _P_GRID[best(np.repeat(_P_GRID[:, None], S, 1))])
+        own = [a for a in range(S) if {0.0} < set(cells.factor[cells.source == a].tolist()) - {1.0}]
+        for a in own:
+            candidates = np.repeat(p_S[None, :], len(_P_GRID), 0)
+            candidates[:, a] = _P_GRID
+            p_S[a] = _P_GRID[best(candidates)]
+        if own:
+            p_S[[a for a in range(S) if a not in own]] = float(np.median(p_S[own]))
+    _, kappa, tau = _likelihood(cells, p_S[None, :], slope, se)
+    return p_S, float(kappa[0]), float(tau[0])
 
 
 def fit(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> Fit:
@@ -164,25 +170,31 @@ def fit(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> Fit:
     response shape (``saturation``)."""
     S, B = slope.shape
     offset = np.zeros(B)
-    for _ in range(_OFFSET_ROUNDS):
+    weight = 1 / cells.var
+    total = np.bincount(cells.held, weight, B)
+    for _ in range(_OFFSET_ROUNDS):  # the model given the offsets, then the offsets given the model
         shifted = Cells(cells.source, cells.held, cells.factor, cells.measured - offset[cells.held], cells.var,
                         cells.variant)  # fmt: skip
         p_S, kappa, tau = _fit_shapes(shifted, slope, se, q)
         sigma, sd = _posterior(*_sums(shifted, p_S, S, B), slope, se, kappa, tau)
         resid = cells.measured - response(cells.factor, p_S[cells.source]) * sigma[cells.source, cells.held]
-        weight = 1 / cells.var
-        total = np.bincount(cells.held, weight, B)
-        offset = np.divide(np.bincount(cells.held, weight * resid, B), total, out=np.zeros(B), where=total > 0)
+        moved = np.divide(np.bincount(cells.held, weight * resid, B), total, out=np.zeros(B), where=total > 0)
+        settled = np.abs(moved - offset).max() <= _OFFSET_TOLERANCE
+        offset = moved
+        if settled:
+            break
     return Fit(p=p_S, kappa=kappa, tau=tau, offset=offset, sigma=sigma, sigma_sd=sd)
 
 
 def cells_of(frame: pl.DataFrame, sources: list[str], held: list[str]) -> Cells | None:
     """The one-source variants' cells of ``correlation.compare_with_counterfactual``'s frame, or None when there
     is nothing to calibrate on (no such variant, or no seed noise: one baseline seed)."""
-    frame = frame.filter(
+    frame = frame.filter(  # a diverged run's NaN, or a noise nobody measured, is no evidence
         pl.col("kind").is_in(SCALED)
         & pl.col("varied").is_in(sources)
         & pl.col("source").is_in(held)
+        & pl.col("measured").is_finite()
+        & pl.col("noise").is_finite()
         & (pl.col("noise") > 0)
     )
     if frame.is_empty():
@@ -190,7 +202,7 @@ def cells_of(frame: pl.DataFrame, sources: list[str], held: list[str]) -> Cells 
     return Cells(
         source=np.array([sources.index(s) for s in frame["varied"]]),
         held=np.array([held.index(s) for s in frame["source"]]),
-        factor=frame["factor"].to_numpy().astype(float),
+        factor=np.round(frame["factor"].to_numpy().astype(float), 9),  # 0.5000000000000001 from share ratios is 0.5
         measured=frame["measured"].to_numpy().astype(float),
         var=(frame["noise"].to_numpy().astype(float) / 2) ** 2,
         variant=frame["variant"].to_numpy(),
@@ -221,7 +233,7 @@ def calibrate(
     held = [h for h in held_out if h != "mean"]
     slope, se = np.asarray(slope, dtype=float)[:, : len(held)], np.asarray(se, dtype=float)[:, : len(held)]
     cells = cells_of(frame, sources, held)
-    if cells is None:
+    if cells is None or not (np.isfinite(slope).all() and np.isfinite(se).all()):  # a run's slopes that diverged
         return None
     model = fit(cells, slope, se, q)
     checked = cross_validated(cells, slope, se, q)
@@ -253,6 +265,7 @@ def calibrate(
         "sigma": model.sigma.tolist(),
         "sigma_sd": model.sigma_sd.tolist(),
         "shape": model.p.tolist(),
+        "shape_at_edge": [s for s, p in zip(sources, model.p) if p in (_P_GRID[0], _P_GRID[-1])],
         "kappa": model.kappa,
         "tau": model.tau,
         "offset": dict(zip(held, model.offset.tolist())),
@@ -277,11 +290,17 @@ def check_text(record: dict) -> str:
             f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
             f"{part['above_noise']}, Spearman {rho_text(part['spearman'])} over {part['n_cells']} cells"
         )
-    scale = f"{1 / kappa:.2g}x the measured sizes" if kappa > 0 else "of the opposite sign to the measured effects"
+    if kappa > 0:
+        scale = f"{1 / kappa:.2g}x the measured sizes"
+    else:
+        scale = "of the opposite sign to the measured effects" if kappa < 0 else "unrelated to the measured effects"
     offsets = ", ".join(f"{k} {v:+.3f}" for k, v in record["offset"].items())
+    edge = record.get("shape_at_edge") or []
     lines.append(
-        f"  the response (r^p - 1)/p with p = {shapes_text(record)}; the run's slopes are {scale} (κ = "
-        f"{kappa:.2f}, spread τ = {record['tau']:.3g}); the baseline's seeds against the variants' curves: {offsets}"
+        f"  the response (r^p - 1)/p with p = {shapes_text(record)}"
+        + (f" ({', '.join(edge)} at the edge of the range searched, 0.002 to 3)" if edge else "")
+        + f"; the run's slopes are {scale} (κ = {kappa:.2f}, spread τ = {record['tau']:.3g}); the baseline seeds' "
+        f"offset in every measured delta: {offsets}"
     )
     return "\n".join(lines)
 

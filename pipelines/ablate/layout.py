@@ -250,6 +250,18 @@ def load_study(path: str | Path) -> Study | None:
             )
             return None
 
+    def _calibrated(value: dict | None) -> dict | None:
+        from winnow.pipelines.report.counterfactual import calibrated_record
+
+        if value is None or calibrated_record(value) is not None:
+            return value
+        log.warning(
+            "%s is not what `winnow ablate` writes (a key missing, or of another shape); the report leaves it out "
+            "and leads with the run's own counterfactual: re-run the study",
+            layout.calibrated_json,
+        )
+        return None
+
     table = optional_csv(layout.table_csv)
     if table is None:
         raise InputError(f"{layout.table_csv} cannot be read (cut short or edited); re-run the study (`winnow ablate`)")
@@ -261,7 +273,7 @@ def load_study(path: str | Path) -> Study | None:
         summary=(effects or {}).get("summary", []),
         correlation=optional_json(layout.correlation_json),
         cells=optional_csv(layout.cells_csv),
-        calibrated=optional_json(layout.calibrated_json),
+        calibrated=_calibrated(optional_json(layout.calibrated_json)),
         mixes=optional_json(layout.mixes_json),
         adaptive=optional_json(layout.adaptive_json),
         images=sorted(layout.tables.glob("*.png")),

@@ -34,7 +34,9 @@ def run_report(args: argparse.Namespace) -> int:
     if (run is not None and run.counterfactual is not None) or (study is not None and study.calibrated):
         from winnow.pipelines.report.counterfactual import lead, text
 
-        print(text(lead(run.counterfactual if run is not None else None, study)))
+        cf = lead(run.counterfactual if run is not None else None, study)
+        if cf is not None:
+            print(text(cf))
     if args.diagnose:
         print(
             format_findings(diagnose(run, cfg))

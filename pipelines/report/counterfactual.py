@@ -9,6 +9,7 @@ interval holds 0. Where a study measured the same change, the measurement goes b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Real
 
 import numpy as np
 
@@ -68,14 +69,46 @@ def parse(record: dict) -> Counterfactual | None:
         horizon=value.get("horizon"),
         slope=_matrix(value.get("slope"), shape),
         slope_se=_matrix(value.get("slope_se"), shape),
-        calibrated=value if isinstance(value.get("check"), dict) else None,
+        calibrated=value if _is_calibrated(value, len(sources)) else None,
     )
+
+
+_CHECK_COUNTS = ("n_cells", "above_noise", "sign_agree", "within_2x")
+
+
+def _is_calibrated(value: dict, n_sources: int) -> bool:
+    """Whether a record holds what ``calibrate.py`` writes beside its predictions: the check and the fit."""
+    check, offset, shape = value.get("check"), value.get("offset"), value.get("shape")
+
+    def number(x) -> bool:
+        return isinstance(x, Real) and not isinstance(x, bool)
+
+    return (
+        isinstance(value.get("variants"), int)
+        and isinstance(check, dict)
+        and all(isinstance(check.get(k), int) for k in _CHECK_COUNTS)
+        and (check.get("spearman") is None or number(check.get("spearman")))
+        and isinstance(check.get("by_kind", {}), dict)
+        and isinstance(offset, dict)
+        and all(number(v) for v in offset.values())
+        and isinstance(shape, list)
+        and len(shape) == n_sources
+        and all(number(v) for v in shape)
+        and number(value.get("kappa"))
+        and number(value.get("tau"))
+    )
+
+
+def calibrated_record(value: dict) -> Counterfactual | None:
+    """A study's ``calibrated.json`` as a counterfactual, or None when it is not what ``calibrate.py`` writes."""
+    cf = parse({"counterfactual": value})
+    return cf if cf is not None and cf.calibrated is not None else None
 
 
 def lead(run_cf: Counterfactual | None, study) -> Counterfactual | None:
     """The counterfactual a page or terminal leads with: a study's calibrated one when it has one, else the run's;
     either with the study's measurements beside its predictions."""
-    calibrated = parse({"counterfactual": study.calibrated}) if study is not None and study.calibrated else None
+    calibrated = calibrated_record(study.calibrated) if study is not None and study.calibrated else None
     cf = calibrated or run_cf
     if cf is not None and study is not None and study.cells is not None:
         attach_measured(cf, study.cells)

@@ -199,3 +199,65 @@ def test_the_scatter_shows_the_calibrated_prediction_beside_the_runs_own():
     one = imread(io.BytesIO(attribution_scatter(cells.drop("calibrated"), 0.5)))
     two = imread(io.BytesIO(attribution_scatter(cells, 0.5, 0.9)))
     assert two.shape[1] > 1.8 * one.shape[1] and two.shape[0] == one.shape[0]  # a second panel beside the first
+
+
+def test_a_diverged_runs_cell_is_left_out_and_the_file_stays_strict_json():
+    """A NaN held-out loss (a diverged seed) made every parameter NaN, and calibrated.json held NaN."""
+    frame, slope, se, *_ = _planted()
+    poisoned = frame.with_columns(
+        measured=pl.when((pl.col("variant") == "a_x0.5") & (pl.col("source") == "b"))
+        .then(float("nan"))
+        .otherwise(pl.col("measured"))
+    )
+    record, cells = calibrate(poisoned, slope, se, SOURCES, HELD, 0.5)
+    json.dumps(record, allow_nan=False)
+    clean, _ = calibrate(poisoned.filter(pl.col("measured").is_not_nan()), slope, se, SOURCES, HELD, 0.5)
+    assert record["sigma"] == clean["sigma"] and record["shape"] == clean["shape"]
+    assert cells.filter(pl.col("measured").is_nan())["calibrated"].to_list() == [None]
+    nan_slope = slope.copy()
+    nan_slope[0, 0] = float("nan")
+    assert calibrate(frame, nan_slope, se, SOURCES, HELD, 0.5) is None
+
+
+def test_factors_from_share_ratios_count_once():
+    """x0.5 comes out of the share ratios as 0.5 for one source and 0.5000000000000001 for another: still one factor,
+    which cannot tell a shape from a scale."""
+    frame, slope, se, *_ = _planted()
+    halves = frame.filter(pl.col("factor") == 0.5).with_columns(
+        factor=pl.when(pl.col("varied") == "b").then(0.5000000000000001).otherwise(pl.col("factor"))
+    )
+    record, _ = calibrate(halves, slope, se, SOURCES, HELD, 0.5)
+    assert record["shape"] == [0.5] * 4
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda r: r.pop("variants"),
+        lambda r: r.update(check={}),
+        lambda r: r.update(offset=[1, 2]),
+        lambda r: r.update(shape=["x"] * 4),
+        lambda r: r.pop("shape"),
+        lambda r: r.pop("check"),
+        lambda r: r["predicted"].update({"0": [[0.1]]}),
+    ],
+    ids=["no variants", "empty check", "offset a list", "shape of text", "no shape", "no check", "predicted misshapen"],
+)
+def test_an_edited_calibrated_json_is_left_out_of_the_report_said_once(tmp_path, edit, caplog):
+    from winnow.pipelines.ablate.layout import StudyLayout, load_study
+    from winnow.pipelines.report.counterfactual import lead
+    from winnow.pipelines.report.page import render
+
+    frame, slope, se, *_ = _planted()
+    layout = StudyLayout(tmp_path)
+    layout.tables.mkdir(parents=True)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    edit(record)
+    layout.calibrated_json.write_text(json.dumps(record))
+    cells.write_csv(layout.cells_csv)
+    pl.DataFrame({"variant": ["baseline"]}).write_csv(layout.table_csv)
+    study = load_study(tmp_path)
+    assert study.calibrated is None
+    assert [r.message for r in caplog.records if "calibrated.json is not what" in r.message]
+    assert lead(None, study) is None
+    assert "calibrated on this study" not in render(None, None, study)
