@@ -189,6 +189,11 @@ def text(cf: Counterfactual) -> str:
         f"What a change of the mix would do ({basis}; ± two standard errors; predicted change of each held-out "
         "loss, nats):"
     ]
+    if cf.calibrated and cf.measured:
+        offsets = ", ".join(f"{k} {v:+.3f}" for k, v in cf.calibrated["offset"].items())
+        lines.append(
+            f"  (a measurement holds the baseline seeds' own offset, which a prediction leaves out: {offsets})"
+        )
     for held_out, said in sentences(cf):
         lines.append(f"  {'mean over the held-out sets' if held_out == 'mean' else held_out}:")
         lines += [f"    {s}" for s in said]

@@ -179,6 +179,7 @@ def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path,
     said = text(cf)
     assert said.startswith("What a change of the mix would do (calibrated on the study's 12 variants;")
     assert "Leaving out `a` would raise held-out loss on `a`" in said and "(measured: +" in said
+    assert "(a measurement holds the baseline seeds' own offset, which a prediction leaves out: a +0.0" in said
     from winnow.pipelines.report.page import render
 
     page = render(None, None, study)
