@@ -144,13 +144,16 @@ def _fit_shapes(cells: Cells, slope: np.ndarray, se: np.ndarray, q: float) -> tu
     costs than scaling it is a property of the source (random text, whose absence the model has never
     seen, saturates nothing like prose does). Every other source takes the median of those shapes, or,
     with none, the one shape that fits all cells best. Cells measured at one factor alone (a study of
-    leave-one-out variants) cannot tell a shape from a scale: the shape is then the run's own, ``q``."""
+    leave-one-out variants) cannot tell a shape from a scale, and cells without a source left out cannot say
+    how the response ends at ``r = 0`` (x0.5 and x1.5 differ from a line by a few hundredths for every shape):
+    the shape is then the run's own, ``q``."""
     S = slope.shape[0]
 
     def best(candidates_PS: np.ndarray) -> int:
         return int(np.argmin(_likelihood(cells, candidates_PS, slope, se)[0]))
 
-    if len(set(cells.factor.tolist()) - {1.0}) < 2:
+    factors = set(cells.factor.tolist()) - {1.0}
+    if 0.0 not in factors or len(factors) < 2:
         p_S = np.full(S, q)
     else:
         p_S = np.full(S, _P_GRID[best(np.repeat(_P_GRID[:, None], S, 1))])

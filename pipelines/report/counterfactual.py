@@ -8,6 +8,7 @@ interval holds 0. Where a study measured the same change, the measurement goes b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from numbers import Real
 
@@ -81,7 +82,7 @@ def _is_calibrated(value: dict, n_sources: int) -> bool:
     check, offset, shape = value.get("check"), value.get("offset"), value.get("shape")
 
     def number(x) -> bool:
-        return isinstance(x, Real) and not isinstance(x, bool)
+        return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
     return (
         isinstance(value.get("variants"), int)
@@ -102,7 +103,10 @@ def _is_calibrated(value: dict, n_sources: int) -> bool:
 def calibrated_record(value: dict) -> Counterfactual | None:
     """A study's ``calibrated.json`` as a counterfactual, or None when it is not what ``calibrate.py`` writes."""
     cf = parse({"counterfactual": value})
-    return cf if cf is not None and cf.calibrated is not None else None
+    if cf is None or cf.calibrated is None:
+        return None
+    finite = all(np.isfinite(m).all() for m in (*cf.predicted.values(), *cf.interval.values()))
+    return cf if finite else None
 
 
 def lead(run_cf: Counterfactual | None, study) -> Counterfactual | None:
@@ -181,14 +185,11 @@ def text(cf: Counterfactual) -> str:
     """The terminal's lead: the sentences per held-out set."""
     steps = f"steps {cf.steps[0]}-{cf.steps[1]}" if cf.steps else f"step {cf.step}"
     basis = (
-        f"calibrated on the study's {cf.calibrated['variants']} variants"
+        f"calibrated on the study's {cf.calibrated['variants']} variants; ± two posterior standard deviations"
         if cf.calibrated
-        else f"counterfactual at {steps}"
+        else f"counterfactual at {steps}; ± two standard errors"
     )
-    lines = [
-        f"What a change of the mix would do ({basis}; ± two standard errors; predicted change of each held-out "
-        "loss, nats):"
-    ]
+    lines = [f"What a change of the mix would do ({basis}; predicted change of each held-out loss, nats):"]
     if cf.calibrated and cf.measured:
         offsets = ", ".join(f"{k} {v:+.3f}" for k, v in cf.calibrated["offset"].items())
         lines.append(

@@ -240,7 +240,8 @@ def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = Non
             f"{cf.calibrated['variants']} measured variants as the data (an empirical-Bayes fit of one response "
             f"shape per source, p = {html.escape(shapes_text(cf.calibrated))}, and each cell's size). Checked by predicting each variant "
             f"without its own runs: signs right on {check['sign_agree']} of {check['above_noise']} cells above the "
-            f"seed noise, sizes within a factor 2 on {check['within_2x']}. A measurement beside a prediction holds "
+            f"seed noise, sizes within a factor 2 on {check['within_2x']}, Spearman {rho_text(check['spearman'])} "
+            f"over all {check['n_cells']} cells. A measurement beside a prediction holds "
             "the baseline seeds' own offset, which the predictions leave out ("
             + html.escape(", ".join(f"{k} {v:+.3f}" for k, v in cf.calibrated["offset"].items()))
             + " nats)"
@@ -251,9 +252,10 @@ def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = Non
             "AdamW's first and second moments, with the recent updates counting most, and a response that "
             "saturates toward leaving a source out"
         )
+    interval = "two posterior standard deviations" if cf.calibrated else "two standard errors"
     parts = [
         "<h2>Which source helps: what a change of the mix would do</h2>",
-        f"<p>Predicted change of each held-out loss at the end of the run (nats, ± two standard errors) if one "
+        f"<p>Predicted change of each held-out loss at the end of the run (nats, ± {interval}) if one "
         f"source's share of the training tokens were scaled, the others taking up the rest; {basis}. "
         "<i>Can't tell</i>: the interval holds 0.</p>",
     ]
@@ -262,8 +264,8 @@ def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = Non
     for held_out, said in cf_text.sentences(cf):
         title = "Mean over the held-out sets" if held_out == "mean" else f"Held-out set {held_out}"
         parts.append(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{_code(x)}</li>" for x in said) + "</ul>")
-    measured = bool(cf.measured)
     for factor in cf.factors:
+        measured = any(f == factor for _, f in cf.measured)  # the study measured this factor, not only others
         header = ["source", *[f"{h} (nats)" for h in cf.held_out]]
         rows = []
         for i, source in enumerate(cf.sources):
@@ -405,7 +407,8 @@ def study_section(study: Study) -> str:
     if study.correlation:
         c = study.correlation
         parts.append(
-            f"<p>Attribution vs ablation: Spearman {rho_text(c['spearman'])} over {c['n_cells']} cells; signs agree "
+            f"<p>The run's own counterfactual against the ablations: Spearman {rho_text(c['spearman'])} over "
+            f"{c['n_cells']} cells; signs agree "
             f"on {c['sign_agree']} of the {html.escape(above_noise_text(c))}. "
             f"{html.escape(measurement_text(c['measurement']) if c.get('measurement') else '')} "
             f"{html.escape(c.get('note', ''))}</p>"

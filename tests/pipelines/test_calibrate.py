@@ -186,6 +186,10 @@ def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path,
     first = page.index("<h2>")
     assert page[first:].startswith("<h2>Which source helps: what a change of the mix would do</h2>")
     assert "calibrated on this study" in page and "which the predictions leave out (a +0.0" in page
+    assert "± two posterior standard deviations" in page and ", Spearman 0." in page
+    # each factor's table says whether the study measured it: x2 was not
+    assert "<p>Each source left out: predicted, and measured by the study</p>" in page
+    assert "<p>Each source share x 2: predicted</p>" in page
 
 
 def test_the_scatter_shows_the_calibrated_prediction_beside_the_runs_own():
@@ -220,6 +224,20 @@ def test_a_diverged_runs_cell_is_left_out_and_the_file_stays_strict_json():
     assert calibrate(frame, nan_slope, se, SOURCES, HELD, 0.5) is None
 
 
+@pytest.mark.parametrize("factors", [(0.5, 1.5), (0.5, 2.0)])
+def test_a_study_without_a_source_left_out_keeps_the_runs_shape(factors):
+    """x0.5 and x1.5 (or x2) say little of how the response ends at r = 0: fitted from them, the shape fell to the end
+    of its range and leaving a source out was predicted at 10 nats. The run's own shape stays."""
+    frame, slope, se, sigma, _ = _planted(p=0.5)
+    frame = frame.filter(pl.col("factor") != 0).with_columns(
+        factor=pl.when(pl.col("factor") == 1.5).then(factors[1]).otherwise(pl.col("factor"))
+    )
+    record, _ = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    assert record["shape"] == [0.5] * 4 and record["shape_at_edge"] == []
+    left_out = np.array(record["predicted"]["0"])[:, :4]
+    assert np.abs(left_out).max() < 3 * np.abs(response(0.0, 0.5) * sigma).max()
+
+
 def test_factors_from_share_ratios_count_once():
     """x0.5 comes out of the share ratios as 0.5 for one source and 0.5000000000000001 for another: still one factor,
     which cannot tell a shape from a scale."""
@@ -241,8 +259,20 @@ def test_factors_from_share_ratios_count_once():
         lambda r: r.pop("shape"),
         lambda r: r.pop("check"),
         lambda r: r["predicted"].update({"0": [[0.1]]}),
+        lambda r: r.update(kappa=float("nan")),
+        lambda r: r["predicted"]["0"][0].__setitem__(0, None),
     ],
-    ids=["no variants", "empty check", "offset a list", "shape of text", "no shape", "no check", "predicted misshapen"],
+    ids=[
+        "no variants",
+        "empty check",
+        "offset a list",
+        "shape of text",
+        "no shape",
+        "no check",
+        "predicted misshapen",
+        "kappa NaN",
+        "a prediction null",
+    ],
 )
 def test_an_edited_calibrated_json_is_left_out_of_the_report_said_once(tmp_path, edit, caplog):
     from winnow.pipelines.ablate.layout import StudyLayout, load_study
