@@ -115,7 +115,7 @@ def lead(run_cf: Counterfactual | None, study) -> Counterfactual | None:
     calibrated = calibrated_record(study.calibrated) if study is not None and study.calibrated else None
     cf = calibrated or run_cf
     if cf is not None and study is not None and study.cells is not None:
-        attach_measured(cf, study.cells)
+        attach_measured(cf, study.cells, study.effects)
     return cf
 
 
@@ -201,9 +201,12 @@ def text(cf: Counterfactual) -> str:
     return "\n".join(lines)
 
 
-def attach_measured(cf: Counterfactual, cells) -> None:
+def attach_measured(cf: Counterfactual, cells, effects=None) -> None:
     """Put a study's measurements (``attribution_vs_ablation.csv``: one row per variant and held-out set) beside
-    the predictions they test: each variant that scaled one source by one of the record's factors."""
+    the predictions they test: each variant that scaled one source by one of the record's factors. The mean over
+    the held-out sets is the study's own (``effects.csv``: its noise from the seeds' mean losses, as the effects
+    table gives it) where ``effects`` has the variant, else the cells' mean with their noises as independent."""
+    variant_of = {}
     for row in cells.iter_rows(named=True):
         varied, factor = row.get("varied"), row.get("factor")
         if varied is None or factor is None:
@@ -212,8 +215,17 @@ def attach_measured(cf: Counterfactual, cells) -> None:
         if match is None or varied not in cf.sources or row["source"] not in cf.held_out:
             continue
         cf.measured.setdefault((varied, match), {})[row["source"]] = (float(row["measured"]), float(row["noise"]))
+        variant_of[(varied, match)] = row.get("variant")
+    own = {}
+    if effects is not None and {"variant", "mean_delta", "mean_noise"} <= set(effects.columns):
+        own = {r["variant"]: (r["mean_delta"], r["mean_noise"]) for r in effects.iter_rows(named=True)}
     sets = [h for h in cf.held_out if h != MEAN]
-    for found in cf.measured.values():
-        if MEAN in cf.held_out and all(h in found for h in sets):
+    for key, found in cf.measured.items():
+        if MEAN not in cf.held_out or not all(h in found for h in sets):
+            continue
+        delta, noise = own.get(variant_of.get(key), (None, None))
+        if delta is not None and noise is not None:
+            found[MEAN] = (float(delta), float(noise))
+        else:
             values = np.array([found[h] for h in sets])
             found[MEAN] = (float(values[:, 0].mean()), float(np.sqrt((values[:, 1] ** 2).sum()) / len(sets)))

@@ -292,3 +292,18 @@ def test_an_edited_calibrated_json_is_left_out_of_the_report_said_once(tmp_path,
     assert [r.message for r in caplog.records if "calibrated.json is not what" in r.message]
     assert lead(None, study) is None
     assert "calibrated on this study" not in render(None, None, study)
+
+
+def test_the_mean_measurement_beside_a_prediction_is_the_effects_tables():
+    """The sentences' "(measured: ...)" for the mean over the held-out sets gave another noise than the effects table
+    for the same variant (the sets' noises taken as independent): it is now the effects table's figure."""
+    from winnow.pipelines.report.counterfactual import attach_measured, calibrated_record
+
+    frame, slope, se, *_ = _planted()
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    effects = pl.DataFrame({"variant": ["without_a"], "mean_delta": [0.123], "mean_noise": [0.045]})
+    cf = calibrated_record(record)
+    attach_measured(cf, cells, effects)
+    assert cf.measured[("a", 0.0)]["mean"] == (0.123, 0.045)
+    own = cells.filter(pl.col("variant") == "without_b")
+    assert cf.measured[("b", 0.0)]["mean"][0] == pytest.approx(own["measured"].mean())  # not in the effects given
