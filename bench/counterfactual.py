@@ -167,7 +167,7 @@ def report(study: Path) -> None:
     path = study / "ablation" / "correlation.json"
     if not path.is_file():
         raise SystemExit(f"no {path}: the study has not finished")
-    from winnow.pipelines.ablate.correlation import measurement_text, rho_text
+    from winnow.pipelines.ablate.correlation import figures_text, measurement_text, rho_text
 
     c = json.loads(path.read_text())
     above = c["above_noise"]
@@ -192,10 +192,7 @@ def report(study: Path) -> None:
 
         print(check_text(json.loads(calibrated.read_text())))
         for name, found in what_the_run_adds(study).items():
-            print(
-                f"  {name}: signs {found['sign_agree']}/{found['above_noise']}, within 2x {found['within_2x']}/"
-                f"{found['above_noise']}, Spearman {rho_text(found['spearman'])} over {found['n_cells']} cells"
-            )
+            print(f"  {figures_text(name, found)}")
 
 
 def what_the_run_adds(study: Path) -> dict[str, dict]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from winnow.pipelines.ablate.correlation import above_noise_text, agreement, rho_text
+from winnow.pipelines.ablate.correlation import above_noise_text, agreement, figures_text, rho_text
 
 FACTORS = (0.0, 0.5, 1.5, 2.0)  # the predictions calibrated.json holds: left out, halved, x1.5, doubled
 SCALED = ("leave_one_out", "weights")  # the variants that scale one source's share
@@ -280,6 +280,9 @@ def calibrate(
 
 def check_text(record: dict) -> str:
     """The calibrated counterfactual's leave-one-variant-out check and its parameters, in a few lines."""
+    # here, not at the top: the report package brings matplotlib, which `winnow check` of a study never needs
+    from winnow.pipelines.report.counterfactual import offsets_text, shapes_text
+
     check = record["check"]
     kappa = record["kappa"]
     lines = [
@@ -288,26 +291,16 @@ def check_text(record: dict) -> str:
         f"{check['within_2x']}/{check['above_noise']}; Spearman {rho_text(check['spearman'])} over all "
         f"{check['n_cells']} cells",
     ]
-    for kind, part in check["by_kind"].items():
-        lines.append(
-            f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
-            f"{part['above_noise']}, Spearman {rho_text(part['spearman'])} over {part['n_cells']} cells"
-        )
+    lines += [f"  {figures_text(kind, part)}" for kind, part in check["by_kind"].items()]
     if kappa > 0:
         scale = f"{1 / kappa:.2g}x the measured sizes"
     else:
         scale = "of the opposite sign to the measured effects" if kappa < 0 else "unrelated to the measured effects"
-    offsets = ", ".join(f"{k} {v:+.3f}" for k, v in record["offset"].items())
     edge = record.get("shape_at_edge") or []
     lines.append(
         f"  the response (r^p - 1)/p with p = {shapes_text(record)}"
         + (f" ({', '.join(edge)} at the edge of the range searched, 0.002 to 3)" if edge else "")
         + f"; the run's slopes are {scale} (κ = {kappa:.2f}, spread τ = {record['tau']:.3g}); the baseline seeds' "
-        f"offset in every measured delta: {offsets}"
+        f"offset in every measured delta: {offsets_text(record)}"
     )
     return "\n".join(lines)
-
-
-def shapes_text(record: dict) -> str:
-    """Each source's response shape, ``code 0.45, docs 0.60``."""
-    return ", ".join(f"{s} {p:.2f}" for s, p in zip(record["sources"], record["shape"]))

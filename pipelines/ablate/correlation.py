@@ -215,6 +215,14 @@ def split_half(groups: dict[str, list[dict]], base_runs: list[dict], held: list[
     return {"split_half": r, "splits": len(rhos), "ceiling": float(np.sqrt(whole)) if whole > 0 else 0.0}
 
 
+def figures_text(name: str, part: dict) -> str:
+    """One predictor's (or one kind of variant's) agreement figures in a line: signs, within 2x, Spearman."""
+    return (
+        f"{name}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
+        f"{part['above_noise']}, Spearman {rho_text(part['spearman'])} over {part['n_cells']} cells"
+    )
+
+
 def measurement_text(measurement: dict) -> str:
     """One line on how well the study's measured cells agree with themselves (``correlation.split_half``)."""
     return (

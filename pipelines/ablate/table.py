@@ -14,6 +14,7 @@ from winnow.pipelines.ablate.compare import Effect, effects
 from winnow.pipelines.ablate.correlation import (
     above_noise_text,
     compare_with_counterfactual,
+    figures_text,
     measurement_text,
     rho_text,
     slope_of,
@@ -184,11 +185,7 @@ def agreement_text(summary: dict) -> str:
         f"a factor 2 on {summary['within_2x']}/{summary['above_noise']}; Spearman {rho_text(summary['spearman'])} over "
         f"all {summary['n_cells']} cells"
     ]
-    for kind, part in summary["by_kind"].items():
-        lines.append(
-            f"  {kind}: signs {part['sign_agree']}/{part['above_noise']}, within 2x {part['within_2x']}/"
-            f"{part['above_noise']}, Spearman {rho_text(part['spearman'])} over {part['n_cells']} cells"
-        )
+    lines += [f"  {figures_text(kind, part)}" for kind, part in summary["by_kind"].items()]
     if summary.get("measurement"):
         lines.append(measurement_text(summary["measurement"]))
     return "\n".join([*lines, summary["note"]])

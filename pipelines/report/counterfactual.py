@@ -100,6 +100,16 @@ def _is_calibrated(value: dict, n_sources: int) -> bool:
     )
 
 
+def shapes_text(record: dict) -> str:
+    """A calibrated record's response shape per source, ``code 0.45, docs 0.60``."""
+    return ", ".join(f"{s} {p:.2f}" for s, p in zip(record["sources"], record["shape"]))
+
+
+def offsets_text(record: dict) -> str:
+    """A calibrated record's baseline offset per held-out set, ``code -0.033, docs -0.008`` (nats)."""
+    return ", ".join(f"{k} {v:+.3f}" for k, v in record["offset"].items())
+
+
 def calibrated_record(value: dict) -> Counterfactual | None:
     """A study's ``calibrated.json`` as a counterfactual, or None when it is not what ``calibrate.py`` writes."""
     cf = parse({"counterfactual": value})
@@ -191,9 +201,9 @@ def text(cf: Counterfactual) -> str:
     )
     lines = [f"What a change of the mix would do ({basis}; predicted change of each held-out loss, nats):"]
     if cf.calibrated and cf.measured:
-        offsets = ", ".join(f"{k} {v:+.3f}" for k, v in cf.calibrated["offset"].items())
         lines.append(
-            f"  (a measurement holds the baseline seeds' own offset, which a prediction leaves out: {offsets})"
+            "  (a measurement holds the baseline seeds' own offset, which a prediction leaves out: "
+            f"{offsets_text(cf.calibrated)})"
         )
     for held_out, said in sentences(cf):
         lines.append(f"  {'mean over the held-out sets' if held_out == 'mean' else held_out}:")

@@ -19,7 +19,6 @@ import numpy as np
 from winnow.curate.atomic import write_text_atomic
 from winnow.curate.errors import InputError
 from winnow.curate.workdir import is_url
-from winnow.pipelines.ablate.calibrate import shapes_text
 from winnow.pipelines.ablate.correlation import above_noise_text, measurement_text, rho_text
 from winnow.pipelines.ablate.layout import Study, load_study
 from winnow.pipelines.report import continued, plots
@@ -238,12 +237,12 @@ def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = Non
         basis = (
             f"calibrated on this study: the baseline run's counterfactual as the prior, the "
             f"{cf.calibrated['variants']} measured variants as the data (an empirical-Bayes fit of one response "
-            f"shape per source, p = {html.escape(shapes_text(cf.calibrated))}, and each cell's size). Checked by predicting each variant "
+            f"shape per source, p = {html.escape(cf_text.shapes_text(cf.calibrated))}, and each cell's size). Checked by predicting each variant "
             f"without its own runs: signs right on {check['sign_agree']} of {check['above_noise']} cells above the "
             f"seed noise, sizes within a factor 2 on {check['within_2x']}, Spearman {rho_text(check['spearman'])} "
             f"over all {check['n_cells']} cells. A measurement beside a prediction holds "
             "the baseline seeds' own offset, which the predictions leave out ("
-            + html.escape(", ".join(f"{k} {v:+.3f}" for k, v in cf.calibrated["offset"].items()))
+            + html.escape(cf_text.offsets_text(cf.calibrated))
             + " nats)"
         )
     else:
