@@ -20,8 +20,8 @@ share times 0.5 and 1.5 with three seeds each: 40 runs, two at a time. It prints
 signs the counterfactual gets right and the sizes it gets within a factor 2; the Spearman rank
 correlation over all cells; and whether the noise is well below the effects. Then the same check of the
 counterfactual calibrated on the study (``ablation/calibrated.json``), each variant predicted by a fit
-without its own runs, and its two halves apart: the run's slopes rescaled by the other sources' variants,
-and the study's runs with no prior.
+without its own runs, and its two halves apart: each source predicted from the other sources' variants
+alone, and the study's runs with no prior.
 """
 
 from __future__ import annotations
@@ -196,10 +196,10 @@ def report(study: Path) -> None:
 
 
 def what_the_run_adds(study: Path) -> dict[str, dict]:
-    """The calibrated check's two halves apart, on the study's one-source variants: "the run's slopes, rescaled"
-    predicts each source's cells from ``κ · slope`` with κ, the shape and the baseline's offsets fitted to the
-    other sources' variants alone; "the study alone" is the calibrated fit with the run's slopes as no prior
-    (τ unbounded), each variant held back."""
+    """The calibrated check's two halves apart, on the study's one-source variants: "without the source's own
+    runs" predicts each source's variants from the laws fitted to the other sources' variants alone (what the
+    run's slopes and the other variants say about a source never ablated); "the study alone" is the calibrated
+    fit with the run's slopes as no prior, each variant held back."""
     import numpy as np
     import polars as pl
 
@@ -215,22 +215,18 @@ def what_the_run_adds(study: Path) -> dict[str, dict]:
     slope, se, sources, held, q = slope_of(counterfactuals)
     held = [h for h in held if h != "mean"]
     slope, se = slope[:, : len(held)], se[:, : len(held)]
-    cells = calibrate.cells_of(frame, sources, held)
-    rescaled = np.full(len(cells.measured), np.nan)
+    base = np.array([results[0]["weights"][s] for s in sources], dtype=float)
+    base /= base.sum()
+    cells = calibrate.cells_of(frame, sources, held, base)
+    unseen = np.full(len(cells.measured), np.nan)
     for a in range(len(sources)):
         own = cells.source == a
-        fit = calibrate.fit(cells.take(~own), slope, se, q)
-        p = float(np.median(fit.p))
-        rescaled[own] = calibrate.response(cells.factor[own], p) * fit.kappa * slope[a, cells.held[own]]
-        rescaled[own] += fit.offset[cells.held[own]]
-    grid = calibrate._TAU_GRID
-    calibrate._TAU_GRID = np.array([1e6])  # a prior this wide is none
-    try:
-        alone = calibrate.cross_validated(cells, slope, se, q)
-    finally:
-        calibrate._TAU_GRID = grid
+        fit = calibrate.fit(cells.take(~own), slope, se, base, q)
+        c = cells.take(own)
+        unseen[own] = fit.predict(c.shares, c.held)[0] + fit.offset[c.held]
+    alone = calibrate.cross_validated(cells, slope, se, base, q, prior=False)
     out = {}
-    for name, predicted in (("the run's slopes, rescaled", rescaled), ("the study alone", alone)):
+    for name, predicted in (("without the source's own runs", unseen), ("the study alone", alone)):
         by_cell = {(v, held[j]): x for v, j, x in zip(cells.variant, cells.held, predicted)}
         compared = frame.filter(pl.col("kind").is_in(calibrate.SCALED))
         column = [by_cell.get((v, s)) for v, s in zip(compared["variant"], compared["source"])]

@@ -149,7 +149,7 @@ def write_study(
         cells = summary.pop("cells")
         summary["note"] = noise_note(summary)
         slope, error, cf_sources, held_out, q = slope_of(counterfactuals, interval)
-        calibrated = calibrate(cells, slope, error, cf_sources, held_out, q)
+        calibrated = calibrate(cells, slope, error, cf_sources, held_out, q, base)
         if calibrated is not None:
             record, cells = calibrated
             summary["calibrated"] = record["check"]

@@ -92,17 +92,24 @@ def _is_calibrated(value: dict, n_sources: int) -> bool:
         and isinstance(check.get("by_kind", {}), dict)
         and isinstance(offset, dict)
         and all(number(v) for v in offset.values())
-        and isinstance(shape, list)
-        and len(shape) == n_sources
-        and all(number(v) for v in shape)
+        and (number(shape) or (isinstance(shape, list) and len(shape) == n_sources and all(number(v) for v in shape)))
         and number(value.get("kappa"))
         and number(value.get("tau"))
     )
 
 
 def shapes_text(record: dict) -> str:
-    """A calibrated record's response shape per source, ``code 0.45, docs 0.60``."""
-    return ", ".join(f"{s} {p:.2f}" for s, p in zip(record["sources"], record["shape"]))
+    """A calibrated record's response shape, ``0.50`` (one for the study), or ``code 0.45, docs 0.60`` (one per
+    source, as studies calibrated by earlier versions of winnow hold)."""
+    shape = record["shape"]
+    if not isinstance(shape, list):
+        return f"{shape:.2f}"
+    return ", ".join(f"{s} {p:.2f}" for s, p in zip(record["sources"], shape))
+
+
+def curvatures_text(record: dict) -> str:
+    """A calibrated record's mixing-law curvature per held-out set, ``code +3.9, docs -1.2`` (per nat)."""
+    return ", ".join(f"{k} {v:+.1f}" for k, v in record.get("curvature", {}).items()) or "none recorded"
 
 
 def offsets_text(record: dict) -> str:

@@ -236,8 +236,9 @@ def counterfactual_section(cf: cf_text.Counterfactual, study: Study | None = Non
         check = cf.calibrated["check"]
         basis = (
             f"calibrated on this study: the baseline run's counterfactual as the prior, the "
-            f"{cf.calibrated['variants']} measured variants as the data (an empirical-Bayes fit of one response "
-            f"shape per source, p = {html.escape(cf_text.shapes_text(cf.calibrated))}, and each cell's size). Checked by predicting each variant "
+            f"{cf.calibrated['variants']} measured variants as the data (a mixing law per held-out set, the loss an "
+            f"exponential of the shares' changes, share ratios bent by p = "
+            f"{html.escape(cf_text.shapes_text(cf.calibrated))}). Checked by predicting each variant "
             f"without its own runs: signs right on {check['sign_agree']} of {check['above_noise']} cells above the "
             f"seed noise, sizes within a factor 2 on {check['within_2x']}, Spearman {rho_text(check['spearman'])} "
             f"over all {check['n_cells']} cells. A measurement beside a prediction holds "

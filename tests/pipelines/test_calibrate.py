@@ -1,17 +1,28 @@
-"""The counterfactual calibrated on a study (pipelines/ablate/calibrate.py): the empirical-Bayes fit, its
+"""The counterfactual calibrated on a study (pipelines/ablate/calibrate.py): the mixing law's fit, its
 leave-one-variant-out check, and what the study's tables and report say with it."""
 
+import dataclasses
 import json
 
 import numpy as np
 import polars as pl
 import pytest
 
-from winnow.pipelines.ablate.calibrate import calibrate, cells_of, check_text, cross_validated, fit, response
+from winnow.pipelines.ablate.calibrate import (
+    calibrate,
+    cells_of,
+    check_text,
+    cross_validated,
+    features,
+    fit,
+    scaled_shares,
+)
 
 SOURCES = ["a", "b", "c", "d"]
 HELD = ["a", "b", "c", "d", "mean"]
 FACTORS = (0.0, 0.5, 1.5)
+BASE = {"a": 0.25, "b": 0.25, "c": 0.3, "d": 0.2}  # the baseline's weights
+SHARE = np.array(list(BASE.values()))
 
 
 def _frame(measured: dict, noise: float) -> pl.DataFrame:
@@ -39,125 +50,134 @@ def _frame(measured: dict, noise: float) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def _planted(p=0.5, kappa=0.5, offset=(0.02, -0.03, 0.0, 0.01), noise_sd=0.004, seed=0):
-    """A study whose effects follow the model: σ = κ · slope + a spread, a response of shape p, the baseline's
-    offset per held-out set, and Gaussian measurement noise; returns the frame, the run's slope and the truth."""
+def _law(shares, g, curvature, p):
+    """The planted mixing law: each held-out set's change at ``shares`` (N, S), (N, B)."""
+    u = features(shares, SHARE, p) @ g
+    lam = np.asarray(curvature, dtype=float)
+    return np.where(lam == 0, u, np.expm1(lam * u) / np.where(lam == 0, 1.0, lam))
+
+
+def _planted(p=0.5, kappa=0.5, curvature=(1.0, 0.0, 0.5, 2.0), offset=(0.02, -0.03, 0.0, 0.01), noise_sd=0.004, g=None,
+             seed=0):  # fmt: skip
+    """A study whose effects follow a mixing law: slopes per unit of share ``g`` (each source helps its own set
+    most), a share ratio shape ``p``, a curvature per held-out set, the baseline's offset per held-out set, and
+    Gaussian measurement noise; the run's slopes are the true ones / κ. Returns the frame, the run's slope and
+    error (S, B + 1), the true slopes by ln share (S, B), the offsets and the truth's law as a function."""
     rng = np.random.default_rng(seed)
-    slope = rng.normal(0, 0.1, (4, 4)) - np.diag([0.3, 0.25, 0.2, 0.35])  # each source helps its own set most
-    sigma = kappa * slope + rng.normal(0, 0.01, (4, 4))
+    if g is None:
+        g = rng.normal(0, 0.2, (4, 4)) - np.diag([1.2, 1.0, 0.8, 1.4])
+    g = g - SHARE @ g  # Σ_j s_j g[j, b] = 0: the run's slopes determine g
+    slope = (np.diag(SHARE) - np.outer(SHARE, SHARE)) @ g
     offset = np.asarray(offset)
+
+    def truth(source: int, r: float) -> np.ndarray:
+        return _law(scaled_shares(SHARE, np.array([source]), np.array([r])), g, curvature, p)[0]
+
     measured = {
-        (s, r): response(r, p) * sigma[i] + offset + rng.normal(0, noise_sd, 4)
-        for i, s in enumerate(SOURCES)
-        for r in FACTORS
+        (s, r): truth(i, r) + offset + rng.normal(0, noise_sd, 4) for i, s in enumerate(SOURCES) for r in FACTORS
     }
-    full = np.concatenate([slope, slope.mean(1, keepdims=True)], 1)
-    return _frame(measured, 2 * noise_sd), full, np.full_like(full, 0.005), sigma, offset
+    run = slope / kappa + rng.normal(0, 0.002, (4, 4))
+    full = np.concatenate([run, run.mean(1, keepdims=True)], 1)
+    return _frame(measured, 2 * noise_sd), full, np.full_like(full, 0.005), slope, offset, truth
 
 
-def test_the_fit_recovers_a_planted_shape_scale_and_baseline_offset():
-    frame, slope, se, sigma, offset = _planted()
-    cells = cells_of(frame, SOURCES, SOURCES)
-    model = fit(cells, slope[:, :4], se[:, :4], 0.5)
-    assert model.p.shape == (4,) and np.all((model.p >= 0.3) & (model.p <= 0.8)), model.p
+def test_the_fit_recovers_a_planted_law_scale_and_baseline_offset():
+    frame, slope, se, true_slope, offset, _ = _planted()
+    cells = cells_of(frame, SOURCES, SOURCES, SHARE)
+    model = fit(cells, slope[:, :4], se[:, :4], SHARE, 0.25)
+    assert 0.25 <= model.p <= 0.75, model.p
     assert model.kappa == pytest.approx(0.5, rel=0.2)
     np.testing.assert_allclose(model.offset, offset, atol=0.006)
-    np.testing.assert_allclose(model.sigma, sigma, atol=0.02)
+    value, sd = model.slopes()
+    np.testing.assert_allclose(value, true_slope, atol=0.02)
+    assert np.all(sd > 0) and np.all(sd < 0.05)
 
 
 def test_each_variant_is_predicted_without_its_own_runs():
     """The check's prediction of a variant does not move when that variant's measurements do; another variant's
     prediction does."""
     frame, slope, se, *_ = _planted()
-    cells = cells_of(frame, SOURCES, SOURCES)
-    before = cross_validated(cells, slope[:, :4], se[:, :4], 0.5)
+    cells = cells_of(frame, SOURCES, SOURCES, SHARE)
+    before = cross_validated(cells, slope[:, :4], se[:, :4], SHARE, 0.5)
     moved = cells.measured.copy()
     moved[cells.variant == "without_a"] += 0.5
-    after = cross_validated(
-        type(cells)(cells.source, cells.held, cells.factor, moved, cells.var, cells.variant),
-        slope[:, :4],
-        se[:, :4],
-        0.5,
-    )
+    after = cross_validated(dataclasses.replace(cells, measured=moved), slope[:, :4], se[:, :4], SHARE, 0.5)
     own = cells.variant == "without_a"
     np.testing.assert_array_equal(after[own], before[own])
     assert np.abs(after[~own] - before[~own]).max() > 1e-3
 
 
 def test_the_check_gets_planted_effects_right_where_the_run_alone_misses_their_size():
-    """The run's own slopes are twice the effects and its shape guess (q = 0.5 for p = 1) is off; calibrated, the
+    """The run's own slopes are twice the effects and its shape guess (q = 0.25 for p = 1) is off; calibrated, the
     held-back variants' signs and sizes come out right."""
-    frame, slope, se, *_ = _planted(p=1.0, kappa=0.5)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    frame, slope, se, true_slope, _, truth = _planted(p=1.0, kappa=0.5)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.25, BASE)
     check = record["check"]
     assert check["above_noise"] >= 24
     assert check["sign_agree"] == check["above_noise"]
     assert check["within_2x"] >= 0.9 * check["above_noise"]
     assert check["spearman"] > 0.9
-    assert record["kappa"] == pytest.approx(0.5, rel=0.2) and 0.7 <= np.median(record["shape"]) <= 1.4
+    assert record["kappa"] == pytest.approx(0.5, rel=0.2) and 0.75 <= record["shape"] <= 1.5
     assert cells["calibrated"].null_count() == 0 and cells.height == frame.height
-    # the predictions hold no baseline offset: leaving a source out of the planted model costs h(0) · σ
+    # the predictions hold no baseline offset: leaving a source out is the planted law's change there
     predicted = np.array(record["predicted"]["0"])
     assert predicted.shape == (4, 5) and np.all(np.diag(predicted) > 0)
+    np.testing.assert_allclose(predicted[:, :4], [truth(i, 0.0) for i in range(4)], atol=0.03)
     np.testing.assert_allclose(predicted[:, 4], predicted[:, :4].mean(1))
     assert set(record["predicted"]) == {"0", "0.5", "1.5", "2"} == set(record["interval"])
     assert "signs agree on" in check_text(record) and "p = " in check_text(record)
 
 
-def test_a_source_measured_only_once_is_predicted_from_the_prior_scaled_by_the_others():
-    """With its only variant held back, a source has no data of its own: its cells come from κ · slope, κ learnt
-    from the other sources, so a run whose slopes are 2x too large is corrected."""
-    frame, slope, se, sigma, _ = _planted(kappa=0.5, offset=(0, 0, 0, 0))
+def test_a_source_measured_only_once_is_predicted_from_the_prior_and_the_other_variants():
+    """With its only variant held back, a source has no variant of its own: its cells come from κ · slope, κ learnt
+    from the other sources, and from its share moving in every other variant; a run whose slopes are 2x too
+    large is corrected."""
+    frame, slope, se, _, _, truth = _planted(kappa=0.5, offset=(0, 0, 0, 0))
     frame = frame.filter(~((pl.col("varied") == "d") & (pl.col("factor") != 0)))
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
     own = cells.filter((pl.col("variant") == "without_d") & (pl.col("source") == "d"))
-    truth = response(0.0, 0.5) * sigma[3, 3]
-    assert own["calibrated"][0] == pytest.approx(truth, rel=0.3)
+    assert own["calibrated"][0] == pytest.approx(truth(3, 0.0)[3], rel=0.3)
     assert abs(own["predicted"][0]) == 0.0  # the frame's raw prediction column is left as it was
 
 
-def test_a_source_that_saturates_unlike_the_others_gets_a_shape_of_its_own():
-    """Leaving out `d` costs far more than scaling it says (random text a model has never been without): its shape
-    is its own, and the other sources' left-out predictions are not pulled toward it."""
-    rng = np.random.default_rng(1)
-    slope = rng.normal(0, 0.05, (4, 4)) - np.diag([0.3, 0.25, 0.2, 0.3])
-    shapes = [1.0, 1.0, 1.0, 0.1]
-    measured = {
-        (s, r): response(r, shapes[i]) * 0.5 * slope[i] + rng.normal(0, 0.004, 4)
-        for i, s in enumerate(SOURCES)
-        for r in FACTORS
-    }
-    frame = _frame(measured, 0.008)
-    full = np.concatenate([slope, slope.mean(1, keepdims=True)], 1)
-    record, cells = calibrate(frame, full, np.full_like(full, 0.005), SOURCES, HELD, 0.5)
-    p = dict(zip(SOURCES, record["shape"]))
-    assert p["d"] <= 0.3 and all(0.6 <= p[s] <= 1.6 for s in "abc"), p
-    own = cells.filter((pl.col("kind") == "leave_one_out") & (pl.col("varied") == pl.col("source")))
-    others = own.filter(pl.col("varied") != "d")
-    ratio = (others["calibrated"] / others["measured"]).to_numpy()
-    assert np.all((ratio > 0.5) & (ratio < 2)), ratio
+def test_random_text_is_predicted_to_hurt_the_real_sources_and_its_absence_to_help_them():
+    """Source `d` (random letters) raises every other held-out loss; every variant that leaves a real source out
+    raises `d`'s share too. Its own left-out variant held back, the law still predicts that leaving `d` out lowers
+    the real sources' losses and that doubling it raises them."""
+    g = np.full((4, 4), 0.0) - np.diag([1.2, 1.0, 0.8, 0.0])
+    g[3, :3] = 1.5  # d's share hurts a, b and c
+    g[3, 3] = -3.0  # and only d's own held-out set gains from it
+    frame, slope, se, _, _, truth = _planted(g=g, curvature=(0.0, 0.0, 0.0, 0.0))
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    left_out = cells.filter((pl.col("variant") == "without_d") & (pl.col("source") != "d"))
+    assert np.all(left_out["measured"].to_numpy() < 0) and np.all(left_out["calibrated"].to_numpy() < 0)
+    assert np.all(np.array(record["predicted"]["0"])[3, :3] < 0)
+    assert np.all(np.array(record["predicted"]["2"])[3, :3] > 0)
 
 
 def test_a_study_of_one_factor_keeps_the_runs_shape_and_learns_the_scale():
-    """Leave-one-out variants alone cannot tell a shape from a scale (h(0) = -1/p against κ): the shape stays the
-    run's, κ absorbs the rest, and the left-out predictions still match the planted effects."""
-    frame, slope, se, sigma, _ = _planted(p=0.5, kappa=0.5, offset=(0, 0, 0, 0))
+    """Leave-one-out variants alone cannot tell a shape from a scale, nor a curvature: the shape stays the run's,
+    κ absorbs the rest, and the left-out predictions of a planted linear law still match its effects."""
+    frame, slope, se, _, _, truth = _planted(p=0.5, kappa=0.5, curvature=(0, 0, 0, 0), offset=(0, 0, 0, 0))
     frame = frame.filter(pl.col("factor") == 0)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.25)
-    assert record["shape"] == [0.25] * 4
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    assert record["shape"] == 0.5
     own = cells.filter(pl.col("varied") == pl.col("source"))
     ratio = (own["calibrated"] / own["measured"]).to_numpy()
     assert np.all((ratio > 0.7) & (ratio < 1.4)), ratio
 
 
-@pytest.mark.parametrize("change", ["one seed", "random mixes only"])
+@pytest.mark.parametrize("change", ["one seed", "random mixes only", "a source without a baseline share"])
 def test_nothing_to_calibrate_on_gives_none(change):
     frame, slope, se, *_ = _planted()
+    base = BASE
     if change == "one seed":
         frame = frame.with_columns(noise=pl.lit(0.0))
-    else:
+    elif change == "random mixes only":
         frame = frame.with_columns(kind=pl.lit("random_mix"))
-    assert calibrate(frame, slope, se, SOURCES, HELD, 0.5) is None
+    else:
+        base = {**BASE, "d": 0.0}
+    assert calibrate(frame, slope, se, SOURCES, HELD, 0.5, base) is None
 
 
 def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path, capsys):
@@ -169,7 +189,7 @@ def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path,
     frame, slope, se, *_ = _planted()
     layout = StudyLayout(tmp_path)
     layout.tables.mkdir(parents=True)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
     (layout.calibrated_json).write_text(json.dumps(record))
     cells.write_csv(layout.cells_csv)
     pl.DataFrame({"variant": ["baseline"]}).write_csv(layout.table_csv)
@@ -200,7 +220,7 @@ def test_the_scatter_shows_the_calibrated_prediction_beside_the_runs_own():
     from winnow.pipelines.report.plots import attribution_scatter
 
     frame, slope, se, *_ = _planted()
-    _, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    _, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
     one = imread(io.BytesIO(attribution_scatter(cells.drop("calibrated"), 0.5)))
     two = imread(io.BytesIO(attribution_scatter(cells, 0.5, 0.9)))
     assert two.shape[1] > 1.8 * one.shape[1] and two.shape[0] == one.shape[0]  # a second panel beside the first
@@ -214,28 +234,28 @@ def test_a_diverged_runs_cell_is_left_out_and_the_file_stays_strict_json():
         .then(float("nan"))
         .otherwise(pl.col("measured"))
     )
-    record, cells = calibrate(poisoned, slope, se, SOURCES, HELD, 0.5)
+    record, cells = calibrate(poisoned, slope, se, SOURCES, HELD, 0.5, BASE)
     json.dumps(record, allow_nan=False)
-    clean, _ = calibrate(poisoned.filter(pl.col("measured").is_not_nan()), slope, se, SOURCES, HELD, 0.5)
+    clean, _ = calibrate(poisoned.filter(pl.col("measured").is_not_nan()), slope, se, SOURCES, HELD, 0.5, BASE)
     assert record["sigma"] == clean["sigma"] and record["shape"] == clean["shape"]
     assert cells.filter(pl.col("measured").is_nan())["calibrated"].to_list() == [None]
     nan_slope = slope.copy()
     nan_slope[0, 0] = float("nan")
-    assert calibrate(frame, nan_slope, se, SOURCES, HELD, 0.5) is None
+    assert calibrate(frame, nan_slope, se, SOURCES, HELD, 0.5, BASE) is None
 
 
 @pytest.mark.parametrize("factors", [(0.5, 1.5), (0.5, 2.0)])
 def test_a_study_without_a_source_left_out_keeps_the_runs_shape(factors):
     """x0.5 and x1.5 (or x2) say little of how the response ends at r = 0: fitted from them, the shape fell to the end
     of its range and leaving a source out was predicted at 10 nats. The run's own shape stays."""
-    frame, slope, se, sigma, _ = _planted(p=0.5)
+    frame, slope, se, _, _, truth = _planted(p=0.5)
     frame = frame.filter(pl.col("factor") != 0).with_columns(
         factor=pl.when(pl.col("factor") == 1.5).then(factors[1]).otherwise(pl.col("factor"))
     )
-    record, _ = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
-    assert record["shape"] == [0.5] * 4 and record["shape_at_edge"] == []
+    record, _ = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    assert record["shape"] == 0.5 and record["shape_at_edge"] is False
     left_out = np.array(record["predicted"]["0"])[:, :4]
-    assert np.abs(left_out).max() < 3 * np.abs(response(0.0, 0.5) * sigma).max()
+    assert np.abs(left_out).max() < 3 * np.abs([truth(i, 0.0) for i in range(4)]).max()
 
 
 def test_factors_from_share_ratios_count_once():
@@ -245,8 +265,8 @@ def test_factors_from_share_ratios_count_once():
     halves = frame.filter(pl.col("factor") == 0.5).with_columns(
         factor=pl.when(pl.col("varied") == "b").then(0.5000000000000001).otherwise(pl.col("factor"))
     )
-    record, _ = calibrate(halves, slope, se, SOURCES, HELD, 0.5)
-    assert record["shape"] == [0.5] * 4
+    record, _ = calibrate(halves, slope, se, SOURCES, HELD, 0.5, BASE)
+    assert record["shape"] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -255,7 +275,7 @@ def test_factors_from_share_ratios_count_once():
         lambda r: r.pop("variants"),
         lambda r: r.update(check={}),
         lambda r: r.update(offset=[1, 2]),
-        lambda r: r.update(shape=["x"] * 4),
+        lambda r: r.update(shape="x"),
         lambda r: r.pop("shape"),
         lambda r: r.pop("check"),
         lambda r: r["predicted"].update({"0": [[0.1]]}),
@@ -282,7 +302,7 @@ def test_an_edited_calibrated_json_is_left_out_of_the_report_said_once(tmp_path,
     frame, slope, se, *_ = _planted()
     layout = StudyLayout(tmp_path)
     layout.tables.mkdir(parents=True)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
     edit(record)
     layout.calibrated_json.write_text(json.dumps(record))
     cells.write_csv(layout.cells_csv)
@@ -300,7 +320,7 @@ def test_the_mean_measurement_beside_a_prediction_is_the_effects_tables():
     from winnow.pipelines.report.counterfactual import attach_measured, calibrated_record
 
     frame, slope, se, *_ = _planted()
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
     effects = pl.DataFrame({"variant": ["without_a"], "mean_delta": [0.123], "mean_noise": [0.045]})
     cf = calibrated_record(record)
     attach_measured(cf, cells, effects)
