@@ -155,6 +155,19 @@ def test_random_text_is_predicted_to_hurt_the_real_sources_and_its_absence_to_he
     assert np.all(np.array(record["predicted"]["2"])[3, :3] > 0)
 
 
+def test_a_source_under_two_names_gets_equal_predictions_for_both_copies():
+    """`a` and `b` are one source under two names (the same slopes per unit of share, the same share): the two
+    copies' predictions agree within their intervals for every factor on every held-out set."""
+    g = np.random.default_rng(3).normal(0, 0.2, (4, 4)) - np.diag([1.0, 1.0, 0.8, 1.4])
+    g[1] = g[0]  # b's tokens are a's
+    g[:, 1] = g[:, 0]  # and so are its held-out rows
+    frame, slope, se, *_ = _planted(g=g)
+    record, _ = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    for r in ("0", "0.5", "1.5", "2"):
+        value, half = np.array(record["predicted"][r])[:, :4], np.array(record["interval"][r])[:, :4]
+        assert np.all(np.abs(value[0] - value[1]) <= np.hypot(half[0], half[1])), (r, value[:2], half[:2])
+
+
 def test_a_study_of_one_factor_keeps_the_runs_shape_and_learns_the_scale():
     """Leave-one-out variants alone cannot tell a shape from a scale, nor a curvature: the shape stays the run's,
     κ absorbs the rest, and the left-out predictions of a planted linear law still match its effects."""
