@@ -120,7 +120,7 @@ def _solve(X, y, sd, mu, psi, starts: list[np.ndarray]) -> tuple[np.ndarray, np.
         for _ in range(_STEPS):
             A = J.T @ J
             moved = theta + np.linalg.solve(A + damp * np.diag(np.diag(A)), -J.T @ r)
-            moved[-2] = max(moved[-2], 0.0)  # λ ≥ 0: a loss with a floor (-1/λ below the baseline's)
+            moved[-2] = max(moved[-2], 0.0)  # λ ≥ 0: a loss with a floor, 1/λ below the baseline's
             r2, J2 = _residuals(moved, X, y, sd, mu, psi)
             if (cost2 := r2 @ r2) < cost:
                 settled = cost - cost2 <= 1e-10 * (1 + cost)
