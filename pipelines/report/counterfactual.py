@@ -108,7 +108,7 @@ def shapes_text(record: dict) -> str:
 
 
 def curvatures_text(record: dict) -> str:
-    """A calibrated record's mixing-law curvature per held-out set, ``code +3.9, docs -1.2`` (per nat)."""
+    """A calibrated record's mixing-law curvature per held-out set, ``code +3.9, docs +0.6`` (per nat)."""
     return ", ".join(f"{k} {v:+.1f}" for k, v in record.get("curvature", {}).items()) or "none recorded"
 
 

@@ -340,3 +340,26 @@ def test_the_mean_measurement_beside_a_prediction_is_the_effects_tables():
     assert cf.measured[("a", 0.0)]["mean"] == (0.123, 0.045)
     own = cells.filter(pl.col("variant") == "without_b")
     assert cf.measured[("b", 0.0)]["mean"][0] == pytest.approx(own["measured"].mean())  # not in the effects given
+
+
+def test_a_study_calibrated_with_a_shape_per_source_still_leads_its_report(tmp_path):
+    """calibrated.json files that hold one response shape per source and no curvature (the per-cell model's) are
+    read as before: the page leads with them and names each source's shape."""
+    from winnow.pipelines.ablate.layout import StudyLayout, load_study
+    from winnow.pipelines.report.counterfactual import curvatures_text, lead, shapes_text
+    from winnow.pipelines.report.page import render
+
+    frame, slope, se, *_ = _planted()
+    layout = StudyLayout(tmp_path)
+    layout.tables.mkdir(parents=True)
+    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    record["shape"] = [0.4, 0.5, 0.6, 0.7]
+    del record["curvature"]
+    layout.calibrated_json.write_text(json.dumps(record))
+    cells.write_csv(layout.cells_csv)
+    pl.DataFrame({"variant": ["baseline"]}).write_csv(layout.table_csv)
+    study = load_study(tmp_path)
+    assert study.calibrated is not None and lead(None, study).calibrated is not None
+    assert shapes_text(study.calibrated) == "a 0.40, b 0.50, c 0.60, d 0.70"
+    assert curvatures_text(study.calibrated) == "none recorded"
+    assert "share ratios bent by p = a 0.40, b 0.50" in render(None, None, study)
