@@ -1,7 +1,9 @@
 """The counterfactual calibrated on a study (pipelines/ablate/calibrate.py): the mixing law's fit, its
 leave-one-variant-out check, and what the study's tables and report say with it."""
 
+import copy
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -81,6 +83,18 @@ def _planted(p=0.5, kappa=0.5, curvature=(1.0, 0.0, 0.5, 2.0), offset=(0.02, -0.
     return _frame(measured, 2 * noise_sd), full, np.full_like(full, 0.005), slope, offset, truth
 
 
+@functools.cache
+def _calibrated_once() -> tuple[dict, pl.DataFrame]:
+    frame, slope, se, *_ = _planted()
+    return calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+
+
+def _default_calibration() -> tuple[dict, pl.DataFrame]:
+    """The default planted study calibrated, fitted once per process: the report's tests read it, some edit it."""
+    record, cells = _calibrated_once()
+    return copy.deepcopy(record), cells  # a polars frame is not changed in place
+
+
 def test_the_fit_recovers_a_planted_law_scale_and_baseline_offset():
     frame, slope, se, true_slope, offset, _ = _planted()
     cells = cells_of(frame, SOURCES, SOURCES, SHARE)
@@ -93,6 +107,7 @@ def test_the_fit_recovers_a_planted_law_scale_and_baseline_offset():
     assert np.all(sd > 0) and np.all(sd < 0.05)
 
 
+@pytest.mark.slow  # over 10 s of CPU: the whole fit and its check, twice or more
 def test_each_variant_is_predicted_without_its_own_runs():
     """The check's prediction of a variant does not move when that variant's measurements do; another variant's
     prediction does."""
@@ -107,6 +122,7 @@ def test_each_variant_is_predicted_without_its_own_runs():
     assert np.abs(after[~own] - before[~own]).max() > 1e-3
 
 
+@pytest.mark.slow  # over 10 s of CPU: the whole fit and its check, twice or more
 def test_the_check_gets_planted_effects_right_where_the_run_alone_misses_their_size():
     """The run's own slopes are twice the effects and its shape guess (q = 0.25 for p = 1) is off; calibrated, the
     held-back variants' signs and sizes come out right."""
@@ -199,10 +215,9 @@ def test_the_study_writes_calibrated_json_and_its_report_leads_with_it(tmp_path,
     from winnow.pipelines.ablate.layout import StudyLayout, load_study
     from winnow.pipelines.report.counterfactual import lead, text
 
-    frame, slope, se, *_ = _planted()
     layout = StudyLayout(tmp_path)
     layout.tables.mkdir(parents=True)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    record, cells = _default_calibration()
     (layout.calibrated_json).write_text(json.dumps(record))
     cells.write_csv(layout.cells_csv)
     pl.DataFrame({"variant": ["baseline"]}).write_csv(layout.table_csv)
@@ -232,13 +247,13 @@ def test_the_scatter_shows_the_calibrated_prediction_beside_the_runs_own():
 
     from winnow.pipelines.report.plots import attribution_scatter
 
-    frame, slope, se, *_ = _planted()
-    _, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    _, cells = _default_calibration()
     one = imread(io.BytesIO(attribution_scatter(cells.drop("calibrated"), 0.5)))
     two = imread(io.BytesIO(attribution_scatter(cells, 0.5, 0.9)))
     assert two.shape[1] > 1.8 * one.shape[1] and two.shape[0] == one.shape[0]  # a second panel beside the first
 
 
+@pytest.mark.slow  # over 10 s of CPU: the whole fit and its check, twice or more
 def test_a_diverged_runs_cell_is_left_out_and_the_file_stays_strict_json():
     """A NaN held-out loss (a diverged seed) made every parameter NaN, and calibrated.json held NaN."""
     frame, slope, se, *_ = _planted()
@@ -312,10 +327,9 @@ def test_an_edited_calibrated_json_is_left_out_of_the_report_said_once(tmp_path,
     from winnow.pipelines.report.counterfactual import lead
     from winnow.pipelines.report.page import render
 
-    frame, slope, se, *_ = _planted()
     layout = StudyLayout(tmp_path)
     layout.tables.mkdir(parents=True)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    record, cells = _default_calibration()
     edit(record)
     layout.calibrated_json.write_text(json.dumps(record))
     cells.write_csv(layout.cells_csv)
@@ -332,8 +346,7 @@ def test_the_mean_measurement_beside_a_prediction_is_the_effects_tables():
     for the same variant (the sets' noises taken as independent): it is now the effects table's figure."""
     from winnow.pipelines.report.counterfactual import attach_measured, calibrated_record
 
-    frame, slope, se, *_ = _planted()
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    record, cells = _default_calibration()
     effects = pl.DataFrame({"variant": ["without_a"], "mean_delta": [0.123], "mean_noise": [0.045]})
     cf = calibrated_record(record)
     attach_measured(cf, cells, effects)
@@ -349,10 +362,9 @@ def test_a_study_calibrated_with_a_shape_per_source_still_leads_its_report(tmp_p
     from winnow.pipelines.report.counterfactual import curvatures_text, lead, shapes_text
     from winnow.pipelines.report.page import render
 
-    frame, slope, se, *_ = _planted()
     layout = StudyLayout(tmp_path)
     layout.tables.mkdir(parents=True)
-    record, cells = calibrate(frame, slope, se, SOURCES, HELD, 0.5, BASE)
+    record, cells = _default_calibration()
     record["shape"] = [0.4, 0.5, 0.6, 0.7]
     del record["curvature"]
     layout.calibrated_json.write_text(json.dumps(record))
