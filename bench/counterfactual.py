@@ -215,8 +215,7 @@ def what_the_run_adds(study: Path) -> dict[str, dict]:
     slope, se, sources, held, q = slope_of(counterfactuals)
     held = [h for h in held if h != "mean"]
     slope, se = slope[:, : len(held)], se[:, : len(held)]
-    base = np.array([results[0]["weights"][s] for s in sources], dtype=float)
-    base /= base.sum()
+    base = calibrate.base_shares(results[0]["weights"], sources)
     cells = calibrate.cells_of(frame, sources, held, base)
     unseen = np.full(len(cells.measured), np.nan)
     for a in range(len(sources)):

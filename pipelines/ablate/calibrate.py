@@ -228,6 +228,12 @@ def fit(cells: Cells, slope: np.ndarray, se: np.ndarray, base: np.ndarray, q: fl
     return min((_fit_shape(cells, slope, se, base, p, prior) for p in grid), key=lambda f: f.chi2)
 
 
+def base_shares(base: dict[str, float], sources: list[str]) -> np.ndarray | None:
+    """(S,) the baseline's shares of ``sources`` from its weights, or None when one of them has no weight."""
+    share = np.array([float(base.get(s, 0.0)) for s in sources])
+    return share / share.sum() if (share > 0).all() else None
+
+
 def cells_of(frame: pl.DataFrame, sources: list[str], held: list[str], base: np.ndarray) -> Cells | None:
     """The one-source variants' cells of ``correlation.compare_with_counterfactual``'s frame (``base``: the
     baseline's shares of ``sources``), or None when there is nothing to calibrate on (no such variant, or no
@@ -287,10 +293,9 @@ def calibrate(
     baseline's weights by source."""
     held = [h for h in held_out if h != "mean"]
     slope, se = np.asarray(slope, dtype=float)[:, : len(held)], np.asarray(se, dtype=float)[:, : len(held)]
-    share = np.array([float(base.get(s, 0.0)) for s in sources])
-    if not (np.isfinite(slope).all() and np.isfinite(se).all() and (share > 0).all()):
-        return None  # a run's slopes that diverged, or a source the baseline never trained on
-    share = share / share.sum()
+    share = base_shares(base, sources)
+    if share is None or not (np.isfinite(slope).all() and np.isfinite(se).all()):
+        return None  # a source the baseline never trained on, or a run's slopes that diverged
     cells = cells_of(frame, sources, held, share)
     if cells is None:
         return None
@@ -309,8 +314,8 @@ def calibrate(
     }
     S, B = slope.shape
     predicted, interval = {}, {}
+    source, held_index = np.repeat(np.arange(S), B), np.tile(np.arange(B), S)  # every cell, (S · B,)
     for r in FACTORS:
-        source, held_index = np.repeat(np.arange(S), B), np.tile(np.arange(B), S)
         value, sd = model.predict(scaled_shares(share, source, np.full(S * B, r)), held_index)
         value, half = value.reshape(S, B), 2 * sd.reshape(S, B)
         mean = value.mean(1, keepdims=True)
