@@ -317,6 +317,49 @@ def test_adam_preconditioning_accumulates_adams_momentum_of_the_directions_unmas
     assert comp.velocity["w"] == pytest.approx(u, abs=1e-6) and comp.moment["w"] == pytest.approx(s, abs=1e-7)
 
 
+def test_with_adam_preconditioning_a_withheld_step_moves_the_weights_at_its_own_learning_rate(group):
+    """Under a schedule, what waits in the residual is each step's direction times that step's learning rate, and
+    the optimizer's step after the exchange (``lr_t`` times what arrives) applies exactly that: every step moves
+    the weights by its own learning rate's worth, whichever later step sends it."""
+    from winnow.train.optim import OptimConfig, build_optimizer
+
+    model, ddp, comp, _ = _wrapped(group, density=0.2, precondition="adam", adam=(0.95, 1e-8))
+    opt = build_optimizer(
+        model, OptimConfig(lr=1.0, betas=(0.0, 0.95), weight_decay=0.0), preconditioned=frozenset({"w", "b"})
+    )
+    comp.follow(opt, model)
+    rates = [0.05, 0.5, 1.0, 1.0, 0.3, 0.1, 0.02, 0.0, 0.4]  # a warm-up, a decay, a step at 0
+    s, moved, start = torch.zeros(40), torch.zeros(40, dtype=torch.float64), model.w.detach().clone()
+    for t, ((x, y), lr) in enumerate(zip(_inputs(len(rates)), rates, strict=True), start=1):
+        for g in opt.param_groups:
+            g["lr"] = lr
+        got = _step(model, ddp, x, y)["w"]
+        opt.step()
+        s = 0.95 * s + 0.05 * x * x
+        moved += lr * (x / ((s / (1 - 0.95**t)).sqrt() + 1e-8)).double()  # AdamW's step of this gradient
+        if lr == 0:
+            assert not got.any()  # nothing moves at learning rate 0, so nothing is sent
+    applied = (start - model.w.detach()).double()
+    assert applied + comp.residual["w"].double() == pytest.approx(moved, abs=1e-5)
+    assert comp.residual["w"].abs().sum() > 0
+
+
+def test_a_residual_checkpointed_in_gradient_units_is_sent_at_the_learning_rate_it_resumes_at(group):
+    """A checkpoint whose state has no ``scaled`` count kept the residual unscaled: its first exchange scales it."""
+    from winnow.train.optim import OptimConfig, build_optimizer
+
+    model, ddp, comp, _ = _wrapped(group, density=0.2, precondition="adam")
+    opt = build_optimizer(model, OptimConfig(lr=0.5, betas=(0.0, 0.95)), preconditioned=frozenset({"w", "b"}))
+    comp.follow(opt, model)
+    old = {"step": 4, "velocity": {}, "moment": {}, "residual": {"w": torch.arange(40.0), "b": torch.zeros(30)}}
+    comp.load_state_dict(old)
+    got = _step(model, ddp, torch.zeros(40), torch.zeros(6, 5))["w"]  # no new gradient: the residual alone
+    top = torch.arange(40.0).topk(8).indices
+    assert got[top] == pytest.approx(torch.arange(40.0)[top], abs=1e-6)  # sent as it was saved, to be applied at 0.5
+    assert comp.residual["w"][top].abs().max() < 1e-6 and comp.residual["w"][5] == pytest.approx(2.5)
+    assert comp.state_dict()["scaled"] == 1
+
+
 def test_each_rank_clips_its_gradient_before_accumulating(group):
     model, ddp, comp, _ = _wrapped(group, density=0.1, grad_clip=1.0)
     x, y = _inputs(1, scale=10.0)[0]

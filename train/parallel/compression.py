@@ -30,9 +30,15 @@ own gradient before the accumulation,
     s ← β2·s + (1 - β2)·g²         this rank's second moment (the optimizer's β2 and eps)
     g ← (1 - m)·g / (√(s / (1 - β2^t)) + eps)
 
-so what accumulates, waits and is sent is AdamW's step direction (the velocity ``u`` is its first
-moment ``m / √v̂``), and the optimizer after the exchange only applies the learning rate and the decoupled
-weight decay: ``p ← p·(1 - lr·wd) - lr·g`` (``train.optim.PreconditionedAdamW``). The velocity
+so the velocity ``u`` is AdamW's first moment of the direction, ``m / √v̂``, and the optimizer after the
+exchange only applies the learning rate and the decoupled weight decay: ``p ← p·(1 - lr·wd) - lr·g``
+(``train.optim.PreconditionedAdamW``). What accumulates in ``v`` is then the step itself, ``v ← v + lr_t·u``
+with the learning rate of the step it comes from (error feedback on the update, as in Stich et al. 2018,
+https://arxiv.org/abs/1809.07599), and what is sent is divided by the sending step's learning rate,
+which the optimizer multiplies back: an entry withheld through the warm-up or the decay moves the weights
+by what its own steps would have, not by the learning rate of the step that happens to send it (under
+a schedule that falls tenfold, a withheld gradient would otherwise count up to ten times too much or
+too little). The velocity
 is not masked here: like AdamW's first moment it goes on decaying after a send, so each gradient is
 applied at its whole weight, ``(1 - m)·Σ m^j = 1``, however its part of the sum was split over sends
 (masking would drop the momentum of the entries sent most often, the ones that matter most). The
@@ -83,8 +89,8 @@ class RankState:
     """A compression's per-rank state in checkpoints, through DCP (``shards`` / ``load_shards``).
 
     A subclass names its ``prefix``, its ``kinds`` of per-parameter tensors, and gives
-    ``state_dict()`` (``{"step": int, kind: {name: tensor}}``), ``load_state_dict()`` and ``world``
-    (the data-parallel ranks).
+    ``state_dict()`` (``{"step": int, kind: {name: tensor}}``, and any other counts as ints),
+    ``load_state_dict()`` and ``world`` (the data-parallel ranks).
     """
 
     prefix: str
@@ -95,10 +101,8 @@ class RankState:
     def shards(self, *, dp_rank: int, tp_rank: int, tp_size: int) -> dict:
         """This rank's state as DCP entries: its own keys (``<prefix>.<tp>.<dp>.<kind>.<name>``) and the shared count."""
         state = self.state_dict()
-        out = {
-            f"{self.prefix}.step": torch.tensor(state["step"]),
-            f"{self.prefix}.ranks": torch.tensor([self.world, tp_size]),
-        }
+        out = {f"{self.prefix}.ranks": torch.tensor([self.world, tp_size])}
+        out |= {f"{self.prefix}.{key}": torch.tensor(value) for key, value in state.items() if key not in self.kinds}
         for kind in self.kinds:
             for name, tensor in state[kind].items():
                 out[f"{self.prefix}.{tp_rank}.{dp_rank}.{kind}.{name}"] = tensor
@@ -118,7 +122,9 @@ class RankState:
         if f"{self.prefix}.ranks" not in saved:
             log.info("the checkpoint has no %s: it starts afresh", self.label)
             return
-        counts = {f"{self.prefix}.step": torch.tensor(0), f"{self.prefix}.ranks": torch.tensor([0, 0])}
+        # the state's counts it saved (``step``, ...), and the ranks it was saved on
+        counts = {key: torch.tensor(0) for key in saved if key.count(".") == 1 and key.startswith(f"{self.prefix}.")}
+        counts[f"{self.prefix}.ranks"] = torch.tensor([0, 0])
         dcp.load(counts, folder)
         saved_dp, saved_tp = counts[f"{self.prefix}.ranks"].tolist()
         wanted = {}
@@ -138,7 +144,8 @@ class RankState:
                 tp_size,
             )
         dcp.load(wanted, folder)  # a collective, even where this rank wants nothing
-        state = {"step": int(counts[f"{self.prefix}.step"]), **{kind: {} for kind in self.kinds}}
+        state = {key.split(".", 1)[1]: int(value) for key, value in counts.items() if value.ndim == 0}
+        state |= {kind: {} for kind in self.kinds}
         for key, tensor in wanted.items():
             kind, name = key.split(".", 4)[3:]
             into = state[kind]
@@ -175,6 +182,9 @@ class TopKCompression(RankState):
         self.velocity: dict[str, torch.Tensor] = {}  # u, flat, per parameter
         self.residual: dict[str, torch.Tensor] = {}  # v, flat, per parameter
         self.moment: dict[str, torch.Tensor] = {}  # s, Adam's second moment of this rank's gradient (precondition)
+        self._optimizer: torch.optim.Optimizer | None = None  # with precondition: whose learning rate (``follow``)
+        self._groups: dict[str, int] = {}  # each parameter's group in it
+        self._rescale = False  # a residual loaded from a checkpoint that kept it unscaled (see load_state_dict)
         self._waiting: list[tuple[torch.Tensor, list[nn.Parameter], torch.futures.Future]] = []
 
     @property
@@ -185,6 +195,17 @@ class TopKCompression(RankState):
     def register(self, ddp: nn.parallel.DistributedDataParallel) -> None:
         ddp.register_comm_hook(self, _topk_hook)
         log.info("DDP with top-k compression, density %g", self.cfg.density)
+
+    def follow(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+        """Scale what accumulates by each step's learning rate, read from ``optimizer``'s groups (with
+        ``precondition = "adam"``; see the module docstring). Until then the learning rate counts as 1."""
+        names = {id(p): name for name, p in model.named_parameters()}
+        self._optimizer = optimizer  # its groups are read at each step: loading its state replaces them
+        self._groups = {names[id(p)]: i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
+
+    def _lr(self, name: str) -> float:
+        i = self._groups.get(name) if self.preconditions else None
+        return 1.0 if i is None else float(self._optimizer.param_groups[i]["lr"])
 
     # ---- the exchange -------------------------------------------------------------------------
     def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -217,19 +238,24 @@ class TopKCompression(RankState):
         self.step += 1
         bias = 1 - self.beta2**self.step  # Adam's bias correction of the second moment
         value_dtype = _VALUE_DTYPES[self.cfg.value_dtype]
-        parts, offset = [], 0  # per parameter: (name, new u, new v, new s or None, its top-k indices, the values sent)
+        # per parameter: (name, new u, new v, new s or None, its top-k indices, the values sent, lr)
+        parts, offset = [], 0
         values, indices = [], []
         for buffer, params, _ in waiting:
             for p, g in zip(params, buffer.split([p.numel() for p in params])):
                 n = p.numel()
                 name = self._names[id(p)]
                 g, s = g * scale if scale < 1 else g, None
+                lr = self._lr(name)
                 if self.cfg.precondition == "adam":
                     g, s = self._precondition(name, g, bias)
-                u, v = self._accumulate(name, g)
+                u, v = self._accumulate(name, g, lr)
                 top = v.abs().topk(min(n, max(1, math.ceil(density * n))), sorted=False).indices
-                sent = v[top].to(value_dtype)
-                parts.append((name, u, v, s, top, sent))
+                if lr > 0:  # the optimizer multiplies what arrives by this step's learning rate
+                    sent = (v[top] / lr).to(value_dtype)
+                else:  # a step at learning rate 0 moves nothing: what it would send waits
+                    sent = torch.zeros(top.numel(), dtype=value_dtype, device=v.device)
+                parts.append((name, u, v, s, top, sent, lr))
                 values.append(sent)
                 indices.append(top + offset)
                 offset += n
@@ -275,18 +301,21 @@ class TopKCompression(RankState):
         direction = g / (s.div(bias).sqrt_().add_(self.eps))
         return direction.mul_(1 - self.cfg.momentum) if self.cfg.momentum else direction, s
 
-    def _accumulate(self, name: str, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The new velocity and residual of one parameter (new tensors: a step that is not committed leaves the old)."""
+    def _accumulate(self, name: str, g: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new velocity and residual of one parameter (new tensors: a step that is not committed leaves the old);
+        the residual gains the velocity times ``lr``."""
         v = self.residual.get(name)
         if v is None:
             v = self.residual[name] = torch.zeros_like(g)
+        elif self._rescale:  # kept in gradient units: at the learning rate it would have been sent at
+            v = v * lr
         if self.cfg.momentum == 0:
-            return g, v + g
+            return g, torch.add(v, g, alpha=lr)
         u = self.velocity.get(name)
         if u is None:
             u = self.velocity[name] = torch.zeros_like(g)
         u = u * self.cfg.momentum + g
-        return u, v + u
+        return u, torch.add(v, u, alpha=lr)
 
     @staticmethod
     def _pack(
@@ -315,7 +344,7 @@ class TopKCompression(RankState):
     ) -> torch.Tensor:
         """Every rank's message scatter-added into the mean gradient; commits this rank's state when all are finite."""
         blocks, count_bytes, low_bytes, value_bytes = layout
-        k = sum(top.numel() for *_, top, _ in parts)
+        k = sum(top.numel() for *_, top, _, _ in parts)
         if not bool(rows[:, -1].all()):  # some rank's gradient overflowed: nothing is committed, the step is skipped
             return torch.full((total,), float("nan"), dtype=dtype, device=rows.device)
         flat = torch.zeros(total, dtype=dtype, device=rows.device)
@@ -328,8 +357,9 @@ class TopKCompression(RankState):
             idx = first.repeat_interleave(counts.long(), output_size=k) + (low.long() + (1 << (_BLOCK_BITS - 1)))
             flat.index_add_(0, idx, val.to(dtype))
         flat.div_(self.world)
-        for name, u, v, s, top, sent in parts:
-            v[top] -= sent.to(v.dtype)  # zero where the value went exactly; its rounding otherwise
+        self._rescale = False
+        for name, u, v, s, top, sent, lr in parts:
+            v[top] -= sent.to(v.dtype) * lr  # zero where the value went exactly; its rounding otherwise
             self.residual[name] = v
             if s is not None:
                 self.moment[name] = s
@@ -341,9 +371,11 @@ class TopKCompression(RankState):
 
     # ---- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """This rank's state: the exchange count and each parameter's velocity and residual."""
+        """This rank's state: the exchange count and each parameter's velocity, residual and second moment;
+        ``scaled``: the residual holds learning-rate-scaled steps (a checkpoint without it kept gradients)."""
         return {
             "step": self.step,
+            "scaled": 1,
             "velocity": dict(self.velocity),
             "residual": dict(self.residual),
             "moment": dict(self.moment),
@@ -351,6 +383,7 @@ class TopKCompression(RankState):
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
+        self._rescale = self.preconditions and not int(state.get("scaled", 0))
         self.velocity = {k: v.to(self._device, copy=True) for k, v in state["velocity"].items()}
         self.residual = {k: v.to(self._device, copy=True) for k, v in state["residual"].items()}
         self.moment = {k: v.to(self._device, copy=True) for k, v in state.get("moment", {}).items()}
