@@ -158,16 +158,25 @@ def _where(held_out: str) -> str:
     return "on the mean of the held-out sets" if held_out == "mean" else f"on `{held_out}`"
 
 
-def _nats(x: float) -> str:
-    """Three decimals, or two significant digits below a thousandth (a verdict on "0.000 ± 0.000" reads as noise)."""
-    return f"{x:.3f}" if x == 0 or abs(x) >= 5e-4 else f"{x:.1e}"
+def _nats(x: float, decimals: int = 3) -> str:
+    """``decimals`` decimals, or two significant digits below a thousandth (a verdict on "0.000 ± 0.000" reads as
+    noise)."""
+    return f"{x:.{decimals}f}" if x == 0 or abs(x) >= 5e-4 else f"{x:.1e}"
+
+
+def _verdict_size(value: float, half: float) -> str:
+    """``|value| ± half`` for a verdict (``|value| > half``): with as many decimals as it takes, up to six, for the
+    printed interval to leave out 0 as the verdict's does ("0.004 ± 0.004" would read as can't tell)."""
+    decimals = 3
+    while decimals < 6 and float(_nats(abs(value), decimals)) <= float(_nats(half, decimals)):
+        decimals += 1
+    return f"{_nats(abs(value), decimals)} ± {_nats(half, decimals)} nats"
 
 
 def sentence(cf: Counterfactual, factor: float, source: str, held_out: str) -> str:
     """One prediction in words: its direction, size and interval, and what it says about the source."""
     value, half = cf.cell(factor, source, held_out)
     subject = f"{_verb(factor)} `{source}`"
-    size = f"{_nats(abs(value))} ± {_nats(half)} nats"
     if value == 0 and half == 0:  # no gradient of it in the attributed steps: nothing of it to scale
         return f"{subject}: nothing to predict {_where(held_out)} (`{source}` gave no training tokens in the attributed steps)"
     if abs(value) <= half:
@@ -176,6 +185,7 @@ def sentence(cf: Counterfactual, factor: float, source: str, held_out: str) -> s
         direction = "raise" if value > 0 else "lower"
         # less of the source and a higher loss (or more of it and a lower one): the source helps
         helps = (value > 0) == (factor < 1)
+        size = _verdict_size(value, half)
         text = f"{subject} would {direction} held-out loss {_where(held_out)} by {size}: it {'helps' if helps else 'hurts'}"
     found = cf.measured.get((source, factor), {}).get(held_out)
     if found is not None:

@@ -386,6 +386,18 @@ def test_a_prediction_below_a_thousandth_is_written_in_its_own_digits():
     assert "by 2.0e-04 ± 1.0e-04 nats: it helps" in said and "0.000 ± 0.000" not in said
 
 
+def test_a_verdicts_printed_interval_leaves_out_zero_as_the_verdict_does():
+    """0.0044 ± 0.0036 is a verdict; at three decimals it would print "0.004 ± 0.004", which reads as holding 0."""
+    from winnow.pipelines.report.counterfactual import parse, sentence
+
+    record = _counterfactual_record()
+    record["counterfactual"]["predicted"]["0"][0][1], record["counterfactual"]["interval"]["0"][0][1] = 0.0044, 0.0036
+    said = sentence(parse(record), 0.0, "prose", "code")
+    assert "by 0.0044 ± 0.0036 nats: it helps" in said
+    record["counterfactual"]["predicted"]["0"][0][1], record["counterfactual"]["interval"]["0"][0][1] = 0.12, 0.03
+    assert "by 0.120 ± 0.030 nats: it helps" in sentence(parse(record), 0.0, "prose", "code")
+
+
 def test_a_run_beside_its_job_curated_again_since_says_the_curation_shown_is_not_what_it_saw(tmp_path, caplog):
     from winnow.pipelines.provenance import write_provenance
 
