@@ -266,14 +266,23 @@ def load_study(path: str | Path) -> Study | None:
     if table is None:
         raise InputError(f"{layout.table_csv} cannot be read (cut short or edited); re-run the study (`winnow ablate`)")
     effects = optional_json(layout.effects_json)
+    correlation = optional_json(layout.correlation_json)
+    calibrated = _calibrated(optional_json(layout.calibrated_json))
+    if calibrated is None and not layout.calibrated_json.exists() and "calibrated" in (correlation or {}):
+        log.warning(
+            "%s is missing, though %s holds its check; the report leads with the run's own counterfactual: "
+            "re-run `winnow ablate` on the study's file to write it again (the runs it has are not trained again)",
+            layout.calibrated_json,
+            layout.correlation_json,
+        )
     return Study(
         layout=layout,
         table=table,
         effects=optional_csv(layout.effects_csv),
         summary=(effects or {}).get("summary", []),
-        correlation=optional_json(layout.correlation_json),
+        correlation=correlation,
         cells=optional_csv(layout.cells_csv),
-        calibrated=_calibrated(optional_json(layout.calibrated_json)),
+        calibrated=calibrated,
         mixes=optional_json(layout.mixes_json),
         adaptive=optional_json(layout.adaptive_json),
         images=sorted(layout.tables.glob("*.png")),

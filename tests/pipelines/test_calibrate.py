@@ -341,6 +341,23 @@ def test_an_edited_calibrated_json_is_left_out_of_the_report_said_once(tmp_path,
     assert "calibrated on this study" not in render(None, None, study)
 
 
+def test_a_deleted_calibrated_json_whose_check_correlation_json_still_holds_is_said(tmp_path, caplog):
+    from winnow.pipelines.ablate.layout import StudyLayout, load_study
+
+    layout = StudyLayout(tmp_path)
+    layout.tables.mkdir(parents=True)
+    record, _ = _default_calibration()
+    layout.correlation_json.write_text(json.dumps({"spearman": 0.8, "calibrated": record["check"]}))
+    pl.DataFrame({"variant": ["baseline"]}).write_csv(layout.table_csv)
+    assert load_study(tmp_path).calibrated is None
+    said = [r.message for r in caplog.records if "calibrated.json is missing" in r.message]
+    assert len(said) == 1 and "correlation.json holds its check" in said[0] and "re-run `winnow ablate`" in said[0]
+    caplog.clear()
+    layout.correlation_json.write_text(json.dumps({"spearman": 0.8}))  # a study never calibrated: nothing to say
+    load_study(tmp_path)
+    assert not [r for r in caplog.records if "missing" in r.message]
+
+
 def test_the_mean_measurement_beside_a_prediction_is_the_effects_tables():
     """The sentences' "(measured: ...)" for the mean over the held-out sets gave another noise than the effects table
     for the same variant (the sets' noises taken as independent): it is now the effects table's figure."""
