@@ -249,18 +249,24 @@ def test_momentum_correction_and_masking_follow_the_paper(group):
 
 def test_adam_preconditioning_then_the_plain_step_is_adamw(group):
     """Density 1 on one rank: the hook's direction and build_optimizer's plain step move the weights as AdamW
-    (β1 = 0, its moment moved into the velocity) does on the raw gradients, weight decay included."""
+    (β1 = 0, its moment moved into the velocity) does on the raw gradients, weight decay and a learning rate
+    that changes every step included."""
     from winnow.train.optim import OptimConfig, build_optimizer
 
     cfg = OptimConfig(lr=0.05, betas=(0.0, 0.9), weight_decay=0.1, eps=1e-8)
-    model, ddp, _, _ = _wrapped(group, density=1.0, warmup_density=1.0, precondition="adam", adam=(0.9, 1e-8))
+    model, ddp, comp, _ = _wrapped(group, density=1.0, warmup_density=1.0, precondition="adam", adam=(0.9, 1e-8))
     plain = Known()
     model.w.data.normal_(generator=torch.Generator().manual_seed(2))
     model.b.data.normal_(generator=torch.Generator().manual_seed(3))
     plain.load_state_dict(model.state_dict())
-    step, adamw = build_optimizer(model, cfg, preconditioned=frozenset({"w", "b"})), build_optimizer(plain, cfg)
+    step = build_optimizer(model, cfg, preconditioned=frozenset({"w", "b"}))
+    comp.follow(step, model)
+    adamw = build_optimizer(plain, cfg)
     assert all(group["preconditioned"] for group in step.param_groups) and isinstance(adamw, torch.optim.AdamW)
-    for x, y in _inputs(8):
+    for t, (x, y) in enumerate(_inputs(8)):
+        for optimizer in (step, adamw):
+            for g in optimizer.param_groups:
+                g["lr"] = 0.05 * (t + 1) / 8
         _step(model, ddp, x, y)
         step.step()
         plain.zero_grad(set_to_none=True)

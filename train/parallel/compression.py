@@ -32,15 +32,15 @@ own gradient before the accumulation,
 
 so the velocity ``u`` is AdamW's first moment of the direction, ``m / √v̂``, and the optimizer after the
 exchange only applies the learning rate and the decoupled weight decay: ``p ← p·(1 - lr·wd) - lr·g``
-(``train.optim.PreconditionedAdamW``). What accumulates in ``v`` is then the step itself, ``v ← v + lr_t·u``
-with the learning rate of the step it comes from (error feedback on the update, as in Stich et al. 2018,
-https://arxiv.org/abs/1809.07599), and what is sent is divided by the sending step's learning rate,
-which the optimizer multiplies back: an entry withheld through the warm-up or the decay moves the weights
-by what its own steps would have, not by the learning rate of the step that happens to send it (under
-a schedule that falls tenfold, a withheld gradient would otherwise count up to ten times too much or
-too little). The velocity
-is not masked here: like AdamW's first moment it goes on decaying after a send, so each gradient is
-applied at its whole weight, ``(1 - m)·Σ m^j = 1``, however its part of the sum was split over sends
+(``train.optim.PreconditionedAdamW``). What accumulates in ``v`` is then the step itself,
+``v ← v + lr_t·u`` with the learning rate of the step it comes from (error feedback on the update, as in
+Stich et al. 2018, https://arxiv.org/abs/1809.07599), and what is sent is divided by the sending step's
+learning rate, which the optimizer multiplies back: an entry withheld through the warm-up or the decay
+moves the weights by what its own steps would have, not by the learning rate of the step that happens
+to send it (under a schedule that falls tenfold, a withheld gradient would otherwise count up to ten
+times too much or too little). The velocity is not masked here: like AdamW's first moment it goes on
+decaying after a send, so each gradient is applied at its whole weight, ``(1 - m)·Σ m^j = 1``, however
+its part of the sum was split over sends
 (masking would drop the momentum of the entries sent most often, the ones that matter most). The
 ranks' second moments differ (each sees its own batch), which changes what each contributes but not
 the agreement of the step: every rank applies the same exchanged sum.
