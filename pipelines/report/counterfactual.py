@@ -159,9 +159,9 @@ def _where(held_out: str) -> str:
 
 
 def _nats(x: float, decimals: int = 3) -> str:
-    """``decimals`` decimals, or two significant digits below a thousandth (a verdict on "0.000 ± 0.000" reads as
-    noise)."""
-    return f"{x:.{decimals}f}" if x == 0 or abs(x) >= 5e-4 else f"{x:.1e}"
+    """``decimals`` decimals, or below a thousandth ``decimals - 1`` significant digits (a verdict on
+    "0.000 ± 0.000" reads as noise)."""
+    return f"{x:.{decimals}f}" if x == 0 or abs(x) >= 5e-4 else f"{x:.{decimals - 2}e}"
 
 
 def _verdict_size(value: float, half: float) -> str:

@@ -396,6 +396,8 @@ def test_a_verdicts_printed_interval_leaves_out_zero_as_the_verdict_does():
     assert "by 0.0044 ± 0.0036 nats: it helps" in said
     record["counterfactual"]["predicted"]["0"][0][1], record["counterfactual"]["interval"]["0"][0][1] = 0.12, 0.03
     assert "by 0.120 ± 0.030 nats: it helps" in sentence(parse(record), 0.0, "prose", "code")
+    record["counterfactual"]["predicted"]["0"][0][1], record["counterfactual"]["interval"]["0"][0][1] = 4.44e-4, 4.36e-4
+    assert "by 4.44e-04 ± 4.36e-04 nats: it helps" in sentence(parse(record), 0.0, "prose", "code")
 
 
 def test_a_run_beside_its_job_curated_again_since_says_the_curation_shown_is_not_what_it_saw(tmp_path, caplog):
