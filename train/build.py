@@ -128,7 +128,7 @@ def build_trainer(
         preconditioned = frozenset(name for name, _ in model.named_parameters()) - set(parallel.experts)
     optimizer = build_optimizer(model, cfg.optim, preconditioned=preconditioned)
     if preconditioned:  # the hook accumulates steps scaled by the learning rate the optimizer will apply
-        compression.follow(optimizer, model)
+        compression.follow(optimizer)
     scheduler = build_scheduler(
         optimizer, cfg.optim, cfg.steps, start_factor=init.start_factor(cfg.optim) if init else 0.0
     )

@@ -260,7 +260,7 @@ def test_adam_preconditioning_then_the_plain_step_is_adamw(group):
     model.b.data.normal_(generator=torch.Generator().manual_seed(3))
     plain.load_state_dict(model.state_dict())
     step = build_optimizer(model, cfg, preconditioned=frozenset({"w", "b"}))
-    comp.follow(step, model)
+    comp.follow(step)
     adamw = build_optimizer(plain, cfg)
     assert all(group["preconditioned"] for group in step.param_groups) and isinstance(adamw, torch.optim.AdamW)
     for t, (x, y) in enumerate(_inputs(8)):
@@ -333,7 +333,7 @@ def test_with_adam_preconditioning_a_withheld_step_moves_the_weights_at_its_own_
     opt = build_optimizer(
         model, OptimConfig(lr=1.0, betas=(0.0, 0.95), weight_decay=0.0), preconditioned=frozenset({"w", "b"})
     )
-    comp.follow(opt, model)
+    comp.follow(opt)
     rates = [0.05, 0.5, 1.0, 1.0, 0.3, 0.1, 0.02, 0.0, 0.4]  # a warm-up, a decay, a step at 0
     s, moved, start = torch.zeros(40), torch.zeros(40, dtype=torch.float64), model.w.detach().clone()
     for t, ((x, y), lr) in enumerate(zip(_inputs(len(rates)), rates, strict=True), start=1):
@@ -356,7 +356,7 @@ def test_a_residual_checkpointed_in_gradient_units_is_sent_at_the_learning_rate_
 
     model, ddp, comp, _ = _wrapped(group, density=0.2, precondition="adam")
     opt = build_optimizer(model, OptimConfig(lr=0.5, betas=(0.0, 0.95)), preconditioned=frozenset({"w", "b"}))
-    comp.follow(opt, model)
+    comp.follow(opt)
     old = {"step": 4, "velocity": {}, "moment": {}, "residual": {"w": torch.arange(40.0), "b": torch.zeros(30)}}
     comp.load_state_dict(old)
     got = _step(model, ddp, torch.zeros(40), torch.zeros(6, 5))["w"]  # no new gradient: the residual alone

@@ -196,12 +196,14 @@ class TopKCompression(RankState):
         ddp.register_comm_hook(self, _topk_hook)
         log.info("DDP with top-k compression, density %g", self.cfg.density)
 
-    def follow(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
-        """Scale what accumulates by each step's learning rate, read from ``optimizer``'s groups (with
-        ``precondition = "adam"``; see the module docstring). Until then the learning rate counts as 1."""
-        names = {id(p): name for name, p in model.named_parameters()}
+    def follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """Scale what accumulates by each step's learning rate, read from ``optimizer``'s groups (over the model
+        this hook was made for; with ``precondition = "adam"``, see the module docstring). Until then the learning
+        rate counts as 1."""
         self._optimizer = optimizer  # its groups are read at each step: loading its state replaces them
-        self._groups = {names[id(p)]: i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        self._groups = {
+            self._names[id(p)]: i for i, group in enumerate(optimizer.param_groups) for p in group["params"]
+        }
 
     def _lr(self, name: str) -> float:
         i = self._groups.get(name) if self.preconditions else None
