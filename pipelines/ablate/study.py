@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
@@ -39,6 +40,8 @@ from winnow.train.attribution.counterfactual import MEAN
 from winnow.train.data.shards import job_manifest, split_rows
 
 log = logging.getLogger(__name__)
+
+_REACH = 0.5  # a run that reads less than this part of a source in file order is warned about
 
 
 @dataclasses.dataclass(slots=True)
@@ -126,6 +129,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     claim_run_folder(root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
     runs, sources = plan_on_manifest(acfg, train_cfg, job, data.base, path=args.job)
+    _say_reach(train_cfg, data)
     # trained after the baseline (it is their reference); configured now, so a bad setting is refused before any
     # variant is curated or trained
     adaptive = [
@@ -157,6 +161,45 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(f"table:   {layout.table_csv}")
     print(f"report:  {write_report(layout.root)}")
     return 0
+
+
+def reach(train_cfg, data: StudyData) -> dict[str, float]:
+    """The fraction of each source's train tokens the baseline run reads (its share of the run's tokens over the
+    source's tokens); empty where the sets do not count their tokens (Parquet alone)."""
+    tokens = train_cfg.steps * train_cfg.grad_accum * train_cfg.data.batch_size * train_cfg.data.seq_len
+    out = {}
+    for source, folder in data.folders.items():
+        path = Path(folder) / "manifest.json"
+        held = json.loads(path.read_text()).get("tokens_of_source") if path.is_file() else None
+        if held:
+            out[source] = data.base.get(source, 0.0) * tokens / held
+    return out
+
+
+def _say_reach(train_cfg, data: StudyData) -> None:
+    """Warn when the runs read a small part of a source in file order: a change of its share then changes which
+    of its documents a run reads (the next ones in the file) as well as how many."""
+    if train_cfg.data.shuffle_window > 1:
+        return
+    short = {s: _percent(f) for s, f in sorted(reach(train_cfg, data).items(), key=lambda x: x[1]) if f < _REACH}
+    if short:
+        what = (
+            f"the first {next(iter(short.values()))} of each source"
+            if len(short) == len(data.folders) and len(set(short.values())) == 1
+            else "the first " + ", ".join(f"{f} of {s}" for s, f in short.items())
+        )
+        log.warning(
+            "each run reads its sources' documents in file order, and the baseline reads only %s: a share change "
+            "also changes which documents a run sees, so a source whose files are ordered (by name, date or "
+            "topic) is measured on its first files; [train.data] shuffle_window = <rows of a shard> reads each "
+            "shard's documents in an order the seed draws (shards stay in order; the seed's noise then includes "
+            "the sample)",
+            what,
+        )
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.0f}%" if fraction >= 0.01 else f"{100 * fraction:.1g}%"
 
 
 def _say_unplanned(layout: StudyLayout, planned: list[str]) -> None:

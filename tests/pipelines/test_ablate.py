@@ -525,3 +525,37 @@ def test_a_study_says_it_evaluates_on_its_own_schedule_and_refuses_what_it_would
         assert main([command, str(path)]) == 2
         assert "[train.mixing] key 'adaptive': a study sets every run's mix itself" in capsys.readouterr().err
     assert not (tmp_path / "study").exists()
+
+
+def test_a_study_says_when_its_runs_read_only_the_start_of_a_source_in_file_order(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from winnow.pipelines.ablate.prepare import StudyData
+    from winnow.pipelines.ablate.study import _say_reach, reach
+
+    folders = {}
+    for source, tokens in (("code", 4000), ("prose", 1000)):
+        folder = tmp_path / source
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps({"tokens_of_source": tokens}))
+        folders[source] = str(folder)
+    data = StudyData(job_dir=str(tmp_path), folders=folders, base={"code": 0.8, "prose": 0.2})
+
+    def cfg(steps: int, window: int = 0) -> SimpleNamespace:
+        loader = SimpleNamespace(batch_size=2, seq_len=50, shuffle_window=window)
+        return SimpleNamespace(steps=steps, grad_accum=1, data=loader)
+
+    assert reach(cfg(10), data) == pytest.approx({"code": 0.2, "prose": 0.2})  # 1,000 tokens a run
+    with caplog.at_level("WARNING"):
+        _say_reach(cfg(10), data)
+    assert "the baseline reads only the first 20% of each source" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _say_reach(cfg(10, window=500), data)  # documents in an order the seed draws
+        _say_reach(cfg(30), data)  # 60% of each: most of every source
+        _say_reach(cfg(10), StudyData(job_dir="", folders={"code": str(tmp_path)}, base={"code": 1.0}))  # no count
+    assert caplog.text == ""
+    data.base.update(code=0.95, prose=0.05)  # a mix that reads less of one source than of the other
+    with caplog.at_level("WARNING"):
+        _say_reach(cfg(10), data)
+    assert "reads only the first 5% of prose, 24% of code:" in caplog.text
