@@ -212,7 +212,29 @@ def split_half(groups: dict[str, list[dict]], base_runs: list[dict], held: list[
         return None
     r = float(np.mean(rhos))
     whole = 2 * r / (1 + r) if r > -1 else float("nan")
-    return {"split_half": r, "splits": len(rhos), "ceiling": float(np.sqrt(whole)) if whole > 0 else 0.0}
+    return {
+        "split_half": r,
+        "splits": len(rhos),
+        "ceiling": float(np.sqrt(whole)) if whole > 0 else 0.0,
+        **spread(list(split.values()), base, held),
+    }
+
+
+def spread(groups: list[list[dict]], base_runs: list[dict], held: list[str]) -> dict:
+    """How much the variants' seeds spread against the baseline's, whose spread is the study's noise: per held-out
+    set, the standard deviation of the variants' runs about their own means (pooled over the variants of two or
+    more seeds) over the baseline seeds' (``spread_by_set``), and its median over the sets (``spread``). Far from 1,
+    the noise, measured on the few baseline seeds, is under- or overstated for the variants."""
+    by_set = {}
+    for s in held:
+        values = [np.array([r["held_out"][s] for r in runs if r["held_out"].get(s) is not None]) for runs in groups]
+        values = [v for v in values if len(v) >= 2 and np.isfinite(v).all()]
+        base = np.array([r["held_out"][s] for r in base_runs if r["held_out"].get(s) is not None])
+        if not values or len(base) < 2 or not np.isfinite(base).all() or base.std(ddof=1) == 0:
+            continue
+        pooled = np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in values) / sum(len(v) - 1 for v in values))
+        by_set[s] = float(pooled / base.std(ddof=1))
+    return {"spread": float(np.median(list(by_set.values()))), "spread_by_set": by_set} if by_set else {}
 
 
 def figures_text(name: str, part: dict) -> str:
@@ -228,7 +250,18 @@ def measurement_text(measurement: dict) -> str:
     return (
         f"The measurement itself: the cells measured on two halves of the seeds agree at Spearman "
         f"{measurement['split_half']:.2f}, so a perfect prediction would reach about {measurement['ceiling']:.2f} "
-        "against all seeds' cells."
+        "against all seeds' cells." + _spread_text(measurement.get("spread"))
+    )
+
+
+def _spread_text(ratio: float | None) -> str:
+    """A sentence when the variants' seeds spread far more or far less than the baseline's (``spread``)."""
+    if ratio is None or 1 / SPREAD_MARGIN < ratio < SPREAD_MARGIN:
+        return ""
+    return (
+        f" Its variants' seeds spread {ratio:.1f}x as much as the baseline's (the median over the held-out sets), "
+        f"so the noise, measured on the baseline's seeds, is {'under' if ratio > 1 else 'over'}stated: more "
+        "baseline seeds ([ablate] noise_seeds) measure it better."
     )
 
 
@@ -259,6 +292,7 @@ def above_noise_text(summary: dict) -> str:
     return f"{summary['above_noise']} cells that moved (no seed noise measured: [ablate] noise_seeds = 1)"
 
 
+SPREAD_MARGIN = 1.5  # the variants' seeds spreading this much more (or less) than the baseline's is said
 NOISE_MARGIN = 2.0  # "well below": the median variant's effect is at least twice its noise (so >= 4 standard errors)
 
 

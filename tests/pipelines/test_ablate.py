@@ -333,6 +333,24 @@ def test_split_half_measures_each_half_against_its_own_baseline_seeds():
     assert split_half({"v": runs}, base_runs[:1], ["a", "b", "c"]) is None
 
 
+def test_a_study_says_when_its_variants_seeds_spread_far_more_than_the_baseline_seeds_its_noise_comes_from():
+    from winnow.pipelines.ablate.correlation import measurement_text, spread
+
+    base_runs = [_result(f"b{k}", "noise", k, {}, {"a": 2.0 + d, "b": 3.0 - d}) for k, d in enumerate((0, 0.01, 0.02))]
+    loose = [_result(f"v{k}", "weights", k, {}, {"a": 2.1 + d, "b": 2.9}) for k, d in enumerate((0, 0.04))]
+    other = [_result(f"w{k}", "weights", k, {}, {"a": 1.8, "b": 3.2 + d}) for k, d in enumerate((0, 0.02))]
+    found = spread([loose, other], base_runs, ["a", "b"])
+    # pooled over the variants: a, 0.04 apart in one and equal in the other (sd 0.02) against the baseline's 0.01;
+    # b, 0.02 apart in one (sd 0.01) against 0.01
+    assert found["spread_by_set"] == pytest.approx({"a": 2.0, "b": 1.0})
+    assert found["spread"] == pytest.approx(1.5)
+    text = measurement_text({"split_half": 0.8, "splits": 4, "ceiling": 0.94, **found})
+    assert "variants' seeds spread 1.5x as much as the baseline's" in text and "understated" in text
+    calm = spread([other], base_runs, ["a", "b"])
+    assert "spread" not in measurement_text({"split_half": 0.8, "splits": 4, "ceiling": 0.94, **calm})
+    assert spread([loose], base_runs[:1], ["a"]) == {}  # one baseline seed: no spread to compare with
+
+
 def test_write_study_table_the_report_reads(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"step": 10, "attribution": {"sources": SOURCES, "matrix": [[-0.1, 0.0], [0.0, -0.2]]}})
