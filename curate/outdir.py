@@ -199,11 +199,13 @@ def check_no_foreign_files(out: Path, work: WorkDir) -> None:
             "of the output folder (for a link, remove the link: what it points to stays) and run again, or give "
             "this job another folder with --output"
         )
+    listed = _listed(out, work)
     foreign = [
         path
         for folder, own in _OWN_NAMES.items()
         for path in work.files(out / folder)
-        if not own.fullmatch(path.relative_to(out / folder).as_posix())
+        if not own.fullmatch(rel := path.relative_to(out / folder).as_posix())
+        or (listed is not None and folder != "artifacts" and not _is_listed(f"{folder}/{rel}", listed))
     ]
     if foreign:
         names = ", ".join(str(p.relative_to(out)) for p in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
@@ -211,6 +213,38 @@ def check_no_foreign_files(out: Path, work: WorkDir) -> None:
             f"output {work.output}: {len(foreign)} file(s) in its shards/, rejects/ or artifacts/ were not written by "
             f"winnow ({names}), and this run must clear those folders; move them out of the output folder and run again"
         )
+
+
+_SHARD_FILE = re.compile(
+    r"\.(parquet|tar|bin|idx|doc\.npy)$"
+)  # a shard's files: its stem is the manifest's path less this
+
+
+def _listed(out: Path, work: WorkDir) -> set[str] | None:
+    """The shards' stems and the rejects' paths the finished run's ``manifest.json`` lists (relative to ``out``);
+    None when there is no such manifest (a run under way or killed writes its files before the manifest, and only
+    their names can tell them). After a finished run, a file of ``shards/`` or ``rejects/`` the manifest does not
+    list was put there by someone else, whatever its name."""
+    path = out / "manifest.json"
+    try:
+        if not work.exists(path):
+            return None
+        manifest = json.loads(work.read_text(path))
+    except (OSError, ValueError, WinnowError):
+        return None
+    if not isinstance(manifest, dict) or not {"format_version", "shards", "stages"} <= set(manifest):
+        return None
+    entries = [*(manifest.get("shards") or []), *(manifest.get("rejects") or [])]
+    return {_SHARD_FILE.sub("", e["path"]) for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)}
+
+
+def _is_listed(rel: str, listed: set[str]) -> bool:
+    """Whether ``rel`` (``shards/...`` or ``rejects/...``) is one of ``listed``'s files, the tokenizer beside them, or
+    a temporary file of winnow's (named as one: a write killed before its rename leaves it)."""
+    name = rel.rsplit("/", 1)[-1]
+    return (
+        _SHARD_FILE.sub("", rel) in listed or name == "tokenizer.json" or name.startswith(".") or name.endswith(".tmp")
+    )
 
 
 def _strays(out: Path) -> list[str]:

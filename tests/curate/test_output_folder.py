@@ -47,12 +47,17 @@ def test_a_folder_winnow_made_is_cleared_for_another_job(tmp_path, capsys):
     out = tmp_path / "out"
     assert curate(job_file(tmp_path), out, capsys)[0] == 0
     assert (out / MARKER).is_file()
-    stale = out / "shards" / "parquet" / "train" / "part-99999-00000.parquet"
-    stale.write_bytes(b"left by an earlier run")
+    before = sorted(p.relative_to(out) for p in (out / "shards").rglob("*.parquet"))
     job = job_file(tmp_path, '[output]\nformats = ["parquet"]\n')  # another configuration: refused unless meant
-    assert curate(job, out, capsys)[0] == 2 and stale.exists()
+    assert curate(job, out, capsys)[0] == 2
+    # a file named as a shard that the finished run's manifest does not list is not winnow's: never cleared
+    stray = out / "shards" / "parquet" / "train" / "part-99999-00000.parquet"
+    stray.write_bytes(b"put here by hand")
+    assert curate(job, out, capsys, "--overwrite")[0] == 2 and stray.read_bytes() == b"put here by hand"
+    stray.unlink()
     assert curate(job, out, capsys, "--overwrite")[0] == 0
-    assert not stale.exists()
+    assert sorted(p.relative_to(out) for p in (out / "shards").rglob("*.parquet")) == before
+    assert not (out / "shards" / "webdataset").exists()  # the first job's other format is gone
 
 
 @pytest.mark.parametrize("marker", [b"", b"garbage", b"[]", b'{"fingerprint": "x"}'])
@@ -77,7 +82,10 @@ def test_files_of_the_user_inside_shards_or_rejects_are_refused_not_deleted(tmp_
     out = tmp_path / "out"
     assert curate(job, out, capsys)[0] == 0
     mine = [out / "shards" / "parquet" / "train" / "NOTES.md", out / "shards" / "extra" / "keep.txt",
-            out / "rejects" / "triage.csv"]  # fmt: skip
+            out / "rejects" / "triage.csv",
+            # named as winnow names its files, but not in the finished run's manifest: not winnow's either
+            out / "shards" / "parquet" / "train" / "part-00099-00000.parquet", out / "rejects" / "p1-t00099.parquet",
+            ]  # fmt: skip
     for path in mine:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("the user's")
@@ -87,6 +95,7 @@ def test_files_of_the_user_inside_shards_or_rejects_are_refused_not_deleted(tmp_
             fh.write(b'{"id": "d9", "text": "one more"}\n')
     rc, err = curate(job, out, capsys, *([rerun] if rerun.startswith("--") else []))
     assert rc == 2 and "not written by winnow" in err and "shards/extra/keep.txt" in err, err
+    assert "5 file(s)" in err and "part-00099-00000.parquet" in err, err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     for path in mine:
         path.unlink()
