@@ -14,6 +14,7 @@ from __future__ import annotations
 import bz2
 import io
 import json
+import logging
 import lzma
 import zlib
 from collections.abc import Iterator
@@ -31,17 +32,30 @@ from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
 from winnow.curate.readers.utf8 import first_bad_byte, valid_utf8
 
+log = logging.getLogger(__name__)
+
 CHUNK_BYTES = 4 << 20
 BOM = b"\xef\xbb\xbf"
 # Compressed bytes fed to zstd per call: a zstd block of >= 4 bytes expands to at most 128 KiB, so one
 # call yields at most 8 KiB x 32768 = 256 MiB however hostile the file (python-zstandard has no
 # max_length); gzip is bounded exactly by zlib's max_length.
 _ZSTD_PIECE = 8 << 10
+# Compressed bytes read per call for gzip, bzip2 and xz: where a stream is damaged, the call that meets the damage
+# yields nothing, so the output of at most this much input is at stake (gzip's is then salvaged, ``_salvaged``;
+# bzip2 loses the damaged block whatever the piece, up to 900 kB of text, as it checks a block before yielding it).
+_PIECE = {"gzip": 64 << 10, "bz2": 8 << 10, "xz": 8 << 10, "zstd": CHUNK_BYTES}
+_SALVAGE_PIECE = 64  # compressed bytes per call when salvaging a damaged gzip piece
 PREVIEW = 1 << 10  # bytes of a too-long record kept in its reject
 
 
 class Truncated(Exception):
-    """The compressed stream ended early or is damaged; everything before it was yielded."""
+    """The compressed stream ended early or is damaged; everything before it was yielded. ``unplaced``: the damage was
+    found only by a checksum at the stream's end (gzip's), so it lies somewhere before, and lines decoded after it
+    may be garbled."""
+
+    def __init__(self, message: str, *, unplaced: bool = False) -> None:
+        super().__init__(message)
+        self.unplaced = unplaced
 
 
 def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
@@ -65,7 +79,7 @@ def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
     else:
         new = bz2.BZ2Decompressor if kind == "bz2" else lzma.LZMADecompressor
     dec, finished, out, held = new(), True, [], 0
-    while raw := fh.read(CHUNK_BYTES):
+    while raw := fh.read(_PIECE[kind]):
         full = False  # the decompressor stopped at max_length: it may hold more output with all input in
         while raw or full:
             if dec.eof:  # a member or frame ended exactly where a read did: the next one starts here
@@ -73,6 +87,7 @@ def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
                 if not raw.strip(b"\0"):  # zeros after the last member (a padded tape or disk image)
                     break
                 dec = new()
+            saved = dec.copy() if gzip else None  # where this call starts: a damaged piece is salvaged from it
             try:
                 if gzip:  # zlib: at most CHUNK_BYTES out per call, the rest waits in unconsumed_tail
                     part = dec.decompress(raw, CHUNK_BYTES)
@@ -84,8 +99,8 @@ def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
                     part, rest = dec.decompress(raw, CHUNK_BYTES), b""
                     full = not dec.eof and not dec.needs_input
             except Exception as err:  # zlib.error / ZstdError / OSError / LZMAError: corrupt data
-                yield b"".join(out)
-                raise Truncated(f"{type(err).__name__}: {err}") from err
+                yield b"".join(out) + (_salvaged(saved, raw) if saved is not None else b"")
+                raise Truncated(f"{type(err).__name__}: {err}", unplaced=gzip and "check" in str(err)) from err
             out.append(part)
             held += len(part)
             if held >= CHUNK_BYTES:
@@ -105,6 +120,20 @@ def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
     yield b"".join(out)
     if not finished:
         raise Truncated("compressed stream ended before its end marker (truncated file)")
+
+
+def _salvaged(dec, raw: bytes) -> bytes:
+    """What a zlib stream ``dec`` yields from ``raw`` before the damage that stopped the call fed all of it: ``raw``
+    again, a few bytes at a time, until the damage."""
+    parts = []
+    for at in range(0, len(raw), _SALVAGE_PIECE):
+        try:
+            parts.append(dec.decompress(raw[at : at + _SALVAGE_PIECE]))
+        except zlib.error:
+            break
+        if dec.eof:  # a member ended: what follows is another member's, read by the caller's loop
+            break
+    return b"".join(parts)
 
 
 def _owned(chunks: Iterator[bytes], pos: int, span: Span | None) -> Iterator[tuple[int, bytes]]:
@@ -164,7 +193,7 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
                 if not tail:
                     offset = at
                 if at == 0:  # a compressed file named as plain, or another format, would be garbage line after line
-                    refuse_other_format(data[:1024], file.url, cfg.label, plain=plain)
+                    refuse_other_format(data, file.url, cfg.label, plain=plain)  # the first chunk: a record or more
                 if at == 0 and data.startswith(BOM):
                     # Windows tools start files with one; Arrow skips it but orjson refuses the line.
                     data, offset = data[len(BOM) :], len(BOM)
@@ -193,6 +222,14 @@ def read_jsonl(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | 
             # Complete lines before the damage (or the failed read: a bad disk, a dropped connection)
             # are kept; the partial last line is the reject.
             error = str(err) if isinstance(err, Truncated) else f"reading failed: {type(err).__name__}: {err}"
+            if getattr(err, "unplaced", False):
+                error += " (the gzip checksum at the end: the damage lies before it, and rows past it may be garbled)"
+                log.warning(
+                    "%s: its gzip checksum fails at byte %d of its text: the damage lies before it and was not found "
+                    "where it is, so rows read from the file may be garbled past it; get an intact copy of the file",
+                    file.url,
+                    offset,
+                )
             buf.reject(
                 "read:truncated",
                 id_=derived_id(cfg.source, file, offset),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import tarfile
@@ -117,6 +118,40 @@ def test_truncated_compressed_file_keeps_rows_before_damage(tmp_path, suffix):
         assert rows.height > 0
 
 
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.xz", ".jsonl.bz2"])
+def test_a_compressed_file_damaged_in_its_middle_keeps_the_rows_before_the_damage(tmp_path, suffix, caplog):
+    """The call that meets the damage yields nothing: pieces of the stream are small (gzip's salvaged from its
+    state before the call), so the rows before the damage are kept. bzip2 checks a whole block (up to 900 kB of
+    text) before it yields it: that block goes."""
+    import bz2
+    import lzma
+
+    records = [{"id": f"r{i}", "text": f"document number {i}"} for i in range(60_000)]  # ~3 MB: bzip2 has 4 blocks
+    compress = {
+        ".jsonl.gz": lambda b: gzip.compress(b, mtime=0),
+        ".jsonl.xz": lzma.compress,
+        ".jsonl.bz2": bz2.compress,
+    }
+    blob = bytearray(compress[suffix](jsonl_bytes(records)))
+    middle = len(blob) // 2
+    blob[middle : middle + 16] = bytes(b ^ 0xFF for b in blob[middle : middle + 16])
+    (tmp_path / f"a{suffix}").write_bytes(bytes(blob))
+    with caplog.at_level("WARNING"):
+        rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / f"a{suffix}")))
+    intact = [r["id"] for r in records[: len(records) // 4]]  # well before the damage (for bzip2: its first block)
+    assert rows["id"].to_list()[: len(intact)] == intact
+    assert rejects["reason"].to_list()[-1] == "read:truncated"
+    if suffix == ".jsonl.gz":
+        # deflate finds this damage only by the member's checksum at its end: what it decoded past the damage is
+        # garbled, mostly into lines that are no JSON (rejected), and the file is said to be damaged, by name
+        assert "read:bad_json" in rejects["reason"].to_list()
+        assert "its gzip checksum fails" in caplog.text and f"a{suffix}" in caplog.text
+        assert "may be garbled" in json.loads(rejects["meta"][-1])["error"]
+    else:  # xz and bzip2 check as they go: every row kept is intact
+        assert rows["text"].to_list() == [f"document number {i[1:]}" for i in rows["id"]]
+        assert caplog.text == ""
+
+
 def test_empty_file_gives_no_rows(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(b"")
     assert (
@@ -162,6 +197,34 @@ def test_parquet_reader_truncated_file(tmp_path):
     (tmp_path / "a.parquet").write_bytes(blob[:-20])
     rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet"))
     assert rows.height == 0 and rejects["reason"].to_list() == ["read:truncated"]
+
+
+@pytest.mark.parametrize("damaged", [5, 9])
+@pytest.mark.parametrize("batch_rows", [300, 4096])
+@pytest.mark.parametrize("task_bytes", [256 << 20, 1 << 20])  # the file whole, or in spans of its row groups
+def test_a_parquet_row_group_damaged_is_one_reject_and_the_groups_around_it_are_read(
+    tmp_path, damaged, batch_rows, task_bytes
+):
+    n = 10_000
+    texts = [hashlib.sha512(str(i).encode()).hexdigest() * 4 for i in range(n)]  # ~3 MB as Parquet
+    pq.write_table(
+        pa.table({"id": [f"r{i}" for i in range(n)], "text": texts}), tmp_path / "a.parquet", row_group_size=1000
+    )
+    at = pq.ParquetFile(tmp_path / "a.parquet").metadata.row_group(damaged).column(1).data_page_offset
+    blob = bytearray((tmp_path / "a.parquet").read_bytes())
+    blob[at + 2 : at + 12] = bytes(b ^ 0xFF for b in blob[at + 2 : at + 12])  # its text column's page header
+    (tmp_path / "a.parquet").write_bytes(bytes(blob))
+    cfg = InputConfig(source="s", path=str(tmp_path / "a.parquet"), format="parquet")
+    tasks = plan_read_tasks([cfg], task_bytes=task_bytes)
+    assert (len(tasks) == 1) == (task_bytes > 1 << 20)
+    rows, rejects = [], []
+    for task in tasks:
+        for b in read_task(cfg, task, batch_rows):
+            rows += b.rows["id"].to_list()
+            rejects += [json.loads(m) for m in b.rejects["meta"]]
+    lost = range(1000 * damaged, 1000 * (damaged + 1))
+    assert rows == [f"r{i}" for i in range(n) if i not in lost]
+    assert [(r["row"], r["rows"]) for r in rejects] == [(lost.start, 1000)]
 
 
 def _tar(path, members: list[tuple[str, bytes]]) -> None:
