@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -27,24 +28,26 @@ def _convert(cfg: InputConfig, batch: pa.RecordBatch | pa.Table, label: str, off
     )
 
 
-def _truncated(cfg: InputConfig, file: InputFile, row: int, error: str) -> ReadBatch:
-    """The one reject of a file that could not be read on from ``row``: what came before it is kept."""
+def _truncated(cfg: InputConfig, file: InputFile, row: int, error: str, rows: int | None = None) -> ReadBatch:
+    """The one reject of a file that could not be read on from ``row`` (or, with ``rows``, of those rows of a damaged
+    row group): what came before it is kept."""
     buf = RowBuffer()
     buf.reject(
         "read:truncated",
         id_=f"{file.url}#{row}",
         source=cfg.source or "",
         raw=b"",
-        where={"file": file.url, "row": row, "error": error},
+        where={"file": file.url, "row": row, "error": error, **({} if rows is None else {"rows": rows})},
     )
     return buf.flush()
 
 
 def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
-    """Yield batches from one Parquet file (or a span of its row groups); a damaged file ends in one reject.
+    """Yield batches from one Parquet file (or a span of its row groups).
 
-    Rows are numbered by their index in the file (``<source>/<file>/<row>`` where they name
-    no id), so a span's ids are those the whole file's read gives.
+    A damaged row group ends in one reject for its rows not read (``rows`` in its meta), and the row groups after it
+    are read; a file whose footer cannot be read is one reject. Rows are numbered by their index in the file
+    (``<source>/<file>/<row>`` where they name no id), so a span's ids are those the whole file's read gives.
     """
     offset = 0 if span is None else span.base
     with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
@@ -52,12 +55,35 @@ def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span 
         fh.seek(0)
         try:
             pf = pq.ParquetFile(fh)
-            groups = None if span is None else range(span.start, pf.num_row_groups if span.stop < 0 else span.stop)
-            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
-                yield _convert(cfg, batch, file.rel, offset)
-                offset += batch.num_rows
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
             yield _truncated(cfg, file, offset, f"{type(err).__name__}: {err}")
+            return
+        first = 0 if span is None else span.start
+        stop = pf.num_row_groups if span is None or span.stop < 0 else span.stop
+        try:  # every group at once, so batches run across groups
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=range(first, stop)):
+                yield _convert(cfg, batch, file.rel, offset)
+                offset += batch.num_rows
+            return
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError):
+            pass
+        # a group is damaged (a batch reads ahead, so not necessarily the one holding row `offset`): group by group on
+        ends = (0 if span is None else span.base) + np.cumsum(
+            [pf.metadata.row_group(g).num_rows for g in range(first, stop)]
+        )
+        for k in range(int(np.searchsorted(ends, offset, side="right")), stop - first):
+            done = offset - (int(ends[k - 1]) if k else (0 if span is None else span.base))  # rows of it yielded
+            try:
+                for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[first + k]):
+                    if done >= batch.num_rows:
+                        done -= batch.num_rows
+                        continue
+                    batch, done = batch.slice(done), 0
+                    yield _convert(cfg, batch, file.rel, offset)
+                    offset += batch.num_rows
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+                yield _truncated(cfg, file, offset, f"{type(err).__name__}: {err}", rows=int(ends[k]) - offset)
+                offset = int(ends[k])
 
 
 def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
