@@ -120,12 +120,13 @@ def _tar_header(block: bytes) -> bool:
 
 def refuse_other_format(head: bytes, url: str, label: str, *, plain: bool = True) -> None:
     """Raise ``InputError`` when ``head``, the first bytes of a JSON Lines input's file, is not JSON Lines text: a
-    compressed format's under a plain name (``plain``), another file format, or UTF-16/32 text. Read as lines it
-    would be a reject of binary bytes line after line, and a count of records that were never there."""
+    compressed format's under a plain name (``plain``), another file format, UTF-16/32 text, one pretty-printed JSON
+    document, or lines ending in a carriage return alone (seen in ``head`` whole: give it a first record or more).
+    Read as lines it would be a reject of binary bytes line after line, and a count of records that were never there."""
     if plain:
         refuse_compressed(head, url, label)
-    found = file_kind(head)
-    body = head.lstrip()
+    found = file_kind(head[:1024])
+    body = head.removeprefix(b"\xef\xbb\xbf").lstrip()  # a byte-order mark first: Windows tools write one
     if found is None and b"\n" in body and body.split(b"\n", 1)[0].strip() in (b"[", b"{", b"[{"):
         found = (  # json.dump(records, f, indent=2): one document over many lines, each a bad_json reject
             "one JSON document over several lines (pretty-printed)",

@@ -753,8 +753,11 @@ def test_a_plain_file_whose_first_line_starts_like_a_magic_number_is_read(tmp_pa
         (json.dumps([{"id": "a", "text": "one"}, {"id": "b", "text": "two"}], indent=2).encode(), "pretty-printed"),
         (json.dumps({"records": [{"id": "a", "text": "one"}]}, indent=1).encode(), "pretty-printed"),
         (b'{"id": "a", "text": "one"}\r{"id": "b", "text": "two"}\r', "carriage return alone"),
+        # seen past the first kilobyte: a first record longer than that
+        (b"\r".join(json.dumps({"id": str(i), "text": "word " * 300}).encode() for i in range(50)), "carriage return"),
+        (b"\xef\xbb\xbf" + json.dumps([{"id": "a", "text": "one"}], indent=2).encode(), "pretty-printed"),  # a BOM
     ],
-    ids=["json array", "json object", "cr line ends"],
+    ids=["json array", "json object", "cr line ends", "cr after a long record", "json array after a bom"],
 )
 def test_a_json_document_over_lines_or_cr_line_ends_are_refused_with_the_conversion(tmp_path, content, said):
     """Read as JSON Lines, every line of a pretty-printed document was a bad_json reject of records that are
