@@ -215,9 +215,8 @@ def check_no_foreign_files(out: Path, work: WorkDir) -> None:
         )
 
 
-_SHARD_FILE = re.compile(
-    r"\.(parquet|tar|bin|idx|doc\.npy)$"
-)  # a shard's files: its stem is the manifest's path less this
+#: The endings of a shard's files: a file's stem is the path the manifest lists less its ending.
+_SHARD_FILE = re.compile(r"\.(parquet|tar|bin|idx|doc\.npy)$")
 
 
 def _listed(out: Path, work: WorkDir) -> set[str] | None:

@@ -131,8 +131,6 @@ def _salvaged(dec, raw: bytes) -> bytes:
             parts.append(dec.decompress(raw[at : at + _SALVAGE_PIECE]))
         except zlib.error:
             break
-        if dec.eof:  # a member ended: what follows is another member's, read by the caller's loop
-            break
     return b"".join(parts)
 
 
