@@ -39,33 +39,35 @@ RUN_FILES = (*RUN_STATE, "config.json", "provenance.json", "job.toml", "tokenize
              "report.html", "export")  # fmt: skip
 
 
-def _record_step(line: str) -> int | None:
-    """The record's step; None for a line to keep as it is (no step); -1 for a torn or unreadable line."""
+def _record_step(line: bytes) -> int | None:
+    """The record's step; None for a line to keep as it is (no step); -1 for a torn or unreadable line (cut short,
+    or bytes that are not UTF-8: what a power loss can leave at the end of an appended file)."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        record = json.loads(line.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
         return -1
     step = record.get("step") if isinstance(record, dict) else None
     return step if isinstance(step, int) else None
 
 
-def truncate_jsonl(path: Path, step: int) -> int:
-    """Drop the records of steps after ``step`` (and torn lines) from ``path``; returns how many went."""
+def truncate_jsonl(path: Path, step: int) -> tuple[int, int]:
+    """Drop the records of steps after ``step``, and torn lines, from ``path``; returns how many of each went."""
     if not path.is_file():
-        return 0
-    kept, dropped = [], 0
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            s = _record_step(line)
-            if s == -1 or (s is not None and s > step):
-                dropped += 1
-            else:
-                kept.append(line if line.endswith("\n") else line + "\n")
-    if dropped:
-        replace_file(path, "".join(kept).encode())
-    return dropped
+        return 0, 0
+    kept, later, torn = [], 0, 0
+    for line in path.read_bytes().split(b"\n"):
+        if not line.strip():
+            continue
+        s = _record_step(line)
+        if s == -1:
+            torn += 1
+        elif s is not None and s > step:
+            later += 1
+        else:
+            kept.append(line + b"\n")
+    if later or torn:
+        replace_file(path, b"".join(kept))
+    return later, torn
 
 
 def _has_history(run_dir: Path, names: tuple[str, ...] = RUN_STATE) -> list[Path]:
@@ -116,13 +118,19 @@ def continue_run_folder(run_dir: str | Path, step: int, log_every: int = 1) -> N
             step,
         )
     for name in LOGS:
-        dropped = truncate_jsonl(run_dir / name, step)
-        if dropped:
+        later, torn = truncate_jsonl(run_dir / name, step)
+        if later:
             log.info(
                 "%s: dropped %d record(s) after step %d (logged before the run was stopped; redone now)",
                 run_dir / name,
-                dropped,
+                later,
                 step,
+            )
+        if torn:
+            log.warning(
+                "%s: dropped %d line(s) that are not whole JSON records (cut short, or bytes that are not UTF-8)",
+                run_dir / name,
+                torn,
             )
 
 

@@ -56,9 +56,22 @@ def test_truncate_keeps_records_up_to_the_step_and_lines_without_one(tmp_path):
     path = tmp_path / "m.jsonl"
     lines = [{"step": 1, "loss": 1}, {"note": "x"}, {"step": 2, "eval": {}}, {"step": 3, "loss": 1}]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 4, "lo')
-    assert truncate_jsonl(path, 2) == 2
+    assert truncate_jsonl(path, 2) == (1, 1)  # step 3's record, and the torn one
     assert [json.loads(line) for line in path.read_text().splitlines()] == lines[:3]
-    assert truncate_jsonl(path, 2) == 0
+    assert truncate_jsonl(path, 2) == (0, 0)
+
+
+def test_a_resume_drops_lines_that_are_not_utf8_with_a_warning_naming_the_file(tmp_path, caplog):
+    """What a power loss can leave at the end of an appended file: the resume read it as text and stopped with a
+    traceback (UnicodeDecodeError), so the run could not be resumed without editing the file by hand."""
+    from winnow.train.runfolder import continue_run_folder
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.9}\n\xff\xfe garbage\n{"step": 3, "loss": 0.8\xc3')
+    with caplog.at_level("WARNING"):
+        continue_run_folder(tmp_path, 2)
+    assert _steps(path) == [1, 2]
+    assert f"{path}: dropped 2 line(s) that are not whole JSON records" in caplog.text
 
 
 def test_run_folder_files_follow_the_umask(tmp_path):
