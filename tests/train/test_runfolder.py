@@ -67,7 +67,9 @@ def test_a_resume_drops_lines_that_are_not_utf8_with_a_warning_naming_the_file(t
     from winnow.train.runfolder import continue_run_folder
 
     path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.9}\n\xff\xfe garbage\n{"step": 3, "loss": 0.8\xc3')
+    path.write_bytes(
+        b'{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.9}\n\xff\xfe garbage\n{"step": 3, "loss": 0.8\xc3'
+    )
     with caplog.at_level("WARNING"):
         continue_run_folder(tmp_path, 2)
     assert _steps(path) == [1, 2]
