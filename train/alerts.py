@@ -59,6 +59,7 @@ class AlertConfig:
     spike_window: int = 50  # accepted steps in the rolling window
     spike_min_history: int = 20  # no spike verdicts before this many accepted steps
     skip_spikes: bool = True  # skip the optimizer step of a spike (not only alert)
+    max_nonfinite: int = 10  # stop the run after this many non-finite steps in a row, each skipped (0: never)
     grad_norm_max: float | None = None  # alert when the (pre-clip) gradient norm exceeds this
     throughput_drop: float = 0.5  # alert when tokens/s stays below this fraction of the recent median (0: off)
     throughput_window: int = 20  # log intervals whose median tokens/s is the recent rate
@@ -76,6 +77,13 @@ class AlertConfig:
         for key in ("throughput_window", "throughput_patience"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
+        value = self.max_nonfinite
+        _check(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            "max_nonfinite",
+            value,
+            "an integer >= 0 (0: never stop)",
+        )
         if self.spike_window < 2 or not 1 < self.spike_min_history <= self.spike_window:
             raise ConfigError(
                 f"train.alerts.spike_min_history = {self.spike_min_history!r} is invalid; "

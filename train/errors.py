@@ -23,6 +23,10 @@ class CheckpointError(TrainError):
     """A checkpoint is missing, corrupt or incompatible with the run."""
 
 
+class Diverged(TrainError):
+    """Steps in a row came out non-finite: the run trains nothing more (``[train.alerts] max_nonfinite``)."""
+
+
 class Interrupted(TrainError):
     """A stop signal arrived where the run could not reach a consistent point to checkpoint; it ended without one."""
 

@@ -151,6 +151,30 @@ def test_grad_accumulation_equals_one_larger_batch(tmp_path):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
 
 
+def test_a_run_whose_steps_stay_non_finite_stops_naming_the_learning_rate(tmp_path):
+    """Diverged weights make every later step non-finite: each was skipped and the run ended "done" with exit 0, its
+    weights NaN. After ``max_nonfinite`` in a row it stops; an applied step in between starts the count again."""
+    from winnow.train.errors import Diverged
+
+    trainer = make_trainer(tiny_config(tmp_path, alerts={"max_nonfinite": 3}))
+    poisoned = {2, 4, 5, 6}  # the 2nd forward, then the 4th to 6th
+    calls = {"n": 0}
+
+    def poison(module, args, output):
+        calls["n"] += 1
+        return output * float("nan") if calls["n"] in poisoned else output
+
+    trainer.model.head.register_forward_hook(poison)
+    assert [trainer.train_step().skipped for _ in range(5)] == [None, "nonfinite", None, "nonfinite", "nonfinite"]
+    state = trainer.hook("stability").state_dict()
+    assert state["nonfinite_run"] == 2
+    with pytest.raises(Diverged, match=r"steps 4-6: 3 steps in a row .* non-finite .*\[train.optim\] lr"):
+        trainer.train_step()
+    fresh = make_trainer(tiny_config(tmp_path / "b"))
+    fresh.hook("stability").load_state_dict({k: v for k, v in state.items() if k != "nonfinite_run"})  # an old one
+    assert fresh.hook("stability").nonfinite_run == 0
+
+
 def test_injected_nan_is_skipped_and_alerted(tmp_path):
     trainer = make_trainer(tiny_config(tmp_path))
     calls = {"n": 0}
