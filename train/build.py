@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterable
 
 import torch
@@ -512,7 +513,19 @@ def _held_out_sets(
             evaluated += found
             kept.append(folder)
         except ShardError as err:
+            named = [i for i, f in enumerate(cfg.eval) if os.path.normpath(str(f)) == os.path.normpath(str(folder))]
+            if named:  # a folder the job file names for it: a wrong one, not a job without a split
+                raise ConfigError(
+                    f"train.eval[{named[0]}] = {cfg.eval[named[0]]!r} holds no held-out rows to evaluate on ({err}); "
+                    "name a job folder whose job has a split stage (val_fraction)"
+                ) from None
             log.warning("no held-out evaluation on %s: %s", folder, err)
+    if cfg.stop.active and not evaluated:
+        raise ConfigError(
+            f"train.stop: its rules read held-out losses, and {[str(f) for f in held_out]} hold no held-out rows, "
+            "so they could never stop the run; add a split stage (val_fraction) to the job, name held-out data in "
+            "train.eval, or remove [train.stop]"
+        )
     if cfg.attribution.every and not evaluated:
         raise ConfigError(
             f"train.attribution.every = {cfg.attribution.every}: attribution measures what each source does to "

@@ -235,6 +235,41 @@ def attribution_without_held_out_rows(tmp: Path) -> None:
 
 
 @kind
+def stop_rules_without_held_out_rows(tmp: Path) -> None:
+    """[train.stop] on shards with no val split: refused (it trained to the end, its rules never able to fire)."""
+    from winnow.pipelines.train import build_trainer
+    from winnow.train.config import StopConfig, TrainConfig
+    from winnow.train.model.config import ModelConfig
+
+    folder = write_job(tmp / "job", [make_docs(8)])
+    model = ModelConfig(vocab_size=258, dim=16, n_layers=1, n_heads=2, ffn_hidden=16, n_experts=2, top_k=1)
+    cfg = TrainConfig(output=str(tmp / "run"), shards=str(folder), steps=2, model=model, eval_every=1,
+                      data=LoaderConfig(batch_size=2, seq_len=16, num_workers=0, format="parquet"),
+                      stop=StopConfig(patience=1))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"train.stop: its rules read held-out losses, .* could never stop"):
+        build_trainer(cfg)
+    assert not (tmp / "run" / "checkpoints").exists()
+
+
+@kind
+def eval_naming_a_folder_without_held_out_rows(tmp: Path) -> None:
+    """train.eval naming a folder that is there but holds no val split (a wrong folder): refused naming the key
+    (a warning, and a run with no evaluation at all)."""
+    from winnow.pipelines.train import build_trainer
+    from winnow.train.config import TrainConfig
+    from winnow.train.model.config import ModelConfig
+
+    folder = write_job(tmp / "job", [make_docs(8)], val=[make_docs(4)])
+    (tmp / "logs").mkdir()
+    model = ModelConfig(vocab_size=258, dim=16, n_layers=1, n_heads=2, ffn_hidden=16, n_experts=2, top_k=1)
+    cfg = TrainConfig(output=str(tmp / "run"), shards=str(folder), steps=2, model=model, eval_every=1,
+                      eval=[str(folder), str(tmp / "logs")],
+                      data=LoaderConfig(batch_size=2, seq_len=16, num_workers=0, format="parquet"))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"train.eval\[1\] = .*logs.* holds no held-out rows"):
+        build_trainer(cfg)
+
+
+@kind
 def manifest_that_is_not_an_object(tmp: Path) -> None:
     folder = write_job(tmp / "job", [make_docs(4)])
     (folder / "manifest.json").write_text("[1, 2]")
