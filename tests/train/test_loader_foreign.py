@@ -114,6 +114,10 @@ def test_bad_folders_say_what_to_do(tmp_path):
     (tmp_path / "lost" / ".winnow-output").write_text("")  # a curated folder whose manifest.json was removed
     with pytest.raises(ShardError, match=r"\.winnow-output\) whose manifest.json is missing.*curate. command again"):
         Loader(CFG, tmp_path / "lost")
+    # a source column with nulls: named at open (a batch holding one stopped the run, its advice about a manifest)
+    write(tmp_path / "nulls" / "train.parquet", ["a", "b", "c", "d"], sources=["x", None, "y", None])
+    with pytest.raises(ShardError, match=r"train\.parquet: 2 of its 4 rows have no source .*the first is row 1"):
+        Loader(CFG, tmp_path / "nulls")
 
 
 def test_manifest_folders_are_still_read_through_the_manifest(tmp_path):

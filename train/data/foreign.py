@@ -121,7 +121,16 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
                     "in a string column named 'text'"
                 )
             if "source" in names:
-                for name in pf.read(columns=["source"]).column("source").unique().to_pylist():
+                column = pf.read(columns=["source"]).column("source")
+                if column.null_count:  # a row of no source: each batch would stop the run at its first one
+                    first = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
+                    raise ShardError(
+                        f"{data}/{rel}: {column.null_count} of its {len(column)} rows have no source (null in its "
+                        f"'source' column; the first is row {first}); fill the column for every row, drop the column "
+                        "(every row is then of one source, named after the folder), or curate the folder with "
+                        "winnow curate"
+                    )
+                for name in column.unique().to_pylist():
                     sources.setdefault(name, None)
             else:
                 sources.setdefault(default, None)
