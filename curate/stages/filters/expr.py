@@ -67,7 +67,7 @@ class ExprConfig(StageConfig):
         try:
             expr = pl.sql_expr(self.where)
         except (SQLInterfaceError, SQLSyntaxError, ComputeError) as err:
-            raise ConfigError(f"where = {self.where!r} is not a SQL predicate polars can parse: {err}") from None
+            raise ConfigError(f"where = {self.where!r} is not a SQL predicate polars can parse: {_first_line(err)}") from None
         if _ACROSS_ROWS.search(str(expr)):
             raise ConfigError(
                 f"where = {self.where!r} reads other rows (an aggregate or a window: MAX(x), COUNT(*), AVG, "
@@ -103,11 +103,13 @@ class ExprFilter(Stage):
         except ColumnNotFoundError as err:
             raise StageError(
                 f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} names a column the "
-                f"rows lack: {err}; columns here: {batch.columns} (input fields need [[inputs]] keep_fields)"
+                f"rows lack: {_first_line(err)}; columns here: {batch.columns} (input fields need [[inputs]] "
+                "keep_fields)"
             ) from None
         except (InvalidOperationError, ComputeError) as err:
             raise StageError(
-                f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} fails on these columns: {err}"
+                f"stage {self.ctx.stage_id} (filter.expr): where = {self.config.where!r} fails on these columns: "
+                f"{_first_line(err)}"
             ) from None
         if keep.dtype != pl.Boolean:
             raise StageError(
@@ -116,3 +118,8 @@ class ExprFilter(Stage):
             )
         keep = keep.fill_null(False)
         return StageOutput(batch.filter(keep), make_rejects(batch.filter(~keep), self.reason))
+
+
+def _first_line(err: Exception) -> str:
+    """polars' message without the expression trace newer versions append after a blank line: one line to read."""
+    return str(err).strip().split("\n", 1)[0]
