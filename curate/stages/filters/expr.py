@@ -67,7 +67,9 @@ class ExprConfig(StageConfig):
         try:
             expr = pl.sql_expr(self.where)
         except (SQLInterfaceError, SQLSyntaxError, ComputeError) as err:
-            raise ConfigError(f"where = {self.where!r} is not a SQL predicate polars can parse: {_first_line(err)}") from None
+            raise ConfigError(
+                f"where = {self.where!r} is not a SQL predicate polars can parse: {_first_line(err)}"
+            ) from None
         if _ACROSS_ROWS.search(str(expr)):
             raise ConfigError(
                 f"where = {self.where!r} reads other rows (an aggregate or a window: MAX(x), COUNT(*), AVG, "
