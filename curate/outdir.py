@@ -231,7 +231,7 @@ def _listed(out: Path, work: WorkDir) -> set[str] | None:
         manifest = json.loads(work.read_text(path))
     except (OSError, ValueError, WinnowError):
         return None
-    if not isinstance(manifest, dict) or not {"format_version", "shards", "stages"} <= set(manifest):
+    if not _manifest_keys(manifest):
         return None
     entries = [*(manifest.get("shards") or []), *(manifest.get("rejects") or [])]
     return {_SHARD_FILE.sub("", e["path"]) for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)}
@@ -299,6 +299,11 @@ def _is_manifest(path: Path) -> bool:
         manifest = json.loads(read_whole(str(path), limit=MANIFEST_BYTES, what="manifest"))
     except (WinnowError, ValueError):
         return False
+    return _manifest_keys(manifest)
+
+
+def _manifest_keys(manifest: object) -> bool:
+    """Whether ``manifest`` (parsed JSON) has the keys of a job's ``manifest.json`` as winnow writes it."""
     return isinstance(manifest, dict) and {"format_version", "shards", "stages"} <= set(manifest)
 
 

@@ -77,13 +77,8 @@ class AlertConfig:
         for key in ("throughput_window", "throughput_patience"):
             value = getattr(self, key)
             _check(isinstance(value, int) and value >= 1, key, value, "an integer >= 1")
-        value = self.max_nonfinite
-        _check(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-            "max_nonfinite",
-            value,
-            "an integer >= 0 (0: never stop)",
-        )
+        n = self.max_nonfinite
+        _check(type(n) is int and n >= 0, "max_nonfinite", n, "an integer >= 0 (0: never stop)")  # not a bool
         if self.spike_window < 2 or not 1 < self.spike_min_history <= self.spike_window:
             raise ConfigError(
                 f"train.alerts.spike_min_history = {self.spike_min_history!r} is invalid; "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterable
 
 import torch
@@ -513,10 +512,9 @@ def _held_out_sets(
             evaluated += found
             kept.append(folder)
         except ShardError as err:
-            named = [i for i, f in enumerate(cfg.eval) if os.path.normpath(str(f)) == os.path.normpath(str(folder))]
-            if named:  # a folder the job file names for it: a wrong one, not a job without a split
+            if folder in cfg.eval:  # a folder the job file names for it (eval_sets keeps it as given): a wrong one
                 raise ConfigError(
-                    f"train.eval[{named[0]}] = {cfg.eval[named[0]]!r} holds no held-out rows to evaluate on ({err}); "
+                    f"train.eval[{cfg.eval.index(folder)}] = {folder!r} holds no held-out rows to evaluate on ({err}); "
                     "name a job folder whose job has a split stage (val_fraction)"
                 ) from None
             log.warning("no held-out evaluation on %s: %s", folder, err)

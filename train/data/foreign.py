@@ -23,6 +23,7 @@ import logging
 import re
 
 import fsspec
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -123,7 +124,7 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
             if "source" in names:
                 column = pf.read(columns=["source"]).column("source")
                 if column.null_count:  # a row of no source: each batch would stop the run at its first one
-                    first = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
+                    first = int(np.flatnonzero(column.is_null().to_numpy())[0])
                     raise ShardError(
                         f"{data}/{rel}: {column.null_count} of its {len(column)} rows have no source (null in its "
                         f"'source' column; the first is row {first}); fill the column for every row, drop the column "
