@@ -115,6 +115,23 @@ def _not_a_state(where: object, err: BaseException) -> CheckpointError:
     )
 
 
+def check_finite(weights: dict[str, Any], where: str, *, then: str) -> None:
+    """``CheckpointError`` naming the tensors of ``weights`` (a model state) that hold NaN or infinite values.
+
+    Weights that are not finite make every loss NaN: a run that diverged unnoticed, or a damaged
+    file. ``where`` names the checkpoint; ``then`` says what to do instead.
+    """
+    bad = [
+        (name, int(torch.isfinite(t).logical_not_().sum()), t.numel())
+        for name, t in weights.items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+    if bad:
+        listed = ", ".join(f"{name} ({n:,} of {total:,} values)" for name, n, total in bad[:3])
+        more = f" and {len(bad) - 3} more tensors" if len(bad) > 3 else ""
+        raise CheckpointError(f"{where}: its weights hold NaN or infinite values: {listed}{more}; {then}")
+
+
 def has_shards(path: str | Path) -> bool:
     """Whether a checkpoint folder keeps its weights in ``shards/`` (else all is in ``state.pt``)."""
     return (Path(path) / SHARDS_DIR / ".metadata").is_file()

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from winnow.train.checkpoint import renamed
+from winnow.train.checkpoint import check_finite, renamed
 from winnow.train.errors import CheckpointError, ConfigError
 from winnow.train.model import ModelConfig, Transformer
 from winnow.train.tokenizer import BPE_FILE, META_FILE, Tokenizer
@@ -205,6 +205,11 @@ def export_model(
     if "model" not in state or "model_config" not in state:
         raise CheckpointError("the checkpoint holds no model or model_config to export")
     cfg = ModelConfig(**state["model_config"])
+    check_finite(
+        state["model"],
+        f"the checkpoint of step {step}" if step is not None else "the checkpoint",
+        then="export an earlier checkpoint of the run (`winnow export RUN/checkpoints/step-N`)",
+    )
     out_dir = Path(out_dir).resolve()  # "." has no name to put a temporary folder beside
     _check_replaceable(out_dir)
     _remove_left_behind(out_dir)

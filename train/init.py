@@ -198,6 +198,10 @@ def _read_checkpoint(fs, folder: str, state_file: str, *, weights: bool = True) 
             from winnow.train.checkpoint import SHARDS_DIR, merge_shards
 
             merge_shards(state, dcp.read_full(Path(tmp) / SHARDS_DIR))
+    if weights and isinstance(state.get("model"), dict):
+        from winnow.train.checkpoint import check_finite
+
+        check_finite(state["model"], f"checkpoint {folder}", then="give an earlier checkpoint of that run")
     step = int((state.get("counters") or {}).get("step", step))
     return state, digest, step
 
@@ -216,6 +220,9 @@ def _load_export(
         )
     data = read_capped(fs, path, limit=STATE_BYTES, what="export", error=CheckpointError)
     model, meta = exported_state(data, path)
+    from winnow.train.checkpoint import check_finite
+
+    check_finite(model, path, then="export an earlier checkpoint of the run it came from")
     unstrip = (lambda p: fs.unstrip_protocol(p)) if "://" in given else (lambda p: p)
     return Initialization(
         given=given,

@@ -180,3 +180,28 @@ def test_a_reader_of_a_live_run_follows_its_checkpoints_as_they_are_pruned(tmp_p
     monkeypatch.setattr(CheckpointManager, "load", pruned_meanwhile)
     path, state = reader.load_latest()
     assert path.name == "step-00000004" and int(state["step"]) == 4
+
+
+def test_weights_that_are_not_finite_are_refused_by_init_from_a_teacher_and_export(tmp_path, caplog):
+    """A checkpoint whose weights hold NaN or infinity (a run that diverged unnoticed, a damaged file) starts no run,
+    teaches nothing and is not exported; from a run folder, init_from takes the newest checkpoint that is finite."""
+    from winnow.train.export import export_model
+    from winnow.train.model import ModelConfig, Transformer
+
+    cfg = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, ffn_hidden=16, n_experts=2, top_k=1, max_seq_len=16)
+    good = Transformer(cfg).state_dict()
+    bad = {**good, "embed.weight": good["embed.weight"].clone()}
+    bad["embed.weight"][3, :2] = torch.tensor([float("nan"), float("inf")])
+    model_config = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+    checkpoints = tmp_path / "run" / "checkpoints"
+    _plant(checkpoints / "step-00000009", {"model": bad, "model_config": model_config, "counters": {"step": 9}})
+    for given, key in ((checkpoints / "step-00000009", "train.init_from"), (tmp_path / "run", "train.distill.teacher")):
+        with pytest.raises(CheckpointError, match=r"NaN or infinite values: embed\.weight \(2 of 1,024 values\)"):
+            load_init(str(given), key=key)
+    _plant(checkpoints / "step-00000005", {"model": good, "model_config": model_config, "counters": {"step": 5}})
+    with caplog.at_level("WARNING"):
+        assert load_init(str(tmp_path / "run")).step == 5  # the older one, with a warning naming the newer
+    assert "step-00000009" in caplog.text and "NaN or infinite" in caplog.text
+    with pytest.raises(CheckpointError, match=r"step 9: its weights hold NaN.*export an earlier checkpoint"):
+        export_model({"model": bad, "model_config": model_config}, tmp_path / "export", step=9)
+    assert not (tmp_path / "export").exists()
