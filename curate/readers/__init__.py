@@ -23,7 +23,7 @@ from winnow.curate.readers.arrow import read_hf, read_parquet
 from winnow.curate.readers.files import InputFile, distinct_names, list_files, open_binary
 from winnow.curate.readers.jsonl import read_jsonl
 from winnow.curate.readers.ranges import Span, split_file
-from winnow.curate.readers.rows import READ_REASONS, ReadBatch, as_text_columns, native_layout, polars_ready
+from winnow.curate.readers.rows import READ_REASONS, ReadBatch, as_text_columns, not_native, polars_ready
 from winnow.curate.readers.text import read_text_files
 from winnow.curate.readers.utf8 import printable
 from winnow.curate.readers.webdataset import read_webdataset
@@ -131,6 +131,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
     out: dict[str, pl.DataType] = {}
     seen: set[str] = set()
     replaced: dict[str, tuple[set[str], list[str]]] = {}  # input -> (other source names, files holding them)
+    split_files: dict[str, list[tuple[str, str]]] = {}  # input -> (file, why not winnow's layout) with a split column
     for task in tasks:
         cfg = inputs[task.input_index]
         if cfg.format != "parquet" or cfg.text_field != "text":
@@ -151,7 +152,9 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             # the types its reader sees (rows_from_arrow): text columns decoded, then polars' types
             text_columns = [c for c in ("text", cfg.id_field, cfg.source_field) if c is not None and c in names]
             types = pl.from_arrow(polars_ready(as_text_columns(schema.empty_table(), text_columns))).schema
-            if not native_layout(dict(types), text_field=cfg.text_field, id_field=cfg.id_field):
+            if why := not_native(dict(types), text_field=cfg.text_field, id_field=cfg.id_field):
+                if "split" in names:  # held-out rows of winnow's (or a copy of them) would train
+                    split_files.setdefault(cfg.label, []).append((printable(file.url), why))
                 continue
             others = _replaced_sources(cfg, metadata)
             if others:
@@ -184,6 +187,17 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
             ", ".join(files_[:2]),
             ", ..." if len(files_) > 2 else "",
             ", ".join(repr(v) for v in sorted(names_)[:3]),
+        )
+    for label, found in split_files.items():
+        log.warning(
+            "input %s: %d file(s) with a split column are not in winnow's layout (%s: %s%s): their rows are read as "
+            "training rows, the split kept in meta; to keep held-out rows held out, write them with id, source, text "
+            "and meta as string columns (meta may be null), or give them a [[inputs]] entry of their own",
+            label,
+            len(found),
+            found[0][0],
+            found[0][1],
+            "; ..." if len(found) > 1 else "",
         )
     return out
 

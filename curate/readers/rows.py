@@ -174,22 +174,31 @@ def id_text(value: Any, field: str, raw: bytes) -> str:
     return written if isinstance(written, str) else str(value)
 
 
-def _meta_keeping_source(source: str | None) -> pl.Expr:
-    """The ``meta`` of winnow-layout rows whose own ``source`` is not the input's (``[[inputs]] source``, which
-    every row gets): that name kept as meta's ``source`` key, as a file outside winnow's layout keeps its column."""
-    theirs = pl.col("source").cast(pl.String)
-    tag = pl.struct(theirs.alias("source")).struct.json_encode()  # {"source":"<name>"}, escaped
-    meta = pl.col("meta").str.strip_chars()
-    return (
-        pl.when(theirs.is_null() | (theirs == pl.lit(source, dtype=pl.String)))
-        .then(pl.col("meta"))
-        .when(meta.is_null() | (meta == "{}") | (meta == "null"))
-        .then(tag)
-        .when(meta.str.starts_with("{"))
-        .then(pl.concat_str([tag.str.head(-1), pl.lit(","), meta.str.slice(1)]))
-        .otherwise(pl.col("meta"))  # meta that is not an object: left as it is (the input's warning says so)
-        .alias("meta")
-    )
+def keep_own_source(meta: str | None, theirs: str) -> str:
+    """A winnow-layout row's ``meta`` (a JSON object's text, or None) with the row's own source name ``theirs`` kept in
+    it, where the input's source replaces the row's: under ``"source"``, or ``"source.row"`` where meta already
+    names another source. Meta that is not a JSON object is kept whole under ``"meta"``: nothing of it is lost."""
+    try:
+        found = loads_exact(meta.encode()) if meta is not None and meta.strip() else {}
+    except (orjson.JSONDecodeError, json.JSONDecodeError):
+        return dumps_exact({"source": theirs, "meta": meta})
+    if not isinstance(found, dict):
+        return dumps_exact({"source": theirs, "meta": found})
+    key = "source" if found.get("source", theirs) == theirs else "source.row"
+    return dumps_exact({key: theirs, **{k: v for k, v in found.items() if k != key}})
+
+
+def _meta_keeping_source(out: pl.DataFrame, theirs: pl.Series, source: str | None) -> pl.DataFrame:
+    """``out`` (rows of a winnow-layout file) with the ``meta`` of each row whose own source (``theirs``) is not the
+    input's (``[[inputs]] source``, which every row gets) keeping that name (``keep_own_source``), as a file outside
+    winnow's layout keeps its column. Read as JSON row by row: only the rows of files that hold other sources."""
+    theirs = theirs.cast(pl.String)
+    moved = (theirs.is_not_null() & (theirs != source)).fill_null(False)
+    if not moved.any():
+        return out
+    at = moved.arg_true()
+    kept = [keep_own_source(m, t) for m, t in zip(out["meta"].gather(at), theirs.gather(at), strict=True)]
+    return out.with_columns(out["meta"].scatter(at, pl.Series(kept, dtype=pl.String)))
 
 
 def rows_from_arrow(
@@ -280,6 +289,8 @@ def rows_from_arrow(
             )
 
     native = native_layout({c: t for c, t in df.schema.items() if c != row}, text_field=text_field, id_field=id_field)
+    if native and df.schema["meta"] == pl.Null:
+        df = df.with_columns(pl.col("meta").cast(pl.String))
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
     derived_id = pl.format("{}/{}/{}", src_expr, pl.lit(file_label), pl.col(row))
     # a null or empty id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
@@ -321,11 +332,13 @@ def rows_from_arrow(
             id_expr.alias("id"),
             src_expr.alias("source"),
             pl.col("text"),
-            _meta_keeping_source(source) if source_field is None and "source" in df.columns else pl.col("meta"),
+            pl.col("meta"),
             *[pl.col(c).cast(OPTIONAL_COLUMNS[c], strict=False) if c in OPTIONAL_COLUMNS else pl.col(c) for c in extra],
             pl.col(row),
             schema_error.alias(row + "_error"),
         )
+        if source_field is None and "source" in df.columns:
+            out = _meta_keeping_source(out, df["source"], source)
     else:
         rest = [c for c in df.columns if c not in (text_field, id_field, source_field, row)]
         df = df.with_columns(_json_ready(df, rest))
@@ -385,17 +398,29 @@ REJECTS_ONLY = (*REJECT_COLUMNS, "stage", "extra")
 
 def native_layout(schema: dict[str, pl.DataType], *, text_field: str, id_field: str) -> bool:
     """Whether rows of ``schema`` (polars types, text columns decoded by ``as_text_columns``) are in winnow's own
-    layout, a job's shards read back: text and ids in winnow's columns, the core columns as strings, no internal
-    names, no column of a rejects file (a job's ``rejects/`` curated again keeps its reasons in ``meta``, where
-    no stage's reason replaces them), and no binary column, which JSON cannot hold (a tar's ``.json``, a reject's
-    ``extra``). Any other file's columns go to ``meta`` (its ``id`` too, when ``id_field`` names another column)."""
-    return (
-        text_field == "text"
-        and id_field == "id"
-        and all(schema.get(c) == pl.String for c in CORE_COLUMNS)
-        and not any(c.startswith(INTERNAL_PREFIX) or c in REJECTS_ONLY for c in schema)
-        and not any(_holds_binary(t) for t in schema.values())
-    )
+    layout, a job's shards read back (``not_native`` says why not). Any other file's columns go to ``meta`` (its
+    ``id`` too, when ``id_field`` names another column)."""
+    return not_native(schema, text_field=text_field, id_field=id_field) is None
+
+
+def not_native(schema: dict[str, pl.DataType], *, text_field: str, id_field: str) -> str | None:
+    """Why rows of ``schema`` are not in winnow's own layout, or None when they are: text and ids in winnow's columns,
+    the core columns as strings (``meta`` may be all null: a writer that rebuilds rows from records types such a
+    column as null), no internal names, no column of a rejects file (a job's ``rejects/`` curated again keeps its
+    reasons in ``meta``, where no stage's reason replaces them), and no binary column, which JSON cannot hold (a
+    tar's ``.json``, a reject's ``extra``)."""
+    if text_field != "text" or id_field != "id":
+        return f"text_field = {text_field!r}, id_field = {id_field!r} (winnow's layout: 'text' and 'id')"
+    for c in CORE_COLUMNS:
+        if c not in schema:
+            return f"it has no {c!r} column"
+        if schema[c] != pl.String and not (c == "meta" and schema[c] == pl.Null):
+            return f"its {c!r} column is {schema[c]}, not a string"
+    if odd := next((c for c in schema if c.startswith(INTERNAL_PREFIX) or c in REJECTS_ONLY), None):
+        return f"it has the column {odd!r}, which winnow's shards never have"
+    if odd := next((c for c, t in schema.items() if _holds_binary(t)), None):
+        return f"its column {odd!r} holds bytes"
+    return None
 
 
 def _holds_binary(dtype: pl.DataType) -> bool:

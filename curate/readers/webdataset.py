@@ -29,7 +29,7 @@ from winnow.curate.errors import InputError
 from winnow.curate.readers.files import InputFile, compressed_kind, file_kind, open_binary
 from winnow.curate.readers.jsonl import PREVIEW
 from winnow.curate.readers.ranges import Span
-from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
+from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, keep_own_source, loads_exact
 from winnow.curate.readers.utf8 import printable, valid_utf8
 from winnow.curate.schema import OPTIONAL_COLUMNS, SPLITS
 
@@ -291,15 +291,17 @@ def _add_sample(
     if others:  # url, cls...: kept in meta under their extension
         for ext, value in others.items():
             record[ext if ext not in record else f"{ext}.member"] = _member_value(value)
-    if "meta" in record and not others and set(record) <= {"meta", "source", *OPTIONAL_COLUMNS}:
-        # A winnow shard: meta is already the JSON string; its own columns come back as columns, as from its
-        # Parquet shard (a held-out row stays held out).
-        meta = (
-            record["meta"] if record["meta"] is None or isinstance(record["meta"], str) else decode_meta(record["meta"])
-        )
+    if not others and (meta := _winnows_meta(record)) is not False:
+        # A winnow shard: meta is a JSON object's text; its own columns come back as columns, as from its
+        # Parquet shard (a held-out row stays held out), and the columns a job added (keep_fields, keep_metrics,
+        # a score's column) in meta
+        added = {k: v for k, v in record.items() if k not in ("meta", "source", *OPTIONAL_COLUMNS)}
+        if added:
+            found = orjson.loads(meta) if meta else {}
+            meta = decode_meta({**found, **{k if k not in found else f"{k}.column": v for k, v in added.items()}})
         theirs = record.get("source")
-        if cfg.source_field is None and isinstance(theirs, str) and theirs and theirs != source:
-            meta = _with_source(meta, theirs)  # the input's source replaces it: kept in meta, as from Parquet
+        if cfg.source_field is None and theirs and theirs != source:
+            meta = keep_own_source(meta, theirs)  # the input's source replaces it: kept in meta, as from Parquet
         # every key the sample's json has, null or not: a shard's samples all have its columns, so every batch
         # read from it has the same columns
         extra = {c: record[c] for c in OPTIONAL_COLUMNS if c in record}
@@ -326,15 +328,28 @@ def _members_json(parts: dict[str, bytes]) -> str:
     return json.dumps({ext: _member_value(data) for ext, data in parts.items()}, ensure_ascii=False)
 
 
-def _with_source(meta: str | None, theirs: str) -> str | None:
-    """A winnow shard's ``meta`` (a JSON object's text, or None) with ``source`` set to the sample's own source."""
-    try:
-        found = orjson.loads(meta) if meta else {}
-    except orjson.JSONDecodeError:
+def _winnows_meta(record: dict) -> str | None | bool:
+    """The ``meta`` (a JSON object's text, or None) of a sample's json as winnow writes its shards, or False when the
+    json is not one: a ``meta`` that is null or a JSON object (or its text), a ``source`` that is a string, and
+    no other keys than winnow's columns, or those and a ``split`` winnow writes (a job's kept fields and added
+    columns come back in meta then). Another tool's json with a ``meta`` key is a plain sample: all of it in meta."""
+    if "meta" not in record or not isinstance(record.get("source", ""), str):
+        return False
+    meta = record["meta"]
+    if isinstance(meta, str):
+        try:
+            found = loads_exact(meta.encode())
+        except (orjson.JSONDecodeError, json.JSONDecodeError):
+            return False
+        if not isinstance(found, dict):
+            return False
+    elif isinstance(meta, dict):
+        meta = decode_meta(meta)
+    elif meta is not None:
+        return False
+    if set(record) <= {"meta", "source", *OPTIONAL_COLUMNS} or record.get("split") in SPLITS:
         return meta
-    if not isinstance(found, dict):
-        return meta  # not an object: left as it is
-    return orjson.dumps({"source": theirs, **found}).decode()
+    return False
 
 
 def _not_winnows(extra: dict) -> str | None:

@@ -902,6 +902,74 @@ def test_a_winnow_webdataset_sample_naming_another_source_keeps_it_in_meta(tmp_p
     assert kept["source"].to_list() == ["web"] and json.loads(kept["meta"][0]) == {"source": "wiki", "k": 1}
 
 
+def test_a_winnow_layout_rows_own_source_is_kept_in_meta_as_valid_json_whatever_meta_holds(tmp_path):
+    """Meta's text was spliced: `{ }` became `{"source":"zz", }` (not JSON), `{"source":"mine"}` a doubled key that
+    hid the row's own source, and meta that is not an object lost it."""
+    metas = ["{ }", "{\n}", '{"source":"mine"}', '{"source":"zz","k":1}', "not json", "[1, 2]", None]
+    n = len(metas)
+    table = {"id": [f"e{i}" for i in range(n)], "source": ["zz"] * n, "text": ["words"] * n, "meta": metas}
+    pq.write_table(pa.table(table), tmp_path / "x.parquet")
+    kept, _ = read_all(InputConfig(source="p", path=str(tmp_path / "x.parquet"), format="parquet"))
+    assert [json.loads(m) for m in kept["meta"]] == [
+        {"source": "zz"}, {"source": "zz"}, {"source.row": "zz", "source": "mine"}, {"source": "zz", "k": 1},
+        {"source": "zz", "meta": "not json"}, {"source": "zz", "meta": [1, 2]}, {"source": "zz"},
+    ]  # fmt: skip
+
+
+def _samples_tar(path, samples: list[tuple[str, bytes]]) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for key, body in samples:
+            for name, member in ((f"{key}.txt", b"some words"), (f"{key}.json", body)):
+                info = tarfile.TarInfo(name)
+                info.size = len(member)
+                tar.addfile(info, io.BytesIO(member))
+    path.write_bytes(out.getvalue())
+
+
+def test_a_webdataset_samples_json_keeps_every_field_whatever_its_meta_and_source_hold(tmp_path):
+    """A sample whose json held `source` and a `meta` that was not an object, or a `source` that was not a string,
+    lost its source; one whose meta named a source of its own lost the sample's."""
+    bodies = {
+        "a": {"source": "other", "meta": 5},
+        "b": {"source": "other", "meta": "str"},
+        "c": {"source": "other", "meta": [1]},
+        "d": {"source": 5, "meta": {}},
+        "e": {"source": "other", "meta": {"source": "mine"}},
+        "f": {"source": "other", "meta": '{"k": 1}'},
+    }
+    _samples_tar(tmp_path / "s.tar", [(k, json.dumps(v).encode()) for k, v in bodies.items()])
+    kept, rejects = read_all(InputConfig(source="web", path=str(tmp_path / "s.tar"), format="webdataset"))
+    assert rejects.height == 0 and kept["source"].to_list() == ["web"] * 6
+    assert [json.loads(m) for m in kept["meta"]] == [
+        bodies["a"], bodies["b"], bodies["c"], bodies["d"], {"source.row": "other", "source": "mine"},
+        {"source": "other", "k": 1},
+    ]  # fmt: skip
+
+
+def test_winnows_held_out_rows_read_back_stay_held_out_with_the_columns_a_job_added(tmp_path, caplog):
+    """A WebDataset val shard of a job with keep_fields (or keep_metrics, a score's column) came back as training
+    rows; so did a Parquet one rebuilt from records, whose all-null meta a writer types as null, and one whose
+    meta it types as a number is said to train, with the reason."""
+    from winnow.curate.readers import native_columns
+
+    body = {"meta": None, "source": "a", "split": "val", "quality": 0.5, "url": "http://x/1", "length_chars": 10}
+    _samples_tar(tmp_path / "val.tar", [("k1", json.dumps(body).encode())])
+    kept, _ = read_all(InputConfig(source="a", path=str(tmp_path / "val.tar"), format="webdataset"))
+    assert kept["split"].to_list() == ["val"] and kept["quality"].to_list() == [0.5]
+    assert json.loads(kept["meta"][0]) == {"url": "http://x/1", "length_chars": 10}
+    table = {"id": ["r1"], "source": ["a"], "text": ["held out words"], "split": ["val"]}
+    pq.write_table(pa.table({**table, "meta": pa.nulls(1)}), tmp_path / "null.parquet")
+    pq.write_table(pa.table({**table, "meta": pa.array([None], pa.float64())}), tmp_path / "float.parquet")
+    kept, _ = read_all(InputConfig(source="a", path=str(tmp_path / "null.parquet"), format="parquet"))
+    assert kept["split"].to_list() == ["val"] and kept["meta"].to_list() == [None]
+    cfg = InputConfig(source="a", path=str(tmp_path / "float.parquet"), format="parquet")
+    with caplog.at_level("WARNING", logger="winnow.curate.readers"):
+        native_columns([cfg], plan_read_tasks([cfg]))
+    assert "with a split column are not in winnow's layout" in caplog.text
+    assert "its 'meta' column is Float64, not a string): their rows are read as training rows" in caplog.text
+
+
 def test_a_folder_of_text_files_keeps_an_image_or_utf16_file_as_a_reject_naming_what_it_is(tmp_path):
     """A folder of documents often holds a figure or a PDF: one reject each, the job goes on; a text that only
     starts like a Parquet file (PAR1) is text."""
