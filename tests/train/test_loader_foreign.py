@@ -114,6 +114,17 @@ def test_bad_folders_say_what_to_do(tmp_path):
     (tmp_path / "lost" / ".winnow-output").write_text("")  # a curated folder whose manifest.json was removed
     with pytest.raises(ShardError, match=r"\.winnow-output\) whose manifest.json is missing.*curate. command again"):
         Loader(CFG, tmp_path / "lost")
+    # a job's rejects/ (the rows curation removed) or shards/, and a folder holding jobs (a study's): trained on as
+    # plain Parquet without a word
+    job = tmp_path / "studies" / "job"
+    write(job / "shards" / "parquet" / "train" / "part-00000.parquet", ["t"], source=["s"])
+    write(job / "rejects" / "part-00000.parquet", ["removed"], source=["s"], reason=["dedup:exact"])
+    (job / "manifest.json").write_text("{}")
+    for inner, said in (("rejects", "rejects: the rows curation removed"), ("shards", "shards: part of it")):
+        with pytest.raises(ShardError, match=rf"inside the `winnow curate` job folder .*job \({said}.*--shards "):
+            Loader(CFG, job / inner)
+    with pytest.raises(ShardError, match=r"holds a `winnow curate` job folder \(.*job\).*list each job under"):
+        Loader(CFG, tmp_path / "studies")
     # a source column with nulls: named at open (a batch holding one stopped the run, its advice about a manifest)
     write(tmp_path / "nulls" / "train.parquet", ["a", "b", "c", "d"], sources=["x", None, "y", None])
     with pytest.raises(ShardError, match=r"train\.parquet: 2 of its 4 rows have no source .*the first is row 1"):

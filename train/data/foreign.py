@@ -70,6 +70,35 @@ def _identity(fs: fsspec.AbstractFileSystem, url: str) -> tuple:
     return url, info.get("size"), str(info.get("mtime") or info.get("LastModified") or info.get("created"))
 
 
+def _job_folder(fs: fsspec.AbstractFileSystem, folder: str) -> bool:
+    """Whether ``folder`` is a `winnow curate` job folder: its marker, or a manifest.json beside a ``shards/``."""
+    return fs.exists(f"{folder}/{CURATED}") or (fs.exists(f"{folder}/manifest.json") and fs.isdir(f"{folder}/shards"))
+
+
+def _refuse_inside_a_job(fs: fsspec.AbstractFileSystem, root: str, data: str) -> None:
+    """ShardError when ``root`` lies inside a `winnow curate` job folder (its ``shards/``, its ``rejects/``: the rows
+    curation removed) or holds job folders (a study's, a folder of jobs): read as plain Parquet, the rows would
+    train without the manifest's splits, order and checksums, or the rejects as data."""
+    parts = root.rstrip("/").split("/")
+    for up in range(len(parts) - 1, 0, -1):
+        above = "/".join(parts[:up]) or "/"
+        if _job_folder(fs, above):
+            inner = "/".join(parts[up:])
+            what = "the rows curation removed, with their reasons" if inner.startswith("rejects") else "part of it"
+            raise ShardError(
+                f"{data}: inside the `winnow curate` job folder {above} ({inner}: {what}); give the job folder "
+                f"itself (train.shards = {above!r}, or --shards {above}): its manifest names the shards, their "
+                "splits, order and checksums"
+            )
+    marks = (p.rsplit("/", 1)[0] for p in fs.find(root) if p.endswith((f"/{CURATED}", "/manifest.json")))
+    job = next((folder for folder in marks if _job_folder(fs, folder)), None)
+    if job is not None:
+        raise ShardError(
+            f"{data}: holds a `winnow curate` job folder ({job}), whose files would be read as plain Parquet files "
+            "without its manifest; give the job folder itself, or list each job under [train] shards"
+        )
+
+
 def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: str, fmt: str) -> dict:
     """A manifest-shaped view of ``root``'s ``split`` files: ``{"sources", "shards", "view_of"}``."""
     if fmt != "parquet":
@@ -94,6 +123,7 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
             "files it would lose its curriculum order, its sources and its checksums: run the job's `winnow curate` "
             "command again (it writes the folder anew) or restore the manifest"
         )
+    _refuse_inside_a_job(fs, root, data)
     paths = find_split_files(fs, root, split)
     key = (data, split, tuple(_identity(fs, f"{root}/{p}") for p in paths))
     if key in _VIEWS:  # held-out loaders are rebuilt for every evaluation: view an unchanged folder once
