@@ -132,11 +132,12 @@ class AblateConfig:
             check(
                 name not in ("", *RESERVED_NAMES)
                 and all(math.isfinite(w) and w >= 0 for w in mix.values())
-                and any(w > 0 for w in mix.values()),
+                and any(w > 0 for w in mix.values())
+                and math.isfinite(sum(mix.values())),  # the shares are weight / sum: 1e308 twice would read as 0
                 f"mixes.{name}" if name else 'mixes.""',
                 mix,
                 f"a non-empty name other than {', '.join(map(repr, RESERVED_NAMES))} (the study's own runs) and "
-                "finite non-negative weights, one of them > 0",
+                "finite non-negative weights, one of them > 0, whose sum is finite",
             )
         check(self.steps is None or self.steps >= 1, "steps", self.steps, "an integer >= 1")
         check(self.n_mixes >= 2, "n_mixes", self.n_mixes, "an integer >= 2 (more than the sources to fit well)")

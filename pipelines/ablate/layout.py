@@ -144,7 +144,7 @@ class StudyLayout:
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text())
+            result = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             log.warning(
                 "%s is not valid JSON (written by an older winnow that crashed mid-write?); variant %s is run again",
@@ -152,9 +152,33 @@ class StudyLayout:
                 variant,
             )
             return None
+        if why := _not_a_result(result):
+            log.warning("%s is not a finished run's result (%s); variant %s is run again", path, why, variant)
+            return None
+        return result
 
     def write_result(self, variant: str, result: dict) -> None:
         write_atomic(self.result_path(variant), json.dumps(result, indent=1))
+
+
+def _not_a_result(result) -> str | None:
+    """Why ``result`` (a ``result.json``'s JSON) is not what a finished variant writes, or None: an object whose
+    ``held_out`` maps each held-out set to its loss (a number; null where an evaluation diverged) and whose
+    ``weights`` map sources to numbers."""
+    if not isinstance(result, dict):
+        return f"a JSON {type(result).__name__}, not an object"
+    held, weights = result.get("held_out"), result.get("weights")
+    if not isinstance(held, dict) or not held:
+        return "no held-out losses"
+    if bad := next((k for k, v in held.items() if v is not None and not _number(v)), None):
+        return f"held_out[{bad!r}] = {held[bad]!r} is not a loss"
+    if not isinstance(weights, dict) or not all(_number(v) for v in weights.values()):
+        return "its weights are not numbers by source"
+    return None
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def source_folder(sources_root: Path, source: str) -> Path:

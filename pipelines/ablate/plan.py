@@ -144,6 +144,11 @@ def _mixes(c: PlanContext) -> list[dict]:
 
 def _random_mixes(c: PlanContext) -> list[dict]:
     cfg, base = c.cfg, c.base
+    if len(base) < 2:  # every mixture of one source is that source alone
+        raise ConfigError(
+            f"ablate.kind = 'random_mixes' draws mixtures of the job's sources, and the job has one source with "
+            f"train rows ({sorted(base)}): every mixture would train the baseline's mix; study a job of several sources"
+        )
     if cfg.n_mixes <= len(base):
         raise ConfigError(
             f"ablate.n_mixes = {cfg.n_mixes} is invalid; allowed: more than the {len(base)} sources "

@@ -622,3 +622,41 @@ def test_check_plans_a_study_of_the_mix_on_the_curated_shards_when_the_file_also
     path = _one_input_job(tmp_path, job, docs[0]["source"], '[train]\nsteps = 2\n[ablate]\nkind = "weights"\n')
     assert main(["check", str(path)]) == 2
     assert "ablate.kind = 'weights' varies a source's share against the others'" in capsys.readouterr().err
+    # random mixtures of one source: as many identical runs, and a NaN in mixes.json
+    path = _one_input_job(tmp_path, job, docs[0]["source"], '[train]\nsteps = 2\n[ablate]\nkind = "random_mixes"\n')
+    assert main(["check", str(path)]) == 2
+    assert "ablate.kind = 'random_mixes' draws mixtures of the job's sources" in capsys.readouterr().err
+
+
+def test_a_mix_whose_weights_sum_past_the_largest_float_is_refused(tmp_path, capsys):
+    """1e308 twice summed to inf: the plan, the effects and table.csv showed both shares as 0.000."""
+    path = _one_input_job(
+        tmp_path, tmp_path / "job", "docs", '[ablate]\nkind = "mixes"\nmixes = {big = {docs = 1e308, code = 1e308}}\n'
+    )
+    assert main(["check", str(path)]) == 2
+    assert "ablate.mixes.big = {'docs': 1e+308, 'code': 1e+308} is invalid" in (err := capsys.readouterr().err)
+    assert "whose sum is finite" in err
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("[]", "a JSON list, not an object"),
+        ('{"held_out": {}, "weights": {"a": 1.0}}', "no held-out losses"),
+        ('{"held_out": {"a": "x"}, "weights": {"a": 1.0}}', "held_out['a'] = 'x' is not a loss"),
+        ('{"held_out": {"a": 2.5}, "weights": ["a"]}', "its weights are not numbers by source"),
+    ],
+)
+def test_a_study_result_of_another_shape_is_run_again(tmp_path, caplog, text, said):
+    """A result.json that was JSON of another shape stopped the study's next run with a TypeError; one without
+    losses was taken as finished (its effects NaN)."""
+    from winnow.pipelines.ablate.layout import StudyLayout
+
+    layout = StudyLayout(tmp_path)
+    layout.result_path("without_a").parent.mkdir(parents=True)
+    layout.result_path("without_a").write_text(text)
+    with caplog.at_level("WARNING"):
+        assert layout.read_result("without_a") is None
+    assert f"is not a finished run's result ({said}); variant without_a is run again" in caplog.text
+    layout.result_path("without_a").write_text('{"held_out": {"a": 2.5, "b": null}, "weights": {"a": 1.0}}')
+    assert layout.read_result("without_a")["held_out"] == {"a": 2.5, "b": None}
