@@ -41,7 +41,9 @@ def run_export(args: argparse.Namespace) -> int:
     print(f"exported {checkpoint} (step {step}): {written['winnow']}")
     if tokenizer is None:
         print(f"no tokenizer: {run_dir} holds no tokenizer_meta.json; the export has the model only")
-    if written["hf"]:
+    if written["hf"] and tokenizer is None:
+        print(f"Hugging Face Mixtral, without a tokenizer (AutoModelForCausalLM): {written['hf']}")
+    elif written["hf"]:
         print(
             f"Hugging Face Mixtral with its tokenizer (AutoModelForCausalLM / AutoTokenizer / "
             f"pipeline('text-generation')): {written['hf']}"

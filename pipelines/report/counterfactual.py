@@ -41,6 +41,13 @@ class Counterfactual:
         return float(self.predicted[factor][i, j]), float(self.interval[factor][i, j])
 
 
+def step_span(x: object) -> tuple[int, int] | None:
+    """A record's ``steps`` (the first and last step it covers), or None when it is not two integers."""
+    if isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
+        return x[0], x[1]
+    return None
+
+
 def parse(record: dict) -> Counterfactual | None:
     """A ``counterfactual`` record, or None when it is not one this report can read."""
     value = record.get("counterfactual")
@@ -63,9 +70,7 @@ def parse(record: dict) -> Counterfactual | None:
         factors=sorted(predicted),
         predicted=predicted,
         interval=interval,
-        steps=(int(steps[0]), int(steps[1]))
-        if isinstance(steps, list) and len(steps) == 2 and None not in steps
-        else None,
+        steps=step_span(steps),
         saturation=value.get("saturation"),
         horizon=value.get("horizon"),
         slope=_matrix(value.get("slope"), shape),

@@ -74,6 +74,18 @@ def _steady(values: np.ndarray, skip: int) -> np.ndarray:
     return values[np.isfinite(values)]
 
 
+def no_records(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
+    """A run with no training records: the other rules find nothing because there is nothing to read."""
+    if run.logs:
+        return None
+    return Finding(
+        rule="no_records",
+        title="nothing to diagnose: metrics.jsonl holds no training records",
+        evidence=[f"{run.path / 'metrics.jsonl'}: no record with a training loss (the run logged none, or lost them)"],
+        settings=["train the run further, or log more often ([train.metrics] log_every)"],
+    )
+
+
 def loss_spikes(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     """Loss spikes and non-finite steps: which sources and shards were in those batches; precision."""
     events = [a for a in run.alerts if a.get("kind") in SKIP_ALERT.values()]
@@ -303,7 +315,7 @@ def source_regression(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
     return None
 
 
-RULES = (loss_spikes, slow_input, slow_communication, memory_pressure, expert_imbalance, source_regression)
+RULES = (no_records, loss_spikes, slow_input, slow_communication, memory_pressure, expert_imbalance, source_regression)
 
 
 def diagnose(run: TrainingRun, cfg: DiagnoseConfig | None = None) -> list[Finding]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from winnow.curate.errors import InputError
-from winnow.pipelines.report.counterfactual import Counterfactual
+from winnow.pipelines.report.counterfactual import Counterfactual, step_span
 from winnow.pipelines.report.counterfactual import parse as parse_counterfactual
 from winnow.train.alerts import SKIP_ALERT, AlertKind
 
@@ -121,8 +121,9 @@ class TrainingRun:
         """Mean expert load share over the run after the first ``skip`` log records (while any remain),
         (layers, experts); empty for a dense model."""
         logs = self.logs[skip:] if len(self.logs) > skip else self.logs
-        loads = [np.asarray(r["expert_load"], dtype=float) for r in logs if r.get("expert_load")]
-        loads = [x for x in loads if x.ndim == 2 and x.size]
+        loads = [_array(r["expert_load"]) for r in logs if r.get("expert_load")]
+        loads = [x for x in loads if x is not None and x.ndim == 2 and x.size]
+        loads = [x for x in loads if x.shape == loads[-1].shape]  # a record of another model's shape: not averaged
         return np.mean(np.stack(loads), axis=0) if loads else np.zeros((0, 0))
 
     def routing(self) -> np.ndarray:
@@ -131,10 +132,10 @@ class TrainingRun:
         total = None
         for record in self.logs:
             routing = record.get("routing")
-            if not routing:
+            if not routing or not isinstance(routing, dict):
                 continue
-            counts = np.asarray([routing.get(s, []) for s in sources], dtype=float)
-            if counts.ndim != 3:
+            counts = _array([routing.get(s, []) for s in sources])
+            if counts is None or counts.ndim != 3 or (total is not None and counts.shape != total.shape):
                 continue
             total = counts if total is None else total + counts
         return total if total is not None else np.zeros((len(sources), 0, 0))
@@ -220,6 +221,14 @@ def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _array(x: object) -> np.ndarray | None:
+    """``x`` as an array of floats, or None when it is not a regular table of numbers (a record edited by hand)."""
+    try:
+        return np.asarray(x, dtype=float)
+    except (ValueError, TypeError):
+        return None
+
+
 def _numbers(x: object) -> bool:
     """A number, or a table or list of them (nested, null where there is none: a source with no held-out rows):
     what the trainer writes under a figure's key."""
@@ -250,6 +259,8 @@ def _well_formed(record: dict) -> bool:
     if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62):
         return False
     if not all(_shaped(record[k], c) for k, c in _FIGURES.items() if k in record):
+        return False
+    if not all(isinstance(record[k], dict) for k in ("attribution", "counterfactual", "routing") if k in record):
         return False
     per_source = record.get("per_source", {})
     if not isinstance(per_source, dict) or not all(isinstance(v, dict) and _numbers(v) for v in per_source.values()):
@@ -296,6 +307,16 @@ def _each_step_once(records: list[dict]) -> list[dict]:
 
 def parse_attribution(record: dict) -> Attribution | None:
     """An attribution record as a matrix: ``{"sources", "matrix"}`` or ``{train: {heldout: value}}``."""
+    try:
+        return _parse_attribution(record)
+    except (ValueError, TypeError, AttributeError) as err:
+        log.warning(
+            "attribution record at step %s: not of the shape the trainer writes (%s); ignored", record.get("step"), err
+        )
+        return None
+
+
+def _parse_attribution(record: dict) -> Attribution | None:
     value = record.get("attribution")
     if isinstance(value, dict) and "matrix" in value:
         sources = list(value.get("sources") or [])
@@ -326,10 +347,7 @@ def parse_attribution(record: dict) -> Attribution | None:
         if "matrix" in value
         else {}
     )
-    steps = value.get("steps") if "matrix" in value else None
-    steps = (
-        (int(steps[0]), int(steps[1])) if isinstance(steps, list) and len(steps) == 2 and None not in steps else None
-    )
+    steps = step_span(value.get("steps")) if "matrix" in value else None
     return Attribution(
         step=int(record.get("step", 0)), sources=sources, matrix=matrix, parts=parts, steps=steps, **columns
     )

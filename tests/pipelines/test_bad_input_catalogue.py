@@ -169,8 +169,23 @@ def metrics_lines_that_are_not_records(tmp: Path) -> None:
             '{"loss": 2.0}',  # no step: the report crashed on it (KeyError), and on a null step (TypeError)
             '{"step": null, "loss": 2.0}',
             '{"step": 6, "per_source": {"a": {"tokens": NaN}}}',
+            '{"step": 7, "attribution": [1, 2]}',  # dropped without a word
+            '{"step": 7, "counterfactual": [1, 2]}',
+            '{"step": 7, "routing": [1, 2]}',
         ]
-        f.write(b"\n" + "\n".join(shapes).encode() + b"\n")  # fmt: skip
+        # odd values inside records of the right shape: each stopped the report with a ValueError
+        cf = '"sources": ["a"], "held_out": ["a"], "predicted": {"0": [[1.0]]}, "interval": {"0": [[0.1]]}'
+        inner = [
+            '{"step": 8, "attribution": {"sources": ["a"], "matrix": "x"}}',
+            '{"step": 8, "attribution": {"sources": ["a", "b"], "matrix": [[1.0], [1.0, 2.0]]}}',
+            '{"step": 8, "attribution": {"sources": ["a"], "matrix": [[1.0]], "measured": ["x"]}}',
+            '{"step": 8, "attribution": {"sources": ["a"], "matrix": [[1.0]], "steps": ["a", "b"]}}',
+            '{"step": 8, "attribution": {"sources": ["a"], "matrix": [[1.0]], "unattributed_parts": {"r": ["a"]}}}',
+            '{"step": 8, "counterfactual": {' + cf + ', "steps": ["a", "b"]}}',
+            '{"step": 8, "expert_load": [[1.0], [1.0, 2.0]]}',
+            '{"step": 8, "routing": {"a": "x"}}',
+        ]
+        f.write(b"\n" + "\n".join(shapes + inner).encode() + b"\n")  # fmt: skip
     warnings: list[logging.LogRecord] = []
     said = logging.Handler(logging.WARNING)
     said.emit = warnings.append
@@ -181,7 +196,7 @@ def metrics_lines_that_are_not_records(tmp: Path) -> None:
     finally:
         logging.getLogger("winnow.pipelines.report").removeHandler(said)
     assert [w.getMessage() for w in warnings if "unreadable" in w.getMessage()] == [
-        f"{tmp / 'run' / 'metrics.jsonl'}: 14 unreadable line(s) skipped (not JSON, or not of the shapes the trainer writes)"
+        f"{tmp / 'run' / 'metrics.jsonl'}: 17 unreadable line(s) skipped (not JSON, or not of the shapes the trainer writes)"
     ]  # once, though the command reads the run for the page and for the terminal
     assert (tmp / "run" / "report.html").is_file()
 

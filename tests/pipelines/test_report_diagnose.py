@@ -27,6 +27,14 @@ def test_healthy_run_has_no_findings(tmp_path):
     assert "nothing found" in format_findings([])
 
 
+def test_a_run_without_training_records_is_not_called_healthy(tmp_path):
+    """An empty metrics.jsonl, or one of evaluations only, read "nothing found (... look normal)"."""
+    for records in ([], [{"step": 10, "eval": {"loss": 2.0, "per_source": {"a": 2.0}}}]):
+        findings = diagnose(load_run(write_run(tmp_path / f"run{len(records)}", records)))
+        assert [f.rule for f in findings] == ["no_records"]
+        assert "nothing to diagnose: metrics.jsonl holds no training records" in format_findings(findings)
+
+
 def test_loss_spikes_name_sources_shards_and_precision(tmp_path):
     origins = [["/job/shards/train/part-00003-00000.parquet", 7], ["/job/shards/train/part-00001-00000.parquet", 2]]
     alerts = [

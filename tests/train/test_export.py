@@ -49,7 +49,10 @@ def test_export_command_writes_a_mixtral_whose_logits_match(tmp_path, model, cap
     trainer = _trained_run(tmp_path, **model)
     assert main(["export", str(tmp_path / "run")]) == 0
     out = tmp_path / "run" / "export"
-    assert str(out / "hf") in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert str(out / "hf") in said
+    # a run without tokenizer files: the export says so, and does not offer an AutoTokenizer it did not write
+    assert "no tokenizer:" in said and "Mixtral, without a tokenizer" in said and "AutoTokenizer" not in said
     tokens = _tokens()
     with torch.no_grad():
         expected = trainer.model.eval()(tokens).logits_BLV
