@@ -1,15 +1,31 @@
-"""Benchmark: the counterfactual against real ablations, on a study of text other than the sample data.
+"""Benchmark: the counterfactual against real ablations, on studies of text other than the sample data.
 
     python bench/counterfactual.py                          # build the corpus, curate, run the study, print the check
+    python bench/counterfactual.py --corpus distinct        # the same with the second corpus (below)
     python bench/counterfactual.py --study out/demo/ablate  # print the check of a finished study (the shipped one)
 
-The corpus is built from text this machine has, none of it in ``data_samples/``:
+Both corpora are built from text this machine has, none of it in ``data_samples/``. ``--corpus gnu``
+(the default), four sources of one kind of text, documentation:
 
 - ``man``: 700 man pages (sections 1 and 8), rendered with ``man -l`` and ``col -bx``;
 - ``info``: the GNU info manuals of ``/usr/share/info``, cut at their nodes;
 - ``news``: the NEWS and README files of ``/usr/share/doc`` (2.5 MB);
 - ``noise``: planted, 600 documents of random lowercase letter strings, the known answer: a source
   that should hurt every real one, and whose removal should help them.
+
+``--corpus distinct``, five sources of different kinds, with both known answers planted:
+
+- ``python``: the standard library's Python sources;
+- ``man``: 700 man pages, as above;
+- ``licence``: ``/usr/share/common-licenses`` and the packages' copyright files;
+- ``licence_twin``: the same documents as ``licence``, with the same ids (``[job] duplicate_ids =
+  "allow"``, so the split holds out the same documents): one source under two names, whose two copies
+  should get equal values and either of which can be left out at little cost;
+- ``noise``: random letter strings, as above.
+
+Its documents are shuffled once when the corpus is built, so that a run reading the first part of a
+source reads a sample of it, the same for every seed; its study trains for 200 steps, as the shipped
+study does (49 runs).
 
 Documents are cut at paragraphs into pieces of at most 6,000 characters. The job cleans, drops
 documents under 20 words, splits 5% of each source off as held-out, and writes Parquet and byte-level
@@ -163,6 +179,71 @@ def build(out: Path, seed: int = 0) -> dict[str, int]:
     return {k: len(v) for k, v in docs.items()}
 
 
+def build_distinct(out: Path, seed: int = 0) -> dict[str, int]:
+    """Write the five sources of ``--corpus distinct`` as JSONL under ``out``; returns the documents per source."""
+    import gzip
+    import sysconfig
+
+    rng = random.Random(seed)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(f for f in stdlib.rglob("*.py") if "site-packages" not in f.parts)
+    rng.shuffle(files)
+    python, size = [], 0
+    for f in files:
+        if size > 6e6:
+            break
+        text = f.read_text("utf-8", "replace")
+        python += _pieces(text)
+        size += len(text)
+    pages = sorted(Path("/usr/share/man/man1").glob("*.1.gz")) + sorted(Path("/usr/share/man/man8").glob("*.8.gz"))
+    rng.shuffle(pages)
+    with ThreadPoolExecutor(4) as pool:
+        rendered = list(pool.map(_man, pages[:700]))
+    licences, seen = [], set()
+    for f in sorted(Path("/usr/share/common-licenses").iterdir()) + sorted(Path("/usr/share/doc").glob("*/copyright")):
+        try:
+            text = (gzip.open(f).read() if f.suffix == ".gz" else f.read_bytes()).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError):
+            continue
+        for piece in _pieces(text):
+            if len(piece) > 300 and piece not in seen:  # copyright files repeat the same licence texts verbatim
+                seen.add(piece)
+                licences.append(piece)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    docs = {
+        "python": python,
+        "man": [p for t in rendered if len(t) > 500 for p in _pieces(t)],
+        "licence": licences,
+        "noise": [
+            " ".join(
+                "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(rng.randint(300, 700))
+            )
+            for _ in range(600)
+        ],
+    }
+    for items in docs.values():
+        rng.shuffle(items)
+    for name, items in {**docs, "licence_twin": docs["licence"]}.items():
+        folder = out / "corpus" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        prefix = "licence" if name == "licence_twin" else name  # the twin's rows are the licence rows, ids and all
+        (folder / "part-0.jsonl").write_text(
+            "".join(json.dumps({"id": f"{prefix}-{i}", "text": t}) + "\n" for i, t in enumerate(items))
+        )
+    return {k: len(v) for k, v in docs.items()}
+
+
+CORPORA = {  # --corpus: (builder, sources, steps, job settings)
+    "gnu": (build, ("man", "info", "news", "noise"), 150, ""),
+    "distinct": (
+        build_distinct,
+        ("python", "man", "licence", "licence_twin", "noise"),
+        200,
+        'duplicate_ids = "allow"\n',
+    ),
+}
+
+
 def report(study: Path) -> None:
     path = study / "ablation" / "correlation.json"
     if not path.is_file():
@@ -236,7 +317,8 @@ def what_the_run_adds(study: Path) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "_data" / "counterfactual")
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="gnu", help="which sources (see above)")
+    parser.add_argument("--out", type=Path, help="default: bench/_data/counterfactual[-distinct]")
     parser.add_argument("--study", type=Path, help="print the check of this finished study and stop")
     args = parser.parse_args(argv)
     if args.study is not None:
@@ -244,14 +326,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from winnow.pipelines.cli import main as winnow
 
-    out = args.out.resolve()
+    builder, sources, steps, job_settings = CORPORA[args.corpus]
+    default = "counterfactual" + ("" if args.corpus == "gnu" else f"-{args.corpus}")
+    out = (args.out or ROOT / "bench" / "_data" / default).resolve()
     if not (out / "corpus").is_dir():
-        print("documents per source:", build(out))
-    inputs = "".join(
-        f'\n[[inputs]]\nsource = "{s}"\npath = "{out}/corpus/{s}/*.jsonl"\n' for s in ("man", "info", "news", "noise")
+        print("documents per source:", builder(out))
+    inputs = "".join(f'\n[[inputs]]\nsource = "{s}"\npath = "{out}/corpus/{s}/*.jsonl"\n' for s in sources)
+    (out / "job.toml").write_text(
+        JOB.format(out=out, inputs=inputs).replace("seed = 0\n", "seed = 0\n" + job_settings, 1)
     )
-    (out / "job.toml").write_text(JOB.format(out=out, inputs=inputs))
-    (out / "study.toml").write_text(STUDY.format(out=out))
+    (out / "study.toml").write_text(STUDY.format(out=out).replace("steps = 150", f"steps = {steps}", 1))
     if not (out / "job" / "manifest.json").is_file() and winnow(["-q", "curate", str(out / "job.toml")]):
         return 1
     if winnow(["ablate", str(out / "study.toml")]):

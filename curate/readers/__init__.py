@@ -180,7 +180,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
     for label, (names_, files_) in replaced.items():  # once per input, however many of its files
         log.warning(
             "input %s: %d file(s) in winnow's layout (%s%s) name other sources in their source column (%s) than the "
-            "input's source, which every row gets: each row keeps its own in meta's \"source\" (\"source.row\" where meta names one already); set "
+            'input\'s source, which every row gets: each row keeps its own in meta\'s "source" ("source.row" where meta names one already); set '
             'source_field = "source" (and no source) to make them the rows\' sources',
             label,
             len(files_),
