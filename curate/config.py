@@ -106,6 +106,7 @@ class InputConfig:
     text_field: str = "text"  # the field holding the document text
     id_field: str = "id"  # the field holding a row's id; rows without one get <source>/<file>@<offset>
     hf_builder: str | None = None  # format = "hf": load local files through load_dataset(builder, ...)
+    hf_split: str | None = None  # format = "hf", a saved DatasetDict: the split to read (one of several needs it)
     storage_options: dict[str, Any] = field(default_factory=dict)  # passed to fsspec
     # fields moved out of meta into typed columns: names (types inferred) or {name = "string"|"int64"|...}
     keep_fields: list[str] | dict[str, str] = field(default_factory=list)
@@ -132,6 +133,11 @@ class InputConfig:
             raise ConfigError(
                 f"inputs.hf_builder = {self.hf_builder!r} reads files through a Hugging Face builder, for format = "
                 f'"hf" only (this input\'s format is {self.format!r}); set format = "hf", or remove hf_builder'
+            )
+        if self.hf_split is not None and (self.format != "hf" or self.hf_builder is not None or not self.hf_split):
+            raise ConfigError(
+                f"inputs.hf_split = {self.hf_split!r} names the split of a saved Hugging Face DatasetDict to read: "
+                'for format = "hf" without hf_builder only (a builder reads each file as one split), a non-empty name'
             )
         named = {"text_field": self.text_field, "id_field": self.id_field, "source_field": self.source_field}
         named = {k: v for k, v in named.items() if k != "source_field" or v is not None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -86,10 +87,48 @@ def read_parquet(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span 
                 offset = int(ends[k])
 
 
+def _check_builder(datasets, cfg: InputConfig) -> None:
+    """InputError unless ``hf_builder`` names a builder ``datasets`` ships, or a local builder folder or script:
+    any other name is a dataset on the Hub, which ``load_dataset`` would go and fetch."""
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    if cfg.hf_builder in _PACKAGED_DATASETS_MODULES or Path(cfg.hf_builder).exists():
+        return
+    raise InputError(
+        f"input {cfg.label}: inputs.hf_builder = {cfg.hf_builder!r} is not a builder datasets {datasets.__version__} "
+        f"ships ({', '.join(sorted(_PACKAGED_DATASETS_MODULES))}) nor a local builder; name one of those "
+        "(json for JSON Lines), or read the files with winnow's own reader (format = 'jsonl', 'parquet', 'text')"
+    )
+
+
+def _chosen_splits(datasets, cfg: InputConfig, file: InputFile, loaded) -> list:
+    """(split, dataset) to read of a saved dataset: the one split of a ``DatasetDict`` that ``hf_split`` names, or
+    of one that holds a single split; a ``Dataset`` whole. InputError for a ``DatasetDict`` of several splits
+    and no ``hf_split``: read together, a test split would train."""
+    if not isinstance(loaded, datasets.DatasetDict):
+        return [("", loaded)]
+    names = list(loaded)
+    if cfg.hf_split is not None:
+        if cfg.hf_split not in loaded:
+            raise InputError(
+                f"input {cfg.label}: inputs.hf_split = {cfg.hf_split!r}, but {file.url} holds the splits "
+                f"{', '.join(names)}; name one of them"
+            )
+        return [(cfg.hf_split, loaded[cfg.hf_split])]
+    if len(names) > 1:
+        raise InputError(
+            f"input {cfg.label}: {file.url} is a DatasetDict of the splits {', '.join(names)}; set inputs.hf_split to "
+            "the one to curate (read together, a held-out or test split would be trained on), and give another split "
+            "an [[inputs]] entry of its own if you want it too"
+        )
+    return list(loaded.items())
+
+
 def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None) -> Iterator[ReadBatch]:
     """Yield batches from a ``save_to_disk`` folder, or local files through ``load_dataset(hf_builder)`` (never split)."""
     datasets = require("datasets", extra="hf", feature="format = 'hf'")
     if cfg.hf_builder:
+        _check_builder(datasets, cfg)
         offset = 0
         try:
             ds = datasets.load_dataset(cfg.hf_builder, data_files=[file.url], split="train", streaming=True)
@@ -111,7 +150,7 @@ def read_hf(cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | Non
         loaded = datasets.load_from_disk(file.url)
     except (FileNotFoundError, ValueError) as err:
         raise InputError(f"cannot open {file.url} as a saved Hugging Face dataset: {err}") from err
-    splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
+    splits = _chosen_splits(datasets, cfg, file, loaded)
     for split, ds in splits:
         label = f"{file.rel}/{split}" if split else file.rel
         offset = 0

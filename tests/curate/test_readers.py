@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from winnow.curate.config import InputConfig
-from winnow.curate.errors import InputError
+from winnow.curate.errors import ConfigError, InputError
 from winnow.curate.readers import plan_read_tasks, read_task
 
 
@@ -280,6 +280,28 @@ def test_hf_reader_load_from_disk_and_builder(tmp_path):
     (tmp_path / "x.csv").write_text("text,k\nhello,1\nworld,2\n")
     rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "x.csv"), format="hf", hf_builder="csv"))
     assert rows["text"].to_list() == ["hello", "world"]
+
+
+def test_a_saved_dataset_dict_is_read_one_named_split_at_a_time(tmp_path):
+    """Its splits were read together into training: a test split trained on, and ids reused per split rejected as
+    duplicates of unrelated rows. A builder's name datasets does not ship would be fetched from the Hub."""
+    datasets = pytest.importorskip("datasets")
+    splits = {name: datasets.Dataset.from_dict({"text": [f"{name} document {i}" for i in range(3)]}) for name in ("train", "test")}  # fmt: skip
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(InputError, match=r"dd is a DatasetDict of the splits train, test; set inputs\.hf_split"):
+        read_all(InputConfig(source="s", path=str(tmp_path / "dd"), format="hf"))
+    rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "dd"), format="hf", hf_split="test"))
+    assert rows["text"].to_list() == [f"test document {i}" for i in range(3)]
+    with pytest.raises(InputError, match=r"hf_split = 'dev', but .*dd holds the splits train, test"):
+        read_all(InputConfig(source="s", path=str(tmp_path / "dd"), format="hf", hf_split="dev"))
+    datasets.DatasetDict({"train": splits["train"]}).save_to_disk(str(tmp_path / "one"))
+    rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "one"), format="hf"))
+    assert rows.height == 3
+    with pytest.raises(ConfigError, match="inputs.hf_split = 'test' names the split"):
+        InputConfig(source="s", path=str(tmp_path / "x.jsonl"), hf_split="test")
+    (tmp_path / "x.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(InputError, match=r"inputs\.hf_builder = 'jsonl' is not a builder datasets .* ships \(.*json"):
+        read_all(InputConfig(source="s", path=str(tmp_path / "x.jsonl"), format="hf", hf_builder="jsonl"))
 
 
 def test_columnar_fast_path_and_line_path_give_identical_rows(tmp_path):
