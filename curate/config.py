@@ -25,7 +25,7 @@ class JobSection:
     """``[job]``: what the job is called, where it writes, how it runs."""
 
     name: str  # the job's name: the default output folder is out/<name>
-    output: str = ""  # a folder or an fsspec URL; default: out/<name> (the name made a safe folder name)
+    output: str | None = None  # a folder or an fsspec URL; default: out/<name> (the name made a safe folder name)
     workers: int = 1  # local processes; 1 runs tasks in this process
     # local: a process pool on this machine; ray: the same tasks on a Ray cluster
     executor: Literal["local", "ray"] = "local"
@@ -58,8 +58,13 @@ class JobSection:
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\"):
             raise ConfigError(f"job.name = {self.name!r} is invalid; allowed: a non-empty name without slashes")
-        if not self.output:
+        if self.output is None:
             self.output = f"out/{path_name(self.name)}"
+        elif not isinstance(self.output, str) or not self.output.strip():
+            raise ConfigError(
+                f"job.output = {self.output!r} is invalid; allowed: a folder or an fsspec URL (leave it out for "
+                f"out/{path_name(self.name)})"
+            )
         if is_url(self.output):  # an object store (s3://...): checked here so a missing driver fails before any work
             self.output = self.output.rstrip("/")
             check_url(self.output, "job.output", self.storage_options)

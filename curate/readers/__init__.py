@@ -54,6 +54,28 @@ class ReadTask:
         return self.files[0].url if self.span is None else f"{self.files[0].url} [{self.span}]"
 
 
+def _say_files_read_twice(inputs: list[InputConfig], listed: list[list[InputFile]]) -> None:
+    """Warn when one file is matched by several inputs (a glob and a path under another source): each reads it,
+    so its rows are curated once per input (as duplicates of one another when they carry ids)."""
+    first: dict[str, int] = {}
+    twice: dict[tuple[int, int], list[str]] = {}
+    for index, files in enumerate(listed):
+        for f in files:
+            earlier = first.setdefault(f.url, index)
+            if earlier != index:
+                twice.setdefault((earlier, index), []).append(printable(f.url))
+    for (a, b), urls in twice.items():
+        log.warning(
+            "inputs %s and %s both match %d file(s) (%s%s): each reads them, so their rows are curated twice; "
+            "narrow one of the paths if that is not meant",
+            inputs[a].label,
+            inputs[b].label,
+            len(urls),
+            urls[0],
+            ", ..." if len(urls) > 1 else "",
+        )
+
+
 def plan_read_tasks(
     inputs: list[InputConfig], task_bytes: int = 256 << 20, group_bytes: int = 32 << 20
 ) -> list[ReadTask]:
@@ -66,6 +88,7 @@ def plan_read_tasks(
     """
     tasks: list[ReadTask] = []
     listed = distinct_names([(cfg, list_files(cfg)) for cfg in inputs])
+    _say_files_read_twice(inputs, listed)
     for index, (cfg, files) in enumerate(zip(inputs, listed)):
         limit = task_bytes if cfg.format == "text" else min(task_bytes, group_bytes)
         group: list[InputFile] = []

@@ -217,6 +217,11 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
                 f"input {cfg.label}: cannot list {pattern!r} ({type(err).__name__}: {err}); check the URL, the "
                 "network and the credentials ([[inputs]] storage_options, or the driver's environment variables)"
             ) from err
+        if not listed and len(cfg.paths) > 1:  # one pattern of a list that names nothing: a typo, read as none
+            raise InputError(
+                f"input {cfg.label}: the path {pattern!r} (one of {len(cfg.paths)}) matched no files; check it "
+                f"and the format ({cfg.format}), or remove it from the list"
+            )
         for file in listed:
             found.setdefault(file.url, file)
     if not found:

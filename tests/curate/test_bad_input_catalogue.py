@@ -276,6 +276,12 @@ def folder_named_like_a_file(folder: Path) -> tuple[str, set[str]]:
     return inputs(folder / "a.jsonl"), set()
 
 
+def a_pattern_of_a_list_that_matches_nothing(folder: Path) -> tuple[str, set[str]]:
+    """A typo in one pattern of a path list (`d/*.jsnol`) was read as no files, without a word."""
+    (folder / "a.jsonl").write_bytes(jl(*GOOD))
+    return f'[[inputs]]\nsource = "s"\npath = ["{folder}/*.jsonl", "{folder}/*.jsnol"]\n', set()
+
+
 def unreadable(folder: Path) -> tuple[str, set[str]]:
     (folder / "a.jsonl").write_bytes(jl(*GOOD))
     (folder / "a.jsonl").chmod(0)
@@ -911,6 +917,11 @@ CASES: list[Case] = [
     Case("dangling_symlink", dangling_link, error="symbolic link to nothing or into a loop"),
     Case("fifo_in_folder", fifo_in_folder, error="is not a regular file"),
     Case("folder_named_like_a_file", folder_named_like_a_file, error="matched no files"),
+    Case(
+        "a_pattern_of_a_list_that_matches_nothing",
+        a_pattern_of_a_list_that_matches_nothing,
+        error="*.jsnol' (one of 2) matched no files; check it and the format (jsonl), or remove it",
+    ),
     Case(
         "unreadable_file",
         unreadable,

@@ -1045,3 +1045,17 @@ def test_a_file_of_a_webdataset_input_that_is_no_tar_is_refused(tmp_path, conten
     (tmp_path / "in" / "b.tar").write_bytes(content)
     with pytest.raises(InputError, match=rf"input s: .*b\.tar {said}"):
         read_all(InputConfig(source="s", path=str(tmp_path / "in"), format="webdataset"))
+
+
+def test_a_file_matched_by_two_inputs_is_said_to_be_read_twice(tmp_path, caplog):
+    """A glob and a path under another source both read the file: its rows curated twice, without a word."""
+    (tmp_path / "a.jsonl").write_bytes(good_lines(2))
+    (tmp_path / "b.jsonl").write_bytes(good_lines(1))
+    inputs = [
+        InputConfig(source="web", path=str(tmp_path / "*.jsonl")),
+        InputConfig(source="curated", path=str(tmp_path / "a.jsonl")),
+    ]
+    with caplog.at_level("WARNING", logger="winnow.curate.readers"):
+        tasks = plan_read_tasks(inputs)
+    assert sum(len(t.files) for t in tasks) == 3  # read as asked: the warning says so
+    assert f"inputs web and curated both match 1 file(s) ({tmp_path / 'a.jsonl'})" in caplog.text

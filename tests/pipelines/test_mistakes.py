@@ -660,3 +660,16 @@ def test_a_study_result_of_another_shape_is_run_again(tmp_path, caplog, text, sa
     assert f"is not a finished run's result ({said}); variant without_a is run again" in caplog.text
     layout.result_path("without_a").write_text('{"held_out": {"a": 2.5, "b": null}, "weights": {"a": 1.0}}')
     assert layout.read_result("without_a")["held_out"] == {"a": 2.5, "b": None}
+
+
+def test_an_empty_output_is_refused_not_taken_for_the_default(tmp_path, capsys):
+    """`--output ''` or `output = ""` curated into out/<name>, which may be a folder the user did not mean."""
+    path = _one_input_job(tmp_path, "", "docs", "")
+    assert main(["check", str(path)]) == 2
+    assert "job.output = '' is invalid; allowed: a folder or an fsspec URL (leave it out for out/t)" in (
+        capsys.readouterr().err
+    )
+    path = _one_input_job(tmp_path, tmp_path / "out", "docs", "")
+    assert main(["curate", str(path), "--output", ""]) == 2
+    assert "job.output = '' is invalid" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
