@@ -146,6 +146,19 @@ def shard_larger_than_the_manifest_says(tmp: Path) -> None:
 
 
 @kind
+def study_source_folder_cut_short(tmp: Path) -> None:
+    """A study's folder of one source (its manifest derived_from the job's), damaged: the advice was to curate the
+    job again, which makes every finished run of the study stale; removing the folder is what remakes it."""
+    folder = write_job(tmp / "study" / "sources" / "a", [make_docs(4), make_docs(4)])
+    manifest = manifest_of(folder) | {"derived_from": {"path": str(tmp / "job"), "manifest_sha256": "0" * 64}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    path = folder / manifest["shards"][0]["path"]
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ShardError, match=rf"remove {folder} and run the study again .*again from {tmp / 'job'}"):
+        next(loader(folder))
+
+
+@kind
 def token_shard_cut_short(tmp: Path) -> None:
     """A .bin two bytes short is found when the shards open, not when the loader reaches it hours in."""
     folder = write_token_job(tmp / "job", [make_docs(4), make_docs(4)])

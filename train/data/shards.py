@@ -212,7 +212,13 @@ def open_shards(
         )
     if view is None:
         check_listed(
-            fs, root, [s.path for s in shards], where, missing=missing, sizes={s.path: s.bytes for s in shards}
+            fs,
+            root,
+            [s.path for s in shards],
+            where,
+            missing=missing,
+            sizes={s.path: s.bytes for s in shards},
+            remedy=remedy(manifest, data),
         )
     digest = view_fingerprint(view) if view else shard_digest(chosen)
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
@@ -228,6 +234,15 @@ def open_shards(
     )
 
 
+def remedy(manifest: dict, data: str) -> str | None:
+    """What to do about a damaged folder that a study made of one source (``pipelines.ablate.sources``: its manifest
+    is ``derived_from`` the job's), or None for a job folder (copy it again, or curate the job again)."""
+    derived = manifest.get("derived_from")
+    if not isinstance(derived, dict):
+        return None
+    return f"remove {data} and run the study again (`winnow ablate`): it makes that folder again from {derived.get('path')}"
+
+
 def check_listed(
     fs: fsspec.AbstractFileSystem,
     root: str,
@@ -236,6 +251,7 @@ def check_listed(
     *,
     missing: str = "raise",
     sizes: dict[str, Any] | None = None,
+    remedy: str | None = None,
 ) -> None:
     """Every file a manifest lists is inside its folder, there, and of the size it gives (``sizes``, where the
     manifest records one), checked before the first batch (one listing per folder, also on an object store);
@@ -265,13 +281,13 @@ def check_listed(
         more = f", and {len(absent) - 1} more of its files" if len(absent) > 1 else ""
         messages.append(
             f"shard {root}/{absent[0]}: missing (listed in {where} but not found{more}): the folder is "
-            "incomplete (copied in part, or files deleted); copy it whole, or curate the job again"
+            f"incomplete (copied in part, or files deleted); {remedy or 'copy it whole, or curate the job again'}"
         )
     if wrong:
         more = f", and {len(wrong) - 1} more of its files" if len(wrong) > 1 else ""
         messages.append(
             f"shard {root}/{wrong[0]}: {present[wrong[0].lstrip('/')]} bytes where {where} says {sizes[wrong[0]]}{more} "
-            "(cut short or replaced): copy the folder whole again, or curate the job again"
+            f"(cut short or replaced): {remedy or 'copy the folder whole again, or curate the job again'}"
         )
     for message in messages:
         if missing != "warn":

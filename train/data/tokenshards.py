@@ -29,6 +29,7 @@ from winnow.train.data.shards import (
     manifest_sources,
     open_shards,
     read_manifest_file,
+    remedy,
     shard_digest,
 )
 from winnow.train.errors import ConfigError, ShardError
@@ -131,6 +132,7 @@ def open_token_shards(
         f"{data}/{MANIFEST}",
         missing=missing,
         sizes={sidecar(e["path"], ext): e.get(key) for e in entries for ext, key in recorded.items()},
+        remedy=remedy(manifest, str(data)),
     )
     vocab = tokenizer.get("vocab_size")
     past = [e for e in entries if vocab is not None and isinstance(e.get("max_id"), int) and e["max_id"] >= vocab]
