@@ -336,7 +336,7 @@ def test_a_finished_variant_with_other_settings_is_refused(job, tmp_path, capsys
             "kind": "baseline",
             "seed": 0,
             "weights": {"code": 0.9, "prose": 0.1},
-            "held_out": {},
+            "held_out": {"code": 5.0, "prose": 5.0},
             "steps": 3,
         },
     )
@@ -428,7 +428,9 @@ def test_finished_runs_of_an_earlier_plan_are_named_not_silently_left_out(tmp_pa
     layout = StudyLayout(tmp_path / "study")
     for name in ("without_legal", "legal_x0.5"):
         layout.run_dir(name).mkdir(parents=True)
-        layout.result_path(name).write_text(json.dumps({"name": name, "kind": "x", "held_out": {}}))
+        layout.result_path(name).write_text(
+            json.dumps({"name": name, "kind": "x", "held_out": {"legal": 2.0}, "weights": {"legal": 1.0}})
+        )
     _say_unplanned(layout, ["baseline", "legal_x0.5"])
     out = capsys.readouterr().out
     assert "left out of its tables: without_legal" in out and "legal_x0.5" not in out
@@ -442,7 +444,9 @@ def test_a_study_into_another_studys_variant_folder_is_refused_before_it_writes(
     variant = other.run_dir("without_code")
     variant.mkdir(parents=True)
     (other.root / "ablation").mkdir()
-    other.result_path("without_code").write_text(json.dumps({"name": "without_code", "kind": "x", "held_out": {}}))
+    other.result_path("without_code").write_text(
+        json.dumps({"name": "without_code", "kind": "x", "held_out": {"code": 2.0}, "weights": {"prose": 1.0}})
+    )
     before = sorted(p.name for p in variant.iterdir())
     assert main([command, str(study_toml(tmp_path / "s.toml", job, variant))]) == 2
     assert "lies inside another study" in capsys.readouterr().err
