@@ -297,7 +297,7 @@ def _add_sample(
         # a score's column) in meta
         added = {k: v for k, v in record.items() if k not in ("meta", "source", *OPTIONAL_COLUMNS)}
         if added:
-            found = orjson.loads(meta) if meta else {}
+            found = loads_exact(meta.encode()) if meta else {}
             meta = decode_meta({**found, **{k if k not in found else f"{k}.column": v for k, v in added.items()}})
         theirs = record.get("source")
         if cfg.source_field is None and theirs and theirs != source:

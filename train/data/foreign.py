@@ -123,11 +123,11 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
             "files it would lose its curriculum order, its sources and its checksums: run the job's `winnow curate` "
             "command again (it writes the folder anew) or restore the manifest"
         )
-    _refuse_inside_a_job(fs, root, data)
     paths = find_split_files(fs, root, split)
     key = (data, split, tuple(_identity(fs, f"{root}/{p}") for p in paths))
     if key in _VIEWS:  # held-out loaders are rebuilt for every evaluation: view an unchanged folder once
         return _VIEWS[key]
+    _refuse_inside_a_job(fs, root, data)
     if not paths:
         raise ShardError(
             f"{data}: no manifest.json and no Parquet files for split {split!r} "
