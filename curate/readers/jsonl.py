@@ -29,7 +29,7 @@ import pyarrow.json as pa_json
 from winnow.curate.config import InputConfig
 from winnow.curate.readers.files import InputFile, codec, open_binary, refuse_other_format
 from winnow.curate.readers.ranges import Span
-from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, loads_exact
+from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_part, id_text, loads_exact
 from winnow.curate.readers.utf8 import first_bad_byte, valid_utf8
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,7 @@ def too_long(cfg: InputConfig, file: InputFile, offset: int, size: int, preview:
 
 def derived_id(source: str | None, file: InputFile, offset: int) -> str:
     """The id of a line that names none: ``<source>/<file>@<byte offset of the line>``, whatever the task split."""
-    return f"{source or ''}/{file.rel}@{offset}"
+    return f"{id_part(source)}/{file.rel}@{offset}"
 
 
 # The columnar path takes flat records only; a block whose lines may nest deeper goes line by line, where
@@ -346,7 +346,7 @@ def _read_columnar(cfg: InputConfig, file: InputFile, lines: bytes, offset: int)
         ids = pl.col(cfg.id_field).cast(pl.String)
     else:
         starts = np.concatenate(([0], ends[:-1] + 1)) + offset
-        ids = pl.format("{}/{}@{}", source, pl.lit(file.rel), pl.Series(starts, dtype=pl.Int64))
+        ids = pl.format("{}/{}@{}", pl.lit(id_part(cfg.source)), pl.lit(file.rel), pl.Series(starts, dtype=pl.Int64))
     meta = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, dtype=pl.String)
     rows = df.select(ids.alias("id"), source.alias("source"), pl.col(text).alias("text"), meta.alias("meta"))
     return ReadBatch(rows, RowBuffer().flush().rejects)

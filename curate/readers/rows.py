@@ -174,6 +174,12 @@ def id_text(value: Any, field: str, raw: bytes) -> str:
     return written if isinstance(written, str) else str(value)
 
 
+def id_part(source: str | None) -> str:
+    """A source name as the first part of a derived id (``<source>/<file>@<offset>``): ``%`` and ``/`` escaped, so
+    that a source taken from a field (``source_field = "src"`` holding ``a/b``) cannot make another file's id."""
+    return (source or "").replace("%", "%25").replace("/", "%2F")
+
+
 def keep_own_source(meta: str | None, theirs: str) -> str:
     """A winnow-layout row's ``meta`` (a JSON object's text, or None) with the row's own source name ``theirs`` kept in
     it, where the input's source replaces the row's: under ``"source"``, or ``"source.row"`` where meta already
@@ -292,7 +298,8 @@ def rows_from_arrow(
     if native and df.schema["meta"] == pl.Null:
         df = df.with_columns(pl.col("meta").cast(pl.String))
     src_expr = pl.col(source_field).cast(pl.String) if source_field else pl.lit(source, dtype=pl.String)
-    derived_id = pl.format("{}/{}/{}", src_expr, pl.lit(file_label), pl.col(row))
+    escaped = src_expr.str.replace_all("%", "%25", literal=True).str.replace_all("/", "%2F", literal=True)
+    derived_id = pl.format("{}/{}/{}", escaped, pl.lit(file_label), pl.col(row))  # id_part's escapes
     # a null or empty id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
     given = pl.col(id_field).cast(pl.String)
     id_expr = pl.coalesce(pl.when(given != "").then(given), derived_id) if id_field in df.columns else derived_id

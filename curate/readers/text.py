@@ -10,7 +10,7 @@ from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
 from winnow.curate.readers.files import InputFile, codec, file_kind, open_binary, refuse_compressed
 from winnow.curate.readers.jsonl import BOM, PREVIEW, Truncated, decompressed_chunks
-from winnow.curate.readers.rows import ReadBatch, RowBuffer
+from winnow.curate.readers.rows import ReadBatch, RowBuffer, id_part
 from winnow.curate.readers.utf8 import valid_utf8
 
 
@@ -23,7 +23,7 @@ def read_text_files(
     buf = RowBuffer()
     source = cfg.source or ""
     for file in files:
-        id_ = f"{source}/{file.rel}"
+        id_ = f"{id_part(source)}/{file.rel}"
         try:
             with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
                 raw, size = _bounded(decompressed_chunks(file.url, fh), cfg.max_record_bytes)

@@ -29,7 +29,7 @@ from winnow.curate.errors import InputError
 from winnow.curate.readers.files import InputFile, compressed_kind, file_kind, open_binary
 from winnow.curate.readers.jsonl import PREVIEW
 from winnow.curate.readers.ranges import Span
-from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_text, keep_own_source, loads_exact
+from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_part, id_text, keep_own_source, loads_exact
 from winnow.curate.readers.utf8 import printable, valid_utf8
 from winnow.curate.schema import OPTIONAL_COLUMNS, SPLITS
 
@@ -94,7 +94,7 @@ def read_webdataset(
         for at, blocks, error in _damaged_regions(tar):
             buf.reject(
                 "read:truncated",
-                id_=f"{cfg.source or ''}/{file.rel}#{base + at}",
+                id_=f"{id_part(cfg.source)}/{file.rel}#{base + at}",
                 source=cfg.source or "",
                 raw=b"",
                 where={
@@ -136,7 +136,7 @@ def read_webdataset(
                     if member.size > cfg.max_record_bytes:  # a header may promise gigabytes: never read them
                         buf.reject(
                             "read:too_long",
-                            id_=f"{cfg.source or ''}/{file.rel}/{key}",
+                            id_=f"{id_part(cfg.source)}/{file.rel}/{key}",
                             source=cfg.source or "",
                             raw=tar.extractfile(member).read(PREVIEW),
                             where={
@@ -152,7 +152,7 @@ def read_webdataset(
                     if parts is not None and ext in parts:  # the same member name again: the first copy is read
                         buf.reject(
                             "read:duplicate_member",
-                            id_=f"{cfg.source or ''}/{file.rel}/{key}.{ext}",
+                            id_=f"{id_part(cfg.source)}/{file.rel}/{key}.{ext}",
                             source=cfg.source or "",
                             raw=tar.extractfile(member).read(),
                             where={
@@ -219,7 +219,7 @@ def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, a
         kind = "symbolic" if member.issym() else "hard"
         buf.reject(
             "read:link_member",
-            id_=f"{cfg.source or ''}/{file.rel}/{name}",
+            id_=f"{id_part(cfg.source)}/{file.rel}/{name}",
             source=cfg.source or "",
             raw=printable(member.linkname),
             where={**where, "error": f"a {kind} link to {printable(member.linkname)!r}; links are not followed"},
@@ -227,7 +227,7 @@ def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, a
     else:
         buf.reject(
             "read:special_member",
-            id_=f"{cfg.source or ''}/{file.rel}/{name}",
+            id_=f"{id_part(cfg.source)}/{file.rel}/{name}",
             source=cfg.source or "",
             raw=b"",
             where={**where, "error": f"a special member (tar type {member.type!r}), not a regular file"},
@@ -248,7 +248,7 @@ def _add_sample(
             not_utf8 = not valid_utf8(parts["json"]) or "surrogate" in str(err)
             buf.reject(
                 "read:bad_utf8" if not_utf8 else "read:bad_json",
-                id_=f"{cfg.source or ''}/{file.rel}/{key}",
+                id_=f"{id_part(cfg.source)}/{file.rel}/{key}",
                 source=cfg.source or "",
                 raw=parts["json"],
                 where={**where, "error": str(err)},
@@ -261,7 +261,7 @@ def _add_sample(
     id_ = (
         id_text(given_id, cfg.id_field, parts["json"])
         if given_id not in (None, "")  # an empty id names nothing: derived, as a missing one is
-        else f"{source or cfg.source or ''}/{file.rel}/{key}"
+        else f"{id_part(source or cfg.source)}/{file.rel}/{key}"
     )
     if not isinstance(source, str) or not source:
         buf.reject(

@@ -1059,3 +1059,19 @@ def test_a_file_matched_by_two_inputs_is_said_to_be_read_twice(tmp_path, caplog)
         tasks = plan_read_tasks(inputs)
     assert sum(len(t.files) for t in tasks) == 3  # read as asked: the warning says so
     assert f"inputs web and curated both match 1 file(s) ({tmp_path / 'a.jsonl'})" in caplog.text
+
+
+def test_a_source_taken_from_a_field_cannot_make_another_files_derived_id(tmp_path):
+    """`a/b` in x/d.jsonl and source `a` reading b/d.jsonl both derived `a/b/d.jsonl@0`: the second row, another
+    document, was rejected as a duplicate id."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "root" / "b").mkdir(parents=True)
+    (tmp_path / "x" / "d.jsonl").write_text('{"src": "a/b", "text": "the row whose source field says a/b"}\n')
+    (tmp_path / "root" / "b" / "d.jsonl").write_text('{"text": "another row, of source a"}\n')
+    pq.write_table(pa.table({"src": ["c/d%"], "text": ["a parquet row"]}), tmp_path / "p.parquet")
+    kept, rejects = read_all(InputConfig(source_field="src", path=str(tmp_path / "x")))
+    other, _ = read_all(InputConfig(source="a", path=str(tmp_path / "root")))
+    parquet, _ = read_all(InputConfig(source_field="src", path=str(tmp_path / "p.parquet"), format="parquet"))
+    assert kept["id"].to_list() == ["a%2Fb/d.jsonl@0"] and kept["source"].to_list() == ["a/b"]
+    assert other["id"].to_list() == ["a/b/d.jsonl@0"] and rejects.height == 0
+    assert parquet["id"].to_list() == ["c%2Fd%25/p.parquet/0"]
