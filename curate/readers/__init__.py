@@ -203,8 +203,8 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
     for label, (names_, files_) in replaced.items():  # once per input, however many of its files
         log.warning(
             "input %s: %d file(s) in winnow's layout (%s%s) name other sources in their source column (%s) than the "
-            'input\'s source, which every row gets: each row keeps its own in meta\'s "source" ("source.row" where meta names one already); set '
-            'source_field = "source" (and no source) to make them the rows\' sources',
+            'input\'s source, which every row gets: each row keeps its own in meta\'s "source" ("source.row" where '
+            'meta names one already); set source_field = "source" (and no source) to make them the rows\' sources',
             label,
             len(files_),
             ", ".join(files_[:2]),
@@ -215,7 +215,7 @@ def native_columns(inputs: list[InputConfig], tasks: list[ReadTask]) -> dict[str
         log.warning(
             "input %s: %d file(s) with a split column are not in winnow's layout (%s: %s%s): their rows are read as "
             "training rows, the split kept in meta; to keep held-out rows held out, write them with id, source, text "
-            "and meta as string columns (meta may be null), or give them a [[inputs]] entry of their own",
+            "and meta as string columns (meta may be null)",
             label,
             len(found),
             found[0][0],
