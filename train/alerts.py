@@ -10,7 +10,6 @@ intervals: on a machine shared with other work, one slow interval is a neighbour
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from winnow.train.errors import ConfigError, checker
+from winnow.train.jsonl import json_line
 
 _check = checker("train.alerts")
 
@@ -129,12 +129,12 @@ class Alerts:
         log.warning("alert %s at step %d: %s", kind, step, message)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
+            f.write(json_line(record, default=str))
         if self.cfg.webhook_url:
             self._post(record)
 
     def _post(self, record: dict) -> None:
-        body = json.dumps(record, default=str).encode()
+        body = json_line(record, default=str).encode()
         request = urllib.request.Request(
             self.cfg.webhook_url, data=body, method="POST", headers={"Content-Type": "application/json"}
         )

@@ -10,7 +10,6 @@ GPU not in the table, or a CPU, the best rate of a short matmul measured on it.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from winnow.train.config import MetricsConfig  # noqa: F401 (defined there: no torch)
 from winnow.train.errors import checker
+from winnow.train.jsonl import json_line
 from winnow.train.plan.hardware import DEVICES, table_key
 
 _check = checker("train.metrics")
@@ -157,7 +157,7 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         try:
             with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json_line(record))
         except OSError as err:  # a full disk: said with the file (a resume trims a torn last line)
             if err.filename is None:
                 raise OSError(err.errno, err.strerror, str(self.path)) from err

@@ -38,6 +38,34 @@ def test_alert_is_written_and_posted_to_webhook(tmp_path):
     assert json.loads((tmp_path / "alerts.jsonl").read_text())["sources"] == ["code"]
 
 
+def _strict(line: str) -> dict:
+    """A JSON line as jq or DuckDB reads it: NaN and Infinity are not JSON."""
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_non_finite_values_are_written_as_null_and_named(tmp_path):
+    from winnow.train.metrics import MetricsWriter
+
+    nan, inf = float("nan"), float("inf")
+    writer = MetricsWriter(tmp_path)
+    writer.write({"step": 3, "loss": None, "step_loss": nan, "grad_norm": inf, "expert_load": [[0.5, -inf]],
+                  "per_source": {"code": {"mean_loss": nan, "tokens": 8}}})  # fmt: skip
+    writer.write({"step": 4, "step_loss": 2.5})
+    first, second = map(_strict, (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert first["step_loss"] is None and first["grad_norm"] is None and first["expert_load"] == [[0.5, None]]
+    assert first["per_source"] == {"code": {"mean_loss": None, "tokens": 8}}
+    assert first["nonfinite"] == {"step_loss": "nan", "grad_norm": "inf", "expert_load/0/1": "-inf",
+                                  "per_source/code/mean_loss": "nan"}  # fmt: skip
+    assert second == {"step": 4, "step_loss": 2.5}  # a finite record is written as it is
+    alerts = Alerts(AlertConfig(), tmp_path)
+    alerts.emit("nan", 3, "non-finite loss", loss=nan)
+    assert _strict((tmp_path / "alerts.jsonl").read_text())["nonfinite"] == {"loss": "nan"}
+
+
 def _alert_kinds(alerts, rates, wait=5.0):
     for i, rate in enumerate(rates):
         alerts.check_interval(10 * (i + 1), tokens_per_s=rate, data_wait_pct=wait, grad_norm=1.0)
