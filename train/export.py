@@ -13,7 +13,8 @@ byte-level tokenizer an equivalent one built with the ``tokenizers`` library), i
 
 The export is written into a temporary folder beside the output and renamed into place, so an
 interrupted export leaves nothing half-written; an earlier export in the output is replaced, a
-folder holding anything else is refused.
+folder holding anything else is refused. Every export folder holds a marker (``.winnow-export``),
+written first: a temporary folder a killed export left is removed only with it.
 
 The mapping is exact, not approximate: winnow's attention is Llama's (half-split rotary, SDPA's
 1/sqrt(C) scale, grouped-query heads), its RMSNorm and SwiGLU experts are Mixtral's, and its
@@ -46,8 +47,10 @@ from winnow.train.tokenizer import BPE_FILE, META_FILE, Tokenizer
 
 WINNOW_FILE = "winnow-model.safetensors"
 HF_DIR = "hf"
+#: Written first into every export folder: a temporary folder left by a killed export is removed only with it.
+MARKER = ".winnow-export"
 #: Everything an export folder (and its ``hf/``) may hold: an output holding anything else is not replaced.
-EXPORT_ENTRIES = frozenset({WINNOW_FILE, HF_DIR, META_FILE, BPE_FILE})
+EXPORT_ENTRIES = frozenset({WINNOW_FILE, HF_DIR, META_FILE, BPE_FILE, MARKER})
 HF_ENTRIES = frozenset(
     {"config.json", "model.safetensors", BPE_FILE, "tokenizer_config.json", "special_tokens_map.json",
      "generation_config.json"}
@@ -214,8 +217,9 @@ def export_model(
     _check_replaceable(out_dir)
     _remove_left_behind(out_dir)
     tmp = _beside(out_dir, "tmp", os.getpid())
-    shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted export of this process id left
+    _remove_ours(tmp)  # what an interrupted export of this process id left
     tmp.mkdir(parents=True)
+    (tmp / MARKER).write_text("written by winnow export\n")
     try:
         meta = {
             "format": "winnow",
@@ -301,12 +305,39 @@ def _beside(out_dir: Path, kind: str, pid: int | str) -> Path:
 
 
 def _remove_left_behind(out_dir: Path) -> None:
-    """Remove the temporary folders of exports to ``out_dir`` whose process is gone (killed mid-export)."""
+    """Remove the temporary folders of exports to ``out_dir`` whose process is gone (killed mid-export); a folder
+    of the same name that an export did not write (no marker, or other files) stays."""
     for kind in ("tmp", "old"):
         for folder in out_dir.parent.glob(glob.escape(_beside(out_dir, kind, "").name) + "*"):
             pid = folder.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not _alive(int(pid)) and _written_by_export(folder):
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _written_by_export(folder: Path) -> bool:
+    """Whether ``folder`` is an export's (temporary) folder: a real folder holding the marker, no link, and
+    nothing but what an export writes."""
+    if folder.is_symlink() or not (folder / MARKER).is_file():
+        return False
+    hf = folder / HF_DIR
+    if any(p.is_symlink() for p in folder.rglob("*")) or (hf.exists() and not hf.is_dir()):
+        return False
+    return all(p.name in EXPORT_ENTRIES for p in folder.iterdir()) and all(
+        p.name in HF_ENTRIES for p in (hf.iterdir() if hf.is_dir() else ())
+    )
+
+
+def _remove_ours(folder: Path) -> None:
+    """Remove ``folder``, a temporary folder of this process's name, when an export wrote it; refuse to go on
+    past one that holds anything else (winnow never deletes what it did not write)."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not _written_by_export(folder):
+        raise ConfigError(
+            f"{folder} exists and is not a folder winnow export wrote; it is in the way of the export's temporary "
+            "folder: move it, or give another --output"
+        )
+    shutil.rmtree(folder)
 
 
 def _alive(pid: int) -> bool:
@@ -335,7 +366,7 @@ def _move_into_place(tmp: Path, out_dir: Path) -> None:
             os.replace(entry, out_dir / entry.name)
         return
     old = _beside(out_dir, "old", os.getpid())
-    shutil.rmtree(old, ignore_errors=True)  # one an interrupted export of this process id left
+    _remove_ours(old)  # one an interrupted export of this process id left
     if out_dir.exists():
         _check_replaceable(out_dir)  # again: something may have arrived while the export was written
         os.replace(out_dir, old)

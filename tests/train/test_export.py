@@ -9,7 +9,7 @@ import torch
 
 from tests.train.test_trainer_loop import make_trainer, tiny_config
 from winnow.pipelines.cli import main
-from winnow.train.export import WINNOW_FILE, export_model, hf_blockers, load_exported
+from winnow.train.export import MARKER, WINNOW_FILE, export_model, hf_blockers, load_exported
 from winnow.train.model import ModelConfig, Transformer
 from winnow.train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
@@ -215,8 +215,8 @@ def test_an_export_starts_a_continued_run_with_the_checkpoints_weights(tmp_path,
 
 def test_an_export_to_dot_to_a_long_name_with_a_killed_exports_leftovers_and_the_umask(tmp_path, monkeypatch):
     """`--output .` (a path with no name), a 250-byte name (the temporary folder's name stays within 255), the
-    temporary folder a killed export left (its process gone: removed), files with the umask's mode (safetensors
-    writes 0600)."""
+    temporary folder a killed export left (its process gone: removed) beside the user's folders of such names
+    (kept), files with the umask's mode (safetensors writes 0600)."""
     import os
     import stat
 
@@ -230,15 +230,37 @@ def test_an_export_to_dot_to_a_long_name_with_a_killed_exports_leftovers_and_the
     long = tmp_path / ("m" * 250)
     dead = tmp_path / f".{'m' * 100}.tmp-999999999"  # no process has this id
     dead.mkdir()
-    (dead / "part").write_bytes(b"x" * 10)
+    (dead / MARKER).write_text("written by winnow export\n")
+    (dead / WINNOW_FILE).write_bytes(b"x" * 10)  # cut short
+    users = [
+        tmp_path / f".{'m' * 100}.{kind}" for kind in ("tmp-999999998", "old-2023")
+    ]  # named alike, not an export's
+    for folder, name in zip(users, ("notes.txt", WINNOW_FILE)):
+        folder.mkdir()
+        (folder / name).write_text("the user's")
     old = os.umask(0o022)
     try:
         assert main(["export", str(tmp_path / "a" / "run"), "--output", str(long)]) == 0
     finally:
         os.umask(old)
     assert not dead.exists() and (long / WINNOW_FILE).is_file()
+    assert all((folder / name).read_text() == "the user's" for folder, name in zip(users, ("notes.txt", WINNOW_FILE)))
     modes = {stat.S_IMODE(p.stat().st_mode) for p in long.rglob("*") if p.is_file()}
     assert modes == {0o644}
+
+
+def test_a_users_folder_under_the_exports_temporary_name_stops_it(tmp_path, capsys):
+    """The temporary folder's name, this process's, already taken by a folder an export did not write: refused,
+    the folder kept."""
+    import os
+
+    _trained_run(tmp_path)
+    taken = tmp_path / f".out.tmp-{os.getpid()}"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("the user's")
+    assert main(["export", str(tmp_path / "run"), "--output", str(tmp_path / "out")]) == 2
+    assert "is not a folder winnow export wrote" in capsys.readouterr().err
+    assert (taken / "notes.txt").read_text() == "the user's" and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("what", ["hf is a link", "a link in hf", "a file of the user's in hf"])
