@@ -236,13 +236,20 @@ def _listed(fs, path: str, pattern: str, cfg: InputConfig, prefix: str) -> list[
     # a path that names a file or folder as written is that one, glob characters and all (data[1].jsonl)
     if any(c in path for c in _GLOB_CHARS) and not fs.exists(path):
         root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
-        paths = [p for p in fs.glob(path) if not fs.isdir(p)]
+        paths = []
+        for p in fs.glob(path):
+            if not fs.isdir(p):
+                paths.append(p)
+            elif prefix:  # a store's key under which other keys lie is a folder to glob; if an object too, refused
+                _refuse_object_and_folder(fs, p, cfg, prefix)
     elif fs.isdir(path) and cfg.format == "hf" and not cfg.hf_builder:
         root, paths = posixpath.dirname(path.rstrip("/")), [path.rstrip("/")]  # a save_to_disk folder
     elif fs.isdir(path):
+        if prefix:
+            _refuse_object_and_folder(fs, path, cfg, prefix)
         root = path.rstrip("/")
         exts = EXTENSIONS.get(cfg.format)
-        every = fs.find(path)
+        every = fs.find(path) if not prefix else _store_objects(fs.find(path, detail=True), cfg, prefix)
         # hidden files and folders (.git/, .DS_Store, an editor's .swp) are not the folder's documents
         hidden = [p for p in every if any(part.startswith(".") for part in posixpath.relpath(p, root).split("/"))]
         if hidden:
@@ -315,6 +322,51 @@ def distinct_names(listed: list[tuple[InputConfig, list[InputFile]]]) -> list[li
         for url, (_, path) in split.items():
             renamed[url] = printable(posixpath.relpath(path, shared) if shared else url)
     return [[replace(f, rel=renamed.get(f.url, f.rel)) for f in files] for _, files in listed]
+
+
+def _store_objects(found: dict[str, dict], cfg: InputConfig, prefix: str) -> list[str]:
+    """The keys of a store's listing (``fs.find(detail=True)``) that are files to read.
+
+    A zero-byte key ending in ``/`` is a folder marker (what a console's "Create folder" writes), not a document:
+    skipped. A key ending in ``/`` with bytes, or a key that other keys lie under (``x.jsonl`` and
+    ``x.jsonl/part.jsonl``), is one the store's file system shows as a folder and reads as empty: refused, named,
+    so that its rows are not lost without a word."""
+    keys = sorted(found)
+    out = []
+    for i, key in enumerate(keys):
+        if key.endswith("/"):
+            size = int(found[key].get("size") or 0)
+            if size:
+                raise InputError(
+                    f"input {cfg.label}: the object {printable(prefix + key)!r} holds {size} bytes under a key that "
+                    "ends in '/', which the store's file system reads as an empty folder; copy it to a key without "
+                    "the trailing '/', or narrow the input's path"
+                )
+            continue
+        if i + 1 < len(keys) and keys[i + 1].startswith(key + "/"):
+            _refuse(prefix + key, cfg)
+        out.append(key)
+    return out
+
+
+def _refuse_object_and_folder(fs, key: str, cfg: InputConfig, prefix: str) -> None:
+    """InputError when the store holds an object at ``key``, a key other keys lie under (a folder to its file
+    system, which lists it, and reads it, as an empty folder)."""
+    fs.invalidate_cache(key)
+    try:
+        is_object = fs.info(key.rstrip("/")).get("type") == "file"  # fresh: the object's own metadata first
+    except FileNotFoundError:
+        return
+    if is_object:
+        _refuse(prefix + key.rstrip("/"), cfg)
+
+
+def _refuse(url: str, cfg: InputConfig) -> None:
+    raise InputError(
+        f"input {cfg.label}: {printable(url)!r} is both an object and a folder on the store (other keys begin with "
+        f"'{printable(url.rsplit('/', 1)[-1])}/'); its file system lists and reads it as an empty folder, and its "
+        "rows would be lost: copy the object to another key, or move the keys under it"
+    )
 
 
 def _info(fs, path: str, cfg: InputConfig) -> dict:
