@@ -141,6 +141,12 @@ class FolderLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+    def _not_ours(self, path: Path, what: str) -> OutputError:
+        return OutputError(
+            f"{self.what} {self.folder}: {path.name} there is {what} winnow did not write (winnow keeps a lock of "
+            "that name in the folders it writes); move it away and run again, or give this run another folder"
+        )
+
     def _refuse(self, info: dict | None) -> FolderInUseError:
         return FolderInUseError(
             f"{self.what} {self.folder} is in use by another winnow run ({_describe(info)}): one run writes a folder "
@@ -174,8 +180,10 @@ class FolderLock:
             ) from err
         path = folder / LOCK
         while True:
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise self._not_ours(path, "a link" if path.is_symlink() else "a folder")
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as err:
                 raise OutputError(
                     f"cannot write the {self.what} {folder}: {err.strerror or err}; choose a folder "
@@ -193,6 +201,10 @@ class FolderLock:
             except FileNotFoundError:
                 same = False
             if same:
+                held = os.pread(fd, 1 << 16, 0)
+                if held and not _is_holder(held):  # a killed run's lock holds its holder; empty: killed before that
+                    os.close(fd)
+                    raise self._not_ours(path, "a file")
                 break
             os.close(fd)  # the holder released (and unlinked) it between our open and our flock: try again
         self._fd, self._info = fd, _holder()
@@ -280,6 +292,16 @@ def lock_info(folder: str | Path, storage_options: dict | None = None) -> dict |
     if "://" in str(folder):
         return _get(*FolderLock(folder, what="folder", storage_options=storage_options)._store())[0]
     return _read_info(Path(folder) / LOCK)
+
+
+def _is_holder(data: bytes) -> bool:
+    """Whether ``data`` is what a lock of winnow's holds: its holder's details (``_holder``), or their start where
+    a kill cut the writing short."""
+    try:
+        info = json.loads(data)
+    except ValueError:
+        return data.startswith(b'{"host": ')
+    return isinstance(info, dict) and {"host", "pid", "token"} <= set(info)
 
 
 def _read_info(path: Path) -> dict | None:

@@ -56,8 +56,15 @@ def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
     """
     if work is not None and work.remote:
         return _claim_remote(work, job_name)
+    refuse_inside_a_job(out)
     make_folder(out)
     marker = out / MARKER
+    if marker.is_symlink() or (marker.exists() and not marker.is_file()):
+        raise OutputError(
+            f"output folder {out}: {MARKER} there is a {'link' if marker.is_symlink() else 'folder'} winnow did not "
+            "make (winnow marks the folders it writes with a file of that name); move it away, or give this job "
+            "another folder with --output"
+        )
     existing = sorted(p.name for p in out.iterdir() if p.name != LOCK)
     if existing and all(name.startswith(f".{MARKER}.") and name.endswith(".tmp") for name in existing):
         for name in existing:  # a run killed while writing the marker itself: the folder is still new
@@ -87,6 +94,20 @@ def claim(out: Path, job_name: str, *, work: WorkDir | None = None) -> bool:
             f"(--output or [job] output) or fix its permissions"
         ) from err
     return bool(existing)
+
+
+def refuse_inside_a_job(out: Path) -> None:
+    """``OutputError`` when ``out`` lies inside what another job's folder clears when that job runs again (its
+    ``_work/``, ``shards/``, ``rejects/`` or ``artifacts/``): that run would delete this job's outputs."""
+    resolved = out.resolve()
+    for parent in resolved.parents:
+        if (parent / MARKER).is_file():
+            entry = resolved.relative_to(parent).parts[0]
+            if entry in OWN_ENTRIES:
+                raise OutputError(
+                    f"output folder {out} lies inside {parent / entry}, which the job of {parent} clears when it "
+                    "runs again; give this job a folder of its own (--output or [job] output), outside it"
+                )
 
 
 def _claim_remote(work: WorkDir, job_name: str) -> bool:
@@ -187,8 +208,9 @@ def check_no_foreign_files(out: Path, work: WorkDir) -> None:
     run, or a resume whose inputs changed, removes them, and winnow never deletes or replaces what it did not write.
 
     Not winnow's: a symbolic link (an entry itself, or anything inside one), a file where winnow writes a folder,
-    a ``manifest.json`` of another program, and a file of ``shards/``, ``rejects/`` or ``artifacts/`` winnow would
-    not have named so (a user's notes, a hand-made shard).
+    a ``manifest.json`` of another program, a file of ``shards/``, ``rejects/`` or ``artifacts/`` winnow would
+    not have named so (a user's notes, a hand-made shard), and an entry at the top of ``_work/`` it does not make
+    (another job's folder).
     """
     strays = [] if work.remote else _strays(out)  # an object store holds no links, and prefixes are not files
     if strays:
@@ -207,12 +229,23 @@ def check_no_foreign_files(out: Path, work: WorkDir) -> None:
         if not own.fullmatch(rel := path.relative_to(out / folder).as_posix())
         or (listed is not None and folder != "artifacts" and not _is_listed(f"{folder}/{rel}", listed))
     ]
+    foreign += [out / name for name in _foreign_work_entries(work)]
     if foreign:
         names = ", ".join(str(p.relative_to(out)) for p in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise OutputError(
-            f"output {work.output}: {len(foreign)} file(s) in its shards/, rejects/ or artifacts/ were not written by "
-            f"winnow ({names}), and this run must clear those folders; move them out of the output folder and run again"
+            f"output {work.output}: {len(foreign)} file(s) in its _work/, shards/, rejects/ or artifacts/ were not "
+            f"written by winnow ({names}), and this run must clear those folders; move them out of the output folder "
+            "and run again"
         )
+
+
+#: What winnow makes at the top of ``_work/`` (``curate.workdir``), and the temporary names it writes under.
+_WORK_ENTRIES = re.compile(r"fingerprint|inputs\.json|ids-exact|phase-[0-9]+|plans|write|write-val|\..+\.tmp")
+
+
+def _foreign_work_entries(work: WorkDir) -> list[str]:
+    """The entries at the top of ``_work/`` winnow would not have made (a user's notes, another job's folder)."""
+    return [f"_work/{name}" for name in work.listdir(work.root) if not _WORK_ENTRIES.fullmatch(name)]
 
 
 #: The endings of a shard's files: a file's stem is the path the manifest lists less its ending.

@@ -59,6 +59,7 @@ from winnow.curate.outdir import (
     make_folder,
     mark_owner,
     owner,
+    refuse_inside_a_job,
     restrict_mode,
 )
 from winnow.curate.progress import PhaseProgress
@@ -232,6 +233,7 @@ class Runner:
         executor.start()  # a Ray cluster that cannot be joined fails here, before the output is touched
         if self.lock is None:
             if not self.work.remote:
+                refuse_inside_a_job(self.out)  # said before the lock makes the folder
                 make_folder(self.out)  # a file, or a folder nobody may write: said before the lock goes in
             self.lock = FolderLock(
                 self.job.job.output,

@@ -225,6 +225,9 @@ def _run(args: argparse.Namespace) -> int:
         if limit := _process_limit(err):
             print(f"winnow {args.command}: error: {limit}", file=sys.stderr)
             return 2
+        if loop := _symlink_loop(err):
+            print(f"winnow {args.command}: error: {loop}", file=sys.stderr)
+            return 2
         if not disk_full(err):
             raise
         print(
@@ -237,6 +240,21 @@ def _run(args: argparse.Namespace) -> int:
         how = "stopped by SIGTERM" if isinstance(err, Terminated) else "interrupted"
         print(f"winnow {args.command}: {how}; re-run the same command to resume", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
+
+
+def _symlink_loop(err: BaseException | None) -> str | None:
+    """What to do when ``err`` is ``Path.resolve()``'s on a path through a symbolic link loop (a RuntimeError up to
+    Python 3.12, where the other commands' path errors are OSErrors); else None."""
+    from winnow.curate.errors import error_chain
+
+    for e in error_chain(err):
+        if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop from "):
+            where = str(e).removeprefix("Symlink loop from ")
+            return (
+                f"{where}: a symbolic link loop (its links lead back to themselves, not to a file or folder); point "
+                "the link at a real folder, or give another path"
+            )
+    return None
 
 
 def _process_limit(err: BaseException | None) -> str | None:

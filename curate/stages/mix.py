@@ -230,6 +230,7 @@ class Mix(Barrier):
                 report["budget_tokens"],
             )
         report["weights_without_rows"] = without_rows
+        self._warn_unscored(keys, [n for n, sh in zip(names, shares) if sh.rest is not None])
         passes = np.array([sh.passes for sh in shares], dtype=np.int32)
         sorted_names = pl.Series(names, dtype=pl.String)  # sorted: a task's sources find their codes by search
 
@@ -243,6 +244,23 @@ class Mix(Barrier):
             return frame.select("id", pl.Series("_count", count, dtype=pl.Int32))
 
         return Plan(None, report, per_task=per_task)
+
+    def _warn_unscored(self, keys: pl.LazyFrame, partial: list[str]) -> None:
+        """Say which sources the mix selects part of without a score on any row: their rows are then kept by the
+        seeded hash of their ids, as with select = 'random', whatever ``select`` says."""
+        if self.config.score_column is None or not partial:
+            return
+        scored = (
+            keys.filter(pl.col("source").is_in(partial)).group_by("source").agg(pl.col("_score").is_not_null().any())
+        )
+        unscored = sorted(scored.filter(~pl.col("_score")).collect()["source"].to_list())
+        if unscored:
+            log.warning(
+                "%s: select = %r keeps part of sources %s, but none of their rows has a %r score, so their rows are "
+                "kept at random (by a hash of their ids); score those sources (the score stage's sources), or name "
+                "another score_column",
+                self.ctx.stage_id, self.config.select, unscored, self.config.score_column,
+            )  # fmt: skip
 
     def _sort_keys(self, keys: pl.LazyFrame, names: list[str]) -> pl.LazyFrame:
         code = pl.col("source").cast(pl.Enum(names)).to_physical().cast(pl.UInt32).alias("_code")

@@ -123,6 +123,20 @@ def test_top_selection_keeps_the_best_scored_rows(tmp_path):
     assert kept["quality"].min() >= dropped["quality"].max()
 
 
+def test_top_selection_of_a_source_without_scores_says_so(tmp_path, caplog):
+    """A score stage scoped to one source leaves the others' scores null: the mix keeps part of them at random,
+    and names them."""
+    df = rows({"a": 1000, "b": 1000}).with_columns(quality=pl.when(pl.col("source") == "a").then(pl.col("quality")))
+    with caplog.at_level("WARNING"):
+        plan(df, tmp_path / "1", weights={"a": 0.5, "b": 0.5}, total_tokens=100_000, select="top")
+    assert "keeps part of sources ['b'], but none of their rows has a 'quality' score" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        plan(rows({"a": 1000, "b": 1000}), tmp_path / "2", weights={"a": 0.5, "b": 0.5}, total_tokens=100_000,
+             select="top")  # fmt: skip
+    assert "score" not in caplog.text
+
+
 def test_importance_selection_prefers_high_weights_without_excluding_low_ones(tmp_path):
     df = rows({"a": 4000}).with_columns(dsir_weight=pl.col("quality") * 4.0)
     _, p = plan(df, tmp_path, weights={"a": 1.0}, total_tokens=150_000, select="importance")

@@ -82,7 +82,7 @@ def test_files_of_the_user_inside_shards_or_rejects_are_refused_not_deleted(tmp_
     out = tmp_path / "out"
     assert curate(job, out, capsys)[0] == 0
     mine = [out / "shards" / "parquet" / "train" / "NOTES.md", out / "shards" / "extra" / "keep.txt",
-            out / "rejects" / "triage.csv",
+            out / "rejects" / "triage.csv", out / "_work" / "notes.txt",
             # named as winnow names its files, but not in the finished run's manifest: not winnow's either
             out / "shards" / "parquet" / "train" / "part-00099-00000.parquet", out / "rejects" / "p1-t00099.parquet",
             ]  # fmt: skip
@@ -95,11 +95,54 @@ def test_files_of_the_user_inside_shards_or_rejects_are_refused_not_deleted(tmp_
             fh.write(b'{"id": "d9", "text": "one more"}\n')
     rc, err = curate(job, out, capsys, *([rerun] if rerun.startswith("--") else []))
     assert rc == 2 and "not written by winnow" in err and "shards/extra/keep.txt" in err, err
-    assert "5 file(s)" in err and "part-00099-00000.parquet" in err, err
+    assert "6 file(s)" in err and "part-00099-00000.parquet" in err, err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     for path in mine:
         path.unlink()
     assert curate(job, out, capsys, *([rerun] if rerun.startswith("--") else []))[0] == 0
+
+
+def test_a_job_inside_what_another_job_clears_is_refused(tmp_path, capsys):
+    """A job's output inside another job's ``_work/`` or ``shards/`` (which that job clears when it runs again) is
+    refused before anything is made there; the other job's next run goes on."""
+    job = job_file(tmp_path)
+    out = tmp_path / "out"
+    assert curate(job, out, capsys)[0] == 0
+    for inner in (out / "_work" / "b", out / "shards" / "b"):
+        rc, err = curate(job, inner, capsys)
+        assert rc == 2 and f"lies inside {inner.parent}, which the job of {out} clears" in err, err
+        assert not inner.exists()
+    assert curate(job, out, capsys, "--overwrite")[0] == 0
+
+
+@pytest.mark.parametrize("what", ["a lock file", "a lock folder", "a marker folder", "a marker link"])
+def test_a_users_entry_under_winnows_own_names_is_refused_not_replaced(tmp_path, capsys, what):
+    """``.winnow-lock`` and ``.winnow-output`` are names winnow writes; a file, folder or link of the user's under
+    one is refused naming it, kept, and nothing is made beside it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    name = ".winnow-lock" if "lock" in what else MARKER
+    if what.endswith("file"):
+        (out / name).write_text("the user's")
+    elif what.endswith("folder"):
+        (out / name).mkdir()
+        (out / name / "x").write_text("the user's")
+    else:
+        (out / name).symlink_to(tmp_path)
+    rc, err = curate(job_file(tmp_path), out, capsys)
+    assert rc == 2 and f"{name} there is a" in err and "winnow did not" in err, err
+    assert sorted(p.name for p in out.iterdir()) == [name]
+    assert (
+        what.endswith("link")
+        or (out / name / "x" if what.endswith("folder") else out / name).read_text() == "the user's"
+    )
+
+
+def test_an_output_through_a_symbolic_link_loop_is_an_error_naming_it(tmp_path, capsys):
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    rc, err = curate(job_file(tmp_path), tmp_path / "loop1", capsys)
+    assert rc == 2 and "a symbolic link loop" in err and "loop1" in err and "Traceback" not in err
 
 
 def test_output_that_is_a_file_is_an_error_naming_it(tmp_path, capsys):
