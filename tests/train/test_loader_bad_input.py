@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -140,10 +141,35 @@ def test_a_tar_with_two_samples_of_one_name_is_refused_naming_it():
         read_tar(buf.getvalue(), "t.tar")
 
 
-def test_a_manifest_listing_a_shard_twice_is_refused(folder):
-    """A shard listed twice in a hand-edited manifest was read twice per epoch: other data than the job curated."""
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [({"id": "a", "source": 5}, "'source' is int 5; a source is a name"),
+     ({"id": "a", "source": ["w"]}, "'source' is list ['w']; a source is a name"),
+     ({"id": 7, "source": "w"}, "'id' is int 7; an id is a string")],
+)  # fmt: skip
+def test_a_tar_sample_whose_source_or_id_is_not_a_string_names_it(meta, message):
+    import tarfile
+
+    from winnow.train.data.tarshard import read_tar
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("s1.txt", b"text"), ("s1.json", json.dumps(meta).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ShardError, match=rf"t\.tar: sample 's1': its \.json member's {re.escape(message)}"):
+        read_tar(buf.getvalue(), "t.tar")
+
+
+@pytest.mark.parametrize("spelling", ["shards/train/part-00000-00000.parquet", "shards/train/./part-00000-00000.parquet",
+                                      "shards//train/part-00000-00000.parquet"])  # fmt: skip
+def test_a_manifest_listing_a_shard_twice_is_refused(folder, spelling):
+    """A shard listed twice in a hand-edited manifest, under one spelling or two, was read twice per epoch: other
+    data than the job curated."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["shards"].append(manifest["shards"][0])
+    assert manifest["shards"][0]["path"] == "shards/train/part-00000-00000.parquet"
+    manifest["shards"].append({**manifest["shards"][0], "path": spelling})
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match=r"lists the shard shards/train/part-00000-00000\.parquet twice"):
         Loader(LoaderConfig(), folder)

@@ -184,3 +184,54 @@ def test_rows_without_text_in_a_folder_without_a_manifest_are_said(tmp_path, cap
     with caplog.at_level("WARNING", logger="winnow.train.data.shards"), Loader(CFG, tmp_path / "f") as loader:
         next(loader)
     assert sum("2 of 6 rows have no text" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_linked_folders_and_files_are_read_once_each_and_a_pipe_is_refused(tmp_path, caplog):
+    """On a local disk the view follows a linked folder (its rows were left out without a word), reads a file
+    reached twice through links once, with a warning, and refuses a named pipe (a read would wait forever)."""
+    import os
+
+    write(tmp_path / "elsewhere" / "b.parquet", ["linked 0", "linked 1"])
+    write(tmp_path / "data" / "train" / "a.parquet", ["own 0"])
+    (tmp_path / "data" / "train" / "more").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "data" / "train" / "z.parquet").symlink_to(tmp_path / "data" / "train" / "a.parquet")
+    (tmp_path / "elsewhere" / "up").symlink_to(tmp_path / "data")  # a loop: walked once
+    with caplog.at_level("WARNING"):
+        loader = Loader(CFG, tmp_path / "data")
+    assert [s["path"] for s in loader.views[0]["shards"]] == ["train/a.parquet", "train/more/b.parquet"]
+    assert "train/z.parquet is train/a.parquet again (through a link): read once" in caplog.text
+    os.mkfifo(tmp_path / "data" / "train" / "p.parquet")
+    with pytest.raises(ShardError, match=r"train/p\.parquet: not a regular file \(a named pipe"):
+        Loader(CFG, tmp_path / "data")
+
+
+def test_files_a_later_layout_would_read_are_named(tmp_path, caplog):
+    write(tmp_path / "train" / "a.parquet", ["in the split folder"])
+    for name in ("train.parquet", "train-00001-of-00002.parquet", "shards/train/x.parquet"):
+        write(tmp_path / name, ["beside it"])
+    with caplog.at_level("WARNING"):
+        loader = Loader(CFG, tmp_path)
+    assert [s["path"] for s in loader.views[0]["shards"]] == ["train/a.parquet"]
+    assert "split 'train' is read from train/ (1 file(s))" in caplog.text
+    assert "3 other Parquet file(s) a later layout would give it are not read (shards/train/x.parquet, " in caplog.text
+
+
+def test_source_columns_of_bytes_are_names_and_of_other_types_refused(tmp_path):
+    (tmp_path / "bytes").mkdir()
+    source = pa.array([b"web", b"news", b"web"], pa.binary())  # what older Spark and Hive write
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "source": source}), tmp_path / "bytes" / "a.parquet")
+    loader = Loader(CFG, tmp_path / "bytes")
+    assert loader.sources == ["web", "news"] and set(docs_read(loader, 1)[1]) <= {"web", "news"}
+    write(tmp_path / "struct" / "a.parquet", ["a"], [{"name": "web"}])
+    with pytest.raises(ShardError, match=r"a\.parquet: its 'source' column holds struct<name: string> values"):
+        Loader(CFG, tmp_path / "struct")
+
+
+def test_a_file_name_that_is_not_utf8_is_read(tmp_path):
+    import os
+
+    (tmp_path / "data").mkdir()
+    with open(os.fsencode(tmp_path / "data") + b"/caf\xe9.parquet", "wb") as fh:  # a Latin-1 name
+        pq.write_table(pa.table({"text": ["a document"]}), fh)
+    loader = Loader(CFG, tmp_path / "data")
+    assert docs_read(loader, 1)[0][0] == "a document"

@@ -163,3 +163,39 @@ def test_a_token_id_past_the_vocabulary_names_the_shard_the_id_and_its_document(
         r"outside this run's tokenizer's 258 ids",
     ):
         drain(Loader(cfg(verify_checksums=False), job))
+
+
+def test_a_document_without_its_end_of_document_token_names_the_shard_and_the_document(job):
+    """Megatron's preprocess_data.py writes no end-of-document token without --append-eod; the stream puts that
+    token between documents in the last one's place, so such documents would run together, each a token short."""
+    path, idx = shard_file(job, 1, ".bin"), shard_file(job, 1, ".idx")
+    ids = np.fromfile(path, np.uint16)
+    n = int.from_bytes(idx.read_bytes()[18:26], "little")
+    sizes = np.frombuffer(idx.read_bytes(), np.int32, n, 34)
+    assert (ids[np.cumsum(sizes) - 1] == 256).all()  # every document ends with the byte tokenizer's EOS
+    ids[sizes[0] + sizes[1] - 1] = ord("x")  # document 1's
+    ids.tofile(path)
+    with pytest.raises(ShardError, match=rf"{path.name}: document 1 \(row \d+ of .*\) does not end with the "
+                                         r"end-of-document token 256.*--append-eod"):  # fmt: skip
+        drain(Loader(cfg(verify_checksums=False), job))
+
+
+def test_a_float_dtype_is_refused_naming_the_index(job):
+    idx_path = shard_file(job, 0, ".idx")
+    idx = bytearray(idx_path.read_bytes())
+    idx[17] = 7  # float32 (the index's own checksum follows, as a writer of float shards would record it)
+    idx_path.write_bytes(bytes(idx))
+    manifest = json.loads((job / "manifest.json").read_text())
+    [e for e in manifest["shards"] if e["format"] == "tokens"][0]["index_sha256"] = hashlib.sha256(idx).hexdigest()
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=rf"{idx_path.name}: its tokens are float32 \(dtype code 7\)"):
+        drain(Loader(cfg(verify_checksums=False), job))
+
+
+def test_a_token_shard_listed_twice_under_two_spellings_is_refused(job):
+    manifest = json.loads((job / "manifest.json").read_text())
+    entry = [e for e in manifest["shards"] if e["format"] == "tokens"][0]
+    manifest["shards"].append({**entry, "path": entry["path"].replace("/train/", "/train/./")})
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=rf"lists the token shard {entry['path']} twice"):
+        Loader(cfg(), job)

@@ -19,12 +19,14 @@ is made, because the trainer sizes its per-source tables before the first batch.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import re
+import stat
 
 import fsspec
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -34,6 +36,7 @@ from winnow.train.runfolder import CURATED
 log = logging.getLogger(__name__)
 
 _VIEWS: dict[tuple, dict] = {}
+_SAID: set[tuple] = set()  # the warnings of files passed over, said once per process
 SPLIT_NAMES = {"train": ("train",), "val": ("val", "validation", "valid", "dev")}
 _NEVER_TRAINED = ("test",)  # a test split is held back from everything: never a training file
 
@@ -43,22 +46,83 @@ def _natural(path: str) -> list:
 
 
 def find_split_files(fs: fsspec.AbstractFileSystem, root: str, split: str) -> list[str]:
-    """Paths (relative to ``root``) of the split's Parquet files, in natural order; [] when none."""
+    """Paths (relative to ``root``) of the split's Parquet files, in natural order; [] when none. Files the rule that
+    chose them passed over, which a later rule would have taken, are named in a warning."""
+    every = _parquet_files(fs, root)
+    chosen, rule = _split_files(every, split)
+    rest, passed_over = [p for p in every if p not in set(chosen)], []
+    while chosen and (more := _split_files(rest, split)[0]):
+        passed_over += more
+        rest = [p for p in rest if p not in set(more)]
+    passed_over = sorted(passed_over, key=_natural)
+    if chosen and passed_over and (root, split, tuple(passed_over)) not in _SAID:
+        _SAID.add((root, split, tuple(passed_over)))
+        log.warning(
+            "%s: split %r is read from %s (%d file(s)), the first of the layouts looked for; %d other Parquet "
+            "file(s) a later layout would give it are not read (%s%s): move them there, or into a folder of their own",
+            root, split, rule, len(chosen), len(passed_over), ", ".join(passed_over[:3]),
+            ", ..." if len(passed_over) > 3 else "",
+        )  # fmt: skip
+    return chosen
+
+
+def _split_files(every: list[str], split: str) -> tuple[list[str], str]:
+    """The split's files among ``every`` by the first rule that finds any, and that rule in words."""
     names = SPLIT_NAMES.get(split, (split,))
-    every = sorted((p[len(root) + 1 :] for p in fs.find(root) if p.endswith(".parquet")), key=_natural)
-    every = [p for p in every if not any(part.startswith((".", "_")) for part in p.split("/"))]  # temp and work files
     for name in names:
         for prefix in (f"{name}/", f"shards/parquet/{name}/", f"shards/{name}/"):
             found = [p for p in every if p.startswith(prefix)]
             if found:
-                return found
+                return found, prefix
     # train.parquet, validation-00000-of-00002.parquet, data/test_0.parquet: the split's name, then an end or a separator
     pattern = re.compile(rf"(^|/)({'|'.join(names)})([-_.][^/]*)?\.parquet$")
     named = [p for p in every if pattern.search(p)]
     if named or split != "train":
-        return named
+        return named, "the files named after it"
     others = {n for ns in SPLIT_NAMES.values() for n in ns} - set(names) | set(_NEVER_TRAINED)
-    return [p for p in every if not any(re.search(rf"(^|/){o}(/|([-_.][^/]*)?\.parquet$)", p) for o in others)]
+    rest = [p for p in every if not any(re.search(rf"(^|/){o}(/|([-_.][^/]*)?\.parquet$)", p) for o in others)]
+    return rest, "every Parquet file but other splits'"
+
+
+def _parquet_files(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """Every ``*.parquet`` below ``root`` (relative, natural order), but temporary and work files (``.x``, ``_x``).
+
+    On a local disk, linked folders are followed (fsspec's walk does not: their rows were left out without a
+    word), a file reached twice through links is read once, with a warning, and anything but a regular file (a
+    named pipe, which would block the read forever; a device) is refused naming it."""
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    if protocol not in ("file", "local"):
+        every = [p[len(root) + 1 :] for p in fs.find(root) if p.endswith(".parquet")]
+    else:
+        every, seen = [], set()
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            here = os.stat(folder)
+            if (here.st_dev, here.st_ino) in seen:  # a link back up the tree: walked once
+                dirs.clear()
+                continue
+            seen.add((here.st_dev, here.st_ino))
+            every += [os.path.relpath(os.path.join(folder, f), root) for f in files if f.endswith(".parquet")]
+    every = [p for p in every if not any(part.startswith((".", "_")) for part in p.split("/"))]
+    every = sorted(every, key=_natural)
+    if protocol not in ("file", "local"):
+        return every
+    files, first = [], {}
+    for rel in every:
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except OSError as err:
+            raise ShardError(f"{root}/{rel}: cannot read it ({err.strerror}); fix or remove the link") from err
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardError(
+                f"{root}/{rel}: not a regular file (a named pipe or a device, which a read would wait on forever); "
+                "remove it from the folder"
+            )
+        if (st.st_dev, st.st_ino) in first:
+            log.warning("%s/%s is %s again (through a link): read once", root, rel, first[st.st_dev, st.st_ino])
+            continue
+        first[st.st_dev, st.st_ino] = rel
+        files.append(rel)
+    return files
 
 
 _TAIL_BYTES = 1 << 20  # of each Parquet file, hashed: its footer, and the last of its data
@@ -161,7 +225,7 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
                         "(every row is then of one source, named after the folder), or curate the folder with "
                         "winnow curate"
                     )
-                for name in column.unique().to_pylist():
+                for name in _source_names(column, f"{data}/{rel}"):
                     sources.setdefault(name, None)
             else:
                 sources.setdefault(default, None)
@@ -194,7 +258,30 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
     return view
 
 
+def _source_names(column: pa.ChunkedArray, where: str) -> list[str]:
+    """The distinct names of a ``source`` column: strings, or UTF-8 bytes (what older Spark and Hive write), as the
+    batches read them; ShardError naming the file for any other type."""
+    kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):  # fmt: skip
+        raise ShardError(
+            f"{where}: its 'source' column holds {column.type} values; a source is a name: write the column as "
+            "strings, or drop it (every row is then of one source, named after the folder)"
+        )
+    names = []
+    for name in column.unique().to_pylist():
+        if isinstance(name, bytes):
+            try:
+                name = name.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ShardError(
+                    f"{where}: a 'source' value {name[:40]!r} is not UTF-8 text; write names as text"
+                ) from err
+        names.append(name)
+    return names
+
+
 def view_fingerprint(view: dict) -> str:
     """What identifies the viewed files (paths, rows, sizes, the hash of each one's last bytes) for resuming."""
     files = [[s["path"], s["rows"], s["bytes"], s.get("tail_sha256")] for s in view["shards"]]
-    return hashlib.sha256(orjson.dumps(files)).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]  # a name not UTF-8 (escaped surrogates) too

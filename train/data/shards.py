@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,7 +205,8 @@ def open_shards(
     ]
     if not shards:
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
-    twice = next((p for p, n in Counter(s.path for s in shards).items() if n > 1), None)
+    # the same file under two spellings (train/a, train/./a, train//a) is listed twice as well
+    twice = next((p for p, n in Counter(posixpath.normpath(s.path) for s in shards).items() if n > 1), None)
     if twice is not None:  # a run would read it once per listing: other data than the job curated
         raise ShardError(
             f"{where} lists the shard {twice} twice; a job's manifest names each shard once (this one is damaged "

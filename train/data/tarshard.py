@@ -128,6 +128,13 @@ def read_tar(buf: bytes, where: str) -> pa.Table:
             raise ShardError(f"{where}: sample {key!r} has an unreadable .json member: {err}") from err
         if not isinstance(obj, dict) or "source" not in obj:
             raise ShardError(f"{where}: sample {key!r}: .json member lacks the column 'source' (wrong columns?)")
+        for field, value in (("id", obj.get("id", key)), ("source", obj["source"])):
+            if not isinstance(value, str) and not (field == "id" and value is None):
+                what = "an id is a string: write it as one" if field == "id" else "a source is a name: write it as text"
+                raise ShardError(
+                    f"{where}: sample {key!r}: its .json member's {field!r} is {type(value).__name__} {value!r:.60}; "
+                    f"{what}"
+                )
         ids.append(obj.get("id", key))
         sources.append(obj["source"])
     spans = np.array([texts[k] for k in order], np.int64).reshape(-1, 2)

@@ -15,7 +15,9 @@ import hashlib
 import io
 import logging
 import mmap
+import posixpath
 import struct
+from collections import Counter
 from dataclasses import dataclass, field
 
 import fsspec
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 # megatron.core.datasets.indexed_dataset.DType
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+TOKEN_DTYPES = frozenset({1, 2, 3, 4, 5, 8})  # the codes of integer types: token ids
 _HEADER = len(INDEX_MAGIC) + 8 + 1 + 8 + 8
 _SCAN_BYTES = 64 << 20  # of a .bin per piece of the pass that hashes it and checks its ids
 
@@ -117,6 +120,12 @@ def open_token_shards(
     entries = token_entries(manifest, split)
     if not entries:
         return None
+    twice = next((p for p, n in Counter(posixpath.normpath(e["path"]) for e in entries).items() if n > 1), None)
+    if twice is not None:  # read once per listing: other data than the job curated
+        raise ShardError(
+            f"{data}/{MANIFEST} lists the token shard {twice} twice; a job's manifest names each shard once (this "
+            "one is damaged or edited by hand): curate the job again"
+        )
     written = entries[0].get("tokenizer") or {}
     if {k: written.get(k) for k in tokenizer} != tokenizer:
         raise ConfigError(
@@ -223,7 +232,9 @@ def _check_sha(where: str, data: bytes, expected: str | None) -> None:
 class TokenShard:
     """One opened, checked token shard: document sizes, file-order token offsets, sources, rows; ids by range."""
 
-    def __init__(self, shard_set: TokenShardSet, index: int, *, vocab_size: int, verify: bool) -> None:
+    def __init__(
+        self, shard_set: TokenShardSet, index: int, *, vocab_size: int, verify: bool, eos_id: int | None = None
+    ) -> None:
         info = self.info = shard_set.shards[index]
         self._fs, self.bytes_read, self.bytes_hashed = shard_set.fs, 0, 0
         self.url = f"{shard_set.root}/{info.bin_path}"
@@ -272,11 +283,15 @@ class TokenShard:
         np.cumsum(self.sizes[:-1], out=self.starts[1:])
         self._local = shard_set.local
         self._map = np.memmap(self.url, self.dtype, mode="r") if shard_set.local and n_tok else None
+        self.eos_id = eos_id
         hash_it = bool(verify and info.sha256)
         if hash_it or shard_set.local or info.max_id is None:  # remote and unverified: the writer's max_id will do
             self._scan(vocab_size, hash_it=hash_it)
-        elif info.max_id >= vocab_size:
-            self._bad_id(vocab_size)
+        else:
+            if info.max_id >= vocab_size:
+                self._bad_id(vocab_size)
+            if eos_id is not None and n_tok and int(self.read(n_tok - 1, n_tok)[0]) != eos_id:  # the last document's
+                self._no_eos(len(self.sizes) - 1)
 
     def _cat(self, url: str) -> bytes:
         data = cat_shard(self._fs, url, what="token shard")
@@ -290,6 +305,11 @@ class TokenShard:
         if version != 1 or code not in DTYPES:
             raise ShardError(
                 f"token shard {url}: index version {version}, dtype code {code}; expected version 1 and a known code"
+            )
+        if code not in TOKEN_DTYPES:
+            raise ShardError(
+                f"token shard {url}: its tokens are {np.dtype(DTYPES[code]).name} (dtype code {code}); token ids are "
+                "integers: write the shard with an integer dtype (uint16 for a vocabulary up to 65,536)"
             )
         if len(idx) != _HEADER + n_seq * 12 + n_doc * 8:
             raise ShardError(
@@ -317,7 +337,8 @@ class TokenShard:
         An id past the vocabulary would index past the embedding (a device-side assert on a GPU), so it is
         a ShardError naming the shard, the id and its document, here, not a crash at some later step.
         """
-        digest, at, bad = hashlib.sha256(), 0, None
+        digest, at, bad, open_doc = hashlib.sha256(), 0, None, None
+        ends = self.starts + self.sizes - 1  # each document's last token, which is the end-of-document token
         with self._fs.open(self.url, "rb") as fh:
             while chunk := fh.read(_SCAN_BYTES):
                 if hash_it:
@@ -328,6 +349,11 @@ class TokenShard:
                     bad = (at + first, int(ids[first]))
                     if not hash_it:
                         break
+                if open_doc is None and self.eos_id is not None:
+                    lo, hi = np.searchsorted(ends, [at, at + len(ids)])
+                    wrong = np.flatnonzero(ids[ends[lo:hi] - at] != self.eos_id)
+                    if len(wrong):
+                        open_doc = int(lo + wrong[0])
                 at += len(ids)
         if not self._local:
             self.bytes_read += at * self.dtype.itemsize
@@ -340,6 +366,18 @@ class TokenShard:
                 )
         if bad is not None:
             self._bad_id(vocab_size, *bad)
+        if open_doc is not None:
+            self._no_eos(open_doc)
+
+    def _no_eos(self, doc: int) -> None:
+        """Raise the ShardError for document ``doc``, which does not end with the end-of-document token: the stream
+        puts that token between documents in its place, so the documents would run together, each losing a token."""
+        raise ShardError(
+            f"token shard {self.url}: document {doc} (row {int(self.rows[doc])} of {self.info.path}) does not end "
+            f"with the end-of-document token {self.eos_id}; a token shard holds each document followed by it "
+            "(Megatron's tools/preprocess_data.py --append-eod): write the shards again with it, or curate the text "
+            'with [output] formats = ["tokens"]'
+        )
 
     def _bad_id(self, vocab_size: int, at: int | None = None, value: int | None = None) -> None:
         """Raise the ShardError for id ``value`` at token ``at`` (None: the manifest's ``max_id`` is past the vocabulary)."""

@@ -82,7 +82,11 @@ class TokenStream:
         if index not in self._open:
             try:
                 shard = TokenShard(
-                    self.shards, index, vocab_size=self.tokenizer.vocab_size, verify=self.config.verify_checksums
+                    self.shards,
+                    index,
+                    vocab_size=self.tokenizer.vocab_size,
+                    verify=self.config.verify_checksums,
+                    eos_id=self.tokenizer.eos_id,
                 )
                 self.counters["bytes_read"] += shard.bytes_read
                 self.counters["bytes_hashed"] += shard.bytes_hashed
