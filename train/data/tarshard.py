@@ -129,7 +129,7 @@ def read_tar(buf: bytes, where: str) -> pa.Table:
         if not isinstance(obj, dict) or "source" not in obj:
             raise ShardError(f"{where}: sample {key!r}: .json member lacks the column 'source' (wrong columns?)")
         for field, value in (("id", obj.get("id", key)), ("source", obj["source"])):
-            if not isinstance(value, str) and not (field == "id" and value is None):
+            if value is not None and not isinstance(value, str):  # null: as a Parquet shard's null, said downstream
                 what = "an id is a string: write it as one" if field == "id" else "a source is a name: write it as text"
                 raise ShardError(
                     f"{where}: sample {key!r}: its .json member's {field!r} is {type(value).__name__} {value!r:.60}; "
