@@ -4,7 +4,8 @@ Every table the file holds is built as the commands that use it build it (``[job
 ``[[inputs]]``, ``[[stages]]`` and ``[output]`` as ``winnow curate`` does, ``[train]`` as
 ``winnow train`` does, ``[ablate]`` as ``winnow ablate`` does), so an error here is the error
 the command would stop on, naming the file, the table and the key. The inputs' files are listed
-(read-only) so a wrong path is caught too; nothing is written. ``winnow run`` runs the same
+(read-only) so a wrong path is caught too, and data ``[train]`` reads that exists already (shards, held-out
+and replay folders) is opened as training opens it, with training's messages; nothing is written. ``winnow run`` runs the same
 validation before it curates, so a mistake in ``[train]`` never waits for curation to finish.
 """
 
@@ -110,6 +111,12 @@ def validate(
             refuse_study_folder(checked.train.output)
             check_run_folder(checked.train.output)
             check_resumable(checked.train)  # a run there resumes: its [train.model] must be this one
+        if not studying and checked.job is None:  # the data is there already: read it as training starts by reading it
+            from winnow.pipelines.train import _check_locations
+            from winnow.train.heldout import check_data
+
+            _check_locations(checked.train)
+            check_data(checked.train)
     if study_job is not None:
         from winnow.pipelines.ablate.plan import curation_variants
 
@@ -176,11 +183,14 @@ def _check_init_from(checked: CheckedJob) -> None:
     from winnow.train.tokenizer import load_tokenizer
 
     job_folder = train.shards if isinstance(train.shards, str) else train.shards[0].path
+    curates = checked.job is not None and job_folder == checked.job.job.output
     if train.tokenizer is not None or is_url(job_folder) or (Path(job_folder) / "manifest.json").is_file():
         tokenizer = run_tokenizer(train, job_folder)
-    elif checked.job is not None and job_folder == checked.job.job.output:
+    elif curates:
         output = checked.job.output
         tokenizer = load_tokenizer(output.tokens.tokenizer if "tokens" in output.formats else None)
+    elif Path(job_folder).is_dir():  # data without a manifest: training reads it with the byte tokenizer
+        tokenizer = run_tokenizer(train, job_folder)
     else:
         return
     checked_init(train, tokenizer, weights=False)

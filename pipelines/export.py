@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     from winnow.curate.errors import disk_full, no_space
+    from winnow.curate.readers.utf8 import printable  # a path's bytes that are not UTF-8, as \x escapes
     from winnow.train.checkpoint import load_checkpoint
     from winnow.train.export import export_model
 
@@ -33,20 +34,23 @@ def run_export(args: argparse.Namespace) -> int:
     step = (state.get("counters") or {}).get("step")
     tokenizer = run_tokenizer(run_dir, state)
     try:
-        written = export_model(state, out, step=step, sources=state.get("sources"), tokenizer=tokenizer)
+        written = export_model(
+            state, out, step=step, sources=state.get("sources"), tokenizer=tokenizer, name=f"checkpoint {checkpoint}"
+        )
     except Exception as err:
         if not disk_full(err):
             raise
         raise no_space(out, err, then="nothing there was changed; run the same command again") from err
-    print(f"exported {checkpoint} (step {step}): {written['winnow']}")
+    hf = printable(str(written["hf"]))
+    print(f"exported {printable(str(checkpoint))} (step {step}): {printable(str(written['winnow']))}")
     if tokenizer is None:
-        print(f"no tokenizer: {run_dir} holds no tokenizer_meta.json; the export has the model only")
+        print(f"no tokenizer: {printable(str(run_dir))} holds no tokenizer_meta.json; the export has the model only")
     if written["hf"] and tokenizer is None:
-        print(f"Hugging Face Mixtral, without a tokenizer (AutoModelForCausalLM): {written['hf']}")
+        print(f"Hugging Face Mixtral, without a tokenizer (AutoModelForCausalLM): {hf}")
     elif written["hf"]:
         print(
             f"Hugging Face Mixtral with its tokenizer (AutoModelForCausalLM / AutoTokenizer / "
-            f"pipeline('text-generation')): {written['hf']}"
+            f"pipeline('text-generation')): {hf}"
         )
     else:
         print(

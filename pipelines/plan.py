@@ -53,6 +53,11 @@ def check_flags(args: argparse.Namespace) -> None:
                              ("--gpus-per-node", args.gpus_per_node, 1)):  # fmt: skip
         if value is not None and value < low:
             refuse(flag, value, f"an integer >= {low}")
+    if args.hours is not None and args.flops is not None:  # one budget: neither may silently override the other
+        raise ConfigError(
+            f"--hours {args.hours:g} and --flops {args.flops:g} are two budgets; give one of them (--hours plans for "
+            "the time on --gpus devices, --flops for that many FLOPs)"
+        )
     if args.experts and args.top_k > args.experts:
         refuse("--top-k", args.top_k, f"at most --experts ({args.experts})")
     for flag, value in (("--memory-gib", args.memory_gib), ("--peak-tflops", args.peak_tflops)):

@@ -11,6 +11,7 @@ from pathlib import Path
 from winnow.curate.progress import PhaseProgress
 from winnow.curate.workdir import local_output
 from winnow.train.data.shards import ShardSet, open_shards, read_shard
+from winnow.train.data.tokenshards import read_manifest
 from winnow.train.errors import ConfigError, ShardError
 from winnow.train.paths import JSON_BYTES, read_capped, replace_leftover
 from winnow.train.tokenizer import BPE_FILE, META_FILE, train_bpe
@@ -93,11 +94,26 @@ def job_folder(data: str) -> str:
 
 
 def open_any_format(folder: str, split: str) -> tuple[ShardSet, str]:
-    """The split's shards, Parquet when the job wrote it, else WebDataset."""
-    try:
-        return open_shards(folder, split=split, fmt="parquet"), "parquet"
-    except ShardError:
-        return open_shards(folder, split=split, fmt="webdataset"), "webdataset"
+    """The split's shards: Parquet, or WebDataset where the job's manifest lists tar shards only for it. A folder
+    without a manifest is read as Parquet files."""
+    fs, root, manifest = read_manifest(folder)
+    if not manifest:
+        if not fs.isdir(root):
+            raise ConfigError(f"{folder}: no such folder; {_READS}")
+        try:
+            return open_shards(folder, split=split, fmt="parquet"), "parquet"
+        except ShardError as err:  # the shards' own message (a train key's advice is no use to this command)
+            raise ShardError(f"{err}; {_READS}") from None
+    listed = {e.get("format") for e in manifest.get("shards") or [] if e.get("split", "train") == split}
+    fmt = "webdataset" if "webdataset" in listed and "parquet" not in listed else "parquet"
+    return open_shards(folder, split=split, fmt=fmt), fmt
+
+
+_READS = (
+    "give a job file (TOML), a job folder `winnow curate` wrote (it holds manifest.json), or a folder of Parquet "
+    "files with a 'text' column; curate other data first (a `datasets` save_to_disk folder is an [[inputs]] "
+    'format = "hf")'
+)
 
 
 def shard_texts(

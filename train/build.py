@@ -23,6 +23,7 @@ from winnow.train.attribution.hook import AttributionHook, CounterfactualHook
 from winnow.train.config import TrainConfig
 from winnow.train.distill import Distillation
 from winnow.train.errors import ConfigError, ShardError
+from winnow.train.heldout import held_out_sets
 from winnow.train.hooks import CompileTime, TrainHook
 from winnow.train.init import Initialization, load_init
 from winnow.train.model import ModelConfig, Transformer
@@ -226,7 +227,7 @@ def load_teacher(path: str, storage_options: dict | None = None, tokenizer=None)
     ``tokenizer``: this run's; a teacher trained with another (or another vocabulary) is a ConfigError: its
     logits would score other tokens than the student's ids name."""
     found = load_init(path, key="train.distill.teacher", storage_options=storage_options)
-    teacher_cfg = ModelConfig(**found.model_config())
+    teacher_cfg = found.model()
     if tokenizer is not None:
         found.check_tokenizer(tokenizer)
         if teacher_cfg.vocab_size != tokenizer.vocab_size:
@@ -266,7 +267,7 @@ def build_mixer(
     found = load_init(cfg.reference, key="train.mixing.reference", storage_options=storage_options)
     where, state = found.where, found.state
     found.check_tokenizer(tokenizer)
-    reference_cfg = ModelConfig(**found.model_config())  # any size: only the vocabulary must be this run's
+    reference_cfg = found.model()  # any size: only the vocabulary must be this run's
     if reference_cfg.vocab_size != tokenizer.vocab_size:
         raise ConfigError(
             f"{where}: the reference model has a vocabulary of {reference_cfg.vocab_size}, this run's "
@@ -429,7 +430,7 @@ def build_run(
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     init = checked_init(cfg, tokenizer)
     fmt = "auto" if views and cfg.data.format == "webdataset" else cfg.data.format  # the same rows, as Parquet
-    held_out, names = _held_out_sets(cfg, folders, held_out, sources, train_format=fmt)
+    held_out, names = held_out_sets(cfg, folders, held_out, sources, train_format=fmt)
     train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [], format=fmt)
     data = Loader(
         train_cfg,
@@ -491,50 +492,3 @@ def build_run(
         init=init,
         progress=TrainProgress(total=cfg.steps, every=cfg.metrics.log_every, enabled=progress),
     )
-
-
-def _held_out_sets(
-    cfg: TrainConfig, train: list[str], held_out: list[str], sources: list[str] | None, *, train_format: str
-) -> tuple[list[str], list[str]]:
-    """The held-out folders that have a val split, and every source name (training sets' first) so
-    sources only evaluated still get an id before the trainer sizes its per-source sums."""
-    from winnow.train.data.tokenshards import split_sources
-
-    names = list(sources or [])
-    opts = dict(fmt=cfg.data.format, storage_options=cfg.data.storage_options)
-    for folder in train:
-        names += split_sources(str(folder), split="train", **{**opts, "fmt": train_format})
-    kept, evaluated = [], []
-    for folder in held_out:
-        try:
-            found = split_sources(str(folder), split="val", **opts)
-            names += found
-            evaluated += found
-            kept.append(folder)
-        except ShardError as err:
-            if folder in cfg.eval:  # a folder the job file names for it (eval_sets keeps it as given): a wrong one
-                raise ConfigError(
-                    f"train.eval[{cfg.eval.index(folder)}] = {folder!r} holds no held-out rows to evaluate on ({err}); "
-                    "name a job folder whose job has a split stage (val_fraction)"
-                ) from None
-            log.warning("no held-out evaluation on %s: %s", folder, err)
-    if cfg.stop.active and not evaluated:
-        raise ConfigError(
-            f"train.stop: its rules read held-out losses, and {[str(f) for f in held_out]} hold no held-out rows, "
-            "so they could never stop the run; add a split stage (val_fraction) to the job, name held-out data in "
-            "train.eval, or remove [train.stop]"
-        )
-    if cfg.attribution.every and not evaluated:
-        raise ConfigError(
-            f"train.attribution.every = {cfg.attribution.every}: attribution measures what each source does to "
-            f"held-out loss, and {[str(f) for f in held_out]} hold no held-out rows; add a split stage "
-            "(val_fraction) to the job, name held-out data in train.eval, or set attribution.every = 0"
-        )
-    asked = [s for s in cfg.attribution.held_out if s not in evaluated]
-    if cfg.attribution.every and asked:
-        raise ConfigError(
-            f"train.attribution.held_out names {asked[0]!r}, which has no held-out rows in "
-            f"{[str(f) for f in held_out]} (held-out sets: {sorted(set(evaluated))}); give a source with "
-            "a val split (the split stage's val_fraction), or leave held_out empty for all of them"
-        )
-    return kept, list(dict.fromkeys(names))

@@ -43,6 +43,7 @@ import torch
 from winnow.train.checkpoint import check_finite, renamed
 from winnow.train.errors import CheckpointError, ConfigError
 from winnow.train.model import ModelConfig, Transformer
+from winnow.train.model.config import saved_model_config
 from winnow.train.tokenizer import BPE_FILE, META_FILE, Tokenizer
 
 WINNOW_FILE = "winnow-model.safetensors"
@@ -196,18 +197,19 @@ def export_model(
     step: int | None = None,
     sources: list[str] | None = None,
     tokenizer: Tokenizer | None = None,
+    name: str = "the checkpoint",
 ) -> dict:
     """Write ``out_dir/winnow-model.safetensors`` (and ``tokenizer``'s files) and, when the config maps, ``out_dir/hf/``.
 
-    ``state`` is a checkpoint's (``model`` and ``model_config`` at least); ``tokenizer`` the run's
-    (None: the export has no tokenizer files). Returns what was written:
+    ``state`` is a checkpoint's (``model`` and ``model_config`` at least), ``name`` names it in errors; ``tokenizer``
+    the run's (None: the export has no tokenizer files). Returns what was written:
     ``{"winnow": path, "hf": path or None, "hf_blockers": [...]}``.
     """
     import safetensors.torch as st  # the train extra's; imported by the commands that write files only
 
-    if "model" not in state or "model_config" not in state:
-        raise CheckpointError("the checkpoint holds no model or model_config to export")
-    cfg = ModelConfig(**state["model_config"])
+    if "model" not in state:
+        raise CheckpointError(f"{name} holds no model to export")
+    cfg = saved_model_config(state.get("model_config"), name)
     check_finite(
         state["model"],
         f"the checkpoint of step {step}" if step is not None else "the checkpoint",
@@ -253,13 +255,16 @@ def _check_replaceable(out_dir: Path) -> None:
     if not out_dir.is_dir():
         raise ConfigError(f"{out_dir} exists and is not a folder; give another --output")
     entries = sorted(p.name for p in out_dir.iterdir())
-    links = [str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_symlink()]
+    hf = out_dir / HF_DIR
+    # under an export's names: any other entry is the user's, refused below, and is not walked (`--output /`)
+    ours = [out_dir / name for name in entries if name in EXPORT_ENTRIES]
+    inside = hf.rglob("*") if hf.is_dir() and not hf.is_symlink() else ()
+    links = [str(p.relative_to(out_dir)) for p in (*ours, *inside) if p.is_symlink()]
     if links:  # an export writes no links; replacing one would drop the user's, whatever it points to
         raise ConfigError(
             f"{out_dir} holds symbolic links an export does not write ({', '.join(links[:3])}); give another "
             "--output, or remove the links (what they point to stays)"
         )
-    hf = out_dir / HF_DIR
     others = [name for name in entries if name not in EXPORT_ENTRIES]
     others += [f"{HF_DIR}/{p.name}" for p in (hf.iterdir() if hf.is_dir() else ()) if p.name not in HF_ENTRIES]
     if others:
@@ -299,8 +304,10 @@ def _winnow_metadata(head: bytes) -> dict[str, str] | None:
 
 def _beside(out_dir: Path, kind: str, pid: int | str) -> Path:
     """The export's temporary folder ``kind`` (tmp, old) beside ``out_dir``, its name within the 255 bytes a file
-    system allows whatever the output's name."""
-    name = out_dir.name.encode()[:100].decode(errors="ignore")
+    system allows whatever the output's name (in the bytes the file system holds: a name need not be UTF-8)."""
+    name = out_dir.name
+    while len(os.fsencode(name)) > 100:  # whole characters cut, never half of one
+        name = name[:-1]
     return out_dir.with_name(f".{name}.{kind}-{pid}")
 
 
@@ -395,14 +402,23 @@ def exported_state(data: bytes, name: str) -> tuple[dict[str, torch.Tensor], dic
             f"{name}: not a winnow export (no winnow model_config in its metadata); write one with `winnow export RUN`"
         )
     state = renamed(tensors)  # an earlier version's export: its expert names as today's
-    if json.loads(meta["model_config"]).get("tie_embeddings"):
+    if exported_config(meta, name).tie_embeddings:
         state["head.weight"] = state["embed.weight"]
     return state, meta
+
+
+def exported_config(meta: dict[str, str], name: str) -> ModelConfig:
+    """The model config in an export's metadata (``name`` names the file in errors)."""
+    try:
+        saved = json.loads(meta["model_config"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{name}: its model_config is not JSON ({err}); export the run again") from None
+    return saved_model_config(saved, name)
 
 
 def load_exported(path: str | Path) -> tuple[Transformer, dict]:
     """The model in a ``winnow-model.safetensors`` file (eval mode), and the file's metadata."""
     state, meta = exported_state(Path(path).read_bytes(), str(path))
-    model = Transformer(ModelConfig(**json.loads(meta["model_config"])))
+    model = Transformer(exported_config(meta, str(path)))
     model.load_state_dict(state)
     return model.eval(), meta

@@ -26,6 +26,7 @@ from pathlib import Path
 import fsspec
 
 from winnow.train.errors import CheckpointError, ConfigError
+from winnow.train.model.config import ModelConfig, saved_model_config
 from winnow.train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,14 @@ class Initialization:
                 )
 
     def model_config(self) -> dict:
-        """The checkpoint's ``[train.model]``; CheckpointError when it records none."""
-        saved = self.state.get("model_config")
-        if saved is None:
-            raise CheckpointError(f"{self.where}: checkpoint {self.checkpoint} records no model_config")
-        return saved
+        """The checkpoint's ``[train.model]`` as it recorded it; CheckpointError when it records none, or one this
+        version cannot build (``saved_model_config``: a newer winnow's key, a damaged record)."""
+        self.model()
+        return self.state["model_config"]
+
+    def model(self) -> ModelConfig:
+        """The checkpoint's model config, built (``saved_model_config`` says what stops it)."""
+        return saved_model_config(self.state.get("model_config"), f"{self.where}: checkpoint {self.checkpoint}")
 
     def _run_files(self, names: list[str]) -> dict[str, str]:
         """sha256 of those of ``names`` the base run folder holds."""

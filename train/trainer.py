@@ -446,6 +446,11 @@ class Trainer:
     def load_state_dict(self, state: dict, *, shards: Path | None = None) -> None:
         """Restore the run; ``shards``: a checkpoint's DCP folder holding the weights and moments ``state`` lacks."""
         saved, mine = state.get("model_config") or {}, dataclasses.asdict(self.model.cfg)
+        if not isinstance(saved, dict):  # damaged, or not winnow's: nothing to compare [train.model] with
+            raise CheckpointError(
+                f"the checkpoint's model_config is a {type(saved).__name__}, not a table of [train.model] keys; "
+                "start a run of its own (a new train.output, or [train.checkpoint] resume = false)"
+            )
         differ = [k for k in sorted(saved.keys() & mine.keys()) if saved[k] != mine[k]]
         if differ:  # its weights would not fit (config.json, which the run folder's check reads, may say otherwise)
             detail = ", ".join(f"{k} (the checkpoint's {saved[k]!r}, this run's {mine[k]!r})" for k in differ)

@@ -248,3 +248,29 @@ def test_check_refuses_an_init_from_whose_model_or_tokenizer_differs_as_training
         with pytest.raises(ConfigError) as raised:  # the message training gives
             build_trainer(load_train_config(job))
         assert str(raised.value) in err
+
+
+def test_check_refuses_an_init_from_that_does_not_fit_on_data_without_a_manifest(base, tmp_path, capsys):
+    """A folder of Parquet files trains with the byte tokenizer: check reads ``init_from`` against it as training
+    does (it skipped the check for data without a manifest.json)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from winnow.pipelines.cli import main
+
+    root, _, _ = base
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["def f(x): return x"] * 8}), tmp_path / "data" / "train" / "a.parquet")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[train]\nshards = "{tmp_path / "data"}"\noutput = "{tmp_path / "run"}"\ninit_from = "{root / "base" / "train"}"\n'
+        "[train.model]\ndim = 32\nn_layers = 3\nn_heads = 2\nffn_hidden = 32\nn_experts = 4\ntop_k = 2\nmax_seq_len = 64\n"
+        "[train.data]\nseq_len = 32\nnum_workers = 0\n"
+    )
+    assert main(["check", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"n_layers \(base 2, this run 3\)", err), err
+    assert not (tmp_path / "run").exists()  # nothing written
+    with pytest.raises(ConfigError) as raised:  # the message training gives
+        build_trainer(load_train_config(job))
+    assert str(raised.value) in err

@@ -347,7 +347,38 @@ def test_check_refuses_a_model_the_checkpoints_it_would_resume_from_do_not_fit(t
     assert main(["check", str(path)]) == 2
     assert "differs in dim (the run's 32, this config's 64)" in capsys.readouterr().err
     path.write_text(path.read_text().replace("dim = 64", "dim = 32"))
+    (tmp_path / "job").mkdir()  # the shards it trains on, which check reads as training does
+    pq.write_table(pa.table({"text": ["a document"]}), tmp_path / "job" / "a.parquet")
     assert main(["check", str(path)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('shards = "{tmp}/nosuch"', r"nosuch: no manifest.json, and no such folder"),
+        ('shards = "{tmp}/data"\n[train.stop]\npatience = 2', r"train.stop: its rules read held-out losses"),
+        ('shards = "{tmp}/data"\neval = ["{tmp}/nosuch"]', r"train.eval = '.*nosuch' does not exist"),
+        (
+            'shards = "{tmp}/data"\nreplay = {{from = "{tmp}/nosuch", share = 0.1}}',
+            r"train.replay.from = '.*nosuch' does not exist",
+        ),
+    ],
+    ids=["no-shards", "stop-without-held-out-rows", "no-eval-folder", "no-replay-folder"],
+)
+def test_check_refuses_the_data_train_refuses_at_once_with_its_message(tmp_path, capsys, table, message):
+    """`winnow check` said ok; `winnow train` stopped at once."""
+    from tests.pipelines.tiny import TINY_MODEL
+
+    (tmp_path / "data" / "train").mkdir(parents=True)  # Parquet without a manifest or a val split
+    pq.write_table(pa.table({"text": ["a document"] * 4}), tmp_path / "data" / "train" / "a.parquet")
+    path = tmp_path / "t.toml"
+    path.write_text(f'[train]\noutput = "{tmp_path / "run"}"\nsteps = 2\n{table.format(tmp=tmp_path)}\n{TINY_MODEL}')
+    said = {}
+    for command in ("check", "train"):
+        assert main(["-q", command, str(path)]) == 2
+        said[command] = capsys.readouterr().err.strip().splitlines()[-1].split(": error: ", 1)[-1]
+    assert re.search(message, said["check"]) and said["check"] == said["train"]
+    assert not (tmp_path / "run").exists()
 
 
 def _one_input_job(tmp_path, output, source: str, rest: str):

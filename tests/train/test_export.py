@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import os
+import re
 import shutil
 
 import pytest
@@ -284,3 +286,72 @@ def test_export_never_replaces_a_link_or_a_file_an_export_does_not_write(tmp_pat
     assert "hf" in err and ("symbolic link" in err) == ("link" in what), err
     assert (out / "hf").is_symlink() == (what == "hf is a link") and (out / "hf" / "notes.txt").exists()
     assert (mine / "notes.txt").read_text() == "the user's"
+
+
+TINY = ModelConfig(dim=16, n_layers=1, n_heads=2, ffn_hidden=16, n_experts=2, top_k=1)
+
+
+def _planted_run(run, model_config=None):
+    """A run folder with one checkpoint of an untrained tiny model, its meta.json matching (no training: fast)."""
+    import hashlib
+
+    ckpt = run / "checkpoints" / "step-00000005"
+    ckpt.mkdir(parents=True)
+    config = dataclasses.asdict(TINY) if model_config is None else model_config
+    state = {"model": Transformer(TINY).state_dict(), "model_config": config, "counters": {"step": 5}}
+    torch.save(state, ckpt / "state.pt")
+    data = (ckpt / "state.pt").read_bytes()
+    meta = {"format_version": 1, "step": 5, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    return ckpt, state
+
+
+def test_an_output_whose_name_is_not_utf8_is_written_and_the_root_is_refused_at_once(tmp_path, capsys):
+    """`--output caf\\xe9` stopped with a UnicodeEncodeError; `--output /` walked the whole file system first."""
+    _planted_run(tmp_path / "run")
+    out = tmp_path / "caf\udce9"  # the byte 0xe9, as Python names it (os.fsdecode)
+    for _ in range(2):  # written, then replaced
+        assert main(["-q", "export", str(tmp_path / "run"), "--output", str(out)]) == 0
+        assert load_exported(out / WINNOW_FILE)[1]["step"] == "5"
+    assert os.fsencode(out.name) == b"caf\xe9"
+    assert sorted(os.listdir(tmp_path)) == ["caf\udce9", "run"]  # no temporary folder left
+    assert main(["-q", "export", str(tmp_path / "run"), "--output", "/"]) == 2
+    assert "/ holds files an export does not write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model_config", "said"),
+    [
+        ({"future_knob": 3}, "its model has keys this version of winnow does not know (future_knob)"),
+        ([1, 2], "its model_config is a list, not a table of [train.model] keys"),
+    ],
+    ids=["a-newer-winnows-key", "a-list"],
+)
+def test_a_checkpoint_whose_model_config_this_version_cannot_build_is_named_by_every_reader(
+    tmp_path, capsys, model_config, said
+):
+    """A newer winnow's key, or a model_config that is no table: export, init_from and a teacher said TypeError."""
+    from winnow.train.build import load_teacher
+    from winnow.train.errors import CheckpointError
+    from winnow.train.init import load_init
+
+    cfg = TINY
+    if isinstance(model_config, dict):
+        model_config = {**dataclasses.asdict(cfg), **model_config}
+    ckpt, state = _planted_run(tmp_path / "run", model_config)
+    assert main(["export", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {ckpt}: {said}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run" / "export").exists()
+    with pytest.raises(CheckpointError, match=re.escape(said)):
+        load_init(str(tmp_path / "run")).check(cfg, ByteTokenizer())
+    with pytest.raises(CheckpointError, match=re.escape(said)):
+        load_teacher(str(ckpt))
+    import safetensors.torch as st  # an export a newer winnow wrote: its model_config in the file's metadata
+
+    exported = tmp_path / WINNOW_FILE
+    st.save_file(state["model"], str(exported), metadata={"format": "winnow", "model_config": json.dumps(model_config)})
+    with pytest.raises(CheckpointError, match=re.escape(said)):
+        load_exported(exported)
+    with pytest.raises(CheckpointError, match=re.escape(said)):
+        load_init(str(exported))

@@ -180,6 +180,7 @@ def test_without_a_local_device_the_plan_uses_the_table_and_says_so(capsys, monk
         (["--peak-tflops", "nan"], "--peak-tflops = nan is invalid; allowed: a finite number > 0"),
         (["--memory-gib", "0"], "--memory-gib = 0.0 is invalid"),
         (["--mfu", "1.5"], "--mfu = 1.5 is invalid; allowed: a fraction in (0, 1]"),
+        (["--flops", "1e20"], "--hours 1 and --flops 1e+20 are two budgets; give one of them"),  # --hours was ignored
     ],
 )
 def test_plan_flags_no_device_or_model_can_have_are_refused_naming_the_flag(capsys, flags, message):
@@ -187,3 +188,21 @@ def test_plan_flags_no_device_or_model_can_have_are_refused_naming_the_flag(caps
 
     assert main(["plan", "--hours", "1", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_mfu_from_a_metrics_file_with_no_end_is_refused_naming_it(tmp_path, monkeypatch):
+    """A metrics.jsonl linked to /dev/zero, or a line past the cap, was read whole until memory ran out."""
+    from winnow.train.plan import budget
+
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/zero")
+    with pytest.raises(ConfigError, match=r"metrics.jsonl is not a regular file"):
+        measured_mfu(tmp_path)
+    (tmp_path / "metrics.jsonl").unlink()
+    good = json.dumps({"step": 10, "mfu": 0.4}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(good + "[" * 5000 + "\n" + good)  # nested past the parser: skipped
+    monkeypatch.setattr(budget, "RECORD_BYTES", 10_000)
+    assert measured_mfu(tmp_path) == pytest.approx(0.4)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write("x" * 20_000 + "\n" + good)
+    with pytest.raises(ConfigError, match=r"metrics.jsonl has a line over winnow's cap of 10000 bytes"):
+        measured_mfu(tmp_path)

@@ -193,3 +193,26 @@ def test_a_save_that_fails_midway_leaves_the_earlier_tokenizer_and_a_torn_pair_i
     (tok / ".tokenizer.json.tmp-4242").write_text("{")  # what a killed save leaves
     assert main(["-q", "tokenizer", "train", str(folder), "--vocab-size", "300", "--output", str(tok)]) == 0
     assert {p.name: p.read_bytes() for p in tok.iterdir()} == before and load_tokenizer(tok).vocab_size > 270
+
+
+def test_cli_says_what_it_reads_when_the_folder_is_missing_or_holds_no_parquet(tmp_path, capsys):
+    """It advised setting train.data.format, a key this command does not read (the Parquet error was lost to a
+    WebDataset fallback); a job whose manifest lists tar shards only is still read from them."""
+    import json
+
+    from winnow.pipelines.cli import main
+
+    saved = tmp_path / "saved"  # a `datasets` save_to_disk folder: Arrow files, no Parquet
+    (saved / "train").mkdir(parents=True)
+    (saved / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    (saved / "train" / "data-00000-of-00001.arrow").write_bytes(b"arrow")
+    for data, said in ((tmp_path / "nosuch", "nosuch: no such folder; give a job file"), (saved, "no Parquet files")):
+        assert main(["-q", "tokenizer", "train", str(data), "--output", str(tmp_path / "tok")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and 'format = "hf"' in err and "train.data" not in err, err
+    job = write_job(tmp_path / "job", [make_docs(40)])
+    manifest = json.loads((job / "manifest.json").read_text())
+    manifest["shards"] = [e for e in manifest["shards"] if e["format"] == "webdataset"]
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["-q", "tokenizer", "train", str(job), "--vocab-size", "300", "--output", str(tmp_path / "tok")]) == 0
+    assert "webdataset shard(s)" in capsys.readouterr().out

@@ -74,6 +74,13 @@ def test_resume_restores_counters_and_optimizer_state(tmp_path):
         torch.testing.assert_close(a["exp_avg"], b["exp_avg"])
 
 
+def test_a_resume_from_a_checkpoint_whose_model_config_is_no_table_is_named(tmp_path):
+    """A damaged model_config (a list) stopped the resume with an AttributeError."""
+    trainer = make_trainer(tiny_config(tmp_path, steps=1))
+    with pytest.raises(CheckpointError, match=r"the checkpoint's model_config is a list, not a table"):
+        trainer.load_state_dict({"model_config": [1, 2]})
+
+
 def test_a_checkpoint_written_under_the_earlier_expert_names_resumes_and_loads_whole(tmp_path):
     from winnow.train import dcp
     from winnow.train.checkpoint import SHARDS_DIR, earlier_names, renamed

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
 
-from winnow.train.errors import checker
+from winnow.train.errors import CheckpointError, ConfigError, checker
 
 MAX_SEQ_LEN = 1 << 20  # positions a model may be built for: its rotary tables hold a row per position
 
@@ -154,3 +155,28 @@ class ModelConfig:
         non_embedding = active - self.padded_vocab * self.dim * (0 if self.tie_embeddings else 1)
         attention = 6 * self.n_layers * self.dim * seq_len  # QK^T and AV, forward+backward, halved by causality
         return 6.0 * non_embedding + attention
+
+
+def saved_model_config(saved: object, where: str) -> ModelConfig:
+    """The ``ModelConfig`` a checkpoint or an export recorded (``where`` names it): a ``CheckpointError`` saying what
+    is wrong when the record is missing, is not a table, has keys this version lacks or values no model has."""
+    if saved is None:
+        raise CheckpointError(f"{where} records no model_config; export or start from another checkpoint of the run")
+    if not isinstance(saved, dict):
+        raise CheckpointError(
+            f"{where}: its model_config is a {type(saved).__name__}, not a table of [train.model] keys; the checkpoint "
+            "is damaged or not winnow's: use another checkpoint of the run (checkpoints/step-N)"
+        )
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    if unknown := sorted(str(k) for k in saved if k not in known):
+        raise CheckpointError(
+            f"{where}: its model has keys this version of winnow does not know ({', '.join(unknown)}), so it "
+            "cannot be built here; a newer winnow wrote it: use that version of winnow, or a later one"
+        )
+    try:
+        return ModelConfig(**saved)
+    except (ConfigError, TypeError, ValueError) as err:  # a value of the wrong type fails a comparison: TypeError
+        raise CheckpointError(
+            f"{where}: its model_config is not a model this version can build ({err}); the checkpoint is damaged or "
+            "not winnow's: use another checkpoint of the run (checkpoints/step-N)"
+        ) from None

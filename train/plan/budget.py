@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from winnow.train.plan.shape import model_for, non_embedding
 
 TOKENS_PER_PARAM = 20.0
 DEFAULT_MFU = 0.35
+RECORD_BYTES = 64 << 20  # one line of metrics.jsonl: a logged step's record, per-source and per-expert tables too
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,27 +41,35 @@ class RunPlan:
 def measured_mfu(run_dir: str | Path) -> float:
     """Median MFU of a run's logged steps (the first log step, with warm-up and compilation, left out)."""
     path = Path(run_dir) / "metrics.jsonl"
-    try:
-        lines = path.read_bytes().splitlines()
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"--from {run_dir}: no metrics.jsonl there; give a run folder of `winnow train`") from None
-    values = [r["mfu"] for r in _records(lines) if isinstance(r.get("mfu"), (int, float)) and r["mfu"] > 0]
+    if not path.exists():
+        raise ConfigError(f"--from {run_dir}: no metrics.jsonl there; give a run folder of `winnow train`")
+    if not path.is_file():  # a device or a pipe (a link to /dev/zero): read, it would never end
+        raise ConfigError(
+            f"--from {run_dir}: {path} is not a regular file (a folder, device, FIFO or socket); give a run folder "
+            "of `winnow train`"
+        )
+    values = [r["mfu"] for r in _records(path, run_dir) if isinstance(r.get("mfu"), (int, float)) and r["mfu"] > 0]
     if not values:
         raise ConfigError(f"--from {run_dir}: {path} has no logged step with an MFU")
     return statistics.median(values[1:] or values)
 
 
-def _records(lines: list[bytes]) -> list[dict]:
-    """The JSON objects among a metrics file's lines (a killed run's torn last line, or any other, left out)."""
-    out = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+def _records(path: Path, run_dir: str | Path) -> Iterator[dict]:
+    """The JSON objects among a metrics file's lines (a killed run's torn last line, or any other, left out), read
+    one line at a time under ``RECORD_BYTES``: the file is never held whole, and a line with no end is refused."""
+    with open(path, "rb") as f:
+        while line := f.readline(RECORD_BYTES + 1):
+            if len(line) > RECORD_BYTES:
+                raise ConfigError(
+                    f"--from {run_dir}: {path} has a line over winnow's cap of {RECORD_BYTES} bytes for one record; "
+                    "is it a run's metrics.jsonl? give a run folder of `winnow train`"
+                )
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past what the parser can take
+                continue
+            if isinstance(record, dict):
+                yield record
 
 
 def plan_run(
