@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import posixpath
@@ -343,7 +344,8 @@ def _store_objects(found: dict[str, dict], cfg: InputConfig, prefix: str) -> lis
                     "the trailing '/', or narrow the input's path"
                 )
             continue
-        if i + 1 < len(keys) and keys[i + 1].startswith(key + "/"):
+        below = bisect.bisect_left(keys, key + "/")  # not keys[i + 1]: "x.jsonl-2" sorts before "x.jsonl/a"
+        if below < len(keys) and keys[below].startswith(key + "/"):
             _refuse(prefix + key, cfg)
         out.append(key)
     return out

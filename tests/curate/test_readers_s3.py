@@ -57,7 +57,7 @@ def test_store_keys_a_file_system_shows_as_folders(s3_server, tmp_path, write_jo
     s3.create_bucket(Bucket="winnow-keys")
     line = b'{"id": "%s", "text": "a document of a few words"}\n'
     for key, body in [("t/a.txt", b"a real document"), ("t/folder/", b""), ("t/folder/inner.txt", b"inner document"),
-                      ("d/x.jsonl", line % b"x"), ("d/x.jsonl/inner.jsonl", line % b"inner"), ("d/y.jsonl", line % b"y"),
+                      ("d/x.jsonl", line % b"x"), ("d/x.jsonl/inner.jsonl", line % b"inner"), ("d/x.jsonl-2", b""), ("d/y.jsonl", line % b"y"),
                       ("b/withbody/", b"31 bytes of text in a slash key"), ("b/a.txt", b"text")]:  # fmt: skip
         s3.put_object(Bucket="winnow-keys", Key=key, Body=body)
     job = load_job(write_job('[[inputs]]\nsource = "t"\npath = "s3://winnow-keys/t"\nformat = "text"\n'))
