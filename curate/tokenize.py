@@ -69,7 +69,10 @@ class ShardTokenizer:
                 f"{key} = {spec!r} cannot encode text: {err} (a WordLevel or WordPiece model needs its unk_token "
                 "in its vocabulary); fix the tokenizer.json or give another"
             ) from err
-        self._tok, self.kind, self.vocab_size = tok, "hf", tok.get_vocab_size(with_added_tokens=True)
+        # ids may skip numbers (a WordLevel vocabulary of {"a": 0, "</s>": 1000}): the dtype holds the largest,
+        # as the training side's vocabulary does (train.tokenizer)
+        self._tok, self.kind = tok, "hf"
+        self.vocab_size = max(tok.get_vocab_size(), max(tok.get_vocab().values(), default=-1) + 1)
         self.json = tok.to_str()
         self.sha256 = hashlib.sha256(self.json.encode()).hexdigest()
         names = [eos_token] if eos_token is not None else list(EOS_CANDIDATES)

@@ -326,6 +326,9 @@ def check_kept_fields(inputs: list[InputConfig], stages: list[StageSpec], name: 
             )
 
 
+_CARRY_COLUMNS = ("parquet", "hf", "webdataset")  # the formats whose rows may come with winnow's own columns
+
+
 def check_order_columns(inputs: list[InputConfig], stages: list[StageSpec], name: str) -> None:
     """An ``order`` stage's ``by`` names a column the rows can hold when it runs: a score stage's before it, a kept
     field, or one of winnow's numeric columns an input may carry; a misspelt name would fail only after every
@@ -333,12 +336,15 @@ def check_order_columns(inputs: list[InputConfig], stages: list[StageSpec], name
     stage), the stage itself checks at run time."""
     from winnow.curate.schema import OPTIONAL_COLUMNS
 
-    known = {c for c, dtype in OPTIONAL_COLUMNS.items() if dtype.is_numeric()} | {"length", "random"}
-    known |= {f for cfg in inputs for f in cfg.keep_fields}
+    known = {"length", "random"} | {f for cfg in inputs for f in cfg.keep_fields}
+    if any(cfg.format in _CARRY_COLUMNS for cfg in inputs):  # rows of a curated job's shards may hold its scores
+        known |= {c for c, dtype in OPTIONAL_COLUMNS.items() if dtype.is_numeric()}
     for i, spec in enumerate(stages):
         if spec.kind == "order" and isinstance(spec.config.by, str) and spec.config.by not in known:
             close = difflib.get_close_matches(spec.config.by, sorted(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
+            if spec.config.by == "difficulty":  # by's default
+                hint = " (by's default: put a score.difficulty stage before it, or give by)"
             raise ConfigError(
                 f"{name} [[stages]] #{i + 1} (order): by = {spec.config.by!r} names no column the rows hold there"
                 f"{hint}; allowed: 'length', 'random', a score stage's column before it, or a numeric kept field"

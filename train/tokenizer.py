@@ -214,7 +214,8 @@ class HFTokenizer(Tokenizer):
         # alone places between documents (the library matches special tokens inside the text by default).
         tok.encode_special_tokens = True
         self._tok, self._spec = tok, {"eos_token": eos_token, "pad_token": pad_token, "pad_id": pad_id}
-        self.vocab_size = tok.get_vocab_size()
+        # ids may skip numbers (a WordLevel vocabulary of {"a": 0, "</s>": 1000}): the embedding covers the largest
+        self.vocab_size = max(tok.get_vocab_size(), max(tok.get_vocab().values(), default=-1) + 1)
         names = [eos_token] if eos_token is not None else list(EOS_CANDIDATES)
         found = [tok.token_to_id(n) for n in names if tok.token_to_id(n) is not None]
         if not found:

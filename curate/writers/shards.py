@@ -164,6 +164,8 @@ class ShardWriter:
         for name, dtype in df.schema.items():
             if dtype.is_numeric() and name != "repeat":
                 col = df[name]
+                if dtype.is_float():  # NaN and infinities have no mean, and are no JSON: a column's finite values
+                    col = col.filter(col.is_finite())
                 shard.sums[name] = shard.sums.get(name, 0.0) + float(col.sum() or 0.0)
                 shard.counts[name] = shard.counts.get(name, 0) + col.len() - col.null_count()
         if "parquet" in self.output.formats:

@@ -765,6 +765,11 @@ CASES: list[Case] = [
         good_rows_and('[[stages]]\nkind = "score.difficulty"\n[[stages]]\nkind = "order"\nby = "dificulty"\n'),
         error="by = 'dificulty' names no column the rows hold there (did you mean 'difficulty'?)",
     ),
+    Case(
+        "order_by_its_default_with_no_difficulty_stage",  # JSONL rows carry no winnow columns: refused early too
+        good_rows_and('[[stages]]\nkind = "score.heuristic"\n[[stages]]\nkind = "order"\n'),
+        error="by = 'difficulty' names no column the rows hold there (by's default: put a score.difficulty stage",
+    ),
     Case("input_file_named_with_brackets", bracketed_input, kept=3, check=kept_text([r["text"] for r in GOOD])),
     Case(
         "output_folder_named_with_brackets",  # every work file of every barrier is read without globbing

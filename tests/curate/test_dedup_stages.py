@@ -59,6 +59,15 @@ def test_exact_lower_folds_case(tmp_path):
     assert out.rejected["id"].to_list() == ["2"]
 
 
+def test_exact_texts_normalization_empties_are_compared_as_they_are(tmp_path):
+    """Under ``words`` emoji and symbols normalize to nothing: such texts are duplicates only of the same text,
+    never of every other text without words."""
+    texts = ["\U0001f600\U0001f603", "\U0001f389 \U0001f680", "!!! ???", "\u2211 \u222b", "!!! ???", "", ""]
+    stage = ExactDedup(ExactConfig(normalize="words"), _ctx(tmp_path))
+    (out,), _ = _run(stage, [_rows([f"{i}" for i in range(7)], ["a"] * 7, texts)])
+    assert out.rejected.select("id", "duplicate_of").rows() == [("4", "2"), ("6", "5")]
+
+
 @pytest.mark.parametrize(
     ("keep", "kept"),
     [("first", "k1"), ("longest", "k3"), ("quality", "k2")],

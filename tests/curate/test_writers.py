@@ -43,6 +43,15 @@ def test_rotates_by_rows_and_records_counts(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_means_are_of_finite_values_and_json(tmp_path):
+    """NaN and infinities in a score column have no mean; the manifest holds the finite values' (bare NaN is no
+    JSON: a strict reader refused the whole manifest)."""
+    df = rows(4).with_columns(quality=pl.Series([float("nan"), 1.0, float("inf"), 3.0]), bad=pl.lit(float("nan")))
+    (entry,) = [e for e in write(tmp_path, df) if e["format"] == "parquet"]
+    assert entry["means"] == {"quality": 2.0}
+    json.dumps(entry["means"], allow_nan=False)
+
+
 def test_rotates_by_text_bytes(tmp_path):
     df = rows(30)
     limit = 200

@@ -180,6 +180,30 @@ def test_a_tokenizer_that_cannot_encode_unseen_text_is_a_config_error_before_any
         ShardTokenizer(str(tmp_path / "tokenizer.json"))
 
 
+def test_a_tokenizer_whose_ids_skip_numbers_sizes_the_shards_by_its_largest_id(tmp_path):
+    """3 tokens with ids up to 1000: uint8, picked from the count, stopped the writer mid-job (OverflowError); the
+    training side's vocabulary covers the same ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from winnow.train.tokenizer import TokenizerConfig, load_tokenizer
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "the": 1, "</s>": 1000}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    shard_tok = ShardTokenizer(str(tmp_path / "tokenizer.json"), eos_token="</s>")
+    assert shard_tok.vocab_size == 1001 and shard_tok.dtype == np.uint16
+    train_tok = load_tokenizer(TokenizerConfig(path=str(tmp_path / "tokenizer.json"), eos_token="</s>"))
+    assert train_tok.vocab_size == 1001 and train_tok.eos_id == 1000
+    out = OutputConfig(
+        formats=["tokens"], tokens=TokensConfig(tokenizer=str(tmp_path / "tokenizer.json"), eos_token="</s>")
+    )
+    writer = ShardWriter(tmp_path / "shards", "part-00000", out, split="train")
+    writer.write(pl.DataFrame({"id": ["a"], "source": ["s"], "text": ["the the"], "meta": [None]}))
+    (entry,) = writer.close()
+    ids = np.fromfile(entry["path"], np.uint16)
+    assert ids.tolist() == [1, 1, 1000] and entry["max_id"] == 1000
+
+
 def test_job_file_output_tokens_table(tmp_path):
     from winnow.pipelines.jobfile import job_from_dict
 
