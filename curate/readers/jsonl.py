@@ -411,6 +411,7 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
                 "read:bad_utf8",
                 f"a JSON \\u escape decodes to a lone surrogate, which UTF-8 cannot hold ({err})",
             )
+            fallback_id = _surrogate_line_id(cfg, line) or fallback_id
         buf.reject(reason, id_=fallback_id, source=cfg.source or "", raw=line, where={**where, "error": error})
         return
     if not isinstance(record, dict):
@@ -456,6 +457,23 @@ def _parse_line(cfg: InputConfig, file: InputFile, line: bytes, offset: int, buf
         if given_id in (None, "") and cfg.source_field is not None:
             id_ = derived_id(source, file, offset)
         buf.add(id_, source, text, decode_meta(record))
+
+
+def _surrogate_line_id(cfg: InputConfig, line: bytes) -> str | None:
+    """The id a line with a lone-surrogate escape names, when the escape is elsewhere in the line (Python's own
+    parser reads such escapes; orjson refuses the whole line)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    given = record.get(cfg.id_field) if isinstance(record, dict) else None
+    if given is None or isinstance(given, (dict, list)):
+        return None
+    try:
+        str(given).encode("utf-8")
+    except UnicodeEncodeError:  # the surrogate is in the id itself
+        return None
+    return id_text(given, cfg.id_field, line)
 
 
 def _given_id(cfg: InputConfig, line: bytes) -> str | None:
