@@ -19,16 +19,17 @@ Both corpora are built from text this machine has, none of it in ``data_samples/
 - ``man``: 700 man pages, as above;
 - ``licence``: ``/usr/share/common-licenses`` and the packages' copyright files;
 - ``licence_twin``: the same documents as ``licence``, with the same ids (``[job] duplicate_ids =
-  "allow"``, so the split holds out the same documents): one source under two names, whose two copies
-  should get equal values;
+  "allow"``, so the split holds out the same documents), in another order: one source under two names,
+  whose two copies should get equal values;
 - ``noise``: random letter strings, as above.
 
 Its documents are shuffled once when the corpus is built, so that a run reading the first part of a
 source reads a sample of it, the same for every seed; its study trains for 200 steps, as the shipped
 study does (49 runs, about an hour on 2 cores). docs/attribution.md holds what it measured.
 
-Documents are cut at paragraphs into pieces of at most 6,000 characters. The job cleans, drops
-documents under 20 words, splits 5% of each source off as held-out, and writes Parquet and byte-level
+Documents are cut at paragraphs into pieces of at most 6,000 characters. The job cleans (for
+``--corpus distinct`` without the boilerplate-line removal, which decides by id and so needs ids that no
+two sources share), drops documents under 20 words, splits 5% of each source off as held-out, and writes Parquet and byte-level
 token shards. The study (``STUDY`` below: the shipped study's model and batch, 150 steps) trains
 the baseline with four seeds (the counterfactual of two), each source left out and each source's
 share times 0.5 and 1.5 with three seeds each: 40 runs, two at a time. It prints what
@@ -221,25 +222,29 @@ def build_distinct(out: Path, seed: int = 0) -> dict[str, int]:
             for _ in range(600)
         ],
     }
-    for items in docs.values():
+    rows = {}
+    for name, items in docs.items():
         rng.shuffle(items)
-    for name, items in {**docs, "licence_twin": docs["licence"]}.items():
+        rows[name] = [(f"{name}-{i}", t) for i, t in enumerate(items)]
+    # the twin's rows are the licence rows, ids and all, in another order: with the same order the two copies
+    # would read each document at the same step, twice in a row, as long as their shares are equal
+    rows["licence_twin"] = rng.sample(rows["licence"], len(rows["licence"]))
+    for name, items in rows.items():
         folder = out / "corpus" / name
         folder.mkdir(parents=True, exist_ok=True)
-        prefix = "licence" if name == "licence_twin" else name  # the twin's rows are the licence rows, ids and all
-        (folder / "part-0.jsonl").write_text(
-            "".join(json.dumps({"id": f"{prefix}-{i}", "text": t}) + "\n" for i, t in enumerate(items))
-        )
-    return {k: len(v) for k, v in docs.items()}
+        (folder / "part-0.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in items))
+    return {k: len(v) for k, v in rows.items()}
 
 
-CORPORA = {  # --corpus: (builder, sources, steps, job settings)
-    "gnu": (build, ("man", "info", "news", "noise"), 150, ""),
+CORPORA = {  # --corpus: (builder, sources, steps, [job] settings, clean's settings)
+    "gnu": (build, ("man", "info", "news", "noise"), 150, "", ""),
     "distinct": (
         build_distinct,
         ("python", "man", "licence", "licence_twin", "noise"),
         200,
         'duplicate_ids = "allow"\n',
+        # boilerplate removal decides by id, which two sources sharing ids cannot have
+        "boilerplate_min_docs = false\n",
     ),
 }
 
@@ -326,14 +331,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from winnow.pipelines.cli import main as winnow
 
-    builder, sources, steps, job_settings = CORPORA[args.corpus]
+    builder, sources, steps, job_settings, clean_settings = CORPORA[args.corpus]
     default = "counterfactual" + ("" if args.corpus == "gnu" else f"-{args.corpus}")
     out = (args.out or ROOT / "bench" / "_data" / default).resolve()
     if not (out / "corpus").is_dir():
         print("documents per source:", builder(out))
     inputs = "".join(f'\n[[inputs]]\nsource = "{s}"\npath = "{out}/corpus/{s}/*.jsonl"\n' for s in sources)
     (out / "job.toml").write_text(
-        JOB.format(out=out, inputs=inputs).replace("seed = 0\n", "seed = 0\n" + job_settings, 1)
+        JOB.format(out=out, inputs=inputs)
+        .replace("seed = 0\n", "seed = 0\n" + job_settings, 1)
+        .replace('kind = "clean"\n', 'kind = "clean"\n' + clean_settings, 1)
     )
     (out / "study.toml").write_text(STUDY.format(out=out).replace("steps = 150", f"steps = {steps}", 1))
     if not (out / "job" / "manifest.json").is_file() and winnow(["-q", "curate", str(out / "job.toml")]):
