@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,8 @@ from winnow.curate.wholefile import TOKENIZER_BYTES, read_whole
 BYTE_VOCAB, BYTE_EOS, BYTE_PAD = 258, 256, 257
 # End-of-document tokens of common model families, in the order they are looked up:
 # GPT-2 / Qwen / winnow's own BPE, Llama-3, Llama-2 / Mistral, Gemma.
+log = logging.getLogger(__name__)
+
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 
 
@@ -87,6 +90,13 @@ class ShardTokenizer:
                 f"{key} = {spec!r} {what}; set output.tokens.eos_token to the tokenizer's end-of-document token"
             )
         self.eos_token, self.eos_id = found[0]
+        if self.eos_id in tok.encode(self.eos_token, add_special_tokens=False).ids:
+            log.warning(
+                "%s = %r: its end-of-document token %r is an ordinary token (not a special one), so a document "
+                "holding the text %r gets the end-of-document id inside it; mark it special in the tokenizer "
+                '("added_tokens" with "special": true), or set output.tokens.eos_token to a special token',
+                key, spec, self.eos_token, self.eos_token,
+            )  # fmt: skip
 
     @property
     def dtype(self) -> np.dtype:

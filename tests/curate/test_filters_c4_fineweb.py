@@ -77,6 +77,14 @@ def test_c4_citations_removed_and_rejects_keep_original_text():
     assert rejected.rejected["text"][0] == "Too short.\nHome"
 
 
+@pytest.mark.parametrize("text", ["Home | About us | Contact\nMenu", "\U0001f600 \U0001f603", "\u2211 \u222b \u221a"])
+def test_c4_a_page_whose_every_line_is_removed_is_rejected_not_written_empty(text):
+    """With min_sentences unset nothing else stops such a page: it was written with empty text."""
+    out = run(C4Filter, C4Config(min_sentences=None), text)
+    assert reason(out) == "filter:c4_empty" and out.rejected["text"][0] == text
+    assert reason(run(C4Filter, C4Config(min_sentences=None, remove_lines=False), text)) is None  # kept as it is
+
+
 def test_fineweb_prose_passes():
     assert reason(run(FineWebFilter, FineWebConfig(), PROSE)) is None
 

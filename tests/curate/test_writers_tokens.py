@@ -204,6 +204,23 @@ def test_a_tokenizer_whose_ids_skip_numbers_sizes_the_shards_by_its_largest_id(t
     assert ids.tolist() == [1, 1, 1000] and entry["max_id"] == 1000
 
 
+def test_an_end_of_document_token_that_is_an_ordinary_token_is_said(tmp_path, caplog):
+    """Its text in a document encodes to the end-of-document id: one document would read as two."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "the": 1, "</s>": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with caplog.at_level("WARNING"):
+        ShardTokenizer(str(tmp_path / "tokenizer.json"), eos_token="</s>")
+    assert "its end-of-document token '</s>' is an ordinary token" in caplog.text
+    caplog.clear()
+    gpt2_style_tokenizer(tmp_path / "special.json", ["some text here"])  # <|endoftext|> is special there
+    with caplog.at_level("WARNING"):
+        ShardTokenizer(str(tmp_path / "special.json"))
+    assert "ordinary token" not in caplog.text
+
+
 def test_job_file_output_tokens_table(tmp_path):
     from winnow.pipelines.jobfile import job_from_dict
 

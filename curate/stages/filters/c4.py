@@ -144,7 +144,7 @@ class C4Filter(RuleFilter):
 
     kind = "filter.c4"
     Config = C4Config
-    reasons = ("filter:c4_lorem_ipsum", "filter:c4_curly_bracket", "filter:c4_min_sentences")
+    reasons = ("filter:c4_lorem_ipsum", "filter:c4_curly_bracket", "filter:c4_min_sentences", "filter:c4_empty")
     config: C4Config
 
     def metrics(self, batch: pl.DataFrame) -> pl.DataFrame:
@@ -164,8 +164,14 @@ class C4Filter(RuleFilter):
     def apply(self, batch: pl.DataFrame) -> StageOutput:
         # Like RuleFilter.apply, but kept rows get the text of their kept lines; rejects keep the original.
         metrics, kept_text, counters = c4_metrics(batch["text"], self.config)
+        rules = self.rules()
+        if self.config.remove_lines:  # every line removed (min_sentences unset lets such a page pass): no document
+            emptied = (kept_text.str.strip_chars().str.len_bytes() == 0) & (
+                batch["text"].fill_null("").str.strip_chars().str.len_bytes() > 0
+            )
+            rules.append(("filter:c4_empty", pl.lit(emptied)))
         reason = pl.coalesce(
-            [pl.when(cond).then(pl.lit(name, dtype=pl.String)) for name, cond in self.rules()]
+            [pl.when(cond).then(pl.lit(name, dtype=pl.String)) for name, cond in rules]
             or [pl.lit(None, dtype=pl.String)]
         )
         df, back = self.beside(batch, metrics)
