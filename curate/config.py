@@ -13,7 +13,7 @@ from typing import Any, Literal
 from winnow.curate.errors import ConfigError
 from winnow.curate.names import path_name
 from winnow.curate.stages.base import StageConfig
-from winnow.curate.workdir import check_url, is_url, local_root
+from winnow.curate.workdir import check_url, is_url, local_path, local_root
 
 OUTPUT_FORMATS = ("parquet", "webdataset", "tokens")
 MIN_TASK_BYTES = 1 << 20
@@ -68,6 +68,8 @@ class JobSection:
         if is_url(self.output):  # an object store (s3://...): checked here so a missing driver fails before any work
             self.output = self.output.rstrip("/")
             check_url(self.output, "job.output", self.storage_options)
+        else:  # file:///a is the folder /a (read as a path, a folder "file:" here), ~ the home folder
+            self.output = str(local_path(self.output))
         if self.ray_address and self.executor != "ray":
             raise ConfigError(
                 f"job.ray_address = {self.ray_address!r} is set but job.executor = {self.executor!r}; "

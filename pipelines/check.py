@@ -97,9 +97,10 @@ def validate(
     if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:
         _check_training_sources(checked, Path(path).name)
     if checked.train is not None:
-        from winnow.pipelines.train import check_held_out_sources, check_set_sources
+        from winnow.pipelines.train import _check_locations, check_held_out_sources, check_set_sources
 
         _check_train_paths(checked.train, Path(path).name)
+        _check_locations(checked.train, exist=False)  # the names alone (an empty path, a URL without its driver) first
         _check_init_from(checked)
         check_set_sources(checked.train.shards)
         if checked.job is None and study_job is None:  # trains on shards already curated: their manifests say
@@ -112,7 +113,6 @@ def validate(
             check_run_folder(checked.train.output)
             check_resumable(checked.train)  # a run there resumes: its [train.model] must be this one
         if not studying and checked.job is None:  # the data is there already: read it as training starts by reading it
-            from winnow.pipelines.train import _check_locations
             from winnow.train.heldout import check_data
 
             _check_locations(checked.train)

@@ -332,7 +332,6 @@ def job_schema() -> dict[str, Any]:
             },
         },
         "output": object_schema(OutputConfig),
-        "report": {"type": "object"},
     }
     for name in ("train", "ablate"):
         if name in known:

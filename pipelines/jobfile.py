@@ -25,7 +25,7 @@ from winnow.curate.stages import stage_class
 from winnow.curate.wholefile import JOB_FILE_BYTES, read_whole
 
 log = logging.getLogger(__name__)
-_TOP_LEVEL = ("job", "inputs", "stages", "output", "train", "report", "ablate")
+_TOP_LEVEL = ("job", "inputs", "stages", "output", "train", "ablate")
 
 
 def build_config(cls: type, table: dict[str, Any], where: str) -> Any:
@@ -228,9 +228,14 @@ def job_from_dict(
         )
     check_source_names(input_cfgs, stages, name)
     check_kept_fields(input_cfgs, stages, name)
-    check_order_columns(input_cfgs, stages, name)
     check_stage_order(stages, name)
+    check_order_columns(input_cfgs, stages, name)
     out = build_config(OutputConfig, raw.get("output", {}), f"{name} [output]")
+    if isinstance(raw.get("output"), dict) and "tokens" in raw["output"] and "tokens" not in out.formats:
+        raise ConfigError(
+            f"{name} [output.tokens] is set, but [output] formats = {out.formats} writes no token shards, so it would "
+            'be ignored; add "tokens" to formats, or remove [output.tokens]'
+        )
     check_mix_budget(stages, out, name)
     return Job(job=job, inputs=input_cfgs, stages=stages, output=out, source_file=source_file, raw=raw)
 

@@ -25,10 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--flops", type=float, help="the budget in FLOPs instead of hours")
     q.add_argument("--from", dest="from_run", help="a run folder: use the MFU it measured instead of 35%%")
     q.add_argument("--mfu", type=float, help="expected MFU (default 0.35, or measured with --from)")
-    q.add_argument("--experts", type=int, default=8, help="routed experts (default 8; 0 = dense)")
-    q.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
-    q.add_argument("--seq-len", type=int, default=4096, help="sequence length (default 4096)")
-    q.add_argument("--vocab", type=int, default=32768, help="vocabulary size (default 32768)")
+    q.add_argument("--experts", type=int, help="routed experts (default 8; 0 = dense)")
+    q.add_argument("--top-k", type=int, help="experts per token (default 2)")
+    q.add_argument("--seq-len", type=int, help="sequence length (default 4096)")
+    q.add_argument("--vocab", type=int, help="vocabulary size (default 32768)")
     q.add_argument(
         "--memory-gib",
         type=float,
@@ -74,7 +74,22 @@ def check_flags(args: argparse.Namespace) -> None:
             refuse(flag, link, f"GB/s as a finite number > 0, or one of {', '.join(LINKS_GBPS)}")
 
 
+#: What the budget mode sizes; a job file's [train] already says each (``_estimate_job``).
+_BUDGET_FLAGS = {"hours": "--hours", "flops": "--flops", "experts": "--experts", "top_k": "--top-k",
+                 "seq_len": "--seq-len", "vocab": "--vocab"}  # fmt: skip
+_DEFAULTS = {"experts": 8, "top_k": 2, "seq_len": 4096, "vocab": 32768}
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    given = [flag for key, flag in _BUDGET_FLAGS.items() if getattr(args, key) is not None]
+    if args.job is not None and given:  # the estimate reads the job's model, batch and steps: these would be ignored
+        raise ConfigError(
+            f"{', '.join(given)} size a run from a budget; with a job file the estimate is of its [train] run (its "
+            f"model, batch and steps): drop {'it' if len(given) == 1 else 'them'}, or plan without the job file"
+        )
+    for key, value in _DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     check_flags(args)
     dev, memory_basis = hardware.resolve(
         args.gpu,

@@ -61,7 +61,11 @@ def load_train_config(job: Path, **overrides) -> TrainConfig:
         )
     table = dict(raw["train"])
     table.update({k: v for k, v in overrides.items() if v is not None and k != "output"})
-    table.setdefault("shards", (raw.get("job") or {}).get("output"))
+    job_table = raw.get("job") if isinstance(raw.get("job"), dict) else {}
+    job_output = job_table.get("output")
+    if job_output is None and isinstance(job_table.get("name"), str) and job_table["name"]:
+        job_output = f"out/{path_name(job_table['name'])}"  # where `winnow curate` writes a job without an output
+    table.setdefault("shards", job_output)
     first = (
         table["shards"][0].get("path")
         if isinstance(table["shards"], list) and table["shards"] and isinstance(table["shards"][0], dict)
@@ -252,7 +256,14 @@ def _records_follow(cfg: TrainConfig, step: int, config_file: Path) -> bool:
         return True
     try:
         saved = json.loads(config_file.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError) as err:
+        log.warning(
+            "resuming from step %d, but %s cannot be read (%s): the settings the run was trained with are unknown, "
+            "so a change of them cannot be named; the run continues with this job's, and config.json records them",
+            step,
+            config_file,
+            getattr(err, "strerror", None) or err,
+        )
         return True
     if cfg.steps < step:
         log.warning(
@@ -301,8 +312,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_locations(cfg: TrainConfig) -> None:
-    """Every folder [train] names is a path, or a URL whose fsspec driver is installed: said up front, naming the key."""
+def _check_locations(cfg: TrainConfig, *, exist: bool = True) -> None:
+    """Every folder [train] names is a path, or a URL whose fsspec driver is installed: said up front, naming the key.
+    ``exist``: the held-out and replay folders are there already (not curated by the same job file first)."""
     from winnow.curate.workdir import check_url, is_url
 
     named = [("train.shards", s) for s in ([cfg.shards] if isinstance(cfg.shards, str) else [])]
@@ -318,7 +330,9 @@ def _check_locations(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key} = {where!r} is invalid; allowed: a folder path or URL")
         if isinstance(where, str) and is_url(where):
             check_url(where, key, cfg.data.storage_options)
-        elif key in ("train.eval", "train.replay.from") and isinstance(where, str) and not Path(where).exists():
+        elif (
+            exist and key in ("train.eval", "train.replay.from") and isinstance(where, str) and not Path(where).exists()
+        ):
             raise ConfigError(f"{key} = {where!r} does not exist; give a job folder `winnow curate` wrote")
 
 
@@ -339,9 +353,10 @@ def check_resumable(cfg: TrainConfig) -> None:
     if differ:
         detail = ", ".join(f"{k} (the run's {saved.get(k)!r}, this config's {mine.get(k)!r})" for k in differ)
         raise ConfigError(
-            f"train.output = {cfg.output!r} holds checkpoints of a run whose [train.model] differs in {detail}; "
-            "resume with the same [train.model], choose a new train.output, or set [train.checkpoint] resume = false "
-            "to start over (the earlier run is moved to previous-<k>/)"
+            f"train.output = {cfg.output!r} holds checkpoints of a run whose [train.model], as its config.json "
+            f"records it, differs in {detail}; resume with the same [train.model], choose a new train.output, or set "
+            "[train.checkpoint] resume = false to start over (the earlier run is moved to previous-<k>/); if "
+            "config.json was edited by hand, restore it: the checkpoints hold their own model"
         )
 
 

@@ -266,6 +266,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _finite(self, "train")
+        if isinstance(self.tokenizer, str):  # its path alone: checked as [train.tokenizer] path is
+            TokenizerConfig(path=self.tokenizer)
         _check(
             isinstance(self.output, str) and bool(self.output.strip()) and "://" not in self.output,
             "output",

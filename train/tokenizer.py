@@ -372,6 +372,11 @@ class TokenizerConfig:
     pad_id: int | None = None  # the padding token by id, instead of pad_token
 
     def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise ConfigError(
+                f"train.tokenizer.path = {self.path!r} is invalid; allowed: 'byte', a Hugging Face tokenizer.json, or "
+                "a folder holding one"
+            )
         if self.pad_token is not None and self.pad_id is not None:
             raise ConfigError("train.tokenizer: give pad_token or pad_id, not both")
         if self.path == "byte" and (self.eos_token, self.pad_token, self.pad_id) != (None, None, None):

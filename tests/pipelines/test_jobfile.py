@@ -36,6 +36,18 @@ BASE = '[job]\nname = "t"\n[[inputs]]\nsource = "a"\npath = "x.jsonl"\n'
             r"\[output\]: output.formats = \['csv'\] is invalid; allowed: a non-empty list",
         ),
         ("[outptu]\n", r"unknown table \[outptu\]"),
+        (
+            "[report]\ndiagnose = true\n",
+            r"unknown table \[report\]; allowed: job, inputs, stages, output, train, ablate",
+        ),
+        (
+            '[[stages]]\nkind = "filter.gopher_repetition"\nmax_top_ngram_char_frac = {"02" = 0.2}\n',
+            r"max_top_ngram_char_frac key '02' is not an n-gram size; allowed: 2, 3, 4",
+        ),
+        (
+            '[output]\nformats = ["parquet"]\n[output.tokens]\ntokenizer = "byte"\n',
+            r"\[output\.tokens\] is set, but \[output\] formats = \['parquet'\] writes no token shards",
+        ),
     ],
 )
 def test_bad_job_files_name_file_table_and_key(tmp_path, body, message):
@@ -55,6 +67,13 @@ def test_bad_types_in_job_and_inputs(tmp_path):
         ConfigError, match=r"\[\[inputs\]\] #1: inputs.source / inputs.source_field: give exactly one of source"
     ):
         load_job(path)
+
+
+def test_a_file_url_output_is_the_local_folder_it_names(tmp_path):
+    """Read as a path, file:///a was a folder "file:" in the current one."""
+    path = tmp_path / "t.toml"
+    path.write_text(BASE.replace('name = "t"\n', f'name = "t"\noutput = "file://{tmp_path}/out"\n'))
+    assert load_job(path).job.output == str(tmp_path / "out")
 
 
 def test_invalid_toml_names_the_file(tmp_path):
@@ -148,8 +167,8 @@ def test_stages_that_arrange_the_whole_job_come_in_their_order(tmp_path, kinds, 
     path.write_text(BASE + _stages(*kinds))
     with pytest.raises(ConfigError, match=message):
         load_job(path)
-    path.write_text(BASE + _stages("clean", "dedup.exact", "split", "mix", "score.heuristic", "order"))
-    load_job(path)  # the usual order, a score between mix and order included
+    path.write_text(BASE + _stages("clean", "dedup.exact", "split", "mix", "score.difficulty", "order"))
+    load_job(path)  # the usual order, a score between mix and order included (the one order's default reads)
     path.write_text(BASE + _stages("mix", "score.heuristic") + "min_quality = 0.5\n")  # it rejects rows: the mix's
     with pytest.raises(ConfigError, match=r"#2 \(score\.heuristic\) comes after .*#1 \(mix\): move it before the mix"):
         load_job(path)  # shares would be of other rows than the shards hold

@@ -362,9 +362,14 @@ def test_check_refuses_a_model_the_checkpoints_it_would_resume_from_do_not_fit(t
             'shards = "{tmp}/data"\nreplay = {{from = "{tmp}/nosuch", share = 0.1}}',
             r"train.replay.from = '.*nosuch' does not exist",
         ),
+        ('shards = "{tmp}/data"\neval = [""]', r"train.eval = '' is invalid"),
+        ('shards = "{tmp}/data"\ninit_from = ""', r"train.init_from = '' is invalid"),
+        ('shards = "{tmp}/data"\ntokenizer = ""', r"train.tokenizer.path = '' is invalid"),
+        ('shards = "{tmp}/data"\n[train.distill]\nteacher = ""', r"train.distill.teacher = '' is invalid"),
     ],
-    ids=["no-shards", "stop-without-held-out-rows", "no-eval-folder", "no-replay-folder"],
-)
+    ids=["no-shards", "stop-without-held-out-rows", "no-eval-folder", "no-replay-folder", "empty-eval",
+         "empty-init-from", "empty-tokenizer", "empty-teacher"],
+)  # fmt: skip
 def test_check_refuses_the_data_train_refuses_at_once_with_its_message(tmp_path, capsys, table, message):
     """`winnow check` said ok; `winnow train` stopped at once."""
     from tests.pipelines.tiny import TINY_MODEL
@@ -704,3 +709,14 @@ def test_an_empty_output_is_refused_not_taken_for_the_default(tmp_path, capsys):
     assert main(["curate", str(path), "--output", ""]) == 2
     assert "job.output = '' is invalid" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_whose_config_json_cannot_be_read_says_so(tmp_path, caplog):
+    """Damaged, it let a resume with other settings (steps, lr, batch) pass without a word."""
+    from winnow.pipelines.train import _records_follow
+    from winnow.train.config import TrainConfig
+
+    (tmp_path / "config.json").write_text("not json")
+    with caplog.at_level(logging.WARNING):
+        assert _records_follow(TrainConfig(shards="x", output=str(tmp_path)), 12, tmp_path / "config.json")
+    assert f"resuming from step 12, but {tmp_path / 'config.json'} cannot be read" in caplog.text

@@ -206,3 +206,19 @@ def test_mfu_from_a_metrics_file_with_no_end_is_refused_naming_it(tmp_path, monk
         f.write("x" * 20_000 + "\n" + good)
     with pytest.raises(ConfigError, match=r"metrics.jsonl has a line over winnow's cap of 10000 bytes"):
         measured_mfu(tmp_path)
+
+
+def test_a_job_files_estimate_refuses_the_budget_flags_it_would_ignore(tmp_path, capsys):
+    """With a job file the estimate reads its [train] run; --seq-len, --hours and the rest were dropped without a
+    word. A [job] with a name and no output trains on out/<name>, where `winnow curate` writes it."""
+    from winnow.pipelines.cli import main
+    from winnow.pipelines.train import load_train_config
+
+    path = tmp_path / "t.toml"
+    path.write_text('[job]\nname = "t"\n[train]\nsteps = 2\n[train.model]\ndim = 32\nn_layers = 1\nn_heads = 2\n')
+    assert main(["plan", str(path), "--seq-len", "8192", "--hours", "2"]) == 2
+    assert "--hours, --seq-len size a run from a budget; with a job file the estimate is of its [train] run" in (
+        capsys.readouterr().err
+    )
+    assert load_train_config(path).shards == "out/t"
+    assert main(["plan", str(path)]) == 0

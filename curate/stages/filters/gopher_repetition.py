@@ -48,7 +48,7 @@ class GopherRepetitionConfig(FilterConfig):
                 )
         for name, allowed in (("max_top_ngram_char_frac", range(2, 5)), ("max_dup_ngram_char_frac", range(5, 11))):
             for n, v in getattr(self, name).items():
-                if not (n.isdigit() and int(n) in allowed):
+                if n not in {str(a) for a in allowed}:  # "2", not "02", "٢" or "²": one key per size
                     raise ConfigError(
                         f"filter.gopher_repetition: {name} key {n!r} is not an n-gram size; allowed: "
                         f"{', '.join(str(a) for a in allowed)}"
