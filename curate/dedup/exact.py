@@ -46,11 +46,12 @@ class ExactConfig(StageConfig):
 def text_hashes(texts: pl.Series, *, normalize: str = "whitespace", seed: int = 0) -> pl.DataFrame:
     """``_h1``/``_h2``: the two uint64 halves of each text's 128-bit hash after normalization.
 
-    A text that normalization empties (only emoji or symbols, under ``words``) is hashed as it is, under another
-    seed: otherwise every such text would be the duplicate of every other."""
+    A text that normalization empties but whitespace alone does not (only emoji or symbols, under ``words``) is
+    hashed as it is, under another seed: otherwise every such text would be the duplicate of every other, where
+    empty and blank texts stay duplicates of each other."""
     offsets, data = normalized_buffers(texts, normalize)
     hi, lo = hash128_column(offsets, data, seed)
-    emptied = (np.diff(offsets) == 0) & (texts.fill_null("").str.len_bytes() > 0).to_numpy()
+    emptied = (np.diff(offsets) == 0) & (texts.fill_null("").str.strip_chars().str.len_bytes() > 0).to_numpy()
     if normalize != "none" and emptied.any():
         raw_hi, raw_lo = hash128_column(*normalized_buffers(texts.filter(pl.Series(emptied)), "none"), seed ^ 1)
         hi, lo = hi.copy(), lo.copy()
