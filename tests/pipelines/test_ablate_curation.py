@@ -264,19 +264,32 @@ def test_a_variant_that_trains_on_held_out_rows_is_refused(tmp_path, capsys):
     assert not StudyLayout(tmp_path / "study").result_path("baseline").exists()
 
 
-def test_a_variant_whose_curation_fails_stops_the_study_and_the_finished_ones_are_kept(tmp_path, capsys):
+def test_a_variant_whose_curation_fails_stops_the_study_and_the_finished_ones_are_kept(tmp_path, capsys, monkeypatch):
+    """A curation that fails as it runs (here the order stage's plan of one variant, made to fail: a setting that
+    cannot work is refused before anything is curated)."""
+    from winnow.curate.errors import StageError
+    from winnow.curate.stages.order import Order
+
+    plan = Order.plan
+
+    def failing(self, keys):
+        if self.config.by == "random":
+            raise StageError(f"{self.ctx.stage_id}: the plan failed")
+        return plan(self, keys)
+
+    monkeypatch.setattr(Order, "plan", failing)
     study = curation_study(
-        tmp_path, kind='"settings"', settings='{"dedup.minhash.threshold" = [0.7], "order.by" = ["quality"]}'
+        tmp_path, kind='"settings"', settings='{"dedup.minhash.threshold" = [0.7], "order.by" = ["random"]}'
     )
     assert main(["ablate", str(study)]) == 2
     err = capsys.readouterr().err
-    assert "curating variant 'order.by_quality' (ablate.settings.'order.by' = 'quality') failed" in err
-    assert "by='quality' must be a numeric column" in err
+    assert "curating variant 'order.by_random' (ablate.settings.'order.by' = 'random') failed" in err
+    assert "order: the plan failed" in err
     layout = StudyLayout(tmp_path / "study")
     marker = layout.curation_marker("dedup.minhash.threshold_0.7")
     assert marker.is_file() and not layout.result_path("baseline").exists()
     before = marker.stat().st_mtime_ns
-    study.write_text(study.read_text().replace('"order.by" = ["quality"]', '"split.val_fraction" = [1.0]'))
+    study.write_text(study.read_text().replace('"order.by" = ["random"]', '"split.val_fraction" = [1.0]'))
     assert main(["-q", "ablate", str(study)]) == 2  # stops again, at the next variant, which keeps no train rows
     assert marker.stat().st_mtime_ns == before  # curated once: kept, not curated again
 
