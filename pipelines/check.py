@@ -100,7 +100,9 @@ def validate(
         from winnow.pipelines.train import _check_locations, check_held_out_sources, check_set_sources
 
         _check_train_paths(checked.train, Path(path).name)
-        _check_locations(checked.train, exist=False)  # the names alone (an empty path, a URL without its driver) first
+        # the data there already is read as training starts by reading it; other paths by their names alone
+        data_there = not studying and checked.job is None
+        _check_locations(checked.train, exist=data_there)
         _check_init_from(checked)
         check_set_sources(checked.train.shards)
         if checked.job is None and study_job is None:  # trains on shards already curated: their manifests say
@@ -112,10 +114,9 @@ def validate(
             refuse_study_folder(checked.train.output)
             check_run_folder(checked.train.output)
             check_resumable(checked.train)  # a run there resumes: its [train.model] must be this one
-        if not studying and checked.job is None:  # the data is there already: read it as training starts by reading it
+        if data_there:
             from winnow.train.heldout import check_data
 
-            _check_locations(checked.train)
             check_data(checked.train)
     if study_job is not None:
         from winnow.pipelines.ablate.plan import curation_variants

@@ -23,7 +23,7 @@ from winnow.train.attribution.hook import AttributionHook, CounterfactualHook
 from winnow.train.config import TrainConfig
 from winnow.train.distill import Distillation
 from winnow.train.errors import ConfigError, ShardError
-from winnow.train.heldout import held_out_sets
+from winnow.train.heldout import held_out_sets, train_format
 from winnow.train.hooks import CompileTime, TrainHook
 from winnow.train.init import Initialization, load_init
 from winnow.train.model import ModelConfig, Transformer
@@ -429,7 +429,7 @@ def build_run(
         )
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     init = checked_init(cfg, tokenizer)
-    fmt = "auto" if views and cfg.data.format == "webdataset" else cfg.data.format  # the same rows, as Parquet
+    fmt = train_format(cfg, views=views)
     held_out, names = held_out_sets(cfg, folders, held_out, sources, train_format=fmt)
     train_cfg = dataclasses.replace(cfg.data, mix_weights=list(weights) if len(folders) > 1 else [], format=fmt)
     data = Loader(

@@ -23,8 +23,14 @@ def check_data(cfg: TrainConfig) -> None:
     folders, _ = training_sets(cfg.shards, cfg.replay, cfg.data.mix_weights)
     per_source = not isinstance(cfg.shards, str) and any(entry.sources for entry in cfg.shards)
     views = cfg.mixing.active or per_source  # trained as per-source views: Parquet and token shards, no tars
-    fmt = "auto" if views and cfg.data.format == "webdataset" else cfg.data.format
+    fmt = train_format(cfg, views=views)
     held_out_sets(cfg, folders, eval_sets(cfg.eval, folders, cfg.replay), None, train_format=fmt)
+
+
+def train_format(cfg: TrainConfig, *, views: bool) -> str:
+    """The format the training sets are read in: per-source views hold Parquet and token shards, no tars, so a
+    WebDataset job is read as its Parquet shards there (the same rows)."""
+    return "auto" if views and cfg.data.format == "webdataset" else cfg.data.format
 
 
 def held_out_sets(

@@ -346,7 +346,7 @@ def _store_objects(found: dict[str, dict], cfg: InputConfig, prefix: str) -> lis
             continue
         below = bisect.bisect_left(keys, key + "/")  # not keys[i + 1]: "x.jsonl-2" sorts before "x.jsonl/a"
         if below < len(keys) and keys[below].startswith(key + "/"):
-            _refuse(prefix + key, cfg)
+            _refuse_both(prefix + key, cfg)
         out.append(key)
     return out
 
@@ -360,10 +360,10 @@ def _refuse_object_and_folder(fs, key: str, cfg: InputConfig, prefix: str) -> No
     except FileNotFoundError:
         return
     if is_object:
-        _refuse(prefix + key.rstrip("/"), cfg)
+        _refuse_both(prefix + key.rstrip("/"), cfg)
 
 
-def _refuse(url: str, cfg: InputConfig) -> None:
+def _refuse_both(url: str, cfg: InputConfig) -> None:
     raise InputError(
         f"input {cfg.label}: {printable(url)!r} is both an object and a folder on the store (other keys begin with "
         f"'{printable(url.rsplit('/', 1)[-1])}/'); its file system lists and reads it as an empty folder, and its "

@@ -73,6 +73,11 @@ def _damaged_regions(tar: tarfile.TarFile) -> list[tuple[int, int, str]]:
     return regions
 
 
+def member_id(source: str | None, file: InputFile, name: str) -> str:
+    """The id of a sample (or member) ``name`` of a tar that names none: ``<source>/<file>/<name>``."""
+    return f"{id_part(source)}/{file.rel}/{name}"
+
+
 def read_webdataset(
     cfg: InputConfig, file: InputFile, batch_rows: int, span: Span | None = None
 ) -> Iterator[ReadBatch]:
@@ -136,7 +141,7 @@ def read_webdataset(
                     if member.size > cfg.max_record_bytes:  # a header may promise gigabytes: never read them
                         buf.reject(
                             "read:too_long",
-                            id_=f"{id_part(cfg.source)}/{file.rel}/{key}",
+                            id_=member_id(cfg.source, file, key),
                             source=cfg.source or "",
                             raw=tar.extractfile(member).read(PREVIEW),
                             where={
@@ -152,7 +157,7 @@ def read_webdataset(
                     if parts is not None and ext in parts:  # the same member name again: the first copy is read
                         buf.reject(
                             "read:duplicate_member",
-                            id_=f"{id_part(cfg.source)}/{file.rel}/{key}.{ext}",
+                            id_=member_id(cfg.source, file, f"{key}.{ext}"),
                             source=cfg.source or "",
                             raw=tar.extractfile(member).read(),
                             where={
@@ -219,7 +224,7 @@ def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, a
         kind = "symbolic" if member.issym() else "hard"
         buf.reject(
             "read:link_member",
-            id_=f"{id_part(cfg.source)}/{file.rel}/{name}",
+            id_=member_id(cfg.source, file, name),
             source=cfg.source or "",
             raw=printable(member.linkname),
             where={**where, "error": f"a {kind} link to {printable(member.linkname)!r}; links are not followed"},
@@ -227,7 +232,7 @@ def _reject_member(cfg: InputConfig, file: InputFile, member: tarfile.TarInfo, a
     else:
         buf.reject(
             "read:special_member",
-            id_=f"{id_part(cfg.source)}/{file.rel}/{name}",
+            id_=member_id(cfg.source, file, name),
             source=cfg.source or "",
             raw=b"",
             where={**where, "error": f"a special member (tar type {member.type!r}), not a regular file"},
@@ -248,7 +253,7 @@ def _add_sample(
             not_utf8 = not valid_utf8(parts["json"]) or "surrogate" in str(err)
             buf.reject(
                 "read:bad_utf8" if not_utf8 else "read:bad_json",
-                id_=f"{id_part(cfg.source)}/{file.rel}/{key}",
+                id_=member_id(cfg.source, file, key),
                 source=cfg.source or "",
                 raw=parts["json"],
                 where={**where, "error": str(err)},
@@ -261,7 +266,7 @@ def _add_sample(
     id_ = (
         id_text(given_id, cfg.id_field, parts["json"])
         if given_id not in (None, "")  # an empty id names nothing: derived, as a missing one is
-        else f"{id_part(source or cfg.source)}/{file.rel}/{key}"
+        else member_id(source or cfg.source, file, key)
     )
     if not isinstance(source, str) or not source:
         buf.reject(

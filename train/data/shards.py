@@ -205,8 +205,7 @@ def open_shards(
     ]
     if not shards:
         raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
-    # the same file under two spellings (train/a, train/./a, train//a) is listed twice as well
-    twice = next((p for p, n in Counter(posixpath.normpath(s.path) for s in shards).items() if n > 1), None)
+    twice = listed_twice(s.path for s in shards)
     if twice is not None:  # a run would read it once per listing: other data than the job curated
         raise ShardError(
             f"{where} lists the shard {twice} twice; a job's manifest names each shard once (this one is damaged "
@@ -234,6 +233,12 @@ def open_shards(
         storage_options=dict(storage_options or {}),
         view=view,
     )
+
+
+def listed_twice(paths) -> str | None:
+    """The first of a manifest's shard ``paths`` it lists twice, under one spelling or two (``train/a``,
+    ``train/./a`` and ``train//a`` are one file), or None."""
+    return next((p for p, n in Counter(posixpath.normpath(p) for p in paths).items() if n > 1), None)
 
 
 def remedy(manifest: dict, data: str) -> str | None:

@@ -15,9 +15,7 @@ import hashlib
 import io
 import logging
 import mmap
-import posixpath
 import struct
-from collections import Counter
 from dataclasses import dataclass, field
 
 import fsspec
@@ -28,6 +26,7 @@ from winnow.train.data.shards import (
     MANIFEST,
     cat_shard,
     check_listed,
+    listed_twice,
     manifest_sources,
     open_shards,
     read_manifest_file,
@@ -120,7 +119,7 @@ def open_token_shards(
     entries = token_entries(manifest, split)
     if not entries:
         return None
-    twice = next((p for p, n in Counter(posixpath.normpath(e["path"]) for e in entries).items() if n > 1), None)
+    twice = listed_twice(e["path"] for e in entries)
     if twice is not None:  # read once per listing: other data than the job curated
         raise ShardError(
             f"{data}/{MANIFEST} lists the token shard {twice} twice; a job's manifest names each shard once (this "
