@@ -4,8 +4,10 @@ One ``Effect`` per variant (its seeds together), measured against the baseline's
 
 * ``delta[source]``: the mean held-out loss over the variant's seeds minus the mean over the
   baseline's (negative: the variant did better), with its noise, two standard errors of that
-  difference, ``2 · sd · sqrt(1/n_variant + 1/n_baseline)``, ``sd`` the baseline seeds' standard
-  deviation (``seed_noise``); ``mean``: the same for the mean over the held-out sources;
+  difference, ``2 · sd · sqrt(1/n_variant + 1/n_baseline)``; ``sd`` is the seeds' standard deviation
+  about their own run's mean, pooled over the baseline and every variant of two or more seeds
+  (``pooled_sd``: a delta's error is both sides', and a study's variants measure the seeds' spread as
+  well as its baseline does); ``mean``: the same for the mean over the held-out sources;
 * ``curve``, when the runs evaluated periodically: the area under the mean held-out curve (the
   mean loss over the run, trapezoid rule) against the baseline's, with its noise, and the first
   evaluated step at which the variant's mean curve reaches the baseline's final mean loss (a
@@ -36,22 +38,51 @@ def mean_held_out(runs: list[dict], source: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def noise_of(values: np.ndarray, repeats: int) -> float | None:
-    """Two standard errors of (mean of ``repeats`` runs) - (mean of the baseline seeds ``values``); None without two."""
-    if len(values) < 2:
+def variant_groups(results: list[dict]) -> dict[str, list[dict]]:
+    """The variants' runs by variant (its seeds together), those of the baseline's length only: a random mix of
+    another length (``mix_steps``) is a point of the mixing regression, not a run to compare."""
+    base = baselines(results)
+    steps = base[0].get("steps") if base else None
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        if r["kind"] not in BASELINE_KINDS and r.get("steps") == steps:
+            groups.setdefault(r.get("group", r["name"]), []).append(r)
+    return groups
+
+
+def pooled_sd(base: np.ndarray, groups: list[np.ndarray]) -> float | None:
+    """The seeds' standard deviation about their own run's mean, pooled over the baseline's seeds ``base`` and
+    each variant's of two or more (``groups``; one with a non-finite value, a diverged seed, is left out);
+    None without two finite baseline seeds, the study's switch for a noise estimate (``noise_seeds``)."""
+    if len(base) < 2 or not np.isfinite(base).all():
         return None
-    return 2 * float(values.std(ddof=1)) * float(np.sqrt(1 / repeats + 1 / len(values)))
+    parts = [base, *(v for v in groups if len(v) >= 2 and np.isfinite(v).all())]
+    squares = sum(float(((v - v.mean()) ** 2).sum()) for v in parts)
+    return float(np.sqrt(squares / sum(len(v) - 1 for v in parts)))
+
+
+def noise_of(sd: float | None, n_base: int, repeats: int) -> float | None:
+    """Two standard errors of (mean of ``repeats`` runs) - (mean of ``n_base`` baseline seeds), the seeds'
+    standard deviation ``sd`` (``pooled_sd``); None without one."""
+    if sd is None:
+        return None
+    return 2 * sd * float(np.sqrt(1 / repeats + 1 / n_base))
+
+
+def _values(runs: list[dict], source: str) -> np.ndarray:
+    return np.array([r["held_out"][source] for r in runs if r["held_out"].get(source) is not None], dtype=float)
 
 
 def seed_noise(results: list[dict], sources: list[str], variant_seeds: int = 1) -> dict[str, float]:
     """Per held-out source, two standard errors of a measured delta (the mean of ``variant_seeds`` runs of a
     variant minus the mean of the ``n`` baseline seeds): ``2 · sd · sqrt(1/variant_seeds + 1/n)``, ``sd``
-    the baseline seeds' standard deviation; 0 without a second baseline seed (no estimate)."""
-    runs = baselines(results)
+    pooled over the baseline's and the variants' seeds (``pooled_sd``); 0 without a second baseline seed
+    (no estimate)."""
+    runs, groups = baselines(results), list(variant_groups(results).values())
     out = {}
     for s in sources:
-        values = np.array([r["held_out"][s] for r in runs if r["held_out"].get(s) is not None])
-        out[s] = noise_of(values, variant_seeds) or 0.0
+        base = _values(runs, s)
+        out[s] = noise_of(pooled_sd(base, [_values(g, s) for g in groups]), len(base), variant_seeds) or 0.0
     return out
 
 
@@ -173,6 +204,7 @@ class _Reference:
     means: np.ndarray  # mean over the held-out sources, per seed
     areas: np.ndarray | None  # mean loss over the run, per seed (None: not every seed has a curve)
     final: float  # mean over seeds of the final mean held-out loss
+    sd: dict[str, float | None]  # the seeds' pooled standard deviation (``pooled_sd``): per source, "mean", "area"
 
 
 def effects(results: list[dict], sources: list[str], curation: dict[str, dict] | None = None) -> list[Effect]:
@@ -180,21 +212,22 @@ def effects(results: list[dict], sources: list[str], curation: dict[str, dict] |
     curation = curation or {}
     base_runs = baselines(results)
     sources = [s for s in sources if any(r["held_out"].get(s) is not None for r in base_runs)]  # those held out
-    steps = base_runs[0].get("steps")
-    groups: dict[str, list[dict]] = {}
-    for r in results:
-        if r["kind"] not in BASELINE_KINDS and r.get("steps") == steps:
-            groups.setdefault(r.get("group", r["name"]), []).append(r)
+    groups = variant_groups(results)
     curves = [_curve(r, sources) for r in base_runs]
     means = np.array([_mean(r["held_out"], sources) for r in base_runs], dtype=float)
+    areas = np.array([_area(c) for c in curves]) if all(c is not None for c in curves) else None
+    runs_of = list(groups.values())
+    sd = {s: pooled_sd(_values(base_runs, s), [_values(g, s) for g in runs_of]) for s in sources}
+    sd["mean"] = pooled_sd(means, [np.array([_mean(r["held_out"], sources) for r in g]) for g in runs_of])
+    if areas is not None:
+        group_curves = [[_curve(r, sources) for r in g] for g in runs_of]
+        sd["area"] = pooled_sd(areas, [np.array([_area(c) for c in g]) for g in group_curves if None not in g])
     reference = _Reference(
-        per_source={
-            s: np.array([r["held_out"][s] for r in base_runs if r["held_out"].get(s) is not None], dtype=float)
-            for s in sources
-        },
+        per_source={s: _values(base_runs, s) for s in sources},
         means=means,
-        areas=np.array([_area(c) for c in curves]) if all(c is not None for c in curves) else None,
+        areas=areas,
         final=float(np.mean(means)),
+        sd=sd,
     )
     first = base_runs[0]["name"]
     base_summary = curation.get(first)
@@ -238,12 +271,12 @@ def _effect(
 ) -> Effect:
     held = {s: mean_held_out(runs, s) for s in sources}
     delta = {
-        s: Measured(held[s] - float(ref.per_source[s].mean()), noise_of(ref.per_source[s], len(runs)))
+        s: Measured(held[s] - float(ref.per_source[s].mean()), noise_of(ref.sd[s], len(ref.per_source[s]), len(runs)))
         for s in sources
         if held[s] is not None and len(ref.per_source[s])
     }
     means = np.array([_mean(r["held_out"], sources) for r in runs], dtype=float)
-    mean = Measured(float(means.mean() - ref.means.mean()), noise_of(ref.means, len(runs)))
+    mean = Measured(float(means.mean() - ref.means.mean()), noise_of(ref.sd["mean"], len(ref.means), len(runs)))
     own = [_curve(r, sources) for r in runs]
     curve = None
     if ref.areas is not None and all(c is not None for c in own) and len({tuple(c[0]) for c in own}) == 1:
@@ -255,7 +288,7 @@ def _effect(
             steps=list(steps),
             loss=loss.tolist(),
             first_step=reached[0] if reached else None,
-            area=Measured(area - float(ref.areas.mean()), noise_of(ref.areas, len(runs))),
+            area=Measured(area - float(ref.areas.mean()), noise_of(ref.sd.get("area"), len(ref.areas), len(runs))),
         )
     return Effect(
         variant=name,

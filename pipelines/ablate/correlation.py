@@ -10,10 +10,10 @@ left out here. The slope is the mean over the baseline seeds that recorded one, 
 error their spread (one seed: the run's own interval).
 
 A cell's measured delta is the mean over the variant's seeds minus the mean over the baseline's,
-and its noise two standard errors of that (``compare.seed_noise``). On the cells above the noise the
-comparison counts the predicted signs that agree, and the predictions within a factor 2 of the
-measurement (the same sign, and 0.5 to 2 times its size); the Spearman rank correlation runs over
-all cells.
+and its noise two standard errors of that, the seeds' spread pooled over the baseline and the variants
+(``compare.seed_noise``). On the cells above the noise the comparison counts the predicted signs that
+agree, and the predictions within a factor 2 of the measurement (the same sign, and 0.5 to 2 times its
+size); the Spearman rank correlation runs over all cells.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def compare_with_counterfactual(
         "saturation": q,
         "counterfactual_runs": len(counterfactuals),
         "noise": noise,
-        "noise_rule": "2 standard errors of a delta (baseline seeds' sd)",
+        "noise_rule": "2 standard errors of a delta (the seeds' sd pooled over the baseline and the variants)",
         "seeds": seeds,
         "variant_seeds": repeats,
         "effect_to_noise": ratio,
@@ -221,10 +221,10 @@ def split_half(groups: dict[str, list[dict]], base_runs: list[dict], held: list[
 
 
 def spread(groups: list[list[dict]], base_runs: list[dict], held: list[str]) -> dict:
-    """How much the variants' seeds spread against the baseline's, whose spread is the study's noise: per held-out
-    set, the standard deviation of the variants' runs about their own means (pooled over the variants of two or
-    more seeds) over the baseline seeds' (``spread_by_set``), and its median over the sets (``spread``). Far from 1,
-    the noise, measured on the few baseline seeds, is under- or overstated for the variants."""
+    """How much the variants' seeds spread against the baseline's: per held-out set, the standard deviation of the
+    variants' runs about their own means (pooled over the variants of two or more seeds) over the baseline seeds'
+    (``spread_by_set``), and its median over the sets (``spread``). The noise pools both; far from 1, the seeds'
+    spread depends on the mix, and a variant's own seeds weigh as much as the baseline's."""
     by_set = {}
     for s in held:
         values = [np.array([r["held_out"][s] for r in runs if r["held_out"].get(s) is not None]) for runs in groups]
@@ -259,9 +259,9 @@ def _spread_text(ratio: float | None) -> str:
     if ratio is None or 1 / SPREAD_MARGIN < ratio < SPREAD_MARGIN:
         return ""
     return (
-        f" Its variants' seeds spread {ratio:.1f}x as much as the baseline's (the median over the held-out sets), "
-        f"so the noise, measured on the baseline's seeds, is {'under' if ratio > 1 else 'over'}stated: more "
-        "baseline seeds ([ablate] noise_seeds) measure it better."
+        f" Its variants' seeds spread {ratio:.1f}x as much as the baseline's (the median over the held-out sets): "
+        "the noise pools both, and a variant's delta is only as sure as its own seeds; more seeds per variant "
+        "([ablate] variant_seeds) narrow it."
     )
 
 

@@ -267,8 +267,11 @@ def test_a_variant_measured_with_several_seeds_is_one_cell_of_their_mean():
     assert cells["predicted"][0] == pytest.approx(0.24) and cells["interval"][0] == pytest.approx(
         2 * 2 * 0.02
     )  # 2 · (1/q) · sd(-0.1, -0.14)/sqrt(2)
-    sd = np.std([2.0, 2.02, 2.04], ddof=1)
+    # the seeds' spread pooled: the baseline's (2.0, 2.02, 2.04: squares 0.0008, 2 degrees of freedom) and the
+    # variant's (2.3, 2.4: 0.005, 1), so a variant whose seeds disagree widens the noise of every cell
+    sd = np.sqrt((0.0008 + 0.005) / 3)
     assert summary["noise"]["code"] == pytest.approx(2 * sd * np.sqrt(1 / 2 + 1 / 3)) and summary["variant_seeds"] == 2
+    assert summary["noise"]["docs"] == 0  # no seed moved it
 
 
 def _study(effects: dict[str, np.ndarray], base: dict, seeds: int, sd: float, rng) -> list[dict]:
@@ -345,7 +348,7 @@ def test_a_study_says_when_its_variants_seeds_spread_far_more_than_the_baseline_
     assert found["spread_by_set"] == pytest.approx({"a": 2.0, "b": 1.0})
     assert found["spread"] == pytest.approx(1.5)
     text = measurement_text({"split_half": 0.8, "splits": 4, "ceiling": 0.94, **found})
-    assert "variants' seeds spread 1.5x as much as the baseline's" in text and "understated" in text
+    assert "variants' seeds spread 1.5x as much as the baseline's" in text and "the noise pools both" in text
     calm = spread([other], base_runs, ["a", "b"])
     assert "spread" not in measurement_text({"split_half": 0.8, "splits": 4, "ceiling": 0.94, **calm})
     assert spread([loose], base_runs[:1], ["a"]) == {}  # one baseline seed: no spread to compare with

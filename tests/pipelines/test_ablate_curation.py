@@ -328,7 +328,9 @@ def test_effects_have_the_seed_noise_a_verdict_the_curve_and_the_curation_side()
     found = effects(results, ["a", "b"], curation)
     assert [e.variant for e in found] == ["baseline", "order_shuffled", "drop_x"]
     shuffled, drop = found[1], found[2]
-    noise = 2 * 0.02 * (1 / 2 + 1 / 3) ** 0.5  # sd of (2.40, 2.42, 2.44) is 0.02
+    # the seeds' sd pooled over the baseline (2.40, 2.42, 2.44: squares 0.0008, 2 degrees of freedom) and the
+    # shuffled variant's two seeds (2.60, 2.62: 0.0002, 1); drop_x's one seed adds nothing
+    noise = 2 * (0.001 / 3) ** 0.5 * (1 / 2 + 1 / 3) ** 0.5
     assert shuffled.mean.value == pytest.approx(2.61 - 2.42) and shuffled.mean.noise == pytest.approx(noise)
     assert shuffled.delta["a"].verdict == "higher" and shuffled.seeds == 2
     assert drop.mean.value == pytest.approx(-0.005) and drop.mean.verdict == "can't tell"  # within 2 SE

@@ -7,7 +7,7 @@ three, averaged), each source left out and each source's share times 0.5 and 1.5
 what such a study can show, well beyond chance: on the cells whose measured change exceeds the noise
 (two standard errors of a delta), the sign right on 70%; over all cells, a rank correlation of at least
 0.5 (a chance one over 48 independent cells stays below 0.4 in 99.8% of draws). Measured 2026-12-07 on an AMD EPYC,
-with the study's seed 0, 1 and 2 (the draw a machine's float kernels make is another such draw): 13 of 17,
+with the noise from the baseline's seeds alone, with the study's seed 0, 1 and 2 (the draw a machine's float kernels make is another such draw): 13 of 17,
 8 of 8 and 7 of 7 signs; Spearman 0.58, 0.65, 0.62. The counterfactual calibrated on the study, each variant
 predicted without its own runs, has its signs right on 80% (measured 2026-12-07 on an AMD EPYC, seed 0: 15 of
 15, where the run's own got 11 of 15).
