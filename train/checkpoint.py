@@ -5,7 +5,8 @@ folder: the model's weights and the optimizer's moments, each rank writing its o
 ``train.dcp``), ``state.pt`` (one ``torch.save`` of every other stateful part of the run, written
 by rank 0) and ``meta.json`` (step, and the size and sha256 of ``state.pt`` and of every shard
 file). A folder only gets its final name once every file is complete and synced, so a crash or
-preemption mid-write leaves at most a ``.tmp-*`` folder, which the next save removes.
+preemption mid-write leaves at most a ``.tmp-step-*`` folder, which the next save removes. Only
+folders of those names are checkpoints: anything else in ``checkpoints/`` is the user's, never read or removed.
 Resuming walks checkpoints newest first and skips any whose checksums do not match.
 Checkpoints from before the shards (weights inside ``state.pt``) still load.
 
@@ -43,6 +44,10 @@ _LOCAL = fsspec.filesystem("file")
 
 STATE_FILE, META_FILE, PREFIX, SHARDS_DIR = "state.pt", "meta.json", "step-", "shards"
 _RELISTS = 4  # listings of a checkpoint folder a live run keeps changing
+# the names winnow gives a checkpoint and its temporary folder; anything else in the folder is the user's, never
+# loaded, counted or deleted (a copy named step-00000100.bak, a step-best)
+_NAME = re.compile(rf"{PREFIX}(\d{{8,}})")
+_TMP_NAME = re.compile(rf"\.tmp-{PREFIX}\d{{8,}}")
 
 # What checkpoints written before the RNG state became tensors hold besides tensors: NumPy
 # arrays rebuilt from dtype, shape and bytes (no code runs; object arrays' items go through the
@@ -179,7 +184,8 @@ class CheckpointManager:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             for stale in self.folder.glob(".tmp-*"):  # a previous crash mid-write
-                shutil.rmtree(stale, ignore_errors=True)
+                if _TMP_NAME.fullmatch(stale.name):
+                    shutil.rmtree(stale, ignore_errors=True)
             # owner-only folder while private (the x bits of the file mode), so nothing is readable in between
             tmp.mkdir(mode=0o777 if self.mode is None else self.mode | (self.mode & 0o444) >> 2)
         except OSError as err:
@@ -252,10 +258,11 @@ class CheckpointManager:
             f.write(json.dumps(meta).encode())
 
     def checkpoints(self) -> list[Path]:
-        """Final-named checkpoint folders, newest first."""
+        """Final-named checkpoint folders (``step-`` and the step's digits, nothing else), newest step first."""
         if not self.folder.is_dir():
             return []
-        return sorted((p for p in self.folder.glob(f"{PREFIX}*") if p.is_dir()), reverse=True)
+        found = ((p, _NAME.fullmatch(p.name)) for p in self.folder.glob(f"{PREFIX}*"))
+        return [p for p, _ in sorted(((p, int(m[1])) for p, m in found if m and p.is_dir()), key=lambda x: -x[1])]
 
     def load(self, path: str | Path, *, full: bool = True) -> dict[str, Any]:
         """Load one checkpoint after checking its sizes and checksums; CheckpointError if it is corrupt.
@@ -342,10 +349,9 @@ class CheckpointManager:
         valid = [p for p in found if self._looks_valid(p)]
         if not valid:
             return
-        keep = set(valid[: self.keep_last])
-        oldest_kept = min(keep)
-        for old in found:
-            if old not in keep and (old in valid or old < oldest_kept):
+        keep = valid[: self.keep_last]
+        for old in found[found.index(keep[-1]) :]:  # the valid ones past keep_last, and anything older
+            if old not in keep:
                 shutil.rmtree(old, ignore_errors=True)
 
 

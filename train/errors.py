@@ -19,6 +19,10 @@ class ShardError(TrainError):
     """A shard is missing, corrupt, truncated, has the wrong columns or fails its checksum."""
 
 
+class NoShardsError(ShardError):
+    """A folder has no shards for a split (a job without a split stage has no held-out rows): not damage."""
+
+
 class CheckpointError(TrainError):
     """A checkpoint is missing, corrupt or incompatible with the run."""
 

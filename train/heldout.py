@@ -12,7 +12,7 @@ import logging
 from winnow.train.config import TrainConfig
 from winnow.train.data.sets import eval_sets, training_sets
 from winnow.train.data.tokenshards import split_sources
-from winnow.train.errors import ConfigError, ShardError
+from winnow.train.errors import ConfigError, NoShardsError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def held_out_sets(
             names += found
             evaluated += found
             kept.append(folder)
-        except ShardError as err:
+        except NoShardsError as err:  # damaged held-out shards are refused, as training's are
             if folder in cfg.eval:  # a folder the job file names for it (eval_sets keeps it as given): a wrong one
                 raise ConfigError(
                     f"train.eval[{cfg.eval.index(folder)}] = {folder!r} holds no held-out rows to evaluate on ({err}); "

@@ -53,6 +53,9 @@ def split_by_source(job_dir: str, out: Path) -> tuple[dict[str, str], dict[str, 
             f"{job_dir}/manifest.json lists no Parquet or token train shards; [output] formats must "
             "include 'parquet' or 'tokens'"
         )
+    outside = next((e.get("path") for e in entries if not inside(e.get("path"))), None)
+    if outside is not None:  # token shards too: a view copies their rows, from wherever the path points
+        raise ShardError(f"{job_dir}/manifest.json lists the shard path {outside!r}, which leaves the job folder")
     formats = sorted({e["format"] for e in entries})
     digest = manifest_sha256(job_dir)
     folders, sizes = {}, {}
@@ -75,9 +78,7 @@ def _verified(job_dir: str, entry: dict) -> bytes:
     the shards it reads: a view gets checksums of its own, so a shard missing, cut short or replaced is refused here,
     naming it, or it is trained on without a word."""
     where = f"{job_dir}/manifest.json"
-    if not inside(entry.get("path")):
-        raise ShardError(f"{where} lists the shard path {entry.get('path')!r}, which leaves the job folder")
-    path = Path(job_dir) / entry["path"]
+    path = Path(job_dir) / entry["path"]  # inside the job folder: split_by_source checked every entry
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -94,11 +95,19 @@ def _verified(job_dir: str, entry: dict) -> bytes:
 
 
 def _reusable_view(folder: Path, digest: str, formats: list[str]) -> dict | None:
+    """The source's view made earlier for the same job manifest and formats, or None (made again: it is winnow's)."""
     path = folder / "manifest.json"
     if not path.is_file():
         return None
-    view = json.loads(path.read_text())
-    same = view.get("derived_from", {}).get("manifest_sha256") == digest
+    try:
+        view = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        log.warning("%s cannot be read (%s): making the view of its source again", path, err)
+        return None
+    if not isinstance(view, dict) or not isinstance(view.get("derived_from"), dict):
+        log.warning("%s is not a view's manifest: making the view of its source again", path)
+        return None
+    same = view["derived_from"].get("manifest_sha256") == digest
     return view if same and view.get("formats", ["parquet"]) == formats else None
 
 

@@ -108,6 +108,28 @@ def test_a_job_with_token_shards_is_split_at_its_token_shares(tmp_path):
     assert shares == pytest.approx({"a": 20 / 41, "b": 21 / 41})
 
 
+def test_a_token_shard_listed_outside_the_job_folder_is_refused_and_a_damaged_view_is_made_again(tmp_path, caplog):
+    """Per-source views copied a token shard's rows from wherever its manifest path pointed (an absolute path, or
+    ../), where training the job folder refuses it; a view's own damaged manifest was a JSONDecodeError traceback."""
+    from tests.train.shards_util import write_token_job
+    from winnow.train.errors import ShardError
+
+    rows = [{"id": f"a{i}", "source": "a", "text": "x" * 10, "meta": None} for i in range(10)]
+    job = write_token_job(tmp_path / "job", [rows])
+    folders, shares = split_by_source(str(job), tmp_path / "views")
+    view = Path(folders["a"]) / "manifest.json"
+    view.write_text('{"derived_from": ')
+    assert split_by_source(str(job), tmp_path / "views") == (folders, shares)  # made again
+    assert "cannot be read" in caplog.text and json.loads(view.read_text())["derived_from"]
+    manifest = json.loads((job / "manifest.json").read_text())
+    entry = next(e for e in manifest["shards"] if e["format"] == "tokens")
+    for path in (str(job / entry["path"]), "../" + entry["path"]):
+        entry["path"] = path
+        (job / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ShardError, match="which leaves the job folder"):
+            split_by_source(str(job), tmp_path / "other")
+
+
 @pytest.mark.parametrize("damage", ["replaced", "cut", "missing"])
 def test_splitting_by_source_checks_each_shard_against_the_manifest(job, tmp_path, damage):
     """A study, adaptive mixing and per-source weights split the job's Parquet shards into per-source views with

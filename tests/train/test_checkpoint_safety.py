@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 import stat
 
 import numpy as np
@@ -205,3 +206,21 @@ def test_weights_that_are_not_finite_are_refused_by_init_from_a_teacher_and_expo
     with pytest.raises(CheckpointError, match=r"step 9: its weights hold NaN.*export an earlier checkpoint"):
         export_model({"model": bad, "model_config": model_config}, tmp_path / "export", step=9)
     assert not (tmp_path / "export").exists()
+
+
+def test_only_winnows_own_names_are_checkpoints_the_users_copies_are_never_loaded_or_pruned(tmp_path):
+    """A copy named ``step-00000002.bak`` was pruned with the user's notes in it, and ``step-best`` sorted after
+    every numbered checkpoint: resumed from as the newest, and the fresh checkpoints pruned in its favour."""
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    first = manager.save(2, {"step": 2})
+    backup = tmp_path / "step-00000002.bak"
+    shutil.copytree(first, backup)
+    (backup / "NOTES.txt").write_text("mine")
+    shutil.copytree(manager.save(4, {"step": 4}), tmp_path / "step-best")
+    (tmp_path / ".tmp-mine").mkdir()  # not the temporary name winnow gives a checkpoint either
+    for step in (6, 8, 100_000_000):  # past 8 digits the name grows: still ordered by step
+        manager.save(step, {"step": step})
+    assert [p.name for p in manager.checkpoints()] == ["step-100000000"]
+    assert CheckpointManager(tmp_path).load_latest()[1]["step"] == 100_000_000
+    assert (backup / "NOTES.txt").read_text() == "mine" and (tmp_path / "step-best").is_dir()
+    assert (tmp_path / ".tmp-mine").is_dir()

@@ -173,3 +173,47 @@ def test_a_manifest_listing_a_shard_twice_is_refused(folder, spelling):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match=r"lists the shard shards/train/part-00000-00000\.parquet twice"):
         Loader(LoaderConfig(), folder)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tokens"])
+def test_a_manifest_listing_a_val_shard_under_train_too_is_refused(tmp_path, fmt):
+    """The same shard under both splits was trained on and measured as held out, with no word: every held-out loss
+    was then a training loss."""
+    from tests.train.shards_util import write_token_job
+
+    docs = make_docs(30)
+    write = write_token_job if fmt == "tokens" else write_job
+    folder = write(tmp_path, [docs[:20]], val=[docs[20:]])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    fmt_name = "tokens" if fmt == "tokens" else "parquet"
+    val = [e for e in manifest["shards"] if e.get("split") == "val" and e["format"] == fmt_name]
+    manifest["shards"] += [{**e, "split": "train"} for e in val]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    for split in ("train", "val"):
+        with pytest.raises(ShardError, match=rf"lists the shard {re.escape(val[0]['path'])} under two splits"):
+            Loader(LoaderConfig(batch_size=2, seq_len=32, num_workers=0, format=fmt), folder, split=split)
+
+
+def test_tars_joined_by_cat_are_read_whole_and_a_cut_one_is_refused():
+    """The loader stopped at the first end-of-archive marker: the second archive of ``cat a.tar b.tar`` was dropped
+    without a word (``tar -i`` and curation's reader read both)."""
+    import tarfile
+
+    from winnow.train.data.tarshard import read_tar
+
+    def tar(keys) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as out:
+            for key in keys:
+                for ext, data in (("txt", f"document {key}".encode()), ("json", json.dumps({"id": key, "source": "web"}).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    out.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    joined = tar(["a0", "a1"]) + tar(["b0", "b1", "b2"])
+    assert read_tar(joined, "t.tar").column("id").to_pylist() == ["a0", "a1", "b0", "b1", "b2"]
+    first = tar(["a0", "a1"])
+    cut = first + tar(["b0"])[:512 * 3]  # the second archive's members, no end marker after them
+    with pytest.raises(ShardError, match="truncated tar"):
+        read_tar(cut, "t.tar")

@@ -107,6 +107,13 @@ def test_bad_folders_say_what_to_do(tmp_path):
     pq.write_table(pa.table({"content": ["c"]}), tmp_path / "notext" / "a.parquet")
     with pytest.raises(ShardError, match=r"a\.parquet: no 'text' column \(has \['content'\]\)"):
         Loader(CFG, tmp_path / "notext")
+    # a 'text' column of numbers, in a later file: found when the folder is opened, not when the loader reaches it
+    write(tmp_path / "numbers" / "a.parquet", ["a real document"])
+    pq.write_table(pa.table({"text": pa.array([1, 2], pa.int64())}), tmp_path / "numbers" / "b.parquet")
+    with pytest.raises(ShardError, match=r"b\.parquet: its 'text' column holds int64 values"):
+        Loader(CFG, tmp_path / "numbers")
+    pq.write_table(pa.table({"text": pa.array([b"bytes"]).dictionary_encode()}), tmp_path / "numbers" / "b.parquet")
+    assert Loader(CFG, tmp_path / "numbers").sources == ["numbers"]  # UTF-8 bytes, dictionary-encoded: text
     (tmp_path / "half" / "_work").mkdir(parents=True)
     with pytest.raises(ShardError, match="has not finished"):
         Loader(CFG, tmp_path / "half")

@@ -199,3 +199,24 @@ def test_a_token_shard_listed_twice_under_two_spellings_is_refused(job):
     (job / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match=rf"lists the token shard {entry['path']} twice"):
         Loader(cfg(), job)
+
+
+@pytest.mark.parametrize("damage", ["cut", "no_index"])
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_check_refuses_the_damaged_token_shards_training_refuses(tmp_path, damage, split):
+    """``winnow check`` read the manifest alone and said ok to a cut ``.bin`` or a missing ``.idx`` that training
+    refuses at once; a damaged held-out shard was a warning, training going on without its held-out losses."""
+    from winnow.train.config import TrainConfig
+    from winnow.train.heldout import check_data
+
+    docs = make_docs(30)
+    job = write_token_job(tmp_path / "job", [docs[:20]], val=[docs[20:]])
+    entries = json.loads((job / "manifest.json").read_text())["shards"]
+    path = next(job / e["path"] for e in entries if e["format"] == "tokens" and e["split"] == split)
+    if damage == "cut":
+        truncate(path, 2)
+    else:
+        path.with_suffix(".idx").unlink()
+    run = TrainConfig(output=str(tmp_path / "run"), shards=str(job), data=cfg())
+    with pytest.raises(ShardError, match=path.name.replace(".bin", "") if damage == "cut" else r"\.idx"):
+        check_data(run)

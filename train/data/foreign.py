@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from winnow.train.errors import ShardError
+from winnow.train.errors import NoShardsError, ShardError
 from winnow.train.runfolder import CURATED
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
         return _VIEWS[key]
     _refuse_inside_a_job(fs, root, data)
     if not paths:
-        raise ShardError(
+        raise NoShardsError(
             f"{data}: no manifest.json and no Parquet files for split {split!r} "
             f"(looked for {', '.join(f'{n}/' for n in SPLIT_NAMES.get(split, (split,)))} and "
             f"{split}.parquet, {split}-*.parquet{'' if split != 'train' else ', then any *.parquet but val and test'})"
@@ -214,6 +214,12 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
                 raise ShardError(
                     f"{data}/{rel}: no 'text' column (has {names}); every file needs the document text "
                     "in a string column named 'text'"
+                )
+            if not _textual(pf.schema_arrow.field("text").type):  # found here, not when the loader reaches it
+                raise ShardError(
+                    f"{data}/{rel}: its 'text' column holds {pf.schema_arrow.field('text').type} values; every file "
+                    "needs the document text as strings (or UTF-8 binary): write the column as text, or move the "
+                    "file out of the folder"
                 )
             if "source" in names:
                 column = pf.read(columns=["source"]).column("source")
@@ -258,12 +264,18 @@ def folder_view(fs: fsspec.AbstractFileSystem, root: str, data: str, *, split: s
     return view
 
 
+def _textual(kind: pa.DataType) -> bool:
+    """Whether a column of this type reads as text: strings, or UTF-8 bytes (what older Spark and Hive write),
+    dictionary-encoded or not (pandas' category, polars' Categorical)."""
+    kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind))  # fmt: skip
+
+
 def _source_names(column: pa.ChunkedArray, where: str) -> list[str]:
     """The distinct names of a ``source`` column: strings, or UTF-8 bytes (what older Spark and Hive write), as the
     batches read them; ShardError naming the file for any other type."""
-    kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
-            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):  # fmt: skip
+    if not _textual(column.type):
         raise ShardError(
             f"{where}: its 'source' column holds {column.type} values; a source is a name: write the column as "
             "strings, or drop it (every row is then of one source, named after the folder)"

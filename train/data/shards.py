@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from winnow.train.data.foreign import folder_view, view_fingerprint
 from winnow.train.data.tarshard import read_tar
-from winnow.train.errors import ShardError
+from winnow.train.errors import NoShardsError, ShardError
 from winnow.train.paths import JSON_BYTES, inside, read_capped
 
 log = logging.getLogger(__name__)
@@ -204,13 +204,14 @@ def open_shards(
         for e in chosen
     ]
     if not shards:
-        raise ShardError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
+        raise NoShardsError(f"{where}: manifest lists no {fmt!r} shards for split {split!r}")
     twice = listed_twice(s.path for s in shards)
     if twice is not None:  # a run would read it once per listing: other data than the job curated
         raise ShardError(
             f"{where} lists the shard {twice} twice; a job's manifest names each shard once (this one is damaged "
             "or edited by hand): curate the job again"
         )
+    refuse_two_splits([e for e in entries if e.get("format") == _FORMATS[fmt]], where)
     if view is None:
         check_listed(
             fs,
@@ -239,6 +240,24 @@ def listed_twice(paths) -> str | None:
     """The first of a manifest's shard ``paths`` it lists twice, under one spelling or two (``train/a``,
     ``train/./a`` and ``train//a`` are one file), or None."""
     return next((p for p, n in Counter(posixpath.normpath(p) for p in paths).items() if n > 1), None)
+
+
+def in_two_splits(entries: list[dict]) -> str | None:
+    """The first shard path that a manifest's ``entries`` (of one format) list under two splits, or None: a run
+    would train on the rows it measures as held out."""
+    splits: dict[str, set] = {}
+    for e in entries:
+        splits.setdefault(posixpath.normpath(e["path"]), set()).add(e.get("split", "train"))
+    return next((path for path, found in splits.items() if len(found) > 1), None)
+
+
+def refuse_two_splits(entries: list[dict], where: str) -> None:
+    twice = in_two_splits(entries)
+    if twice is not None:
+        raise ShardError(
+            f"{where} lists the shard {twice} under two splits; its rows would be trained on and measured as held "
+            "out (the manifest is damaged or edited by hand): curate the job again"
+        )
 
 
 def remedy(manifest: dict, data: str) -> str | None:

@@ -43,14 +43,17 @@ def _pax_path(data: bytes) -> str | None:
 
 
 def tar_members(buf: bytes, where: str) -> list[tuple[str, int, int]]:
-    """``(name, offset, size)`` of each regular file in a tar held in ``buf``."""
+    """``(name, offset, size)`` of each regular file in a tar held in ``buf``. Zero blocks are read past, as
+    ``tar --ignore-zeros`` and curation's reader do: tars joined by ``cat`` hold every archive's members."""
     out: list[tuple[str, int, int]] = []
     view = memoryview(buf)
-    pos, end, long_name = 0, len(buf), None
+    pos, end, long_name, ended = 0, len(buf), None, False
     while pos + _BLOCK <= end:
         header = bytes(view[pos : pos + _BLOCK])
-        if header == b"\0" * _BLOCK:
-            return out
+        if header == b"\0" * _BLOCK:  # an end-of-archive marker, or padding; another archive may follow
+            pos, ended = pos + _BLOCK, True
+            continue
+        ended = False
         stored = _octal(header[148:156])
         computed = sum(header) - sum(header[148:156]) + 8 * 32
         if stored != computed:
@@ -72,7 +75,7 @@ def tar_members(buf: bytes, where: str) -> list[tuple[str, int, int]]:
             out.append((name, data_at, size))
             long_name = None
         pos = data_at + (size + _BLOCK - 1) // _BLOCK * _BLOCK
-    if pos < end or not out:
+    if pos < end or not ended:
         raise ShardError(f"{where}: truncated tar: no end-of-archive marker after byte {pos}")
     return out
 

@@ -30,10 +30,11 @@ from winnow.train.data.shards import (
     manifest_sources,
     open_shards,
     read_manifest_file,
+    refuse_two_splits,
     remedy,
     shard_digest,
 )
-from winnow.train.errors import ConfigError, ShardError
+from winnow.train.errors import ConfigError, NoShardsError, ShardError
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ def open_token_shards(
             f"{data}/{MANIFEST} lists the token shard {twice} twice; a job's manifest names each shard once (this "
             "one is damaged or edited by hand): curate the job again"
         )
+    refuse_two_splits([e for e in manifest.get("shards") or [] if e.get("format") == "tokens"], f"{data}/{MANIFEST}")
     written = entries[0].get("tokenizer") or {}
     if {k: written.get(k) for k in tokenizer} != tokenizer:
         raise ConfigError(
@@ -185,13 +187,14 @@ def open_token_shards(
 
 
 def split_sources(data: str, *, split: str, fmt: str, storage_options: dict | None = None) -> list[str]:
-    """Source names of a folder's ``split`` in the shards ``fmt`` reads (as the loader picks them); ShardError if none."""
+    """Source names of a folder's ``split`` in the shards ``fmt`` reads (as the loader picks them); ShardError if none.
+    The listed files are checked as the loader opens them (there, and of the sizes the manifest gives)."""
     if fmt in ("auto", "tokens"):
         _, _, manifest = read_manifest(data, storage_options)
-        if token_entries(manifest, split):
-            return manifest_sources(manifest)
+        if token_entries(manifest, split):  # the tokenizer is the run's to compare: any here
+            return open_token_shards(data, split=split, tokenizer={}, storage_options=storage_options).sources
         if fmt == "tokens":
-            raise ShardError(f"{data}/{MANIFEST} lists no 'tokens' shards for split {split!r}")
+            raise NoShardsError(f"{data}/{MANIFEST} lists no 'tokens' shards for split {split!r}")
         fmt = "parquet"
     return open_shards(data, split=split, fmt=fmt, storage_options=storage_options).sources
 
