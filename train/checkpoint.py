@@ -47,7 +47,7 @@ _RELISTS = 4  # listings of a checkpoint folder a live run keeps changing
 # the names winnow gives a checkpoint and its temporary folder; anything else in the folder is the user's, never
 # loaded, counted or deleted (a copy named step-00000100.bak, a step-best)
 _NAME = re.compile(rf"{PREFIX}(\d{{8,}})")
-_TMP_NAME = re.compile(rf"\.tmp-{PREFIX}\d{{8,}}")
+_TMP_NAME = re.compile(rf"\.tmp-{PREFIX}\d{{8,}}(-\d+)?")  # -N: the process id an older writer added
 
 # What checkpoints written before the RNG state became tensors hold besides tensors: NumPy
 # arrays rebuilt from dtype, shape and bytes (no code runs; object arrays' items go through the
