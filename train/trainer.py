@@ -277,16 +277,17 @@ class Trainer:
             "routing": acct["routing"],
             "comm": self.parallel.comm_report(),
         }
-        passes = getattr(self.data, "epoch", None)  # completed passes over the (first) training set
+        passes = getattr(self.data, "epoch", None)  # completed passes over the training set passed over most
         if passes is not None:
             record["epoch"] = passes
             if passes >= REPEATED_PASSES and not self._said_passes:
                 self._said_passes = True
+                repeated = getattr(self.data, "most_repeated", None)  # with several sets, the small one repeats
                 log.warning(
-                    "the run has passed over its training data %d times by step %d: beyond about %d passes repeated "
+                    "the run has passed over its training data %d times by step %d%s: beyond about %d passes repeated "
                     "tokens add little (Muennighoff et al. 2023, Scaling Data-Constrained Language Models); curate "
-                    "more data for this many steps, or train fewer steps",
-                    passes, self.step, REPEATED_PASSES,
+                    "more data for this many steps, lower this set's weight (with several sets), or train fewer steps",
+                    passes, self.step, f" (the set {repeated})" if repeated else "", REPEATED_PASSES,
                 )  # fmt: skip
         for h in self.hooks:
             record |= h.report()

@@ -130,8 +130,9 @@ def loss_spikes(run: TrainingRun, cfg: DiagnoseConfig) -> Finding | None:
 
 
 def _untrained_intervals(run: TrainingRun) -> Finding | None:
-    """Log intervals whose every step the trainer skipped (``"loss": null``), where no alert tells more."""
-    skipped = [r["step"] for r in run.logs if "loss" in r and r["loss"] is None]
+    """Log intervals whose every step the trainer skipped (``"loss": null``), where no alert tells more. A NaN or
+    infinite loss (``NaN`` in the JSON: older writers, and Python's ``json``, write the literal) is the same."""
+    skipped = [r["step"] for r in run.logs if "loss" in r and (r["loss"] is None or not math.isfinite(r["loss"]))]
     if not skipped:
         return None
     steps = ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else "")
@@ -139,8 +140,8 @@ def _untrained_intervals(run: TrainingRun) -> Finding | None:
         rule="loss_spike",
         title="Steps skipped: non-finite losses or spikes",
         evidence=[
-            f"{len(skipped)} log interval(s) in which every step was skipped (their loss is null), ending at step "
-            f"{steps}; alerts.jsonl, which names the sources and shards of such steps, has none of them"
+            f"{len(skipped)} log interval(s) in which every step was skipped (their loss is null or not finite), "
+            f"ending at step {steps}; alerts.jsonl, which names the sources and shards of such steps, has none of them"
         ],
         settings=[
             _setting(run, "optim.lr") + ": lower it, or lengthen " + _setting(run, "optim.warmup_steps"),

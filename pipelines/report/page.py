@@ -452,7 +452,7 @@ def render(
     counterfactual = cf_text.lead(run.counterfactual if run is not None else None, study)
     if counterfactual is not None:
         body.append(counterfactual_section(counterfactual, study))
-    elif run is not None and run.attribution is None and (run.config.get("attribution") or {}).get("every"):
+    elif run is not None and run.attribution is None and run.section("attribution").get("every"):
         body.append(
             "<h2>Which source helps</h2><p>The run ended before its first attributed stretch closed "
             "(train.attribution start and every): nothing to predict from.</p>"

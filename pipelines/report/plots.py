@@ -191,7 +191,7 @@ def optimizer(run: TrainingRun) -> bytes:
     ax1.plot(*run.column("lr"), color="tab:blue")
     ax1.set(title="Learning rate", xlabel="step", ylabel="lr")
     ax2.plot(*run.column("grad_norm"), color="tab:orange")
-    clip = (run.config.get("optim") or {}).get("grad_clip")
+    clip = run.section("optim").get("grad_clip")
     if clip:
         ax2.axhline(clip, color="gray", linestyle=":", label=f"grad_clip = {clip:g}")
         legend(ax2)

@@ -143,7 +143,12 @@ class TrainingRun:
     def skipped_steps(self) -> list[tuple[int, str]]:
         """(step, kind) of every skipped optimizer step the alerts name."""
         reason = {alert: skip for skip, alert in SKIP_ALERT.items()}
-        return [(int(a["step"]), reason[a["kind"]]) for a in self.alerts if a.get("kind") in reason]
+        return [(a["step"], reason[a["kind"]]) for a in self.alerts if a["kind"] in reason]
+
+    def section(self, name: str) -> dict:
+        """A table of ``config.json`` (``optim``, ``attribution``); {} where the run recorded none."""
+        value = self.config.get(name)
+        return value if isinstance(value, dict) else {}
 
     @property
     def shards_dir(self) -> Path | None:
@@ -160,7 +165,7 @@ class TrainingRun:
         shards = self.config.get("shards")
         if isinstance(shards, list):  # several training sets: the report shows the first one's curation
             shards = shards[0].get("path") if shards and isinstance(shards[0], dict) else None
-        if not shards or "://" in str(shards):
+        if not isinstance(shards, str) or not shards or "://" in shards:
             return None
         path = Path(shards)
         if not path.is_absolute() and not path.exists():
@@ -252,11 +257,17 @@ def _shaped(x: object, container: type | None) -> bool:
     return (x is None or _number(x)) if container is None else isinstance(x, container) and _numbers(x)
 
 
+def _step(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 62
+
+
 def _well_formed(record: dict) -> bool:
     """Whether ``record`` has the shapes the report reads: an integer step, numbers under the figures' keys, an
-    evaluation's losses as numbers. A record edited by hand into another shape is skipped, counted."""
-    step = record.get("step")  # every record the trainer writes has one: the report orders and pairs them by it
-    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62):
+    evaluation's losses as numbers, a stop's reason as text. A record edited by hand into another shape is skipped,
+    counted."""
+    if not _step(record.get("step")):  # every record the trainer writes has one: the report orders and pairs by it
+        return False
+    if "stop" in record and not (isinstance(record["stop"], dict) and isinstance(record["stop"].get("reason"), str)):
         return False
     if not all(_shaped(record[k], c) for k, c in _FIGURES.items() if k in record):
         return False
@@ -273,6 +284,51 @@ def _well_formed(record: dict) -> bool:
         and _shaped(held_out.get("loss", 0.0), None)
         and _shaped(held_out.get("per_source", {}), dict)
     )
+
+
+def _well_formed_alert(record: dict) -> bool:
+    """Whether an ``alerts.jsonl`` record has the shapes the report reads (``Alerts.emit``): a text ``kind``, a
+    non-negative integer step, and where given, the batch's ``sources`` as names and its ``origins`` as (shard, row)
+    pairs. A record edited by hand into another shape is skipped, counted."""
+    sources, origins = record.get("sources", []), record.get("origins", [])
+    return (
+        isinstance(record.get("kind"), str)
+        and _step(record.get("step"))
+        and isinstance(sources, list)
+        and all(isinstance(s, str) for s in sources)
+        and isinstance(origins, list)
+        and all(isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) for o in origins)
+    )
+
+
+#: ``config.json`` keys the report reads: the check of each value, and what it must be in words.
+_SETTINGS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "precision": (lambda x: isinstance(x, str), "text"),
+    "shards": (lambda x: isinstance(x, (str, list)), "a folder or a list of {path, weight} tables"),
+    "optim": (lambda x: isinstance(x, dict), "a table"),
+    "optim.grad_clip": (_number, "a number"),
+    "attribution": (lambda x: isinstance(x, dict), "a table"),
+    "attribution.every": (_number, "a number"),
+}
+
+
+def _checked_config(config: object, path: Path) -> dict:
+    """``config`` less the values of ``_SETTINGS``'s keys of another type (edited by hand), each named in a warning:
+    the report reads such a value as absent, as it reads a key the run did not record."""
+    if not isinstance(config, dict):
+        log.warning(
+            "%s: not a JSON object (%s); the report reads the run's settings as absent", path, type(config).__name__
+        )
+        return {}
+    for dotted, (fits, what) in _SETTINGS.items():
+        *parents, key = dotted.split(".")
+        table = config
+        for part in parents:  # a parent of another type is already gone: _SETTINGS lists parents first
+            table = table.get(part, {})
+        if key in table and not fits(table[key]):
+            log.warning("%s: train.%s = %r is not %s; the report reads it as absent", path, dotted, table[key], what)
+            del table[key]
+    return config
 
 
 def _each_step_once(records: list[dict]) -> list[dict]:
@@ -391,8 +447,8 @@ def load_run(path: str | Path) -> TrainingRun:
         raise InputError(f"{path} is not a training run folder: no metrics.jsonl there")
     records, bad = _read_jsonl(path / "metrics.jsonl", _well_formed)
     records = _each_step_once(records)
-    alerts, bad_alerts = _read_jsonl(path / "alerts.jsonl")
-    unknown = sorted({str(a.get("kind")) for a in alerts} - set(AlertKind))
+    alerts, bad_alerts = _read_jsonl(path / "alerts.jsonl", _well_formed_alert)
+    unknown = sorted({a["kind"] for a in alerts} - set(AlertKind))
     if unknown:  # written by a newer trainer, or by hand: shown as they are, without a colour or a diagnosis
         log.warning(
             "%s: alert kind(s) %s unknown to this report; known: %s",
@@ -411,7 +467,7 @@ def load_run(path: str | Path) -> TrainingRun:
         elif "loss" in record:
             run.logs.append(record)
         elif "stop" in record:
-            run.stop_reason = (record["stop"] or {}).get("reason")
+            run.stop_reason = record["stop"]["reason"]
     if (path / "config.json").is_file():
         try:
             config = json.loads((path / "config.json").read_text())
@@ -420,5 +476,5 @@ def load_run(path: str | Path) -> TrainingRun:
                 "%s: not readable as the run's config (%s); the report leaves it out", path / "config.json", err
             )
             config = {}
-        run.config = config if isinstance(config, dict) else {}
+        run.config = _checked_config(config, path / "config.json")
     return run

@@ -604,6 +604,29 @@ def test_a_run_that_repeats_its_data_many_times_records_its_passes_and_says_so_o
     assert len(said) == 1 and "Muennighoff" in said[0]
 
 
+def test_a_small_second_training_set_repeated_many_times_is_counted_and_named(tmp_path, caplog):
+    """With several training sets only the first one's passes were counted: a tiny second set passed over again
+    and again logged epoch 0 and no warning."""
+    import tomllib
+
+    from tests.pipelines.test_resume_records import fit
+    from tests.pipelines.tiny import TINY_MODEL
+    from tests.train.shards_util import make_docs, write_job
+    from winnow.pipelines.jobfile import build_config
+    from winnow.train.config import TrainConfig
+
+    big = write_job(tmp_path / "big", [make_docs(400, prefix="b")], val=[make_docs(4, prefix="b")])
+    tiny = write_job(tmp_path / "tiny", [make_docs(2, sources=("tiny",))], val=[make_docs(2, sources=("tiny",))])
+    shards = [{"path": str(big), "weight": 1.0}, {"path": str(tiny), "weight": 3.0}]
+    table = {"shards": shards, "output": str(tmp_path / "run"), "steps": 6, **tomllib.loads(TINY_MODEL)["train"]}
+    with caplog.at_level("WARNING", logger="winnow.train.trainer"):
+        fit(build_config(TrainConfig, table, "test [train]"))
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if "loss" in r][-1] >= 4
+    said = [r.getMessage() for r in caplog.records if "passed over its training data" in r.getMessage()]
+    assert len(said) == 1 and f"(the set {tiny} (sources: tiny))" in said[0]
+
+
 def test_messages_say_what_is_wrong_with_the_path_or_key_given(tmp_path, capsys):
     """A missing report folder "held neither a job, a run nor a study"; a job file that is a folder was "(a device,
     a FIFO or a socket reads forever)"; an unknown key of `replay` listed `path, share` where the file writes `from`."""

@@ -39,3 +39,36 @@ def test_an_unknown_kind_is_reported_not_silently_drawn(tmp_path, caplog):
         run = load_run(run_dir)
     assert any("'gpu_on_fire'" in r.getMessage() and "unknown to this report" in r.getMessage() for r in caplog.records)
     assert run.skipped_steps() == []
+
+
+def test_alerts_of_shapes_the_trainer_never_writes_are_skipped_and_counted_once(tmp_path, caplog, capsys):
+    """An alert without a step (KeyError), with a step of "two" (ValueError) or null (TypeError in matplotlib), a
+    kind that is a list (unhashable), sources or origins of other shapes: each stopped `winnow report`."""
+    import argparse
+
+    from winnow.pipelines.report.command import register
+
+    odd = [
+        {"kind": "nan", "message": "x"},
+        {"kind": "nan", "step": "two"},
+        {"kind": "loss_spike", "step": None},
+        {"kind": "loss_spike", "step": True},
+        {"kind": "loss_spike", "step": -1},
+        {"kind": ["nan"], "step": 2},
+        {"step": 2},
+        {"kind": "loss_spike", "step": 2, "sources": 5},
+        {"kind": "loss_spike", "step": 2, "sources": [["code"]]},
+        {"kind": "loss_spike", "step": 2, "origins": [[]]},
+        {"kind": "loss_spike", "step": 2, "origins": "a.parquet"},
+    ]
+    good = {"time": 0.0, "step": 25, "kind": "loss_spike", "message": "spike", "sources": ["code"], "origins": []}
+    run_dir = write_run(tmp_path / "run", healthy_records(), alerts=[*odd, good])
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["report", str(run_dir), "--diagnose"])
+    with caplog.at_level(logging.WARNING, logger="winnow.pipelines.report.training"):
+        assert args.func(args) == 0
+    said = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert said == [f"{run_dir / 'alerts.jsonl'}: 11 unreadable line(s) skipped (not JSON, or not of the shapes the trainer writes)"]  # fmt: skip
+    assert "[warning] Loss spikes" in capsys.readouterr().out
+    assert load_run(run_dir).alerts == [good]

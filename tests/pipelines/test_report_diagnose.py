@@ -167,3 +167,14 @@ def test_all_sources_rising_is_not_a_source_regression(tmp_path):
 def test_bad_thresholds_name_the_key(key, value):
     with pytest.raises(ConfigError, match=f"report.{key} = "):
         DiagnoseConfig(**{key: value})
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_intervals_of_non_finite_loss_are_critical_as_null_ones_are(tmp_path, loss):
+    """Older writers (and Python's json) write `NaN` for such an interval: the diagnosis called the run normal."""
+    records = healthy_records()
+    for r in records:
+        if "loss" in r and r["step"] in (20, 30):
+            r["loss"] = loss
+    found = rules(tmp_path, records)["loss_spike"]
+    assert found.severity == "critical" and "2 log interval(s) in which every step was skipped" in found.evidence[0]

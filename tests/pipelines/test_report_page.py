@@ -449,3 +449,34 @@ def test_the_token_share_is_the_whole_runs_not_its_last_intervals(tmp_path):
     assert "token share (the run)" in page and "loss share (last interval)" in page
     row = re.search(r"<tr><td>prose</td>(.*?)</tr>", page).group(1)
     assert ">0.633<" in row or ">0.6333" in row, row  # 1,900 of 3,000 tokens; the last interval's 0.1
+
+
+@pytest.mark.parametrize("stop", ['"held-out loss plateaued"', '{"reason": [1]}', "null", "{}"])
+def test_a_stop_record_of_another_shape_is_skipped_and_counted(tmp_path, caplog, stop):
+    """`"stop": "held-out loss plateaued"` or a reason that is a list stopped the report with an AttributeError."""
+    run = write_run(tmp_path / "run", healthy_records())
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(f'{{"step": 40, "stop": {stop}}}\n{{"step": 50, "stop": {{"reason": "plateaued"}}}}\n')
+    _, found, _ = locate(run)
+    assert found.bad_lines == 1 and found.stop_reason == "plateaued"
+    assert f"{run / 'metrics.jsonl'}: 1 unreadable line(s) skipped" in caplog.text
+    assert "<b>Stopped early</b>: plateaued" in render(*locate(run))
+
+
+def test_config_values_of_another_type_are_read_as_absent_naming_the_key(tmp_path, caplog):
+    """`"attribution": 5` stopped the page with an AttributeError, `"grad_clip": "x"` with a ValueError and
+    `"shards": 5` with a TypeError."""
+    config = {"precision": ["bf16"], "shards": 5, "attribution": 5, "optim": {"grad_clip": "x", "lr": 1e-3}}
+    run = write_run(tmp_path / "run", healthy_records(), config=config)
+    page = render(*locate(run))
+    for key in ("precision", "shards", "attribution", "optim.grad_clip"):
+        assert (
+            f"{run / 'config.json'}: train.{key} = " in caplog.text and "the report reads it as absent" in caplog.text
+        )
+    assert "precision ?" in page
+    _, found, _ = locate(run)
+    assert found.config == {"optim": {"lr": 1e-3}} and found.section("attribution") == {} and found.shards_dir is None
+    write_run(tmp_path / "run2", healthy_records(), config={"optim": [1.0], "attribution": {"every": "often"}})
+    _, found, _ = locate(tmp_path / "run2")
+    assert found.config == {"attribution": {}} and "train.optim = [1.0] is not a table" in caplog.text
+    render(*locate(tmp_path / "run2"))

@@ -97,3 +97,20 @@ def test_a_resume_with_other_weights_takes_them_over_from_there():
     old = MixSchedule([0.25, 0.75])  # a checkpoint from before `configured` was kept: as it was read then
     old.load_state_dict({"counts": state["counts"]})
     assert not old.reweighted
+
+
+def test_epoch_counts_the_passes_over_the_set_passed_over_most(sets, tmp_path):
+    """A tiny second set passed over many times read epoch 0: only the first set's passes were counted."""
+    folders, _ = sets
+    tiny = write_job(tmp_path / "tiny", [make_docs(2, sources=("tiny",), prefix="t")])
+    loader = Loader(cfg(mix_weights=[1.0, 1.0]), [folders[0], tiny])
+    for _ in range(15):
+        next(loader)
+    state = loader.state_dict()
+    first, second = (s["epoch"] for s in state["sets"])
+    assert first == 0 and second >= 5
+    assert loader.epoch == state["epoch"] == loader.stats()["epoch"] == second
+    assert loader.most_repeated == f"{tiny} (sources: tiny)"
+    resumed = Loader(cfg(mix_weights=[1.0, 1.0]), [folders[0], tiny])
+    resumed.load_state_dict(state)
+    assert resumed.epoch == second and seqs([resumed], 3) == seqs([loader], 3)

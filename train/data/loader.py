@@ -157,7 +157,14 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        return self._sets[0].position[0]
+        """Completed passes over the training set passed over most (a small set mixed with a large one repeats first)."""
+        return max(stream.position[0] for stream in self._sets)
+
+    @property
+    def most_repeated(self) -> str:
+        """The training set ``epoch`` counts, in words: its folder and its sources."""
+        stream = max(self._sets, key=lambda s: s.position[0])  # of equals, the first
+        return f"{stream.shards.root} (sources: {', '.join(stream.shards.sources) or 'none'})"
 
     def __iter__(self) -> Loader:
         return self
