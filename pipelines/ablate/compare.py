@@ -33,8 +33,15 @@ def baselines(results: list[dict]) -> list[dict]:
     return [r for r in results if r["kind"] in BASELINE_KINDS]
 
 
+def finite_loss(run: dict, source: str) -> float | None:
+    """A run's held-out loss on ``source``; None where it has none, or a diverged run's NaN or infinity (never
+    averaged into a delta or ranked)."""
+    value = run["held_out"].get(source)
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
+
+
 def mean_held_out(runs: list[dict], source: str) -> float | None:
-    values = [r["held_out"][source] for r in runs if r["held_out"].get(source) is not None]
+    values = [v for v in (finite_loss(r, source) for r in runs) if v is not None]
     return float(np.mean(values)) if values else None
 
 
@@ -70,7 +77,17 @@ def noise_of(sd: float | None, n_base: int, repeats: int) -> float | None:
 
 
 def _values(runs: list[dict], source: str) -> np.ndarray:
-    return np.array([r["held_out"][source] for r in runs if r["held_out"].get(source) is not None], dtype=float)
+    return np.array([v for v in (finite_loss(r, source) for r in runs) if v is not None], dtype=float)
+
+
+def seed_sd(results: list[dict], sources: list[str]) -> dict[str, tuple[float | None, int]]:
+    """Per held-out source, the seeds' pooled standard deviation (``pooled_sd``) and the number of baseline seeds."""
+    runs, groups = baselines(results), list(variant_groups(results).values())
+    out = {}
+    for s in sources:
+        base = _values(runs, s)
+        out[s] = pooled_sd(base, [_values(g, s) for g in groups]), len(base)
+    return out
 
 
 def seed_noise(results: list[dict], sources: list[str], variant_seeds: int = 1) -> dict[str, float]:
@@ -78,12 +95,7 @@ def seed_noise(results: list[dict], sources: list[str], variant_seeds: int = 1) 
     variant minus the mean of the ``n`` baseline seeds): ``2 · sd · sqrt(1/variant_seeds + 1/n)``, ``sd``
     pooled over the baseline's and the variants' seeds (``pooled_sd``); 0 without a second baseline seed
     (no estimate)."""
-    runs, groups = baselines(results), list(variant_groups(results).values())
-    out = {}
-    for s in sources:
-        base = _values(runs, s)
-        out[s] = noise_of(pooled_sd(base, [_values(g, s) for g in groups]), len(base), variant_seeds) or 0.0
-    return out
+    return {s: noise_of(sd, n, variant_seeds) or 0.0 for s, (sd, n) in seed_sd(results, sources).items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +107,8 @@ class Measured:
 
     @property
     def verdict(self) -> str:
+        if not np.isfinite(self.value):
+            return "diverged"
         if self.noise is None:
             return "no noise estimate"
         if abs(self.value) <= self.noise:
@@ -215,6 +229,7 @@ def effects(results: list[dict], sources: list[str], curation: dict[str, dict] |
     groups = variant_groups(results)
     curves = [_curve(r, sources) for r in base_runs]
     means = np.array([_mean(r["held_out"], sources) for r in base_runs], dtype=float)
+    means = means[np.isfinite(means)]  # a diverged baseline seed measures nothing
     areas = np.array([_area(c) for c in curves]) if all(c is not None for c in curves) else None
     runs_of = list(groups.values())
     sd = {s: pooled_sd(_values(base_runs, s), [_values(g, s) for g in runs_of]) for s in sources}
@@ -276,7 +291,11 @@ def _effect(
         if held[s] is not None and len(ref.per_source[s])
     }
     means = np.array([_mean(r["held_out"], sources) for r in runs], dtype=float)
-    mean = Measured(float(means.mean() - ref.means.mean()), noise_of(ref.sd["mean"], len(ref.means), len(runs)))
+    finite = means[np.isfinite(means)]  # a diverged seed is left out; every seed diverged: the verdict says so
+    mean = Measured(
+        float(finite.mean() - ref.means.mean()) if len(finite) else float("nan"),
+        noise_of(ref.sd["mean"], len(ref.means), max(len(finite), 1)),
+    )
     own = [_curve(r, sources) for r in runs]
     curve = None
     if ref.areas is not None and all(c is not None for c in own) and len({tuple(c[0]) for c in own}) == 1:

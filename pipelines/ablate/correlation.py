@@ -22,8 +22,9 @@ import numpy as np
 import polars as pl
 
 from winnow.pipelines.ablate.compare import baselines as _baselines
+from winnow.pipelines.ablate.compare import finite_loss as _finite_loss
 from winnow.pipelines.ablate.compare import mean_held_out as _mean_held_out
-from winnow.pipelines.ablate.compare import seed_noise
+from winnow.pipelines.ablate.compare import noise_of, seed_noise, seed_sd
 from winnow.pipelines.ablate.plan import CURATION_KINDS_PLANNED
 
 _SCHEMA = {
@@ -106,7 +107,8 @@ def compare_with_counterfactual(
         if r["kind"] not in ("baseline", "noise", "adaptive", *CURATION_KINDS_PLANNED) and r.get("steps") in steps:
             groups.setdefault(r.get("group", r["name"]), []).append(r)
     repeats = max([len(g) for g in groups.values()], default=1)
-    noise = seed_noise(results, held, repeats)
+    noise = seed_noise(results, held, repeats)  # the summary's: a variant of the most seeds
+    sds = seed_sd(results, held)
     cells, compared = [], {}
     for name, runs in groups.items():
         w = np.array([runs[0]["weights"].get(s, 0.0) for s in sources])
@@ -122,6 +124,8 @@ def compare_with_counterfactual(
             if mean is None or reference[s] is None:
                 continue
             measured = mean - reference[s]
+            seeds = sum(_finite_loss(r, s) is not None for r in runs)  # a diverged seed measures nothing
+            own = noise_of(*sds[s], seeds) or 0.0  # each cell's own seeds: a one-seed mix is noisier
             cells.append(
                 {
                     "variant": name,
@@ -129,12 +133,12 @@ def compare_with_counterfactual(
                     "varied": varied,
                     "factor": factor,
                     "source": s,
-                    "seeds": len(runs),
+                    "seeds": seeds,
                     "measured": measured,
                     "predicted": float(predicted[j]),
                     "interval": float(interval[j]),
-                    "noise": noise[s],
-                    "above_noise": abs(measured) > noise[s],
+                    "noise": own,
+                    "above_noise": abs(measured) > own,
                 }
             )
     frame = pl.DataFrame(cells, schema=_SCHEMA)

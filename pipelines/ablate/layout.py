@@ -44,6 +44,7 @@ import polars as pl
 from winnow.curate.atomic import write_text_atomic as write_atomic  # the one implementation; re-exported for the study
 from winnow.curate.errors import InputError
 from winnow.curate.names import path_name
+from winnow.train.jsonl import json_line
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ class StudyLayout:
         return result
 
     def write_result(self, variant: str, result: dict) -> None:
-        write_atomic(self.result_path(variant), json.dumps(result, indent=1))
+        write_atomic(self.result_path(variant), json_line(result, indent=1))  # a diverged run: null, named
 
 
 def _not_a_result(result) -> str | None:

@@ -3,14 +3,13 @@ comparison with the attribution."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from winnow.pipelines.ablate.calibrate import calibrate, check_text
-from winnow.pipelines.ablate.compare import Effect, effects
+from winnow.pipelines.ablate.compare import Effect, effects, finite_loss
 from winnow.pipelines.ablate.correlation import (
     above_noise_text,
     compare_with_counterfactual,
@@ -20,6 +19,7 @@ from winnow.pipelines.ablate.correlation import (
     slope_of,
 )
 from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
+from winnow.train.jsonl import json_line
 
 
 def results_frame(results: list[dict], sources: list[str]) -> pl.DataFrame:
@@ -153,13 +153,13 @@ def write_study(
         if calibrated is not None:
             record, cells = calibrated
             summary["calibrated"] = record["check"]
-            write_atomic(layout.calibrated_json, json.dumps(record, indent=1))
+            write_atomic(layout.calibrated_json, json_line(record, indent=1))
         else:
             layout.calibrated_json.unlink(missing_ok=True)
         cells.write_csv(layout.cells_csv)
         rho = summary.get("calibrated", {}).get("spearman")
         layout.scatter_png.write_bytes(plots.attribution_scatter(cells, summary["spearman"], rho))
-        write_atomic(layout.correlation_json, json.dumps(summary, indent=1))
+        write_atomic(layout.correlation_json, json_line(summary, indent=1))
         markdown += "\n\n" + agreement_text(summary)
         if calibrated is not None:
             markdown += "\n" + check_text(calibrated[0])
@@ -198,7 +198,7 @@ def write_effects(layout: StudyLayout, found: list[Effect], sources: list[str]) 
     sentences = [e.sentence() for e in found[1:]]
     write_atomic(
         layout.effects_json,
-        json.dumps({"sources": sources, "effects": [e.to_json() for e in found], "summary": sentences}, indent=1),
+        json_line({"sources": sources, "effects": [e.to_json() for e in found], "summary": sentences}, indent=1),
     )
     curves = curves_plot(found)
     if curves is not None:
@@ -313,8 +313,13 @@ def write_mixes(layout: StudyLayout, results: list[dict], base: dict[str, float]
             + (f"{noise:.4f})" if noise is not None else "not measured: noise_seeds = 1)")
         )
     summary["summary"] = lines
-    write_atomic(layout.mixes_json, json.dumps(summary, indent=1))
+    write_atomic(layout.mixes_json, json_line(summary, indent=1))
     return "\n".join(lines)
+
+
+def held_sources(baseline: dict, sources: list[str]) -> list[str]:
+    """The ``sources`` the baseline run measured a held-out loss on (those with val rows)."""
+    return [s for s in sources if baseline["held_out"].get(s) is not None]
 
 
 def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str], target: str) -> str:
@@ -322,10 +327,13 @@ def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str],
     regression's proposal, when the study has one), with the seed noise; returns its Markdown summary."""
     from winnow.pipelines.ablate.mixes import target_of
 
-    def measured(r: dict) -> float:
-        return float(target_of(np.array([r["held_out"][s] for s in sources]), sources, target))
-
     baseline = next(r for r in results if r["kind"] == "baseline")
+    sources = held_sources(baseline, sources)  # a source with train rows and no val rows has no held-out loss
+
+    def measured(r: dict) -> float:
+        losses = [finite_loss(r, s) for s in sources]  # a diverged run's NaN stays NaN: its verdict, not a number
+        return float(target_of(np.array([np.nan if v is None else v for v in losses]), sources, target))
+
     proposed = next((r for r in results if r["kind"] == "proposed"), None)
     noise = max([abs(measured(r) - measured(baseline)) for r in results if r["kind"] == "noise"], default=None)
     noise_text = f"seed noise {noise:.4f}" if noise is not None else "seed noise not measured: noise_seeds = 1"
@@ -352,5 +360,5 @@ def write_adaptive(layout: StudyLayout, results: list[dict], sources: list[str],
             + ", ".join(f"{k}={w:.3f}" for k, w in mean.items())
         )
     out["summary"] = lines
-    write_atomic(layout.adaptive_json, json.dumps(out, indent=1))
+    write_atomic(layout.adaptive_json, json_line(out, indent=1))
     return "\n".join(lines)

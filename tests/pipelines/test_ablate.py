@@ -296,6 +296,55 @@ def test_a_variant_measured_with_several_seeds_is_one_cell_of_their_mean():
     assert summary["noise"]["docs"] == 0  # no seed moved it
 
 
+def test_each_cell_has_the_noise_of_its_own_seeds_and_a_diverged_seed_measures_nothing():
+    """A one-seed mix was judged against the noise of the most-seeded variant (understated by ~0.7x), and a
+    diverged seed's NaN was averaged into its cell ("+nan ... higher") and ranked into Spearman."""
+    from winnow.pipelines.ablate.compare import effects
+
+    base = {"code": 0.4, "prose": 0.4, "docs": 0.2}
+    held = lambda c, p, d: {"code": c, "prose": p, "docs": d}  # noqa: E731
+    scaled = {"code": 0.2, "prose": 0.4, "docs": 0.2}
+    results = [
+        _result("baseline", "baseline", 0, base, held(2.0, 3.0, 2.5)),
+        _result("baseline_seed1", "noise", 1, base, held(2.02, 3.0, 2.5)),
+        _result("baseline_seed2", "noise", 2, base, held(2.04, 3.03, 2.5)),
+        _result("code_x0.5", "weights", 0, scaled, held(2.3, 2.9, 2.5), varied="code"),
+        _result("code_x0.5_seed1", "weights", 1, scaled, held(2.4, 2.8, 2.5), group="code_x0.5", varied="code"),
+        _result("code_x0.5_seed2", "weights", 2, scaled, held(float("nan"), 2.8, 2.5), group="code_x0.5",
+                varied="code"),
+        _result("mix_a", "mixes", 0, {"code": 0.5, "prose": 0.3, "docs": 0.2}, held(2.1, 3.1, 2.5)),
+    ]  # fmt: skip
+    summary = compare_with_counterfactual(results, [_cf(np.eye(3) * -0.1)], base)
+    cells = {(r["variant"], r["source"]): r for r in summary["cells"].iter_rows(named=True)}
+    sd = np.sqrt((0.0008 + 0.005) / 3)  # the baseline's seeds and code_x0.5's two finite ones, pooled
+    assert cells["code_x0.5", "code"]["seeds"] == 2 and cells["code_x0.5", "prose"]["seeds"] == 3
+    assert cells["code_x0.5", "code"]["measured"] == pytest.approx(2.35 - 2.02)  # the NaN seed left out
+    assert cells["code_x0.5", "code"]["noise"] == pytest.approx(2 * sd * np.sqrt(1 / 2 + 1 / 3))
+    assert cells["mix_a", "code"]["noise"] == pytest.approx(2 * sd * np.sqrt(1 / 1 + 1 / 3))  # its one seed
+    assert summary["noise"]["code"] == pytest.approx(2 * sd * np.sqrt(1 / 3 + 1 / 3))  # a variant of 3 seeds
+    assert np.isfinite(summary["cells"]["measured"].to_numpy()).all()
+    found = {e.variant: e for e in effects(results, list(base))}
+    baseline_mean = np.mean([7.5, 7.52, 7.57]) / 3  # the mean over the held-out sets, per baseline seed
+    assert found["code_x0.5"].mean.value == pytest.approx(7.7 / 3 - baseline_mean)  # the diverged seed left out
+    diverged = [*results[:3], _result("all_nan", "weights", 0, scaled, held(float("nan"), 2.8, 2.5))]
+    assert {e.variant: e for e in effects(diverged, list(base))}["all_nan"].mean.verdict == "diverged"
+
+
+def test_an_adaptive_run_is_measured_on_the_sources_with_held_out_rows(tmp_path):
+    """A source with train rows and no val rows (val_fraction_by_source = 0) stopped a study with a TypeError after
+    every run had trained, and no report was written."""
+    from winnow.pipelines.ablate.table import write_adaptive
+
+    base = {"code": 0.5, "legal": 0.5}
+    results = [
+        _result("baseline", "baseline", 0, base, {"code": 2.0, "legal": None}),
+        _result("baseline_seed1", "noise", 1, base, {"code": 2.1, "legal": None}),
+        _result("doremi", "adaptive", 0, base, {"code": 1.9, "legal": None}, mixing={"mix_weights_mean": base}),
+    ]
+    text = write_adaptive(StudyLayout(tmp_path), results, list(base), "mean")
+    assert "held-out mean loss 1.9000 vs baseline 2.0000 (-0.1000 nats" in text
+
+
 def _study(effects: dict[str, np.ndarray], base: dict, seeds: int, sd: float, rng) -> list[dict]:
     """Results of a study whose variants change held-out losses by ``effects`` (per variant, per source), each run
     with Gaussian seed noise of ``sd``: the baseline with 4 seeds, each variant with ``seeds``."""
