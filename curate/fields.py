@@ -8,7 +8,9 @@ shards have a stable schema and ``filter.expr`` can compare them as numbers.
 
 Inferred types come from the first batch of each input's first file, before any task runs, so
 every task (and a re-run) agrees. A value that does not fit its field's type (a string where a
-number was inferred) stays in ``meta`` and the column is null there: nothing is lost.
+number was inferred) stays in ``meta`` and the column is null there: nothing is lost. So does a
+``meta`` that is not a JSON object (a winnow-layout Parquet file's free text, ``[1]``, ``5``): it is
+kept as it is, and the row's fields are null.
 
 Moving keys out of ``meta`` parses each row's meta with orjson (integers past 64 bits again, exactly):
 per-row Python, but on the small ``meta`` strings only (never the text) and only when ``keep_fields``
@@ -19,6 +21,7 @@ is set. Measured here on 100k rows with five meta fields, four kept: 12-20 µs a
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -134,8 +137,8 @@ def extract_fields(rows: pl.DataFrame, fields: dict[str, str], every: dict[str, 
     columns: dict[str, list[Any]] = {f: [] for f in fields}
     metas: list[str | None] = []
     for meta in rows["meta"].to_list():
-        record = loads_exact(meta.encode()) if meta else None  # integers past 64 bits stay integers, exact
-        if not isinstance(record, dict):
+        record = meta_record(meta)
+        if record is None:
             metas.append(meta)
             for values in columns.values():
                 values.append(None)
@@ -166,6 +169,19 @@ def extract_fields(rows: pl.DataFrame, fields: dict[str, str], every: dict[str, 
     )
 
 
+def meta_record(meta: str | None) -> dict | None:
+    """A row's ``meta`` as the object whose keys ``keep_fields`` takes, or None where it is none: null, or not a
+    JSON object (free text in a winnow-layout file's ``meta``, ``[1]``, ``5``, JSON nesting past ``MAX_DEPTH``).
+    Integers past 64 bits stay integers, exact."""
+    if not meta:
+        return None
+    try:
+        record = loads_exact(meta.encode())
+    except json.JSONDecodeError:  # orjson's error is one too
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def resolve_field_types(job: Job, sample: Any) -> Job:
     """The job with every input's ``keep_fields`` as ``{name: type}``, one type per name over the job.
 
@@ -187,9 +203,19 @@ def resolve_field_types(job: Job, sample: Any) -> Job:
             missing = [f for f in fields if f not in resolved]
             if missing:
                 batch = sample(index)
-                records = [loads_exact(m.encode()) for m in (batch["meta"].to_list() if batch is not None else []) if m]
+                metas = [m for m in (batch["meta"].to_list() if batch is not None else []) if m]
+                records = [r for r in map(meta_record, metas) if r is not None]
+                if len(records) < len(metas):
+                    log.warning(
+                        "keep_fields of input #%d (%s): the meta of %d of %d sampled rows is not a JSON object; "
+                        "such a meta stays as it is and the row's fields are null",
+                        index + 1,
+                        cfg.label,
+                        len(metas) - len(records),
+                        len(metas),
+                    )
                 for name in missing:
-                    resolved[name] = infer_type([r.get(name) for r in records if isinstance(r, dict)])
+                    resolved[name] = infer_type([r.get(name) for r in records])
                 log.info(
                     "keep_fields of input #%d (%s): types %s", index + 1, cfg.label, {f: resolved[f] for f in fields}
                 )

@@ -29,6 +29,7 @@ import fsspec
 
 from winnow.curate.atomic import write_json_atomic
 from winnow.curate.readers import ReadTask
+from winnow.curate.readers.files import filesystem
 from winnow.curate.stages.ids import EXACT_MARKER
 from winnow.curate.workdir import WorkDir
 
@@ -45,7 +46,8 @@ def file_fingerprint(url: str, size: int, mtime: float | None, storage_options: 
     digest, blocks = hashlib.sha256(), hashlib.sha256()
     identity = _identity(url, storage_options)
     try:
-        with fsspec.open(url, "rb", **storage_options) as fh:
+        fs, path = filesystem(url, storage_options)  # a local name holding '::' is that file, not a chained URL
+        with fs.open(path, "rb") as fh:
             digest.update(fh.read(BLOCK))
             if size > 2 * BLOCK:
                 samples = 0 if identity else SAMPLES

@@ -14,7 +14,7 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from winnow.curate.errors import InputError, StageError, disk_usage
 from winnow.curate.executors import worker_info
 from winnow.curate.fields import extract_fields, job_fields
 from winnow.curate.ordered import sort_task_rows
-from winnow.curate.readers import ReadTask, read_task
+from winnow.curate.readers import ReadBatch, ReadTask, read_task
 from winnow.curate.readers.files import codec
 from winnow.curate.schema import CORE_COLUMNS, SPLITS, validate_rows
 from winnow.curate.stages import Stage, StageContext
@@ -38,6 +38,7 @@ from winnow.curate.workdir import TASK_MARKER, WorkDir, fresh_tmp, reject_name, 
 from winnow.curate.writers.gather import VAL_ROWS
 from winnow.curate.writers.layout import row_bytes
 from winnow.curate.writers.shards import ShardWriter
+from winnow.curate.writers.tokens import SUFFIXES as TOKEN_SUFFIXES
 
 READ_STAGE_ID = "00.read"
 _SPILL_WRITE_BATCH = 256  # rows per Parquet write batch in the spill files
@@ -185,6 +186,17 @@ class _Outputs:
             self.reject_tmp.unlink(missing_ok=True)
         shutil.rmtree(self.tmp, ignore_errors=True)  # room back on a full disk
 
+    def remove_shards(self) -> None:
+        """Remove the shards the task closed (``abandon`` leaves them: a task run anew writes them again under the
+        same names), for a run of the task that will not write them again."""
+        for writer in self.shards.values():
+            for entry in writer.written:
+                path = Path(entry["path"])
+                sidecars = [path.with_suffix(s) for s in TOKEN_SUFFIXES] if entry["format"] == "tokens" else []
+                for file in (path, *sidecars):
+                    file.unlink(missing_ok=True)
+        self.shards.clear()
+
     def write_rows(self, df: pl.DataFrame) -> None:
         self._writer("rows", self.tmp / "rows.parquet", df, self.spec.spill_codec)
         self.rows_written += df.height
@@ -269,24 +281,60 @@ def _with_columns(rows: pl.DataFrame, columns: dict[str, pl.DataType]) -> pl.Dat
     return rows.select(*rest, *typed)
 
 
-def _batches(spec: TaskSpec, skipped: list[dict]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame | None]]:
-    """(rows, read rejects) per batch: from the read task in phase 0, else from the previous phase."""
+class _SkippedAfterRows(Exception):
+    """A file refused (``[job] on_error = "skip"``) after some of its rows were written: the task runs again
+    without it, so a skipped file gives the output nothing (its first batches in the shards, the rest nowhere,
+    would count rows of a file the manifest says was skipped)."""
+
+    def __init__(self, url: str, entry: dict) -> None:
+        super().__init__(entry["error"])
+        self.url = url
+        self.entry = entry
+
+
+def _batches(
+    spec: TaskSpec, skipped: list[dict], left_out: frozenset[str] = frozenset()
+) -> Iterator[tuple[pl.DataFrame, pl.DataFrame | None]]:
+    """(rows, read rejects) per batch: from the read task in phase 0 (less the files in ``left_out``), else from
+    the previous phase."""
     batch_rows = spec.job.job.batch_rows
     if spec.read is not None:
         cfg = spec.job.inputs[spec.read.input_index]
         fields, every = cfg.keep_fields if isinstance(cfg.keep_fields, dict) else {}, job_fields(spec.job)
-        try:
-            per_file = skipped if spec.job.job.on_error == "skip" else None  # text: one file at a time
-            for rb in read_task(cfg, spec.read, batch_rows, per_file):
-                yield _with_columns(extract_fields(rb.rows, fields, every), spec.columns), rb.rejects
-        except InputError as err:
-            if spec.job.job.on_error != "skip":
-                raise
-            skipped.append({"task": spec.read.label, "error": str(err)})
+        for rb in _read_batches(
+            spec.read, cfg, batch_rows, skipped if spec.job.job.on_error == "skip" else None, left_out
+        ):
+            yield _with_columns(extract_fields(rb.rows, fields, every), spec.columns), rb.rejects
         return
     if spec.rows_path is not None and spec.rows_path.exists():
         for rows in read_batches(spec.rows_path, batch_rows):
             yield rows, None
+
+
+def _read_batches(
+    task: ReadTask, cfg: InputConfig, batch_rows: int, skipped: list[dict] | None, left_out: frozenset[str]
+) -> Iterator[ReadBatch]:
+    """A read task's batches. With ``skipped`` (``on_error = "skip"``) a file refused before any of its batches is
+    listed there and left out; one refused after raises ``_SkippedAfterRows``."""
+    if skipped is None:
+        yield from read_task(cfg, task, batch_rows)
+        return
+    if cfg.format == "text":  # one document per file, each refused before it is yielded
+        yield from read_task(cfg, task, batch_rows, skipped)
+        return
+    for file in task.files:
+        if file.url in left_out:
+            continue
+        yielded = False
+        try:
+            for rb in read_task(cfg, replace(task, files=(file,)), batch_rows):
+                yielded = True
+                yield rb
+        except InputError as err:
+            entry = {"task": task.label if len(task.files) == 1 else file.url, "error": str(err)}
+            if yielded:
+                raise _SkippedAfterRows(file.url, entry) from err
+            skipped.append(entry)
 
 
 def read_batches(path: Path, batch_rows: int) -> Iterator[pl.DataFrame]:
@@ -325,20 +373,25 @@ def _run_task(spec: TaskSpec) -> dict[str, Any]:
             work.fetch(spec.rows_path, missing_ok=True)
         if spec.decision_stage is not None:
             work.fetch_plan(spec.decision_stage, task=spec.task)
-    tmp = fresh_tmp(final)
-    stages = build_stages(spec.job, spec.work)
     decision = (
         pl.read_parquet(spec.decision_path, glob=False) if spec.decision_path and spec.decision_path.exists() else None
     )
-    stats: dict[str, StageStats] = {}
-    skipped: list[dict] = []
-    out = _Outputs(spec, tmp)
-    try:
-        _map_batches(spec, stages, decision, stats, skipped, out)
-        return _finish(spec, out, stats, skipped, final)
-    except BaseException:
-        out.abandon()
-        raise
+    left_out: dict[str, dict] = {}  # files refused after some of their rows were written, and why
+    while True:
+        stages = build_stages(spec.job, spec.work)  # afresh: a stage may hold what it saw of the first run's rows
+        stats: dict[str, StageStats] = {}
+        skipped = list(left_out.values())
+        out = _Outputs(spec, fresh_tmp(final))
+        try:
+            _map_batches(spec, stages, decision, stats, skipped, out, frozenset(left_out))
+            return _finish(spec, out, stats, skipped, final)
+        except _SkippedAfterRows as err:  # run again without the file: nothing of it may stay in the output
+            out.abandon()
+            out.remove_shards()
+            left_out[err.url] = err.entry
+        except BaseException:
+            out.abandon()
+            raise
 
 
 def _map_batches(
@@ -348,11 +401,12 @@ def _map_batches(
     stats: dict[str, StageStats],
     skipped: list[dict],
     out: _Outputs,
+    left_out: frozenset[str] = frozenset(),
 ) -> None:
     """Read the task's rows batch by batch, run the phase's stages on each and write what they keep to ``out``
     (its last batch is not held while ``_finish`` flushes the shards)."""
     phase = spec.phase
-    for rows, read_rejects in _batches(spec, skipped):
+    for rows, read_rejects in _batches(spec, skipped, left_out):
         if read_rejects is not None:
             read = stats.setdefault(READ_STAGE_ID, StageStats())
             read.add_batch(pl.concat([rows.select("source"), read_rejects.select("source")]), rows, read_rejects, 0)

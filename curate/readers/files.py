@@ -7,11 +7,13 @@ import logging
 import os
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import IO
 
 import fsspec
-from fsspec.core import url_to_fs
+from fsspec.core import OpenFile, split_protocol, url_to_fs
+from fsspec.utils import glob_translate
 
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError, WinnowError
@@ -202,7 +204,7 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
     found: dict[str, InputFile] = {}
     for pattern in cfg.paths:
         try:
-            fs, path = url_to_fs(pattern, **cfg.storage_options)
+            fs, path = filesystem(pattern, cfg.storage_options)
         except (ImportError, ValueError) as err:
             raise InputError(f"input {cfg.label}: cannot open {pattern!r}: {err}") from err
         protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
@@ -232,17 +234,34 @@ def list_files(cfg: InputConfig) -> list[InputFile]:
     return sorted(found.values(), key=lambda f: f.url)  # whatever order the patterns come in
 
 
+def is_local(url: str) -> bool:
+    """Whether ``url`` is a local path: one without a ``scheme://`` (or with ``file://``)."""
+    return split_protocol(url)[0] in (None, "file", "local")
+
+
+def filesystem(url: str, storage_options: dict) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The file system ``url`` is on and its path there. A local path is taken as written, never parsed as an fsspec
+    URL, whose ``::`` chains file systems: ``docs/std::vector.txt`` would be ``docs/std``, another file."""
+    if is_local(url):
+        fs = fsspec.filesystem("file", **storage_options)
+        return fs, fs._strip_protocol(url)
+    return url_to_fs(url, **storage_options)
+
+
 def _listed(fs, path: str, pattern: str, cfg: InputConfig, prefix: str) -> list[InputFile]:
     """The files one of an input's ``path`` patterns names (``list_files``)."""
     # a path that names a file or folder as written is that one, glob characters and all (data[1].jsonl)
     if any(c in path for c in _GLOB_CHARS) and not fs.exists(path):
         root = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rsplit("/", 1)[0]
-        paths = []
-        for p in fs.glob(path):
-            if not fs.isdir(p):
-                paths.append(p)
-            elif prefix:  # a store's key under which other keys lie is a folder to glob; if an object too, refused
-                _refuse_object_and_folder(fs, p, cfg, prefix)
+        if not prefix:
+            paths = _local_glob(path, cfg, pattern)
+        else:
+            paths = []
+            for p in fs.glob(path):
+                if not fs.isdir(p):
+                    paths.append(p)
+                else:  # a store's key under which other keys lie is a folder to glob; if an object too, refused
+                    _refuse_object_and_folder(fs, p, cfg, prefix)
     elif fs.isdir(path) and cfg.format == "hf" and not cfg.hf_builder:
         root, paths = posixpath.dirname(path.rstrip("/")), [path.rstrip("/")]  # a save_to_disk folder
     elif fs.isdir(path):
@@ -250,9 +269,13 @@ def _listed(fs, path: str, pattern: str, cfg: InputConfig, prefix: str) -> list[
             _refuse_object_and_folder(fs, path, cfg, prefix)
         root = path.rstrip("/")
         exts = EXTENSIONS.get(cfg.format)
-        every = fs.find(path) if not prefix else _store_objects(fs.find(path, detail=True), cfg, prefix)
+        if prefix:
+            every = _store_objects(fs.find(path, detail=True), cfg, prefix)
+        else:
+            every, again = _local_find(root or "/")
+            _warn_again(cfg, pattern, [(a, b) for a, b in again if not _hidden(a, root)])
         # hidden files and folders (.git/, .DS_Store, an editor's .swp) are not the folder's documents
-        hidden = [p for p in every if any(part.startswith(".") for part in posixpath.relpath(p, root).split("/"))]
+        hidden = [p for p in every if _hidden(p, root)]
         if hidden:
             log.warning(
                 "input %s: %d hidden file(s) in %s are not read, their names or folders starting with '.' (%s%s); "
@@ -293,6 +316,11 @@ def _listed(fs, path: str, pattern: str, cfg: InputConfig, prefix: str) -> list[
     return files
 
 
+def _hidden(path: str, root: str) -> bool:
+    """Whether ``path`` is a hidden file, or in a hidden folder, below ``root``."""
+    return any(part.startswith(".") for part in posixpath.relpath(path, root).split("/"))
+
+
 def distinct_names(listed: list[tuple[InputConfig, list[InputFile]]]) -> list[list[InputFile]]:
     """Each input's files, renamed where two different files of one source share a name (``rel``).
 
@@ -323,6 +351,76 @@ def distinct_names(listed: list[tuple[InputConfig, list[InputFile]]]) -> list[li
         for url, (_, path) in split.items():
             renamed[url] = printable(posixpath.relpath(path, shared) if shared else url)
     return [[replace(f, rel=renamed.get(f.url, f.rel)) for f in files] for _, files in listed]
+
+
+def _local_glob(path: str, cfg: InputConfig, pattern: str) -> list[str]:
+    """The files the local glob ``path`` matches, as fsspec's ``glob`` matches them, linked folders followed."""
+    magic = min(path.find(c) for c in _GLOB_CHARS if c in path)
+    top = path[: path.rindex("/", 0, magic) + 1]  # the folder before the first glob character ("/" at least)
+    segments = path[len(top) :].split("/")
+    star = next((k for k, segment in enumerate(segments) if "**" in segment), None)
+    heads = [re.compile(glob_translate(segment)).match for segment in segments[:star]]  # the segments before **
+
+    def descend(level: int, name: str) -> bool:  # whether files below the folder ``name``, ``level`` down, can match
+        if star is None:
+            return level < len(segments) - 1 and heads[level](name) is not None
+        return level >= star or heads[level](name) is not None
+
+    match = re.compile(glob_translate(path)).match
+    found, again = _local_find(top, descend)
+    _warn_again(cfg, pattern, [(a, b) for a, b in again if match(a) or os.path.isdir(a)])
+    return [p for p in found if match(p)]
+
+
+def _local_find(
+    root: str, descend: Callable[[int, str], bool] | None = None
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Every file below the local folder ``root``, sorted, linked folders followed; and the files and folders
+    reached again, each with the path it was first reached by. ``descend(level, name)``: whether to walk the
+    folder ``name`` ``level`` folders below ``root`` (0: in it).
+
+    fsspec's ``find`` and ``glob`` list a link to a folder as a file, so the folder's files were never read. A folder
+    reached again (a link to a folder above it, which would loop, or to one already walked) is walked once, and a
+    file reached twice (through links) is listed once."""
+    found, folders, files, again = [], {}, {}, []
+
+    def fail(err: OSError) -> None:
+        raise err  # an unreadable folder: the command's one line names it (os.walk would leave it out without a word)
+
+    for folder, dirs, names in os.walk(root, onerror=fail, followlinks=True):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in folders:
+            again.append((folder, folders[st.st_dev, st.st_ino]))
+            dirs.clear()
+            continue
+        folders[st.st_dev, st.st_ino] = folder
+        rel = os.path.relpath(folder, root)
+        level = 0 if rel == "." else rel.count("/") + 1
+        # in order, so the name a folder is first reached by (its files' ids) is the same every run
+        dirs[:] = sorted(d for d in dirs if descend is None or descend(level, d))
+        for name in sorted(names):
+            p = os.path.join(folder, name)
+            try:
+                st = os.stat(p)
+            except OSError:  # a link to nothing or into a loop: _info names it
+                found.append(p)
+                continue
+            if (st.st_dev, st.st_ino) in files:
+                again.append((p, files[st.st_dev, st.st_ino]))
+                continue
+            files[st.st_dev, st.st_ino] = p
+            found.append(p)
+    return sorted(found), again
+
+
+def _warn_again(cfg: InputConfig, pattern: str, again: list[tuple[str, str]]) -> None:
+    """One warning naming the files and folders ``_local_find`` reached again, and the names they are read by."""
+    if again:
+        log.warning(
+            "input %s: %d file(s) or folder(s) in %s are reached again through a link, and read once (%s%s)",
+            cfg.label, len(again), pattern, ", ".join(f"{a} is {b}" for a, b in again[:3]),
+            ", ..." if len(again) > 3 else "",
+        )  # fmt: skip
 
 
 def _store_objects(found: dict[str, dict], cfg: InputConfig, prefix: str) -> list[str]:
@@ -395,7 +493,8 @@ def open_binary(url: str, storage_options: dict, *, decompress: bool = True) -> 
     if decompress and url.endswith(".zstd"):
         compression = "zstd"
     try:
-        return fsspec.open(url, "rb", compression=compression, **storage_options).open()
+        fs, path = filesystem(url, storage_options)
+        return OpenFile(fs, path, "rb", compression=compression).open()
     except (OSError, ValueError, ImportError) as err:
         raise InputError(
             f"cannot open input file {printable(url)}: {err}; check that it is a readable regular file, "

@@ -44,6 +44,10 @@ _ZSTD_PIECE = 8 << 10
 # yields nothing, so the output of at most this much input is at stake (gzip's is then salvaged, ``_salvaged``;
 # bzip2 loses the damaged block whatever the piece, up to 900 kB of text, as it checks a block before yielding it).
 _PIECE = {"gzip": 64 << 10, "bz2": 8 << 10, "xz": 8 << 10, "zstd": CHUNK_BYTES}
+# The largest zstd window decoded: 2 GiB, zstd's largest, which `zstd --long=31` writes and `zstd -d --long=31` reads
+# (zstandard's default limit, 128 MiB, made such an intact file one read:truncated reject). Only the part of the
+# window a file's data fills is touched.
+_ZSTD_WINDOW = 1 << 31
 _SALVAGE_PIECE = 64  # compressed bytes per call when salvaging a damaged gzip piece
 PREVIEW = 1 << 10  # bytes of a too-long record kept in its reject
 
@@ -75,7 +79,7 @@ def decompressed_chunks(url: str, fh) -> Iterator[bytes]:
     elif kind == "zstd":
         import zstandard
 
-        new = zstandard.ZstdDecompressor().decompressobj
+        new = zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW).decompressobj
     else:
         new = bz2.BZ2Decompressor if kind == "bz2" else lzma.LZMADecompressor
     dec, finished, out, held = new(), True, [], 0

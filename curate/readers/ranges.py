@@ -15,7 +15,8 @@ function of the file and ``task_bytes``, and every record belongs to exactly one
   without its size, gzip, bz2 and xz streams cannot be split: such a file is one task.
 - Parquet: ranges of row groups (the rows of one group are never split).
 - WebDataset, uncompressed ``.tar``: ranges of members, cut only where the sample key
-  changes, so a sample's members stay together.
+  changes, so a sample's members stay together. A tar in which a sample's members are not
+  consecutive is one task, which its reader refuses, as it would at any size.
 
 Ids derived from a file never depend on where a task starts: JSONL rows are numbered by
 the uncompressed byte offset of their line, Parquet rows by their index in the file, tar
@@ -201,14 +202,25 @@ def _compressed_head(file: InputFile, storage_options: dict) -> bool:
 
 
 def _tar_spans(file: InputFile, task_bytes: int, storage_options: dict) -> list[Span | None]:
-    from winnow.curate.readers.webdataset import split_key
+    """Spans of whole samples; the whole file where a sample's members are not consecutive: read whole, the file is
+    refused naming the sample (``webdataset._refuse_scattered``), where cut between its members each span would
+    read its part as a sample of its own (the text without its id and meta)."""
+    from winnow.curate.readers.webdataset import SampleKeys, split_key
 
-    cuts, next_cut, key = [0], task_bytes, None
+    cuts, next_cut, key, file_key = [0], task_bytes, None, None
+    seen = SampleKeys()
     with open_binary(file.url, storage_options, decompress=False) as fh:
         try:
             with tarfile.open(fileobj=fh, mode="r:", ignore_zeros=True) as tar:  # as the reader: past end markers
                 for member in tar:  # headers only: the reader seeks over each member's data
-                    member_key = split_key(printable(member.name))[0]
+                    member_key, ext = split_key(printable(member.name))
+                    if member.isfile():  # as the reader, which reads only files' keys
+                        if seen.scattered(member_key, ext, file_key):
+                            log.info(
+                                "%s: a sample's members are not consecutive; read as one task", printable(file.url)
+                            )
+                            return [None]
+                        file_key = member_key
                     if member.offset >= next_cut and member_key != key:
                         cuts.append(member.offset)
                         next_cut = member.offset + task_bytes

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from winnow.curate.readers.utf8 import cell_text, invalid_rows, printable
 from winnow.curate.schema import CORE_COLUMNS, CORE_SCHEMA, INTERNAL_PREFIX, OPTIONAL_COLUMNS, REJECT_COLUMNS, SPLITS
@@ -226,12 +227,14 @@ def rows_from_arrow(
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     names = table.column_names
-    row = "__row"  # the rows' numbers, under a name no input column has (an input's own ``__row`` goes to meta)
-    while row in names:
+    # the rows' numbers, under a name no input column has or starts with, so its stand-ins (``__row_blank0``,
+    # ``__row_error``) are no input column's either (an input's own ``__row`` goes to meta)
+    row = "__row"
+    while any(n.startswith(row) for n in names):
         row = "_" + row
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:  # a column name given twice: the later ones are told apart by their place (``x#3``) in ``meta``
-        table = table.rename_columns([n if names.index(n) == i else f"{n}#{i}" for i, n in enumerate(names)])
+        table = table.rename_columns(_told_apart(names))
     # a column named "" (polars would call it column_N) under a stand-in name, named "" again in meta
     blank = {f"{row}_blank{i}": "" for i, n in enumerate(table.column_names) if n == ""}
     if blank:
@@ -257,6 +260,8 @@ def rows_from_arrow(
         raw = df.drop(row)
         raw = raw.with_columns(_json_ready(raw, raw.columns))
         payload = raw.select(pl.struct(pl.all()).struct.json_encode().alias("_raw")) if df.width > 1 else None
+        if payload is not None:
+            payload = payload.with_columns(_nonfinite_kept(payload["_raw"], raw, {c: c for c in raw.columns}))
         bad = pl.DataFrame(
             {
                 "id": [f"{file_label}#{i}" for i in df[row].to_list()],
@@ -302,6 +307,8 @@ def rows_from_arrow(
     derived_id = pl.format("{}/{}/{}", escaped, pl.lit(file_label), pl.col(row))  # id_part's escapes
     # a null or empty id is derived as a missing one is (as in JSONL), so no row reaches the stages without an id
     given = pl.col(id_field).cast(pl.String)
+    if id_field in df.columns and df.schema[id_field].is_float():  # NaN, a missing float (pandas), is no id either
+        given = pl.when(~pl.col(id_field).is_nan()).then(given)
     id_expr = pl.coalesce(pl.when(given != "").then(given), derived_id) if id_field in df.columns else derived_id
     schema_error = pl.lit(None, dtype=pl.String)
     extra: list[str] = []  # a winnow-layout file's columns besides the core ones
@@ -359,7 +366,7 @@ def rows_from_arrow(
             pl.col(row),
             schema_error.alias(row + "_error"),
         )
-        out = _nonfinite_kept(out, df, [c for c in rest if df.schema[c] in (pl.Float32, pl.Float64)], blank)
+        out = out.with_columns(_nonfinite_kept(out["meta"], df, {c: blank.get(c, c) for c in rest}))
     too_long = pl.col("text").str.len_bytes() > max_record_bytes if max_record_bytes is not None else pl.lit(False)
     problem = (
         pl.when(pl.col("text").is_null())
@@ -502,6 +509,8 @@ def _base64(value: Any) -> Any:
 
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
+    if isinstance(value, float) and not math.isfinite(value):  # as _nonfinite_kept writes it: JSON has no NaN
+        return _nonfinite_words(value, None)
     if isinstance(value, dict):
         return {k: _base64(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -576,26 +585,53 @@ def _split_invalid_utf8(
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def _nonfinite_kept(out: pl.DataFrame, df: pl.DataFrame, floats: list[str], blank: dict[str, str]) -> pl.DataFrame:
-    """``out`` with the meta of each row holding a NaN or infinite float in a column of ``floats`` written again,
-    those values as ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``NONFINITE``): JSON has no such numbers, and
-    polars writes them as null, which would read as a value that was never there."""
-    if not floats:
-        return out
-    odd = df.select(pl.any_horizontal([~pl.col(c).is_finite() & pl.col(c).is_not_null() for c in floats])).to_series()
+def _nonfinite_kept(encoded: pl.Series, df: pl.DataFrame, keys: dict[str, str]) -> pl.Series:
+    """``encoded`` (JSON objects, one a row of ``df``, whose key ``keys[c]`` holds column ``c``) with every NaN or
+    infinite float of those columns, at any depth (float16 to float64, in lists, arrays and structs), written as
+    ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``NONFINITE``): JSON has no such numbers, and polars writes them as
+    null, which would read as a value that was never there. Found by column; only the rows holding one are read again."""
+    checks = {c: e for c in keys if (e := _nonfinite_in(pl.col(c), df.schema[c])) is not None}
+    if not checks:
+        return encoded
+    odd = df.select(pl.any_horizontal(checks.values()).fill_null(False)).to_series()
     if not odd.any():
-        return out
-    words = {math.inf: "Infinity", -math.inf: "-Infinity"}
+        return encoded
     rows = odd.arg_true()
+    values = {c: df[c].gather(rows).to_list() for c in checks}
     metas = []
-    for i, meta in zip(rows.to_list(), out["meta"].gather(rows).to_list(), strict=True):  # those rows alone
+    for k, meta in enumerate(encoded.gather(rows).to_list()):
         record = json.loads(meta)
-        for c in floats:
-            value = df[c][i]
-            if value is not None and not math.isfinite(value):
-                record[blank.get(c, c)] = "NaN" if math.isnan(value) else words[value]
+        for c in checks:
+            record[keys[c]] = _nonfinite_words(values[c][k], record[keys[c]])
         metas.append(dumps_exact(record))
-    return out.with_columns(out["meta"].scatter(rows, metas))
+    return encoded.scatter(rows, metas)
+
+
+def _nonfinite_in(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr | None:
+    """Per row, whether ``expr`` (of ``dtype``) holds a NaN or infinite float at any depth (null where the value is
+    null); None where ``dtype`` holds no float."""
+    if dtype.is_float():
+        return ~expr.is_finite()
+    if isinstance(dtype, pl.Array):
+        expr, dtype = expr.arr.to_list(), pl.List(dtype.inner)
+    if isinstance(dtype, pl.List):
+        inner = _nonfinite_in(pl.element(), dtype.inner)
+        return None if inner is None else expr.list.eval(inner.fill_null(False)).list.any()
+    if isinstance(dtype, pl.Struct):
+        parts = [e for f in dtype.fields if (e := _nonfinite_in(expr.struct.field(f.name), f.dtype)) is not None]
+        return pl.any_horizontal(parts) if parts else None
+    return None
+
+
+def _nonfinite_words(value: Any, written: Any) -> Any:
+    """``written`` (``value`` as polars wrote it in JSON) with each NaN or infinite float of ``value`` as its word."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, list) and isinstance(written, list):
+        return [_nonfinite_words(v, w) for v, w in zip(value, written, strict=True)]
+    if isinstance(value, dict) and isinstance(written, dict):
+        return {k: _nonfinite_words(value.get(k), w) for k, w in written.items()}
+    return written
 
 
 def polars_ready(table: pa.Table) -> pa.Table:
@@ -604,7 +640,8 @@ def polars_ready(table: pa.Table) -> pa.Table:
     At any depth: a ``decimal256`` as its decimal text (polars panics on it); a UUID as its canonical text
     (``8c2e...-...``), any other extension type as its storage; a map whose keys are not strings as a list of
     ``{"key", "value"}`` (a JSON object's keys are strings); a struct naming a field twice with the later
-    ones told apart by their place (``a#1``, as for a column given twice; polars panics on it). Other
+    ones told apart by their place (``a#1``, as for a column given twice; polars panics on it); a list view
+    (``list_view``, ``large_list_view``) as the list of its values (polars cannot read one). Other
     columns are left as they are, untouched.
     """
     for i, column in enumerate(table.columns):
@@ -623,6 +660,8 @@ def _awkward(t: pa.DataType) -> bool:
     if pa.types.is_struct(t):
         names = [t.field(k).name for k in range(t.num_fields)]
         return len(set(names)) < len(names) or any(_awkward(t.field(k).type) for k in range(t.num_fields))
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return True
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return _awkward(t.value_type)
     return False
@@ -644,16 +683,43 @@ def _plain(arr: pa.Array) -> pa.Array:
         return _plain(arr.cast(pa.list_(t.value_type)))
     if pa.types.is_map(t):
         entries = pa.StructArray.from_arrays([_plain(arr.keys), _plain(arr.items)], names=["key", "value"])
-        return pa.ListArray.from_arrays(arr.offsets, entries, mask=nulls)
+        return pa.ListArray.from_arrays(_offsets(arr), entries, mask=nulls)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         kind = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
-        return kind.from_arrays(arr.offsets, _plain(arr.values), mask=nulls)
-    names, seen = [], set()
-    for k in range(t.num_fields):
-        name = t.field(k).name
-        names.append(name if name not in seen else f"{name}#{k}")
-        seen.add(name)
+        return kind.from_arrays(_offsets(arr), _plain(arr.values), mask=nulls)
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        # built from the views' values in row order: pyarrow's cast to a list (26.0) writes an offsets
+        # buffer one entry short, an array that polars reads past
+        kind = pa.ListArray if pa.types.is_list_view(t) else pa.LargeListArray
+        lengths = pc.fill_null(pc.list_value_length(arr), 0)
+        offsets = pa.concat_arrays([pa.array([0], lengths.type), pc.cumulative_sum(lengths)])
+        return kind.from_arrays(offsets, _plain(pc.list_flatten(arr)), mask=nulls)
+    names = _told_apart([t.field(k).name for k in range(t.num_fields)])
     return pa.StructArray.from_arrays([_plain(arr.field(k)) for k in range(t.num_fields)], names=names, mask=nulls)
+
+
+def _offsets(arr: pa.Array) -> pa.Array:
+    """A list or map array's offsets, copied where ``arr`` is a slice (a batch read on from a damaged row group's
+    row): ``from_arrays`` refuses sliced offsets beside a null mask."""
+    offsets = arr.offsets
+    return pa.concat_arrays([offsets]) if offsets.offset else offsets
+
+
+def _told_apart(names: list[str]) -> list[str]:
+    """``names`` with each one given before told apart by its place (``x#3``), and where another name is already that
+    (``x, x, x#1``), by a count after it too (``x#1#1``): no two names alike, whatever the input's."""
+    taken, seen, out = set(names), set(), []
+    for place, name in enumerate(names):
+        if name in seen:
+            stand_in, count = f"{name}#{place}", 0
+            while stand_in in taken:
+                count += 1
+                stand_in = f"{name}#{place}#{count}"
+            taken.add(stand_in)
+            name = stand_in
+        seen.add(name)
+        out.append(name)
+    return out
 
 
 def _invalid_columns(table: pa.Table, rows: list[int]) -> list[str]:

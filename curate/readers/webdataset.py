@@ -18,16 +18,18 @@ from __future__ import annotations
 import base64
 import json
 import posixpath
+import sys
 import tarfile
 from collections.abc import Iterator
+from typing import IO
 
 import orjson
 import polars as pl
 
 from winnow.curate.config import InputConfig
 from winnow.curate.errors import InputError
-from winnow.curate.readers.files import InputFile, compressed_kind, file_kind, open_binary
-from winnow.curate.readers.jsonl import PREVIEW
+from winnow.curate.readers.files import InputFile, codec, compressed_kind, file_kind, open_binary
+from winnow.curate.readers.jsonl import PREVIEW, Truncated, decompressed_chunks
 from winnow.curate.readers.ranges import Span
 from winnow.curate.readers.rows import ReadBatch, RowBuffer, decode_meta, id_part, id_text, keep_own_source, loads_exact
 from winnow.curate.readers.utf8 import printable, valid_utf8
@@ -39,6 +41,23 @@ def split_key(name: str) -> tuple[str, str]:
     folder, base = posixpath.split(name)
     key, _, ext = base.partition(".")
     return posixpath.join(folder, key), ext
+
+
+class SampleKeys:
+    """The sample keys a tar has shown so far, each with its members' extensions: tells a sample whose members are
+    not consecutive (the reader refuses the file; a span plan reads such a file whole, so it is refused alike)."""
+
+    def __init__(self) -> None:
+        self._exts: dict[str, tuple[str, ...]] = {}  # tuples of interned extensions: a few bytes per sample
+
+    def scattered(self, key: str, ext: str, current: str | None) -> bool:
+        """Note the member ``key.ext``, read after a member of ``current``; whether it belongs to an earlier sample:
+        a key seen before another sample's, with an extension it did not have (a copy of a whole sample, as in
+        ``cat a.tar a.tar``, is read as a copy)."""
+        exts = self._exts.get(key, ())
+        if ext not in exts:
+            self._exts[key] = (*exts, sys.intern(ext))
+        return key != current and bool(exts) and ext not in exts
 
 
 class NotedTarInfo(tarfile.TarInfo):
@@ -89,7 +108,7 @@ def read_webdataset(
     base = 0 if span is None else span.start  # tarfile counts member offsets from where the stream starts
     offset = base  # of the current sample's first member, in the file
 
-    seen: dict[str, set[str]] = {}  # per key read so far in this span: its members' extensions
+    seen = SampleKeys()  # the keys read so far in this span
 
     def emit() -> None:
         if current is not None and parts is not None:
@@ -110,13 +129,16 @@ def read_webdataset(
                 },
             )
 
-    with open_binary(file.url, cfg.storage_options, decompress=span is None) as fh:
+    with open_binary(file.url, cfg.storage_options, decompress=False) as fh:
         try:
             if base:
                 fh.seek(base)
             # ignore_zeros: past an end-of-archive marker to the members after it (`cat a.tar b.tar`, as `tar -i`)
             with tarfile.open(
-                fileobj=fh, mode="r|*" if span is None else "r|", ignore_zeros=True, tarinfo=NotedTarInfo
+                fileobj=fh if span is not None else _tar_stream(file.url, fh),  # a span is of a plain tar
+                mode="r|",
+                ignore_zeros=True,
+                tarinfo=NotedTarInfo,
             ) as tar:
                 members = 0
                 for member in tar:
@@ -129,15 +151,13 @@ def read_webdataset(
                         _reject_member(cfg, file, member, at, buf)
                         continue
                     key, ext = split_key(printable(member.name))
+                    if seen.scattered(key, ext, current):
+                        _refuse_scattered(file, key, member, at)
                     if key != current:
-                        exts = seen.get(key)
-                        if exts is not None and ext not in exts:  # a member of an earlier sample, not a copy of one
-                            _refuse_scattered(file, key, member, at)
                         emit()
                         if len(buf) >= batch_rows:
                             yield buf.flush()
                         current, parts, offset = key, {}, at
-                    seen.setdefault(key, set()).add(ext)
                     if member.size > cfg.max_record_bytes:  # a header may promise gigabytes: never read them
                         buf.reject(
                             "read:too_long",
@@ -173,16 +193,59 @@ def read_webdataset(
                     _refuse_not_tar(cfg, file)  # not one header parses in the whole file
                 damage(tar)
             emit()
-        except (tarfile.TarError, EOFError, OSError) as err:
+        except (tarfile.TarError, EOFError, OSError, Truncated) as err:
+            # a damaged or cut compressed stream (Truncated), a tar cut short, a read that failed: what was read stays
+            compressed = isinstance(err, Truncated)
+            error = str(err) if compressed else f"{type(err).__name__}: {err}"
+            if compressed and (err.unplaced or "checksum" in error):  # gzip's at its end, or zstd's at a frame's
+                error += (
+                    " (found by a checksum at the end: the damage lies before it, and samples past it may be garbled)"
+                )
             buf.reject(
                 "read:truncated",
                 id_=f"{file.url}#{offset}",
                 source=cfg.source or "",
                 raw=b"",
-                where={"file": file.url, "offset": offset, "error": f"{type(err).__name__}: {err}"},
+                where={"file": file.url, "offset": offset, "error": error},
             )
     if len(buf):
         yield buf.flush()
+
+
+def _tar_stream(url: str, fh: IO[bytes]) -> IO[bytes] | _ChunkStream:
+    """``fh``'s tar: decompressed when its name says gzip, zstd, bzip2 or xz, or a ``.tar``'s first bytes do.
+
+    Decompressed as JSON Lines are (``jsonl.decompressed_chunks``), for every compression alike: every gzip member,
+    zstd frame and xz stream (past xz's padding), every byte before a damage, then ``Truncated``. (``tarfile``'s
+    own ``r|*`` reads no zstd, and only a gzip file's first member: the rest of ``cat a.tar.gz b.tar.gz`` was lost.)
+    """
+    if codec(url) is None:
+        kind = compressed_kind(fh.read(16))
+        fh.seek(0)
+        if kind not in ("gzip", "zstd", "bz2", "xz"):  # lz4, snappy: no tar header parses, and the refusal names it
+            return fh
+        url = f"{url}.{kind}"  # decompressed_chunks goes by the name's ending: .gzip, .zstd, .bz2, .xz
+    return _ChunkStream(decompressed_chunks(url, fh))
+
+
+class _ChunkStream:
+    """A stream of bytes that ``tarfile``'s stream mode (``r|``) reads from an iterator of chunks."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._chunk = memoryview(b"")
+        self._at = 0
+
+    def read(self, size: int = -1) -> bytes:
+        while self._at >= len(self._chunk):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._chunk, self._at = memoryview(chunk), 0
+        end = len(self._chunk) if size < 0 else self._at + size
+        out = bytes(self._chunk[self._at : end])
+        self._at += len(out)
+        return out
 
 
 def _refuse_not_tar(cfg: InputConfig, file: InputFile) -> None:

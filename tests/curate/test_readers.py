@@ -324,3 +324,123 @@ def test_columnar_fast_path_and_line_path_give_identical_rows(tmp_path):
     rows, _ = read_all(InputConfig(source="s", path=str(tmp_path / "n.jsonl")))
     offsets = np.cumsum([0] + [len(orjson.dumps(r)) + 1 for r in no_ids])[:5]
     assert rows["id"].to_list() == [f"s/n.jsonl@{o}" for o in offsets]
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("named", ["folder", "file", "glob"])
+def test_a_local_name_holding_two_colons_is_that_file(tmp_path, fmt, named):
+    """fsspec reads `::` in a URL as a chain of file systems: `docs/std::vector.txt` opened `docs/std`, another file
+    whose text was curated under this file's id (or the error named a file the job never gave)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    ext = {"text": ".txt", "jsonl": ".jsonl", "parquet": ".parquet"}[fmt]
+    for name, text in ((f"std::vector{ext}", "notes about std::vector"), ("std", "an unrelated file")):
+        if fmt == "parquet":
+            pq.write_table(pa.table({"text": [text]}), docs / name)
+        else:
+            (docs / name).write_bytes(jsonl_bytes([{"text": text}]) if fmt == "jsonl" else text.encode())
+    path = {"folder": docs, "file": docs / f"std::vector{ext}", "glob": docs / f"std::*{ext}"}[named]
+    rows, _ = read_all(InputConfig(source="s", path=str(path), format=fmt))
+    assert (
+        "notes about std::vector" in rows["text"].to_list()
+        and "an unrelated file" not in rows.filter(pl.col("id").str.contains("vector"))["text"].to_list()
+    )
+    (docs / "std").unlink()
+    rows, _ = read_all(InputConfig(source="s", path=str(path), format=fmt))
+    assert rows["text"].to_list() == ["notes about std::vector"]
+
+
+@pytest.mark.parametrize("builder", [True, False])
+def test_hugging_face_inputs_named_with_glob_characters_or_two_colons_are_those_files(tmp_path, builder):
+    """`load_dataset` takes data_files as globs (`data[1].jsonl` read `data1.jsonl`, its own rows in neither shards
+    nor rejects), and datasets opens paths as fsspec URLs (`std::v` read `std`)."""
+    datasets = pytest.importorskip("datasets")
+    for name, other in (("data[1]", "data1"), ("a*?b", "axyb"), ("std::v", "std")):
+        if builder:
+            (tmp_path / f"{name}.jsonl").write_bytes(jsonl_bytes([{"id": "mine", "text": "the named file"}]))
+            (tmp_path / f"{other}.jsonl").write_bytes(jsonl_bytes([{"id": "other", "text": "another file"}]))
+            if other == "std":  # `std::v.jsonl` chains to `std`
+                (tmp_path / f"{other}.jsonl").rename(tmp_path / other)
+        else:  # datasets cannot save to a path holding `::`: saved, then renamed
+            datasets.Dataset.from_dict({"id": ["mine"], "text": ["the named file"]}).save_to_disk(str(tmp_path / "m"))
+            datasets.Dataset.from_dict({"id": ["other"], "text": ["another file"]}).save_to_disk(str(tmp_path / other))
+            (tmp_path / "m").rename(tmp_path / name)
+        path = tmp_path / (f"{name}.jsonl" if builder else name)
+        cfg = InputConfig(source="s", path=str(path), format="hf", hf_builder="json" if builder else None)
+        rows, rejects = read_all(cfg)
+        assert rows["id"].to_list() == ["mine"] and rejects.is_empty(), name
+
+
+def test_empty_hugging_face_inputs_are_no_rows_and_a_cut_arrow_file_keeps_the_rows_before_the_cut(tmp_path):
+    """A zero-row save_to_disk folder ended in IndexError, an empty file under the json builder in "generator
+    raised StopIteration", a cut .arrow file in OSError: each a traceback that stopped the job."""
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"id": [], "text": []}).save_to_disk(str(tmp_path / "empty_ds"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": []})}).save_to_disk(str(tmp_path / "empty_dd"))
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "empty.jsonl.gz").write_bytes(gzip.compress(b""))
+    for cfg in (
+        InputConfig(source="s", path=str(tmp_path / "empty_ds"), format="hf"),
+        InputConfig(source="s", path=str(tmp_path / "empty_dd"), format="hf"),
+        InputConfig(source="s", path=str(tmp_path / "empty.jsonl"), format="hf", hf_builder="json"),
+        InputConfig(source="s", path=str(tmp_path / "empty.jsonl.gz"), format="hf", hf_builder="json"),
+    ):
+        rows, rejects = _read_or_nothing(cfg)
+        assert rows == [] and rejects == [], cfg.path
+    ids = [f"r{i}" for i in range(5000)]
+    datasets.Dataset.from_dict({"id": ids, "text": ["x" * 100] * 5000}).save_to_disk(str(tmp_path / "cut"))
+    (arrow,) = (tmp_path / "cut").glob("*.arrow")  # five record batches of 1,000 rows
+    arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size * 7 // 10])
+    rows, rejects = read_all(InputConfig(source="s", path=str(tmp_path / "cut"), format="hf"))
+    assert rows["id"].to_list() == ids[:3000] and rejects["reason"].to_list() == ["read:truncated"]
+    where = json.loads(rejects["meta"][0])
+    assert where["row"] == 3000 and f"{arrow} is cut short or damaged" in where["error"]
+
+
+def _read_or_nothing(cfg: InputConfig) -> tuple[list[str], list[str]]:
+    """The ids kept and the reasons rejected, where ``read_all`` has no batch to concatenate."""
+    rows, rejects = [], []
+    for task in plan_read_tasks([cfg]):
+        for b in read_task(cfg, task, 100):
+            rows += b.rows["id"].to_list()
+            rejects += b.rejects["reason"].to_list()
+    return rows, rejects
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "text"])
+@pytest.mark.parametrize("pattern", ["", "**/*", "*/*"])
+def test_linked_folders_in_a_folder_input_are_read_once(tmp_path, caplog, fmt, pattern):
+    """fsspec's find and glob list a link to a folder as a file: its files were never read (a folder path warned
+    that it was a file of another format; `*/*.jsonl` matched no files)."""
+    ext = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[fmt]
+    for folder, name in (("real", "a"), ("top", "b")):
+        (tmp_path / folder).mkdir()
+        if fmt == "parquet":
+            pq.write_table(pa.table({"text": [f"{name} text"]}), tmp_path / folder / f"{name}{ext}")
+        else:
+            body = jsonl_bytes([{"text": f"{name} text"}]) if fmt == "jsonl" else f"{name} text".encode()
+            (tmp_path / folder / f"{name}{ext}").write_bytes(body)
+    (tmp_path / "top" / "2024").symlink_to("../real")
+    (tmp_path / "real" / "up").symlink_to("../top")  # a loop: top/2024/up is top
+    (tmp_path / "top" / "again").symlink_to("../real")  # the same folder by two names
+    path = tmp_path / "top" / (pattern + ext if pattern else "")
+    with caplog.at_level("WARNING", logger="winnow.curate.readers"):
+        rows, _ = read_all(InputConfig(source="s", path=str(path), format=fmt))
+    assert sorted(rows["text"]) == (["a text"] if pattern == "*/*" else ["a text", "b text"])
+    assert rows.filter(pl.col("text") == "a text")["id"].str.starts_with(f"s/2024/a{ext}").all()  # by the link's name
+    assert "again is" in caplog.text and "through a link, and read once" in caplog.text
+    assert "not ending in" not in caplog.text
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+def test_a_zstd_file_written_with_a_2_gib_window_is_read(tmp_path, fmt):
+    """`zstd --long=31` from a pipe writes frames whose window is 2 GiB: zstandard's default limit (128 MiB) made such
+    an intact file one read:truncated reject, every record in it lost from the counts."""
+    params = zstandard.ZstdCompressionParameters(window_log=31, compression_level=1)
+    compress = zstandard.ZstdCompressor(compression_params=params).compressobj()  # no content size, as from a pipe
+    body = jsonl_bytes(RECORDS) if fmt == "jsonl" else b"one document"
+    blob = compress.compress(body) + compress.flush()
+    assert zstandard.get_frame_parameters(blob).window_size == 1 << 31
+    (tmp_path / f"a.{'jsonl' if fmt == 'jsonl' else 'txt'}.zst").write_bytes(blob)
+    rows, rejects = _read_or_nothing(InputConfig(source="s", path=str(tmp_path), format=fmt))
+    assert len(rows) == (len(RECORDS) if fmt == "jsonl" else 1) and rejects == []

@@ -64,6 +64,25 @@ def test_keep_fields_become_typed_columns_and_leave_meta(tmp_path, write_job):
     assert record["meta"] == {"other": {"nested": 1}} and record["language_score"] == 0.55
 
 
+@pytest.mark.parametrize("fields", ['["url"]', '{url = "string"}'])
+def test_keep_fields_leave_a_meta_that_is_no_json_object_as_it_is(tmp_path, write_job, nothing_lost, fields):
+    """A winnow-layout Parquet file's meta of free text stopped the job with orjson's JSONDecodeError."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    metas = ["scraped 2024, see notes", "[1]", '"x"', "5", "null", "{", None, '{"url": "http://x", "n": 1}']
+    ids = [f"r{i}" for i in range(len(metas))]
+    rows = {"id": ids, "source": ["web"] * len(ids), "text": [f"document {i}" for i in ids], "meta": metas}
+    pq.write_table(pa.table(rows), tmp_path / "a.parquet")
+    body = JOB.format(path=tmp_path / "a.parquet").replace('["url", "language_score", "dump", "tokens"]', fields)
+    job = load_job(write_job(body + 'format = "parquet"\n'))
+    run_job(job, progress=False)
+    nothing_lost(job.output_dir, set(ids))
+    df = pl.read_parquet(job.output_dir / "shards" / "parquet" / "train").sort("id")
+    assert df["url"].to_list() == [None] * 7 + ["http://x"]
+    assert df["meta"].to_list() == [*metas[:7], '{"n":1}']
+
+
 def test_keep_fields_refuse_winnow_columns_and_unknown_types(tmp_path, write_job):
     with pytest.raises(ConfigError, match=r"keep_fields: 'quality' is one of winnow's own columns"):
         load_job(write_job(JOB.format(path=tmp_path / "in.jsonl").replace('"tokens"]', '"quality"]')))
