@@ -205,7 +205,10 @@ def test_tars_joined_by_cat_are_read_whole_and_a_cut_one_is_refused():
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as out:
             for key in keys:
-                for ext, data in (("txt", f"document {key}".encode()), ("json", json.dumps({"id": key, "source": "web"}).encode())):
+                for ext, data in (
+                    ("txt", f"document {key}".encode()),
+                    ("json", json.dumps({"id": key, "source": "web"}).encode()),
+                ):
                     info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size = len(data)
                     out.addfile(info, io.BytesIO(data))
@@ -214,6 +217,6 @@ def test_tars_joined_by_cat_are_read_whole_and_a_cut_one_is_refused():
     joined = tar(["a0", "a1"]) + tar(["b0", "b1", "b2"])
     assert read_tar(joined, "t.tar").column("id").to_pylist() == ["a0", "a1", "b0", "b1", "b2"]
     first = tar(["a0", "a1"])
-    cut = first + tar(["b0"])[:512 * 3]  # the second archive's members, no end marker after them
+    cut = first + tar(["b0"])[: 512 * 3]  # the second archive's members, no end marker after them
     with pytest.raises(ShardError, match="truncated tar"):
         read_tar(cut, "t.tar")
