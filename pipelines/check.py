@@ -85,13 +85,21 @@ def validate(
 
         study_job = load_curation_job(path, raw, checked.ablate.job)
     if "train" in raw and studying:  # trains where `winnow ablate` does
-        from winnow.pipelines.ablate.study import study_ablate_config, study_train_config
+        from winnow.pipelines.ablate.layout import StudyLayout
+        from winnow.pipelines.ablate.study import (
+            check_study_folder,
+            study_ablate_config,
+            study_folder,
+            study_train_config,
+        )
 
         checked.ablate = study_ablate_config(checked.ablate)
         shards, steps = overrides.pop("shards", None), overrides.pop("steps", None)
         checked.train = study_train_config(
             Path(path), raw, checked.ablate, study_job, shards=shards, steps=steps, **overrides
         )
+        # the folder `winnow ablate` would refuse (a user's files, a run of `winnow train`): nothing is written
+        check_study_folder(StudyLayout(study_folder(checked.ablate, checked.train)))
     elif "train" in raw:
         checked.train = load_train_config(Path(path), **overrides)
     if checked.job is not None and checked.train is not None and checked.train.shards == checked.job.job.output:

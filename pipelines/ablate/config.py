@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from winnow.curate.errors import ConfigError
@@ -19,6 +20,13 @@ ORDERS = ("shuffled", "reversed")
 
 #: Run names the study gives its own runs: a [ablate] mixes entry may not take one.
 RESERVED_NAMES = ("baseline", "proposed", "doremi", "counterfactual")
+#: [ablate] keys only some kinds read -> those kinds: set with none of them, the key would be ignored
+READ_BY = {"sources": ("leave_one_out", "weights"), "factors": ("weights",)}
+
+
+def name_number(x: float) -> str:
+    """A factor or share as part of a variant's name (and so of its folder's)."""
+    return f"{x:g}"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -100,6 +108,21 @@ class AblateConfig:
             self.factors,
             "finite non-negative numbers other than 1, each once",
         )
+        check(
+            all(f == 0 or f >= sys.float_info.min for f in self.factors),
+            "factors",
+            self.factors,
+            f"0 or factors of at least {sys.float_info.min:g} (a smaller one scales a source's share to 0, which "
+            "training refuses, or to a subnormal number, which has lost its precision)",
+        )
+        check(
+            len({name_number(f) for f in self.factors}) == len(self.factors),
+            "factors",
+            self.factors,
+            "factors that differ in their first 6 significant digits (each names its variants, <source>_x"
+            + "/".join(sorted({name_number(f) for f in self.factors}))
+            + " here, and two of them would give one name)",
+        )
         check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "source names, each once")
         check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
         check(
@@ -122,6 +145,25 @@ class AblateConfig:
             self.shares,
             "two or more distinct replay shares in [0, 1)",
         )
+        check(
+            len({name_number(x) for x in self.shares}) == len(self.shares),
+            "shares",
+            self.shares,
+            "shares that differ in their first 6 significant digits (each names its run, replay_"
+            + "/".join(sorted({name_number(x) for x in self.shares}))
+            + " here, and two of them would give one name)",
+        )
+        for key, readers in READ_BY.items():
+            value = getattr(self, key)
+            default = next(f for f in fields(self) if f.name == key).default_factory()
+            check(
+                value == default or bool(set(readers) & set(kinds)),
+                key,
+                value,
+                f"no such key unless kind includes {' or '.join(map(repr, readers))}, the kinds that read it "
+                f"(kind {' and '.join(map(repr, kinds))} would ignore it): remove the key, or add one of those "
+                "kinds to ablate.kind",
+            )
         check(
             "replay" not in kinds or len(kinds) == 1,
             "kind",

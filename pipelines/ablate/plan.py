@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from winnow.curate.errors import ConfigError
-from winnow.pipelines.ablate.config import CURATION_KINDS, AblateConfig
+from winnow.pipelines.ablate.config import CURATION_KINDS, AblateConfig, name_number
 from winnow.pipelines.ablate.curation import CurationJob
 from winnow.pipelines.ablate.layout import BASELINE
 
@@ -47,11 +48,7 @@ def variants(
     ``sources`` every source of the job (default: those of ``base``), ``job`` the curation job the
     curation kinds change."""
     sources = list(sources or base)
-    out = [{"name": BASELINE, "kind": "baseline", "seed": seed, "weights": dict(base)}]
-    out += [
-        {"name": f"baseline_seed{seed + k}", "kind": "noise", "seed": seed + k, "weights": dict(base)}
-        for k in range(1, cfg.noise_seeds)
-    ]
+    out = _baselines(cfg, base, seed)
     chosen = cfg.sources or list(base)
     named = [("ablate.sources", s) for s in chosen] + [
         (f"ablate.mixes.{m}", s) for m, mix in cfg.mixes.items() for s in mix
@@ -68,7 +65,9 @@ def variants(
         )
     missing = [s for s in chosen if s not in base]
     if missing and {"leave_one_out", "weights"} & set(cfg.kinds):
-        name = f"without_{missing[0]}" if "leave_one_out" in cfg.kinds else f"{missing[0]}_x{cfg.factors[0]:g}"
+        name = (
+            f"without_{missing[0]}" if "leave_one_out" in cfg.kinds else f"{missing[0]}_x{name_number(cfg.factors[0])}"
+        )
         raise ConfigError(
             f"ablate: variant {name!r} (ablate.sources) varies source {missing[0]!r}, which has no train "
             f"rows in the curated shards (only {sorted(base)} do); drop it from ablate.sources"
@@ -84,10 +83,26 @@ def variants(
     return out
 
 
+def _baselines(cfg: AblateConfig, base: dict[str, float], seed: int) -> list[dict]:
+    """The baseline and its noise seeds."""
+    return [{"name": BASELINE, "kind": "baseline", "seed": seed, "weights": dict(base)}] + [
+        {"name": f"baseline_seed{seed + k}", "kind": "noise", "seed": seed + k, "weights": dict(base)}
+        for k in range(1, cfg.noise_seeds)
+    ]
+
+
 def curation_variants(cfg: AblateConfig, seed: int, job: CurationJob | None) -> list[dict]:
     """The variants of the kinds that re-curate the job, planned (and so checked against it) before any data exists."""
     context = PlanContext(cfg, {}, seed, [], job)
     return _names_once([v for kind in cfg.kinds if kind in CURATION_KINDS for v in PLANNERS[kind](context)])
+
+
+def curated_runs(cfg: AblateConfig, seed: int, job: CurationJob | None) -> list[dict]:
+    """The runs of a study that varies the curation whose data is known before any is curated: the baseline and its
+    noise seeds (on the job's own curation), each curation variant and its seeds (on its change's); the mix kinds'
+    runs need the baseline's shares. Their weights are not known yet."""
+    planned = curation_variants(cfg, seed, job)
+    return _baselines(cfg, {}, seed) + planned + _reseeded(planned, seed, cfg.variant_seeds)
 
 
 def _names_once(planned: list[dict]) -> list[dict]:
@@ -97,7 +112,8 @@ def _names_once(planned: list[dict]) -> list[dict]:
     if later is None:
         return planned
     twice, first = planned[later], planned[names.index(names[later])]
-    key = twice.get("key") or f"ablate.mixes.{twice['name']}"
+    # a named mix can be renamed: its key is the one to change, whichever variant came first
+    key = next((_key(v) for v in (twice, first) if v["kind"] == "mix"), _key(twice))
     if first.get("change") is not None and first.get("change") == twice.get("change"):
         raise ConfigError(f"{key}: the same change is listed twice ({twice['name']!r}); list each variant once")
     raise ConfigError(f"{key}: the name {twice['name']!r} is taken by another variant of the study; rename it")
@@ -122,9 +138,17 @@ def _weights(c: PlanContext) -> list[dict]:
             f"ablate.kind = 'weights' varies a source's share against the others', and the job has one source with "
             f"train rows ({sorted(c.base)}): every variant would train the baseline's mix; study a job of several sources"
         )
+    tiny = next(((s, f) for s in c.chosen for f in c.cfg.factors if 0 < c.base[s] * f < sys.float_info.min), None)
+    if tiny is not None:  # training refuses a weight of 0 (or one a subnormal number holds with lost digits)
+        s, f = tiny
+        raise ConfigError(
+            f"ablate.factors = {c.cfg.factors!r} is invalid: variant {s}_x{name_number(f)} scales {s}'s share "
+            f"{c.base[s]:.3g} to {c.base[s] * f!r}, below the smallest normal number; allowed: factors of at least "
+            f"{sys.float_info.min / c.base[s]:.3g} for {s}, or 0 (leave it out)"
+        )
     return [
         {
-            "name": f"{s}_x{f:g}",
+            "name": f"{s}_x{name_number(f)}",
             "kind": "weights",
             "seed": c.seed,
             "varied": s,

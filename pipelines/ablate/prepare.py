@@ -32,6 +32,7 @@ from winnow.curate.atomic import write_json_atomic
 from winnow.curate.config import Job
 from winnow.curate.errors import ConfigError, WinnowError
 from winnow.curate.fingerprint import stale_tasks, task_fingerprints
+from winnow.curate.outdir import owner
 from winnow.curate.pipeline import job_fingerprint, run_job
 from winnow.curate.readers import plan_read_tasks
 from winnow.curate.workdir import WorkDir
@@ -61,11 +62,60 @@ class StudyData:
         return self.variant_folders.get(run.get("group", run["name"]), self.folders)
 
 
+def _kept(job: CurationJob) -> Job:
+    """The baseline job as the study curates it: its work kept, for the variants to reuse."""
+    return dataclasses.replace(job.job, job=dataclasses.replace(job.job.job, keep_work=True))
+
+
+def check_before_curating(runs: list[dict], job: CurationJob, layout: StudyLayout) -> None:
+    """Before anything is curated, a study that varies the curation refuses, naming what to do:
+
+    * a job folder holding the finished shards of another job, or of this one before its file was edited: the
+      study curates its baseline there, and never replaces a job's shards (``winnow curate`` asks for
+      ``--overwrite``, which ``winnow ablate`` does not take);
+    * a finished run of ``runs`` (``plan.curated_runs``) measured on another curation than the plan's now (the job,
+      its inputs or the variant's change edited since), by name: its losses are the old curation's."""
+    kept = _kept(job)
+    out, found = Path(job.output), owner(Path(job.output))
+    fingerprint = job_fingerprint(kept)
+    this_job = ((kept.job.name, fingerprint), (kept.job.name, None))  # None: a marker of an older winnow
+    if (out / "manifest.json").is_file() and found and (found.get("job"), found.get("fingerprint")) not in this_job:
+        what = (
+            f"job {kept.job.name!r} as it was before its file changed (fingerprint {found['fingerprint']} -> "
+            f"{fingerprint})"
+            if found.get("job") == kept.job.name
+            else f"job {found['job']!r}"
+            if found.get("job")
+            else "a job its marker no longer names"
+        )
+        raise ConfigError(
+            f"ablate: {job.output} holds the finished shards of {what}, and the study curates {job.path} there as its "
+            f"baseline, replacing no job's shards; curate the job there yourself (`winnow curate {job.path} "
+            "--overwrite`) or give it a new [job] output, and give the study a new [ablate] output: its finished "
+            "runs measured the shards as they were"
+        )
+    identities = {BASELINE: _identity(kept)}
+    for run in runs:
+        result = layout.read_result(run["name"])
+        if result is None:
+            continue
+        group = run.get("group", run["name"]) if run.get("change") is not None else BASELINE
+        if group not in identities:
+            identities[group] = _identity(job.variant(run["change"], layout.curated_job(group), key=run["key"]))
+        if result.get("curation") != identities[group]:
+            raise ConfigError(
+                f"ablate: variant {run['name']!r} in {layout.run_dir(run['name'])} finished on shards curated as "
+                f"{result.get('curation')}, and the study now curates them as {identities[group]} (the job, its "
+                "inputs or the variant's change changed since): its losses are the old curation's; give the "
+                "changed study a new [ablate] output (nothing has been curated)"
+            )
+
+
 def prepare_baseline(job_dir: str, layout: StudyLayout, job: CurationJob | None, *, progress: bool) -> StudyData:
     """The baseline's per-source sets; a study that varies the curation curates the job first (with ``keep_work``)."""
     identity = None
     if job is not None:
-        kept = dataclasses.replace(job.job, job=dataclasses.replace(job.job.job, keep_work=True))
+        kept = _kept(job)
         identity = _identity(kept)
         if not _baseline_current(kept):
             print(f"  curating the baseline job {job.path} -> {job.output} (its work kept for the variants to reuse)")
@@ -94,8 +144,8 @@ def prepare_variants(
         done = json.loads(marker.read_text()) if marker.is_file() else {}
         if done.get("identity") != identity or not (out / "manifest.json").is_file():
             print(f"  curating {name}: {variant['describe']}")
-            try:
-                manifest = run_job(vjob, progress=progress, reuse_from=data.job_dir)
+            try:  # the study's own folder: a curation of the variant as it was before is replaced
+                manifest = run_job(vjob, progress=progress, reuse_from=data.job_dir, overwrite=True)
             except WinnowError as err:
                 raise type(err)(f"ablate: curating variant {name!r} ({key}) failed: {err}") from err
             reused = manifest.get("reused") or {}

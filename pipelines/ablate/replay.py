@@ -23,14 +23,14 @@ import polars as pl
 
 from winnow.curate.errors import ConfigError
 from winnow.pipelines.ablate.checks import finished
-from winnow.pipelines.ablate.config import AblateConfig
+from winnow.pipelines.ablate.config import AblateConfig, name_number
 from winnow.pipelines.ablate.layout import StudyLayout, write_atomic
 from winnow.pipelines.ablate.runner import VariantTask, drop_checkpoints, run_variants
 from winnow.pipelines.ablate.table import markdown_table
 
 
 def _name(share: float) -> str:
-    return f"replay_{share:g}"
+    return f"replay_{name_number(share)}"
 
 
 def replay_variants(acfg: AblateConfig, seed: int) -> list[dict]:
@@ -107,6 +107,7 @@ def _manifest_sources(folder: str) -> list[str]:
 
 def run_replay_study(args, acfg: AblateConfig, train_cfg) -> int:
     """``winnow ablate`` with ``kind = "replay"``."""
+    from winnow.pipelines.ablate.study import check_study_folder, study_folder
     from winnow.pipelines.report.page import write_report
     from winnow.train.data.sets import training_sets
 
@@ -118,10 +119,12 @@ def run_replay_study(args, acfg: AblateConfig, train_cfg) -> int:
     folders, _ = training_sets(train_cfg.shards, None, train_cfg.data.mix_weights)
     new = list(dict.fromkeys(s for f in folders for s in _manifest_sources(f)))
     old = [s for s in _manifest_sources(train_cfg.replay.path) if s not in new]
-    layout = StudyLayout(Path(acfg.output or Path(folders[0]) / "replay"))
+    layout = StudyLayout(study_folder(acfg, train_cfg))
+    check_study_folder(layout)  # a user's folder is refused before its files are read as the study's
     runs = replay_variants(acfg, train_cfg.seed)
     configs = {v["name"]: replay_config(train_cfg, layout, v) for v in runs}
     done = {v["name"]: finished(layout, v, configs[v["name"]]) for v in runs}
+    check_study_folder(layout, claim=True)  # created and marked before anything is written into it
     threads = acfg.threads or (max(1, (os.cpu_count() or 1) // acfg.parallel) if acfg.parallel > 1 else 0)
     todo = [
         VariantTask(

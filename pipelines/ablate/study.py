@@ -31,8 +31,8 @@ from winnow.pipelines.ablate.checks import check_references, finished
 from winnow.pipelines.ablate.config import AblateConfig
 from winnow.pipelines.ablate.curation import CurationJob, load_curation_job
 from winnow.pipelines.ablate.layout import BASELINE, StudyLayout, is_study_root, result_name, study_owns
-from winnow.pipelines.ablate.plan import check_runnable, curation_variants, variants
-from winnow.pipelines.ablate.prepare import StudyData, prepare_baseline, prepare_variants
+from winnow.pipelines.ablate.plan import check_runnable, curated_runs, curation_variants, variants
+from winnow.pipelines.ablate.prepare import StudyData, check_before_curating, prepare_baseline, prepare_variants
 from winnow.pipelines.ablate.runner import VariantTask, run_variants, variant_config
 from winnow.pipelines.ablate.table import write_study
 from winnow.pipelines.jobfile import build_config, read_toml
@@ -88,7 +88,6 @@ class _Study:
 
 def run_ablate(args: argparse.Namespace) -> int:
     from winnow.pipelines.report.page import write_report
-    from winnow.train.runfolder import claim_run_folder
 
     raw = read_toml(args.job)
     if "ablate" not in raw:
@@ -109,24 +108,20 @@ def run_ablate(args: argparse.Namespace) -> int:
         from winnow.pipelines.ablate.replay import run_replay_study
 
         return run_replay_study(args, acfg, train_cfg)
-    layout = StudyLayout(Path(acfg.output or Path(train_cfg.shards) / "ablate"))
+    layout = StudyLayout(study_folder(acfg, train_cfg))
     progress = not getattr(args, "quiet", False)
 
     if acfg.curates:  # a missing job, or a bad stage, key or value, is refused before anything is curated
         curation_variants(acfg, train_cfg.seed, job)
-    root = layout.root
-    # a study writes sources/ before training (and rebuilds it when it was removed)
-    if (root / "checkpoints").is_dir() and not layout.sources_root.is_dir() and not is_study_root(root):
-        raise ConfigError(
-            f"ablate.output = {str(root)!r} holds a run of `winnow train`, not a study: a study's baseline trains at "
-            "its top and would take that run for its own; give the study a folder of its own"
-        )
+    check_study_folder(layout)
     if not acfg.curates:  # its shards are there: every key naming a source, checked before the folder is claimed
         from winnow.pipelines.train import check_held_out_sources
 
         plan_on_manifest(acfg, train_cfg, job, path=args.job)
         check_held_out_sources(train_cfg)
-    claim_run_folder(root, "ablate.output")  # the baseline's run folder too: claimed before anything is written
+    else:  # a job edited since it was curated, or since runs finished: said before anything is curated
+        check_before_curating(curated_runs(acfg, train_cfg.seed, job), job, layout)
+    check_study_folder(layout, claim=True)  # the baseline's run folder too: claimed before anything is written
     data = prepare_baseline(train_cfg.shards, layout, job, progress=progress)
     runs, sources = plan_on_manifest(acfg, train_cfg, job, data.base, path=args.job)
     _say_reach(train_cfg, data)
@@ -259,6 +254,59 @@ def plan_on_manifest(
     return runs, sources
 
 
+def study_folder(acfg: AblateConfig, train_cfg) -> Path:
+    """The study's folder: ``[ablate] output``, else ``ablate`` in the job folder a study re-mixes, or ``replay`` in
+    the first set a replay study trains on."""
+    if acfg.output is not None:
+        return Path(acfg.output)
+    if "replay" not in acfg.kinds:
+        return Path(train_cfg.shards) / "ablate"
+    from winnow.train.data.sets import training_sets
+
+    folders, _ = training_sets(train_cfg.shards, None, train_cfg.data.mix_weights)
+    return Path(folders[0]) / "replay"
+
+
+#: What a replay study writes at its top (its runs train in variants/)
+_REPLAY_ENTRIES = {"variants", "ablation", "report.html"}
+
+
+def check_study_folder(layout: StudyLayout, *, claim: bool = False) -> None:
+    """The study's folder as ``winnow ablate`` takes it, ``claim`` creating and marking it (``winnow check``: nothing
+    is written). Refused naming ``ablate.output``: a run of ``winnow train``, and a folder holding files winnow did
+    not write (``train.runfolder``: a user's files there would be overwritten), a mix study's and a replay
+    study's alike."""
+    from winnow.train.runfolder import check_run_folder, claim_run_folder
+
+    root = layout.root
+    # a study writes sources/ before training (and rebuilds it when it was removed)
+    if (root / "checkpoints").is_dir() and not layout.sources_root.is_dir() and not is_study_root(root):
+        raise ConfigError(
+            f"ablate.output = {str(root)!r} holds a run of `winnow train`, not a study: a study's baseline trains at "
+            "its top and would take that run for its own; give the study a folder of its own"
+        )
+    if _earlier_replay_study(root):
+        return
+    (claim_run_folder if claim else check_run_folder)(root, "ablate.output")
+
+
+def _earlier_replay_study(root: Path) -> bool:
+    """Whether ``root`` is a replay study that a winnow which did not mark study folders wrote: a replay study's
+    entries alone, and a share's result among its runs (a mix study's is known by its baseline's files)."""
+    from winnow.train.runfolder import MARKER
+
+    if not root.is_dir() or (root / MARKER).exists() or not {p.name for p in root.iterdir()} <= _REPLAY_ENTRIES:
+        return False
+    for path in (root / "variants").glob("*/result.json"):
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict) and found.get("kind") in ("replay", "noise") and "share" in found:
+            return True
+    return False
+
+
 def study_ablate_config(acfg: AblateConfig) -> AblateConfig:
     """``acfg`` with a ``file://`` or ``~`` output as the folder it names."""
     if acfg.output is None or not acfg.output.startswith(("file:", "~")):
@@ -280,9 +328,10 @@ def study_train_config(
     else on [train] shards, else on the curation job's output, which a study varying the curation curates (so
     it must be that folder then); ``steps`` (``--steps``) over ``[ablate] steps``. Refused naming the key: a list
     of shard sets (but by a replay study, which trains on its sets), a ``[train.mixing]`` the study would
-    replace, ``[train.stop]`` rules the study's runs could not evaluate, and an ``[ablate] output`` equal to a
-    job folder it trains on or inside another study."""
+    replace, ``[train.stop]`` (but in a replay study, which turns it off: every run trains the study's steps),
+    and an ``[ablate] output`` equal to a job folder it trains on or inside another study."""
     from winnow.pipelines.train import load_train_config, refuse_shard_folder
+    from winnow.train.config import StopConfig
 
     given = shards or (raw.get("train") or {}).get("shards")
     if job is not None:
@@ -307,10 +356,11 @@ def study_train_config(
         )
     if not replay:
         schedule = acfg.eval_steps(train_cfg.steps)
-        if train_cfg.stop.active and schedule == 0:
+        if train_cfg.stop != StopConfig():
             raise ConfigError(
-                f"{path} [train.stop]: its rules read held-out evaluations during the run, and a study's runs "
-                "evaluate on [ablate] eval_every's schedule, only at the end here; set [ablate] eval_every"
+                f"{path} [train.stop]: a study compares runs of the same steps, and early stopping would end each "
+                "run at a step of its own (a run of another length than the baseline's is left out of the "
+                "comparison); remove [train.stop] from the study's file"
             )
         if isinstance(raw.get("train"), dict) and "eval_every" in raw["train"] and acfg.eval_every is None:
             log.warning(

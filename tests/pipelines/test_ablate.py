@@ -559,10 +559,10 @@ def test_a_source_name_holding_a_pipe_keeps_the_markdown_table_whole():
             "",
             r"ablate\.kind = 'leave-one-out' is invalid; allowed: \(did you mean 'leave_one_out'\?\)",
         ),
-        (
+        (  # a study refuses [train.stop] itself, before the sources it names
             {"eval_every": "1"},
             "[train.stop]\npatience = 1\nsources = ['prosee']",
-            r"train\.stop\.sources: no held-out rows of source",
+            r"s\.toml \[train\.stop\]: a study compares runs of the same steps",
         ),
         ({}, "[train.attribution]\nheld_out = ['nope']", r"train\.attribution\.held_out: no held-out rows"),
     ],
@@ -605,11 +605,11 @@ def test_a_study_says_it_evaluates_on_its_own_schedule_and_refuses_what_it_would
     assert f"is not a study's: its runs train in its own folder, {tmp_path / 'study'}" in caplog.text
     assert "steps of batch 2 x 32 tokens -> each run of the study" in capsys.readouterr().out
     stop = "[train.stop]\npatience = 1"
-    path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train=stop)
-    for command in ("check", "ablate"):  # it failed naming train.eval_every, which the study does not read
-        assert main([command, str(path)]) == 2
-        assert "[train.stop]: its rules read held-out evaluations" in capsys.readouterr().err
-    assert validate(study_toml(tmp_path / "s.toml", job, tmp_path / "study", train=stop, eval_every=1)).train
+    for eval_every in ({}, {"eval_every": 1}):  # without it, it failed naming train.eval_every, which no run reads
+        path = study_toml(tmp_path / "s.toml", job, tmp_path / "study", train=stop, **eval_every)
+        for command in ("check", "ablate"):
+            assert main([command, str(path)]) == 2
+            assert "[train.stop]: a study compares runs of the same steps" in capsys.readouterr().err
     path = study_toml(
         tmp_path / "s.toml", job, tmp_path / "study", train=f'[train.mixing]\nadaptive = "doremi"\nreference = "{job}"'
     )
@@ -651,3 +651,71 @@ def test_a_study_says_when_its_runs_read_only_the_start_of_a_source_in_file_orde
     with caplog.at_level("WARNING"):
         _say_reach(cfg(10), data)
     assert "reads only the first 5% of prose, 24% of code:" in caplog.text
+
+
+@pytest.mark.parametrize("command", ["check", "ablate"])
+def test_stop_rules_in_a_study_are_refused_before_anything_trains(job, tmp_path, capsys, command):
+    """With [ablate] eval_every they were kept: a variant that stopped at another step than the baseline left the
+    effects without a word, and table.csv measured it against the baseline's loss at another step."""
+    study = tmp_path / "study"
+    stop = "[train.stop]\nthresholds = { code = 5.0 }"
+    path = study_toml(tmp_path / "s.toml", job, study, train=stop, eval_every=1, attribution_every=0)
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "s.toml [train.stop]: a study compares runs of the same steps, and early stopping" in err
+    assert "remove [train.stop]" in err and not study.exists()
+
+
+def test_keys_the_studys_kinds_do_not_read_are_refused_naming_the_kinds_that_do(job, tmp_path, capsys):
+    """`sources` was ignored by random and named mixes (every source drawn), `factors` by a leave-one-out study."""
+    message = r"ablate.sources = \['code'\] is invalid; allowed: no such key unless kind includes 'leave_one_out' or "
+    with pytest.raises(ConfigError, match=message + r"'weights'.*\(kind 'random_mixes' would ignore it\)"):
+        AblateConfig(kind="random_mixes", sources=["code"])
+    with pytest.raises(ConfigError, match=message):
+        AblateConfig(kind="mixes", mixes={"m": {"code": 1.0}}, sources=["code"])
+    with pytest.raises(ConfigError, match=r"ablate.factors = \[0.5\] is invalid; allowed: .*kind includes 'weights'"):
+        AblateConfig(kind="leave_one_out", factors=[0.5])
+    for kind in ("random_mixes", "mixes", "replay", "drop"):  # their defaults are no one's choice: accepted
+        assert AblateConfig(
+            kind=kind, mixes={"m": {"code": 1.0}} if kind == "mixes" else {}, drop=["x"] * (kind == "drop")
+        )
+    assert AblateConfig(kind=["leave_one_out", "random_mixes"], sources=["code"]).sources == ["code"]
+    assert AblateConfig(kind="weights", sources=["code"], factors=[0.5]).factors == [0.5]
+    study = tmp_path / "study"
+    path = study_toml(tmp_path / "s.toml", job, study, kind='"random_mixes"', sources='["code"]', n_mixes=3)
+    assert main(["check", str(path)]) == 2  # it said ok
+    assert "s.toml [ablate]: ablate.sources = ['code'] is invalid" in capsys.readouterr().err
+
+
+def test_factors_and_shares_are_refused_naming_their_key_where_a_weight_underflows_or_two_give_one_name():
+    """A factor of 1e-323 failed only as the variant trained, naming train.data.mix_weights (its weight was 0.0);
+    factors 0.5 and 0.5000001 (both `_x0.5`) were refused naming a key the file lacks (ablate.mixes.code_x0.5);
+    shares 0.01 and 0.010000001 (both `replay_0.01`) trained one run and tabled it twice."""
+    with pytest.raises(ConfigError, match=r"ablate.factors = \[1e-323\] is invalid; allowed: 0 or factors of at least"):
+        AblateConfig(kind="weights", factors=[1e-323])
+    base = {"code": 0.01, "prose": 0.99}
+    with pytest.raises(ConfigError, match=r"ablate.factors = \[1e-307\] is invalid: variant code_x1e-307 scales"):
+        variants(AblateConfig(kind="weights", factors=[1e-307]), base, seed=0)  # 1e-309: a subnormal weight
+    assert variants(AblateConfig(kind="weights", sources=["prose"], factors=[1e-307]), base, seed=0)[-1]["weights"]
+    with pytest.raises(ConfigError, match=r"ablate.factors = \[0.5, 0.5000001\] is invalid; .*<source>_x0.5 here"):
+        AblateConfig(kind="weights", factors=[0.5, 0.5000001])
+    with pytest.raises(ConfigError, match=r"ablate.shares = \[0.0, 0.01, 0.010000001\] is invalid; .*replay_0/0.01 "):
+        AblateConfig(kind="replay", shares=[0.0, 0.01, 0.010000001])
+
+
+def test_check_refuses_the_study_folder_ablate_would_refuse_writing_nothing(tmp_path, capsys):
+    """`winnow check` said ok; `winnow ablate` then refused the folder (a user's files, or the folder of job
+    folders)."""
+    job = tiny_job(tmp_path / "jobs" / "job")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    for output, found in ((mine, "notes.txt"), (job.parent, "job")):
+        path = study_toml(tmp_path / "s.toml", job, output)
+        assert main(["check", str(path)]) == 2
+        assert f"ablate.output = {str(output)!r} holds files winnow did not write ({found})" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in job.parent.iterdir()) == ["job"]
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / ".winnow-run").write_text("")  # a study's own folder: accepted
+    assert main(["check", str(study_toml(tmp_path / "s.toml", job, tmp_path / "study"))]) == 0

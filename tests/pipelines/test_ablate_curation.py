@@ -440,3 +440,34 @@ def test_a_study_killed_while_curating_and_while_training_resumes(tmp_path, one_
     fresh = _job(study).variant({"drop": ["02.filter.length"]}, tmp_path / "fresh", key="k")
     run_job(fresh, progress=False)  # the resumed variant's shards are those of an uninterrupted curation
     assert _shards(layout.curated_job("drop_filter.length")) == _shards(tmp_path / "fresh")
+
+
+def test_a_study_whose_job_was_edited_since_is_refused_before_anything_is_curated(tmp_path, capsys, one_thread):
+    """The re-run stopped in the baseline's curation advising `--overwrite`, which `winnow ablate` does not take;
+    after `winnow curate --overwrite` it stopped inside its own curated/<variant>/job, curated from the old job."""
+    import shutil
+
+    study = curation_study(tmp_path, kind='"drop"', drop='["dedup.exact"]')
+    assert main(["-q", "ablate", str(study)]) == 0
+    layout = StudyLayout(tmp_path / "study")
+    marker = layout.curation_marker("drop_dedup.exact")
+    before = marker.read_text()
+    study.write_text(study.read_text().replace("window = 8", "window = 4"))  # the job the study varies, edited
+    manifest = (tmp_path / "job" / "manifest.json").read_text()
+    assert main(["-q", "ablate", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'job'} holds the finished shards of job 'tiny' as it was before its file changed" in err
+    assert f"(`winnow curate {study} --overwrite`) or give it a new [job] output, and give the study a new" in err
+    assert (tmp_path / "job" / "manifest.json").read_text() == manifest  # nothing curated
+    assert main(["-q", "curate", str(study), "--overwrite"]) == 0
+    assert main(["-q", "ablate", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert f"variant 'baseline' in {layout.root} finished on shards curated as" in err
+    assert "give the changed study a new [ablate] output (nothing has been curated)" in err
+    assert marker.read_text() == before and "--overwrite" not in err
+    # a new study folder holding a variant the study curated from the job as it was: curated again, not refused
+    (tmp_path / "new").mkdir()
+    shutil.copytree(layout.root / "curated", tmp_path / "new" / "curated")
+    (tmp_path / "new" / ".winnow-run").write_text("")
+    assert main(["-q", "ablate", str(study), "--output", str(tmp_path / "new")]) == 0
+    assert StudyLayout(tmp_path / "new").curation_marker("drop_dedup.exact").read_text() != before

@@ -7,7 +7,7 @@ import json
 import polars as pl
 import pytest
 
-from tests.pipelines.continue_util import tiny_config
+from tests.pipelines.continue_util import make_job, tiny_config
 from tests.train.shards_util import write_job
 from winnow.pipelines.ablate.config import AblateConfig
 from winnow.pipelines.ablate.layout import StudyLayout
@@ -98,3 +98,60 @@ output = "{study}"
     summary = json.loads((study / "ablation" / "replay.json").read_text())
     assert summary["old"] == ["docs", "changelog"] and summary["new"] == ["code"]
     assert (study / "ablation" / "replay.png").stat().st_size > 0 and (study / "report.html").is_file()
+
+
+def test_a_replay_study_refuses_a_folder_holding_the_users_files_and_resumes_its_own(tmp_path, capsys, one_thread):
+    """Its folder was never claimed: a user's ablation/table.md was overwritten, and variants/ and report.html
+    added, where a mix study refuses the folder."""
+    base, new = make_job(tmp_path / "base", ("prose", "legal"), n=8), make_job(tmp_path / "new", ("code",), n=8)
+    cfg = tiny_config(base / "train", str(base), steps=2)
+    with build_trainer(cfg) as trainer:
+        trainer.fit()
+    mine = tmp_path / "mine"
+    (mine / "ablation").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my notes")
+    (mine / "ablation" / "table.md").write_text("MY OWN TABLE")
+    toml = tmp_path / "replay.toml"
+
+    def study(output):
+        toml.write_text(f'''[train]
+shards = "{new}"
+init_from = "{base / "train"}"
+replay = {{from = "{base}", share = 0.05}}
+steps = 2
+[train.model]
+dim = 32
+n_layers = 2
+n_heads = 2
+ffn_hidden = 32
+n_experts = 4
+top_k = 2
+max_seq_len = 64
+[train.data]
+batch_size = 2
+seq_len = 32
+num_workers = 0
+[train.checkpoint]
+every = 0
+[ablate]
+kind = "replay"
+shares = [0.0, 0.25]
+output = "{output}"
+threads = 1
+''')
+        return toml
+
+    for command in ("check", "ablate"):
+        assert main([command, str(study(mine))]) == 2
+        assert f"ablate.output = {str(mine)!r} holds files winnow did not write (ablation, notes.txt)" in (
+            capsys.readouterr().err
+        )
+    assert sorted(p.name for p in mine.rglob("*")) == ["ablation", "notes.txt", "table.md"]
+    assert (mine / "ablation" / "table.md").read_text() == "MY OWN TABLE"
+    own = tmp_path / "study"
+    assert main(["-q", "ablate", str(study(own))]) == 0
+    mtime = StudyLayout(own).result_path("replay_0").stat().st_mtime
+    assert main(["check", str(toml)]) == 0 and main(["-q", "ablate", str(toml)]) == 0  # its own: resumed, not retrained
+    (own / ".winnow-run").unlink()  # a study an older winnow wrote, which did not mark its folder
+    assert main(["check", str(toml)]) == 0 and main(["-q", "ablate", str(toml)]) == 0
+    assert StudyLayout(own).result_path("replay_0").stat().st_mtime == mtime
