@@ -83,6 +83,18 @@ class AblateConfig:
             if not ok:
                 raise ConfigError(f"ablate.{key} = {value!r} is invalid; allowed: {allowed}")
 
+        def one_name_each(values: list[float], key: str, names: str) -> None:
+            """Each value names a run (``name_number``): two that print alike would give one name to two runs."""
+            printed = sorted({name_number(x) for x in values})
+            check(
+                len(printed) == len(values),
+                key,
+                values,
+                f"{key} that differ in their first 6 significant digits (each names its {names}"
+                + "/".join(printed)
+                + " here, and two of them would give one name)",
+            )
+
         check(
             self.output is None or (bool(self.output.strip()) and (not is_url(self.output))),
             "output",
@@ -115,14 +127,7 @@ class AblateConfig:
             f"0 or factors of at least {sys.float_info.min:g} (a smaller one scales a source's share to 0, which "
             "training refuses, or to a subnormal number, which has lost its precision)",
         )
-        check(
-            len({name_number(f) for f in self.factors}) == len(self.factors),
-            "factors",
-            self.factors,
-            "factors that differ in their first 6 significant digits (each names its variants, <source>_x"
-            + "/".join(sorted({name_number(f) for f in self.factors}))
-            + " here, and two of them would give one name)",
-        )
+        one_name_each(self.factors, "factors", "variants, <source>_x")
         check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "source names, each once")
         check("mixes" not in kinds or bool(self.mixes), "mixes", self.mixes, "at least one mix when kind = 'mixes'")
         check(
@@ -145,14 +150,7 @@ class AblateConfig:
             self.shares,
             "two or more distinct replay shares in [0, 1)",
         )
-        check(
-            len({name_number(x) for x in self.shares}) == len(self.shares),
-            "shares",
-            self.shares,
-            "shares that differ in their first 6 significant digits (each names its run, replay_"
-            + "/".join(sorted({name_number(x) for x in self.shares}))
-            + " here, and two of them would give one name)",
-        )
+        one_name_each(self.shares, "shares", "run, replay_")
         for key, readers in READ_BY.items():
             value = getattr(self, key)
             default = next(f for f in fields(self) if f.name == key).default_factory()
