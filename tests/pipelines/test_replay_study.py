@@ -47,6 +47,17 @@ def test_variants_per_share_and_noise_seeds():
     assert runs[0]["weights"] == {"new": 1.0} and runs[1]["weights"] == {"new": 0.75, "replay": 0.25}
 
 
+MODEL = """[train.model]
+dim = 32
+n_layers = 2
+n_heads = 2
+ffn_hidden = 32
+n_experts = 4
+top_k = 2
+max_seq_len = 64
+"""  # the model of every continued run here
+
+
 @pytest.mark.slow
 def test_no_replay_forgets_more_than_a_quarter_replay_beyond_seed_noise(tmp_path, one_thread):
     base, new = _job(tmp_path / "base", ("docs", "changelog")), _job(tmp_path / "new", ("code",))
@@ -64,15 +75,7 @@ init_from = "{base / "train"}"
 replay = {{from = "{base}", share = 0.05}}
 steps = 30
 eval_every = 0
-[train.model]
-dim = 32
-n_layers = 2
-n_heads = 2
-ffn_hidden = 32
-n_experts = 4
-top_k = 2
-max_seq_len = 64
-[train.optim]
+{MODEL}[train.optim]
 lr = 3e-3
 warmup_steps = 5
 [train.data]
@@ -119,15 +122,7 @@ shards = "{new}"
 init_from = "{base / "train"}"
 replay = {{from = "{base}", share = 0.05}}
 steps = 2
-[train.model]
-dim = 32
-n_layers = 2
-n_heads = 2
-ffn_hidden = 32
-n_experts = 4
-top_k = 2
-max_seq_len = 64
-[train.data]
+{MODEL}[train.data]
 batch_size = 2
 seq_len = 32
 num_workers = 0
